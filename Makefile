@@ -1,0 +1,50 @@
+# moecore's entry points. `make train` and `make test` each do their own set-up (Debian packages,
+# the pinned Python oracles, the build) and are fast when everything is already in place.
+ARGS ?=
+JOBS ?= $(shell nproc)
+export MOECORE_VENV ?= /opt/moecore/venv
+PYTHON := $(MOECORE_VENV)/bin/python
+
+.PHONY: all setup setup-system setup-python build build-asan train test test-cpp test-asan \
+        test-reference format clean
+
+all: build
+
+setup-system:
+	@scripts/setup.sh system
+
+setup-python:
+	@scripts/setup.sh python
+
+setup: setup-system setup-python
+
+build: setup-system
+	@cmake --preset release > /dev/null
+	@cmake --build --preset release -j $(JOBS)
+
+build-asan: setup-system
+	@cmake --preset asan-ubsan > /dev/null
+	@cmake --build --preset asan-ubsan -j $(JOBS)
+
+data/kjv.txt: | setup-system
+	@scripts/prepare_kjv.sh $@
+
+train: build data/kjv.txt
+	build/bin/moecore train configs/default.toml $(ARGS)
+
+test-cpp: build
+	ctest --preset release -j $(JOBS)
+
+test-asan: build-asan
+	ctest --preset asan-ubsan -j $(JOBS)
+
+test-reference: build setup-python
+	MOECORE_BIN=$(CURDIR)/build/bin/moecore $(PYTHON) -m pytest -q tests/reference
+
+test: test-cpp test-asan test-reference
+
+format:
+	clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf build build-debug build-asan

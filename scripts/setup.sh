@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs what moecore needs on a Debian 12 machine, as root, and only what is missing:
+#   system   Debian packages for the C++ build and the default corpus
+#   python   the pinned reference oracles (tests/reference/requirements.txt) in a virtualenv
+# Idempotent and fast when everything is present (one dpkg query, one stamp comparison).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config clang-format
+  libdnnl-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
+  libgtest-dev libbenchmark-dev
+  bible-kjv bible-kjv-text
+  python3 python3-venv python3-pip
+)
+VENV="${MOECORE_VENV:-/opt/moecore/venv}"
+REQUIREMENTS=tests/reference/requirements.txt
+
+setup_system() {
+  local missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "setup: installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+setup_python() {
+  local stamp="$VENV/.moecore-requirements"
+  if [ -f "$stamp" ] && cmp -s "$stamp" "$REQUIREMENTS"; then return 0; fi
+  echo "setup: creating the reference virtualenv at $VENV (pinned: $REQUIREMENTS)"
+  local python=python3
+  [ -x /usr/bin/python3 ] && python=/usr/bin/python3
+  [ -x "$VENV/bin/python" ] || "$python" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQUIREMENTS"
+  cp "$REQUIREMENTS" "$stamp"
+}
+
+case "${1:-all}" in
+  system) setup_system ;;
+  python) setup_python ;;
+  all) setup_system; setup_python ;;
+  *) echo "usage: $0 [system|python|all]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,123 @@
+#include "cli/debug_commands.h"
+
+#include <vector>
+
+#include "core/check.h"
+#include "data/npy.h"
+#include "io/model_weights.h"
+#include "io/safetensors.h"
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
+#include "train/run_config.h"
+
+namespace moecore::cli {
+
+namespace {
+
+// A [B, T] int32/int64 array of token ids (or targets) from a .npy file.
+struct IdArray {
+  std::vector<int32_t> values;
+  int64_t batch = 0, seq = 0;
+};
+
+IdArray read_ids(const std::string& path) {
+  const data::NpyFile file = data::NpyFile::open(path);
+  MOE_CHECK(file.dtype() == "<i4" || file.dtype() == "<i8",
+            "[debug] {}: dtype '{}' is not int32 or int64", path, file.dtype());
+  MOE_CHECK(file.shape().size() == 2, "[debug] {}: expected a [batch, seq] array, got {} dims",
+            path, file.shape().size());
+  std::vector<int64_t> wide;
+  file.read_ints(wide);
+  IdArray ids{std::vector<int32_t>(wide.size()), file.shape()[0], file.shape()[1]};
+  for (size_t i = 0; i < wide.size(); ++i) {
+    MOE_CHECK(wide[i] >= INT32_MIN && wide[i] <= INT32_MAX, "[debug] {}: id {} does not fit int32",
+              path, wide[i]);
+    ids.values[i] = static_cast<int32_t>(wide[i]);
+  }
+  return ids;
+}
+
+struct DebugSetup {
+  RunConfig config;
+  ParamLayout layout;
+  ParamBuffers params;
+  IdArray tokens, targets;
+};
+
+DebugSetup load_setup(const DebugArgs& args) {
+  RunConfig config = load_run_config(args.config);
+  ParamLayout layout = ParamLayout::build(config.model);
+  ParamBuffers params(layout);
+  io::load_weights(layout, args.weights, params);
+  IdArray tokens = read_ids(args.tokens), targets = read_ids(args.targets);
+  MOE_CHECK(tokens.batch == targets.batch && tokens.seq == targets.seq,
+            "[debug] tokens {} are [{}, {}] but targets {} are [{}, {}]", args.tokens, tokens.batch,
+            tokens.seq, args.targets, targets.batch, targets.seq);
+  return {std::move(config), std::move(layout), std::move(params), std::move(tokens),
+          std::move(targets)};
+}
+
+void add_scalar(io::SafetensorsWriter& writer, const std::string& name, double value) {
+  const float v = static_cast<float>(value);
+  writer.add_f32(name, {}, &v);
+}
+
+}  // namespace
+
+void run_init(const std::string& config_path, uint64_t seed, const std::string& out) {
+  const RunConfig config = load_run_config(config_path);
+  const ParamLayout layout = ParamLayout::build(config.model);
+  ParamBuffers params(layout);
+  init_params(layout, seed, params);
+  io::save_weights(layout, params, out);
+}
+
+void run_debug_state(const DebugArgs& args) {
+  DebugSetup s = load_setup(args);
+  Transformer model(s.config.model, s.layout);
+  ParamBuffers grads(s.layout);
+  const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
+                                       s.tokens.batch, s.tokens.seq);
+  model.backward(s.params, grads, 1.0f);
+
+  io::SafetensorsWriter writer;
+  writer.add_f32("logits", {s.tokens.batch, s.tokens.seq, s.config.model.vocab_size},
+                 model.logits().data());
+  add_scalar(writer, "loss.ce", loss.ce);
+  add_scalar(writer, "loss.lb", loss.lb);
+  add_scalar(writer, "loss.z", loss.z);
+  add_scalar(writer, "loss.total", loss.total);
+  for (const ParamSpec& spec : s.layout.specs())
+    writer.add_f32("grad." + spec.name, spec.shape, grads.at(spec));
+  writer.write(args.out);
+}
+
+void run_debug_steps(const DebugArgs& args) {
+  MOE_CHECK(args.steps > 0, "[debug] --steps={} must be positive", args.steps);
+  DebugSetup s = load_setup(args);
+  Transformer model(s.config.model, s.layout);
+  ParamBuffers grads(s.layout);
+  AdamW optimizer(s.layout, s.config.optim);
+  std::vector<float> total_losses, ce_losses, grad_norms;
+  for (int64_t step = 0; step < args.steps; ++step) {
+    grads.zero();
+    const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
+                                         s.tokens.batch, s.tokens.seq);
+    model.backward(s.params, grads, 1.0f);
+    grad_norms.push_back(static_cast<float>(clip_grad_norm(grads, s.config.optim.max_grad_norm)));
+    optimizer.step(s.params, grads, learning_rate(s.config.optim, step, args.steps));
+    total_losses.push_back(static_cast<float>(loss.total));
+    ce_losses.push_back(static_cast<float>(loss.ce));
+  }
+  io::SafetensorsWriter writer;
+  for (const ParamSpec& spec : s.layout.specs())
+    writer.add_f32(spec.name, spec.shape, s.params.at(spec));
+  writer.add_f32("loss.total", {args.steps}, total_losses.data());
+  writer.add_f32("loss.ce", {args.steps}, ce_losses.data());
+  writer.add_f32("grad_norm", {args.steps}, grad_norms.data());
+  writer.write(args.out);
+}
+
+}  // namespace moecore::cli

@@ -1,0 +1,17 @@
+// Model weights <-> safetensors with Hugging Face names. Loading is strict: every parameter of the
+// configured architecture must be present with exactly its shape, and no other tensor may be in the
+// file, so a checkpoint of another architecture fails with a message naming the tensor.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "model/params.h"
+
+namespace moecore::io {
+
+void save_weights(const ParamLayout& layout, const ParamBuffers& params, const std::string& path,
+                  const std::map<std::string, std::string>& metadata = {});
+void load_weights(const ParamLayout& layout, const std::string& path, ParamBuffers& params);
+
+}  // namespace moecore::io

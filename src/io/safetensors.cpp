@@ -1,0 +1,407 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <system_error>
+#include <tuple>
+#include <utility>
+
+#include "core/check.h"
+
+namespace moecore::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors and npy data are little-endian and read in place");
+
+namespace {
+
+std::string errno_text(int err) {
+  return std::generic_category().message(err);
+}
+
+std::atomic<int64_t> g_write_failure_after{-1};
+
+// Writes all of [data, data + n) to fd, retrying short writes and EINTR. Returns 0 or an errno.
+int write_all(int fd, const std::byte* data, size_t n) {
+  while (n > 0) {
+    size_t chunk = n;
+    const int64_t budget = g_write_failure_after.load();
+    if (budget >= 0) {
+      if (budget == 0) return ENOSPC;
+      chunk = std::min(chunk, static_cast<size_t>(budget));
+    }
+    const ssize_t written = ::write(fd, data, chunk);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (written == 0) return EIO;  // Should not happen for regular files; avoid spinning.
+    if (budget >= 0) g_write_failure_after.store(budget - written);
+    data += written;
+    n -= static_cast<size_t>(written);
+  }
+  return 0;
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+// ---- MappedFile
+// ----------------------------------------------------------------------------------
+
+MappedFile MappedFile::open(const std::string& path, const char* tag) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MOE_CHECK(fd >= 0, "{} {}: cannot open: {}", tag, path, errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("{} {}: cannot stat: {}", tag, path, errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{} {}: not a regular file", tag, path);
+  }
+  MappedFile file;
+  file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* addr = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail("{} {}: cannot mmap {} bytes: {}", tag, path, file.size_, errno_text(err));
+    }
+    file.addr_ = addr;
+  }
+  ::close(fd);  // The mapping keeps the file alive.
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : addr_(std::exchange(other.addr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (addr_ != nullptr) ::munmap(addr_, size_);
+    addr_ = std::exchange(other.addr_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (addr_ != nullptr) ::munmap(addr_, size_);
+}
+
+// ---- Atomic write
+// --------------------------------------------------------------------------------
+
+void set_write_failure_for_testing(int64_t bytes) {
+  g_write_failure_after.store(bytes);
+}
+
+void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
+                       const char* tag) {
+  // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MOE_CHECK(fd >= 0, "{} cannot write '{}': cannot create '{}': {}", tag, path, tmp,
+            errno_text(errno));
+
+  int err = 0;
+  const char* step = "write";
+  for (const auto& chunk : chunks) {
+    err = write_all(fd, chunk.data(), chunk.size());
+    if (err != 0) break;
+  }
+  if (err == 0 && ::fsync(fd) != 0) {
+    err = errno;
+    step = "fsync";
+  }
+  // close() can report deferred write errors (NFS), so its result counts too.
+  if (::close(fd) != 0 && err == 0) {
+    err = errno;
+    step = "close";
+  }
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    step = "rename";
+  }
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    fail("{} cannot write '{}': {} failed: {}", tag, path, step, errno_text(err));
+  }
+
+  // Persist the rename itself. Some filesystems cannot fsync directories (EINVAL); that is no
+  // error.
+  const std::string dir = parent_directory(path);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MOE_CHECK(dir_fd >= 0, "{} wrote '{}' but cannot open its directory to fsync: {}", tag, path,
+            errno_text(errno));
+  const bool synced = ::fsync(dir_fd) == 0 || errno == EINVAL;
+  const int sync_err = errno;
+  ::close(dir_fd);
+  MOE_CHECK(synced, "{} wrote '{}' but fsync of directory '{}' failed: {}", tag, path, dir,
+            errno_text(sync_err));
+}
+
+// ---- Reader
+// --------------------------------------------------------------------------------------
+
+namespace {
+
+using nlohmann::json;
+
+// Element size of every dtype the format defines; 0 means unknown.
+size_t dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> kSizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"U16", 2},  {"I16", 2}, {"F16", 2}, {"BF16", 2},    {"U32", 4},
+      {"I32", 4},  {"F32", 4}, {"U64", 8}, {"I64", 8},     {"F64", 8}};
+  const auto it = kSizes.find(dtype);
+  return it == kSizes.end() ? 0 : it->second;
+}
+
+float bf16_to_float(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // Zero or subnormal: mantissa * 2^-24, exact in float.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+}  // namespace
+
+SafetensorsReader SafetensorsReader::open(const std::string& path) {
+  SafetensorsReader reader;
+  reader.path_ = path;
+  reader.file_ = MappedFile::open(path, "[safetensors]");
+  const size_t file_size = reader.file_.size();
+  MOE_CHECK(file_size >= 8, "[safetensors] {}: file is {} bytes, shorter than the 8-byte header",
+            path, file_size);
+
+  const std::byte* base = reader.file_.data();
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, base, 8);
+  MOE_CHECK(header_size <= file_size - 8,
+            "[safetensors] {}: header length {} exceeds the {} bytes that follow it", path,
+            header_size, file_size - 8);
+
+  json header;
+  const char* text = reinterpret_cast<const char*>(base + 8);
+  try {
+    header = json::parse(text, text + header_size);
+  } catch (const json::exception& e) {
+    fail("[safetensors] {}: malformed JSON header: {}", path, e.what());
+  }
+  MOE_CHECK(header.is_object(), "[safetensors] {}: header is a JSON {}, expected an object", path,
+            header.type_name());
+
+  reader.buffer_ = base + 8 + header_size;
+  const size_t buffer_size = file_size - 8 - header_size;
+
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      MOE_CHECK(entry.is_object(),
+                "[safetensors] {}: __metadata__ is a JSON {}, expected an object", path,
+                entry.type_name());
+      for (const auto& [key, value] : entry.items()) {
+        MOE_CHECK(value.is_string(),
+                  "[safetensors] {}: __metadata__ value for '{}' is not a string", path, key);
+        reader.metadata_[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    MOE_CHECK(entry.is_object(), "[safetensors] {}: entry for tensor '{}' is not an object", path,
+              name);
+    MOE_CHECK(entry.contains("dtype") && entry["dtype"].is_string(),
+              "[safetensors] {}: tensor '{}' has no string 'dtype'", path, name);
+    MOE_CHECK(entry.contains("shape") && entry["shape"].is_array(),
+              "[safetensors] {}: tensor '{}' has no 'shape' array", path, name);
+    MOE_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
+                  entry["data_offsets"].size() == 2 &&
+                  entry["data_offsets"][0].is_number_unsigned() &&
+                  entry["data_offsets"][1].is_number_unsigned(),
+              "[safetensors] {}: tensor '{}' needs 'data_offsets' [begin, end] of non-negative "
+              "integers",
+              path, name);
+
+    TensorInfo info;
+    info.dtype = entry["dtype"].get<std::string>();
+    const size_t item_size = dtype_size(info.dtype);
+    MOE_CHECK(item_size != 0, "[safetensors] {}: tensor '{}' has unknown dtype '{}'", path, name,
+              info.dtype);
+
+    uint64_t numel = 1;
+    for (const auto& dim : entry["shape"]) {
+      MOE_CHECK(dim.is_number_unsigned(),
+                "[safetensors] {}: tensor '{}' has shape entry {}, expected a non-negative integer",
+                path, name, dim.dump());
+      const uint64_t extent = dim.get<uint64_t>();
+      MOE_CHECK(extent <= static_cast<uint64_t>(INT64_MAX) &&
+                    !__builtin_mul_overflow(numel, extent, &numel),
+                "[safetensors] {}: tensor '{}' has an overflowing shape {}", path, name,
+                entry["shape"].dump());
+      info.shape.push_back(static_cast<int64_t>(extent));
+    }
+    uint64_t nbytes = 0;
+    MOE_CHECK(!__builtin_mul_overflow(numel, item_size, &nbytes),
+              "[safetensors] {}: tensor '{}' has an overflowing shape {}", path, name,
+              entry["shape"].dump());
+
+    const uint64_t begin = entry["data_offsets"][0].get<uint64_t>();
+    const uint64_t end = entry["data_offsets"][1].get<uint64_t>();
+    MOE_CHECK(begin <= end && end <= buffer_size,
+              "[safetensors] {}: tensor '{}' has data_offsets [{}, {}] outside the {}-byte data "
+              "buffer",
+              path, name, begin, end, buffer_size);
+    MOE_CHECK(end - begin == nbytes,
+              "[safetensors] {}: tensor '{}' has data_offsets [{}, {}] ({} bytes), but {} x {} "
+              "needs {} bytes",
+              path, name, begin, end, end - begin, info.dtype, info.shape, nbytes);
+    info.begin = static_cast<size_t>(begin);
+    info.end = static_cast<size_t>(end);
+    reader.tensors_.emplace(name, std::move(info));
+  }
+
+  // Overlap check: sort byte ranges and compare neighbours. Empty tensors overlap nothing.
+  std::vector<std::tuple<size_t, size_t, const std::string*>> ranges;
+  for (const auto& [name, info] : reader.tensors_) {
+    if (info.begin != info.end) ranges.emplace_back(info.begin, info.end, &name);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const auto& [prev_begin, prev_end, prev_name] = ranges[i - 1];
+    const auto& [cur_begin, cur_end, cur_name] = ranges[i];
+    MOE_CHECK(
+        prev_end <= cur_begin,
+        "[safetensors] {}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap in the data buffer",
+        path, *prev_name, prev_begin, prev_end, *cur_name, cur_begin, cur_end);
+  }
+  return reader;
+}
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> result;
+  result.reserve(tensors_.size());
+  for (const auto& [name, info] : tensors_) result.push_back(name);
+  return result;  // std::map iterates in sorted order.
+}
+
+bool SafetensorsReader::has(const std::string& name) const {
+  return tensors_.contains(name);
+}
+
+const TensorInfo& SafetensorsReader::info(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  MOE_CHECK(it != tensors_.end(), "[safetensors] {}: missing tensor '{}'", path_, name);
+  return it->second;
+}
+
+void SafetensorsReader::read_f32(const std::string& name,
+                                 const std::vector<int64_t>& expected_shape, float* dst) const {
+  const TensorInfo& t = info(name);
+  MOE_CHECK(t.shape == expected_shape, "[safetensors] {}: tensor '{}' has shape {}, expected {}",
+            path_, name, t.shape, expected_shape);
+  const std::byte* src = buffer_ + t.begin;
+  if (t.dtype == "F32") {
+    if (t.end > t.begin) std::memcpy(dst, src, t.end - t.begin);
+    return;
+  }
+  const bool is_bf16 = t.dtype == "BF16";
+  MOE_CHECK(is_bf16 || t.dtype == "F16",
+            "[safetensors] {}: tensor '{}' has dtype {}, expected F32, BF16 or F16", path_, name,
+            t.dtype);
+  const size_t n = (t.end - t.begin) / 2;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits = 0;
+    std::memcpy(&bits, src + 2 * i, 2);  // The buffer need not be 2-byte aligned.
+    dst[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);
+  }
+}
+
+std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  std::vector<float> values((t.end - t.begin) / dtype_size(t.dtype));
+  read_f32(name, t.shape, values.data());
+  return values;
+}
+
+// ---- Writer
+// --------------------------------------------------------------------------------------
+
+void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> shape,
+                                const float* data) {
+  MOE_CHECK(!name.empty() && name != "__metadata__", "[safetensors] invalid tensor name '{}'",
+            name);
+  MOE_CHECK(!tensors_.contains(name), "[safetensors] duplicate tensor name '{}'", name);
+  size_t numel = 1;
+  for (const int64_t extent : shape) {
+    MOE_CHECK(extent >= 0, "[safetensors] tensor '{}' has negative shape {}", name, shape);
+    numel *= static_cast<size_t>(extent);
+  }
+  MOE_CHECK(data != nullptr || numel == 0, "[safetensors] tensor '{}' has null data", name);
+  Entry entry{std::move(shape),
+              numel == 0 ? std::vector<float>{} : std::vector<float>(data, data + numel)};
+  tensors_.emplace(name, std::move(entry));
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  // nlohmann::json objects are std::maps, so dump() emits keys in sorted order; the data buffer
+  // follows the same order.
+  json header = json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  size_t offset = 0;
+  for (const auto& [name, entry] : tensors_) {
+    const size_t nbytes = entry.values.size() * sizeof(float);
+    header[name] = {
+        {"dtype", "F32"}, {"shape", entry.shape}, {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {  // Invalid UTF-8 in a name or metadata value.
+    fail("[safetensors] cannot write '{}': cannot encode header: {}", path, e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  const uint64_t header_size = text.size();
+  std::vector<std::span<const std::byte>> chunks;
+  chunks.push_back(std::as_bytes(std::span(&header_size, 1)));
+  chunks.push_back(std::as_bytes(std::span(text)));
+  for (const auto& [name, entry] : tensors_)
+    chunks.push_back(std::as_bytes(std::span(entry.values)));
+  write_file_atomic(path, chunks, "[safetensors]");
+}
+
+}  // namespace moecore::io

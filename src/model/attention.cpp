@@ -1,0 +1,95 @@
+#include "model/attention.h"
+
+#include <algorithm>
+
+#include "model/linear.h"
+#include "model/rmsnorm.h"
+
+namespace moecore {
+
+namespace {
+
+// Rows and width of the QK-norm for a projection with `heads` heads.
+struct NormGeometry {
+  int64_t rows;
+  int64_t dim;
+};
+NormGeometry norm_geometry(const ModelConfig& c, int64_t tokens, int64_t heads) {
+  if (c.qk_norm == QkNorm::kPerHead) return {tokens * heads, c.head_size()};
+  return {tokens, heads * c.head_size()};
+}
+
+}  // namespace
+
+void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq,
+                             float* y, AttentionCache& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_size();
+  cache.shape = {batch, seq, nh, nkv, hd};
+  cache.q.resize(static_cast<size_t>(n * qs));
+  cache.k.resize(static_cast<size_t>(n * kvs));
+  cache.v.resize(static_cast<size_t>(n * kvs));
+  cache.probs.resize(static_cast<size_t>(batch * nh * seq * seq));
+  cache.context.resize(static_cast<size_t>(n * qs));
+
+  if (c.qk_norm == QkNorm::kNone) {
+    linear_forward(x, w.q_proj, cache.q.data(), n, d, qs);
+    linear_forward(x, w.k_proj, cache.k.data(), n, d, kvs);
+  } else {
+    cache.q_raw.resize(cache.q.size());
+    cache.k_raw.resize(cache.k.size());
+    linear_forward(x, w.q_proj, cache.q_raw.data(), n, d, qs);
+    linear_forward(x, w.k_proj, cache.k_raw.data(), n, d, kvs);
+    const NormGeometry gq = norm_geometry(c, n, nh), gk = norm_geometry(c, n, nkv);
+    cache.q_rstd.resize(static_cast<size_t>(gq.rows));
+    cache.k_rstd.resize(static_cast<size_t>(gk.rows));
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    rmsnorm_forward(cache.q_raw.data(), w.q_norm, cache.q.data(), cache.q_rstd.data(), gq.rows,
+                    gq.dim, eps);
+    rmsnorm_forward(cache.k_raw.data(), w.k_norm, cache.k.data(), cache.k_rstd.data(), gk.rows,
+                    gk.dim, eps);
+  }
+  linear_forward(x, w.v_proj, cache.v.data(), n, d, kvs);
+  rope_forward(cache.q.data(), batch, seq, nh, hd, rope_);
+  rope_forward(cache.k.data(), batch, seq, nkv, hd, rope_);
+  causal_attention_forward(cache.shape, cache.q.data(), cache.k.data(), cache.v.data(),
+                           cache.context.data(), cache.probs.data());
+  linear_forward(cache.context.data(), w.o_proj, y, n, qs, d);
+}
+
+void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
+                              const float* dy, const AttentionCache& cache, float* dx) const {
+  const ModelConfig& c = config_;
+  const AttentionShape& s = cache.shape;
+  const int64_t n = s.batch * s.seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
+  std::vector<float> d_context(static_cast<size_t>(n * qs));
+  linear_backward(dy, cache.context.data(), w.o_proj, d_context.data(), dw.o_proj, n, qs, d, false);
+
+  std::vector<float> dq(static_cast<size_t>(n * qs)), dk(static_cast<size_t>(n * kvs));
+  std::vector<float> dv(static_cast<size_t>(n * kvs));
+  causal_attention_backward(s, d_context.data(), cache.q.data(), cache.k.data(), cache.v.data(),
+                            cache.probs.data(), dq.data(), dk.data(), dv.data());
+  rope_backward(dq.data(), s.batch, s.seq, s.n_heads, s.head_dim, rope_);
+  rope_backward(dk.data(), s.batch, s.seq, s.n_kv_heads, s.head_dim, rope_);
+
+  const float* dq_raw = dq.data();
+  const float* dk_raw = dk.data();
+  std::vector<float> dq_pre, dk_pre;
+  if (c.qk_norm != QkNorm::kNone) {
+    dq_pre.resize(dq.size());
+    dk_pre.resize(dk.size());
+    const NormGeometry gq = norm_geometry(c, n, s.n_heads), gk = norm_geometry(c, n, s.n_kv_heads);
+    rmsnorm_backward(dq.data(), cache.q_raw.data(), w.q_norm, cache.q_rstd.data(), dq_pre.data(),
+                     dw.q_norm, gq.rows, gq.dim, false);
+    rmsnorm_backward(dk.data(), cache.k_raw.data(), w.k_norm, cache.k_rstd.data(), dk_pre.data(),
+                     dw.k_norm, gk.rows, gk.dim, false);
+    dq_raw = dq_pre.data();
+    dk_raw = dk_pre.data();
+  }
+  linear_backward(dq_raw, x, w.q_proj, dx, dw.q_proj, n, d, qs, false);
+  linear_backward(dk_raw, x, w.k_proj, dx, dw.k_proj, n, d, kvs, true);
+  linear_backward(dv.data(), x, w.v_proj, dx, dw.v_proj, n, d, kvs, true);
+}
+
+}  // namespace moecore

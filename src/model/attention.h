@@ -1,0 +1,49 @@
+// Self-attention sub-layer: q/k/v projections -> optional QK-norm (full: OLMoE, over the whole
+// projection; per_head: Qwen3, over each head) -> RoPE -> causal GQA attention -> o_proj.
+// QK-norm is applied before RoPE, as both reference models do.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/causal_attention.h"
+#include "model/config.h"
+#include "model/rope.h"
+
+namespace moecore {
+
+struct AttentionWeights {
+  float* q_proj;  // [nh*hd, d]
+  float* k_proj;  // [nkv*hd, d]
+  float* v_proj;  // [nkv*hd, d]
+  float* o_proj;  // [d, nh*hd]
+  float* q_norm;  // [nh*hd] (full) or [hd] (per_head) or nullptr
+  float* k_norm;
+};
+
+struct AttentionCache {
+  AttentionShape shape{};
+  std::vector<float> q_raw, k_raw;    // projections before QK-norm: [N, nh*hd], [N, nkv*hd]
+  std::vector<float> q_rstd, k_rstd;  // QK-norm statistics
+  std::vector<float> q, k, v;         // after QK-norm and RoPE
+  std::vector<float> probs;           // [B, nh, T, T]
+  std::vector<float> context;         // attention output before o_proj: [N, nh*hd]
+};
+
+class AttentionBlock {
+ public:
+  AttentionBlock(const ModelConfig& config, const RopeTable& rope) : config_(config), rope_(rope) {}
+
+  // x: [B*T, d] -> y: [B*T, d] (=).
+  void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
+               AttentionCache& cache) const;
+  // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=).
+  void backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
+                const float* dy, const AttentionCache& cache, float* dx) const;
+
+ private:
+  const ModelConfig& config_;
+  const RopeTable& rope_;
+};
+
+}  // namespace moecore

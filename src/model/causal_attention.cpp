@@ -1,0 +1,171 @@
+#include "model/causal_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/gemm.h"
+
+namespace moecore {
+
+namespace {
+
+// Queries are processed in row blocks of this many positions. Block r only needs keys [0, r1), so
+// the scores/probs GEMMs skip the (fully masked) upper block triangle: about half the FLOPs of a
+// full T x T product. 64 keeps each GEMM large enough for the sgemm microkernels.
+constexpr int64_t kBlock = 64;
+
+void check_shape(const char* op, const AttentionShape& s) {
+  MOE_CHECK(s.batch > 0 && s.seq > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0,
+            "[{}] batch={} seq={} n_heads={} n_kv_heads={} head_dim={} must all be positive", op,
+            s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
+  MOE_CHECK(s.n_heads % s.n_kv_heads == 0, "[{}] n_kv_heads={} does not divide n_heads={}", op,
+            s.n_kv_heads, s.n_heads);
+}
+
+// In-place causal softmax of rows [r0, r1) of a T x T score matrix whose columns [0, r1) hold
+// valid scores. Row i keeps columns [0, i]; columns (i, T) are written as 0 so the saved probs are
+// exact zeros above the diagonal (the PV GEMM and the backward rely on that).
+void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1) {
+  for (int64_t i = r0; i < r1; ++i) {
+    float* row = p + i * seq;
+    const int64_t n = i + 1;
+    // Max-subtraction as torch does, so exp never overflows; statistics stay in float (fp32
+    // softmax as in HF eager attention).
+    float max_val = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) max_val = std::max(max_val, row[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = std::exp(row[j] - max_val);
+      row[j] = e;
+      sum += e;
+    }
+    // sum >= 1 (the max term contributes exp(0)), so the reciprocal is safe.
+    const float inv_sum = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
+    std::fill(row + n, row + seq, 0.0f);
+  }
+}
+
+}  // namespace
+
+void causal_attention_forward(const AttentionShape& s, const float* q, const float* k,
+                              const float* v, float* out, float* probs) {
+  // q: [B, T, H, hd]; k, v: [B, T, KV, hd] -> out: [B, T, H, hd], probs: [B, H, T, T].
+  check_shape("attention", s);
+  const int64_t T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  const int64_t group = H / KV;
+  // Row strides of one head's [T, hd] slice inside the interleaved [B, T, heads, hd] layouts: the
+  // GEMMs read the heads in place, no transposed copies.
+  const int64_t ldq = H * hd, ldkv = KV * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  // Each (b, h) is independent and writes disjoint out/probs slices. oneDNN runs sequentially
+  // inside an OpenMP parallel region, so the GEMMs below do not oversubscribe the pool.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / group;
+      const float* qh = q + (b * T * H + h) * hd;
+      const float* kh = k + (b * T * KV + kvh) * hd;
+      const float* vh = v + (b * T * KV + kvh) * hd;
+      float* oh = out + (b * T * H + h) * hd;
+      float* p = probs + (b * H + h) * T * T;
+      for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
+        const int64_t r1 = std::min(r0 + kBlock, T);
+        // scores[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T; later keys are masked anyway.
+        kernels::gemm(false, true, r1 - r0, r1, hd, scale, qh + r0 * ldq, ldq, kh, ldkv, 0.0f,
+                      p + r0 * T, T);
+        causal_softmax_rows(p, T, r0, r1);
+        // out[r0:r1] = probs[r0:r1, 0:r1] v[0:r1]; probs are 0 above the diagonal in this range.
+        kernels::gemm(false, false, r1 - r0, hd, r1, 1.0f, p + r0 * T, T, vh, ldkv, 0.0f,
+                      oh + r0 * ldq, ldq);
+      }
+    }
+  }
+}
+
+void causal_attention_backward(const AttentionShape& s, const float* dout, const float* q,
+                               const float* k, const float* v, const float* probs, float* dq,
+                               float* dk, float* dv) {
+  // dout: [B, T, H, hd]; q: [B, T, H, hd]; k, v: [B, T, KV, hd]; probs: [B, H, T, T]
+  //   -> dq: [B, T, H, hd], dk, dv: [B, T, KV, hd] (overwritten).
+  // With P = probs, O = P V, S = scale * Q K^T:
+  //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,
+  //   dK = scale dS^T Q; dK and dV sum over the query heads sharing the kv head.
+  check_shape("attention_backward", s);
+  const int64_t T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  const int64_t group = H / KV;
+  const int64_t ldq = H * hd, ldkv = KV * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  // Parallel over (b, kv head): the query heads of one group all add into the same dk/dv slice,
+  // so they run sequentially inside one iteration; no atomics, no per-head dk/dv copies.
+#pragma omp parallel
+  {
+    // dS scratch, one per thread, reused across iterations (T x T, only the lower part is read).
+    std::vector<float> ds(static_cast<size_t>(T * T));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t kvh = 0; kvh < KV; ++kvh) {
+        const float* kh = k + (b * T * KV + kvh) * hd;
+        const float* vh = v + (b * T * KV + kvh) * hd;
+        float* dkh = dk + (b * T * KV + kvh) * hd;
+        float* dvh = dv + (b * T * KV + kvh) * hd;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          const float* qh = q + (b * T * H + h) * hd;
+          const float* doh = dout + (b * T * H + h) * hd;
+          const float* p = probs + (b * H + h) * T * T;
+          float* dqh = dq + (b * T * H + h) * hd;
+          // The first head of the group overwrites dk/dv (activation-gradient rule), the rest add.
+          const float beta_kv = g == 0 ? 0.0f : 1.0f;
+
+          // Row blocks: dP, dS and dQ for queries [r0, r1) only involve keys [0, r1).
+          for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
+            const int64_t r1 = std::min(r0 + kBlock, T);
+            // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T, written straight into the dS scratch.
+            kernels::gemm(false, true, r1 - r0, r1, hd, 1.0f, doh + r0 * ldq, ldq, vh, ldkv, 0.0f,
+                          ds.data() + r0 * T, T);
+            for (int64_t i = r0; i < r1; ++i) {
+              const float* p_row = p + i * T;
+              float* ds_row = ds.data() + i * T;
+              const int64_t n = i + 1;
+              // rowsum(P * dP) equals dot(dO_i, O_i); computed from P and dP so the output need
+              // not be saved. Accumulated in double: it is a length-T reduction and free here.
+              double dot = 0.0;
+              for (int64_t j = 0; j < n; ++j)
+                dot += static_cast<double>(p_row[j]) * static_cast<double>(ds_row[j]);
+              const float dotf = static_cast<float>(dot);
+#pragma omp simd
+              for (int64_t j = 0; j < n; ++j) ds_row[j] = p_row[j] * (ds_row[j] - dotf);
+              // Masked entries have zero gradient; zero them so the dK GEMM below can read whole
+              // diagonal blocks.
+              std::fill(ds_row + n, ds_row + r1, 0.0f);
+            }
+            // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1].
+            kernels::gemm(false, false, r1 - r0, hd, r1, scale, ds.data() + r0 * T, T, kh, ldkv,
+                          0.0f, dqh + r0 * ldq, ldq);
+          }
+
+          // Column blocks (same partition as the rows, so every dS entry read was written above):
+          // keys [c0, c1) only receive gradient from queries [c0, T).
+          for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
+            const int64_t c1 = std::min(c0 + kBlock, T);
+            // dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T].
+            kernels::gemm(true, false, c1 - c0, hd, T - c0, 1.0f, p + c0 * T + c0, T,
+                          doh + c0 * ldq, ldq, beta_kv, dvh + c0 * ldkv, ldkv);
+            // dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T].
+            kernels::gemm(true, false, c1 - c0, hd, T - c0, scale, ds.data() + c0 * T + c0, T,
+                          qh + c0 * ldq, ldq, beta_kv, dkh + c0 * ldkv, ldkv);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moecore

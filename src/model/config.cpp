@@ -1,0 +1,49 @@
+#include "model/config.h"
+
+#include "core/check.h"
+
+namespace moecore {
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* key, int64_t value) {
+    MOE_CHECK(value > 0, "[config] model.{}={} must be positive", key, value);
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  MOE_CHECK(head_dim >= 0, "[config] model.head_dim={} must be >= 0 (0 = hidden/heads)", head_dim);
+  if (head_dim == 0) {
+    MOE_CHECK(hidden_size % num_attention_heads == 0,
+              "[attention] num_attention_heads={} does not divide hidden_size={}",
+              num_attention_heads, hidden_size);
+  }
+  MOE_CHECK(num_attention_heads % num_key_value_heads == 0,
+            "[attention] num_key_value_heads={} does not divide num_attention_heads={}",
+            num_key_value_heads, num_attention_heads);
+  MOE_CHECK(head_size() % 2 == 0, "[rope] head_dim={} must be even", head_size());
+  MOE_CHECK(rope_theta > 0.0, "[config] model.rope_theta={} must be positive", rope_theta);
+  MOE_CHECK(rms_norm_eps > 0.0, "[config] model.rms_norm_eps={} must be positive", rms_norm_eps);
+  MOE_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
+            "[config] model.first_k_dense_replace={} must be in [0, num_hidden_layers={}]",
+            first_k_dense_replace, num_hidden_layers);
+  if (first_k_dense_replace > 0) positive("intermediate_size", intermediate_size);
+  if (first_k_dense_replace < num_hidden_layers) {
+    positive("num_experts", num_experts);
+    positive("num_experts_per_tok", num_experts_per_tok);
+    positive("moe_intermediate_size", moe_intermediate_size);
+    MOE_CHECK(num_experts_per_tok <= num_experts,
+              "[router] num_experts_per_tok={} exceeds num_experts={}", num_experts_per_tok,
+              num_experts);
+  }
+  MOE_CHECK(shared_expert_intermediate_size >= 0,
+            "[config] model.shared_expert_intermediate_size={} must be >= 0",
+            shared_expert_intermediate_size);
+  MOE_CHECK(router_aux_loss_coef >= 0.0, "[config] model.router_aux_loss_coef={} must be >= 0",
+            router_aux_loss_coef);
+  MOE_CHECK(router_z_loss_coef >= 0.0, "[config] model.router_z_loss_coef={} must be >= 0",
+            router_z_loss_coef);
+}
+
+}  // namespace moecore

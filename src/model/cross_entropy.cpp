@@ -1,0 +1,35 @@
+#include "model/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moecore {
+
+CrossEntropyResult cross_entropy(const float* logits, const int32_t* targets, int64_t rows,
+                                 int64_t vocab, float* dlogits, float scale) {
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) counted += targets[r] != kIgnoreIndex;
+  const float grad_scale = counted > 0 ? scale / static_cast<float>(counted) : 0.0f;
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * vocab;
+    float* dz = dlogits != nullptr ? dlogits + r * vocab : nullptr;
+    if (targets[r] == kIgnoreIndex) {
+      if (dz != nullptr) std::fill(dz, dz + vocab, 0.0f);
+      continue;
+    }
+    const float max_z = *std::max_element(z, z + vocab);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(z[j] - max_z);
+    const float log_sum = std::log(sum);
+    total += static_cast<double>(log_sum + max_z - z[targets[r]]);
+    if (dz != nullptr) {
+      for (int64_t j = 0; j < vocab; ++j) dz[j] = std::exp(z[j] - max_z - log_sum) * grad_scale;
+      dz[targets[r]] -= grad_scale;
+    }
+  }
+  return {counted > 0 ? total / static_cast<double>(counted) : 0.0, counted};
+}
+
+}  // namespace moecore

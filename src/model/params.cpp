@@ -1,0 +1,118 @@
+#include "model/params.h"
+
+#include <algorithm>
+#include <random>
+
+#include "core/check.h"
+
+namespace moecore {
+
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t dim : shape) n *= dim;
+  return n;
+}
+
+// FNV-1a: a stable hash of the parameter name for per-tensor seeds.
+uint64_t hash_name(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm,
+                      bool is_embedding) {
+  const size_t numel = static_cast<size_t>(product(shape));
+  size_t& cursor = group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
+  specs_.push_back(
+      {std::move(name), std::move(shape), group, cursor, numel, is_norm, is_embedding});
+  cursor += numel;
+}
+
+// The order below is also the memory order; forward/backward code relies on these adjacencies:
+//   * a dense MLP's (or shared expert's) gate_proj is immediately followed by its up_proj, so the
+//     pair is one [2I, d] matrix and gate/up are computed by a single GEMM;
+//   * a MoE layer's experts are stored expert-major, gate_e then up_e for e = 0..E-1 (one
+//     [E, 2H, d] tensor), then every down_e (one [E, d, H] tensor), ready for a grouped GEMM.
+ParamLayout ParamLayout::build(const ModelConfig& c) {
+  c.validate();
+  ParamLayout layout;
+  const int64_t d = c.hidden_size;
+  const auto dense = ParamGroup::kDense;
+  layout.add("model.embed_tokens.weight", {c.vocab_size, d}, dense, false, true);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    layout.add(p + "input_layernorm.weight", {d}, dense, true);
+    layout.add(p + "self_attn.q_proj.weight", {c.q_size(), d}, dense);
+    layout.add(p + "self_attn.k_proj.weight", {c.kv_size(), d}, dense);
+    layout.add(p + "self_attn.v_proj.weight", {c.kv_size(), d}, dense);
+    layout.add(p + "self_attn.o_proj.weight", {d, c.q_size()}, dense);
+    if (c.qk_norm == QkNorm::kFull) {
+      layout.add(p + "self_attn.q_norm.weight", {c.q_size()}, dense, true);
+      layout.add(p + "self_attn.k_norm.weight", {c.kv_size()}, dense, true);
+    } else if (c.qk_norm == QkNorm::kPerHead) {
+      layout.add(p + "self_attn.q_norm.weight", {c.head_size()}, dense, true);
+      layout.add(p + "self_attn.k_norm.weight", {c.head_size()}, dense, true);
+    }
+    layout.add(p + "post_attention_layernorm.weight", {d}, dense, true);
+    if (c.layer_is_dense(i)) {
+      layout.add(p + "mlp.gate_proj.weight", {c.intermediate_size, d}, dense);
+      layout.add(p + "mlp.up_proj.weight", {c.intermediate_size, d}, dense);
+      layout.add(p + "mlp.down_proj.weight", {d, c.intermediate_size}, dense);
+      continue;
+    }
+    layout.add(p + "mlp.gate.weight", {c.num_experts, d}, dense);
+    const int64_t h = c.moe_intermediate_size;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
+      layout.add(pe + "gate_proj.weight", {h, d}, ParamGroup::kExpert);
+      layout.add(pe + "up_proj.weight", {h, d}, ParamGroup::kExpert);
+    }
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
+      layout.add(pe + "down_proj.weight", {d, h}, ParamGroup::kExpert);
+    }
+    if (c.shared_expert_intermediate_size > 0) {
+      const int64_t hs = c.shared_expert_intermediate_size;
+      layout.add(p + "mlp.shared_expert.gate_proj.weight", {hs, d}, dense);
+      layout.add(p + "mlp.shared_expert.up_proj.weight", {hs, d}, dense);
+      layout.add(p + "mlp.shared_expert.down_proj.weight", {d, hs}, dense);
+    }
+  }
+  layout.add("model.norm.weight", {d}, dense, true);
+  if (!c.tie_word_embeddings) layout.add("lm_head.weight", {c.vocab_size, d}, dense);
+  return layout;
+}
+
+const ParamSpec* ParamLayout::find(const std::string& name) const {
+  auto it = std::find_if(specs_.begin(), specs_.end(),
+                         [&](const ParamSpec& spec) { return spec.name == name; });
+  return it == specs_.end() ? nullptr : &*it;
+}
+
+void ParamBuffers::zero() {
+  std::fill(dense.begin(), dense.end(), 0.0f);
+  std::fill(expert.begin(), expert.end(), 0.0f);
+}
+
+void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) {
+  for (const ParamSpec& spec : layout.specs()) {
+    float* w = params.at(spec);
+    if (spec.is_norm) {
+      std::fill(w, w + spec.numel, 1.0f);
+      continue;
+    }
+    std::mt19937_64 engine(seed * 0x9E3779B97F4A7C15ull ^ hash_name(spec.name));
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (size_t i = 0; i < spec.numel; ++i) w[i] = normal(engine);
+  }
+}
+
+}  // namespace moecore

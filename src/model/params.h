@@ -1,0 +1,71 @@
+// The parameter spec table (llm.c style): every parameter is a named slice of one of two flat
+// buffers. Dense weights and expert weights live in separate buffers because they are reduced over
+// different process groups (dense over dp, experts over ep_dp). Gradients, fp32 master weights and
+// Adam moments mirror the same two tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace moecore {
+
+enum class ParamGroup { kDense, kExpert };
+
+struct ParamSpec {
+  std::string name;  // Hugging Face name, e.g. model.layers.0.mlp.experts.3.up_proj.weight
+  std::vector<int64_t> shape;
+  ParamGroup group;
+  size_t offset;  // in elements, into the group's buffer
+  size_t numel;
+  bool is_norm;       // RMSNorm gains: initialised to 1, no weight decay
+  bool is_embedding;  // no weight decay by default
+};
+
+class ParamLayout {
+ public:
+  static ParamLayout build(const ModelConfig& config);
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const ParamSpec* find(const std::string& name) const;  // nullptr when absent
+  size_t numel(ParamGroup group) const {
+    return group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
+  }
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm = false,
+           bool is_embedding = false);
+
+  std::vector<ParamSpec> specs_;
+  size_t dense_numel_ = 0;
+  size_t expert_numel_ = 0;
+};
+
+// Owning storage for one copy of all parameters (weights, gradients, moments...).
+struct ParamBuffers {
+  std::vector<float> dense;
+  std::vector<float> expert;
+
+  explicit ParamBuffers(const ParamLayout& layout)
+      : dense(layout.numel(ParamGroup::kDense), 0.0f),
+        expert(layout.numel(ParamGroup::kExpert), 0.0f) {}
+  float* data(ParamGroup group) {
+    return group == ParamGroup::kDense ? dense.data() : expert.data();
+  }
+  const float* data(ParamGroup group) const {
+    return group == ParamGroup::kDense ? dense.data() : expert.data();
+  }
+  float* at(const ParamSpec& spec) { return data(spec.group) + spec.offset; }
+  const float* at(const ParamSpec& spec) const { return data(spec.group) + spec.offset; }
+  void zero();
+};
+
+// Deterministic initialisation: every tensor draws from its own stream seeded by (seed, name), so
+// the weights do not depend on the thread count or, later, on the parallel layout. Matrices ~ N(0,
+// 0.02), norm gains = 1.
+void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params);
+
+}  // namespace moecore

@@ -1,0 +1,169 @@
+#include "model/router.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "model/linear.h"
+
+namespace moecore {
+
+namespace {
+
+// Row softmax of logits in fp32 with max subtraction; returns log-sum-exp.
+float softmax_row(const float* z, float* p, int64_t n) {
+  const float max_z = *std::max_element(z, z + n);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] = std::exp(z[j] - max_z);
+    sum += p[j];
+  }
+  for (int64_t j = 0; j < n; ++j) p[j] /= sum;
+  return max_z + std::log(sum);
+}
+
+}  // namespace
+
+void router_forward(const RouterShape& s, const float* x, const float* w_router, RouterState& st) {
+  const int64_t n = s.tokens, e_count = s.num_experts, k = s.top_k;
+  st.logits.resize(static_cast<size_t>(n * e_count));
+  st.scores.resize(st.logits.size());
+  st.topk_index.resize(static_cast<size_t>(n * k));
+  st.topk_weight.resize(st.topk_index.size());
+  linear_forward(x, w_router, st.logits.data(), n, s.dim, e_count);
+
+#pragma omp parallel
+  {
+    std::vector<int32_t> order(static_cast<size_t>(e_count));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* z = st.logits.data() + t * e_count;
+      float* p = st.scores.data() + t * e_count;
+      if (s.score == RouterScore::kSoftmax) {
+        softmax_row(z, p, e_count);
+      } else {
+        for (int64_t e = 0; e < e_count; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
+      }
+      for (int64_t e = 0; e < e_count; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+      // Highest score first; equal scores: lower expert index first.
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [p](int32_t a, int32_t b) {
+        return p[a] > p[b] || (p[a] == p[b] && a < b);
+      });
+      int32_t* idx = st.topk_index.data() + t * k;
+      float* wt = st.topk_weight.data() + t * k;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        idx[j] = order[static_cast<size_t>(j)];
+        wt[j] = p[idx[j]];
+        sum += wt[j];
+      }
+      if (s.norm_topk_prob)
+        for (int64_t j = 0; j < k; ++j) wt[j] /= sum;
+    }
+  }
+  st.expert_counts.assign(static_cast<size_t>(e_count), 0);
+  for (int32_t e : st.topk_index) ++st.expert_counts[static_cast<size_t>(e)];
+}
+
+void router_backward(const RouterShape& s, const float* x, const float* w_router,
+                     const RouterState& st, const RouterGrads& g, float* dx, float* dw_router) {
+  const int64_t n = s.tokens, e_count = s.num_experts, k = s.top_k;
+  std::vector<float> dlogits(static_cast<size_t>(n * e_count));
+#pragma omp parallel
+  {
+    std::vector<float> dscore(static_cast<size_t>(e_count));
+    std::vector<float> soft(static_cast<size_t>(e_count));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      const float* z = st.logits.data() + t * e_count;
+      const float* p = st.scores.data() + t * e_count;
+      const int32_t* idx = st.topk_index.data() + t * k;
+      const float* wt = st.topk_weight.data() + t * k;
+      const float* dwt = g.d_weight + t * k;
+      float* dz = dlogits.data() + t * e_count;
+      std::fill(dscore.begin(), dscore.end(), 0.0f);
+      // Routing weights -> selected scores. With renormalisation w_j = s_j / S:
+      // dL/ds_j = (dw_j - sum_i dw_i w_i) / S.
+      if (s.norm_topk_prob) {
+        float sum_sel = 0.0f, dot = 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+          sum_sel += p[idx[j]];
+          dot += dwt[j] * wt[j];
+        }
+        for (int64_t j = 0; j < k; ++j)
+          dscore[static_cast<size_t>(idx[j])] += (dwt[j] - dot) / sum_sel;
+      } else {
+        for (int64_t j = 0; j < k; ++j) dscore[static_cast<size_t>(idx[j])] += dwt[j];
+      }
+      const bool need_softmax =
+          s.score == RouterScore::kSigmoid && (g.lb_uses_softmax || g.z_grad_scale != 0.0f);
+      float lse = 0.0f;
+      if (need_softmax || (s.score == RouterScore::kSoftmax && g.z_grad_scale != 0.0f))
+        lse = softmax_row(z, soft.data(), e_count);
+      if (s.score == RouterScore::kSoftmax) {
+        if (g.lb_score_grad != nullptr)
+          for (int64_t e = 0; e < e_count; ++e)
+            dscore[static_cast<size_t>(e)] += g.lb_score_grad[e];
+        float dot = 0.0f;
+        for (int64_t e = 0; e < e_count; ++e) dot += dscore[static_cast<size_t>(e)] * p[e];
+        for (int64_t e = 0; e < e_count; ++e) dz[e] = p[e] * (dscore[static_cast<size_t>(e)] - dot);
+      } else {
+        if (g.lb_score_grad != nullptr && !g.lb_uses_softmax)
+          for (int64_t e = 0; e < e_count; ++e)
+            dscore[static_cast<size_t>(e)] += g.lb_score_grad[e];
+        for (int64_t e = 0; e < e_count; ++e)
+          dz[e] = dscore[static_cast<size_t>(e)] * p[e] * (1.0f - p[e]);
+        if (g.lb_score_grad != nullptr && g.lb_uses_softmax) {
+          float dot = 0.0f;
+          for (int64_t e = 0; e < e_count; ++e)
+            dot += g.lb_score_grad[e] * soft[static_cast<size_t>(e)];
+          for (int64_t e = 0; e < e_count; ++e)
+            dz[e] += soft[static_cast<size_t>(e)] * (g.lb_score_grad[e] - dot);
+        }
+      }
+      // z-loss: d(lse^2)/dz_e = 2 * lse * softmax_e.
+      if (g.z_grad_scale != 0.0f) {
+        const float* q = s.score == RouterScore::kSoftmax ? p : soft.data();
+        for (int64_t e = 0; e < e_count; ++e) dz[e] += g.z_grad_scale * 2.0f * lse * q[e];
+      }
+    }
+  }
+  linear_backward(dlogits.data(), x, w_router, dx, dw_router, n, s.dim, e_count, true);
+}
+
+double router_z_loss(const RouterShape& s, const RouterState& st) {
+  if (s.tokens == 0) return 0.0;
+  double total = 0.0;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const float* z = st.logits.data() + t * s.num_experts;
+    const float max_z = *std::max_element(z, z + s.num_experts);
+    double sum = 0.0;
+    for (int64_t e = 0; e < s.num_experts; ++e) sum += std::exp(static_cast<double>(z[e] - max_z));
+    const double lse = static_cast<double>(max_z) + std::log(sum);
+    total += lse * lse;
+  }
+  return total / static_cast<double>(s.tokens);
+}
+
+std::vector<double> router_softmax_column_sums(const RouterShape& s, const RouterState& st) {
+  if (s.score == RouterScore::kSoftmax) return router_score_column_sums(s, st);
+  std::vector<double> sums(static_cast<size_t>(s.num_experts), 0.0);
+  std::vector<float> p(static_cast<size_t>(s.num_experts));
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    softmax_row(st.logits.data() + t * s.num_experts, p.data(), s.num_experts);
+    for (int64_t e = 0; e < s.num_experts; ++e)
+      sums[static_cast<size_t>(e)] += static_cast<double>(p[static_cast<size_t>(e)]);
+  }
+  return sums;
+}
+
+std::vector<double> router_score_column_sums(const RouterShape& s, const RouterState& st) {
+  std::vector<double> sums(static_cast<size_t>(s.num_experts), 0.0);
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t e = 0; e < s.num_experts; ++e)
+      sums[static_cast<size_t>(e)] +=
+          static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + e)]);
+  return sums;
+}
+
+}  // namespace moecore

@@ -1,0 +1,76 @@
+// The decoder-only MoE transformer: embedding -> N x [RMSNorm -> attention -> residual -> RMSNorm
+// -> FFN (MoE or dense SwiGLU) -> residual] -> RMSNorm -> LM head, with the losses of DESIGN.md.
+// forward() saves every activation the backward needs; backward() adds parameter gradients.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/attention.h"
+#include "model/config.h"
+#include "model/moe_block.h"
+#include "model/params.h"
+#include "model/rope.h"
+
+namespace moecore {
+
+// Loss parts as DESIGN.md defines them. lb and z are unscaled (sum over MoE layers; the HF-style lb
+// is one value over all layers); total = ce + router_aux_loss_coef * lb + router_z_loss_coef * z.
+struct LossParts {
+  double ce = 0.0;
+  double lb = 0.0;
+  double z = 0.0;
+  double total = 0.0;
+  int64_t counted_tokens = 0;  // targets != -100
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, const ParamLayout& layout);
+  ~Transformer();
+  // Sub-blocks hold references to members, so a Transformer stays where it was built.
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // tokens, targets: [batch, seq], ids in [0, vocab_size) (targets may also be -100). Throws a
+  // moecore::Error naming the first out-of-range id. Pass targets = nullptr for logits only.
+  LossParts forward(const ParamBuffers& params, const int32_t* tokens, const int32_t* targets,
+                    int64_t batch, int64_t seq);
+
+  // grads += d(loss_scale * total)/d params, for the batch of the last forward().
+  void backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale);
+
+  const std::vector<float>& logits() const { return logits_; }  // [batch * seq, vocab]
+  const ModelConfig& config() const { return config_; }
+  // Router state of each layer of the last forward (nullptr for dense layers).
+  const RouterState* router_state(int64_t layer) const;
+
+ private:
+  struct LayerSpecs;  // where each layer's weights live in the parameter table
+  struct LayerCache;
+
+  AttentionWeights attention_weights(const ParamBuffers& buffers, int64_t layer) const;
+  MoeWeights moe_weights(const ParamBuffers& buffers, int64_t layer) const;
+
+  ModelConfig config_;
+  const ParamLayout& layout_;
+  std::vector<LayerSpecs> layer_specs_;
+  const ParamSpec* embed_ = nullptr;
+  const ParamSpec* final_norm_ = nullptr;
+  const ParamSpec* lm_head_ = nullptr;  // the embedding when tied
+  RopeTable rope_;
+  AttentionBlock attention_;
+  MoeBlock moe_;
+
+  // Activations of the last forward.
+  int64_t batch_ = 0, seq_ = 0;
+  std::vector<int32_t> tokens_;
+  std::vector<std::vector<float>> residual_;  // [L + 1][N, d]: input of each layer, then final
+  std::vector<LayerCache> layers_;
+  std::vector<float> final_rstd_, final_hidden_, logits_, dlogits_;
+  std::vector<float> lb_score_grad_;  // [L][E] load-balancing gradient per router probability
+  bool lb_uses_softmax_ = false;
+};
+
+}  // namespace moecore

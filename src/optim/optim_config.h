@@ -1,0 +1,24 @@
+// Optimizer settings: the [optim] table of a config file.
+#pragma once
+
+#include <cstdint>
+
+namespace moecore {
+
+enum class LrSchedule { kCosine, kLinear, kConstant };
+
+struct OptimConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;   // not applied to norm gains and embeddings
+  double max_grad_norm = 1.0;  // <= 0: no clipping
+  int64_t warmup_steps = 0;
+  LrSchedule schedule = LrSchedule::kCosine;
+  double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
+
+  void validate() const;
+};
+
+}  // namespace moecore

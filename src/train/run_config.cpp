@@ -1,0 +1,288 @@
+#include "train/run_config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace moecore {
+
+namespace {
+
+// Reads the keys of one table into typed fields; reports unknown keys and type mismatches.
+class TableReader {
+ public:
+  TableReader(const toml::table& table, std::string section, std::string source)
+      : table_(table), section_(std::move(section)), source_(std::move(source)) {}
+
+  template <typename T>
+  void read(const char* key, T& field) {
+    seen_.emplace_back(key);
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      auto value = node->value_exact<bool>();
+      MOE_CHECK(value.has_value(), "[config] {}: {}.{} must be a boolean", source_, section_, key);
+      field = *value;
+    } else if constexpr (std::is_integral_v<T>) {
+      auto value = node->value_exact<int64_t>();
+      MOE_CHECK(value.has_value(), "[config] {}: {}.{} must be an integer", source_, section_, key);
+      field = static_cast<T>(*value);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      auto value = node->value<double>();  // integers are accepted for float keys
+      MOE_CHECK(value.has_value() && (node->is_floating_point() || node->is_integer()),
+                "[config] {}: {}.{} must be a number", source_, section_, key);
+      field = *value;
+    } else {
+      auto value = node->value_exact<std::string>();
+      MOE_CHECK(value.has_value(), "[config] {}: {}.{} must be a string", source_, section_, key);
+      field = *value;
+    }
+  }
+
+  template <typename Enum>
+  void read_enum(const char* key, Enum& field,
+                 std::initializer_list<std::pair<const char*, Enum>> choices) {
+    std::string text;
+    read(key, text);
+    if (table_.get(key) == nullptr) return;
+    std::string allowed;
+    for (const auto& [name, value] : choices) {
+      if (text == name) {
+        field = value;
+        return;
+      }
+      allowed +=
+          allowed.empty() ? std::string("\"") + name + "\"" : std::string(", \"") + name + "\"";
+    }
+    fail("[config] {}: {}.{}=\"{}\" is not one of {}", source_, section_, key, text, allowed);
+  }
+
+  void reject_unknown() const {
+    for (const auto& [key, node] : table_) {
+      const std::string name(key.str());
+      bool known = false;
+      for (const std::string& s : seen_) known = known || s == name;
+      MOE_CHECK(known, "[config] {}: unknown key {}.{}", source_, section_, name);
+    }
+  }
+
+ private:
+  const toml::table& table_;
+  std::string section_, source_;
+  std::vector<std::string> seen_;
+};
+
+void read_model(TableReader& r, ModelConfig& m) {
+  r.read("vocab_size", m.vocab_size);
+  r.read("hidden_size", m.hidden_size);
+  r.read("num_hidden_layers", m.num_hidden_layers);
+  r.read("num_attention_heads", m.num_attention_heads);
+  r.read("num_key_value_heads", m.num_key_value_heads);
+  r.read("head_dim", m.head_dim);
+  r.read("rope_theta", m.rope_theta);
+  r.read("rms_norm_eps", m.rms_norm_eps);
+  r.read("tie_word_embeddings", m.tie_word_embeddings);
+  r.read("num_experts", m.num_experts);
+  r.read("num_experts_per_tok", m.num_experts_per_tok);
+  r.read("moe_intermediate_size", m.moe_intermediate_size);
+  r.read("intermediate_size", m.intermediate_size);
+  r.read("first_k_dense_replace", m.first_k_dense_replace);
+  r.read("shared_expert_intermediate_size", m.shared_expert_intermediate_size);
+  r.read("norm_topk_prob", m.norm_topk_prob);
+  r.read("router_aux_loss_coef", m.router_aux_loss_coef);
+  r.read("router_z_loss_coef", m.router_z_loss_coef);
+  r.read_enum("qk_norm", m.qk_norm,
+              {{"none", QkNorm::kNone}, {"full", QkNorm::kFull}, {"per_head", QkNorm::kPerHead}});
+  r.read_enum("router_score", m.router_score,
+              {{"softmax", RouterScore::kSoftmax}, {"sigmoid", RouterScore::kSigmoid}});
+  r.read_enum("lb_loss_style", m.lb_loss_style,
+              {{"olmo-core", LbLossStyle::kOlmoCore}, {"hf", LbLossStyle::kHf}});
+}
+
+void read_optim(TableReader& r, OptimConfig& o) {
+  r.read("lr", o.lr);
+  r.read("beta1", o.beta1);
+  r.read("beta2", o.beta2);
+  r.read("eps", o.eps);
+  r.read("weight_decay", o.weight_decay);
+  r.read("max_grad_norm", o.max_grad_norm);
+  r.read("warmup_steps", o.warmup_steps);
+  r.read_enum("schedule", o.schedule,
+              {{"cosine", LrSchedule::kCosine},
+               {"linear", LrSchedule::kLinear},
+               {"constant", LrSchedule::kConstant}});
+  r.read("min_lr_ratio", o.min_lr_ratio);
+}
+
+void read_train(TableReader& r, TrainConfig& t) {
+  r.read("seed", t.seed);
+  r.read("max_steps", t.max_steps);
+  r.read("batch_size", t.batch_size);
+  r.read("seq_len", t.seq_len);
+  r.read("threads", t.threads);
+  r.read("log_every", t.log_every);
+  r.read("eval_every", t.eval_every);
+  r.read("eval_batches", t.eval_batches);
+  r.read("max_seconds", t.max_seconds);
+  r.read("out_dir", t.out_dir);
+}
+
+void read_data(TableReader& r, DataConfig& d) {
+  r.read("corpus", d.corpus);
+  r.read("val_fraction", d.val_fraction);
+}
+
+// "section.key=value": the value is parsed as a TOML value; bare words become strings.
+void apply_override(toml::table& doc, const std::string& override_text) {
+  const size_t eq = override_text.find('=');
+  const size_t dot = override_text.find('.');
+  MOE_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
+            "[config] override '{}' is not of the form section.key=value", override_text);
+  const std::string section = override_text.substr(0, dot);
+  const std::string key = override_text.substr(dot + 1, eq - dot - 1);
+  const std::string value = override_text.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};
+  }
+  if (!doc.contains(section)) doc.insert(section, toml::table{});
+  toml::table* table = doc[section].as_table();
+  MOE_CHECK(table != nullptr, "[config] override '{}': {} is not a table", override_text, section);
+  table->insert_or_assign(key, *parsed.get("v"));
+}
+
+}  // namespace
+
+void OptimConfig::validate() const {
+  MOE_CHECK(lr > 0.0, "[config] optim.lr={} must be positive", lr);
+  MOE_CHECK(beta1 >= 0.0 && beta1 < 1.0, "[config] optim.beta1={} must be in [0, 1)", beta1);
+  MOE_CHECK(beta2 >= 0.0 && beta2 < 1.0, "[config] optim.beta2={} must be in [0, 1)", beta2);
+  MOE_CHECK(eps > 0.0, "[config] optim.eps={} must be positive", eps);
+  MOE_CHECK(weight_decay >= 0.0, "[config] optim.weight_decay={} must be >= 0", weight_decay);
+  MOE_CHECK(warmup_steps >= 0, "[config] optim.warmup_steps={} must be >= 0", warmup_steps);
+  MOE_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0,
+            "[config] optim.min_lr_ratio={} must be in [0, 1]", min_lr_ratio);
+}
+
+RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides) {
+  toml::table doc;
+  try {
+    doc = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    fail("[config] {}:{}:{}: malformed TOML: {}", source_name, where.line, where.column,
+         e.description());
+  }
+  for (const std::string& o : overrides) apply_override(doc, o);
+
+  RunConfig config;
+  for (const auto& [key, node] : doc) {
+    const std::string section(key.str());
+    const toml::table* table = node.as_table();
+    MOE_CHECK(table != nullptr, "[config] {}: top-level key '{}' must be a table", source_name,
+              section);
+    TableReader reader(*table, section, source_name);
+    if (section == "model") {
+      read_model(reader, config.model);
+    } else if (section == "optim") {
+      read_optim(reader, config.optim);
+    } else if (section == "train") {
+      read_train(reader, config.train);
+    } else if (section == "data") {
+      read_data(reader, config.data);
+    } else {
+      fail("[config] {}: unknown table [{}] (expected model, optim, train, data)", source_name,
+           section);
+    }
+    reader.reject_unknown();
+  }
+  config.model.validate();
+  config.optim.validate();
+  const TrainConfig& t = config.train;
+  MOE_CHECK(t.max_steps >= 0, "[config] train.max_steps={} must be >= 0", t.max_steps);
+  MOE_CHECK(t.batch_size > 0, "[config] train.batch_size={} must be positive", t.batch_size);
+  MOE_CHECK(t.seq_len > 0, "[config] train.seq_len={} must be positive", t.seq_len);
+  MOE_CHECK(t.threads >= 0, "[config] train.threads={} must be >= 0", t.threads);
+  MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
+  return config;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "[config] cannot open config file '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), path, overrides);
+}
+
+std::string run_config_to_toml(const RunConfig& c) {
+  auto name = [](auto value, std::initializer_list<std::pair<decltype(value), const char*>> names) {
+    for (const auto& [v, n] : names)
+      if (v == value) return std::string(n);
+    return std::string("?");
+  };
+  const ModelConfig& m = c.model;
+  toml::table model{
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.hidden_size},
+      {"num_hidden_layers", m.num_hidden_layers},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_key_value_heads", m.num_key_value_heads},
+      {"head_dim", m.head_dim},
+      {"rope_theta", m.rope_theta},
+      {"rms_norm_eps", m.rms_norm_eps},
+      {"tie_word_embeddings", m.tie_word_embeddings},
+      {"num_experts", m.num_experts},
+      {"num_experts_per_tok", m.num_experts_per_tok},
+      {"moe_intermediate_size", m.moe_intermediate_size},
+      {"intermediate_size", m.intermediate_size},
+      {"first_k_dense_replace", m.first_k_dense_replace},
+      {"shared_expert_intermediate_size", m.shared_expert_intermediate_size},
+      {"norm_topk_prob", m.norm_topk_prob},
+      {"router_aux_loss_coef", m.router_aux_loss_coef},
+      {"router_z_loss_coef", m.router_z_loss_coef},
+      {"qk_norm",
+       name(m.qk_norm,
+            {{QkNorm::kNone, "none"}, {QkNorm::kFull, "full"}, {QkNorm::kPerHead, "per_head"}})},
+      {"router_score", name(m.router_score, {{RouterScore::kSoftmax, "softmax"},
+                                             {RouterScore::kSigmoid, "sigmoid"}})},
+      {"lb_loss_style",
+       name(m.lb_loss_style, {{LbLossStyle::kOlmoCore, "olmo-core"}, {LbLossStyle::kHf, "hf"}})},
+  };
+  const OptimConfig& o = c.optim;
+  toml::table optim{{"lr", o.lr},
+                    {"beta1", o.beta1},
+                    {"beta2", o.beta2},
+                    {"eps", o.eps},
+                    {"weight_decay", o.weight_decay},
+                    {"max_grad_norm", o.max_grad_norm},
+                    {"warmup_steps", o.warmup_steps},
+                    {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
+                                                   {LrSchedule::kLinear, "linear"},
+                                                   {LrSchedule::kConstant, "constant"}})},
+                    {"min_lr_ratio", o.min_lr_ratio}};
+  const TrainConfig& t = c.train;
+  toml::table train{{"seed", static_cast<int64_t>(t.seed)},
+                    {"max_steps", t.max_steps},
+                    {"batch_size", t.batch_size},
+                    {"seq_len", t.seq_len},
+                    {"threads", t.threads},
+                    {"log_every", t.log_every},
+                    {"eval_every", t.eval_every},
+                    {"eval_batches", t.eval_batches},
+                    {"max_seconds", t.max_seconds},
+                    {"out_dir", t.out_dir}};
+  toml::table data{{"corpus", c.data.corpus}, {"val_fraction", c.data.val_fraction}};
+  toml::table doc{{"model", model}, {"optim", optim}, {"train", train}, {"data", data}};
+  std::ostringstream out;
+  out << doc << "\n";
+  return out.str();
+}
+
+}  // namespace moecore

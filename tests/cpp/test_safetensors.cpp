@@ -1,0 +1,330 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "io/safetensors.h"
+
+namespace moecore::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "moecore_st_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override {
+    set_write_failure_for_testing(-1);
+    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add);
+    fs::remove_all(dir_);
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Writes raw bytes: for hand-made (possibly malformed) files.
+  std::string write_raw(const std::string& name, const std::string& bytes) const {
+    std::ofstream out(path(name), std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return path(name);
+  }
+
+  // A file with the given JSON header text and data buffer.
+  std::string write_file(const std::string& name, const std::string& header,
+                         const std::string& buffer) const {
+    const uint64_t n = header.size();
+    std::string bytes(reinterpret_cast<const char*>(&n), 8);
+    return write_raw(name, bytes + header + buffer);
+  }
+
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path dir_;
+};
+
+// Expects fn to throw moecore::Error whose one-line message contains every fragment.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    for (const auto& fragment : fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "message '" << message << "' lacks '" << fragment << "'";
+    }
+    return;
+  }
+  ADD_FAILURE() << "no moecore::Error thrown";
+}
+
+std::string file_contents(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST_F(SafetensorsTest, RoundTripPreservesValuesShapesAndMetadata) {
+  const std::vector<float> a = {1.0f, -2.5f, 3.25f, 1e-30f, -0.0f, 6e30f};
+  const std::vector<float> b = {7.0f, 8.0f};
+  SafetensorsWriter writer;
+  writer.add_f32("model.b", {2}, b.data());
+  writer.add_f32("model.a", {2, 3}, a.data());
+  writer.set_metadata("format", "pt");
+  writer.write(path("w.safetensors"));
+
+  const auto reader = SafetensorsReader::open(path("w.safetensors"));
+  EXPECT_EQ(reader.names(), (std::vector<std::string>{"model.a", "model.b"}));
+  EXPECT_TRUE(reader.has("model.a"));
+  EXPECT_FALSE(reader.has("model.c"));
+  EXPECT_EQ(reader.info("model.a").dtype, "F32");
+  EXPECT_EQ(reader.info("model.a").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(reader.info("model.a").end - reader.info("model.a").begin, 24u);
+  EXPECT_EQ(reader.metadata().at("format"), "pt");
+
+  std::vector<float> got(6);
+  reader.read_f32("model.a", {2, 3}, got.data());
+  EXPECT_EQ(std::memcmp(got.data(), a.data(), 24), 0);  // Bit-exact, including -0.0.
+  EXPECT_EQ(reader.read_f32("model.b"), b);
+  EXPECT_EQ(entries(), (std::vector<std::string>{"w.safetensors"}));  // No temp file left.
+}
+
+TEST_F(SafetensorsTest, HeaderIsSortedAndPaddedToEightBytes) {
+  const float x = 1.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("zeta", {1}, &x);
+  writer.add_f32("alpha", {1}, &x);
+  writer.set_metadata("k", "v");
+  writer.write(path("h.safetensors"));
+
+  const std::string bytes = file_contents(path("h.safetensors"));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(bytes.size(), 8 + n + 8);
+  const std::string header = bytes.substr(8, n);
+  EXPECT_EQ(header.rfind(R"({"__metadata__":{"k":"v"},"alpha":{"data_offsets":[0,4],)", 0), 0u)
+      << header;
+  EXPECT_LT(header.find("\"alpha\""), header.find("\"zeta\""));
+  EXPECT_EQ(header.find_last_not_of(' '), header.find_last_of('}'));
+}
+
+TEST_F(SafetensorsTest, ReadsBf16AndF16AsFloat) {
+  // bf16: 1.0, -2.0, 0.15625, +inf.  f16: 1.0, -2.0, 0.5, smallest subnormal, 65504, -inf.
+  const uint16_t bf16[] = {0x3f80, 0xc000, 0x3e20, 0x7f80};
+  const uint16_t f16[] = {0x3c00, 0xc000, 0x3800, 0x0001, 0x7bff, 0xfc00};
+  std::string buffer(reinterpret_cast<const char*>(bf16), sizeof(bf16));
+  buffer.append(reinterpret_cast<const char*>(f16), sizeof(f16));
+  const std::string p = write_file("half.safetensors",
+                                   R"({"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},)"
+                                   R"("h":{"dtype":"F16","shape":[6],"data_offsets":[8,20]}})",
+                                   buffer);
+  const auto reader = SafetensorsReader::open(p);
+  float b[4];
+  reader.read_f32("b", {2, 2}, b);
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -2.0f);
+  EXPECT_EQ(b[2], 0.15625f);
+  EXPECT_EQ(b[3], std::numeric_limits<float>::infinity());
+  const std::vector<float> h = reader.read_f32("h");
+  ASSERT_EQ(h.size(), 6u);
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_EQ(h[2], 0.5f);
+  EXPECT_EQ(h[3], 0x1p-24f);
+  EXPECT_EQ(h[4], 65504.0f);
+  EXPECT_EQ(h[5], -std::numeric_limits<float>::infinity());
+}
+
+TEST_F(SafetensorsTest, HandlesScalarAndEmptyTensors) {
+  const float s = 42.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("scalar", {}, &s);
+  writer.add_f32("empty", {0, 4}, nullptr);
+  writer.write(path("e.safetensors"));
+  const auto reader = SafetensorsReader::open(path("e.safetensors"));
+  EXPECT_EQ(reader.read_f32("scalar"), std::vector<float>{42.0f});
+  EXPECT_TRUE(reader.read_f32("empty").empty());
+  EXPECT_EQ(reader.info("empty").shape, (std::vector<int64_t>{0, 4}));
+}
+
+TEST_F(SafetensorsTest, ReaderIsMoveOnly) {
+  static_assert(!std::is_copy_constructible_v<SafetensorsReader>);
+  static_assert(std::is_nothrow_move_constructible_v<SafetensorsReader>);
+  const float x = 3.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("x", {1}, &x);
+  writer.write(path("m.safetensors"));
+  auto first = SafetensorsReader::open(path("m.safetensors"));
+  SafetensorsReader second = std::move(first);
+  EXPECT_EQ(second.read_f32("x"), std::vector<float>{3.0f});
+}
+
+TEST_F(SafetensorsTest, RejectsMissingFile) {
+  expect_error([&] { SafetensorsReader::open(path("nope.safetensors")); },
+               {"[safetensors]", "nope.safetensors", "No such file"});
+}
+
+TEST_F(SafetensorsTest, RejectsFileShorterThanEightBytes) {
+  const std::string p = write_raw("short.safetensors", "abc");
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "3 bytes", "shorter"});
+  const std::string empty = write_raw("empty.safetensors", "");
+  expect_error([&] { SafetensorsReader::open(empty); }, {empty, "0 bytes"});
+}
+
+TEST_F(SafetensorsTest, RejectsHeaderLengthBeyondFile) {
+  const uint64_t n = 1000;
+  const std::string p =
+      write_raw("long.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + "{}");
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "header length 1000", "2 bytes"});
+}
+
+TEST_F(SafetensorsTest, RejectsMalformedJson) {
+  const std::string p = write_file("bad.safetensors", R"({"a": {"dtype": )", "");
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "malformed JSON"});
+  const std::string q = write_file("array.safetensors", "[1, 2]", "");
+  expect_error([&] { SafetensorsReader::open(q); }, {q, "expected an object"});
+  const std::string r =
+      write_file("noshape.safetensors", R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", "abcd");
+  expect_error([&] { SafetensorsReader::open(r); }, {r, "'a'", "shape"});
+  const std::string s = write_file(
+      "negoff.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", "abcd");
+  expect_error([&] { SafetensorsReader::open(s); }, {s, "'a'", "data_offsets"});
+  const std::string t = write_file("meta.safetensors", R"({"__metadata__":{"k":1}})", "");
+  expect_error([&] { SafetensorsReader::open(t); }, {t, "__metadata__", "'k'"});
+}
+
+TEST_F(SafetensorsTest, RejectsUnknownDtype) {
+  const std::string p = write_file(
+      "dtype.safetensors", R"({"w":{"dtype":"F31","shape":[1],"data_offsets":[0,4]}})", "abcd");
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "'w'", "unknown dtype 'F31'"});
+}
+
+TEST_F(SafetensorsTest, RejectsOffsetsOutOfRange) {
+  const std::string p = write_file(
+      "range.safetensors", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "abcd");
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "'w'", "[0, 8]", "4-byte"});
+  const std::string q = write_file(
+      "reversed.safetensors", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", "abcd");
+  expect_error([&] { SafetensorsReader::open(q); }, {q, "'w'", "[4, 0]"});
+}
+
+TEST_F(SafetensorsTest, RejectsOverlappingOffsets) {
+  const std::string p = write_file("overlap.safetensors",
+                                   R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                   R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                   std::string(12, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "'a'", "'b'", "overlap"});
+}
+
+TEST_F(SafetensorsTest, RejectsOffsetsNotMatchingDtypeSize) {
+  const std::string p =
+      write_file("size.safetensors", R"({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}})",
+                 std::string(8, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "'w'", "8 bytes", "BF16", "needs 6"});
+}
+
+TEST_F(SafetensorsTest, ReadF32RequiresTensorShapeAndFloatDtype) {
+  const std::string p = write_file("int.safetensors",
+                                   R"({"f":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                                   R"("i":{"dtype":"I32","shape":[1],"data_offsets":[24,28]}})",
+                                   std::string(28, '\0'));
+  const auto reader = SafetensorsReader::open(p);
+  std::vector<float> dst(6);
+  expect_error([&] { reader.read_f32("g", {1}, dst.data()); }, {p, "missing tensor 'g'"});
+  expect_error([&] { reader.info("g"); }, {p, "missing tensor 'g'"});
+  expect_error(
+      [&] {
+        reader.read_f32("f", {3, 2}, dst.data());
+      },
+      {p, "'f'", "shape [2, 3], expected [3, 2]"});
+  expect_error([&] { reader.read_f32("i", {1}, dst.data()); }, {p, "'i'", "dtype I32"});
+  expect_error([&] { reader.read_f32("i"); }, {"I32"});
+}
+
+TEST_F(SafetensorsTest, WriterRejectsDuplicateAndInvalidNames) {
+  const float x = 1.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("w", {1}, &x);
+  expect_error([&] { writer.add_f32("w", {1}, &x); }, {"duplicate", "'w'"});
+  expect_error([&] { writer.add_f32("__metadata__", {1}, &x); }, {"__metadata__"});
+  expect_error([&] { writer.add_f32("neg", {-1}, &x); }, {"'neg'", "[-1]"});
+}
+
+TEST_F(SafetensorsTest, AtomicWriteFailsCleanlyWhenDirectoryIsMissing) {
+  const float x = 1.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("w", {1}, &x);
+  const std::string p = path("missing/dir/w.safetensors");
+  expect_error([&] { writer.write(p); }, {"[safetensors]", p, "No such file or directory"});
+  EXPECT_TRUE(entries().empty());
+}
+
+TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileWhenDiskIsFull) {
+  const std::vector<float> old_values = {1.0f, 2.0f};
+  SafetensorsWriter old_writer;
+  old_writer.add_f32("w", {2}, old_values.data());
+  old_writer.write(path("c.safetensors"));
+  const std::string before = file_contents(path("c.safetensors"));
+
+  const std::vector<float> big(1000, 5.0f);
+  SafetensorsWriter writer;
+  writer.add_f32("w", {1000}, big.data());
+  set_write_failure_for_testing(100);  // Fails mid-way through the data, after the header.
+  expect_error([&] { writer.write(path("c.safetensors")); },
+               {path("c.safetensors"), "No space left on device"});
+  set_write_failure_for_testing(-1);
+
+  EXPECT_EQ(file_contents(path("c.safetensors")), before);
+  EXPECT_EQ(entries(), (std::vector<std::string>{"c.safetensors"}));  // Temporary removed.
+  EXPECT_EQ(SafetensorsReader::open(path("c.safetensors")).read_f32("w"), old_values);
+}
+
+TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileWhenRenameFails) {
+  // The target is a non-empty directory: rename() fails after the temporary was fully written.
+  fs::create_directory(path("target"));
+  write_raw("target/keep", "x");
+  const float x = 1.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("w", {1}, &x);
+  expect_error([&] { writer.write(path("target")); }, {path("target"), "rename"});
+  EXPECT_EQ(entries(), (std::vector<std::string>{"target"}));
+  EXPECT_EQ(file_contents(path("target/keep")), "x");
+}
+
+TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileInReadOnlyDirectory) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+  const float x = 1.0f;
+  SafetensorsWriter old_writer;
+  old_writer.add_f32("w", {1}, &x);
+  old_writer.write(path("ro.safetensors"));
+  const std::string before = file_contents(path("ro.safetensors"));
+  fs::permissions(dir_, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                  fs::perm_options::remove);
+  const float y = 2.0f;
+  SafetensorsWriter writer;
+  writer.add_f32("w", {1}, &y);
+  expect_error([&] { writer.write(path("ro.safetensors")); },
+               {path("ro.safetensors"), "Permission denied"});
+  EXPECT_EQ(file_contents(path("ro.safetensors")), before);
+}
+
+}  // namespace
+}  // namespace moecore::io
