@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"  // io::MappedFile
+#include "io/file_util.h"
 
 namespace moecore::data {
 

@@ -2,8 +2,6 @@
 // Layout: u64 little-endian header length N, N bytes of JSON
 // {name: {"dtype", "shape", "data_offsets": [begin, end]}, optional "__metadata__": {str: str}},
 // then the byte buffer that data_offsets index into.
-//
-// MappedFile and write_file_atomic are the file plumbing this format needs; data/npy uses them too.
 #pragma once
 
 #include <cstddef>
@@ -13,38 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "io/file_util.h"
+
 namespace moecore::io {
-
-// Read-only memory map of a whole file. Move-only; unmaps on destruction. `tag` ("[npy]") prefixes
-// the error thrown when the file cannot be opened or mapped.
-class MappedFile {
- public:
-  static MappedFile open(const std::string& path, const char* tag);
-
-  MappedFile() = default;
-  MappedFile(MappedFile&& other) noexcept;
-  MappedFile& operator=(MappedFile&& other) noexcept;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile();
-
-  const std::byte* data() const { return static_cast<const std::byte*>(addr_); }
-  size_t size() const { return size_; }
-
- private:
-  void* addr_ = nullptr;  // nullptr for an empty file: mmap cannot map zero bytes.
-  size_t size_ = 0;
-};
-
-// Writes the concatenated chunks to `path` so that readers see either the old file or the complete
-// new one: write `path.tmp.<pid>`, fsync, rename over `path`, fsync the directory. On failure the
-// temporary is removed, `path` is untouched, and a one-line moecore::Error names path and strerror.
-void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
-                       const char* tag);
-
-// Test hook: after `bytes` more bytes, write_file_atomic's writes fail with ENOSPC (disk full),
-// which root cannot otherwise provoke with permissions. A negative value disables the fault.
-void set_write_failure_for_testing(int64_t bytes);
 
 struct TensorInfo {
   std::string dtype;  // Safetensors spelling: "F32", "BF16", "I64", ...

@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 #include "data/npy.h"
-#include "io/safetensors.h"
+#include "io/file_util.h"
 
 namespace moecore::data {
 namespace {

@@ -1,0 +1,159 @@
+#include "io/file_util.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <utility>
+
+#include "core/check.h"
+
+namespace moecore::io {
+
+namespace {
+
+std::string errno_text(int err) {
+  return std::generic_category().message(err);
+}
+
+std::atomic<int64_t> g_write_failure_after{-1};
+
+// Writes all of [data, data + n) to fd, retrying short writes and EINTR. Returns 0 or an errno.
+int write_all(int fd, const std::byte* data, size_t n) {
+  while (n > 0) {
+    size_t chunk = n;
+    const int64_t budget = g_write_failure_after.load();
+    if (budget >= 0) {
+      if (budget == 0) return ENOSPC;
+      chunk = std::min(chunk, static_cast<size_t>(budget));
+    }
+    const ssize_t written = ::write(fd, data, chunk);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (written == 0) return EIO;  // Should not happen for regular files; avoid spinning.
+    if (budget >= 0) g_write_failure_after.store(budget - written);
+    data += written;
+    n -= static_cast<size_t>(written);
+  }
+  return 0;
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+// ---- MappedFile
+// ----------------------------------------------------------------------------------
+
+MappedFile MappedFile::open(const std::string& path, const char* tag) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MOE_CHECK(fd >= 0, "{} {}: cannot open: {}", tag, path, errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("{} {}: cannot stat: {}", tag, path, errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{} {}: not a regular file", tag, path);
+  }
+  MappedFile file;
+  file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ > 0) {
+    void* addr = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail("{} {}: cannot mmap {} bytes: {}", tag, path, file.size_, errno_text(err));
+    }
+    file.addr_ = addr;
+  }
+  ::close(fd);  // The mapping keeps the file alive.
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : addr_(std::exchange(other.addr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (addr_ != nullptr) ::munmap(addr_, size_);
+    addr_ = std::exchange(other.addr_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (addr_ != nullptr) ::munmap(addr_, size_);
+}
+
+// ---- Atomic write
+// --------------------------------------------------------------------------------
+
+void set_write_failure_for_testing(int64_t bytes) {
+  g_write_failure_after.store(bytes);
+}
+
+void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
+                       const char* tag) {
+  // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MOE_CHECK(fd >= 0, "{} cannot write '{}': cannot create '{}': {}", tag, path, tmp,
+            errno_text(errno));
+
+  int err = 0;
+  const char* step = "write";
+  for (const auto& chunk : chunks) {
+    err = write_all(fd, chunk.data(), chunk.size());
+    if (err != 0) break;
+  }
+  if (err == 0 && ::fsync(fd) != 0) {
+    err = errno;
+    step = "fsync";
+  }
+  // close() can report deferred write errors (NFS), so its result counts too.
+  if (::close(fd) != 0 && err == 0) {
+    err = errno;
+    step = "close";
+  }
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    step = "rename";
+  }
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    fail("{} cannot write '{}': {} failed: {}", tag, path, step, errno_text(err));
+  }
+
+  // Persist the rename itself. Some filesystems cannot fsync directories (EINVAL); that is no
+  // error.
+  const std::string dir = parent_directory(path);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MOE_CHECK(dir_fd >= 0, "{} wrote '{}' but cannot open its directory to fsync: {}", tag, path,
+            errno_text(errno));
+  const bool synced = ::fsync(dir_fd) == 0 || errno == EINVAL;
+  const int sync_err = errno;
+  ::close(dir_fd);
+  MOE_CHECK(synced, "{} wrote '{}' but fsync of directory '{}' failed: {}", tag, path, dir,
+            errno_text(sync_err));
+}
+
+// ---- Reader
+// --------------------------------------------------------------------------------------
+
+}  // namespace moecore::io

@@ -1,0 +1,44 @@
+// File plumbing shared by every reader and writer of moecore: read-only memory maps, and atomic
+// writes (temporary file, fsync, rename, fsync of the directory) so that a crash or a full disk
+// never leaves a half-written file where a good one was.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace moecore::io {
+
+// Read-only memory map of a whole file. Move-only; unmaps on destruction. `tag` ("[npy]") prefixes
+// the error thrown when the file cannot be opened or mapped.
+class MappedFile {
+ public:
+  static MappedFile open(const std::string& path, const char* tag);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const std::byte* data() const { return static_cast<const std::byte*>(addr_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* addr_ = nullptr;  // nullptr for an empty file: mmap cannot map zero bytes.
+  size_t size_ = 0;
+};
+
+// Writes the concatenated chunks to `path` so that readers see either the old file or the complete
+// new one: write `path.tmp.<pid>`, fsync, rename over `path`, fsync the directory. On failure the
+// temporary is removed, `path` is untouched, and a one-line moecore::Error names path and strerror.
+void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
+                       const char* tag);
+
+// Test hook: after `bytes` more bytes, write_file_atomic's writes fail with ENOSPC (disk full),
+// which root cannot otherwise provoke with permissions. A negative value disables the fault.
+void set_write_failure_for_testing(int64_t bytes);
+
+}  // namespace moecore::io
