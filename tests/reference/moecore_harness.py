@@ -1,0 +1,366 @@
+"""Helpers shared by the reference tests: the moecore binary, config files, safetensors, HF configs,
+and the error metric.
+
+Error metric (issue 2, item 7): rel_err(a, b) = max|a - b| / max|b| per tensor, with b the reference.
+When max|b| == 0 the reference is exactly zero and we require max|a| <= 1e-6 instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+import ref_model
+
+TOL = 1e-4  # fp32 parity tolerance: max|ours - ref| / max|ref| per tensor
+ZERO_ABS_TOL = 1e-6  # when the reference is exactly zero
+BIN_TIMEOUT_S = 300
+
+
+# ----------------------------------------------------------------------------------------------
+# Locations
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def binary_path() -> Path:
+    """$MOECORE_BIN (relative paths are taken from the repo root), else build/bin/moecore."""
+    env = os.environ.get("MOECORE_BIN")
+    if env:
+        p = Path(env)
+        return p if p.is_absolute() else repo_root() / p
+    return repo_root() / "build" / "bin" / "moecore"
+
+
+def binary_missing_reason() -> str | None:
+    p = binary_path()
+    if not p.is_file():
+        return f"moecore binary not found at {p} (build it with `make build`, or set MOECORE_BIN)"
+    if not os.access(p, os.X_OK):
+        return f"moecore binary at {p} is not executable"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Config files
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"non-finite config value {v}")
+        r = repr(v)  # shortest round-trip form; always has '.' or 'e'
+        return r
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"cannot write {type(v).__name__} {v!r} to TOML")
+
+
+def toml_text(tables: dict[str, dict]) -> str:
+    """{"model": {...}, "optim": {...}} -> TOML text (flat tables of scalars only)."""
+    lines = []
+    for table, kv in tables.items():
+        lines.append(f"[{table}]")
+        for k, v in kv.items():
+            if v is None:
+                continue
+            lines.append(f"{k} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+OPTIM_DEFAULTS = {
+    "lr": 1e-3,
+    "beta1": 0.9,
+    "beta2": 0.95,
+    "eps": 1e-8,
+    "weight_decay": 0.1,
+    "max_grad_norm": 1.0,
+    "warmup_steps": 0,
+    "schedule": "cosine",
+    "min_lr_ratio": 0.1,
+}
+
+
+def model_table(model: dict) -> dict:
+    """Every [model] key written explicitly (no reliance on the engine's defaults)."""
+    c = dict(ref_model.full_config(model))
+    return c
+
+
+def write_config(path: Path, model: dict, optim: dict | None = None) -> Path:
+    tables = {"model": model_table(model), "optim": {**OPTIM_DEFAULTS, **(optim or {})}}
+    Path(path).write_text(toml_text(tables))
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors on disk
+
+
+def save_weights(path: Path, params: dict[str, torch.Tensor]) -> Path:
+    save_file({k: v.detach().float().contiguous() for k, v in params.items()}, str(path), metadata={"format": "pt"})
+    return Path(path)
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def save_tokens(path: Path, arr, dtype=np.int64) -> Path:
+    np.save(str(path), np.asarray(arr, dtype=dtype))
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the binary
+
+
+def run_moecore(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run `moecore <args>`; raise AssertionError with the command, exit code and stderr on failure."""
+    reason = binary_missing_reason()
+    if reason:
+        raise AssertionError(reason)
+    cmd = [str(binary_path()), *map(str, args)]
+    try:
+        proc = subprocess.run(cmd, cwd=repo_root(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"timed out after {timeout}s: {shlex.join(cmd)}\nstderr:\n{exc.stderr}") from None
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"moecore failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
+            f"--- stderr ---\n{proc.stderr.strip()}\n--- stdout (tail) ---\n{proc.stdout[-2000:].strip()}"
+        )
+    return proc
+
+
+def moecore_init(workdir: Path, model: dict, seed: int, optim: dict | None = None, name: str = "init") -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model, optim)
+    out = workdir / f"{name}.safetensors"
+    run_moecore("init", "--config", cfg, "--seed", seed, "--out", out)
+    return load_tensors(out)
+
+
+def moecore_debug_state(workdir: Path, model: dict, params: dict[str, torch.Tensor], tokens, targets,
+                        token_dtype=np.int64, name: str = "state") -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model)
+    w = save_weights(workdir / f"{name}.weights.safetensors", params)
+    x = save_tokens(workdir / f"{name}.tokens.npy", tokens, token_dtype)
+    y = save_tokens(workdir / f"{name}.targets.npy", targets, token_dtype)
+    out = workdir / f"{name}.out.safetensors"
+    run_moecore("debug-state", "--config", cfg, "--weights", w, "--tokens", x, "--targets", y, "--out", out)
+    return load_tensors(out)
+
+
+def moecore_debug_steps(workdir: Path, model: dict, optim: dict, params: dict[str, torch.Tensor], tokens, targets,
+                        steps: int, token_dtype=np.int64, name: str = "steps") -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model, optim)
+    w = save_weights(workdir / f"{name}.weights.safetensors", params)
+    x = save_tokens(workdir / f"{name}.tokens.npy", tokens, token_dtype)
+    y = save_tokens(workdir / f"{name}.targets.npy", targets, token_dtype)
+    out = workdir / f"{name}.out.safetensors"
+    run_moecore("debug-steps", "--config", cfg, "--weights", w, "--tokens", x, "--targets", y,
+                "--steps", steps, "--out", out)
+    return load_tensors(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face configs
+
+
+def _common_hf(c: dict) -> dict:
+    return {
+        "vocab_size": c["vocab_size"],
+        "hidden_size": c["hidden_size"],
+        "num_hidden_layers": c["num_hidden_layers"],
+        "num_attention_heads": c["num_attention_heads"],
+        "num_key_value_heads": c["num_key_value_heads"],
+        "rope_theta": float(c["rope_theta"]),
+        "rope_scaling": None,
+        "rms_norm_eps": float(c["rms_norm_eps"]),
+        "tie_word_embeddings": bool(c["tie_word_embeddings"]),
+        "num_experts": c["num_experts"],
+        "num_experts_per_tok": c["num_experts_per_tok"],
+        "norm_topk_prob": bool(c["norm_topk_prob"]),
+        "router_aux_loss_coef": float(c["router_aux_loss_coef"]),
+        "output_router_logits": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "initializer_range": 0.02,
+        "use_cache": False,
+        # nn.Embedding(padding_idx=...) would zero that row's gradient; moecore has no padding row.
+        "pad_token_id": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def _require(cond: bool, what: str, arch: str):
+    if not cond:
+        raise ValueError(f"{arch} cannot express this config: {what}")
+
+
+def hf_config_dict(model: dict, arch: str | None = None) -> dict:
+    """config.json for OlmoeForCausalLM (qk_norm "full") or Qwen3MoeForCausalLM (qk_norm "per_head").
+
+    Raises ValueError when the [model] dict has a feature the HF class lacks.
+    """
+    c = ref_model.full_config(model)
+    if arch is None:
+        arch = {"full": "olmoe", "per_head": "qwen3_moe"}.get(c["qk_norm"], "none")
+    common = [
+        (c["router_score"] == "softmax", "router_score must be softmax"),
+        (c["shared_expert_intermediate_size"] == 0, "no shared expert"),
+        (c["router_z_loss_coef"] == 0.0, "router z-loss (HF has none) must have coefficient 0"),
+        (c["lb_loss_style"] == "hf", 'lb_loss_style must be "hf"'),
+    ]
+    if arch == "olmoe":
+        for cond, what in common:
+            _require(cond, what, arch)
+        _require(c["qk_norm"] == "full", 'qk_norm must be "full"', arch)
+        _require(c["first_k_dense_replace"] == 0, "no dense layers", arch)
+        _require(c["head_dim"] == c["hidden_size"] // c["num_attention_heads"], "head_dim must be hidden/heads", arch)
+        d = _common_hf(c)
+        d.update({
+            "architectures": ["OlmoeForCausalLM"],
+            "model_type": "olmoe",
+            "intermediate_size": c["moe_intermediate_size"],  # OLMoE's experts use intermediate_size
+            "clip_qkv": None,
+        })
+        return d
+    if arch == "qwen3_moe":
+        for cond, what in common:
+            _require(cond, what, arch)
+        _require(c["qk_norm"] == "per_head", 'qk_norm must be "per_head"', arch)
+        if c["first_k_dense_replace"] > 0:
+            _require(c["intermediate_size"] > 0, "dense layers need intermediate_size", arch)
+        d = _common_hf(c)
+        d.update({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "head_dim": c["head_dim"],
+            "moe_intermediate_size": c["moe_intermediate_size"],
+            "intermediate_size": c["intermediate_size"],
+            "decoder_sparse_step": 1,
+            # moecore's dense first layers are Qwen3-MoE's mlp_only_layers ([] when there are none).
+            "mlp_only_layers": list(range(c["first_k_dense_replace"])),
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": c["num_hidden_layers"],
+        })
+        return d
+    raise ValueError(f"no transformers class covers qk_norm={c['qk_norm']!r}")
+
+
+def hf_model(model: dict, weights: dict[str, torch.Tensor] | None = None, arch: str | None = None):
+    """An eager float32 transformers model for `model`; if `weights` is given they are loaded with
+    load_state_dict (strict apart from a tied lm_head.weight)."""
+    import transformers
+
+    d = hf_config_dict(model, arch)
+    cls_name = d["architectures"][0]
+    cfg_cls = {"OlmoeForCausalLM": transformers.OlmoeConfig, "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig}[cls_name]
+    kw = {k: v for k, v in d.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    config = cfg_cls(**kw, attn_implementation="eager")
+    torch.manual_seed(0)
+    m = getattr(transformers, cls_name)(config).float()
+    if weights is not None:
+        missing, unexpected = m.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+        allowed_missing = {"lm_head.weight"} if d["tie_word_embeddings"] else set()
+        if set(missing) - allowed_missing or unexpected:
+            raise AssertionError(f"HF load_state_dict: missing={sorted(set(missing) - allowed_missing)} unexpected={unexpected}")
+        if d["tie_word_embeddings"]:
+            assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr(), "lm_head not tied"
+    m.train()  # dropout is 0 everywhere; train mode as in training
+    return m
+
+
+def hf_debug_state(m, model: dict, tokens, targets) -> dict[str, torch.Tensor]:
+    """The debug-state tensors computed by a transformers model: logits, loss.ce (our no-shift CE on HF
+    logits), loss.lb (outputs.aux_loss), loss.total = ce + coef * aux, grad.<name>. No loss.z: HF has
+    no router z-loss (configs compared with HF use coefficient 0)."""
+    c = ref_model.full_config(model)
+    m.zero_grad(set_to_none=True)
+    out = m(input_ids=torch.as_tensor(tokens).long(), output_router_logits=True, use_cache=False)
+    ce = ref_model.cross_entropy(out.logits, torch.as_tensor(targets))
+    total = ce + c["router_aux_loss_coef"] * out.aux_loss
+    total.backward()
+    state = {
+        "logits": out.logits.detach(),
+        "loss.ce": ce.detach(),
+        "loss.lb": out.aux_loss.detach(),
+        "loss.total": total.detach(),
+    }
+    for n, p in m.named_parameters():
+        state["grad." + n] = torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max|a - b| / max|b|; when max|b| == 0 returns max|a| / ZERO_ABS_TOL * TOL so that
+    `rel_err <= TOL` means max|a| <= ZERO_ABS_TOL."""
+    a = torch.as_tensor(a).double()
+    b = torch.as_tensor(b).double()
+    if a.shape != b.shape:
+        return float("inf")
+    if not torch.isfinite(a).all():
+        return float("inf")
+    mb = b.abs().max().item() if b.numel() else 0.0
+    if mb == 0.0:
+        ma = a.abs().max().item() if a.numel() else 0.0
+        return ma / ZERO_ABS_TOL * TOL
+    return (a - b).abs().max().item() / mb
+
+
+def compare(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names=None, tol: float = TOL) -> list[str]:
+    """Compare tensor by tensor; return one line per failure (empty list = all within tol)."""
+    names = sorted(ref) if names is None else names
+    bad = []
+    for n in names:
+        if n not in ours:
+            bad.append(f"{n}: missing from ours")
+            continue
+        a, b = torch.as_tensor(ours[n]), torch.as_tensor(ref[n])
+        if tuple(a.shape) != tuple(b.shape):
+            bad.append(f"{n}: shape {tuple(a.shape)} != ref {tuple(b.shape)}")
+            continue
+        e = rel_err(a, b)
+        if not e <= tol:
+            mb = b.double().abs().max().item() if b.numel() else 0.0
+            ma = a.double().abs().max().item() if a.numel() else 0.0
+            bad.append(f"{n}: rel_err {e:.3e} (max|ref| {mb:.3e}, max|ours| {ma:.3e}, max|diff| "
+                       f"{(a.double() - b.double()).abs().max().item():.3e})")
+    return bad
+
+
+def assert_all_close(ours: dict, ref: dict, names=None, tol: float = TOL, what: str = ""):
+    bad = compare(ours, ref, names, tol)
+    if bad:
+        head = f"{what}: {len(bad)} tensor(s) outside max|a-b|/max|b| <= {tol:g}:\n  "
+        raise AssertionError(head + "\n  ".join(bad))
+
+
+def state_names(cfg: dict) -> list[str]:
+    """Every tensor name a debug-state file must hold for this config."""
+    return (["logits", "loss.ce", "loss.lb", "loss.z", "loss.total"]
+            + ["grad." + n for n in ref_model.param_shapes(cfg)])

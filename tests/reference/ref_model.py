@@ -1,0 +1,362 @@
+"""A small, readable pure-PyTorch reference of moecore's model family and losses.
+
+It is the oracle for every variant that no transformers class covers (shared expert, sigmoid router,
+dense first layers, OLMo-core load-balancing style, router z-loss, tied embeddings, no QK-norm) and is
+itself checked against transformers on the shared subset (test_ref_vs_transformers.py).
+
+Everything is float32 and written for clarity, not speed. `forward` takes a dict of Hugging Face named
+tensors (leaves with requires_grad=True if gradients are wanted) and the [model] config dict; the
+gradients come from autograd on `out.total`.
+
+Semantics (see ../shared/DESIGN.md and issue 2):
+  embedding -> L x [x += o_proj(attn(RoPE(qknorm(q, k)), v)) on RMSNorm(x); x += FFN(RMSNorm(x))]
+  -> RMSNorm -> lm_head.
+  QK-norm before RoPE: "full" normalises the whole q [nh*hd] / k [nkv*hd] projection (OLMoE),
+  "per_head" each head's hd values (Qwen3), "none" skips it.
+  MoE: fp32 router logits, softmax or sigmoid scores, top-k by score with ties going to the LOWER
+  expert index, weights = the k selected scores (renormalised if norm_topk_prob), plus an always-on,
+  unweighted shared expert.
+  Losses: ce (mean over targets != -100, no shift), lb (olmo-core or hf style), z (router z-loss),
+  total = ce + router_aux_loss_coef * lb + router_z_loss_coef * z.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+# Defaults of the [model] table (they mirror src/model/config.h); tests write every key explicitly.
+MODEL_DEFAULTS = {
+    "vocab_size": 256,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 0,  # 0 or absent: hidden_size // num_attention_heads
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "intermediate_size": 512,
+    "first_k_dense_replace": 0,
+    "shared_expert_intermediate_size": 0,
+    "norm_topk_prob": False,
+    "router_aux_loss_coef": 0.01,
+    "router_z_loss_coef": 0.0,
+    "qk_norm": "full",
+    "router_score": "softmax",
+    "lb_loss_style": "olmo-core",
+}
+
+
+def full_config(cfg: dict) -> dict:
+    """The [model] dict with defaults filled in and head_dim resolved."""
+    unknown = set(cfg) - set(MODEL_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown [model] keys: {sorted(unknown)}")
+    c = {**MODEL_DEFAULTS, **cfg}
+    if not c.get("head_dim"):
+        c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
+    assert c["qk_norm"] in ("none", "full", "per_head"), c["qk_norm"]
+    assert c["router_score"] in ("softmax", "sigmoid"), c["router_score"]
+    assert c["lb_loss_style"] in ("olmo-core", "hf"), c["lb_loss_style"]
+    assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
+    assert 1 <= c["num_experts_per_tok"] <= c["num_experts"]
+    return c
+
+
+def is_dense_layer(cfg: dict, layer: int) -> bool:
+    return layer < cfg["first_k_dense_replace"]
+
+
+def param_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Every parameter name (HF naming) and its shape, in a fixed order."""
+    c = full_config(cfg)
+    d, hd, nh, nkv = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    V, E, H, I, Hs = (c["vocab_size"], c["num_experts"], c["moe_intermediate_size"],
+                      c["intermediate_size"], c["shared_expert_intermediate_size"])
+    s: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, d)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        s[p + "self_attn.q_proj.weight"] = (nh * hd, d)
+        s[p + "self_attn.k_proj.weight"] = (nkv * hd, d)
+        s[p + "self_attn.v_proj.weight"] = (nkv * hd, d)
+        s[p + "self_attn.o_proj.weight"] = (d, nh * hd)
+        if c["qk_norm"] == "full":
+            s[p + "self_attn.q_norm.weight"] = (nh * hd,)
+            s[p + "self_attn.k_norm.weight"] = (nkv * hd,)
+        elif c["qk_norm"] == "per_head":
+            s[p + "self_attn.q_norm.weight"] = (hd,)
+            s[p + "self_attn.k_norm.weight"] = (hd,)
+        s[p + "input_layernorm.weight"] = (d,)
+        s[p + "post_attention_layernorm.weight"] = (d,)
+        if is_dense_layer(c, i):
+            s[p + "mlp.gate_proj.weight"] = (I, d)
+            s[p + "mlp.up_proj.weight"] = (I, d)
+            s[p + "mlp.down_proj.weight"] = (d, I)
+        else:
+            s[p + "mlp.gate.weight"] = (E, d)
+            for e in range(E):
+                s[p + f"mlp.experts.{e}.gate_proj.weight"] = (H, d)
+                s[p + f"mlp.experts.{e}.up_proj.weight"] = (H, d)
+                s[p + f"mlp.experts.{e}.down_proj.weight"] = (d, H)
+            if Hs > 0:
+                s[p + "mlp.shared_expert.gate_proj.weight"] = (Hs, d)
+                s[p + "mlp.shared_expert.up_proj.weight"] = (Hs, d)
+                s[p + "mlp.shared_expert.down_proj.weight"] = (d, Hs)
+    s["model.norm.weight"] = (d,)
+    if not c["tie_word_embeddings"]:
+        s["lm_head.weight"] = (V, d)
+    return s
+
+
+def random_params(cfg: dict, seed: int, std: float = 0.02, norm_jitter: float = 0.1) -> dict[str, torch.Tensor]:
+    """Random float32 weights: matrices ~ N(0, std), norm gains ~ 1 + N(0, norm_jitter).
+
+    Norm gains are deliberately not all ones so that their gradients and their effect are tested.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if len(shape) == 1:
+            out[name] = 1.0 + norm_jitter * torch.randn(shape, generator=g, dtype=torch.float32)
+        else:
+            out[name] = std * torch.randn(shape, generator=g, dtype=torch.float32)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF RMSNorm: x * rsqrt(mean(x^2) + eps) * w over the last dimension."""
+    var = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(var + eps))
+
+
+def rope_cos_sin(T: int, hd: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF default RoPE tables [T, hd] (rotate_half layout: the two halves share frequencies)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    pos = torch.arange(T, dtype=torch.float32)
+    freqs = pos[:, None] * inv_freq[None, :]  # [T, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def attention(x: torch.Tensor, P: dict, pre: str, c: dict) -> torch.Tensor:
+    """Causal GQA self-attention with optional QK-norm before RoPE. x: [B, T, d] -> [B, T, d]."""
+    B, T, _ = x.shape
+    nh, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
+    q = x @ P[pre + "q_proj.weight"].T  # [B, T, nh*hd]
+    k = x @ P[pre + "k_proj.weight"].T  # [B, T, nkv*hd]
+    v = x @ P[pre + "v_proj.weight"].T
+    if c["qk_norm"] == "full":  # OLMoE: over the whole projection
+        q = rms_norm(q, P[pre + "q_norm.weight"], eps)
+        k = rms_norm(k, P[pre + "k_norm.weight"], eps)
+    q = q.view(B, T, nh, hd)
+    k = k.view(B, T, nkv, hd)
+    v = v.view(B, T, nkv, hd)
+    if c["qk_norm"] == "per_head":  # Qwen3: over each head's hd values
+        q = rms_norm(q, P[pre + "q_norm.weight"], eps)
+        k = rms_norm(k, P[pre + "k_norm.weight"], eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, hd]
+    cos, sin = rope_cos_sin(T, hd, c["rope_theta"])
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    group = nh // nkv  # query head h uses kv head h // group
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)  # [B, nh, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = (probs @ v).transpose(1, 2).reshape(B, T, nh * hd)
+    return out @ P[pre + "o_proj.weight"].T
+
+
+def swiglu(x: torch.Tensor, P: dict, pre: str) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) with weights pre + {gate,up,down}_proj.weight."""
+    return (F.silu(x @ P[pre + "gate_proj.weight"].T) * (x @ P[pre + "up_proj.weight"].T)) @ P[pre + "down_proj.weight"].T
+
+
+def topk_lower_index_wins(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim; among equal scores the lower expert index comes first.
+
+    A stable descending sort keeps equal elements in index order, so this is the documented tie rule
+    by construction (torch.topk gives no such guarantee).
+    """
+    order = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices
+    selected = order[..., :k]
+    return scores.gather(-1, selected), selected
+
+
+@dataclass
+class Routing:
+    """What one MoE layer decided; kept for the losses and for tests that inspect routing."""
+
+    layer: int
+    inputs: torch.Tensor  # [N, d] the normalised hidden states fed to the router
+    logits: torch.Tensor  # [N, E] fp32
+    scores: torch.Tensor  # [N, E] softmax or sigmoid of logits
+    selected: torch.Tensor  # [N, k] expert indices, best first
+    weights: torch.Tensor  # [N, k] combine weights
+    counts: torch.Tensor  # [E] number of (token, slot) routes per expert
+
+    def margin(self) -> float:
+        """Smallest gap between the k-th and the (k+1)-th score over tokens (inf when k == E).
+
+        A tiny margin means a float rounding difference could flip the routing of a token.
+        """
+        E, k = self.scores.shape[-1], self.selected.shape[-1]
+        if k == E:
+            return float("inf")
+        s = torch.sort(self.scores.detach(), dim=-1, descending=True).values
+        return float((s[:, k - 1] - s[:, k]).min())
+
+
+def moe(x: torch.Tensor, P: dict, pre: str, c: dict, layer: int) -> tuple[torch.Tensor, Routing]:
+    """Token-choice top-k MoE, dropless. x: [N, d] -> [N, d]."""
+    E, k = c["num_experts"], c["num_experts_per_tok"]
+    logits = x.float() @ P[pre + "gate.weight"].float().T  # [N, E] fp32
+    scores = torch.softmax(logits, dim=-1) if c["router_score"] == "softmax" else torch.sigmoid(logits)
+    weights, selected = topk_lower_index_wins(scores, k)
+    if c["norm_topk_prob"]:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(E):
+        tok, slot = torch.where(selected == e)
+        if tok.numel() == 0:
+            continue  # an expert with no tokens contributes nothing (and gets a zero gradient)
+        y = swiglu(x[tok], P, pre + f"experts.{e}.")
+        out = out.index_add(0, tok, y * weights[tok, slot, None])
+    if c["shared_expert_intermediate_size"] > 0:
+        out = out + swiglu(x, P, pre + "shared_expert.")
+    counts = torch.bincount(selected.reshape(-1), minlength=E)
+    return out, Routing(layer, x, logits, scores, selected, weights, counts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Losses
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean CE over targets != -100 (no shift); 0 with a zero gradient when every target is ignored."""
+    V = logits.shape[-1]
+    t = targets.reshape(-1).long()
+    n = int((t != IGNORE_INDEX).sum())
+    total = F.cross_entropy(logits.reshape(-1, V).float(), t, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / max(n, 1)
+
+
+def lb_loss_olmo_core(routings: list[Routing], c: dict) -> torch.Tensor:
+    """Sum over MoE layers of (E/k) * sum_e f_e * P_e; f_e = routes to e / tokens (no gradient),
+    P_e = mean router score of e (softmax probability or sigmoid score)."""
+    E, k = c["num_experts"], c["num_experts_per_tok"]
+    total = torch.zeros((), dtype=torch.float32)
+    for r in routings:
+        N = r.scores.shape[0]
+        f = r.counts.float() / N
+        P = r.scores.mean(dim=0)
+        total = total + (E / k) * (f * P).sum()
+    return total
+
+
+def lb_loss_hf(routings: list[Routing], c: dict) -> torch.Tensor:
+    """transformers' load_balancing_loss_func (no attention mask) over all MoE layers' router logits
+    concatenated: E * sum_e (routes to e / (tokens * layers)) * mean softmax prob of e."""
+    if not routings:
+        return torch.zeros((), dtype=torch.float32)
+    E, k = c["num_experts"], c["num_experts_per_tok"]
+    logits = torch.cat([r.logits for r in routings], dim=0)  # [L*N, E]
+    probs = torch.softmax(logits, dim=-1)
+    _, selected = topk_lower_index_wins(probs, k)
+    tokens_per_expert = F.one_hot(selected, E).float().mean(dim=0)  # [k, E]
+    router_prob_per_expert = probs.mean(dim=0)  # [E]
+    return E * (tokens_per_expert * router_prob_per_expert[None, :]).sum()
+
+
+def z_loss(routings: list[Routing]) -> torch.Tensor:
+    """Sum over MoE layers of mean over tokens of logsumexp(router logits)^2."""
+    total = torch.zeros((), dtype=torch.float32)
+    for r in routings:
+        total = total + torch.logsumexp(r.logits, dim=-1).pow(2).mean()
+    return total
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+
+
+@dataclass
+class RefOutput:
+    logits: torch.Tensor  # [B, T, V]
+    ce: torch.Tensor  # scalars
+    lb: torch.Tensor
+    z: torch.Tensor
+    total: torch.Tensor
+    routings: list[Routing] = field(default_factory=list)
+
+
+def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None) -> RefOutput:
+    """One forward pass. tokens/targets: [B, T] integer arrays or tensors (targets: -100 = ignored)."""
+    c = full_config(cfg)
+    tokens = torch.as_tensor(tokens).long()
+    B, T = tokens.shape
+    eps = c["rms_norm_eps"]
+    P = params
+    x = P["model.embed_tokens.weight"][tokens]  # [B, T, d]
+    routings: list[Routing] = []
+    for i in range(c["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c)
+        h = rms_norm(x, P[pre + "post_attention_layernorm.weight"], eps)
+        if is_dense_layer(c, i):
+            x = x + swiglu(h, P, pre + "mlp.")
+        else:
+            y, r = moe(h.reshape(B * T, -1), P, pre + "mlp.", c, i)
+            routings.append(r)
+            x = x + y.view(B, T, -1)
+    x = rms_norm(x, P["model.norm.weight"], eps)
+    head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
+    logits = x @ head.T
+
+    if targets is None:
+        ce = torch.zeros((), dtype=torch.float32)
+    else:
+        ce = cross_entropy(logits, torch.as_tensor(targets))
+    lb = lb_loss_olmo_core(routings, c) if c["lb_loss_style"] == "olmo-core" else lb_loss_hf(routings, c)
+    z = z_loss(routings)
+    total = ce + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z
+    return RefOutput(logits, ce, lb, z, total, routings)
+
+
+def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets) -> tuple[dict[str, torch.Tensor], list[Routing]]:
+    """What `moecore debug-state` writes, computed by the reference (logits, loss.*, grad.<name>),
+    and the routing decisions of every MoE layer."""
+    leaves = {n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
+    out = forward(leaves, cfg, tokens, targets)
+    names = list(leaves)
+    grads = torch.autograd.grad(out.total, [leaves[n] for n in names], allow_unused=True)
+    state = {
+        "logits": out.logits.detach(),
+        "loss.ce": out.ce.detach(),
+        "loss.lb": out.lb.detach(),
+        "loss.z": out.z.detach(),
+        "loss.total": out.total.detach(),
+    }
+    for n, g in zip(names, grads):
+        state["grad." + n] = torch.zeros_like(leaves[n]) if g is None else g.detach()
+    return state, out.routings
