@@ -1,0 +1,319 @@
+// Finite-difference gradient checks of the dense primitives (rmsnorm, linear, embedding, swiglu,
+// swiglu_mlp, cross_entropy): random inputs, L = sum(out * r), analytic backward vs central
+// differences of the forward, plus the accumulate/overwrite rules of grad_rules.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "model/attention.h"
+#include "model/config.h"
+#include "model/cross_entropy.h"
+#include "model/embedding.h"
+#include "model/linear.h"
+#include "model/rmsnorm.h"
+#include "model/rope.h"
+#include "model/swiglu.h"
+#include "model/swiglu_mlp.h"
+
+namespace moecore {
+namespace {
+
+using gradcheck::added;
+using gradcheck::check_all;
+using gradcheck::expect_close;
+using gradcheck::project;
+using gradcheck::random_vec;
+
+constexpr float kEps = 1e-2f;
+
+// rows x dim covers the plain per-token use and the per-head QK-norm use (rows = tokens * heads,
+// dim = head_dim, one gain vector shared by every head).
+void check_rmsnorm(int64_t rows, int64_t dim, bool accumulate_dx, uint32_t seed) {
+  const size_t n = static_cast<size_t>(rows * dim);
+  std::vector<float> x = random_vec(n, seed);
+  std::vector<float> w = random_vec(static_cast<size_t>(dim), seed + 1, 0.5f, 1.5f);
+  const std::vector<float> r = random_vec(n, seed + 2);
+  const float norm_eps = 1e-5f;
+  std::vector<float> y(n), rstd(static_cast<size_t>(rows));
+  auto loss = [&] {
+    rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, dim, norm_eps);
+    return project(y.data(), r);
+  };
+  loss();
+  const std::vector<float> dx_before = random_vec(n, seed + 3);
+  const std::vector<float> dw_before = random_vec(static_cast<size_t>(dim), seed + 4);
+  std::vector<float> dx = dx_before, dw = dw_before;
+  rmsnorm_backward(r.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), rows, dim,
+                   accumulate_dx);
+  const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
+  const std::vector<float> gw = added(dw, dw_before);
+  expect_close(check_all(x.data(), n, gx.data(), kEps, loss), "rmsnorm dx");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "rmsnorm dw");
+}
+
+TEST(LayerGradients, RmsNormOverwriteDx) {
+  check_rmsnorm(3, 8, false, 10);
+}
+TEST(LayerGradients, RmsNormAccumulateDx) {
+  check_rmsnorm(3, 8, true, 20);
+}
+TEST(LayerGradients, RmsNormPerHeadRows) {
+  // 2 tokens x 3 heads of head_dim 4.
+  check_rmsnorm(6, 4, false, 30);
+  check_rmsnorm(6, 4, true, 40);
+}
+
+void check_linear(bool accumulate_dx, uint32_t seed) {
+  const int64_t rows = 4, in = 5, out = 3;
+  std::vector<float> x = random_vec(static_cast<size_t>(rows * in), seed);
+  std::vector<float> w = random_vec(static_cast<size_t>(out * in), seed + 1);
+  const std::vector<float> r = random_vec(static_cast<size_t>(rows * out), seed + 2);
+  std::vector<float> y(r.size());
+  auto loss = [&] {
+    linear_forward(x.data(), w.data(), y.data(), rows, in, out);
+    return project(y.data(), r);
+  };
+  const std::vector<float> dx_before = random_vec(x.size(), seed + 3);
+  const std::vector<float> dw_before = random_vec(w.size(), seed + 4);
+  std::vector<float> dx = dx_before, dw = dw_before;
+  linear_backward(r.data(), x.data(), w.data(), dx.data(), dw.data(), rows, in, out, accumulate_dx);
+  const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
+  const std::vector<float> gw = added(dw, dw_before);
+  expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "linear dx");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "linear dw");
+}
+
+TEST(LayerGradients, LinearOverwriteDx) {
+  check_linear(false, 50);
+}
+TEST(LayerGradients, LinearAccumulateDx) {
+  check_linear(true, 60);
+}
+
+TEST(LayerGradients, EmbeddingRepeatedTokensAccumulate) {
+  const int64_t vocab = 6, dim = 4;
+  const std::vector<int32_t> tokens = {2, 0, 2, 3, 2, 0};
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  std::vector<float> w = random_vec(static_cast<size_t>(vocab * dim), 70);
+  const std::vector<float> r = random_vec(static_cast<size_t>(rows * dim), 71);
+  std::vector<float> out(r.size());
+  auto loss = [&] {
+    embedding_forward(tokens.data(), w.data(), out.data(), rows, dim);
+    return project(out.data(), r);
+  };
+  loss();
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < dim; ++i)
+      EXPECT_EQ(out[static_cast<size_t>(t * dim + i)],
+                w[static_cast<size_t>(tokens[static_cast<size_t>(t)] * dim + i)]);
+  const std::vector<float> dw_before = random_vec(w.size(), 72);
+  std::vector<float> dw = dw_before;
+  embedding_backward(tokens.data(), r.data(), dw.data(), rows, dim);
+  const std::vector<float> gw = added(dw, dw_before);
+  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "embedding dw");
+  // Unused rows (1, 4, 5) are untouched.
+  for (int64_t v : {1, 4, 5})
+    for (int64_t i = 0; i < dim; ++i)
+      EXPECT_EQ(dw[static_cast<size_t>(v * dim + i)], dw_before[static_cast<size_t>(v * dim + i)]);
+}
+
+TEST(LayerGradients, Swiglu) {
+  const int64_t rows = 3, hidden = 5;
+  std::vector<float> gu = random_vec(static_cast<size_t>(rows * 2 * hidden), 80, -2.0f, 2.0f);
+  const std::vector<float> r = random_vec(static_cast<size_t>(rows * hidden), 81);
+  std::vector<float> act(r.size());
+  auto loss = [&] {
+    swiglu_forward(gu.data(), act.data(), rows, hidden);
+    return project(act.data(), r);
+  };
+  loss();
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < hidden; ++i) {
+      const double g = gu[static_cast<size_t>(t * 2 * hidden + i)];
+      const double u = gu[static_cast<size_t>(t * 2 * hidden + hidden + i)];
+      EXPECT_NEAR(act[static_cast<size_t>(t * hidden + i)], g / (1.0 + std::exp(-g)) * u, 1e-6);
+    }
+  std::vector<float> dgu(gu.size(), 7.0f);  // overwritten
+  swiglu_backward(r.data(), gu.data(), dgu.data(), rows, hidden);
+  expect_close(check_all(gu.data(), gu.size(), dgu.data(), kEps, loss), "swiglu dgu");
+}
+
+void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
+  const SwigluShape s{3, 4, 5};
+  std::vector<float> x = random_vec(static_cast<size_t>(s.rows * s.dim), seed);
+  std::vector<float> wgu = random_vec(static_cast<size_t>(2 * s.hidden * s.dim), seed + 1);
+  std::vector<float> wd = random_vec(static_cast<size_t>(s.dim * s.hidden), seed + 2);
+  const std::vector<float> r = random_vec(x.size(), seed + 3);
+  std::vector<float> gu(static_cast<size_t>(s.rows * 2 * s.hidden));
+  std::vector<float> act(static_cast<size_t>(s.rows * s.hidden)), y(x.size());
+  auto loss = [&] {
+    swiglu_mlp_forward(s, x.data(), wgu.data(), wd.data(), gu.data(), act.data(), y.data());
+    return project(y.data(), r);
+  };
+  loss();
+  const std::vector<float> dx_before = random_vec(x.size(), seed + 4);
+  const std::vector<float> dwgu_before = random_vec(wgu.size(), seed + 5);
+  const std::vector<float> dwd_before = random_vec(wd.size(), seed + 6);
+  std::vector<float> dx = dx_before, dwgu = dwgu_before, dwd = dwd_before;
+  std::vector<float> scratch_dact(act.size()), scratch_dgu(gu.size());
+  swiglu_mlp_backward(s, r.data(), x.data(), wgu.data(), wd.data(), gu.data(), act.data(),
+                      dx.data(), dwgu.data(), dwd.data(), scratch_dact.data(), scratch_dgu.data(),
+                      accumulate_dx);
+  const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
+  const std::vector<float> ggu = added(dwgu, dwgu_before), gd = added(dwd, dwd_before);
+  expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "swiglu_mlp dx");
+  expect_close(check_all(wgu.data(), wgu.size(), ggu.data(), kEps, loss), "swiglu_mlp dw_gate_up");
+  expect_close(check_all(wd.data(), wd.size(), gd.data(), kEps, loss), "swiglu_mlp dw_down");
+}
+
+TEST(LayerGradients, SwigluMlpOverwriteDx) {
+  check_swiglu_mlp(false, 90);
+}
+TEST(LayerGradients, SwigluMlpAccumulateDx) {
+  check_swiglu_mlp(true, 100);
+}
+
+// Double reference: mean over counted rows of logsumexp(z) - z[target].
+double reference_cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& t,
+                               int64_t vocab) {
+  double total = 0.0;
+  int64_t counted = 0;
+  for (size_t row = 0; row < t.size(); ++row) {
+    if (t[row] == kIgnoreIndex) continue;
+    double mx = -1e300;
+    for (int64_t j = 0; j < vocab; ++j)
+      mx = std::max(mx, static_cast<double>(
+                            logits[row * static_cast<size_t>(vocab) + static_cast<size_t>(j)]));
+    double sum = 0.0;
+    for (int64_t j = 0; j < vocab; ++j)
+      sum += std::exp(
+          static_cast<double>(logits[row * static_cast<size_t>(vocab) + static_cast<size_t>(j)]) -
+          mx);
+    total +=
+        mx + std::log(sum) -
+        static_cast<double>(logits[row * static_cast<size_t>(vocab) + static_cast<size_t>(t[row])]);
+    ++counted;
+  }
+  return counted > 0 ? total / static_cast<double>(counted) : 0.0;
+}
+
+TEST(LayerGradients, CrossEntropyWithIgnoredRows) {
+  const int64_t rows = 5, vocab = 7;
+  const std::vector<int32_t> targets = {3, kIgnoreIndex, 0, 6, kIgnoreIndex};
+  std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), 110, -2.0f, 2.0f);
+  const float scale = 1.5f;
+  auto loss = [&] {
+    return static_cast<double>(scale) *
+           cross_entropy(logits.data(), targets.data(), rows, vocab, nullptr, scale).loss;
+  };
+  std::vector<float> dlogits(logits.size(), 7.0f);  // overwritten, ignored rows included
+  const CrossEntropyResult res =
+      cross_entropy(logits.data(), targets.data(), rows, vocab, dlogits.data(), scale);
+  EXPECT_EQ(res.counted_tokens, 3);
+  // fp32 logsumexp: a few ulps of the per-row loss (~2).
+  EXPECT_NEAR(res.loss, reference_cross_entropy(logits, targets, vocab), 1e-6);
+  expect_close(check_all(logits.data(), logits.size(), dlogits.data(), 1e-3f, loss),
+               "cross_entropy dlogits");
+  for (int64_t row : {1, 4})
+    for (int64_t j = 0; j < vocab; ++j)
+      EXPECT_EQ(dlogits[static_cast<size_t>(row * vocab + j)], 0.0f);
+  // Each counted row's gradient sums to zero (softmax minus one-hot).
+  for (int64_t row : {0, 2, 3}) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < vocab; ++j)
+      sum += static_cast<double>(dlogits[static_cast<size_t>(row * vocab + j)]);
+    EXPECT_NEAR(sum, 0.0, 1e-6);
+  }
+}
+
+TEST(LayerGradients, CrossEntropyAllIgnoredIsZero) {
+  const int64_t rows = 3, vocab = 4;
+  const std::vector<int32_t> targets(static_cast<size_t>(rows), kIgnoreIndex);
+  const std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), 120);
+  std::vector<float> dlogits(logits.size(), 7.0f);
+  const CrossEntropyResult res =
+      cross_entropy(logits.data(), targets.data(), rows, vocab, dlogits.data(), 1.0f);
+  EXPECT_EQ(res.loss, 0.0);
+  EXPECT_EQ(res.counted_tokens, 0);
+  for (float g : dlogits) EXPECT_EQ(g, 0.0f);
+}
+
+// AttentionBlock (q/k/v projections, QK-norm, RoPE, causal GQA attention, o_proj): gradients wrt
+// x and every weight for each QK-norm mode, with MHA and GQA head layouts.
+void check_attention(QkNorm qk_norm, int64_t kv_heads, uint32_t seed) {
+  ModelConfig c;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 4;
+  c.qk_norm = qk_norm;
+  const int64_t batch = 2, seq = 3, n = batch * seq, d = c.hidden_size;
+  const size_t qs = static_cast<size_t>(c.q_size()), kvs = static_cast<size_t>(c.kv_size());
+  const size_t dd = static_cast<size_t>(d);
+  const RopeTable rope = RopeTable::build(seq, c.head_size(), c.rope_theta);
+  const AttentionBlock block(c, rope);
+  const size_t qn = qk_norm == QkNorm::kFull ? qs : static_cast<size_t>(c.head_size());
+  const size_t kn = qk_norm == QkNorm::kFull ? kvs : static_cast<size_t>(c.head_size());
+  std::vector<float> x = random_vec(static_cast<size_t>(n * d), seed);
+  std::vector<std::vector<float>> w = {
+      random_vec(qs * dd, seed + 1),        random_vec(kvs * dd, seed + 2),
+      random_vec(kvs * dd, seed + 3),       random_vec(dd * qs, seed + 4),
+      random_vec(qn, seed + 5, 0.5f, 1.5f), random_vec(kn, seed + 6, 0.5f, 1.5f)};
+  const bool has_norm = qk_norm != QkNorm::kNone;
+  auto weights = [&](std::vector<std::vector<float>>& v) {
+    return AttentionWeights{v[0].data(),
+                            v[1].data(),
+                            v[2].data(),
+                            v[3].data(),
+                            has_norm ? v[4].data() : nullptr,
+                            has_norm ? v[5].data() : nullptr};
+  };
+  const std::vector<float> r = random_vec(x.size(), seed + 7);
+  auto loss = [&] {
+    AttentionCache cache;
+    std::vector<float> y(x.size());
+    block.forward(weights(w), x.data(), batch, seq, y.data(), cache);
+    return project(y.data(), r);
+  };
+  AttentionCache cache;
+  std::vector<float> y(x.size());
+  block.forward(weights(w), x.data(), batch, seq, y.data(), cache);
+  std::vector<std::vector<float>> dw_before;
+  for (size_t i = 0; i < w.size(); ++i)
+    dw_before.push_back(random_vec(w[i].size(), seed + 10 + static_cast<uint32_t>(i), -0.5f, 0.5f));
+  std::vector<std::vector<float>> dw = dw_before;
+  std::vector<float> dx(x.size(), 7.0f);  // overwritten
+  block.backward(weights(w), weights(dw), x.data(), r.data(), cache, dx.data());
+  expect_close(check_all(x.data(), x.size(), dx.data(), kEps, loss), "attention dx");
+  const char* names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"};
+  for (size_t i = 0; i < (has_norm ? w.size() : 4); ++i) {
+    const std::vector<float> g = added(dw[i], dw_before[i]);
+    expect_close(check_all(w[i].data(), w[i].size(), g.data(), kEps, loss),
+                 std::string("attention d") + names[i]);
+  }
+}
+
+TEST(LayerGradients, AttentionNoQkNormMha) {
+  check_attention(QkNorm::kNone, 2, 130);
+}
+TEST(LayerGradients, AttentionNoQkNormGqa) {
+  check_attention(QkNorm::kNone, 1, 140);
+}
+TEST(LayerGradients, AttentionFullQkNormMha) {
+  check_attention(QkNorm::kFull, 2, 150);
+}
+TEST(LayerGradients, AttentionFullQkNormGqa) {
+  check_attention(QkNorm::kFull, 1, 160);
+}
+TEST(LayerGradients, AttentionPerHeadQkNormMha) {
+  check_attention(QkNorm::kPerHead, 2, 170);
+}
+TEST(LayerGradients, AttentionPerHeadQkNormGqa) {
+  check_attention(QkNorm::kPerHead, 1, 180);
+}
+
+}  // namespace
+}  // namespace moecore

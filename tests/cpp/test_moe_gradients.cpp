@@ -1,0 +1,422 @@
+// Router and MoeBlock: finite-difference gradient checks of router_backward (routing weights,
+// load-balancing and z-loss terms) and MoeBlock::backward (x and every weight), the top-k tie rule,
+// and the MoE forward against a naive per-token double loop over the selected experts. Every
+// perturbation asserts the top-k selection did not change (the loss is piecewise smooth).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "gradcheck.h"
+#include "model/config.h"
+#include "model/moe_block.h"
+#include "model/router.h"
+
+namespace moecore {
+namespace {
+
+using gradcheck::added;
+using gradcheck::check_all;
+using gradcheck::expect_close;
+using gradcheck::project;
+using gradcheck::random_vec;
+
+constexpr float kEps = 1e-3f;
+
+// Smallest gap between consecutive sorted scores of any token: a perturbation of the logits far
+// below this cannot reorder the top-k.
+float min_score_gap(const RouterState& st, int64_t tokens, int64_t experts) {
+  float gap = 1e30f;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<float> p(st.scores.begin() + t * experts, st.scores.begin() + (t + 1) * experts);
+    std::sort(p.begin(), p.end());
+    for (size_t i = 1; i < p.size(); ++i) gap = std::min(gap, p[i] - p[i - 1]);
+  }
+  return gap;
+}
+
+// Smallest gap, over tokens, between the k-th and (k+1)-th score: what keeps the selected set.
+float min_selection_margin(const RouterState& st, int64_t tokens, int64_t experts, int64_t k) {
+  float gap = 1e30f;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<float> p(st.scores.begin() + t * experts, st.scores.begin() + (t + 1) * experts);
+    std::sort(p.begin(), p.end(), std::greater<float>());
+    gap = std::min(gap, p[static_cast<size_t>(k - 1)] - p[static_cast<size_t>(k)]);
+  }
+  return gap;
+}
+
+// Router loss terms in double from the forward's saved state:
+//   sum_{t,j} r[t,j] w[t,j] + sum_e lbg[e] sum_t p_lb[t,e] + zs * sum_t lse_t^2,
+// p_lb = softmax(logits) when lb_uses_softmax, else the scores (what router_backward documents).
+double router_terms(const RouterShape& s, const RouterState& st, const std::vector<float>& r,
+                    const std::vector<float>& lbg, bool lb_uses_softmax, float zs) {
+  double total = project(st.topk_weight.data(), r);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const float* z = st.logits.data() + t * s.num_experts;
+    double mx = -1e300;
+    for (int64_t e = 0; e < s.num_experts; ++e) mx = std::max(mx, static_cast<double>(z[e]));
+    double sum = 0.0;
+    for (int64_t e = 0; e < s.num_experts; ++e) sum += std::exp(static_cast<double>(z[e]) - mx);
+    const double lse = mx + std::log(sum);
+    total += static_cast<double>(zs) * lse * lse;
+    for (int64_t e = 0; e < s.num_experts; ++e) {
+      const double p =
+          lb_uses_softmax
+              ? std::exp(static_cast<double>(z[e]) - lse)
+              : static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + e)]);
+      total += static_cast<double>(lbg[static_cast<size_t>(e)]) * p;
+    }
+  }
+  return total;
+}
+
+struct RouterCase {
+  RouterScore score;
+  bool norm_topk_prob;
+  bool lb_uses_softmax;
+  float z_grad_scale;
+};
+
+void check_router(const RouterCase& rc, uint32_t seed) {
+  const RouterShape s{5, 6, 4, 2, rc.score, rc.norm_topk_prob};
+  std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), seed);
+  std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), seed + 1);
+  RouterState st;
+  router_forward(s, x.data(), w.data(), st);
+  ASSERT_GT(min_score_gap(st, s.tokens, s.num_experts), 1e-2f) << "seed " << seed;
+  const std::vector<int32_t> selection = st.topk_index;
+  const std::vector<float> r = random_vec(static_cast<size_t>(s.tokens * s.top_k), seed + 2);
+  const std::vector<float> lbg = random_vec(static_cast<size_t>(s.num_experts), seed + 3);
+  bool selection_changed = false;
+  auto loss = [&] {
+    RouterState p;
+    router_forward(s, x.data(), w.data(), p);
+    selection_changed |= p.topk_index != selection;
+    return router_terms(s, p, r, lbg, rc.lb_uses_softmax, rc.z_grad_scale);
+  };
+  const std::vector<float> dx_before = random_vec(x.size(), seed + 4);
+  const std::vector<float> dw_before = random_vec(w.size(), seed + 5);
+  std::vector<float> dx = dx_before, dw = dw_before;
+  router_backward(s, x.data(), w.data(), st,
+                  {r.data(), lbg.data(), rc.lb_uses_softmax, rc.z_grad_scale}, dx.data(),
+                  dw.data());
+  const std::vector<float> gx = added(dx, dx_before), gw = added(dw, dw_before);
+  expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "router dx");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "router dw_router");
+  EXPECT_FALSE(selection_changed) << "a perturbation changed the top-k selection";
+}
+
+// Seeds picked so every token's scores are separated by > 1e-2 (asserted in check_router).
+TEST(RouterGradients, SoftmaxNoNorm) {
+  check_router({RouterScore::kSoftmax, false, true, 0.0f}, 1);
+}
+TEST(RouterGradients, SoftmaxNormTopk) {
+  check_router({RouterScore::kSoftmax, true, true, 0.0f}, 1);
+}
+TEST(RouterGradients, SoftmaxLbOnScoresWithZLoss) {
+  // For softmax scores both lb_uses_softmax values mean the same probabilities.
+  check_router({RouterScore::kSoftmax, false, false, 0.3f}, 1);
+  check_router({RouterScore::kSoftmax, true, true, 0.3f}, 1);
+}
+TEST(RouterGradients, SigmoidNoNorm) {
+  check_router({RouterScore::kSigmoid, false, false, 0.0f}, 1);
+}
+TEST(RouterGradients, SigmoidNormTopk) {
+  check_router({RouterScore::kSigmoid, true, false, 0.0f}, 1);
+}
+TEST(RouterGradients, SigmoidLbUsesSoftmax) {
+  check_router({RouterScore::kSigmoid, false, true, 0.0f}, 1);
+  check_router({RouterScore::kSigmoid, true, true, 0.0f}, 1);
+}
+TEST(RouterGradients, SigmoidWithZLoss) {
+  check_router({RouterScore::kSigmoid, false, false, 0.3f}, 1);
+  check_router({RouterScore::kSigmoid, true, true, 0.3f}, 1);
+}
+
+TEST(RouterGradients, ZLossAndColumnSumsMatchDouble) {
+  const RouterShape s{4, 3, 5, 2, RouterScore::kSigmoid, false};
+  const std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), 7);
+  const std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), 8);
+  RouterState st;
+  router_forward(s, x.data(), w.data(), st);
+  double z_ref = 0.0;
+  std::vector<double> soft_ref(static_cast<size_t>(s.num_experts), 0.0);
+  std::vector<double> score_ref(soft_ref.size(), 0.0);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::vector<double> z(static_cast<size_t>(s.num_experts));
+    for (int64_t e = 0; e < s.num_experts; ++e) {
+      double dot = 0.0;
+      for (int64_t i = 0; i < s.dim; ++i)
+        dot += static_cast<double>(x[static_cast<size_t>(t * s.dim + i)]) *
+               static_cast<double>(w[static_cast<size_t>(e * s.dim + i)]);
+      z[static_cast<size_t>(e)] = dot;
+    }
+    double sum = 0.0;
+    for (double v : z) sum += std::exp(v);
+    const double lse = std::log(sum);
+    z_ref += lse * lse;
+    for (size_t e = 0; e < z.size(); ++e) {
+      soft_ref[e] += std::exp(z[e] - lse);
+      score_ref[e] += 1.0 / (1.0 + std::exp(-z[e]));
+    }
+  }
+  z_ref /= static_cast<double>(s.tokens);
+  EXPECT_NEAR(router_z_loss(s, st), z_ref, 1e-5 * std::abs(z_ref));
+  const std::vector<double> soft = router_softmax_column_sums(s, st);
+  const std::vector<double> score = router_score_column_sums(s, st);
+  for (size_t e = 0; e < soft.size(); ++e) {
+    EXPECT_NEAR(soft[e], soft_ref[e], 1e-5);
+    EXPECT_NEAR(score[e], score_ref[e], 1e-5);
+  }
+}
+
+TEST(RouterGradients, EqualScoresPickLowerIndexFirst) {
+  // Integer inputs make the logits exact, so equal rows of W give bit-equal scores.
+  const RouterShape s{2, 2, 6, 3, RouterScore::kSoftmax, false};
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f, 1.0f};
+  // Experts 4 and 1 tie for the top, 5 and 2 tie for third place.
+  const std::vector<float> w = {0, 0, 2, 1, 1, 1, 0, 0, 2, 1, 1, 1};
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    RouterShape sc = s;
+    sc.score = score;
+    RouterState st;
+    router_forward(sc, x.data(), w.data(), st);
+    EXPECT_EQ(st.topk_index, (std::vector<int32_t>{1, 4, 2, 1, 4, 2}));
+    EXPECT_EQ(st.expert_counts, (std::vector<int64_t>{0, 2, 2, 0, 2, 0}));
+  }
+  // All scores equal: experts 0..k-1 in order.
+  const std::vector<float> flat(12, 1.0f);
+  RouterState st;
+  router_forward(s, x.data(), flat.data(), st);
+  EXPECT_EQ(st.topk_index, (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoeBlock
+
+struct MoeFixture {
+  ModelConfig c;
+  int64_t tokens = 6;
+  std::vector<float> x, router, gate_up, down, shared_gate_up, shared_down;
+
+  MoeFixture(const ModelConfig& config, uint32_t seed) : c(config) {
+    const int64_t d = c.hidden_size, e = c.num_experts, h = c.moe_intermediate_size;
+    const int64_t hs = c.shared_expert_intermediate_size;
+    x = random_vec(static_cast<size_t>(tokens * d), seed);
+    router = random_vec(static_cast<size_t>(e * d), seed + 1, -1.5f, 1.5f);
+    gate_up = random_vec(static_cast<size_t>(e * 2 * h * d), seed + 2);
+    down = random_vec(static_cast<size_t>(e * d * h), seed + 3);
+    shared_gate_up = random_vec(static_cast<size_t>(2 * hs * d), seed + 4);
+    shared_down = random_vec(static_cast<size_t>(d * hs), seed + 5);
+  }
+  MoeWeights weights() {
+    const bool shared = c.shared_expert_intermediate_size > 0;
+    return {router.data(), gate_up.data(), down.data(), shared ? shared_gate_up.data() : nullptr,
+            shared ? shared_down.data() : nullptr};
+  }
+};
+
+ModelConfig moe_config(int64_t experts, int64_t top_k, int64_t shared, RouterScore score,
+                       bool norm_topk) {
+  ModelConfig c;
+  c.hidden_size = 4;
+  c.num_experts = experts;
+  c.num_experts_per_tok = top_k;
+  c.moe_intermediate_size = 3;
+  c.shared_expert_intermediate_size = shared;
+  c.router_score = score;
+  c.norm_topk_prob = norm_topk;
+  return c;
+}
+
+std::vector<int32_t> sorted_selection(const RouterState& st, int64_t k) {
+  std::vector<int32_t> s = st.topk_index;
+  for (size_t t = 0; t < s.size(); t += static_cast<size_t>(k))
+    std::sort(s.begin() + static_cast<std::ptrdiff_t>(t),
+              s.begin() + static_cast<std::ptrdiff_t>(t) + k);
+  return s;
+}
+
+// Naive double reference: per token, recompute the router in double, take the top-k by the
+// documented rule, and sum weight * SwiGLU_e(x) over the selected experts (+ shared expert).
+std::vector<double> naive_moe(MoeFixture& f) {
+  const ModelConfig& c = f.c;
+  const int64_t d = c.hidden_size, ne = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t h = c.moe_intermediate_size, hs = c.shared_expert_intermediate_size;
+  auto swiglu_row = [d](const float* xt, const float* wgu, const float* wd, int64_t hid,
+                        double* out) {
+    for (int64_t i = 0; i < hid; ++i) {
+      double g = 0.0, u = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        g += static_cast<double>(wgu[i * d + j]) * static_cast<double>(xt[j]);
+        u += static_cast<double>(wgu[(hid + i) * d + j]) * static_cast<double>(xt[j]);
+      }
+      const double a = g / (1.0 + std::exp(-g)) * u;
+      for (int64_t o = 0; o < d; ++o) out[o] += static_cast<double>(wd[o * hid + i]) * a;
+    }
+  };
+  std::vector<double> y(static_cast<size_t>(f.tokens * d), 0.0);
+  for (int64_t t = 0; t < f.tokens; ++t) {
+    const float* xt = f.x.data() + t * d;
+    double* yt = y.data() + t * d;
+    std::vector<double> p(static_cast<size_t>(ne));
+    for (int64_t e = 0; e < ne; ++e) {
+      double z = 0.0;
+      for (int64_t j = 0; j < d; ++j)
+        z += static_cast<double>(f.router[static_cast<size_t>(e * d + j)]) *
+             static_cast<double>(xt[j]);
+      p[static_cast<size_t>(e)] = z;
+    }
+    if (c.router_score == RouterScore::kSoftmax) {
+      const double mx = *std::max_element(p.begin(), p.end());
+      double sum = 0.0;
+      for (double& v : p) sum += (v = std::exp(v - mx));
+      for (double& v : p) v /= sum;
+    } else {
+      for (double& v : p) v = 1.0 / (1.0 + std::exp(-v));
+    }
+    std::vector<int32_t> order(static_cast<size_t>(ne));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)];
+    });
+    double sel_sum = 0.0;
+    for (int64_t j = 0; j < k; ++j)
+      sel_sum += p[static_cast<size_t>(order[static_cast<size_t>(j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[static_cast<size_t>(j)];
+      double weight = p[static_cast<size_t>(e)];
+      if (c.norm_topk_prob) weight /= sel_sum;
+      std::vector<double> out(static_cast<size_t>(d), 0.0);
+      swiglu_row(xt, f.gate_up.data() + e * 2 * h * d, f.down.data() + e * d * h, h, out.data());
+      for (int64_t o = 0; o < d; ++o) yt[o] += weight * out[static_cast<size_t>(o)];
+    }
+    if (hs > 0) swiglu_row(xt, f.shared_gate_up.data(), f.shared_down.data(), hs, yt);
+  }
+  return y;
+}
+
+// Full MoeBlock check: forward vs naive loop, then gradients of
+//   L = sum(y * r) + sum_e lbg[e] sum_t p_lb[t, e] + zs * sum_t lse_t^2
+// with respect to x and every weight tensor.
+void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
+  const ModelConfig& c = f.c;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
+  const MoeBlock block(c);
+  MoeCache cache;
+  std::vector<float> y(f.x.size());
+  block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+
+  const std::vector<double> ref = naive_moe(f);
+  double max_err = 0.0, max_ref = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    max_err = std::max(max_err, std::abs(static_cast<double>(y[i]) - ref[i]));
+    max_ref = std::max(max_ref, std::abs(ref[i]));
+  }
+  // fp32 forward vs double: a few ulps of O(1) values, relative to max |y|.
+  EXPECT_LT(max_err / max_ref, 1e-5) << "MoE forward vs naive per-token loop";
+  if (k < c.num_experts) {
+    ASSERT_GT(min_selection_margin(cache.router, f.tokens, c.num_experts, k), 5e-3f)
+        << "seed " << seed;
+  }
+
+  const std::vector<int32_t> selection = sorted_selection(cache.router, k);
+  const std::vector<float> r = random_vec(y.size(), seed);
+  const std::vector<float> lbg = random_vec(static_cast<size_t>(c.num_experts), seed + 1);
+  bool selection_changed = false;
+  auto loss = [&] {
+    MoeCache pc;
+    std::vector<float> py(f.x.size());
+    block.forward(f.weights(), f.x.data(), f.tokens, py.data(), pc);
+    selection_changed |= sorted_selection(pc.router, k) != selection;
+    const std::vector<float> no_weight_term(static_cast<size_t>(f.tokens * k), 0.0f);
+    return project(py.data(), r) +
+           router_terms(pc.router_shape, pc.router, no_weight_term, lbg, lb_uses_softmax, zs);
+  };
+
+  MoeFixture grads = f;  // same shapes; fill with "before" values to check +=
+  for (auto* v :
+       {&grads.router, &grads.gate_up, &grads.down, &grads.shared_gate_up, &grads.shared_down})
+    *v = random_vec(v->size(), seed + 2, -0.5f, 0.5f);
+  const MoeFixture before = grads;
+  std::vector<float> dx(f.x.size(), 7.0f);  // overwritten
+  block.backward(f.weights(), grads.weights(), f.x.data(), r.data(), cache, lbg.data(),
+                 lb_uses_softmax, zs, dx.data());
+
+  expect_close(check_all(f.x.data(), f.x.size(), dx.data(), kEps, loss), "moe dx");
+  const std::vector<float> g_router = added(grads.router, before.router);
+  const std::vector<float> g_gate_up = added(grads.gate_up, before.gate_up);
+  const std::vector<float> g_down = added(grads.down, before.down);
+  if (c.num_experts > 1 || c.router_score == RouterScore::kSigmoid || zs != 0.0f)
+    expect_close(check_all(f.router.data(), f.router.size(), g_router.data(), kEps, loss),
+                 "moe router");
+  expect_close(check_all(f.gate_up.data(), f.gate_up.size(), g_gate_up.data(), kEps, loss),
+               "moe experts_gate_up");
+  expect_close(check_all(f.down.data(), f.down.size(), g_down.data(), kEps, loss),
+               "moe experts_down");
+  if (c.shared_expert_intermediate_size > 0) {
+    const std::vector<float> g_sgu = added(grads.shared_gate_up, before.shared_gate_up);
+    const std::vector<float> g_sd = added(grads.shared_down, before.shared_down);
+    expect_close(
+        check_all(f.shared_gate_up.data(), f.shared_gate_up.size(), g_sgu.data(), kEps, loss),
+        "moe shared_gate_up");
+    expect_close(check_all(f.shared_down.data(), f.shared_down.size(), g_sd.data(), kEps, loss),
+                 "moe shared_down");
+  }
+  EXPECT_FALSE(selection_changed) << "a perturbation changed the top-k selection";
+  // Experts that received no token: weights untouched by the backward.
+  const int64_t h = c.moe_intermediate_size;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    if (cache.router.expert_counts[static_cast<size_t>(e)] != 0) continue;
+    for (int64_t i = 0; i < 2 * h * d; ++i)
+      EXPECT_EQ(g_gate_up[static_cast<size_t>(e * 2 * h * d + i)], 0.0f) << "expert " << e;
+    for (int64_t i = 0; i < d * h; ++i)
+      EXPECT_EQ(g_down[static_cast<size_t>(e * d * h + i)], 0.0f) << "expert " << e;
+  }
+}
+
+TEST(MoeGradients, SharedExpertSoftmax) {
+  MoeFixture f(moe_config(4, 2, 3, RouterScore::kSoftmax, false), 200);
+  check_moe(f, false, 0.2f, 300);
+}
+
+TEST(MoeGradients, NoSharedExpertSigmoidNormTopk) {
+  MoeFixture f(moe_config(4, 2, 0, RouterScore::kSigmoid, true), 210);
+  check_moe(f, true, 0.2f, 310);
+}
+
+TEST(MoeGradients, ExpertWithZeroTokens) {
+  MoeFixture f(moe_config(4, 2, 2, RouterScore::kSoftmax, true), 220);
+  // x[:, 0] = 3 for every token and router row 2 = (-4, 0, ...): logit 2 is -12, far below the
+  // others, so expert 2 never wins a slot.
+  const int64_t d = f.c.hidden_size;
+  for (int64_t t = 0; t < f.tokens; ++t) f.x[static_cast<size_t>(t * d)] = 3.0f;
+  for (int64_t j = 0; j < d; ++j) f.router[static_cast<size_t>(2 * d + j)] = j == 0 ? -4.0f : 0.0f;
+  MoeCache cache;
+  std::vector<float> y(f.x.size());
+  MoeBlock(f.c).forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+  ASSERT_EQ(cache.router.expert_counts[2], 0);
+  check_moe(f, false, 0.0f, 320);
+}
+
+TEST(MoeGradients, TopKEqualsNumExperts) {
+  MoeFixture f(moe_config(3, 3, 0, RouterScore::kSoftmax, false), 230);
+  check_moe(f, false, 0.1f, 330);
+  MoeFixture g(moe_config(3, 3, 2, RouterScore::kSigmoid, true), 240);
+  check_moe(g, true, 0.0f, 340);
+}
+
+TEST(MoeGradients, SingleExpert) {
+  // Softmax over one expert is constant 1: the router only gets a gradient from the z-loss.
+  MoeFixture f(moe_config(1, 1, 0, RouterScore::kSoftmax, false), 250);
+  check_moe(f, false, 0.2f, 350);
+  MoeFixture g(moe_config(1, 1, 2, RouterScore::kSigmoid, false), 260);
+  check_moe(g, false, 0.0f, 360);
+}
+
+}  // namespace
+}  // namespace moecore

@@ -1,0 +1,201 @@
+// AdamW against a hand-written double version of torch.optim.AdamW, the LR schedule's end points,
+// and global gradient-norm clipping.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "gradcheck.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "optim/adamw.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
+#include "optim/optim_config.h"
+
+namespace moecore {
+namespace {
+
+using gradcheck::random_vec;
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 7;
+  c.hidden_size = 4;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.num_experts = 2;
+  c.num_experts_per_tok = 1;
+  c.moe_intermediate_size = 3;
+  return c;
+}
+
+void fill(const ParamLayout& layout, ParamBuffers& b, uint32_t seed, float lo, float hi) {
+  for (const ParamSpec& spec : layout.specs()) {
+    const std::vector<float> v = random_vec(spec.numel, seed++, lo, hi);
+    std::copy(v.begin(), v.end(), b.at(spec));
+  }
+}
+
+// torch.optim.AdamW (single-tensor path) in double: decoupled decay first, then the Adam update
+// with bias corrections, denominator sqrt(v) / sqrt(1 - b2^t) + eps.
+struct RefAdamW {
+  OptimConfig c;
+  std::vector<double> m, v;
+  int64_t t = 0;
+  void step(std::vector<double>& p, const std::vector<float>& g, const std::vector<bool>& decay,
+            double lr) {
+    ++t;
+    const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double gi = static_cast<double>(g[i]);
+      if (decay[i]) p[i] *= 1.0 - lr * c.weight_decay;
+      m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
+      v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
+      p[i] -= lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + c.eps);
+    }
+  }
+};
+
+TEST(Optim, AdamWTwoStepsMatchTorchFormula) {
+  const ModelConfig mc = tiny_config();
+  const ParamLayout layout = ParamLayout::build(mc);
+  OptimConfig oc;
+  oc.lr = 1e-2;
+  oc.weight_decay = 0.1;
+  oc.beta1 = 0.9;
+  oc.beta2 = 0.95;
+  oc.eps = 1e-8;
+  ParamBuffers params(layout), grads(layout);
+  fill(layout, params, 1, -1.0f, 1.0f);
+
+  // Flatten dense then expert, with the decay flag of each element.
+  auto flat = [](const ParamBuffers& b) {
+    std::vector<float> out(b.dense);
+    out.insert(out.end(), b.expert.begin(), b.expert.end());
+    return out;
+  };
+  std::vector<bool> decay(layout.numel(ParamGroup::kDense) + layout.numel(ParamGroup::kExpert));
+  bool saw_norm = false, saw_embedding = false, saw_matrix = false;
+  for (const ParamSpec& spec : layout.specs()) {
+    const size_t base =
+        (spec.group == ParamGroup::kDense ? 0 : layout.numel(ParamGroup::kDense)) + spec.offset;
+    for (size_t i = 0; i < spec.numel; ++i) decay[base + i] = !spec.is_norm && !spec.is_embedding;
+    saw_norm |= spec.is_norm;
+    saw_embedding |= spec.is_embedding;
+    saw_matrix |= !spec.is_norm && !spec.is_embedding;
+  }
+  ASSERT_TRUE(saw_norm && saw_embedding && saw_matrix);
+
+  const std::vector<float> p0 = flat(params);
+  std::vector<double> ref_p(p0.begin(), p0.end());
+  RefAdamW ref{oc, std::vector<double>(p0.size(), 0.0), std::vector<double>(p0.size(), 0.0)};
+  AdamW opt(layout, oc);
+  const double lrs[] = {1e-2, 5e-3};
+  for (int step = 0; step < 2; ++step) {
+    fill(layout, grads, 100 + 50 * static_cast<uint32_t>(step), -1.0f, 1.0f);
+    opt.step(params, grads, lrs[step]);
+    ref.step(ref_p, flat(grads), decay, lrs[step]);
+    EXPECT_EQ(opt.steps_taken(), step + 1);
+    const std::vector<float> p = flat(params), m = flat(opt.exp_avg()), v = flat(opt.exp_avg_sq());
+    double err_p = 0.0, err_m = 0.0, err_v = 0.0, moved = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      err_p = std::max(err_p, std::abs(static_cast<double>(p[i]) - ref_p[i]));
+      err_m = std::max(err_m, std::abs(static_cast<double>(m[i]) - ref.m[i]));
+      err_v = std::max(err_v, std::abs(static_cast<double>(v[i]) - ref.v[i]));
+      moved = std::max(moved, std::abs(ref_p[i] - static_cast<double>(p0[i])));
+    }
+    ASSERT_GT(moved, 1e-3);
+    // fp32 state: a few ulps of |p| <= ~1 (ulp 1.2e-7), of |m| <= 1 and |v| <= 1.
+    EXPECT_LT(err_p, 1e-6) << "step " << step + 1;
+    EXPECT_LT(err_m, 1e-6) << "step " << step + 1;
+    EXPECT_LT(err_v, 1e-6) << "step " << step + 1;
+  }
+}
+
+TEST(Optim, AdamWNoDecayOnNormsAndEmbeddingsWithZeroGrad) {
+  // Zero gradient: only the decoupled decay moves parameters, and only the decayed ones.
+  const ModelConfig mc = tiny_config();
+  const ParamLayout layout = ParamLayout::build(mc);
+  OptimConfig oc;
+  oc.lr = 0.1;
+  oc.weight_decay = 0.5;
+  ParamBuffers params(layout), grads(layout);
+  fill(layout, params, 3, 0.5f, 1.0f);
+  const ParamBuffers before = params;
+  AdamW opt(layout, oc);
+  opt.step(params, grads, oc.lr);
+  for (const ParamSpec& spec : layout.specs()) {
+    const bool decay = !spec.is_norm && !spec.is_embedding;
+    for (size_t i = 0; i < spec.numel; ++i) {
+      const double b = static_cast<double>(before.at(spec)[i]);
+      EXPECT_NEAR(static_cast<double>(params.at(spec)[i]), decay ? b * (1.0 - 0.05) : b, 1e-7)
+          << spec.name;
+    }
+  }
+}
+
+TEST(Optim, LearningRateWarmupAndEndPoints) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.1;
+  c.warmup_steps = 10;
+  const int64_t total = 110;
+  for (LrSchedule s : {LrSchedule::kCosine, LrSchedule::kLinear, LrSchedule::kConstant}) {
+    c.schedule = s;
+    EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 1e-4);
+    EXPECT_DOUBLE_EQ(learning_rate(c, 4, total), 5e-4);
+    EXPECT_DOUBLE_EQ(learning_rate(c, 9, total), 1e-3);
+    EXPECT_DOUBLE_EQ(learning_rate(c, 10, total), 1e-3);  // decay starts at the peak
+    const double end = s == LrSchedule::kConstant ? 1e-3 : 1e-4;
+    EXPECT_NEAR(learning_rate(c, total, total), end, 1e-15);
+    EXPECT_NEAR(learning_rate(c, total + 50, total), end, 1e-15);   // clamped past the end
+    const double mid = s == LrSchedule::kConstant ? 1e-3 : 5.5e-4;  // half way: (lr + min) / 2
+    EXPECT_NEAR(learning_rate(c, 60, total), mid, 1e-15);
+  }
+  // Cosine a quarter of the way: min + (lr - min) * (1 + cos(pi / 4)) / 2.
+  c.schedule = LrSchedule::kCosine;
+  EXPECT_NEAR(learning_rate(c, 35, total),
+              1e-4 + 9e-4 * 0.5 * (1.0 + std::cos(3.14159265358979323846 / 4.0)), 1e-15);
+  // No warm-up: the first step runs at the peak.
+  c.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 1e-3);
+}
+
+TEST(Optim, ClipGradNorm) {
+  const ModelConfig mc = tiny_config();
+  const ParamLayout layout = ParamLayout::build(mc);
+  ParamBuffers grads(layout);
+  fill(layout, grads, 7, -1.0f, 1.0f);
+  double sq = 0.0;
+  for (float g : grads.dense) sq += static_cast<double>(g) * static_cast<double>(g);
+  for (float g : grads.expert) sq += static_cast<double>(g) * static_cast<double>(g);
+  const double norm = std::sqrt(sq);
+  ASSERT_GT(norm, 2.0);
+  EXPECT_NEAR(global_grad_norm(grads), norm, 1e-9 * norm);
+
+  // Under the limit, and max_norm <= 0: untouched, the norm is still returned.
+  for (double max_norm : {norm * 2.0, 0.0, -1.0}) {
+    ParamBuffers g = grads;
+    EXPECT_NEAR(clip_grad_norm(g, max_norm), norm, 1e-9 * norm);
+    EXPECT_EQ(g.dense, grads.dense);
+    EXPECT_EQ(g.expert, grads.expert);
+  }
+
+  // Over the limit: every gradient scaled by max / (norm + 1e-6).
+  const double max_norm = 1.0;
+  ParamBuffers g = grads;
+  EXPECT_NEAR(clip_grad_norm(g, max_norm), norm, 1e-9 * norm);
+  const double coef = max_norm / (norm + 1e-6);
+  for (const auto& [out, in] : {std::pair{&g.dense, &grads.dense}, {&g.expert, &grads.expert}})
+    for (size_t i = 0; i < in->size(); ++i)
+      EXPECT_NEAR(static_cast<double>((*out)[i]), coef * static_cast<double>((*in)[i]), 1e-7);
+  EXPECT_NEAR(global_grad_norm(g), max_norm, 1e-6);
+}
+
+}  // namespace
+}  // namespace moecore

@@ -1,0 +1,225 @@
+// Whole-model finite-difference check of d loss.total / d params on a tiny 2-layer transformer
+// (dense first layer, MoE second layer with a shared expert), plus loss_scale, the += rule and
+// the id range checks of Transformer::forward.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
+#include "gradcheck.h"
+#include "model/config.h"
+#include "model/cross_entropy.h"
+#include "model/params.h"
+#include "model/transformer.h"
+
+namespace moecore {
+namespace {
+
+using gradcheck::central_difference;
+using gradcheck::GradCheck;
+using gradcheck::random_vec;
+
+struct Variant {
+  bool tied;
+  LbLossStyle lb_style;
+  RouterScore score;
+  bool norm_topk;
+  QkNorm qk_norm;
+};
+
+ModelConfig tiny_config(const Variant& v) {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.tie_word_embeddings = v.tied;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 6;
+  c.intermediate_size = 10;
+  c.first_k_dense_replace = 1;
+  c.shared_expert_intermediate_size = 4;
+  c.norm_topk_prob = v.norm_topk;
+  c.router_aux_loss_coef = 0.5;  // large enough that the lb term shows in the gradient
+  c.router_z_loss_coef = 0.05;
+  c.qk_norm = v.qk_norm;
+  c.router_score = v.score;
+  c.lb_loss_style = v.lb_style;
+  return c;
+}
+
+// O(1) weights instead of init_params' N(0, 0.02), so every path carries a visible gradient.
+void randomize(const ParamLayout& layout, ParamBuffers& params, uint32_t seed) {
+  for (const ParamSpec& spec : layout.specs()) {
+    const bool router = spec.name.find("mlp.gate.weight") != std::string::npos;
+    const std::vector<float> v =
+        spec.is_norm ? random_vec(spec.numel, seed, 0.7f, 1.3f)
+                     : random_vec(spec.numel, seed, router ? -1.5f : -0.5f, router ? 1.5f : 0.5f);
+    std::copy(v.begin(), v.end(), params.at(spec));
+    ++seed;
+  }
+}
+
+std::vector<int32_t> selected_sets(const Transformer& model) {
+  std::vector<int32_t> all;
+  const ModelConfig& c = model.config();
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const RouterState* st = model.router_state(layer);
+    if (st == nullptr) continue;
+    std::vector<int32_t> s = st->topk_index;
+    const auto k = static_cast<std::ptrdiff_t>(c.num_experts_per_tok);
+    for (auto it = s.begin(); it != s.end(); it += k) std::sort(it, it + k);
+    all.insert(all.end(), s.begin(), s.end());
+  }
+  return all;
+}
+
+void check_model(const Variant& v, uint32_t seed) {
+  const ModelConfig c = tiny_config(v);
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  randomize(layout, params, seed);
+  const int64_t batch = 2, seq = 4;
+  const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
+  const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
+  Transformer model(c, layout);
+  const LossParts base = model.forward(params, tokens.data(), targets.data(), batch, seq);
+  EXPECT_EQ(base.counted_tokens, 7);
+  EXPECT_GT(base.lb, 0.0);
+  EXPECT_GT(base.z, 0.0);
+  EXPECT_NEAR(base.total,
+              base.ce + c.router_aux_loss_coef * base.lb + c.router_z_loss_coef * base.z, 1e-12);
+  const std::vector<int32_t> selection = selected_sets(model);
+  ParamBuffers grads(layout);
+  model.backward(params, grads, 1.0f);
+
+  bool changed = false;
+  auto loss = [&] {
+    const LossParts l = model.forward(params, tokens.data(), targets.data(), batch, seq);
+    changed |= selected_sets(model) != selection;
+    return l.total;
+  };
+  std::mt19937 gen(seed);
+  const float eps = 5e-3f;
+  int skipped = 0, checked = 0;
+  GradCheck global;
+  std::vector<std::pair<std::string, GradCheck>> per_tensor;
+  for (const ParamSpec& spec : layout.specs()) {
+    // A few random elements; for the embedding, elements of rows the batch uses.
+    std::vector<size_t> indices;
+    for (int i = 0; i < 3; ++i) {
+      if (spec.is_embedding) {
+        const size_t row = static_cast<size_t>(tokens[gen() % tokens.size()]);
+        const size_t dim = static_cast<size_t>(c.hidden_size);
+        indices.push_back(row * dim + gen() % dim);
+      } else {
+        indices.push_back(gen() % spec.numel);
+      }
+    }
+    GradCheck r;
+    float* p = params.at(spec);
+    const float* g = grads.at(spec);
+    for (size_t i : indices) {
+      changed = false;
+      const double numeric = central_difference(p, i, eps, loss);
+      if (changed) {
+        ++skipped;
+        continue;
+      }
+      ++checked;
+      r.max_err = std::max(r.max_err, std::abs(static_cast<double>(g[i]) - numeric));
+      r.max_ref = std::max(r.max_ref, std::abs(numeric));
+      ++r.checked;
+    }
+    global.max_err = std::max(global.max_err, r.max_err);
+    global.max_ref = std::max(global.max_ref, r.max_ref);
+    per_tensor.emplace_back(spec.name, r);
+  }
+  EXPECT_LE(skipped, checked / 10) << "too many perturbations changed the routing";
+  // Tolerance relative to max(|numeric| over the tensor's sample, 1e-2 * the largest |numeric| of
+  // the whole model): a tensor whose sampled gradients are all tiny is compared against the
+  // model's gradient scale rather than against its own rounding noise.
+  for (const auto& [name, r] : per_tensor) {
+    const double denom = std::max(r.max_ref, 1e-2 * global.max_ref);
+    EXPECT_LT(r.max_err / denom, gradcheck::kTolerance)
+        << name << ": max|analytic - numeric| = " << r.max_err << ", max|numeric| = " << r.max_ref;
+  }
+}
+
+TEST(TransformerGradients, TiedOlmoCoreLbSoftmax) {
+  check_model({true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull}, 1000);
+}
+TEST(TransformerGradients, UntiedHfLbSigmoidNormTopk) {
+  check_model({false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead}, 2000);
+}
+TEST(TransformerGradients, TiedHfLbSoftmaxNormTopk) {
+  check_model({true, LbLossStyle::kHf, RouterScore::kSoftmax, true, QkNorm::kNone}, 3000);
+}
+TEST(TransformerGradients, UntiedOlmoCoreLbSigmoid) {
+  check_model({false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, false, QkNorm::kFull}, 4000);
+}
+
+TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {
+  const ModelConfig c =
+      tiny_config({false, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull});
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  randomize(layout, params, 5000);
+  const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
+  const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
+  Transformer model(c, layout);
+  model.forward(params, tokens.data(), targets.data(), 2, 4);
+  ParamBuffers g1(layout), g4(layout), twice(layout);
+  model.backward(params, g1, 1.0f);
+  model.backward(params, g4, 4.0f);
+  model.backward(params, twice, 1.0f);
+  model.backward(params, twice, 1.0f);
+  double max_g = 0.0, err4 = 0.0, err2 = 0.0;
+  for (const auto& [a, b, t] : {std::tuple{&g1.dense, &g4.dense, &twice.dense},
+                                std::tuple{&g1.expert, &g4.expert, &twice.expert}})
+    for (size_t i = 0; i < a->size(); ++i) {
+      const double x = static_cast<double>((*a)[i]);
+      max_g = std::max(max_g, std::abs(x));
+      err4 = std::max(err4, std::abs(static_cast<double>((*b)[i]) - 4.0 * x));
+      err2 = std::max(err2, std::abs(static_cast<double>((*t)[i]) - 2.0 * x));
+    }
+  ASSERT_GT(max_g, 0.0);
+  // fp32 rounding of the same computation at a different scale, relative to max |gradient|.
+  EXPECT_LT(err4 / (4.0 * max_g), 1e-5);
+  EXPECT_LT(err2 / (2.0 * max_g), 1e-6);
+}
+
+void expect_error_naming(const ModelConfig& c, const std::vector<int32_t>& tokens,
+                         const std::vector<int32_t>& targets, const std::string& needle) {
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  init_params(layout, 1, params);
+  Transformer model(c, layout);
+  try {
+    model.forward(params, tokens.data(), targets.data(), 1, static_cast<int64_t>(tokens.size()));
+    ADD_FAILURE() << "expected moecore::Error naming '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(TransformerGradients, OutOfRangeIdsThrow) {
+  const ModelConfig c =
+      tiny_config({true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull});
+  expect_error_naming(c, {1, 2, 11, 3}, {1, 2, 3, 4}, "token id 11");
+  expect_error_naming(c, {1, -5, 2, 3}, {1, 2, 3, 4}, "token id -5");
+  expect_error_naming(c, {1, 2, 3, 4}, {1, 99, 3, 4}, "target id 99");
+  expect_error_naming(c, {1, 2, 3, 4}, {1, 2, -1, 4}, "target id -1");
+}
+
+}  // namespace
+}  // namespace moecore
