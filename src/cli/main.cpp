@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "cli/debug_commands.h"
 #include "core/check.h"
@@ -16,10 +17,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::string config_path, out_path;
-  uint64_t seed = 0;
+  std::string seed_text = "0";
   CLI::App* init = app.add_subcommand("init", "write initialised weights (safetensors, HF names)");
   init->add_option("--config", config_path, "config TOML")->required();
-  init->add_option("--seed", seed, "initialisation seed");
+  init->add_option("--seed", seed_text, "initialisation seed (0 .. 2^64-1)");
   init->add_option("--out", out_path, "output .safetensors")->required();
 
   moecore::cli::DebugArgs debug;
@@ -45,15 +46,34 @@ int main(int argc, char** argv) {
   train->add_option("config", train_config, "config TOML")->required();
   train->add_option("--set", overrides, "override, e.g. --set train.max_steps=50");
 
+  // Every command-line error is one line on stderr; help and version output stay CLI11's.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    if (!known) {
+      fmt::print(stderr,
+                 "moecore: error: unknown command '{}' (expected init, debug-state, "
+                 "debug-steps, train)\n",
+                 argv[1]);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "moecore: error: {}\n", e.what());
+    return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
   }
 
   try {
     if (init->parsed()) {
-      moecore::cli::run_init(config_path, seed, out_path);
+      moecore::cli::run_init(config_path, moecore::cli::parse_seed(seed_text), out_path);
     } else if (debug_state->parsed()) {
       moecore::cli::run_debug_state(debug);
     } else if (debug_steps->parsed()) {
@@ -61,6 +81,12 @@ int main(int argc, char** argv) {
     } else if (train->parsed()) {
       moecore::train(moecore::load_run_config(train_config, overrides));
     }
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    fmt::print(stderr,
+               "moecore: error: out of memory (the configured model or batch is too large "
+               "for this machine)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "moecore: error: {}\n", e.what());

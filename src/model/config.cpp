@@ -8,6 +8,23 @@ void ModelConfig::validate() const {
   auto positive = [](const char* key, int64_t value) {
     MOE_CHECK(value > 0, "[config] model.{}={} must be positive", key, value);
   };
+  // Upper bounds keep every size product inside int64 and name the key instead of failing later in
+  // an allocation: token ids are int32, and no single width of a trainable model reaches 2^24.
+  auto bounded = [](const char* key, int64_t value, int64_t limit) {
+    MOE_CHECK(value <= limit, "[config] model.{}={} is larger than the supported maximum {}", key,
+              value, limit);
+  };
+  constexpr int64_t kMaxWidth = int64_t{1} << 24;
+  bounded("vocab_size", vocab_size, int64_t{1} << 31);
+  bounded("hidden_size", hidden_size, kMaxWidth);
+  bounded("num_hidden_layers", num_hidden_layers, 4096);
+  bounded("num_attention_heads", num_attention_heads, 4096);
+  bounded("num_key_value_heads", num_key_value_heads, 4096);
+  bounded("head_dim", head_dim, 65536);
+  bounded("num_experts", num_experts, 65536);
+  bounded("moe_intermediate_size", moe_intermediate_size, kMaxWidth);
+  bounded("intermediate_size", intermediate_size, kMaxWidth);
+  bounded("shared_expert_intermediate_size", shared_expert_intermediate_size, kMaxWidth);
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("num_hidden_layers", num_hidden_layers);

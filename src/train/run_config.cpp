@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -209,11 +210,18 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.batch_size > 0, "[config] train.batch_size={} must be positive", t.batch_size);
   MOE_CHECK(t.seq_len > 0, "[config] train.seq_len={} must be positive", t.seq_len);
   MOE_CHECK(t.threads >= 0, "[config] train.threads={} must be >= 0", t.threads);
+  MOE_CHECK(t.eval_every >= 0, "[config] train.eval_every={} must be >= 0 (0 = never)",
+            t.eval_every);
+  MOE_CHECK(t.eval_every == 0 || t.eval_batches > 0,
+            "[config] train.eval_batches={} must be positive when train.eval_every={} evaluates",
+            t.eval_batches, t.eval_every);
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   return config;
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  MOE_CHECK(std::filesystem::is_regular_file(path),
+            "[config] cannot read config file '{}' (not a file)", path);
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "[config] cannot open config file '{}'", path);
   std::stringstream text;
@@ -283,6 +291,25 @@ std::string run_config_to_toml(const RunConfig& c) {
   std::ostringstream out;
   out << doc << "\n";
   return out.str();
+}
+
+std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) {
+  // Each [model] key is one "key = value" line of the serialised table, in the same order.
+  auto lines = [](const ModelConfig& m) {
+    RunConfig r;
+    r.model = m;
+    const toml::table doc = toml::parse(run_config_to_toml(r));
+    std::ostringstream text;
+    text << *doc["model"].as_table();
+    std::vector<std::string> out;
+    std::istringstream in(text.str());
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const std::vector<std::string> la = lines(a), lb = lines(b);
+  for (size_t i = 0; i < la.size() && i < lb.size(); ++i)
+    if (la[i] != lb[i]) return fmt::format("model: {} vs {}", la[i], lb[i]);
+  return "";
 }
 
 }  // namespace moecore

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "data/byte_corpus.h"
+#include "io/file_util.h"
 #include "io/model_weights.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
@@ -42,15 +43,17 @@ TrainSummary train(const RunConfig& config) {
             "[train] the byte-level corpus needs model.vocab_size >= 256, got {}",
             config.model.vocab_size);
   if (tc.threads > 0) omp_set_num_threads(static_cast<int>(tc.threads));
-  std::filesystem::create_directories(tc.out_dir);
-  {
-    std::ofstream out(tc.out_dir + "/config.toml");
-    MOE_CHECK(out.good(), "[train] cannot write to output directory '{}'", tc.out_dir);
-    out << run_config_to_toml(config);
-  }
-
+  // Everything that can be wrong with the inputs is checked before anything is written.
   const data::ByteCorpus corpus =
       data::ByteCorpus::load(config.data.corpus, config.data.val_fraction, tc.seq_len);
+  std::filesystem::create_directories(tc.out_dir);
+  {
+    const std::string text = run_config_to_toml(config);
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
+                                           text.size());
+    const std::span<const std::byte> chunks[] = {bytes};
+    io::write_file_atomic(tc.out_dir + "/config.toml", chunks, "[train]");
+  }
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);
