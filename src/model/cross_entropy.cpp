@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace moecore {
 
@@ -10,8 +11,9 @@ CrossEntropyResult cross_entropy(const float* logits, const int32_t* targets, in
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) counted += targets[r] != kIgnoreIndex;
   const float grad_scale = counted > 0 ? scale / static_cast<float>(counted) : 0.0f;
-  double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+  // Per-row losses summed afterwards in row order: the result is bit-identical for any thread count.
+  std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * vocab;
     float* dz = dlogits != nullptr ? dlogits + r * vocab : nullptr;
@@ -23,12 +25,14 @@ CrossEntropyResult cross_entropy(const float* logits, const int32_t* targets, in
     float sum = 0.0f;
     for (int64_t j = 0; j < vocab; ++j) sum += std::exp(z[j] - max_z);
     const float log_sum = std::log(sum);
-    total += static_cast<double>(log_sum + max_z - z[targets[r]]);
+    row_loss[static_cast<size_t>(r)] = static_cast<double>(log_sum + max_z - z[targets[r]]);
     if (dz != nullptr) {
       for (int64_t j = 0; j < vocab; ++j) dz[j] = std::exp(z[j] - max_z - log_sum) * grad_scale;
       dz[targets[r]] -= grad_scale;
     }
   }
+  double total = 0.0;
+  for (double loss : row_loss) total += loss;
   return {counted > 0 ? total / static_cast<double>(counted) : 0.0, counted};
 }
 

@@ -2,18 +2,17 @@
 
 #include <cmath>
 
+#include "core/deterministic_sum.h"
+
 namespace moecore {
 
 namespace {
 
 double sum_of_squares(const std::vector<float>& values) {
-  double total = 0.0;
-  const int64_t count = static_cast<int64_t>(values.size());
-#pragma omp parallel for schedule(static) reduction(+ : total)
-  for (int64_t i = 0; i < count; ++i)
-    total += static_cast<double>(values[static_cast<size_t>(i)]) *
-             static_cast<double>(values[static_cast<size_t>(i)]);
-  return total;
+  return deterministic_sum(static_cast<int64_t>(values.size()), [&](int64_t i) {
+    const double v = static_cast<double>(values[static_cast<size_t>(i)]);
+    return v * v;
+  });
 }
 
 void scale(std::vector<float>& values, float factor) {
