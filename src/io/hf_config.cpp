@@ -1,0 +1,72 @@
+#include "io/hf_config.h"
+
+namespace moecore::io {
+
+nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddings,
+                              std::optional<int32_t> eos_token_id) {
+  nlohmann::json j = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"num_experts", c.num_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"norm_topk_prob", c.norm_topk_prob},
+      {"router_aux_loss_coef", c.router_aux_loss_coef},
+      {"output_router_logits", false},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", max_position_embeddings},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+      {"pad_token_id", nullptr},
+      {"bos_token_id", nullptr},
+      {"eos_token_id", eos_token_id ? nlohmann::json(*eos_token_id) : nlohmann::json(nullptr)},
+      {"torch_dtype", "float32"},
+  };
+  const bool hf_router =
+      c.router_score == RouterScore::kSoftmax && c.shared_expert_intermediate_size == 0;
+  const bool olmoe = hf_router && c.qk_norm == QkNorm::kFull && c.first_k_dense_replace == 0 &&
+                     c.head_size() * c.num_attention_heads == c.hidden_size;
+  const bool qwen3 = hf_router && c.qk_norm == QkNorm::kPerHead;
+  if (olmoe) {
+    j["architectures"] = {"OlmoeForCausalLM"};
+    j["model_type"] = "olmoe";
+    j["intermediate_size"] = c.moe_intermediate_size;
+    j["clip_qkv"] = nullptr;
+  } else if (qwen3) {
+    j["architectures"] = {"Qwen3MoeForCausalLM"};
+    j["model_type"] = "qwen3_moe";
+    j["head_dim"] = c.head_size();
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["decoder_sparse_step"] = 1;
+    std::vector<int64_t> dense_layers;
+    for (int64_t i = 0; i < c.first_k_dense_replace; ++i) dense_layers.push_back(i);
+    j["mlp_only_layers"] = dense_layers;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_hidden_layers;
+  } else {
+    j["architectures"] = nlohmann::json::array();
+    j["model_type"] = "moecore";
+    j["head_dim"] = c.head_size();
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    j["qk_norm"] = c.qk_norm == QkNorm::kNone   ? "none"
+                   : c.qk_norm == QkNorm::kFull ? "full"
+                                                : "per_head";
+    j["router_score"] = c.router_score == RouterScore::kSoftmax ? "softmax" : "sigmoid";
+  }
+  return j;
+}
+
+}  // namespace moecore::io

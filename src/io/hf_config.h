@@ -1,0 +1,22 @@
+// The Hugging Face config.json written beside model.safetensors, so that
+// transformers.AutoModelForCausalLM.from_pretrained loads a moecore checkpoint:
+//   * OlmoeForCausalLM when qk_norm = "full", softmax router, no shared expert, no dense layers and
+//     head_dim = hidden/heads (OLMoE calls the expert width intermediate_size);
+//   * Qwen3MoeForCausalLM when qk_norm = "per_head", softmax router, no shared expert (dense first
+//     layers become Qwen3-MoE's mlp_only_layers);
+//   * otherwise model_type "moecore" with moecore's own keys: no transformers class computes that
+//     architecture, and saying so beats a config that loads into the wrong computation.
+// Training-only settings (lb style, z-loss) do not change logits and do not select the class.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "model/config.h"
+
+namespace moecore::io {
+
+nlohmann::json hf_config_json(const ModelConfig& config, int64_t max_position_embeddings,
+                              std::optional<int32_t> eos_token_id);
+
+}  // namespace moecore::io

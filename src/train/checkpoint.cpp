@@ -1,0 +1,183 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+#include "io/file_util.h"
+#include "io/model_weights.h"
+#include "io/safetensors.h"
+
+namespace moecore {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPrefix = "step_";
+constexpr const char* kTempPrefix = ".tmp-step_";
+
+std::string checkpoints_dir(const std::string& run_dir) {
+  return run_dir + "/checkpoints";
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
+                                         text.size());
+  const std::span<const std::byte> chunks[] = {bytes};
+  io::write_file_atomic(path, chunks, "[checkpoint]");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "[checkpoint] cannot read '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  MOE_CHECK(fd >= 0, "[checkpoint] cannot open directory '{}' to sync it", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  MOE_CHECK(rc == 0 || errno == EINVAL, "[checkpoint] fsync of directory '{}' failed", dir);
+}
+
+void save_optimizer(const std::string& path, const ParamLayout& layout, AdamW& optimizer) {
+  io::SafetensorsWriter writer;
+  writer.set_metadata("steps_taken", std::to_string(optimizer.steps_taken()));
+  for (const ParamSpec& spec : layout.specs()) {
+    writer.add_f32("exp_avg." + spec.name, spec.shape, optimizer.exp_avg().at(spec));
+    writer.add_f32("exp_avg_sq." + spec.name, spec.shape, optimizer.exp_avg_sq().at(spec));
+  }
+  writer.write(path);
+}
+
+void load_optimizer(const std::string& path, const ParamLayout& layout, AdamW& optimizer) {
+  const io::SafetensorsReader reader = io::SafetensorsReader::open(path);
+  for (const ParamSpec& spec : layout.specs()) {
+    reader.read_f32("exp_avg." + spec.name, spec.shape, optimizer.exp_avg().at(spec));
+    reader.read_f32("exp_avg_sq." + spec.name, spec.shape, optimizer.exp_avg_sq().at(spec));
+  }
+  const auto it = reader.metadata().find("steps_taken");
+  MOE_CHECK(it != reader.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata", path);
+  optimizer.set_steps_taken(std::stoll(it->second));
+}
+
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%s%08lld", kPrefix, static_cast<long long>(step));
+  return name;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c,
+                            int64_t keep_last) {
+  const std::string parent = checkpoints_dir(run_dir);
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", parent, ec.message());
+  const std::string name = step_name(step);
+  const std::string final_dir = parent + "/" + name;
+  const std::string temp_dir = parent + "/" + kTempPrefix +
+                               name.substr(std::string(kPrefix).size()) + "-" +
+                               std::to_string(::getpid());
+  fs::remove_all(temp_dir, ec);
+  fs::create_directory(temp_dir, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", temp_dir, ec.message());
+  try {
+    io::save_weights(*c.layout, *c.params, temp_dir + "/model.safetensors");
+    if (c.optimizer != nullptr)
+      save_optimizer(temp_dir + "/optim.safetensors", *c.layout, *c.optimizer);
+    write_text(temp_dir + "/config.json", c.hf_config.dump(2) + "\n");
+    write_text(temp_dir + "/config.toml", run_config_to_toml(*c.config));
+    // Written last: its presence marks a complete checkpoint even before the rename.
+    write_text(temp_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n");
+    fsync_directory(temp_dir);
+    if (fs::exists(final_dir)) {
+      // The same step saved again (a resumed run reaching it a second time): swap the old one out
+      // only once the new one is complete.
+      const std::string stale = temp_dir + ".replaced";
+      fs::rename(final_dir, stale);
+      fs::rename(temp_dir, final_dir);
+      fs::remove_all(stale, ec);
+    } else {
+      fs::rename(temp_dir, final_dir);
+    }
+    fsync_directory(parent);
+  } catch (...) {
+    fs::remove_all(temp_dir, ec);
+    throw;
+  }
+  const std::vector<std::string> all = list_checkpoints(run_dir);
+  for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < all.size(); ++i)
+    fs::remove_all(all[i], ec);
+  return final_dir;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& run_dir) {
+  std::vector<std::string> dirs;
+  const std::string parent = checkpoints_dir(run_dir);
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return dirs;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind(kPrefix, 0) == 0) dirs.push_back(entry.path().string());
+  }
+  std::sort(dirs.begin(), dirs.end());  // zero-padded step numbers sort chronologically
+  return dirs;
+}
+
+std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir) {
+  std::vector<std::string> dirs = list_checkpoints(run_dir);
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    try {
+      const nlohmann::json state = nlohmann::json::parse(read_text(*it + "/trainer_state.json"));
+      MOE_CHECK(state.contains("step"), "[checkpoint] no step");
+      io::SafetensorsReader::open(*it + "/model.safetensors");
+      io::SafetensorsReader::open(*it + "/optim.safetensors");
+      parse_run_config(read_text(*it + "/config.toml"), *it + "/config.toml");
+      return *it;
+    } catch (const std::exception&) {
+      continue;  // damaged (e.g. edited by hand or a failing disk): fall back to an older one
+    }
+  }
+  return std::nullopt;
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
+                               const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer) {
+  const RunConfig saved = parse_run_config(read_text(dir + "/config.toml"), dir + "/config.toml");
+  const std::string difference = model_config_difference(saved.model, expected);
+  MOE_CHECK(difference.empty(),
+            "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
+            dir, difference);
+  io::load_weights(layout, dir + "/model.safetensors", params);
+  if (optimizer != nullptr) load_optimizer(dir + "/optim.safetensors", layout, *optimizer);
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(read_text(dir + "/trainer_state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    fail("[checkpoint] {}/trainer_state.json is not valid JSON: {}", dir, e.what());
+  }
+  return state;
+}
+
+void remove_interrupted_saves(const std::string& run_dir) {
+  const std::string parent = checkpoints_dir(run_dir);
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kTempPrefix, 0) == 0) fs::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace moecore

@@ -1,0 +1,54 @@
+// Checkpoints that never lose a run. One directory per save, <run>/checkpoints/step_<8 digits>/:
+//   model.safetensors  fp32 master weights under Hugging Face names
+//   config.json        Hugging Face config (transformers loads the directory where a class fits)
+//   optim.safetensors  AdamW moments exp_avg.<name>, exp_avg_sq.<name> (+ step count in metadata)
+//   trainer_state.json step, tokens seen, data cursor, seed, step-guard window, schedule position
+//   config.toml        the effective run configuration
+// A save is written into a temporary sibling directory, every file fsynced, the directory renamed
+// into place and its parent fsynced: a crash at any moment leaves either the previous set of
+// checkpoints or the previous set plus the complete new one. Older saves beyond keep_last are
+// removed only after the new one is in place. Checkpoints do not depend on how the run was laid
+// out.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/params.h"
+#include "optim/adamw.h"
+#include "train/run_config.h"
+
+namespace moecore {
+
+struct CheckpointContents {
+  const RunConfig* config;
+  const ParamLayout* layout;
+  const ParamBuffers* params;
+  AdamW* optimizer;  // nullptr: weights only
+  nlohmann::json trainer_state;
+  nlohmann::json hf_config;
+};
+
+// Writes step_<step> under <run_dir>/checkpoints and prunes to keep_last; returns its path.
+std::string save_checkpoint(const std::string& run_dir, int64_t step,
+                            const CheckpointContents& contents, int64_t keep_last);
+
+// Complete checkpoints of a run, oldest first (temporary directories of interrupted saves are
+// ignored).
+std::vector<std::string> list_checkpoints(const std::string& run_dir);
+
+// The newest checkpoint whose files are all present and parse; nullopt when there is none.
+std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir);
+
+// Loads a checkpoint directory into params (and optimizer, if given) after checking that its model
+// configuration equals `expected`; returns the trainer state.
+nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
+                               const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer);
+
+// Removes temporary directories left by saves that were interrupted (called at start-up).
+void remove_interrupted_saves(const std::string& run_dir);
+
+}  // namespace moecore

@@ -1,0 +1,38 @@
+// Decides whether an optimizer step may be applied (OLMo-core's skip-step idea): a step whose loss
+// or gradient norm is NaN/Inf is always skipped; once `min_window` healthy steps are known, a step
+// whose loss or gradient norm exceeds the rolling mean of the last `window` healthy steps by more
+// than `sigma` standard deviations is a spike and is skipped too. Skipped steps never enter the
+// window, so one spike cannot widen the band for the next. The weights never take a skipped update.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace moecore {
+
+struct StepGuardConfig {
+  double sigma = 6.0;  // <= 0: only non-finite steps are skipped
+  int64_t window = 128;
+  int64_t min_window = 20;
+};
+
+class StepGuard {
+ public:
+  explicit StepGuard(const StepGuardConfig& config) : config_(config) {}
+
+  // Returns an empty string when the step is healthy (and records it), otherwise the reason.
+  std::string check(double loss, double grad_norm);
+
+  int64_t skipped() const { return skipped_; }
+  nlohmann::json to_json() const;
+  void from_json(const nlohmann::json& state);
+
+ private:
+  StepGuardConfig config_;
+  std::deque<double> losses_, grad_norms_;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace moecore
