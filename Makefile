@@ -26,11 +26,22 @@ build-asan: setup-system
 	@cmake --preset asan-ubsan > /dev/null
 	@cmake --build --preset asan-ubsan -j $(JOBS)
 
+# The default corpus: KJV text -> byte-level BPE (4096 tokens) -> OLMo-core .npy token files.
+KJV := data/kjv
 data/kjv.txt: | setup-system
 	@scripts/prepare_kjv.sh $@
 
-train: build data/kjv.txt
-	build/bin/moecore train configs/default.toml $(ARGS)
+$(KJV)/tokenizer.json: data/kjv.txt | build
+	@mkdir -p $(KJV)
+	build/bin/moecore tokenizer train --input data/kjv.txt --vocab-size 4096 --out $@
+
+$(KJV)/tokens/meta.json: $(KJV)/tokenizer.json data/kjv.txt | build
+	build/bin/moecore prepare --tokenizer $(KJV)/tokenizer.json --input data/kjv.txt \
+	  --out $(KJV)/tokens --val-fraction 0.02 --overwrite
+
+# Resumes runs/default when it holds checkpoints (delete it to start over).
+train: build $(KJV)/tokens/meta.json
+	build/bin/moecore train configs/default.toml --resume $(ARGS)
 
 test-cpp: build
 	ctest --preset release -j $(JOBS)

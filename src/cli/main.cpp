@@ -8,6 +8,7 @@
 #include <new>
 
 #include "cli/debug_commands.h"
+#include "cli/job_commands.h"
 #include "core/check.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -16,8 +17,7 @@ int main(int argc, char** argv) {
   CLI::App app{"moecore: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
 
-  std::string config_path, out_path;
-  std::string seed_text = "0";
+  std::string config_path, out_path, seed_text = "0";
   CLI::App* init = app.add_subcommand("init", "write initialised weights (safetensors, HF names)");
   init->add_option("--config", config_path, "config TOML")->required();
   init->add_option("--seed", seed_text, "initialisation seed (0 .. 2^64-1)");
@@ -42,18 +42,65 @@ int main(int argc, char** argv) {
 
   std::string train_config;
   std::vector<std::string> overrides;
+  moecore::TrainOptions train_options;
   CLI::App* train = app.add_subcommand("train", "train a model from a config");
   train->add_option("config", train_config, "config TOML")->required();
   train->add_option("--set", overrides, "override, e.g. --set train.max_steps=50");
+  train->add_flag("--resume", train_options.resume,
+                  "continue from the newest valid checkpoint in train.out_dir");
 
-  // Every command-line error is one line on stderr; help and version output stay CLI11's.
+  CLI::App* tokenizer = app.add_subcommand("tokenizer", "train or apply a byte-level BPE");
+  tokenizer->require_subcommand(1);
+  std::vector<std::string> inputs;
+  int64_t vocab_size = 0;
+  std::string tokenizer_path, input_path;
+  CLI::App* tok_train = tokenizer->add_subcommand("train", "train a byte-level BPE tokenizer");
+  tok_train->add_option("--input", inputs, "text files")->required();
+  tok_train->add_option("--vocab-size", vocab_size, "vocabulary size")->required();
+  tok_train->add_option("--out", out_path, "output tokenizer.json")->required();
+  CLI::App* tok_encode = tokenizer->add_subcommand("encode", "encode a text file to uint32 .npy");
+  tok_encode->add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
+  tok_encode->add_option("--input", input_path, "text file")->required();
+  tok_encode->add_option("--out", out_path, "output .npy")->required();
+
+  double val_fraction = 0.02;
+  bool overwrite = false;
+  CLI::App* prepare =
+      app.add_subcommand("prepare", "tokenise text into OLMo-core .npy token files");
+  prepare->add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
+  prepare->add_option("--input", inputs, "text files (one document per line)")->required();
+  prepare->add_option("--out", out_path, "output directory")->required();
+  prepare->add_option("--val-fraction", val_fraction, "fraction of documents for validation");
+  prepare->add_flag("--overwrite", overwrite, "replace an existing prepared directory");
+
+  std::string checkpoint;
+  std::vector<std::string> data_paths;
+  int64_t max_instances = 0;
+  CLI::App* eval = app.add_subcommand("eval", "loss and perplexity of a checkpoint on token data");
+  eval->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
+  eval->add_option("--data", data_paths, ".npy token files or directories")->required();
+  eval->add_option("--max-instances", max_instances, "evaluate at most this many (0 = all)");
+
+  moecore::cli::GenerateArgs gen;
+  std::string gen_seed = "0";
+  CLI::App* generate = app.add_subcommand("generate", "sample text from a checkpoint");
+  generate->add_option("--checkpoint", gen.checkpoint, "checkpoint directory")->required();
+  generate->add_option("--prompt", gen.prompt, "prompt text")->required();
+  generate->add_option("--tokenizer", gen.tokenizer, "tokenizer.json (default: the checkpoint's)");
+  generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate");
+  generate->add_option("--temperature", gen.temperature, "0 = greedy");
+  generate->add_option("--top-k", gen.top_k, "0 = off");
+  generate->add_option("--top-p", gen.top_p, "1 = off");
+  generate->add_option("--seed", gen_seed, "sampling seed");
+
+  // Every command-line error is one line on stderr; help output stays CLI11's.
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
     if (!known) {
       fmt::print(stderr,
-                 "moecore: error: unknown command '{}' (expected init, debug-state, "
-                 "debug-steps, train)\n",
+                 "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
+                 "train, tokenizer, prepare, eval, generate)\n",
                  argv[1]);
       return 2;
     }
@@ -64,28 +111,38 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "moecore: error: {}\n", e.what());
     return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
   }
 
   try {
+    namespace cli = moecore::cli;
     if (init->parsed()) {
-      moecore::cli::run_init(config_path, moecore::cli::parse_seed(seed_text), out_path);
+      cli::run_init(config_path, cli::parse_seed(seed_text), out_path);
     } else if (debug_state->parsed()) {
-      moecore::cli::run_debug_state(debug);
+      cli::run_debug_state(debug);
     } else if (debug_steps->parsed()) {
-      moecore::cli::run_debug_steps(debug);
+      cli::run_debug_steps(debug);
     } else if (train->parsed()) {
-      moecore::train(moecore::load_run_config(train_config, overrides));
+      moecore::train(moecore::load_run_config(train_config, overrides), train_options);
+    } else if (tok_train->parsed()) {
+      cli::run_tokenizer_train(inputs, vocab_size, out_path);
+    } else if (tok_encode->parsed()) {
+      cli::run_tokenizer_encode(tokenizer_path, input_path, out_path);
+    } else if (prepare->parsed()) {
+      cli::run_prepare(tokenizer_path, inputs, out_path, val_fraction, overwrite);
+    } else if (eval->parsed()) {
+      cli::run_eval(checkpoint, data_paths, max_instances);
+    } else if (generate->parsed()) {
+      gen.seed = cli::parse_seed(gen_seed);
+      cli::run_generate(gen);
     }
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
     fmt::print(stderr,
-               "moecore: error: out of memory (the configured model or batch is too large "
-               "for this machine)\n");
+               "moecore: error: out of memory (the configured model or batch is too large for "
+               "this machine)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

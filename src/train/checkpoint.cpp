@@ -98,6 +98,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
       save_optimizer(temp_dir + "/optim.safetensors", *c.layout, *c.optimizer);
     write_text(temp_dir + "/config.json", c.hf_config.dump(2) + "\n");
     write_text(temp_dir + "/config.toml", run_config_to_toml(*c.config));
+    if (!c.tokenizer_json.empty()) write_text(temp_dir + "/tokenizer.json", c.tokenizer_json);
     // Written last: its presence marks a complete checkpoint even before the rename.
     write_text(temp_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n");
     fsync_directory(temp_dir);

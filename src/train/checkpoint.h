@@ -4,6 +4,7 @@
 //   optim.safetensors  AdamW moments exp_avg.<name>, exp_avg_sq.<name> (+ step count in metadata)
 //   trainer_state.json step, tokens seen, data cursor, seed, step-guard window, schedule position
 //   config.toml        the effective run configuration
+//   tokenizer.json     the run's tokenizer, when it has one (so the directory is self-contained)
 // A save is written into a temporary sibling directory, every file fsynced, the directory renamed
 // into place and its parent fsynced: a crash at any moment leaves either the previous set of
 // checkpoints or the previous set plus the complete new one. Older saves beyond keep_last are
@@ -30,6 +31,7 @@ struct CheckpointContents {
   AdamW* optimizer;  // nullptr: weights only
   nlohmann::json trainer_state;
   nlohmann::json hf_config;
+  std::string tokenizer_json;  // written as tokenizer.json when not empty
 };
 
 // Writes step_<step> under <run_dir>/checkpoints and prunes to keep_last; returns its path.

@@ -36,6 +36,22 @@ class TableReader {
       MOE_CHECK(value.has_value() && (node->is_floating_point() || node->is_integer()),
                 "[config] {}: {}.{} must be a number", source_, section_, key);
       field = *value;
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      // A list of strings; a single string is accepted as a list of one.
+      field.clear();
+      if (auto single = node->value_exact<std::string>()) {
+        field.push_back(*single);
+        return;
+      }
+      const toml::array* array = node->as_array();
+      MOE_CHECK(array != nullptr, "[config] {}: {}.{} must be a string or a list of strings",
+                source_, section_, key);
+      for (const toml::node& item : *array) {
+        auto text = item.value_exact<std::string>();
+        MOE_CHECK(text.has_value(), "[config] {}: {}.{} must be a list of strings", source_,
+                  section_, key);
+        field.push_back(*text);
+      }
     } else {
       auto value = node->value_exact<std::string>();
       MOE_CHECK(value.has_value(), "[config] {}: {}.{} must be a string", source_, section_, key);
@@ -122,18 +138,29 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("seed", t.seed);
   r.read("max_steps", t.max_steps);
   r.read("batch_size", t.batch_size);
+  r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
   r.read("threads", t.threads);
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
   r.read("eval_batches", t.eval_batches);
+  r.read("save_every", t.save_every);
+  r.read("keep_last", t.keep_last);
   r.read("max_seconds", t.max_seconds);
+  r.read("skip_sigma", t.skip_sigma);
+  r.read("skip_window", t.skip_window);
+  r.read("skip_min_window", t.skip_min_window);
+  r.read("gerrymander_window", t.gerrymander_window);
+  r.read("gerrymander_threshold", t.gerrymander_threshold);
+  r.read("sample_prompt", t.sample_prompt);
+  r.read("sample_tokens", t.sample_tokens);
   r.read("out_dir", t.out_dir);
 }
 
 void read_data(TableReader& r, DataConfig& d) {
-  r.read("corpus", d.corpus);
-  r.read("val_fraction", d.val_fraction);
+  r.read("train", d.train);
+  r.read("val", d.val);
+  r.read("tokenizer", d.tokenizer);
 }
 
 // "section.key=value": the value is parsed as a TOML value; bare words become strings.
@@ -215,6 +242,19 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.eval_every == 0 || t.eval_batches > 0,
             "[config] train.eval_batches={} must be positive when train.eval_every={} evaluates",
             t.eval_batches, t.eval_every);
+  MOE_CHECK(t.microbatches > 0 && t.batch_size % t.microbatches == 0,
+            "[config] train.microbatches={} must be positive and divide train.batch_size={}",
+            t.microbatches, t.batch_size);
+  MOE_CHECK(t.save_every >= 0, "[config] train.save_every={} must be >= 0", t.save_every);
+  MOE_CHECK(t.keep_last >= 0, "[config] train.keep_last={} must be >= 0", t.keep_last);
+  MOE_CHECK(t.max_seconds >= 0.0, "[config] train.max_seconds={} must be >= 0", t.max_seconds);
+  MOE_CHECK(t.skip_window > 0 && t.skip_min_window >= 0,
+            "[config] train.skip_window={} must be positive and train.skip_min_window={} >= 0",
+            t.skip_window, t.skip_min_window);
+  MOE_CHECK(t.gerrymander_window >= 0 && t.gerrymander_threshold > 0.0,
+            "[config] train.gerrymander_window={} must be >= 0 and gerrymander_threshold={} > 0",
+            t.gerrymander_window, t.gerrymander_threshold);
+  MOE_CHECK(t.sample_tokens >= 0, "[config] train.sample_tokens={} must be >= 0", t.sample_tokens);
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   return config;
 }
@@ -279,14 +319,31 @@ std::string run_config_to_toml(const RunConfig& c) {
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"max_steps", t.max_steps},
                     {"batch_size", t.batch_size},
+                    {"microbatches", t.microbatches},
                     {"seq_len", t.seq_len},
                     {"threads", t.threads},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
                     {"eval_batches", t.eval_batches},
+                    {"save_every", t.save_every},
+                    {"keep_last", t.keep_last},
                     {"max_seconds", t.max_seconds},
+                    {"skip_sigma", t.skip_sigma},
+                    {"skip_window", t.skip_window},
+                    {"skip_min_window", t.skip_min_window},
+                    {"gerrymander_window", t.gerrymander_window},
+                    {"gerrymander_threshold", t.gerrymander_threshold},
+                    {"sample_prompt", t.sample_prompt},
+                    {"sample_tokens", t.sample_tokens},
                     {"out_dir", t.out_dir}};
-  toml::table data{{"corpus", c.data.corpus}, {"val_fraction", c.data.val_fraction}};
+  auto string_list = [](const std::vector<std::string>& items) {
+    toml::array array;
+    for (const std::string& item : items) array.push_back(item);
+    return array;
+  };
+  toml::table data{{"train", string_list(c.data.train)},
+                   {"val", string_list(c.data.val)},
+                   {"tokenizer", c.data.tokenizer}};
   toml::table doc{{"model", model}, {"optim", optim}, {"train", train}, {"data", data}};
   std::ostringstream out;
   out << doc << "\n";

@@ -13,21 +13,32 @@
 namespace moecore {
 
 struct TrainConfig {
-  uint64_t seed = 0;
+  uint64_t seed = 0;  // initialisation and data order
   int64_t max_steps = 1000;
-  int64_t batch_size = 8;  // sequences per optimizer step
+  int64_t batch_size = 8;    // sequences per optimizer step
+  int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
   int64_t threads = 0;  // 0: every core
   int64_t log_every = 10;
-  int64_t eval_every = 100;
+  int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;
-  double max_seconds = 0.0;  // 0: no wall-clock limit
+  int64_t save_every = 0;    // 0: only at the end
+  int64_t keep_last = 3;     // checkpoints kept (0: all)
+  double max_seconds = 0.0;  // 0: no wall-clock limit; else stop (and save) after this long
+  double skip_sigma = 6.0;   // spike threshold of the step guard (<= 0: only NaN/Inf skip)
+  int64_t skip_window = 128;
+  int64_t skip_min_window = 20;
+  int64_t gerrymander_window = 100;  // 0: detector off
+  double gerrymander_threshold = 0.05;
+  std::string sample_prompt = "";  // generated from at the end when data.tokenizer is set
+  int64_t sample_tokens = 48;
   std::string out_dir = "runs/default";
 };
 
 struct DataConfig {
-  std::string corpus = "kjv";  // "kjv": Debian's bible-kjv-text; otherwise a path to a text file
-  double val_fraction = 0.05;
+  std::vector<std::string> train;  // .npy token files or directories of them (OLMo-core format)
+  std::vector<std::string> val;
+  std::string tokenizer;  // tokenizer.json, for the sample printed at the end (optional)
 };
 
 struct RunConfig {

@@ -1,18 +1,27 @@
-// The training loop on a byte-level text corpus: sample a batch, forward, backward, clip, AdamW,
-// log; evaluate on the validation tail every eval_every steps; save the weights at the end.
+// The training job: data (OLMo-core token files), gradient accumulation, the step guard,
+// validation, metrics (stdout, metrics.jsonl, TensorBoard), MoE diagnostics with the gerrymandering
+// detector, atomic checkpoints with exact resume, and a generated sample at the end.
 #pragma once
+
+#include <cstdint>
 
 #include "train/run_config.h"
 
 namespace moecore {
 
+struct TrainOptions {
+  bool resume = false;  // continue from the newest valid checkpoint in train.out_dir
+};
+
 struct TrainSummary {
-  int64_t steps = 0;
+  int64_t start_step = 0;
+  int64_t steps = 0;  // optimizer steps completed (including resumed ones)
+  int64_t skipped_steps = 0;
   double first_loss = 0.0;
   double last_loss = 0.0;
   double val_loss = 0.0;
 };
 
-TrainSummary train(const RunConfig& config);
+TrainSummary train(const RunConfig& config, const TrainOptions& options);
 
 }  // namespace moecore

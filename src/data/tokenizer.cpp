@@ -1,0 +1,611 @@
+#include "data/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <deque>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "data/tokenizer_byte_level.h"
+#include "io/file_util.h"
+
+namespace moecore::data {
+namespace {
+
+using Json = nlohmann::json;
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+struct PairHash {
+  size_t operator()(uint64_t x) const {  // splitmix64 finaliser
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return static_cast<size_t>(x);
+  }
+};
+
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+struct MergeInfo {
+  int32_t rank;
+  int32_t new_id;
+};
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool special = false;
+};
+
+// One pre-tokenization step: split every piece (regex or literal, Isolated), optionally after
+// prepending a space (ByteLevel add_prefix_space).
+struct PreStep {
+  std::optional<RegexSplitter> regex;
+  std::string literal;
+  bool add_prefix_space = false;
+};
+
+// Replaces line breaks so that error messages stay on one line.
+std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+bool is_word_char(char32_t cp) {
+  // Rust's char::is_alphanumeric, approximated: ASCII letters/digits, and any non-ASCII letter-ish
+  // code point that is not whitespace.
+  if (cp < 0x80)
+    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
+  return cp != 0xFFFFFFFF && !is_unicode_whitespace(cp);
+}
+
+char32_t last_code_point(std::string_view text) {
+  if (text.empty()) return 0xFFFFFFFF;
+  size_t pos = text.size() - 1;
+  while (pos > 0 && (static_cast<uint8_t>(text[pos]) & 0xC0) == 0x80 && text.size() - pos < 4)
+    --pos;
+  char32_t cp = 0;
+  utf8_next(text, pos, cp);
+  return cp;
+}
+
+char32_t first_code_point(std::string_view text) {
+  if (text.empty()) return 0xFFFFFFFF;
+  char32_t cp = 0;
+  utf8_next(text, 0, cp);
+  return cp;
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string origin;
+  std::string json_text;
+  bool nfc = false;
+  std::vector<PreStep> steps;
+  StringMap<int32_t> vocab;
+  std::vector<std::string> id_token;  // vocab/added string per id; empty where no token has it
+  std::vector<std::string> id_bytes;  // what decode emits per id
+  std::vector<bool> id_present;
+  std::array<int32_t, 256> byte_id{};
+  std::unordered_map<uint64_t, MergeInfo, PairHash> merges;
+  std::optional<int32_t> unk_id;
+  bool fuse_unk = false;
+  bool ignore_merges = false;
+  std::vector<AddedToken> added;
+  std::array<std::vector<int32_t>, 256> added_by_first_byte;  // indices into added, longest first
+  StringMap<int32_t> added_ids;
+  std::optional<int32_t> eos;
+  int64_t size = 0;
+
+  void bpe_word(std::string_view bytes, std::vector<int32_t>& out) const;
+  void encode_segment(std::string_view segment, std::vector<int32_t>& ids,
+                      StringMap<std::pair<uint32_t, uint32_t>>& cache,
+                      std::vector<int32_t>& pool) const;
+};
+
+namespace {
+
+// tokenizers' Word::merge_all: a min-heap of (rank, position) over adjacent pairs; stale entries
+// are skipped when the pair at that position no longer yields the same new id.
+struct Symbol {
+  int32_t id;
+  int32_t prev;
+  int32_t next;
+  int32_t len;
+};
+struct HeapEntry {
+  int32_t rank;
+  int32_t pos;
+  int32_t new_id;
+  bool operator>(const HeapEntry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+};
+
+}  // namespace
+
+void Tokenizer::Impl::bpe_word(std::string_view bytes, std::vector<int32_t>& out) const {
+  if (bytes.empty()) return;
+  if (ignore_merges) {
+    auto it = vocab.find(byte_level_map(bytes));
+    if (it != vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  std::vector<Symbol> symbols;
+  symbols.reserve(bytes.size());
+  auto add = [&](int32_t id, int32_t len) {
+    const auto n = static_cast<int32_t>(symbols.size());
+    if (n > 0) symbols.back().next = n;
+    symbols.push_back({id, n - 1, -1, len});
+  };
+  // A run of bytes without a byte token becomes unk (fused into one when fuse_unk).
+  // pending_unk_len == 0: no pending unk. (Plain ints: GCC 12 -O3 misreports std::optional here.)
+  int32_t pending_unk_len = 0;
+  const int32_t unk = unk_id ? *unk_id : -1;
+  for (char c : bytes) {
+    const int32_t id = byte_id[static_cast<uint8_t>(c)];
+    if (id >= 0) {
+      if (pending_unk_len > 0) add(unk, pending_unk_len);
+      pending_unk_len = 0;
+      add(id, 1);
+    } else if (unk >= 0) {
+      if (pending_unk_len > 0 && fuse_unk) {
+        pending_unk_len += 1;
+      } else {
+        if (pending_unk_len > 0) add(unk, pending_unk_len);
+        pending_unk_len = 1;
+      }
+    }
+  }
+  if (pending_unk_len > 0) add(unk, pending_unk_len);
+
+  std::vector<HeapEntry> heap;
+  const auto lookup = [&](int32_t a, int32_t b) -> const MergeInfo* {
+    auto it = merges.find(pair_key(a, b));
+    return it == merges.end() ? nullptr : &it->second;
+  };
+  const auto push = [&](HeapEntry e) {
+    heap.push_back(e);
+    std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+  };
+  for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+    if (const MergeInfo* m = lookup(symbols[i].id, symbols[i + 1].id)) {
+      push({m->rank, static_cast<int32_t>(i), m->new_id});
+    }
+  }
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+    const HeapEntry top = heap.back();
+    heap.pop_back();
+    Symbol& cur = symbols[static_cast<size_t>(top.pos)];
+    if (cur.len == 0 || cur.next == -1) continue;
+    const int32_t right_pos = cur.next;
+    const Symbol right = symbols[static_cast<size_t>(right_pos)];
+    const MergeInfo* m = lookup(cur.id, right.id);
+    if (m == nullptr || m->new_id != top.new_id) continue;
+    cur.id = top.new_id;
+    cur.len += right.len;
+    cur.next = right.next;
+    symbols[static_cast<size_t>(right_pos)].len = 0;
+    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = top.pos;
+    if (cur.prev >= 0) {
+      if (const MergeInfo* pm = lookup(symbols[static_cast<size_t>(cur.prev)].id, cur.id)) {
+        push({pm->rank, cur.prev, pm->new_id});
+      }
+    }
+    if (cur.next >= 0) {
+      if (const MergeInfo* nm = lookup(cur.id, symbols[static_cast<size_t>(cur.next)].id)) {
+        push({nm->rank, top.pos, nm->new_id});
+      }
+    }
+  }
+  for (const Symbol& s : symbols) {
+    if (s.len != 0) out.push_back(s.id);
+  }
+}
+
+void Tokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32_t>& ids,
+                                     StringMap<std::pair<uint32_t, uint32_t>>& cache,
+                                     std::vector<int32_t>& pool) const {
+  if (segment.empty()) return;
+  if (nfc) {
+    const bool ascii = std::all_of(segment.begin(), segment.end(),
+                                   [](char c) { return static_cast<uint8_t>(c) < 0x80; });
+    MOE_CHECK(ascii, "[tokenizer] {}: the NFC normalizer is only supported for ASCII text", origin);
+  }
+  std::deque<std::string> owned;  // pieces with a prepended space
+  std::vector<std::string_view> pieces{segment};
+  std::vector<std::string_view> next;
+  for (const PreStep& step : steps) {
+    next.clear();
+    for (std::string_view piece : pieces) {
+      if (step.add_prefix_space && (piece.empty() || piece.front() != ' ')) {
+        // Built by append: GCC 12 -O3 misreports `" " + std::string(piece)` under -Wrestrict.
+        std::string prefixed(1, ' ');
+        prefixed.append(piece);
+        owned.push_back(std::move(prefixed));
+        piece = owned.back();
+      }
+      if (step.regex) {
+        step.regex->split(piece, next);
+      } else if (!step.literal.empty()) {
+        size_t from = 0;
+        for (size_t at = piece.find(step.literal); at != std::string_view::npos;
+             at = piece.find(step.literal, from)) {
+          if (at > from) next.push_back(piece.substr(from, at - from));
+          next.push_back(piece.substr(at, step.literal.size()));
+          from = at + step.literal.size();
+        }
+        if (from < piece.size()) next.push_back(piece.substr(from));
+      } else if (!piece.empty()) {
+        next.push_back(piece);
+      }
+    }
+    pieces.swap(next);
+  }
+  for (std::string_view word : pieces) {
+    auto it = cache.find(word);
+    if (it == cache.end()) {
+      const auto offset = static_cast<uint32_t>(pool.size());
+      bpe_word(word, pool);
+      it = cache
+               .emplace(std::string(word),
+                        std::make_pair(offset, static_cast<uint32_t>(pool.size() - offset)))
+               .first;
+    }
+    const auto [offset, len] = it->second;
+    ids.insert(ids.end(), pool.begin() + offset, pool.begin() + offset + len);
+  }
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  const io::MappedFile file = io::MappedFile::open(path, "[tokenizer]");
+  return from_json(std::string_view(reinterpret_cast<const char*>(file.data()), file.size()), path);
+}
+
+Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& origin) {
+  auto impl = std::make_shared<Impl>();
+  impl->origin = origin;
+  impl->json_text = std::string(json_text);
+  impl->byte_id.fill(-1);
+  const std::string& where = impl->origin;
+  Json doc;
+  try {
+    doc = Json::parse(json_text);
+  } catch (const Json::exception& e) {
+    fail("[tokenizer] {}: invalid JSON: {}", where, one_line(e.what()));
+  }
+  try {
+    MOE_CHECK(doc.is_object(), "[tokenizer] {}: top level is not a JSON object", where);
+    // Normalizer.
+    if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
+      const Json& n = doc["normalizer"];
+      const std::string type = n.value("type", std::string("?"));
+      if (type == "NFC") {
+        impl->nfc = true;
+      } else {
+        MOE_CHECK(type == "Sequence" && n.value("normalizers", Json::array()).empty(),
+                  "[tokenizer] {}: normalizer type '{}' is not supported", where, type);
+      }
+    }
+    // Pre-tokenizer.
+    MOE_CHECK(doc.contains("pre_tokenizer") && doc["pre_tokenizer"].is_object(),
+              "[tokenizer] {}: pre_tokenizer must be ByteLevel or a Sequence ending in ByteLevel",
+              where);
+    std::vector<Json> steps;
+    const Json& pre = doc["pre_tokenizer"];
+    if (pre.value("type", std::string()) == "Sequence") {
+      for (const Json& s : pre.at("pretokenizers")) steps.push_back(s);
+    } else {
+      steps.push_back(pre);
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Json& s = steps[i];
+      const std::string type = s.value("type", std::string("?"));
+      PreStep step;
+      if (type == "ByteLevel") {
+        MOE_CHECK(i + 1 == steps.size(),
+                  "[tokenizer] {}: ByteLevel must be the last pre-tokenizer step", where);
+        step.add_prefix_space = s.value("add_prefix_space", false);
+        if (s.value("use_regex", true)) step.regex.emplace(kGpt2SplitPattern, where);
+      } else if (type == "Split") {
+        MOE_CHECK(s.value("behavior", std::string()) == "Isolated" && !s.value("invert", false),
+                  "[tokenizer] {}: Split pre-tokenizer supports only behavior Isolated, invert "
+                  "false",
+                  where);
+        const Json& p = s.at("pattern");
+        if (p.contains("Regex")) {
+          step.regex.emplace(p["Regex"].get<std::string>(), where);
+        } else {
+          step.literal = p.at("String").get<std::string>();
+        }
+      } else {
+        fail("[tokenizer] {}: pre_tokenizer type '{}' is not supported", where, type);
+      }
+      impl->steps.push_back(std::move(step));
+    }
+    MOE_CHECK(!steps.empty() && steps.back().value("type", std::string()) == "ByteLevel",
+              "[tokenizer] {}: pre_tokenizer must end in ByteLevel (byte-level BPE only)", where);
+
+    // Model.
+    MOE_CHECK(doc.contains("model") && doc["model"].is_object(),
+              "[tokenizer] {}: missing 'model' object", where);
+    const Json& model = doc["model"];
+    const std::string model_type = model.value("type", std::string("BPE"));
+    MOE_CHECK(model_type == "BPE", "[tokenizer] {}: model type '{}' is not BPE", where, model_type);
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      MOE_CHECK(!model.contains(key) || model[key].is_null() || model[key] == "",
+                "[tokenizer] {}: model.{} is not supported", where, key);
+    }
+    MOE_CHECK(!model.value("byte_fallback", false),
+              "[tokenizer] {}: model.byte_fallback is not supported", where);
+    MOE_CHECK(!model.contains("dropout") || model["dropout"].is_null() ||
+                  model["dropout"].get<double>() == 0.0,
+              "[tokenizer] {}: model.dropout is not supported", where);
+    impl->fuse_unk = model.value("fuse_unk", false);
+    impl->ignore_merges = model.value("ignore_merges", false);
+    MOE_CHECK(model.contains("vocab") && model["vocab"].is_object(),
+              "[tokenizer] {}: model.vocab must be an object of token -> id", where);
+    for (const auto& [token, value] : model["vocab"].items()) {
+      MOE_CHECK(value.is_number_integer(), "[tokenizer] {}: vocab entry '{}' has a non-integer id",
+                where, token);
+      const int64_t id = value.get<int64_t>();
+      MOE_CHECK(id >= 0 && id < std::numeric_limits<int32_t>::max(),
+                "[tokenizer] {}: vocab entry '{}' has id {} out of range", where, token, id);
+      impl->vocab[token] = static_cast<int32_t>(id);
+    }
+    if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+      const std::string unk = model["unk_token"].get<std::string>();
+      auto it = impl->vocab.find(unk);
+      MOE_CHECK(it != impl->vocab.end(), "[tokenizer] {}: unk_token '{}' is not in the vocab",
+                where, unk);
+      impl->unk_id = it->second;
+    }
+    const auto& chars = byte_level_chars();
+    for (size_t b = 0; b < 256; ++b) {
+      auto it = impl->vocab.find(chars[b]);
+      if (it != impl->vocab.end()) impl->byte_id[b] = it->second;
+    }
+    MOE_CHECK(model.contains("merges") && model["merges"].is_array(),
+              "[tokenizer] {}: model.merges must be a list", where);
+    const Json& merges = model["merges"];
+    impl->merges.reserve(merges.size());
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const Json& m = merges[rank];
+      std::string a;
+      std::string b;
+      if (m.is_string()) {
+        const std::string line = m.get<std::string>();
+        const size_t space = line.find(' ');
+        MOE_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos,
+                  "[tokenizer] {}: merge {} '{}' is not two tokens separated by one space", where,
+                  rank, line);
+        a = line.substr(0, space);
+        b = line.substr(space + 1);
+      } else {
+        MOE_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
+                  "[tokenizer] {}: merge {} is neither \"a b\" nor [a, b]", where, rank);
+        a = m[0].get<std::string>();
+        b = m[1].get<std::string>();
+      }
+      const auto find = [&](const std::string& token) {
+        auto it = impl->vocab.find(token);
+        MOE_CHECK(it != impl->vocab.end(), "[tokenizer] {}: merge {} uses '{}', not in the vocab",
+                  where, rank, token);
+        return it->second;
+      };
+      const int32_t id_a = find(a);
+      const int32_t id_b = find(b);
+      const int32_t id_new = find(a + b);
+      // Later duplicates win, as in tokenizers' HashMap collect.
+      impl->merges[pair_key(id_a, id_b)] = {static_cast<int32_t>(rank), id_new};
+    }
+
+    // Added tokens.
+    if (doc.contains("added_tokens") && !doc["added_tokens"].is_null()) {
+      MOE_CHECK(doc["added_tokens"].is_array(), "[tokenizer] {}: added_tokens must be a list",
+                where);
+      for (const Json& t : doc["added_tokens"]) {
+        AddedToken tok;
+        MOE_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() &&
+                      t.contains("content") && t["content"].is_string(),
+                  "[tokenizer] {}: added token without integer id and string content", where);
+        const int64_t id = t["id"].get<int64_t>();
+        tok.content = t["content"].get<std::string>();
+        MOE_CHECK(id >= 0 && id < std::numeric_limits<int32_t>::max() && !tok.content.empty(),
+                  "[tokenizer] {}: added token '{}' has id {} out of range or empty content", where,
+                  tok.content, id);
+        tok.id = static_cast<int32_t>(id);
+        tok.single_word = t.value("single_word", false);
+        tok.lstrip = t.value("lstrip", false);
+        tok.rstrip = t.value("rstrip", false);
+        tok.special = t.value("special", false);
+        impl->added_ids[tok.content] = tok.id;
+        impl->added.push_back(std::move(tok));
+      }
+    }
+  } catch (const Json::exception& e) {
+    fail("[tokenizer] {}: malformed tokenizer.json: {}", where, one_line(e.what()));
+  }
+  for (size_t i = 0; i < impl->added.size(); ++i) {
+    const auto first = static_cast<uint8_t>(impl->added[i].content[0]);
+    impl->added_by_first_byte[first].push_back(static_cast<int32_t>(i));
+  }
+  for (auto& list : impl->added_by_first_byte) {
+    std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) {
+      return impl->added[static_cast<size_t>(x)].content.size() >
+             impl->added[static_cast<size_t>(y)].content.size();
+    });
+  }
+
+  // Id tables.
+  int64_t max_id = -1;
+  for (const auto& [token, id] : impl->vocab) max_id = std::max<int64_t>(max_id, id);
+  for (const AddedToken& t : impl->added) max_id = std::max<int64_t>(max_id, t.id);
+  impl->size = max_id + 1;
+  const auto n = static_cast<size_t>(impl->size);
+  impl->id_token.assign(n, std::string());
+  impl->id_present.assign(n, false);
+  for (const auto& [token, id] : impl->vocab) {
+    impl->id_token[static_cast<size_t>(id)] = token;
+    impl->id_present[static_cast<size_t>(id)] = true;
+  }
+  for (const AddedToken& t : impl->added) {
+    impl->id_token[static_cast<size_t>(t.id)] = t.content;
+    impl->id_present[static_cast<size_t>(t.id)] = true;
+  }
+  // ByteLevel decoder, per token: the bytes its characters stand for, or its own UTF-8 text when
+  // some character is not a byte-level character (e.g. a special token containing a space).
+  impl->id_bytes.assign(n, std::string());
+  for (size_t id = 0; id < n; ++id) {
+    const std::string& token = impl->id_token[id];
+    std::string bytes;
+    bool all_mapped = true;
+    for (size_t pos = 0; pos < token.size() && all_mapped;) {
+      char32_t cp = 0;
+      pos += utf8_next(token, pos, cp);
+      const int b = byte_level_byte(cp);
+      if (b < 0) {
+        all_mapped = false;
+      } else {
+        bytes += static_cast<char>(b);
+      }
+    }
+    impl->id_bytes[id] = all_mapped ? bytes : token;
+  }
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>"}) {
+    if (impl->eos) break;
+    for (const AddedToken& t : impl->added) {
+      if (t.special && t.content == name) {
+        impl->eos = t.id;
+        break;
+      }
+    }
+  }
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  const Impl& im = *impl_;
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 16);
+  StringMap<std::pair<uint32_t, uint32_t>> cache;
+  std::vector<int32_t> pool;
+  // Added tokens first: leftmost-longest matches, the text between them goes to the model.
+  size_t segment_start = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const auto& candidates = im.added_by_first_byte[static_cast<uint8_t>(text[pos])];
+    const AddedToken* found = nullptr;
+    for (int32_t index : candidates) {
+      const AddedToken& t = im.added[static_cast<size_t>(index)];
+      if (text.substr(pos, t.content.size()) != t.content) continue;
+      if (t.single_word &&
+          (is_word_char(last_code_point(text.substr(segment_start, pos - segment_start))) ||
+           is_word_char(first_code_point(text.substr(pos + t.content.size()))))) {
+        continue;
+      }
+      found = &t;
+      break;
+    }
+    if (found == nullptr) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos;
+    size_t end = pos + found->content.size();
+    if (found->lstrip) {
+      while (start > segment_start) {
+        size_t back = start - 1;
+        while (back > segment_start && (static_cast<uint8_t>(text[back]) & 0xC0) == 0x80) --back;
+        char32_t cp = 0;
+        utf8_next(text, back, cp);
+        if (!is_unicode_whitespace(cp)) break;
+        start = back;
+      }
+    }
+    if (found->rstrip) {
+      while (end < text.size()) {
+        char32_t cp = 0;
+        const size_t len = utf8_next(text, end, cp);
+        if (!is_unicode_whitespace(cp)) break;
+        end += len;
+      }
+    }
+    im.encode_segment(text.substr(segment_start, start - segment_start), ids, cache, pool);
+    ids.push_back(found->id);
+    segment_start = pos = end;
+  }
+  im.encode_segment(text.substr(segment_start), ids, cache, pool);
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  const Impl& im = *impl_;
+  std::string out;
+  for (int32_t id : ids) {
+    MOE_CHECK(id >= 0 && id < im.size && im.id_present[static_cast<size_t>(id)],
+              "[tokenizer] decode: id {} is not in the vocabulary of {} ids", id, im.size);
+    out += im.id_bytes[static_cast<size_t>(id)];
+  }
+  return out;
+}
+
+int64_t Tokenizer::vocab_size() const {
+  return impl_->size;
+}
+
+std::optional<int32_t> Tokenizer::token_id(const std::string& token) const {
+  if (auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
+  if (auto it = impl_->vocab.find(token); it != impl_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || id >= impl_->size || !impl_->id_present[static_cast<size_t>(id)]) {
+    return std::nullopt;
+  }
+  return impl_->id_token[static_cast<size_t>(id)];
+}
+
+int32_t Tokenizer::eos_id() const {
+  MOE_CHECK(impl_->eos.has_value(),
+            "[tokenizer] {}: no EOS token (none of <|endoftext|>, <|end_of_text|>, </s>, <eos>, "
+            "<|eos|> is a special added token)",
+            impl_->origin);
+  return *impl_->eos;
+}
+
+std::string Tokenizer::to_json() const {
+  return impl_->json_text;
+}
+
+void Tokenizer::save(const std::string& path) const {
+  const std::string& text = impl_->json_text;
+  const std::span<const std::byte> chunk(reinterpret_cast<const std::byte*>(text.data()),
+                                         text.size());
+  io::write_file_atomic(path, std::span<const std::span<const std::byte>>(&chunk, 1),
+                        "[tokenizer]");
+}
+
+}  // namespace moecore::data

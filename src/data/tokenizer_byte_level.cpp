@@ -1,0 +1,227 @@
+#include "data/tokenizer_byte_level.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "core/check.h"
+
+namespace moecore::data {
+namespace {
+
+struct ByteTables {
+  std::array<char32_t, 256> code_point{};
+  std::array<std::string, 256> text;
+};
+
+std::string utf8_encode(char32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+const ByteTables& tables() {
+  static const ByteTables t = [] {
+    ByteTables r;
+    // Printable Latin-1 bytes stand for themselves; the rest map to 256, 257, ... in byte order.
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      r.code_point[static_cast<size_t>(b)] = printable(b) ? static_cast<char32_t>(b) : next++;
+      r.text[static_cast<size_t>(b)] = utf8_encode(r.code_point[static_cast<size_t>(b)]);
+    }
+    return r;
+  }();
+  return t;
+}
+
+// White_Space as the body of a character class (PCRE2 syntax).
+constexpr std::string_view kWhiteSpaceClassBody = R"(\x{09}-\x{0D}\x{20}\x{85}\p{Z})";
+
+std::string pcre2_error_text(int code) {
+  PCRE2_UCHAR buffer[256];
+  pcre2_get_error_message(code, buffer, sizeof(buffer));
+  return std::string(reinterpret_cast<const char*>(buffer));
+}
+
+}  // namespace
+
+const std::array<std::string, 256>& byte_level_chars() {
+  return tables().text;
+}
+
+char32_t byte_level_code_point(uint8_t b) {
+  return tables().code_point[b];
+}
+
+int byte_level_byte(char32_t cp) {
+  if (cp >= '!' && cp <= '~') return static_cast<int>(cp);
+  if ((cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF)) return static_cast<int>(cp);
+  if (cp < 256 || cp >= 256 + 68) return -1;
+  static const std::array<int, 68> inverse = [] {
+    std::array<int, 68> r{};
+    for (int b = 0; b < 256; ++b) {
+      const char32_t c = tables().code_point[static_cast<size_t>(b)];
+      if (c >= 256) r[c - 256] = b;
+    }
+    return r;
+  }();
+  return inverse[cp - 256];
+}
+
+std::string byte_level_map(std::string_view bytes) {
+  const auto& text = tables().text;
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) out += text[static_cast<uint8_t>(c)];
+  return out;
+}
+
+size_t utf8_next(std::string_view text, size_t pos, char32_t& cp) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
+  const uint8_t b0 = byte(pos);
+  cp = 0xFFFFFFFF;
+  size_t len = 0;
+  char32_t value = 0;
+  char32_t min = 0;
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  } else if ((b0 & 0xE0) == 0xC0) {
+    len = 2, value = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    len = 3, value = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    len = 4, value = b0 & 0x07, min = 0x10000;
+  } else {
+    return 1;
+  }
+  if (pos + len > text.size()) return 1;
+  for (size_t i = 1; i < len; ++i) {
+    const uint8_t b = byte(pos + i);
+    if ((b & 0xC0) != 0x80) return 1;
+    value = (value << 6) | (b & 0x3F);
+  }
+  if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) return 1;
+  cp = value;
+  return len;
+}
+
+bool utf8_valid(std::string_view text) {
+  for (size_t pos = 0; pos < text.size();) {
+    char32_t cp = 0;
+    pos += utf8_next(text, pos, cp);
+    if (cp == 0xFFFFFFFF) return false;
+  }
+  return true;
+}
+
+bool is_unicode_whitespace(char32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
+std::string onig_to_pcre2_pattern(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 64);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      ++i;
+      if (e == 's') {
+        if (in_class) {
+          out += kWhiteSpaceClassBody;
+        } else {
+          out += '[';
+          out += kWhiteSpaceClassBody;
+          out += ']';
+        }
+      } else if (e == 'S' && !in_class) {
+        out += "[^";
+        out += kWhiteSpaceClassBody;
+        out += ']';
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+RegexSplitter::RegexSplitter(std::string_view pattern, const std::string& what) {
+  const std::string translated = onig_to_pcre2_pattern(pattern);
+  int error_code = 0;
+  PCRE2_SIZE error_offset = 0;
+  pcre2_code* code = pcre2_compile(
+      reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error_code, &error_offset, nullptr);
+  MOE_CHECK(code != nullptr, "[tokenizer] {}: cannot compile regex '{}' at offset {}: {}", what,
+            pattern, error_offset, pcre2_error_text(error_code));
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // Optional: matching falls back to the interpreter.
+  code_ =
+      std::shared_ptr<void>(code, [](void* p) { pcre2_code_free(static_cast<pcre2_code*>(p)); });
+}
+
+void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& out) const {
+  if (text.empty()) return;
+  auto* code = static_cast<const pcre2_code*>(code_.get());
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> match(
+      pcre2_match_data_create_from_pattern(code, nullptr), pcre2_match_data_free);
+  MOE_CHECK(match != nullptr, "[tokenizer] out of memory creating regex match data");
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t emitted = 0;  // end of the last piece
+  size_t offset = 0;   // where the next search starts
+  while (offset < text.size()) {
+    int rc = pcre2_match(code, subject, text.size(), offset, 0, match.get(), nullptr);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+      rc = pcre2_match(code, subject, text.size(), offset, PCRE2_NO_JIT, match.get(), nullptr);
+    }
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    MOE_CHECK(rc >= 0, "[tokenizer] regex match failed at byte {}: {}", offset,
+              pcre2_error_text(rc));
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
+    const size_t start = ovector[0];
+    const size_t end = ovector[1];
+    if (end == start) {  // Empty matches split nothing; step over one character.
+      char32_t cp = 0;
+      offset = start + utf8_next(text, start, cp);
+      continue;
+    }
+    if (start > emitted) out.push_back(text.substr(emitted, start - emitted));
+    out.push_back(text.substr(start, end - start));
+    emitted = offset = end;
+  }
+  if (emitted < text.size()) out.push_back(text.substr(emitted));
+}
+
+}  // namespace moecore::data

@@ -1,0 +1,51 @@
+// Byte-level pieces shared by the tokenizer and the BPE trainer: GPT-2's bytes_to_unicode table,
+// UTF-8 helpers, and a regex splitter (PCRE2) that behaves like Hugging Face tokenizers' Oniguruma
+// split with SplitDelimiterBehavior::Isolated.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moecore::data {
+
+// The GPT-2 / tokenizers ByteLevel pre-tokenization regex, as written in tokenizer.json files.
+inline constexpr std::string_view kGpt2SplitPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2 bytes_to_unicode: byte b -> the UTF-8 text of the printable code point that stands for it.
+const std::array<std::string, 256>& byte_level_chars();
+// The code point that stands for byte b.
+char32_t byte_level_code_point(uint8_t b);
+// Inverse of byte_level_code_point: the byte a code point stands for, or -1.
+int byte_level_byte(char32_t cp);
+// Every byte of `bytes` replaced by its byte-level character.
+std::string byte_level_map(std::string_view bytes);
+
+// Decodes one UTF-8 code point at text[pos]; returns its length in bytes (1 for an invalid byte,
+// which is then returned as cp = 0xFFFFFFFF).
+size_t utf8_next(std::string_view text, size_t pos, char32_t& cp);
+bool utf8_valid(std::string_view text);
+// Unicode White_Space (what Rust's char::is_whitespace and Oniguruma's \s accept).
+bool is_unicode_whitespace(char32_t cp);
+
+// Rewrites an Oniguruma pattern from tokenizer.json for PCRE2: \s and \S become the exact
+// White_Space class (PCRE2's \s under UCP leaves out U+0085). Other syntax is shared.
+std::string onig_to_pcre2_pattern(std::string_view pattern);
+
+// Splits text into the regex's matches and the gaps between them, in order, none empty
+// (tokenizers' Isolated behaviour). Thread-safe; copies share the compiled pattern.
+class RegexSplitter {
+ public:
+  // `pattern` in tokenizer.json (Oniguruma) syntax; `what` names the caller in errors.
+  RegexSplitter(std::string_view pattern, const std::string& what);
+  void split(std::string_view text, std::vector<std::string_view>& out) const;
+
+ private:
+  std::shared_ptr<void> code_;  // pcre2_code_8
+};
+
+}  // namespace moecore::data

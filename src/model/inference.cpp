@@ -1,0 +1,286 @@
+#include "model/inference.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/check.h"
+#include "model/embedding.h"
+#include "model/linear.h"
+#include "model/rmsnorm.h"
+#include "model/swiglu_mlp.h"
+
+namespace moecore {
+
+struct InferenceModel::LayerWeights {
+  const float* input_norm;
+  const float* q_proj;  // [nh*hd, d]
+  const float* k_proj;  // [nkv*hd, d]
+  const float* v_proj;  // [nkv*hd, d]
+  const float* o_proj;  // [d, nh*hd]
+  const float* q_norm;  // [nh*hd] (full), [hd] (per_head) or nullptr
+  const float* k_norm;
+  const float* post_norm;
+  const float* mlp_gate_up;  // dense layers: [2I, d] (gate_proj then up_proj)
+  const float* mlp_down;     // [d, I]
+  MoeWeights moe;            // MoE layers
+};
+
+namespace {
+
+// Rotates rows [n, heads, hd] of x in place; row i sits at position pos0 + i. The same rotate_half
+// form and expression order as rope_forward, which only knows position = index in the sequence.
+void rope_at(float* x, int64_t n, int64_t heads, int64_t hd, const RopeTable& table, int64_t pos0) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* cos_t = table.cos.data() + (pos0 + i) * half;
+    const float* sin_t = table.sin.data() + (pos0 + i) * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* lo = x + (i * heads + h) * hd;
+      float* hi = lo + half;
+      for (int64_t j = 0; j < half; ++j) {
+        const float c = cos_t[j], s = sin_t[j], x_lo = lo[j], x_hi = hi[j];
+        lo[j] = x_lo * c + (-x_hi) * s;
+        hi[j] = x_hi * c + x_lo * s;
+      }
+    }
+  }
+}
+
+// Runs the enclosing scope on `threads` OpenMP threads (the calling thread's nthreads ICV, which
+// the kernels and oneDNN read), restoring the previous value on exit, exceptions included.
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int threads) : previous_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ThreadLimit() { omp_set_num_threads(previous_); }
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int previous_;
+};
+
+// Below this many multiply-adds a forward call runs on one thread: a small model's decode step is
+// dominated by fork/join and barrier costs (which explode on a loaded machine), not arithmetic.
+constexpr int64_t kSerialMacs = int64_t{1} << 21;
+
+void add_in_place(float* x, const float* y, int64_t count) {
+#pragma omp simd
+  for (int64_t j = 0; j < count; ++j) x[j] += y[j];
+}
+
+}  // namespace
+
+InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& layout,
+                               const ParamBuffers& params, int64_t max_seq)
+    : config_(config), params_(params), moe_(config_) {
+  config_.validate();
+  const ModelConfig& c = config_;
+  MOE_CHECK(max_seq > 0, "[inference] max_seq={} must be positive", max_seq);
+  MOE_CHECK(params.dense.size() == layout.numel(ParamGroup::kDense) &&
+                params.expert.size() == layout.numel(ParamGroup::kExpert),
+            "[inference] parameter buffers ({} dense, {} expert floats) do not match the layout "
+            "({} dense, {} expert)",
+            params.dense.size(), params.expert.size(), layout.numel(ParamGroup::kDense),
+            layout.numel(ParamGroup::kExpert));
+  auto need = [&](const std::string& name) -> float* {
+    const ParamSpec* spec = layout.find(name);
+    MOE_CHECK(spec != nullptr, "[inference] parameter {} is missing from the layout", name);
+    // MoeWeights holds mutable pointers (it also binds gradients); inference only reads.
+    return const_cast<float*>(params.at(*spec));
+  };
+  embed_ = need("model.embed_tokens.weight");
+  final_norm_ = need("model.norm.weight");
+  lm_head_ = c.tie_word_embeddings ? embed_ : need("lm_head.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights w{};
+    w.input_norm = need(p + "input_layernorm.weight");
+    w.q_proj = need(p + "self_attn.q_proj.weight");
+    w.k_proj = need(p + "self_attn.k_proj.weight");
+    w.v_proj = need(p + "self_attn.v_proj.weight");
+    w.o_proj = need(p + "self_attn.o_proj.weight");
+    if (c.qk_norm != QkNorm::kNone) {
+      w.q_norm = need(p + "self_attn.q_norm.weight");
+      w.k_norm = need(p + "self_attn.k_norm.weight");
+    }
+    w.post_norm = need(p + "post_attention_layernorm.weight");
+    if (c.layer_is_dense(i)) {
+      w.mlp_gate_up = need(p + "mlp.gate_proj.weight");
+      w.mlp_down = need(p + "mlp.down_proj.weight");
+    } else {
+      w.moe = {need(p + "mlp.gate.weight"), need(p + "mlp.experts.0.gate_proj.weight"),
+               need(p + "mlp.experts.0.down_proj.weight"), nullptr, nullptr};
+      if (c.shared_expert_intermediate_size > 0) {
+        w.moe.shared_gate_up = need(p + "mlp.shared_expert.gate_proj.weight");
+        w.moe.shared_down = need(p + "mlp.shared_expert.down_proj.weight");
+      }
+    }
+    layers_.push_back(w);
+  }
+  // Multiply-adds per token of the projections, FFNs and LM head (attention over the cache aside).
+  const int64_t d = c.hidden_size;
+  const int64_t moe_width =
+      c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size;
+  macs_per_token_ = d * c.vocab_size + d * c.num_experts;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    macs_per_token_ += d * (2 * c.q_size() + 2 * c.kv_size()) +
+                       3 * d * (c.layer_is_dense(i) ? c.intermediate_size : moe_width);
+  rope_ = RopeTable::build(max_seq, c.head_size(), c.rope_theta);
+  cache_ = KvCache(c.num_hidden_layers, max_seq, c.kv_size());
+  logits_.assign(static_cast<size_t>(c.vocab_size), 0.0f);
+}
+
+InferenceModel::~InferenceModel() = default;
+
+void InferenceModel::reset() {
+  cache_.reset();
+}
+
+const std::vector<float>& InferenceModel::prefill(const std::vector<int32_t>& prompt) {
+  MOE_CHECK(!prompt.empty(), "[inference] prefill needs at least one prompt token");
+  return forward(prompt.data(), static_cast<int64_t>(prompt.size()));
+}
+
+const std::vector<float>& InferenceModel::decode_step(int32_t token) {
+  return forward(&token, 1);
+}
+
+void InferenceModel::resize_scratch(int64_t n) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
+  auto grow = [](std::vector<float>& v, int64_t count) {
+    if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
+  };
+  grow(x_, n * d);
+  grow(h_, n * d);
+  grow(branch_, n * d);
+  grow(rstd_, n);
+  grow(q_raw_, n * qs);
+  grow(k_raw_, n * kvs);
+  grow(q_, n * qs);
+  grow(k_, n * kvs);
+  grow(v_, n * kvs);
+  grow(qk_rstd_, n * std::max(c.num_attention_heads, c.num_key_value_heads));
+  grow(context_, n * qs);
+  if (c.first_k_dense_replace > 0) {
+    grow(mlp_gu_, n * 2 * c.intermediate_size);
+    grow(mlp_act_, n * c.intermediate_size);
+  }
+}
+
+// q_: [n, nh, hd] at positions [p0, p0 + n); keys/values of positions [0, p0 + n) are in the cache.
+// context_[i, h] = softmax_j(q_i,h . k_j,kvh / sqrt(hd)) v_j,kvh over j <= p0 + i, in fp32.
+void InferenceModel::attention(int64_t layer, int64_t n) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, hd = c.head_size();
+  const int64_t group = nh / c.num_key_value_heads, p0 = cache_.length();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const KvCache& cache = cache_;
+  // Threads only pay off for real work (long prefills); a decode step of a small model stays
+  // serial.
+  const bool parallel = n * nh * (p0 + n) * hd >= (int64_t{1} << 16);
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> scores(static_cast<size_t>(p0 + n));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < nh; ++h) {
+        const int64_t keys = p0 + i + 1, kv_off = (h / group) * hd;
+        const float* q = q_.data() + (i * nh + h) * hd;
+        float max_val = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < keys; ++j) {
+          const float* k = cache.k(layer, j) + kv_off;
+          float dot = 0.0f;
+          for (int64_t t = 0; t < hd; ++t) dot += q[t] * k[t];
+          scores[static_cast<size_t>(j)] = dot * scale;
+          max_val = std::max(max_val, scores[static_cast<size_t>(j)]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < keys; ++j) {
+          const float e = std::exp(scores[static_cast<size_t>(j)] - max_val);
+          scores[static_cast<size_t>(j)] = e;
+          sum += e;
+        }
+        const float inv_sum = 1.0f / sum;  // sum >= 1: the max term is exp(0)
+        float* out = context_.data() + (i * nh + h) * hd;
+        std::fill(out, out + hd, 0.0f);
+        for (int64_t j = 0; j < keys; ++j) {
+          const float p = scores[static_cast<size_t>(j)] * inv_sum;
+          const float* v = cache.v(layer, j) + kv_off;
+#pragma omp simd
+          for (int64_t t = 0; t < hd; ++t) out[t] += p * v[t];
+        }
+      }
+    }
+  }
+}
+
+const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t n) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, v = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_size();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // Validate everything before touching the cache, so a failed call changes nothing.
+  cache_.check_room(n);
+  for (int64_t i = 0; i < n; ++i)
+    MOE_CHECK(tokens[i] >= 0 && tokens[i] < v,
+              "[inference] token id {} at position {} is out of range for vocab_size={}", tokens[i],
+              cache_.length() + i, v);
+  resize_scratch(n);
+  const int64_t p0 = cache_.length();
+  const ThreadLimit limit(n * macs_per_token_ < kSerialMacs ? 1 : omp_get_max_threads());
+
+  embedding_forward(tokens, embed_, x_.data(), n, d);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+    // Attention branch: x += o_proj(attn(rope(qknorm(q)), rope(qknorm(k)), v)) of norm(x).
+    rmsnorm_forward(x_.data(), w.input_norm, h_.data(), rstd_.data(), n, d, eps);
+    if (c.qk_norm == QkNorm::kNone) {
+      linear_forward(h_.data(), w.q_proj, q_.data(), n, d, qs);
+      linear_forward(h_.data(), w.k_proj, k_.data(), n, d, kvs);
+    } else {
+      linear_forward(h_.data(), w.q_proj, q_raw_.data(), n, d, qs);
+      linear_forward(h_.data(), w.k_proj, k_raw_.data(), n, d, kvs);
+      const bool per_head = c.qk_norm == QkNorm::kPerHead;
+      rmsnorm_forward(q_raw_.data(), w.q_norm, q_.data(), qk_rstd_.data(), per_head ? n * nh : n,
+                      per_head ? hd : qs, eps);
+      rmsnorm_forward(k_raw_.data(), w.k_norm, k_.data(), qk_rstd_.data(), per_head ? n * nkv : n,
+                      per_head ? hd : kvs, eps);
+    }
+    linear_forward(h_.data(), w.v_proj, v_.data(), n, d, kvs);
+    rope_at(q_.data(), n, nh, hd, rope_, p0);
+    rope_at(k_.data(), n, nkv, hd, rope_, p0);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(k_.data() + i * kvs, kvs, cache_.k(layer, p0 + i));
+      std::copy_n(v_.data() + i * kvs, kvs, cache_.v(layer, p0 + i));
+    }
+    attention(layer, n);
+    linear_forward(context_.data(), w.o_proj, branch_.data(), n, qs, d);
+    add_in_place(x_.data(), branch_.data(), n * d);
+
+    // FFN branch: x += ffn(norm(x)).
+    rmsnorm_forward(x_.data(), w.post_norm, h_.data(), rstd_.data(), n, d, eps);
+    if (c.layer_is_dense(layer)) {
+      swiglu_mlp_forward({n, d, c.intermediate_size}, h_.data(), w.mlp_gate_up, w.mlp_down,
+                         mlp_gu_.data(), mlp_act_.data(), branch_.data());
+    } else {
+      moe_.forward(w.moe, h_.data(), n, branch_.data(), moe_cache_);
+    }
+    add_in_place(x_.data(), branch_.data(), n * d);
+  }
+  cache_.advance(n);
+
+  // Only the last position's logits are needed: final norm and LM head on one row.
+  const float* last = x_.data() + (n - 1) * d;
+  rmsnorm_forward(last, final_norm_, h_.data(), rstd_.data(), 1, d, eps);
+  linear_forward(h_.data(), lm_head_, logits_.data(), 1, d, v);
+  return logits_;
+}
+
+}  // namespace moecore

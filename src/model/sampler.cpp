@@ -1,0 +1,141 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/check.h"
+#include "model/inference.h"
+
+namespace moecore {
+
+namespace {
+
+void check_logits(const std::vector<float>& logits) {
+  MOE_CHECK(!logits.empty(), "[sampler] empty logits");
+  for (size_t i = 0; i < logits.size(); ++i)
+    MOE_CHECK(!std::isnan(logits[i]) && logits[i] != std::numeric_limits<float>::infinity(),
+              "[sampler] logit of token {} is {}", i, logits[i]);
+}
+
+}  // namespace
+
+int32_t argmax(const std::vector<float>& logits) {
+  check_logits(logits);
+  // max_element returns the first of equal maxima: ties go to the lowest id.
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+Sampler::Sampler(const SamplingConfig& config) : config_(config), rng_(config.seed) {
+  MOE_CHECK(std::isfinite(config.temperature) && config.temperature >= 0.0,
+            "[sampler] temperature={} must be finite and >= 0", config.temperature);
+  MOE_CHECK(config.top_k >= 0, "[sampler] top_k={} must be >= 0 (0 disables it)", config.top_k);
+  MOE_CHECK(config.top_p > 0.0 && config.top_p <= 1.0,
+            "[sampler] top_p={} must be in (0, 1] (1 disables it)", config.top_p);
+}
+
+void Sampler::filter(const std::vector<float>& logits, std::vector<int32_t>& ids,
+                     std::vector<double>& probs) const {
+  check_logits(logits);
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  ids.resize(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  const int64_t k = config_.top_k > 0 ? std::min(config_.top_k, vocab) : vocab;
+  if (k < vocab || config_.top_p < 1.0) {
+    // Only the filters need an order; without them sampling runs over ids in natural order.
+    auto better = [&](int32_t a, int32_t b) {
+      const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+      return la > lb || (la == lb && a < b);
+    };
+    if (k < vocab) {
+      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
+      ids.resize(static_cast<size_t>(k));
+    } else {
+      std::sort(ids.begin(), ids.end(), better);
+    }
+  }
+
+  // Softmax of logits / temperature over the kept candidates, in double.
+  const double inv_t = 1.0 / config_.temperature;
+  double max_val = -std::numeric_limits<double>::infinity();
+  for (int32_t id : ids)
+    max_val = std::max(max_val, static_cast<double>(logits[static_cast<size_t>(id)]) * inv_t);
+  MOE_CHECK(max_val > -std::numeric_limits<double>::infinity(),
+            "[sampler] every candidate logit is -inf");
+  probs.resize(ids.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    probs[i] = std::exp(static_cast<double>(logits[static_cast<size_t>(ids[i])]) * inv_t - max_val);
+    sum += probs[i];
+  }
+  for (double& p : probs) p /= sum;
+
+  if (config_.top_p < 1.0) {
+    // Candidates are sorted by descending logit, hence descending probability.
+    size_t keep = 0;
+    double cumulative = 0.0;
+    while (keep < probs.size()) {
+      cumulative += probs[keep++];
+      if (cumulative >= config_.top_p) break;
+    }
+    ids.resize(keep);
+    probs.resize(keep);
+    for (double& p : probs) p /= cumulative;
+  }
+}
+
+int32_t Sampler::sample(const std::vector<float>& logits) {
+  if (config_.temperature == 0.0) return argmax(logits);
+  filter(logits, ids_, probs_);
+  const double u = rng_.next_double();
+  double cumulative = 0.0;
+  for (size_t i = 0; i < probs_.size(); ++i) {
+    cumulative += probs_[i];
+    if (u < cumulative && probs_[i] > 0.0) return ids_[i];
+  }
+  // Rounding left the total just under u: take the last token with non-zero probability.
+  for (size_t i = probs_.size(); i-- > 0;)
+    if (probs_[i] > 0.0) return ids_[i];
+  return ids_.front();  // unreachable: the max candidate has probability > 0
+}
+
+std::vector<double> Sampler::probabilities(const std::vector<float>& logits) const {
+  std::vector<double> out(logits.size(), 0.0);
+  if (config_.temperature == 0.0) {
+    out[static_cast<size_t>(argmax(logits))] = 1.0;
+    return out;
+  }
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+  filter(logits, ids, probs);
+  for (size_t i = 0; i < ids.size(); ++i) out[static_cast<size_t>(ids[i])] = probs[i];
+  return out;
+}
+
+std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>& prompt,
+                              int64_t max_tokens, const SamplingConfig& config,
+                              std::optional<int32_t> stop_token) {
+  MOE_CHECK(!prompt.empty(), "[generate] the prompt is empty");
+  MOE_CHECK(max_tokens >= 0, "[generate] max_tokens={} must be >= 0", max_tokens);
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  const int64_t needed = prompt_len + std::max<int64_t>(max_tokens - 1, 0);
+  MOE_CHECK(needed <= model.max_seq(),
+            "[generate] prompt of {} tokens + max_tokens={} needs {} positions, max_seq={}",
+            prompt_len, max_tokens, needed, model.max_seq());
+  Sampler sampler(config);
+  model.reset();
+  std::vector<int32_t> out;
+  if (max_tokens == 0) return out;
+  out.reserve(static_cast<size_t>(max_tokens));
+  const std::vector<float>* logits = &model.prefill(prompt);
+  for (int64_t i = 0; i < max_tokens; ++i) {
+    const int32_t token = sampler.sample(*logits);
+    out.push_back(token);
+    if (stop_token.has_value() && token == *stop_token) break;
+    if (i + 1 < max_tokens) logits = &model.decode_step(token);
+  }
+  return out;
+}
+
+}  // namespace moecore

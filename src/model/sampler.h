@@ -1,0 +1,84 @@
+// Token sampling for generation: temperature, top-k, top-p (nucleus), with a portable RNG so a seed
+// gives the same tokens on every platform and standard library (std::*_distribution does not).
+//
+// Order of operations for temperature > 0 (as in Hugging Face's logits warpers):
+//   logits / temperature -> keep the top_k highest (0: all) -> softmax over the kept tokens ->
+//   keep the smallest prefix, by descending probability, whose cumulative probability reaches
+//   top_p (at least one token) -> renormalise -> draw u ~ U[0, 1) and invert the CDF.
+// Candidates are ordered by logit, ties by lower token id. temperature == 0 is greedy: the argmax,
+// ties to the lowest id; top_k/top_p/seed are then irrelevant. Logits of -inf are masked tokens.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace moecore {
+
+class InferenceModel;
+
+struct SamplingConfig {
+  double temperature = 1.0;  // >= 0; 0 = greedy
+  int64_t top_k = 0;         // >= 0; 0 = no top-k filter
+  double top_p = 1.0;        // in (0, 1]; 1 = no nucleus filter
+  uint64_t seed = 0;
+};
+
+// SplitMix64 (Steele, Lea, Flood 2014): a 64-bit state, one add and a mix per draw.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double next_double() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+class Sampler {
+ public:
+  // Throws moecore::Error for temperature < 0 (or not finite), top_k < 0, or top_p outside (0, 1].
+  explicit Sampler(const SamplingConfig& config);
+
+  // One token id from logits [vocab]; advances the RNG by exactly one draw unless greedy. Throws
+  // moecore::Error for empty logits, a NaN or +inf logit, or logits that are all -inf.
+  int32_t sample(const std::vector<float>& logits);
+
+  // The distribution sample() draws from, after temperature, top-k and top-p: [vocab], zeros for
+  // filtered tokens, one-hot for greedy. For tests and diagnostics.
+  std::vector<double> probabilities(const std::vector<float>& logits) const;
+
+  const SamplingConfig& config() const { return config_; }
+
+ private:
+  // Kept token ids (best first when a filter is active, else in id order) and their normalised
+  // probabilities.
+  void filter(const std::vector<float>& logits, std::vector<int32_t>& ids,
+              std::vector<double>& probs) const;
+
+  SamplingConfig config_;
+  SplitMix64 rng_;
+  std::vector<int32_t> ids_;  // scratch of sample(), reused across calls
+  std::vector<double> probs_;
+};
+
+// Index of the largest logit, ties to the lowest id. Throws on empty logits or a NaN.
+int32_t argmax(const std::vector<float>& logits);
+
+// Starts a new sequence (model.reset()), prefills the prompt, then samples up to max_tokens new
+// tokens with a Sampler(config). Returns the generated tokens only (not the prompt). Generation
+// stops after emitting stop_token, which is included as the last element (as Hugging Face's
+// generate keeps the EOS). Throws moecore::Error, before any work, for an empty prompt,
+// max_tokens < 0, or prompt.size() + max_tokens - 1 > model.max_seq() (the last sampled token is
+// never fed back, so it needs no cache slot).
+std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>& prompt,
+                              int64_t max_tokens, const SamplingConfig& config,
+                              std::optional<int32_t> stop_token = std::nullopt);
+
+}  // namespace moecore

@@ -1,0 +1,23 @@
+// Validation loss: cross-entropy over the first `max_instances` instances of a token dataset, in
+// file order, averaged over every counted target token. Used by the trainer and `moecore eval`.
+#pragma once
+
+#include <cstdint>
+
+#include "data/token_dataset.h"
+#include "model/params.h"
+#include "model/transformer.h"
+
+namespace moecore {
+
+struct EvalResult {
+  double loss = 0.0;
+  double perplexity = 0.0;
+  int64_t tokens = 0;
+  int64_t instances = 0;
+};
+
+EvalResult evaluate(Transformer& model, const ParamBuffers& params,
+                    const data::TokenDataset& dataset, int64_t batch_rows, int64_t max_instances);
+
+}  // namespace moecore

@@ -1,0 +1,26 @@
+// The training progress display: on a terminal one line rewritten in place (step, loss, tokens/s,
+// ETA); otherwise, as in a log file or CI, plain lines every log_every steps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moecore {
+
+class Progress {
+ public:
+  Progress(int64_t max_steps, int64_t log_every);
+
+  // Called after every step; prints when due (every step on a terminal, else every log_every).
+  void update(int64_t step, double loss, double tokens_per_s, double seconds_per_step,
+              const std::string& extra);
+  // Prints a line that must not be overwritten (evaluation, warnings, checkpoints).
+  void message(const std::string& line);
+
+ private:
+  int64_t max_steps_, log_every_;
+  bool terminal_;
+  bool line_open_ = false;
+};
+
+}  // namespace moecore

@@ -1,0 +1,303 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "data/instance_order.h"
+#include "data/npy.h"
+#include "data/token_dataset.h"
+
+namespace moecore::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- InstanceOrder
+// -------------------------------------------------------------------------------
+
+TEST(SplitMix64Test, MatchesTheReferenceStream) {
+  // First outputs of the reference SplitMix64 (Vigna's splitmix64.c) from state 0: pins the
+  // generator itself, independently of how InstanceOrder seeds it.
+  SplitMix64 rng(0);
+  EXPECT_EQ(rng.next(), 0xe220a8397b1dcdafULL);
+  EXPECT_EQ(rng.next(), 0x6e789e6aa1b965f4ULL);
+  EXPECT_EQ(rng.next(), 0x06c45d188009454fULL);
+}
+
+TEST(SplitMix64Test, BoundedStaysInRange) {
+  SplitMix64 rng(42);
+  EXPECT_EQ(rng.bounded(1), 0u);
+  const uint64_t huge = (uint64_t{1} << 63) + 1;  // Rejects almost half the raw draws.
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_LT(rng.bounded(7), 7u);
+    EXPECT_LT(rng.bounded(huge), huge);
+  }
+}
+
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), int64_t{0});
+  return v;
+}
+
+TEST(InstanceOrderTest, EachEpochIsAPermutation) {
+  for (const int64_t n : {1, 2, 7, 1000}) {
+    const InstanceOrder order(3, n);
+    for (uint64_t epoch = 0; epoch < 4; ++epoch) {
+      std::vector<int64_t> p = order.permutation(epoch);
+      std::sort(p.begin(), p.end());
+      EXPECT_EQ(p, iota(n)) << "n=" << n << " epoch=" << epoch;
+    }
+  }
+}
+
+TEST(InstanceOrderTest, DiffersAcrossEpochsAndSeeds) {
+  const InstanceOrder a(0, 100), b(1, 100);
+  EXPECT_NE(a.permutation(0), a.permutation(1));
+  EXPECT_NE(a.permutation(0), b.permutation(0));
+  EXPECT_NE(a.permutation(0), iota(100));
+  EXPECT_EQ(a.permutation(5), InstanceOrder(0, 100).permutation(5));
+}
+
+TEST(InstanceOrderTest, PinnedOrderIsPlatformIndependent) {
+  // Hard-coded so that a change of generator, seeding or shuffle (which would silently change the
+  // data order of resumed runs) fails here, on every platform.
+  const InstanceOrder order(0, 10);
+  EXPECT_EQ(order.permutation(0), (std::vector<int64_t>{8, 6, 4, 2, 0, 7, 9, 1, 5, 3}));
+  EXPECT_EQ(order.permutation(1), (std::vector<int64_t>{9, 3, 8, 2, 6, 1, 7, 0, 4, 5}));
+}
+
+TEST(InstanceOrderTest, UnshuffledIsFileOrder) {
+  InstanceOrder order(9, 5, /*shuffle=*/false);
+  for (uint64_t c = 0; c < 12; ++c) EXPECT_EQ(order.instance_at(c), static_cast<int64_t>(c % 5));
+}
+
+TEST(InstanceOrderTest, ResumeFromAnyCursorContinuesTheSameSequence) {
+  const int64_t n = 13;
+  InstanceOrder straight(7, n);
+  std::vector<int64_t> expected;
+  for (uint64_t c = 0; c < 5 * n; ++c) expected.push_back(straight.instance_at(c));
+  for (uint64_t start = 0; start < 5 * n; ++start) {
+    InstanceOrder resumed(7, n);  // Fresh object: nothing cached from before the interruption.
+    for (uint64_t c = start; c < 5 * n; ++c) {
+      ASSERT_EQ(resumed.instance_at(c), expected[c]) << "resumed at " << start << ", cursor " << c;
+    }
+  }
+  // Epochs are whole permutations laid end to end.
+  for (uint64_t epoch = 0; epoch < 5; ++epoch) {
+    const std::vector<int64_t> p = straight.permutation(epoch);
+    EXPECT_TRUE(std::equal(p.begin(), p.end(), expected.begin() + static_cast<long>(epoch * n)));
+  }
+}
+
+TEST(InstanceOrderTest, RejectsEmptyDataset) {
+  EXPECT_THROW(InstanceOrder(0, 0), Error);
+}
+
+// ---- TokenDataset
+// --------------------------------------------------------------------------------
+
+class TokenDatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "moecore_tokens_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  template <typename T>
+  std::string npy(const std::string& name, const std::string& descr, std::vector<T> values) const {
+    write_npy(path(name), descr, {static_cast<int64_t>(values.size())}, values.data());
+    return path(name);
+  }
+
+  // OLMo-core / Dolma layout: the bare array, no header.
+  template <typename T>
+  std::string raw(const std::string& name, const std::vector<T>& values) const {
+    std::ofstream out(path(name), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(values.data()),
+              static_cast<std::streamsize>(values.size() * sizeof(T)));
+    return path(name);
+  }
+
+  static std::vector<int32_t> instance(const TokenDataset& ds, int64_t i) {
+    std::vector<int32_t> t(static_cast<size_t>(ds.seq_len()));
+    ds.read_instance(i, t.data());
+    return t;
+  }
+
+  static std::string error_of(const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+
+  fs::path dir_;
+};
+
+std::vector<uint16_t> range_u16(int first, int count) {
+  std::vector<uint16_t> v;
+  for (int i = 0; i < count; ++i) v.push_back(static_cast<uint16_t>(first + i));
+  return v;
+}
+
+TEST_F(TokenDatasetTest, CutsInstancesPerFileAndDropsRemainders) {
+  const std::string a = npy("a.npy", "<u2", range_u16(0, 10));  // 2 instances + 2
+  const std::string b = npy("b.npy", "<u4", std::vector<uint32_t>{100, 101, 102, 103, 104});  // 1+1
+  const std::string c = npy("c.npy", "<u2", range_u16(200, 3));                         // none
+  const std::string d = npy("d.npy", "<i4", std::vector<int32_t>{300, 301, 302, 303});  // 1
+  const TokenDataset ds = TokenDataset::open({a, b, c, d}, 4, 1000);
+  EXPECT_EQ(ds.num_instances(), 4);
+  EXPECT_EQ(ds.total_tokens(), 22);
+  EXPECT_EQ(ds.instance_tokens(), 16);
+  EXPECT_EQ(ds.num_files(), 4u);
+  EXPECT_EQ(instance(ds, 0), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(instance(ds, 1), (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(instance(ds, 2), (std::vector<int32_t>{100, 101, 102, 103}));  // Not 8, 9, 100, 101.
+  EXPECT_EQ(instance(ds, 3), (std::vector<int32_t>{300, 301, 302, 303}));
+  EXPECT_THROW(instance(ds, 4), Error);
+
+  std::vector<int32_t> tokens(4), targets(4);
+  ds.read_example(1, tokens.data(), targets.data());
+  EXPECT_EQ(tokens, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(targets, (std::vector<int32_t>{5, 6, 7, -100}));
+}
+
+TEST_F(TokenDatasetTest, DirectoriesExpandToSortedNpyFiles) {
+  fs::create_directory(dir_ / "train");
+  npy("train/part-00001.npy", "<u2", range_u16(10, 2));
+  npy("train/part-00000.npy", "<u2", range_u16(0, 2));
+  std::ofstream(path("train/README.txt")) << "not tokens";
+  const TokenDataset ds = TokenDataset::open({path("train")}, 2, 100);
+  ASSERT_EQ(ds.num_files(), 2u);
+  EXPECT_EQ(fs::path(ds.file_path(0)).filename(), "part-00000.npy");
+  EXPECT_EQ(instance(ds, 0), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(instance(ds, 1), (std::vector<int32_t>{10, 11}));
+
+  fs::create_directory(dir_ / "empty");
+  EXPECT_NE(error_of([&] { TokenDataset::open({path("empty")}, 2, 100); }).find("no .npy"),
+            std::string::npos);
+}
+
+TEST_F(TokenDatasetTest, ReadsHeaderlessOlmoCoreFiles) {
+  // uint16 by default when the vocabulary fits, as OLMo-core's gpt-neox/dolma tokenizers write.
+  const std::string small = raw("olmo16.npy", range_u16(50, 6));
+  const TokenDataset ds16 = TokenDataset::open({small}, 3, 50280);
+  EXPECT_EQ(ds16.num_instances(), 2);
+  EXPECT_EQ(instance(ds16, 1), (std::vector<int32_t>{53, 54, 55}));
+  // uint32 by default for a larger vocabulary (dolma2 / cl100k: 100278).
+  const std::string big = raw("olmo32.npy", std::vector<uint32_t>{100000, 7, 100277, 1});
+  const TokenDataset ds32 = TokenDataset::open({big}, 2, 100278);
+  EXPECT_EQ(instance(ds32, 0), (std::vector<int32_t>{100000, 7}));
+  // An explicit dtype overrides the default.
+  const TokenDataset forced = TokenDataset::open({big}, 2, 200000, "<u4");
+  EXPECT_EQ(instance(forced, 1), (std::vector<int32_t>{100277, 1}));
+  // Headered and headerless files mix.
+  const std::string headered = npy("h.npy", "<u2", range_u16(0, 3));
+  EXPECT_EQ(TokenDataset::open({small, headered}, 3, 50280).num_instances(), 3);
+
+  const std::string odd = raw("odd.npy", std::vector<uint8_t>{1, 2, 3});
+  const std::string message = error_of([&] { TokenDataset::open({odd}, 1, 100); });
+  EXPECT_NE(message.find("odd.npy"), std::string::npos) << message;
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+  EXPECT_THROW(TokenDataset::open({small}, 3, 100, "<f4"), Error);
+}
+
+TEST_F(TokenDatasetTest, RejectsBadFilesWithOneLineErrors) {
+  const auto expect_error = [&](const std::vector<std::string>& paths, int64_t vocab,
+                                const std::string& needle) {
+    const std::string message = error_of([&] { TokenDataset::open(paths, 2, vocab); });
+    EXPECT_NE(message.find(needle), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  };
+
+  // Truncated data: the header promises 8 tokens, 5 bytes of data remain.
+  const std::string good = npy("trunc.npy", "<u2", range_u16(0, 8));
+  fs::resize_file(good, fs::file_size(good) - 11);
+  expect_error({good}, 100, "truncated");
+  expect_error({good}, 100, "trunc.npy");
+
+  const std::vector<uint16_t> grid = range_u16(0, 6);
+  write_npy(path("grid.npy"), "<u2", {2, 3}, grid.data());
+  expect_error({path("grid.npy")}, 100, "1-D");
+
+  npy("float.npy", "<f4", std::vector<float>{1.0F, 2.0F});
+  expect_error({path("float.npy")}, 100, "unsupported token dtype '<f4'");
+
+  expect_error({path("missing.npy")}, 100, "missing.npy");
+  expect_error({npy("short.npy", "<u2", range_u16(0, 1))}, 100, "no instance of seq_len=2");
+}
+
+TEST_F(TokenDatasetTest, OutOfVocabularyIdsAreReportedWhenRead) {
+  const std::string file = npy("ids.npy", "<u2", std::vector<uint16_t>{1, 2, 3, 4, 5, 99, 7, 8});
+  const TokenDataset ds = TokenDataset::open({file}, 2, 50);  // Opening does not scan the data.
+  EXPECT_EQ(instance(ds, 0), (std::vector<int32_t>{1, 2}));
+  const std::string message = error_of([&] { instance(ds, 2); });
+  EXPECT_NE(message.find("ids.npy"), std::string::npos) << message;
+  EXPECT_NE(message.find("token id 99 at position 5"), std::string::npos) << message;
+
+  const std::string negative = npy("neg.npy", "<i8", std::vector<int64_t>{3, -1});
+  const TokenDataset ds8 = TokenDataset::open({negative}, 2, 50);
+  EXPECT_NE(error_of([&] { instance(ds8, 0); }).find("token id -1 at position 1"),
+            std::string::npos);
+}
+
+TEST_F(TokenDatasetTest, DataLoaderFollowsTheOrderAndResumesExactly) {
+  const std::string file = npy("data.npy", "<u2", range_u16(0, 5 * 3));  // 5 instances of 3.
+  const TokenDataset ds = TokenDataset::open({file}, 3, 100);
+  DataLoader straight(ds, 11);
+  InstanceOrder order(11, 5);
+  std::vector<int32_t> tokens, targets;
+  std::vector<std::vector<int32_t>> seen;
+  for (int step = 0; step < 7; ++step) {  // 14 instances: crosses two epoch boundaries.
+    straight.next_batch(2, tokens, targets);
+    ASSERT_EQ(tokens.size(), 6u);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t index = order.instance_at(static_cast<uint64_t>(step * 2 + r));
+      EXPECT_EQ(tokens[static_cast<size_t>(r * 3)], index * 3);
+      EXPECT_EQ(targets[static_cast<size_t>(r * 3 + 2)], -100);
+    }
+    seen.push_back(tokens);
+  }
+  EXPECT_EQ(straight.cursor(), 14u);
+  EXPECT_EQ(straight.epoch(), 2u);
+
+  for (uint64_t resume_step = 0; resume_step < 7; ++resume_step) {
+    DataLoader resumed(ds, 11, resume_step * 2);
+    for (size_t step = resume_step; step < 7; ++step) {
+      resumed.next_batch(2, tokens, targets);
+      EXPECT_EQ(tokens, seen[step]) << "resumed at step " << resume_step;
+    }
+  }
+}
+
+TEST_F(TokenDatasetTest, ValidationBatchesAreTheFirstInstancesInFileOrder) {
+  const std::string file = npy("val.npy", "<u2", range_u16(0, 5 * 2));
+  const TokenDataset ds = TokenDataset::open({file}, 2, 100);
+  ValidationBatches val(ds, /*batch=*/2, /*max_instances=*/3);
+  std::vector<int32_t> tokens, targets;
+  EXPECT_EQ(val.next(tokens, targets), 2);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(targets, (std::vector<int32_t>{1, -100, 3, -100}));
+  EXPECT_EQ(val.next(tokens, targets), 1);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(val.next(tokens, targets), 0);
+  val.reset();
+  EXPECT_EQ(val.next(tokens, targets), 2);
+  EXPECT_EQ(ValidationBatches(ds, 4).num_instances(), 5);  // 0: all instances.
+}
+
+}  // namespace
+}  // namespace moecore::data
