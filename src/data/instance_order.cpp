@@ -7,33 +7,6 @@
 
 namespace moecore::data {
 
-namespace {
-
-// The SplitMix64 output function, used on its own to derive a well-mixed stream start from
-// (seed, epoch): nearby seeds or epochs then give unrelated shuffles.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
-uint64_t SplitMix64::next() {
-  state_ += 0x9e3779b97f4a7c15ULL;
-  return mix64(state_);
-}
-
-uint64_t SplitMix64::bounded(uint64_t bound) {
-  // 2^64 mod bound, computed in 64-bit arithmetic; values below it would make the low residues
-  // more likely, so they are redrawn (fewer than half the draws even in the worst case).
-  const uint64_t threshold = (0 - bound) % bound;
-  while (true) {
-    const uint64_t r = next();
-    if (r >= threshold) return r % bound;
-  }
-}
-
 InstanceOrder::InstanceOrder(uint64_t seed, int64_t num_instances, bool shuffle)
     : seed_(seed), n_(num_instances), shuffle_(shuffle) {
   MOE_CHECK(num_instances > 0, "[data] instance order needs at least one instance, got {}",

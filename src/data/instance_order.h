@@ -12,21 +12,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/splitmix64.h"
+
 namespace moecore::data {
-
-// SplitMix64 (Steele, Lea, Flood 2014): tiny, fully specified, and passes BigCrush; its output
-// depends only on integer arithmetic modulo 2^64, hence identical everywhere.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t state) : state_(state) {}
-  uint64_t next();
-  // Uniform integer in [0, bound), bound > 0, without modulo bias (rejection of the low
-  // 2^64 mod bound values).
-  uint64_t bounded(uint64_t bound);
-
- private:
-  uint64_t state_;
-};
 
 class InstanceOrder {
  public:

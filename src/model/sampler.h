@@ -13,6 +13,8 @@
 #include <optional>
 #include <vector>
 
+#include "core/splitmix64.h"
+
 namespace moecore {
 
 class InferenceModel;
@@ -22,23 +24,6 @@ struct SamplingConfig {
   int64_t top_k = 0;         // >= 0; 0 = no top-k filter
   double top_p = 1.0;        // in (0, 1]; 1 = no nucleus filter
   uint64_t seed = 0;
-};
-
-// SplitMix64 (Steele, Lea, Flood 2014): a 64-bit state, one add and a mix per draw.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1) with 53 random bits.
-  double next_double() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-
- private:
-  uint64_t state_;
 };
 
 class Sampler {
