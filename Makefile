@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
-.PHONY: all setup setup-system setup-python build build-asan train test test-cpp test-asan \
+.PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
         test-reference format clean
 
 all: build
@@ -18,7 +18,12 @@ setup-python:
 
 setup: setup-system setup-python
 
+# The CLI only; the test binaries are built by test-cpp.
 build: setup-system
+	@cmake --preset release > /dev/null
+	@cmake --build --preset release -j $(JOBS) --target moecore
+
+build-tests: setup-system
 	@cmake --preset release > /dev/null
 	@cmake --build --preset release -j $(JOBS)
 
@@ -43,7 +48,7 @@ $(KJV)/tokens/meta.json: $(KJV)/tokenizer.json data/kjv.txt | build
 train: build $(KJV)/tokens/meta.json
 	build/bin/moecore train configs/default.toml --resume $(ARGS)
 
-test-cpp: build
+test-cpp: build-tests
 	ctest --preset release -j $(JOBS)
 
 test-asan: build-asan

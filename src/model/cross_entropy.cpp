@@ -7,11 +7,13 @@
 namespace moecore {
 
 CrossEntropyResult cross_entropy(const float* logits, const int32_t* targets, int64_t rows,
-                                 int64_t vocab, float* dlogits, float scale) {
+                                 int64_t vocab, float* dlogits, float scale, int64_t normalizer) {
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) counted += targets[r] != kIgnoreIndex;
-  const float grad_scale = counted > 0 ? scale / static_cast<float>(counted) : 0.0f;
-  // Per-row losses summed afterwards in row order: the result is bit-identical for any thread count.
+  const int64_t divisor = normalizer > 0 ? normalizer : counted;
+  const float grad_scale = divisor > 0 ? scale / static_cast<float>(divisor) : 0.0f;
+  // Per-row losses summed afterwards in row order: the result is bit-identical for any thread
+  // count.
   std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -33,7 +35,7 @@ CrossEntropyResult cross_entropy(const float* logits, const int32_t* targets, in
   }
   double total = 0.0;
   for (double loss : row_loss) total += loss;
-  return {counted > 0 ? total / static_cast<double>(counted) : 0.0, counted};
+  return {divisor > 0 ? total / static_cast<double>(divisor) : 0.0, counted};
 }
 
 }  // namespace moecore

@@ -15,8 +15,10 @@ struct CrossEntropyResult {
 };
 
 // logits: [rows, vocab]; targets: [rows]. dlogits (may alias nothing) = d(loss * scale)/dlogits.
-// Pass dlogits = nullptr for a forward-only evaluation.
+// Pass dlogits = nullptr for a forward-only evaluation. `normalizer` > 0 replaces the local count
+// of targets as the divisor of the mean (data parallelism: the global batch's count).
 CrossEntropyResult cross_entropy(const float* logits, const int32_t* targets, int64_t rows,
-                                 int64_t vocab, float* dlogits, float scale);
+                                 int64_t vocab, float* dlogits, float scale,
+                                 int64_t normalizer = 0);
 
 }  // namespace moecore

@@ -163,41 +163,65 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
 
   LossParts loss;
   if (targets == nullptr) return loss;
-  dlogits_.resize(logits_.size());
-  const CrossEntropyResult ce = cross_entropy(logits_.data(), targets, n, v, dlogits_.data(), 1.0f);
-  loss.ce = ce.loss;
-  loss.counted_tokens = ce.counted_tokens;
 
-  // Router losses. The per-token load-balancing gradient is a constant per (layer, expert):
-  // lb_score_grad_[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as
-  // references).
+  // Batch statistics, summed over the data-parallel group by batch_sum_ so that every loss and
+  // gradient is that of the global batch: [counted targets, tokens, then per MoE layer: routes per
+  // expert (E), load-balancing probability sums (E), sum of logsumexp^2].
   const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
   const int64_t moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+  const int64_t per_layer = 2 * e_count + 1;
+  std::vector<double> stats(static_cast<size_t>(2 + moe_layers * per_layer), 0.0);
+  for (int64_t i = 0; i < n; ++i) stats[0] += targets[i] != kIgnoreIndex;
+  stats[1] = static_cast<double>(n);
   lb_uses_softmax_ = c.lb_loss_style == LbLossStyle::kHf;
+  for (int64_t j = 0; j < moe_layers; ++j) {
+    const MoeCache& mc = layers_[static_cast<size_t>(c.first_k_dense_replace + j)].moe;
+    double* layer_stats = stats.data() + 2 + j * per_layer;
+    const std::vector<double> sums = lb_uses_softmax_
+                                         ? router_softmax_column_sums(mc.router_shape, mc.router)
+                                         : router_score_column_sums(mc.router_shape, mc.router);
+    for (int64_t e = 0; e < e_count; ++e) {
+      layer_stats[e] = static_cast<double>(mc.router.expert_counts[static_cast<size_t>(e)]);
+      layer_stats[e_count + e] = sums[static_cast<size_t>(e)];
+    }
+    layer_stats[2 * e_count] = router_z_loss(mc.router_shape, mc.router) * static_cast<double>(n);
+  }
+  if (batch_sum_) batch_sum_(stats.data(), static_cast<int64_t>(stats.size()));
+  const int64_t counted = static_cast<int64_t>(stats[0]);
+  global_tokens_ = static_cast<int64_t>(stats[1]);
+
+  dlogits_.resize(logits_.size());
+  const CrossEntropyResult ce =
+      cross_entropy(logits_.data(), targets, n, v, dlogits_.data(), 1.0f, counted);
+  double ce_sum = ce.loss * static_cast<double>(counted);
+  if (batch_sum_) batch_sum_(&ce_sum, 1);
+  loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
+  loss.counted_tokens = counted;
+
+  // Router losses. The per-token load-balancing gradient is a constant per (layer, expert):
+  // lb_score_grad_[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as the
+  // references do).
   lb_score_grad_.assign(static_cast<size_t>(c.num_hidden_layers * e_count), 0.0f);
-  if (moe_layers > 0 && n > 0) {
-    const double nd = static_cast<double>(n);
+  if (moe_layers > 0 && global_tokens_ > 0) {
+    const double nd = static_cast<double>(global_tokens_);
     std::vector<double> hf_counts(static_cast<size_t>(e_count), 0.0);
     std::vector<double> hf_prob_sums(static_cast<size_t>(e_count), 0.0);
-    for (int64_t i = c.first_k_dense_replace; i < c.num_hidden_layers; ++i) {
-      const MoeCache& mc = layers_[static_cast<size_t>(i)].moe;
-      loss.z += router_z_loss(mc.router_shape, mc.router);
+    for (int64_t j = 0; j < moe_layers; ++j) {
+      const int64_t i = c.first_k_dense_replace + j;
+      const double* layer_stats = stats.data() + 2 + j * per_layer;
+      loss.z += layer_stats[2 * e_count] / nd;
       if (c.lb_loss_style == LbLossStyle::kOlmoCore) {
-        const std::vector<double> sums = router_score_column_sums(mc.router_shape, mc.router);
         const double scale = static_cast<double>(e_count) / static_cast<double>(k);
         for (int64_t e = 0; e < e_count; ++e) {
-          const double f =
-              static_cast<double>(mc.router.expert_counts[static_cast<size_t>(e)]) / nd;
-          loss.lb += scale * f * sums[static_cast<size_t>(e)] / nd;
+          const double f = layer_stats[e] / nd;
+          loss.lb += scale * f * layer_stats[e_count + e] / nd;
           lb_score_grad_[static_cast<size_t>(i * e_count + e)] =
               static_cast<float>(c.router_aux_loss_coef * scale * f / nd);
         }
       } else {
-        const std::vector<double> sums = router_softmax_column_sums(mc.router_shape, mc.router);
         for (int64_t e = 0; e < e_count; ++e) {
-          hf_counts[static_cast<size_t>(e)] +=
-              static_cast<double>(mc.router.expert_counts[static_cast<size_t>(e)]);
-          hf_prob_sums[static_cast<size_t>(e)] += sums[static_cast<size_t>(e)];
+          hf_counts[static_cast<size_t>(e)] += layer_stats[e];
+          hf_prob_sums[static_cast<size_t>(e)] += layer_stats[e_count + e];
         }
       }
     }
@@ -234,8 +258,10 @@ void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, floa
 
   std::vector<float> dbranch(static_cast<size_t>(n * d));
   std::vector<float> scratch_dact, scratch_dgu;
-  const float z_grad_scale =
-      n > 0 ? static_cast<float>(c.router_z_loss_coef) * loss_scale / static_cast<float>(n) : 0.0f;
+  const float z_grad_scale = global_tokens_ > 0
+                                 ? static_cast<float>(c.router_z_loss_coef) * loss_scale /
+                                       static_cast<float>(global_tokens_)
+                                 : 0.0f;
   std::vector<float> lb_grad(static_cast<size_t>(c.num_experts));
   for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,12 @@ class Transformer {
   // grads += d(loss_scale * total)/d params, for the batch of the last forward().
   void backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale);
 
+  // Sums batch statistics (target and token counts, router statistics, loss sums) over the
+  // data-parallel group, so that losses and gradients are those of the global batch. Unset: this
+  // process holds the whole batch.
+  using BatchSum = std::function<void(double* values, int64_t count)>;
+  void set_batch_sum(BatchSum batch_sum) { batch_sum_ = std::move(batch_sum); }
+
   const std::vector<float>& logits() const { return logits_; }  // [batch * seq, vocab]
   const ModelConfig& config() const { return config_; }
   // Router state of each layer of the last forward (nullptr for dense layers).
@@ -71,6 +78,8 @@ class Transformer {
   std::vector<float> final_rstd_, final_hidden_, logits_, dlogits_;
   std::vector<float> lb_score_grad_;  // [L][E] load-balancing gradient per router probability
   bool lb_uses_softmax_ = false;
+  int64_t global_tokens_ = 0;  // tokens of the global batch of the last forward
+  BatchSum batch_sum_;
 };
 
 }  // namespace moecore

@@ -1,0 +1,187 @@
+#include "dist/communicator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#include "core/check.h"
+
+namespace moecore::dist {
+
+namespace {
+
+bool g_active = false;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// MPI counts are int: a message over 2^31 elements must be split by the caller (it never is here).
+int as_count(int64_t count, const char* op) {
+  MOE_CHECK(count >= 0 && count <= std::numeric_limits<int>::max(),
+            "[mpi] {}: count {} does not fit an MPI int", op, count);
+  return static_cast<int>(count);
+}
+
+void check(int code, const char* op, const std::string& group) {
+  MOE_CHECK(code == MPI_SUCCESS, "[mpi] {} on group '{}' failed: {}", op, group,
+            mpi_error_text(code));
+}
+
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+}  // namespace
+
+bool init_mpi(int* argc, char*** argv) {
+  if (g_active || !launched_by_mpi()) return g_active;
+  int provided = 0;
+  // Only the main thread calls MPI (OpenMP threads never do).
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // Errors come back as codes and become moecore::Error instead of aborting without a message.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  g_active = true;
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+  return true;
+}
+
+bool mpi_active() {
+  return g_active;
+}
+
+void abort_job(int exit_code) {
+  if (g_active) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+Communicator::Communicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  if (comm_ != MPI_COMM_NULL) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+}
+
+Communicator Communicator::world() {
+  return g_active ? Communicator(MPI_COMM_WORLD, "world") : Communicator(MPI_COMM_NULL, "world");
+}
+
+Communicator Communicator::self() {
+  return Communicator(MPI_COMM_NULL, "self");
+}
+
+Communicator Communicator::split(int color, int key, const std::string& name) const {
+  if (comm_ == MPI_COMM_NULL) return Communicator(MPI_COMM_NULL, name);
+  MPI_Comm sub = MPI_COMM_NULL;
+  check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", name_);
+  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  return Communicator(sub, name);
+}
+
+void Communicator::barrier() const {
+  if (size_ > 1) check(MPI_Barrier(comm_), "MPI_Barrier", name_);
+}
+
+void Communicator::allreduce_sum(float* data, int64_t count) const {
+  if (size_ > 1)
+    check(
+        MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_FLOAT, MPI_SUM, comm_),
+        "MPI_Allreduce", name_);
+}
+
+void Communicator::allreduce_sum(double* data, int64_t count) const {
+  if (size_ > 1)
+    check(
+        MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_DOUBLE, MPI_SUM, comm_),
+        "MPI_Allreduce", name_);
+}
+
+void Communicator::allreduce_sum(int64_t* data, int64_t count) const {
+  if (size_ > 1)
+    check(MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_INT64_T, MPI_SUM,
+                        comm_),
+          "MPI_Allreduce", name_);
+}
+
+void Communicator::allreduce_max(double* data, int64_t count) const {
+  if (size_ > 1)
+    check(
+        MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_DOUBLE, MPI_MAX, comm_),
+        "MPI_Allreduce", name_);
+}
+
+void Communicator::broadcast(void* data, int64_t bytes, int root) const {
+  if (size_ > 1)
+    check(MPI_Bcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast", name_);
+}
+
+void Communicator::allgather(const float* send, float* recv, int64_t count) const {
+  if (size_ == 1) {
+    std::copy_n(send, count, recv);
+    return;
+  }
+  check(MPI_Allgather(send, as_count(count, "allgather"), MPI_FLOAT, recv,
+                      as_count(count, "allgather"), MPI_FLOAT, comm_),
+        "MPI_Allgather", name_);
+}
+
+void Communicator::allgather(const int64_t* send, int64_t* recv, int64_t count) const {
+  if (size_ == 1) {
+    std::copy_n(send, count, recv);
+    return;
+  }
+  check(MPI_Allgather(send, as_count(count, "allgather"), MPI_INT64_T, recv,
+                      as_count(count, "allgather"), MPI_INT64_T, comm_),
+        "MPI_Allgather", name_);
+}
+
+void Communicator::reduce_scatter_sum(const float* send, float* recv, int64_t count) const {
+  if (size_ == 1) {
+    std::copy_n(send, count, recv);
+    return;
+  }
+  check(MPI_Reduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM,
+                                 comm_),
+        "MPI_Reduce_scatter_block", name_);
+}
+
+void Communicator::alltoall(const int64_t* send, int64_t* recv, int64_t count_per_rank) const {
+  if (size_ == 1) {
+    std::copy_n(send, count_per_rank, recv);
+    return;
+  }
+  check(MPI_Alltoall(send, as_count(count_per_rank, "alltoall"), MPI_INT64_T, recv,
+                     as_count(count_per_rank, "alltoall"), MPI_INT64_T, comm_),
+        "MPI_Alltoall", name_);
+}
+
+void Communicator::alltoallv(const float* send, const std::vector<int64_t>& send_counts,
+                             const std::vector<int64_t>& send_displs, float* recv,
+                             const std::vector<int64_t>& recv_counts,
+                             const std::vector<int64_t>& recv_displs) const {
+  if (size_ == 1) {
+    std::copy_n(send + send_displs[0], send_counts[0], recv + recv_displs[0]);
+    return;
+  }
+  std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  for (size_t i = 0; i < sc.size(); ++i) {
+    sc[i] = as_count(send_counts[i], "alltoallv");
+    sd[i] = as_count(send_displs[i], "alltoallv");
+    rc[i] = as_count(recv_counts[i], "alltoallv");
+    rd[i] = as_count(recv_displs[i], "alltoallv");
+  }
+  check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT,
+                      comm_),
+        "MPI_Alltoallv", name_);
+}
+
+}  // namespace moecore::dist

@@ -1,0 +1,63 @@
+// MPI communicators for moecore's process groups (world, dp, ep, ep_dp, pp). Every collective is a
+// checked MPI call whose failure names the operation, the group and the MPI error string. When the
+// process was not started by an MPI launcher (mpirun/srun), moecore runs as a single process and a
+// Communicator of size 1 turns every collective into a copy or a no-op, so model and trainer code
+// have one path for both cases.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moecore::dist {
+
+// Initialises MPI when launched by mpirun/srun (detected from the launcher's environment) and
+// finalises it at exit. Returns true when MPI is active.
+bool init_mpi(int* argc, char*** argv);
+bool mpi_active();
+// Ends the whole job (every rank) after an error on one rank, so that no rank waits forever in a
+// collective for a peer that has stopped.
+[[noreturn]] void abort_job(int exit_code);
+
+class Communicator {
+ public:
+  static Communicator world();
+  static Communicator self();  // a group of one
+
+  // Ranks with the same color form a new group, ordered by key.
+  Communicator split(int color, int key, const std::string& name) const;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  MPI_Comm raw() const { return comm_; }
+
+  void barrier() const;
+  void allreduce_sum(float* data, int64_t count) const;
+  void allreduce_sum(double* data, int64_t count) const;
+  void allreduce_sum(int64_t* data, int64_t count) const;
+  void allreduce_max(double* data, int64_t count) const;
+  void broadcast(void* data, int64_t bytes, int root) const;
+  // recv[size * count] = every rank's send[count], in rank order.
+  void allgather(const float* send, float* recv, int64_t count) const;
+  void allgather(const int64_t* send, int64_t* recv, int64_t count) const;
+  // recv[count] = the sum over ranks of send[rank() * count .. (rank() + 1) * count).
+  void reduce_scatter_sum(const float* send, float* recv, int64_t count) const;
+  void alltoall(const int64_t* send, int64_t* recv, int64_t count_per_rank) const;
+  // Variable all-to-all of floats; counts and displacements in elements.
+  void alltoallv(const float* send, const std::vector<int64_t>& send_counts,
+                 const std::vector<int64_t>& send_displs, float* recv,
+                 const std::vector<int64_t>& recv_counts,
+                 const std::vector<int64_t>& recv_displs) const;
+
+ private:
+  Communicator(MPI_Comm comm, std::string name);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string name_;
+};
+
+}  // namespace moecore::dist
