@@ -55,7 +55,7 @@ test-asan: build-asan
 	ctest --preset asan-ubsan -j $(JOBS)
 
 test-reference: build setup-python
-	MOECORE_BIN=$(CURDIR)/build/bin/moecore $(PYTHON) -m pytest -q tests/reference tests/cli
+	MOECORE_BIN=$(CURDIR)/build/bin/moecore $(PYTHON) -m pytest -q tests/reference tests/cli tests/train
 
 test: test-cpp test-asan test-reference
 

@@ -560,6 +560,22 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+std::string Tokenizer::decode_text(const std::vector<int32_t>& ids) const {
+  const std::string bytes = decode(ids);
+  std::string text;
+  text.reserve(bytes.size());
+  for (size_t pos = 0; pos < bytes.size();) {
+    char32_t cp = 0;
+    const size_t len = utf8_next(bytes, pos, cp);
+    if (cp == 0xFFFFFFFF)
+      text += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
+    else
+      text.append(bytes, pos, len);
+    pos += len;
+  }
+  return text;
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const Impl& im = *impl_;
   std::string out;

@@ -33,6 +33,9 @@ class Tokenizer {
   // Concatenates the tokens' bytes (ByteLevel decoder; special tokens included verbatim). Returns
   // raw bytes: a cut inside a multi-byte character is not replaced by U+FFFD as Python does.
   std::string decode(const std::vector<int32_t>& ids) const;
+  // decode() made printable: every byte that is not part of a valid UTF-8 character becomes
+  // U+FFFD (text shown to people; sampled tokens can end inside a character).
+  std::string decode_text(const std::vector<int32_t>& ids) const;
 
   // 1 + the largest id of the vocab and the added tokens (the embedding size the ids need).
   int64_t vocab_size() const;

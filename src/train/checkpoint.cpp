@@ -21,6 +21,9 @@ namespace {
 
 constexpr const char* kPrefix = "step_";
 constexpr const char* kTempPrefix = ".tmp-step_";
+// A complete checkpoint moved aside while the same step is saved again; restored if the new one
+// never arrives.
+constexpr const char* kReplacedPrefix = ".replaced-";
 
 std::string checkpoints_dir(const std::string& run_dir) {
   return run_dir + "/checkpoints";
@@ -45,8 +48,9 @@ void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   MOE_CHECK(fd >= 0, "[checkpoint] cannot open directory '{}' to sync it", dir);
   const int rc = ::fsync(fd);
+  const int err = errno;  // before close() can change it
   ::close(fd);
-  MOE_CHECK(rc == 0 || errno == EINVAL, "[checkpoint] fsync of directory '{}' failed", dir);
+  MOE_CHECK(rc == 0 || err == EINVAL, "[checkpoint] fsync of directory '{}' failed", dir);
 }
 
 void save_optimizer(const std::string& path, const ParamLayout& layout, AdamW& optimizer) {
@@ -89,6 +93,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   const std::string temp_dir = parent + "/" + kTempPrefix +
                                name.substr(std::string(kPrefix).size()) + "-" +
                                std::to_string(::getpid());
+  const std::string stale_dir = parent + "/" + kReplacedPrefix + name;
   fs::remove_all(temp_dir, ec);
   fs::create_directory(temp_dir, ec);
   MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", temp_dir, ec.message());
@@ -103,23 +108,38 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
     write_text(temp_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n");
     fsync_directory(temp_dir);
     if (fs::exists(final_dir)) {
-      // The same step saved again (a resumed run reaching it a second time): swap the old one out
-      // only once the new one is complete.
-      const std::string stale = temp_dir + ".replaced";
-      fs::rename(final_dir, stale);
+      // The same step saved again (a resumed run reaching it a second time): the old copy is
+      // moved aside, not deleted, until the new one is in place.
+      fs::rename(final_dir, stale_dir);
       fs::rename(temp_dir, final_dir);
-      fs::remove_all(stale, ec);
+      fsync_directory(parent);
+      fs::remove_all(stale_dir, ec);
     } else {
       fs::rename(temp_dir, final_dir);
     }
     fsync_directory(parent);
   } catch (...) {
     fs::remove_all(temp_dir, ec);
+    if (!fs::exists(final_dir, ec) && fs::exists(stale_dir, ec))
+      fs::rename(stale_dir, final_dir, ec);
     throw;
   }
-  const std::vector<std::string> all = list_checkpoints(run_dir);
-  for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < all.size(); ++i)
-    fs::remove_all(all[i], ec);
+  // Pruning: each old checkpoint is first renamed to a temporary name (atomic, then fsynced), so a
+  // crash part-way through its deletion never leaves an incomplete step_* directory behind;
+  // remove_interrupted_saves() finishes the job at the next start.
+  // Only checkpoints older than the new one count: newer ones (left by a run that resumed from an
+  // older checkpoint) are kept until this run reaches and replaces them.
+  std::vector<std::string> older;
+  for (const std::string& dir : list_checkpoints(run_dir))
+    if (fs::path(dir).filename().string() < name) older.push_back(dir);
+  for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < older.size() + 1; ++i) {
+    const std::string doomed =
+        parent + "/" + kTempPrefix + "pruned-" + fs::path(older[i]).filename().string();
+    fs::rename(older[i], doomed, ec);
+    if (ec) continue;
+    fsync_directory(parent);
+    fs::remove_all(doomed, ec);
+  }
   return final_dir;
 }
 
@@ -136,7 +156,8 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   return dirs;
 }
 
-std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir) {
+std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
+                                                   std::vector<std::string>* damaged) {
   std::vector<std::string> dirs = list_checkpoints(run_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     try {
@@ -146,8 +167,9 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir) {
       io::SafetensorsReader::open(*it + "/optim.safetensors");
       parse_run_config(read_text(*it + "/config.toml"), *it + "/config.toml");
       return *it;
-    } catch (const std::exception&) {
-      continue;  // damaged (e.g. edited by hand or a failing disk): fall back to an older one
+    } catch (const std::exception& e) {
+      // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
+      if (damaged != nullptr) damaged->push_back(*it + ": " + e.what());
     }
   }
   return std::nullopt;
@@ -177,7 +199,16 @@ void remove_interrupted_saves(const std::string& run_dir) {
   if (!fs::is_directory(parent, ec)) return;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(kTempPrefix, 0) == 0) fs::remove_all(entry.path(), ec);
+    if (name.rfind(kTempPrefix, 0) == 0) {
+      fs::remove_all(entry.path(), ec);
+    } else if (name.rfind(kReplacedPrefix, 0) == 0) {
+      // Interrupted between moving the old copy aside and moving the new one in.
+      const std::string original = parent + "/" + name.substr(std::string(kReplacedPrefix).size());
+      if (fs::exists(original, ec))
+        fs::remove_all(entry.path(), ec);
+      else
+        fs::rename(entry.path(), original, ec);
+    }
   }
 }
 

@@ -28,7 +28,7 @@ struct CheckpointContents {
   const RunConfig* config;
   const ParamLayout* layout;
   const ParamBuffers* params;
-  AdamW* optimizer;  // nullptr: weights only
+  AdamW* optimizer;  // nullptr: weights only (loadable, not resumable)
   nlohmann::json trainer_state;
   nlohmann::json hf_config;
   std::string tokenizer_json;  // written as tokenizer.json when not empty
@@ -42,15 +42,19 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step,
 // ignored).
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
-// The newest checkpoint whose files are all present and parse; nullopt when there is none.
-std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir);
+// The newest resumable checkpoint (every file present and parsing, optimizer state included);
+// nullopt when there is none.
+// Newer checkpoints that were skipped are appended to `damaged` as "DIR: reason" when given.
+std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
+                                                   std::vector<std::string>* damaged = nullptr);
 
 // Loads a checkpoint directory into params (and optimizer, if given) after checking that its model
 // configuration equals `expected`; returns the trainer state.
 nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
                                const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer);
 
-// Removes temporary directories left by saves that were interrupted (called at start-up).
+// Removes temporary directories left by saves that were interrupted, and puts back a checkpoint
+// that was moved aside for a re-save that never completed (called at start-up).
 void remove_interrupted_saves(const std::string& run_dir);
 
 }  // namespace moecore

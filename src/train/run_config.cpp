@@ -248,9 +248,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.save_every >= 0, "[config] train.save_every={} must be >= 0", t.save_every);
   MOE_CHECK(t.keep_last >= 0, "[config] train.keep_last={} must be >= 0", t.keep_last);
   MOE_CHECK(t.max_seconds >= 0.0, "[config] train.max_seconds={} must be >= 0", t.max_seconds);
-  MOE_CHECK(t.skip_window > 0 && t.skip_min_window >= 0,
-            "[config] train.skip_window={} must be positive and train.skip_min_window={} >= 0",
-            t.skip_window, t.skip_min_window);
+  MOE_CHECK(t.skip_window > 0 && t.skip_min_window >= 0 && t.skip_min_window <= t.skip_window,
+            "[config] train.skip_min_window={} must be in [0, train.skip_window={}]",
+            t.skip_min_window, t.skip_window);
   MOE_CHECK(t.gerrymander_window >= 0 && t.gerrymander_threshold > 0.0,
             "[config] train.gerrymander_window={} must be >= 0 and gerrymander_threshold={} > 0",
             t.gerrymander_window, t.gerrymander_threshold);

@@ -56,7 +56,8 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);
 
-// "model.hidden_size: 128 vs 256" for the first [model] key on which a and b differ, or "" if none.
+// "model: hidden_size = 128 vs hidden_size = 256" for the first [model] key on which a and b
+// differ, or "" if none.
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 
 }  // namespace moecore

@@ -14,7 +14,7 @@ std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                        static_cast<int64_t>(ids.size()) + std::max<int64_t>(max_tokens, 1));
   std::vector<int32_t> out = generate(model, ids, max_tokens, sampling, tokenizer.eos_id());
   if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
-  return tokenizer.decode(out);
+  return tokenizer.decode_text(out);
 }
 
 std::string generate_sample(const ModelConfig& config, const ParamLayout& layout,

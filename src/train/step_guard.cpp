@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace moecore {
@@ -27,8 +28,12 @@ std::string StepGuard::check(double loss, double grad_norm) {
   } else if (!std::isfinite(grad_norm)) {
     reason = fmt::format("gradient norm is {}", grad_norm);
   } else if (config_.sigma > 0.0 && static_cast<int64_t>(losses_.size()) >= config_.min_window) {
-    const auto [loss_mean, loss_std] = moments(losses_);
-    const auto [norm_mean, norm_std] = moments(grad_norms_);
+    // The spread is floored at 1% of the mean: a window of near-identical values would otherwise
+    // call every tiny rise a spike, and skipped steps never enter the window to widen it again.
+    auto [loss_mean, loss_std] = moments(losses_);
+    auto [norm_mean, norm_std] = moments(grad_norms_);
+    loss_std = std::max(loss_std, 0.01 * std::abs(loss_mean));
+    norm_std = std::max(norm_std, 0.01 * std::abs(norm_mean));
     if (loss > loss_mean + config_.sigma * loss_std)
       reason = fmt::format("loss spike: {:.4f} > mean {:.4f} + {} x std {:.4f}", loss, loss_mean,
                            config_.sigma, loss_std);

@@ -72,13 +72,19 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   std::filesystem::create_directories(tc.out_dir, ec);
   MOE_CHECK(!ec, "[train] cannot create output directory '{}': {}", tc.out_dir, ec.message());
   remove_interrupted_saves(tc.out_dir);
-  const std::optional<std::string> checkpoint =
-      options.resume ? latest_valid_checkpoint(tc.out_dir) : std::nullopt;
-  MOE_CHECK(options.resume || list_checkpoints(tc.out_dir).empty(),
+  const std::vector<std::string> existing = list_checkpoints(tc.out_dir);
+  MOE_CHECK(options.resume || existing.empty(),
             "[train] {} already holds checkpoints: pass --resume to continue that run, or choose "
             "another train.out_dir",
             tc.out_dir);
-  write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
+  std::vector<std::string> damaged;
+  const std::optional<std::string> checkpoint =
+      options.resume ? latest_valid_checkpoint(tc.out_dir, &damaged) : std::nullopt;
+  MOE_CHECK(
+      existing.empty() || checkpoint.has_value(),
+      "[train] none of the {} checkpoints in {} can be resumed (newest: {}); refusing to start "
+      "over on top of them",
+      existing.size(), tc.out_dir, damaged.empty() ? existing.back() : damaged.front());
 
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);
@@ -99,6 +105,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     guard.from_json(state.at("step_guard"));
     gerrymandering.from_json(state.at("gerrymandering"));
   }
+  // Written only once the inputs and the checkpoint are known to fit this config.
+  write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
   data::DataLoader loader(train_data, tc.seed, cursor);
   io::MetricsSink metrics(tc.out_dir, step);
   const nlohmann::json hf_config = io::hf_config_json(
@@ -107,6 +115,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const std::string tokenizer_json = tokenizer ? tokenizer->to_json() : std::string();
 
   Progress progress(tc.max_steps, tc.log_every);
+  for (const std::string& reason : damaged)
+    progress.message(fmt::format("warning: skipped damaged checkpoint {}", reason));
   progress.message(fmt::format(
       "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} train "
       "instances of {} tokens{}",
@@ -235,9 +245,15 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   summary.val_loss = run_eval(step);
   metrics.close();
   if (tokenizer && tc.sample_tokens > 0) {
-    const std::string sample = generate_sample(mc, layout, params, *tokenizer, tc.sample_prompt,
-                                               tc.sample_tokens, tc.seed);
-    progress.message(fmt::format("sample: {}{}", tc.sample_prompt, sample));
+    // The run is complete and saved; a model that cannot be sampled (e.g. non-finite weights after
+    // a diverged run) only loses its sample.
+    try {
+      const std::string sample = generate_sample(mc, layout, params, *tokenizer, tc.sample_prompt,
+                                                 tc.sample_tokens, tc.seed);
+      progress.message(fmt::format("sample: {}{}", tc.sample_prompt, sample));
+    } catch (const Error& e) {
+      progress.message(fmt::format("warning: no sample: {}", e.what()));
+    }
   }
   progress.message(fmt::format(
       "done: {} steps ({} skipped) in {:.0f}s; train loss {:.4f} -> {:.4f}; "

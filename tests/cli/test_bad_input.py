@@ -17,7 +17,9 @@ Binary: $MOECORE_BIN, default <repo>/build/bin/moecore. A missing binary is a fa
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import resource
 import shutil
 import struct
@@ -145,6 +147,43 @@ def tmp_files_next_to(out: Path) -> list[str]:
 # the valid world every bad case is derived from
 
 
+@dataclass(frozen=True)
+class JobData:
+    """A tiny corpus prepared with the CLI: tokenizer.json and OLMo-core token files."""
+    corpus: Path
+    tokenizer: Path
+    train: Path  # directory of .npy token files
+    val: Path
+    vocab_size: int  # the tokenizer's (the model's vocab_size must be at least this)
+
+    def data_toml(self, **changes: object) -> str:
+        """A [data] table pointing at the prepared files; a value of None deletes the key."""
+        data: dict[str, object] = {"train": [str(self.train)], "val": [str(self.val)],
+                                   "tokenizer": str(self.tokenizer)}
+        for k, v in changes.items():
+            if v is None:
+                data.pop(k, None)
+            else:
+                data[k] = v
+        lines = ["[data]"] + [f"{k} = {json.dumps(v)}" for k, v in data.items()]
+        return "\n".join(lines) + "\n"
+
+
+def write_corpus(path: Path, n_bytes: int = 60_000) -> Path:
+    """Deterministic English-like text, one document per line."""
+    rng = random.Random(0)
+    words = ("in the beginning god created heaven and earth was without form void darkness upon "
+             "face of deep spirit moved waters said let there be light it good divided from day "
+             "night evening morning were first").split()
+    lines, size = [], 0
+    while size < n_bytes:
+        line = " ".join(rng.choice(words) for _ in range(rng.randint(5, 25))).capitalize() + "."
+        lines.append(line)
+        size += len(line) + 1
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 @dataclass
 class Env:
     root: Path
@@ -155,6 +194,7 @@ class Env:
     good_state: Path  # a valid debug-state output, used as a pre-existing --out
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     counter: int = 0
+    job: JobData | None = None  # set by the job_data fixture (train cases)
 
     def path(self, name: str) -> Path:
         self.counter += 1
@@ -207,6 +247,26 @@ def env(tmp_path_factory) -> Env:
                  "--targets", targets, "--out", good_state], cwd=root)
     assert r.returncode == 0 and good_state.is_file(), f"debug-state on valid input failed: {r.stderr}"
     return Env(root, config, weights, tokens, targets, good_state, load_file(str(weights)))
+
+
+@pytest.fixture(scope="session")
+def job_data(env: Env) -> JobData:
+    """Corpus -> `moecore tokenizer train` (vocab 320) -> `moecore prepare`; attached to env.job."""
+    root = env.root / "job_data"
+    root.mkdir()
+    corpus = write_corpus(root / "corpus.txt")
+    tokenizer = root / "tokenizer.json"
+    r = run_bin(["tokenizer", "train", "--input", corpus, "--vocab-size", "320", "--out", tokenizer],
+                cwd=root)
+    assert r.returncode == 0 and tokenizer.is_file(), f"tokenizer train failed: {r.stderr}"
+    tokens = root / "tokens"
+    r = run_bin(["prepare", "--tokenizer", tokenizer, "--input", corpus, "--out", tokens,
+                 "--val-fraction", "0.1"], cwd=root)
+    assert r.returncode == 0, f"prepare failed: {r.stderr}"
+    meta = json.loads((tokens / "meta.json").read_text())
+    assert meta["train"]["tokens"] > 0 and meta["val"]["tokens"] > 0, meta
+    env.job = JobData(corpus, tokenizer, tokens / "train", tokens / "val", int(meta["vocab_size"]))
+    return env.job
 
 
 # ------------------------------------------------------------------------------------------------
@@ -627,7 +687,7 @@ def _(e):
 @case("config/not_utf8")
 def _(e):
     p = e.path("latin1.toml")
-    p.write_bytes(model_toml().encode() + b'\n[data]\ncorpus = "caf\xe9"\n')
+    p.write_bytes(model_toml().encode() + b'\n[data]\ntokenizer = "caf\xe9"\n')
     return _init_case(e, p, "latin1.toml")
 
 
@@ -728,10 +788,18 @@ def _(e):
 
 
 # --- train: config file and --set overrides ---
+# Every train case has valid data (the job_data fixture), so the named problem is the only one.
+
+
+def _train_toml(e: Env, out_dir: Path, train_extra: str = "", **data_changes: object) -> str:
+    assert e.job is not None, "train cases need the job_data fixture"
+    return (model_toml(vocab_size=e.job.vocab_size) + f'\n[train]\nout_dir = "{out_dir}"\n'
+            f'max_steps = 1\nbatch_size = 1\nseq_len = 16\nthreads = 1\nsample_tokens = 0\n'
+            f'{train_extra}' + e.job.data_toml(**data_changes))
+
 
 def _train_case(e: Env, *extra: str, needles=(), cfg: Path | None = None) -> Case:
-    cfg = cfg or e.cfg(model_toml(vocab_size=256) + '\n[train]\nout_dir = "' +
-                       str(e.root / "train_never_written") + '"\nmax_steps = 1\n')
+    cfg = cfg or e.cfg(_train_toml(e, e.root / "train_never_written"))
     return Case(["train", cfg, *extra], tuple(needles))
 
 
@@ -758,22 +826,27 @@ CASES["train/zero_batch_size"] = lambda e: _train_case(e, "--set", "train.batch_
 CASES["train/missing_config_argument"] = lambda e: Case(["train"], ("config",))
 
 
-@case("train/missing_corpus")
+@case("train/missing_train_tokens")
 def _(e):
-    out_dir = e.path("run")
-    cfg = e.cfg(model_toml(vocab_size=256) + f'\n[train]\nout_dir = "{out_dir}"\nmax_steps = 1\n'
-                '[data]\ncorpus = "/nonexistent/corpus.txt"\n')
-    return Case(["train", cfg], ("/nonexistent/corpus.txt",))
+    cfg = e.cfg(_train_toml(e, e.path("run"), train=["/nonexistent/tokens.npy"]))
+    return Case(["train", cfg], ("/nonexistent/tokens.npy",))
+
+
+@case("train/missing_val_tokens")
+def _(e):
+    cfg = e.cfg(_train_toml(e, e.path("run"), val=["/nonexistent/val_dir"]))
+    return Case(["train", cfg], ("/nonexistent/val_dir",))
+
+
+@case("train/missing_tokenizer")
+def _(e):
+    cfg = e.cfg(_train_toml(e, e.path("run"), tokenizer="/nonexistent/tokenizer.json"))
+    return Case(["train", cfg], ("/nonexistent/tokenizer.json",))
 
 
 @case("train/eval_batches_zero")
 def _(e):
-    corpus = e.path("corpus.txt")
-    corpus.write_text("In the beginning God created the heaven and the earth. " * 100)
-    cfg = e.cfg(model_toml(vocab_size=256) +
-                f'\n[train]\nout_dir = "{e.path("run")}"\nmax_steps = 1\nbatch_size = 1\n'
-                f'seq_len = 16\neval_every = 1\neval_batches = 0\nlog_every = 1\n'
-                f'[data]\ncorpus = "{corpus}"\n')
+    cfg = e.cfg(_train_toml(e, e.path("run"), train_extra="eval_every = 1\neval_batches = 0\nlog_every = 1\n"))
     return Case(["train", cfg], ("eval_batches",))
 
 
@@ -902,7 +975,9 @@ def _(e):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input(env: Env, name: str):
+def test_bad_input(env: Env, name: str, request):
+    if name.startswith("train/"):
+        request.getfixturevalue("job_data")  # valid data, so that only the named problem remains
     c = CASES[name](env)
     if c.out is not None and c.existing_out is not None:
         c.out.write_bytes(c.existing_out)
@@ -950,18 +1025,17 @@ def test_every_bad_case_is_distinct():
 # train: a failed run must not clobber the output directory of an earlier run
 
 
-def test_train_failure_keeps_existing_run_dir(env: Env):
+def test_train_failure_keeps_existing_run_dir(env: Env, job_data: JobData):
     run_dir = env.path("existing_run")
     run_dir.mkdir()
     (run_dir / "config.toml").write_text("# config of an earlier, good run\n")
     (run_dir / "model.safetensors").write_bytes(env.weights.read_bytes())
     snapshot = {p.name: p.read_bytes() for p in run_dir.iterdir()}
-    cfg = env.cfg(model_toml(vocab_size=256) + f'\n[train]\nout_dir = "{run_dir}"\nmax_steps = 1\n'
-                  '[data]\ncorpus = "/nonexistent/corpus.txt"\n')
+    cfg = env.cfg(_train_toml(env, run_dir, train=["/nonexistent/tokens.npy"]))
     r = run_bin(["train", cfg], cwd=env.root)
     diag = f"\n  command: moecore train {cfg}\n  exit: {r.returncode}\n  stderr: {r.stderr!r}"
     assert r.returncode > 0, diag
-    assert len(r.stderr.strip().splitlines()) == 1 and "/nonexistent/corpus.txt" in r.stderr, diag
+    assert len(r.stderr.strip().splitlines()) == 1 and "/nonexistent/tokens.npy" in r.stderr, diag
     after = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     changed = sorted(n for n in snapshot if after.get(n) != snapshot[n])
     assert not changed and set(after) == set(snapshot), (
@@ -1054,12 +1128,14 @@ def test_control_debug_steps(env: Env):
     assert expected_param_names() <= set(s)
 
 
-def test_control_train(env: Env):
-    corpus = env.path("corpus.txt")
-    corpus.write_text("In the beginning God created the heaven and the earth. " * 100)
+def test_control_train(env: Env, job_data: JobData):
     run_dir = env.path("run")
-    cfg = env.cfg(model_toml(vocab_size=256) +
-                  f'\n[train]\nout_dir = "{run_dir}"\nmax_steps = 1\nbatch_size = 1\nseq_len = 16\n'
-                  f'eval_every = 0\nlog_every = 1\nthreads = 1\n[data]\ncorpus = "{corpus}"\n')
+    cfg = env.cfg(_train_toml(env, run_dir, train_extra="eval_every = 0\nlog_every = 1\n"))
     ok_run(["train", cfg, "--set", "train.max_steps=2"], env.root)
-    assert (run_dir / "model.safetensors").is_file() and (run_dir / "config.toml").is_file()
+    ckpt = run_dir / "checkpoints" / "step_00000002"
+    assert (ckpt / "model.safetensors").is_file() and (run_dir / "config.toml").is_file()
+    assert set(load_file(str(ckpt / "model.safetensors"))) == expected_param_names()
+    # The same config with a train case's one problem fails (the train cases are not vacuous).
+    r = run_bin(["train", cfg, "--set", "train.out_dir=" + str(env.path("run2")),
+                 "--set", "train.batch_size=0"], cwd=env.root)
+    assert r.returncode > 0 and "train.batch_size=0" in r.stderr, r.stderr

@@ -1,0 +1,297 @@
+// Checkpoints: save / list / latest_valid / load round trip on a tiny model, keep_last pruning,
+// re-saving a step, clean-up of interrupted saves, fallback past damaged checkpoints, the
+// architecture check on load, and a save that fails on a full disk.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "io/file_util.h"
+#include "io/hf_config.h"
+#include "train/checkpoint.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig tiny_model() {
+  ModelConfig c;
+  c.vocab_size = 16;
+  c.hidden_size = 8;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 6;
+  c.intermediate_size = 10;
+  c.first_k_dense_replace = 1;
+  return c;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Every regular file under dir, relative path -> contents.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file())
+      files[fs::relative(entry.path(), dir).string()] = read_bytes(entry.path());
+  return files;
+}
+
+std::vector<std::string> names(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  for (const std::string& p : paths) out.push_back(fs::path(p).filename().string());
+  return out;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  CheckpointTest()
+      : layout_(ParamLayout::build(tiny_model())),
+        params_(layout_),
+        optimizer_(layout_, OptimConfig{}) {}
+
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "moecore_ckpt_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    run_dir_ = templ;
+    config_.model = tiny_model();
+    config_.train.seed = 7;
+    init_params(layout_, 1234, params_);
+    // Distinct, recognisable moments.
+    for (size_t i = 0; i < optimizer_.exp_avg().dense.size(); ++i) {
+      optimizer_.exp_avg().dense[i] = 0.001f * static_cast<float>(i);
+      optimizer_.exp_avg_sq().dense[i] = 0.5f + 0.002f * static_cast<float>(i);
+    }
+    for (size_t i = 0; i < optimizer_.exp_avg().expert.size(); ++i) {
+      optimizer_.exp_avg().expert[i] = -0.003f * static_cast<float>(i);
+      optimizer_.exp_avg_sq().expert[i] = 0.25f + 0.001f * static_cast<float>(i);
+    }
+    optimizer_.set_steps_taken(42);
+  }
+
+  void TearDown() override {
+    io::set_write_failure_for_testing(-1);
+    std::error_code ec;
+    fs::remove_all(run_dir_, ec);
+  }
+
+  CheckpointContents contents(int64_t step, const std::string& tokenizer = "") {
+    CheckpointContents c{&config_,
+                         &layout_,
+                         &params_,
+                         &optimizer_,
+                         {{"step", step}, {"tokens_seen", step * 1000}, {"cursor", {1, 2, 3}}},
+                         io::hf_config_json(config_.model, 64, 3),
+                         tokenizer};
+    return c;
+  }
+
+  std::string save(int64_t step, int64_t keep_last = 0) {
+    return save_checkpoint(run_dir_.string(), step, contents(step), keep_last);
+  }
+
+  fs::path checkpoints() const { return run_dir_ / "checkpoints"; }
+
+  RunConfig config_;
+  ParamLayout layout_;
+  ParamBuffers params_;
+  AdamW optimizer_;
+  fs::path run_dir_;
+};
+
+TEST_F(CheckpointTest, SaveListLoadRoundTrip) {
+  const std::string dir = save(5);
+  EXPECT_EQ(fs::path(dir).filename().string(), "step_00000005");
+  for (const char* file : {"model.safetensors", "optim.safetensors", "config.json", "config.toml",
+                           "trainer_state.json"})
+    EXPECT_TRUE(fs::is_regular_file(fs::path(dir) / file)) << file;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "tokenizer.json"));  // empty tokenizer: not written
+
+  const std::vector<std::string> listed = list_checkpoints(run_dir_.string());
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(fs::path(listed[0]), fs::path(dir));
+  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest), fs::path(dir));
+
+  // config.json is the HF config that was passed in.
+  EXPECT_EQ(nlohmann::json::parse(read_bytes(fs::path(dir) / "config.json")),
+            io::hf_config_json(config_.model, 64, 3));
+
+  ParamBuffers loaded(layout_);
+  AdamW loaded_optimizer(layout_, OptimConfig{});
+  const nlohmann::json state =
+      load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
+  EXPECT_EQ(state, contents(5).trainer_state);
+  EXPECT_EQ(loaded.dense, params_.dense);
+  EXPECT_EQ(loaded.expert, params_.expert);
+  EXPECT_EQ(loaded_optimizer.exp_avg().dense, optimizer_.exp_avg().dense);
+  EXPECT_EQ(loaded_optimizer.exp_avg().expert, optimizer_.exp_avg().expert);
+  EXPECT_EQ(loaded_optimizer.exp_avg_sq().dense, optimizer_.exp_avg_sq().dense);
+  EXPECT_EQ(loaded_optimizer.exp_avg_sq().expert, optimizer_.exp_avg_sq().expert);
+  EXPECT_EQ(loaded_optimizer.steps_taken(), 42);
+
+  // Weights only: the optimizer argument may be null.
+  ParamBuffers weights_only(layout_);
+  load_checkpoint(dir, config_.model, layout_, weights_only, nullptr);
+  EXPECT_EQ(weights_only.dense, params_.dense);
+}
+
+TEST_F(CheckpointTest, TokenizerJsonWrittenWhenNotEmpty) {
+  const std::string tokenizer = R"({"model": {"type": "BPE"}})";
+  const std::string dir = save_checkpoint(run_dir_.string(), 3, contents(3, tokenizer), 0);
+  EXPECT_EQ(read_bytes(fs::path(dir) / "tokenizer.json"), tokenizer);
+}
+
+TEST_F(CheckpointTest, KeepLastKeepsNewest) {
+  // Steps 3 and 10 sort by number, not by text, thanks to the zero padding.
+  for (int64_t step : {3, 2, 10}) save(step, 2);
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000003", "step_00000010"}));
+  save(11, 1);
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000011"}));
+  save(12, 0);  // 0: keep all
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000011", "step_00000012"}));
+}
+
+TEST_F(CheckpointTest, SavingSameStepTwiceReplacesIt) {
+  save(4);
+  params_.dense[0] = 123.0f;
+  optimizer_.set_steps_taken(99);
+  const std::string dir = save(4);
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000004"}));
+  // Nothing but the one checkpoint directory is left in checkpoints/.
+  std::vector<std::string> entries;
+  for (const auto& entry : fs::directory_iterator(checkpoints()))
+    entries.push_back(entry.path().filename().string());
+  EXPECT_EQ(entries, (std::vector<std::string>{"step_00000004"}));
+
+  ParamBuffers loaded(layout_);
+  AdamW loaded_optimizer(layout_, OptimConfig{});
+  load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
+  EXPECT_EQ(loaded.dense[0], 123.0f);
+  EXPECT_EQ(loaded_optimizer.steps_taken(), 99);
+}
+
+TEST_F(CheckpointTest, RemoveInterruptedSavesKeepsCompleteOnes) {
+  save(1);
+  fs::create_directories(checkpoints() / ".tmp-step_00000002-12345");
+  write_bytes(checkpoints() / ".tmp-step_00000002-12345" / "model.safetensors", "partial");
+  fs::create_directories(checkpoints() / ".tmp-step_00000001-777.replaced");
+  // Interrupted saves are never listed.
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000001"}));
+
+  remove_interrupted_saves(run_dir_.string());
+  std::vector<std::string> entries;
+  for (const auto& entry : fs::directory_iterator(checkpoints()))
+    entries.push_back(entry.path().filename().string());
+  EXPECT_EQ(entries, (std::vector<std::string>{"step_00000001"}));
+  EXPECT_TRUE(latest_valid_checkpoint(run_dir_.string()).has_value());
+
+  // No checkpoints directory at all: nothing to do, nothing thrown.
+  remove_interrupted_saves((run_dir_ / "absent").string());
+}
+
+TEST_F(CheckpointTest, LatestValidSkipsCorruptedHeader) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  std::string bytes = read_bytes(fs::path(bad) / "model.safetensors");
+  ASSERT_GT(bytes.size(), 16u);
+  for (size_t i = 8; i < 16; ++i) bytes[i] = '#';  // the JSON header no longer parses
+  write_bytes(fs::path(bad) / "model.safetensors", bytes);
+  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest), fs::path(good));
+}
+
+TEST_F(CheckpointTest, LatestValidSkipsMissingTrainerState) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  fs::remove(fs::path(bad) / "trainer_state.json");
+  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest), fs::path(good));
+
+  // With the older one damaged as well, there is no valid checkpoint.
+  write_bytes(fs::path(good) / "trainer_state.json", "{not json");
+  EXPECT_FALSE(latest_valid_checkpoint(run_dir_.string()).has_value());
+  EXPECT_FALSE(latest_valid_checkpoint((run_dir_ / "absent").string()).has_value());
+}
+
+TEST_F(CheckpointTest, LoadWithAnotherArchitectureNamesTheKey) {
+  const std::string dir = save(1);
+  ModelConfig other = config_.model;
+  other.moe_intermediate_size = 12;
+  const ParamLayout other_layout = ParamLayout::build(other);
+  ParamBuffers other_params(other_layout);
+  try {
+    load_checkpoint(dir, other, other_layout, other_params, nullptr);
+    FAIL() << "load_checkpoint accepted another architecture";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("another architecture"), std::string::npos) << message;
+    EXPECT_NE(message.find("moe_intermediate_size"), std::string::npos) << message;
+  }
+}
+
+TEST_F(CheckpointTest, FailedSaveLeavesPreviousCheckpointIntact) {
+  const std::string previous = save(1);
+  const std::map<std::string, std::string> before = snapshot(checkpoints());
+
+  // Fail after a few KiB: inside model.safetensors of the new save.
+  io::set_write_failure_for_testing(2000);
+  params_.dense[0] = 7.0f;
+  EXPECT_THROW(save(2, 1), Error);
+  io::set_write_failure_for_testing(-1);
+
+  EXPECT_EQ(snapshot(checkpoints()), before);  // no temp dir, previous one byte-identical
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000001"}));
+
+  // Fail in the last file written (trainer_state.json), after every other file is complete.
+  int64_t before_state = 0;
+  for (const auto& [name, bytes] : before)
+    if (name.find("trainer_state.json") == std::string::npos)
+      before_state += static_cast<int64_t>(bytes.size());
+  io::set_write_failure_for_testing(before_state + 3);
+  EXPECT_THROW(save(3, 1), Error);
+  io::set_write_failure_for_testing(-1);
+  EXPECT_EQ(snapshot(checkpoints()), before);
+
+  // Failing while re-saving the same step leaves the old copy in place too.
+  io::set_write_failure_for_testing(0);
+  EXPECT_THROW(save(1, 1), Error);
+  io::set_write_failure_for_testing(-1);
+  EXPECT_EQ(snapshot(checkpoints()), before);
+  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest), fs::path(previous));
+}
+
+}  // namespace
+}  // namespace moecore

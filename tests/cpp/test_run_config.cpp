@@ -1,0 +1,285 @@
+// Run configuration: a TOML file with every key, --set overrides, the errors for unknown keys,
+// tables and inconsistent values, the TOML round trip, and model_config_difference.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "train/run_config.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kFull = R"(
+[model]
+vocab_size = 300
+hidden_size = 48
+num_hidden_layers = 3
+num_attention_heads = 6
+num_key_value_heads = 2
+head_dim = 10
+rope_theta = 500000.0
+rms_norm_eps = 1e-6
+tie_word_embeddings = true
+num_experts = 16
+num_experts_per_tok = 4
+moe_intermediate_size = 24
+intermediate_size = 96
+first_k_dense_replace = 1
+shared_expert_intermediate_size = 32
+norm_topk_prob = true
+router_aux_loss_coef = 0.02
+router_z_loss_coef = 0.001
+qk_norm = "per_head"
+router_score = "sigmoid"
+lb_loss_style = "hf"
+
+[optim]
+lr = 3e-4
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-10
+weight_decay = 0.05
+max_grad_norm = 0.5
+warmup_steps = 25
+schedule = "linear"
+min_lr_ratio = 0.2
+
+[train]
+seed = 17
+max_steps = 500
+batch_size = 12
+microbatches = 3
+seq_len = 64
+threads = 4
+log_every = 5
+eval_every = 50
+eval_batches = 2
+save_every = 100
+keep_last = 5
+max_seconds = 3600
+skip_sigma = 4.5
+skip_window = 64
+skip_min_window = 10
+gerrymander_window = 40
+gerrymander_threshold = 0.1
+sample_prompt = "Once upon"
+sample_tokens = 20
+out_dir = "runs/full"
+
+[data]
+train = ["a.npy", "dir/b"]
+val = "val.npy"
+tokenizer = "tok/tokenizer.json"
+)";
+
+RunConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_run_config(text, "test.toml", overrides);
+}
+
+// The message of the Error that parsing throws ("" when it does not throw).
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(text, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RunConfig, ParsesEveryKey) {
+  const RunConfig c = parse(kFull);
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.vocab_size, 300);
+  EXPECT_EQ(m.hidden_size, 48);
+  EXPECT_EQ(m.num_hidden_layers, 3);
+  EXPECT_EQ(m.num_attention_heads, 6);
+  EXPECT_EQ(m.num_key_value_heads, 2);
+  EXPECT_EQ(m.head_dim, 10);
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rms_norm_eps, 1e-6);
+  EXPECT_TRUE(m.tie_word_embeddings);
+  EXPECT_EQ(m.num_experts, 16);
+  EXPECT_EQ(m.num_experts_per_tok, 4);
+  EXPECT_EQ(m.moe_intermediate_size, 24);
+  EXPECT_EQ(m.intermediate_size, 96);
+  EXPECT_EQ(m.first_k_dense_replace, 1);
+  EXPECT_EQ(m.shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(m.norm_topk_prob);
+  EXPECT_EQ(m.router_aux_loss_coef, 0.02);
+  EXPECT_EQ(m.router_z_loss_coef, 0.001);
+  EXPECT_EQ(m.qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(m.router_score, RouterScore::kSigmoid);
+  EXPECT_EQ(m.lb_loss_style, LbLossStyle::kHf);
+
+  const OptimConfig& o = c.optim;
+  EXPECT_EQ(o.lr, 3e-4);
+  EXPECT_EQ(o.beta1, 0.8);
+  EXPECT_EQ(o.beta2, 0.99);
+  EXPECT_EQ(o.eps, 1e-10);
+  EXPECT_EQ(o.weight_decay, 0.05);
+  EXPECT_EQ(o.max_grad_norm, 0.5);
+  EXPECT_EQ(o.warmup_steps, 25);
+  EXPECT_EQ(o.schedule, LrSchedule::kLinear);
+  EXPECT_EQ(o.min_lr_ratio, 0.2);
+
+  const TrainConfig& t = c.train;
+  EXPECT_EQ(t.seed, 17u);
+  EXPECT_EQ(t.max_steps, 500);
+  EXPECT_EQ(t.batch_size, 12);
+  EXPECT_EQ(t.microbatches, 3);
+  EXPECT_EQ(t.seq_len, 64);
+  EXPECT_EQ(t.threads, 4);
+  EXPECT_EQ(t.log_every, 5);
+  EXPECT_EQ(t.eval_every, 50);
+  EXPECT_EQ(t.eval_batches, 2);
+  EXPECT_EQ(t.save_every, 100);
+  EXPECT_EQ(t.keep_last, 5);
+  EXPECT_EQ(t.max_seconds, 3600.0);  // an integer is accepted for a float key
+  EXPECT_EQ(t.skip_sigma, 4.5);
+  EXPECT_EQ(t.skip_window, 64);
+  EXPECT_EQ(t.skip_min_window, 10);
+  EXPECT_EQ(t.gerrymander_window, 40);
+  EXPECT_EQ(t.gerrymander_threshold, 0.1);
+  EXPECT_EQ(t.sample_prompt, "Once upon");
+  EXPECT_EQ(t.sample_tokens, 20);
+  EXPECT_EQ(t.out_dir, "runs/full");
+
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"a.npy", "dir/b"}));
+  EXPECT_EQ(c.data.val, (std::vector<std::string>{"val.npy"}));  // one string: a list of one
+  EXPECT_EQ(c.data.tokenizer, "tok/tokenizer.json");
+}
+
+TEST(RunConfig, EmptyTextGivesDefaults) {
+  const RunConfig c = parse("");
+  const RunConfig d;
+  EXPECT_EQ(run_config_to_toml(c), run_config_to_toml(d));
+  EXPECT_EQ(model_config_difference(c.model, d.model), "");
+}
+
+TEST(RunConfig, Overrides) {
+  const RunConfig c =
+      parse(kFull, {"train.max_steps=50", "optim.lr=1e-2", "train.max_seconds=2.5",
+                    "model.tie_word_embeddings=false", "train.out_dir=\"runs/quoted\"",
+                    "data.train=[\"x.npy\",\"y.npy\"]", "train.sample_prompt=hello",
+                    "data.tokenizer=other/tok.json", "optim.schedule=constant"});
+  EXPECT_EQ(c.train.max_steps, 50);
+  EXPECT_EQ(c.optim.lr, 1e-2);
+  EXPECT_EQ(c.train.max_seconds, 2.5);
+  EXPECT_FALSE(c.model.tie_word_embeddings);
+  EXPECT_EQ(c.train.out_dir, "runs/quoted");
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"x.npy", "y.npy"}));
+  EXPECT_EQ(c.train.sample_prompt, "hello");      // a bare word is a string
+  EXPECT_EQ(c.data.tokenizer, "other/tok.json");  // so is an unquoted path
+  EXPECT_EQ(c.optim.schedule, LrSchedule::kConstant);
+  EXPECT_EQ(c.train.batch_size, 12);  // untouched keys keep the file's values
+
+  // An override may create a table the file does not have, and later overrides win.
+  const RunConfig d = parse("", {"train.seed=5", "train.seed=6"});
+  EXPECT_EQ(d.train.seed, 6u);
+
+  // Overrides are type-checked and key-checked like the file.
+  EXPECT_NE(error_of(kFull, {"train.max_steps=many"}).find("train.max_steps must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(kFull, {"train.max_step=5"}).find("unknown key train.max_step"),
+            std::string::npos);
+  EXPECT_NE(error_of(kFull, {"trainmax_steps=5"}).find("section.key=value"), std::string::npos);
+  EXPECT_NE(error_of(kFull, {"train.max_steps"}).find("section.key=value"), std::string::npos);
+}
+
+TEST(RunConfig, UnknownKeysAndTablesAreErrors) {
+  std::string e = error_of("[model]\nhiden_size = 64\n");
+  EXPECT_NE(e.find("unknown key model.hiden_size"), std::string::npos) << e;
+  e = error_of("[trainer]\nmax_steps = 1\n");
+  EXPECT_NE(e.find("unknown table [trainer]"), std::string::npos) << e;
+  e = error_of("max_steps = 1\n");
+  EXPECT_NE(e.find("must be a table"), std::string::npos) << e;
+  e = error_of("[model]\nhidden_size = \"64\"\n");
+  EXPECT_NE(e.find("model.hidden_size must be an integer"), std::string::npos) << e;
+  e = error_of("[model]\nqk_norm = \"half\"\n");
+  EXPECT_NE(e.find("qk_norm=\"half\" is not one of"), std::string::npos) << e;
+  e = error_of("[data]\ntrain = [1, 2]\n");
+  EXPECT_NE(e.find("data.train must be a list of strings"), std::string::npos) << e;
+  e = error_of("[model\n");
+  EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
+}
+
+TEST(RunConfig, MicrobatchesMustDivideBatchSize) {
+  std::string e = error_of("[train]\nbatch_size = 12\nmicrobatches = 5\n");
+  EXPECT_NE(e.find("microbatches=5"), std::string::npos) << e;
+  EXPECT_NE(error_of("[train]\nbatch_size = 12\nmicrobatches = 0\n").find("microbatches"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[train]\nbatch_size = 12\nmicrobatches = 4\n"), "");
+}
+
+TEST(RunConfig, EvalBatchesZeroNeedsEvalEveryZero) {
+  std::string e = error_of("[train]\neval_every = 10\neval_batches = 0\n");
+  EXPECT_NE(e.find("eval_batches=0"), std::string::npos) << e;
+  EXPECT_EQ(error_of("[train]\neval_every = 0\neval_batches = 0\n"), "");
+}
+
+TEST(RunConfig, TomlRoundTrip) {
+  for (const RunConfig& original : {parse(kFull), RunConfig{}}) {
+    const std::string text = run_config_to_toml(original);
+    const RunConfig reparsed = parse(text);
+    EXPECT_EQ(run_config_to_toml(reparsed), text);
+    EXPECT_EQ(model_config_difference(original.model, reparsed.model), "");
+  }
+  // Special characters in strings survive.
+  RunConfig c;
+  c.train.sample_prompt = "say \"hi\"\n\ttab \\ back";
+  c.data.val = {"a b.npy", "ü.npy"};
+  const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.train.sample_prompt, c.train.sample_prompt);
+  EXPECT_EQ(reparsed.data.val, c.data.val);
+  EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
+}
+
+TEST(RunConfig, LoadFromFile) {
+  const fs::path path = fs::path(::testing::TempDir()) /
+                        ("moecore_run_config_" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream out(path);
+    out << kFull;
+  }
+  const RunConfig c = load_run_config(path.string(), {"train.keep_last=1"});
+  EXPECT_EQ(c.train.keep_last, 1);
+  EXPECT_EQ(c.model.hidden_size, 48);
+  fs::remove(path);
+  EXPECT_THROW(load_run_config(path.string()), Error);
+}
+
+TEST(RunConfig, ModelConfigDifference) {
+  ModelConfig a, b;
+  EXPECT_EQ(model_config_difference(a, b), "");
+  b.num_experts = 16;
+  std::string d = model_config_difference(a, b);
+  EXPECT_NE(d.find("num_experts"), std::string::npos) << d;
+  EXPECT_NE(d.find("8"), std::string::npos) << d;
+  EXPECT_NE(d.find("16"), std::string::npos) << d;
+  EXPECT_EQ(d.find("num_experts_per_tok"), std::string::npos) << d;
+
+  b = a;
+  b.qk_norm = QkNorm::kPerHead;
+  d = model_config_difference(a, b);
+  EXPECT_NE(d.find("qk_norm"), std::string::npos) << d;
+  EXPECT_NE(d.find("per_head"), std::string::npos) << d;
+
+  b = a;
+  b.rope_theta = 20000.0;
+  d = model_config_difference(a, b);
+  EXPECT_NE(d.find("rope_theta"), std::string::npos) << d;
+
+  b = a;
+  b.tie_word_embeddings = true;
+  EXPECT_NE(model_config_difference(a, b).find("tie_word_embeddings"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moecore
