@@ -10,10 +10,26 @@
 #include "cli/debug_commands.h"
 #include "cli/job_commands.h"
 #include "core/check.h"
+#include "dist/communicator.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
 
+// A failure on one rank of a multi-rank job ends every rank (MPI_Abort): the others would
+// otherwise wait forever in their next collective.
+int fail_job(const std::string& message) {
+  std::fflush(stdout);
+  const moecore::dist::Communicator world = moecore::dist::Communicator::world();
+  if (world.size() > 1) {
+    fmt::print(stderr, "moecore: error (rank {} of {}): {}\n", world.rank(), world.size(), message);
+    std::fflush(stderr);
+    moecore::dist::abort_job(1);
+  }
+  fmt::print(stderr, "moecore: error: {}\n", message);
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  moecore::dist::init_mpi(&argc, &argv);
   CLI::App app{"moecore: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
 
@@ -139,15 +155,9 @@ int main(int argc, char** argv) {
       cli::run_generate(gen);
     }
   } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    fmt::print(stderr,
-               "moecore: error: out of memory (the configured model or batch is too large for "
-               "this machine)\n");
-    return 1;
+    return fail_job("out of memory (the configured model or batch is too large for this machine)");
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "moecore: error: {}\n", e.what());
-    return 1;
+    return fail_job(e.what());
   }
   return 0;
 }

@@ -47,6 +47,7 @@ class Transformer {
   // process holds the whole batch.
   using BatchSum = std::function<void(double* values, int64_t count)>;
   void set_batch_sum(BatchSum batch_sum) { batch_sum_ = std::move(batch_sum); }
+  const BatchSum& batch_sum() const { return batch_sum_; }
 
   const std::vector<float>& logits() const { return logits_; }  // [batch * seq, vocab]
   const ModelConfig& config() const { return config_; }

@@ -1,28 +1,31 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace moecore {
 
-AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config)
-    : layout_(layout), config_(config), m_(layout), v_(layout) {}
-
-void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr) {
-  ++step_;
-  const double t = static_cast<double>(step_);
-  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
-  const float bias1 = static_cast<float>(1.0 - std::pow(config_.beta1, t));
-  const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config_.beta2, t)));
-  const float eps = static_cast<float>(config_.eps);
+void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
+                        size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
+                        float* exp_avg_sq, int64_t step, double lr) {
+  const double t = static_cast<double>(step);
+  const float b1 = static_cast<float>(config.beta1), b2 = static_cast<float>(config.beta2);
+  const float bias1 = static_cast<float>(1.0 - std::pow(config.beta1, t));
+  const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, t)));
+  const float eps = static_cast<float>(config.eps);
   const float step_size = static_cast<float>(lr) / bias1;
-  for (const ParamSpec& spec : layout_.specs()) {
+  for (const ParamSpec& spec : layout.specs()) {
+    if (spec.group != group) continue;
+    // The part of this tensor inside [begin, end).
+    const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
+    if (lo >= hi) continue;
     const bool decay = !spec.is_norm && !spec.is_embedding;
-    const float decay_factor = decay ? 1.0f - static_cast<float>(lr * config_.weight_decay) : 1.0f;
-    float* p = params.at(spec);
-    const float* g = grads.at(spec);
-    float* m = m_.at(spec);
-    float* v = v_.at(spec);
-    const int64_t count = static_cast<int64_t>(spec.numel);
+    const float decay_factor = decay ? 1.0f - static_cast<float>(lr * config.weight_decay) : 1.0f;
+    float* p = params + lo;
+    const float* g = grads + (lo - begin);
+    float* m = exp_avg + (lo - begin);
+    float* v = exp_avg_sq + (lo - begin);
+    const int64_t count = static_cast<int64_t>(hi - lo);
 #pragma omp parallel for schedule(static) if (count > 65536)
     for (int64_t i = 0; i < count; ++i) {
       p[i] *= decay_factor;
@@ -32,6 +35,16 @@ void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr) {
       p[i] -= step_size * m[i] / denom;
     }
   }
+}
+
+AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config)
+    : layout_(layout), config_(config), m_(layout), v_(layout) {}
+
+void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr) {
+  ++step_;
+  for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert})
+    adamw_update_range(layout_, config_, group, 0, layout_.numel(group), params.data(group),
+                       grads.data(group), m_.data(group), v_.data(group), step_, lr);
 }
 
 }  // namespace moecore

@@ -5,12 +5,20 @@
 // weight decay (the OLMo-core default).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "model/params.h"
 #include "optim/optim_config.h"
 
 namespace moecore {
+
+// The AdamW update of the elements [begin, end) of one parameter group (the whole group, or one
+// rank's shard under ZeRO-1). params is the group's full flat buffer; grads, exp_avg and
+// exp_avg_sq hold just the range (element `begin` is their index 0). `step` counts from 1.
+void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
+                        size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
+                        float* exp_avg_sq, int64_t step, double lr);
 
 class AdamW {
  public:
@@ -22,6 +30,8 @@ class AdamW {
   int64_t steps_taken() const { return step_; }
   ParamBuffers& exp_avg() { return m_; }
   ParamBuffers& exp_avg_sq() { return v_; }
+  const ParamBuffers& exp_avg() const { return m_; }
+  const ParamBuffers& exp_avg_sq() const { return v_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
 
  private:

@@ -9,7 +9,8 @@ namespace moecore {
 
 class Progress {
  public:
-  Progress(int64_t max_steps, int64_t log_every);
+  // A disabled display prints nothing (ranks other than 0).
+  Progress(int64_t max_steps, int64_t log_every, bool enabled = true);
 
   // Called after every step; prints when due (every step on a terminal, else every log_every).
   void update(int64_t step, double loss, double tokens_per_s, double seconds_per_step,
@@ -19,6 +20,7 @@ class Progress {
 
  private:
   int64_t max_steps_, log_every_;
+  bool enabled_;
   bool terminal_;
   bool line_open_ = false;
 };

@@ -157,6 +157,14 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("out_dir", t.out_dir);
 }
 
+void read_parallel(TableReader& r, ParallelConfig& p) {
+  r.read("ep", p.ep);
+  r.read("zero", p.zero);
+  r.read_enum("dispatch", p.dispatch, {{"sync", Dispatch::kSync}, {"rowwise", Dispatch::kRowwise}});
+  r.read("capacity_factor", p.capacity_factor);
+  r.read("overlap_grad_reduce", p.overlap_grad_reduce);
+}
+
 void read_data(TableReader& r, DataConfig& d) {
   r.read("train", d.train);
   r.read("val", d.val);
@@ -224,9 +232,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
       read_train(reader, config.train);
     } else if (section == "data") {
       read_data(reader, config.data);
+    } else if (section == "parallel") {
+      read_parallel(reader, config.parallel);
     } else {
-      fail("[config] {}: unknown table [{}] (expected model, optim, train, data)", source_name,
-           section);
+      fail("[config] {}: unknown table [{}] (expected model, optim, train, data, parallel)",
+           source_name, section);
     }
     reader.reject_unknown();
   }
@@ -255,6 +265,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.gerrymander_window={} must be >= 0 and gerrymander_threshold={} > 0",
             t.gerrymander_window, t.gerrymander_threshold);
   MOE_CHECK(t.sample_tokens >= 0, "[config] train.sample_tokens={} must be >= 0", t.sample_tokens);
+  const ParallelConfig& p = config.parallel;
+  MOE_CHECK(p.ep >= 1, "[config] parallel.ep={} must be >= 1", p.ep);
+  MOE_CHECK(p.zero == 0 || p.zero == 1, "[config] parallel.zero={} must be 0 or 1", p.zero);
+  MOE_CHECK(p.capacity_factor > 0.0, "[config] parallel.capacity_factor={} must be positive",
+            p.capacity_factor);
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   return config;
 }
@@ -344,7 +359,14 @@ std::string run_config_to_toml(const RunConfig& c) {
   toml::table data{{"train", string_list(c.data.train)},
                    {"val", string_list(c.data.val)},
                    {"tokenizer", c.data.tokenizer}};
-  toml::table doc{{"model", model}, {"optim", optim}, {"train", train}, {"data", data}};
+  const ParallelConfig& p = c.parallel;
+  toml::table parallel{{"ep", p.ep},
+                       {"zero", p.zero},
+                       {"dispatch", p.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
+                       {"capacity_factor", p.capacity_factor},
+                       {"overlap_grad_reduce", p.overlap_grad_reduce}};
+  toml::table doc{
+      {"model", model}, {"optim", optim}, {"train", train}, {"data", data}, {"parallel", parallel}};
   std::ostringstream out;
   out << doc << "\n";
   return out.str();

@@ -41,11 +41,23 @@ struct DataConfig {
   std::string tokenizer;  // tokenizer.json, for the sample printed at the end (optional)
 };
 
+enum class Dispatch { kSync, kRowwise };
+
+// [parallel]: the process layout. dp (data parallel) is derived: world size / (pp * ep).
+struct ParallelConfig {
+  int64_t ep = 1;    // expert parallel degree (experts sharded over ep ranks)
+  int64_t zero = 0;  // 1: optimizer state sharded over dp (dense) and ep_dp (experts)
+  Dispatch dispatch = Dispatch::kSync;
+  double capacity_factor = 1.25;     // rowwise dispatch: receive capacity per rank
+  bool overlap_grad_reduce = false;  // start gradient all-reduces during the backward
+};
+
 struct RunConfig {
   ModelConfig model;
   OptimConfig optim;
   TrainConfig train;
   DataConfig data;
+  ParallelConfig parallel;
 };
 
 // Parses a TOML file (or the text of one) and applies overrides such as "train.max_steps=50".

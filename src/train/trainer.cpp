@@ -12,12 +12,14 @@
 #include "core/check.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "dist/communicator.h"
+#include "dist/distributed_optimizer.h"
+#include "dist/mesh.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
-#include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -46,12 +48,38 @@ std::optional<int64_t> write_fault_from_env() {
   return std::stoll(value);
 }
 
+// Threads per rank: train.threads, or the cores divided among the ranks on this node (ranks that
+// each start one thread per core would oversubscribe the machine).
+void set_threads(int64_t threads, int world_size) {
+  if (threads > 0) {
+    omp_set_num_threads(static_cast<int>(threads));
+  } else if (world_size > 1) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int local_ranks = local != nullptr ? std::max(1, std::atoi(local)) : world_size;
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / local_ranks));
+  }
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
-  if (tc.threads > 0) omp_set_num_threads(static_cast<int>(tc.threads));
+  const dist::Communicator world = dist::Communicator::world();
+  MOE_CHECK(config.parallel.ep == 1,
+            "[parallel] parallel.ep={}: expert parallelism is not implemented yet (only data "
+            "parallelism, with or without ZeRO-1)",
+            config.parallel.ep);
+  const dist::Mesh mesh = dist::Mesh::build(world, config.parallel.ep);
+  const bool rank0 = world.rank() == 0;
+  const int64_t dp = mesh.dp.size();
+  set_threads(tc.threads, world.size());
+  const int64_t global_rows = tc.batch_size / tc.microbatches;
+  MOE_CHECK(
+      global_rows % dp == 0,
+      "[parallel] train.batch_size / train.microbatches = {} sequences per micro-batch do not "
+      "split over dp={} ranks",
+      global_rows, dp);
 
   // Every input is opened and checked before anything is written.
   MOE_CHECK(!config.data.train.empty(), "[train] data.train lists no token files");
@@ -68,10 +96,13 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
               tokenizer->vocab_size(), mc.vocab_size);
   }
   const ParamLayout layout = ParamLayout::build(mc);
-  std::error_code ec;
-  std::filesystem::create_directories(tc.out_dir, ec);
-  MOE_CHECK(!ec, "[train] cannot create output directory '{}': {}", tc.out_dir, ec.message());
-  remove_interrupted_saves(tc.out_dir);
+  if (rank0) {
+    std::error_code ec;
+    std::filesystem::create_directories(tc.out_dir, ec);
+    MOE_CHECK(!ec, "[train] cannot create output directory '{}': {}", tc.out_dir, ec.message());
+    remove_interrupted_saves(tc.out_dir);
+  }
+  world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
   const std::vector<std::string> existing = list_checkpoints(tc.out_dir);
   MOE_CHECK(options.resume || existing.empty(),
             "[train] {} already holds checkpoints: pass --resume to continue that run, or choose "
@@ -89,13 +120,18 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);
   Transformer model(mc, layout);
-  AdamW optimizer(layout, config.optim);
+  if (dp > 1)
+    model.set_batch_sum(
+        [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
+  dist::DistributedOptimizer optimizer(layout, config.optim, mesh, config.parallel.zero == 1);
   StepGuard guard({tc.skip_sigma, tc.skip_window, tc.skip_min_window});
   GerrymanderingDetector gerrymandering({tc.gerrymander_window, tc.gerrymander_threshold});
   int64_t step = 0, tokens_seen = 0;
   uint64_t cursor = 0;
   if (checkpoint) {
-    const nlohmann::json state = load_checkpoint(*checkpoint, mc, layout, params, &optimizer);
+    AdamW full_state(layout, config.optim);
+    const nlohmann::json state = load_checkpoint(*checkpoint, mc, layout, params, &full_state);
+    optimizer.import_state(full_state);
     step = state.at("step").get<int64_t>();
     tokens_seen = state.at("tokens_seen").get<int64_t>();
     cursor = state.at("data_cursor").get<uint64_t>();
@@ -106,15 +142,18 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     gerrymandering.from_json(state.at("gerrymandering"));
   }
   // Written only once the inputs and the checkpoint are known to fit this config.
-  write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
+  if (rank0) write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
+  // Every rank reads the same global batches in the same order and keeps its slice, so the data
+  // cursor, and with it every checkpoint, does not depend on the layout.
   data::DataLoader loader(train_data, tc.seed, cursor);
-  io::MetricsSink metrics(tc.out_dir, step);
+  std::optional<io::MetricsSink> metrics;
+  if (rank0) metrics.emplace(tc.out_dir, step);
   const nlohmann::json hf_config = io::hf_config_json(
       mc, tc.seq_len, tokenizer ? std::optional<int32_t>(tokenizer->eos_id()) : std::nullopt);
   const std::optional<int64_t> write_fault = write_fault_from_env();
   const std::string tokenizer_json = tokenizer ? tokenizer->to_json() : std::string();
 
-  Progress progress(tc.max_steps, tc.log_every);
+  Progress progress(tc.max_steps, tc.log_every, rank0);
   for (const std::string& reason : damaged)
     progress.message(fmt::format("warning: skipped damaged checkpoint {}", reason));
   progress.message(fmt::format(
@@ -126,11 +165,22 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       static_cast<double>(layout.numel(ParamGroup::kExpert)) / 1e6, omp_get_max_threads(),
       train_data.num_instances(), tc.seq_len,
       checkpoint ? fmt::format(", resumed from {} (step {})", *checkpoint, step) : ""));
+  if (world.size() > 1)
+    progress.message(
+        fmt::format("parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank",
+                    world.size(), dp, config.parallel.ep, config.parallel.zero,
+                    static_cast<double>(optimizer.state_floats()) * 4.0 / (1 << 20)));
 
-  const int64_t rows = tc.batch_size / tc.microbatches;
+  const int64_t rows = global_rows;             // sequences per micro-batch, all ranks together
+  const int64_t local_rows = global_rows / dp;  // this rank's slice
+  const int64_t slice_begin = mesh.dp.rank() * local_rows * tc.seq_len;
   const float micro_scale = 1.0f / static_cast<float>(tc.microbatches);
   const int64_t eval_instances = tc.eval_batches * rows;
   auto save = [&](int64_t at_step) {
+    // Collective under ZeRO (the moments are gathered); rank 0 writes.
+    AdamW full_state(layout, config.optim);
+    optimizer.export_state(full_state);
+    if (!rank0) return;
     const nlohmann::json state = {
         {"step", at_step},
         {"tokens_seen", tokens_seen},
@@ -142,14 +192,19 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         {"gerrymandering", gerrymandering.to_json()}};
     const std::string dir = save_checkpoint(
         tc.out_dir, at_step,
-        {&config, &layout, &params, &optimizer, state, hf_config, tokenizer_json}, tc.keep_last);
+        {&config, &layout, &params, &full_state, state, hf_config, tokenizer_json}, tc.keep_last);
     progress.message(fmt::format("checkpoint {}", dir));
     if (write_fault) io::set_write_failure_for_testing(*write_fault);
   };
   auto run_eval = [&](int64_t at_step) -> double {
-    if (!val_data) return 0.0;
+    // Rank 0 evaluates alone, with the data-parallel reduction off; the others go on to the next
+    // step's first collective and wait there.
+    if (!val_data || !rank0) return 0.0;
+    Transformer::BatchSum batch_sum = model.batch_sum();
+    model.set_batch_sum(nullptr);
     const EvalResult r = evaluate(model, params, *val_data, rows, eval_instances);
-    metrics.log(at_step, {{"val/loss", r.loss}, {"val/ppl", r.perplexity}});
+    model.set_batch_sum(batch_sum);
+    metrics->log(at_step, {{"val/loss", r.loss}, {"val/ppl", r.perplexity}});
     progress.message(fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)",
                                  at_step, r.loss, r.perplexity, r.tokens));
     return r.loss;
@@ -168,7 +223,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     LossParts loss;
     for (int64_t micro = 0; micro < tc.microbatches; ++micro) {
       loader.next_batch(rows, tokens, targets);
-      const LossParts part = model.forward(params, tokens.data(), targets.data(), rows, tc.seq_len);
+      const LossParts part = model.forward(params, tokens.data() + slice_begin,
+                                           targets.data() + slice_begin, local_rows, tc.seq_len);
       model.backward(params, grads, micro_scale);
       loss.ce += part.ce * static_cast<double>(micro_scale);
       loss.lb += part.lb * static_cast<double>(micro_scale);
@@ -176,11 +232,12 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       loss.total += part.total * static_cast<double>(micro_scale);
     }
     const double lr = learning_rate(config.optim, step, tc.max_steps);
-    const double norm = global_grad_norm(grads);
+    // Losses and the norm are global (identical on every rank), so every rank takes the same
+    // decision.
+    const double norm = optimizer.reduce_gradients(grads);
     const std::string skip_reason = guard.check(loss.total, norm);
     if (skip_reason.empty()) {
-      clip_grad_norm(grads, config.optim.max_grad_norm);
-      optimizer.step(params, grads, lr);
+      optimizer.step(params, grads, lr, norm);
     } else {
       progress.message(
           fmt::format("warning: step {} skipped ({}); weights unchanged", step + 1, skip_reason));
@@ -216,7 +273,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         {"moe/imbalance_trend", verdict.imbalance_trend}};
     const bool log_step = step % tc.log_every == 0 || step == tc.max_steps;
     for (auto& scalar : moe.scalars(log_step)) scalars.push_back(std::move(scalar));
-    metrics.log(step, scalars);
+    if (rank0) metrics->log(step, scalars);
     if (step == summary.start_step + 1) summary.first_loss = loss.ce;
     summary.last_loss = loss.ce;
     progress.update(step, loss.ce, tokens_per_s,
@@ -243,8 +300,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   summary.steps = step;
   summary.skipped_steps = guard.skipped();
   summary.val_loss = run_eval(step);
-  metrics.close();
-  if (tokenizer && tc.sample_tokens > 0) {
+  if (rank0) metrics->close();
+  if (rank0 && tokenizer && tc.sample_tokens > 0) {
     // The run is complete and saved; a model that cannot be sampled (e.g. non-finite weights after
     // a diverged run) only loses its sample.
     try {

@@ -1,0 +1,143 @@
+#include "dist/distributed_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/deterministic_sum.h"
+#include "optim/grad_clip.h"
+
+namespace moecore::dist {
+
+namespace {
+
+double sum_of_squares(const float* values, size_t count) {
+  return deterministic_sum(static_cast<int64_t>(count), [&](int64_t i) {
+    const double v = static_cast<double>(values[i]);
+    return v * v;
+  });
+}
+
+float clip_coefficient(double max_norm, double norm) {
+  if (max_norm <= 0.0 || !std::isfinite(norm)) return 1.0f;
+  return static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const OptimConfig& config,
+                                           const Mesh& mesh, bool zero)
+    : layout_(layout), config_(config), mesh_(mesh), zero_(zero) {
+  if (!zero_) {
+    replica_.emplace(layout, config);
+    return;
+  }
+  for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert}) {
+    Shard s;
+    s.group = group;
+    s.comm = group == ParamGroup::kDense ? &mesh.dp : &mesh.ep_dp;
+    s.numel = layout.numel(group);
+    const size_t ranks = static_cast<size_t>(s.comm->size());
+    s.shard_size = (s.numel + ranks - 1) / ranks;
+    s.begin = std::min(s.numel, static_cast<size_t>(s.comm->rank()) * s.shard_size);
+    s.end = std::min(s.numel, s.begin + s.shard_size);
+    s.exp_avg.assign(s.end - s.begin, 0.0f);
+    s.exp_avg_sq.assign(s.end - s.begin, 0.0f);
+    s.grad.assign(s.shard_size, 0.0f);
+    shards_.push_back(std::move(s));
+  }
+}
+
+double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
+  double dense_sq = 0.0, expert_sq = 0.0;
+  if (!zero_) {
+    mesh_.dp.allreduce_sum(grads.dense.data(), static_cast<int64_t>(grads.dense.size()));
+    mesh_.ep_dp.allreduce_sum(grads.expert.data(), static_cast<int64_t>(grads.expert.size()));
+    dense_sq = sum_of_squares(grads.dense.data(), grads.dense.size());
+    expert_sq = sum_of_squares(grads.expert.data(), grads.expert.size());
+  } else {
+    for (Shard& s : shards_) {
+      // Reduce-scatter wants equal slices: pad the group's gradient to ranks * shard_size.
+      std::vector<float> padded(s.shard_size * static_cast<size_t>(s.comm->size()), 0.0f);
+      std::copy_n(grads.data(s.group), s.numel, padded.data());
+      s.comm->reduce_scatter_sum(padded.data(), s.grad.data(), static_cast<int64_t>(s.shard_size));
+      // Each slice's squares, summed over the group that shares those parameters.
+      double sq = sum_of_squares(s.grad.data(), s.end - s.begin);
+      s.comm->allreduce_sum(&sq, 1);
+      (s.group == ParamGroup::kDense ? dense_sq : expert_sq) = sq;
+    }
+  }
+  // Each ep rank holds different experts: their squares add up over ep.
+  mesh_.ep.allreduce_sum(&expert_sq, 1);
+  return std::sqrt(dense_sq + expert_sq);
+}
+
+void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,
+                                double grad_norm) {
+  const float coef = clip_coefficient(config_.max_grad_norm, grad_norm);
+  ++steps_;
+  if (!zero_) {
+    if (coef < 1.0f) {
+      for (float& g : grads.dense) g *= coef;
+      for (float& g : grads.expert) g *= coef;
+    }
+    replica_->step(params, grads, lr);
+    return;
+  }
+  for (Shard& s : shards_) {
+    if (coef < 1.0f)
+      for (float& g : s.grad) g *= coef;
+    adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
+                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr);
+    std::vector<float> send(s.shard_size, 0.0f), gathered(s.shard_size * s.comm->size());
+    std::copy(params.data(s.group) + s.begin, params.data(s.group) + s.end, send.data());
+    s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));
+    std::copy_n(gathered.data(), s.numel, params.data(s.group));
+  }
+}
+
+void DistributedOptimizer::export_state(AdamW& full) const {
+  if (!zero_) {
+    full.exp_avg() = replica_->exp_avg();
+    full.exp_avg_sq() = replica_->exp_avg_sq();
+    full.set_steps_taken(replica_->steps_taken());
+    return;
+  }
+  for (const Shard& s : shards_) {
+    for (bool second : {false, true}) {
+      const std::vector<float>& mine = second ? s.exp_avg_sq : s.exp_avg;
+      std::vector<float> send(s.shard_size, 0.0f), gathered(s.shard_size * s.comm->size());
+      std::copy(mine.begin(), mine.end(), send.begin());
+      s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));
+      ParamBuffers& target = second ? full.exp_avg_sq() : full.exp_avg();
+      std::copy_n(gathered.data(), s.numel, target.data(s.group));
+    }
+  }
+  full.set_steps_taken(steps_);
+}
+
+void DistributedOptimizer::import_state(const AdamW& full) {
+  if (!zero_) {
+    replica_->exp_avg() = full.exp_avg();
+    replica_->exp_avg_sq() = full.exp_avg_sq();
+    replica_->set_steps_taken(full.steps_taken());
+    return;
+  }
+  for (Shard& s : shards_) {
+    const float* m = full.exp_avg().data(s.group);
+    const float* v = full.exp_avg_sq().data(s.group);
+    std::copy(m + s.begin, m + s.end, s.exp_avg.begin());
+    std::copy(v + s.begin, v + s.end, s.exp_avg_sq.begin());
+  }
+  steps_ = full.steps_taken();
+}
+
+int64_t DistributedOptimizer::state_floats() const {
+  if (!zero_)
+    return 2 * static_cast<int64_t>(replica_->exp_avg().dense.size() +
+                                    replica_->exp_avg().expert.size());
+  int64_t floats = 0;
+  for (const Shard& s : shards_) floats += static_cast<int64_t>(2 * (s.end - s.begin));
+  return floats;
+}
+
+}  // namespace moecore::dist

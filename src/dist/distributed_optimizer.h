@@ -1,0 +1,58 @@
+// Gradient reduction and the optimizer step of a data-parallel run, with or without ZeRO-1.
+//   zero = 0: gradients are all-reduced (dense over dp, experts over ep_dp); every rank keeps the
+//             full AdamW state and applies the same update.
+//   zero = 1: gradients are reduce-scattered in fp32 over the same groups; each rank keeps the
+//             Adam moments of its 1/dp (dense) or 1/ep_dp (expert) slice, updates that slice, and
+//             the updated weights are all-gathered. Optimizer memory per rank falls accordingly.
+// Either way the clipping norm is the global one: it spans every shard and every expert.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "dist/mesh.h"
+#include "model/params.h"
+#include "optim/adamw.h"
+#include "optim/optim_config.h"
+
+namespace moecore::dist {
+
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(const ParamLayout& layout, const OptimConfig& config, const Mesh& mesh,
+                       bool zero);
+
+  // Sums the ranks' gradients (scaled so that the sum is the global-batch gradient) and returns
+  // the global gradient norm before clipping. Identical on every rank.
+  double reduce_gradients(ParamBuffers& grads);
+  // Clips with `grad_norm` (max_grad_norm) and applies AdamW at lr; weights are then identical on
+  // every rank that holds them.
+  void step(ParamBuffers& params, ParamBuffers& grads, double lr, double grad_norm);
+
+  // The full optimizer state in `full` (collective under ZeRO: every rank must call it).
+  void export_state(AdamW& full) const;
+  void import_state(const AdamW& full);
+  // Floats of optimizer state (Adam moments) this rank holds.
+  int64_t state_floats() const;
+
+ private:
+  struct Shard {
+    ParamGroup group;
+    const Communicator* comm;
+    size_t numel = 0;       // elements of the group
+    size_t shard_size = 0;  // ceil(numel / ranks): every rank's slice, padded
+    size_t begin = 0, end = 0;
+    std::vector<float> exp_avg, exp_avg_sq, grad;
+  };
+
+  const ParamLayout& layout_;
+  OptimConfig config_;
+  const Mesh& mesh_;
+  bool zero_;
+  std::optional<AdamW> replica_;  // zero = 0
+  std::vector<Shard> shards_;     // zero = 1: dense and expert
+  int64_t steps_ = 0;
+};
+
+}  // namespace moecore::dist
