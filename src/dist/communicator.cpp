@@ -98,6 +98,34 @@ void Communicator::allreduce_sum(float* data, int64_t count) const {
         "MPI_Allreduce", name_);
 }
 
+MPI_Request Communicator::iallreduce_sum(float* data, int64_t count) const {
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (size_ > 1)
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count, "iallreduce"), MPI_FLOAT, MPI_SUM,
+                         comm_, &request),
+          "MPI_Iallreduce", name_);
+  return request;
+}
+
+void Communicator::wait_all(std::vector<MPI_Request>& requests) const {
+  if (!g_active) {  // single process: every request is MPI_REQUEST_NULL
+    requests.clear();
+    return;
+  }
+  if (!requests.empty())
+    check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+          "MPI_Waitall", name_);
+  requests.clear();
+}
+
+void Communicator::test_all(std::vector<MPI_Request>& requests) const {
+  int done = 0;
+  if (g_active && !requests.empty())
+    check(
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+        "MPI_Testall", name_);
+}
+
 void Communicator::allreduce_sum(double* data, int64_t count) const {
   if (size_ > 1)
     check(

@@ -36,6 +36,11 @@ class Communicator {
 
   void barrier() const;
   void allreduce_sum(float* data, int64_t count) const;
+  // Non-blocking in-place sum; complete it with wait_all. Returns MPI_REQUEST_NULL for one rank.
+  MPI_Request iallreduce_sum(float* data, int64_t count) const;
+  // Waits for the requests (and clears them); test_all only drives their progress.
+  void wait_all(std::vector<MPI_Request>& requests) const;
+  void test_all(std::vector<MPI_Request>& requests) const;
   void allreduce_sum(double* data, int64_t count) const;
   void allreduce_sum(int64_t* data, int64_t count) const;
   void allreduce_max(double* data, int64_t count) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
 #include "core/deterministic_sum.h"
 #include "optim/grad_clip.h"
 
@@ -47,11 +48,41 @@ DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const Opti
   }
 }
 
+void DistributedOptimizer::start_layer_reduce(ParamBuffers& grads, int64_t layer) {
+  MOE_CHECK(!zero_, "[parallel] overlap_grad_reduce works with zero=0 only");
+  for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert}) {
+    const auto [begin, end] = layout_.layer_range(group, layer);
+    if (begin == end) continue;
+    const Communicator& comm = group == ParamGroup::kDense ? mesh_.dp : mesh_.ep_dp;
+    requests_.push_back(
+        comm.iallreduce_sum(grads.data(group) + begin, static_cast<int64_t>(end - begin)));
+    started_[group == ParamGroup::kDense ? 0 : 1].emplace_back(begin, end);
+  }
+  // MPI makes progress on non-blocking collectives only inside MPI calls: poke it.
+  mesh_.dp.test_all(requests_);
+}
+
 double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
   double dense_sq = 0.0, expert_sq = 0.0;
   if (!zero_) {
-    mesh_.dp.allreduce_sum(grads.dense.data(), static_cast<int64_t>(grads.dense.size()));
-    mesh_.ep_dp.allreduce_sum(grads.expert.data(), static_cast<int64_t>(grads.expert.size()));
+    // Everything not started during the backward (embeddings, final norm, LM head, or all of it
+    // without overlap) is reduced now, in the gaps between the started ranges.
+    for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert}) {
+      const int g = group == ParamGroup::kDense ? 0 : 1;
+      const Communicator& comm = group == ParamGroup::kDense ? mesh_.dp : mesh_.ep_dp;
+      std::vector<std::pair<size_t, size_t>>& started = started_[g];
+      std::sort(started.begin(), started.end());
+      size_t cursor = 0;
+      started.emplace_back(layout_.numel(group), layout_.numel(group));
+      for (const auto& [begin, end] : started) {
+        if (begin > cursor)
+          requests_.push_back(comm.iallreduce_sum(grads.data(group) + cursor,
+                                                  static_cast<int64_t>(begin - cursor)));
+        cursor = std::max(cursor, end);
+      }
+      started.clear();
+    }
+    mesh_.dp.wait_all(requests_);
     dense_sq = sum_of_squares(grads.dense.data(), grads.dense.size());
     expert_sq = sum_of_squares(grads.expert.data(), grads.expert.size());
   } else {

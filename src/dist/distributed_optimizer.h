@@ -23,6 +23,10 @@ class DistributedOptimizer {
   DistributedOptimizer(const ParamLayout& layout, const OptimConfig& config, const Mesh& mesh,
                        bool zero);
 
+  // Overlap (zero = 0): starts the non-blocking all-reduce of layer `layer`'s gradients, which
+  // backward() has just finished. reduce_gradients() reduces whatever was not started here.
+  void start_layer_reduce(ParamBuffers& grads, int64_t layer);
+
   // Sums the ranks' gradients (scaled so that the sum is the global-batch gradient) and returns
   // the global gradient norm before clipping. Identical on every rank.
   double reduce_gradients(ParamBuffers& grads);
@@ -53,6 +57,9 @@ class DistributedOptimizer {
   std::optional<AdamW> replica_;  // zero = 0
   std::vector<Shard> shards_;     // zero = 1: dense and expert
   int64_t steps_ = 0;
+  // Overlapped reductions in flight: the ranges already started, per group, and their requests.
+  std::vector<std::pair<size_t, size_t>> started_[2];
+  std::vector<MPI_Request> requests_;
 };
 
 }  // namespace moecore::dist

@@ -1,6 +1,7 @@
 #include "model/params.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 
 #include "core/check.h"
@@ -95,6 +96,18 @@ const ParamSpec* ParamLayout::find(const std::string& name) const {
   auto it = std::find_if(specs_.begin(), specs_.end(),
                          [&](const ParamSpec& spec) { return spec.name == name; });
   return it == specs_.end() ? nullptr : &*it;
+}
+
+std::pair<size_t, size_t> ParamLayout::layer_range(ParamGroup group, int64_t layer) const {
+  const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+  size_t begin = SIZE_MAX, end = 0;
+  for (const ParamSpec& spec : specs_) {
+    if (spec.group != group || spec.name.rfind(prefix, 0) != 0) continue;
+    begin = std::min(begin, spec.offset);
+    end = std::max(end, spec.offset + spec.numel);
+  }
+  return begin == SIZE_MAX ? std::pair<size_t, size_t>{0, 0}
+                           : std::pair<size_t, size_t>{begin, end};
 }
 
 void ParamBuffers::zero() {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -31,6 +32,9 @@ class ParamLayout {
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec* find(const std::string& name) const;  // nullptr when absent
+  // [begin, end) of the elements of layer `layer` in a group's buffer (a layer's tensors are
+  // contiguous); empty when the layer has none in that group.
+  std::pair<size_t, size_t> layer_range(ParamGroup group, int64_t layer) const;
   size_t numel(ParamGroup group) const {
     return group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
   }

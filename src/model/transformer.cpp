@@ -290,6 +290,7 @@ void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, floa
     rmsnorm_backward(dbranch.data(), residual_[static_cast<size_t>(i)].data(),
                      at(params, s.input_norm), lc.rstd1.data(), dx.data(), at(grads, s.input_norm),
                      n, d, true);
+    if (layer_grads_ready_) layer_grads_ready_(i);
   }
   embedding_backward(tokens_.data(), dx.data(), at(grads, embed_), n, d);
 }

@@ -48,6 +48,10 @@ class Transformer {
   using BatchSum = std::function<void(double* values, int64_t count)>;
   void set_batch_sum(BatchSum batch_sum) { batch_sum_ = std::move(batch_sum); }
   const BatchSum& batch_sum() const { return batch_sum_; }
+  // Called during backward() as soon as layer i's parameter gradients are final (layers finish from
+  // last to first), so their reduction can start while earlier layers still compute.
+  using LayerGradsReady = std::function<void(int64_t layer)>;
+  void set_layer_grads_ready(LayerGradsReady ready) { layer_grads_ready_ = std::move(ready); }
 
   const std::vector<float>& logits() const { return logits_; }  // [batch * seq, vocab]
   const ModelConfig& config() const { return config_; }
@@ -81,6 +85,7 @@ class Transformer {
   bool lb_uses_softmax_ = false;
   int64_t global_tokens_ = 0;  // tokens of the global batch of the last forward
   BatchSum batch_sum_;
+  LayerGradsReady layer_grads_ready_;
 };
 
 }  // namespace moecore

@@ -124,6 +124,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     model.set_batch_sum(
         [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
   dist::DistributedOptimizer optimizer(layout, config.optim, mesh, config.parallel.zero == 1);
+  MOE_CHECK(!config.parallel.overlap_grad_reduce || config.parallel.zero == 0,
+            "[parallel] parallel.overlap_grad_reduce needs parallel.zero=0 (ZeRO-1 reduce-scatters "
+            "the whole gradient after the backward)");
   StepGuard guard({tc.skip_sigma, tc.skip_window, tc.skip_min_window});
   GerrymanderingDetector gerrymandering({tc.gerrymander_window, tc.gerrymander_threshold});
   int64_t step = 0, tokens_seen = 0;
@@ -225,6 +228,14 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       loader.next_batch(rows, tokens, targets);
       const LossParts part = model.forward(params, tokens.data() + slice_begin,
                                            targets.data() + slice_begin, local_rows, tc.seq_len);
+      // Overlap: during the last micro-batch's backward, each layer's gradients start their
+      // all-reduce as soon as they are final.
+      const bool overlap =
+          config.parallel.overlap_grad_reduce && dp > 1 && micro + 1 == tc.microbatches;
+      model.set_layer_grads_ready(overlap ? Transformer::LayerGradsReady([&](int64_t layer) {
+        optimizer.start_layer_reduce(grads, layer);
+      })
+                                          : Transformer::LayerGradsReady());
       model.backward(params, grads, micro_scale);
       loss.ce += part.ce * static_cast<double>(micro_scale);
       loss.lb += part.lb * static_cast<double>(micro_scale);

@@ -85,6 +85,22 @@ def test_data_parallel_matches_single_process(moecore_bin, job_data, tmp_path, s
         assert max_rel(our_w[name], ref_w[name]) <= TOL, name
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_overlapped_gradient_reduce_matches(moecore_bin, job_data, tmp_path, single, ranks):
+    """Non-blocking per-layer all-reduces started during the backward give the same run."""
+    cfg = dp_config(tmp_path, job_data, "overlap")
+    r = mpirun(moecore_bin, ranks, cfg, "parallel.overlap_grad_reduce=true")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert max_rel(losses(tmp_path / "overlap"), losses(single)) <= TOL
+
+
+def test_overlap_with_zero_is_rejected(moecore_bin, job_data, tmp_path):
+    cfg = dp_config(tmp_path, job_data, "bad")
+    r = train(moecore_bin, cfg, "parallel.overlap_grad_reduce=true", "parallel.zero=1", check=False)
+    assert r.returncode != 0
+    assert "overlap_grad_reduce" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def optimizer_mib(stdout: str) -> float:
     m = re.search(r"optimizer state ([0-9.]+) MiB per rank", stdout)
     assert m, stdout[:1000]
