@@ -1,47 +1,66 @@
 // Mixture-of-Experts feed-forward block (dropless token choice):
-//   router -> permute (token, slot) routes into an expert-major buffer -> grouped SwiGLU GEMM over
-//   that buffer -> combine with the routing weights -> + optional always-on shared expert.
-// All buffers are sized once per (tokens, config); no per-expert allocation happens in the hot
-// path.
+//   router -> each (token, slot) route is written into a send buffer ordered by destination rank,
+//   then expert, then token -> exchange with the ranks holding the experts (expert parallelism;
+//   nothing moves on one rank) -> received rows placed expert-major -> grouped SwiGLU GEMM over the
+//   local experts -> outputs travel back the same way -> combined with the routing weights at the
+//   source -> + optional always-on shared expert.
+// With one rank the send buffer is already expert-major; the same code runs in both cases.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "model/config.h"
+#include "model/expert_exchange.h"
 #include "model/router.h"
 
 namespace moecore {
 
 // Pointers into the parameter (or gradient) buffers for one MoE layer.
 struct MoeWeights {
-  float* router;           // [E, d]
-  float* experts_gate_up;  // [E, 2H, d]
-  float* experts_down;     // [E, d, H]
+  float* router;           // [E, d] (every expert: routing is replicated)
+  float* experts_gate_up;  // [E_local, 2H, d] this rank's experts
+  float* experts_down;     // [E_local, d, H]
   float* shared_gate_up;   // [2Hs, d] or nullptr
   float* shared_down;      // [d, Hs] or nullptr
+};
+
+// This rank's experts: global ids [first, first + count); count * exchange.ranks() == E.
+struct ExpertShard {
+  int64_t first = 0;
+  int64_t count = 0;
 };
 
 // What the forward saves for the backward (and for metrics).
 struct MoeCache {
   RouterShape router_shape{};
   RouterState router;
-  std::vector<int64_t> expert_offsets;  // [E + 1] row ranges of each expert in the buffers below
-  std::vector<int32_t> route_row;       // [N * k] expert-major row of route (t, j)
-  std::vector<int32_t> row_token;       // [N * k] token that fills each expert-major row
-  std::vector<float> x_perm;            // [N * k, d]
-  std::vector<float> gu_perm;           // [N * k, 2H]
-  std::vector<float> act_perm;          // [N * k, H]
-  std::vector<float> y_perm;            // [N * k, d]
+  std::vector<int32_t> send_pos;        // [N * k] row of route (t, j) in the send buffers
+  std::vector<int64_t> send_rows;       // [ranks] rows sent to each rank
+  std::vector<int64_t> recv_counts;     // [ranks * E_local] rows received per (source, expert)
+  std::vector<int64_t> recv_rows;       // [ranks] rows received from each rank
+  std::vector<int64_t> expert_offsets;  // [E_local + 1] row ranges of local experts, expert-major
+  std::vector<int32_t> recv_to_expert;  // [R] expert-major row of each received row
+  std::vector<float> x_perm;            // [R, d] expert inputs, expert-major
+  std::vector<float> gu_perm;           // [R, 2H]
+  std::vector<float> act_perm;          // [R, H]
+  std::vector<float> y_perm;            // [R, d] expert outputs, expert-major
+  std::vector<float> y_back;            // [N * k, d] expert outputs back at the source, send order
   std::vector<float> shared_gu;         // [N, 2Hs]
   std::vector<float> shared_act;        // [N, Hs]
 };
 
 class MoeBlock {
  public:
-  explicit MoeBlock(const ModelConfig& config) : config_(config) {}
+  // exchange == nullptr: every expert is local.
+  MoeBlock(const ModelConfig& config, ExpertShard shard, const ExpertExchange* exchange);
+  explicit MoeBlock(const ModelConfig& config)
+      : MoeBlock(config, {0, config.num_experts}, nullptr) {}
+  // exchange_ may point at local_: a MoeBlock stays where it was built.
+  MoeBlock(const MoeBlock&) = delete;
+  MoeBlock& operator=(const MoeBlock&) = delete;
 
-  // x: [N, d] -> y: [N, d] (=).
+  // x: [N, d] -> y: [N, d] (=). Every rank of the exchange must call it (also with N = 0).
   void forward(const MoeWeights& w, const float* x, int64_t tokens, float* y,
                MoeCache& cache) const;
 
@@ -53,6 +72,9 @@ class MoeBlock {
 
  private:
   const ModelConfig& config_;
+  ExpertShard shard_;
+  LocalExchange local_;
+  const ExpertExchange* exchange_;
 };
 
 }  // namespace moecore
