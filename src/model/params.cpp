@@ -42,9 +42,14 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup g
 //     pair is one [2I, d] matrix and gate/up are computed by a single GEMM;
 //   * a MoE layer's experts are stored expert-major, gate_e then up_e for e = 0..E-1 (one
 //     [E, 2H, d] tensor), then every down_e (one [E, d, H] tensor), ready for a grouped GEMM.
-ParamLayout ParamLayout::build(const ModelConfig& c) {
+ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep_rank) {
   c.validate();
+  MOE_CHECK(ep_size >= 1 && c.num_experts % ep_size == 0 && ep_rank >= 0 && ep_rank < ep_size,
+            "[parallel] parallel.ep={} does not divide num_experts={}", ep_size, c.num_experts);
   ParamLayout layout;
+  layout.local_experts_ = c.num_experts / ep_size;
+  layout.first_expert_ = ep_rank * layout.local_experts_;
+  const int64_t first = layout.first_expert_, last = first + layout.local_experts_;
   const int64_t d = c.hidden_size;
   const auto dense = ParamGroup::kDense;
   layout.add("model.embed_tokens.weight", {c.vocab_size, d}, dense, false, true);
@@ -71,12 +76,12 @@ ParamLayout ParamLayout::build(const ModelConfig& c) {
     }
     layout.add(p + "mlp.gate.weight", {c.num_experts, d}, dense);
     const int64_t h = c.moe_intermediate_size;
-    for (int64_t e = 0; e < c.num_experts; ++e) {
+    for (int64_t e = first; e < last; ++e) {
       const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
       layout.add(pe + "gate_proj.weight", {h, d}, ParamGroup::kExpert);
       layout.add(pe + "up_proj.weight", {h, d}, ParamGroup::kExpert);
     }
-    for (int64_t e = 0; e < c.num_experts; ++e) {
+    for (int64_t e = first; e < last; ++e) {
       const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
       layout.add(pe + "down_proj.weight", {d, h}, ParamGroup::kExpert);
     }

@@ -28,13 +28,17 @@ struct ParamSpec {
 
 class ParamLayout {
  public:
-  static ParamLayout build(const ModelConfig& config);
+  // The whole model, or with expert parallelism the part one rank holds: every dense tensor and
+  // experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of each MoE layer (global names).
+  static ParamLayout build(const ModelConfig& config, int64_t ep_size = 1, int64_t ep_rank = 0);
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec* find(const std::string& name) const;  // nullptr when absent
   // [begin, end) of the elements of layer `layer` in a group's buffer (a layer's tensors are
   // contiguous); empty when the layer has none in that group.
   std::pair<size_t, size_t> layer_range(ParamGroup group, int64_t layer) const;
+  int64_t first_local_expert() const { return first_expert_; }
+  int64_t local_experts() const { return local_experts_; }
   size_t numel(ParamGroup group) const {
     return group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
   }
@@ -46,6 +50,8 @@ class ParamLayout {
   std::vector<ParamSpec> specs_;
   size_t dense_numel_ = 0;
   size_t expert_numel_ = 0;
+  int64_t first_expert_ = 0;
+  int64_t local_experts_ = 0;
 };
 
 // Owning storage for one copy of all parameters (weights, gradients, moments...).

@@ -48,8 +48,12 @@ float* at(const ParamBuffers& buffers, const ParamSpec* spec) {
 
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout)
-    : config_(config), layout_(layout), attention_(config_, rope_), moe_(config_) {
+Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
+                         const ExpertExchange* exchange)
+    : config_(config),
+      layout_(layout),
+      attention_(config_, rope_),
+      moe_(config_, {layout.first_local_expert(), layout.local_experts()}, exchange) {
   config_.validate();
   auto find = [&](const std::string& name) { return layout_.find(name); };
   embed_ = find("model.embed_tokens.weight");
@@ -69,8 +73,9 @@ Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout)
     s.mlp_gate = find(p + "mlp.gate_proj.weight");
     s.mlp_down = find(p + "mlp.down_proj.weight");
     s.router = find(p + "mlp.gate.weight");
-    s.expert_gate = find(p + "mlp.experts.0.gate_proj.weight");
-    s.expert_down = find(p + "mlp.experts.0.down_proj.weight");
+    const std::string first_expert = std::to_string(layout_.first_local_expert());
+    s.expert_gate = find(p + "mlp.experts." + first_expert + ".gate_proj.weight");
+    s.expert_down = find(p + "mlp.experts." + first_expert + ".down_proj.weight");
     s.shared_gate = find(p + "mlp.shared_expert.gate_proj.weight");
     s.shared_down = find(p + "mlp.shared_expert.down_proj.weight");
     layer_specs_.push_back(s);

@@ -28,7 +28,9 @@ struct LossParts {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& config, const ParamLayout& layout);
+  // With expert parallelism `layout` holds this rank's experts and `exchange` reaches the others.
+  Transformer(const ModelConfig& config, const ParamLayout& layout,
+              const ExpertExchange* exchange = nullptr);
   ~Transformer();
   // Sub-blocks hold references to members, so a Transformer stays where it was built.
   Transformer(const Transformer&) = delete;

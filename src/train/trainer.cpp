@@ -12,8 +12,10 @@
 #include "core/check.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "dist/alltoall_exchange.h"
 #include "dist/communicator.h"
 #include "dist/distributed_optimizer.h"
+#include "dist/expert_layout.h"
 #include "dist/mesh.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
@@ -66,10 +68,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   const dist::Communicator world = dist::Communicator::world();
-  MOE_CHECK(config.parallel.ep == 1,
-            "[parallel] parallel.ep={}: expert parallelism is not implemented yet (only data "
-            "parallelism, with or without ZeRO-1)",
-            config.parallel.ep);
+  MOE_CHECK(config.parallel.ep == 1 || config.parallel.dispatch == Dispatch::kSync,
+            "[parallel] parallel.dispatch=\"rowwise\" is not implemented yet; use \"sync\"");
   const dist::Mesh mesh = dist::Mesh::build(world, config.parallel.ep);
   const bool rank0 = world.rank() == 0;
   const int64_t dp = mesh.dp.size();
@@ -95,7 +95,10 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
               "[train] tokenizer {} has {} tokens but model.vocab_size={}", config.data.tokenizer,
               tokenizer->vocab_size(), mc.vocab_size);
   }
-  const ParamLayout layout = ParamLayout::build(mc);
+  // The whole model (checkpoints, generation) and the part this rank holds (its experts).
+  const ParamLayout full_layout = ParamLayout::build(mc);
+  const int64_t ep = config.parallel.ep;
+  const ParamLayout layout = ParamLayout::build(mc, ep, world.rank() % ep);
   if (rank0) {
     std::error_code ec;
     std::filesystem::create_directories(tc.out_dir, ec);
@@ -118,8 +121,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       existing.size(), tc.out_dir, damaged.empty() ? existing.back() : damaged.front());
 
   ParamBuffers params(layout), grads(layout);
-  init_params(layout, tc.seed, params);
-  Transformer model(mc, layout);
+  init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
+  const dist::AllToAllExchange exchange(mesh.ep);
+  Transformer model(mc, layout, ep > 1 ? &exchange : nullptr);
+  // Whole-model copies for checkpoints and the final sample (rank 0 writes, all ranks gather).
+  ParamBuffers full_params(full_layout);
   if (dp > 1)
     model.set_batch_sum(
         [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
@@ -132,9 +138,14 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   int64_t step = 0, tokens_seen = 0;
   uint64_t cursor = 0;
   if (checkpoint) {
-    AdamW full_state(layout, config.optim);
-    const nlohmann::json state = load_checkpoint(*checkpoint, mc, layout, params, &full_state);
-    optimizer.import_state(full_state);
+    AdamW full_state(full_layout, config.optim), local_state(layout, config.optim);
+    const nlohmann::json state =
+        load_checkpoint(*checkpoint, mc, full_layout, full_params, &full_state);
+    dist::take_local(full_layout, full_params, layout, params);
+    dist::take_local(full_layout, full_state.exp_avg(), layout, local_state.exp_avg());
+    dist::take_local(full_layout, full_state.exp_avg_sq(), layout, local_state.exp_avg_sq());
+    local_state.set_steps_taken(full_state.steps_taken());
+    optimizer.import_state(local_state);
     step = state.at("step").get<int64_t>();
     tokens_seen = state.at("tokens_seen").get<int64_t>();
     cursor = state.at("data_cursor").get<uint64_t>();
@@ -181,8 +192,12 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const int64_t eval_instances = tc.eval_batches * rows;
   auto save = [&](int64_t at_step) {
     // Collective under ZeRO (the moments are gathered); rank 0 writes.
-    AdamW full_state(layout, config.optim);
-    optimizer.export_state(full_state);
+    AdamW local_state(layout, config.optim), full_state(full_layout, config.optim);
+    optimizer.export_state(local_state);
+    dist::gather_full(mc, params, full_layout, full_params, mesh.ep);
+    dist::gather_full(mc, local_state.exp_avg(), full_layout, full_state.exp_avg(), mesh.ep);
+    dist::gather_full(mc, local_state.exp_avg_sq(), full_layout, full_state.exp_avg_sq(), mesh.ep);
+    full_state.set_steps_taken(local_state.steps_taken());
     if (!rank0) return;
     const nlohmann::json state = {
         {"step", at_step},
@@ -195,18 +210,21 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         {"gerrymandering", gerrymandering.to_json()}};
     const std::string dir = save_checkpoint(
         tc.out_dir, at_step,
-        {&config, &layout, &params, &full_state, state, hf_config, tokenizer_json}, tc.keep_last);
+        {&config, &full_layout, &full_params, &full_state, state, hf_config, tokenizer_json},
+        tc.keep_last);
     progress.message(fmt::format("checkpoint {}", dir));
     if (write_fault) io::set_write_failure_for_testing(*write_fault);
   };
   auto run_eval = [&](int64_t at_step) -> double {
-    // Rank 0 evaluates alone, with the data-parallel reduction off; the others go on to the next
-    // step's first collective and wait there.
-    if (!val_data || !rank0) return 0.0;
+    // Without expert parallelism rank 0 evaluates alone, with the data-parallel reduction off, and
+    // the others go on to the next step's first collective and wait there. With it, the experts
+    // are spread over the ranks: every rank evaluates the same batches together.
+    if (!val_data || (!rank0 && ep == 1)) return 0.0;
     Transformer::BatchSum batch_sum = model.batch_sum();
     model.set_batch_sum(nullptr);
     const EvalResult r = evaluate(model, params, *val_data, rows, eval_instances);
     model.set_batch_sum(batch_sum);
+    if (!rank0) return r.loss;
     metrics->log(at_step, {{"val/loss", r.loss}, {"val/ppl", r.perplexity}});
     progress.message(fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)",
                                  at_step, r.loss, r.perplexity, r.tokens));
@@ -316,8 +334,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     // The run is complete and saved; a model that cannot be sampled (e.g. non-finite weights after
     // a diverged run) only loses its sample.
     try {
-      const std::string sample = generate_sample(mc, layout, params, *tokenizer, tc.sample_prompt,
-                                                 tc.sample_tokens, tc.seed);
+      const std::string sample = generate_sample(mc, full_layout, full_params, *tokenizer,
+                                                 tc.sample_prompt, tc.sample_tokens, tc.seed);
       progress.message(fmt::format("sample: {}{}", tc.sample_prompt, sample));
     } catch (const Error& e) {
       progress.message(fmt::format("warning: no sample: {}", e.what()));
