@@ -9,37 +9,12 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "data/bpe_pair.h"
 #include "data/tokenizer_byte_level.h"
 #include "io/file_util.h"
 
 namespace moecore::data {
 namespace {
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
-struct PairHash {
-  size_t operator()(uint64_t x) const {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return static_cast<size_t>(x);
-  }
-};
-
-uint64_t pair_key(int32_t a, int32_t b) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-}
-int32_t pair_left(uint64_t key) {
-  return static_cast<int32_t>(key >> 32);
-}
-int32_t pair_right(uint64_t key) {
-  return static_cast<int32_t>(key & 0xFFFFFFFFULL);
-}
 
 // A queued candidate merge: its count when queued, and the words to apply it to.
 struct QueueEntry {
