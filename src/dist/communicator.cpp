@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <limits>
+#include <utility>
 
 #include "core/check.h"
 
@@ -210,6 +212,65 @@ void Communicator::alltoallv(const float* send, const std::vector<int64_t>& send
   check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT,
                       comm_),
         "MPI_Alltoallv", name_);
+}
+
+FloatWindow::FloatWindow(const Communicator& group, int64_t count)
+    : count_(count), name_(group.name()) {
+  MOE_CHECK(group.raw() != MPI_COMM_NULL, "[mpi] a window on group '{}' needs MPI (mpirun)", name_);
+  MOE_CHECK(count >= 0 && count <= std::numeric_limits<MPI_Aint>::max() /
+                                       static_cast<MPI_Aint>(sizeof(float)),
+            "[mpi] window of {} floats on group '{}' is too large", count, name_);
+  const MPI_Aint bytes = static_cast<MPI_Aint>(count) * static_cast<MPI_Aint>(sizeof(float));
+  check(MPI_Win_allocate(bytes, static_cast<int>(sizeof(float)), MPI_INFO_NULL, group.raw(), &data_,
+                         &win_),
+        "MPI_Win_allocate", name_);
+  MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
+}
+
+FloatWindow::~FloatWindow() {
+  release();
+}
+
+FloatWindow::FloatWindow(FloatWindow&& other) noexcept
+    : win_(std::exchange(other.win_, MPI_WIN_NULL)),
+      data_(std::exchange(other.data_, nullptr)),
+      count_(std::exchange(other.count_, 0)),
+      name_(std::move(other.name_)) {}
+
+FloatWindow& FloatWindow::operator=(FloatWindow&& other) noexcept {
+  if (this != &other) {
+    release();
+    win_ = std::exchange(other.win_, MPI_WIN_NULL);
+    data_ = std::exchange(other.data_, nullptr);
+    count_ = std::exchange(other.count_, 0);
+    name_ = std::move(other.name_);
+  }
+  return *this;
+}
+
+void FloatWindow::release() noexcept {
+  // MPI_Win_free is collective: while an error unwinds this rank the others may never get there,
+  // and the job is about to be ended (abort_job), so the window is left to MPI_Abort.
+  if (win_ != MPI_WIN_NULL && std::uncaught_exceptions() == 0) MPI_Win_free(&win_);
+  win_ = MPI_WIN_NULL;
+  data_ = nullptr;
+  count_ = 0;
+}
+
+void FloatWindow::fence() const {
+  check(MPI_Win_fence(0, win_), "MPI_Win_fence", name_);
+}
+
+void FloatWindow::put(const float* src, int64_t count, int rank, int64_t offset) const {
+  check(MPI_Put(src, as_count(count, "put"), MPI_FLOAT, rank, static_cast<MPI_Aint>(offset),
+                as_count(count, "put"), MPI_FLOAT, win_),
+        "MPI_Put", name_);
+}
+
+void FloatWindow::get(float* dst, int64_t count, int rank, int64_t offset) const {
+  check(MPI_Get(dst, as_count(count, "get"), MPI_FLOAT, rank, static_cast<MPI_Aint>(offset),
+                as_count(count, "get"), MPI_FLOAT, win_),
+        "MPI_Get", name_);
 }
 
 }  // namespace moecore::dist

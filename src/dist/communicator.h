@@ -65,4 +65,35 @@ class Communicator {
   std::string name_;
 };
 
+// A window of the same number of floats on every rank of a group (MPI_Win_allocate), for one-sided
+// puts and gets inside fence epochs: fence(); put/get ...; fence(). Every rank of the group must
+// create, fence and destroy its windows together, in the same order. Checked calls like the
+// collectives above.
+class FloatWindow {
+ public:
+  FloatWindow() = default;
+  FloatWindow(const Communicator& group, int64_t count);  // collective; needs an MPI group
+  ~FloatWindow();                                         // collective (MPI_Win_free)
+  FloatWindow(FloatWindow&& other) noexcept;
+  FloatWindow& operator=(FloatWindow&& other) noexcept;
+  FloatWindow(const FloatWindow&) = delete;
+  FloatWindow& operator=(const FloatWindow&) = delete;
+
+  float* data() const { return data_; }  // this rank's part
+  int64_t size() const { return count_; }
+  // Opens or closes an access epoch on every rank (MPI_Win_fence); between two fences a rank
+  // touches its own part only through puts and gets (and no rank reads what they change).
+  void fence() const;
+  // count floats from src into rank's part at offset (MPI_Put); get is the reverse (MPI_Get).
+  void put(const float* src, int64_t count, int rank, int64_t offset) const;
+  void get(float* dst, int64_t count, int rank, int64_t offset) const;
+
+ private:
+  void release() noexcept;
+  MPI_Win win_ = MPI_WIN_NULL;
+  float* data_ = nullptr;
+  int64_t count_ = 0;
+  std::string name_;
+};
+
 }  // namespace moecore::dist

@@ -2,12 +2,18 @@
 // over the `ranks()` ranks of an ep group; every rank routes its own tokens, sends each routed row
 // to the rank holding its expert, and gets the expert outputs back. The model code calls this
 // interface; src/dist/ implements it over MPI. One rank: rows stay where they are.
+//
+// Two dispatch modes (DESIGN.md, "Parallelism"): `sync` moves rows with exchange_rows (all-to-all,
+// then a receive-side permutation into expert-major order); `rowwise` is the RowwiseExchange below,
+// which an ExpertExchange offers through rowwise().
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 namespace moecore {
+
+class RowwiseExchange;
 
 class ExpertExchange {
  public:
@@ -21,6 +27,50 @@ class ExpertExchange {
   // recv receives src 0's rows, then src 1's, ... (recv_rows[src] each).
   virtual void exchange_rows(const float* send, const std::vector<int64_t>& send_rows, float* recv,
                              const std::vector<int64_t>& recv_rows, int64_t width) const = 0;
+  // The one-sided row-wise dispatch when this exchange provides it (MoeBlock then uses it instead
+  // of exchange_counts / exchange_rows), else nullptr.
+  virtual const RowwiseExchange* rowwise() const { return nullptr; }
+};
+
+// Where one (token, slot) route's row lives under the `rowwise` dispatch: row `row` of rank
+// `rank`'s symmetric buffers, or rank = -1 when the route was dropped by the capacity limit.
+struct RowTarget {
+  int32_t rank = -1;
+  int32_t row = 0;
+};
+
+// The result of planning one dispatch (identical keep matrix on every rank of the group).
+struct RowwisePlan {
+  std::vector<RowTarget> targets;       // [routes] destination of each route (t, j), in route order
+  std::vector<int64_t> expert_offsets;  // [E_local + 1] this rank's rows per local expert
+  int64_t dropped = 0;                  // this rank's routes dropped
+};
+
+// The `rowwise` dispatch: every rank of the group holds two symmetric buffers of the same size,
+// `input` (expert inputs in the forward, output gradients in the backward) and `output` (expert
+// outputs, then input gradients). Sources write routed rows straight into the destination's
+// expert-major input buffer, experts compute in place, and sources fetch their results from the
+// destination's output buffer. Every call is collective over the group, in the same order on every
+// rank (also on ranks with no routes).
+class RowwiseExchange {
+ public:
+  virtual ~RowwiseExchange() = default;
+  // expert_counts: [E] this rank's routes per global expert; topk_index: [routes] the global expert
+  // of each route. Decides which routes are kept and where their rows go, and makes both buffers
+  // hold `width` floats for every row a rank can receive.
+  virtual RowwisePlan plan(const std::vector<int64_t>& expert_counts, const int32_t* topk_index,
+                           int64_t routes, int64_t local_experts, int64_t width) const = 0;
+  // This rank's buffers (valid until the next plan()).
+  virtual float* input() const = 0;
+  virtual float* output() const = 0;
+  // Writes the row of route r, src[(r / routes_per_row) * width ...], to its target's input buffer,
+  // for every kept route; on return this rank's input buffer holds every row sent to it.
+  virtual void put_rows(const float* src, int64_t routes_per_row,
+                        const std::vector<RowTarget>& targets, int64_t width) const = 0;
+  // Reads dst[r * width ...] from route r's target's output buffer for every kept route (rows of
+  // dropped routes are left as they are). Local writes to the output buffer made before the call
+  // are what the sources read.
+  virtual void get_rows(float* dst, const std::vector<RowTarget>& targets, int64_t width) const = 0;
 };
 
 // The single-rank case.

@@ -13,10 +13,50 @@ size_t at(int64_t i) {
   return static_cast<size_t>(i);
 }
 
+// The grouped GEMM: one SwiGLU MLP per local expert over its contiguous rows of expert-major
+// buffers (inputs in cache.x_perm; saves gu/act in the cache). Experts without rows are skipped.
+void grouped_experts_forward(const ModelConfig& c, int64_t local, const MoeWeights& w,
+                             MoeCache& cache, float* y) {
+  const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
+  for (int64_t le = 0; le < local; ++le) {
+    const int64_t begin = cache.expert_offsets[at(le)];
+    const int64_t rows = cache.expert_offsets[at(le + 1)] - begin;
+    if (rows == 0) continue;
+    swiglu_mlp_forward({rows, d, h}, cache.x_perm.data() + begin * d,
+                       w.experts_gate_up + le * 2 * h * d, w.experts_down + le * d * h,
+                       cache.gu_perm.data() + begin * 2 * h, cache.act_perm.data() + begin * h,
+                       y + begin * d);
+  }
+}
+
+// Its backward: dy -> dx over the same expert-major rows; expert weight gradients += into dw.
+void grouped_experts_backward(const ModelConfig& c, int64_t local, const MoeWeights& w,
+                              const MoeWeights& dw, const MoeCache& cache, const float* dy,
+                              float* dx) {
+  const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
+  const int64_t received = cache.expert_offsets[at(local)];
+  std::vector<float> scratch_dact(at(received * h));
+  std::vector<float> scratch_dgu(at(received * 2 * h));
+  for (int64_t le = 0; le < local; ++le) {
+    const int64_t begin = cache.expert_offsets[at(le)];
+    const int64_t rows = cache.expert_offsets[at(le + 1)] - begin;
+    if (rows == 0) continue;
+    swiglu_mlp_backward({rows, d, h}, dy + begin * d, cache.x_perm.data() + begin * d,
+                        w.experts_gate_up + le * 2 * h * d, w.experts_down + le * d * h,
+                        cache.gu_perm.data() + begin * 2 * h, cache.act_perm.data() + begin * h,
+                        dx + begin * d, dw.experts_gate_up + le * 2 * h * d,
+                        dw.experts_down + le * d * h, scratch_dact.data() + begin * h,
+                        scratch_dgu.data() + begin * 2 * h, false);
+  }
+}
+
 }  // namespace
 
 MoeBlock::MoeBlock(const ModelConfig& config, ExpertShard shard, const ExpertExchange* exchange)
-    : config_(config), shard_(shard), exchange_(exchange != nullptr ? exchange : &local_) {
+    : config_(config),
+      shard_(shard),
+      exchange_(exchange != nullptr ? exchange : &local_),
+      rowwise_(exchange_->rowwise()) {
   MOE_CHECK(shard_.count * exchange_->ranks() == config.num_experts &&
                 shard_.first == exchange_->rank() * shard_.count,
             "[moe] {} ranks holding {} experts each (from {}) do not cover num_experts={}",
@@ -27,10 +67,43 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
                        MoeCache& cache) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
-  const int64_t h = c.moe_intermediate_size, routes = tokens * k;
-  const int64_t ranks = exchange_->ranks(), local = shard_.count;
   cache.router_shape = {tokens, d, e_count, k, c.router_score, c.norm_topk_prob};
   router_forward(cache.router_shape, x, w.router, cache.router);
+  if (rowwise_ != nullptr) {
+    experts_forward_rowwise(w, x, tokens, cache);
+  } else {
+    experts_forward_sync(w, x, tokens, cache);
+  }
+
+  const int64_t hs = c.shared_expert_intermediate_size;
+  if (hs > 0) {
+    cache.shared_gu.resize(at(tokens * 2 * hs));
+    cache.shared_act.resize(at(tokens * hs));
+    swiglu_mlp_forward({tokens, d, hs}, x, w.shared_gate_up, w.shared_down, cache.shared_gu.data(),
+                       cache.shared_act.data(), y);
+  } else {
+    std::fill(y, y + tokens * d, 0.0f);
+  }
+  // Combine: y[t] += sum_j weight[t, j] * output of route (t, j).
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* yt = y + t * d;
+    for (int64_t j = 0; j < k; ++j) {
+      const float weight = cache.router.topk_weight[at(t * k + j)];
+      const float* src = cache.y_back.data() + cache.send_pos[at(t * k + j)] * d;
+      for (int64_t i = 0; i < d; ++i) yt[i] += weight * src[i];
+    }
+  }
+}
+
+void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t tokens,
+                                    MoeCache& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
+  const int64_t h = c.moe_intermediate_size, routes = tokens * k;
+  const int64_t ranks = exchange_->ranks(), local = shard_.count;
+  cache.targets.clear();
+  cache.dropped_routes = 0;
 
   // Send order: destination rank, then its expert, then token (global expert id e sits on rank
   // e / local as its expert e % local, so ordering by e is exactly that).
@@ -79,16 +152,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   for (int64_t i = 0; i < received; ++i)
     std::copy_n(x_recv.data() + i * d, d, cache.x_perm.data() + cache.recv_to_expert[at(i)] * d);
 
-  // The grouped GEMM: one SwiGLU MLP per local expert over its contiguous rows.
-  for (int64_t le = 0; le < local; ++le) {
-    const int64_t begin = cache.expert_offsets[at(le)];
-    const int64_t rows = cache.expert_offsets[at(le + 1)] - begin;
-    if (rows == 0) continue;
-    swiglu_mlp_forward({rows, d, h}, cache.x_perm.data() + begin * d,
-                       w.experts_gate_up + le * 2 * h * d, w.experts_down + le * d * h,
-                       cache.gu_perm.data() + begin * 2 * h, cache.act_perm.data() + begin * h,
-                       cache.y_perm.data() + begin * d);
-  }
+  grouped_experts_forward(config_, local, w, cache, cache.y_perm.data());
 
   // Outputs back to their sources, in send order.
   std::vector<float> y_recv(at(received * d));
@@ -97,36 +161,48 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
     std::copy_n(cache.y_perm.data() + cache.recv_to_expert[at(i)] * d, d, y_recv.data() + i * d);
   cache.y_back.resize(at(routes * d));
   exchange_->exchange_rows(y_recv.data(), cache.recv_rows, cache.y_back.data(), cache.send_rows, d);
+}
 
-  const int64_t hs = c.shared_expert_intermediate_size;
-  if (hs > 0) {
-    cache.shared_gu.resize(at(tokens * 2 * hs));
-    cache.shared_act.resize(at(tokens * hs));
-    swiglu_mlp_forward({tokens, d, hs}, x, w.shared_gate_up, w.shared_down, cache.shared_gu.data(),
-                       cache.shared_act.data(), y);
-  } else {
-    std::fill(y, y + tokens * d, 0.0f);
-  }
-  // Combine: y[t] += sum_j weight[t, j] * output of route (t, j).
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* yt = y + t * d;
-    for (int64_t j = 0; j < k; ++j) {
-      const float weight = cache.router.topk_weight[at(t * k + j)];
-      const float* src = cache.y_back.data() + cache.send_pos[at(t * k + j)] * d;
-      for (int64_t i = 0; i < d; ++i) yt[i] += weight * src[i];
-    }
-  }
+void MoeBlock::experts_forward_rowwise(const MoeWeights& w, const float* x, int64_t tokens,
+                                       MoeCache& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t routes = tokens * k, local = shard_.count;
+  // Buffers at the source stay in route order; the plan says where each route's row goes.
+  cache.send_pos.resize(at(routes));
+  for (int64_t r = 0; r < routes; ++r) cache.send_pos[at(r)] = static_cast<int32_t>(r);
+  RowwisePlan plan =
+      rowwise_->plan(cache.router.expert_counts, cache.router.topk_index.data(), routes, local, d);
+  cache.targets = std::move(plan.targets);
+  cache.expert_offsets = std::move(plan.expert_offsets);
+  cache.dropped_routes = plan.dropped;
+  cache.send_rows.clear();
+  cache.recv_counts.clear();
+  cache.recv_rows.clear();
+  cache.recv_to_expert.clear();
+  cache.y_perm.clear();
+
+  // Token rows straight into the destinations' expert-major input buffers; ours is then complete.
+  rowwise_->put_rows(x, k, cache.targets, d);
+  const int64_t received = cache.expert_offsets[at(local)];
+  const float* x_in = rowwise_->input();
+  float* y_out = rowwise_->output();
+  // The backward needs the inputs after later layers have reused the buffer: a plain copy.
+  cache.x_perm.assign(x_in, x_in + received * d);
+  cache.gu_perm.resize(at(received * 2 * h));
+  cache.act_perm.resize(at(received * h));
+  grouped_experts_forward(config_, local, w, cache, y_out);
+  // Each kept route's output fetched from its destination; dropped routes contribute zero.
+  cache.y_back.assign(at(routes * d), 0.0f);
+  rowwise_->get_rows(cache.y_back.data(), cache.targets, d);
 }
 
 void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* x, const float* dy,
                         const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
                         float z_grad_scale, float* dx) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   const int64_t tokens = cache.router_shape.tokens, routes = tokens * k;
-  const int64_t local = shard_.count;
-  const int64_t received = cache.expert_offsets[at(local)];
 
   // Combine backward at the source: d output(t, j) = weight * dy[t]; d weight = <dy[t], output>.
   std::vector<float> dy_send(at(routes * d));
@@ -149,34 +225,12 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
     }
   }
 
-  // Output gradients travel to the experts along the forward path, expert-major there.
-  std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));
-  exchange_->exchange_rows(dy_send.data(), cache.send_rows, dy_recv.data(), cache.recv_rows, d);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < received; ++i)
-    std::copy_n(dy_recv.data() + i * d, d, dy_perm.data() + cache.recv_to_expert[at(i)] * d);
-
-  std::vector<float> dx_perm(at(received * d));
-  std::vector<float> scratch_dact(at(received * h));
-  std::vector<float> scratch_dgu(at(received * 2 * h));
-  for (int64_t le = 0; le < local; ++le) {
-    const int64_t begin = cache.expert_offsets[at(le)];
-    const int64_t rows = cache.expert_offsets[at(le + 1)] - begin;
-    if (rows == 0) continue;
-    swiglu_mlp_backward({rows, d, h}, dy_perm.data() + begin * d, cache.x_perm.data() + begin * d,
-                        w.experts_gate_up + le * 2 * h * d, w.experts_down + le * d * h,
-                        cache.gu_perm.data() + begin * 2 * h, cache.act_perm.data() + begin * h,
-                        dx_perm.data() + begin * d, dw.experts_gate_up + le * 2 * h * d,
-                        dw.experts_down + le * d * h, scratch_dact.data() + begin * h,
-                        scratch_dgu.data() + begin * 2 * h, false);
+  std::vector<float> dx_send(at(routes * d));
+  if (rowwise_ != nullptr) {
+    experts_backward_rowwise(w, dw, cache, dy_send, dx_send);
+  } else {
+    experts_backward_sync(w, dw, cache, dy_send, dx_send);
   }
-
-  // Input gradients back to the source; dx[t] = sum over its routes.
-  std::vector<float> dx_recv(at(received * d)), dx_send(at(routes * d));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < received; ++i)
-    std::copy_n(dx_perm.data() + cache.recv_to_expert[at(i)] * d, d, dx_recv.data() + i * d);
-  exchange_->exchange_rows(dx_recv.data(), cache.recv_rows, dx_send.data(), cache.send_rows, d);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     float* dxt = dx + t * d;
@@ -198,6 +252,46 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
 
   router_backward(cache.router_shape, x, w.router, cache.router,
                   {d_weight.data(), lb_score_grad, lb_uses_softmax, z_grad_scale}, dx, dw.router);
+}
+
+void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
+                                     const MoeCache& cache, const std::vector<float>& dy_send,
+                                     std::vector<float>& dx_send) const {
+  const int64_t d = config_.hidden_size;
+  const int64_t local = shard_.count;
+  const int64_t received = cache.expert_offsets[at(local)];
+  // Output gradients travel to the experts along the forward path, expert-major there.
+  std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));
+  exchange_->exchange_rows(dy_send.data(), cache.send_rows, dy_recv.data(), cache.recv_rows, d);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < received; ++i)
+    std::copy_n(dy_recv.data() + i * d, d, dy_perm.data() + cache.recv_to_expert[at(i)] * d);
+
+  std::vector<float> dx_perm(at(received * d));
+  grouped_experts_backward(config_, local, w, dw, cache, dy_perm.data(), dx_perm.data());
+
+  // Input gradients back to the source; dx[t] = sum over its routes.
+  std::vector<float> dx_recv(at(received * d));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < received; ++i)
+    std::copy_n(dx_perm.data() + cache.recv_to_expert[at(i)] * d, d, dx_recv.data() + i * d);
+  exchange_->exchange_rows(dx_recv.data(), cache.recv_rows, dx_send.data(), cache.send_rows, d);
+}
+
+void MoeBlock::experts_backward_rowwise(const MoeWeights& w, const MoeWeights& dw,
+                                        const MoeCache& cache, const std::vector<float>& dy_send,
+                                        std::vector<float>& dx_send) const {
+  const int64_t d = config_.hidden_size;
+  const int64_t local = shard_.count;
+  // Output gradients go to the rows their routes used in the forward; the experts' backward runs
+  // in place (dy from the input buffer, dx into the output buffer), and each kept route fetches
+  // its input gradient back. Dropped routes get none.
+  rowwise_->put_rows(dy_send.data(), 1, cache.targets, d);
+  const float* dy_in = rowwise_->input();
+  float* dx_out = rowwise_->output();
+  grouped_experts_backward(config_, local, w, dw, cache, dy_in, dx_out);
+  std::fill(dx_send.begin(), dx_send.end(), 0.0f);
+  rowwise_->get_rows(dx_send.data(), cache.targets, d);
 }
 
 }  // namespace moecore

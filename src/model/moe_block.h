@@ -5,6 +5,10 @@
 //   local experts -> outputs travel back the same way -> combined with the routing weights at the
 //   source -> + optional always-on shared expert.
 // With one rank the send buffer is already expert-major; the same code runs in both cases.
+// When the exchange offers the `rowwise` dispatch (ExpertExchange::rowwise()), routes instead keep
+// route order at the source: each kept route's row is written straight into its expert-major row at
+// the destination, the experts compute in place, and outputs are fetched back per route; routes
+// beyond the destination's capacity are dropped (zero output, zero gradient) and counted.
 #pragma once
 
 #include <cstdint>
@@ -36,16 +40,21 @@ struct MoeCache {
   RouterShape router_shape{};
   RouterState router;
   std::vector<int32_t> send_pos;        // [N * k] row of route (t, j) in the send buffers
+                                        // (rowwise: the identity, buffers in route order)
+  std::vector<RowTarget> targets;       // rowwise: [N * k] where each route's row went
+  int64_t dropped_routes = 0;           // rowwise: this rank's routes dropped by the capacity
   std::vector<int64_t> send_rows;       // [ranks] rows sent to each rank
   std::vector<int64_t> recv_counts;     // [ranks * E_local] rows received per (source, expert)
   std::vector<int64_t> recv_rows;       // [ranks] rows received from each rank
   std::vector<int64_t> expert_offsets;  // [E_local + 1] row ranges of local experts, expert-major
   std::vector<int32_t> recv_to_expert;  // [R] expert-major row of each received row
   std::vector<float> x_perm;            // [R, d] expert inputs, expert-major
+                                        // (rowwise: a copy of the input buffer's rows)
   std::vector<float> gu_perm;           // [R, 2H]
   std::vector<float> act_perm;          // [R, H]
-  std::vector<float> y_perm;            // [R, d] expert outputs, expert-major
+  std::vector<float> y_perm;            // [R, d] expert outputs, expert-major (sync only)
   std::vector<float> y_back;            // [N * k, d] expert outputs back at the source, send order
+                                        // (rows of dropped routes are zero)
   std::vector<float> shared_gu;         // [N, 2Hs]
   std::vector<float> shared_act;        // [N, Hs]
 };
@@ -71,10 +80,23 @@ class MoeBlock {
                 float z_grad_scale, float* dx) const;
 
  private:
+  // The expert part of forward and backward for each dispatch: fill cache.y_back (forward); turn
+  // dy_send (send order) into dx_send (send order) and add expert weight gradients (backward).
+  void experts_forward_sync(const MoeWeights& w, const float* x, int64_t tokens,
+                            MoeCache& cache) const;
+  void experts_forward_rowwise(const MoeWeights& w, const float* x, int64_t tokens,
+                               MoeCache& cache) const;
+  void experts_backward_sync(const MoeWeights& w, const MoeWeights& dw, const MoeCache& cache,
+                             const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
+  void experts_backward_rowwise(const MoeWeights& w, const MoeWeights& dw, const MoeCache& cache,
+                                const std::vector<float>& dy_send,
+                                std::vector<float>& dx_send) const;
+
   const ModelConfig& config_;
   ExpertShard shard_;
   LocalExchange local_;
   const ExpertExchange* exchange_;
+  const RowwiseExchange* rowwise_;  // exchange_->rowwise(): nullptr for the sync dispatch
 };
 
 }  // namespace moecore

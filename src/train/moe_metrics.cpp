@@ -5,7 +5,7 @@
 
 namespace moecore {
 
-MoeMetrics compute_moe_metrics(const Transformer& model) {
+MoeMetrics compute_moe_metrics(const Transformer& model, const std::vector<double>& drop_rates) {
   const ModelConfig& c = model.config();
   MoeMetrics m;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -15,6 +15,7 @@ MoeMetrics compute_moe_metrics(const Transformer& model) {
     const int64_t tokens = static_cast<int64_t>(st->logits.size()) / e_count;
     MoeLayerMetrics lm;
     lm.layer = i;
+    if (m.layers.size() < drop_rates.size()) lm.drop_rate = drop_rates[m.layers.size()];
     lm.tokens_per_expert = st->expert_counts;
     const double mean_count = static_cast<double>(tokens * k) / static_cast<double>(e_count);
     const int64_t max_count = *std::max_element(st->expert_counts.begin(), st->expert_counts.end());

@@ -33,6 +33,9 @@ struct MoeMetrics {
   std::vector<std::pair<std::string, double>> scalars(bool per_expert_counts) const;
 };
 
-MoeMetrics compute_moe_metrics(const Transformer& model);
+// drop_rates: per MoE layer (in layer order), the fraction of routes a capacity limit dropped
+// (empty: dropless routing).
+MoeMetrics compute_moe_metrics(const Transformer& model,
+                               const std::vector<double>& drop_rates = {});
 
 }  // namespace moecore

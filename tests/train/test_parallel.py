@@ -142,11 +142,64 @@ def test_ranks_and_experts_without_tokens_do_not_hang(moecore_bin, job_data, tmp
     assert 0 in counts  # some expert really got no tokens
 
 
-def test_rowwise_dispatch_is_reported_missing(moecore_bin, job_data, tmp_path):
+@pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 4), (4, 2)])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_rowwise_dispatch_matches_single_process(moecore_bin, job_data, tmp_path, single, ranks,
+                                                 ep, zero):
+    """One-sided row-wise dispatch with capacity_factor = ep: no rank can receive more rows than
+    its capacity, nothing is dropped, and the run equals the single process (and the sync path)."""
     cfg = dp_config(tmp_path, job_data, "rowwise")
-    r = mpirun(moecore_bin, 2, cfg, "parallel.ep=2", "parallel.dispatch=rowwise", timeout=60)
-    assert r.returncode != 0
-    assert "rowwise" in r.stderr
+    r = mpirun(moecore_bin, ranks, cfg, f"parallel.ep={ep}", f"parallel.zero={zero}",
+               "parallel.dispatch=rowwise", f"parallel.capacity_factor={float(ep)}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"dp={ranks} ep={ep} zero={zero}" in r.stdout and "rowwise dispatch" in r.stdout
+    rows = train_rows(tmp_path / "rowwise")
+    assert all(row["moe/drop_rate"] == 0.0 for row in rows.values())
+    assert max_rel(losses(tmp_path / "rowwise"), losses(single)) <= TOL
+    ref_w, our_w = final_weights(single), final_weights(tmp_path / "rowwise")
+    assert ref_w.keys() == our_w.keys()
+    for name in ref_w:
+        assert max_rel(our_w[name], ref_w[name]) <= EP_WEIGHT_TOL, name
+
+
+@pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 2)])
+def test_rowwise_dispatch_drops_over_capacity_and_still_trains(moecore_bin, job_data, tmp_path,
+                                                               ranks, ep):
+    """capacity_factor 0.5: each rank takes at most half of one rank's routes, so routes are dropped
+    (tail of the expert-major order); the drop rate is reported and training still works."""
+    cfg = dp_config(tmp_path, job_data, "drop")
+    r = mpirun(moecore_bin, ranks, cfg, f"parallel.ep={ep}", "parallel.dispatch=rowwise",
+               "parallel.capacity_factor=0.5")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = train_rows(tmp_path / "drop")
+    assert len(rows) == STEPS
+    rates = [rows[s]["moe/drop_rate"] for s in sorted(rows)]
+    # Capacity 0.5 x routes of one rank, over ep ranks, against ep x routes sent: at least
+    # 1 - 0.5 = half of all routes cannot fit.
+    assert all(0.5 - 1e-9 <= rate < 1.0 for rate in rates), rates
+    for s in rows:
+        for layer in (0, 1):
+            assert 0.0 < rows[s][f"moe/layer{layer}/drop_rate"] < 1.0
+    ls = losses(tmp_path / "drop")
+    assert all(np.isfinite(ls))
+    assert np.mean(ls[-5:]) < np.mean(ls[:5]) - 0.1, ls
+
+
+def test_rowwise_ranks_without_tokens_do_not_hang(moecore_bin, job_data, tmp_path):
+    """As test_ranks_and_experts_without_tokens_do_not_hang, with the row-wise dispatch: ranks that
+    receive no rows still join every fence and collective."""
+    model = {"num_experts": 8, "num_experts_per_tok": 1, "router_z_loss_coef": 0.001}
+    train_set = {"max_steps": 6, "batch_size": 4, "seq_len": 2, "threads": 1, "log_every": 1,
+                 "eval_every": 0}
+    ref = write_config(tmp_path / "ref.toml", job_data, tmp_path / "ref", model=model,
+                       train=train_set)
+    assert train(moecore_bin, ref).returncode == 0
+    cfg = write_config(tmp_path / "ep.toml", job_data, tmp_path / "ep", model=model,
+                       train=train_set)
+    r = mpirun(moecore_bin, 4, cfg, "parallel.ep=4", "parallel.dispatch=rowwise",
+               "parallel.capacity_factor=4.0", timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert max_rel(losses(tmp_path / "ep"), losses(tmp_path / "ref")) <= TOL
 
 
 def optimizer_mib(stdout: str) -> float:
