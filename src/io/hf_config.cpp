@@ -30,8 +30,10 @@ nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddi
       {"eos_token_id", eos_token_id ? nlohmann::json(*eos_token_id) : nlohmann::json(nullptr)},
       {"torch_dtype", "float32"},
   };
-  const bool hf_router =
-      c.router_score == RouterScore::kSoftmax && c.shared_expert_intermediate_size == 0;
+  // Random or balanced routing is not what transformers' OLMoE / Qwen3-MoE would run: such a
+  // model claims no Hugging Face architecture.
+  const bool hf_router = c.router_score == RouterScore::kSoftmax &&
+                         c.shared_expert_intermediate_size == 0 && c.routing == Routing::kLearned;
   const bool olmoe = hf_router && c.qk_norm == QkNorm::kFull && c.first_k_dense_replace == 0 &&
                      c.head_size() * c.num_attention_heads == c.hidden_size;
   const bool qwen3 = hf_router && c.qk_norm == QkNorm::kPerHead;
@@ -65,6 +67,9 @@ nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddi
                    : c.qk_norm == QkNorm::kFull ? "full"
                                                 : "per_head";
     j["router_score"] = c.router_score == RouterScore::kSoftmax ? "softmax" : "sigmoid";
+    j["routing"] = c.routing == Routing::kLearned  ? "learned"
+                   : c.routing == Routing::kRandom ? "random"
+                                                   : "balanced";
   }
   return j;
 }

@@ -10,6 +10,10 @@ namespace moecore {
 enum class QkNorm { kNone, kFull, kPerHead };  // full: OLMoE (over all heads); per_head: Qwen3
 enum class RouterScore { kSoftmax, kSigmoid };
 enum class LbLossStyle { kOlmoCore, kHf };
+// How each token's k experts are chosen (capacity benchmarks): learned = top-k of the router
+// scores; random = top-k of uniform random scores; balanced = a deterministic even spread. The
+// routing weights are the router's scores of the chosen experts in every mode (see router.h).
+enum class Routing { kLearned, kRandom, kBalanced };
 
 struct ModelConfig {
   int64_t vocab_size = 256;
@@ -33,6 +37,7 @@ struct ModelConfig {
   QkNorm qk_norm = QkNorm::kFull;
   RouterScore router_score = RouterScore::kSoftmax;
   LbLossStyle lb_loss_style = LbLossStyle::kOlmoCore;
+  Routing routing = Routing::kLearned;  // not a Hugging Face key: moecore's own
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   int64_t q_size() const { return num_attention_heads * head_size(); }

@@ -31,10 +31,14 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
   st.topk_index.resize(static_cast<size_t>(n * k));
   st.topk_weight.resize(st.topk_index.size());
   linear_forward(x, w_router, st.logits.data(), n, s.dim, e_count);
+  const RouterSelection sel = st.selection;
+  MOE_CHECK(sel.mode == Routing::kLearned || sel.token_offset >= 0,
+            "[router] routing token offset {} must be >= 0", sel.token_offset);
 
 #pragma omp parallel
   {
     std::vector<int32_t> order(static_cast<size_t>(e_count));
+    std::vector<uint64_t> draw(sel.mode == Routing::kRandom ? static_cast<size_t>(e_count) : 0);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
       const float* z = st.logits.data() + t * e_count;
@@ -44,11 +48,27 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
       } else {
         for (int64_t e = 0; e < e_count; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
       }
-      for (int64_t e = 0; e < e_count; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-      // Highest score first; equal scores: lower expert index first.
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), [p](int32_t a, int32_t b) {
-        return p[a] > p[b] || (p[a] == p[b] && a < b);
-      });
+      const int64_t global_t = sel.token_offset + t;
+      if (sel.mode == Routing::kBalanced) {
+        for (int64_t j = 0; j < k; ++j)
+          order[static_cast<size_t>(j)] = static_cast<int32_t>((global_t * k + j) % e_count);
+      } else {
+        for (int64_t e = 0; e < e_count; ++e)
+          order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+        if (sel.mode == Routing::kRandom) {
+          SplitMix64 rng(mix64(sel.seed ^ mix64(static_cast<uint64_t>(global_t))));
+          for (int64_t e = 0; e < e_count; ++e) draw[static_cast<size_t>(e)] = rng.next();
+          const uint64_t* r = draw.data();
+          std::partial_sort(
+              order.begin(), order.begin() + k, order.end(),
+              [r](int32_t a, int32_t b) { return r[a] > r[b] || (r[a] == r[b] && a < b); });
+        } else {
+          // Highest score first; equal scores: lower expert index first.
+          std::partial_sort(
+              order.begin(), order.begin() + k, order.end(),
+              [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+        }
+      }
       int32_t* idx = st.topk_index.data() + t * k;
       float* wt = st.topk_weight.data() + t * k;
       float sum = 0.0f;

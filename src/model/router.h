@@ -3,14 +3,41 @@
 //   with the highest scores. Ties go to the lower expert index (documented rule; torch.topk leaves
 //   tie order unspecified). Routing weights are the selected scores, divided by their sum when
 //   norm_topk_prob is set.
+// Routing modes (capacity benchmarks) change only which k experts are selected; the weights are
+// still the router's scores of those experts, so the router keeps learning through them and
+// through the load-balancing and z-losses, and router_backward is the same for every mode:
+//   learned: top-k of the router scores;
+//   random: top-k of uniform random scores (64-bit SplitMix64 draws, one per expert), from a stream
+//     per (layer seed, global token index); highest random score first;
+//   balanced: global token g takes experts (g * k + j) mod E for j = 0..k-1 (distinct, k <= E), so
+//     the routes of a micro-batch are spread evenly over the experts: exactly equal counts when
+//     its tokens * k is a multiple of E.
+// The global token index g = token_offset + t: with data parallelism each rank passes the position
+// of its slice in the micro-batch, so every layout draws the same routes for the same token.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "core/splitmix64.h"
 #include "model/config.h"
 
 namespace moecore {
+
+struct RouterSelection {
+  Routing mode = Routing::kLearned;
+  uint64_t seed = 0;         // random: this layer's stream seed (routing_layer_seed)
+  int64_t token_offset = 0;  // global index of local token 0
+};
+
+// The seed of one forward pass (training step, micro-batch) and of one layer within it.
+inline uint64_t routing_forward_seed(uint64_t train_seed, int64_t step, int64_t micro) {
+  return mix64(mix64(mix64(train_seed ^ 0x726f7574696e6721ULL) + static_cast<uint64_t>(step)) +
+               static_cast<uint64_t>(micro));
+}
+inline uint64_t routing_layer_seed(uint64_t forward_seed, int64_t layer) {
+  return mix64(forward_seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(layer + 1));
+}
 
 struct RouterShape {
   int64_t tokens;
@@ -23,6 +50,8 @@ struct RouterShape {
 
 // What the forward saves for the backward and for the losses and metrics.
 struct RouterState {
+  // Input, set by the caller before router_forward (default: learned routing); kept with the rest.
+  RouterSelection selection;
   std::vector<float> logits;           // [N, E]
   std::vector<float> scores;           // [N, E]
   std::vector<int32_t> topk_index;     // [N, k] selected experts, best first

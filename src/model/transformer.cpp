@@ -152,6 +152,8 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
                          at(params, s.mlp_down), lc.mlp_gu.data(), lc.mlp_act.data(),
                          branch.data());
     } else {
+      lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
+                                 routing_token_offset_};
       moe_.forward(moe_weights(params, i), lc.h2.data(), n, branch.data(), lc.moe);
     }
     float* out = residual_[static_cast<size_t>(i + 1)].data();

@@ -55,6 +55,14 @@ class Transformer {
   using LayerGradsReady = std::function<void(int64_t layer)>;
   void set_layer_grads_ready(LayerGradsReady ready) { layer_grads_ready_ = std::move(ready); }
 
+  // Routing modes (model.routing, see router.h): the seed of the next forward() (random routing
+  // derives one stream per layer and token from it; routing_forward_seed makes one per training
+  // step and micro-batch), and the global index of this process's first token in the micro-batch
+  // (with data parallelism, the position of this rank's slice), so that the random draws and the
+  // balanced spread are those of the global batch whatever the layout.
+  void set_routing_seed(uint64_t seed) { routing_seed_ = seed; }
+  void set_routing_token_offset(int64_t offset) { routing_token_offset_ = offset; }
+
   const std::vector<float>& logits() const { return logits_; }  // [batch * seq, vocab]
   const ModelConfig& config() const { return config_; }
   // Router state of each layer of the last forward (nullptr for dense layers).
@@ -88,6 +96,8 @@ class Transformer {
   int64_t global_tokens_ = 0;  // tokens of the global batch of the last forward
   BatchSum batch_sum_;
   LayerGradsReady layer_grads_ready_;
+  uint64_t routing_seed_ = 0;
+  int64_t routing_token_offset_ = 0;
 };
 
 }  // namespace moecore

@@ -117,6 +117,10 @@ void read_model(TableReader& r, ModelConfig& m) {
               {{"softmax", RouterScore::kSoftmax}, {"sigmoid", RouterScore::kSigmoid}});
   r.read_enum("lb_loss_style", m.lb_loss_style,
               {{"olmo-core", LbLossStyle::kOlmoCore}, {"hf", LbLossStyle::kHf}});
+  r.read_enum("routing", m.routing,
+              {{"learned", Routing::kLearned},
+               {"random", Routing::kRandom},
+               {"balanced", Routing::kBalanced}});
 }
 
 void read_optim(TableReader& r, OptimConfig& o) {
@@ -317,6 +321,9 @@ std::string run_config_to_toml(const RunConfig& c) {
                                              {RouterScore::kSigmoid, "sigmoid"}})},
       {"lb_loss_style",
        name(m.lb_loss_style, {{LbLossStyle::kOlmoCore, "olmo-core"}, {LbLossStyle::kHf, "hf"}})},
+      {"routing", name(m.routing, {{Routing::kLearned, "learned"},
+                                   {Routing::kRandom, "random"},
+                                   {Routing::kBalanced, "balanced"}})},
   };
   const OptimConfig& o = c.optim;
   toml::table optim{{"lr", o.lr},
