@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference format clean
+        test-reference format clean bench-scaling
 
 all: build
 
@@ -47,6 +47,11 @@ $(KJV)/tokens/meta.json: $(KJV)/tokenizer.json data/kjv.txt | build
 # Resumes runs/default when it holds checkpoints (delete it to start over).
 train: build $(KJV)/tokens/meta.json
 	build/bin/moecore train configs/default.toml --resume $(ARGS)
+
+# Scaling figures (issue 4): tokens/s and peak memory per rank at 1/2/4 ranks, ep 1/2/4, both
+# dispatch modes and overlap settings, medians of 3 runs -> bench/results/scaling.{md,json}.
+bench-scaling: build $(KJV)/tokens/meta.json
+	$(PYTHON) bench/scaling.py $(ARGS)
 
 test-cpp: build-tests
 	ctest --preset release -j $(JOBS)

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "dist/distributed_optimizer.h"
 #include "dist/expert_layout.h"
 #include "dist/mesh.h"
+#include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
@@ -62,14 +64,32 @@ void set_threads(int64_t threads, int world_size) {
   }
 }
 
+// Per MoE layer, the routes of the last micro-batch that the rowwise dispatch dropped over all
+// its routes, for the whole batch: the ranks of an ep group share one keep matrix, and ep_dp sums
+// over the groups. Collective over ep_dp.
+std::vector<double> drop_rates(const dist::MpiRowwiseExchange& exchange,
+                               const dist::Communicator& ep_dp) {
+  const std::vector<dist::MpiRowwiseExchange::DropCount>& log = exchange.drop_log();
+  std::vector<int64_t> counts;
+  for (const auto& entry : log) {
+    counts.push_back(entry.dropped);
+    counts.push_back(entry.routes);
+  }
+  ep_dp.allreduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
+  std::vector<double> rates;
+  for (size_t i = 0; i + 1 < counts.size(); i += 2)
+    rates.push_back(counts[i + 1] > 0
+                        ? static_cast<double>(counts[i]) / static_cast<double>(counts[i + 1])
+                        : 0.0);
+  return rates;
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   const dist::Communicator world = dist::Communicator::world();
-  MOE_CHECK(config.parallel.ep == 1 || config.parallel.dispatch == Dispatch::kSync,
-            "[parallel] parallel.dispatch=\"rowwise\" is not implemented yet; use \"sync\"");
   const dist::Mesh mesh = dist::Mesh::build(world, config.parallel.ep);
   const bool rank0 = world.rank() == 0;
   const int64_t dp = mesh.dp.size();
@@ -122,8 +142,18 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
 
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
-  const dist::AllToAllExchange exchange(mesh.ep);
-  Transformer model(mc, layout, ep > 1 ? &exchange : nullptr);
+  // Expert-parallel dispatch. With ep = 1 every expert is local and nothing moves, so `rowwise`
+  // is the plain dropless local path there (parallel.capacity_factor only applies to ep > 1).
+  const dist::AllToAllExchange sync_exchange(mesh.ep);
+  std::optional<dist::MpiRowwiseExchange> rowwise_exchange;
+  if (ep > 1 && config.parallel.dispatch == Dispatch::kRowwise)
+    rowwise_exchange.emplace(mesh.ep, mesh.world, config.parallel.capacity_factor);
+  const ExpertExchange* exchange = nullptr;
+  if (rowwise_exchange)
+    exchange = &*rowwise_exchange;
+  else if (ep > 1)
+    exchange = &sync_exchange;
+  Transformer model(mc, layout, exchange);
   // Whole-model copies for checkpoints and the final sample (rank 0 writes, all ranks gather).
   ParamBuffers full_params(full_layout);
   if (dp > 1)
@@ -180,10 +210,13 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       train_data.num_instances(), tc.seq_len,
       checkpoint ? fmt::format(", resumed from {} (step {})", *checkpoint, step) : ""));
   if (world.size() > 1)
-    progress.message(
-        fmt::format("parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank",
-                    world.size(), dp, config.parallel.ep, config.parallel.zero,
-                    static_cast<double>(optimizer.state_floats()) * 4.0 / (1 << 20)));
+    progress.message(fmt::format(
+        "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}",
+        world.size(), dp, config.parallel.ep, config.parallel.zero,
+        static_cast<double>(optimizer.state_floats()) * 4.0 / (1 << 20),
+        rowwise_exchange
+            ? fmt::format("; rowwise dispatch, capacity_factor {}", config.parallel.capacity_factor)
+            : std::string()));
 
   const int64_t rows = global_rows;             // sequences per micro-batch, all ranks together
   const int64_t local_rows = global_rows / dp;  // this rank's slice
@@ -222,6 +255,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     if (!val_data || (!rank0 && ep == 1)) return 0.0;
     Transformer::BatchSum batch_sum = model.batch_sum();
     model.set_batch_sum(nullptr);
+    model.set_routing_seed(routing_forward_seed(tc.seed, at_step, -1));  // every rank, all tokens
+    model.set_routing_token_offset(0);
     const EvalResult r = evaluate(model, params, *val_data, rows, eval_instances);
     model.set_batch_sum(batch_sum);
     if (!rank0) return r.loss;
@@ -244,6 +279,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     LossParts loss;
     for (int64_t micro = 0; micro < tc.microbatches; ++micro) {
       loader.next_batch(rows, tokens, targets);
+      if (rowwise_exchange) rowwise_exchange->clear_drop_log();  // keeps the last micro-batch's
+      model.set_routing_seed(routing_forward_seed(tc.seed, step, micro));  // model.routing
+      model.set_routing_token_offset(slice_begin);
       const LossParts part = model.forward(params, tokens.data() + slice_begin,
                                            targets.data() + slice_begin, local_rows, tc.seq_len);
       // Overlap: during the last micro-batch's backward, each layer's gradients start their
@@ -275,7 +313,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     tokens_seen += tc.batch_size * tc.seq_len;
 
     // Diagnostics of the last micro-batch.
-    const MoeMetrics moe = compute_moe_metrics(model);
+    const MoeMetrics moe =
+        compute_moe_metrics(model, rowwise_exchange ? drop_rates(*rowwise_exchange, mesh.ep_dp)
+                                                    : std::vector<double>());
     const GerrymanderingDetector::Verdict verdict =
         gerrymandering.observe(loss.lb, moe.mean_load_imbalance);
     if (verdict.newly_flagged)
@@ -341,10 +381,17 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       progress.message(fmt::format("warning: no sample: {}", e.what()));
     }
   }
-  progress.message(fmt::format(
-      "done: {} steps ({} skipped) in {:.0f}s; train loss {:.4f} -> {:.4f}; "
-      "val loss {:.4f}",
-      step, guard.skipped(), elapsed(), summary.first_loss, summary.last_loss, summary.val_loss));
+  // Peak resident memory (getrusage's high-water mark, KiB on Linux) of the largest rank, whole
+  // run: the final checkpoint's whole-model gather included.
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  double peak_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  world.allreduce_max(&peak_mib, 1);
+  progress.message(
+      fmt::format("done: {} steps ({} skipped) in {:.0f}s; train loss {:.4f} -> {:.4f}; "
+                  "val loss {:.4f}; peak RSS {:.1f} MiB per rank (max over {} ranks)",
+                  step, guard.skipped(), elapsed(), summary.first_loss, summary.last_loss,
+                  summary.val_loss, peak_mib, world.size()));
   return summary;
 }
 
