@@ -36,8 +36,9 @@ def mpirun(bin_path: Path, ranks: int, config: Path, *sets: str, resume=False, t
         cmd += ["--set", s]
     if resume:
         cmd.append("--resume")
+    # stdin from /dev/null: mpirun forwards stdin to rank 0, and CI runs with none.
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=env or MPI_ENV)
+                          stdin=subprocess.DEVNULL, env=env or MPI_ENV)
 
 
 def dp_config(tmp_path: Path, job, name: str, **train_changes) -> Path:
@@ -263,6 +264,7 @@ def test_error_on_one_rank_ends_the_job(moecore_bin, job_data, tmp_path):
 def test_a_killed_rank_ends_the_job(moecore_bin, job_data, tmp_path):
     cfg = dp_config(tmp_path, job_data, "killed", max_steps=100000, save_every=0)
     proc = subprocess.Popen(["mpirun", "-np", "2", str(moecore_bin), "train", str(cfg)],
+                            stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=MPI_ENV)
     try:
