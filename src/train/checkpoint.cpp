@@ -12,6 +12,7 @@
 #include "io/file_util.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
+#include "io/tensor_parts.h"
 
 namespace moecore {
 
@@ -53,25 +54,45 @@ void fsync_directory(const std::string& dir) {
   MOE_CHECK(rc == 0 || err == EINVAL, "[checkpoint] fsync of directory '{}' failed", dir);
 }
 
-void save_optimizer(const std::string& path, const ParamLayout& layout, AdamW& optimizer) {
-  io::SafetensorsWriter writer;
-  writer.set_metadata("steps_taken", std::to_string(optimizer.steps_taken()));
-  for (const ParamSpec& spec : layout.specs()) {
-    writer.add_f32("exp_avg." + spec.name, spec.shape, optimizer.exp_avg().at(spec));
-    writer.add_f32("exp_avg_sq." + spec.name, spec.shape, optimizer.exp_avg_sq().at(spec));
+// Weights (and, with an optimizer, Adam moments) of the tensors this part holds.
+void write_part_files(const std::string& dir, const CheckpointPart& part) {
+  io::SafetensorsWriter model, optim;
+  model.set_metadata("format", "pt");
+  if (part.optimizer != nullptr)
+    optim.set_metadata("steps_taken", std::to_string(part.optimizer->steps_taken()));
+  for (const ParamSpec& spec : part.layout->specs()) {
+    if (spec.group == ParamGroup::kDense && !part.with_dense) continue;
+    model.add_f32(spec.name, spec.shape, part.params->at(spec));
+    if (part.optimizer == nullptr) continue;
+    optim.add_f32("exp_avg." + spec.name, spec.shape, part.optimizer->exp_avg().at(spec));
+    optim.add_f32("exp_avg_sq." + spec.name, spec.shape, part.optimizer->exp_avg_sq().at(spec));
   }
-  writer.write(path);
+  model.write(dir + "/" + io::part_file_name("model", part.index, part.count));
+  if (part.optimizer != nullptr)
+    optim.write(dir + "/" + io::part_file_name("optim", part.index, part.count));
 }
 
-void load_optimizer(const std::string& path, const ParamLayout& layout, AdamW& optimizer) {
-  const io::SafetensorsReader reader = io::SafetensorsReader::open(path);
+void load_optimizer(const std::string& dir, const ParamLayout& layout, AdamW& optimizer) {
+  const io::TensorParts parts = io::TensorParts::open(dir, "optim");
   for (const ParamSpec& spec : layout.specs()) {
-    reader.read_f32("exp_avg." + spec.name, spec.shape, optimizer.exp_avg().at(spec));
-    reader.read_f32("exp_avg_sq." + spec.name, spec.shape, optimizer.exp_avg_sq().at(spec));
+    parts.read_f32("exp_avg." + spec.name, spec.shape, optimizer.exp_avg().at(spec));
+    parts.read_f32("exp_avg_sq." + spec.name, spec.shape, optimizer.exp_avg_sq().at(spec));
   }
-  const auto it = reader.metadata().find("steps_taken");
-  MOE_CHECK(it != reader.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata", path);
+  const auto it = parts.metadata().find("steps_taken");
+  MOE_CHECK(it != parts.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata",
+            parts.origin());
   optimizer.set_steps_taken(std::stoll(it->second));
+}
+
+// Strict: every parameter present with its shape, nothing else in the files.
+void load_model(const std::string& dir, const ParamLayout& layout, ParamBuffers& params) {
+  const io::TensorParts parts = io::TensorParts::open(dir, "model");
+  for (const std::string& name : parts.names())
+    MOE_CHECK(layout.find(name) != nullptr,
+              "[weights] {}: unexpected tensor '{}' (not a parameter of this model config)",
+              parts.origin(), name);
+  for (const ParamSpec& spec : layout.specs())
+    parts.read_f32(spec.name, spec.shape, params.at(spec));
 }
 
 std::string step_name(int64_t step) {
@@ -82,44 +103,73 @@ std::string step_name(int64_t step) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c,
-                            int64_t keep_last) {
+std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step) {
+  // One staging directory per step: every writing rank of a multi-rank save finds it by name.
+  return checkpoints_dir(run_dir) + "/" + kTempPrefix +
+         step_name(step).substr(std::string(kPrefix).size()) + "-staging";
+}
+
+std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
   const std::string parent = checkpoints_dir(run_dir);
   std::error_code ec;
   fs::create_directories(parent, ec);
   MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", parent, ec.message());
+  const std::string staging = checkpoint_staging_dir(run_dir, step);
+  fs::remove_all(staging, ec);
+  fs::create_directory(staging, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", staging, ec.message());
+  return staging;
+}
+
+void write_checkpoint_part(const std::string& staging_dir, const CheckpointPart& part) {
+  write_part_files(staging_dir, part);
+}
+
+std::string commit_checkpoint(const std::string& run_dir, int64_t step,
+                              const std::string& staging_dir, const CheckpointContents& c,
+                              int64_t parts, const std::map<std::string, int64_t>& part_of,
+                              int64_t keep_last) {
+  const std::string parent = checkpoints_dir(run_dir);
   const std::string name = step_name(step);
   const std::string final_dir = parent + "/" + name;
-  const std::string temp_dir = parent + "/" + kTempPrefix +
-                               name.substr(std::string(kPrefix).size()) + "-" +
-                               std::to_string(::getpid());
   const std::string stale_dir = parent + "/" + kReplacedPrefix + name;
-  fs::remove_all(temp_dir, ec);
-  fs::create_directory(temp_dir, ec);
-  MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", temp_dir, ec.message());
+  std::error_code ec;
   try {
-    io::save_weights(*c.layout, *c.params, temp_dir + "/model.safetensors");
-    if (c.optimizer != nullptr)
-      save_optimizer(temp_dir + "/optim.safetensors", *c.layout, *c.optimizer);
-    write_text(temp_dir + "/config.json", c.hf_config.dump(2) + "\n");
-    write_text(temp_dir + "/config.toml", run_config_to_toml(*c.config));
-    if (!c.tokenizer_json.empty()) write_text(temp_dir + "/tokenizer.json", c.tokenizer_json);
+    if (parts > 1) {
+      // The parts' index, in the Hugging Face format; the optimizer's mirrors it.
+      std::map<std::string, std::string> model_map, optim_map;
+      int64_t bytes = 0;
+      for (const ParamSpec& spec : c.layout->specs()) {
+        const auto it = part_of.find(spec.name);
+        MOE_CHECK(it != part_of.end(), "[checkpoint] tensor '{}' belongs to no part", spec.name);
+        model_map[spec.name] = io::part_file_name("model", it->second, parts);
+        const std::string optim_file = io::part_file_name("optim", it->second, parts);
+        optim_map["exp_avg." + spec.name] = optim_file;
+        optim_map["exp_avg_sq." + spec.name] = optim_file;
+        bytes += static_cast<int64_t>(spec.numel) * 4;
+      }
+      io::write_part_index(staging_dir, "model", model_map, bytes);
+      if (c.optimizer != nullptr) io::write_part_index(staging_dir, "optim", optim_map, 2 * bytes);
+    }
+    write_text(staging_dir + "/config.json", c.hf_config.dump(2) + "\n");
+    write_text(staging_dir + "/config.toml", run_config_to_toml(*c.config));
+    if (!c.tokenizer_json.empty()) write_text(staging_dir + "/tokenizer.json", c.tokenizer_json);
     // Written last: its presence marks a complete checkpoint even before the rename.
-    write_text(temp_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n");
-    fsync_directory(temp_dir);
+    write_text(staging_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n");
+    fsync_directory(staging_dir);
     if (fs::exists(final_dir)) {
       // The same step saved again (a resumed run reaching it a second time): the old copy is
       // moved aside, not deleted, until the new one is in place.
       fs::rename(final_dir, stale_dir);
-      fs::rename(temp_dir, final_dir);
+      fs::rename(staging_dir, final_dir);
       fsync_directory(parent);
       fs::remove_all(stale_dir, ec);
     } else {
-      fs::rename(temp_dir, final_dir);
+      fs::rename(staging_dir, final_dir);
     }
     fsync_directory(parent);
   } catch (...) {
-    fs::remove_all(temp_dir, ec);
+    fs::remove_all(staging_dir, ec);
     if (!fs::exists(final_dir, ec) && fs::exists(stale_dir, ec))
       fs::rename(stale_dir, final_dir, ec);
     throw;
@@ -143,6 +193,19 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   return final_dir;
 }
 
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c,
+                            int64_t keep_last) {
+  const std::string staging = begin_checkpoint(run_dir, step);
+  try {
+    write_checkpoint_part(staging, {0, 1, c.layout, c.params, c.optimizer, true});
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    throw;
+  }
+  return commit_checkpoint(run_dir, step, staging, c, 1, {}, keep_last);
+}
+
 std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   std::vector<std::string> dirs;
   const std::string parent = checkpoints_dir(run_dir);
@@ -163,8 +226,8 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
     try {
       const nlohmann::json state = nlohmann::json::parse(read_text(*it + "/trainer_state.json"));
       MOE_CHECK(state.contains("step"), "[checkpoint] no step");
-      io::SafetensorsReader::open(*it + "/model.safetensors");
-      io::SafetensorsReader::open(*it + "/optim.safetensors");
+      io::TensorParts::open(*it, "model");
+      io::TensorParts::open(*it, "optim");
       parse_run_config(read_text(*it + "/config.toml"), *it + "/config.toml");
       return *it;
     } catch (const std::exception& e) {
@@ -182,8 +245,8 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
   MOE_CHECK(difference.empty(),
             "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
             dir, difference);
-  io::load_weights(layout, dir + "/model.safetensors", params);
-  if (optimizer != nullptr) load_optimizer(dir + "/optim.safetensors", layout, *optimizer);
+  load_model(dir, layout, params);
+  if (optimizer != nullptr) load_optimizer(dir, layout, *optimizer);
   nlohmann::json state;
   try {
     state = nlohmann::json::parse(read_text(dir + "/trainer_state.json"));

@@ -1,5 +1,6 @@
 // Checkpoints that never lose a run. One directory per save, <run>/checkpoints/step_<8 digits>/:
-//   model.safetensors  fp32 master weights under Hugging Face names
+//   model.safetensors  fp32 master weights under Hugging Face names (or one part per expert-
+//                      parallel rank with a model.safetensors.index.json, as transformers shards)
 //   config.json        Hugging Face config (transformers loads the directory where a class fits)
 //   optim.safetensors  AdamW moments exp_avg.<name>, exp_avg_sq.<name> (+ step count in metadata)
 //   trainer_state.json step, tokens seen, data cursor, seed, step-guard window, schedule position
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -37,6 +39,27 @@ struct CheckpointContents {
 // Writes step_<step> under <run_dir>/checkpoints and prunes to keep_last; returns its path.
 std::string save_checkpoint(const std::string& run_dir, int64_t step,
                             const CheckpointContents& contents, int64_t keep_last);
+
+// Multi-rank saves, where every rank that holds experts writes its part: rank 0 calls
+// begin_checkpoint (the staging directory), each writing rank write_checkpoint_part, and, once all
+// parts are on disk (a barrier), rank 0 commit_checkpoint with the whole model's layout in
+// contents.layout and the part of every tensor. Parts are Hugging Face style shards
+// (model-0000i-of-0000n.safetensors + model.safetensors.index.json; optim-... alike).
+struct CheckpointPart {
+  int64_t index = 0;
+  int64_t count = 1;
+  const ParamLayout* layout;
+  const ParamBuffers* params;
+  const AdamW* optimizer;  // nullptr: weights only
+  bool with_dense = true;  // the dense tensors go into one part only
+};
+std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step);
+std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+void write_checkpoint_part(const std::string& staging_dir, const CheckpointPart& part);
+std::string commit_checkpoint(const std::string& run_dir, int64_t step,
+                              const std::string& staging_dir, const CheckpointContents& contents,
+                              int64_t parts, const std::map<std::string, int64_t>& part_of,
+                              int64_t keep_last);
 
 // Complete checkpoints of a run, oldest first (temporary directories of interrupted saves are
 // ignored).

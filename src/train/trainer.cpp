@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 
 #include "core/check.h"
@@ -154,7 +155,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   else if (ep > 1)
     exchange = &sync_exchange;
   Transformer model(mc, layout, exchange);
-  // Whole-model copies for checkpoints and the final sample (rank 0 writes, all ranks gather).
+  // The whole model: a resumed checkpoint is read into it, and the final sample runs on it.
   ParamBuffers full_params(full_layout);
   if (dp > 1)
     model.set_batch_sum(
@@ -223,15 +224,18 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const int64_t slice_begin = mesh.dp.rank() * local_rows * tc.seq_len;
   const float micro_scale = 1.0f / static_cast<float>(tc.microbatches);
   const int64_t eval_instances = tc.eval_batches * rows;
+  // Which part of an expert-parallel checkpoint each tensor is in: the part of the ep rank that
+  // holds it (dense tensors in part 0).
+  std::map<std::string, int64_t> part_of;
+  for (int64_t part = 0; part < ep; ++part) {
+    const ParamLayout part_layout = ParamLayout::build(mc, ep, part);
+    for (const ParamSpec& spec : part_layout.specs())
+      part_of.emplace(spec.name, spec.group == ParamGroup::kDense ? 0 : part);
+  }
   auto save = [&](int64_t at_step) {
-    // Collective under ZeRO (the moments are gathered); rank 0 writes.
-    AdamW local_state(layout, config.optim), full_state(full_layout, config.optim);
+    // Collective. Under ZeRO the moments are first gathered within each group that shares them.
+    AdamW local_state(layout, config.optim);
     optimizer.export_state(local_state);
-    dist::gather_full(mc, params, full_layout, full_params, mesh.ep);
-    dist::gather_full(mc, local_state.exp_avg(), full_layout, full_state.exp_avg(), mesh.ep);
-    dist::gather_full(mc, local_state.exp_avg_sq(), full_layout, full_state.exp_avg_sq(), mesh.ep);
-    full_state.set_steps_taken(local_state.steps_taken());
-    if (!rank0) return;
     const nlohmann::json state = {
         {"step", at_step},
         {"tokens_seen", tokens_seen},
@@ -241,10 +245,31 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         {"lr_next", learning_rate(config.optim, at_step, tc.max_steps)},
         {"step_guard", guard.to_json()},
         {"gerrymandering", gerrymandering.to_json()}};
-    const std::string dir = save_checkpoint(
-        tc.out_dir, at_step,
-        {&config, &full_layout, &full_params, &full_state, state, hf_config, tokenizer_json},
-        tc.keep_last);
+    std::string dir;
+    if (ep == 1) {
+      // Every rank holds everything: rank 0 writes the single-file checkpoint.
+      if (rank0)
+        dir = save_checkpoint(
+            tc.out_dir, at_step,
+            {&config, &layout, &params, &local_state, state, hf_config, tokenizer_json},
+            tc.keep_last);
+    } else {
+      // Every rank holding a distinct slice of the experts (ep_dp rank 0 of each ep position)
+      // writes its part; rank 0's part has the dense tensors too; rank 0 commits.
+      if (rank0) begin_checkpoint(tc.out_dir, at_step);
+      world.barrier();
+      if (mesh.ep_dp.rank() == 0)
+        write_checkpoint_part(
+            checkpoint_staging_dir(tc.out_dir, at_step),
+            {mesh.ep.rank(), ep, &layout, &params, &local_state, mesh.ep.rank() == 0});
+      world.barrier();
+      if (rank0)
+        dir = commit_checkpoint(
+            tc.out_dir, at_step, checkpoint_staging_dir(tc.out_dir, at_step),
+            {&config, &full_layout, nullptr, &local_state, state, hf_config, tokenizer_json}, ep,
+            part_of, tc.keep_last);
+    }
+    if (!rank0) return;
     progress.message(fmt::format("checkpoint {}", dir));
     if (write_fault) io::set_write_failure_for_testing(*write_fault);
   };
@@ -370,6 +395,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   summary.skipped_steps = guard.skipped();
   summary.val_loss = run_eval(step);
   if (rank0) metrics->close();
+  if (tokenizer && tc.sample_tokens > 0)
+    dist::gather_full(mc, params, full_layout, full_params, mesh.ep);  // collective
   if (rank0 && tokenizer && tc.sample_tokens > 0) {
     // The run is complete and saved; a model that cannot be sampled (e.g. non-finite weights after
     // a diverged run) only loses its sample.

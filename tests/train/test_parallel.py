@@ -10,6 +10,7 @@ which turns last-bit differences of near-zero gradients into visible weight diff
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -59,8 +60,21 @@ def max_rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
+def load_parts(ckpt: Path, stem: str) -> dict:
+    """model.safetensors, or the parts that every expert-parallel rank wrote (HF index format)."""
+    single = ckpt / f"{stem}.safetensors"
+    if single.exists():
+        return load_file(str(single))
+    index = json.loads((ckpt / f"{stem}.safetensors.index.json").read_text())
+    tensors = {}
+    for part in sorted(set(index["weight_map"].values())):
+        tensors.update(load_file(str(ckpt / part)))
+    assert set(tensors) == set(index["weight_map"]), "index and parts disagree"
+    return tensors
+
+
 def final_weights(out_dir: Path) -> dict:
-    return load_file(str(checkpoints(out_dir)[-1] / "model.safetensors"))
+    return load_parts(checkpoints(out_dir)[-1], "model")
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +136,33 @@ def test_expert_parallel_matches_single_process(moecore_bin, job_data, tmp_path,
     assert ref_w.keys() == our_w.keys()  # checkpoints hold every expert, whatever the layout
     for name in ref_w:
         assert max_rel(our_w[name], ref_w[name]) <= EP_WEIGHT_TOL, name
+
+
+@pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 2)])
+def test_every_expert_rank_writes_its_part(moecore_bin, job_data, tmp_path, single, ranks, ep):
+    """With expert parallelism each rank holding a distinct slice of the experts writes its part of
+    the checkpoint (model-0000i-of-0000n.safetensors + index, as transformers shards); the parts
+    together are the single-process model, and transformers loads the sharded directory."""
+    cfg = dp_config(tmp_path, job_data, "parts")
+    r = mpirun(moecore_bin, ranks, cfg, f"parallel.ep={ep}", "parallel.zero=1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ckpt = checkpoints(tmp_path / "parts")[-1]
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert names.count("model.safetensors") == 0
+    parts = [n for n in names if n.startswith("model-")]
+    assert parts == [f"model-{i:05d}-of-{ep:05d}.safetensors" for i in range(1, ep + 1)]
+    ours, ref = final_weights(tmp_path / "parts"), final_weights(single)
+    assert ours.keys() == ref.keys()
+    for name in ref:
+        assert max_rel(ours[name], ref[name]) <= EP_WEIGHT_TOL, name
+    optim_parts = load_parts(ckpt, "optim")
+    assert set(optim_parts) == {f"exp_avg{s}.{n}" for n in ref for s in ("", "_sq")}
+    import torch
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), torch_dtype=torch.float32)
+    state = model.state_dict()
+    for name, value in ours.items():
+        assert np.array_equal(state[name].numpy(), value), name
 
 
 def test_ranks_and_experts_without_tokens_do_not_hang(moecore_bin, job_data, tmp_path):

@@ -1,0 +1,87 @@
+#include "io/tensor_parts.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/check.h"
+#include "io/file_util.h"
+
+namespace moecore::io {
+
+std::string part_file_name(const std::string& stem, int64_t index, int64_t count) {
+  if (count == 1) return stem + ".safetensors";
+  char name[64];
+  std::snprintf(name, sizeof(name), "-%05lld-of-%05lld.safetensors",
+                static_cast<long long>(index + 1), static_cast<long long>(count));
+  return stem + name;
+}
+
+void write_part_index(const std::string& dir, const std::string& stem,
+                      const std::map<std::string, std::string>& weight_map, int64_t total_bytes) {
+  const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
+                                {"weight_map", weight_map}};
+  const std::string text = index.dump(2) + "\n";
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
+                                         text.size());
+  const std::span<const std::byte> chunks[] = {bytes};
+  write_file_atomic(dir + "/" + stem + ".safetensors.index.json", chunks, "[checkpoint]");
+}
+
+TensorParts TensorParts::open(const std::string& dir, const std::string& stem) {
+  TensorParts set;
+  const std::string single = dir + "/" + stem + ".safetensors";
+  const std::string index_path = single + ".index.json";
+  if (std::filesystem::exists(single) || !std::filesystem::exists(index_path)) {
+    set.origin_ = single;
+    set.parts_.push_back(SafetensorsReader::open(single));
+    for (const std::string& name : set.parts_.back().names()) set.where_[name] = 0;
+    return set;
+  }
+  set.origin_ = index_path;
+  std::ifstream in(index_path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    fail("[checkpoint] {}: malformed index: {}", index_path, e.what());
+  }
+  MOE_CHECK(index.contains("weight_map") && index["weight_map"].is_object(),
+            "[checkpoint] {}: no weight_map", index_path);
+  std::map<std::string, size_t> file_slot;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    MOE_CHECK(file.is_string(), "[checkpoint] {}: weight_map['{}'] is not a file name", index_path,
+              name);
+    const std::string part = file.get<std::string>();
+    MOE_CHECK(part.find('/') == std::string::npos, "[checkpoint] {}: part '{}' is not a file name",
+              index_path, part);
+    auto it = file_slot.find(part);
+    if (it == file_slot.end()) {
+      it = file_slot.emplace(part, set.parts_.size()).first;
+      set.parts_.push_back(SafetensorsReader::open(dir + "/" + part));
+    }
+    MOE_CHECK(set.parts_[it->second].has(name), "[checkpoint] {}: tensor '{}' is not in {}",
+              index_path, name, part);
+    set.where_[name] = it->second;
+  }
+  MOE_CHECK(!set.parts_.empty(), "[checkpoint] {}: the index lists no tensors", index_path);
+  return set;
+}
+
+std::vector<std::string> TensorParts::names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, slot] : where_) names.push_back(name);
+  return names;
+}
+
+void TensorParts::read_f32(const std::string& name, const std::vector<int64_t>& shape,
+                           float* dst) const {
+  const auto it = where_.find(name);
+  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  parts_[it->second].read_f32(name, shape, dst);
+}
+
+}  // namespace moecore::io
