@@ -1,8 +1,8 @@
-// A parallel sum whose result does not depend on the thread count or on scheduling: the range is cut
-// into fixed chunks, each chunk is summed in double in index order, and the chunk sums are added in
-// chunk order. OpenMP's reduction clause combines partial sums in arrival order, which would make
-// losses, gradient norms (and so clipped updates) differ bit-wise between identical runs; resumed
-// runs must reproduce uninterrupted ones exactly.
+// A parallel sum whose result does not depend on the thread count or on scheduling: the range is
+// cut into fixed chunks, each chunk is summed in double in index order, and the chunk sums are
+// added in chunk order. OpenMP's reduction clause combines partial sums in arrival order, which
+// would make losses, gradient norms (and so clipped updates) differ bit-wise between identical
+// runs; resumed runs must reproduce uninterrupted ones exactly.
 #pragma once
 
 #include <cstdint>
