@@ -43,7 +43,7 @@ LoadedModel load_model(const std::string& dir) {
   RunConfig config = parse_run_config(read_file(dir + "/config.toml"), dir + "/config.toml");
   ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
-  io::load_weights(layout, dir + "/model.safetensors", params);
+  io::load_weights_from_dir(layout, dir, params);
   return {std::move(config), std::move(layout), std::move(params)};
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "io/safetensors.h"
+#include "io/tensor_parts.h"
 
 namespace moecore::io {
 
@@ -15,14 +16,30 @@ void save_weights(const ParamLayout& layout, const ParamBuffers& params, const s
   writer.write(path);
 }
 
-void load_weights(const ParamLayout& layout, const std::string& path, ParamBuffers& params) {
-  SafetensorsReader reader = SafetensorsReader::open(path);
-  for (const std::string& name : reader.names())
+namespace {
+
+// Strict: every parameter present with its shape, and nothing else in the file(s).
+template <typename Tensors>
+void load_strict(const ParamLayout& layout, const Tensors& tensors, const std::string& origin,
+                 ParamBuffers& params) {
+  for (const std::string& name : tensors.names())
     MOE_CHECK(layout.find(name) != nullptr,
-              "[weights] {}: unexpected tensor '{}' (not a parameter of this model config)", path,
+              "[weights] {}: unexpected tensor '{}' (not a parameter of this model config)", origin,
               name);
   for (const ParamSpec& spec : layout.specs())
-    reader.read_f32(spec.name, spec.shape, params.at(spec));
+    tensors.read_f32(spec.name, spec.shape, params.at(spec));
+}
+
+}  // namespace
+
+void load_weights(const ParamLayout& layout, const std::string& path, ParamBuffers& params) {
+  load_strict(layout, SafetensorsReader::open(path), path, params);
+}
+
+void load_weights_from_dir(const ParamLayout& layout, const std::string& dir,
+                           ParamBuffers& params) {
+  const TensorParts parts = TensorParts::open(dir, "model");
+  load_strict(layout, parts, parts.origin(), params);
 }
 
 }  // namespace moecore::io

@@ -13,5 +13,8 @@ namespace moecore::io {
 void save_weights(const ParamLayout& layout, const ParamBuffers& params, const std::string& path,
                   const std::map<std::string, std::string>& metadata = {});
 void load_weights(const ParamLayout& layout, const std::string& path, ParamBuffers& params);
+// The same from a checkpoint directory: model.safetensors, or the parts listed by
+// model.safetensors.index.json (expert-parallel checkpoints).
+void load_weights_from_dir(const ParamLayout& layout, const std::string& dir, ParamBuffers& params);
 
 }  // namespace moecore::io

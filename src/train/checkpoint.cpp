@@ -84,17 +84,6 @@ void load_optimizer(const std::string& dir, const ParamLayout& layout, AdamW& op
   optimizer.set_steps_taken(std::stoll(it->second));
 }
 
-// Strict: every parameter present with its shape, nothing else in the files.
-void load_model(const std::string& dir, const ParamLayout& layout, ParamBuffers& params) {
-  const io::TensorParts parts = io::TensorParts::open(dir, "model");
-  for (const std::string& name : parts.names())
-    MOE_CHECK(layout.find(name) != nullptr,
-              "[weights] {}: unexpected tensor '{}' (not a parameter of this model config)",
-              parts.origin(), name);
-  for (const ParamSpec& spec : layout.specs())
-    parts.read_f32(spec.name, spec.shape, params.at(spec));
-}
-
 std::string step_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "%s%08lld", kPrefix, static_cast<long long>(step));
@@ -245,7 +234,7 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
   MOE_CHECK(difference.empty(),
             "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
             dir, difference);
-  load_model(dir, layout, params);
+  io::load_weights_from_dir(layout, dir, params);
   if (optimizer != nullptr) load_optimizer(dir, layout, *optimizer);
   nlohmann::json state;
   try {

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from test_training_job import ENV, checkpoints, train, train_rows, write_config
+from test_training_job import ENV, checkpoints, run, train, train_rows, write_config
 
 MPI_ENV = {**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -163,6 +163,14 @@ def test_every_expert_rank_writes_its_part(moecore_bin, job_data, tmp_path, sing
     state = model.state_dict()
     for name, value in ours.items():
         assert np.array_equal(state[name].numpy(), value), name
+    # eval and generate read the parts too.
+    ev = [run(moecore_bin, "eval", "--checkpoint", c, "--data", job_data.val).stdout
+          for c in (ckpt, checkpoints(single)[-1])]
+    loss = [float(re.search(r"loss ([0-9.]+)", e).group(1)) for e in ev]
+    assert abs(loss[0] - loss[1]) <= 1e-4 * loss[1], ev
+    gen = run(moecore_bin, "generate", "--checkpoint", ckpt, "--prompt", "The", "--max-tokens", "5",
+              "--temperature", "0", "--tokenizer", job_data.tokenizer)
+    assert gen.stdout.startswith("The")
 
 
 def test_ranks_and_experts_without_tokens_do_not_hang(moecore_bin, job_data, tmp_path):
