@@ -4,26 +4,9 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "core/deterministic_sum.h"
 #include "optim/grad_clip.h"
 
 namespace moecore::dist {
-
-namespace {
-
-double sum_of_squares(const float* values, size_t count) {
-  return deterministic_sum(static_cast<int64_t>(count), [&](int64_t i) {
-    const double v = static_cast<double>(values[i]);
-    return v * v;
-  });
-}
-
-float clip_coefficient(double max_norm, double norm) {
-  if (max_norm <= 0.0 || !std::isfinite(norm)) return 1.0f;
-  return static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
-}
-
-}  // namespace
 
 DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const OptimConfig& config,
                                            const Mesh& mesh, bool zero)

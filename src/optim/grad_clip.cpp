@@ -1,38 +1,35 @@
 #include "optim/grad_clip.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/deterministic_sum.h"
 
 namespace moecore {
 
-namespace {
-
-double sum_of_squares(const std::vector<float>& values) {
-  return deterministic_sum(static_cast<int64_t>(values.size()), [&](int64_t i) {
-    const double v = static_cast<double>(values[static_cast<size_t>(i)]);
+double sum_of_squares(const float* values, size_t count) {
+  return deterministic_sum(static_cast<int64_t>(count), [&](int64_t i) {
+    const double v = static_cast<double>(values[i]);
     return v * v;
   });
 }
 
-void scale(std::vector<float>& values, float factor) {
-  for (float& value : values) value *= factor;
+float clip_coefficient(double max_norm, double norm) {
+  if (max_norm <= 0.0 || !std::isfinite(norm)) return 1.0f;
+  return static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
 }
 
-}  // namespace
-
 double global_grad_norm(const ParamBuffers& grads) {
-  return std::sqrt(sum_of_squares(grads.dense) + sum_of_squares(grads.expert));
+  return std::sqrt(sum_of_squares(grads.dense.data(), grads.dense.size()) +
+                   sum_of_squares(grads.expert.data(), grads.expert.size()));
 }
 
 double clip_grad_norm(ParamBuffers& grads, double max_norm) {
   const double norm = global_grad_norm(grads);
-  if (max_norm > 0.0 && std::isfinite(norm)) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      scale(grads.dense, static_cast<float>(coef));
-      scale(grads.expert, static_cast<float>(coef));
-    }
+  const float coef = clip_coefficient(max_norm, norm);
+  if (coef < 1.0f) {
+    for (float& g : grads.dense) g *= coef;
+    for (float& g : grads.expert) g *= coef;
   }
   return norm;
 }
