@@ -97,30 +97,25 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
   embed_ = need("model.embed_tokens.weight");
   final_norm_ = need("model.norm.weight");
   lm_head_ = c.tie_word_embeddings ? embed_ : need("lm_head.weight");
+  // MoeWeights holds mutable pointers (it also binds gradients); inference only reads.
+  auto at = [&](const ParamSpec* spec) -> float* {
+    return spec == nullptr ? nullptr : const_cast<float*>(params.at(*spec));
+  };
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const LayerSpecs s = layout.layer_specs(i);
     LayerWeights w{};
-    w.input_norm = need(p + "input_layernorm.weight");
-    w.q_proj = need(p + "self_attn.q_proj.weight");
-    w.k_proj = need(p + "self_attn.k_proj.weight");
-    w.v_proj = need(p + "self_attn.v_proj.weight");
-    w.o_proj = need(p + "self_attn.o_proj.weight");
-    if (c.qk_norm != QkNorm::kNone) {
-      w.q_norm = need(p + "self_attn.q_norm.weight");
-      w.k_norm = need(p + "self_attn.k_norm.weight");
-    }
-    w.post_norm = need(p + "post_attention_layernorm.weight");
-    if (c.layer_is_dense(i)) {
-      w.mlp_gate_up = need(p + "mlp.gate_proj.weight");
-      w.mlp_down = need(p + "mlp.down_proj.weight");
-    } else {
-      w.moe = {need(p + "mlp.gate.weight"), need(p + "mlp.experts.0.gate_proj.weight"),
-               need(p + "mlp.experts.0.down_proj.weight"), nullptr, nullptr};
-      if (c.shared_expert_intermediate_size > 0) {
-        w.moe.shared_gate_up = need(p + "mlp.shared_expert.gate_proj.weight");
-        w.moe.shared_down = need(p + "mlp.shared_expert.down_proj.weight");
-      }
-    }
+    w.input_norm = at(s.input_norm);
+    w.q_proj = at(s.q_proj);
+    w.k_proj = at(s.k_proj);
+    w.v_proj = at(s.v_proj);
+    w.o_proj = at(s.o_proj);
+    w.q_norm = at(s.q_norm);
+    w.k_norm = at(s.k_norm);
+    w.post_norm = at(s.post_norm);
+    w.mlp_gate_up = at(s.mlp_gate);
+    w.mlp_down = at(s.mlp_down);
+    w.moe = {at(s.router), at(s.expert_gate), at(s.expert_down), at(s.shared_gate),
+             at(s.shared_down)};
     layers_.push_back(w);
   }
   // Multiply-adds per token of the projections, FFNs and LM head (attention over the cache aside).

@@ -115,6 +115,26 @@ std::pair<size_t, size_t> ParamLayout::layer_range(ParamGroup group, int64_t lay
                            : std::pair<size_t, size_t>{begin, end};
 }
 
+LayerSpecs ParamLayout::layer_specs(int64_t layer) const {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  const std::string expert = p + "mlp.experts." + std::to_string(first_expert_) + ".";
+  return {find(p + "input_layernorm.weight"),
+          find(p + "self_attn.q_proj.weight"),
+          find(p + "self_attn.k_proj.weight"),
+          find(p + "self_attn.v_proj.weight"),
+          find(p + "self_attn.o_proj.weight"),
+          find(p + "self_attn.q_norm.weight"),
+          find(p + "self_attn.k_norm.weight"),
+          find(p + "post_attention_layernorm.weight"),
+          find(p + "mlp.gate_proj.weight"),
+          find(p + "mlp.down_proj.weight"),
+          find(p + "mlp.gate.weight"),
+          find(expert + "gate_proj.weight"),
+          find(expert + "down_proj.weight"),
+          find(p + "mlp.shared_expert.gate_proj.weight"),
+          find(p + "mlp.shared_expert.down_proj.weight")};
+}
+
 void ParamBuffers::zero() {
   std::fill(dense.begin(), dense.end(), 0.0f);
   std::fill(expert.begin(), expert.end(), 0.0f);

@@ -26,6 +26,27 @@ struct ParamSpec {
   bool is_embedding;  // no weight decay by default
 };
 
+// Where one decoder layer's tensors are in a spec table; nullptr for tensors the layer does not
+// have. The expert entries are this layout's first local expert: the start of its [E_local, 2H, d]
+// gate/up block and of its [E_local, d, H] down block.
+struct LayerSpecs {
+  const ParamSpec* input_norm;
+  const ParamSpec* q_proj;
+  const ParamSpec* k_proj;
+  const ParamSpec* v_proj;
+  const ParamSpec* o_proj;
+  const ParamSpec* q_norm;
+  const ParamSpec* k_norm;
+  const ParamSpec* post_norm;
+  const ParamSpec* mlp_gate;  // dense layers: [I, d], followed in memory by up_proj
+  const ParamSpec* mlp_down;
+  const ParamSpec* router;
+  const ParamSpec* expert_gate;
+  const ParamSpec* expert_down;
+  const ParamSpec* shared_gate;  // followed in memory by the shared up_proj
+  const ParamSpec* shared_down;
+};
+
 class ParamLayout {
  public:
   // The whole model, or with expert parallelism the part one rank holds: every dense tensor and
@@ -37,6 +58,7 @@ class ParamLayout {
   // [begin, end) of the elements of layer `layer` in a group's buffer (a layer's tensors are
   // contiguous); empty when the layer has none in that group.
   std::pair<size_t, size_t> layer_range(ParamGroup group, int64_t layer) const;
+  LayerSpecs layer_specs(int64_t layer) const;
   int64_t first_local_expert() const { return first_expert_; }
   int64_t local_experts() const { return local_experts_; }
   size_t numel(ParamGroup group) const {

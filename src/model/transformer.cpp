@@ -11,24 +11,6 @@
 
 namespace moecore {
 
-struct Transformer::LayerSpecs {
-  const ParamSpec* input_norm;
-  const ParamSpec* q_proj;
-  const ParamSpec* k_proj;
-  const ParamSpec* v_proj;
-  const ParamSpec* o_proj;
-  const ParamSpec* q_norm;
-  const ParamSpec* k_norm;
-  const ParamSpec* post_norm;
-  const ParamSpec* mlp_gate;  // dense layers: [I, d], followed in memory by up_proj
-  const ParamSpec* mlp_down;
-  const ParamSpec* router;
-  const ParamSpec* expert_gate;  // expert 0's gate_proj: start of the [E, 2H, d] block
-  const ParamSpec* expert_down;  // expert 0's down_proj: start of the [E, d, H] block
-  const ParamSpec* shared_gate;  // followed in memory by the shared up_proj
-  const ParamSpec* shared_down;
-};
-
 struct Transformer::LayerCache {
   std::vector<float> rstd1, h1;  // input RMSNorm
   AttentionCache attention;
@@ -59,27 +41,8 @@ Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
   embed_ = find("model.embed_tokens.weight");
   final_norm_ = find("model.norm.weight");
   lm_head_ = config_.tie_word_embeddings ? embed_ : find("lm_head.weight");
-  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerSpecs s{};
-    s.input_norm = find(p + "input_layernorm.weight");
-    s.q_proj = find(p + "self_attn.q_proj.weight");
-    s.k_proj = find(p + "self_attn.k_proj.weight");
-    s.v_proj = find(p + "self_attn.v_proj.weight");
-    s.o_proj = find(p + "self_attn.o_proj.weight");
-    s.q_norm = find(p + "self_attn.q_norm.weight");
-    s.k_norm = find(p + "self_attn.k_norm.weight");
-    s.post_norm = find(p + "post_attention_layernorm.weight");
-    s.mlp_gate = find(p + "mlp.gate_proj.weight");
-    s.mlp_down = find(p + "mlp.down_proj.weight");
-    s.router = find(p + "mlp.gate.weight");
-    const std::string first_expert = std::to_string(layout_.first_local_expert());
-    s.expert_gate = find(p + "mlp.experts." + first_expert + ".gate_proj.weight");
-    s.expert_down = find(p + "mlp.experts." + first_expert + ".down_proj.weight");
-    s.shared_gate = find(p + "mlp.shared_expert.gate_proj.weight");
-    s.shared_down = find(p + "mlp.shared_expert.down_proj.weight");
-    layer_specs_.push_back(s);
-  }
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i)
+    layer_specs_.push_back(layout_.layer_specs(i));
   layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
 }
 

@@ -69,7 +69,6 @@ class Transformer {
   const RouterState* router_state(int64_t layer) const;
 
  private:
-  struct LayerSpecs;  // where each layer's weights live in the parameter table
   struct LayerCache;
 
   AttentionWeights attention_weights(const ParamBuffers& buffers, int64_t layer) const;
