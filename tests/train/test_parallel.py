@@ -173,9 +173,14 @@ def test_every_expert_rank_writes_its_part(moecore_bin, job_data, tmp_path, sing
     assert gen.stdout.startswith("The")
 
 
-def test_ranks_and_experts_without_tokens_do_not_hang(moecore_bin, job_data, tmp_path):
+@pytest.mark.parametrize("dispatch", [
+    ["parallel.dispatch=sync"],
+    ["parallel.dispatch=rowwise", "parallel.capacity_factor=4.0"],
+], ids=["sync", "rowwise"])
+def test_ranks_and_experts_without_tokens_do_not_hang(moecore_bin, job_data, tmp_path, dispatch):
     """8 experts, top-1, 4 ranks x 2 experts, 2 tokens per rank and step: most experts, and often
-    whole ranks, receive no rows; every rank still joins every exchange."""
+    whole ranks, receive no rows; every rank still joins every exchange (all-to-all, or every
+    fence and collective of the row-wise dispatch)."""
     model = {"num_experts": 8, "num_experts_per_tok": 1, "router_z_loss_coef": 0.001}
     train_set = {"max_steps": 6, "batch_size": 4, "seq_len": 2, "threads": 1, "log_every": 1,
                  "eval_every": 0}
@@ -184,7 +189,7 @@ def test_ranks_and_experts_without_tokens_do_not_hang(moecore_bin, job_data, tmp
     assert train(moecore_bin, ref).returncode == 0
     cfg = write_config(tmp_path / "ep.toml", job_data, tmp_path / "ep", model=model,
                        train=train_set)
-    r = mpirun(moecore_bin, 4, cfg, "parallel.ep=4", timeout=120)
+    r = mpirun(moecore_bin, 4, cfg, "parallel.ep=4", *dispatch, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert max_rel(losses(tmp_path / "ep"), losses(tmp_path / "ref")) <= TOL
     counts = [v for row in train_rows(tmp_path / "ref").values() for k, v in row.items()
@@ -233,23 +238,6 @@ def test_rowwise_dispatch_drops_over_capacity_and_still_trains(moecore_bin, job_
     ls = losses(tmp_path / "drop")
     assert all(np.isfinite(ls))
     assert np.mean(ls[-5:]) < np.mean(ls[:5]) - 0.1, ls
-
-
-def test_rowwise_ranks_without_tokens_do_not_hang(moecore_bin, job_data, tmp_path):
-    """As test_ranks_and_experts_without_tokens_do_not_hang, with the row-wise dispatch: ranks that
-    receive no rows still join every fence and collective."""
-    model = {"num_experts": 8, "num_experts_per_tok": 1, "router_z_loss_coef": 0.001}
-    train_set = {"max_steps": 6, "batch_size": 4, "seq_len": 2, "threads": 1, "log_every": 1,
-                 "eval_every": 0}
-    ref = write_config(tmp_path / "ref.toml", job_data, tmp_path / "ref", model=model,
-                       train=train_set)
-    assert train(moecore_bin, ref).returncode == 0
-    cfg = write_config(tmp_path / "ep.toml", job_data, tmp_path / "ep", model=model,
-                       train=train_set)
-    r = mpirun(moecore_bin, 4, cfg, "parallel.ep=4", "parallel.dispatch=rowwise",
-               "parallel.capacity_factor=4.0", timeout=120)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert max_rel(losses(tmp_path / "ep"), losses(tmp_path / "ref")) <= TOL
 
 
 def optimizer_mib(stdout: str) -> float:
