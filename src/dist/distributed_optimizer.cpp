@@ -2,11 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/check.h"
 #include "optim/grad_clip.h"
 
 namespace moecore::dist {
+
+std::pair<size_t, size_t> DistributedOptimizer::slice(ParamGroup group) const {
+  const Communicator& comm = group == ParamGroup::kDense ? mesh_.dp : mesh_.ep_dp;
+  const size_t numel = layout_.numel(group), ranks = static_cast<size_t>(comm.size());
+  const size_t shard_size = (numel + ranks - 1) / ranks;
+  const size_t begin = std::min(numel, static_cast<size_t>(comm.rank()) * shard_size);
+  return {begin, std::min(numel, begin + shard_size)};
+}
 
 DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const OptimConfig& config,
                                            const Mesh& mesh, bool zero)
@@ -22,8 +31,7 @@ DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const Opti
     s.numel = layout.numel(group);
     const size_t ranks = static_cast<size_t>(s.comm->size());
     s.shard_size = (s.numel + ranks - 1) / ranks;
-    s.begin = std::min(s.numel, static_cast<size_t>(s.comm->rank()) * s.shard_size);
-    s.end = std::min(s.numel, s.begin + s.shard_size);
+    std::tie(s.begin, s.end) = slice(group);
     s.exp_avg.assign(s.end - s.begin, 0.0f);
     s.exp_avg_sq.assign(s.end - s.begin, 0.0f);
     s.grad.assign(s.shard_size, 0.0f);
@@ -109,27 +117,8 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
   }
 }
 
-void DistributedOptimizer::export_state(AdamW& full) const {
-  if (!zero_) {
-    full.exp_avg() = replica_->exp_avg();
-    full.exp_avg_sq() = replica_->exp_avg_sq();
-    full.set_steps_taken(replica_->steps_taken());
-    return;
-  }
-  for (const Shard& s : shards_) {
-    for (bool second : {false, true}) {
-      const std::vector<float>& mine = second ? s.exp_avg_sq : s.exp_avg;
-      std::vector<float> send(s.shard_size, 0.0f), gathered(s.shard_size * s.comm->size());
-      std::copy(mine.begin(), mine.end(), send.begin());
-      s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));
-      ParamBuffers& target = second ? full.exp_avg_sq() : full.exp_avg();
-      std::copy_n(gathered.data(), s.numel, target.data(s.group));
-    }
-  }
-  full.set_steps_taken(steps_);
-}
-
 void DistributedOptimizer::import_state(const AdamW& full) {
+  steps_ = full.steps_taken();
   if (!zero_) {
     replica_->exp_avg() = full.exp_avg();
     replica_->exp_avg_sq() = full.exp_avg_sq();
@@ -142,7 +131,6 @@ void DistributedOptimizer::import_state(const AdamW& full) {
     std::copy(m + s.begin, m + s.end, s.exp_avg.begin());
     std::copy(v + s.begin, v + s.end, s.exp_avg_sq.begin());
   }
-  steps_ = full.steps_taken();
 }
 
 int64_t DistributedOptimizer::state_floats() const {
@@ -152,6 +140,37 @@ int64_t DistributedOptimizer::state_floats() const {
   int64_t floats = 0;
   for (const Shard& s : shards_) floats += static_cast<int64_t>(2 * (s.end - s.begin));
   return floats;
+}
+
+std::vector<const ParamSpec*> DistributedOptimizer::checkpoint_weights() const {
+  std::vector<const ParamSpec*> mine;
+  for (const ParamSpec& spec : layout_.specs()) {
+    const auto [begin, end] = slice(spec.group);
+    if (spec.offset >= begin && spec.offset < end) mine.push_back(&spec);
+  }
+  return mine;
+}
+
+std::vector<StatePiece> DistributedOptimizer::checkpoint_state() const {
+  std::vector<StatePiece> pieces;
+  if (!zero_) {
+    for (const ParamSpec* spec : checkpoint_weights())
+      pieces.push_back(
+          {spec, 0, spec->numel, replica_->exp_avg().at(*spec), replica_->exp_avg_sq().at(*spec)});
+    return pieces;
+  }
+  for (const Shard& s : shards_) {
+    for (const ParamSpec& spec : layout_.specs()) {
+      if (spec.group != s.group) continue;
+      const size_t begin = std::max(s.begin, spec.offset);
+      const size_t end = std::min(s.end, spec.offset + spec.numel);
+      if (begin >= end) continue;
+      pieces.push_back({&spec, begin - spec.offset, end - begin,
+                        s.exp_avg.data() + (begin - s.begin),
+                        s.exp_avg_sq.data() + (begin - s.begin)});
+    }
+  }
+  return pieces;
 }
 
 }  // namespace moecore::dist

@@ -15,6 +15,7 @@
 #include "model/params.h"
 #include "optim/adamw.h"
 #include "optim/optim_config.h"
+#include "optim/state_piece.h"
 
 namespace moecore::dist {
 
@@ -34,11 +35,20 @@ class DistributedOptimizer {
   // every rank that holds them.
   void step(ParamBuffers& params, ParamBuffers& grads, double lr, double grad_norm);
 
-  // The full optimizer state in `full` (collective under ZeRO: every rank must call it).
-  void export_state(AdamW& full) const;
+  // Takes this rank's share of a full optimizer state (a resumed checkpoint).
   void import_state(const AdamW& full);
   // Floats of optimizer state (Adam moments) this rank holds.
   int64_t state_floats() const;
+
+  // This rank's share of a checkpoint, so that every rank writes its own part and nothing is
+  // gathered. Each group's flat buffer is cut into equal slices over the ranks that share it (dp
+  // for dense, ep_dp for experts: ZeRO-1's shards, or the same cut over replicas when zero = 0).
+  // Weights: the tensors whose first element lies in this rank's slice (whole tensors, so the
+  // model parts stay loadable by transformers). Moments: under ZeRO-1 this rank's slice cut at
+  // tensor boundaries; without it, the same whole tensors as the weights.
+  std::vector<const ParamSpec*> checkpoint_weights() const;
+  std::vector<StatePiece> checkpoint_state() const;
+  int64_t steps_taken() const { return steps_; }
 
  private:
   struct Shard {
@@ -49,6 +59,9 @@ class DistributedOptimizer {
     size_t begin = 0, end = 0;
     std::vector<float> exp_avg, exp_avg_sq, grad;
   };
+
+  // [begin, end) of this rank's equal slice of `group` (ZeRO-1's shard).
+  std::pair<size_t, size_t> slice(ParamGroup group) const;
 
   const ParamLayout& layout_;
   OptimConfig config_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/check.h"
@@ -54,29 +55,82 @@ void fsync_directory(const std::string& dir) {
   MOE_CHECK(rc == 0 || err == EINVAL, "[checkpoint] fsync of directory '{}' failed", dir);
 }
 
-// Weights (and, with an optimizer, Adam moments) of the tensors this part holds.
+// Weights (and, with an optimizer, Adam moments) of the tensors this part holds. Every optimizer
+// part carries the step count, so any one of them can be read first.
 void write_part_files(const std::string& dir, const CheckpointPart& part) {
   io::SafetensorsWriter model, optim;
   model.set_metadata("format", "pt");
-  if (part.optimizer != nullptr)
-    optim.set_metadata("steps_taken", std::to_string(part.optimizer->steps_taken()));
-  for (const ParamSpec& spec : part.layout->specs()) {
-    if (spec.group == ParamGroup::kDense && !part.with_dense) continue;
-    model.add_f32(spec.name, spec.shape, part.params->at(spec));
-    if (part.optimizer == nullptr) continue;
-    optim.add_f32("exp_avg." + spec.name, spec.shape, part.optimizer->exp_avg().at(spec));
-    optim.add_f32("exp_avg_sq." + spec.name, spec.shape, part.optimizer->exp_avg_sq().at(spec));
-  }
+  for (const ParamSpec* spec : part.weights)
+    model.add_f32(spec->name, spec->shape, part.params->at(*spec));
   model.write(dir + "/" + io::part_file_name("model", part.index, part.count));
-  if (part.optimizer != nullptr)
-    optim.write(dir + "/" + io::part_file_name("optim", part.index, part.count));
+  if (!part.steps_taken) return;
+  optim.set_metadata("steps_taken", std::to_string(*part.steps_taken));
+  for (const StatePiece& piece : part.state) {
+    const std::vector<int64_t> shape =
+        piece.whole() ? piece.spec->shape : std::vector<int64_t>{static_cast<int64_t>(piece.count)};
+    optim.add_f32(state_piece_name("exp_avg", piece), shape, piece.exp_avg);
+    optim.add_f32(state_piece_name("exp_avg_sq", piece), shape, piece.exp_avg_sq);
+  }
+  optim.write(dir + "/" + io::part_file_name("optim", part.index, part.count));
+}
+
+// The Hugging Face style index of the parts in `dir`, from their headers: every tensor to the part
+// that holds it.
+void index_parts(const std::string& dir, const std::string& stem, int64_t parts) {
+  std::map<std::string, std::string> weight_map;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < parts; ++i) {
+    const std::string file = io::part_file_name(stem, i, parts);
+    const io::SafetensorsReader reader = io::SafetensorsReader::open(dir + "/" + file);
+    for (const std::string& name : reader.names()) {
+      const auto [it, inserted] = weight_map.emplace(name, file);
+      MOE_CHECK(inserted, "[checkpoint] tensor '{}' is in both {} and {}", name, it->second, file);
+      bytes += static_cast<int64_t>(reader.info(name).end - reader.info(name).begin);
+    }
+  }
+  io::write_part_index(dir, stem, weight_map, bytes);
+}
+
+// Reads one moment of `spec`: the whole tensor, or the slices that ZeRO-1 ranks wrote, which must
+// tile it exactly.
+void read_moment(const io::TensorParts& parts,
+                 const std::map<std::string, std::vector<std::string>>& slices,
+                 const std::string& moment, const ParamSpec& spec, float* dst) {
+  const std::string name = moment + "." + spec.name;
+  if (parts.has(name)) {
+    parts.read_f32(name, spec.shape, dst);
+    return;
+  }
+  const auto it = slices.find(name);
+  MOE_CHECK(it != slices.end(), "[checkpoint] {}: missing tensor '{}'", parts.origin(), name);
+  std::vector<std::pair<size_t, std::string>> ordered;  // (begin, slice name)
+  for (const std::string& slice : it->second)
+    ordered.emplace_back(std::stoull(slice.substr(name.size() + 1)), slice);
+  std::sort(ordered.begin(), ordered.end());
+  size_t covered = 0;
+  for (const auto& [begin, slice] : ordered) {
+    const size_t colon = slice.find(':', name.size());
+    const size_t end = std::stoull(slice.substr(colon + 1));
+    MOE_CHECK(begin == covered && end > begin && end <= spec.numel,
+              "[checkpoint] {}: the slices of '{}' do not tile its {} elements (at {})",
+              parts.origin(), name, spec.numel, slice);
+    parts.read_f32(slice, {static_cast<int64_t>(end - begin)}, dst + begin);
+    covered = end;
+  }
+  MOE_CHECK(covered == spec.numel, "[checkpoint] {}: the slices of '{}' cover {} of {} elements",
+            parts.origin(), name, covered, spec.numel);
 }
 
 void load_optimizer(const std::string& dir, const ParamLayout& layout, AdamW& optimizer) {
   const io::TensorParts parts = io::TensorParts::open(dir, "optim");
+  // Slices "<moment>.<name>[begin:end]", grouped by "<moment>.<name>".
+  std::map<std::string, std::vector<std::string>> slices;
+  for (const std::string& name : parts.names())
+    if (!name.empty() && name.back() == ']' && name.find('[') != std::string::npos)
+      slices[name.substr(0, name.rfind('['))].push_back(name);
   for (const ParamSpec& spec : layout.specs()) {
-    parts.read_f32("exp_avg." + spec.name, spec.shape, optimizer.exp_avg().at(spec));
-    parts.read_f32("exp_avg_sq." + spec.name, spec.shape, optimizer.exp_avg_sq().at(spec));
+    read_moment(parts, slices, "exp_avg", spec, optimizer.exp_avg().at(spec));
+    read_moment(parts, slices, "exp_avg_sq", spec, optimizer.exp_avg_sq().at(spec));
   }
   const auto it = parts.metadata().find("steps_taken");
   MOE_CHECK(it != parts.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata",
@@ -114,10 +168,14 @@ void write_checkpoint_part(const std::string& staging_dir, const CheckpointPart&
   write_part_files(staging_dir, part);
 }
 
+void discard_checkpoint(const std::string& staging_dir) {
+  std::error_code ec;
+  fs::remove_all(staging_dir, ec);
+}
+
 std::string commit_checkpoint(const std::string& run_dir, int64_t step,
                               const std::string& staging_dir, const CheckpointContents& c,
-                              int64_t parts, const std::map<std::string, int64_t>& part_of,
-                              int64_t keep_last) {
+                              int64_t parts, int64_t keep_last) {
   const std::string parent = checkpoints_dir(run_dir);
   const std::string name = step_name(step);
   const std::string final_dir = parent + "/" + name;
@@ -125,20 +183,9 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
   std::error_code ec;
   try {
     if (parts > 1) {
-      // The parts' index, in the Hugging Face format; the optimizer's mirrors it.
-      std::map<std::string, std::string> model_map, optim_map;
-      int64_t bytes = 0;
-      for (const ParamSpec& spec : c.layout->specs()) {
-        const auto it = part_of.find(spec.name);
-        MOE_CHECK(it != part_of.end(), "[checkpoint] tensor '{}' belongs to no part", spec.name);
-        model_map[spec.name] = io::part_file_name("model", it->second, parts);
-        const std::string optim_file = io::part_file_name("optim", it->second, parts);
-        optim_map["exp_avg." + spec.name] = optim_file;
-        optim_map["exp_avg_sq." + spec.name] = optim_file;
-        bytes += static_cast<int64_t>(spec.numel) * 4;
-      }
-      io::write_part_index(staging_dir, "model", model_map, bytes);
-      if (c.optimizer != nullptr) io::write_part_index(staging_dir, "optim", optim_map, 2 * bytes);
+      index_parts(staging_dir, "model", parts);
+      if (fs::exists(staging_dir + "/" + io::part_file_name("optim", 0, parts)))
+        index_parts(staging_dir, "optim", parts);
     }
     write_text(staging_dir + "/config.json", c.hf_config.dump(2) + "\n");
     write_text(staging_dir + "/config.toml", run_config_to_toml(*c.config));
@@ -186,13 +233,20 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
                             int64_t keep_last) {
   const std::string staging = begin_checkpoint(run_dir, step);
   try {
-    write_checkpoint_part(staging, {0, 1, c.layout, c.params, c.optimizer, true});
+    CheckpointPart part{0, 1, c.params, {}, {}, std::nullopt};
+    for (const ParamSpec& spec : c.layout->specs()) {
+      part.weights.push_back(&spec);
+      if (c.optimizer != nullptr)
+        part.state.push_back({&spec, 0, spec.numel, c.optimizer->exp_avg().at(spec),
+                              c.optimizer->exp_avg_sq().at(spec)});
+    }
+    if (c.optimizer != nullptr) part.steps_taken = c.optimizer->steps_taken();
+    write_checkpoint_part(staging, part);
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(staging, ec);
+    discard_checkpoint(staging);
     throw;
   }
-  return commit_checkpoint(run_dir, step, staging, c, 1, {}, keep_last);
+  return commit_checkpoint(run_dir, step, staging, c, 1, keep_last);
 }
 
 std::vector<std::string> list_checkpoints(const std::string& run_dir) {

@@ -1,8 +1,9 @@
 // Checkpoints that never lose a run. One directory per save, <run>/checkpoints/step_<8 digits>/:
-//   model.safetensors  fp32 master weights under Hugging Face names (or one part per expert-
-//                      parallel rank with a model.safetensors.index.json, as transformers shards)
+//   model.safetensors  fp32 master weights under Hugging Face names (or, from a multi-rank run, one
+//                      part per rank with a model.safetensors.index.json, as transformers shards)
 //   config.json        Hugging Face config (transformers loads the directory where a class fits)
-//   optim.safetensors  AdamW moments exp_avg.<name>, exp_avg_sq.<name> (+ step count in metadata)
+//   optim.safetensors  AdamW moments exp_avg.<name>, exp_avg_sq.<name> (+ step count in metadata;
+//                      parts alike, ZeRO-1 shards as slices exp_avg.<name>[begin:end])
 //   trainer_state.json step, tokens seen, data cursor, seed, step-guard window, schedule position
 //   config.toml        the effective run configuration
 //   tokenizer.json     the run's tokenizer, when it has one (so the directory is self-contained)
@@ -14,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -22,6 +22,7 @@
 
 #include "model/params.h"
 #include "optim/adamw.h"
+#include "optim/state_piece.h"
 #include "train/run_config.h"
 
 namespace moecore {
@@ -40,26 +41,26 @@ struct CheckpointContents {
 std::string save_checkpoint(const std::string& run_dir, int64_t step,
                             const CheckpointContents& contents, int64_t keep_last);
 
-// Multi-rank saves, where every rank that holds experts writes its part: rank 0 calls
-// begin_checkpoint (the staging directory), each writing rank write_checkpoint_part, and, once all
-// parts are on disk (a barrier), rank 0 commit_checkpoint with the whole model's layout in
-// contents.layout and the part of every tensor. Parts are Hugging Face style shards
-// (model-0000i-of-0000n.safetensors + model.safetensors.index.json; optim-... alike).
+// Multi-rank saves, where every rank writes its part: rank 0 calls begin_checkpoint (the staging
+// directory), every rank write_checkpoint_part, and, once all parts are on disk (a barrier), rank
+// 0 commit_checkpoint, which indexes the parts it finds. Parts are Hugging Face style shards
+// (model-0000i-of-0000n.safetensors + model.safetensors.index.json; optim-... alike, where a
+// ZeRO-1 shard may hold a slice of a tensor's moments, see optim/state_piece.h).
 struct CheckpointPart {
   int64_t index = 0;
   int64_t count = 1;
-  const ParamLayout* layout;
-  const ParamBuffers* params;
-  const AdamW* optimizer;  // nullptr: weights only
-  bool with_dense = true;  // the dense tensors go into one part only
+  const ParamBuffers* params = nullptr;
+  std::vector<const ParamSpec*> weights;  // whole tensors of params
+  std::vector<StatePiece> state;          // Adam moments
+  std::optional<int64_t> steps_taken;     // nullopt: weights only (no optimizer part)
 };
 std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step);
 std::string begin_checkpoint(const std::string& run_dir, int64_t step);
 void write_checkpoint_part(const std::string& staging_dir, const CheckpointPart& part);
+void discard_checkpoint(const std::string& staging_dir);  // a save that failed
 std::string commit_checkpoint(const std::string& run_dir, int64_t step,
                               const std::string& staging_dir, const CheckpointContents& contents,
-                              int64_t parts, const std::map<std::string, int64_t>& part_of,
-                              int64_t keep_last);
+                              int64_t parts, int64_t keep_last);
 
 // Complete checkpoints of a run, oldest first (temporary directories of interrupted saves are
 // ignored).

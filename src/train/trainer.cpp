@@ -224,18 +224,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const int64_t slice_begin = mesh.dp.rank() * local_rows * tc.seq_len;
   const float micro_scale = 1.0f / static_cast<float>(tc.microbatches);
   const int64_t eval_instances = tc.eval_batches * rows;
-  // Which part of an expert-parallel checkpoint each tensor is in: the part of the ep rank that
-  // holds it (dense tensors in part 0).
-  std::map<std::string, int64_t> part_of;
-  for (int64_t part = 0; part < ep; ++part) {
-    const ParamLayout part_layout = ParamLayout::build(mc, ep, part);
-    for (const ParamSpec& spec : part_layout.specs())
-      part_of.emplace(spec.name, spec.group == ParamGroup::kDense ? 0 : part);
-  }
   auto save = [&](int64_t at_step) {
-    // Collective. Under ZeRO the moments are first gathered within each group that shares them.
-    AdamW local_state(layout, config.optim);
-    optimizer.export_state(local_state);
+    // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
     const nlohmann::json state = {
         {"step", at_step},
         {"tokens_seen", tokens_seen},
@@ -245,30 +235,25 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         {"lr_next", learning_rate(config.optim, at_step, tc.max_steps)},
         {"step_guard", guard.to_json()},
         {"gerrymandering", gerrymandering.to_json()}};
-    std::string dir;
-    if (ep == 1) {
-      // Every rank holds everything: rank 0 writes the single-file checkpoint.
-      if (rank0)
-        dir = save_checkpoint(
-            tc.out_dir, at_step,
-            {&config, &layout, &params, &local_state, state, hf_config, tokenizer_json},
-            tc.keep_last);
-    } else {
-      // Every rank holding a distinct slice of the experts (ep_dp rank 0 of each ep position)
-      // writes its part; rank 0's part has the dense tensors too; rank 0 commits.
-      if (rank0) begin_checkpoint(tc.out_dir, at_step);
-      world.barrier();
-      if (mesh.ep_dp.rank() == 0)
-        write_checkpoint_part(
-            checkpoint_staging_dir(tc.out_dir, at_step),
-            {mesh.ep.rank(), ep, &layout, &params, &local_state, mesh.ep.rank() == 0});
-      world.barrier();
-      if (rank0)
-        dir = commit_checkpoint(
-            tc.out_dir, at_step, checkpoint_staging_dir(tc.out_dir, at_step),
-            {&config, &full_layout, nullptr, &local_state, state, hf_config, tokenizer_json}, ep,
-            part_of, tc.keep_last);
+    const CheckpointContents contents{&config, &full_layout, nullptr,       nullptr,
+                                      state,   hf_config,    tokenizer_json};
+    const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step);
+    if (rank0) begin_checkpoint(tc.out_dir, at_step);
+    world.barrier();
+    try {
+      write_checkpoint_part(staging,
+                            {world.rank(), world.size(), &params, optimizer.checkpoint_weights(),
+                             optimizer.checkpoint_state(), optimizer.steps_taken()});
+    } catch (...) {
+      // Alone, tidy up now; with other ranks still writing, the job ends and the next start
+      // removes the staging directory (remove_interrupted_saves).
+      if (world.size() == 1) discard_checkpoint(staging);
+      throw;
     }
+    world.barrier();
+    std::string dir;
+    if (rank0)
+      dir = commit_checkpoint(tc.out_dir, at_step, staging, contents, world.size(), tc.keep_last);
     if (!rank0) return;
     progress.message(fmt::format("checkpoint {}", dir));
     if (write_fault) io::set_write_failure_for_testing(*write_fault);

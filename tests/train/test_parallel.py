@@ -61,7 +61,9 @@ def max_rel(a, b) -> float:
 
 
 def load_parts(ckpt: Path, stem: str) -> dict:
-    """model.safetensors, or the parts that every expert-parallel rank wrote (HF index format)."""
+    """model.safetensors, or the parts that every rank wrote (HF index format). ZeRO-1 slices of
+    optimizer moments, "exp_avg.<name>[begin:end]", are checked to tile the flattened tensor and
+    returned reassembled under "exp_avg.<name>"."""
     single = ckpt / f"{stem}.safetensors"
     if single.exists():
         return load_file(str(single))
@@ -70,6 +72,15 @@ def load_parts(ckpt: Path, stem: str) -> dict:
     for part in sorted(set(index["weight_map"].values())):
         tensors.update(load_file(str(ckpt / part)))
     assert set(tensors) == set(index["weight_map"]), "index and parts disagree"
+    slices: dict[str, list] = {}
+    for name in [n for n in tensors if n.endswith("]")]:
+        base, span = name[:-1].rsplit("[", 1)
+        begin, end = (int(x) for x in span.split(":"))
+        slices.setdefault(base, []).append((begin, end, tensors.pop(name)))
+    for base, pieces in slices.items():
+        pieces.sort(key=lambda p: p[0])
+        assert [p[0] for p in pieces] == [0] + [p[1] for p in pieces[:-1]], base  # no gap/overlap
+        tensors[base] = np.concatenate([p[2] for p in pieces])
     return tensors
 
 
@@ -138,25 +149,32 @@ def test_expert_parallel_matches_single_process(moecore_bin, job_data, tmp_path,
         assert max_rel(our_w[name], ref_w[name]) <= EP_WEIGHT_TOL, name
 
 
-@pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 2)])
-def test_every_expert_rank_writes_its_part(moecore_bin, job_data, tmp_path, single, ranks, ep):
-    """With expert parallelism each rank holding a distinct slice of the experts writes its part of
-    the checkpoint (model-0000i-of-0000n.safetensors + index, as transformers shards); the parts
-    together are the single-process model, and transformers loads the sharded directory."""
+@pytest.mark.parametrize("ranks,ep,zero", [(2, 2, 1), (4, 2, 1), (4, 1, 1), (2, 1, 0)])
+def test_every_rank_writes_its_part(moecore_bin, job_data, tmp_path, single, ranks, ep, zero):
+    """Every rank writes its part of the checkpoint (model-0000i-of-0000n.safetensors + index, as
+    transformers shards; optim-... alike): its slice of the weights and, under ZeRO-1, the Adam
+    moments of its own shard, so nothing is gathered. The parts together are the single-process
+    checkpoint (moments within the weight tolerance), and transformers loads the directory."""
     cfg = dp_config(tmp_path, job_data, "parts")
-    r = mpirun(moecore_bin, ranks, cfg, f"parallel.ep={ep}", "parallel.zero=1")
+    r = mpirun(moecore_bin, ranks, cfg, f"parallel.ep={ep}", f"parallel.zero={zero}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ckpt = checkpoints(tmp_path / "parts")[-1]
     names = sorted(p.name for p in ckpt.iterdir())
-    assert names.count("model.safetensors") == 0
-    parts = [n for n in names if n.startswith("model-")]
-    assert parts == [f"model-{i:05d}-of-{ep:05d}.safetensors" for i in range(1, ep + 1)]
+    for stem in ("model", "optim"):
+        assert f"{stem}.safetensors" not in names
+        parts = [n for n in names if n.startswith(stem + "-")]
+        assert parts == [f"{stem}-{i:05d}-of-{ranks:05d}.safetensors" for i in range(1, ranks + 1)]
+    if zero == 1:  # every shard holds moments of its own
+        for i in range(1, ranks + 1):
+            assert load_file(str(ckpt / f"optim-{i:05d}-of-{ranks:05d}.safetensors")), i
     ours, ref = final_weights(tmp_path / "parts"), final_weights(single)
     assert ours.keys() == ref.keys()
     for name in ref:
         assert max_rel(ours[name], ref[name]) <= EP_WEIGHT_TOL, name
-    optim_parts = load_parts(ckpt, "optim")
+    optim_parts, ref_optim = load_parts(ckpt, "optim"), load_parts(checkpoints(single)[-1], "optim")
     assert set(optim_parts) == {f"exp_avg{s}.{n}" for n in ref for s in ("", "_sq")}
+    for name, value in ref_optim.items():
+        assert max_rel(optim_parts[name].reshape(value.shape), value) <= EP_WEIGHT_TOL, name
     import torch
     import transformers
     model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), torch_dtype=torch.float32)
