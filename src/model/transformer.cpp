@@ -20,6 +20,19 @@ struct Transformer::LayerCache {
   std::vector<float> mlp_gu, mlp_act;  // dense layers
 };
 
+// One micro-batch's activations in this chunk.
+struct Transformer::Activations {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> tokens;               // chunk with the embedding
+  std::vector<std::vector<float>> residual;  // [layers + 1][N, d]: input of each layer, then output
+  std::vector<LayerCache> layers;            // this chunk's layers
+  std::vector<float> final_rstd, final_hidden, logits, dlogits;  // chunk with the head
+  std::vector<float> lb_score_grad;  // [layers][E] load-balancing gradient per router probability
+  bool lb_uses_softmax = false;
+  int64_t global_tokens = 0;    // tokens of the global micro-batch
+  bool backward_ready = false;  // the last forward kept what the backward needs
+};
+
 namespace {
 
 float* at(const ParamBuffers& buffers, const ParamSpec* spec) {
@@ -31,19 +44,35 @@ float* at(const ParamBuffers& buffers, const ParamSpec* spec) {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
-                         const ExpertExchange* exchange)
+                         const ExpertExchange* exchange, LayerRange layers)
     : config_(config),
       layout_(layout),
       attention_(config_, rope_),
       moe_(config_, {layout.first_local_expert(), layout.local_experts()}, exchange) {
   config_.validate();
-  auto find = [&](const std::string& name) { return layout_.find(name); };
-  embed_ = find("model.embed_tokens.weight");
-  final_norm_ = find("model.norm.weight");
-  lm_head_ = config_.tie_word_embeddings ? embed_ : find("lm_head.weight");
-  for (int64_t i = 0; i < config_.num_hidden_layers; ++i)
-    layer_specs_.push_back(layout_.layer_specs(i));
-  layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
+  const int64_t total = config_.num_hidden_layers;
+  layers_begin_ = layers.begin;
+  layers_end_ = layers.end < 0 ? total : layers.end;
+  MOE_CHECK(0 <= layers_begin_ && layers_begin_ <= layers_end_ && layers_end_ <= total,
+            "[model] layer range [{}, {}) is not inside the model's {} layers", layers_begin_,
+            layers_end_, total);
+  MOE_CHECK((has_embedding() && has_head()) || config_.lb_loss_style != LbLossStyle::kHf,
+            "[parallel] model.lb_loss_style=\"hf\" is one loss over all layers' routers; pipeline "
+            "parallelism needs the per-layer \"olmo-core\" style");
+  auto find = [&](const std::string& name) {
+    const ParamSpec* spec = layout_.find(name);
+    MOE_CHECK(spec != nullptr, "[model] the parameter layout has no {}", name);
+    return spec;
+  };
+  if (has_embedding()) embed_ = find("model.embed_tokens.weight");
+  if (has_head()) {
+    final_norm_ = find("model.norm.weight");
+    lm_head_ =
+        config_.tie_word_embeddings ? find("model.embed_tokens.weight") : find("lm_head.weight");
+  }
+  for (int64_t i = 0; i < total; ++i)
+    layer_specs_.push_back(i >= layers_begin_ && i < layers_end_ ? layout_.layer_specs(i)
+                                                                 : LayerSpecs{});
 }
 
 Transformer::~Transformer() = default;
@@ -61,47 +90,83 @@ MoeWeights Transformer::moe_weights(const ParamBuffers& b, int64_t layer) const 
 }
 
 const RouterState* Transformer::router_state(int64_t layer) const {
-  if (config_.layer_is_dense(layer)) return nullptr;
-  return &layers_[static_cast<size_t>(layer)].moe.router;
+  if (config_.layer_is_dense(layer) || layer < layers_begin_ || layer >= layers_end_ ||
+      last_slot_ < 0)
+    return nullptr;
+  return &slots_[static_cast<size_t>(last_slot_)]
+              ->layers[static_cast<size_t>(layer - layers_begin_)]
+              .moe.router;
+}
+
+const std::vector<float>& Transformer::logits() const {
+  MOE_CHECK(last_slot_ >= 0 && has_head(), "[model] logits() needs a forward() of the head first");
+  return slots_[static_cast<size_t>(last_slot_)]->logits;
 }
 
 LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens,
                                const int32_t* targets, int64_t batch, int64_t seq) {
+  MOE_CHECK(has_embedding() && has_head(),
+            "[model] forward() runs the whole model; use forward_chunk()");
+  return forward_chunk(0, params, tokens, nullptr, targets, batch, seq, nullptr);
+}
+
+void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale) {
+  backward_chunk(0, params, grads, loss_scale, nullptr, nullptr);
+}
+
+LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
+                                     const int32_t* tokens, const float* hidden_in,
+                                     const int32_t* targets, int64_t batch, int64_t seq,
+                                     float* hidden_out) {
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, v = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  for (int64_t i = 0; i < n; ++i) {
-    MOE_CHECK(tokens[i] >= 0 && tokens[i] < v,
-              "[data] token id {} at (batch {}, position {}) is out of range for vocab_size={}",
-              tokens[i], i / seq, i % seq, v);
-    if (targets != nullptr)
+  if (has_embedding())
+    for (int64_t i = 0; i < n; ++i)
+      MOE_CHECK(tokens[i] >= 0 && tokens[i] < v,
+                "[data] token id {} at (batch {}, position {}) is out of range for vocab_size={}",
+                tokens[i], i / seq, i % seq, v);
+  if (targets != nullptr)
+    for (int64_t i = 0; i < n; ++i)
       MOE_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < v),
                 "[data] target id {} at (batch {}, position {}) is out of range for vocab_size={} "
                 "(use -100 to ignore a position)",
                 targets[i], i / seq, i % seq, v);
-  }
+  MOE_CHECK(slot >= 0, "[model] activation slot {} is negative", slot);
+  if (static_cast<size_t>(slot) >= slots_.size()) slots_.resize(static_cast<size_t>(slot + 1));
+  if (!slots_[static_cast<size_t>(slot)])
+    slots_[static_cast<size_t>(slot)] = std::make_unique<Activations>();
+  Activations& act = *slots_[static_cast<size_t>(slot)];
+  last_slot_ = slot;
   if (rope_.max_positions < seq) rope_ = RopeTable::build(seq, c.head_size(), c.rope_theta);
-  batch_ = batch;
-  seq_ = seq;
-  tokens_.assign(tokens, tokens + n);
-
-  residual_.resize(static_cast<size_t>(c.num_hidden_layers + 1));
-  for (auto& r : residual_) r.resize(static_cast<size_t>(n * d));
-  embedding_forward(tokens, at(params, embed_), residual_[0].data(), n, d);
+  const int64_t count = layers_end_ - layers_begin_;
+  act.batch = batch;
+  act.seq = seq;
+  act.backward_ready = false;
+  act.layers.resize(static_cast<size_t>(count));
+  act.residual.resize(static_cast<size_t>(count + 1));
+  for (auto& r : act.residual) r.resize(static_cast<size_t>(n * d));
+  if (has_embedding()) {
+    act.tokens.assign(tokens, tokens + n);
+    embedding_forward(tokens, at(params, embed_), act.residual[0].data(), n, d);
+  } else {
+    std::copy_n(hidden_in, n * d, act.residual[0].data());
+  }
 
   std::vector<float> branch(static_cast<size_t>(n * d));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  for (int64_t i = layers_begin_; i < layers_end_; ++i) {
+    const size_t j = static_cast<size_t>(i - layers_begin_);
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
-    LayerCache& lc = layers_[static_cast<size_t>(i)];
-    const float* x = residual_[static_cast<size_t>(i)].data();
+    LayerCache& lc = act.layers[j];
+    const float* x = act.residual[j].data();
     lc.rstd1.resize(static_cast<size_t>(n));
     lc.h1.resize(static_cast<size_t>(n * d));
     rmsnorm_forward(x, at(params, s.input_norm), lc.h1.data(), lc.rstd1.data(), n, d, eps);
     attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
                        lc.attention);
     lc.mid.resize(static_cast<size_t>(n * d));
-    for (int64_t j = 0; j < n * d; ++j)
-      lc.mid[static_cast<size_t>(j)] = x[j] + branch[static_cast<size_t>(j)];
+    for (int64_t e = 0; e < n * d; ++e)
+      lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
 
     lc.rstd2.resize(static_cast<size_t>(n));
     lc.h2.resize(static_cast<size_t>(n * d));
@@ -119,35 +184,42 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
                                  routing_token_offset_};
       moe_.forward(moe_weights(params, i), lc.h2.data(), n, branch.data(), lc.moe);
     }
-    float* out = residual_[static_cast<size_t>(i + 1)].data();
-    for (int64_t j = 0; j < n * d; ++j)
-      out[j] = lc.mid[static_cast<size_t>(j)] + branch[static_cast<size_t>(j)];
+    float* out = act.residual[j + 1].data();
+    for (int64_t e = 0; e < n * d; ++e)
+      out[e] = lc.mid[static_cast<size_t>(e)] + branch[static_cast<size_t>(e)];
   }
 
-  final_rstd_.resize(static_cast<size_t>(n));
-  final_hidden_.resize(static_cast<size_t>(n * d));
-  rmsnorm_forward(residual_.back().data(), at(params, final_norm_), final_hidden_.data(),
-                  final_rstd_.data(), n, d, eps);
-  logits_.resize(static_cast<size_t>(n * v));
-  linear_forward(final_hidden_.data(), at(params, lm_head_), logits_.data(), n, d, v);
+  if (has_head()) {
+    act.final_rstd.resize(static_cast<size_t>(n));
+    act.final_hidden.resize(static_cast<size_t>(n * d));
+    rmsnorm_forward(act.residual.back().data(), at(params, final_norm_), act.final_hidden.data(),
+                    act.final_rstd.data(), n, d, eps);
+    act.logits.resize(static_cast<size_t>(n * v));
+    linear_forward(act.final_hidden.data(), at(params, lm_head_), act.logits.data(), n, d, v);
+  } else {
+    std::copy_n(act.residual.back().data(), n * d, hidden_out);
+  }
 
   LossParts loss;
-  if (targets == nullptr) return loss;
+  if (has_head() && targets == nullptr) return loss;
 
   // Batch statistics, summed over the data-parallel group by batch_sum_ so that every loss and
-  // gradient is that of the global batch: [counted targets, tokens, then per MoE layer: routes per
-  // expert (E), load-balancing probability sums (E), sum of logsumexp^2].
+  // gradient is that of the global batch: [counted targets, tokens, then per MoE layer of this
+  // chunk: routes per expert (E), load-balancing probability sums (E), sum of logsumexp^2].
   const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
-  const int64_t moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+  std::vector<int64_t> moe_layers;
+  for (int64_t i = layers_begin_; i < layers_end_; ++i)
+    if (!c.layer_is_dense(i)) moe_layers.push_back(i);
   const int64_t per_layer = 2 * e_count + 1;
-  std::vector<double> stats(static_cast<size_t>(2 + moe_layers * per_layer), 0.0);
-  for (int64_t i = 0; i < n; ++i) stats[0] += targets[i] != kIgnoreIndex;
+  std::vector<double> stats(2 + moe_layers.size() * static_cast<size_t>(per_layer), 0.0);
+  if (targets != nullptr)
+    for (int64_t i = 0; i < n; ++i) stats[0] += targets[i] != kIgnoreIndex;
   stats[1] = static_cast<double>(n);
-  lb_uses_softmax_ = c.lb_loss_style == LbLossStyle::kHf;
-  for (int64_t j = 0; j < moe_layers; ++j) {
-    const MoeCache& mc = layers_[static_cast<size_t>(c.first_k_dense_replace + j)].moe;
-    double* layer_stats = stats.data() + 2 + j * per_layer;
-    const std::vector<double> sums = lb_uses_softmax_
+  act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
+  for (size_t j = 0; j < moe_layers.size(); ++j) {
+    const MoeCache& mc = act.layers[static_cast<size_t>(moe_layers[j] - layers_begin_)].moe;
+    double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
+    const std::vector<double> sums = act.lb_uses_softmax
                                          ? router_softmax_column_sums(mc.router_shape, mc.router)
                                          : router_score_column_sums(mc.router_shape, mc.router);
     for (int64_t e = 0; e < e_count; ++e) {
@@ -158,34 +230,36 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
   }
   if (batch_sum_) batch_sum_(stats.data(), static_cast<int64_t>(stats.size()));
   const int64_t counted = static_cast<int64_t>(stats[0]);
-  global_tokens_ = static_cast<int64_t>(stats[1]);
+  act.global_tokens = static_cast<int64_t>(stats[1]);
 
-  dlogits_.resize(logits_.size());
-  const CrossEntropyResult ce =
-      cross_entropy(logits_.data(), targets, n, v, dlogits_.data(), 1.0f, counted);
-  double ce_sum = ce.loss * static_cast<double>(counted);
-  if (batch_sum_) batch_sum_(&ce_sum, 1);
-  loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
-  loss.counted_tokens = counted;
+  if (has_head()) {
+    act.dlogits.resize(act.logits.size());
+    const CrossEntropyResult ce =
+        cross_entropy(act.logits.data(), targets, n, v, act.dlogits.data(), 1.0f, counted);
+    double ce_sum = ce.loss * static_cast<double>(counted);
+    if (batch_sum_) batch_sum_(&ce_sum, 1);
+    loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
+    loss.counted_tokens = counted;
+  }
 
   // Router losses. The per-token load-balancing gradient is a constant per (layer, expert):
-  // lb_score_grad_[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as the
+  // lb_score_grad[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as the
   // references do).
-  lb_score_grad_.assign(static_cast<size_t>(c.num_hidden_layers * e_count), 0.0f);
-  if (moe_layers > 0 && global_tokens_ > 0) {
-    const double nd = static_cast<double>(global_tokens_);
+  act.lb_score_grad.assign(static_cast<size_t>(count * e_count), 0.0f);
+  if (!moe_layers.empty() && act.global_tokens > 0) {
+    const double nd = static_cast<double>(act.global_tokens);
     std::vector<double> hf_counts(static_cast<size_t>(e_count), 0.0);
     std::vector<double> hf_prob_sums(static_cast<size_t>(e_count), 0.0);
-    for (int64_t j = 0; j < moe_layers; ++j) {
-      const int64_t i = c.first_k_dense_replace + j;
-      const double* layer_stats = stats.data() + 2 + j * per_layer;
+    for (size_t j = 0; j < moe_layers.size(); ++j) {
+      const int64_t local = moe_layers[j] - layers_begin_;
+      const double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
       loss.z += layer_stats[2 * e_count] / nd;
       if (c.lb_loss_style == LbLossStyle::kOlmoCore) {
         const double scale = static_cast<double>(e_count) / static_cast<double>(k);
         for (int64_t e = 0; e < e_count; ++e) {
           const double f = layer_stats[e] / nd;
           loss.lb += scale * f * layer_stats[e_count + e] / nd;
-          lb_score_grad_[static_cast<size_t>(i * e_count + e)] =
+          act.lb_score_grad[static_cast<size_t>(local * e_count + e)] =
               static_cast<float>(c.router_aux_loss_coef * scale * f / nd);
         }
       } else {
@@ -196,46 +270,58 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
       }
     }
     if (c.lb_loss_style == LbLossStyle::kHf) {
-      // transformers' load_balancing_loss_func over all layers' logits concatenated (R rows).
-      const double rows = nd * static_cast<double>(moe_layers);
+      // transformers' load_balancing_loss_func over all layers' logits concatenated (R rows);
+      // the whole model is in this chunk (checked at construction).
+      const double rows = nd * static_cast<double>(moe_layers.size());
       for (int64_t e = 0; e < e_count; ++e) {
         const double f = hf_counts[static_cast<size_t>(e)] / rows;
         loss.lb += static_cast<double>(e_count) * f * hf_prob_sums[static_cast<size_t>(e)] / rows;
         const float g =
             static_cast<float>(c.router_aux_loss_coef * static_cast<double>(e_count) * f / rows);
-        for (int64_t i = c.first_k_dense_replace; i < c.num_hidden_layers; ++i)
-          lb_score_grad_[static_cast<size_t>(i * e_count + e)] = g;
+        for (int64_t i : moe_layers)
+          act.lb_score_grad[static_cast<size_t>((i - layers_begin_) * e_count + e)] = g;
       }
     }
   }
   loss.total = loss.ce + c.router_aux_loss_coef * loss.lb + c.router_z_loss_coef * loss.z;
+  act.backward_ready = true;
   return loss;
 }
 
-void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale) {
+void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, ParamBuffers& grads,
+                                 float loss_scale, const float* d_hidden_out, float* d_hidden_in) {
   const ModelConfig& c = config_;
-  MOE_CHECK(!dlogits_.empty(), "[model] backward() needs a forward() with targets first");
-  const int64_t n = batch_ * seq_, d = c.hidden_size, v = c.vocab_size;
-  std::vector<float> dlogits(dlogits_.size());
-  for (size_t j = 0; j < dlogits.size(); ++j) dlogits[j] = dlogits_[j] * loss_scale;
+  MOE_CHECK(slot >= 0 && static_cast<size_t>(slot) < slots_.size() &&
+                slots_[static_cast<size_t>(slot)] &&
+                slots_[static_cast<size_t>(slot)]->backward_ready,
+            "[model] backward() needs a forward() with targets first");
+  const Activations& act = *slots_[static_cast<size_t>(slot)];
+  const int64_t n = act.batch * act.seq, d = c.hidden_size, v = c.vocab_size;
 
-  std::vector<float> dhidden(static_cast<size_t>(n * d));
-  linear_backward(dlogits.data(), final_hidden_.data(), at(params, lm_head_), dhidden.data(),
-                  at(grads, lm_head_), n, d, v, false);
   std::vector<float> dx(static_cast<size_t>(n * d));  // gradient of the residual stream
-  rmsnorm_backward(dhidden.data(), residual_.back().data(), at(params, final_norm_),
-                   final_rstd_.data(), dx.data(), at(grads, final_norm_), n, d, false);
+  if (has_head()) {
+    std::vector<float> dlogits(act.dlogits.size());
+    for (size_t j = 0; j < dlogits.size(); ++j) dlogits[j] = act.dlogits[j] * loss_scale;
+    std::vector<float> dhidden(static_cast<size_t>(n * d));
+    linear_backward(dlogits.data(), act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
+                    at(grads, lm_head_), n, d, v, false);
+    rmsnorm_backward(dhidden.data(), act.residual.back().data(), at(params, final_norm_),
+                     act.final_rstd.data(), dx.data(), at(grads, final_norm_), n, d, false);
+  } else {
+    std::copy_n(d_hidden_out, n * d, dx.data());
+  }
 
   std::vector<float> dbranch(static_cast<size_t>(n * d));
   std::vector<float> scratch_dact, scratch_dgu;
-  const float z_grad_scale = global_tokens_ > 0
+  const float z_grad_scale = act.global_tokens > 0
                                  ? static_cast<float>(c.router_z_loss_coef) * loss_scale /
-                                       static_cast<float>(global_tokens_)
+                                       static_cast<float>(act.global_tokens)
                                  : 0.0f;
   std::vector<float> lb_grad(static_cast<size_t>(c.num_experts));
-  for (int64_t i = c.num_hidden_layers - 1; i >= 0; --i) {
+  for (int64_t i = layers_end_ - 1; i >= layers_begin_; --i) {
+    const size_t j = static_cast<size_t>(i - layers_begin_);
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
-    const LayerCache& lc = layers_[static_cast<size_t>(i)];
+    const LayerCache& lc = act.layers[j];
     // FFN branch: out = mid + ffn(norm(mid)); dx currently holds d out.
     if (c.layer_is_dense(i)) {
       const int64_t width = c.intermediate_size;
@@ -248,21 +334,24 @@ void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, floa
     } else {
       for (int64_t e = 0; e < c.num_experts; ++e)
         lb_grad[static_cast<size_t>(e)] =
-            lb_score_grad_[static_cast<size_t>(i * c.num_experts + e)] * loss_scale;
+            act.lb_score_grad[j * static_cast<size_t>(c.num_experts) + static_cast<size_t>(e)] *
+            loss_scale;
       moe_.backward(moe_weights(params, i), moe_weights(grads, i), lc.h2.data(), dx.data(), lc.moe,
-                    lb_grad.data(), lb_uses_softmax_, z_grad_scale, dbranch.data());
+                    lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
     }
     rmsnorm_backward(dbranch.data(), lc.mid.data(), at(params, s.post_norm), lc.rstd2.data(),
                      dx.data(), at(grads, s.post_norm), n, d, true);
     // Attention branch: mid = x + attn(norm(x)).
     attention_.backward(attention_weights(params, i), attention_weights(grads, i), lc.h1.data(),
                         dx.data(), lc.attention, dbranch.data());
-    rmsnorm_backward(dbranch.data(), residual_[static_cast<size_t>(i)].data(),
-                     at(params, s.input_norm), lc.rstd1.data(), dx.data(), at(grads, s.input_norm),
-                     n, d, true);
+    rmsnorm_backward(dbranch.data(), act.residual[j].data(), at(params, s.input_norm),
+                     lc.rstd1.data(), dx.data(), at(grads, s.input_norm), n, d, true);
     if (layer_grads_ready_) layer_grads_ready_(i);
   }
-  embedding_backward(tokens_.data(), dx.data(), at(grads, embed_), n, d);
+  if (has_embedding())
+    embedding_backward(act.tokens.data(), dx.data(), at(grads, embed_), n, d);
+  else
+    std::copy_n(dx.data(), n * d, d_hidden_in);
 }
 
 }  // namespace moecore

@@ -1,6 +1,11 @@
 // The decoder-only MoE transformer: embedding -> N x [RMSNorm -> attention -> residual -> RMSNorm
 // -> FFN (MoE or dense SwiGLU) -> residual] -> RMSNorm -> LM head, with the losses of DESIGN.md.
 // forward() saves every activation the backward needs; backward() adds parameter gradients.
+//
+// A Transformer may run a contiguous range of layers only (a pipeline model chunk): the embedding
+// belongs to the chunk that starts at layer 0, the final norm, LM head and cross-entropy to the
+// one that ends at the last layer, and hidden states cross chunk boundaries. A chunk keeps the
+// activations of several micro-batches in flight, one slot each.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +23,9 @@ namespace moecore {
 
 // Loss parts as DESIGN.md defines them. lb and z are unscaled (sum over MoE layers; the HF-style lb
 // is one value over all layers); total = ce + router_aux_loss_coef * lb + router_z_loss_coef * z.
+// Over a pipeline chunk, lb and z are its layers' share, ce is 0 except on the chunk with the
+// head, and total = ce + coef_lb * lb + coef_z * z of those shares: the parts of all chunks add up
+// to the whole model's.
 struct LossParts {
   double ce = 0.0;
   double lb = 0.0;
@@ -26,11 +34,19 @@ struct LossParts {
   int64_t counted_tokens = 0;  // targets != -100
 };
 
+// Layers [begin, end) of a model chunk; end = -1: through the last layer.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
 class Transformer {
  public:
-  // With expert parallelism `layout` holds this rank's experts and `exchange` reaches the others.
+  // With expert parallelism `layout` holds this rank's experts and `exchange` reaches the others;
+  // with pipeline parallelism `layers` is this chunk's range and `layout` holds at least its
+  // tensors.
   Transformer(const ModelConfig& config, const ParamLayout& layout,
-              const ExpertExchange* exchange = nullptr);
+              const ExpertExchange* exchange = nullptr, LayerRange layers = {});
   ~Transformer();
   // Sub-blocks hold references to members, so a Transformer stays where it was built.
   Transformer(const Transformer&) = delete;
@@ -43,6 +59,21 @@ class Transformer {
 
   // grads += d(loss_scale * total)/d params, for the batch of the last forward().
   void backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale);
+
+  // Pipeline chunk passes over the activations of slot `slot` (one per micro-batch in flight).
+  // Input: `tokens` on the chunk with the embedding, else `hidden_in` [batch * seq, d]; `targets`
+  // on the chunk with the head (nullptr elsewhere, or for logits only). Output: `hidden_out`
+  // [batch * seq, d] on every chunk but the last.
+  LossParts forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
+                          const float* hidden_in, const int32_t* targets, int64_t batch,
+                          int64_t seq, float* hidden_out);
+  // d_hidden_out: gradient of hidden_out (nullptr on the chunk with the head); d_hidden_in
+  // receives the gradient of hidden_in (unused on the chunk with the embedding).
+  void backward_chunk(int64_t slot, const ParamBuffers& params, ParamBuffers& grads,
+                      float loss_scale, const float* d_hidden_out, float* d_hidden_in);
+  bool has_embedding() const { return layers_begin_ == 0; }
+  bool has_head() const { return layers_end_ == config_.num_hidden_layers; }
+  LayerRange layers() const { return {layers_begin_, layers_end_}; }
 
   // Sums batch statistics (target and token counts, router statistics, loss sums) over the
   // data-parallel group, so that losses and gradients are those of the global batch. Unset: this
@@ -63,13 +94,16 @@ class Transformer {
   void set_routing_seed(uint64_t seed) { routing_seed_ = seed; }
   void set_routing_token_offset(int64_t offset) { routing_token_offset_ = offset; }
 
-  const std::vector<float>& logits() const { return logits_; }  // [batch * seq, vocab]
+  // Of the last forward (any slot).
+  const std::vector<float>& logits() const;  // [batch * seq, vocab]; chunk with the head only
   const ModelConfig& config() const { return config_; }
-  // Router state of each layer of the last forward (nullptr for dense layers).
+  // Router state of each layer of the last forward (nullptr for dense layers and for layers
+  // outside this chunk).
   const RouterState* router_state(int64_t layer) const;
 
  private:
   struct LayerCache;
+  struct Activations;
 
   AttentionWeights attention_weights(const ParamBuffers& buffers, int64_t layer) const;
   MoeWeights moe_weights(const ParamBuffers& buffers, int64_t layer) const;
@@ -84,15 +118,9 @@ class Transformer {
   AttentionBlock attention_;
   MoeBlock moe_;
 
-  // Activations of the last forward.
-  int64_t batch_ = 0, seq_ = 0;
-  std::vector<int32_t> tokens_;
-  std::vector<std::vector<float>> residual_;  // [L + 1][N, d]: input of each layer, then final
-  std::vector<LayerCache> layers_;
-  std::vector<float> final_rstd_, final_hidden_, logits_, dlogits_;
-  std::vector<float> lb_score_grad_;  // [L][E] load-balancing gradient per router probability
-  bool lb_uses_softmax_ = false;
-  int64_t global_tokens_ = 0;  // tokens of the global batch of the last forward
+  int64_t layers_begin_ = 0, layers_end_ = 0;
+  std::vector<std::unique_ptr<Activations>> slots_;
+  int64_t last_slot_ = -1;  // of the last forward
   BatchSum batch_sum_;
   LayerGradsReady layer_grads_ready_;
   uint64_t routing_seed_ = 0;

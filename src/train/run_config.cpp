@@ -36,6 +36,17 @@ class TableReader {
       MOE_CHECK(value.has_value() && (node->is_floating_point() || node->is_integer()),
                 "[config] {}: {}.{} must be a number", source_, section_, key);
       field = *value;
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      field.clear();
+      const toml::array* array = node->as_array();
+      MOE_CHECK(array != nullptr, "[config] {}: {}.{} must be a list of integers", source_,
+                section_, key);
+      for (const toml::node& item : *array) {
+        auto value = item.value_exact<int64_t>();
+        MOE_CHECK(value.has_value(), "[config] {}: {}.{} must be a list of integers", source_,
+                  section_, key);
+        field.push_back(*value);
+      }
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       // A list of strings; a single string is accepted as a list of one.
       field.clear();
@@ -162,6 +173,13 @@ void read_train(TableReader& r, TrainConfig& t) {
 }
 
 void read_parallel(TableReader& r, ParallelConfig& p) {
+  r.read("pp", p.pp);
+  r.read_enum("schedule", p.schedule,
+              {{"1f1b", PipelineSchedule::kOneFOneB},
+               {"interleaved-1f1b", PipelineSchedule::kInterleaved},
+               {"gpipe", PipelineSchedule::kGPipe}});
+  r.read("virtual_stages", p.virtual_stages);
+  r.read("stage_layers", p.stage_layers);
   r.read("ep", p.ep);
   r.read("zero", p.zero);
   r.read_enum("dispatch", p.dispatch, {{"sync", Dispatch::kSync}, {"rowwise", Dispatch::kRowwise}});
@@ -271,6 +289,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.sample_tokens >= 0, "[config] train.sample_tokens={} must be >= 0", t.sample_tokens);
   const ParallelConfig& p = config.parallel;
   MOE_CHECK(p.ep >= 1, "[config] parallel.ep={} must be >= 1", p.ep);
+  MOE_CHECK(p.pp >= 1, "[config] parallel.pp={} must be >= 1", p.pp);
+  MOE_CHECK(p.virtual_stages >= 0, "[config] parallel.virtual_stages={} must be >= 0",
+            p.virtual_stages);
   MOE_CHECK(p.zero == 0 || p.zero == 1, "[config] parallel.zero={} must be 0 or 1", p.zero);
   MOE_CHECK(p.capacity_factor > 0.0, "[config] parallel.capacity_factor={} must be positive",
             p.capacity_factor);
@@ -367,7 +388,16 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"val", string_list(c.data.val)},
                    {"tokenizer", c.data.tokenizer}};
   const ParallelConfig& p = c.parallel;
-  toml::table parallel{{"ep", p.ep},
+  toml::array stage_layers;
+  for (int64_t n : p.stage_layers) stage_layers.push_back(n);
+  const char* schedule = p.schedule == PipelineSchedule::kOneFOneB      ? "1f1b"
+                         : p.schedule == PipelineSchedule::kInterleaved ? "interleaved-1f1b"
+                                                                        : "gpipe";
+  toml::table parallel{{"pp", p.pp},
+                       {"schedule", schedule},
+                       {"virtual_stages", p.virtual_stages},
+                       {"stage_layers", stage_layers},
+                       {"ep", p.ep},
                        {"zero", p.zero},
                        {"dispatch", p.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
                        {"capacity_factor", p.capacity_factor},

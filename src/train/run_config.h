@@ -42,9 +42,17 @@ struct DataConfig {
 };
 
 enum class Dispatch { kSync, kRowwise };
+enum class PipelineSchedule { kOneFOneB, kInterleaved, kGPipe };
 
-// [parallel]: the process layout. dp (data parallel) is derived: world size / (pp * ep).
+// [parallel]: the process layout. dp (data parallel) is derived: world size / pp; the MoE mesh
+// (ep, ep_dp) folds inside each pipeline stage's dp ranks.
 struct ParallelConfig {
+  int64_t pp = 1;  // pipeline stages (contiguous layers each)
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  int64_t virtual_stages = 0;  // model chunks per rank; 0: 2 for interleaved-1f1b, else 1
+  // Layers per model chunk, in order (pp * virtual_stages entries summing to num_hidden_layers);
+  // empty: balanced automatically.
+  std::vector<int64_t> stage_layers;
   int64_t ep = 1;    // expert parallel degree (experts sharded over ep ranks)
   int64_t zero = 0;  // 1: optimizer state sharded over dp (dense) and ep_dp (experts)
   Dispatch dispatch = Dispatch::kSync;
