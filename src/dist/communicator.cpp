@@ -85,6 +85,7 @@ Communicator Communicator::split(int color, int key, const std::string& name) co
   if (comm_ == MPI_COMM_NULL) return Communicator(MPI_COMM_NULL, name);
   MPI_Comm sub = MPI_COMM_NULL;
   check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", name_);
+  if (sub == MPI_COMM_NULL) return Communicator(MPI_COMM_NULL, name);  // color MPI_UNDEFINED
   MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
   return Communicator(sub, name);
 }
@@ -107,6 +108,28 @@ MPI_Request Communicator::iallreduce_sum(float* data, int64_t count) const {
                          comm_, &request),
           "MPI_Iallreduce", name_);
   return request;
+}
+
+MPI_Request Communicator::isend(const float* data, int64_t count, int dest, int tag) const {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Isend(data, as_count(count, "isend"), MPI_FLOAT, dest, tag, comm_, &request),
+        "MPI_Isend", name_);
+  return request;
+}
+
+MPI_Request Communicator::irecv(float* data, int64_t count, int source, int tag) const {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Irecv(data, as_count(count, "irecv"), MPI_FLOAT, source, tag, comm_, &request),
+        "MPI_Irecv", name_);
+  return request;
+}
+
+int Communicator::max_tag() const {
+  if (comm_ == MPI_COMM_NULL) return 32767;  // the least MPI_TAG_UB the standard allows
+  void* value = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
+  return found != 0 ? *static_cast<int*>(value) : 32767;
 }
 
 void Communicator::wait_all(std::vector<MPI_Request>& requests) const {

@@ -41,6 +41,11 @@ class Communicator {
   // Waits for the requests (and clears them); test_all only drives their progress.
   void wait_all(std::vector<MPI_Request>& requests) const;
   void test_all(std::vector<MPI_Request>& requests) const;
+  // Non-blocking point-to-point floats (pipeline activations and their gradients); complete with
+  // wait_all. Tags must be below max_tag().
+  MPI_Request isend(const float* data, int64_t count, int dest, int tag) const;
+  MPI_Request irecv(float* data, int64_t count, int source, int tag) const;
+  int max_tag() const;
   void allreduce_sum(double* data, int64_t count) const;
   void allreduce_sum(int64_t* data, int64_t count) const;
   void allreduce_max(double* data, int64_t count) const;

@@ -88,9 +88,12 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
       (s.group == ParamGroup::kDense ? dense_sq : expert_sq) = sq;
     }
   }
-  // Each ep rank holds different experts: their squares add up over ep.
+  // Each ep rank holds different experts, each pipeline stage different layers: their squares
+  // add up over ep, then over the stages.
   mesh_.ep.allreduce_sum(&expert_sq, 1);
-  return std::sqrt(dense_sq + expert_sq);
+  double total_sq = dense_sq + expert_sq;
+  mesh_.pp.allreduce_sum(&total_sq, 1);
+  return std::sqrt(total_sq);
 }
 
 void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,

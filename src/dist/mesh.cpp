@@ -1,16 +1,32 @@
 #include "dist/mesh.h"
 
+#include <mpi.h>
+
 #include "core/check.h"
 
 namespace moecore::dist {
 
-Mesh Mesh::build(const Communicator& world, int64_t ep) {
-  MOE_CHECK(ep >= 1 && world.size() % ep == 0,
-            "[parallel] parallel.ep={} does not divide the {} ranks of the job", ep, world.size());
+Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp) {
+  MOE_CHECK(pp >= 1 && world.size() % pp == 0,
+            "[parallel] parallel.pp={} does not divide the {} ranks of the job", pp, world.size());
+  const int stage_size = world.size() / static_cast<int>(pp);
+  MOE_CHECK(ep >= 1 && stage_size % ep == 0,
+            "[parallel] parallel.ep={} does not divide the {} ranks of a pipeline stage", ep,
+            stage_size);
   const int e = static_cast<int>(ep);
   const int rank = world.rank();
-  return Mesh{world, world.split(0, rank, "dp"), world.split(rank / e, rank, "ep"),
-              world.split(rank % e, rank, "ep_dp")};
+  const int stage = rank / stage_size, local = rank % stage_size;
+  // One split per stage rather than one split for all: Open MPI 4.1's osc/rdma names window
+  // memory after the communicator's context id, which the groups of a single split share
+  // (open-mpi/ompi#9492), and the rowwise dispatch puts its windows on the stage's dp group.
+  Communicator dp = Communicator::self();
+  for (int s = 0; s < static_cast<int>(pp); ++s) {
+    Communicator group = world.split(stage == s ? 0 : MPI_UNDEFINED, rank, "dp");
+    if (stage == s) dp = group;
+  }
+  Communicator pp_group = world.split(local, stage, "pp");
+  return Mesh{world, pp_group, dp, dp.split(local / e, local, "ep"),
+              dp.split(local % e, local, "ep_dp")};
 }
 
 }  // namespace moecore::dist

@@ -1,7 +1,9 @@
-// OLMo-core's process mesh on MPI. World = pp x dp (pp = 1 for now). Dense parameters are
-// replicated over dp and their gradients reduced over dp. The MoE mesh folds dp into (ep_dp, ep):
-// the ep ranks of one group (consecutive ranks) each hold num_experts / ep experts, and the
-// gradients of an expert are reduced over the ep_dp ranks that hold the same experts.
+// OLMo-core's process mesh on MPI. World = pp x dp: the ranks of pipeline stage s are the
+// consecutive ranks [s * dp, (s + 1) * dp). Within a stage, dense parameters are replicated over
+// dp and their gradients reduced over dp; the MoE mesh folds dp into (ep_dp, ep): the ep ranks of
+// one group (consecutive ranks) each hold num_experts / ep experts, and the gradients of an expert
+// are reduced over the ep_dp ranks that hold the same experts. Activations travel between the
+// stages over `pp`, which links the ranks at the same position of every stage.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +14,16 @@ namespace moecore::dist {
 
 struct Mesh {
   Communicator world;
-  Communicator dp;     // all data-parallel ranks (dense weights replicated)
+  Communicator pp;     // the same dp position in every stage; rank = stage index
+  Communicator dp;     // this stage's data-parallel ranks (dense weights replicated)
   Communicator ep;     // ranks that share one copy of the experts, each holding a slice
   Communicator ep_dp;  // ranks that hold the same experts
 
-  // Builds the groups; the world size must be a multiple of ep.
-  static Mesh build(const Communicator& world, int64_t ep);
+  int64_t stage() const { return pp.rank(); }
+  int64_t stages() const { return pp.size(); }
+
+  // Builds the groups; the world size must be a multiple of pp x ep.
+  static Mesh build(const Communicator& world, int64_t ep, int64_t pp = 1);
 };
 
 }  // namespace moecore::dist

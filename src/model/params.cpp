@@ -42,7 +42,8 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup g
 //     pair is one [2I, d] matrix and gate/up are computed by a single GEMM;
 //   * a MoE layer's experts are stored expert-major, gate_e then up_e for e = 0..E-1 (one
 //     [E, 2H, d] tensor), then every down_e (one [E, d, H] tensor), ready for a grouped GEMM.
-ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep_rank) {
+ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep_rank,
+                               const std::vector<LayerRange>& chunks) {
   c.validate();
   MOE_CHECK(ep_size >= 1 && c.num_experts % ep_size == 0 && ep_rank >= 0 && ep_rank < ep_size,
             "[parallel] parallel.ep={} does not divide num_experts={}", ep_size, c.num_experts);
@@ -52,8 +53,24 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
   const int64_t first = layout.first_expert_, last = first + layout.local_experts_;
   const int64_t d = c.hidden_size;
   const auto dense = ParamGroup::kDense;
-  layout.add("model.embed_tokens.weight", {c.vocab_size, d}, dense, false, true);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  const int64_t total = c.num_hidden_layers;
+  auto held = [&](int64_t layer) {
+    if (chunks.empty()) return true;
+    for (const LayerRange& r : chunks)
+      if (layer >= r.begin && layer < (r.end < 0 ? total : r.end)) return true;
+    return false;
+  };
+  bool has_embedding = chunks.empty(), has_head = chunks.empty();
+  for (const LayerRange& r : chunks) {
+    has_embedding = has_embedding || r.begin == 0;
+    has_head = has_head || r.end < 0 || r.end == total;
+  }
+  MOE_CHECK(!(c.tie_word_embeddings && has_embedding != has_head),
+            "[parallel] tie_word_embeddings=true needs the embedding and the LM head on one "
+            "pipeline stage (use untied embeddings with parallel.pp > 1)");
+  if (has_embedding) layout.add("model.embed_tokens.weight", {c.vocab_size, d}, dense, false, true);
+  for (int64_t i = 0; i < total; ++i) {
+    if (!held(i)) continue;
     const std::string p = "model.layers." + std::to_string(i) + ".";
     layout.add(p + "input_layernorm.weight", {d}, dense, true);
     layout.add(p + "self_attn.q_proj.weight", {c.q_size(), d}, dense);
@@ -92,8 +109,10 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
       layout.add(p + "mlp.shared_expert.down_proj.weight", {d, hs}, dense);
     }
   }
-  layout.add("model.norm.weight", {d}, dense, true);
-  if (!c.tie_word_embeddings) layout.add("lm_head.weight", {c.vocab_size, d}, dense);
+  if (has_head) {
+    layout.add("model.norm.weight", {d}, dense, true);
+    if (!c.tie_word_embeddings) layout.add("lm_head.weight", {c.vocab_size, d}, dense);
+  }
   return layout;
 }
 

@@ -47,11 +47,20 @@ struct LayerSpecs {
   const ParamSpec* shared_down;
 };
 
+// Layers [begin, end) of a pipeline model chunk; end = -1: through the last layer.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
 class ParamLayout {
  public:
   // The whole model, or with expert parallelism the part one rank holds: every dense tensor and
   // experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of each MoE layer (global names).
-  static ParamLayout build(const ModelConfig& config, int64_t ep_size = 1, int64_t ep_rank = 0);
+  // With pipeline parallelism only the layers of `chunks` (the embedding with the chunk starting
+  // at layer 0, the final norm and LM head with the one ending at the last layer); empty: all.
+  static ParamLayout build(const ModelConfig& config, int64_t ep_size = 1, int64_t ep_rank = 0,
+                           const std::vector<LayerRange>& chunks = {});
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec* find(const std::string& name) const;  // nullptr when absent

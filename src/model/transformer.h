@@ -34,12 +34,6 @@ struct LossParts {
   int64_t counted_tokens = 0;  // targets != -100
 };
 
-// Layers [begin, end) of a model chunk; end = -1: through the last layer.
-struct LayerRange {
-  int64_t begin = 0;
-  int64_t end = -1;
-};
-
 class Transformer {
  public:
   // With expert parallelism `layout` holds this rank's experts and `exchange` reaches the others;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "data/token_dataset.h"
 #include "model/params.h"
@@ -19,5 +20,12 @@ struct EvalResult {
 
 EvalResult evaluate(Transformer& model, const ParamBuffers& params,
                     const data::TokenDataset& dataset, int64_t batch_rows, int64_t max_instances);
+
+// The same over any forward pass (e.g. through the pipeline stages, where the last stage alone
+// sees the loss): forward(tokens, targets, rows, seq) returns the batch's loss parts.
+using EvalForward = std::function<LossParts(const int32_t* tokens, const int32_t* targets,
+                                            int64_t rows, int64_t seq)>;
+EvalResult evaluate(const EvalForward& forward, const data::TokenDataset& dataset,
+                    int64_t batch_rows, int64_t max_instances);
 
 }  // namespace moecore

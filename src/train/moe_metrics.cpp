@@ -5,11 +5,41 @@
 
 namespace moecore {
 
+namespace {
+
+// The means and maxima over the layers.
+void summarize(MoeMetrics& m) {
+  m.mean_load_imbalance = m.max_load_imbalance = m.mean_router_entropy = 0.0;
+  m.mean_selected_mass = m.drop_rate = 0.0;
+  if (m.layers.empty()) return;
+  for (const MoeLayerMetrics& lm : m.layers) {
+    m.mean_load_imbalance += lm.load_imbalance;
+    m.max_load_imbalance = std::max(m.max_load_imbalance, lm.load_imbalance);
+    m.mean_router_entropy += lm.router_entropy;
+    m.mean_selected_mass += lm.selected_mass;
+    m.drop_rate += lm.drop_rate;
+  }
+  const double layers = static_cast<double>(m.layers.size());
+  m.mean_load_imbalance /= layers;
+  m.mean_router_entropy /= layers;
+  m.mean_selected_mass /= layers;
+  m.drop_rate /= layers;
+}
+
+}  // namespace
+
 MoeMetrics compute_moe_metrics(const Transformer& model, const std::vector<double>& drop_rates) {
-  const ModelConfig& c = model.config();
+  return compute_moe_metrics(std::vector<const Transformer*>{&model}, drop_rates);
+}
+
+MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
+                               const std::vector<double>& drop_rates) {
+  const ModelConfig& c = chunks.front()->config();
   MoeMetrics m;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const RouterState* st = model.router_state(i);
+    const RouterState* st = nullptr;
+    for (const Transformer* chunk : chunks)
+      if (st == nullptr) st = chunk->router_state(i);
     if (st == nullptr || st->logits.empty()) continue;
     const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
     const int64_t tokens = static_cast<int64_t>(st->logits.size()) / e_count;
@@ -54,20 +84,49 @@ MoeMetrics compute_moe_metrics(const Transformer& model, const std::vector<doubl
                     (score_sums[static_cast<size_t>(e)] / n);
     m.layers.push_back(std::move(lm));
   }
-  if (m.layers.empty()) return m;
-  for (const MoeLayerMetrics& lm : m.layers) {
-    m.mean_load_imbalance += lm.load_imbalance;
-    m.max_load_imbalance = std::max(m.max_load_imbalance, lm.load_imbalance);
-    m.mean_router_entropy += lm.router_entropy;
-    m.mean_selected_mass += lm.selected_mass;
-    m.drop_rate += lm.drop_rate;
-  }
-  const double layers = static_cast<double>(m.layers.size());
-  m.mean_load_imbalance /= layers;
-  m.mean_router_entropy /= layers;
-  m.mean_selected_mass /= layers;
-  m.drop_rate /= layers;
+  summarize(m);
   return m;
+}
+
+MoeMetrics combine_stage_metrics(const MoeMetrics& mine, const ModelConfig& c,
+                                 const std::function<void(double*, int64_t)>& sum_over_stages) {
+  // One row per layer: [present, tokens per expert (E), imbalance, lb, z, entropy, mass, drop];
+  // the stages hold disjoint layers, so the sum puts each layer's row in place.
+  const int64_t e_count = c.num_experts, width = e_count + 7;
+  std::vector<double> rows(static_cast<size_t>(c.num_hidden_layers * width), 0.0);
+  for (const MoeLayerMetrics& lm : mine.layers) {
+    double* row = rows.data() + lm.layer * width;
+    row[0] = 1.0;
+    for (int64_t e = 0; e < e_count; ++e)
+      row[1 + e] = static_cast<double>(lm.tokens_per_expert[static_cast<size_t>(e)]);
+    double* tail = row + 1 + e_count;
+    tail[0] = lm.load_imbalance;
+    tail[1] = lm.lb_loss;
+    tail[2] = lm.z_loss;
+    tail[3] = lm.router_entropy;
+    tail[4] = lm.selected_mass;
+    tail[5] = lm.drop_rate;
+  }
+  sum_over_stages(rows.data(), static_cast<int64_t>(rows.size()));
+  MoeMetrics all;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const double* row = rows.data() + i * width;
+    if (row[0] == 0.0) continue;
+    MoeLayerMetrics lm;
+    lm.layer = i;
+    for (int64_t e = 0; e < e_count; ++e)
+      lm.tokens_per_expert.push_back(static_cast<int64_t>(row[1 + e]));
+    const double* tail = row + 1 + e_count;
+    lm.load_imbalance = tail[0];
+    lm.lb_loss = tail[1];
+    lm.z_loss = tail[2];
+    lm.router_entropy = tail[3];
+    lm.selected_mass = tail[4];
+    lm.drop_rate = tail[5];
+    all.layers.push_back(std::move(lm));
+  }
+  summarize(all);
+  return all;
 }
 
 std::vector<std::pair<std::string, double>> MoeMetrics::scalars(bool per_expert_counts) const {

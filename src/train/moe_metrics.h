@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,5 +38,13 @@ struct MoeMetrics {
 // (empty: dropless routing).
 MoeMetrics compute_moe_metrics(const Transformer& model,
                                const std::vector<double>& drop_rates = {});
+// Over the model chunks of a pipeline stage (drop_rates per MoE layer of these chunks).
+MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
+                               const std::vector<double>& drop_rates = {});
+
+// With pipeline parallelism each stage measures its own layers: every stage calls this with its
+// metrics and a sum over the stages (an all-reduce), and gets the whole model's.
+MoeMetrics combine_stage_metrics(const MoeMetrics& mine, const ModelConfig& config,
+                                 const std::function<void(double*, int64_t)>& sum_over_stages);
 
 }  // namespace moecore

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "core/check.h"
@@ -19,10 +20,12 @@
 #include "dist/distributed_optimizer.h"
 #include "dist/expert_layout.h"
 #include "dist/mesh.h"
+#include "dist/pipeline_schedule.h"
 #include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
+#include "io/model_weights.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -30,6 +33,7 @@
 #include "train/evaluate.h"
 #include "train/gerrymandering.h"
 #include "train/moe_metrics.h"
+#include "train/pipeline_runner.h"
 #include "train/progress.h"
 #include "train/sample.h"
 #include "train/step_guard.h"
@@ -68,9 +72,8 @@ void set_threads(int64_t threads, int world_size) {
 // Per MoE layer, the routes of the last micro-batch that the rowwise dispatch dropped over all
 // its routes, for the whole batch: the ranks of an ep group share one keep matrix, and ep_dp sums
 // over the groups. Collective over ep_dp.
-std::vector<double> drop_rates(const dist::MpiRowwiseExchange& exchange,
+std::vector<double> drop_rates(const std::vector<dist::MpiRowwiseExchange::DropCount>& log,
                                const dist::Communicator& ep_dp) {
-  const std::vector<dist::MpiRowwiseExchange::DropCount>& log = exchange.drop_log();
   std::vector<int64_t> counts;
   for (const auto& entry : log) {
     counts.push_back(entry.dropped);
@@ -91,9 +94,19 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   const dist::Communicator world = dist::Communicator::world();
-  const dist::Mesh mesh = dist::Mesh::build(world, config.parallel.ep);
+  const ParallelConfig& pc = config.parallel;
+  const dist::Mesh mesh = dist::Mesh::build(world, pc.ep, pc.pp);
   const bool rank0 = world.rank() == 0;
-  const int64_t dp = mesh.dp.size();
+  const int64_t dp = mesh.dp.size(), pp = pc.pp;
+  // Pipeline: the model chunks this rank runs (one, the whole model, without pipelining).
+  const int64_t virtual_stages =
+      pc.virtual_stages > 0 ? pc.virtual_stages
+                            : (pc.schedule == PipelineSchedule::kInterleaved && pp > 1 ? 2 : 1);
+  MOE_CHECK(pp > 1 || virtual_stages == 1,
+            "[parallel] parallel.virtual_stages={} needs parallel.pp > 1", virtual_stages);
+  const std::vector<int64_t> chunk_layers =
+      dist::split_layers(mc.num_hidden_layers, pp * virtual_stages, pc.stage_layers);
+  const std::vector<LayerRange> my_chunks = dist::stage_chunks(chunk_layers, pp, mesh.stage());
   set_threads(tc.threads, world.size());
   const int64_t global_rows = tc.batch_size / tc.microbatches;
   MOE_CHECK(
@@ -116,10 +129,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
               "[train] tokenizer {} has {} tokens but model.vocab_size={}", config.data.tokenizer,
               tokenizer->vocab_size(), mc.vocab_size);
   }
-  // The whole model (checkpoints, generation) and the part this rank holds (its experts).
+  // The whole model (checkpoints, generation) and the part this rank holds (its stage's layers,
+  // its experts).
   const ParamLayout full_layout = ParamLayout::build(mc);
-  const int64_t ep = config.parallel.ep;
-  const ParamLayout layout = ParamLayout::build(mc, ep, world.rank() % ep);
+  const int64_t ep = pc.ep;
+  const ParamLayout layout = ParamLayout::build(mc, ep, mesh.ep.rank(), my_chunks);
   if (rank0) {
     std::error_code ec;
     std::filesystem::create_directories(tc.out_dir, ec);
@@ -148,18 +162,24 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const dist::AllToAllExchange sync_exchange(mesh.ep);
   std::optional<dist::MpiRowwiseExchange> rowwise_exchange;
   if (ep > 1 && config.parallel.dispatch == Dispatch::kRowwise)
-    rowwise_exchange.emplace(mesh.ep, mesh.world, config.parallel.capacity_factor);
+    rowwise_exchange.emplace(mesh.ep, mesh.dp, pc.capacity_factor);  // windows on the stage
   const ExpertExchange* exchange = nullptr;
   if (rowwise_exchange)
     exchange = &*rowwise_exchange;
   else if (ep > 1)
     exchange = &sync_exchange;
-  Transformer model(mc, layout, exchange);
+  std::vector<std::unique_ptr<Transformer>> chunks;
+  std::vector<Transformer*> chunk_ptrs;
+  for (const LayerRange& range : my_chunks) {
+    chunks.push_back(std::make_unique<Transformer>(mc, layout, exchange, range));
+    chunk_ptrs.push_back(chunks.back().get());
+    if (dp > 1)
+      chunks.back()->set_batch_sum(
+          [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
+  }
+  PipelineRunner pipeline(mesh, chunk_ptrs, pc.schedule, tc.microbatches);
   // The whole model: a resumed checkpoint is read into it, and the final sample runs on it.
   ParamBuffers full_params(full_layout);
-  if (dp > 1)
-    model.set_batch_sum(
-        [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
   dist::DistributedOptimizer optimizer(layout, config.optim, mesh, config.parallel.zero == 1);
   MOE_CHECK(!config.parallel.overlap_grad_reduce || config.parallel.zero == 0,
             "[parallel] parallel.overlap_grad_reduce needs parallel.zero=0 (ZeRO-1 reduce-scatters "
@@ -218,12 +238,23 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         rowwise_exchange
             ? fmt::format("; rowwise dispatch, capacity_factor {}", config.parallel.capacity_factor)
             : std::string()));
+  if (pp > 1) {
+    std::string split;
+    for (int64_t n : chunk_layers) split += (split.empty() ? "" : ", ") + std::to_string(n);
+    progress.message(fmt::format(
+        "pipeline: pp={} schedule={} virtual_stages={} microbatches={}; layers per chunk [{}]", pp,
+        pc.schedule == PipelineSchedule::kOneFOneB      ? "1f1b"
+        : pc.schedule == PipelineSchedule::kInterleaved ? "interleaved-1f1b"
+                                                        : "gpipe",
+        virtual_stages, tc.microbatches, split));
+  }
 
   const int64_t rows = global_rows;             // sequences per micro-batch, all ranks together
   const int64_t local_rows = global_rows / dp;  // this rank's slice
   const int64_t slice_begin = mesh.dp.rank() * local_rows * tc.seq_len;
   const float micro_scale = 1.0f / static_cast<float>(tc.microbatches);
   const int64_t eval_instances = tc.eval_batches * rows;
+  std::string last_checkpoint_dir;  // rank 0
   auto save = [&](int64_t at_step) {
     // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
     const nlohmann::json state = {
@@ -251,24 +282,39 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       throw;
     }
     world.barrier();
-    std::string dir;
-    if (rank0)
-      dir = commit_checkpoint(tc.out_dir, at_step, staging, contents, world.size(), tc.keep_last);
     if (!rank0) return;
+    const std::string dir =
+        commit_checkpoint(tc.out_dir, at_step, staging, contents, world.size(), tc.keep_last);
+    last_checkpoint_dir = dir;
     progress.message(fmt::format("checkpoint {}", dir));
     if (write_fault) io::set_write_failure_for_testing(*write_fault);
   };
   auto run_eval = [&](int64_t at_step) -> double {
-    // Without expert parallelism rank 0 evaluates alone, with the data-parallel reduction off, and
-    // the others go on to the next step's first collective and wait there. With it, the experts
-    // are spread over the ranks: every rank evaluates the same batches together.
-    if (!val_data || (!rank0 && ep == 1)) return 0.0;
-    Transformer::BatchSum batch_sum = model.batch_sum();
-    model.set_batch_sum(nullptr);
-    model.set_routing_seed(routing_forward_seed(tc.seed, at_step, -1));  // every rank, all tokens
-    model.set_routing_token_offset(0);
-    const EvalResult r = evaluate(model, params, *val_data, rows, eval_instances);
-    model.set_batch_sum(batch_sum);
+    // Without expert parallelism the ranks at dp position 0 evaluate (rank 0 alone, or one rank
+    // per pipeline stage), with the data-parallel reduction off, and the others go on to the next
+    // step's first collective and wait there. With it, the experts are spread over the ranks:
+    // every rank evaluates the same batches together.
+    if (!val_data || (mesh.dp.rank() != 0 && ep == 1)) return 0.0;
+    for (Transformer* chunk : chunk_ptrs) {
+      chunk->set_batch_sum(nullptr);
+      chunk->set_routing_seed(routing_forward_seed(tc.seed, at_step, -1));  // all tokens
+      chunk->set_routing_token_offset(0);
+    }
+    EvalResult r = evaluate(
+        [&](const int32_t* tokens, const int32_t* targets, int64_t batch_rows, int64_t seq) {
+          return pipeline.forward_only(params, tokens, targets, batch_rows, seq);
+        },
+        *val_data, rows, eval_instances);
+    if (pp > 1) {  // the last stage saw the loss
+      double result[4] = {r.loss, r.perplexity, static_cast<double>(r.tokens),
+                          static_cast<double>(r.instances)};
+      mesh.pp.broadcast(result, sizeof(result), static_cast<int>(pp - 1));
+      r = {result[0], result[1], static_cast<int64_t>(result[2]), static_cast<int64_t>(result[3])};
+    }
+    if (dp > 1)
+      for (Transformer* chunk : chunk_ptrs)
+        chunk->set_batch_sum(
+            [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
     if (!rank0) return r.loss;
     metrics->log(at_step, {{"val/loss", r.loss}, {"val/ppl", r.perplexity}});
     progress.message(fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)",
@@ -278,7 +324,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
 
   TrainSummary summary;
   summary.start_step = step;
-  std::vector<int32_t> tokens, targets;
+  std::vector<std::vector<int32_t>> step_tokens(static_cast<size_t>(tc.microbatches)),
+      step_targets(static_cast<size_t>(tc.microbatches));
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -286,27 +333,46 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   int64_t last_saved = checkpoint ? step : -1;
   while (step < tc.max_steps) {
     grads.zero();
-    LossParts loss;
+    // Every rank reads the step's micro-batches (the data cursor stays layout-free) and keeps its
+    // slice; the pipeline runs them through this rank's chunks in its schedule's order.
+    std::vector<PipelineRunner::MicroBatch> micro_batches;
     for (int64_t micro = 0; micro < tc.microbatches; ++micro) {
-      loader.next_batch(rows, tokens, targets);
-      if (rowwise_exchange) rowwise_exchange->clear_drop_log();  // keeps the last micro-batch's
-      model.set_routing_seed(routing_forward_seed(tc.seed, step, micro));  // model.routing
-      model.set_routing_token_offset(slice_begin);
-      const LossParts part = model.forward(params, tokens.data() + slice_begin,
-                                           targets.data() + slice_begin, local_rows, tc.seq_len);
-      // Overlap: during the last micro-batch's backward, each layer's gradients start their
-      // all-reduce as soon as they are final.
-      const bool overlap =
-          config.parallel.overlap_grad_reduce && dp > 1 && micro + 1 == tc.microbatches;
-      model.set_layer_grads_ready(overlap ? Transformer::LayerGradsReady([&](int64_t layer) {
-        optimizer.start_layer_reduce(grads, layer);
-      })
-                                          : Transformer::LayerGradsReady());
-      model.backward(params, grads, micro_scale);
-      loss.ce += part.ce * static_cast<double>(micro_scale);
-      loss.lb += part.lb * static_cast<double>(micro_scale);
-      loss.z += part.z * static_cast<double>(micro_scale);
-      loss.total += part.total * static_cast<double>(micro_scale);
+      loader.next_batch(rows, step_tokens[static_cast<size_t>(micro)],
+                        step_targets[static_cast<size_t>(micro)]);
+      micro_batches.push_back({step_tokens[static_cast<size_t>(micro)].data() + slice_begin,
+                               step_targets[static_cast<size_t>(micro)].data() + slice_begin});
+    }
+    std::vector<dist::MpiRowwiseExchange::DropCount> last_drops;  // the last micro-batch's
+    auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
+      const bool last_micro = micro + 1 == tc.microbatches;
+      if (forward && !done) {
+        chunk.set_routing_seed(routing_forward_seed(tc.seed, step, micro));  // model.routing
+        chunk.set_routing_token_offset(slice_begin);
+        if (rowwise_exchange) rowwise_exchange->clear_drop_log();
+      } else if (forward && last_micro && rowwise_exchange) {
+        // Chunks run the last micro-batch in layer order.
+        const auto& log = rowwise_exchange->drop_log();
+        last_drops.insert(last_drops.end(), log.begin(), log.end());
+      } else if (!forward && !done) {
+        // Overlap: during the last micro-batch's backward, each layer's gradients start their
+        // all-reduce as soon as they are final.
+        const bool overlap = pc.overlap_grad_reduce && dp > 1 && last_micro;
+        chunk.set_layer_grads_ready(overlap ? Transformer::LayerGradsReady([&](int64_t layer) {
+          optimizer.start_layer_reduce(grads, layer);
+        })
+                                            : Transformer::LayerGradsReady());
+      }
+    };
+    LossParts loss = pipeline.train_step(params, grads, micro_batches, local_rows, tc.seq_len,
+                                         micro_scale, pass_hook);
+    if (pp > 1) {
+      // Each stage holds its layers' share of the loss: the sum is the model's, on every rank.
+      double parts[4] = {loss.ce, loss.lb, loss.z, loss.total};
+      mesh.pp.allreduce_sum(parts, 4);
+      loss.ce = parts[0];
+      loss.lb = parts[1];
+      loss.z = parts[2];
+      loss.total = parts[3];
     }
     const double lr = learning_rate(config.optim, step, tc.max_steps);
     // Losses and the norm are global (identical on every rank), so every rank takes the same
@@ -323,9 +389,21 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     tokens_seen += tc.batch_size * tc.seq_len;
 
     // Diagnostics of the last micro-batch.
-    const MoeMetrics moe =
-        compute_moe_metrics(model, rowwise_exchange ? drop_rates(*rowwise_exchange, mesh.ep_dp)
-                                                    : std::vector<double>());
+    const std::vector<const Transformer*> const_chunks(chunk_ptrs.begin(), chunk_ptrs.end());
+    MoeMetrics moe =
+        compute_moe_metrics(const_chunks, rowwise_exchange ? drop_rates(last_drops, mesh.ep_dp)
+                                                           : std::vector<double>());
+    if (pp > 1)  // every stage's layers reach rank 0's logs
+      moe = combine_stage_metrics(moe, mc, [&mesh](double* values, int64_t count) {
+        mesh.pp.allreduce_sum(values, count);
+      });
+    // Pipeline bubble: the mean over the stages of the time spent waiting for a neighbour.
+    double bubble =
+        pipeline.step_seconds() > 0.0 ? pipeline.idle_seconds() / pipeline.step_seconds() : 0.0;
+    if (pp > 1) {
+      mesh.pp.allreduce_sum(&bubble, 1);
+      bubble /= static_cast<double>(pp);
+    }
     const GerrymanderingDetector::Verdict verdict =
         gerrymandering.observe(loss.lb, moe.mean_load_imbalance);
     if (verdict.newly_flagged)
@@ -350,6 +428,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
         {"moe/gerrymandering", verdict.flagged ? 1.0 : 0.0},
         {"moe/lb_trend", verdict.lb_trend},
         {"moe/imbalance_trend", verdict.imbalance_trend}};
+    if (pp > 1) {
+      scalars.emplace_back("pipeline/bubble", bubble);
+      scalars.emplace_back("pipeline/peak_live_microbatches",
+                           static_cast<double>(pipeline.peak_live()));
+    }
     const bool log_step = step % tc.log_every == 0 || step == tc.max_steps;
     for (auto& scalar : moe.scalars(log_step)) scalars.push_back(std::move(scalar));
     if (rank0) metrics->log(step, scalars);
@@ -380,12 +463,22 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   summary.skipped_steps = guard.skipped();
   summary.val_loss = run_eval(step);
   if (rank0) metrics->close();
-  if (tokenizer && tc.sample_tokens > 0)
-    dist::gather_full(mc, params, full_layout, full_params, mesh.ep);  // collective
+  // Peak resident memory (getrusage's high-water mark, KiB on Linux) of the training itself, the
+  // largest rank of each pipeline stage.
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  double peak_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  mesh.dp.allreduce_max(&peak_mib, 1);
+  std::vector<int64_t> stage_peak_kib(static_cast<size_t>(pp));
+  const int64_t my_peak_kib = static_cast<int64_t>(peak_mib * 1024.0);
+  mesh.pp.allgather(&my_peak_kib, stage_peak_kib.data(), 1);
+  world.allreduce_max(&peak_mib, 1);
   if (rank0 && tokenizer && tc.sample_tokens > 0) {
-    // The run is complete and saved; a model that cannot be sampled (e.g. non-finite weights after
-    // a diverged run) only loses its sample.
+    // The run is complete and saved; the sample runs on the whole model read back from the final
+    // checkpoint (whatever the layout), and a model that cannot be sampled (e.g. non-finite
+    // weights after a diverged run) only loses its sample.
     try {
+      io::load_weights_from_dir(full_layout, last_checkpoint_dir, full_params);
       const std::string sample = generate_sample(mc, full_layout, full_params, *tokenizer,
                                                  tc.sample_prompt, tc.sample_tokens, tc.seed);
       progress.message(fmt::format("sample: {}{}", tc.sample_prompt, sample));
@@ -393,17 +486,18 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       progress.message(fmt::format("warning: no sample: {}", e.what()));
     }
   }
-  // Peak resident memory (getrusage's high-water mark, KiB on Linux) of the largest rank, whole
-  // run: the final checkpoint's whole-model gather included.
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  double peak_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;
-  world.allreduce_max(&peak_mib, 1);
+  std::string per_stage;
+  if (pp > 1) {
+    for (int64_t kib : stage_peak_kib)
+      per_stage +=
+          fmt::format("{}{:.1f}", per_stage.empty() ? "" : ", ", static_cast<double>(kib) / 1024.0);
+    per_stage = fmt::format("; per stage [{}] MiB", per_stage);
+  }
   progress.message(
       fmt::format("done: {} steps ({} skipped) in {:.0f}s; train loss {:.4f} -> {:.4f}; "
-                  "val loss {:.4f}; peak RSS {:.1f} MiB per rank (max over {} ranks)",
+                  "val loss {:.4f}; peak RSS {:.1f} MiB per rank (max over {} ranks){}",
                   step, guard.skipped(), elapsed(), summary.first_loss, summary.last_loss,
-                  summary.val_loss, peak_mib, world.size()));
+                  summary.val_loss, peak_mib, world.size(), per_stage));
   return summary;
 }
 
