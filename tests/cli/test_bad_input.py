@@ -824,6 +824,16 @@ CASES["train/malformed_config"] = lambda e: _train_case(e, cfg=e.cfg("[train\n",
 CASES["train/zero_batch_size"] = lambda e: _train_case(e, "--set", "train.batch_size=0",
                                                        needles=("train.batch_size=0",))
 CASES["train/missing_config_argument"] = lambda e: Case(["train"], ("config",))
+CASES["train/pp_exceeds_ranks"] = lambda e: _train_case(e, "--set", "parallel.pp=2",
+                                                       needles=("parallel.pp=2",))
+CASES["train/unknown_schedule"] = lambda e: _train_case(e, "--set", "parallel.schedule=zigzag",
+                                                        needles=("parallel.schedule",))
+CASES["train/virtual_stages_without_pp"] = lambda e: _train_case(
+    e, "--set", "parallel.virtual_stages=2", needles=("virtual_stages=2",))
+CASES["train/stage_layers_wrong_sum"] = lambda e: _train_case(e, "--set", "parallel.stage_layers=[5]",
+                                                              needles=("stage_layers",))
+CASES["train/stage_layers_not_a_list"] = lambda e: _train_case(e, "--set", "parallel.stage_layers=3",
+                                                               needles=("stage_layers",))
 
 
 @case("train/missing_train_tokens")

@@ -1,0 +1,120 @@
+// Pipeline model chunks in one process: the model cut into chunks, with hidden states and their
+// gradients handed from chunk to chunk, computes the same losses and gradients as the whole model
+// (bit for bit: the same kernels run on the same rows in the same order), several micro-batches
+// can be in flight at once, and the settings a pipeline cannot split are refused.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/check.h"
+#include "model/cross_entropy.h"
+#include "model/params.h"
+#include "model/transformer.h"
+
+namespace moecore {
+namespace {
+
+ModelConfig chunk_config() {
+  ModelConfig c;
+  c.vocab_size = 13;
+  c.hidden_size = 8;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 6;
+  c.intermediate_size = 10;
+  c.first_k_dense_replace = 1;
+  c.shared_expert_intermediate_size = 4;
+  c.router_aux_loss_coef = 0.5;
+  c.router_z_loss_coef = 0.05;
+  c.lb_loss_style = LbLossStyle::kOlmoCore;
+  return c;
+}
+
+void fill(const ParamLayout& layout, ParamBuffers& params) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (const ParamSpec& spec : layout.specs())
+    for (size_t i = 0; i < spec.numel; ++i)
+      params.at(spec)[i] = spec.is_norm ? 1.0f + u(rng) : u(rng);
+}
+
+TEST(TransformerChunks, ChainedChunksEqualTheWholeModel) {
+  const ModelConfig c = chunk_config();
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout), whole_grads(layout), chunk_grads(layout);
+  fill(layout, params);
+  const int64_t batch = 2, seq = 5, n = batch * seq, d = c.hidden_size;
+  // Two micro-batches, both in flight in the chunks before either backward (as 1F1B's warm-up).
+  const std::vector<std::vector<int32_t>> tokens = {{1, 5, 9, 5, 0, 3, 10, 7, 12, 2},
+                                                    {4, 4, 8, 11, 6, 1, 0, 9, 3, 7}};
+  const std::vector<std::vector<int32_t>> targets = {{5, 9, kIgnoreIndex, 2, 3, 10, 7, 4, 1, 0},
+                                                     {4, 8, 11, 6, 1, 0, 9, 3, 7, kIgnoreIndex}};
+  Transformer whole(c, layout);
+  double whole_total = 0.0;
+  for (size_t mb = 0; mb < 2; ++mb) {
+    whole_total += whole.forward(params, tokens[mb].data(), targets[mb].data(), batch, seq).total;
+    whole.backward(params, whole_grads, 0.5f);
+  }
+
+  Transformer first(c, layout, nullptr, {0, 1}), middle(c, layout, nullptr, {1, 3}),
+      last(c, layout, nullptr, {3, -1});
+  EXPECT_TRUE(first.has_embedding() && !first.has_head());
+  EXPECT_TRUE(last.has_head() && !last.has_embedding());
+  std::vector<std::vector<float>> h1(2, std::vector<float>(static_cast<size_t>(n * d))), h2 = h1;
+  double chunk_total = 0.0;
+  for (size_t mb = 0; mb < 2; ++mb) {
+    const auto slot = static_cast<int64_t>(mb);
+    chunk_total += first
+                       .forward_chunk(slot, params, tokens[mb].data(), nullptr, nullptr, batch, seq,
+                                      h1[mb].data())
+                       .total;
+    chunk_total +=
+        middle
+            .forward_chunk(slot, params, nullptr, h1[mb].data(), nullptr, batch, seq, h2[mb].data())
+            .total;
+    chunk_total += last.forward_chunk(slot, params, nullptr, h2[mb].data(), targets[mb].data(),
+                                      batch, seq, nullptr)
+                       .total;
+  }
+  for (size_t mb = 0; mb < 2; ++mb) {
+    const auto slot = static_cast<int64_t>(mb);
+    std::vector<float> d2(static_cast<size_t>(n * d)), d1(static_cast<size_t>(n * d));
+    last.backward_chunk(slot, params, chunk_grads, 0.5f, nullptr, d2.data());
+    middle.backward_chunk(slot, params, chunk_grads, 0.5f, d2.data(), d1.data());
+    first.backward_chunk(slot, params, chunk_grads, 0.5f, d1.data(), nullptr);
+  }
+  EXPECT_NEAR(chunk_total, whole_total, 1e-12 * std::abs(whole_total));
+  EXPECT_EQ(chunk_grads.dense, whole_grads.dense);
+  EXPECT_EQ(chunk_grads.expert, whole_grads.expert);
+}
+
+TEST(TransformerChunks, StageLayoutsHoldOnlyTheirLayers) {
+  const ModelConfig c = chunk_config();
+  const ParamLayout first = ParamLayout::build(c, 1, 0, {{0, 2}});
+  const ParamLayout last = ParamLayout::build(c, 1, 0, {{2, -1}});
+  EXPECT_NE(first.find("model.embed_tokens.weight"), nullptr);
+  EXPECT_EQ(first.find("lm_head.weight"), nullptr);
+  EXPECT_EQ(first.find("model.layers.2.input_layernorm.weight"), nullptr);
+  EXPECT_NE(last.find("lm_head.weight"), nullptr);
+  EXPECT_NE(last.find("model.norm.weight"), nullptr);
+  EXPECT_EQ(last.find("model.embed_tokens.weight"), nullptr);
+  EXPECT_EQ(first.specs().size() + last.specs().size(), ParamLayout::build(c).specs().size());
+}
+
+TEST(TransformerChunks, RefusesWhatAPipelineCannotSplit) {
+  ModelConfig c = chunk_config();
+  c.lb_loss_style = LbLossStyle::kHf;  // one loss over every layer's router
+  const ParamLayout layout = ParamLayout::build(c);
+  EXPECT_THROW(Transformer(c, layout, nullptr, {0, 2}), Error);
+  c.lb_loss_style = LbLossStyle::kOlmoCore;
+  c.tie_word_embeddings = true;  // the embedding and the head on different stages
+  EXPECT_THROW(ParamLayout::build(c, 1, 0, {{0, 2}}), Error);
+}
+
+}  // namespace
+}  // namespace moecore
