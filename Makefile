@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference format clean bench-scaling
+        test-reference format clean bench-scaling bench-pipeline
 
 all: build
 
@@ -52,6 +52,11 @@ train: build $(KJV)/tokens/meta.json
 # dispatch modes and overlap settings, medians of 3 runs -> bench/results/scaling.{md,json}.
 bench-scaling: build $(KJV)/tokens/meta.json
 	$(PYTHON) bench/scaling.py $(ARGS)
+
+# Pipeline figures (issue 5): measured bubble vs theory, tokens/s and peak memory per stage for
+# 1f1b / interleaved-1f1b / gpipe at pp 2 and 4 -> bench/results/pipeline.{md,json}.
+bench-pipeline: build $(KJV)/tokens/meta.json
+	$(PYTHON) bench/pipeline.py $(ARGS)
 
 test-cpp: build-tests
 	ctest --preset release -j $(JOBS)
