@@ -2,8 +2,6 @@
 
 #include <omp.h>
 
-#include <algorithm>
-
 #include "core/bf16.h"
 
 namespace moecore::kernels::cpu {
@@ -31,25 +29,9 @@ __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
 
 }  // namespace
 
-void convert_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, bool transpose,
-                     uint16_t* dst) {
-  const bool parallel = run_parallel(rows, cols);
-  if (!transpose) {
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t i = 0; i < rows; ++i) row_to_bf16(src + i * ld, dst + i * cols, cols);
-    return;
-  }
-  // Transposed: tiles keep both the strided reads and the strided writes within a few cache lines.
-  constexpr int64_t kTile = 32;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
-    const int64_t i1 = std::min(i0 + kTile, rows);
-    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
-      const int64_t j1 = std::min(j0 + kTile, cols);
-      for (int64_t i = i0; i < i1; ++i)
-        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = float_to_bf16(src[i * ld + j]);
-    }
-  }
+void convert_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+#pragma omp parallel for schedule(static) if (run_parallel(rows, cols))
+  for (int64_t i = 0; i < rows; ++i) row_to_bf16(src + i * ld, dst + i * cols, cols);
 }
 
 void round_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {

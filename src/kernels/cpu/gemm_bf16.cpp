@@ -25,8 +25,8 @@ namespace moecore::kernels {
 namespace {
 
 struct PrimitiveKey {
-  bool trans_b;
-  int64_t n, k, ldc;
+  bool trans_a, trans_b;
+  int64_t n, ldc;
   uint32_t alpha_bits, beta_bits;
   bool operator==(const PrimitiveKey&) const = default;
 };
@@ -34,9 +34,10 @@ struct PrimitiveKey {
 struct PrimitiveKeyHash {
   size_t operator()(const PrimitiveKey& key) const {
     size_t h = std::hash<int64_t>()(key.n);
-    for (const uint64_t v : {static_cast<uint64_t>(key.k), static_cast<uint64_t>(key.ldc),
-                             static_cast<uint64_t>(key.alpha_bits) << 1 | key.trans_b,
-                             static_cast<uint64_t>(key.beta_bits)})
+    for (const uint64_t v :
+         {static_cast<uint64_t>(key.ldc),
+          static_cast<uint64_t>(key.alpha_bits) << 2 | key.trans_a << 1 | key.trans_b,
+          static_cast<uint64_t>(key.beta_bits)})
       h = h * 0x9e3779b97f4a7c15ull + std::hash<uint64_t>()(v);
     return h;
   }
@@ -62,6 +63,12 @@ ThreadState& thread_state() {
 using dt = dnnl::memory::data_type;
 using dims = dnnl::memory::dims;
 
+// A as the matmul's [M, K] source over the converted buffer, which keeps A's stored layout
+// ([K, M] when trans_a); with a runtime M or K the strides are runtime too.
+dnnl::memory::desc a_desc(bool trans_a, int64_t m, int64_t k) {
+  return dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, m} : dims{k, 1});
+}
+
 // B as the matmul's [K, N] weights over the converted buffer, which keeps B's stored layout.
 dnnl::memory::desc b_desc(bool trans_b, int64_t n, int64_t k) {
   return dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, k} : dims{n, 1});
@@ -72,7 +79,6 @@ const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, f
   auto found = state.primitives.find(key);
   if (found != state.primitives.end()) return found->second;
   const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
-  const dnnl::memory::desc a_md({runtime, key.k}, dt::bf16, dims{key.k, 1});
   const dnnl::memory::desc c_md({runtime, key.n}, dt::f32, dims{key.ldc, 1});
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -82,7 +88,9 @@ const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, f
     attr.set_post_ops(ops);
   }
   const dnnl::matmul::primitive_desc pd(
-      dnnl::matmul::desc(a_md, b_desc(key.trans_b, key.n, key.k), c_md), attr, cpu_engine());
+      dnnl::matmul::desc(a_desc(key.trans_a, runtime, runtime), b_desc(key.trans_b, key.n, runtime),
+                         c_md),
+      attr, cpu_engine());
   return state.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
@@ -90,22 +98,19 @@ void gemm_bf16_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc) {
   ThreadState& state = thread_state();
-  // A becomes row-major [M, K] (transposed while converting if need be), so that its descriptor
-  // does not depend on M; B keeps its stored layout.
+  // Both operands keep their stored layout, made contiguous, so that the descriptors' strides
+  // follow from the runtime M and K (a transposed copy would cost more than the GEMM's own
+  // handling of a transposed operand).
   state.a16.resize(static_cast<size_t>(m * k));
   state.b16.resize(static_cast<size_t>(k * n));
-  if (trans_a) {
-    cpu::convert_to_bf16(a, k, m, lda, true, state.a16.data());
-  } else {
-    cpu::convert_to_bf16(a, m, k, lda, false, state.a16.data());
-  }
-  cpu::convert_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, false, state.b16.data());
+  cpu::convert_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a16.data());
+  cpu::convert_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b16.data());
   try {
     const PrimitiveKey key{
-        trans_b, n, k, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
+        trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
     const dnnl::matmul& mm = primitive_for(state, key, alpha, beta);
     const dnnl::engine& engine = cpu_engine();
-    dnnl::memory a_mem({{m, k}, dt::bf16, dims{k, 1}}, engine, state.a16.data());
+    dnnl::memory a_mem(a_desc(trans_a, m, k), engine, state.a16.data());
     dnnl::memory b_mem(b_desc(trans_b, n, k), engine, state.b16.data());
     dnnl::memory c_mem({{m, n}, dt::f32, dims{ldc, 1}}, engine, c);
     mm.execute(state.stream,
