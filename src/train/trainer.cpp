@@ -26,6 +26,7 @@
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
 #include "io/model_weights.h"
+#include "kernels/gemm.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -108,6 +109,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       dist::split_layers(mc.num_hidden_layers, pp * virtual_stages, pc.stage_layers);
   const std::vector<LayerRange> my_chunks = dist::stage_chunks(chunk_layers, pp, mesh.stage());
   set_threads(tc.threads, world.size());
+  const kernels::MatmulPrecisionScope matmul_precision(tc.precision);
   const int64_t global_rows = tc.batch_size / tc.microbatches;
   MOE_CHECK(
       global_rows % dp == 0,
@@ -222,12 +224,15 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   for (const std::string& reason : damaged)
     progress.message(fmt::format("warning: skipped damaged checkpoint {}", reason));
   progress.message(fmt::format(
-      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} train "
-      "instances of {} tokens{}",
+      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} GEMMs, "
+      "{} train instances of {} tokens{}",
       static_cast<double>(layout.numel(ParamGroup::kDense) + layout.numel(ParamGroup::kExpert)) /
           1e6,
       static_cast<double>(layout.numel(ParamGroup::kDense)) / 1e6,
       static_cast<double>(layout.numel(ParamGroup::kExpert)) / 1e6, omp_get_max_threads(),
+      tc.precision == kernels::MatmulPrecision::kFp32               ? "fp32"
+      : kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative ? "bf16"
+                                                                    : "bf16 (emulated)",
       train_data.num_instances(), tc.seq_len,
       checkpoint ? fmt::format(", resumed from {} (step {})", *checkpoint, step) : ""));
   if (world.size() > 1)
