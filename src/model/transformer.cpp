@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/phase_timer.h"
 #include "model/cross_entropy.h"
 #include "model/embedding.h"
 #include "model/linear.h"
@@ -129,7 +130,9 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
   rmsnorm_forward(residual_.back().data(), at(params, final_norm_), final_hidden_.data(),
                   final_rstd_.data(), n, d, eps);
   logits_.resize(static_cast<size_t>(n * v));
+  ScopedPhase timer(Phase::kLmHeadForward);
   linear_forward(final_hidden_.data(), at(params, lm_head_), logits_.data(), n, d, v);
+  timer.stop();
 
   LossParts loss;
   if (targets == nullptr) return loss;
@@ -161,8 +164,10 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
   global_tokens_ = static_cast<int64_t>(stats[1]);
 
   dlogits_.resize(logits_.size());
+  timer.switch_to(Phase::kLmHeadForward);
   const CrossEntropyResult ce =
       cross_entropy(logits_.data(), targets, n, v, dlogits_.data(), 1.0f, counted);
+  timer.stop();
   double ce_sum = ce.loss * static_cast<double>(counted);
   if (batch_sum_) batch_sum_(&ce_sum, 1);
   loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
@@ -216,12 +221,14 @@ void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, floa
   const ModelConfig& c = config_;
   MOE_CHECK(!dlogits_.empty(), "[model] backward() needs a forward() with targets first");
   const int64_t n = batch_ * seq_, d = c.hidden_size, v = c.vocab_size;
+  ScopedPhase timer(Phase::kLmHeadBackward);
   std::vector<float> dlogits(dlogits_.size());
   for (size_t j = 0; j < dlogits.size(); ++j) dlogits[j] = dlogits_[j] * loss_scale;
 
   std::vector<float> dhidden(static_cast<size_t>(n * d));
   linear_backward(dlogits.data(), final_hidden_.data(), at(params, lm_head_), dhidden.data(),
                   at(grads, lm_head_), n, d, v, false);
+  timer.stop();
   std::vector<float> dx(static_cast<size_t>(n * d));  // gradient of the residual stream
   rmsnorm_backward(dhidden.data(), residual_.back().data(), at(params, final_norm_),
                    final_rstd_.data(), dx.data(), at(grads, final_norm_), n, d, false);
