@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference format clean bench-scaling
+        test-reference format clean bench bench-scaling
 
 all: build
 
@@ -52,6 +52,16 @@ train: build $(KJV)/tokens/meta.json
 # dispatch modes and overlap settings, medians of 3 runs -> bench/results/scaling.{md,json}.
 bench-scaling: build $(KJV)/tokens/meta.json
 	$(PYTHON) bench/scaling.py $(ARGS)
+
+# Benchmarks (issue 6): throughput and MFU against a GEMM peak measured in the same run, the
+# PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile), expert scaling
+# 8 -> 128 experts (1 process, ep 2, ep 4), and the time per phase with and without overlapped
+# gradient reduction -> bench/results/{throughput,expert_scaling,breakdown}.{md,json,png}.
+# Medians of 5 side-by-side repeats, about 30-40 minutes on 2 cores; ARGS=--quick for a short run.
+bench: build setup-python $(KJV)/tokens/meta.json
+	$(PYTHON) bench/throughput.py $(ARGS)
+	$(PYTHON) bench/expert_scaling.py $(ARGS)
+	$(PYTHON) bench/breakdown.py $(ARGS)
 
 test-cpp: build-tests
 	ctest --preset release -j $(JOBS)
