@@ -73,7 +73,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    rows, changes = [], {}
+    rows, changes, model_changes = [], {}, {}
     for ranks, ep in LAYOUTS:
         for e in experts:
             rs = runs[(ranks, ep, e)]
@@ -94,12 +94,29 @@ def main() -> int:
                  if a["status"] == "ok" and b["status"] == "ok"]
         if pairs:
             changes[layout_name(ranks, ep)] = C.summarise([b / a - 1.0 for a, b in pairs])
+        # The same change for the forward and backward alone (profiled phases without the
+        # optimizer, the gradient reduction and the rest of the step): time per step, inverted.
+        pairs = [(model_ms(a), model_ms(b)) for a, b in zip(lo, hi)
+                 if a["status"] == "ok" and b["status"] == "ok" and a.get("profile") and b.get("profile")]
+        if pairs:
+            model_changes[layout_name(ranks, ep)] = C.summarise([a / b - 1.0 for a, b in pairs])
     meta.update(total_seconds=time.monotonic() - started, repeats=args.repeats, steps=args.steps,
                 warmup=args.warmup, experts=list(experts), config=str(C.CONFIG.relative_to(C.REPO)))
-    data = {"meta": meta, "results": rows, "throughput_change": changes}
+    data = {"meta": meta, "results": rows, "throughput_change": changes,
+            "forward_backward_change": model_changes}
     write_markdown(Path(args.out), data)
     plot(Path(args.out), data)
     return 0
+
+
+MODEL_PHASES = ("attention", "router", "dispatch", "experts", "shared_expert", "combine", "lm_head")
+
+
+def model_ms(run: dict) -> float:
+    """Forward + backward ms per step of a profiled run (the model's phases only)."""
+    p = run["profile"]
+    return sum(1e3 * s / p["steps"] for name, s in p["phases"].items()
+               if name.removesuffix("_forward").removesuffix("_backward") in MODEL_PHASES)
 
 
 def phase_medians(rs: list[dict]) -> dict:
@@ -149,10 +166,13 @@ def write_markdown(out: Path, data: dict) -> None:
     e0, e1 = m["experts"][0], m["experts"][-1]
     lines += ["", f"Throughput change {e0} -> {e1} experts (per repeat, side by side; published: "
               "under 5% loss; target: <= 5% loss):", "",
-              "| layout | change median [min, max] | target met |", "|---|---|---|"]
+              "| layout | tokens/s change median [min, max] | target met | forward + backward "
+              "only (profile): change median [min, max] |", "|---|---|---|---|"]
     for name, s in data["throughput_change"].items():
+        fb = data["forward_backward_change"].get(name)
         lines.append(f"| {name} | {C.fmt_range(s, 1, 100)} % | "
-                     f"{'yes' if s['median'] >= -0.05 else 'no'} |")
+                     f"{'yes' if s['median'] >= -0.05 else 'no'} | "
+                     f"{C.fmt_range(fb, 1, 100) + ' %' if fb else '-'} |")
     # Where the time goes, one process: ms per step per phase.
     one = [r for r in data["results"] if r["ranks"] == 1 and r["status"] == "ok" and r.get("phases_ms")]
     if one:
@@ -189,8 +209,10 @@ def plot(out: Path, data: dict) -> None:
              label="total")
     ax2.plot([r["experts"] for r in one], [r["parameters"]["active"] / 1e6 for r in one], "s--",
              label="active per token")
+    experts = data["meta"]["experts"]
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(experts, [str(e) for e in experts])
         ax.set_xlabel("experts (top-4, width 256)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -58,8 +58,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--peer-steps", type=int, default=7, help="steps of each PyTorch run")
-    ap.add_argument("--peer-warmup", type=int, default=2)
+    # PyTorch runs ~10x longer per step: fewer steps (its eager steps are steady from the second
+    # on; torch.compile compiles during the first).
+    ap.add_argument("--peer-steps", type=int, default=4, help="steps of each PyTorch run")
+    ap.add_argument("--peer-warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
@@ -67,7 +69,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args()
     if args.quick:
-        args.repeats, args.steps, args.warmup, args.peer_steps, args.peer_warmup = 2, 5, 2, 3, 1
+        args.repeats, args.steps, args.warmup, args.peer_steps, args.peer_warmup = 2, 5, 2, 2, 1
     work = C.work_dir()
     binary = C.private_binary(args.binary, work)
     started = time.monotonic()
@@ -193,6 +195,12 @@ def write_markdown(out: Path, data: dict) -> None:
                          f"{C.fmt_range(r['mfu'], 1, 100)} | {100 * r['tokens_per_s']['spread']:.0f}% | ok{extra} |")
         else:
             lines.append(f"| {p} | {system} | - | - | - | {r['status']}: {r.get('message', '')} |")
+    peer_params = sorted({r["parameters"] for key, res in data["results"].items() if "torch" in key
+                          for r in res.get("runs", []) if r.get("status") == "ok"})
+    if peer_params:
+        same = peer_params == [int(f["parameters"]["total"])]
+        lines += ["", f"Same model: moecore {int(f['parameters']['total']):,} parameters, PyTorch "
+                  f"{', '.join(f'{p:,}' for p in peer_params)} ({'equal' if same else 'DIFFERENT'})."]
     lines += ["", "| side-by-side ratio (per repeat) | median [min, max] |", "|---|---|"]
     for key, s in data["ratios"].items():
         lines.append(f"| {key} | {C.fmt_range(s, 2)} |")
