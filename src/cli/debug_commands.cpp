@@ -7,6 +7,7 @@
 #include "data/npy.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
+#include "kernels/matmul_precision.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
@@ -86,6 +87,7 @@ void run_init(const std::string& config_path, uint64_t seed, const std::string& 
 
 void run_debug_state(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
+  const kernels::MatmulPrecisionScope precision(s.config.train.precision);
   Transformer model(s.config.model, s.layout);
   ParamBuffers grads(s.layout);
   const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
@@ -107,6 +109,7 @@ void run_debug_state(const DebugArgs& args) {
 void run_debug_steps(const DebugArgs& args) {
   MOE_CHECK(args.steps > 0, "[debug] --steps={} must be positive", args.steps);
   DebugSetup s = load_setup(args);
+  const kernels::MatmulPrecisionScope precision(s.config.train.precision);
   Transformer model(s.config.model, s.layout);
   ParamBuffers grads(s.layout);
   AdamW optimizer(s.layout, s.config.optim);

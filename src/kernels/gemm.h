@@ -6,9 +6,32 @@
 
 #include <cstdint>
 
+#include "kernels/matmul_precision.h"
+
 namespace moecore::kernels {
 
+// In the current matmul_precision(): fp32, or bf16 operands with fp32 accumulation.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Always fp32, whatever matmul_precision() says (the router: its logits decide the routing).
+void gemm_fp32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+
+// How a bf16 GEMM runs. kNative: bf16 operands into oneDNN's matmul (AVX512-BF16 or AMX kernels,
+// fp32 accumulation). kEmulated: operands rounded to bf16 but kept as fp32 and multiplied by the
+// fp32 sgemm; a product of two bf16 values is exact in fp32, so both paths compute the same sums
+// and differ only in summation order. The emulated path serves CPUs without native bf16.
+enum class Bf16GemmPath { kNative, kEmulated };
+
+// The path gemm() takes for kBf16 on this CPU: kNative when oneDNN may dispatch to avx512_core_bf16
+// or better (DNNL_MAX_CPU_ISA can lower that), else kEmulated.
+Bf16GemmPath bf16_gemm_path();
+
+// A bf16 GEMM on an explicit path (tests compare both).
+void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+               float* c, int64_t ldc);
 
 }  // namespace moecore::kernels

@@ -30,7 +30,8 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
   st.scores.resize(st.logits.size());
   st.topk_index.resize(static_cast<size_t>(n * k));
   st.topk_weight.resize(st.topk_index.size());
-  linear_forward(x, w_router, st.logits.data(), n, s.dim, e_count);
+  // fp32 whatever the matmul precision: bf16 rounding of the logits would flip near-tied routes.
+  linear_forward_fp32(x, w_router, st.logits.data(), n, s.dim, e_count);
   const RouterSelection sel = st.selection;
   MOE_CHECK(sel.mode == Routing::kLearned || sel.token_offset >= 0,
             "[router] routing token offset {} must be >= 0", sel.token_offset);
@@ -148,7 +149,7 @@ void router_backward(const RouterShape& s, const float* x, const float* w_router
       }
     }
   }
-  linear_backward(dlogits.data(), x, w_router, dx, dw_router, n, s.dim, e_count, true);
+  linear_backward_fp32(dlogits.data(), x, w_router, dx, dw_router, n, s.dim, e_count, true);
 }
 
 double router_z_loss(const RouterShape& s, const RouterState& st) {

@@ -145,6 +145,9 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
   r.read("threads", t.threads);
+  r.read_enum(
+      "precision", t.precision,
+      {{"fp32", kernels::MatmulPrecision::kFp32}, {"bf16", kernels::MatmulPrecision::kBf16}});
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
   r.read("eval_batches", t.eval_batches);
@@ -345,6 +348,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"microbatches", t.microbatches},
                     {"seq_len", t.seq_len},
                     {"threads", t.threads},
+                    {"precision", t.precision == kernels::MatmulPrecision::kBf16 ? "bf16" : "fp32"},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
                     {"eval_batches", t.eval_batches},

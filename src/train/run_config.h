@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "optim/optim_config.h"
 
@@ -19,6 +20,9 @@ struct TrainConfig {
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
   int64_t threads = 0;  // 0: every core
+  // "fp32" | "bf16": the GEMMs' operand precision (bf16: fp32 accumulation; master weights,
+  // router GEMM, softmax, norm statistics and losses stay fp32).
+  kernels::MatmulPrecision precision = kernels::MatmulPrecision::kFp32;
   int64_t log_every = 10;
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;

@@ -24,6 +24,7 @@
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
+#include "kernels/gemm.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -97,6 +98,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const bool rank0 = world.rank() == 0;
   const int64_t dp = mesh.dp.size();
   set_threads(tc.threads, world.size());
+  const kernels::MatmulPrecisionScope matmul_precision(tc.precision);
   const int64_t global_rows = tc.batch_size / tc.microbatches;
   MOE_CHECK(
       global_rows % dp == 0,
@@ -204,12 +206,15 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   for (const std::string& reason : damaged)
     progress.message(fmt::format("warning: skipped damaged checkpoint {}", reason));
   progress.message(fmt::format(
-      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} train "
-      "instances of {} tokens{}",
+      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} GEMMs, "
+      "{} train instances of {} tokens{}",
       static_cast<double>(layout.numel(ParamGroup::kDense) + layout.numel(ParamGroup::kExpert)) /
           1e6,
       static_cast<double>(layout.numel(ParamGroup::kDense)) / 1e6,
       static_cast<double>(layout.numel(ParamGroup::kExpert)) / 1e6, omp_get_max_threads(),
+      tc.precision == kernels::MatmulPrecision::kFp32               ? "fp32"
+      : kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative ? "bf16"
+                                                                    : "bf16 (emulated)",
       train_data.num_instances(), tc.seq_len,
       checkpoint ? fmt::format(", resumed from {} (step {})", *checkpoint, step) : ""));
   if (world.size() > 1)

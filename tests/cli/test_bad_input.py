@@ -823,6 +823,8 @@ CASES["train/malformed_config"] = lambda e: _train_case(e, cfg=e.cfg("[train\n",
                                                         needles=("tbroken.toml",))
 CASES["train/zero_batch_size"] = lambda e: _train_case(e, "--set", "train.batch_size=0",
                                                        needles=("train.batch_size=0",))
+CASES["train/bad_precision"] = lambda e: _train_case(e, "--set", "train.precision=fp16",
+                                                   needles=("train.precision=\"fp16\"",))
 CASES["train/missing_config_argument"] = lambda e: Case(["train"], ("config",))
 
 

@@ -3,6 +3,7 @@
 // and the MoE forward against a naive per-token double loop over the selected experts. Every
 // perturbation asserts the top-k selection did not change (the loss is piecewise smooth).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/moe_block.h"
 #include "model/router.h"
@@ -416,6 +418,44 @@ TEST(MoeGradients, SingleExpert) {
   check_moe(f, false, 0.2f, 350);
   MoeFixture g(moe_config(1, 1, 2, RouterScore::kSigmoid, false), 260);
   check_moe(g, false, 0.0f, 360);
+}
+
+// The grouped GEMM runs the experts in parallel (one thread each) when they have few rows, and one
+// expert at a time with threaded GEMMs otherwise: outputs and every gradient are bitwise the same
+// on 1 thread (serial experts) and on 2 (here 64 experts with ~4 rows each: parallel experts), in
+// fp32 and in bf16.
+TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
+  ModelConfig c = moe_config(64, 4, 0, RouterScore::kSoftmax, false);
+  c.hidden_size = 32;
+  c.moe_intermediate_size = 24;
+  for (const auto precision : {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
+    const kernels::MatmulPrecisionScope scope(precision);
+    std::vector<std::vector<float>> results[2];
+    for (const int threads : {1, 2}) {
+      MoeFixture f(c, 400);
+      f.tokens = 64;
+      f.x = gradcheck::random_vec(static_cast<size_t>(f.tokens * c.hidden_size), 401);
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      MoeCache cache;
+      std::vector<float> y(f.x.size()), dx(f.x.size());
+      const std::vector<float> dy = gradcheck::random_vec(y.size(), 402);
+      std::vector<float> d_router(f.router.size()), d_gate_up(f.gate_up.size()),
+          d_down(f.down.size());
+      const MoeWeights dw{d_router.data(), d_gate_up.data(), d_down.data(), nullptr, nullptr};
+      const std::vector<float> lb(static_cast<size_t>(c.num_experts), 0.01f);
+      const MoeBlock block(c);
+      block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+      block.backward(f.weights(), dw, f.x.data(), dy.data(), cache, lb.data(), true, 0.0f,
+                     dx.data());
+      omp_set_num_threads(before);
+      int64_t busy = 0;
+      for (const int64_t n : cache.router.expert_counts) busy += n > 0 ? 1 : 0;
+      ASSERT_GT(busy, 32) << "the test needs many experts with few rows each";
+      results[threads - 1] = {y, dx, d_router, d_gate_up, d_down};
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) EXPECT_EQ(results[0][i], results[1][i]) << i;
+  }
 }
 
 }  // namespace

@@ -58,6 +58,7 @@ batch_size = 12
 microbatches = 3
 seq_len = 64
 threads = 4
+precision = "bf16"
 log_every = 5
 eval_every = 50
 eval_batches = 2
@@ -136,6 +137,7 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(t.microbatches, 3);
   EXPECT_EQ(t.seq_len, 64);
   EXPECT_EQ(t.threads, 4);
+  EXPECT_EQ(t.precision, kernels::MatmulPrecision::kBf16);
   EXPECT_EQ(t.log_every, 5);
   EXPECT_EQ(t.eval_every, 50);
   EXPECT_EQ(t.eval_batches, 2);
@@ -204,6 +206,9 @@ TEST(RunConfig, UnknownKeysAndTablesAreErrors) {
   EXPECT_NE(e.find("model.hidden_size must be an integer"), std::string::npos) << e;
   e = error_of("[model]\nqk_norm = \"half\"\n");
   EXPECT_NE(e.find("qk_norm=\"half\" is not one of"), std::string::npos) << e;
+  e = error_of("[train]\nprecision = \"fp16\"\n");
+  EXPECT_NE(e.find("train.precision=\"fp16\" is not one of \"fp32\", \"bf16\""), std::string::npos)
+      << e;
   e = error_of("[data]\ntrain = [1, 2]\n");
   EXPECT_NE(e.find("data.train must be a list of strings"), std::string::npos) << e;
   e = error_of("[model\n");
@@ -235,7 +240,9 @@ TEST(RunConfig, TomlRoundTrip) {
   RunConfig c;
   c.train.sample_prompt = "say \"hi\"\n\ttab \\ back";
   c.data.val = {"a b.npy", "ü.npy"};
+  c.train.precision = kernels::MatmulPrecision::kBf16;
   const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.train.precision, kernels::MatmulPrecision::kBf16);
   EXPECT_EQ(reparsed.train.sample_prompt, c.train.sample_prompt);
   EXPECT_EQ(reparsed.data.val, c.data.val);
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));

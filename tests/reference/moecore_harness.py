@@ -101,8 +101,9 @@ def model_table(model: dict) -> dict:
     return c
 
 
-def write_config(path: Path, model: dict, optim: dict | None = None) -> Path:
-    tables = {"model": model_table(model), "optim": {**OPTIM_DEFAULTS, **(optim or {})}}
+def write_config(path: Path, model: dict, optim: dict | None = None, precision: str = "fp32") -> Path:
+    tables = {"model": model_table(model), "optim": {**OPTIM_DEFAULTS, **(optim or {})},
+              "train": {"precision": precision}}
     Path(path).write_text(toml_text(tables))
     return Path(path)
 
@@ -155,8 +156,8 @@ def moecore_init(workdir: Path, model: dict, seed: int, optim: dict | None = Non
 
 
 def moecore_debug_state(workdir: Path, model: dict, params: dict[str, torch.Tensor], tokens, targets,
-                        token_dtype=np.int64, name: str = "state") -> dict[str, torch.Tensor]:
-    cfg = write_config(workdir / f"{name}.toml", model)
+                        token_dtype=np.int64, name: str = "state", precision: str = "fp32") -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model, precision=precision)
     w = save_weights(workdir / f"{name}.weights.safetensors", params)
     x = save_tokens(workdir / f"{name}.tokens.npy", tokens, token_dtype)
     y = save_tokens(workdir / f"{name}.targets.npy", targets, token_dtype)
@@ -166,8 +167,8 @@ def moecore_debug_state(workdir: Path, model: dict, params: dict[str, torch.Tens
 
 
 def moecore_debug_steps(workdir: Path, model: dict, optim: dict, params: dict[str, torch.Tensor], tokens, targets,
-                        steps: int, token_dtype=np.int64, name: str = "steps") -> dict[str, torch.Tensor]:
-    cfg = write_config(workdir / f"{name}.toml", model, optim)
+                        steps: int, token_dtype=np.int64, name: str = "steps", precision: str = "fp32") -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model, optim, precision)
     w = save_weights(workdir / f"{name}.weights.safetensors", params)
     x = save_tokens(workdir / f"{name}.tokens.npy", tokens, token_dtype)
     y = save_tokens(workdir / f"{name}.targets.npy", targets, token_dtype)

@@ -4,7 +4,9 @@ It is the oracle for every variant that no transformers class covers (shared exp
 dense first layers, OLMo-core load-balancing style, router z-loss, tied embeddings, no QK-norm) and is
 itself checked against transformers on the shared subset (test_ref_vs_transformers.py).
 
-Everything is float32 and written for clarity, not speed. `forward` takes a dict of Hugging Face named
+Everything is float32 and written for clarity, not speed; with precision="bf16" every matmul
+except the router's rounds its operands to bf16 (forward and backward, as moecore's bf16 GEMMs do)
+and multiplies them in float32. `forward` takes a dict of Hugging Face named
 tensors (leaves with requires_grad=True if gradients are wanted) and the [model] config dict; the
 gradients come from autograd on `out.total`.
 
@@ -29,6 +31,40 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+
+
+class _Bf16Matmul(torch.autograd.Function):
+    """a @ b with both operands rounded to bf16 (round to nearest even) and float32 products and sums,
+    in the backward too: grad_a = bf16(g) @ bf16(b)^T, grad_b = bf16(a)^T @ bf16(g). These are the
+    GEMMs moecore runs in train.precision = "bf16" (a product of two bf16 values is exact in fp32)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _bf16(a) @ _bf16(b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        grad_a = _bf16(g) @ _bf16(b).transpose(-1, -2)
+        if b.dim() == 2 and a.dim() > 2:  # a weight shared by every row of a batch: one [K, N] GEMM
+            grad_b = _bf16(a).reshape(-1, a.shape[-1]).T @ _bf16(g).reshape(-1, g.shape[-1])
+        else:
+            grad_b = _bf16(a).transpose(-1, -2) @ _bf16(g)
+        return grad_a, grad_b
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()
+
+
+def matmul_for(precision: str):
+    """The matmul of the model's GEMMs (not the router's, which is always float32)."""
+    if precision == "fp32":
+        return torch.matmul
+    if precision == "bf16":
+        return _Bf16Matmul.apply
+    raise ValueError(f"precision {precision!r} is not fp32 or bf16")
 
 # Defaults of the [model] table (they mirror src/model/config.h); tests write every key explicitly.
 MODEL_DEFAULTS = {
@@ -156,13 +192,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def attention(x: torch.Tensor, P: dict, pre: str, c: dict) -> torch.Tensor:
+def attention(x: torch.Tensor, P: dict, pre: str, c: dict, mm=torch.matmul) -> torch.Tensor:
     """Causal GQA self-attention with optional QK-norm before RoPE. x: [B, T, d] -> [B, T, d]."""
     B, T, _ = x.shape
     nh, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
-    q = x @ P[pre + "q_proj.weight"].T  # [B, T, nh*hd]
-    k = x @ P[pre + "k_proj.weight"].T  # [B, T, nkv*hd]
-    v = x @ P[pre + "v_proj.weight"].T
+    q = mm(x, P[pre + "q_proj.weight"].T)  # [B, T, nh*hd]
+    k = mm(x, P[pre + "k_proj.weight"].T)  # [B, T, nkv*hd]
+    v = mm(x, P[pre + "v_proj.weight"].T)
     if c["qk_norm"] == "full":  # OLMoE: over the whole projection
         q = rms_norm(q, P[pre + "q_norm.weight"], eps)
         k = rms_norm(k, P[pre + "k_norm.weight"], eps)
@@ -179,17 +215,18 @@ def attention(x: torch.Tensor, P: dict, pre: str, c: dict) -> torch.Tensor:
     group = nh // nkv  # query head h uses kv head h // group
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)  # [B, nh, T, T]
+    scores = mm(q, k.transpose(-1, -2)) / math.sqrt(hd)  # [B, nh, T, T]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     scores = scores.masked_fill(~causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    out = (probs @ v).transpose(1, 2).reshape(B, T, nh * hd)
-    return out @ P[pre + "o_proj.weight"].T
+    out = mm(probs, v).transpose(1, 2).reshape(B, T, nh * hd)
+    return mm(out, P[pre + "o_proj.weight"].T)
 
 
-def swiglu(x: torch.Tensor, P: dict, pre: str) -> torch.Tensor:
+def swiglu(x: torch.Tensor, P: dict, pre: str, mm=torch.matmul) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)) with weights pre + {gate,up,down}_proj.weight."""
-    return (F.silu(x @ P[pre + "gate_proj.weight"].T) * (x @ P[pre + "up_proj.weight"].T)) @ P[pre + "down_proj.weight"].T
+    act = F.silu(mm(x, P[pre + "gate_proj.weight"].T)) * mm(x, P[pre + "up_proj.weight"].T)
+    return mm(act, P[pre + "down_proj.weight"].T)
 
 
 def topk_lower_index_wins(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,7 +264,7 @@ class Routing:
         return float((s[:, k - 1] - s[:, k]).min())
 
 
-def moe(x: torch.Tensor, P: dict, pre: str, c: dict, layer: int) -> tuple[torch.Tensor, Routing]:
+def moe(x: torch.Tensor, P: dict, pre: str, c: dict, layer: int, mm=torch.matmul) -> tuple[torch.Tensor, Routing]:
     """Token-choice top-k MoE, dropless. x: [N, d] -> [N, d]."""
     E, k = c["num_experts"], c["num_experts_per_tok"]
     logits = x.float() @ P[pre + "gate.weight"].float().T  # [N, E] fp32
@@ -240,10 +277,10 @@ def moe(x: torch.Tensor, P: dict, pre: str, c: dict, layer: int) -> tuple[torch.
         tok, slot = torch.where(selected == e)
         if tok.numel() == 0:
             continue  # an expert with no tokens contributes nothing (and gets a zero gradient)
-        y = swiglu(x[tok], P, pre + f"experts.{e}.")
+        y = swiglu(x[tok], P, pre + f"experts.{e}.", mm)
         out = out.index_add(0, tok, y * weights[tok, slot, None])
     if c["shared_expert_intermediate_size"] > 0:
-        out = out + swiglu(x, P, pre + "shared_expert.")
+        out = out + swiglu(x, P, pre + "shared_expert.", mm)
     counts = torch.bincount(selected.reshape(-1), minlength=E)
     return out, Routing(layer, x, logits, scores, selected, weights, counts)
 
@@ -310,9 +347,10 @@ class RefOutput:
     routings: list[Routing] = field(default_factory=list)
 
 
-def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None) -> RefOutput:
+def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, precision: str = "fp32") -> RefOutput:
     """One forward pass. tokens/targets: [B, T] integer arrays or tensors (targets: -100 = ignored)."""
     c = full_config(cfg)
+    mm = matmul_for(precision)
     tokens = torch.as_tensor(tokens).long()
     B, T = tokens.shape
     eps = c["rms_norm_eps"]
@@ -321,17 +359,17 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None) ->
     routings: list[Routing] = []
     for i in range(c["num_hidden_layers"]):
         pre = f"model.layers.{i}."
-        x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c)
+        x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c, mm)
         h = rms_norm(x, P[pre + "post_attention_layernorm.weight"], eps)
         if is_dense_layer(c, i):
-            x = x + swiglu(h, P, pre + "mlp.")
+            x = x + swiglu(h, P, pre + "mlp.", mm)
         else:
-            y, r = moe(h.reshape(B * T, -1), P, pre + "mlp.", c, i)
+            y, r = moe(h.reshape(B * T, -1), P, pre + "mlp.", c, i, mm)
             routings.append(r)
             x = x + y.view(B, T, -1)
     x = rms_norm(x, P["model.norm.weight"], eps)
     head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
-    logits = x @ head.T
+    logits = mm(x, head.T)
 
     if targets is None:
         ce = torch.zeros((), dtype=torch.float32)
@@ -343,11 +381,12 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None) ->
     return RefOutput(logits, ce, lb, z, total, routings)
 
 
-def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets) -> tuple[dict[str, torch.Tensor], list[Routing]]:
+def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets,
+                precision: str = "fp32") -> tuple[dict[str, torch.Tensor], list[Routing]]:
     """What `moecore debug-state` writes, computed by the reference (logits, loss.*, grad.<name>),
     and the routing decisions of every MoE layer."""
     leaves = {n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
-    out = forward(leaves, cfg, tokens, targets)
+    out = forward(leaves, cfg, tokens, targets, precision)
     names = list(leaves)
     grads = torch.autograd.grad(out.total, [leaves[n] for n in names], allow_unused=True)
     state = {

@@ -1,0 +1,42 @@
+#include "kernels/cpu/bf16_convert.h"
+
+#include <omp.h>
+
+#include "core/bf16.h"
+
+namespace moecore::kernels::cpu {
+
+namespace {
+
+// Below this many elements a conversion is not worth waking the pool for.
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+bool run_parallel(int64_t rows, int64_t cols) {
+  return rows > 1 && rows * cols >= kParallelElements && omp_in_parallel() == 0;
+}
+
+// The row loops are compiled for AVX-512 and AVX2 as well as the baseline (the build does not use
+// -march=native); the loader picks the best clone for the CPU, and every clone rounds identically.
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"))) void row_to_bf16(
+    const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = float_to_bf16(src[j]);
+}
+
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"))) void row_round(
+    const float* src, float* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = moecore::round_to_bf16(src[j]);
+}
+
+}  // namespace
+
+void convert_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+#pragma omp parallel for schedule(static) if (run_parallel(rows, cols))
+  for (int64_t i = 0; i < rows; ++i) row_to_bf16(src + i * ld, dst + i * cols, cols);
+}
+
+void round_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+#pragma omp parallel for schedule(static) if (run_parallel(rows, cols))
+  for (int64_t i = 0; i < rows; ++i) row_round(src + i * ld, dst + i * cols, cols);
+}
+
+}  // namespace moecore::kernels::cpu

@@ -1,0 +1,168 @@
+// bf16 GEMMs on the CPU: operands converted to bf16 here (same rounding on both paths), products
+// accumulated in fp32, C written in fp32.
+//
+// Native path: oneDNN's matmul primitive (bf16 src/weights, f32 dst; alpha as an output scale,
+// beta as a sum post-op). M is a runtime dimension so one primitive serves every row count: the
+// experts' row counts change every step, and creating a primitive costs ~0.3 ms (measured), more
+// than many of the expert GEMMs themselves. A runtime M selects oneDNN's jit bf16 gemm, which ran
+// as fast as the fixed-shape brgemm kernels on this CPU's shapes; runtime N and K as well would
+// fall back to the reference kernel, so those stay in the key. Primitives, streams and conversion
+// buffers are per thread: the attention calls GEMMs from inside OpenMP regions.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <bit>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/gemm_k0.h"
+#include "kernels/gemm.h"
+
+namespace moecore::kernels {
+
+namespace {
+
+struct PrimitiveKey {
+  bool trans_a, trans_b;
+  int64_t n, ldc;
+  uint32_t alpha_bits, beta_bits;
+  bool operator==(const PrimitiveKey&) const = default;
+};
+
+struct PrimitiveKeyHash {
+  size_t operator()(const PrimitiveKey& key) const {
+    size_t h = std::hash<int64_t>()(key.n);
+    for (const uint64_t v :
+         {static_cast<uint64_t>(key.ldc),
+          static_cast<uint64_t>(key.alpha_bits) << 2 | key.trans_a << 1 | key.trans_b,
+          static_cast<uint64_t>(key.beta_bits)})
+      h = h * 0x9e3779b97f4a7c15ull + std::hash<uint64_t>()(v);
+    return h;
+  }
+};
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+struct ThreadState {
+  dnnl::stream stream{cpu_engine()};
+  std::unordered_map<PrimitiveKey, dnnl::matmul, PrimitiveKeyHash> primitives;
+  std::vector<uint16_t> a16, b16;  // converted operands
+  std::vector<float> a32, b32;     // rounded operands of the emulated path
+};
+
+ThreadState& thread_state() {
+  thread_local ThreadState state;
+  return state;
+}
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+// A as the matmul's [M, K] source over the converted buffer, which keeps A's stored layout
+// ([K, M] when trans_a); with a runtime M or K the strides are runtime too.
+dnnl::memory::desc a_desc(bool trans_a, int64_t m, int64_t k) {
+  return dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, m} : dims{k, 1});
+}
+
+// B as the matmul's [K, N] weights over the converted buffer, which keeps B's stored layout.
+dnnl::memory::desc b_desc(bool trans_b, int64_t n, int64_t k) {
+  return dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, k} : dims{n, 1});
+}
+
+const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, float alpha,
+                                  float beta) {
+  auto found = state.primitives.find(key);
+  if (found != state.primitives.end()) return found->second;
+  const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
+  const dnnl::memory::desc c_md({runtime, key.n}, dt::f32, dims{key.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(
+      dnnl::matmul::desc(a_desc(key.trans_a, runtime, runtime), b_desc(key.trans_b, key.n, runtime),
+                         c_md),
+      attr, cpu_engine());
+  return state.primitives.emplace(key, dnnl::matmul(pd)).first->second;
+}
+
+void gemm_bf16_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
+  ThreadState& state = thread_state();
+  // Both operands keep their stored layout, made contiguous, so that the descriptors' strides
+  // follow from the runtime M and K (a transposed copy would cost more than the GEMM's own
+  // handling of a transposed operand).
+  state.a16.resize(static_cast<size_t>(m * k));
+  state.b16.resize(static_cast<size_t>(k * n));
+  cpu::convert_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a16.data());
+  cpu::convert_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b16.data());
+  try {
+    const PrimitiveKey key{
+        trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
+    const dnnl::matmul& mm = primitive_for(state, key, alpha, beta);
+    const dnnl::engine& engine = cpu_engine();
+    dnnl::memory a_mem(a_desc(trans_a, m, k), engine, state.a16.data());
+    dnnl::memory b_mem(b_desc(trans_b, n, k), engine, state.b16.data());
+    dnnl::memory c_mem({{m, n}, dt::f32, dims{ldc, 1}}, engine, c);
+    mm.execute(state.stream,
+               {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    state.stream.wait();
+  } catch (const dnnl::error& e) {
+    fail("[gemm] oneDNN bf16 matmul failed for m={} n={} k={}: {}", m, n, k, e.what());
+  }
+}
+
+void gemm_bf16_emulated(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                        float* c, int64_t ldc) {
+  ThreadState& state = thread_state();
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  state.a32.resize(static_cast<size_t>(m * k));
+  state.b32.resize(static_cast<size_t>(k * n));
+  cpu::round_to_bf16(a, a_rows, a_cols, lda, state.a32.data());
+  cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
+  gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), a_cols, state.b32.data(), b_cols,
+            beta, c, ldc);
+}
+
+}  // namespace
+
+Bf16GemmPath bf16_gemm_path() {
+  // Both the CPU (cpuid) and oneDNN's dispatcher (which DNNL_MAX_CPU_ISA may restrict) must
+  // allow avx512_core_bf16; without it oneDNN's bf16 matmul would run a slow reference kernel.
+  static const Bf16GemmPath path = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+    __builtin_cpu_init();
+    const bool cpu_has = __builtin_cpu_supports("avx512bf16") != 0;
+    return cpu_has && (isa & bf16) == bf16 ? Bf16GemmPath::kNative : Bf16GemmPath::kEmulated;
+  }();
+  return path;
+}
+
+void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+               float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    cpu::scale_by_beta(m, n, beta, c, ldc);
+    return;
+  }
+  if (path == Bf16GemmPath::kNative) {
+    gemm_bf16_native(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    gemm_bf16_emulated(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+}  // namespace moecore::kernels

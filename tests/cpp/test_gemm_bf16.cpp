@@ -1,0 +1,194 @@
+// bf16 GEMMs (both paths) against an fp64 reference, every transpose combination, beta 0 and 1,
+// alpha != 1, odd shapes, padded leading dimensions and k = 0; plus the precision switch that
+// routes kernels::gemm. Tolerances are per element, relative to S = sum_k |a_ik||b_kj| (+ |beta
+// c|), the size of the terms summed:
+//  - vs fp64 over the bf16-rounded operands: only fp32 accumulation error, bounded by
+//    (k + 2) * 2^-24 * S (the classic gamma_k bound plus the final scale and beta terms);
+//  - vs fp64 over the unrounded fp32 operands: each product is also off by the two operand
+//    roundings, each at most 2^-8 relative (round to nearest with 8 significant bits), so
+//    (2 * 2^-8 + 2^-16) * S more.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/gemm.h"
+
+namespace moecore::kernels {
+namespace {
+
+constexpr double kUnitFp32 = 1.0 / (1 << 24);  // fp32 unit roundoff
+constexpr double kBf16OperandError = 2.0 / (1 << 8) + 1.0 / (1 << 16);
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+struct Case {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+std::string name(const Case& c) {
+  return "ta=" + std::to_string(c.trans_a) + " tb=" + std::to_string(c.trans_b) +
+         " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta);
+}
+
+// Runs one case on `path` and checks it against both references.
+void check_case(Bf16GemmPath path, const Case& c, uint32_t seed) {
+  // Stored shapes with 3 columns of padding, so lda/ldb/ldc differ from the logical widths.
+  const int64_t a_rows = c.trans_a ? c.k : c.m, a_cols = c.trans_a ? c.m : c.k;
+  const int64_t b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
+  const int64_t lda = a_cols + 3, ldb = b_cols + 3, ldc = c.n + 3;
+  const std::vector<float> a = random_vec(static_cast<size_t>(a_rows * lda), seed);
+  const std::vector<float> b = random_vec(static_cast<size_t>(b_rows * ldb), seed + 1);
+  const std::vector<float> c0 = random_vec(static_cast<size_t>(c.m * ldc), seed + 2);
+  std::vector<float> out = c0;
+  gemm_bf16(path, c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb,
+            c.beta, out.data(), ldc);
+  auto at_a = [&](int64_t i, int64_t p) { return a[c.trans_a ? p * lda + i : i * lda + p]; };
+  auto at_b = [&](int64_t p, int64_t j) { return b[c.trans_b ? j * ldb + p : p * ldb + j]; };
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double rounded = 0.0, exact = 0.0, size = 0.0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double x = at_a(i, p), y = at_b(p, j);
+        rounded += static_cast<double>(round_to_bf16(at_a(i, p))) *
+                   static_cast<double>(round_to_bf16(at_b(p, j)));
+        exact += x * y;
+        size += std::abs(x * y);
+      }
+      const double alpha = c.alpha, beta = c.beta;
+      const double prior = static_cast<double>(c0[static_cast<size_t>(i * ldc + j)]);
+      const double got = static_cast<double>(out[static_cast<size_t>(i * ldc + j)]);
+      const double scale = std::abs(alpha) * size + std::abs(beta * prior);
+      const double tight = static_cast<double>(c.k + 2) * kUnitFp32 * scale + 1e-30;
+      ASSERT_LE(std::abs(got - (alpha * rounded + beta * prior)), tight)
+          << name(c) << " at (" << i << ", " << j << ") vs fp64 of bf16-rounded operands";
+      ASSERT_LE(std::abs(got - (alpha * exact + beta * prior)),
+                tight + std::abs(alpha) * kBf16OperandError * size)
+          << name(c) << " at (" << i << ", " << j << ") vs fp64 of fp32 operands";
+    }
+  }
+  // Padding columns of C are never written.
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = c.n; j < ldc; ++j)
+      ASSERT_EQ(out[static_cast<size_t>(i * ldc + j)], c0[static_cast<size_t>(i * ldc + j)]);
+}
+
+std::vector<Bf16GemmPath> paths() {
+  // The emulated path runs everywhere; the native one where this CPU and oneDNN allow it.
+  std::vector<Bf16GemmPath> p{Bf16GemmPath::kEmulated};
+  if (bf16_gemm_path() == Bf16GemmPath::kNative) p.push_back(Bf16GemmPath::kNative);
+  return p;
+}
+
+TEST(Bf16Gemm, MatchesFp64ReferenceEveryTransposeAndBeta) {
+  const int64_t shapes[][3] = {{1, 1, 1},    {3, 5, 7},    {17, 33, 9}, {64, 130, 257},
+                               {1, 100, 50}, {100, 1, 50}, {31, 47, 1}};
+  uint32_t seed = 1;
+  for (const Bf16GemmPath path : paths())
+    for (const auto& s : shapes)
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+          for (const float beta : {0.0f, 1.0f})
+            for (const float alpha : {1.0f, 0.375f}) {
+              SCOPED_TRACE(path == Bf16GemmPath::kNative ? "native" : "emulated");
+              check_case(path, {ta, tb, s[0], s[1], s[2], alpha, beta}, seed += 3);
+            }
+}
+
+TEST(Bf16Gemm, KZeroScalesC) {
+  for (const Bf16GemmPath path : paths())
+    for (const float beta : {0.0f, 1.0f, 0.5f}) {
+      std::vector<float> c(6, 3.0f);
+      if (beta == 0.0f) c[0] = std::nanf("");  // beta 0 must not read C
+      gemm_bf16(path, false, false, 2, 3, 0, 1.0f, nullptr, 1, nullptr, 3, beta, c.data(), 3);
+      for (const float v : c) EXPECT_EQ(v, beta * 3.0f);
+    }
+}
+
+TEST(Bf16Gemm, BetaZeroIgnoresNanInC) {
+  const std::vector<float> a = random_vec(8 * 16, 7), b = random_vec(16 * 8, 8);
+  for (const Bf16GemmPath path : paths()) {
+    std::vector<float> c(64, std::nanf(""));
+    gemm_bf16(path, false, false, 8, 8, 16, 1.0f, a.data(), 16, b.data(), 8, 0.0f, c.data(), 8);
+    for (const float v : c) EXPECT_TRUE(std::isfinite(v));
+  }
+}
+
+// Both paths sum the same exact products; they may differ only by fp32 summation order.
+TEST(Bf16Gemm, NativeAndEmulatedAgree) {
+  if (bf16_gemm_path() != Bf16GemmPath::kNative) GTEST_SKIP() << "no native bf16 on this CPU";
+  const int64_t m = 70, n = 90, k = 300;
+  const std::vector<float> a = random_vec(static_cast<size_t>(m * k), 11);
+  const std::vector<float> b = random_vec(static_cast<size_t>(k * n), 12);
+  std::vector<float> native(static_cast<size_t>(m * n)), emulated(native.size());
+  gemm_bf16(Bf16GemmPath::kNative, false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+            native.data(), n);
+  gemm_bf16(Bf16GemmPath::kEmulated, false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+            emulated.data(), n);
+  // |a|, |b| <= 2, so S <= 4 k; both are within (k + 2) u S of the same sum.
+  const double bound = 2.0 * static_cast<double>(k + 2) * kUnitFp32 * 4.0 * static_cast<double>(k);
+  for (size_t i = 0; i < native.size(); ++i)
+    ASSERT_LE(std::abs(static_cast<double>(native[i]) - static_cast<double>(emulated[i])), bound);
+}
+
+// The native path is chosen exactly when the CPU has AVX512-BF16 and oneDNN may use it;
+// the ctest entry Bf16Gemm.DispatchWithoutBf16Isa runs this with DNNL_MAX_CPU_ISA=AVX512_CORE.
+TEST(Bf16Gemm, DispatchHonoursCpuAndMaxCpuIsa) {
+  const char* max_isa = std::getenv("DNNL_MAX_CPU_ISA");
+  __builtin_cpu_init();
+  const bool capped = max_isa != nullptr && std::string(max_isa) == "AVX512_CORE";
+  const bool native = __builtin_cpu_supports("avx512bf16") != 0 && !capped;
+  EXPECT_EQ(bf16_gemm_path(), native ? Bf16GemmPath::kNative : Bf16GemmPath::kEmulated);
+}
+
+TEST(MatmulPrecision, ScopeRoutesGemmAndRestores) {
+  const int64_t m = 9, n = 11, k = 13;
+  const std::vector<float> a = random_vec(static_cast<size_t>(m * k), 21);
+  const std::vector<float> b = random_vec(static_cast<size_t>(k * n), 22);
+  std::vector<float> fp32(static_cast<size_t>(m * n)), bf16(fp32.size()), got(fp32.size());
+  gemm_fp32(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, fp32.data(), n);
+  gemm_bf16(bf16_gemm_path(), false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+            bf16.data(), n);
+  ASSERT_NE(fp32, bf16);
+  EXPECT_EQ(matmul_precision(), MatmulPrecision::kFp32);
+  gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got.data(), n);
+  EXPECT_EQ(got, fp32);
+  {
+    const MatmulPrecisionScope scope(MatmulPrecision::kBf16);
+    gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got.data(), n);
+    EXPECT_EQ(got, bf16);
+    // The router's GEMM ignores the setting.
+    gemm_fp32(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got.data(), n);
+    EXPECT_EQ(got, fp32);
+  }
+  EXPECT_EQ(matmul_precision(), MatmulPrecision::kFp32);
+}
+
+TEST(Bf16, RoundingIsNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is half-way between 1 and 1 + 2^-7: ties to the even mantissa (1.0).
+  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 256), 1.0f);
+  // 1 + 3 * 2^-8 is half-way between 1 + 2^-7 and 1 + 2^-6: ties to 1 + 2^-6.
+  EXPECT_EQ(round_to_bf16(1.0f + 3.0f / 256), 1.0f + 1.0f / 64);
+  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 256 + 1.0f / 4096), 1.0f + 1.0f / 128);
+  EXPECT_TRUE(std::isnan(round_to_bf16(std::nanf(""))));
+  EXPECT_EQ(round_to_bf16(INFINITY), INFINITY);
+  // Past the largest bf16 (3.3895e38) by more than half its spacing (2^120): overflows to -Inf.
+  EXPECT_EQ(round_to_bf16(-3.4e38f), -INFINITY);
+}
+
+}  // namespace
+}  // namespace moecore::kernels
