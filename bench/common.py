@@ -107,6 +107,7 @@ def gemm_peak(binary: Path, precision: str, threads: int, repeats: int = 5) -> d
         shapes.append(json.loads(r.stdout))
     best = max(shapes, key=lambda s: s["flops_per_s_median"])
     return {"status": "ok", "flops_per_s": best["flops_per_s_median"],
+            "emulated": bool(best.get("emulated", False)),
             "shape": [best["m"], best["n"], best["k"]], "shapes": shapes}
 
 
@@ -136,7 +137,9 @@ def machine_meta(args) -> dict:
         load = os.getloadavg()[0]
     except OSError:
         load = None
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, cwd=REPO).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "commit": commit,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "load_average_at_start": load, "quick": bool(getattr(args, "quick", False))}
 

@@ -16,7 +16,9 @@ struct BenchGemmArgs {
   int64_t threads = 0;  // 0: OpenMP's default (every core)
 };
 
-// Times kernels::gemm (C = A B, row-major, random inputs) and prints the achieved FLOP/s per
+// Times kernels::gemm (C = A B, row-major, random inputs) in the given matmul precision (bf16:
+// operands rounded to bf16, fp32 accumulation; "emulated": true where the CPU lacks native bf16)
+// and prints the achieved FLOP/s per
 // repeat, their median, minimum and maximum (2 m n k FLOPs per call).
 void run_bench_gemm(const BenchGemmArgs& args);
 
