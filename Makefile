@@ -54,12 +54,14 @@ bench-scaling: build $(KJV)/tokens/meta.json
 	$(PYTHON) bench/scaling.py $(ARGS)
 
 # Benchmarks (issue 6): throughput and MFU against a GEMM peak measured in the same run, the
-# PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile), expert scaling
+# PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile; again at 64
+# experts, where its per-expert loop runs many small GEMMs), expert scaling
 # 8 -> 128 experts (1 process, ep 2, ep 4), and the time per phase with and without overlapped
 # gradient reduction -> bench/results/{throughput,expert_scaling,breakdown}.{md,json,png}.
 # Medians of 5 side-by-side repeats, about 30-40 minutes on 2 cores; ARGS=--quick for a short run.
 bench: build setup-python $(KJV)/tokens/meta.json
 	$(PYTHON) bench/throughput.py $(ARGS)
+	$(PYTHON) bench/throughput.py --experts 64 --precisions fp32 --compile-precisions= $(ARGS)
 	$(PYTHON) bench/expert_scaling.py $(ARGS)
 	$(PYTHON) bench/breakdown.py $(ARGS)
 
