@@ -57,7 +57,7 @@ bench-scaling: build $(KJV)/tokens/meta.json
 # PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile; again at 64
 # experts, where its per-expert loop runs many small GEMMs), expert scaling
 # 8 -> 128 experts (1 process, ep 2, ep 4), and the time per phase with and without overlapped
-# gradient reduction -> bench/results/{throughput,expert_scaling,breakdown}.{md,json,png}.
+# gradient reduction -> bench/results/{throughput,throughput_e64,expert_scaling,breakdown}.{md,json,png}.
 # Medians of 5 side-by-side repeats, about 30-40 minutes on 2 cores; ARGS=--quick for a short run.
 bench: build setup-python $(KJV)/tokens/meta.json
 	$(PYTHON) bench/throughput.py $(ARGS)
