@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference format clean bench-scaling bench-pipeline
+        test-reference format clean bench bench-scaling bench-pipeline
 
 all: build
 
@@ -57,6 +57,18 @@ bench-scaling: build $(KJV)/tokens/meta.json
 # 1f1b / interleaved-1f1b / gpipe at pp 2 and 4 -> bench/results/pipeline.{md,json}.
 bench-pipeline: build $(KJV)/tokens/meta.json
 	$(PYTHON) bench/pipeline.py $(ARGS)
+
+# Benchmarks (issue 6): throughput and MFU against a GEMM peak measured in the same run, the
+# PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile; again at 64
+# experts, where its per-expert loop runs many small GEMMs), expert scaling
+# 8 -> 128 experts (1 process, ep 2, ep 4), and the time per phase with and without overlapped
+# gradient reduction -> bench/results/{throughput,throughput_e64,expert_scaling,breakdown}.{md,json,png}.
+# Medians of 5 side-by-side repeats, about 30-40 minutes on 2 cores; ARGS=--quick for a short run.
+bench: build setup-python $(KJV)/tokens/meta.json
+	$(PYTHON) bench/throughput.py $(ARGS)
+	$(PYTHON) bench/throughput.py --experts 64 --precisions fp32 --compile-precisions= $(ARGS)
+	$(PYTHON) bench/expert_scaling.py $(ARGS)
+	$(PYTHON) bench/breakdown.py $(ARGS)
 
 test-cpp: build-tests
 	ctest --preset release -j $(JOBS)

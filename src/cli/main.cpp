@@ -7,6 +7,7 @@
 #include <exception>
 #include <new>
 
+#include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
 #include "cli/job_commands.h"
 #include "core/check.h"
@@ -109,6 +110,23 @@ int main(int argc, char** argv) {
   generate->add_option("--top-p", gen.top_p, "1 = off");
   generate->add_option("--seed", gen_seed, "sampling seed");
 
+  moecore::cli::BenchGemmArgs gemm_args;
+  CLI::App* bench = app.add_subcommand("bench", "measurements for `make bench`");
+  bench->require_subcommand(1);
+  CLI::App* bench_gemm =
+      bench->add_subcommand("gemm", "time the model's GEMM (the peak MFU is measured against)");
+  bench_gemm->add_option("--m", gemm_args.m, "rows of A and C");
+  bench_gemm->add_option("--n", gemm_args.n, "columns of B and C");
+  bench_gemm->add_option("--k", gemm_args.k, "contraction size");
+  bench_gemm->add_option("--precision", gemm_args.precision, "fp32 | bf16");
+  bench_gemm->add_option("--repeats", gemm_args.repeats, "timed repeats");
+  bench_gemm->add_option("--min-seconds", gemm_args.min_seconds, "GEMM time per repeat");
+  bench_gemm->add_option("--threads", gemm_args.threads, "OpenMP threads (0 = default)");
+  CLI::App* bench_flops =
+      bench->add_subcommand("flops", "model FLOPs per token and parameter counts of a config");
+  bench_flops->add_option("config", train_config, "config TOML")->required();
+  bench_flops->add_option("--set", overrides, "override, e.g. --set model.num_experts=64");
+
   // Every command-line error is one line on stderr; help output stays CLI11's.
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
@@ -116,7 +134,7 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, tokenizer, prepare, eval, generate)\n",
+                 "train, tokenizer, prepare, eval, generate, bench)\n",
                  argv[1]);
       return 2;
     }
@@ -153,6 +171,10 @@ int main(int argc, char** argv) {
     } else if (generate->parsed()) {
       gen.seed = cli::parse_seed(gen_seed);
       cli::run_generate(gen);
+    } else if (bench_gemm->parsed()) {
+      cli::run_bench_gemm(gemm_args);
+    } else if (bench_flops->parsed()) {
+      cli::run_bench_flops(train_config, overrides);
     }
   } catch (const std::bad_alloc&) {
     return fail_job("out of memory (the configured model or batch is too large for this machine)");

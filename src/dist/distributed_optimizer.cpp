@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "core/phase_timer.h"
 #include "optim/grad_clip.h"
 
 namespace moecore::dist {
@@ -41,6 +42,7 @@ DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const Opti
 
 void DistributedOptimizer::start_layer_reduce(ParamBuffers& grads, int64_t layer) {
   MOE_CHECK(!zero_, "[parallel] overlap_grad_reduce works with zero=0 only");
+  const ScopedPhase timer(Phase::kCommunication);
   for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert}) {
     const auto [begin, end] = layout_.layer_range(group, layer);
     if (begin == end) continue;
@@ -54,6 +56,7 @@ void DistributedOptimizer::start_layer_reduce(ParamBuffers& grads, int64_t layer
 }
 
 double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
+  ScopedPhase timer(Phase::kCommunication);
   double dense_sq = 0.0, expert_sq = 0.0;
   if (!zero_) {
     // Everything not started during the backward (embeddings, final norm, LM head, or all of it
@@ -74,6 +77,7 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
       started.clear();
     }
     mesh_.dp.wait_all(requests_);
+    timer.switch_to(Phase::kOptimizer);  // the norm of the reduced gradients
     dense_sq = sum_of_squares(grads.dense.data(), grads.dense.size());
     expert_sq = sum_of_squares(grads.expert.data(), grads.expert.size());
   } else {
@@ -98,6 +102,7 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
 
 void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,
                                 double grad_norm) {
+  const ScopedPhase timer(Phase::kOptimizer);
   const float coef = clip_coefficient(config_.max_grad_norm, grad_norm);
   ++steps_;
   if (!zero_) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/phase_timer.h"
 #include "model/linear.h"
 #include "model/rmsnorm.h"
 
@@ -23,6 +24,7 @@ NormGeometry norm_geometry(const ModelConfig& c, int64_t tokens, int64_t heads) 
 
 void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq,
                              float* y, AttentionCache& cache) const {
+  const ScopedPhase timer(Phase::kAttentionForward);
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_size();
@@ -60,6 +62,7 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
 
 void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
                               const float* dy, const AttentionCache& cache, float* dx) const {
+  const ScopedPhase timer(Phase::kAttentionBackward);
   const ModelConfig& c = config_;
   const AttentionShape& s = cache.shape;
   const int64_t n = s.batch * s.seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();

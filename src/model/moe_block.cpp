@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/phase_timer.h"
 #include "model/swiglu_mlp.h"
 
 namespace moecore {
@@ -106,7 +107,9 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
   cache.router_shape = {tokens, d, e_count, k, c.router_score, c.norm_topk_prob};
+  ScopedPhase timer(Phase::kRouterForward);
   router_forward(cache.router_shape, x, w.router, cache.router);
+  timer.stop();  // the dispatch paths time their own phases
   if (rowwise_ != nullptr) {
     experts_forward_rowwise(w, x, tokens, cache);
   } else {
@@ -114,6 +117,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   }
 
   const int64_t hs = c.shared_expert_intermediate_size;
+  timer.switch_to(Phase::kSharedExpertForward);
   if (hs > 0) {
     cache.shared_gu.resize(at(tokens * 2 * hs));
     cache.shared_act.resize(at(tokens * hs));
@@ -123,6 +127,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
     std::fill(y, y + tokens * d, 0.0f);
   }
   // Combine: y[t] += sum_j weight[t, j] * output of route (t, j).
+  timer.switch_to(Phase::kCombineForward);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     float* yt = y + t * d;
@@ -140,6 +145,7 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
   const int64_t h = c.moe_intermediate_size, routes = tokens * k;
   const int64_t ranks = exchange_->ranks(), local = shard_.count;
+  ScopedPhase timer(Phase::kDispatchForward);
   cache.targets.clear();
   cache.dropped_routes = 0;
 
@@ -190,9 +196,11 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
   for (int64_t i = 0; i < received; ++i)
     std::copy_n(x_recv.data() + i * d, d, cache.x_perm.data() + cache.recv_to_expert[at(i)] * d);
 
+  timer.switch_to(Phase::kExpertsForward);
   grouped_experts_forward(config_, local, w, cache, cache.y_perm.data());
 
   // Outputs back to their sources, in send order.
+  timer.switch_to(Phase::kCombineForward);
   std::vector<float> y_recv(at(received * d));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < received; ++i)
@@ -206,6 +214,7 @@ void MoeBlock::experts_forward_rowwise(const MoeWeights& w, const float* x, int6
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, local = shard_.count;
+  ScopedPhase timer(Phase::kDispatchForward);
   // Buffers at the source stay in route order; the plan says where each route's row goes.
   cache.send_pos.resize(at(routes));
   for (int64_t r = 0; r < routes; ++r) cache.send_pos[at(r)] = static_cast<int32_t>(r);
@@ -229,7 +238,9 @@ void MoeBlock::experts_forward_rowwise(const MoeWeights& w, const float* x, int6
   cache.x_perm.assign(x_in, x_in + received * d);
   cache.gu_perm.resize(at(received * 2 * h));
   cache.act_perm.resize(at(received * h));
+  timer.switch_to(Phase::kExpertsForward);
   grouped_experts_forward(config_, local, w, cache, y_out);
+  timer.switch_to(Phase::kCombineForward);
   // Each kept route's output fetched from its destination; dropped routes contribute zero.
   cache.y_back.assign(at(routes * d), 0.0f);
   rowwise_->get_rows(cache.y_back.data(), cache.targets, d);
@@ -243,6 +254,7 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   const int64_t tokens = cache.router_shape.tokens, routes = tokens * k;
 
   // Combine backward at the source: d output(t, j) = weight * dy[t]; d weight = <dy[t], output>.
+  ScopedPhase timer(Phase::kCombineBackward);
   std::vector<float> dy_send(at(routes * d));
   std::vector<float> d_weight(at(routes));
 #pragma omp parallel for schedule(static)
@@ -264,11 +276,13 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   }
 
   std::vector<float> dx_send(at(routes * d));
+  timer.stop();  // the dispatch paths time their own phases
   if (rowwise_ != nullptr) {
     experts_backward_rowwise(w, dw, cache, dy_send, dx_send);
   } else {
     experts_backward_sync(w, dw, cache, dy_send, dx_send);
   }
+  timer.switch_to(Phase::kCombineBackward);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     float* dxt = dx + t * d;
@@ -280,6 +294,7 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   }
 
   const int64_t hs = c.shared_expert_intermediate_size;
+  timer.switch_to(Phase::kSharedExpertBackward);
   if (hs > 0) {
     std::vector<float> shared_dact(at(tokens * hs));
     std::vector<float> shared_dgu(at(tokens * 2 * hs));
@@ -288,6 +303,7 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
                         dw.shared_down, shared_dact.data(), shared_dgu.data(), true);
   }
 
+  timer.switch_to(Phase::kRouterBackward);
   router_backward(cache.router_shape, x, w.router, cache.router,
                   {d_weight.data(), lb_score_grad, lb_uses_softmax, z_grad_scale}, dx, dw.router);
 }
@@ -299,6 +315,7 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
   const int64_t local = shard_.count;
   const int64_t received = cache.expert_offsets[at(local)];
   // Output gradients travel to the experts along the forward path, expert-major there.
+  ScopedPhase timer(Phase::kDispatchBackward);
   std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));
   exchange_->exchange_rows(dy_send.data(), cache.send_rows, dy_recv.data(), cache.recv_rows, d);
 #pragma omp parallel for schedule(static)
@@ -306,7 +323,9 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
     std::copy_n(dy_recv.data() + i * d, d, dy_perm.data() + cache.recv_to_expert[at(i)] * d);
 
   std::vector<float> dx_perm(at(received * d));
+  timer.switch_to(Phase::kExpertsBackward);
   grouped_experts_backward(config_, local, w, dw, cache, dy_perm.data(), dx_perm.data());
+  timer.switch_to(Phase::kCombineBackward);
 
   // Input gradients back to the source; dx[t] = sum over its routes.
   std::vector<float> dx_recv(at(received * d));
@@ -324,10 +343,13 @@ void MoeBlock::experts_backward_rowwise(const MoeWeights& w, const MoeWeights& d
   // Output gradients go to the rows their routes used in the forward; the experts' backward runs
   // in place (dy from the input buffer, dx into the output buffer), and each kept route fetches
   // its input gradient back. Dropped routes get none.
+  ScopedPhase timer(Phase::kDispatchBackward);
   rowwise_->put_rows(dy_send.data(), 1, cache.targets, d);
   const float* dy_in = rowwise_->input();
   float* dx_out = rowwise_->output();
+  timer.switch_to(Phase::kExpertsBackward);
   grouped_experts_backward(config_, local, w, dw, cache, dy_in, dx_out);
+  timer.switch_to(Phase::kCombineBackward);
   std::fill(dx_send.begin(), dx_send.end(), 0.0f);
   rowwise_->get_rows(dx_send.data(), cache.targets, d);
 }

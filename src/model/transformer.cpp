@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/phase_timer.h"
 #include "model/cross_entropy.h"
 #include "model/embedding.h"
 #include "model/linear.h"
@@ -195,6 +196,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     rmsnorm_forward(act.residual.back().data(), at(params, final_norm_), act.final_hidden.data(),
                     act.final_rstd.data(), n, d, eps);
     act.logits.resize(static_cast<size_t>(n * v));
+    ScopedPhase timer(Phase::kLmHeadForward);
     linear_forward(act.final_hidden.data(), at(params, lm_head_), act.logits.data(), n, d, v);
   } else {
     std::copy_n(act.residual.back().data(), n * d, hidden_out);
@@ -234,8 +236,10 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
 
   if (has_head()) {
     act.dlogits.resize(act.logits.size());
+    ScopedPhase timer(Phase::kLmHeadForward);
     const CrossEntropyResult ce =
         cross_entropy(act.logits.data(), targets, n, v, act.dlogits.data(), 1.0f, counted);
+    timer.stop();
     double ce_sum = ce.loss * static_cast<double>(counted);
     if (batch_sum_) batch_sum_(&ce_sum, 1);
     loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
@@ -300,11 +304,13 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
 
   std::vector<float> dx(static_cast<size_t>(n * d));  // gradient of the residual stream
   if (has_head()) {
+    ScopedPhase timer(Phase::kLmHeadBackward);
     std::vector<float> dlogits(act.dlogits.size());
     for (size_t j = 0; j < dlogits.size(); ++j) dlogits[j] = act.dlogits[j] * loss_scale;
     std::vector<float> dhidden(static_cast<size_t>(n * d));
     linear_backward(dlogits.data(), act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
                     at(grads, lm_head_), n, d, v, false);
+    timer.stop();
     rmsnorm_backward(dhidden.data(), act.residual.back().data(), at(params, final_norm_),
                      act.final_rstd.data(), dx.data(), at(grads, final_norm_), n, d, false);
   } else {

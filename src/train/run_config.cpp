@@ -172,6 +172,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("gerrymander_threshold", t.gerrymander_threshold);
   r.read("sample_prompt", t.sample_prompt);
   r.read("sample_tokens", t.sample_tokens);
+  r.read("profile", t.profile);
   r.read("out_dir", t.out_dir);
 }
 
@@ -382,6 +383,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"gerrymander_threshold", t.gerrymander_threshold},
                     {"sample_prompt", t.sample_prompt},
                     {"sample_tokens", t.sample_tokens},
+                    {"profile", t.profile},
                     {"out_dir", t.out_dir}};
   auto string_list = [](const std::vector<std::string>& items) {
     toml::array array;

@@ -36,6 +36,7 @@ struct TrainConfig {
   double gerrymander_threshold = 0.05;
   std::string sample_prompt = "";  // generated from at the end when data.tokenizer is set
   int64_t sample_tokens = 48;
+  bool profile = false;  // time the phases of each step (out_dir/profile.json, `profile:` line)
   std::string out_dir = "runs/default";
 };
 

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "core/phase_timer.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "dist/alltoall_exchange.h"
@@ -35,6 +36,7 @@
 #include "train/gerrymandering.h"
 #include "train/moe_metrics.h"
 #include "train/pipeline_runner.h"
+#include "train/profile_report.h"
 #include "train/progress.h"
 #include "train/sample.h"
 #include "train/step_guard.h"
@@ -336,6 +338,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   int64_t last_saved = checkpoint ? step : -1;
+  // train.profile: phases timed from the end of the first step (allocation, first touch) on.
+  phase_timer::set_enabled(tc.profile);
+  double profile_start = 0.0;
   while (step < tc.max_steps) {
     grads.zero();
     // Every rank reads the step's micro-batches (the data cursor stays layout-free) and keeps its
@@ -418,6 +423,10 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
           step, 100.0 * verdict.lb_trend, 100.0 * verdict.imbalance_trend, tc.gerrymander_window));
 
     const double seconds = elapsed();
+    if (tc.profile && step == summary.start_step + 1) {
+      phase_timer::reset();
+      profile_start = seconds;
+    }
     const double tokens_per_s =
         static_cast<double>((step - summary.start_step) * tc.batch_size * tc.seq_len) / seconds;
     io::MetricsSink::Scalars scalars = {
@@ -462,6 +471,13 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
                       tc.max_seconds, step));
       break;
     }
+  }
+  if (tc.profile && rank0) {
+    phase_timer::set_enabled(false);
+    const int64_t profiled = step - summary.start_step - 1;
+    write_text_atomic(tc.out_dir + "/profile.json",
+                      profile_report_json(profiled, elapsed() - profile_start));
+    progress.message(profile_report_line(profiled, elapsed() - profile_start));
   }
   if (last_saved != step) save(step);
   summary.steps = step;

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `make bench` (bench/throughput.py): the model of a moecore config trained
+with transformers' OlmoeForCausalLM and torch.optim.AdamW on the CPU, eager or torch.compile,
+with the same threads, batch, data and precision. Prints one JSON line: steady tokens/s over
+steps warmup+1..steps (the same definition as moecore's metrics.jsonl), per-step seconds, and for
+torch.compile the time of the first (compiling) step.
+
+The config maps to OlmoeConfig through tests/reference/moecore_harness.py's hf_config_dict (the
+mapping the parity tests check); attention is transformers' default ("sdpa", PyTorch's fused
+scaled_dot_product_attention) unless --attn eager. The loss is transformers' own: shifted
+cross-entropy plus router_aux_loss_coef x the load-balancing loss (output_router_logits=True),
+which is the loss moecore computes with lb_loss_style = "hf" and no z-loss. AdamW: decay on
+matrices only (norms and embeddings excluded, as moecore), gradient clipping with
+clip_grad_norm_, the learning rate set per step (warm-up then cosine). bf16: torch.autocast on
+the CPU with fp32 master weights.
+
+Usage: bench/peer_torch.py --config bench/configs/bench.toml [--set model.num_experts=16]
+       [--mode eager|compile] [--precision fp32|bf16] [--threads 2] [--steps 10] [--warmup 2]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "reference"))
+
+
+def load_config(path: str, overrides: list[str]) -> dict:
+    cfg = tomllib.loads(Path(path).read_text())
+    for o in overrides:
+        key, value = o.split("=", 1)
+        table, name = key.split(".", 1)
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value  # a bare string, as moecore's --set accepts
+        cfg.setdefault(table, {})[name] = parsed
+    return cfg
+
+
+def token_batches(paths: list[str], batch: int, seq: int):
+    import numpy as np
+    files = []
+    for p in paths:
+        p = str(REPO / p) if not os.path.isabs(p) else p
+        files += sorted(glob.glob(os.path.join(p, "*.npy"))) if os.path.isdir(p) else [p]
+    tokens = np.concatenate([np.load(f, mmap_mode="r").astype(np.int64) for f in files])
+    per = seq + 1
+    i = 0
+    while True:
+        rows = []
+        for _ in range(batch):
+            if (i + 1) * per > len(tokens):
+                i = 0
+            rows.append(tokens[i * per:(i + 1) * per])
+            i += 1
+        yield np.stack(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+
+    import torch
+    import transformers
+    import moecore_harness as H
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config(args.config, args.overrides)
+    model_cfg, optim, train = cfg["model"], cfg.get("optim", {}), cfg["train"]
+    if model_cfg.get("routing", "learned") != "learned":
+        raise SystemExit(f"peer: transformers has no routing = {model_cfg['routing']!r}")
+    hf = H.hf_config_dict({k: v for k, v in model_cfg.items() if k != "routing"}, "olmoe")
+    kw = {k: v for k, v in hf.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    kw["max_position_embeddings"] = train["seq_len"]
+    config = transformers.OlmoeConfig(**kw, attn_implementation=args.attn)
+    torch.manual_seed(int(train.get("seed", 0)))
+    model = transformers.OlmoeForCausalLM(config).float()
+    model.train()
+
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "embed_tokens" not in name else no_decay).append(p)
+    lr = float(optim.get("lr", 1e-3))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": float(optim.get("weight_decay", 0.1))},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.95))),
+        eps=float(optim.get("eps", 1e-8)))
+    warmup_steps = int(optim.get("warmup_steps", 0))
+    min_ratio = float(optim.get("min_lr_ratio", 0.1))
+    max_grad_norm = float(optim.get("max_grad_norm", 1.0))
+
+    def lr_at(step: int) -> float:
+        if step < warmup_steps:
+            return lr * (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(1, args.steps - warmup_steps)
+        return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+    forward = torch.compile(model) if args.mode == "compile" else model
+    batch, seq = int(train["batch_size"]), int(train["seq_len"])
+    data = token_batches(cfg["data"]["train"], batch, seq)
+    step_s = []
+    losses = []
+    for step in range(args.steps):
+        chunk = torch.from_numpy(next(data))
+        start = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            ids = chunk[:, :-1].contiguous()  # transformers shifts the labels itself
+            out = forward(input_ids=ids, labels=ids,
+                          output_router_logits=True, use_cache=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step_s.append(time.perf_counter() - start)
+        losses.append(float(out.loss.detach()))
+    timed = step_s[args.warmup:]
+    print(json.dumps({
+        "mode": args.mode, "precision": args.precision, "attn": args.attn, "threads": args.threads,
+        "tokens_per_s": len(timed) * batch * seq / sum(timed), "step_s": step_s,
+        "first_step_s": step_s[0], "losses": losses, "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "parameters": sum(p.numel() for p in model.parameters())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+#include "cli/bench_commands.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/check.h"
+#include "kernels/gemm.h"
+#include "model/flop_count.h"
+#include "model/params.h"
+#include "train/run_config.h"
+
+namespace moecore::cli {
+
+void run_bench_gemm(const BenchGemmArgs& args) {
+  MOE_CHECK(args.m > 0 && args.n > 0 && args.k > 0,
+            "[bench] gemm sizes must be positive (m={} n={} k={})", args.m, args.n, args.k);
+  MOE_CHECK(args.repeats > 0, "[bench] --repeats={} must be positive", args.repeats);
+  MOE_CHECK(args.min_seconds > 0.0, "[bench] --min-seconds={} must be positive", args.min_seconds);
+  MOE_CHECK(args.threads >= 0, "[bench] --threads={} must be >= 0", args.threads);
+  MOE_CHECK(args.precision == "fp32" || args.precision == "bf16",
+            "[bench] --precision={} (expected fp32 or bf16)", args.precision);
+  // kernels::gemm as the model calls it: in bf16, the operands are rounded to bf16 inside each
+  // call (oneDNN's native bf16 matmul where the CPU has it, else the emulated path).
+  const kernels::MatmulPrecisionScope precision(
+      args.precision == "bf16" ? kernels::MatmulPrecision::kBf16 : kernels::MatmulPrecision::kFp32);
+  if (args.threads > 0) omp_set_num_threads(static_cast<int>(args.threads));
+
+  const auto size = [](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols); };
+  std::vector<float> a(size(args.m, args.k)), b(size(args.k, args.n)), c(size(args.m, args.n));
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : a) v = uniform(rng);
+  for (float& v : b) v = uniform(rng);
+  const auto call = [&] {
+    kernels::gemm(false, false, args.m, args.n, args.k, 1.0f, a.data(), args.k, b.data(), args.n,
+                  0.0f, c.data(), args.n);
+  };
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  // Warm-up (oneDNN's kernel generation, first touch), then calls per repeat from its timing.
+  call();
+  const Clock::time_point probe = Clock::now();
+  call();
+  const double one_call = std::max(seconds_since(probe), 1e-7);
+  const int64_t calls = std::max<int64_t>(1, static_cast<int64_t>(args.min_seconds / one_call));
+
+  const double flops = 2.0 * static_cast<double>(args.m) * static_cast<double>(args.n) *
+                       static_cast<double>(args.k) * static_cast<double>(calls);
+  std::vector<double> rates;
+  for (int64_t r = 0; r < args.repeats; ++r) {
+    const Clock::time_point start = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) call();
+    rates.push_back(flops / seconds_since(start));
+  }
+  std::vector<double> sorted = rates;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t mid = sorted.size() / 2;
+  const double median =
+      sorted.size() % 2 == 1 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
+  const bool emulated =
+      args.precision == "bf16" && kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kEmulated;
+  const nlohmann::json out = {{"precision", args.precision},
+                              {"emulated", emulated},
+                              {"m", args.m},
+                              {"n", args.n},
+                              {"k", args.k},
+                              {"threads", omp_get_max_threads()},
+                              {"calls_per_repeat", calls},
+                              {"flops_per_s", rates},
+                              {"flops_per_s_median", median},
+                              {"flops_per_s_min", sorted.front()},
+                              {"flops_per_s_max", sorted.back()}};
+  fmt::print("{}\n", out.dump());
+}
+
+void run_bench_flops(const std::string& config_path, const std::vector<std::string>& overrides) {
+  const RunConfig config = load_run_config(config_path, overrides);
+  const ModelConfig& mc = config.model;
+  const FlopsPerToken f = flops_per_token(mc, config.train.seq_len);
+  const ParamLayout layout = ParamLayout::build(mc);
+  const double dense = static_cast<double>(layout.numel(ParamGroup::kDense));
+  const double expert = static_cast<double>(layout.numel(ParamGroup::kExpert));
+  const nlohmann::json out = {
+      {"seq_len", config.train.seq_len},
+      {"flops_per_token",
+       {{"attention_projections", f.attention_projections},
+        {"attention_scores", f.attention_scores},
+        {"router", f.router},
+        {"experts", f.experts},
+        {"shared_expert", f.shared_expert},
+        {"dense_mlp", f.dense_mlp},
+        {"lm_head", f.lm_head},
+        {"total", f.total()}}},
+      {"parameters",
+       {{"total", dense + expert},
+        {"dense", dense},
+        {"expert", expert},
+        // Touched by one token: the dense weights and k of the E experts of each MoE layer.
+        {"active", dense + expert * static_cast<double>(mc.num_experts_per_tok) /
+                               static_cast<double>(mc.num_experts)}}}};
+  fmt::print("{}\n", out.dump());
+}
+
+}  // namespace moecore::cli

@@ -1,0 +1,29 @@
+// Measurement subcommands for `make bench` (bench/*.py): the GEMM peak that MFU is measured
+// against, and the model FLOPs per token of a config. Both print one JSON object on stdout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moecore::cli {
+
+struct BenchGemmArgs {
+  int64_t m = 2048, n = 2048, k = 2048;
+  std::string precision = "fp32";  // fp32 | bf16
+  int64_t repeats = 5;             // timed repeats (each at least min_seconds of GEMM calls)
+  double min_seconds = 0.2;
+  int64_t threads = 0;  // 0: OpenMP's default (every core)
+};
+
+// Times kernels::gemm (C = A B, row-major, random inputs) in the given matmul precision (bf16:
+// operands rounded to bf16, fp32 accumulation; "emulated": true where the CPU lacks native bf16)
+// and prints the achieved FLOP/s per
+// repeat, their median, minimum and maximum (2 m n k FLOPs per call).
+void run_bench_gemm(const BenchGemmArgs& args);
+
+// FLOPs per trained token of a run config's model at train.seq_len (model/flop_count.h) and its
+// parameter counts.
+void run_bench_flops(const std::string& config_path, const std::vector<std::string>& overrides);
+
+}  // namespace moecore::cli
