@@ -327,9 +327,11 @@ def test_a_killed_rank_ends_the_job(moecore_bin, job_data, tmp_path):
         deadline = time.monotonic() + 60
         ranks = []
         while time.monotonic() < deadline and len(ranks) < 2:
-            out = subprocess.run(["pgrep", "-f", f"{moecore_bin} train {cfg}"],
+            # The ranks are mpirun's children running the binary (nothing else may be picked:
+            # killing another process would leave the job running).
+            out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", f"{moecore_bin} train"],
                                  capture_output=True, text=True).stdout.split()
-            ranks = [int(p) for p in out if int(p) != proc.pid]
+            ranks = [int(p) for p in out]
             time.sleep(0.2)
         assert len(ranks) >= 2, "ranks did not start"
         time.sleep(1.0)
