@@ -457,7 +457,11 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
                     fmt::format("lb {:.3f}  imb {:.2f}  gnorm {:.2f}  lr {:.1e}", loss.lb,
                                 moe.mean_load_imbalance, norm, lr));
 
-    const bool out_of_time = tc.max_seconds > 0.0 && seconds >= tc.max_seconds;
+    // Every rank must stop at the same step (the others would wait in the next collective): the
+    // ranks' clocks differ a little, so the first to run out of time stops them all.
+    double time_up = tc.max_seconds > 0.0 && seconds >= tc.max_seconds ? 1.0 : 0.0;
+    if (tc.max_seconds > 0.0) world.allreduce_max(&time_up, 1);
+    const bool out_of_time = time_up > 0.0;
     if (tc.eval_every > 0 && step % tc.eval_every == 0 && step < tc.max_steps && !out_of_time)
       run_eval(step);
     if (tc.save_every > 0 && step % tc.save_every == 0) {

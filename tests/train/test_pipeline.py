@@ -11,7 +11,7 @@ per tensor (see test_parallel.py for why Adam makes weights more sensitive than 
 """
 from __future__ import annotations
 
-import json
+import re
 
 import numpy as np
 import pytest
@@ -187,3 +187,14 @@ def final_weights_names(moecore_bin, job_data, tmp_path) -> set:
     cfg = pp_config(tmp_path, job_data, "names", max_steps=1, eval_every=0)
     assert train(moecore_bin, cfg).returncode == 0
     return set(final_weights(tmp_path / "names"))
+
+
+def test_time_limit_stops_every_stage_at_the_same_step(moecore_bin, job_data, tmp_path):
+    """train.max_seconds: the stages' clocks differ, yet all must stop after the same step (a stage
+    that went on alone would wait forever for its neighbour), save, and exit 0."""
+    cfg = pp_config(tmp_path, job_data, "timed", max_steps=100000, max_seconds=2.0, eval_every=0)
+    r = mpirun(moecore_bin, 2, cfg, "parallel.pp=2", timeout=120)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert re.search(r"train.max_seconds=2(\.0)? reached at step", r.stdout), r.stdout[-1500:]
+    last = max(train_rows(tmp_path / "timed"))
+    assert checkpoints(tmp_path / "timed")[-1].name == f"step_{last:08d}"
