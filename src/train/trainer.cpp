@@ -172,14 +172,17 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     exchange = &*rowwise_exchange;
   else if (ep > 1)
     exchange = &sync_exchange;
+  // Batch statistics of the global batch: summed over this stage's data-parallel ranks.
+  const Transformer::BatchSum dp_batch_sum =
+      dp > 1 ? Transformer::BatchSum(
+                   [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); })
+             : Transformer::BatchSum();
   std::vector<std::unique_ptr<Transformer>> chunks;
   std::vector<Transformer*> chunk_ptrs;
   for (const LayerRange& range : my_chunks) {
     chunks.push_back(std::make_unique<Transformer>(mc, layout, exchange, range));
     chunk_ptrs.push_back(chunks.back().get());
-    if (dp > 1)
-      chunks.back()->set_batch_sum(
-          [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
+    chunks.back()->set_batch_sum(dp_batch_sum);
   }
   PipelineRunner pipeline(mesh, chunk_ptrs, pc.schedule, tc.microbatches);
   // The whole model: a resumed checkpoint is read into it, and the final sample runs on it.
@@ -318,10 +321,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       mesh.pp.broadcast(result, sizeof(result), static_cast<int>(pp - 1));
       r = {result[0], result[1], static_cast<int64_t>(result[2]), static_cast<int64_t>(result[3])};
     }
-    if (dp > 1)
-      for (Transformer* chunk : chunk_ptrs)
-        chunk->set_batch_sum(
-            [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); });
+    for (Transformer* chunk : chunk_ptrs) chunk->set_batch_sum(dp_batch_sum);
     if (!rank0) return r.loss;
     metrics->log(at_step, {{"val/loss", r.loss}, {"val/ppl", r.perplexity}});
     progress.message(fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)",
