@@ -25,6 +25,7 @@ from scaling import MPI_ENV, steady_tokens_per_s
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "bench" / "configs" / "bench.toml"
 PEAK_RE = re.compile(r"peak RSS ([0-9.]+) MiB per rank")
+STAGE_PEAK_RE = re.compile(r"per stage \[([0-9., ]+)\] MiB")
 # The GEMM shapes the peak is the best of: square, and the experts' own shapes at this config
 # (rows of one expert at 8 experts top-4 of a 2048-token batch, K = d, N = 2H).
 PEAK_SHAPES = ((2048, 2048, 2048), (1024, 512, 256), (1024, 256, 256))
@@ -57,7 +58,8 @@ def first_error(text: str) -> str:
 def run_train(binary: Path, sets: list[str], work: Path, name: str, *, ranks: int = 1,
               warmup: int = 2, timeout: float = 600.0, config: Path = CONFIG) -> dict:
     """One `moecore train` run (under mpirun when ranks > 1); steady tokens/s, the profile,
-    peak RSS and the rowwise drop rate."""
+    peak RSS (also per pipeline stage), the rowwise drop rate and, with pipeline parallelism, the
+    median measured bubble over the steps after `warmup`."""
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(binary), "train", str(config)]
@@ -85,10 +87,16 @@ def run_train(binary: Path, sets: list[str], work: Path, name: str, *, ranks: in
     metrics = out / "metrics.jsonl"
     rows = [json.loads(l) for l in metrics.read_text().splitlines()]
     peak = PEAK_RE.search(r.stdout)
+    stage_peaks = STAGE_PEAK_RE.search(r.stdout)
+    bubbles = [row["pipeline/bubble"] for row in rows
+               if "pipeline/bubble" in row and row["step"] > warmup]
     profile = json.loads((out / "profile.json").read_text()) if (out / "profile.json").exists() else None
     result = {"status": "ok", "tokens_per_s": steady_tokens_per_s(metrics, warmup, tokens_per_step),
               "peak_rss_mib": float(peak.group(1)) if peak else None, "wall_s": wall,
               "drop_rate": max((row.get("moe/drop_rate", 0.0) for row in rows), default=0.0),
+              "stage_peak_rss_mib": ([float(x) for x in stage_peaks.group(1).split(",")]
+                                     if stage_peaks else [float(peak.group(1))] if peak else []),
+              "bubble": statistics.median(bubbles) if bubbles else 0.0,
               "profile": profile}
     shutil.rmtree(out, ignore_errors=True)  # checkpoints of a benchmark are not kept
     return result
