@@ -318,9 +318,13 @@ def test_error_on_one_rank_ends_the_job(moecore_bin, job_data, tmp_path):
 
 def test_a_killed_rank_ends_the_job(moecore_bin, job_data, tmp_path):
     cfg = dp_config(tmp_path, job_data, "killed", max_steps=100000, save_every=0)
+    # The job's output goes to a file, not a pipe: nothing reads a pipe while the job runs, and
+    # once the pipe's 64 KiB are full mpirun blocks in write() and never sees the rank die (seen
+    # in CI when the kill came late: mpirun stuck in anon_pipe_write).
+    log_path = tmp_path / "killed.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(["mpirun", "-np", "2", str(moecore_bin), "train", str(cfg)],
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             env=MPI_ENV)
     try:
         # Wait for training to run, then SIGKILL one rank (a child of mpirun).
@@ -340,7 +344,11 @@ def test_a_killed_rank_ends_the_job(moecore_bin, job_data, tmp_path):
         rc = proc.wait(timeout=60)
         assert rc != 0
         assert time.monotonic() - start < 30
+        # The message names the rank that died and how.
+        output = log_path.read_text()
+        assert re.search(r"process rank \d+ .* exited on signal 9", output), output[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        log.close()
