@@ -210,15 +210,24 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
       fs::rename(stale_dir, final_dir, ec);
     throw;
   }
-  // Pruning: each old checkpoint is first renamed to a temporary name (atomic, then fsynced), so a
-  // crash part-way through its deletion never leaves an incomplete step_* directory behind;
+  prune_checkpoints(run_dir, final_dir, keep_last);
+  return final_dir;
+}
+
+void prune_checkpoints(const std::string& run_dir, const std::string& newest, int64_t keep_last) {
+  if (keep_last <= 0) return;
+  // Each old checkpoint is first renamed to a temporary name (atomic, then fsynced), so a crash
+  // part-way through its deletion never leaves an incomplete step_* directory behind;
   // remove_interrupted_saves() finishes the job at the next start.
-  // Only checkpoints older than the new one count: newer ones (left by a run that resumed from an
+  // Only checkpoints older than `newest` count: newer ones (left by a run that resumed from an
   // older checkpoint) are kept until this run reaches and replaces them.
+  const std::string parent = checkpoints_dir(run_dir);
+  const std::string name = fs::path(newest).filename().string();
   std::vector<std::string> older;
   for (const std::string& dir : list_checkpoints(run_dir))
     if (fs::path(dir).filename().string() < name) older.push_back(dir);
-  for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < older.size() + 1; ++i) {
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < older.size() + 1; ++i) {
     const std::string doomed =
         parent + "/" + kTempPrefix + "pruned-" + fs::path(older[i]).filename().string();
     fs::rename(older[i], doomed, ec);
@@ -226,7 +235,6 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
     fsync_directory(parent);
     fs::remove_all(doomed, ec);
   }
-  return final_dir;
 }
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c,

@@ -62,6 +62,11 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
                               const std::string& staging_dir, const CheckpointContents& contents,
                               int64_t parts, int64_t keep_last);
 
+// Removes the oldest checkpoints so that `newest` (a checkpoint directory) and at most
+// keep_last - 1 older ones remain (keep_last 0: all); newer ones are left alone. Run after every
+// save, and when a run resumes (a save whose process died before it pruned).
+void prune_checkpoints(const std::string& run_dir, const std::string& newest, int64_t keep_last);
+
 // Complete checkpoints of a run, oldest first (temporary directories of interrupted saves are
 // ignored).
 std::vector<std::string> list_checkpoints(const std::string& run_dir);

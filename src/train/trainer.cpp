@@ -158,6 +158,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       "[train] none of the {} checkpoints in {} can be resumed (newest: {}); refusing to start "
       "over on top of them",
       existing.size(), tc.out_dir, damaged.empty() ? existing.back() : damaged.front());
+  // A run killed between committing a checkpoint and pruning the old ones left one too many.
+  if (checkpoint && rank0) prune_checkpoints(tc.out_dir, *checkpoint, tc.keep_last);
+  if (checkpoint) world.barrier();  // no rank looks at the run directory while rank 0 prunes
 
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout

@@ -177,6 +177,20 @@ TEST_F(CheckpointTest, KeepLastKeepsNewest) {
             (std::vector<std::string>{"step_00000011", "step_00000012"}));
 }
 
+// A process killed after committing a checkpoint but before pruning leaves one too many; the
+// resumed run prunes relative to the checkpoint it resumes from, never touching newer ones.
+TEST_F(CheckpointTest, PruneRelativeToResumedCheckpoint) {
+  for (int64_t step : {2, 4, 6, 8}) save(step, 0);
+  prune_checkpoints(run_dir_.string(), (run_dir_ / "checkpoints/step_00000006").string(), 2);
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000004", "step_00000006", "step_00000008"}));
+  prune_checkpoints(run_dir_.string(), (run_dir_ / "checkpoints/step_00000008").string(), 0);
+  EXPECT_EQ(list_checkpoints(run_dir_.string()).size(), 3u);  // keep_last 0: keep all
+  prune_checkpoints(run_dir_.string(), (run_dir_ / "checkpoints/step_00000008").string(), 1);
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000008"}));
+}
+
 TEST_F(CheckpointTest, SavingSameStepTwiceReplacesIt) {
   save(4);
   params_.dense[0] = 123.0f;
