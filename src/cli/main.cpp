@@ -10,6 +10,7 @@
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
 #include "cli/job_commands.h"
+#include "core/allocator_tuning.h"
 #include "core/check.h"
 #include "dist/communicator.h"
 #include "train/run_config.h"
@@ -30,6 +31,7 @@ int fail_job(const std::string& message) {
 }
 
 int main(int argc, char** argv) {
+  moecore::tune_allocator_for_training();
   moecore::dist::init_mpi(&argc, &argv);
   CLI::App app{"moecore: train Mixture-of-Experts language models"};
   app.require_subcommand(1);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/simd.h"
 #include "kernels/gemm.h"
 
 namespace moecore {
@@ -25,28 +26,37 @@ void check_shape(const char* op, const AttentionShape& s) {
             s.n_kv_heads, s.n_heads);
 }
 
+// Softmax of one row's first n scores, in place, with max-subtraction as torch does so exp never
+// overflows; statistics stay in float (fp32 softmax as in HF eager attention). Max and sum reduce
+// in kSumLanes lanes.
+MOECORE_SIMD_CLONES void softmax_prefix(float* row, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  float max_lanes[kSumLanes], sum_acc[kSumLanes];
+  std::fill(max_lanes, max_lanes + kSumLanes, lowest);
+  std::fill(sum_acc, sum_acc + kSumLanes, 0.0f);
+  const int64_t full = n - n % kSumLanes;
+  for (int64_t j = 0; j < full; j += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) max_lanes[l] = std::max(max_lanes[l], row[j + l]);
+  for (int64_t j = full; j < n; ++j) max_lanes[j - full] = std::max(max_lanes[j - full], row[j]);
+  float max_val = lowest;
+  for (const float m : max_lanes) max_val = std::max(max_val, m);
+  for (int64_t j = 0; j < n; ++j) row[j] = exp_vectorizable(row[j] - max_val);
+  for (int64_t j = 0; j < full; j += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) sum_acc[l] += row[j + l];
+  for (int64_t j = full; j < n; ++j) sum_acc[j - full] += row[j];
+  // sum >= 1 (the max term contributes exp(0)), so the reciprocal is safe.
+  const float inv_sum = 1.0f / sum_lanes(sum_acc);
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
+}
+
 // In-place causal softmax of rows [r0, r1) of a T x T score matrix whose columns [0, r1) hold
 // valid scores. Row i keeps columns [0, i]; columns (i, T) are written as 0 so the saved probs are
 // exact zeros above the diagonal (the PV GEMM and the backward rely on that).
 void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
     float* row = p + i * seq;
-    const int64_t n = i + 1;
-    // Max-subtraction as torch does, so exp never overflows; statistics stay in float (fp32
-    // softmax as in HF eager attention).
-    float max_val = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) max_val = std::max(max_val, row[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float e = std::exp(row[j] - max_val);
-      row[j] = e;
-      sum += e;
-    }
-    // sum >= 1 (the max term contributes exp(0)), so the reciprocal is safe.
-    const float inv_sum = 1.0f / sum;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
-    std::fill(row + n, row + seq, 0.0f);
+    softmax_prefix(row, i + 1);
+    std::fill(row + i + 1, row + seq, 0.0f);
   }
 }
 

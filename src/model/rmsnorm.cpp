@@ -5,20 +5,50 @@
 #include <cmath>
 #include <vector>
 
+#include "core/simd.h"
+
 namespace moecore {
+
+namespace {
+
+// Sum of squares of one row in kSumLanes lanes (a fixed order), then y = w * (x * rstd).
+MOECORE_SIMD_CLONES float rmsnorm_forward_row(const float* x, const float* w, float* y, int64_t dim,
+                                              float eps) {
+  float acc[kSumLanes] = {};
+  const int64_t full = dim - dim % kSumLanes;
+  for (int64_t j = 0; j < full; j += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) acc[l] += x[j + l] * x[j + l];
+  for (int64_t j = full; j < dim; ++j) acc[j - full] += x[j] * x[j];
+  const float s = 1.0f / std::sqrt(sum_lanes(acc) / static_cast<float>(dim) + eps);
+  for (int64_t j = 0; j < dim; ++j) y[j] = w[j] * (x[j] * s);
+  return s;
+}
+
+// One row's dx (overwritten or accumulated) and its contribution to dw.
+MOECORE_SIMD_CLONES void rmsnorm_backward_row(const float* dy, const float* x, const float* w,
+                                              float s, float* dx, float* dw, int64_t dim,
+                                              bool accumulate_dx) {
+  float acc[kSumLanes] = {};
+  const int64_t full = dim - dim % kSumLanes;
+  for (int64_t j = 0; j < full; j += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) acc[l] += dy[j + l] * w[j + l] * (x[j + l] * s);
+  for (int64_t j = full; j < dim; ++j) acc[j - full] += dy[j] * w[j] * (x[j] * s);
+  for (int64_t j = 0; j < dim; ++j) dw[j] += dy[j] * (x[j] * s);
+  const float mean_dot = sum_lanes(acc) / static_cast<float>(dim);
+  if (accumulate_dx) {
+    for (int64_t j = 0; j < dim; ++j) dx[j] += s * (dy[j] * w[j] - x[j] * s * mean_dot);
+  } else {
+    for (int64_t j = 0; j < dim; ++j) dx[j] = s * (dy[j] * w[j] - x[j] * s * mean_dot);
+  }
+}
+
+}  // namespace
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows,
                      int64_t dim, float eps) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    float sum_sq = 0.0f;
-    for (int64_t j = 0; j < dim; ++j) sum_sq += xr[j] * xr[j];
-    const float s = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps);
-    rstd[r] = s;
-    for (int64_t j = 0; j < dim; ++j) yr[j] = w[j] * (xr[j] * s);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    rstd[r] = rmsnorm_forward_row(x + r * dim, w, y + r * dim, dim, eps);
 }
 
 // With xhat = x * rstd: dx = rstd * (dy*w - xhat * mean(dy*w*xhat)), dw = sum_rows dy * xhat.
@@ -31,23 +61,9 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
   {
     float* my_dw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * dim;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * dim;
-      const float* dyr = dy + r * dim;
-      float* dxr = dx + r * dim;
-      const float s = rstd[r];
-      float dot = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float xhat = xr[j] * s;
-        dot += dyr[j] * w[j] * xhat;
-        my_dw[j] += dyr[j] * xhat;
-      }
-      const float mean_dot = dot / static_cast<float>(dim);
-      for (int64_t j = 0; j < dim; ++j) {
-        const float g = s * (dyr[j] * w[j] - xr[j] * s * mean_dot);
-        dxr[j] = accumulate_dx ? dxr[j] + g : g;
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      rmsnorm_backward_row(dy + r * dim, x + r * dim, w, rstd[r], dx + r * dim, my_dw, dim,
+                           accumulate_dx);
   }
   for (int t = 0; t < threads; ++t)
     for (int64_t j = 0; j < dim; ++j) dw[j] += partial[static_cast<size_t>(t) * dim + j];

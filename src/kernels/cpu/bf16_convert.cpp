@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include "core/bf16.h"
+#include "core/simd.h"
 
 namespace moecore::kernels::cpu {
 
@@ -15,15 +16,12 @@ bool run_parallel(int64_t rows, int64_t cols) {
   return rows > 1 && rows * cols >= kParallelElements && omp_in_parallel() == 0;
 }
 
-// The row loops are compiled for AVX-512 and AVX2 as well as the baseline (the build does not use
-// -march=native); the loader picks the best clone for the CPU, and every clone rounds identically.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"))) void row_to_bf16(
-    const float* src, uint16_t* dst, int64_t n) {
+// The row loops are cloned for AVX-512 and AVX2 (core/simd.h); every clone rounds identically.
+MOECORE_SIMD_CLONES void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = float_to_bf16(src[j]);
 }
 
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"))) void row_round(
-    const float* src, float* dst, int64_t n) {
+MOECORE_SIMD_CLONES void row_round(const float* src, float* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = moecore::round_to_bf16(src[j]);
 }
 

@@ -1,0 +1,68 @@
+// Vectorisable elementwise code for the hot loops that are not GEMMs.
+//
+// The build targets the x86-64 baseline (SSE2) so that one binary runs on any x86-64 CPU. Loops
+// marked MOECORE_SIMD_CLONES are compiled three times, for AVX-512 (x86-64-v4), AVX2 (x86-64-v3)
+// and the baseline, and the dynamic loader picks the best clone for the CPU it runs on (GCC
+// function multiversioning). Floating-point contraction is off (ISO C++ mode) and no loop here
+// reassociates a sum, so every clone gives bit-identical results. OpenMP outlines the body of a
+// parallel loop into a function of its own, which does not inherit the clones: the cloned
+// functions are the per-row / per-chunk bodies, called from the parallel loops.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MOECORE_SIMD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MOECORE_SIMD_CLONES
+#endif
+
+namespace moecore {
+
+// Partial sums are kept in this many lanes (one AVX-512 register of floats) and added in lane
+// order at the end: a fixed summation order the compiler can vectorise without -ffast-math.
+inline constexpr int64_t kSumLanes = 16;
+
+inline float sum_lanes(const float (&lanes)[kSumLanes]) {
+  float total = 0.0f;
+  for (const float lane : lanes) total += lane;
+  return total;
+}
+
+// e^x in float, written so that loops over it vectorise (std::exp is a libm call that GCC
+// vectorises only under -ffast-math). Cody-Waite reduction x = k ln2 + r with |r| <= ln2/2 and
+// Cephes' degree-6 minimax polynomial for e^r; within 2 ulp of the correctly rounded result over
+// the whole float range (tests/cpp/test_simd.cpp sweeps it). Results below the smallest normal
+// float (x < -87.336) are 0 rather than subnormal, +inf above the largest float, NaN stays NaN.
+inline float exp_vectorizable(float x) {
+  constexpr float kMinArg = -87.33654f;  // ln(FLT_MIN)
+  constexpr float kMaxArg = 88.72283f;   // ln(FLT_MAX)
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  constexpr float kRoundShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float clamped = std::min(std::max(x, kMinArg), kMaxArg);
+  const float kf = (clamped * kLog2e + kRoundShift) - kRoundShift;
+  const float r = (clamped - kf * kLn2Hi) - kf * kLn2Lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * (r * r) + r + 1.0f;
+  // 2^k as two normal powers of two (k is in [-126, 128]; 2^128 itself is not a float).
+  const int32_t k = static_cast<int32_t>(kf);
+  const int32_t k_half = k >> 1;
+  const float scale_a = std::bit_cast<float>((k_half + 127) << 23);
+  const float scale_b = std::bit_cast<float>((k - k_half + 127) << 23);
+  float result = er * scale_a * scale_b;
+  result = x < kMinArg ? 0.0f : result;
+  result = x > kMaxArg ? std::numeric_limits<float>::infinity() : result;
+  return x != x ? x : result;
+}
+
+}  // namespace moecore
