@@ -160,6 +160,11 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
   cache.send_pos.resize(at(routes));
   for (int64_t r = 0; r < routes; ++r)
     cache.send_pos[at(r)] = static_cast<int32_t>(cursor[at(cache.router.topk_index[at(r)])]++);
+  if (ranks == 1) {
+    timer.stop();  // it times its own phases
+    experts_forward_single_rank(w, x, tokens, cursor, cache);
+    return;
+  }
   std::vector<float> x_send(at(routes * d));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < routes; ++r)
@@ -207,6 +212,35 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
     std::copy_n(cache.y_perm.data() + cache.recv_to_expert[at(i)] * d, d, y_recv.data() + i * d);
   cache.y_back.resize(at(routes * d));
   exchange_->exchange_rows(y_recv.data(), cache.recv_rows, cache.y_back.data(), cache.send_rows, d);
+}
+
+// One rank holds every expert: the send order (by expert, then token) is already the experts'
+// expert-major input order, so the token rows are gathered straight into x_perm and the outputs
+// are read in place; nothing is exchanged or permuted again.
+void MoeBlock::experts_forward_single_rank(const MoeWeights& w, const float* x, int64_t tokens,
+                                           const std::vector<int64_t>& expert_ends,
+                                           MoeCache& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t routes = tokens * k, e_count = c.num_experts;
+  ScopedPhase timer(Phase::kDispatchForward);
+  cache.send_rows.assign(1, routes);
+  cache.recv_counts.assign(cache.router.expert_counts.begin(), cache.router.expert_counts.end());
+  cache.recv_rows.assign(1, routes);
+  cache.recv_to_expert.clear();  // the identity
+  cache.expert_offsets.assign(at(e_count + 1), 0);
+  // After the send_pos pass, expert_ends[e] is where expert e's rows end: its next expert's start.
+  for (int64_t e = 0; e < e_count; ++e) cache.expert_offsets[at(e + 1)] = expert_ends[at(e)];
+  cache.x_perm.resize(at(routes * d));
+  cache.gu_perm.resize(at(routes * 2 * h));
+  cache.act_perm.resize(at(routes * h));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < routes; ++r)
+    std::copy_n(x + (r / k) * d, d, cache.x_perm.data() + cache.send_pos[at(r)] * d);
+  timer.switch_to(Phase::kExpertsForward);
+  cache.y_back.resize(at(routes * d));
+  grouped_experts_forward(config_, e_count, w, cache, cache.y_back.data());
+  cache.y_perm.clear();
 }
 
 void MoeBlock::experts_forward_rowwise(const MoeWeights& w, const float* x, int64_t tokens,
@@ -314,6 +348,13 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
   const int64_t received = cache.expert_offsets[at(local)];
+  if (exchange_->ranks() == 1) {
+    // Send order is expert order (experts_forward_single_rank): the experts' backward reads the
+    // output gradients and writes the input gradients in place.
+    ScopedPhase timer(Phase::kExpertsBackward);
+    grouped_experts_backward(config_, local, w, dw, cache, dy_send.data(), dx_send.data());
+    return;
+  }
   // Output gradients travel to the experts along the forward path, expert-major there.
   ScopedPhase timer(Phase::kDispatchBackward);
   std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));

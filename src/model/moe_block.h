@@ -86,6 +86,9 @@ class MoeBlock {
                             MoeCache& cache) const;
   void experts_forward_rowwise(const MoeWeights& w, const float* x, int64_t tokens,
                                MoeCache& cache) const;
+  // The sync dispatch when one rank holds every expert (no exchange, no second permutation).
+  void experts_forward_single_rank(const MoeWeights& w, const float* x, int64_t tokens,
+                                   const std::vector<int64_t>& expert_ends, MoeCache& cache) const;
   void experts_backward_sync(const MoeWeights& w, const MoeWeights& dw, const MoeCache& cache,
                              const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
   void experts_backward_rowwise(const MoeWeights& w, const MoeWeights& dw, const MoeCache& cache,
