@@ -28,11 +28,27 @@ from pathlib import Path
 import common as C
 
 EXPERTS = (8, 16, 32, 64, 128)
-LAYOUTS = ((1, 1), (2, 2), (4, 4))  # (ranks, ep)
+# (ranks, ep, micro-batches per optimizer step). The last layout is the same single process with
+# gradient accumulation over 8 micro-batches of the same 8 x 256 tokens (batch 64, 16384 tokens
+# per optimizer step): the optimizer's pass over every parameter, which grows with the expert
+# count, is paid once per 8 micro-batches, as it is paid once per millions of tokens in the
+# published runs. It runs the first and last expert counts only (its steps are 8x longer).
+LAYOUTS = ((1, 1, 1), (2, 2, 1), (4, 4, 1), (1, 1, 8))
+BASE_BATCH = 8
 
 
-def layout_name(ranks: int, ep: int) -> str:
+def layout_name(ranks: int, ep: int, micro: int = 1) -> str:
+    if micro > 1:
+        return f"1 process, {micro} micro-batches per step ({micro * BASE_BATCH * 256} tokens)"
     return "1 process" if ranks == 1 else f"ep={ep} ({ranks} ranks, rowwise)"
+
+
+def layout_experts(micro: int, experts: tuple) -> tuple:
+    return experts if micro == 1 else (experts[0], experts[-1])
+
+
+def layout_steps(micro: int, steps: int, warmup: int) -> int:
+    return steps if micro == 1 else max(warmup + 3, steps // 2 + 1)
 
 
 def main() -> int:
@@ -54,30 +70,34 @@ def main() -> int:
     meta = C.machine_meta(args)
     started = time.monotonic()
     params = {e: C.model_flops(binary, [f"model.num_experts={e}"]) for e in experts}
-    runs = {(r, ep, e): [] for r, ep in LAYOUTS for e in experts}
+    runs = {(r, ep, mb, e): [] for r, ep, mb in LAYOUTS for e in layout_experts(mb, experts)}
     try:
         for rep in range(args.repeats):
-            for ranks, ep in LAYOUTS:
-                for e in experts:
+            for ranks, ep, micro in LAYOUTS:
+                for e in layout_experts(micro, experts):
                     threads = max(1, args.cores // ranks)
-                    sets = [f"train.max_steps={args.steps}", f"train.threads={threads}",
+                    sets = [f"train.max_steps={layout_steps(micro, args.steps, args.warmup)}",
+                            f"train.threads={threads}", f"train.batch_size={BASE_BATCH * micro}",
+                            f"train.microbatches={micro}",
                             f"model.num_experts={e}", "model.routing=random", f"parallel.ep={ep}",
                             "parallel.dispatch=rowwise", "parallel.zero=0"]
-                    res = C.run_train(binary, sets, work, f"es_{ranks}_{e}", ranks=ranks,
+                    res = C.run_train(binary, sets, work, f"es_{ranks}_{micro}_{e}", ranks=ranks,
                                       warmup=args.warmup, timeout=args.timeout)
-                    runs[(ranks, ep, e)].append(res)
+                    runs[(ranks, ep, micro, e)].append(res)
                     shown = (f"{res['tokens_per_s']:.0f} tok/s" if res["status"] == "ok"
                              else f"{res['status']}: {res.get('message', '')}")
-                    print(f"repeat {rep + 1}/{args.repeats} {layout_name(ranks, ep)} {e:3d} experts: "
-                          f"{shown} ({time.monotonic() - started:.0f}s)", flush=True)
+                    print(f"repeat {rep + 1}/{args.repeats} {layout_name(ranks, ep, micro)} "
+                          f"{e:3d} experts: {shown} ({time.monotonic() - started:.0f}s)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     rows, changes, model_changes = [], {}, {}
-    for ranks, ep in LAYOUTS:
-        for e in experts:
-            rs = runs[(ranks, ep, e)]
-            row = {"ranks": ranks, "ep": ep, "experts": e, "threads": max(1, args.cores // ranks),
+    for ranks, ep, micro in LAYOUTS:
+        lexperts = layout_experts(micro, experts)
+        for e in lexperts:
+            rs = runs[(ranks, ep, micro, e)]
+            row = {"ranks": ranks, "ep": ep, "microbatches": micro, "experts": e,
+                   "threads": max(1, args.cores // ranks),
                    "parameters": params[e]["parameters"],
                    "flops_per_token": params[e]["flops_per_token"]["total"], "runs": rs}
             bad = [r for r in rs if r["status"] != "ok"]
@@ -89,17 +109,17 @@ def main() -> int:
                            peak_rss_mib=C.summarise([r["peak_rss_mib"] for r in rs if r["peak_rss_mib"]] or [0.0]),
                            phases_ms=phase_medians(rs))
             rows.append(row)
-        lo, hi = runs[(ranks, ep, experts[0])], runs[(ranks, ep, experts[-1])]
+        lo, hi = runs[(ranks, ep, micro, lexperts[0])], runs[(ranks, ep, micro, lexperts[-1])]
         pairs = [(a["tokens_per_s"], b["tokens_per_s"]) for a, b in zip(lo, hi)
                  if a["status"] == "ok" and b["status"] == "ok"]
         if pairs:
-            changes[layout_name(ranks, ep)] = C.summarise([b / a - 1.0 for a, b in pairs])
+            changes[layout_name(ranks, ep, micro)] = C.summarise([b / a - 1.0 for a, b in pairs])
         # The same change for the forward and backward alone (profiled phases without the
         # optimizer, the gradient reduction and the rest of the step): time per step, inverted.
         pairs = [(model_ms(a), model_ms(b)) for a, b in zip(lo, hi)
                  if a["status"] == "ok" and b["status"] == "ok" and a.get("profile") and b.get("profile")]
         if pairs:
-            model_changes[layout_name(ranks, ep)] = C.summarise([a / b - 1.0 for a, b in pairs])
+            model_changes[layout_name(ranks, ep, micro)] = C.summarise([a / b - 1.0 for a, b in pairs])
     meta.update(total_seconds=time.monotonic() - started, repeats=args.repeats, steps=args.steps,
                 warmup=args.warmup, experts=list(experts), config=str(C.CONFIG.relative_to(C.REPO)))
     data = {"meta": meta, "results": rows, "throughput_change": changes,
@@ -146,15 +166,17 @@ def write_markdown(out: Path, data: dict) -> None:
         f"Generated by `make bench` (`bench/expert_scaling.py`{' --quick' if m['quick'] else ''}) on "
         f"{m['date']} (commit {m.get('commit', '?')}): {m['cores']} CPU cores, {m['machine']}, load average "
         f"{m['load_average_at_start']:.1f} at the start. Model: `{m['config']}` with random routing, "
-        f"top-4, experts of width 256, batch 8 x 256 tokens; {m['steps']} steps per run, throughput "
-        f"over steps {m['warmup'] + 1}..{m['steps']}; median [min, max] of {m['repeats']} repeats, "
+        f"top-4, experts of width 256, batch 8 x 256 tokens (and 64 x 256 in 8 micro-batches of 8 "
+        f"for the accumulation layout); {m['steps']} steps per run "
+        f"({layout_steps(8, m['steps'], m['warmup'])} with accumulation), throughput "
+        f"over the steps after the first {m['warmup']}; median [min, max] of {m['repeats']} repeats, "
         "each repeat running every combination once, in turn. zero = 0.",
         "",
         "| layout | experts | total params | FLOPs/token | tokens/s | spread | peak RSS MiB/rank | max drop rate | status |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
-        name = layout_name(r["ranks"], r["ep"])
+        name = layout_name(r["ranks"], r["ep"], r.get("microbatches", 1))
         p = r["parameters"]["total"] / 1e6
         if r["status"] == "ok":
             lines.append(f"| {name} | {r['experts']} | {p:.1f}M | {r['flops_per_token'] / 1e6:.2f}M | "
@@ -174,7 +196,8 @@ def write_markdown(out: Path, data: dict) -> None:
                      f"{'yes' if s['median'] >= -0.05 else 'no'} | "
                      f"{C.fmt_range(fb, 1, 100) + ' %' if fb else '-'} |")
     # Where the time goes, one process: ms per step per phase.
-    one = [r for r in data["results"] if r["ranks"] == 1 and r["status"] == "ok" and r.get("phases_ms")]
+    one = [r for r in data["results"] if r["ranks"] == 1 and r.get("microbatches", 1) == 1
+           and r["status"] == "ok" and r.get("phases_ms")]
     if one:
         names = [k for k in one[0]["phases_ms"] if k != "step"]
         lines += ["", "Time per step by phase, one process (train.profile; ms, median over the "
@@ -194,17 +217,19 @@ def plot(out: Path, data: dict) -> None:
     if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    layouts = sorted({(r["ranks"], r["ep"]) for r in data["results"]})
-    for ranks, ep in layouts:
-        rs = [r for r in data["results"] if (r["ranks"], r["ep"]) == (ranks, ep) and r["status"] == "ok"]
+    layouts = sorted({(r["ranks"], r["ep"], r.get("microbatches", 1)) for r in data["results"]})
+    for ranks, ep, micro in layouts:
+        rs = [r for r in data["results"]
+              if (r["ranks"], r["ep"], r.get("microbatches", 1)) == (ranks, ep, micro)
+              and r["status"] == "ok"]
         if not rs:
             continue
         x = [r["experts"] for r in rs]
         med = [r["tokens_per_s"]["median"] for r in rs]
         err = [[r["tokens_per_s"]["median"] - r["tokens_per_s"]["min"] for r in rs],
                [r["tokens_per_s"]["max"] - r["tokens_per_s"]["median"] for r in rs]]
-        ax1.errorbar(x, med, yerr=err, marker="o", capsize=3, label=layout_name(ranks, ep))
-    one = [r for r in data["results"] if r["ranks"] == 1]
+        ax1.errorbar(x, med, yerr=err, marker="o", capsize=3, label=layout_name(ranks, ep, micro))
+    one = [r for r in data["results"] if r["ranks"] == 1 and r.get("microbatches", 1) == 1]
     ax2.plot([r["experts"] for r in one], [r["parameters"]["total"] / 1e6 for r in one], "o-",
              label="total")
     ax2.plot([r["experts"] for r in one], [r["parameters"]["active"] / 1e6 for r in one], "s--",

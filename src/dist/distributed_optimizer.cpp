@@ -105,19 +105,14 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
   const ScopedPhase timer(Phase::kOptimizer);
   const float coef = clip_coefficient(config_.max_grad_norm, grad_norm);
   ++steps_;
+  // The clipping coefficient is applied inside the update (one pass over the gradients).
   if (!zero_) {
-    if (coef < 1.0f) {
-      for (float& g : grads.dense) g *= coef;
-      for (float& g : grads.expert) g *= coef;
-    }
-    replica_->step(params, grads, lr);
+    replica_->step(params, grads, lr, coef);
     return;
   }
   for (Shard& s : shards_) {
-    if (coef < 1.0f)
-      for (float& g : s.grad) g *= coef;
     adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
-                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr);
+                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr, coef);
     std::vector<float> send(s.shard_size, 0.0f), gathered(s.shard_size * s.comm->size());
     std::copy(params.data(s.group) + s.begin, params.data(s.group) + s.end, send.data());
     s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));

@@ -12,15 +12,16 @@ namespace {
 constexpr int64_t kAdamWChunk = 16384;
 
 struct AdamWCoefficients {
-  float decay_factor, b1, b2, bias2_sqrt, eps, step_size;
+  float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
 };
 
 MOECORE_SIMD_CLONES void adamw_chunk(const AdamWCoefficients& c, float* p, const float* g, float* m,
                                      float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * c.grad_scale;
     p[i] *= c.decay_factor;
-    m[i] = c.b1 * m[i] + (1.0f - c.b1) * g[i];
-    v[i] = c.b2 * v[i] + (1.0f - c.b2) * g[i] * g[i];
+    m[i] = c.b1 * m[i] + (1.0f - c.b1) * gi;
+    v[i] = c.b2 * v[i] + (1.0f - c.b2) * gi * gi;
     const float denom = std::sqrt(v[i]) / c.bias2_sqrt + c.eps;
     p[i] -= c.step_size * m[i] / denom;
   }
@@ -30,7 +31,7 @@ MOECORE_SIMD_CLONES void adamw_chunk(const AdamWCoefficients& c, float* p, const
 
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
-                        float* exp_avg_sq, int64_t step, double lr) {
+                        float* exp_avg_sq, int64_t step, double lr, float grad_scale) {
   const double t = static_cast<double>(step);
   const float b1 = static_cast<float>(config.beta1), b2 = static_cast<float>(config.beta2);
   const float bias1 = static_cast<float>(1.0 - std::pow(config.beta1, t));
@@ -49,7 +50,7 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
     float* m = exp_avg + (lo - begin);
     float* v = exp_avg_sq + (lo - begin);
     const int64_t count = static_cast<int64_t>(hi - lo);
-    const AdamWCoefficients coef{decay_factor, b1, b2, bias2_sqrt, eps, step_size};
+    const AdamWCoefficients coef{decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale};
     // Chunks of kAdamWChunk elements over the pool; one thread below a few chunks.
     const int64_t chunks = (count + kAdamWChunk - 1) / kAdamWChunk;
 #pragma omp parallel for schedule(static) if (chunks > 4)
@@ -63,11 +64,11 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
 AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config)
     : layout_(layout), config_(config), m_(layout), v_(layout) {}
 
-void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr) {
+void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale) {
   ++step_;
   for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert})
     adamw_update_range(layout_, config_, group, 0, layout_.numel(group), params.data(group),
-                       grads.data(group), m_.data(group), v_.data(group), step_, lr);
+                       grads.data(group), m_.data(group), v_.data(group), step_, lr, grad_scale);
 }
 
 }  // namespace moecore

@@ -16,16 +16,18 @@ namespace moecore {
 // The AdamW update of the elements [begin, end) of one parameter group (the whole group, or one
 // rank's shard under ZeRO-1). params is the group's full flat buffer; grads, exp_avg and
 // exp_avg_sq hold just the range (element `begin` is their index 0). `step` counts from 1.
+// grad_scale multiplies every gradient as it is read (the gradient-clipping coefficient, fused
+// here rather than a separate pass over the gradients; the same float product either way).
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
-                        float* exp_avg_sq, int64_t step, double lr);
+                        float* exp_avg_sq, int64_t step, double lr, float grad_scale = 1.0f);
 
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, const OptimConfig& config);
 
-  // One update of every parameter with gradient `grads` (already clipped) at learning rate lr.
-  void step(ParamBuffers& params, const ParamBuffers& grads, double lr);
+  // One update of every parameter with gradient grad_scale * `grads` at learning rate lr.
+  void step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale = 1.0f);
 
   int64_t steps_taken() const { return step_; }
   ParamBuffers& exp_avg() { return m_; }
