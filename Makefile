@@ -63,7 +63,7 @@ bench-pipeline: build $(KJV)/tokens/meta.json
 # experts, where its per-expert loop runs many small GEMMs), expert scaling
 # 8 -> 128 experts (1 process, ep 2, ep 4), and the time per phase with and without overlapped
 # gradient reduction -> bench/results/{throughput,throughput_e64,expert_scaling,breakdown}.{md,json,png}.
-# Medians of 5 side-by-side repeats, about 30-40 minutes on 2 cores; ARGS=--quick for a short run.
+# Medians of 5 side-by-side repeats, about 20 minutes on 2 cores; ARGS=--quick for a short run.
 bench: build setup-python $(KJV)/tokens/meta.json
 	$(PYTHON) bench/throughput.py $(ARGS)
 	$(PYTHON) bench/throughput.py --experts 64 --precisions fp32 --compile-precisions= $(ARGS)
