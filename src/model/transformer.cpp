@@ -305,10 +305,20 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   std::vector<float> dx(static_cast<size_t>(n * d));  // gradient of the residual stream
   if (has_head()) {
     ScopedPhase timer(Phase::kLmHeadBackward);
-    std::vector<float> dlogits(act.dlogits.size());
-    for (size_t j = 0; j < dlogits.size(); ++j) dlogits[j] = act.dlogits[j] * loss_scale;
+    // The loss gradient of the logits, scaled for gradient accumulation (loss_scale is
+    // 1 / micro-batches); without accumulation the saved one is used as it is.
+    std::vector<float> scaled_dlogits;
+    const float* dlogits = act.dlogits.data();
+    if (loss_scale != 1.0f) {
+      const int64_t count = static_cast<int64_t>(act.dlogits.size());
+      scaled_dlogits.resize(act.dlogits.size());
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < count; ++j)
+        scaled_dlogits[static_cast<size_t>(j)] = act.dlogits[static_cast<size_t>(j)] * loss_scale;
+      dlogits = scaled_dlogits.data();
+    }
     std::vector<float> dhidden(static_cast<size_t>(n * d));
-    linear_backward(dlogits.data(), act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
+    linear_backward(dlogits, act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
                     at(grads, lm_head_), n, d, v, false);
     timer.stop();
     rmsnorm_backward(dhidden.data(), act.residual.back().data(), at(params, final_norm_),
