@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "dist/communicator.h"
 #include "train/run_config.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 // A failure on one rank of a multi-rank job ends every rank (MPI_Abort): the others would
@@ -31,6 +32,8 @@ int fail_job(const std::string& message) {
 }
 
 int main(int argc, char** argv) {
+  // Before MPI_Init and the thread pools start threads: see train/stop_signals.h.
+  moecore::start_stop_signal_watcher();
   moecore::tune_allocator_for_training();
   moecore::dist::init_mpi(&argc, &argv);
   CLI::App app{"moecore: train Mixture-of-Experts language models"};
@@ -161,7 +164,11 @@ int main(int argc, char** argv) {
     } else if (debug_steps->parsed()) {
       cli::run_debug_steps(debug);
     } else if (train->parsed()) {
-      moecore::train(moecore::load_run_config(train_config, overrides), train_options);
+      const moecore::TrainSummary summary =
+          moecore::train(moecore::load_run_config(train_config, overrides), train_options);
+      // Stopped by a signal after saving: the shell's convention for death by that signal, so
+      // that schedulers and scripts see the run did not finish.
+      if (summary.stop_signal != 0) return 128 + summary.stop_signal;
     } else if (tok_train->parsed()) {
       cli::run_tokenizer_train(inputs, vocab_size, out_path);
     } else if (tok_encode->parsed()) {

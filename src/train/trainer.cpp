@@ -40,6 +40,7 @@
 #include "train/progress.h"
 #include "train/sample.h"
 #include "train/step_guard.h"
+#include "train/stop_signals.h"
 
 namespace moecore {
 
@@ -341,6 +342,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   int64_t last_saved = checkpoint ? step : -1;
+  const StopSignals stop_signals;  // SIGTERM / SIGINT / SIGUSR1: save and stop after the step
   // train.profile: phases timed from the end of the first step (allocation, first touch) on.
   phase_timer::set_enabled(tc.profile);
   double profile_start = 0.0;
@@ -461,15 +463,27 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
                                 moe.mean_load_imbalance, norm, lr));
 
     // Every rank must stop at the same step (the others would wait in the next collective): the
-    // ranks' clocks differ a little, so the first to run out of time stops them all.
-    double time_up = tc.max_seconds > 0.0 && seconds >= tc.max_seconds ? 1.0 : 0.0;
-    if (tc.max_seconds > 0.0) world.allreduce_max(&time_up, 1);
-    const bool out_of_time = time_up > 0.0;
-    if (tc.eval_every > 0 && step % tc.eval_every == 0 && step < tc.max_steps && !out_of_time)
+    // ranks' clocks differ a little, and a signal may reach only some ranks, so the first rank to
+    // run out of time or to get a stop signal stops them all.
+    double stop_votes[2] = {tc.max_seconds > 0.0 && seconds >= tc.max_seconds ? 1.0 : 0.0,
+                            static_cast<double>(stop_signals.received())};
+    if (world.size() > 1) world.allreduce_max(stop_votes, 2);
+    const bool out_of_time = stop_votes[0] > 0.0;
+    const int stop_signal = static_cast<int>(stop_votes[1]);
+    if (tc.eval_every > 0 && step % tc.eval_every == 0 && step < tc.max_steps && !out_of_time &&
+        stop_signal == 0)
       run_eval(step);
     if (tc.save_every > 0 && step % tc.save_every == 0) {
       save(step);
       last_saved = step;
+    }
+    if (stop_signal != 0) {
+      progress.message(
+          fmt::format("{} received: stopping at step {} with a checkpoint (resume "
+                      "with --resume)",
+                      stop_signal_name(stop_signal), step));
+      summary.stop_signal = stop_signal;
+      break;
     }
     if (out_of_time) {
       progress.message(
@@ -489,7 +503,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   if (last_saved != step) save(step);
   summary.steps = step;
   summary.skipped_steps = guard.skipped();
-  summary.val_loss = run_eval(step);
+  // Stopped by a signal: the checkpoint is all that matters (a preemption's grace period is short),
+  // so no final evaluation and no sample.
+  if (summary.stop_signal == 0) summary.val_loss = run_eval(step);
   if (rank0) metrics->close();
   // Peak resident memory (getrusage's high-water mark, KiB on Linux) of the training itself, the
   // largest rank of each pipeline stage.
@@ -501,7 +517,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const int64_t my_peak_kib = static_cast<int64_t>(peak_mib * 1024.0);
   mesh.pp.allgather(&my_peak_kib, stage_peak_kib.data(), 1);
   world.allreduce_max(&peak_mib, 1);
-  if (rank0 && tokenizer && tc.sample_tokens > 0) {
+  if (rank0 && tokenizer && tc.sample_tokens > 0 && summary.stop_signal == 0) {
     // The run is complete and saved; the sample runs on the whole model read back from the final
     // checkpoint (whatever the layout), and a model that cannot be sampled (e.g. non-finite
     // weights after a diverged run) only loses its sample.

@@ -20,6 +20,7 @@ struct TrainSummary {
   double first_loss = 0.0;
   double last_loss = 0.0;
   double val_loss = 0.0;
+  int stop_signal = 0;  // the signal that stopped the run after a checkpoint (stop_signals.h), or 0
 };
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options);

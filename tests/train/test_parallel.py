@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from test_training_job import ENV, checkpoints, run, train, train_rows, write_config
+from test_training_job import (ENV, checkpoints, run, started, train, train_rows,
+                               wait_for_logged_steps, write_config)
 
 MPI_ENV = {**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -316,39 +317,72 @@ def test_error_on_one_rank_ends_the_job(moecore_bin, job_data, tmp_path):
     assert errors and "rank 0 of 2" in errors[0] and "No space left" in errors[0], r.stderr
 
 
+def rank_pids(mpirun_proc: subprocess.Popen, moecore_bin: Path) -> list[int]:
+    """The ranks: mpirun's children running the binary (nothing else may be picked: signalling
+    another process would leave the job running)."""
+    out = subprocess.run(["pgrep", "-P", str(mpirun_proc.pid), "-f", f"{moecore_bin} train"],
+                         capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
 def test_a_killed_rank_ends_the_job(moecore_bin, job_data, tmp_path):
     cfg = dp_config(tmp_path, job_data, "killed", max_steps=100000, save_every=0)
     # The job's output goes to a file, not a pipe: nothing reads a pipe while the job runs, and
     # once the pipe's 64 KiB are full mpirun blocks in write() and never sees the rank die (seen
     # in CI when the kill came late: mpirun stuck in anon_pipe_write).
     log_path = tmp_path / "killed.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(["mpirun", "-np", "2", str(moecore_bin), "train", str(cfg)],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            env=MPI_ENV)
-    try:
-        # Wait for training to run, then SIGKILL one rank (a child of mpirun).
+    with open(log_path, "w") as log, \
+            started(["mpirun", "-np", "2", moecore_bin, "train", cfg], log, MPI_ENV) as proc:
+        # Wait for training to run, then SIGKILL one rank.
         deadline = time.monotonic() + 60
         ranks = []
         while time.monotonic() < deadline and len(ranks) < 2:
-            # The ranks are mpirun's children running the binary (nothing else may be picked:
-            # killing another process would leave the job running).
-            out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", f"{moecore_bin} train"],
-                                 capture_output=True, text=True).stdout.split()
-            ranks = [int(p) for p in out]
+            ranks = rank_pids(proc, moecore_bin)
             time.sleep(0.2)
         assert len(ranks) >= 2, "ranks did not start"
         time.sleep(1.0)
         os.kill(ranks[-1], signal.SIGKILL)
         start = time.monotonic()
         rc = proc.wait(timeout=60)
-        assert rc != 0
-        assert time.monotonic() - start < 30
-        # The message names the rank that died and how.
-        output = log_path.read_text()
-        assert re.search(r"process rank \d+ .* exited on signal 9", output), output[-2000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    assert rc != 0
+    assert time.monotonic() - start < 30
+    # The message names the rank that died and how.
+    output = log_path.read_text()
+    assert re.search(r"process rank \d+ .* exited on signal 9", output), output[-2000:]
+
+
+@pytest.mark.parametrize("target", ["mpirun", "one rank"])
+def test_stop_signal_stops_every_rank_at_the_same_step(moecore_bin, job_data, tmp_path, target):
+    """SIGUSR1 to mpirun (which forwards it to every rank) or SIGTERM to one rank only (a
+    scheduler's notice can reach the tasks at different moments): every rank stops after the
+    same step, each writes its checkpoint part, the job exits with 128 + signal, and the run
+    resumes from that checkpoint."""
+    cfg = dp_config(tmp_path, job_data, "stopped", max_steps=100000, save_every=0)
+    out = tmp_path / "stopped"
+    with open(tmp_path / "stopped.log", "w+") as log:  # a file: see test_a_killed_rank_ends_the_job
+        with started(["mpirun", "-np", "2", moecore_bin, "train", cfg], log, MPI_ENV) as proc:
+            wait_for_logged_steps(out, 3, proc)
+            assert proc.poll() is None, "the job ended before the signal could be sent"
+            if target == "mpirun":
+                sig = signal.SIGUSR1
+                os.kill(proc.pid, sig)
+            else:
+                sig = signal.SIGTERM
+                ranks = rank_pids(proc, moecore_bin)
+                assert len(ranks) == 2, ranks
+                os.kill(ranks[-1], sig)
+            rc = proc.wait(timeout=120)
+        log.seek(0)
+        text = log.read()
+    assert rc == 128 + sig, (rc, text[-2000:])
+    saved = checkpoints(out)
+    assert len(saved) == 1, (saved, text[-2000:])
+    stopped_at = int(saved[0].name.split("_")[1])
+    assert f"{sig.name} received: stopping at step {stopped_at} with a checkpoint" in text, text
+    for stem in ("model", "optim"):
+        assert sorted(p.name for p in saved[0].glob(f"{stem}-*.safetensors")) == \
+            [f"{stem}-00001-of-00002.safetensors", f"{stem}-00002-of-00002.safetensors"]
+    assert json.loads((saved[0] / "trainer_state.json").read_text())["step"] == stopped_at
+    resumed = mpirun(moecore_bin, 2, cfg, f"train.max_steps={stopped_at + 2}", resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"(step {stopped_at})" in resumed.stdout

@@ -12,6 +12,7 @@ Binary: $MOECORE_BIN, default <repo>/build/bin/moecore (a missing binary is a fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -414,6 +415,73 @@ def test_sigkill_at_random_moments_resumes_exactly(moecore_bin, job_data, tmp_pa
     for step in ra:
         assert without_timing(ra[step]) == without_timing(rb[step]), f"metrics differ at step {step}"
     assert not incomplete, f"incomplete checkpoints seen after a kill: {incomplete}"
+
+
+@contextlib.contextmanager
+def started(cmd: list, log, env: dict):
+    """The command running with its output in `log` (a file: nothing drains a pipe while the
+    test waits), killed and reaped on leaving the block if it still runs."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for_logged_steps(out_dir: Path, count: int, proc: subprocess.Popen) -> None:
+    """Until metrics.jsonl holds `count` training steps (or the process ends, or a timeout)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    metrics = out_dir / "metrics.jsonl"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count('"train/loss"') >= count:
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_saves_a_checkpoint_and_resumes_exactly(moecore_bin, job_data, tmp_path, sig):
+    """A preemption notice (SIGTERM) or Ctrl-C (SIGINT): the step in progress ends, a checkpoint
+    is written, the process exits with 128 + signal, and --resume continues exactly as if the
+    run had never stopped (final weights and optimizer state bit-identical, every step's metrics
+    equal)."""
+    steps = 1000
+    settings = dict(train={"max_steps": steps, "save_every": 0, "log_every": 100,
+                           "eval_every": 0})
+    out = tmp_path / "stopped"
+    cfg = write_config(tmp_path / "stopped.toml", job_data, out, **settings)
+    with open(tmp_path / "stopped.out", "w+") as log:
+        with started([moecore_bin, "train", cfg], log, ENV) as proc:
+            wait_for_logged_steps(out, 5, proc)
+            assert proc.poll() is None, "the run ended before the signal could be sent"
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        log.seek(0)
+        text = log.read()
+    assert rc == 128 + sig, (rc, text[-1500:])
+    saved = checkpoints(out)
+    assert len(saved) == 1, saved
+    stopped_at = step_of(saved[0])
+    assert 5 <= stopped_at < steps
+    assert f"{sig.name} received: stopping at step {stopped_at} with a checkpoint" in text, text
+    check_complete_checkpoint(saved[0])
+    assert sorted(train_rows(out)) == list(range(1, stopped_at + 1))
+    assert temp_leftovers(out) == []
+    if sig != signal.SIGTERM:
+        return
+    resumed = train(moecore_bin, cfg, resume=True)
+    assert f"resumed from {saved[0]} (step {stopped_at})" in resumed.stdout.splitlines()[0]
+    ref = tmp_path / "ref"
+    train(moecore_bin, write_config(tmp_path / "ref.toml", job_data, ref, **settings))
+    final = f"checkpoints/step_{steps:08d}"
+    for name in ("model.safetensors", "optim.safetensors"):
+        assert (ref / final / name).read_bytes() == (out / final / name).read_bytes(), name
+    ra, rb = train_rows(ref), train_rows(out)
+    assert sorted(rb) == list(range(1, steps + 1))
+    for step in ra:
+        assert without_timing(ra[step]) == without_timing(rb[step]), f"metrics differ at {step}"
 
 
 # ------------------------------------------------------------------------------------------------
