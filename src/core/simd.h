@@ -33,6 +33,32 @@ inline float sum_lanes(const float (&lanes)[kSumLanes]) {
   return total;
 }
 
+// sum_{j < n} term(j), accumulated in kSumLanes lanes (element j in lane j % kSumLanes) and the
+// lanes added in order. Inlined into the cloned callers, where it vectorises.
+template <typename Term>
+inline float lane_sum(int64_t n, Term term) {
+  float lanes[kSumLanes] = {};
+  const int64_t full = n - n % kSumLanes;
+  for (int64_t j = 0; j < full; j += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] += term(j + l);
+  for (int64_t j = full; j < n; ++j) lanes[j - full] += term(j);
+  return sum_lanes(lanes);
+}
+
+// max_{j < n} x[j] (-inf for n = 0), reduced in kSumLanes lanes.
+inline float lane_max(const float* x, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  float lanes[kSumLanes];
+  std::fill(lanes, lanes + kSumLanes, lowest);
+  const int64_t full = n - n % kSumLanes;
+  for (int64_t j = 0; j < full; j += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] = std::max(lanes[l], x[j + l]);
+  for (int64_t j = full; j < n; ++j) lanes[j - full] = std::max(lanes[j - full], x[j]);
+  float result = lowest;
+  for (const float lane : lanes) result = std::max(result, lane);
+  return result;
+}
+
 // e^x in float, written so that loops over it vectorise (std::exp is a libm call that GCC
 // vectorises only under -ffast-math). Cody-Waite reduction x = k ln2 + r with |r| <= ln2/2 and
 // Cephes' degree-6 minimax polynomial for e^r; within 2 ulp of the correctly rounded result over

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "core/check.h"
@@ -30,22 +29,10 @@ void check_shape(const char* op, const AttentionShape& s) {
 // overflows; statistics stay in float (fp32 softmax as in HF eager attention). Max and sum reduce
 // in kSumLanes lanes.
 MOECORE_SIMD_CLONES void softmax_prefix(float* row, int64_t n) {
-  const float lowest = -std::numeric_limits<float>::infinity();
-  float max_lanes[kSumLanes], sum_acc[kSumLanes];
-  std::fill(max_lanes, max_lanes + kSumLanes, lowest);
-  std::fill(sum_acc, sum_acc + kSumLanes, 0.0f);
-  const int64_t full = n - n % kSumLanes;
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) max_lanes[l] = std::max(max_lanes[l], row[j + l]);
-  for (int64_t j = full; j < n; ++j) max_lanes[j - full] = std::max(max_lanes[j - full], row[j]);
-  float max_val = lowest;
-  for (const float m : max_lanes) max_val = std::max(max_val, m);
+  const float max_val = lane_max(row, n);
   for (int64_t j = 0; j < n; ++j) row[j] = exp_vectorizable(row[j] - max_val);
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) sum_acc[l] += row[j + l];
-  for (int64_t j = full; j < n; ++j) sum_acc[j - full] += row[j];
   // sum >= 1 (the max term contributes exp(0)), so the reciprocal is safe.
-  const float inv_sum = 1.0f / sum_lanes(sum_acc);
+  const float inv_sum = 1.0f / lane_sum(n, [row](int64_t j) { return row[j]; });
   for (int64_t j = 0; j < n; ++j) row[j] *= inv_sum;
 }
 

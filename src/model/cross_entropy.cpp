@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "core/simd.h"
@@ -15,20 +14,10 @@ namespace {
 // softmax * grad_scale minus grad_scale at the target. Max and sum reduce in kSumLanes lanes.
 MOECORE_SIMD_CLONES double cross_entropy_row(const float* z, int64_t vocab, int32_t target,
                                              float* dz, float grad_scale) {
-  const float lowest = -std::numeric_limits<float>::infinity();
-  float max_lanes[kSumLanes], sum_lanes_acc[kSumLanes];
-  std::fill(max_lanes, max_lanes + kSumLanes, lowest);
-  std::fill(sum_lanes_acc, sum_lanes_acc + kSumLanes, 0.0f);
-  const int64_t full = vocab - vocab % kSumLanes;
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) max_lanes[l] = std::max(max_lanes[l], z[j + l]);
-  for (int64_t j = full; j < vocab; ++j) max_lanes[j - full] = std::max(max_lanes[j - full], z[j]);
-  float max_z = lowest;
-  for (const float m : max_lanes) max_z = std::max(max_z, m);
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) sum_lanes_acc[l] += exp_vectorizable(z[j + l] - max_z);
-  for (int64_t j = full; j < vocab; ++j) sum_lanes_acc[j - full] += exp_vectorizable(z[j] - max_z);
-  const float log_sum = std::log(sum_lanes(sum_lanes_acc));
+  const float max_z = lane_max(z, vocab);
+  const float sum =
+      lane_sum(vocab, [z, max_z](int64_t j) { return exp_vectorizable(z[j] - max_z); });
+  const float log_sum = std::log(sum);
   if (dz != nullptr) {
     for (int64_t j = 0; j < vocab; ++j)
       dz[j] = exp_vectorizable(z[j] - max_z - log_sum) * grad_scale;

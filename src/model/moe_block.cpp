@@ -224,10 +224,11 @@ void MoeBlock::experts_forward_single_rank(const MoeWeights& w, const float* x, 
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, e_count = c.num_experts;
   ScopedPhase timer(Phase::kDispatchForward);
-  cache.send_rows.assign(1, routes);
-  cache.recv_counts.assign(cache.router.expert_counts.begin(), cache.router.expert_counts.end());
-  cache.recv_rows.assign(1, routes);
-  cache.recv_to_expert.clear();  // the identity
+  // Nothing is exchanged: no row counts per rank, no receive-side permutation.
+  cache.send_rows.clear();
+  cache.recv_counts.clear();
+  cache.recv_rows.clear();
+  cache.recv_to_expert.clear();
   cache.expert_offsets.assign(at(e_count + 1), 0);
   // After the send_pos pass, expert_ends[e] is where expert e's rows end: its next expert's start.
   for (int64_t e = 0; e < e_count; ++e) cache.expert_offsets[at(e + 1)] = expert_ends[at(e)];
@@ -347,7 +348,6 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
                                      std::vector<float>& dx_send) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
-  const int64_t received = cache.expert_offsets[at(local)];
   if (exchange_->ranks() == 1) {
     // Send order is expert order (experts_forward_single_rank): the experts' backward reads the
     // output gradients and writes the input gradients in place.
@@ -355,6 +355,7 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
     grouped_experts_backward(config_, local, w, dw, cache, dy_send.data(), dx_send.data());
     return;
   }
+  const int64_t received = cache.expert_offsets[at(local)];
   // Output gradients travel to the experts along the forward path, expert-major there.
   ScopedPhase timer(Phase::kDispatchBackward);
   std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));

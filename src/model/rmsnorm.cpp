@@ -11,15 +11,11 @@ namespace moecore {
 
 namespace {
 
-// Sum of squares of one row in kSumLanes lanes (a fixed order), then y = w * (x * rstd).
+// Sum of squares of one row in lanes (lane_sum: a fixed order), then y = w * (x * rstd).
 MOECORE_SIMD_CLONES float rmsnorm_forward_row(const float* x, const float* w, float* y, int64_t dim,
                                               float eps) {
-  float acc[kSumLanes] = {};
-  const int64_t full = dim - dim % kSumLanes;
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) acc[l] += x[j + l] * x[j + l];
-  for (int64_t j = full; j < dim; ++j) acc[j - full] += x[j] * x[j];
-  const float s = 1.0f / std::sqrt(sum_lanes(acc) / static_cast<float>(dim) + eps);
+  const float sum_sq = lane_sum(dim, [x](int64_t j) { return x[j] * x[j]; });
+  const float s = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps);
   for (int64_t j = 0; j < dim; ++j) y[j] = w[j] * (x[j] * s);
   return s;
 }
@@ -28,13 +24,9 @@ MOECORE_SIMD_CLONES float rmsnorm_forward_row(const float* x, const float* w, fl
 MOECORE_SIMD_CLONES void rmsnorm_backward_row(const float* dy, const float* x, const float* w,
                                               float s, float* dx, float* dw, int64_t dim,
                                               bool accumulate_dx) {
-  float acc[kSumLanes] = {};
-  const int64_t full = dim - dim % kSumLanes;
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) acc[l] += dy[j + l] * w[j + l] * (x[j + l] * s);
-  for (int64_t j = full; j < dim; ++j) acc[j - full] += dy[j] * w[j] * (x[j] * s);
+  const float dot = lane_sum(dim, [dy, w, x, s](int64_t j) { return dy[j] * w[j] * (x[j] * s); });
   for (int64_t j = 0; j < dim; ++j) dw[j] += dy[j] * (x[j] * s);
-  const float mean_dot = sum_lanes(acc) / static_cast<float>(dim);
+  const float mean_dot = dot / static_cast<float>(dim);
   if (accumulate_dx) {
     for (int64_t j = 0; j < dim; ++j) dx[j] += s * (dy[j] * w[j] - x[j] * s * mean_dot);
   } else {
