@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
-  libdnnl-dev libopenmpi-dev openmpi-bin
+  libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
   libgtest-dev libbenchmark-dev libpcre2-dev libisal-dev
   bible-kjv bible-kjv-text
