@@ -13,8 +13,8 @@ no clipping (max_grad_norm = 0), tied embeddings, a dense first layer, sigmoid r
 Why eps = 1e-5 and lr = 5e-3: Adam's first steps are close to lr * sign(g), so an element whose gradient
 is about eps turns a tiny fp32 rounding difference in g into a visible weight difference (gain about
 lr / (4 eps)). With eps 1e-8 even torch fp32 vs torch fp64 differ by ~1e-4 on some element after ten
-steps; with these settings they differ by < 2e-5 (test_torch_oracle_is_well_posed checks this), so the
-1e-4 comparison with the engine is meaningful and not flaky.
+steps; with these settings they differ by at most 2.06e-5 (test_torch_oracle_is_well_posed checks this
+against ORACLE_FP32_TOL), so the 1e-4 comparison with the engine is meaningful and not flaky.
 """
 
 import math
@@ -44,6 +44,15 @@ MODEL_B = dict(MODEL, num_hidden_layers=3, first_k_dense_replace=1, tie_word_emb
 OPTIM_B = dict(OPTIM, max_grad_norm=0.0, schedule="linear", warmup_steps=2, min_lr_ratio=0.2)
 
 CASES = {"cosine": (MODEL, OPTIM, 31), "linear_tied": (MODEL_B, OPTIM_B, 32)}
+
+# How far the fp32 oracle may be from the same trajectory in fp64 for the 1e-4 engine comparison to
+# mean something. The engine and torch are two independent fp32 computations of one trajectory; if
+# each lies within e of the exact (fp64) result they agree within 2e (triangle inequality), so e must
+# stay below TOL / 2 or a correct engine could fail. Measured e (worst tensor, 10 steps):
+# 2.063e-5 on Intel Xeon (Ice Lake and Sapphire Rapids class, linear_tied q_proj.weight), < 2e-5 on
+# AMD EPYC: the TOL / 2 bound leaves 2.4x headroom over the worst CPU seen. (It was TOL / 5, which the
+# AMD figure passed and both Intel kinds failed: a bound read off one CPU, not derived.)
+ORACLE_FP32_TOL = H.TOL / 2
 
 
 def lr_factor(s: int, optim: dict, total: int) -> float:
@@ -123,15 +132,15 @@ def check_clipping(case, optim, norms):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_torch_oracle_is_well_posed(case):
-    """The oracle's loss falls, clipping is active where intended, and torch fp32 agrees with fp64 far
-    inside the tolerance (so a 1e-4 comparison with the engine is meaningful, not flaky)."""
+    """The oracle's loss falls, clipping is active where intended, and torch fp32 agrees with fp64
+    within ORACLE_FP32_TOL (so a 1e-4 comparison with the engine is meaningful, not flaky)."""
     model, optim, params, x, y = setup_case(case)
     w32, tot32, _, n32 = torch_steps(params, model, optim, x, y, STEPS)
     w64, tot64, _, n64 = torch_steps(params, model, optim, x, y, STEPS, dtype=torch.float64)
     check_clipping(case, optim, n32)
     assert tot32[-1] < tot32[0] - 0.5
     H.assert_all_close({"loss.total": tot32, "grad_norm": n32, **w32},
-                       {"loss.total": tot64.float(), "grad_norm": n64.float(), **w64}, tol=H.TOL / 5,
+                       {"loss.total": tot64.float(), "grad_norm": n64.float(), **w64}, tol=ORACLE_FP32_TOL,
                        what="torch fp32 vs fp64")
 
 
