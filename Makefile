@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference format clean bench bench-scaling bench-pipeline
+        test-reference test-smoke test-fresh format clean bench bench-scaling bench-pipeline
 
 all: build
 
@@ -80,6 +80,17 @@ test-reference: build setup-python
 	MOECORE_BIN=$(CURDIR)/build/bin/moecore $(PYTHON) -m pytest -q tests/reference tests/cli tests/train
 
 test: test-cpp test-asan test-reference
+
+# A short test target (a few minutes): the GoogleTest suite and the PyTorch/transformers oracles,
+# which together need every build and Python dependency. The fresh-machine check runs it.
+test-smoke: test-cpp build setup-python
+	MOECORE_BIN=$(CURDIR)/build/bin/moecore $(PYTHON) -m pytest -q tests/reference
+
+# The fresh-machine check (not part of `make test`: it builds a Debian root with debootstrap and
+# installs everything from nothing): `make train` and `make test-smoke` on a clean clone of HEAD.
+# ARGS=--full runs the whole `make test` there instead.
+test-fresh:
+	scripts/fresh_machine_check.sh $(ARGS)
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
