@@ -96,7 +96,15 @@ bind() { mkdir -p "$2"; mount --bind "$1" "$2"; MOUNTS+=("$2"); }
 
 t0=$(now)
 tar -C "$ROOT" -xf "$BASE"
+# The machine's network settings, which are not dependencies: name resolution, the CA bundle (a
+# workplace's egress proxy may sign with its own CA, which only the host's bundle holds; minbase has
+# no ca-certificates, and pip verifies against the file pip.conf names) and pip's own configuration.
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$ROOT/etc/ssl/certs"
+  cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/"
+fi
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$ROOT/etc/pip.conf"
 rm -f "$ROOT/etc/apt/sources.list"
 mkdir -p "$ROOT/etc/apt/sources.list.d"
 cp /etc/apt/sources.list.d/*.sources "$ROOT/etc/apt/sources.list.d/" 2> /dev/null || true
@@ -116,7 +124,12 @@ rm -rf "$ROOT/root/moecore/.git"   # a user's tree, not the developer's: nothing
 record "fresh root + clean clone" "$(elapsed "$t0" "$(now)")" "$ROOT"
 
 in_root() { chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 TERM=dumb bash -c "$1"; }
+  LANG=C.UTF-8 TERM=dumb ${PROXY_ENV[@]+"${PROXY_ENV[@]}"} bash -c "$1"; }
+# Proxy settings pass through (network, not dependencies); nothing else of the caller's environment.
+PROXY_ENV=()
+for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_INDEX_URL PIP_CERT; do
+  [ -n "${!v:-}" ] && PROXY_ENV+=("$v=${!v}")
+done
 LOG="$CACHE/last-run.log"
 : > "$LOG"
 dpkg_list() { in_root "dpkg-query -W -f='\${Package}\n' | sort"; }
