@@ -16,10 +16,11 @@ namespace moecore::plan {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0, kGiB = 1024.0 * kMiB;
-// Peak RSS of a moecore training process whose tensors are negligible (a d 16, 1-layer model),
-// measured with `moecore train` on the development machines (one rank and under mpirun): the
-// binary, oneDNN, OpenMP, Open MPI and the allocator's arenas.
-constexpr double kCpuRuntimeMiB = 48.0;
+// Peak RSS of a moecore training process whose tensors are negligible (a d 16, 1-layer model):
+// 19 MiB alone, 25-26 MiB per rank under mpirun (binary, oneDNN, OpenMP, Open MPI, allocator
+// arenas), measured with `moecore train` on the development machine; the MPI figure, less the
+// model's own ~2 MiB.
+constexpr double kCpuRuntimeMiB = 24.0;
 constexpr double kGpuRuntimeGiB = 1.0;  // assumed: CUDA context, cuBLAS/NCCL workspaces
 
 }  // namespace

@@ -40,16 +40,28 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // DistributedOptimizer: a replica of both moments, or per group a 1/ranks slice of them plus a
   // padded gradient shard; its step pads the gradient for the reduce-scatter and gathers the
   // weights through a send shard and a ranks x shard buffer, one group at a time.
+  // Open MPI's temporaries, measured with bench/plan_validation.py (Open MPI 4.1): a non-blocking
+  // all-reduce holds a copy of its whole payload until it completes, and the dense and expert
+  // all-reduces are in flight together; MPI_Reduce_scatter_block holds a copy of its whole send
+  // buffer during the call (on top of the padded one). Groups of one rank call no MPI.
+  const std::pair<int64_t, int64_t> groups[] = {{m.dense_params, layout.dp},
+                                                {m.expert_params, layout.ep_dp}};
   if (pc.zero == 0) {
     m.optimizer_state = 2.0 * kF * local_floats;
+    for (const auto& [numel, ranks] : groups)
+      if (ranks > 1) m.mpi_scratch += kF * static_cast<double>(numel);
+    m.reduction_peak = m.mpi_scratch;
   } else {
-    for (const auto& [numel, ranks] :
-         {std::pair{m.dense_params, layout.dp}, std::pair{m.expert_params, layout.ep_dp}}) {
+    for (const auto& [numel, ranks] : groups) {
       const int64_t shard = (numel + ranks - 1) / ranks;
       const int64_t slice = std::min(numel, shard);  // rank 0's, the largest
+      const double padded = kF * static_cast<double>(shard) * static_cast<double>(ranks);
+      const double gather = kF * static_cast<double>(shard) * static_cast<double>(ranks + 1);
+      const double mpi = ranks > 1 ? padded : 0.0;
       m.optimizer_state += kF * (2.0 * static_cast<double>(slice) + static_cast<double>(shard));
-      m.optimizer_scratch = std::max(
-          m.optimizer_scratch, kF * static_cast<double>(shard) * static_cast<double>(ranks + 1));
+      m.optimizer_scratch = std::max({m.optimizer_scratch, padded, gather});
+      m.mpi_scratch = std::max(m.mpi_scratch, mpi);
+      m.reduction_peak = std::max({m.reduction_peak, padded + mpi, gather});
     }
   }
 
@@ -104,7 +116,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.whole_model_copy +
-           m.activations + std::max(m.pass_scratch, m.optimizer_scratch) + m.dispatch_buffers +
+           m.activations + std::max(m.pass_scratch, m.reduction_peak) + m.dispatch_buffers +
            m.pipeline_buffers + m.batch_tokens + m.runtime;
   return m;
 }

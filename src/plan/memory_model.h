@@ -23,6 +23,9 @@ struct RankMemory {
       0.0;  // Adam moments (ZeRO-1: this rank's shard, plus its gradient shard)
   double optimizer_scratch =
       0.0;  // ZeRO-1: padded reduce-scatter / all-gather buffers, freed after
+  // Open MPI's own temporaries during the gradient reduction (measured, see memory_model.cpp).
+  double mpi_scratch = 0.0;
+  double reduction_peak = 0.0;      // the most of optimizer and MPI scratch alive at once
   double bf16_weight_copies = 0.0;  // none: bf16 GEMMs round their operands inside each call
   double whole_model_copy = 0.0;    // the trainer's whole-model buffer (resume, final sample)
   ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each

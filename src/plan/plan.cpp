@@ -69,6 +69,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"gradients", m.gradients},
                         {"optimizer_state", m.optimizer_state},
                         {"optimizer_scratch", m.optimizer_scratch},
+                        {"mpi_scratch", m.mpi_scratch},
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"whole_model_copy", m.whole_model_copy},
                         {"activations", m.activations},
@@ -170,11 +171,11 @@ std::string plan_text(const Plan& p) {
     for (int64_t c : m.chunks) out += fmt::format(" {}", c);
     out += fmt::format("): peak {} per rank\n", human_bytes(m.peak));
     out += fmt::format(
-        "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, bf16 copies {}, "
-        "whole-model copy {}\n",
+        "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
+        "bf16 copies {}, whole-model copy {}\n",
         human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
-        human_bytes(m.optimizer_scratch), human_bytes(m.bf16_weight_copies),
-        human_bytes(m.whole_model_copy));
+        human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
+        human_bytes(m.bf16_weight_copies), human_bytes(m.whole_model_copy));
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "
         "{}, head {}) x live micro-batches per chunk [",

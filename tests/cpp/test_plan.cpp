@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -105,6 +106,14 @@ TEST(PlanMemory, ZeroShardsTheMomentsOverDp) {
   EXPECT_DOUBLE_EQ(s.optimizer_state, 12.0 * shard);
   EXPECT_GT(s.optimizer_scratch, 0.0);
   EXPECT_EQ(r.optimizer_scratch, 0.0);
+  // Open MPI's copies: the whole payload of both in-flight all-reduces; under ZeRO-1 the padded
+  // send buffer of the larger reduce-scatter, alive with our own padded copy.
+  EXPECT_DOUBLE_EQ(r.mpi_scratch, 4.0 * floats);
+  const double expert_padded = 4.0 * 4.0 * static_cast<double>((r.expert_params + 3) / 4);
+  const double dense_padded = 4.0 * 4.0 * static_cast<double>((r.dense_params + 3) / 4);
+  EXPECT_DOUBLE_EQ(s.mpi_scratch, std::max(expert_padded, dense_padded));
+  EXPECT_DOUBLE_EQ(s.reduction_peak, 2.0 * std::max(expert_padded, dense_padded));
+  EXPECT_EQ(make_plan(small_config(), 1, kNoRuntime).stages[0].mpi_scratch, 0.0);
   EXPECT_DOUBLE_EQ(r.weights, s.weights);
 }
 

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from test_training_job import REPO, assert_one_line_error, run, train
+from conftest import REPO
+from test_training_job import assert_one_line_error, run, train
 
 PRESETS = REPO / "configs" / "presets"
 
@@ -62,13 +64,15 @@ def shrunk(job_data, preset: str, out_dir: Path) -> list[str]:
     """--set overrides that cut a preset down to seconds on a CPU, keeping its kind of model."""
     sets = [f"model.vocab_size={job_data.vocab_size}", "model.hidden_size=32",
             "model.num_hidden_layers=2", "model.num_attention_heads=4",
-            "model.moe_intermediate_size=16", "model.num_experts=8",
+            "model.moe_intermediate_size=16",
             f"data.train=[\"{job_data.train}\"]", f"data.val=[\"{job_data.val}\"]",
             f"data.tokenizer=\"{job_data.tokenizer}\"", "train.max_steps=1", "train.batch_size=2",
             "train.microbatches=1", "train.seq_len=32", "train.eval_every=0",
             "train.eval_batches=1", "train.save_every=0", "train.sample_tokens=0",
             f"train.out_dir=\"{out_dir}\"", "optim.warmup_steps=0"]
     text = (PRESETS / f"{preset}.toml").read_text()
+    top_k = int(re.search(r"^num_experts_per_tok = (\d+)", text, re.M).group(1))
+    sets.append(f"model.num_experts={max(8, 2 * top_k)}")  # the preset's top-k kept
     if "head_dim" in text:
         sets.append("model.head_dim=8")
     kv_heads = 2 if "num_key_value_heads = 8" in text else 4
