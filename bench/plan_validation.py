@@ -9,8 +9,9 @@ bench/configs/plan_validation.toml and compares, per rank:
   * predicted bytes per collective with the communicator's byte counters over the run, per step
     (float payloads: gradient all-reduce, reduce-scatter, all-gather, all-to-all-v, puts/gets,
     pipeline sends): target equal.
-Writes bench/results/plan_validation.md and .json. Run: python3 bench/plan_validation.py
-(about 5 minutes on two shared cores). Measured RSS does not depend on machine load.
+Writes bench/results/plan_validation.md and .json. Run: `make bench-plan` (the venv's Python:
+the corpus comes from tests/train/conftest.py, which imports numpy); about 5 minutes on two shared
+cores. Measured RSS does not depend on machine load.
 """
 from __future__ import annotations
 
@@ -124,10 +125,13 @@ def write_results(results: list[dict]) -> None:
              f"Machine: {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores (shared); model `bench/configs/plan_validation.toml` "
              "(d 256, 4 layers, 16 experts top-2, balanced routing, 8 x 64 tokens per step, "
-             "2 steps). Produced by `python3 bench/plan_validation.py`.", "",
+             "2 steps), fp32, one thread per rank, Open MPI 4.1. Produced by `make bench-plan` "
+             "(`bench/plan_validation.py`).", "",
              "Peak memory per rank: the plan's prediction for the rank's stage against the peak "
              "RSS recorded at the end of the training loop (`out_dir/rank_stats`). Target: within "
-             f"{MEMORY_TOLERANCE:.0%}.", "",
+             f"{MEMORY_TOLERANCE:.0%}. The plan's process baseline (24 MiB, `--hardware cpu`) and "
+             "Open MPI's reduction temporaries were measured on this machine; everything else is "
+             "counted from the code.", "",
              "| layout | rank | predicted MiB | measured MiB | error |", "|---|---|---|---|---|"]
     worst, memory_ok, traffic_ok = 0.0, True, True
     traffic_lines = ["", "Bytes per step per collective (float payloads; the communicator's "
