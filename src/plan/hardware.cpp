@@ -33,11 +33,11 @@ Hardware load_hardware(const std::string& spec) {
     const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES));
     const double page = static_cast<double>(sysconf(_SC_PAGE_SIZE));
     return {"cpu", pages * page, kCpuRuntimeMiB * kMiB,
-            "this machine's physical memory; baseline measured on moecore train"};
+            "this machine's physical memory; baseline measured on moecore train", false};
   }
   const auto gpu = [](const char* name, double gb) {
     return Hardware{name, gb * 1e9, kGpuRuntimeGiB * kGiB,
-                    "NVIDIA data sheet memory; 1 GiB CUDA context and workspaces assumed"};
+                    "NVIDIA data sheet memory; 1 GiB CUDA context and workspaces assumed", true};
   };
   if (lower == "h100") return gpu("h100", 80.0);
   if (lower == "h200") return gpu("h200", 141.0);
@@ -64,6 +64,7 @@ Hardware load_hardware(const std::string& spec) {
   MOE_CHECK(overhead >= 0.0, "[plan] --hardware {}: runtime_overhead_mib={} must be >= 0", spec,
             overhead);
   h.runtime_bytes = overhead * kMiB;
+  h.device = j.value("device", false);
   h.source = spec;
   return h;
 }

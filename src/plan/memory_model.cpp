@@ -20,7 +20,7 @@ constexpr double kPipelineBuffers = 4.0;
 }  // namespace
 
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
-                       double runtime_bytes) {
+                       double runtime_bytes, bool device) {
   const ModelConfig& mc = config.model;
   const ParallelConfig& pc = config.parallel;
   const TrainConfig& tc = config.train;
@@ -115,9 +115,11 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
-  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.whole_model_copy +
-           m.activations + std::max(m.pass_scratch, m.reduction_peak) + m.dispatch_buffers +
-           m.pipeline_buffers + m.batch_tokens + m.runtime;
+  const double host_side = m.whole_model_copy + m.batch_tokens;
+  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.activations +
+           std::max(m.pass_scratch, m.reduction_peak) + m.dispatch_buffers + m.pipeline_buffers +
+           m.runtime + (device ? 0.0 : host_side);
+  m.host = device ? host_side : 0.0;
   return m;
 }
 

@@ -40,10 +40,13 @@ struct RankMemory {
   double pipeline_buffers = 0.0;  // posted receives and unfinished sends of hidden states
   double batch_tokens = 0.0;      // the step's token and target ids (global micro-batches)
   double runtime = 0.0;           // process baseline from the hardware profile
-  double peak = 0.0;              // the sum, with the larger of the two scratches
+  // The sum, with the larger of pass and reduction scratch; on an accelerator without the
+  // host-side buffers (whole-model copy, token ids), which are then `host`.
+  double peak = 0.0;
+  double host = 0.0;
 };
 
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
-                       double runtime_bytes);
+                       double runtime_bytes, bool device = false);
 
 }  // namespace moecore::plan

@@ -44,7 +44,7 @@ Plan make_plan(const RunConfig& config, int64_t world, const Hardware& hardware)
   p.flops = flops_per_token(config.model, config.train.seq_len);
   p.hardware = hardware;
   for (int64_t s = 0; s < p.layout.pp; ++s) {
-    p.stages.push_back(rank_memory(config, p.layout, s, hardware.runtime_bytes));
+    p.stages.push_back(rank_memory(config, p.layout, s, hardware.runtime_bytes, hardware.device));
     p.comms.push_back(rank_collectives(config, p.layout, s));
   }
   return p;
@@ -78,7 +78,8 @@ nlohmann::json plan_json(const Plan& p) {
                         {"pipeline_buffers", m.pipeline_buffers},
                         {"batch_tokens", m.batch_tokens},
                         {"runtime", m.runtime},
-                        {"peak", m.peak}}},
+                        {"peak", m.peak},
+                        {"host", m.host}}},
                       {"activations_per_microbatch_bytes",
                        {{"residual", a.residual},
                         {"norms", a.norms},
@@ -135,6 +136,7 @@ nlohmann::json plan_json(const Plan& p) {
            {{"name", p.hardware.name},
             {"memory_bytes", p.hardware.memory_bytes},
             {"runtime_bytes", p.hardware.runtime_bytes},
+            {"device", p.hardware.device},
             {"source", p.hardware.source}}},
           {"peak_bytes_per_rank", p.peak_bytes()},
           {"fits", p.fits()},
@@ -169,7 +171,9 @@ std::string plan_text(const Plan& p) {
     const ActivationBytes& a = m.activations_per_microbatch;
     out += fmt::format("stage {} (chunks", m.stage);
     for (int64_t c : m.chunks) out += fmt::format(" {}", c);
-    out += fmt::format("): peak {} per rank\n", human_bytes(m.peak));
+    out += fmt::format("): peak {} per rank", human_bytes(m.peak));
+    if (m.host > 0.0) out += fmt::format(" (+ {} of host memory)", human_bytes(m.host));
+    out += "\n";
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
         "bf16 copies {}, whole-model copy {}\n",

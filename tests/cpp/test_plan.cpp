@@ -41,7 +41,7 @@ seq_len = 16
   return parse_run_config(text, "small.toml", overrides);
 }
 
-const Hardware kNoRuntime{"test", 1e12, 0.0, "test"};
+const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false};
 
 TEST(PlanParams, MatchHandCount) {
   const ParamCounts p = count_params(small_config().model);
@@ -197,6 +197,8 @@ TEST(PlanComm, ExpertAndPipelineTraffic) {
 
 TEST(PlanHardware, BuiltInsFilesAndErrors) {
   EXPECT_DOUBLE_EQ(load_hardware("H200").memory_bytes, 141e9);
+  EXPECT_TRUE(load_hardware("h200").device);
+  EXPECT_FALSE(load_hardware("cpu").device);
   EXPECT_GT(load_hardware("cpu").memory_bytes, 0.0);
   EXPECT_THROW(load_hardware("tpu-v9"), Error);
   const std::filesystem::path file =
@@ -209,6 +211,18 @@ TEST(PlanHardware, BuiltInsFilesAndErrors) {
   std::ofstream(file) << R"({"name": "box"})";
   EXPECT_THROW(load_hardware(file.string()), Error);
   std::filesystem::remove(file);
+}
+
+TEST(PlanMemory, AcceleratorsKeepTheWholeModelCopyOnTheHost) {
+  const Plan cpu = make_plan(small_config(), 1, kNoRuntime);
+  Hardware gpu = kNoRuntime;
+  gpu.device = true;
+  const Plan dev = make_plan(small_config(), 1, gpu);
+  const RankMemory& c = cpu.stages[0];
+  const RankMemory& g = dev.stages[0];
+  EXPECT_EQ(c.host, 0.0);
+  EXPECT_DOUBLE_EQ(g.host, c.whole_model_copy + c.batch_tokens);
+  EXPECT_DOUBLE_EQ(g.peak, c.peak - g.host);
 }
 
 TEST(PlanReport, JsonCarriesEveryStage) {
