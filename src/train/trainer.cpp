@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -110,7 +111,13 @@ void write_rank_stats(const std::string& out_dir, int rank, int64_t stage, int64
   std::error_code ec;
   std::filesystem::create_directories(out_dir + "/rank_stats", ec);
   MOE_CHECK(!ec, "[train] cannot create {}/rank_stats: {}", out_dir, ec.message());
-  write_text_atomic(fmt::format("{}/rank_stats/rank{}.json", out_dir, rank), stats.dump(1));
+  // A plain write: a diagnostics file, outside the checkpoints' atomic writes and the write-fault
+  // test hook (which must fire on a checkpoint).
+  const std::string path = fmt::format("{}/rank_stats/rank{}.json", out_dir, rank);
+  std::ofstream out(path, std::ios::trunc);
+  out << stats.dump(1) << '\n';
+  out.close();
+  MOE_CHECK(out.good(), "[train] cannot write {}", path);
 }
 
 }  // namespace
