@@ -46,6 +46,8 @@ LAYOUTS = [
     ("ep 2 sync", 2, ["parallel.ep=2"]),
     ("ep 2 rowwise", 2, ["parallel.ep=2", "parallel.dispatch=\"rowwise\""]),
     ("pp 2 1f1b, 4 micro-batches", 2, ["parallel.pp=2", "train.microbatches=4"]),
+    ("pp 2 interleaved (2 chunks each), 4 micro-batches", 2,
+     ["parallel.pp=2", "parallel.schedule=\"interleaved-1f1b\"", "train.microbatches=4"]),
     ("dp 4, ep 2, zero", 4, ["parallel.ep=2", "parallel.zero=1"]),
     ("pp 2 x dp 2 gpipe, 2 micro-batches", 4,
      ["parallel.pp=2", "parallel.schedule=\"gpipe\"", "train.microbatches=2"]),

@@ -23,6 +23,8 @@ LAYOUTS = {  # name: (ranks, [--set ...])
     "dp2-ep2-sync-zero": (2, ["parallel.ep=2", "parallel.zero=1"]),
     "dp2-ep2-rowwise": (2, ["parallel.ep=2", "parallel.dispatch=\"rowwise\""]),
     "pp2-1f1b-m2": (2, ["parallel.pp=2", "train.microbatches=2"]),
+    "pp2-interleaved-m2": (2, ["parallel.pp=2", "parallel.schedule=\"interleaved-1f1b\"",
+                               "train.microbatches=2"]),
     "pp2-dp2-ep2-rowwise-zero-gpipe": (4, ["parallel.pp=2", "parallel.ep=2", "parallel.zero=1",
                                            "parallel.dispatch=\"rowwise\"",
                                            "parallel.schedule=\"gpipe\"", "train.microbatches=2"]),
@@ -35,7 +37,7 @@ def test_collective_bytes_equal_the_plan(moecore_bin, job_data, tmp_path, name):
     out = tmp_path / "run"
     # A dense first layer and a shared expert, so every kind of layer is in the traffic.
     cfg = write_config(tmp_path / "c.toml", job_data, out,
-                       model={"routing": "balanced", "num_experts": 4, "num_hidden_layers": 3,
+                       model={"routing": "balanced", "num_experts": 4, "num_hidden_layers": 4,
                               "first_k_dense_replace": 1, "shared_expert_intermediate_size": 16},
                        train={"max_steps": STEPS, "batch_size": 8, "threads": 1, "log_every": 1,
                               "eval_every": 0})
