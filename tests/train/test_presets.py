@@ -126,3 +126,17 @@ def test_the_trillion_parameter_preset_at_512_ranks(moecore_bin):
     ops = {(c["group"], c["op"]) for c in stage["collective_bytes_per_step"]}
     assert {("dp", "reduce_scatter"), ("ep_dp", "allgather"), ("ep", "put"), ("pp", "send")} <= ops
     assert p["peak_bytes_per_rank"] > 0 and isinstance(p["fits"], bool)
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_the_layout_in_the_comment_plans(moecore_bin, preset):
+    """The `moecore plan ...` example in each preset's comment is a valid layout (the batch splits
+    over its dp, ep divides the experts, ...)."""
+    text = (PRESETS / f"{preset}.toml").read_text()
+    comment = " ".join(line.lstrip("# ").rstrip("\\ ") for line in text.splitlines()
+                       if line.startswith("#"))
+    example = re.search(r"moecore plan (\S+)((?: --\S+ \S+)*)", comment)
+    assert example, f"{preset}: no `moecore plan` example in its comment"
+    args = example.group(2).split()
+    r = run(moecore_bin, "plan", REPO / example.group(1), "--json", *args)
+    assert json.loads(r.stdout)["layout"]["world"] > 1
