@@ -6,7 +6,8 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference test-smoke test-fresh format clean bench bench-scaling bench-pipeline
+        test-reference test-smoke test-fresh format clean bench bench-scaling bench-pipeline \
+        bench-plan
 
 all: build
 
@@ -57,6 +58,10 @@ bench-scaling: build $(KJV)/tokens/meta.json
 # 1f1b / interleaved-1f1b / gpipe at pp 2 and 4 -> bench/results/pipeline.{md,json}.
 bench-pipeline: build $(KJV)/tokens/meta.json
 	$(PYTHON) bench/pipeline.py $(ARGS)
+
+# `moecore plan` against measured memory and traffic (bench/results/plan_validation.md).
+bench-plan: build setup-python
+	$(PYTHON) bench/plan_validation.py
 
 # Benchmarks (issue 6): throughput and MFU against a GEMM peak measured in the same run, the
 # PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile; again at 64

@@ -10,6 +10,7 @@
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
 #include "cli/job_commands.h"
+#include "cli/plan_command.h"
 #include "core/allocator_tuning.h"
 #include "core/check.h"
 #include "dist/communicator.h"
@@ -132,6 +133,15 @@ int main(int argc, char** argv) {
   bench_flops->add_option("config", train_config, "config TOML")->required();
   bench_flops->add_option("--set", overrides, "override, e.g. --set model.num_experts=64");
 
+  moecore::cli::PlanArgs plan_args;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "parameters, FLOPs, memory per rank and communication of a config at a world size");
+  plan->add_option("config", plan_args.config, "config TOML")->required();
+  plan->add_option("--set", plan_args.overrides, "override, e.g. --set parallel.ep=8");
+  plan->add_option("--ranks", plan_args.ranks, "world size (default: pp x ep)");
+  plan->add_option("--hardware", plan_args.hardware, "cpu | h100 | h200 | b200 | profile.json");
+  plan->add_flag("--json", plan_args.json, "one JSON object instead of text");
+
   // Every command-line error is one line on stderr; help output stays CLI11's.
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
@@ -139,7 +149,7 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, tokenizer, prepare, eval, generate, bench)\n",
+                 "train, tokenizer, prepare, eval, generate, bench, plan)\n",
                  argv[1]);
       return 2;
     }
@@ -184,6 +194,8 @@ int main(int argc, char** argv) {
       cli::run_bench_gemm(gemm_args);
     } else if (bench_flops->parsed()) {
       cli::run_bench_flops(train_config, overrides);
+    } else if (plan->parsed()) {
+      cli::run_plan(plan_args);
     }
   } catch (const std::bad_alloc&) {
     return fail_job("out of memory (the configured model or batch is too large for this machine)");

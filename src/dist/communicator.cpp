@@ -33,6 +33,17 @@ void check(int code, const char* op, const std::string& group) {
             mpi_error_text(code));
 }
 
+std::map<std::string, TrafficCount>& counters() {
+  static std::map<std::string, TrafficCount> table;
+  return table;
+}
+
+void count_traffic(const std::string& group, const char* op, int64_t bytes) {
+  TrafficCount& c = counters()[group + "." + op];
+  c.bytes += bytes;
+  ++c.calls;
+}
+
 bool launched_by_mpi() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"})
     if (std::getenv(var) != nullptr) return true;
@@ -40,6 +51,14 @@ bool launched_by_mpi() {
 }
 
 }  // namespace
+
+const std::map<std::string, TrafficCount>& traffic_counters() {
+  return counters();
+}
+
+void reset_traffic_counters() {
+  counters().clear();
+}
 
 bool init_mpi(int* argc, char*** argv) {
   if (g_active || !launched_by_mpi()) return g_active;
@@ -95,6 +114,7 @@ void Communicator::barrier() const {
 }
 
 void Communicator::allreduce_sum(float* data, int64_t count) const {
+  if (size_ > 1) count_traffic(name_, "allreduce", count * 4);
   if (size_ > 1)
     check(
         MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_FLOAT, MPI_SUM, comm_),
@@ -103,6 +123,7 @@ void Communicator::allreduce_sum(float* data, int64_t count) const {
 
 MPI_Request Communicator::iallreduce_sum(float* data, int64_t count) const {
   MPI_Request request = MPI_REQUEST_NULL;
+  if (size_ > 1) count_traffic(name_, "allreduce", count * 4);
   if (size_ > 1)
     check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count, "iallreduce"), MPI_FLOAT, MPI_SUM,
                          comm_, &request),
@@ -112,6 +133,7 @@ MPI_Request Communicator::iallreduce_sum(float* data, int64_t count) const {
 
 MPI_Request Communicator::isend(const float* data, int64_t count, int dest, int tag) const {
   MPI_Request request = MPI_REQUEST_NULL;
+  count_traffic(name_, "send", count * 4);
   check(MPI_Isend(data, as_count(count, "isend"), MPI_FLOAT, dest, tag, comm_, &request),
         "MPI_Isend", name_);
   return request;
@@ -152,6 +174,7 @@ void Communicator::test_all(std::vector<MPI_Request>& requests) const {
 }
 
 void Communicator::allreduce_sum(double* data, int64_t count) const {
+  if (size_ > 1) count_traffic(name_, "allreduce_f64", count * 8);
   if (size_ > 1)
     check(
         MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_DOUBLE, MPI_SUM, comm_),
@@ -159,6 +182,7 @@ void Communicator::allreduce_sum(double* data, int64_t count) const {
 }
 
 void Communicator::allreduce_sum(int64_t* data, int64_t count) const {
+  if (size_ > 1) count_traffic(name_, "allreduce_i64", count * 8);
   if (size_ > 1)
     check(MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_INT64_T, MPI_SUM,
                         comm_),
@@ -166,6 +190,7 @@ void Communicator::allreduce_sum(int64_t* data, int64_t count) const {
 }
 
 void Communicator::allreduce_max(double* data, int64_t count) const {
+  if (size_ > 1) count_traffic(name_, "allreduce_max_f64", count * 8);
   if (size_ > 1)
     check(
         MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, "allreduce"), MPI_DOUBLE, MPI_MAX, comm_),
@@ -173,6 +198,7 @@ void Communicator::allreduce_max(double* data, int64_t count) const {
 }
 
 void Communicator::broadcast(void* data, int64_t bytes, int root) const {
+  if (size_ > 1 && rank_ == root) count_traffic(name_, "broadcast", bytes);
   if (size_ > 1)
     check(MPI_Bcast(data, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast", name_);
 }
@@ -182,6 +208,7 @@ void Communicator::allgather(const float* send, float* recv, int64_t count) cons
     std::copy_n(send, count, recv);
     return;
   }
+  count_traffic(name_, "allgather", count * 4);
   check(MPI_Allgather(send, as_count(count, "allgather"), MPI_FLOAT, recv,
                       as_count(count, "allgather"), MPI_FLOAT, comm_),
         "MPI_Allgather", name_);
@@ -192,6 +219,7 @@ void Communicator::allgather(const int64_t* send, int64_t* recv, int64_t count) 
     std::copy_n(send, count, recv);
     return;
   }
+  count_traffic(name_, "allgather_i64", count * 8);
   check(MPI_Allgather(send, as_count(count, "allgather"), MPI_INT64_T, recv,
                       as_count(count, "allgather"), MPI_INT64_T, comm_),
         "MPI_Allgather", name_);
@@ -202,6 +230,7 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, int64_t co
     std::copy_n(send, count, recv);
     return;
   }
+  count_traffic(name_, "reduce_scatter", count * size_ * 4);
   check(MPI_Reduce_scatter_block(send, recv, as_count(count, "reduce_scatter"), MPI_FLOAT, MPI_SUM,
                                  comm_),
         "MPI_Reduce_scatter_block", name_);
@@ -212,6 +241,7 @@ void Communicator::alltoall(const int64_t* send, int64_t* recv, int64_t count_pe
     std::copy_n(send, count_per_rank, recv);
     return;
   }
+  count_traffic(name_, "alltoall_i64", count_per_rank * (size_ - 1) * 8);
   check(MPI_Alltoall(send, as_count(count_per_rank, "alltoall"), MPI_INT64_T, recv,
                      as_count(count_per_rank, "alltoall"), MPI_INT64_T, comm_),
         "MPI_Alltoall", name_);
@@ -225,6 +255,10 @@ void Communicator::alltoallv(const float* send, const std::vector<int64_t>& send
     std::copy_n(send + send_displs[0], send_counts[0], recv + recv_displs[0]);
     return;
   }
+  int64_t to_others = 0;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) to_others += send_counts[static_cast<size_t>(r)];
+  count_traffic(name_, "alltoallv", to_others * 4);
   std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
   for (size_t i = 0; i < sc.size(); ++i) {
     sc[i] = as_count(send_counts[i], "alltoallv");
@@ -237,8 +271,11 @@ void Communicator::alltoallv(const float* send, const std::vector<int64_t>& send
         "MPI_Alltoallv", name_);
 }
 
-FloatWindow::FloatWindow(const Communicator& group, int64_t count)
-    : count_(count), name_(group.name()) {
+FloatWindow::FloatWindow(const Communicator& group, int64_t count, const std::string& traffic_group)
+    : count_(count),
+      rank_(group.rank()),
+      name_(group.name()),
+      traffic_group_(traffic_group.empty() ? group.name() : traffic_group) {
   MOE_CHECK(group.raw() != MPI_COMM_NULL, "[mpi] a window on group '{}' needs MPI (mpirun)", name_);
   MOE_CHECK(count >= 0 && count <= std::numeric_limits<MPI_Aint>::max() /
                                        static_cast<MPI_Aint>(sizeof(float)),
@@ -258,7 +295,9 @@ FloatWindow::FloatWindow(FloatWindow&& other) noexcept
     : win_(std::exchange(other.win_, MPI_WIN_NULL)),
       data_(std::exchange(other.data_, nullptr)),
       count_(std::exchange(other.count_, 0)),
-      name_(std::move(other.name_)) {}
+      rank_(other.rank_),
+      name_(std::move(other.name_)),
+      traffic_group_(std::move(other.traffic_group_)) {}
 
 FloatWindow& FloatWindow::operator=(FloatWindow&& other) noexcept {
   if (this != &other) {
@@ -266,7 +305,9 @@ FloatWindow& FloatWindow::operator=(FloatWindow&& other) noexcept {
     win_ = std::exchange(other.win_, MPI_WIN_NULL);
     data_ = std::exchange(other.data_, nullptr);
     count_ = std::exchange(other.count_, 0);
+    rank_ = other.rank_;
     name_ = std::move(other.name_);
+    traffic_group_ = std::move(other.traffic_group_);
   }
   return *this;
 }
@@ -285,12 +326,14 @@ void FloatWindow::fence() const {
 }
 
 void FloatWindow::put(const float* src, int64_t count, int rank, int64_t offset) const {
+  if (rank != rank_) count_traffic(traffic_group_, "put", count * 4);
   check(MPI_Put(src, as_count(count, "put"), MPI_FLOAT, rank, static_cast<MPI_Aint>(offset),
                 as_count(count, "put"), MPI_FLOAT, win_),
         "MPI_Put", name_);
 }
 
 void FloatWindow::get(float* dst, int64_t count, int rank, int64_t offset) const {
+  if (rank != rank_) count_traffic(traffic_group_, "get", count * 4);
   check(MPI_Get(dst, as_count(count, "get"), MPI_FLOAT, rank, static_cast<MPI_Aint>(offset),
                 as_count(count, "get"), MPI_FLOAT, win_),
         "MPI_Get", name_);

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,20 @@ bool mpi_active();
 // Ends the whole job (every rank) after an error on one rank, so that no rank waits forever in a
 // collective for a peer that has stopped.
 [[noreturn]] void abort_job(int exit_code);
+
+// Traffic this process handed to MPI since the last reset, per "group.op": the payload an
+// all-reduce reduces, a reduce-scatter's whole send buffer, an all-gather's own part, the rows an
+// all-to-all(v) sends to other ranks, a put's or get's rows to or from another rank, a send's
+// buffer. Groups of one rank count nothing (nothing moves). Float payloads keep the plain op name
+// (allreduce, reduce_scatter, allgather, alltoallv, put, get, send); statistics carry their type
+// (allreduce_f64, allreduce_i64, allgather_i64, alltoall_i64, ...). `moecore plan` predicts the
+// float ones (src/plan/comm_model.h). Only the main thread calls MPI, so no lock.
+struct TrafficCount {
+  int64_t bytes = 0;
+  int64_t calls = 0;
+};
+const std::map<std::string, TrafficCount>& traffic_counters();
+void reset_traffic_counters();
 
 class Communicator {
  public:
@@ -77,8 +92,10 @@ class Communicator {
 class FloatWindow {
  public:
   FloatWindow() = default;
-  FloatWindow(const Communicator& group, int64_t count);  // collective; needs an MPI group
-  ~FloatWindow();                                         // collective (MPI_Win_free)
+  // collective; needs an MPI group. traffic_group names the window's puts and gets in the traffic
+  // counters (default: the group's name).
+  FloatWindow(const Communicator& group, int64_t count, const std::string& traffic_group = "");
+  ~FloatWindow();  // collective (MPI_Win_free)
   FloatWindow(FloatWindow&& other) noexcept;
   FloatWindow& operator=(FloatWindow&& other) noexcept;
   FloatWindow(const FloatWindow&) = delete;
@@ -98,7 +115,9 @@ class FloatWindow {
   MPI_Win win_ = MPI_WIN_NULL;
   float* data_ = nullptr;
   int64_t count_ = 0;
+  int rank_ = 0;  // this process's rank in the group (its own part moves nothing)
   std::string name_;
+  std::string traffic_group_;
 };
 
 }  // namespace moecore::dist

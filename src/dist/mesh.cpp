@@ -6,13 +6,18 @@
 
 namespace moecore::dist {
 
-Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp) {
-  MOE_CHECK(pp >= 1 && world.size() % pp == 0,
-            "[parallel] parallel.pp={} does not divide the {} ranks of the job", pp, world.size());
-  const int stage_size = world.size() / static_cast<int>(pp);
+void check_mesh_shape(int64_t world_size, int64_t ep, int64_t pp) {
+  MOE_CHECK(pp >= 1 && world_size % pp == 0,
+            "[parallel] parallel.pp={} does not divide the {} ranks of the job", pp, world_size);
+  const int64_t stage_size = world_size / pp;
   MOE_CHECK(ep >= 1 && stage_size % ep == 0,
             "[parallel] parallel.ep={} does not divide the {} ranks of a pipeline stage", ep,
             stage_size);
+}
+
+Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp) {
+  check_mesh_shape(world.size(), ep, pp);
+  const int stage_size = world.size() / static_cast<int>(pp);
   const int e = static_cast<int>(ep);
   const int rank = world.rank();
   const int stage = rank / stage_size, local = rank % stage_size;

@@ -26,4 +26,8 @@ struct Mesh {
   static Mesh build(const Communicator& world, int64_t ep, int64_t pp = 1);
 };
 
+// The shape checks of Mesh::build without MPI (`moecore plan` runs them for a world it does not
+// have): pp divides the world and ep divides a stage's ranks. One-line errors naming the key.
+void check_mesh_shape(int64_t world_size, int64_t ep, int64_t pp);
+
 }  // namespace moecore::dist

@@ -118,8 +118,9 @@ RowwisePlan MpiRowwiseExchange::plan(const std::vector<int64_t>& expert_counts,
   if (floats > input_.size()) {
     input_ = FloatWindow();  // free before allocating the larger ones
     output_ = FloatWindow();
-    input_ = FloatWindow(window_group_, floats);
-    output_ = FloatWindow(window_group_, floats);
+    // Counted as the ep group's traffic: the windows span the stage only for Open MPI's sake.
+    input_ = FloatWindow(window_group_, floats, group_.name());
+    output_ = FloatWindow(window_group_, floats, group_.name());
   }
   capacity_ = capacity;
   return plan;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/gerrymandering.h"
+#include "train/layout_validation.h"
 #include "train/moe_metrics.h"
 #include "train/pipeline_runner.h"
 #include "train/profile_report.h"
@@ -92,6 +94,32 @@ std::vector<double> drop_rates(const std::vector<dist::MpiRowwiseExchange::DropC
   return rates;
 }
 
+// out_dir/rank_stats/rank<r>.json: this rank's traffic per collective over the training loop and
+// its peak resident memory at the loop's end (before the final checkpoint, evaluation and sample),
+// what `moecore plan` predicts (bench/plan_validation.py compares them).
+void write_rank_stats(const std::string& out_dir, int rank, int64_t stage, int64_t steps) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  nlohmann::json traffic = nlohmann::json::object();
+  for (const auto& [key, count] : dist::traffic_counters())
+    traffic[key] = {{"bytes", count.bytes}, {"calls", count.calls}};
+  const nlohmann::json stats = {{"rank", rank},
+                                {"stage", stage},
+                                {"steps", steps},
+                                {"peak_rss_kib", static_cast<int64_t>(usage.ru_maxrss)},
+                                {"traffic", traffic}};
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir + "/rank_stats", ec);
+  MOE_CHECK(!ec, "[train] cannot create {}/rank_stats: {}", out_dir, ec.message());
+  // A plain write: a diagnostics file, outside the checkpoints' atomic writes and the write-fault
+  // test hook (which must fire on a checkpoint).
+  const std::string path = fmt::format("{}/rank_stats/rank{}.json", out_dir, rank);
+  std::ofstream out(path, std::ios::trunc);
+  out << stats.dump(1) << '\n';
+  out.close();
+  MOE_CHECK(out.good(), "[train] cannot write {}", path);
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options) {
@@ -99,15 +127,13 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const ModelConfig& mc = config.model;
   const dist::Communicator world = dist::Communicator::world();
   const ParallelConfig& pc = config.parallel;
+  // The layout checks `moecore plan` shares, before any group or buffer is built.
+  (void)validate_layout(config, world.size());
   const dist::Mesh mesh = dist::Mesh::build(world, pc.ep, pc.pp);
   const bool rank0 = world.rank() == 0;
   const int64_t dp = mesh.dp.size(), pp = pc.pp;
   // Pipeline: the model chunks this rank runs (one, the whole model, without pipelining).
-  const int64_t virtual_stages =
-      pc.virtual_stages > 0 ? pc.virtual_stages
-                            : (pc.schedule == PipelineSchedule::kInterleaved && pp > 1 ? 2 : 1);
-  MOE_CHECK(pp > 1 || virtual_stages == 1,
-            "[parallel] parallel.virtual_stages={} needs parallel.pp > 1", virtual_stages);
+  const int64_t virtual_stages = resolve_virtual_stages(pc);
   const std::vector<int64_t> chunk_layers =
       dist::split_layers(mc.num_hidden_layers, pp * virtual_stages, pc.stage_layers);
   const std::vector<LayerRange> my_chunks = dist::stage_chunks(chunk_layers, pp, mesh.stage());
@@ -346,6 +372,8 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   // train.profile: phases timed from the end of the first step (allocation, first touch) on.
   phase_timer::set_enabled(tc.profile);
   double profile_start = 0.0;
+  dist::reset_traffic_counters();  // what the steps move, for out_dir/rank_stats
+  const int64_t steps_before = step;
   while (step < tc.max_steps) {
     grads.zero();
     // Every rank reads the step's micro-batches (the data cursor stays layout-free) and keeps its
@@ -493,6 +521,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       break;
     }
   }
+  write_rank_stats(tc.out_dir, world.rank(), mesh.stage(), step - steps_before);
   if (tc.profile && rank0) {
     phase_timer::set_enabled(false);
     const int64_t profiled = step - summary.start_step - 1;

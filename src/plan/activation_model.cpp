@@ -1,0 +1,100 @@
+#include "plan/activation_model.h"
+
+#include <algorithm>
+
+namespace moecore::plan {
+
+namespace {
+
+constexpr double kF = 4.0;  // fp32 (and int32) bytes
+
+}  // namespace
+
+ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
+                                       const TokenShape& t) {
+  const double n = static_cast<double>(t.tokens()), b = static_cast<double>(t.rows);
+  const double seq = static_cast<double>(t.seq), d = static_cast<double>(c.hidden_size);
+  const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
+  const double nh = static_cast<double>(c.num_attention_heads);
+  const double nkv = static_cast<double>(c.num_key_value_heads);
+  const double e = static_cast<double>(c.num_experts),
+               k = static_cast<double>(c.num_experts_per_tok);
+  const double h = static_cast<double>(c.moe_intermediate_size);
+  const double hs = static_cast<double>(c.shared_expert_intermediate_size);
+  const double v = static_cast<double>(c.vocab_size);
+  const double routes = n * k, received = routes;  // balanced routing
+  ActivationBytes a;
+  // Transformer::Activations: residual[layers + 1], tokens on the embedding's chunk.
+  a.residual = kF * (static_cast<double>(chunk.layers) + 1.0) * n * d;
+  if (chunk.has_embedding) a.residual += kF * n;
+  for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+    // LayerCache: rstd1, h1, mid, rstd2, h2.
+    a.norms += kF * (2.0 * n + 3.0 * n * d);
+    // AttentionCache: q, k, v, probs [B, nh, T, T], context; QK-norm keeps the raw projections.
+    a.attention += kF * (2.0 * n * qs + 2.0 * n * kvs + b * nh * seq * seq);
+    if (c.qk_norm == QkNorm::kFull)
+      a.attention += kF * (n * qs + n * kvs + 2.0 * n);
+    else if (c.qk_norm == QkNorm::kPerHead)
+      a.attention += kF * (n * qs + n * kvs + n * nh + n * nkv);
+    if (c.layer_is_dense(i)) {
+      a.dense_mlp += kF * 3.0 * n * static_cast<double>(c.intermediate_size);  // gu, act
+      continue;
+    }
+    // RouterState: logits, scores [N, E]; top-k ids and weights [N, k]; counts [E] (int64).
+    double moe = kF * (2.0 * n * e + 2.0 * routes) + 8.0 * e;
+    moe += kF * routes;  // send_pos
+    // Expert inputs, gate/up output, activation (expert-major), outputs back at the source.
+    moe += kF * (received * d + 3.0 * received * h) + kF * routes * d;
+    if (t.ep > 1 && t.dispatch == Dispatch::kSync)
+      moe += kF * (received * d + received);  // y_perm, recv_to_expert
+    if (t.ep > 1 && t.dispatch == Dispatch::kRowwise) moe += 8.0 * routes;  // RowTarget per route
+    moe += kF * 3.0 * n * hs;                                               // shared expert gu, act
+    a.moe += moe;
+  }
+  if (chunk.has_head) a.head = kF * (n + n * d + 2.0 * n * v);  // rstd, hidden, logits, dlogits
+  a.head += kF * static_cast<double>(chunk.layers) * e;         // lb_score_grad
+  return a;
+}
+
+double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
+                                bool scaled_loss) {
+  const double n = static_cast<double>(t.tokens()), d = static_cast<double>(c.hidden_size);
+  const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
+  const double e = static_cast<double>(c.num_experts),
+               k = static_cast<double>(c.num_experts_per_tok);
+  const double h = static_cast<double>(c.moe_intermediate_size);
+  const double hs = static_cast<double>(c.shared_expert_intermediate_size);
+  const double v = static_cast<double>(c.vocab_size);
+  const double routes = n * k, received = routes;
+  const bool exchange = t.ep > 1 && t.dispatch == Dispatch::kSync;
+  bool has_dense = false, has_moe = false;
+  for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i)
+    (c.layer_is_dense(i) ? has_dense : has_moe) = true;
+
+  // Backward (Transformer::backward_chunk): dx lives throughout; the head's phase adds dhidden and
+  // the scaled dlogits; then dbranch and the dense scratch (kept across layers) plus one layer's
+  // temporaries at a time.
+  double head_phase = 0.0;
+  if (chunk.has_head) head_phase = kF * (n * d + (scaled_loss ? n * v : 0.0));
+  double layers_base = kF * n * d + kF * e;  // dbranch, lb_grad
+  if (has_dense) layers_base += kF * 3.0 * n * static_cast<double>(c.intermediate_size);
+  double attention = kF * (2.0 * n * qs + 2.0 * n * kvs);                // d_context, dq, dk, dv
+  if (c.qk_norm != QkNorm::kNone) attention += kF * (n * qs + n * kvs);  // dq_pre, dk_pre
+  double moe = 0.0;
+  if (has_moe) {
+    // MoeBlock::backward: dy_send, d_weight, dx_send, then the experts' scratch (and the
+    // exchange's four copies), the shared expert's scratch, the router's dlogits.
+    const double combine = kF * (2.0 * routes * d + routes);
+    double experts = kF * 3.0 * received * h;
+    if (exchange) experts += kF * 4.0 * received * d;
+    moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});
+  }
+  const double backward = kF * n * d + std::max(head_phase, layers_base + std::max(attention, moe));
+
+  // Forward: the branch buffer, and the exchange's send and receive copies of one MoE layer.
+  double forward = kF * n * d;
+  if (has_moe && exchange) forward += kF * (routes * d + 2.0 * received * d);
+  return std::max(forward, backward);
+}
+
+}  // namespace moecore::plan

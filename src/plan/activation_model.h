@@ -1,0 +1,53 @@
+// Bytes of the activations the engine saves for the backward, per micro-batch, counted from the
+// forward caches in src/model (Transformer::Activations / LayerCache, AttentionCache, MoeCache,
+// RouterState), and the largest scratch the backward allocates on top of them. Everything is fp32
+// (int32 for token and expert ids) whatever train.precision says: bf16 only rounds GEMM operands.
+//
+// n = local rows x seq tokens of one rank; R = rows its experts receive (n k when routing is
+// balanced, which is what is planned: the expectation under random routing too).
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+#include "train/run_config.h"
+
+namespace moecore::plan {
+
+// One micro-batch of one model chunk, by layer type.
+struct ActivationBytes {
+  double residual = 0.0;   // token ids and the residual stream entering every layer, and its output
+  double norms = 0.0;      // per layer: the two RMSNorm outputs and statistics, the mid residual
+  double attention = 0.0;  // q, k, v (and pre-QK-norm copies), softmax probabilities, context
+  double dense_mlp = 0.0;  // first_k_dense_replace layers: gate/up output and activation
+  double moe = 0.0;        // router logits/scores/top-k, expert inputs, gate/up, activation,
+                           // outputs back at the source, shared expert, dispatch bookkeeping
+  double head = 0.0;       // final norm, logits and their loss gradient, load-balancing terms
+  double total() const { return residual + norms + attention + dense_mlp + moe + head; }
+};
+
+struct ChunkShape {
+  int64_t first_layer = 0;
+  int64_t layers = 0;
+  bool has_embedding = false;
+  bool has_head = false;
+};
+
+struct TokenShape {
+  int64_t rows = 1;  // sequences of this rank in one micro-batch
+  int64_t seq = 1;
+  int64_t ep = 1;
+  Dispatch dispatch = Dispatch::kSync;
+  int64_t tokens() const { return rows * seq; }
+};
+
+ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
+                                       const TokenShape& t);
+
+// The largest scratch alive at once while a chunk runs a forward or a backward pass (gradient of
+// the residual stream, branch buffers, per-layer backward temporaries, dispatch send/receive
+// copies): freed after the pass, it adds to the peak once.
+double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
+                                bool scaled_loss);
+
+}  // namespace moecore::plan

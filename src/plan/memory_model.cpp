@@ -1,0 +1,126 @@
+#include "plan/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "dist/pipeline_schedule.h"
+#include "model/params.h"
+
+namespace moecore::plan {
+
+namespace {
+
+constexpr double kF = 4.0;
+
+// Receives posted ahead by the pipeline runner (kLookahead = 2, plus the one being consumed) and
+// one send still in flight, each one hidden state of a micro-batch.
+constexpr double kPipelineBuffers = 4.0;
+
+}  // namespace
+
+RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                       double runtime_bytes, bool device) {
+  const ModelConfig& mc = config.model;
+  const ParallelConfig& pc = config.parallel;
+  const TrainConfig& tc = config.train;
+  RankMemory m;
+  m.stage = stage;
+  const std::vector<LayerRange> ranges = dist::stage_chunks(layout.chunk_layers, layout.pp, stage);
+  const ParamLayout local = ParamLayout::build(mc, layout.ep, 0, ranges);
+  m.dense_params = static_cast<int64_t>(local.numel(ParamGroup::kDense));
+  m.expert_params = static_cast<int64_t>(local.numel(ParamGroup::kExpert));
+  const double local_floats = static_cast<double>(m.dense_params + m.expert_params);
+  m.weights = kF * local_floats;
+  m.gradients = kF * local_floats;
+  const ParamLayout full = ParamLayout::build(mc);
+  m.whole_model_copy =
+      kF * static_cast<double>(full.numel(ParamGroup::kDense) + full.numel(ParamGroup::kExpert));
+
+  // DistributedOptimizer: a replica of both moments, or per group a 1/ranks slice of them plus a
+  // padded gradient shard; its step pads the gradient for the reduce-scatter and gathers the
+  // weights through a send shard and a ranks x shard buffer, one group at a time.
+  // Open MPI's temporaries, measured with bench/plan_validation.py (Open MPI 4.1): a non-blocking
+  // all-reduce holds a copy of its whole payload until it completes, and the dense and expert
+  // all-reduces are in flight together; MPI_Reduce_scatter_block holds a copy of its whole send
+  // buffer during the call (on top of the padded one). Groups of one rank call no MPI.
+  const std::pair<int64_t, int64_t> groups[] = {{m.dense_params, layout.dp},
+                                                {m.expert_params, layout.ep_dp}};
+  if (pc.zero == 0) {
+    m.optimizer_state = 2.0 * kF * local_floats;
+    for (const auto& [numel, ranks] : groups)
+      if (ranks > 1) m.mpi_scratch += kF * static_cast<double>(numel);
+    m.reduction_peak = m.mpi_scratch;
+  } else {
+    for (const auto& [numel, ranks] : groups) {
+      const int64_t shard = (numel + ranks - 1) / ranks;
+      const int64_t slice = std::min(numel, shard);  // rank 0's, the largest
+      const double padded = kF * static_cast<double>(shard) * static_cast<double>(ranks);
+      const double gather = kF * static_cast<double>(shard) * static_cast<double>(ranks + 1);
+      const double mpi = ranks > 1 ? padded : 0.0;
+      m.optimizer_state += kF * (2.0 * static_cast<double>(slice) + static_cast<double>(shard));
+      m.optimizer_scratch = std::max({m.optimizer_scratch, padded, gather});
+      m.mpi_scratch = std::max(m.mpi_scratch, mpi);
+      m.reduction_peak = std::max({m.reduction_peak, padded + mpi, gather});
+    }
+  }
+
+  // Activations: each chunk keeps one slot per micro-batch alive in its schedule.
+  const std::vector<dist::PipelineAction> actions = dist::pipeline_schedule(
+      pc.schedule, layout.pp, stage, layout.virtual_stages, tc.microbatches);
+  m.peak_live_microbatches = dist::peak_live_activations(actions);
+  const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, pc.dispatch};
+  const bool scaled_loss = tc.microbatches > 1;
+  int64_t first_layer = 0;
+  std::vector<int64_t> starts;
+  for (int64_t n : layout.chunk_layers) {
+    starts.push_back(first_layer);
+    first_layer += n;
+  }
+  const int64_t chunks_total = static_cast<int64_t>(layout.chunk_layers.size());
+  for (int64_t v = 0; v < layout.virtual_stages; ++v) {
+    const int64_t g = stage + v * layout.pp;
+    m.chunks.push_back(g);
+    std::vector<dist::PipelineAction> mine;
+    for (const dist::PipelineAction& a : actions)
+      if (a.chunk == v) mine.push_back(a);
+    const int64_t live = dist::peak_live_activations(mine);
+    m.live_microbatches.push_back(live);
+    const ChunkShape shape{starts[static_cast<size_t>(g)],
+                           layout.chunk_layers[static_cast<size_t>(g)], g == 0,
+                           g == chunks_total - 1};
+    const ActivationBytes a = chunk_activation_bytes(mc, shape, tokens);
+    m.activations_per_microbatch.residual += a.residual;
+    m.activations_per_microbatch.norms += a.norms;
+    m.activations_per_microbatch.attention += a.attention;
+    m.activations_per_microbatch.dense_mlp += a.dense_mlp;
+    m.activations_per_microbatch.moe += a.moe;
+    m.activations_per_microbatch.head += a.head;
+    m.activations += static_cast<double>(live) * a.total();
+    m.pass_scratch =
+        std::max(m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, scaled_loss));
+  }
+
+  // Rowwise dispatch: two symmetric windows (inputs, outputs) of capacity x d floats, capacity =
+  // ceil(capacity_factor x routes of one rank). Without expert parallelism nothing is allocated.
+  if (layout.ep > 1 && pc.dispatch == Dispatch::kRowwise && mc.num_experts > 0) {
+    const double routes = static_cast<double>(tokens.tokens() * mc.num_experts_per_tok);
+    m.dispatch_capacity_rows =
+        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(pc.capacity_factor * routes)));
+    m.dispatch_buffers = 2.0 * kF * static_cast<double>(m.dispatch_capacity_rows) *
+                         static_cast<double>(mc.hidden_size);
+  }
+  if (layout.pp > 1)
+    m.pipeline_buffers = kPipelineBuffers * kF * static_cast<double>(tokens.tokens()) *
+                         static_cast<double>(mc.hidden_size);
+  m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
+  m.runtime = runtime_bytes;
+  const double host_side = m.whole_model_copy + m.batch_tokens;
+  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.activations +
+           std::max(m.pass_scratch, m.reduction_peak) + m.dispatch_buffers + m.pipeline_buffers +
+           m.runtime + (device ? 0.0 : host_side);
+  m.host = device ? host_side : 0.0;
+  return m;
+}
+
+}  // namespace moecore::plan

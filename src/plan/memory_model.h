@@ -1,0 +1,52 @@
+// Memory per rank of a training step, counted the way the trainer allocates it (train/trainer.cpp,
+// dist/distributed_optimizer.cpp, train/pipeline_runner.cpp, dist/rowwise_exchange.cpp): every
+// figure is bytes on one rank of pipeline stage `stage` (the ranks of a stage hold the same sizes).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/activation_model.h"
+#include "train/layout_validation.h"
+#include "train/run_config.h"
+
+namespace moecore::plan {
+
+struct RankMemory {
+  int64_t stage = 0;
+  std::vector<int64_t> chunks;  // global model chunks this rank runs
+  int64_t dense_params = 0;     // floats of this rank's dense and expert tables
+  int64_t expert_params = 0;
+  double weights = 0.0;    // fp32 parameters
+  double gradients = 0.0;  // fp32, same tables
+  double optimizer_state =
+      0.0;  // Adam moments (ZeRO-1: this rank's shard, plus its gradient shard)
+  double optimizer_scratch =
+      0.0;  // ZeRO-1: padded reduce-scatter / all-gather buffers, freed after
+  // Open MPI's own temporaries during the gradient reduction (measured, see memory_model.cpp).
+  double mpi_scratch = 0.0;
+  double reduction_peak = 0.0;      // the most of optimizer and MPI scratch alive at once
+  double bf16_weight_copies = 0.0;  // none: bf16 GEMMs round their operands inside each call
+  double whole_model_copy = 0.0;    // the trainer's whole-model buffer (resume, final sample)
+  ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each
+  // The most micro-batches whose activations are alive at once, per chunk, replayed from this
+  // stage's action list (dist::pipeline_schedule); the runner keeps one slot per live micro-batch.
+  std::vector<int64_t> live_microbatches;
+  int64_t peak_live_microbatches = 0;  // over all chunks (dist::peak_live_activations)
+  double activations = 0.0;            // sum over chunks of live slots x that chunk's bytes
+  double pass_scratch = 0.0;           // forward/backward temporaries, freed after each pass
+  double dispatch_buffers = 0.0;       // rowwise: input and output windows of capacity rows
+  int64_t dispatch_capacity_rows = 0;
+  double pipeline_buffers = 0.0;  // posted receives and unfinished sends of hidden states
+  double batch_tokens = 0.0;      // the step's token and target ids (global micro-batches)
+  double runtime = 0.0;           // process baseline from the hardware profile
+  // The sum, with the larger of pass and reduction scratch; on an accelerator without the
+  // host-side buffers (whole-model copy, token ids), which are then `host`.
+  double peak = 0.0;
+  double host = 0.0;
+};
+
+RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                       double runtime_bytes, bool device = false);
+
+}  // namespace moecore::plan

@@ -1,0 +1,207 @@
+#include "plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace moecore::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string schedule_name(PipelineSchedule s) {
+  return s == PipelineSchedule::kOneFOneB      ? "1f1b"
+         : s == PipelineSchedule::kInterleaved ? "interleaved-1f1b"
+                                               : "gpipe";
+}
+
+std::string human_count(double n) {
+  if (n >= 1e12) return fmt::format("{:.3f}T", n / 1e12);
+  if (n >= 1e9) return fmt::format("{:.3f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.3f}M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string human_bytes(double b) {
+  if (b >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
+  return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
+}
+
+}  // namespace
+
+double Plan::peak_bytes() const {
+  double peak = 0.0;
+  for (const RankMemory& m : stages) peak = std::max(peak, m.peak);
+  return peak;
+}
+
+Plan make_plan(const RunConfig& config, int64_t world, const Hardware& hardware) {
+  Plan p;
+  p.config = config;
+  p.layout = validate_layout(config, world);
+  p.params = count_params(config.model);
+  p.flops = flops_per_token(config.model, config.train.seq_len);
+  p.hardware = hardware;
+  for (int64_t s = 0; s < p.layout.pp; ++s) {
+    p.stages.push_back(rank_memory(config, p.layout, s, hardware.runtime_bytes, hardware.device));
+    p.comms.push_back(rank_collectives(config, p.layout, s));
+  }
+  return p;
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  const ResolvedLayout& l = p.layout;
+  const ParallelConfig& pc = p.config.parallel;
+  const TrainConfig& tc = p.config.train;
+  nlohmann::json stages = nlohmann::json::array();
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const RankMemory& m = p.stages[s];
+    const ActivationBytes& a = m.activations_per_microbatch;
+    nlohmann::json comms = nlohmann::json::array();
+    for (const CollectiveBytes& c : p.comms[s])
+      comms.push_back({{"group", c.group}, {"op", c.op}, {"what", c.what}, {"bytes", c.bytes}});
+    stages.push_back({{"stage", m.stage},
+                      {"chunks", m.chunks},
+                      {"params", {{"dense", m.dense_params}, {"expert", m.expert_params}}},
+                      {"memory_bytes",
+                       {{"weights", m.weights},
+                        {"gradients", m.gradients},
+                        {"optimizer_state", m.optimizer_state},
+                        {"optimizer_scratch", m.optimizer_scratch},
+                        {"mpi_scratch", m.mpi_scratch},
+                        {"bf16_weight_copies", m.bf16_weight_copies},
+                        {"whole_model_copy", m.whole_model_copy},
+                        {"activations", m.activations},
+                        {"pass_scratch", m.pass_scratch},
+                        {"dispatch_buffers", m.dispatch_buffers},
+                        {"pipeline_buffers", m.pipeline_buffers},
+                        {"batch_tokens", m.batch_tokens},
+                        {"runtime", m.runtime},
+                        {"peak", m.peak},
+                        {"host", m.host}}},
+                      {"activations_per_microbatch_bytes",
+                       {{"residual", a.residual},
+                        {"norms", a.norms},
+                        {"attention", a.attention},
+                        {"dense_mlp", a.dense_mlp},
+                        {"moe", a.moe},
+                        {"head", a.head},
+                        {"total", a.total()}}},
+                      {"live_microbatches_per_chunk", m.live_microbatches},
+                      {"peak_live_microbatches", m.peak_live_microbatches},
+                      {"dispatch_capacity_rows", m.dispatch_capacity_rows},
+                      {"collective_bytes_per_step", comms}});
+  }
+  const ParamCounts& pr = p.params;
+  const FlopsPerToken& f = p.flops;
+  return {{"layout",
+           {{"world", l.world},
+            {"pp", l.pp},
+            {"dp", l.dp},
+            {"ep", l.ep},
+            {"ep_dp", l.ep_dp},
+            {"zero", pc.zero},
+            {"dispatch", pc.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
+            {"capacity_factor", pc.capacity_factor},
+            {"schedule", schedule_name(pc.schedule)},
+            {"virtual_stages", l.virtual_stages},
+            {"chunk_layers", l.chunk_layers},
+            {"microbatches", tc.microbatches},
+            {"micro_batch_rows", l.micro_rows},
+            {"rows_per_rank", l.local_rows},
+            {"seq_len", tc.seq_len},
+            {"tokens_per_step", tc.batch_size * tc.seq_len}}},
+          {"parameters",
+           {{"total", pr.total},
+            {"active", pr.active},
+            {"embedding", pr.embedding},
+            {"lm_head", pr.lm_head},
+            {"attention", pr.attention},
+            {"norms", pr.norms},
+            {"dense_mlp", pr.dense_mlp},
+            {"routers", pr.routers},
+            {"shared_experts", pr.shared_experts},
+            {"routed_experts", pr.routed_experts}}},
+          {"flops_per_token",
+           {{"attention_projections", f.attention_projections},
+            {"attention_scores", f.attention_scores},
+            {"router", f.router},
+            {"experts", f.experts},
+            {"shared_expert", f.shared_expert},
+            {"dense_mlp", f.dense_mlp},
+            {"lm_head", f.lm_head},
+            {"total", f.total()}}},
+          {"hardware",
+           {{"name", p.hardware.name},
+            {"memory_bytes", p.hardware.memory_bytes},
+            {"runtime_bytes", p.hardware.runtime_bytes},
+            {"device", p.hardware.device},
+            {"source", p.hardware.source}}},
+          {"peak_bytes_per_rank", p.peak_bytes()},
+          {"fits", p.fits()},
+          {"stages", stages}};
+}
+
+std::string plan_text(const Plan& p) {
+  const ResolvedLayout& l = p.layout;
+  const ParallelConfig& pc = p.config.parallel;
+  const ParamCounts& pr = p.params;
+  std::string out;
+  out += fmt::format(
+      "layout: {} ranks = pp {} x dp {} (ep {} x ep_dp {}), zero={}, dispatch={}, schedule={}, "
+      "virtual_stages={}, microbatches={} of {} sequences ({} per rank) x {} tokens\n",
+      l.world, l.pp, l.dp, l.ep, l.ep_dp, pc.zero,
+      pc.dispatch == Dispatch::kSync ? "sync" : "rowwise", schedule_name(pc.schedule),
+      l.virtual_stages, p.config.train.microbatches, l.micro_rows, l.local_rows,
+      p.config.train.seq_len);
+  out += fmt::format(
+      "parameters: {} total, {} active (embedding {}, LM head {}, attention {}, dense MLP {}, "
+      "routers {}, shared experts {}, routed experts {})\n",
+      human_count(static_cast<double>(pr.total)), human_count(static_cast<double>(pr.active)),
+      human_count(static_cast<double>(pr.embedding)), human_count(static_cast<double>(pr.lm_head)),
+      human_count(static_cast<double>(pr.attention)),
+      human_count(static_cast<double>(pr.dense_mlp)), human_count(static_cast<double>(pr.routers)),
+      human_count(static_cast<double>(pr.shared_experts)),
+      human_count(static_cast<double>(pr.routed_experts)));
+  out += fmt::format("model FLOPs per token: {:.4g} (forward + backward, seq_len {})\n",
+                     p.flops.total(), p.config.train.seq_len);
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const RankMemory& m = p.stages[s];
+    const ActivationBytes& a = m.activations_per_microbatch;
+    out += fmt::format("stage {} (chunks", m.stage);
+    for (int64_t c : m.chunks) out += fmt::format(" {}", c);
+    out += fmt::format("): peak {} per rank", human_bytes(m.peak));
+    if (m.host > 0.0) out += fmt::format(" (+ {} of host memory)", human_bytes(m.host));
+    out += "\n";
+    out += fmt::format(
+        "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
+        "bf16 copies {}, whole-model copy {}\n",
+        human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
+        human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
+        human_bytes(m.bf16_weight_copies), human_bytes(m.whole_model_copy));
+    out += fmt::format(
+        "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "
+        "{}, head {}) x live micro-batches per chunk [",
+        human_bytes(a.total()), human_bytes(a.residual), human_bytes(a.norms),
+        human_bytes(a.attention), human_bytes(a.dense_mlp), human_bytes(a.moe),
+        human_bytes(a.head));
+    for (size_t c = 0; c < m.live_microbatches.size(); ++c)
+      out += fmt::format("{}{}", c == 0 ? "" : ", ", m.live_microbatches[c]);
+    out += fmt::format("] = {}\n", human_bytes(m.activations));
+    out += fmt::format(
+        "  pass scratch {}, dispatch buffers {} ({} rows), pipeline buffers {}, batch ids {}, "
+        "runtime {}\n",
+        human_bytes(m.pass_scratch), human_bytes(m.dispatch_buffers), m.dispatch_capacity_rows,
+        human_bytes(m.pipeline_buffers), human_bytes(m.batch_tokens), human_bytes(m.runtime));
+    for (const CollectiveBytes& c : p.comms[s])
+      out +=
+          fmt::format("  {} {} ({}): {} per step\n", c.group, c.op, c.what, human_bytes(c.bytes));
+  }
+  out += fmt::format("{}: {} per rank of {} ({})\n", p.fits() ? "fits" : "DOES NOT FIT",
+                     human_bytes(p.peak_bytes()), human_bytes(p.hardware.memory_bytes),
+                     p.hardware.name);
+  return out;
+}
+
+}  // namespace moecore::plan

@@ -1,0 +1,53 @@
+#include "train/layout_validation.h"
+
+#include "core/check.h"
+#include "dist/mesh.h"
+#include "dist/pipeline_schedule.h"
+
+namespace moecore {
+
+int64_t resolve_virtual_stages(const ParallelConfig& pc) {
+  const int64_t v = pc.virtual_stages > 0
+                        ? pc.virtual_stages
+                        : (pc.schedule == PipelineSchedule::kInterleaved && pc.pp > 1 ? 2 : 1);
+  MOE_CHECK(pc.pp > 1 || v == 1, "[parallel] parallel.virtual_stages={} needs parallel.pp > 1", v);
+  return v;
+}
+
+ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
+  const ParallelConfig& pc = config.parallel;
+  const ModelConfig& mc = config.model;
+  const TrainConfig& tc = config.train;
+  MOE_CHECK(world >= 1, "[parallel] {} ranks: the world needs at least one", world);
+  dist::check_mesh_shape(world, pc.ep, pc.pp);
+  ResolvedLayout r;
+  r.world = world;
+  r.pp = pc.pp;
+  r.dp = world / pc.pp;
+  r.ep = pc.ep;
+  r.ep_dp = r.dp / pc.ep;
+  r.virtual_stages = resolve_virtual_stages(pc);
+  r.chunk_layers =
+      dist::split_layers(mc.num_hidden_layers, r.pp * r.virtual_stages, pc.stage_layers);
+  for (int64_t stage = 0; stage < r.pp; ++stage) {
+    // Each stage's parameter table: ep divides num_experts; tied embeddings on one stage.
+    (void)ParamLayout::build(mc, pc.ep, 0, dist::stage_chunks(r.chunk_layers, r.pp, stage));
+    (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages, tc.microbatches);
+  }
+  MOE_CHECK(r.pp == 1 || mc.lb_loss_style != LbLossStyle::kHf,
+            "[parallel] model.lb_loss_style=\"hf\" is one loss over all layers' routers; pipeline "
+            "parallelism needs the per-layer \"olmo-core\" style");
+  r.micro_rows = tc.batch_size / tc.microbatches;
+  MOE_CHECK(
+      r.micro_rows % r.dp == 0,
+      "[parallel] train.batch_size / train.microbatches = {} sequences per micro-batch do not "
+      "split over dp={} ranks",
+      r.micro_rows, r.dp);
+  r.local_rows = r.micro_rows / r.dp;
+  MOE_CHECK(!pc.overlap_grad_reduce || pc.zero == 0,
+            "[parallel] parallel.overlap_grad_reduce needs parallel.zero=0 (ZeRO-1 reduce-scatters "
+            "the whole gradient after the backward)");
+  return r;
+}
+
+}  // namespace moecore

@@ -1,0 +1,239 @@
+// The planner (src/plan): parameter counts against a hand count, the layout errors shared with the
+// trainer, memory per rank (ZeRO-1 sharding, pipeline in-flight micro-batches from the schedule,
+// rowwise capacity) and bytes per collective against hand formulas.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/check.h"
+#include "plan/plan.h"
+#include "train/run_config.h"
+
+namespace moecore::plan {
+namespace {
+
+// d 32, 4 layers (layer 0 dense), 4 heads / 2 KV heads of 8, 8 experts top-2 of width 16, a shared
+// expert of 24, vocabulary 64, untied.
+RunConfig small_config(const std::vector<std::string>& overrides = {}) {
+  const char* text = R"(
+[model]
+vocab_size = 64
+hidden_size = 32
+num_hidden_layers = 4
+num_attention_heads = 4
+num_key_value_heads = 2
+num_experts = 8
+num_experts_per_tok = 2
+moe_intermediate_size = 16
+intermediate_size = 48
+first_k_dense_replace = 1
+shared_expert_intermediate_size = 24
+qk_norm = "full"
+[train]
+batch_size = 8
+microbatches = 2
+seq_len = 16
+)";
+  return parse_run_config(text, "small.toml", overrides);
+}
+
+const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false};
+
+TEST(PlanParams, MatchHandCount) {
+  const ParamCounts p = count_params(small_config().model);
+  const int64_t d = 32, v = 64, qs = 32, kvs = 16;
+  EXPECT_EQ(p.embedding, v * d);
+  EXPECT_EQ(p.lm_head, v * d);
+  EXPECT_EQ(p.attention, 4 * (2 * d * qs + 2 * d * kvs + qs + kvs));
+  EXPECT_EQ(p.norms, 4 * 2 * d + d);
+  EXPECT_EQ(p.dense_mlp, 3 * d * 48);
+  EXPECT_EQ(p.routers, 3 * 8 * d);
+  EXPECT_EQ(p.shared_experts, 3 * 3 * d * 24);
+  EXPECT_EQ(p.routed_experts, 3 * 8 * 3 * d * 16);
+  EXPECT_EQ(p.total, p.embedding + p.lm_head + p.attention + p.norms + p.dense_mlp + p.routers +
+                         p.shared_experts + p.routed_experts);
+  EXPECT_EQ(p.active, p.total - p.routed_experts + 3 * 2 * 3 * d * 16);
+}
+
+TEST(PlanParams, TiedEmbeddingHasNoSeparateHead) {
+  const ParamCounts p = count_params(small_config({"model.tie_word_embeddings=true"}).model);
+  EXPECT_EQ(p.lm_head, 0);
+  EXPECT_EQ(p.embedding, 64 * 32);
+}
+
+void expect_layout_error(const RunConfig& config, int64_t world, const std::string& needle) {
+  try {
+    (void)make_plan(config, world, kNoRuntime);
+    FAIL() << "no error for " << needle;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+TEST(PlanLayout, ImpossibleLayoutsNameTheirConstraint) {
+  expect_layout_error(small_config({"parallel.ep=3"}), 3,
+                      "parallel.ep=3 does not divide num_experts=8");
+  expect_layout_error(small_config({"parallel.ep=2"}), 3,
+                      "parallel.ep=2 does not divide the 3 ranks");
+  expect_layout_error(small_config({"parallel.pp=2"}), 3,
+                      "parallel.pp=2 does not divide the 3 ranks");
+  expect_layout_error(small_config({"parallel.pp=8"}), 8, "4 layers cannot fill");
+  expect_layout_error(small_config(), 3, "do not split over dp=3");
+  expect_layout_error(small_config({"parallel.pp=2", "parallel.schedule=\"interleaved-1f1b\"",
+                                    "train.microbatches=1"}),
+                      2, "multiple of parallel.pp");
+  expect_layout_error(small_config({"parallel.pp=2", "model.tie_word_embeddings=true"}), 2,
+                      "tie_word_embeddings=true");
+  expect_layout_error(small_config({"parallel.zero=1", "parallel.overlap_grad_reduce=true"}), 1,
+                      "overlap_grad_reduce needs parallel.zero=0");
+}
+
+TEST(PlanMemory, ZeroShardsTheMomentsOverDp) {
+  const Plan replicated = make_plan(small_config(), 4, kNoRuntime);
+  const Plan sharded = make_plan(small_config({"parallel.zero=1"}), 4, kNoRuntime);
+  const RankMemory& r = replicated.stages[0];
+  const RankMemory& s = sharded.stages[0];
+  const double floats = static_cast<double>(r.dense_params + r.expert_params);
+  EXPECT_DOUBLE_EQ(r.optimizer_state, 8.0 * floats);
+  // Moments of a quarter plus the padded gradient shard: 3 x ceil(numel / 4) floats.
+  const double shard = static_cast<double>((r.dense_params + 3) / 4 + (r.expert_params + 3) / 4);
+  EXPECT_DOUBLE_EQ(s.optimizer_state, 12.0 * shard);
+  EXPECT_GT(s.optimizer_scratch, 0.0);
+  EXPECT_EQ(r.optimizer_scratch, 0.0);
+  // Open MPI's copies: the whole payload of both in-flight all-reduces; under ZeRO-1 the padded
+  // send buffer of the larger reduce-scatter, alive with our own padded copy.
+  EXPECT_DOUBLE_EQ(r.mpi_scratch, 4.0 * floats);
+  const double expert_padded = 4.0 * 4.0 * static_cast<double>((r.expert_params + 3) / 4);
+  const double dense_padded = 4.0 * 4.0 * static_cast<double>((r.dense_params + 3) / 4);
+  EXPECT_DOUBLE_EQ(s.mpi_scratch, std::max(expert_padded, dense_padded));
+  EXPECT_DOUBLE_EQ(s.reduction_peak, 2.0 * std::max(expert_padded, dense_padded));
+  EXPECT_EQ(make_plan(small_config(), 1, kNoRuntime).stages[0].mpi_scratch, 0.0);
+  EXPECT_DOUBLE_EQ(r.weights, s.weights);
+}
+
+TEST(PlanMemory, LiveMicroBatchesComeFromTheSchedule) {
+  // pp 2, 4 micro-batches: 1F1B keeps pp - stage alive, GPipe all of them.
+  const Plan one_f =
+      make_plan(small_config({"parallel.pp=2", "train.microbatches=4"}), 2, kNoRuntime);
+  EXPECT_EQ(one_f.stages[0].peak_live_microbatches, 2);
+  EXPECT_EQ(one_f.stages[1].peak_live_microbatches, 1);
+  const Plan gpipe = make_plan(
+      small_config({"parallel.pp=2", "train.microbatches=4", "parallel.schedule=\"gpipe\""}), 2,
+      kNoRuntime);
+  EXPECT_EQ(gpipe.stages[0].peak_live_microbatches, 4);
+  EXPECT_EQ(gpipe.stages[1].peak_live_microbatches, 4);
+  EXPECT_DOUBLE_EQ(gpipe.stages[0].activations,
+                   4.0 * gpipe.stages[0].activations_per_microbatch.total());
+  EXPECT_DOUBLE_EQ(one_f.stages[0].activations,
+                   2.0 * one_f.stages[0].activations_per_microbatch.total());
+  // Stage 0 holds the embedding and layers 0-1; stage 1 layers 2-3 and the head.
+  EXPECT_EQ(one_f.stages[0].activations_per_microbatch.head, 4.0 * 2 * 8);  // lb terms only
+  EXPECT_GT(one_f.stages[1].activations_per_microbatch.head, 4.0 * 2 * 16 * 2 * 64);
+}
+
+TEST(PlanMemory, AttentionProbabilitiesGrowWithTheSquareOfSeq) {
+  const ActivationBytes a16 =
+      make_plan(small_config(), 1, kNoRuntime).stages[0].activations_per_microbatch;
+  const ActivationBytes a32 = make_plan(small_config({"train.seq_len=32"}), 1, kNoRuntime)
+                                  .stages[0]
+                                  .activations_per_microbatch;
+  // 4 layers x 4 rows x 4 heads x T^2 floats of probabilities, the rest linear in tokens.
+  const double probs16 = 4.0 * 4 * 4 * 4 * 16 * 16;
+  EXPECT_DOUBLE_EQ(a32.attention - 4.0 * probs16, 2.0 * (a16.attention - probs16));
+}
+
+TEST(PlanMemory, RowwiseCapacityIsCeilOfFactorTimesRoutes) {
+  const Plan p = make_plan(small_config({"parallel.ep=2", "parallel.dispatch=\"rowwise\"",
+                                         "parallel.capacity_factor=1.3"}),
+                           2, kNoRuntime);
+  // 4 rows per micro-batch over dp 2: 2 x 16 tokens x k 2 = 64 routes; ceil(1.3 x 64) = 84.
+  EXPECT_EQ(p.stages[0].dispatch_capacity_rows, 84);
+  EXPECT_DOUBLE_EQ(p.stages[0].dispatch_buffers, 2.0 * 4.0 * 84 * 32);
+  EXPECT_EQ(make_plan(small_config({"parallel.ep=2"}), 2, kNoRuntime).stages[0].dispatch_buffers,
+            0.0);
+}
+
+double bytes_of(const Plan& p, int64_t stage, const std::string& group, const std::string& op) {
+  double total = 0.0;
+  for (const CollectiveBytes& c : p.comms[static_cast<size_t>(stage)])
+    if (c.group == group && c.op == op) total += c.bytes;
+  return total;
+}
+
+TEST(PlanComm, GradientsAndWeights) {
+  const Plan p = make_plan(small_config({"parallel.ep=2"}), 4, kNoRuntime);
+  const RankMemory& m = p.stages[0];
+  EXPECT_DOUBLE_EQ(bytes_of(p, 0, "dp", "allreduce"), 4.0 * static_cast<double>(m.dense_params));
+  EXPECT_DOUBLE_EQ(bytes_of(p, 0, "ep_dp", "allreduce"),
+                   4.0 * static_cast<double>(m.expert_params));
+  const Plan z = make_plan(small_config({"parallel.zero=1"}), 4, kNoRuntime);
+  const double shard = static_cast<double>((z.stages[0].dense_params + 3) / 4);
+  EXPECT_DOUBLE_EQ(bytes_of(z, 0, "dp", "reduce_scatter"), 4.0 * 4.0 * shard);
+  EXPECT_DOUBLE_EQ(bytes_of(z, 0, "dp", "allgather"), 4.0 * shard);
+  EXPECT_EQ(bytes_of(make_plan(small_config(), 1, kNoRuntime), 0, "dp", "allreduce"), 0.0);
+}
+
+TEST(PlanComm, ExpertAndPipelineTraffic) {
+  // ep 2 over 2 ranks: 3 MoE layers x 2 micro-batches x (2 rows x 16 tokens x k 2 x 1/2 remote)
+  // rows of 32 floats, four times (rows out, outputs back, and the same in the backward).
+  const Plan sync = make_plan(small_config({"parallel.ep=2"}), 2, kNoRuntime);
+  const double one_way = 4.0 * 32.0 * 32.0 * 3.0 * 2.0;
+  EXPECT_DOUBLE_EQ(bytes_of(sync, 0, "ep", "alltoallv"), 4.0 * one_way);
+  const Plan rowwise =
+      make_plan(small_config({"parallel.ep=2", "parallel.dispatch=\"rowwise\""}), 2, kNoRuntime);
+  EXPECT_DOUBLE_EQ(bytes_of(rowwise, 0, "ep", "put"), 2.0 * one_way);
+  EXPECT_DOUBLE_EQ(bytes_of(rowwise, 0, "ep", "get"), 2.0 * one_way);
+  // pp 2: each stage sends one hidden state (or its gradient) per micro-batch: 8 rows x 16 x 32.
+  const Plan pp = make_plan(small_config({"parallel.pp=2"}), 2, kNoRuntime);
+  EXPECT_DOUBLE_EQ(bytes_of(pp, 0, "pp", "send"), 2.0 * 4.0 * 4 * 16 * 32);
+  EXPECT_DOUBLE_EQ(bytes_of(pp, 1, "pp", "send"), 2.0 * 4.0 * 4 * 16 * 32);
+}
+
+TEST(PlanHardware, BuiltInsFilesAndErrors) {
+  EXPECT_DOUBLE_EQ(load_hardware("H200").memory_bytes, 141e9);
+  EXPECT_TRUE(load_hardware("h200").device);
+  EXPECT_FALSE(load_hardware("cpu").device);
+  EXPECT_GT(load_hardware("cpu").memory_bytes, 0.0);
+  EXPECT_THROW(load_hardware("tpu-v9"), Error);
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("moecore_hw_" + std::to_string(getpid()) + ".json");
+  std::ofstream(file) << R"({"name": "box", "memory_gib": 2, "runtime_overhead_mib": 10})";
+  const Hardware h = load_hardware(file.string());
+  EXPECT_EQ(h.name, "box");
+  EXPECT_DOUBLE_EQ(h.memory_bytes, 2.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(h.runtime_bytes, 10.0 * 1024 * 1024);
+  std::ofstream(file) << R"({"name": "box"})";
+  EXPECT_THROW(load_hardware(file.string()), Error);
+  std::filesystem::remove(file);
+}
+
+TEST(PlanMemory, AcceleratorsKeepTheWholeModelCopyOnTheHost) {
+  const Plan cpu = make_plan(small_config(), 1, kNoRuntime);
+  Hardware gpu = kNoRuntime;
+  gpu.device = true;
+  const Plan dev = make_plan(small_config(), 1, gpu);
+  const RankMemory& c = cpu.stages[0];
+  const RankMemory& g = dev.stages[0];
+  EXPECT_EQ(c.host, 0.0);
+  EXPECT_DOUBLE_EQ(g.host, c.whole_model_copy + c.batch_tokens);
+  EXPECT_DOUBLE_EQ(g.peak, c.peak - g.host);
+}
+
+TEST(PlanReport, JsonCarriesEveryStage) {
+  const Plan p = make_plan(small_config({"parallel.pp=2"}), 4, kNoRuntime);
+  const nlohmann::json j = plan_json(p);
+  EXPECT_EQ(j["stages"].size(), 2u);
+  EXPECT_EQ(j["layout"]["dp"], 2);
+  EXPECT_EQ(j["parameters"]["total"], p.params.total);
+  EXPECT_DOUBLE_EQ(j["peak_bytes_per_rank"].get<double>(), p.peak_bytes());
+  EXPECT_NE(plan_text(p).find("stage 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moecore::plan
