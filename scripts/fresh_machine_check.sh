@@ -104,6 +104,12 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   mkdir -p "$ROOT/etc/ssl/certs"
   cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/"
 fi
+# Local CAs also go where Debian keeps them: installing ca-certificates (a dependency pulled in by
+# the set-up) regenerates the bundle from /usr/share and /usr/local/share/ca-certificates.
+if compgen -G "/usr/local/share/ca-certificates/*" > /dev/null; then
+  mkdir -p "$ROOT/usr/local/share/ca-certificates"
+  cp -r /usr/local/share/ca-certificates/. "$ROOT/usr/local/share/ca-certificates/"
+fi
 [ -f /etc/pip.conf ] && cp /etc/pip.conf "$ROOT/etc/pip.conf"
 rm -f "$ROOT/etc/apt/sources.list"
 mkdir -p "$ROOT/etc/apt/sources.list.d"
