@@ -145,11 +145,16 @@ TEST(Bf16Gemm, NativeAndEmulatedAgree) {
 }
 
 // The native path is chosen exactly when the CPU has AVX512-BF16 and oneDNN may use it;
-// the ctest entry Bf16Gemm.DispatchWithoutBf16Isa runs this with DNNL_MAX_CPU_ISA=AVX512_CORE.
+// the ctest entry Bf16Gemm.DispatchWithoutBf16Isa runs this with DNNL_MAX_CPU_ISA=AVX512_CORE,
+// Numerics.Avx2Kernels with AVX2. oneDNN reads ONEDNN_MAX_CPU_ISA first, then DNNL_MAX_CPU_ISA.
 TEST(Bf16Gemm, DispatchHonoursCpuAndMaxCpuIsa) {
-  const char* max_isa = std::getenv("DNNL_MAX_CPU_ISA");
+  const char* max_isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (max_isa == nullptr) max_isa = std::getenv("DNNL_MAX_CPU_ISA");
   __builtin_cpu_init();
-  const bool capped = max_isa != nullptr && std::string(max_isa) == "AVX512_CORE";
+  // The caps below avx512_core_bf16 (oneDNN's names; a cap at or above it leaves bf16 on).
+  const std::string cap = max_isa != nullptr ? max_isa : "";
+  const bool capped = cap == "SSE41" || cap == "AVX" || cap == "AVX2" || cap == "AVX2_VNNI" ||
+                      cap == "AVX2_VNNI_2" || cap == "AVX512_CORE" || cap == "AVX512_CORE_VNNI";
   const bool native = __builtin_cpu_supports("avx512bf16") != 0 && !capped;
   EXPECT_EQ(bf16_gemm_path(), native ? Bf16GemmPath::kNative : Bf16GemmPath::kEmulated);
 }

@@ -9,11 +9,19 @@
    BF16_SAME_ROUNDING_TOL per tensor (about two bf16 steps), and over all tensors the median of
    that error is at most BF16_MEDIAN_RATIO times the median error against fp32 (measured ratios
    1e-5 and 0.21): the engine computes the reference's bf16, not merely something near fp32.
+   Re-measured over four ISA settings (tests/TOLERANCES.md): worst tensor 9.3e-4 with native bf16
+   GEMMs (AVX512-BF16), 2.8e-4 emulated (DNNL_MAX_CPU_ISA=AVX512_CORE or AVX2, where the engine
+   rounds the operands and runs oneDNN's fp32 sgemm); median ratio <= 1e-5 everywhere.
 2. ref_model in fp32: the bf16 error itself. Each GEMM operand carries up to 2^-8 relative rounding
    error; a few GEMMs in sequence on every path (projections, scores, PV, experts, head, and their
    transposes in the backward) give a few times 2^-8 in the logits and gradients:
    max|ours - ref| / max|ref| <= BF16_VS_FP32_TOL per tensor. The same comparison must also show
    a real bf16 effect (logits off by more than the fp32 tolerance), so a silently-fp32 run fails.
+   Forward and backward chain ~10 GEMMs on every path, each with operands rounded to bf16 (2 x 2^-9
+   relative per product), ~4e-2 to first order, more through the QK-norm gradients. Measured 3.13e-2
+   (grad of layer 2's k_norm, "everything") on all four ISA settings: the bf16 rounding itself, not
+   the kernels' summation order, sets it. 8e-2 is 2.6x that (it was 6e-2, 1.9x); a wrong bf16
+   computation is caught more finely by the same-rounding check above.
 
 Routing must not flip between the fp32 and the bf16 forwards: configs and seeds are checked for a
 router-score margin well above the bf16 perturbation of the router inputs, and for equal top-k sets.
@@ -29,7 +37,7 @@ import ref_model
 
 BF16_SAME_ROUNDING_TOL = 1.5e-2
 BF16_MEDIAN_RATIO = 0.3
-BF16_VS_FP32_TOL = 6e-2  # measured up to 3.2e-2
+BF16_VS_FP32_TOL = 8e-2  # measured up to 3.13e-2 on every ISA setting
 MIN_ROUTING_MARGIN = 2e-3
 
 B, T = 2, 16

