@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
+#include <tuple>
 
 #include "core/check.h"
 #include "io/file_util.h"
@@ -92,6 +95,17 @@ void index_parts(const std::string& dir, const std::string& stem, int64_t parts)
   io::write_part_index(dir, stem, weight_map, bytes);
 }
 
+// A count written by moecore into a checkpoint (a slice bound, the optimizer's step count): the
+// whole text a decimal integer in [0, max], else an error naming the file, the key and the text.
+uint64_t parse_count(std::string_view text, uint64_t max, const std::string& origin,
+                     const std::string& key) {
+  uint64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  MOE_CHECK(!text.empty() && ec == std::errc() && ptr == text.data() + text.size() && value <= max,
+            "[checkpoint] {}: {}='{}' is not an integer in [0, {}]", origin, key, text, max);
+  return value;
+}
+
 // Reads one moment of `spec`: the whole tensor, or the slices that ZeRO-1 ranks wrote, which must
 // tile it exactly.
 void read_moment(const io::TensorParts& parts,
@@ -104,14 +118,22 @@ void read_moment(const io::TensorParts& parts,
   }
   const auto it = slices.find(name);
   MOE_CHECK(it != slices.end(), "[checkpoint] {}: missing tensor '{}'", parts.origin(), name);
-  std::vector<std::pair<size_t, std::string>> ordered;  // (begin, slice name)
-  for (const std::string& slice : it->second)
-    ordered.emplace_back(std::stoull(slice.substr(name.size() + 1)), slice);
+  // "<name>[begin:end]": both bounds checked before they index anything.
+  std::vector<std::tuple<size_t, size_t, std::string>> ordered;  // (begin, end, slice name)
+  for (const std::string& slice : it->second) {
+    const std::string_view bounds =
+        std::string_view(slice).substr(name.size() + 1, slice.size() - name.size() - 2);
+    const size_t colon = bounds.find(':');
+    MOE_CHECK(colon != std::string_view::npos,
+              "[checkpoint] {}: tensor '{}' is not a slice <name>[begin:end]", parts.origin(),
+              slice);
+    ordered.emplace_back(parse_count(bounds.substr(0, colon), spec.numel, parts.origin(), slice),
+                         parse_count(bounds.substr(colon + 1), spec.numel, parts.origin(), slice),
+                         slice);
+  }
   std::sort(ordered.begin(), ordered.end());
   size_t covered = 0;
-  for (const auto& [begin, slice] : ordered) {
-    const size_t colon = slice.find(':', name.size());
-    const size_t end = std::stoull(slice.substr(colon + 1));
+  for (const auto& [begin, end, slice] : ordered) {
     MOE_CHECK(begin == covered && end > begin && end <= spec.numel,
               "[checkpoint] {}: the slices of '{}' do not tile its {} elements (at {})",
               parts.origin(), name, spec.numel, slice);
@@ -136,7 +158,9 @@ void load_optimizer(const std::string& dir, const ParamLayout& layout, AdamW& op
   const auto it = parts.metadata().find("steps_taken");
   MOE_CHECK(it != parts.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata",
             parts.origin());
-  optimizer.set_steps_taken(std::stoll(it->second));
+  // No run takes 2^40 steps; the trainer also checks it against the trainer state's step.
+  optimizer.set_steps_taken(static_cast<int64_t>(
+      parse_count(it->second, uint64_t{1} << 40, parts.origin(), "__metadata__.steps_taken")));
 }
 
 std::string step_name(int64_t step) {

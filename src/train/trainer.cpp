@@ -249,6 +249,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     optimizer.import_state(local_state);
     const TrainerState resumed = load_trainer_state(*checkpoint, saved_config->train);
     step = resumed.step;
+    MOE_CHECK(full_state.steps_taken() <= step,
+              "[checkpoint] {}: the optimizer's steps_taken={} exceeds the trainer state's step={}",
+              *checkpoint, full_state.steps_taken(), step);
     tokens_seen = resumed.tokens_seen;
     cursor = resumed.data_cursor;
     // An allowed change of batch size or sequence length changes how the cursor and the token

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 
 namespace moecore {
@@ -383,6 +384,31 @@ TEST_F(CheckpointTest, LossCoefficientsAreNotAnotherArchitecture) {
   other.router_z_loss_coef = 0.25;
   ParamBuffers loaded(layout_);
   EXPECT_NO_THROW(load_checkpoint(dir, other, layout_, loaded, nullptr));
+}
+
+TEST_F(CheckpointTest, OptimizerMetadataIsCheckedNotTrusted) {
+  const std::string dir = save(1);
+  const std::string optim = (fs::path(dir) / "optim.safetensors").string();
+  const io::SafetensorsReader original = io::SafetensorsReader::open(optim);
+  for (const char* steps : {"-3", "12x", "", "99999999999999999999"}) {
+    io::SafetensorsWriter rewritten;
+    for (const std::string& name : original.names())
+      rewritten.add_f32(name, original.info(name).shape, original.read_f32(name).data());
+    rewritten.set_metadata("steps_taken", steps);
+    rewritten.write(optim + ".new");
+    fs::rename(optim + ".new", optim);
+    ParamBuffers loaded(layout_);
+    AdamW loaded_optimizer(layout_, OptimConfig{});
+    try {
+      load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
+      FAIL() << "steps_taken '" << steps << "' was accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(std::string("__metadata__.steps_taken='") + steps + "'"),
+                std::string::npos)
+          << message;
+    }
+  }
 }
 
 }  // namespace
