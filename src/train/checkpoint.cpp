@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "core/escape.h"
 #include "io/file_util.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
@@ -323,7 +324,8 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
       return *it;
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
-      if (damaged != nullptr) damaged->push_back(*it + ": " + e.what());
+      // Escaped: a reason from the JSON library may echo the damaged file's bytes.
+      if (damaged != nullptr) damaged->push_back(*it + ": " + escape_for_message(e.what()));
     }
   }
   return std::nullopt;

@@ -874,6 +874,11 @@ CASES["train/threads_65536"] = lambda e: _train_case(e, "--set", "train.threads=
                                                      needles=("train.threads=65536",))
 CASES["train/threads_typo_100000"] = lambda e: _train_case(e, "--set", "train.threads=100000",
                                                            needles=("train.threads=100000",))
+_CORES = len(os.sched_getaffinity(0))
+if 4 * _CORES + 1 <= 1024:  # within the config's cap, beyond the machine's 4 per core
+    CASES["train/threads_above_4_per_core"] = lambda e: _train_case(
+        e, "--set", f"train.threads={4 * _CORES + 1}",
+        needles=(f"train.threads={4 * _CORES + 1} is more than 4 x the {_CORES} cores",))
 CASES["train/negative_seed"] = lambda e: _train_case(e, "--set", "train.seed=-1",
                                                      needles=("train.seed=-1",))
 

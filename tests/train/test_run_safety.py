@@ -200,3 +200,37 @@ def test_regular_file_named_like_a_checkpoint_is_left_alone(moecore_bin, two_ste
     assert (ckdir / "step_00000003").read_text() == "my notes\n"
     assert (ckdir / ".tmp-step_00000007-1-staging").read_text() == "not moecore's\n"
     assert [step_of(c) for c in checkpoints(out)] == [2, STEPS]
+
+
+def test_rank_zero_of_an_mpi_job_holds_the_lock(moecore_bin, job_data, tmp_path):
+    """Under mpirun the writing rank (0) holds the lock: a second trainer on the directory is
+    refused, naming rank 0, and the job goes on undisturbed and stops cleanly on SIGUSR1."""
+    import signal
+
+    from test_parallel import MPI_ENV
+    out = tmp_path / "run"
+    lock = out / ".moecore.lock"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=SETTINGS["optim"], train={**SETTINGS["train"], "max_steps": 100000})
+    with open(tmp_path / "mpi.log", "w+") as log:
+        proc = subprocess.Popen(["mpirun", "-np", "2", str(moecore_bin), "train", str(cfg)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=MPI_ENV)
+        try:
+            deadline = time.monotonic() + 120
+            while not (lock.is_file() and lock.read_text().strip()):
+                assert proc.poll() is None and time.monotonic() < deadline, "no lock taken"
+                time.sleep(0.05)
+            holder = lock.read_text().strip()
+            assert holder.startswith("pid ") and holder.endswith(f" on host {socket.gethostname()}")
+            r = train(moecore_bin, cfg, resume=True, check=False)
+            assert_one_line_error(r, "is in use by another run", holder)
+            assert proc.poll() is None, "the refused run stopped the job"
+            os.kill(proc.pid, signal.SIGUSR1)  # mpirun forwards it to every rank
+            assert proc.wait(timeout=120) == 128 + signal.SIGUSR1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert lock.read_text() == ""  # released and emptied by the holder
+    assert len(checkpoints(out)) == 1
