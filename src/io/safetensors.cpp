@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include "core/check.h"
@@ -106,7 +107,7 @@ void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
   json header;
   try {
     // Duplicate keys: the parser keeps the last one; each object's keys are tracked to refuse them.
-    std::vector<std::vector<std::string>> keys_per_object;
+    std::vector<std::unordered_set<std::string>> keys_per_object;
     header = json::parse(text, text + header_size,
                          [&](int /*depth*/, json::parse_event_t event, json& parsed) {
                            if (event == json::parse_event_t::object_start) {
@@ -114,11 +115,9 @@ void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
                            } else if (event == json::parse_event_t::object_end) {
                              keys_per_object.pop_back();
                            } else if (event == json::parse_event_t::key) {
-                             std::vector<std::string>& keys = keys_per_object.back();
                              const std::string& key = parsed.get_ref<const std::string&>();
-                             MOE_CHECK(std::find(keys.begin(), keys.end(), key) == keys.end(),
+                             MOE_CHECK(keys_per_object.back().insert(key).second,
                                        "[safetensors] {}: header has key '{}' twice", path, key);
-                             keys.push_back(key);
                            }
                            return true;
                          });
