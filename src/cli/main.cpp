@@ -10,9 +10,11 @@
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
 #include "cli/job_commands.h"
+#include "cli/numeric_option.h"
 #include "cli/plan_command.h"
 #include "core/allocator_tuning.h"
 #include "core/check.h"
+#include "core/escape.h"
 #include "dist/communicator.h"
 #include "train/run_config.h"
 #include "train/stop_signals.h"
@@ -20,7 +22,10 @@
 
 // A failure on one rank of a multi-rank job ends every rank (MPI_Abort): the others would
 // otherwise wait forever in their next collective.
-int fail_job(const std::string& message) {
+int fail_job(const std::string& raw_message) {
+  // moecore::Error escapes its message already; other exceptions (the JSON library's, the
+  // standard library's) may echo input bytes raw.
+  const std::string message = moecore::escape_for_message(raw_message);
   std::fflush(stdout);
   const moecore::dist::Communicator world = moecore::dist::Communicator::world();
   if (world.size() > 1) {
@@ -37,6 +42,7 @@ int main(int argc, char** argv) {
   moecore::start_stop_signal_watcher();
   moecore::tune_allocator_for_training();
   moecore::dist::init_mpi(&argc, &argv);
+  namespace cli = moecore::cli;
   CLI::App app{"moecore: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
 
@@ -61,7 +67,8 @@ int main(int argc, char** argv) {
   CLI::App* debug_steps =
       app.add_subcommand("debug-steps", "N AdamW steps on one batch; losses and final weights");
   add_debug_options(debug_steps);
-  debug_steps->add_option("--steps", debug.steps, "optimizer steps")->required();
+  cli::add_int_option(debug_steps, "--steps", debug.steps, "optimizer steps", 0, 1000000)
+      ->required();
 
   std::string train_config;
   std::vector<std::string> overrides;
@@ -71,6 +78,8 @@ int main(int argc, char** argv) {
   train->add_option("--set", overrides, "override, e.g. --set train.max_steps=50");
   train->add_flag("--resume", train_options.resume,
                   "continue from the newest valid checkpoint in train.out_dir");
+  train->add_flag("--allow-config-change", train_options.allow_config_change,
+                  "with --resume: accept a config that breaks exact replay (each change logged)");
 
   CLI::App* tokenizer = app.add_subcommand("tokenizer", "train or apply a byte-level BPE");
   tokenizer->require_subcommand(1);
@@ -79,7 +88,8 @@ int main(int argc, char** argv) {
   std::string tokenizer_path, input_path;
   CLI::App* tok_train = tokenizer->add_subcommand("train", "train a byte-level BPE tokenizer");
   tok_train->add_option("--input", inputs, "text files")->required();
-  tok_train->add_option("--vocab-size", vocab_size, "vocabulary size")->required();
+  cli::add_int_option(tok_train, "--vocab-size", vocab_size, "vocabulary size", 0, INT32_MAX)
+      ->required();
   tok_train->add_option("--out", out_path, "output tokenizer.json")->required();
   CLI::App* tok_encode = tokenizer->add_subcommand("encode", "encode a text file to uint32 .npy");
   tok_encode->add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
@@ -93,7 +103,8 @@ int main(int argc, char** argv) {
   prepare->add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   prepare->add_option("--input", inputs, "text files (one document per line)")->required();
   prepare->add_option("--out", out_path, "output directory")->required();
-  prepare->add_option("--val-fraction", val_fraction, "fraction of documents for validation");
+  cli::add_float_option(prepare, "--val-fraction", val_fraction,
+                        "fraction of documents for validation", 0.0, 1.0);
   prepare->add_flag("--overwrite", overwrite, "replace an existing prepared directory");
 
   std::string checkpoint;
@@ -102,7 +113,8 @@ int main(int argc, char** argv) {
   CLI::App* eval = app.add_subcommand("eval", "loss and perplexity of a checkpoint on token data");
   eval->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
   eval->add_option("--data", data_paths, ".npy token files or directories")->required();
-  eval->add_option("--max-instances", max_instances, "evaluate at most this many (0 = all)");
+  cli::add_int_option(eval, "--max-instances", max_instances,
+                      "evaluate at most this many (0 = all)", 0, INT64_MAX);
 
   moecore::cli::GenerateArgs gen;
   std::string gen_seed = "0";
@@ -110,10 +122,10 @@ int main(int argc, char** argv) {
   generate->add_option("--checkpoint", gen.checkpoint, "checkpoint directory")->required();
   generate->add_option("--prompt", gen.prompt, "prompt text")->required();
   generate->add_option("--tokenizer", gen.tokenizer, "tokenizer.json (default: the checkpoint's)");
-  generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate");
-  generate->add_option("--temperature", gen.temperature, "0 = greedy");
-  generate->add_option("--top-k", gen.top_k, "0 = off");
-  generate->add_option("--top-p", gen.top_p, "1 = off");
+  cli::add_int_option(generate, "--max-tokens", gen.max_tokens, "tokens to generate", 0, INT32_MAX);
+  cli::add_float_option(generate, "--temperature", gen.temperature, "0 = greedy", 0.0, 1e6);
+  cli::add_int_option(generate, "--top-k", gen.top_k, "0 = off", 0, INT32_MAX);
+  cli::add_float_option(generate, "--top-p", gen.top_p, "1 = off", 0.0, 1.0);
   generate->add_option("--seed", gen_seed, "sampling seed");
 
   moecore::cli::BenchGemmArgs gemm_args;
@@ -121,13 +133,15 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   CLI::App* bench_gemm =
       bench->add_subcommand("gemm", "time the model's GEMM (the peak MFU is measured against)");
-  bench_gemm->add_option("--m", gemm_args.m, "rows of A and C");
-  bench_gemm->add_option("--n", gemm_args.n, "columns of B and C");
-  bench_gemm->add_option("--k", gemm_args.k, "contraction size");
+  cli::add_int_option(bench_gemm, "--m", gemm_args.m, "rows of A and C", 0, 1 << 20);
+  cli::add_int_option(bench_gemm, "--n", gemm_args.n, "columns of B and C", 0, 1 << 20);
+  cli::add_int_option(bench_gemm, "--k", gemm_args.k, "contraction size", 0, 1 << 20);
   bench_gemm->add_option("--precision", gemm_args.precision, "fp32 | bf16");
-  bench_gemm->add_option("--repeats", gemm_args.repeats, "timed repeats");
-  bench_gemm->add_option("--min-seconds", gemm_args.min_seconds, "GEMM time per repeat");
-  bench_gemm->add_option("--threads", gemm_args.threads, "OpenMP threads (0 = default)");
+  cli::add_int_option(bench_gemm, "--repeats", gemm_args.repeats, "timed repeats", 0, 1000000);
+  cli::add_float_option(bench_gemm, "--min-seconds", gemm_args.min_seconds, "GEMM time per repeat",
+                        0.0, 3600.0);
+  cli::add_int_option(bench_gemm, "--threads", gemm_args.threads, "OpenMP threads (0 = default)", 0,
+                      moecore::kMaxThreads);
   CLI::App* bench_flops =
       bench->add_subcommand("flops", "model FLOPs per token and parameter counts of a config");
   bench_flops->add_option("config", train_config, "config TOML")->required();
@@ -150,7 +164,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
                  "train, tokenizer, prepare, eval, generate, bench, plan)\n",
-                 argv[1]);
+                 moecore::escape_for_message(argv[1]));
       return 2;
     }
   }
@@ -161,12 +175,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "moecore: error: {}\n", e.what());
+    fmt::print(stderr, "moecore: error: {}\n", moecore::escape_for_message(e.what()));
     return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
   }
 
   try {
-    namespace cli = moecore::cli;
     if (init->parsed()) {
       cli::run_init(config_path, cli::parse_seed(seed_text), out_path);
     } else if (debug_state->parsed()) {
@@ -198,7 +211,11 @@ int main(int argc, char** argv) {
       cli::run_plan(plan_args);
     }
   } catch (const std::bad_alloc&) {
-    return fail_job("out of memory (the configured model or batch is too large for this machine)");
+    // Inputs are size-checked before they size allocations (a tokenizer id, a tensor shape, a
+    // config width), so what is left is a real shortage: say so without guessing at a cause.
+    return fail_job(
+        "out of memory: the model, batch or input files need more memory than this "
+        "machine has");
   } catch (const std::exception& e) {
     return fail_job(e.what());
   }

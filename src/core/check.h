@@ -1,7 +1,8 @@
 // Errors that reach the user. Every failure names the operation and the offending value, e.g.
 // "[attention] num_attention_heads=3 does not divide hidden_size=64". The CLI catches
 // moecore::Error, prints its one-line message and exits non-zero; nothing in the library calls
-// exit().
+// exit(). Messages are escaped on construction (core/escape.h): whatever bytes a reader echoes
+// into one, it stays one line.
 #pragma once
 
 #include <fmt/format.h>
@@ -9,11 +10,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/escape.h"
+
 namespace moecore {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(escape_for_message(message)) {}
 };
 
 template <typename... Args>

@@ -49,6 +49,23 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// A field of `object`, or `fallback` when it is absent or null; any other type is an error naming
+// the key and the value (the JSON library's own message names neither).
+bool bool_field(const Json& object, const char* key, bool fallback, const std::string& where) {
+  if (!object.is_object() || !object.contains(key) || object[key].is_null()) return fallback;
+  MOE_CHECK(object[key].is_boolean(), "[tokenizer] {}: '{}' must be true or false, not {}", where,
+            key, object[key].dump());
+  return object[key].get<bool>();
+}
+
+std::string string_field(const Json& object, const char* key, const std::string& fallback,
+                         const std::string& where) {
+  if (!object.is_object() || !object.contains(key) || object[key].is_null()) return fallback;
+  MOE_CHECK(object[key].is_string(), "[tokenizer] {}: '{}' must be a string, not {}", where, key,
+            object[key].dump());
+  return object[key].get<std::string>();
+}
+
 bool is_word_char(char32_t cp) {
   // Rust's char::is_alphanumeric, approximated: ASCII letters/digits, and any non-ASCII letter-ish
   // code point that is not whitespace.
@@ -279,7 +296,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
     // Normalizer.
     if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
       const Json& n = doc["normalizer"];
-      const std::string type = n.value("type", std::string("?"));
+      const std::string type = string_field(n, "type", std::string("?"), where);
       if (type == "NFC") {
         impl->nfc = true;
       } else {
@@ -293,22 +310,23 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
               where);
     std::vector<Json> steps;
     const Json& pre = doc["pre_tokenizer"];
-    if (pre.value("type", std::string()) == "Sequence") {
+    if (string_field(pre, "type", std::string(), where) == "Sequence") {
       for (const Json& s : pre.at("pretokenizers")) steps.push_back(s);
     } else {
       steps.push_back(pre);
     }
     for (size_t i = 0; i < steps.size(); ++i) {
       const Json& s = steps[i];
-      const std::string type = s.value("type", std::string("?"));
+      const std::string type = string_field(s, "type", std::string("?"), where);
       PreStep step;
       if (type == "ByteLevel") {
         MOE_CHECK(i + 1 == steps.size(),
                   "[tokenizer] {}: ByteLevel must be the last pre-tokenizer step", where);
-        step.add_prefix_space = s.value("add_prefix_space", false);
-        if (s.value("use_regex", true)) step.regex.emplace(kGpt2SplitPattern, where);
+        step.add_prefix_space = bool_field(s, "add_prefix_space", false, where);
+        if (bool_field(s, "use_regex", true, where)) step.regex.emplace(kGpt2SplitPattern, where);
       } else if (type == "Split") {
-        MOE_CHECK(s.value("behavior", std::string()) == "Isolated" && !s.value("invert", false),
+        MOE_CHECK(string_field(s, "behavior", std::string(), where) == "Isolated" &&
+                      !bool_field(s, "invert", false, where),
                   "[tokenizer] {}: Split pre-tokenizer supports only behavior Isolated, invert "
                   "false",
                   where);
@@ -330,19 +348,19 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
     MOE_CHECK(doc.contains("model") && doc["model"].is_object(),
               "[tokenizer] {}: missing 'model' object", where);
     const Json& model = doc["model"];
-    const std::string model_type = model.value("type", std::string("BPE"));
+    const std::string model_type = string_field(model, "type", std::string("BPE"), where);
     MOE_CHECK(model_type == "BPE", "[tokenizer] {}: model type '{}' is not BPE", where, model_type);
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       MOE_CHECK(!model.contains(key) || model[key].is_null() || model[key] == "",
                 "[tokenizer] {}: model.{} is not supported", where, key);
     }
-    MOE_CHECK(!model.value("byte_fallback", false),
+    MOE_CHECK(!bool_field(model, "byte_fallback", false, where),
               "[tokenizer] {}: model.byte_fallback is not supported", where);
     MOE_CHECK(!model.contains("dropout") || model["dropout"].is_null() ||
-                  model["dropout"].get<double>() == 0.0,
+                  (model["dropout"].is_number() && model["dropout"].get<double>() == 0.0),
               "[tokenizer] {}: model.dropout is not supported", where);
-    impl->fuse_unk = model.value("fuse_unk", false);
-    impl->ignore_merges = model.value("ignore_merges", false);
+    impl->fuse_unk = bool_field(model, "fuse_unk", false, where);
+    impl->ignore_merges = bool_field(model, "ignore_merges", false, where);
     MOE_CHECK(model.contains("vocab") && model["vocab"].is_object(),
               "[tokenizer] {}: model.vocab must be an object of token -> id", where);
     for (const auto& [token, value] : model["vocab"].items()) {
@@ -415,10 +433,10 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
                   "[tokenizer] {}: added token '{}' has id {} out of range or empty content", where,
                   tok.content, id);
         tok.id = static_cast<int32_t>(id);
-        tok.single_word = t.value("single_word", false);
-        tok.lstrip = t.value("lstrip", false);
-        tok.rstrip = t.value("rstrip", false);
-        tok.special = t.value("special", false);
+        tok.single_word = bool_field(t, "single_word", false, where);
+        tok.lstrip = bool_field(t, "lstrip", false, where);
+        tok.rstrip = bool_field(t, "rstrip", false, where);
+        tok.special = bool_field(t, "special", false, where);
         impl->added_ids[tok.content] = tok.id;
         impl->added.push_back(std::move(tok));
       }
@@ -437,22 +455,52 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
     });
   }
 
-  // Id tables.
+  // Id tables. The ids must be dense and unique: 0 .. n-1, each naming one token (an added token
+  // may repeat its own vocab entry, as Hugging Face files do). Checked against the number of
+  // entries before anything is sized by an id: one id of 100,000,063 allocated gigabytes.
   int64_t max_id = -1;
   for (const auto& [token, id] : impl->vocab) max_id = std::max<int64_t>(max_id, id);
   for (const AddedToken& t : impl->added) max_id = std::max<int64_t>(max_id, t.id);
+  const int64_t entries = static_cast<int64_t>(impl->vocab.size() + impl->added.size());
+  MOE_CHECK(max_id < entries,
+            "[tokenizer] {}: id {} with only {} vocab and added tokens: the ids must be dense "
+            "(0 .. n-1)",
+            where, max_id, entries);
   impl->size = max_id + 1;
   const auto n = static_cast<size_t>(impl->size);
   impl->id_token.assign(n, std::string());
   impl->id_present.assign(n, false);
   for (const auto& [token, id] : impl->vocab) {
-    impl->id_token[static_cast<size_t>(id)] = token;
-    impl->id_present[static_cast<size_t>(id)] = true;
+    const auto slot = static_cast<size_t>(id);
+    MOE_CHECK(!impl->id_present[slot],
+              "[tokenizer] {}: id {} names both '{}' and '{}' in the vocab", where, id,
+              impl->id_token[slot], token);
+    impl->id_token[slot] = token;
+    impl->id_present[slot] = true;
   }
+  std::vector<bool> added_id(n, false);
   for (const AddedToken& t : impl->added) {
-    impl->id_token[static_cast<size_t>(t.id)] = t.content;
-    impl->id_present[static_cast<size_t>(t.id)] = true;
+    const auto slot = static_cast<size_t>(t.id);
+    MOE_CHECK(!added_id[slot], "[tokenizer] {}: added tokens '{}' and '{}' share id {}", where,
+              impl->id_token[slot], t.content, t.id);
+    MOE_CHECK(!impl->id_present[slot] || impl->id_token[slot] == t.content,
+              "[tokenizer] {}: added token '{}' has id {}, which the vocab gives to '{}'", where,
+              t.content, t.id, impl->id_token[slot]);
+    added_id[slot] = true;
+    impl->id_token[slot] = t.content;
+    impl->id_present[slot] = true;
   }
+  for (size_t id = 0; id < n; ++id)
+    MOE_CHECK(impl->id_present[id],
+              "[tokenizer] {}: no token has id {} (the ids must be dense: 0 .. {})", where, id,
+              n - 1);
+  // Byte-level BPE starts from one symbol per byte: a missing one would silently drop that byte
+  // from the text (or turn it into unk), so all 256 are required.
+  for (size_t b = 0; b < 256; ++b)
+    MOE_CHECK(impl->byte_id[b] >= 0,
+              "[tokenizer] {}: the byte-level vocabulary has no symbol '{}' for byte 0x{:02X} (a "
+              "byte-level vocabulary holds all 256)",
+              where, byte_level_chars()[b], b);
   // ByteLevel decoder, per token: the bytes its characters stand for, or its own UTF-8 text when
   // some character is not a byte-level character (e.g. a special token containing a space).
   impl->id_bytes.assign(n, std::string());

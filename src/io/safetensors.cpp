@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include "core/check.h"
@@ -31,9 +32,9 @@ using nlohmann::json;
 // Element size of every dtype the format defines; 0 means unknown.
 size_t dtype_size(const std::string& dtype) {
   static const std::map<std::string, size_t> kSizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
-      {"U16", 2},  {"I16", 2}, {"F16", 2}, {"BF16", 2},    {"U32", 4},
-      {"I32", 4},  {"F32", 4}, {"U64", 8}, {"I64", 8},     {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
+      {"U16", 2},  {"I16", 2}, {"F16", 2}, {"BF16", 2},    {"U32", 4},     {"I32", 4},
+      {"F32", 4},  {"U64", 8}, {"I64", 8}, {"F64", 8}};
   const auto it = kSizes.find(dtype);
   return it == kSizes.end() ? 0 : it->second;
 }
@@ -56,43 +57,89 @@ float f16_to_float(uint16_t h) {
 
 }  // namespace
 
+// The reference reader (the `safetensors` package, 0.6.2) refuses headers over 100 MB.
+constexpr uint64_t kMaxHeaderSize = 100'000'000;
+
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
   SafetensorsReader reader;
   reader.path_ = path;
   reader.file_ = MappedFile::open(path, "[safetensors]");
-  const size_t file_size = reader.file_.size();
+  reader.parse(reader.file_.data(), reader.file_.size());
+  return reader;
+}
+
+SafetensorsReader SafetensorsReader::from_bytes(std::vector<std::byte> bytes,
+                                                const std::string& origin) {
+  SafetensorsReader reader;
+  reader.path_ = origin;
+  reader.owned_ = std::move(bytes);
+  reader.parse(reader.owned_.data(), reader.owned_.size());
+  return reader;
+}
+
+// As strict as the reference reader (checked case by case in tests/cli/test_safetensors_strict.py
+// against the `safetensors` package): the header is UTF-8 JSON (surrounding JSON whitespace is
+// allowed, NUL padding and other trailing bytes are not), every tensor entry has a known dtype, a
+// shape of non-negative integers and integer data_offsets, and the tensors' byte ranges, sorted by
+// start, tile the data buffer exactly: no gap, no overlap, no trailing bytes. Stricter than the
+// reference on one point: a key that appears twice (the reference keeps the last one silently).
+void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
+  const std::string& path = path_;
   MOE_CHECK(file_size >= 8, "[safetensors] {}: file is {} bytes, shorter than the 8-byte header",
             path, file_size);
-
-  const std::byte* base = reader.file_.data();
   uint64_t header_size = 0;
   std::memcpy(&header_size, base, 8);
+  MOE_CHECK(header_size <= kMaxHeaderSize,
+            "[safetensors] {}: header length {} exceeds the format's limit of {} bytes", path,
+            header_size, kMaxHeaderSize);
   MOE_CHECK(header_size <= file_size - 8,
             "[safetensors] {}: header length {} exceeds the {} bytes that follow it", path,
             header_size, file_size - 8);
 
-  json header;
   const char* text = reinterpret_cast<const char*>(base + 8);
+  // A raw NUL is not JSON anywhere (inside a string it must be written \u0000); the JSON library
+  // would stop at it, so NUL padding after the object would pass unnoticed.
+  const void* nul = std::memchr(text, '\0', header_size);
+  MOE_CHECK(nul == nullptr,
+            "[safetensors] {}: header holds a NUL byte at offset {} (NUL padding is not allowed; "
+            "pad with spaces)",
+            path, nul == nullptr ? 0 : static_cast<const char*>(nul) - text);
+  json header;
   try {
-    header = json::parse(text, text + header_size);
+    // Duplicate keys: the parser keeps the last one; each object's keys are tracked to refuse them.
+    std::vector<std::unordered_set<std::string>> keys_per_object;
+    header = json::parse(text, text + header_size,
+                         [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+                           if (event == json::parse_event_t::object_start) {
+                             keys_per_object.emplace_back();
+                           } else if (event == json::parse_event_t::object_end) {
+                             keys_per_object.pop_back();
+                           } else if (event == json::parse_event_t::key) {
+                             const std::string& key = parsed.get_ref<const std::string&>();
+                             MOE_CHECK(keys_per_object.back().insert(key).second,
+                                       "[safetensors] {}: header has key '{}' twice", path, key);
+                           }
+                           return true;
+                         });
   } catch (const json::exception& e) {
     fail("[safetensors] {}: malformed JSON header: {}", path, e.what());
   }
   MOE_CHECK(header.is_object(), "[safetensors] {}: header is a JSON {}, expected an object", path,
             header.type_name());
 
-  reader.buffer_ = base + 8 + header_size;
+  buffer_ = base + 8 + header_size;
   const size_t buffer_size = file_size - 8 - header_size;
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
+      if (entry.is_null()) continue;  // the reference accepts "__metadata__": null
       MOE_CHECK(entry.is_object(),
                 "[safetensors] {}: __metadata__ is a JSON {}, expected an object", path,
                 entry.type_name());
       for (const auto& [key, value] : entry.items()) {
         MOE_CHECK(value.is_string(),
                   "[safetensors] {}: __metadata__ value for '{}' is not a string", path, key);
-        reader.metadata_[key] = value.get<std::string>();
+        metadata_[key] = value.get<std::string>();
       }
       continue;
     }
@@ -145,24 +192,30 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
               path, name, begin, end, end - begin, info.dtype, info.shape, nbytes);
     info.begin = static_cast<size_t>(begin);
     info.end = static_cast<size_t>(end);
-    reader.tensors_.emplace(name, std::move(info));
+    tensors_.emplace(name, std::move(info));
   }
 
-  // Overlap check: sort byte ranges and compare neighbours. Empty tensors overlap nothing.
+  // The byte ranges, sorted by start, must tile [0, buffer size): each starts where the previous
+  // one ended (empty tensors included), and the last ends at the end of the file.
   std::vector<std::tuple<size_t, size_t, const std::string*>> ranges;
-  for (const auto& [name, info] : reader.tensors_) {
-    if (info.begin != info.end) ranges.emplace_back(info.begin, info.end, &name);
-  }
+  for (const auto& [name, info] : tensors_) ranges.emplace_back(info.begin, info.end, &name);
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    const auto& [prev_begin, prev_end, prev_name] = ranges[i - 1];
-    const auto& [cur_begin, cur_end, cur_name] = ranges[i];
-    MOE_CHECK(
-        prev_end <= cur_begin,
-        "[safetensors] {}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap in the data buffer",
-        path, *prev_name, prev_begin, prev_end, *cur_name, cur_begin, cur_end);
+  size_t covered = 0;
+  const std::string* previous = nullptr;
+  for (const auto& [begin, end, name] : ranges) {
+    MOE_CHECK(begin == covered,
+              "[safetensors] {}: tensor '{}' starts at byte {} of the data buffer, but {} ends at "
+              "{} ({})",
+              path, *name, begin, previous != nullptr ? "'" + *previous + "'" : "the start",
+              covered, begin < covered ? "overlapping tensors" : "a gap between tensors");
+    covered = end;
+    previous = name;
   }
-  return reader;
+  MOE_CHECK(
+      covered == buffer_size,
+      "[safetensors] {}: {} trailing bytes after the last tensor (the tensors cover {} of the "
+      "{}-byte data buffer)",
+      path, buffer_size - covered, covered, buffer_size);
 }
 
 std::vector<std::string> SafetensorsReader::names() const {

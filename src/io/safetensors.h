@@ -26,6 +26,8 @@ class SafetensorsReader {
  public:
   // Maps and validates the whole header; every inconsistency is an error naming the file.
   static SafetensorsReader open(const std::string& path);
+  // The same on bytes in memory (fuzzing, tests); `origin` names them in errors.
+  static SafetensorsReader from_bytes(std::vector<std::byte> bytes, const std::string& origin);
 
   SafetensorsReader(SafetensorsReader&&) noexcept = default;
   SafetensorsReader& operator=(SafetensorsReader&&) noexcept = default;
@@ -47,9 +49,11 @@ class SafetensorsReader {
 
  private:
   SafetensorsReader() = default;
+  void parse(const std::byte* base, size_t size);  // fills buffer_, tensors_, metadata_
 
   std::string path_;
   MappedFile file_;
+  std::vector<std::byte> owned_;       // from_bytes' copy (a moved vector keeps its data in place)
   const std::byte* buffer_ = nullptr;  // Start of the data buffer inside file_.
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -1,5 +1,8 @@
 #include "model/config.h"
 
+#include <cmath>
+#include <utility>
+
 #include "core/check.h"
 
 namespace moecore {
@@ -40,8 +43,15 @@ void ModelConfig::validate() const {
             "[attention] num_key_value_heads={} does not divide num_attention_heads={}",
             num_key_value_heads, num_attention_heads);
   MOE_CHECK(head_size() % 2 == 0, "[rope] head_dim={} must be even", head_size());
+  // Floats: finite (inf / nan pass a bare `> 0` check or poison every step) and in range.
+  for (const auto& [key, value] : {std::pair{"rope_theta", rope_theta},
+                                   {"rms_norm_eps", rms_norm_eps},
+                                   {"router_aux_loss_coef", router_aux_loss_coef},
+                                   {"router_z_loss_coef", router_z_loss_coef}})
+    MOE_CHECK(std::isfinite(value), "[config] model.{}={} must be a finite number", key, value);
   MOE_CHECK(rope_theta > 0.0, "[config] model.rope_theta={} must be positive", rope_theta);
-  MOE_CHECK(rms_norm_eps > 0.0, "[config] model.rms_norm_eps={} must be positive", rms_norm_eps);
+  MOE_CHECK(rms_norm_eps > 0.0 && rms_norm_eps < 1.0,
+            "[config] model.rms_norm_eps={} must be in (0, 1)", rms_norm_eps);
   MOE_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
             "[config] model.first_k_dense_replace={} must be in [0, num_hidden_layers={}]",
             first_k_dense_replace, num_hidden_layers);

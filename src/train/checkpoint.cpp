@@ -4,16 +4,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
+#include <tuple>
 
 #include "core/check.h"
+#include "core/escape.h"
 #include "io/file_util.h"
 #include "io/model_weights.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
+#include "train/trainer_state.h"
 
 namespace moecore {
 
@@ -91,6 +96,17 @@ void index_parts(const std::string& dir, const std::string& stem, int64_t parts)
   io::write_part_index(dir, stem, weight_map, bytes);
 }
 
+// A count written by moecore into a checkpoint (a slice bound, the optimizer's step count): the
+// whole text a decimal integer in [0, max], else an error naming the file, the key and the text.
+uint64_t parse_count(std::string_view text, uint64_t max, const std::string& origin,
+                     const std::string& key) {
+  uint64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  MOE_CHECK(!text.empty() && ec == std::errc() && ptr == text.data() + text.size() && value <= max,
+            "[checkpoint] {}: {}='{}' is not an integer in [0, {}]", origin, key, text, max);
+  return value;
+}
+
 // Reads one moment of `spec`: the whole tensor, or the slices that ZeRO-1 ranks wrote, which must
 // tile it exactly.
 void read_moment(const io::TensorParts& parts,
@@ -103,14 +119,22 @@ void read_moment(const io::TensorParts& parts,
   }
   const auto it = slices.find(name);
   MOE_CHECK(it != slices.end(), "[checkpoint] {}: missing tensor '{}'", parts.origin(), name);
-  std::vector<std::pair<size_t, std::string>> ordered;  // (begin, slice name)
-  for (const std::string& slice : it->second)
-    ordered.emplace_back(std::stoull(slice.substr(name.size() + 1)), slice);
+  // "<name>[begin:end]": both bounds checked before they index anything.
+  std::vector<std::tuple<size_t, size_t, std::string>> ordered;  // (begin, end, slice name)
+  for (const std::string& slice : it->second) {
+    const std::string_view bounds =
+        std::string_view(slice).substr(name.size() + 1, slice.size() - name.size() - 2);
+    const size_t colon = bounds.find(':');
+    MOE_CHECK(colon != std::string_view::npos,
+              "[checkpoint] {}: tensor '{}' is not a slice <name>[begin:end]", parts.origin(),
+              slice);
+    ordered.emplace_back(parse_count(bounds.substr(0, colon), spec.numel, parts.origin(), slice),
+                         parse_count(bounds.substr(colon + 1), spec.numel, parts.origin(), slice),
+                         slice);
+  }
   std::sort(ordered.begin(), ordered.end());
   size_t covered = 0;
-  for (const auto& [begin, slice] : ordered) {
-    const size_t colon = slice.find(':', name.size());
-    const size_t end = std::stoull(slice.substr(colon + 1));
+  for (const auto& [begin, end, slice] : ordered) {
     MOE_CHECK(begin == covered && end > begin && end <= spec.numel,
               "[checkpoint] {}: the slices of '{}' do not tile its {} elements (at {})",
               parts.origin(), name, spec.numel, slice);
@@ -135,7 +159,9 @@ void load_optimizer(const std::string& dir, const ParamLayout& layout, AdamW& op
   const auto it = parts.metadata().find("steps_taken");
   MOE_CHECK(it != parts.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata",
             parts.origin());
-  optimizer.set_steps_taken(std::stoll(it->second));
+  // No run takes 2^40 steps; the trainer also checks it against the trainer state's step.
+  optimizer.set_steps_taken(static_cast<int64_t>(
+      parse_count(it->second, uint64_t{1} << 40, parts.origin(), "__metadata__.steps_taken")));
 }
 
 std::string step_name(int64_t step) {
@@ -144,20 +170,32 @@ std::string step_name(int64_t step) {
   return name;
 }
 
-}  // namespace
-
-std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step) {
-  // One staging directory per step: every writing rank of a multi-rank save finds it by name.
-  return checkpoints_dir(run_dir) + "/" + kTempPrefix +
-         step_name(step).substr(std::string(kPrefix).size()) + "-staging";
+// A save never replaces what moecore did not write: a regular file, a symlink or anything else
+// that is not a directory where the checkpoint of this step goes is an error, and stays.
+void check_not_foreign(const std::string& final_dir, int64_t step) {
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(final_dir, ec);
+  MOE_CHECK(!fs::exists(status) || fs::is_directory(status),
+            "[checkpoint] cannot save step {}: {} exists and is not a checkpoint directory "
+            "(moecore leaves it alone; move it away)",
+            step, final_dir);
 }
 
-std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
+}  // namespace
+
+std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step, int64_t owner_pid) {
+  return checkpoints_dir(run_dir) + "/" + kTempPrefix +
+         step_name(step).substr(std::string(kPrefix).size()) + "-" + std::to_string(owner_pid) +
+         "-staging";
+}
+
+std::string begin_checkpoint(const std::string& run_dir, int64_t step, int64_t owner_pid) {
   const std::string parent = checkpoints_dir(run_dir);
   std::error_code ec;
   fs::create_directories(parent, ec);
   MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", parent, ec.message());
-  const std::string staging = checkpoint_staging_dir(run_dir, step);
+  check_not_foreign(parent + "/" + step_name(step), step);
+  const std::string staging = checkpoint_staging_dir(run_dir, step, owner_pid);
   fs::remove_all(staging, ec);
   fs::create_directory(staging, ec);
   MOE_CHECK(!ec, "[checkpoint] cannot create '{}': {}", staging, ec.message());
@@ -182,6 +220,7 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
   const std::string stale_dir = parent + "/" + kReplacedPrefix + name;
   std::error_code ec;
   try {
+    check_not_foreign(final_dir, step);
     if (parts > 1) {
       index_parts(staging_dir, "model", parts);
       if (fs::exists(staging_dir + "/" + io::part_file_name("optim", 0, parts)))
@@ -239,7 +278,7 @@ void prune_checkpoints(const std::string& run_dir, const std::string& newest, in
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointContents& c,
                             int64_t keep_last) {
-  const std::string staging = begin_checkpoint(run_dir, step);
+  const std::string staging = begin_checkpoint(run_dir, step, ::getpid());
   try {
     CheckpointPart part{0, 1, c.params, {}, {}, std::nullopt};
     for (const ParamSpec& spec : c.layout->specs()) {
@@ -264,7 +303,9 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   if (!fs::is_directory(parent, ec)) return dirs;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind(kPrefix, 0) == 0) dirs.push_back(entry.path().string());
+    std::error_code type_ec;  // only real directories: other entries are left alone
+    if (entry.is_directory(type_ec) && !entry.is_symlink(type_ec) && name.rfind(kPrefix, 0) == 0)
+      dirs.push_back(entry.path().string());
   }
   std::sort(dirs.begin(), dirs.end());  // zero-padded step numbers sort chronologically
   return dirs;
@@ -275,15 +316,16 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
   std::vector<std::string> dirs = list_checkpoints(run_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     try {
-      const nlohmann::json state = nlohmann::json::parse(read_text(*it + "/trainer_state.json"));
-      MOE_CHECK(state.contains("step"), "[checkpoint] no step");
+      const RunConfig saved =
+          parse_run_config(read_text(*it + "/config.toml"), *it + "/config.toml");
+      load_trainer_state(*it, saved.train);
       io::TensorParts::open(*it, "model");
       io::TensorParts::open(*it, "optim");
-      parse_run_config(read_text(*it + "/config.toml"), *it + "/config.toml");
       return *it;
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
-      if (damaged != nullptr) damaged->push_back(*it + ": " + e.what());
+      // Escaped: a reason from the JSON library may echo the damaged file's bytes.
+      if (damaged != nullptr) damaged->push_back(*it + ": " + escape_for_message(e.what()));
     }
   }
   return std::nullopt;
@@ -298,13 +340,8 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
             dir, difference);
   io::load_weights_from_dir(layout, dir, params);
   if (optimizer != nullptr) load_optimizer(dir, layout, *optimizer);
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(read_text(dir + "/trainer_state.json"));
-  } catch (const nlohmann::json::exception& e) {
-    fail("[checkpoint] {}/trainer_state.json is not valid JSON: {}", dir, e.what());
-  }
-  return state;
+  load_trainer_state(dir, saved.train);  // every field checked before the run trusts any
+  return nlohmann::json::parse(read_text(dir + "/trainer_state.json"));
 }
 
 void remove_interrupted_saves(const std::string& run_dir) {
@@ -313,6 +350,8 @@ void remove_interrupted_saves(const std::string& run_dir) {
   if (!fs::is_directory(parent, ec)) return;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
+    std::error_code type_ec;
+    if (!entry.is_directory(type_ec) || entry.is_symlink(type_ec)) continue;  // not ours
     if (name.rfind(kTempPrefix, 0) == 0) {
       fs::remove_all(entry.path(), ec);
     } else if (name.rfind(kReplacedPrefix, 0) == 0) {

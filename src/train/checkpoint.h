@@ -54,8 +54,12 @@ struct CheckpointPart {
   std::vector<StatePiece> state;          // Adam moments
   std::optional<int64_t> steps_taken;     // nullopt: weights only (no optimizer part)
 };
-std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step);
-std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+// The staging directory of a save of `step` by the run whose writing process (rank 0) has id
+// `owner_pid`: every rank of that run finds it by name, and no other process's name collides with
+// it (a second trainer on the directory is refused by its lock, io/run_dir_lock.h; the name is
+// the second line of defence).
+std::string checkpoint_staging_dir(const std::string& run_dir, int64_t step, int64_t owner_pid);
+std::string begin_checkpoint(const std::string& run_dir, int64_t step, int64_t owner_pid);
 void write_checkpoint_part(const std::string& staging_dir, const CheckpointPart& part);
 void discard_checkpoint(const std::string& staging_dir);  // a save that failed
 std::string commit_checkpoint(const std::string& run_dir, int64_t step,
@@ -83,7 +87,8 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
                                const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer);
 
 // Removes temporary directories left by saves that were interrupted, and puts back a checkpoint
-// that was moved aside for a re-save that never completed (called at start-up).
+// that was moved aside for a re-save that never completed (called at start-up, under the run's
+// lock). Entries that are not directories are left alone: moecore never writes files there.
 void remove_interrupted_saves(const std::string& run_dir);
 
 }  // namespace moecore

@@ -2,9 +2,12 @@
 
 #include <toml++/toml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <utility>
 
 #include "core/check.h"
 
@@ -30,11 +33,18 @@ class TableReader {
     } else if constexpr (std::is_integral_v<T>) {
       auto value = node->value_exact<int64_t>();
       MOE_CHECK(value.has_value(), "[config] {}: {}.{} must be an integer", source_, section_, key);
+      // No wrap-around: a negative train.seed is an error, not 2^64 - 1.
+      MOE_CHECK(std::in_range<T>(*value), "[config] {}: {}.{}={} is out of range [{}, {}]", source_,
+                section_, key, *value, std::numeric_limits<T>::min(),
+                std::numeric_limits<T>::max());
       field = static_cast<T>(*value);
     } else if constexpr (std::is_floating_point_v<T>) {
       auto value = node->value<double>();  // integers are accepted for float keys
       MOE_CHECK(value.has_value() && (node->is_floating_point() || node->is_integer()),
                 "[config] {}: {}.{} must be a number", source_, section_, key);
+      // TOML spells inf and nan; no key of a run means either (each key's range is checked after).
+      MOE_CHECK(std::isfinite(*value), "[config] {}: {}.{}={} must be a finite number", source_,
+                section_, key, *value);
       field = *value;
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       field.clear();
@@ -221,6 +231,16 @@ void apply_override(toml::table& doc, const std::string& override_text) {
 }  // namespace
 
 void OptimConfig::validate() const {
+  // Every float finite (a config file is checked on reading already; this also covers configs
+  // built in code): lr = inf trained to all-NaN weights and exited 0.
+  for (const auto& [key, value] : {std::pair{"lr", lr},
+                                   {"beta1", beta1},
+                                   {"beta2", beta2},
+                                   {"eps", eps},
+                                   {"weight_decay", weight_decay},
+                                   {"max_grad_norm", max_grad_norm},
+                                   {"min_lr_ratio", min_lr_ratio}})
+    MOE_CHECK(std::isfinite(value), "[config] optim.{}={} must be a finite number", key, value);
   MOE_CHECK(lr > 0.0, "[config] optim.lr={} must be positive", lr);
   MOE_CHECK(beta1 >= 0.0 && beta1 < 1.0, "[config] optim.beta1={} must be in [0, 1)", beta1);
   MOE_CHECK(beta2 >= 0.0 && beta2 < 1.0, "[config] optim.beta2={} must be in [0, 1)", beta2);
@@ -272,7 +292,12 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.max_steps >= 0, "[config] train.max_steps={} must be >= 0", t.max_steps);
   MOE_CHECK(t.batch_size > 0, "[config] train.batch_size={} must be positive", t.batch_size);
   MOE_CHECK(t.seq_len > 0, "[config] train.seq_len={} must be positive", t.seq_len);
-  MOE_CHECK(t.threads >= 0, "[config] train.threads={} must be >= 0", t.threads);
+  MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
+            "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
+  for (const auto& [key, value] : {std::pair{"max_seconds", t.max_seconds},
+                                   {"skip_sigma", t.skip_sigma},
+                                   {"gerrymander_threshold", t.gerrymander_threshold}})
+    MOE_CHECK(std::isfinite(value), "[config] train.{}={} must be a finite number", key, value);
   MOE_CHECK(t.eval_every >= 0, "[config] train.eval_every={} must be >= 0 (0 = never)",
             t.eval_every);
   MOE_CHECK(t.eval_every == 0 || t.eval_batches > 0,
@@ -297,8 +322,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(p.virtual_stages >= 0, "[config] parallel.virtual_stages={} must be >= 0",
             p.virtual_stages);
   MOE_CHECK(p.zero == 0 || p.zero == 1, "[config] parallel.zero={} must be 0 or 1", p.zero);
-  MOE_CHECK(p.capacity_factor > 0.0, "[config] parallel.capacity_factor={} must be positive",
-            p.capacity_factor);
+  // Above ep nothing is ever dropped, so a larger factor only grows the receive buffers.
+  MOE_CHECK(
+      std::isfinite(p.capacity_factor) && p.capacity_factor > 0.0 && p.capacity_factor <= 1024.0,
+      "[config] parallel.capacity_factor={} must be in (0, 1024]", p.capacity_factor);
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   return config;
 }
@@ -428,9 +455,16 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) 
     for (std::string line; std::getline(in, line);) out.push_back(line);
     return out;
   };
+  // The loss coefficients and the load-balancing loss's form shape the training, not the
+  // weights: they are resume-policy keys (train/resume_policy.h), not architecture.
+  auto is_loss_key = [](const std::string& line) {
+    for (const char* key : {"router_aux_loss_coef ", "router_z_loss_coef ", "lb_loss_style "})
+      if (line.rfind(key, 0) == 0) return true;
+    return false;
+  };
   const std::vector<std::string> la = lines(a), lb = lines(b);
   for (size_t i = 0; i < la.size() && i < lb.size(); ++i)
-    if (la[i] != lb[i]) return fmt::format("model: {} vs {}", la[i], lb[i]);
+    if (la[i] != lb[i] && !is_loss_key(la[i])) return fmt::format("model: {} vs {}", la[i], lb[i]);
   return "";
 }
 

@@ -13,6 +13,11 @@
 
 namespace moecore {
 
+// The most threads a config or `bench gemm --threads` may ask for. libgomp overflows its stack
+// somewhere past a few thousand threads (65536 crashed with no message); beyond the machine's
+// cores more threads only slow a run down, and the trainer also refuses more than 4 per core.
+inline constexpr int64_t kMaxThreads = 1024;
+
 struct TrainConfig {
   uint64_t seed = 0;  // initialisation and data order
   int64_t max_steps = 1000;
@@ -81,8 +86,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);
 
-// "model: hidden_size = 128 vs hidden_size = 256" for the first [model] key on which a and b
-// differ, or "" if none.
+// "model: hidden_size = 128 vs hidden_size = 256" for the first architecture key of [model] on
+// which a and b differ, or "" if none. The loss keys (router_aux_loss_coef, router_z_loss_coef,
+// lb_loss_style) are not architecture: see train/resume_policy.h.
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 
 }  // namespace moecore

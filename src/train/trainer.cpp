@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -28,6 +29,7 @@
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
 #include "io/model_weights.h"
+#include "io/run_dir_lock.h"
 #include "kernels/gemm.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
@@ -40,9 +42,11 @@
 #include "train/pipeline_runner.h"
 #include "train/profile_report.h"
 #include "train/progress.h"
+#include "train/resume_policy.h"
 #include "train/sample.h"
 #include "train/step_guard.h"
 #include "train/stop_signals.h"
+#include "train/trainer_state.h"
 
 namespace moecore {
 
@@ -66,6 +70,12 @@ std::optional<int64_t> write_fault_from_env() {
 // Threads per rank: train.threads, or the cores divided among the ranks on this node (ranks that
 // each start one thread per core would oversubscribe the machine).
 void set_threads(int64_t threads, int world_size) {
+  // More than 4 threads per core only slows a run (and a typo like 100000 crashed libgomp).
+  const int64_t cores = omp_get_num_procs();
+  MOE_CHECK(
+      threads <= 4 * cores,
+      "[train] train.threads={} is more than 4 x the {} cores of this machine (0: every core)",
+      threads, cores);
   if (threads > 0) {
     omp_set_num_threads(static_cast<int>(threads));
   } else if (world_size > 1) {
@@ -165,12 +175,19 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const ParamLayout full_layout = ParamLayout::build(mc);
   const int64_t ep = pc.ep;
   const ParamLayout layout = ParamLayout::build(mc, ep, mesh.ep.rank(), my_chunks);
+  // Rank 0 writes the run directory and holds its lock until the run ends (the kernel drops it if
+  // the process dies); the lock comes before anything in the directory is touched, so a second
+  // trainer started at the same instant is refused before it can delete or write anything.
+  std::optional<io::RunDirLock> run_lock;
+  int64_t owner_pid = ::getpid();  // rank 0's: the staging directories' names
   if (rank0) {
     std::error_code ec;
     std::filesystem::create_directories(tc.out_dir, ec);
     MOE_CHECK(!ec, "[train] cannot create output directory '{}': {}", tc.out_dir, ec.message());
+    run_lock.emplace(io::RunDirLock::acquire(tc.out_dir));
     remove_interrupted_saves(tc.out_dir);
   }
+  world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
   const std::vector<std::string> existing = list_checkpoints(tc.out_dir);
   MOE_CHECK(options.resume || existing.empty(),
@@ -185,6 +202,26 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       "[train] none of the {} checkpoints in {} can be resumed (newest: {}); refusing to start "
       "over on top of them",
       existing.size(), tc.out_dir, damaged.empty() ? existing.back() : damaged.front());
+  // Resume policy: the checkpoint replays exactly only under the configuration that wrote it.
+  std::optional<RunConfig> saved_config;
+  std::vector<std::string> change_messages;
+  bool config_changed = false;
+  if (checkpoint) {
+    saved_config = load_run_config(*checkpoint + "/config.toml");
+    const std::vector<ConfigChange> changes = replay_config_changes(*saved_config, config);
+    std::string listed;
+    for (const ConfigChange& change : changes)
+      listed += (listed.empty() ? "" : "; ") + describe(change);
+    MOE_CHECK(changes.empty() || options.allow_config_change,
+              "[train] --resume: {} was written with another configuration ({}), so the run would "
+              "not replay exactly; pass --allow-config-change to continue with the new values",
+              *checkpoint, listed);
+    for (const ConfigChange& change : changes)
+      change_messages.push_back("config change on resume: " + describe(change));
+    if (const std::string note = horizon_note(*saved_config, config); !note.empty())
+      change_messages.push_back(note);
+    config_changed = !changes.empty();
+  }
   // A run killed between committing a checkpoint and pruning the old ones left one too many.
   if (checkpoint && rank0) prune_checkpoints(tc.out_dir, *checkpoint, tc.keep_last);
   if (checkpoint) world.barrier();  // no rank looks at the run directory while rank 0 prunes
@@ -225,23 +262,29 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   GerrymanderingDetector gerrymandering({tc.gerrymander_window, tc.gerrymander_threshold});
   int64_t step = 0, tokens_seen = 0;
   uint64_t cursor = 0;
+  ReplayOrigin replay_origin;
   if (checkpoint) {
     AdamW full_state(full_layout, config.optim), local_state(layout, config.optim);
-    const nlohmann::json state =
-        load_checkpoint(*checkpoint, mc, full_layout, full_params, &full_state);
+    // The weights and moments; the trainer state, checked field by field against the config that
+    // wrote it, is read below as a struct.
+    load_checkpoint(*checkpoint, mc, full_layout, full_params, &full_state);
     dist::take_local(full_layout, full_params, layout, params);
     dist::take_local(full_layout, full_state.exp_avg(), layout, local_state.exp_avg());
     dist::take_local(full_layout, full_state.exp_avg_sq(), layout, local_state.exp_avg_sq());
     local_state.set_steps_taken(full_state.steps_taken());
     optimizer.import_state(local_state);
-    step = state.at("step").get<int64_t>();
-    tokens_seen = state.at("tokens_seen").get<int64_t>();
-    cursor = state.at("data_cursor").get<uint64_t>();
-    MOE_CHECK(state.at("seed").get<uint64_t>() == tc.seed,
-              "[train] {} was trained with train.seed={} but the config says {}", *checkpoint,
-              state.at("seed").get<uint64_t>(), tc.seed);
-    guard.from_json(state.at("step_guard"));
-    gerrymandering.from_json(state.at("gerrymandering"));
+    const TrainerState resumed = load_trainer_state(*checkpoint, saved_config->train);
+    step = resumed.step;
+    MOE_CHECK(full_state.steps_taken() <= step,
+              "[checkpoint] {}: the optimizer's steps_taken={} exceeds the trainer state's step={}",
+              *checkpoint, full_state.steps_taken(), step);
+    tokens_seen = resumed.tokens_seen;
+    cursor = resumed.data_cursor;
+    // An allowed change of batch size or sequence length changes how the cursor and the token
+    // count grow from here on: later checkpoints count from this point.
+    replay_origin = config_changed ? ReplayOrigin{step, cursor, tokens_seen} : resumed.origin;
+    guard.from_json(resumed.step_guard);
+    gerrymandering.from_json(resumed.gerrymandering);
   }
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0) write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
@@ -258,6 +301,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   Progress progress(tc.max_steps, tc.log_every, rank0);
   for (const std::string& reason : damaged)
     progress.message(fmt::format("warning: skipped damaged checkpoint {}", reason));
+  for (const std::string& change : change_messages) progress.message(change);
   progress.message(fmt::format(
       "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} GEMMs, "
       "{} train instances of {} tokens{}",
@@ -297,19 +341,22 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   std::string last_checkpoint_dir;  // rank 0
   auto save = [&](int64_t at_step) {
     // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
-    const nlohmann::json state = {
-        {"step", at_step},
-        {"tokens_seen", tokens_seen},
-        {"data_cursor", loader.cursor()},
-        {"seed", tc.seed},
-        {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
-        {"lr_next", learning_rate(config.optim, at_step, tc.max_steps)},
-        {"step_guard", guard.to_json()},
-        {"gerrymandering", gerrymandering.to_json()}};
+    nlohmann::json state = {{"step", at_step},
+                            {"tokens_seen", tokens_seen},
+                            {"data_cursor", loader.cursor()},
+                            {"seed", tc.seed},
+                            {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
+                            {"lr_next", learning_rate(config.optim, at_step, tc.max_steps)},
+                            {"step_guard", guard.to_json()},
+                            {"gerrymandering", gerrymandering.to_json()}};
+    if (replay_origin != ReplayOrigin{})
+      state["replay_origin"] = {{"step", replay_origin.step},
+                                {"data_cursor", replay_origin.data_cursor},
+                                {"tokens_seen", replay_origin.tokens_seen}};
     const CheckpointContents contents{&config, &full_layout, nullptr,       nullptr,
                                       state,   hf_config,    tokenizer_json};
-    const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step);
-    if (rank0) begin_checkpoint(tc.out_dir, at_step);
+    const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step, owner_pid);
+    if (rank0) begin_checkpoint(tc.out_dir, at_step, owner_pid);
     world.barrier();
     try {
       write_checkpoint_part(staging,

@@ -11,6 +11,9 @@ namespace moecore {
 
 struct TrainOptions {
   bool resume = false;  // continue from the newest valid checkpoint in train.out_dir
+  // Resume even where the config differs from the checkpoint's in a way that breaks exact replay
+  // (train/resume_policy.h); each difference is logged.
+  bool allow_config_change = false;
 };
 
 struct TrainSummary {

@@ -862,6 +862,114 @@ def _(e):
     return Case(["train", cfg], ("eval_batches",))
 
 
+# --- issue 13: every float finite and in range, threads bounded ---
+
+for _key, _value in [("optim.lr", "inf"), ("optim.max_grad_norm", "nan"), ("train.skip_sigma", "nan"),
+                     ("model.rms_norm_eps", "inf"), ("model.router_aux_loss_coef", "inf"),
+                     ("model.rope_theta", "inf"), ("parallel.capacity_factor", "inf"),
+                     ("optim.eps", "-inf")]:
+    CASES[f"train/{_key}_{_value}"] = (lambda k, v: lambda e: _train_case(
+        e, "--set", f"{k}={v}", needles=(f"{k}={v}", "finite")))(_key, _value)
+CASES["train/threads_65536"] = lambda e: _train_case(e, "--set", "train.threads=65536",
+                                                     needles=("train.threads=65536",))
+CASES["train/threads_typo_100000"] = lambda e: _train_case(e, "--set", "train.threads=100000",
+                                                           needles=("train.threads=100000",))
+_CORES = len(os.sched_getaffinity(0))
+if 4 * _CORES + 1 <= 1024:  # within the config's cap, beyond the machine's 4 per core
+    CASES["train/threads_above_4_per_core"] = lambda e: _train_case(
+        e, "--set", f"train.threads={4 * _CORES + 1}",
+        needles=(f"train.threads={4 * _CORES + 1} is more than 4 x the {_CORES} cores",))
+CASES["train/negative_seed"] = lambda e: _train_case(e, "--set", "train.seed=-1",
+                                                     needles=("train.seed=-1",))
+
+
+# --- issue 13: control characters from every reader come back escaped, on one line ---
+
+@case("escape/config_key")
+def _(e):
+    cfg = e.cfg(model_toml().replace("[model]", '[model]\n"hid\\nden\\u0007" = 3'), "ctrl.toml")
+    return _init_case(e, cfg, "unknown key model.hid\\nden\\x07")
+
+
+@case("escape/config_value")
+def _(e):
+    return _init_case(e, e.cfg(model_toml(qk_norm="fu\\r\\nll")), 'qk_norm="fu\\r\\nll"')
+
+
+@case("escape/safetensors_tensor_name")
+def _(e):
+    t = drop(e.tensors, GATE)
+    t["model.layers.1.mlp.gate.weigth\r\n\x1b[2K"] = e.tensors[GATE]
+    return _weights_case(e, e.weights_with(t), "weigth\\r\\n\\x1B[2K")
+
+
+@case("escape/safetensors_dtype")
+def _(e):
+    w = write_raw_safetensors(e.path("dtype.safetensors"),
+                              {"x": {"dtype": "F3\n2", "shape": [1], "data_offsets": [0, 4]}},
+                              b"\0" * 4)
+    return _weights_case(e, w, "'F3\\n2'")
+
+
+@case("escape/npy_header_key")
+def _(e):
+    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (2, 8), 'ke\ny\x1b': 1, }"
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    p = e.path("ctrl.npy")
+    p.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
+                  + good_ids().tobytes())
+    return _ids_case(e, tokens=p, needles=("'ke\\ny\\x1B'",))
+
+
+@case("escape/tokenizer_vocab_entry")
+def _(e):
+    tok = json.loads(e.job.tokenizer.read_text()) if e.job else None
+    assert tok is not None
+    tok["model"]["vocab"]["bad\n\x01"] = "x"
+    p = e.path("tokenizer.json")
+    p.write_text(json.dumps(tok))
+    out = e.path("ids.npy")
+    return Case(["tokenizer", "encode", "--tokenizer", p, "--input", e.job.corpus, "--out", out],
+                ("vocab entry 'bad\\n\\x01'",), out)
+
+
+# --- issue 13: tokenizer.json ids dense, unique, byte vocabulary complete ---
+
+def _tokenizer_case(edit, *needles, limit_memory=False):
+    def build(e):
+        tok = json.loads(e.job.tokenizer.read_text())
+        edit(tok)
+        p = e.path("tokenizer.json")
+        p.write_text(json.dumps(tok))
+        out = e.path("ids.npy")
+        return Case(["tokenizer", "encode", "--tokenizer", p, "--input", e.job.corpus,
+                     "--out", out], needles, out, limit_memory=limit_memory)
+    return build
+
+
+def _set_vocab(token, id_):
+    return lambda t: t["model"]["vocab"].__setitem__(token, id_)
+
+
+# Memory-limited: before the check, this id made `tokenizer encode` allocate 6.3 GB.
+CASES["tokenizer/huge_id"] = _tokenizer_case(_set_vocab("zzz", 100_000_063), "id 100000063",
+                                             "dense", limit_memory=True)
+CASES["tokenizer/duplicate_id"] = _tokenizer_case(_set_vocab("zzz", 5), "id 5 names both")
+CASES["tokenizer/empty_vocab"] = _tokenizer_case(
+    lambda t: (t["model"].__setitem__("vocab", {}), t["model"].__setitem__("merges", []),
+               t.__setitem__("added_tokens", [])), "no symbol")
+
+
+def _drop_byte_symbol(t):
+    # "Ċ" stands for "\n"; its id goes to a new token so that the ids stay dense.
+    t["model"]["vocab"]["zzz"] = t["model"]["vocab"].pop("Ċ")
+    t["model"]["merges"] = [m for m in t["model"]["merges"]
+                            if "Ċ" not in (m if isinstance(m, str) else " ".join(m))]
+
+
+CASES["tokenizer/missing_byte_symbol"] = _tokenizer_case(_drop_byte_symbol, "byte 0x0A")
+
+
 # --- CLI ---
 
 def _cli(*args, needles=()):
@@ -928,6 +1036,31 @@ def _(e):
     return Case(e.state_args(out=out, cmd="debug-steps") + ["--steps", "two"], ("--steps",), out)
 
 
+# issue 13: integers beyond int64 are errors, not saturated; negative counts are not "all".
+@case("cli/steps_beyond_int64")
+def _(e):
+    out = e.out()
+    return Case(e.state_args(out=out, cmd="debug-steps") + ["--steps", "99999999999999999999"],
+                ("--steps=99999999999999999999",), out)
+
+
+@case("cli/steps_above_maximum")
+def _(e):
+    out = e.out()
+    return Case(e.state_args(out=out, cmd="debug-steps") + ["--steps", "9000000000000000000"],
+                ("--steps=9000000000000000000",), out)
+
+
+CASES["cli/eval_negative_max_instances"] = lambda e: Case(
+    ["eval", "--checkpoint", e.root, "--data", e.tokens, "--max-instances", "-5"],
+    ("--max-instances=-5",))
+CASES["cli/generate_top_p_nan"] = lambda e: Case(
+    ["generate", "--checkpoint", e.root, "--prompt", "x", "--top-p", "nan"], ("--top-p=nan",))
+CASES["cli/bench_threads_65536"] = lambda e: Case(["bench", "gemm", "--threads", "65536"],
+                                                  ("--threads=65536",))
+CASES["cli/newline_in_unknown_command"] = lambda e: Case(["fro\nb"], ("fro\\nb",))
+
+
 # --- output ---
 
 @case("out/nonexistent_directory")
@@ -988,7 +1121,7 @@ def _(e):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input(env: Env, name: str, request):
-    if name.startswith("train/"):
+    if name.startswith(("train/", "tokenizer/", "escape/tokenizer")):
         request.getfixturevalue("job_data")  # valid data, so that only the named problem remains
     c = CASES[name](env)
     if c.out is not None and c.existing_out is not None:

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 
 namespace moecore {
@@ -96,12 +97,26 @@ class CheckpointTest : public ::testing::Test {
     fs::remove_all(run_dir_, ec);
   }
 
+  // A trainer state that agrees with config_ (the loader checks every field against it).
+  nlohmann::json trainer_state(int64_t step) const {
+    const TrainConfig& t = config_.train;
+    return {{"step", step},
+            {"tokens_seen", step * t.batch_size * t.seq_len},
+            {"data_cursor", step * t.batch_size},
+            {"seed", t.seed},
+            {"step_guard", {{"losses", {2.5, 2.4}}, {"grad_norms", {1.0, 0.9}}, {"skipped", 0}}},
+            {"gerrymandering",
+             {{"lb", nlohmann::json::array()},
+              {"imbalance", nlohmann::json::array()},
+              {"flagged", false}}}};
+  }
+
   CheckpointContents contents(int64_t step, const std::string& tokenizer = "") {
     CheckpointContents c{&config_,
                          &layout_,
                          &params_,
                          &optimizer_,
-                         {{"step", step}, {"tokens_seen", step * 1000}, {"cursor", {1, 2, 3}}},
+                         trainer_state(step),
                          io::hf_config_json(config_.model, 64, 3),
                          tokenizer};
     return c;
@@ -305,6 +320,95 @@ TEST_F(CheckpointTest, FailedSaveLeavesPreviousCheckpointIntact) {
   const auto latest = latest_valid_checkpoint(run_dir_.string());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(previous));
+}
+
+// Issue 13: entries of checkpoints/ that moecore did not write are left alone.
+TEST_F(CheckpointTest, NonDirectoryEntriesAreLeftAlone) {
+  save(1);
+  fs::create_directories(checkpoints());
+  write_bytes(checkpoints() / "step_00000002", "a user's file, named like a checkpoint");
+  write_bytes(checkpoints() / ".tmp-step_00000009-1-staging", "not a staging directory");
+  write_bytes(checkpoints() / ".replaced-step_00000007", "not a moved checkpoint");
+  fs::create_directory_symlink(fs::path(save(3)), checkpoints() / "step_00000005");
+  const std::map<std::string, std::string> files = {
+      {"step_00000002", read_bytes(checkpoints() / "step_00000002")},
+      {".tmp-step_00000009-1-staging", read_bytes(checkpoints() / ".tmp-step_00000009-1-staging")},
+      {".replaced-step_00000007", read_bytes(checkpoints() / ".replaced-step_00000007")}};
+  remove_interrupted_saves(run_dir_.string());
+  // Only real directories count as checkpoints (and are pruned); the others stay as they were.
+  EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
+            (std::vector<std::string>{"step_00000001", "step_00000003"}));
+  save(4, 1);
+  for (const auto& [name, bytes] : files)
+    EXPECT_EQ(read_bytes(checkpoints() / name), bytes) << name;
+  EXPECT_TRUE(fs::is_symlink(checkpoints() / "step_00000005"));
+  // A save whose directory name is taken by a file refuses, naming it, and keeps the file.
+  try {
+    save(2);
+    FAIL() << "save over a regular file succeeded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("step_00000002 exists and is not a checkpoint directory"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(read_bytes(checkpoints() / "step_00000002"), files.at("step_00000002"));
+}
+
+TEST_F(CheckpointTest, StagingDirectoriesAreNamedPerProcess) {
+  EXPECT_NE(checkpoint_staging_dir("run", 3, 100), checkpoint_staging_dir("run", 3, 101));
+  EXPECT_NE(checkpoint_staging_dir("run", 3, 100).find(".tmp-step_00000003-100-"),
+            std::string::npos);
+}
+
+TEST_F(CheckpointTest, TamperedTrainerStateMakesTheCheckpointDamaged) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  nlohmann::json state = trainer_state(2);
+  state["step"] = -5;
+  write_bytes(fs::path(bad) / "trainer_state.json", state.dump());
+  std::vector<std::string> damaged;
+  const auto latest = latest_valid_checkpoint(run_dir_.string(), &damaged);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest), fs::path(good));
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_NE(damaged[0].find("step=-5 is out of range"), std::string::npos) << damaged[0];
+  ParamBuffers loaded(layout_);
+  EXPECT_THROW(load_checkpoint(bad, config_.model, layout_, loaded, nullptr), Error);
+}
+
+TEST_F(CheckpointTest, LossCoefficientsAreNotAnotherArchitecture) {
+  const std::string dir = save(1);
+  ModelConfig other = config_.model;
+  other.router_aux_loss_coef = 0.5;
+  other.router_z_loss_coef = 0.25;
+  ParamBuffers loaded(layout_);
+  EXPECT_NO_THROW(load_checkpoint(dir, other, layout_, loaded, nullptr));
+}
+
+TEST_F(CheckpointTest, OptimizerMetadataIsCheckedNotTrusted) {
+  const std::string dir = save(1);
+  const std::string optim = (fs::path(dir) / "optim.safetensors").string();
+  const io::SafetensorsReader original = io::SafetensorsReader::open(optim);
+  for (const char* steps : {"-3", "12x", "", "99999999999999999999"}) {
+    io::SafetensorsWriter rewritten;
+    for (const std::string& name : original.names())
+      rewritten.add_f32(name, original.info(name).shape, original.read_f32(name).data());
+    rewritten.set_metadata("steps_taken", steps);
+    rewritten.write(optim + ".new");
+    fs::rename(optim + ".new", optim);
+    ParamBuffers loaded(layout_);
+    AdamW loaded_optimizer(layout_, OptimConfig{});
+    try {
+      load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
+      FAIL() << "steps_taken '" << steps << "' was accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(std::string("__metadata__.steps_taken='") + steps + "'"),
+                std::string::npos)
+          << message;
+    }
+  }
 }
 
 }  // namespace

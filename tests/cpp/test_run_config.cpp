@@ -290,3 +290,57 @@ TEST(RunConfig, ModelConfigDifference) {
 
 }  // namespace
 }  // namespace moecore
+
+namespace moecore {
+namespace {
+
+// Issue 13: every float key finite and in range, integers without wrap-around, threads bounded.
+TEST(RunConfigRanges, EveryFloatKeyMustBeFinite) {
+  const char* keys[] = {"model.rope_theta",
+                        "model.rms_norm_eps",
+                        "model.router_aux_loss_coef",
+                        "model.router_z_loss_coef",
+                        "optim.lr",
+                        "optim.beta1",
+                        "optim.beta2",
+                        "optim.eps",
+                        "optim.weight_decay",
+                        "optim.max_grad_norm",
+                        "optim.min_lr_ratio",
+                        "train.max_seconds",
+                        "train.skip_sigma",
+                        "train.gerrymander_threshold",
+                        "parallel.capacity_factor"};
+  for (const char* key : keys) {
+    for (const char* value : {"inf", "-inf", "nan"}) {
+      const std::string e = error_of("", {std::string(key) + "=" + value});
+      EXPECT_NE(e.find(std::string(key) + "="), std::string::npos)
+          << key << "=" << value << ": " << e;
+      EXPECT_NE(e.find("finite"), std::string::npos) << key << "=" << value << ": " << e;
+    }
+  }
+}
+
+TEST(RunConfigRanges, FloatKeysOutOfRange) {
+  EXPECT_NE(error_of("", {"model.rms_norm_eps=2.0"}).find("model.rms_norm_eps=2 must be in (0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"parallel.capacity_factor=5000"}).find("capacity_factor=5000"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"model.router_aux_loss_coef=-1"}).find("router_aux_loss_coef=-1"),
+            std::string::npos);
+}
+
+TEST(RunConfigRanges, ThreadsAreBounded) {
+  EXPECT_NE(error_of("", {"train.threads=65536"}).find("train.threads=65536 must be in [0, 1024]"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"train.threads=100000"}).find("train.threads=100000"), std::string::npos);
+  EXPECT_EQ(error_of("", {"train.threads=1024"}), "");
+}
+
+TEST(RunConfigRanges, IntegersDoNotWrapAround) {
+  EXPECT_NE(error_of("", {"train.seed=-1"}).find("train.seed=-1 is out of range"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace moecore

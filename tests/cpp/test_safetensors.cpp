@@ -326,5 +326,94 @@ TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileInReadOnlyDirectory) {
   EXPECT_EQ(file_contents(path("ro.safetensors")), before);
 }
 
+// Issue 13: as strict as the reference reader (the `safetensors` package 0.6.2, whose verdict on
+// each of these files is checked in tests/cli/test_safetensors_strict.py).
+constexpr const char* kA = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+constexpr const char* kB = R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})";
+
+TEST_F(SafetensorsTest, RejectsTrailingBytesAfterTheData) {
+  const std::string header = std::string("{") + kA + "," + kB + "}";
+  const std::string p = write_file("trailing.safetensors", header, std::string(17, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "1 trailing bytes"});
+  const std::string q = write_file("empty_trailing.safetensors", "{}", "abc");
+  expect_error([&] { SafetensorsReader::open(q); }, {q, "3 trailing bytes"});
+}
+
+TEST_F(SafetensorsTest, RejectsGapsBetweenTensors) {
+  const std::string p = write_file(
+      "gap.safetensors",
+      std::string("{") + kA + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+      std::string(20, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "'b'", "starts at byte 12", "a gap"});
+  const std::string q =
+      write_file("late.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                 std::string(12, 'x'));
+  expect_error([&] { SafetensorsReader::open(q); }, {q, "'a'", "starts at byte 4"});
+}
+
+TEST_F(SafetensorsTest, RejectsNulPaddingAndTrailingGarbageInTheHeader) {
+  const std::string body = std::string("{") + kA + "}";
+  const std::string p =
+      write_file("nul.safetensors", body + std::string(3, '\0'), std::string(8, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "NUL byte at offset"});
+  const std::string q = write_file("garbage.safetensors", body + "x", std::string(8, 'x'));
+  expect_error([&] { SafetensorsReader::open(q); }, {q, "malformed JSON header"});
+}
+
+TEST_F(SafetensorsTest, RejectsDuplicateKeys) {
+  const std::string p =
+      write_file("dup.safetensors", std::string("{") + kA + "," + kA + "}", std::string(8, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "key 'a' twice"});
+  const std::string q = write_file("dup_meta.safetensors",
+                                   std::string(R"({"__metadata__":{"k":"1","k":"2"},)") + kA + "}",
+                                   std::string(8, 'x'));
+  expect_error([&] { SafetensorsReader::open(q); }, {q, "key 'k' twice"});
+}
+
+TEST_F(SafetensorsTest, AcceptsWhatTheReferenceAccepts) {
+  // Whitespace around the JSON, no 8-byte padding, __metadata__ null, unknown entry fields, an F32
+  // tensor at an odd offset, empty tensors anywhere inside the buffer.
+  const std::string body = std::string("{") + kA + "," + kB + "}";
+  for (const std::string& header : {" \t\n" + body + " \n", body + "  "}) {
+    const std::string p = write_file("ws.safetensors", header, std::string(16, 'x'));
+    EXPECT_EQ(SafetensorsReader::open(p).names(), (std::vector<std::string>{"a", "b"}));
+  }
+  const std::string q =
+      write_file("misc.safetensors",
+                 R"({"__metadata__":null,"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                 R"("f":{"dtype":"F32","shape":[1],"data_offsets":[1,5],"extra":1},)"
+                 R"("e":{"dtype":"F32","shape":[0],"data_offsets":[1,1]}})",
+                 std::string(5, '\0'));
+  const SafetensorsReader r = SafetensorsReader::open(q);
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"e", "f", "u"}));
+  EXPECT_EQ(r.read_f32("f"), (std::vector<float>{0.0f}));
+}
+
+TEST_F(SafetensorsTest, RejectsHeadersOverTheFormatLimit) {
+  const uint64_t n = 100'000'001;
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  const std::string p = write_raw("huge.safetensors", bytes + "{}");
+  expect_error([&] { SafetensorsReader::open(p); }, {p, "header length 100000001", "limit"});
+}
+
+TEST_F(SafetensorsTest, ControlCharactersInNamesAreEscaped) {
+  const std::string p = write_file(
+      "ctrl.safetensors", R"({"a\nb\r\u0001":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})",
+      std::string(4, 'x'));
+  expect_error([&] { SafetensorsReader::open(p); }, {"'a\\nb\\r\\x01'", "F33"});
+}
+
+TEST_F(SafetensorsTest, ReadsFromBytesInMemory) {
+  const std::string header = std::string("{") + kA + "}";
+  const uint64_t n = header.size();
+  std::string bytes = std::string(reinterpret_cast<const char*>(&n), 8) + header;
+  bytes += std::string(8, '\0');
+  std::vector<std::byte> buffer(bytes.size());
+  std::memcpy(buffer.data(), bytes.data(), bytes.size());
+  const SafetensorsReader r = SafetensorsReader::from_bytes(std::move(buffer), "<memory>");
+  EXPECT_EQ(r.read_f32("a"), (std::vector<float>{0.0f, 0.0f}));
+  expect_error([] { SafetensorsReader::from_bytes({}, "<memory>"); }, {"<memory>", "8-byte"});
+}
+
 }  // namespace
 }  // namespace moecore::io

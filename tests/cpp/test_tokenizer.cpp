@@ -179,6 +179,10 @@ std::string tiny_json(bool legacy_merges) {
                           {"hello", 10},
                           {"Ġhello", 11},
                           {"<|endoftext|>", 12}};
+  // A byte-level vocabulary holds every byte's symbol: the ones not listed above follow from 13.
+  int64_t next_id = 13;
+  for (const std::string& symbol : byte_level_chars())
+    if (!vocab.contains(symbol)) vocab[symbol] = next_id++;
   std::vector<std::pair<std::string, std::string>> merges = {
       {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"Ġ", "hello"}};
   nlohmann::json m = nlohmann::json::array();
@@ -203,11 +207,10 @@ std::string tiny_json(bool legacy_merges) {
 TEST(Tokenizer, LoadsBothMergeFormats) {
   for (bool legacy : {false, true}) {
     const Tokenizer t = Tokenizer::from_json(tiny_json(legacy));
-    EXPECT_EQ(t.vocab_size(), 13);
+    EXPECT_EQ(t.vocab_size(), 13 + 256 - 7);
     EXPECT_EQ(t.eos_id(), 12);
     EXPECT_EQ(t.encode("hello hello's<|endoftext|>"), (std::vector<int32_t>{10, 11, 5, 6, 12}));
-    // Characters outside the vocab (no unk_token) are dropped, as tokenizers does.
-    EXPECT_EQ(t.encode("hex"), (std::vector<int32_t>{7}));
+    EXPECT_EQ(t.encode("hex"), (std::vector<int32_t>{7, *t.token_id("x")}));
     EXPECT_EQ(t.decode({11, 5, 6}), " hello's");
     EXPECT_EQ(t.id_to_token(11), "Ġhello");
   }
@@ -315,6 +318,63 @@ TEST_F(TokenizerFileTest, MalformedJsonIsAOneLineError) {
       "added token");
   expect_one_line_error(error_of([&] { Tokenizer::from_json("[1, 2]", "list.json"); }),
                         "list.json");
+}
+
+// Issue 13: ids dense and unique, every byte symbol present, sizes checked before allocation,
+// wrong types named with their key.
+TEST(Tokenizer, RejectsSparseDuplicateAndHugeIds) {
+  const nlohmann::json doc = nlohmann::json::parse(tiny_json(false));
+  auto load = [&](auto edit) {
+    nlohmann::json d = doc;
+    edit(d);
+    return error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); });
+  };
+  // One huge id: refused from the entry count, before anything is sized by it.
+  expect_one_line_error(load([](auto& d) { d["model"]["vocab"]["hello"] = 100000063; }),
+                        "id 100000063 with only");
+  // A hole: the largest id is in range but one id is nobody's.
+  expect_one_line_error(load([](auto& d) {
+                          d["model"]["vocab"]["Ġhello"] = 7;  // 11 becomes free, 7 doubled
+                        }),
+                        "id 7 names both");
+  expect_one_line_error(load([](auto& d) {
+                          d["model"]["vocab"]["hello"] = 12;  // 10 free; 12 = <|endoftext|>
+                          d["model"]["vocab"].erase("<|endoftext|>");
+                          d["added_tokens"][0]["id"] = 10;
+                          d["added_tokens"].push_back({{"id", 10}, {"content", "<x>"}});
+                        }),
+                        "share id 10");
+  expect_one_line_error(load([](auto& d) { d["added_tokens"][0]["id"] = 11; }),
+                        "which the vocab gives to");
+  expect_one_line_error(load([](auto& d) { d["model"]["vocab"].erase("'"); }), "no token has id 5");
+  expect_one_line_error(load([](auto& d) {
+                          d["model"]["vocab"] = nlohmann::json::object();
+                          d["model"]["merges"] = nlohmann::json::array();
+                          d["added_tokens"] = nlohmann::json::array();
+                        }),
+                        "no symbol");
+}
+
+TEST(Tokenizer, ByteLevelVocabularyHoldsAll256Bytes) {
+  nlohmann::json d = nlohmann::json::parse(tiny_json(false));
+  // Drop the symbol of "\n" (Ċ) and give its id to a new token, so that ids stay dense.
+  const std::string newline_symbol = byte_level_chars()[static_cast<size_t>('\n')];
+  const int64_t id = d["model"]["vocab"][newline_symbol].get<int64_t>();
+  d["model"]["vocab"].erase(newline_symbol);
+  d["model"]["vocab"]["zz"] = id;
+  const std::string error = error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); });
+  expect_one_line_error(error, "byte 0x0A");
+}
+
+TEST(Tokenizer, WrongFieldTypesNameTheKey) {
+  nlohmann::json d = nlohmann::json::parse(tiny_json(false));
+  d["model"]["fuse_unk"] = "yes";
+  const std::string error = error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); });
+  expect_one_line_error(error, "'fuse_unk' must be true or false, not \"yes\"");
+  EXPECT_EQ(error.find("json.exception"), std::string::npos) << error;
+  d = nlohmann::json::parse(tiny_json(false));
+  d["model"]["dropout"] = "0.1";
+  expect_one_line_error(error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); }), "dropout");
 }
 
 TEST(Tokenizer, DecodeRejectsUnknownIds) {

@@ -1,0 +1,26 @@
+// Numeric command-line options read strictly. CLI11's own conversion saturates integers beyond
+// int64 (`--steps 99999999999999999999` became 2^63-1 and ran forever) and accepts nan/inf for
+// floats, so these options are taken as text and parsed here: the whole text must be a number in
+// the option's range, else parsing fails with one line naming the option, its value and the range.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace moecore::cli {
+
+// Parses `text` as a decimal integer in [min, max]; throws CLI::ValidationError naming `option`.
+int64_t parse_int_option(const std::string& option, const std::string& text, int64_t min,
+                         int64_t max);
+// Parses `text` as a finite number in [min, max]; throws CLI::ValidationError naming `option`.
+double parse_float_option(const std::string& option, const std::string& text, double min,
+                          double max);
+
+// Registers `name` (e.g. "--steps") on `app`, parsed by parse_int_option into `value`.
+CLI::Option* add_int_option(CLI::App* app, const std::string& name, int64_t& value,
+                            const std::string& help, int64_t min, int64_t max);
+CLI::Option* add_float_option(CLI::App* app, const std::string& name, double& value,
+                              const std::string& help, double min, double max);
+
+}  // namespace moecore::cli

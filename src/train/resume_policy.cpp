@@ -1,0 +1,60 @@
+#include "train/resume_policy.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <sstream>
+
+namespace moecore {
+
+namespace {
+
+std::string node_text(const toml::node* node) {
+  if (node == nullptr) return "(unset)";
+  // Shortest round-trip form (0.003, not toml++'s 0.0030000000000000001).
+  if (const auto value = node->value_exact<double>()) return fmt::format("{}", *value);
+  std::ostringstream out;
+  node->visit([&out](const auto& value) { out << value; });
+  return out.str();
+}
+
+}  // namespace
+
+std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const RunConfig& now) {
+  // Both sides through the same serialiser, so equal values print equally.
+  const toml::table a = toml::parse(run_config_to_toml(saved));
+  const toml::table b = toml::parse(run_config_to_toml(now));
+  std::vector<std::string> keys = {"model.router_aux_loss_coef", "model.router_z_loss_coef",
+                                   "model.lb_loss_style"};
+  for (const auto& [key, node] : *b["optim"].as_table())
+    keys.push_back("optim." + std::string(key.str()));
+  for (const char* key : {"seed", "batch_size", "microbatches", "seq_len", "precision",
+                          "skip_sigma", "skip_window", "skip_min_window"})
+    keys.push_back(std::string("train.") + key);
+  keys.emplace_back("data.train");
+
+  std::vector<ConfigChange> changes;
+  for (const std::string& key : keys) {
+    const size_t dot = key.find('.');
+    const std::string table = key.substr(0, dot), name = key.substr(dot + 1);
+    const std::string before = node_text(a[table][name].node());
+    const std::string after = node_text(b[table][name].node());
+    if (before != after) changes.push_back({key, before, after});
+  }
+  return changes;
+}
+
+std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
+  if (saved.train.max_steps == now.train.max_steps || now.optim.schedule == LrSchedule::kConstant)
+    return "";
+  return "note: train.max_steps " + std::to_string(saved.train.max_steps) + " -> " +
+         std::to_string(now.train.max_steps) +
+         " moves the learning-rate schedule's end: from here on the run is not the one it would "
+         "have been";
+}
+
+std::string describe(const ConfigChange& change) {
+  return change.key + ": " + change.before + " -> " + change.after;
+}
+
+}  // namespace moecore

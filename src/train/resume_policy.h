@@ -1,0 +1,37 @@
+// What --resume accepts. A checkpoint replays its run exactly only under the configuration that
+// wrote it; a resumed run whose data order, batch, sequence length, learning-rate schedule,
+// optimizer values, step guard, precision, loss coefficients or training files differ silently
+// becomes another run (after a seq_len change the data cursor indexes other instances). Such
+// changes are refused unless the user says --allow-config-change, and then each one is logged.
+// The architecture ([model] keys other than the loss coefficients) is not negotiable: the weights
+// would not fit (checked by load_checkpoint). Settings that do not touch the weights (logging,
+// evaluation, saving, threads, out_dir, the validation files, the parallel layout, which
+// checkpoints are independent of) may change freely.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "train/run_config.h"
+
+namespace moecore {
+
+struct ConfigChange {
+  std::string key;     // "optim.lr"
+  std::string before;  // TOML text of the checkpoint's value
+  std::string after;   // TOML text of the new value
+};
+
+// The replay-relevant keys on which `saved` (the checkpoint's config.toml) and `now` differ, in
+// table order.
+std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const RunConfig& now);
+
+// train.max_steps is the one schedule value that may change without the flag: extending a run
+// (train N steps, then resume to 2N) is everyday use. Where the schedule depends on it (cosine,
+// linear) the change is logged with this line ("" when there is nothing to say).
+std::string horizon_note(const RunConfig& saved, const RunConfig& now);
+
+// "optim.lr: 0.001 -> 0.002"
+std::string describe(const ConfigChange& change);
+
+}  // namespace moecore

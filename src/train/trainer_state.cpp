@@ -1,0 +1,141 @@
+#include "train/trainer_state.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace moecore {
+
+namespace {
+
+using nlohmann::json;
+
+// Far beyond any run (2^40 steps, 2^62 instances or tokens) and far inside int64, so products of
+// two checked fields cannot overflow unnoticed.
+constexpr int64_t kMaxStep = int64_t{1} << 40;
+constexpr int64_t kMaxCount = int64_t{1} << 62;
+
+const json& member(const json& object, const char* key, const std::string& origin,
+                   const std::string& where) {
+  MOE_CHECK(object.is_object() && object.contains(key), "[checkpoint] {}: {}{} is missing", origin,
+            where, key);
+  return object[key];
+}
+
+int64_t integer_in(const json& object, const char* key, int64_t max, const std::string& origin,
+                   const std::string& where = "") {
+  const json& value = member(object, key, origin, where);
+  MOE_CHECK(value.is_number_integer(), "[checkpoint] {}: {}{}={} must be an integer", origin, where,
+            key, value.dump());
+  const bool in_range = value.is_number_unsigned()
+                            ? value.get<uint64_t>() <= static_cast<uint64_t>(max)
+                            : value.get<int64_t>() >= 0 && value.get<int64_t>() <= max;
+  MOE_CHECK(in_range, "[checkpoint] {}: {}{}={} is out of range [0, {}]", origin, where, key,
+            value.dump(), max);
+  return value.get<int64_t>();
+}
+
+// A window of a guard or detector: an array of finite numbers, at most `max_size` long.
+void check_window(const json& object, const char* key, size_t max_size, const std::string& origin,
+                  const std::string& where) {
+  const json& window = member(object, key, origin, where);
+  MOE_CHECK(window.is_array(), "[checkpoint] {}: {}{} must be an array of numbers", origin, where,
+            key);
+  MOE_CHECK(window.size() <= max_size,
+            "[checkpoint] {}: {}{} holds {} values, more than its window of {}", origin, where, key,
+            window.size(), max_size);
+  for (const json& v : window)
+    MOE_CHECK(v.is_number() && std::isfinite(v.get<double>()),
+              "[checkpoint] {}: {}{} holds {}, not a finite number", origin, where, key, v.dump());
+}
+
+}  // namespace
+
+TrainerState parse_trainer_state(std::string_view text, const std::string& origin,
+                                 const TrainConfig& written_by) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("[checkpoint] {}: not valid JSON: {}", origin, e.what());
+  }
+  MOE_CHECK(doc.is_object(), "[checkpoint] {}: the top level is a JSON {}, expected an object",
+            origin, doc.type_name());
+  TrainerState state;
+  state.step = integer_in(doc, "step", kMaxStep, origin);
+  state.tokens_seen = integer_in(doc, "tokens_seen", kMaxCount, origin);
+  state.data_cursor = static_cast<uint64_t>(integer_in(doc, "data_cursor", kMaxCount, origin));
+  const json& seed = member(doc, "seed", origin, "");
+  MOE_CHECK(seed.is_number_unsigned(), "[checkpoint] {}: seed={} must be an integer in [0, 2^64)",
+            origin, seed.dump());
+  state.seed = seed.get<uint64_t>();
+  MOE_CHECK(state.seed == written_by.seed,
+            "[checkpoint] {}: seed={} differs from train.seed={} of the run that wrote it", origin,
+            state.seed, written_by.seed);
+  if (doc.contains("replay_origin")) {
+    const json& o = doc["replay_origin"];
+    state.origin.step = integer_in(o, "step", kMaxStep, origin, "replay_origin.");
+    state.origin.data_cursor =
+        static_cast<uint64_t>(integer_in(o, "data_cursor", kMaxCount, origin, "replay_origin."));
+    state.origin.tokens_seen = integer_in(o, "tokens_seen", kMaxCount, origin, "replay_origin.");
+    MOE_CHECK(state.origin.step <= state.step,
+              "[checkpoint] {}: replay_origin.step={} is after step={}", origin, state.origin.step,
+              state.step);
+  }
+  // Every step reads batch_size instances of seq_len tokens (skipped steps too), so the cursor
+  // and the token count follow from the step. An overflow counts as a mismatch.
+  const int64_t steps = state.step - state.origin.step;
+  int64_t cursor = 0, per_step_tokens = 0, tokens = 0;
+  const bool cursor_ok =
+      !__builtin_mul_overflow(steps, written_by.batch_size, &cursor) &&
+      !__builtin_add_overflow(cursor, static_cast<int64_t>(state.origin.data_cursor), &cursor) &&
+      cursor == static_cast<int64_t>(state.data_cursor);
+  MOE_CHECK(cursor_ok,
+            "[checkpoint] {}: data_cursor={} does not match step={} x train.batch_size={} of the "
+            "run that wrote it",
+            origin, state.data_cursor, state.step, written_by.batch_size);
+  const bool tokens_ok =
+      !__builtin_mul_overflow(written_by.batch_size, written_by.seq_len, &per_step_tokens) &&
+      !__builtin_mul_overflow(steps, per_step_tokens, &tokens) &&
+      !__builtin_add_overflow(tokens, state.origin.tokens_seen, &tokens) &&
+      tokens == state.tokens_seen;
+  MOE_CHECK(tokens_ok,
+            "[checkpoint] {}: tokens_seen={} does not match step={} x train.batch_size={} x "
+            "train.seq_len={} of the run that wrote it",
+            origin, state.tokens_seen, state.step, written_by.batch_size, written_by.seq_len);
+
+  state.step_guard = member(doc, "step_guard", origin, "");
+  const auto window = static_cast<size_t>(written_by.skip_window);
+  check_window(state.step_guard, "losses", window, origin, "step_guard.");
+  check_window(state.step_guard, "grad_norms", window, origin, "step_guard.");
+  const int64_t skipped = integer_in(state.step_guard, "skipped", kMaxStep, origin, "step_guard.");
+  MOE_CHECK(skipped <= state.step, "[checkpoint] {}: step_guard.skipped={} exceeds step={}", origin,
+            skipped, state.step);
+  state.gerrymandering = member(doc, "gerrymandering", origin, "");
+  // The detector keeps its window even when it is off (window 0), so no length bound here.
+  check_window(state.gerrymandering, "lb", std::numeric_limits<size_t>::max(), origin,
+               "gerrymandering.");
+  check_window(state.gerrymandering, "imbalance", std::numeric_limits<size_t>::max(), origin,
+               "gerrymandering.");
+  MOE_CHECK(state.gerrymandering["lb"].size() == state.gerrymandering["imbalance"].size(),
+            "[checkpoint] {}: gerrymandering.lb and gerrymandering.imbalance differ in length",
+            origin);
+  const json& flagged = member(state.gerrymandering, "flagged", origin, "gerrymandering.");
+  MOE_CHECK(flagged.is_boolean(), "[checkpoint] {}: gerrymandering.flagged={} must be a boolean",
+            origin, flagged.dump());
+  return state;
+}
+
+TrainerState load_trainer_state(const std::string& checkpoint_dir, const TrainConfig& written_by) {
+  const std::string path = checkpoint_dir + "/trainer_state.json";
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "[checkpoint] cannot read '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_trainer_state(text.str(), path, written_by);
+}
+
+}  // namespace moecore

@@ -1,0 +1,44 @@
+// trainer_state.json: where a checkpointed run stands (step, tokens seen, data cursor, seed, the
+// step guard's and the gerrymandering detector's windows). It is read back on --resume and
+// trusted by nothing: every field is type- and range-checked, and the step, the data cursor and
+// the token count must agree with the configuration that wrote them (a cursor of -1 or 2^63 - 1
+// would silently change the data order; a step of -5 trained with a negative learning rate).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "train/run_config.h"
+
+namespace moecore {
+
+// The step, data cursor and token count at which the current data settings (batch size, sequence
+// length) took over: zero for a run that never changed them; set when --allow-config-change
+// resumes with another batch size or sequence length. From there, every step adds batch_size
+// instances and batch_size x seq_len tokens.
+struct ReplayOrigin {
+  int64_t step = 0;
+  uint64_t data_cursor = 0;
+  int64_t tokens_seen = 0;
+  bool operator==(const ReplayOrigin&) const = default;
+};
+
+struct TrainerState {
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+  uint64_t data_cursor = 0;
+  uint64_t seed = 0;
+  ReplayOrigin origin;
+  nlohmann::json step_guard;      // StepGuard::from_json's input, checked
+  nlohmann::json gerrymandering;  // GerrymanderingDetector::from_json's input, checked
+};
+
+// Parses and checks trainer_state.json text; `origin` names the file in errors, `written_by` is
+// the [train] table of the configuration saved beside it. Errors name file, key and value.
+TrainerState parse_trainer_state(std::string_view text, const std::string& origin,
+                                 const TrainConfig& written_by);
+// Reads <checkpoint_dir>/trainer_state.json and parses it as above.
+TrainerState load_trainer_state(const std::string& checkpoint_dir, const TrainConfig& written_by);
+
+}  // namespace moecore

@@ -1,0 +1,85 @@
+// What --resume accepts (issue 13): changes that break exact replay are listed key by key; the
+// loss coefficients are such changes, not another architecture.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "train/resume_policy.h"
+#include "train/run_config.h"
+
+namespace moecore {
+namespace {
+
+std::vector<std::string> described(const RunConfig& a, const RunConfig& b) {
+  std::vector<std::string> out;
+  for (const ConfigChange& c : replay_config_changes(a, b)) out.push_back(describe(c));
+  return out;
+}
+
+TEST(ResumePolicy, IdenticalConfigsHaveNoChanges) {
+  RunConfig a;
+  a.data.train = {"tokens/train"};
+  EXPECT_TRUE(replay_config_changes(a, a).empty());
+}
+
+TEST(ResumePolicy, ReplayKeysAreListedOldToNew) {
+  RunConfig a;
+  a.data.train = {"a.npy"};
+  RunConfig b = a;
+  b.optim.lr = 0.002;
+  b.train.seq_len = 64;
+  b.train.batch_size = 4;
+  b.train.microbatches = 2;
+  b.train.precision = kernels::MatmulPrecision::kBf16;
+  b.train.seed = 3;
+  b.data.train = {"b.npy"};
+  EXPECT_EQ(described(a, b),
+            (std::vector<std::string>{
+                "optim.lr: 0.001 -> 0.002", "train.seed: 0 -> 3", "train.batch_size: 8 -> 4",
+                "train.microbatches: 1 -> 2", "train.seq_len: 128 -> 64",
+                "train.precision: 'fp32' -> 'bf16'", "data.train: [ 'a.npy' ] -> [ 'b.npy' ]"}));
+}
+
+TEST(ResumePolicy, LossCoefficientsArePolicyNotArchitecture) {
+  RunConfig a;
+  RunConfig b = a;
+  b.model.router_aux_loss_coef = 0.02;
+  b.model.router_z_loss_coef = 0.001;
+  EXPECT_EQ(model_config_difference(a.model, b.model), "");
+  EXPECT_EQ(described(a, b), (std::vector<std::string>{"model.router_aux_loss_coef: 0.01 -> 0.02",
+                                                       "model.router_z_loss_coef: 0 -> 0.001"}));
+  b.model.hidden_size = 256;  // architecture is still architecture
+  EXPECT_NE(model_config_difference(a.model, b.model).find("hidden_size"), std::string::npos);
+}
+
+TEST(ResumePolicy, MaxStepsMayChangeWithANoteWhereTheScheduleDependsOnIt) {
+  RunConfig a;
+  RunConfig b = a;
+  b.train.max_steps = 2000;
+  EXPECT_TRUE(replay_config_changes(a, b).empty());
+  EXPECT_NE(horizon_note(a, b).find("train.max_steps 1000 -> 2000"), std::string::npos);
+  a.optim.schedule = b.optim.schedule = LrSchedule::kConstant;
+  EXPECT_EQ(horizon_note(a, b), "");
+  EXPECT_EQ(horizon_note(a, a), "");
+}
+
+TEST(ResumePolicy, SettingsThatDoNotTouchTheWeightsMayChange) {
+  RunConfig a;
+  RunConfig b = a;
+  b.train.log_every = 1;
+  b.train.eval_every = 3;
+  b.train.save_every = 5;
+  b.train.keep_last = 0;
+  b.train.threads = 2;
+  b.train.out_dir = "elsewhere";
+  b.train.gerrymander_window = 10;
+  b.data.val = {"v.npy"};
+  b.data.tokenizer = "t.json";
+  b.parallel.ep = 2;
+  b.parallel.zero = 1;
+  EXPECT_TRUE(replay_config_changes(a, b).empty());
+}
+
+}  // namespace
+}  // namespace moecore

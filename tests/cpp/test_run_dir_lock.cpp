@@ -1,0 +1,83 @@
+// The run-directory lock (issue 13): one writer per train.out_dir, refused with the holder named,
+// released when the holder goes away.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "core/check.h"
+#include "io/run_dir_lock.h"
+
+namespace moecore::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+class RunDirLockTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "moecore_lock_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string dir_;
+};
+
+TEST_F(RunDirLockTest, SecondHolderIsRefusedWithTheHolderNamed) {
+  const RunDirLock first = RunDirLock::acquire(dir_);
+  EXPECT_TRUE(first.held());
+  // flock(2) locks belong to open file descriptions: a second open in this process contends
+  // exactly as another process would.
+  try {
+    RunDirLock::acquire(dir_);
+    FAIL() << "the second lock was granted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("is in use by another run"), std::string::npos) << message;
+    EXPECT_NE(message.find("pid " + std::to_string(::getpid())), std::string::npos) << message;
+    EXPECT_NE(message.find(" on host "), std::string::npos) << message;
+    EXPECT_NE(message.find(dir_), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST_F(RunDirLockTest, ReleasedWhenTheHolderGoesAway) {
+  { const RunDirLock first = RunDirLock::acquire(dir_); }
+  RunDirLock again = RunDirLock::acquire(dir_);  // the stale lock file does not block
+  EXPECT_TRUE(again.held());
+  const RunDirLock moved = std::move(again);  // the lock moves with the object
+  EXPECT_TRUE(moved.held());
+  EXPECT_THROW(RunDirLock::acquire(dir_), Error);
+}
+
+TEST_F(RunDirLockTest, ReleasedWhenTheHolderProcessDies) {
+  // A child takes the lock and is killed by the kernel at exit without any clean-up of ours.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      static RunDirLock held = RunDirLock::acquire(dir_);
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(0);  // no destructors: the kernel alone releases the flock
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(RunDirLock::acquire(dir_).held());
+}
+
+TEST_F(RunDirLockTest, MissingDirectoryIsAOneLineError) {
+  EXPECT_THROW(RunDirLock::acquire(dir_ + "/absent"), Error);
+}
+
+}  // namespace
+}  // namespace moecore::io

@@ -1,0 +1,236 @@
+"""Never lose or mix a run (issue 13): the run-directory lock, the resume policy, and checkpoints
+that the trainer must leave alone. Tiny model, few steps: the whole file runs in about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_training_job import (ENV, assert_one_line_error, check_complete_checkpoint, checkpoints,
+                               snapshot, step_of, temp_leftovers, train, train_rows, write_config)
+
+STEPS = 4
+RACES = 20
+# Constant schedule: a run stopped at step 2 and resumed to 4 is byte-identical to a straight run.
+SETTINGS = dict(optim={"schedule": "constant", "warmup_steps": 0},
+                train={"max_steps": STEPS, "save_every": 2, "keep_last": 0, "log_every": 1,
+                       "eval_every": 0, "threads": 1})
+
+
+def start_together(cmds: list[list], logs: list[Path], gate: Path) -> list[subprocess.Popen]:
+    """Starts every command at the same instant: each waits in a shell, before exec, to open a
+    FIFO for reading, which blocks until the parent opens it for writing; then all go at once."""
+    os.mkfifo(gate)
+    procs = [subprocess.Popen(["sh", "-c", 'read _ < "$0"; exec "$@"', str(gate),
+                               *[str(c) for c in cmd]],
+                              stdout=open(log, "w"), stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=ENV, text=True)
+             for cmd, log in zip(cmds, logs)]
+    time.sleep(0.2)  # both shells are blocked in open() by now (a late one only starts later)
+    with open(gate, "w") as release:
+        release.write("go\n" * len(cmds))
+    return procs
+
+
+@pytest.fixture(scope="module")
+def straight(moecore_bin, job_data, tmp_path_factory) -> Path:
+    """The uninterrupted run every winner must reproduce byte for byte."""
+    root = tmp_path_factory.mktemp("straight")
+    out = root / "run"
+    train(moecore_bin, write_config(root / "c.toml", job_data, out, **SETTINGS))
+    return out
+
+
+@pytest.fixture(scope="module")
+def half_run(moecore_bin, job_data, tmp_path_factory) -> Path:
+    """A run stopped at step 2 (its checkpoint), for the --resume races."""
+    root = tmp_path_factory.mktemp("half")
+    out = root / "run"
+    train(moecore_bin, write_config(root / "c.toml", job_data, out, **SETTINGS),
+          "train.max_steps=2")
+    return out
+
+
+def test_two_trainers_started_at_once_one_runs_one_is_refused(moecore_bin, job_data, tmp_path,
+                                                             straight, half_run):
+    host = socket.gethostname()
+    final = f"checkpoints/step_{STEPS:08d}"
+    for i in range(RACES):
+        resume = i % 2 == 1  # every other race: two --resume runs of one existing run
+        out = tmp_path / f"race{i}"
+        if resume:
+            shutil.copytree(half_run, out)
+        cfg = write_config(tmp_path / f"race{i}.toml", job_data, out, **SETTINGS)
+        cmd = [moecore_bin, "train", cfg] + (["--resume"] if resume else [])
+        procs = start_together([cmd, cmd], [tmp_path / f"race{i}.{k}.log" for k in (0, 1)],
+                               tmp_path / f"race{i}.gate")
+        results = []
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            results.append((p.pid, p.returncode, err))
+        ok = [r for r in results if r[1] == 0]
+        refused = [r for r in results if r[1] != 0]
+        diag = f"race {i} ({'resume' if resume else 'fresh'}): {results}"
+        assert len(ok) == 1 and len(refused) == 1, diag
+        winner_pid, loser = ok[0][0], refused[0]
+        r = subprocess.CompletedProcess(cmd, loser[1], "", loser[2])
+        assert_one_line_error(r, "is in use by another run", f"pid {winner_pid} on host {host}",
+                              str(out))
+        # Nothing lost, nothing mixed: the winner's run equals the uninterrupted one.
+        assert [step_of(c) for c in checkpoints(out)] == [2, STEPS], diag
+        check_complete_checkpoint(out / final)
+        for name in ("model.safetensors", "optim.safetensors"):
+            assert (out / final / name).read_bytes() == (straight / final / name).read_bytes(), \
+                f"{name} differs from the uninterrupted run: {diag}"
+        assert sorted(train_rows(out)) == list(range(1, STEPS + 1)), diag
+        assert temp_leftovers(out) == [], diag
+        assert (out / ".moecore.lock").read_text() == "", "the lock file keeps a holder"
+
+
+def test_lock_names_the_holder_while_a_run_is_going(moecore_bin, job_data, tmp_path):
+    out = tmp_path / "run"
+    lock = out / ".moecore.lock"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=SETTINGS["optim"], train={**SETTINGS["train"], "max_steps": 100000})
+    with open(tmp_path / "long.log", "w") as log:
+        proc = subprocess.Popen([str(moecore_bin), "train", str(cfg)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV)
+        try:
+            deadline = time.monotonic() + 60
+            while not (lock.is_file() and lock.read_text().strip()):
+                assert proc.poll() is None and time.monotonic() < deadline, "no lock taken"
+                time.sleep(0.05)
+            assert lock.read_text().strip() == f"pid {proc.pid} on host {socket.gethostname()}"
+            r = train(moecore_bin, cfg, resume=True, check=False)
+            assert_one_line_error(r, "is in use by another run", f"pid {proc.pid}")
+            assert proc.poll() is None, "the refused run stopped the running one"
+        finally:
+            proc.kill()
+            proc.wait()
+    # SIGKILLed: the kernel released the lock; a new run takes it (here it resumes or, killed
+    # before its first save, finds nothing to resume and says so).
+    r = train(moecore_bin, cfg, "train.max_steps=2", resume=True, check=False)
+    assert "is in use" not in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# resume policy
+
+
+@pytest.fixture
+def two_step_run(moecore_bin, job_data, tmp_path) -> tuple[Path, Path]:
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out, **SETTINGS)
+    train(moecore_bin, cfg, "train.max_steps=2")
+    return out, cfg
+
+
+@pytest.mark.parametrize("change,key", [
+    ("optim.lr=0.01", "optim.lr: 0.003 -> 0.01"),
+    ("train.seq_len=16", "train.seq_len: 32 -> 16"),
+    ("train.batch_size=2", "train.batch_size: 4 -> 2"),
+    ("train.microbatches=2", "train.microbatches: 1 -> 2"),
+    ("train.precision=bf16", "train.precision: 'fp32' -> 'bf16'"),
+    ("train.seed=5", "train.seed: 0 -> 5"),
+    ("model.router_aux_loss_coef=0.05", "model.router_aux_loss_coef: 0.01 -> 0.05"),
+    ("optim.schedule=cosine", "optim.schedule: 'constant' -> 'cosine'"),
+])
+def test_replay_breaking_change_is_refused_unless_allowed(moecore_bin, two_step_run, change, key):
+    out, cfg = two_step_run
+    before = snapshot(out)
+    r = train(moecore_bin, cfg, change, resume=True, check=False)
+    assert_one_line_error(r, "--resume", "--allow-config-change", key)
+    assert snapshot(out) == before, "a refused resume changed the run directory"
+    # Allowed: each difference logged once, one line per key, and the run goes on.
+    r = subprocess.run([str(moecore_bin), "train", str(cfg), "--set", change, "--resume",
+                        "--allow-config-change"], capture_output=True, text=True, env=ENV,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(f"config change on resume: {key}") == 1, r.stdout[:1500]
+    assert "resumed from" in r.stdout
+    final = check_complete_checkpoint(out / f"checkpoints/step_{STEPS:08d}")
+    assert final["step"] == STEPS
+    # A batch-size or sequence-length change moves the cursor's origin, which later resumes check.
+    if change.split("=")[0] in ("train.batch_size", "train.seq_len"):
+        assert final["replay_origin"]["step"] == 2, final
+        r = train(moecore_bin, cfg, change, "train.max_steps=6", resume=True)
+        assert "(step 4)" in r.stdout
+
+
+def test_tampered_trainer_state_is_not_trusted(moecore_bin, two_step_run):
+    out, cfg = two_step_run
+    state_path = out / "checkpoints/step_00000002/trainer_state.json"
+    for field, value, needle in [("step", -5, "step=-5 is out of range"),
+                                 ("data_cursor", 2**63 - 1, "data_cursor=9223372036854775807"),
+                                 ("data_cursor", 9, "data_cursor=9 does not match"),
+                                 ("step", "2", 'step="2" must be an integer'),
+                                 # control characters come back escaped, on one line
+                                 ("step", "2\n\x1b[2K", "step=\"2\\n\\u001b[2K\"")]:
+        state = json.loads(state_path.read_text())
+        good = state_path.read_text()
+        state[field] = value
+        state_path.write_text(json.dumps(state))
+        r = train(moecore_bin, cfg, resume=True, check=False)
+        err = assert_one_line_error(r, "trainer_state.json", needle)
+        assert "json.exception" not in err, err
+        state_path.write_text(good)
+    assert train(moecore_bin, cfg, resume=True).returncode == 0  # control: the good state
+
+
+def test_regular_file_named_like_a_checkpoint_is_left_alone(moecore_bin, two_step_run):
+    out, cfg = two_step_run
+    ckdir = out / "checkpoints"
+    (ckdir / "step_00000003").write_text("my notes\n")
+    (ckdir / ".tmp-step_00000007-1-staging").write_text("not moecore's\n")
+    # The save of step 3 would land on the file: it refuses, naming it, and the file stays.
+    r = train(moecore_bin, cfg, "train.save_every=1", resume=True, check=False)
+    assert_one_line_error(r, "step_00000003 exists and is not a checkpoint directory")
+    assert (ckdir / "step_00000003").read_text() == "my notes\n"
+    # Saves at other steps go on around it, and start-up leaves both files alone.
+    r = train(moecore_bin, cfg, resume=True)
+    assert "resumed from" in r.stdout
+    assert (ckdir / "step_00000003").read_text() == "my notes\n"
+    assert (ckdir / ".tmp-step_00000007-1-staging").read_text() == "not moecore's\n"
+    assert [step_of(c) for c in checkpoints(out)] == [2, STEPS]
+
+
+def test_rank_zero_of_an_mpi_job_holds_the_lock(moecore_bin, job_data, tmp_path):
+    """Under mpirun the writing rank (0) holds the lock: a second trainer on the directory is
+    refused, naming rank 0, and the job goes on undisturbed and stops cleanly on SIGUSR1."""
+    import signal
+
+    from test_parallel import MPI_ENV
+    out = tmp_path / "run"
+    lock = out / ".moecore.lock"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=SETTINGS["optim"], train={**SETTINGS["train"], "max_steps": 100000})
+    with open(tmp_path / "mpi.log", "w+") as log:
+        proc = subprocess.Popen(["mpirun", "-np", "2", str(moecore_bin), "train", str(cfg)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=MPI_ENV)
+        try:
+            deadline = time.monotonic() + 120
+            while not (lock.is_file() and lock.read_text().strip()):
+                assert proc.poll() is None and time.monotonic() < deadline, "no lock taken"
+                time.sleep(0.05)
+            holder = lock.read_text().strip()
+            assert holder.startswith("pid ") and holder.endswith(f" on host {socket.gethostname()}")
+            r = train(moecore_bin, cfg, resume=True, check=False)
+            assert_one_line_error(r, "is in use by another run", holder)
+            assert proc.poll() is None, "the refused run stopped the job"
+            os.kill(proc.pid, signal.SIGUSR1)  # mpirun forwards it to every rank
+            assert proc.wait(timeout=120) == 128 + signal.SIGUSR1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert lock.read_text() == ""  # released and emptied by the holder
+    assert len(checkpoints(out)) == 1
