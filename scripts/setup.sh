@@ -12,6 +12,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
   libgtest-dev libbenchmark-dev libpcre2-dev libisal-dev
   bible-kjv bible-kjv-text
+  iproute2
   python3 python3-venv python3-pip
 )
 VENV="${MOECORE_VENV:-/opt/moecore/venv}"
