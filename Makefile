@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference test-two-hosts format clean bench bench-scaling bench-pipeline
+        test-reference test-two-hosts fuzz format clean bench bench-scaling bench-pipeline
 
 all: build
 
@@ -87,8 +87,17 @@ test-two-hosts: build setup-python
 
 test: test-cpp test-asan test-reference
 
+# libFuzzer on every reader of untrusted files (tests/fuzz/README.md): clang + ASan/UBSan build in
+# build-fuzz/, each target SECONDS long at nice 19; findings are copied to tests/fuzz/regressions/.
+SECONDS ?= 60
+fuzz:
+	@scripts/setup.sh fuzz
+	@cmake --preset fuzz > /dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	scripts/fuzz.sh $(SECONDS)
+
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf build build-debug build-asan
+	rm -rf build build-debug build-asan build-fuzz
