@@ -129,8 +129,9 @@ def assert_ran_on_two_hosts(r: subprocess.CompletedProcess) -> None:
         r.stdout[:3000]
 
 
-def test_data_parallel_over_tcp_matches_single_process(moecore_bin, job_data, tmp_path, single,
-                                                       hosts):
+# `hosts` first: where namespaces are not permitted, the skip comes before any training.
+def test_data_parallel_over_tcp_matches_single_process(hosts, moecore_bin, job_data, tmp_path,
+                                                       single):
     cfg = dp_config(tmp_path, job_data, "dp")
     r = hosts.run(hosts.mpirun(moecore_bin, cfg))
     assert_ran_on_two_hosts(r)
@@ -144,8 +145,8 @@ def test_data_parallel_over_tcp_matches_single_process(moecore_bin, job_data, tm
         assert max_rel(our_w[name], ref_w[name]) <= TOL, name
 
 
-def test_rowwise_expert_parallel_over_tcp_matches_single_process(moecore_bin, job_data, tmp_path,
-                                                                 single, hosts):
+def test_rowwise_expert_parallel_over_tcp_matches_single_process(hosts, moecore_bin, job_data,
+                                                                 tmp_path, single):
     """ep 2 with the one-sided row-wise dispatch: every MPI_Put/MPI_Get crosses the veth.
     capacity_factor = ep, so nothing is dropped and the run must equal the single process."""
     cfg = dp_config(tmp_path, job_data, "rowwise")
@@ -163,8 +164,8 @@ def test_rowwise_expert_parallel_over_tcp_matches_single_process(moecore_bin, jo
         assert max_rel(our_w[name], ref_w[name]) <= EP_WEIGHT_TOL, name
 
 
-def test_rowwise_without_a_one_sided_component_fails_in_one_line(moecore_bin, job_data, tmp_path,
-                                                                  hosts):
+def test_rowwise_without_a_one_sided_component_fails_in_one_line(hosts, moecore_bin, job_data,
+                                                                  tmp_path):
     """Without osc/pt2pt (Debian's default set-up) no one-sided component serves TCP. Where one
     does (another MPI build), the run simply works; where none does, the job must stop at once
     with one line that names the window and the MCA setting to add, not hang or dump a trace."""
@@ -178,7 +179,7 @@ def test_rowwise_without_a_one_sided_component_fails_in_one_line(moecore_bin, jo
     assert "MPI_Win_allocate" in errors[0] and "--mca osc pt2pt" in errors[0], errors
 
 
-def test_killing_the_other_host_ends_the_job(moecore_bin, job_data, tmp_path, hosts):
+def test_killing_the_other_host_ends_the_job(hosts, moecore_bin, job_data, tmp_path):
     """SIGKILL to every process of host B (its Open MPI daemon and its rank), as if the machine
     died: mpirun on host A must end the job, its own rank included, within 60 s."""
     out = tmp_path / "killed"
