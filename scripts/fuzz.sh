@@ -5,7 +5,7 @@
 # hang, allocation over the limit, broken invariant) is copied into tests/fuzz/regressions/<reader>/,
 # which `make test` feeds to the reader (tests/cpp/test_fuzz_regressions.cpp): commit it with the fix.
 # Prints executions, coverage (cov: edges, ft: features) and corpus size per target; exits 1 when
-# anything was found.
+# anything new was found (an input already kept is reported as found again, and not copied).
 #   scripts/fuzz.sh SECONDS [reader...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,7 @@ for reader in "${READERS[@]}"; do
   bin="$BUILD/fuzz/fuzz_$reader"
   [ -x "$bin" ] || { echo "fuzz: $bin missing (cmake --preset fuzz && cmake --build --preset fuzz)" >&2; exit 2; }
   corpus="$WORK/corpus/$reader" findings="$WORK/findings/$reader" log="$WORK/$reader.log"
+  rm -rf "$findings"  # this run's findings only; earlier ones are kept in tests/fuzz/regressions
   mkdir -p "$corpus" "$findings"
   # The working corpus grows across runs (build-fuzz/, not committed); the seeds are read only.
   # Fork mode with -ignore_*: a finding is saved and fuzzing goes on, so one known bug does not end
@@ -44,12 +45,21 @@ for reader in "${READERS[@]}"; do
   read -r execs cov ft units rate bad < <(sed -E 's/#([0-9]+): cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+) exec\/s ([0-9]+) oom\/timeout\/crash: ([0-9/]+)/\1 \2 \3 \4 \5 \6/' <<<"$last") || true
   printf '%-14s %8s %12s %8s %8s %8s %8s %18s\n' "$reader" "$SECONDS_EACH" "${execs:-?}" "${rate:-?}" \
     "${cov:-?}" "${ft:-?}" "${units:-?}" "${bad:-?}"
+  kept="tests/fuzz/regressions/$reader"
+  mkdir -p "$kept"
   for artifact in "$findings"/*; do
     [ -f "$artifact" ] || continue
-    found=1
-    mkdir -p "tests/fuzz/regressions/$reader"
-    cp "$artifact" "tests/fuzz/regressions/$reader/"
-    echo "  finding: $artifact (kept as tests/fuzz/regressions/$reader/$(basename "$artifact")); log: $log"
+    known=""
+    for old in "$kept"/*; do
+      if [ -f "$old" ] && cmp -s "$artifact" "$old"; then known="$old"; break; fi
+    done
+    if [ -n "$known" ]; then
+      echo "  found again: $known (already kept; still unfixed); log: $log"
+    else
+      found=1
+      cp "$artifact" "$kept/"
+      echo "  finding: $artifact (kept as $kept/$(basename "$artifact")); log: $log"
+    fi
   done
 done
 exit $found
