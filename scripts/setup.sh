@@ -2,6 +2,7 @@
 # Installs what moecore needs on a Debian 12 machine, as root, and only what is missing:
 #   system   Debian packages for the C++ build and the default corpus
 #   python   the pinned reference oracles (tests/reference/requirements.txt) in a virtualenv
+#   fuzz     clang and libFuzzer for `make fuzz` (tests/fuzz/README.md)
 # Idempotent and fast when everything is present (one dpkg query, one stamp comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,14 +13,18 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
   libgtest-dev libbenchmark-dev libpcre2-dev libisal-dev
   bible-kjv bible-kjv-text
+  iproute2
   python3 python3-venv python3-pip
 )
+# libFuzzer's runtime (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-14-dev, only a
+# Recommends of clang-14, so --no-install-recommends would leave it out.
+FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 VENV="${MOECORE_VENV:-/opt/moecore/venv}"
 REQUIREMENTS=tests/reference/requirements.txt
 
-setup_system() {
+install_missing() {
   local missing=()
-  for pkg in "${APT_PACKAGES[@]}"; do
+  for pkg in "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -29,6 +34,9 @@ setup_system() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
+
+setup_system() { install_missing "${APT_PACKAGES[@]}"; }
+setup_fuzz() { install_missing "${APT_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}"; }
 
 setup_python() {
   local stamp="$VENV/.moecore-requirements"
@@ -45,6 +53,7 @@ setup_python() {
 case "${1:-all}" in
   system) setup_system ;;
   python) setup_python ;;
+  fuzz) setup_fuzz ;;
   all) setup_system; setup_python ;;
-  *) echo "usage: $0 [system|python|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [system|python|fuzz|all]" >&2; exit 2 ;;
 esac

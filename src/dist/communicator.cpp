@@ -281,9 +281,18 @@ FloatWindow::FloatWindow(const Communicator& group, int64_t count, const std::st
                                        static_cast<MPI_Aint>(sizeof(float)),
             "[mpi] window of {} floats on group '{}' is too large", count, name_);
   const MPI_Aint bytes = static_cast<MPI_Aint>(count) * static_cast<MPI_Aint>(sizeof(float));
-  check(MPI_Win_allocate(bytes, static_cast<int>(sizeof(float)), MPI_INFO_NULL, group.raw(), &data_,
-                         &win_),
-        "MPI_Win_allocate", name_);
+  const int code = MPI_Win_allocate(bytes, static_cast<int>(sizeof(float)), MPI_INFO_NULL,
+                                    group.raw(), &data_, &win_);
+  int error_class = MPI_SUCCESS;
+  MPI_Error_class(code, &error_class);
+  // Seen across hosts over TCP: Open MPI 4.1's osc/rdma needs an RDMA-capable transport, and
+  // Debian's openmpi-mca-params.conf disables osc/pt2pt, the component that works over TCP.
+  MOE_CHECK(error_class != MPI_ERR_WIN,
+            "[mpi] MPI_Win_allocate on group '{}' failed: {} (no one-sided MPI component serves "
+            "this transport; with Open MPI over TCP add `--mca osc pt2pt` to mpirun, or use "
+            "parallel.dispatch=sync)",
+            name_, mpi_error_text(code));
+  check(code, "MPI_Win_allocate", name_);
   MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
 }
 

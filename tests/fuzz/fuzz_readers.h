@@ -1,0 +1,104 @@
+// What each fuzz target does with one input, shared by the libFuzzer targets (fuzz_*.cpp, clang +
+// sanitizers) and by the regression test that `make test` runs on every kept finding
+// (tests/cpp/test_fuzz_regressions.cpp, the normal GCC build). A reader passes an input when it
+// returns or throws a std::exception (moecore::Error, or a library's parse error it lets through).
+// A broken invariant of an accepted input throws Finding, which is deliberately not a
+// std::exception, so no reader's catch can swallow it. Crashes, sanitizer reports, hangs and
+// allocations beyond libFuzzer's -malloc_limit_mb are findings too.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/npy.h"
+#include "data/tokenizer.h"
+#include "io/safetensors.h"
+#include "train/gerrymandering.h"
+#include "train/run_config.h"
+#include "train/step_guard.h"
+
+namespace moecore::fuzz {
+
+struct Finding {
+  std::string what;
+};
+
+// model.safetensors, optim.safetensors, checkpoint parts: every tensor the header declares is read
+// back, so data_offsets, shapes and dtypes are exercised as a checkpoint load would.
+inline void read_safetensors(const std::string& path) {
+  const auto reader = io::SafetensorsReader::open(path);
+  for (const std::string& name : reader.names()) {
+    const std::vector<float> values = reader.read_f32(name);
+    const io::TensorInfo& info = reader.info(name);
+    int64_t numel = 1;
+    for (int64_t d : info.shape) numel *= d;
+    if (static_cast<int64_t>(values.size()) != numel) throw Finding{"read_f32 size != shape"};
+  }
+}
+
+// Token files with a NumPy header, debug-state inputs: integer arrays read in full, element by
+// element and in bulk, as the data loader and the debug commands do.
+inline void read_npy(const std::string& path) {
+  const auto npy = data::NpyFile::open(path);
+  const std::string& d = npy.dtype();
+  if (d.size() > 1 && (d[1] == 'u' || d[1] == 'i')) {
+    std::vector<int64_t> all;
+    npy.read_ints(all);
+    if (all.size() != npy.numel()) throw Finding{"read_ints size != numel"};
+    if (!all.empty() && npy.int_at(all.size() - 1) != all.back())
+      throw Finding{"int_at disagrees with read_ints"};
+  }
+}
+
+// tokenizer.json given by the user or found in a checkpoint. One that loads is also used: encode
+// of a text covering the byte classes the GPT-2 regex splits on (and an added token, and bytes
+// that are not UTF-8), decode of the result and of every id below vocab_size (capped), and the
+// EOS look-up, so a vocabulary that loads but cannot serve is found too.
+inline void read_tokenizer(std::string_view text) {
+  const auto tok = data::Tokenizer::from_json(text, "fuzz.json");
+  static constexpr std::string_view kSample =
+      "The Lord's 12 sheep, \xc3\xa9t\xc3\xa9!  \n\t<|endoftext|>x\xff\x01";
+  const std::vector<int32_t> ids = tok.encode(kSample);
+  (void)tok.decode(ids);
+  (void)tok.decode_text(ids);
+  std::vector<int32_t> every(static_cast<size_t>(std::clamp<int64_t>(tok.vocab_size(), 0, 4096)));
+  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<int32_t>(i);
+  (void)tok.decode(every);
+  (void)tok.eos_id();
+}
+
+// The TOML run configuration (also read back from every checkpoint's config.toml). One that
+// parses must survive its own round trip: the TOML written into out_dir and every checkpoint
+// parses again to the same model, else a run could start that can never be resumed.
+inline void read_run_config(const std::string& text) {
+  const RunConfig config = parse_run_config(text, "fuzz.toml");
+  const std::string saved = run_config_to_toml(config);
+  RunConfig again;
+  try {
+    again = parse_run_config(saved, "saved.toml");
+  } catch (const std::exception& e) {
+    throw Finding{std::string("accepted, but its saved form is refused: ") + e.what()};
+  }
+  const std::string difference = model_config_difference(again.model, config.model);
+  if (!difference.empty()) throw Finding{"saved form differs: " + difference};
+}
+
+// trainer_state.json as a resume reads it (train/trainer.cpp): step, tokens_seen, data_cursor,
+// seed, then the step guard's and the gerrymandering detector's windows.
+inline void read_trainer_state(std::string_view text) {
+  const nlohmann::json state = nlohmann::json::parse(text);
+  (void)state.at("step").get<int64_t>();
+  (void)state.at("tokens_seen").get<int64_t>();
+  (void)state.at("data_cursor").get<uint64_t>();
+  (void)state.at("seed").get<uint64_t>();
+  StepGuard guard({6.0, 128, 20});
+  guard.from_json(state.at("step_guard"));
+  GerrymanderingDetector detector({100, 0.05});
+  detector.from_json(state.at("gerrymandering"));
+}
+
+}  // namespace moecore::fuzz
