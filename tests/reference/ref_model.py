@@ -10,14 +10,18 @@ and multiplies them in float32. `forward` takes a dict of Hugging Face named
 tensors (leaves with requires_grad=True if gradients are wanted) and the [model] config dict; the
 gradients come from autograd on `out.total`.
 
-Semantics (see ../shared/DESIGN.md and issue 2):
+Semantics (see ../shared/DESIGN.md and issues 2 and 12):
   embedding -> L x [x += o_proj(attn(RoPE(qknorm(q, k)), v)) on RMSNorm(x); x += FFN(RMSNorm(x))]
-  -> RMSNorm -> lm_head.
+  -> RMSNorm -> lm_head (block_norm "pre"); block_norm "reordered" (OLMo-2, HF FlexOlmo) instead
+  x += RMSNorm(attn(x)); x += RMSNorm(FFN(x)).
   QK-norm before RoPE: "full" normalises the whole q [nh*hd] / k [nkv*hd] projection (OLMoE),
   "per_head" each head's hd values (Qwen3), "none" skips it.
-  MoE: fp32 router logits, softmax or sigmoid scores, top-k by score with ties going to the LOWER
-  expert index, weights = the k selected scores (renormalised if norm_topk_prob), plus an always-on,
-  unweighted shared expert.
+  MoE: fp32 router logits, softmax or sigmoid scores, top-k by score (+ the selection bias
+  e_score_correction_bias; group-limited when n_group > 1) with ties going to the LOWER expert
+  index, weights = the k selected scores (renormalised if norm_topk_prob; topk_softmax: the softmax
+  over the k selected logits) times routed_scaling_factor, plus an always-on, unweighted shared
+  expert. The olmo-core lb of a sigmoid router renormalises each token's scores; loss_normalizer
+  "labels" divides lb's f_e and the z-loss by the counted labels instead of the tokens.
   Losses: ce (mean over targets != -100, no shift), lb (olmo-core or hf style), z (router z-loss),
   total = ce + router_aux_loss_coef * lb + router_z_loss_coef * z.
 """
