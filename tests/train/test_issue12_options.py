@@ -56,15 +56,17 @@ def test_reordered_router_options_resume_byte_exact(moecore_bin, job_data, tmp_p
 
 
 def test_router_bias_data_parallel_matches_single_process(moecore_bin, job_data, tmp_path):
-    """The counts behind the update are the global batch's: 2 ranks (dp) and 2 ranks with experts
-    split (ep = 2) end with the single process's bias and weights."""
+    """The counts behind the update are the global batch's: 2 ranks (dp), 2 ranks with experts
+    split (ep = 2) and 2 pipeline stages (each updates its own layers' bias) end with the single
+    process's bias and weights."""
     model = dict(OPTIONS, loss_normalizer="tokens")
     settings = dict(model=model, train={"max_steps": 8, "batch_size": 8, "threads": 1, "log_every": 1,
                                         "eval_every": 0})
     single = tmp_path / "single"
     train(moecore_bin, write_config(tmp_path / "s.toml", job_data, single, **settings))
     ref = final_weights(single)
-    for name, sets in (("dp2", []), ("ep2", ["parallel.ep=2", "parallel.zero=1"])):
+    for name, sets in (("dp2", []), ("ep2", ["parallel.ep=2", "parallel.zero=1"]),
+                       ("pp2", ["parallel.pp=2"])):
         out = tmp_path / name
         r = mpirun(moecore_bin, 2, write_config(tmp_path / f"{name}.toml", job_data, out, **settings), *sets)
         assert r.returncode == 0, r.stderr[-2000:]
