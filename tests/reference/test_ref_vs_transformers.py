@@ -187,3 +187,39 @@ def test_ref_matches_transformers_dots1_grouped_biased_scaled():
     for r in routings:
         bias = params[f"model.layers.{r.layer}.mlp.gate.e_score_correction_bias"]
         assert float((r.scores.detach() + bias).min()) > 0
+
+
+def test_ref_router_matches_deepseek_v3_topk_router():
+    """ref_model's router (the one moecore is checked against) equals transformers'
+    DeepseekV3TopkRouter itself: sigmoid, e_score_correction_bias, 8 groups keep 3, renormalised
+    weights x routed_scaling_factor (Dots1's router, used in the model-level tests, is the same code)."""
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    E, k, d = 32, 4, 16
+    config = DeepseekV3Config(hidden_size=d, n_routed_experts=E, num_experts_per_tok=k, n_group=8,
+                              topk_group=3, norm_topk_prob=True, routed_scaling_factor=2.5)
+    router = DeepseekV3TopkRouter(config)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(E, d, generator=g) * 0.3)
+        router.e_score_correction_bias.copy_(torch.randn(E, generator=g) * 0.05)
+    x = torch.randn(64, d, generator=g)
+    idx, weights = router(x)
+    cfg = ref_model.full_config(dict(hidden_size=d, num_experts=E, num_experts_per_tok=k, n_group=8,
+                                     topk_group=3, router_score="sigmoid", norm_topk_prob=True,
+                                     routed_scaling_factor=2.5, router_bias_update_rate=1e-3))
+    P = {"mlp.gate.weight": router.weight.detach(), "mlp.gate.e_score_correction_bias":
+         router.e_score_correction_bias.detach()}
+    # The expert computation is irrelevant here: zero experts, compare the routing only.
+    for e in range(E):
+        for p, shape in (("gate_proj", (1, d)), ("up_proj", (1, d)), ("down_proj", (d, 1))):
+            P[f"mlp.experts.{e}.{p}.weight"] = torch.zeros(shape)
+    _, r = ref_model.moe(x, P, "mlp.", cfg, 0)
+    order = torch.argsort(idx, dim=-1)  # transformers returns the k experts unsorted
+    ours = torch.argsort(r.selected, dim=-1)
+    assert torch.equal(idx.gather(-1, order), r.selected.gather(-1, ours))
+    assert torch.allclose(weights.gather(-1, order), r.weights.gather(-1, ours), rtol=1e-6, atol=1e-7)
+    # The bias and the group limit both changed choices here (the comparison is not vacuous).
+    plain = ref_model.select_experts(r.scores, dict(cfg, n_group=1, topk_group=1), None)
+    assert not torch.equal(plain.sort(-1).values, r.selected.sort(-1).values)
