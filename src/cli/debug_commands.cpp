@@ -116,11 +116,13 @@ void run_debug_steps(const DebugArgs& args) {
   std::vector<float> total_losses, ce_losses, grad_norms;
   for (int64_t step = 0; step < args.steps; ++step) {
     grads.zero();
+    model.clear_selection_counts();
     const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
                                          s.tokens.batch, s.tokens.seq);
     model.backward(s.params, grads, 1.0f);
     grad_norms.push_back(static_cast<float>(clip_grad_norm(grads, s.config.optim.max_grad_norm)));
     optimizer.step(s.params, grads, learning_rate(s.config.optim, step, args.steps));
+    model.update_router_bias(s.params);  // as the trainer does after each step
     total_losses.push_back(static_cast<float>(loss.total));
     ce_losses.push_back(static_cast<float>(loss.ce));
   }

@@ -32,12 +32,26 @@ nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddi
   };
   // Random or balanced routing is not what transformers' OLMoE / Qwen3-MoE would run: such a
   // model claims no Hugging Face architecture.
+  // Nor are a selection bias, group-limited top-k, a weight scale or top-k softmax gating (the
+  // last equals softmax + norm_topk_prob only in exact arithmetic).
   const bool hf_router = c.router_score == RouterScore::kSoftmax &&
-                         c.shared_expert_intermediate_size == 0 && c.routing == Routing::kLearned;
-  const bool olmoe = hf_router && c.qk_norm == QkNorm::kFull && c.first_k_dense_replace == 0 &&
-                     c.head_size() * c.num_attention_heads == c.hidden_size;
-  const bool qwen3 = hf_router && c.qk_norm == QkNorm::kPerHead;
-  if (olmoe) {
+                         c.shared_expert_intermediate_size == 0 && c.routing == Routing::kLearned &&
+                         !c.has_router_bias() && c.n_group == 1 && c.routed_scaling_factor == 1.0;
+  const bool pre_norm = c.block_norm == BlockNorm::kPre;
+  const bool olmoe_shape = hf_router && c.qk_norm == QkNorm::kFull &&
+                           c.first_k_dense_replace == 0 &&
+                           c.head_size() * c.num_attention_heads == c.hidden_size;
+  const bool olmoe = olmoe_shape && pre_norm;
+  // FlexOlmo (transformers >= 4.57) is OLMoE with OLMo-2's reordered norms: the same attention
+  // (QK-norm over the whole projection), router and experts, post_attention_layernorm after
+  // attention and post_feedforward_layernorm after the MoE.
+  const bool flex_olmo = olmoe_shape && !pre_norm;
+  const bool qwen3 = hf_router && c.qk_norm == QkNorm::kPerHead && pre_norm;
+  if (flex_olmo) {
+    j["architectures"] = {"FlexOlmoForCausalLM"};
+    j["model_type"] = "flex_olmo";
+    j["intermediate_size"] = c.moe_intermediate_size;
+  } else if (olmoe) {
     j["architectures"] = {"OlmoeForCausalLM"};
     j["model_type"] = "olmoe";
     j["intermediate_size"] = c.moe_intermediate_size;
@@ -66,7 +80,15 @@ nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddi
     j["qk_norm"] = c.qk_norm == QkNorm::kNone   ? "none"
                    : c.qk_norm == QkNorm::kFull ? "full"
                                                 : "per_head";
-    j["router_score"] = c.router_score == RouterScore::kSoftmax ? "softmax" : "sigmoid";
+    j["router_score"] = c.router_score == RouterScore::kSoftmax   ? "softmax"
+                        : c.router_score == RouterScore::kSigmoid ? "sigmoid"
+                                                                  : "topk_softmax";
+    j["block_norm"] = pre_norm ? "pre" : "reordered";
+    // DeepSeek-V3's keys; the bias itself is model.layers.{i}.mlp.gate.e_score_correction_bias.
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+    j["router_bias_update_rate"] = c.router_bias_update_rate;
     j["routing"] = c.routing == Routing::kLearned  ? "learned"
                    : c.routing == Routing::kRandom ? "random"
                                                    : "balanced";

@@ -2,8 +2,11 @@
 // transformers.AutoModelForCausalLM.from_pretrained loads a moecore checkpoint:
 //   * OlmoeForCausalLM when qk_norm = "full", softmax router, no shared expert, no dense layers and
 //     head_dim = hidden/heads (OLMoE calls the expert width intermediate_size);
-//   * Qwen3MoeForCausalLM when qk_norm = "per_head", softmax router, no shared expert (dense first
-//     layers become Qwen3-MoE's mlp_only_layers);
+//   * Qwen3MoeForCausalLM when qk_norm = "per_head", softmax router, no shared expert, pre-norm
+//     (dense first layers become Qwen3-MoE's mlp_only_layers);
+//   (the OLMoE / Qwen3-MoE / FlexOlmo router: softmax, no selection bias, no group limit, no
+//   routed_scaling_factor);
+//   * FlexOlmoForCausalLM for the OLMoE shape with block_norm = "reordered" (OLMo-2 norms);
 //   * otherwise model_type "moecore" with moecore's own keys: no transformers class computes that
 //     architecture, and saying so beats a config that loads into the wrong computation.
 // Training-only settings (lb style, z-loss) do not change logits and do not select the class.

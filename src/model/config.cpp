@@ -71,6 +71,29 @@ void ModelConfig::validate() const {
             router_aux_loss_coef);
   MOE_CHECK(router_z_loss_coef >= 0.0, "[config] model.router_z_loss_coef={} must be >= 0",
             router_z_loss_coef);
+  MOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0.0,
+            "[config] model.routed_scaling_factor={} must be positive", routed_scaling_factor);
+  MOE_CHECK(std::isfinite(router_bias_update_rate) && router_bias_update_rate >= 0.0,
+            "[config] model.router_bias_update_rate={} must be >= 0 (0 = no expert bias)",
+            router_bias_update_rate);
+  MOE_CHECK(n_group >= 1, "[config] model.n_group={} must be >= 1", n_group);
+  MOE_CHECK(topk_group >= 1 && topk_group <= n_group,
+            "[config] model.topk_group={} must be in [1, n_group={}]", topk_group, n_group);
+  if (first_k_dense_replace < num_hidden_layers) {
+    MOE_CHECK(num_experts % n_group == 0,
+              "[router] model.n_group={} does not divide num_experts={}", n_group, num_experts);
+    MOE_CHECK(num_experts_per_tok <= topk_group * (num_experts / n_group),
+              "[router] num_experts_per_tok={} exceeds the {} experts of topk_group={} groups",
+              num_experts_per_tok, topk_group * (num_experts / n_group), topk_group);
+  }
+  // Random and balanced routing ignore the router's scores when choosing experts: a selection
+  // bias or group limit would silently do nothing.
+  MOE_CHECK(routing == Routing::kLearned || (n_group == 1 && !has_router_bias()),
+            "[config] model.n_group={} / router_bias_update_rate={} need model.routing=\"learned\"",
+            n_group, router_bias_update_rate);
+  // The labels normaliser is OLMo-core's trainer's, defined for its per-layer loss.
+  MOE_CHECK(loss_normalizer == LossNormalizer::kTokens || lb_loss_style == LbLossStyle::kOlmoCore,
+            "[config] model.loss_normalizer=\"labels\" needs model.lb_loss_style=\"olmo-core\"");
 }
 
 }  // namespace moecore

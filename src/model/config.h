@@ -8,8 +8,19 @@
 namespace moecore {
 
 enum class QkNorm { kNone, kFull, kPerHead };  // full: OLMoE (over all heads); per_head: Qwen3
-enum class RouterScore { kSoftmax, kSigmoid };
+// topk_softmax: experts chosen by their softmax probability, weights = softmax over the k
+// selected logits (Megatron's "softmax after top-k"; equal to softmax + norm_topk_prob in exact
+// arithmetic).
+enum class RouterScore { kSoftmax, kSigmoid, kTopkSoftmax };
 enum class LbLossStyle { kOlmoCore, kHf };
+// What divides the router losses (load-balancing and z): every token of the batch (OLMo-core's
+// model default, moecore's default), or the counted labels, targets != -100 (OLMo-core's trainer,
+// which passes its label count as loss_div_factor).
+enum class LossNormalizer { kTokens, kLabels };
+// pre: x + attn(norm(x)), then h + ffn(norm(h)) (HF OLMoE, Qwen3-MoE). reordered: OLMo-2's
+// x + norm(attn(x)), then h + norm(ffn(h)), no norm before the sublayers (OLMo-core's MoE presets,
+// HF FlexOlmo).
+enum class BlockNorm { kPre, kReordered };
 // How each token's k experts are chosen (capacity benchmarks): learned = top-k of the router
 // scores; random = top-k of uniform random scores; balanced = a deterministic even spread. The
 // routing weights are the router's scores of the chosen experts in every mode (see router.h).
@@ -38,11 +49,23 @@ struct ModelConfig {
   RouterScore router_score = RouterScore::kSoftmax;
   LbLossStyle lb_loss_style = LbLossStyle::kOlmoCore;
   Routing routing = Routing::kLearned;  // not a Hugging Face key: moecore's own
+  BlockNorm block_norm = BlockNorm::kPre;
+  LossNormalizer loss_normalizer = LossNormalizer::kTokens;
+  // Group-limited top-k (DeepSeek-V3): experts form n_group equal groups, each token keeps the
+  // topk_group groups with the highest sum of their top-2 selection scores and picks its k experts
+  // inside them. n_group = 1: plain top-k.
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;  // constant factor on every routing weight
+  // Auxiliary-loss-free balancing: > 0 adds a per-expert bias to the selection scores (not to the
+  // weights) and moves it by this rate after each optimizer step (router_bias.h).
+  double router_bias_update_rate = 0.0;
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   int64_t q_size() const { return num_attention_heads * head_size(); }
   int64_t kv_size() const { return num_key_value_heads * head_size(); }
   bool layer_is_dense(int64_t layer) const { return layer < first_k_dense_replace; }
+  bool has_router_bias() const { return router_bias_update_rate > 0.0; }
 
   // Throws moecore::Error naming the first inconsistency.
   void validate() const;

@@ -114,8 +114,8 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
     w.post_norm = at(s.post_norm);
     w.mlp_gate_up = at(s.mlp_gate);
     w.mlp_down = at(s.mlp_down);
-    w.moe = {at(s.router), at(s.expert_gate), at(s.expert_down), at(s.shared_gate),
-             at(s.shared_down)};
+    w.moe = {at(s.router),      at(s.expert_gate), at(s.expert_down),
+             at(s.shared_gate), at(s.shared_down), at(s.router_bias)};
     layers_.push_back(w);
   }
   // Multiply-adds per token of the projections, FFNs and LM head (attention over the cache aside).
@@ -234,21 +234,27 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
   embedding_forward(tokens, embed_, x_.data(), n, d);
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& w = layers_[static_cast<size_t>(layer)];
-    // Attention branch: x += o_proj(attn(rope(qknorm(q)), rope(qknorm(k)), v)) of norm(x).
-    rmsnorm_forward(x_.data(), w.input_norm, h_.data(), rstd_.data(), n, d, eps);
+    // Attention branch: x += o_proj(attn(rope(qknorm(q)), rope(qknorm(k)), v)) of norm(x)
+    // (pre-norm), or x += norm(o_proj(attn(...)) of x) (reordered).
+    const bool reordered = c.block_norm == BlockNorm::kReordered;
+    const float* attn_in = x_.data();
+    if (!reordered) {
+      rmsnorm_forward(x_.data(), w.input_norm, h_.data(), rstd_.data(), n, d, eps);
+      attn_in = h_.data();
+    }
     if (c.qk_norm == QkNorm::kNone) {
-      linear_forward(h_.data(), w.q_proj, q_.data(), n, d, qs);
-      linear_forward(h_.data(), w.k_proj, k_.data(), n, d, kvs);
+      linear_forward(attn_in, w.q_proj, q_.data(), n, d, qs);
+      linear_forward(attn_in, w.k_proj, k_.data(), n, d, kvs);
     } else {
-      linear_forward(h_.data(), w.q_proj, q_raw_.data(), n, d, qs);
-      linear_forward(h_.data(), w.k_proj, k_raw_.data(), n, d, kvs);
+      linear_forward(attn_in, w.q_proj, q_raw_.data(), n, d, qs);
+      linear_forward(attn_in, w.k_proj, k_raw_.data(), n, d, kvs);
       const bool per_head = c.qk_norm == QkNorm::kPerHead;
       rmsnorm_forward(q_raw_.data(), w.q_norm, q_.data(), qk_rstd_.data(), per_head ? n * nh : n,
                       per_head ? hd : qs, eps);
       rmsnorm_forward(k_raw_.data(), w.k_norm, k_.data(), qk_rstd_.data(), per_head ? n * nkv : n,
                       per_head ? hd : kvs, eps);
     }
-    linear_forward(h_.data(), w.v_proj, v_.data(), n, d, kvs);
+    linear_forward(attn_in, w.v_proj, v_.data(), n, d, kvs);
     rope_at(q_.data(), n, nh, hd, rope_, p0);
     rope_at(k_.data(), n, nkv, hd, rope_, p0);
     for (int64_t i = 0; i < n; ++i) {
@@ -257,17 +263,31 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
     }
     attention(layer, n);
     linear_forward(context_.data(), w.o_proj, branch_.data(), n, qs, d);
-    add_in_place(x_.data(), branch_.data(), n * d);
+    if (reordered) {
+      rmsnorm_forward(branch_.data(), w.input_norm, h_.data(), rstd_.data(), n, d, eps);
+      add_in_place(x_.data(), h_.data(), n * d);
+    } else {
+      add_in_place(x_.data(), branch_.data(), n * d);
+    }
 
-    // FFN branch: x += ffn(norm(x)).
-    rmsnorm_forward(x_.data(), w.post_norm, h_.data(), rstd_.data(), n, d, eps);
+    // FFN branch: x += ffn(norm(x)) (pre-norm) or x += norm(ffn(x)) (reordered).
+    const float* ffn_in = x_.data();
+    if (!reordered) {
+      rmsnorm_forward(x_.data(), w.post_norm, h_.data(), rstd_.data(), n, d, eps);
+      ffn_in = h_.data();
+    }
     if (c.layer_is_dense(layer)) {
-      swiglu_mlp_forward({n, d, c.intermediate_size}, h_.data(), w.mlp_gate_up, w.mlp_down,
+      swiglu_mlp_forward({n, d, c.intermediate_size}, ffn_in, w.mlp_gate_up, w.mlp_down,
                          mlp_gu_.data(), mlp_act_.data(), branch_.data());
     } else {
-      moe_.forward(w.moe, h_.data(), n, branch_.data(), moe_cache_);
+      moe_.forward(w.moe, ffn_in, n, branch_.data(), moe_cache_);
     }
-    add_in_place(x_.data(), branch_.data(), n * d);
+    if (reordered) {
+      rmsnorm_forward(branch_.data(), w.post_norm, h_.data(), rstd_.data(), n, d, eps);
+      add_in_place(x_.data(), h_.data(), n * d);
+    } else {
+      add_in_place(x_.data(), branch_.data(), n * d);
+    }
   }
   cache_.advance(n);
 

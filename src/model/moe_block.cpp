@@ -105,8 +105,9 @@ MoeBlock::MoeBlock(const ModelConfig& config, ExpertShard shard, const ExpertExc
 void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, float* y,
                        MoeCache& cache) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
-  cache.router_shape = {tokens, d, e_count, k, c.router_score, c.norm_topk_prob};
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
+  cache.router_shape = router_shape_of(c, tokens);
+  cache.router.selection.bias = w.router_bias;
   ScopedPhase timer(Phase::kRouterForward);
   router_forward(cache.router_shape, x, w.router, cache.router);
   timer.stop();  // the dispatch paths time their own phases

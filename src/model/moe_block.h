@@ -22,11 +22,13 @@ namespace moecore {
 
 // Pointers into the parameter (or gradient) buffers for one MoE layer.
 struct MoeWeights {
-  float* router;           // [E, d] (every expert: routing is replicated)
-  float* experts_gate_up;  // [E_local, 2H, d] this rank's experts
-  float* experts_down;     // [E_local, d, H]
-  float* shared_gate_up;   // [2Hs, d] or nullptr
-  float* shared_down;      // [d, Hs] or nullptr
+  float* router;                 // [E, d] (every expert: routing is replicated)
+  float* experts_gate_up;        // [E_local, 2H, d] this rank's experts
+  float* experts_down;           // [E_local, d, H]
+  float* shared_gate_up;         // [2Hs, d] or nullptr
+  float* shared_down;            // [d, Hs] or nullptr
+  float* router_bias = nullptr;  // [E] selection bias (aux-loss-free balancing) or nullptr; it
+                                 // gets no gradient (it is not a function of the loss)
 };
 
 // This rank's experts: global ids [first, first + count); count * exchange.ranks() == E.

@@ -29,11 +29,11 @@ uint64_t hash_name(const std::string& name) {
 }  // namespace
 
 void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm,
-                      bool is_embedding) {
+                      bool is_embedding, bool is_buffer) {
   const size_t numel = static_cast<size_t>(product(shape));
   size_t& cursor = group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
   specs_.push_back(
-      {std::move(name), std::move(shape), group, cursor, numel, is_norm, is_embedding});
+      {std::move(name), std::move(shape), group, cursor, numel, is_norm, is_embedding, is_buffer});
   cursor += numel;
 }
 
@@ -72,7 +72,10 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
   for (int64_t i = 0; i < total; ++i) {
     if (!held(i)) continue;
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    layout.add(p + "input_layernorm.weight", {d}, dense, true);
+    const bool reordered = c.block_norm == BlockNorm::kReordered;
+    // The attention branch's norm, under its Hugging Face name for the block layout.
+    layout.add(p + (reordered ? "post_attention_layernorm.weight" : "input_layernorm.weight"), {d},
+               dense, true);
     layout.add(p + "self_attn.q_proj.weight", {c.q_size(), d}, dense);
     layout.add(p + "self_attn.k_proj.weight", {c.kv_size(), d}, dense);
     layout.add(p + "self_attn.v_proj.weight", {c.kv_size(), d}, dense);
@@ -84,7 +87,10 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
       layout.add(p + "self_attn.q_norm.weight", {c.head_size()}, dense, true);
       layout.add(p + "self_attn.k_norm.weight", {c.head_size()}, dense, true);
     }
-    layout.add(p + "post_attention_layernorm.weight", {d}, dense, true);
+    // The FFN branch's norm.
+    layout.add(
+        p + (reordered ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+        {d}, dense, true);
     if (c.layer_is_dense(i)) {
       layout.add(p + "mlp.gate_proj.weight", {c.intermediate_size, d}, dense);
       layout.add(p + "mlp.up_proj.weight", {c.intermediate_size, d}, dense);
@@ -92,6 +98,10 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
       continue;
     }
     layout.add(p + "mlp.gate.weight", {c.num_experts, d}, dense);
+    // DeepSeek-V3's name for the selection bias (also Dots1's and GLM-4-MoE's).
+    if (c.has_router_bias())
+      layout.add(p + "mlp.gate.e_score_correction_bias", {c.num_experts}, dense, false, false,
+                 true);
     const int64_t h = c.moe_intermediate_size;
     for (int64_t e = first; e < last; ++e) {
       const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
@@ -137,17 +147,22 @@ std::pair<size_t, size_t> ParamLayout::layer_range(ParamGroup group, int64_t lay
 LayerSpecs ParamLayout::layer_specs(int64_t layer) const {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const std::string expert = p + "mlp.experts." + std::to_string(first_expert_) + ".";
-  return {find(p + "input_layernorm.weight"),
+  // Reordered blocks have no input_layernorm; their norms follow the sublayers (see LayerSpecs).
+  const bool reordered = find(p + "input_layernorm.weight") == nullptr &&
+                         find(p + "post_feedforward_layernorm.weight") != nullptr;
+  return {find(p + (reordered ? "post_attention_layernorm.weight" : "input_layernorm.weight")),
           find(p + "self_attn.q_proj.weight"),
           find(p + "self_attn.k_proj.weight"),
           find(p + "self_attn.v_proj.weight"),
           find(p + "self_attn.o_proj.weight"),
           find(p + "self_attn.q_norm.weight"),
           find(p + "self_attn.k_norm.weight"),
-          find(p + "post_attention_layernorm.weight"),
+          find(p + (reordered ? "post_feedforward_layernorm.weight"
+                              : "post_attention_layernorm.weight")),
           find(p + "mlp.gate_proj.weight"),
           find(p + "mlp.down_proj.weight"),
           find(p + "mlp.gate.weight"),
+          find(p + "mlp.gate.e_score_correction_bias"),
           find(expert + "gate_proj.weight"),
           find(expert + "down_proj.weight"),
           find(p + "mlp.shared_expert.gate_proj.weight"),
@@ -162,6 +177,10 @@ void ParamBuffers::zero() {
 void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) {
   for (const ParamSpec& spec : layout.specs()) {
     float* w = params.at(spec);
+    if (spec.is_buffer) {
+      std::fill(w, w + spec.numel, 0.0f);
+      continue;
+    }
     if (spec.is_norm) {
       std::fill(w, w + spec.numel, 1.0f);
       continue;

@@ -24,11 +24,18 @@ struct ParamSpec {
   size_t numel;
   bool is_norm;       // RMSNorm gains: initialised to 1, no weight decay
   bool is_embedding;  // no weight decay by default
+  // Not trained by the optimizer (no gradient, no Adam update, no decay): the router's selection
+  // bias, which moves by its own rule after each step (router_bias.h). Initialised to 0.
+  bool is_buffer = false;
 };
 
 // Where one decoder layer's tensors are in a spec table; nullptr for tensors the layer does not
 // have. The expert entries are this layout's first local expert: the start of its [E_local, 2H, d]
 // gate/up block and of its [E_local, d, H] down block.
+// The two block norms by role, whatever the layout: input_norm is the attention branch's norm and
+// post_norm the FFN branch's. Pre-norm (HF OLMoE): input_layernorm before attention,
+// post_attention_layernorm before the FFN. Reordered (OLMo-2, HF FlexOlmo):
+// post_attention_layernorm after attention, post_feedforward_layernorm after the FFN.
 struct LayerSpecs {
   const ParamSpec* input_norm;
   const ParamSpec* q_proj;
@@ -41,6 +48,7 @@ struct LayerSpecs {
   const ParamSpec* mlp_gate;  // dense layers: [I, d], followed in memory by up_proj
   const ParamSpec* mlp_down;
   const ParamSpec* router;
+  const ParamSpec* router_bias;  // [E] selection bias (router_bias_update_rate > 0) or nullptr
   const ParamSpec* expert_gate;
   const ParamSpec* expert_down;
   const ParamSpec* shared_gate;  // followed in memory by the shared up_proj
@@ -76,7 +84,7 @@ class ParamLayout {
 
  private:
   void add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm = false,
-           bool is_embedding = false);
+           bool is_embedding = false, bool is_buffer = false);
 
   std::vector<ParamSpec> specs_;
   size_t dense_numel_ = 0;
@@ -106,7 +114,7 @@ struct ParamBuffers {
 
 // Deterministic initialisation: every tensor draws from its own stream seeded by (seed, name), so
 // the weights do not depend on the thread count or, later, on the parallel layout. Matrices ~ N(0,
-// 0.02), norm gains = 1.
+// 0.02), norm gains = 1, buffers (the router's selection bias) = 0.
 void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params);
 
 }  // namespace moecore

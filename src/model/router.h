@@ -1,8 +1,16 @@
 // Token-choice top-k router, in fp32.
-//   logits = x W_r^T; scores = softmax(logits) or sigmoid(logits); each token picks the k experts
-//   with the highest scores. Ties go to the lower expert index (documented rule; torch.topk leaves
-//   tie order unspecified). Routing weights are the selected scores, divided by their sum when
-//   norm_topk_prob is set.
+//   logits = x W_r^T; scores = softmax(logits) (softmax, topk_softmax) or sigmoid(logits); each
+//   token picks the k experts with the highest selection scores = scores + the selection bias
+//   (auxiliary-loss-free balancing; zero without it). Ties go to the lower expert index (documented
+//   rule; torch.topk leaves tie order unspecified). Group-limited (n_group > 1, DeepSeek-V3): the
+//   experts form n_group equal groups, a group's score is the sum of its two best selection scores
+//   (its one score with one expert per group), the topk_group best groups are kept (ties: lower
+//   group) and the k experts are chosen inside them only (excluded experts are out of the race,
+//   as in DeepSeek's and Megatron's code; transformers' port sets their selection score to 0.0
+//   instead, which differs only when selection scores are negative).
+//   Routing weights: the selected scores, divided by their sum when norm_topk_prob is set; with
+//   topk_softmax the softmax over the k selected logits (norm_topk_prob has nothing left to do);
+//   then times routed_scaling_factor. The bias never enters the weights.
 // Routing modes (capacity benchmarks) change only which k experts are selected; the weights are
 // still the router's scores of those experts, so the router keeps learning through them and
 // through the load-balancing and z-losses, and router_backward is the same for every mode:
@@ -26,8 +34,9 @@ namespace moecore {
 
 struct RouterSelection {
   Routing mode = Routing::kLearned;
-  uint64_t seed = 0;         // random: this layer's stream seed (routing_layer_seed)
-  int64_t token_offset = 0;  // global index of local token 0
+  uint64_t seed = 0;            // random: this layer's stream seed (routing_layer_seed)
+  int64_t token_offset = 0;     // global index of local token 0
+  const float* bias = nullptr;  // learned: [E] added to the scores for selection only, or nullptr
 };
 
 // The seed of one forward pass (training step, micro-batch) and of one layer within it.
@@ -46,7 +55,22 @@ struct RouterShape {
   int64_t top_k;
   RouterScore score;
   bool norm_topk_prob;
+  int64_t n_group = 1;  // group-limited top-k (see above); 1: plain top-k
+  int64_t topk_group = 1;
+  float routed_scaling_factor = 1.0f;
 };
+
+inline RouterShape router_shape_of(const ModelConfig& c, int64_t tokens) {
+  return {tokens,
+          c.hidden_size,
+          c.num_experts,
+          c.num_experts_per_tok,
+          c.router_score,
+          c.norm_topk_prob,
+          c.n_group,
+          c.topk_group,
+          static_cast<float>(c.routed_scaling_factor)};
+}
 
 // What the forward saves for the backward and for the losses and metrics.
 struct RouterState {
@@ -64,7 +88,9 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
 // Gradients reaching the router, all with respect to quantities the forward produced:
 //   d_weight: [N, k] dL/d topk_weight;
 //   lb_score_grad: [E] a constant added to dL/d p[t, e] for every token t, where p is the
-//     load-balancing probability (softmax of the logits when lb_uses_softmax, else the scores);
+//     load-balancing probability: softmax of the logits when lb_uses_softmax (HF style), else the
+//     scores, which for a sigmoid router are first divided by their sum over the experts (as
+//     OLMo-core does: each token's probabilities then sum to 1, like softmax's);
 //   z_grad_scale: the z-loss contributes z_grad_scale * d(sum_t lse_t^2)/dlogits.
 // dx: [N, d] (+=); dw_router: [E, d] (+=).
 struct RouterGrads {
@@ -83,5 +109,8 @@ double router_z_loss(const RouterShape& s, const RouterState& st);
 // probabilities whatever the score function.
 std::vector<double> router_softmax_column_sums(const RouterShape& s, const RouterState& st);
 std::vector<double> router_score_column_sums(const RouterShape& s, const RouterState& st);
+// The OLMo-core load-balancing probabilities' column sums: the scores (softmax), or each token's
+// sigmoid scores divided by their sum.
+std::vector<double> router_lb_column_sums(const RouterShape& s, const RouterState& st);
 
 }  // namespace moecore

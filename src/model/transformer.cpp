@@ -12,11 +12,15 @@
 
 namespace moecore {
 
+// Pre-norm: h1 = norm1(x), mid = x + attn(h1), h2 = norm2(mid), out = mid + ffn(h2).
+// Reordered: attn_out = attn(x), mid = x + norm1(attn_out), ffn_out = ffn(mid),
+// out = mid + norm2(ffn_out); h1 and h2 stay empty (the sublayers read x and mid).
 struct Transformer::LayerCache {
-  std::vector<float> rstd1, h1;  // input RMSNorm
+  std::vector<float> rstd1, h1;  // attention branch RMSNorm (pre: input; reordered: output)
   AttentionCache attention;
-  std::vector<float> mid;        // residual after attention
-  std::vector<float> rstd2, h2;  // post-attention RMSNorm
+  std::vector<float> mid;                // residual after attention
+  std::vector<float> rstd2, h2;          // FFN branch RMSNorm
+  std::vector<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
   MoeCache moe;
   std::vector<float> mlp_gu, mlp_act;  // dense layers
 };
@@ -31,6 +35,7 @@ struct Transformer::Activations {
   std::vector<float> lb_score_grad;  // [layers][E] load-balancing gradient per router probability
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;    // tokens of the global micro-batch
+  double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
   bool backward_ready = false;  // the last forward kept what the backward needs
 };
 
@@ -86,8 +91,8 @@ AttentionWeights Transformer::attention_weights(const ParamBuffers& b, int64_t l
 
 MoeWeights Transformer::moe_weights(const ParamBuffers& b, int64_t layer) const {
   const LayerSpecs& s = layer_specs_[static_cast<size_t>(layer)];
-  return {at(b, s.router), at(b, s.expert_gate), at(b, s.expert_down), at(b, s.shared_gate),
-          at(b, s.shared_down)};
+  return {at(b, s.router),      at(b, s.expert_gate), at(b, s.expert_down),
+          at(b, s.shared_gate), at(b, s.shared_down), at(b, s.router_bias)};
 }
 
 const RouterState* Transformer::router_state(int64_t layer) const {
@@ -160,31 +165,50 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
     LayerCache& lc = act.layers[j];
     const float* x = act.residual[j].data();
+    const bool reordered = c.block_norm == BlockNorm::kReordered;
     lc.rstd1.resize(static_cast<size_t>(n));
-    lc.h1.resize(static_cast<size_t>(n * d));
-    rmsnorm_forward(x, at(params, s.input_norm), lc.h1.data(), lc.rstd1.data(), n, d, eps);
-    attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
-                       lc.attention);
     lc.mid.resize(static_cast<size_t>(n * d));
-    for (int64_t e = 0; e < n * d; ++e)
-      lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
-
     lc.rstd2.resize(static_cast<size_t>(n));
-    lc.h2.resize(static_cast<size_t>(n * d));
-    rmsnorm_forward(lc.mid.data(), at(params, s.post_norm), lc.h2.data(), lc.rstd2.data(), n, d,
-                    eps);
+    if (reordered) {
+      // mid = x + norm1(attn(x)); the FFN then reads mid itself.
+      lc.attn_out.resize(static_cast<size_t>(n * d));
+      attention_.forward(attention_weights(params, i), x, batch, seq, lc.attn_out.data(),
+                         lc.attention);
+      rmsnorm_forward(lc.attn_out.data(), at(params, s.input_norm), branch.data(), lc.rstd1.data(),
+                      n, d, eps);
+      for (int64_t e = 0; e < n * d; ++e)
+        lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
+    } else {
+      lc.h1.resize(static_cast<size_t>(n * d));
+      rmsnorm_forward(x, at(params, s.input_norm), lc.h1.data(), lc.rstd1.data(), n, d, eps);
+      attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
+                         lc.attention);
+      for (int64_t e = 0; e < n * d; ++e)
+        lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
+      lc.h2.resize(static_cast<size_t>(n * d));
+      rmsnorm_forward(lc.mid.data(), at(params, s.post_norm), lc.h2.data(), lc.rstd2.data(), n, d,
+                      eps);
+    }
+    const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
+    float* ffn_out = branch.data();
+    if (reordered) {
+      lc.ffn_out.resize(static_cast<size_t>(n * d));
+      ffn_out = lc.ffn_out.data();
+    }
     if (c.layer_is_dense(i)) {
       const int64_t width = c.intermediate_size;
       lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
       lc.mlp_act.resize(static_cast<size_t>(n * width));
-      swiglu_mlp_forward({n, d, width}, lc.h2.data(), at(params, s.mlp_gate),
-                         at(params, s.mlp_down), lc.mlp_gu.data(), lc.mlp_act.data(),
-                         branch.data());
+      swiglu_mlp_forward({n, d, width}, ffn_in, at(params, s.mlp_gate), at(params, s.mlp_down),
+                         lc.mlp_gu.data(), lc.mlp_act.data(), ffn_out);
     } else {
       lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
                                  routing_token_offset_};
-      moe_.forward(moe_weights(params, i), lc.h2.data(), n, branch.data(), lc.moe);
+      moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
     }
+    if (reordered)
+      rmsnorm_forward(lc.ffn_out.data(), at(params, s.post_norm), branch.data(), lc.rstd2.data(), n,
+                      d, eps);
     float* out = act.residual[j + 1].data();
     for (int64_t e = 0; e < n * d; ++e)
       out[e] = lc.mid[static_cast<size_t>(e)] + branch[static_cast<size_t>(e)];
@@ -223,7 +247,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
     const std::vector<double> sums = act.lb_uses_softmax
                                          ? router_softmax_column_sums(mc.router_shape, mc.router)
-                                         : router_score_column_sums(mc.router_shape, mc.router);
+                                         : router_lb_column_sums(mc.router_shape, mc.router);
     for (int64_t e = 0; e < e_count; ++e) {
       layer_stats[e] = static_cast<double>(mc.router.expert_counts[static_cast<size_t>(e)]);
       layer_stats[e_count + e] = sums[static_cast<size_t>(e)];
@@ -233,6 +257,17 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   if (batch_sum_) batch_sum_(stats.data(), static_cast<int64_t>(stats.size()));
   const int64_t counted = static_cast<int64_t>(stats[0]);
   act.global_tokens = static_cast<int64_t>(stats[1]);
+  act.router_loss_div = c.loss_normalizer == LossNormalizer::kLabels
+                            ? static_cast<double>(counted)
+                            : static_cast<double>(act.global_tokens);
+  // Routes per expert of the global micro-batch, for the selection-bias update (trainer).
+  if (c.has_router_bias()) {
+    selection_counts_.resize(static_cast<size_t>(count * e_count), 0.0);
+    for (size_t j = 0; j < moe_layers.size(); ++j)
+      for (int64_t e = 0; e < e_count; ++e)
+        selection_counts_[static_cast<size_t>((moe_layers[j] - layers_begin_) * e_count + e)] +=
+            stats[2 + j * static_cast<size_t>(per_layer) + static_cast<size_t>(e)];
+  }
 
   if (has_head()) {
     act.dlogits.resize(act.logits.size());
@@ -250,18 +285,22 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   // lb_score_grad[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as the
   // references do).
   act.lb_score_grad.assign(static_cast<size_t>(count * e_count), 0.0f);
-  if (!moe_layers.empty() && act.global_tokens > 0) {
+  // Router losses over the normaliser: z = sum_t lse_t^2 / div; olmo-core lb = (E/k) sum_e f_e P_e
+  // with f_e = routes to e / div and P_e the mean probability over all tokens (OLMo-core's
+  // local_batch loss with its loss_div_factor). No counted label with "labels": no router loss.
+  if (!moe_layers.empty() && act.global_tokens > 0 && act.router_loss_div > 0.0) {
     const double nd = static_cast<double>(act.global_tokens);
+    const double div = act.router_loss_div;
     std::vector<double> hf_counts(static_cast<size_t>(e_count), 0.0);
     std::vector<double> hf_prob_sums(static_cast<size_t>(e_count), 0.0);
     for (size_t j = 0; j < moe_layers.size(); ++j) {
       const int64_t local = moe_layers[j] - layers_begin_;
       const double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
-      loss.z += layer_stats[2 * e_count] / nd;
+      loss.z += layer_stats[2 * e_count] / div;
       if (c.lb_loss_style == LbLossStyle::kOlmoCore) {
         const double scale = static_cast<double>(e_count) / static_cast<double>(k);
         for (int64_t e = 0; e < e_count; ++e) {
-          const double f = layer_stats[e] / nd;
+          const double f = layer_stats[e] / div;
           loss.lb += scale * f * layer_stats[e_count + e] / nd;
           act.lb_score_grad[static_cast<size_t>(local * e_count + e)] =
               static_cast<float>(c.router_aux_loss_coef * scale * f / nd);
@@ -328,22 +367,32 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   }
 
   std::vector<float> dbranch(static_cast<size_t>(n * d));
-  std::vector<float> scratch_dact, scratch_dgu;
-  const float z_grad_scale = act.global_tokens > 0
+  std::vector<float> scratch_dact, scratch_dgu, dnorm;
+  const float z_grad_scale = act.global_tokens > 0 && act.router_loss_div > 0.0
                                  ? static_cast<float>(c.router_z_loss_coef) * loss_scale /
-                                       static_cast<float>(act.global_tokens)
+                                       static_cast<float>(act.router_loss_div)
                                  : 0.0f;
   std::vector<float> lb_grad(static_cast<size_t>(c.num_experts));
   for (int64_t i = layers_end_ - 1; i >= layers_begin_; --i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
     const LayerCache& lc = act.layers[j];
-    // FFN branch: out = mid + ffn(norm(mid)); dx currently holds d out.
+    const bool reordered = c.block_norm == BlockNorm::kReordered;
+    // FFN branch. Pre: out = mid + ffn(norm2(mid)); reordered: out = mid + norm2(ffn(mid)).
+    // dx holds d out; d_ffn_out is the gradient reaching the FFN's output.
+    const float* d_ffn_out = dx.data();
+    if (reordered) {
+      dnorm.resize(static_cast<size_t>(n * d));
+      rmsnorm_backward(dx.data(), lc.ffn_out.data(), at(params, s.post_norm), lc.rstd2.data(),
+                       dnorm.data(), at(grads, s.post_norm), n, d, false);
+      d_ffn_out = dnorm.data();
+    }
+    const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
     if (c.layer_is_dense(i)) {
       const int64_t width = c.intermediate_size;
       scratch_dact.resize(static_cast<size_t>(n * width));
       scratch_dgu.resize(static_cast<size_t>(n * 2 * width));
-      swiglu_mlp_backward({n, d, width}, dx.data(), lc.h2.data(), at(params, s.mlp_gate),
+      swiglu_mlp_backward({n, d, width}, d_ffn_out, ffn_in, at(params, s.mlp_gate),
                           at(params, s.mlp_down), lc.mlp_gu.data(), lc.mlp_act.data(),
                           dbranch.data(), at(grads, s.mlp_gate), at(grads, s.mlp_down),
                           scratch_dact.data(), scratch_dgu.data(), false);
@@ -352,22 +401,66 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
         lb_grad[static_cast<size_t>(e)] =
             act.lb_score_grad[j * static_cast<size_t>(c.num_experts) + static_cast<size_t>(e)] *
             loss_scale;
-      moe_.backward(moe_weights(params, i), moe_weights(grads, i), lc.h2.data(), dx.data(), lc.moe,
+      moe_.backward(moe_weights(params, i), moe_weights(grads, i), ffn_in, d_ffn_out, lc.moe,
                     lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
     }
-    rmsnorm_backward(dbranch.data(), lc.mid.data(), at(params, s.post_norm), lc.rstd2.data(),
-                     dx.data(), at(grads, s.post_norm), n, d, true);
-    // Attention branch: mid = x + attn(norm(x)).
-    attention_.backward(attention_weights(params, i), attention_weights(grads, i), lc.h1.data(),
-                        dx.data(), lc.attention, dbranch.data());
-    rmsnorm_backward(dbranch.data(), act.residual[j].data(), at(params, s.input_norm),
-                     lc.rstd1.data(), dx.data(), at(grads, s.input_norm), n, d, true);
+    if (reordered) {
+      // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
+      for (int64_t e = 0; e < n * d; ++e)
+        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      rmsnorm_backward(dx.data(), lc.attn_out.data(), at(params, s.input_norm), lc.rstd1.data(),
+                       dnorm.data(), at(grads, s.input_norm), n, d, false);
+      attention_.backward(attention_weights(params, i), attention_weights(grads, i),
+                          act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
+      for (int64_t e = 0; e < n * d; ++e)
+        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+    } else {
+      rmsnorm_backward(dbranch.data(), lc.mid.data(), at(params, s.post_norm), lc.rstd2.data(),
+                       dx.data(), at(grads, s.post_norm), n, d, true);
+      // Attention branch: mid = x + attn(norm(x)).
+      attention_.backward(attention_weights(params, i), attention_weights(grads, i), lc.h1.data(),
+                          dx.data(), lc.attention, dbranch.data());
+      rmsnorm_backward(dbranch.data(), act.residual[j].data(), at(params, s.input_norm),
+                       lc.rstd1.data(), dx.data(), at(grads, s.input_norm), n, d, true);
+    }
     if (layer_grads_ready_) layer_grads_ready_(i);
   }
   if (has_embedding())
     embedding_backward(act.tokens.data(), dx.data(), at(grads, embed_), n, d);
   else
     std::copy_n(dx.data(), n * d, d_hidden_in);
+}
+
+}  // namespace moecore
+
+namespace moecore {
+
+void Transformer::clear_selection_counts() {
+  std::fill(selection_counts_.begin(), selection_counts_.end(), 0.0);
+}
+
+void Transformer::update_router_bias(ParamBuffers& params) {
+  const ModelConfig& c = config_;
+  if (!c.has_router_bias()) return;
+  const int64_t e_count = c.num_experts;
+  const float rate = static_cast<float>(c.router_bias_update_rate);
+  for (int64_t i = layers_begin_; i < layers_end_; ++i) {
+    if (c.layer_is_dense(i)) continue;
+    const size_t base = static_cast<size_t>((i - layers_begin_) * e_count);
+    if (selection_counts_.size() < base + static_cast<size_t>(e_count)) continue;  // no forward
+    float* bias = at(params, layer_specs_[static_cast<size_t>(i)].router_bias);
+    const double* counts = selection_counts_.data() + base;
+    double total = 0.0;
+    for (int64_t e = 0; e < e_count; ++e) total += counts[e];
+    const double mean = total / static_cast<double>(e_count);
+    // OLMo-core: bias += gamma * sign(mean - count), no re-centring; sign(0) = 0.
+    for (int64_t e = 0; e < e_count; ++e) {
+      const double gap = mean - counts[e];
+      const float sign = gap > 0.0 ? 1.0f : (gap < 0.0 ? -1.0f : 0.0f);
+      bias[e] += rate * sign;
+    }
+  }
+  clear_selection_counts();
 }
 
 }  // namespace moecore

@@ -88,6 +88,15 @@ class Transformer {
   void set_routing_seed(uint64_t seed) { routing_seed_ = seed; }
   void set_routing_token_offset(int64_t offset) { routing_token_offset_ = offset; }
 
+  // Auxiliary-loss-free balancing (model.router_bias_update_rate > 0). Every forward with targets
+  // adds its global micro-batch's routes per expert to a per-layer tally (summed over the
+  // data-parallel group with the other batch statistics, so every rank holds the same tally);
+  // update_router_bias, called after the optimizer step, moves each MoE layer's selection bias by
+  // rate * sign(mean count - count_e) and clears the tally. Clear it before a step's first forward
+  // (an evaluation in between also counts).
+  void clear_selection_counts();
+  void update_router_bias(ParamBuffers& params);
+
   // Of the last forward (any slot).
   const std::vector<float>& logits() const;  // [batch * seq, vocab]; chunk with the head only
   const ModelConfig& config() const { return config_; }
@@ -119,6 +128,7 @@ class Transformer {
   LayerGradsReady layer_grads_ready_;
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;
+  std::vector<double> selection_counts_;  // [chunk layers][E] routes since the last clear
 };
 
 }  // namespace moecore

@@ -42,7 +42,7 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
     if (spec.group != group) continue;
     // The part of this tensor inside [begin, end).
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
-    if (lo >= hi) continue;
+    if (lo >= hi || spec.is_buffer) continue;  // buffers move by their own rule
     const bool decay = !spec.is_norm && !spec.is_embedding;
     const float decay_factor = decay ? 1.0f - static_cast<float>(lr * config.weight_decay) : 1.0f;
     float* p = params + lo;

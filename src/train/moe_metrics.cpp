@@ -58,10 +58,17 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
       const float* s = st->scores.data() + t * e_count;
       const double max_z = static_cast<double>(*std::max_element(z, z + e_count));
       double sum = 0.0;
+      // The load-balancing probabilities: the scores, each token's sigmoid scores divided by
+      // their sum (OLMo-core).
+      double score_total = 1.0;
+      if (c.router_score == RouterScore::kSigmoid) {
+        score_total = 0.0;
+        for (int64_t e = 0; e < e_count; ++e) score_total += static_cast<double>(s[e]);
+      }
       for (int64_t e = 0; e < e_count; ++e) {
         prob[static_cast<size_t>(e)] = std::exp(static_cast<double>(z[e]) - max_z);
         sum += prob[static_cast<size_t>(e)];
-        score_sums[static_cast<size_t>(e)] += static_cast<double>(s[e]);
+        score_sums[static_cast<size_t>(e)] += static_cast<double>(s[e]) / score_total;
       }
       const double lse = max_z + std::log(sum);
       lm.z_loss += lse * lse;

@@ -135,13 +135,23 @@ void read_model(TableReader& r, ModelConfig& m) {
   r.read_enum("qk_norm", m.qk_norm,
               {{"none", QkNorm::kNone}, {"full", QkNorm::kFull}, {"per_head", QkNorm::kPerHead}});
   r.read_enum("router_score", m.router_score,
-              {{"softmax", RouterScore::kSoftmax}, {"sigmoid", RouterScore::kSigmoid}});
+              {{"softmax", RouterScore::kSoftmax},
+               {"sigmoid", RouterScore::kSigmoid},
+               {"topk_softmax", RouterScore::kTopkSoftmax}});
   r.read_enum("lb_loss_style", m.lb_loss_style,
               {{"olmo-core", LbLossStyle::kOlmoCore}, {"hf", LbLossStyle::kHf}});
   r.read_enum("routing", m.routing,
               {{"learned", Routing::kLearned},
                {"random", Routing::kRandom},
                {"balanced", Routing::kBalanced}});
+  r.read_enum("block_norm", m.block_norm,
+              {{"pre", BlockNorm::kPre}, {"reordered", BlockNorm::kReordered}});
+  r.read_enum("loss_normalizer", m.loss_normalizer,
+              {{"tokens", LossNormalizer::kTokens}, {"labels", LossNormalizer::kLabels}});
+  r.read("n_group", m.n_group);
+  r.read("topk_group", m.topk_group);
+  r.read("routed_scaling_factor", m.routed_scaling_factor);
+  r.read("router_bias_update_rate", m.router_bias_update_rate);
 }
 
 void read_optim(TableReader& r, OptimConfig& o) {
@@ -370,12 +380,21 @@ std::string run_config_to_toml(const RunConfig& c) {
        name(m.qk_norm,
             {{QkNorm::kNone, "none"}, {QkNorm::kFull, "full"}, {QkNorm::kPerHead, "per_head"}})},
       {"router_score", name(m.router_score, {{RouterScore::kSoftmax, "softmax"},
-                                             {RouterScore::kSigmoid, "sigmoid"}})},
+                                             {RouterScore::kSigmoid, "sigmoid"},
+                                             {RouterScore::kTopkSoftmax, "topk_softmax"}})},
       {"lb_loss_style",
        name(m.lb_loss_style, {{LbLossStyle::kOlmoCore, "olmo-core"}, {LbLossStyle::kHf, "hf"}})},
       {"routing", name(m.routing, {{Routing::kLearned, "learned"},
                                    {Routing::kRandom, "random"},
                                    {Routing::kBalanced, "balanced"}})},
+      {"block_norm",
+       name(m.block_norm, {{BlockNorm::kPre, "pre"}, {BlockNorm::kReordered, "reordered"}})},
+      {"loss_normalizer", name(m.loss_normalizer, {{LossNormalizer::kTokens, "tokens"},
+                                                   {LossNormalizer::kLabels, "labels"}})},
+      {"n_group", m.n_group},
+      {"topk_group", m.topk_group},
+      {"routed_scaling_factor", m.routed_scaling_factor},
+      {"router_bias_update_rate", m.router_bias_update_rate},
   };
   const OptimConfig& o = c.optim;
   toml::table optim{{"lr", o.lr},

@@ -423,6 +423,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   const int64_t steps_before = step;
   while (step < tc.max_steps) {
     grads.zero();
+    for (Transformer* chunk : chunk_ptrs) chunk->clear_selection_counts();  // evaluations counted
     // Every rank reads the step's micro-batches (the data cursor stays layout-free) and keeps its
     // slice; the pipeline runs them through this rank's chunks in its schedule's order.
     std::vector<PipelineRunner::MicroBatch> micro_batches;
@@ -471,6 +472,9 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     const std::string skip_reason = guard.check(loss.total, norm);
     if (skip_reason.empty()) {
       optimizer.step(params, grads, lr, norm);
+      // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed
+      // over dp with the batch statistics), so every rank applies the same update to its copy.
+      for (Transformer* chunk : chunk_ptrs) chunk->update_router_bias(params);
     } else {
       progress.message(
           fmt::format("warning: step {} skipped ({}); weights unchanged", step + 1, skip_reason));

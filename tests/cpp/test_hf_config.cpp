@@ -135,5 +135,48 @@ TEST(HfConfig, OlmoeWithUnsupportedShapeIsMoecore) {
   EXPECT_EQ(hf_config_json(no_norm, 512, std::nullopt).at("qk_norm"), "none");
 }
 
+// block_norm = "reordered" on the OLMoE shape is transformers' FlexOlmo (OLMo-2 norms); anything
+// else with reordered norms, and every router option no HF MoE class of these families has, is
+// "moecore" with the option's key.
+TEST(HfConfig, ReorderedOlmoeIsFlexOlmo) {
+  ModelConfig c = olmoe_like();
+  c.block_norm = BlockNorm::kReordered;
+  const nlohmann::json j = hf_config_json(c, 512, std::nullopt);
+  EXPECT_EQ(j.at("model_type"), "flex_olmo");
+  EXPECT_EQ(j.at("architectures"), nlohmann::json::array({"FlexOlmoForCausalLM"}));
+  EXPECT_EQ(j.at("intermediate_size"), c.moe_intermediate_size);
+  EXPECT_EQ(hf_config_json(olmoe_like(), 512, std::nullopt).at("model_type"), "olmoe");
+
+  ModelConfig qwen = c;
+  qwen.qk_norm = QkNorm::kPerHead;  // Qwen3-MoE has no reordered variant
+  expect_moecore(qwen);
+  EXPECT_EQ(hf_config_json(qwen, 512, std::nullopt).at("block_norm"), "reordered");
+  ModelConfig dense_first = c;
+  dense_first.first_k_dense_replace = 1;
+  expect_moecore(dense_first);
+}
+
+TEST(HfConfig, RouterOptionsAreMoecore) {
+  ModelConfig topk_softmax = olmoe_like();
+  topk_softmax.router_score = RouterScore::kTopkSoftmax;
+  expect_moecore(topk_softmax);
+  EXPECT_EQ(hf_config_json(topk_softmax, 512, std::nullopt).at("router_score"), "topk_softmax");
+  ModelConfig grouped = olmoe_like();
+  grouped.n_group = 4;
+  grouped.topk_group = 2;
+  expect_moecore(grouped);
+  EXPECT_EQ(hf_config_json(grouped, 512, std::nullopt).at("n_group"), 4);
+  EXPECT_EQ(hf_config_json(grouped, 512, std::nullopt).at("topk_group"), 2);
+  ModelConfig scaled = olmoe_like();
+  scaled.routed_scaling_factor = 2.5;
+  expect_moecore(scaled);
+  EXPECT_EQ(hf_config_json(scaled, 512, std::nullopt).at("routed_scaling_factor"), 2.5);
+  ModelConfig biased = olmoe_like();
+  biased.qk_norm = QkNorm::kPerHead;
+  biased.router_bias_update_rate = 1e-3;
+  expect_moecore(biased);
+  EXPECT_EQ(hf_config_json(biased, 512, std::nullopt).at("router_bias_update_rate"), 1e-3);
+}
+
 }  // namespace
 }  // namespace moecore::io

@@ -29,6 +29,8 @@ struct Variant {
   bool tied;
   RouterScore score;
   bool norm_topk;
+  BlockNorm block_norm = BlockNorm::kPre;
+  bool router_options = false;  // groups, weight scale and a selection bias
 };
 
 ModelConfig make_config(const Variant& v) {
@@ -49,6 +51,13 @@ ModelConfig make_config(const Variant& v) {
   c.num_experts_per_tok = 2;
   c.moe_intermediate_size = 8;
   c.intermediate_size = 12;
+  c.block_norm = v.block_norm;
+  if (v.router_options) {
+    c.n_group = 2;
+    c.topk_group = 1;
+    c.routed_scaling_factor = 2.0;
+    c.router_bias_update_rate = 1e-3;
+  }
   return c;
 }
 
@@ -61,6 +70,9 @@ void init_sharp(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) 
   for (const ParamSpec& spec : layout.specs()) {
     float* w = params.at(spec);
     for (size_t i = 0; i < spec.numel; ++i) w[i] = spec.is_norm ? gain(rng) : 10.0f * w[i];
+    // A selection bias (zero at init) large enough to change choices.
+    if (spec.is_buffer)
+      for (size_t i = 0; i < spec.numel; ++i) w[i] = 0.5f * (gain(rng) - 1.0f);
   }
 }
 
@@ -137,7 +149,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"full_gqa_sigmoid_norm_tied", QkNorm::kFull, 2, 0, 0, true,
                               RouterScore::kSigmoid, true},
                       Variant{"per_head_mha_softmax_norm_shared", QkNorm::kPerHead, 4, 6, 0, false,
-                              RouterScore::kSoftmax, true}),
+                              RouterScore::kSoftmax, true},
+                      Variant{"reordered_full_gqa_shared_dense", QkNorm::kFull, 2, 10, 1, false,
+                              RouterScore::kSoftmax, false, BlockNorm::kReordered},
+                      Variant{"reordered_per_head_topk_softmax_tied", QkNorm::kPerHead, 4, 0, 0,
+                              true, RouterScore::kTopkSoftmax, false, BlockNorm::kReordered},
+                      Variant{"sigmoid_groups_scale_bias", QkNorm::kPerHead, 2, 6, 1, false,
+                              RouterScore::kSigmoid, true, BlockNorm::kPre, true}),
     [](const ::testing::TestParamInfo<Variant>& p) { return std::string(p.param.name); });
 
 struct Tiny {

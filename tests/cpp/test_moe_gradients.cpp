@@ -41,11 +41,14 @@ float min_score_gap(const RouterState& st, int64_t tokens, int64_t experts) {
   return gap;
 }
 
-// Smallest gap, over tokens, between the k-th and (k+1)-th score: what keeps the selected set.
+// Smallest gap, over tokens, between the k-th and (k+1)-th selection score (score + bias): what
+// keeps the selected set of plain top-k.
 float min_selection_margin(const RouterState& st, int64_t tokens, int64_t experts, int64_t k) {
   float gap = 1e30f;
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<float> p(st.scores.begin() + t * experts, st.scores.begin() + (t + 1) * experts);
+    if (st.selection.bias != nullptr)
+      for (int64_t e = 0; e < experts; ++e) p[static_cast<size_t>(e)] += st.selection.bias[e];
     std::sort(p.begin(), p.end(), std::greater<float>());
     gap = std::min(gap, p[static_cast<size_t>(k - 1)] - p[static_cast<size_t>(k)]);
   }
@@ -54,7 +57,8 @@ float min_selection_margin(const RouterState& st, int64_t tokens, int64_t expert
 
 // Router loss terms in double from the forward's saved state:
 //   sum_{t,j} r[t,j] w[t,j] + sum_e lbg[e] sum_t p_lb[t,e] + zs * sum_t lse_t^2,
-// p_lb = softmax(logits) when lb_uses_softmax, else the scores (what router_backward documents).
+// p_lb = softmax(logits) when lb_uses_softmax, else the scores, a sigmoid router's divided by
+// their sum over the experts (what router_backward documents).
 double router_terms(const RouterShape& s, const RouterState& st, const std::vector<float>& r,
                     const std::vector<float>& lbg, bool lb_uses_softmax, float zs) {
   double total = project(st.topk_weight.data(), r);
@@ -66,11 +70,15 @@ double router_terms(const RouterShape& s, const RouterState& st, const std::vect
     for (int64_t e = 0; e < s.num_experts; ++e) sum += std::exp(static_cast<double>(z[e]) - mx);
     const double lse = mx + std::log(sum);
     total += static_cast<double>(zs) * lse * lse;
+    const float* score = st.scores.data() + t * s.num_experts;
+    double score_sum = 1.0;
+    if (!lb_uses_softmax && s.score == RouterScore::kSigmoid) {
+      score_sum = 0.0;
+      for (int64_t e = 0; e < s.num_experts; ++e) score_sum += static_cast<double>(score[e]);
+    }
     for (int64_t e = 0; e < s.num_experts; ++e) {
-      const double p =
-          lb_uses_softmax
-              ? std::exp(static_cast<double>(z[e]) - lse)
-              : static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + e)]);
+      const double p = lb_uses_softmax ? std::exp(static_cast<double>(z[e]) - lse)
+                                       : static_cast<double>(score[e]) / score_sum;
       total += static_cast<double>(lbg[static_cast<size_t>(e)]) * p;
     }
   }
@@ -82,21 +90,39 @@ struct RouterCase {
   bool norm_topk_prob;
   bool lb_uses_softmax;
   float z_grad_scale;
+  int64_t experts = 4;
+  int64_t n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  bool bias = false;  // a selection bias in [-0.3, 0.3]
 };
 
 void check_router(const RouterCase& rc, uint32_t seed) {
-  const RouterShape s{5, 6, 4, 2, rc.score, rc.norm_topk_prob};
+  const RouterShape s{5,
+                      6,
+                      rc.experts,
+                      2,
+                      rc.score,
+                      rc.norm_topk_prob,
+                      rc.n_group,
+                      rc.topk_group,
+                      rc.routed_scaling_factor};
   std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), seed);
   std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), seed + 1);
+  const std::vector<float> bias =
+      random_vec(static_cast<size_t>(s.num_experts), seed + 6, -0.3f, 0.3f);
   RouterState st;
+  if (rc.bias) st.selection.bias = bias.data();
   router_forward(s, x.data(), w.data(), st);
-  ASSERT_GT(min_score_gap(st, s.tokens, s.num_experts), 1e-2f) << "seed " << seed;
+  if (rc.n_group == 1) {  // grouped cases pick a seed whose selection is stable (stable_seed)
+    ASSERT_GT(min_score_gap(st, s.tokens, s.num_experts), 1e-2f) << "seed " << seed;
+  }
   const std::vector<int32_t> selection = st.topk_index;
   const std::vector<float> r = random_vec(static_cast<size_t>(s.tokens * s.top_k), seed + 2);
   const std::vector<float> lbg = random_vec(static_cast<size_t>(s.num_experts), seed + 3);
   bool selection_changed = false;
   auto loss = [&] {
     RouterState p;
+    p.selection.bias = st.selection.bias;
     router_forward(s, x.data(), w.data(), p);
     selection_changed |= p.topk_index != selection;
     return router_terms(s, p, r, lbg, rc.lb_uses_softmax, rc.z_grad_scale);
@@ -138,6 +164,178 @@ TEST(RouterGradients, SigmoidLbUsesSoftmax) {
 TEST(RouterGradients, SigmoidWithZLoss) {
   check_router({RouterScore::kSigmoid, false, false, 0.3f}, 1);
   check_router({RouterScore::kSigmoid, true, true, 0.3f}, 1);
+}
+
+// The routing options of issue 12: top-k softmax gating, routed_scaling_factor, a selection bias
+// and group-limited top-k, alone and together, with every loss term.
+TEST(RouterGradients, TopkSoftmax) {
+  check_router({RouterScore::kTopkSoftmax, false, false, 0.0f}, 1);
+  check_router({RouterScore::kTopkSoftmax, true, true, 0.3f}, 1);
+}
+TEST(RouterGradients, RoutedScalingFactor) {
+  check_router({RouterScore::kSoftmax, false, false, 0.0f, 4, 1, 1, 2.5f}, 1);
+  check_router({RouterScore::kSigmoid, true, false, 0.3f, 4, 1, 1, 2.5f}, 1);
+  check_router({RouterScore::kTopkSoftmax, false, true, 0.0f, 4, 1, 1, 0.5f}, 1);
+}
+TEST(RouterGradients, SelectionBias) {
+  check_router({RouterScore::kSigmoid, true, false, 0.3f, 4, 1, 1, 1.0f, true}, 1);
+  check_router({RouterScore::kSoftmax, false, false, 0.0f, 4, 1, 1, 1.0f, true}, 1);
+}
+// The first seed (deterministic) whose top-k selection survives every +-kEps perturbation the
+// finite differences make: with 8 experts in groups, no simple score gap says that.
+uint32_t stable_seed(const RouterCase& rc) {
+  const RouterShape s{5,
+                      6,
+                      rc.experts,
+                      2,
+                      rc.score,
+                      rc.norm_topk_prob,
+                      rc.n_group,
+                      rc.topk_group,
+                      rc.routed_scaling_factor};
+  for (uint32_t seed = 1; seed < 2000; seed += 10) {
+    std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), seed);
+    std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), seed + 1);
+    const std::vector<float> bias =
+        random_vec(static_cast<size_t>(s.num_experts), seed + 6, -0.3f, 0.3f);
+    auto selection = [&] {
+      RouterState st;
+      if (rc.bias) st.selection.bias = bias.data();
+      router_forward(s, x.data(), w.data(), st);
+      return st.topk_index;
+    };
+    const std::vector<int32_t> base = selection();
+    bool stable = true;
+    for (std::vector<float>* v : {&x, &w})
+      for (size_t i = 0; i < v->size() && stable; ++i)
+        for (const float delta : {-2.0f * kEps, 2.0f * kEps}) {
+          const float keep = (*v)[i];
+          (*v)[i] = keep + delta;
+          stable = stable && selection() == base;
+          (*v)[i] = keep;
+        }
+    if (stable) return seed;
+  }
+  ADD_FAILURE() << "no seed with a stable selection";
+  return 1;
+}
+TEST(RouterGradients, GroupLimited) {
+  for (const RouterCase rc :
+       {RouterCase{RouterScore::kSigmoid, true, false, 0.0f, 8, 4, 2},
+        // DeepSeek-V3's router: sigmoid, bias, groups, scaled weights.
+        RouterCase{RouterScore::kSigmoid, true, false, 0.3f, 8, 4, 2, 2.5f, true},
+        RouterCase{RouterScore::kSoftmax, false, true, 0.0f, 8, 2, 1}})
+    check_router(rc, stable_seed(rc));
+}
+
+// OLMo-core's sigmoid load-balancing probabilities: each token's scores over their sum.
+TEST(RouterGradients, SigmoidLbColumnSumsAreRenormalised) {
+  const RouterShape s{4, 3, 5, 2, RouterScore::kSigmoid, false};
+  const std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), 17);
+  const std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), 18);
+  RouterState st;
+  router_forward(s, x.data(), w.data(), st);
+  const std::vector<double> sums = router_lb_column_sums(s, st);
+  double total = 0.0;
+  for (int64_t e = 0; e < s.num_experts; ++e) {
+    double expected = 0.0;
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      double row = 0.0;
+      for (int64_t i = 0; i < s.num_experts; ++i)
+        row += static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + i)]);
+      expected += static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + e)]) / row;
+    }
+    EXPECT_NEAR(sums[static_cast<size_t>(e)], expected, 1e-6);
+    total += sums[static_cast<size_t>(e)];
+  }
+  EXPECT_NEAR(total, static_cast<double>(s.tokens), 1e-5);  // each token's probabilities sum to 1
+}
+
+// Selection versus weights, against a naive double router: the bias moves only the choice,
+// groups are ranked by their two best selection scores, top-k softmax normalises over the chosen
+// logits, and routed_scaling_factor multiplies every weight.
+TEST(RouterSelection, BiasGroupsTopkSoftmaxAndScaleMatchNaiveRule) {
+  const int64_t tokens = 16, dim = 5, experts = 8, k = 3, n_group = 4, topk_group = 2;
+  const std::vector<float> x = random_vec(static_cast<size_t>(tokens * dim), 41);
+  const std::vector<float> w = random_vec(static_cast<size_t>(experts * dim), 42, -1.5f, 1.5f);
+  const std::vector<float> bias = random_vec(static_cast<size_t>(experts), 43, -0.4f, 0.4f);
+  for (const RouterScore score :
+       {RouterScore::kSoftmax, RouterScore::kSigmoid, RouterScore::kTopkSoftmax}) {
+    for (const bool norm : {false, true}) {
+      const RouterShape s{tokens, dim, experts, k, score, norm, n_group, topk_group, 1.75f};
+      RouterState st;
+      st.selection.bias = bias.data();
+      router_forward(s, x.data(), w.data(), st);
+      int64_t bias_mattered = 0, groups_mattered = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<double> z(static_cast<size_t>(experts)), p(z.size()), q(z.size());
+        double mx = -1e300;
+        for (int64_t e = 0; e < experts; ++e) {
+          double dot = 0.0;
+          for (int64_t i = 0; i < dim; ++i)
+            dot += static_cast<double>(x[static_cast<size_t>(t * dim + i)]) *
+                   static_cast<double>(w[static_cast<size_t>(e * dim + i)]);
+          z[static_cast<size_t>(e)] = dot;
+          mx = std::max(mx, dot);
+        }
+        double sum = 0.0;
+        for (double v : z) sum += std::exp(v - mx);
+        for (size_t e = 0; e < z.size(); ++e) {
+          p[e] = score == RouterScore::kSigmoid ? 1.0 / (1.0 + std::exp(-z[e]))
+                                                : std::exp(z[e] - mx) / sum;
+          q[e] = p[e] + static_cast<double>(bias[e]);
+        }
+        // Groups of 2: score = both members; keep the best topk_group.
+        std::vector<int> groups(static_cast<size_t>(n_group));
+        std::iota(groups.begin(), groups.end(), 0);
+        std::stable_sort(groups.begin(), groups.end(), [&](int a, int b) {
+          return q[static_cast<size_t>(2 * a)] + q[static_cast<size_t>(2 * a + 1)] >
+                 q[static_cast<size_t>(2 * b)] + q[static_cast<size_t>(2 * b + 1)];
+        });
+        std::vector<int> allowed;
+        for (int64_t g = 0; g < topk_group; ++g)
+          for (int i = 0; i < 2; ++i) allowed.push_back(2 * groups[static_cast<size_t>(g)] + i);
+        std::stable_sort(allowed.begin(), allowed.end(), [&](int a, int b) {
+          return q[static_cast<size_t>(a)] > q[static_cast<size_t>(b)];
+        });
+        std::vector<int> by_score(static_cast<size_t>(experts));
+        std::iota(by_score.begin(), by_score.end(), 0);
+        std::stable_sort(by_score.begin(), by_score.end(), [&](int a, int b) {
+          return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)];
+        });
+        double sel_sum = 0.0, exp_sum = 0.0;
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t e = static_cast<size_t>(allowed[static_cast<size_t>(j)]);
+          sel_sum += p[e];
+          exp_sum += std::exp(z[e] - mx);
+          EXPECT_EQ(st.topk_index[static_cast<size_t>(t * k + j)], static_cast<int32_t>(e))
+              << "token " << t << " slot " << j;
+          bias_mattered += allowed[static_cast<size_t>(j)] != by_score[static_cast<size_t>(j)];
+        }
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t e = static_cast<size_t>(allowed[static_cast<size_t>(j)]);
+          double weight = p[e];
+          if (score == RouterScore::kTopkSoftmax)
+            weight = std::exp(z[e] - mx) / exp_sum;
+          else if (norm)
+            weight /= sel_sum;
+          weight *= 1.75;
+          EXPECT_NEAR(st.topk_weight[static_cast<size_t>(t * k + j)], weight, 1e-6 * 1.75);
+        }
+        // Would plain top-k of the selection scores have chosen an expert outside the groups?
+        std::vector<int> plain(static_cast<size_t>(experts));
+        std::iota(plain.begin(), plain.end(), 0);
+        std::stable_sort(plain.begin(), plain.end(), [&](int a, int b) {
+          return q[static_cast<size_t>(a)] > q[static_cast<size_t>(b)];
+        });
+        for (int64_t j = 0; j < k; ++j)
+          groups_mattered += std::find(allowed.begin(), allowed.begin() + k,
+                                       plain[static_cast<size_t>(j)]) == allowed.begin() + k;
+      }
+      EXPECT_GT(bias_mattered, 0) << "the bias never changed a choice: the test proves nothing";
+      EXPECT_GT(groups_mattered, 0) << "the group limit never mattered: the test proves nothing";
+    }
+  }
 }
 
 TEST(RouterGradients, ZLossAndColumnSumsMatchDouble) {
@@ -206,7 +404,7 @@ TEST(RouterGradients, EqualScoresPickLowerIndexFirst) {
 struct MoeFixture {
   ModelConfig c;
   int64_t tokens = 6;
-  std::vector<float> x, router, gate_up, down, shared_gate_up, shared_down;
+  std::vector<float> x, router, gate_up, down, shared_gate_up, shared_down, bias;
 
   MoeFixture(const ModelConfig& config, uint32_t seed) : c(config) {
     const int64_t d = c.hidden_size, e = c.num_experts, h = c.moe_intermediate_size;
@@ -217,11 +415,16 @@ struct MoeFixture {
     down = random_vec(static_cast<size_t>(e * d * h), seed + 3);
     shared_gate_up = random_vec(static_cast<size_t>(2 * hs * d), seed + 4);
     shared_down = random_vec(static_cast<size_t>(d * hs), seed + 5);
+    if (c.has_router_bias()) bias = random_vec(static_cast<size_t>(e), seed + 6, -0.3f, 0.3f);
   }
   MoeWeights weights() {
     const bool shared = c.shared_expert_intermediate_size > 0;
-    return {router.data(), gate_up.data(), down.data(), shared ? shared_gate_up.data() : nullptr,
-            shared ? shared_down.data() : nullptr};
+    return {router.data(),
+            gate_up.data(),
+            down.data(),
+            shared ? shared_gate_up.data() : nullptr,
+            shared ? shared_down.data() : nullptr,
+            bias.empty() ? nullptr : bias.data()};
   }
 };
 
@@ -248,7 +451,9 @@ std::vector<int32_t> sorted_selection(const RouterState& st, int64_t k) {
 
 // Naive double reference: per token, recompute the router in double, take the top-k by the
 // documented rule, and sum weight * SwiGLU_e(x) over the selected experts (+ shared expert).
-std::vector<double> naive_moe(MoeFixture& f) {
+// With `routed` the experts and weights are taken from it instead (the routing options, checked
+// against a naive router in RouterSelection.*): only the dispatch and combine are then checked.
+std::vector<double> naive_moe(MoeFixture& f, const RouterState* routed = nullptr) {
   const ModelConfig& c = f.c;
   const int64_t d = c.hidden_size, ne = c.num_experts, k = c.num_experts_per_tok;
   const int64_t h = c.moe_intermediate_size, hs = c.shared_expert_intermediate_size;
@@ -293,9 +498,13 @@ std::vector<double> naive_moe(MoeFixture& f) {
     for (int64_t j = 0; j < k; ++j)
       sel_sum += p[static_cast<size_t>(order[static_cast<size_t>(j)])];
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = order[static_cast<size_t>(j)];
+      int64_t e = order[static_cast<size_t>(j)];
       double weight = p[static_cast<size_t>(e)];
       if (c.norm_topk_prob) weight /= sel_sum;
+      if (routed != nullptr) {
+        e = routed->topk_index[static_cast<size_t>(t * k + j)];
+        weight = static_cast<double>(routed->topk_weight[static_cast<size_t>(t * k + j)]);
+      }
       std::vector<double> out(static_cast<size_t>(d), 0.0);
       swiglu_row(xt, f.gate_up.data() + e * 2 * h * d, f.down.data() + e * d * h, h, out.data());
       for (int64_t o = 0; o < d; ++o) yt[o] += weight * out[static_cast<size_t>(o)];
@@ -316,7 +525,9 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
   std::vector<float> y(f.x.size());
   block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
 
-  const std::vector<double> ref = naive_moe(f);
+  const bool options = c.router_score == RouterScore::kTopkSoftmax || c.n_group > 1 ||
+                       c.has_router_bias() || c.routed_scaling_factor != 1.0;
+  const std::vector<double> ref = naive_moe(f, options ? &cache.router : nullptr);
   double max_err = 0.0, max_ref = 0.0;
   for (size_t i = 0; i < y.size(); ++i) {
     max_err = std::max(max_err, std::abs(static_cast<double>(y[i]) - ref[i]));
@@ -393,6 +604,36 @@ TEST(MoeGradients, SharedExpertSoftmax) {
 TEST(MoeGradients, NoSharedExpertSigmoidNormTopk) {
   MoeFixture f(moe_config(4, 2, 0, RouterScore::kSigmoid, true), 210);
   check_moe(f, true, 0.2f, 310);
+}
+
+// Issue 12's routing options through the whole block: top-k softmax gating, group-limited top-k,
+// a selection bias and routed_scaling_factor (DeepSeek-V3's router with a shared expert).
+// The first fixture seed (from `seed`, deterministic) whose selection scores keep a clear top-k
+// margin, then the full check.
+void check_moe_clear_margin(const ModelConfig& c, uint32_t seed, float zs) {
+  for (const uint32_t first = seed; seed < first + 2000; seed += 10) {
+    MoeFixture f(c, seed);
+    MoeCache cache;
+    std::vector<float> y(f.x.size());
+    MoeBlock(c).forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+    if (min_selection_margin(cache.router, f.tokens, c.num_experts, c.num_experts_per_tok) <= 5e-3f)
+      continue;
+    check_moe(f, false, zs, seed + 100);
+    return;
+  }
+  ADD_FAILURE() << "no fixture seed with a clear selection margin";
+}
+
+TEST(MoeGradients, RoutingOptions) {
+  ModelConfig topk_softmax = moe_config(4, 2, 3, RouterScore::kTopkSoftmax, false);
+  topk_softmax.routed_scaling_factor = 2.0;
+  check_moe_clear_margin(topk_softmax, 270, 0.2f);
+  ModelConfig deepseek = moe_config(8, 2, 3, RouterScore::kSigmoid, true);
+  deepseek.n_group = 4;
+  deepseek.topk_group = 2;
+  deepseek.routed_scaling_factor = 2.5;
+  deepseek.router_bias_update_rate = 1e-3;
+  check_moe_clear_margin(deepseek, 280, 0.2f);
 }
 
 TEST(MoeGradients, ExpertWithZeroTokens) {

@@ -168,8 +168,8 @@ TEST(RoutingModes, WeightsAreTheRouterScoresOfTheSelectedExperts) {
 // Finite differences of the router loss terms (routing weights, load-balancing, z-loss) with the
 // random / balanced selection, which does not depend on the router weights, held fixed by
 // construction (asserted): the gradient reaches the router through the weights and the losses.
-void check_router_gradient(Routing mode, bool norm, RouterScore score, bool lb_uses_softmax) {
-  const RouterShape s{6, 5, 5, 2, score, norm};
+void check_router_gradient(Routing mode, bool norm, RouterScore score_kind, bool lb_uses_softmax) {
+  const RouterShape s{6, 5, 5, 2, score_kind, norm};
   std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), 21);
   std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), 22);
   const RouterSelection selection{mode, 1234, 17};
@@ -191,11 +191,17 @@ void check_router_gradient(Routing mode, bool norm, RouterScore score, bool lb_u
       for (int64_t e = 0; e < s.num_experts; ++e) sum += std::exp(static_cast<double>(z[e]) - mx);
       const double lse = mx + std::log(sum);
       total += static_cast<double>(zs) * lse * lse;
+      // The load-balancing probabilities of router_backward: a sigmoid router's scores are
+      // divided by their sum over the experts (OLMo-core).
+      const float* score = p.scores.data() + t * s.num_experts;
+      double score_sum = 1.0;
+      if (!lb_uses_softmax && score_kind == RouterScore::kSigmoid) {
+        score_sum = 0.0;
+        for (int64_t e = 0; e < s.num_experts; ++e) score_sum += static_cast<double>(score[e]);
+      }
       for (int64_t e = 0; e < s.num_experts; ++e) {
-        const double prob =
-            lb_uses_softmax
-                ? std::exp(static_cast<double>(z[e]) - lse)
-                : static_cast<double>(p.scores[static_cast<size_t>(t * s.num_experts + e)]);
+        const double prob = lb_uses_softmax ? std::exp(static_cast<double>(z[e]) - lse)
+                                            : static_cast<double>(score[e]) / score_sum;
         total += static_cast<double>(lbg[static_cast<size_t>(e)]) * prob;
       }
     }

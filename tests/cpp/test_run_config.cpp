@@ -215,6 +215,55 @@ TEST(RunConfig, UnknownKeysAndTablesAreErrors) {
   EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
 }
 
+// Issue 12's [model] keys: read, round-tripped, and each bad value a one-line error naming it.
+TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
+  const RunConfig c = parse(
+      "[model]\nblock_norm = \"reordered\"\nloss_normalizer = \"labels\"\n"
+      "router_score = \"topk_softmax\"\nnum_experts = 16\nnum_experts_per_tok = 4\n"
+      "n_group = 4\ntopk_group = 2\nrouted_scaling_factor = 2.5\n"
+      "router_bias_update_rate = 0.001\n");
+  EXPECT_EQ(c.model.block_norm, BlockNorm::kReordered);
+  EXPECT_EQ(c.model.loss_normalizer, LossNormalizer::kLabels);
+  EXPECT_EQ(c.model.router_score, RouterScore::kTopkSoftmax);
+  EXPECT_EQ(c.model.n_group, 4);
+  EXPECT_EQ(c.model.topk_group, 2);
+  EXPECT_EQ(c.model.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.model.router_bias_update_rate, 0.001);
+  const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(model_config_difference(c.model, reparsed.model), "");
+  EXPECT_NE(model_config_difference(c.model, RunConfig{}.model), "");
+  // Defaults: pre-norm, tokens, no groups, no scale, no bias.
+  const ModelConfig d;
+  EXPECT_EQ(d.block_norm, BlockNorm::kPre);
+  EXPECT_EQ(d.loss_normalizer, LossNormalizer::kTokens);
+  EXPECT_EQ(d.n_group, 1);
+  EXPECT_EQ(d.routed_scaling_factor, 1.0);
+  EXPECT_FALSE(d.has_router_bias());
+
+  std::string e = error_of("[model]\nblock_norm = \"post\"\n");
+  EXPECT_NE(e.find("model.block_norm=\"post\" is not one of \"pre\", \"reordered\""),
+            std::string::npos)
+      << e;
+  e = error_of("[model]\nloss_normalizer = \"batch\"\n");
+  EXPECT_NE(e.find("model.loss_normalizer=\"batch\""), std::string::npos) << e;
+  e = error_of("[model]\nnum_experts = 8\nn_group = 3\ntopk_group = 1\n");
+  EXPECT_NE(e.find("model.n_group=3 does not divide num_experts=8"), std::string::npos) << e;
+  e = error_of("[model]\nnum_experts = 8\nn_group = 4\ntopk_group = 5\n");
+  EXPECT_NE(e.find("model.topk_group=5 must be in [1, n_group=4]"), std::string::npos) << e;
+  e = error_of("[model]\nnum_experts = 8\nnum_experts_per_tok = 3\nn_group = 4\n");
+  EXPECT_NE(e.find("num_experts_per_tok=3 exceeds the 2 experts of topk_group=1"),
+            std::string::npos)
+      << e;
+  e = error_of("[model]\nrouted_scaling_factor = 0\n");
+  EXPECT_NE(e.find("model.routed_scaling_factor=0 must be positive"), std::string::npos) << e;
+  e = error_of("[model]\nrouter_bias_update_rate = -1e-3\n");
+  EXPECT_NE(e.find("model.router_bias_update_rate=-0.001 must be >= 0"), std::string::npos) << e;
+  e = error_of("[model]\nrouter_bias_update_rate = 1e-3\nrouting = \"random\"\n");
+  EXPECT_NE(e.find("need model.routing=\"learned\""), std::string::npos) << e;
+  e = error_of("[model]\nloss_normalizer = \"labels\"\nlb_loss_style = \"hf\"\n");
+  EXPECT_NE(e.find("needs model.lb_loss_style=\"olmo-core\""), std::string::npos) << e;
+}
+
 TEST(RunConfig, MicrobatchesMustDivideBatchSize) {
   std::string e = error_of("[train]\nbatch_size = 12\nmicrobatches = 5\n");
   EXPECT_NE(e.find("microbatches=5"), std::string::npos) << e;

@@ -31,6 +31,11 @@ struct Variant {
   RouterScore score;
   bool norm_topk;
   QkNorm qk_norm;
+  BlockNorm block_norm = BlockNorm::kPre;
+  LossNormalizer normalizer = LossNormalizer::kTokens;
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  double router_bias_update_rate = 0.0;
 };
 
 ModelConfig tiny_config(const Variant& v) {
@@ -54,6 +59,12 @@ ModelConfig tiny_config(const Variant& v) {
   c.qk_norm = v.qk_norm;
   c.router_score = v.score;
   c.lb_loss_style = v.lb_style;
+  c.block_norm = v.block_norm;
+  c.loss_normalizer = v.normalizer;
+  c.n_group = v.n_group;
+  c.topk_group = v.topk_group;
+  c.routed_scaling_factor = v.routed_scaling_factor;
+  c.router_bias_update_rate = v.router_bias_update_rate;
   return c;
 }
 
@@ -169,6 +180,102 @@ TEST(TransformerGradients, TiedHfLbSoftmaxNormTopk) {
 }
 TEST(TransformerGradients, UntiedOlmoCoreLbSigmoid) {
   check_model({false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, false, QkNorm::kFull}, 4000);
+}
+
+// Issue 12: OLMo-2's reordered block (norm after each sublayer), the labels normaliser of the
+// router losses, and the routing options (top-k softmax, groups, weight scale, selection bias).
+TEST(TransformerGradients, ReorderedNormsOlmoCoreLbSoftmax) {
+  check_model({true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull,
+               BlockNorm::kReordered},
+              5000);
+}
+TEST(TransformerGradients, ReorderedNormsSigmoidLabelsNormaliser) {
+  check_model({false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, true, QkNorm::kPerHead,
+               BlockNorm::kReordered, LossNormalizer::kLabels},
+              6000);
+}
+TEST(TransformerGradients, TopkSoftmaxGroupsScaleAndBias) {
+  check_model({false, LbLossStyle::kOlmoCore, RouterScore::kTopkSoftmax, false, QkNorm::kFull,
+               BlockNorm::kPre, LossNormalizer::kLabels, 2, 1, 2.5, 1e-3},
+              7000);
+  check_model({true, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, true, QkNorm::kFull,
+               BlockNorm::kPre, LossNormalizer::kTokens, 2, 1, 2.5, 1e-3},
+              8000);
+}
+
+// loss_normalizer = "labels" divides the router losses by the counted labels instead of all
+// tokens (OLMo-core's trainer); the cross-entropy is unchanged.
+TEST(TransformerGradients, LabelsNormaliserScalesRouterLossesByTokensOverLabels) {
+  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, false, QkNorm::kFull};
+  const ModelConfig tokens_config = tiny_config(v);
+  v.normalizer = LossNormalizer::kLabels;
+  const ModelConfig labels_config = tiny_config(v);
+  const ParamLayout layout = ParamLayout::build(tokens_config);
+  ParamBuffers params(layout);
+  randomize(layout, params, 77);
+  const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
+  const std::vector<int32_t> targets = {5, kIgnoreIndex, kIgnoreIndex, 2, 3, 10, 7, 4};
+  Transformer by_tokens(tokens_config, layout), by_labels(labels_config, layout);
+  const LossParts a = by_tokens.forward(params, tokens.data(), targets.data(), 2, 4);
+  const LossParts b = by_labels.forward(params, tokens.data(), targets.data(), 2, 4);
+  ASSERT_EQ(b.counted_tokens, 6);
+  EXPECT_EQ(a.ce, b.ce);
+  EXPECT_NEAR(b.lb, a.lb * 8.0 / 6.0, 1e-12 * b.lb);
+  EXPECT_NEAR(b.z, a.z * 8.0 / 6.0, 1e-12 * b.z);
+  // No counted label: no router loss (nothing to divide by), finite everything.
+  const std::vector<int32_t> ignored(8, kIgnoreIndex);
+  const LossParts none = by_labels.forward(params, tokens.data(), ignored.data(), 2, 4);
+  EXPECT_EQ(none.lb, 0.0);
+  EXPECT_EQ(none.z, 0.0);
+  ParamBuffers grads(layout);
+  by_labels.backward(params, grads, 1.0f);
+  for (float g : grads.dense) ASSERT_TRUE(std::isfinite(g));
+}
+
+// The selection bias: zero at init, never touched by the gradient, and moved after a step by
+// rate * sign(mean count - count) from the routes of every forward since the last clear.
+TEST(TransformerGradients, RouterBiasUpdateFollowsCounts) {
+  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, true, QkNorm::kFull};
+  v.router_bias_update_rate = 0.125;  // a power of two: the updates are exact
+  const ModelConfig c = tiny_config(v);
+  const ParamLayout layout = ParamLayout::build(c);
+  const ParamSpec* spec = layout.find("model.layers.1.mlp.gate.e_score_correction_bias");
+  ASSERT_NE(spec, nullptr);
+  EXPECT_TRUE(spec->is_buffer);
+  EXPECT_EQ(layout.find("model.layers.0.mlp.gate.e_score_correction_bias"), nullptr);  // dense
+  ParamBuffers params(layout);
+  init_params(layout, 3, params);
+  for (size_t e = 0; e < spec->numel; ++e) EXPECT_EQ(params.at(*spec)[e], 0.0f);
+  randomize(layout, params, 91);
+  std::vector<float> bias(params.at(*spec), params.at(*spec) + spec->numel);
+  const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
+  const std::vector<int32_t> targets = {5, 9, 1, 2, 3, 10, 7, 4};
+  Transformer model(c, layout);
+  model.clear_selection_counts();
+  std::vector<int64_t> counts(4, 0);
+  for (int pass = 0; pass < 2; ++pass) {  // two micro-batches: their counts add up
+    model.forward(params, tokens.data(), targets.data(), 2, 4);
+    const RouterState* st = model.router_state(1);
+    ASSERT_NE(st, nullptr);
+    for (size_t e = 0; e < 4; ++e) counts[e] += st->expert_counts[e];
+    ParamBuffers grads(layout);
+    model.backward(params, grads, 0.5f);
+    for (size_t e = 0; e < spec->numel; ++e) EXPECT_EQ(grads.at(*spec)[e], 0.0f);
+  }
+  const double mean = static_cast<double>(counts[0] + counts[1] + counts[2] + counts[3]) / 4.0;
+  model.update_router_bias(params);
+  int moved = 0;
+  for (size_t e = 0; e < 4; ++e) {
+    const double gap = mean - static_cast<double>(counts[e]);
+    const float expected = bias[e] + (gap > 0 ? 0.125f : gap < 0 ? -0.125f : 0.0f);
+    EXPECT_EQ(params.at(*spec)[e], expected) << "expert " << e;
+    moved += gap != 0.0;
+  }
+  EXPECT_GT(moved, 0) << "the test needs unequal counts";
+  // The tally was cleared: a second update without a forward changes nothing.
+  const std::vector<float> after(params.at(*spec), params.at(*spec) + spec->numel);
+  model.update_router_bias(params);
+  EXPECT_EQ(std::vector<float>(params.at(*spec), params.at(*spec) + spec->numel), after);
 }
 
 TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {

@@ -233,12 +233,60 @@ def hf_config_dict(model: dict, arch: str | None = None) -> dict:
     c = ref_model.full_config(model)
     if arch is None:
         arch = {"full": "olmoe", "per_head": "qwen3_moe"}.get(c["qk_norm"], "none")
+        if arch == "olmoe" and c["block_norm"] == "reordered":
+            arch = "flex_olmo"
     common = [
         (c["router_score"] == "softmax", "router_score must be softmax"),
         (c["shared_expert_intermediate_size"] == 0, "no shared expert"),
         (c["router_z_loss_coef"] == 0.0, "router z-loss (HF has none) must have coefficient 0"),
         (c["lb_loss_style"] == "hf", 'lb_loss_style must be "hf"'),
+        (c["n_group"] == 1 and c["routed_scaling_factor"] == 1.0 and c["router_bias_update_rate"] == 0.0,
+         "no group limit, weight scale or selection bias"),
+        (c["block_norm"] == ("reordered" if arch == "flex_olmo" else "pre"), "block_norm"),
     ]
+    if arch == "flex_olmo":
+        for cond, what in common:
+            _require(cond, what, arch)
+        _require(c["qk_norm"] == "full", 'qk_norm must be "full"', arch)
+        _require(c["first_k_dense_replace"] == 0, "no dense layers", arch)
+        _require(c["head_dim"] == c["hidden_size"] // c["num_attention_heads"], "head_dim must be hidden/heads", arch)
+        d = _common_hf(c)
+        d.update({
+            "architectures": ["FlexOlmoForCausalLM"],
+            "model_type": "flex_olmo",
+            "intermediate_size": c["moe_intermediate_size"],  # like OLMoE: the experts' width
+        })
+        return d
+    if arch == "dots1":
+        # dots.llm1: Qwen3-style attention (per-head QK-norm) with DeepSeek-V3's MoE: sigmoid router,
+        # e_score_correction_bias, group-limited top-k, routed_scaling_factor, a shared expert of
+        # n_shared_experts x moe_intermediate_size (named mlp.shared_experts), no aux loss.
+        Hs, H = c["shared_expert_intermediate_size"], c["moe_intermediate_size"]
+        _require(c["router_score"] == "sigmoid", "router_score must be sigmoid", arch)
+        _require(c["qk_norm"] == "per_head", 'qk_norm must be "per_head"', arch)
+        _require(c["block_norm"] == "pre", "pre-norm", arch)
+        _require(Hs > 0 and Hs % H == 0, "a shared expert of width n * moe_intermediate_size", arch)
+        _require(c["router_bias_update_rate"] > 0, "a selection bias (e_score_correction_bias)", arch)
+        d = _common_hf(c)
+        for key in ("num_experts", "router_aux_loss_coef", "output_router_logits"):
+            d.pop(key)
+        d.update({
+            "architectures": ["Dots1ForCausalLM"],
+            "model_type": "dots1",
+            "head_dim": c["head_dim"],
+            "n_routed_experts": c["num_experts"],
+            "n_shared_experts": Hs // H,
+            "moe_intermediate_size": H,
+            "intermediate_size": c["intermediate_size"],
+            "first_k_dense_replace": c["first_k_dense_replace"],
+            "n_group": c["n_group"],
+            "topk_group": c["topk_group"],
+            "routed_scaling_factor": float(c["routed_scaling_factor"]),
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": c["num_hidden_layers"],
+        })
+        return d
     if arch == "olmoe":
         for cond, what in common:
             _require(cond, what, arch)
@@ -284,12 +332,15 @@ def hf_model(model: dict, weights: dict[str, torch.Tensor] | None = None, arch: 
 
     d = hf_config_dict(model, arch)
     cls_name = d["architectures"][0]
-    cfg_cls = {"OlmoeForCausalLM": transformers.OlmoeConfig, "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig}[cls_name]
+    cfg_cls = {"OlmoeForCausalLM": transformers.OlmoeConfig, "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+               "FlexOlmoForCausalLM": transformers.FlexOlmoConfig, "Dots1ForCausalLM": transformers.Dots1Config}[cls_name]
     kw = {k: v for k, v in d.items() if k not in ("architectures", "model_type", "torch_dtype")}
     config = cfg_cls(**kw, attn_implementation="eager")
     torch.manual_seed(0)
     m = getattr(transformers, cls_name)(config).float()
     if weights is not None:
+        if cls_name == "Dots1ForCausalLM":  # DeepSeek's plural name for the shared expert
+            weights = {k.replace(".mlp.shared_expert.", ".mlp.shared_experts."): v for k, v in weights.items()}
         missing, unexpected = m.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
         allowed_missing = {"lm_head.weight"} if d["tie_word_embeddings"] else set()
         if set(missing) - allowed_missing or unexpected:

@@ -10,14 +10,18 @@ and multiplies them in float32. `forward` takes a dict of Hugging Face named
 tensors (leaves with requires_grad=True if gradients are wanted) and the [model] config dict; the
 gradients come from autograd on `out.total`.
 
-Semantics (see ../shared/DESIGN.md and issue 2):
+Semantics (see ../shared/DESIGN.md and issues 2 and 12):
   embedding -> L x [x += o_proj(attn(RoPE(qknorm(q, k)), v)) on RMSNorm(x); x += FFN(RMSNorm(x))]
-  -> RMSNorm -> lm_head.
+  -> RMSNorm -> lm_head (block_norm "pre"); block_norm "reordered" (OLMo-2, HF FlexOlmo) instead
+  x += RMSNorm(attn(x)); x += RMSNorm(FFN(x)).
   QK-norm before RoPE: "full" normalises the whole q [nh*hd] / k [nkv*hd] projection (OLMoE),
   "per_head" each head's hd values (Qwen3), "none" skips it.
-  MoE: fp32 router logits, softmax or sigmoid scores, top-k by score with ties going to the LOWER
-  expert index, weights = the k selected scores (renormalised if norm_topk_prob), plus an always-on,
-  unweighted shared expert.
+  MoE: fp32 router logits, softmax or sigmoid scores, top-k by score (+ the selection bias
+  e_score_correction_bias; group-limited when n_group > 1) with ties going to the LOWER expert
+  index, weights = the k selected scores (renormalised if norm_topk_prob; topk_softmax: the softmax
+  over the k selected logits) times routed_scaling_factor, plus an always-on, unweighted shared
+  expert. The olmo-core lb of a sigmoid router renormalises each token's scores; loss_normalizer
+  "labels" divides lb's f_e and the z-loss by the counted labels instead of the tokens.
   Losses: ce (mean over targets != -100, no shift), lb (olmo-core or hf style), z (router z-loss),
   total = ce + router_aux_loss_coef * lb + router_z_loss_coef * z.
 """
@@ -89,6 +93,12 @@ MODEL_DEFAULTS = {
     "qk_norm": "full",
     "router_score": "softmax",
     "lb_loss_style": "olmo-core",
+    "block_norm": "pre",
+    "loss_normalizer": "tokens",
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "router_bias_update_rate": 0.0,
 }
 
 
@@ -101,8 +111,11 @@ def full_config(cfg: dict) -> dict:
     if not c.get("head_dim"):
         c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
     assert c["qk_norm"] in ("none", "full", "per_head"), c["qk_norm"]
-    assert c["router_score"] in ("softmax", "sigmoid"), c["router_score"]
+    assert c["router_score"] in ("softmax", "sigmoid", "topk_softmax"), c["router_score"]
     assert c["lb_loss_style"] in ("olmo-core", "hf"), c["lb_loss_style"]
+    assert c["block_norm"] in ("pre", "reordered"), c["block_norm"]
+    assert c["loss_normalizer"] in ("tokens", "labels"), c["loss_normalizer"]
+    assert c["num_experts"] % c["n_group"] == 0 and 1 <= c["topk_group"] <= c["n_group"]
     assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
     assert 1 <= c["num_experts_per_tok"] <= c["num_experts"]
     return c
@@ -131,14 +144,20 @@ def param_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         elif c["qk_norm"] == "per_head":
             s[p + "self_attn.q_norm.weight"] = (hd,)
             s[p + "self_attn.k_norm.weight"] = (hd,)
-        s[p + "input_layernorm.weight"] = (d,)
-        s[p + "post_attention_layernorm.weight"] = (d,)
+        if c["block_norm"] == "pre":
+            s[p + "input_layernorm.weight"] = (d,)
+            s[p + "post_attention_layernorm.weight"] = (d,)
+        else:  # OLMo-2 / FlexOlmo names: the norms follow attention and the FFN
+            s[p + "post_attention_layernorm.weight"] = (d,)
+            s[p + "post_feedforward_layernorm.weight"] = (d,)
         if is_dense_layer(c, i):
             s[p + "mlp.gate_proj.weight"] = (I, d)
             s[p + "mlp.up_proj.weight"] = (I, d)
             s[p + "mlp.down_proj.weight"] = (d, I)
         else:
             s[p + "mlp.gate.weight"] = (E, d)
+            if c["router_bias_update_rate"] > 0:  # DeepSeek-V3's name for the selection bias
+                s[p + "mlp.gate.e_score_correction_bias"] = (E,)
             for e in range(E):
                 s[p + f"mlp.experts.{e}.gate_proj.weight"] = (H, d)
                 s[p + f"mlp.experts.{e}.up_proj.weight"] = (H, d)
@@ -161,7 +180,9 @@ def random_params(cfg: dict, seed: int, std: float = 0.02, norm_jitter: float = 
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in param_shapes(cfg).items():
-        if len(shape) == 1:
+        if name.endswith("e_score_correction_bias"):  # a selection bias, not a gain
+            out[name] = 0.05 * torch.randn(shape, generator=g, dtype=torch.float32)
+        elif len(shape) == 1:
             out[name] = 1.0 + norm_jitter * torch.randn(shape, generator=g, dtype=torch.float32)
         else:
             out[name] = std * torch.randn(shape, generator=g, dtype=torch.float32)
@@ -264,14 +285,39 @@ class Routing:
         return float((s[:, k - 1] - s[:, k]).min())
 
 
+def select_experts(scores: torch.Tensor, c: dict, bias: torch.Tensor | None) -> torch.Tensor:
+    """[N, k] experts chosen by the selection scores (scores + bias), best first, ties to the lower
+    index; group-limited (DeepSeek-V3) when n_group > 1: a group's score is the sum of its two best
+    selection scores, the topk_group best groups are kept (ties to the lower group) and the k experts
+    come from them only (the others are excluded, as in DeepSeek's and Megatron's code)."""
+    E, k, G = c["num_experts"], c["num_experts_per_tok"], c["n_group"]
+    q = scores.detach() + (bias.detach() if bias is not None else 0.0)
+    if G > 1:
+        per = E // G
+        grouped = q.view(-1, G, per)
+        top2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, per)]
+        group_scores = top2[..., 0] + top2[..., 1] if per > 1 else top2[..., 0]
+        _, kept = topk_lower_index_wins(group_scores, c["topk_group"])
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, kept, True)
+        mask = mask.unsqueeze(-1).expand(-1, G, per).reshape(-1, E)
+        q = q.masked_fill(~mask, float("-inf"))
+    _, selected = topk_lower_index_wins(q, k)
+    return selected
+
+
 def moe(x: torch.Tensor, P: dict, pre: str, c: dict, layer: int, mm=torch.matmul) -> tuple[torch.Tensor, Routing]:
     """Token-choice top-k MoE, dropless. x: [N, d] -> [N, d]."""
     E, k = c["num_experts"], c["num_experts_per_tok"]
     logits = x.float() @ P[pre + "gate.weight"].float().T  # [N, E] fp32
-    scores = torch.softmax(logits, dim=-1) if c["router_score"] == "softmax" else torch.sigmoid(logits)
-    weights, selected = topk_lower_index_wins(scores, k)
-    if c["norm_topk_prob"]:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    scores = torch.sigmoid(logits) if c["router_score"] == "sigmoid" else torch.softmax(logits, dim=-1)
+    selected = select_experts(scores, c, P.get(pre + "gate.e_score_correction_bias"))
+    if c["router_score"] == "topk_softmax":  # softmax over the selected logits
+        weights = torch.softmax(logits.gather(-1, selected), dim=-1)
+    else:
+        weights = scores.gather(-1, selected)
+        if c["norm_topk_prob"]:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights * c["routed_scaling_factor"]
     out = torch.zeros_like(x)
     for e in range(E):
         tok, slot = torch.where(selected == e)
@@ -298,15 +344,18 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return total / max(n, 1)
 
 
-def lb_loss_olmo_core(routings: list[Routing], c: dict) -> torch.Tensor:
-    """Sum over MoE layers of (E/k) * sum_e f_e * P_e; f_e = routes to e / tokens (no gradient),
-    P_e = mean router score of e (softmax probability or sigmoid score)."""
+def lb_loss_olmo_core(routings: list[Routing], c: dict, div: float | None = None) -> torch.Tensor:
+    """Sum over MoE layers of (E/k) * sum_e f_e * P_e; f_e = routes to e / div (no gradient), div =
+    tokens (default) or counted labels (loss_normalizer "labels"), P_e = mean over all tokens of the
+    router probability of e: the softmax probability, or each token's sigmoid scores divided by
+    their sum (OLMo-core's MoERouter)."""
     E, k = c["num_experts"], c["num_experts_per_tok"]
     total = torch.zeros((), dtype=torch.float32)
     for r in routings:
         N = r.scores.shape[0]
-        f = r.counts.float() / N
-        P = r.scores.mean(dim=0)
+        f = r.counts.float() / (N if div is None else div)
+        probs = r.scores / r.scores.sum(dim=-1, keepdim=True) if c["router_score"] == "sigmoid" else r.scores
+        P = probs.mean(dim=0)
         total = total + (E / k) * (f * P).sum()
     return total
 
@@ -325,11 +374,12 @@ def lb_loss_hf(routings: list[Routing], c: dict) -> torch.Tensor:
     return E * (tokens_per_expert * router_prob_per_expert[None, :]).sum()
 
 
-def z_loss(routings: list[Routing]) -> torch.Tensor:
-    """Sum over MoE layers of mean over tokens of logsumexp(router logits)^2."""
+def z_loss(routings: list[Routing], div: float | None = None) -> torch.Tensor:
+    """Sum over MoE layers of sum over tokens of logsumexp(router logits)^2 / div (tokens by default)."""
     total = torch.zeros((), dtype=torch.float32)
     for r in routings:
-        total = total + torch.logsumexp(r.logits, dim=-1).pow(2).mean()
+        sq = torch.logsumexp(r.logits, dim=-1).pow(2)
+        total = total + (sq.mean() if div is None else sq.sum() / div)
     return total
 
 
@@ -359,14 +409,21 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
     routings: list[Routing] = []
     for i in range(c["num_hidden_layers"]):
         pre = f"model.layers.{i}."
-        x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c, mm)
-        h = rms_norm(x, P[pre + "post_attention_layernorm.weight"], eps)
+        if c["block_norm"] == "pre":
+            x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c, mm)
+            h = rms_norm(x, P[pre + "post_attention_layernorm.weight"], eps)
+        else:  # OLMo-2: h = x + norm(attn(x)); y = h + norm(ffn(h))
+            x = x + rms_norm(attention(x, P, pre + "self_attn.", c, mm), P[pre + "post_attention_layernorm.weight"], eps)
+            h = x
         if is_dense_layer(c, i):
-            x = x + swiglu(h, P, pre + "mlp.", mm)
+            y = swiglu(h, P, pre + "mlp.", mm)
         else:
             y, r = moe(h.reshape(B * T, -1), P, pre + "mlp.", c, i, mm)
             routings.append(r)
-            x = x + y.view(B, T, -1)
+            y = y.view(B, T, -1)
+        if c["block_norm"] == "reordered":
+            y = rms_norm(y, P[pre + "post_feedforward_layernorm.weight"], eps)
+        x = x + y
     x = rms_norm(x, P["model.norm.weight"], eps)
     head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
     logits = mm(x, head.T)
@@ -375,8 +432,17 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
         ce = torch.zeros((), dtype=torch.float32)
     else:
         ce = cross_entropy(logits, torch.as_tensor(targets))
-    lb = lb_loss_olmo_core(routings, c) if c["lb_loss_style"] == "olmo-core" else lb_loss_hf(routings, c)
-    z = z_loss(routings)
+    # Router losses over tokens, or over counted labels ("labels": OLMo-core's trainer; none without
+    # a counted label).
+    div = None
+    if c["loss_normalizer"] == "labels":
+        div = 0 if targets is None else int((torch.as_tensor(targets) != IGNORE_INDEX).sum())
+    if div == 0:
+        lb = torch.zeros((), dtype=torch.float32)
+        z = torch.zeros((), dtype=torch.float32)
+    else:
+        lb = lb_loss_olmo_core(routings, c, div) if c["lb_loss_style"] == "olmo-core" else lb_loss_hf(routings, c)
+        z = z_loss(routings, div)
     total = ce + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z
     return RefOutput(logits, ce, lb, z, total, routings)
 
@@ -399,3 +465,14 @@ def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets,
     for n, g in zip(names, grads):
         state["grad." + n] = torch.zeros_like(leaves[n]) if g is None else g.detach()
     return state, out.routings
+
+
+def update_router_bias(params: dict[str, torch.Tensor], routings: list[Routing], c: dict) -> None:
+    """OLMo-core's auxiliary-loss-free update after an optimizer step, in place:
+    bias += rate * sign(mean count - count), float32, no re-centring."""
+    rate = c["router_bias_update_rate"]
+    for r in routings:
+        name = f"model.layers.{r.layer}.mlp.gate.e_score_correction_bias"
+        counts = r.counts.float()
+        delta = rate * torch.sign(counts.mean() - counts)
+        params[name] = (params[name] + delta.float()).detach()

@@ -255,3 +255,148 @@ def test_tied_router_scores(moecore_bin, tmp_path, score):
         for e in range(k, cfg["num_experts"]):
             n = f"grad.model.layers.{layer}.mlp.experts.{e}.up_proj.weight"
             assert float(ours[n].abs().max()) == 0.0, f"{n}: expert {e} must receive no tokens on ties"
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 12: OLMo-2's reordered block, OLMo-core's sigmoid load-balancing loss and loss normaliser,
+# and the routing options, against ref_model and, where transformers has the model, against it.
+
+ISSUE12_VARIANTS = {
+    "reordered": dict(BASE, block_norm="reordered"),
+    "reordered_dense_shared_sigmoid_tied": dict(BASE, block_norm="reordered", num_hidden_layers=3,
+                                                first_k_dense_replace=1, shared_expert_intermediate_size=16,
+                                                router_score="sigmoid", tie_word_embeddings=True,
+                                                router_z_loss_coef=0.01),
+    "labels_normaliser_sigmoid_z": dict(BASE, router_score="sigmoid", loss_normalizer="labels",
+                                        router_z_loss_coef=0.02),
+    "topk_softmax_scaled": dict(BASE, router_score="topk_softmax", routed_scaling_factor=2.0,
+                                router_z_loss_coef=0.01),
+    "grouped_biased_softmax": dict(BASE, num_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                                   router_bias_update_rate=1e-3, loss_normalizer="labels"),
+    "deepseek_router_reordered": dict(BASE, num_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+                                      router_score="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
+                                      router_bias_update_rate=1e-3, block_norm="reordered",
+                                      shared_expert_intermediate_size=16, router_z_loss_coef=0.01),
+}
+
+
+@pytest.mark.parametrize("variant", list(ISSUE12_VARIANTS))
+def test_engine_vs_ref_issue12_variant(moecore_bin, tmp_path, variant):
+    cfg = ISSUE12_VARIANTS[variant]
+    params = ref_model.random_params(cfg, seed=99, std=0.08)
+    x, y = make_batch(cfg, seed=5)
+    check_margins(ref_model.debug_state(params, cfg, x, y)[1])
+    ours, ref, routings = engine_vs_ref(tmp_path, cfg, params, x, y, what=variant)
+    if cfg.get("router_bias_update_rate", 0) > 0:  # ref_model's random bias (0.05 * N(0, 1)) changes a choice
+        plain = {k: v for k, v in params.items() if "e_score" not in k}
+        _, other = ref_model.debug_state(plain, dict(cfg, router_bias_update_rate=0.0), x, y)
+        assert any(not torch.equal(a.selected, b.selected) for a, b in zip(routings, other))
+
+
+def test_sigmoid_lb_renormalises_scores(moecore_bin, tmp_path):
+    """OLMo-core's sigmoid LB is near 1 at balance (each token's scores renormalised), not ~E/2 times
+    larger as with raw scores; the engine reports the renormalised value."""
+    cfg = dict(BASE, router_score="sigmoid", router_aux_loss_coef=0.05)
+    params = ref_model.random_params(cfg, seed=99, std=0.08)
+    x, y = make_batch(cfg, seed=5)
+    ours, ref, routings = engine_vs_ref(tmp_path, cfg, params, x, y, what="sigmoid lb")
+    E, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    raw = sum((E / k) * float((r.counts.float() / r.scores.shape[0] * r.scores.mean(0)).sum()) for r in routings)
+    assert abs(float(ours["loss.lb"]) - raw) > 0.2 * raw, "the engine still uses the raw sigmoid scores"
+
+
+def test_labels_normaliser_vs_tokens(moecore_bin, tmp_path):
+    """"labels": router losses divided by the counted labels (OLMo-core's trainer): N / labels times
+    the "tokens" values; CE unchanged."""
+    cfg = dict(BASE, router_z_loss_coef=0.02)
+    params = ref_model.random_params(cfg, seed=99, std=0.08)
+    x, y = make_batch(cfg, seed=5, ignore_frac=0.4)
+    a = H.moecore_debug_state(tmp_path, cfg, params, x, y, name="tokens")
+    b = H.moecore_debug_state(tmp_path, dict(cfg, loss_normalizer="labels"), params, x, y, name="labels")
+    ratio = x.size / int((y != ref_model.IGNORE_INDEX).sum())
+    assert ratio > 1.2
+    assert float(a["loss.ce"]) == float(b["loss.ce"])
+    for n in ("loss.lb", "loss.z"):
+        assert abs(float(b[n]) - ratio * float(a[n])) <= 1e-5 * float(b[n]), n
+
+
+HF_ISSUE12 = {"flex_olmo": dict(OLMOE, block_norm="reordered")}
+
+
+@pytest.mark.parametrize("case", list(HF_ISSUE12))
+def test_engine_vs_transformers_flex_olmo(moecore_bin, tmp_path, case):
+    """block_norm = "reordered": transformers' FlexOlmoForCausalLM on moecore's own init weights,
+    loaded by from_pretrained from moecore's safetensors and config.json (model_type flex_olmo)."""
+    import transformers
+
+    cfg = HF_ISSUE12[case]
+    x, y = make_batch(cfg, seed=21)
+    params = init_with_clear_routing(tmp_path, cfg, x)
+    ours = H.moecore_debug_state(tmp_path, cfg, params, x, y)
+    check_names(ours, cfg)
+    hf = H.hf_debug_state(H.hf_model(cfg, params), cfg, x, y)
+    names = H.state_names(cfg)
+    names.remove("loss.z")
+    H.assert_all_close(ours, hf, names, what=f"moecore vs transformers [{case}]")
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(H.hf_config_dict(cfg), indent=2))
+    H.save_weights(d / "model.safetensors", params)  # moecore init's tensors, as written
+    m, info = transformers.AutoModelForCausalLM.from_pretrained(
+        d, attn_implementation="eager", torch_dtype=torch.float32, output_loading_info=True)
+    assert type(m).__name__ == "FlexOlmoForCausalLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_engine_vs_transformers_dots1(moecore_bin, tmp_path):
+    """DeepSeek-V3's router (sigmoid, e_score_correction_bias for selection only, 4 groups keep 2,
+    renormalised weights x routed_scaling_factor 2.5) and a shared expert, against transformers'
+    Dots1ForCausalLM (the same MoE as DeepseekV3's, with moecore's per-head QK-norm attention):
+    logits, CE and every gradient; the LB loss (Dots1 has none) against ref_model."""
+    from test_ref_vs_transformers import DOTS1, dots1_debug_state, dots1_params
+
+    cfg = DOTS1
+    params = dots1_params(cfg, seed=31)
+    x, y = make_batch(cfg, seed=8)
+    ours = H.moecore_debug_state(tmp_path, cfg, params, x, y)
+    check_names(ours, cfg)
+    hf = dots1_debug_state(H.hf_model(cfg, params, arch="dots1"), x, y)
+    names = ["logits", "loss.ce"] + sorted(n for n in hf if n.startswith("grad."))
+    H.assert_all_close(ours, hf, names, what="moecore vs transformers [dots1]")
+    for layer in range(1, cfg["num_hidden_layers"]):  # the bias is a buffer: no gradient
+        assert float(ours[f"grad.model.layers.{layer}.mlp.gate.e_score_correction_bias"].abs().max()) == 0.0
+    ref, _ = ref_model.debug_state(params, cfg, x, y)
+    H.assert_all_close(ours, ref, ["loss.lb", "loss.z"], what="moecore vs ref_model [dots1 losses]")
+
+
+def test_router_bias_update_over_steps(moecore_bin, tmp_path):
+    """`moecore debug-steps` with router_bias_update_rate: after each AdamW step the bias moves by
+    rate * sign(mean count - count) of that step's routes (OLMo-core's rule, no re-centring), the
+    optimizer leaves it alone, and it is written with the weights."""
+    cfg = dict(BASE, num_experts=8, num_experts_per_tok=2, router_score="sigmoid", norm_topk_prob=True,
+               router_bias_update_rate=0.0625, router_aux_loss_coef=0.0)
+    optim = dict(lr=1e-3, weight_decay=0.1, warmup_steps=0, schedule="constant")
+    params = ref_model.random_params(cfg, seed=5, std=0.08)
+    for n in params:
+        if n.endswith("e_score_correction_bias"):
+            params[n] = torch.zeros_like(params[n])
+    x, y = make_batch(cfg, seed=3)
+    steps = 3
+    out = H.moecore_debug_steps(tmp_path, cfg, optim, params, x, y, steps=steps)
+    # Replay the bias updates with the engine's own weights before each step: the routes of step s
+    # come from the weights after step s - 1; run the engine for 1..steps-1 steps to get them.
+    bias_names = [n for n in params if n.endswith("e_score_correction_bias")]
+    expected = {n: torch.zeros_like(params[n]) for n in bias_names}
+    current = dict(params)
+    for s in range(steps):
+        _, routings = ref_model.debug_state(current, cfg, x, y)
+        upd = dict(expected)
+        ref_model.update_router_bias(upd, routings, cfg)
+        expected = upd
+        current = H.moecore_debug_steps(tmp_path, cfg, optim, params, x, y, steps=s + 1, name=f"s{s}")
+        current = {n: current[n] for n in params}
+        for n in bias_names:
+            assert torch.equal(current[n], expected[n]), f"step {s + 1}: {n} {current[n]} != {expected[n]}"
+    moved = sum(int((out[n] != 0).sum()) for n in bias_names)
+    assert moved > 0
+    assert all(abs(float(v)) % 0.0625 == 0 for n in bias_names for v in out[n])  # multiples of the rate

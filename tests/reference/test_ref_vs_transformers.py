@@ -104,3 +104,124 @@ def test_all_ignored_targets_give_zero_ce_and_zero_grad():
     ref, _ = ref_model.debug_state(params, cfg, x, y)
     assert float(ref["loss.ce"]) == 0.0 and torch.isfinite(ref["loss.total"])
     assert all(float(ref[n].abs().max()) == 0.0 for n in ref if n.startswith("grad."))
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 12: OLMo-2's reordered block (FlexOlmo) and DeepSeek-V3's router (dots.llm1)
+
+FLEX_OLMO = dict(OLMOE, block_norm="reordered")
+# dots.llm1: per-head QK-norm attention, sigmoid router with e_score_correction_bias, group-limited
+# top-k (4 groups of 2, keep 2), renormalised weights times routed_scaling_factor, a shared expert of
+# 2 x moe_intermediate_size and a dense first layer. transformers computes no aux loss for it.
+DOTS1 = dict(BASE, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             qk_norm="per_head", router_score="sigmoid", norm_topk_prob=True, num_experts=8,
+             num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+             router_bias_update_rate=1e-3, shared_expert_intermediate_size=48, first_k_dense_replace=1,
+             router_aux_loss_coef=0.0, lb_loss_style="olmo-core")
+
+
+def dots1_debug_state(m, tokens, targets) -> dict[str, torch.Tensor]:
+    """logits, loss.ce (no shift) and grad.<name> of a Dots1ForCausalLM, under moecore's names."""
+    m.zero_grad(set_to_none=True)
+    out = m(input_ids=torch.as_tensor(tokens).long(), use_cache=False)
+    ce = ref_model.cross_entropy(out.logits, torch.as_tensor(targets))
+    ce.backward()
+    state = {"logits": out.logits.detach(), "loss.ce": ce.detach()}
+    for n, p in m.named_parameters():
+        n = n.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+        state["grad." + n] = torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+    return state
+
+
+def test_ref_matches_transformers_flex_olmo():
+    cfg = FLEX_OLMO
+    params = ref_model.random_params(cfg, seed=1234, std=0.08)
+    assert "model.layers.0.post_feedforward_layernorm.weight" in params
+    assert "model.layers.0.input_layernorm.weight" not in params
+    x, y = batch(cfg, seed=7)
+    ref, routings = ref_model.debug_state(params, cfg, x, y)
+    for r in routings:
+        assert r.margin() > 1e-5, f"layer {r.layer}: routing near-tie ({r.margin():.2e}); pick another seed"
+    m = H.hf_model(cfg, params)
+    assert type(m).__name__ == "FlexOlmoForCausalLM"
+    hf = H.hf_debug_state(m, cfg, x, y)
+    names = H.state_names(cfg)
+    names.remove("loss.z")
+    assert {n for n in hf if n.startswith("grad.")} == {n for n in names if n.startswith("grad.")}
+    H.assert_all_close(ref, hf, names, tol=REF_TOL, what="ref vs transformers [flex_olmo]")
+    # The layout matters: the pre-norm model on the same weights (renamed) computes other logits.
+    pre = dict(OLMOE)
+    renamed = {k.replace("post_attention_layernorm", "input_layernorm")
+               .replace("post_feedforward_layernorm", "post_attention_layernorm"): v for k, v in params.items()}
+    other, _ = ref_model.debug_state(renamed, pre, x, y)
+    assert H.rel_err(other["logits"], ref["logits"]) > 1e-2
+
+
+def dots1_params(cfg, seed):
+    params = ref_model.random_params(cfg, seed=seed, std=0.08)
+    g = torch.Generator().manual_seed(seed + 1)
+    for name in params:
+        if name.endswith("e_score_correction_bias"):  # large enough to change choices
+            params[name] = 0.1 * torch.randn(params[name].shape, generator=g)
+    return params
+
+
+def test_ref_matches_transformers_dots1_grouped_biased_scaled():
+    cfg = DOTS1
+    params = dots1_params(cfg, seed=31)
+    x, y = batch(cfg, seed=8)
+    ref, routings = ref_model.debug_state(params, cfg, x, y)
+    m = H.hf_model(cfg, params, arch="dots1")
+    assert type(m).__name__ == "Dots1ForCausalLM"
+    for layer in range(1, cfg["num_hidden_layers"]):
+        hf_bias = m.model.layers[layer].mlp.gate.e_score_correction_bias
+        assert torch.equal(hf_bias, params[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"])
+    hf = dots1_debug_state(m, x, y)
+    names = ["logits", "loss.ce"] + sorted(n for n in hf if n.startswith("grad."))
+    H.assert_all_close(ref, hf, names, tol=REF_TOL, what="ref vs transformers [dots1]")
+    # Every option changes the routing on this batch: the comparison proves each of them.
+    for option, value in (("n_group", 1), ("router_bias_update_rate", 0.0)):
+        plain = dict(cfg, **{option: value}, **({"topk_group": 1} if option == "n_group" else {}))
+        p = {k: v for k, v in params.items() if option != "router_bias_update_rate" or "e_score" not in k}
+        _, other = ref_model.debug_state(p, plain, x, y)
+        assert any(not torch.equal(a.selected, b.selected) for a, b in zip(routings, other)), option
+    # Positive selection scores: transformers' 0.0 for excluded experts and moecore's exclusion agree.
+    for r in routings:
+        bias = params[f"model.layers.{r.layer}.mlp.gate.e_score_correction_bias"]
+        assert float((r.scores.detach() + bias).min()) > 0
+
+
+def test_ref_router_matches_deepseek_v3_topk_router():
+    """ref_model's router (the one moecore is checked against) equals transformers'
+    DeepseekV3TopkRouter itself: sigmoid, e_score_correction_bias, 8 groups keep 3, renormalised
+    weights x routed_scaling_factor (Dots1's router, used in the model-level tests, is the same code)."""
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    E, k, d = 32, 4, 16
+    config = DeepseekV3Config(hidden_size=d, n_routed_experts=E, num_experts_per_tok=k, n_group=8,
+                              topk_group=3, norm_topk_prob=True, routed_scaling_factor=2.5)
+    router = DeepseekV3TopkRouter(config)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(E, d, generator=g) * 0.3)
+        router.e_score_correction_bias.copy_(torch.randn(E, generator=g) * 0.05)
+    x = torch.randn(64, d, generator=g)
+    idx, weights = router(x)
+    cfg = ref_model.full_config(dict(hidden_size=d, num_experts=E, num_experts_per_tok=k, n_group=8,
+                                     topk_group=3, router_score="sigmoid", norm_topk_prob=True,
+                                     routed_scaling_factor=2.5, router_bias_update_rate=1e-3))
+    P = {"mlp.gate.weight": router.weight.detach(), "mlp.gate.e_score_correction_bias":
+         router.e_score_correction_bias.detach()}
+    # The expert computation is irrelevant here: zero experts, compare the routing only.
+    for e in range(E):
+        for p, shape in (("gate_proj", (1, d)), ("up_proj", (1, d)), ("down_proj", (d, 1))):
+            P[f"mlp.experts.{e}.{p}.weight"] = torch.zeros(shape)
+    _, r = ref_model.moe(x, P, "mlp.", cfg, 0)
+    order = torch.argsort(idx, dim=-1)  # transformers returns the k experts unsorted
+    ours = torch.argsort(r.selected, dim=-1)
+    assert torch.equal(idx.gather(-1, order), r.selected.gather(-1, ours))
+    assert torch.allclose(weights.gather(-1, order), r.weights.gather(-1, ours), rtol=1e-6, atol=1e-7)
+    # The bias and the group limit both changed choices here (the comparison is not vacuous).
+    plain = ref_model.select_experts(r.scores, dict(cfg, n_group=1, topk_group=1), None)
+    assert not torch.equal(plain.sort(-1).values, r.selected.sort(-1).values)
