@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "io/json_excerpt.h"
 
 namespace moecore::io {
 
@@ -167,18 +168,18 @@ void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
     for (const auto& dim : entry["shape"]) {
       MOE_CHECK(dim.is_number_unsigned(),
                 "[safetensors] {}: tensor '{}' has shape entry {}, expected a non-negative integer",
-                path, name, dim.dump());
+                path, name, json_excerpt(dim));
       const uint64_t extent = dim.get<uint64_t>();
       MOE_CHECK(extent <= static_cast<uint64_t>(INT64_MAX) &&
                     !__builtin_mul_overflow(numel, extent, &numel),
                 "[safetensors] {}: tensor '{}' has an overflowing shape {}", path, name,
-                entry["shape"].dump());
+                json_excerpt(entry["shape"]));
       info.shape.push_back(static_cast<int64_t>(extent));
     }
     uint64_t nbytes = 0;
     MOE_CHECK(!__builtin_mul_overflow(numel, item_size, &nbytes),
               "[safetensors] {}: tensor '{}' has an overflowing shape {}", path, name,
-              entry["shape"].dump());
+              json_excerpt(entry["shape"]));
 
     const uint64_t begin = entry["data_offsets"][0].get<uint64_t>();
     const uint64_t end = entry["data_offsets"][1].get<uint64_t>();

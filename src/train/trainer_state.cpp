@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "io/json_excerpt.h"
 
 namespace moecore {
 
@@ -29,12 +30,12 @@ int64_t integer_in(const json& object, const char* key, int64_t max, const std::
                    const std::string& where = "") {
   const json& value = member(object, key, origin, where);
   MOE_CHECK(value.is_number_integer(), "[checkpoint] {}: {}{}={} must be an integer", origin, where,
-            key, value.dump());
+            key, json_excerpt(value));
   const bool in_range = value.is_number_unsigned()
                             ? value.get<uint64_t>() <= static_cast<uint64_t>(max)
                             : value.get<int64_t>() >= 0 && value.get<int64_t>() <= max;
   MOE_CHECK(in_range, "[checkpoint] {}: {}{}={} is out of range [0, {}]", origin, where, key,
-            value.dump(), max);
+            json_excerpt(value), max);
   return value.get<int64_t>();
 }
 
@@ -49,7 +50,8 @@ void check_window(const json& object, const char* key, size_t max_size, const st
             window.size(), max_size);
   for (const json& v : window)
     MOE_CHECK(v.is_number() && std::isfinite(v.get<double>()),
-              "[checkpoint] {}: {}{} holds {}, not a finite number", origin, where, key, v.dump());
+              "[checkpoint] {}: {}{} holds {}, not a finite number", origin, where, key,
+              json_excerpt(v));
 }
 
 }  // namespace
@@ -70,7 +72,7 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
   state.data_cursor = static_cast<uint64_t>(integer_in(doc, "data_cursor", kMaxCount, origin));
   const json& seed = member(doc, "seed", origin, "");
   MOE_CHECK(seed.is_number_unsigned(), "[checkpoint] {}: seed={} must be an integer in [0, 2^64)",
-            origin, seed.dump());
+            origin, json_excerpt(seed));
   state.seed = seed.get<uint64_t>();
   MOE_CHECK(state.seed == written_by.seed,
             "[checkpoint] {}: seed={} differs from train.seed={} of the run that wrote it", origin,
@@ -125,7 +127,7 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
             origin);
   const json& flagged = member(state.gerrymandering, "flagged", origin, "gerrymandering.");
   MOE_CHECK(flagged.is_boolean(), "[checkpoint] {}: gerrymandering.flagged={} must be a boolean",
-            origin, flagged.dump());
+            origin, json_excerpt(flagged));
   return state;
 }
 

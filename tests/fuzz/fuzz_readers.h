@@ -20,6 +20,7 @@
 #include "train/gerrymandering.h"
 #include "train/run_config.h"
 #include "train/step_guard.h"
+#include "train/trainer_state.h"
 
 namespace moecore::fuzz {
 
@@ -87,18 +88,26 @@ inline void read_run_config(const std::string& text) {
   if (!difference.empty()) throw Finding{"saved form differs: " + difference};
 }
 
-// trainer_state.json as a resume reads it (train/trainer.cpp): step, tokens_seen, data_cursor,
-// seed, then the step guard's and the gerrymandering detector's windows.
+// trainer_state.json as a resume reads it (train/trainer.cpp): the validating parser, then the
+// step guard's and the gerrymandering detector's windows. `written_by` stands for the [train] table
+// saved beside the state, that of the run the corpus files come from (8 x 64 tokens a step, seed
+// 0): the cross-checks against it are part of what is fuzzed.
+inline TrainConfig trainer_state_corpus_config() {
+  TrainConfig c;
+  c.batch_size = 8;
+  c.seq_len = 64;
+  c.seed = 0;
+  return c;
+}
+
 inline void read_trainer_state(std::string_view text) {
-  const nlohmann::json state = nlohmann::json::parse(text);
-  (void)state.at("step").get<int64_t>();
-  (void)state.at("tokens_seen").get<int64_t>();
-  (void)state.at("data_cursor").get<uint64_t>();
-  (void)state.at("seed").get<uint64_t>();
-  StepGuard guard({6.0, 128, 20});
-  guard.from_json(state.at("step_guard"));
-  GerrymanderingDetector detector({100, 0.05});
-  detector.from_json(state.at("gerrymandering"));
+  const TrainConfig written_by = trainer_state_corpus_config();
+  const TrainerState state = parse_trainer_state(text, "trainer_state.json", written_by);
+  StepGuard guard({written_by.skip_sigma, written_by.skip_window, written_by.skip_min_window});
+  guard.from_json(state.step_guard);
+  GerrymanderingDetector detector(
+      {written_by.gerrymander_window, written_by.gerrymander_threshold});
+  detector.from_json(state.gerrymandering);
 }
 
 }  // namespace moecore::fuzz
