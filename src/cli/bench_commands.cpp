@@ -12,6 +12,7 @@
 #include "kernels/gemm.h"
 #include "model/flop_count.h"
 #include "model/params.h"
+#include "plan/plan.h"
 #include "train/run_config.h"
 
 namespace moecore::cli {
@@ -89,15 +90,7 @@ void run_bench_flops(const std::string& config_path, const std::vector<std::stri
   const double expert = static_cast<double>(layout.numel(ParamGroup::kExpert));
   const nlohmann::json out = {
       {"seq_len", config.train.seq_len},
-      {"flops_per_token",
-       {{"attention_projections", f.attention_projections},
-        {"attention_scores", f.attention_scores},
-        {"router", f.router},
-        {"experts", f.experts},
-        {"shared_expert", f.shared_expert},
-        {"dense_mlp", f.dense_mlp},
-        {"lm_head", f.lm_head},
-        {"total", f.total()}}},
+      {"flops_per_token", plan::flops_json(f)},
       {"parameters",
        {{"total", dense + expert},
         {"dense", dense},

@@ -50,6 +50,17 @@ Plan make_plan(const RunConfig& config, int64_t world, const Hardware& hardware)
   return p;
 }
 
+nlohmann::json flops_json(const FlopsPerToken& f) {
+  return {{"attention_projections", f.attention_projections},
+          {"attention_scores", f.attention_scores},
+          {"router", f.router},
+          {"experts", f.experts},
+          {"shared_expert", f.shared_expert},
+          {"dense_mlp", f.dense_mlp},
+          {"lm_head", f.lm_head},
+          {"total", f.total()}};
+}
+
 nlohmann::json plan_json(const Plan& p) {
   const ResolvedLayout& l = p.layout;
   const ParallelConfig& pc = p.config.parallel;
@@ -123,15 +134,7 @@ nlohmann::json plan_json(const Plan& p) {
             {"routers", pr.routers},
             {"shared_experts", pr.shared_experts},
             {"routed_experts", pr.routed_experts}}},
-          {"flops_per_token",
-           {{"attention_projections", f.attention_projections},
-            {"attention_scores", f.attention_scores},
-            {"router", f.router},
-            {"experts", f.experts},
-            {"shared_expert", f.shared_expert},
-            {"dense_mlp", f.dense_mlp},
-            {"lm_head", f.lm_head},
-            {"total", f.total()}}},
+          {"flops_per_token", flops_json(f)},
           {"hardware",
            {{"name", p.hardware.name},
             {"memory_bytes", p.hardware.memory_bytes},

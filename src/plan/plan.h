@@ -34,6 +34,8 @@ struct Plan {
 Plan make_plan(const RunConfig& config, int64_t world, const Hardware& hardware);
 
 nlohmann::json plan_json(const Plan& plan);
+// FLOPs per token by part and their total (also `moecore bench flops`' output).
+nlohmann::json flops_json(const FlopsPerToken& flops);
 std::string plan_text(const Plan& plan);
 
 }  // namespace moecore::plan
