@@ -110,13 +110,7 @@ def test_data_parallel_matches_single_process(moecore_bin, job_data, tmp_path, s
     r = mpirun(moecore_bin, ranks, cfg, f"parallel.zero={zero}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"dp={ranks} ep=1 zero={zero}" in r.stdout
-    ref, ours = losses(single), losses(tmp_path / "dp")
-    assert len(ours) == STEPS == len(ref)
-    assert max_rel(ours, ref) <= TOL, (ours, ref)
-    ref_w, our_w = final_weights(single), final_weights(tmp_path / "dp")
-    assert ref_w.keys() == our_w.keys()
-    for name in ref_w:
-        assert max_rel(our_w[name], ref_w[name]) <= WEIGHT_TOL, name
+    assert_follows_single_process(single, tmp_path / "dp")
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -136,6 +130,17 @@ def test_overlap_with_zero_is_rejected(moecore_bin, job_data, tmp_path):
 
 
 WEIGHT_TOL = EP_WEIGHT_TOL = 1e-4  # see the module docstring
+
+
+def assert_follows_single_process(single: Path, out_dir: Path, weight_tol: float = WEIGHT_TOL):
+    """Per-step losses within TOL and every final weight within weight_tol of the single process."""
+    ref, ours = losses(single), losses(out_dir)
+    assert len(ours) == STEPS == len(ref)
+    assert max_rel(ours, ref) <= TOL, (ours, ref)
+    ref_w, our_w = final_weights(single), final_weights(out_dir)
+    assert ref_w.keys() == our_w.keys()
+    for name in ref_w:
+        assert max_rel(our_w[name], ref_w[name]) <= weight_tol, name
 
 
 @pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 4), (4, 2)])

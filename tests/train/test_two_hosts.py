@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from test_parallel import (EP_WEIGHT_TOL, MPI_ENV, STEPS, TOL, dp_config, final_weights, losses,
-                           max_rel, single, train_rows)  # noqa: F401 (single: a fixture)
+from test_parallel import (EP_WEIGHT_TOL, MPI_ENV, STEPS, assert_follows_single_process, dp_config,
+                           single, train_rows)  # noqa: F401 (single: a fixture)
 from test_training_job import started, wait_for_logged_steps
 
 AGENT = Path(__file__).resolve().parent / "netns_agent.sh"
@@ -136,13 +136,7 @@ def test_data_parallel_over_tcp_matches_single_process(hosts, moecore_bin, job_d
     r = hosts.run(hosts.mpirun(moecore_bin, cfg))
     assert_ran_on_two_hosts(r)
     assert "dp=2 ep=1" in r.stdout
-    ref, ours = losses(single), losses(tmp_path / "dp")
-    assert len(ours) == STEPS == len(ref)
-    assert max_rel(ours, ref) <= TOL, (ours, ref)
-    ref_w, our_w = final_weights(single), final_weights(tmp_path / "dp")
-    assert ref_w.keys() == our_w.keys()
-    for name in ref_w:
-        assert max_rel(our_w[name], ref_w[name]) <= TOL, name
+    assert_follows_single_process(single, tmp_path / "dp")
 
 
 def test_rowwise_expert_parallel_over_tcp_matches_single_process(hosts, moecore_bin, job_data,
@@ -157,11 +151,7 @@ def test_rowwise_expert_parallel_over_tcp_matches_single_process(hosts, moecore_
     rows = train_rows(tmp_path / "rowwise")
     assert len(rows) == STEPS
     assert all(row["moe/drop_rate"] == 0.0 for row in rows.values())
-    assert max_rel(losses(tmp_path / "rowwise"), losses(single)) <= TOL
-    ref_w, our_w = final_weights(single), final_weights(tmp_path / "rowwise")
-    assert ref_w.keys() == our_w.keys()
-    for name in ref_w:
-        assert max_rel(our_w[name], ref_w[name]) <= EP_WEIGHT_TOL, name
+    assert_follows_single_process(single, tmp_path / "rowwise", EP_WEIGHT_TOL)
 
 
 def test_rowwise_without_a_one_sided_component_fails_in_one_line(hosts, moecore_bin, job_data,
