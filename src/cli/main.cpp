@@ -85,23 +85,43 @@ int main(int argc, char** argv) {
   tok_encode->add_option("--input", input_path, "text file")->required();
   tok_encode->add_option("--out", out_path, "output .npy")->required();
 
-  double val_fraction = 0.02;
-  bool overwrite = false;
-  CLI::App* prepare =
-      app.add_subcommand("prepare", "tokenise text into OLMo-core .npy token files");
-  prepare->add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
-  prepare->add_option("--input", inputs, "text files (one document per line)")->required();
-  prepare->add_option("--out", out_path, "output directory")->required();
-  prepare->add_option("--val-fraction", val_fraction, "fraction of documents for validation");
-  prepare->add_flag("--overwrite", overwrite, "replace an existing prepared directory");
+  moecore::cli::PrepareArgs prep;
+  CLI::App* prepare = app.add_subcommand(
+      "prepare", "tokenise text into OLMo-core token files (headerless .npy + meta.json)");
+  prepare->add_option("--tokenizer", prep.tokenizer, "tokenizer.json")->required();
+  prepare->add_option("--input", prep.inputs, "text files (one document per line)")->required();
+  prepare->add_option("--out", prep.out, "output directory")->required();
+  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation");
+  prepare->add_flag("--overwrite", prep.overwrite, "replace an existing prepared directory");
+  prepare->add_option("--dtype", prep.dtype, "uint16 | uint32 (default: uint16 if the vocab fits)")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  prepare->add_flag("--npy-header", prep.npy_header,
+                    "write NumPy .npy files (with header) instead of OLMo-core's raw files");
 
-  std::string checkpoint;
+  std::string checkpoint, eval_dtype;
   std::vector<std::string> data_paths;
   int64_t max_instances = 0;
   CLI::App* eval = app.add_subcommand("eval", "loss and perplexity of a checkpoint on token data");
   eval->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
   eval->add_option("--data", data_paths, ".npy token files or directories")->required();
   eval->add_option("--max-instances", max_instances, "evaluate at most this many (0 = all)");
+  eval->add_option("--dtype", eval_dtype,
+                   "element type of headerless token files (default: the checkpoint's data.dtype)");
+
+  moecore::cli::DataInstancesArgs inst;
+  CLI::App* data_cmd = app.add_subcommand("data", "inspect token files");
+  data_cmd->require_subcommand(1);
+  CLI::App* data_instances = data_cmd->add_subcommand(
+      "instances", "the instances moecore cuts from token files (int64 [N, seq_len] .npy)");
+  data_instances->add_option("--data", inst.data, "token files or directories")->required();
+  data_instances->add_option("--seq-len", inst.seq_len, "instance length")->required();
+  data_instances->add_option("--vocab-size", inst.vocab_size, "vocabulary size")->required();
+  data_instances->add_option("--dtype", inst.dtype, "element type of headerless files");
+  data_instances->add_option("--max-instances", inst.max_instances, "at most this many (0 = all)");
+  data_instances->add_option("--eos-id", inst.eos_id, "EOS id (default: the meta.json's)");
+  data_instances->add_option("--out", inst.out, "output .npy of the instances");
+  data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
+                             "output .npy of each instance's document lengths");
 
   moecore::cli::GenerateArgs gen;
   std::string gen_seed = "0";
@@ -139,7 +159,7 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, tokenizer, prepare, eval, generate, bench)\n",
+                 "train, tokenizer, prepare, eval, data, generate, bench)\n",
                  argv[1]);
       return 2;
     }
@@ -174,9 +194,11 @@ int main(int argc, char** argv) {
     } else if (tok_encode->parsed()) {
       cli::run_tokenizer_encode(tokenizer_path, input_path, out_path);
     } else if (prepare->parsed()) {
-      cli::run_prepare(tokenizer_path, inputs, out_path, val_fraction, overwrite);
+      cli::run_prepare(prep);
     } else if (eval->parsed()) {
-      cli::run_eval(checkpoint, data_paths, max_instances);
+      cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype);
+    } else if (data_instances->parsed()) {
+      cli::run_data_instances(inst);
     } else if (generate->parsed()) {
       gen.seed = cli::parse_seed(gen_seed);
       cli::run_generate(gen);

@@ -31,6 +31,7 @@ struct Variant {
   RouterScore score;
   bool norm_topk;
   QkNorm qk_norm;
+  int32_t document_eos = -1;  // data.document_masking's EOS; -1: plain causal attention
 };
 
 ModelConfig tiny_config(const Variant& v) {
@@ -92,8 +93,19 @@ void check_model(const Variant& v, uint32_t seed) {
   const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
   const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
   Transformer model(c, layout);
+  model.set_document_masking(v.document_eos);
   const LossParts base = model.forward(params, tokens.data(), targets.data(), batch, seq);
   EXPECT_EQ(base.counted_tokens, 7);
+  if (v.document_eos >= 0) {
+    // The mask is in effect: the same weights without it give other logits.
+    const std::vector<float> masked = model.logits();
+    Transformer plain(c, layout);
+    plain.forward(params, tokens.data(), targets.data(), batch, seq);
+    double diff = 0.0;
+    for (size_t i = 0; i < masked.size(); ++i)
+      diff = std::max(diff, std::abs(static_cast<double>(masked[i] - plain.logits()[i])));
+    EXPECT_GT(diff, 1e-3) << "document masking changed nothing";
+  }
   EXPECT_GT(base.lb, 0.0);
   EXPECT_GT(base.z, 0.0);
   EXPECT_NEAR(base.total,
@@ -166,6 +178,15 @@ TEST(TransformerGradients, TiedHfLbSoftmaxNormTopk) {
 }
 TEST(TransformerGradients, UntiedOlmoCoreLbSigmoid) {
   check_model({false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, false, QkNorm::kFull}, 4000);
+}
+
+// data.document_masking: id 5 ends documents, so row 0 = {1, 5 | 9, 5} holds two documents and
+// row 1 = {0, 3, 10, 7} one; the finite differences run through the masked attention.
+TEST(TransformerGradients, DocumentMaskingTiedOlmoCoreLbSoftmax) {
+  check_model({true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull, 5}, 5000);
+}
+TEST(TransformerGradients, DocumentMaskingUntiedHfLbSigmoid) {
+  check_model({false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead, 5}, 6000);
 }
 
 TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {
