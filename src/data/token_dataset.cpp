@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -64,20 +66,76 @@ std::vector<fs::path> meta_candidates(const fs::path& file) {
   return {dir / "meta.json", dir / ".." / "meta.json"};
 }
 
-// Whether `meta` (a parsed moecore token meta.json at meta_path) lists `file` in one of its
-// "files" arrays (paths relative to the meta.json's directory).
-bool meta_lists(const nlohmann::json& meta, const fs::path& meta_path, const fs::path& file) {
-  if (!meta.is_object()) return false;
-  for (const auto& [key, split] : meta.items()) {
-    if (!split.is_object() || !split.contains("files") || !split["files"].is_array()) continue;
-    for (const nlohmann::json& name : split["files"]) {
-      if (!name.is_string()) continue;
-      std::error_code ec;
-      if (fs::equivalent(meta_path.parent_path() / name.get<std::string>(), file, ec)) return true;
+// The meta.json files of one TokenDataset::open, each read once: a corpus of thousands of parts
+// shares one meta.json listing them all.
+class TokenMetaCache {
+ public:
+  std::optional<TokenFileMeta> find(const std::string& file) {
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(file, ec).string();
+    for (const fs::path& candidate : meta_candidates(fs::path(file))) {
+      if (!fs::is_regular_file(candidate, ec)) continue;
+      const Parsed& parsed = load(candidate, file);
+      // Another tool's meta.json, or one that describes other files, says nothing about this one.
+      if (parsed.is_token_meta && parsed.files.count(key) != 0) return parsed.meta;
     }
+    return std::nullopt;
   }
-  return false;
-}
+
+ private:
+  struct Parsed {
+    bool is_token_meta = false;
+    TokenFileMeta meta;
+    std::set<std::string> files;  // canonical paths of the files it lists
+  };
+
+  const Parsed& load(const fs::path& candidate, const std::string& file) {
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(candidate, ec).string();
+    if (const auto it = parsed_.find(key); it != parsed_.end()) return it->second;
+    Parsed& parsed = parsed_[key];
+    std::ifstream in(candidate, std::ios::binary);
+    MOE_CHECK(in.good(), "[data] cannot open {}", candidate.string());
+    std::stringstream text;
+    text << in.rdbuf();
+    nlohmann::json meta;
+    try {
+      meta = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      fail("[data] {}: not valid JSON (token metadata of {}): {}", candidate.string(), file,
+           e.what());
+    }
+    if (!meta.is_object() || meta.value("format", "") != "moecore-tokens") return parsed;
+    parsed.is_token_meta = true;
+    TokenFileMeta& found = parsed.meta;
+    found.meta_path = candidate.lexically_normal().string();
+    if (meta.contains("dtype")) {
+      MOE_CHECK(meta["dtype"].is_string(), "[data] {}: \"dtype\" must be a string",
+                found.meta_path);
+      found.dtype = token_dtype_descr(meta["dtype"].get<std::string>());
+      MOE_CHECK(!found.dtype.empty(),
+                "[data] {}: unsupported token dtype '{}' (expected uint16, uint32, int32 or int64)",
+                found.meta_path, meta["dtype"].get<std::string>());
+    }
+    if (meta.contains("eos_id")) {
+      MOE_CHECK(meta["eos_id"].is_number_integer() && meta["eos_id"].get<int64_t>() >= 0,
+                "[data] {}: \"eos_id\" must be a non-negative integer", found.meta_path);
+      found.eos_id = meta["eos_id"].get<int64_t>();
+    }
+    // Every "files" array (one per split), paths relative to the meta.json's directory.
+    for (const auto& [name, split] : meta.items()) {
+      if (!split.is_object() || !split.contains("files") || !split["files"].is_array()) continue;
+      for (const nlohmann::json& listed : split["files"]) {
+        if (!listed.is_string()) continue;
+        parsed.files.insert(
+            fs::weakly_canonical(candidate.parent_path() / listed.get<std::string>(), ec).string());
+      }
+    }
+    return parsed;
+  }
+
+  std::map<std::string, Parsed> parsed_;
+};
 
 template <typename T>
 int64_t load_token(const std::byte* p) {
@@ -105,42 +163,7 @@ std::string token_dtype_name(std::string_view descr) {
 }
 
 std::optional<TokenFileMeta> find_token_file_meta(const std::string& file) {
-  for (const fs::path& candidate : meta_candidates(fs::path(file))) {
-    std::error_code ec;
-    if (!fs::is_regular_file(candidate, ec)) continue;
-    std::ifstream in(candidate, std::ios::binary);
-    MOE_CHECK(in.good(), "[data] cannot open {}", candidate.string());
-    std::stringstream text;
-    text << in.rdbuf();
-    nlohmann::json meta;
-    try {
-      meta = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception& e) {
-      fail("[data] {}: not valid JSON (token metadata of {}): {}", candidate.string(), file,
-           e.what());
-    }
-    // Another tool's meta.json (or one that describes other files) says nothing about this one.
-    if (!meta.is_object() || meta.value("format", "") != "moecore-tokens" ||
-        !meta_lists(meta, candidate, fs::path(file)))
-      continue;
-    TokenFileMeta found;
-    found.meta_path = candidate.lexically_normal().string();
-    if (meta.contains("dtype")) {
-      MOE_CHECK(meta["dtype"].is_string(), "[data] {}: \"dtype\" must be a string",
-                found.meta_path);
-      found.dtype = token_dtype_descr(meta["dtype"].get<std::string>());
-      MOE_CHECK(!found.dtype.empty(),
-                "[data] {}: unsupported token dtype '{}' (expected uint16, uint32, int32 or int64)",
-                found.meta_path, meta["dtype"].get<std::string>());
-    }
-    if (meta.contains("eos_id")) {
-      MOE_CHECK(meta["eos_id"].is_number_integer() && meta["eos_id"].get<int64_t>() >= 0,
-                "[data] {}: \"eos_id\" must be a non-negative integer", found.meta_path);
-      found.eos_id = meta["eos_id"].get<int64_t>();
-    }
-    return found;
-  }
-  return std::nullopt;
+  return TokenMetaCache().find(file);
 }
 
 TokenDataset::File TokenDataset::open_file(const std::string& path,
@@ -202,8 +225,9 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
   ds.seq_len_ = seq_len;
   ds.vocab_size_ = vocab_size;
   std::string eos_source;
+  TokenMetaCache metas;
   for (const std::string& path : expand_paths(paths)) {
-    const std::optional<TokenFileMeta> meta = find_token_file_meta(path);
+    const std::optional<TokenFileMeta> meta = metas.find(path);
     if (meta && meta->eos_id >= 0) {
       MOE_CHECK(ds.metadata_eos_id_ < 0 || ds.metadata_eos_id_ == meta->eos_id,
                 "[data] token files disagree on EOS: {} says eos_id={}, {} says eos_id={}",
