@@ -109,3 +109,30 @@ def test_explicit_eos_must_match_meta_json(moecore_bin, job_data, tmp_path):
                        data={"document_masking": True, "eos_id": other})
     r = train(moecore_bin, cfg, check=False)
     assert r.returncode != 0 and f"data.eos_id={other}" in r.stderr and "meta.json" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("ranks,sets", [(2, ["parallel.pp=2"]), (2, [])], ids=["pp2", "dp2"])
+def test_document_masking_under_pipeline_and_data_parallelism(moecore_bin, job_data, tmp_path,
+                                                              ranks, sets):
+    """Every pipeline stage masks (each computes the documents from the step's tokens) and every
+    data-parallel rank masks its own rows: the losses follow the single process with masking."""
+    from test_parallel import TOL, losses, max_rel, mpirun
+
+    def config(name):
+        return write_config(tmp_path / f"{name}.toml", job_data, tmp_path / name,
+                            model={"num_hidden_layers": 4},
+                            train={"max_steps": STEPS, "batch_size": 8, "microbatches": 2,
+                                   "threads": 1, "log_every": 1, "eval_every": 0},
+                            data={"document_masking": True})
+    train(moecore_bin, config("single"))
+    r = mpirun(moecore_bin, ranks, config("multi"), *sets)
+    assert r.returncode == 0, r.stderr[-2000:]
+    single, multi = losses(tmp_path / "single"), losses(tmp_path / "multi")
+    assert len(single) == STEPS and max_rel(multi, single) <= TOL, (multi, single)
+    # And masking is on in these runs: without it the first loss differs.
+    plain = write_config(tmp_path / "plain.toml", job_data, tmp_path / "plain",
+                         model={"num_hidden_layers": 4},
+                         train={"max_steps": 1, "batch_size": 8, "microbatches": 2, "threads": 1,
+                                "log_every": 1, "eval_every": 0})
+    train(moecore_bin, plain)
+    assert losses(tmp_path / "plain")[0] != single[0]
