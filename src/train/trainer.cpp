@@ -94,7 +94,10 @@ std::vector<double> drop_rates(const std::vector<dist::MpiRowwiseExchange::DropC
 
 }  // namespace
 
-TrainSummary train(const RunConfig& config, const TrainOptions& options) {
+TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
+  // The effective config, saved with the run: it may gain the EOS id that document masking
+  // resolved from the token files' meta.json, so that a checkpoint evaluates alone.
+  RunConfig config = config_in;
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   const dist::Communicator world = dist::Communicator::world();
@@ -135,6 +138,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
             "[data] data.document_masking: documents end at EOS {} in training but the validation "
             "files' meta.json says eos_id={}",
             document_eos, val_data ? val_data->metadata_eos_id() : -1);
+  if (document_eos >= 0) config.data.eos_id = document_eos;
   std::optional<data::Tokenizer> tokenizer;
   if (!config.data.tokenizer.empty()) {
     tokenizer = data::Tokenizer::load(config.data.tokenizer);

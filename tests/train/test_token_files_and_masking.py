@@ -98,6 +98,14 @@ def test_document_masking_in_training_and_evaluation(moecore_bin, job_data, tmp_
     # The same checkpoint scored without the mask gives another loss: eval applied it.
     config = (ckpt / "config.toml").read_text()
     assert "document_masking = true" in config
+    # The EOS resolved from meta.json is saved: the checkpoint scores files without a meta.json.
+    assert f"eos_id = {job_data.eos_id}" in config
+    bare = tmp_path / "bare_val.npy"
+    bare.write_bytes(next(job_data.val.glob("*.npy")).read_bytes())
+    r = run(moecore_bin, "eval", "--checkpoint", ckpt, "--data", bare, "--dtype", job_data.dtype,
+            "--max-instances", eval_instances)
+    assert float(re.search(r"loss (\S+)", r.stdout).group(1)) == pytest.approx(
+        val_loss(runs[True], STEPS), rel=1e-5)
     (ckpt / "config.toml").write_text(config.replace("document_masking = true", "document_masking = false"))
     unmasked_eval = eval_loss(moecore_bin, ckpt, job_data.val, eval_instances)
     assert unmasked_eval != pytest.approx(masked_eval, rel=1e-4)
