@@ -14,7 +14,10 @@ from OLMo-core); everything else (router, losses, attention, norms, LM head, the
 composition) is OLMo-core's own code.
 
 Cases: the pre-norm block (use_pre_norm, HF OLMoE's layout) with a softmax router, a shared expert
-and a dense first layer. The reordered (OLMo-2) block and OLMo-core's sigmoid load-balancing loss
+and a dense first layer; and intra-document masking through OLMo-core's own path (its
+get_document_lengths, doc_lens -> cu_doc_lens, intra-document RoPE), with flash attention's varlen
+contract written here as SDPA under a block-diagonal causal mask (OLMo-core's torch backend refuses
+cu_doc_lens). The reordered (OLMo-2) block and OLMo-core's sigmoid load-balancing loss
 are parameters too; they skip, saying why, until moecore's config has `block_norm` and the sigmoid
 LB normalisation (issue 12 items 2 and 3, another branch).
 
@@ -333,3 +336,66 @@ def test_cpu_permute_contract():
     w = torch.rand(5, 2, generator=g)
     back = unpermute_tokens(permuted, row_map, x.shape, merging_probs=w)
     torch.testing.assert_close(back, x * w.sum(1, keepdim=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# Intra-document masking (issue 12 item 6) through OLMo-core's own path: get_document_lengths ->
+# doc_lens -> cu_doc_lens -> intra-document RoPE -> varlen attention.
+
+
+def varlen_attention(self, qkv, cu_doc_lens=None, cu_doc_lens_q=None, cu_doc_lens_k=None,
+                     max_doc_len=None, max_doc_len_q=None, max_doc_len_k=None, **kwargs):
+    """flash_attn_varlen_func's contract on the CPU: q, k, v [B, T, H(kv), D] hold B*T packed
+    tokens, cu_doc_lens the document boundaries over them; each token attends causally within its
+    document. Plain SDPA with the block-diagonal causal mask."""
+    assert cu_doc_lens is not None and cu_doc_lens_q is None and cu_doc_lens_k is None
+    q, k, v = qkv
+    B, T, H, D = q.shape
+    rep = H // k.shape[2]
+    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    pos = torch.arange(B * T)
+    doc = torch.bucketize(pos, cu_doc_lens[1:].to(torch.long), right=True)
+    allowed = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+    assert max_doc_len == int((cu_doc_lens[1:] - cu_doc_lens[:-1]).max())
+    q, k, v = (t.reshape(1, B * T, H, D).transpose(1, 2) for t in (q, k, v))
+    att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
+    return att.transpose(1, 2).reshape(B, T, H, D)
+
+
+def test_engine_matches_olmo_core_with_document_masking(moecore_bin, tmp_path, cpu_kernels, monkeypatch):
+    from olmo_core.data.utils import get_document_lengths
+    from olmo_core.nn.attention.backend import TorchAttentionBackend
+
+    monkeypatch.setattr(TorchAttentionBackend, "forward", varlen_attention)
+    cfg = dict(BASE, num_hidden_layers=3, first_k_dense_replace=1, shared_expert_intermediate_size=16,
+               num_key_value_heads=2)
+    eos = 3
+    params = ref_model.random_params(cfg, seed=2024, std=0.08)
+    x, _ = batch(cfg, seed=23)
+    x[x == eos] = eos + 1
+    x[0, [2, 3, 8]] = eos
+    x[1, [5, T - 1]] = eos
+    y = np.full_like(x, ref_model.IGNORE_INDEX)
+    y[:, :-1] = x[:, 1:]
+    # OLMo-core's own document lengths, as NumpyFSLDataset(generate_doc_lengths=True) gives them.
+    lengths = [get_document_lengths(torch.as_tensor(row), eos) for row in x]
+    doc_lens = torch.zeros(B, max(len(n) for n in lengths), dtype=torch.int32)
+    for b, n in enumerate(lengths):
+        doc_lens[b, :len(n)] = n
+    model = olmo_core_model(cfg, "pre")
+    model.load_state_dict(olmo_core_state(params, cfg), strict=False)
+    model.train()
+    out = model(torch.as_tensor(x).long(), labels=torch.as_tensor(y).long(), doc_lens=doc_lens,
+                max_doc_lens=[int(n.max()) for n in lengths])
+    out.loss.backward()
+    routers = [b.routed_experts_router for b in model.blocks.values() if b.routed_experts_router is not None]
+    lb, z = sum(r.load_balancing_loss for r in routers), sum(r.z_loss for r in routers)
+    c = ref_model.full_config(cfg)
+    ref = {"logits": out.logits.detach(), "loss.ce": out.ce_loss.detach(), "loss.lb": lb, "loss.z": z,
+           "loss.total": out.ce_loss.detach() + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z}
+    ref.update({"grad." + n: t for n, t in hf_gradients(model, cfg).items()})
+    ours = H.moecore_debug_state(tmp_path, cfg, params, x, y, data={"document_masking": True, "eos_id": eos})
+    H.assert_all_close(ours, ref, H.state_names(cfg), what="engine vs OLMo-core with document masking")
+    # The masking is real: moecore without it is far from OLMo-core with it.
+    plain = H.moecore_debug_state(tmp_path, cfg, params, x, y, name="plain")
+    assert H.rel_err(plain["logits"], ref["logits"]) > 1e-2
