@@ -46,13 +46,35 @@ def load_config(path: str, overrides: list[str]) -> dict:
     return cfg
 
 
+def read_tokens(path: str):
+    """A token file as moecore reads it: a NumPy file says its type; a headerless (OLMo-core) one
+    takes it from the meta.json `moecore prepare` wrote in its directory or the one above."""
+    import json
+
+    import numpy as np
+    with open(path, "rb") as f:
+        if f.read(6) == b"\x93NUMPY":
+            return np.load(path, mmap_mode="r")
+    here = os.path.dirname(os.path.abspath(path))
+    for meta_dir in (here, os.path.dirname(here)):
+        meta_path = os.path.join(meta_dir, "meta.json")
+        if os.path.isfile(meta_path):
+            meta = json.load(open(meta_path))
+            listed = {os.path.normpath(os.path.join(meta_dir, name))
+                      for split in meta.values() if isinstance(split, dict)
+                      for name in split.get("files", [])}
+            if meta.get("format") == "moecore-tokens" and os.path.normpath(os.path.abspath(path)) in listed:
+                return np.memmap(path, dtype=np.dtype(meta["dtype"]).newbyteorder("<"), mode="r")
+    raise SystemExit(f"{path}: headerless token file without a meta.json that gives its dtype")
+
+
 def token_batches(paths: list[str], batch: int, seq: int):
     import numpy as np
     files = []
     for p in paths:
         p = str(REPO / p) if not os.path.isabs(p) else p
         files += sorted(glob.glob(os.path.join(p, "*.npy"))) if os.path.isdir(p) else [p]
-    tokens = np.concatenate([np.load(f, mmap_mode="r").astype(np.int64) for f in files])
+    tokens = np.concatenate([read_tokens(f).astype(np.int64) for f in files])
     per = seq + 1
     i = 0
     while True:

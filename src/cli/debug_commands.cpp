@@ -61,6 +61,15 @@ DebugSetup load_setup(const DebugArgs& args) {
           std::move(targets)};
 }
 
+// data.document_masking: these commands read no token files, so the EOS must be in the config.
+int32_t document_eos(const RunConfig& config) {
+  if (!config.data.document_masking) return -1;
+  MOE_CHECK(config.data.eos_id >= 0,
+            "[debug] data.document_masking needs data.eos_id in the config (no token files' "
+            "meta.json is read here)");
+  return static_cast<int32_t>(config.data.eos_id);
+}
+
 void add_scalar(io::SafetensorsWriter& writer, const std::string& name, double value) {
   const float v = static_cast<float>(value);
   writer.add_f32(name, {}, &v);
@@ -89,6 +98,7 @@ void run_debug_state(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
   const kernels::MatmulPrecisionScope precision(s.config.train.precision);
   Transformer model(s.config.model, s.layout);
+  model.set_document_masking(document_eos(s.config));
   ParamBuffers grads(s.layout);
   const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
                                        s.tokens.batch, s.tokens.seq);
@@ -111,6 +121,7 @@ void run_debug_steps(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
   const kernels::MatmulPrecisionScope precision(s.config.train.precision);
   Transformer model(s.config.model, s.layout);
+  model.set_document_masking(document_eos(s.config));
   ParamBuffers grads(s.layout);
   AdamW optimizer(s.layout, s.config.optim);
   std::vector<float> total_losses, ce_losses, grad_norms;

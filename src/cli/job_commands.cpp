@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/check.h"
@@ -13,6 +15,7 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "io/model_weights.h"
+#include "model/document_mask.h"
 #include "model/transformer.h"
 #include "train/evaluate.h"
 #include "train/run_config.h"
@@ -67,30 +70,79 @@ void run_tokenizer_encode(const std::string& tokenizer_path, const std::string& 
   data::write_npy(out, "<u4", {static_cast<int64_t>(wide.size())}, wide.data());
 }
 
-void run_prepare(const std::string& tokenizer_path, const std::vector<std::string>& inputs,
-                 const std::string& out, double val_fraction, bool overwrite) {
-  const data::Tokenizer tokenizer = data::Tokenizer::load(tokenizer_path);
+void run_prepare(const PrepareArgs& args) {
+  const data::Tokenizer tokenizer = data::Tokenizer::load(args.tokenizer);
   data::PrepareOptions options;
-  options.overwrite = overwrite;
-  options.tokenizer_path = tokenizer_path;
+  options.overwrite = args.overwrite;
+  options.tokenizer_path = args.tokenizer;
+  options.dtype = args.dtype;
+  options.npy_header = args.npy_header;
   const data::PrepareStats stats = data::prepare_corpus(
-      inputs, [&](std::string_view text) { return tokenizer.encode(text); }, tokenizer.eos_id(),
-      tokenizer.vocab_size(), out, val_fraction, options);
-  fmt::print("prepare: {} train documents ({} tokens), {} val documents ({} tokens), {} -> {}\n",
+      args.inputs, [&](std::string_view text) { return tokenizer.encode(text); },
+      tokenizer.eos_id(), tokenizer.vocab_size(), args.out, args.val_fraction, options);
+  fmt::print("prepare: {} train documents ({} tokens), {} val documents ({} tokens), {} {} -> {}\n",
              stats.train_documents, stats.train_tokens, stats.val_documents, stats.val_tokens,
-             stats.dtype, out);
+             stats.dtype, args.npy_header ? ".npy files" : "headerless (OLMo-core) files",
+             args.out);
 }
 
 void run_eval(const std::string& checkpoint, const std::vector<std::string>& data,
-              int64_t max_instances) {
+              int64_t max_instances, const std::string& dtype) {
   LoadedModel m = load_model(checkpoint);
+  MOE_CHECK(dtype.empty() || !data::token_dtype_descr(dtype).empty(),
+            "[eval] --dtype '{}' is not one of uint16, uint32, int32, int64", dtype);
   const data::TokenDataset dataset =
-      data::TokenDataset::open(data, m.config.train.seq_len, m.config.model.vocab_size);
+      data::TokenDataset::open(data, m.config.train.seq_len, m.config.model.vocab_size,
+                               dtype.empty() ? m.config.data.dtype : dtype);
   Transformer model(m.config.model, m.layout);
+  // Scored as the checkpoint was trained: with its document masking, if any.
+  model.set_document_masking(document_masking_eos(m.config.data, dataset));
   const int64_t rows = m.config.train.batch_size / m.config.train.microbatches;
   const EvalResult r = evaluate(model, m.params, dataset, rows, max_instances);
   fmt::print("eval: loss {:.4f}  perplexity {:.3f}  ({} instances, {} tokens)\n", r.loss,
              r.perplexity, r.instances, r.tokens);
+}
+
+void run_data_instances(const DataInstancesArgs& args) {
+  MOE_CHECK(args.seq_len >= 1, "[data] --seq-len={} must be positive", args.seq_len);
+  MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
+            "[data] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);
+  const data::TokenDataset dataset =
+      data::TokenDataset::open(args.data, args.seq_len, args.vocab_size, args.dtype);
+  const int64_t n = args.max_instances > 0 ? std::min(args.max_instances, dataset.num_instances())
+                                           : dataset.num_instances();
+  const int64_t T = args.seq_len;
+  std::vector<int32_t> row(static_cast<size_t>(T));
+  std::vector<int64_t> instances(static_cast<size_t>(n * T));
+  const int64_t eos = args.eos_id >= 0 ? args.eos_id : dataset.metadata_eos_id();
+  std::vector<int64_t> doc_lens;
+  if (!args.doc_lens_out.empty()) {
+    MOE_CHECK(eos >= 0,
+              "[data] --doc-lens-out needs --eos-id (the token files have no meta.json that says "
+              "it)");
+    doc_lens.assign(static_cast<size_t>(n * T), 0);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    dataset.read_instance(i, row.data());
+    std::copy(row.begin(), row.end(), instances.begin() + i * T);
+    if (!doc_lens.empty()) {
+      const std::vector<int64_t> lengths =
+          document_lengths(row.data(), T, static_cast<int32_t>(eos));
+      std::copy(lengths.begin(), lengths.end(), doc_lens.begin() + i * T);
+    }
+  }
+  if (!args.out.empty()) data::write_npy(args.out, "<i8", {n, T}, instances.data());
+  if (!doc_lens.empty()) data::write_npy(args.doc_lens_out, "<i8", {n, T}, doc_lens.data());
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t f = 0; f < dataset.num_files(); ++f)
+    files.push_back(
+        {{"path", dataset.file_path(f)}, {"dtype", data::token_dtype_name(dataset.file_dtype(f))}});
+  const nlohmann::json summary = {{"instances", n},
+                                  {"total_instances", dataset.num_instances()},
+                                  {"total_tokens", dataset.total_tokens()},
+                                  {"metadata_eos_id", dataset.metadata_eos_id()},
+                                  {"files", files}};
+  fmt::print("{}\n", summary.dump());
 }
 
 void run_generate(const GenerateArgs& args) {

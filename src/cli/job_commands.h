@@ -12,10 +12,33 @@ void run_tokenizer_train(const std::vector<std::string>& inputs, int64_t vocab_s
                          const std::string& out);
 void run_tokenizer_encode(const std::string& tokenizer, const std::string& input,
                           const std::string& out);
-void run_prepare(const std::string& tokenizer, const std::vector<std::string>& inputs,
-                 const std::string& out, double val_fraction, bool overwrite);
+struct PrepareArgs {
+  std::string tokenizer, out;
+  std::vector<std::string> inputs;
+  double val_fraction = 0.02;
+  bool overwrite = false;
+  std::string dtype;        // "" (by vocabulary), "uint16" or "uint32"
+  bool npy_header = false;  // NumPy .npy files instead of OLMo-core's headerless ones
+};
+void run_prepare(const PrepareArgs& args);
+// dtype: the element type of headerless files ("" = the checkpoint's data.dtype).
 void run_eval(const std::string& checkpoint, const std::vector<std::string>& data,
-              int64_t max_instances);
+              int64_t max_instances, const std::string& dtype);
+
+// `moecore data instances`: the training instances of token files as moecore cuts them, in file
+// order, written as an int64 [N, seq_len] .npy; with eos_id >= 0 also each instance's document
+// lengths (model/document_mask.h) as doc_lens_out, an int64 [N, seq_len] .npy zero-padded on the
+// right. Prints a JSON summary (instances, tokens, each file's dtype, meta.json EOS).
+struct DataInstancesArgs {
+  std::vector<std::string> data;
+  int64_t seq_len = 0;
+  int64_t vocab_size = 0;
+  std::string dtype;
+  int64_t max_instances = 0;  // 0: all
+  int64_t eos_id = -1;        // -1: the meta.json's, else no document lengths
+  std::string out, doc_lens_out;
+};
+void run_data_instances(const DataInstancesArgs& args);
 
 struct GenerateArgs {
   std::string checkpoint, prompt, tokenizer;

@@ -96,18 +96,21 @@ int main(int argc, char** argv) {
   tok_encode->add_option("--input", input_path, "text file")->required();
   tok_encode->add_option("--out", out_path, "output .npy")->required();
 
-  double val_fraction = 0.02;
-  bool overwrite = false;
-  CLI::App* prepare =
-      app.add_subcommand("prepare", "tokenise text into OLMo-core .npy token files");
-  prepare->add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
-  prepare->add_option("--input", inputs, "text files (one document per line)")->required();
-  prepare->add_option("--out", out_path, "output directory")->required();
-  cli::add_float_option(prepare, "--val-fraction", val_fraction,
+  moecore::cli::PrepareArgs prep;
+  CLI::App* prepare = app.add_subcommand(
+      "prepare", "tokenise text into OLMo-core token files (headerless .npy + meta.json)");
+  prepare->add_option("--tokenizer", prep.tokenizer, "tokenizer.json")->required();
+  prepare->add_option("--input", prep.inputs, "text files (one document per line)")->required();
+  prepare->add_option("--out", prep.out, "output directory")->required();
+  cli::add_float_option(prepare, "--val-fraction", prep.val_fraction,
                         "fraction of documents for validation", 0.0, 1.0);
-  prepare->add_flag("--overwrite", overwrite, "replace an existing prepared directory");
+  prepare->add_flag("--overwrite", prep.overwrite, "replace an existing prepared directory");
+  prepare->add_option("--dtype", prep.dtype, "uint16 | uint32 (default: uint16 if the vocab fits)")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  prepare->add_flag("--npy-header", prep.npy_header,
+                    "write NumPy .npy files (with header) instead of OLMo-core's raw files");
 
-  std::string checkpoint;
+  std::string checkpoint, eval_dtype;
   std::vector<std::string> data_paths;
   int64_t max_instances = 0;
   CLI::App* eval = app.add_subcommand("eval", "loss and perplexity of a checkpoint on token data");
@@ -115,6 +118,28 @@ int main(int argc, char** argv) {
   eval->add_option("--data", data_paths, ".npy token files or directories")->required();
   cli::add_int_option(eval, "--max-instances", max_instances,
                       "evaluate at most this many (0 = all)", 0, INT64_MAX);
+  eval->add_option("--dtype", eval_dtype,
+                   "element type of headerless token files (default: the checkpoint's data.dtype)");
+
+  moecore::cli::DataInstancesArgs inst;
+  CLI::App* data_cmd = app.add_subcommand("data", "inspect token files");
+  data_cmd->require_subcommand(1);
+  CLI::App* data_instances = data_cmd->add_subcommand(
+      "instances", "the instances moecore cuts from token files (int64 [N, seq_len] .npy)");
+  data_instances->add_option("--data", inst.data, "token files or directories")->required();
+  cli::add_int_option(data_instances, "--seq-len", inst.seq_len, "instance length", 1, INT64_MAX)
+      ->required();
+  cli::add_int_option(data_instances, "--vocab-size", inst.vocab_size, "vocabulary size", 1,
+                      INT64_MAX)
+      ->required();
+  data_instances->add_option("--dtype", inst.dtype, "element type of headerless files");
+  cli::add_int_option(data_instances, "--max-instances", inst.max_instances,
+                      "at most this many (0 = all)", 0, INT64_MAX);
+  cli::add_int_option(data_instances, "--eos-id", inst.eos_id, "EOS id (default: the meta.json's)",
+                      -1, INT64_MAX);
+  data_instances->add_option("--out", inst.out, "output .npy of the instances");
+  data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
+                             "output .npy of each instance's document lengths");
 
   moecore::cli::GenerateArgs gen;
   std::string gen_seed = "0";
@@ -163,7 +188,7 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, tokenizer, prepare, eval, generate, bench, plan)\n",
+                 "train, tokenizer, prepare, eval, data, generate, bench, plan)\n",
                  moecore::escape_for_message(argv[1]));
       return 2;
     }
@@ -197,9 +222,11 @@ int main(int argc, char** argv) {
     } else if (tok_encode->parsed()) {
       cli::run_tokenizer_encode(tokenizer_path, input_path, out_path);
     } else if (prepare->parsed()) {
-      cli::run_prepare(tokenizer_path, inputs, out_path, val_fraction, overwrite);
+      cli::run_prepare(prep);
     } else if (eval->parsed()) {
-      cli::run_eval(checkpoint, data_paths, max_instances);
+      cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype);
+    } else if (data_instances->parsed()) {
+      cli::run_data_instances(inst);
     } else if (generate->parsed()) {
       gen.seed = cli::parse_seed(gen_seed);
       cli::run_generate(gen);

@@ -69,8 +69,12 @@ void for_each_document(const std::string& path, Fn&& fn) {
 // holding at most max_tokens tokens; a document may continue in the next part, as in OLMo-core.
 class PartWriter {
  public:
-  PartWriter(fs::path dir, std::string dtype, int64_t max_tokens)
-      : dir_(std::move(dir)), dtype_(std::move(dtype)), max_tokens_(max_tokens) {}
+  // dtype: "<u2" or "<u4".
+  PartWriter(fs::path dir, std::string dtype, int64_t max_tokens, bool npy_header)
+      : dir_(std::move(dir)),
+        dtype_(std::move(dtype)),
+        max_tokens_(max_tokens),
+        npy_header_(npy_header) {}
 
   void push(uint32_t id) {
     if (dtype_ == "<u2") {
@@ -86,7 +90,14 @@ class PartWriter {
     if (buffered() == 0) return;
     const fs::path path = dir_ / fmt::format("part-{:05d}.npy", files_.size());
     const void* data = dtype_ == "<u2" ? static_cast<const void*>(u16_.data()) : u32_.data();
-    write_npy(path.string(), dtype_, {buffered()}, data);
+    if (npy_header_) {
+      write_npy(path.string(), dtype_, {buffered()}, data);
+    } else {
+      // The bare elements, as np.memmap(mode="w+") writes them (little-endian host).
+      const size_t bytes = static_cast<size_t>(buffered()) * (dtype_ == "<u2" ? 2 : 4);
+      const std::span<const std::byte> chunks[] = {{static_cast<const std::byte*>(data), bytes}};
+      io::write_file_atomic(path.string(), chunks, "[prepare]");
+    }
     files_.push_back(path.filename().string());
     u16_.clear();
     u32_.clear();
@@ -101,6 +112,7 @@ class PartWriter {
   fs::path dir_;
   std::string dtype_;
   int64_t max_tokens_;
+  bool npy_header_;
   std::vector<uint16_t> u16_;
   std::vector<uint32_t> u32_;
   int64_t tokens_ = 0;
@@ -180,6 +192,14 @@ PrepareStats prepare_corpus(const std::vector<std::string>& input_files, const E
   MOE_CHECK(options.max_tokens_per_part >= 1, "[prepare] max_tokens_per_part={} must be positive",
             options.max_tokens_per_part);
   MOE_CHECK(!input_files.empty(), "[prepare] no input files given");
+  MOE_CHECK(options.dtype.empty() || options.dtype == "uint16" || options.dtype == "uint32",
+            "[prepare] unsupported dtype '{}' (expected uint16 or uint32)", options.dtype);
+  const std::string dtype_name = !options.dtype.empty() ? options.dtype
+                                 : vocab_size <= 65536  ? "uint16"
+                                                        : "uint32";
+  MOE_CHECK(dtype_name == "uint32" || vocab_size <= 65536,
+            "[prepare] dtype uint16 cannot hold the ids of a {}-token vocabulary (use uint32)",
+            vocab_size);
   MOE_CHECK(static_cast<bool>(encode), "[prepare] no tokenizer (encode function) given");
 
   // "data/kjv/" and "data/kjv" name the same directory; the temporary must be its sibling.
@@ -235,9 +255,9 @@ PrepareStats prepare_corpus(const std::vector<std::string>& input_files, const E
     MOE_CHECK(!ec, "[prepare] cannot create '{}': {}", (tmp / split).string(), ec.message());
   }
 
-  const std::string dtype = vocab_size <= 65536 ? "<u2" : "<u4";
-  PartWriter train(tmp / "train", dtype, options.max_tokens_per_part);
-  PartWriter val(tmp / "val", dtype, options.max_tokens_per_part);
+  const std::string dtype = dtype_name == "uint16" ? "<u2" : "<u4";
+  PartWriter train(tmp / "train", dtype, options.max_tokens_per_part, options.npy_header);
+  PartWriter val(tmp / "val", dtype, options.max_tokens_per_part, options.npy_header);
 
   // Pass 2: tokenise and write.
   int64_t document = 0;
@@ -263,10 +283,13 @@ PrepareStats prepare_corpus(const std::vector<std::string>& input_files, const E
 
   nlohmann::json meta;
   meta["format"] = "moecore-tokens";
-  meta["format_version"] = 1;
+  // Version 2: headerless parts by default ("header"), dtype by NumPy name.
+  meta["format_version"] = 2;
   meta["vocab_size"] = vocab_size;
   meta["eos_id"] = eos_id;
-  meta["dtype"] = dtype;
+  meta["dtype"] = dtype_name;
+  meta["header"] = options.npy_header ? "npy" : "none";
+  meta["byte_order"] = "little";
   meta["document"] = "one non-blank input line, followed by eos_id";
   meta["tokenizer"] = options.tokenizer_path.empty() ? nlohmann::json(nullptr)
                                                      : nlohmann::json(options.tokenizer_path);
@@ -274,7 +297,7 @@ PrepareStats prepare_corpus(const std::vector<std::string>& input_files, const E
   meta["val_fraction"] = val_fraction;
   meta["max_tokens_per_part"] = options.max_tokens_per_part;
   PrepareStats stats;
-  stats.dtype = dtype;
+  stats.dtype = dtype_name;
   stats.train_documents = train_documents;
   stats.val_documents = val_documents;
   stats.train_tokens = train.tokens();

@@ -2,11 +2,17 @@
 //
 // Every non-blank line of every input file is one document (the default KJV corpus has one verse a
 // line); each document is tokenised and followed by EOS, and the documents are concatenated into
-// flat 1-D .npy arrays (dtype <u2 when vocab_size <= 65536, else <u4), split into parts of at most
+// flat token streams (uint16 when vocab_size <= 65536, else uint32), split into parts of at most
 // max_tokens_per_part tokens. The last val_fraction of the documents, by position, form the
 // validation split, so the split is reproducible and never interleaves with training text:
 //
 //   out_dir/train/part-00000.npy ...   out_dir/val/part-00000.npy ...   out_dir/meta.json
+//
+// The parts are OLMo-core / Dolma token files: the raw little-endian elements and nothing else
+// (OLMo-core's NumpyFSLDataset memory-maps a .npy path with np.memmap and would read a NumPy
+// header as 64 tokens). meta.json says the element type ("dtype": "uint16") and "eos_id", and
+// lists the parts, which is how moecore's reader knows the type without a declaration.
+// npy_header = true writes real NumPy files instead (np.load reads them; OLMo-core does not).
 //
 // The whole directory is built next to out_dir and renamed into place at the end, so out_dir holds
 // either the previous complete corpus or the new complete one, never a mixture.
@@ -33,10 +39,14 @@ struct PrepareOptions {
   int64_t max_tokens_per_part = int64_t{1} << 26;
   // Recorded in meta.json when not empty.
   std::string tokenizer_path;
+  // Element type "uint16" or "uint32"; empty: uint16 when vocab_size <= 65536, else uint32.
+  std::string dtype;
+  // Write NumPy .npy files (128-byte header) instead of OLMo-core's headerless streams.
+  bool npy_header = false;
 };
 
 struct PrepareStats {
-  std::string dtype;  // "<u2" or "<u4".
+  std::string dtype;  // "uint16" or "uint32".
   int64_t train_documents = 0;
   int64_t val_documents = 0;
   int64_t train_tokens = 0;  // EOS included.

@@ -6,7 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <system_error>
 
 #include "core/check.h"
@@ -54,6 +59,84 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
   return files;
 }
 
+// meta.json candidates for a token file: its own directory (a flat corpus), then the one above
+// (moecore's layout: out/meta.json describing out/train/part-*.npy).
+std::vector<fs::path> meta_candidates(const fs::path& file) {
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  return {dir / "meta.json", dir / ".." / "meta.json"};
+}
+
+// The meta.json files of one TokenDataset::open, each read once: a corpus of thousands of parts
+// shares one meta.json listing them all.
+class TokenMetaCache {
+ public:
+  std::optional<TokenFileMeta> find(const std::string& file) {
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(file, ec).string();
+    for (const fs::path& candidate : meta_candidates(fs::path(file))) {
+      if (!fs::is_regular_file(candidate, ec)) continue;
+      const Parsed& parsed = load(candidate, file);
+      // Another tool's meta.json, or one that describes other files, says nothing about this one.
+      if (parsed.is_token_meta && parsed.files.count(key) != 0) return parsed.meta;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Parsed {
+    bool is_token_meta = false;
+    TokenFileMeta meta;
+    std::set<std::string> files;  // canonical paths of the files it lists
+  };
+
+  const Parsed& load(const fs::path& candidate, const std::string& file) {
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(candidate, ec).string();
+    if (const auto it = parsed_.find(key); it != parsed_.end()) return it->second;
+    Parsed& parsed = parsed_[key];
+    std::ifstream in(candidate, std::ios::binary);
+    MOE_CHECK(in.good(), "[data] cannot open {}", candidate.string());
+    std::stringstream text;
+    text << in.rdbuf();
+    nlohmann::json meta;
+    try {
+      meta = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      fail("[data] {}: not valid JSON (token metadata of {}): {}", candidate.string(), file,
+           e.what());
+    }
+    if (!meta.is_object() || meta.value("format", "") != "moecore-tokens") return parsed;
+    parsed.is_token_meta = true;
+    TokenFileMeta& found = parsed.meta;
+    found.meta_path = candidate.lexically_normal().string();
+    if (meta.contains("dtype")) {
+      MOE_CHECK(meta["dtype"].is_string(), "[data] {}: \"dtype\" must be a string",
+                found.meta_path);
+      found.dtype = token_dtype_descr(meta["dtype"].get<std::string>());
+      MOE_CHECK(!found.dtype.empty(),
+                "[data] {}: unsupported token dtype '{}' (expected uint16, uint32, int32 or int64)",
+                found.meta_path, meta["dtype"].get<std::string>());
+    }
+    if (meta.contains("eos_id")) {
+      MOE_CHECK(meta["eos_id"].is_number_integer() && meta["eos_id"].get<int64_t>() >= 0,
+                "[data] {}: \"eos_id\" must be a non-negative integer", found.meta_path);
+      found.eos_id = meta["eos_id"].get<int64_t>();
+    }
+    // Every "files" array (one per split), paths relative to the meta.json's directory.
+    for (const auto& [name, split] : meta.items()) {
+      if (!split.is_object() || !split.contains("files") || !split["files"].is_array()) continue;
+      for (const nlohmann::json& listed : split["files"]) {
+        if (!listed.is_string()) continue;
+        parsed.files.insert(
+            fs::weakly_canonical(candidate.parent_path() / listed.get<std::string>(), ec).string());
+      }
+    }
+    return parsed;
+  }
+
+  std::map<std::string, Parsed> parsed_;
+};
+
 template <typename T>
 int64_t load_token(const std::byte* p) {
   T value;
@@ -63,7 +146,29 @@ int64_t load_token(const std::byte* p) {
 
 }  // namespace
 
-TokenDataset::File TokenDataset::open_file(const std::string& path, const std::string& raw_dtype) {
+std::string token_dtype_descr(std::string_view name) {
+  if (name == "uint16" || name == "<u2") return "<u2";
+  if (name == "uint32" || name == "<u4") return "<u4";
+  if (name == "int32" || name == "<i4") return "<i4";
+  if (name == "int64" || name == "<i8") return "<i8";
+  return "";
+}
+
+std::string token_dtype_name(std::string_view descr) {
+  if (descr == "<u2") return "uint16";
+  if (descr == "<u4") return "uint32";
+  if (descr == "<i4") return "int32";
+  if (descr == "<i8") return "int64";
+  return "";
+}
+
+std::optional<TokenFileMeta> find_token_file_meta(const std::string& file) {
+  return TokenMetaCache().find(file);
+}
+
+TokenDataset::File TokenDataset::open_file(const std::string& path,
+                                           const std::string& declared_dtype,
+                                           const std::optional<TokenFileMeta>& meta) {
   File file;
   file.path = path;
   io::MappedFile mapped = io::MappedFile::open(path, "[data]");
@@ -82,12 +187,22 @@ TokenDataset::File TokenDataset::open_file(const std::string& path, const std::s
     file.data = static_cast<const std::byte*>(npy.data());
     file.num_tokens = static_cast<int64_t>(npy.numel());
   } else {
-    file.dtype = raw_dtype;
-    file.itemsize = token_itemsize(raw_dtype);
+    // Headerless: the declaration and the metadata must agree, and one of them must exist.
+    const std::string meta_dtype = meta ? meta->dtype : "";
+    MOE_CHECK(declared_dtype.empty() || meta_dtype.empty() || declared_dtype == meta_dtype,
+              "[data] {}: data.dtype={} but {} says dtype={}", path,
+              token_dtype_name(declared_dtype), meta->meta_path, token_dtype_name(meta_dtype));
+    file.dtype = !declared_dtype.empty() ? declared_dtype : meta_dtype;
+    MOE_CHECK(!file.dtype.empty(),
+              "[data] {}: headerless token file of unknown element type: declare it with "
+              "data.dtype (or --dtype) = uint16 or uint32, or keep the meta.json `moecore prepare` "
+              "wrote beside it",
+              path);
+    file.itemsize = token_itemsize(file.dtype);
     MOE_CHECK(mapped.size() % file.itemsize == 0,
               "[data] {}: truncated: headerless token file of {} bytes is not a whole number of "
-              "{}-byte '{}' tokens",
-              path, mapped.size(), file.itemsize, raw_dtype);
+              "{}-byte {} tokens",
+              path, mapped.size(), file.itemsize, token_dtype_name(file.dtype));
     file.num_tokens = static_cast<int64_t>(mapped.size() / file.itemsize);
     file.raw = std::move(mapped);
     file.data = file.raw.data();
@@ -96,20 +211,31 @@ TokenDataset::File TokenDataset::open_file(const std::string& path, const std::s
 }
 
 TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t seq_len,
-                                int64_t vocab_size, const std::string& raw_dtype) {
+                                int64_t vocab_size, const std::string& declared_dtype) {
   MOE_CHECK(seq_len >= 1, "[data] seq_len must be positive, got {}", seq_len);
   MOE_CHECK(vocab_size >= 1 && vocab_size <= int64_t{std::numeric_limits<int32_t>::max()} + 1,
             "[data] vocab_size={} is outside [1, 2^31]", vocab_size);
   MOE_CHECK(!paths.empty(), "[data] no token files given");
-  const std::string dtype = !raw_dtype.empty() ? raw_dtype : vocab_size <= 65536 ? "<u2" : "<u4";
-  MOE_CHECK(token_itemsize(dtype) != 0,
-            "[data] unsupported raw token dtype '{}' (expected <u2, <u4, <i4 or <i8)", dtype);
+  const std::string dtype = token_dtype_descr(declared_dtype);
+  MOE_CHECK(declared_dtype.empty() || !dtype.empty(),
+            "[data] unsupported token dtype '{}' (expected uint16, uint32, int32 or int64)",
+            declared_dtype);
 
   TokenDataset ds;
   ds.seq_len_ = seq_len;
   ds.vocab_size_ = vocab_size;
+  std::string eos_source;
+  TokenMetaCache metas;
   for (const std::string& path : expand_paths(paths)) {
-    File file = open_file(path, dtype);
+    const std::optional<TokenFileMeta> meta = metas.find(path);
+    if (meta && meta->eos_id >= 0) {
+      MOE_CHECK(ds.metadata_eos_id_ < 0 || ds.metadata_eos_id_ == meta->eos_id,
+                "[data] token files disagree on EOS: {} says eos_id={}, {} says eos_id={}",
+                eos_source, ds.metadata_eos_id_, meta->meta_path, meta->eos_id);
+      ds.metadata_eos_id_ = meta->eos_id;
+      eos_source = meta->meta_path;
+    }
+    File file = open_file(path, dtype, meta);
     file.first_instance = ds.num_instances_;
     ds.num_instances_ += file.num_tokens / seq_len;
     ds.total_tokens_ += file.num_tokens;

@@ -5,11 +5,14 @@
 // targets = inst[1:T] followed by -100 (ignored), as OLMo-core does.
 //
 // Files are memory-mapped, never read whole. Two on-disk forms are accepted:
-//  * real .npy files (magic "\x93NUMPY", 1-D, dtype <u2, <u4, <i4 or <i8), as `moecore prepare` and
-//    np.save write them;
-//  * headerless token streams, which is what OLMo-core and Dolma actually write under the .npy
-//    extension (np.memmap(..., mode="w+")): their dtype is not stored in the file, so it is given
-//    by the caller (raw_dtype), by default uint16 when vocab_size <= 65536 else uint32.
+//  * headerless token streams, what OLMo-core and Dolma write under the .npy extension
+//    (np.memmap(..., mode="w+")) and what `moecore prepare` writes by default. The file does not
+//    say its element type, so it comes from the caller's declaration (data.dtype, --dtype) or
+//    from the meta.json `moecore prepare` writes (in the file's directory or the one above, and
+//    listing the file). Neither: an error, never a guess (a uint32 stream read as uint16 gives
+//    twice the instances with zeros interleaved, and nothing fails);
+//  * real .npy files (magic "\x93NUMPY", 1-D, dtype <u2, <u4, <i4 or <i8), as np.save and
+//    `moecore prepare --npy-header` write them: the header says the type.
 // Ids are checked against the vocabulary lazily, when an instance is read, so that opening a
 // multi-gigabyte corpus costs nothing; a bad id is reported with its file and position.
 #pragma once
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/instance_order.h"
@@ -26,14 +30,32 @@
 
 namespace moecore::data {
 
+// Token element types by their NumPy names ("uint16", "uint32", "int32", "int64"; OLMo-core's
+// NumpyDatasetDType spells them the same) or descrs ("<u2", ...): the descr, "" when unknown.
+std::string token_dtype_descr(std::string_view name_or_descr);
+// "<u2" -> "uint16", ...; "" when unknown.
+std::string token_dtype_name(std::string_view descr);
+
+// What the meta.json written by `moecore prepare` says about one token file.
+struct TokenFileMeta {
+  std::string meta_path;  // the meta.json
+  std::string dtype;      // descr, "" when it does not say
+  int64_t eos_id = -1;    // -1 when it does not say
+};
+// The meta.json in `file`'s directory or the one above it whose "files" lists name `file`;
+// nullopt when there is none. A meta.json that cannot be parsed is an error naming it.
+std::optional<TokenFileMeta> find_token_file_meta(const std::string& file);
+
 class TokenDataset {
  public:
   // `paths`: files, or directories whose *.npy entries (not recursive) are taken in byte-wise
-  // sorted name order. `raw_dtype` ("<u2", "<u4", "<i4", "<i8"; empty = by vocab_size) applies to
-  // headerless files only. Errors (missing file, unsupported dtype or rank, truncated data, no
-  // instance at all) are one-line moecore::Error naming the file.
+  // sorted name order. `declared_dtype` (data.dtype, --dtype: "uint16", "uint32", "int32",
+  // "int64"; empty = undeclared) is the element type of headerless files; a file's meta.json that
+  // says otherwise is an error, and so is a headerless file with neither. Errors (missing file,
+  // unsupported dtype or rank, truncated data, no instance at all) are one-line moecore::Error
+  // naming the file.
   static TokenDataset open(const std::vector<std::string>& paths, int64_t seq_len,
-                           int64_t vocab_size, const std::string& raw_dtype = "");
+                           int64_t vocab_size, const std::string& declared_dtype = "");
 
   TokenDataset(TokenDataset&&) noexcept = default;
   TokenDataset& operator=(TokenDataset&&) noexcept = default;
@@ -50,6 +72,11 @@ class TokenDataset {
   int64_t vocab_size() const { return vocab_size_; }
   size_t num_files() const { return files_.size(); }
   const std::string& file_path(size_t i) const { return files_[i].path; }
+  // The element type each file was read as ("<u2", ...).
+  const std::string& file_dtype(size_t i) const { return files_[i].dtype; }
+  // The EOS id the files' meta.json give (all that give one agree, else open() fails); -1 when
+  // none does.
+  int64_t metadata_eos_id() const { return metadata_eos_id_; }
 
   // Copies instance `index` (0 <= index < num_instances(), file order) into tokens[0:seq_len].
   void read_instance(int64_t index, int32_t* tokens) const;
@@ -69,9 +96,11 @@ class TokenDataset {
   };
 
   TokenDataset() = default;
-  static File open_file(const std::string& path, const std::string& raw_dtype);
+  static File open_file(const std::string& path, const std::string& declared_dtype,
+                        const std::optional<TokenFileMeta>& meta);
 
   std::vector<File> files_;
+  int64_t metadata_eos_id_ = -1;
   int64_t seq_len_ = 0;
   int64_t vocab_size_ = 0;
   int64_t num_instances_ = 0;

@@ -23,7 +23,7 @@ NormGeometry norm_geometry(const ModelConfig& c, int64_t tokens, int64_t heads) 
 }  // namespace
 
 void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq,
-                             float* y, AttentionCache& cache) const {
+                             float* y, AttentionCache& cache, const int32_t* doc_start) const {
   const ScopedPhase timer(Phase::kAttentionForward);
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
@@ -56,7 +56,7 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
   rope_forward(cache.q.data(), batch, seq, nh, hd, rope_);
   rope_forward(cache.k.data(), batch, seq, nkv, hd, rope_);
   causal_attention_forward(cache.shape, cache.q.data(), cache.k.data(), cache.v.data(),
-                           cache.context.data(), cache.probs.data());
+                           cache.context.data(), cache.probs.data(), doc_start);
   linear_forward(cache.context.data(), w.o_proj, y, n, qs, d);
 }
 

@@ -34,9 +34,10 @@ class AttentionBlock {
  public:
   AttentionBlock(const ModelConfig& config, const RopeTable& rope) : config_(config), rope_(rope) {}
 
-  // x: [B*T, d] -> y: [B*T, d] (=).
+  // x: [B*T, d] -> y: [B*T, d] (=). doc_start: [B, T] document masking (causal_attention.h) or
+  // nullptr.
   void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
-               AttentionCache& cache) const;
+               AttentionCache& cache, const int32_t* doc_start = nullptr) const;
   // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=).
   void backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
                 const float* dy, const AttentionCache& cache, float* dx) const;

@@ -37,12 +37,15 @@ MOECORE_SIMD_CLONES void softmax_prefix(float* row, int64_t n) {
 }
 
 // In-place causal softmax of rows [r0, r1) of a T x T score matrix whose columns [0, r1) hold
-// valid scores. Row i keeps columns [0, i]; columns (i, T) are written as 0 so the saved probs are
-// exact zeros above the diagonal (the PV GEMM and the backward rely on that).
-void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1) {
+// valid scores. Row i keeps columns [start_i, i] (start_i = doc_start[i], or 0 without document
+// masking); the other columns are written as 0 so the saved probs are exact zeros outside the mask
+// (the PV GEMM and the backward rely on that).
+void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1, const int32_t* doc_start) {
   for (int64_t i = r0; i < r1; ++i) {
     float* row = p + i * seq;
-    softmax_prefix(row, i + 1);
+    const int64_t start = doc_start != nullptr ? doc_start[i] : 0;
+    std::fill(row, row + start, 0.0f);
+    softmax_prefix(row + start, i + 1 - start);
     std::fill(row + i + 1, row + seq, 0.0f);
   }
 }
@@ -50,10 +53,17 @@ void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1) {
 }  // namespace
 
 void causal_attention_forward(const AttentionShape& s, const float* q, const float* k,
-                              const float* v, float* out, float* probs) {
-  // q: [B, T, H, hd]; k, v: [B, T, KV, hd] -> out: [B, T, H, hd], probs: [B, H, T, T].
+                              const float* v, float* out, float* probs, const int32_t* doc_start) {
+  // q: [B, T, H, hd]; k, v: [B, T, KV, hd]; doc_start: [B, T] or nullptr
+  //   -> out: [B, T, H, hd], probs: [B, H, T, T].
   check_shape("attention", s);
   const int64_t T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  if (doc_start != nullptr) {
+    for (int64_t i = 0; i < s.batch * T; ++i)
+      MOE_CHECK(doc_start[i] >= 0 && doc_start[i] <= i % T,
+                "[attention] doc_start={} at (batch {}, position {}) is not in [0, position]",
+                doc_start[i], i / T, i % T);
+  }
   const int64_t group = H / KV;
   // Row strides of one head's [T, hd] slice inside the interleaved [B, T, heads, hd] layouts: the
   // GEMMs read the heads in place, no transposed copies.
@@ -76,7 +86,7 @@ void causal_attention_forward(const AttentionShape& s, const float* q, const flo
         // scores[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T; later keys are masked anyway.
         kernels::gemm(false, true, r1 - r0, r1, hd, scale, qh + r0 * ldq, ldq, kh, ldkv, 0.0f,
                       p + r0 * T, T);
-        causal_softmax_rows(p, T, r0, r1);
+        causal_softmax_rows(p, T, r0, r1, doc_start != nullptr ? doc_start + b * T : nullptr);
         // out[r0:r1] = probs[r0:r1, 0:r1] v[0:r1]; probs are 0 above the diagonal in this range.
         kernels::gemm(false, false, r1 - r0, hd, r1, 1.0f, p + r0 * T, T, vh, ldkv, 0.0f,
                       oh + r0 * ldq, ldq);

@@ -18,10 +18,14 @@ struct AttentionShape {
 };
 
 // q: [B, T, n_heads, hd]; k, v: [B, T, n_kv_heads, hd]; out: [B, T, n_heads, hd].
-// probs: [B, n_heads, T, T], the softmax saved for the backward; the masked upper triangle
-// (key index > query index) is written as 0.
+// probs: [B, n_heads, T, T], the softmax saved for the backward; masked entries (key index >
+// query index, or before doc_start) are written as 0.
+// doc_start: [B, T] or nullptr. When given, query t of row b attends to keys
+// [doc_start[b, t], t] only (intra-document masking, model/document_mask.h); nullptr is plain
+// causal attention. The backward needs no mask: it reads the exact zeros of probs.
 void causal_attention_forward(const AttentionShape& s, const float* q, const float* k,
-                              const float* v, float* out, float* probs);
+                              const float* v, float* out, float* probs,
+                              const int32_t* doc_start = nullptr);
 
 // dout: [B, T, n_heads, hd]; q, k, v, probs: as given to / produced by the forward.
 // dq: [B, T, n_heads, hd]; dk, dv: [B, T, n_kv_heads, hd]; all three are overwritten. dk and dv sum

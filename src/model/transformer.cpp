@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/phase_timer.h"
 #include "model/cross_entropy.h"
+#include "model/document_mask.h"
 #include "model/embedding.h"
 #include "model/linear.h"
 #include "model/rmsnorm.h"
@@ -29,6 +30,7 @@ struct Transformer::LayerCache {
 struct Transformer::Activations {
   int64_t batch = 0, seq = 0;
   std::vector<int32_t> tokens;               // chunk with the embedding
+  std::vector<int32_t> doc_start;            // [B, T] with document masking, else empty
   std::vector<std::vector<float>> residual;  // [layers + 1][N, d]: input of each layer, then output
   std::vector<LayerCache> layers;            // this chunk's layers
   std::vector<float> final_rstd, final_hidden, logits, dlogits;  // chunk with the head
@@ -158,6 +160,14 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   } else {
     std::copy_n(hidden_in, n * d, act.residual[0].data());
   }
+  if (document_eos_ >= 0) {
+    MOE_CHECK(tokens != nullptr, "[model] document masking needs the tokens on every chunk");
+    act.doc_start.resize(static_cast<size_t>(n));
+    document_starts(tokens, batch, seq, document_eos_, act.doc_start.data());
+  } else {
+    act.doc_start.clear();
+  }
+  const int32_t* doc_start = act.doc_start.empty() ? nullptr : act.doc_start.data();
 
   std::vector<float> branch(static_cast<size_t>(n * d));
   for (int64_t i = layers_begin_; i < layers_end_; ++i) {
@@ -173,7 +183,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       // mid = x + norm1(attn(x)); the FFN then reads mid itself.
       lc.attn_out.resize(static_cast<size_t>(n * d));
       attention_.forward(attention_weights(params, i), x, batch, seq, lc.attn_out.data(),
-                         lc.attention);
+                         lc.attention, doc_start);
       rmsnorm_forward(lc.attn_out.data(), at(params, s.input_norm), branch.data(), lc.rstd1.data(),
                       n, d, eps);
       for (int64_t e = 0; e < n * d; ++e)
@@ -182,7 +192,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       lc.h1.resize(static_cast<size_t>(n * d));
       rmsnorm_forward(x, at(params, s.input_norm), lc.h1.data(), lc.rstd1.data(), n, d, eps);
       attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
-                         lc.attention);
+                         lc.attention, doc_start);
       for (int64_t e = 0; e < n * d; ++e)
         lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
       lc.h2.resize(static_cast<size_t>(n * d));

@@ -86,6 +86,11 @@ class Transformer {
   // (with data parallelism, the position of this rank's slice), so that the random draws and the
   // balanced spread are those of the global batch whatever the layout.
   void set_routing_seed(uint64_t seed) { routing_seed_ = seed; }
+  // Intra-document attention masking (data.document_masking, model/document_mask.h): documents
+  // end at each `eos_id`; negative: off (plain causal attention). forward_chunk() then needs the
+  // tokens on every chunk, not only the one with the embedding.
+  void set_document_masking(int32_t eos_id) { document_eos_ = eos_id; }
+  int32_t document_masking_eos() const { return document_eos_; }
   void set_routing_token_offset(int64_t offset) { routing_token_offset_ = offset; }
 
   // Auxiliary-loss-free balancing (model.router_bias_update_rate > 0). Every forward with targets
@@ -129,6 +134,7 @@ class Transformer {
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;
   std::vector<double> selection_counts_;  // [chunk layers][E] routes since the last clear
+  int32_t document_eos_ = -1;
 };
 
 }  // namespace moecore

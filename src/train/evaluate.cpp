@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/check.h"
+
 namespace moecore {
 
 EvalResult evaluate(Transformer& model, const ParamBuffers& params,
@@ -28,6 +30,21 @@ EvalResult evaluate(const EvalForward& forward, const data::TokenDataset& datase
   result.loss = result.tokens > 0 ? loss_sum / static_cast<double>(result.tokens) : 0.0;
   result.perplexity = std::exp(result.loss);
   return result;
+}
+
+int32_t document_masking_eos(const DataConfig& data, const data::TokenDataset& dataset) {
+  if (!data.document_masking) return -1;
+  const int64_t from_files = dataset.metadata_eos_id();
+  MOE_CHECK(data.eos_id < 0 || from_files < 0 || data.eos_id == from_files,
+            "[data] data.eos_id={} but the token files' meta.json says eos_id={}", data.eos_id,
+            from_files);
+  const int64_t eos = data.eos_id >= 0 ? data.eos_id : from_files;
+  MOE_CHECK(eos >= 0,
+            "[data] data.document_masking needs the EOS id that ends documents: set data.eos_id "
+            "(the token files have no meta.json that says it)");
+  MOE_CHECK(eos < dataset.vocab_size(), "[data] eos_id={} is outside the vocabulary [0, {})", eos,
+            dataset.vocab_size());
+  return static_cast<int32_t>(eos);
 }
 
 }  // namespace moecore

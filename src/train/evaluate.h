@@ -8,6 +8,7 @@
 #include "data/token_dataset.h"
 #include "model/params.h"
 #include "model/transformer.h"
+#include "train/run_config.h"
 
 namespace moecore {
 
@@ -27,5 +28,10 @@ using EvalForward = std::function<LossParts(const int32_t* tokens, const int32_t
                                             int64_t rows, int64_t seq)>;
 EvalResult evaluate(const EvalForward& forward, const data::TokenDataset& dataset,
                     int64_t batch_rows, int64_t max_instances);
+
+// The EOS id that ends documents under data.document_masking, -1 when masking is off: data.eos_id,
+// else the eos_id of the token files' meta.json. Masking without either, or an explicit eos_id
+// that contradicts the metadata, is a one-line error.
+int32_t document_masking_eos(const DataConfig& data, const data::TokenDataset& dataset);
 
 }  // namespace moecore

@@ -215,6 +215,9 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("train", d.train);
   r.read("val", d.val);
   r.read("tokenizer", d.tokenizer);
+  r.read("dtype", d.dtype);
+  r.read("document_masking", d.document_masking);
+  r.read("eos_id", d.eos_id);
 }
 
 // "section.key=value": the value is parsed as a TOML value; bare words become strings.
@@ -337,6 +340,14 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
       std::isfinite(p.capacity_factor) && p.capacity_factor > 0.0 && p.capacity_factor <= 1024.0,
       "[config] parallel.capacity_factor={} must be in (0, 1024]", p.capacity_factor);
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
+  const DataConfig& d = config.data;
+  MOE_CHECK(d.dtype.empty() || d.dtype == "uint16" || d.dtype == "uint32" || d.dtype == "int32" ||
+                d.dtype == "int64",
+            "[config] data.dtype='{}' is not one of uint16, uint32, int32, int64", d.dtype);
+  MOE_CHECK(d.eos_id >= -1 && d.eos_id < config.model.vocab_size,
+            "[config] data.eos_id={} is outside [0, model.vocab_size={}) (-1: from the token "
+            "files' meta.json)",
+            d.eos_id, config.model.vocab_size);
   return config;
 }
 
@@ -438,7 +449,10 @@ std::string run_config_to_toml(const RunConfig& c) {
   };
   toml::table data{{"train", string_list(c.data.train)},
                    {"val", string_list(c.data.val)},
-                   {"tokenizer", c.data.tokenizer}};
+                   {"tokenizer", c.data.tokenizer},
+                   {"dtype", c.data.dtype},
+                   {"document_masking", c.data.document_masking},
+                   {"eos_id", c.data.eos_id}};
   const ParallelConfig& p = c.parallel;
   toml::array stage_layers;
   for (int64_t n : p.stage_layers) stage_layers.push_back(n);

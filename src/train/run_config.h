@@ -49,6 +49,15 @@ struct DataConfig {
   std::vector<std::string> train;  // .npy token files or directories of them (OLMo-core format)
   std::vector<std::string> val;
   std::string tokenizer;  // tokenizer.json, for the sample printed at the end (optional)
+  // Element type of headerless token files ("uint16", "uint32", "int32", "int64"); empty: from
+  // the meta.json `moecore prepare` writes beside them, an error where there is none. Files with
+  // a NumPy header say their own type.
+  std::string dtype;
+  // Intra-document attention masking (OLMo-core's generate_doc_lengths): a token attends only to
+  // the tokens of its own document, documents ending at each EOS. Off: plain causal attention.
+  bool document_masking = false;
+  // The EOS id that ends documents; -1: the token files' meta.json eos_id.
+  int64_t eos_id = -1;
 };
 
 enum class Dispatch { kSync, kRowwise };

@@ -132,7 +132,10 @@ void write_rank_stats(const std::string& out_dir, int rank, int64_t stage, int64
 
 }  // namespace
 
-TrainSummary train(const RunConfig& config, const TrainOptions& options) {
+TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
+  // The effective config, saved with the run: it may gain the EOS id that document masking
+  // resolved from the token files' meta.json, so that a checkpoint evaluates alone.
+  RunConfig config = config_in;
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   const dist::Communicator world = dist::Communicator::world();
@@ -159,10 +162,19 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   // Every input is opened and checked before anything is written.
   MOE_CHECK(!config.data.train.empty(), "[train] data.train lists no token files");
   const data::TokenDataset train_data =
-      data::TokenDataset::open(config.data.train, tc.seq_len, mc.vocab_size);
+      data::TokenDataset::open(config.data.train, tc.seq_len, mc.vocab_size, config.data.dtype);
   std::optional<data::TokenDataset> val_data;
   if (!config.data.val.empty())
-    val_data = data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size);
+    val_data =
+        data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size, config.data.dtype);
+  // Training and validation documents end at the same EOS.
+  const int32_t document_eos = document_masking_eos(config.data, train_data);
+  MOE_CHECK(document_eos < 0 || !val_data || val_data->metadata_eos_id() < 0 ||
+                val_data->metadata_eos_id() == document_eos,
+            "[data] data.document_masking: documents end at EOS {} in training but the validation "
+            "files' meta.json says eos_id={}",
+            document_eos, val_data ? val_data->metadata_eos_id() : -1);
+  if (document_eos >= 0) config.data.eos_id = document_eos;
   std::optional<data::Tokenizer> tokenizer;
   if (!config.data.tokenizer.empty()) {
     tokenizer = data::Tokenizer::load(config.data.tokenizer);
@@ -250,6 +262,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
     chunks.push_back(std::make_unique<Transformer>(mc, layout, exchange, range));
     chunk_ptrs.push_back(chunks.back().get());
     chunks.back()->set_batch_sum(dp_batch_sum);
+    chunks.back()->set_document_masking(document_eos);
   }
   PipelineRunner pipeline(mesh, chunk_ptrs, pc.schedule, tc.microbatches);
   // The whole model: a resumed checkpoint is read into it, and the final sample runs on it.
@@ -304,7 +317,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
   for (const std::string& change : change_messages) progress.message(change);
   progress.message(fmt::format(
       "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} GEMMs, "
-      "{} train instances of {} tokens{}",
+      "{} train instances of {} tokens{}{}",
       static_cast<double>(layout.numel(ParamGroup::kDense) + layout.numel(ParamGroup::kExpert)) /
           1e6,
       static_cast<double>(layout.numel(ParamGroup::kDense)) / 1e6,
@@ -313,6 +326,7 @@ TrainSummary train(const RunConfig& config, const TrainOptions& options) {
       : kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative ? "bf16"
                                                                     : "bf16 (emulated)",
       train_data.num_instances(), tc.seq_len,
+      document_eos >= 0 ? fmt::format(", document masking (EOS {})", document_eos) : "",
       checkpoint ? fmt::format(", resumed from {} (step {})", *checkpoint, step) : ""));
   if (world.size() > 1)
     progress.message(fmt::format(

@@ -980,6 +980,49 @@ def _drop_byte_symbol(t):
 CASES["tokenizer/missing_byte_symbol"] = _tokenizer_case(_drop_byte_symbol, "byte 0x0A")
 
 
+# --- data: token file element type and document masking (issue 12) ---
+
+def _orphan_part(e: Env) -> Path:
+    """A headerless part copied away from the meta.json that says its element type."""
+    assert e.job is not None
+    part = sorted(e.job.train.glob("*.npy"))[0]
+    p = e.path("orphan.npy")
+    p.write_bytes(part.read_bytes())
+    return p
+
+
+@case("train/headerless_without_dtype")
+def _(e):
+    p = _orphan_part(e)
+    cfg = e.cfg(_train_toml(e, e.path("run"), train=[str(p)], val=None))
+    return Case(["train", cfg], (p.name, "data.dtype"))
+
+
+CASES["train/data_dtype_unknown"] = lambda e: _train_case(e, "--set", "data.dtype=float16",
+                                                          needles=("data.dtype", "float16"))
+CASES["train/data_dtype_contradicts_meta"] = lambda e: _train_case(
+    e, "--set", "data.dtype=uint32", needles=("data.dtype=uint32", "meta.json"))
+CASES["train/data_eos_id_outside_vocab"] = lambda e: _train_case(
+    e, "--set", "data.eos_id=100000", needles=("data.eos_id=100000",))
+CASES["train/document_masking_not_bool"] = lambda e: _train_case(
+    e, "--set", "data.document_masking=1", needles=("data.document_masking",))
+
+
+@case("train/document_masking_without_eos")
+def _(e):
+    p = _orphan_part(e)
+    cfg = e.cfg(_train_toml(e, e.path("run"), train=[str(p)], val=None, dtype="uint16",
+                            document_masking=True))
+    return Case(["train", cfg], ("data.document_masking", "data.eos_id"))
+
+
+@case("data/instances_headerless_without_dtype")
+def _(e):
+    p = _orphan_part(e)
+    return Case(["data", "instances", "--data", p, "--seq-len", "8", "--vocab-size", "320"],
+                (p.name, "--dtype"))
+
+
 # --- CLI ---
 
 def _cli(*args, needles=()):
@@ -1131,7 +1174,7 @@ def _(e):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input(env: Env, name: str, request):
-    if name.startswith(("train/", "tokenizer/", "escape/tokenizer")):
+    if name.startswith(("train/", "data/", "tokenizer/", "escape/tokenizer")):
         request.getfixturevalue("job_data")  # valid data, so that only the named problem remains
     c = CASES[name](env)
     if c.out is not None and c.existing_out is not None:

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "model/causal_attention.h"
+#include "model/document_mask.h"
 
 namespace moecore {
 namespace {
@@ -38,9 +39,11 @@ size_t probs_size(const AttentionShape& s) {
 
 // Reference in double: for each query row, softmax over keys 0..i of q.k / sqrt(hd), then a
 // weighted sum of v. Written from the definition, with HF's h / (H / KV) head grouping.
+// With doc_start ([B, T]), row i's keys are [doc_start[i], i] instead of [0, i].
 std::vector<double> reference_attention(const AttentionShape& s, const std::vector<double>& q,
                                         const std::vector<double>& k, const std::vector<double>& v,
-                                        std::vector<double>* probs = nullptr) {
+                                        std::vector<double>* probs = nullptr,
+                                        const std::vector<int32_t>* doc_start = nullptr) {
   const int64_t T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
   std::vector<double> out(q_size(s), 0.0);
   if (probs) probs->assign(probs_size(s), 0.0);
@@ -50,8 +53,9 @@ std::vector<double> reference_attention(const AttentionShape& s, const std::vect
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / (H / KV);
       for (int64_t i = 0; i < T; ++i) {
+        const int64_t j0 = doc_start ? (*doc_start)[static_cast<size_t>(b * T + i)] : 0;
         double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           double dot = 0.0;
           for (int64_t d = 0; d < hd; ++d)
             dot += q[((b * T + i) * H + h) * hd + d] * k[((b * T + j) * KV + kvh) * hd + d];
@@ -59,8 +63,8 @@ std::vector<double> reference_attention(const AttentionShape& s, const std::vect
           mx = std::max(mx, w[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += (w[j] = std::exp(w[j] - mx));
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) sum += (w[j] = std::exp(w[j] - mx));
+        for (int64_t j = j0; j <= i; ++j) {
           const double p = w[j] / sum;
           if (probs) (*probs)[((b * H + h) * T + i) * T + j] = p;
           for (int64_t d = 0; d < hd; ++d)
@@ -77,7 +81,8 @@ struct Grads {
 
 // Runs forward and backward of the implementation with the loss L = sum(out * r), i.e. dout = r.
 Grads run_impl(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
-               const std::vector<float>& v, const std::vector<float>& r) {
+               const std::vector<float>& v, const std::vector<float>& r,
+               const std::vector<int32_t>* doc_start = nullptr) {
   Grads g;
   // Pre-fill every output with NaN: the functions must overwrite, never read, their outputs.
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -86,7 +91,8 @@ Grads run_impl(const AttentionShape& s, const std::vector<float>& q, const std::
   g.dq.assign(q_size(s), nan);
   g.dk.assign(kv_size(s), nan);
   g.dv.assign(kv_size(s), nan);
-  causal_attention_forward(s, q.data(), k.data(), v.data(), g.out.data(), g.probs.data());
+  causal_attention_forward(s, q.data(), k.data(), v.data(), g.out.data(), g.probs.data(),
+                           doc_start ? doc_start->data() : nullptr);
   causal_attention_backward(s, r.data(), q.data(), k.data(), v.data(), g.probs.data(), g.dq.data(),
                             g.dk.data(), g.dv.data());
   return g;
@@ -212,6 +218,145 @@ TEST(CausalAttention, BackwardDirectionalDerivativeAcrossBlocks) {
     acc(g.dv, uv);
     EXPECT_LE(std::abs(analytic - numeric), 1e-4 * scale) << "direction " << dir;
   }
+}
+
+// ---- Intra-document masking (data.document_masking) ----------------------------------------
+
+// doc_start of rows whose documents end at the given EOS positions (model/document_mask.h).
+std::vector<int32_t> starts_from_eos(int64_t batch, int64_t seq,
+                                     const std::vector<std::vector<int64_t>>& eos_positions) {
+  std::vector<int32_t> starts(static_cast<size_t>(batch * seq));
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t current = 0;
+    for (int64_t t = 0; t < seq; ++t) {
+      starts[static_cast<size_t>(b * seq + t)] = current;
+      const auto& ends = eos_positions[static_cast<size_t>(b)];
+      if (std::find(ends.begin(), ends.end(), t) != ends.end())
+        current = static_cast<int32_t>(t + 1);
+    }
+  }
+  return starts;
+}
+
+TEST(CausalAttention, DocumentMaskingMatchesReferenceAndZeroesOtherDocuments) {
+  // Boundaries inside and across the 64-row blocks, a row with one document, a one-token doc.
+  const AttentionShape s{3, 150, 4, 2, 8};
+  const std::vector<int32_t> starts = starts_from_eos(3, 150, {{9, 63, 64, 100}, {}, {0, 70, 148}});
+  const auto q = random_vec(q_size(s), 300), k = random_vec(kv_size(s), 301),
+             v = random_vec(kv_size(s), 302), r = random_vec(q_size(s), 303);
+  const Grads g = run_impl(s, q, k, v, r, &starts);
+  std::vector<double> ref_probs;
+  const auto ref =
+      reference_attention(s, to_double(q), to_double(k), to_double(v), &ref_probs, &starts);
+  double out_err = 0.0, p_err = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    out_err = std::max(out_err, std::abs(static_cast<double>(g.out[i]) - ref[i]));
+  for (size_t i = 0; i < ref_probs.size(); ++i)
+    p_err = std::max(p_err, std::abs(static_cast<double>(g.probs[i]) - ref_probs[i]));
+  EXPECT_LE(out_err, 1e-5);
+  EXPECT_LE(p_err, 1e-5);
+  // Keys of other documents get exactly 0 probability.
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.n_heads; ++h)
+      for (int64_t i = 0; i < s.seq; ++i)
+        for (int64_t j = 0; j < starts[static_cast<size_t>(b * s.seq + i)]; ++j)
+          ASSERT_EQ(g.probs[static_cast<size_t>(((b * s.n_heads + h) * s.seq + i) * s.seq + j)],
+                    0.0f);
+  // Without the mask the outputs differ (the test above would pass vacuously otherwise).
+  const Grads plain = run_impl(s, q, k, v, r);
+  double diff = 0.0;
+  for (size_t i = 0; i < g.out.size(); ++i)
+    diff = std::max(diff, std::abs(static_cast<double>(g.out[i] - plain.out[i])));
+  EXPECT_GT(diff, 1e-2);
+  // Row 1 is one document: identical to plain causal attention there.
+  const size_t row = q_size(s) / 3;
+  for (size_t i = row; i < 2 * row; ++i) ASSERT_EQ(g.out[i], plain.out[i]);
+}
+
+TEST(CausalAttention, DocumentMaskingEqualsSeparateSequences) {
+  // A row {doc A (5 tokens), doc B (7 tokens)} gives, token for token, the outputs and gradients
+  // of A and B run as two separate sequences (what varlen flash attention computes).
+  const AttentionShape packed{1, 12, 2, 1, 4};
+  const std::vector<int32_t> starts = starts_from_eos(1, 12, {{4}});
+  const auto q = random_vec(q_size(packed), 400), k = random_vec(kv_size(packed), 401),
+             v = random_vec(kv_size(packed), 402), r = random_vec(q_size(packed), 403);
+  const Grads g = run_impl(packed, q, k, v, r, &starts);
+  const int64_t qrow = packed.n_heads * packed.head_dim,
+                kvrow = packed.n_kv_heads * packed.head_dim;
+  auto slice = [](const std::vector<float>& x, int64_t begin, int64_t end, int64_t width) {
+    return std::vector<float>(x.begin() + begin * width, x.begin() + end * width);
+  };
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 5}, {5, 12}}) {
+    const AttentionShape alone{1, end - begin, 2, 1, 4};
+    const Grads a = run_impl(alone, slice(q, begin, end, qrow), slice(k, begin, end, kvrow),
+                             slice(v, begin, end, kvrow), slice(r, begin, end, qrow));
+    auto expect_close = [&](const std::vector<float>& whole, const std::vector<float>& part,
+                            int64_t width, const char* name) {
+      for (size_t i = 0; i < part.size(); ++i)
+        EXPECT_NEAR(whole[static_cast<size_t>(begin * width) + i], part[i], 1e-6)
+            << name << " of document [" << begin << ", " << end << ") at " << i;
+    };
+    expect_close(g.out, a.out, qrow, "out");
+    expect_close(g.dq, a.dq, qrow, "dq");
+    expect_close(g.dk, a.dk, kvrow, "dk");
+    expect_close(g.dv, a.dv, kvrow, "dv");
+  }
+}
+
+TEST(CausalAttention, DocumentMaskingBackwardMatchesFiniteDifferences) {
+  // Central differences of the masked double reference for every element of q, k and v.
+  const AttentionShape s{2, 7, 4, 2, 4};
+  const std::vector<int32_t> starts = starts_from_eos(2, 7, {{2, 3}, {5}});
+  const auto q = random_vec(q_size(s), 500), k = random_vec(kv_size(s), 501),
+             v = random_vec(kv_size(s), 502), r = random_vec(q_size(s), 503);
+  const Grads g = run_impl(s, q, k, v, r, &starts);
+  std::vector<double> qd = to_double(q), kd = to_double(k), vd = to_double(v);
+  auto loss = [&]() {
+    const auto out = reference_attention(s, qd, kd, vd, nullptr, &starts);
+    double l = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) l += out[i] * static_cast<double>(r[i]);
+    return l;
+  };
+  const double eps = 1e-5;
+  auto check = [&](std::vector<double>& x, const std::vector<float>& analytic, const char* name) {
+    std::vector<double> numeric(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double saved = x[i];
+      x[i] = saved + eps;
+      const double lp = loss();
+      x[i] = saved - eps;
+      const double lm = loss();
+      x[i] = saved;
+      numeric[i] = (lp - lm) / (2 * eps);
+    }
+    double max_diff = 0.0;
+    for (size_t i = 0; i < x.size(); ++i)
+      max_diff = std::max(max_diff, std::abs(static_cast<double>(analytic[i]) - numeric[i]));
+    EXPECT_LE(max_diff / max_abs(numeric), 1e-4) << name;
+  };
+  check(qd, g.dq, "dq");
+  check(kd, g.dk, "dk");
+  check(vd, g.dv, "dv");
+}
+
+TEST(CausalAttention, DocumentStartsFollowOlmoCoreDocumentLengths) {
+  // olmo_core.data.utils.get_document_lengths([7, 1, 7, 7, 1, 1, 7], eos=1) = [2, 3, 1, 1].
+  const std::vector<int32_t> row = {7, 1, 7, 7, 1, 1, 7};
+  EXPECT_EQ(document_lengths(row.data(), 7, 1), (std::vector<int64_t>{2, 3, 1, 1}));
+  std::vector<int32_t> starts(7);
+  document_starts(row.data(), 1, 7, 1, starts.data());
+  EXPECT_EQ(starts, (std::vector<int32_t>{0, 0, 2, 2, 2, 5, 6}));
+  // Ending in EOS adds no empty document; no EOS is one document.
+  const std::vector<int32_t> ends = {3, 1}, none = {3, 4};
+  EXPECT_EQ(document_lengths(ends.data(), 2, 1), (std::vector<int64_t>{2}));
+  EXPECT_EQ(document_lengths(none.data(), 2, 1), (std::vector<int64_t>{2}));
+  // A doc_start outside [0, position] is refused.
+  const AttentionShape s{1, 2, 1, 1, 2};
+  std::vector<float> x(4, 0.5f), out(4), probs(4);
+  const std::vector<int32_t> bad = {0, 2};
+  EXPECT_THROW(causal_attention_forward(s, x.data(), x.data(), x.data(), out.data(), probs.data(),
+                                        bad.data()),
+               Error);
 }
 
 TEST(CausalAttention, GqaSingleTokenTinyHead) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -67,12 +68,19 @@ class PrepareCorpusTest : public ::testing::Test {
   }
   std::string out() const { return (dir_ / "out").string(); }
 
+  // A part as OLMo-core reads it: the bare little-endian elements of `dtype` ("<u2" or "<u4"),
+  // nothing else in the file.
   static std::vector<int64_t> read_array(const std::string& path, const std::string& dtype) {
-    const NpyFile npy = NpyFile::open(path);
-    EXPECT_EQ(npy.dtype(), dtype);
-    EXPECT_EQ(npy.shape().size(), 1u);
+    const std::string bytes = slurp(path);
+    const size_t item = dtype == "<u2" ? 2 : 4;
+    EXPECT_EQ(bytes.size() % item, 0u) << path;
+    EXPECT_NE(bytes.rfind("\x93NUMPY", 0), 0u) << path << " has a NumPy header";
     std::vector<int64_t> values;
-    npy.read_ints(values);
+    for (size_t i = 0; i + item <= bytes.size(); i += item) {
+      uint32_t v = 0;
+      std::memcpy(&v, bytes.data() + i, item);  // little-endian host
+      values.push_back(v);
+    }
     return values;
   }
 
@@ -112,7 +120,7 @@ TEST_F(PrepareCorpusTest, JoinsDocumentsWithEosAndSplitsTheLastDocumentsOff) {
   options.tokenizer_path = "tok.json";
   const PrepareStats stats =
       prepare_corpus({first_, second_}, byte_encoder(kOffset), kEos, kVocab, out(), 0.25, options);
-  EXPECT_EQ(stats.dtype, "<u2");
+  EXPECT_EQ(stats.dtype, "uint16");
   EXPECT_EQ(stats.train_documents, 3);
   EXPECT_EQ(stats.val_documents, 1);  // floor(4 * 0.25).
   EXPECT_EQ(stats.train_tokens, 10);
@@ -125,7 +133,9 @@ TEST_F(PrepareCorpusTest, JoinsDocumentsWithEosAndSplitsTheLastDocumentsOff) {
   const nlohmann::json meta = nlohmann::json::parse(slurp(dir_ / "out" / "meta.json"));
   EXPECT_EQ(meta["vocab_size"], kVocab);
   EXPECT_EQ(meta["eos_id"], kEos);
-  EXPECT_EQ(meta["dtype"], "<u2");
+  EXPECT_EQ(meta["dtype"], "uint16");
+  EXPECT_EQ(meta["header"], "none");
+  EXPECT_EQ(meta["format_version"], 2);
   EXPECT_EQ(meta["tokenizer"], "tok.json");
   EXPECT_EQ(meta["input_files"], (std::vector<std::string>{first_, second_}));
   EXPECT_EQ(meta["train"]["tokens"], 10);
@@ -185,7 +195,7 @@ TEST_F(PrepareCorpusTest, LargeVocabularyUsesUint32) {
   const int32_t offset = 65500;  // 'a' + offset > 65535.
   const PrepareStats stats =
       prepare_corpus({first_}, byte_encoder(offset), kEos, 70000, out(), 0.0);
-  EXPECT_EQ(stats.dtype, "<u4");
+  EXPECT_EQ(stats.dtype, "uint32");
   const std::vector<int64_t> values = read_array(stats.train_files[0], "<u4");
   ASSERT_EQ(values.size(), 10u);
   EXPECT_EQ(values[0], 'a' + offset);
@@ -194,7 +204,68 @@ TEST_F(PrepareCorpusTest, LargeVocabularyUsesUint32) {
   PrepareOptions overwrite;
   overwrite.overwrite = true;
   EXPECT_EQ(prepare_corpus({first_}, byte_encoder(0), kEos, 65536, out(), 0.0, overwrite).dtype,
-            "<u2");
+            "uint16");
+}
+
+TEST_F(PrepareCorpusTest, DtypeCanBeChosenAndTheReaderTakesItFromMetaJson) {
+  PrepareOptions options;
+  options.dtype = "uint32";
+  const PrepareStats stats =
+      prepare_corpus({first_, second_}, byte_encoder(kOffset), kEos, kVocab, out(), 0.25, options);
+  EXPECT_EQ(stats.dtype, "uint32");
+  const std::vector<int64_t> all = concat({ids("ab"), ids("cd"), ids("xyz")});
+  EXPECT_EQ(read_array(stats.train_files[0], "<u4"), all);
+  // Undeclared: meta.json (one directory up from the parts) says uint32, so no guess from the
+  // small vocabulary (which would read uint16: twice the tokens, zeros interleaved).
+  const TokenDataset ds = TokenDataset::open({out() + "/train"}, 2, kVocab);
+  EXPECT_EQ(ds.total_tokens(), 10);
+  EXPECT_EQ(ds.file_dtype(0), "<u4");
+  EXPECT_EQ(ds.metadata_eos_id(), kEos);
+  // A single part named directly finds it too; a declaration that contradicts it is an error.
+  EXPECT_EQ(TokenDataset::open({stats.train_files[0]}, 2, kVocab).total_tokens(), 10);
+  EXPECT_NE(error_of([&] {
+              TokenDataset::open({stats.train_files[0]}, 2, kVocab, "uint16");
+            }).find("data.dtype=uint16 but"),
+            std::string::npos);
+  // Copied away from its meta.json, the same file is undecidable: an error, not a guess.
+  fs::copy_file(stats.train_files[0], dir_ / "orphan.npy");
+  const std::string message =
+      error_of([&] { TokenDataset::open({(dir_ / "orphan.npy").string()}, 2, kVocab); });
+  EXPECT_NE(message.find("orphan.npy"), std::string::npos) << message;
+  EXPECT_NE(message.find("data.dtype"), std::string::npos) << message;
+  EXPECT_EQ(
+      TokenDataset::open({(dir_ / "orphan.npy").string()}, 2, kVocab, "uint32").total_tokens(), 10);
+
+  // uint16 cannot hold a larger vocabulary; unknown names are refused.
+  PrepareOptions overwrite;
+  overwrite.overwrite = true;
+  overwrite.dtype = "uint16";
+  EXPECT_NE(error_of([&] {
+              prepare_corpus({first_}, byte_encoder(0), kEos, 70000, out(), 0.0, overwrite);
+            }).find("uint16 cannot hold"),
+            std::string::npos);
+  overwrite.dtype = "int8";
+  EXPECT_NE(error_of([&] {
+              prepare_corpus({first_}, byte_encoder(0), kEos, kVocab, out(), 0.0, overwrite);
+            }).find("unsupported dtype 'int8'"),
+            std::string::npos);
+}
+
+TEST_F(PrepareCorpusTest, NpyHeaderWritesNumpyFiles) {
+  PrepareOptions options;
+  options.npy_header = true;
+  const PrepareStats stats =
+      prepare_corpus({first_, second_}, byte_encoder(kOffset), kEos, kVocab, out(), 0.25, options);
+  const NpyFile npy = NpyFile::open(stats.train_files[0]);
+  EXPECT_EQ(npy.dtype(), "<u2");
+  std::vector<int64_t> values;
+  npy.read_ints(values);
+  EXPECT_EQ(values, concat({ids("ab"), ids("cd"), ids("xyz")}));
+  const nlohmann::json meta = nlohmann::json::parse(slurp(dir_ / "out" / "meta.json"));
+  EXPECT_EQ(meta["header"], "npy");
+  // Same instances as the headerless corpus.
+  const TokenDataset ds = TokenDataset::open({out() + "/train"}, 3, kVocab);
+  EXPECT_EQ(ds.num_instances(), 3);
 }
 
 TEST_F(PrepareCorpusTest, NeverOverwritesWithoutPermissionAndNeverHalfOverwrites) {

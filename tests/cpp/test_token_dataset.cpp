@@ -191,28 +191,58 @@ TEST_F(TokenDatasetTest, DirectoriesExpandToSortedNpyFiles) {
             std::string::npos);
 }
 
-TEST_F(TokenDatasetTest, ReadsHeaderlessOlmoCoreFiles) {
-  // uint16 by default when the vocabulary fits, as OLMo-core's gpt-neox/dolma tokenizers write.
+TEST_F(TokenDatasetTest, ReadsHeaderlessOlmoCoreFilesOfTheDeclaredType) {
   const std::string small = raw("olmo16.npy", range_u16(50, 6));
-  const TokenDataset ds16 = TokenDataset::open({small}, 3, 50280);
+  const TokenDataset ds16 = TokenDataset::open({small}, 3, 50280, "uint16");
   EXPECT_EQ(ds16.num_instances(), 2);
   EXPECT_EQ(instance(ds16, 1), (std::vector<int32_t>{53, 54, 55}));
-  // uint32 by default for a larger vocabulary (dolma2 / cl100k: 100278).
-  const std::string big = raw("olmo32.npy", std::vector<uint32_t>{100000, 7, 100277, 1});
-  const TokenDataset ds32 = TokenDataset::open({big}, 2, 100278);
+  EXPECT_EQ(ds16.file_dtype(0), "<u2");
+  // uint32 with a vocabulary that fits uint16: the declaration decides, not the vocabulary.
+  const std::string big = raw("olmo32.npy", std::vector<uint32_t>{100000, 7, 4, 1});
+  const TokenDataset ds32 = TokenDataset::open({big}, 2, 200000, "uint32");
   EXPECT_EQ(instance(ds32, 0), (std::vector<int32_t>{100000, 7}));
-  // An explicit dtype overrides the default.
-  const TokenDataset forced = TokenDataset::open({big}, 2, 200000, "<u4");
-  EXPECT_EQ(instance(forced, 1), (std::vector<int32_t>{100277, 1}));
-  // Headered and headerless files mix.
-  const std::string headered = npy("h.npy", "<u2", range_u16(0, 3));
-  EXPECT_EQ(TokenDataset::open({small, headered}, 3, 50280).num_instances(), 3);
+  const std::string small_ids = raw("u32small.npy", std::vector<uint32_t>{5, 6, 7, 8});
+  const TokenDataset narrow = TokenDataset::open({small_ids}, 2, 100, "uint32");
+  EXPECT_EQ(narrow.num_instances(), 2);
+  EXPECT_EQ(instance(narrow, 1), (std::vector<int32_t>{7, 8}));
+  // Headered and headerless files mix; the header's type wins for its file.
+  const std::string headered = npy("h.npy", "<u4", std::vector<uint32_t>{0, 1, 2});
+  const TokenDataset mixed = TokenDataset::open({small, headered}, 3, 50280, "uint16");
+  EXPECT_EQ(mixed.num_instances(), 3);
+  EXPECT_EQ(instance(mixed, 2), (std::vector<int32_t>{0, 1, 2}));
 
   const std::string odd = raw("odd.npy", std::vector<uint8_t>{1, 2, 3});
-  const std::string message = error_of([&] { TokenDataset::open({odd}, 1, 100); });
+  const std::string message = error_of([&] { TokenDataset::open({odd}, 1, 100, "uint16"); });
   EXPECT_NE(message.find("odd.npy"), std::string::npos) << message;
   EXPECT_NE(message.find("truncated"), std::string::npos) << message;
-  EXPECT_THROW(TokenDataset::open({small}, 3, 100, "<f4"), Error);
+  EXPECT_THROW(TokenDataset::open({small}, 3, 100, "float32"), Error);
+}
+
+TEST_F(TokenDatasetTest, UndeclaredHeaderlessFileIsAnErrorNotAGuess) {
+  // Before: a headerless file was read as uint16 whenever the vocabulary fit, so this uint32 file
+  // gave 8 tokens with zeros interleaved. Now the type must be declared or in meta.json.
+  const std::string file = raw("u32.npy", std::vector<uint32_t>{5, 6, 7, 8});
+  const std::string message = error_of([&] { TokenDataset::open({file}, 2, 100); });
+  EXPECT_NE(message.find("u32.npy"), std::string::npos) << message;
+  EXPECT_NE(message.find("unknown element type"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  // A meta.json that is not moecore's, or does not list the file, decides nothing.
+  std::ofstream(path("meta.json")) << R"({"format": "something-else", "dtype": "uint32",
+                                          "train": {"files": ["u32.npy"]}})";
+  EXPECT_THROW(TokenDataset::open({file}, 2, 100), Error);
+  std::ofstream(path("meta.json")) << R"({"format": "moecore-tokens", "dtype": "uint32",
+                                          "eos_id": 3, "train": {"files": ["other.npy"]}})";
+  EXPECT_THROW(TokenDataset::open({file}, 2, 100), Error);
+  // One that lists it does.
+  std::ofstream(path("meta.json")) << R"({"format": "moecore-tokens", "dtype": "uint32",
+                                          "eos_id": 3, "train": {"files": ["u32.npy"]}})";
+  const TokenDataset ds = TokenDataset::open({file}, 2, 100);
+  EXPECT_EQ(ds.total_tokens(), 4);
+  EXPECT_EQ(ds.metadata_eos_id(), 3);
+  // A broken meta.json is reported, not skipped.
+  std::ofstream(path("meta.json")) << "{not json";
+  EXPECT_NE(error_of([&] { TokenDataset::open({file}, 2, 100); }).find("meta.json"),
+            std::string::npos);
 }
 
 TEST_F(TokenDatasetTest, RejectsBadFilesWithOneLineErrors) {

@@ -36,6 +36,7 @@ struct Variant {
   int64_t n_group = 1, topk_group = 1;
   double routed_scaling_factor = 1.0;
   double router_bias_update_rate = 0.0;
+  int32_t document_eos = -1;  // data.document_masking's EOS; -1: plain causal attention
 };
 
 ModelConfig tiny_config(const Variant& v) {
@@ -103,8 +104,19 @@ void check_model(const Variant& v, uint32_t seed) {
   const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
   const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
   Transformer model(c, layout);
+  model.set_document_masking(v.document_eos);
   const LossParts base = model.forward(params, tokens.data(), targets.data(), batch, seq);
   EXPECT_EQ(base.counted_tokens, 7);
+  if (v.document_eos >= 0) {
+    // The mask is in effect: the same weights without it give other logits.
+    const std::vector<float> masked = model.logits();
+    Transformer plain(c, layout);
+    plain.forward(params, tokens.data(), targets.data(), batch, seq);
+    double diff = 0.0;
+    for (size_t i = 0; i < masked.size(); ++i)
+      diff = std::max(diff, std::abs(static_cast<double>(masked[i] - plain.logits()[i])));
+    EXPECT_GT(diff, 1e-3) << "document masking changed nothing";
+  }
   EXPECT_GT(base.lb, 0.0);
   EXPECT_GT(base.z, 0.0);
   EXPECT_NEAR(base.total,
@@ -276,6 +288,25 @@ TEST(TransformerGradients, RouterBiasUpdateFollowsCounts) {
   const std::vector<float> after(params.at(*spec), params.at(*spec) + spec->numel);
   model.update_router_bias(params);
   EXPECT_EQ(std::vector<float>(params.at(*spec), params.at(*spec) + spec->numel), after);
+}
+
+// data.document_masking: id 5 ends documents, so row 0 = {1, 5 | 9, 5} holds two documents and
+// row 1 = {0, 3, 10, 7} one; the finite differences run through the masked attention.
+TEST(TransformerGradients, DocumentMaskingTiedOlmoCoreLbSoftmax) {
+  Variant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
+  v.document_eos = 5;
+  check_model(v, 5000);
+}
+TEST(TransformerGradients, DocumentMaskingUntiedHfLbSigmoid) {
+  Variant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
+  v.document_eos = 5;
+  check_model(v, 6000);
+}
+TEST(TransformerGradients, DocumentMaskingReorderedNorms) {
+  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull,
+            BlockNorm::kReordered};
+  v.document_eos = 5;
+  check_model(v, 7500);
 }
 
 TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {

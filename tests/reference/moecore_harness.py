@@ -109,9 +109,12 @@ def model_table(model: dict) -> dict:
     return c
 
 
-def write_config(path: Path, model: dict, optim: dict | None = None, precision: str = "fp32") -> Path:
+def write_config(path: Path, model: dict, optim: dict | None = None, precision: str = "fp32",
+                 data: dict | None = None) -> Path:
     tables = {"model": model_table(model), "optim": {**OPTIM_DEFAULTS, **(optim or {})},
               "train": {"precision": precision}}
+    if data:
+        tables["data"] = data
     Path(path).write_text(toml_text(tables))
     return Path(path)
 
@@ -156,6 +159,15 @@ def run_moecore(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProc
     return proc
 
 
+def run_moecore_raw(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run `moecore <args>` and return the result whatever the exit code (for error cases)."""
+    reason = binary_missing_reason()
+    if reason:
+        raise AssertionError(reason)
+    cmd = [str(binary_path()), *map(str, args)]
+    return subprocess.run(cmd, cwd=repo_root(), capture_output=True, text=True, timeout=timeout)
+
+
 def moecore_init(workdir: Path, model: dict, seed: int, optim: dict | None = None, name: str = "init") -> dict[str, torch.Tensor]:
     cfg = write_config(workdir / f"{name}.toml", model, optim)
     out = workdir / f"{name}.safetensors"
@@ -164,8 +176,9 @@ def moecore_init(workdir: Path, model: dict, seed: int, optim: dict | None = Non
 
 
 def moecore_debug_state(workdir: Path, model: dict, params: dict[str, torch.Tensor], tokens, targets,
-                        token_dtype=np.int64, name: str = "state", precision: str = "fp32") -> dict[str, torch.Tensor]:
-    cfg = write_config(workdir / f"{name}.toml", model, precision=precision)
+                        token_dtype=np.int64, name: str = "state", precision: str = "fp32",
+                        data: dict | None = None) -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model, precision=precision, data=data)
     w = save_weights(workdir / f"{name}.weights.safetensors", params)
     x = save_tokens(workdir / f"{name}.tokens.npy", tokens, token_dtype)
     y = save_tokens(workdir / f"{name}.targets.npy", targets, token_dtype)
@@ -351,13 +364,28 @@ def hf_model(model: dict, weights: dict[str, torch.Tensor] | None = None, arch: 
     return m
 
 
-def hf_debug_state(m, model: dict, tokens, targets) -> dict[str, torch.Tensor]:
+def hf_debug_state(m, model: dict, tokens, targets, attention_mask=None) -> dict[str, torch.Tensor]:
     """The debug-state tensors computed by a transformers model: logits, loss.ce (our no-shift CE on HF
     logits), loss.lb (outputs.aux_loss), loss.total = ce + coef * aux, grad.<name>. No loss.z: HF has
-    no router z-loss (configs compared with HF use coefficient 0)."""
+    no router z-loss (configs compared with HF use coefficient 0). attention_mask: an optional 4-D
+    additive float mask [B, 1, T, T] that transformers uses as given (eager attention)."""
     c = ref_model.full_config(model)
     m.zero_grad(set_to_none=True)
-    out = m(input_ids=torch.as_tensor(tokens).long(), output_router_logits=True, use_cache=False)
+    if attention_mask is None:
+        out = m(input_ids=torch.as_tensor(tokens).long(), output_router_logits=True, use_cache=False)
+    else:
+        # The CausalLM wrapper hands the mask to load_balancing_loss_func, which expects a 2-D
+        # padding mask; so run the base model and take the head and the aux loss (over all tokens,
+        # as without a mask) here.
+        import sys
+        from types import SimpleNamespace
+
+        base = m.model(input_ids=torch.as_tensor(tokens).long(), attention_mask=attention_mask,
+                       output_router_logits=True, use_cache=False)
+        lb_func = sys.modules[type(m).__module__].load_balancing_loss_func
+        out = SimpleNamespace(logits=m.lm_head(base.last_hidden_state),
+                              aux_loss=lb_func(base.router_logits, m.num_experts,
+                                               m.num_experts_per_tok, None))
     ce = ref_model.cross_entropy(out.logits, torch.as_tensor(targets))
     total = ce + c["router_aux_loss_coef"] * out.aux_loss
     total.backward()

@@ -213,8 +213,24 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def attention(x: torch.Tensor, P: dict, pre: str, c: dict, mm=torch.matmul) -> torch.Tensor:
-    """Causal GQA self-attention with optional QK-norm before RoPE. x: [B, T, d] -> [B, T, d]."""
+def document_mask(tokens, eos_id: int) -> torch.Tensor:
+    """[B, T] tokens -> [B, T, T] bool, True where query i may attend to key j: j <= i and both in
+    the same document, documents ending at (and including) each EOS, as OLMo-core's
+    get_document_lengths cuts them. A block-diagonal causal mask."""
+    tokens = torch.as_tensor(tokens).long()
+    B, T = tokens.shape
+    is_eos = (tokens == eos_id).long()
+    # Document index of each token: the number of EOS strictly before it.
+    doc = torch.cumsum(is_eos, dim=1) - is_eos
+    same = doc[:, :, None] == doc[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return same & causal
+
+
+def attention(x: torch.Tensor, P: dict, pre: str, c: dict, mm=torch.matmul,
+              allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal GQA self-attention with optional QK-norm before RoPE. x: [B, T, d] -> [B, T, d].
+    allowed: [B, T, T] bool (document_mask) instead of the plain causal mask."""
     B, T, _ = x.shape
     nh, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
     q = mm(x, P[pre + "q_proj.weight"].T)  # [B, T, nh*hd]
@@ -237,7 +253,7 @@ def attention(x: torch.Tensor, P: dict, pre: str, c: dict, mm=torch.matmul) -> t
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = mm(q, k.transpose(-1, -2)) / math.sqrt(hd)  # [B, nh, T, T]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool).tril() if allowed is None else allowed[:, None]
     scores = scores.masked_fill(~causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = mm(probs, v).transpose(1, 2).reshape(B, T, nh * hd)
@@ -397,8 +413,10 @@ class RefOutput:
     routings: list[Routing] = field(default_factory=list)
 
 
-def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, precision: str = "fp32") -> RefOutput:
-    """One forward pass. tokens/targets: [B, T] integer arrays or tensors (targets: -100 = ignored)."""
+def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, precision: str = "fp32",
+            document_eos: int | None = None) -> RefOutput:
+    """One forward pass. tokens/targets: [B, T] integer arrays or tensors (targets: -100 = ignored).
+    document_eos: intra-document attention masking with documents ending at this id."""
     c = full_config(cfg)
     mm = matmul_for(precision)
     tokens = torch.as_tensor(tokens).long()
@@ -407,13 +425,16 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
     P = params
     x = P["model.embed_tokens.weight"][tokens]  # [B, T, d]
     routings: list[Routing] = []
+    allowed = None if document_eos is None else document_mask(tokens, document_eos)
     for i in range(c["num_hidden_layers"]):
         pre = f"model.layers.{i}."
         if c["block_norm"] == "pre":
-            x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c, mm)
+            x = x + attention(rms_norm(x, P[pre + "input_layernorm.weight"], eps), P, pre + "self_attn.", c, mm,
+                              allowed)
             h = rms_norm(x, P[pre + "post_attention_layernorm.weight"], eps)
         else:  # OLMo-2: h = x + norm(attn(x)); y = h + norm(ffn(h))
-            x = x + rms_norm(attention(x, P, pre + "self_attn.", c, mm), P[pre + "post_attention_layernorm.weight"], eps)
+            x = x + rms_norm(attention(x, P, pre + "self_attn.", c, mm, allowed),
+                             P[pre + "post_attention_layernorm.weight"], eps)
             h = x
         if is_dense_layer(c, i):
             y = swiglu(h, P, pre + "mlp.", mm)
@@ -448,11 +469,12 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
 
 
 def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets,
-                precision: str = "fp32") -> tuple[dict[str, torch.Tensor], list[Routing]]:
+                precision: str = "fp32", document_eos: int | None = None
+                ) -> tuple[dict[str, torch.Tensor], list[Routing]]:
     """What `moecore debug-state` writes, computed by the reference (logits, loss.*, grad.<name>),
     and the routing decisions of every MoE layer."""
     leaves = {n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
-    out = forward(leaves, cfg, tokens, targets, precision)
+    out = forward(leaves, cfg, tokens, targets, precision, document_eos)
     names = list(leaves)
     grads = torch.autograd.grad(out.total, [leaves[n] for n in names], allow_unused=True)
     state = {

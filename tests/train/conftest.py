@@ -85,6 +85,11 @@ class JobData:
     vocab_size: int  # the tokenizer's
     eos_id: int
     small_train: Path  # 40 instances of 32 tokens: a few steps cross epoch boundaries
+    dtype: str  # element type of the headerless parts, from meta.json ("uint16")
+
+    def read_part(self, part: Path) -> np.ndarray:
+        """A prepared part as OLMo-core reads it: a headerless memmap of meta.json's dtype."""
+        return np.memmap(part, dtype=np.dtype(self.dtype).newbyteorder("<"), mode="r")
 
 
 def _cli(bin_path: Path, *args) -> subprocess.CompletedProcess:
@@ -110,8 +115,9 @@ def job_data(moecore_bin, tmp_path_factory) -> JobData:
     assert 256 < vocab <= TOKENIZER_VOCAB, meta
     train_parts = sorted((tokens / "train").glob("*.npy"))
     assert train_parts, f"no train .npy in {tokens}"
-    first = np.load(train_parts[0], mmap_mode="r")
-    small = root / "small_train.npy"
+    assert meta["header"] == "none" and meta["dtype"] == "uint16", meta
+    first = np.memmap(train_parts[0], dtype="<u2", mode="r")
+    small = root / "small_train.npy"  # a NumPy file (with header): says its own type
     np.save(small, np.asarray(first[: 40 * 32]).astype(first.dtype))
     return JobData(root, corpus, tokenizer, tokens, tokens / "train", tokens / "val", vocab,
-                   int(meta["eos_id"]), small)
+                   int(meta["eos_id"]), small, str(meta["dtype"]))

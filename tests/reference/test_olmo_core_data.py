@@ -1,0 +1,126 @@
+"""Token files shared with OLMo-core (issue 12 item 1), checked with OLMo-core's own reader.
+
+- moecore -> OLMo-core: `moecore prepare` writes headerless little-endian token files plus
+  meta.json (dtype, eos_id); OLMo-core's NumpyFSLDataset reads the parts with the dtype meta.json
+  names and yields, instance by instance, what `moecore data instances` says moecore trains on, and
+  the same document lengths (generate_doc_lengths vs moecore's document masking).
+- OLMo-core -> moecore: files written with OLMo-core's write_array_to_disk (np.memmap) are read by
+  moecore with the declared element type (--dtype, data.dtype), and yield NumpyFSLDataset's
+  instances; undeclared, they are an error (no meta.json), never a guess from the vocabulary.
+Both for uint16 and uint32 (uint32 also with a vocabulary that fits uint16, the case a vocabulary
+size guess gets wrong).
+
+Needs ai2-olmo-core (tests/reference/requirements.txt pins 3.0.0, which needs torch >= 2.10): the
+tests skip with that reason in an environment without it.
+"""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import moecore_harness as H
+
+numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset",
+                                    reason="ai2-olmo-core is not installed (requirements.txt pins it)")
+olmo_utils = pytest.importorskip("olmo_core.data.utils")
+
+SEQ = 32
+
+
+def write_corpus(path: Path, lines: int = 400) -> Path:
+    rng = random.Random(1)
+    words = "in the beginning god created heaven and earth light darkness waters day night".split()
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
+                              for _ in range(lines)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(moecore_bin, tmp_path_factory):
+    root = tmp_path_factory.mktemp("olmo_data")
+    corpus = write_corpus(root / "corpus.txt")
+    tok = root / "tokenizer.json"
+    H.run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", 300, "--out", tok)
+    return root, corpus, tok
+
+
+def moecore_instances(tmp_path: Path, paths, vocab: int, dtype: str | None = None,
+                      eos: int | None = None):
+    """`moecore data instances`: (instances [N, SEQ], doc_lens [N, SEQ] zero-padded, summary)."""
+    out, lens = tmp_path / "inst.npy", tmp_path / "lens.npy"
+    args = ["data", "instances", "--seq-len", SEQ, "--vocab-size", vocab, "--out", out,
+            "--doc-lens-out", lens]
+    for p in paths:
+        args += ["--data", p]
+    if dtype:
+        args += ["--dtype", dtype]
+    if eos is not None:
+        args += ["--eos-id", eos]
+    r = H.run_moecore(*args)
+    return np.load(out), np.load(lens), json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def olmo_dataset(paths, vocab: int, eos: int, dtype):
+    ds = numpy_dataset.NumpyFSLDataset(*[str(p) for p in paths], sequence_length=SEQ,
+                                       pad_token_id=0, eos_token_id=eos, vocab_size=vocab,
+                                       dtype=dtype, generate_doc_lengths=True)
+    ds.prepare()
+    return ds
+
+
+def compare(ds, ours, our_lens):
+    assert len(ds) == ours.shape[0] > 10
+    for i in range(len(ds)):
+        item = ds[i]
+        np.testing.assert_array_equal(item["input_ids"].numpy().astype(np.int64), ours[i],
+                                      err_msg=f"instance {i}")
+        lens = item["doc_lens"].numpy().astype(np.int64)
+        np.testing.assert_array_equal(lens, our_lens[i][: len(lens)], err_msg=f"doc_lens {i}")
+        assert not our_lens[i][len(lens):].any(), f"instance {i}: extra documents"
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_olmo_core_reads_moecore_prepare(tokenizer, tmp_path, dtype):
+    _, corpus, tok = tokenizer
+    out = tmp_path / "tokens"
+    args = ["prepare", "--tokenizer", tok, "--input", corpus, "--out", out, "--val-fraction", "0.1"]
+    if dtype == "uint32":
+        args += ["--dtype", "uint32"]  # the vocabulary (300) would fit uint16
+    H.run_moecore(*args)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["dtype"] == dtype and meta["header"] == "none" and meta["byte_order"] == "little"
+    parts = sorted((out / "train").glob("*.npy"))
+    # No NumPy header: the file is exactly the tokens.
+    assert parts[0].stat().st_size == meta["train"]["tokens"] * np.dtype(dtype).itemsize
+    assert not parts[0].read_bytes().startswith(b"\x93NUMPY")
+    vocab, eos = int(meta["vocab_size"]), int(meta["eos_id"])
+    # moecore takes the type and EOS from meta.json: no --dtype, no --eos-id.
+    ours, our_lens, summary = moecore_instances(tmp_path, [out / "train"], vocab)
+    assert [f["dtype"] for f in summary["files"]] == [dtype] * len(parts)
+    assert summary["metadata_eos_id"] == eos
+    compare(olmo_dataset(parts, vocab, eos, getattr(np, dtype)), ours, our_lens)
+
+
+@pytest.mark.parametrize("dtype,vocab", [("uint16", 50280), ("uint32", 100278), ("uint32", 300)])
+def test_moecore_reads_olmo_core_files(moecore_bin, tmp_path, dtype, vocab):
+    rng = np.random.default_rng(7)
+    eos = vocab - 1
+    paths = []
+    for f, n in enumerate([SEQ * 9 + 5, SEQ * 4]):  # a tail that both drop, and an exact fit
+        arr = rng.integers(0, vocab, size=n).astype(dtype)
+        arr[rng.random(n) < 0.08] = eos
+        p = tmp_path / f"part-{f}-00000.npy"
+        olmo_utils.write_array_to_disk(arr, p)  # OLMo-core's writer: np.memmap, no header
+        paths.append(p)
+    ds = olmo_dataset(paths, vocab, eos, getattr(np, dtype))
+    ours, our_lens, summary = moecore_instances(tmp_path, paths, vocab, dtype=dtype, eos=eos)
+    assert summary["total_instances"] == len(ds) == 13
+    compare(ds, ours, our_lens)
+    # Undeclared, a headerless file without meta.json is an error naming it, not a guess.
+    r = H.run_moecore_raw("data", "instances", "--data", paths[0], "--seq-len", SEQ,
+                          "--vocab-size", vocab, "--out", tmp_path / "x.npy")
+    assert r.returncode != 0 and str(paths[0]) in r.stderr and "--dtype" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
