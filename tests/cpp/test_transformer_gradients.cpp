@@ -302,11 +302,16 @@ TEST(TransformerGradients, DocumentMaskingUntiedHfLbSigmoid) {
   v.document_eos = 5;
   check_model(v, 6000);
 }
+// The reordered block feeds the unnormalised residual into attention, so the loss is more curved
+// in the embedding than in the pre-norm block; this is ReorderedNormsOlmoCoreLbSoftmax's model
+// (where the central difference at eps 5e-3 is within its bound) with the mask. The exact
+// gradient check of masking in the reordered block is the autograd oracle
+// (tests/reference/test_document_masking.py, variant "reordered").
 TEST(TransformerGradients, DocumentMaskingReorderedNorms) {
-  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull,
-            BlockNorm::kReordered};
+  Variant v{true,  LbLossStyle::kOlmoCore, RouterScore::kSoftmax,
+            false, QkNorm::kFull,          BlockNorm::kReordered};
   v.document_eos = 5;
-  check_model(v, 7500);
+  check_model(v, 5000);
 }
 
 TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {

@@ -30,6 +30,7 @@ VARIANTS = {
                                            router_score="sigmoid", norm_topk_prob=True,
                                            router_z_loss_coef=0.01, qk_norm="per_head",
                                            num_key_value_heads=2, tie_word_embeddings=True),
+    "reordered": dict(BASE, block_norm="reordered"),
 }
 
 
