@@ -17,9 +17,9 @@ Cases: the pre-norm block (use_pre_norm, HF OLMoE's layout) with a softmax route
 and a dense first layer; and intra-document masking through OLMo-core's own path (its
 get_document_lengths, doc_lens -> cu_doc_lens, intra-document RoPE), with flash attention's varlen
 contract written here as SDPA under a block-diagonal causal mask (OLMo-core's torch backend refuses
-cu_doc_lens). The reordered (OLMo-2) block and OLMo-core's sigmoid load-balancing loss
-are parameters too; they skip, saying why, until moecore's config has `block_norm` and the sigmoid
-LB normalisation (issue 12 items 2 and 3, another branch).
+cu_doc_lens). The reordered (OLMo-2) block (block_norm = "reordered", OLMo-core's
+use_pre_norm=False) and the sigmoid router with OLMo-core's load-balancing loss (scores
+renormalised per token) are cases too.
 
 Needs ai2-olmo-core (pinned in requirements.txt; it requires torch >= 2.10): skips without it.
 """
@@ -55,9 +55,7 @@ BASE = dict(
     router_z_loss_coef=0.02, qk_norm="full", router_score="softmax", lb_loss_style="olmo-core",
 )
 
-# name -> (moecore [model] config, OLMo-core block layout). The reordered cases carry moecore's
-# block_norm key; they and the sigmoid cases skip, with the reason, while the engine lacks the
-# feature (see pending_reason / the sigmoid check in the test): no list to edit when it lands.
+# name -> (moecore [model] config, OLMo-core block layout).
 CASES = {
     "pre_softmax": (dict(BASE), "pre"),
     "pre_softmax_shared_expert": (dict(BASE, shared_expert_intermediate_size=40), "pre"),
@@ -72,28 +70,6 @@ CASES = {
              block_norm="reordered"), "reordered"),
     "reordered_sigmoid": (dict(BASE, router_score="sigmoid", block_norm="reordered"), "reordered"),
 }
-
-PENDING_BLOCK_NORM = ("moecore has no [model] block_norm key yet (issue 12 item 2, branch "
-                      "h12model): the reordered OLMo-2 block cannot be configured")
-PENDING_SIGMOID_LB = ("moecore's sigmoid-router load-balancing loss uses the raw scores; OLMo-core "
-                      "renormalises them per token first (issue 12 item 3, branch h12model)")
-
-
-def pending_reason(cfg: dict, tmp_path) -> str | None:
-    """Why the engine cannot run this case yet, or None. block_norm: the reference config and the
-    engine must both accept the key."""
-    if "block_norm" not in cfg:
-        return None
-    try:
-        ref_model.full_config(cfg)
-    except (ValueError, AssertionError):
-        return PENDING_BLOCK_NORM + " (tests/reference/ref_model.py rejects it)"
-    probe = H.write_config(tmp_path / "block_norm_probe.toml", cfg)
-    r = H.run_moecore_raw("init", "--config", probe, "--seed", 0, "--out", tmp_path / "probe.safetensors")
-    if r.returncode != 0:
-        return PENDING_BLOCK_NORM + f" (engine: {r.stderr.strip()})"
-    return None
-
 
 # ----------------------------------------------------------------------------------------------
 # CPU stand-ins for OLMo-core's GPU-only pieces (same contracts, plain PyTorch)
@@ -200,6 +176,14 @@ def _swiglu_pair(P, pre):
     return P[pre + "up_proj.weight"], P[pre + "gate_proj.weight"], P[pre + "down_proj.weight"]
 
 
+def norm_names(c: dict) -> tuple[str, str]:
+    """moecore's HF names of OLMo-core's attention_norm and feed_forward_norm: before each sublayer
+    in the pre-norm block (HF OLMoE), after it in the reordered one (HF FlexOlmo / OLMo-2)."""
+    if c["block_norm"] == "reordered":
+        return "post_attention_layernorm.weight", "post_feedforward_layernorm.weight"
+    return "input_layernorm.weight", "post_attention_layernorm.weight"
+
+
 def olmo_core_state(P: dict, cfg: dict) -> dict:
     """moecore's HF-named weights as OLMo-core's state dict."""
     c = ref_model.full_config(cfg)
@@ -212,8 +196,9 @@ def olmo_core_state(P: dict, cfg: dict) -> dict:
         if c["qk_norm"] != "none":
             s[oc + "attention.q_norm.weight"] = P[hf + "self_attn.q_norm.weight"]
             s[oc + "attention.k_norm.weight"] = P[hf + "self_attn.k_norm.weight"]
-        s[oc + "attention_norm.weight"] = P[hf + "input_layernorm.weight"]
-        s[oc + "feed_forward_norm.weight"] = P[hf + "post_attention_layernorm.weight"]
+        attn_norm, ffn_norm = norm_names(c)
+        s[oc + "attention_norm.weight"] = P[hf + attn_norm]
+        s[oc + "feed_forward_norm.weight"] = P[hf + ffn_norm]
         # Shared (and dense) experts: x @ w_up_gate gives [up | gate]; w_down is [1, H, D].
         mlps = [("mlp.", "shared_experts.")] if ref_model.is_dense_layer(c, i) else []
         if not ref_model.is_dense_layer(c, i):
@@ -248,8 +233,9 @@ def hf_gradients(model, cfg: dict) -> dict:
         if c["qk_norm"] != "none":
             out[hf + "self_attn.q_norm.weight"] = g[oc + "attention.q_norm.weight"]
             out[hf + "self_attn.k_norm.weight"] = g[oc + "attention.k_norm.weight"]
-        out[hf + "input_layernorm.weight"] = g[oc + "attention_norm.weight"]
-        out[hf + "post_attention_layernorm.weight"] = g[oc + "feed_forward_norm.weight"]
+        attn_norm, ffn_norm = norm_names(c)
+        out[hf + attn_norm] = g[oc + "attention_norm.weight"]
+        out[hf + ffn_norm] = g[oc + "feed_forward_norm.weight"]
         mlps = [("mlp.", "shared_experts.")] if ref_model.is_dense_layer(c, i) else []
         if not ref_model.is_dense_layer(c, i):
             E, H = c["num_experts"], c["moe_intermediate_size"]
@@ -302,9 +288,6 @@ def batch(cfg, seed, ignore_frac=0.15):
 @pytest.mark.parametrize("case", list(CASES))
 def test_engine_matches_olmo_core(moecore_bin, tmp_path, cpu_kernels, case):
     cfg, layout = CASES[case]
-    reason = pending_reason(cfg, tmp_path)
-    if reason:
-        pytest.skip(reason)
     params = ref_model.random_params(cfg, seed=2024, std=0.08)
     x, y = batch(cfg, seed=17)
     # The PyTorch reference picks the same experts by a clear margin (no near-ties to flip).
@@ -315,12 +298,6 @@ def test_engine_matches_olmo_core(moecore_bin, tmp_path, cpu_kernels, case):
     ours = H.moecore_debug_state(tmp_path, cfg, params, x, y)
     names = H.state_names(cfg)
     assert {n for n in ref if n.startswith("grad.")} == {n for n in names if n.startswith("grad.")}
-    if cfg["router_score"] == "sigmoid" and H.compare(ours, ref, ["loss.lb"]):
-        # Skip only while the engine computes the known older form (raw sigmoid scores): any other
-        # mismatch fails.
-        raw_lb = ref_model.lb_loss_olmo_core(routings, ref_model.full_config(cfg))
-        if H.rel_err(ours["loss.lb"], raw_lb) <= H.TOL:
-            pytest.skip(PENDING_SIGMOID_LB)
     H.assert_all_close(ours, ref, names, what=f"engine vs OLMo-core [{case}]")
     assert float(ref["loss.lb"]) > 0 and float(ref["loss.z"]) > 0
 
