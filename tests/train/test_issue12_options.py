@@ -90,7 +90,7 @@ def test_reordered_checkpoint_is_flex_olmo_in_transformers(moecore_bin, job_data
     m = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager",
                                                           torch_dtype=torch.float32)
     assert type(m).__name__ == "FlexOlmoForCausalLM"
-    val = np.load(sorted(job_data.val.glob("*.npy"))[0]).astype(np.int64)
+    val = job_data.read_part(sorted(job_data.val.glob("*.npy"))[0]).astype(np.int64)
     x = np.stack([val[i * 32: (i + 1) * 32] for i in range(2)])
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", x)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from test_training_job import (ENV, assert_one_line_error, check_complete_checkpoint, checkpoints,
-                               snapshot, step_of, temp_leftovers, train, train_rows, write_config)
+                               snapshot, step_of, temp_leftovers, train, train_rows, wait_for_logged_steps,
+                               write_config)
 
 STEPS = 4
 RACES = 20
@@ -226,6 +227,10 @@ def test_rank_zero_of_an_mpi_job_holds_the_lock(moecore_bin, job_data, tmp_path)
             r = train(moecore_bin, cfg, resume=True, check=False)
             assert_one_line_error(r, "is in use by another run", holder)
             assert proc.poll() is None, "the refused run stopped the job"
+            # A stop signal during start-up ends the process (nothing to save yet: the watcher
+            # records signals only while the training loop runs); this one comes mid-training.
+            wait_for_logged_steps(out, 1, proc)
+            assert proc.poll() is None, "the job ended before its first step"
             os.kill(proc.pid, signal.SIGUSR1)  # mpirun forwards it to every rank
             assert proc.wait(timeout=120) == 128 + signal.SIGUSR1
         finally:
@@ -233,4 +238,8 @@ def test_rank_zero_of_an_mpi_job_holds_the_lock(moecore_bin, job_data, tmp_path)
                 proc.kill()
                 proc.wait()
     assert lock.read_text() == ""  # released and emptied by the holder
-    assert len(checkpoints(out)) == 1
+    # The stop saved the step it ended (besides any periodic save before it).
+    saved = checkpoints(out)
+    assert saved, "no checkpoint after the stop"
+    state = json.loads((saved[-1] / "trainer_state.json").read_text())
+    assert state["step"] == step_of(saved[-1])
