@@ -131,9 +131,14 @@ TEST(MxGemm, ExtremeExponentsNanAndInf) {
   a_values[2 * k + 70] = std::numeric_limits<float>::quiet_NaN();
   b_values[9 * k + 5] = std::numeric_limits<float>::infinity();
   b_values[66 * k + 40] = -std::numeric_limits<float>::infinity();
+  // Row 4's second block is all zeros: below, B row 20's second block gets the NaN scale with
+  // finite elements (as an operand produced elsewhere may have it), so the block sum is 0 and the
+  // contribution must still be NaN.
+  for (int64_t c = 32; c < 64; ++c) a_values[4 * k + c] = 0.0f;
   for (const ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor}) {
     const Quantized a = quantize(ElemType::kE4M3, mode, m, k, a_values);
-    const Quantized b = quantize(ElemType::kE4M3, mode, n, k, b_values);
+    Quantized b = quantize(ElemType::kE4M3, mode, n, k, b_values);
+    b.scales[20 * (k / mx::kMxBlock) + 1] = mx::kE8m0Nan;
     const int64_t ldc = n + 3;  // padded rows: the gap must stay untouched
     std::vector<float> fast(m * ldc, 7.0f), ref(m * ldc, 7.0f);
     cpu::mx_gemm(m, n, k, a.operand(ElemType::kE4M3), b.operand(ElemType::kE4M3), fast.data(), ldc);
@@ -142,6 +147,7 @@ TEST(MxGemm, ExtremeExponentsNanAndInf) {
     expect_same_bits(fast, ref, std::string(mx::scale_mode_name(mode)));
     EXPECT_TRUE(std::isinf(ref[0 * ldc + 3]));  // 2^160 times O(1)
     for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(ref[2 * ldc + j])) << j;  // NaN row
+    for (int64_t i = 0; i < m; ++i) EXPECT_TRUE(std::isnan(ref[i * ldc + 20])) << i;
     for (int64_t i = 0; i < m; ++i) {
       if (i != 2) {
         EXPECT_FALSE(std::isnan(ref[i * ldc + 9])) << i;  // an Inf element saturated
