@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   cli::add_int_option(bench_gemm, "--m", gemm_args.m, "rows of A and C", 0, 1 << 20);
   cli::add_int_option(bench_gemm, "--n", gemm_args.n, "columns of B and C", 0, 1 << 20);
   cli::add_int_option(bench_gemm, "--k", gemm_args.k, "contraction size", 0, 1 << 20);
-  bench_gemm->add_option("--precision", gemm_args.precision, "fp32 | bf16");
+  bench_gemm->add_option("--precision", gemm_args.precision, "fp32 | bf16 | mxfp8");
   cli::add_int_option(bench_gemm, "--repeats", gemm_args.repeats, "timed repeats", 0, 1000000);
   cli::add_float_option(bench_gemm, "--min-seconds", gemm_args.min_seconds, "GEMM time per repeat",
                         0.0, 3600.0);
