@@ -9,6 +9,8 @@
 #include <random>
 
 #include "core/check.h"
+#include "core/mx_types.h"
+#include "kernels/cpu/mx_gemm.h"
 #include "kernels/gemm.h"
 #include "model/flop_count.h"
 #include "model/params.h"
@@ -23,8 +25,10 @@ void run_bench_gemm(const BenchGemmArgs& args) {
   MOE_CHECK(args.repeats > 0, "[bench] --repeats={} must be positive", args.repeats);
   MOE_CHECK(args.min_seconds > 0.0, "[bench] --min-seconds={} must be positive", args.min_seconds);
   MOE_CHECK(args.threads >= 0, "[bench] --threads={} must be >= 0", args.threads);
-  MOE_CHECK(args.precision == "fp32" || args.precision == "bf16",
-            "[bench] --precision={} (expected fp32 or bf16)", args.precision);
+  MOE_CHECK(args.precision == "fp32" || args.precision == "bf16" || args.precision == "mxfp8",
+            "[bench] --precision={} (expected fp32, bf16 or mxfp8)", args.precision);
+  const bool mxfp8 = args.precision == "mxfp8";
+  if (mxfp8) mx::check_mx_contraction("bench gemm", args.k);
   // kernels::gemm as the model calls it: in bf16, the operands are rounded to bf16 inside each
   // call (oneDNN's native bf16 matmul where the CPU has it, else the emulated path).
   const kernels::MatmulPrecisionScope precision(
@@ -37,9 +41,29 @@ void run_bench_gemm(const BenchGemmArgs& args) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (float& v : a) v = uniform(rng);
   for (float& v : b) v = uniform(rng);
+  // mxfp8: A [m, k] and B^T [n, k] (b's values read as [n, k]) quantised along k once, E4M3 with
+  // rceil scales, as cached weights and activations would be; a call is the MX GEMM alone.
+  std::vector<uint8_t> a_codes, a_scales, b_codes, b_scales;
+  if (mxfp8) {
+    const auto quantize = [](int64_t rows, int64_t k, const std::vector<float>& x,
+                             std::vector<uint8_t>& codes, std::vector<uint8_t>& scales) {
+      codes.resize(static_cast<size_t>(rows * k));
+      scales.resize(static_cast<size_t>(rows * k / mx::kMxBlock));
+      mx::quantize(mx::ElemType::kE4M3, mx::ScaleMode::kRceil, rows, k, x.data(), k, codes.data(),
+                   scales.data());
+    };
+    quantize(args.m, args.k, a, a_codes, a_scales);
+    quantize(args.n, args.k, b, b_codes, b_scales);
+  }
   const auto call = [&] {
-    kernels::gemm(false, false, args.m, args.n, args.k, 1.0f, a.data(), args.k, b.data(), args.n,
-                  0.0f, c.data(), args.n);
+    if (mxfp8) {
+      kernels::cpu::mx_gemm(
+          args.m, args.n, args.k, {mx::ElemType::kE4M3, a_codes.data(), a_scales.data()},
+          {mx::ElemType::kE4M3, b_codes.data(), b_scales.data()}, c.data(), args.n);
+    } else {
+      kernels::gemm(false, false, args.m, args.n, args.k, 1.0f, a.data(), args.k, b.data(), args.n,
+                    0.0f, c.data(), args.n);
+    }
   };
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t) {

@@ -10,7 +10,7 @@ namespace moecore::cli {
 
 struct BenchGemmArgs {
   int64_t m = 2048, n = 2048, k = 2048;
-  std::string precision = "fp32";  // fp32 | bf16
+  std::string precision = "fp32";  // fp32 | bf16 | mxfp8
   int64_t repeats = 5;             // timed repeats (each at least min_seconds of GEMM calls)
   double min_seconds = 0.2;
   int64_t threads = 0;  // 0: OpenMP's default (every core)
@@ -18,7 +18,8 @@ struct BenchGemmArgs {
 
 // Times kernels::gemm (C = A B, row-major, random inputs) in the given matmul precision (bf16:
 // operands rounded to bf16, fp32 accumulation; "emulated": true where the CPU lacks native bf16)
-// and prints the achieved FLOP/s per
+// or, for mxfp8, kernels::cpu::mx_gemm on operands quantised once beforehand (E4M3, rceil; k a
+// multiple of 32), and prints the achieved FLOP/s per
 // repeat, their median, minimum and maximum (2 m n k FLOPs per call).
 void run_bench_gemm(const BenchGemmArgs& args);
 

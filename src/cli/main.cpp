@@ -10,6 +10,7 @@
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
 #include "cli/job_commands.h"
+#include "cli/mx_commands.h"
 #include "cli/numeric_option.h"
 #include "cli/plan_command.h"
 #include "core/allocator_tuning.h"
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   cli::add_int_option(bench_gemm, "--m", gemm_args.m, "rows of A and C", 0, 1 << 20);
   cli::add_int_option(bench_gemm, "--n", gemm_args.n, "columns of B and C", 0, 1 << 20);
   cli::add_int_option(bench_gemm, "--k", gemm_args.k, "contraction size", 0, 1 << 20);
-  bench_gemm->add_option("--precision", gemm_args.precision, "fp32 | bf16");
+  bench_gemm->add_option("--precision", gemm_args.precision, "fp32 | bf16 | mxfp8");
   cli::add_int_option(bench_gemm, "--repeats", gemm_args.repeats, "timed repeats", 0, 1000000);
   cli::add_float_option(bench_gemm, "--min-seconds", gemm_args.min_seconds, "GEMM time per repeat",
                         0.0, 3600.0);
@@ -171,6 +172,31 @@ int main(int argc, char** argv) {
       bench->add_subcommand("flops", "model FLOPs per token and parameter counts of a config");
   bench_flops->add_option("config", train_config, "config TOML")->required();
   bench_flops->add_option("--set", overrides, "override, e.g. --set model.num_experts=64");
+
+  moecore::cli::MxArgs mx_args;
+  CLI::App* mx = app.add_subcommand("mx", "MX (microscaling) conversions of .npy arrays");
+  mx->require_subcommand(1);
+  CLI::App* mx_quantize = mx->add_subcommand(
+      "quantize", "float32 [rows, K] -> uint8 codes [rows, K] and E8M0 scales [rows, K/32]");
+  mx_quantize->add_option("--input", mx_args.input, "float32 .npy")->required();
+  mx_quantize->add_option("--elem", mx_args.elem, "e4m3 | e5m2 (default e4m3)");
+  mx_quantize->add_option("--scale", mx_args.scale, "rceil | floor (default rceil)");
+  mx_quantize->add_option("--codes", mx_args.codes, "output .npy of the element codes")->required();
+  mx_quantize->add_option("--scales", mx_args.scales, "output .npy of the scale codes")->required();
+  CLI::App* mx_dequantize =
+      mx->add_subcommand("dequantize", "codes and scales back to float32 [rows, K]");
+  mx_dequantize->add_option("--codes", mx_args.codes, "uint8 .npy of element codes")->required();
+  mx_dequantize->add_option("--scales", mx_args.scales, "uint8 .npy of scale codes")->required();
+  mx_dequantize->add_option("--elem", mx_args.elem, "e4m3 | e5m2 (default e4m3)");
+  mx_dequantize->add_option("--out", mx_args.out, "output float32 .npy")->required();
+  CLI::App* mx_encode = mx->add_subcommand("encode", "float32 -> element codes, one by one");
+  mx_encode->add_option("--input", mx_args.input, "float32 .npy")->required();
+  mx_encode->add_option("--elem", mx_args.elem, "e4m3 | e5m2 (default e4m3)");
+  mx_encode->add_option("--out", mx_args.out, "output uint8 .npy")->required();
+  CLI::App* mx_decode = mx->add_subcommand("decode", "codes -> float32, one by one");
+  mx_decode->add_option("--input", mx_args.input, "uint8 .npy")->required();
+  mx_decode->add_option("--elem", mx_args.elem, "e4m3 | e5m2 | e8m0 (default e4m3)");
+  mx_decode->add_option("--out", mx_args.out, "output float32 .npy")->required();
 
   moecore::cli::PlanArgs plan_args;
   CLI::App* plan = app.add_subcommand(
@@ -188,7 +214,7 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, tokenizer, prepare, eval, data, generate, bench, plan)\n",
+                 "train, tokenizer, prepare, eval, data, generate, bench, plan, mx)\n",
                  moecore::escape_for_message(argv[1]));
       return 2;
     }
@@ -236,6 +262,14 @@ int main(int argc, char** argv) {
       cli::run_bench_flops(train_config, overrides);
     } else if (plan->parsed()) {
       cli::run_plan(plan_args);
+    } else if (mx_quantize->parsed()) {
+      cli::run_mx_quantize(mx_args);
+    } else if (mx_dequantize->parsed()) {
+      cli::run_mx_dequantize(mx_args);
+    } else if (mx_encode->parsed()) {
+      cli::run_mx_encode(mx_args);
+    } else if (mx_decode->parsed()) {
+      cli::run_mx_decode(mx_args);
     }
   } catch (const std::bad_alloc&) {
     // Inputs are size-checked before they size allocations (a tokenizer id, a tensor shape, a

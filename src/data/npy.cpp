@@ -250,9 +250,9 @@ void NpyFile::read_ints(std::vector<int64_t>& out) const {
 void write_npy(const std::string& path, const std::string& descr, const std::vector<int64_t>& shape,
                const void* data) {
   const DtypeSpec* spec = find_dtype(descr);
-  MOE_CHECK(spec != nullptr && descr != "|u1",
-            "[npy] cannot write '{}': unsupported dtype '{}' (use <u2, <u4, <i4, <i8 or <f4)", path,
-            descr);
+  MOE_CHECK(spec != nullptr,
+            "[npy] cannot write '{}': unsupported dtype '{}' (use |u1, <u2, <u4, <i4, <i8 or <f4)",
+            path, descr);
   size_t numel = 1;
   for (const int64_t extent : shape) {
     MOE_CHECK(extent >= 0, "[npy] cannot write '{}': negative shape {}", path, shape);

@@ -48,8 +48,8 @@ class NpyFile {
   bool is_integer_ = false;
 };
 
-// Writes a C-order array with descr '<u2', '<u4', '<i4', '<i8' or '<f4' atomically (temp file,
-// fsync, rename), as io::write_file_atomic does.
+// Writes a C-order array with descr '|u1', '<u2', '<u4', '<i4', '<i8' or '<f4' atomically (temp
+// file, fsync, rename), as io::write_file_atomic does.
 void write_npy(const std::string& path, const std::string& descr, const std::vector<int64_t>& shape,
                const void* data);
 

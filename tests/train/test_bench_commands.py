@@ -54,12 +54,17 @@ def test_gemm_reports_flops(moecore_bin):
     assert (g["m"], g["n"], g["k"], g["precision"], g["threads"]) == (64, 48, 32, "fp32", 1)
     assert len(g["flops_per_s"]) == 3 and g["flops_per_s_min"] > 0
     assert g["flops_per_s_min"] <= g["flops_per_s_median"] <= g["flops_per_s_max"]
+    r = run(moecore_bin, "bench", "gemm", "--m", "5", "--n", "70", "--k", "64", "--repeats", "2",
+            "--min-seconds", "0.01", "--precision", "mxfp8")
+    g = json.loads(r.stdout)
+    assert g["precision"] == "mxfp8" and g["flops_per_s_min"] > 0
 
 
 @pytest.mark.parametrize("args, message", [
     (["--precision", "fp8"], "--precision=fp8"),
     (["--m", "0"], "sizes must be positive"),
     (["--repeats", "0"], "--repeats=0"),
+    (["--precision", "mxfp8", "--k", "48"], "k=48 is not a positive multiple of the MX block size 32"),
 ])
 def test_gemm_bad_arguments_are_one_line_errors(moecore_bin, args, message):
     r = run(moecore_bin, "bench", "gemm", *args, check=False)

@@ -1,0 +1,155 @@
+#include "kernels/cpu/mx_gemm.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/check.h"
+#include "core/simd.h"
+
+namespace moecore::kernels::cpu {
+namespace {
+
+constexpr int64_t kPanel = 64;  // output columns computed side by side (4 AVX-512 registers)
+constexpr int64_t kRows = 4;    // rows of A per panel pass: 16 registers of block sums
+
+// Scale codes as the kernel keeps them: the exponent code - 127, and for the NaN code a value so
+// far outside every real exponent that any sum of two stays out of range and flags the rare path.
+constexpr int32_t kNanExponent = 1 << 20;
+
+int32_t scale_exponent(uint8_t code) {
+  return code == mx::kE8m0Nan ? kNanExponent : static_cast<int32_t>(code) - mx::kE8m0Bias;
+}
+
+// The block sum times Xa * Xb = 2^e, rounded once (as the reference), NaN for a NaN scale.
+float scale_block_sum(float sum, int32_t e) {
+  if (e >= kNanExponent / 2) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(sum, e);
+}
+
+// acc[j] += sum[j] * 2^(exponent_a + exponent_b[j]) for one row's block sums over a panel.
+// Scaling by 2^e: for a normal block sum whose result stays normal (or a zero sum) that is adding
+// e to the exponent field, exact and the value std::ldexp gives. Done on the bits, not as a
+// multiply, so that no compiler can fuse it with the add into an FMA (GCC contracts by default
+// even in ISO C++ mode), which would round once where the reference rounds twice. The rest
+// (subnormal or overflowing results, NaN scales, Inf / NaN sums) is rare and goes through
+// scale_block_sum. Integer-only and branch-free, so that it vectorises.
+[[gnu::always_inline]] inline void scale_and_accumulate(const float* sum, int32_t exponent_a,
+                                                        const int32_t* exponent_b, float* acc) {
+  float scaled[kPanel];
+  int32_t rare = 0;
+  for (int64_t j = 0; j < kPanel; ++j) {
+    const int32_t e = exponent_a + exponent_b[j];
+    const auto bits = std::bit_cast<uint32_t>(sum[j]);
+    const auto exponent = static_cast<int32_t>((bits >> 23) & 0xffu);
+    const int32_t zero = static_cast<int32_t>((bits << 1) == 0);
+    const int32_t shiftable =
+        static_cast<int32_t>(exponent != 0) & static_cast<int32_t>(exponent != 255) &
+        static_cast<int32_t>(exponent + e >= 1) & static_cast<int32_t>(exponent + e <= 254);
+    rare |=
+        static_cast<int32_t>((zero | shiftable) == 0) | static_cast<int32_t>(e >= kNanExponent / 2);
+    scaled[j] = std::bit_cast<float>(zero != 0 ? bits : bits + (static_cast<uint32_t>(e) << 23));
+  }
+  if (rare != 0) {
+    for (int64_t j = 0; j < kPanel; ++j) {
+      const int32_t e = exponent_a + exponent_b[j];
+      const auto bits = std::bit_cast<uint32_t>(sum[j]);
+      const auto exponent = static_cast<int32_t>((bits >> 23) & 0xffu);
+      const bool shiftable =
+          exponent != 0 && exponent != 255 && exponent + e >= 1 && exponent + e <= 254;
+      if (e >= kNanExponent / 2 || ((bits << 1) != 0 && !shiftable)) {
+        scaled[j] = scale_block_sum(sum[j], e);
+      }
+    }
+  }
+  for (int64_t j = 0; j < kPanel; ++j) acc[j] += scaled[j];
+}
+
+// kRows rows of C over one panel of kPanel columns: each panel value loaded feeds kRows
+// multiply-adds. a_rows: kRows rows of A decoded to fp32 (row stride k); a_exponents: their
+// scale_exponent()s (row stride blocks); panel: B's columns decoded and transposed, [k][kPanel];
+// panel_exponents: theirs, [blocks][kPanel]; out: [kRows][kPanel]. Contraction of
+// `sum += a * b` into an FMA is harmless: the product is exact, so the FMA rounds as the add does.
+MOECORE_SIMD_CLONES
+void rows_times_panel(int64_t k, const float* a_rows, const int32_t* a_exponents,
+                      const float* panel, const int32_t* panel_exponents, float* out) {
+  const int64_t blocks = k / mx::kMxBlock;
+  float acc[kRows][kPanel] = {};
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    float sum[kRows][kPanel] = {};
+    for (int64_t kk = blk * mx::kMxBlock; kk < (blk + 1) * mx::kMxBlock; ++kk) {
+      const float* b_values = panel + kk * kPanel;
+      for (int64_t r = 0; r < kRows; ++r) {
+        const float a_value = a_rows[r * k + kk];
+        for (int64_t j = 0; j < kPanel; ++j) sum[r][j] += a_value * b_values[j];
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r) {
+      scale_and_accumulate(sum[r], a_exponents[r * blocks + blk], panel_exponents + blk * kPanel,
+                           acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < kRows; ++r) std::copy(acc[r], acc[r] + kPanel, out + r * kPanel);
+}
+
+}  // namespace
+
+void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::MxOperand& b,
+             float* c, int64_t ldc) {
+  mx::check_mx_contraction("mx_gemm", k);
+  MOE_CHECK(m >= 0 && n >= 0 && ldc >= n, "[mx_gemm] bad shape m={} n={} ldc={}", m, n, ldc);
+  if (m == 0 || n == 0) return;
+  const int64_t blocks = k / mx::kMxBlock;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const float* a_table = mx::elem_decode_table(a.elem);
+  const float* b_table = mx::elem_decode_table(b.elem);
+
+  // Decoding is exact, so the kernel sees the reference's values. Rows past m and columns past
+  // n are padded with zeros and scale 1 (exponent 0); their outputs are not written.
+  const int64_t row_groups = (m + kRows - 1) / kRows;
+  std::vector<float> a_values(static_cast<size_t>(row_groups * kRows * k), 0.0f);
+  std::vector<int32_t> a_exponents(static_cast<size_t>(row_groups * kRows * blocks), 0);
+  std::vector<float> b_panels(static_cast<size_t>(panels * k * kPanel), 0.0f);
+  std::vector<int32_t> b_panel_exponents(static_cast<size_t>(panels * blocks * kPanel), 0);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t kk = 0; kk < k; ++kk) a_values[i * k + kk] = a_table[a.codes[i * k + kk]];
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        a_exponents[i * blocks + blk] = scale_exponent(a.scales[i * blocks + blk]);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      float* panel = b_panels.data() + p * k * kPanel;
+      int32_t* exponents = b_panel_exponents.data() + p * blocks * kPanel;
+      for (int64_t j = p * kPanel; j < std::min(n, (p + 1) * kPanel); ++j) {
+        const int64_t lane = j - p * kPanel;
+        for (int64_t kk = 0; kk < k; ++kk) panel[kk * kPanel + lane] = b_table[b.codes[j * k + kk]];
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          exponents[blk * kPanel + lane] = scale_exponent(b.scales[j * blocks + blk]);
+        }
+      }
+    }
+    // Consecutive work items share a panel, so a thread keeps its panel in cache across rows.
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      for (int64_t g = 0; g < row_groups; ++g) {
+        float out[kRows * kPanel];
+        rows_times_panel(k, a_values.data() + g * kRows * k,
+                         a_exponents.data() + g * kRows * blocks, b_panels.data() + p * k * kPanel,
+                         b_panel_exponents.data() + p * blocks * kPanel, out);
+        const int64_t width = std::min(kPanel, n - p * kPanel);
+        for (int64_t r = 0; r < std::min(kRows, m - g * kRows); ++r) {
+          std::copy(out + r * kPanel, out + r * kPanel + width,
+                    c + (g * kRows + r) * ldc + p * kPanel);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moecore::kernels::cpu
