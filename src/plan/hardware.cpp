@@ -123,11 +123,7 @@ Hardware load_hardware(const std::string& spec) {
               "[plan] --hardware {}: \"node_ranks\" must be a positive integer", spec);
     r.node_ranks = j["node_ranks"].get<int64_t>();
   }
-  if (j.contains("cores_per_node")) {
-    MOE_CHECK(j["cores_per_node"].is_number_integer() && j["cores_per_node"].get<int64_t>() >= 1,
-              "[plan] --hardware {}: \"cores_per_node\" must be a positive integer", spec);
-    r.cores_per_node = j["cores_per_node"].get<int64_t>();
-  }
+  r.cores_per_node = number("cores_per_node", 1.0);
   r.async_communication = j.value("async_communication", false);
   const bool any = r.gemm_flops_fp32 > 0.0 || r.gemm_flops_bf16 > 0.0 || r.memory_bandwidth > 0.0 ||
                    r.link_bandwidth > 0.0;

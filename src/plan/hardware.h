@@ -29,9 +29,12 @@ struct Rates {
   double link_bandwidth = 0.0;    // bytes/s one rank sends to a rank of its node
   double link_latency = 0.0;      // seconds per message within a node
   int64_t node_ranks = 0;         // ranks per node; 0: every rank on one node
-  // Cores a node's ranks share; 0: a core (or GPU) per rank. When more ranks than cores run on a
-  // node (mpirun oversubscribing a small CPU), each rank gets cores / ranks of the rates.
-  int64_t cores_per_node = 0;
+  // Cores' worth of these rates that a node's ranks share; 0: a core (or GPU) per rank. When
+  // more ranks run on a node than that (mpirun oversubscribing a small or shared CPU), each rank
+  // gets cores / ranks of the rates. On a CPU it is measured, not counted: the summed GEMM rate of
+  // two ranks running at once over one rank's alone (bench/plan_validation.py), which also sees
+  // the other jobs of a shared machine.
+  double cores_per_node = 0.0;
   double network_bandwidth = 0.0;  // bytes/s one rank sends to another node
   double network_latency = 0.0;
   // Collectives progress while compute runs (NCCL on its own stream); false for Open MPI on a

@@ -59,10 +59,10 @@ double total_seconds(const Seconds& s) {
 }
 
 double rank_share(const Rates& rates, const ResolvedLayout& layout) {
-  if (rates.cores_per_node <= 0) return 1.0;
+  if (rates.cores_per_node <= 0.0) return 1.0;
   const int64_t on_node =
       rates.node_ranks > 0 ? std::min(rates.node_ranks, layout.world) : layout.world;
-  return std::min(1.0, static_cast<double>(rates.cores_per_node) / static_cast<double>(on_node));
+  return std::min(1.0, rates.cores_per_node / static_cast<double>(on_node));
 }
 
 Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t world) {

@@ -63,6 +63,8 @@ nlohmann::json flops_json(const FlopsPerToken& f) {
           {"total", f.total()}};
 }
 
+namespace {
+
 nlohmann::json step_time_json(const StepTime& t) {
   nlohmann::json breakdown = nlohmann::json::object();
   for (int i = 0; i < kTimeCategories; ++i)
@@ -91,6 +93,8 @@ std::string step_time_text(const StepTime& t) {
   }
   return out + "\n";
 }
+
+}  // namespace
 
 nlohmann::json plan_json(const Plan& p) {
   const ResolvedLayout& l = p.layout;

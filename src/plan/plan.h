@@ -40,6 +40,5 @@ nlohmann::json plan_json(const Plan& plan);
 // FLOPs per token by part and their total (also `moecore bench flops`' output).
 nlohmann::json flops_json(const FlopsPerToken& flops);
 std::string plan_text(const Plan& plan);
-nlohmann::json step_time_json(const StepTime& step);
 
 }  // namespace moecore::plan

@@ -15,18 +15,21 @@ namespace {
 
 constexpr double kF = 4.0;
 
-// Seconds of one gradient-reduction collective as comm_model.h counts its bytes.
+// Seconds of one gradient-reduction collective as comm_model.h counts its bytes: the transfers
+// over the group's link, and for the reducing ones the element-wise sum of what arrives (two
+// operands read, one written) through memory at `memory_bandwidth`.
 double collective_seconds(const CollectiveBytes& c, const ResolvedLayout& layout,
-                          const Rates& rates) {
+                          const Rates& rates, double memory_bandwidth) {
   const bool dense = c.group == "dp";
   const int64_t size = dense ? layout.dp : layout.ep_dp;
   const int64_t stride = dense ? 1 : layout.ep;
   const Link link = group_link(rates, size, stride, layout.world);
   const double n = static_cast<double>(size);
+  const double sum = 3.0 * (n - 1.0) / n * c.bytes / memory_bandwidth;
   if (c.op == "allreduce")  // ring: reduce-scatter then all-gather of the whole buffer
-    return 2.0 * (n - 1.0) / n * c.bytes / link.bandwidth + 2.0 * (n - 1.0) * link.latency;
+    return 2.0 * (n - 1.0) / n * c.bytes / link.bandwidth + 2.0 * (n - 1.0) * link.latency + sum;
   if (c.op == "reduce_scatter")  // bytes: the whole send buffer
-    return (n - 1.0) / n * c.bytes / link.bandwidth + (n - 1.0) * link.latency;
+    return (n - 1.0) / n * c.bytes / link.bandwidth + (n - 1.0) * link.latency + sum;
   if (c.op == "allgather")  // bytes: this rank's part
     return (n - 1.0) * c.bytes / link.bandwidth + (n - 1.0) * link.latency;
   return 0.0;
@@ -76,7 +79,7 @@ StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const 
     const auto ss = static_cast<size_t>(s);
     double reduce = 0.0;
     for (const CollectiveBytes& c : rank_collectives(config, layout, s))
-      reduce += collective_seconds(c, layout, rates);
+      reduce += collective_seconds(c, layout, rates, rates.memory_bandwidth * share);
     const bool overlap = pc.overlap_grad_reduce && rates.async_communication;
     // Overlapped, the reductions still cannot finish before the stage's last layer's gradients.
     int64_t stage_layers = 0;

@@ -156,7 +156,9 @@ TEST(StepTime, RanksSharingCoresRunAtTheirShare) {
   for (TimeCategory c : {TimeCategory::kAttention, TimeCategory::kExperts,
                          TimeCategory::kElementwise, TimeCategory::kOptimizer})
     EXPECT_DOUBLE_EQ(category(b, c), 2.0 * category(a, c));
-  EXPECT_DOUBLE_EQ(category(b, TimeCategory::kGradReduce), category(a, TimeCategory::kGradReduce));
+  // The link is not shared out, the reduction's element-wise sum is.
+  EXPECT_GT(category(b, TimeCategory::kGradReduce), category(a, TimeCategory::kGradReduce));
+  EXPECT_LT(category(b, TimeCategory::kGradReduce), 2.0 * category(a, TimeCategory::kGradReduce));
 }
 
 TEST(StepTime, ExpertExchangeOnlyWithExpertParallelism) {
