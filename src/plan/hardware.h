@@ -37,8 +37,10 @@ struct Rates {
   double cores_per_node = 0.0;
   double network_bandwidth = 0.0;  // bytes/s one rank sends to another node
   double network_latency = 0.0;
-  // Collectives progress while compute runs (NCCL on its own stream); false for Open MPI on a
-  // CPU without a progress thread: a nonblocking collective advances only inside MPI calls.
+  // Collectives progress while compute runs (NCCL on its own stream, copy engines moving the
+  // bytes); false for Open MPI on a CPU: a nonblocking collective advances only inside MPI calls,
+  // and the rank's own core copies the bytes through shared memory, so a rank's link bandwidth is
+  // shared out with its cores like its compute rates (op_cost.h, rank_share).
   bool async_communication = false;
   bool known() const {
     return gemm_flops_fp32 > 0.0 && gemm_flops_bf16 > 0.0 && memory_bandwidth > 0.0 &&

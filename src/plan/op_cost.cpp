@@ -74,6 +74,13 @@ Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t 
   return {rates.network_bandwidth, rates.network_latency};
 }
 
+Link group_link(const Rates& rates, const ResolvedLayout& layout, int64_t group_size,
+                int64_t stride) {
+  Link link = group_link(rates, group_size, stride, layout.world);
+  if (!rates.async_communication) link.bandwidth *= rank_share(rates, layout);
+  return link;
+}
+
 Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout,
                            const ChunkShape& chunk, const Rates& rates, bool forward) {
   const ModelConfig& c = config.model;
@@ -133,7 +140,7 @@ Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout
   // and their results come back (dispatch and combine forward; their gradients backward), each
   // way one message per peer.
   if (layout.ep > 1 && moe_layers > 0) {
-    const Link link = group_link(rates, layout.ep, 1, layout.world);
+    const Link link = group_link(rates, layout, layout.ep, 1);
     const double ep = static_cast<double>(layout.ep);
     const double one_way = kF * n * k * d * (ep - 1.0) / ep;
     add(TimeCategory::kExpertExchange,

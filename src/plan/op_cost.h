@@ -46,6 +46,10 @@ struct Link {
   double latency = 0.0;
 };
 Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t world);
+// The same for a rank of `layout`, whose link bandwidth is shared out with its cores where the
+// CPU copies the bytes itself (Rates::async_communication false).
+Link group_link(const Rates& rates, const ResolvedLayout& layout, int64_t group_size,
+                int64_t stride);
 
 // Forward or backward of one micro-batch of `chunk` on one rank of a stage.
 Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout,

@@ -23,7 +23,7 @@ double collective_seconds(const CollectiveBytes& c, const ResolvedLayout& layout
   const bool dense = c.group == "dp";
   const int64_t size = dense ? layout.dp : layout.ep_dp;
   const int64_t stride = dense ? 1 : layout.ep;
-  const Link link = group_link(rates, size, stride, layout.world);
+  const Link link = group_link(rates, layout, size, stride);
   const double n = static_cast<double>(size);
   const double sum = 3.0 * (n - 1.0) / n * c.bytes / memory_bandwidth;
   if (c.op == "allreduce")  // ring: reduce-scatter then all-gather of the whole buffer
@@ -65,7 +65,7 @@ StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const 
   // A hidden state (or its gradient) between neighbouring stages, dp ranks apart.
   double transfer = 0.0;
   if (layout.pp > 1) {
-    const Link link = group_link(rates, layout.pp, layout.dp, layout.world);
+    const Link link = group_link(rates, layout, layout.pp, layout.dp);
     transfer =
         kF * static_cast<double>(layout.local_rows * tc.seq_len * mc.hidden_size) / link.bandwidth +
         link.latency;
