@@ -8,10 +8,21 @@ bench/configs/plan_validation.toml and compares, per rank:
     save's serialisation buffers are not part of it): target within 10 %;
   * predicted bytes per collective with the communicator's byte counters over the run, per step
     (float payloads: gradient all-reduce, reduce-scatter, all-gather, all-to-all-v, puts/gets,
-    pipeline sends): target equal.
+    pipeline sends): target equal;
+  * predicted step time (issue 17, item 4) with the measured one: the median over RUNS runs of
+    the mean step time of steps 2..STEPS (train.profile's out_dir/profile.json; the first step's
+    allocations and first touches excluded): target within 25 %. The prediction uses this CPU's
+    profile, measured first by the same script and written to bench/results/cpu_profile.json:
+    `moecore bench gemm` (one thread, fp32 and bf16) at a GEMM of the validation model's size
+    (the roofline has no small-shape efficiency curve, so the rate is taken where the model runs)
+    and at 2048^3 (the MFU peak), `moecore bench stream` (one thread) and `moecore bench
+    pingpong` (mpirun -np 2; the bandwidth of a 64 MiB message, the size of the gradient
+    buffers, the latency at 4 bytes), and the cores' worth of rate the ranks share (two GEMM
+    benches at once against one alone: the machine is shared with other jobs).
 Writes bench/results/plan_validation.md and .json. Run: `make bench-plan` (the venv's Python:
-the corpus comes from tests/train/conftest.py, which imports numpy); about 5 minutes on two shared
-cores. Measured RSS does not depend on machine load.
+the corpus comes from tests/train/conftest.py, which imports numpy); about 10 minutes on two
+shared cores. Measured RSS does not depend on machine load; step times do: the load average is
+recorded with them.
 """
 from __future__ import annotations
 
@@ -34,6 +45,10 @@ RESULTS = REPO / "bench" / "results"
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 MEMORY_TOLERANCE = 0.10
+TIME_TOLERANCE = 0.25  # issue 17, item 4
+RUNS = 3               # timed runs per layout; the median is compared
+STEPS = 4              # per run; steps 2..STEPS are timed
+PROFILE = RESULTS / "cpu_profile.json"
 # The communicator's float payloads (dist/communicator.h); the rest are statistics.
 FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoallv", "put", "get", "send"}
 
@@ -73,16 +88,75 @@ def prepare_data(work: Path) -> Path:
     return work / "tokens" / "train"
 
 
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def measure_profile() -> dict:
+    """This CPU's rates for the step-time model, one thread per rank as the validation runs."""
+    def gemm(precision: str, m: int, n: int, k: int) -> float:
+        out = json.loads(run([str(BIN), "bench", "gemm", "--threads", "1", "--precision",
+                              precision, "--m", str(m), "--n", str(n), "--k", str(k)]))
+        return out["flops_per_s_median"]
+    # The validation model's GEMMs: 64-512 token rows against d 256 and widths 256-1024.
+    model_shape = (256, 512, 256)
+    stream = json.loads(run([str(BIN), "bench", "stream", "--threads", "1", "--megabytes",
+                             "128"]))
+    pingpong = json.loads(run(["mpirun", "-np", "2", str(BIN), "bench", "pingpong",
+                               "--max-megabytes", "64"], env=MPI_ENV))
+    sizes = pingpong["sizes"]
+    # The cores' worth of rate the job's ranks get together: two ranks' GEMMs at once (mpirun
+    # prints one JSON line each) against one alone. On a quiet machine with 2 free cores it is
+    # about 2; other jobs lower it.
+    one = gemm("fp32", *model_shape)
+    together = run(["mpirun", "-np", "2", str(BIN), "bench", "gemm", "--threads", "1", "--m",
+                    str(model_shape[0]), "--n", str(model_shape[1]), "--k", str(model_shape[2])],
+                   env=MPI_ENV)
+    capacity = sum(json.loads(line)["flops_per_s_median"]
+                   for line in together.splitlines() if line.startswith("{")) / one
+    profile = {
+        "name": "cpu (measured by bench/plan_validation.py)",
+        "memory_gib": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30,
+        "runtime_overhead_mib": 24,
+        "gemm_tflops_fp32": one / 1e12,
+        "gemm_tflops_bf16": gemm("bf16", *model_shape) / 1e12,
+        "peak_tflops_fp32": gemm("fp32", 2048, 2048, 2048) / 1e12,
+        "peak_tflops_bf16": gemm("bf16", 2048, 2048, 2048) / 1e12,
+        "memory_bandwidth_gbs": stream["bytes_per_s_median"] / 1e9,
+        # The largest message (64 MiB): the gradient buffers are 10-60 MB, beyond the caches
+        # that make smaller messages several times faster.
+        "link_bandwidth_gbs": sizes[-1]["bytes_per_s"] / 1e9,
+        "link_latency_us": sizes[0]["one_way_seconds_median"] * 1e6,
+        "cores_per_node": capacity,
+        "async_communication": False,
+        "measured": {"cpu": platform.processor() or platform.machine(),
+                     "gemm_shape_mnk": model_shape, "load_average": os.getloadavg()},
+    }
+    PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
+    return profile
+
+
 def measure(name: str, ranks: int, sets: list[str], data: Path, work: Path) -> dict:
     out_dir = work / name.replace(" ", "_").replace(",", "")
-    sets = sets + [f"data.train=[\"{data}\"]", f"train.out_dir=\"{out_dir}\""]
+    sets = sets + [f"train.max_steps={STEPS}", "train.profile=true",
+                   f"data.train=[\"{data}\"]", f"train.out_dir=\"{out_dir}\""]
     set_args = [a for s in sets for a in ("--set", s)]
-    plan = json.loads(run([str(BIN), "plan", str(CONFIG), "--json", "--ranks", str(ranks)]
-                          + set_args))
+    plan = json.loads(run([str(BIN), "plan", str(CONFIG), "--json", "--ranks", str(ranks),
+                           "--hardware", str(PROFILE)] + set_args))
     cmd = [str(BIN), "train", str(CONFIG)] + set_args
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks)] + cmd
-    run(cmd, env=MPI_ENV)
+    step_seconds, loads, peaks = [], [], []
+    for attempt in range(RUNS):
+        if attempt > 0:  # a fresh run directory: the trainer would resume from the last one
+            shutil.rmtree(out_dir, ignore_errors=True)
+        loads.append(os.getloadavg()[0])
+        run(cmd, env=MPI_ENV)
+        prof = json.loads((out_dir / "profile.json").read_text())
+        step_seconds.append(prof["seconds"] / prof["steps"])
+        peaks.append([json.loads((out_dir / "rank_stats" / f"rank{r}.json").read_text())
+                      ["peak_rss_kib"] for r in range(ranks)])
     dp = plan["layout"]["dp"]
     rows = []
     for r in range(ranks):
@@ -96,12 +170,17 @@ def measure(name: str, ranks: int, sets: list[str], data: Path, work: Path) -> d
         rows.append({
             "rank": r, "stage": stats["stage"],
             "predicted_peak_mib": stage["memory_bytes"]["peak"] / 2**20,
-            "measured_peak_mib": stats["peak_rss_kib"] / 1024,
+            # The median over the runs: Open MPI's and the allocator's temporaries vary.
+            "measured_peak_mib": median([p[r] for p in peaks]) / 1024,
             "predicted_traffic": predicted_traffic, "measured_traffic": float_ops,
             "memory": {k: v / 2**20 for k, v in stage["memory_bytes"].items()},
         })
     shutil.rmtree(out_dir, ignore_errors=True)
-    return {"name": name, "ranks": ranks, "sets": sets[:-2], "ranks_detail": rows}
+    return {"name": name, "ranks": ranks, "sets": sets[:-2], "ranks_detail": rows,
+            "predicted_step_s": plan["step_time"]["seconds"],
+            "predicted_breakdown_s": plan["step_time"]["breakdown_seconds"],
+            "measured_step_s": step_seconds, "measured_step_s_median": median(step_seconds),
+            "load_average_1min": loads}
 
 
 def main() -> None:
@@ -111,26 +190,29 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="moecore-planval-", dir=base))
     try:
         data = prepare_data(work)
+        profile = measure_profile()
+        print(f"profile: {json.dumps(profile)}", flush=True)
         results = []
         for name, ranks, sets in LAYOUTS:
             print(f"{name} ...", flush=True)
             results.append(measure(name, ranks, sets, data, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    write_results(results)
+    write_results(results, profile)
 
 
-def write_results(results: list[dict]) -> None:
+def write_results(results: list[dict], profile: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "plan_validation.json").write_text(json.dumps(results, indent=1))
     lines = ["# `moecore plan` against measured runs", "",
              f"Machine: {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores (shared); model `bench/configs/plan_validation.toml` "
              "(d 256, 4 layers, 16 experts top-2, balanced routing, 8 x 64 tokens per step, "
-             "2 steps), fp32, one thread per rank, Open MPI 4.1. Produced by `make bench-plan` "
+             f"{STEPS} steps), fp32, one thread per rank, Open MPI 4.1. Produced by `make bench-plan` "
              "(`bench/plan_validation.py`).", "",
              "Peak memory per rank: the plan's prediction for the rank's stage against the peak "
-             "RSS recorded at the end of the training loop (`out_dir/rank_stats`). Target: within "
+             "RSS recorded at the end of the training loop (`out_dir/rank_stats`), the median of "
+             f"the {RUNS} runs. Target: within "
              f"{MEMORY_TOLERANCE:.0%}. The plan's process baseline (24 MiB, `--hardware cpu`) and "
              "Open MPI's reduction temporaries were measured on this machine; everything else is "
              "counted from the code.", "",
@@ -156,8 +238,39 @@ def write_results(results: list[dict]) -> None:
                 traffic_lines.append(f"| {res['name']} | {row['rank']} | {k} | {p:,.0f} | "
                                      f"{m:,.0f} | {'yes' if same else 'NO'} |")
     lines += traffic_lines
+    p = profile
+    time_lines = ["", "Step time (issue 17, item 4): `moecore plan --hardware "
+                  "bench/results/cpu_profile.json` against the median over "
+                  f"{RUNS} runs of the mean time of steps 2..{STEPS} (train.profile). Target: "
+                  f"within {TIME_TOLERANCE:.0%}. The machine is shared (2 cores, other jobs "
+                  "running): the 1-minute load average at each run's start is listed; a loaded "
+                  "machine slows the runs and, less, the profile measured before them. Profile: "
+                  f"GEMM {p['gemm_tflops_fp32'] * 1e3:.1f} GFLOP/s fp32 / "
+                  f"{p['gemm_tflops_bf16'] * 1e3:.1f} bf16 at m n k = "
+                  f"{' '.join(map(str, p['measured']['gemm_shape_mnk']))} "
+                  f"(peak {p['peak_tflops_fp32'] * 1e3:.1f} / {p['peak_tflops_bf16'] * 1e3:.1f} "
+                  f"at 2048^3), memory {p['memory_bandwidth_gbs']:.1f} GB/s, MPI link "
+                  f"{p['link_bandwidth_gbs']:.1f} GB/s and {p['link_latency_us']:.1f} us, "
+                  f"{p['cores_per_node']:.2f} cores' worth of rate shared by the ranks (two concurrent GEMMs "
+                  "against one); one thread per rank.", "",
+                  "| layout | predicted ms | measured ms (median) | runs ms | error | load avg | "
+                  "largest predicted parts |", "|---|---|---|---|---|---|---|"]
+    time_worst, time_ok = 0.0, True
+    for res in results:
+        pred, meas = res["predicted_step_s"], res["measured_step_s_median"]
+        err = pred / meas - 1.0
+        time_worst = max(time_worst, abs(err))
+        time_ok &= abs(err) <= TIME_TOLERANCE
+        parts = sorted(res["predicted_breakdown_s"].items(), key=lambda kv: -kv[1])[:3]
+        time_lines.append(
+            f"| {res['name']} | {pred * 1e3:.1f} | {meas * 1e3:.1f} | "
+            f"{', '.join(f'{x * 1e3:.0f}' for x in res['measured_step_s'])} | {err:+.1%} | "
+            f"{', '.join(f'{x:.1f}' for x in res['load_average_1min'])} | "
+            f"{', '.join(f'{k} {v / pred:.0%}' for k, v in parts)} |")
+    lines += time_lines
     lines += ["", f"Memory: worst error {worst:.1%} ({'met' if memory_ok else 'MISSED'}); "
-              f"traffic: {'every collective equal' if traffic_ok else 'MISMATCH'}."]
+              f"traffic: {'every collective equal' if traffic_ok else 'MISMATCH'}; "
+              f"step time: worst error {time_worst:.1%} ({'met' if time_ok else 'MISSED'})."]
     (RESULTS / "plan_validation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-1:]))
 

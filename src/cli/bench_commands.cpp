@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/mx_types.h"
+#include "dist/communicator.h"
 #include "kernels/cpu/mx_gemm.h"
 #include "kernels/gemm.h"
 #include "model/flop_count.h"
@@ -103,6 +104,91 @@ void run_bench_gemm(const BenchGemmArgs& args) {
                               {"flops_per_s_min", sorted.front()},
                               {"flops_per_s_max", sorted.back()}};
   fmt::print("{}\n", out.dump());
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+}
+
+}  // namespace
+
+void run_bench_stream(int64_t megabytes, int64_t repeats, int64_t threads) {
+  MOE_CHECK(megabytes > 0 && repeats > 0 && threads >= 0,
+            "[bench] stream needs positive --megabytes and --repeats (got {} and {})", megabytes,
+            repeats);
+  if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
+  const auto n = static_cast<int64_t>(megabytes) * 1024 * 1024 / 4;
+  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
+      c(static_cast<size_t>(n), 2.0f);
+  const float scale = 3.0f;
+  const auto triad = [&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      a[static_cast<size_t>(i)] = b[static_cast<size_t>(i)] + scale * c[static_cast<size_t>(i)];
+  };
+  triad();  // first touch
+  std::vector<double> rates;
+  for (int64_t r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    triad();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rates.push_back(12.0 * static_cast<double>(n) / s);
+  }
+  const nlohmann::json out = {{"megabytes", megabytes},
+                              {"threads", omp_get_max_threads()},
+                              {"bytes_per_s", rates},
+                              {"bytes_per_s_median", median_of(rates)},
+                              {"check", a[static_cast<size_t>(n / 2)]}};
+  fmt::print("{}\n", out.dump());
+}
+
+void run_bench_pingpong(int64_t max_megabytes, int64_t repeats) {
+  const dist::Communicator world = dist::Communicator::world();
+  MOE_CHECK(world.size() >= 2, "[bench] pingpong needs 2 ranks (mpirun -np 2), got {}",
+            world.size());
+  MOE_CHECK(max_megabytes > 0 && repeats > 0,
+            "[bench] pingpong needs positive --max-megabytes and --repeats (got {} and {})",
+            max_megabytes, repeats);
+  const int rank = world.rank();
+  const int64_t max_floats = max_megabytes * 1024 * 1024 / 4;
+  std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f);
+  nlohmann::json sizes = nlohmann::json::array();
+  for (int64_t count = 1; count <= max_floats; count *= 16) {
+    // One request at a time (wait_all empties its vector), so each leg completes before the next.
+    const auto leg = [](MPI_Request request, const dist::Communicator& c) {
+      std::vector<MPI_Request> one{request};
+      c.wait_all(one);
+    };
+    const auto exchange = [&] {
+      if (rank == 0) {
+        leg(world.isend(buffer.data(), count, 1, 0), world);
+        leg(world.irecv(buffer.data(), count, 1, 1), world);
+      } else if (rank == 1) {
+        leg(world.irecv(buffer.data(), count, 0, 0), world);
+        leg(world.isend(buffer.data(), count, 0, 1), world);
+      }
+    };
+    exchange();  // warm-up: connection set-up, first touch
+    world.barrier();
+    std::vector<double> one_way;
+    for (int64_t r = 0; r < repeats; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      exchange();
+      one_way.push_back(
+          0.5 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    const double seconds = median_of(one_way);
+    sizes.push_back({{"bytes", 4 * count},
+                     {"one_way_seconds_median", seconds},
+                     {"bytes_per_s", 4.0 * static_cast<double>(count) / seconds}});
+  }
+  if (rank == 0)
+    fmt::print("{}\n", nlohmann::json{{"ranks", world.size()}, {"sizes", sizes}}.dump());
 }
 
 void run_bench_flops(const std::string& config_path, const std::vector<std::string>& overrides) {

@@ -23,6 +23,16 @@ struct BenchGemmArgs {
 // repeat, their median, minimum and maximum (2 m n k FLOPs per call).
 void run_bench_gemm(const BenchGemmArgs& args);
 
+// Memory bandwidth as a STREAM triad (a[i] = b[i] + s c[i], 12 bytes per element moved) over
+// arrays far larger than the caches, with `threads` OpenMP threads: the bytes/s per repeat and
+// their median. The planner's element-wise and optimizer costs stream at this rate.
+void run_bench_stream(int64_t megabytes, int64_t repeats, int64_t threads);
+
+// MPI point-to-point between ranks 0 and 1 of the job (osu_latency / osu_bw style ping-pong:
+// rank 0 sends, rank 1 sends back; one-way time = round trip / 2) for each message size: the
+// one-way seconds and bytes/s of each, as rank 0 prints them. Needs at least 2 ranks.
+void run_bench_pingpong(int64_t max_megabytes, int64_t repeats);
+
 // FLOPs per trained token of a run config's model at train.seq_len (model/flop_count.h) and its
 // parameter counts.
 void run_bench_flops(const std::string& config_path, const std::vector<std::string>& overrides);

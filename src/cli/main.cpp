@@ -168,6 +168,21 @@ int main(int argc, char** argv) {
                         0.0, 3600.0);
   cli::add_int_option(bench_gemm, "--threads", gemm_args.threads, "OpenMP threads (0 = default)", 0,
                       moecore::kMaxThreads);
+  int64_t stream_megabytes = 256, stream_repeats = 5, stream_threads = 0;
+  CLI::App* bench_stream =
+      bench->add_subcommand("stream", "memory bandwidth (STREAM triad), for `moecore plan`");
+  cli::add_int_option(bench_stream, "--megabytes", stream_megabytes, "size of each array", 1,
+                      1 << 20);
+  cli::add_int_option(bench_stream, "--repeats", stream_repeats, "timed repeats", 1, 1000000);
+  cli::add_int_option(bench_stream, "--threads", stream_threads, "OpenMP threads (0 = default)", 0,
+                      moecore::kMaxThreads);
+  int64_t pingpong_megabytes = 64, pingpong_repeats = 20;
+  CLI::App* bench_pingpong = bench->add_subcommand(
+      "pingpong", "MPI point-to-point latency and bandwidth between ranks 0 and 1 (mpirun -np 2)");
+  cli::add_int_option(bench_pingpong, "--max-megabytes", pingpong_megabytes, "largest message", 1,
+                      1 << 16);
+  cli::add_int_option(bench_pingpong, "--repeats", pingpong_repeats, "round trips per size", 1,
+                      1000000);
   CLI::App* bench_flops =
       bench->add_subcommand("flops", "model FLOPs per token and parameter counts of a config");
   bench_flops->add_option("config", train_config, "config TOML")->required();
@@ -206,6 +221,10 @@ int main(int argc, char** argv) {
   plan->add_option("--ranks", plan_args.ranks, "world size (default: pp x ep)");
   plan->add_option("--hardware", plan_args.hardware, "cpu | h100 | h200 | b200 | profile.json");
   plan->add_flag("--json", plan_args.json, "one JSON object instead of text");
+  cli::add_float_option(plan, "--max-memory", plan_args.max_memory_gb,
+                        "list the fastest layouts that fit this many GB per rank", 0.0, 1e9);
+  cli::add_int_option(plan, "--top", plan_args.top, "layouts --max-memory lists", 1, 1000000);
+  plan->add_option("--html", plan_args.html, "also write a self-contained report page");
 
   // Every command-line error is one line on stderr; help output stays CLI11's.
   if (argc > 1 && argv[1][0] != '-') {
@@ -260,6 +279,10 @@ int main(int argc, char** argv) {
       cli::run_bench_gemm(gemm_args);
     } else if (bench_flops->parsed()) {
       cli::run_bench_flops(train_config, overrides);
+    } else if (bench_stream->parsed()) {
+      cli::run_bench_stream(stream_megabytes, stream_repeats, stream_threads);
+    } else if (bench_pingpong->parsed()) {
+      cli::run_bench_pingpong(pingpong_megabytes, pingpong_repeats);
     } else if (plan->parsed()) {
       cli::run_plan(plan_args);
     } else if (mx_quantize->parsed()) {

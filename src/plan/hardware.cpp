@@ -32,16 +32,49 @@ Hardware load_hardware(const std::string& spec) {
   if (lower == "cpu") {
     const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES));
     const double page = static_cast<double>(sysconf(_SC_PAGE_SIZE));
-    return {"cpu", pages * page, kCpuRuntimeMiB * kMiB,
-            "this machine's physical memory; baseline measured on moecore train", false};
+    return {"cpu",
+            pages * page,
+            kCpuRuntimeMiB * kMiB,
+            "this machine's physical memory; baseline measured on moecore train",
+            false,
+            {}};
   }
-  const auto gpu = [](const char* name, double gb) {
-    return Hardware{name, gb * 1e9, kGpuRuntimeGiB * kGiB,
-                    "NVIDIA data sheet memory; 1 GiB CUDA context and workspaces assumed", true};
+  // Data sheet figures per GPU: NVIDIA H100 Tensor Core GPU data sheet (SXM5: 80 GB, 3.35 TB/s,
+  // BF16 1,979 TFLOPS with sparsity = 989 dense, FP32 67 TFLOPS, NVLink 900 GB/s); NVIDIA H200
+  // data sheet (SXM: 141 GB, 4.8 TB/s, same compute and NVLink as H100); NVIDIA Blackwell
+  // data sheet, HGX B200 column (180 GB, 7.7 TB/s, BF16 4.5 PFLOPS with sparsity = 2.25 dense,
+  // FP32 75 TFLOPS, NVLink 5 1.8 TB/s). NVLink figures are both directions together: a rank
+  // sends at half. Between nodes: DGX H100/H200/B200 data sheets, one 400 Gb/s ConnectX-7 per GPU
+  // (50 GB/s), 8 GPUs a node. Latencies are assumed (a few microseconds per NCCL message).
+  // What a GEMM achieves: 80% of the data sheet's dense peak, the ratio measured on an H200
+  // (DESIGN.md: ~790 TFLOP/s bf16 for 8192^3 through PyTorch against 989), used for all three.
+  constexpr double kGemmFraction = 790.0 / 989.0;
+  const auto gpu = [&](const char* name, double gb, double bf16_tflops, double fp32_tflops,
+                       double memory_tbs, double nvlink_gbs) {
+    Hardware h{name,
+               gb * 1e9,
+               kGpuRuntimeGiB * kGiB,
+               "NVIDIA data sheets (see plan/hardware.cpp); 1 GiB CUDA context and workspaces "
+               "assumed",
+               true,
+               {}};
+    Rates& r = h.rates;
+    r.peak_flops_bf16 = bf16_tflops * 1e12;
+    r.peak_flops_fp32 = fp32_tflops * 1e12;
+    r.gemm_flops_bf16 = kGemmFraction * r.peak_flops_bf16;
+    r.gemm_flops_fp32 = kGemmFraction * r.peak_flops_fp32;
+    r.memory_bandwidth = memory_tbs * 1e12;
+    r.link_bandwidth = 0.5 * nvlink_gbs * 1e9;
+    r.link_latency = 3e-6;
+    r.node_ranks = 8;
+    r.network_bandwidth = 50e9;
+    r.network_latency = 5e-6;
+    r.async_communication = true;  // NCCL runs on its own stream
+    return h;
   };
-  if (lower == "h100") return gpu("h100", 80.0);
-  if (lower == "h200") return gpu("h200", 141.0);
-  if (lower == "b200") return gpu("b200", 180.0);
+  if (lower == "h100") return gpu("h100", 80.0, 989.0, 67.0, 3.35, 900.0);
+  if (lower == "h200") return gpu("h200", 141.0, 989.0, 67.0, 4.8, 900.0);
+  if (lower == "b200") return gpu("b200", 180.0, 2250.0, 75.0, 7.7, 1800.0);
   MOE_CHECK(std::filesystem::is_regular_file(spec),
             "[plan] --hardware {}: not a built-in profile (cpu, h100, h200, b200) nor a file",
             spec);
@@ -66,6 +99,40 @@ Hardware load_hardware(const std::string& spec) {
   h.runtime_bytes = overhead * kMiB;
   h.device = j.value("device", false);
   h.source = spec;
+  // Rates: all or none (a profile of memory alone plans memory alone).
+  const auto number = [&](const char* key, double scale) {
+    if (!j.contains(key)) return 0.0;
+    MOE_CHECK(j[key].is_number() && j[key].get<double>() > 0.0,
+              "[plan] --hardware {}: \"{}\" must be a positive number", spec, key);
+    return j[key].get<double>() * scale;
+  };
+  Rates& r = h.rates;
+  r.gemm_flops_fp32 = number("gemm_tflops_fp32", 1e12);
+  r.gemm_flops_bf16 = number("gemm_tflops_bf16", 1e12);
+  r.peak_flops_fp32 = number("peak_tflops_fp32", 1e12);
+  r.peak_flops_bf16 = number("peak_tflops_bf16", 1e12);
+  if (r.peak_flops_fp32 == 0.0) r.peak_flops_fp32 = r.gemm_flops_fp32;
+  if (r.peak_flops_bf16 == 0.0) r.peak_flops_bf16 = r.gemm_flops_bf16;
+  r.memory_bandwidth = number("memory_bandwidth_gbs", 1e9);
+  r.link_bandwidth = number("link_bandwidth_gbs", 1e9);
+  r.link_latency = number("link_latency_us", 1e-6);
+  r.network_bandwidth = number("network_bandwidth_gbs", 1e9);
+  r.network_latency = number("network_latency_us", 1e-6);
+  if (j.contains("node_ranks")) {
+    MOE_CHECK(j["node_ranks"].is_number_integer() && j["node_ranks"].get<int64_t>() >= 1,
+              "[plan] --hardware {}: \"node_ranks\" must be a positive integer", spec);
+    r.node_ranks = j["node_ranks"].get<int64_t>();
+  }
+  r.cores_per_node = number("cores_per_node", 1.0);
+  r.async_communication = j.value("async_communication", false);
+  const bool any = r.gemm_flops_fp32 > 0.0 || r.gemm_flops_bf16 > 0.0 || r.memory_bandwidth > 0.0 ||
+                   r.link_bandwidth > 0.0;
+  MOE_CHECK(!any || r.known(),
+            "[plan] --hardware {}: a step-time profile needs gemm_tflops_fp32, gemm_tflops_bf16, "
+            "memory_bandwidth_gbs and link_bandwidth_gbs together",
+            spec);
+  MOE_CHECK(r.node_ranks == 0 || r.network_bandwidth > 0.0,
+            "[plan] --hardware {}: node_ranks needs network_bandwidth_gbs", spec);
   return h;
 }
 

@@ -1,14 +1,52 @@
 // What a rank runs on, for the planner: memory per rank and the process's own baseline (code,
-// libraries, MPI, thread stacks, allocator slack) that no tensor accounts for.
+// libraries, MPI, thread stacks, allocator slack) that no tensor accounts for, and the rates the
+// step-time model (plan/step_time.h) prices operations with.
 // Built in: "cpu" (this machine: its physical memory; the baseline measured on a moecore training
-// process), "h100" (80 GB), "h200" (141 GB), "b200" (180 GB), GPU memory from NVIDIA's data sheets
-// and an assumed 1 GiB of CUDA context and workspace. A JSON file {"name", "memory_gib",
-// "runtime_overhead_mib", "device"} describes any other.
+// process; no rates: they are measured, see below), "h100", "h200", "b200" (NVIDIA data sheet
+// figures, each with its source in hardware.cpp, and an assumed 1 GiB of CUDA context and
+// workspace). A JSON file describes any other:
+//   {"name", "memory_gib", "runtime_overhead_mib", "device",
+//    "gemm_tflops_fp32", "gemm_tflops_bf16", "peak_tflops_fp32", "peak_tflops_bf16",
+//    "memory_bandwidth_gbs", "link_bandwidth_gbs", "link_latency_us",
+//    "node_ranks", "cores_per_node", "network_bandwidth_gbs", "network_latency_us",
+//    "async_communication"}
+// `make bench-plan` writes one for this CPU (bench/results/cpu_profile.json) from `moecore bench
+// gemm`, `moecore bench stream` and `moecore bench pingpong`.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace moecore::plan {
+
+// Rates of one rank (GB and TFLOP in powers of ten). Zero where unknown: no step time then.
+struct Rates {
+  double gemm_flops_fp32 = 0.0;  // FLOP/s a GEMM achieves (what the roofline prices GEMMs at)
+  double gemm_flops_bf16 = 0.0;
+  double peak_flops_fp32 = 0.0;   // the MFU denominator: measured GEMM peak on a CPU (DESIGN.md,
+  double peak_flops_bf16 = 0.0;   // Measuring), the data sheet's dense peak on a GPU
+  double memory_bandwidth = 0.0;  // bytes/s a streaming kernel reads plus writes
+  double link_bandwidth = 0.0;    // bytes/s one rank sends to a rank of its node
+  double link_latency = 0.0;      // seconds per message within a node
+  int64_t node_ranks = 0;         // ranks per node; 0: every rank on one node
+  // Cores' worth of these rates that a node's ranks share; 0: a core (or GPU) per rank. When
+  // more ranks run on a node than that (mpirun oversubscribing a small or shared CPU), each rank
+  // gets cores / ranks of the rates. On a CPU it is measured, not counted: the summed GEMM rate of
+  // two ranks running at once over one rank's alone (bench/plan_validation.py), which also sees
+  // the other jobs of a shared machine.
+  double cores_per_node = 0.0;
+  double network_bandwidth = 0.0;  // bytes/s one rank sends to another node
+  double network_latency = 0.0;
+  // Collectives progress while compute runs (NCCL on its own stream, copy engines moving the
+  // bytes); false for Open MPI on a CPU: a nonblocking collective advances only inside MPI calls,
+  // and the rank's own core copies the bytes through shared memory, so a rank's link bandwidth is
+  // shared out with its cores like its compute rates (op_cost.h, rank_share).
+  bool async_communication = false;
+  bool known() const {
+    return gemm_flops_fp32 > 0.0 && gemm_flops_bf16 > 0.0 && memory_bandwidth > 0.0 &&
+           link_bandwidth > 0.0;
+  }
+};
 
 struct Hardware {
   std::string name;
@@ -18,6 +56,7 @@ struct Hardware {
   // An accelerator: the trainer's host-side buffers (the whole-model copy, the batch's token ids)
   // are host memory, not counted against memory_bytes.
   bool device = false;
+  Rates rates;
 };
 
 // A built-in name (case-insensitive) or the path of a JSON profile; one-line error otherwise.

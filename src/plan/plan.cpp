@@ -47,6 +47,8 @@ Plan make_plan(const RunConfig& config, int64_t world, const Hardware& hardware)
     p.stages.push_back(rank_memory(config, p.layout, s, hardware.runtime_bytes, hardware.device));
     p.comms.push_back(rank_collectives(config, p.layout, s));
   }
+  p.has_step_time = hardware.rates.known();
+  if (p.has_step_time) p.step = step_time(config, p.layout, hardware.rates);
   return p;
 }
 
@@ -60,6 +62,39 @@ nlohmann::json flops_json(const FlopsPerToken& f) {
           {"lm_head", f.lm_head},
           {"total", f.total()}};
 }
+
+namespace {
+
+nlohmann::json step_time_json(const StepTime& t) {
+  nlohmann::json breakdown = nlohmann::json::object();
+  for (int i = 0; i < kTimeCategories; ++i)
+    breakdown[time_category_name(static_cast<TimeCategory>(i))] =
+        t.breakdown[static_cast<size_t>(i)];
+  return {{"seconds", t.seconds},
+          {"critical_stage", t.critical_stage},
+          {"stage_seconds", t.stage_seconds},
+          {"tokens_per_s_per_rank", t.tokens_per_s_per_rank},
+          {"model_flops_per_s_per_rank", t.model_flops_per_s_per_rank},
+          {"mfu", t.mfu},
+          {"bubble", t.bubble},
+          {"breakdown_seconds", breakdown}};
+}
+
+std::string step_time_text(const StepTime& t) {
+  std::string out = fmt::format(
+      "step time: {:.4g} s (stage {} is the slowest), {:.4g} tokens/s per rank, MFU {:.1f}%\n",
+      t.seconds, t.critical_stage, t.tokens_per_s_per_rank, 100.0 * t.mfu);
+  out += "  where the time goes:";
+  for (int i = 0; i < kTimeCategories; ++i) {
+    const double sec = t.breakdown[static_cast<size_t>(i)];
+    if (sec <= 0.0) continue;
+    out += fmt::format(" {} {:.1f}%", time_category_name(static_cast<TimeCategory>(i)),
+                       100.0 * sec / t.seconds);
+  }
+  return out + "\n";
+}
+
+}  // namespace
 
 nlohmann::json plan_json(const Plan& p) {
   const ResolvedLayout& l = p.layout;
@@ -81,6 +116,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"optimizer_state", m.optimizer_state},
                         {"optimizer_scratch", m.optimizer_scratch},
                         {"mpi_scratch", m.mpi_scratch},
+                        {"reduction_peak", m.reduction_peak},
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"whole_model_copy", m.whole_model_copy},
                         {"activations", m.activations},
@@ -143,6 +179,7 @@ nlohmann::json plan_json(const Plan& p) {
             {"source", p.hardware.source}}},
           {"peak_bytes_per_rank", p.peak_bytes()},
           {"fits", p.fits()},
+          {"step_time", p.has_step_time ? step_time_json(p.step) : nlohmann::json(nullptr)},
           {"stages", stages}};
 }
 
@@ -204,6 +241,12 @@ std::string plan_text(const Plan& p) {
   out += fmt::format("{}: {} per rank of {} ({})\n", p.fits() ? "fits" : "DOES NOT FIT",
                      human_bytes(p.peak_bytes()), human_bytes(p.hardware.memory_bytes),
                      p.hardware.name);
+  out += p.has_step_time ? step_time_text(p.step)
+                         : fmt::format(
+                               "step time: not predicted ({} has no measured rates; "
+                               "`make bench-plan` writes bench/results/cpu_profile.json "
+                               "for --hardware)\n",
+                               p.hardware.name);
   return out;
 }
 

@@ -1,6 +1,6 @@
 // `moecore plan`: everything the planner says about one config at one world size, from the config
-// alone: parameter counts, model FLOPs per token, and per pipeline stage the memory of a rank and
-// the bytes each collective moves per step.
+// alone: parameter counts, model FLOPs per token, per pipeline stage the memory of a rank and the
+// bytes each collective moves per step, and, when the hardware profile has rates, the step time.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "plan/hardware.h"
 #include "plan/memory_model.h"
 #include "plan/param_count.h"
+#include "plan/step_time.h"
 #include "train/layout_validation.h"
 #include "train/run_config.h"
 
@@ -26,7 +27,9 @@ struct Plan {
   Hardware hardware;
   std::vector<RankMemory> stages;                   // one rank of each pipeline stage
   std::vector<std::vector<CollectiveBytes>> comms;  // per stage
-  double peak_bytes() const;                        // the largest rank's
+  bool has_step_time = false;                       // the hardware profile has rates
+  StepTime step;
+  double peak_bytes() const;  // the largest rank's
   bool fits() const { return peak_bytes() <= hardware.memory_bytes; }
 };
 

@@ -41,7 +41,7 @@ seq_len = 16
   return parse_run_config(text, "small.toml", overrides);
 }
 
-const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false};
+const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false, {}};
 
 TEST(PlanParams, MatchHandCount) {
   const ParamCounts p = count_params(small_config().model);

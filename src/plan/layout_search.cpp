@@ -1,0 +1,116 @@
+#include "plan/layout_search.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "core/check.h"
+#include "plan/plan.h"
+
+namespace moecore::plan {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) out.push_back(i);
+  return out;
+}
+
+// The peak of the largest rank. Stages whose chunks have the same layer counts, the same number
+// of dense layers and the same embedding / head hold the same sizes: each is counted once (a
+// trillion-parameter model's parameter table is large, and most stages are alike).
+double peak_bytes(const RunConfig& c, const ResolvedLayout& layout, const Hardware& hardware) {
+  const int64_t chunks = static_cast<int64_t>(layout.chunk_layers.size());
+  const int64_t dense = c.model.first_k_dense_replace;
+  std::map<std::vector<int64_t>, double> seen;
+  double peak = 0.0;
+  int64_t begin = 0;
+  std::vector<int64_t> first(static_cast<size_t>(chunks));
+  for (int64_t g = 0; g < chunks; ++g) {
+    first[static_cast<size_t>(g)] = begin;
+    begin += layout.chunk_layers[static_cast<size_t>(g)];
+  }
+  for (int64_t s = 0; s < layout.pp; ++s) {
+    std::vector<int64_t> key;
+    for (int64_t g = s; g < chunks; g += layout.pp) {
+      const int64_t b = first[static_cast<size_t>(g)];
+      const int64_t n = layout.chunk_layers[static_cast<size_t>(g)];
+      key.insert(key.end(), {n, std::clamp(dense - b, int64_t{0}, n), g == 0 ? 1 : 0,
+                             g == chunks - 1 ? 1 : 0});
+    }
+    auto it = seen.find(key);
+    if (it == seen.end())
+      it =
+          seen.emplace(key, rank_memory(c, layout, s, hardware.runtime_bytes, hardware.device).peak)
+              .first;
+    peak = std::max(peak, it->second);
+  }
+  return peak;
+}
+
+}  // namespace
+
+RunConfig with_layout(const RunConfig& config, const LayoutChoice& choice) {
+  RunConfig c = config;
+  c.parallel.pp = choice.pp;
+  c.parallel.ep = choice.ep;
+  c.parallel.zero = choice.zero;
+  c.parallel.stage_layers.clear();  // balanced chunks for the new pp
+  if (choice.zero != 0) c.parallel.overlap_grad_reduce = false;
+  c.train.microbatches = choice.microbatches;
+  return c;
+}
+
+LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardware& hardware,
+                            double max_memory_bytes) {
+  MOE_CHECK(world >= 1, "[plan] --ranks={} must be positive", world);
+  MOE_CHECK(max_memory_bytes > 0.0, "[plan] --max-memory must be positive");
+  MOE_CHECK(hardware.rates.known(),
+            "[plan] --max-memory ranks layouts by step time: --hardware {} has no rates (use "
+            "h100, h200, b200 or a measured profile such as bench/results/cpu_profile.json)",
+            hardware.name);
+  const ModelConfig& mc = config.model;
+  LayoutSearch out;
+  for (int64_t pp : divisors(world)) {
+    if (mc.num_hidden_layers % pp != 0) continue;
+    for (int64_t ep : divisors(world / pp)) {
+      if (mc.num_experts % ep != 0) continue;
+      for (int64_t zero : {0, 1})
+        for (int64_t m : divisors(config.train.batch_size)) {
+          LayoutChoice choice;
+          choice.pp = pp;
+          choice.ep = ep;
+          choice.zero = zero;
+          choice.microbatches = m;
+          const RunConfig c = with_layout(config, choice);
+          ResolvedLayout layout;
+          try {
+            layout = validate_layout(c, world);
+          } catch (const Error&) {
+            continue;  // a layout the trainer refuses (micro-batch split, schedule, ...)
+          }
+          // Memory first: the step time is only priced for layouts that fit.
+          choice.dp = layout.dp;
+          choice.ep_dp = layout.ep_dp;
+          choice.peak_bytes = peak_bytes(c, layout, hardware);
+          if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes)
+            out.smallest = choice;
+          if (choice.peak_bytes > max_memory_bytes) continue;
+          const StepTime t = step_time(c, layout, hardware.rates);
+          choice.step_seconds = t.seconds;
+          choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
+          choice.mfu = t.mfu;
+          out.fits.push_back(choice);
+        }
+    }
+  }
+  std::sort(out.fits.begin(), out.fits.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
+    return std::tie(b.tokens_per_s_per_rank, a.peak_bytes, a.pp, a.ep, a.zero, a.microbatches) <
+           std::tie(a.tokens_per_s_per_rank, b.peak_bytes, b.pp, b.ep, b.zero, b.microbatches);
+  });
+  return out;
+}
+
+}  // namespace moecore::plan

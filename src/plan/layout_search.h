@@ -1,0 +1,39 @@
+// `moecore plan --max-memory GB` (issue 17, item 5): every layout of a world size that the
+// trainer accepts, varying pp (dividing the layers), ep (dividing the experts and a stage's
+// ranks), ZeRO-1 on or off and the number of micro-batches (dividing the batch), with dp x pp =
+// world (dp = ep x ep_dp); the ones whose predicted peak memory per rank fits the budget, fastest
+// first by predicted tokens/s (then the least memory). The config's schedule, dispatch and
+// precision are kept; overlap_grad_reduce is dropped where ZeRO-1 is on (the trainer refuses both).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/hardware.h"
+#include "train/run_config.h"
+
+namespace moecore::plan {
+
+struct LayoutChoice {
+  int64_t pp = 1, ep = 1, zero = 0, microbatches = 1;
+  int64_t dp = 1, ep_dp = 1;
+  double peak_bytes = 0.0;
+  double step_seconds = 0.0;
+  double tokens_per_s_per_rank = 0.0;
+  double mfu = 0.0;
+};
+
+struct LayoutSearch {
+  std::vector<LayoutChoice> fits;  // best first (all of them; the caller prints the top ones)
+  int64_t valid = 0;               // layouts the trainer accepts, fitting or not
+  LayoutChoice smallest;           // the valid layout of least peak memory (step time not priced)
+};
+
+// The hardware needs rates (a step time) to rank the layouts.
+LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardware& hardware,
+                            double max_memory_bytes);
+
+// The same config with a layout's choices applied.
+RunConfig with_layout(const RunConfig& config, const LayoutChoice& choice);
+
+}  // namespace moecore::plan

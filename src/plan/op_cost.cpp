@@ -1,0 +1,153 @@
+#include "plan/op_cost.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/flop_count.h"
+
+namespace moecore::plan {
+
+namespace {
+
+constexpr double kF = 4.0;  // fp32: weights, activations and exchanged rows are fp32 in moecore
+
+struct Roofline {
+  double gemm_flops;  // FLOP/s of this run's GEMM precision, times the rank's share of cores
+  double bandwidth;   // bytes/s
+  // C[m, n] = A[m, k] B[k, n]: the larger of its FLOPs at the GEMM rate and its operands streamed
+  // once through memory.
+  double gemm(double m, double n, double k) const {
+    return std::max(2.0 * m * n * k / gemm_flops, kF * (m * k + k * n + m * n) / bandwidth);
+  }
+  // A layer's GEMM in a pass: the forward runs it once, the backward twice (input and weight
+  // gradients, the same FLOPs each).
+  double pass_gemm(bool forward, double m, double n, double k) const {
+    return (forward ? 1.0 : 2.0) * gemm(m, n, k);
+  }
+};
+
+}  // namespace
+
+std::string time_category_name(TimeCategory c) {
+  switch (c) {
+    case TimeCategory::kAttention:
+      return "attention";
+    case TimeCategory::kDenseMlp:
+      return "dense_mlp";
+    case TimeCategory::kExperts:
+      return "experts";
+    case TimeCategory::kLmHead:
+      return "lm_head";
+    case TimeCategory::kElementwise:
+      return "elementwise";
+    case TimeCategory::kExpertExchange:
+      return "expert_exchange";
+    case TimeCategory::kPipelineWait:
+      return "pipeline_wait";
+    case TimeCategory::kGradReduce:
+      return "grad_reduce";
+    case TimeCategory::kOptimizer:
+      return "optimizer";
+    case TimeCategory::kCount:
+      break;
+  }
+  return "?";
+}
+
+double total_seconds(const Seconds& s) {
+  return std::accumulate(s.begin(), s.end(), 0.0);
+}
+
+double rank_share(const Rates& rates, const ResolvedLayout& layout) {
+  if (rates.cores_per_node <= 0.0) return 1.0;
+  const int64_t on_node =
+      rates.node_ranks > 0 ? std::min(rates.node_ranks, layout.world) : layout.world;
+  return std::min(1.0, rates.cores_per_node / static_cast<double>(on_node));
+}
+
+Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t world) {
+  // Groups are blocks of consecutive ranks (ep), or strided (ep_dp, pp); a block of group x
+  // stride ranks that fits in a node stays on it.
+  const bool one_node =
+      rates.node_ranks <= 0 || world <= rates.node_ranks || group_size * stride <= rates.node_ranks;
+  if (one_node) return {rates.link_bandwidth, rates.link_latency};
+  return {rates.network_bandwidth, rates.network_latency};
+}
+
+Link group_link(const Rates& rates, const ResolvedLayout& layout, int64_t group_size,
+                int64_t stride) {
+  Link link = group_link(rates, group_size, stride, layout.world);
+  if (!rates.async_communication) link.bandwidth *= rank_share(rates, layout);
+  return link;
+}
+
+Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout,
+                           const ChunkShape& chunk, const Rates& rates, bool forward) {
+  const ModelConfig& c = config.model;
+  const TrainConfig& tc = config.train;
+  const bool bf16 = tc.precision != kernels::MatmulPrecision::kFp32;
+  const double share = rank_share(rates, layout);
+  const Roofline roof{(bf16 ? rates.gemm_flops_bf16 : rates.gemm_flops_fp32) * share,
+                      rates.memory_bandwidth * share};
+  const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
+  const double n = static_cast<double>(tokens.tokens());
+  const double d = static_cast<double>(c.hidden_size);
+  const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
+  const double experts_here = static_cast<double>(c.num_experts / layout.ep);
+  const double k = static_cast<double>(c.num_experts_per_tok);
+  const double h = static_cast<double>(c.moe_intermediate_size);
+  const double hs = static_cast<double>(c.shared_expert_intermediate_size);
+  // The attention core's FLOPs per token (scores and context over the causal positions), the
+  // same count as the MFU numerator.
+  const FlopsPerToken per_token = flops_per_token(c, tc.seq_len);
+  const double layers = static_cast<double>(c.num_hidden_layers);
+  const double core_flops = per_token.attention_scores / layers / 3.0;  // one forward, per token
+  const double received = n * k;  // balanced: the rank's experts receive n k rows
+
+  Seconds s{};
+  auto add = [&s](TimeCategory cat, double seconds) { s[static_cast<int>(cat)] += seconds; };
+  const double pass = forward ? 1.0 : 2.0;
+  int64_t moe_layers = 0;
+  for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+    add(TimeCategory::kAttention, roof.pass_gemm(forward, n, qs + 2.0 * kvs, d) +
+                                      roof.pass_gemm(forward, n, d, qs) +
+                                      pass * n * core_flops / roof.gemm_flops);
+    if (c.layer_is_dense(i)) {
+      const double inter = static_cast<double>(c.intermediate_size);
+      add(TimeCategory::kDenseMlp,
+          roof.pass_gemm(forward, n, 2.0 * inter, d) + roof.pass_gemm(forward, n, d, inter));
+      continue;
+    }
+    ++moe_layers;
+    // Router, then each local expert's gate/up and down GEMMs over its share of the rows.
+    double experts = roof.pass_gemm(forward, n, static_cast<double>(c.num_experts), d);
+    const double rows = received / experts_here;
+    experts += experts_here *
+               (roof.pass_gemm(forward, rows, 2.0 * h, d) + roof.pass_gemm(forward, rows, d, h));
+    if (hs > 0.0)
+      experts += roof.pass_gemm(forward, n, 2.0 * hs, d) + roof.pass_gemm(forward, n, d, hs);
+    add(TimeCategory::kExperts, experts);
+  }
+  if (chunk.has_head)
+    add(TimeCategory::kLmHead, roof.pass_gemm(forward, n, static_cast<double>(c.vocab_size), d));
+
+  // Element-wise work: the forward writes each saved activation and reads it once; the backward
+  // reads it, writes its gradient and reads that once.
+  const double saved = chunk_activation_bytes(c, chunk, tokens).total();
+  add(TimeCategory::kElementwise, (forward ? 2.0 : 3.0) * saved / roof.bandwidth);
+
+  // Expert parallelism: per MoE layer and pass, the rows bound for the other ep - 1 ranks go out
+  // and their results come back (dispatch and combine forward; their gradients backward), each
+  // way one message per peer.
+  if (layout.ep > 1 && moe_layers > 0) {
+    const Link link = group_link(rates, layout, layout.ep, 1);
+    const double ep = static_cast<double>(layout.ep);
+    const double one_way = kF * n * k * d * (ep - 1.0) / ep;
+    add(TimeCategory::kExpertExchange,
+        static_cast<double>(moe_layers) *
+            (2.0 * one_way / link.bandwidth + 2.0 * (ep - 1.0) * link.latency));
+  }
+  return s;
+}
+
+}  // namespace moecore::plan

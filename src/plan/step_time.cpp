@@ -1,0 +1,128 @@
+#include "plan/step_time.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "dist/pipeline_schedule.h"
+#include "model/flop_count.h"
+#include "model/params.h"
+#include "plan/comm_model.h"
+#include "plan/pipeline_simulation.h"
+
+namespace moecore::plan {
+
+namespace {
+
+constexpr double kF = 4.0;
+
+// Seconds of one gradient-reduction collective as comm_model.h counts its bytes: the transfers
+// over the group's link, and for the reducing ones the element-wise sum of what arrives (two
+// operands read, one written) through memory at `memory_bandwidth`.
+double collective_seconds(const CollectiveBytes& c, const ResolvedLayout& layout,
+                          const Rates& rates, double memory_bandwidth) {
+  const bool dense = c.group == "dp";
+  const int64_t size = dense ? layout.dp : layout.ep_dp;
+  const int64_t stride = dense ? 1 : layout.ep;
+  const Link link = group_link(rates, layout, size, stride);
+  const double n = static_cast<double>(size);
+  const double sum = 3.0 * (n - 1.0) / n * c.bytes / memory_bandwidth;
+  if (c.op == "allreduce")  // ring: reduce-scatter then all-gather of the whole buffer
+    return 2.0 * (n - 1.0) / n * c.bytes / link.bandwidth + 2.0 * (n - 1.0) * link.latency + sum;
+  if (c.op == "reduce_scatter")  // bytes: the whole send buffer
+    return (n - 1.0) / n * c.bytes / link.bandwidth + (n - 1.0) * link.latency + sum;
+  if (c.op == "allgather")  // bytes: this rank's part
+    return (n - 1.0) * c.bytes / link.bandwidth + (n - 1.0) * link.latency;
+  return 0.0;
+}
+
+}  // namespace
+
+StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const Rates& rates) {
+  MOE_CHECK(rates.known(),
+            "[plan] hardware profile has no rates for a step time (gemm, memory, link)");
+  const ModelConfig& mc = config.model;
+  const TrainConfig& tc = config.train;
+  const ParallelConfig& pc = config.parallel;
+  const int64_t chunks_total = static_cast<int64_t>(layout.chunk_layers.size());
+  std::vector<int64_t> first_layer(static_cast<size_t>(chunks_total + 1), 0);
+  for (int64_t g = 0; g < chunks_total; ++g)
+    first_layer[static_cast<size_t>(g + 1)] =
+        first_layer[static_cast<size_t>(g)] + layout.chunk_layers[static_cast<size_t>(g)];
+
+  std::vector<std::vector<Seconds>> forward(static_cast<size_t>(layout.pp)),
+      backward(static_cast<size_t>(layout.pp));
+  for (int64_t s = 0; s < layout.pp; ++s)
+    for (int64_t c = 0; c < layout.virtual_stages; ++c) {
+      const int64_t g = s + c * layout.pp;
+      const ChunkShape chunk{first_layer[static_cast<size_t>(g)],
+                             layout.chunk_layers[static_cast<size_t>(g)], g == 0,
+                             g == chunks_total - 1};
+      forward[static_cast<size_t>(s)].push_back(
+          chunk_pass_seconds(config, layout, chunk, rates, true));
+      backward[static_cast<size_t>(s)].push_back(
+          chunk_pass_seconds(config, layout, chunk, rates, false));
+    }
+  // A hidden state (or its gradient) between neighbouring stages, dp ranks apart.
+  double transfer = 0.0;
+  if (layout.pp > 1) {
+    const Link link = group_link(rates, layout, layout.pp, layout.dp);
+    transfer =
+        kF * static_cast<double>(layout.local_rows * tc.seq_len * mc.hidden_size) / link.bandwidth +
+        link.latency;
+  }
+  const PipelineTimeline timeline = simulate_pipeline(pc.schedule, layout.pp, layout.virtual_stages,
+                                                      tc.microbatches, forward, backward, transfer);
+
+  const double share = rank_share(rates, layout);
+  StepTime out;
+  for (int64_t s = 0; s < layout.pp; ++s) {
+    const auto ss = static_cast<size_t>(s);
+    double reduce = 0.0;
+    for (const CollectiveBytes& c : rank_collectives(config, layout, s))
+      reduce += collective_seconds(c, layout, rates, rates.memory_bandwidth * share);
+    const bool overlap = pc.overlap_grad_reduce && rates.async_communication;
+    // Overlapped, the reductions still cannot finish before the stage's last layer's gradients.
+    int64_t stage_layers = 0;
+    for (int64_t c = 0; c < layout.virtual_stages; ++c)
+      stage_layers += layout.chunk_layers[static_cast<size_t>(s + c * layout.pp)];
+    const double exposed = overlap ? std::max(reduce / static_cast<double>(stage_layers),
+                                              reduce - timeline.last_backward[ss])
+                                   : reduce;
+    // AdamW reads parameter, gradient and both moments and writes three of them (28 bytes per
+    // float of this rank's shard); zeroing the gradients and their norm touch every local float.
+    const std::vector<LayerRange> ranges = dist::stage_chunks(layout.chunk_layers, layout.pp, s);
+    const ParamLayout local = ParamLayout::build(mc, layout.ep, 0, ranges);
+    const double dense = static_cast<double>(local.numel(ParamGroup::kDense));
+    const double expert = static_cast<double>(local.numel(ParamGroup::kExpert));
+    const double shard = pc.zero != 0 ? dense / static_cast<double>(layout.dp) +
+                                            expert / static_cast<double>(layout.ep_dp)
+                                      : dense + expert;
+    const double optimizer =
+        (28.0 * shard + 2.0 * kF * (dense + expert)) / (rates.memory_bandwidth * share);
+
+    Seconds b = timeline.busy[ss];
+    b[static_cast<int>(TimeCategory::kPipelineWait)] += timeline.wait[ss];
+    b[static_cast<int>(TimeCategory::kGradReduce)] += exposed;
+    b[static_cast<int>(TimeCategory::kOptimizer)] += optimizer;
+    const double seconds = total_seconds(b);
+    out.stage_seconds.push_back(seconds);
+    if (s == 0 || seconds > out.seconds) {
+      out.seconds = seconds;
+      out.critical_stage = s;
+      out.breakdown = b;
+    }
+  }
+  // The other stages wait for the slowest at the next step's first collective: the critical
+  // stage's breakdown is the step's.
+  const double tokens = static_cast<double>(tc.batch_size * tc.seq_len);
+  out.tokens_per_s_per_rank = tokens / out.seconds / static_cast<double>(layout.world);
+  out.model_flops_per_s_per_rank =
+      out.tokens_per_s_per_rank * flops_per_token(mc, tc.seq_len).total();
+  const bool bf16 = tc.precision != kernels::MatmulPrecision::kFp32;
+  const double peak = bf16 ? rates.peak_flops_bf16 : rates.peak_flops_fp32;
+  out.mfu = peak > 0.0 ? out.model_flops_per_s_per_rank / peak : 0.0;
+  out.bubble = out.breakdown[static_cast<int>(TimeCategory::kPipelineWait)] / out.seconds;
+  return out;
+}
+
+}  // namespace moecore::plan
