@@ -14,6 +14,7 @@ APT_PACKAGES=(
   libgtest-dev libbenchmark-dev libpcre2-dev libisal-dev
   bible-kjv bible-kjv-text
   iproute2
+  chromium  # headless, renders `moecore plan --html` pages in their test
   python3 python3-venv python3-pip
 )
 # libFuzzer's runtime (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-14-dev, only a
