@@ -34,7 +34,7 @@ RESULTS = REPO / "bench" / "results"
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 MEMORY_TOLERANCE = 0.10
-# The communicator's float payloads (dist/communicator.h); the rest are statistics.
+# The communicator's float payloads (dist/traffic_counters.h); the rest are statistics.
 FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoallv", "put", "get", "send"}
 
 # (name, ranks, --set overrides)
