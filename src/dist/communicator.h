@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moecore::dist {
@@ -112,8 +113,9 @@ class Communicator {
   virtual int max_tag() const = 0;
   // A window of `count` floats on every rank; traffic_group names its puts and gets in the
   // traffic counters (default: this group's name).
-  virtual std::unique_ptr<Window> window(int64_t count,
-                                         const std::string& traffic_group = "") const = 0;
+  std::unique_ptr<Window> window(int64_t count, const std::string& traffic_group = "") const {
+    return do_window(count, traffic_group.empty() ? name_ : traffic_group);
+  }
 
   // The typed forms the callers use.
   void allreduce_sum(float* data, int64_t count) const {
@@ -160,7 +162,8 @@ class Communicator {
   Communicator(int rank, int size, std::string name)
       : rank_(rank), size_(size), name_(std::move(name)) {}
 
-  // Called only for groups of more than one rank (the point-to-point ones for any group).
+  // The collectives reach the backend only for groups of more than one rank; point-to-point
+  // transfers and windows for any group.
   virtual void do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const = 0;
   virtual Request do_iallreduce(void* data, int64_t count, CommType type, ReduceOp op) const = 0;
   virtual void do_broadcast(void* data, int64_t bytes, int root) const = 0;
@@ -176,6 +179,8 @@ class Communicator {
   virtual Request do_isend(const void* data, int64_t count, CommType type, int dest,
                            int tag) const = 0;
   virtual Request do_irecv(void* data, int64_t count, CommType type, int source, int tag) const = 0;
+  virtual std::unique_ptr<Window> do_window(int64_t count,
+                                            const std::string& traffic_group) const = 0;
 
  private:
   int rank_;

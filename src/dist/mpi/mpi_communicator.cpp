@@ -67,11 +67,10 @@ int MpiCommunicator::max_tag() const {
   return found != 0 ? *static_cast<int*>(value) : 32767;
 }
 
-std::unique_ptr<Window> MpiCommunicator::window(int64_t count,
-                                                const std::string& traffic_group) const {
+std::unique_ptr<Window> MpiCommunicator::do_window(int64_t count,
+                                                   const std::string& traffic_group) const {
   MOE_CHECK(comm_ != MPI_COMM_NULL, "[mpi] a window on group '{}' needs MPI (mpirun)", name());
-  return std::make_unique<MpiWindow>(comm_, rank(), name(), count,
-                                     traffic_group.empty() ? name() : traffic_group);
+  return std::make_unique<MpiWindow>(comm_, rank(), name(), count, traffic_group);
 }
 
 void MpiCommunicator::do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const {

@@ -19,7 +19,6 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) const override;
   void barrier() const override;
   int max_tag() const override;
-  std::unique_ptr<Window> window(int64_t count, const std::string& traffic_group) const override;
 
  protected:
   void do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const override;
@@ -37,6 +36,7 @@ class MpiCommunicator final : public Communicator {
   Request do_isend(const void* data, int64_t count, CommType type, int dest,
                    int tag) const override;
   Request do_irecv(void* data, int64_t count, CommType type, int source, int tag) const override;
+  std::unique_ptr<Window> do_window(int64_t count, const std::string& traffic_group) const override;
 
  private:
   MPI_Comm comm_;
