@@ -49,7 +49,7 @@ TIME_TOLERANCE = 0.25  # issue 17, item 4
 RUNS = 3               # timed runs per layout; the median is compared
 STEPS = 4              # per run; steps 2..STEPS are timed
 PROFILE = RESULTS / "cpu_profile.json"
-# The communicator's float payloads (dist/communicator.h); the rest are statistics.
+# The communicator's float payloads (dist/traffic_counters.h); the rest are statistics.
 FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoallv", "put", "get", "send"}
 
 # (name, ranks, --set overrides)

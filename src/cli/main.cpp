@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <new>
 
 #include "cli/bench_commands.h"
@@ -16,7 +17,7 @@
 #include "core/allocator_tuning.h"
 #include "core/check.h"
 #include "core/escape.h"
-#include "dist/communicator.h"
+#include "dist/mpi/mpi_runtime.h"
 #include "train/run_config.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -28,9 +29,10 @@ int fail_job(const std::string& raw_message) {
   // standard library's) may echo input bytes raw.
   const std::string message = moecore::escape_for_message(raw_message);
   std::fflush(stdout);
-  const moecore::dist::Communicator world = moecore::dist::Communicator::world();
-  if (world.size() > 1) {
-    fmt::print(stderr, "moecore: error (rank {} of {}): {}\n", world.rank(), world.size(), message);
+  const std::unique_ptr<moecore::dist::Communicator> world = moecore::dist::mpi_world();
+  if (world->size() > 1) {
+    fmt::print(stderr, "moecore: error (rank {} of {}): {}\n", world->rank(), world->size(),
+               message);
     std::fflush(stderr);
     moecore::dist::abort_job(1);
   }

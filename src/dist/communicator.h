@@ -1,123 +1,191 @@
-// MPI communicators for moecore's process groups (world, dp, ep, ep_dp, pp). Every collective is a
-// checked MPI call whose failure names the operation, the group and the MPI error string. When the
-// process was not started by an MPI launcher (mpirun/srun), moecore runs as a single process and a
-// Communicator of size 1 turns every collective into a copy or a no-op, so model and trainer code
-// have one path for both cases.
+// A process group (world, dp, ep, ep_dp, pp) as the model, optimizer and trainer see it, shaped
+// like torch.distributed's ProcessGroup and NCCL: collectives and point-to-point transfers on
+// device-neutral buffers (pointer + element count + element type), non-blocking operations that
+// return a Request to wait on, sub-groups by split(), and symmetric windows for one-sided puts and
+// gets. Nothing here names a transport: src/dist/mpi/ implements it over MPI (a CUDA build adds
+// NCCL beside it), and no code above src/dist/ sees an MPI type.
+//
+// The public operations are not virtual: they record the traffic (dist/traffic_counters.h) and
+// pass the call on to the backend's do_* functions, so every backend counts bytes the same way
+// and `moecore plan` can be validated against any of them. Groups of one rank move and count
+// nothing. Every call is collective over the group unless it says otherwise (isend / irecv), and
+// failures throw moecore::Error naming the operation and the group.
 #pragma once
 
-#include <mpi.h>
-
+#include <cstddef>
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moecore::dist {
 
-// Initialises MPI when launched by mpirun/srun (detected from the launcher's environment) and
-// finalises it at exit. Returns true when MPI is active.
-bool init_mpi(int* argc, char*** argv);
-bool mpi_active();
-// Ends the whole job (every rank) after an error on one rank, so that no rank waits forever in a
-// collective for a peer that has stopped.
-[[noreturn]] void abort_job(int exit_code);
+// Element types that travel between ranks.
+enum class CommType { kFloat32, kFloat64, kInt64, kByte };
+enum class ReduceOp { kSum, kMax };
 
-// Traffic this process handed to MPI since the last reset, per "group.op": the payload an
-// all-reduce reduces, a reduce-scatter's whole send buffer, an all-gather's own part, the rows an
-// all-to-all(v) sends to other ranks, a put's or get's rows to or from another rank, a send's
-// buffer. Groups of one rank count nothing (nothing moves). Float payloads keep the plain op name
-// (allreduce, reduce_scatter, allgather, alltoallv, put, get, send); statistics carry their type
-// (allreduce_f64, allreduce_i64, allgather_i64, alltoall_i64, ...). `moecore plan` predicts the
-// float ones (src/plan/comm_model.h). Only the main thread calls MPI, so no lock.
-struct TrafficCount {
-  int64_t bytes = 0;
-  int64_t calls = 0;
+size_t comm_type_bytes(CommType type);
+
+// A non-blocking operation in flight (an MPI request, an NCCL event; torch.distributed's Work).
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Drives progress without blocking; true once the operation has completed.
+  virtual bool test() = 0;
+  virtual void wait() = 0;
 };
-const std::map<std::string, TrafficCount>& traffic_counters();
-void reset_traffic_counters();
+// Null when nothing is left to wait for (operations of a group of one complete at once).
+using Request = std::unique_ptr<Work>;
+
+// Waits for every request and clears the list; test_all only drives their progress (MPI moves a
+// non-blocking collective forward only inside a call into the library).
+void wait_all(std::vector<Request>& requests);
+void test_all(std::vector<Request>& requests);
+// Waits for one request and resets it.
+void wait(Request& request);
+// True when the request has completed (or is null); completed requests are reset.
+bool test(Request& request);
+
+// The same number of floats on every rank of a group, for one-sided puts and gets inside fence
+// epochs: fence(); put/get ...; fence(). Every rank of the group creates, fences and destroys its
+// windows together, in the same order (MPI_Win_allocate on MPI, symmetric memory on GPUs).
+class Window {
+ public:
+  virtual ~Window() = default;      // collective
+  virtual float* data() const = 0;  // this rank's part
+  virtual int64_t size() const = 0;
+  // Opens or closes an access epoch on every rank; between two fences a rank touches its own part
+  // only through puts and gets (and no rank reads what they change).
+  virtual void fence() const = 0;
+  // count floats from src into rank's part at offset; get is the reverse. Counted as traffic of
+  // the window's traffic group unless `rank` is this process.
+  void put(const float* src, int64_t count, int rank, int64_t offset) const;
+  void get(float* dst, int64_t count, int rank, int64_t offset) const;
+
+ protected:
+  Window(int rank, std::string traffic_group)
+      : rank_(rank), traffic_group_(std::move(traffic_group)) {}
+  virtual void do_put(const float* src, int64_t count, int rank, int64_t offset) const = 0;
+  virtual void do_get(float* dst, int64_t count, int rank, int64_t offset) const = 0;
+
+ private:
+  int rank_;  // this process's rank in the group (its own part moves nothing)
+  std::string traffic_group_;
+};
 
 class Communicator {
  public:
-  static Communicator world();
-  static Communicator self();  // a group of one
-
-  // Ranks with the same color form a new group, ordered by key.
-  Communicator split(int color, int key, const std::string& name) const;
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
-  MPI_Comm raw() const { return comm_; }
 
-  void barrier() const;
-  void allreduce_sum(float* data, int64_t count) const;
-  // Non-blocking in-place sum; complete it with wait_all. Returns MPI_REQUEST_NULL for one rank.
-  MPI_Request iallreduce_sum(float* data, int64_t count) const;
-  // Waits for the requests (and clears them); test_all only drives their progress.
-  void wait_all(std::vector<MPI_Request>& requests) const;
-  void test_all(std::vector<MPI_Request>& requests) const;
-  // Non-blocking point-to-point floats (pipeline activations and their gradients); complete with
-  // wait_all. Tags must be below max_tag().
-  MPI_Request isend(const float* data, int64_t count, int dest, int tag) const;
-  MPI_Request irecv(float* data, int64_t count, int source, int tag) const;
-  int max_tag() const;
-  void allreduce_sum(double* data, int64_t count) const;
-  void allreduce_sum(int64_t* data, int64_t count) const;
-  void allreduce_max(double* data, int64_t count) const;
+  // Ranks with the same color form a new group, ordered by key. A rank that passes kNoColor
+  // joins none and gets a group of one.
+  static constexpr int kNoColor = -1;
+  virtual std::unique_ptr<Communicator> split(int color, int key,
+                                              const std::string& name) const = 0;
+
+  virtual void barrier() const = 0;
+  void allreduce(void* data, int64_t count, CommType type, ReduceOp op) const;
+  // In-place, non-blocking; complete it with wait_all.
+  Request iallreduce(void* data, int64_t count, CommType type, ReduceOp op) const;
   void broadcast(void* data, int64_t bytes, int root) const;
   // recv[size * count] = every rank's send[count], in rank order.
-  void allgather(const float* send, float* recv, int64_t count) const;
-  void allgather(const int64_t* send, int64_t* recv, int64_t count) const;
-  // recv[count] = the sum over ranks of send[rank() * count .. (rank() + 1) * count).
-  void reduce_scatter_sum(const float* send, float* recv, int64_t count) const;
-  void alltoall(const int64_t* send, int64_t* recv, int64_t count_per_rank) const;
-  // Variable all-to-all of floats; counts and displacements in elements.
+  void allgather(const void* send, void* recv, int64_t count, CommType type) const;
+  // recv[count] = the reduction over ranks of send[rank() * count .. (rank() + 1) * count).
+  void reduce_scatter(const void* send, void* recv, int64_t count, CommType type,
+                      ReduceOp op) const;
+  void alltoall(const void* send, void* recv, int64_t count_per_rank, CommType type) const;
+  // Variable all-to-all; counts and displacements in elements.
+  void alltoallv(const void* send, const std::vector<int64_t>& send_counts,
+                 const std::vector<int64_t>& send_displs, void* recv,
+                 const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                 CommType type) const;
+  // Non-blocking point-to-point (pipeline activations and their gradients), not collective.
+  // Tags must be below max_tag().
+  Request isend(const void* data, int64_t count, CommType type, int dest, int tag) const;
+  Request irecv(void* data, int64_t count, CommType type, int source, int tag) const;
+  virtual int max_tag() const = 0;
+  // A window of `count` floats on every rank; traffic_group names its puts and gets in the
+  // traffic counters (default: this group's name).
+  std::unique_ptr<Window> window(int64_t count, const std::string& traffic_group = "") const {
+    return do_window(count, traffic_group.empty() ? name_ : traffic_group);
+  }
+
+  // The typed forms the callers use.
+  void allreduce_sum(float* data, int64_t count) const {
+    allreduce(data, count, CommType::kFloat32, ReduceOp::kSum);
+  }
+  void allreduce_sum(double* data, int64_t count) const {
+    allreduce(data, count, CommType::kFloat64, ReduceOp::kSum);
+  }
+  void allreduce_sum(int64_t* data, int64_t count) const {
+    allreduce(data, count, CommType::kInt64, ReduceOp::kSum);
+  }
+  void allreduce_max(double* data, int64_t count) const {
+    allreduce(data, count, CommType::kFloat64, ReduceOp::kMax);
+  }
+  Request iallreduce_sum(float* data, int64_t count) const {
+    return iallreduce(data, count, CommType::kFloat32, ReduceOp::kSum);
+  }
+  void allgather(const float* send, float* recv, int64_t count) const {
+    allgather(send, recv, count, CommType::kFloat32);
+  }
+  void allgather(const int64_t* send, int64_t* recv, int64_t count) const {
+    allgather(send, recv, count, CommType::kInt64);
+  }
+  void reduce_scatter_sum(const float* send, float* recv, int64_t count) const {
+    reduce_scatter(send, recv, count, CommType::kFloat32, ReduceOp::kSum);
+  }
+  void alltoall(const int64_t* send, int64_t* recv, int64_t count_per_rank) const {
+    alltoall(send, recv, count_per_rank, CommType::kInt64);
+  }
   void alltoallv(const float* send, const std::vector<int64_t>& send_counts,
                  const std::vector<int64_t>& send_displs, float* recv,
                  const std::vector<int64_t>& recv_counts,
-                 const std::vector<int64_t>& recv_displs) const;
+                 const std::vector<int64_t>& recv_displs) const {
+    alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, CommType::kFloat32);
+  }
+  Request isend(const float* data, int64_t count, int dest, int tag) const {
+    return isend(data, count, CommType::kFloat32, dest, tag);
+  }
+  Request irecv(float* data, int64_t count, int source, int tag) const {
+    return irecv(data, count, CommType::kFloat32, source, tag);
+  }
+
+ protected:
+  Communicator(int rank, int size, std::string name)
+      : rank_(rank), size_(size), name_(std::move(name)) {}
+
+  // The collectives reach the backend only for groups of more than one rank; point-to-point
+  // transfers and windows for any group.
+  virtual void do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const = 0;
+  virtual Request do_iallreduce(void* data, int64_t count, CommType type, ReduceOp op) const = 0;
+  virtual void do_broadcast(void* data, int64_t bytes, int root) const = 0;
+  virtual void do_allgather(const void* send, void* recv, int64_t count, CommType type) const = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, int64_t count, CommType type,
+                                 ReduceOp op) const = 0;
+  virtual void do_alltoall(const void* send, void* recv, int64_t count_per_rank,
+                           CommType type) const = 0;
+  virtual void do_alltoallv(const void* send, const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& send_displs, void* recv,
+                            const std::vector<int64_t>& recv_counts,
+                            const std::vector<int64_t>& recv_displs, CommType type) const = 0;
+  virtual Request do_isend(const void* data, int64_t count, CommType type, int dest,
+                           int tag) const = 0;
+  virtual Request do_irecv(void* data, int64_t count, CommType type, int source, int tag) const = 0;
+  virtual std::unique_ptr<Window> do_window(int64_t count,
+                                            const std::string& traffic_group) const = 0;
 
  private:
-  Communicator(MPI_Comm comm, std::string name);
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
+  int rank_;
+  int size_;
   std::string name_;
-};
-
-// A window of the same number of floats on every rank of a group (MPI_Win_allocate), for one-sided
-// puts and gets inside fence epochs: fence(); put/get ...; fence(). Every rank of the group must
-// create, fence and destroy its windows together, in the same order. Checked calls like the
-// collectives above.
-class FloatWindow {
- public:
-  FloatWindow() = default;
-  // collective; needs an MPI group. traffic_group names the window's puts and gets in the traffic
-  // counters (default: the group's name).
-  FloatWindow(const Communicator& group, int64_t count, const std::string& traffic_group = "");
-  ~FloatWindow();  // collective (MPI_Win_free)
-  FloatWindow(FloatWindow&& other) noexcept;
-  FloatWindow& operator=(FloatWindow&& other) noexcept;
-  FloatWindow(const FloatWindow&) = delete;
-  FloatWindow& operator=(const FloatWindow&) = delete;
-
-  float* data() const { return data_; }  // this rank's part
-  int64_t size() const { return count_; }
-  // Opens or closes an access epoch on every rank (MPI_Win_fence); between two fences a rank
-  // touches its own part only through puts and gets (and no rank reads what they change).
-  void fence() const;
-  // count floats from src into rank's part at offset (MPI_Put); get is the reverse (MPI_Get).
-  void put(const float* src, int64_t count, int rank, int64_t offset) const;
-  void get(float* dst, int64_t count, int rank, int64_t offset) const;
-
- private:
-  void release() noexcept;
-  MPI_Win win_ = MPI_WIN_NULL;
-  float* data_ = nullptr;
-  int64_t count_ = 0;
-  int rank_ = 0;  // this process's rank in the group (its own part moves nothing)
-  std::string name_;
-  std::string traffic_group_;
 };
 
 }  // namespace moecore::dist

@@ -52,7 +52,7 @@ void DistributedOptimizer::start_layer_reduce(ParamBuffers& grads, int64_t layer
     started_[group == ParamGroup::kDense ? 0 : 1].emplace_back(begin, end);
   }
   // MPI makes progress on non-blocking collectives only inside MPI calls: poke it.
-  mesh_.dp.test_all(requests_);
+  test_all(requests_);
 }
 
 double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
@@ -76,7 +76,7 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
       }
       started.clear();
     }
-    mesh_.dp.wait_all(requests_);
+    wait_all(requests_);
     timer.switch_to(Phase::kOptimizer);  // the norm of the reduced gradients
     dense_sq = sum_of_squares(grads.dense.data(), grads.dense.size());
     expert_sq = sum_of_squares(grads.expert.data(), grads.expert.size());

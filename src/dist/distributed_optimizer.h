@@ -72,7 +72,7 @@ class DistributedOptimizer {
   int64_t steps_ = 0;
   // Overlapped reductions in flight: the ranges already started, per group, and their requests.
   std::vector<std::pair<size_t, size_t>> started_[2];
-  std::vector<MPI_Request> requests_;
+  std::vector<Request> requests_;
 };
 
 }  // namespace moecore::dist

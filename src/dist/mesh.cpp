@@ -1,6 +1,6 @@
 #include "dist/mesh.h"
 
-#include <mpi.h>
+#include <utility>
 
 #include "core/check.h"
 
@@ -24,14 +24,30 @@ Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp) {
   // One split per stage rather than one split for all: Open MPI 4.1's osc/rdma names window
   // memory after the communicator's context id, which the groups of a single split share
   // (open-mpi/ompi#9492), and the rowwise dispatch puts its windows on the stage's dp group.
-  Communicator dp = Communicator::self();
+  std::unique_ptr<Communicator> dp;
   for (int s = 0; s < static_cast<int>(pp); ++s) {
-    Communicator group = world.split(stage == s ? 0 : MPI_UNDEFINED, rank, "dp");
-    if (stage == s) dp = group;
+    std::unique_ptr<Communicator> group =
+        world.split(stage == s ? 0 : Communicator::kNoColor, rank, "dp");
+    if (stage == s) dp = std::move(group);
   }
-  Communicator pp_group = world.split(local, stage, "pp");
-  return Mesh{world, pp_group, dp, dp.split(local / e, local, "ep"),
-              dp.split(local % e, local, "ep_dp")};
+  std::unique_ptr<Communicator> pp_group = world.split(local, stage, "pp");
+  std::unique_ptr<Communicator> ep_group = dp->split(local / e, local, "ep");
+  std::unique_ptr<Communicator> ep_dp_group = dp->split(local % e, local, "ep_dp");
+  return Mesh(world, std::move(pp_group), std::move(dp), std::move(ep_group),
+              std::move(ep_dp_group));
 }
+
+Mesh::Mesh(const Communicator& world_group, std::unique_ptr<Communicator> pp_group,
+           std::unique_ptr<Communicator> dp_group, std::unique_ptr<Communicator> ep_group,
+           std::unique_ptr<Communicator> ep_dp_group)
+    : pp_(std::move(pp_group)),
+      dp_(std::move(dp_group)),
+      ep_(std::move(ep_group)),
+      ep_dp_(std::move(ep_dp_group)),
+      world(world_group),
+      pp(*pp_),
+      dp(*dp_),
+      ep(*ep_),
+      ep_dp(*ep_dp_) {}
 
 }  // namespace moecore::dist

@@ -1,4 +1,4 @@
-// OLMo-core's process mesh on MPI. World = pp x dp: the ranks of pipeline stage s are the
+// OLMo-core's process mesh. World = pp x dp: the ranks of pipeline stage s are the
 // consecutive ranks [s * dp, (s + 1) * dp). Within a stage, dense parameters are replicated over
 // dp and their gradients reduced over dp; the MoE mesh folds dp into (ep_dp, ep): the ep ranks of
 // one group (consecutive ranks) each hold num_experts / ep experts, and the gradients of an expert
@@ -7,23 +7,36 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "dist/communicator.h"
 
 namespace moecore::dist {
 
-struct Mesh {
-  Communicator world;
-  Communicator pp;     // the same dp position in every stage; rank = stage index
-  Communicator dp;     // this stage's data-parallel ranks (dense weights replicated)
-  Communicator ep;     // ranks that share one copy of the experts, each holding a slice
-  Communicator ep_dp;  // ranks that hold the same experts
+class Mesh {
+ public:
+  // Builds the groups (collective over world, which must outlive the mesh); the world size must
+  // be a multiple of pp x ep.
+  static Mesh build(const Communicator& world, int64_t ep, int64_t pp = 1);
 
   int64_t stage() const { return pp.rank(); }
   int64_t stages() const { return pp.size(); }
 
-  // Builds the groups; the world size must be a multiple of pp x ep.
-  static Mesh build(const Communicator& world, int64_t ep, int64_t pp = 1);
+ private:
+  // The groups, owned here; declared before the references below, which point into them.
+  std::unique_ptr<Communicator> pp_, dp_, ep_, ep_dp_;
+
+ public:
+  const Communicator& world;
+  const Communicator& pp;     // the same dp position in every stage; rank = stage index
+  const Communicator& dp;     // this stage's data-parallel ranks (dense weights replicated)
+  const Communicator& ep;     // ranks that share one copy of the experts, each holding a slice
+  const Communicator& ep_dp;  // ranks that hold the same experts
+
+ private:
+  Mesh(const Communicator& world_group, std::unique_ptr<Communicator> pp_group,
+       std::unique_ptr<Communicator> dp_group, std::unique_ptr<Communicator> ep_group,
+       std::unique_ptr<Communicator> ep_dp_group);
 };
 
 // The shape checks of Mesh::build without MPI (`moecore plan` runs them for a world it does not

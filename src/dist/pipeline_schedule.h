@@ -19,7 +19,13 @@
 #include <vector>
 
 #include "model/params.h"
-#include "train/run_config.h"
+
+namespace moecore {
+
+// [parallel] schedule: 1f1b, interleaved-1f1b, gpipe.
+enum class PipelineSchedule { kOneFOneB, kInterleaved, kGPipe };
+
+}  // namespace moecore
 
 namespace moecore::dist {
 

@@ -1,10 +1,9 @@
 #include "dist/rowwise_exchange.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "core/check.h"
+#include "dist/rowwise_plan.h"
 
 namespace moecore::dist {
 
@@ -16,8 +15,9 @@ size_t at(int64_t i) {
 
 }  // namespace
 
-MpiRowwiseExchange::MpiRowwiseExchange(const Communicator& group, const Communicator& window_group,
-                                       double capacity_factor)
+WindowRowwiseExchange::WindowRowwiseExchange(const Communicator& group,
+                                             const Communicator& window_group,
+                                             double capacity_factor)
     : group_(group), window_group_(window_group), sync_(group), capacity_factor_(capacity_factor) {
   MOE_CHECK(capacity_factor > 0.0, "[parallel] parallel.capacity_factor={} must be positive",
             capacity_factor);
@@ -31,21 +31,21 @@ MpiRowwiseExchange::MpiRowwiseExchange(const Communicator& group, const Communic
   window_rank_.assign(ranks.begin(), ranks.end());
 }
 
-void MpiRowwiseExchange::exchange_counts(const std::vector<int64_t>& send,
-                                         std::vector<int64_t>& recv, int64_t per_rank) const {
+void WindowRowwiseExchange::exchange_counts(const std::vector<int64_t>& send,
+                                            std::vector<int64_t>& recv, int64_t per_rank) const {
   sync_.exchange_counts(send, recv, per_rank);
 }
 
-void MpiRowwiseExchange::exchange_rows(const float* send, const std::vector<int64_t>& send_rows,
-                                       float* recv, const std::vector<int64_t>& recv_rows,
-                                       int64_t width) const {
+void WindowRowwiseExchange::exchange_rows(const float* send, const std::vector<int64_t>& send_rows,
+                                          float* recv, const std::vector<int64_t>& recv_rows,
+                                          int64_t width) const {
   sync_.exchange_rows(send, send_rows, recv, recv_rows, width);
 }
 
-RowwisePlan MpiRowwiseExchange::plan(const std::vector<int64_t>& expert_counts,
-                                     const int32_t* topk_index, int64_t routes,
-                                     int64_t local_experts, int64_t width) const {
-  const int64_t ranks = group_.size(), me = group_.rank();
+RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_counts,
+                                        const int32_t* topk_index, int64_t routes,
+                                        int64_t local_experts, int64_t width) const {
+  const int64_t ranks = group_.size();
   const int64_t e_count = static_cast<int64_t>(expert_counts.size());
   MOE_CHECK(local_experts * ranks == e_count,
             "[parallel] rowwise dispatch: {} experts do not split into {} per rank over {} ranks",
@@ -57,99 +57,63 @@ RowwisePlan MpiRowwiseExchange::plan(const std::vector<int64_t>& expert_counts,
   mine.push_back(routes);
   std::vector<int64_t> all(at(ranks * stride));
   group_.allgather(mine.data(), all.data(), stride);
+  std::vector<int64_t> requests(at(ranks * e_count));
   int64_t max_routes = 0;
-  for (int64_t src = 0; src < ranks; ++src)
+  for (int64_t src = 0; src < ranks; ++src) {
+    std::copy_n(all.begin() + src * stride, e_count, requests.begin() + src * e_count);
     max_routes = std::max(max_routes, all[at(src * stride + e_count)]);
-
-  // 2. Static capacity per rank from the routes of one rank (the largest, should the ranks ever
-  // hold different token counts), then the keep matrix: on each destination, local-expert-major,
-  // then source rank, overflow dropped from the tail. Every rank computes all of it identically.
-  const double wanted = std::ceil(capacity_factor_ * static_cast<double>(max_routes));
-  MOE_CHECK(wanted < static_cast<double>(std::numeric_limits<int32_t>::max()),
-            "[parallel] rowwise dispatch: capacity of {} rows per rank is too large", wanted);
-  const int64_t capacity = static_cast<int64_t>(wanted);
-  RowwisePlan plan;
-  plan.expert_offsets.assign(at(local_experts + 1), 0);
-  std::vector<int64_t> base(at(e_count), 0), keep(at(e_count), 0);  // for my routes, per expert
-  DropCount group_drops;
-  for (int64_t dst = 0; dst < ranks; ++dst) {
-    int64_t filled = 0;
-    for (int64_t le = 0; le < local_experts; ++le) {
-      const int64_t e = dst * local_experts + le;
-      for (int64_t src = 0; src < ranks; ++src) {
-        const int64_t requested = all[at(src * stride + e)];
-        const int64_t kept = std::clamp<int64_t>(capacity - filled, 0, requested);
-        if (src == me) {
-          base[at(e)] = filled;
-          keep[at(e)] = kept;
-        }
-        filled += kept;
-        group_drops.routes += requested;
-        group_drops.dropped += requested - kept;
-      }
-      if (dst == me) plan.expert_offsets[at(le + 1)] = filled;
-    }
   }
-  drop_log_.push_back(group_drops);
 
-  // 3. Each of my routes, in token order per expert (the order of the sync dispatch), gets its row
-  // in the destination's buffer, or is dropped.
-  plan.targets.assign(at(routes), RowTarget{});
-  std::vector<int64_t> next(at(e_count), 0);
-  for (int64_t r = 0; r < routes; ++r) {
-    const int64_t e = topk_index[r];
-    const int64_t i = next[at(e)]++;
-    if (i < keep[at(e)]) {
-      plan.targets[at(r)] = {static_cast<int32_t>(e / local_experts),
-                             static_cast<int32_t>(base[at(e)] + i)};
-    } else {
-      ++plan.dropped;
-    }
-  }
+  // 2. The static capacity per rank from the routes of one rank (the largest, should the ranks
+  // ever hold different token counts), the keep matrix, and where each of my routes goes.
+  const RowwiseKeep keep =
+      rowwise_keep(requests, ranks, local_experts, rowwise_capacity(capacity_factor_, max_routes));
+  drop_log_.push_back({keep.dropped, keep.routes});
+  RowwisePlan plan = rowwise_targets(keep, group_.rank(), topk_index, routes);
 
   // Fixed-size symmetric windows, grown (by every rank at once: the capacity is the same
   // everywhere) only when a dispatch needs more rows.
-  int64_t floats = std::max<int64_t>(1, capacity) * width;
+  int64_t floats = std::max<int64_t>(1, keep.capacity) * width;
   if (window_group_.size() > group_.size()) {  // other ep groups may need more: agree on the size
     double most = static_cast<double>(floats);
     window_group_.allreduce_max(&most, 1);
     floats = static_cast<int64_t>(most);
   }
-  if (floats > input_.size()) {
-    input_ = FloatWindow();  // free before allocating the larger ones
-    output_ = FloatWindow();
+  if (!input_ || floats > input_->size()) {
+    input_.reset();  // free before allocating the larger ones
+    output_.reset();
     // Counted as the ep group's traffic: the windows span the stage only for Open MPI's sake.
-    input_ = FloatWindow(window_group_, floats, group_.name());
-    output_ = FloatWindow(window_group_, floats, group_.name());
+    input_ = window_group_.window(floats, group_.name());
+    output_ = window_group_.window(floats, group_.name());
   }
-  capacity_ = capacity;
+  capacity_ = keep.capacity;
   return plan;
 }
 
-void MpiRowwiseExchange::put_rows(const float* src, int64_t routes_per_row,
-                                  const std::vector<RowTarget>& targets, int64_t width) const {
-  input_.fence();
+void WindowRowwiseExchange::put_rows(const float* src, int64_t routes_per_row,
+                                     const std::vector<RowTarget>& targets, int64_t width) const {
+  input_->fence();
   const int64_t routes = static_cast<int64_t>(targets.size());
   for (int64_t r = 0; r < routes; ++r) {
     const RowTarget& t = targets[at(r)];
     if (t.rank < 0) continue;
-    input_.put(src + (r / routes_per_row) * width, width, window_rank_[at(t.rank)],
-               static_cast<int64_t>(t.row) * width);
-  }
-  input_.fence();
-}
-
-void MpiRowwiseExchange::get_rows(float* dst, const std::vector<RowTarget>& targets,
-                                  int64_t width) const {
-  output_.fence();
-  const int64_t routes = static_cast<int64_t>(targets.size());
-  for (int64_t r = 0; r < routes; ++r) {
-    const RowTarget& t = targets[at(r)];
-    if (t.rank < 0) continue;
-    output_.get(dst + r * width, width, window_rank_[at(t.rank)],
+    input_->put(src + (r / routes_per_row) * width, width, window_rank_[at(t.rank)],
                 static_cast<int64_t>(t.row) * width);
   }
-  output_.fence();
+  input_->fence();
+}
+
+void WindowRowwiseExchange::get_rows(float* dst, const std::vector<RowTarget>& targets,
+                                     int64_t width) const {
+  output_->fence();
+  const int64_t routes = static_cast<int64_t>(targets.size());
+  for (int64_t r = 0; r < routes; ++r) {
+    const RowTarget& t = targets[at(r)];
+    if (t.rank < 0) continue;
+    output_->get(dst + r * width, width, window_rank_[at(t.rank)],
+                 static_cast<int64_t>(t.row) * width);
+  }
+  output_->fence();
 }
 
 }  // namespace moecore::dist

@@ -1,27 +1,25 @@
 // The `rowwise` expert-parallel dispatch (DESIGN.md, "Parallelism"; OLMo-core's production
-// design) over MPI one-sided communication:
-//   1. every rank all-gathers the per-expert route counts of the ep group (MPI_Allgather);
-//   2. every rank computes the same keep matrix [src, dst, local expert] against a static receive
-//      capacity per rank, ceil(capacity_factor x routes of one rank): a destination's buffer holds
-//      its expert 0's rows from source 0, source 1, ..., then expert 1's rows, ...; whatever lies
-//      beyond the capacity in that order is dropped (from the tail);
+// design) over one-sided communication into symmetric windows (dist::Window):
+//   1. every rank all-gathers the per-expert route counts of the ep group;
+//   2. every rank computes the same keep matrix (dist/rowwise_plan.h) against a static receive
+//      capacity per rank;
 //   3. each source writes every kept route's row straight into the destination's expert-major
-//      input buffer (MPI_Put into a fixed-size window, inside a fence epoch), so no receive-side
-//      permutation is needed; the experts then run in place, and the sources fetch the outputs from
-//      the destination's output window (MPI_Get). The backward reuses the buffers and row
-//      addresses.
+//      input window (a put inside a fence epoch), so no receive-side permutation is needed; the
+//      experts then run in place, and the sources fetch the outputs from the destination's output
+//      window (a get). The backward reuses the buffers and row addresses.
 // The windows are allocated once and reallocated (collectively) only when the capacity grows.
-// They live on `window_group`, a group that contains the ep group (the trainer passes the world):
-// Open MPI 4.1's osc/rdma names its shared-memory segment after the communicator's context id,
-// which the ep groups made by one MPI_Comm_split share, so windows on two ep groups of one node
-// would silently share memory (open-mpi/ompi#9492). Every rank of window_group must therefore
-// dispatch in the same order (as the data- and expert-parallel ranks of the trainer do); the fences
-// span window_group.
+// They live on `window_group`, a group that contains the ep group (the trainer passes the stage's
+// dp group): Open MPI 4.1's osc/rdma names its shared-memory segment after the communicator's
+// context id, which the ep groups made by one MPI_Comm_split share, so windows on two ep groups of
+// one node would silently share memory (open-mpi/ompi#9492). Every rank of window_group must
+// therefore dispatch in the same order (as the data- and expert-parallel ranks of the trainer do);
+// the fences span window_group.
 // A capacity_factor of at least ep guarantees that nothing is dropped; the results then equal the
 // `sync` dispatch bit for bit (the experts see the same rows in the same order).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "dist/alltoall_exchange.h"
@@ -30,12 +28,12 @@
 
 namespace moecore::dist {
 
-class MpiRowwiseExchange final : public ExpertExchange, public RowwiseExchange {
+class WindowRowwiseExchange final : public ExpertExchange, public RowwiseExchange {
  public:
   // group: the ep group; window_group: where the windows live (contains group; may equal it).
   // Collective over window_group.
-  MpiRowwiseExchange(const Communicator& group, const Communicator& window_group,
-                     double capacity_factor);
+  WindowRowwiseExchange(const Communicator& group, const Communicator& window_group,
+                        double capacity_factor);
 
   // Routes of one dispatch over the whole group, and how many of them were dropped.
   struct DropCount {
@@ -54,8 +52,8 @@ class MpiRowwiseExchange final : public ExpertExchange, public RowwiseExchange {
 
   RowwisePlan plan(const std::vector<int64_t>& expert_counts, const int32_t* topk_index,
                    int64_t routes, int64_t local_experts, int64_t width) const override;
-  float* input() const override { return input_.data(); }
-  float* output() const override { return output_.data(); }
+  float* input() const override { return input_->data(); }
+  float* output() const override { return output_->data(); }
   void put_rows(const float* src, int64_t routes_per_row, const std::vector<RowTarget>& targets,
                 int64_t width) const override;
   void get_rows(float* dst, const std::vector<RowTarget>& targets, int64_t width) const override;
@@ -73,7 +71,7 @@ class MpiRowwiseExchange final : public ExpertExchange, public RowwiseExchange {
   double capacity_factor_;
   // Planning and the window sizes change with every dispatch; the interface is const like the
   // collectives of a Communicator.
-  mutable FloatWindow input_, output_;
+  mutable std::unique_ptr<Window> input_, output_;
   mutable int64_t capacity_ = 0;
   mutable std::vector<DropCount> drop_log_;
 };

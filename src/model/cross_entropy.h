@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-namespace moecore {
+#include "core/ignore_index.h"
 
-inline constexpr int32_t kIgnoreIndex = -100;
+namespace moecore {
 
 struct CrossEntropyResult {
   double loss;  // mean over counted tokens

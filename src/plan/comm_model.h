@@ -1,5 +1,5 @@
 // Bytes each collective moves per optimizer step, per rank of pipeline stage `stage`, as the
-// payload this rank hands to MPI (what dist::Communicator's byte counters record): an all-reduce
+// payload this rank hands to its communicator (what dist/traffic_counters.h records): an all-reduce
 // counts its buffer, a reduce-scatter its whole send buffer, an all-gather this rank's part, an
 // all-to-all(v) and one-sided puts/gets the rows bound for (or fetched from) other ranks, a
 // pipeline send its hidden state. Groups of one rank move nothing. Token routing is planned

@@ -1,7 +1,5 @@
 #include "train/pipeline_runner.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -27,7 +25,7 @@ void add_scaled(LossParts& sum, const LossParts& part, double scale) {
 
 struct PipelineRunner::Pending {
   std::vector<float> buffer;
-  MPI_Request request = MPI_REQUEST_NULL;
+  dist::Request request;
 };
 
 PipelineRunner::PipelineRunner(const dist::Mesh& mesh, std::vector<Transformer*> chunks,
@@ -86,20 +84,14 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
   };
   const auto start = std::chrono::steady_clock::now();
   idle_seconds_ = 0.0;
-  auto wait = [&](MPI_Request& request) {
+  auto wait = [&](dist::Request& request) {
     const auto before = std::chrono::steady_clock::now();
-    std::vector<MPI_Request> one{request};
-    mesh_.pp.wait_all(one);
-    request = MPI_REQUEST_NULL;
+    dist::wait(request);
     idle_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   };
   auto reap_sends = [&] {
-    std::erase_if(sends, [](const std::unique_ptr<Pending>& s) {
-      int done = 0;
-      MPI_Test(&s->request, &done, MPI_STATUS_IGNORE);
-      return done != 0;
-    });
+    std::erase_if(sends, [](const std::unique_ptr<Pending>& s) { return dist::test(s->request); });
   };
 
   // Activation slots per chunk: taken at the forward, given back at the backward.
@@ -186,18 +178,16 @@ LossParts PipelineRunner::forward_only(const ParamBuffers& params, const int32_t
     const int64_t g = global_chunk(c);
     Transformer& chunk = *chunks_[static_cast<size_t>(c)];
     if (!first_chunk(c)) {
-      std::vector<MPI_Request> r{
-          mesh_.pp.irecv(in.data(), width, stage_of(g - 1), tag(g, 0, false))};
-      mesh_.pp.wait_all(r);
+      dist::Request r = mesh_.pp.irecv(in.data(), width, stage_of(g - 1), tag(g, 0, false));
+      dist::wait(r);
     }
     add_scaled(sum,
                chunk.forward_chunk(0, params, tokens, in.data(),
                                    chunk.has_head() ? targets : nullptr, rows, seq, out.data()),
                1.0);
     if (!last_chunk(c)) {
-      std::vector<MPI_Request> s{
-          mesh_.pp.isend(out.data(), width, stage_of(g + 1), tag(g + 1, 0, false))};
-      mesh_.pp.wait_all(s);
+      dist::Request s = mesh_.pp.isend(out.data(), width, stage_of(g + 1), tag(g + 1, 0, false));
+      dist::wait(s);
     }
   }
   return sum;

@@ -1,7 +1,8 @@
 // Runs one optimizer step's forward and backward passes over the micro-batches through the
 // pipeline stages (src/dist/pipeline_schedule.h): this rank's model chunks in its schedule's
-// order, hidden states and their gradients sent to the neighbouring stages with non-blocking MPI
-// point-to-point, and the receives of the next actions posted before they are needed.
+// order, hidden states and their gradients sent to the neighbouring stages with the pp group's
+// non-blocking point-to-point (dist::Communicator), and the receives of the next actions posted
+// before they are needed.
 //
 // Activations: each chunk keeps one slot per micro-batch in flight, taken at its forward and given
 // back at its backward; the runner counts the slots alive and checks, every step, that the

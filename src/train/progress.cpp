@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "dist/communicator.h"
+#include "dist/mpi/mpi_runtime.h"
 
 namespace moecore {
 

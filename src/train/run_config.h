@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/pipeline_schedule.h"
 #include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "optim/optim_config.h"
@@ -61,7 +62,6 @@ struct DataConfig {
 };
 
 enum class Dispatch { kSync, kRowwise };
-enum class PipelineSchedule { kOneFOneB, kInterleaved, kGPipe };
 
 // [parallel]: the process layout. dp (data parallel) is derived: world size / pp; the MoE mesh
 // (ep, ep_dp) folds inside each pipeline stage's dp ranks.

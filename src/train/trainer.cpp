@@ -23,8 +23,10 @@
 #include "dist/distributed_optimizer.h"
 #include "dist/expert_layout.h"
 #include "dist/mesh.h"
+#include "dist/mpi/mpi_runtime.h"
 #include "dist/pipeline_schedule.h"
 #include "dist/rowwise_exchange.h"
+#include "dist/traffic_counters.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/metrics_sink.h"
@@ -88,7 +90,7 @@ void set_threads(int64_t threads, int world_size) {
 // Per MoE layer, the routes of the last micro-batch that the rowwise dispatch dropped over all
 // its routes, for the whole batch: the ranks of an ep group share one keep matrix, and ep_dp sums
 // over the groups. Collective over ep_dp.
-std::vector<double> drop_rates(const std::vector<dist::MpiRowwiseExchange::DropCount>& log,
+std::vector<double> drop_rates(const std::vector<dist::WindowRowwiseExchange::DropCount>& log,
                                const dist::Communicator& ep_dp) {
   std::vector<int64_t> counts;
   for (const auto& entry : log) {
@@ -138,7 +140,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   RunConfig config = config_in;
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
-  const dist::Communicator world = dist::Communicator::world();
+  const std::unique_ptr<dist::Communicator> world_group = dist::mpi_world();
+  const dist::Communicator& world = *world_group;
   const ParallelConfig& pc = config.parallel;
   // The layout checks `moecore plan` shares, before any group or buffer is built.
   (void)validate_layout(config, world.size());
@@ -243,7 +246,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // Expert-parallel dispatch. With ep = 1 every expert is local and nothing moves, so `rowwise`
   // is the plain dropless local path there (parallel.capacity_factor only applies to ep > 1).
   const dist::AllToAllExchange sync_exchange(mesh.ep);
-  std::optional<dist::MpiRowwiseExchange> rowwise_exchange;
+  std::optional<dist::WindowRowwiseExchange> rowwise_exchange;
   if (ep > 1 && config.parallel.dispatch == Dispatch::kRowwise)
     rowwise_exchange.emplace(mesh.ep, mesh.dp, pc.capacity_factor);  // windows on the stage
   const ExpertExchange* exchange = nullptr;
@@ -447,7 +450,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       micro_batches.push_back({step_tokens[static_cast<size_t>(micro)].data() + slice_begin,
                                step_targets[static_cast<size_t>(micro)].data() + slice_begin});
     }
-    std::vector<dist::MpiRowwiseExchange::DropCount> last_drops;  // the last micro-batch's
+    std::vector<dist::WindowRowwiseExchange::DropCount> last_drops;  // the last micro-batch's
     auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
       const bool last_micro = micro + 1 == tc.microbatches;
       if (forward && !done) {

@@ -125,6 +125,7 @@ TEST_P(FuzzInputs, SeedsAreAccepted) {
 
 INSTANTIATE_TEST_SUITE_P(Readers, FuzzInputs,
                          testing::Values("safetensors", "npy", "tokenizer", "run_config",
-                                         "trainer_state"));
+                                         "trainer_state"),
+                         [](const testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

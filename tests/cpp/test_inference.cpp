@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ struct Variant {
   BlockNorm block_norm = BlockNorm::kPre;
   bool router_options = false;  // groups, weight scale and a selection bias
 };
+
+// gtest prints a parameter in failure messages; without this it dumps the struct's raw bytes.
+void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.name;
+}
 
 ModelConfig make_config(const Variant& v) {
   ModelConfig c;

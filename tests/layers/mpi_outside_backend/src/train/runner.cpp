@@ -1,0 +1,2 @@
+#include <mpi.h>
+// A trainer file that talks to MPI directly: the layer check must reject it.

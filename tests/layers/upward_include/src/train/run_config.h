@@ -1,0 +1,2 @@
+// The train header the dist header above must not see.
+#pragma once
