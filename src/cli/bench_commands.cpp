@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/mx_types.h"
 #include "dist/communicator.h"
+#include "dist/mpi/mpi_runtime.h"
 #include "kernels/cpu/mx_gemm.h"
 #include "kernels/gemm.h"
 #include "model/flop_count.h"
@@ -148,7 +149,8 @@ void run_bench_stream(int64_t megabytes, int64_t repeats, int64_t threads) {
 }
 
 void run_bench_pingpong(int64_t max_megabytes, int64_t repeats) {
-  const dist::Communicator world = dist::Communicator::world();
+  const std::unique_ptr<dist::Communicator> world_group = dist::mpi_world();
+  const dist::Communicator& world = *world_group;
   MOE_CHECK(world.size() >= 2, "[bench] pingpong needs 2 ranks (mpirun -np 2), got {}",
             world.size());
   MOE_CHECK(max_megabytes > 0 && repeats > 0,
@@ -159,18 +161,15 @@ void run_bench_pingpong(int64_t max_megabytes, int64_t repeats) {
   std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f);
   nlohmann::json sizes = nlohmann::json::array();
   for (int64_t count = 1; count <= max_floats; count *= 16) {
-    // One request at a time (wait_all empties its vector), so each leg completes before the next.
-    const auto leg = [](MPI_Request request, const dist::Communicator& c) {
-      std::vector<MPI_Request> one{request};
-      c.wait_all(one);
-    };
+    // One request at a time, so each leg completes before the next.
+    const auto leg = [](dist::Request request) { dist::wait(request); };
     const auto exchange = [&] {
       if (rank == 0) {
-        leg(world.isend(buffer.data(), count, 1, 0), world);
-        leg(world.irecv(buffer.data(), count, 1, 1), world);
+        leg(world.isend(buffer.data(), count, 1, 0));
+        leg(world.irecv(buffer.data(), count, 1, 1));
       } else if (rank == 1) {
-        leg(world.irecv(buffer.data(), count, 0, 0), world);
-        leg(world.isend(buffer.data(), count, 0, 1), world);
+        leg(world.irecv(buffer.data(), count, 0, 0));
+        leg(world.isend(buffer.data(), count, 0, 1));
       }
     };
     exchange();  // warm-up: connection set-up, first touch
