@@ -15,7 +15,7 @@
 #include <system_error>
 
 #include "core/check.h"
-#include "model/cross_entropy.h"
+#include "kernels/ops.h"
 
 namespace moecore::data {
 

@@ -13,8 +13,8 @@
 
 #include "core/check.h"
 #include "gradcheck.h"
+#include "kernels/ops.h"
 #include "model/config.h"
-#include "model/cross_entropy.h"
 #include "model/params.h"
 #include "model/transformer.h"
 
@@ -303,8 +303,8 @@ TEST(TransformerGradients, DocumentMaskingUntiedHfLbSigmoid) {
   check_model(v, 6000);
 }
 TEST(TransformerGradients, DocumentMaskingReorderedNorms) {
-  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull,
-            BlockNorm::kReordered};
+  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSoftmax,
+            false, QkNorm::kFull,          BlockNorm::kReordered};
   v.document_eos = 5;
   check_model(v, 7500);
 }
