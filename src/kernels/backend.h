@@ -25,6 +25,11 @@ struct KernelBackend {
   decltype(&kernels::sum_of_squares) sum_of_squares;
   decltype(&kernels::causal_attention_forward) causal_attention_forward;
   decltype(&kernels::causal_attention_backward) causal_attention_backward;
+  decltype(&kernels::permute_rows) permute_rows;
+  decltype(&kernels::permute_rows_backward) permute_rows_backward;
+  decltype(&kernels::gather_rows) gather_rows;
+  decltype(&kernels::moe_combine_forward) moe_combine_forward;
+  decltype(&kernels::moe_combine_backward) moe_combine_backward;
 };
 
 // The plain-loop oracle (kernels/reference/).

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/phase_timer.h"
+#include "kernels/ops.h"
 #include "model/swiglu_mlp.h"
 
 namespace moecore {
@@ -129,15 +130,9 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   }
   // Combine: y[t] += sum_j weight[t, j] * output of route (t, j).
   timer.switch_to(Phase::kCombineForward);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* yt = y + t * d;
-    for (int64_t j = 0; j < k; ++j) {
-      const float weight = cache.router.topk_weight[at(t * k + j)];
-      const float* src = cache.y_back.data() + cache.send_pos[at(t * k + j)] * d;
-      for (int64_t i = 0; i < d; ++i) yt[i] += weight * src[i];
-    }
-  }
+  kernels::moe_combine_forward(
+      view(cache.y_back.data(), {tokens * k, d}), view(cache.send_pos.data(), {tokens, k}),
+      view(cache.router.topk_weight.data(), {tokens, k}), view(y, {tokens, d}));
 }
 
 void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t tokens,
@@ -167,9 +162,8 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
     return;
   }
   std::vector<float> x_send(at(routes * d));
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < routes; ++r)
-    std::copy_n(x + (r / k) * d, d, x_send.data() + cache.send_pos[at(r)] * d);
+  kernels::permute_rows(view(x, {tokens, d}), view(cache.send_pos.data(), {routes}), k,
+                        view(x_send.data(), {routes, d}));
 
   // Counts per (source, local expert), then the rows.
   exchange_->exchange_counts(cache.router.expert_counts, cache.recv_counts, local);
@@ -198,9 +192,9 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
   cache.gu_perm.resize(at(received * 2 * h));
   cache.act_perm.resize(at(received * h));
   cache.y_perm.resize(at(received * d));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < received; ++i)
-    std::copy_n(x_recv.data() + i * d, d, cache.x_perm.data() + cache.recv_to_expert[at(i)] * d);
+  const ConstTensorView to_expert = view(cache.recv_to_expert.data(), {received});
+  kernels::permute_rows(view(x_recv.data(), {received, d}), to_expert, 1,
+                        view(cache.x_perm.data(), {received, d}));
 
   timer.switch_to(Phase::kExpertsForward);
   grouped_experts_forward(config_, local, w, cache, cache.y_perm.data());
@@ -208,9 +202,8 @@ void MoeBlock::experts_forward_sync(const MoeWeights& w, const float* x, int64_t
   // Outputs back to their sources, in send order.
   timer.switch_to(Phase::kCombineForward);
   std::vector<float> y_recv(at(received * d));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < received; ++i)
-    std::copy_n(cache.y_perm.data() + cache.recv_to_expert[at(i)] * d, d, y_recv.data() + i * d);
+  kernels::gather_rows(view(cache.y_perm.data(), {received, d}), to_expert,
+                       view(y_recv.data(), {received, d}));
   cache.y_back.resize(at(routes * d));
   exchange_->exchange_rows(y_recv.data(), cache.recv_rows, cache.y_back.data(), cache.send_rows, d);
 }
@@ -236,9 +229,8 @@ void MoeBlock::experts_forward_single_rank(const MoeWeights& w, const float* x, 
   cache.x_perm.resize(at(routes * d));
   cache.gu_perm.resize(at(routes * 2 * h));
   cache.act_perm.resize(at(routes * h));
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < routes; ++r)
-    std::copy_n(x + (r / k) * d, d, cache.x_perm.data() + cache.send_pos[at(r)] * d);
+  kernels::permute_rows(view(x, {tokens, d}), view(cache.send_pos.data(), {routes}), k,
+                        view(cache.x_perm.data(), {routes, d}));
   timer.switch_to(Phase::kExpertsForward);
   cache.y_back.resize(at(routes * d));
   grouped_experts_forward(config_, e_count, w, cache, cache.y_back.data());
@@ -293,23 +285,10 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   ScopedPhase timer(Phase::kCombineBackward);
   std::vector<float> dy_send(at(routes * d));
   std::vector<float> d_weight(at(routes));
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* dyt = dy + t * d;
-    for (int64_t j = 0; j < k; ++j) {
-      const size_t r = at(t * k + j);
-      const int64_t pos = cache.send_pos[r];
-      const float weight = cache.router.topk_weight[r];
-      const float* out = cache.y_back.data() + pos * d;
-      float* g = dy_send.data() + pos * d;
-      float dot = 0.0f;
-      for (int64_t i = 0; i < d; ++i) {
-        g[i] = weight * dyt[i];
-        dot += dyt[i] * out[i];
-      }
-      d_weight[r] = dot;
-    }
-  }
+  kernels::moe_combine_backward(
+      view(dy, {tokens, d}), view(cache.y_back.data(), {routes, d}),
+      view(cache.send_pos.data(), {tokens, k}), view(cache.router.topk_weight.data(), {tokens, k}),
+      view(dy_send.data(), {routes, d}), view(d_weight.data(), {tokens, k}));
 
   std::vector<float> dx_send(at(routes * d));
   timer.stop();  // the dispatch paths time their own phases
@@ -319,15 +298,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
     experts_backward_sync(w, dw, cache, dy_send, dx_send);
   }
   timer.switch_to(Phase::kCombineBackward);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* dxt = dx + t * d;
-    std::fill(dxt, dxt + d, 0.0f);
-    for (int64_t j = 0; j < k; ++j) {
-      const float* src = dx_send.data() + cache.send_pos[at(t * k + j)] * d;
-      for (int64_t i = 0; i < d; ++i) dxt[i] += src[i];
-    }
-  }
+  kernels::permute_rows_backward(view(dx_send.data(), {routes, d}),
+                                 view(cache.send_pos.data(), {routes}), k, view(dx, {tokens, d}));
 
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertBackward);
@@ -361,9 +333,9 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
   ScopedPhase timer(Phase::kDispatchBackward);
   std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));
   exchange_->exchange_rows(dy_send.data(), cache.send_rows, dy_recv.data(), cache.recv_rows, d);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < received; ++i)
-    std::copy_n(dy_recv.data() + i * d, d, dy_perm.data() + cache.recv_to_expert[at(i)] * d);
+  const ConstTensorView to_expert = view(cache.recv_to_expert.data(), {received});
+  kernels::permute_rows(view(dy_recv.data(), {received, d}), to_expert, 1,
+                        view(dy_perm.data(), {received, d}));
 
   std::vector<float> dx_perm(at(received * d));
   timer.switch_to(Phase::kExpertsBackward);
@@ -372,9 +344,8 @@ void MoeBlock::experts_backward_sync(const MoeWeights& w, const MoeWeights& dw,
 
   // Input gradients back to the source; dx[t] = sum over its routes.
   std::vector<float> dx_recv(at(received * d));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < received; ++i)
-    std::copy_n(dx_perm.data() + cache.recv_to_expert[at(i)] * d, d, dx_recv.data() + i * d);
+  kernels::gather_rows(view(dx_perm.data(), {received, d}), to_expert,
+                       view(dx_recv.data(), {received, d}));
   exchange_->exchange_rows(dx_recv.data(), cache.recv_rows, dx_send.data(), cache.send_rows, d);
 }
 

@@ -3,7 +3,9 @@
 // differences of the backend's own forward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -354,6 +356,109 @@ TEST_P(KernelOps, CausalAttentionMatchesReference) {
     if (T > 1) expect_close(check_all(k.data(), k.size(), dk.data(), kFdEps, loss), "dk " + what);
     expect_close(check_all(v.data(), v.size(), dv.data(), kFdEps, loss), "dv " + what);
   }
+}
+
+TEST_P(KernelOps, PermuteRowsMatchesReference) {
+  uint32_t seed = 900;
+  std::mt19937 gen(13);
+  for (const auto [tokens, d] : kShapes)
+    for (const int64_t k : {int64_t{1}, int64_t{3}}) {
+      const int64_t routes = tokens * k, rows = routes + 2;  // two rows no route names
+      const std::string what = "tokens=" + std::to_string(tokens) + " d=" + std::to_string(d) +
+                               " k=" + std::to_string(k);
+      std::vector<int32_t> order(static_cast<size_t>(rows));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), gen);
+      const std::vector<int32_t> dst_row(order.begin(), order.begin() + routes);
+      std::vector<float> src = random_vec(static_cast<size_t>(tokens * d), ++seed);
+      const std::vector<float> before = random_vec(static_cast<size_t>(rows * d), ++seed);
+      std::vector<float> dst = before, dst_ref = before;
+      backend().permute_rows(view(src.data(), {tokens, d}), view(dst_row.data(), {routes}), k,
+                             view(dst.data(), {rows, d}));
+      oracle().permute_rows(view(src.data(), {tokens, d}), view(dst_row.data(), {routes}), k,
+                            view(dst_ref.data(), {rows, d}));
+      EXPECT_EQ(dst, dst_ref) << "permute_rows is a copy: " << what;
+      std::vector<float> back(static_cast<size_t>(routes * d)), back_ref(back.size());
+      backend().gather_rows(view(dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                            view(back.data(), {routes, d}));
+      oracle().gather_rows(view(dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                           view(back_ref.data(), {routes, d}));
+      EXPECT_EQ(back, back_ref) << "gather_rows is a copy: " << what;
+      // Gathering what was permuted gives every source row k times.
+      for (int64_t r = 0; r < routes; ++r)
+        for (int64_t i = 0; i < d; ++i)
+          ASSERT_EQ(back[static_cast<size_t>(r * d + i)],
+                    src[static_cast<size_t>((r / k) * d + i)]);
+
+      const std::vector<float> d_dst = random_vec(dst.size(), ++seed);
+      std::vector<float> d_src(src.size()), d_src_ref(src.size());
+      backend().permute_rows_backward(view(d_dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                                      k, view(d_src.data(), {tokens, d}));
+      oracle().permute_rows_backward(view(d_dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                                     k, view(d_src_ref.data(), {tokens, d}));
+      expect_nmse(d_src, d_src_ref, k, "permute_rows_backward " + what);
+      auto loss = [&] {
+        backend().permute_rows(view(src.data(), {tokens, d}), view(dst_row.data(), {routes}), k,
+                               view(dst.data(), {rows, d}));
+        return project(dst.data(), d_dst);
+      };
+      expect_close(check_all(src.data(), src.size(), d_src.data(), kFdEps, loss), "d_src " + what);
+    }
+  std::vector<float> x(4);
+  const std::vector<int32_t> outside = {0, 2};
+  EXPECT_THROW(backend().gather_rows(view(x.data(), {2, 2}), view(outside.data(), {2}),
+                                     view(x.data(), {2, 2})),
+               Error);
+}
+
+TEST_P(KernelOps, MoeCombineMatchesReference) {
+  uint32_t seed = 1000;
+  std::mt19937 gen(17);
+  for (const auto [tokens, d] : kShapes)
+    for (const int64_t k : {int64_t{1}, int64_t{4}}) {
+      const int64_t routes = tokens * k;
+      const std::string what = "tokens=" + std::to_string(tokens) + " d=" + std::to_string(d) +
+                               " k=" + std::to_string(k);
+      std::vector<int32_t> route_row(static_cast<size_t>(routes));
+      std::iota(route_row.begin(), route_row.end(), 0);
+      std::shuffle(route_row.begin(), route_row.end(), gen);
+      std::vector<float> routed = random_vec(static_cast<size_t>(routes * d), ++seed);
+      std::vector<float> weights = random_vec(route_row.size(), ++seed, 0.0f, 1.0f);
+      const std::vector<float> y_before = random_vec(static_cast<size_t>(tokens * d), ++seed);
+      const auto rows_view = view(route_row.data(), {tokens, k});
+      std::vector<float> y = y_before, y_ref = y_before;
+      backend().moe_combine_forward(view(routed.data(), {routes, d}), rows_view,
+                                    view(weights.data(), {tokens, k}), view(y.data(), {tokens, d}));
+      oracle().moe_combine_forward(view(routed.data(), {routes, d}), rows_view,
+                                   view(weights.data(), {tokens, k}),
+                                   view(y_ref.data(), {tokens, d}));
+      expect_nmse(y, y_ref, k + 1, "moe_combine y " + what);
+
+      const std::vector<float> dy = random_vec(y.size(), ++seed);
+      std::vector<float> d_routed(routed.size()), d_routed_ref(routed.size());
+      std::vector<float> d_weights(weights.size()), d_weights_ref(weights.size());
+      backend().moe_combine_backward(view(dy.data(), {tokens, d}), view(routed.data(), {routes, d}),
+                                     rows_view, view(weights.data(), {tokens, k}),
+                                     view(d_routed.data(), {routes, d}),
+                                     view(d_weights.data(), {tokens, k}));
+      oracle().moe_combine_backward(view(dy.data(), {tokens, d}), view(routed.data(), {routes, d}),
+                                    rows_view, view(weights.data(), {tokens, k}),
+                                    view(d_routed_ref.data(), {routes, d}),
+                                    view(d_weights_ref.data(), {tokens, k}));
+      expect_nmse(d_routed, d_routed_ref, 1, "moe_combine d_routed " + what);
+      expect_nmse(d_weights, d_weights_ref, d, "moe_combine d_weights " + what);
+      auto loss = [&] {
+        y = y_before;
+        backend().moe_combine_forward(view(routed.data(), {routes, d}), rows_view,
+                                      view(weights.data(), {tokens, k}),
+                                      view(y.data(), {tokens, d}));
+        return project(y.data(), dy);
+      };
+      expect_close(check_all(routed.data(), routed.size(), d_routed.data(), kFdEps, loss),
+                   "d_routed " + what);
+      expect_close(check_all(weights.data(), weights.size(), d_weights.data(), kFdEps, loss),
+                   "d_weights " + what);
+    }
 }
 
 TEST_P(KernelOps, RejectsMismatchedViews) {

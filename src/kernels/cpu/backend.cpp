@@ -19,6 +19,11 @@ const KernelBackend& cpu_backend() {
       .sum_of_squares = &kernels::sum_of_squares,
       .causal_attention_forward = &kernels::causal_attention_forward,
       .causal_attention_backward = &kernels::causal_attention_backward,
+      .permute_rows = &kernels::permute_rows,
+      .permute_rows_backward = &kernels::permute_rows_backward,
+      .gather_rows = &kernels::gather_rows,
+      .moe_combine_forward = &kernels::moe_combine_forward,
+      .moe_combine_backward = &kernels::moe_combine_backward,
   };
   return backend;
 }

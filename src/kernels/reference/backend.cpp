@@ -19,6 +19,11 @@ const KernelBackend& reference_backend() {
       .sum_of_squares = &kernels::reference::sum_of_squares,
       .causal_attention_forward = &kernels::reference::causal_attention_forward,
       .causal_attention_backward = &kernels::reference::causal_attention_backward,
+      .permute_rows = &kernels::reference::permute_rows,
+      .permute_rows_backward = &kernels::reference::permute_rows_backward,
+      .gather_rows = &kernels::reference::gather_rows,
+      .moe_combine_forward = &kernels::reference::moe_combine_forward,
+      .moe_combine_backward = &kernels::reference::moe_combine_backward,
   };
   return backend;
 }
