@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "core/phase_timer.h"
+#include "kernels/ops.h"
 #include "model/linear.h"
-#include "model/rmsnorm.h"
 
 namespace moecore {
 
@@ -47,16 +47,23 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
     cache.q_rstd.resize(static_cast<size_t>(gq.rows));
     cache.k_rstd.resize(static_cast<size_t>(gk.rows));
     const float eps = static_cast<float>(c.rms_norm_eps);
-    rmsnorm_forward(cache.q_raw.data(), w.q_norm, cache.q.data(), cache.q_rstd.data(), gq.rows,
-                    gq.dim, eps);
-    rmsnorm_forward(cache.k_raw.data(), w.k_norm, cache.k.data(), cache.k_rstd.data(), gk.rows,
-                    gk.dim, eps);
+    kernels::rmsnorm_forward(view(cache.q_raw.data(), {gq.rows, gq.dim}), view(w.q_norm, {gq.dim}),
+                             view(cache.q.data(), {gq.rows, gq.dim}),
+                             view(cache.q_rstd.data(), {gq.rows}), eps);
+    kernels::rmsnorm_forward(view(cache.k_raw.data(), {gk.rows, gk.dim}), view(w.k_norm, {gk.dim}),
+                             view(cache.k.data(), {gk.rows, gk.dim}),
+                             view(cache.k_rstd.data(), {gk.rows}), eps);
   }
   linear_forward(x, w.v_proj, cache.v.data(), n, d, kvs);
-  rope_forward(cache.q.data(), batch, seq, nh, hd, rope_);
-  rope_forward(cache.k.data(), batch, seq, nkv, hd, rope_);
-  causal_attention_forward(cache.shape, cache.q.data(), cache.k.data(), cache.v.data(),
-                           cache.context.data(), cache.probs.data(), doc_start);
+  kernels::rope_forward(view(cache.q.data(), {batch, seq, nh, hd}), rope_.cos_view(),
+                        rope_.sin_view(), 0);
+  kernels::rope_forward(view(cache.k.data(), {batch, seq, nkv, hd}), rope_.cos_view(),
+                        rope_.sin_view(), 0);
+  kernels::causal_attention_forward(
+      view(cache.q.data(), {batch, seq, nh, hd}), view(cache.k.data(), {batch, seq, nkv, hd}),
+      view(cache.v.data(), {batch, seq, nkv, hd}), view(cache.context.data(), {batch, seq, nh, hd}),
+      view(cache.probs.data(), {batch, nh, seq, seq}),
+      doc_start != nullptr ? view(doc_start, {batch, seq}) : ConstTensorView{});
   linear_forward(cache.context.data(), w.o_proj, y, n, qs, d);
 }
 
@@ -71,10 +78,19 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights&
 
   std::vector<float> dq(static_cast<size_t>(n * qs)), dk(static_cast<size_t>(n * kvs));
   std::vector<float> dv(static_cast<size_t>(n * kvs));
-  causal_attention_backward(s, d_context.data(), cache.q.data(), cache.k.data(), cache.v.data(),
-                            cache.probs.data(), dq.data(), dk.data(), dv.data());
-  rope_backward(dq.data(), s.batch, s.seq, s.n_heads, s.head_dim, rope_);
-  rope_backward(dk.data(), s.batch, s.seq, s.n_kv_heads, s.head_dim, rope_);
+  kernels::causal_attention_backward(
+      view(d_context.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
+      view(cache.q.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
+      view(cache.k.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
+      view(cache.v.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
+      view(cache.probs.data(), {s.batch, s.n_heads, s.seq, s.seq}),
+      view(dq.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
+      view(dk.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
+      view(dv.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}));
+  kernels::rope_backward(view(dq.data(), {s.batch, s.seq, s.n_heads, s.head_dim}), rope_.cos_view(),
+                         rope_.sin_view(), 0);
+  kernels::rope_backward(view(dk.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
+                         rope_.cos_view(), rope_.sin_view(), 0);
 
   const float* dq_raw = dq.data();
   const float* dk_raw = dk.data();
@@ -83,10 +99,14 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights&
     dq_pre.resize(dq.size());
     dk_pre.resize(dk.size());
     const NormGeometry gq = norm_geometry(c, n, s.n_heads), gk = norm_geometry(c, n, s.n_kv_heads);
-    rmsnorm_backward(dq.data(), cache.q_raw.data(), w.q_norm, cache.q_rstd.data(), dq_pre.data(),
-                     dw.q_norm, gq.rows, gq.dim, false);
-    rmsnorm_backward(dk.data(), cache.k_raw.data(), w.k_norm, cache.k_rstd.data(), dk_pre.data(),
-                     dw.k_norm, gk.rows, gk.dim, false);
+    kernels::rmsnorm_backward(
+        view(dq.data(), {gq.rows, gq.dim}), view(cache.q_raw.data(), {gq.rows, gq.dim}),
+        view(w.q_norm, {gq.dim}), view(cache.q_rstd.data(), {gq.rows}),
+        view(dq_pre.data(), {gq.rows, gq.dim}), view(dw.q_norm, {gq.dim}), false);
+    kernels::rmsnorm_backward(
+        view(dk.data(), {gk.rows, gk.dim}), view(cache.k_raw.data(), {gk.rows, gk.dim}),
+        view(w.k_norm, {gk.dim}), view(cache.k_rstd.data(), {gk.rows}),
+        view(dk_pre.data(), {gk.rows, gk.dim}), view(dw.k_norm, {gk.dim}), false);
     dq_raw = dq_pre.data();
     dk_raw = dk_pre.data();
   }

@@ -6,11 +6,19 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/causal_attention.h"
 #include "model/config.h"
 #include "model/rope.h"
 
 namespace moecore {
+
+// The geometry of one attention call: q [B, T, n_heads, hd], k and v [B, T, n_kv_heads, hd].
+struct AttentionShape {
+  int64_t batch;
+  int64_t seq;
+  int64_t n_heads;     // query heads
+  int64_t n_kv_heads;  // key/value heads; must divide n_heads
+  int64_t head_dim;
+};
 
 struct AttentionWeights {
   float* q_proj;  // [nh*hd, d]
@@ -34,8 +42,8 @@ class AttentionBlock {
  public:
   AttentionBlock(const ModelConfig& config, const RopeTable& rope) : config_(config), rope_(rope) {}
 
-  // x: [B*T, d] -> y: [B*T, d] (=). doc_start: [B, T] document masking (causal_attention.h) or
-  // nullptr.
+  // x: [B*T, d] -> y: [B*T, d] (=). doc_start: [B, T] document masking (kernels::
+  // causal_attention_forward) or nullptr.
   void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
                AttentionCache& cache, const int32_t* doc_start = nullptr) const;
   // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=).

@@ -8,9 +8,8 @@
 #include <string>
 
 #include "core/check.h"
-#include "model/embedding.h"
+#include "kernels/ops.h"
 #include "model/linear.h"
-#include "model/rmsnorm.h"
 #include "model/swiglu_mlp.h"
 
 namespace moecore {
@@ -30,25 +29,6 @@ struct InferenceModel::LayerWeights {
 };
 
 namespace {
-
-// Rotates rows [n, heads, hd] of x in place; row i sits at position pos0 + i. The same rotate_half
-// form and expression order as rope_forward, which only knows position = index in the sequence.
-void rope_at(float* x, int64_t n, int64_t heads, int64_t hd, const RopeTable& table, int64_t pos0) {
-  const int64_t half = hd / 2;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* cos_t = table.cos.data() + (pos0 + i) * half;
-    const float* sin_t = table.sin.data() + (pos0 + i) * half;
-    for (int64_t h = 0; h < heads; ++h) {
-      float* lo = x + (i * heads + h) * hd;
-      float* hi = lo + half;
-      for (int64_t j = 0; j < half; ++j) {
-        const float c = cos_t[j], s = sin_t[j], x_lo = lo[j], x_hi = hi[j];
-        lo[j] = x_lo * c + (-x_hi) * s;
-        hi[j] = x_hi * c + x_lo * s;
-      }
-    }
-  }
-}
 
 // Runs the enclosing scope on `threads` OpenMP threads (the calling thread's nthreads ICV, which
 // the kernels and oneDNN read), restoring the previous value on exit, exceptions included.
@@ -231,7 +211,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
   const int64_t p0 = cache_.length();
   const ThreadLimit limit(n * macs_per_token_ < kSerialMacs ? 1 : omp_get_max_threads());
 
-  embedding_forward(tokens, embed_, x_.data(), n, d);
+  kernels::embedding_forward(view(tokens, {n}), view(embed_, {v, d}), view(x_.data(), {n, d}));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& w = layers_[static_cast<size_t>(layer)];
     // Attention branch: x += o_proj(attn(rope(qknorm(q)), rope(qknorm(k)), v)) of norm(x)
@@ -239,7 +219,8 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
     const bool reordered = c.block_norm == BlockNorm::kReordered;
     const float* attn_in = x_.data();
     if (!reordered) {
-      rmsnorm_forward(x_.data(), w.input_norm, h_.data(), rstd_.data(), n, d, eps);
+      kernels::rmsnorm_forward(view(x_.data(), {n, d}), view(w.input_norm, {d}),
+                               view(h_.data(), {n, d}), view(rstd_.data(), {n}), eps);
       attn_in = h_.data();
     }
     if (c.qk_norm == QkNorm::kNone) {
@@ -249,14 +230,18 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       linear_forward(attn_in, w.q_proj, q_raw_.data(), n, d, qs);
       linear_forward(attn_in, w.k_proj, k_raw_.data(), n, d, kvs);
       const bool per_head = c.qk_norm == QkNorm::kPerHead;
-      rmsnorm_forward(q_raw_.data(), w.q_norm, q_.data(), qk_rstd_.data(), per_head ? n * nh : n,
-                      per_head ? hd : qs, eps);
-      rmsnorm_forward(k_raw_.data(), w.k_norm, k_.data(), qk_rstd_.data(), per_head ? n * nkv : n,
-                      per_head ? hd : kvs, eps);
+      kernels::rmsnorm_forward(view(q_raw_.data(), {per_head ? n * nh : n, per_head ? hd : qs}),
+                               view(w.q_norm, {per_head ? hd : qs}),
+                               view(q_.data(), {per_head ? n * nh : n, per_head ? hd : qs}),
+                               view(qk_rstd_.data(), {per_head ? n * nh : n}), eps);
+      kernels::rmsnorm_forward(view(k_raw_.data(), {per_head ? n * nkv : n, per_head ? hd : kvs}),
+                               view(w.k_norm, {per_head ? hd : kvs}),
+                               view(k_.data(), {per_head ? n * nkv : n, per_head ? hd : kvs}),
+                               view(qk_rstd_.data(), {per_head ? n * nkv : n}), eps);
     }
     linear_forward(attn_in, w.v_proj, v_.data(), n, d, kvs);
-    rope_at(q_.data(), n, nh, hd, rope_, p0);
-    rope_at(k_.data(), n, nkv, hd, rope_, p0);
+    kernels::rope_forward(view(q_.data(), {1, n, nh, hd}), rope_.cos_view(), rope_.sin_view(), p0);
+    kernels::rope_forward(view(k_.data(), {1, n, nkv, hd}), rope_.cos_view(), rope_.sin_view(), p0);
     for (int64_t i = 0; i < n; ++i) {
       std::copy_n(k_.data() + i * kvs, kvs, cache_.k(layer, p0 + i));
       std::copy_n(v_.data() + i * kvs, kvs, cache_.v(layer, p0 + i));
@@ -264,7 +249,8 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
     attention(layer, n);
     linear_forward(context_.data(), w.o_proj, branch_.data(), n, qs, d);
     if (reordered) {
-      rmsnorm_forward(branch_.data(), w.input_norm, h_.data(), rstd_.data(), n, d, eps);
+      kernels::rmsnorm_forward(view(branch_.data(), {n, d}), view(w.input_norm, {d}),
+                               view(h_.data(), {n, d}), view(rstd_.data(), {n}), eps);
       add_in_place(x_.data(), h_.data(), n * d);
     } else {
       add_in_place(x_.data(), branch_.data(), n * d);
@@ -273,7 +259,8 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
     // FFN branch: x += ffn(norm(x)) (pre-norm) or x += norm(ffn(x)) (reordered).
     const float* ffn_in = x_.data();
     if (!reordered) {
-      rmsnorm_forward(x_.data(), w.post_norm, h_.data(), rstd_.data(), n, d, eps);
+      kernels::rmsnorm_forward(view(x_.data(), {n, d}), view(w.post_norm, {d}),
+                               view(h_.data(), {n, d}), view(rstd_.data(), {n}), eps);
       ffn_in = h_.data();
     }
     if (c.layer_is_dense(layer)) {
@@ -283,7 +270,8 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       moe_.forward(w.moe, ffn_in, n, branch_.data(), moe_cache_);
     }
     if (reordered) {
-      rmsnorm_forward(branch_.data(), w.post_norm, h_.data(), rstd_.data(), n, d, eps);
+      kernels::rmsnorm_forward(view(branch_.data(), {n, d}), view(w.post_norm, {d}),
+                               view(h_.data(), {n, d}), view(rstd_.data(), {n}), eps);
       add_in_place(x_.data(), h_.data(), n * d);
     } else {
       add_in_place(x_.data(), branch_.data(), n * d);
@@ -293,7 +281,8 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
 
   // Only the last position's logits are needed: final norm and LM head on one row.
   const float* last = x_.data() + (n - 1) * d;
-  rmsnorm_forward(last, final_norm_, h_.data(), rstd_.data(), 1, d, eps);
+  kernels::rmsnorm_forward(view(last, {1, d}), view(final_norm_, {d}), view(h_.data(), {1, d}),
+                           view(rstd_.data(), {1}), eps);
   linear_forward(h_.data(), lm_head_, logits_.data(), 1, d, v);
   return logits_;
 }

@@ -2,12 +2,13 @@
 // Qwen3-MoE and Llama: the non-interleaved "rotate_half" form, where dimension i pairs with
 // dimension i + head_dim/2 (not 2i with 2i+1 as in the original paper / GPT-NeoX-interleaved).
 // Checkpoints converted from HF therefore need no permutation of the q/k projection rows.
-//
-// Activation gradients overwrite their outputs (here: in place), see the convention in DESIGN.md.
+// The rotation itself is kernels::rope_forward / rope_backward (kernels/ops.h).
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "core/tensor_view.h"
 
 namespace moecore {
 
@@ -22,17 +23,10 @@ struct RopeTable {
   // inv_freq[i] = 1 / theta^(2i/head_dim), angle(t, i) = t * inv_freq[i], both rounded to float32
   // the way HF computes them, so positions far from 0 rotate by the same float angle as in HF.
   static RopeTable build(int64_t max_positions, int64_t head_dim, double theta);
+
+  // The tables as kernels::rope_forward / rope_backward take them.
+  ConstTensorView cos_view() const { return view(cos.data(), {max_positions, head_dim / 2}); }
+  ConstTensorView sin_view() const { return view(sin.data(), {max_positions, head_dim / 2}); }
 };
-
-// x: [batch, seq, n_heads, head_dim], rotated in place; the position of x[b, t] is t.
-// Requires head_dim == table.head_dim and seq <= table.max_positions.
-void rope_forward(float* x, int64_t batch, int64_t seq, int64_t n_heads, int64_t head_dim,
-                  const RopeTable& table);
-
-// dx: [batch, seq, n_heads, head_dim], in place: on entry dL/d(rope output), on exit dL/d(rope
-// input). RoPE is an orthogonal rotation per pair, so this applies the inverse (transposed)
-// rotation; nothing from the forward needs saving.
-void rope_backward(float* dx, int64_t batch, int64_t seq, int64_t n_heads, int64_t head_dim,
-                   const RopeTable& table);
 
 }  // namespace moecore

@@ -1,7 +1,7 @@
 #include "model/swiglu_mlp.h"
 
+#include "kernels/ops.h"
 #include "model/linear.h"
-#include "model/swiglu.h"
 
 namespace moecore {
 
@@ -9,7 +9,7 @@ void swiglu_mlp_forward(const SwigluShape& s, const float* x, const float* w_gat
                         const float* w_down, float* gu, float* act, float* y) {
   if (s.rows == 0) return;
   linear_forward(x, w_gate_up, gu, s.rows, s.dim, 2 * s.hidden);
-  swiglu_forward(gu, act, s.rows, s.hidden);
+  kernels::swiglu_forward(view(gu, {s.rows, 2 * s.hidden}), view(act, {s.rows, s.hidden}));
   linear_forward(act, w_down, y, s.rows, s.hidden, s.dim);
 }
 
@@ -19,7 +19,8 @@ void swiglu_mlp_backward(const SwigluShape& s, const float* dy, const float* x,
                          float* scratch_dact, float* scratch_dgu, bool accumulate_dx) {
   if (s.rows == 0) return;
   linear_backward(dy, act, w_down, scratch_dact, dw_down, s.rows, s.hidden, s.dim, false);
-  swiglu_backward(scratch_dact, gu, scratch_dgu, s.rows, s.hidden);
+  kernels::swiglu_backward(view(scratch_dact, {s.rows, s.hidden}), view(gu, {s.rows, 2 * s.hidden}),
+                           view(scratch_dgu, {s.rows, 2 * s.hidden}));
   linear_backward(scratch_dgu, x, w_gate_up, dx, dw_gate_up, s.rows, s.dim, 2 * s.hidden,
                   accumulate_dx);
 }

@@ -4,11 +4,9 @@
 
 #include "core/check.h"
 #include "core/phase_timer.h"
-#include "model/cross_entropy.h"
+#include "kernels/ops.h"
 #include "model/document_mask.h"
-#include "model/embedding.h"
 #include "model/linear.h"
-#include "model/rmsnorm.h"
 #include "model/swiglu_mlp.h"
 
 namespace moecore {
@@ -156,7 +154,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   for (auto& r : act.residual) r.resize(static_cast<size_t>(n * d));
   if (has_embedding()) {
     act.tokens.assign(tokens, tokens + n);
-    embedding_forward(tokens, at(params, embed_), act.residual[0].data(), n, d);
+    kernels::embedding_forward(view(tokens, {n}), view(at(params, embed_), {v, d}),
+                               view(act.residual[0].data(), {n, d}));
   } else {
     std::copy_n(hidden_in, n * d, act.residual[0].data());
   }
@@ -184,20 +183,22 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       lc.attn_out.resize(static_cast<size_t>(n * d));
       attention_.forward(attention_weights(params, i), x, batch, seq, lc.attn_out.data(),
                          lc.attention, doc_start);
-      rmsnorm_forward(lc.attn_out.data(), at(params, s.input_norm), branch.data(), lc.rstd1.data(),
-                      n, d, eps);
+      kernels::rmsnorm_forward(view(lc.attn_out.data(), {n, d}),
+                               view(at(params, s.input_norm), {d}), view(branch.data(), {n, d}),
+                               view(lc.rstd1.data(), {n}), eps);
       for (int64_t e = 0; e < n * d; ++e)
         lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
     } else {
       lc.h1.resize(static_cast<size_t>(n * d));
-      rmsnorm_forward(x, at(params, s.input_norm), lc.h1.data(), lc.rstd1.data(), n, d, eps);
+      kernels::rmsnorm_forward(view(x, {n, d}), view(at(params, s.input_norm), {d}),
+                               view(lc.h1.data(), {n, d}), view(lc.rstd1.data(), {n}), eps);
       attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
                          lc.attention, doc_start);
       for (int64_t e = 0; e < n * d; ++e)
         lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
       lc.h2.resize(static_cast<size_t>(n * d));
-      rmsnorm_forward(lc.mid.data(), at(params, s.post_norm), lc.h2.data(), lc.rstd2.data(), n, d,
-                      eps);
+      kernels::rmsnorm_forward(view(lc.mid.data(), {n, d}), view(at(params, s.post_norm), {d}),
+                               view(lc.h2.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
     }
     const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
     float* ffn_out = branch.data();
@@ -217,8 +218,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
     }
     if (reordered)
-      rmsnorm_forward(lc.ffn_out.data(), at(params, s.post_norm), branch.data(), lc.rstd2.data(), n,
-                      d, eps);
+      kernels::rmsnorm_forward(view(lc.ffn_out.data(), {n, d}), view(at(params, s.post_norm), {d}),
+                               view(branch.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
     float* out = act.residual[j + 1].data();
     for (int64_t e = 0; e < n * d; ++e)
       out[e] = lc.mid[static_cast<size_t>(e)] + branch[static_cast<size_t>(e)];
@@ -227,8 +228,9 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   if (has_head()) {
     act.final_rstd.resize(static_cast<size_t>(n));
     act.final_hidden.resize(static_cast<size_t>(n * d));
-    rmsnorm_forward(act.residual.back().data(), at(params, final_norm_), act.final_hidden.data(),
-                    act.final_rstd.data(), n, d, eps);
+    kernels::rmsnorm_forward(
+        view(act.residual.back().data(), {n, d}), view(at(params, final_norm_), {d}),
+        view(act.final_hidden.data(), {n, d}), view(act.final_rstd.data(), {n}), eps);
     act.logits.resize(static_cast<size_t>(n * v));
     ScopedPhase timer(Phase::kLmHeadForward);
     linear_forward(act.final_hidden.data(), at(params, lm_head_), act.logits.data(), n, d, v);
@@ -283,7 +285,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     act.dlogits.resize(act.logits.size());
     ScopedPhase timer(Phase::kLmHeadForward);
     const CrossEntropyResult ce =
-        cross_entropy(act.logits.data(), targets, n, v, act.dlogits.data(), 1.0f, counted);
+        kernels::cross_entropy(view(act.logits.data(), {n, v}), view(targets, {n}),
+                               view(act.dlogits.data(), {n, v}), 1.0f, counted);
     timer.stop();
     double ce_sum = ce.loss * static_cast<double>(counted);
     if (batch_sum_) batch_sum_(&ce_sum, 1);
@@ -370,8 +373,10 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     linear_backward(dlogits, act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
                     at(grads, lm_head_), n, d, v, false);
     timer.stop();
-    rmsnorm_backward(dhidden.data(), act.residual.back().data(), at(params, final_norm_),
-                     act.final_rstd.data(), dx.data(), at(grads, final_norm_), n, d, false);
+    kernels::rmsnorm_backward(view(dhidden.data(), {n, d}),
+                              view(act.residual.back().data(), {n, d}),
+                              view(at(params, final_norm_), {d}), view(act.final_rstd.data(), {n}),
+                              view(dx.data(), {n, d}), view(at(grads, final_norm_), {d}), false);
   } else {
     std::copy_n(d_hidden_out, n * d, dx.data());
   }
@@ -393,8 +398,10 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     const float* d_ffn_out = dx.data();
     if (reordered) {
       dnorm.resize(static_cast<size_t>(n * d));
-      rmsnorm_backward(dx.data(), lc.ffn_out.data(), at(params, s.post_norm), lc.rstd2.data(),
-                       dnorm.data(), at(grads, s.post_norm), n, d, false);
+      kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.ffn_out.data(), {n, d}),
+                                view(at(params, s.post_norm), {d}), view(lc.rstd2.data(), {n}),
+                                view(dnorm.data(), {n, d}), view(at(grads, s.post_norm), {d}),
+                                false);
       d_ffn_out = dnorm.data();
     }
     const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
@@ -418,25 +425,30 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
       for (int64_t e = 0; e < n * d; ++e)
         dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
-      rmsnorm_backward(dx.data(), lc.attn_out.data(), at(params, s.input_norm), lc.rstd1.data(),
-                       dnorm.data(), at(grads, s.input_norm), n, d, false);
+      kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.attn_out.data(), {n, d}),
+                                view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),
+                                view(dnorm.data(), {n, d}), view(at(grads, s.input_norm), {d}),
+                                false);
       attention_.backward(attention_weights(params, i), attention_weights(grads, i),
                           act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
       for (int64_t e = 0; e < n * d; ++e)
         dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
     } else {
-      rmsnorm_backward(dbranch.data(), lc.mid.data(), at(params, s.post_norm), lc.rstd2.data(),
-                       dx.data(), at(grads, s.post_norm), n, d, true);
+      kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(lc.mid.data(), {n, d}),
+                                view(at(params, s.post_norm), {d}), view(lc.rstd2.data(), {n}),
+                                view(dx.data(), {n, d}), view(at(grads, s.post_norm), {d}), true);
       // Attention branch: mid = x + attn(norm(x)).
       attention_.backward(attention_weights(params, i), attention_weights(grads, i), lc.h1.data(),
                           dx.data(), lc.attention, dbranch.data());
-      rmsnorm_backward(dbranch.data(), act.residual[j].data(), at(params, s.input_norm),
-                       lc.rstd1.data(), dx.data(), at(grads, s.input_norm), n, d, true);
+      kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(act.residual[j].data(), {n, d}),
+                                view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),
+                                view(dx.data(), {n, d}), view(at(grads, s.input_norm), {d}), true);
     }
     if (layer_grads_ready_) layer_grads_ready_(i);
   }
   if (has_embedding())
-    embedding_backward(act.tokens.data(), dx.data(), at(grads, embed_), n, d);
+    kernels::embedding_backward(view(act.tokens.data(), {n}), view(dx.data(), {n, d}),
+                                view(at(grads, embed_), {config_.vocab_size, d}));
   else
     std::copy_n(dx.data(), n * d, d_hidden_in);
 }

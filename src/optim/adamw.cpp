@@ -3,31 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/simd.h"
+#include "kernels/ops.h"
 
 namespace moecore {
-
-namespace {
-
-constexpr int64_t kAdamWChunk = 16384;
-
-struct AdamWCoefficients {
-  float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
-};
-
-MOECORE_SIMD_CLONES void adamw_chunk(const AdamWCoefficients& c, float* p, const float* g, float* m,
-                                     float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * c.grad_scale;
-    p[i] *= c.decay_factor;
-    m[i] = c.b1 * m[i] + (1.0f - c.b1) * gi;
-    v[i] = c.b2 * v[i] + (1.0f - c.b2) * gi * gi;
-    const float denom = std::sqrt(v[i]) / c.bias2_sqrt + c.eps;
-    p[i] -= c.step_size * m[i] / denom;
-  }
-}
-
-}  // namespace
 
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
@@ -51,13 +29,8 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
     float* v = exp_avg_sq + (lo - begin);
     const int64_t count = static_cast<int64_t>(hi - lo);
     const AdamWCoefficients coef{decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale};
-    // Chunks of kAdamWChunk elements over the pool; one thread below a few chunks.
-    const int64_t chunks = (count + kAdamWChunk - 1) / kAdamWChunk;
-#pragma omp parallel for schedule(static) if (chunks > 4)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t i = c * kAdamWChunk, n = std::min(kAdamWChunk, count - i);
-      adamw_chunk(coef, p + i, g + i, m + i, v + i, n);
-    }
+    kernels::adamw_update(view(p, {count}), view(g, {count}), view(m, {count}), view(v, {count}),
+                          coef);
   }
 }
 

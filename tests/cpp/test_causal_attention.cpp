@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "core/check.h"
-#include "model/causal_attention.h"
+#include "kernels/ops.h"
+#include "model/attention.h"
 #include "model/document_mask.h"
 
 namespace moecore {
@@ -25,6 +26,27 @@ std::vector<float> random_vec(size_t n, uint32_t seed) {
 
 std::vector<double> to_double(const std::vector<float>& v) {
   return {v.begin(), v.end()};
+}
+
+// The kernels on contiguous buffers of shape s (the views' shapes are what the kernels check).
+void causal_attention_forward(const AttentionShape& s, const float* q, const float* k,
+                              const float* v, float* out, float* probs,
+                              const int32_t* doc_start = nullptr) {
+  const int64_t B = s.batch, T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  kernels::causal_attention_forward(
+      view(q, {B, T, H, hd}), view(k, {B, T, KV, hd}), view(v, {B, T, KV, hd}),
+      view(out, {B, T, H, hd}), view(probs, {B, H, T, T}),
+      doc_start != nullptr ? view(doc_start, {B, T}) : ConstTensorView{});
+}
+
+void causal_attention_backward(const AttentionShape& s, const float* dout, const float* q,
+                               const float* k, const float* v, const float* probs, float* dq,
+                               float* dk, float* dv) {
+  const int64_t B = s.batch, T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  kernels::causal_attention_backward(view(dout, {B, T, H, hd}), view(q, {B, T, H, hd}),
+                                     view(k, {B, T, KV, hd}), view(v, {B, T, KV, hd}),
+                                     view(probs, {B, H, T, T}), view(dq, {B, T, H, hd}),
+                                     view(dk, {B, T, KV, hd}), view(dv, {B, T, KV, hd}));
 }
 
 size_t q_size(const AttentionShape& s) {

@@ -8,14 +8,11 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "kernels/ops.h"
 #include "model/attention.h"
 #include "model/config.h"
-#include "model/cross_entropy.h"
-#include "model/embedding.h"
 #include "model/linear.h"
-#include "model/rmsnorm.h"
 #include "model/rope.h"
-#include "model/swiglu.h"
 #include "model/swiglu_mlp.h"
 
 namespace moecore {
@@ -39,15 +36,17 @@ void check_rmsnorm(int64_t rows, int64_t dim, bool accumulate_dx, uint32_t seed)
   const float norm_eps = 1e-5f;
   std::vector<float> y(n), rstd(static_cast<size_t>(rows));
   auto loss = [&] {
-    rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, dim, norm_eps);
+    kernels::rmsnorm_forward(view(x.data(), {rows, dim}), view(w.data(), {dim}),
+                             view(y.data(), {rows, dim}), view(rstd.data(), {rows}), norm_eps);
     return project(y.data(), r);
   };
   loss();
   const std::vector<float> dx_before = random_vec(n, seed + 3);
   const std::vector<float> dw_before = random_vec(static_cast<size_t>(dim), seed + 4);
   std::vector<float> dx = dx_before, dw = dw_before;
-  rmsnorm_backward(r.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), rows, dim,
-                   accumulate_dx);
+  kernels::rmsnorm_backward(view(r.data(), {rows, dim}), view(x.data(), {rows, dim}),
+                            view(w.data(), {dim}), view(rstd.data(), {rows}),
+                            view(dx.data(), {rows, dim}), view(dw.data(), {dim}), accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> gw = added(dw, dw_before);
   expect_close(check_all(x.data(), n, gx.data(), kEps, loss), "rmsnorm dx");
@@ -101,7 +100,8 @@ TEST(LayerGradients, EmbeddingRepeatedTokensAccumulate) {
   const std::vector<float> r = random_vec(static_cast<size_t>(rows * dim), 71);
   std::vector<float> out(r.size());
   auto loss = [&] {
-    embedding_forward(tokens.data(), w.data(), out.data(), rows, dim);
+    kernels::embedding_forward(view(tokens.data(), {rows}), view(w.data(), {vocab, dim}),
+                               view(out.data(), {rows, dim}));
     return project(out.data(), r);
   };
   loss();
@@ -111,7 +111,8 @@ TEST(LayerGradients, EmbeddingRepeatedTokensAccumulate) {
                 w[static_cast<size_t>(tokens[static_cast<size_t>(t)] * dim + i)]);
   const std::vector<float> dw_before = random_vec(w.size(), 72);
   std::vector<float> dw = dw_before;
-  embedding_backward(tokens.data(), r.data(), dw.data(), rows, dim);
+  kernels::embedding_backward(view(tokens.data(), {rows}), view(r.data(), {rows, dim}),
+                              view(dw.data(), {vocab, dim}));
   const std::vector<float> gw = added(dw, dw_before);
   expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "embedding dw");
   // Unused rows (1, 4, 5) are untouched.
@@ -126,7 +127,7 @@ TEST(LayerGradients, Swiglu) {
   const std::vector<float> r = random_vec(static_cast<size_t>(rows * hidden), 81);
   std::vector<float> act(r.size());
   auto loss = [&] {
-    swiglu_forward(gu.data(), act.data(), rows, hidden);
+    kernels::swiglu_forward(view(gu.data(), {rows, 2 * hidden}), view(act.data(), {rows, hidden}));
     return project(act.data(), r);
   };
   loss();
@@ -138,7 +139,8 @@ TEST(LayerGradients, Swiglu) {
       EXPECT_NEAR(act[static_cast<size_t>(t * hidden + i)], g / (1.0 + std::exp(-g)) * u, 1e-6);
     }
   std::vector<float> dgu(gu.size(), 7.0f);  // overwritten
-  swiglu_backward(r.data(), gu.data(), dgu.data(), rows, hidden);
+  kernels::swiglu_backward(view(r.data(), {rows, hidden}), view(gu.data(), {rows, 2 * hidden}),
+                           view(dgu.data(), {rows, 2 * hidden}));
   expect_close(check_all(gu.data(), gu.size(), dgu.data(), kEps, loss), "swiglu dgu");
 }
 
@@ -207,12 +209,15 @@ TEST(LayerGradients, CrossEntropyWithIgnoredRows) {
   std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), 110, -2.0f, 2.0f);
   const float scale = 1.5f;
   auto loss = [&] {
-    return static_cast<double>(scale) *
-           cross_entropy(logits.data(), targets.data(), rows, vocab, nullptr, scale).loss;
+    return static_cast<double>(scale) * kernels::cross_entropy(view(logits.data(), {rows, vocab}),
+                                                               view(targets.data(), {rows}),
+                                                               TensorView{}, scale, 0)
+                                            .loss;
   };
   std::vector<float> dlogits(logits.size(), 7.0f);  // overwritten, ignored rows included
   const CrossEntropyResult res =
-      cross_entropy(logits.data(), targets.data(), rows, vocab, dlogits.data(), scale);
+      kernels::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                             view(dlogits.data(), {rows, vocab}), scale, 0);
   EXPECT_EQ(res.counted_tokens, 3);
   // fp32 logsumexp: a few ulps of the per-row loss (~2).
   EXPECT_NEAR(res.loss, reference_cross_entropy(logits, targets, vocab), 1e-6);
@@ -236,7 +241,8 @@ TEST(LayerGradients, CrossEntropyAllIgnoredIsZero) {
   const std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), 120);
   std::vector<float> dlogits(logits.size(), 7.0f);
   const CrossEntropyResult res =
-      cross_entropy(logits.data(), targets.data(), rows, vocab, dlogits.data(), 1.0f);
+      kernels::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                             view(dlogits.data(), {rows, vocab}), 1.0f, 0);
   EXPECT_EQ(res.loss, 0.0);
   EXPECT_EQ(res.counted_tokens, 0);
   for (float g : dlogits) EXPECT_EQ(g, 0.0f);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/ops.h"
 #include "model/rope.h"
 
 namespace moecore {
@@ -77,7 +78,7 @@ TEST(Rope, ForwardMatchesDoubleReference) {
   const RopeTable table = RopeTable::build(32, hd, theta);
   std::vector<float> x = random_vec(B * T * H * hd, 1);
   const std::vector<double> ref = reference_rope(to_double(x), B, T, H, hd, theta);
-  rope_forward(x.data(), B, T, H, hd, table);
+  kernels::rope_forward(view(x.data(), {B, T, H, hd}), table.cos_view(), table.sin_view(), 0);
   double max_err = 0.0;
   for (size_t i = 0; i < x.size(); ++i)
     max_err = std::max(max_err, std::abs(static_cast<double>(x[i]) - ref[i]));
@@ -95,7 +96,7 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
   const std::vector<float> x = random_vec(B * T * H * hd, 2);
   const std::vector<float> r = random_vec(x.size(), 3);
   std::vector<float> grad = r;
-  rope_backward(grad.data(), B, T, H, hd, table);
+  kernels::rope_backward(view(grad.data(), {B, T, H, hd}), table.cos_view(), table.sin_view(), 0);
 
   std::vector<double> xd = to_double(x);
   auto loss = [&](const std::vector<double>& in) {
@@ -126,8 +127,8 @@ TEST(Rope, BackwardInvertsForward) {
   const RopeTable table = RopeTable::build(T, hd, 1e6);
   const std::vector<float> x0 = random_vec(B * T * H * hd, 4);
   std::vector<float> x = x0;
-  rope_forward(x.data(), B, T, H, hd, table);
-  rope_backward(x.data(), B, T, H, hd, table);
+  kernels::rope_forward(view(x.data(), {B, T, H, hd}), table.cos_view(), table.sin_view(), 0);
+  kernels::rope_backward(view(x.data(), {B, T, H, hd}), table.cos_view(), table.sin_view(), 0);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], x0[i], 1e-6) << i;
 }
 
@@ -136,7 +137,7 @@ TEST(Rope, PositionZeroIsIdentityAndNormsArePreserved) {
   const RopeTable table = RopeTable::build(64, hd, 10000.0);
   const std::vector<float> x0 = random_vec(B * T * H * hd, 5);
   std::vector<float> x = x0;
-  rope_forward(x.data(), B, T, H, hd, table);
+  kernels::rope_forward(view(x.data(), {B, T, H, hd}), table.cos_view(), table.sin_view(), 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < H; ++h) {
@@ -167,9 +168,15 @@ TEST(Rope, RejectsBadArguments) {
   EXPECT_THROW(RopeTable::build(0, 8, 10000.0), Error);
   const RopeTable table = RopeTable::build(8, 8, 10000.0);
   std::vector<float> x(2 * 16 * 8);
-  EXPECT_THROW(rope_forward(x.data(), 1, 9, 1, 8, table), Error);   // seq > max_positions
-  EXPECT_THROW(rope_forward(x.data(), 1, 4, 1, 4, table), Error);   // head_dim mismatch
-  EXPECT_THROW(rope_backward(x.data(), 1, 9, 1, 8, table), Error);  // seq > max_positions
+  EXPECT_THROW(
+      kernels::rope_forward(view(x.data(), {1, 9, 1, 8}), table.cos_view(), table.sin_view(), 0),
+      Error);  // seq > max_positions
+  EXPECT_THROW(
+      kernels::rope_forward(view(x.data(), {1, 4, 1, 4}), table.cos_view(), table.sin_view(), 0),
+      Error);  // head_dim mismatch
+  EXPECT_THROW(
+      kernels::rope_backward(view(x.data(), {1, 9, 1, 8}), table.cos_view(), table.sin_view(), 0),
+      Error);  // seq > max_positions
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "model/cross_entropy.h"
+#include "kernels/ops.h"
 #include "model/params.h"
 #include "model/transformer.h"
 

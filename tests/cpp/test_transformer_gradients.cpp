@@ -13,8 +13,8 @@
 
 #include "core/check.h"
 #include "gradcheck.h"
+#include "kernels/ops.h"
 #include "model/config.h"
-#include "model/cross_entropy.h"
 #include "model/params.h"
 #include "model/transformer.h"
 

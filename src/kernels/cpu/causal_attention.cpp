@@ -1,14 +1,15 @@
-#include "model/causal_attention.h"
-
+// Causal attention on the CPU: (batch, head) pairs over the OpenMP pool, each a sequence of
+// row-block GEMMs (oneDNN, sequential inside the parallel region) and an fp32 softmax.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/check.h"
 #include "core/simd.h"
-#include "kernels/gemm.h"
+#include "kernels/ops.h"
+#include "kernels/view_checks.h"
 
-namespace moecore {
+namespace moecore::kernels {
 
 namespace {
 
@@ -17,12 +18,24 @@ namespace {
 // full T x T product. 64 keeps each GEMM large enough for the sgemm microkernels.
 constexpr int64_t kBlock = 64;
 
-void check_shape(const char* op, const AttentionShape& s) {
+struct AttentionShape {
+  int64_t batch, seq, n_heads, n_kv_heads, head_dim;
+};
+
+// The shape of q [B, T, heads, hd] and k [B, T, kv_heads, hd], checked.
+AttentionShape attention_shape(const char* op, ConstTensorView q, ConstTensorView k) {
+  MOE_CHECK(q.rank() == 4 && k.rank() == 4,
+            "[{}] q and k must be [batch, seq, heads, head_dim], got ranks {} and {}", op, q.rank(),
+            k.rank());
+  const AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
   MOE_CHECK(s.batch > 0 && s.seq > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0,
             "[{}] batch={} seq={} n_heads={} n_kv_heads={} head_dim={} must all be positive", op,
             s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
   MOE_CHECK(s.n_heads % s.n_kv_heads == 0, "[{}] n_kv_heads={} does not divide n_heads={}", op,
             s.n_kv_heads, s.n_heads);
+  expect_shape(op, "q", q, {s.batch, s.seq, s.n_heads, s.head_dim});
+  expect_shape(op, "k", k, {s.batch, s.seq, s.n_kv_heads, s.head_dim});
+  return s;
 }
 
 // Softmax of one row's first n scores, in place, with max-subtraction as torch does so exp never
@@ -52,12 +65,27 @@ void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1, const in
 
 }  // namespace
 
-void causal_attention_forward(const AttentionShape& s, const float* q, const float* k,
-                              const float* v, float* out, float* probs, const int32_t* doc_start) {
-  // q: [B, T, H, hd]; k, v: [B, T, KV, hd]; doc_start: [B, T] or nullptr
+void causal_attention_forward(ConstTensorView q_view, ConstTensorView k_view,
+                              ConstTensorView v_view, TensorView out_view, TensorView probs_view,
+                              ConstTensorView doc_start_view) {
+  // q: [B, T, H, hd]; k, v: [B, T, KV, hd]; doc_start: [B, T] or empty
   //   -> out: [B, T, H, hd], probs: [B, H, T, T].
-  check_shape("attention", s);
+  constexpr const char* kOp = "attention";
+  const AttentionShape s = attention_shape(kOp, q_view, k_view);
   const int64_t T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  expect_shape(kOp, "v", v_view, {s.batch, T, KV, hd});
+  expect_shape(kOp, "out", out_view, {s.batch, T, H, hd});
+  expect_shape(kOp, "probs", probs_view, {s.batch, H, T, T});
+  const float* q = q_view.data<float>(kOp);
+  const float* k = k_view.data<float>(kOp);
+  const float* v = v_view.data<float>(kOp);
+  float* out = out_view.data<float>(kOp);
+  float* probs = probs_view.data<float>(kOp);
+  const int32_t* doc_start = nullptr;
+  if (doc_start_view.raw() != nullptr) {
+    expect_shape(kOp, "doc_start", doc_start_view, {s.batch, T});
+    doc_start = doc_start_view.data<int32_t>(kOp);
+  }
   if (doc_start != nullptr) {
     for (int64_t i = 0; i < s.batch * T; ++i)
       MOE_CHECK(doc_start[i] >= 0 && doc_start[i] <= i % T,
@@ -84,27 +112,43 @@ void causal_attention_forward(const AttentionShape& s, const float* q, const flo
       for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
         const int64_t r1 = std::min(r0 + kBlock, T);
         // scores[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T; later keys are masked anyway.
-        kernels::gemm(false, true, r1 - r0, r1, hd, scale, qh + r0 * ldq, ldq, kh, ldkv, 0.0f,
-                      p + r0 * T, T);
+        gemm(false, true, r1 - r0, r1, hd, scale, qh + r0 * ldq, ldq, kh, ldkv, 0.0f, p + r0 * T,
+             T);
         causal_softmax_rows(p, T, r0, r1, doc_start != nullptr ? doc_start + b * T : nullptr);
         // out[r0:r1] = probs[r0:r1, 0:r1] v[0:r1]; probs are 0 above the diagonal in this range.
-        kernels::gemm(false, false, r1 - r0, hd, r1, 1.0f, p + r0 * T, T, vh, ldkv, 0.0f,
-                      oh + r0 * ldq, ldq);
+        gemm(false, false, r1 - r0, hd, r1, 1.0f, p + r0 * T, T, vh, ldkv, 0.0f, oh + r0 * ldq,
+             ldq);
       }
     }
   }
 }
 
-void causal_attention_backward(const AttentionShape& s, const float* dout, const float* q,
-                               const float* k, const float* v, const float* probs, float* dq,
-                               float* dk, float* dv) {
+void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
+                               ConstTensorView k_view, ConstTensorView v_view,
+                               ConstTensorView probs_view, TensorView dq_view, TensorView dk_view,
+                               TensorView dv_view) {
   // dout: [B, T, H, hd]; q: [B, T, H, hd]; k, v: [B, T, KV, hd]; probs: [B, H, T, T]
   //   -> dq: [B, T, H, hd], dk, dv: [B, T, KV, hd] (overwritten).
   // With P = probs, O = P V, S = scale * Q K^T:
   //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,
   //   dK = scale dS^T Q; dK and dV sum over the query heads sharing the kv head.
-  check_shape("attention_backward", s);
+  constexpr const char* kOp = "attention_backward";
+  const AttentionShape s = attention_shape(kOp, q_view, k_view);
   const int64_t T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  expect_shape(kOp, "dout", dout_view, {s.batch, T, H, hd});
+  expect_shape(kOp, "v", v_view, {s.batch, T, KV, hd});
+  expect_shape(kOp, "probs", probs_view, {s.batch, H, T, T});
+  expect_shape(kOp, "dq", dq_view, {s.batch, T, H, hd});
+  expect_shape(kOp, "dk", dk_view, {s.batch, T, KV, hd});
+  expect_shape(kOp, "dv", dv_view, {s.batch, T, KV, hd});
+  const float* dout = dout_view.data<float>(kOp);
+  const float* q = q_view.data<float>(kOp);
+  const float* k = k_view.data<float>(kOp);
+  const float* v = v_view.data<float>(kOp);
+  const float* probs = probs_view.data<float>(kOp);
+  float* dq = dq_view.data<float>(kOp);
+  float* dk = dk_view.data<float>(kOp);
+  float* dv = dv_view.data<float>(kOp);
   const int64_t group = H / KV;
   const int64_t ldq = H * hd, ldkv = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -135,8 +179,8 @@ void causal_attention_backward(const AttentionShape& s, const float* dout, const
           for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
             const int64_t r1 = std::min(r0 + kBlock, T);
             // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T, written straight into the dS scratch.
-            kernels::gemm(false, true, r1 - r0, r1, hd, 1.0f, doh + r0 * ldq, ldq, vh, ldkv, 0.0f,
-                          ds.data() + r0 * T, T);
+            gemm(false, true, r1 - r0, r1, hd, 1.0f, doh + r0 * ldq, ldq, vh, ldkv, 0.0f,
+                 ds.data() + r0 * T, T);
             for (int64_t i = r0; i < r1; ++i) {
               const float* p_row = p + i * T;
               float* ds_row = ds.data() + i * T;
@@ -154,8 +198,8 @@ void causal_attention_backward(const AttentionShape& s, const float* dout, const
               std::fill(ds_row + n, ds_row + r1, 0.0f);
             }
             // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1].
-            kernels::gemm(false, false, r1 - r0, hd, r1, scale, ds.data() + r0 * T, T, kh, ldkv,
-                          0.0f, dqh + r0 * ldq, ldq);
+            gemm(false, false, r1 - r0, hd, r1, scale, ds.data() + r0 * T, T, kh, ldkv, 0.0f,
+                 dqh + r0 * ldq, ldq);
           }
 
           // Column blocks (same partition as the rows, so every dS entry read was written above):
@@ -163,11 +207,11 @@ void causal_attention_backward(const AttentionShape& s, const float* dout, const
           for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
             const int64_t c1 = std::min(c0 + kBlock, T);
             // dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T].
-            kernels::gemm(true, false, c1 - c0, hd, T - c0, 1.0f, p + c0 * T + c0, T,
-                          doh + c0 * ldq, ldq, beta_kv, dvh + c0 * ldkv, ldkv);
+            gemm(true, false, c1 - c0, hd, T - c0, 1.0f, p + c0 * T + c0, T, doh + c0 * ldq, ldq,
+                 beta_kv, dvh + c0 * ldkv, ldkv);
             // dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T].
-            kernels::gemm(true, false, c1 - c0, hd, T - c0, scale, ds.data() + c0 * T + c0, T,
-                          qh + c0 * ldq, ldq, beta_kv, dkh + c0 * ldkv, ldkv);
+            gemm(true, false, c1 - c0, hd, T - c0, scale, ds.data() + c0 * T + c0, T, qh + c0 * ldq,
+                 ldq, beta_kv, dkh + c0 * ldkv, ldkv);
           }
         }
       }
@@ -175,4 +219,4 @@ void causal_attention_backward(const AttentionShape& s, const float* dout, const
   }
 }
 
-}  // namespace moecore
+}  // namespace moecore::kernels

@@ -1,13 +1,15 @@
-#include "model/rmsnorm.h"
-
+// RMSNorm on the CPU: rows over the OpenMP pool, each row's sum of squares in kSumLanes lanes
+// (core/simd.h: a fixed order, the same bits from every SIMD clone).
 #include <omp.h>
 
 #include <cmath>
 #include <vector>
 
 #include "core/simd.h"
+#include "kernels/ops.h"
+#include "kernels/view_checks.h"
 
-namespace moecore {
+namespace moecore::kernels {
 
 namespace {
 
@@ -36,17 +38,43 @@ MOECORE_SIMD_CLONES void rmsnorm_backward_row(const float* dy, const float* x, c
 
 }  // namespace
 
-void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows,
-                     int64_t dim, float eps) {
+void rmsnorm_forward(ConstTensorView x, ConstTensorView w, TensorView y, TensorView rstd,
+                     float eps) {
+  constexpr const char* kOp = "rmsnorm";
+  MOE_CHECK(x.rank() == 2, "[{}] x must be [rows, dim], got rank {}", kOp, x.rank());
+  const int64_t rows = x.size(0), dim = x.size(1);
+  expect_shape(kOp, "x", x, {rows, dim});
+  expect_shape(kOp, "w", w, {dim});
+  expect_shape(kOp, "y", y, {rows, dim});
+  expect_shape(kOp, "rstd", rstd, {rows});
+  const float* xp = x.data<float>(kOp);
+  const float* wp = w.data<float>(kOp);
+  float* yp = y.data<float>(kOp);
+  float* rp = rstd.data<float>(kOp);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
-    rstd[r] = rmsnorm_forward_row(x + r * dim, w, y + r * dim, dim, eps);
+    rp[r] = rmsnorm_forward_row(xp + r * dim, wp, yp + r * dim, dim, eps);
 }
 
 // With xhat = x * rstd: dx = rstd * (dy*w - xhat * mean(dy*w*xhat)), dw = sum_rows dy * xhat.
 // dw is reduced through per-thread partial sums (fixed order for a fixed thread count).
-void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                      float* dw, int64_t rows, int64_t dim, bool accumulate_dx) {
+void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
+                      ConstTensorView rstd, TensorView dx, TensorView dw, bool accumulate_dx) {
+  constexpr const char* kOp = "rmsnorm_backward";
+  MOE_CHECK(x.rank() == 2, "[{}] x must be [rows, dim], got rank {}", kOp, x.rank());
+  const int64_t rows = x.size(0), dim = x.size(1);
+  expect_shape(kOp, "dy", dy, {rows, dim});
+  expect_shape(kOp, "x", x, {rows, dim});
+  expect_shape(kOp, "w", w, {dim});
+  expect_shape(kOp, "rstd", rstd, {rows});
+  expect_shape(kOp, "dx", dx, {rows, dim});
+  expect_shape(kOp, "dw", dw, {dim});
+  const float* dyp = dy.data<float>(kOp);
+  const float* xp = x.data<float>(kOp);
+  const float* wp = w.data<float>(kOp);
+  const float* rp = rstd.data<float>(kOp);
+  float* dxp = dx.data<float>(kOp);
+  float* dwp = dw.data<float>(kOp);
   const int threads = omp_get_max_threads();
   std::vector<float> partial(static_cast<size_t>(threads) * static_cast<size_t>(dim), 0.0f);
 #pragma omp parallel num_threads(threads)
@@ -54,11 +82,11 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
     float* my_dw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * dim;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
-      rmsnorm_backward_row(dy + r * dim, x + r * dim, w, rstd[r], dx + r * dim, my_dw, dim,
+      rmsnorm_backward_row(dyp + r * dim, xp + r * dim, wp, rp[r], dxp + r * dim, my_dw, dim,
                            accumulate_dx);
   }
   for (int t = 0; t < threads; ++t)
-    for (int64_t j = 0; j < dim; ++j) dw[j] += partial[static_cast<size_t>(t) * dim + j];
+    for (int64_t j = 0; j < dim; ++j) dwp[j] += partial[static_cast<size_t>(t) * dim + j];
 }
 
-}  // namespace moecore
+}  // namespace moecore::kernels

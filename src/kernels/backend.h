@@ -1,0 +1,41 @@
+// A kernel backend as a table of its operations, for the per-op harness
+// (tests/cpp/test_kernel_ops.cpp): the harness runs every case against every registered table and
+// compares it with reference_backend(). Model code never goes through this table; it calls the
+// declarations of kernels/ops.h, which the backend compiled in defines.
+#pragma once
+
+#include <string_view>
+
+#include "kernels/ops.h"
+
+namespace moecore::kernels {
+
+struct KernelBackend {
+  std::string_view name;
+  decltype(&kernels::rmsnorm_forward) rmsnorm_forward;
+  decltype(&kernels::rmsnorm_backward) rmsnorm_backward;
+  decltype(&kernels::swiglu_forward) swiglu_forward;
+  decltype(&kernels::swiglu_backward) swiglu_backward;
+  decltype(&kernels::embedding_forward) embedding_forward;
+  decltype(&kernels::embedding_backward) embedding_backward;
+  decltype(&kernels::rope_forward) rope_forward;
+  decltype(&kernels::rope_backward) rope_backward;
+  decltype(&kernels::cross_entropy) cross_entropy;
+  decltype(&kernels::adamw_update) adamw_update;
+  decltype(&kernels::sum_of_squares) sum_of_squares;
+  decltype(&kernels::causal_attention_forward) causal_attention_forward;
+  decltype(&kernels::causal_attention_backward) causal_attention_backward;
+  decltype(&kernels::permute_rows) permute_rows;
+  decltype(&kernels::permute_rows_backward) permute_rows_backward;
+  decltype(&kernels::gather_rows) gather_rows;
+  decltype(&kernels::moe_combine_forward) moe_combine_forward;
+  decltype(&kernels::moe_combine_backward) moe_combine_backward;
+};
+
+// The plain-loop oracle (kernels/reference/).
+const KernelBackend& reference_backend();
+
+// The CPU backend (kernels/cpu/).
+const KernelBackend& cpu_backend();
+
+}  // namespace moecore::kernels

@@ -1,0 +1,31 @@
+// The CPU backend's table (the definitions of kernels/ops.h in this folder).
+#include "kernels/backend.h"
+
+namespace moecore::kernels {
+
+const KernelBackend& cpu_backend() {
+  static const KernelBackend backend{
+      .name = "cpu",
+      .rmsnorm_forward = &kernels::rmsnorm_forward,
+      .rmsnorm_backward = &kernels::rmsnorm_backward,
+      .swiglu_forward = &kernels::swiglu_forward,
+      .swiglu_backward = &kernels::swiglu_backward,
+      .embedding_forward = &kernels::embedding_forward,
+      .embedding_backward = &kernels::embedding_backward,
+      .rope_forward = &kernels::rope_forward,
+      .rope_backward = &kernels::rope_backward,
+      .cross_entropy = &kernels::cross_entropy,
+      .adamw_update = &kernels::adamw_update,
+      .sum_of_squares = &kernels::sum_of_squares,
+      .causal_attention_forward = &kernels::causal_attention_forward,
+      .causal_attention_backward = &kernels::causal_attention_backward,
+      .permute_rows = &kernels::permute_rows,
+      .permute_rows_backward = &kernels::permute_rows_backward,
+      .gather_rows = &kernels::gather_rows,
+      .moe_combine_forward = &kernels::moe_combine_forward,
+      .moe_combine_backward = &kernels::moe_combine_backward,
+  };
+  return backend;
+}
+
+}  // namespace moecore::kernels

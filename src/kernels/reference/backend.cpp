@@ -1,0 +1,31 @@
+// The oracle's table (kernels::reference::, this folder).
+#include "kernels/backend.h"
+
+namespace moecore::kernels {
+
+const KernelBackend& reference_backend() {
+  static const KernelBackend backend{
+      .name = "reference",
+      .rmsnorm_forward = &kernels::reference::rmsnorm_forward,
+      .rmsnorm_backward = &kernels::reference::rmsnorm_backward,
+      .swiglu_forward = &kernels::reference::swiglu_forward,
+      .swiglu_backward = &kernels::reference::swiglu_backward,
+      .embedding_forward = &kernels::reference::embedding_forward,
+      .embedding_backward = &kernels::reference::embedding_backward,
+      .rope_forward = &kernels::reference::rope_forward,
+      .rope_backward = &kernels::reference::rope_backward,
+      .cross_entropy = &kernels::reference::cross_entropy,
+      .adamw_update = &kernels::reference::adamw_update,
+      .sum_of_squares = &kernels::reference::sum_of_squares,
+      .causal_attention_forward = &kernels::reference::causal_attention_forward,
+      .causal_attention_backward = &kernels::reference::causal_attention_backward,
+      .permute_rows = &kernels::reference::permute_rows,
+      .permute_rows_backward = &kernels::reference::permute_rows_backward,
+      .gather_rows = &kernels::reference::gather_rows,
+      .moe_combine_forward = &kernels::reference::moe_combine_forward,
+      .moe_combine_backward = &kernels::reference::moe_combine_backward,
+  };
+  return backend;
+}
+
+}  // namespace moecore::kernels

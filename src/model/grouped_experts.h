@@ -1,0 +1,31 @@
+// The routed experts of one rank as a grouped GEMM: one SwiGLU MLP per local expert over its
+// contiguous rows of expert-major buffers. Every dispatch strategy ends here.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/moe_dispatch.h"
+
+namespace moecore {
+
+// The expert-major rows of one forward, kept for the backward.
+struct ExpertRows {
+  std::vector<int64_t> expert_offsets;  // [E_local + 1] row range of each local expert
+  std::vector<float> x;                 // [R, d] expert inputs
+  std::vector<float> gu;                // [R, 2H]
+  std::vector<float> act;               // [R, H]
+};
+
+// y: [R, d] (=). Experts without rows are skipped.
+void grouped_experts_forward(const ModelConfig& c, int64_t local, const MoeWeights& w,
+                             ExpertRows& rows, float* y);
+
+// dy: [R, d] -> dx: [R, d] (=); expert weight gradients += into dw. Experts write disjoint rows of
+// dx and disjoint weight gradients.
+void grouped_experts_backward(const ModelConfig& c, int64_t local, const MoeWeights& w,
+                              const MoeWeights& dw, const ExpertRows& rows, const float* dy,
+                              float* dx);
+
+}  // namespace moecore

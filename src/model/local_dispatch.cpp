@@ -1,0 +1,40 @@
+#include "model/local_dispatch.h"
+
+#include "core/phase_timer.h"
+#include "kernels/ops.h"
+
+namespace moecore {
+
+void LocalDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
+                            const RouterState& router, RoutedRows& routed, Cache& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t routes = tokens * k, e_count = c.num_experts;
+  ScopedPhase timer(Phase::kDispatchForward);
+  const std::vector<int64_t> expert_ends =
+      order_routes_by_expert(router, e_count, routes, routed.send_pos);
+  ExpertRows& rows = cache.experts;
+  rows.expert_offsets.assign(static_cast<size_t>(e_count + 1), 0);
+  // expert_ends[e] is where expert e's rows end: its next expert's start.
+  for (int64_t e = 0; e < e_count; ++e)
+    rows.expert_offsets[static_cast<size_t>(e + 1)] = expert_ends[static_cast<size_t>(e)];
+  rows.x.resize(static_cast<size_t>(routes * d));
+  rows.gu.resize(static_cast<size_t>(routes * 2 * h));
+  rows.act.resize(static_cast<size_t>(routes * h));
+  kernels::permute_rows(view(x, {tokens, d}), view(routed.send_pos.data(), {routes}), k,
+                        view(rows.x.data(), {routes, d}));
+  timer.switch_to(Phase::kExpertsForward);
+  routed.y_back.resize(static_cast<size_t>(routes * d));
+  grouped_experts_forward(config_, e_count, w, rows, routed.y_back.data());
+}
+
+void LocalDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+                             const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
+  // Send order is expert order: the experts' backward reads the output gradients and writes the
+  // input gradients in place.
+  const ScopedPhase timer(Phase::kExpertsBackward);
+  grouped_experts_backward(config_, config_.num_experts, w, dw, cache.experts, dy_send.data(),
+                           dx_send.data());
+}
+
+}  // namespace moecore

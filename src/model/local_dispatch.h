@@ -1,0 +1,35 @@
+// The MoE dispatch when one rank holds every expert: the send order (by expert, then token) is
+// already the experts' expert-major input order, so token rows are gathered straight into the
+// expert inputs and the outputs are read in place; nothing is exchanged or permuted again.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/grouped_experts.h"
+#include "model/moe_dispatch.h"
+
+namespace moecore {
+
+class LocalDispatch {
+ public:
+  struct Cache {
+    ExpertRows experts;  // expert-major rows: those of route r at routed.send_pos[r]
+  };
+
+  explicit LocalDispatch(const ModelConfig& config) : config_(config) {}
+
+  // x: [N, d] -> routed (send_pos, y_back); the experts' rows into cache.
+  void forward(const MoeWeights& w, const float* x, int64_t tokens, const RouterState& router,
+               RoutedRows& routed, Cache& cache) const;
+  // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
+  // gradients += into dw.
+  void backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+                const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
+
+ private:
+  const ModelConfig& config_;
+};
+
+}  // namespace moecore

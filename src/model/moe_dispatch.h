@@ -1,0 +1,44 @@
+// The contract between the MoE block and its dispatch strategies (local_dispatch.h,
+// sync_dispatch.h, rowwise_dispatch.h): the block routes, a strategy brings each (token, slot)
+// route's row to its expert and the expert's output back to the source, and the block combines.
+// Each strategy keeps what its backward needs in a cache of its own.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/router.h"
+
+namespace moecore {
+
+// Pointers into the parameter (or gradient) buffers for one MoE layer.
+struct MoeWeights {
+  float* router;                 // [E, d] (every expert: routing is replicated)
+  float* experts_gate_up;        // [E_local, 2H, d] this rank's experts
+  float* experts_down;           // [E_local, d, H]
+  float* shared_gate_up;         // [2Hs, d] or nullptr
+  float* shared_down;            // [d, Hs] or nullptr
+  float* router_bias = nullptr;  // [E] selection bias (aux-loss-free balancing) or nullptr; it
+                                 // gets no gradient (it is not a function of the loss)
+};
+
+// This rank's experts: global ids [first, first + count); count * ranks == E.
+struct ExpertShard {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// What a strategy hands back at the source: the row of route r = t * k + j in y_back is
+// send_pos[r]; rows of dropped routes are zero.
+struct RoutedRows {
+  std::vector<int32_t> send_pos;  // [N * k]
+  std::vector<float> y_back;      // [N * k, d] expert outputs back at the source
+};
+
+// The send order of the local and sync strategies: routes sorted by expert, then token (a global
+// expert e sits on rank e / local as its expert e % local, so this is also by destination rank).
+// Fills send_pos ([routes]) and returns, for every expert, where its rows end.
+std::vector<int64_t> order_routes_by_expert(const RouterState& router, int64_t experts,
+                                            int64_t routes, std::vector<int32_t>& send_pos);
+
+}  // namespace moecore

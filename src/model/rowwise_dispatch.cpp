@@ -1,0 +1,69 @@
+#include "model/rowwise_dispatch.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/phase_timer.h"
+
+namespace moecore {
+
+namespace {
+
+size_t at(int64_t i) {
+  return static_cast<size_t>(i);
+}
+
+}  // namespace
+
+void RowwiseDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
+                              const RouterState& router, RoutedRows& routed, Cache& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t routes = tokens * k, local = shard_.count;
+  ScopedPhase timer(Phase::kDispatchForward);
+  // Buffers at the source stay in route order; the plan says where each route's row goes.
+  routed.send_pos.resize(at(routes));
+  for (int64_t r = 0; r < routes; ++r) routed.send_pos[at(r)] = static_cast<int32_t>(r);
+  RowwisePlan plan =
+      exchange_.plan(router.expert_counts, router.topk_index.data(), routes, local, d);
+  cache.targets = std::move(plan.targets);
+  cache.experts.expert_offsets = std::move(plan.expert_offsets);
+  cache.dropped_routes = plan.dropped;
+
+  // Token rows straight into the destinations' expert-major input buffers; ours is then complete.
+  exchange_.put_rows(x, k, cache.targets, d);
+  const int64_t received = cache.experts.expert_offsets[at(local)];
+  const float* x_in = exchange_.input();
+  float* y_out = exchange_.output();
+  // The backward needs the inputs after later layers have reused the buffer: a plain copy.
+  cache.experts.x.assign(x_in, x_in + received * d);
+  cache.experts.gu.resize(at(received * 2 * h));
+  cache.experts.act.resize(at(received * h));
+  timer.switch_to(Phase::kExpertsForward);
+  grouped_experts_forward(config_, local, w, cache.experts, y_out);
+  timer.switch_to(Phase::kCombineForward);
+  // Each kept route's output fetched from its destination; dropped routes contribute zero.
+  routed.y_back.assign(at(routes * d), 0.0f);
+  exchange_.get_rows(routed.y_back.data(), cache.targets, d);
+}
+
+void RowwiseDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+                               const std::vector<float>& dy_send,
+                               std::vector<float>& dx_send) const {
+  const int64_t d = config_.hidden_size;
+  const int64_t local = shard_.count;
+  // Output gradients go to the rows their routes used in the forward; the experts' backward runs
+  // in place (dy from the input buffer, dx into the output buffer), and each kept route fetches
+  // its input gradient back. Dropped routes get none.
+  ScopedPhase timer(Phase::kDispatchBackward);
+  exchange_.put_rows(dy_send.data(), 1, cache.targets, d);
+  const float* dy_in = exchange_.input();
+  float* dx_out = exchange_.output();
+  timer.switch_to(Phase::kExpertsBackward);
+  grouped_experts_backward(config_, local, w, dw, cache.experts, dy_in, dx_out);
+  timer.switch_to(Phase::kCombineBackward);
+  std::fill(dx_send.begin(), dx_send.end(), 0.0f);
+  exchange_.get_rows(dx_send.data(), cache.targets, d);
+}
+
+}  // namespace moecore

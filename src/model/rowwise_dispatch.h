@@ -1,0 +1,44 @@
+// The `rowwise` MoE dispatch (OLMo-core's production design, DESIGN.md "Parallelism"): routes
+// keep route order at the source; each kept route's row is written straight into its expert-major
+// row at the destination (one-sided puts into symmetric buffers), the experts compute in place,
+// and each route's output is fetched back. Routes beyond the destination's capacity are dropped
+// (zero output, zero gradient) and counted. The backward reuses the same buffers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/expert_exchange.h"
+#include "model/grouped_experts.h"
+#include "model/moe_dispatch.h"
+
+namespace moecore {
+
+class RowwiseDispatch {
+ public:
+  struct Cache {
+    std::vector<RowTarget> targets;  // [N * k] where each route's row went
+    int64_t dropped_routes = 0;      // this rank's routes dropped by the capacity
+    ExpertRows experts;              // x: a copy of the input buffer's rows
+  };
+
+  RowwiseDispatch(const ModelConfig& config, ExpertShard shard, const RowwiseExchange& exchange)
+      : config_(config), shard_(shard), exchange_(exchange) {}
+
+  // x: [N, d] -> routed (send_pos: the identity, y_back: route order); collective over the group
+  // (also with N = 0).
+  void forward(const MoeWeights& w, const float* x, int64_t tokens, const RouterState& router,
+               RoutedRows& routed, Cache& cache) const;
+  // dy_send: [N * k, d] output gradients in route order -> dx_send (=), zero for dropped routes;
+  // expert weight gradients += into dw. Collective.
+  void backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+                const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
+
+ private:
+  const ModelConfig& config_;
+  ExpertShard shard_;
+  const RowwiseExchange& exchange_;
+};
+
+}  // namespace moecore

@@ -1,0 +1,46 @@
+// The `sync` MoE dispatch over an expert-parallel group (DESIGN.md, "Parallelism"): an
+// all-to-all of per-expert counts, an all-to-all-v of the token rows (send order: destination
+// rank, then expert, then token), a receive-side permutation into expert-major order, the grouped
+// experts, and the reverse path for the outputs. The backward retraces it with the gradients.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/expert_exchange.h"
+#include "model/grouped_experts.h"
+#include "model/moe_dispatch.h"
+
+namespace moecore {
+
+class SyncDispatch {
+ public:
+  struct Cache {
+    std::vector<int64_t> send_rows;       // [ranks] rows sent to each rank
+    std::vector<int64_t> recv_counts;     // [ranks * E_local] rows received per (source, expert)
+    std::vector<int64_t> recv_rows;       // [ranks] rows received from each rank
+    std::vector<int32_t> recv_to_expert;  // [R] expert-major row of each received row
+    ExpertRows experts;                   // the received rows, expert-major
+    std::vector<float> y_perm;            // [R, d] expert outputs, expert-major
+  };
+
+  SyncDispatch(const ModelConfig& config, ExpertShard shard, const ExpertExchange& exchange)
+      : config_(config), shard_(shard), exchange_(exchange) {}
+
+  // x: [N, d] -> routed (send_pos, y_back); what the backward needs into cache. Collective over
+  // the group (also with N = 0).
+  void forward(const MoeWeights& w, const float* x, int64_t tokens, const RouterState& router,
+               RoutedRows& routed, Cache& cache) const;
+  // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
+  // gradients += into dw. Collective.
+  void backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+                const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
+
+ private:
+  const ModelConfig& config_;
+  ExpertShard shard_;
+  const ExpertExchange& exchange_;
+};
+
+}  // namespace moecore

@@ -1,0 +1,56 @@
+// The per-op backend harness, in the style of ggml's test-backend-ops: every kernel of
+// kernels/ops.h runs on random inputs of several shapes (odd sizes included, so that SIMD tails
+// and thread splits are exercised) in every registered backend and is compared with the
+// plain-loop oracle (kernels::reference) by normalised error; backward kernels are also checked
+// against central differences of the same backend's forward.
+//
+// A backend joins by registering its table once (kernel_backend_cpu.cpp is the CPU's):
+//   static const kernel_harness::BackendRegistration kRegistration{kernels::cuda_backend()};
+// and then gets every case of test_kernel_ops.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace moecore::kernel_harness {
+
+inline std::vector<const kernels::KernelBackend*>& registered_backends() {
+  static std::vector<const kernels::KernelBackend*> backends;
+  return backends;
+}
+
+struct BackendRegistration {
+  explicit BackendRegistration(const kernels::KernelBackend& backend) {
+    registered_backends().push_back(&backend);
+  }
+};
+
+// ggml's normalised mean squared error: sum (got - ref)^2 / sum ref^2 (0 when both are 0).
+inline double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double diff = static_cast<double>(got[i]) - static_cast<double>(ref[i]);
+    err += diff * diff;
+    norm += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  return norm > 0.0 ? err / norm : err;
+}
+
+// The NMSE bound of an fp32 result whose elements each come out of reductions of at most
+// `reduction_length` terms, against a reference in double. Derived (tests/TOLERANCES.md): an
+// fp32 sum of n terms is within n u sum|t| of the exact sum (u = 2^-24), and sum|t| <= sqrt(n)
+// ||t||_2, while a sum of n independent random terms has magnitude ~ ||t||_2; so the relative
+// error per element is at most ~ n^1.5 u, and its square bounds the NMSE. A factor 4 on the error
+// (16 on the NMSE) covers the few roundings after the reduction (a sqrt, an exp within 2 ulp, a
+// product). A wrong kernel (an index off by one, a missing term) gives NMSE ~ 1e-2 .. 1.
+inline double nmse_bound(int64_t reduction_length) {
+  const double u = std::ldexp(1.0, -24);
+  const double n = static_cast<double>(std::max<int64_t>(reduction_length, 1)) + 8.0;
+  return 16.0 * n * n * n * u * u;
+}
+
+}  // namespace moecore::kernel_harness

@@ -1,0 +1,484 @@
+// The per-op harness (kernel_harness.h): every kernel of every registered backend against the
+// plain-loop oracle on random shapes, odd sizes included, and every backward against central
+// differences of the backend's own forward.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "kernel_harness.h"
+
+namespace moecore {
+namespace {
+
+using gradcheck::added;
+using gradcheck::check_all;
+using gradcheck::expect_close;
+using gradcheck::project;
+using gradcheck::random_vec;
+using kernel_harness::nmse;
+using kernel_harness::nmse_bound;
+using kernels::KernelBackend;
+
+const KernelBackend& oracle() {
+  return kernels::reference_backend();
+}
+
+// Step of the central differences: large enough that fp32 rounding noise (~u |L| / eps) stays
+// far below gradcheck::kTolerance, small enough that the O(eps^2) truncation does too.
+constexpr float kFdEps = 1e-2f;
+
+// Rows x width pairs: 1 and sizes that are not multiples of the 16 SIMD lanes or of the thread
+// count, next to round ones.
+struct Shape2d {
+  int64_t rows, cols;
+};
+const std::vector<Shape2d> kShapes = {{1, 1}, {3, 5}, {7, 17}, {2, 64}, {33, 67}, {5, 130}};
+
+void expect_nmse(const std::vector<float>& got, const std::vector<float>& ref, int64_t reduction,
+                 const std::string& what) {
+  const double err = nmse(got, ref);
+  EXPECT_LE(err, nmse_bound(reduction)) << what;
+}
+
+class KernelOps : public ::testing::TestWithParam<const KernelBackend*> {
+ protected:
+  const KernelBackend& backend() const { return *GetParam(); }
+};
+
+TEST_P(KernelOps, RmsnormMatchesReference) {
+  uint32_t seed = 100;
+  for (const auto [rows, dim] : kShapes) {
+    const std::string what = "rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+    std::vector<float> x = random_vec(static_cast<size_t>(rows * dim), ++seed);
+    std::vector<float> w = random_vec(static_cast<size_t>(dim), ++seed, 0.5f, 1.5f);
+    const std::vector<float> dy = random_vec(x.size(), ++seed);
+    const float eps = 1e-6f;
+    std::vector<float> y(x.size()), rstd(static_cast<size_t>(rows));
+    std::vector<float> y_ref(x.size()), rstd_ref(rstd.size());
+    backend().rmsnorm_forward(view(x.data(), {rows, dim}), view(w.data(), {dim}),
+                              view(y.data(), {rows, dim}), view(rstd.data(), {rows}), eps);
+    oracle().rmsnorm_forward(view(x.data(), {rows, dim}), view(w.data(), {dim}),
+                             view(y_ref.data(), {rows, dim}), view(rstd_ref.data(), {rows}), eps);
+    expect_nmse(y, y_ref, dim, "rmsnorm y " + what);
+    expect_nmse(rstd, rstd_ref, dim, "rmsnorm rstd " + what);
+
+    // Backward, both gradient rules: dx overwritten and accumulated, dw accumulated.
+    for (const bool accumulate_dx : {false, true}) {
+      const std::vector<float> dx_before = random_vec(x.size(), ++seed);
+      const std::vector<float> dw_before = random_vec(w.size(), ++seed);
+      std::vector<float> dx = dx_before, dw = dw_before, dx_ref = dx_before, dw_ref = dw_before;
+      backend().rmsnorm_backward(view(dy.data(), {rows, dim}), view(x.data(), {rows, dim}),
+                                 view(w.data(), {dim}), view(rstd.data(), {rows}),
+                                 view(dx.data(), {rows, dim}), view(dw.data(), {dim}),
+                                 accumulate_dx);
+      oracle().rmsnorm_backward(view(dy.data(), {rows, dim}), view(x.data(), {rows, dim}),
+                                view(w.data(), {dim}), view(rstd.data(), {rows}),
+                                view(dx_ref.data(), {rows, dim}), view(dw_ref.data(), {dim}),
+                                accumulate_dx);
+      // dw sums over rows, dx over the row: the longer of the two reductions. With dim 1 the
+      // exact dx is O(eps / x^2) (dy w minus nearly itself): both sides are cancellation noise,
+      // which no relative bound describes, so only the accumulate rule is compared there.
+      if (dim > 1) expect_nmse(dx, dx_ref, dim, "rmsnorm dx " + what);
+      expect_nmse(dw, dw_ref, std::max(rows, dim), "rmsnorm dw " + what);
+    }
+
+    // Finite differences of L = sum(y * dy) (dim 1 has a zero gradient in x: skipped).
+    auto loss = [&] {
+      backend().rmsnorm_forward(view(x.data(), {rows, dim}), view(w.data(), {dim}),
+                                view(y.data(), {rows, dim}), view(rstd.data(), {rows}), eps);
+      return project(y.data(), dy);
+    };
+    loss();
+    std::vector<float> dx(x.size()), dw(w.size(), 0.0f);
+    backend().rmsnorm_backward(view(dy.data(), {rows, dim}), view(x.data(), {rows, dim}),
+                               view(w.data(), {dim}), view(rstd.data(), {rows}),
+                               view(dx.data(), {rows, dim}), view(dw.data(), {dim}), false);
+    if (dim > 1) expect_close(check_all(x.data(), x.size(), dx.data(), kFdEps, loss), "dx " + what);
+    expect_close(check_all(w.data(), w.size(), dw.data(), kFdEps, loss), "dw " + what);
+  }
+}
+
+TEST_P(KernelOps, SwigluMatchesReference) {
+  uint32_t seed = 200;
+  for (const auto [rows, hidden] : kShapes) {
+    const std::string what = "rows=" + std::to_string(rows) + " hidden=" + std::to_string(hidden);
+    std::vector<float> gu = random_vec(static_cast<size_t>(rows * 2 * hidden), ++seed, -4.0f, 4.0f);
+    const std::vector<float> da = random_vec(static_cast<size_t>(rows * hidden), ++seed);
+    std::vector<float> act(da.size()), act_ref(da.size());
+    backend().swiglu_forward(view(gu.data(), {rows, 2 * hidden}), view(act.data(), {rows, hidden}));
+    oracle().swiglu_forward(view(gu.data(), {rows, 2 * hidden}),
+                            view(act_ref.data(), {rows, hidden}));
+    expect_nmse(act, act_ref, 1, "swiglu act " + what);
+    std::vector<float> dgu(gu.size()), dgu_ref(gu.size());
+    backend().swiglu_backward(view(da.data(), {rows, hidden}), view(gu.data(), {rows, 2 * hidden}),
+                              view(dgu.data(), {rows, 2 * hidden}));
+    oracle().swiglu_backward(view(da.data(), {rows, hidden}), view(gu.data(), {rows, 2 * hidden}),
+                             view(dgu_ref.data(), {rows, 2 * hidden}));
+    expect_nmse(dgu, dgu_ref, 1, "swiglu dgu " + what);
+    auto loss = [&] {
+      backend().swiglu_forward(view(gu.data(), {rows, 2 * hidden}),
+                               view(act.data(), {rows, hidden}));
+      return project(act.data(), da);
+    };
+    expect_close(check_all(gu.data(), gu.size(), dgu.data(), kFdEps, loss), "dgu " + what);
+  }
+}
+
+TEST_P(KernelOps, EmbeddingMatchesReference) {
+  uint32_t seed = 300;
+  std::mt19937 gen(7);
+  for (const auto [rows, dim] : kShapes) {
+    const int64_t vocab = rows + 3;
+    const std::string what = "rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+    std::vector<int32_t> tokens(static_cast<size_t>(rows));
+    // Few ids for many rows, so that repeated tokens accumulate in the backward.
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab / 2));
+    for (auto& t : tokens) t = id(gen);
+    std::vector<float> w = random_vec(static_cast<size_t>(vocab * dim), ++seed);
+    const std::vector<float> dout = random_vec(static_cast<size_t>(rows * dim), ++seed);
+    std::vector<float> out(dout.size()), out_ref(dout.size());
+    backend().embedding_forward(view(tokens.data(), {rows}), view(w.data(), {vocab, dim}),
+                                view(out.data(), {rows, dim}));
+    oracle().embedding_forward(view(tokens.data(), {rows}), view(w.data(), {vocab, dim}),
+                               view(out_ref.data(), {rows, dim}));
+    EXPECT_EQ(out, out_ref) << "embedding is a copy: " << what;
+    const std::vector<float> dw_before = random_vec(w.size(), ++seed);
+    std::vector<float> dw = dw_before, dw_ref = dw_before;
+    backend().embedding_backward(view(tokens.data(), {rows}), view(dout.data(), {rows, dim}),
+                                 view(dw.data(), {vocab, dim}));
+    oracle().embedding_backward(view(tokens.data(), {rows}), view(dout.data(), {rows, dim}),
+                                view(dw_ref.data(), {vocab, dim}));
+    expect_nmse(dw, dw_ref, rows, "embedding dw " + what);
+    auto loss = [&] {
+      backend().embedding_forward(view(tokens.data(), {rows}), view(w.data(), {vocab, dim}),
+                                  view(out.data(), {rows, dim}));
+      return project(out.data(), dout);
+    };
+    const std::vector<float> gw = added(dw, dw_before);
+    expect_close(check_all(w.data(), w.size(), gw.data(), kFdEps, loss), "dw " + what);
+  }
+  std::vector<int32_t> bad = {0, 5};
+  std::vector<float> w(8), out(4);
+  EXPECT_THROW(backend().embedding_forward(view(bad.data(), {2}), view(w.data(), {4, 2}),
+                                           view(out.data(), {2, 2})),
+               Error);
+}
+
+TEST_P(KernelOps, RopeMatchesReference) {
+  struct RopeShape {
+    int64_t batch, seq, heads, head_dim, first_position;
+  };
+  uint32_t seed = 400;
+  for (const RopeShape s : {RopeShape{1, 1, 1, 2, 0}, RopeShape{2, 5, 3, 6, 0},
+                            RopeShape{1, 9, 2, 34, 4}, RopeShape{3, 7, 1, 16, 1}}) {
+    const std::string what = "seq=" + std::to_string(s.seq) +
+                             " head_dim=" + std::to_string(s.head_dim) +
+                             " first=" + std::to_string(s.first_position);
+    const int64_t positions = s.first_position + s.seq, half = s.head_dim / 2;
+    // Any angles: the kernels take the table as given (model/rope.h builds HF's).
+    std::vector<float> cos(static_cast<size_t>(positions * half)), sin(cos.size());
+    const std::vector<float> angle = random_vec(cos.size(), ++seed, -3.0f, 3.0f);
+    for (size_t i = 0; i < cos.size(); ++i) {
+      cos[i] = std::cos(angle[i]);
+      sin[i] = std::sin(angle[i]);
+    }
+    const auto table_cos = view(cos.data(), {positions, half});
+    const auto table_sin = view(sin.data(), {positions, half});
+    std::vector<float> x =
+        random_vec(static_cast<size_t>(s.batch * s.seq * s.heads * s.head_dim), ++seed);
+    const std::vector<float> r = random_vec(x.size(), ++seed);
+    std::vector<float> y = x, y_ref = x;
+    backend().rope_forward(view(y.data(), {s.batch, s.seq, s.heads, s.head_dim}), table_cos,
+                           table_sin, s.first_position);
+    oracle().rope_forward(view(y_ref.data(), {s.batch, s.seq, s.heads, s.head_dim}), table_cos,
+                          table_sin, s.first_position);
+    expect_nmse(y, y_ref, 2, "rope " + what);
+    std::vector<float> g = r, g_ref = r;
+    backend().rope_backward(view(g.data(), {s.batch, s.seq, s.heads, s.head_dim}), table_cos,
+                            table_sin, s.first_position);
+    oracle().rope_backward(view(g_ref.data(), {s.batch, s.seq, s.heads, s.head_dim}), table_cos,
+                           table_sin, s.first_position);
+    expect_nmse(g, g_ref, 2, "rope_backward " + what);
+    auto loss = [&] {
+      y = x;
+      backend().rope_forward(view(y.data(), {s.batch, s.seq, s.heads, s.head_dim}), table_cos,
+                             table_sin, s.first_position);
+      return project(y.data(), r);
+    };
+    expect_close(check_all(x.data(), x.size(), g.data(), kFdEps, loss), "dx " + what);
+  }
+}
+
+TEST_P(KernelOps, CrossEntropyMatchesReference) {
+  uint32_t seed = 500;
+  std::mt19937 gen(11);
+  for (const auto [rows, vocab] : kShapes) {
+    const std::string what = "rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab);
+    std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), ++seed, -5.0f, 5.0f);
+    std::vector<int32_t> targets(static_cast<size_t>(rows));
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
+    for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 1 ? kIgnoreIndex : id(gen);
+    for (const int64_t normalizer : {int64_t{0}, rows + 2}) {
+      const float scale = 0.75f;
+      std::vector<float> dz(logits.size()), dz_ref(logits.size());
+      const CrossEntropyResult got =
+          backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                                  view(dz.data(), {rows, vocab}), scale, normalizer);
+      const CrossEntropyResult ref =
+          oracle().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                                 view(dz_ref.data(), {rows, vocab}), scale, normalizer);
+      EXPECT_EQ(got.counted_tokens, ref.counted_tokens) << what;
+      // The loss: an fp32 log-sum-exp per row (relative error within ~vocab u, kept in
+      // nmse_bound's form), summed in double.
+      EXPECT_LE(std::pow(got.loss - ref.loss, 2), nmse_bound(vocab) * ref.loss * ref.loss) << what;
+      expect_nmse(dz, dz_ref, vocab, "cross_entropy dlogits " + what);
+      // Forward only (no gradient view) gives the same loss.
+      const CrossEntropyResult forward_only =
+          backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                                  TensorView{}, scale, normalizer);
+      EXPECT_EQ(forward_only.loss, got.loss) << what;
+      // dlogits is the gradient of scale * loss.
+      auto loss = [&] {
+        const CrossEntropyResult r =
+            backend().cross_entropy(view(logits.data(), {rows, vocab}),
+                                    view(targets.data(), {rows}), TensorView{}, scale, normalizer);
+        return static_cast<double>(scale) * r.loss;
+      };
+      if (got.counted_tokens > 0 && vocab > 1)
+        expect_close(check_all(logits.data(), logits.size(), dz.data(), kFdEps, loss),
+                     "dlogits " + what);
+    }
+  }
+}
+
+TEST_P(KernelOps, AdamwMatchesReference) {
+  uint32_t seed = 600;
+  // One element, a SIMD tail, and more than four 16384-element chunks (the threaded path).
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{5 * 16384 + 3}}) {
+    std::vector<float> p = random_vec(static_cast<size_t>(n), ++seed);
+    const std::vector<float> g = random_vec(p.size(), ++seed);
+    std::vector<float> m = random_vec(p.size(), ++seed, -0.1f, 0.1f);
+    std::vector<float> v = random_vec(p.size(), ++seed, 0.0f, 0.01f);
+    std::vector<float> p_ref = p, m_ref = m, v_ref = v;
+    // Step 3 at lr 1e-3, wd 0.1, betas (0.9, 0.95), clipped by 0.5.
+    const AdamWCoefficients c{1.0f - 1e-4f, 0.9f,
+                              0.95f,        std::sqrt(1.0f - 0.95f * 0.95f * 0.95f),
+                              1e-8f,        1e-3f / (1.0f - 0.9f * 0.9f * 0.9f),
+                              0.5f};
+    backend().adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
+                           view(v.data(), {n}), c);
+    oracle().adamw_update(view(p_ref.data(), {n}), view(g.data(), {n}), view(m_ref.data(), {n}),
+                          view(v_ref.data(), {n}), c);
+    // Elementwise: a handful of fp32 roundings per element, no reduction.
+    const std::string what = "n=" + std::to_string(n);
+    expect_nmse(p, p_ref, 1, "adamw params " + what);
+    expect_nmse(m, m_ref, 1, "adamw exp_avg " + what);
+    expect_nmse(v, v_ref, 1, "adamw exp_avg_sq " + what);
+  }
+}
+
+TEST_P(KernelOps, SumOfSquaresMatchesReference) {
+  uint32_t seed = 700;
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1023}, int64_t{1025}, int64_t{70001}}) {
+    const std::vector<float> x = random_vec(static_cast<size_t>(n), ++seed);
+    const double got = backend().sum_of_squares(view(x.data(), {n}));
+    const double ref = oracle().sum_of_squares(view(x.data(), {n}));
+    // Both sum positive terms in double: within n * 2^-53 relative of each other.
+    EXPECT_LE(std::abs(got - ref), static_cast<double>(n + 1) * std::ldexp(1.0, -53) * ref)
+        << "n=" << n;
+  }
+}
+
+TEST_P(KernelOps, CausalAttentionMatchesReference) {
+  struct Case {
+    int64_t batch, seq, heads, kv_heads, head_dim;
+    bool documents;
+  };
+  uint32_t seed = 800;
+  // One token, GQA with odd sizes, more positions than one 64-row block, documents.
+  for (const Case c : {Case{1, 1, 1, 1, 1, false}, Case{2, 5, 4, 2, 3, false},
+                       Case{1, 70, 2, 1, 8, false}, Case{2, 9, 3, 3, 5, true}}) {
+    const int64_t B = c.batch, T = c.seq, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
+    const std::string what = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                             " H=" + std::to_string(H) + " KV=" + std::to_string(KV) +
+                             " hd=" + std::to_string(hd);
+    std::vector<float> q = random_vec(static_cast<size_t>(B * T * H * hd), ++seed);
+    std::vector<float> k = random_vec(static_cast<size_t>(B * T * KV * hd), ++seed);
+    std::vector<float> v = random_vec(k.size(), ++seed);
+    const std::vector<float> dout = random_vec(q.size(), ++seed);
+    // Documents of lengths 4, 3, 2 in every row.
+    std::vector<int32_t> doc_start;
+    if (c.documents)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) doc_start.push_back(t < 4 ? 0 : t < 7 ? 4 : 7);
+    const ConstTensorView docs = c.documents ? view(doc_start.data(), {B, T}) : ConstTensorView{};
+    std::vector<float> out(q.size()), probs(static_cast<size_t>(B * H * T * T));
+    std::vector<float> out_ref(out.size()), probs_ref(probs.size());
+    auto forward = [&](const KernelBackend& b, std::vector<float>& o, std::vector<float>& p) {
+      b.causal_attention_forward(view(q.data(), {B, T, H, hd}), view(k.data(), {B, T, KV, hd}),
+                                 view(v.data(), {B, T, KV, hd}), view(o.data(), {B, T, H, hd}),
+                                 view(p.data(), {B, H, T, T}), docs);
+    };
+    forward(backend(), out, probs);
+    forward(oracle(), out_ref, probs_ref);
+    expect_nmse(probs, probs_ref, T + hd, "attention probs " + what);
+    expect_nmse(out, out_ref, T + hd, "attention out " + what);
+
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<float> dq_ref(q.size()), dk_ref(k.size()), dv_ref(v.size());
+    auto backward = [&](const KernelBackend& b, std::vector<float>& gq, std::vector<float>& gk,
+                        std::vector<float>& gv) {
+      b.causal_attention_backward(view(dout.data(), {B, T, H, hd}), view(q.data(), {B, T, H, hd}),
+                                  view(k.data(), {B, T, KV, hd}), view(v.data(), {B, T, KV, hd}),
+                                  view(probs.data(), {B, H, T, T}), view(gq.data(), {B, T, H, hd}),
+                                  view(gk.data(), {B, T, KV, hd}), view(gv.data(), {B, T, KV, hd}));
+    };
+    backward(backend(), dq, dk, dv);
+    backward(oracle(), dq_ref, dk_ref, dv_ref);
+    // dk and dv sum over the T queries of every head of their group.
+    const int64_t kv_reduction = (H / KV) * T + hd;
+    expect_nmse(dq, dq_ref, T + hd, "attention dq " + what);
+    expect_nmse(dk, dk_ref, kv_reduction, "attention dk " + what);
+    expect_nmse(dv, dv_ref, kv_reduction, "attention dv " + what);
+
+    auto loss = [&] {
+      forward(backend(), out, probs);
+      return project(out.data(), dout);
+    };
+    if (T > 1)  // one token: the output is v, and q and k have zero gradient
+      expect_close(check_all(q.data(), q.size(), dq.data(), kFdEps, loss), "dq " + what);
+    if (T > 1) expect_close(check_all(k.data(), k.size(), dk.data(), kFdEps, loss), "dk " + what);
+    expect_close(check_all(v.data(), v.size(), dv.data(), kFdEps, loss), "dv " + what);
+  }
+}
+
+TEST_P(KernelOps, PermuteRowsMatchesReference) {
+  uint32_t seed = 900;
+  std::mt19937 gen(13);
+  for (const auto [tokens, d] : kShapes)
+    for (const int64_t k : {int64_t{1}, int64_t{3}}) {
+      const int64_t routes = tokens * k, rows = routes + 2;  // two rows no route names
+      const std::string what = "tokens=" + std::to_string(tokens) + " d=" + std::to_string(d) +
+                               " k=" + std::to_string(k);
+      std::vector<int32_t> order(static_cast<size_t>(rows));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), gen);
+      const std::vector<int32_t> dst_row(order.begin(), order.begin() + routes);
+      std::vector<float> src = random_vec(static_cast<size_t>(tokens * d), ++seed);
+      const std::vector<float> before = random_vec(static_cast<size_t>(rows * d), ++seed);
+      std::vector<float> dst = before, dst_ref = before;
+      backend().permute_rows(view(src.data(), {tokens, d}), view(dst_row.data(), {routes}), k,
+                             view(dst.data(), {rows, d}));
+      oracle().permute_rows(view(src.data(), {tokens, d}), view(dst_row.data(), {routes}), k,
+                            view(dst_ref.data(), {rows, d}));
+      EXPECT_EQ(dst, dst_ref) << "permute_rows is a copy: " << what;
+      std::vector<float> back(static_cast<size_t>(routes * d)), back_ref(back.size());
+      backend().gather_rows(view(dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                            view(back.data(), {routes, d}));
+      oracle().gather_rows(view(dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                           view(back_ref.data(), {routes, d}));
+      EXPECT_EQ(back, back_ref) << "gather_rows is a copy: " << what;
+      // Gathering what was permuted gives every source row k times.
+      for (int64_t r = 0; r < routes; ++r)
+        for (int64_t i = 0; i < d; ++i)
+          ASSERT_EQ(back[static_cast<size_t>(r * d + i)],
+                    src[static_cast<size_t>((r / k) * d + i)]);
+
+      const std::vector<float> d_dst = random_vec(dst.size(), ++seed);
+      std::vector<float> d_src(src.size()), d_src_ref(src.size());
+      backend().permute_rows_backward(view(d_dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                                      k, view(d_src.data(), {tokens, d}));
+      oracle().permute_rows_backward(view(d_dst.data(), {rows, d}), view(dst_row.data(), {routes}),
+                                     k, view(d_src_ref.data(), {tokens, d}));
+      expect_nmse(d_src, d_src_ref, k, "permute_rows_backward " + what);
+      auto loss = [&] {
+        backend().permute_rows(view(src.data(), {tokens, d}), view(dst_row.data(), {routes}), k,
+                               view(dst.data(), {rows, d}));
+        return project(dst.data(), d_dst);
+      };
+      expect_close(check_all(src.data(), src.size(), d_src.data(), kFdEps, loss), "d_src " + what);
+    }
+  std::vector<float> x(4);
+  const std::vector<int32_t> outside = {0, 2};
+  EXPECT_THROW(backend().gather_rows(view(x.data(), {2, 2}), view(outside.data(), {2}),
+                                     view(x.data(), {2, 2})),
+               Error);
+}
+
+TEST_P(KernelOps, MoeCombineMatchesReference) {
+  uint32_t seed = 1000;
+  std::mt19937 gen(17);
+  for (const auto [tokens, d] : kShapes)
+    for (const int64_t k : {int64_t{1}, int64_t{4}}) {
+      const int64_t routes = tokens * k;
+      const std::string what = "tokens=" + std::to_string(tokens) + " d=" + std::to_string(d) +
+                               " k=" + std::to_string(k);
+      std::vector<int32_t> route_row(static_cast<size_t>(routes));
+      std::iota(route_row.begin(), route_row.end(), 0);
+      std::shuffle(route_row.begin(), route_row.end(), gen);
+      std::vector<float> routed = random_vec(static_cast<size_t>(routes * d), ++seed);
+      std::vector<float> weights = random_vec(route_row.size(), ++seed, 0.0f, 1.0f);
+      const std::vector<float> y_before = random_vec(static_cast<size_t>(tokens * d), ++seed);
+      const auto rows_view = view(route_row.data(), {tokens, k});
+      std::vector<float> y = y_before, y_ref = y_before;
+      backend().moe_combine_forward(view(routed.data(), {routes, d}), rows_view,
+                                    view(weights.data(), {tokens, k}), view(y.data(), {tokens, d}));
+      oracle().moe_combine_forward(view(routed.data(), {routes, d}), rows_view,
+                                   view(weights.data(), {tokens, k}),
+                                   view(y_ref.data(), {tokens, d}));
+      expect_nmse(y, y_ref, k + 1, "moe_combine y " + what);
+
+      const std::vector<float> dy = random_vec(y.size(), ++seed);
+      std::vector<float> d_routed(routed.size()), d_routed_ref(routed.size());
+      std::vector<float> d_weights(weights.size()), d_weights_ref(weights.size());
+      backend().moe_combine_backward(view(dy.data(), {tokens, d}), view(routed.data(), {routes, d}),
+                                     rows_view, view(weights.data(), {tokens, k}),
+                                     view(d_routed.data(), {routes, d}),
+                                     view(d_weights.data(), {tokens, k}));
+      oracle().moe_combine_backward(view(dy.data(), {tokens, d}), view(routed.data(), {routes, d}),
+                                    rows_view, view(weights.data(), {tokens, k}),
+                                    view(d_routed_ref.data(), {routes, d}),
+                                    view(d_weights_ref.data(), {tokens, k}));
+      expect_nmse(d_routed, d_routed_ref, 1, "moe_combine d_routed " + what);
+      expect_nmse(d_weights, d_weights_ref, d, "moe_combine d_weights " + what);
+      auto loss = [&] {
+        y = y_before;
+        backend().moe_combine_forward(view(routed.data(), {routes, d}), rows_view,
+                                      view(weights.data(), {tokens, k}),
+                                      view(y.data(), {tokens, d}));
+        return project(y.data(), dy);
+      };
+      expect_close(check_all(routed.data(), routed.size(), d_routed.data(), kFdEps, loss),
+                   "d_routed " + what);
+      expect_close(check_all(weights.data(), weights.size(), d_weights.data(), kFdEps, loss),
+                   "d_weights " + what);
+    }
+}
+
+TEST_P(KernelOps, RejectsMismatchedViews) {
+  std::vector<float> x(12), y(12), w(4), rstd(3);
+  EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),
+                                         view(y.data(), {3, 4}), view(rstd.data(), {3}), 1e-6f),
+               Error);
+  EXPECT_THROW(backend().swiglu_forward(view(x.data(), {3, 4}), view(y.data(), {3, 3})), Error);
+  // A float view where token ids are expected names the dtype.
+  EXPECT_THROW(backend().embedding_forward(view(x.data(), {3}), view(w.data(), {2, 2}),
+                                           view(y.data(), {3, 2})),
+               Error);
+}
+
+std::string backend_name(const ::testing::TestParamInfo<const KernelBackend*>& info) {
+  return std::string(info.param->name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KernelOps,
+                         ::testing::ValuesIn(kernel_harness::registered_backends()), backend_name);
+
+}  // namespace
+}  // namespace moecore
