@@ -1,6 +1,6 @@
-// `moecore import HF_DIR --out DIR`: a published Hugging Face model directory (io/hf_import.h)
-// as a moecore model directory, the files of a checkpoint without the optimizer and trainer
-// state:
+// `moecore import HF_DIR --out DIR`: a published Hugging Face model directory
+// (io/hf_config_reader.h, io/hf_weights_reader.h) as a moecore model directory, the files of a
+// checkpoint without the optimizer and trainer state:
 //   model.safetensors  fp32 weights under Hugging Face names
 //   config.json        moecore's Hugging Face config of the imported architecture
 //   config.toml        a run configuration whose [model] is the import (other tables: defaults)

@@ -27,7 +27,7 @@
 #include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
-#include "io/hf_import.h"
+#include "io/hf_weights_reader.h"
 #include "io/metrics_sink.h"
 #include "io/model_weights.h"
 #include "io/run_dir_lock.h"

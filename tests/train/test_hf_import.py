@@ -306,11 +306,12 @@ def mpirun_init_from(bin_path, ranks: int, config: Path, hf: Path, *sets: str):
 
 
 @pytest.mark.parametrize("name,sets", [("dp2", []),
-                                       ("ep2-zero1", ["parallel.ep=2", "parallel.zero=1"])])
+                                       ("ep2-zero1", ["parallel.ep=2", "parallel.zero=1"]),
+                                       ("pp2", ["parallel.pp=2"])])
 def test_init_from_under_mpirun_follows_the_single_process(moecore_bin, hf_dirs, job_data,
                                                            tmp_path, name, sets):
     """Each rank keeps its part of the imported weights. A 0-step run saves them as the ranks hold
-    them (under ep = 2 each rank writes its own experts): bit for bit HF_DIR's weights. Four steps
+    them (under ep = 2 each rank writes its own experts, under pp = 2 its own layers): bit for bit HF_DIR's weights. Four steps
     then follow the single process within the parallel suite's loss bound (1e-5 relative per
     step, test_parallel.py; measured 2.6e-8). The final weights are not compared: from these
     random O(1) weights Adam turns last-bit differences of near-zero embedding gradients into

@@ -1,12 +1,12 @@
-// config.json -> ModelConfig (io/hf_import.h): moecore's own export of every family reads back as
-// the same architecture, and keys moecore cannot compute are refused by name.
+// config.json -> ModelConfig (io/hf_config_reader.h): moecore's own export of every family reads
+// back as the same architecture, and keys moecore cannot compute are refused by name.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "core/check.h"
 #include "io/hf_config.h"
-#include "io/hf_import.h"
+#include "io/hf_config_reader.h"
 #include "train/run_config.h"
 
 namespace moecore::io {
@@ -38,7 +38,7 @@ void expect_round_trip(const ModelConfig& c, const std::string& model_type) {
   EXPECT_EQ(read.eos_token_id, 7);
 }
 
-TEST(HfImport, ExportedFamiliesReadBackAsTheSameArchitecture) {
+TEST(HfConfigReader, ExportedFamiliesReadBackAsTheSameArchitecture) {
   expect_round_trip(base(), "olmoe");
   ModelConfig flex = base();
   flex.block_norm = BlockNorm::kReordered;
@@ -67,7 +67,7 @@ std::string error_of(const nlohmann::json& j) {
   return "";
 }
 
-TEST(HfImport, RefusesWhatMoecoreDoesNotCompute) {
+TEST(HfConfigReader, RefusesWhatMoecoreDoesNotCompute) {
   nlohmann::json olmoe = hf_config_json(base(), 2048, 7);
   nlohmann::json j = olmoe;
   j["clip_qkv"] = 8.0;

@@ -1,6 +1,4 @@
-#include "io/hf_import.h"
-
-#include <fmt/ranges.h>
+#include "io/hf_config_reader.h"
 
 #include <filesystem>
 #include <fstream>
@@ -9,7 +7,6 @@
 
 #include "core/check.h"
 #include "io/json_excerpt.h"
-#include "io/tensor_parts.h"
 
 namespace moecore::io {
 
@@ -75,6 +72,15 @@ class ConfigKeys {
   std::string origin_;
 };
 
+// ModelConfig::validate's error, naming config.json.
+void validate(const ConfigKeys& k, const ModelConfig& m) {
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    fail("[import] {}: {}", k.origin(), e.what());
+  }
+}
+
 // The keys OLMoE, Qwen3-MoE and FlexOlmo share (transformers' defaults where one may be absent).
 void read_common(const ConfigKeys& k, ModelConfig& m) {
   m.vocab_size = k.integer("vocab_size");
@@ -111,13 +117,14 @@ ModelConfig olmoe_family(const ConfigKeys& k, BlockNorm block_norm) {
 ModelConfig qwen3_moe(const ConfigKeys& k) {
   ModelConfig m;
   read_common(k, m);
-  m.head_dim = k.integer("head_dim", m.hidden_size / m.num_attention_heads);
+  m.head_dim = k.integer("head_dim", 0);  // transformers: absent means hidden_size / heads
   m.moe_intermediate_size = k.integer("moe_intermediate_size");
   m.intermediate_size = k.integer("intermediate_size");
   m.qk_norm = QkNorm::kPerHead;
   k.require_value("use_sliding_window", false, "moecore's attention is full causal");
   // transformers: layer i is dense when listed in mlp_only_layers or when i + 1 is not a multiple
   // of decoder_sparse_step; moecore's dense layers are the first first_k_dense_replace.
+  validate(k, m);  // bounds num_hidden_layers before the loop over the layers below
   const int64_t step = k.integer("decoder_sparse_step", 1);
   MOE_CHECK(step >= 1, "[import] {}: 'decoder_sparse_step' = {} must be >= 1", k.origin(), step);
   std::set<int64_t> only_mlp;
@@ -203,17 +210,19 @@ HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std:
         "moecore)",
         origin, out.model_type);
   }
-  try {
-    out.model.validate();
-  } catch (const Error& e) {
-    fail("[import] {}: {}", origin, e.what());
-  }
+  validate(k, out.model);
   out.max_position_embeddings = k.integer("max_position_embeddings", 0);
   if (k.has("eos_token_id") && config["eos_token_id"].is_number_integer()) {
     const int64_t eos = config["eos_token_id"].get<int64_t>();
     if (eos >= 0 && eos < out.model.vocab_size) out.eos_token_id = static_cast<int32_t>(eos);
   }
   return out;
+}
+
+ModelConfig canonical_architecture(ModelConfig m) {
+  if (m.head_dim == m.hidden_size / m.num_attention_heads) m.head_dim = 0;
+  if (m.first_k_dense_replace == 0) m.intermediate_size = 0;
+  return m;
 }
 
 HfModelConfig read_hf_model_config(const std::string& dir) {
@@ -231,38 +240,6 @@ HfModelConfig read_hf_model_config(const std::string& dir) {
     fail("[import] {}: malformed JSON: {}", path, e.what());
   }
   return hf_model_config_from_json(config, path);
-}
-
-HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
-                              ParamBuffers& params) {
-  const std::string single = dir + "/model.safetensors";
-  MOE_CHECK(std::filesystem::exists(single) || std::filesystem::exists(single + ".index.json"),
-            "[import] {} has neither model.safetensors nor model.safetensors.index.json", dir);
-  const TensorParts tensors = TensorParts::open(dir, "model");
-  // Used: every tensor in the files is a parameter of the configuration (an expert or a layer
-  // that a wrong config would leave out is named, not dropped).
-  for (const std::string& name : tensors.names())
-    MOE_CHECK(layout.find(name) != nullptr,
-              "[import] {}: tensor '{}' is not a parameter of this model (unused)",
-              tensors.file_of(name), name);
-  HfWeightsRead read;
-  std::set<std::string> files;
-  for (const ParamSpec& spec : layout.specs()) {
-    MOE_CHECK(tensors.has(spec.name), "[import] {}: missing tensor '{}' (shape {})",
-              tensors.origin(), spec.name, spec.shape);
-    const TensorInfo& info = tensors.info(spec.name);
-    MOE_CHECK(info.dtype == "F32" || info.dtype == "BF16",
-              "[import] {}: tensor '{}' has dtype {}, expected F32 or BF16",
-              tensors.file_of(spec.name), spec.name, info.dtype);
-    MOE_CHECK(info.shape == spec.shape, "[import] {}: tensor '{}' has shape {}, expected {}",
-              tensors.file_of(spec.name), spec.name, info.shape, spec.shape);
-    tensors.read_f32(spec.name, spec.shape, params.at(spec));
-    read.dtypes.insert(info.dtype);
-    files.insert(tensors.file_of(spec.name));
-  }
-  read.tensors = static_cast<int64_t>(layout.specs().size());
-  read.files = static_cast<int64_t>(files.size());
-  return read;
 }
 
 }  // namespace moecore::io
