@@ -342,3 +342,36 @@ def test_init_from_under_mpirun_follows_the_single_process(moecore_bin, hf_dirs,
     assert sorted(ref) == sorted(got) == [1, 2, 3, 4]
     assert max_rel([got[s]["train/loss"] for s in ref],
                    [ref[s]["train/loss"] for s in ref]) <= PARALLEL_TOL
+
+
+def test_moecore_checkpoint_imports_as_itself(moecore_bin, job_data, tmp_path):
+    """moecore's own export (model_type "moecore": reordered norms, sigmoid router, groups, a
+    weight scale, a selection bias, a shared expert) imports back to the same weights and logits
+    bit for bit."""
+    from test_training_job import checkpoints, train
+
+    model = {"block_norm": "reordered", "router_score": "sigmoid", "norm_topk_prob": True,
+             "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0,
+             "router_bias_update_rate": 1e-3, "shared_expert_intermediate_size": 16}
+    out = tmp_path / "run"
+    train(moecore_bin, write_config(tmp_path / "m.toml", job_data, out, model=model,
+                                    train={"max_steps": 2, "eval_every": 0}))
+    ckpt = checkpoints(out)[-1]
+    assert json.loads((ckpt / "config.json").read_text())["model_type"] == "moecore"
+    imported = tmp_path / "imported"
+    run(moecore_bin, "import", ckpt, "--out", imported)
+    a, b = load_np(str(ckpt / "model.safetensors")), load_np(str(imported / "model.safetensors"))
+    assert a.keys() == b.keys() and "model.layers.0.mlp.gate.e_score_correction_bias" in a
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+    assert (imported / "tokenizer.json").read_bytes() == (ckpt / "tokenizer.json").read_bytes()
+    # Its config.toml is the same architecture: the same logits, bit for bit (same program, same
+    # weights); and `eval` reads the directory as it reads a checkpoint.
+    x = batch(job_data.vocab_size)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "i").mkdir()
+    ours = moecore_logits(moecore_bin, imported, x, tmp_path / "i")
+    assert np.array_equal(moecore_logits(moecore_bin, ckpt, x, tmp_path / "c"), ours)
+    r = run(moecore_bin, "eval", "--checkpoint", imported, "--data", job_data.val,
+            "--max-instances", 4)
+    assert r.stdout.startswith("eval: loss"), r.stdout
