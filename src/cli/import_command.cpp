@@ -39,7 +39,7 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// The self-check's batch: 2 sequences of up to 32 tokens spread over the whole vocabulary
+// The self-check's batch: 2 sequences of 32 tokens spread over the whole vocabulary
 // (Knuth's multiplicative hash), so every row of the embedding table is as likely as any other.
 constexpr int64_t kCheckBatch = 2;
 constexpr int64_t kCheckSeq = 32;
@@ -55,6 +55,37 @@ std::vector<float> logits_on_check_batch(const ModelConfig& config, const ParamL
   Transformer model(config, layout);
   model.forward(params, tokens.data(), targets.data(), kCheckBatch, kCheckSeq);
   return model.logits();
+}
+
+// Reads the written directory back the way `eval`, `generate` and `debug-state` do (config.toml
+// and the weights) and through the Hugging Face reader (config.json): the same architecture, and
+// logits on the check batch equal to the imported model's bit for bit (fp32 written and read back
+// is the same bits, and the same forward of the same bits is too). Returns those logits.
+std::vector<float> self_check(const ModelConfig& model, const ParamLayout& layout,
+                              const ParamBuffers& params, const std::string& dir,
+                              const std::string& name) {
+  const RunConfig reloaded_run =
+      parse_run_config(read_text(dir + "/config.toml"), dir + "/config.toml");
+  const std::string toml_difference = model_config_difference(reloaded_run.model, model);
+  MOE_CHECK(toml_difference.empty(),
+            "[import] self-check: {}/config.toml reads back as another model ({})", name,
+            toml_difference);
+  const io::HfModelConfig reloaded_hf = io::read_hf_model_config(dir);
+  const std::string json_difference = model_config_difference(
+      io::canonical_architecture(reloaded_hf.model), io::canonical_architecture(model));
+  MOE_CHECK(json_difference.empty(),
+            "[import] self-check: {}/config.json reads back as another model ({})", name,
+            json_difference);
+  ParamBuffers reloaded(layout);
+  io::read_hf_weights(layout, dir, reloaded);
+  const std::vector<float> expected = logits_on_check_batch(model, layout, params);
+  const std::vector<float> got = logits_on_check_batch(reloaded_run.model, layout, reloaded);
+  MOE_CHECK(got.size() == expected.size() &&
+                std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)) == 0,
+            "[import] self-check: the logits of {} differ from those of the imported model", name);
+  for (const float v : expected)
+    MOE_CHECK(std::isfinite(v), "[import] self-check: the imported model's logits are not finite");
+  return expected;
 }
 
 }  // namespace
@@ -83,6 +114,7 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
   fs::remove_all(staging, ec);
   fs::create_directories(staging, ec);
   MOE_CHECK(!ec, "[import] cannot create {}: {}", staging, ec.message());
+  std::vector<float> expected;
   try {
     io::save_weights(layout, params, staging + "/model.safetensors",
                      {{"moecore_imported_from", fs::absolute(hf_dir).string()}});
@@ -91,6 +123,7 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
     write_text(staging + "/config.toml", run_config_to_toml(run));
     if (fs::is_regular_file(hf_dir + "/tokenizer.json"))
       write_text(staging + "/tokenizer.json", read_text(hf_dir + "/tokenizer.json"));
+    expected = self_check(hf.model, layout, params, staging, out_dir);
     if (fs::exists(out_dir)) fs::remove(out_dir);  // empty, checked above
     fs::rename(staging, out_dir);
   } catch (...) {
@@ -98,35 +131,8 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
     throw;
   }
 
-  // Self-check: read DIR back the way `eval`, `generate` and `debug-state` do (config.toml and
-  // the weights) and through the Hugging Face reader (config.json), and compare logits.
-  const RunConfig reloaded_run =
-      parse_run_config(read_text(out_dir + "/config.toml"), out_dir + "/config.toml");
-  const std::string toml_difference = model_config_difference(reloaded_run.model, hf.model);
-  MOE_CHECK(toml_difference.empty(),
-            "[import] self-check: {}/config.toml reads back as another "
-            "model ({})",
-            out_dir, toml_difference);
-  const io::HfModelConfig reloaded_hf = io::read_hf_model_config(out_dir);
-  const std::string json_difference = model_config_difference(reloaded_hf.model, hf.model);
-  MOE_CHECK(json_difference.empty(),
-            "[import] self-check: {}/config.json reads back as another "
-            "model ({})",
-            out_dir, json_difference);
-  ParamBuffers reloaded(layout);
-  io::read_hf_weights(layout, out_dir, reloaded);
-  const std::vector<float> expected = logits_on_check_batch(hf.model, layout, params);
-  const std::vector<float> got = logits_on_check_batch(reloaded_run.model, layout, reloaded);
-  // fp32 written and read back is the same bits, and the same forward of the same bits is too.
-  MOE_CHECK(got.size() == expected.size() &&
-                std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)) == 0,
-            "[import] self-check: the logits of {} differ from those of the imported model",
-            out_dir);
   float max_abs = 0.0f;
-  for (const float v : expected) {
-    MOE_CHECK(std::isfinite(v), "[import] self-check: the imported model's logits are not finite");
-    max_abs = std::max(max_abs, std::fabs(v));
-  }
+  for (const float v : expected) max_abs = std::max(max_abs, std::fabs(v));
   std::string dtypes;
   for (const std::string& d : read.dtypes) dtypes += (dtypes.empty() ? "" : "+") + d;
   fmt::print(

@@ -6,9 +6,9 @@
 //   config.toml        a run configuration whose [model] is the import (other tables: defaults)
 //   tokenizer.json     HF_DIR's, when it has one
 // so that `eval`, `generate` and `debug-state` read it like a checkpoint, transformers loads it,
-// and `train --init-from DIR` starts from it. The directory is written into a staging sibling and
-// renamed into place. Then the self-check: DIR is read back as a run would read it and its logits
-// on a fixed batch must equal, bit for bit, those of the model as imported.
+// and `train --init-from DIR` starts from it. The directory is written into a staging sibling,
+// self-checked there (read back as a run reads it, its logits on a fixed batch must equal the
+// imported model's bit for bit) and only then renamed into place: a failed check leaves nothing.
 #pragma once
 
 #include <string>
