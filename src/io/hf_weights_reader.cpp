@@ -9,8 +9,11 @@
 
 namespace moecore::io {
 
-HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
-                              ParamBuffers& params) {
+namespace {
+
+// Every check first, then (params given) the data.
+HfWeightsRead check_and_read(const ParamLayout& layout, const std::string& dir,
+                             ParamBuffers* params) {
   const std::string single = dir + "/model.safetensors";
   MOE_CHECK(std::filesystem::exists(single) || std::filesystem::exists(single + ".index.json"),
             "[import] {} has neither model.safetensors nor model.safetensors.index.json", dir);
@@ -32,13 +35,26 @@ HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
               tensors.file_of(spec.name), spec.name, info.dtype);
     MOE_CHECK(info.shape == spec.shape, "[import] {}: tensor '{}' has shape {}, expected {}",
               tensors.file_of(spec.name), spec.name, info.shape, spec.shape);
-    tensors.read_f32(spec.name, spec.shape, params.at(spec));
     read.dtypes.insert(info.dtype);
     files.insert(tensors.file_of(spec.name));
   }
   read.tensors = static_cast<int64_t>(layout.specs().size());
   read.files = static_cast<int64_t>(files.size());
+  if (params != nullptr)
+    for (const ParamSpec& spec : layout.specs())
+      tensors.read_f32(spec.name, spec.shape, params->at(spec));
   return read;
+}
+
+}  // namespace
+
+HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
+                              ParamBuffers& params) {
+  return check_and_read(layout, dir, &params);
+}
+
+HfWeightsRead check_hf_weights(const ParamLayout& layout, const std::string& dir) {
+  return check_and_read(layout, dir, nullptr);
 }
 
 }  // namespace moecore::io

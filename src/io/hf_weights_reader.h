@@ -25,5 +25,8 @@ struct HfWeightsRead {
 // Loads <dir>'s weights into params (sized by layout) as fp32.
 HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
                               ParamBuffers& params);
+// The same checks without reading the data (the headers only): a trainer checks its inputs before
+// it writes anything.
+HfWeightsRead check_hf_weights(const ParamLayout& layout, const std::string& dir);
 
 }  // namespace moecore::io

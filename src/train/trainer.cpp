@@ -188,6 +188,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const ParamLayout full_layout = ParamLayout::build(mc);
   const int64_t ep = pc.ep;
   const ParamLayout layout = ParamLayout::build(mc, ep, mesh.ep.rank(), my_chunks);
+  if (!options.init_from.empty()) io::check_hf_weights(full_layout, options.init_from);
   // Rank 0 writes the run directory and holds its lock until the run ends (the kernel drops it if
   // the process dies); the lock comes before anything in the directory is touched, so a second
   // trainer started at the same instant is refused before it can delete or write anything.

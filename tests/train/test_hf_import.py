@@ -284,6 +284,17 @@ def test_init_from_takes_unset_keys_and_refuses_contradictions(moecore_bin, hf_d
     assert_one_line_error(r, "block_norm")
 
 
+def test_init_from_a_broken_directory_writes_nothing(moecore_bin, hf_dirs, job_data, tmp_path):
+    """The weights are checked (presence, use, dtype, shape) before the run directory is made."""
+    hf = _copy(hf_dirs, tmp_path, variant="bf16")
+    _edit_tensors(hf / "model.safetensors", lambda t: t.pop(EXPERT))
+    out = tmp_path / "run"
+    r = run(moecore_bin, "train", init_config(tmp_path, job_data, out, max_steps=1), "--init-from",
+            hf, check=False)
+    assert_one_line_error(r, EXPERT, "missing")
+    assert not out.exists()
+
+
 def test_init_from_with_resume_of_an_existing_run_is_refused(moecore_bin, hf_dirs, job_data,
                                                               tmp_path):
     hf = hf_dirs[("flex_olmo", "bf16")]
