@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:?usage: $0 SECONDS [reader...]}"
 shift
 READERS=("$@")
-[ ${#READERS[@]} -eq 0 ] && READERS=(safetensors npy tokenizer run_config trainer_state)
+[ ${#READERS[@]} -eq 0 ] && READERS=(safetensors npy tokenizer run_config trainer_state hf_config)
 BUILD=build-fuzz
 WORK="$BUILD/fuzz-work"
 found=0

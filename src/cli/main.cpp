@@ -10,6 +10,8 @@
 
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
+#include "cli/import_command.h"
+#include "cli/init_from.h"
 #include "cli/job_commands.h"
 #include "cli/mx_commands.h"
 #include "cli/numeric_option.h"
@@ -83,6 +85,16 @@ int main(int argc, char** argv) {
                   "continue from the newest valid checkpoint in train.out_dir");
   train->add_flag("--allow-config-change", train_options.allow_config_change,
                   "with --resume: accept a config that breaks exact replay (each change logged)");
+  train->add_option("--init-from", train_options.init_from,
+                    "start from a Hugging Face model directory (config.json + safetensors); "
+                    "[model] keys the config does not set come from its config.json");
+
+  std::string import_dir, import_out;
+  CLI::App* import_cmd = app.add_subcommand(
+      "import", "a Hugging Face model directory as a moecore model directory (self-checked)");
+  import_cmd->add_option("hf_dir", import_dir, "directory with config.json and safetensors")
+      ->required();
+  import_cmd->add_option("--out", import_out, "output directory (new or empty)")->required();
 
   CLI::App* tokenizer = app.add_subcommand("tokenizer", "train or apply a byte-level BPE");
   tokenizer->require_subcommand(1);
@@ -235,7 +247,7 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, tokenizer, prepare, eval, data, generate, bench, plan, mx)\n",
+                 "train, import, tokenizer, prepare, eval, data, generate, bench, plan, mx)\n",
                  moecore::escape_for_message(argv[1]));
       return 2;
     }
@@ -259,11 +271,16 @@ int main(int argc, char** argv) {
     } else if (debug_steps->parsed()) {
       cli::run_debug_steps(debug);
     } else if (train->parsed()) {
-      const moecore::TrainSummary summary =
-          moecore::train(moecore::load_run_config(train_config, overrides), train_options);
+      const moecore::RunConfig run_config =
+          train_options.init_from.empty()
+              ? moecore::load_run_config(train_config, overrides)
+              : cli::load_run_config_init_from(train_config, overrides, train_options.init_from);
+      const moecore::TrainSummary summary = moecore::train(run_config, train_options);
       // Stopped by a signal after saving: the shell's convention for death by that signal, so
       // that schedulers and scripts see the run did not finish.
       if (summary.stop_signal != 0) return 128 + summary.stop_signal;
+    } else if (import_cmd->parsed()) {
+      cli::run_import(import_dir, import_out);
     } else if (tok_train->parsed()) {
       cli::run_tokenizer_train(inputs, vocab_size, out_path);
     } else if (tok_encode->parsed()) {

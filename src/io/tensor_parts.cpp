@@ -68,6 +68,11 @@ TensorParts TensorParts::open(const std::string& dir, const std::string& stem) {
     set.where_[name] = it->second;
   }
   MOE_CHECK(!set.parts_.empty(), "[checkpoint] {}: the index lists no tensors", index_path);
+  for (const auto& [part, slot] : file_slot)
+    for (const std::string& name : set.parts_[slot].names())
+      MOE_CHECK(set.where_.count(name) != 0 && set.where_.at(name) == slot,
+                "[checkpoint] {}: tensor '{}' in {} is not listed there by the index (unused)",
+                index_path, name, part);
   return set;
 }
 
@@ -82,6 +87,18 @@ void TensorParts::read_f32(const std::string& name, const std::vector<int64_t>& 
   const auto it = where_.find(name);
   MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
   parts_[it->second].read_f32(name, shape, dst);
+}
+
+const TensorInfo& TensorParts::info(const std::string& name) const {
+  const auto it = where_.find(name);
+  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  return parts_[it->second].info(name);
+}
+
+const std::string& TensorParts::file_of(const std::string& name) const {
+  const auto it = where_.find(name);
+  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  return parts_[it->second].path();
 }
 
 }  // namespace moecore::io

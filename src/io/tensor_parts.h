@@ -22,13 +22,17 @@ void write_part_index(const std::string& dir, const std::string& stem,
 
 class TensorParts {
  public:
-  // Opens <dir>/<stem>.safetensors, or the parts its index lists; every part must open and every
-  // indexed tensor must be in the part the index names.
+  // Opens <dir>/<stem>.safetensors, or the parts its index lists; every part must open, every
+  // indexed tensor must be in the part the index names, and every tensor of a part must be indexed
+  // (a tensor the index leaves out would otherwise be silently unused).
   static TensorParts open(const std::string& dir, const std::string& stem);
 
   std::vector<std::string> names() const;
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  const TensorInfo& info(const std::string& name) const;
+  // The file that holds tensor `name`.
+  const std::string& file_of(const std::string& name) const;
   // Metadata of the first part (every part carries the same).
   const std::map<std::string, std::string>& metadata() const { return parts_.front().metadata(); }
   const std::string& origin() const { return origin_; }

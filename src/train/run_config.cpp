@@ -265,7 +265,8 @@ void OptimConfig::validate() const {
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides) {
+                           const std::vector<std::string>& overrides,
+                           const ModelConfig& model_base) {
   toml::table doc;
   try {
     doc = toml::parse(toml_text, source_name);
@@ -277,6 +278,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   for (const std::string& o : overrides) apply_override(doc, o);
 
   RunConfig config;
+  config.model = model_base;
   for (const auto& [key, node] : doc) {
     const std::string section(key.str());
     const toml::table* table = node.as_table();
@@ -351,14 +353,15 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   return config;
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides,
+                          const ModelConfig& model_base) {
   MOE_CHECK(std::filesystem::is_regular_file(path),
             "[config] cannot read config file '{}' (not a file)", path);
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "[config] cannot open config file '{}'", path);
   std::stringstream text;
   text << in.rdbuf();
-  return parse_run_config(text.str(), path, overrides);
+  return parse_run_config(text.str(), path, overrides, model_base);
 }
 
 std::string run_config_to_toml(const RunConfig& c) {

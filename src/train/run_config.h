@@ -88,9 +88,13 @@ struct RunConfig {
 };
 
 // Parses a TOML file (or the text of one) and applies overrides such as "train.max_steps=50".
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// [model] keys the file does not set keep their value in `model_base` (the defaults, or a
+// config.json's model for `train --init-from`).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                          const ModelConfig& model_base = {});
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides = {});
+                           const std::vector<std::string>& overrides = {},
+                           const ModelConfig& model_base = {});
 
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);

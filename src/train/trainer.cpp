@@ -29,6 +29,7 @@
 #include "dist/traffic_counters.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
+#include "io/hf_weights_reader.h"
 #include "io/metrics_sink.h"
 #include "io/model_weights.h"
 #include "io/run_dir_lock.h"
@@ -190,6 +191,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const ParamLayout full_layout = ParamLayout::build(mc);
   const int64_t ep = pc.ep;
   const ParamLayout layout = ParamLayout::build(mc, ep, mesh.ep.rank(), my_chunks);
+  if (!options.init_from.empty()) io::check_hf_weights(full_layout, options.init_from);
   // Rank 0 writes the run directory and holds its lock until the run ends (the kernel drops it if
   // the process dies); the lock comes before anything in the directory is touched, so a second
   // trainer started at the same instant is refused before it can delete or write anything.
@@ -217,6 +219,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       "[train] none of the {} checkpoints in {} can be resumed (newest: {}); refusing to start "
       "over on top of them",
       existing.size(), tc.out_dir, damaged.empty() ? existing.back() : damaged.front());
+  MOE_CHECK(options.init_from.empty() || !checkpoint,
+            "[train] --init-from {} with --resume: {} already holds checkpoint {}; resume it "
+            "without --init-from",
+            options.init_from, tc.out_dir, checkpoint.value_or(""));
   // Resume policy: the checkpoint replays exactly only under the configuration that wrote it.
   std::optional<RunConfig> saved_config;
   std::vector<std::string> change_messages;
@@ -301,6 +307,11 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     replay_origin = config_changed ? ReplayOrigin{step, cursor, tokens_seen} : resumed.origin;
     guard.from_json(resumed.step_guard);
     gerrymandering.from_json(resumed.gerrymandering);
+  } else if (!options.init_from.empty()) {
+    // Every rank reads the whole model (it keeps the whole-model copy anyway) and keeps its part,
+    // so any layout starts from the single process's weights.
+    io::read_hf_weights(full_layout, options.init_from, full_params);
+    dist::take_local(full_layout, full_params, layout, params);
   }
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0) write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
@@ -330,7 +341,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                                                                     : "bf16 (emulated)",
       train_data.num_instances(), tc.seq_len,
       document_eos >= 0 ? fmt::format(", document masking (EOS {})", document_eos) : "",
-      checkpoint ? fmt::format(", resumed from {} (step {})", *checkpoint, step) : ""));
+      checkpoint                  ? fmt::format(", resumed from {} (step {})", *checkpoint, step)
+      : options.init_from.empty() ? ""
+                                  : fmt::format(", initialised from {}", options.init_from)));
   if (world.size() > 1)
     progress.message(fmt::format(
         "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "train/run_config.h"
 
@@ -14,6 +15,11 @@ struct TrainOptions {
   // Resume even where the config differs from the checkpoint's in a way that breaks exact replay
   // (train/resume_policy.h); each difference is logged.
   bool allow_config_change = false;
+  // A Hugging Face model directory to take the initial weights from (io/hf_weights_reader.h)
+  // instead of the seeded initialisation; the config's [model] must describe it (cli/init_from.h).
+  // Refused when --resume finds a checkpoint: a run started from it continues from its own
+  // checkpoints.
+  std::string init_from;
 };
 
 struct TrainSummary {

@@ -83,6 +83,7 @@ void feed(const std::string& reader, const fs::path& path) {
   if (reader == "tokenizer") return moecore::fuzz::read_tokenizer(text);
   if (reader == "run_config") return moecore::fuzz::read_run_config(text);
   if (reader == "trainer_state") return moecore::fuzz::read_trainer_state(text);
+  if (reader == "hf_config") return moecore::fuzz::read_hf_config(text);
   FAIL() << "unknown reader " << reader;
 }
 
@@ -125,7 +126,7 @@ TEST_P(FuzzInputs, SeedsAreAccepted) {
 
 INSTANTIATE_TEST_SUITE_P(Readers, FuzzInputs,
                          testing::Values("safetensors", "npy", "tokenizer", "run_config",
-                                         "trainer_state"),
+                                         "trainer_state", "hf_config"),
                          [](const testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

@@ -16,6 +16,8 @@
 
 #include "data/npy.h"
 #include "data/tokenizer.h"
+#include "io/hf_config.h"
+#include "io/hf_config_reader.h"
 #include "io/safetensors.h"
 #include "train/gerrymandering.h"
 #include "train/run_config.h"
@@ -108,6 +110,25 @@ inline void read_trainer_state(std::string_view text) {
   GerrymanderingDetector detector(
       {written_by.gerrymander_window, written_by.gerrymander_threshold});
   detector.from_json(state.gerrymandering);
+}
+
+// config.json of a Hugging Face model directory (`import`, `train --init-from`): JSON parse, then
+// the family's keys into a ModelConfig. An accepted config must survive the round trip `import`
+// makes: moecore's export of it (io/hf_config.h) reads back as the same architecture.
+inline void read_hf_config(std::string_view text) {
+  const nlohmann::json config = nlohmann::json::parse(text);
+  const io::HfModelConfig read = io::hf_model_config_from_json(config, "config.json");
+  const nlohmann::json exported = io::hf_config_json(read.model, 2048, std::nullopt);
+  io::HfModelConfig again;
+  try {
+    again = io::hf_model_config_from_json(exported, "exported config.json");
+  } catch (const std::exception& e) {
+    throw Finding{std::string("moecore's export of an accepted config.json is refused: ") +
+                  e.what()};
+  }
+  const std::string difference = model_config_difference(io::canonical_architecture(again.model),
+                                                         io::canonical_architecture(read.model));
+  if (!difference.empty()) throw Finding{"export round trip changed the model: " + difference};
 }
 
 }  // namespace moecore::fuzz

@@ -1,0 +1,38 @@
+// Reading a Hugging Face config.json into moecore's ModelConfig (the inverse of io/hf_config.h):
+// OLMoE `olmoe`, Qwen3-MoE `qwen3_moe`, FlexOlmo `flex_olmo` (OLMoE with OLMo-2's reordered
+// norms) and moecore's own `moecore` export.
+//
+// Strict, because broken conversions fail silently: a key that changes the computation in a way
+// moecore does not implement (rope_scaling, clip_qkv, attention_bias, a sliding window, hidden_act
+// other than silu, sparse layers other than after a dense prefix) is an error naming the key, as
+// is a missing architecture key or a value of the wrong type. Keys that do not change the
+// computation (use_cache, initializer_range, torch_dtype, ...) are ignored.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "model/config.h"
+
+namespace moecore::io {
+
+struct HfModelConfig {
+  ModelConfig model;
+  std::string model_type;               // "olmoe", "qwen3_moe", "flex_olmo" or "moecore"
+  int64_t max_position_embeddings = 0;  // 0 when config.json does not say
+  std::optional<int32_t> eos_token_id;  // when config.json names a single one in the vocabulary
+};
+
+// config.json's parsed contents; `origin` names it in errors.
+HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std::string& origin);
+// <dir>/config.json.
+HfModelConfig read_hf_model_config(const std::string& dir);
+
+// The one spelling of an architecture that every reading of it shares, for comparing two of them:
+// head_dim 0 for hidden_size / heads, and dense MLP width 0 without a dense layer (the families
+// write these differently, OLMoE has no head_dim and calls the expert width intermediate_size).
+ModelConfig canonical_architecture(ModelConfig m);
+
+}  // namespace moecore::io

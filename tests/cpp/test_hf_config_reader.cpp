@@ -1,0 +1,103 @@
+// config.json -> ModelConfig (io/hf_config_reader.h): moecore's own export of every family reads
+// back as the same architecture, and keys moecore cannot compute are refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/check.h"
+#include "io/hf_config.h"
+#include "io/hf_config_reader.h"
+#include "train/run_config.h"
+
+namespace moecore::io {
+namespace {
+
+ModelConfig base() {
+  ModelConfig c;
+  c.vocab_size = 100;
+  c.hidden_size = 64;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 40;
+  c.intermediate_size = 40;
+  c.rope_theta = 50000.0;
+  c.rms_norm_eps = 1e-6;
+  c.norm_topk_prob = true;
+  return c;
+}
+
+void expect_round_trip(const ModelConfig& c, const std::string& model_type) {
+  const nlohmann::json j = hf_config_json(c, 2048, 7);
+  const HfModelConfig read = hf_model_config_from_json(j, "config.json");
+  EXPECT_EQ(read.model_type, model_type);
+  EXPECT_EQ(model_config_difference(read.model, c), "");
+  EXPECT_EQ(read.max_position_embeddings, 2048);
+  EXPECT_EQ(read.eos_token_id, 7);
+}
+
+TEST(HfConfigReader, ExportedFamiliesReadBackAsTheSameArchitecture) {
+  expect_round_trip(base(), "olmoe");
+  ModelConfig flex = base();
+  flex.block_norm = BlockNorm::kReordered;
+  expect_round_trip(flex, "flex_olmo");
+  ModelConfig qwen = base();
+  qwen.qk_norm = QkNorm::kPerHead;
+  qwen.head_dim = 32;
+  qwen.first_k_dense_replace = 1;
+  qwen.intermediate_size = 96;
+  expect_round_trip(qwen, "qwen3_moe");
+  ModelConfig own = base();
+  own.router_score = RouterScore::kSigmoid;
+  own.shared_expert_intermediate_size = 24;
+  own.head_dim = 16;
+  own.n_group = 4;
+  own.topk_group = 2;
+  expect_round_trip(own, "moecore");
+}
+
+std::string error_of(const nlohmann::json& j) {
+  try {
+    hf_model_config_from_json(j, "config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfConfigReader, RefusesWhatMoecoreDoesNotCompute) {
+  nlohmann::json olmoe = hf_config_json(base(), 2048, 7);
+  nlohmann::json j = olmoe;
+  j["clip_qkv"] = 8.0;
+  EXPECT_NE(error_of(j).find("'clip_qkv'"), std::string::npos);
+  j = olmoe;
+  j["rope_scaling"] = {{"rope_type", "yarn"}};
+  EXPECT_NE(error_of(j).find("'rope_scaling'"), std::string::npos);
+  j = olmoe;
+  j["model_type"] = "deepseek_v3";
+  EXPECT_NE(error_of(j).find("deepseek_v3"), std::string::npos);
+  j = olmoe;
+  j.erase("num_experts");
+  EXPECT_NE(error_of(j).find("missing key 'num_experts'"), std::string::npos);
+
+  ModelConfig q = base();
+  q.qk_norm = QkNorm::kPerHead;
+  nlohmann::json qwen = hf_config_json(q, 2048, std::nullopt);
+  j = qwen;
+  j["mlp_only_layers"] = {2};  // a dense layer after sparse ones
+  EXPECT_NE(error_of(j).find("layer 2 is dense after a sparse one"), std::string::npos);
+  j = qwen;
+  j["decoder_sparse_step"] = 2;  // layers 0 and 2 dense
+  EXPECT_NE(error_of(j).find("layer 2 is dense"), std::string::npos);
+  j = qwen;
+  j["use_sliding_window"] = true;
+  EXPECT_NE(error_of(j).find("'use_sliding_window'"), std::string::npos);
+  j = qwen;
+  j["mlp_only_layers"] = {0, 1};
+  EXPECT_EQ(hf_model_config_from_json(j, "config.json").model.first_k_dense_replace, 2);
+}
+
+}  // namespace
+}  // namespace moecore::io
