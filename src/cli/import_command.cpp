@@ -24,21 +24,6 @@ namespace moecore::cli {
 
 namespace {
 
-void write_text(const std::string& path, const std::string& text) {
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
-                                         text.size());
-  const std::span<const std::byte> chunks[] = {bytes};
-  io::write_file_atomic(path, chunks, "[import]");
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MOE_CHECK(in.good(), "[import] cannot open {}", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The self-check's batch: 2 sequences of 32 tokens spread over the whole vocabulary
 // (Knuth's multiplicative hash), so every row of the embedding table is as likely as any other.
 constexpr int64_t kCheckBatch = 2;
@@ -65,7 +50,7 @@ std::vector<float> self_check(const ModelConfig& model, const ParamLayout& layou
                               const ParamBuffers& params, const std::string& dir,
                               const std::string& name) {
   const RunConfig reloaded_run =
-      parse_run_config(read_text(dir + "/config.toml"), dir + "/config.toml");
+      parse_run_config(io::read_text(dir + "/config.toml", "[import]"), dir + "/config.toml");
   const std::string toml_difference = model_config_difference(reloaded_run.model, model);
   MOE_CHECK(toml_difference.empty(),
             "[import] self-check: {}/config.toml reads back as another model ({})", name,
@@ -118,11 +103,13 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
   try {
     io::save_weights(layout, params, staging + "/model.safetensors",
                      {{"moecore_imported_from", fs::absolute(hf_dir).string()}});
-    write_text(staging + "/config.json",
-               io::hf_config_json(hf.model, max_positions, hf.eos_token_id).dump(2) + "\n");
-    write_text(staging + "/config.toml", run_config_to_toml(run));
+    io::write_text_atomic(
+        staging + "/config.json",
+        io::hf_config_json(hf.model, max_positions, hf.eos_token_id).dump(2) + "\n", "[import]");
+    io::write_text_atomic(staging + "/config.toml", run_config_to_toml(run), "[import]");
     if (fs::is_regular_file(hf_dir + "/tokenizer.json"))
-      write_text(staging + "/tokenizer.json", read_text(hf_dir + "/tokenizer.json"));
+      io::write_text_atomic(staging + "/tokenizer.json",
+                            io::read_text(hf_dir + "/tokenizer.json", "[import]"), "[import]");
     expected = self_check(hf.model, layout, params, staging, out_dir);
     if (fs::exists(out_dir)) fs::remove(out_dir);  // empty, checked above
     fs::rename(staging, out_dir);

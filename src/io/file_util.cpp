@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -155,5 +157,20 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
 
 // ---- Reader
 // --------------------------------------------------------------------------------------
+
+void write_text_atomic(const std::string& path, const std::string& text, const char* tag) {
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
+                                         text.size());
+  const std::span<const std::byte> chunks[] = {bytes};
+  write_file_atomic(path, chunks, tag);
+}
+
+std::string read_text(const std::string& path, const char* tag) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "{} cannot read '{}'", tag, path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 }  // namespace moecore::io

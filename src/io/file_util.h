@@ -37,6 +37,12 @@ class MappedFile {
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
                        const char* tag);
 
+// write_file_atomic of one string (config.toml, config.json, profile.json, ...).
+void write_text_atomic(const std::string& path, const std::string& text, const char* tag);
+
+// The whole file as a string; a missing or unreadable file is a one-line error naming it.
+std::string read_text(const std::string& path, const char* tag);
+
 // Test hook: after `bytes` more bytes, write_file_atomic's writes fail with ENOSPC (disk full),
 // which root cannot otherwise provoke with permissions. A negative value disables the fault.
 void set_write_failure_for_testing(int64_t bytes);

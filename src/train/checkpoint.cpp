@@ -36,21 +36,6 @@ std::string checkpoints_dir(const std::string& run_dir) {
   return run_dir + "/checkpoints";
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
-                                         text.size());
-  const std::span<const std::byte> chunks[] = {bytes};
-  io::write_file_atomic(path, chunks, "[checkpoint]");
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MOE_CHECK(in.good(), "[checkpoint] cannot read '{}'", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   MOE_CHECK(fd >= 0, "[checkpoint] cannot open directory '{}' to sync it", dir);
@@ -226,11 +211,14 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
       if (fs::exists(staging_dir + "/" + io::part_file_name("optim", 0, parts)))
         index_parts(staging_dir, "optim", parts);
     }
-    write_text(staging_dir + "/config.json", c.hf_config.dump(2) + "\n");
-    write_text(staging_dir + "/config.toml", run_config_to_toml(*c.config));
-    if (!c.tokenizer_json.empty()) write_text(staging_dir + "/tokenizer.json", c.tokenizer_json);
+    io::write_text_atomic(staging_dir + "/config.json", c.hf_config.dump(2) + "\n", "[checkpoint]");
+    io::write_text_atomic(staging_dir + "/config.toml", run_config_to_toml(*c.config),
+                          "[checkpoint]");
+    if (!c.tokenizer_json.empty())
+      io::write_text_atomic(staging_dir + "/tokenizer.json", c.tokenizer_json, "[checkpoint]");
     // Written last: its presence marks a complete checkpoint even before the rename.
-    write_text(staging_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n");
+    io::write_text_atomic(staging_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n",
+                          "[checkpoint]");
     fsync_directory(staging_dir);
     if (fs::exists(final_dir)) {
       // The same step saved again (a resumed run reaching it a second time): the old copy is
@@ -316,8 +304,8 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
   std::vector<std::string> dirs = list_checkpoints(run_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     try {
-      const RunConfig saved =
-          parse_run_config(read_text(*it + "/config.toml"), *it + "/config.toml");
+      const RunConfig saved = parse_run_config(io::read_text(*it + "/config.toml", "[checkpoint]"),
+                                               *it + "/config.toml");
       load_trainer_state(*it, saved.train);
       io::TensorParts::open(*it, "model");
       io::TensorParts::open(*it, "optim");
@@ -333,7 +321,8 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
 
 nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
                                const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer) {
-  const RunConfig saved = parse_run_config(read_text(dir + "/config.toml"), dir + "/config.toml");
+  const RunConfig saved =
+      parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"), dir + "/config.toml");
   const std::string difference = model_config_difference(saved.model, expected);
   MOE_CHECK(difference.empty(),
             "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
@@ -341,7 +330,7 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
   io::load_weights_from_dir(layout, dir, params);
   if (optimizer != nullptr) load_optimizer(dir, layout, *optimizer);
   load_trainer_state(dir, saved.train);  // every field checked before the run trusts any
-  return nlohmann::json::parse(read_text(dir + "/trainer_state.json"));
+  return nlohmann::json::parse(io::read_text(dir + "/trainer_state.json", "[checkpoint]"));
 }
 
 void remove_interrupted_saves(const std::string& run_dir) {

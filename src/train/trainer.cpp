@@ -55,13 +55,6 @@ namespace moecore {
 
 namespace {
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),
-                                         text.size());
-  const std::span<const std::byte> chunks[] = {bytes};
-  io::write_file_atomic(path, chunks, "[train]");
-}
-
 // Test hook for the "disk full during save" proof: MOECORE_FAULT_WRITE_BYTES=N makes file writes
 // fail with ENOSPC after N more bytes, once the first checkpoint is on disk.
 std::optional<int64_t> write_fault_from_env() {
@@ -314,7 +307,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     dist::take_local(full_layout, full_params, layout, params);
   }
   // Written only once the inputs and the checkpoint are known to fit this config.
-  if (rank0) write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config));
+  if (rank0)
+    io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout.
   data::DataLoader loader(train_data, tc.seed, cursor);
@@ -606,8 +600,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   if (tc.profile && rank0) {
     phase_timer::set_enabled(false);
     const int64_t profiled = step - summary.start_step - 1;
-    write_text_atomic(tc.out_dir + "/profile.json",
-                      profile_report_json(profiled, elapsed() - profile_start));
+    io::write_text_atomic(tc.out_dir + "/profile.json",
+                          profile_report_json(profiled, elapsed() - profile_start), "[train]");
     progress.message(profile_report_line(profiled, elapsed() - profile_start));
   }
   if (last_saved != step) save(step);

@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 
 namespace moecore {
@@ -21,21 +19,30 @@ namespace {
 const std::set<std::string> kNotYetMoved = {"grouped_experts.cpp", "inference.cpp", "router.cpp",
                                             "transformer.cpp"};
 
+// A line marks a kernel when, without its blanks, it is an OpenMP pragma or include, or it names
+// the SIMD-clone macro. (Plain string search: GCC 12's std::regex trips -Wmaybe-uninitialized
+// under the ASan build, and the marks need no pattern.)
+bool has_kernel_mark(std::istream& in) {
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("MOECORE_SIMD_CLONES") != std::string::npos) return true;
+    std::erase_if(line, [](char c) { return c == ' ' || c == '\t'; });
+    if (line.starts_with("#pragmaomp") || line.starts_with("#include<omp.h>")) return true;
+  }
+  return false;
+}
+
 TEST(ModelComposesOps, NoComputeKernelsInSrcModel) {
   // MOECORE_FUZZ_DIR is <source>/tests/fuzz.
   const std::filesystem::path model_dir =
       std::filesystem::path(MOECORE_FUZZ_DIR).parent_path().parent_path() / "src" / "model";
   ASSERT_TRUE(std::filesystem::is_directory(model_dir)) << model_dir;
-  const std::regex kernel_mark(R"(#\s*pragma\s+omp|#include\s*<omp\.h>|MOECORE_SIMD_CLONES)");
   std::set<std::string> with_kernels;
   int units = 0;
   for (const auto& entry : std::filesystem::directory_iterator(model_dir)) {
     std::ifstream in(entry.path());
-    std::stringstream text;
-    text << in.rdbuf();
     ++units;
-    if (std::regex_search(text.str(), kernel_mark))
-      with_kernels.insert(entry.path().filename().string());
+    if (has_kernel_mark(in)) with_kernels.insert(entry.path().filename().string());
   }
   EXPECT_GT(units, 10) << "src/model looks empty: " << model_dir;
   for (const std::string& unit : with_kernels)
