@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "plan/plan.h"
+#include "plan_test_config.h"
 #include "train/run_config.h"
 
 namespace moecore::plan {
@@ -18,29 +19,6 @@ namespace {
 
 // d 32, 4 layers (layer 0 dense), 4 heads / 2 KV heads of 8, 8 experts top-2 of width 16, a shared
 // expert of 24, vocabulary 64, untied.
-RunConfig small_config(const std::vector<std::string>& overrides = {}) {
-  const char* text = R"(
-[model]
-vocab_size = 64
-hidden_size = 32
-num_hidden_layers = 4
-num_attention_heads = 4
-num_key_value_heads = 2
-num_experts = 8
-num_experts_per_tok = 2
-moe_intermediate_size = 16
-intermediate_size = 48
-first_k_dense_replace = 1
-shared_expert_intermediate_size = 24
-qk_norm = "full"
-[train]
-batch_size = 8
-microbatches = 2
-seq_len = 16
-)";
-  return parse_run_config(text, "small.toml", overrides);
-}
-
 const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false, {}};
 
 TEST(PlanParams, MatchHandCount) {

@@ -10,6 +10,7 @@
 #include "plan/layout_search.h"
 #include "plan/pipeline_simulation.h"
 #include "plan/plan.h"
+#include "plan_test_config.h"
 #include "train/run_config.h"
 
 namespace moecore::plan {
@@ -78,28 +79,6 @@ TEST(PipelineSimulation, SingleStageNeverWaits) {
   EXPECT_DOUBLE_EQ(t.wait[0], 0.0);
   EXPECT_DOUBLE_EQ(t.finish[0], 12.0);
   EXPECT_DOUBLE_EQ(t.last_backward[0], 2.0);
-}
-
-RunConfig small_config(const std::vector<std::string>& overrides = {}) {
-  const char* text = R"(
-[model]
-vocab_size = 64
-hidden_size = 32
-num_hidden_layers = 4
-num_attention_heads = 4
-num_key_value_heads = 2
-num_experts = 8
-num_experts_per_tok = 2
-moe_intermediate_size = 16
-intermediate_size = 48
-first_k_dense_replace = 1
-shared_expert_intermediate_size = 24
-[train]
-batch_size = 8
-microbatches = 2
-seq_len = 16
-)";
-  return parse_run_config(text, "small.toml", overrides);
 }
 
 Rates test_rates() {
