@@ -9,6 +9,7 @@
 #include "cli/debug_commands.h"
 #include "core/check.h"
 #include "data/token_dataset.h"
+#include "dist/mpi/mpi_runtime.h"
 #include "io/model_weights.h"
 #include "kernels/matmul_precision.h"
 #include "model/router.h"
@@ -88,6 +89,10 @@ Batch load_batch(const DumpArgs& args, const RunConfig& config) {
 }  // namespace
 
 io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>& extra_overrides) {
+  // Every rank would write the same directory: the pass is one process's, without a layout.
+  MOE_CHECK(
+      dist::mpi_world()->size() == 1,
+      "[dump] runs in one process; start it without mpirun (the dump has no parallel layout)");
   std::vector<std::string> overrides = args.overrides;
   overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
   const RunConfig config = load_run_config(args.config, overrides);
