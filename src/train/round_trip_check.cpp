@@ -1,6 +1,7 @@
 #include "train/round_trip_check.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -85,7 +86,7 @@ RoundTripCheck check_model_dir(const std::string& dir, const std::string& name,
             tag, *non_finite,
             static_cast<int64_t>(non_finite - expected.begin()) / model.vocab_size, kCheckBatch,
             kCheckSeq);
-  RoundTripCheck check{kCheckBatch, kCheckSeq, 0.0, 0.0};
+  RoundTripCheck check{kCheckBatch, kCheckSeq, 0.0, 0.0, 0.0};
   for (size_t i = 0; i < got.size(); ++i) {
     check.max_abs_diff = std::max(check.max_abs_diff, std::fabs(static_cast<double>(got[i]) -
                                                                 static_cast<double>(expected[i])));
@@ -107,6 +108,7 @@ RoundTripCheck round_trip_check_on_rank0(const dist::Communicator& world,
   RoundTripCheck check;
   std::string error;
   if (world.rank() == 0) {
+    const auto start = std::chrono::steady_clock::now();
     std::error_code ec;
     try {
       fs::remove_all(scratch_dir, ec);
@@ -118,15 +120,16 @@ RoundTripCheck round_trip_check_on_rank0(const dist::Communicator& world,
       error = e.what();
     }
     fs::remove_all(scratch_dir, ec);
+    check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   if (world.size() > 1) {
-    double figures[2] = {check.max_abs_diff, check.max_abs_logit};
+    double figures[3] = {check.max_abs_diff, check.max_abs_logit, check.seconds};
     int64_t error_bytes = static_cast<int64_t>(error.size());
     world.broadcast(figures, sizeof(figures), 0);
     world.broadcast(&error_bytes, sizeof(error_bytes), 0);
     error.resize(static_cast<size_t>(error_bytes));
     if (error_bytes > 0) world.broadcast(error.data(), error_bytes, 0);
-    check = {kCheckBatch, kCheckSeq, figures[0], figures[1]};
+    check = {kCheckBatch, kCheckSeq, figures[0], figures[1], figures[2]};
   }
   if (!error.empty()) throw Error(error);
   return check;

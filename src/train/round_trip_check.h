@@ -37,6 +37,7 @@ struct RoundTripCheck {
   int64_t batch = 0, seq = 0;  // the fixed check batch
   double max_abs_diff = 0.0;   // of the reloaded logits from the in-memory ones: 0 when it passed
   double max_abs_logit = 0.0;  // of the in-memory model's logits
+  double seconds = 0.0;        // round_trip_check_on_rank0: writing, reading and both forwards
 };
 
 // Reads <dir> (written by write_model_dir from `model`, `layout`, `params`) back and compares; a

@@ -321,9 +321,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                                   {&config, hf_config, {}, {}}, "[init-from]");
     init_check_line = fmt::format(
         "init-from self-check: {} written in moecore's format and read back gives the same logits "
-        "bit for bit ({} x {} tokens, max |diff| {:.3g}, max |logit| {:.4g})",
+        "bit for bit ({} x {} tokens, max |diff| {:.3g}, max |logit| {:.4g}; {:.1f} s)",
         options.init_from, init_check.batch, init_check.seq, init_check.max_abs_diff,
-        init_check.max_abs_logit);
+        init_check.max_abs_logit, init_check.seconds);
   }
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0)
