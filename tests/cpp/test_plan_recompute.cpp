@@ -65,6 +65,28 @@ TEST(PlanRecompute, BackwardHoldsOneRebuiltBlock) {
   EXPECT_LT(b.stages[0].peak, a.stages[0].peak);
 }
 
+double ep_bytes(const std::string& mode, const std::string& dispatch, const std::string& op) {
+  const Plan p = make_plan(small_config({"parallel.ep=2", "parallel.dispatch=\"" + dispatch + "\"",
+                                         "train.recompute=\"" + mode + "\""}),
+                           2, kNoRuntime);
+  double total = 0.0;
+  for (const CollectiveBytes& c : p.comms[0])
+    if (c.group == "ep" && c.op == op) total += c.bytes;
+  return total;
+}
+
+TEST(PlanRecompute, RecomputedMoeForwardExchangesAgain) {
+  // The rows of one pass direction (test_plan.cpp, ExpertAndPipelineTraffic): 3 MoE layers x 2
+  // micro-batches x 32 remote routes x 32 floats. Forward out and back, backward out and back,
+  // and once more out and back when the backward re-runs the MoE forward.
+  const double one_way = 4.0 * 32.0 * 32.0 * 3.0 * 2.0;
+  EXPECT_DOUBLE_EQ(ep_bytes("none", "sync", "alltoallv"), 4.0 * one_way);
+  EXPECT_DOUBLE_EQ(ep_bytes("attention", "sync", "alltoallv"), 4.0 * one_way);
+  EXPECT_DOUBLE_EQ(ep_bytes("full", "sync", "alltoallv"), 6.0 * one_way);
+  EXPECT_DOUBLE_EQ(ep_bytes("moe", "rowwise", "put"), 3.0 * one_way);
+  EXPECT_DOUBLE_EQ(ep_bytes("moe", "rowwise", "get"), 3.0 * one_way);
+}
+
 Rates test_rates() {
   Rates r;
   r.gemm_flops_fp32 = r.peak_flops_fp32 = 1e9;
