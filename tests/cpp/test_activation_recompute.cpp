@@ -80,6 +80,7 @@ struct Result {
   std::vector<LossParts> losses;
   std::vector<float> grads;
   std::vector<int32_t> topk;  // the router state left by the last pass (metrics read it)
+  std::vector<float> params;  // after the selection-bias update (routes tallied in the forward)
 };
 
 Result run_whole(const ModelConfig& c, ActivationRecompute mode) {
@@ -100,6 +101,8 @@ Result run_whole(const ModelConfig& c, ActivationRecompute mode) {
   r.grads = grads.dense;
   r.grads.insert(r.grads.end(), grads.expert.begin(), grads.expert.end());
   r.topk = model.router_state(c.num_hidden_layers - 1)->topk_index;
+  model.update_router_bias(params);
+  r.params = params.dense;
   return r;
 }
 
@@ -148,6 +151,7 @@ void expect_identical(const Result& none, const Result& mode, const std::string&
   EXPECT_EQ(std::memcmp(none.grads.data(), mode.grads.data(), none.grads.size() * sizeof(float)), 0)
       << what;
   EXPECT_EQ(none.topk, mode.topk) << what;
+  EXPECT_EQ(none.params, mode.params) << what;
 }
 
 const std::vector<std::pair<std::string, ActivationRecompute>> kModes = {
