@@ -38,14 +38,16 @@ def run(moecore_bin, job_data, tmp_path: Path, name: str, *sets: str) -> tuple[d
 
 
 @pytest.mark.parametrize("mode,layout", [
+    # with the auxiliary-loss-free selection bias: its route tally must be counted once
     ("full", ["parallel.ep=2", "parallel.zero=1", "parallel.dispatch=rowwise",
-              "parallel.capacity_factor=2.0"]),
+              "parallel.capacity_factor=2.0", "model.router_score=sigmoid",
+              "model.router_bias_update_rate=0.01"]),
     # capacity 0.5 drops routes: the drop rate of the recomputed run is the same, not doubled
     ("moe", ["parallel.ep=2", "parallel.zero=1", "parallel.dispatch=rowwise",
              "parallel.capacity_factor=0.5"]),
     ("attention", ["parallel.ep=2", "parallel.zero=0"]),
     ("full", ["parallel.pp=2", "train.microbatches=2"]),
-], ids=["full-ep2-rowwise-zero", "moe-ep2-rowwise-drops", "attention-ep2-sync", "full-pp2"])
+], ids=["full-ep2-rowwise-zero-bias", "moe-ep2-rowwise-drops", "attention-ep2-sync", "full-pp2"])
 def test_recompute_trains_exactly_like_none(moecore_bin, job_data, tmp_path, mode, layout):
     ref_rows, ref_w = run(moecore_bin, job_data, tmp_path, "none", *layout)
     our_rows, our_w = run(moecore_bin, job_data, tmp_path, mode, *layout,
