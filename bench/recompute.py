@@ -11,7 +11,7 @@ for STEPS steps RUNS times; the table gives the median peak RSS (out_dir/rank_st
 of the mean step time of steps 2..STEPS (train.profile), next to the plan's peak memory, its
 activation bytes and its step time. The modes of one repeat run in turn, so that the machine's load
 (shared, recorded) falls on all of them alike. Writes bench/results/recompute.md and .json.
-Run: MOECORE_BIN=build/bin/moecore /opt/moecore/venv/bin/python bench/recompute.py (about 8 minutes
+Run: `make bench-recompute` (about 8 minutes
 on two shared cores; --rewrite: the tables again from recompute.json).
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def write_results(results: list[dict]) -> None:
              "shared with other jobs (1-minute load average at each run's start below); one "
              f"process, one thread, fp32, {STEPS} steps, median of {RUNS} runs (modes "
              "interleaved within each repeat). Plan: `moecore plan --ranks 1 --hardware "
-             "bench/results/cpu_profile.json`. Produced by `bench/recompute.py`.", "",
+             "bench/results/cpu_profile.json`. Produced by `make bench-recompute` (`bench/recompute.py`).", "",
              "Every mode trains bit-identically to `none` (tests/cpp/test_activation_recompute.cpp, "
              "tests/train/test_recompute.py); what changes is memory and time.", "",
              "| model | recompute | plan: activations MiB | plan: peak MiB | measured peak MiB | "
