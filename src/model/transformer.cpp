@@ -171,6 +171,15 @@ void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t to
   observe_layer(layer, "mlp", view(out, {tokens, d}));
 }
 
+int64_t Transformer::dropped_routes(int64_t layer) const {
+  if (router_state(layer) == nullptr) return 0;
+  const MoeCache& moe = slots_[static_cast<size_t>(last_slot_)]
+                            ->layers[static_cast<size_t>(layer - layers_begin_)]
+                            .moe;
+  const auto* rowwise = std::get_if<RowwiseDispatch::Cache>(&moe.dispatch);
+  return rowwise != nullptr ? rowwise->dropped_routes : 0;
+}
+
 const std::vector<float>& Transformer::logits() const {
   MOE_CHECK(last_slot_ >= 0 && has_head(), "[model] logits() needs a forward() of the head first");
   return slots_[static_cast<size_t>(last_slot_)]->logits;
