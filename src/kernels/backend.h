@@ -30,6 +30,10 @@ struct KernelBackend {
   decltype(&kernels::gather_rows) gather_rows;
   decltype(&kernels::moe_combine_forward) moe_combine_forward;
   decltype(&kernels::moe_combine_backward) moe_combine_backward;
+  decltype(&kernels::router_topk_forward) router_topk_forward;
+  decltype(&kernels::router_topk_backward) router_topk_backward;
+  decltype(&kernels::router_z_loss) router_z_loss;
+  decltype(&kernels::router_probability_column_sums) router_probability_column_sums;
 };
 
 // The plain-loop oracle (kernels/reference/).

@@ -461,6 +461,166 @@ TEST_P(KernelOps, MoeCombineMatchesReference) {
     }
 }
 
+// Router logits whose scores are far from ties: each token's logits are a random permutation of
+// steps 1.0 apart (plus noise of +-0.1), so every score exceeds the sum of all smaller ones (e^-1
+// ratios, a sigmoid's too below z = -1); top-k choices and group sums (sums of two) are then
+// decided by margins far above the central differences' step, which must not change the choice.
+std::vector<float> separated_logits(int64_t tokens, int64_t experts, float offset, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> noise(-0.1f, 0.1f);
+  std::vector<float> z(static_cast<size_t>(tokens * experts));
+  std::vector<int32_t> order(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), gen);
+    for (int64_t e = 0; e < experts; ++e)
+      z[static_cast<size_t>(t * experts + e)] =
+          offset + static_cast<float>(order[static_cast<size_t>(e)]) + noise(gen);
+  }
+  return z;
+}
+
+TEST_P(KernelOps, RouterTopkMatchesReference) {
+  struct Case {
+    int64_t experts;
+    RouterTopkOptions options;
+    bool bias;  // a selection bias of +2 on the odd experts, which then win every choice
+    bool lb_uses_softmax;
+  };
+  using enum RouterScoreFunction;
+  const std::vector<Case> cases = {
+      {8, {.score = kSoftmax, .top_k = 2}, false, false},
+      {8,
+       {.score = kSoftmax, .top_k = 3, .norm_topk_prob = true, .routed_scaling_factor = 2.5f},
+       true,
+       false},
+      {8,
+       {.score = kSigmoid, .top_k = 3, .norm_topk_prob = true, .n_group = 4, .topk_group = 2},
+       true,
+       false},
+      {12, {.score = kSigmoid, .top_k = 2, .n_group = 3, .topk_group = 1}, false, true},
+      {5, {.score = kTopkSoftmax, .top_k = 2, .routed_scaling_factor = 0.5f}, false, false},
+      {7, {.score = kSigmoid, .top_k = 1}, false, false},
+      {6,
+       {.score = kSoftmax,
+        .top_k = 2,
+        .choice = RouterChoice::kRandom,
+        .seed = 99,
+        .token_offset = 5},
+       false,
+       false},
+      {5,
+       {.score = kSigmoid, .top_k = 3, .choice = RouterChoice::kBalanced, .token_offset = 3},
+       false,
+       false},
+  };
+  uint32_t seed = 1100;
+  for (const Case& c : cases)
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{33}}) {
+      const RouterTopkOptions& o = c.options;
+      const int64_t e_count = c.experts, k = o.top_k;
+      const std::string what = "E=" + std::to_string(e_count) + " k=" + std::to_string(k) +
+                               " score=" + std::to_string(static_cast<int>(o.score)) +
+                               " choice=" + std::to_string(static_cast<int>(o.choice)) +
+                               " groups=" + std::to_string(o.n_group) + " N=" + std::to_string(n);
+      const float offset = o.score == kSigmoid ? -1.5f - static_cast<float>(e_count) : -4.0f;
+      std::vector<float> z = separated_logits(n, e_count, offset, ++seed);
+      std::vector<float> bias(static_cast<size_t>(e_count));
+      for (int64_t e = 0; e < e_count; ++e) bias[static_cast<size_t>(e)] = e % 2 == 1 ? 2.0f : 0.0f;
+      const ConstTensorView bias_view = c.bias ? view(bias.data(), {e_count}) : ConstTensorView{};
+      struct Out {
+        std::vector<float> scores, weight;
+        std::vector<int32_t> index;
+        std::vector<int64_t> counts;
+      };
+      auto forward = [&](const KernelBackend& b, Out& out) {
+        out.scores.resize(z.size());
+        out.weight.resize(static_cast<size_t>(n * k));
+        out.index.resize(out.weight.size());
+        out.counts.resize(static_cast<size_t>(e_count));
+        b.router_topk_forward(view(z.data(), {n, e_count}), bias_view, o,
+                              view(out.scores.data(), {n, e_count}), view(out.index.data(), {n, k}),
+                              view(out.weight.data(), {n, k}), out.counts);
+      };
+      Out got, ref;
+      forward(backend(), got);
+      forward(oracle(), ref);
+      EXPECT_EQ(got.index, ref.index) << "router top-k choice " << what;
+      EXPECT_EQ(got.counts, ref.counts) << "router expert counts " << what;
+      // Scores: one exp and a sum over the E experts; weights: a sum over k more.
+      expect_nmse(got.scores, ref.scores, e_count, "router scores " + what);
+      expect_nmse(got.weight, ref.weight, e_count + k, "router weights " + what);
+      if (c.bias) {  // the +2 bias puts odd experts first whatever their scores
+        for (int64_t t = 0; t < n; ++t)
+          EXPECT_EQ(got.index[static_cast<size_t>(t * k)] % 2, 1) << what;
+      }
+
+      // The load-balancing probabilities and the z-loss.
+      const RouterProbability lb_probability = o.score != kSigmoid ? RouterProbability::kScores
+                                               : c.lb_uses_softmax
+                                                   ? RouterProbability::kSoftmaxOfLogits
+                                                   : RouterProbability::kScoresOverRowSum;
+      for (const RouterProbability p :
+           {RouterProbability::kScores, RouterProbability::kSoftmaxOfLogits,
+            RouterProbability::kScoresOverRowSum}) {
+        std::vector<double> sums(static_cast<size_t>(e_count)), sums_ref(sums.size());
+        backend().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                 view(got.scores.data(), {n, e_count}), p, sums);
+        oracle().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                view(got.scores.data(), {n, e_count}), p, sums_ref);
+        expect_nmse(std::vector<float>(sums.begin(), sums.end()),
+                    std::vector<float>(sums_ref.begin(), sums_ref.end()), e_count + n,
+                    "router column sums " + what);
+      }
+      const double z_loss = backend().router_z_loss(view(z.data(), {n, e_count}));
+      const double z_loss_ref = oracle().router_z_loss(view(z.data(), {n, e_count}));
+      EXPECT_LE(std::pow(z_loss - z_loss_ref, 2), nmse_bound(e_count) * z_loss_ref * z_loss_ref)
+          << "router z-loss " << what;
+
+      // Backward: d_weight, a load-balancing gradient and a z-loss scale, against the oracle and
+      // against central differences of L = <weights, d_weight> + <lb, column sums of p> +
+      // z_scale * N * z_loss, all through the backend's own forward ops.
+      const std::vector<float> d_weight = random_vec(got.weight.size(), ++seed);
+      const std::vector<float> lb = random_vec(static_cast<size_t>(e_count), ++seed);
+      const float z_scale = 0.3f;
+      const RouterLossGrads grads{view(lb.data(), {e_count}), c.lb_uses_softmax, z_scale};
+      std::vector<float> dz(z.size()), dz_ref(z.size());
+      auto backward = [&](const KernelBackend& b, const Out& out, std::vector<float>& g) {
+        b.router_topk_backward(view(z.data(), {n, e_count}), view(out.scores.data(), {n, e_count}),
+                               view(out.index.data(), {n, k}), view(out.weight.data(), {n, k}),
+                               view(d_weight.data(), {n, k}), grads, o,
+                               view(g.data(), {n, e_count}));
+      };
+      backward(backend(), got, dz);
+      backward(oracle(), got, dz_ref);
+      expect_nmse(dz, dz_ref, e_count + k, "router dlogits " + what);
+      auto loss = [&] {
+        Out out;
+        forward(backend(), out);
+        EXPECT_EQ(out.index, got.index) << "the step changed the choice: " << what;
+        std::vector<double> sums(static_cast<size_t>(e_count));
+        backend().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                 view(out.scores.data(), {n, e_count}),
+                                                 lb_probability, sums);
+        double total = project(out.weight.data(), d_weight);
+        for (int64_t e = 0; e < e_count; ++e)
+          total += double{lb[static_cast<size_t>(e)]} * sums[static_cast<size_t>(e)];
+        return total + double{z_scale} * static_cast<double>(n) *
+                           backend().router_z_loss(view(z.data(), {n, e_count}));
+      };
+      expect_close(check_all(z.data(), z.size(), dz.data(), kFdEps, loss), "dlogits " + what);
+    }
+  std::vector<float> z(6), scores(6), weight(2);
+  std::vector<int32_t> index(2);
+  std::vector<int64_t> counts(3);
+  RouterTopkOptions too_many;
+  too_many.top_k = 4;
+  EXPECT_THROW(backend().router_topk_forward(
+                   view(z.data(), {2, 3}), ConstTensorView{}, too_many, view(scores.data(), {2, 3}),
+                   view(index.data(), {2, 1}), view(weight.data(), {2, 1}), counts),
+               Error);
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   std::vector<float> x(12), y(12), w(4), rstd(3);
   EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),
