@@ -621,6 +621,72 @@ TEST_P(KernelOps, RouterTopkMatchesReference) {
                Error);
 }
 
+TEST_P(KernelOps, GroupedGemmMatchesReference) {
+  struct Case {
+    std::vector<int64_t> rows_per_expert;  // empty experts included
+    int64_t out, in;
+  };
+  // Odd sizes, an expert without rows at either end and in the middle, one expert, and enough
+  // small experts that the CPU backend runs them in parallel (kernels/cpu/grouped_gemm.cpp).
+  const std::vector<Case> cases = {
+      {{3, 0, 5}, 7, 9}, {{1}, 1, 1}, {{0, 17, 2, 0}, 16, 33}, {{4, 6, 1, 9, 3, 7, 2, 5}, 12, 10}};
+  uint32_t seed = 1200;
+  for (const Case& c : cases) {
+    const int64_t experts = static_cast<int64_t>(c.rows_per_expert.size()), out = c.out, in = c.in;
+    std::vector<int64_t> offsets = {0};
+    for (const int64_t r : c.rows_per_expert) offsets.push_back(offsets.back() + r);
+    const int64_t rows = offsets.back();
+    const std::string what = "E=" + std::to_string(experts) + " R=" + std::to_string(rows) +
+                             " out=" + std::to_string(out) + " in=" + std::to_string(in);
+    std::vector<float> x = random_vec(static_cast<size_t>(rows * in), ++seed);
+    std::vector<float> w = random_vec(static_cast<size_t>(experts * out * in), ++seed);
+    const std::vector<float> dy = random_vec(static_cast<size_t>(rows * out), ++seed);
+    std::vector<float> y(dy.size()), y_ref(dy.size());
+    backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                   offsets, view(y.data(), {rows, out}));
+    oracle().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                  offsets, view(y_ref.data(), {rows, out}));
+    expect_nmse(y, y_ref, in, "grouped_gemm y " + what);
+
+    const std::vector<float> dw_before = random_vec(w.size(), ++seed);
+    std::vector<float> dx(x.size()), dx_ref(x.size()), dw = dw_before, dw_ref = dw_before;
+    backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                    view(w.data(), {experts, out, in}), offsets,
+                                    view(dx.data(), {rows, in}),
+                                    view(dw.data(), {experts, out, in}));
+    oracle().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                   view(w.data(), {experts, out, in}), offsets,
+                                   view(dx_ref.data(), {rows, in}),
+                                   view(dw_ref.data(), {experts, out, in}));
+    expect_nmse(dx, dx_ref, out, "grouped_gemm dx " + what);
+    expect_nmse(dw, dw_ref, rows + 1, "grouped_gemm dw " + what);
+    // An expert without rows keeps its weight gradient as it was.
+    for (int64_t e = 0; e < experts; ++e)
+      if (offsets[static_cast<size_t>(e + 1)] == offsets[static_cast<size_t>(e)]) {
+        for (int64_t i = e * out * in; i < (e + 1) * out * in; ++i)
+          ASSERT_EQ(dw[static_cast<size_t>(i)], dw_before[static_cast<size_t>(i)]) << what;
+      }
+    auto loss = [&] {
+      backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                     offsets, view(y.data(), {rows, out}));
+      return project(y.data(), dy);
+    };
+    expect_close(check_all(x.data(), x.size(), dx.data(), kFdEps, loss), "dx " + what);
+    const std::vector<float> gw = added(dw, dw_before);
+    std::vector<size_t> used;  // the weights of experts with rows (the others have no gradient)
+    for (int64_t e = 0; e < experts; ++e)
+      if (offsets[static_cast<size_t>(e + 1)] > offsets[static_cast<size_t>(e)])
+        for (int64_t i = e * out * in; i < (e + 1) * out * in; ++i)
+          used.push_back(static_cast<size_t>(i));
+    expect_close(gradcheck::check_indices(w.data(), gw.data(), used, kFdEps, loss), "dw " + what);
+  }
+  std::vector<float> x(6), w(6), y(6);
+  const std::vector<int64_t> decreasing = {0, 2, 1};
+  EXPECT_THROW(backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}),
+                                              decreasing, view(y.data(), {1, 1})),
+               Error);
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   std::vector<float> x(12), y(12), w(4), rstd(3);
   EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),

@@ -28,6 +28,8 @@ const KernelBackend& cpu_backend() {
       .router_topk_backward = &kernels::router_topk_backward,
       .router_z_loss = &kernels::router_z_loss,
       .router_probability_column_sums = &kernels::router_probability_column_sums,
+      .grouped_gemm_forward = &kernels::grouped_gemm_forward,
+      .grouped_gemm_backward = &kernels::grouped_gemm_backward,
   };
   return backend;
 }

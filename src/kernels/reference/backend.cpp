@@ -28,6 +28,8 @@ const KernelBackend& reference_backend() {
       .router_topk_backward = &kernels::reference::router_topk_backward,
       .router_z_loss = &kernels::reference::router_z_loss,
       .router_probability_column_sums = &kernels::reference::router_probability_column_sums,
+      .grouped_gemm_forward = &kernels::reference::grouped_gemm_forward,
+      .grouped_gemm_backward = &kernels::reference::grouped_gemm_backward,
   };
   return backend;
 }
