@@ -12,6 +12,7 @@ namespace moecore::kernels {
 
 struct KernelBackend {
   std::string_view name;
+  decltype(&kernels::matmul) matmul;
   decltype(&kernels::rmsnorm_forward) rmsnorm_forward;
   decltype(&kernels::rmsnorm_backward) rmsnorm_backward;
   decltype(&kernels::swiglu_forward) swiglu_forward;

@@ -687,6 +687,53 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
                Error);
 }
 
+TEST_P(KernelOps, MatmulMatchesReference) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  uint32_t seed = 1300;
+  for (const Case c : {Case{1, 1, 1}, Case{3, 5, 7}, Case{17, 33, 65}, Case{2, 64, 130}})
+    for (const bool trans_a : {false, true})
+      for (const bool trans_b : {false, true})
+        for (const GemmOperands operands : {GemmOperands::kModelPrecision, GemmOperands::kFp32}) {
+          const std::string what = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                                   " k=" + std::to_string(c.k) + " ta=" + std::to_string(trans_a) +
+                                   " tb=" + std::to_string(trans_b);
+          std::vector<float> a = random_vec(static_cast<size_t>(c.m * c.k), ++seed);
+          std::vector<float> b = random_vec(static_cast<size_t>(c.k * c.n), ++seed);
+          const std::vector<float> c_before = random_vec(static_cast<size_t>(c.m * c.n), ++seed);
+          const auto a_view = trans_a ? view(a.data(), {c.k, c.m}) : view(a.data(), {c.m, c.k});
+          const auto b_view = trans_b ? view(b.data(), {c.n, c.k}) : view(b.data(), {c.k, c.n});
+          for (const float beta : {0.0f, 1.0f}) {
+            std::vector<float> out = c_before, out_ref = c_before;
+            backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, beta,
+                             view(out.data(), {c.m, c.n}), operands);
+            oracle().matmul(a_view, trans_a, b_view, trans_b, 0.5f, beta,
+                            view(out_ref.data(), {c.m, c.n}), operands);
+            expect_nmse(out, out_ref, c.k + 1, "matmul " + what);
+          }
+          // Gradient of L = <0.5 op(a) op(b), r> with respect to a: 0.5 r op(b)^T, laid out as a.
+          const std::vector<float> r = random_vec(c_before.size(), ++seed);
+          std::vector<float> out(c_before.size()), da(a.size());
+          if (trans_a)  // a is [K, M]: da = 0.5 op(b) r^T
+            backend().matmul(b_view, trans_b, view(r.data(), {c.m, c.n}), true, 0.5f, 0.0f,
+                             view(da.data(), {c.k, c.m}), operands);
+          else
+            backend().matmul(view(r.data(), {c.m, c.n}), false, b_view, !trans_b, 0.5f, 0.0f,
+                             view(da.data(), {c.m, c.k}), operands);
+          auto loss = [&] {
+            backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, 0.0f,
+                             view(out.data(), {c.m, c.n}), operands);
+            return project(out.data(), r);
+          };
+          expect_close(check_all(a.data(), a.size(), da.data(), kFdEps, loss), "da " + what);
+        }
+  std::vector<float> x(6);
+  EXPECT_THROW(backend().matmul(view(x.data(), {2, 3}), false, view(x.data(), {2, 3}), false, 1.0f,
+                                0.0f, view(x.data(), {2, 3}), GemmOperands::kFp32),
+               Error);
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   std::vector<float> x(12), y(12), w(4), rstd(3);
   EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),

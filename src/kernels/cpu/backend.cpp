@@ -6,6 +6,7 @@ namespace moecore::kernels {
 const KernelBackend& cpu_backend() {
   static const KernelBackend backend{
       .name = "cpu",
+      .matmul = &kernels::matmul,
       .rmsnorm_forward = &kernels::rmsnorm_forward,
       .rmsnorm_backward = &kernels::rmsnorm_backward,
       .swiglu_forward = &kernels::swiglu_forward,

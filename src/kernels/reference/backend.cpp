@@ -6,6 +6,7 @@ namespace moecore::kernels {
 const KernelBackend& reference_backend() {
   static const KernelBackend backend{
       .name = "reference",
+      .matmul = &kernels::reference::matmul,
       .rmsnorm_forward = &kernels::reference::rmsnorm_forward,
       .rmsnorm_backward = &kernels::reference::rmsnorm_backward,
       .swiglu_forward = &kernels::reference::swiglu_forward,
