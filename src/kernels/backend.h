@@ -37,6 +37,8 @@ struct KernelBackend {
   decltype(&kernels::router_probability_column_sums) router_probability_column_sums;
   decltype(&kernels::grouped_gemm_forward) grouped_gemm_forward;
   decltype(&kernels::grouped_gemm_backward) grouped_gemm_backward;
+  decltype(&kernels::add) add;
+  decltype(&kernels::scale) scale;
 };
 
 // The plain-loop oracle (kernels/reference/).

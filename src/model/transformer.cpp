@@ -186,16 +186,14 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       kernels::rmsnorm_forward(view(lc.attn_out.data(), {n, d}),
                                view(at(params, s.input_norm), {d}), view(branch.data(), {n, d}),
                                view(lc.rstd1.data(), {n}), eps);
-      for (int64_t e = 0; e < n * d; ++e)
-        lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
+      kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
     } else {
       lc.h1.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_forward(view(x, {n, d}), view(at(params, s.input_norm), {d}),
                                view(lc.h1.data(), {n, d}), view(lc.rstd1.data(), {n}), eps);
       attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
                          lc.attention, doc_start);
-      for (int64_t e = 0; e < n * d; ++e)
-        lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
+      kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
       lc.h2.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_forward(view(lc.mid.data(), {n, d}), view(at(params, s.post_norm), {d}),
                                view(lc.h2.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
@@ -221,8 +219,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       kernels::rmsnorm_forward(view(lc.ffn_out.data(), {n, d}), view(at(params, s.post_norm), {d}),
                                view(branch.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
     float* out = act.residual[j + 1].data();
-    for (int64_t e = 0; e < n * d; ++e)
-      out[e] = lc.mid[static_cast<size_t>(e)] + branch[static_cast<size_t>(e)];
+    kernels::add(view(lc.mid.data(), {n, d}), view(branch.data(), {n, d}), view(out, {n, d}));
   }
 
   if (has_head()) {
@@ -362,11 +359,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     std::vector<float> scaled_dlogits;
     const float* dlogits = act.dlogits.data();
     if (loss_scale != 1.0f) {
-      const int64_t count = static_cast<int64_t>(act.dlogits.size());
       scaled_dlogits.resize(act.dlogits.size());
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < count; ++j)
-        scaled_dlogits[static_cast<size_t>(j)] = act.dlogits[static_cast<size_t>(j)] * loss_scale;
+      kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
+                     view(scaled_dlogits.data(), {n, v}));
       dlogits = scaled_dlogits.data();
     }
     std::vector<float> dhidden(static_cast<size_t>(n * d));
@@ -423,16 +418,14 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     }
     if (reordered) {
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
-      for (int64_t e = 0; e < n * d; ++e)
-        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
       kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.attn_out.data(), {n, d}),
                                 view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),
                                 view(dnorm.data(), {n, d}), view(at(grads, s.input_norm), {d}),
                                 false);
       attention_.backward(attention_weights(params, i), attention_weights(grads, i),
                           act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
-      for (int64_t e = 0; e < n * d; ++e)
-        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
     } else {
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(lc.mid.data(), {n, d}),
                                 view(at(params, s.post_norm), {d}), view(lc.rstd2.data(), {n}),

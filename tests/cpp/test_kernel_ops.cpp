@@ -734,6 +734,47 @@ TEST_P(KernelOps, MatmulMatchesReference) {
                Error);
 }
 
+TEST_P(KernelOps, AddAndScaleMatchReference) {
+  uint32_t seed = 1400;
+  // A SIMD tail, and enough elements for the threaded path.
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{70001}}) {
+    const std::string what = "n=" + std::to_string(n);
+    std::vector<float> a = random_vec(static_cast<size_t>(n), ++seed);
+    const std::vector<float> b = random_vec(a.size(), ++seed);
+    std::vector<float> sum(a.size()), sum_ref(a.size());
+    backend().add(view(a.data(), {n}), view(b.data(), {n}), view(sum.data(), {n}));
+    oracle().add(view(a.data(), {n}), view(b.data(), {n}), view(sum_ref.data(), {n}));
+    // One fp32 rounding per element, the same on both sides.
+    EXPECT_EQ(sum, sum_ref) << "add " << what;
+    std::vector<float> in_place = a;  // the residual stream's form: out is a
+    backend().add(view(in_place.data(), {n}), view(b.data(), {n}), view(in_place.data(), {n}));
+    EXPECT_EQ(in_place, sum_ref) << "add in place " << what;
+    std::vector<float> scaled(a.size()), scaled_ref(a.size());
+    backend().scale(view(a.data(), {n}), 0.375f, view(scaled.data(), {n}));
+    oracle().scale(view(a.data(), {n}), 0.375f, view(scaled_ref.data(), {n}));
+    EXPECT_EQ(scaled, scaled_ref) << "scale " << what;
+    // Both are linear: the gradient of <add(a, b), r> in a is r, of <scale(a), r> is 0.375 r.
+    const std::vector<float> r = random_vec(a.size(), ++seed);
+    std::vector<float> grad_scale(r.size());
+    for (size_t i = 0; i < r.size(); ++i) grad_scale[i] = 0.375f * r[i];
+    if (n <= 37) {
+      auto add_loss = [&] {
+        backend().add(view(a.data(), {n}), view(b.data(), {n}), view(sum.data(), {n}));
+        return project(sum.data(), r);
+      };
+      expect_close(check_all(a.data(), a.size(), r.data(), kFdEps, add_loss), "add da " + what);
+      auto scale_loss = [&] {
+        backend().scale(view(a.data(), {n}), 0.375f, view(scaled.data(), {n}));
+        return project(scaled.data(), r);
+      };
+      expect_close(check_all(a.data(), a.size(), grad_scale.data(), kFdEps, scale_loss),
+                   "scale da " + what);
+    }
+  }
+  std::vector<float> x(6);
+  EXPECT_THROW(backend().add(view(x.data(), {6}), view(x.data(), {5}), view(x.data(), {6})), Error);
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   std::vector<float> x(12), y(12), w(4), rstd(3);
   EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),

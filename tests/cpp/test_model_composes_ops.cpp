@@ -13,9 +13,8 @@
 namespace moecore {
 namespace {
 
-// Not yet moved: the KV-cache attention of inference and the transformer's logits-gradient
-// scaling.
-const std::set<std::string> kNotYetMoved = {"inference.cpp", "transformer.cpp"};
+// Not yet moved: the KV-cache attention of inference.
+const std::set<std::string> kNotYetMoved = {"inference.cpp"};
 
 // A line marks a kernel when, without its blanks, it is an OpenMP pragma or include, or it names
 // the SIMD-clone macro. (Plain string search: GCC 12's std::regex trips -Wmaybe-uninitialized

@@ -31,6 +31,8 @@ const KernelBackend& cpu_backend() {
       .router_probability_column_sums = &kernels::router_probability_column_sums,
       .grouped_gemm_forward = &kernels::grouped_gemm_forward,
       .grouped_gemm_backward = &kernels::grouped_gemm_backward,
+      .add = &kernels::add,
+      .scale = &kernels::scale,
   };
   return backend;
 }

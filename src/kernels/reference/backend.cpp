@@ -31,6 +31,8 @@ const KernelBackend& reference_backend() {
       .router_probability_column_sums = &kernels::reference::router_probability_column_sums,
       .grouped_gemm_forward = &kernels::reference::grouped_gemm_forward,
       .grouped_gemm_backward = &kernels::reference::grouped_gemm_backward,
+      .add = &kernels::reference::add,
+      .scale = &kernels::reference::scale,
   };
   return backend;
 }
