@@ -39,6 +39,7 @@ struct KernelBackend {
   decltype(&kernels::grouped_gemm_backward) grouped_gemm_backward;
   decltype(&kernels::add) add;
   decltype(&kernels::scale) scale;
+  decltype(&kernels::cached_attention_forward) cached_attention_forward;
 };
 
 // The plain-loop oracle (kernels/reference/).

@@ -775,6 +775,47 @@ TEST_P(KernelOps, AddAndScaleMatchReference) {
   EXPECT_THROW(backend().add(view(x.data(), {6}), view(x.data(), {5}), view(x.data(), {6})), Error);
 }
 
+// Decoding attention over a cache has no backward (inference only); besides the oracle it must
+// equal the training kernel's causal attention on the same positions.
+TEST_P(KernelOps, CachedAttentionMatchesReference) {
+  struct Case {
+    int64_t first_position, n, heads, kv_heads, head_dim;
+  };
+  uint32_t seed = 1500;
+  for (const Case c : {Case{0, 1, 1, 1, 1}, Case{4, 1, 4, 2, 3}, Case{0, 9, 3, 1, 5},
+                       Case{6, 3, 2, 2, 17}, Case{0, 40, 4, 4, 32}}) {
+    const int64_t keys = c.first_position + c.n, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
+    const std::string what = "p0=" + std::to_string(c.first_position) +
+                             " n=" + std::to_string(c.n) + " H=" + std::to_string(H) +
+                             " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd);
+    // All positions' queries; the cached call sees the last n of them.
+    const std::vector<float> q_all = random_vec(static_cast<size_t>(keys * H * hd), ++seed);
+    const std::vector<float> k = random_vec(static_cast<size_t>(keys * KV * hd), ++seed);
+    const std::vector<float> v = random_vec(k.size(), ++seed);
+    const float* q = q_all.data() + c.first_position * H * hd;
+    std::vector<float> out(static_cast<size_t>(c.n * H * hd)), out_ref(out.size());
+    backend().cached_attention_forward(view(q, {c.n, H, hd}), view(k.data(), {keys, KV, hd}),
+                                       view(v.data(), {keys, KV, hd}), c.first_position,
+                                       view(out.data(), {c.n, H, hd}));
+    oracle().cached_attention_forward(view(q, {c.n, H, hd}), view(k.data(), {keys, KV, hd}),
+                                      view(v.data(), {keys, KV, hd}), c.first_position,
+                                      view(out_ref.data(), {c.n, H, hd}));
+    expect_nmse(out, out_ref, keys + hd, "cached_attention " + what);
+    std::vector<float> full(q_all.size()), probs(static_cast<size_t>(H * keys * keys));
+    backend().causal_attention_forward(
+        view(q_all.data(), {1, keys, H, hd}), view(k.data(), {1, keys, KV, hd}),
+        view(v.data(), {1, keys, KV, hd}), view(full.data(), {1, keys, H, hd}),
+        view(probs.data(), {1, H, keys, keys}), ConstTensorView{});
+    const std::vector<float> tail(full.begin() + c.first_position * H * hd, full.end());
+    expect_nmse(out, tail, keys + hd, "cached vs causal attention " + what);
+  }
+  std::vector<float> x(12);
+  EXPECT_THROW(
+      backend().cached_attention_forward(view(x.data(), {1, 3, 2}), view(x.data(), {1, 2, 2}),
+                                         view(x.data(), {1, 2, 2}), 0, view(x.data(), {1, 3, 2})),
+      Error);
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   std::vector<float> x(12), y(12), w(4), rstd(3);
   EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),

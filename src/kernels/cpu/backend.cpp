@@ -33,6 +33,7 @@ const KernelBackend& cpu_backend() {
       .grouped_gemm_backward = &kernels::grouped_gemm_backward,
       .add = &kernels::add,
       .scale = &kernels::scale,
+      .cached_attention_forward = &kernels::cached_attention_forward,
   };
   return backend;
 }

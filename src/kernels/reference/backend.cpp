@@ -33,6 +33,7 @@ const KernelBackend& reference_backend() {
       .grouped_gemm_backward = &kernels::reference::grouped_gemm_backward,
       .add = &kernels::reference::add,
       .scale = &kernels::reference::scale,
+      .cached_attention_forward = &kernels::reference::cached_attention_forward,
   };
   return backend;
 }
