@@ -409,10 +409,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                           dbranch.data(), at(grads, s.mlp_gate), at(grads, s.mlp_down),
                           scratch_dact.data(), scratch_dgu.data(), false);
     } else {
-      for (int64_t e = 0; e < c.num_experts; ++e)
-        lb_grad[static_cast<size_t>(e)] =
-            act.lb_score_grad[j * static_cast<size_t>(c.num_experts) + static_cast<size_t>(e)] *
-            loss_scale;
+      kernels::scale(
+          view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),
+          loss_scale, view(lb_grad.data(), {c.num_experts}));
       moe_.backward(moe_weights(params, i), moe_weights(grads, i), ffn_in, d_ffn_out, lc.moe,
                     lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
     }
