@@ -16,13 +16,7 @@
 
 namespace moecore::cli {
 
-namespace {
-
-// A [B, T] int32/int64 array of token ids (or targets) from a .npy file.
-struct IdArray {
-  std::vector<int32_t> values;
-  int64_t batch = 0, seq = 0;
-};
+namespace {}  // namespace
 
 IdArray read_ids(const std::string& path) {
   const data::NpyFile file = data::NpyFile::open(path);
@@ -40,6 +34,8 @@ IdArray read_ids(const std::string& path) {
   }
   return ids;
 }
+
+namespace {
 
 struct DebugSetup {
   RunConfig config;

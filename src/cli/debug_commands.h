@@ -4,8 +4,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace moecore::cli {
+
+// A [B, T] int32/int64 array of token ids (or targets) from a .npy file.
+struct IdArray {
+  std::vector<int32_t> values;
+  int64_t batch = 0, seq = 0;
+};
+IdArray read_ids(const std::string& path);
 
 struct DebugArgs {
   std::string config, weights, tokens, targets, out;

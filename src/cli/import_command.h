@@ -7,8 +7,9 @@
 //   tokenizer.json     HF_DIR's, when it has one
 // so that `eval`, `generate` and `debug-state` read it like a checkpoint, transformers loads it,
 // and `train --init-from DIR` starts from it. The directory is written into a staging sibling,
-// self-checked there (read back as a run reads it, its logits on a fixed batch must equal the
-// imported model's bit for bit) and only then renamed into place: a failed check leaves nothing.
+// self-checked there (train/round_trip_check.h: read back as a run reads it, its logits on a fixed
+// batch must equal the imported model's bit for bit) and only then renamed into place: a failed
+// check leaves nothing.
 #pragma once
 
 #include <string>

@@ -10,6 +10,8 @@
 
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
+#include "cli/diff_command.h"
+#include "cli/dump_command.h"
 #include "cli/import_command.h"
 #include "cli/init_from.h"
 #include "cli/job_commands.h"
@@ -74,6 +76,41 @@ int main(int argc, char** argv) {
   add_debug_options(debug_steps);
   cli::add_int_option(debug_steps, "--steps", debug.steps, "optimizer steps", 0, 1000000)
       ->required();
+
+  moecore::cli::DumpArgs dump_args;
+  std::string dump_out;
+  auto add_run_options = [&](CLI::App* cmd, moecore::cli::DumpArgs& run) {
+    cmd->add_option("--set", run.overrides, "override, e.g. --set train.precision=bf16");
+    cmd->add_option("--weights", run.weights,
+                    "weights .safetensors (default: the initialisation of train.seed)");
+    cmd->add_option("--tokens", run.tokens,
+                    "int32/int64 [B, T] .npy (default: the first batch of data.train)");
+    cmd->add_option("--targets", run.targets, "int32/int64 [B, T] .npy (-100 = ignore)");
+    cli::add_int_option(cmd, "--batch-size", run.batch_size,
+                        "instances of data.train (default: one micro-batch)", 0, 1 << 20);
+  };
+  CLI::App* dump = app.add_subcommand(
+      "dump", "one batch's forward and backward, every activation and gradient in order");
+  dump->add_option("config", dump_args.config, "config TOML")->required();
+  add_run_options(dump, dump_args);
+  dump->add_option("--out", dump_out, "output directory (new or empty)")->required();
+
+  moecore::cli::DiffArgs diff_args;
+  double diff_threshold = 0.0;
+  CLI::App* diff = app.add_subcommand(
+      "diff", "where two precisions or builds part: DUMP_A DUMP_B, or CONFIG --a-set --b-set");
+  diff->add_option("inputs", diff_args.inputs, "two `moecore dump` directories, or one config")
+      ->required()
+      ->expected(1, 2);
+  add_run_options(diff, diff_args.run);
+  diff->add_option("--a-set", diff_args.a_set, "config mode: an override of side A only");
+  diff->add_option("--b-set", diff_args.b_set, "config mode: an override of side B only");
+  CLI::Option* threshold_option =
+      cli::add_float_option(diff, "--threshold", diff_threshold,
+                            "normalised error beyond which runs part (default: from the "
+                            "precisions)",
+                            0.0, 1e30);
+  diff->add_flag("--json", diff_args.json, "one JSON object instead of the table");
 
   std::string train_config;
   std::vector<std::string> overrides;
@@ -247,7 +284,8 @@ int main(int argc, char** argv) {
     if (!known) {
       fmt::print(stderr,
                  "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "train, import, tokenizer, prepare, eval, data, generate, bench, plan, mx)\n",
+                 "dump, diff, train, import, tokenizer, prepare, eval, data, generate, bench, "
+                 "plan, mx)\n",
                  moecore::escape_for_message(argv[1]));
       return 2;
     }
@@ -260,7 +298,20 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "moecore: error: {}\n", moecore::escape_for_message(e.what()));
+    // diff documents 2 for every bad input, its command line included.
+    if (diff->parsed()) return cli::kDiffExitBadInput;
     return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
+  }
+
+  if (diff->parsed()) {
+    // Exit 0 (within the threshold), 1 (parted) or 2 (bad input: any error here).
+    try {
+      if (threshold_option->count() > 0) diff_args.threshold = diff_threshold;
+      return cli::run_diff(diff_args);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "moecore: error: {}\n", moecore::escape_for_message(e.what()));
+      return cli::kDiffExitBadInput;
+    }
   }
 
   try {
@@ -270,6 +321,8 @@ int main(int argc, char** argv) {
       cli::run_debug_state(debug);
     } else if (debug_steps->parsed()) {
       cli::run_debug_steps(debug);
+    } else if (dump->parsed()) {
+      cli::run_dump(dump_args, dump_out);
     } else if (train->parsed()) {
       const moecore::RunConfig run_config =
           train_options.init_from.empty()

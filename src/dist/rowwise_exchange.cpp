@@ -3,17 +3,10 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/to_size.h"
 #include "dist/rowwise_plan.h"
 
 namespace moecore::dist {
-
-namespace {
-
-size_t at(int64_t i) {
-  return static_cast<size_t>(i);
-}
-
-}  // namespace
 
 WindowRowwiseExchange::WindowRowwiseExchange(const Communicator& group,
                                              const Communicator& window_group,
@@ -26,7 +19,7 @@ WindowRowwiseExchange::WindowRowwiseExchange(const Communicator& group,
             "of {} ranks",
             window_group.name(), window_group.size(), group.name(), group.size());
   const int64_t mine = window_group.rank();
-  std::vector<int64_t> ranks(at(group.size()));
+  std::vector<int64_t> ranks(to_size(group.size()));
   group.allgather(&mine, ranks.data(), 1);
   window_rank_.assign(ranks.begin(), ranks.end());
 }
@@ -55,13 +48,13 @@ RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_count
   const int64_t stride = e_count + 1;
   std::vector<int64_t> mine(expert_counts);
   mine.push_back(routes);
-  std::vector<int64_t> all(at(ranks * stride));
+  std::vector<int64_t> all(to_size(ranks * stride));
   group_.allgather(mine.data(), all.data(), stride);
-  std::vector<int64_t> requests(at(ranks * e_count));
+  std::vector<int64_t> requests(to_size(ranks * e_count));
   int64_t max_routes = 0;
   for (int64_t src = 0; src < ranks; ++src) {
     std::copy_n(all.begin() + src * stride, e_count, requests.begin() + src * e_count);
-    max_routes = std::max(max_routes, all[at(src * stride + e_count)]);
+    max_routes = std::max(max_routes, all[to_size(src * stride + e_count)]);
   }
 
   // 2. The static capacity per rank from the routes of one rank (the largest, should the ranks
@@ -95,9 +88,9 @@ void WindowRowwiseExchange::put_rows(const float* src, int64_t routes_per_row,
   input_->fence();
   const int64_t routes = static_cast<int64_t>(targets.size());
   for (int64_t r = 0; r < routes; ++r) {
-    const RowTarget& t = targets[at(r)];
+    const RowTarget& t = targets[to_size(r)];
     if (t.rank < 0) continue;
-    input_->put(src + (r / routes_per_row) * width, width, window_rank_[at(t.rank)],
+    input_->put(src + (r / routes_per_row) * width, width, window_rank_[to_size(t.rank)],
                 static_cast<int64_t>(t.row) * width);
   }
   input_->fence();
@@ -108,9 +101,9 @@ void WindowRowwiseExchange::get_rows(float* dst, const std::vector<RowTarget>& t
   output_->fence();
   const int64_t routes = static_cast<int64_t>(targets.size());
   for (int64_t r = 0; r < routes; ++r) {
-    const RowTarget& t = targets[at(r)];
+    const RowTarget& t = targets[to_size(r)];
     if (t.rank < 0) continue;
-    output_->get(dst + r * width, width, window_rank_[at(t.rank)],
+    output_->get(dst + r * width, width, window_rank_[to_size(t.rank)],
                  static_cast<int64_t>(t.row) * width);
   }
   output_->fence();

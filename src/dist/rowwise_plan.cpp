@@ -5,16 +5,9 @@
 #include <limits>
 
 #include "core/check.h"
+#include "core/to_size.h"
 
 namespace moecore::dist {
-
-namespace {
-
-size_t at(int64_t i) {
-  return static_cast<size_t>(i);
-}
-
-}  // namespace
 
 int64_t rowwise_capacity(double capacity_factor, int64_t max_routes) {
   MOE_CHECK(capacity_factor > 0.0, "[parallel] parallel.capacity_factor={} must be positive",
@@ -38,21 +31,21 @@ RowwiseKeep rowwise_keep(const std::vector<int64_t>& requests, int64_t ranks, in
   keep.capacity = capacity;
   keep.kept.assign(requests.size(), 0);
   keep.first_row.assign(requests.size(), 0);
-  keep.expert_offsets.assign(at(ranks * (local_experts + 1)), 0);
+  keep.expert_offsets.assign(to_size(ranks * (local_experts + 1)), 0);
   for (int64_t dst = 0; dst < ranks; ++dst) {
     int64_t filled = 0;
     for (int64_t le = 0; le < local_experts; ++le) {
       const int64_t e = dst * local_experts + le;
       for (int64_t src = 0; src < ranks; ++src) {
-        const int64_t requested = requests[at(src * e_count + e)];
+        const int64_t requested = requests[to_size(src * e_count + e)];
         const int64_t kept = std::clamp<int64_t>(capacity - filled, 0, requested);
-        keep.first_row[at(src * e_count + e)] = filled;
-        keep.kept[at(src * e_count + e)] = kept;
+        keep.first_row[to_size(src * e_count + e)] = filled;
+        keep.kept[to_size(src * e_count + e)] = kept;
         filled += kept;
         keep.routes += requested;
         keep.dropped += requested - kept;
       }
-      keep.expert_offsets[at(dst * (local_experts + 1) + le + 1)] = filled;
+      keep.expert_offsets[to_size(dst * (local_experts + 1) + le + 1)] = filled;
     }
   }
   return keep;
@@ -64,16 +57,17 @@ RowwisePlan rowwise_targets(const RowwiseKeep& keep, int64_t rank, const int32_t
   RowwisePlan plan;
   const auto offsets = keep.expert_offsets.begin() + rank * (keep.local_experts + 1);
   plan.expert_offsets.assign(offsets, offsets + keep.local_experts + 1);
-  plan.targets.assign(at(routes), RowTarget{});
-  std::vector<int64_t> next(at(e_count), 0);
+  plan.targets.assign(to_size(routes), RowTarget{});
+  std::vector<int64_t> next(to_size(e_count), 0);
   for (int64_t r = 0; r < routes; ++r) {
     const int64_t e = topk_index[r];
     MOE_CHECK(e >= 0 && e < e_count,
               "[parallel] rowwise dispatch: route {} goes to expert {} of {}", r, e, e_count);
-    const int64_t i = next[at(e)]++;
-    if (i < keep.kept[at(rank * e_count + e)]) {
-      plan.targets[at(r)] = {static_cast<int32_t>(e / keep.local_experts),
-                             static_cast<int32_t>(keep.first_row[at(rank * e_count + e)] + i)};
+    const int64_t i = next[to_size(e)]++;
+    if (i < keep.kept[to_size(rank * e_count + e)]) {
+      plan.targets[to_size(r)] = {
+          static_cast<int32_t>(e / keep.local_experts),
+          static_cast<int32_t>(keep.first_row[to_size(rank * e_count + e)] + i)};
     } else {
       ++plan.dropped;
     }

@@ -6,18 +6,11 @@
 
 #include "core/check.h"
 #include "core/phase_timer.h"
+#include "core/to_size.h"
 #include "kernels/ops.h"
 #include "model/swiglu_mlp.h"
 
 namespace moecore {
-
-namespace {
-
-size_t at(int64_t i) {
-  return static_cast<size_t>(i);
-}
-
-}  // namespace
 
 MoeBlock::Dispatch MoeBlock::choose_dispatch(const ModelConfig& config, ExpertShard shard,
                                              const ExpertExchange* exchange) {
@@ -56,8 +49,8 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertForward);
   if (hs > 0) {
-    cache.shared_gu.resize(at(tokens * 2 * hs));
-    cache.shared_act.resize(at(tokens * hs));
+    cache.shared_gu.resize(to_size(tokens * 2 * hs));
+    cache.shared_act.resize(to_size(tokens * hs));
     swiglu_mlp_forward({tokens, d, hs}, x, w.shared_gate_up, w.shared_down, cache.shared_gu.data(),
                        cache.shared_act.data(), y);
   } else {
@@ -80,15 +73,15 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
 
   // Combine backward at the source: d output(t, j) = weight * dy[t]; d weight = <dy[t], output>.
   ScopedPhase timer(Phase::kCombineBackward);
-  std::vector<float> dy_send(at(routes * d));
-  std::vector<float> d_weight(at(routes));
+  std::vector<float> dy_send(to_size(routes * d));
+  std::vector<float> d_weight(to_size(routes));
   kernels::moe_combine_backward(
       view(dy, {tokens, d}), view(cache.routed.y_back.data(), {routes, d}),
       view(cache.routed.send_pos.data(), {tokens, k}),
       view(cache.router.topk_weight.data(), {tokens, k}), view(dy_send.data(), {routes, d}),
       view(d_weight.data(), {tokens, k}));
 
-  std::vector<float> dx_send(at(routes * d));
+  std::vector<float> dx_send(to_size(routes * d));
   timer.stop();  // the dispatch paths time their own phases
   std::visit(
       [&](const auto& dispatch) {
@@ -104,8 +97,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertBackward);
   if (hs > 0) {
-    std::vector<float> shared_dact(at(tokens * hs));
-    std::vector<float> shared_dgu(at(tokens * 2 * hs));
+    std::vector<float> shared_dact(to_size(tokens * hs));
+    std::vector<float> shared_dgu(to_size(tokens * 2 * hs));
     swiglu_mlp_backward({tokens, d, hs}, dy, x, w.shared_gate_up, w.shared_down,
                         cache.shared_gu.data(), cache.shared_act.data(), dx, dw.shared_gate_up,
                         dw.shared_down, shared_dact.data(), shared_dgu.data(), true);

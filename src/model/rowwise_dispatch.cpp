@@ -4,16 +4,9 @@
 #include <utility>
 
 #include "core/phase_timer.h"
+#include "core/to_size.h"
 
 namespace moecore {
-
-namespace {
-
-size_t at(int64_t i) {
-  return static_cast<size_t>(i);
-}
-
-}  // namespace
 
 void RowwiseDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
                               const RouterState& router, RoutedRows& routed, Cache& cache) const {
@@ -22,8 +15,8 @@ void RowwiseDispatch::forward(const MoeWeights& w, const float* x, int64_t token
   const int64_t routes = tokens * k, local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
   // Buffers at the source stay in route order; the plan says where each route's row goes.
-  routed.send_pos.resize(at(routes));
-  for (int64_t r = 0; r < routes; ++r) routed.send_pos[at(r)] = static_cast<int32_t>(r);
+  routed.send_pos.resize(to_size(routes));
+  for (int64_t r = 0; r < routes; ++r) routed.send_pos[to_size(r)] = static_cast<int32_t>(r);
   RowwisePlan plan =
       exchange_.plan(router.expert_counts, router.topk_index.data(), routes, local, d);
   cache.targets = std::move(plan.targets);
@@ -32,18 +25,18 @@ void RowwiseDispatch::forward(const MoeWeights& w, const float* x, int64_t token
 
   // Token rows straight into the destinations' expert-major input buffers; ours is then complete.
   exchange_.put_rows(x, k, cache.targets, d);
-  const int64_t received = cache.experts.expert_offsets[at(local)];
+  const int64_t received = cache.experts.expert_offsets[to_size(local)];
   const float* x_in = exchange_.input();
   float* y_out = exchange_.output();
   // The backward needs the inputs after later layers have reused the buffer: a plain copy.
   cache.experts.x.assign(x_in, x_in + received * d);
-  cache.experts.gu.resize(at(received * 2 * h));
-  cache.experts.act.resize(at(received * h));
+  cache.experts.gu.resize(to_size(received * 2 * h));
+  cache.experts.act.resize(to_size(received * h));
   timer.switch_to(Phase::kExpertsForward);
   grouped_experts_forward(config_, local, w, cache.experts, y_out);
   timer.switch_to(Phase::kCombineForward);
   // Each kept route's output fetched from its destination; dropped routes contribute zero.
-  routed.y_back.assign(at(routes * d), 0.0f);
+  routed.y_back.assign(to_size(routes * d), 0.0f);
   exchange_.get_rows(routed.y_back.data(), cache.targets, d);
 }
 

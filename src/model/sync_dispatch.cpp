@@ -1,17 +1,10 @@
 #include "model/sync_dispatch.h"
 
 #include "core/phase_timer.h"
+#include "core/to_size.h"
 #include "kernels/ops.h"
 
 namespace moecore {
-
-namespace {
-
-size_t at(int64_t i) {
-  return static_cast<size_t>(i);
-}
-
-}  // namespace
 
 void SyncDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
                            const RouterState& router, RoutedRows& routed, Cache& cache) const {
@@ -21,40 +14,40 @@ void SyncDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
   const int64_t ranks = exchange_.ranks(), local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
   order_routes_by_expert(router, e_count, routes, routed.send_pos);
-  cache.send_rows.assign(at(ranks), 0);
+  cache.send_rows.assign(to_size(ranks), 0);
   for (int64_t e = 0; e < e_count; ++e)
-    cache.send_rows[at(e / local)] += router.expert_counts[at(e)];
-  std::vector<float> x_send(at(routes * d));
+    cache.send_rows[to_size(e / local)] += router.expert_counts[to_size(e)];
+  std::vector<float> x_send(to_size(routes * d));
   kernels::permute_rows(view(x, {tokens, d}), view(routed.send_pos.data(), {routes}), k,
                         view(x_send.data(), {routes, d}));
 
   // Counts per (source, local expert), then the rows.
   exchange_.exchange_counts(router.expert_counts, cache.recv_counts, local);
-  cache.recv_rows.assign(at(ranks), 0);
+  cache.recv_rows.assign(to_size(ranks), 0);
   std::vector<int64_t>& offsets = cache.experts.expert_offsets;
-  offsets.assign(at(local + 1), 0);
+  offsets.assign(to_size(local + 1), 0);
   for (int64_t src = 0; src < ranks; ++src)
     for (int64_t le = 0; le < local; ++le) {
-      cache.recv_rows[at(src)] += cache.recv_counts[at(src * local + le)];
-      offsets[at(le + 1)] += cache.recv_counts[at(src * local + le)];
+      cache.recv_rows[to_size(src)] += cache.recv_counts[to_size(src * local + le)];
+      offsets[to_size(le + 1)] += cache.recv_counts[to_size(src * local + le)];
     }
-  for (int64_t le = 0; le < local; ++le) offsets[at(le + 1)] += offsets[at(le)];
-  const int64_t received = offsets[at(local)];
-  std::vector<float> x_recv(at(received * d));
+  for (int64_t le = 0; le < local; ++le) offsets[to_size(le + 1)] += offsets[to_size(le)];
+  const int64_t received = offsets[to_size(local)];
+  std::vector<float> x_recv(to_size(received * d));
   exchange_.exchange_rows(x_send.data(), cache.send_rows, x_recv.data(), cache.recv_rows, d);
 
   // Received rows come source-major; the grouped GEMM wants them expert-major.
-  cache.recv_to_expert.resize(at(received));
+  cache.recv_to_expert.resize(to_size(received));
   std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
   int64_t row = 0;
   for (int64_t src = 0; src < ranks; ++src)
     for (int64_t le = 0; le < local; ++le)
-      for (int64_t i = 0; i < cache.recv_counts[at(src * local + le)]; ++i)
-        cache.recv_to_expert[at(row++)] = static_cast<int32_t>(fill[at(le)]++);
-  cache.experts.x.resize(at(received * d));
-  cache.experts.gu.resize(at(received * 2 * h));
-  cache.experts.act.resize(at(received * h));
-  cache.y_perm.resize(at(received * d));
+      for (int64_t i = 0; i < cache.recv_counts[to_size(src * local + le)]; ++i)
+        cache.recv_to_expert[to_size(row++)] = static_cast<int32_t>(fill[to_size(le)]++);
+  cache.experts.x.resize(to_size(received * d));
+  cache.experts.gu.resize(to_size(received * 2 * h));
+  cache.experts.act.resize(to_size(received * h));
+  cache.y_perm.resize(to_size(received * d));
   const ConstTensorView to_expert = view(cache.recv_to_expert.data(), {received});
   kernels::permute_rows(view(x_recv.data(), {received, d}), to_expert, 1,
                         view(cache.experts.x.data(), {received, d}));
@@ -64,10 +57,10 @@ void SyncDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
 
   // Outputs back to their sources, in send order.
   timer.switch_to(Phase::kCombineForward);
-  std::vector<float> y_recv(at(received * d));
+  std::vector<float> y_recv(to_size(received * d));
   kernels::gather_rows(view(cache.y_perm.data(), {received, d}), to_expert,
                        view(y_recv.data(), {received, d}));
-  routed.y_back.resize(at(routes * d));
+  routed.y_back.resize(to_size(routes * d));
   exchange_.exchange_rows(y_recv.data(), cache.recv_rows, routed.y_back.data(), cache.send_rows, d);
 }
 
@@ -75,22 +68,22 @@ void SyncDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cac
                             const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
-  const int64_t received = cache.experts.expert_offsets[at(local)];
+  const int64_t received = cache.experts.expert_offsets[to_size(local)];
   // Output gradients travel to the experts along the forward path, expert-major there.
   ScopedPhase timer(Phase::kDispatchBackward);
-  std::vector<float> dy_recv(at(received * d)), dy_perm(at(received * d));
+  std::vector<float> dy_recv(to_size(received * d)), dy_perm(to_size(received * d));
   exchange_.exchange_rows(dy_send.data(), cache.send_rows, dy_recv.data(), cache.recv_rows, d);
   const ConstTensorView to_expert = view(cache.recv_to_expert.data(), {received});
   kernels::permute_rows(view(dy_recv.data(), {received, d}), to_expert, 1,
                         view(dy_perm.data(), {received, d}));
 
-  std::vector<float> dx_perm(at(received * d));
+  std::vector<float> dx_perm(to_size(received * d));
   timer.switch_to(Phase::kExpertsBackward);
   grouped_experts_backward(config_, local, w, dw, cache.experts, dy_perm.data(), dx_perm.data());
   timer.switch_to(Phase::kCombineBackward);
 
   // Input gradients back to the source; dx[t] = sum over its routes.
-  std::vector<float> dx_recv(at(received * d));
+  std::vector<float> dx_recv(to_size(received * d));
   kernels::gather_rows(view(dx_perm.data(), {received, d}), to_expert,
                        view(dx_recv.data(), {received, d}));
   exchange_.exchange_rows(dx_recv.data(), cache.recv_rows, dx_send.data(), cache.send_rows, d);

@@ -1,5 +1,7 @@
 #include "model/transformer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/check.h"
@@ -45,6 +47,13 @@ float* at(const ParamBuffers& buffers, const ParamSpec* spec) {
   if (spec == nullptr) return nullptr;
   // Forward passes only read through these views; one binder serves weights and gradients.
   return const_cast<float*>(buffers.at(*spec));
+}
+
+// A norm's output is named by its module (its weight's name without ".weight"), inside its layer.
+std::string_view norm_module(const ParamSpec* spec) {
+  std::string_view name = spec->name;
+  name.remove_suffix(std::string_view(".weight").size());
+  return name.substr(name.find('.', std::string_view("model.layers.").size()) + 1);
 }
 
 }  // namespace
@@ -104,6 +113,64 @@ const RouterState* Transformer::router_state(int64_t layer) const {
               .moe.router;
 }
 
+void Transformer::observe(const std::string& name, ConstTensorView tensor) const {
+  if (observer_) observer_(name, tensor);
+}
+
+void Transformer::observe_layer(int64_t layer, std::string_view module, ConstTensorView tensor,
+                                bool gradient) const {
+  if (!observer_) return;
+  observer_(fmt::format("{}model.layers.{}{}{}", gradient ? "grad." : "", layer,
+                        module.empty() ? "" : ".", module),
+            tensor);
+}
+
+void Transformer::observe_attention(int64_t layer, const AttentionCache& cache,
+                                    const float* out) const {
+  if (!observer_) return;
+  const AttentionShape& s = cache.shape;
+  const int64_t n = s.batch * s.seq;
+  if (config_.qk_norm != QkNorm::kNone) {
+    observe_layer(layer, "self_attn.q_proj", view(cache.q_raw.data(), {n, s.n_heads * s.head_dim}));
+    observe_layer(layer, "self_attn.k_proj",
+                  view(cache.k_raw.data(), {n, s.n_kv_heads * s.head_dim}));
+  }
+  observe_layer(layer, "self_attn.q",
+                view(cache.q.data(), {s.batch, s.seq, s.n_heads, s.head_dim}));
+  observe_layer(layer, "self_attn.k",
+                view(cache.k.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}));
+  observe_layer(layer, "self_attn.v",
+                view(cache.v.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}));
+  observe_layer(layer, "self_attn.context",
+                view(cache.context.data(), {s.batch, s.seq, s.n_heads, s.head_dim}));
+  observe_layer(layer, "self_attn.o_proj", view(out, {n, config_.hidden_size}));
+}
+
+void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t tokens,
+                              const float* out) const {
+  if (!observer_) return;
+  const int64_t d = config_.hidden_size;
+  if (config_.layer_is_dense(layer)) {
+    observe_layer(layer, "mlp.gate_up",
+                  view(cache.mlp_gu.data(), {tokens, 2 * config_.intermediate_size}));
+  } else {
+    const RouterState& r = cache.moe.router;
+    const int64_t e = config_.num_experts, k = config_.num_experts_per_tok;
+    observe_layer(layer, "mlp.gate", view(r.logits.data(), {tokens, e}));
+    observe_layer(layer, "mlp.router_scores", view(r.scores.data(), {tokens, e}));
+    observe_layer(layer, "mlp.topk_index", view(r.topk_index.data(), {tokens, k}));
+    observe_layer(layer, "mlp.topk_weight", view(r.topk_weight.data(), {tokens, k}));
+    // Each route's output in (token, slot) order, whatever order the dispatch sent it in.
+    std::vector<float> by_route(static_cast<size_t>(tokens * k * d));
+    kernels::gather_rows(view(cache.moe.routed.y_back.data(),
+                              {static_cast<int64_t>(cache.moe.routed.y_back.size()) / d, d}),
+                         view(cache.moe.routed.send_pos.data(), {tokens * k}),
+                         view(by_route.data(), {tokens * k, d}));
+    observe_layer(layer, "mlp.experts", view(by_route.data(), {tokens, k, d}));
+  }
+  observe_layer(layer, "mlp", view(out, {tokens, d}));
+}
+
 const std::vector<float>& Transformer::logits() const {
   MOE_CHECK(last_slot_ >= 0 && has_head(), "[model] logits() needs a forward() of the head first");
   return slots_[static_cast<size_t>(last_slot_)]->logits;
@@ -156,6 +223,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     act.tokens.assign(tokens, tokens + n);
     kernels::embedding_forward(view(tokens, {n}), view(at(params, embed_), {v, d}),
                                view(act.residual[0].data(), {n, d}));
+    observe("model.embed_tokens", view(act.residual[0].data(), {n, d}));
   } else {
     std::copy_n(hidden_in, n * d, act.residual[0].data());
   }
@@ -183,20 +251,27 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       lc.attn_out.resize(static_cast<size_t>(n * d));
       attention_.forward(attention_weights(params, i), x, batch, seq, lc.attn_out.data(),
                          lc.attention, doc_start);
+      observe_attention(i, lc.attention, lc.attn_out.data());
       kernels::rmsnorm_forward(view(lc.attn_out.data(), {n, d}),
                                view(at(params, s.input_norm), {d}), view(branch.data(), {n, d}),
                                view(lc.rstd1.data(), {n}), eps);
+      observe_layer(i, norm_module(s.input_norm), view(branch.data(), {n, d}));
       kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
+      observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
     } else {
       lc.h1.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_forward(view(x, {n, d}), view(at(params, s.input_norm), {d}),
                                view(lc.h1.data(), {n, d}), view(lc.rstd1.data(), {n}), eps);
+      observe_layer(i, norm_module(s.input_norm), view(lc.h1.data(), {n, d}));
       attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
                          lc.attention, doc_start);
+      observe_attention(i, lc.attention, branch.data());
       kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
+      observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
       lc.h2.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_forward(view(lc.mid.data(), {n, d}), view(at(params, s.post_norm), {d}),
                                view(lc.h2.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
+      observe_layer(i, norm_module(s.post_norm), view(lc.h2.data(), {n, d}));
     }
     const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
     float* ffn_out = branch.data();
@@ -215,11 +290,15 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
                                  routing_token_offset_};
       moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
     }
-    if (reordered)
+    observe_ffn(i, lc, n, ffn_out);
+    if (reordered) {
       kernels::rmsnorm_forward(view(lc.ffn_out.data(), {n, d}), view(at(params, s.post_norm), {d}),
                                view(branch.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
+      observe_layer(i, norm_module(s.post_norm), view(branch.data(), {n, d}));
+    }
     float* out = act.residual[j + 1].data();
     kernels::add(view(lc.mid.data(), {n, d}), view(branch.data(), {n, d}), view(out, {n, d}));
+    observe_layer(i, "", view(out, {n, d}));
   }
 
   if (has_head()) {
@@ -228,9 +307,12 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     kernels::rmsnorm_forward(
         view(act.residual.back().data(), {n, d}), view(at(params, final_norm_), {d}),
         view(act.final_hidden.data(), {n, d}), view(act.final_rstd.data(), {n}), eps);
+    observe("model.norm", view(act.final_hidden.data(), {n, d}));
     act.logits.resize(static_cast<size_t>(n * v));
     ScopedPhase timer(Phase::kLmHeadForward);
     linear_forward(act.final_hidden.data(), at(params, lm_head_), act.logits.data(), n, d, v);
+    timer.stop();
+    observe("lm_head", view(act.logits.data(), {n, v}));
   } else {
     std::copy_n(act.residual.back().data(), n * d, hidden_out);
   }
@@ -364,10 +446,12 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                      view(scaled_dlogits.data(), {n, v}));
       dlogits = scaled_dlogits.data();
     }
+    observe("grad.lm_head", view(dlogits, {n, v}));
     std::vector<float> dhidden(static_cast<size_t>(n * d));
     linear_backward(dlogits, act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
                     at(grads, lm_head_), n, d, v, false);
     timer.stop();
+    observe("grad.model.norm", view(dhidden.data(), {n, d}));
     kernels::rmsnorm_backward(view(dhidden.data(), {n, d}),
                               view(act.residual.back().data(), {n, d}),
                               view(at(params, final_norm_), {d}), view(act.final_rstd.data(), {n}),
@@ -388,10 +472,12 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
     const LayerCache& lc = act.layers[j];
     const bool reordered = c.block_norm == BlockNorm::kReordered;
+    observe_layer(i, "", view(dx.data(), {n, d}), true);
     // FFN branch. Pre: out = mid + ffn(norm2(mid)); reordered: out = mid + norm2(ffn(mid)).
     // dx holds d out; d_ffn_out is the gradient reaching the FFN's output.
     const float* d_ffn_out = dx.data();
     if (reordered) {
+      observe_layer(i, norm_module(s.post_norm), view(dx.data(), {n, d}), true);
       dnorm.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.ffn_out.data(), {n, d}),
                                 view(at(params, s.post_norm), {d}), view(lc.rstd2.data(), {n}),
@@ -399,6 +485,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                 false);
       d_ffn_out = dnorm.data();
     }
+    observe_layer(i, "mlp", view(d_ffn_out, {n, d}), true);
     const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
     if (c.layer_is_dense(i)) {
       const int64_t width = c.intermediate_size;
@@ -418,31 +505,41 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     if (reordered) {
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
       kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
+      observe_layer(i, "residual_attn", view(dx.data(), {n, d}), true);
+      observe_layer(i, norm_module(s.input_norm), view(dx.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.attn_out.data(), {n, d}),
                                 view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),
                                 view(dnorm.data(), {n, d}), view(at(grads, s.input_norm), {d}),
                                 false);
+      observe_layer(i, "self_attn.o_proj", view(dnorm.data(), {n, d}), true);
       attention_.backward(attention_weights(params, i), attention_weights(grads, i),
                           act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
       kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
     } else {
+      observe_layer(i, norm_module(s.post_norm), view(dbranch.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(lc.mid.data(), {n, d}),
                                 view(at(params, s.post_norm), {d}), view(lc.rstd2.data(), {n}),
                                 view(dx.data(), {n, d}), view(at(grads, s.post_norm), {d}), true);
+      observe_layer(i, "residual_attn", view(dx.data(), {n, d}), true);
+      observe_layer(i, "self_attn.o_proj", view(dx.data(), {n, d}), true);
       // Attention branch: mid = x + attn(norm(x)).
       attention_.backward(attention_weights(params, i), attention_weights(grads, i), lc.h1.data(),
                           dx.data(), lc.attention, dbranch.data());
+      observe_layer(i, norm_module(s.input_norm), view(dbranch.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(act.residual[j].data(), {n, d}),
                                 view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),
                                 view(dx.data(), {n, d}), view(at(grads, s.input_norm), {d}), true);
     }
     if (layer_grads_ready_) layer_grads_ready_(i);
   }
-  if (has_embedding())
+  if (has_embedding()) {
+    observe("grad.model.embed_tokens", view(dx.data(), {n, d}));
     kernels::embedding_backward(view(act.tokens.data(), {n}), view(dx.data(), {n, d}),
                                 view(at(grads, embed_), {config_.vocab_size, d}));
-  else
+  } else {
+    observe_layer(layers_begin_ - 1, "", view(dx.data(), {n, d}), true);
     std::copy_n(dx.data(), n * d, d_hidden_in);
+  }
 }
 
 }  // namespace moecore

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/attention.h"
@@ -18,6 +20,7 @@
 #include "model/moe_block.h"
 #include "model/params.h"
 #include "model/rope.h"
+#include "model/tensor_observer.h"
 
 namespace moecore {
 
@@ -79,6 +82,9 @@ class Transformer {
   // last to first), so their reduction can start while earlier layers still compute.
   using LayerGradsReady = std::function<void(int64_t layer)>;
   void set_layer_grads_ready(LayerGradsReady ready) { layer_grads_ready_ = std::move(ready); }
+  // Every activation and activation gradient of the following passes, as they are computed
+  // (model/tensor_observer.h); unset: none.
+  void set_tensor_observer(TensorObserver observer) { observer_ = std::move(observer); }
 
   // Routing modes (model.routing, see router.h): the seed of the next forward() (random routing
   // derives one stream per layer and token from it; routing_forward_seed makes one per training
@@ -115,6 +121,13 @@ class Transformer {
 
   AttentionWeights attention_weights(const ParamBuffers& buffers, int64_t layer) const;
   MoeWeights moe_weights(const ParamBuffers& buffers, int64_t layer) const;
+  // The observer hooks: `name` is a full name, `module` one inside model.layers.{layer} (empty:
+  // the layer itself), "grad." prefixed for a gradient; nothing is formatted without an observer.
+  void observe(const std::string& name, ConstTensorView tensor) const;
+  void observe_layer(int64_t layer, std::string_view module, ConstTensorView tensor,
+                     bool gradient = false) const;
+  void observe_attention(int64_t layer, const AttentionCache& cache, const float* out) const;
+  void observe_ffn(int64_t layer, const LayerCache& cache, int64_t tokens, const float* out) const;
 
   ModelConfig config_;
   const ParamLayout& layout_;
@@ -131,6 +144,7 @@ class Transformer {
   int64_t last_slot_ = -1;  // of the last forward
   BatchSum batch_sum_;
   LayerGradsReady layer_grads_ready_;
+  TensorObserver observer_;
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;
   std::vector<double> selection_counts_;  // [chunk layers][E] routes since the last clear

@@ -46,6 +46,7 @@
 #include "train/profile_report.h"
 #include "train/progress.h"
 #include "train/resume_policy.h"
+#include "train/round_trip_check.h"
 #include "train/sample.h"
 #include "train/step_guard.h"
 #include "train/stop_signals.h"
@@ -306,6 +307,24 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     io::read_hf_weights(full_layout, options.init_from, full_params);
     dist::take_local(full_layout, full_params, layout, params);
   }
+  // The config.json of every checkpoint of the run.
+  const nlohmann::json hf_config = io::hf_config_json(
+      mc, tc.seq_len, tokenizer ? std::optional<int32_t>(tokenizer->eos_id()) : std::nullopt);
+  // Before the first step and before anything but the lock is in out_dir: the imported weights
+  // written as this run's checkpoints will be (fp32 weights, config.json, config.toml) and read
+  // back give the same logits (train/round_trip_check.h). Rank 0 checks the whole model, which
+  // every rank holds and takes its part of.
+  std::string init_check_line;
+  if (!options.init_from.empty()) {  // never with a checkpoint, refused above
+    const RoundTripCheck init_check =
+        round_trip_check_on_rank0(world, tc.out_dir + "/.init-from-check", full_layout, full_params,
+                                  {&config, hf_config, {}, {}}, "[init-from]");
+    init_check_line = fmt::format(
+        "init-from self-check: {} written in moecore's format and read back gives the same logits "
+        "bit for bit ({} x {} tokens, max |diff| {:.3g}, max |logit| {:.4g}; {:.1f} s)",
+        options.init_from, init_check.batch, init_check.seq, init_check.max_abs_diff,
+        init_check.max_abs_logit, init_check.seconds);
+  }
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0)
     io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");
@@ -314,8 +333,6 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   data::DataLoader loader(train_data, tc.seed, cursor);
   std::optional<io::MetricsSink> metrics;
   if (rank0) metrics.emplace(tc.out_dir, step);
-  const nlohmann::json hf_config = io::hf_config_json(
-      mc, tc.seq_len, tokenizer ? std::optional<int32_t>(tokenizer->eos_id()) : std::nullopt);
   const std::optional<int64_t> write_fault = write_fault_from_env();
   const std::string tokenizer_json = tokenizer ? tokenizer->to_json() : std::string();
 
@@ -338,6 +355,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       checkpoint                  ? fmt::format(", resumed from {} (step {})", *checkpoint, step)
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
+  if (!init_check_line.empty()) progress.message(init_check_line);
   if (world.size() > 1)
     progress.message(fmt::format(
         "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}",

@@ -17,6 +17,7 @@ struct TrainOptions {
   bool allow_config_change = false;
   // A Hugging Face model directory to take the initial weights from (io/hf_weights_reader.h)
   // instead of the seeded initialisation; the config's [model] must describe it (cli/init_from.h).
+  // Before the first step the weights pass the round-trip self-check (train/round_trip_check.h).
   // Refused when --resume finds a checkpoint: a run started from it continues from its own
   // checkpoints.
   std::string init_from;

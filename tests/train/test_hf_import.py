@@ -28,7 +28,8 @@ from safetensors.numpy import load_file as load_np
 from safetensors.torch import load_file, save_file
 
 from test_parallel import MPI_ENV, TOL as PARALLEL_TOL, final_weights, max_rel
-from test_training_job import (assert_one_line_error, run, train_rows, write_config)
+from test_training_job import (assert_one_line_error, checkpoints, run, train_rows,
+                               write_config)
 
 ORACLE_TOL = 1e-4  # transformers oracle: see the module docstring
 SEQ = 16
@@ -267,6 +268,79 @@ def test_init_from_step0_loss_is_the_imported_models(moecore_bin, hf_dirs, job_d
     assert "qk_norm = 'per_head'" in saved
 
 
+INIT_CHECK = "init-from self-check: "
+# One directory per family, both dtypes and both file layouts among them.
+INIT_VARIANT = {"olmoe": "fp32", "qwen3_moe": "bf16-sharded", "flex_olmo": "bf16"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_init_from_self_checks_and_starts_from_transformers_logits(moecore_bin, hf_dirs, job_data,
+                                                                  tmp_path, family):
+    """Before its first step, `train --init-from` writes the imported weights in moecore's format,
+    reads them back and finds the same logits bit for bit, and says so in one line. The model it
+    starts from (a 0-step run's checkpoint: the weights before the first update) has transformers'
+    logits on HF_DIR within the oracle tolerance (module docstring), and the check leaves nothing
+    behind."""
+    hf = hf_dirs[(family, INIT_VARIANT[family])]
+    out = tmp_path / "run"
+    r = run(moecore_bin, "train", init_config(tmp_path, job_data, out, max_steps=0), "--init-from",
+            hf)
+    lines = [l for l in r.stdout.splitlines() if l.startswith(INIT_CHECK)]
+    assert len(lines) == 1, r.stdout
+    assert "bit for bit (2 x 32 tokens, max |diff| 0," in lines[0], lines[0]
+    assert r.stdout.index(INIT_CHECK) < r.stdout.index("checkpoint "), "check after a save"
+    assert not (out / ".init-from-check").exists()
+    (start,) = checkpoints(out)
+    assert start.name == "step_00000000"
+    x = batch(job_data.vocab_size)
+    ref = transformers_logits(hf, x)
+    ours = moecore_logits(moecore_bin, start, x, tmp_path)
+    assert np.abs(ref).max() > 1.0, "logits too small to tell a wrong layout"
+    assert max_rel(ours, ref) <= ORACLE_TOL, (family, max_rel(ours, ref))
+
+
+def _non_finite_copy(hf_dirs, tmp_path) -> Path:
+    """A real broken checkpoint: every header, dtype and shape as expected, but the final norm's
+    weight Inf, so every logit is Inf or NaN."""
+    hf = _copy(hf_dirs, tmp_path)
+    _edit_tensors(hf / "model.safetensors",
+                  lambda t: t["model.norm.weight"].fill_(float("inf")))
+    return hf
+
+
+def test_init_from_non_finite_logits_fail_before_anything_is_written(moecore_bin, hf_dirs,
+                                                                    job_data, tmp_path):
+    """The self-check fails on weights whose logits are not finite: one line, a non-zero exit, no
+    step, no checkpoint, no metrics, no config.toml, no scratch directory; import refuses the same
+    directory. (The round trip itself cannot be made to fail from outside without a mock: fp32
+    written and read back is the same bits. Non-finite logits are the failure a user can meet.)"""
+    hf = _non_finite_copy(hf_dirs, tmp_path)
+    out = tmp_path / "run"
+    r = run(moecore_bin, "train", init_config(tmp_path, job_data, out, max_steps=1), "--init-from",
+            hf, check=False)
+    assert_one_line_error(r, "[init-from] self-check", "not finite")
+    assert INIT_CHECK not in r.stdout and "moecore train:" not in r.stdout, r.stdout
+    left = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert "checkpoints" not in left and "metrics.jsonl" not in left, left
+    assert "config.toml" not in left and ".init-from-check" not in left, left
+    _import_fails(moecore_bin, hf, tmp_path, "[import] self-check", "not finite")
+
+
+def test_init_from_failed_check_ends_every_rank(moecore_bin, hf_dirs, job_data, tmp_path):
+    """Under mpirun (ep 2, ZeRO-1) rank 0 checks and shares its verdict: every rank stops with the
+    same error, and the job exits non-zero instead of hanging, with nothing written."""
+    hf = _non_finite_copy(hf_dirs, tmp_path)
+    out = tmp_path / "run"
+    r = mpirun_init_from(moecore_bin, 2, init_config(tmp_path, job_data, out, max_steps=1,
+                                                     threads=1), hf, "parallel.ep=2",
+                         "parallel.zero=1")
+    assert r.returncode != 0
+    errors = [l for l in r.stderr.splitlines() if l.startswith("moecore: error")]
+    assert errors and all("[init-from] self-check" in e and "not finite" in e for e in errors), \
+        r.stderr
+    assert not (out / "checkpoints").exists() and not (out / "config.toml").exists()
+
+
 def test_init_from_takes_unset_keys_and_refuses_contradictions(moecore_bin, hf_dirs, job_data,
                                                                tmp_path):
     hf = hf_dirs[("olmoe", "fp32")]
@@ -335,6 +409,7 @@ def test_init_from_under_mpirun_follows_the_single_process(moecore_bin, hf_dirs,
     r = mpirun_init_from(moecore_bin, 2, init_config(tmp_path, job_data, start, "z.toml",
                                                      max_steps=0, threads=1), hf, *sets)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.count(INIT_CHECK) == 1, r.stdout  # rank 0's check, before the save
     saved = final_weights(start)
     assert saved.keys() == expected.keys()
     for k in expected:
@@ -359,7 +434,7 @@ def test_moecore_checkpoint_imports_as_itself(moecore_bin, job_data, tmp_path):
     """moecore's own export (model_type "moecore": reordered norms, sigmoid router, groups, a
     weight scale, a selection bias, a shared expert) imports back to the same weights and logits
     bit for bit."""
-    from test_training_job import checkpoints, train
+    from test_training_job import train
 
     model = {"block_norm": "reordered", "router_score": "sigmoid", "norm_topk_prob": True,
              "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0,

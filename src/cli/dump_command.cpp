@@ -1,0 +1,185 @@
+#include "cli/dump_command.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <optional>
+#include <span>
+
+#include "cli/debug_commands.h"
+#include "core/check.h"
+#include "data/token_dataset.h"
+#include "dist/mpi/mpi_runtime.h"
+#include "io/model_weights.h"
+#include "kernels/matmul_precision.h"
+#include "model/router.h"
+#include "model/transformer.h"
+#include "train/evaluate.h"
+#include "train/run_config.h"
+
+namespace moecore::cli {
+
+namespace {
+
+// FNV-1a, 64 bits: an identity of inputs (config, weights, batch) in the manifest, so that diff
+// can tell whether two dumps ran the same batch.
+uint64_t fnv1a(std::span<const std::byte> bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
+  for (const std::byte b : bytes) hash = (hash ^ static_cast<uint64_t>(b)) * 0x100000001b3ULL;
+  return hash;
+}
+template <typename T>
+std::string hash_hex(const std::vector<T>& values) {
+  return fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(values))));
+}
+
+std::string precision_name(kernels::MatmulPrecision precision) {
+  switch (precision) {
+    case kernels::MatmulPrecision::kFp32:
+      return "fp32";
+    case kernels::MatmulPrecision::kBf16:
+      return "bf16";
+  }
+  throw Error("[dump] unknown train.precision");
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+  int64_t rows = 0, seq = 0;
+  int32_t document_eos = -1;
+  std::string source;
+};
+
+Batch load_batch(const DumpArgs& args, const RunConfig& config) {
+  Batch batch;
+  MOE_CHECK(args.tokens.empty() == args.targets.empty(),
+            "[dump] --tokens and --targets go together (neither: the first batch of data.train)");
+  if (!args.tokens.empty()) {
+    MOE_CHECK(args.batch_size == 0, "[dump] --batch-size applies to data.train, not to --tokens");
+    IdArray tokens = read_ids(args.tokens), targets = read_ids(args.targets);
+    MOE_CHECK(tokens.batch == targets.batch && tokens.seq == targets.seq,
+              "[dump] tokens {} are [{}, {}] but targets {} are [{}, {}]", args.tokens,
+              tokens.batch, tokens.seq, args.targets, targets.batch, targets.seq);
+    batch = {std::move(tokens.values),
+             std::move(targets.values),
+             tokens.batch,
+             tokens.seq,
+             -1,
+             args.tokens};
+    if (config.data.document_masking) {
+      MOE_CHECK(config.data.eos_id >= 0,
+                "[dump] data.document_masking with --tokens needs data.eos_id in the config");
+      batch.document_eos = static_cast<int32_t>(config.data.eos_id);
+    }
+    return batch;
+  }
+  const TrainConfig& t = config.train;
+  MOE_CHECK(!config.data.train.empty(),
+            "[dump] the config has no data.train; pass --tokens and --targets");
+  const data::TokenDataset dataset = data::TokenDataset::open(
+      config.data.train, t.seq_len, config.model.vocab_size, config.data.dtype);
+  batch.rows = args.batch_size > 0 ? args.batch_size : t.batch_size / t.microbatches;
+  batch.seq = t.seq_len;
+  data::DataLoader loader(dataset, t.seed);
+  loader.next_batch(batch.rows, batch.tokens, batch.targets);
+  batch.document_eos = document_masking_eos(config.data, dataset);
+  batch.source = fmt::format("data.train, first {} instances (train.seed {})", batch.rows, t.seed);
+  return batch;
+}
+
+}  // namespace
+
+io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>& extra_overrides) {
+  // Every rank would write the same directory: the pass is one process's, without a layout.
+  MOE_CHECK(
+      dist::mpi_world()->size() == 1,
+      "[dump] runs in one process; start it without mpirun (the dump has no parallel layout)");
+  std::vector<std::string> overrides = args.overrides;
+  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  const RunConfig config = load_run_config(args.config, overrides);
+  if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
+  const ParamLayout layout = ParamLayout::build(config.model);
+  ParamBuffers params(layout);
+  if (args.weights.empty())
+    init_params(layout, config.train.seed, params);
+  else
+    io::load_weights(layout, args.weights, params);
+  const Batch batch = load_batch(args, config);
+
+  const std::string config_toml = run_config_to_toml(config);
+  const uint64_t weights_hash =
+      fnv1a(std::as_bytes(std::span(params.expert)), fnv1a(std::as_bytes(std::span(params.dense))));
+  io::TensorDump dump;
+  dump.run["precision"] = precision_name(config.train.precision);
+  dump.run["backend"] = "cpu";
+  dump.run["threads"] = omp_get_max_threads();
+  dump.run["config"] = config_toml;
+  dump.run["config_fnv1a"] = fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(config_toml))));
+  dump.run["weights"] =
+      args.weights.empty() ? fmt::format("init, train.seed {}", config.train.seed) : args.weights;
+  dump.run["weights_fnv1a"] = fmt::format("{:016x}", weights_hash);
+  dump.run["batch"] = batch.source;
+  dump.run["batch_shape"] = std::vector<int64_t>{batch.rows, batch.seq};
+  dump.run["tokens_fnv1a"] = hash_hex(batch.tokens);
+  dump.run["targets_fnv1a"] = hash_hex(batch.targets);
+
+  const char* phase = "forward";
+  auto record = [&](const std::string& name, ConstTensorView tensor) {
+    io::DumpedTensor t{name, phase, tensor.dtype() == DType::kI32, {}, {}};
+    for (int d = 0; d < tensor.rank(); ++d) t.shape.push_back(tensor.size(d));
+    t.values.resize(static_cast<size_t>(tensor.numel()));
+    if (t.index) {
+      const int32_t* ids = tensor.data<int32_t>("dump");
+      for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = static_cast<float>(ids[i]);
+    } else {
+      const float* values = tensor.data<float>("dump");
+      std::copy_n(values, t.values.size(), t.values.begin());
+    }
+    dump.tensors.push_back(std::move(t));
+  };
+
+  ParamBuffers grads(layout);
+  auto record_param_grads = [&](auto&& wanted) {
+    for (const ParamSpec& spec : layout.specs())
+      if (!spec.is_buffer && wanted(spec.name))
+        dump.tensors.push_back({"grad." + spec.name, phase, false, spec.shape,
+                                std::vector<float>(grads.at(spec), grads.at(spec) + spec.numel)});
+  };
+  auto in_layers = [](const std::string& name) { return name.starts_with("model.layers."); };
+
+  const kernels::MatmulPrecisionScope precision(config.train.precision);
+  Transformer model(config.model, layout);
+  model.set_document_masking(batch.document_eos);
+  model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
+  model.set_tensor_observer(record);
+  // Parameter gradients as the backward finishes them: the head's before the last layer's, each
+  // layer's when it is done, the embedding's (the head's too when tied) at the end.
+  bool head_recorded = false;
+  model.set_layer_grads_ready([&](int64_t layer) {
+    if (!head_recorded) {
+      record_param_grads([&](const std::string& name) {
+        return !in_layers(name) && name != "model.embed_tokens.weight";
+      });
+      head_recorded = true;
+    }
+    const std::string prefix = fmt::format("model.layers.{}.", layer);
+    record_param_grads([&](const std::string& name) { return name.starts_with(prefix); });
+  });
+  const LossParts loss =
+      model.forward(params, batch.tokens.data(), batch.targets.data(), batch.rows, batch.seq);
+  for (const auto& [name, value] :
+       {std::pair{"loss.ce", loss.ce}, std::pair{"loss.lb", loss.lb}, std::pair{"loss.z", loss.z},
+        std::pair{"loss.total", loss.total}})
+    dump.tensors.push_back({name, phase, false, {}, {static_cast<float>(value)}});
+  phase = "backward";
+  model.backward(params, grads, 1.0f);
+  record_param_grads([&](const std::string& name) {
+    return !in_layers(name) && (!head_recorded || name == "model.embed_tokens.weight");
+  });
+  return dump;
+}
+
+void run_dump(const DumpArgs& args, const std::string& out) {
+  io::write_tensor_dump(record_dump(args, {}), out);
+}
+
+}  // namespace moecore::cli

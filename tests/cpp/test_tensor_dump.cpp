@@ -1,0 +1,113 @@
+// The dump format of `moecore dump` (io/tensor_dump.h): what is written reads back in execution
+// order with its phases, kinds, shapes, values and run identity; an incomplete or inconsistent
+// directory is a one-line error naming the tensor.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "core/check.h"
+#include "io/file_util.h"
+#include "io/tensor_dump.h"
+
+namespace moecore::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TensorDumpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::path(::testing::TempDir()) / "moecore_dump_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Names out of alphabetical order, so that the order can only come from the manifest.
+  static TensorDump sample() {
+    TensorDump dump;
+    dump.run = {{"precision", "bf16"}, {"backend", "cpu"}};
+    dump.tensors.push_back({"model.embed_tokens", "forward", false, {2, 3}, {1, 2, 3, 4, 5, 6}});
+    dump.tensors.push_back({"model.layers.0.mlp.topk_index", "forward", true, {2, 1}, {3, 0}});
+    dump.tensors.push_back({"loss.total", "forward", false, {}, {2.5f}});
+    dump.tensors.push_back({"grad.lm_head", "backward", false, {3}, {-1, 0, 1}});
+    return dump;
+  }
+
+  std::string expect_error(const std::string& dir) const {
+    try {
+      read_tensor_dump(dir);
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+      return message;
+    }
+    ADD_FAILURE() << "reading " << dir << " did not fail";
+    return "";
+  }
+
+  fs::path root_;
+};
+
+TEST_F(TensorDumpTest, RoundTripKeepsExecutionOrderKindsAndIdentity) {
+  const TensorDump written = sample();
+  const std::string dir = (root_ / "dump").string();
+  write_tensor_dump(written, dir);
+  const TensorDump read = read_tensor_dump(dir);
+  EXPECT_EQ(read.run, written.run);
+  ASSERT_EQ(read.tensors.size(), written.tensors.size());
+  for (size_t i = 0; i < written.tensors.size(); ++i) {
+    EXPECT_EQ(read.tensors[i].name, written.tensors[i].name);
+    EXPECT_EQ(read.tensors[i].phase, written.tensors[i].phase);
+    EXPECT_EQ(read.tensors[i].index, written.tensors[i].index);
+    EXPECT_EQ(read.tensors[i].shape, written.tensors[i].shape);
+    EXPECT_EQ(read.tensors[i].values, written.tensors[i].values);
+  }
+}
+
+TEST_F(TensorDumpTest, RefusesANonEmptyOutputDirectory) {
+  const std::string dir = (root_ / "dump").string();
+  write_tensor_dump(sample(), dir);
+  EXPECT_THROW(write_tensor_dump(sample(), dir), Error);
+}
+
+TEST_F(TensorDumpTest, InconsistentDirectoriesAreOneLineErrorsNamingTheTensor) {
+  EXPECT_NE(expect_error((root_ / "absent").string()).find("not a directory"), std::string::npos);
+
+  const std::string dir = (root_ / "dump").string();
+  write_tensor_dump(sample(), dir);
+  const std::string manifest = (fs::path(dir) / "manifest.json").string();
+  const nlohmann::json good = nlohmann::json::parse(read_text(manifest, "[test]"));
+  auto with_manifest = [&](const auto& edit) {
+    nlohmann::json changed = good;
+    edit(changed);
+    write_text_atomic(manifest, changed.dump(), "[test]");
+    return expect_error(dir);
+  };
+  auto last = [](nlohmann::json& m) -> nlohmann::json& { return m["tensors"].back(); };
+  // A listed tensor the safetensors file lacks; one it holds but the manifest does not list; a
+  // shape that disagrees; another format; an unknown phase.
+  EXPECT_NE(with_manifest([&](nlohmann::json& m) {
+              last(m)["name"] = "grad.lm_head_";
+            }).find("grad.lm_head_"),
+            std::string::npos);
+  EXPECT_NE(
+      with_manifest([](nlohmann::json& m) { m["tensors"].erase(0); }).find("model.embed_tokens"),
+      std::string::npos);
+  EXPECT_NE(with_manifest([&](nlohmann::json& m) { last(m)["shape"] = {4}; }).find("grad.lm_head"),
+            std::string::npos);
+  EXPECT_NE(with_manifest([](nlohmann::json& m) { m["format"] = "other"; }).find("format"),
+            std::string::npos);
+  EXPECT_NE(
+      with_manifest([&](nlohmann::json& m) { last(m)["phase"] = "sideways"; }).find("sideways"),
+      std::string::npos);
+  write_text_atomic(manifest, "{not json", "[test]");
+  EXPECT_NE(expect_error(dir).find("not valid JSON"), std::string::npos);
+  fs::remove(manifest);
+  EXPECT_NE(expect_error(dir).find("manifest.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moecore::io

@@ -1,0 +1,188 @@
+"""`moecore dump` and `moecore diff` (issue 16 item 4): where two precisions or two builds part.
+
+A tiny model (layer 0 dense, layer 1 MoE, QK-norm over the full projection) on one batch:
+- two fp32 dumps of the same config, in two processes, are identical tensor for tensor (exit 0);
+  the dump holds what debug-state computes (logits, every parameter gradient), bit for bit;
+- fp32 vs bf16 parts exactly at the first GEMM that runs in bf16: layer 0's q_proj (the embedding
+  gather and the first RMSNorm run in fp32 on both sides, so every tensor before it is equal to
+  the bit), with a normalised error of the order of bf16's unit roundoff u = 2^-8;
+- weights of another seed part at the very first parameter-dependent tensor, the embedding;
+- bad input (a missing directory, different shapes or layer counts, different batches, an
+  incomplete dump, a malformed command line) is one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from test_training_job import ENV, assert_one_line_error, write_config
+
+BATCH, SEQ = 2, 16
+FIRST_BF16_GEMM = "model.layers.0.self_attn.q_proj"
+U_BF16 = 2.0 ** -8
+
+
+def run(moecore_bin, *args, expect: int = 0) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(moecore_bin), *map(str, args)], capture_output=True, text=True,
+                       errors="replace", timeout=60, env=ENV)
+    assert r.returncode == expect, (f"exit {r.returncode} (expected {expect}): {args}\n"
+                                    f"stderr: {r.stderr}\nstdout tail: {r.stdout[-3000:]}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def setup(job_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("diff")
+    config = write_config(tmp / "c.toml", job_data, tmp / "out",
+                          model={"first_k_dense_replace": 1},
+                          train={"batch_size": 4, "seq_len": SEQ})
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, job_data.vocab_size, size=(BATCH, SEQ), dtype=np.int64)
+    targets = np.roll(tokens, -1, axis=1)
+    targets[:, -1] = -100
+    np.save(tmp / "tokens.npy", tokens)
+    np.save(tmp / "targets.npy", targets)
+    return tmp, config, ["--tokens", tmp / "tokens.npy", "--targets", tmp / "targets.npy"]
+
+
+def diff_json(moecore_bin, *args, expect: int) -> dict:
+    return json.loads(run(moecore_bin, "diff", *args, "--json", expect=expect).stdout)
+
+
+def test_identical_fp32_runs_are_equal_and_hold_what_debug_state_computes(moecore_bin, setup):
+    tmp, config, batch = setup
+    # The default batch: the first micro-batch of data.train in the trainer's order.
+    for side in ("a", "b"):
+        run(moecore_bin, "dump", config, "--out", tmp / f"same_{side}")
+    manifest = json.loads((tmp / "same_a" / "manifest.json").read_text())
+    assert manifest["format"] == "moecore-tensor-dump" and manifest["version"] == 1
+    assert manifest["run"]["precision"] == "fp32" and manifest["run"]["batch_shape"] == [4, SEQ]
+    names = [t["name"] for t in manifest["tensors"]]
+    phases = [t["phase"] for t in manifest["tensors"]]
+    # Forward, then backward, in execution order.
+    assert phases == sorted(phases, key=lambda p: p != "forward")
+    for earlier, later in [("model.embed_tokens", "model.layers.0.input_layernorm"),
+                           ("model.layers.0.input_layernorm", FIRST_BF16_GEMM),
+                           (FIRST_BF16_GEMM, "model.layers.0.self_attn.o_proj"),
+                           ("model.layers.0.mlp.gate_up", "model.layers.0.mlp"),
+                           ("model.layers.1.mlp.gate", "model.layers.1.mlp.topk_index"),
+                           ("model.layers.1.mlp.experts", "model.layers.1"),
+                           ("lm_head", "loss.total"),
+                           ("grad.lm_head", "grad.model.layers.1"),
+                           ("grad.model.layers.1", "grad.model.layers.1.mlp.gate.weight"),
+                           ("grad.model.layers.1.mlp.gate.weight", "grad.model.layers.0"),
+                           ("grad.model.layers.0", "grad.model.embed_tokens"),
+                           ("grad.model.embed_tokens", "grad.model.embed_tokens.weight")]:
+        assert names.index(earlier) < names.index(later), (earlier, later)
+
+    report = diff_json(moecore_bin, tmp / "same_a", tmp / "same_b", expect=0)
+    assert not report["parted"] and report["first_parted"] is None and report["same_weights"]
+    assert len(report["tensors"]) == len(names)
+    assert all(t["normalised_error"] == 0 and t["mismatches"] == 0 for t in report["tensors"])
+    text = run(moecore_bin, "diff", tmp / "same_a", tmp / "same_b").stdout
+    assert "equal within the threshold" in text
+
+    # The same pass as debug-state (same weights: init of train.seed 0; same batch).
+    from safetensors.numpy import load_file
+    run(moecore_bin, "init", "--config", config, "--seed", 0, "--out", tmp / "w.safetensors")
+    run(moecore_bin, "debug-state", "--config", config, "--weights", tmp / "w.safetensors",
+        "--tokens", tmp / "tokens.npy", "--targets", tmp / "targets.npy",
+        "--out", tmp / "state.safetensors")
+    run(moecore_bin, "dump", config, *batch, "--out", tmp / "tokens_dump")
+    state = load_file(tmp / "state.safetensors")
+    dump = load_file(tmp / "tokens_dump" / "tensors.safetensors")
+    np.testing.assert_array_equal(dump["lm_head"].reshape(state["logits"].shape), state["logits"])
+    grads = [n for n in state if n.startswith("grad.")]
+    assert grads and all(n in dump for n in grads)
+    for n in grads:
+        np.testing.assert_array_equal(dump[n], state[n], err_msg=n)
+    np.testing.assert_array_equal(dump["loss.total"], state["loss.total"])
+
+
+def test_fp32_vs_bf16_parts_at_the_first_bf16_gemm(moecore_bin, setup):
+    _, config, batch = setup
+    report = diff_json(moecore_bin, config, *batch, "--a-set", "train.precision=fp32",
+                       "--b-set", "train.precision=bf16", expect=1)
+    assert report["a"]["run"]["precision"] == "fp32" and report["b"]["run"]["precision"] == "bf16"
+    # Default threshold: 4 unit roundoffs of fp32, at least 2^-18.
+    assert report["threshold"] == 2.0 ** -18
+    first = report["first_parted"]
+    assert first["name"] == FIRST_BF16_GEMM, first
+    tensors = report["tensors"]
+    assert all(t["normalised_error"] == 0 for t in tensors[:first["index"]]), tensors[:first["index"]]
+    # One GEMM over bf16-rounded operands: each product errs by at most 2u relative and the errors
+    # are independent, so the normalised error of the sums is of order u (bounded by 2u in RMS);
+    # 2^-12 below and 4u above leave room for the statistics of 2 x 16 x 32 outputs.
+    assert U_BF16 / 16 < first["normalised_error"] < 4 * U_BF16, first
+    # Plausible after it, up to the first routing flip if any (a near tie of two experts' scores
+    # that bf16 tips over routes a token elsewhere, and its expert output then differs by O(1)):
+    # a few roundoffs per op compounding over two layers, far below an O(1) disagreement.
+    # Bound 2^-5 = 8u, empirical (tests/TOLERANCES.md); measured up to 5e-3.
+    flips = [t["index"] for t in tensors if t["kind"] == "index" and t["parted"]]
+    before_flip = [t for t in tensors[:min(flips, default=len(tensors))] if t["kind"] == "value"]
+    worst = max(before_flip, key=lambda t: t["normalised_error"])
+    assert worst["normalised_error"] < 8 * U_BF16, worst
+    text = run(moecore_bin, "diff", config, *batch, "--a-set", "train.precision=fp32",
+               "--b-set", "train.precision=bf16", expect=1).stdout
+    marked = [line for line in text.splitlines() if line.endswith("<- first parted")]
+    assert len(marked) == 1 and FIRST_BF16_GEMM in marked[0]
+    assert text.splitlines()[-1].startswith(f"parted at #{first['index']} (forward) "
+                                            f"{FIRST_BF16_GEMM}")
+    # --threshold replaces the default.
+    report = diff_json(moecore_bin, config, *batch, "--b-set", "train.precision=bf16",
+                       "--threshold", "0.5", expect=1 if any(
+                           t["parted"] for t in tensors if t["kind"] == "index") else 0)
+    assert report["threshold"] == 0.5 and report["threshold_rule"] == "--threshold 0.5"
+
+
+def test_another_seed_parts_at_the_embedding(moecore_bin, setup):
+    _, config, batch = setup
+    report = diff_json(moecore_bin, config, *batch, "--a-set", "train.seed=0",
+                       "--b-set", "train.seed=1", expect=1)
+    assert not report["same_weights"]
+    assert report["first_parted"]["index"] == 0
+    assert report["first_parted"]["name"] == "model.embed_tokens"
+
+
+def test_bad_input_is_one_line_and_exit_2(moecore_bin, setup, tmp_path):
+    tmp, config, batch = setup
+    run(moecore_bin, "dump", config, *batch, "--out", tmp_path / "a")
+    missing = tmp_path / "no_such_dump"
+    err = assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", missing, expect=2),
+                                str(missing))
+    assert "not a directory" in err
+
+    run(moecore_bin, "dump", config, *batch, "--set", "model.hidden_size=64",
+        "--out", tmp_path / "wide")
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", tmp_path / "wide", expect=2),
+                          "model.embed_tokens", "32]", "64]")  # names the tensor and shapes
+
+    run(moecore_bin, "dump", config, *batch, "--set", "model.num_hidden_layers=3",
+        "--out", tmp_path / "deep")
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", tmp_path / "deep", expect=2),
+                          "model.layers.2", "in B but not in A")
+
+    run(moecore_bin, "dump", config, "--out", tmp_path / "data_batch")  # data.train's batch
+    assert_one_line_error(
+        run(moecore_bin, "diff", tmp_path / "a", tmp_path / "data_batch", expect=2),
+        "different batches")
+
+    # An incomplete dump: a tensor the manifest does not list.
+    broken = tmp_path / "broken"
+    run(moecore_bin, "dump", config, *batch, "--out", broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    dropped = manifest["tensors"].pop(3)["name"]
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", broken, expect=2), dropped)
+
+    # Command line: three inputs; options of config mode with two dumps.
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", tmp_path / "a", tmp_path / "a",
+                              expect=2))
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", tmp_path / "a", "--b-set",
+                              "train.precision=bf16", expect=2), "--b-set")
+    # dump refuses to write into a non-empty directory.
+    assert_one_line_error(run(moecore_bin, "dump", config, *batch, "--out", tmp_path / "a",
+                              expect=1), str(tmp_path / "a"))
