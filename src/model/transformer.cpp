@@ -265,8 +265,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
                                view(at(params, s.input_norm), {d}), view(branch.data(), {n, d}),
                                view(lc.rstd1.data(), {n}), eps);
       observe_layer(i, norm_module(s.input_norm), view(branch.data(), {n, d}));
-      for (int64_t e = 0; e < n * d; ++e)
-        lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
+      kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
       observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
     } else {
       lc.h1.resize(static_cast<size_t>(n * d));
@@ -276,8 +275,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
                          lc.attention, doc_start);
       observe_attention(i, lc.attention, branch.data());
-      for (int64_t e = 0; e < n * d; ++e)
-        lc.mid[static_cast<size_t>(e)] = x[e] + branch[static_cast<size_t>(e)];
+      kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
       observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
       lc.h2.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_forward(view(lc.mid.data(), {n, d}), view(at(params, s.post_norm), {d}),
@@ -308,8 +306,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       observe_layer(i, norm_module(s.post_norm), view(branch.data(), {n, d}));
     }
     float* out = act.residual[j + 1].data();
-    for (int64_t e = 0; e < n * d; ++e)
-      out[e] = lc.mid[static_cast<size_t>(e)] + branch[static_cast<size_t>(e)];
+    kernels::add(view(lc.mid.data(), {n, d}), view(branch.data(), {n, d}), view(out, {n, d}));
     observe_layer(i, "", view(out, {n, d}));
   }
 
@@ -453,11 +450,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     std::vector<float> scaled_dlogits;
     const float* dlogits = act.dlogits.data();
     if (loss_scale != 1.0f) {
-      const int64_t count = static_cast<int64_t>(act.dlogits.size());
       scaled_dlogits.resize(act.dlogits.size());
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < count; ++j)
-        scaled_dlogits[static_cast<size_t>(j)] = act.dlogits[static_cast<size_t>(j)] * loss_scale;
+      kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
+                     view(scaled_dlogits.data(), {n, v}));
       dlogits = scaled_dlogits.data();
     }
     observe("grad.lm_head", view(dlogits, {n, v}));
@@ -510,17 +505,15 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                           dbranch.data(), at(grads, s.mlp_gate), at(grads, s.mlp_down),
                           scratch_dact.data(), scratch_dgu.data(), false);
     } else {
-      for (int64_t e = 0; e < c.num_experts; ++e)
-        lb_grad[static_cast<size_t>(e)] =
-            act.lb_score_grad[j * static_cast<size_t>(c.num_experts) + static_cast<size_t>(e)] *
-            loss_scale;
+      kernels::scale(
+          view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),
+          loss_scale, view(lb_grad.data(), {c.num_experts}));
       moe_.backward(moe_weights(params, i), moe_weights(grads, i), ffn_in, d_ffn_out, lc.moe,
                     lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
     }
     if (reordered) {
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
-      for (int64_t e = 0; e < n * d; ++e)
-        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
       observe_layer(i, "residual_attn", view(dx.data(), {n, d}), true);
       observe_layer(i, norm_module(s.input_norm), view(dx.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.attn_out.data(), {n, d}),
@@ -530,8 +523,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       observe_layer(i, "self_attn.o_proj", view(dnorm.data(), {n, d}), true);
       attention_.backward(attention_weights(params, i), attention_weights(grads, i),
                           act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
-      for (int64_t e = 0; e < n * d; ++e)
-        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
     } else {
       observe_layer(i, norm_module(s.post_norm), view(dbranch.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(lc.mid.data(), {n, d}),
