@@ -120,19 +120,23 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
   }
 }
 
-void DistributedOptimizer::import_state(const AdamW& full) {
-  steps_ = full.steps_taken();
+void DistributedOptimizer::restore_state(const StateReader& read, int64_t steps_taken) {
+  steps_ = steps_taken;
   if (!zero_) {
-    replica_->exp_avg() = full.exp_avg();
-    replica_->exp_avg_sq() = full.exp_avg_sq();
-    replica_->set_steps_taken(full.steps_taken());
+    for (const ParamSpec& spec : layout_.specs())
+      read(spec, 0, spec.numel, replica_->exp_avg().at(spec), replica_->exp_avg_sq().at(spec));
+    replica_->set_steps_taken(steps_taken);
     return;
   }
   for (Shard& s : shards_) {
-    const float* m = full.exp_avg().data(s.group);
-    const float* v = full.exp_avg_sq().data(s.group);
-    std::copy(m + s.begin, m + s.end, s.exp_avg.begin());
-    std::copy(v + s.begin, v + s.end, s.exp_avg_sq.begin());
+    for (const ParamSpec& spec : layout_.specs()) {
+      if (spec.group != s.group) continue;
+      const size_t begin = std::max(s.begin, spec.offset);
+      const size_t end = std::min(s.end, spec.offset + spec.numel);
+      if (begin < end)
+        read(spec, begin - spec.offset, end - begin, s.exp_avg.data() + (begin - s.begin),
+             s.exp_avg_sq.data() + (begin - s.begin));
+    }
   }
 }
 

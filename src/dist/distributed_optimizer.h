@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -35,8 +36,12 @@ class DistributedOptimizer {
   // every rank that holds them.
   void step(ParamBuffers& params, ParamBuffers& grads, double lr, double grad_norm);
 
-  // Takes this rank's share of a full optimizer state (a resumed checkpoint).
-  void import_state(const AdamW& full);
+  // A resume: fills the optimizer state this rank holds, asking `read` for elements
+  // [first, first + count) of the moments of each tensor it keeps a piece of (its ZeRO-1 shard,
+  // or every tensor of the layout without ZeRO), so that no rank reads or allocates the rest.
+  using StateReader = std::function<void(const ParamSpec& spec, size_t first, size_t count,
+                                         float* exp_avg, float* exp_avg_sq)>;
+  void restore_state(const StateReader& read, int64_t steps_taken);
   // Floats of optimizer state (Adam moments) this rank holds.
   int64_t state_floats() const;
 

@@ -61,7 +61,6 @@ RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_count
   // ever hold different token counts), the keep matrix, and where each of my routes goes.
   const RowwiseKeep keep =
       rowwise_keep(requests, ranks, local_experts, rowwise_capacity(capacity_factor_, max_routes));
-  drop_log_.push_back({keep.dropped, keep.routes});
   RowwisePlan plan = rowwise_targets(keep, group_.rank(), topk_index, routes);
 
   // Fixed-size symmetric windows, grown (by every rank at once: the capacity is the same

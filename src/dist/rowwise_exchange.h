@@ -35,12 +35,6 @@ class WindowRowwiseExchange final : public ExpertExchange, public RowwiseExchang
   WindowRowwiseExchange(const Communicator& group, const Communicator& window_group,
                         double capacity_factor);
 
-  // Routes of one dispatch over the whole group, and how many of them were dropped.
-  struct DropCount {
-    int64_t dropped = 0;
-    int64_t routes = 0;
-  };
-
   int64_t ranks() const override { return group_.size(); }
   int64_t rank() const override { return group_.rank(); }
   // The sync path stays available (plain all-to-alls), though MoeBlock uses rowwise().
@@ -58,9 +52,6 @@ class WindowRowwiseExchange final : public ExpertExchange, public RowwiseExchang
                 int64_t width) const override;
   void get_rows(float* dst, const std::vector<RowTarget>& targets, int64_t width) const override;
 
-  // One entry per plan() (i.e. per MoE layer forward) since the last clear_drop_log().
-  const std::vector<DropCount>& drop_log() const { return drop_log_; }
-  void clear_drop_log() const { drop_log_.clear(); }
   int64_t capacity() const { return capacity_; }  // rows per rank of the last plan()
 
  private:
@@ -73,7 +64,6 @@ class WindowRowwiseExchange final : public ExpertExchange, public RowwiseExchang
   // collectives of a Communicator.
   mutable std::unique_ptr<Window> input_, output_;
   mutable int64_t capacity_ = 0;
-  mutable std::vector<DropCount> drop_log_;
 };
 
 }  // namespace moecore::dist

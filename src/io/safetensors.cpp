@@ -241,17 +241,27 @@ void SafetensorsReader::read_f32(const std::string& name,
   const TensorInfo& t = info(name);
   MOE_CHECK(t.shape == expected_shape, "[safetensors] {}: tensor '{}' has shape {}, expected {}",
             path_, name, t.shape, expected_shape);
-  const std::byte* src = buffer_ + t.begin;
-  if (t.dtype == "F32") {
-    if (t.end > t.begin) std::memcpy(dst, src, t.end - t.begin);
-    return;
-  }
-  const bool is_bf16 = t.dtype == "BF16";
-  MOE_CHECK(is_bf16 || t.dtype == "F16",
+  read_f32_elements(name, 0, (t.end - t.begin) / dtype_size(t.dtype), dst);
+}
+
+void SafetensorsReader::read_f32_elements(const std::string& name, size_t first, size_t count,
+                                          float* dst) const {
+  const TensorInfo& t = info(name);
+  const bool is_f32 = t.dtype == "F32", is_bf16 = t.dtype == "BF16";
+  MOE_CHECK(is_f32 || is_bf16 || t.dtype == "F16",
             "[safetensors] {}: tensor '{}' has dtype {}, expected F32, BF16 or F16", path_, name,
             t.dtype);
-  const size_t n = (t.end - t.begin) / 2;
-  for (size_t i = 0; i < n; ++i) {
+  const size_t width = is_f32 ? 4 : 2, numel = (t.end - t.begin) / width;
+  MOE_CHECK(first <= numel && count <= numel - first,
+            "[safetensors] {}: elements [{}, {}) are outside tensor '{}' of {} elements", path_,
+            first, first + count, name, numel);
+  // Only these bytes of the mapping are touched, so only their pages become resident.
+  const std::byte* src = buffer_ + t.begin + first * width;
+  if (is_f32) {
+    if (count > 0) std::memcpy(dst, src, count * width);
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
     uint16_t bits = 0;
     std::memcpy(&bits, src + 2 * i, 2);  // The buffer need not be 2-byte aligned.
     dst[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);

@@ -46,6 +46,9 @@ class SafetensorsReader {
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
                 float* dst) const;
   std::vector<float> read_f32(const std::string& name) const;  // Any shape.
+  // Elements [first, first + count) of the flattened tensor `name` (F32, BF16 or F16) as float:
+  // a rank reads its slice of a tensor without touching the rest of the file.
+  void read_f32_elements(const std::string& name, size_t first, size_t count, float* dst) const;
 
  private:
   SafetensorsReader() = default;

@@ -89,6 +89,13 @@ void TensorParts::read_f32(const std::string& name, const std::vector<int64_t>& 
   parts_[it->second].read_f32(name, shape, dst);
 }
 
+void TensorParts::read_f32_elements(const std::string& name, size_t first, size_t count,
+                                    float* dst) const {
+  const auto it = where_.find(name);
+  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  parts_[it->second].read_f32_elements(name, first, count, dst);
+}
+
 const TensorInfo& TensorParts::info(const std::string& name) const {
   const auto it = where_.find(name);
   MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);

@@ -30,6 +30,8 @@ class TensorParts {
   std::vector<std::string> names() const;
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  // Elements [first, first + count) of the flattened tensor (SafetensorsReader::read_f32_elements).
+  void read_f32_elements(const std::string& name, size_t first, size_t count, float* dst) const;
   const TensorInfo& info(const std::string& name) const;
   // The file that holds tensor `name`.
   const std::string& file_of(const std::string& name) const;

@@ -12,6 +12,7 @@ namespace moecore::kernels {
 
 struct KernelBackend {
   std::string_view name;
+  decltype(&kernels::matmul) matmul;
   decltype(&kernels::rmsnorm_forward) rmsnorm_forward;
   decltype(&kernels::rmsnorm_backward) rmsnorm_backward;
   decltype(&kernels::swiglu_forward) swiglu_forward;
@@ -30,6 +31,15 @@ struct KernelBackend {
   decltype(&kernels::gather_rows) gather_rows;
   decltype(&kernels::moe_combine_forward) moe_combine_forward;
   decltype(&kernels::moe_combine_backward) moe_combine_backward;
+  decltype(&kernels::router_topk_forward) router_topk_forward;
+  decltype(&kernels::router_topk_backward) router_topk_backward;
+  decltype(&kernels::router_z_loss) router_z_loss;
+  decltype(&kernels::router_probability_column_sums) router_probability_column_sums;
+  decltype(&kernels::grouped_gemm_forward) grouped_gemm_forward;
+  decltype(&kernels::grouped_gemm_backward) grouped_gemm_backward;
+  decltype(&kernels::add) add;
+  decltype(&kernels::scale) scale;
+  decltype(&kernels::cached_attention_forward) cached_attention_forward;
 };
 
 // The plain-loop oracle (kernels/reference/).

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/ignore_index.h"
 #include "core/tensor_view.h"
@@ -29,6 +30,48 @@ struct CrossEntropyResult {
 // with step_size = lr / (1 - b1^t), bias2_sqrt = sqrt(1 - b2^t), decay_factor = 1 - lr wd.
 struct AdamWCoefficients {
   float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
+};
+
+// The operand precision of a GEMM on views: the model's (kernels::matmul_precision(), fp32 or
+// bf16) or fp32 whatever it is (the router: its logits decide the routing).
+enum class GemmOperands : uint8_t { kModelPrecision, kFp32 };
+
+// How a router turns logits into scores: softmax over the experts, sigmoid, or softmax scores with
+// routing weights that are the softmax over the k selected logits (topk_softmax).
+enum class RouterScoreFunction : uint8_t { kSoftmax, kSigmoid, kTopkSoftmax };
+
+// Which k experts a token takes: the best selection scores (learned routing), the best of
+// per-(seed, global token) SplitMix64 draws (random), or experts (g k + j) mod E (balanced).
+enum class RouterChoice : uint8_t { kTopScores, kRandom, kBalanced };
+
+// The router's options (model/router.h spells out each rule).
+struct RouterTopkOptions {
+  RouterScoreFunction score = RouterScoreFunction::kSoftmax;
+  int64_t top_k = 1;
+  bool norm_topk_prob = false;
+  int64_t n_group = 1;  // group-limited top-k; 1: plain top-k
+  int64_t topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  RouterChoice choice = RouterChoice::kTopScores;
+  uint64_t seed = 0;         // random: the layer's stream seed
+  int64_t token_offset = 0;  // random, balanced: global index of row 0
+};
+
+// Gradients of the router's losses with respect to the probabilities they read:
+// lb_score_grad [E] is added to dL/dp[t, e] for every token t, p being softmax(logits) when
+// lb_uses_softmax, else the scores (a sigmoid router's divided by their row sum first); an empty
+// view: no load-balancing term. The z-loss adds z_grad_scale * d(sum_t lse_t^2)/dlogits.
+struct RouterLossGrads {
+  ConstTensorView lb_score_grad;
+  bool lb_uses_softmax = false;
+  float z_grad_scale = 0.0f;
+};
+
+// The per-expert probabilities whose column sums the load-balancing losses read.
+enum class RouterProbability : uint8_t {
+  kScores,            // the scores as they are
+  kSoftmaxOfLogits,   // softmax(logits) whatever the score function (HF style)
+  kScoresOverRowSum,  // each row's scores divided by their sum (OLMo-core, sigmoid router)
 };
 
 }  // namespace moecore

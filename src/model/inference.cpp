@@ -1,14 +1,11 @@
 #include "model/inference.h"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <string>
 
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "kernels/serial_scope.h"
 #include "model/linear.h"
 #include "model/swiglu_mlp.h"
 
@@ -30,28 +27,12 @@ struct InferenceModel::LayerWeights {
 
 namespace {
 
-// Runs the enclosing scope on `threads` OpenMP threads (the calling thread's nthreads ICV, which
-// the kernels and oneDNN read), restoring the previous value on exit, exceptions included.
-class ThreadLimit {
- public:
-  explicit ThreadLimit(int threads) : previous_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~ThreadLimit() { omp_set_num_threads(previous_); }
-  ThreadLimit(const ThreadLimit&) = delete;
-  ThreadLimit& operator=(const ThreadLimit&) = delete;
-
- private:
-  int previous_;
-};
-
 // Below this many multiply-adds a forward call runs on one thread: a small model's decode step is
 // dominated by fork/join and barrier costs (which explode on a loaded machine), not arithmetic.
 constexpr int64_t kSerialMacs = int64_t{1} << 21;
 
 void add_in_place(float* x, const float* y, int64_t count) {
-#pragma omp simd
-  for (int64_t j = 0; j < count; ++j) x[j] += y[j];
+  kernels::add(view(x, {count}), view(y, {count}), view(x, {count}));
 }
 
 }  // namespace
@@ -153,47 +134,13 @@ void InferenceModel::resize_scratch(int64_t n) {
 // context_[i, h] = softmax_j(q_i,h . k_j,kvh / sqrt(hd)) v_j,kvh over j <= p0 + i, in fp32.
 void InferenceModel::attention(int64_t layer, int64_t n) {
   const ModelConfig& c = config_;
-  const int64_t nh = c.num_attention_heads, hd = c.head_size();
-  const int64_t group = nh / c.num_key_value_heads, p0 = cache_.length();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_size();
+  const int64_t keys = cache_.length() + n;
   const KvCache& cache = cache_;
-  // Threads only pay off for real work (long prefills); a decode step of a small model stays
-  // serial.
-  const bool parallel = n * nh * (p0 + n) * hd >= (int64_t{1} << 16);
-#pragma omp parallel if (parallel)
-  {
-    std::vector<float> scores(static_cast<size_t>(p0 + n));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t h = 0; h < nh; ++h) {
-        const int64_t keys = p0 + i + 1, kv_off = (h / group) * hd;
-        const float* q = q_.data() + (i * nh + h) * hd;
-        float max_val = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < keys; ++j) {
-          const float* k = cache.k(layer, j) + kv_off;
-          float dot = 0.0f;
-          for (int64_t t = 0; t < hd; ++t) dot += q[t] * k[t];
-          scores[static_cast<size_t>(j)] = dot * scale;
-          max_val = std::max(max_val, scores[static_cast<size_t>(j)]);
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < keys; ++j) {
-          const float e = std::exp(scores[static_cast<size_t>(j)] - max_val);
-          scores[static_cast<size_t>(j)] = e;
-          sum += e;
-        }
-        const float inv_sum = 1.0f / sum;  // sum >= 1: the max term is exp(0)
-        float* out = context_.data() + (i * nh + h) * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int64_t j = 0; j < keys; ++j) {
-          const float p = scores[static_cast<size_t>(j)] * inv_sum;
-          const float* v = cache.v(layer, j) + kv_off;
-#pragma omp simd
-          for (int64_t t = 0; t < hd; ++t) out[t] += p * v[t];
-        }
-      }
-    }
-  }
+  kernels::cached_attention_forward(view(q_.data(), {n, nh, hd}),
+                                    view(cache.k(layer, 0), {keys, nkv, hd}),
+                                    view(cache.v(layer, 0), {keys, nkv, hd}), cache_.length(),
+                                    view(context_.data(), {n, nh, hd}));
 }
 
 const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t n) {
@@ -209,7 +156,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
               cache_.length() + i, v);
   resize_scratch(n);
   const int64_t p0 = cache_.length();
-  const ThreadLimit limit(n * macs_per_token_ < kSerialMacs ? 1 : omp_get_max_threads());
+  const kernels::SerialScope serial(n * macs_per_token_ < kSerialMacs);
 
   kernels::embedding_forward(view(tokens, {n}), view(embed_, {v, d}), view(x_.data(), {n, d}));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {

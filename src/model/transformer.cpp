@@ -23,6 +23,7 @@ struct Transformer::LayerCache {
   std::vector<float> rstd2, h2;          // FFN branch RMSNorm
   std::vector<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
   MoeCache moe;
+  int64_t dropped_routes = 0;  // rowwise dispatch's capacity drops (outlive a released MoE cache)
   std::vector<float> mlp_gu, mlp_act;  // dense layers
 };
 
@@ -171,6 +172,13 @@ void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t to
   observe_layer(layer, "mlp", view(out, {tokens, d}));
 }
 
+int64_t Transformer::dropped_routes(int64_t layer) const {
+  if (router_state(layer) == nullptr) return 0;
+  return slots_[static_cast<size_t>(last_slot_)]
+      ->layers[static_cast<size_t>(layer - layers_begin_)]
+      .dropped_routes;
+}
+
 const std::vector<float>& Transformer::logits() const {
   MOE_CHECK(last_slot_ >= 0 && has_head(), "[model] logits() needs a forward() of the head first");
   return slots_[static_cast<size_t>(last_slot_)]->logits;
@@ -215,7 +223,7 @@ void Transformer::attention_sublayer_forward(const ParamBuffers& params, int64_t
                        lc.attention, doc_start);
     observe_attention(i, lc.attention, branch);
   }
-  for (int64_t e = 0; e < n * d; ++e) lc.mid[static_cast<size_t>(e)] = x[e] + branch[e];
+  kernels::add(view(x, {n, d}), view(branch, {n, d}), view(lc.mid.data(), {n, d}));
   observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
 }
 
@@ -251,6 +259,8 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
       lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
                                  routing_token_offset_};
     moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
+    const auto* rowwise = std::get_if<RowwiseDispatch::Cache>(&lc.moe.dispatch);
+    lc.dropped_routes = rowwise != nullptr ? rowwise->dropped_routes : 0;
   }
   observe_ffn(i, lc, n, ffn_out);
   if (reordered) {
@@ -259,7 +269,7 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
     observe_layer(i, norm_module(s.post_norm), view(branch, {n, d}));
   }
   if (out == nullptr) return;
-  for (int64_t e = 0; e < n * d; ++e) out[e] = lc.mid[static_cast<size_t>(e)] + branch[e];
+  kernels::add(view(lc.mid.data(), {n, d}), view(branch, {n, d}), view(out, {n, d}));
 }
 
 namespace {
@@ -494,11 +504,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     std::vector<float> scaled_dlogits;
     const float* dlogits = act.dlogits.data();
     if (loss_scale != 1.0f) {
-      const int64_t count = static_cast<int64_t>(act.dlogits.size());
       scaled_dlogits.resize(act.dlogits.size());
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < count; ++j)
-        scaled_dlogits[static_cast<size_t>(j)] = act.dlogits[static_cast<size_t>(j)] * loss_scale;
+      kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
+                     view(scaled_dlogits.data(), {n, v}));
       dlogits = scaled_dlogits.data();
     }
     observe("grad.lm_head", view(dlogits, {n, v}));
@@ -560,17 +568,15 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                           dbranch.data(), at(grads, s.mlp_gate), at(grads, s.mlp_down),
                           scratch_dact.data(), scratch_dgu.data(), false);
     } else {
-      for (int64_t e = 0; e < c.num_experts; ++e)
-        lb_grad[static_cast<size_t>(e)] =
-            act.lb_score_grad[j * static_cast<size_t>(c.num_experts) + static_cast<size_t>(e)] *
-            loss_scale;
+      kernels::scale(
+          view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),
+          loss_scale, view(lb_grad.data(), {c.num_experts}));
       moe_.backward(moe_weights(params, i), moe_weights(grads, i), ffn_in, d_ffn_out, lc.moe,
                     lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
     }
     if (reordered) {
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
-      for (int64_t e = 0; e < n * d; ++e)
-        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
       observe_layer(i, "residual_attn", view(dx.data(), {n, d}), true);
       observe_layer(i, norm_module(s.input_norm), view(dx.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.attn_out.data(), {n, d}),
@@ -580,8 +586,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       observe_layer(i, "self_attn.o_proj", view(dnorm.data(), {n, d}), true);
       attention_.backward(attention_weights(params, i), attention_weights(grads, i),
                           act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
-      for (int64_t e = 0; e < n * d; ++e)
-        dx[static_cast<size_t>(e)] += dbranch[static_cast<size_t>(e)];
+      kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
     } else {
       observe_layer(i, norm_module(s.post_norm), view(dbranch.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(lc.mid.data(), {n, d}),

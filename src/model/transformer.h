@@ -122,6 +122,9 @@ class Transformer {
   // Router state of each layer of the last forward (nullptr for dense layers and for layers
   // outside this chunk).
   const RouterState* router_state(int64_t layer) const;
+  // Routes of layer `layer` that this rank's capacity limit dropped in the last forward (the
+  // rowwise dispatch; 0 for the dropless dispatches, dense layers and layers outside this chunk).
+  int64_t dropped_routes(int64_t layer) const;
 
  private:
   struct LayerCache;

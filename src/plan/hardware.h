@@ -53,8 +53,8 @@ struct Hardware {
   double memory_bytes = 0.0;
   double runtime_bytes = 0.0;
   std::string source;  // where the figures come from
-  // An accelerator: the trainer's host-side buffers (the whole-model copy, the batch's token ids)
-  // are host memory, not counted against memory_bytes.
+  // An accelerator: the trainer's host-side buffers (the batch's token ids) are host
+  // memory, not counted against memory_bytes.
   bool device = false;
   Rates rates;
 };

@@ -109,8 +109,7 @@ const memRows = plan.stages.map(s => {
     ['activations', m.activations], ['scratch', Math.max(m.pass_scratch, m.reduction_peak)],
     ['dispatch buffers', m.dispatch_buffers], ['pipeline buffers', m.pipeline_buffers],
     ['runtime', m.runtime]];
-  if (!plan.hardware.device) parts.push(['whole-model copy', m.whole_model_copy],
-                                        ['batch ids', m.batch_tokens]);
+  if (!plan.hardware.device) parts.push(['batch ids', m.batch_tokens]);
   return {label: `stage ${s.stage}`, key: `memory-stage-${s.stage}`, total: m.peak,
           parts: parts.filter(p => p[1] > 0)};
 });

@@ -33,9 +33,6 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   const double local_floats = static_cast<double>(m.dense_params + m.expert_params);
   m.weights = kF * local_floats;
   m.gradients = kF * local_floats;
-  const ParamLayout full = ParamLayout::build(mc);
-  m.whole_model_copy =
-      kF * static_cast<double>(full.numel(ParamGroup::kDense) + full.numel(ParamGroup::kExpert));
 
   // DistributedOptimizer: a replica of both moments, or per group a 1/ranks slice of them plus a
   // padded gradient shard; its step pads the gradient for the reduce-scatter and gathers the
@@ -115,7 +112,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
-  const double host_side = m.whole_model_copy + m.batch_tokens;
+  const double host_side = m.batch_tokens;
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.activations +
            std::max(m.pass_scratch, m.reduction_peak) + m.dispatch_buffers + m.pipeline_buffers +
            m.runtime + (device ? 0.0 : host_side);

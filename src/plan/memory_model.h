@@ -27,7 +27,6 @@ struct RankMemory {
   double mpi_scratch = 0.0;
   double reduction_peak = 0.0;      // the most of optimizer and MPI scratch alive at once
   double bf16_weight_copies = 0.0;  // none: bf16 GEMMs round their operands inside each call
-  double whole_model_copy = 0.0;    // the trainer's whole-model buffer (resume, final sample)
   ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each
   // The most micro-batches whose activations are alive at once, per chunk, replayed from this
   // stage's action list (dist::pipeline_schedule); the runner keeps one slot per live micro-batch.
@@ -41,7 +40,7 @@ struct RankMemory {
   double batch_tokens = 0.0;      // the step's token and target ids (global micro-batches)
   double runtime = 0.0;           // process baseline from the hardware profile
   // The sum, with the larger of pass and reduction scratch; on an accelerator without the
-  // host-side buffers (whole-model copy, token ids), which are then `host`.
+  // host-side buffers (the token ids), which are then `host`.
   double peak = 0.0;
   double host = 0.0;
 };

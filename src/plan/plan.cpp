@@ -118,7 +118,6 @@ nlohmann::json plan_json(const Plan& p) {
                         {"mpi_scratch", m.mpi_scratch},
                         {"reduction_peak", m.reduction_peak},
                         {"bf16_weight_copies", m.bf16_weight_copies},
-                        {"whole_model_copy", m.whole_model_copy},
                         {"activations", m.activations},
                         {"pass_scratch", m.pass_scratch},
                         {"dispatch_buffers", m.dispatch_buffers},
@@ -218,10 +217,10 @@ std::string plan_text(const Plan& p) {
     out += "\n";
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
-        "bf16 copies {}, whole-model copy {}\n",
+        "bf16 copies {}\n",
         human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
         human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
-        human_bytes(m.bf16_weight_copies), human_bytes(m.whole_model_copy));
+        human_bytes(m.bf16_weight_copies));
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "
         "{}, head {}) x live micro-batches per chunk [",

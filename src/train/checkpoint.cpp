@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +16,6 @@
 #include "core/check.h"
 #include "core/escape.h"
 #include "io/file_util.h"
-#include "io/model_weights.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
 #include "train/trainer_state.h"
@@ -90,63 +90,6 @@ uint64_t parse_count(std::string_view text, uint64_t max, const std::string& ori
   MOE_CHECK(!text.empty() && ec == std::errc() && ptr == text.data() + text.size() && value <= max,
             "[checkpoint] {}: {}='{}' is not an integer in [0, {}]", origin, key, text, max);
   return value;
-}
-
-// Reads one moment of `spec`: the whole tensor, or the slices that ZeRO-1 ranks wrote, which must
-// tile it exactly.
-void read_moment(const io::TensorParts& parts,
-                 const std::map<std::string, std::vector<std::string>>& slices,
-                 const std::string& moment, const ParamSpec& spec, float* dst) {
-  const std::string name = moment + "." + spec.name;
-  if (parts.has(name)) {
-    parts.read_f32(name, spec.shape, dst);
-    return;
-  }
-  const auto it = slices.find(name);
-  MOE_CHECK(it != slices.end(), "[checkpoint] {}: missing tensor '{}'", parts.origin(), name);
-  // "<name>[begin:end]": both bounds checked before they index anything.
-  std::vector<std::tuple<size_t, size_t, std::string>> ordered;  // (begin, end, slice name)
-  for (const std::string& slice : it->second) {
-    const std::string_view bounds =
-        std::string_view(slice).substr(name.size() + 1, slice.size() - name.size() - 2);
-    const size_t colon = bounds.find(':');
-    MOE_CHECK(colon != std::string_view::npos,
-              "[checkpoint] {}: tensor '{}' is not a slice <name>[begin:end]", parts.origin(),
-              slice);
-    ordered.emplace_back(parse_count(bounds.substr(0, colon), spec.numel, parts.origin(), slice),
-                         parse_count(bounds.substr(colon + 1), spec.numel, parts.origin(), slice),
-                         slice);
-  }
-  std::sort(ordered.begin(), ordered.end());
-  size_t covered = 0;
-  for (const auto& [begin, end, slice] : ordered) {
-    MOE_CHECK(begin == covered && end > begin && end <= spec.numel,
-              "[checkpoint] {}: the slices of '{}' do not tile its {} elements (at {})",
-              parts.origin(), name, spec.numel, slice);
-    parts.read_f32(slice, {static_cast<int64_t>(end - begin)}, dst + begin);
-    covered = end;
-  }
-  MOE_CHECK(covered == spec.numel, "[checkpoint] {}: the slices of '{}' cover {} of {} elements",
-            parts.origin(), name, covered, spec.numel);
-}
-
-void load_optimizer(const std::string& dir, const ParamLayout& layout, AdamW& optimizer) {
-  const io::TensorParts parts = io::TensorParts::open(dir, "optim");
-  // Slices "<moment>.<name>[begin:end]", grouped by "<moment>.<name>".
-  std::map<std::string, std::vector<std::string>> slices;
-  for (const std::string& name : parts.names())
-    if (!name.empty() && name.back() == ']' && name.find('[') != std::string::npos)
-      slices[name.substr(0, name.rfind('['))].push_back(name);
-  for (const ParamSpec& spec : layout.specs()) {
-    read_moment(parts, slices, "exp_avg", spec, optimizer.exp_avg().at(spec));
-    read_moment(parts, slices, "exp_avg_sq", spec, optimizer.exp_avg_sq().at(spec));
-  }
-  const auto it = parts.metadata().find("steps_taken");
-  MOE_CHECK(it != parts.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata",
-            parts.origin());
-  // No run takes 2^40 steps; the trainer also checks it against the trainer state's step.
-  optimizer.set_steps_taken(static_cast<int64_t>(
-      parse_count(it->second, uint64_t{1} << 40, parts.origin(), "__metadata__.steps_taken")));
 }
 
 std::string step_name(int64_t step) {
@@ -319,16 +262,133 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
   return std::nullopt;
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
-                               const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer) {
+CheckpointReader CheckpointReader::open(const std::string& dir, const ModelConfig& expected,
+                                        const ParamLayout& full, bool with_optimizer) {
   const RunConfig saved =
       parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"), dir + "/config.toml");
   const std::string difference = model_config_difference(saved.model, expected);
   MOE_CHECK(difference.empty(),
             "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
             dir, difference);
-  io::load_weights_from_dir(layout, dir, params);
-  if (optimizer != nullptr) load_optimizer(dir, layout, *optimizer);
+  io::TensorParts model = io::TensorParts::open(dir, "model");
+  for (const std::string& name : model.names())
+    MOE_CHECK(full.find(name) != nullptr,
+              "[weights] {}: unexpected tensor '{}' (not a parameter of this model config)",
+              model.origin(), name);
+  for (const ParamSpec& spec : full.specs()) {
+    const std::vector<int64_t>& shape = model.info(spec.name).shape;  // names a missing tensor
+    MOE_CHECK(shape == spec.shape, "[safetensors] {}: tensor '{}' has shape {}, expected {}",
+              model.file_of(spec.name), spec.name, shape, spec.shape);
+  }
+  if (!with_optimizer) return CheckpointReader(std::move(model), std::nullopt);
+
+  CheckpointReader reader(std::move(model), io::TensorParts::open(dir, "optim"));
+  const io::TensorParts& parts = *reader.optim_;
+  // Slices "<moment>.<name>[begin:end]", grouped by "<moment>.<name>".
+  std::map<std::string, std::vector<std::string>> slice_names;
+  for (const std::string& name : parts.names())
+    if (!name.empty() && name.back() == ']' && name.find('[') != std::string::npos)
+      slice_names[name.substr(0, name.rfind('['))].push_back(name);
+  for (const ParamSpec& spec : full.specs()) {
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      const std::string name = std::string(moment) + "." + spec.name;
+      if (parts.has(name)) {  // the whole tensor
+        const std::vector<int64_t>& shape = parts.info(name).shape;
+        MOE_CHECK(shape == spec.shape, "[safetensors] {}: tensor '{}' has shape {}, expected {}",
+                  parts.file_of(name), name, shape, spec.shape);
+        continue;
+      }
+      const auto it = slice_names.find(name);
+      MOE_CHECK(it != slice_names.end(), "[checkpoint] {}: missing tensor '{}'", parts.origin(),
+                name);
+      // "<name>[begin:end]": both bounds checked before they index anything; the slices must
+      // tile the tensor exactly, each a 1-D tensor of its length.
+      std::vector<Slice> ordered;
+      for (const std::string& slice : it->second) {
+        const std::string_view bounds =
+            std::string_view(slice).substr(name.size() + 1, slice.size() - name.size() - 2);
+        const size_t colon = bounds.find(':');
+        MOE_CHECK(colon != std::string_view::npos,
+                  "[checkpoint] {}: tensor '{}' is not a slice <name>[begin:end]", parts.origin(),
+                  slice);
+        ordered.push_back({parse_count(bounds.substr(0, colon), spec.numel, parts.origin(), slice),
+                           parse_count(bounds.substr(colon + 1), spec.numel, parts.origin(), slice),
+                           slice});
+      }
+      std::sort(ordered.begin(), ordered.end(), [](const Slice& a, const Slice& b) {
+        return std::tie(a.begin, a.end, a.tensor) < std::tie(b.begin, b.end, b.tensor);
+      });
+      size_t covered = 0;
+      for (const Slice& slice : ordered) {
+        MOE_CHECK(slice.begin == covered && slice.end > slice.begin && slice.end <= spec.numel,
+                  "[checkpoint] {}: the slices of '{}' do not tile its {} elements (at {})",
+                  parts.origin(), name, spec.numel, slice.tensor);
+        const std::vector<int64_t> shape = {static_cast<int64_t>(slice.end - slice.begin)};
+        MOE_CHECK(parts.info(slice.tensor).shape == shape,
+                  "[safetensors] {}: tensor '{}' has shape {}, expected {}",
+                  parts.file_of(slice.tensor), slice.tensor, parts.info(slice.tensor).shape, shape);
+        covered = slice.end;
+      }
+      MOE_CHECK(covered == spec.numel,
+                "[checkpoint] {}: the slices of '{}' cover {} of {} elements", parts.origin(), name,
+                covered, spec.numel);
+      reader.slices_[name] = std::move(ordered);
+    }
+  }
+  const auto it = parts.metadata().find("steps_taken");
+  MOE_CHECK(it != parts.metadata().end(), "[checkpoint] {}: no steps_taken in the metadata",
+            parts.origin());
+  // No run takes 2^40 steps; the trainer also checks it against the trainer state's step.
+  reader.steps_taken_ = static_cast<int64_t>(
+      parse_count(it->second, uint64_t{1} << 40, parts.origin(), "__metadata__.steps_taken"));
+  return reader;
+}
+
+void CheckpointReader::read_weights(const ParamLayout& local, ParamBuffers& params) const {
+  for (const ParamSpec& spec : local.specs())
+    model_.read_f32(spec.name, spec.shape, params.at(spec));
+}
+
+void CheckpointReader::read_moment(const std::string& moment, const std::string& name, size_t first,
+                                   size_t count, float* dst) const {
+  MOE_CHECK(optim_.has_value(), "[checkpoint] {}: opened without its optimizer state",
+            model_.origin());
+  const std::string tensor = moment + "." + name;
+  if (optim_->has(tensor)) {
+    optim_->read_f32_elements(tensor, first, count, dst);
+    return;
+  }
+  const auto it = slices_.find(tensor);
+  MOE_CHECK(it != slices_.end(), "[checkpoint] {}: missing tensor '{}'", optim_->origin(), tensor);
+  // The slices that overlap [first, first + count), each read only where they overlap it.
+  const size_t last = first + count;
+  for (const Slice& slice : it->second) {
+    const size_t begin = std::max(slice.begin, first), end = std::min(slice.end, last);
+    if (begin < end)
+      optim_->read_f32_elements(slice.tensor, begin - slice.begin, end - begin,
+                                dst + (begin - first));
+  }
+}
+
+void CheckpointReader::read_moments(const std::string& name, size_t first, size_t count,
+                                    float* exp_avg, float* exp_avg_sq) const {
+  read_moment("exp_avg", name, first, count, exp_avg);
+  read_moment("exp_avg_sq", name, first, count, exp_avg_sq);
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
+                               const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer) {
+  const CheckpointReader reader =
+      CheckpointReader::open(dir, expected, layout, optimizer != nullptr);
+  reader.read_weights(layout, params);
+  if (optimizer != nullptr) {
+    for (const ParamSpec& spec : layout.specs())
+      reader.read_moments(spec.name, 0, spec.numel, optimizer->exp_avg().at(spec),
+                          optimizer->exp_avg_sq().at(spec));
+    optimizer->set_steps_taken(reader.steps_taken());
+  }
+  const RunConfig saved =
+      parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"), dir + "/config.toml");
   load_trainer_state(dir, saved.train);  // every field checked before the run trusts any
   return nlohmann::json::parse(io::read_text(dir + "/trainer_state.json", "[checkpoint]"));
 }

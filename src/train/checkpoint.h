@@ -15,11 +15,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "io/tensor_parts.h"
 #include "model/params.h"
 #include "optim/adamw.h"
 #include "optim/state_piece.h"
@@ -80,6 +82,41 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir);
 // Newer checkpoints that were skipped are appended to `damaged` as "DIR: reason" when given.
 std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
                                                    std::vector<std::string>* damaged = nullptr);
+
+// A checkpoint opened for reading, where a resumed rank reads only what it holds (its experts,
+// its pipeline stage's layers, its ZeRO-1 shard of the moments). open() checks the checkpoint as
+// a whole from the file headers alone: its model configuration equals `expected`, every tensor of
+// the whole model `full` is present with its shape and no other tensor is, and (with_optimizer)
+// every tensor's moments are present whole or as slices that tile it, with the step count. The
+// reads then touch only the bytes asked for (the files are memory-mapped).
+class CheckpointReader {
+ public:
+  static CheckpointReader open(const std::string& dir, const ModelConfig& expected,
+                               const ParamLayout& full, bool with_optimizer);
+
+  // The weights of every tensor of `local` (a layout of the same model: global names).
+  void read_weights(const ParamLayout& local, ParamBuffers& params) const;
+  // Elements [first, first + count) of tensor `name`'s Adam moments (with_optimizer only).
+  void read_moments(const std::string& name, size_t first, size_t count, float* exp_avg,
+                    float* exp_avg_sq) const;
+  int64_t steps_taken() const { return steps_taken_; }
+
+ private:
+  struct Slice {  // "<moment>.<name>[begin:end]"
+    size_t begin, end;
+    std::string tensor;
+  };
+  CheckpointReader(io::TensorParts model, std::optional<io::TensorParts> optim)
+      : model_(std::move(model)), optim_(std::move(optim)) {}
+  void read_moment(const std::string& moment, const std::string& name, size_t first, size_t count,
+                   float* dst) const;
+
+  io::TensorParts model_;
+  std::optional<io::TensorParts> optim_;
+  // Moments stored as slices, by "<moment>.<name>", in order; they tile the tensor.
+  std::map<std::string, std::vector<Slice>> slices_;
+  int64_t steps_taken_ = 0;
+};
 
 // Loads a checkpoint directory into params (and optimizer, if given) after checking that its model
 // configuration equals `expected`; returns the trainer state.

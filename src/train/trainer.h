@@ -1,6 +1,8 @@
 // The training job: data (OLMo-core token files), gradient accumulation, the step guard,
 // validation, metrics (stdout, metrics.jsonl, TensorBoard), MoE diagnostics with the gerrymandering
-// detector, atomic checkpoints with exact resume, and a generated sample at the end.
+// detector, atomic checkpoints with exact resume, and a generated sample at the end. train() is
+// the loop and its wiring; each of those concerns is a callback (train/callback.h,
+// train/callbacks/).
 #pragma once
 
 #include <cstdint>

@@ -461,6 +461,361 @@ TEST_P(KernelOps, MoeCombineMatchesReference) {
     }
 }
 
+// Router logits whose scores are far from ties: each token's logits are a random permutation of
+// steps 1.0 apart (plus noise of +-0.1), so every score exceeds the sum of all smaller ones (e^-1
+// ratios, a sigmoid's too below z = -1); top-k choices and group sums (sums of two) are then
+// decided by margins far above the central differences' step, which must not change the choice.
+std::vector<float> separated_logits(int64_t tokens, int64_t experts, float offset, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> noise(-0.1f, 0.1f);
+  std::vector<float> z(static_cast<size_t>(tokens * experts));
+  std::vector<int32_t> order(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), gen);
+    for (int64_t e = 0; e < experts; ++e)
+      z[static_cast<size_t>(t * experts + e)] =
+          offset + static_cast<float>(order[static_cast<size_t>(e)]) + noise(gen);
+  }
+  return z;
+}
+
+TEST_P(KernelOps, RouterTopkMatchesReference) {
+  struct Case {
+    int64_t experts;
+    RouterTopkOptions options;
+    bool bias;  // a selection bias of +2 on the odd experts, which then win every choice
+    bool lb_uses_softmax;
+  };
+  using enum RouterScoreFunction;
+  const std::vector<Case> cases = {
+      {8, {.score = kSoftmax, .top_k = 2}, false, false},
+      {8,
+       {.score = kSoftmax, .top_k = 3, .norm_topk_prob = true, .routed_scaling_factor = 2.5f},
+       true,
+       false},
+      {8,
+       {.score = kSigmoid, .top_k = 3, .norm_topk_prob = true, .n_group = 4, .topk_group = 2},
+       true,
+       false},
+      {12, {.score = kSigmoid, .top_k = 2, .n_group = 3, .topk_group = 1}, false, true},
+      {5, {.score = kTopkSoftmax, .top_k = 2, .routed_scaling_factor = 0.5f}, false, false},
+      {7, {.score = kSigmoid, .top_k = 1}, false, false},
+      {6,
+       {.score = kSoftmax,
+        .top_k = 2,
+        .choice = RouterChoice::kRandom,
+        .seed = 99,
+        .token_offset = 5},
+       false,
+       false},
+      {5,
+       {.score = kSigmoid, .top_k = 3, .choice = RouterChoice::kBalanced, .token_offset = 3},
+       false,
+       false},
+  };
+  uint32_t seed = 1100;
+  for (const Case& c : cases)
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{33}}) {
+      const RouterTopkOptions& o = c.options;
+      const int64_t e_count = c.experts, k = o.top_k;
+      const std::string what = "E=" + std::to_string(e_count) + " k=" + std::to_string(k) +
+                               " score=" + std::to_string(static_cast<int>(o.score)) +
+                               " choice=" + std::to_string(static_cast<int>(o.choice)) +
+                               " groups=" + std::to_string(o.n_group) + " N=" + std::to_string(n);
+      const float offset = o.score == kSigmoid ? -1.5f - static_cast<float>(e_count) : -4.0f;
+      std::vector<float> z = separated_logits(n, e_count, offset, ++seed);
+      std::vector<float> bias(static_cast<size_t>(e_count));
+      for (int64_t e = 0; e < e_count; ++e) bias[static_cast<size_t>(e)] = e % 2 == 1 ? 2.0f : 0.0f;
+      const ConstTensorView bias_view = c.bias ? view(bias.data(), {e_count}) : ConstTensorView{};
+      struct Out {
+        std::vector<float> scores, weight;
+        std::vector<int32_t> index;
+        std::vector<int64_t> counts;
+      };
+      auto forward = [&](const KernelBackend& b, Out& out) {
+        out.scores.resize(z.size());
+        out.weight.resize(static_cast<size_t>(n * k));
+        out.index.resize(out.weight.size());
+        out.counts.resize(static_cast<size_t>(e_count));
+        b.router_topk_forward(view(z.data(), {n, e_count}), bias_view, o,
+                              view(out.scores.data(), {n, e_count}), view(out.index.data(), {n, k}),
+                              view(out.weight.data(), {n, k}), out.counts);
+      };
+      Out got, ref;
+      forward(backend(), got);
+      forward(oracle(), ref);
+      EXPECT_EQ(got.index, ref.index) << "router top-k choice " << what;
+      EXPECT_EQ(got.counts, ref.counts) << "router expert counts " << what;
+      // Scores: one exp and a sum over the E experts; weights: a sum over k more.
+      expect_nmse(got.scores, ref.scores, e_count, "router scores " + what);
+      expect_nmse(got.weight, ref.weight, e_count + k, "router weights " + what);
+      if (c.bias) {  // the +2 bias puts odd experts first whatever their scores
+        for (int64_t t = 0; t < n; ++t)
+          EXPECT_EQ(got.index[static_cast<size_t>(t * k)] % 2, 1) << what;
+      }
+
+      // The load-balancing probabilities and the z-loss.
+      const RouterProbability lb_probability = o.score != kSigmoid ? RouterProbability::kScores
+                                               : c.lb_uses_softmax
+                                                   ? RouterProbability::kSoftmaxOfLogits
+                                                   : RouterProbability::kScoresOverRowSum;
+      for (const RouterProbability p :
+           {RouterProbability::kScores, RouterProbability::kSoftmaxOfLogits,
+            RouterProbability::kScoresOverRowSum}) {
+        std::vector<double> sums(static_cast<size_t>(e_count)), sums_ref(sums.size());
+        backend().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                 view(got.scores.data(), {n, e_count}), p, sums);
+        oracle().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                view(got.scores.data(), {n, e_count}), p, sums_ref);
+        expect_nmse(std::vector<float>(sums.begin(), sums.end()),
+                    std::vector<float>(sums_ref.begin(), sums_ref.end()), e_count + n,
+                    "router column sums " + what);
+      }
+      const double z_loss = backend().router_z_loss(view(z.data(), {n, e_count}));
+      const double z_loss_ref = oracle().router_z_loss(view(z.data(), {n, e_count}));
+      EXPECT_LE(std::pow(z_loss - z_loss_ref, 2), nmse_bound(e_count) * z_loss_ref * z_loss_ref)
+          << "router z-loss " << what;
+
+      // Backward: d_weight, a load-balancing gradient and a z-loss scale, against the oracle and
+      // against central differences of L = <weights, d_weight> + <lb, column sums of p> +
+      // z_scale * N * z_loss, all through the backend's own forward ops.
+      const std::vector<float> d_weight = random_vec(got.weight.size(), ++seed);
+      const std::vector<float> lb = random_vec(static_cast<size_t>(e_count), ++seed);
+      const float z_scale = 0.3f;
+      const RouterLossGrads grads{view(lb.data(), {e_count}), c.lb_uses_softmax, z_scale};
+      std::vector<float> dz(z.size()), dz_ref(z.size());
+      auto backward = [&](const KernelBackend& b, const Out& out, std::vector<float>& g) {
+        b.router_topk_backward(view(z.data(), {n, e_count}), view(out.scores.data(), {n, e_count}),
+                               view(out.index.data(), {n, k}), view(out.weight.data(), {n, k}),
+                               view(d_weight.data(), {n, k}), grads, o,
+                               view(g.data(), {n, e_count}));
+      };
+      backward(backend(), got, dz);
+      backward(oracle(), got, dz_ref);
+      expect_nmse(dz, dz_ref, e_count + k, "router dlogits " + what);
+      auto loss = [&] {
+        Out out;
+        forward(backend(), out);
+        EXPECT_EQ(out.index, got.index) << "the step changed the choice: " << what;
+        std::vector<double> sums(static_cast<size_t>(e_count));
+        backend().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                 view(out.scores.data(), {n, e_count}),
+                                                 lb_probability, sums);
+        double total = project(out.weight.data(), d_weight);
+        for (int64_t e = 0; e < e_count; ++e)
+          total += double{lb[static_cast<size_t>(e)]} * sums[static_cast<size_t>(e)];
+        return total + double{z_scale} * static_cast<double>(n) *
+                           backend().router_z_loss(view(z.data(), {n, e_count}));
+      };
+      expect_close(check_all(z.data(), z.size(), dz.data(), kFdEps, loss), "dlogits " + what);
+    }
+  std::vector<float> z(6), scores(6), weight(2);
+  std::vector<int32_t> index(2);
+  std::vector<int64_t> counts(3);
+  RouterTopkOptions too_many;
+  too_many.top_k = 4;
+  EXPECT_THROW(backend().router_topk_forward(
+                   view(z.data(), {2, 3}), ConstTensorView{}, too_many, view(scores.data(), {2, 3}),
+                   view(index.data(), {2, 1}), view(weight.data(), {2, 1}), counts),
+               Error);
+}
+
+TEST_P(KernelOps, GroupedGemmMatchesReference) {
+  struct Case {
+    std::vector<int64_t> rows_per_expert;  // empty experts included
+    int64_t out, in;
+  };
+  // Odd sizes, an expert without rows at either end and in the middle, one expert, and enough
+  // small experts that the CPU backend runs them in parallel (kernels/cpu/grouped_gemm.cpp).
+  const std::vector<Case> cases = {
+      {{3, 0, 5}, 7, 9}, {{1}, 1, 1}, {{0, 17, 2, 0}, 16, 33}, {{4, 6, 1, 9, 3, 7, 2, 5}, 12, 10}};
+  uint32_t seed = 1200;
+  for (const Case& c : cases) {
+    const int64_t experts = static_cast<int64_t>(c.rows_per_expert.size()), out = c.out, in = c.in;
+    std::vector<int64_t> offsets = {0};
+    for (const int64_t r : c.rows_per_expert) offsets.push_back(offsets.back() + r);
+    const int64_t rows = offsets.back();
+    const std::string what = "E=" + std::to_string(experts) + " R=" + std::to_string(rows) +
+                             " out=" + std::to_string(out) + " in=" + std::to_string(in);
+    std::vector<float> x = random_vec(static_cast<size_t>(rows * in), ++seed);
+    std::vector<float> w = random_vec(static_cast<size_t>(experts * out * in), ++seed);
+    const std::vector<float> dy = random_vec(static_cast<size_t>(rows * out), ++seed);
+    std::vector<float> y(dy.size()), y_ref(dy.size());
+    backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                   offsets, view(y.data(), {rows, out}));
+    oracle().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                  offsets, view(y_ref.data(), {rows, out}));
+    expect_nmse(y, y_ref, in, "grouped_gemm y " + what);
+
+    const std::vector<float> dw_before = random_vec(w.size(), ++seed);
+    std::vector<float> dx(x.size()), dx_ref(x.size()), dw = dw_before, dw_ref = dw_before;
+    backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                    view(w.data(), {experts, out, in}), offsets,
+                                    view(dx.data(), {rows, in}),
+                                    view(dw.data(), {experts, out, in}));
+    oracle().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                   view(w.data(), {experts, out, in}), offsets,
+                                   view(dx_ref.data(), {rows, in}),
+                                   view(dw_ref.data(), {experts, out, in}));
+    expect_nmse(dx, dx_ref, out, "grouped_gemm dx " + what);
+    expect_nmse(dw, dw_ref, rows + 1, "grouped_gemm dw " + what);
+    // An expert without rows keeps its weight gradient as it was.
+    for (int64_t e = 0; e < experts; ++e)
+      if (offsets[static_cast<size_t>(e + 1)] == offsets[static_cast<size_t>(e)]) {
+        for (int64_t i = e * out * in; i < (e + 1) * out * in; ++i)
+          ASSERT_EQ(dw[static_cast<size_t>(i)], dw_before[static_cast<size_t>(i)]) << what;
+      }
+    auto loss = [&] {
+      backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                     offsets, view(y.data(), {rows, out}));
+      return project(y.data(), dy);
+    };
+    expect_close(check_all(x.data(), x.size(), dx.data(), kFdEps, loss), "dx " + what);
+    const std::vector<float> gw = added(dw, dw_before);
+    std::vector<size_t> used;  // the weights of experts with rows (the others have no gradient)
+    for (int64_t e = 0; e < experts; ++e)
+      if (offsets[static_cast<size_t>(e + 1)] > offsets[static_cast<size_t>(e)])
+        for (int64_t i = e * out * in; i < (e + 1) * out * in; ++i)
+          used.push_back(static_cast<size_t>(i));
+    expect_close(gradcheck::check_indices(w.data(), gw.data(), used, kFdEps, loss), "dw " + what);
+  }
+  std::vector<float> x(6), w(6), y(6);
+  const std::vector<int64_t> decreasing = {0, 2, 1};
+  EXPECT_THROW(backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}),
+                                              decreasing, view(y.data(), {1, 1})),
+               Error);
+}
+
+TEST_P(KernelOps, MatmulMatchesReference) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  uint32_t seed = 1300;
+  for (const Case c : {Case{1, 1, 1}, Case{3, 5, 7}, Case{17, 33, 65}, Case{2, 64, 130}})
+    for (const bool trans_a : {false, true})
+      for (const bool trans_b : {false, true})
+        for (const GemmOperands operands : {GemmOperands::kModelPrecision, GemmOperands::kFp32}) {
+          const std::string what = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                                   " k=" + std::to_string(c.k) + " ta=" + std::to_string(trans_a) +
+                                   " tb=" + std::to_string(trans_b);
+          std::vector<float> a = random_vec(static_cast<size_t>(c.m * c.k), ++seed);
+          std::vector<float> b = random_vec(static_cast<size_t>(c.k * c.n), ++seed);
+          const std::vector<float> c_before = random_vec(static_cast<size_t>(c.m * c.n), ++seed);
+          const auto a_view = trans_a ? view(a.data(), {c.k, c.m}) : view(a.data(), {c.m, c.k});
+          const auto b_view = trans_b ? view(b.data(), {c.n, c.k}) : view(b.data(), {c.k, c.n});
+          for (const float beta : {0.0f, 1.0f}) {
+            std::vector<float> out = c_before, out_ref = c_before;
+            backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, beta,
+                             view(out.data(), {c.m, c.n}), operands);
+            oracle().matmul(a_view, trans_a, b_view, trans_b, 0.5f, beta,
+                            view(out_ref.data(), {c.m, c.n}), operands);
+            expect_nmse(out, out_ref, c.k + 1, "matmul " + what);
+          }
+          // Gradient of L = <0.5 op(a) op(b), r> with respect to a: 0.5 r op(b)^T, laid out as a.
+          const std::vector<float> r = random_vec(c_before.size(), ++seed);
+          std::vector<float> out(c_before.size()), da(a.size());
+          if (trans_a)  // a is [K, M]: da = 0.5 op(b) r^T
+            backend().matmul(b_view, trans_b, view(r.data(), {c.m, c.n}), true, 0.5f, 0.0f,
+                             view(da.data(), {c.k, c.m}), operands);
+          else
+            backend().matmul(view(r.data(), {c.m, c.n}), false, b_view, !trans_b, 0.5f, 0.0f,
+                             view(da.data(), {c.m, c.k}), operands);
+          auto loss = [&] {
+            backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, 0.0f,
+                             view(out.data(), {c.m, c.n}), operands);
+            return project(out.data(), r);
+          };
+          expect_close(check_all(a.data(), a.size(), da.data(), kFdEps, loss), "da " + what);
+        }
+  std::vector<float> x(6);
+  EXPECT_THROW(backend().matmul(view(x.data(), {2, 3}), false, view(x.data(), {2, 3}), false, 1.0f,
+                                0.0f, view(x.data(), {2, 3}), GemmOperands::kFp32),
+               Error);
+}
+
+TEST_P(KernelOps, AddAndScaleMatchReference) {
+  uint32_t seed = 1400;
+  // A SIMD tail, and enough elements for the threaded path.
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{70001}}) {
+    const std::string what = "n=" + std::to_string(n);
+    std::vector<float> a = random_vec(static_cast<size_t>(n), ++seed);
+    const std::vector<float> b = random_vec(a.size(), ++seed);
+    std::vector<float> sum(a.size()), sum_ref(a.size());
+    backend().add(view(a.data(), {n}), view(b.data(), {n}), view(sum.data(), {n}));
+    oracle().add(view(a.data(), {n}), view(b.data(), {n}), view(sum_ref.data(), {n}));
+    // One fp32 rounding per element, the same on both sides.
+    EXPECT_EQ(sum, sum_ref) << "add " << what;
+    std::vector<float> in_place = a;  // the residual stream's form: out is a
+    backend().add(view(in_place.data(), {n}), view(b.data(), {n}), view(in_place.data(), {n}));
+    EXPECT_EQ(in_place, sum_ref) << "add in place " << what;
+    std::vector<float> scaled(a.size()), scaled_ref(a.size());
+    backend().scale(view(a.data(), {n}), 0.375f, view(scaled.data(), {n}));
+    oracle().scale(view(a.data(), {n}), 0.375f, view(scaled_ref.data(), {n}));
+    EXPECT_EQ(scaled, scaled_ref) << "scale " << what;
+    // Both are linear: the gradient of <add(a, b), r> in a is r, of <scale(a), r> is 0.375 r.
+    const std::vector<float> r = random_vec(a.size(), ++seed);
+    std::vector<float> grad_scale(r.size());
+    for (size_t i = 0; i < r.size(); ++i) grad_scale[i] = 0.375f * r[i];
+    if (n <= 37) {
+      auto add_loss = [&] {
+        backend().add(view(a.data(), {n}), view(b.data(), {n}), view(sum.data(), {n}));
+        return project(sum.data(), r);
+      };
+      expect_close(check_all(a.data(), a.size(), r.data(), kFdEps, add_loss), "add da " + what);
+      auto scale_loss = [&] {
+        backend().scale(view(a.data(), {n}), 0.375f, view(scaled.data(), {n}));
+        return project(scaled.data(), r);
+      };
+      expect_close(check_all(a.data(), a.size(), grad_scale.data(), kFdEps, scale_loss),
+                   "scale da " + what);
+    }
+  }
+  std::vector<float> x(6);
+  EXPECT_THROW(backend().add(view(x.data(), {6}), view(x.data(), {5}), view(x.data(), {6})), Error);
+}
+
+// Decoding attention over a cache has no backward (inference only); besides the oracle it must
+// equal the training kernel's causal attention on the same positions.
+TEST_P(KernelOps, CachedAttentionMatchesReference) {
+  struct Case {
+    int64_t first_position, n, heads, kv_heads, head_dim;
+  };
+  uint32_t seed = 1500;
+  for (const Case c : {Case{0, 1, 1, 1, 1}, Case{4, 1, 4, 2, 3}, Case{0, 9, 3, 1, 5},
+                       Case{6, 3, 2, 2, 17}, Case{0, 40, 4, 4, 32}}) {
+    const int64_t keys = c.first_position + c.n, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
+    const std::string what = "p0=" + std::to_string(c.first_position) +
+                             " n=" + std::to_string(c.n) + " H=" + std::to_string(H) +
+                             " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd);
+    // All positions' queries; the cached call sees the last n of them.
+    const std::vector<float> q_all = random_vec(static_cast<size_t>(keys * H * hd), ++seed);
+    const std::vector<float> k = random_vec(static_cast<size_t>(keys * KV * hd), ++seed);
+    const std::vector<float> v = random_vec(k.size(), ++seed);
+    const float* q = q_all.data() + c.first_position * H * hd;
+    std::vector<float> out(static_cast<size_t>(c.n * H * hd)), out_ref(out.size());
+    backend().cached_attention_forward(view(q, {c.n, H, hd}), view(k.data(), {keys, KV, hd}),
+                                       view(v.data(), {keys, KV, hd}), c.first_position,
+                                       view(out.data(), {c.n, H, hd}));
+    oracle().cached_attention_forward(view(q, {c.n, H, hd}), view(k.data(), {keys, KV, hd}),
+                                      view(v.data(), {keys, KV, hd}), c.first_position,
+                                      view(out_ref.data(), {c.n, H, hd}));
+    expect_nmse(out, out_ref, keys + hd, "cached_attention " + what);
+    std::vector<float> full(q_all.size()), probs(static_cast<size_t>(H * keys * keys));
+    backend().causal_attention_forward(
+        view(q_all.data(), {1, keys, H, hd}), view(k.data(), {1, keys, KV, hd}),
+        view(v.data(), {1, keys, KV, hd}), view(full.data(), {1, keys, H, hd}),
+        view(probs.data(), {1, H, keys, keys}), ConstTensorView{});
+    const std::vector<float> tail(full.begin() + c.first_position * H * hd, full.end());
+    expect_nmse(out, tail, keys + hd, "cached vs causal attention " + what);
+  }
+  std::vector<float> x(12);
+  EXPECT_THROW(
+      backend().cached_attention_forward(view(x.data(), {1, 3, 2}), view(x.data(), {1, 2, 2}),
+                                         view(x.data(), {1, 2, 2}), 0, view(x.data(), {1, 3, 2})),
+      Error);
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   std::vector<float> x(12), y(12), w(4), rstd(3);
   EXPECT_THROW(backend().rmsnorm_forward(view(x.data(), {3, 4}), view(w.data(), {3}),

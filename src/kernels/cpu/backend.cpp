@@ -6,6 +6,7 @@ namespace moecore::kernels {
 const KernelBackend& cpu_backend() {
   static const KernelBackend backend{
       .name = "cpu",
+      .matmul = &kernels::matmul,
       .rmsnorm_forward = &kernels::rmsnorm_forward,
       .rmsnorm_backward = &kernels::rmsnorm_backward,
       .swiglu_forward = &kernels::swiglu_forward,
@@ -24,6 +25,15 @@ const KernelBackend& cpu_backend() {
       .gather_rows = &kernels::gather_rows,
       .moe_combine_forward = &kernels::moe_combine_forward,
       .moe_combine_backward = &kernels::moe_combine_backward,
+      .router_topk_forward = &kernels::router_topk_forward,
+      .router_topk_backward = &kernels::router_topk_backward,
+      .router_z_loss = &kernels::router_z_loss,
+      .router_probability_column_sums = &kernels::router_probability_column_sums,
+      .grouped_gemm_forward = &kernels::grouped_gemm_forward,
+      .grouped_gemm_backward = &kernels::grouped_gemm_backward,
+      .add = &kernels::add,
+      .scale = &kernels::scale,
+      .cached_attention_forward = &kernels::cached_attention_forward,
   };
   return backend;
 }

@@ -6,6 +6,7 @@ namespace moecore::kernels {
 const KernelBackend& reference_backend() {
   static const KernelBackend backend{
       .name = "reference",
+      .matmul = &kernels::reference::matmul,
       .rmsnorm_forward = &kernels::reference::rmsnorm_forward,
       .rmsnorm_backward = &kernels::reference::rmsnorm_backward,
       .swiglu_forward = &kernels::reference::swiglu_forward,
@@ -24,6 +25,15 @@ const KernelBackend& reference_backend() {
       .gather_rows = &kernels::reference::gather_rows,
       .moe_combine_forward = &kernels::reference::moe_combine_forward,
       .moe_combine_backward = &kernels::reference::moe_combine_backward,
+      .router_topk_forward = &kernels::reference::router_topk_forward,
+      .router_topk_backward = &kernels::reference::router_topk_backward,
+      .router_z_loss = &kernels::reference::router_z_loss,
+      .router_probability_column_sums = &kernels::reference::router_probability_column_sums,
+      .grouped_gemm_forward = &kernels::reference::grouped_gemm_forward,
+      .grouped_gemm_backward = &kernels::reference::grouped_gemm_backward,
+      .add = &kernels::reference::add,
+      .scale = &kernels::reference::scale,
+      .cached_attention_forward = &kernels::reference::cached_attention_forward,
   };
   return backend;
 }

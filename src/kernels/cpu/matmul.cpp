@@ -1,0 +1,15 @@
+// matmul on the CPU: the views handed to kernels/gemm.h's GEMM (oneDNN).
+#include "kernels/matmul_checks.h"
+#include "kernels/ops.h"
+
+namespace moecore::kernels {
+
+void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, float alpha,
+            float beta, TensorView c, GemmOperands operands) {
+  const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c);
+  const auto run = operands == GemmOperands::kFp32 ? &gemm_fp32 : &gemm;
+  run(trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>("matmul"), a.size(1),
+      b.data<float>("matmul"), b.size(1), beta, c.data<float>("matmul"), s.n);
+}
+
+}  // namespace moecore::kernels

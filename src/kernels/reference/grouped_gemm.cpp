@@ -1,0 +1,52 @@
+// The grouped GEMM, the plain-loop oracle: per expert, per row, per output, a sum in double.
+#include "kernels/grouped_gemm_checks.h"
+#include "kernels/ops.h"
+
+namespace moecore::kernels::reference {
+
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
+                          std::span<const int64_t> expert_offsets, TensorView y) {
+  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets);
+  const float* xp = x.data<float>("grouped_gemm");
+  const float* wp = w.data<float>("grouped_gemm");
+  float* yp = y.data<float>("grouped_gemm");
+  for (int64_t e = 0; e < s.experts; ++e)
+    for (int64_t r = expert_offsets[static_cast<size_t>(e)];
+         r < expert_offsets[static_cast<size_t>(e + 1)]; ++r)
+      for (int64_t o = 0; o < s.out; ++o) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < s.in; ++i)
+          sum += double{xp[r * s.in + i]} * double{wp[(e * s.out + o) * s.in + i]};
+        yp[r * s.out + o] = static_cast<float>(sum);
+      }
+}
+
+void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
+                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw) {
+  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets);
+  const float* dyp = dy.data<float>("grouped_gemm_backward");
+  const float* xp = x.data<float>("grouped_gemm_backward");
+  const float* wp = w.data<float>("grouped_gemm_backward");
+  float* dxp = dx.data<float>("grouped_gemm_backward");
+  float* dwp = dw.data<float>("grouped_gemm_backward");
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int64_t begin = expert_offsets[static_cast<size_t>(e)];
+    const int64_t end = expert_offsets[static_cast<size_t>(e + 1)];
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < s.in; ++i) {
+        double sum = 0.0;
+        for (int64_t o = 0; o < s.out; ++o)
+          sum += double{dyp[r * s.out + o]} * double{wp[(e * s.out + o) * s.in + i]};
+        dxp[r * s.in + i] = static_cast<float>(sum);
+      }
+    for (int64_t o = 0; o < s.out; ++o)
+      for (int64_t i = 0; i < s.in; ++i) {
+        double sum = double{dwp[(e * s.out + o) * s.in + i]};
+        for (int64_t r = begin; r < end; ++r)
+          sum += double{dyp[r * s.out + o]} * double{xp[r * s.in + i]};
+        dwp[(e * s.out + o) * s.in + i] = static_cast<float>(sum);
+      }
+  }
+}
+
+}  // namespace moecore::kernels::reference

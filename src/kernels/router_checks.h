@@ -1,0 +1,34 @@
+// The argument checks of the router kernels, shared by every backend: logits are [N, E] and the
+// options describe a choice that exists (k of E experts, groups that divide E and hold k).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+#include "kernels/view_checks.h"
+
+namespace moecore::kernels {
+
+struct RouterDims {
+  int64_t tokens, experts;
+};
+
+inline RouterDims router_dims(const char* op, ConstTensorView logits, const RouterTopkOptions& o) {
+  MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", op, logits.rank());
+  const RouterDims d{logits.size(0), logits.size(1)};
+  expect_shape(op, "logits", logits, {d.tokens, d.experts});
+  MOE_CHECK(o.top_k >= 1 && o.top_k <= d.experts, "[{}] top_k={} must be in [1, {}]", op, o.top_k,
+            d.experts);
+  MOE_CHECK(o.n_group >= 1 && d.experts % o.n_group == 0,
+            "[{}] n_group={} does not divide {} experts", op, o.n_group, d.experts);
+  MOE_CHECK(o.topk_group >= 1 && o.topk_group <= o.n_group, "[{}] topk_group={} must be in [1, {}]",
+            op, o.topk_group, o.n_group);
+  MOE_CHECK(o.n_group == 1 || o.topk_group * (d.experts / o.n_group) >= o.top_k,
+            "[{}] topk_group={} groups of {} experts cannot hold top_k={}", op, o.topk_group,
+            d.experts / o.n_group, o.top_k);
+  MOE_CHECK(o.choice == RouterChoice::kTopScores || o.token_offset >= 0,
+            "[{}] routing token offset {} must be >= 0", op, o.token_offset);
+  return d;
+}
+
+}  // namespace moecore::kernels

@@ -1,0 +1,109 @@
+#include "train/callbacks/checkpointer.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "core/check.h"
+#include "io/file_util.h"
+#include "optim/lr_schedule.h"
+#include "train/checkpoint.h"
+#include "train/train_context.h"
+
+namespace moecore {
+
+namespace {
+
+std::optional<int64_t> write_fault_from_env() {
+  const char* value = std::getenv("MOECORE_FAULT_WRITE_BYTES");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::stoll(value);
+}
+
+}  // namespace
+
+CheckpointCallback::CheckpointCallback(int64_t owner_pid, nlohmann::json hf_config,
+                                       std::string tokenizer_json,
+                                       std::optional<int64_t> resumed_step)
+    : owner_pid_(owner_pid),
+      hf_config_(std::move(hf_config)),
+      tokenizer_json_(std::move(tokenizer_json)),
+      last_saved_(resumed_step.value_or(-1)),
+      write_fault_(write_fault_from_env()) {}
+
+void CheckpointCallback::on_step_end(TrainContext& ctx, StepReport& report) {
+  const int64_t every = ctx.config.train.save_every;
+  if (every > 0 && report.step % every == 0) save(ctx);
+}
+
+void CheckpointCallback::on_end(TrainContext& ctx) {
+  if (last_saved_ != ctx.step) save(ctx);
+}
+
+void CheckpointCallback::save(TrainContext& ctx) {
+  const TrainConfig& tc = ctx.config.train;
+  const int64_t at_step = ctx.step;
+  last_saved_ = at_step;
+  nlohmann::json state = {{"step", at_step},
+                          {"tokens_seen", ctx.tokens_seen},
+                          {"data_cursor", ctx.loader.cursor()},
+                          {"seed", tc.seed},
+                          {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
+                          {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps)},
+                          {"step_guard", ctx.guard.to_json()},
+                          {"gerrymandering", ctx.gerrymandering.to_json()}};
+  if (ctx.replay_origin != ReplayOrigin{})
+    state["replay_origin"] = {{"step", ctx.replay_origin.step},
+                              {"data_cursor", ctx.replay_origin.data_cursor},
+                              {"tokens_seen", ctx.replay_origin.tokens_seen}};
+  const CheckpointContents contents{&ctx.config, &ctx.full_layout, nullptr,        nullptr,
+                                    state,       hf_config_,       tokenizer_json_};
+  const bool rank0 = ctx.world.rank() == 0;
+  // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
+  const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step, owner_pid_);
+  if (rank0) begin_checkpoint(tc.out_dir, at_step, owner_pid_);
+  ctx.world.barrier();
+  try {
+    write_checkpoint_part(staging, {ctx.world.rank(), ctx.world.size(), &ctx.params,
+                                    ctx.optimizer.checkpoint_weights(),
+                                    ctx.optimizer.checkpoint_state(), ctx.optimizer.steps_taken()});
+  } catch (...) {
+    // Alone, tidy up now; with other ranks still writing, the job ends and the next start
+    // removes the staging directory (remove_interrupted_saves).
+    if (ctx.world.size() == 1) discard_checkpoint(staging);
+    throw;
+  }
+  ctx.world.barrier();
+  if (!rank0) return;
+  const std::string dir =
+      commit_checkpoint(tc.out_dir, at_step, staging, contents, ctx.world.size(), tc.keep_last);
+  ctx.progress.message(fmt::format("checkpoint {}", dir));
+  ctx.report_checkpoint(at_step, dir);
+  if (write_fault_) io::set_write_failure_for_testing(*write_fault_);
+}
+
+TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& written_by,
+                                const ModelConfig& model, const ParamLayout& full,
+                                const ParamLayout& local, ParamBuffers& params,
+                                dist::DistributedOptimizer& optimizer, StepGuard& guard,
+                                GerrymanderingDetector& gerrymandering) {
+  // Each rank reads only what it holds: its tensors' weights and its share of the moments.
+  const CheckpointReader reader = CheckpointReader::open(dir, model, full, true);
+  reader.read_weights(local, params);
+  optimizer.restore_state(
+      [&reader](const ParamSpec& spec, size_t first, size_t count, float* exp_avg,
+                float* exp_avg_sq) {
+        reader.read_moments(spec.name, first, count, exp_avg, exp_avg_sq);
+      },
+      reader.steps_taken());
+  // The trainer state, checked field by field against the config that wrote it.
+  const TrainerState resumed = load_trainer_state(dir, written_by);
+  MOE_CHECK(reader.steps_taken() <= resumed.step,
+            "[checkpoint] {}: the optimizer's steps_taken={} exceeds the trainer state's step={}",
+            dir, reader.steps_taken(), resumed.step);
+  guard.from_json(resumed.step_guard);
+  gerrymandering.from_json(resumed.gerrymandering);
+  return resumed;
+}
+
+}  // namespace moecore

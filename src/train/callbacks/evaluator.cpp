@@ -1,0 +1,48 @@
+#include "train/callbacks/evaluator.h"
+
+#include "model/router.h"
+#include "train/evaluate.h"
+#include "train/train_context.h"
+
+namespace moecore {
+
+void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
+  const int64_t every = ctx.config.train.eval_every;
+  if (every > 0 && report.step % every == 0 && report.step < ctx.config.train.max_steps &&
+      !ctx.stopping())
+    evaluate_at(ctx, report.step);
+}
+
+void EvalCallback::on_end(TrainContext& ctx) {
+  if (ctx.stop_signal == 0) ctx.summary.val_loss = evaluate_at(ctx, ctx.step);
+}
+
+double EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
+  // Without expert parallelism the ranks at dp position 0 evaluate (rank 0 alone, or one rank
+  // per pipeline stage), with the data-parallel reduction off, and the others go on to the next
+  // step's first collective and wait there. With it, the experts are spread over the ranks:
+  // every rank evaluates the same batches together.
+  if (ctx.mesh.dp.rank() != 0 && ctx.config.parallel.ep == 1) return 0.0;
+  for (Transformer* chunk : ctx.chunks) {
+    chunk->set_batch_sum(nullptr);
+    chunk->set_routing_seed(routing_forward_seed(ctx.config.train.seed, step, -1));  // all tokens
+    chunk->set_routing_token_offset(0);
+  }
+  EvalResult r = evaluate(
+      [&ctx](const int32_t* tokens, const int32_t* targets, int64_t batch_rows, int64_t seq) {
+        return ctx.pipeline.forward_only(ctx.params, tokens, targets, batch_rows, seq);
+      },
+      val_data_, ctx.rows, ctx.config.train.eval_batches * ctx.rows);
+  const int64_t pp = ctx.config.parallel.pp;
+  if (pp > 1) {  // the last stage saw the loss
+    double result[4] = {r.loss, r.perplexity, static_cast<double>(r.tokens),
+                        static_cast<double>(r.instances)};
+    ctx.mesh.pp.broadcast(result, sizeof(result), static_cast<int>(pp - 1));
+    r = {result[0], result[1], static_cast<int64_t>(result[2]), static_cast<int64_t>(result[3])};
+  }
+  for (Transformer* chunk : ctx.chunks) chunk->set_batch_sum(ctx.dp_batch_sum);
+  if (ctx.world.rank() == 0) ctx.report_eval(step, r);
+  return r.loss;
+}
+
+}  // namespace moecore

@@ -1,0 +1,32 @@
+#include "train/callbacks/metrics.h"
+
+#include <fmt/format.h>
+
+#include "train/train_context.h"
+
+namespace moecore {
+
+MetricsCallback::MetricsCallback(const std::string& out_dir, int64_t resume_step, bool rank0) {
+  if (rank0) sink_.emplace(out_dir, resume_step);
+}
+
+void MetricsCallback::on_step_end(TrainContext& ctx, StepReport& report) {
+  if (sink_) sink_->log(report.step, report.scalars);
+  const int64_t steps_run = report.step - ctx.summary.start_step;
+  ctx.progress.update(report.step, report.loss.ce, report.tokens_per_s,
+                      report.seconds / static_cast<double>(steps_run),
+                      fmt::format("lb {:.3f}  imb {:.2f}  gnorm {:.2f}  lr {:.1e}", report.loss.lb,
+                                  report.load_imbalance, report.grad_norm, report.lr));
+}
+
+void MetricsCallback::on_eval(TrainContext& ctx, int64_t step, const EvalResult& result) {
+  if (sink_) sink_->log(step, {{"val/loss", result.loss}, {"val/ppl", result.perplexity}});
+  ctx.progress.message(fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)",
+                                   step, result.loss, result.perplexity, result.tokens));
+}
+
+void MetricsCallback::on_end(TrainContext&) {
+  if (sink_) sink_->close();
+}
+
+}  // namespace moecore

@@ -1,0 +1,15 @@
+// The peak resident memory of the training (getrusage's high-water mark) once the run is saved
+// and evaluated, before the sample: the largest rank's, and with pipeline parallelism the largest
+// of each stage, for the run's last line (bench/ reads it there). Collective.
+#pragma once
+
+#include "train/callback.h"
+
+namespace moecore {
+
+class PeakMemoryCallback final : public Callback {
+ public:
+  void on_end(TrainContext& ctx) override;
+};
+
+}  // namespace moecore

@@ -1,0 +1,26 @@
+#include "train/callbacks/stop_signals.h"
+
+#include <fmt/format.h>
+
+#include "train/train_context.h"
+
+namespace moecore {
+
+void StopSignalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
+  const double max_seconds = ctx.config.train.max_seconds;
+  double votes[2] = {max_seconds > 0.0 && report.seconds >= max_seconds ? 1.0 : 0.0,
+                     static_cast<double>(signals_.received())};
+  if (ctx.world.size() > 1) ctx.world.allreduce_max(votes, 2);
+  ctx.out_of_time = votes[0] > 0.0;
+  ctx.stop_signal = static_cast<int>(votes[1]);
+  if (ctx.stop_signal != 0)
+    ctx.stop_message =
+        fmt::format("{} received: stopping at step {} with a checkpoint (resume with --resume)",
+                    stop_signal_name(ctx.stop_signal), report.step);
+  else if (ctx.out_of_time)
+    ctx.stop_message =
+        fmt::format("train.max_seconds={} reached at step {}: stopping (resume with --resume)",
+                    max_seconds, report.step);
+}
+
+}  // namespace moecore

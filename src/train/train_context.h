@@ -1,0 +1,73 @@
+// What the training loop and its callbacks share: the run's configuration, process groups, model,
+// optimizer, data cursor and the state of the run (step, tokens, stop requests, summary). train()
+// builds it; callbacks read it and change only what their concern owns.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/token_dataset.h"
+#include "dist/distributed_optimizer.h"
+#include "dist/mesh.h"
+#include "model/transformer.h"
+#include "train/callback.h"
+#include "train/gerrymandering.h"
+#include "train/pipeline_runner.h"
+#include "train/progress.h"
+#include "train/run_config.h"
+#include "train/step_guard.h"
+#include "train/trainer.h"
+#include "train/trainer_state.h"
+
+namespace moecore {
+
+struct TrainContext {
+  const RunConfig& config;
+  const dist::Communicator& world;
+  const dist::Mesh& mesh;
+  Progress& progress;
+  const ParamLayout& full_layout;  // the whole model (checkpoints, the sample)
+  const ParamLayout& layout;       // what this rank holds
+  ParamBuffers& params;
+  std::vector<Transformer*> chunks;  // this rank's pipeline chunks
+  PipelineRunner& pipeline;
+  dist::DistributedOptimizer& optimizer;
+  data::DataLoader& loader;
+  StepGuard& guard;
+  GerrymanderingDetector& gerrymandering;
+  Transformer::BatchSum dp_batch_sum;  // the chunks' batch statistics over the dp group
+  bool rowwise_dispatch = false;       // experts exchanged by the rowwise dispatch (drop rates)
+  int64_t rows = 0;                    // sequences per micro-batch, all data-parallel ranks
+
+  int64_t step = 0;  // optimizer steps done
+  int64_t tokens_seen = 0;
+  ReplayOrigin replay_origin{};
+  TrainSummary summary{};
+  // Set on the step that ends the run early (every rank agrees): the signal, or max_seconds, and
+  // the line that says so.
+  int stop_signal = 0;
+  bool out_of_time = false;
+  std::string stop_message{};
+  bool stopping() const { return stop_signal != 0 || out_of_time; }
+  // "peak RSS ... MiB per rank (max over N ranks)[; per stage [...] MiB]" for the last line.
+  std::string peak_memory{};
+
+  std::chrono::steady_clock::time_point loop_start = std::chrono::steady_clock::now();
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+  }
+
+  // The callbacks, in registration order; results one callback produces reach all of them.
+  std::vector<std::unique_ptr<Callback>> callbacks{};
+  void report_eval(int64_t at_step, const EvalResult& result) {
+    for (auto& callback : callbacks) callback->on_eval(*this, at_step, result);
+  }
+  void report_checkpoint(int64_t at_step, const std::string& dir) {
+    for (auto& callback : callbacks) callback->on_checkpoint(*this, at_step, dir);
+  }
+};
+
+}  // namespace moecore
