@@ -7,7 +7,7 @@ PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
         test-reference test-smoke test-fresh test-two-hosts fuzz format clean bench bench-scaling \
-        bench-pipeline bench-plan
+        bench-pipeline bench-plan bench-recompute
 
 all: build
 
@@ -62,6 +62,11 @@ bench-pipeline: build $(KJV)/tokens/meta.json
 # `moecore plan` against measured memory and traffic (bench/results/plan_validation.md).
 bench-plan: build setup-python
 	$(PYTHON) bench/plan_validation.py
+
+# Peak memory and step time per train.recompute mode next to the plan's
+# (bench/results/recompute.md; needs bench/results/cpu_profile.json from bench-plan).
+bench-recompute: build setup-python
+	$(PYTHON) bench/recompute.py
 
 # Benchmarks (issue 6): throughput and MFU against a GEMM peak measured in the same run, the
 # PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile; again at 64

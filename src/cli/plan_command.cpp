@@ -31,6 +31,7 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
                       {"ep_dp", c.ep_dp},
                       {"zero", c.zero},
                       {"microbatches", c.microbatches},
+                      {"recompute", recompute_name(c.recompute)},
                       {"peak_bytes", c.peak_bytes},
                       {"step_seconds", c.step_seconds},
                       {"tokens_per_s_per_rank", c.tokens_per_s_per_rank},
@@ -46,6 +47,7 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
                                         {"ep", least.ep},
                                         {"zero", least.zero},
                                         {"microbatches", least.microbatches},
+                                        {"recompute", recompute_name(least.recompute)},
                                         {"peak_bytes", least.peak_bytes}}},
                                       {"layouts", rows}}
                            .dump());
@@ -56,18 +58,21 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
   if (fits.empty()) {
     fmt::print(
         "; the least memory any needs is {:.2f} GB per rank (pp {}, ep {}, zero {}, {} "
-        "micro-batches: `moecore plan` it for the breakdown)\n",
-        least.peak_bytes / 1e9, least.pp, least.ep, least.zero, least.microbatches);
+        "micro-batches, recompute {}: `moecore plan` it for the breakdown)\n",
+        least.peak_bytes / 1e9, least.pp, least.ep, least.zero, least.microbatches,
+        recompute_name(least.recompute));
     return;
   }
   fmt::print("; the fastest {}:\n", shown);
-  fmt::print("{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10} {:>14} {:>6}\n", "pp", "dp", "ep",
-             "ep_dp", "zero", "micro", "peak GB", "step s", "tokens/s/rank", "MFU %");
+  fmt::print("{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10} {:>10} {:>14} {:>6}\n", "pp", "dp",
+             "ep", "ep_dp", "zero", "micro", "recompute", "peak GB", "step s", "tokens/s/rank",
+             "MFU %");
   for (size_t i = 0; i < shown; ++i) {
     const plan::LayoutChoice& c = fits[i];
-    fmt::print("{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10.2f} {:>10.4g} {:>14.5g} {:>6.1f}\n", c.pp,
-               c.dp, c.ep, c.ep_dp, c.zero, c.microbatches, c.peak_bytes / 1e9, c.step_seconds,
-               c.tokens_per_s_per_rank, 100.0 * c.mfu);
+    fmt::print(
+        "{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10.2f} {:>10.4g} {:>14.5g} {:>6.1f}\n", c.pp,
+        c.dp, c.ep, c.ep_dp, c.zero, c.microbatches, recompute_name(c.recompute),
+        c.peak_bytes / 1e9, c.step_seconds, c.tokens_per_s_per_rank, 100.0 * c.mfu);
   }
 }
 

@@ -23,6 +23,7 @@ struct Transformer::LayerCache {
   std::vector<float> rstd2, h2;          // FFN branch RMSNorm
   std::vector<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
   MoeCache moe;
+  int64_t dropped_routes = 0;  // rowwise dispatch's capacity drops (outlive a released MoE cache)
   std::vector<float> mlp_gu, mlp_act;  // dense layers
 };
 
@@ -114,12 +115,12 @@ const RouterState* Transformer::router_state(int64_t layer) const {
 }
 
 void Transformer::observe(const std::string& name, ConstTensorView tensor) const {
-  if (observer_) observer_(name, tensor);
+  if (observer_ && !recomputing_) observer_(name, tensor);
 }
 
 void Transformer::observe_layer(int64_t layer, std::string_view module, ConstTensorView tensor,
                                 bool gradient) const {
-  if (!observer_) return;
+  if (!observer_ || recomputing_) return;
   observer_(fmt::format("{}model.layers.{}{}{}", gradient ? "grad." : "", layer,
                         module.empty() ? "" : ".", module),
             tensor);
@@ -127,7 +128,7 @@ void Transformer::observe_layer(int64_t layer, std::string_view module, ConstTen
 
 void Transformer::observe_attention(int64_t layer, const AttentionCache& cache,
                                     const float* out) const {
-  if (!observer_) return;
+  if (!observer_ || recomputing_) return;
   const AttentionShape& s = cache.shape;
   const int64_t n = s.batch * s.seq;
   if (config_.qk_norm != QkNorm::kNone) {
@@ -148,7 +149,7 @@ void Transformer::observe_attention(int64_t layer, const AttentionCache& cache,
 
 void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t tokens,
                               const float* out) const {
-  if (!observer_) return;
+  if (!observer_ || recomputing_) return;
   const int64_t d = config_.hidden_size;
   if (config_.layer_is_dense(layer)) {
     observe_layer(layer, "mlp.gate_up",
@@ -173,11 +174,9 @@ void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t to
 
 int64_t Transformer::dropped_routes(int64_t layer) const {
   if (router_state(layer) == nullptr) return 0;
-  const MoeCache& moe = slots_[static_cast<size_t>(last_slot_)]
-                            ->layers[static_cast<size_t>(layer - layers_begin_)]
-                            .moe;
-  const auto* rowwise = std::get_if<RowwiseDispatch::Cache>(&moe.dispatch);
-  return rowwise != nullptr ? rowwise->dropped_routes : 0;
+  return slots_[static_cast<size_t>(last_slot_)]
+      ->layers[static_cast<size_t>(layer - layers_begin_)]
+      .dropped_routes;
 }
 
 const std::vector<float>& Transformer::logits() const {
@@ -194,6 +193,116 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
 
 void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale) {
   backward_chunk(0, params, grads, loss_scale, nullptr, nullptr);
+}
+
+void Transformer::attention_sublayer_forward(const ParamBuffers& params, int64_t i, const float* x,
+                                             const Activations& act, LayerCache& lc,
+                                             float* branch) const {
+  const ModelConfig& c = config_;
+  const int64_t n = act.batch * act.seq, d = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
+  const int32_t* doc_start = act.doc_start.empty() ? nullptr : act.doc_start.data();
+  lc.rstd1.resize(static_cast<size_t>(n));
+  lc.mid.resize(static_cast<size_t>(n * d));
+  if (c.block_norm == BlockNorm::kReordered) {
+    // mid = x + norm1(attn(x)); the FFN then reads mid itself.
+    lc.attn_out.resize(static_cast<size_t>(n * d));
+    attention_.forward(attention_weights(params, i), x, act.batch, act.seq, lc.attn_out.data(),
+                       lc.attention, doc_start);
+    observe_attention(i, lc.attention, lc.attn_out.data());
+    kernels::rmsnorm_forward(view(lc.attn_out.data(), {n, d}), view(at(params, s.input_norm), {d}),
+                             view(branch, {n, d}), view(lc.rstd1.data(), {n}), eps);
+    observe_layer(i, norm_module(s.input_norm), view(branch, {n, d}));
+  } else {
+    lc.h1.resize(static_cast<size_t>(n * d));
+    kernels::rmsnorm_forward(view(x, {n, d}), view(at(params, s.input_norm), {d}),
+                             view(lc.h1.data(), {n, d}), view(lc.rstd1.data(), {n}), eps);
+    observe_layer(i, norm_module(s.input_norm), view(lc.h1.data(), {n, d}));
+    attention_.forward(attention_weights(params, i), lc.h1.data(), act.batch, act.seq, branch,
+                       lc.attention, doc_start);
+    observe_attention(i, lc.attention, branch);
+  }
+  kernels::add(view(x, {n, d}), view(branch, {n, d}), view(lc.mid.data(), {n, d}));
+  observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
+}
+
+void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, int64_t n,
+                                       LayerCache& lc, float* branch, float* out) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
+  const bool reordered = c.block_norm == BlockNorm::kReordered;
+  lc.rstd2.resize(static_cast<size_t>(n));
+  if (!reordered) {
+    lc.h2.resize(static_cast<size_t>(n * d));
+    kernels::rmsnorm_forward(view(lc.mid.data(), {n, d}), view(at(params, s.post_norm), {d}),
+                             view(lc.h2.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
+    observe_layer(i, norm_module(s.post_norm), view(lc.h2.data(), {n, d}));
+  }
+  const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
+  float* ffn_out = branch;
+  if (reordered) {
+    lc.ffn_out.resize(static_cast<size_t>(n * d));
+    ffn_out = lc.ffn_out.data();
+  }
+  if (c.layer_is_dense(i)) {
+    const int64_t width = c.intermediate_size;
+    lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
+    lc.mlp_act.resize(static_cast<size_t>(n * width));
+    swiglu_mlp_forward({n, d, width}, ffn_in, at(params, s.mlp_gate), at(params, s.mlp_down),
+                       lc.mlp_gu.data(), lc.mlp_act.data(), ffn_out);
+  } else {
+    // A recomputed forward keeps the selection of the first (same seed and token offset).
+    if (!recomputing_)
+      lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
+                                 routing_token_offset_};
+    moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
+    const auto* rowwise = std::get_if<RowwiseDispatch::Cache>(&lc.moe.dispatch);
+    lc.dropped_routes = rowwise != nullptr ? rowwise->dropped_routes : 0;
+  }
+  observe_ffn(i, lc, n, ffn_out);
+  if (reordered) {
+    kernels::rmsnorm_forward(view(lc.ffn_out.data(), {n, d}), view(at(params, s.post_norm), {d}),
+                             view(branch, {n, d}), view(lc.rstd2.data(), {n}), eps);
+    observe_layer(i, norm_module(s.post_norm), view(branch, {n, d}));
+  }
+  if (out == nullptr) return;
+  kernels::add(view(lc.mid.data(), {n, d}), view(branch, {n, d}), view(out, {n, d}));
+}
+
+namespace {
+
+// Frees a cache member's memory (a plain clear() keeps the capacity).
+template <typename T>
+void release(T& held) {
+  held = T();
+}
+
+}  // namespace
+
+void Transformer::release_recomputed(LayerCache& lc) const {
+  if (recomputes_attention(recompute_)) {
+    release(lc.rstd1);
+    release(lc.h1);
+    release(lc.attention);
+    release(lc.attn_out);
+  }
+  if (recomputes_ffn(recompute_)) {
+    release(lc.rstd2);
+    release(lc.h2);
+    release(lc.ffn_out);
+    release(lc.mlp_gu);
+    release(lc.mlp_act);
+    // The router state stays (batch statistics, metrics); the rest of the MoE cache goes.
+    release(lc.moe.routed);
+    release(lc.moe.dispatch);
+    release(lc.moe.shared_gu);
+    release(lc.moe.shared_act);
+  }
+  // "full" keeps only the block input: the residual after attention is rebuilt too.
+  if (recompute_ == ActivationRecompute::kFull) release(lc.mid);
 }
 
 LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
@@ -243,71 +352,16 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   } else {
     act.doc_start.clear();
   }
-  const int32_t* doc_start = act.doc_start.empty() ? nullptr : act.doc_start.data();
 
   std::vector<float> branch(static_cast<size_t>(n * d));
   for (int64_t i = layers_begin_; i < layers_end_; ++i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
-    const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
     LayerCache& lc = act.layers[j];
-    const float* x = act.residual[j].data();
-    const bool reordered = c.block_norm == BlockNorm::kReordered;
-    lc.rstd1.resize(static_cast<size_t>(n));
-    lc.mid.resize(static_cast<size_t>(n * d));
-    lc.rstd2.resize(static_cast<size_t>(n));
-    if (reordered) {
-      // mid = x + norm1(attn(x)); the FFN then reads mid itself.
-      lc.attn_out.resize(static_cast<size_t>(n * d));
-      attention_.forward(attention_weights(params, i), x, batch, seq, lc.attn_out.data(),
-                         lc.attention, doc_start);
-      observe_attention(i, lc.attention, lc.attn_out.data());
-      kernels::rmsnorm_forward(view(lc.attn_out.data(), {n, d}),
-                               view(at(params, s.input_norm), {d}), view(branch.data(), {n, d}),
-                               view(lc.rstd1.data(), {n}), eps);
-      observe_layer(i, norm_module(s.input_norm), view(branch.data(), {n, d}));
-      kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
-      observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
-    } else {
-      lc.h1.resize(static_cast<size_t>(n * d));
-      kernels::rmsnorm_forward(view(x, {n, d}), view(at(params, s.input_norm), {d}),
-                               view(lc.h1.data(), {n, d}), view(lc.rstd1.data(), {n}), eps);
-      observe_layer(i, norm_module(s.input_norm), view(lc.h1.data(), {n, d}));
-      attention_.forward(attention_weights(params, i), lc.h1.data(), batch, seq, branch.data(),
-                         lc.attention, doc_start);
-      observe_attention(i, lc.attention, branch.data());
-      kernels::add(view(x, {n, d}), view(branch.data(), {n, d}), view(lc.mid.data(), {n, d}));
-      observe_layer(i, "residual_attn", view(lc.mid.data(), {n, d}));
-      lc.h2.resize(static_cast<size_t>(n * d));
-      kernels::rmsnorm_forward(view(lc.mid.data(), {n, d}), view(at(params, s.post_norm), {d}),
-                               view(lc.h2.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
-      observe_layer(i, norm_module(s.post_norm), view(lc.h2.data(), {n, d}));
-    }
-    const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
-    float* ffn_out = branch.data();
-    if (reordered) {
-      lc.ffn_out.resize(static_cast<size_t>(n * d));
-      ffn_out = lc.ffn_out.data();
-    }
-    if (c.layer_is_dense(i)) {
-      const int64_t width = c.intermediate_size;
-      lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
-      lc.mlp_act.resize(static_cast<size_t>(n * width));
-      swiglu_mlp_forward({n, d, width}, ffn_in, at(params, s.mlp_gate), at(params, s.mlp_down),
-                         lc.mlp_gu.data(), lc.mlp_act.data(), ffn_out);
-    } else {
-      lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
-                                 routing_token_offset_};
-      moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
-    }
-    observe_ffn(i, lc, n, ffn_out);
-    if (reordered) {
-      kernels::rmsnorm_forward(view(lc.ffn_out.data(), {n, d}), view(at(params, s.post_norm), {d}),
-                               view(branch.data(), {n, d}), view(lc.rstd2.data(), {n}), eps);
-      observe_layer(i, norm_module(s.post_norm), view(branch.data(), {n, d}));
-    }
+    attention_sublayer_forward(params, i, act.residual[j].data(), act, lc, branch.data());
     float* out = act.residual[j + 1].data();
-    kernels::add(view(lc.mid.data(), {n, d}), view(branch.data(), {n, d}), view(out, {n, d}));
+    ffn_sublayer_forward(params, i, n, lc, branch.data(), out);
     observe_layer(i, "", view(out, {n, d}));
+    release_recomputed(lc);
   }
 
   if (has_head()) {
@@ -439,7 +493,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                 slots_[static_cast<size_t>(slot)] &&
                 slots_[static_cast<size_t>(slot)]->backward_ready,
             "[model] backward() needs a forward() with targets first");
-  const Activations& act = *slots_[static_cast<size_t>(slot)];
+  Activations& act = *slots_[static_cast<size_t>(slot)];
   const int64_t n = act.batch * act.seq, d = c.hidden_size, v = c.vocab_size;
 
   std::vector<float> dx(static_cast<size_t>(n * d));  // gradient of the residual stream
@@ -479,8 +533,17 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   for (int64_t i = layers_end_ - 1; i >= layers_begin_; --i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
-    const LayerCache& lc = act.layers[j];
+    LayerCache& lc = act.layers[j];
     const bool reordered = c.block_norm == BlockNorm::kReordered;
+    if (recompute_ != ActivationRecompute::kNone) {
+      // Rebuild what the forward dropped from what it kept (dbranch is free scratch here).
+      recomputing_ = true;
+      if (recomputes_attention(recompute_))
+        attention_sublayer_forward(params, i, act.residual[j].data(), act, lc, dbranch.data());
+      if (recomputes_ffn(recompute_))
+        ffn_sublayer_forward(params, i, n, lc, dbranch.data(), nullptr);
+      recomputing_ = false;
+    }
     observe_layer(i, "", view(dx.data(), {n, d}), true);
     // FFN branch. Pre: out = mid + ffn(norm2(mid)); reordered: out = mid + norm2(ffn(mid)).
     // dx holds d out; d_ffn_out is the gradient reaching the FFN's output.
@@ -539,6 +602,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                 view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),
                                 view(dx.data(), {n, d}), view(at(grads, s.input_norm), {d}), true);
     }
+    release_recomputed(lc);
     if (layer_grads_ready_) layer_grads_ready_(i);
   }
   if (has_embedding()) {

@@ -1,6 +1,8 @@
 // The decoder-only MoE transformer: embedding -> N x [RMSNorm -> attention -> residual -> RMSNorm
 // -> FFN (MoE or dense SwiGLU) -> residual] -> RMSNorm -> LM head, with the losses of DESIGN.md.
-// forward() saves every activation the backward needs; backward() adds parameter gradients.
+// forward() saves every activation the backward needs, or with activation recompute
+// (model/activation_recompute.h) only part of them and rebuilds the rest block by block in
+// backward(); backward() adds parameter gradients.
 //
 // A Transformer may run a contiguous range of layers only (a pipeline model chunk): the embedding
 // belongs to the chunk that starts at layer 0, the final norm, LM head and cross-entropy to the
@@ -15,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/activation_recompute.h"
 #include "model/attention.h"
 #include "model/config.h"
 #include "model/moe_block.h"
@@ -85,6 +88,11 @@ class Transformer {
   // Every activation and activation gradient of the following passes, as they are computed
   // (model/tensor_observer.h); unset: none.
   void set_tensor_observer(TensorObserver observer) { observer_ = std::move(observer); }
+  // train.recompute: which sublayers' activations the forward drops and the backward rebuilds.
+  // The recomputed forward of a MoE layer re-does its expert-parallel exchange, in the backward's
+  // layer order, which every rank of the ep group follows (all use the same mode).
+  void set_recompute(ActivationRecompute mode) { recompute_ = mode; }
+  ActivationRecompute recompute() const { return recompute_; }
 
   // Routing modes (model.routing, see router.h): the seed of the next forward() (random routing
   // derives one stream per layer and token from it; routing_forward_seed makes one per training
@@ -122,6 +130,18 @@ class Transformer {
   struct LayerCache;
   struct Activations;
 
+  // A block's two sublayers, as the forward runs them and the backward re-runs them.
+  // Attention: x -> lc.mid (pre-norm: mid = x + attn(norm1(x)); reordered: x + norm1(attn(x))).
+  void attention_sublayer_forward(const ParamBuffers& params, int64_t layer, const float* x,
+                                  const Activations& act, LayerCache& lc, float* branch) const;
+  // Feed-forward: lc.mid -> out = mid + ffn(norm2(mid)) (reordered: mid + norm2(ffn(mid)));
+  // out == nullptr: only the cache is rebuilt.
+  void ffn_sublayer_forward(const ParamBuffers& params, int64_t layer, int64_t tokens,
+                            LayerCache& lc, float* branch, float* out) const;
+  // Frees what recompute_ rebuilds in the backward (after the forward, and again after the
+  // block's backward, so that one block's rebuilt activations are alive at a time).
+  void release_recomputed(LayerCache& lc) const;
+
   AttentionWeights attention_weights(const ParamBuffers& buffers, int64_t layer) const;
   MoeWeights moe_weights(const ParamBuffers& buffers, int64_t layer) const;
   // The observer hooks: `name` is a full name, `module` one inside model.layers.{layer} (empty:
@@ -148,6 +168,8 @@ class Transformer {
   BatchSum batch_sum_;
   LayerGradsReady layer_grads_ready_;
   TensorObserver observer_;
+  ActivationRecompute recompute_ = ActivationRecompute::kNone;
+  bool recomputing_ = false;  // the backward re-runs a forward: observed once already
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;
   std::vector<double> selection_counts_;  // [chunk layers][E] routes since the last clear

@@ -11,7 +11,7 @@ constexpr double kF = 4.0;  // fp32 (and int32) bytes
 }  // namespace
 
 ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
-                                       const TokenShape& t) {
+                                       const TokenShape& t, ActivationRecompute recompute) {
   const double n = static_cast<double>(t.tokens()), b = static_cast<double>(t.rows);
   const double seq = static_cast<double>(t.seq), d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
@@ -28,20 +28,33 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   a.residual = kF * (static_cast<double>(chunk.layers) + 1.0) * n * d;
   if (chunk.has_embedding) a.residual += kF * n;
   for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-    // LayerCache: rstd1, h1, mid, rstd2, h2.
-    a.norms += kF * (2.0 * n + 3.0 * n * d);
+    // LayerCache: rstd1, h1 (attention sublayer), mid, rstd2, h2 (feed-forward sublayer); the
+    // reordered norms' attn_out and ffn_out take h1's and h2's place. Recompute drops a
+    // sublayer's share (Transformer::release_recomputed), "full" also mid.
+    const bool attention_kept = !recomputes_attention(recompute);
+    const bool ffn_kept = !recomputes_ffn(recompute);
+    if (attention_kept) a.norms += kF * (n + n * d);
+    if (recompute != ActivationRecompute::kFull) a.norms += kF * n * d;
+    if (ffn_kept) a.norms += kF * (n + n * d);
     // AttentionCache: q, k, v, probs [B, nh, T, T], context; QK-norm keeps the raw projections.
-    a.attention += kF * (2.0 * n * qs + 2.0 * n * kvs + b * nh * seq * seq);
-    if (c.qk_norm == QkNorm::kFull)
-      a.attention += kF * (n * qs + n * kvs + 2.0 * n);
-    else if (c.qk_norm == QkNorm::kPerHead)
-      a.attention += kF * (n * qs + n * kvs + n * nh + n * nkv);
+    if (attention_kept) {
+      a.attention += kF * (2.0 * n * qs + 2.0 * n * kvs + b * nh * seq * seq);
+      if (c.qk_norm == QkNorm::kFull)
+        a.attention += kF * (n * qs + n * kvs + 2.0 * n);
+      else if (c.qk_norm == QkNorm::kPerHead)
+        a.attention += kF * (n * qs + n * kvs + n * nh + n * nkv);
+    }
     if (c.layer_is_dense(i)) {
-      a.dense_mlp += kF * 3.0 * n * static_cast<double>(c.intermediate_size);  // gu, act
+      if (ffn_kept) a.dense_mlp += kF * 3.0 * n * static_cast<double>(c.intermediate_size);
       continue;
     }
-    // RouterState: logits, scores [N, E]; top-k ids and weights [N, k]; counts [E] (int64).
+    // RouterState: logits, scores [N, E]; top-k ids and weights [N, k]; counts [E] (int64). It
+    // stays under recompute (batch statistics and metrics read it).
     double moe = kF * (2.0 * n * e + 2.0 * routes) + 8.0 * e;
+    if (!ffn_kept) {
+      a.moe += moe;
+      continue;
+    }
     moe += kF * routes;  // send_pos
     // Expert inputs, gate/up output, activation (expert-major), outputs back at the source.
     moe += kF * (received * d + 3.0 * received * h) + kF * routes * d;
@@ -56,8 +69,15 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   return a;
 }
 
+double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,
+                              ActivationRecompute recompute) {
+  const ChunkShape one{layer, 1, false, false};
+  return chunk_activation_bytes(c, one, t, ActivationRecompute::kNone).total() -
+         chunk_activation_bytes(c, one, t, recompute).total();
+}
+
 double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
-                                bool scaled_loss) {
+                                bool scaled_loss, ActivationRecompute recompute) {
   const double n = static_cast<double>(t.tokens()), d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
   const double e = static_cast<double>(c.num_experts),
@@ -89,7 +109,12 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     if (exchange) experts += kF * 4.0 * received * d;
     moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});
   }
-  const double backward = kF * n * d + std::max(head_phase, layers_base + std::max(attention, moe));
+  // Recompute: the block being differentiated holds its rebuilt activations on top.
+  double rebuilt = 0.0;
+  for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i)
+    rebuilt = std::max(rebuilt, recomputed_layer_bytes(c, i, t, recompute));
+  const double backward =
+      kF * n * d + std::max(head_phase, layers_base + rebuilt + std::max(attention, moe));
 
   // Forward: the branch buffer, and the exchange's send and receive copies of one MoE layer.
   double forward = kF * n * d;

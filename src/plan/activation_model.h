@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "model/activation_recompute.h"
 #include "model/config.h"
 #include "train/run_config.h"
 
@@ -41,13 +42,20 @@ struct TokenShape {
   int64_t tokens() const { return rows * seq; }
 };
 
+// With train.recompute, what the forward keeps (model/activation_recompute.h): the block inputs,
+// the router states of MoE layers, and the sublayers not recomputed.
 ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
-                                       const TokenShape& t);
+                                       const TokenShape& t, ActivationRecompute recompute);
+
+// What the backward rebuilds for one layer under `recompute` (freed again after its backward).
+double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,
+                              ActivationRecompute recompute);
 
 // The largest scratch alive at once while a chunk runs a forward or a backward pass (gradient of
 // the residual stream, branch buffers, per-layer backward temporaries, dispatch send/receive
-// copies): freed after the pass, it adds to the peak once.
+// copies, and under recompute one block's rebuilt activations): freed after the pass, it adds
+// to the peak once.
 double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
-                                bool scaled_loss);
+                                bool scaled_loss, ActivationRecompute recompute);
 
 }  // namespace moecore::plan

@@ -42,7 +42,8 @@ std::vector<CollectiveBytes> rank_collectives(const RunConfig& config, const Res
   }
 
   // Expert parallelism: per MoE layer of this stage and micro-batch, the routes bound for other
-  // ranks travel four times (inputs and output gradients out, outputs and input gradients back).
+  // ranks travel four times (inputs and output gradients out, outputs and input gradients back),
+  // six when the backward re-runs the MoE forward (train.recompute full or moe).
   int64_t moe_layers = 0;
   for (const LayerRange& r : ranges)
     for (int64_t i = r.begin; i < r.end; ++i) moe_layers += mc.layer_is_dense(i) ? 0 : 1;
@@ -53,11 +54,14 @@ std::vector<CollectiveBytes> rank_collectives(const RunConfig& config, const Res
     const double remote_rows = tokens * static_cast<double>(mc.num_experts_per_tok) *
                                static_cast<double>(layout.ep - 1) / static_cast<double>(layout.ep);
     const double one_way = kF * remote_rows * d * static_cast<double>(moe_layers) * m;
+    const double forwards = recomputes_ffn(tc.recompute) ? 2.0 : 1.0;
     if (pc.dispatch == Dispatch::kSync) {
-      out.push_back({"ep", "alltoallv", "token rows and their gradients", 4.0 * one_way});
+      out.push_back(
+          {"ep", "alltoallv", "token rows and their gradients", (2.0 * forwards + 2.0) * one_way});
     } else {
-      out.push_back({"ep", "put", "token rows and output gradients", 2.0 * one_way});
-      out.push_back({"ep", "get", "expert outputs and input gradients", 2.0 * one_way});
+      out.push_back({"ep", "put", "token rows and output gradients", (forwards + 1.0) * one_way});
+      out.push_back(
+          {"ep", "get", "expert outputs and input gradients", (forwards + 1.0) * one_way});
     }
   }
 

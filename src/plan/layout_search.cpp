@@ -60,6 +60,7 @@ RunConfig with_layout(const RunConfig& config, const LayoutChoice& choice) {
   c.parallel.stage_layers.clear();  // balanced chunks for the new pp
   if (choice.zero != 0) c.parallel.overlap_grad_reduce = false;
   c.train.microbatches = choice.microbatches;
+  c.train.recompute = choice.recompute;
   return c;
 }
 
@@ -78,37 +79,42 @@ LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardwa
     for (int64_t ep : divisors(world / pp)) {
       if (mc.num_experts % ep != 0) continue;
       for (int64_t zero : {0, 1})
-        for (int64_t m : divisors(config.train.batch_size)) {
-          LayoutChoice choice;
-          choice.pp = pp;
-          choice.ep = ep;
-          choice.zero = zero;
-          choice.microbatches = m;
-          const RunConfig c = with_layout(config, choice);
-          ResolvedLayout layout;
-          try {
-            layout = validate_layout(c, world);
-          } catch (const Error&) {
-            continue;  // a layout the trainer refuses (micro-batch split, schedule, ...)
+        for (int64_t m : divisors(config.train.batch_size))
+          for (ActivationRecompute recompute :
+               {ActivationRecompute::kNone, ActivationRecompute::kAttention,
+                ActivationRecompute::kMoe, ActivationRecompute::kFull}) {
+            LayoutChoice choice;
+            choice.pp = pp;
+            choice.ep = ep;
+            choice.zero = zero;
+            choice.microbatches = m;
+            choice.recompute = recompute;
+            const RunConfig c = with_layout(config, choice);
+            ResolvedLayout layout;
+            try {
+              layout = validate_layout(c, world);
+            } catch (const Error&) {
+              continue;  // a layout the trainer refuses (micro-batch split, schedule, ...)
+            }
+            // Memory first: the step time is only priced for layouts that fit.
+            choice.dp = layout.dp;
+            choice.ep_dp = layout.ep_dp;
+            choice.peak_bytes = peak_bytes(c, layout, hardware);
+            if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes)
+              out.smallest = choice;
+            if (choice.peak_bytes > max_memory_bytes) continue;
+            const StepTime t = step_time(c, layout, hardware.rates);
+            choice.step_seconds = t.seconds;
+            choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
+            choice.mfu = t.mfu;
+            out.fits.push_back(choice);
           }
-          // Memory first: the step time is only priced for layouts that fit.
-          choice.dp = layout.dp;
-          choice.ep_dp = layout.ep_dp;
-          choice.peak_bytes = peak_bytes(c, layout, hardware);
-          if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes)
-            out.smallest = choice;
-          if (choice.peak_bytes > max_memory_bytes) continue;
-          const StepTime t = step_time(c, layout, hardware.rates);
-          choice.step_seconds = t.seconds;
-          choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
-          choice.mfu = t.mfu;
-          out.fits.push_back(choice);
-        }
     }
   }
   std::sort(out.fits.begin(), out.fits.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
-    return std::tie(b.tokens_per_s_per_rank, a.peak_bytes, a.pp, a.ep, a.zero, a.microbatches) <
-           std::tie(a.tokens_per_s_per_rank, b.peak_bytes, b.pp, b.ep, b.zero, b.microbatches);
+    return std::tie(b.tokens_per_s_per_rank, a.peak_bytes, a.pp, a.ep, a.zero, a.microbatches,
+                    a.recompute) < std::tie(a.tokens_per_s_per_rank, b.peak_bytes, b.pp, b.ep,
+                                            b.zero, b.microbatches, b.recompute);
   });
   return out;
 }

@@ -1,9 +1,10 @@
 // `moecore plan --max-memory GB` (issue 17, item 5): every layout of a world size that the
 // trainer accepts, varying pp (dividing the layers), ep (dividing the experts and a stage's
-// ranks), ZeRO-1 on or off and the number of micro-batches (dividing the batch), with dp x pp =
-// world (dp = ep x ep_dp); the ones whose predicted peak memory per rank fits the budget, fastest
-// first by predicted tokens/s (then the least memory). The config's schedule, dispatch and
-// precision are kept; overlap_grad_reduce is dropped where ZeRO-1 is on (the trainer refuses both).
+// ranks), ZeRO-1 on or off, the number of micro-batches (dividing the batch) and the activation
+// recompute mode (train.recompute), with dp x pp = world (dp = ep x ep_dp); the ones whose
+// predicted peak memory per rank fits the budget, fastest first by predicted tokens/s (then the
+// least memory). The config's schedule, dispatch and precision are kept; overlap_grad_reduce is
+// dropped where ZeRO-1 is on (the trainer refuses both).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@ namespace moecore::plan {
 
 struct LayoutChoice {
   int64_t pp = 1, ep = 1, zero = 0, microbatches = 1;
+  ActivationRecompute recompute = ActivationRecompute::kNone;
   int64_t dp = 1, ep_dp = 1;
   double peak_bytes = 0.0;
   double step_seconds = 0.0;

@@ -86,7 +86,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     const ChunkShape shape{starts[static_cast<size_t>(g)],
                            layout.chunk_layers[static_cast<size_t>(g)], g == 0,
                            g == chunks_total - 1};
-    const ActivationBytes a = chunk_activation_bytes(mc, shape, tokens);
+    const ActivationBytes a = chunk_activation_bytes(mc, shape, tokens, tc.recompute);
     m.activations_per_microbatch.residual += a.residual;
     m.activations_per_microbatch.norms += a.norms;
     m.activations_per_microbatch.attention += a.attention;
@@ -94,8 +94,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations_per_microbatch.moe += a.moe;
     m.activations_per_microbatch.head += a.head;
     m.activations += static_cast<double>(live) * a.total();
-    m.pass_scratch =
-        std::max(m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, scaled_loss));
+    m.pass_scratch = std::max(
+        m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, scaled_loss, tc.recompute));
   }
 
   // Rowwise dispatch: two symmetric windows (inputs, outputs) of capacity x d floats, capacity =

@@ -81,8 +81,9 @@ Link group_link(const Rates& rates, const ResolvedLayout& layout, int64_t group_
   return link;
 }
 
-Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout,
-                           const ChunkShape& chunk, const Rates& rates, bool forward) {
+// One pass as if nothing were recomputed.
+static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout& layout,
+                                  const ChunkShape& chunk, const Rates& rates, bool forward) {
   const ModelConfig& c = config.model;
   const TrainConfig& tc = config.train;
   const bool bf16 = tc.precision != kernels::MatmulPrecision::kFp32;
@@ -133,7 +134,7 @@ Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout
 
   // Element-wise work: the forward writes each saved activation and reads it once; the backward
   // reads it, writes its gradient and reads that once.
-  const double saved = chunk_activation_bytes(c, chunk, tokens).total();
+  const double saved = chunk_activation_bytes(c, chunk, tokens, ActivationRecompute::kNone).total();
   add(TimeCategory::kElementwise, (forward ? 2.0 : 3.0) * saved / roof.bandwidth);
 
   // Expert parallelism: per MoE layer and pass, the rows bound for the other ep - 1 ranks go out
@@ -147,6 +148,34 @@ Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout
         static_cast<double>(moe_layers) *
             (2.0 * one_way / link.bandwidth + 2.0 * (ep - 1.0) * link.latency));
   }
+  return s;
+}
+
+Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout,
+                           const ChunkShape& chunk, const Rates& rates, bool forward) {
+  Seconds s = plain_pass_seconds(config, layout, chunk, rates, forward);
+  const ActivationRecompute recompute = config.train.recompute;
+  if (forward || recompute == ActivationRecompute::kNone) return s;
+  // Recompute: the backward first re-runs the dropped sublayers' forward (with its expert
+  // exchange under expert parallelism) and writes their activations again.
+  const Seconds again = plain_pass_seconds(config, layout, chunk, rates, true);
+  auto add_again = [&](TimeCategory cat) {
+    s[static_cast<int>(cat)] += again[static_cast<int>(cat)];
+  };
+  if (recomputes_attention(recompute)) add_again(TimeCategory::kAttention);
+  if (recomputes_ffn(recompute)) {
+    add_again(TimeCategory::kDenseMlp);
+    add_again(TimeCategory::kExperts);
+    add_again(TimeCategory::kExpertExchange);
+  }
+  const ModelConfig& c = config.model;
+  const TokenShape tokens{layout.local_rows, config.train.seq_len, layout.ep,
+                          config.parallel.dispatch};
+  const double rebuilt =
+      chunk_activation_bytes(c, chunk, tokens, ActivationRecompute::kNone).total() -
+      chunk_activation_bytes(c, chunk, tokens, recompute).total();
+  s[static_cast<int>(TimeCategory::kElementwise)] +=
+      2.0 * rebuilt / (rates.memory_bandwidth * rank_share(rates, layout));
   return s;
 }
 

@@ -157,7 +157,8 @@ nlohmann::json plan_json(const Plan& p) {
             {"micro_batch_rows", l.micro_rows},
             {"rows_per_rank", l.local_rows},
             {"seq_len", tc.seq_len},
-            {"tokens_per_step", tc.batch_size * tc.seq_len}}},
+            {"tokens_per_step", tc.batch_size * tc.seq_len},
+            {"recompute", recompute_name(tc.recompute)}}},
           {"parameters",
            {{"total", pr.total},
             {"active", pr.active},
@@ -189,11 +190,12 @@ std::string plan_text(const Plan& p) {
   std::string out;
   out += fmt::format(
       "layout: {} ranks = pp {} x dp {} (ep {} x ep_dp {}), zero={}, dispatch={}, schedule={}, "
-      "virtual_stages={}, microbatches={} of {} sequences ({} per rank) x {} tokens\n",
+      "virtual_stages={}, microbatches={} of {} sequences ({} per rank) x {} tokens, "
+      "recompute={}\n",
       l.world, l.pp, l.dp, l.ep, l.ep_dp, pc.zero,
       pc.dispatch == Dispatch::kSync ? "sync" : "rowwise", schedule_name(pc.schedule),
       l.virtual_stages, p.config.train.microbatches, l.micro_rows, l.local_rows,
-      p.config.train.seq_len);
+      p.config.train.seq_len, recompute_name(p.config.train.recompute));
   out += fmt::format(
       "parameters: {} total, {} active (embedding {}, LM head {}, attention {}, dense MLP {}, "
       "routers {}, shared experts {}, routed experts {})\n",

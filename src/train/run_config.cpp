@@ -179,6 +179,11 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read_enum(
       "precision", t.precision,
       {{"fp32", kernels::MatmulPrecision::kFp32}, {"bf16", kernels::MatmulPrecision::kBf16}});
+  r.read_enum("recompute", t.recompute,
+              {{"none", ActivationRecompute::kNone},
+               {"full", ActivationRecompute::kFull},
+               {"moe", ActivationRecompute::kMoe},
+               {"attention", ActivationRecompute::kAttention}});
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
   r.read("eval_batches", t.eval_batches);
@@ -430,6 +435,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"seq_len", t.seq_len},
                     {"threads", t.threads},
                     {"precision", t.precision == kernels::MatmulPrecision::kBf16 ? "bf16" : "fp32"},
+                    {"recompute", recompute_name(t.recompute)},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
                     {"eval_batches", t.eval_batches},

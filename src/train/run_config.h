@@ -9,6 +9,7 @@
 
 #include "dist/pipeline_schedule.h"
 #include "kernels/matmul_precision.h"
+#include "model/activation_recompute.h"
 #include "model/config.h"
 #include "optim/optim_config.h"
 
@@ -29,6 +30,9 @@ struct TrainConfig {
   // "fp32" | "bf16": the GEMMs' operand precision (bf16: fp32 accumulation; master weights,
   // router GEMM, softmax, norm statistics and losses stay fp32).
   kernels::MatmulPrecision precision = kernels::MatmulPrecision::kFp32;
+  // "none" | "full" | "moe" | "attention": activations the forward drops and the backward
+  // rebuilds, per block (model/activation_recompute.h); losses and gradients are unchanged.
+  ActivationRecompute recompute = ActivationRecompute::kNone;
   int64_t log_every = 10;
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;

@@ -402,6 +402,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunk_ptrs.push_back(chunks.back().get());
     chunks.back()->set_batch_sum(dp_batch_sum);
     chunks.back()->set_document_masking(in.document_eos);
+    chunks.back()->set_recompute(tc.recompute);
   }
   PipelineRunner pipeline(mesh, chunk_ptrs, pc.schedule, tc.microbatches);
   dist::DistributedOptimizer optimizer(layout, config.optim, mesh, pc.zero == 1);

@@ -191,6 +191,28 @@ TEST(LayoutSearch, FastestFirstAndAllFit) {
   EXPECT_DOUBLE_EQ(none.smallest.peak_bytes, smallest);
 }
 
+TEST(LayoutSearch, RecomputeFitsBudgetsThatNoneCannot) {
+  Hardware hw{"test", 1e12, 0.0, "test", false, test_rates()};
+  const RunConfig c = small_config();
+  const LayoutSearch all = search_layouts(c, 4, hw, 1e12);
+  double least_without = 1e300;
+  for (const LayoutChoice& l : all.fits)
+    if (l.recompute == ActivationRecompute::kNone)
+      least_without = std::min(least_without, l.peak_bytes);
+  EXPECT_LT(all.smallest.peak_bytes, least_without);
+  EXPECT_EQ(all.smallest.recompute, ActivationRecompute::kFull);
+  // Below what any layout needs without recompute, the search still proposes layouts: each
+  // recomputes, and planned on its own (with_layout carries train.recompute) it fits.
+  const LayoutSearch tight = search_layouts(c, 4, hw, least_without * 0.999);
+  ASSERT_FALSE(tight.fits.empty());
+  for (const LayoutChoice& l : tight.fits) {
+    EXPECT_NE(l.recompute, ActivationRecompute::kNone);
+    EXPECT_DOUBLE_EQ(make_plan(with_layout(c, l), 4, hw).peak_bytes(), l.peak_bytes);
+  }
+  // Among layouts equal but for the mode, none is fastest: recompute only costs time.
+  EXPECT_EQ(all.fits.front().recompute, ActivationRecompute::kNone);
+}
+
 TEST(LayoutSearch, NeedsRates) {
   const Hardware hw{"test", 1e12, 0.0, "test", false, {}};
   EXPECT_THROW(search_layouts(small_config(), 4, hw, 1e12), Error);
