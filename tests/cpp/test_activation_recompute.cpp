@@ -14,27 +14,13 @@
 #include "core/ignore_index.h"
 #include "model/params.h"
 #include "model/transformer.h"
+#include "tiny_moe_config.h"
 
 namespace moecore {
 namespace {
 
 ModelConfig small_config() {
-  ModelConfig c;
-  c.vocab_size = 13;
-  c.hidden_size = 8;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 6;
-  c.intermediate_size = 10;
-  c.first_k_dense_replace = 1;
-  c.shared_expert_intermediate_size = 4;
-  c.router_aux_loss_coef = 0.5;
-  c.router_z_loss_coef = 0.05;
-  return c;
+  return tiny_moe_config(3);
 }
 
 struct Variant {
