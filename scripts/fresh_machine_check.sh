@@ -89,6 +89,10 @@ MOUNTS=()
 cleanup() {
   local i
   for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -l "${MOUNTS[$i]}" 2> /dev/null || true; done
+  # And what the tests mounted inside the root themselves (`ip netns` bind-mounts /run/netns),
+  # deepest first, or rm -rf --one-file-system stops at them and the check fails after passing.
+  awk -v root="$ROOT/" 'index($2, root) == 1 { print $2 }' /proc/self/mounts | sort -r |
+    while read -r mnt; do umount -l "$mnt" 2> /dev/null || true; done
   if [ "$KEEP" -eq 1 ]; then echo "fresh_machine_check: root kept at $ROOT"; else rm -rf --one-file-system "$ROOT"; fi
 }
 trap cleanup EXIT
