@@ -88,24 +88,25 @@ test-asan: build-asan
 
 # The tests run several multi-threaded processes (ctest -j, mpirun oversubscribed) on the same cores:
 # libgomp's default spin-wait at each barrier then burns the time slices the other processes need
-# (ten to fifty times slower on 2 cores). The ctest presets set the same.
+# (ten to fifty times slower on 2 cores). The ctest presets set the same. pytest -rs prints the
+# one-line reason of every skip (the two-host tests skip where `ip netns` is not permitted).
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE MOECORE_BIN=$(CURDIR)/build/bin/moecore
 
 test-reference: build setup-python
-	$(TEST_ENV) $(PYTHON) -m pytest -q tests/reference tests/cli tests/train
+	$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference tests/cli tests/train
 
 # Two "hosts" (network namespaces joined by a veth pair) running mpirun over TCP only (issue 13);
 # needs root and iproute2, skipped with one line where `ip netns` is not permitted. Also part of
 # test-reference (tests/train).
 test-two-hosts: build setup-python
-	$(TEST_ENV) $(PYTHON) -m pytest -q tests/train/test_two_hosts.py
+	$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/train/test_two_hosts.py
 
 test: test-cpp test-asan test-reference
 
 # A short test target (a few minutes): the GoogleTest suite and the PyTorch/transformers oracles,
 # which together need every build and Python dependency. The fresh-machine check runs it.
 test-smoke: test-cpp build setup-python
-	$(TEST_ENV) $(PYTHON) -m pytest -q tests/reference
+	$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference
 
 # The fresh-machine check (not part of `make test`: it builds a Debian root with debootstrap and
 # installs everything from nothing): `make train` and `make test-smoke` on a clean clone of HEAD.
