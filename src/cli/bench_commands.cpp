@@ -33,8 +33,8 @@ void run_bench_gemm(const BenchGemmArgs& args) {
   if (mxfp8) mx::check_mx_contraction("bench gemm", args.k);
   // kernels::gemm as the model calls it: in bf16, the operands are rounded to bf16 inside each
   // call (oneDNN's native bf16 matmul where the CPU has it, else the emulated path).
-  const kernels::MatmulPrecisionScope precision(
-      args.precision == "bf16" ? kernels::MatmulPrecision::kBf16 : kernels::MatmulPrecision::kFp32);
+  const kernels::MatmulPrecision precision =
+      args.precision == "bf16" ? kernels::MatmulPrecision::kBf16 : kernels::MatmulPrecision::kFp32;
   if (args.threads > 0) omp_set_num_threads(static_cast<int>(args.threads));
 
   const auto size = [](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols); };
@@ -63,8 +63,8 @@ void run_bench_gemm(const BenchGemmArgs& args) {
           args.m, args.n, args.k, {mx::ElemType::kE4M3, a_codes.data(), a_scales.data()},
           {mx::ElemType::kE4M3, b_codes.data(), b_scales.data()}, c.data(), args.n);
     } else {
-      kernels::gemm(false, false, args.m, args.n, args.k, 1.0f, a.data(), args.k, b.data(), args.n,
-                    0.0f, c.data(), args.n);
+      kernels::gemm(precision, false, false, args.m, args.n, args.k, 1.0f, a.data(), args.k,
+                    b.data(), args.n, 0.0f, c.data(), args.n);
     }
   };
   using Clock = std::chrono::steady_clock;

@@ -92,8 +92,8 @@ void run_init(const std::string& config_path, uint64_t seed, const std::string& 
 
 void run_debug_state(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
-  const kernels::MatmulPrecisionScope precision(s.config.train.precision);
   Transformer model(s.config.model, s.layout);
+  model.set_precision(PrecisionRecipe::from_train_precision(s.config.train.precision));
   model.set_document_masking(document_eos(s.config));
   ParamBuffers grads(s.layout);
   const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
@@ -115,8 +115,8 @@ void run_debug_state(const DebugArgs& args) {
 void run_debug_steps(const DebugArgs& args) {
   MOE_CHECK(args.steps > 0, "[debug] --steps={} must be positive", args.steps);
   DebugSetup s = load_setup(args);
-  const kernels::MatmulPrecisionScope precision(s.config.train.precision);
   Transformer model(s.config.model, s.layout);
+  model.set_precision(PrecisionRecipe::from_train_precision(s.config.train.precision));
   model.set_document_masking(document_eos(s.config));
   ParamBuffers grads(s.layout);
   AdamW optimizer(s.layout, s.config.optim);

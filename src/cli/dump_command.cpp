@@ -146,8 +146,8 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
   };
   auto in_layers = [](const std::string& name) { return name.starts_with("model.layers."); };
 
-  const kernels::MatmulPrecisionScope precision(config.train.precision);
   Transformer model(config.model, layout);
+  model.set_precision(PrecisionRecipe::from_train_precision(config.train.precision));
   model.set_document_masking(batch.document_eos);
   model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
   model.set_tensor_observer(record);

@@ -158,7 +158,7 @@ void run_generate(const GenerateArgs& args) {
   sampling.top_p = args.top_p;
   sampling.seed = args.seed;
   const std::string text = generate_text(m.config.model, m.layout, m.params, tokenizer, args.prompt,
-                                         args.max_tokens, sampling);
+                                         args.max_tokens, sampling, PrecisionRecipe{});
   fmt::print("{}{}\n", args.prompt, text);
 }
 

@@ -10,11 +10,13 @@
 
 namespace moecore::kernels {
 
-// In the current matmul_precision(): fp32, or bf16 operands with fp32 accumulation.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// In `precision`: fp32 (gemm_fp32), or bf16 operands with fp32 accumulation (gemm_bf16 on
+// bf16_gemm_path()).
+void gemm(MatmulPrecision precision, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+          float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+          float* c, int64_t ldc);
 
-// Always fp32, whatever matmul_precision() says (the router: its logits decide the routing).
+// Always fp32.
 void gemm_fp32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc);

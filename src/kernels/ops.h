@@ -32,10 +32,6 @@ struct AdamWCoefficients {
   float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
 };
 
-// The operand precision of a GEMM on views: the model's (kernels::matmul_precision(), fp32 or
-// bf16) or fp32 whatever it is (the router: its logits decide the routing).
-enum class GemmOperands : uint8_t { kModelPrecision, kFp32 };
-
 // How a router turns logits into scores: softmax over the experts, sigmoid, or softmax scores with
 // routing weights that are the softmax over the k selected logits (topk_softmax).
 enum class RouterScoreFunction : uint8_t { kSoftmax, kSigmoid, kTopkSoftmax };

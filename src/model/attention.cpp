@@ -36,13 +36,13 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
   cache.context.resize(static_cast<size_t>(n * qs));
 
   if (c.qk_norm == QkNorm::kNone) {
-    linear_forward(x, w.q_proj, cache.q.data(), n, d, qs);
-    linear_forward(x, w.k_proj, cache.k.data(), n, d, kvs);
+    linear_forward(precision_, x, w.q_proj, cache.q.data(), n, d, qs);
+    linear_forward(precision_, x, w.k_proj, cache.k.data(), n, d, kvs);
   } else {
     cache.q_raw.resize(cache.q.size());
     cache.k_raw.resize(cache.k.size());
-    linear_forward(x, w.q_proj, cache.q_raw.data(), n, d, qs);
-    linear_forward(x, w.k_proj, cache.k_raw.data(), n, d, kvs);
+    linear_forward(precision_, x, w.q_proj, cache.q_raw.data(), n, d, qs);
+    linear_forward(precision_, x, w.k_proj, cache.k_raw.data(), n, d, kvs);
     const NormGeometry gq = norm_geometry(c, n, nh), gk = norm_geometry(c, n, nkv);
     cache.q_rstd.resize(static_cast<size_t>(gq.rows));
     cache.k_rstd.resize(static_cast<size_t>(gk.rows));
@@ -54,7 +54,7 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
                              view(cache.k.data(), {gk.rows, gk.dim}),
                              view(cache.k_rstd.data(), {gk.rows}), eps);
   }
-  linear_forward(x, w.v_proj, cache.v.data(), n, d, kvs);
+  linear_forward(precision_, x, w.v_proj, cache.v.data(), n, d, kvs);
   kernels::rope_forward(view(cache.q.data(), {batch, seq, nh, hd}), rope_.cos_view(),
                         rope_.sin_view(), 0);
   kernels::rope_forward(view(cache.k.data(), {batch, seq, nkv, hd}), rope_.cos_view(),
@@ -63,8 +63,8 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
       view(cache.q.data(), {batch, seq, nh, hd}), view(cache.k.data(), {batch, seq, nkv, hd}),
       view(cache.v.data(), {batch, seq, nkv, hd}), view(cache.context.data(), {batch, seq, nh, hd}),
       view(cache.probs.data(), {batch, nh, seq, seq}),
-      doc_start != nullptr ? view(doc_start, {batch, seq}) : ConstTensorView{});
-  linear_forward(cache.context.data(), w.o_proj, y, n, qs, d);
+      doc_start != nullptr ? view(doc_start, {batch, seq}) : ConstTensorView{}, precision_);
+  linear_forward(precision_, cache.context.data(), w.o_proj, y, n, qs, d);
 }
 
 void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
@@ -74,7 +74,8 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights&
   const AttentionShape& s = cache.shape;
   const int64_t n = s.batch * s.seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
   std::vector<float> d_context(static_cast<size_t>(n * qs));
-  linear_backward(dy, cache.context.data(), w.o_proj, d_context.data(), dw.o_proj, n, qs, d, false);
+  linear_backward(precision_, dy, cache.context.data(), w.o_proj, d_context.data(), dw.o_proj, n,
+                  qs, d, false);
 
   std::vector<float> dq(static_cast<size_t>(n * qs)), dk(static_cast<size_t>(n * kvs));
   std::vector<float> dv(static_cast<size_t>(n * kvs));
@@ -86,7 +87,7 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights&
       view(cache.probs.data(), {s.batch, s.n_heads, s.seq, s.seq}),
       view(dq.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
       view(dk.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
-      view(dv.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}));
+      view(dv.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}), precision_);
   kernels::rope_backward(view(dq.data(), {s.batch, s.seq, s.n_heads, s.head_dim}), rope_.cos_view(),
                          rope_.sin_view(), 0);
   kernels::rope_backward(view(dk.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
@@ -110,9 +111,9 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights&
     dq_raw = dq_pre.data();
     dk_raw = dk_pre.data();
   }
-  linear_backward(dq_raw, x, w.q_proj, dx, dw.q_proj, n, d, qs, false);
-  linear_backward(dk_raw, x, w.k_proj, dx, dw.k_proj, n, d, kvs, true);
-  linear_backward(dv.data(), x, w.v_proj, dx, dw.v_proj, n, d, kvs, true);
+  linear_backward(precision_, dq_raw, x, w.q_proj, dx, dw.q_proj, n, d, qs, false);
+  linear_backward(precision_, dk_raw, x, w.k_proj, dx, dw.k_proj, n, d, kvs, true);
+  linear_backward(precision_, dv.data(), x, w.v_proj, dx, dw.v_proj, n, d, kvs, true);
 }
 
 }  // namespace moecore

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/precision_recipe.h"
 #include "model/rope.h"
 
 namespace moecore {
@@ -42,6 +43,10 @@ class AttentionBlock {
  public:
   AttentionBlock(const ModelConfig& config, const RopeTable& rope) : config_(config), rope_(rope) {}
 
+  // The GEMM precision of the projections and the attention core: the recipe's attention entry
+  // (default: fp32).
+  void set_precision(const PrecisionRecipe& precision) { precision_ = precision.attention; }
+
   // x: [B*T, d] -> y: [B*T, d] (=). doc_start: [B, T] document masking (kernels::
   // causal_attention_forward) or nullptr.
   void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
@@ -53,6 +58,7 @@ class AttentionBlock {
  private:
   const ModelConfig& config_;
   const RopeTable& rope_;
+  kernels::MatmulPrecision precision_ = kernels::MatmulPrecision::kFp32;
 };
 
 }  // namespace moecore

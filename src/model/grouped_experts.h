@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/moe_dispatch.h"
 
@@ -19,13 +20,13 @@ struct ExpertRows {
 };
 
 // y: [R, d] (=). Experts without rows are skipped.
-void grouped_experts_forward(const ModelConfig& c, int64_t local, const MoeWeights& w,
-                             ExpertRows& rows, float* y);
+void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConfig& c,
+                             int64_t local, const MoeWeights& w, ExpertRows& rows, float* y);
 
 // dy: [R, d] -> dx: [R, d] (=); expert weight gradients += into dw. Experts write disjoint rows of
 // dx and disjoint weight gradients.
-void grouped_experts_backward(const ModelConfig& c, int64_t local, const MoeWeights& w,
-                              const MoeWeights& dw, const ExpertRows& rows, const float* dy,
-                              float* dx);
+void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelConfig& c,
+                              int64_t local, const MoeWeights& w, const MoeWeights& dw,
+                              const ExpertRows& rows, const float* dy, float* dx);
 
 }  // namespace moecore

@@ -130,6 +130,11 @@ void InferenceModel::resize_scratch(int64_t n) {
   }
 }
 
+void InferenceModel::set_precision(const PrecisionRecipe& precision) {
+  precision_ = precision;
+  moe_.set_precision(precision);
+}
+
 // q_: [n, nh, hd] at positions [p0, p0 + n); keys/values of positions [0, p0 + n) are in the cache.
 // context_[i, h] = softmax_j(q_i,h . k_j,kvh / sqrt(hd)) v_j,kvh over j <= p0 + i, in fp32.
 void InferenceModel::attention(int64_t layer, int64_t n) {
@@ -171,11 +176,11 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       attn_in = h_.data();
     }
     if (c.qk_norm == QkNorm::kNone) {
-      linear_forward(attn_in, w.q_proj, q_.data(), n, d, qs);
-      linear_forward(attn_in, w.k_proj, k_.data(), n, d, kvs);
+      linear_forward(precision_.attention, attn_in, w.q_proj, q_.data(), n, d, qs);
+      linear_forward(precision_.attention, attn_in, w.k_proj, k_.data(), n, d, kvs);
     } else {
-      linear_forward(attn_in, w.q_proj, q_raw_.data(), n, d, qs);
-      linear_forward(attn_in, w.k_proj, k_raw_.data(), n, d, kvs);
+      linear_forward(precision_.attention, attn_in, w.q_proj, q_raw_.data(), n, d, qs);
+      linear_forward(precision_.attention, attn_in, w.k_proj, k_raw_.data(), n, d, kvs);
       const bool per_head = c.qk_norm == QkNorm::kPerHead;
       kernels::rmsnorm_forward(view(q_raw_.data(), {per_head ? n * nh : n, per_head ? hd : qs}),
                                view(w.q_norm, {per_head ? hd : qs}),
@@ -186,7 +191,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
                                view(k_.data(), {per_head ? n * nkv : n, per_head ? hd : kvs}),
                                view(qk_rstd_.data(), {per_head ? n * nkv : n}), eps);
     }
-    linear_forward(attn_in, w.v_proj, v_.data(), n, d, kvs);
+    linear_forward(precision_.attention, attn_in, w.v_proj, v_.data(), n, d, kvs);
     kernels::rope_forward(view(q_.data(), {1, n, nh, hd}), rope_.cos_view(), rope_.sin_view(), p0);
     kernels::rope_forward(view(k_.data(), {1, n, nkv, hd}), rope_.cos_view(), rope_.sin_view(), p0);
     for (int64_t i = 0; i < n; ++i) {
@@ -194,7 +199,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       std::copy_n(v_.data() + i * kvs, kvs, cache_.v(layer, p0 + i));
     }
     attention(layer, n);
-    linear_forward(context_.data(), w.o_proj, branch_.data(), n, qs, d);
+    linear_forward(precision_.attention, context_.data(), w.o_proj, branch_.data(), n, qs, d);
     if (reordered) {
       kernels::rmsnorm_forward(view(branch_.data(), {n, d}), view(w.input_norm, {d}),
                                view(h_.data(), {n, d}), view(rstd_.data(), {n}), eps);
@@ -211,8 +216,8 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       ffn_in = h_.data();
     }
     if (c.layer_is_dense(layer)) {
-      swiglu_mlp_forward({n, d, c.intermediate_size}, ffn_in, w.mlp_gate_up, w.mlp_down,
-                         mlp_gu_.data(), mlp_act_.data(), branch_.data());
+      swiglu_mlp_forward(precision_.dense_mlp, {n, d, c.intermediate_size}, ffn_in, w.mlp_gate_up,
+                         w.mlp_down, mlp_gu_.data(), mlp_act_.data(), branch_.data());
     } else {
       moe_.forward(w.moe, ffn_in, n, branch_.data(), moe_cache_);
     }
@@ -230,7 +235,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
   const float* last = x_.data() + (n - 1) * d;
   kernels::rmsnorm_forward(view(last, {1, d}), view(final_norm_, {d}), view(h_.data(), {1, d}),
                            view(rstd_.data(), {1}), eps);
-  linear_forward(h_.data(), lm_head_, logits_.data(), 1, d, v);
+  linear_forward(precision_.lm_head, h_.data(), lm_head_, logits_.data(), 1, d, v);
   return logits_;
 }
 

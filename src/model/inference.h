@@ -20,6 +20,7 @@
 #include "model/kv_cache.h"
 #include "model/moe_block.h"
 #include "model/params.h"
+#include "model/precision_recipe.h"
 #include "model/rope.h"
 
 namespace moecore {
@@ -34,6 +35,10 @@ class InferenceModel {
   // The MoE block holds a reference to config_, so an InferenceModel stays where it was built.
   InferenceModel(const InferenceModel&) = delete;
   InferenceModel& operator=(const InferenceModel&) = delete;
+
+  // The operand precision of each module kind's GEMMs (default: fp32 everywhere); the attention
+  // over the cache is fp32 whatever it says.
+  void set_precision(const PrecisionRecipe& precision);
 
   // Empties the cache: the next prefill/decode_step starts a new sequence at position 0.
   void reset();
@@ -72,6 +77,7 @@ class InferenceModel {
   const float* lm_head_ = nullptr;  // the embedding when tied
   RopeTable rope_;
   MoeBlock moe_;
+  PrecisionRecipe precision_;  // its router, experts and shared expert entries: in moe_
   KvCache cache_;
   int64_t macs_per_token_ = 0;  // decides whether a forward call is worth threading
 

@@ -5,8 +5,9 @@
 
 namespace moecore {
 
-void LocalDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
-                            const RouterState& router, RoutedRows& routed, Cache& cache) const {
+void LocalDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+                            int64_t tokens, const RouterState& router, RoutedRows& routed,
+                            Cache& cache) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, e_count = c.num_experts;
@@ -25,16 +26,17 @@ void LocalDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
                         view(rows.x.data(), {routes, d}));
   timer.switch_to(Phase::kExpertsForward);
   routed.y_back.resize(static_cast<size_t>(routes * d));
-  grouped_experts_forward(config_, e_count, w, rows, routed.y_back.data());
+  grouped_experts_forward(precision, config_, e_count, w, rows, routed.y_back.data());
 }
 
-void LocalDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+void LocalDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
+                             const MoeWeights& dw, const Cache& cache,
                              const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
   // Send order is expert order: the experts' backward reads the output gradients and writes the
   // input gradients in place.
   const ScopedPhase timer(Phase::kExpertsBackward);
-  grouped_experts_backward(config_, config_.num_experts, w, dw, cache.experts, dy_send.data(),
-                           dx_send.data());
+  grouped_experts_backward(precision, config_, config_.num_experts, w, dw, cache.experts,
+                           dy_send.data(), dx_send.data());
 }
 
 }  // namespace moecore

@@ -34,6 +34,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   cache.router_shape = router_shape_of(c, tokens);
+  cache.router_shape.precision = precision_.router;
   cache.router.selection.bias = w.router_bias;
   ScopedPhase timer(Phase::kRouterForward);
   router_forward(cache.router_shape, x, w.router, cache.router);
@@ -42,7 +43,8 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
       [&](const auto& dispatch) {
         using Cache = typename std::decay_t<decltype(dispatch)>::Cache;
         if (!std::holds_alternative<Cache>(cache.dispatch)) cache.dispatch.emplace<Cache>();
-        dispatch.forward(w, x, tokens, cache.router, cache.routed, std::get<Cache>(cache.dispatch));
+        dispatch.forward(precision_.experts, w, x, tokens, cache.router, cache.routed,
+                         std::get<Cache>(cache.dispatch));
       },
       dispatch_);
 
@@ -51,8 +53,8 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   if (hs > 0) {
     cache.shared_gu.resize(to_size(tokens * 2 * hs));
     cache.shared_act.resize(to_size(tokens * hs));
-    swiglu_mlp_forward({tokens, d, hs}, x, w.shared_gate_up, w.shared_down, cache.shared_gu.data(),
-                       cache.shared_act.data(), y);
+    swiglu_mlp_forward(precision_.dense_mlp, {tokens, d, hs}, x, w.shared_gate_up, w.shared_down,
+                       cache.shared_gu.data(), cache.shared_act.data(), y);
   } else {
     std::fill(y, y + tokens * d, 0.0f);
   }
@@ -86,7 +88,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   std::visit(
       [&](const auto& dispatch) {
         using Cache = typename std::decay_t<decltype(dispatch)>::Cache;
-        dispatch.backward(w, dw, std::get<Cache>(cache.dispatch), dy_send, dx_send);
+        dispatch.backward(precision_.experts, w, dw, std::get<Cache>(cache.dispatch), dy_send,
+                          dx_send);
       },
       dispatch_);
   timer.switch_to(Phase::kCombineBackward);
@@ -99,9 +102,10 @@ void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* 
   if (hs > 0) {
     std::vector<float> shared_dact(to_size(tokens * hs));
     std::vector<float> shared_dgu(to_size(tokens * 2 * hs));
-    swiglu_mlp_backward({tokens, d, hs}, dy, x, w.shared_gate_up, w.shared_down,
-                        cache.shared_gu.data(), cache.shared_act.data(), dx, dw.shared_gate_up,
-                        dw.shared_down, shared_dact.data(), shared_dgu.data(), true);
+    swiglu_mlp_backward(precision_.dense_mlp, {tokens, d, hs}, dy, x, w.shared_gate_up,
+                        w.shared_down, cache.shared_gu.data(), cache.shared_act.data(), dx,
+                        dw.shared_gate_up, dw.shared_down, shared_dact.data(), shared_dgu.data(),
+                        true);
   }
 
   timer.switch_to(Phase::kRouterBackward);

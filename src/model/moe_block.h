@@ -17,6 +17,7 @@
 #include "model/expert_exchange.h"
 #include "model/local_dispatch.h"
 #include "model/moe_dispatch.h"
+#include "model/precision_recipe.h"
 #include "model/router.h"
 #include "model/rowwise_dispatch.h"
 #include "model/sync_dispatch.h"
@@ -42,6 +43,9 @@ class MoeBlock {
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;
 
+  // The GEMM precision of the router, the experts and the shared expert (default: fp32).
+  void set_precision(const PrecisionRecipe& precision) { precision_ = precision; }
+
   // x: [N, d] -> y: [N, d] (=). Every rank of the exchange must call it (also with N = 0).
   void forward(const MoeWeights& w, const float* x, int64_t tokens, float* y,
                MoeCache& cache) const;
@@ -60,6 +64,7 @@ class MoeBlock {
   const ModelConfig& config_;
   ExpertShard shard_;
   Dispatch dispatch_;
+  PrecisionRecipe precision_;
 };
 
 }  // namespace moecore

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/splitmix64.h"
+#include "kernels/matmul_precision.h"
 #include "model/config.h"
 
 namespace moecore {
@@ -58,6 +59,9 @@ struct RouterShape {
   int64_t n_group = 1;  // group-limited top-k (see above); 1: plain top-k
   int64_t topk_group = 1;
   float routed_scaling_factor = 1.0f;
+  // The logits GEMM's operands (the recipe's router entry): fp32 unless a recipe says otherwise,
+  // since bf16 rounding of the logits would flip near-tied routes.
+  kernels::MatmulPrecision precision = kernels::MatmulPrecision::kFp32;
 };
 
 inline RouterShape router_shape_of(const ModelConfig& c, int64_t tokens) {

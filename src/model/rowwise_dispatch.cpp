@@ -8,8 +8,9 @@
 
 namespace moecore {
 
-void RowwiseDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
-                              const RouterState& router, RoutedRows& routed, Cache& cache) const {
+void RowwiseDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights& w,
+                              const float* x, int64_t tokens, const RouterState& router,
+                              RoutedRows& routed, Cache& cache) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, local = shard_.count;
@@ -33,14 +34,15 @@ void RowwiseDispatch::forward(const MoeWeights& w, const float* x, int64_t token
   cache.experts.gu.resize(to_size(received * 2 * h));
   cache.experts.act.resize(to_size(received * h));
   timer.switch_to(Phase::kExpertsForward);
-  grouped_experts_forward(config_, local, w, cache.experts, y_out);
+  grouped_experts_forward(precision, config_, local, w, cache.experts, y_out);
   timer.switch_to(Phase::kCombineForward);
   // Each kept route's output fetched from its destination; dropped routes contribute zero.
   routed.y_back.assign(to_size(routes * d), 0.0f);
   exchange_.get_rows(routed.y_back.data(), cache.targets, d);
 }
 
-void RowwiseDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+void RowwiseDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
+                               const MoeWeights& dw, const Cache& cache,
                                const std::vector<float>& dy_send,
                                std::vector<float>& dx_send) const {
   const int64_t d = config_.hidden_size;
@@ -53,7 +55,7 @@ void RowwiseDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const 
   const float* dy_in = exchange_.input();
   float* dx_out = exchange_.output();
   timer.switch_to(Phase::kExpertsBackward);
-  grouped_experts_backward(config_, local, w, dw, cache.experts, dy_in, dx_out);
+  grouped_experts_backward(precision, config_, local, w, dw, cache.experts, dy_in, dx_out);
   timer.switch_to(Phase::kCombineBackward);
   std::fill(dx_send.begin(), dx_send.end(), 0.0f);
   exchange_.get_rows(dx_send.data(), cache.targets, d);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/expert_exchange.h"
 #include "model/grouped_experts.h"
@@ -28,12 +29,14 @@ class RowwiseDispatch {
 
   // x: [N, d] -> routed (send_pos: the identity, y_back: route order); collective over the group
   // (also with N = 0).
-  void forward(const MoeWeights& w, const float* x, int64_t tokens, const RouterState& router,
-               RoutedRows& routed, Cache& cache) const;
+  // The experts' GEMMs multiply in `precision` (the recipe's experts entry).
+  void forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in route order -> dx_send (=), zero for dropped routes;
   // expert weight gradients += into dw. Collective.
-  void backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
-                const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
+  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeWeights& dw,
+                const Cache& cache, const std::vector<float>& dy_send,
+                std::vector<float>& dx_send) const;
 
  private:
   const ModelConfig& config_;

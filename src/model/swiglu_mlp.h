@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/matmul_precision.h"
+
 namespace moecore {
 
 struct SwigluShape {
@@ -13,16 +15,18 @@ struct SwigluShape {
   int64_t hidden;  // intermediate width H
 };
 
-// x: [rows, d]; w_gate_up: [2H, d]; w_down: [d, H]; saves gu: [rows, 2H], act: [rows, H];
-// y: [rows, d] (=).
-void swiglu_mlp_forward(const SwigluShape& s, const float* x, const float* w_gate_up,
-                        const float* w_down, float* gu, float* act, float* y);
+// Both GEMMs in `precision`. x: [rows, d]; w_gate_up: [2H, d]; w_down: [d, H]; saves gu: [rows,
+// 2H], act: [rows, H]; y: [rows, d] (=).
+void swiglu_mlp_forward(kernels::MatmulPrecision precision, const SwigluShape& s, const float* x,
+                        const float* w_gate_up, const float* w_down, float* gu, float* act,
+                        float* y);
 
 // dy: [rows, d]. dx: [rows, d] (= or += when accumulate_dx); dw_gate_up, dw_down (+=).
 // scratch_dact: [rows, H] and scratch_dgu: [rows, 2H] are caller-owned work space.
-void swiglu_mlp_backward(const SwigluShape& s, const float* dy, const float* x,
-                         const float* w_gate_up, const float* w_down, const float* gu,
-                         const float* act, float* dx, float* dw_gate_up, float* dw_down,
-                         float* scratch_dact, float* scratch_dgu, bool accumulate_dx);
+void swiglu_mlp_backward(kernels::MatmulPrecision precision, const SwigluShape& s, const float* dy,
+                         const float* x, const float* w_gate_up, const float* w_down,
+                         const float* gu, const float* act, float* dx, float* dw_gate_up,
+                         float* dw_down, float* scratch_dact, float* scratch_dgu,
+                         bool accumulate_dx);
 
 }  // namespace moecore

@@ -6,8 +6,9 @@
 
 namespace moecore {
 
-void SyncDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
-                           const RouterState& router, RoutedRows& routed, Cache& cache) const {
+void SyncDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+                           int64_t tokens, const RouterState& router, RoutedRows& routed,
+                           Cache& cache) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
   const int64_t h = c.moe_intermediate_size, routes = tokens * k;
@@ -53,7 +54,7 @@ void SyncDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
                         view(cache.experts.x.data(), {received, d}));
 
   timer.switch_to(Phase::kExpertsForward);
-  grouped_experts_forward(config_, local, w, cache.experts, cache.y_perm.data());
+  grouped_experts_forward(precision, config_, local, w, cache.experts, cache.y_perm.data());
 
   // Outputs back to their sources, in send order.
   timer.switch_to(Phase::kCombineForward);
@@ -64,7 +65,8 @@ void SyncDispatch::forward(const MoeWeights& w, const float* x, int64_t tokens,
   exchange_.exchange_rows(y_recv.data(), cache.recv_rows, routed.y_back.data(), cache.send_rows, d);
 }
 
-void SyncDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
+void SyncDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
+                            const MoeWeights& dw, const Cache& cache,
                             const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
@@ -79,7 +81,8 @@ void SyncDispatch::backward(const MoeWeights& w, const MoeWeights& dw, const Cac
 
   std::vector<float> dx_perm(to_size(received * d));
   timer.switch_to(Phase::kExpertsBackward);
-  grouped_experts_backward(config_, local, w, dw, cache.experts, dy_perm.data(), dx_perm.data());
+  grouped_experts_backward(precision, config_, local, w, dw, cache.experts, dy_perm.data(),
+                           dx_perm.data());
   timer.switch_to(Phase::kCombineBackward);
 
   // Input gradients back to the source; dx[t] = sum over its routes.

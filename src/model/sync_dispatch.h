@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/expert_exchange.h"
 #include "model/grouped_experts.h"
@@ -30,12 +31,14 @@ class SyncDispatch {
 
   // x: [N, d] -> routed (send_pos, y_back); what the backward needs into cache. Collective over
   // the group (also with N = 0).
-  void forward(const MoeWeights& w, const float* x, int64_t tokens, const RouterState& router,
-               RoutedRows& routed, Cache& cache) const;
+  // The experts' GEMMs multiply in `precision` (the recipe's experts entry).
+  void forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
   // gradients += into dw. Collective.
-  void backward(const MoeWeights& w, const MoeWeights& dw, const Cache& cache,
-                const std::vector<float>& dy_send, std::vector<float>& dx_send) const;
+  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeWeights& dw,
+                const Cache& cache, const std::vector<float>& dy_send,
+                std::vector<float>& dx_send) const;
 
  private:
   const ModelConfig& config_;

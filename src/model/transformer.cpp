@@ -59,6 +59,12 @@ std::string_view norm_module(const ParamSpec* spec) {
 
 }  // namespace
 
+void Transformer::set_precision(const PrecisionRecipe& precision) {
+  precision_ = precision;
+  attention_.set_precision(precision);
+  moe_.set_precision(precision);
+}
+
 Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
                          const ExpertExchange* exchange, LayerRange layers)
     : config_(config),
@@ -251,8 +257,8 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
     const int64_t width = c.intermediate_size;
     lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
     lc.mlp_act.resize(static_cast<size_t>(n * width));
-    swiglu_mlp_forward({n, d, width}, ffn_in, at(params, s.mlp_gate), at(params, s.mlp_down),
-                       lc.mlp_gu.data(), lc.mlp_act.data(), ffn_out);
+    swiglu_mlp_forward(precision_.dense_mlp, {n, d, width}, ffn_in, at(params, s.mlp_gate),
+                       at(params, s.mlp_down), lc.mlp_gu.data(), lc.mlp_act.data(), ffn_out);
   } else {
     // A recomputed forward keeps the selection of the first (same seed and token offset).
     if (!recomputing_)
@@ -373,7 +379,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     observe("model.norm", view(act.final_hidden.data(), {n, d}));
     act.logits.resize(static_cast<size_t>(n * v));
     ScopedPhase timer(Phase::kLmHeadForward);
-    linear_forward(act.final_hidden.data(), at(params, lm_head_), act.logits.data(), n, d, v);
+    linear_forward(precision_.lm_head, act.final_hidden.data(), at(params, lm_head_),
+                   act.logits.data(), n, d, v);
     timer.stop();
     observe("lm_head", view(act.logits.data(), {n, v}));
   } else {
@@ -511,8 +518,8 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     }
     observe("grad.lm_head", view(dlogits, {n, v}));
     std::vector<float> dhidden(static_cast<size_t>(n * d));
-    linear_backward(dlogits, act.final_hidden.data(), at(params, lm_head_), dhidden.data(),
-                    at(grads, lm_head_), n, d, v, false);
+    linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(), at(params, lm_head_),
+                    dhidden.data(), at(grads, lm_head_), n, d, v, false);
     timer.stop();
     observe("grad.model.norm", view(dhidden.data(), {n, d}));
     kernels::rmsnorm_backward(view(dhidden.data(), {n, d}),
@@ -563,10 +570,10 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       const int64_t width = c.intermediate_size;
       scratch_dact.resize(static_cast<size_t>(n * width));
       scratch_dgu.resize(static_cast<size_t>(n * 2 * width));
-      swiglu_mlp_backward({n, d, width}, d_ffn_out, ffn_in, at(params, s.mlp_gate),
-                          at(params, s.mlp_down), lc.mlp_gu.data(), lc.mlp_act.data(),
-                          dbranch.data(), at(grads, s.mlp_gate), at(grads, s.mlp_down),
-                          scratch_dact.data(), scratch_dgu.data(), false);
+      swiglu_mlp_backward(precision_.dense_mlp, {n, d, width}, d_ffn_out, ffn_in,
+                          at(params, s.mlp_gate), at(params, s.mlp_down), lc.mlp_gu.data(),
+                          lc.mlp_act.data(), dbranch.data(), at(grads, s.mlp_gate),
+                          at(grads, s.mlp_down), scratch_dact.data(), scratch_dgu.data(), false);
     } else {
       kernels::scale(
           view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),

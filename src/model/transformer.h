@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/moe_block.h"
 #include "model/params.h"
+#include "model/precision_recipe.h"
 #include "model/rope.h"
 #include "model/tensor_observer.h"
 
@@ -93,6 +94,9 @@ class Transformer {
   // layer order, which every rank of the ep group follows (all use the same mode).
   void set_recompute(ActivationRecompute mode) { recompute_ = mode; }
   ActivationRecompute recompute() const { return recompute_; }
+  // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32
+  // everywhere).
+  void set_precision(const PrecisionRecipe& precision);
 
   // Routing modes (model.routing, see router.h): the seed of the next forward() (random routing
   // derives one stream per layer and token from it; routing_forward_seed makes one per training
@@ -169,6 +173,8 @@ class Transformer {
   LayerGradsReady layer_grads_ready_;
   TensorObserver observer_;
   ActivationRecompute recompute_ = ActivationRecompute::kNone;
+  // The LM head's and dense MLPs' entries are read here; attention_ and moe_ hold the others.
+  PrecisionRecipe precision_;
   bool recomputing_ = false;  // the backward re-runs a forward: observed once already
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;

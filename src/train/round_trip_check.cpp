@@ -35,8 +35,7 @@ std::vector<float> logits_on_check_batch(const ModelConfig& config, const ParamL
         static_cast<int32_t>((i * 2654435761ull) % static_cast<uint64_t>(config.vocab_size));
   for (size_t i = 0; i < tokens.size(); ++i)
     targets[i] = (i + 1) % kCheckSeq == 0 ? -100 : tokens[i + 1];
-  const kernels::MatmulPrecisionScope fp32(kernels::MatmulPrecision::kFp32);
-  Transformer model(config, layout);
+  Transformer model(config, layout);  // fp32 GEMMs (the default recipe)
   model.forward(params, tokens.data(), targets.data(), kCheckBatch, kCheckSeq);
   return model.logits();
 }

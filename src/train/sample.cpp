@@ -7,11 +7,12 @@ namespace moecore {
 std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                           const ParamBuffers& params, const data::Tokenizer& tokenizer,
                           const std::string& prompt, int64_t max_tokens,
-                          const SamplingConfig& sampling) {
+                          const SamplingConfig& sampling, const PrecisionRecipe& precision) {
   std::vector<int32_t> ids = tokenizer.encode(prompt);
   if (ids.empty()) ids.push_back(tokenizer.eos_id());
   InferenceModel model(config, layout, params,
                        static_cast<int64_t>(ids.size()) + std::max<int64_t>(max_tokens, 1));
+  model.set_precision(precision);
   std::vector<int32_t> out = generate(model, ids, max_tokens, sampling, tokenizer.eos_id());
   if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
   return tokenizer.decode_text(out);
@@ -19,12 +20,13 @@ std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
 
 std::string generate_sample(const ModelConfig& config, const ParamLayout& layout,
                             const ParamBuffers& params, const data::Tokenizer& tokenizer,
-                            const std::string& prompt, int64_t max_tokens, uint64_t seed) {
+                            const std::string& prompt, int64_t max_tokens, uint64_t seed,
+                            const PrecisionRecipe& precision) {
   SamplingConfig sampling;
   sampling.temperature = 0.8;
   sampling.top_p = 0.95;
   sampling.seed = seed;
-  return generate_text(config, layout, params, tokenizer, prompt, max_tokens, sampling);
+  return generate_text(config, layout, params, tokenizer, prompt, max_tokens, sampling, precision);
 }
 
 }  // namespace moecore

@@ -6,6 +6,7 @@
 
 #include "data/tokenizer.h"
 #include "model/params.h"
+#include "model/precision_recipe.h"
 #include "model/sampler.h"
 
 namespace moecore {
@@ -15,11 +16,12 @@ namespace moecore {
 std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                           const ParamBuffers& params, const data::Tokenizer& tokenizer,
                           const std::string& prompt, int64_t max_tokens,
-                          const SamplingConfig& sampling);
+                          const SamplingConfig& sampling, const PrecisionRecipe& precision);
 
 // The end-of-run sample: temperature 0.8, top-p 0.95.
 std::string generate_sample(const ModelConfig& config, const ParamLayout& layout,
                             const ParamBuffers& params, const data::Tokenizer& tokenizer,
-                            const std::string& prompt, int64_t max_tokens, uint64_t seed);
+                            const std::string& prompt, int64_t max_tokens, uint64_t seed,
+                            const PrecisionRecipe& precision);
 
 }  // namespace moecore

@@ -347,7 +347,6 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       dist::split_layers(mc.num_hidden_layers, pc.pp * resolve_virtual_stages(pc), pc.stage_layers);
   const std::vector<LayerRange> my_chunks = dist::stage_chunks(chunk_layers, pc.pp, mesh.stage());
   set_threads(tc.threads, world->size());
-  const kernels::MatmulPrecisionScope matmul_precision(tc.precision);
   const int64_t rows = tc.batch_size / tc.microbatches;  // per micro-batch, all ranks together
   MOE_CHECK(rows % dp == 0,
             "[parallel] train.batch_size / train.microbatches = {} sequences per micro-batch do "
@@ -403,6 +402,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunks.back()->set_batch_sum(dp_batch_sum);
     chunks.back()->set_document_masking(in.document_eos);
     chunks.back()->set_recompute(tc.recompute);
+    chunks.back()->set_precision(PrecisionRecipe::from_train_precision(tc.precision));
   }
   PipelineRunner pipeline(mesh, chunk_ptrs, pc.schedule, tc.microbatches);
   dist::DistributedOptimizer optimizer(layout, config.optim, mesh, pc.zero == 1);

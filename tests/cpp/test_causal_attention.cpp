@@ -36,17 +36,18 @@ void causal_attention_forward(const AttentionShape& s, const float* q, const flo
   kernels::causal_attention_forward(
       view(q, {B, T, H, hd}), view(k, {B, T, KV, hd}), view(v, {B, T, KV, hd}),
       view(out, {B, T, H, hd}), view(probs, {B, H, T, T}),
-      doc_start != nullptr ? view(doc_start, {B, T}) : ConstTensorView{});
+      doc_start != nullptr ? view(doc_start, {B, T}) : ConstTensorView{},
+      kernels::MatmulPrecision::kFp32);
 }
 
 void causal_attention_backward(const AttentionShape& s, const float* dout, const float* q,
                                const float* k, const float* v, const float* probs, float* dq,
                                float* dk, float* dv) {
   const int64_t B = s.batch, T = s.seq, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
-  kernels::causal_attention_backward(view(dout, {B, T, H, hd}), view(q, {B, T, H, hd}),
-                                     view(k, {B, T, KV, hd}), view(v, {B, T, KV, hd}),
-                                     view(probs, {B, H, T, T}), view(dq, {B, T, H, hd}),
-                                     view(dk, {B, T, KV, hd}), view(dv, {B, T, KV, hd}));
+  kernels::causal_attention_backward(
+      view(dout, {B, T, H, hd}), view(q, {B, T, H, hd}), view(k, {B, T, KV, hd}),
+      view(v, {B, T, KV, hd}), view(probs, {B, H, T, T}), view(dq, {B, T, H, hd}),
+      view(dk, {B, T, KV, hd}), view(dv, {B, T, KV, hd}), kernels::MatmulPrecision::kFp32);
 }
 
 size_t q_size(const AttentionShape& s) {

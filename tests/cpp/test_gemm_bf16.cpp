@@ -159,7 +159,7 @@ TEST(Bf16Gemm, DispatchHonoursCpuAndMaxCpuIsa) {
   EXPECT_EQ(bf16_gemm_path(), native ? Bf16GemmPath::kNative : Bf16GemmPath::kEmulated);
 }
 
-TEST(MatmulPrecision, ScopeRoutesGemmAndRestores) {
+TEST(MatmulPrecision, GemmMultipliesInTheGivenPrecision) {
   const int64_t m = 9, n = 11, k = 13;
   const std::vector<float> a = random_vec(static_cast<size_t>(m * k), 21);
   const std::vector<float> b = random_vec(static_cast<size_t>(k * n), 22);
@@ -168,18 +168,12 @@ TEST(MatmulPrecision, ScopeRoutesGemmAndRestores) {
   gemm_bf16(bf16_gemm_path(), false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
             bf16.data(), n);
   ASSERT_NE(fp32, bf16);
-  EXPECT_EQ(matmul_precision(), MatmulPrecision::kFp32);
-  gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got.data(), n);
+  gemm(MatmulPrecision::kFp32, false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+       got.data(), n);
   EXPECT_EQ(got, fp32);
-  {
-    const MatmulPrecisionScope scope(MatmulPrecision::kBf16);
-    gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got.data(), n);
-    EXPECT_EQ(got, bf16);
-    // The router's GEMM ignores the setting.
-    gemm_fp32(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, got.data(), n);
-    EXPECT_EQ(got, fp32);
-  }
-  EXPECT_EQ(matmul_precision(), MatmulPrecision::kFp32);
+  gemm(MatmulPrecision::kBf16, false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+       got.data(), n);
+  EXPECT_EQ(got, bf16);
 }
 
 TEST(Bf16, RoundingIsNearestEven) {

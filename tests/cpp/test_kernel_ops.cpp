@@ -323,7 +323,8 @@ TEST_P(KernelOps, CausalAttentionMatchesReference) {
     auto forward = [&](const KernelBackend& b, std::vector<float>& o, std::vector<float>& p) {
       b.causal_attention_forward(view(q.data(), {B, T, H, hd}), view(k.data(), {B, T, KV, hd}),
                                  view(v.data(), {B, T, KV, hd}), view(o.data(), {B, T, H, hd}),
-                                 view(p.data(), {B, H, T, T}), docs);
+                                 view(p.data(), {B, H, T, T}), docs,
+                                 kernels::MatmulPrecision::kFp32);
     };
     forward(backend(), out, probs);
     forward(oracle(), out_ref, probs_ref);
@@ -337,7 +338,8 @@ TEST_P(KernelOps, CausalAttentionMatchesReference) {
       b.causal_attention_backward(view(dout.data(), {B, T, H, hd}), view(q.data(), {B, T, H, hd}),
                                   view(k.data(), {B, T, KV, hd}), view(v.data(), {B, T, KV, hd}),
                                   view(probs.data(), {B, H, T, T}), view(gq.data(), {B, T, H, hd}),
-                                  view(gk.data(), {B, T, KV, hd}), view(gv.data(), {B, T, KV, hd}));
+                                  view(gk.data(), {B, T, KV, hd}), view(gv.data(), {B, T, KV, hd}),
+                                  kernels::MatmulPrecision::kFp32);
     };
     backward(backend(), dq, dk, dv);
     backward(oracle(), dq_ref, dk_ref, dv_ref);
@@ -643,21 +645,23 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
     const std::vector<float> dy = random_vec(static_cast<size_t>(rows * out), ++seed);
     std::vector<float> y(dy.size()), y_ref(dy.size());
     backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
-                                   offsets, view(y.data(), {rows, out}));
+                                   offsets, view(y.data(), {rows, out}),
+                                   kernels::MatmulPrecision::kFp32);
     oracle().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
-                                  offsets, view(y_ref.data(), {rows, out}));
+                                  offsets, view(y_ref.data(), {rows, out}),
+                                  kernels::MatmulPrecision::kFp32);
     expect_nmse(y, y_ref, in, "grouped_gemm y " + what);
 
     const std::vector<float> dw_before = random_vec(w.size(), ++seed);
     std::vector<float> dx(x.size()), dx_ref(x.size()), dw = dw_before, dw_ref = dw_before;
-    backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
-                                    view(w.data(), {experts, out, in}), offsets,
-                                    view(dx.data(), {rows, in}),
-                                    view(dw.data(), {experts, out, in}));
-    oracle().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
-                                   view(w.data(), {experts, out, in}), offsets,
-                                   view(dx_ref.data(), {rows, in}),
-                                   view(dw_ref.data(), {experts, out, in}));
+    backend().grouped_gemm_backward(
+        view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+        view(w.data(), {experts, out, in}), offsets, view(dx.data(), {rows, in}),
+        view(dw.data(), {experts, out, in}), kernels::MatmulPrecision::kFp32);
+    oracle().grouped_gemm_backward(
+        view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+        view(w.data(), {experts, out, in}), offsets, view(dx_ref.data(), {rows, in}),
+        view(dw_ref.data(), {experts, out, in}), kernels::MatmulPrecision::kFp32);
     expect_nmse(dx, dx_ref, out, "grouped_gemm dx " + what);
     expect_nmse(dw, dw_ref, rows + 1, "grouped_gemm dw " + what);
     // An expert without rows keeps its weight gradient as it was.
@@ -668,7 +672,8 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
       }
     auto loss = [&] {
       backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
-                                     offsets, view(y.data(), {rows, out}));
+                                     offsets, view(y.data(), {rows, out}),
+                                     kernels::MatmulPrecision::kFp32);
       return project(y.data(), dy);
     };
     expect_close(check_all(x.data(), x.size(), dx.data(), kFdEps, loss), "dx " + what);
@@ -682,9 +687,10 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
   }
   std::vector<float> x(6), w(6), y(6);
   const std::vector<int64_t> decreasing = {0, 2, 1};
-  EXPECT_THROW(backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}),
-                                              decreasing, view(y.data(), {1, 1})),
-               Error);
+  EXPECT_THROW(
+      backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}), decreasing,
+                                     view(y.data(), {1, 1}), kernels::MatmulPrecision::kFp32),
+      Error);
 }
 
 TEST_P(KernelOps, MatmulMatchesReference) {
@@ -695,10 +701,12 @@ TEST_P(KernelOps, MatmulMatchesReference) {
   for (const Case c : {Case{1, 1, 1}, Case{3, 5, 7}, Case{17, 33, 65}, Case{2, 64, 130}})
     for (const bool trans_a : {false, true})
       for (const bool trans_b : {false, true})
-        for (const GemmOperands operands : {GemmOperands::kModelPrecision, GemmOperands::kFp32}) {
+        for (const auto precision :
+             {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
           const std::string what = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
                                    " k=" + std::to_string(c.k) + " ta=" + std::to_string(trans_a) +
-                                   " tb=" + std::to_string(trans_b);
+                                   " tb=" + std::to_string(trans_b) +
+                                   (precision == kernels::MatmulPrecision::kBf16 ? " bf16" : "");
           std::vector<float> a = random_vec(static_cast<size_t>(c.m * c.k), ++seed);
           std::vector<float> b = random_vec(static_cast<size_t>(c.k * c.n), ++seed);
           const std::vector<float> c_before = random_vec(static_cast<size_t>(c.m * c.n), ++seed);
@@ -707,30 +715,32 @@ TEST_P(KernelOps, MatmulMatchesReference) {
           for (const float beta : {0.0f, 1.0f}) {
             std::vector<float> out = c_before, out_ref = c_before;
             backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, beta,
-                             view(out.data(), {c.m, c.n}), operands);
+                             view(out.data(), {c.m, c.n}), precision);
             oracle().matmul(a_view, trans_a, b_view, trans_b, 0.5f, beta,
-                            view(out_ref.data(), {c.m, c.n}), operands);
+                            view(out_ref.data(), {c.m, c.n}), precision);
             expect_nmse(out, out_ref, c.k + 1, "matmul " + what);
           }
-          // Gradient of L = <0.5 op(a) op(b), r> with respect to a: 0.5 r op(b)^T, laid out as a.
+          // Gradient of L = <0.5 op(a) op(b), r> with respect to a: 0.5 r op(b)^T, laid out as a;
+          // against finite differences in fp32 only (bf16 operand rounding is a step function).
+          if (precision != kernels::MatmulPrecision::kFp32) continue;
           const std::vector<float> r = random_vec(c_before.size(), ++seed);
           std::vector<float> out(c_before.size()), da(a.size());
           if (trans_a)  // a is [K, M]: da = 0.5 op(b) r^T
             backend().matmul(b_view, trans_b, view(r.data(), {c.m, c.n}), true, 0.5f, 0.0f,
-                             view(da.data(), {c.k, c.m}), operands);
+                             view(da.data(), {c.k, c.m}), precision);
           else
             backend().matmul(view(r.data(), {c.m, c.n}), false, b_view, !trans_b, 0.5f, 0.0f,
-                             view(da.data(), {c.m, c.k}), operands);
+                             view(da.data(), {c.m, c.k}), precision);
           auto loss = [&] {
             backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, 0.0f,
-                             view(out.data(), {c.m, c.n}), operands);
+                             view(out.data(), {c.m, c.n}), precision);
             return project(out.data(), r);
           };
           expect_close(check_all(a.data(), a.size(), da.data(), kFdEps, loss), "da " + what);
         }
   std::vector<float> x(6);
   EXPECT_THROW(backend().matmul(view(x.data(), {2, 3}), false, view(x.data(), {2, 3}), false, 1.0f,
-                                0.0f, view(x.data(), {2, 3}), GemmOperands::kFp32),
+                                0.0f, view(x.data(), {2, 3}), kernels::MatmulPrecision::kFp32),
                Error);
 }
 
@@ -805,7 +815,7 @@ TEST_P(KernelOps, CachedAttentionMatchesReference) {
     backend().causal_attention_forward(
         view(q_all.data(), {1, keys, H, hd}), view(k.data(), {1, keys, KV, hd}),
         view(v.data(), {1, keys, KV, hd}), view(full.data(), {1, keys, H, hd}),
-        view(probs.data(), {1, H, keys, keys}), ConstTensorView{});
+        view(probs.data(), {1, H, keys, keys}), ConstTensorView{}, kernels::MatmulPrecision::kFp32);
     const std::vector<float> tail(full.begin() + c.first_position * H * hd, full.end());
     expect_nmse(out, tail, keys + hd, "cached vs causal attention " + what);
   }

@@ -72,13 +72,14 @@ void check_linear(bool accumulate_dx, uint32_t seed) {
   const std::vector<float> r = random_vec(static_cast<size_t>(rows * out), seed + 2);
   std::vector<float> y(r.size());
   auto loss = [&] {
-    linear_forward(x.data(), w.data(), y.data(), rows, in, out);
+    linear_forward(kernels::MatmulPrecision::kFp32, x.data(), w.data(), y.data(), rows, in, out);
     return project(y.data(), r);
   };
   const std::vector<float> dx_before = random_vec(x.size(), seed + 3);
   const std::vector<float> dw_before = random_vec(w.size(), seed + 4);
   std::vector<float> dx = dx_before, dw = dw_before;
-  linear_backward(r.data(), x.data(), w.data(), dx.data(), dw.data(), rows, in, out, accumulate_dx);
+  linear_backward(kernels::MatmulPrecision::kFp32, r.data(), x.data(), w.data(), dx.data(),
+                  dw.data(), rows, in, out, accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> gw = added(dw, dw_before);
   expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "linear dx");
@@ -153,7 +154,8 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
   std::vector<float> gu(static_cast<size_t>(s.rows * 2 * s.hidden));
   std::vector<float> act(static_cast<size_t>(s.rows * s.hidden)), y(x.size());
   auto loss = [&] {
-    swiglu_mlp_forward(s, x.data(), wgu.data(), wd.data(), gu.data(), act.data(), y.data());
+    swiglu_mlp_forward(kernels::MatmulPrecision::kFp32, s, x.data(), wgu.data(), wd.data(),
+                       gu.data(), act.data(), y.data());
     return project(y.data(), r);
   };
   loss();
@@ -162,9 +164,9 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
   const std::vector<float> dwd_before = random_vec(wd.size(), seed + 6);
   std::vector<float> dx = dx_before, dwgu = dwgu_before, dwd = dwd_before;
   std::vector<float> scratch_dact(act.size()), scratch_dgu(gu.size());
-  swiglu_mlp_backward(s, r.data(), x.data(), wgu.data(), wd.data(), gu.data(), act.data(),
-                      dx.data(), dwgu.data(), dwd.data(), scratch_dact.data(), scratch_dgu.data(),
-                      accumulate_dx);
+  swiglu_mlp_backward(kernels::MatmulPrecision::kFp32, s, r.data(), x.data(), wgu.data(), wd.data(),
+                      gu.data(), act.data(), dx.data(), dwgu.data(), dwd.data(),
+                      scratch_dact.data(), scratch_dgu.data(), accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> ggu = added(dwgu, dwgu_before), gd = added(dwd, dwd_before);
   expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "swiglu_mlp dx");

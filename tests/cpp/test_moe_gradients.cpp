@@ -650,6 +650,36 @@ TEST(MoeGradients, ExpertWithZeroTokens) {
   check_moe(f, false, 0.0f, 320);
 }
 
+// The block multiplies each module in its recipe entry: train.precision=bf16's recipe keeps the
+// router's logits GEMM fp32 (bitwise the fp32 block's logits) while the routed and shared experts
+// round their operands to bf16 (outputs differ from fp32: random inputs are not bf16 values); a
+// recipe with a bf16 router changes the logits too.
+TEST(MoeGradients, PrecisionRecipeReachesRouterAndExperts) {
+  using kernels::MatmulPrecision;
+  MoeFixture f(moe_config(4, 2, 3, RouterScore::kSoftmax, false), 250);
+  struct Out {
+    std::vector<float> logits, y;
+  };
+  auto run = [&](const PrecisionRecipe& recipe) {
+    MoeBlock block(f.c);
+    block.set_precision(recipe);
+    MoeCache cache;
+    std::vector<float> y(f.x.size());
+    block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+    return Out{cache.router.logits, y};
+  };
+  const Out fp32 = run(PrecisionRecipe{});
+  const Out bf16 = run(PrecisionRecipe::from_train_precision(MatmulPrecision::kBf16));
+  EXPECT_EQ(bf16.logits, fp32.logits);
+  EXPECT_NE(bf16.y, fp32.y);
+  PrecisionRecipe bf16_router = PrecisionRecipe::from_train_precision(MatmulPrecision::kBf16);
+  bf16_router.router = MatmulPrecision::kBf16;
+  EXPECT_NE(run(bf16_router).logits, fp32.logits);
+  const Out fp32_again = run(PrecisionRecipe::from_train_precision(MatmulPrecision::kFp32));
+  EXPECT_EQ(fp32_again.logits, fp32.logits);
+  EXPECT_EQ(fp32_again.y, fp32.y);
+}
+
 TEST(MoeGradients, TopKEqualsNumExperts) {
   MoeFixture f(moe_config(3, 3, 0, RouterScore::kSoftmax, false), 230);
   check_moe(f, false, 0.1f, 330);
@@ -706,7 +736,6 @@ TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
   c.moe_intermediate_size = 24;
   const bool bitwise = router_gemms_thread_invariant(64, c.num_experts, c.hidden_size);
   for (const auto precision : {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
-    const kernels::MatmulPrecisionScope scope(precision);
     std::vector<std::vector<float>> results[2];
     for (const int threads : {1, 2}) {
       MoeFixture f(c, 400);
@@ -721,7 +750,8 @@ TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
           d_down(f.down.size());
       const MoeWeights dw{d_router.data(), d_gate_up.data(), d_down.data(), nullptr, nullptr};
       const std::vector<float> lb(static_cast<size_t>(c.num_experts), 0.01f);
-      const MoeBlock block(c);
+      MoeBlock block(c);
+      block.set_precision(PrecisionRecipe::from_train_precision(precision));
       block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
       block.backward(f.weights(), dw, f.x.data(), dy.data(), cache, lb.data(), true, 0.0f,
                      dx.data());

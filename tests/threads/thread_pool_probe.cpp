@@ -119,8 +119,9 @@ TEST(ThreadPool, OnePoolOfTheConfiguredSize) {
     optimizer.step(params, grads, 1e-4);
   };
   auto bf16_step = [&] {
-    const kernels::MatmulPrecisionScope scope(kernels::MatmulPrecision::kBf16);
+    model.set_precision(PrecisionRecipe::from_train_precision(kernels::MatmulPrecision::kBf16));
     step();
+    model.set_precision(PrecisionRecipe{});
   };
 
   const int64_t fp32_workers = working_threads(fp32);

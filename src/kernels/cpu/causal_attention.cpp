@@ -67,7 +67,7 @@ void causal_softmax_rows(float* p, int64_t seq, int64_t r0, int64_t r1, const in
 
 void causal_attention_forward(ConstTensorView q_view, ConstTensorView k_view,
                               ConstTensorView v_view, TensorView out_view, TensorView probs_view,
-                              ConstTensorView doc_start_view) {
+                              ConstTensorView doc_start_view, MatmulPrecision precision) {
   // q: [B, T, H, hd]; k, v: [B, T, KV, hd]; doc_start: [B, T] or empty
   //   -> out: [B, T, H, hd], probs: [B, H, T, T].
   constexpr const char* kOp = "attention";
@@ -112,12 +112,12 @@ void causal_attention_forward(ConstTensorView q_view, ConstTensorView k_view,
       for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
         const int64_t r1 = std::min(r0 + kBlock, T);
         // scores[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T; later keys are masked anyway.
-        gemm(false, true, r1 - r0, r1, hd, scale, qh + r0 * ldq, ldq, kh, ldkv, 0.0f, p + r0 * T,
-             T);
+        gemm(precision, false, true, r1 - r0, r1, hd, scale, qh + r0 * ldq, ldq, kh, ldkv, 0.0f,
+             p + r0 * T, T);
         causal_softmax_rows(p, T, r0, r1, doc_start != nullptr ? doc_start + b * T : nullptr);
         // out[r0:r1] = probs[r0:r1, 0:r1] v[0:r1]; probs are 0 above the diagonal in this range.
-        gemm(false, false, r1 - r0, hd, r1, 1.0f, p + r0 * T, T, vh, ldkv, 0.0f, oh + r0 * ldq,
-             ldq);
+        gemm(precision, false, false, r1 - r0, hd, r1, 1.0f, p + r0 * T, T, vh, ldkv, 0.0f,
+             oh + r0 * ldq, ldq);
       }
     }
   }
@@ -126,7 +126,7 @@ void causal_attention_forward(ConstTensorView q_view, ConstTensorView k_view,
 void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
                                ConstTensorView k_view, ConstTensorView v_view,
                                ConstTensorView probs_view, TensorView dq_view, TensorView dk_view,
-                               TensorView dv_view) {
+                               TensorView dv_view, MatmulPrecision precision) {
   // dout: [B, T, H, hd]; q: [B, T, H, hd]; k, v: [B, T, KV, hd]; probs: [B, H, T, T]
   //   -> dq: [B, T, H, hd], dk, dv: [B, T, KV, hd] (overwritten).
   // With P = probs, O = P V, S = scale * Q K^T:
@@ -179,7 +179,7 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
           for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
             const int64_t r1 = std::min(r0 + kBlock, T);
             // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T, written straight into the dS scratch.
-            gemm(false, true, r1 - r0, r1, hd, 1.0f, doh + r0 * ldq, ldq, vh, ldkv, 0.0f,
+            gemm(precision, false, true, r1 - r0, r1, hd, 1.0f, doh + r0 * ldq, ldq, vh, ldkv, 0.0f,
                  ds.data() + r0 * T, T);
             for (int64_t i = r0; i < r1; ++i) {
               const float* p_row = p + i * T;
@@ -198,8 +198,8 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
               std::fill(ds_row + n, ds_row + r1, 0.0f);
             }
             // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1].
-            gemm(false, false, r1 - r0, hd, r1, scale, ds.data() + r0 * T, T, kh, ldkv, 0.0f,
-                 dqh + r0 * ldq, ldq);
+            gemm(precision, false, false, r1 - r0, hd, r1, scale, ds.data() + r0 * T, T, kh, ldkv,
+                 0.0f, dqh + r0 * ldq, ldq);
           }
 
           // Column blocks (same partition as the rows, so every dS entry read was written above):
@@ -207,11 +207,11 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
           for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
             const int64_t c1 = std::min(c0 + kBlock, T);
             // dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T].
-            gemm(true, false, c1 - c0, hd, T - c0, 1.0f, p + c0 * T + c0, T, doh + c0 * ldq, ldq,
-                 beta_kv, dvh + c0 * ldkv, ldkv);
+            gemm(precision, true, false, c1 - c0, hd, T - c0, 1.0f, p + c0 * T + c0, T,
+                 doh + c0 * ldq, ldq, beta_kv, dvh + c0 * ldkv, ldkv);
             // dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T].
-            gemm(true, false, c1 - c0, hd, T - c0, scale, ds.data() + c0 * T + c0, T, qh + c0 * ldq,
-                 ldq, beta_kv, dkh + c0 * ldkv, ldkv);
+            gemm(precision, true, false, c1 - c0, hd, T - c0, scale, ds.data() + c0 * T + c0, T,
+                 qh + c0 * ldq, ldq, beta_kv, dkh + c0 * ldkv, ldkv);
           }
         }
       }

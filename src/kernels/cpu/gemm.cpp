@@ -24,9 +24,10 @@ void gemm_fp32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
             static_cast<int>(status), m, n, k);
 }
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (matmul_precision() == MatmulPrecision::kBf16) {
+void gemm(MatmulPrecision precision, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+          float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+          float* c, int64_t ldc) {
+  if (precision == MatmulPrecision::kBf16) {
     gemm_bf16(bf16_gemm_path(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

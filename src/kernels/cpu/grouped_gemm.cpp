@@ -55,7 +55,8 @@ void for_each_expert(std::span<const int64_t> offsets, int64_t experts, F&& expe
 }  // namespace
 
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y) {
+                          std::span<const int64_t> expert_offsets, TensorView y,
+                          MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm";
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
   expect_shape(kOp, "y", y, {s.rows, s.out});
@@ -65,13 +66,14 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
   for_each_expert(expert_offsets, s.experts, [&](int64_t e) {
     const int64_t begin = expert_offsets[at(e)];
     const int64_t count = expert_offsets[at(e + 1)] - begin;
-    gemm(false, true, count, s.out, s.in, 1.0f, xp + begin * s.in, s.in, wp + e * s.out * s.in,
-         s.in, 0.0f, yp + begin * s.out, s.out);
+    gemm(precision, false, true, count, s.out, s.in, 1.0f, xp + begin * s.in, s.in,
+         wp + e * s.out * s.in, s.in, 0.0f, yp + begin * s.out, s.out);
   });
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw) {
+                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm_backward";
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
   expect_shape(kOp, "dy", dy, {s.rows, s.out});
@@ -86,10 +88,10 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
     const int64_t begin = expert_offsets[at(e)];
     const int64_t count = expert_offsets[at(e + 1)] - begin;
     const float* dye = dyp + begin * s.out;
-    gemm(false, false, count, s.in, s.out, 1.0f, dye, s.out, wp + e * s.out * s.in, s.in, 0.0f,
-         dxp + begin * s.in, s.in);
-    gemm(true, false, s.out, s.in, count, 1.0f, dye, s.out, xp + begin * s.in, s.in, 1.0f,
-         dwp + e * s.out * s.in, s.in);
+    gemm(precision, false, false, count, s.in, s.out, 1.0f, dye, s.out, wp + e * s.out * s.in, s.in,
+         0.0f, dxp + begin * s.in, s.in);
+    gemm(precision, true, false, s.out, s.in, count, 1.0f, dye, s.out, xp + begin * s.in, s.in,
+         1.0f, dwp + e * s.out * s.in, s.in);
   });
 }
 

@@ -5,11 +5,10 @@
 namespace moecore::kernels {
 
 void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, float alpha,
-            float beta, TensorView c, GemmOperands operands) {
+            float beta, TensorView c, MatmulPrecision precision) {
   const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c);
-  const auto run = operands == GemmOperands::kFp32 ? &gemm_fp32 : &gemm;
-  run(trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>("matmul"), a.size(1),
-      b.data<float>("matmul"), b.size(1), beta, c.data<float>("matmul"), s.n);
+  gemm(precision, trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>("matmul"), a.size(1),
+       b.data<float>("matmul"), b.size(1), beta, c.data<float>("matmul"), s.n);
 }
 
 }  // namespace moecore::kernels

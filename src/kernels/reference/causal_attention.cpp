@@ -1,10 +1,12 @@
 // Causal attention, the plain-loop oracle, from the definition in double: per query row a softmax
-// over keys [start, i] of q.k / sqrt(hd), then the probability-weighted sum of v.
+// over keys [start, i] of q.k / sqrt(hd), then the probability-weighted sum of v. fp32 operands
+// only: it has no bf16 rounding of its GEMM operands.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/ops.h"
 #include "kernels/view_checks.h"
 
@@ -12,8 +14,9 @@ namespace moecore::kernels::reference {
 
 void causal_attention_forward(ConstTensorView q_view, ConstTensorView k_view,
                               ConstTensorView v_view, TensorView out_view, TensorView probs_view,
-                              ConstTensorView doc_start_view) {
+                              ConstTensorView doc_start_view, MatmulPrecision precision) {
   constexpr const char* kOp = "attention";
+  MOE_CHECK(precision == MatmulPrecision::kFp32, "[{}] the reference oracle is fp32 only", kOp);
   const int64_t B = q_view.size(0), T = q_view.size(1), H = q_view.size(2), hd = q_view.size(3);
   const int64_t KV = k_view.size(2), group = H / KV;
   const float* q = q_view.data<float>(kOp);
@@ -59,8 +62,9 @@ void causal_attention_forward(ConstTensorView q_view, ConstTensorView k_view,
 void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
                                ConstTensorView k_view, ConstTensorView v_view,
                                ConstTensorView probs_view, TensorView dq_view, TensorView dk_view,
-                               TensorView dv_view) {
+                               TensorView dv_view, MatmulPrecision precision) {
   constexpr const char* kOp = "attention_backward";
+  MOE_CHECK(precision == MatmulPrecision::kFp32, "[{}] the reference oracle is fp32 only", kOp);
   const int64_t B = q_view.size(0), T = q_view.size(1), H = q_view.size(2), hd = q_view.size(3);
   const int64_t KV = k_view.size(2), group = H / KV;
   const float* dout = dout_view.data<float>(kOp);

@@ -1,11 +1,23 @@
-// The grouped GEMM, the plain-loop oracle: per expert, per row, per output, a sum in double.
+// The grouped GEMM, the plain-loop oracle: per expert, per row, per output, a sum in double over
+// operands rounded as the precision says.
+#include "core/bf16.h"
 #include "kernels/grouped_gemm_checks.h"
 #include "kernels/ops.h"
 
 namespace moecore::kernels::reference {
 
+namespace {
+
+// A GEMM operand as the precision multiplies it.
+double operand(MatmulPrecision precision, float v) {
+  return double{precision == MatmulPrecision::kBf16 ? round_to_bf16(v) : v};
+}
+
+}  // namespace
+
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y) {
+                          std::span<const int64_t> expert_offsets, TensorView y,
+                          MatmulPrecision precision) {
   const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets);
   const float* xp = x.data<float>("grouped_gemm");
   const float* wp = w.data<float>("grouped_gemm");
@@ -16,13 +28,15 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
       for (int64_t o = 0; o < s.out; ++o) {
         double sum = 0.0;
         for (int64_t i = 0; i < s.in; ++i)
-          sum += double{xp[r * s.in + i]} * double{wp[(e * s.out + o) * s.in + i]};
+          sum += operand(precision, xp[r * s.in + i]) *
+                 operand(precision, wp[(e * s.out + o) * s.in + i]);
         yp[r * s.out + o] = static_cast<float>(sum);
       }
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw) {
+                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           MatmulPrecision precision) {
   const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets);
   const float* dyp = dy.data<float>("grouped_gemm_backward");
   const float* xp = x.data<float>("grouped_gemm_backward");
@@ -36,14 +50,15 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
       for (int64_t i = 0; i < s.in; ++i) {
         double sum = 0.0;
         for (int64_t o = 0; o < s.out; ++o)
-          sum += double{dyp[r * s.out + o]} * double{wp[(e * s.out + o) * s.in + i]};
+          sum += operand(precision, dyp[r * s.out + o]) *
+                 operand(precision, wp[(e * s.out + o) * s.in + i]);
         dxp[r * s.in + i] = static_cast<float>(sum);
       }
     for (int64_t o = 0; o < s.out; ++o)
       for (int64_t i = 0; i < s.in; ++i) {
         double sum = double{dwp[(e * s.out + o) * s.in + i]};
         for (int64_t r = begin; r < end; ++r)
-          sum += double{dyp[r * s.out + o]} * double{xp[r * s.in + i]};
+          sum += operand(precision, dyp[r * s.out + o]) * operand(precision, xp[r * s.in + i]);
         dwp[(e * s.out + o) * s.in + i] = static_cast<float>(sum);
       }
   }

@@ -6,10 +6,9 @@
 namespace moecore::kernels::reference {
 
 void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, float alpha,
-            float beta, TensorView c, GemmOperands operands) {
+            float beta, TensorView c, MatmulPrecision precision) {
   const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c);
-  const bool bf16 =
-      operands == GemmOperands::kModelPrecision && matmul_precision() == MatmulPrecision::kBf16;
+  const bool bf16 = precision == MatmulPrecision::kBf16;
   auto operand = [bf16](float v) { return double{bf16 ? round_to_bf16(v) : v}; };
   const float* ap = a.data<float>("matmul");
   const float* bp = b.data<float>("matmul");

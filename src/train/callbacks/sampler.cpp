@@ -22,7 +22,8 @@ void SampleCallback::on_end(TrainContext& ctx) {
     ParamBuffers whole(ctx.full_layout);
     io::load_weights_from_dir(ctx.full_layout, last_checkpoint_, whole);
     const std::string sample = generate_sample(ctx.config.model, ctx.full_layout, whole, tokenizer_,
-                                               tc.sample_prompt, tc.sample_tokens, tc.seed);
+                                               tc.sample_prompt, tc.sample_tokens, tc.seed,
+                                               PrecisionRecipe::from_train_precision(tc.precision));
     ctx.progress.message(fmt::format("sample: {}{}", tc.sample_prompt, sample));
   } catch (const Error& e) {
     ctx.progress.message(fmt::format("warning: no sample: {}", e.what()));
