@@ -7,7 +7,7 @@ PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
         test-reference test-smoke test-fresh test-two-hosts fuzz format clean bench bench-scaling \
-        bench-pipeline bench-plan bench-recompute
+        bench-pipeline bench-plan bench-recompute bench-compare
 
 all: build
 
@@ -67,6 +67,12 @@ bench-plan: build setup-python
 # (bench/results/recompute.md; needs bench/results/cpu_profile.json from bench-plan).
 bench-recompute: build setup-python
 	$(PYTHON) bench/recompute.py
+
+# Two binaries side by side (issue 14 item 8): tokens/s and peak RSS of OLD (a path, required)
+# against this build, interleaved runs -> bench/results/binary_comparison.{md,json}.
+bench-compare: build setup-python
+	@test -n "$(OLD)" || { echo "bench-compare: set OLD=/path/to/baseline/moecore" >&2; exit 2; }
+	$(PYTHON) bench/binary_comparison.py --old $(OLD) $(ARGS)
 
 # Benchmarks (issue 6): throughput and MFU against a GEMM peak measured in the same run, the
 # PyTorch peer (transformers' OlmoeForCausalLM + AdamW, eager and torch.compile; again at 64

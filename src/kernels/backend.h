@@ -40,6 +40,7 @@ struct KernelBackend {
   decltype(&kernels::add) add;
   decltype(&kernels::scale) scale;
   decltype(&kernels::cached_attention_forward) cached_attention_forward;
+  decltype(&kernels::to_bf16) to_bf16;
 };
 
 // The plain-loop oracle (kernels/reference/).

@@ -36,4 +36,11 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t
                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                float* c, int64_t ldc);
 
+// A bf16 GEMM whose B operand is bf16 already (a weight copy made once per optimizer step, so
+// that only A is converted here): b16 holds bf16 bits, contiguous in its stored layout ([K, N],
+// or [N, K] when trans_b). The sums are those of gemm_bf16 on the fp32 values b16 rounds from.
+void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const uint16_t* b16, float beta,
+                   float* c, int64_t ldc);
+
 }  // namespace moecore::kernels

@@ -1,5 +1,5 @@
 // The argument checks of matmul, shared by every backend: 2-D contiguous views whose inner
-// dimensions agree.
+// dimensions agree; b (the weight operand) may be a bf16 copy in a bf16 GEMM.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,9 @@ struct MatmulDims {
 };
 
 inline MatmulDims matmul_dims(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b,
-                              ConstTensorView c) {
+                              ConstTensorView c, MatmulPrecision precision) {
   constexpr const char* kOp = "matmul";
+  expect_weight_dtype(kOp, "b", b, precision);
   MOE_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
             "[{}] a, b, c must be matrices, got ranks {}, {}, {}", kOp, a.rank(), b.rank(),
             c.rank());

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/tensor_view.h"
+#include "kernels/matmul_precision.h"
 
 namespace moecore::kernels {
 
@@ -24,6 +25,28 @@ void expect_shape(const char* op, const char* name, const BasicTensorView<kMutab
   MOE_CHECK(v.is_contiguous(), "[{}] {} must be contiguous", op, name);
   MOE_CHECK(v.device() == device, "[{}] {} is on another device than the kernel", op, name);
   MOE_CHECK(v.numel() == 0 || v.raw() != nullptr, "[{}] {} has no data", op, name);
+}
+
+// A GEMM's weight operand is f32, or bf16 bits (a copy made once per optimizer step) when the
+// GEMM multiplies in bf16; a bf16 weight in an fp32 GEMM would silently lose precision.
+inline void expect_weight_dtype(const char* op, const char* name, ConstTensorView w,
+                                MatmulPrecision precision) {
+  MOE_CHECK(w.dtype() == DType::kF32 ||
+                (w.dtype() == DType::kBf16 && precision == MatmulPrecision::kBf16),
+            "[{}] {} is {}: a weight operand is f32, or bf16 in a bf16 GEMM", op, name,
+            dtype_name(w.dtype()));
+}
+
+// The bits of a bf16 view (core/bf16.h converts them).
+inline const uint16_t* bf16_bits(const char* op, ConstTensorView v) {
+  MOE_CHECK(v.dtype() == DType::kBf16, "[{}] expected a bf16 tensor, got {}", op,
+            dtype_name(v.dtype()));
+  return static_cast<const uint16_t*>(v.raw());
+}
+inline uint16_t* bf16_bits(const char* op, TensorView v) {
+  MOE_CHECK(v.dtype() == DType::kBf16, "[{}] expected a bf16 tensor, got {}", op,
+            dtype_name(v.dtype()));
+  return static_cast<uint16_t*>(v.raw());
 }
 
 }  // namespace moecore::kernels

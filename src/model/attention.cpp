@@ -67,7 +67,7 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
   linear_forward(precision_, cache.context.data(), w.o_proj, y, n, qs, d);
 }
 
-void AttentionBlock::backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
+void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& dw, const float* x,
                               const float* dy, const AttentionCache& cache, float* dx) const {
   const ScopedPhase timer(Phase::kAttentionBackward);
   const ModelConfig& c = config_;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor_view.h"
 #include "model/config.h"
 #include "model/precision_recipe.h"
 #include "model/rope.h"
@@ -21,12 +22,25 @@ struct AttentionShape {
   int64_t head_dim;
 };
 
+// One attention layer's weights as its GEMMs read them: the fp32 master weights or, where the
+// recipe multiplies attention in bf16, their bf16 copies (model/bf16_weight_copies.h). The QK-norm
+// gains are always fp32.
 struct AttentionWeights {
-  float* q_proj;  // [nh*hd, d]
-  float* k_proj;  // [nkv*hd, d]
-  float* v_proj;  // [nkv*hd, d]
-  float* o_proj;  // [d, nh*hd]
-  float* q_norm;  // [nh*hd] (full) or [hd] (per_head) or nullptr
+  ConstTensorView q_proj;  // [nh*hd, d]
+  ConstTensorView k_proj;  // [nkv*hd, d]
+  ConstTensorView v_proj;  // [nkv*hd, d]
+  ConstTensorView o_proj;  // [d, nh*hd]
+  const float* q_norm;     // [nh*hd] (full) or [hd] (per_head) or nullptr
+  const float* k_norm;
+};
+
+// The gradients (+=) of the same tensors, fp32.
+struct AttentionGrads {
+  float* q_proj;
+  float* k_proj;
+  float* v_proj;
+  float* o_proj;
+  float* q_norm;
   float* k_norm;
 };
 
@@ -52,7 +66,7 @@ class AttentionBlock {
   void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
                AttentionCache& cache, const int32_t* doc_start = nullptr) const;
   // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=).
-  void backward(const AttentionWeights& w, const AttentionWeights& dw, const float* x,
+  void backward(const AttentionWeights& w, const AttentionGrads& dw, const float* x,
                 const float* dy, const AttentionCache& cache, float* dx) const;
 
  private:

@@ -12,8 +12,8 @@ void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConf
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
   const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
   const std::span<const int64_t> offsets(rows.expert_offsets);
-  const ConstTensorView gate_up = view(w.experts_gate_up, {local, 2 * h, d});
-  const ConstTensorView down = view(w.experts_down, {local, d, h});
+  const ConstTensorView gate_up = w.experts_gate_up;  // [local, 2H, d]
+  const ConstTensorView down = w.experts_down;        // [local, d, H]
   const TensorView gu = view(rows.gu.data(), {received, 2 * h});
   const TensorView act = view(rows.act.data(), {received, h});
   kernels::grouped_gemm_forward(view(rows.x.data(), {received, d}), gate_up, offsets, gu,
@@ -23,7 +23,7 @@ void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConf
 }
 
 void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelConfig& c,
-                              int64_t local, const MoeWeights& w, const MoeWeights& dw,
+                              int64_t local, const MoeWeights& w, const MoeGrads& dw,
                               const ExpertRows& rows, const float* dy, float* dx) {
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
   const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
@@ -32,15 +32,13 @@ void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelCon
   std::vector<float> dgu(static_cast<size_t>(received * 2 * h));
   const ConstTensorView gu = view(rows.gu.data(), {received, 2 * h});
   kernels::grouped_gemm_backward(view(dy, {received, d}), view(rows.act.data(), {received, h}),
-                                 view(w.experts_down, {local, d, h}), offsets,
-                                 view(dact.data(), {received, h}),
+                                 w.experts_down, offsets, view(dact.data(), {received, h}),
                                  view(dw.experts_down, {local, d, h}), precision);
   kernels::swiglu_backward(view(dact.data(), {received, h}), gu,
                            view(dgu.data(), {received, 2 * h}));
   kernels::grouped_gemm_backward(
-      view(dgu.data(), {received, 2 * h}), view(rows.x.data(), {received, d}),
-      view(w.experts_gate_up, {local, 2 * h, d}), offsets, view(dx, {received, d}),
-      view(dw.experts_gate_up, {local, 2 * h, d}), precision);
+      view(dgu.data(), {received, 2 * h}), view(rows.x.data(), {received, d}), w.experts_gate_up,
+      offsets, view(dx, {received, d}), view(dw.experts_gate_up, {local, 2 * h, d}), precision);
 }
 
 }  // namespace moecore

@@ -26,7 +26,7 @@ void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConf
 // dy: [R, d] -> dx: [R, d] (=); expert weight gradients += into dw. Experts write disjoint rows of
 // dx and disjoint weight gradients.
 void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelConfig& c,
-                              int64_t local, const MoeWeights& w, const MoeWeights& dw,
+                              int64_t local, const MoeWeights& w, const MoeGrads& dw,
                               const ExpertRows& rows, const float* dy, float* dx);
 
 }  // namespace moecore

@@ -1,6 +1,7 @@
 #include "model/inference.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "core/check.h"
@@ -11,18 +12,20 @@
 
 namespace moecore {
 
+// The fp32 weights: a bf16 recipe converts the weight operands per call here (decoding reads
+// each weight once per token; the weights may change between generations during training).
 struct InferenceModel::LayerWeights {
   const float* input_norm;
-  const float* q_proj;  // [nh*hd, d]
-  const float* k_proj;  // [nkv*hd, d]
-  const float* v_proj;  // [nkv*hd, d]
-  const float* o_proj;  // [d, nh*hd]
-  const float* q_norm;  // [nh*hd] (full), [hd] (per_head) or nullptr
+  ConstTensorView q_proj;  // [nh*hd, d]
+  ConstTensorView k_proj;  // [nkv*hd, d]
+  ConstTensorView v_proj;  // [nkv*hd, d]
+  ConstTensorView o_proj;  // [d, nh*hd]
+  const float* q_norm;     // [nh*hd] (full), [hd] (per_head) or nullptr
   const float* k_norm;
   const float* post_norm;
-  const float* mlp_gate_up;  // dense layers: [2I, d] (gate_proj then up_proj)
-  const float* mlp_down;     // [d, I]
-  MoeWeights moe;            // MoE layers
+  ConstTensorView mlp_gate_up;  // dense layers: [2I, d] (gate_proj then up_proj)
+  ConstTensorView mlp_down;     // [d, I]
+  MoeWeights moe;               // MoE layers
 };
 
 namespace {
@@ -49,38 +52,46 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
             "({} dense, {} expert)",
             params.dense.size(), params.expert.size(), layout.numel(ParamGroup::kDense),
             layout.numel(ParamGroup::kExpert));
-  auto need = [&](const std::string& name) -> float* {
+  auto need = [&](const std::string& name) -> const float* {
     const ParamSpec* spec = layout.find(name);
     MOE_CHECK(spec != nullptr, "[inference] parameter {} is missing from the layout", name);
-    // MoeWeights holds mutable pointers (it also binds gradients); inference only reads.
-    return const_cast<float*>(params.at(*spec));
+    return params.at(*spec);
   };
   embed_ = need("model.embed_tokens.weight");
   final_norm_ = need("model.norm.weight");
   lm_head_ = c.tie_word_embeddings ? embed_ : need("lm_head.weight");
-  // MoeWeights holds mutable pointers (it also binds gradients); inference only reads.
-  auto at = [&](const ParamSpec* spec) -> float* {
-    return spec == nullptr ? nullptr : const_cast<float*>(params.at(*spec));
+  auto at = [&](const ParamSpec* spec) -> const float* {
+    return spec == nullptr ? nullptr : params.at(*spec);
   };
+  auto matrix = [&](const ParamSpec* spec, std::initializer_list<int64_t> shape) {
+    return spec == nullptr ? ConstTensorView{}
+                           : ConstTensorView(params.at(*spec), shape, DType::kF32);
+  };
+  const int64_t d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
+  const int64_t width = c.intermediate_size, h = c.moe_intermediate_size;
+  const int64_t hs = c.shared_expert_intermediate_size, experts = layout.local_experts();
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerSpecs s = layout.layer_specs(i);
     LayerWeights w{};
     w.input_norm = at(s.input_norm);
-    w.q_proj = at(s.q_proj);
-    w.k_proj = at(s.k_proj);
-    w.v_proj = at(s.v_proj);
-    w.o_proj = at(s.o_proj);
+    w.q_proj = matrix(s.q_proj, {qs, d});
+    w.k_proj = matrix(s.k_proj, {kvs, d});
+    w.v_proj = matrix(s.v_proj, {kvs, d});
+    w.o_proj = matrix(s.o_proj, {d, qs});
     w.q_norm = at(s.q_norm);
     w.k_norm = at(s.k_norm);
     w.post_norm = at(s.post_norm);
-    w.mlp_gate_up = at(s.mlp_gate);
-    w.mlp_down = at(s.mlp_down);
-    w.moe = {at(s.router),      at(s.expert_gate), at(s.expert_down),
-             at(s.shared_gate), at(s.shared_down), at(s.router_bias)};
+    w.mlp_gate_up = matrix(s.mlp_gate, {2 * width, d});
+    w.mlp_down = matrix(s.mlp_down, {d, width});
+    w.moe = {at(s.router),
+             matrix(s.expert_gate, {experts, 2 * h, d}),
+             matrix(s.expert_down, {experts, d, h}),
+             matrix(s.shared_gate, {2 * hs, d}),
+             matrix(s.shared_down, {d, hs}),
+             at(s.router_bias)};
     layers_.push_back(w);
   }
   // Multiply-adds per token of the projections, FFNs and LM head (attention over the cache aside).
-  const int64_t d = c.hidden_size;
   const int64_t moe_width =
       c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size;
   macs_per_token_ = d * c.vocab_size + d * c.num_experts;
@@ -235,7 +246,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
   const float* last = x_.data() + (n - 1) * d;
   kernels::rmsnorm_forward(view(last, {1, d}), view(final_norm_, {d}), view(h_.data(), {1, d}),
                            view(rstd_.data(), {1}), eps);
-  linear_forward(precision_.lm_head, h_.data(), lm_head_, logits_.data(), 1, d, v);
+  linear_forward(precision_.lm_head, h_.data(), view(lm_head_, {v, d}), logits_.data(), 1, d, v);
   return logits_;
 }
 

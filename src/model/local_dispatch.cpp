@@ -30,7 +30,7 @@ void LocalDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights
 }
 
 void LocalDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                             const MoeWeights& dw, const Cache& cache,
+                             const MoeGrads& dw, const Cache& cache,
                              const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
   // Send order is expert order: the experts' backward reads the output gradients and writes the
   // input gradients in place.

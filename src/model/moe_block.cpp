@@ -66,7 +66,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
                                view(y, {tokens, d}));
 }
 
-void MoeBlock::backward(const MoeWeights& w, const MoeWeights& dw, const float* x, const float* dy,
+void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x, const float* dy,
                         const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
                         float z_grad_scale, float* dx) const {
   const ModelConfig& c = config_;

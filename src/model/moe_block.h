@@ -52,7 +52,7 @@ class MoeBlock {
 
   // dy: [N, d]; dx: [N, d] (=); parameter gradients in dw (+=). lb_score_grad / z_grad_scale: the
   // load-balancing and z-loss gradients for this layer (see RouterGrads).
-  void backward(const MoeWeights& w, const MoeWeights& dw, const float* x, const float* dy,
+  void backward(const MoeWeights& w, const MoeGrads& dw, const float* x, const float* dy,
                 const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
                 float z_grad_scale, float* dx) const;
 

@@ -7,19 +7,31 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor_view.h"
 #include "model/router.h"
 
 namespace moecore {
 
-// Pointers into the parameter (or gradient) buffers for one MoE layer.
+// One MoE layer's weights as its GEMMs read them: the router's fp32 weights (routing stays
+// exact), and the experts' and shared expert's fp32 master weights or, where the recipe multiplies
+// them in bf16, their bf16 copies (model/bf16_weight_copies.h).
 struct MoeWeights {
-  float* router;                 // [E, d] (every expert: routing is replicated)
-  float* experts_gate_up;        // [E_local, 2H, d] this rank's experts
-  float* experts_down;           // [E_local, d, H]
-  float* shared_gate_up;         // [2Hs, d] or nullptr
-  float* shared_down;            // [d, Hs] or nullptr
-  float* router_bias = nullptr;  // [E] selection bias (aux-loss-free balancing) or nullptr; it
-                                 // gets no gradient (it is not a function of the loss)
+  const float* router;                 // [E, d] (every expert: routing is replicated)
+  ConstTensorView experts_gate_up;     // [E_local, 2H, d] this rank's experts
+  ConstTensorView experts_down;        // [E_local, d, H]
+  ConstTensorView shared_gate_up;      // [2Hs, d], or empty without a shared expert
+  ConstTensorView shared_down;         // [d, Hs], or empty
+  const float* router_bias = nullptr;  // [E] selection bias (aux-loss-free balancing) or nullptr
+};
+
+// The gradients (+=) of the trained tensors, fp32 (the selection bias gets none: it is not a
+// function of the loss).
+struct MoeGrads {
+  float* router;
+  float* experts_gate_up;
+  float* experts_down;
+  float* shared_gate_up;  // nullptr without a shared expert
+  float* shared_down;
 };
 
 // This rank's experts: global ids [first, first + count); count * ranks == E.

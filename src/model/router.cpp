@@ -62,7 +62,8 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
   st.topk_index.resize(static_cast<size_t>(n * k));
   st.topk_weight.resize(st.topk_index.size());
   st.expert_counts.resize(static_cast<size_t>(e_count));
-  linear_forward(s.precision, x, w_router, st.logits.data(), n, s.dim, e_count);
+  linear_forward(s.precision, x, view(w_router, {e_count, s.dim}), st.logits.data(), n, s.dim,
+                 e_count);
   const ConstTensorView bias =
       st.selection.bias != nullptr ? view(st.selection.bias, {e_count}) : ConstTensorView{};
   kernels::router_topk_forward(
@@ -81,7 +82,8 @@ void router_backward(const RouterShape& s, const float* x, const float* w_router
       logits_of(s, st), view(st.scores.data(), {n, e_count}), view(st.topk_index.data(), {n, k}),
       view(st.topk_weight.data(), {n, k}), view(g.d_weight, {n, k}), loss_grads,
       topk_options(s, st.selection), view(dlogits.data(), {n, e_count}));
-  linear_backward(s.precision, dlogits.data(), x, w_router, dx, dw_router, n, s.dim, e_count, true);
+  linear_backward(s.precision, dlogits.data(), x, view(w_router, {e_count, s.dim}), dx, dw_router,
+                  n, s.dim, e_count, true);
 }
 
 double router_z_loss(const RouterShape& s, const RouterState& st) {

@@ -42,7 +42,7 @@ void RowwiseDispatch::forward(kernels::MatmulPrecision precision, const MoeWeigh
 }
 
 void RowwiseDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                               const MoeWeights& dw, const Cache& cache,
+                               const MoeGrads& dw, const Cache& cache,
                                const std::vector<float>& dy_send,
                                std::vector<float>& dx_send) const {
   const int64_t d = config_.hidden_size;

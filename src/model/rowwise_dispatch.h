@@ -34,7 +34,7 @@ class RowwiseDispatch {
                int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in route order -> dx_send (=), zero for dropped routes;
   // expert weight gradients += into dw. Collective.
-  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeWeights& dw,
+  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeGrads& dw,
                 const Cache& cache, const std::vector<float>& dy_send,
                 std::vector<float>& dx_send) const;
 

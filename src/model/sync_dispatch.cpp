@@ -66,7 +66,7 @@ void SyncDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights&
 }
 
 void SyncDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                            const MoeWeights& dw, const Cache& cache,
+                            const MoeGrads& dw, const Cache& cache,
                             const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;

@@ -36,7 +36,7 @@ class SyncDispatch {
                int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
   // gradients += into dw. Collective.
-  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeWeights& dw,
+  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeGrads& dw,
                 const Cache& cache, const std::vector<float>& dy_send,
                 std::vector<float>& dx_send) const;
 

@@ -63,6 +63,44 @@ void Transformer::set_precision(const PrecisionRecipe& precision) {
   precision_ = precision;
   attention_.set_precision(precision);
   moe_.set_precision(precision);
+  // The bf16 copies of this chunk's GEMM weights in modules that multiply in bf16.
+  using Precision = PrecisionRecipe::Precision;
+  const ModelConfig& c = config_;
+  std::vector<ParamRange> ranges;
+  auto copy = [&](Precision module, const ParamSpec* spec, int64_t numel) {
+    if (module == Precision::kBf16 && spec != nullptr)
+      ranges.push_back({spec->group, spec->offset, static_cast<size_t>(numel)});
+  };
+  const int64_t d = c.hidden_size, local = layout_.local_experts();
+  for (int64_t i = layers_begin_; i < layers_end_; ++i) {
+    const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
+    for (const ParamSpec* projection : {s.q_proj, s.k_proj, s.v_proj, s.o_proj})
+      copy(precision.attention, projection, static_cast<int64_t>(projection->numel));
+    copy(precision.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d);  // gate and up
+    copy(precision.dense_mlp, s.mlp_down, c.intermediate_size * d);
+    copy(precision.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d);
+    copy(precision.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d);
+    copy(precision.experts, s.expert_gate, local * 2 * c.moe_intermediate_size * d);
+    copy(precision.experts, s.expert_down, local * c.moe_intermediate_size * d);
+  }
+  if (has_head()) copy(precision.lm_head, lm_head_, c.vocab_size * d);
+  bf16_copies_ = Bf16WeightCopies(std::move(ranges));
+  copies_source_ = nullptr;
+}
+
+void Transformer::refresh_weight_copies(const ParamBuffers& params) {
+  if (copy_refresh_ == WeightCopyRefresh::kOnWeightsChanged && copies_source_ == &params) return;
+  bf16_copies_.refresh(params);
+  copies_source_ = &params;
+}
+
+ConstTensorView Transformer::gemm_weight(const ParamBuffers& params, const ParamSpec* spec,
+                                         std::initializer_list<int64_t> shape) const {
+  if (spec == nullptr) return {};
+  const ConstTensorView fp32(params.at(*spec), shape, DType::kF32);
+  const uint16_t* copy =
+      bf16_copies_.find(spec->group, spec->offset, static_cast<size_t>(fp32.numel()));
+  return copy != nullptr ? ConstTensorView(copy, shape, DType::kBf16) : fp32;
 }
 
 Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
@@ -99,16 +137,39 @@ Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
 
 Transformer::~Transformer() = default;
 
-AttentionWeights Transformer::attention_weights(const ParamBuffers& b, int64_t layer) const {
+AttentionWeights Transformer::attention_weights(const ParamBuffers& params, int64_t layer) const {
   const LayerSpecs& s = layer_specs_[static_cast<size_t>(layer)];
-  return {at(b, s.q_proj), at(b, s.k_proj), at(b, s.v_proj),
-          at(b, s.o_proj), at(b, s.q_norm), at(b, s.k_norm)};
+  const int64_t d = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
+  return {gemm_weight(params, s.q_proj, {qs, d}),
+          gemm_weight(params, s.k_proj, {kvs, d}),
+          gemm_weight(params, s.v_proj, {kvs, d}),
+          gemm_weight(params, s.o_proj, {d, qs}),
+          at(params, s.q_norm),
+          at(params, s.k_norm)};
 }
 
-MoeWeights Transformer::moe_weights(const ParamBuffers& b, int64_t layer) const {
+AttentionGrads Transformer::attention_grads(ParamBuffers& grads, int64_t layer) const {
   const LayerSpecs& s = layer_specs_[static_cast<size_t>(layer)];
-  return {at(b, s.router),      at(b, s.expert_gate), at(b, s.expert_down),
-          at(b, s.shared_gate), at(b, s.shared_down), at(b, s.router_bias)};
+  return {at(grads, s.q_proj), at(grads, s.k_proj), at(grads, s.v_proj),
+          at(grads, s.o_proj), at(grads, s.q_norm), at(grads, s.k_norm)};
+}
+
+MoeWeights Transformer::moe_weights(const ParamBuffers& params, int64_t layer) const {
+  const LayerSpecs& s = layer_specs_[static_cast<size_t>(layer)];
+  const int64_t d = config_.hidden_size, h = config_.moe_intermediate_size;
+  const int64_t hs = config_.shared_expert_intermediate_size, local = layout_.local_experts();
+  return {at(params, s.router),
+          gemm_weight(params, s.expert_gate, {local, 2 * h, d}),
+          gemm_weight(params, s.expert_down, {local, d, h}),
+          gemm_weight(params, s.shared_gate, {2 * hs, d}),
+          gemm_weight(params, s.shared_down, {d, hs}),
+          at(params, s.router_bias)};
+}
+
+MoeGrads Transformer::moe_grads(ParamBuffers& grads, int64_t layer) const {
+  const LayerSpecs& s = layer_specs_[static_cast<size_t>(layer)];
+  return {at(grads, s.router), at(grads, s.expert_gate), at(grads, s.expert_down),
+          at(grads, s.shared_gate), at(grads, s.shared_down)};
 }
 
 const RouterState* Transformer::router_state(int64_t layer) const {
@@ -257,8 +318,10 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
     const int64_t width = c.intermediate_size;
     lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
     lc.mlp_act.resize(static_cast<size_t>(n * width));
-    swiglu_mlp_forward(precision_.dense_mlp, {n, d, width}, ffn_in, at(params, s.mlp_gate),
-                       at(params, s.mlp_down), lc.mlp_gu.data(), lc.mlp_act.data(), ffn_out);
+    swiglu_mlp_forward(precision_.dense_mlp, {n, d, width}, ffn_in,
+                       gemm_weight(params, s.mlp_gate, {2 * width, d}),
+                       gemm_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
+                       lc.mlp_act.data(), ffn_out);
   } else {
     // A recomputed forward keeps the selection of the first (same seed and token offset).
     if (!recomputing_)
@@ -315,6 +378,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
                                      const int32_t* tokens, const float* hidden_in,
                                      const int32_t* targets, int64_t batch, int64_t seq,
                                      float* hidden_out) {
+  refresh_weight_copies(params);
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, v = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -379,8 +443,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     observe("model.norm", view(act.final_hidden.data(), {n, d}));
     act.logits.resize(static_cast<size_t>(n * v));
     ScopedPhase timer(Phase::kLmHeadForward);
-    linear_forward(precision_.lm_head, act.final_hidden.data(), at(params, lm_head_),
-                   act.logits.data(), n, d, v);
+    linear_forward(precision_.lm_head, act.final_hidden.data(),
+                   gemm_weight(params, lm_head_, {v, d}), act.logits.data(), n, d, v);
     timer.stop();
     observe("lm_head", view(act.logits.data(), {n, v}));
   } else {
@@ -518,8 +582,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     }
     observe("grad.lm_head", view(dlogits, {n, v}));
     std::vector<float> dhidden(static_cast<size_t>(n * d));
-    linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(), at(params, lm_head_),
-                    dhidden.data(), at(grads, lm_head_), n, d, v, false);
+    linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(),
+                    gemm_weight(params, lm_head_, {v, d}), dhidden.data(), at(grads, lm_head_), n,
+                    d, v, false);
     timer.stop();
     observe("grad.model.norm", view(dhidden.data(), {n, d}));
     kernels::rmsnorm_backward(view(dhidden.data(), {n, d}),
@@ -571,14 +636,15 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       scratch_dact.resize(static_cast<size_t>(n * width));
       scratch_dgu.resize(static_cast<size_t>(n * 2 * width));
       swiglu_mlp_backward(precision_.dense_mlp, {n, d, width}, d_ffn_out, ffn_in,
-                          at(params, s.mlp_gate), at(params, s.mlp_down), lc.mlp_gu.data(),
+                          gemm_weight(params, s.mlp_gate, {2 * width, d}),
+                          gemm_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
                           lc.mlp_act.data(), dbranch.data(), at(grads, s.mlp_gate),
                           at(grads, s.mlp_down), scratch_dact.data(), scratch_dgu.data(), false);
     } else {
       kernels::scale(
           view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),
           loss_scale, view(lb_grad.data(), {c.num_experts}));
-      moe_.backward(moe_weights(params, i), moe_weights(grads, i), ffn_in, d_ffn_out, lc.moe,
+      moe_.backward(moe_weights(params, i), moe_grads(grads, i), ffn_in, d_ffn_out, lc.moe,
                     lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
     }
     if (reordered) {
@@ -591,7 +657,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                 view(dnorm.data(), {n, d}), view(at(grads, s.input_norm), {d}),
                                 false);
       observe_layer(i, "self_attn.o_proj", view(dnorm.data(), {n, d}), true);
-      attention_.backward(attention_weights(params, i), attention_weights(grads, i),
+      attention_.backward(attention_weights(params, i), attention_grads(grads, i),
                           act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
       kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
     } else {
@@ -602,7 +668,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       observe_layer(i, "residual_attn", view(dx.data(), {n, d}), true);
       observe_layer(i, "self_attn.o_proj", view(dx.data(), {n, d}), true);
       // Attention branch: mid = x + attn(norm(x)).
-      attention_.backward(attention_weights(params, i), attention_weights(grads, i), lc.h1.data(),
+      attention_.backward(attention_weights(params, i), attention_grads(grads, i), lc.h1.data(),
                           dx.data(), lc.attention, dbranch.data());
       observe_layer(i, norm_module(s.input_norm), view(dbranch.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(act.residual[j].data(), {n, d}),

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 
 #include "model/activation_recompute.h"
 #include "model/attention.h"
+#include "model/bf16_weight_copies.h"
 #include "model/config.h"
 #include "model/moe_block.h"
 #include "model/params.h"
@@ -95,8 +97,17 @@ class Transformer {
   void set_recompute(ActivationRecompute mode) { recompute_ = mode; }
   ActivationRecompute recompute() const { return recompute_; }
   // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32
-  // everywhere).
+  // everywhere). Modules in bf16 read bf16 copies of their weights (model/bf16_weight_copies.h).
   void set_precision(const PrecisionRecipe& precision);
+  // When the bf16 weight copies are remade from the fp32 weights. kEveryForward (the default): at
+  // every forward()/forward_chunk(), so any caller that changes the weights between passes stays
+  // correct. kOnWeightsChanged: at the first forward after weights_changed() (or with another
+  // ParamBuffers object), which the owner of the weights calls after every change of them, e.g.
+  // the trainer after each optimizer step and load: the copies are then made once per step.
+  enum class WeightCopyRefresh : uint8_t { kEveryForward, kOnWeightsChanged };
+  void set_weight_copy_refresh(WeightCopyRefresh refresh) { copy_refresh_ = refresh; }
+  void weights_changed() { copies_source_ = nullptr; }
+  const Bf16WeightCopies& bf16_weight_copies() const { return bf16_copies_; }
 
   // Routing modes (model.routing, see router.h): the seed of the next forward() (random routing
   // derives one stream per layer and token from it; routing_forward_seed makes one per training
@@ -146,8 +157,17 @@ class Transformer {
   // block's backward, so that one block's rebuilt activations are alive at a time).
   void release_recomputed(LayerCache& lc) const;
 
-  AttentionWeights attention_weights(const ParamBuffers& buffers, int64_t layer) const;
-  MoeWeights moe_weights(const ParamBuffers& buffers, int64_t layer) const;
+  // The weights each module's GEMMs read (bf16 copies where the recipe says bf16) and the
+  // gradients they add to.
+  AttentionWeights attention_weights(const ParamBuffers& params, int64_t layer) const;
+  AttentionGrads attention_grads(ParamBuffers& grads, int64_t layer) const;
+  MoeWeights moe_weights(const ParamBuffers& params, int64_t layer) const;
+  MoeGrads moe_grads(ParamBuffers& grads, int64_t layer) const;
+  // A GEMM's weight operand of `shape`, starting at `spec` (nullptr: an empty view): its bf16 copy
+  // when it has one, else the fp32 values.
+  ConstTensorView gemm_weight(const ParamBuffers& params, const ParamSpec* spec,
+                              std::initializer_list<int64_t> shape) const;
+  void refresh_weight_copies(const ParamBuffers& params);
   // The observer hooks: `name` is a full name, `module` one inside model.layers.{layer} (empty:
   // the layer itself), "grad." prefixed for a gradient; nothing is formatted without an observer.
   void observe(const std::string& name, ConstTensorView tensor) const;
@@ -175,6 +195,9 @@ class Transformer {
   ActivationRecompute recompute_ = ActivationRecompute::kNone;
   // The LM head's and dense MLPs' entries are read here; attention_ and moe_ hold the others.
   PrecisionRecipe precision_;
+  Bf16WeightCopies bf16_copies_;
+  WeightCopyRefresh copy_refresh_ = WeightCopyRefresh::kEveryForward;
+  const ParamBuffers* copies_source_ = nullptr;  // what the copies hold; nullptr: stale
   bool recomputing_ = false;  // the backward re-runs a forward: observed once already
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;

@@ -247,7 +247,11 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
     ctx.optimizer.step(ctx.params, grads, report.lr, report.grad_norm);
     // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed
     // over dp with the batch statistics), so every rank applies the same update to its copy.
-    for (Transformer* chunk : ctx.chunks) chunk->update_router_bias(ctx.params);
+    // The chunks' bf16 weight copies are remade at the next forward, once for the whole step.
+    for (Transformer* chunk : ctx.chunks) {
+      chunk->update_router_bias(ctx.params);
+      chunk->weights_changed();
+    }
   } else {
     ctx.progress.message(
         fmt::format("warning: step {} skipped ({}); weights unchanged", ctx.step + 1, skip_reason));
@@ -403,6 +407,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunks.back()->set_document_masking(in.document_eos);
     chunks.back()->set_recompute(tc.recompute);
     chunks.back()->set_precision(PrecisionRecipe::from_train_precision(tc.precision));
+    // This loop tells the chunks of every change of the weights (each optimizer step, below the
+    // loads): their bf16 weight copies are made once per step, not once per micro-batch.
+    chunks.back()->set_weight_copy_refresh(Transformer::WeightCopyRefresh::kOnWeightsChanged);
   }
   PipelineRunner pipeline(mesh, chunk_ptrs, pc.schedule, tc.microbatches);
   dist::DistributedOptimizer optimizer(layout, config.optim, mesh, pc.zero == 1);
@@ -420,6 +427,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       options.init_from.empty() || start.checkpoint
           ? std::string()
           : init_from_hf(*world, config, in, options.init_from, full_layout, layout, params);
+  for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0)
     io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");

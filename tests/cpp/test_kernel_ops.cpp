@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -742,6 +745,93 @@ TEST_P(KernelOps, MatmulMatchesReference) {
   EXPECT_THROW(backend().matmul(view(x.data(), {2, 3}), false, view(x.data(), {2, 3}), false, 1.0f,
                                 0.0f, view(x.data(), {2, 3}), kernels::MatmulPrecision::kFp32),
                Error);
+}
+
+TEST_P(KernelOps, ToBf16MatchesReference) {
+  uint32_t seed = 1350;
+  // A SIMD tail, a partial last row of the threaded split, and special values.
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{3 * 4096 + 5}, int64_t{70001}}) {
+    std::vector<float> x = random_vec(static_cast<size_t>(n), ++seed, -3.0f, 3.0f);
+    const std::vector<float> special = {0.0f,
+                                        -0.0f,
+                                        std::numeric_limits<float>::infinity(),
+                                        -std::numeric_limits<float>::infinity(),
+                                        std::numeric_limits<float>::quiet_NaN(),
+                                        std::numeric_limits<float>::max(),
+                                        std::numeric_limits<float>::denorm_min(),
+                                        std::bit_cast<float>(0x3f808000u),   // a tie: to even
+                                        std::bit_cast<float>(0x3f818000u)};  // a tie: up
+    for (size_t i = 0; i < special.size() && i < x.size(); ++i) x[i] = special[i];
+    std::vector<uint16_t> bits(x.size()), bits_ref(x.size());
+    backend().to_bf16(view(x.data(), {n}), TensorView(bits.data(), {n}, DType::kBf16));
+    oracle().to_bf16(view(x.data(), {n}), TensorView(bits_ref.data(), {n}, DType::kBf16));
+    EXPECT_EQ(bits, bits_ref) << "n=" << n;
+  }
+  std::vector<float> x(4);
+  std::vector<float> not_bf16(4);
+  EXPECT_THROW(backend().to_bf16(view(x.data(), {4}), view(not_bf16.data(), {4})), Error);
+}
+
+// A bf16 weight copy (to_bf16, made once per optimizer step) gives exactly the products of the
+// fp32 weight in a bf16 GEMM, which rounds its operands the same way: in matmul (every transpose)
+// and in both grouped GEMM passes. A bf16 weight in an fp32 GEMM is an error.
+TEST_P(KernelOps, Bf16WeightCopyGivesTheProductsOfTheFp32Weight) {
+  const auto bf16 = kernels::MatmulPrecision::kBf16;
+  auto copy_of = [&](const std::vector<float>& w) {
+    std::vector<uint16_t> bits(w.size());
+    const auto n = static_cast<int64_t>(w.size());
+    backend().to_bf16(view(w.data(), {n}), TensorView(bits.data(), {n}, DType::kBf16));
+    return bits;
+  };
+  uint32_t seed = 1370;
+  const int64_t m = 17, n = 33, k = 65;
+  for (const bool trans_a : {false, true})
+    for (const bool trans_b : {false, true}) {
+      const std::vector<float> a = random_vec(static_cast<size_t>(m * k), ++seed);
+      const std::vector<float> b = random_vec(static_cast<size_t>(k * n), ++seed);
+      const std::vector<uint16_t> b16 = copy_of(b);
+      const auto a_view = trans_a ? view(a.data(), {k, m}) : view(a.data(), {m, k});
+      const std::initializer_list<int64_t> b_shape = {trans_b ? n : k, trans_b ? k : n};
+      const ConstTensorView b_view(b.data(), b_shape, DType::kF32);
+      const ConstTensorView b16_view(b16.data(), b_shape, DType::kBf16);
+      std::vector<float> from_fp32(static_cast<size_t>(m * n), 1.0f), from_copy = from_fp32;
+      backend().matmul(a_view, trans_a, b_view, trans_b, 0.5f, 1.0f, view(from_fp32.data(), {m, n}),
+                       bf16);
+      backend().matmul(a_view, trans_a, b16_view, trans_b, 0.5f, 1.0f,
+                       view(from_copy.data(), {m, n}), bf16);
+      EXPECT_EQ(from_copy, from_fp32) << "matmul ta=" << trans_a << " tb=" << trans_b;
+      std::vector<float> c(static_cast<size_t>(m * n));
+      EXPECT_THROW(backend().matmul(a_view, trans_a, b16_view, trans_b, 1.0f, 0.0f,
+                                    view(c.data(), {m, n}), kernels::MatmulPrecision::kFp32),
+                   Error);
+    }
+  const std::vector<int64_t> offsets = {0, 3, 3, 40, 41};  // an expert without rows
+  const int64_t experts = 4, rows = 41, out = 12, in = 10;
+  const std::vector<float> x = random_vec(static_cast<size_t>(rows * in), ++seed);
+  const std::vector<float> w = random_vec(static_cast<size_t>(experts * out * in), ++seed);
+  const std::vector<float> dy = random_vec(static_cast<size_t>(rows * out), ++seed);
+  const std::vector<uint16_t> w16 = copy_of(w);
+  const ConstTensorView w_view = view(w.data(), {experts, out, in});
+  const ConstTensorView w16_view(w16.data(), {experts, out, in}, DType::kBf16);
+  std::vector<float> y(dy.size()), y_copy(dy.size());
+  backend().grouped_gemm_forward(view(x.data(), {rows, in}), w_view, offsets,
+                                 view(y.data(), {rows, out}), bf16);
+  backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets,
+                                 view(y_copy.data(), {rows, out}), bf16);
+  EXPECT_EQ(y_copy, y) << "grouped_gemm forward";
+  std::vector<float> dx(x.size()), dx_copy(x.size()), dw(w.size()), dw_copy(w.size());
+  backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}), w_view,
+                                  offsets, view(dx.data(), {rows, in}),
+                                  view(dw.data(), {experts, out, in}), bf16);
+  backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                  w16_view, offsets, view(dx_copy.data(), {rows, in}),
+                                  view(dw_copy.data(), {experts, out, in}), bf16);
+  EXPECT_EQ(dx_copy, dx) << "grouped_gemm dx";
+  EXPECT_EQ(dw_copy, dw) << "grouped_gemm dw";
+  EXPECT_THROW(
+      backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets,
+                                     view(y.data(), {rows, out}), kernels::MatmulPrecision::kFp32),
+      Error);
 }
 
 TEST_P(KernelOps, AddAndScaleMatchReference) {

@@ -72,14 +72,15 @@ void check_linear(bool accumulate_dx, uint32_t seed) {
   const std::vector<float> r = random_vec(static_cast<size_t>(rows * out), seed + 2);
   std::vector<float> y(r.size());
   auto loss = [&] {
-    linear_forward(kernels::MatmulPrecision::kFp32, x.data(), w.data(), y.data(), rows, in, out);
+    linear_forward(kernels::MatmulPrecision::kFp32, x.data(), view(w.data(), {out, in}), y.data(),
+                   rows, in, out);
     return project(y.data(), r);
   };
   const std::vector<float> dx_before = random_vec(x.size(), seed + 3);
   const std::vector<float> dw_before = random_vec(w.size(), seed + 4);
   std::vector<float> dx = dx_before, dw = dw_before;
-  linear_backward(kernels::MatmulPrecision::kFp32, r.data(), x.data(), w.data(), dx.data(),
-                  dw.data(), rows, in, out, accumulate_dx);
+  linear_backward(kernels::MatmulPrecision::kFp32, r.data(), x.data(), view(w.data(), {out, in}),
+                  dx.data(), dw.data(), rows, in, out, accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> gw = added(dw, dw_before);
   expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "linear dx");
@@ -150,12 +151,14 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
   std::vector<float> x = random_vec(static_cast<size_t>(s.rows * s.dim), seed);
   std::vector<float> wgu = random_vec(static_cast<size_t>(2 * s.hidden * s.dim), seed + 1);
   std::vector<float> wd = random_vec(static_cast<size_t>(s.dim * s.hidden), seed + 2);
+  const ConstTensorView w_gate_up = view(wgu.data(), {2 * s.hidden, s.dim});
+  const ConstTensorView w_down = view(wd.data(), {s.dim, s.hidden});
   const std::vector<float> r = random_vec(x.size(), seed + 3);
   std::vector<float> gu(static_cast<size_t>(s.rows * 2 * s.hidden));
   std::vector<float> act(static_cast<size_t>(s.rows * s.hidden)), y(x.size());
   auto loss = [&] {
-    swiglu_mlp_forward(kernels::MatmulPrecision::kFp32, s, x.data(), wgu.data(), wd.data(),
-                       gu.data(), act.data(), y.data());
+    swiglu_mlp_forward(kernels::MatmulPrecision::kFp32, s, x.data(), w_gate_up, w_down, gu.data(),
+                       act.data(), y.data());
     return project(y.data(), r);
   };
   loss();
@@ -164,7 +167,7 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
   const std::vector<float> dwd_before = random_vec(wd.size(), seed + 6);
   std::vector<float> dx = dx_before, dwgu = dwgu_before, dwd = dwd_before;
   std::vector<float> scratch_dact(act.size()), scratch_dgu(gu.size());
-  swiglu_mlp_backward(kernels::MatmulPrecision::kFp32, s, r.data(), x.data(), wgu.data(), wd.data(),
+  swiglu_mlp_backward(kernels::MatmulPrecision::kFp32, s, r.data(), x.data(), w_gate_up, w_down,
                       gu.data(), act.data(), dx.data(), dwgu.data(), dwd.data(),
                       scratch_dact.data(), scratch_dgu.data(), accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
@@ -272,13 +275,19 @@ void check_attention(QkNorm qk_norm, int64_t kv_heads, uint32_t seed) {
       random_vec(kvs * dd, seed + 3),       random_vec(dd * qs, seed + 4),
       random_vec(qn, seed + 5, 0.5f, 1.5f), random_vec(kn, seed + 6, 0.5f, 1.5f)};
   const bool has_norm = qk_norm != QkNorm::kNone;
-  auto weights = [&](std::vector<std::vector<float>>& v) {
-    return AttentionWeights{v[0].data(),
-                            v[1].data(),
-                            v[2].data(),
-                            v[3].data(),
-                            has_norm ? v[4].data() : nullptr,
-                            has_norm ? v[5].data() : nullptr};
+  const auto q = static_cast<int64_t>(qs), kv = static_cast<int64_t>(kvs);
+  auto weights = [&](const std::vector<std::vector<float>>& v) {
+    return AttentionWeights{view(v[0].data(), {q, d}),        view(v[1].data(), {kv, d}),
+                            view(v[2].data(), {kv, d}),       view(v[3].data(), {d, q}),
+                            has_norm ? v[4].data() : nullptr, has_norm ? v[5].data() : nullptr};
+  };
+  auto grads = [&](std::vector<std::vector<float>>& v) {
+    return AttentionGrads{v[0].data(),
+                          v[1].data(),
+                          v[2].data(),
+                          v[3].data(),
+                          has_norm ? v[4].data() : nullptr,
+                          has_norm ? v[5].data() : nullptr};
   };
   const std::vector<float> r = random_vec(x.size(), seed + 7);
   auto loss = [&] {
@@ -295,7 +304,7 @@ void check_attention(QkNorm qk_norm, int64_t kv_heads, uint32_t seed) {
     dw_before.push_back(random_vec(w[i].size(), seed + 10 + static_cast<uint32_t>(i), -0.5f, 0.5f));
   std::vector<std::vector<float>> dw = dw_before;
   std::vector<float> dx(x.size(), 7.0f);  // overwritten
-  block.backward(weights(w), weights(dw), x.data(), r.data(), cache, dx.data());
+  block.backward(weights(w), grads(dw), x.data(), r.data(), cache, dx.data());
   expect_close(check_all(x.data(), x.size(), dx.data(), kEps, loss), "attention dx");
   const char* names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"};
   for (size_t i = 0; i < (has_norm ? w.size() : 4); ++i) {

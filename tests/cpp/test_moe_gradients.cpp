@@ -417,14 +417,21 @@ struct MoeFixture {
     shared_down = random_vec(static_cast<size_t>(d * hs), seed + 5);
     if (c.has_router_bias()) bias = random_vec(static_cast<size_t>(e), seed + 6, -0.3f, 0.3f);
   }
-  MoeWeights weights() {
-    const bool shared = c.shared_expert_intermediate_size > 0;
+  MoeWeights weights() const {
+    const int64_t d = c.hidden_size, e = c.num_experts, h = c.moe_intermediate_size;
+    const int64_t hs = c.shared_expert_intermediate_size;
     return {router.data(),
-            gate_up.data(),
-            down.data(),
-            shared ? shared_gate_up.data() : nullptr,
-            shared ? shared_down.data() : nullptr,
+            view(gate_up.data(), {e, 2 * h, d}),
+            view(down.data(), {e, d, h}),
+            hs > 0 ? view(shared_gate_up.data(), {2 * hs, d}) : ConstTensorView{},
+            hs > 0 ? view(shared_down.data(), {d, hs}) : ConstTensorView{},
             bias.empty() ? nullptr : bias.data()};
+  }
+  // The same tensors as gradient buffers.
+  MoeGrads grads() {
+    const bool shared = c.shared_expert_intermediate_size > 0;
+    return {router.data(), gate_up.data(), down.data(), shared ? shared_gate_up.data() : nullptr,
+            shared ? shared_down.data() : nullptr};
   }
 };
 
@@ -561,7 +568,7 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
     *v = random_vec(v->size(), seed + 2, -0.5f, 0.5f);
   const MoeFixture before = grads;
   std::vector<float> dx(f.x.size(), 7.0f);  // overwritten
-  block.backward(f.weights(), grads.weights(), f.x.data(), r.data(), cache, lbg.data(),
+  block.backward(f.weights(), grads.grads(), f.x.data(), r.data(), cache, lbg.data(),
                  lb_uses_softmax, zs, dx.data());
 
   expect_close(check_all(f.x.data(), f.x.size(), dx.data(), kEps, loss), "moe dx");
@@ -748,7 +755,7 @@ TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
       const std::vector<float> dy = gradcheck::random_vec(y.size(), 402);
       std::vector<float> d_router(f.router.size()), d_gate_up(f.gate_up.size()),
           d_down(f.down.size());
-      const MoeWeights dw{d_router.data(), d_gate_up.data(), d_down.data(), nullptr, nullptr};
+      const MoeGrads dw{d_router.data(), d_gate_up.data(), d_down.data(), nullptr, nullptr};
       const std::vector<float> lb(static_cast<size_t>(c.num_experts), 0.01f);
       MoeBlock block(c);
       block.set_precision(PrecisionRecipe::from_train_precision(precision));

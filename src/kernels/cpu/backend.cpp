@@ -34,6 +34,7 @@ const KernelBackend& cpu_backend() {
       .add = &kernels::add,
       .scale = &kernels::scale,
       .cached_attention_forward = &kernels::cached_attention_forward,
+      .to_bf16 = &kernels::to_bf16,
   };
   return backend;
 }

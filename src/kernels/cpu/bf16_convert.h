@@ -14,4 +14,7 @@ void convert_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, u
 // bf16 GEMM.
 void round_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst);
 
+// bf16 bits back to fp32 (exact): src, dst [n] contiguous.
+void widen_bf16(const uint16_t* src, int64_t n, float* dst);
+
 }  // namespace moecore::kernels::cpu

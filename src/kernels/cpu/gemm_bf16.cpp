@@ -1,6 +1,8 @@
 // bf16 GEMMs on the CPU: operands converted to bf16 here (same rounding on both paths), products
 // accumulated in fp32, C written in fp32.
 //
+// A B operand that is bf16 already (a weight copy, gemm_bf16_b16) skips its conversion.
+//
 // Native path: oneDNN's matmul primitive (bf16 src/weights, f32 dst; alpha as an output scale,
 // beta as a sum post-op). M is a runtime dimension so one primitive serves every row count: the
 // experts' row counts change every step, and creating a primitive costs ~0.3 ms (measured), more
@@ -94,24 +96,20 @@ const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, f
   return state.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
-void gemm_bf16_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                      float* c, int64_t ldc) {
-  ThreadState& state = thread_state();
-  // Both operands keep their stored layout, made contiguous, so that the descriptors' strides
-  // follow from the runtime M and K (a transposed copy would cost more than the GEMM's own
-  // handling of a transposed operand).
-  state.a16.resize(static_cast<size_t>(m * k));
-  state.b16.resize(static_cast<size_t>(k * n));
-  cpu::convert_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a16.data());
-  cpu::convert_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b16.data());
+// The matmul itself on operands already in bf16, each contiguous in its stored layout (a
+// transposed copy would cost more than the GEMM's own handling of a transposed operand), so that
+// the descriptors' strides follow from the runtime M and K.
+void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                float alpha, const uint16_t* a16, const uint16_t* b16, float beta, float* c,
+                int64_t ldc) {
   try {
     const PrimitiveKey key{
         trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
     const dnnl::matmul& mm = primitive_for(state, key, alpha, beta);
     const dnnl::engine& engine = cpu_engine();
-    dnnl::memory a_mem(a_desc(trans_a, m, k), engine, state.a16.data());
-    dnnl::memory b_mem(b_desc(trans_b, n, k), engine, state.b16.data());
+    // oneDNN takes non-const handles; the matmul only reads its source and weights.
+    dnnl::memory a_mem(a_desc(trans_a, m, k), engine, const_cast<uint16_t*>(a16));
+    dnnl::memory b_mem(b_desc(trans_b, n, k), engine, const_cast<uint16_t*>(b16));
     dnnl::memory c_mem({{m, n}, dt::f32, dims{ldc, 1}}, engine, c);
     mm.execute(state.stream,
                {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
@@ -121,18 +119,28 @@ void gemm_bf16_native(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   }
 }
 
-void gemm_bf16_emulated(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                        float* c, int64_t ldc) {
-  ThreadState& state = thread_state();
-  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+// A converted to bf16 in this thread's buffer, in its stored layout.
+const uint16_t* a_to_bf16(ThreadState& state, bool trans_a, int64_t m, int64_t k, const float* a,
+                          int64_t lda) {
+  state.a16.resize(static_cast<size_t>(m * k));
+  cpu::convert_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a16.data());
+  return state.a16.data();
+}
+
+// The emulated path: A rounded to bf16 values kept in fp32 in this thread's buffer.
+const float* a_rounded(ThreadState& state, bool trans_a, int64_t m, int64_t k, const float* a,
+                       int64_t lda) {
   state.a32.resize(static_cast<size_t>(m * k));
-  state.b32.resize(static_cast<size_t>(k * n));
-  cpu::round_to_bf16(a, a_rows, a_cols, lda, state.a32.data());
-  cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
-  gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), a_cols, state.b32.data(), b_cols,
-            beta, c, ldc);
+  cpu::round_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a32.data());
+  return state.a32.data();
+}
+
+// C = 0 or beta C for an empty sum; true when nothing is left to multiply.
+bool handle_empty(int64_t m, int64_t n, int64_t k, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return true;
+  if (k > 0) return false;
+  cpu::scale_by_beta(m, n, beta, c, ldc);
+  return true;
 }
 
 }  // namespace
@@ -153,15 +161,37 @@ Bf16GemmPath bf16_gemm_path() {
 void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    cpu::scale_by_beta(m, n, beta, c, ldc);
-    return;
-  }
+  if (handle_empty(m, n, k, beta, c, ldc)) return;
+  ThreadState& state = thread_state();
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (path == Bf16GemmPath::kNative) {
-    gemm_bf16_native(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    state.b16.resize(static_cast<size_t>(k * n));
+    cpu::convert_to_bf16(b, b_rows, b_cols, ldb, state.b16.data());
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
+               state.b16.data(), beta, c, ldc);
   } else {
-    gemm_bf16_emulated(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
+    gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
+              trans_a ? m : k, state.b32.data(), b_cols, beta, c, ldc);
+  }
+}
+
+void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const uint16_t* b16, float beta,
+                   float* c, int64_t ldc) {
+  if (handle_empty(m, n, k, beta, c, ldc)) return;
+  ThreadState& state = thread_state();
+  if (path == Bf16GemmPath::kNative) {
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
+               b16, beta, c, ldc);
+  } else {
+    // The sgemm needs fp32 operands: B widened (exactly) into this thread's buffer.
+    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::widen_bf16(b16, b_rows * b_cols, state.b32.data());
+    gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
+              trans_a ? m : k, state.b32.data(), b_cols, beta, c, ldc);
   }
 }
 

@@ -52,22 +52,49 @@ void for_each_expert(std::span<const int64_t> offsets, int64_t experts, F&& expe
   for (int64_t i = 0; i < n; ++i) expert(order[at(i)]);
 }
 
+// The experts' weights as the GEMMs read them: fp32, or the bf16 copy (no conversion per call).
+class ExpertWeights {
+ public:
+  ExpertWeights(const char* op, ConstTensorView w, MatmulPrecision precision)
+      : precision_(precision),
+        fp32_(w.dtype() == DType::kBf16 ? nullptr : w.data<float>(op)),
+        bf16_(w.dtype() == DType::kBf16 ? bf16_bits(op, w) : nullptr) {}
+
+  // c = a op(w_e) + beta c, w_e starting `offset` elements into w (contiguous, [out, in]).
+  void gemm(int64_t offset, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            const float* a, int64_t lda, float beta, float* c, int64_t ldc) const {
+    const int64_t ldb = trans_b ? k : n;
+    if (bf16_ != nullptr) {
+      gemm_bf16_b16(bf16_gemm_path(), trans_a, trans_b, m, n, k, 1.0f, a, lda, bf16_ + offset, beta,
+                    c, ldc);
+    } else {
+      kernels::gemm(precision_, trans_a, trans_b, m, n, k, 1.0f, a, lda, fp32_ + offset, ldb, beta,
+                    c, ldc);
+    }
+  }
+
+ private:
+  MatmulPrecision precision_;
+  const float* fp32_;
+  const uint16_t* bf16_;
+};
+
 }  // namespace
 
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
                           std::span<const int64_t> expert_offsets, TensorView y,
                           MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm";
-  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
+  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, precision);
   expect_shape(kOp, "y", y, {s.rows, s.out});
   const float* xp = x.data<float>(kOp);
-  const float* wp = w.data<float>(kOp);
+  const ExpertWeights weights(kOp, w, precision);
   float* yp = y.data<float>(kOp);
   for_each_expert(expert_offsets, s.experts, [&](int64_t e) {
     const int64_t begin = expert_offsets[at(e)];
     const int64_t count = expert_offsets[at(e + 1)] - begin;
-    gemm(precision, false, true, count, s.out, s.in, 1.0f, xp + begin * s.in, s.in,
-         wp + e * s.out * s.in, s.in, 0.0f, yp + begin * s.out, s.out);
+    weights.gemm(e * s.out * s.in, false, true, count, s.out, s.in, xp + begin * s.in, s.in, 0.0f,
+                 yp + begin * s.out, s.out);
   });
 }
 
@@ -75,21 +102,21 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
                            std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm_backward";
-  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
+  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, precision);
   expect_shape(kOp, "dy", dy, {s.rows, s.out});
   expect_shape(kOp, "dx", dx, {s.rows, s.in});
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in});
   const float* dyp = dy.data<float>(kOp);
   const float* xp = x.data<float>(kOp);
-  const float* wp = w.data<float>(kOp);
+  const ExpertWeights weights(kOp, w, precision);
   float* dxp = dx.data<float>(kOp);
   float* dwp = dw.data<float>(kOp);
   for_each_expert(expert_offsets, s.experts, [&](int64_t e) {
     const int64_t begin = expert_offsets[at(e)];
     const int64_t count = expert_offsets[at(e + 1)] - begin;
     const float* dye = dyp + begin * s.out;
-    gemm(precision, false, false, count, s.in, s.out, 1.0f, dye, s.out, wp + e * s.out * s.in, s.in,
-         0.0f, dxp + begin * s.in, s.in);
+    weights.gemm(e * s.out * s.in, false, false, count, s.in, s.out, dye, s.out, 0.0f,
+                 dxp + begin * s.in, s.in);
     gemm(precision, true, false, s.out, s.in, count, 1.0f, dye, s.out, xp + begin * s.in, s.in,
          1.0f, dwp + e * s.out * s.in, s.in);
   });

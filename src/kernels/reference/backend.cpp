@@ -34,6 +34,7 @@ const KernelBackend& reference_backend() {
       .add = &kernels::reference::add,
       .scale = &kernels::reference::scale,
       .cached_attention_forward = &kernels::reference::cached_attention_forward,
+      .to_bf16 = &kernels::reference::to_bf16,
   };
   return backend;
 }

@@ -1,8 +1,9 @@
 // The grouped GEMM, the plain-loop oracle: per expert, per row, per output, a sum in double over
-// operands rounded as the precision says.
+// operands rounded as the precision says (a bf16 weight read as the fp32 values of its bits).
 #include "core/bf16.h"
 #include "kernels/grouped_gemm_checks.h"
 #include "kernels/ops.h"
+#include "kernels/reference/weight_values.h"
 
 namespace moecore::kernels::reference {
 
@@ -18,9 +19,10 @@ double operand(MatmulPrecision precision, float v) {
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
                           std::span<const int64_t> expert_offsets, TensorView y,
                           MatmulPrecision precision) {
-  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets);
+  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets, precision);
   const float* xp = x.data<float>("grouped_gemm");
-  const float* wp = w.data<float>("grouped_gemm");
+  const std::vector<float> w_values = weight_values("grouped_gemm", w);
+  const float* wp = w_values.data();
   float* yp = y.data<float>("grouped_gemm");
   for (int64_t e = 0; e < s.experts; ++e)
     for (int64_t r = expert_offsets[static_cast<size_t>(e)];
@@ -37,10 +39,12 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
                            std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
-  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets);
+  const GroupedGemmDims s =
+      grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets, precision);
   const float* dyp = dy.data<float>("grouped_gemm_backward");
   const float* xp = x.data<float>("grouped_gemm_backward");
-  const float* wp = w.data<float>("grouped_gemm_backward");
+  const std::vector<float> w_values = weight_values("grouped_gemm_backward", w);
+  const float* wp = w_values.data();
   float* dxp = dx.data<float>("grouped_gemm_backward");
   float* dwp = dw.data<float>("grouped_gemm_backward");
   for (int64_t e = 0; e < s.experts; ++e) {

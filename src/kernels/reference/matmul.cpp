@@ -1,17 +1,20 @@
-// matmul, the plain-loop oracle: sums in double over operands rounded as the precision says.
+// matmul, the plain-loop oracle: sums in double over operands rounded as the precision says (a
+// bf16 weight operand read as the fp32 values of its bits).
 #include "core/bf16.h"
 #include "kernels/matmul_checks.h"
 #include "kernels/ops.h"
+#include "kernels/reference/weight_values.h"
 
 namespace moecore::kernels::reference {
 
 void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, float alpha,
             float beta, TensorView c, MatmulPrecision precision) {
-  const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c);
+  const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c, precision);
   const bool bf16 = precision == MatmulPrecision::kBf16;
   auto operand = [bf16](float v) { return double{bf16 ? round_to_bf16(v) : v}; };
   const float* ap = a.data<float>("matmul");
-  const float* bp = b.data<float>("matmul");
+  const std::vector<float> b_values = weight_values("matmul", b);
+  const float* bp = b_values.data();
   float* cp = c.data<float>("matmul");
   for (int64_t i = 0; i < s.m; ++i)
     for (int64_t j = 0; j < s.n; ++j) {

@@ -1,0 +1,123 @@
+// The bf16 weight copies (model/bf16_weight_copies.h): which weights a bf16 recipe copies, that the
+// GEMMs read the copies rather than converting the fp32 weights per call, and when the copies are
+// remade (every forward by default; only after weights_changed() for the trainer).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/check.h"
+#include "core/ignore_index.h"
+#include "model/bf16_weight_copies.h"
+#include "model/params.h"
+#include "model/transformer.h"
+#include "tiny_moe_config.h"
+
+namespace moecore {
+namespace {
+
+using Precision = kernels::MatmulPrecision;
+
+void fill(const ParamLayout& layout, ParamBuffers& params) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (const ParamSpec& spec : layout.specs())
+    for (size_t i = 0; i < spec.numel; ++i)
+      params.at(spec)[i] = spec.is_norm ? 1.0f + u(rng) : u(rng);
+}
+
+const std::vector<int32_t> kTokens = {1, 5, 9, 5, 0, 3, 10, 7, 12, 2, 4, 4, 8, 11, 6, 1};
+const std::vector<int32_t> kTargets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4, 1, 0, 4, 8, 11, 6, 1, 9};
+
+struct Pass {
+  double loss;
+  std::vector<float> dense_grads;
+  std::vector<float> expert_grads;
+};
+
+Pass run(Transformer& model, const ParamLayout& layout, const ParamBuffers& params) {
+  ParamBuffers grads(layout);
+  const LossParts loss = model.forward(params, kTokens.data(), kTargets.data(), 2, 8);
+  model.backward(params, grads, 1.0f);
+  return {loss.total, grads.dense, grads.expert};
+}
+
+TEST(Bf16WeightCopies, ABf16RecipeCopiesEveryGemmWeightButTheRouters) {
+  const ModelConfig c = tiny_moe_config(3);  // a dense first layer, then two MoE layers
+  const ParamLayout layout = ParamLayout::build(c);
+  Transformer model(c, layout);
+  EXPECT_EQ(model.bf16_weight_copies().numel(), 0u) << "fp32: nothing to copy";
+  model.set_precision(PrecisionRecipe::from_train_precision(Precision::kBf16));
+  const int64_t d = c.hidden_size;
+  const int64_t attention = (2 * c.q_size() + 2 * c.kv_size()) * d;
+  const int64_t dense_mlp = 3 * c.intermediate_size * d;
+  const int64_t moe = c.num_experts * 3 * c.moe_intermediate_size * d +
+                      3 * c.shared_expert_intermediate_size * d;  // the router is not copied
+  const int64_t head = c.vocab_size * d;
+  EXPECT_EQ(model.bf16_weight_copies().numel(),
+            static_cast<size_t>(3 * attention + dense_mlp + 2 * moe + head));
+  PrecisionRecipe experts_only;
+  experts_only.experts = Precision::kBf16;
+  model.set_precision(experts_only);
+  EXPECT_EQ(model.bf16_weight_copies().numel(),
+            static_cast<size_t>(2 * c.num_experts * 3 * c.moe_intermediate_size * d));
+}
+
+// The default refreshes at every forward; the trainer's mode reads the same copies until told
+// that the weights changed. Reading stale copies after a change (and not before the mark) shows
+// that the GEMMs read the copies instead of converting the fp32 weights per call.
+TEST(Bf16WeightCopies, RemadeAtEveryForwardOrOnlyAfterWeightsChanged) {
+  const ModelConfig c = tiny_moe_config(3);
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  fill(layout, params);
+  const PrecisionRecipe bf16 = PrecisionRecipe::from_train_precision(Precision::kBf16);
+  Transformer every_forward(c, layout), on_change(c, layout);
+  every_forward.set_precision(bf16);
+  on_change.set_precision(bf16);
+  on_change.set_weight_copy_refresh(Transformer::WeightCopyRefresh::kOnWeightsChanged);
+
+  const Pass before = run(every_forward, layout, params);
+  const Pass before_on_change = run(on_change, layout, params);
+  EXPECT_EQ(before_on_change.loss, before.loss);
+  EXPECT_EQ(before_on_change.dense_grads, before.dense_grads);
+  EXPECT_EQ(before_on_change.expert_grads, before.expert_grads);
+
+  // An optimizer step's worth of change: every weight moves by more than a bf16 ulp.
+  for (float& w : params.dense) w *= 1.05f;
+  for (float& w : params.expert) w *= 1.05f;
+  const Pass after = run(every_forward, layout, params);
+  ASSERT_NE(after.loss, before.loss);
+  const Pass stale = run(on_change, layout, params);
+  // Only the fp32 parts (router, norms, embedding) see the change; the GEMM weights do not.
+  EXPECT_NE(stale.loss, after.loss);
+
+  on_change.weights_changed();
+  const Pass fresh = run(on_change, layout, params);
+  EXPECT_EQ(fresh.loss, after.loss);
+  EXPECT_EQ(fresh.dense_grads, after.dense_grads);
+  EXPECT_EQ(fresh.expert_grads, after.expert_grads);
+}
+
+TEST(Bf16WeightCopies, FindsCoveredRangesOnly) {
+  std::vector<float> dense(10), expert(6);
+  for (size_t i = 0; i < dense.size(); ++i) dense[i] = 1.0f + static_cast<float>(i);
+  const ModelConfig c = tiny_moe_config(1);
+  ParamBuffers params(ParamLayout::build(c));
+  params.dense.assign(dense.begin(), dense.end());
+  params.expert.assign(expert.begin(), expert.end());
+  Bf16WeightCopies copies({{ParamGroup::kDense, 2, 4}, {ParamGroup::kExpert, 0, 6}});
+  EXPECT_EQ(copies.numel(), 10u);
+  copies.refresh(params);
+  const uint16_t* inner = copies.find(ParamGroup::kDense, 3, 2);
+  ASSERT_NE(inner, nullptr);
+  EXPECT_EQ(bf16_to_float(inner[0]), 4.0f);  // element 3 of the dense buffer
+  EXPECT_EQ(copies.find(ParamGroup::kDense, 5, 2), nullptr) << "runs past the range";
+  EXPECT_EQ(copies.find(ParamGroup::kDense, 0, 1), nullptr);
+  EXPECT_NE(copies.find(ParamGroup::kExpert, 0, 6), nullptr);
+  EXPECT_THROW(Bf16WeightCopies({{ParamGroup::kDense, 0, 4}, {ParamGroup::kDense, 3, 2}}), Error);
+}
+
+}  // namespace
+}  // namespace moecore
