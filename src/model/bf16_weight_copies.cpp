@@ -5,6 +5,34 @@
 
 namespace moecore {
 
+std::vector<ParamRange> bf16_copy_ranges(const ModelConfig& c, const ParamLayout& layout,
+                                         LayerRange layers, const PrecisionRecipe& recipe) {
+  using Precision = PrecisionRecipe::Precision;
+  std::vector<ParamRange> ranges;
+  auto copy = [&](Precision module, const ParamSpec* spec, int64_t numel) {
+    if (module == Precision::kBf16 && spec != nullptr)
+      ranges.push_back({spec->group, spec->offset, static_cast<size_t>(numel)});
+  };
+  const int64_t d = c.hidden_size, local = layout.local_experts();
+  const int64_t end = layers.end < 0 ? c.num_hidden_layers : layers.end;
+  for (int64_t i = layers.begin; i < end; ++i) {
+    const LayerSpecs s = layout.layer_specs(i);
+    for (const ParamSpec* projection : {s.q_proj, s.k_proj, s.v_proj, s.o_proj})
+      copy(recipe.attention, projection, static_cast<int64_t>(projection->numel));
+    copy(recipe.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d);  // gate and up
+    copy(recipe.dense_mlp, s.mlp_down, c.intermediate_size * d);
+    copy(recipe.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d);
+    copy(recipe.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d);
+    copy(recipe.experts, s.expert_gate, local * 2 * c.moe_intermediate_size * d);
+    copy(recipe.experts, s.expert_down, local * c.moe_intermediate_size * d);
+  }
+  if (end == c.num_hidden_layers)
+    copy(recipe.lm_head,
+         layout.find(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
+         c.vocab_size * d);
+  return ranges;
+}
+
 Bf16WeightCopies::Bf16WeightCopies(std::vector<ParamRange> ranges) {
   size_t total = 0;
   for (const ParamRange& range : ranges) {

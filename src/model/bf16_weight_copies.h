@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/config.h"
 #include "model/params.h"
+#include "model/precision_recipe.h"
 
 namespace moecore {
 
@@ -25,6 +27,13 @@ struct ParamRange {
   size_t begin;
   size_t numel;
 };
+
+// What a recipe copies in the layers `layers` of `layout` (and the LM head when the range ends at
+// the last layer): the GEMM weights of every module the recipe multiplies in bf16, a dense
+// layer's gate and up projections (and a rank's block of experts) as one range. moecore plan
+// counts the copies' memory from the same list.
+std::vector<ParamRange> bf16_copy_ranges(const ModelConfig& config, const ParamLayout& layout,
+                                         LayerRange layers, const PrecisionRecipe& recipe);
 
 class Bf16WeightCopies {
  public:

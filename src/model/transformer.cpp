@@ -63,28 +63,7 @@ void Transformer::set_precision(const PrecisionRecipe& precision) {
   precision_ = precision;
   attention_.set_precision(precision);
   moe_.set_precision(precision);
-  // The bf16 copies of this chunk's GEMM weights in modules that multiply in bf16.
-  using Precision = PrecisionRecipe::Precision;
-  const ModelConfig& c = config_;
-  std::vector<ParamRange> ranges;
-  auto copy = [&](Precision module, const ParamSpec* spec, int64_t numel) {
-    if (module == Precision::kBf16 && spec != nullptr)
-      ranges.push_back({spec->group, spec->offset, static_cast<size_t>(numel)});
-  };
-  const int64_t d = c.hidden_size, local = layout_.local_experts();
-  for (int64_t i = layers_begin_; i < layers_end_; ++i) {
-    const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
-    for (const ParamSpec* projection : {s.q_proj, s.k_proj, s.v_proj, s.o_proj})
-      copy(precision.attention, projection, static_cast<int64_t>(projection->numel));
-    copy(precision.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d);  // gate and up
-    copy(precision.dense_mlp, s.mlp_down, c.intermediate_size * d);
-    copy(precision.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d);
-    copy(precision.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d);
-    copy(precision.experts, s.expert_gate, local * 2 * c.moe_intermediate_size * d);
-    copy(precision.experts, s.expert_down, local * c.moe_intermediate_size * d);
-  }
-  if (has_head()) copy(precision.lm_head, lm_head_, c.vocab_size * d);
-  bf16_copies_ = Bf16WeightCopies(std::move(ranges));
+  bf16_copies_ = Bf16WeightCopies(bf16_copy_ranges(config_, layout_, layers(), precision));
   copies_source_ = nullptr;
 }
 

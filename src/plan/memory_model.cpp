@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "dist/pipeline_schedule.h"
+#include "model/bf16_weight_copies.h"
 #include "model/params.h"
 
 namespace moecore::plan {
@@ -33,6 +34,11 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   const double local_floats = static_cast<double>(m.dense_params + m.expert_params);
   m.weights = kF * local_floats;
   m.gradients = kF * local_floats;
+  // The bf16 copies of the GEMM weights each chunk's modules multiply in bf16 (2 bytes each).
+  const PrecisionRecipe recipe = PrecisionRecipe::from_train_precision(tc.precision);
+  for (const LayerRange& range : ranges)
+    for (const ParamRange& copy : bf16_copy_ranges(mc, local, range, recipe))
+      m.bf16_weight_copies += 2.0 * static_cast<double>(copy.numel);
 
   // DistributedOptimizer: a replica of both moments, or per group a 1/ranks slice of them plus a
   // padded gradient shard; its step pads the gradient for the reduce-scatter and gathers the

@@ -26,7 +26,7 @@ struct RankMemory {
   // Open MPI's own temporaries during the gradient reduction (measured, see memory_model.cpp).
   double mpi_scratch = 0.0;
   double reduction_peak = 0.0;      // the most of optimizer and MPI scratch alive at once
-  double bf16_weight_copies = 0.0;  // none: bf16 GEMMs round their operands inside each call
+  double bf16_weight_copies = 0.0;  // model/bf16_weight_copies.h: train.precision = "bf16"
   ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each
   // The most micro-batches whose activations are alive at once, per chunk, replayed from this
   // stage's action list (dist::pipeline_schedule); the runner keeps one slot per live micro-batch.

@@ -95,6 +95,18 @@ TEST(PlanMemory, ZeroShardsTheMomentsOverDp) {
   EXPECT_DOUBLE_EQ(r.weights, s.weights);
 }
 
+// train.precision = "bf16": 2 bytes per GEMM weight element the rank's chunks multiply in bf16
+// (model/bf16_weight_copies.h), counted by hand: attention (2 qs + 2 kvs) d = 3072 per layer, the
+// dense layer's MLP 3 x 48 x 32 = 4608, a MoE layer's 4 local experts (ep 2) 4 x 3 x 16 x 32 = 6144
+// plus its shared expert 3 x 24 x 32 = 2304 (the router stays fp32), the head 64 x 32 = 2048.
+TEST(PlanMemory, Bf16WeightCopiesOfTheStagesModules) {
+  const Plan plan = make_plan(
+      small_config({"train.precision=\"bf16\"", "parallel.ep=2", "parallel.pp=2"}), 4, kNoRuntime);
+  EXPECT_DOUBLE_EQ(plan.stages[0].bf16_weight_copies, 2.0 * (2 * 3072 + 4608 + 6144 + 2304));
+  EXPECT_DOUBLE_EQ(plan.stages[1].bf16_weight_copies, 2.0 * (2 * 3072 + 2 * (6144 + 2304) + 2048));
+  EXPECT_EQ(make_plan(small_config(), 1, kNoRuntime).stages[0].bf16_weight_copies, 0.0);
+}
+
 TEST(PlanMemory, LiveMicroBatchesComeFromTheSchedule) {
   // pp 2, 4 micro-batches: 1F1B keeps pp - stage alive, GPipe all of them.
   const Plan one_f =
