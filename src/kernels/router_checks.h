@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/ops.h"
 #include "kernels/view_checks.h"
@@ -29,6 +30,17 @@ inline RouterDims router_dims(const char* op, ConstTensorView logits, const Rout
   MOE_CHECK(o.choice == RouterChoice::kTopScores || o.token_offset >= 0,
             "[{}] routing token offset {} must be >= 0", op, o.token_offset);
   return d;
+}
+
+// router_topk_forward's outputs: scores [N, E], topk_index and topk_weight [N, k], E counts.
+inline void expect_router_outputs(const char* op, const RouterDims& s, int64_t k,
+                                  ConstTensorView scores, ConstTensorView topk_index,
+                                  ConstTensorView topk_weight, std::span<int64_t> expert_counts) {
+  expect_shape(op, "scores", scores, {s.tokens, s.experts});
+  expect_shape(op, "topk_index", topk_index, {s.tokens, k});
+  expect_shape(op, "topk_weight", topk_weight, {s.tokens, k});
+  MOE_CHECK(static_cast<int64_t>(expert_counts.size()) == s.experts,
+            "[{}] expert_counts has {} entries, expected {}", op, expert_counts.size(), s.experts);
 }
 
 }  // namespace moecore::kernels

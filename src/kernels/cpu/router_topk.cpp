@@ -36,11 +36,7 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
   constexpr const char* kOp = "router_topk";
   const RouterDims s = router_dims(kOp, logits, o);
   const int64_t n = s.tokens, e_count = s.experts, k = o.top_k;
-  expect_shape(kOp, "scores", scores, {n, e_count});
-  expect_shape(kOp, "topk_index", topk_index, {n, k});
-  expect_shape(kOp, "topk_weight", topk_weight, {n, k});
-  MOE_CHECK(static_cast<int64_t>(expert_counts.size()) == e_count,
-            "[{}] expert_counts has {} entries, expected {}", kOp, expert_counts.size(), e_count);
+  expect_router_outputs(kOp, s, k, scores, topk_index, topk_weight, expert_counts);
   const float* bias = nullptr;
   if (selection_bias.raw() != nullptr) {
     expect_shape(kOp, "selection_bias", selection_bias, {e_count});

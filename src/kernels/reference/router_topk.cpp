@@ -47,6 +47,7 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
   constexpr const char* kOp = "router_topk";
   const RouterDims s = router_dims(kOp, logits, o);
   const int64_t n = s.tokens, e_count = s.experts, k = o.top_k;
+  expect_router_outputs(kOp, s, k, scores, topk_index, topk_weight, expert_counts);
   const float* zp = logits.data<float>(kOp);
   const float* bias = selection_bias.raw() != nullptr ? selection_bias.data<float>(kOp) : nullptr;
   float* pp = scores.data<float>(kOp);
