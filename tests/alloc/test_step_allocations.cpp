@@ -60,9 +60,10 @@ struct StepCase {
   std::string recompute;  // train.recompute
 };
 
-// A small model whose per-step buffers of a micro-batch (8 x 128 = 1024 tokens) all exceed the
+// A small model whose per-step buffers of a micro-batch (4 x 256 = 1024 tokens) all exceed the
 // bound, so that a per-step allocation of any of them is counted: [tokens, hidden] 256 KiB,
-// [tokens, experts] router scores 128 KiB, logits 2 MiB, attention probabilities 2 MiB. A dense
+// [tokens, experts] router scores 128 KiB, logits 2 MiB, attention probabilities 4 MiB and the
+// attention backward's [seq, seq] scratch 256 KiB. A dense
 // first layer, then MoE layers of 32 experts top-4 with a shared expert, GQA, QK-norm and the
 // auxiliary-loss-free router bias; gradient clipping and weight decay on; 2 micro-batches.
 std::string run_config_toml(const StepCase& c, const std::string& data, const std::string& out) {
@@ -93,9 +94,9 @@ warmup_steps = 2
 [train]
 seed = 3
 max_steps = {}
-batch_size = 16
+batch_size = 8
 microbatches = 2
-seq_len = 128
+seq_len = 256
 threads = 2
 log_every = 1
 eval_every = 0
@@ -126,10 +127,10 @@ TEST_P(StepAllocations, NoneAboveBoundAfterFirstStep) {
                                     fmt::format("moecore_step_allocations_{}_{}", getpid(), c.name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  // 128 instances of random tokens (headerless uint16, OLMo-core's format).
+  // 64 instances of random tokens (headerless uint16, OLMo-core's format).
   const std::string data = (dir / "tokens.npy").string();
   {
-    std::vector<uint16_t> tokens(128 * 128);
+    std::vector<uint16_t> tokens(64 * 256);
     SplitMix64 rng(11);
     for (uint16_t& token : tokens) token = static_cast<uint16_t>(rng.bounded(512));
     std::ofstream file(data, std::ios::binary);
