@@ -522,18 +522,21 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   Workspace::Scope scratch(workspace_);
   const std::span<float> dx = scratch.zeroed<float>(n * d);  // gradient of the residual stream
   if (has_head()) {
+    // The head's temporaries go back before the layers take theirs (the logits' can be the
+    // largest of the pass).
+    Workspace::Scope head_scratch(workspace_);
     ScopedPhase timer(Phase::kLmHeadBackward);
     // The loss gradient of the logits, scaled for gradient accumulation (loss_scale is
     // 1 / micro-batches); without accumulation the saved one is used as it is.
     const float* dlogits = act.dlogits.data();
     if (loss_scale != 1.0f) {
-      const std::span<float> scaled_dlogits = scratch.uninitialized<float>(n * v);
+      const std::span<float> scaled_dlogits = head_scratch.uninitialized<float>(n * v);
       kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
                      view(scaled_dlogits.data(), {n, v}));
       dlogits = scaled_dlogits.data();
     }
     observe("grad.lm_head", view(dlogits, {n, v}));
-    const std::span<float> dhidden = scratch.zeroed<float>(n * d);
+    const std::span<float> dhidden = head_scratch.zeroed<float>(n * d);
     linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(), at(params, lm_head_),
                     dhidden.data(), at(grads, lm_head_), n, d, v, false);
     timer.stop();
