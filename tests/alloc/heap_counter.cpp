@@ -9,7 +9,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <filesystem>
 #include <memory>
 #include <new>
 
@@ -45,7 +48,6 @@ std::string demangle_frame(const char* symbol) {
 
 std::atomic<bool> counting{false};
 std::atomic<std::size_t> threshold{0};
-std::atomic<const void*> apart_library_base{nullptr};  // load address of the library apart
 
 // The allocations of one kind: how many, and the first few with their backtraces.
 struct Tally {
@@ -77,12 +79,42 @@ struct Tally {
   }
 };
 
-Tally own, apart;
+Tally own;
+
+// The modules whose requests are the program's own: the executable (moecore is linked into it
+// statically) and the C and C++ runtimes it calls (std::string, fopen). Code in no module also
+// counts as the program's.
+constexpr int kOwnModules = 3;
+std::atomic<const void*> own_modules[kOwnModules];
+
+// Every other module (oneDNN, libgomp, MPI and its components), counted by load address.
+constexpr int kLibraries = 32;
+struct LibraryCount {
+  std::atomic<const void*> base{nullptr};
+  const char* name = nullptr;  // dladdr's file name, valid while the module is loaded
+  std::atomic<int64_t> count{0};
+};
+LibraryCount libraries[kLibraries];
+
+void count_library(const void* base, const char* name) {
+  for (LibraryCount& library : libraries) {
+    const void* seen = nullptr;
+    if (library.base.compare_exchange_strong(seen, base)) {
+      library.name = name;
+      seen = base;
+    }
+    if (seen == base) {
+      library.count.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
 // backtrace() and dladdr() may allocate (the unwinder loads libgcc_s on its first call): not
 // counted.
 thread_local bool inside_hook = false;
 
-const void* library_base(const void* address) {
+const void* module_base(const void* address) {
   Dl_info info{};
   return address != nullptr && dladdr(address, &info) != 0 ? info.dli_fbase : nullptr;
 }
@@ -94,11 +126,15 @@ const void* library_base(const void* address) {
       bytes <= threshold.load(std::memory_order_relaxed) || inside_hook)
     return;
   inside_hook = true;
-  const void* apart_base = apart_library_base.load(std::memory_order_relaxed);
-  if (apart_base != nullptr && library_base(caller) == apart_base)
-    apart.add(function, bytes);
-  else
+  Dl_info info{};
+  const void* base = caller != nullptr && dladdr(caller, &info) != 0 ? info.dli_fbase : nullptr;
+  bool program = base == nullptr;
+  for (const auto& module : own_modules) program = program || module.load() == base;
+  if (program) {
     own.add(function, bytes);
+  } else {
+    count_library(base, info.dli_fname);
+  }
   inside_hook = false;
 }
 
@@ -118,13 +154,17 @@ bool heap_counting_available() {
 
 #endif
 
-void start_counting_large_allocations(std::size_t threshold_bytes,
-                                      const void* apart_library_symbol) {
+void start_counting_large_allocations(std::size_t threshold_bytes) {
   void* warm[1];
   (void)backtrace(warm, 1);  // loads the unwinder now, not inside the first counted allocation
+  own_modules[0] = module_base(reinterpret_cast<const void*>(&note_allocation));
+  own_modules[1] = module_base(reinterpret_cast<const void*>(&std::get_terminate));
+  own_modules[2] = module_base(reinterpret_cast<const void*>(&fclose));
   own.count.store(0);
-  apart.count.store(0);
-  apart_library_base.store(library_base(apart_library_symbol));
+  for (LibraryCount& library : libraries) {
+    library.base.store(nullptr);
+    library.count.store(0);
+  }
   threshold.store(threshold_bytes);
   counting.store(true);
 }
@@ -133,9 +173,14 @@ LargeAllocations stop_counting_large_allocations() {
   counting.store(false);
   LargeAllocations result;
   result.count = own.count.load();
-  result.apart_count = apart.count.load();
   result.report = own.report();
-  result.apart_report = apart.report();
+  for (const LibraryCount& library : libraries) {
+    if (library.base.load() == nullptr) continue;
+    result.library_count += library.count.load();
+    result.by_library +=
+        fmt::format("{}{} {}", result.by_library.empty() ? "" : ", ",
+                    std::filesystem::path(library.name).filename().string(), library.count.load());
+  }
   return result;
 }
 

@@ -16,19 +16,18 @@ namespace moecore::test {
 // False where the allocator cannot be replaced (the sanitizer builds).
 bool heap_counting_available();
 
-// Counts, from now on, every allocation request of more than `threshold_bytes` bytes. Requests
-// made directly by code of the shared library that holds `apart_library_symbol` (nullptr: none)
-// are counted apart: the caller decides what a third-party library's own allocations mean.
-void start_counting_large_allocations(std::size_t threshold_bytes,
-                                      const void* apart_library_symbol = nullptr);
+// Counts, from now on, every allocation request of more than `threshold_bytes` bytes, by whose
+// code made it: the program's own (the executable, which holds moecore, and the C and C++ runtimes
+// it calls) or a library's (oneDNN, libgomp, MPI: code the program does not control), per library.
+void start_counting_large_allocations(std::size_t threshold_bytes);
 
 struct LargeAllocations {
-  int64_t count = 0;        // all but the library's own
-  int64_t apart_count = 0;  // made by the library's code itself
-  // One entry per counted allocation, for the first few of each kind: the function, the size and
-  // the backtrace (demangled where the symbol is exported).
+  int64_t count = 0;  // the program's own
+  // One entry per allocation, for the first few: the function, the size and the backtrace
+  // (demangled where the symbol is exported).
   std::string report;
-  std::string apart_report;
+  int64_t library_count = 0;  // made by libraries' own code
+  std::string by_library;     // "libdnnl.so.2 9972, mca_coll_libnbc.so 6"
 };
 
 // Stops counting; what was counted since the start.
