@@ -4,10 +4,11 @@
 // update and the per-step callbacks: metrics, MoE monitor, progress), observed by a callback that
 // counts from the end of step 1 to the end of the last step; no checkpoint or evaluation falls on
 // those steps (the final checkpoint is written after the count, in on_end). One process, and two
-// with data parallelism (under mpirun: the StepAllocations.TwoRanks test); no pipeline or expert
-// parallelism. What moecore's code (or the C/C++ runtime on its behalf) asks the heap for fails the
-// test, with the first few offenders' sizes and backtraces; what libraries allocate inside their
-// own calls (oneDNN, MPI) is counted per library and printed (see below).
+// with data parallelism or two pipeline stages (under mpirun: the StepAllocations.TwoRanks test);
+// not expert parallelism, whose buffers follow each step's routed rows. What moecore's code (or the
+// C/C++ runtime on its behalf) asks the heap for fails the test, with the first few offenders'
+// sizes and backtraces; what libraries allocate inside their own calls (oneDNN, MPI) is counted per
+// library and printed (see below).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -181,10 +182,12 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"bf16", "bf16", "none", 1, ""},
                       StepCase{"fp32_recompute_full", "fp32", "full", 1, ""},
                       StepCase{"bf16_recompute_full", "bf16", "full", 1, ""},
-                      // Two processes, data parallel (gradients all-reduced, overlapped with
-                      // the backward).
+                      // Two processes: data parallel (gradients all-reduced, overlapped with
+                      // the backward), and two pipeline stages (1F1B).
                       StepCase{"ranks2_dp", "fp32", "none", 2, "overlap_grad_reduce = true"},
-                      StepCase{"ranks2_dp_bf16_recompute_full", "bf16", "full", 2, ""}),
+                      StepCase{"ranks2_dp_bf16_recompute_full", "bf16", "full", 2, ""},
+                      StepCase{"ranks2_pp", "fp32", "none", 2, "pp = 2"},
+                      StepCase{"ranks2_pp_bf16_recompute_full", "bf16", "full", 2, "pp = 2"}),
     [](const ::testing::TestParamInfo<StepCase>& param_info) { return param_info.param.name; });
 
 }  // namespace
