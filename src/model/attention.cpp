@@ -68,17 +68,19 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
 }
 
 void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& dw, const float* x,
-                              const float* dy, const AttentionCache& cache, float* dx) const {
+                              const float* dy, const AttentionCache& cache, float* dx,
+                              Workspace& workspace) const {
   const ScopedPhase timer(Phase::kAttentionBackward);
   const ModelConfig& c = config_;
   const AttentionShape& s = cache.shape;
   const int64_t n = s.batch * s.seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
-  std::vector<float> d_context(static_cast<size_t>(n * qs));
+  Workspace::Scope scratch(workspace);
+  const std::span<float> d_context = scratch.zeroed<float>(n * qs);
   linear_backward(precision_, dy, cache.context.data(), w.o_proj, d_context.data(), dw.o_proj, n,
                   qs, d, false);
 
-  std::vector<float> dq(static_cast<size_t>(n * qs)), dk(static_cast<size_t>(n * kvs));
-  std::vector<float> dv(static_cast<size_t>(n * kvs));
+  const std::span<float> dq = scratch.zeroed<float>(n * qs), dk = scratch.zeroed<float>(n * kvs);
+  const std::span<float> dv = scratch.zeroed<float>(n * kvs);
   kernels::causal_attention_backward(
       view(d_context.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
       view(cache.q.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
@@ -95,10 +97,9 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& d
 
   const float* dq_raw = dq.data();
   const float* dk_raw = dk.data();
-  std::vector<float> dq_pre, dk_pre;
   if (c.qk_norm != QkNorm::kNone) {
-    dq_pre.resize(dq.size());
-    dk_pre.resize(dk.size());
+    const std::span<float> dq_pre = scratch.zeroed<float>(n * qs);
+    const std::span<float> dk_pre = scratch.zeroed<float>(n * kvs);
     const NormGeometry gq = norm_geometry(c, n, s.n_heads), gk = norm_geometry(c, n, s.n_kv_heads);
     kernels::rmsnorm_backward(
         view(dq.data(), {gq.rows, gq.dim}), view(cache.q_raw.data(), {gq.rows, gq.dim}),

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor_view.h"
+#include "core/workspace.h"
 #include "model/config.h"
 #include "model/precision_recipe.h"
 #include "model/rope.h"
@@ -65,9 +66,11 @@ class AttentionBlock {
   // causal_attention_forward) or nullptr.
   void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
                AttentionCache& cache, const int32_t* doc_start = nullptr) const;
-  // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=).
+  // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=). The temporaries (the gradients of
+  // the context, q, k and v) come from `workspace`.
   void backward(const AttentionWeights& w, const AttentionGrads& dw, const float* x,
-                const float* dy, const AttentionCache& cache, float* dx) const;
+                const float* dy, const AttentionCache& cache, float* dx,
+                Workspace& workspace) const;
 
  private:
   const ModelConfig& config_;

@@ -24,12 +24,14 @@ void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConf
 
 void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelConfig& c,
                               int64_t local, const MoeWeights& w, const MoeGrads& dw,
-                              const ExpertRows& rows, const float* dy, float* dx) {
+                              const ExpertRows& rows, const float* dy, float* dx,
+                              Workspace& workspace) {
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
   const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
   const std::span<const int64_t> offsets(rows.expert_offsets);
-  std::vector<float> dact(static_cast<size_t>(received * h));
-  std::vector<float> dgu(static_cast<size_t>(received * 2 * h));
+  Workspace::Scope scratch(workspace);
+  const std::span<float> dact = scratch.zeroed<float>(received * h);
+  const std::span<float> dgu = scratch.zeroed<float>(received * 2 * h);
   const ConstTensorView gu = view(rows.gu.data(), {received, 2 * h});
   kernels::grouped_gemm_backward(view(dy, {received, d}), view(rows.act.data(), {received, h}),
                                  w.experts_down, offsets, view(dact.data(), {received, h}),

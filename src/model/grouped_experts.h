@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/workspace.h"
 #include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/moe_dispatch.h"
@@ -24,9 +25,10 @@ void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConf
                              int64_t local, const MoeWeights& w, ExpertRows& rows, float* y);
 
 // dy: [R, d] -> dx: [R, d] (=); expert weight gradients += into dw. Experts write disjoint rows of
-// dx and disjoint weight gradients.
+// dx and disjoint weight gradients. The SwiGLU's gradients are temporaries from `workspace`.
 void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelConfig& c,
                               int64_t local, const MoeWeights& w, const MoeGrads& dw,
-                              const ExpertRows& rows, const float* dy, float* dx);
+                              const ExpertRows& rows, const float* dy, float* dx,
+                              Workspace& workspace);
 
 }  // namespace moecore

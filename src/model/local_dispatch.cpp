@@ -30,13 +30,13 @@ void LocalDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights
 }
 
 void LocalDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                             const MoeGrads& dw, const Cache& cache,
-                             const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
+                             const MoeGrads& dw, const Cache& cache, const float* dy_send,
+                             float* dx_send, Workspace& workspace) const {
   // Send order is expert order: the experts' backward reads the output gradients and writes the
   // input gradients in place.
   const ScopedPhase timer(Phase::kExpertsBackward);
-  grouped_experts_backward(precision, config_, config_.num_experts, w, dw, cache.experts,
-                           dy_send.data(), dx_send.data());
+  grouped_experts_backward(precision, config_, config_.num_experts, w, dw, cache.experts, dy_send,
+                           dx_send, workspace);
 }
 
 }  // namespace moecore

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/workspace.h"
 #include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/grouped_experts.h"
@@ -26,10 +27,10 @@ class LocalDispatch {
   void forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
                int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
-  // gradients += into dw.
+  // gradients += into dw; temporaries from `workspace`.
   void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeGrads& dw,
-                const Cache& cache, const std::vector<float>& dy_send,
-                std::vector<float>& dx_send) const;
+                const Cache& cache, const float* dy_send, float* dx_send,
+                Workspace& workspace) const;
 
  private:
   const ModelConfig& config_;

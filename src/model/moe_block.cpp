@@ -68,28 +68,29 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
 
 void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x, const float* dy,
                         const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
-                        float z_grad_scale, float* dx) const {
+                        float z_grad_scale, float* dx, Workspace& workspace) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   const int64_t tokens = cache.router_shape.tokens, routes = tokens * k;
 
   // Combine backward at the source: d output(t, j) = weight * dy[t]; d weight = <dy[t], output>.
   ScopedPhase timer(Phase::kCombineBackward);
-  std::vector<float> dy_send(to_size(routes * d));
-  std::vector<float> d_weight(to_size(routes));
+  Workspace::Scope scratch(workspace);
+  const std::span<float> dy_send = scratch.zeroed<float>(routes * d);
+  const std::span<float> d_weight = scratch.zeroed<float>(routes);
   kernels::moe_combine_backward(
       view(dy, {tokens, d}), view(cache.routed.y_back.data(), {routes, d}),
       view(cache.routed.send_pos.data(), {tokens, k}),
       view(cache.router.topk_weight.data(), {tokens, k}), view(dy_send.data(), {routes, d}),
       view(d_weight.data(), {tokens, k}));
 
-  std::vector<float> dx_send(to_size(routes * d));
+  const std::span<float> dx_send = scratch.zeroed<float>(routes * d);
   timer.stop();  // the dispatch paths time their own phases
   std::visit(
       [&](const auto& dispatch) {
         using Cache = typename std::decay_t<decltype(dispatch)>::Cache;
-        dispatch.backward(precision_.experts, w, dw, std::get<Cache>(cache.dispatch), dy_send,
-                          dx_send);
+        dispatch.backward(precision_.experts, w, dw, std::get<Cache>(cache.dispatch),
+                          dy_send.data(), dx_send.data(), workspace);
       },
       dispatch_);
   timer.switch_to(Phase::kCombineBackward);
@@ -100,8 +101,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertBackward);
   if (hs > 0) {
-    std::vector<float> shared_dact(to_size(tokens * hs));
-    std::vector<float> shared_dgu(to_size(tokens * 2 * hs));
+    const std::span<float> shared_dact = scratch.zeroed<float>(tokens * hs);
+    const std::span<float> shared_dgu = scratch.zeroed<float>(tokens * 2 * hs);
     swiglu_mlp_backward(precision_.dense_mlp, {tokens, d, hs}, dy, x, w.shared_gate_up,
                         w.shared_down, cache.shared_gu.data(), cache.shared_act.data(), dx,
                         dw.shared_gate_up, dw.shared_down, shared_dact.data(), shared_dgu.data(),
@@ -110,7 +111,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
 
   timer.switch_to(Phase::kRouterBackward);
   router_backward(cache.router_shape, x, w.router, cache.router,
-                  {d_weight.data(), lb_score_grad, lb_uses_softmax, z_grad_scale}, dx, dw.router);
+                  {d_weight.data(), lb_score_grad, lb_uses_softmax, z_grad_scale}, dx, dw.router,
+                  workspace);
 }
 
 }  // namespace moecore

@@ -51,10 +51,11 @@ class MoeBlock {
                MoeCache& cache) const;
 
   // dy: [N, d]; dx: [N, d] (=); parameter gradients in dw (+=). lb_score_grad / z_grad_scale: the
-  // load-balancing and z-loss gradients for this layer (see RouterGrads).
+  // load-balancing and z-loss gradients for this layer (see RouterGrads). The temporaries (routed
+  // rows' gradients, the experts' and the router's) come from `workspace`.
   void backward(const MoeWeights& w, const MoeGrads& dw, const float* x, const float* dy,
                 const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
-                float z_grad_scale, float* dx) const;
+                float z_grad_scale, float* dx, Workspace& workspace) const;
 
  private:
   using Dispatch = std::variant<LocalDispatch, SyncDispatch, RowwiseDispatch>;

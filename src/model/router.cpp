@@ -72,9 +72,11 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
 }
 
 void router_backward(const RouterShape& s, const float* x, const float* w_router,
-                     const RouterState& st, const RouterGrads& g, float* dx, float* dw_router) {
+                     const RouterState& st, const RouterGrads& g, float* dx, float* dw_router,
+                     Workspace& workspace) {
   const int64_t n = s.tokens, e_count = s.num_experts, k = s.top_k;
-  std::vector<float> dlogits(static_cast<size_t>(n * e_count));
+  Workspace::Scope scratch(workspace);
+  const std::span<float> dlogits = scratch.zeroed<float>(n * e_count);
   const RouterLossGrads loss_grads{
       g.lb_score_grad != nullptr ? view(g.lb_score_grad, {e_count}) : ConstTensorView{},
       g.lb_uses_softmax, g.z_grad_scale};

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/splitmix64.h"
+#include "core/workspace.h"
 #include "kernels/matmul_precision.h"
 #include "model/config.h"
 
@@ -103,8 +104,10 @@ struct RouterGrads {
   bool lb_uses_softmax;
   float z_grad_scale;
 };
+// The logits' gradient is a temporary from `workspace`.
 void router_backward(const RouterShape& s, const float* x, const float* w_router,
-                     const RouterState& st, const RouterGrads& g, float* dx, float* dw_router);
+                     const RouterState& st, const RouterGrads& g, float* dx, float* dw_router,
+                     Workspace& workspace);
 
 // Unscaled per-layer router z-loss: mean over tokens of logsumexp(logits)^2.
 double router_z_loss(const RouterShape& s, const RouterState& st);

@@ -42,23 +42,23 @@ void RowwiseDispatch::forward(kernels::MatmulPrecision precision, const MoeWeigh
 }
 
 void RowwiseDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                               const MoeGrads& dw, const Cache& cache,
-                               const std::vector<float>& dy_send,
-                               std::vector<float>& dx_send) const {
+                               const MoeGrads& dw, const Cache& cache, const float* dy_send,
+                               float* dx_send, Workspace& workspace) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
   // Output gradients go to the rows their routes used in the forward; the experts' backward runs
   // in place (dy from the input buffer, dx into the output buffer), and each kept route fetches
   // its input gradient back. Dropped routes get none.
   ScopedPhase timer(Phase::kDispatchBackward);
-  exchange_.put_rows(dy_send.data(), 1, cache.targets, d);
+  exchange_.put_rows(dy_send, 1, cache.targets, d);
   const float* dy_in = exchange_.input();
   float* dx_out = exchange_.output();
   timer.switch_to(Phase::kExpertsBackward);
-  grouped_experts_backward(precision, config_, local, w, dw, cache.experts, dy_in, dx_out);
+  grouped_experts_backward(precision, config_, local, w, dw, cache.experts, dy_in, dx_out,
+                           workspace);
   timer.switch_to(Phase::kCombineBackward);
-  std::fill(dx_send.begin(), dx_send.end(), 0.0f);
-  exchange_.get_rows(dx_send.data(), cache.targets, d);
+  std::fill_n(dx_send, static_cast<int64_t>(cache.targets.size()) * d, 0.0f);
+  exchange_.get_rows(dx_send, cache.targets, d);
 }
 
 }  // namespace moecore

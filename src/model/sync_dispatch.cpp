@@ -66,30 +66,32 @@ void SyncDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights&
 }
 
 void SyncDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                            const MoeGrads& dw, const Cache& cache,
-                            const std::vector<float>& dy_send, std::vector<float>& dx_send) const {
+                            const MoeGrads& dw, const Cache& cache, const float* dy_send,
+                            float* dx_send, Workspace& workspace) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
   const int64_t received = cache.experts.expert_offsets[to_size(local)];
   // Output gradients travel to the experts along the forward path, expert-major there.
   ScopedPhase timer(Phase::kDispatchBackward);
-  std::vector<float> dy_recv(to_size(received * d)), dy_perm(to_size(received * d));
-  exchange_.exchange_rows(dy_send.data(), cache.send_rows, dy_recv.data(), cache.recv_rows, d);
+  Workspace::Scope scratch(workspace);
+  const std::span<float> dy_recv = scratch.zeroed<float>(received * d);
+  const std::span<float> dy_perm = scratch.zeroed<float>(received * d);
+  exchange_.exchange_rows(dy_send, cache.send_rows, dy_recv.data(), cache.recv_rows, d);
   const ConstTensorView to_expert = view(cache.recv_to_expert.data(), {received});
   kernels::permute_rows(view(dy_recv.data(), {received, d}), to_expert, 1,
                         view(dy_perm.data(), {received, d}));
 
-  std::vector<float> dx_perm(to_size(received * d));
+  const std::span<float> dx_perm = scratch.zeroed<float>(received * d);
   timer.switch_to(Phase::kExpertsBackward);
   grouped_experts_backward(precision, config_, local, w, dw, cache.experts, dy_perm.data(),
-                           dx_perm.data());
+                           dx_perm.data(), workspace);
   timer.switch_to(Phase::kCombineBackward);
 
   // Input gradients back to the source; dx[t] = sum over its routes.
-  std::vector<float> dx_recv(to_size(received * d));
+  const std::span<float> dx_recv = scratch.zeroed<float>(received * d);
   kernels::gather_rows(view(dx_perm.data(), {received, d}), to_expert,
                        view(dx_recv.data(), {received, d}));
-  exchange_.exchange_rows(dx_recv.data(), cache.recv_rows, dx_send.data(), cache.send_rows, d);
+  exchange_.exchange_rows(dx_recv.data(), cache.recv_rows, dx_send, cache.send_rows, d);
 }
 
 }  // namespace moecore

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/workspace.h"
 #include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/expert_exchange.h"
@@ -37,8 +38,8 @@ class SyncDispatch {
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
   // gradients += into dw. Collective.
   void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeGrads& dw,
-                const Cache& cache, const std::vector<float>& dy_send,
-                std::vector<float>& dx_send) const;
+                const Cache& cache, const float* dy_send, float* dx_send,
+                Workspace& workspace) const;
 
  private:
   const ModelConfig& config_;

@@ -109,6 +109,7 @@ Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
     lm_head_ =
         config_.tie_word_embeddings ? find("model.embed_tokens.weight") : find("lm_head.weight");
   }
+  recycled_ = std::make_unique<LayerCache>();
   for (int64_t i = 0; i < total; ++i)
     layer_specs_.push_back(i >= layers_begin_ && i < layers_end_ ? layout_.layer_specs(i)
                                                                  : LayerSpecs{});
@@ -322,35 +323,48 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
 
 namespace {
 
-// Frees a cache member's memory (a plain clear() keeps the capacity).
+// Moves a cache member's memory from one holder to the other, leaving `from` empty (a plain
+// clear() would keep the capacity where it was).
 template <typename T>
-void release(T& held) {
-  held = T();
+void hand_over(T& from, T& to) {
+  to = std::move(from);
+  from = T();
+}
+
+// The members of a layer's cache (Transformer::LayerCache) that `mode` drops after the forward
+// and rebuilds in the backward, handed from one cache to the other.
+template <typename LayerCache>
+void hand_over_recomputed(ActivationRecompute mode, LayerCache& from, LayerCache& to) {
+  if (recomputes_attention(mode)) {
+    hand_over(from.rstd1, to.rstd1);
+    hand_over(from.h1, to.h1);
+    hand_over(from.attention, to.attention);
+    hand_over(from.attn_out, to.attn_out);
+  }
+  if (recomputes_ffn(mode)) {
+    hand_over(from.rstd2, to.rstd2);
+    hand_over(from.h2, to.h2);
+    hand_over(from.ffn_out, to.ffn_out);
+    hand_over(from.mlp_gu, to.mlp_gu);
+    hand_over(from.mlp_act, to.mlp_act);
+    // The router state stays (batch statistics, metrics); the rest of the MoE cache goes.
+    hand_over(from.moe.routed, to.moe.routed);
+    hand_over(from.moe.dispatch, to.moe.dispatch);
+    hand_over(from.moe.shared_gu, to.moe.shared_gu);
+    hand_over(from.moe.shared_act, to.moe.shared_act);
+  }
+  // "full" keeps only the block input: the residual after attention is rebuilt too.
+  if (mode == ActivationRecompute::kFull) hand_over(from.mid, to.mid);
 }
 
 }  // namespace
 
-void Transformer::release_recomputed(LayerCache& lc) const {
-  if (recomputes_attention(recompute_)) {
-    release(lc.rstd1);
-    release(lc.h1);
-    release(lc.attention);
-    release(lc.attn_out);
-  }
-  if (recomputes_ffn(recompute_)) {
-    release(lc.rstd2);
-    release(lc.h2);
-    release(lc.ffn_out);
-    release(lc.mlp_gu);
-    release(lc.mlp_act);
-    // The router state stays (batch statistics, metrics); the rest of the MoE cache goes.
-    release(lc.moe.routed);
-    release(lc.moe.dispatch);
-    release(lc.moe.shared_gu);
-    release(lc.moe.shared_act);
-  }
-  // "full" keeps only the block input: the residual after attention is rebuilt too.
-  if (recompute_ == ActivationRecompute::kFull) release(lc.mid);
+void Transformer::release_recomputed(LayerCache& lc) {
+  hand_over_recomputed(recompute_, lc, *recycled_);
+}
+
+void Transformer::reuse_recomputed(LayerCache& lc) {
+  hand_over_recomputed(recompute_, *recycled_, lc);
 }
 
 LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
@@ -402,10 +416,12 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     act.doc_start.clear();
   }
 
-  std::vector<float> branch(static_cast<size_t>(n * d));
+  Workspace::Scope scratch(workspace_);
+  const std::span<float> branch = scratch.zeroed<float>(n * d);
   for (int64_t i = layers_begin_; i < layers_end_; ++i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
     LayerCache& lc = act.layers[j];
+    reuse_recomputed(lc);
     attention_sublayer_forward(params, i, act.residual[j].data(), act, lc, branch.data());
     float* out = act.residual[j + 1].data();
     ffn_sublayer_forward(params, i, n, lc, branch.data(), out);
@@ -546,21 +562,24 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   Activations& act = *slots_[static_cast<size_t>(slot)];
   const int64_t n = act.batch * act.seq, d = c.hidden_size, v = c.vocab_size;
 
-  std::vector<float> dx(static_cast<size_t>(n * d));  // gradient of the residual stream
+  Workspace::Scope scratch(workspace_);
+  const std::span<float> dx = scratch.zeroed<float>(n * d);  // gradient of the residual stream
   if (has_head()) {
+    // The head's temporaries go back before the layers take theirs (the logits' can be the
+    // largest of the pass).
+    Workspace::Scope head_scratch(workspace_);
     ScopedPhase timer(Phase::kLmHeadBackward);
     // The loss gradient of the logits, scaled for gradient accumulation (loss_scale is
     // 1 / micro-batches); without accumulation the saved one is used as it is.
-    std::vector<float> scaled_dlogits;
     const float* dlogits = act.dlogits.data();
     if (loss_scale != 1.0f) {
-      scaled_dlogits.resize(act.dlogits.size());
+      const std::span<float> scaled_dlogits = head_scratch.uninitialized<float>(n * v);
       kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
                      view(scaled_dlogits.data(), {n, v}));
       dlogits = scaled_dlogits.data();
     }
     observe("grad.lm_head", view(dlogits, {n, v}));
-    std::vector<float> dhidden(static_cast<size_t>(n * d));
+    const std::span<float> dhidden = head_scratch.zeroed<float>(n * d);
     linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(),
                     gemm_weight(params, lm_head_, {v, d}), dhidden.data(), at(grads, lm_head_), n,
                     d, v, false);
@@ -574,13 +593,20 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     std::copy_n(d_hidden_out, n * d, dx.data());
   }
 
-  std::vector<float> dbranch(static_cast<size_t>(n * d));
-  std::vector<float> scratch_dact, scratch_dgu, dnorm;
+  const std::span<float> dbranch = scratch.zeroed<float>(n * d);
+  // The dense MLPs' scratch and the reordered norms' input gradient, for every layer in turn.
+  bool dense_layers = false;
+  for (int64_t i = layers_begin_; i < layers_end_; ++i) dense_layers |= c.layer_is_dense(i);
+  const int64_t width = dense_layers ? c.intermediate_size : 0;
+  const std::span<float> scratch_dact = scratch.zeroed<float>(n * width);
+  const std::span<float> scratch_dgu = scratch.zeroed<float>(n * 2 * width);
+  const std::span<float> dnorm =
+      scratch.zeroed<float>(c.block_norm == BlockNorm::kReordered ? n * d : 0);
   const float z_grad_scale = act.global_tokens > 0 && act.router_loss_div > 0.0
                                  ? static_cast<float>(c.router_z_loss_coef) * loss_scale /
                                        static_cast<float>(act.router_loss_div)
                                  : 0.0f;
-  std::vector<float> lb_grad(static_cast<size_t>(c.num_experts));
+  const std::span<float> lb_grad = scratch.zeroed<float>(c.num_experts);
   for (int64_t i = layers_end_ - 1; i >= layers_begin_; --i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
@@ -588,6 +614,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     const bool reordered = c.block_norm == BlockNorm::kReordered;
     if (recompute_ != ActivationRecompute::kNone) {
       // Rebuild what the forward dropped from what it kept (dbranch is free scratch here).
+      reuse_recomputed(lc);
       recomputing_ = true;
       if (recomputes_attention(recompute_))
         attention_sublayer_forward(params, i, act.residual[j].data(), act, lc, dbranch.data());
@@ -601,7 +628,6 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     const float* d_ffn_out = dx.data();
     if (reordered) {
       observe_layer(i, norm_module(s.post_norm), view(dx.data(), {n, d}), true);
-      dnorm.resize(static_cast<size_t>(n * d));
       kernels::rmsnorm_backward(view(dx.data(), {n, d}), view(lc.ffn_out.data(), {n, d}),
                                 view(at(params, s.post_norm), {d}), view(lc.rstd2.data(), {n}),
                                 view(dnorm.data(), {n, d}), view(at(grads, s.post_norm), {d}),
@@ -611,9 +637,6 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     observe_layer(i, "mlp", view(d_ffn_out, {n, d}), true);
     const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
     if (c.layer_is_dense(i)) {
-      const int64_t width = c.intermediate_size;
-      scratch_dact.resize(static_cast<size_t>(n * width));
-      scratch_dgu.resize(static_cast<size_t>(n * 2 * width));
       swiglu_mlp_backward(precision_.dense_mlp, {n, d, width}, d_ffn_out, ffn_in,
                           gemm_weight(params, s.mlp_gate, {2 * width, d}),
                           gemm_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
@@ -624,7 +647,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
           view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),
           loss_scale, view(lb_grad.data(), {c.num_experts}));
       moe_.backward(moe_weights(params, i), moe_grads(grads, i), ffn_in, d_ffn_out, lc.moe,
-                    lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data());
+                    lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data(), workspace_);
     }
     if (reordered) {
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
@@ -637,7 +660,8 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                 false);
       observe_layer(i, "self_attn.o_proj", view(dnorm.data(), {n, d}), true);
       attention_.backward(attention_weights(params, i), attention_grads(grads, i),
-                          act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data());
+                          act.residual[j].data(), dnorm.data(), lc.attention, dbranch.data(),
+                          workspace_);
       kernels::add(view(dx.data(), {n, d}), view(dbranch.data(), {n, d}), view(dx.data(), {n, d}));
     } else {
       observe_layer(i, norm_module(s.post_norm), view(dbranch.data(), {n, d}), true);
@@ -648,7 +672,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       observe_layer(i, "self_attn.o_proj", view(dx.data(), {n, d}), true);
       // Attention branch: mid = x + attn(norm(x)).
       attention_.backward(attention_weights(params, i), attention_grads(grads, i), lc.h1.data(),
-                          dx.data(), lc.attention, dbranch.data());
+                          dx.data(), lc.attention, dbranch.data(), workspace_);
       observe_layer(i, norm_module(s.input_norm), view(dbranch.data(), {n, d}), true);
       kernels::rmsnorm_backward(view(dbranch.data(), {n, d}), view(act.residual[j].data(), {n, d}),
                                 view(at(params, s.input_norm), {d}), view(lc.rstd1.data(), {n}),

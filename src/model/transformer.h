@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/workspace.h"
 #include "model/activation_recompute.h"
 #include "model/attention.h"
 #include "model/bf16_weight_copies.h"
@@ -153,9 +154,12 @@ class Transformer {
   // out == nullptr: only the cache is rebuilt.
   void ffn_sublayer_forward(const ParamBuffers& params, int64_t layer, int64_t tokens,
                             LayerCache& lc, float* branch, float* out) const;
-  // Frees what recompute_ rebuilds in the backward (after the forward, and again after the
-  // block's backward, so that one block's rebuilt activations are alive at a time).
-  void release_recomputed(LayerCache& lc) const;
+  // Takes from a layer what recompute_ rebuilds in the backward (after the forward, and again
+  // after the block's backward, so that one block's rebuilt activations are alive at a time) and
+  // keeps the memory in recycled_; reuse_recomputed hands it to the next layer that rebuilds them,
+  // so that recompute asks the heap for nothing after the first step.
+  void release_recomputed(LayerCache& lc);
+  void reuse_recomputed(LayerCache& lc);
 
   // The weights each module's GEMMs read (bf16 copies where the recipe says bf16) and the
   // gradients they add to.
@@ -188,6 +192,10 @@ class Transformer {
 
   int64_t layers_begin_ = 0, layers_end_ = 0;
   std::vector<std::unique_ptr<Activations>> slots_;
+  std::unique_ptr<LayerCache> recycled_;  // the buffers of the activations recompute_ drops
+  // The passes' temporaries (the branch output, the residual stream's gradient, the sublayers'
+  // scratch), sized by the first step.
+  Workspace workspace_;
   int64_t last_slot_ = -1;  // of the last forward
   BatchSum batch_sum_;
   LayerGradsReady layer_grads_ready_;

@@ -72,13 +72,25 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
   };
   std::map<int, Pending> receives;
   std::vector<std::unique_ptr<Pending>> sends;
+  // Message buffers come from, and go back to, the buffers of earlier messages and steps: every
+  // one is written in full (by the receive or by the chunk pass) before it is read.
+  auto take_buffer = [&](std::vector<float>& buffer) {
+    if (!spare_buffers_.empty()) {
+      buffer = std::move(spare_buffers_.back());
+      spare_buffers_.pop_back();
+    }
+    buffer.resize(static_cast<size_t>(width));
+  };
+  auto give_back = [&](std::vector<float>& buffer) {
+    if (buffer.capacity() > 0) spare_buffers_.push_back(std::move(buffer));
+  };
   size_t posted = 0;
   auto post_until = [&](size_t end) {
     for (; posted < std::min(end, actions_.size()); ++posted) {
       const auto [t, source] = incoming(actions_[posted]);
       if (t < 0) continue;
       Pending& r = receives[t];
-      r.buffer.resize(static_cast<size_t>(width));
+      take_buffer(r.buffer);
       r.request = mesh_.pp.irecv(r.buffer.data(), width, source, t);
     }
   };
@@ -91,7 +103,11 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
         std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   };
   auto reap_sends = [&] {
-    std::erase_if(sends, [](const std::unique_ptr<Pending>& s) { return dist::test(s->request); });
+    std::erase_if(sends, [&](std::unique_ptr<Pending>& s) {
+      if (!dist::test(s->request)) return false;
+      give_back(s->buffer);
+      return true;
+    });
   };
 
   // Activation slots per chunk: taken at the forward, given back at the backward.
@@ -118,7 +134,7 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
     }
     auto out = std::make_unique<Pending>();
     const bool sends_out = a.forward ? !last_chunk(a.chunk) : !first_chunk(a.chunk);
-    if (sends_out) out->buffer.resize(static_cast<size_t>(width));
+    if (sends_out) take_buffer(out->buffer);
     if (a.forward) {
       int64_t slot;
       if (free_slots[c].empty()) {
@@ -152,11 +168,17 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
       --live;
     }
     if (hook) hook(chunk, a.forward, a.micro, true);
-    if (in_tag >= 0) receives.erase(in_tag);
+    if (in_tag >= 0) {
+      give_back(receives.at(in_tag).buffer);
+      receives.erase(in_tag);
+    }
     if (sends_out) sends.push_back(std::move(out));
     reap_sends();
   }
-  for (auto& s : sends) wait(s->request);
+  for (auto& s : sends) {
+    wait(s->request);
+    give_back(s->buffer);
+  }
   step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   MOE_CHECK(live == 0 && receives.empty(),
             "[parallel] pipeline step ended with {} activations and "

@@ -60,8 +60,9 @@ struct TrainContext {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
   }
 
-  // The callbacks, in registration order; results one callback produces reach all of them.
-  std::vector<std::unique_ptr<Callback>> callbacks{};
+  // The callbacks, in registration order (the run's own, then the caller's: TrainOptions);
+  // results one callback produces reach all of them.
+  std::vector<std::shared_ptr<Callback>> callbacks{};
   void report_eval(int64_t at_step, const EvalResult& result) {
     for (auto& callback : callbacks) callback->on_eval(*this, at_step, result);
   }

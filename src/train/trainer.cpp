@@ -314,8 +314,9 @@ std::string init_from_hf(const dist::Communicator& world, const RunConfig& confi
 // The callbacks of a run, in step order (on_end runs in reverse: callback.h): the sample reads
 // the final checkpoint, the peak memory is taken before it; the MoE monitor's scalars reach the
 // metrics; the stop vote comes before the evaluation it cancels, the checkpoint after it; the
-// profile and the rank statistics end first, before the final checkpoint.
-void add_callbacks(TrainContext& ctx, const RunInputs& in, int64_t owner_pid, bool resumed) {
+// profile and the rank statistics end first, before the final checkpoint; the caller's come last.
+void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& options,
+                   int64_t owner_pid, bool resumed) {
   const TrainConfig& tc = ctx.config.train;
   const bool rank0 = ctx.world.rank() == 0;
   if (in.tokenizer) ctx.callbacks.push_back(std::make_unique<SampleCallback>(*in.tokenizer));
@@ -332,6 +333,7 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, int64_t owner_pid, bo
       resumed ? std::optional<int64_t>(ctx.step) : std::nullopt));
   ctx.callbacks.push_back(std::make_unique<ProfilerCallback>());
   ctx.callbacks.push_back(std::make_unique<RankStatsCallback>());
+  ctx.callbacks.insert(ctx.callbacks.end(), options.callbacks.begin(), options.callbacks.end());
 }
 
 }  // namespace
@@ -458,7 +460,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                            ? ReplayOrigin{resumed.step, resumed.data_cursor, resumed.tokens_seen}
                            : resumed.origin};
   ctx.summary.start_step = ctx.step;
-  add_callbacks(ctx, in, owner_pid, start.checkpoint.has_value());
+  add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value());
   for (const std::string& message : start.messages) progress.message(message);
   announce(ctx, in, start, options, chunk_layers);
   if (!init_check_line.empty()) progress.message(init_check_line);

@@ -6,11 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "train/run_config.h"
 
 namespace moecore {
+
+class Callback;
 
 struct TrainOptions {
   bool resume = false;  // continue from the newest valid checkpoint in train.out_dir
@@ -23,6 +27,10 @@ struct TrainOptions {
   // Refused when --resume finds a checkpoint: a run started from it continues from its own
   // checkpoints.
   std::string init_from;
+  // The caller's callbacks (train/callback.h), run after the run's own at every point, as
+  // OLMo-core's Trainer takes them: they observe the steps of the real loop (a test counts the
+  // heap allocations of a step with one).
+  std::vector<std::shared_ptr<Callback>> callbacks;
 };
 
 struct TrainSummary {

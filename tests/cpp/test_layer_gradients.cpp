@@ -304,7 +304,8 @@ void check_attention(QkNorm qk_norm, int64_t kv_heads, uint32_t seed) {
     dw_before.push_back(random_vec(w[i].size(), seed + 10 + static_cast<uint32_t>(i), -0.5f, 0.5f));
   std::vector<std::vector<float>> dw = dw_before;
   std::vector<float> dx(x.size(), 7.0f);  // overwritten
-  block.backward(weights(w), grads(dw), x.data(), r.data(), cache, dx.data());
+  Workspace workspace;
+  block.backward(weights(w), grads(dw), x.data(), r.data(), cache, dx.data(), workspace);
   expect_close(check_all(x.data(), x.size(), dx.data(), kEps, loss), "attention dx");
   const char* names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"};
   for (size_t i = 0; i < (has_norm ? w.size() : 4); ++i) {

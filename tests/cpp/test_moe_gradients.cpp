@@ -130,9 +130,10 @@ void check_router(const RouterCase& rc, uint32_t seed) {
   const std::vector<float> dx_before = random_vec(x.size(), seed + 4);
   const std::vector<float> dw_before = random_vec(w.size(), seed + 5);
   std::vector<float> dx = dx_before, dw = dw_before;
+  Workspace workspace;
   router_backward(s, x.data(), w.data(), st,
-                  {r.data(), lbg.data(), rc.lb_uses_softmax, rc.z_grad_scale}, dx.data(),
-                  dw.data());
+                  {r.data(), lbg.data(), rc.lb_uses_softmax, rc.z_grad_scale}, dx.data(), dw.data(),
+                  workspace);
   const std::vector<float> gx = added(dx, dx_before), gw = added(dw, dw_before);
   expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "router dx");
   expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "router dw_router");
@@ -568,8 +569,9 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
     *v = random_vec(v->size(), seed + 2, -0.5f, 0.5f);
   const MoeFixture before = grads;
   std::vector<float> dx(f.x.size(), 7.0f);  // overwritten
+  Workspace workspace;
   block.backward(f.weights(), grads.grads(), f.x.data(), r.data(), cache, lbg.data(),
-                 lb_uses_softmax, zs, dx.data());
+                 lb_uses_softmax, zs, dx.data(), workspace);
 
   expect_close(check_all(f.x.data(), f.x.size(), dx.data(), kEps, loss), "moe dx");
   const std::vector<float> g_router = added(grads.router, before.router);
@@ -760,8 +762,9 @@ TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
       MoeBlock block(c);
       block.set_precision(PrecisionRecipe::from_train_precision(precision));
       block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+      Workspace workspace;
       block.backward(f.weights(), dw, f.x.data(), dy.data(), cache, lb.data(), true, 0.0f,
-                     dx.data());
+                     dx.data(), workspace);
       omp_set_num_threads(before);
       int64_t busy = 0;
       for (const int64_t n : cache.router.expert_counts) busy += n > 0 ? 1 : 0;

@@ -155,10 +155,15 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
 
   // Parallel over (b, kv head): the query heads of one group all add into the same dk/dv slice,
   // so they run sequentially inside one iteration; no atomics, no per-head dk/dv copies.
+  // dS scratch, one per thread, reused across iterations and kept for the next call, grown to the
+  // longest sequence seen (a training step asks the heap for nothing after the first: issue 14).
+  // T x T; only the lower part is read, and every entry read is written first in this call.
+  thread_local std::vector<float> ds_scratch;
 #pragma omp parallel
   {
-    // dS scratch, one per thread, reused across iterations (T x T, only the lower part is read).
-    std::vector<float> ds(static_cast<size_t>(T * T));
+    if (ds_scratch.size() < static_cast<size_t>(T * T))
+      ds_scratch.resize(static_cast<size_t>(T * T));
+    float* const ds = ds_scratch.data();
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s.batch; ++b) {
       for (int64_t kvh = 0; kvh < KV; ++kvh) {
@@ -180,10 +185,10 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
             const int64_t r1 = std::min(r0 + kBlock, T);
             // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T, written straight into the dS scratch.
             gemm(precision, false, true, r1 - r0, r1, hd, 1.0f, doh + r0 * ldq, ldq, vh, ldkv, 0.0f,
-                 ds.data() + r0 * T, T);
+                 ds + r0 * T, T);
             for (int64_t i = r0; i < r1; ++i) {
               const float* p_row = p + i * T;
-              float* ds_row = ds.data() + i * T;
+              float* ds_row = ds + i * T;
               const int64_t n = i + 1;
               // rowsum(P * dP) equals dot(dO_i, O_i); computed from P and dP so the output need
               // not be saved. Accumulated in double: it is a length-T reduction and free here.
@@ -198,8 +203,8 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
               std::fill(ds_row + n, ds_row + r1, 0.0f);
             }
             // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1].
-            gemm(precision, false, false, r1 - r0, hd, r1, scale, ds.data() + r0 * T, T, kh, ldkv,
-                 0.0f, dqh + r0 * ldq, ldq);
+            gemm(precision, false, false, r1 - r0, hd, r1, scale, ds + r0 * T, T, kh, ldkv, 0.0f,
+                 dqh + r0 * ldq, ldq);
           }
 
           // Column blocks (same partition as the rows, so every dS entry read was written above):
@@ -210,7 +215,7 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
             gemm(precision, true, false, c1 - c0, hd, T - c0, 1.0f, p + c0 * T + c0, T,
                  doh + c0 * ldq, ldq, beta_kv, dvh + c0 * ldkv, ldkv);
             // dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T].
-            gemm(precision, true, false, c1 - c0, hd, T - c0, scale, ds.data() + c0 * T + c0, T,
+            gemm(precision, true, false, c1 - c0, hd, T - c0, scale, ds + c0 * T + c0, T,
                  qh + c0 * ldq, ldq, beta_kv, dkh + c0 * ldkv, ldkv);
           }
         }

@@ -1,0 +1,83 @@
+#include "core/workspace.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace moecore {
+
+namespace {
+
+size_t round_up(size_t bytes, size_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+}  // namespace
+
+std::byte* Workspace::Block::begin() const {
+  const auto address = reinterpret_cast<uintptr_t>(bytes.get());
+  return bytes.get() + (round_up(address, kAlignment) - address);
+}
+
+Workspace::Scope::Scope(Workspace& workspace)
+    : workspace_(workspace),
+      block_(workspace.current_),
+      used_(workspace.blocks_.empty() ? 0 : workspace.blocks_[workspace.current_].used),
+      live_(workspace.live_) {
+  ++workspace_.depth_;
+}
+
+Workspace::Scope::~Scope() {
+  workspace_.release_to(block_, used_, live_);
+}
+
+size_t Workspace::capacity_bytes() const {
+  size_t total = 0;
+  for (const Block& block : blocks_) total += block.size;
+  return total;
+}
+
+void* Workspace::take(int64_t count, size_t element_bytes) {
+  MOE_CHECK(depth_ > 0, "[workspace] a buffer taken outside a Workspace::Scope");
+  MOE_CHECK(count >= 0, "[workspace] negative element count {}", count);
+  const size_t bytes = round_up(static_cast<size_t>(count) * element_bytes, kAlignment);
+  if (bytes == 0) return nullptr;  // as an empty std::vector's data()
+  if (blocks_.empty() || blocks_[current_].used + bytes > blocks_[current_].size) {
+    // The blocks after the current one are empty (released): the next one if it fits, else they
+    // go (as freed locals would) and a block of this request's size takes their place.
+    const size_t next = blocks_.empty() ? 0 : current_ + 1;
+    if (next == blocks_.size() || blocks_[next].size < bytes) {
+      blocks_.resize(next);
+      add_block(bytes);
+    }
+    current_ = next;
+  }
+  Block& block = blocks_[current_];
+  std::byte* buffer = block.begin() + block.used;
+  block.used += bytes;
+  live_ += bytes;
+  high_water_ = std::max(high_water_, live_);
+  return buffer;
+}
+
+void Workspace::release_to(size_t block, size_t used, size_t live) {
+  for (size_t b = block + 1; b < blocks_.size(); ++b) blocks_[b].used = 0;
+  if (!blocks_.empty()) blocks_[block].used = used;
+  current_ = block;
+  live_ = live;
+  if (--depth_ > 0 || blocks_.size() <= 1) return;
+  // The outermost scope ended after growth: one block of the high-water mark from now on.
+  blocks_.clear();
+  current_ = 0;
+  add_block(high_water_);
+}
+
+void Workspace::add_block(size_t size) {
+  Block block;
+  block.bytes = std::make_unique_for_overwrite<std::byte[]>(size + kAlignment);
+  block.size = size;
+  blocks_.push_back(std::move(block));
+  ++block_allocations_;
+}
+
+}  // namespace moecore
