@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/grouped_gemm_checks.h"
 #include "kernels/ops.h"
 
@@ -19,37 +20,6 @@ namespace {
 
 size_t at(int64_t i) {
   return static_cast<size_t>(i);
-}
-
-constexpr int64_t kRowsPerThreadedExpert = 256;
-
-// Experts with rows, biggest first; empty when one expert at a time is the better choice.
-std::vector<int64_t> parallel_expert_order(std::span<const int64_t> offsets, int64_t experts) {
-  std::vector<int64_t> order;
-  for (int64_t e = 0; e < experts; ++e)
-    if (offsets[at(e + 1)] > offsets[at(e)]) order.push_back(e);
-  const int64_t threads = omp_get_max_threads();
-  if (threads <= 1 || order.size() < 2 || omp_in_parallel() != 0) return {};
-  const int64_t rows = offsets[at(experts)];
-  if (rows >= kRowsPerThreadedExpert * static_cast<int64_t>(order.size())) return {};
-  auto rows_of = [&](int64_t e) { return offsets[at(e + 1)] - offsets[at(e)]; };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return rows_of(a) > rows_of(b); });
-  return order;
-}
-
-// Runs expert(e) for every expert with rows, in whichever way parallel_expert_order picks.
-template <typename F>
-void for_each_expert(std::span<const int64_t> offsets, int64_t experts, F&& expert) {
-  const std::vector<int64_t> order = parallel_expert_order(offsets, experts);
-  if (order.empty()) {
-    for (int64_t e = 0; e < experts; ++e)
-      if (offsets[at(e + 1)] > offsets[at(e)]) expert(e);
-    return;
-  }
-  const int64_t n = static_cast<int64_t>(order.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) expert(order[at(i)]);
 }
 
 }  // namespace
