@@ -163,6 +163,38 @@ TEST_P(MxKernelOps, QuantizeAndDequantizeMatchReference) {
       }
 }
 
+// The rounding itself: blocks whose scale is 1 in both modes (each starts with the element type's
+// largest finite value, amax / max = 1) filled with the midpoints between consecutive codes (ties,
+// to even), the floats on either side of each, both signs, subnormal elements included.
+TEST_P(MxKernelOps, QuantizeRoundsTiesAsTheReference) {
+  for (const ElemType elem : kElems)
+    for (const ScaleMode mode : kModes) {
+      const float* decoded = mx::elem_decode_table(elem);
+      const float largest = mx::elem_max(elem);
+      std::vector<float> values;
+      for (int c = 0; decoded[c + 1] <= largest; ++c) {
+        const float mid = 0.5f * (decoded[c] + decoded[c + 1]);  // exact: <= 5 significant bits
+        const float sign = c % 2 == 0 ? 1.0f : -1.0f;
+        values.push_back(sign * mid);
+        values.push_back(-sign * std::nextafter(mid, 0.0f));
+        values.push_back(sign * std::nextafter(mid, largest));
+      }
+      const int64_t rows = static_cast<int64_t>(values.size() + 30) / 31;
+      std::vector<float> x(static_cast<size_t>(rows * mx::kMxBlock), 0.0f);
+      for (size_t i = 0; i < values.size(); ++i) x[i / 31 * 32 + 1 + i % 31] = values[i];
+      for (int64_t r = 0; r < rows; ++r) x[static_cast<size_t>(r * mx::kMxBlock)] = largest;
+      MxBuffers got(elem, {rows, mx::kMxBlock}), want(elem, {rows, mx::kMxBlock});
+      backend().mx_quantize(f32_view(x, {rows, mx::kMxBlock}), mode, got.codes_view(),
+                            got.scales_view());
+      oracle().mx_quantize(f32_view(x, {rows, mx::kMxBlock}), mode, want.codes_view(),
+                           want.scales_view());
+      const std::string what = elem_and_mode(elem, mode);
+      for (const uint8_t scale : want.scales) ASSERT_EQ(scale, mx::kE8m0Bias) << what;
+      EXPECT_EQ(got.codes, want.codes) << "codes " << what;
+      EXPECT_EQ(got.scales, want.scales) << "scales " << what;
+    }
+}
+
 // mx_quantize_transposed: blocks of 32 rows per column, written [cols, rows]. Besides the oracle,
 // it must equal mx_quantize of x^T (transposed in fp32, which is exact): the same blocks, the
 // same rule.
