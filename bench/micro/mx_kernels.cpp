@@ -1,8 +1,9 @@
 // Micro-benchmark of the MX kernels on the CPU (Google Benchmark), at one expert-sized shape of the
 // default model (configs/default.toml: d = 256, moe_intermediate_size = 512, 8 experts; the fused
 // gate/up projection, out = 2 x 512 = 1024, with 512 routed rows per expert):
-//   - mx_quantize of the routed activations [4096, 256] and mx_quantize_transposed of the expert
-//     weights [8, 1024, 256] (the per-step weight cache of the input gradient);
+//   - mx_quantize and mx_dequantize of the routed activations [4096, 256] (bytes/s counts the fp32
+//     side) and mx_quantize_transposed of the expert weights [8, 1024, 256] (the per-step weight
+//     cache of the input gradient);
 //   - mx_grouped_gemm_forward against grouped_gemm_forward in bf16 and in fp32 on the same shape.
 // Why the MX GEMM gains nothing here: no x86 CPU multiplies FP8; the exact CPU MX GEMM decodes the
 // codes to fp32 and runs fp32 FMAs in SIMD lanes in a fixed order (kernels/cpu/mx_gemm.h), so it
@@ -66,6 +67,20 @@ void BM_MxQuantizeActivations(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kRows * kIn * 4);
 }
 
+void BM_MxDequantizeActivations(benchmark::State& state) {
+  const std::vector<float> x = random_values(kRows * kIn, 1);
+  MxTensor q(kRows * kIn);
+  const TensorView codes(q.codes.data(), {kRows, kIn}, DType::kE4m3);
+  const TensorView scales(q.scales.data(), {kRows, kIn / mx::kMxBlock}, DType::kE8m0);
+  kernels::mx_quantize(view(x.data(), {kRows, kIn}), mx::ScaleMode::kRceil, codes, scales);
+  std::vector<float> back(x.size());
+  for (auto _ : state) {
+    kernels::mx_dequantize({codes, scales}, view(back.data(), {kRows, kIn}));
+    benchmark::DoNotOptimize(back.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kRows * kIn * 4);
+}
+
 void BM_MxQuantizeTransposedWeights(benchmark::State& state) {
   const std::vector<float> w = random_values(kExperts * kOut * kIn, 2);
   MxTensor q(kExperts * kOut * kIn);
@@ -115,6 +130,7 @@ void BM_GroupedGemmForward(benchmark::State& state, kernels::MatmulPrecision pre
 }
 
 BENCHMARK(BM_MxQuantizeActivations)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_MxDequantizeActivations)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MxQuantizeTransposedWeights)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_MxGroupedGemmForward)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GroupedGemmForward, bf16, kernels::MatmulPrecision::kBf16)
