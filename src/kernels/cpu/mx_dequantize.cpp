@@ -21,7 +21,7 @@ void dequantize_row(const float* table, int64_t cols, const uint8_t* codes, cons
 
 }  // namespace
 
-void mx_dequantize(MxOperandView quantized, TensorView x) {
+void mx_dequantize(const MxOperandView& quantized, TensorView x) {
   constexpr const char* kOp = "mx_dequantize";
   const MxOperandArgs q = mx_operand_args(kOp, "codes", quantized);
   expect_mx_shape(kOp, "x", x, quantized.codes.rank(), q.dims);

@@ -4,7 +4,7 @@
 
 namespace moecore::kernels::reference {
 
-void mx_dequantize(MxOperandView quantized, TensorView x) {
+void mx_dequantize(const MxOperandView& quantized, TensorView x) {
   constexpr const char* kOp = "mx_dequantize";
   const MxOperandArgs q = mx_operand_args(kOp, "codes", quantized);
   expect_mx_shape(kOp, "x", x, quantized.codes.rank(), q.dims);
