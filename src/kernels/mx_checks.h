@@ -20,17 +20,11 @@ inline mx::ElemType mx_elem_type(const char* op, const char* name, DType dtype) 
   fail("[{}] {} must hold e4m3 or e5m2 codes, got {}", op, name, dtype_name(dtype));
 }
 
-// The bytes of a one-byte view (codes or scales) of dtype `expected`.
-inline const uint8_t* mx_bytes(const char* op, const char* name, ConstTensorView v,
-                               DType expected) {
-  MOE_CHECK(v.dtype() == expected, "[{}] {} must be {}, got {}", op, name, dtype_name(expected),
+// The bytes of a scale view (e8m0). Code views take their element type from mx_elem_type.
+inline const uint8_t* mx_scale_bytes(const char* op, ConstTensorView v) {
+  MOE_CHECK(v.dtype() == DType::kE8m0, "[{}] scales must be e8m0, got {}", op,
             dtype_name(v.dtype()));
   return static_cast<const uint8_t*>(v.raw());
-}
-inline uint8_t* mx_bytes(const char* op, const char* name, TensorView v, DType expected) {
-  MOE_CHECK(v.dtype() == expected, "[{}] {} must be {}, got {}", op, name, dtype_name(expected),
-            dtype_name(v.dtype()));
-  return static_cast<uint8_t*>(v.raw());
 }
 
 // A view of rank 2 or 3 as [batch, rows, cols] (batch 1 for a matrix).
@@ -41,9 +35,7 @@ struct MxMatrixDims {
 template <bool kMutable>
 MxMatrixDims mx_matrix_dims(const char* op, const char* name, const BasicTensorView<kMutable>& v) {
   MOE_CHECK(v.rank() == 2 || v.rank() == 3,
-            "[{}] {} must be [rows, cols] or [batch, rows, cols], "
-            "got rank {}",
-            op, name, v.rank());
+            "[{}] {} must be [rows, cols] or [batch, rows, cols], got rank {}", op, name, v.rank());
   if (v.rank() == 2) return {1, v.size(0), v.size(1)};
   return {v.size(0), v.size(1), v.size(2)};
 }
@@ -78,11 +70,12 @@ inline MxQuantizeArgs mx_quantize_args(const char* op, ConstTensorView x, Tensor
   expect_mx_shape(op, "codes", codes, x.rank(), quantized);
   expect_mx_shape(op, "scales", scales, x.rank(),
                   {quantized.batch, quantized.rows, quantized.cols / mx::kMxBlock});
-  return {d, x.data<float>(op), elem, mx_bytes(op, "codes", codes, codes.dtype()),
-          mx_bytes(op, "scales", scales, DType::kE8m0)};
+  mx_scale_bytes(op, scales);
+  return {d, x.data<float>(op), elem, static_cast<uint8_t*>(codes.raw()),
+          static_cast<uint8_t*>(scales.raw())};
 }
 
-// An MX operand of [batch, rows, k] codes (rank `rank`), checked against its scales.
+// An MX operand, codes [rows, k] or [batch, rows, k], checked against its scales.
 struct MxOperandArgs {
   MxMatrixDims dims;  // of the codes
   mx::MxOperand operand;
@@ -94,9 +87,7 @@ inline MxOperandArgs mx_operand_args(const char* op, const char* name, const MxO
   const mx::ElemType elem = mx_elem_type(op, name, v.codes.dtype());
   expect_mx_shape(op, name, v.codes, v.codes.rank(), d);
   expect_mx_shape(op, "scales", v.scales, v.codes.rank(), {d.batch, d.rows, d.cols / mx::kMxBlock});
-  return {d,
-          {elem, mx_bytes(op, name, v.codes, v.codes.dtype()),
-           mx_bytes(op, "scales", v.scales, DType::kE8m0)}};
+  return {d, {elem, static_cast<const uint8_t*>(v.codes.raw()), mx_scale_bytes(op, v.scales)}};
 }
 
 // mx_matmul's operands: a [M, K], b [N, K], c [M, N] (f32).
@@ -109,15 +100,12 @@ struct MxMatmulArgs {
 inline MxMatmulArgs mx_matmul_args(const MxOperandView& a, const MxOperandView& b, TensorView c) {
   constexpr const char* kOp = "mx_matmul";
   MOE_CHECK(a.codes.rank() == 2 && b.codes.rank() == 2,
-            "[{}] a and b must be matrices, got "
-            "ranks {}, {}",
-            kOp, a.codes.rank(), b.codes.rank());
+            "[{}] a and b must be matrices, got ranks {}, {}", kOp, a.codes.rank(), b.codes.rank());
   const MxOperandArgs lhs = mx_operand_args(kOp, "a", a);
   const MxOperandArgs rhs = mx_operand_args(kOp, "b", b);
   MOE_CHECK(lhs.dims.cols == rhs.dims.cols,
-            "[{}] a [{}, {}] and b [{}, {}] contract over "
-            "different extents",
-            kOp, lhs.dims.rows, lhs.dims.cols, rhs.dims.rows, rhs.dims.cols);
+            "[{}] a [{}, {}] and b [{}, {}] contract over different extents", kOp, lhs.dims.rows,
+            lhs.dims.cols, rhs.dims.rows, rhs.dims.cols);
   expect_shape(kOp, "c", c, {lhs.dims.rows, rhs.dims.rows});
   return {lhs.dims.rows, rhs.dims.rows, lhs.dims.cols,
           lhs.operand,   rhs.operand,   c.data<float>(kOp)};
@@ -134,9 +122,8 @@ struct MxGroupedArgs {
 inline MxGroupedArgs mx_grouped_args(const char* op, const MxOperandView& a, const MxOperandView& b,
                                      std::span<const int64_t> expert_offsets, TensorView out) {
   MOE_CHECK(a.codes.rank() == 2 && b.codes.rank() == 3,
-            "[{}] codes must be [R, k] and [E, n, k], "
-            "got ranks {} and {}",
-            op, a.codes.rank(), b.codes.rank());
+            "[{}] codes must be [R, k] and [E, n, k], got ranks {} and {}", op, a.codes.rank(),
+            b.codes.rank());
   const MxOperandArgs lhs = mx_operand_args(op, "activations", a);
   const MxOperandArgs rhs = mx_operand_args(op, "weights", b);
   const GroupedGemmDims dims = grouped_gemm_dims(op, a.codes, b.codes, expert_offsets);
