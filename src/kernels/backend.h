@@ -41,6 +41,12 @@ struct KernelBackend {
   decltype(&kernels::scale) scale;
   decltype(&kernels::cached_attention_forward) cached_attention_forward;
   decltype(&kernels::to_bf16) to_bf16;
+  decltype(&kernels::mx_quantize) mx_quantize;
+  decltype(&kernels::mx_quantize_transposed) mx_quantize_transposed;
+  decltype(&kernels::mx_dequantize) mx_dequantize;
+  decltype(&kernels::mx_matmul) mx_matmul;
+  decltype(&kernels::mx_grouped_gemm_forward) mx_grouped_gemm_forward;
+  decltype(&kernels::mx_grouped_gemm_backward_input) mx_grouped_gemm_backward_input;
 };
 
 // The plain-loop oracle (kernels/reference/).

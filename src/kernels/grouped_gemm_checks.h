@@ -1,5 +1,5 @@
 // The argument checks of the grouped GEMM, shared by every backend: expert_offsets partition the
-// R rows of x among the experts of w; w may be a bf16 copy in a bf16 GEMM.
+// R rows of x among the experts of w (shapes only: the dtypes are each op's to check).
 #pragma once
 
 #include <cstdint>
@@ -14,9 +14,7 @@ struct GroupedGemmDims {
 };
 
 inline GroupedGemmDims grouped_gemm_dims(const char* op, ConstTensorView x, ConstTensorView w,
-                                         std::span<const int64_t> expert_offsets,
-                                         MatmulPrecision precision) {
-  expect_weight_dtype(op, "w", w, precision);
+                                         std::span<const int64_t> expert_offsets) {
   MOE_CHECK(w.rank() == 3, "[{}] w must be [E, out, in], got rank {}", op, w.rank());
   const int64_t experts = w.size(0), out = w.size(1), in = w.size(2);
   MOE_CHECK(static_cast<int64_t>(expert_offsets.size()) == experts + 1,

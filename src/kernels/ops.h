@@ -14,6 +14,7 @@
 #include <span>
 
 #include "core/ignore_index.h"
+#include "core/mx_types.h"
 #include "core/tensor_view.h"
 #include "kernels/gemm.h"
 
@@ -68,6 +69,14 @@ enum class RouterProbability : uint8_t {
   kScores,            // the scores as they are
   kSoftmaxOfLogits,   // softmax(logits) whatever the score function (HF style)
   kScoresOverRowSum,  // each row's scores divided by their sum (OLMo-core, sigmoid router)
+};
+
+// An MX-quantised operand as the MX ops read it: codes [..., k] (e4m3 or e5m2, the dtype says
+// which) and their E8M0 block scales [..., k / 32] (e8m0), quantised along the last dimension, k,
+// in blocks of 32 (mx_quantize or mx_quantize_transposed writes both).
+struct MxOperandView {
+  ConstTensorView codes;
+  ConstTensorView scales;
 };
 
 }  // namespace moecore

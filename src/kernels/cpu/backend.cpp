@@ -35,6 +35,12 @@ const KernelBackend& cpu_backend() {
       .scale = &kernels::scale,
       .cached_attention_forward = &kernels::cached_attention_forward,
       .to_bf16 = &kernels::to_bf16,
+      .mx_quantize = &kernels::mx_quantize,
+      .mx_quantize_transposed = &kernels::mx_quantize_transposed,
+      .mx_dequantize = &kernels::mx_dequantize,
+      .mx_matmul = &kernels::mx_matmul,
+      .mx_grouped_gemm_forward = &kernels::mx_grouped_gemm_forward,
+      .mx_grouped_gemm_backward_input = &kernels::mx_grouped_gemm_backward_input,
   };
   return backend;
 }

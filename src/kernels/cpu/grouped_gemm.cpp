@@ -1,15 +1,6 @@
-// The grouped GEMM on the CPU: one kernels::gemm per expert with rows. With many rows per expert,
-// one expert at a time with multithreaded GEMMs. With few (128 experts top-4 on 2048 tokens: ~64
-// rows each), each such GEMM is too small to split over the threads; its thread start-up and
-// barriers cost more than the work. Then the experts run in parallel instead, each on one thread
-// (oneDNN runs single-threaded inside a parallel region), biggest first so that the threads finish
-// together. The policy depends only on the offsets and the thread count, so the GEMMs of a
-// forward and of its backward see the same shapes and the same threading.
-#include <omp.h>
-
-#include <algorithm>
-#include <vector>
-
+// The grouped GEMM on the CPU: one kernels::gemm per expert with rows, threaded as
+// cpu/expert_parallel_for.h decides, reading the experts' weights in fp32 or as their bf16 copy.
+#include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/grouped_gemm_checks.h"
 #include "kernels/ops.h"
 
@@ -19,37 +10,6 @@ namespace {
 
 size_t at(int64_t i) {
   return static_cast<size_t>(i);
-}
-
-constexpr int64_t kRowsPerThreadedExpert = 256;
-
-// Experts with rows, biggest first; empty when one expert at a time is the better choice.
-std::vector<int64_t> parallel_expert_order(std::span<const int64_t> offsets, int64_t experts) {
-  std::vector<int64_t> order;
-  for (int64_t e = 0; e < experts; ++e)
-    if (offsets[at(e + 1)] > offsets[at(e)]) order.push_back(e);
-  const int64_t threads = omp_get_max_threads();
-  if (threads <= 1 || order.size() < 2 || omp_in_parallel() != 0) return {};
-  const int64_t rows = offsets[at(experts)];
-  if (rows >= kRowsPerThreadedExpert * static_cast<int64_t>(order.size())) return {};
-  auto rows_of = [&](int64_t e) { return offsets[at(e + 1)] - offsets[at(e)]; };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return rows_of(a) > rows_of(b); });
-  return order;
-}
-
-// Runs expert(e) for every expert with rows, in whichever way parallel_expert_order picks.
-template <typename F>
-void for_each_expert(std::span<const int64_t> offsets, int64_t experts, F&& expert) {
-  const std::vector<int64_t> order = parallel_expert_order(offsets, experts);
-  if (order.empty()) {
-    for (int64_t e = 0; e < experts; ++e)
-      if (offsets[at(e + 1)] > offsets[at(e)]) expert(e);
-    return;
-  }
-  const int64_t n = static_cast<int64_t>(order.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) expert(order[at(i)]);
 }
 
 // The experts' weights as the GEMMs read them: fp32, or the bf16 copy (no conversion per call).
@@ -85,7 +45,8 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
                           std::span<const int64_t> expert_offsets, TensorView y,
                           MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm";
-  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, precision);
+  expect_weight_dtype(kOp, "w", w, precision);
+  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
   expect_shape(kOp, "y", y, {s.rows, s.out});
   const float* xp = x.data<float>(kOp);
   const ExpertWeights weights(kOp, w, precision);
@@ -102,7 +63,8 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
                            std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm_backward";
-  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, precision);
+  expect_weight_dtype(kOp, "w", w, precision);
+  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
   expect_shape(kOp, "dy", dy, {s.rows, s.out});
   expect_shape(kOp, "dx", dx, {s.rows, s.in});
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in});

@@ -35,6 +35,12 @@ const KernelBackend& reference_backend() {
       .scale = &kernels::reference::scale,
       .cached_attention_forward = &kernels::reference::cached_attention_forward,
       .to_bf16 = &kernels::reference::to_bf16,
+      .mx_quantize = &kernels::reference::mx_quantize,
+      .mx_quantize_transposed = &kernels::reference::mx_quantize_transposed,
+      .mx_dequantize = &kernels::reference::mx_dequantize,
+      .mx_matmul = &kernels::reference::mx_matmul,
+      .mx_grouped_gemm_forward = &kernels::reference::mx_grouped_gemm_forward,
+      .mx_grouped_gemm_backward_input = &kernels::reference::mx_grouped_gemm_backward_input,
   };
   return backend;
 }

@@ -19,7 +19,8 @@ double operand(MatmulPrecision precision, float v) {
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
                           std::span<const int64_t> expert_offsets, TensorView y,
                           MatmulPrecision precision) {
-  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets, precision);
+  expect_weight_dtype("grouped_gemm", "w", w, precision);
+  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets);
   const float* xp = x.data<float>("grouped_gemm");
   const std::vector<float> w_values = weight_values("grouped_gemm", w);
   const float* wp = w_values.data();
@@ -39,8 +40,8 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
                            std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
-  const GroupedGemmDims s =
-      grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets, precision);
+  expect_weight_dtype("grouped_gemm_backward", "w", w, precision);
+  const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets);
   const float* dyp = dy.data<float>("grouped_gemm_backward");
   const float* xp = x.data<float>("grouped_gemm_backward");
   const std::vector<float> w_values = weight_values("grouped_gemm_backward", w);

@@ -1,0 +1,40 @@
+// The grouped MX GEMMs on the CPU: one exact MX GEMM (kernels/cpu/mx_gemm.h) per expert with
+// rows, threaded as the bf16 / fp32 grouped GEMM is (kernels/cpu/expert_parallel_for.h): inside
+// the parallel-experts region each MX GEMM runs on one thread. The threading changes no bits: every
+// output is one fixed-order dot product.
+#include "kernels/cpu/expert_parallel_for.h"
+#include "kernels/cpu/mx_gemm.h"
+#include "kernels/mx_checks.h"
+#include "kernels/ops.h"
+
+namespace moecore::kernels {
+
+namespace {
+
+// out[rows of e] = a[rows of e] . b[e]^T for every expert with rows.
+void mx_grouped_gemm(const MxGroupedArgs& g, std::span<const int64_t> expert_offsets) {
+  const int64_t n = g.dims.out, k = g.dims.in;
+  for_each_expert(expert_offsets, g.dims.experts, [&](int64_t e) {
+    const int64_t begin = expert_offsets[static_cast<size_t>(e)];
+    const int64_t count = expert_offsets[static_cast<size_t>(e + 1)] - begin;
+    cpu::mx_gemm(count, n, k, mx_rows_from(g.a, begin, k), mx_rows_from(g.b, e * n, k),
+                 g.out + begin * n, n);
+  });
+}
+
+}  // namespace
+
+void mx_grouped_gemm_forward(const MxOperandView& x, const MxOperandView& w,
+                             std::span<const int64_t> expert_offsets, TensorView y) {
+  mx_grouped_gemm(mx_grouped_args("mx_grouped_gemm_forward", x, w, expert_offsets, y),
+                  expert_offsets);
+}
+
+void mx_grouped_gemm_backward_input(const MxOperandView& dy, const MxOperandView& w_transposed,
+                                    std::span<const int64_t> expert_offsets, TensorView dx) {
+  mx_grouped_gemm(
+      mx_grouped_args("mx_grouped_gemm_backward_input", dy, w_transposed, expert_offsets, dx),
+      expert_offsets);
+}
+
+}  // namespace moecore::kernels
