@@ -55,7 +55,7 @@ void DistributedOptimizer::start_layer_reduce(ParamBuffers& grads, int64_t layer
   test_all(requests_);
 }
 
-double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
+double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& scratch) {
   ScopedPhase timer(Phase::kCommunication);
   double dense_sq = 0.0, expert_sq = 0.0;
   if (!zero_) {
@@ -83,7 +83,9 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
   } else {
     for (Shard& s : shards_) {
       // Reduce-scatter wants equal slices: pad the group's gradient to ranks * shard_size.
-      std::vector<float> padded(s.shard_size * static_cast<size_t>(s.comm->size()), 0.0f);
+      Workspace::Scope scope(scratch);
+      const std::span<float> padded =
+          scope.zeroed<float>(static_cast<int64_t>(s.shard_size) * s.comm->size());
       std::copy_n(grads.data(s.group), s.numel, padded.data());
       s.comm->reduce_scatter_sum(padded.data(), s.grad.data(), static_cast<int64_t>(s.shard_size));
       // Each slice's squares, summed over the group that shares those parameters.
@@ -101,7 +103,7 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads) {
 }
 
 void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,
-                                double grad_norm) {
+                                double grad_norm, Workspace& scratch) {
   const ScopedPhase timer(Phase::kOptimizer);
   const float coef = clip_coefficient(config_.max_grad_norm, grad_norm);
   ++steps_;
@@ -113,7 +115,10 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
   for (Shard& s : shards_) {
     adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
                        s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr, coef);
-    std::vector<float> send(s.shard_size, 0.0f), gathered(s.shard_size * s.comm->size());
+    Workspace::Scope scope(scratch);
+    const std::span<float> send = scope.zeroed<float>(static_cast<int64_t>(s.shard_size));
+    const std::span<float> gathered =
+        scope.uninitialized<float>(static_cast<int64_t>(s.shard_size) * s.comm->size());
     std::copy(params.data(s.group) + s.begin, params.data(s.group) + s.end, send.data());
     s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));
     std::copy_n(gathered.data(), s.numel, params.data(s.group));

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/workspace.h"
 #include "dist/mesh.h"
 #include "model/params.h"
 #include "optim/adamw.h"
@@ -31,10 +32,14 @@ class DistributedOptimizer {
 
   // Sums the ranks' gradients (scaled so that the sum is the global-batch gradient) and returns
   // the global gradient norm before clipping. Identical on every rank.
-  double reduce_gradients(ParamBuffers& grads);
+  // `scratch` lends ZeRO-1's padded reduce-scatter and all-gather buffers: the model's workspace,
+  // idle between a step's passes, so that these buffers reuse its memory instead of adding to the
+  // peak (and the step allocates nothing once sized).
+  double reduce_gradients(ParamBuffers& grads, Workspace& scratch);
   // Clips with `grad_norm` (max_grad_norm) and applies AdamW at lr; weights are then identical on
   // every rank that holds them.
-  void step(ParamBuffers& params, ParamBuffers& grads, double lr, double grad_norm);
+  void step(ParamBuffers& params, ParamBuffers& grads, double lr, double grad_norm,
+            Workspace& scratch);
 
   // A resume: fills the optimizer state this rank holds, asking `read` for elements
   // [first, first + count) of the moments of each tensor it keeps a piece of (its ZeRO-1 shard,

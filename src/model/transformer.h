@@ -109,6 +109,9 @@ class Transformer {
   void set_weight_copy_refresh(WeightCopyRefresh refresh) { copy_refresh_ = refresh; }
   void weights_changed() { copies_source_ = nullptr; }
   const Bf16WeightCopies& bf16_weight_copies() const { return bf16_copies_; }
+  // The passes' temporaries (core/workspace.h). Between a step's passes it is idle, and the
+  // trainer lends it to the optimizer's gradient reduction.
+  Workspace& workspace() { return workspace_; }
 
   // Routing modes (model.routing, see router.h): the seed of the next forward() (random routing
   // derives one stream per layer and token from it; routing_forward_seed makes one per training

@@ -53,8 +53,8 @@ double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenSh
 
 // The largest scratch alive at once while a chunk runs a forward or a backward pass (gradient of
 // the residual stream, branch buffers, per-layer backward temporaries, dispatch send/receive
-// copies, and under recompute one block's rebuilt activations): freed after the pass, it adds
-// to the peak once.
+// copies, and under recompute one block's rebuilt activations): the high-water mark of the
+// workspace (core/workspace.h), which keeps that block for the whole run.
 double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
                                 bool scaled_loss, ActivationRecompute recompute);
 

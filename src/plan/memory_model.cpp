@@ -49,11 +49,13 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // buffer during the call (on top of the padded one). Groups of one rank call no MPI.
   const std::pair<int64_t, int64_t> groups[] = {{m.dense_params, layout.dp},
                                                 {m.expert_params, layout.ep_dp}};
+  double reduction_heap = 0.0;  // what the reduction takes from the heap beside the workspace
   if (pc.zero == 0) {
     m.optimizer_state = 2.0 * kF * local_floats;
     for (const auto& [numel, ranks] : groups)
       if (ranks > 1) m.mpi_scratch += kF * static_cast<double>(numel);
     m.reduction_peak = m.mpi_scratch;
+    reduction_heap = m.mpi_scratch;
   } else {
     for (const auto& [numel, ranks] : groups) {
       const int64_t shard = (numel + ranks - 1) / ranks;
@@ -64,7 +66,10 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
       m.optimizer_state += kF * (2.0 * static_cast<double>(slice) + static_cast<double>(shard));
       m.optimizer_scratch = std::max({m.optimizer_scratch, padded, gather});
       m.mpi_scratch = std::max(m.mpi_scratch, mpi);
+      // ZeRO-1's own buffers come from the workspace (max with the pass scratch, below);
+      // Open MPI's copy comes on top while the reduce-scatter runs.
       m.reduction_peak = std::max({m.reduction_peak, padded + mpi, gather});
+      reduction_heap = std::max(reduction_heap, mpi);
     }
   }
 
@@ -119,9 +124,12 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
   const double host_side = m.batch_tokens;
+  // The workspace (core/workspace.h) keeps the largest of the passes' scratch and ZeRO-1's
+  // reduction buffers for the whole run; Open MPI's copies come on top of it.
+  m.workspace = std::max(m.pass_scratch, m.optimizer_scratch);
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.activations +
-           std::max(m.pass_scratch, m.reduction_peak) + m.dispatch_buffers + m.pipeline_buffers +
-           m.runtime + (device ? 0.0 : host_side);
+           m.workspace + reduction_heap + m.dispatch_buffers + m.pipeline_buffers + m.runtime +
+           (device ? 0.0 : host_side);
   m.host = device ? host_side : 0.0;
   return m;
 }

@@ -33,13 +33,15 @@ struct RankMemory {
   std::vector<int64_t> live_microbatches;
   int64_t peak_live_microbatches = 0;  // over all chunks (dist::peak_live_activations)
   double activations = 0.0;            // sum over chunks of live slots x that chunk's bytes
-  double pass_scratch = 0.0;           // forward/backward temporaries, freed after each pass
-  double dispatch_buffers = 0.0;       // rowwise: input and output windows of capacity rows
+  double pass_scratch = 0.0;           // forward/backward temporaries, from the workspace
+  // core/workspace.h, kept all run: the larger of the pass scratch and ZeRO-1's buffers.
+  double workspace = 0.0;
+  double dispatch_buffers = 0.0;  // rowwise: input and output windows of capacity rows
   int64_t dispatch_capacity_rows = 0;
   double pipeline_buffers = 0.0;  // posted receives and unfinished sends of hidden states
   double batch_tokens = 0.0;      // the step's token and target ids (global micro-batches)
   double runtime = 0.0;           // process baseline from the hardware profile
-  // The sum, with the larger of pass and reduction scratch; on an accelerator without the
+  // The sum, with the workspace and the MPI scratch alive together; on an accelerator without the
   // host-side buffers (the token ids), which are then `host`.
   double peak = 0.0;
   double host = 0.0;

@@ -120,6 +120,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"activations", m.activations},
                         {"pass_scratch", m.pass_scratch},
+                        {"workspace", m.workspace},
                         {"dispatch_buffers", m.dispatch_buffers},
                         {"pipeline_buffers", m.pipeline_buffers},
                         {"batch_tokens", m.batch_tokens},
@@ -231,10 +232,12 @@ std::string plan_text(const Plan& p) {
       out += fmt::format("{}{}", c == 0 ? "" : ", ", m.live_microbatches[c]);
     out += fmt::format("] = {}\n", human_bytes(m.activations));
     out += fmt::format(
-        "  pass scratch {}, dispatch buffers {} ({} rows), pipeline buffers {}, batch ids {}, "
+        "  pass scratch {} (workspace {}), dispatch buffers {} ({} rows), pipeline buffers {}, "
+        "batch ids {}, "
         "runtime {}\n",
-        human_bytes(m.pass_scratch), human_bytes(m.dispatch_buffers), m.dispatch_capacity_rows,
-        human_bytes(m.pipeline_buffers), human_bytes(m.batch_tokens), human_bytes(m.runtime));
+        human_bytes(m.pass_scratch), human_bytes(m.workspace), human_bytes(m.dispatch_buffers),
+        m.dispatch_capacity_rows, human_bytes(m.pipeline_buffers), human_bytes(m.batch_tokens),
+        human_bytes(m.runtime));
     for (const CollectiveBytes& c : p.comms[s])
       out +=
           fmt::format("  {} {} ({}): {} per step\n", c.group, c.op, c.what, human_bytes(c.bytes));

@@ -241,10 +241,12 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   }
   report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
   // Losses and the norm are global (identical on every rank): every rank decides the same.
-  report.grad_norm = ctx.optimizer.reduce_gradients(grads);
+  // The first chunk's workspace, idle between the passes, lends ZeRO-1 its reduction buffers.
+  Workspace& scratch = ctx.chunks.front()->workspace();
+  report.grad_norm = ctx.optimizer.reduce_gradients(grads, scratch);
   const std::string skip_reason = ctx.guard.check(report.loss.total, report.grad_norm);
   if (skip_reason.empty()) {
-    ctx.optimizer.step(ctx.params, grads, report.lr, report.grad_norm);
+    ctx.optimizer.step(ctx.params, grads, report.lr, report.grad_norm, scratch);
     // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed
     // over dp with the batch statistics), so every rank applies the same update to its copy.
     // The chunks' bf16 weight copies are remade at the next forward, once for the whole step.
