@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -47,14 +46,6 @@ std::vector<Variant> variants() {
   return out;
 }
 
-void fill(const ParamLayout& layout, ParamBuffers& params) {
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  for (const ParamSpec& spec : layout.specs())
-    for (size_t i = 0; i < spec.numel; ++i)
-      params.at(spec)[i] = spec.is_norm ? 1.0f + u(rng) : u(rng);
-}
-
 const std::vector<std::vector<int32_t>> kTokens = {{1, 5, 9, 5, 0, 3, 10, 7, 12, 2},
                                                    {4, 4, 8, 11, 6, 1, 0, 9, 3, 7}};
 const std::vector<std::vector<int32_t>> kTargets = {{5, 9, kIgnoreIndex, 2, 3, 10, 7, 4, 1, 0},
@@ -72,7 +63,7 @@ struct Result {
 Result run_whole(const ModelConfig& c, ActivationRecompute mode) {
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers params(layout), grads(layout);
-  fill(layout, params);
+  fill_tiny_params(layout, 11, params);
   Transformer model(c, layout);
   model.set_recompute(mode);
   Result r;
@@ -98,7 +89,7 @@ Result run_chunks(const ModelConfig& config, ActivationRecompute mode) {
   c.lb_loss_style = LbLossStyle::kOlmoCore;  // the HF loss is one over all layers: no pipeline
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers params(layout), grads(layout);
-  fill(layout, params);
+  fill_tiny_params(layout, 11, params);
   Transformer first(c, layout, nullptr, {0, 2}), last(c, layout, nullptr, {2, -1});
   first.set_recompute(mode);
   last.set_recompute(mode);
@@ -170,7 +161,7 @@ TEST(ActivationRecompute, ObserverSeesEachForwardTensorOnce) {
   const ModelConfig c = small_config();
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers params(layout), grads(layout);
-  fill(layout, params);
+  fill_tiny_params(layout, 11, params);
   auto names_of = [&](ActivationRecompute mode) {
     Transformer model(c, layout);
     model.set_recompute(mode);

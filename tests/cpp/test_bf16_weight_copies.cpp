@@ -3,7 +3,6 @@
 // remade (every forward by default; only after weights_changed() for the trainer).
 #include <gtest/gtest.h>
 
-#include <random>
 #include <vector>
 
 #include "core/bf16.h"
@@ -18,14 +17,6 @@ namespace moecore {
 namespace {
 
 using Precision = kernels::MatmulPrecision;
-
-void fill(const ParamLayout& layout, ParamBuffers& params) {
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  for (const ParamSpec& spec : layout.specs())
-    for (size_t i = 0; i < spec.numel; ++i)
-      params.at(spec)[i] = spec.is_norm ? 1.0f + u(rng) : u(rng);
-}
 
 const std::vector<int32_t> kTokens = {1, 5, 9, 5, 0, 3, 10, 7, 12, 2, 4, 4, 8, 11, 6, 1};
 const std::vector<int32_t> kTargets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4, 1, 0, 4, 8, 11, 6, 1, 9};
@@ -71,7 +62,7 @@ TEST(Bf16WeightCopies, RemadeAtEveryForwardOrOnlyAfterWeightsChanged) {
   const ModelConfig c = tiny_moe_config(3);
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers params(layout);
-  fill(layout, params);
+  fill_tiny_params(layout, 5, params);
   const PrecisionRecipe bf16 = PrecisionRecipe::from_train_precision(Precision::kBf16);
   Transformer every_forward(c, layout), on_change(c, layout);
   every_forward.set_precision(bf16);

@@ -1,11 +1,14 @@
 // The tiny MoE model that the block-level tests run (test_transformer_chunks.cpp,
-// test_activation_recompute.cpp): GQA with one KV head, a dense first layer, 4 experts top-2 plus
-// a shared expert, and router losses large enough to matter in every gradient.
+// test_activation_recompute.cpp, test_bf16_weight_copies.cpp) and its random weights: GQA with one
+// KV head, a dense first layer, 4 experts top-2 plus a shared expert, and router losses large
+// enough to matter in every gradient.
 #pragma once
 
 #include <cstdint>
+#include <random>
 
 #include "model/config.h"
+#include "model/params.h"
 
 namespace moecore {
 
@@ -26,6 +29,15 @@ inline ModelConfig tiny_moe_config(int64_t layers) {
   c.router_aux_loss_coef = 0.5;
   c.router_z_loss_coef = 0.05;
   return c;
+}
+
+// Every tensor of `layout` from U(-0.5, 0.5) (norm gains 1 + that), one stream seeded by `seed`.
+inline void fill_tiny_params(const ParamLayout& layout, uint32_t seed, ParamBuffers& params) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (const ParamSpec& spec : layout.specs())
+    for (size_t i = 0; i < spec.numel; ++i)
+      params.at(spec)[i] = spec.is_norm ? 1.0f + u(rng) : u(rng);
 }
 
 }  // namespace moecore
