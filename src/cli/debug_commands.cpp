@@ -93,7 +93,7 @@ void run_init(const std::string& config_path, uint64_t seed, const std::string& 
 void run_debug_state(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
   Transformer model(s.config.model, s.layout);
-  model.set_precision(PrecisionRecipe::from_train_precision(s.config.train.precision));
+  model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
   model.set_document_masking(document_eos(s.config));
   ParamBuffers grads(s.layout);
   const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
@@ -116,7 +116,7 @@ void run_debug_steps(const DebugArgs& args) {
   MOE_CHECK(args.steps > 0, "[debug] --steps={} must be positive", args.steps);
   DebugSetup s = load_setup(args);
   Transformer model(s.config.model, s.layout);
-  model.set_precision(PrecisionRecipe::from_train_precision(s.config.train.precision));
+  model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
   model.set_document_masking(document_eos(s.config));
   ParamBuffers grads(s.layout);
   AdamW optimizer(s.layout, s.config.optim);

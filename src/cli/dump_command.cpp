@@ -32,16 +32,6 @@ std::string hash_hex(const std::vector<T>& values) {
   return fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(values))));
 }
 
-std::string precision_name(kernels::MatmulPrecision precision) {
-  switch (precision) {
-    case kernels::MatmulPrecision::kFp32:
-      return "fp32";
-    case kernels::MatmulPrecision::kBf16:
-      return "bf16";
-  }
-  throw Error("[dump] unknown train.precision");
-}
-
 struct Batch {
   std::vector<int32_t> tokens, targets;
   int64_t rows = 0, seq = 0;
@@ -109,7 +99,7 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
   const uint64_t weights_hash =
       fnv1a(std::as_bytes(std::span(params.expert)), fnv1a(std::as_bytes(std::span(params.dense))));
   io::TensorDump dump;
-  dump.run["precision"] = precision_name(config.train.precision);
+  dump.run["precision"] = train_precision_name(config.train.precision);
   dump.run["backend"] = "cpu";
   dump.run["threads"] = omp_get_max_threads();
   dump.run["config"] = config_toml;
@@ -147,7 +137,7 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
   auto in_layers = [](const std::string& name) { return name.starts_with("model.layers."); };
 
   Transformer model(config.model, layout);
-  model.set_precision(PrecisionRecipe::from_train_precision(config.train.precision));
+  model.set_precision(PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8));
   model.set_document_masking(batch.document_eos);
   model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
   model.set_tensor_observer(record);

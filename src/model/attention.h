@@ -9,6 +9,7 @@
 #include "core/tensor_view.h"
 #include "core/workspace.h"
 #include "model/config.h"
+#include "model/linear.h"
 #include "model/precision_recipe.h"
 #include "model/rope.h"
 
@@ -24,14 +25,14 @@ struct AttentionShape {
 };
 
 // One attention layer's weights as its GEMMs read them: the fp32 master weights or, where the
-// recipe multiplies attention in bf16, their bf16 copies (model/bf16_weight_copies.h). The QK-norm
-// gains are always fp32.
+// recipe multiplies attention in bf16, their bf16 copies (model/bf16_weight_copies.h), with their
+// MX caches under train.mxfp8_dense (model/linear.h). The QK-norm gains are always fp32.
 struct AttentionWeights {
-  ConstTensorView q_proj;  // [nh*hd, d]
-  ConstTensorView k_proj;  // [nkv*hd, d]
-  ConstTensorView v_proj;  // [nkv*hd, d]
-  ConstTensorView o_proj;  // [d, nh*hd]
-  const float* q_norm;     // [nh*hd] (full) or [hd] (per_head) or nullptr
+  LinearWeight q_proj;  // [nh*hd, d]
+  LinearWeight k_proj;  // [nkv*hd, d]
+  LinearWeight v_proj;  // [nkv*hd, d]
+  LinearWeight o_proj;  // [d, nh*hd]
+  const float* q_norm;  // [nh*hd] (full) or [hd] (per_head) or nullptr
   const float* k_norm;
 };
 

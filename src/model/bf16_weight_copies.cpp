@@ -9,8 +9,10 @@ std::vector<ParamRange> bf16_copy_ranges(const ModelConfig& c, const ParamLayout
                                          LayerRange layers, const PrecisionRecipe& recipe) {
   using Precision = PrecisionRecipe::Precision;
   std::vector<ParamRange> ranges;
-  auto copy = [&](Precision module, const ParamSpec* spec, int64_t numel) {
-    if (module == Precision::kBf16 && spec != nullptr)
+  // MX modules (all three GEMMs of an MXFP8 linear; an MXFP8 expert's weight gradient) read MX
+  // caches or no weight: nothing to copy.
+  auto copy = [&](Precision module, const ParamSpec* spec, int64_t numel, bool mx = false) {
+    if (module == Precision::kBf16 && spec != nullptr && !mx)
       ranges.push_back({spec->group, spec->offset, static_cast<size_t>(numel)});
   };
   const int64_t d = c.hidden_size, local = layout.local_experts();
@@ -18,13 +20,15 @@ std::vector<ParamRange> bf16_copy_ranges(const ModelConfig& c, const ParamLayout
   for (int64_t i = layers.begin; i < end; ++i) {
     const LayerSpecs s = layout.layer_specs(i);
     for (const ParamSpec* projection : {s.q_proj, s.k_proj, s.v_proj, s.o_proj})
-      copy(recipe.attention, projection, static_cast<int64_t>(projection->numel));
-    copy(recipe.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d);  // gate and up
-    copy(recipe.dense_mlp, s.mlp_down, c.intermediate_size * d);
-    copy(recipe.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d);
-    copy(recipe.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d);
-    copy(recipe.experts, s.expert_gate, local * 2 * c.moe_intermediate_size * d);
-    copy(recipe.experts, s.expert_down, local * c.moe_intermediate_size * d);
+      copy(recipe.attention, projection, static_cast<int64_t>(projection->numel),
+           recipe.mx.attention);
+    const bool mx_mlp = recipe.mx.dense_mlp;
+    copy(recipe.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d, mx_mlp);  // gate and up
+    copy(recipe.dense_mlp, s.mlp_down, c.intermediate_size * d, mx_mlp);
+    copy(recipe.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d, mx_mlp);
+    copy(recipe.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d, mx_mlp);
+    copy(recipe.experts, s.expert_gate, local * 2 * c.moe_intermediate_size * d, recipe.mx.experts);
+    copy(recipe.experts, s.expert_down, local * c.moe_intermediate_size * d, recipe.mx.experts);
   }
   if (end == c.num_hidden_layers)
     copy(recipe.lm_head,

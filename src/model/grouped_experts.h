@@ -1,14 +1,22 @@
 // The routed experts of one rank as a grouped GEMM: one SwiGLU MLP per local expert over its
 // contiguous rows of expert-major buffers. Every dispatch strategy ends here.
+//
+// In MXFP8 (PrecisionRecipe::mx.experts, OLMo-core 3's recipe) the forward and input-gradient
+// GEMMs run on MX operands: the inputs and output gradients quantised along the contraction
+// dimension here, the weights from their once-per-step caches (MoeWeights::*_mx). The forward
+// keeps its quantised inputs (x and the SwiGLU output) for the backward, whose weight-gradient
+// GEMM multiplies them dequantised, in bf16; with mx.expert_wgrad it is an MX GEMM too, on the
+// fp32 inputs and output gradients quantised along the tokens (each expert's rows padded with
+// zeros to a multiple of 32: a zero adds nothing to a block's amax or its sum).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "core/workspace.h"
-#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/moe_dispatch.h"
+#include "model/precision_recipe.h"
 
 namespace moecore {
 
@@ -18,17 +26,27 @@ struct ExpertRows {
   std::vector<float> x;                 // [R, d] expert inputs
   std::vector<float> gu;                // [R, 2H]
   std::vector<float> act;               // [R, H]
+  // MXFP8 only: x and act quantised along their last dimension (E4M3 codes, E8M0 scales), the
+  // forward GEMMs' operands. The backward reads these instead of x and act unless
+  // mx.expert_wgrad (MoeBlock then lends x and act only for the forward).
+  std::vector<uint8_t> x_codes, x_scales;      // [R, d], [R, d / 32]
+  std::vector<uint8_t> act_codes, act_scales;  // [R, H], [R, H / 32]
 };
 
+// Whether the backward reads rows.x and rows.act (the fp32 inputs) under `precision`.
+inline bool experts_backward_reads_fp32_inputs(const PrecisionRecipe& precision) {
+  return !precision.mx.experts || precision.mx.expert_wgrad;
+}
+
 // y: [R, d] (=). Experts without rows are skipped.
-void grouped_experts_forward(kernels::MatmulPrecision precision, const ModelConfig& c,
-                             int64_t local, const MoeWeights& w, ExpertRows& rows, float* y);
+void grouped_experts_forward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t local,
+                             const MoeWeights& w, ExpertRows& rows, float* y);
 
 // dy: [R, d] -> dx: [R, d] (=); expert weight gradients += into dw. Experts write disjoint rows of
-// dx and disjoint weight gradients. The SwiGLU's gradients are temporaries from `workspace`.
-void grouped_experts_backward(kernels::MatmulPrecision precision, const ModelConfig& c,
-                              int64_t local, const MoeWeights& w, const MoeGrads& dw,
-                              const ExpertRows& rows, const float* dy, float* dx,
-                              Workspace& workspace);
+// dx and disjoint weight gradients. The SwiGLU's gradients (and in MXFP8 the quantised output
+// gradients and dequantised inputs) are temporaries from `workspace`.
+void grouped_experts_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t local,
+                              const MoeWeights& w, const MoeGrads& dw, const ExpertRows& rows,
+                              const float* dy, float* dx, Workspace& workspace);
 
 }  // namespace moecore

@@ -1,22 +1,98 @@
 #include "model/linear.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/ops.h"
 
 namespace moecore {
 
-void linear_forward(kernels::MatmulPrecision precision, const float* x, ConstTensorView w, float* y,
-                    int64_t rows, int64_t in, int64_t out) {
-  kernels::matmul(view(x, {rows, in}), false, w, true, 1.0f, 0.0f, view(y, {rows, out}), precision);
+namespace {
+
+constexpr int64_t kBlock = mx::kMxBlock;
+
+// The MX operands of one call: codes and scales (and a zero-padded fp32 copy for the
+// token-dimension quantisations), per calling thread, capacity kept across calls.
+struct MxScratch {
+  std::vector<uint8_t> codes[2], scales[2];
+  std::vector<float> padded;
+};
+
+MxScratch& scratch() {
+  thread_local MxScratch s;
+  return s;
+}
+
+// x [rows, cols] along cols into slot `slot` of the scratch.
+MxOperandView quantize_rows(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
+                            int slot) {
+  MxScratch& s = scratch();
+  s.codes[slot].resize(static_cast<size_t>(rows * cols));
+  s.scales[slot].resize(static_cast<size_t>(rows * cols / kBlock));
+  const TensorView codes(s.codes[slot].data(), {rows, cols}, DType::kE4m3);
+  const TensorView scales(s.scales[slot].data(), {rows, cols / kBlock}, DType::kE8m0);
+  kernels::mx_quantize(view(x, {rows, cols}), mode, codes, scales);
+  return {codes, scales};
+}
+
+// x [rows, cols] along rows (the tokens), rows zero-padded to a multiple of 32: [cols, padded].
+MxOperandView quantize_along_tokens(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
+                                    int slot) {
+  MxScratch& s = scratch();
+  const int64_t padded = (rows + kBlock - 1) / kBlock * kBlock;
+  s.padded.assign(static_cast<size_t>(padded * cols), 0.0f);
+  std::copy(x, x + rows * cols, s.padded.begin());
+  s.codes[slot].resize(static_cast<size_t>(padded * cols));
+  s.scales[slot].resize(static_cast<size_t>(padded * cols / kBlock));
+  const TensorView codes(s.codes[slot].data(), {cols, padded}, DType::kE4m3);
+  const TensorView scales(s.scales[slot].data(), {cols, padded / kBlock}, DType::kE8m0);
+  kernels::mx_quantize_transposed(view(s.padded.data(), {padded, cols}), mode, codes, scales);
+  return {codes, scales};
+}
+
+// A weight cache [1, r, c] as the matrix [r, c] mx_matmul takes.
+MxOperandView matrix(const MxOperandView& cache) {
+  const ConstTensorView& c = cache.codes;
+  const ConstTensorView& s = cache.scales;
+  return {ConstTensorView(c.raw(), {c.size(1), c.size(2)}, c.dtype()),
+          ConstTensorView(s.raw(), {s.size(1), s.size(2)}, s.dtype())};
+}
+
+}  // namespace
+
+void linear_forward(kernels::MatmulPrecision precision, const float* x, const LinearWeight& w,
+                    float* y, int64_t rows, int64_t in, int64_t out) {
+  if (w.mx == nullptr) {
+    kernels::matmul(view(x, {rows, in}), false, w.values, true, 1.0f, 0.0f, view(y, {rows, out}),
+                    precision);
+    return;
+  }
+  if (rows == 0) return;
+  const MxOperandView xq = quantize_rows(x, rows, in, w.mx->scale_mode, 0);
+  kernels::mx_matmul(xq, matrix(w.mx->along_in), 1.0f, 0.0f, view(y, {rows, out}));
 }
 
 void linear_backward(kernels::MatmulPrecision precision, const float* dy, const float* x,
-                     ConstTensorView w, float* dx, float* dw, int64_t rows, int64_t in, int64_t out,
-                     bool accumulate_dx) {
-  if (dx != nullptr)
-    kernels::matmul(view(dy, {rows, out}), false, w, false, 1.0f, accumulate_dx ? 1.0f : 0.0f,
-                    view(dx, {rows, in}), precision);
-  kernels::matmul(view(dy, {rows, out}), true, view(x, {rows, in}), false, 1.0f, 1.0f,
-                  view(dw, {out, in}), precision);
+                     const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
+                     int64_t out, bool accumulate_dx) {
+  if (w.mx == nullptr) {
+    if (dx != nullptr)
+      kernels::matmul(view(dy, {rows, out}), false, w.values, false, 1.0f,
+                      accumulate_dx ? 1.0f : 0.0f, view(dx, {rows, in}), precision);
+    kernels::matmul(view(dy, {rows, out}), true, view(x, {rows, in}), false, 1.0f, 1.0f,
+                    view(dw, {out, in}), precision);
+    return;
+  }
+  if (rows == 0) return;
+  const mx::ScaleMode mode = w.mx->scale_mode;
+  if (dx != nullptr) {
+    const MxOperandView dyq = quantize_rows(dy, rows, out, mode, 0);
+    kernels::mx_matmul(dyq, matrix(w.mx->along_out), 1.0f, accumulate_dx ? 1.0f : 0.0f,
+                       view(dx, {rows, in}));
+  }
+  const MxOperandView dy_t = quantize_along_tokens(dy, rows, out, mode, 0);
+  const MxOperandView x_t = quantize_along_tokens(x, rows, in, mode, 1);
+  kernels::mx_matmul(dy_t, x_t, 1.0f, 1.0f, view(dw, {out, in}));
 }
 
 }  // namespace moecore

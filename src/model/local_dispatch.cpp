@@ -5,7 +5,7 @@
 
 namespace moecore {
 
-void LocalDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+void LocalDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
                             int64_t tokens, const RouterState& router, RoutedRows& routed,
                             Cache& cache) const {
   const ModelConfig& c = config_;
@@ -29,7 +29,7 @@ void LocalDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights
   grouped_experts_forward(precision, config_, e_count, w, rows, routed.y_back.data());
 }
 
-void LocalDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
+void LocalDispatch::backward(const PrecisionRecipe& precision, const MoeWeights& w,
                              const MoeGrads& dw, const Cache& cache, const float* dy_send,
                              float* dx_send, Workspace& workspace) const {
   // Send order is expert order: the experts' backward reads the output gradients and writes the

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "core/workspace.h"
-#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/grouped_experts.h"
 #include "model/moe_dispatch.h"
+#include "model/precision_recipe.h"
 
 namespace moecore {
 
@@ -23,12 +23,12 @@ class LocalDispatch {
   explicit LocalDispatch(const ModelConfig& config) : config_(config) {}
 
   // x: [N, d] -> routed (send_pos, y_back); the experts' rows into cache.
-  // The experts' GEMMs multiply in `precision` (the recipe's experts entry).
-  void forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+  // The experts multiply as `precision` says (its experts and mx entries).
+  void forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
                int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
   // gradients += into dw; temporaries from `workspace`.
-  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeGrads& dw,
+  void backward(const PrecisionRecipe& precision, const MoeWeights& w, const MoeGrads& dw,
                 const Cache& cache, const float* dy_send, float* dx_send,
                 Workspace& workspace) const;
 

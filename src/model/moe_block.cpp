@@ -29,6 +29,11 @@ MoeBlock::MoeBlock(const ModelConfig& config, ExpertShard shard, const ExpertExc
             shard_.count, shard_.first, config.num_experts);
 }
 
+void MoeBlock::lend_fp32_inputs(ExpertRows& rows) const {
+  rows.x.swap(lent_inputs_.x);
+  rows.act.swap(lent_inputs_.act);
+}
+
 void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, float* y,
                        MoeCache& cache) const {
   const ModelConfig& c = config_;
@@ -43,8 +48,14 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
       [&](const auto& dispatch) {
         using Cache = typename std::decay_t<decltype(dispatch)>::Cache;
         if (!std::holds_alternative<Cache>(cache.dispatch)) cache.dispatch.emplace<Cache>();
-        dispatch.forward(precision_.experts, w, x, tokens, cache.router, cache.routed,
+        ExpertRows& rows = std::get<Cache>(cache.dispatch).experts;
+        // MXFP8 keeps the experts' inputs quantised (ExpertRows): their fp32 buffers are lent
+        // for the forward only, from one pair this block reuses for every layer and micro-batch.
+        const bool lend = !experts_backward_reads_fp32_inputs(precision_);
+        if (lend) lend_fp32_inputs(rows);
+        dispatch.forward(precision_, w, x, tokens, cache.router, cache.routed,
                          std::get<Cache>(cache.dispatch));
+        if (lend) lend_fp32_inputs(rows);
       },
       dispatch_);
 
@@ -89,8 +100,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
   std::visit(
       [&](const auto& dispatch) {
         using Cache = typename std::decay_t<decltype(dispatch)>::Cache;
-        dispatch.backward(precision_.experts, w, dw, std::get<Cache>(cache.dispatch),
-                          dy_send.data(), dx_send.data(), workspace);
+        dispatch.backward(precision_, w, dw, std::get<Cache>(cache.dispatch), dy_send.data(),
+                          dx_send.data(), workspace);
       },
       dispatch_);
   timer.switch_to(Phase::kCombineBackward);

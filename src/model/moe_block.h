@@ -66,6 +66,13 @@ class MoeBlock {
   ExpertShard shard_;
   Dispatch dispatch_;
   PrecisionRecipe precision_;
+  // MXFP8: the experts' fp32 input buffers, swapped into a layer's rows for its forward and back
+  // out after it (the backward reads the quantised copies), so that one pair serves every layer.
+  void lend_fp32_inputs(ExpertRows& rows) const;
+  struct LentInputs {
+    std::vector<float> x, act;
+  };
+  mutable LentInputs lent_inputs_;
 };
 
 }  // namespace moecore

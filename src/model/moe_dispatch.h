@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "core/tensor_view.h"
+#include "model/linear.h"
+#include "model/mx_weight_caches.h"
 #include "model/router.h"
 
 namespace moecore {
@@ -19,9 +21,13 @@ struct MoeWeights {
   const float* router;                 // [E, d] (every expert: routing is replicated)
   ConstTensorView experts_gate_up;     // [E_local, 2H, d] this rank's experts
   ConstTensorView experts_down;        // [E_local, d, H]
-  ConstTensorView shared_gate_up;      // [2Hs, d], or empty without a shared expert
-  ConstTensorView shared_down;         // [d, Hs], or empty
+  LinearWeight shared_gate_up;         // [2Hs, d], or empty without a shared expert
+  LinearWeight shared_down;            // [d, Hs], or empty
   const float* router_bias = nullptr;  // [E] selection bias (aux-loss-free balancing) or nullptr
+  // The MXFP8 caches of the experts' weights where the recipe multiplies them in MXFP8
+  // (model/mx_weight_caches.h), else nullptr.
+  const MxWeight* experts_gate_up_mx = nullptr;
+  const MxWeight* experts_down_mx = nullptr;
 };
 
 // The gradients (+=) of the trained tensors, fp32 (the selection bias gets none: it is not a

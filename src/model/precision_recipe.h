@@ -1,13 +1,39 @@
 // The operand precision of each module kind's GEMMs (kernels/matmul_precision.h): a per-module
 // recipe rather than one process-wide flag, so that a module whose outputs must stay exact (the
-// router: its logits pick the experts) keeps fp32 while the others multiply in bf16, and a new
-// format (MXFP8 next) can be given to the modules that tolerate it. Weights, gradients and
-// optimizer state stay fp32 whatever the recipe says.
+// router: its logits pick the experts) keeps fp32 while the others multiply in bf16, and MXFP8 is
+// given to the modules that tolerate it. Weights, gradients and optimizer state stay fp32 whatever
+// the recipe says.
 #pragma once
 
+#include <cstdint>
+
+#include "core/mx_types.h"
 #include "kernels/matmul_precision.h"
 
 namespace moecore {
+
+// train.precision.
+enum class TrainPrecision : uint8_t { kFp32, kBf16, kMxfp8 };
+
+// The variants of train.precision = "mxfp8" (train.mxfp8_*), OLMo-core 3's recipe when all are
+// off: the routed experts' forward and input-gradient GEMMs in MXFP8 (E4M3 elements, rceil
+// scales), their weight-gradient GEMM in bf16 on the inputs dequantised from the saved MXFP8
+// copies, everything else in bf16 but the router (fp32).
+struct Mxfp8Options {
+  bool expert_wgrad = false;  // the experts' weight-gradient GEMM in MXFP8 too
+  bool dense = false;         // attention projections, dense MLPs and shared experts in MXFP8
+  mx::ScaleMode scale_mode = mx::ScaleMode::kRceil;  // "rceil" | "floor"
+};
+
+// Which GEMMs run on MX operands. A module marked here multiplies its other GEMMs (and anything
+// it runs outside the MX GEMMs) in its PrecisionRecipe entry, bf16.
+struct MxRecipe {
+  bool experts = false;       // forward (x . w^T) and input gradient (dy . w) of routed experts
+  bool expert_wgrad = false;  // and their weight gradient (dy^T . x, both along the tokens)
+  bool attention = false;     // q/k/v/o projections: all three GEMMs (not the attention core)
+  bool dense_mlp = false;     // dense layers' MLP and the shared expert: all three GEMMs
+  mx::ScaleMode scale_mode = mx::ScaleMode::kRceil;
+};
 
 struct PrecisionRecipe {
   using Precision = kernels::MatmulPrecision;
@@ -16,15 +42,42 @@ struct PrecisionRecipe {
   Precision experts = Precision::kFp32;    // the routed experts' grouped GEMMs
   Precision dense_mlp = Precision::kFp32;  // dense layers' SwiGLU MLP and the shared expert
   Precision lm_head = Precision::kFp32;
+  MxRecipe mx;
 
-  // The recipe of train.precision: fp32 everywhere, or bf16 everywhere but the router.
+  // fp32 everywhere, or bf16 everywhere but the router.
   static PrecisionRecipe from_train_precision(Precision precision) {
     return {.router = Precision::kFp32,
             .attention = precision,
             .experts = precision,
             .dense_mlp = precision,
-            .lm_head = precision};
+            .lm_head = precision,
+            .mx = {}};
+  }
+
+  // The recipe of train.precision: mxfp8 is the bf16 recipe with the MX GEMMs of `options`.
+  static PrecisionRecipe from_train(TrainPrecision precision, const Mxfp8Options& options) {
+    if (precision == TrainPrecision::kFp32) return from_train_precision(Precision::kFp32);
+    PrecisionRecipe recipe = from_train_precision(Precision::kBf16);
+    if (precision == TrainPrecision::kMxfp8)
+      recipe.mx = {.experts = true,
+                   .expert_wgrad = options.expert_wgrad,
+                   .attention = options.dense,
+                   .dense_mlp = options.dense,
+                   .scale_mode = options.scale_mode};
+    return recipe;
   }
 };
+
+inline const char* train_precision_name(TrainPrecision precision) {
+  switch (precision) {
+    case TrainPrecision::kFp32:
+      return "fp32";
+    case TrainPrecision::kBf16:
+      return "bf16";
+    case TrainPrecision::kMxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
 
 }  // namespace moecore

@@ -8,9 +8,9 @@
 
 namespace moecore {
 
-void RowwiseDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights& w,
-                              const float* x, int64_t tokens, const RouterState& router,
-                              RoutedRows& routed, Cache& cache) const {
+void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
+                              int64_t tokens, const RouterState& router, RoutedRows& routed,
+                              Cache& cache) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, local = shard_.count;
@@ -41,7 +41,7 @@ void RowwiseDispatch::forward(kernels::MatmulPrecision precision, const MoeWeigh
   exchange_.get_rows(routed.y_back.data(), cache.targets, d);
 }
 
-void RowwiseDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
+void RowwiseDispatch::backward(const PrecisionRecipe& precision, const MoeWeights& w,
                                const MoeGrads& dw, const Cache& cache, const float* dy_send,
                                float* dx_send, Workspace& workspace) const {
   const int64_t d = config_.hidden_size;

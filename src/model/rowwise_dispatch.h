@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "core/workspace.h"
-#include "kernels/matmul_precision.h"
 #include "model/config.h"
 #include "model/expert_exchange.h"
 #include "model/grouped_experts.h"
 #include "model/moe_dispatch.h"
+#include "model/precision_recipe.h"
 
 namespace moecore {
 
@@ -30,12 +30,12 @@ class RowwiseDispatch {
 
   // x: [N, d] -> routed (send_pos: the identity, y_back: route order); collective over the group
   // (also with N = 0).
-  // The experts' GEMMs multiply in `precision` (the recipe's experts entry).
-  void forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+  // The experts multiply as `precision` says (its experts and mx entries).
+  void forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
                int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
   // dy_send: [N * k, d] output gradients in route order -> dx_send (=), zero for dropped routes;
   // expert weight gradients += into dw. Collective.
-  void backward(kernels::MatmulPrecision precision, const MoeWeights& w, const MoeGrads& dw,
+  void backward(const PrecisionRecipe& precision, const MoeWeights& w, const MoeGrads& dw,
                 const Cache& cache, const float* dy_send, float* dx_send,
                 Workspace& workspace) const;
 

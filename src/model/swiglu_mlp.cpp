@@ -6,8 +6,8 @@
 namespace moecore {
 
 void swiglu_mlp_forward(kernels::MatmulPrecision precision, const SwigluShape& s, const float* x,
-                        ConstTensorView w_gate_up, ConstTensorView w_down, float* gu, float* act,
-                        float* y) {
+                        const LinearWeight& w_gate_up, const LinearWeight& w_down, float* gu,
+                        float* act, float* y) {
   if (s.rows == 0) return;
   linear_forward(precision, x, w_gate_up, gu, s.rows, s.dim, 2 * s.hidden);
   kernels::swiglu_forward(view(gu, {s.rows, 2 * s.hidden}), view(act, {s.rows, s.hidden}));
@@ -15,7 +15,7 @@ void swiglu_mlp_forward(kernels::MatmulPrecision precision, const SwigluShape& s
 }
 
 void swiglu_mlp_backward(kernels::MatmulPrecision precision, const SwigluShape& s, const float* dy,
-                         const float* x, ConstTensorView w_gate_up, ConstTensorView w_down,
+                         const float* x, const LinearWeight& w_gate_up, const LinearWeight& w_down,
                          const float* gu, const float* act, float* dx, float* dw_gate_up,
                          float* dw_down, float* scratch_dact, float* scratch_dgu,
                          bool accumulate_dx) {

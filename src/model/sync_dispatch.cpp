@@ -6,7 +6,7 @@
 
 namespace moecore {
 
-void SyncDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights& w, const float* x,
+void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
                            int64_t tokens, const RouterState& router, RoutedRows& routed,
                            Cache& cache) const {
   const ModelConfig& c = config_;
@@ -65,7 +65,7 @@ void SyncDispatch::forward(kernels::MatmulPrecision precision, const MoeWeights&
   exchange_.exchange_rows(y_recv.data(), cache.recv_rows, routed.y_back.data(), cache.send_rows, d);
 }
 
-void SyncDispatch::backward(kernels::MatmulPrecision precision, const MoeWeights& w,
+void SyncDispatch::backward(const PrecisionRecipe& precision, const MoeWeights& w,
                             const MoeGrads& dw, const Cache& cache, const float* dy_send,
                             float* dx_send, Workspace& workspace) const {
   const int64_t d = config_.hidden_size;

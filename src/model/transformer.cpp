@@ -64,12 +64,15 @@ void Transformer::set_precision(const PrecisionRecipe& precision) {
   attention_.set_precision(precision);
   moe_.set_precision(precision);
   bf16_copies_ = Bf16WeightCopies(bf16_copy_ranges(config_, layout_, layers(), precision));
+  mx_caches_ = MxWeightCaches(mx_weight_ranges(config_, layout_, layers(), precision),
+                              precision.mx.scale_mode);
   copies_source_ = nullptr;
 }
 
 void Transformer::refresh_weight_copies(const ParamBuffers& params) {
   if (copy_refresh_ == WeightCopyRefresh::kOnWeightsChanged && copies_source_ == &params) return;
   bf16_copies_.refresh(params);
+  mx_caches_.refresh(params);
   copies_source_ = &params;
 }
 
@@ -120,10 +123,10 @@ Transformer::~Transformer() = default;
 AttentionWeights Transformer::attention_weights(const ParamBuffers& params, int64_t layer) const {
   const LayerSpecs& s = layer_specs_[static_cast<size_t>(layer)];
   const int64_t d = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
-  return {gemm_weight(params, s.q_proj, {qs, d}),
-          gemm_weight(params, s.k_proj, {kvs, d}),
-          gemm_weight(params, s.v_proj, {kvs, d}),
-          gemm_weight(params, s.o_proj, {d, qs}),
+  return {linear_weight(params, s.q_proj, {qs, d}),
+          linear_weight(params, s.k_proj, {kvs, d}),
+          linear_weight(params, s.v_proj, {kvs, d}),
+          linear_weight(params, s.o_proj, {d, qs}),
           at(params, s.q_norm),
           at(params, s.k_norm)};
 }
@@ -141,9 +144,20 @@ MoeWeights Transformer::moe_weights(const ParamBuffers& params, int64_t layer) c
   return {at(params, s.router),
           gemm_weight(params, s.expert_gate, {local, 2 * h, d}),
           gemm_weight(params, s.expert_down, {local, d, h}),
-          gemm_weight(params, s.shared_gate, {2 * hs, d}),
-          gemm_weight(params, s.shared_down, {d, hs}),
-          at(params, s.router_bias)};
+          linear_weight(params, s.shared_gate, {2 * hs, d}),
+          linear_weight(params, s.shared_down, {d, hs}),
+          at(params, s.router_bias),
+          mx_weight(s.expert_gate),
+          mx_weight(s.expert_down)};
+}
+
+LinearWeight Transformer::linear_weight(const ParamBuffers& params, const ParamSpec* spec,
+                                        std::initializer_list<int64_t> shape) const {
+  return {gemm_weight(params, spec, shape), mx_weight(spec)};
+}
+
+const MxWeight* Transformer::mx_weight(const ParamSpec* spec) const {
+  return spec != nullptr ? mx_caches_.find(spec->group, spec->offset) : nullptr;
 }
 
 MoeGrads Transformer::moe_grads(ParamBuffers& grads, int64_t layer) const {
@@ -299,8 +313,8 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
     lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
     lc.mlp_act.resize(static_cast<size_t>(n * width));
     swiglu_mlp_forward(precision_.dense_mlp, {n, d, width}, ffn_in,
-                       gemm_weight(params, s.mlp_gate, {2 * width, d}),
-                       gemm_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
+                       linear_weight(params, s.mlp_gate, {2 * width, d}),
+                       linear_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
                        lc.mlp_act.data(), ffn_out);
   } else {
     // A recomputed forward keeps the selection of the first (same seed and token offset).
@@ -638,8 +652,8 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     const float* ffn_in = reordered ? lc.mid.data() : lc.h2.data();
     if (c.layer_is_dense(i)) {
       swiglu_mlp_backward(precision_.dense_mlp, {n, d, width}, d_ffn_out, ffn_in,
-                          gemm_weight(params, s.mlp_gate, {2 * width, d}),
-                          gemm_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
+                          linear_weight(params, s.mlp_gate, {2 * width, d}),
+                          linear_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
                           lc.mlp_act.data(), dbranch.data(), at(grads, s.mlp_gate),
                           at(grads, s.mlp_down), scratch_dact.data(), scratch_dgu.data(), false);
     } else {

@@ -24,6 +24,7 @@
 #include "model/bf16_weight_copies.h"
 #include "model/config.h"
 #include "model/moe_block.h"
+#include "model/mx_weight_caches.h"
 #include "model/params.h"
 #include "model/precision_recipe.h"
 #include "model/rope.h"
@@ -98,7 +99,8 @@ class Transformer {
   void set_recompute(ActivationRecompute mode) { recompute_ = mode; }
   ActivationRecompute recompute() const { return recompute_; }
   // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32
-  // everywhere). Modules in bf16 read bf16 copies of their weights (model/bf16_weight_copies.h).
+  // everywhere). Modules in bf16 read bf16 copies of their weights (model/bf16_weight_copies.h),
+  // MXFP8 GEMMs MX caches of them (model/mx_weight_caches.h); both are "weight copies" below.
   void set_precision(const PrecisionRecipe& precision);
   // When the bf16 weight copies are remade from the fp32 weights. kEveryForward (the default): at
   // every forward()/forward_chunk(), so any caller that changes the weights between passes stays
@@ -109,6 +111,7 @@ class Transformer {
   void set_weight_copy_refresh(WeightCopyRefresh refresh) { copy_refresh_ = refresh; }
   void weights_changed() { copies_source_ = nullptr; }
   const Bf16WeightCopies& bf16_weight_copies() const { return bf16_copies_; }
+  const MxWeightCaches& mx_weight_caches() const { return mx_caches_; }
   // The passes' temporaries (core/workspace.h). Between a step's passes it is idle, and the
   // trainer lends it to the optimizer's gradient reduction.
   Workspace& workspace() { return workspace_; }
@@ -174,6 +177,11 @@ class Transformer {
   // when it has one, else the fp32 values.
   ConstTensorView gemm_weight(const ParamBuffers& params, const ParamSpec* spec,
                               std::initializer_list<int64_t> shape) const;
+  // A linear layer's weight: gemm_weight and, where the recipe runs it in MXFP8, its MX caches.
+  LinearWeight linear_weight(const ParamBuffers& params, const ParamSpec* spec,
+                             std::initializer_list<int64_t> shape) const;
+  // The MXFP8 caches of the weight starting at `spec`, or nullptr (not MXFP8 under the recipe).
+  const MxWeight* mx_weight(const ParamSpec* spec) const;
   void refresh_weight_copies(const ParamBuffers& params);
   // The observer hooks: `name` is a full name, `module` one inside model.layers.{layer} (empty:
   // the layer itself), "grad." prefixed for a gradient; nothing is formatted without an observer.
@@ -207,6 +215,7 @@ class Transformer {
   // The LM head's and dense MLPs' entries are read here; attention_ and moe_ hold the others.
   PrecisionRecipe precision_;
   Bf16WeightCopies bf16_copies_;
+  MxWeightCaches mx_caches_;  // refreshed with bf16_copies_
   WeightCopyRefresh copy_refresh_ = WeightCopyRefresh::kEveryForward;
   const ParamBuffers* copies_source_ = nullptr;  // what the copies hold; nullptr: stale
   bool recomputing_ = false;  // the backward re-runs a forward: observed once already

@@ -35,7 +35,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   m.weights = kF * local_floats;
   m.gradients = kF * local_floats;
   // The bf16 copies of the GEMM weights each chunk's modules multiply in bf16 (2 bytes each).
-  const PrecisionRecipe recipe = PrecisionRecipe::from_train_precision(tc.precision);
+  const PrecisionRecipe recipe = PrecisionRecipe::from_train(tc.precision, tc.mxfp8);
   for (const LayerRange& range : ranges)
     for (const ParamRange& copy : bf16_copy_ranges(mc, local, range, recipe))
       m.bf16_weight_copies += 2.0 * static_cast<double>(copy.numel);

@@ -86,7 +86,7 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
                                   const ChunkShape& chunk, const Rates& rates, bool forward) {
   const ModelConfig& c = config.model;
   const TrainConfig& tc = config.train;
-  const bool bf16 = tc.precision != kernels::MatmulPrecision::kFp32;
+  const bool bf16 = tc.precision != TrainPrecision::kFp32;
   const double share = rank_share(rates, layout);
   const Roofline roof{(bf16 ? rates.gemm_flops_bf16 : rates.gemm_flops_fp32) * share,
                       rates.memory_bandwidth * share};

@@ -118,7 +118,7 @@ StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const 
   out.tokens_per_s_per_rank = tokens / out.seconds / static_cast<double>(layout.world);
   out.model_flops_per_s_per_rank =
       out.tokens_per_s_per_rank * flops_per_token(mc, tc.seq_len).total();
-  const bool bf16 = tc.precision != kernels::MatmulPrecision::kFp32;
+  const bool bf16 = tc.precision != TrainPrecision::kFp32;
   const double peak = bf16 ? rates.peak_flops_bf16 : rates.peak_flops_fp32;
   out.mfu = peak > 0.0 ? out.model_flops_per_s_per_rank / peak : 0.0;
   out.bubble = out.breakdown[static_cast<int>(TimeCategory::kPipelineWait)] / out.seconds;

@@ -176,9 +176,14 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
   r.read("threads", t.threads);
-  r.read_enum(
-      "precision", t.precision,
-      {{"fp32", kernels::MatmulPrecision::kFp32}, {"bf16", kernels::MatmulPrecision::kBf16}});
+  r.read_enum("precision", t.precision,
+              {{"fp32", TrainPrecision::kFp32},
+               {"bf16", TrainPrecision::kBf16},
+               {"mxfp8", TrainPrecision::kMxfp8}});
+  r.read("mxfp8_expert_wgrad", t.mxfp8.expert_wgrad);
+  r.read("mxfp8_dense", t.mxfp8.dense);
+  r.read_enum("mxfp8_scale", t.mxfp8.scale_mode,
+              {{"rceil", mx::ScaleMode::kRceil}, {"floor", mx::ScaleMode::kFloor}});
   r.read_enum("recompute", t.recompute,
               {{"none", ActivationRecompute::kNone},
                {"full", ActivationRecompute::kFull},
@@ -335,6 +340,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.gerrymander_window >= 0 && t.gerrymander_threshold > 0.0,
             "[config] train.gerrymander_window={} must be >= 0 and gerrymander_threshold={} > 0",
             t.gerrymander_window, t.gerrymander_threshold);
+  MOE_CHECK(t.precision == TrainPrecision::kMxfp8 || (!t.mxfp8.expert_wgrad && !t.mxfp8.dense &&
+                                                      t.mxfp8.scale_mode == mx::ScaleMode::kRceil),
+            "[config] train.mxfp8_* are variants of train.precision=\"mxfp8\", not of \"{}\"",
+            train_precision_name(t.precision));
   MOE_CHECK(t.sample_tokens >= 0, "[config] train.sample_tokens={} must be >= 0", t.sample_tokens);
   const ParallelConfig& p = config.parallel;
   MOE_CHECK(p.ep >= 1, "[config] parallel.ep={} must be >= 1", p.ep);
@@ -434,7 +443,10 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"microbatches", t.microbatches},
                     {"seq_len", t.seq_len},
                     {"threads", t.threads},
-                    {"precision", t.precision == kernels::MatmulPrecision::kBf16 ? "bf16" : "fp32"},
+                    {"precision", train_precision_name(t.precision)},
+                    {"mxfp8_expert_wgrad", t.mxfp8.expert_wgrad},
+                    {"mxfp8_dense", t.mxfp8.dense},
+                    {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
                     {"recompute", recompute_name(t.recompute)},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},

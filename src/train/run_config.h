@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "dist/pipeline_schedule.h"
-#include "kernels/matmul_precision.h"
 #include "model/activation_recompute.h"
 #include "model/config.h"
+#include "model/precision_recipe.h"
 #include "optim/optim_config.h"
 
 namespace moecore {
@@ -27,9 +27,12 @@ struct TrainConfig {
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
   int64_t threads = 0;  // 0: every core
-  // "fp32" | "bf16": the GEMMs' operand precision (bf16: fp32 accumulation; master weights,
-  // router GEMM, softmax, norm statistics and losses stay fp32).
-  kernels::MatmulPrecision precision = kernels::MatmulPrecision::kFp32;
+  // "fp32" | "bf16" | "mxfp8": the GEMMs' operand precision (bf16: fp32 accumulation; master
+  // weights, router GEMM, softmax, norm statistics and losses stay fp32; mxfp8: bf16 with the
+  // routed experts' GEMMs in MXFP8 as OLMo-core 3 does it, model/precision_recipe.h).
+  TrainPrecision precision = TrainPrecision::kFp32;
+  // The mxfp8 variants: mxfp8_expert_wgrad, mxfp8_dense (bools), mxfp8_scale ("rceil" | "floor").
+  Mxfp8Options mxfp8;
   // "none" | "full" | "moe" | "attention": activations the forward drops and the backward
   // rebuilds, per block (model/activation_recompute.h); losses and gradients are unchanged.
   ActivationRecompute recompute = ActivationRecompute::kNone;

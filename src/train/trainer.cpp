@@ -149,6 +149,28 @@ StartPoint choose_start(const RunConfig& config, const TrainOptions& options) {
   return start;
 }
 
+// How the GEMMs multiply, for the start-up line: the recipe of train.precision by name.
+std::string gemm_precision_line(const TrainConfig& tc) {
+  const char* bf16 =
+      kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative ? "bf16" : "bf16 (emulated)";
+  switch (tc.precision) {
+    case TrainPrecision::kFp32:
+      return "fp32";
+    case TrainPrecision::kBf16:
+      return bf16;
+    case TrainPrecision::kMxfp8:
+      return fmt::format(
+          "mxfp8 (routed experts' forward and input-gradient GEMMs in MXFP8 E4M3, {} scales, "
+          "weight gradient in {}; {}the rest {} but the fp32 router)",
+          mx::scale_mode_name(tc.mxfp8.scale_mode),
+          tc.mxfp8.expert_wgrad ? "MXFP8" : "bf16 on the saved MXFP8 inputs",
+          tc.mxfp8.dense ? "attention projections, dense MLPs and shared experts all in MXFP8; "
+                         : "",
+          bf16);
+  }
+  return "?";
+}
+
 // The start-up lines: the model and data, and the parallel layout.
 void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& start,
               const TrainOptions& options, const std::vector<int64_t>& chunk_layers) {
@@ -159,10 +181,7 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
   ctx.progress.message(fmt::format(
       "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} GEMMs, "
       "{} train instances of {} tokens{}{}",
-      dense + expert, dense, expert, omp_get_max_threads(),
-      tc.precision == kernels::MatmulPrecision::kFp32               ? "fp32"
-      : kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative ? "bf16"
-                                                                    : "bf16 (emulated)",
+      dense + expert, dense, expert, omp_get_max_threads(), gemm_precision_line(tc),
       in.train_data.num_instances(), tc.seq_len,
       in.document_eos >= 0 ? fmt::format(", document masking (EOS {})", in.document_eos) : "",
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
@@ -410,7 +429,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunks.back()->set_batch_sum(dp_batch_sum);
     chunks.back()->set_document_masking(in.document_eos);
     chunks.back()->set_recompute(tc.recompute);
-    chunks.back()->set_precision(PrecisionRecipe::from_train_precision(tc.precision));
+    chunks.back()->set_precision(PrecisionRecipe::from_train(tc.precision, tc.mxfp8));
     // This loop tells the chunks of every change of the weights (each optimizer step, below the
     // loads): their bf16 weight copies are made once per step, not once per micro-batch.
     chunks.back()->set_weight_copy_refresh(Transformer::WeightCopyRefresh::kOnWeightsChanged);

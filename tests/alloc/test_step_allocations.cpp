@@ -182,6 +182,9 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"bf16", "bf16", "none", 1, ""},
                       StepCase{"fp32_recompute_full", "fp32", "full", 1, ""},
                       StepCase{"bf16_recompute_full", "bf16", "full", 1, ""},
+                      // MXFP8 experts: saved MX copies, lent fp32 inputs, the weight caches.
+                      StepCase{"mxfp8", "mxfp8", "none", 1, ""},
+                      StepCase{"mxfp8_recompute_full", "mxfp8", "full", 1, ""},
                       // Two processes: data parallel (gradients all-reduced, overlapped with
                       // the backward), and two pipeline stages (1F1B).
                       StepCase{"ranks2_dp", "fp32", "none", 2, "overlap_grad_reduce = true"},

@@ -12,27 +12,12 @@
 #include "model/params.h"
 #include "model/transformer.h"
 #include "tiny_moe_config.h"
+#include "tiny_moe_pass.h"
 
 namespace moecore {
 namespace {
 
 using Precision = kernels::MatmulPrecision;
-
-const std::vector<int32_t> kTokens = {1, 5, 9, 5, 0, 3, 10, 7, 12, 2, 4, 4, 8, 11, 6, 1};
-const std::vector<int32_t> kTargets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4, 1, 0, 4, 8, 11, 6, 1, 9};
-
-struct Pass {
-  double loss;
-  std::vector<float> dense_grads;
-  std::vector<float> expert_grads;
-};
-
-Pass run(Transformer& model, const ParamLayout& layout, const ParamBuffers& params) {
-  ParamBuffers grads(layout);
-  const LossParts loss = model.forward(params, kTokens.data(), kTargets.data(), 2, 8);
-  model.backward(params, grads, 1.0f);
-  return {loss.total, grads.dense, grads.expert};
-}
 
 TEST(Bf16WeightCopies, ABf16RecipeCopiesEveryGemmWeightButTheRouters) {
   const ModelConfig c = tiny_moe_config(3);  // a dense first layer, then two MoE layers
@@ -69,8 +54,8 @@ TEST(Bf16WeightCopies, RemadeAtEveryForwardOrOnlyAfterWeightsChanged) {
   on_change.set_precision(bf16);
   on_change.set_weight_copy_refresh(Transformer::WeightCopyRefresh::kOnWeightsChanged);
 
-  const Pass before = run(every_forward, layout, params);
-  const Pass before_on_change = run(on_change, layout, params);
+  const TinyPass before = tiny_pass(every_forward, layout, params);
+  const TinyPass before_on_change = tiny_pass(on_change, layout, params);
   EXPECT_EQ(before_on_change.loss, before.loss);
   EXPECT_EQ(before_on_change.dense_grads, before.dense_grads);
   EXPECT_EQ(before_on_change.expert_grads, before.expert_grads);
@@ -78,14 +63,14 @@ TEST(Bf16WeightCopies, RemadeAtEveryForwardOrOnlyAfterWeightsChanged) {
   // An optimizer step's worth of change: every weight moves by more than a bf16 ulp.
   for (float& w : params.dense) w *= 1.05f;
   for (float& w : params.expert) w *= 1.05f;
-  const Pass after = run(every_forward, layout, params);
+  const TinyPass after = tiny_pass(every_forward, layout, params);
   ASSERT_NE(after.loss, before.loss);
-  const Pass stale = run(on_change, layout, params);
+  const TinyPass stale = tiny_pass(on_change, layout, params);
   // Only the fp32 parts (router, norms, embedding) see the change; the GEMM weights do not.
   EXPECT_NE(stale.loss, after.loss);
 
   on_change.weights_changed();
-  const Pass fresh = run(on_change, layout, params);
+  const TinyPass fresh = tiny_pass(on_change, layout, params);
   EXPECT_EQ(fresh.loss, after.loss);
   EXPECT_EQ(fresh.dense_grads, after.dense_grads);
   EXPECT_EQ(fresh.expert_grads, after.expert_grads);

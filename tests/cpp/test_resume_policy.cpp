@@ -31,7 +31,7 @@ TEST(ResumePolicy, ReplayKeysAreListedOldToNew) {
   b.train.seq_len = 64;
   b.train.batch_size = 4;
   b.train.microbatches = 2;
-  b.train.precision = kernels::MatmulPrecision::kBf16;
+  b.train.precision = TrainPrecision::kBf16;
   b.train.seed = 3;
   b.data.train = {"b.npy"};
   EXPECT_EQ(described(a, b),

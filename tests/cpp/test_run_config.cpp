@@ -137,7 +137,7 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(t.microbatches, 3);
   EXPECT_EQ(t.seq_len, 64);
   EXPECT_EQ(t.threads, 4);
-  EXPECT_EQ(t.precision, kernels::MatmulPrecision::kBf16);
+  EXPECT_EQ(t.precision, TrainPrecision::kBf16);
   EXPECT_EQ(t.log_every, 5);
   EXPECT_EQ(t.eval_every, 50);
   EXPECT_EQ(t.eval_batches, 2);
@@ -289,12 +289,39 @@ TEST(RunConfig, TomlRoundTrip) {
   RunConfig c;
   c.train.sample_prompt = "say \"hi\"\n\ttab \\ back";
   c.data.val = {"a b.npy", "ü.npy"};
-  c.train.precision = kernels::MatmulPrecision::kBf16;
+  c.train.precision = TrainPrecision::kBf16;
   const RunConfig reparsed = parse(run_config_to_toml(c));
-  EXPECT_EQ(reparsed.train.precision, kernels::MatmulPrecision::kBf16);
+  EXPECT_EQ(reparsed.train.precision, TrainPrecision::kBf16);
   EXPECT_EQ(reparsed.train.sample_prompt, c.train.sample_prompt);
   EXPECT_EQ(reparsed.data.val, c.data.val);
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
+}
+
+TEST(RunConfig, Mxfp8AndItsVariants) {
+  RunConfig c = parse("[train]\nprecision = \"mxfp8\"\n");
+  EXPECT_EQ(c.train.precision, TrainPrecision::kMxfp8);
+  EXPECT_FALSE(c.train.mxfp8.expert_wgrad);
+  EXPECT_EQ(c.train.mxfp8.scale_mode, mx::ScaleMode::kRceil);  // OLMo-core's default
+  c = parse(
+      "[train]\nprecision = \"mxfp8\"\nmxfp8_expert_wgrad = true\nmxfp8_dense = true\n"
+      "mxfp8_scale = \"floor\"\n");
+  EXPECT_TRUE(c.train.mxfp8.dense);
+  EXPECT_TRUE(c.train.mxfp8.expert_wgrad);
+  EXPECT_EQ(c.train.mxfp8.scale_mode, mx::ScaleMode::kFloor);
+  const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.train.precision, TrainPrecision::kMxfp8);
+  EXPECT_TRUE(reparsed.train.mxfp8.expert_wgrad);
+  EXPECT_TRUE(reparsed.train.mxfp8.dense);
+  EXPECT_EQ(reparsed.train.mxfp8.scale_mode, mx::ScaleMode::kFloor);
+  // A variant without mxfp8 is a mistake, not something to ignore.
+  std::string e = error_of("[train]\nprecision = \"bf16\"\nmxfp8_scale = \"floor\"\n");
+  EXPECT_NE(e.find("train.mxfp8_* are variants of train.precision=\"mxfp8\", not of \"bf16\""),
+            std::string::npos)
+      << e;
+  e = error_of("[train]\nprecision = \"mxfp8\"\nmxfp8_scale = \"even\"\n");
+  EXPECT_NE(e.find("train.mxfp8_scale=\"even\" is not one of \"rceil\", \"floor\""),
+            std::string::npos)
+      << e;
 }
 
 TEST(RunConfig, LoadFromFile) {

@@ -6,6 +6,7 @@ A tiny model (layer 0 dense, layer 1 MoE, QK-norm over the full projection) on o
 - fp32 vs bf16 parts exactly at the first GEMM that runs in bf16: layer 0's q_proj (the embedding
   gather and the first RMSNorm run in fp32 on both sides, so every tensor before it is equal to
   the bit), with a normalised error of the order of bf16's unit roundoff u = 2^-8;
+- bf16 vs mxfp8 parts exactly at the first MoE layer's experts (the first MX GEMM);
 - weights of another seed part at the very first parameter-dependent tensor, the embedding;
 - bad input (a missing directory, different shapes or layer counts, different batches, an
   incomplete dump, a malformed command line) is one line on stderr and exit status 2.
@@ -136,6 +137,45 @@ def test_fp32_vs_bf16_parts_at_the_first_bf16_gemm(moecore_bin, setup):
                        "--threshold", "0.5", expect=1 if any(
                            t["parted"] for t in tensors if t["kind"] == "index") else 0)
     assert report["threshold"] == 0.5 and report["threshold_rule"] == "--threshold 0.5"
+
+
+def test_bf16_vs_mxfp8_parts_at_the_first_mx_gemm(moecore_bin, setup):
+    """train.precision = "mxfp8" is the bf16 recipe with the routed experts' GEMMs in MXFP8: the
+    two runs agree to the bit up to the first MoE layer's experts (attention, the dense layer and
+    the fp32 router are the same on both sides), and part there by about E4M3's unit roundoff."""
+    _, config, batch = setup
+    report = diff_json(moecore_bin, config, *batch, "--a-set", "train.precision=bf16",
+                       "--b-set", "train.precision=mxfp8", expect=1)
+    assert report["b"]["run"]["precision"] == "mxfp8"
+    first = report["first_parted"]
+    assert first["name"] == "model.layers.1.mlp.experts", first
+    tensors = report["tensors"]
+    assert all(t["normalised_error"] == 0 for t in tensors[:first["index"]]), tensors[:first["index"]]
+    # E4M3 keeps 3 mantissa bits: each operand element is rounded with relative error up to
+    # u = 2^-4 (more for elements far below their block's largest, which lose bits to the shared
+    # scale), two GEMMs deep; the normalised error of the experts' outputs is of order u.
+    # Bounds u/16 and 4u (measured: see the test's log line).
+    u_e4m3 = 2.0 ** -4
+    assert u_e4m3 / 16 < first["normalised_error"] < 4 * u_e4m3, first
+    print(f"bf16 vs mxfp8: first parted {first['name']} normalised error "
+          f"{first['normalised_error']:.4g}")
+
+
+def test_mxfp8_dense_parts_at_the_first_projection(moecore_bin, setup):
+    """train.mxfp8_dense: attention projections, the dense layer's MLP and shared experts run
+    their GEMMs in MXFP8 too, so bf16 vs mxfp8 parts at layer 0's q_proj, the first GEMM, by about
+    E4M3's unit roundoff (one GEMM over two quantised operands)."""
+    _, config, batch = setup
+    report = diff_json(moecore_bin, config, *batch, "--a-set", "train.precision=bf16",
+                       "--b-set", "train.precision=mxfp8", "--b-set", "train.mxfp8_dense=true",
+                       expect=1)
+    first = report["first_parted"]
+    assert first["name"] == FIRST_BF16_GEMM, first
+    assert all(t["normalised_error"] == 0 for t in report["tensors"][:first["index"]])
+    u_e4m3 = 2.0 ** -4
+    assert u_e4m3 / 16 < first["normalised_error"] < 4 * u_e4m3, first
+    print(f"bf16 vs mxfp8 dense: first parted {first['name']} normalised error "
+          f"{first['normalised_error']:.4g}")
 
 
 def test_another_seed_parts_at_the_embedding(moecore_bin, setup):

@@ -94,6 +94,14 @@ void rows_times_panel(int64_t k, const float* a_rows, const int32_t* a_exponents
   for (int64_t r = 0; r < kRows; ++r) std::copy(acc[r], acc[r] + kPanel, out + r * kPanel);
 }
 
+// A's rows and B's column panels decoded to fp32 values and scale exponents.
+struct DecodedOperands {
+  std::vector<float> a_values;
+  std::vector<int32_t> a_exponents;
+  std::vector<float> b_panels;
+  std::vector<int32_t> b_panel_exponents;
+};
+
 }  // namespace
 
 void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::MxOperand& b,
@@ -109,10 +117,26 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
   // Decoding is exact, so the kernel sees the reference's values. Rows past m and columns past
   // n are padded with zeros and scale 1 (exponent 0); their outputs are not written.
   const int64_t row_groups = (m + kRows - 1) / kRows;
-  std::vector<float> a_values(static_cast<size_t>(row_groups * kRows * k), 0.0f);
-  std::vector<int32_t> a_exponents(static_cast<size_t>(row_groups * kRows * blocks), 0);
-  std::vector<float> b_panels(static_cast<size_t>(panels * k * kPanel), 0.0f);
-  std::vector<int32_t> b_panel_exponents(static_cast<size_t>(panels * blocks * kPanel), 0);
+  // The decoded operands live in buffers of the calling thread that keep their capacity across
+  // calls (assign within capacity does not reallocate), so a training step's MX GEMMs ask the
+  // heap for nothing once the first step has sized them (tests/alloc). The grouped GEMMs call
+  // this from several threads at once, each with its own buffers. A's rows (an expert's tokens)
+  // vary from step to step: A's buffers grow to twice what a call needs, so that a later step's
+  // busier expert rarely finds them short.
+  thread_local DecodedOperands decoded;
+  const auto a_rows = static_cast<size_t>(row_groups * kRows);
+  if (decoded.a_values.capacity() < a_rows * static_cast<size_t>(k)) {
+    decoded.a_values.reserve(2 * a_rows * static_cast<size_t>(k));
+    decoded.a_exponents.reserve(2 * a_rows * static_cast<size_t>(blocks));
+  }
+  std::vector<float>& a_values = decoded.a_values;
+  std::vector<int32_t>& a_exponents = decoded.a_exponents;
+  std::vector<float>& b_panels = decoded.b_panels;
+  std::vector<int32_t>& b_panel_exponents = decoded.b_panel_exponents;
+  a_values.assign(static_cast<size_t>(row_groups * kRows * k), 0.0f);
+  a_exponents.assign(static_cast<size_t>(row_groups * kRows * blocks), 0);
+  b_panels.assign(static_cast<size_t>(panels * k * kPanel), 0.0f);
+  b_panel_exponents.assign(static_cast<size_t>(panels * blocks * kPanel), 0);
 #pragma omp parallel
   {
 #pragma omp for schedule(static)

@@ -13,6 +13,17 @@ void SampleCallback::on_checkpoint(TrainContext&, int64_t, const std::string& di
   last_checkpoint_ = dir;
 }
 
+namespace {
+
+// The decoder multiplies the routed experts in bf16 in an mxfp8 run: it has no MX path, and a
+// sample is a look at the text, not a measurement.
+PrecisionRecipe sample_recipe(const TrainConfig& tc) {
+  return PrecisionRecipe::from_train(
+      tc.precision == TrainPrecision::kMxfp8 ? TrainPrecision::kBf16 : tc.precision, {});
+}
+
+}  // namespace
+
 void SampleCallback::on_end(TrainContext& ctx) {
   const TrainConfig& tc = ctx.config.train;
   if (ctx.world.rank() != 0 || tc.sample_tokens <= 0 || ctx.stop_signal != 0) return;
@@ -21,9 +32,9 @@ void SampleCallback::on_end(TrainContext& ctx) {
   try {
     ParamBuffers whole(ctx.full_layout);
     io::load_weights_from_dir(ctx.full_layout, last_checkpoint_, whole);
-    const std::string sample = generate_sample(ctx.config.model, ctx.full_layout, whole, tokenizer_,
-                                               tc.sample_prompt, tc.sample_tokens, tc.seed,
-                                               PrecisionRecipe::from_train_precision(tc.precision));
+    const std::string sample =
+        generate_sample(ctx.config.model, ctx.full_layout, whole, tokenizer_, tc.sample_prompt,
+                        tc.sample_tokens, tc.seed, sample_recipe(tc));
     ctx.progress.message(fmt::format("sample: {}{}", tc.sample_prompt, sample));
   } catch (const Error& e) {
     ctx.progress.message(fmt::format("warning: no sample: {}", e.what()));
