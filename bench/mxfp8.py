@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from plan_validation import BIN, REPO, RESULTS, median, prepare_data, run
+from plan_validation import BIN, PROFILE, REPO, RESULTS, median, prepare_data, run
 
 RUNS = 3
 STEPS = 4
@@ -55,6 +55,13 @@ def measure(work: Path) -> list[dict]:
     for model, config, sets in MODELS:
         own_data = data if config == VALIDATION else None
         per = {p: {"peak_kib": [], "step_s": [], "experts_s": [], "load": []} for p in PRECISIONS}
+        predicted = {}
+        for precision in PRECISIONS:
+            hardware = ["--hardware", str(PROFILE)] if PROFILE.is_file() else []
+            plan = json.loads(run([str(BIN), "plan", str(config), "--json", "--ranks", "1"] +
+                                  hardware + settings(sets, precision, STEPS, own_data,
+                                                      work / "plan")))
+            predicted[precision] = plan["stages"][0]["memory_bytes"]["peak"] / 2**20
         for repeat in range(RUNS):
             for precision in PRECISIONS:
                 out_dir = work / f"run_{precision}"
@@ -75,6 +82,7 @@ def measure(work: Path) -> list[dict]:
             p = per[precision]
             results.append({"model": model, "precision": precision,
                             "peak_mib": median(p["peak_kib"]) / 1024,
+                            "predicted_peak_mib": predicted[precision],
                             "step_s": median(p["step_s"]), "experts_s": median(p["experts_s"]),
                             "runs_peak_mib": [k / 1024 for k in p["peak_kib"]],
                             "runs_step_s": p["step_s"], "load_average_1min": p["load"]})
@@ -107,13 +115,14 @@ def write_results(results: list[dict], curve: dict | None) -> None:
              "shared (1-minute load average at each run's start below); one process, "
              f"{STEPS} steps (2..{STEPS} timed), median of {RUNS} runs, precisions interleaved "
              "within each repeat. Produced by `make bench-mxfp8` (`bench/mxfp8.py`).", "",
-             "| model | precision | peak RSS MiB | vs bf16 | step ms | vs bf16 | experts ms "
-             "(share) | load avg |", "|---|---|---|---|---|---|---|---|"]
+             "| model | precision | peak RSS MiB | vs bf16 | plan: peak MiB (error) | step ms | "
+             "vs bf16 | experts ms (share) | load avg |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         base = next(x for x in results if x["model"] == r["model"] and x["precision"] == "bf16")
         lines.append(
             f"| {r['model']} | {r['precision']} | {r['peak_mib']:.1f} | "
-            f"{r['peak_mib'] - base['peak_mib']:+.1f} MiB | {r['step_s'] * 1e3:.0f} | "
+            f"{r['peak_mib'] - base['peak_mib']:+.1f} MiB | {r['predicted_peak_mib']:.1f} "
+            f"({r['predicted_peak_mib'] / r['peak_mib'] - 1:+.1%}) | {r['step_s'] * 1e3:.0f} | "
             f"{r['step_s'] / base['step_s'] - 1:+.0%} | {r['experts_s'] * 1e3:.0f} "
             f"({r['experts_s'] / r['step_s']:.0%}) | "
             f"{', '.join(f'{x:.1f}' for x in r['load_average_1min'])} |")

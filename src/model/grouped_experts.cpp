@@ -40,17 +40,28 @@ void expert_weight_grads(const PrecisionRecipe& precision, std::span<const int64
                          const float* dy, int64_t out, const float* x_fp32,
                          const MxOperandView& x_saved, int64_t in, float* dw,
                          Workspace& workspace) {
-  const int64_t local = static_cast<int64_t>(offsets.size()) - 1, rows = offsets.back();
+  const int64_t local = static_cast<int64_t>(offsets.size()) - 1;
   Workspace::Scope scratch(workspace);
   if (!precision.mx.expert_wgrad) {
-    const std::span<float> x = scratch.uninitialized<float>(rows * in);
-    kernels::mx_dequantize(x_saved, view(x.data(), {rows, in}));
+    // One expert's rows dequantised at a time, into a buffer of the calling thread that keeps its
+    // capacity (grown to twice what it lacked): the busiest expert changes from step to step, and
+    // a workspace scope of its size would grow the workspace at every new maximum (tests/alloc).
+    thread_local std::vector<float> x;
+    const auto* codes = static_cast<const uint8_t*>(x_saved.codes.raw());
+    const auto* scales = static_cast<const uint8_t*>(x_saved.scales.raw());
     for (int64_t e = 0; e < local; ++e) {
       const int64_t begin = offsets[static_cast<size_t>(e)];
       const int64_t n = offsets[static_cast<size_t>(e + 1)] - begin;
       if (n == 0) continue;
-      kernels::matmul(view(dy + begin * out, {n, out}), true, view(x.data() + begin * in, {n, in}),
-                      false, 1.0f, 1.0f, view(dw + e * out * in, {out, in}), precision.experts);
+      const auto values = static_cast<size_t>(n * in);
+      if (x.capacity() < values) x.reserve(2 * values);
+      x.resize(values);
+      kernels::mx_dequantize(
+          {ConstTensorView(codes + begin * in, {n, in}, x_saved.codes.dtype()),
+           ConstTensorView(scales + begin * in / kBlock, {n, in / kBlock}, DType::kE8m0)},
+          view(x.data(), {n, in}));
+      kernels::matmul(view(dy + begin * out, {n, out}), true, view(x.data(), {n, in}), false, 1.0f,
+                      1.0f, view(dw + e * out * in, {out, in}), precision.experts);
     }
     return;
   }

@@ -7,6 +7,8 @@ namespace moecore::plan {
 namespace {
 
 constexpr double kF = 4.0;  // fp32 (and int32) bytes
+// An MXFP8 value: an E4M3 code, and its share of the block's E8M0 scale.
+constexpr double kMx = 1.0 + 1.0 / 32.0;
 
 }  // namespace
 
@@ -56,8 +58,12 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
       continue;
     }
     moe += kF * routes;  // send_pos
-    // Expert inputs, gate/up output, activation (expert-major), outputs back at the source.
-    moe += kF * (received * d + 3.0 * received * h) + kF * routes * d;
+    // Expert inputs, gate/up output, activation (expert-major), outputs back at the source; in
+    // mxfp8 the inputs and the activation as MXFP8 copies (MoeBlock lends their fp32 buffers:
+    // mx_lent_input_bytes).
+    const double expert_inputs = received * d + received * h;
+    moe +=
+        (t.mx_expert_inputs ? kMx : kF) * expert_inputs + kF * 2.0 * received * h + kF * routes * d;
     if (t.ep > 1 && t.dispatch == Dispatch::kSync)
       moe += kF * (received * d + received);  // y_perm, recv_to_expert
     if (t.ep > 1 && t.dispatch == Dispatch::kRowwise) moe += 8.0 * routes;  // RowTarget per route
@@ -67,6 +73,12 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   if (chunk.has_head) a.head = kF * (n + n * d + 2.0 * n * v);  // rstd, hidden, logits, dlogits
   a.head += kF * static_cast<double>(chunk.layers) * e;         // lb_score_grad
   return a;
+}
+
+double mx_lent_input_bytes(const ModelConfig& c, const TokenShape& t) {
+  if (!t.mx_expert_inputs || c.num_experts == 0) return 0.0;
+  const double received = static_cast<double>(t.tokens() * c.num_experts_per_tok);
+  return kF * received * static_cast<double>(c.hidden_size + c.moe_intermediate_size);
 }
 
 double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,
@@ -106,6 +118,12 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     // exchange's four copies), the shared expert's scratch, the router's dlogits.
     const double combine = kF * (2.0 * routes * d + routes);
     double experts = kF * 3.0 * received * h;
+    // mxfp8: the output gradients' codes ([R, d], then [R, 2H]) and the buffer that one expert's
+    // saved input is dequantised into for the weight gradient (kept by the thread at twice the
+    // busiest expert's rows; balanced: R over the E / ep local experts, rows of H, then of d).
+    if (t.mx_expert_inputs)
+      experts += kMx * received * std::max(d, 2.0 * h) +
+                 2.0 * kF * received / (e / static_cast<double>(t.ep)) * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
     moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});
   }

@@ -39,6 +39,9 @@ struct TokenShape {
   int64_t seq = 1;
   int64_t ep = 1;
   Dispatch dispatch = Dispatch::kSync;
+  // train.precision = "mxfp8" without mxfp8_expert_wgrad: the experts' inputs (x, the SwiGLU
+  // output) are kept as MXFP8 copies (model/grouped_experts.h), their fp32 buffers lent per layer.
+  bool mx_expert_inputs = false;
   int64_t tokens() const { return rows * seq; }
 };
 
@@ -46,6 +49,10 @@ struct TokenShape {
 // the router states of MoE layers, and the sublayers not recomputed.
 ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
                                        const TokenShape& t, ActivationRecompute recompute);
+
+// mxfp8: the fp32 expert inputs one MoE block lends to each layer's forward (x and the SwiGLU
+// output of one micro-batch's routed rows), allocated once per model chunk.
+double mx_lent_input_bytes(const ModelConfig& c, const TokenShape& t);
 
 // What the backward rebuilds for one layer under `recompute` (freed again after its backward).
 double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,

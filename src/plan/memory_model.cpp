@@ -6,6 +6,7 @@
 
 #include "dist/pipeline_schedule.h"
 #include "model/bf16_weight_copies.h"
+#include "model/mx_weight_caches.h"
 #include "model/params.h"
 
 namespace moecore::plan {
@@ -39,6 +40,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   for (const LayerRange& range : ranges)
     for (const ParamRange& copy : bf16_copy_ranges(mc, local, range, recipe))
       m.bf16_weight_copies += 2.0 * static_cast<double>(copy.numel);
+  for (const LayerRange& range : ranges)
+    for (const MxWeightRange& cache : mx_weight_ranges(mc, local, range, recipe))
+      m.mx_weight_caches += static_cast<double>(mx_cache_bytes(cache));
 
   // DistributedOptimizer: a replica of both moments, or per group a 1/ranks slice of them plus a
   // padded gradient shard; its step pads the gradient for the reduce-scatter and gathers the
@@ -77,7 +81,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   const std::vector<dist::PipelineAction> actions = dist::pipeline_schedule(
       pc.schedule, layout.pp, stage, layout.virtual_stages, tc.microbatches);
   m.peak_live_microbatches = dist::peak_live_activations(actions);
-  const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, pc.dispatch};
+  const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, pc.dispatch,
+                          recipe.mx.experts && !recipe.mx.expert_wgrad};
   const bool scaled_loss = tc.microbatches > 1;
   int64_t first_layer = 0;
   std::vector<int64_t> starts;
@@ -105,6 +110,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations_per_microbatch.moe += a.moe;
     m.activations_per_microbatch.head += a.head;
     m.activations += static_cast<double>(live) * a.total();
+    m.mx_lent_inputs += mx_lent_input_bytes(mc, tokens);
     m.pass_scratch = std::max(
         m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, scaled_loss, tc.recompute));
   }
@@ -127,9 +133,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // The workspace (core/workspace.h) keeps the largest of the passes' scratch and ZeRO-1's
   // reduction buffers for the whole run; Open MPI's copies come on top of it.
   m.workspace = std::max(m.pass_scratch, m.optimizer_scratch);
-  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.activations +
-           m.workspace + reduction_heap + m.dispatch_buffers + m.pipeline_buffers + m.runtime +
-           (device ? 0.0 : host_side);
+  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
+           m.mx_lent_inputs + m.activations + m.workspace + reduction_heap + m.dispatch_buffers +
+           m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);
   m.host = device ? host_side : 0.0;
   return m;
 }

@@ -118,6 +118,8 @@ nlohmann::json plan_json(const Plan& p) {
                         {"mpi_scratch", m.mpi_scratch},
                         {"reduction_peak", m.reduction_peak},
                         {"bf16_weight_copies", m.bf16_weight_copies},
+                        {"mx_weight_caches", m.mx_weight_caches},
+                        {"mx_lent_inputs", m.mx_lent_inputs},
                         {"activations", m.activations},
                         {"pass_scratch", m.pass_scratch},
                         {"workspace", m.workspace},
@@ -218,10 +220,14 @@ std::string plan_text(const Plan& p) {
     out += "\n";
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
-        "bf16 copies {}\n",
+        "bf16 copies {}{}\n",
         human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
         human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
-        human_bytes(m.bf16_weight_copies));
+        human_bytes(m.bf16_weight_copies),
+        m.mx_weight_caches > 0.0
+            ? fmt::format(", MX weight caches {}, MX lent expert inputs {}",
+                          human_bytes(m.mx_weight_caches), human_bytes(m.mx_lent_inputs))
+            : "");
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "
         "{}, head {}) x live micro-batches per chunk [",

@@ -107,6 +107,41 @@ TEST(PlanMemory, Bf16WeightCopiesOfTheStagesModules) {
   EXPECT_EQ(make_plan(small_config(), 1, kNoRuntime).stages[0].bf16_weight_copies, 0.0);
 }
 
+// train.precision = "mxfp8" (moe_intermediate_size 32: whole MX blocks): the experts get MX caches
+// in both orientations instead of bf16 copies, 2 (numel + numel / 32) bytes: a MoE layer's 4 local
+// experts hold 4 x 3 x 32 x 32 = 12288 weights; the rest keeps its bf16 copies. The experts'
+// inputs x and act are kept as MXFP8 (1 + 1/32 bytes instead of 4) for each MoE layer, and one
+// fp32 pair is lent per chunk: R = 2 rows x 16 x top-2 = 64 routed rows of d + H = 64 values.
+TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
+  const std::vector<std::string> layout = {"model.moe_intermediate_size=32", "parallel.ep=2",
+                                           "parallel.pp=2"};
+  auto with = [&](const char* precision) {
+    std::vector<std::string> overrides = layout;
+    overrides.push_back(std::string("train.precision=\"") + precision + "\"");
+    return make_plan(small_config(overrides), 4, kNoRuntime);
+  };
+  const Plan mx = with("mxfp8"), bf16 = with("bf16");
+  const double experts = 12288.0, per_layer_cache = 2.0 * (experts + experts / 32.0);
+  EXPECT_DOUBLE_EQ(mx.stages[0].mx_weight_caches, per_layer_cache);
+  EXPECT_DOUBLE_EQ(mx.stages[1].mx_weight_caches, 2.0 * per_layer_cache);
+  EXPECT_DOUBLE_EQ(mx.stages[0].bf16_weight_copies,
+                   bf16.stages[0].bf16_weight_copies - 2 * experts);
+  EXPECT_EQ(bf16.stages[0].mx_weight_caches, 0.0);
+  const double inputs = 64.0 * (32 + 32);
+  EXPECT_DOUBLE_EQ(
+      bf16.stages[0].activations_per_microbatch.moe - mx.stages[0].activations_per_microbatch.moe,
+      (4.0 - 33.0 / 32.0) * inputs);
+  EXPECT_DOUBLE_EQ(mx.stages[0].mx_lent_inputs, 4.0 * inputs);
+  EXPECT_EQ(bf16.stages[0].mx_lent_inputs, 0.0);
+  // The trainer's own error for widths that are not whole blocks.
+  try {
+    make_plan(small_config({"train.precision=\"mxfp8\""}), 1, kNoRuntime);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[mxfp8]"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PlanMemory, LiveMicroBatchesComeFromTheSchedule) {
   // pp 2, 4 micro-batches: 1F1B keeps pp - stage alive, GPipe all of them.
   const Plan one_f =
