@@ -29,10 +29,7 @@ MxOperandView quantize_rows(const float* x, int64_t rows, int64_t cols, mx::Scal
   MxScratch& s = scratch();
   s.codes[slot].resize(static_cast<size_t>(rows * cols));
   s.scales[slot].resize(static_cast<size_t>(rows * cols / kBlock));
-  const TensorView codes(s.codes[slot].data(), {rows, cols}, DType::kE4m3);
-  const TensorView scales(s.scales[slot].data(), {rows, cols / kBlock}, DType::kE8m0);
-  kernels::mx_quantize(view(x, {rows, cols}), mode, codes, scales);
-  return {codes, scales};
+  return mx_quantize_rows(x, rows, cols, mode, s.codes[slot], s.scales[slot]);
 }
 
 // x [rows, cols] along rows (the tokens), rows zero-padded to a multiple of 32: [cols, padded].
@@ -59,6 +56,22 @@ MxOperandView matrix(const MxOperandView& cache) {
 }
 
 }  // namespace
+
+MxOperandView mx_quantize_rows(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
+                               std::span<uint8_t> codes, std::span<uint8_t> scales) {
+  const TensorView c(codes.data(), {rows, cols}, DType::kE4m3);
+  const TensorView s(scales.data(), {rows, cols / kBlock}, DType::kE8m0);
+  kernels::mx_quantize(view(x, {rows, cols}), mode, c, s);
+  return {c, s};
+}
+
+void mx_weight_grad(const float* dy, const float* x, float* dw, int64_t rows, int64_t in,
+                    int64_t out, mx::ScaleMode mode) {
+  if (rows == 0) return;
+  const MxOperandView dy_t = quantize_along_tokens(dy, rows, out, mode, 0);
+  const MxOperandView x_t = quantize_along_tokens(x, rows, in, mode, 1);
+  kernels::mx_matmul(dy_t, x_t, 1.0f, 1.0f, view(dw, {out, in}));
+}
 
 void linear_forward(kernels::MatmulPrecision precision, const float* x, const LinearWeight& w,
                     float* y, int64_t rows, int64_t in, int64_t out) {
@@ -90,9 +103,7 @@ void linear_backward(kernels::MatmulPrecision precision, const float* dy, const 
     kernels::mx_matmul(dyq, matrix(w.mx->along_out), 1.0f, accumulate_dx ? 1.0f : 0.0f,
                        view(dx, {rows, in}));
   }
-  const MxOperandView dy_t = quantize_along_tokens(dy, rows, out, mode, 0);
-  const MxOperandView x_t = quantize_along_tokens(x, rows, in, mode, 1);
-  kernels::mx_matmul(dy_t, x_t, 1.0f, 1.0f, view(dw, {out, in}));
+  mx_weight_grad(dy, x, dw, rows, in, out, mode);
 }
 
 }  // namespace moecore

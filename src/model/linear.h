@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor_view.h"
 #include "kernels/matmul_precision.h"
@@ -29,6 +30,17 @@ struct LinearWeight {
   ConstTensorView values;
   const MxWeight* mx = nullptr;
 };
+
+// x [rows, cols] quantised along cols (E4M3, `mode` scales) into codes [rows, cols] and scales
+// [rows, cols / 32] the caller provides: an activation or output gradient as an MX GEMM operand.
+MxOperandView mx_quantize_rows(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
+                               std::span<uint8_t> codes, std::span<uint8_t> scales);
+
+// dw[out, in] += dy^T . x as an MX GEMM, dy [rows, out] and x [rows, in] both quantised along the
+// rows (the tokens) from fp32, zero-padded to a multiple of 32 rows: the weight gradient of an
+// MXFP8 linear, and of an MXFP8 expert (its rows) under mxfp8_expert_wgrad.
+void mx_weight_grad(const float* dy, const float* x, float* dw, int64_t rows, int64_t in,
+                    int64_t out, mx::ScaleMode mode);
 
 void linear_forward(kernels::MatmulPrecision precision, const float* x, const LinearWeight& w,
                     float* y, int64_t rows, int64_t in, int64_t out);
