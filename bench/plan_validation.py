@@ -17,10 +17,12 @@ bench/configs/plan_validation.toml and compares, per rank:
     (the roofline has no small-shape efficiency curve, so the rate is taken where the model runs)
     and at 2048^3 (the MFU peak), `moecore bench stream` (one thread) and `moecore bench
     pingpong` (mpirun -np 2; the bandwidth of a 64 MiB message, the size of the gradient
-    buffers, the latency at 4 bytes), and the cores' worth of rate the ranks share (two GEMM
-    benches at once against one alone: the machine is shared with other jobs).
+    buffers, the latency at 4 bytes), `moecore bench collectives` (mpirun -np 2: the bus
+    bandwidth of the gradient all-reduce, reduce-scatter and all-gather as the trainer calls
+    them), and the cores' worth of rate the ranks share (two GEMM benches at once against one
+    alone: the machine is shared with other jobs).
 Writes bench/results/plan_validation.md and .json. Run: `make bench-plan` (the venv's Python:
-the corpus comes from tests/train/conftest.py, which imports numpy); about 10 minutes on two
+the corpus comes from tests/train/conftest.py, which imports numpy); 2-10 minutes on two
 shared cores. Measured RSS does not depend on machine load; step times do: the load average is
 recorded with them.
 """
@@ -45,12 +47,28 @@ RESULTS = REPO / "bench" / "results"
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 MEMORY_TOLERANCE = 0.10
+MEMORY_LAYOUTS = 8     # issue 17, item 3: within the tolerance on every rank of at least 8 layouts
 TIME_TOLERANCE = 0.25  # issue 17, item 4
-RUNS = 3               # timed runs per layout; the median is compared
-STEPS = 4              # per run; steps 2..STEPS are timed
+RUNS = 5               # timed runs per layout; the median is compared (the machine is shared)
+STEPS = 6              # per run; steps 2..STEPS are timed
 PROFILE = RESULTS / "cpu_profile.json"
 # The communicator's float payloads (dist/traffic_counters.h); the rest are statistics.
 FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoallv", "put", "get", "send"}
+# The trainer's profile phases (core/phase_timer.h) under the plan's time categories
+# (plan/op_cost.h; its experts include the router and the shared expert). Unnamed phases
+# (embedding, norms, residuals, a dense layer's MLP, the loss, the pipeline's waits) are `other`,
+# set against the plan's elementwise, dense_mlp and pipeline_wait.
+PHASE_CATEGORY = {
+    "attention_forward": "attention", "attention_backward": "attention",
+    "router_forward": "experts", "router_backward": "experts",
+    "experts_forward": "experts", "experts_backward": "experts",
+    "shared_expert_forward": "experts", "shared_expert_backward": "experts",
+    "dispatch_forward": "expert_exchange", "dispatch_backward": "expert_exchange",
+    "combine_forward": "expert_exchange", "combine_backward": "expert_exchange",
+    "lm_head_forward": "lm_head", "lm_head_backward": "lm_head",
+    "communication": "grad_reduce", "optimizer": "optimizer", "other": "other",
+}
+PLAN_CATEGORY = {"elementwise": "other", "dense_mlp": "other", "pipeline_wait": "other"}
 
 # (name, ranks, --set overrides)
 LAYOUTS = [
@@ -106,6 +124,13 @@ def measure_profile() -> dict:
     pingpong = json.loads(run(["mpirun", "-np", "2", str(BIN), "bench", "pingpong",
                                "--max-megabytes", "64"], env=MPI_ENV))
     sizes = pingpong["sizes"]
+    # The gradient collectives as the trainer calls them, on two ranks, from 1 to 64 MiB (the
+    # validation model's gradient buffers are 24 and 54 MiB; the rate falls with size here).
+    collectives = json.loads(run(["mpirun", "-np", "2", str(BIN), "bench", "collectives",
+                                  "--max-megabytes", "64"], env=MPI_ENV))
+
+    def bus_curve(op: str) -> list[list[float]]:
+        return [[s["bytes"], s[f"{op}_bus_bytes_per_s"] / 1e9] for s in collectives["sizes"]]
     # The cores' worth of rate the job's ranks get together: two ranks' GEMMs at once (mpirun
     # prints one JSON line each) against one alone. On a quiet machine with 2 free cores it is
     # about 2; other jobs lower it.
@@ -130,6 +155,9 @@ def measure_profile() -> dict:
         "link_latency_us": sizes[0]["one_way_seconds_median"] * 1e6,
         "cores_per_node": capacity,
         "async_communication": False,
+        "collective_bus_gbs": {op: bus_curve(op)
+                               for op in ("allreduce", "reduce_scatter", "allgather")},
+        "collective_ranks": collectives["ranks"],
         "measured": {"cpu": platform.processor() or platform.machine(),
                      "gemm_shape_mnk": model_shape, "load_average": os.getloadavg()},
     }
@@ -147,7 +175,7 @@ def measure(name: str, ranks: int, sets: list[str], data: Path, work: Path) -> d
     cmd = [str(BIN), "train", str(CONFIG)] + set_args
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks)] + cmd
-    step_seconds, loads, peaks = [], [], []
+    step_seconds, loads, peaks, phases = [], [], [], []
     for attempt in range(RUNS):
         if attempt > 0:  # a fresh run directory: the trainer would resume from the last one
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -155,6 +183,15 @@ def measure(name: str, ranks: int, sets: list[str], data: Path, work: Path) -> d
         run(cmd, env=MPI_ENV)
         prof = json.loads((out_dir / "profile.json").read_text())
         step_seconds.append(prof["seconds"] / prof["steps"])
+        # Where the time goes on the first rank of the stage the plan finds slowest.
+        critical_rank = plan["step_time"]["critical_stage"] * plan["layout"]["dp"]
+        prof = json.loads((out_dir / "rank_stats" /
+                           f"profile_rank{critical_rank}.json").read_text())
+        by_category: dict[str, float] = {}
+        for phase, seconds in prof["phases"].items():
+            category = PHASE_CATEGORY.get(phase, "other")
+            by_category[category] = by_category.get(category, 0.0) + seconds / prof["steps"]
+        phases.append(by_category)
         peaks.append([json.loads((out_dir / "rank_stats" / f"rank{r}.json").read_text())
                       ["peak_rss_kib"] for r in range(ranks)])
     dp = plan["layout"]["dp"]
@@ -180,6 +217,9 @@ def measure(name: str, ranks: int, sets: list[str], data: Path, work: Path) -> d
             "predicted_step_s": plan["step_time"]["seconds"],
             "predicted_breakdown_s": plan["step_time"]["breakdown_seconds"],
             "measured_step_s": step_seconds, "measured_step_s_median": median(step_seconds),
+            # The profile of the first rank of the plan's critical stage.
+            "measured_breakdown_s": {c: median([p.get(c, 0.0) for p in phases])
+                                     for c in sorted({c for p in phases for c in p})},
             "load_average_1min": loads}
 
 
@@ -212,21 +252,26 @@ def write_results(results: list[dict], profile: dict) -> None:
              "(`bench/plan_validation.py`).", "",
              "Peak memory per rank: the plan's prediction for the rank's stage against the peak "
              "RSS recorded at the end of the training loop (`out_dir/rank_stats`), the median of "
-             f"the {RUNS} runs. Target: within "
-             f"{MEMORY_TOLERANCE:.0%}. The plan's process baseline (24 MiB, `--hardware cpu`) and "
+             f"the {RUNS} runs. Target: within {MEMORY_TOLERANCE:.0%} on every rank for at least "
+             f"{MEMORY_LAYOUTS} layouts. The plan predicts one figure per stage; Open MPI's "
+             "reduce-scatter (ZeRO-1) holds its temporaries on some ranks of a group and not "
+             "others (a binomial reduction: rank 0 of a 4-rank group holds two copies of the "
+             "buffer, ranks 2 and 3 none), which the per-stage figure cannot follow. The plan's "
+             "process baseline (24 MiB, `--hardware cpu`) and "
              "Open MPI's reduction temporaries were measured on this machine; everything else is "
              "counted from the code.", "",
              "| layout | rank | predicted MiB | measured MiB | error |", "|---|---|---|---|---|"]
-    worst, memory_ok, traffic_ok = 0.0, True, True
+    worst, traffic_ok, layouts_within = 0.0, True, 0
     traffic_lines = ["", "Bytes per step per collective (float payloads; the communicator's "
                      "counters over the run divided by its steps). Target: equal.", "",
                      "| layout | rank | collective | predicted | measured | equal |",
                      "|---|---|---|---|---|---|"]
     for res in results:
+        layout_within = True
         for row in res["ranks_detail"]:
             err = row["predicted_peak_mib"] / row["measured_peak_mib"] - 1.0
             worst = max(worst, abs(err))
-            memory_ok &= abs(err) <= MEMORY_TOLERANCE
+            layout_within &= abs(err) <= MEMORY_TOLERANCE
             lines.append(f"| {res['name']} | {row['rank']} | {row['predicted_peak_mib']:.1f} | "
                          f"{row['measured_peak_mib']:.1f} | {err:+.1%} |")
             keys = sorted(set(row["predicted_traffic"]) | set(row["measured_traffic"]))
@@ -237,6 +282,7 @@ def write_results(results: list[dict], profile: dict) -> None:
                 traffic_ok &= same
                 traffic_lines.append(f"| {res['name']} | {row['rank']} | {k} | {p:,.0f} | "
                                      f"{m:,.0f} | {'yes' if same else 'NO'} |")
+        layouts_within += layout_within
     lines += traffic_lines
     p = profile
     time_lines = ["", "Step time (issue 17, item 4): `moecore plan --hardware "
@@ -251,6 +297,10 @@ def write_results(results: list[dict], profile: dict) -> None:
                   f"(peak {p['peak_tflops_fp32'] * 1e3:.1f} / {p['peak_tflops_bf16'] * 1e3:.1f} "
                   f"at 2048^3), memory {p['memory_bandwidth_gbs']:.1f} GB/s, MPI link "
                   f"{p['link_bandwidth_gbs']:.1f} GB/s and {p['link_latency_us']:.1f} us, "
+                  "the gradient collectives' bus bandwidth (2 ranks, 1 / 4 / 16 / 64 MiB): "
+                  + "; ".join(f"{op} " + " / ".join(f"{g:.2f}" for _, g in curve)
+                              for op, curve in p["collective_bus_gbs"].items())
+                  + " GB/s, "
                   f"{p['cores_per_node']:.2f} cores' worth of rate shared by the ranks (two concurrent GEMMs "
                   "against one); one thread per rank.", "",
                   "| layout | predicted ms | measured ms (median) | runs ms | error | load avg | "
@@ -268,7 +318,29 @@ def write_results(results: list[dict], profile: dict) -> None:
             f"{', '.join(f'{x:.1f}' for x in res['load_average_1min'])} | "
             f"{', '.join(f'{k} {v / pred:.0%}' for k, v in parts)} |")
     lines += time_lines
-    lines += ["", f"Memory: worst error {worst:.1%} ({'met' if memory_ok else 'MISSED'}); "
+    categories = ["attention", "experts", "expert_exchange", "lm_head", "other", "grad_reduce",
+                  "optimizer"]
+    lines += ["", "Where the time goes, predicted / measured ms per step (the plan's critical "
+              "stage, and the profile of that stage's first rank, median of the runs; `experts` "
+              "includes the router and the shared expert; `other` is the plan's element-wise "
+              "work, dense-layer MLP and pipeline wait against the profile's unnamed phases: "
+              "embedding, norms, residuals, a dense layer's MLP, the loss, the pipeline's waits "
+              "and sends):", "",
+              "| layout | " + " | ".join(categories) + " |",
+              "|---|" + "---|" * len(categories)]
+    for res in results:
+        predicted: dict[str, float] = {}
+        for k, v in res["predicted_breakdown_s"].items():
+            c = PLAN_CATEGORY.get(k, k)
+            predicted[c] = predicted.get(c, 0.0) + v
+        measured = res["measured_breakdown_s"]
+        lines.append(f"| {res['name']} | " + " | ".join(
+            f"{predicted.get(c, 0.0) * 1e3:.0f} / {measured.get(c, 0.0) * 1e3:.0f}"
+            for c in categories) + " |")
+    memory_ok = layouts_within >= min(MEMORY_LAYOUTS, len(results))
+    lines += ["", f"Memory: {layouts_within} of {len(results)} layouts within "
+              f"{MEMORY_TOLERANCE:.0%} on every rank, worst error {worst:.1%} "
+              f"({'met' if memory_ok else 'MISSED'}); "
               f"traffic: {'every collective equal' if traffic_ok else 'MISMATCH'}; "
               f"step time: worst error {time_worst:.1%} ({'met' if time_ok else 'MISSED'})."]
     (RESULTS / "plan_validation.md").write_text("\n".join(lines) + "\n")

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -138,7 +139,7 @@ void run_bench_stream(int64_t megabytes, int64_t repeats, int64_t threads) {
     triad();
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rates.push_back(12.0 * static_cast<double>(n) / s);
+    rates.push_back(16.0 * static_cast<double>(n) / s);  // with a's write-allocate (see .h)
   }
   const nlohmann::json out = {{"megabytes", megabytes},
                               {"threads", omp_get_max_threads()},
@@ -188,6 +189,59 @@ void run_bench_pingpong(int64_t max_megabytes, int64_t repeats) {
   }
   if (rank == 0)
     fmt::print("{}\n", nlohmann::json{{"ranks", world.size()}, {"sizes", sizes}}.dump());
+}
+
+void run_bench_collectives(int64_t max_megabytes, int64_t repeats) {
+  const std::unique_ptr<dist::Communicator> world_group = dist::mpi_world();
+  const dist::Communicator& world = *world_group;
+  MOE_CHECK(world.size() >= 2, "[bench] collectives needs at least 2 ranks (mpirun -np 2), got {}",
+            world.size());
+  MOE_CHECK(max_megabytes > 0 && repeats > 0,
+            "[bench] collectives needs positive --max-megabytes and --repeats (got {} and {})",
+            max_megabytes, repeats);
+  const int64_t ranks = world.size();
+  const double n = static_cast<double>(ranks);
+  // Buffers that are multiples of the ranks, so that the reduce-scatter's slices are equal.
+  const int64_t max_floats = max_megabytes * 1024 * 1024 / 4 / ranks * ranks;
+  std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f),
+      part(static_cast<size_t>(max_floats / ranks));
+  const auto time = [&](const std::function<void()>& op) {
+    op();  // warm-up: connection set-up, first touch
+    std::vector<double> seconds;
+    for (int64_t r = 0; r < repeats; ++r) {
+      world.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      op();
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      world.allreduce_max(&s, 1);  // the collective ends when its slowest rank is done
+      seconds.push_back(s);
+    }
+    return median_of(seconds);
+  };
+  nlohmann::json sizes = nlohmann::json::array();
+  // 1 MiB, then x 4 up to the largest (which is always measured).
+  for (int64_t mib = std::min<int64_t>(1, max_megabytes);; mib = std::min(mib * 4, max_megabytes)) {
+    const int64_t floats = mib * 1024 * 1024 / 4 / ranks * ranks, slice = floats / ranks;
+    const double bytes = 4.0 * static_cast<double>(floats);
+    const double allreduce = time([&] {
+      dist::Request request = world.iallreduce_sum(buffer.data(), floats);
+      dist::wait(request);
+    });
+    const double reduce_scatter =
+        time([&] { world.reduce_scatter_sum(buffer.data(), part.data(), slice); });
+    const double allgather = time([&] { world.allgather(part.data(), buffer.data(), slice); });
+    sizes.push_back({{"bytes", bytes},
+                     {"allreduce_bus_bytes_per_s", 2.0 * (n - 1.0) / n * bytes / allreduce},
+                     {"reduce_scatter_bus_bytes_per_s", (n - 1.0) / n * bytes / reduce_scatter},
+                     {"allgather_bus_bytes_per_s", (n - 1.0) / n * bytes / allgather},
+                     {"seconds_median",
+                      {{"allreduce", allreduce},
+                       {"reduce_scatter", reduce_scatter},
+                       {"allgather", allgather}}}});
+    if (mib == max_megabytes) break;
+  }
+  if (world.rank() == 0)
+    fmt::print("{}\n", nlohmann::json{{"ranks", ranks}, {"sizes", sizes}}.dump());
 }
 
 void run_bench_flops(const std::string& config_path, const std::vector<std::string>& overrides) {

@@ -234,6 +234,14 @@ int main(int argc, char** argv) {
                       1 << 16);
   cli::add_int_option(bench_pingpong, "--repeats", pingpong_repeats, "round trips per size", 1,
                       1000000);
+  int64_t collectives_megabytes = 64, collectives_repeats = 5;
+  CLI::App* bench_collectives = bench->add_subcommand(
+      "collectives",
+      "bus bandwidth of the gradient all-reduce, reduce-scatter and all-gather (mpirun -np N)");
+  cli::add_int_option(bench_collectives, "--max-megabytes", collectives_megabytes, "largest buffer",
+                      1, 1 << 16);
+  cli::add_int_option(bench_collectives, "--repeats", collectives_repeats, "timed repeats per op",
+                      1, 1000000);
   CLI::App* bench_flops =
       bench->add_subcommand("flops", "model FLOPs per token and parameter counts of a config");
   bench_flops->add_option("config", train_config, "config TOML")->required();
@@ -355,6 +363,8 @@ int main(int argc, char** argv) {
       cli::run_bench_stream(stream_megabytes, stream_repeats, stream_threads);
     } else if (bench_pingpong->parsed()) {
       cli::run_bench_pingpong(pingpong_megabytes, pingpong_repeats);
+    } else if (bench_collectives->parsed()) {
+      cli::run_bench_collectives(collectives_megabytes, collectives_repeats);
     } else if (plan->parsed()) {
       cli::run_plan(plan_args);
     } else if (mx_quantize->parsed()) {

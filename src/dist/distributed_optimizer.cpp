@@ -104,7 +104,7 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& sc
 
 void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,
                                 double grad_norm, Workspace& scratch) {
-  const ScopedPhase timer(Phase::kOptimizer);
+  ScopedPhase timer(Phase::kOptimizer);
   const float coef = clip_coefficient(config_.max_grad_norm, grad_norm);
   ++steps_;
   // The clipping coefficient is applied inside the update (one pass over the gradients).
@@ -113,8 +113,12 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
     return;
   }
   for (Shard& s : shards_) {
+    timer.switch_to(Phase::kOptimizer);
     adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
                        s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr, coef);
+    // The updated shards travel to every rank: communication in the profile, as the planner
+    // counts the all-gather with the reductions.
+    timer.switch_to(Phase::kCommunication);
     Workspace::Scope scope(scratch);
     const std::span<float> send = scope.zeroed<float>(static_cast<int64_t>(s.shard_size));
     const std::span<float> gathered =

@@ -4,7 +4,9 @@
 // a weight is read by the forward, the input-gradient GEMM and, with activation recompute, the
 // forward again, in every micro-batch. The trainer refreshes once per optimizer step
 // (Transformer::weights_changed). A copy rounds exactly as the per-call conversion did, so the
-// GEMMs' results do not change.
+// GEMMs' results do not change. The copies keep the weights' plain layout: pre-packing them into
+// oneDNN's blocked layout was measured and gains nothing on these GEMMs
+// (bench/results/bf16_prepack.md).
 //
 // The copies cover element ranges of the two parameter buffers rather than whole tensors because
 // some GEMMs read several tensors as one operand (a dense layer's gate and up projections, a rank's

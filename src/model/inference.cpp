@@ -230,7 +230,7 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       swiglu_mlp_forward(precision_.dense_mlp, {n, d, c.intermediate_size}, ffn_in, w.mlp_gate_up,
                          w.mlp_down, mlp_gu_.data(), mlp_act_.data(), branch_.data());
     } else {
-      moe_.forward(w.moe, ffn_in, n, branch_.data(), moe_cache_);
+      moe_.forward(w.moe, ffn_in, n, branch_.data(), moe_cache_, moe_workspace_);
     }
     if (reordered) {
       kernels::rmsnorm_forward(view(branch_.data(), {n, d}), view(w.post_norm, {d}),

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/workspace.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/moe_block.h"
@@ -85,6 +86,7 @@ class InferenceModel {
   std::vector<float> x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, qk_rstd_, context_, branch_;
   std::vector<float> mlp_gu_, mlp_act_, logits_;
   MoeCache moe_cache_;
+  Workspace moe_workspace_;  // the MoE dispatch's temporaries (none on one rank)
 };
 
 }  // namespace moecore

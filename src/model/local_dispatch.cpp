@@ -7,7 +7,7 @@ namespace moecore {
 
 void LocalDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
                             int64_t tokens, const RouterState& router, RoutedRows& routed,
-                            Cache& cache) const {
+                            Cache& cache, Workspace& /*workspace*/) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, e_count = c.num_experts;

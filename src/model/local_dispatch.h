@@ -22,10 +22,12 @@ class LocalDispatch {
 
   explicit LocalDispatch(const ModelConfig& config) : config_(config) {}
 
-  // x: [N, d] -> routed (send_pos, y_back); the experts' rows into cache.
+  // x: [N, d] -> routed (send_pos, y_back); the experts' rows into cache (no temporaries: the
+  // workspace parameter keeps the three dispatches' signatures alike).
   // The experts multiply as `precision` says (its experts and mx entries).
   void forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
-               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
+               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache,
+               Workspace& workspace) const;
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
   // gradients += into dw; temporaries from `workspace`.
   void backward(const PrecisionRecipe& precision, const MoeWeights& w, const MoeGrads& dw,

@@ -35,7 +35,7 @@ void MoeBlock::lend_fp32_inputs(ExpertRows& rows) const {
 }
 
 void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, float* y,
-                       MoeCache& cache) const {
+                       MoeCache& cache, Workspace& workspace) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   cache.router_shape = router_shape_of(c, tokens);
@@ -54,7 +54,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
         const bool lend = !experts_backward_reads_fp32_inputs(precision_);
         if (lend) lend_fp32_inputs(rows);
         dispatch.forward(precision_, w, x, tokens, cache.router, cache.routed,
-                         std::get<Cache>(cache.dispatch));
+                         std::get<Cache>(cache.dispatch), workspace);
         if (lend) lend_fp32_inputs(rows);
       },
       dispatch_);

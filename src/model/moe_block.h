@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/workspace.h"
 #include "model/config.h"
 #include "model/expert_exchange.h"
 #include "model/local_dispatch.h"
@@ -46,9 +47,10 @@ class MoeBlock {
   // The GEMM precision of the router, the experts and the shared expert (default: fp32).
   void set_precision(const PrecisionRecipe& precision) { precision_ = precision; }
 
-  // x: [N, d] -> y: [N, d] (=). Every rank of the exchange must call it (also with N = 0).
-  void forward(const MoeWeights& w, const float* x, int64_t tokens, float* y,
-               MoeCache& cache) const;
+  // x: [N, d] -> y: [N, d] (=). Every rank of the exchange must call it (also with N = 0). The
+  // dispatch's temporaries (the sync exchange's send and receive copies) come from `workspace`.
+  void forward(const MoeWeights& w, const float* x, int64_t tokens, float* y, MoeCache& cache,
+               Workspace& workspace) const;
 
   // dy: [N, d]; dx: [N, d] (=); parameter gradients in dw (+=). lb_score_grad / z_grad_scale: the
   // load-balancing and z-loss gradients for this layer (see RouterGrads). The temporaries (routed

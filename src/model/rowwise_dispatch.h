@@ -29,10 +29,12 @@ class RowwiseDispatch {
       : config_(config), shard_(shard), exchange_(exchange) {}
 
   // x: [N, d] -> routed (send_pos: the identity, y_back: route order); collective over the group
-  // (also with N = 0).
+  // (also with N = 0). No temporaries: rows travel through the exchange's symmetric buffers (the
+  // workspace parameter keeps the three dispatches' signatures alike).
   // The experts multiply as `precision` says (its experts and mx entries).
   void forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
-               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
+               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache,
+               Workspace& workspace) const;
   // dy_send: [N * k, d] output gradients in route order -> dx_send (=), zero for dropped routes;
   // expert weight gradients += into dw. Collective.
   void backward(const PrecisionRecipe& precision, const MoeWeights& w, const MoeGrads& dw,

@@ -8,17 +8,18 @@ namespace moecore {
 
 void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
                            int64_t tokens, const RouterState& router, RoutedRows& routed,
-                           Cache& cache) const {
+                           Cache& cache, Workspace& workspace) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
   const int64_t h = c.moe_intermediate_size, routes = tokens * k;
   const int64_t ranks = exchange_.ranks(), local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
+  Workspace::Scope scratch(workspace);
   order_routes_by_expert(router, e_count, routes, routed.send_pos);
   cache.send_rows.assign(to_size(ranks), 0);
   for (int64_t e = 0; e < e_count; ++e)
     cache.send_rows[to_size(e / local)] += router.expert_counts[to_size(e)];
-  std::vector<float> x_send(to_size(routes * d));
+  const std::span<float> x_send = scratch.uninitialized<float>(routes * d);
   kernels::permute_rows(view(x, {tokens, d}), view(routed.send_pos.data(), {routes}), k,
                         view(x_send.data(), {routes, d}));
 
@@ -34,7 +35,9 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
     }
   for (int64_t le = 0; le < local; ++le) offsets[to_size(le + 1)] += offsets[to_size(le)];
   const int64_t received = offsets[to_size(local)];
-  std::vector<float> x_recv(to_size(received * d));
+  // One receive buffer: the token rows, then (once they sit expert-major in the cache) the outputs
+  // on their way back.
+  const std::span<float> x_recv = scratch.uninitialized<float>(received * d);
   exchange_.exchange_rows(x_send.data(), cache.send_rows, x_recv.data(), cache.recv_rows, d);
 
   // Received rows come source-major; the grouped GEMM wants them expert-major.
@@ -58,7 +61,7 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
 
   // Outputs back to their sources, in send order.
   timer.switch_to(Phase::kCombineForward);
-  std::vector<float> y_recv(to_size(received * d));
+  const std::span<float> y_recv = x_recv;
   kernels::gather_rows(view(cache.y_perm.data(), {received, d}), to_expert,
                        view(y_recv.data(), {received, d}));
   routed.y_back.resize(to_size(routes * d));

@@ -30,11 +30,12 @@ class SyncDispatch {
   SyncDispatch(const ModelConfig& config, ExpertShard shard, const ExpertExchange& exchange)
       : config_(config), shard_(shard), exchange_(exchange) {}
 
-  // x: [N, d] -> routed (send_pos, y_back); what the backward needs into cache. Collective over
-  // the group (also with N = 0).
+  // x: [N, d] -> routed (send_pos, y_back); what the backward needs into cache; the send and
+  // receive copies from `workspace`. Collective over the group (also with N = 0).
   // The experts multiply as `precision` says (its experts and mx entries).
   void forward(const PrecisionRecipe& precision, const MoeWeights& w, const float* x,
-               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache) const;
+               int64_t tokens, const RouterState& router, RoutedRows& routed, Cache& cache,
+               Workspace& workspace) const;
   // dy_send: [N * k, d] output gradients in send order -> dx_send (=), same order; expert weight
   // gradients += into dw. Collective.
   void backward(const PrecisionRecipe& precision, const MoeWeights& w, const MoeGrads& dw,

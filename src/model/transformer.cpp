@@ -289,7 +289,7 @@ void Transformer::attention_sublayer_forward(const ParamBuffers& params, int64_t
 }
 
 void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, int64_t n,
-                                       LayerCache& lc, float* branch, float* out) const {
+                                       LayerCache& lc, float* branch, float* out) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -321,7 +321,7 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
     if (!recomputing_)
       lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
                                  routing_token_offset_};
-    moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe);
+    moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe, workspace_);
     const auto* rowwise = std::get_if<RowwiseDispatch::Cache>(&lc.moe.dispatch);
     lc.dropped_routes = rowwise != nullptr ? rowwise->dropped_routes : 0;
   }

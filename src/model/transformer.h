@@ -157,9 +157,10 @@ class Transformer {
   void attention_sublayer_forward(const ParamBuffers& params, int64_t layer, const float* x,
                                   const Activations& act, LayerCache& lc, float* branch) const;
   // Feed-forward: lc.mid -> out = mid + ffn(norm2(mid)) (reordered: mid + norm2(ffn(mid)));
-  // out == nullptr: only the cache is rebuilt.
+  // out == nullptr: only the cache is rebuilt. The MoE dispatch's temporaries come from the
+  // workspace.
   void ffn_sublayer_forward(const ParamBuffers& params, int64_t layer, int64_t tokens,
-                            LayerCache& lc, float* branch, float* out) const;
+                            LayerCache& lc, float* branch, float* out);
   // Takes from a layer what recompute_ rebuilds in the backward (after the forward, and again
   // after the block's backward, so that one block's rebuilt activations are alive at a time) and
   // keeps the memory in recycled_; reuse_recomputed hands it to the next layer that rebuilds them,

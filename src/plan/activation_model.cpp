@@ -134,9 +134,10 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
   const double backward =
       kF * n * d + std::max(head_phase, layers_base + rebuilt + std::max(attention, moe));
 
-  // Forward: the branch buffer, and the exchange's send and receive copies of one MoE layer.
+  // Forward: the branch buffer, and the exchange's send and receive copies of one MoE layer (the
+  // receive buffer carries the token rows in and the outputs back).
   double forward = kF * n * d;
-  if (has_moe && exchange) forward += kF * (routes * d + 2.0 * received * d);
+  if (has_moe && exchange) forward += kF * (routes * d + received * d);
   return std::max(forward, backward);
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,17 @@ constexpr double kCpuRuntimeMiB = 24.0;
 constexpr double kGpuRuntimeGiB = 1.0;  // assumed: CUDA context, cuBLAS/NCCL workspaces
 
 }  // namespace
+
+double BusBandwidth::at(double bytes) const {
+  if (points.empty()) return 0.0;
+  if (bytes <= points.front().first) return points.front().second;
+  if (bytes >= points.back().first) return points.back().second;
+  const auto above = std::find_if(points.begin(), points.end(),
+                                  [bytes](const auto& p) { return p.first >= bytes; });
+  const auto below = above - 1;
+  const double t = std::log(bytes / below->first) / std::log(above->first / below->first);
+  return below->second + t * (above->second - below->second);
+}
 
 Hardware load_hardware(const std::string& spec) {
   std::string lower = spec;
@@ -70,6 +82,7 @@ Hardware load_hardware(const std::string& spec) {
     r.network_bandwidth = 50e9;
     r.network_latency = 5e-6;
     r.async_communication = true;  // NCCL runs on its own stream
+    r.gemm_overlaps_memory = true;
     return h;
   };
   if (lower == "h100") return gpu("h100", 80.0, 989.0, 67.0, 3.35, 900.0);
@@ -124,7 +137,44 @@ Hardware load_hardware(const std::string& spec) {
     r.node_ranks = j["node_ranks"].get<int64_t>();
   }
   r.cores_per_node = number("cores_per_node", 1.0);
+  if (j.contains("collective_bus_gbs")) {
+    const nlohmann::json& bus = j["collective_bus_gbs"];
+    MOE_CHECK(bus.is_object(), "[plan] --hardware {}: \"collective_bus_gbs\" must be an object",
+              spec);
+    for (const auto& [key, curve] : bus.items()) {
+      BusBandwidth* target = key == "allreduce"        ? &r.allreduce_bus
+                             : key == "reduce_scatter" ? &r.reduce_scatter_bus
+                             : key == "allgather"      ? &r.allgather_bus
+                                                       : nullptr;
+      MOE_CHECK(target != nullptr,
+                "[plan] --hardware {}: collective_bus_gbs.{} is not allreduce, reduce_scatter or "
+                "allgather",
+                spec, key);
+      MOE_CHECK(curve.is_array() && !curve.empty(),
+                "[plan] --hardware {}: collective_bus_gbs.{} must be a list of [bytes, GB/s]", spec,
+                key);
+      for (const nlohmann::json& point : curve) {
+        MOE_CHECK(point.is_array() && point.size() == 2 && point[0].is_number() &&
+                      point[1].is_number() && point[0].get<double>() > 0.0 &&
+                      point[1].get<double>() > 0.0,
+                  "[plan] --hardware {}: collective_bus_gbs.{} needs [bytes, GB/s] pairs of "
+                  "positive numbers",
+                  spec, key);
+        const double bytes = point[0].get<double>();
+        MOE_CHECK(target->points.empty() || bytes > target->points.back().first,
+                  "[plan] --hardware {}: collective_bus_gbs.{} sizes must increase", spec, key);
+        target->points.emplace_back(bytes, point[1].get<double>() * 1e9);
+      }
+    }
+  }
+  if (j.contains("collective_ranks")) {
+    MOE_CHECK(
+        j["collective_ranks"].is_number_integer() && j["collective_ranks"].get<int64_t>() >= 2,
+        "[plan] --hardware {}: \"collective_ranks\" must be an integer >= 2", spec);
+    r.collective_ranks = j["collective_ranks"].get<int64_t>();
+  }
   r.async_communication = j.value("async_communication", false);
+  r.gemm_overlaps_memory = j.value("gemm_overlaps_memory", h.device);
   const bool any = r.gemm_flops_fp32 > 0.0 || r.gemm_flops_bf16 > 0.0 || r.memory_bandwidth > 0.0 ||
                    r.link_bandwidth > 0.0;
   MOE_CHECK(!any || r.known(),

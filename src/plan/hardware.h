@@ -9,15 +9,26 @@
 //    "gemm_tflops_fp32", "gemm_tflops_bf16", "peak_tflops_fp32", "peak_tflops_bf16",
 //    "memory_bandwidth_gbs", "link_bandwidth_gbs", "link_latency_us",
 //    "node_ranks", "cores_per_node", "network_bandwidth_gbs", "network_latency_us",
-//    "async_communication"}
+//    "async_communication", "gemm_overlaps_memory" (default: "device"),
+//    "collective_bus_gbs": {"allreduce" | "reduce_scatter" | "allgather":
+//    [[buffer bytes, GB/s], ...]}, "collective_ranks"}
 // `make bench-plan` writes one for this CPU (bench/results/cpu_profile.json) from `moecore bench
-// gemm`, `moecore bench stream` and `moecore bench pingpong`.
+// gemm`, `moecore bench stream`, `moecore bench pingpong` and `moecore bench collectives`.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace moecore::plan {
+
+// Bytes/s of a collective by buffer size: (buffer bytes, bytes/s) in increasing size, read
+// log-linearly between the points and as the nearest point beyond them; 0 when empty.
+struct BusBandwidth {
+  std::vector<std::pair<double, double>> points;
+  double at(double bytes) const;
+};
 
 // Rates of one rank (GB and TFLOP in powers of ten). Zero where unknown: no step time then.
 struct Rates {
@@ -42,6 +53,20 @@ struct Rates {
   // and the rank's own core copies the bytes through shared memory, so a rank's link bandwidth is
   // shared out with its cores like its compute rates (op_cost.h, rank_share).
   bool async_communication = false;
+  // A GEMM's operand traffic hides under its arithmetic (a GPU's tensor cores fed by
+  // asynchronous copies), so the roofline takes the larger of the two; false on a CPU, whose BLAS
+  // packs operand panels in passes of their own before the FMAs: the two add up. Measured with
+  // bench/plan_validation.py: the sum predicts the CPU layouts' step time within -2%..+16% where
+  // the larger of the two underestimated by 11-33% (most where the experts' GEMMs have few rows).
+  bool gemm_overlaps_memory = false;
+  // Measured bus bandwidth (NCCL-tests' convention, `moecore bench collectives`) of the gradient
+  // collectives within a node, their reduction included, by buffer size, with `collective_ranks`
+  // ranks sharing the node; empty: priced from the link and memory bandwidths instead. Open MPI's
+  // shared-memory collectives run far below its point-to-point rate and slow down with size
+  // (measured here: all-reduce 1.7 GB/s at 1 MiB, 0.6 at 64 MiB, against 3-6 GB/s ping-pong),
+  // which the link model cannot see.
+  BusBandwidth allreduce_bus, reduce_scatter_bus, allgather_bus;
+  int64_t collective_ranks = 2;
   bool known() const {
     return gemm_flops_fp32 > 0.0 && gemm_flops_bf16 > 0.0 && memory_bandwidth > 0.0 &&
            link_bandwidth > 0.0;

@@ -14,10 +14,13 @@ constexpr double kF = 4.0;  // fp32: weights, activations and exchanged rows are
 struct Roofline {
   double gemm_flops;  // FLOP/s of this run's GEMM precision, times the rank's share of cores
   double bandwidth;   // bytes/s
-  // C[m, n] = A[m, k] B[k, n]: the larger of its FLOPs at the GEMM rate and its operands streamed
-  // once through memory.
+  bool overlapped;    // Rates::gemm_overlaps_memory
+  // C[m, n] = A[m, k] B[k, n]: its FLOPs at the GEMM rate and its operands streamed once through
+  // memory, the larger of the two where the hardware overlaps them, else their sum.
   double gemm(double m, double n, double k) const {
-    return std::max(2.0 * m * n * k / gemm_flops, kF * (m * k + k * n + m * n) / bandwidth);
+    const double compute = 2.0 * m * n * k / gemm_flops;
+    const double memory = kF * (m * k + k * n + m * n) / bandwidth;
+    return overlapped ? std::max(compute, memory) : compute + memory;
   }
   // A layer's GEMM in a pass: the forward runs it once, the backward twice (input and weight
   // gradients, the same FLOPs each).
@@ -65,12 +68,16 @@ double rank_share(const Rates& rates, const ResolvedLayout& layout) {
   return std::min(1.0, rates.cores_per_node / static_cast<double>(on_node));
 }
 
-Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t world) {
+bool group_on_one_node(const Rates& rates, int64_t group_size, int64_t stride, int64_t world) {
   // Groups are blocks of consecutive ranks (ep), or strided (ep_dp, pp); a block of group x
   // stride ranks that fits in a node stays on it.
-  const bool one_node =
-      rates.node_ranks <= 0 || world <= rates.node_ranks || group_size * stride <= rates.node_ranks;
-  if (one_node) return {rates.link_bandwidth, rates.link_latency};
+  return rates.node_ranks <= 0 || world <= rates.node_ranks ||
+         group_size * stride <= rates.node_ranks;
+}
+
+Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t world) {
+  if (group_on_one_node(rates, group_size, stride, world))
+    return {rates.link_bandwidth, rates.link_latency};
   return {rates.network_bandwidth, rates.network_latency};
 }
 
@@ -89,7 +96,7 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   const bool bf16 = tc.precision != TrainPrecision::kFp32;
   const double share = rank_share(rates, layout);
   const Roofline roof{(bf16 ? rates.gemm_flops_bf16 : rates.gemm_flops_fp32) * share,
-                      rates.memory_bandwidth * share};
+                      rates.memory_bandwidth * share, rates.gemm_overlaps_memory};
   const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
   const double n = static_cast<double>(tokens.tokens());
   const double d = static_cast<double>(c.hidden_size);

@@ -45,6 +45,7 @@ struct Link {
   double bandwidth = 0.0;
   double latency = 0.0;
 };
+bool group_on_one_node(const Rates& rates, int64_t group_size, int64_t stride, int64_t world);
 Link group_link(const Rates& rates, int64_t group_size, int64_t stride, int64_t world);
 // The same for a rank of `layout`, whose link bandwidth is shared out with its cores where the
 // CPU copies the bytes itself (Rates::async_communication false).

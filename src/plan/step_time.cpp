@@ -1,6 +1,7 @@
 #include "plan/step_time.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/check.h"
 #include "dist/pipeline_schedule.h"
@@ -15,9 +16,25 @@ namespace {
 
 constexpr double kF = 4.0;
 
-// Seconds of one gradient-reduction collective as comm_model.h counts its bytes: the transfers
-// over the group's link, and for the reducing ones the element-wise sum of what arrives (two
-// operands read, one written) through memory at `memory_bandwidth`.
+// The measured bus bandwidth of a collective on a buffer of `buffer_bytes` within a node (0 when
+// the profile has none), scaled from the measurement's ranks to this layout's share of the node
+// (rank_share) like the link.
+double measured_bus_bandwidth(const std::string& op, double buffer_bytes, const Rates& rates,
+                              const ResolvedLayout& layout) {
+  const double bus = op == "allreduce"        ? rates.allreduce_bus.at(buffer_bytes)
+                     : op == "reduce_scatter" ? rates.reduce_scatter_bus.at(buffer_bytes)
+                     : op == "allgather"      ? rates.allgather_bus.at(buffer_bytes)
+                                              : 0.0;
+  if (bus <= 0.0 || rates.async_communication) return bus;
+  ResolvedLayout measured = layout;
+  measured.world = rates.collective_ranks;
+  return bus * rank_share(rates, layout) / rank_share(rates, measured);
+}
+
+// Seconds of one gradient-reduction collective as comm_model.h counts its bytes. Within a node
+// with a measured bus bandwidth: the bus bytes (NCCL-tests' convention) at that rate. Otherwise
+// the transfers over the group's link, and for the reducing ones the element-wise sum of what
+// arrives (two operands read, one written) through memory at `memory_bandwidth`.
 double collective_seconds(const CollectiveBytes& c, const ResolvedLayout& layout,
                           const Rates& rates, double memory_bandwidth) {
   const bool dense = c.group == "dp";
@@ -25,6 +42,15 @@ double collective_seconds(const CollectiveBytes& c, const ResolvedLayout& layout
   const int64_t stride = dense ? 1 : layout.ep;
   const Link link = group_link(rates, layout, size, stride);
   const double n = static_cast<double>(size);
+  // bytes: the buffer (all-reduce, reduce-scatter) or this rank's part (all-gather).
+  const double buffer = c.op == "allgather" ? n * c.bytes : c.bytes;
+  const double bus = group_on_one_node(rates, size, stride, layout.world)
+                         ? measured_bus_bandwidth(c.op, buffer, rates, layout)
+                         : 0.0;
+  if (bus > 0.0) {
+    const double bus_bytes = (c.op == "allreduce" ? 2.0 : 1.0) * (n - 1.0) / n * buffer;
+    return bus_bytes / bus + (c.op == "allreduce" ? 2.0 : 1.0) * (n - 1.0) * link.latency;
+  }
   const double sum = 3.0 * (n - 1.0) / n * c.bytes / memory_bandwidth;
   if (c.op == "allreduce")  // ring: reduce-scatter then all-gather of the whole buffer
     return 2.0 * (n - 1.0) / n * c.bytes / link.bandwidth + 2.0 * (n - 1.0) * link.latency + sum;
@@ -99,10 +125,15 @@ StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const 
                                       : dense + expert;
     const double optimizer =
         (28.0 * shard + 2.0 * kF * (dense + expert)) / (rates.memory_bandwidth * share);
+    // ZeRO-1's copies around its collectives: every local gradient into the zeroed, padded send
+    // buffer of the reduce-scatter (4 bytes written, then 4 read and 4 written per float) and the
+    // gathered weights back into place (4 read, 4 written).
+    const double zero_copies =
+        pc.zero != 0 ? 20.0 * (dense + expert) / (rates.memory_bandwidth * share) : 0.0;
 
     Seconds b = timeline.busy[ss];
     b[static_cast<int>(TimeCategory::kPipelineWait)] += timeline.wait[ss];
-    b[static_cast<int>(TimeCategory::kGradReduce)] += exposed;
+    b[static_cast<int>(TimeCategory::kGradReduce)] += exposed + zero_copies;
     b[static_cast<int>(TimeCategory::kOptimizer)] += optimizer;
     const double seconds = total_seconds(b);
     out.stage_seconds.push_back(seconds);

@@ -4,8 +4,12 @@
 // update and the per-step callbacks: metrics, MoE monitor, progress), observed by a callback that
 // counts from the end of step 1 to the end of the last step; no checkpoint or evaluation falls on
 // those steps (the final checkpoint is written after the count, in on_end). One process, and two
-// with data parallelism or two pipeline stages (under mpirun: the StepAllocations.TwoRanks test);
-// not expert parallelism, whose buffers follow each step's routed rows. What moecore's code (or the
+// with data parallelism, two pipeline stages or expert parallelism (under mpirun: the
+// StepAllocations.TwoRanks test). Under expert parallelism the rows a rank receives follow the
+// step's routing: the buffers that hold them (the experts' saved rows, the sync exchange's copies
+// in the workspace) grow when a step sends a rank more rows than any step before it, and are
+// reused otherwise; the ep cases route with `balanced` (the same rows every step), so that any
+// allocation they count is one made per step. What moecore's code (or the
 // C/C++ runtime on its behalf) asks the heap for fails the test, with the first few offenders'
 // sizes and backtraces; what libraries allocate inside their own calls (oneDNN, MPI) is counted per
 // library and printed (see below).
@@ -59,6 +63,9 @@ struct StepCase {
   std::string recompute;  // train.recompute
   int ranks = 1;          // processes (mpirun -n); the case skips in any other world
   std::string parallel;   // the [parallel] table
+  // model.routing; "balanced" (a fixed even spread, so no router-bias update) gives every step
+  // the same routed rows per rank.
+  std::string routing = "learned";
 };
 
 // A small model whose per-step buffers of a micro-batch (4 x 256 = 1024 tokens) all exceed the
@@ -83,8 +90,9 @@ first_k_dense_replace = 1
 shared_expert_intermediate_size = 32
 router_aux_loss_coef = 0.01
 router_z_loss_coef = 0.001
-router_bias_update_rate = 0.001
+router_bias_update_rate = {}
 qk_norm = "full"
+routing = "{}"
 
 [optim]
 lr = 1e-3
@@ -113,7 +121,8 @@ dtype = "uint16"
 [parallel]
 {}
 )",
-                     kSteps, c.precision, c.recompute, out, data, c.parallel);
+                     c.routing == "learned" ? "0.001" : "0", c.routing, kSteps, c.precision,
+                     c.recompute, out, data, c.parallel);
 }
 
 void PrintTo(const StepCase& c, std::ostream* out) {
@@ -190,7 +199,12 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"ranks2_dp", "fp32", "none", 2, "overlap_grad_reduce = true"},
                       StepCase{"ranks2_dp_bf16_recompute_full", "bf16", "full", 2, ""},
                       StepCase{"ranks2_pp", "fp32", "none", 2, "pp = 2"},
-                      StepCase{"ranks2_pp_bf16_recompute_full", "bf16", "full", 2, "pp = 2"}),
+                      StepCase{"ranks2_pp_bf16_recompute_full", "bf16", "full", 2, "pp = 2"},
+                      // Expert parallelism, both dispatches, with balanced routing: the rows
+                      // each rank receives stay the same from step to step (see the top).
+                      StepCase{"ranks2_ep_sync", "fp32", "none", 2, "ep = 2", "balanced"},
+                      StepCase{"ranks2_ep_rowwise_bf16_recompute_full", "bf16", "full", 2,
+                               "ep = 2\ndispatch = \"rowwise\"", "balanced"}),
     [](const ::testing::TestParamInfo<StepCase>& param_info) { return param_info.param.name; });
 
 }  // namespace

@@ -531,7 +531,8 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
   const MoeBlock block(c);
   MoeCache cache;
   std::vector<float> y(f.x.size());
-  block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+  Workspace forward_workspace;
+  block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
 
   const bool options = c.router_score == RouterScore::kTopkSoftmax || c.n_group > 1 ||
                        c.has_router_bias() || c.routed_scaling_factor != 1.0;
@@ -556,7 +557,7 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
   auto loss = [&] {
     MoeCache pc;
     std::vector<float> py(f.x.size());
-    block.forward(f.weights(), f.x.data(), f.tokens, py.data(), pc);
+    block.forward(f.weights(), f.x.data(), f.tokens, py.data(), pc, forward_workspace);
     selection_changed |= sorted_selection(pc.router, k) != selection;
     const std::vector<float> no_weight_term(static_cast<size_t>(f.tokens * k), 0.0f);
     return project(py.data(), r) +
@@ -624,7 +625,8 @@ void check_moe_clear_margin(const ModelConfig& c, uint32_t seed, float zs) {
     MoeFixture f(c, seed);
     MoeCache cache;
     std::vector<float> y(f.x.size());
-    MoeBlock(c).forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+    Workspace forward_workspace;
+    MoeBlock(c).forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
     if (min_selection_margin(cache.router, f.tokens, c.num_experts, c.num_experts_per_tok) <= 5e-3f)
       continue;
     check_moe(f, false, zs, seed + 100);
@@ -654,7 +656,8 @@ TEST(MoeGradients, ExpertWithZeroTokens) {
   for (int64_t j = 0; j < d; ++j) f.router[static_cast<size_t>(2 * d + j)] = j == 0 ? -4.0f : 0.0f;
   MoeCache cache;
   std::vector<float> y(f.x.size());
-  MoeBlock(f.c).forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+  Workspace forward_workspace;
+  MoeBlock(f.c).forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
   ASSERT_EQ(cache.router.expert_counts[2], 0);
   check_moe(f, false, 0.0f, 320);
 }
@@ -674,7 +677,8 @@ TEST(MoeGradients, PrecisionRecipeReachesRouterAndExperts) {
     block.set_precision(recipe);
     MoeCache cache;
     std::vector<float> y(f.x.size());
-    block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+    Workspace forward_workspace;
+    block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
     return Out{cache.router.logits, y};
   };
   const Out fp32 = run(PrecisionRecipe{});
@@ -761,7 +765,8 @@ TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
       const std::vector<float> lb(static_cast<size_t>(c.num_experts), 0.01f);
       MoeBlock block(c);
       block.set_precision(PrecisionRecipe::from_train_precision(precision));
-      block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache);
+      Workspace forward_workspace;
+      block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
       Workspace workspace;
       block.backward(f.weights(), dw, f.x.data(), dy.data(), cache, lb.data(), true, 0.0f,
                      dx.data(), workspace);

@@ -410,7 +410,8 @@ TEST(MxExpertsMemory, TheBlockKeepsOnlyTheMxCopiesOfTheExpertInputs) {
     const std::vector<float> x = random_values(static_cast<size_t>(tokens * d), 5, 1.0f);
     std::vector<float> y(x.size());
     MoeCache cache;
-    block.forward(w, x.data(), tokens, y.data(), cache);
+    Workspace forward_workspace;
+    block.forward(w, x.data(), tokens, y.data(), cache, forward_workspace);
     const ExpertRows& rows = std::get<LocalDispatch::Cache>(cache.dispatch).experts;
     const auto routed = static_cast<size_t>(tokens * c.num_experts_per_tok);
     EXPECT_EQ(rows.x_codes.size(), routed * static_cast<size_t>(d));

@@ -233,8 +233,28 @@ TEST(PlanHardware, BuiltInsFilesAndErrors) {
   EXPECT_EQ(h.name, "box");
   EXPECT_DOUBLE_EQ(h.memory_bytes, 2.0 * 1024 * 1024 * 1024);
   EXPECT_DOUBLE_EQ(h.runtime_bytes, 10.0 * 1024 * 1024);
+  EXPECT_FALSE(h.rates.gemm_overlaps_memory);  // a host CPU unless "device" says otherwise
   std::ofstream(file) << R"({"name": "box"})";
   EXPECT_THROW(load_hardware(file.string()), Error);
+  // Measured collective bus bandwidths, by buffer size (GB/s in the file).
+  std::ofstream(file) << R"({"memory_gib": 2, "device": true, "collective_ranks": 4,
+      "collective_bus_gbs": {"allreduce": [[1048576, 1.5], [67108864, 0.5]],
+                             "allgather": [[1048576, 3]]}})";
+  const Hardware bus = load_hardware(file.string());
+  EXPECT_TRUE(bus.rates.gemm_overlaps_memory);
+  EXPECT_EQ(bus.rates.collective_ranks, 4);
+  EXPECT_DOUBLE_EQ(bus.rates.allreduce_bus.at(67108864.0), 0.5e9);
+  EXPECT_DOUBLE_EQ(bus.rates.allgather_bus.at(1.0), 3e9);
+  EXPECT_TRUE(bus.rates.reduce_scatter_bus.points.empty());
+  for (const char* bad :
+       {R"({"memory_gib": 2, "collective_bus_gbs": {"broadcast": [[1, 1]]}})",
+        R"({"memory_gib": 2, "collective_bus_gbs": {"allreduce": []}})",
+        R"({"memory_gib": 2, "collective_bus_gbs": {"allreduce": [[1, -1]]}})",
+        R"({"memory_gib": 2, "collective_bus_gbs": {"allreduce": [[2, 1], [1, 1]]}})",
+        R"({"memory_gib": 2, "collective_ranks": 1})"}) {
+    std::ofstream(file) << bad;
+    EXPECT_THROW(load_hardware(file.string()), Error) << bad;
+  }
   std::filesystem::remove(file);
 }
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "model/params.h"
+#include "plan/comm_model.h"
 #include "plan/layout_search.h"
 #include "plan/pipeline_simulation.h"
 #include "plan/plan.h"
@@ -138,6 +140,90 @@ TEST(StepTime, RanksSharingCoresRunAtTheirShare) {
   // The link is not shared out, the reduction's element-wise sum is.
   EXPECT_GT(category(b, TimeCategory::kGradReduce), category(a, TimeCategory::kGradReduce));
   EXPECT_LT(category(b, TimeCategory::kGradReduce), 2.0 * category(a, TimeCategory::kGradReduce));
+}
+
+TEST(StepTime, GemmAddsItsMemoryTimeUnlessTheHardwareOverlapsThem) {
+  Rates added = test_rates(), overlapped = test_rates();
+  overlapped.gemm_overlaps_memory = true;
+  const StepTime a = plan_step({}, 1, added), o = plan_step({}, 1, overlapped);
+  // The small model's expert GEMMs: at 1 GFLOP/s and 1 GB/s both terms are of the same order,
+  // so their sum exceeds the larger one, but by no more than a factor of two.
+  for (TimeCategory c : {TimeCategory::kAttention, TimeCategory::kExperts, TimeCategory::kLmHead}) {
+    EXPECT_GT(category(a, c), category(o, c));
+    EXPECT_LE(category(a, c), 2.0 * category(o, c) * (1 + 1e-12));
+  }
+  EXPECT_DOUBLE_EQ(category(a, TimeCategory::kOptimizer), category(o, TimeCategory::kOptimizer));
+  // GPUs overlap them; a JSON profile follows its "device" unless it says otherwise.
+  EXPECT_TRUE(load_hardware("h100").rates.gemm_overlaps_memory);
+}
+
+TEST(StepTime, BusBandwidthReadsLogLinearlyBetweenMeasuredSizes) {
+  BusBandwidth bus;
+  EXPECT_DOUBLE_EQ(bus.at(1e6), 0.0);  // not measured
+  bus.points = {{1e6, 4e9}, {1e8, 2e9}};
+  EXPECT_DOUBLE_EQ(bus.at(1e6), 4e9);
+  EXPECT_DOUBLE_EQ(bus.at(1e8), 2e9);
+  EXPECT_NEAR(bus.at(1e7), 3e9, 1e-3);  // halfway in log size
+  EXPECT_DOUBLE_EQ(bus.at(1e3), 4e9);   // the nearest measurement beyond the ends
+  EXPECT_DOUBLE_EQ(bus.at(1e12), 2e9);
+}
+
+TEST(StepTime, MeasuredBusBandwidthPricesTheGradientCollectives) {
+  // dp 2 on one node: the dense and expert all-reduces at a measured bus bandwidth, flat in
+  // size: 2 (n - 1) / n x bytes / bandwidth + 2 (n - 1) latencies each.
+  Rates measured = test_rates();
+  measured.allreduce_bus.points = {{1.0, 5e8}};
+  const RunConfig c = small_config({});
+  const ResolvedLayout layout = validate_layout(c, 2);
+  double bytes = 0.0;
+  int64_t calls = 0;
+  for (const CollectiveBytes& b : rank_collectives(c, layout, 0)) {
+    ASSERT_EQ(b.op, "allreduce");
+    bytes += b.bytes;
+    ++calls;
+  }
+  const StepTime t = step_time(c, layout, measured);
+  EXPECT_NEAR(category(t, TimeCategory::kGradReduce),
+              bytes / 5e8 + 2.0 * static_cast<double>(calls) * measured.link_latency,
+              1e-12 * bytes / 5e8);
+  // Measured with 2 ranks on a node of 2 cores, priced for 4 ranks sharing it: half the rate.
+  measured.cores_per_node = 2.0;
+  measured.collective_ranks = 2;
+  const ResolvedLayout four = validate_layout(c, 4);
+  double four_bytes = 0.0;
+  int64_t four_calls = 0;
+  for (const CollectiveBytes& b : rank_collectives(c, four, 0)) {
+    four_bytes += 2.0 * 3.0 / 4.0 * b.bytes;
+    ++four_calls;
+  }
+  EXPECT_NEAR(
+      category(step_time(c, four, measured), TimeCategory::kGradReduce),
+      four_bytes / 2.5e8 + 2.0 * 3.0 * static_cast<double>(four_calls) * measured.link_latency,
+      1e-12 * four_bytes / 2.5e8);
+}
+
+TEST(StepTime, ZeroAddsItsCopiesToTheReduction) {
+  Rates measured = test_rates();
+  measured.reduce_scatter_bus.points = {{1.0, 5e8}};
+  measured.allgather_bus.points = {{1.0, 5e8}};
+  const RunConfig c = small_config({"parallel.zero=1"});
+  const ResolvedLayout layout = validate_layout(c, 2);
+  double bus_bytes = 0.0;
+  int64_t calls = 0;
+  for (const CollectiveBytes& b : rank_collectives(c, layout, 0)) {
+    ASSERT_TRUE(b.op == "reduce_scatter" || b.op == "allgather") << b.op;
+    bus_bytes += b.op == "reduce_scatter" ? 0.5 * b.bytes : b.bytes;  // n = 2
+    ++calls;
+  }
+  // The padded send buffer written, the gradients copied into it, the gathered weights copied
+  // back: 20 bytes per local parameter at the memory bandwidth.
+  const ParamLayout params = ParamLayout::build(c.model);
+  const double local =
+      static_cast<double>(params.numel(ParamGroup::kDense) + params.numel(ParamGroup::kExpert));
+  EXPECT_NEAR(category(step_time(c, layout, measured), TimeCategory::kGradReduce),
+              bus_bytes / 5e8 + static_cast<double>(calls) * measured.link_latency +
+                  20.0 * local / measured.memory_bandwidth,
+              1e-9);
 }
 
 TEST(StepTime, ExpertExchangeOnlyWithExpertParallelism) {

@@ -69,3 +69,49 @@ def test_collective_bytes_equal_the_plan(moecore_bin, job_data, tmp_path, name):
         assert "send" in seen_ops
     if "zero" in name:
         assert {"reduce_scatter", "allgather"} <= seen_ops
+
+
+def test_bench_collectives_feeds_the_planner(moecore_bin, job_data, tmp_path):
+    """`moecore bench collectives` (mpirun -np 2) measures the gradient collectives' bus bandwidth
+    by buffer size; a profile carrying it prices dp's all-reduces at those rates."""
+    import subprocess
+
+    from test_parallel import MPI_ENV
+
+    r = subprocess.run(["mpirun", "-np", "2", str(moecore_bin), "bench", "collectives",
+                        "--max-megabytes", "4", "--repeats", "2"], capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL, env=MPI_ENV)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bench = json.loads(r.stdout.strip().splitlines()[-1])
+    assert bench["ranks"] == 2
+    assert [s["bytes"] for s in bench["sizes"]] == [2.0**20, 4 * 2.0**20]
+    for s in bench["sizes"]:
+        for op in ("allreduce", "reduce_scatter", "allgather"):
+            assert s[f"{op}_bus_bytes_per_s"] > 0 and s["seconds_median"][op] > 0
+
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run", train={"threads": 1})
+    base = {"memory_gib": 16, "gemm_tflops_fp32": 0.1, "gemm_tflops_bf16": 0.2,
+            "memory_bandwidth_gbs": 10, "link_bandwidth_gbs": 5, "link_latency_us": 1}
+
+    def grad_reduce(profile: dict) -> float:
+        path = tmp_path / "profile.json"
+        path.write_text(json.dumps(profile))
+        plan = json.loads(run(moecore_bin, "plan", cfg, "--json", "--ranks", "2",
+                              "--hardware", str(path)).stdout)
+        return plan["step_time"]["breakdown_seconds"]["grad_reduce"]
+
+    def curve(scale: float) -> dict:
+        return {"allreduce": [[s["bytes"], scale * s["allreduce_bus_bytes_per_s"] / 1e9]
+                              for s in bench["sizes"]]}
+
+    measured = grad_reduce({**base, "collective_bus_gbs": curve(1.0)})
+    halved = grad_reduce({**base, "collective_bus_gbs": curve(0.5)})
+    assert measured > 0
+    # Bus time doubles with half the bandwidth; the per-message latencies stay: dense and expert
+    # all-reduces, 2 (n - 1) messages each at 1 us.
+    assert 2 * measured - halved == pytest.approx(4e-6, rel=1e-6)
+    # One rank: a one-line error, not a hang.
+    r = subprocess.run([str(moecore_bin), "bench", "collectives"], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "needs at least 2 ranks" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,5 +1,10 @@
 #include "train/callbacks/profiler.h"
 
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "core/check.h"
 #include "core/phase_timer.h"
 #include "io/file_util.h"
 #include "train/profile_report.h"
@@ -18,12 +23,21 @@ void ProfilerCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 }
 
 void ProfilerCallback::on_end(TrainContext& ctx) {
-  if (!ctx.config.train.profile || ctx.world.rank() != 0) return;
+  if (!ctx.config.train.profile) return;
   phase_timer::set_enabled(false);
   const int64_t profiled = ctx.step - ctx.summary.start_step - 1;
   const double seconds = ctx.seconds() - start_seconds_;
-  io::write_text_atomic(ctx.config.train.out_dir + "/profile.json",
-                        profile_report_json(profiled, seconds), "[train]");
+  const std::string report = profile_report_json(profiled, seconds);
+  // Every rank's own phases beside its rank_stats (a pipeline's stages differ: the slowest is
+  // not always rank 0's); rank 0's is also the run's profile.json.
+  const std::string& out_dir = ctx.config.train.out_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir + "/rank_stats", ec);
+  MOE_CHECK(!ec, "[train] cannot create {}/rank_stats: {}", out_dir, ec.message());
+  io::write_text_atomic(fmt::format("{}/rank_stats/profile_rank{}.json", out_dir, ctx.world.rank()),
+                        report, "[train]");
+  if (ctx.world.rank() != 0) return;
+  io::write_text_atomic(out_dir + "/profile.json", report, "[train]");
   ctx.progress.message(profile_report_line(profiled, seconds));
 }
 
