@@ -146,6 +146,8 @@ def measure_profile() -> dict:
         "runtime_overhead_mib": 24,
         "gemm_tflops_fp32": one / 1e12,
         "gemm_tflops_bf16": gemm("bf16", *model_shape) / 1e12,
+        # The exact MX GEMM on pre-quantised operands (train.precision = "mxfp8"'s experts).
+        "gemm_tflops_mxfp8": gemm("mxfp8", *model_shape) / 1e12,
         "peak_tflops_fp32": gemm("fp32", 2048, 2048, 2048) / 1e12,
         "peak_tflops_bf16": gemm("bf16", 2048, 2048, 2048) / 1e12,
         "memory_bandwidth_gbs": stream["bytes_per_s_median"] / 1e9,

@@ -60,9 +60,12 @@ Hardware load_hardware(const std::string& spec) {
   // (50 GB/s), 8 GPUs a node. Latencies are assumed (a few microseconds per NCCL message).
   // What a GEMM achieves: 80% of the data sheet's dense peak, the ratio measured on an H200
   // (DESIGN.md: ~790 TFLOP/s bf16 for 8192^3 through PyTorch against 989), used for all three.
+  // MXFP8 GEMMs: Blackwell's block-scaled tensor cores at its FP8 rate (B200: 9 PFLOPS with
+  // sparsity = 4.5 dense); Hopper has no MX tensor cores, so its MXFP8 GEMMs run as dequantised
+  // bf16 GEMMs (issue 16) at the bf16 rate (0 here: the bf16 rate is the fallback).
   constexpr double kGemmFraction = 790.0 / 989.0;
   const auto gpu = [&](const char* name, double gb, double bf16_tflops, double fp32_tflops,
-                       double memory_tbs, double nvlink_gbs) {
+                       double mxfp8_tflops, double memory_tbs, double nvlink_gbs) {
     Hardware h{name,
                gb * 1e9,
                kGpuRuntimeGiB * kGiB,
@@ -75,6 +78,7 @@ Hardware load_hardware(const std::string& spec) {
     r.peak_flops_fp32 = fp32_tflops * 1e12;
     r.gemm_flops_bf16 = kGemmFraction * r.peak_flops_bf16;
     r.gemm_flops_fp32 = kGemmFraction * r.peak_flops_fp32;
+    r.gemm_flops_mxfp8 = kGemmFraction * mxfp8_tflops * 1e12;
     r.memory_bandwidth = memory_tbs * 1e12;
     r.link_bandwidth = 0.5 * nvlink_gbs * 1e9;
     r.link_latency = 3e-6;
@@ -85,9 +89,9 @@ Hardware load_hardware(const std::string& spec) {
     r.gemm_overlaps_memory = true;
     return h;
   };
-  if (lower == "h100") return gpu("h100", 80.0, 989.0, 67.0, 3.35, 900.0);
-  if (lower == "h200") return gpu("h200", 141.0, 989.0, 67.0, 4.8, 900.0);
-  if (lower == "b200") return gpu("b200", 180.0, 2250.0, 75.0, 7.7, 1800.0);
+  if (lower == "h100") return gpu("h100", 80.0, 989.0, 67.0, 0.0, 3.35, 900.0);
+  if (lower == "h200") return gpu("h200", 141.0, 989.0, 67.0, 0.0, 4.8, 900.0);
+  if (lower == "b200") return gpu("b200", 180.0, 2250.0, 75.0, 4500.0, 7.7, 1800.0);
   MOE_CHECK(std::filesystem::is_regular_file(spec),
             "[plan] --hardware {}: not a built-in profile (cpu, h100, h200, b200) nor a file",
             spec);
@@ -122,6 +126,7 @@ Hardware load_hardware(const std::string& spec) {
   Rates& r = h.rates;
   r.gemm_flops_fp32 = number("gemm_tflops_fp32", 1e12);
   r.gemm_flops_bf16 = number("gemm_tflops_bf16", 1e12);
+  r.gemm_flops_mxfp8 = number("gemm_tflops_mxfp8", 1e12);
   r.peak_flops_fp32 = number("peak_tflops_fp32", 1e12);
   r.peak_flops_bf16 = number("peak_tflops_bf16", 1e12);
   if (r.peak_flops_fp32 == 0.0) r.peak_flops_fp32 = r.gemm_flops_fp32;

@@ -6,7 +6,8 @@
 // figures, each with its source in hardware.cpp, and an assumed 1 GiB of CUDA context and
 // workspace). A JSON file describes any other:
 //   {"name", "memory_gib", "runtime_overhead_mib", "device",
-//    "gemm_tflops_fp32", "gemm_tflops_bf16", "peak_tflops_fp32", "peak_tflops_bf16",
+//    "gemm_tflops_fp32", "gemm_tflops_bf16", "gemm_tflops_mxfp8", "peak_tflops_fp32",
+//    "peak_tflops_bf16",
 //    "memory_bandwidth_gbs", "link_bandwidth_gbs", "link_latency_us",
 //    "node_ranks", "cores_per_node", "network_bandwidth_gbs", "network_latency_us",
 //    "async_communication", "gemm_overlaps_memory" (default: "device"),
@@ -34,6 +35,11 @@ struct BusBandwidth {
 struct Rates {
   double gemm_flops_fp32 = 0.0;  // FLOP/s a GEMM achieves (what the roofline prices GEMMs at)
   double gemm_flops_bf16 = 0.0;
+  // An MXFP8 GEMM (train.precision = "mxfp8"'s MX GEMMs) on operands already quantised; 0: at the
+  // bf16 rate (Hopper's dequantised path). On a CPU it is the exact MX GEMM (no x86 core
+  // multiplies FP8: it decodes to fp32 and sums in a fixed order), measured by `moecore bench gemm
+  // --precision mxfp8`, well below the bf16 rate.
+  double gemm_flops_mxfp8 = 0.0;
   double peak_flops_fp32 = 0.0;   // the MFU denominator: measured GEMM peak on a CPU (DESIGN.md,
   double peak_flops_bf16 = 0.0;   // Measuring), the data sheet's dense peak on a GPU
   double memory_bandwidth = 0.0;  // bytes/s a streaming kernel reads plus writes

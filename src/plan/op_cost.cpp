@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "model/flop_count.h"
+#include "model/precision_recipe.h"
 
 namespace moecore::plan {
 
@@ -11,23 +12,56 @@ namespace {
 
 constexpr double kF = 4.0;  // fp32: weights, activations and exchanged rows are fp32 in moecore
 
+// The FLOP/s of a module's three GEMMs as the run's precision recipe multiplies them
+// (model/precision_recipe.h): forward, input gradient, weight gradient.
+struct GemmRates {
+  double forward, input_grad, weight_grad;
+};
+
 struct Roofline {
-  double gemm_flops;  // FLOP/s of this run's GEMM precision, times the rank's share of cores
-  double bandwidth;   // bytes/s
-  bool overlapped;    // Rates::gemm_overlaps_memory
-  // C[m, n] = A[m, k] B[k, n]: its FLOPs at the GEMM rate and its operands streamed once through
-  // memory, the larger of the two where the hardware overlaps them, else their sum.
-  double gemm(double m, double n, double k) const {
-    const double compute = 2.0 * m * n * k / gemm_flops;
+  double bandwidth;  // bytes/s, times the rank's share of cores
+  bool overlapped;   // Rates::gemm_overlaps_memory
+  // C[m, n] = A[m, k] B[k, n] at `flops` FLOP/s: its FLOPs at that rate and its operands streamed
+  // once through memory, the larger of the two where the hardware overlaps them, else their sum.
+  double gemm(double flops, double m, double n, double k) const {
+    const double compute = 2.0 * m * n * k / flops;
     const double memory = kF * (m * k + k * n + m * n) / bandwidth;
     return overlapped ? std::max(compute, memory) : compute + memory;
   }
   // A layer's GEMM in a pass: the forward runs it once, the backward twice (input and weight
-  // gradients, the same FLOPs each).
-  double pass_gemm(bool forward, double m, double n, double k) const {
-    return (forward ? 1.0 : 2.0) * gemm(m, n, k);
+  // gradients, the same FLOPs each), each at its module's rate.
+  double pass_gemm(bool forward, const GemmRates& rates, double m, double n, double k) const {
+    if (forward) return gemm(rates.forward, m, n, k);
+    return gemm(rates.input_grad, m, n, k) + gemm(rates.weight_grad, m, n, k);
   }
 };
+
+// Each module's GEMM rates under the run's recipe, times the rank's share of cores.
+struct ModuleRates {
+  GemmRates router, attention, dense_mlp, experts, lm_head;
+  double attention_core;  // the attention core's score and context products
+};
+
+ModuleRates module_rates(const TrainConfig& tc, const Rates& rates, double share) {
+  const PrecisionRecipe recipe = PrecisionRecipe::from_train(tc.precision, tc.mxfp8);
+  const auto rate = [&](kernels::MatmulPrecision p) {
+    return share *
+           (p == kernels::MatmulPrecision::kBf16 ? rates.gemm_flops_bf16 : rates.gemm_flops_fp32);
+  };
+  const double mx =
+      share * (rates.gemm_flops_mxfp8 > 0.0 ? rates.gemm_flops_mxfp8 : rates.gemm_flops_bf16);
+  const auto all = [](double r) { return GemmRates{r, r, r}; };
+  const MxRecipe& m = recipe.mx;
+  return {
+      .router = all(rate(recipe.router)),
+      .attention = all(m.attention ? mx : rate(recipe.attention)),
+      .dense_mlp = all(m.dense_mlp ? mx : rate(recipe.dense_mlp)),
+      .experts = {m.experts ? mx : rate(recipe.experts), m.experts ? mx : rate(recipe.experts),
+                  m.expert_wgrad ? mx : rate(recipe.experts)},
+      .lm_head = all(rate(recipe.lm_head)),
+      .attention_core = rate(recipe.attention),
+  };
+}
 
 }  // namespace
 
@@ -93,10 +127,9 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
                                   const ChunkShape& chunk, const Rates& rates, bool forward) {
   const ModelConfig& c = config.model;
   const TrainConfig& tc = config.train;
-  const bool bf16 = tc.precision != TrainPrecision::kFp32;
   const double share = rank_share(rates, layout);
-  const Roofline roof{(bf16 ? rates.gemm_flops_bf16 : rates.gemm_flops_fp32) * share,
-                      rates.memory_bandwidth * share, rates.gemm_overlaps_memory};
+  const Roofline roof{rates.memory_bandwidth * share, rates.gemm_overlaps_memory};
+  const ModuleRates r = module_rates(tc, rates, share);
   const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
   const double n = static_cast<double>(tokens.tokens());
   const double d = static_cast<double>(c.hidden_size);
@@ -117,27 +150,29 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   const double pass = forward ? 1.0 : 2.0;
   int64_t moe_layers = 0;
   for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
-    add(TimeCategory::kAttention, roof.pass_gemm(forward, n, qs + 2.0 * kvs, d) +
-                                      roof.pass_gemm(forward, n, d, qs) +
-                                      pass * n * core_flops / roof.gemm_flops);
+    add(TimeCategory::kAttention, roof.pass_gemm(forward, r.attention, n, qs + 2.0 * kvs, d) +
+                                      roof.pass_gemm(forward, r.attention, n, d, qs) +
+                                      pass * n * core_flops / r.attention_core);
     if (c.layer_is_dense(i)) {
       const double inter = static_cast<double>(c.intermediate_size);
-      add(TimeCategory::kDenseMlp,
-          roof.pass_gemm(forward, n, 2.0 * inter, d) + roof.pass_gemm(forward, n, d, inter));
+      add(TimeCategory::kDenseMlp, roof.pass_gemm(forward, r.dense_mlp, n, 2.0 * inter, d) +
+                                       roof.pass_gemm(forward, r.dense_mlp, n, d, inter));
       continue;
     }
     ++moe_layers;
     // Router, then each local expert's gate/up and down GEMMs over its share of the rows.
-    double experts = roof.pass_gemm(forward, n, static_cast<double>(c.num_experts), d);
+    double experts = roof.pass_gemm(forward, r.router, n, static_cast<double>(c.num_experts), d);
     const double rows = received / experts_here;
-    experts += experts_here *
-               (roof.pass_gemm(forward, rows, 2.0 * h, d) + roof.pass_gemm(forward, rows, d, h));
+    experts += experts_here * (roof.pass_gemm(forward, r.experts, rows, 2.0 * h, d) +
+                               roof.pass_gemm(forward, r.experts, rows, d, h));
     if (hs > 0.0)
-      experts += roof.pass_gemm(forward, n, 2.0 * hs, d) + roof.pass_gemm(forward, n, d, hs);
+      experts += roof.pass_gemm(forward, r.dense_mlp, n, 2.0 * hs, d) +
+                 roof.pass_gemm(forward, r.dense_mlp, n, d, hs);
     add(TimeCategory::kExperts, experts);
   }
   if (chunk.has_head)
-    add(TimeCategory::kLmHead, roof.pass_gemm(forward, n, static_cast<double>(c.vocab_size), d));
+    add(TimeCategory::kLmHead,
+        roof.pass_gemm(forward, r.lm_head, n, static_cast<double>(c.vocab_size), d));
 
   // Element-wise work: the forward writes each saved activation and reads it once; the backward
   // reads it, writes its gradient and reads that once.

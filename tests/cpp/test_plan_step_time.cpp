@@ -157,6 +157,34 @@ TEST(StepTime, GemmAddsItsMemoryTimeUnlessTheHardwareOverlapsThem) {
   EXPECT_TRUE(load_hardware("h100").rates.gemm_overlaps_memory);
 }
 
+TEST(StepTime, EachModuleAtItsRecipesRate) {
+  Rates r = test_rates();
+  r.gemm_flops_mxfp8 = r.gemm_flops_bf16 / 4.0;  // a CPU: the exact MX GEMM is the slowest
+  const auto at = [&](const std::vector<std::string>& sets, TimeCategory c) {
+    return category(plan_step(sets, 1, r), c);
+  };
+  const std::vector<std::string> bf16{"train.precision=\"bf16\""},
+      mxfp8{"train.precision=\"mxfp8\""},
+      mxfp8_dense{"train.precision=\"mxfp8\"", "train.mxfp8_dense=true"};
+  // OLMo-core's recipe: only the routed experts' GEMMs move to the MX rate.
+  EXPECT_GT(at(mxfp8, TimeCategory::kExperts), at(bf16, TimeCategory::kExperts));
+  for (TimeCategory c : {TimeCategory::kAttention, TimeCategory::kLmHead, TimeCategory::kOptimizer})
+    EXPECT_DOUBLE_EQ(at(mxfp8, c), at(bf16, c));
+  // mxfp8_dense: the attention projections too (not the attention core).
+  EXPECT_GT(at(mxfp8_dense, TimeCategory::kAttention), at(mxfp8, TimeCategory::kAttention));
+  EXPECT_DOUBLE_EQ(at(mxfp8_dense, TimeCategory::kLmHead), at(bf16, TimeCategory::kLmHead));
+  // The experts' weight gradient in MX as well: slower still at this rate.
+  EXPECT_GT(
+      at({"train.precision=\"mxfp8\"", "train.mxfp8_expert_wgrad=true"}, TimeCategory::kExperts),
+      at(mxfp8, TimeCategory::kExperts));
+  // No MX rate in the profile (Hopper's dequantised path): MX GEMMs at the bf16 rate.
+  r.gemm_flops_mxfp8 = 0.0;
+  EXPECT_DOUBLE_EQ(at(mxfp8, TimeCategory::kExperts), at(bf16, TimeCategory::kExperts));
+  EXPECT_DOUBLE_EQ(load_hardware("h200").rates.gemm_flops_mxfp8, 0.0);
+  EXPECT_GT(load_hardware("b200").rates.gemm_flops_mxfp8,
+            1.9 * load_hardware("b200").rates.gemm_flops_bf16);
+}
+
 TEST(StepTime, BusBandwidthReadsLogLinearlyBetweenMeasuredSizes) {
   BusBandwidth bus;
   EXPECT_DOUBLE_EQ(bus.at(1e6), 0.0);  // not measured
