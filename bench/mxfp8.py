@@ -40,8 +40,9 @@ WINDOW = 50
 
 def settings(sets: list[str], precision: str, steps: int, data: Path | None,
              out_dir: Path) -> list[str]:
+    # One thread: the rates of bench/results/cpu_profile.json, which the plan's step time uses.
     sets = sets + [f"train.precision=\"{precision}\"", f"train.max_steps={steps}",
-                   "train.profile=true", "train.save_every=0", "train.sample_tokens=0",
+                   "train.threads=1", "train.profile=true", "train.save_every=0", "train.sample_tokens=0",
                    "train.max_seconds=0", f"train.out_dir=\"{out_dir}\""]
     sets.append("train.eval_every=0")
     if data is not None:  # the validation model's own corpus (its vocabulary is 512)
@@ -55,13 +56,14 @@ def measure(work: Path) -> list[dict]:
     for model, config, sets in MODELS:
         own_data = data if config == VALIDATION else None
         per = {p: {"peak_kib": [], "step_s": [], "experts_s": [], "load": []} for p in PRECISIONS}
-        predicted = {}
+        predicted, predicted_step = {}, {}
         for precision in PRECISIONS:
             hardware = ["--hardware", str(PROFILE)] if PROFILE.is_file() else []
             plan = json.loads(run([str(BIN), "plan", str(config), "--json", "--ranks", "1"] +
                                   hardware + settings(sets, precision, STEPS, own_data,
                                                       work / "plan")))
             predicted[precision] = plan["stages"][0]["memory_bytes"]["peak"] / 2**20
+            predicted_step[precision] = plan.get("step_time", {}).get("seconds", 0.0)
         for repeat in range(RUNS):
             for precision in PRECISIONS:
                 out_dir = work / f"run_{precision}"
@@ -83,6 +85,7 @@ def measure(work: Path) -> list[dict]:
             results.append({"model": model, "precision": precision,
                             "peak_mib": median(p["peak_kib"]) / 1024,
                             "predicted_peak_mib": predicted[precision],
+                            "predicted_step_s": predicted_step[precision],
                             "step_s": median(p["step_s"]), "experts_s": median(p["experts_s"]),
                             "runs_peak_mib": [k / 1024 for k in p["peak_kib"]],
                             "runs_step_s": p["step_s"], "load_average_1min": p["load"]})
@@ -127,18 +130,24 @@ def write_results(results: list[dict], curve: dict | None) -> None:
                                                    indent=1))
     lines = ["# MXFP8 training against bf16", "",
              f"Machine: {cpu_model()}, {os.cpu_count()} cores, "
-             "shared (1-minute load average at each run's start below); one process, "
-             f"{STEPS} steps (2..{STEPS} timed), median of {RUNS} runs, precisions interleaved "
-             "within each repeat. Produced by `make bench-mxfp8` (`bench/mxfp8.py`).", "",
+             "shared (1-minute load average at each run's start below); one process, one "
+             f"thread, {STEPS} steps (2..{STEPS} timed), median of {RUNS} runs, precisions "
+             "interleaved within each repeat. Plan: `moecore plan --hardware "
+             "bench/results/cpu_profile.json` (its MX rate: `moecore bench gemm --precision "
+             "mxfp8`). Produced by `make bench-mxfp8` (`bench/mxfp8.py`).", "",
              "| model | precision | peak RSS MiB | vs bf16 | plan: peak MiB (error) | step ms | "
-             "vs bf16 | experts ms (share) | load avg |", "|---|---|---|---|---|---|---|---|---|"]
+             "vs bf16 | plan: step ms (error) | experts ms (share) | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         base = next(x for x in results if x["model"] == r["model"] and x["precision"] == "bf16")
         lines.append(
             f"| {r['model']} | {r['precision']} | {r['peak_mib']:.1f} | "
             f"{r['peak_mib'] - base['peak_mib']:+.1f} MiB | {r['predicted_peak_mib']:.1f} "
             f"({r['predicted_peak_mib'] / r['peak_mib'] - 1:+.1%}) | {r['step_s'] * 1e3:.0f} | "
-            f"{r['step_s'] / base['step_s'] - 1:+.0%} | {r['experts_s'] * 1e3:.0f} "
+            f"{r['step_s'] / base['step_s'] - 1:+.0%} | "
+            + (f"{r['predicted_step_s'] * 1e3:.0f} ({r['predicted_step_s'] / r['step_s'] - 1:+.0%})"
+               if r.get("predicted_step_s") else "-")
+            + f" | {r['experts_s'] * 1e3:.0f} "
             f"({r['experts_s'] / r['step_s']:.0%}) | "
             f"{', '.join(f'{x:.1f}' for x in r['load_average_1min'])} |")
     lines += ["", "Memory: mxfp8 keeps each MoE layer's expert inputs (x [R, d] and the SwiGLU "

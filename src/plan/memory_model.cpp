@@ -49,8 +49,12 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // weights through a send shard and a ranks x shard buffer, one group at a time.
   // Open MPI's temporaries, measured with bench/plan_validation.py (Open MPI 4.1): a non-blocking
   // all-reduce holds a copy of its whole payload until it completes, and the dense and expert
-  // all-reduces are in flight together; MPI_Reduce_scatter_block holds a copy of its whole send
-  // buffer during the call (on top of the padded one). Groups of one rank call no MPI.
+  // all-reduces are in flight together; MPI_Reduce_scatter_block reduces along a binomial tree
+  // whose root (the group's rank 0) holds one copy of the whole send buffer per tree level during
+  // the call, floor(log2 ranks) of them (measured: 1 copy at 2 and 3 ranks, 2 at 4, 3 at 8; the
+  // other ranks hold fewer, down to none), on top of the padded one: the plan gives the root's,
+  // the stage's largest. On an accelerator (NCCL, no such tree of copies) one copy is kept as an
+  // allowance, as before. Groups of one rank call no MPI.
   const std::pair<int64_t, int64_t> groups[] = {{m.dense_params, layout.dp},
                                                 {m.expert_params, layout.ep_dp}};
   double reduction_heap = 0.0;  // what the reduction takes from the heap beside the workspace
@@ -66,7 +70,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
       const int64_t slice = std::min(numel, shard);  // rank 0's, the largest
       const double padded = kF * static_cast<double>(shard) * static_cast<double>(ranks);
       const double gather = kF * static_cast<double>(shard) * static_cast<double>(ranks + 1);
-      const double mpi = ranks > 1 ? padded : 0.0;
+      const double levels = device ? 1.0 : std::floor(std::log2(static_cast<double>(ranks)));
+      const double mpi = ranks > 1 ? padded * levels : 0.0;
       m.optimizer_state += kF * (2.0 * static_cast<double>(slice) + static_cast<double>(shard));
       m.optimizer_scratch = std::max({m.optimizer_scratch, padded, gather});
       m.mpi_scratch = std::max(m.mpi_scratch, mpi);

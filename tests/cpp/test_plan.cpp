@@ -84,13 +84,19 @@ TEST(PlanMemory, ZeroShardsTheMomentsOverDp) {
   EXPECT_DOUBLE_EQ(s.optimizer_state, 12.0 * shard);
   EXPECT_GT(s.optimizer_scratch, 0.0);
   EXPECT_EQ(r.optimizer_scratch, 0.0);
-  // Open MPI's copies: the whole payload of both in-flight all-reduces; under ZeRO-1 the padded
-  // send buffer of the larger reduce-scatter, alive with our own padded copy.
+  // Open MPI's copies: the whole payload of both in-flight all-reduces; under ZeRO-1, at the root
+  // of the reduce-scatter's binomial tree, log2(4) = 2 copies of the larger padded send buffer,
+  // alive with our own padded copy.
   EXPECT_DOUBLE_EQ(r.mpi_scratch, 4.0 * floats);
   const double expert_padded = 4.0 * 4.0 * static_cast<double>((r.expert_params + 3) / 4);
   const double dense_padded = 4.0 * 4.0 * static_cast<double>((r.dense_params + 3) / 4);
-  EXPECT_DOUBLE_EQ(s.mpi_scratch, std::max(expert_padded, dense_padded));
-  EXPECT_DOUBLE_EQ(s.reduction_peak, 2.0 * std::max(expert_padded, dense_padded));
+  EXPECT_DOUBLE_EQ(s.mpi_scratch, 2.0 * std::max(expert_padded, dense_padded));
+  EXPECT_DOUBLE_EQ(s.reduction_peak, 3.0 * std::max(expert_padded, dense_padded));
+  // Two ranks: one copy.
+  const RankMemory& two = make_plan(small_config({"parallel.zero=1"}), 2, kNoRuntime).stages[0];
+  EXPECT_DOUBLE_EQ(two.mpi_scratch, 4.0 * 2.0 *
+                                        static_cast<double>(std::max((r.expert_params + 1) / 2,
+                                                                     (r.dense_params + 1) / 2)));
   EXPECT_EQ(make_plan(small_config(), 1, kNoRuntime).stages[0].mpi_scratch, 0.0);
   EXPECT_DOUBLE_EQ(r.weights, s.weights);
 }
