@@ -15,6 +15,7 @@
 #include "dist/mpi/mpi_runtime.h"
 #include "kernels/cpu/mx_gemm.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "model/flop_count.h"
 #include "model/params.h"
 #include "plan/plan.h"
@@ -94,17 +95,57 @@ void run_bench_gemm(const BenchGemmArgs& args) {
       sorted.size() % 2 == 1 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
   const bool emulated =
       args.precision == "bf16" && kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kEmulated;
-  const nlohmann::json out = {{"precision", args.precision},
-                              {"emulated", emulated},
-                              {"m", args.m},
-                              {"n", args.n},
-                              {"k", args.k},
-                              {"threads", omp_get_max_threads()},
-                              {"calls_per_repeat", calls},
-                              {"flops_per_s", rates},
-                              {"flops_per_s_median", median},
-                              {"flops_per_s_min", sorted.front()},
-                              {"flops_per_s_max", sorted.back()}};
+  nlohmann::json out = {{"precision", args.precision},
+                        {"emulated", emulated},
+                        {"m", args.m},
+                        {"n", args.n},
+                        {"k", args.k},
+                        {"threads", omp_get_max_threads()},
+                        {"calls_per_repeat", calls},
+                        {"flops_per_s", rates},
+                        {"flops_per_s_median", median},
+                        {"flops_per_s_min", sorted.front()},
+                        {"flops_per_s_max", sorted.back()}};
+  if (mxfp8) {
+    // The quantisers the model runs around its MX GEMMs (kernels::mx_quantize and
+    // mx_quantize_transposed): A [m, k] as an activation is quantised before every GEMM, B as a
+    // weight [n, k] into its two cached orientations once per optimizer step
+    // (model/mx_weight_caches.h). Values per second of each, medians of the repeats; `moecore plan`
+    // prices the quantisation passes with them.
+    mx::check_mx_contraction("bench gemm (the weight's transposed cache)", args.n);
+    std::vector<uint8_t> codes(size(std::max(args.m, args.n), args.k)),
+        scales(size(std::max(args.m, args.n), args.k) / mx::kMxBlock);
+    const auto e4m3 = [](uint8_t* p, std::initializer_list<int64_t> shape) {
+      return TensorView(p, shape, DType::kE4m3);
+    };
+    const auto e8m0 = [](uint8_t* p, std::initializer_list<int64_t> shape) {
+      return TensorView(p, shape, DType::kE8m0);
+    };
+    const auto values_per_s = [&](double values, const std::function<void()>& op) {
+      op();  // first touch
+      std::vector<double> v;
+      for (int64_t r = 0; r < std::max<int64_t>(args.repeats, 1); ++r) {
+        const Clock::time_point start = Clock::now();
+        op();
+        v.push_back(values / std::max(seconds_since(start), 1e-9));
+      }
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const auto mode = mx::ScaleMode::kRceil;
+    out["mx_quantize_values_per_s"] = values_per_s(static_cast<double>(args.m * args.k), [&] {
+      kernels::mx_quantize(view(a.data(), {args.m, args.k}), mode,
+                           e4m3(codes.data(), {args.m, args.k}),
+                           e8m0(scales.data(), {args.m, args.k / mx::kMxBlock}));
+    });
+    out["mx_weight_refresh_values_per_s"] = values_per_s(static_cast<double>(args.n * args.k), [&] {
+      const ConstTensorView w = view(b.data(), {args.n, args.k});
+      kernels::mx_quantize(w, mode, e4m3(codes.data(), {args.n, args.k}),
+                           e8m0(scales.data(), {args.n, args.k / mx::kMxBlock}));
+      kernels::mx_quantize_transposed(w, mode, e4m3(codes.data(), {args.k, args.n}),
+                                      e8m0(scales.data(), {args.k, args.n / mx::kMxBlock}));
+    });
+  }
   fmt::print("{}\n", out.dump());
 }
 

@@ -127,6 +127,8 @@ Hardware load_hardware(const std::string& spec) {
   r.gemm_flops_fp32 = number("gemm_tflops_fp32", 1e12);
   r.gemm_flops_bf16 = number("gemm_tflops_bf16", 1e12);
   r.gemm_flops_mxfp8 = number("gemm_tflops_mxfp8", 1e12);
+  r.mx_quantize_values = number("mx_quantize_gvalues", 1e9);
+  r.mx_weight_refresh_values = number("mx_weight_refresh_gvalues", 1e9);
   r.peak_flops_fp32 = number("peak_tflops_fp32", 1e12);
   r.peak_flops_bf16 = number("peak_tflops_bf16", 1e12);
   if (r.peak_flops_fp32 == 0.0) r.peak_flops_fp32 = r.gemm_flops_fp32;

@@ -7,7 +7,7 @@
 // workspace). A JSON file describes any other:
 //   {"name", "memory_gib", "runtime_overhead_mib", "device",
 //    "gemm_tflops_fp32", "gemm_tflops_bf16", "gemm_tflops_mxfp8", "peak_tflops_fp32",
-//    "peak_tflops_bf16",
+//    "peak_tflops_bf16", "mx_quantize_gvalues", "mx_weight_refresh_gvalues",
 //    "memory_bandwidth_gbs", "link_bandwidth_gbs", "link_latency_us",
 //    "node_ranks", "cores_per_node", "network_bandwidth_gbs", "network_latency_us",
 //    "async_communication", "gemm_overlaps_memory" (default: "device"),
@@ -40,6 +40,11 @@ struct Rates {
   // multiplies FP8: it decodes to fp32 and sums in a fixed order), measured by `moecore bench gemm
   // --precision mxfp8`, well below the bf16 rate.
   double gemm_flops_mxfp8 = 0.0;
+  // The MX quantisers (`moecore bench gemm --precision mxfp8`): activation values quantised per
+  // second before an MX GEMM, and weights per second refreshed into both cached orientations
+  // after each optimizer step; 0: a memory-bound pass at memory_bandwidth (a GPU's fused kernels).
+  double mx_quantize_values = 0.0;
+  double mx_weight_refresh_values = 0.0;
   double peak_flops_fp32 = 0.0;   // the MFU denominator: measured GEMM peak on a CPU (DESIGN.md,
   double peak_flops_bf16 = 0.0;   // Measuring), the data sheet's dense peak on a GPU
   double memory_bandwidth = 0.0;  // bytes/s a streaming kernel reads plus writes

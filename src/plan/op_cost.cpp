@@ -130,6 +130,12 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   const double share = rank_share(rates, layout);
   const Roofline roof{rates.memory_bandwidth * share, rates.gemm_overlaps_memory};
   const ModuleRates r = module_rates(tc, rates, share);
+  const PrecisionRecipe recipe = PrecisionRecipe::from_train(tc.precision, tc.mxfp8);
+  // Values per second a quantiser turns into MXFP8 (measured), else a memory pass: 4 bytes read,
+  // 1 written plus a scale per 32.
+  const double quantize_rate =
+      share * (rates.mx_quantize_values > 0.0 ? rates.mx_quantize_values
+                                              : rates.memory_bandwidth / (5.0 + 1.0 / 32.0));
   const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
   const double n = static_cast<double>(tokens.tokens());
   const double d = static_cast<double>(c.hidden_size);
@@ -165,6 +171,13 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
     const double rows = received / experts_here;
     experts += experts_here * (roof.pass_gemm(forward, r.experts, rows, 2.0 * h, d) +
                                roof.pass_gemm(forward, r.experts, rows, d, h));
+    // MXFP8 experts quantise their GEMMs' activation operands: the forward its inputs [R, d] and
+    // the SwiGLU output [R, H]; the backward the output gradients [R, d] and the gate/up
+    // gradients [R, 2H], and dequantises the saved inputs (R (d + H)) for the bf16 weight
+    // gradient.
+    if (recipe.mx.experts)
+      experts += (forward ? received * (d + h) : received * (d + 2.0 * h) + received * (d + h)) /
+                 quantize_rate;
     if (hs > 0.0)
       experts += roof.pass_gemm(forward, r.dense_mlp, n, 2.0 * hs, d) +
                  roof.pass_gemm(forward, r.dense_mlp, n, d, hs);

@@ -5,8 +5,11 @@
 
 #include "core/check.h"
 #include "dist/pipeline_schedule.h"
+#include "model/bf16_weight_copies.h"
 #include "model/flop_count.h"
+#include "model/mx_weight_caches.h"
 #include "model/params.h"
+#include "model/precision_recipe.h"
 #include "plan/comm_model.h"
 #include "plan/pipeline_simulation.h"
 
@@ -130,11 +133,29 @@ StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const 
     // gathered weights back into place (4 read, 4 written).
     const double zero_copies =
         pc.zero != 0 ? 20.0 * (dense + expert) / (rates.memory_bandwidth * share) : 0.0;
+    // After the step, the low-precision weight copies are made again (model/bf16_weight_copies.h,
+    // mx_weight_caches.h): a bf16 copy reads 4 bytes and writes 2 per weight; an MX cache
+    // quantises each weight into both orientations, at the measured refresh rate (else a memory
+    // pass: 4 bytes read, twice 1 byte and a scale per 32 written).
+    const PrecisionRecipe recipe = PrecisionRecipe::from_train(tc.precision, tc.mxfp8);
+    double bf16_copied = 0.0, mx_cached = 0.0;
+    for (const LayerRange& range : ranges) {
+      for (const ParamRange& copy : bf16_copy_ranges(mc, local, range, recipe))
+        bf16_copied += static_cast<double>(copy.numel);
+      for (const MxWeightRange& cache : mx_weight_ranges(mc, local, range, recipe))
+        mx_cached += static_cast<double>(cache.batch * cache.out * cache.in);
+    }
+    const double refresh_rate =
+        share * (rates.mx_weight_refresh_values > 0.0
+                     ? rates.mx_weight_refresh_values
+                     : rates.memory_bandwidth / (4.0 + 2.0 * (1.0 + 1.0 / 32.0)));
+    const double copies = 6.0 * bf16_copied / (rates.memory_bandwidth * share) +
+                          (mx_cached > 0.0 ? mx_cached / refresh_rate : 0.0);
 
     Seconds b = timeline.busy[ss];
     b[static_cast<int>(TimeCategory::kPipelineWait)] += timeline.wait[ss];
     b[static_cast<int>(TimeCategory::kGradReduce)] += exposed + zero_copies;
-    b[static_cast<int>(TimeCategory::kOptimizer)] += optimizer;
+    b[static_cast<int>(TimeCategory::kOptimizer)] += optimizer + copies;
     const double seconds = total_seconds(b);
     out.stage_seconds.push_back(seconds);
     if (s == 0 || seconds > out.seconds) {

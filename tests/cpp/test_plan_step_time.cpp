@@ -160,16 +160,31 @@ TEST(StepTime, GemmAddsItsMemoryTimeUnlessTheHardwareOverlapsThem) {
 TEST(StepTime, EachModuleAtItsRecipesRate) {
   Rates r = test_rates();
   r.gemm_flops_mxfp8 = r.gemm_flops_bf16 / 4.0;  // a CPU: the exact MX GEMM is the slowest
-  const auto at = [&](const std::vector<std::string>& sets, TimeCategory c) {
+  r.mx_quantize_values = 1e9;
+  r.mx_weight_refresh_values = 1e8;
+  const auto at = [&](std::vector<std::string> sets, TimeCategory c) {
+    // MXFP8 quantises both dimensions of a weight in blocks of 32.
+    for (const char* width :
+         {"model.moe_intermediate_size=32", "model.intermediate_size=64",
+          "model.shared_expert_intermediate_size=32", "model.num_key_value_heads=4"})
+      sets.emplace_back(width);
     return category(plan_step(sets, 1, r), c);
   };
   const std::vector<std::string> bf16{"train.precision=\"bf16\""},
       mxfp8{"train.precision=\"mxfp8\""},
       mxfp8_dense{"train.precision=\"mxfp8\"", "train.mxfp8_dense=true"};
-  // OLMo-core's recipe: only the routed experts' GEMMs move to the MX rate.
+  // OLMo-core's recipe: only the routed experts' GEMMs move to the MX rate (with their
+  // activations' quantisation), and their weights are re-quantised after every step.
   EXPECT_GT(at(mxfp8, TimeCategory::kExperts), at(bf16, TimeCategory::kExperts));
-  for (TimeCategory c : {TimeCategory::kAttention, TimeCategory::kLmHead, TimeCategory::kOptimizer})
+  for (TimeCategory c : {TimeCategory::kAttention, TimeCategory::kLmHead})
     EXPECT_DOUBLE_EQ(at(mxfp8, c), at(bf16, c));
+  EXPECT_GT(at(mxfp8, TimeCategory::kOptimizer), at(bf16, TimeCategory::kOptimizer));
+  const double experts = at(mxfp8, TimeCategory::kExperts);
+  r.mx_quantize_values /= 2.0;
+  EXPECT_GT(at(mxfp8, TimeCategory::kExperts), experts);
+  const double refresh = at(mxfp8, TimeCategory::kOptimizer);
+  r.mx_weight_refresh_values /= 2.0;
+  EXPECT_GT(at(mxfp8, TimeCategory::kOptimizer), refresh);
   // mxfp8_dense: the attention projections too (not the attention core).
   EXPECT_GT(at(mxfp8_dense, TimeCategory::kAttention), at(mxfp8, TimeCategory::kAttention));
   EXPECT_DOUBLE_EQ(at(mxfp8_dense, TimeCategory::kLmHead), at(bf16, TimeCategory::kLmHead));
@@ -177,9 +192,12 @@ TEST(StepTime, EachModuleAtItsRecipesRate) {
   EXPECT_GT(
       at({"train.precision=\"mxfp8\"", "train.mxfp8_expert_wgrad=true"}, TimeCategory::kExperts),
       at(mxfp8, TimeCategory::kExperts));
-  // No MX rate in the profile (Hopper's dequantised path): MX GEMMs at the bf16 rate.
+  // No MX rate in the profile (Hopper's dequantised path): MX GEMMs at the bf16 rate, only the
+  // quantisation on top.
   r.gemm_flops_mxfp8 = 0.0;
-  EXPECT_DOUBLE_EQ(at(mxfp8, TimeCategory::kExperts), at(bf16, TimeCategory::kExperts));
+  r.mx_quantize_values = 1e30;
+  EXPECT_NEAR(at(mxfp8, TimeCategory::kExperts), at(bf16, TimeCategory::kExperts),
+              1e-9 * at(bf16, TimeCategory::kExperts));
   EXPECT_DOUBLE_EQ(load_hardware("h200").rates.gemm_flops_mxfp8, 0.0);
   EXPECT_GT(load_hardware("b200").rates.gemm_flops_mxfp8,
             1.9 * load_hardware("b200").rates.gemm_flops_bf16);
