@@ -58,6 +58,12 @@ def test_gemm_reports_flops(moecore_bin):
             "--min-seconds", "0.01", "--precision", "mxfp8")
     g = json.loads(r.stdout)
     assert g["precision"] == "mxfp8" and g["flops_per_s_min"] > 0
+    # The quantisers around the MX GEMM: activations always; the weight's two cached
+    # orientations only when n is whole blocks too.
+    assert g["mx_quantize_values_per_s"] > 0 and "mx_weight_refresh_values_per_s" not in g
+    r = run(moecore_bin, "bench", "gemm", "--m", "5", "--n", "64", "--k", "64", "--repeats", "2",
+            "--min-seconds", "0.01", "--precision", "mxfp8")
+    assert json.loads(r.stdout)["mx_weight_refresh_values_per_s"] > 0
 
 
 @pytest.mark.parametrize("args, message", [
