@@ -93,7 +93,8 @@ TEST(PlanMemory, ZeroShardsTheMomentsOverDp) {
   EXPECT_DOUBLE_EQ(s.mpi_scratch, 2.0 * std::max(expert_padded, dense_padded));
   EXPECT_DOUBLE_EQ(s.reduction_peak, 3.0 * std::max(expert_padded, dense_padded));
   // Two ranks: one copy.
-  const RankMemory& two = make_plan(small_config({"parallel.zero=1"}), 2, kNoRuntime).stages[0];
+  const Plan two_ranks = make_plan(small_config({"parallel.zero=1"}), 2, kNoRuntime);
+  const RankMemory& two = two_ranks.stages[0];
   EXPECT_DOUBLE_EQ(two.mpi_scratch, 4.0 * 2.0 *
                                         static_cast<double>(std::max((r.expert_params + 1) / 2,
                                                                      (r.dense_params + 1) / 2)));
