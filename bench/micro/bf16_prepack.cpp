@@ -153,14 +153,15 @@ void BM_Reorder(benchmark::State& state) {
 // {M, N, K, trans_b}: the default model's bf16 GEMMs with a weight operand.
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"m", "n", "k", "tb"});
-  b->Args({2048, 768, 256, 1});   // q, k, v projections, forward
-  b->Args({2048, 256, 768, 0});   // their input gradient
-  b->Args({2048, 256, 256, 1});   // output projection, forward
-  b->Args({2048, 4096, 256, 1});  // LM head, forward
-  b->Args({2048, 256, 4096, 0});  // LM head, input gradient
-  b->Args({512, 1024, 256, 1});   // one expert's gate/up, forward (~512 rows)
-  b->Args({512, 256, 1024, 0});   // its input gradient
-  b->Args({512, 256, 512, 1});    // one expert's down projection, forward
+  b->Args({2048, 768, 256, 1});    // q, k, v projections, forward
+  b->Args({2048, 256, 768, 0});    // their input gradient
+  b->Args({2048, 256, 256, 1});    // output projection, forward
+  b->Args({2048, 4096, 256, 1});   // LM head, forward
+  b->Args({2048, 256, 4096, 0});   // LM head, input gradient
+  b->Args({512, 1024, 256, 1});    // one expert's gate/up, forward (~512 rows)
+  b->Args({512, 256, 1024, 0});    // its input gradient
+  b->Args({512, 256, 512, 1});     // one expert's down projection, forward
+  b->Args({2048, 2048, 2048, 1});  // square, for DESIGN.md's machine-ceiling figures
   b->Unit(benchmark::kMicrosecond);
 }
 
