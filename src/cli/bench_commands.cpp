@@ -23,6 +23,16 @@
 
 namespace moecore::cli {
 
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+}
+
+}  // namespace
+
 void run_bench_gemm(const BenchGemmArgs& args) {
   MOE_CHECK(args.m > 0 && args.n > 0 && args.k > 0,
             "[bench] gemm sizes must be positive (m={} n={} k={})", args.m, args.n, args.k);
@@ -88,11 +98,7 @@ void run_bench_gemm(const BenchGemmArgs& args) {
     for (int64_t i = 0; i < calls; ++i) call();
     rates.push_back(flops / seconds_since(start));
   }
-  std::vector<double> sorted = rates;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t mid = sorted.size() / 2;
-  const double median =
-      sorted.size() % 2 == 1 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
+  const auto [slowest, fastest] = std::minmax_element(rates.begin(), rates.end());
   const bool emulated =
       args.precision == "bf16" && kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kEmulated;
   nlohmann::json out = {{"precision", args.precision},
@@ -103,9 +109,9 @@ void run_bench_gemm(const BenchGemmArgs& args) {
                         {"threads", omp_get_max_threads()},
                         {"calls_per_repeat", calls},
                         {"flops_per_s", rates},
-                        {"flops_per_s_median", median},
-                        {"flops_per_s_min", sorted.front()},
-                        {"flops_per_s_max", sorted.back()}};
+                        {"flops_per_s_median", median_of(rates)},
+                        {"flops_per_s_min", *slowest},
+                        {"flops_per_s_max", *fastest}};
   if (mxfp8) {
     // The quantisers the model runs around its MX GEMMs (kernels::mx_quantize and
     // mx_quantize_transposed): A [m, k] as an activation is quantised before every GEMM, B as a
@@ -129,8 +135,7 @@ void run_bench_gemm(const BenchGemmArgs& args) {
         op();
         v.push_back(values / std::max(seconds_since(start), 1e-9));
       }
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
+      return median_of(v);
     };
     const auto mode = mx::ScaleMode::kRceil;
     out["mx_quantize_values_per_s"] = values_per_s(static_cast<double>(args.m * args.k), [&] {
@@ -150,16 +155,6 @@ void run_bench_gemm(const BenchGemmArgs& args) {
   }
   fmt::print("{}\n", out.dump());
 }
-
-namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t mid = v.size() / 2;
-  return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
-}
-
-}  // namespace
 
 void run_bench_stream(int64_t megabytes, int64_t repeats, int64_t threads) {
   MOE_CHECK(megabytes > 0 && repeats > 0 && threads >= 0,
@@ -263,7 +258,7 @@ void run_bench_collectives(int64_t max_megabytes, int64_t repeats) {
   };
   nlohmann::json sizes = nlohmann::json::array();
   // 1 MiB, then x 4 up to the largest (which is always measured).
-  for (int64_t mib = std::min<int64_t>(1, max_megabytes);; mib = std::min(mib * 4, max_megabytes)) {
+  for (int64_t mib = 1;; mib = std::min(mib * 4, max_megabytes)) {
     const int64_t floats = mib * 1024 * 1024 / 4 / ranks * ranks, slice = floats / ranks;
     const double bytes = 4.0 * static_cast<double>(floats);
     const double allreduce = time([&] {

@@ -42,8 +42,7 @@ struct ModuleRates {
   double attention_core;  // the attention core's score and context products
 };
 
-ModuleRates module_rates(const TrainConfig& tc, const Rates& rates, double share) {
-  const PrecisionRecipe recipe = PrecisionRecipe::from_train(tc.precision, tc.mxfp8);
+ModuleRates module_rates(const PrecisionRecipe& recipe, const Rates& rates, double share) {
   const auto rate = [&](kernels::MatmulPrecision p) {
     return share *
            (p == kernels::MatmulPrecision::kBf16 ? rates.gemm_flops_bf16 : rates.gemm_flops_fp32);
@@ -129,8 +128,8 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   const TrainConfig& tc = config.train;
   const double share = rank_share(rates, layout);
   const Roofline roof{rates.memory_bandwidth * share, rates.gemm_overlaps_memory};
-  const ModuleRates r = module_rates(tc, rates, share);
   const PrecisionRecipe recipe = PrecisionRecipe::from_train(tc.precision, tc.mxfp8);
+  const ModuleRates r = module_rates(recipe, rates, share);
   // Values per second a quantiser turns into MXFP8 (measured), else a memory pass: 4 bytes read,
   // 1 written plus a scale per 32.
   const double quantize_rate =
@@ -174,7 +173,8 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
     // MXFP8 experts quantise their GEMMs' activation operands: the forward its inputs [R, d] and
     // the SwiGLU output [R, H]; the backward the output gradients [R, d] and the gate/up
     // gradients [R, 2H], and dequantises the saved inputs (R (d + H)) for the bf16 weight
-    // gradient.
+    // gradient (under mxfp8_expert_wgrad it quantises them along the tokens instead: as many
+    // values, priced alike).
     if (recipe.mx.experts)
       experts += (forward ? received * (d + h) : received * (d + 2.0 * h) + received * (d + h)) /
                  quantize_rate;

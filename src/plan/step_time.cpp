@@ -149,8 +149,8 @@ StepTime step_time(const RunConfig& config, const ResolvedLayout& layout, const 
         share * (rates.mx_weight_refresh_values > 0.0
                      ? rates.mx_weight_refresh_values
                      : rates.memory_bandwidth / (4.0 + 2.0 * (1.0 + 1.0 / 32.0)));
-    const double copies = 6.0 * bf16_copied / (rates.memory_bandwidth * share) +
-                          (mx_cached > 0.0 ? mx_cached / refresh_rate : 0.0);
+    const double copies =
+        6.0 * bf16_copied / (rates.memory_bandwidth * share) + mx_cached / refresh_rate;
 
     Seconds b = timeline.busy[ss];
     b[static_cast<int>(TimeCategory::kPipelineWait)] += timeline.wait[ss];

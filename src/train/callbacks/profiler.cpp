@@ -2,11 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <filesystem>
-
-#include "core/check.h"
 #include "core/phase_timer.h"
 #include "io/file_util.h"
+#include "train/callbacks/rank_stats.h"
 #include "train/profile_report.h"
 #include "train/train_context.h"
 
@@ -31,11 +29,9 @@ void ProfilerCallback::on_end(TrainContext& ctx) {
   // Every rank's own phases beside its rank_stats (a pipeline's stages differ: the slowest is
   // not always rank 0's); rank 0's is also the run's profile.json.
   const std::string& out_dir = ctx.config.train.out_dir;
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir + "/rank_stats", ec);
-  MOE_CHECK(!ec, "[train] cannot create {}/rank_stats: {}", out_dir, ec.message());
-  io::write_text_atomic(fmt::format("{}/rank_stats/profile_rank{}.json", out_dir, ctx.world.rank()),
-                        report, "[train]");
+  io::write_text_atomic(
+      fmt::format("{}/profile_rank{}.json", rank_stats_dir(out_dir), ctx.world.rank()), report,
+      "[train]");
   if (ctx.world.rank() != 0) return;
   io::write_text_atomic(out_dir + "/profile.json", report, "[train]");
   ctx.progress.message(profile_report_line(profiled, seconds));

@@ -13,6 +13,14 @@
 
 namespace moecore {
 
+std::string rank_stats_dir(const std::string& out_dir) {
+  const std::string dir = out_dir + "/rank_stats";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MOE_CHECK(!ec, "[train] cannot create {}: {}", dir, ec.message());
+  return dir;
+}
+
 void RankStatsCallback::on_start(TrainContext& ctx) {
   first_step_ = ctx.step;
   dist::reset_traffic_counters();  // what the steps move
@@ -30,13 +38,10 @@ void RankStatsCallback::on_end(TrainContext& ctx) {
                                 {"steps", ctx.step - first_step_},
                                 {"peak_rss_kib", static_cast<int64_t>(usage.ru_maxrss)},
                                 {"traffic", traffic}};
-  const std::string& out_dir = ctx.config.train.out_dir;
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir + "/rank_stats", ec);
-  MOE_CHECK(!ec, "[train] cannot create {}/rank_stats: {}", out_dir, ec.message());
   // A plain write: a diagnostics file, outside the checkpoints' atomic writes and the write-fault
   // test hook (which must fire on a checkpoint).
-  const std::string path = fmt::format("{}/rank_stats/rank{}.json", out_dir, rank);
+  const std::string path =
+      fmt::format("{}/rank{}.json", rank_stats_dir(ctx.config.train.out_dir), rank);
   std::ofstream out(path, std::ios::trunc);
   out << stats.dump(1) << '\n';
   out.close();

@@ -4,9 +4,15 @@
 // compares them).
 #pragma once
 
+#include <string>
+
 #include "train/callback.h"
 
 namespace moecore {
+
+// out_dir/rank_stats, created if missing (one-line error if it cannot be): the per-rank
+// diagnostics' directory, also holding each rank's profile (callbacks/profiler.h).
+std::string rank_stats_dir(const std::string& out_dir);
 
 class RankStatsCallback final : public Callback {
  public:
