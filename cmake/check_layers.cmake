@@ -1,13 +1,17 @@
 # Fails (one line per violation, then a non-zero exit) when a source file under ${SOURCE_DIR}/src
-# includes a folder that is not below its own in the layer order, or when <mpi.h> (or a header
-# that includes it) is included outside src/dist/mpi/, the one place MPI types may appear.
+# includes a folder that is not below its own in the layer order, when <mpi.h> (or a header
+# that includes it) is included outside src/dist/mpi/, the one place MPI types may appear, or
+# when a CUDA toolkit header (or a header that includes one) is included outside the CUDA
+# backend's folders, src/kernels/cuda/ and src/dist/nccl/ (a build without the toolkit compiles
+# everything else).
 #   cmake -DSOURCE_DIR=<repo> -DRULES=<build>/layer_rules.cmake -P check_layers.cmake
 # RULES sets MOECORE_LAYERS and, per layer, MOECORE_ALLOWED_<layer>: the folders it may include
 # (itself and the layers below). CMakeLists.txt writes it from its moecore_layer() calls.
 cmake_minimum_required(VERSION 3.25)
 include(${RULES})
 
-file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/*.h ${SOURCE_DIR}/src/*.cpp)
+file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/src/*.h ${SOURCE_DIR}/src/*.cpp
+     ${SOURCE_DIR}/src/*.cu ${SOURCE_DIR}/src/*.cuh)
 list(SORT files)
 
 # Headers that bring MPI types with them (include <mpi.h> directly).
@@ -18,6 +22,20 @@ foreach(file ${files})
     string(REGEX REPLACE "^src/" "" header ${file})
     list(APPEND mpi_headers ${header})
   endif()
+endforeach()
+
+# CUDA toolkit headers, and our headers that include one.
+set(cuda_header_regex "^(cuda|cuda_runtime|cuda_runtime_api|cuda_bf16|cuda_fp8|cublas|cublas_v2|cublasLt|library_types|nccl|nvshmem)\\.h$")
+set(cuda_headers "")
+foreach(file ${files})
+  file(STRINGS ${SOURCE_DIR}/${file} include_lines REGEX "^[ \t]*#[ \t]*include[ \t]*<[^>]+>")
+  foreach(line IN LISTS include_lines)
+    string(REGEX MATCH "<([^>]+)>" _ "${line}")
+    if(CMAKE_MATCH_1 MATCHES "${cuda_header_regex}" AND file MATCHES "\\.h$")
+      string(REGEX REPLACE "^src/" "" header ${file})
+      list(APPEND cuda_headers ${header})
+    endif()
+  endforeach()
 endforeach()
 
 set(errors "")
@@ -47,6 +65,13 @@ foreach(file ${files})
       if(included IN_LIST mpi_headers)
         list(APPEND errors
              "${file}:${number}: ${included} brings MPI types outside src/dist/mpi/ (use dist/communicator.h)")
+        continue()
+      endif()
+    endif()
+    if(NOT file MATCHES "^src/(kernels/cuda|dist/nccl)/")
+      if(included MATCHES "${cuda_header_regex}" OR included IN_LIST cuda_headers)
+        list(APPEND errors
+             "${file}:${number}: ${included} (CUDA) outside src/kernels/cuda/ and src/dist/nccl/")
         continue()
       endif()
     endif()

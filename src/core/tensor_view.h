@@ -54,6 +54,14 @@ class BasicTensorView {
         device_(other.device()) {}
 
   Pointer raw() const { return data_; }
+  // The same shape, strides and dtype at another address: a copy of the tensor elsewhere (its
+  // device copy, say).
+  BasicTensorView relocated(Pointer data, Device device) const {
+    BasicTensorView moved = *this;
+    moved.data_ = data;
+    moved.device_ = device;
+    return moved;
+  }
   int rank() const { return rank_; }
   int64_t size(int dim) const { return shape_[dim]; }
   int64_t stride(int dim) const { return strides_[dim]; }

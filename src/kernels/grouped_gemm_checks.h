@@ -14,7 +14,8 @@ struct GroupedGemmDims {
 };
 
 inline GroupedGemmDims grouped_gemm_dims(const char* op, ConstTensorView x, ConstTensorView w,
-                                         std::span<const int64_t> expert_offsets) {
+                                         std::span<const int64_t> expert_offsets,
+                                         Device device = Device::kCpu) {
   MOE_CHECK(w.rank() == 3, "[{}] w must be [E, out, in], got rank {}", op, w.rank());
   const int64_t experts = w.size(0), out = w.size(1), in = w.size(2);
   MOE_CHECK(static_cast<int64_t>(expert_offsets.size()) == experts + 1,
@@ -25,8 +26,8 @@ inline GroupedGemmDims grouped_gemm_dims(const char* op, ConstTensorView x, Cons
     MOE_CHECK(expert_offsets[static_cast<size_t>(e + 1)] >= expert_offsets[static_cast<size_t>(e)],
               "[{}] expert_offsets decrease at expert {}", op, e);
   const int64_t rows = expert_offsets[static_cast<size_t>(experts)];
-  expect_shape(op, "x", x, {rows, in});
-  expect_shape(op, "w", w, {experts, out, in});
+  expect_shape(op, "x", x, {rows, in}, device);
+  expect_shape(op, "w", w, {experts, out, in}, device);
   return {rows, experts, out, in};
 }
 

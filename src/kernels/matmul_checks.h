@@ -13,7 +13,8 @@ struct MatmulDims {
 };
 
 inline MatmulDims matmul_dims(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b,
-                              ConstTensorView c, MatmulPrecision precision) {
+                              ConstTensorView c, MatmulPrecision precision,
+                              Device device = Device::kCpu) {
   constexpr const char* kOp = "matmul";
   expect_weight_dtype(kOp, "b", b, precision);
   MOE_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
@@ -21,9 +22,9 @@ inline MatmulDims matmul_dims(ConstTensorView a, bool trans_a, ConstTensorView b
             c.rank());
   const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
-  expect_shape(kOp, "a", a, {a.size(0), a.size(1)});
-  expect_shape(kOp, "b", b, {trans_b ? n : k, trans_b ? k : n});
-  expect_shape(kOp, "c", c, {m, n});
+  expect_shape(kOp, "a", a, {a.size(0), a.size(1)}, device);
+  expect_shape(kOp, "b", b, {trans_b ? n : k, trans_b ? k : n}, device);
+  expect_shape(kOp, "c", c, {m, n}, device);
   return {m, n, k};
 }
 

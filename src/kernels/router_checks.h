@@ -14,10 +14,11 @@ struct RouterDims {
   int64_t tokens, experts;
 };
 
-inline RouterDims router_dims(const char* op, ConstTensorView logits, const RouterTopkOptions& o) {
+inline RouterDims router_dims(const char* op, ConstTensorView logits, const RouterTopkOptions& o,
+                              Device device = Device::kCpu) {
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", op, logits.rank());
   const RouterDims d{logits.size(0), logits.size(1)};
-  expect_shape(op, "logits", logits, {d.tokens, d.experts});
+  expect_shape(op, "logits", logits, {d.tokens, d.experts}, device);
   MOE_CHECK(o.top_k >= 1 && o.top_k <= d.experts, "[{}] top_k={} must be in [1, {}]", op, o.top_k,
             d.experts);
   MOE_CHECK(o.n_group >= 1 && d.experts % o.n_group == 0,
@@ -35,10 +36,11 @@ inline RouterDims router_dims(const char* op, ConstTensorView logits, const Rout
 // router_topk_forward's outputs: scores [N, E], topk_index and topk_weight [N, k], E counts.
 inline void expect_router_outputs(const char* op, const RouterDims& s, int64_t k,
                                   ConstTensorView scores, ConstTensorView topk_index,
-                                  ConstTensorView topk_weight, std::span<int64_t> expert_counts) {
-  expect_shape(op, "scores", scores, {s.tokens, s.experts});
-  expect_shape(op, "topk_index", topk_index, {s.tokens, k});
-  expect_shape(op, "topk_weight", topk_weight, {s.tokens, k});
+                                  ConstTensorView topk_weight, std::span<int64_t> expert_counts,
+                                  Device device = Device::kCpu) {
+  expect_shape(op, "scores", scores, {s.tokens, s.experts}, device);
+  expect_shape(op, "topk_index", topk_index, {s.tokens, k}, device);
+  expect_shape(op, "topk_weight", topk_weight, {s.tokens, k}, device);
   MOE_CHECK(static_cast<int64_t>(expert_counts.size()) == s.experts,
             "[{}] expert_counts has {} entries, expected {}", op, expert_counts.size(), s.experts);
 }

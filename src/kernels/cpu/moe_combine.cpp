@@ -1,25 +1,16 @@
 // The MoE combine on the CPU: tokens over the OpenMP pool; a token's routes are added in slot
 // order, so the result does not depend on the thread count.
+#include "kernels/combine_checks.h"
 #include "kernels/ops.h"
-#include "kernels/view_checks.h"
 
 namespace moecore::kernels {
 
 namespace {
 
-struct CombineShape {
-  int64_t tokens, k, d;
-};
-
-CombineShape combine_shape(const char* op, ConstTensorView routed, ConstTensorView route_row,
-                           ConstTensorView weights) {
-  MOE_CHECK(route_row.rank() == 2 && routed.rank() == 2,
-            "[{}] route_row must be [N, k] and routed [rows, d], got ranks {} and {}", op,
-            route_row.rank(), routed.rank());
-  const CombineShape s{route_row.size(0), route_row.size(1), routed.size(1)};
-  expect_shape(op, "weights", weights, {s.tokens, s.k});
-  expect_shape(op, "route_row", route_row, {s.tokens, s.k});
-  expect_shape(op, "routed", routed, {routed.size(0), s.d});
+// The shapes, and every row number inside routed.
+CombineShape checked_combine_shape(const char* op, ConstTensorView routed,
+                                   ConstTensorView route_row, ConstTensorView weights) {
+  const CombineShape s = combine_shape(op, routed, route_row, weights);
   const int32_t* rows = route_row.data<int32_t>(op);
   for (int64_t r = 0; r < s.tokens * s.k; ++r)
     MOE_CHECK(rows[r] >= 0 && rows[r] < routed.size(0), "[{}] route_row[{}]={} is outside [0, {})",
@@ -32,7 +23,7 @@ CombineShape combine_shape(const char* op, ConstTensorView routed, ConstTensorVi
 void moe_combine_forward(ConstTensorView routed, ConstTensorView route_row, ConstTensorView weights,
                          TensorView y) {
   constexpr const char* kOp = "moe_combine";
-  const CombineShape s = combine_shape(kOp, routed, route_row, weights);
+  const CombineShape s = checked_combine_shape(kOp, routed, route_row, weights);
   expect_shape(kOp, "y", y, {s.tokens, s.d});
   const float* out = routed.data<float>(kOp);
   const int32_t* rows = route_row.data<int32_t>(kOp);
@@ -53,7 +44,7 @@ void moe_combine_forward(ConstTensorView routed, ConstTensorView route_row, Cons
 void moe_combine_backward(ConstTensorView dy, ConstTensorView routed, ConstTensorView route_row,
                           ConstTensorView weights, TensorView d_routed, TensorView d_weights) {
   constexpr const char* kOp = "moe_combine_backward";
-  const CombineShape s = combine_shape(kOp, routed, route_row, weights);
+  const CombineShape s = checked_combine_shape(kOp, routed, route_row, weights);
   expect_shape(kOp, "dy", dy, {s.tokens, s.d});
   expect_shape(kOp, "d_routed", d_routed, {routed.size(0), s.d});
   expect_shape(kOp, "d_weights", d_weights, {s.tokens, s.k});

@@ -14,6 +14,9 @@ namespace {
 
 constexpr int64_t kPanel = 64;  // output columns computed side by side (4 AVX-512 registers)
 constexpr int64_t kRows = 4;    // rows of A per panel pass: 16 registers of block sums
+// Rows of A decoded at a time (a multiple of kRows): enough that each chunk's panel passes keep
+// the threads busy, few enough that the decoded rows stay in L2 (256 x k floats).
+constexpr int64_t kChunkRows = 256;
 
 // Scale codes as the kernel keeps them: the exponent code - 127, and for the NaN code a value so
 // far outside every real exponent that any sum of two stays out of range and flags the rare path.
@@ -116,60 +119,63 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
 
   // Decoding is exact, so the kernel sees the reference's values. Rows past m and columns past
   // n are padded with zeros and scale 1 (exponent 0); their outputs are not written.
-  const int64_t row_groups = (m + kRows - 1) / kRows;
   // The decoded operands live in buffers of the calling thread that keep their capacity across
   // calls (assign within capacity does not reallocate), so a training step's MX GEMMs ask the
-  // heap for nothing once the first step has sized them (tests/alloc). The grouped GEMMs call
-  // this from several threads at once, each with its own buffers. A's rows (an expert's tokens)
-  // vary from step to step: A's buffers grow to twice what a call needs, so that a later step's
-  // busier expert rarely finds them short.
+  // heap for nothing once the first step has sized them (tests/alloc); the grouped GEMMs call
+  // this from several threads at once, each with its own buffers. A is decoded kChunkRows rows
+  // at a time, so A's buffers have one size whatever the rows (an expert's tokens change from
+  // step to step, and a thread may meet its first busy expert in any step); B (a weight) has the
+  // same shape every step.
   thread_local DecodedOperands decoded;
-  const auto a_rows = static_cast<size_t>(row_groups * kRows);
-  if (decoded.a_values.capacity() < a_rows * static_cast<size_t>(k)) {
-    decoded.a_values.reserve(2 * a_rows * static_cast<size_t>(k));
-    decoded.a_exponents.reserve(2 * a_rows * static_cast<size_t>(blocks));
-  }
   std::vector<float>& a_values = decoded.a_values;
   std::vector<int32_t>& a_exponents = decoded.a_exponents;
   std::vector<float>& b_panels = decoded.b_panels;
   std::vector<int32_t>& b_panel_exponents = decoded.b_panel_exponents;
-  a_values.assign(static_cast<size_t>(row_groups * kRows * k), 0.0f);
-  a_exponents.assign(static_cast<size_t>(row_groups * kRows * blocks), 0);
+  a_values.reserve(static_cast<size_t>(kChunkRows * k));
+  a_exponents.reserve(static_cast<size_t>(kChunkRows * blocks));
   b_panels.assign(static_cast<size_t>(panels * k * kPanel), 0.0f);
   b_panel_exponents.assign(static_cast<size_t>(panels * blocks * kPanel), 0);
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t kk = 0; kk < k; ++kk) a_values[i * k + kk] = a_table[a.codes[i * k + kk]];
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < panels; ++p) {
+    float* panel = b_panels.data() + p * k * kPanel;
+    int32_t* exponents = b_panel_exponents.data() + p * blocks * kPanel;
+    for (int64_t j = p * kPanel; j < std::min(n, (p + 1) * kPanel); ++j) {
+      const int64_t lane = j - p * kPanel;
+      for (int64_t kk = 0; kk < k; ++kk) panel[kk * kPanel + lane] = b_table[b.codes[j * k + kk]];
       for (int64_t blk = 0; blk < blocks; ++blk) {
-        a_exponents[i * blocks + blk] = scale_exponent(a.scales[i * blocks + blk]);
+        exponents[blk * kPanel + lane] = scale_exponent(b.scales[j * blocks + blk]);
       }
     }
+  }
+  for (int64_t first = 0; first < m; first += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, m - first);
+    const int64_t row_groups = (rows + kRows - 1) / kRows;
+    a_values.assign(static_cast<size_t>(row_groups * kRows * k), 0.0f);
+    a_exponents.assign(static_cast<size_t>(row_groups * kRows * blocks), 0);
+#pragma omp parallel
+    {
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
-      float* panel = b_panels.data() + p * k * kPanel;
-      int32_t* exponents = b_panel_exponents.data() + p * blocks * kPanel;
-      for (int64_t j = p * kPanel; j < std::min(n, (p + 1) * kPanel); ++j) {
-        const int64_t lane = j - p * kPanel;
-        for (int64_t kk = 0; kk < k; ++kk) panel[kk * kPanel + lane] = b_table[b.codes[j * k + kk]];
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t row = first + i;
+        for (int64_t kk = 0; kk < k; ++kk) a_values[i * k + kk] = a_table[a.codes[row * k + kk]];
         for (int64_t blk = 0; blk < blocks; ++blk) {
-          exponents[blk * kPanel + lane] = scale_exponent(b.scales[j * blocks + blk]);
+          a_exponents[i * blocks + blk] = scale_exponent(a.scales[row * blocks + blk]);
         }
       }
-    }
-    // Consecutive work items share a panel, so a thread keeps its panel in cache across rows.
+      // Consecutive work items share a panel, so a thread keeps its panel in cache across rows.
 #pragma omp for collapse(2) schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
-      for (int64_t g = 0; g < row_groups; ++g) {
-        float out[kRows * kPanel];
-        rows_times_panel(k, a_values.data() + g * kRows * k,
-                         a_exponents.data() + g * kRows * blocks, b_panels.data() + p * k * kPanel,
-                         b_panel_exponents.data() + p * blocks * kPanel, out);
-        const int64_t width = std::min(kPanel, n - p * kPanel);
-        for (int64_t r = 0; r < std::min(kRows, m - g * kRows); ++r) {
-          std::copy(out + r * kPanel, out + r * kPanel + width,
-                    c + (g * kRows + r) * ldc + p * kPanel);
+      for (int64_t p = 0; p < panels; ++p) {
+        for (int64_t g = 0; g < row_groups; ++g) {
+          float out[kRows * kPanel];
+          rows_times_panel(k, a_values.data() + g * kRows * k,
+                           a_exponents.data() + g * kRows * blocks,
+                           b_panels.data() + p * k * kPanel,
+                           b_panel_exponents.data() + p * blocks * kPanel, out);
+          const int64_t width = std::min(kPanel, n - p * kPanel);
+          for (int64_t r = 0; r < std::min(kRows, rows - g * kRows); ++r) {
+            std::copy(out + r * kPanel, out + r * kPanel + width,
+                      c + (first + g * kRows + r) * ldc + p * kPanel);
+          }
         }
       }
     }

@@ -1,7 +1,7 @@
 // RoPE on the CPU: (batch, position) pairs over the OpenMP pool; the heads of one position share
 // a cos/sin row, so they stay inside one iteration.
 #include "kernels/ops.h"
-#include "kernels/view_checks.h"
+#include "kernels/rope_checks.h"
 
 namespace moecore::kernels {
 
@@ -13,20 +13,8 @@ namespace {
 template <int kSign>
 void rotate(const char* op, TensorView x, ConstTensorView cos, ConstTensorView sin,
             int64_t first_position) {
-  MOE_CHECK(x.rank() == 4, "[{}] x must be [batch, seq, heads, head_dim], got rank {}", op,
-            x.rank());
-  const int64_t batch = x.size(0), seq = x.size(1), n_heads = x.size(2), head_dim = x.size(3);
-  MOE_CHECK(head_dim % 2 == 0, "[{}] head_dim={} must be even", op, head_dim);
-  const int64_t half = head_dim / 2;
-  MOE_CHECK(cos.rank() == 2, "[{}] cos must be [positions, head_dim / 2], got rank {}", op,
-            cos.rank());
-  const int64_t positions = cos.size(0);
-  expect_shape(op, "x", x, {batch, seq, n_heads, head_dim});
-  expect_shape(op, "cos", cos, {positions, half});
-  expect_shape(op, "sin", sin, {positions, half});
-  MOE_CHECK(first_position >= 0 && first_position + seq <= positions,
-            "[{}] positions [{}, {}) exceed the table's {} positions", op, first_position,
-            first_position + seq, positions);
+  const RopeDims dims = rope_dims(op, x, cos, sin, first_position);
+  const int64_t batch = dims.batch, seq = dims.seq, n_heads = dims.heads, half = dims.half;
   float* xp = x.data<float>(op);
   const float* cos_table = cos.data<float>(op) + first_position * half;
   const float* sin_table = sin.data<float>(op) + first_position * half;
@@ -36,7 +24,7 @@ void rotate(const char* op, TensorView x, ConstTensorView cos, ConstTensorView s
       const float* cos_t = cos_table + t * half;
       const float* sin_t = sin_table + t * half;
       for (int64_t h = 0; h < n_heads; ++h) {
-        float* lo = xp + ((b * seq + t) * n_heads + h) * head_dim;
+        float* lo = xp + ((b * seq + t) * n_heads + h) * 2 * half;
         float* hi = lo + half;
         // Same expression order as HF (x * cos + rotate_half(x) * sin) to stay bit-close to it.
 #pragma omp simd

@@ -1,0 +1,186 @@
+// The CUDA backend's GEMMs on one GPU (issue 15, items 5 and 6): the ceiling and where the
+// engine's GEMM ops stand against it.
+//   peak       cuBLASLt bf16 8192^3 on bf16 operands (kernels/cuda/gemm_lt.h): the "measured cuBLAS
+//              bf16 peak" that MFU is reported against, measured in the same run;
+//   matmul     the matmul op in bf16 at a dense projection of a GPU-sized model (16384 tokens,
+//              2048 -> 2048), f32 activations rounded to bf16 in the call, the weight's bf16 copy;
+//   experts    grouped_gemm_forward in bf16 at 8, 32 and 128 experts with the active parameters
+//              fixed (top-k x expert width = 8192, so 2048 rows per expert at 16384 tokens and
+//              the same FLOPs at every count): how much the per-expert launches cost as experts
+//              shrink (item 6: at most 5 % tokens/s lost from 8 to 128 experts).
+// Each case: 3 warm-up calls, then the median of 20 timed calls (CUDA events on the backend's
+// stream). Prints a markdown table; --json PATH also writes the figures.
+//   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace {
+
+using moecore::ConstTensorView;
+using moecore::Device;
+using moecore::DType;
+using moecore::TensorView;
+using moecore::kernels::MatmulPrecision;
+namespace cuda = moecore::kernels::cuda;
+
+constexpr int kWarmup = 3;
+constexpr int kTimed = 20;
+
+// Device memory for one case, filled with values in [-1, 1) (bf16 or f32).
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int64_t elements, DType dtype) : elements_(elements), dtype_(dtype) {
+    const size_t bytes = static_cast<size_t>(elements) * moecore::dtype_size(dtype);
+    MOE_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    std::vector<float> values(static_cast<size_t>(elements));
+    std::mt19937 gen(static_cast<uint32_t>(elements));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (float& v : values) v = uniform(gen);
+    float* staging = nullptr;
+    MOE_CUDA_CHECK(cudaMalloc(&staging, values.size() * sizeof(float)));
+    MOE_CUDA_CHECK(
+        cudaMemcpy(staging, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if (dtype == DType::kBf16) {
+      cuda::to_bf16(ConstTensorView(staging, {elements}, DType::kF32, Device::kCuda),
+                    TensorView(data_, {elements}, DType::kBf16, Device::kCuda));
+    } else {
+      MOE_CUDA_CHECK(
+          cudaMemcpy(data_, staging, values.size() * sizeof(float), cudaMemcpyDeviceToDevice));
+    }
+    cuda::synchronize();
+    MOE_CUDA_CHECK(cudaFree(staging));
+  }
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  TensorView view(std::initializer_list<int64_t> shape) const {
+    return {data_, shape, dtype_, Device::kCuda};
+  }
+
+ private:
+  void* data_ = nullptr;
+  int64_t elements_;
+  DType dtype_;
+};
+
+// The median milliseconds of one call of `run`.
+double median_ms(const std::function<void()>& run) {
+  for (int i = 0; i < kWarmup; ++i) run();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  MOE_CUDA_CHECK(cudaEventCreate(&start));
+  MOE_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int i = 0; i < kTimed; ++i) {
+    MOE_CUDA_CHECK(cudaEventRecord(start, cuda::stream()));
+    run();
+    MOE_CUDA_CHECK(cudaEventRecord(stop, cuda::stream()));
+    MOE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Result {
+  std::string name;
+  double flops;
+  double ms;
+  double tflops() const { return flops / (ms * 1e-3) / 1e12; }
+};
+
+Result peak() {
+  const int64_t n = 8192;
+  const DeviceBuffer a(n * n, DType::kBf16), b(n * n, DType::kBf16), c(n * n, DType::kF32);
+  const double ms = median_ms([&] {
+    cuda::gemm_lt(false, true, n, n, n, 1.0f, a.data(), b.data(), CUDA_R_16BF, 0.0f,
+                  static_cast<float*>(c.data()));
+  });
+  return {"peak: cuBLASLt bf16 8192^3 (bf16 operands)", 2.0 * n * n * n, ms};
+}
+
+Result dense_matmul() {
+  const int64_t tokens = 16384, in = 2048, out = 2048;
+  const DeviceBuffer x(tokens * in, DType::kF32), w(out * in, DType::kBf16),
+      y(tokens * out, DType::kF32);
+  const double ms = median_ms([&] {
+    cuda::matmul(x.view({tokens, in}), false, w.view({out, in}), true, 1.0f, 0.0f,
+                 y.view({tokens, out}), MatmulPrecision::kBf16);
+  });
+  return {"matmul op bf16: 16384 x 2048 -> 2048", 2.0 * tokens * in * out, ms};
+}
+
+Result experts(int64_t count) {
+  const int64_t tokens = 16384, d = 2048, active_width = 8192;
+  const int64_t top_k = count / 8, width = active_width / top_k;  // 8: k 1, 32: k 4, 128: k 16
+  const int64_t rows = tokens * top_k;
+  std::vector<int64_t> offsets(static_cast<size_t>(count + 1));
+  for (int64_t e = 0; e <= count; ++e) offsets[static_cast<size_t>(e)] = e * (rows / count);
+  const DeviceBuffer x(rows * d, DType::kF32), w(count * 2 * width * d, DType::kBf16),
+      y(rows * 2 * width, DType::kF32);
+  const double ms = median_ms([&] {
+    cuda::grouped_gemm_forward(x.view({rows, d}), w.view({count, 2 * width, d}), offsets,
+                               y.view({rows, 2 * width}), MatmulPrecision::kBf16);
+  });
+  return {"grouped_gemm_forward bf16: " + std::to_string(count) + " experts, top-" +
+              std::to_string(top_k) + ", gate/up 2048 -> " + std::to_string(2 * width),
+          2.0 * static_cast<double>(rows) * d * 2.0 * width, ms};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--json PATH]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    const std::string why = cuda::unavailable_reason();
+    if (!why.empty()) {
+      std::printf("moecore_bench_cuda_gemm: no usable CUDA device (%s)\n", why.c_str());
+      return 77;
+    }
+    const std::string device = cuda::describe(cuda::current_device_info());
+    std::vector<Result> results = {peak(), dense_matmul(), experts(8), experts(32), experts(128)};
+    const double peak_tflops = results.front().tflops();
+    std::printf("GEMMs on %s, median of %d calls after %d warm-up\n\n", device.c_str(), kTimed,
+                kWarmup);
+    std::printf("| case | ms | TFLOP/s | of peak |\n|---|---:|---:|---:|\n");
+    for (const Result& r : results)
+      std::printf("| %s | %.3f | %.1f | %.1f %% |\n", r.name.c_str(), r.ms, r.tflops(),
+                  100.0 * r.tflops() / peak_tflops);
+    if (!json_path.empty()) {
+      std::ofstream out(json_path);
+      out << "{\"device\": \"" << device << "\", \"cases\": [";
+      for (size_t i = 0; i < results.size(); ++i)
+        out << (i ? ", " : "") << "{\"name\": \"" << results[i].name
+            << "\", \"ms\": " << results[i].ms << ", \"tflops\": " << results[i].tflops() << "}";
+      out << "]}\n";
+    }
+  } catch (const moecore::Error& e) {
+    std::fprintf(stderr, "moecore_bench_cuda_gemm: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

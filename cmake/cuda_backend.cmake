@@ -1,0 +1,54 @@
+# The CUDA backend: the library moecore_kernels_cuda from src/kernels/cuda/ (host code in *.cpp,
+# compiled by the host compiler with the project's warnings; kernels and their launchers in *.cu,
+# by nvcc). MOECORE_CUDA (CMakeLists.txt) says whether to build it; MOECORE_CUDA_ENABLED says
+# whether it is built.
+set(MOECORE_CUDA_ENABLED OFF)
+if(NOT MOECORE_CUDA STREQUAL "OFF")
+  # CMake looks for nvcc on the PATH only; the toolkit's default place is not always there.
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
+     AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(MOECORE_CUDA_ENABLED ON)
+  elseif(MOECORE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "MOECORE_CUDA=ON, but no working CUDA compiler was found: install the CUDA "
+                        "toolkit (/usr/local/cuda) or set CUDACXX to its nvcc")
+  elseif(NOT MOECORE_CUDA STREQUAL "AUTO")
+    message(FATAL_ERROR "MOECORE_CUDA is '${MOECORE_CUDA}': expected AUTO, ON or OFF")
+  endif()
+endif()
+message(STATUS "moecore: CUDA backend ${MOECORE_CUDA_ENABLED} (MOECORE_CUDA=${MOECORE_CUDA})")
+
+if(MOECORE_CUDA_ENABLED)
+  # The architectures go as explicit -gencode pairs below; OFF keeps CMake from adding a default
+  # one of its own. sm_90a and sm_100a are the arch-specific targets (Hopper's wgmma and setmaxnreg,
+  # Blackwell's tcgen05): machine code for those chips only, no PTX for the driver to compile.
+  set(CMAKE_CUDA_ARCHITECTURES OFF)
+  enable_language(CUDA)
+  # CMake 3.25 (Debian 12) knows no C++20 dialect flag for nvcc, and the libraries' C++20 compile
+  # features reach the CUDA sources too: name the flag nvcc 12+ takes.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+
+  file(GLOB MOECORE_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp
+       ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cu)
+  add_library(moecore_kernels_cuda STATIC ${MOECORE_CUDA_SOURCES})
+  # The static runtime: a binary needs no libcudart of a matching version where it runs, only the
+  # driver (and cuBLASLt, which the toolkit and PyTorch's wheels both bring).
+  target_link_libraries(moecore_kernels_cuda PUBLIC moecore_kernels CUDA::cudart_static
+                        CUDA::cublasLt)
+  target_compile_options(moecore_kernels_cuda PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS} -fno-math-errno>
+      $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a
+                                 -gencode=arch=compute_100a,code=sm_100a
+                                 --Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
+  add_dependencies(moecore_kernels_cuda moecore_layer_check)
+endif()

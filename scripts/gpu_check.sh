@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU check of the CUDA backend (issue 15), on a machine with an NVIDIA GPU and driver, CUDA 13's
+# cuBLASLt (the toolkit's or PyTorch's wheel) and python3; run from the repository root after
+# scripts/gpu_bundle.sh made .gpu/bundle on the build machine. What it runs today:
+#   1. the machine: nvidia-smi, and where the driver's and cuBLASLt's libraries were found;
+#   2. moecore_cuda_tests: the per-op harness's cases against the CUDA kernels (the plain-loop
+#      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
+#   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
+#      (bench/cuda/gemm.cpp), whatever step 2 gave.
+# The log and gtest's XML go to $OUT when it is set (the device tool), else to .gpu/out. Exit
+# status: that of the tests (0 all passed; 77 no usable GPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=.gpu/bundle
+out=${OUT:-.gpu/out}
+mkdir -p "$out"
+if [[ ! -x $bundle/bin/moecore_cuda_tests || ! -e $bundle/lib/ld-linux-x86-64.so.2 ]]; then
+  echo "gpu_check: no bundle in $bundle: run scripts/gpu_bundle.sh on the build machine and carry .gpu" >&2
+  exit 2
+fi
+
+# The first directory holding library $1: the loader's cache, then the CUDA toolkit's and the
+# driver's usual places, then the NVIDIA wheels of python3's site-packages.
+find_library() {
+  local dir
+  dir=$(ldconfig -p 2> /dev/null | awk -v lib="$1" '$1 == lib {print $NF; exit}')
+  if [[ -n $dir ]]; then dirname "$dir"; return 0; fi
+  local candidates=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib
+                    /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu)
+  local site
+  for site in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2> /dev/null); do
+    [[ -d $site/nvidia ]] && candidates+=($(find "$site/nvidia" -maxdepth 3 -type d -name lib))
+  done
+  for dir in "${candidates[@]}"; do
+    [[ -e $dir/$1 ]] && { echo "$dir"; return 0; }
+  done
+  return 1
+}
+
+{
+  echo "== gpu_check: bundle of $(tr '\n' ' ' < "$bundle/commit")"
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
+  # Without the driver the tests still start, and say in one line that there is no usable GPU.
+  driver_dir=$(find_library libcuda.so.1) || echo "gpu_check: libcuda.so.1 (the NVIDIA driver) not found"
+  cublas_dir=$(find_library libcublasLt.so.13) || { echo "gpu_check: libcublasLt.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
+  echo "driver: ${driver_dir:-none}; cuBLASLt: $cublas_dir"
+  # Debian's loader and C library from the bundle, whatever the machine's: the programs were linked
+  # against them. The driver's and cuBLAS's directories follow, for what the bundle leaves out.
+  run() {
+    "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublas_dir" "$@"
+  }
+  echo "== moecore_cuda_tests"
+  run "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$out/cuda_tests.xml"
+  status=$?
+  echo "== gpu_check: moecore_cuda_tests exited $status"
+  echo "== moecore_bench_cuda_gemm"
+  run "$bundle/bin/moecore_bench_cuda_gemm" --json "$out/cuda_gemm.json"
+  echo "== gpu_check: moecore_bench_cuda_gemm exited $?"
+  exit $status
+} 2>&1 | tee "$out/gpu_check.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,30 @@
+// AdamW on the GPU (adamw.cu), checked as the CPU backend checks it.
+#include "kernels/cuda/device_views.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/view_checks.h"
+
+namespace moecore::kernels::cuda {
+
+void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
+                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients) {
+  constexpr const char* kOp = "adamw";
+  const int64_t count = params.numel();
+  expect_on_device(kOp, "params", params);
+  expect_on_device(kOp, "grads", grads);
+  expect_on_device(kOp, "exp_avg", exp_avg);
+  expect_on_device(kOp, "exp_avg_sq", exp_avg_sq);
+  expect_shape(kOp, "params", params, {count}, Device::kCuda);
+  expect_shape(kOp, "grads", grads, {count}, Device::kCuda);
+  expect_shape(kOp, "exp_avg", exp_avg, {count}, Device::kCuda);
+  expect_shape(kOp, "exp_avg_sq", exp_avg_sq, {count}, Device::kCuda);
+  const AdamWCoefficients& c = coefficients;
+  const AdamWScalars scalars{c.decay_factor, c.b1,        c.b2,        c.bias2_sqrt,
+                             c.eps,          c.step_size, c.grad_scale};
+  launch_adamw_update(params.data<float>(kOp), grads.data<float>(kOp), exp_avg.data<float>(kOp),
+                      exp_avg_sq.data<float>(kOp), count, scalars, stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,103 @@
+// Softmax cross-entropy: a counting pass over the targets (the divisor the gradient needs, and the
+// first target outside the vocabulary), then one block per row (max, sum of exp, loss, dlogits),
+// then one block that adds the row losses in double. Every reduction has a fixed shape and no
+// atomics, so the loss repeats bit for bit run to run.
+#include <cmath>
+
+#include "core/ignore_index.h"
+#include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/launchers.h"
+
+namespace moecore::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 512;   // per row: a vocabulary row is long, rows are few thousand
+constexpr int kOneBlock = 256;  // the counting and summing passes
+static_assert(kThreads % 32 == 0 && kThreads <= 1024 && kOneBlock % 32 == 0);
+
+__device__ bool outside(int32_t target, int64_t vocab) {
+  return target < 0 || target >= vocab;
+}
+
+// One block: the counted targets and the first row whose target is neither the ignore index nor
+// a row of the vocabulary (rows when none).
+__global__ void count_kernel(const int32_t* targets, int64_t rows, int64_t vocab,
+                             CrossEntropyTotals* totals) {
+  __shared__ long long counts[32], firsts[32];
+  long long counted = 0, first_bad = rows;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int32_t t = targets[r];
+    if (t == kIgnoreIndex) continue;
+    ++counted;
+    if (outside(t, vocab) && r < first_bad) first_bad = r;
+  }
+  counted = block_reduce(counted, SumOp{}, 0LL, counts);
+  first_bad = block_reduce(first_bad, MinOp{}, static_cast<long long>(rows), firsts);
+  if (threadIdx.x == 0) {
+    totals->counted = counted;
+    totals->first_bad_row = first_bad;
+  }
+}
+
+// The loss of row r (logsumexp - target logit, in the CPU's fp32 steps) into row_loss[r] and, when
+// dlogits is given, softmax * grad_scale minus grad_scale at the target; an ignored row has loss
+// 0 and zero gradient. The divisor is the normalizer, or the counted targets when it is not
+// positive.
+__global__ void row_kernel(const float* logits, const int32_t* targets, float* dlogits,
+                           int64_t rows, int64_t vocab, float scale, int64_t normalizer,
+                           const CrossEntropyTotals* totals, double* row_loss) {
+  __shared__ float maxima[32], sums[32];
+  const int64_t divisor = normalizer > 0 ? normalizer : static_cast<int64_t>(totals->counted);
+  const float grad_scale = divisor > 0 ? scale / static_cast<float>(divisor) : 0.0f;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t target = targets[r];
+    float* dz = dlogits != nullptr ? dlogits + r * vocab : nullptr;
+    // Uniform over the block: every thread reads the same target.
+    if (target == kIgnoreIndex || outside(target, vocab)) {
+      if (dz != nullptr)
+        for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) dz[j] = 0.0f;
+      if (threadIdx.x == 0) row_loss[r] = 0.0;
+      continue;
+    }
+    const float* z = logits + r * vocab;
+    float max_z = -INFINITY;
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) max_z = fmaxf(max_z, z[j]);
+    max_z = block_reduce(max_z, MaxOp{}, -INFINITY, maxima);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(z[j] - max_z);
+    sum = block_reduce(sum, SumOp{}, 0.0f, sums);
+    const float log_sum = logf(sum);
+    if (threadIdx.x == 0) row_loss[r] = static_cast<double>(log_sum + max_z - z[target]);
+    if (dz != nullptr) {
+      // __fmul_rn and __fsub_rn: no fma contraction, the CPU's two roundings.
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float grad = __fmul_rn(expf(z[j] - max_z - log_sum), grad_scale);
+        dz[j] = j == target ? __fsub_rn(grad, grad_scale) : grad;
+      }
+    }
+  }
+}
+
+// One block: the row losses added in double, each thread over a fixed stride, then a fixed tree.
+__global__ void total_kernel(const double* row_loss, int64_t rows, CrossEntropyTotals* totals) {
+  __shared__ double sums[32];
+  double sum = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) sum += row_loss[r];
+  sum = block_reduce(sum, SumOp{}, 0.0, sums);
+  if (threadIdx.x == 0) totals->loss_sum = sum;
+}
+
+}  // namespace
+
+void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
+                          int64_t vocab, float scale, int64_t normalizer, double* row_loss,
+                          CrossEntropyTotals* totals, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const unsigned int blocks = static_cast<unsigned int>(rows < 65536 ? rows : 65536);
+  count_kernel<<<1, kOneBlock, 0, stream>>>(targets, rows, vocab, totals);
+  row_kernel<<<blocks, kThreads, 0, stream>>>(logits, targets, dlogits, rows, vocab, scale,
+                                              normalizer, totals, row_loss);
+  total_kernel<<<1, kOneBlock, 0, stream>>>(row_loss, rows, totals);
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,15 @@
+// The CUDA backend's argument checks: every view it is handed is in device memory.
+#pragma once
+
+#include "core/check.h"
+#include "core/tensor_view.h"
+
+namespace moecore::kernels::cuda {
+
+template <bool kMutable>
+void expect_on_device(const char* op, const char* name, const BasicTensorView<kMutable>& v) {
+  MOE_CHECK(v.device() == Device::kCuda || v.numel() == 0,
+            "[{}] {} is in host memory: the CUDA backend takes device views", op, name);
+}
+
+}  // namespace moecore::kernels::cuda

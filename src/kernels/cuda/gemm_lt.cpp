@@ -1,0 +1,123 @@
+// cuBLASLt is column-major: a row-major [r, c] matrix is the column-major [c, r] one with the same
+// bytes, so the row-major c = op(a) op(b) is issued as the column-major c^T = op(b)^T op(a)^T:
+// b's storage is cuBLASLt's first operand and a's its second, each with its own transpose flag.
+#include "kernels/cuda/gemm_lt.h"
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/cuda/runtime.h"
+
+namespace moecore::kernels::cuda {
+namespace {
+
+// The descriptors live for one call (a few microseconds to make, against GEMMs of milliseconds;
+// a cache keyed by shape is the next step when small GEMMs matter).
+class MatmulDesc {
+ public:
+  MatmulDesc() {
+    MOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc_); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attribute, T value) {
+    MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof(value)));
+  }
+  cublasLtMatmulDesc_t get() const { return desc_; }
+
+ private:
+  cublasLtMatmulDesc_t desc_ = nullptr;
+};
+
+// A column-major rows x cols matrix with leading dimension rows (contiguous).
+class Layout {
+ public:
+  Layout(cudaDataType_t type, int64_t rows, int64_t cols) {
+    MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, type, static_cast<uint64_t>(rows),
+                                                static_cast<uint64_t>(cols), rows));
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(layout_); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+  cublasLtMatrixLayout_t get() const { return layout_; }
+
+ private:
+  cublasLtMatrixLayout_t layout_ = nullptr;
+};
+
+class Preference {
+ public:
+  Preference() { MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference_)); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(preference_); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  template <typename T>
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, T value) {
+    MOE_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(preference_, attribute, &value, sizeof(value)));
+  }
+  cublasLtMatmulPreference_t get() const { return preference_; }
+
+ private:
+  cublasLtMatmulPreference_t preference_ = nullptr;
+};
+
+// The largest power of two up to 256 that divides the address: cuBLASLt's heuristic assumes 256
+// unless told, and an operand that starts inside a buffer (an expert's rows) may be less aligned.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+const char* type_name(cudaDataType_t type) {
+  return type == CUDA_R_16BF ? "bf16" : type == CUDA_R_32F ? "fp32" : "another type";
+}
+
+}  // namespace
+
+void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const void* a, const void* b, cudaDataType_t operand_type, float beta, float* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: c = beta c (cuBLASLt has no kernel for k = 0)
+    if (beta == 0.0f) {
+      MOE_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * sizeof(float), stream()));
+    } else {
+      launch_scale(c, beta, c, m * n, stream());
+      MOE_CUDA_CHECK(cudaGetLastError());
+    }
+    return;
+  }
+  MatmulDesc op;
+  op.set(CUBLASLT_MATMUL_DESC_TRANSA, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+  op.set(CUBLASLT_MATMUL_DESC_TRANSB, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  const Layout b_layout(operand_type, trans_b ? k : n, trans_b ? n : k);
+  const Layout a_layout(operand_type, trans_a ? m : k, trans_a ? k : m);
+  const Layout c_layout(CUDA_R_32F, n, m);
+
+  Preference preference;
+  preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kGemmWorkspaceBytes);
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(b));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(a));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  MOE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), op.get(), b_layout.get(),
+                                                  a_layout.get(), c_layout.get(), c_layout.get(),
+                                                  preference.get(), 1, &heuristic, &found));
+  MOE_CHECK(found > 0,
+            "[gemm] cuBLASLt has no {} algorithm for m={} n={} k={} (trans_a={}, trans_b={})",
+            type_name(operand_type), m, n, k, trans_a, trans_b);
+  MOE_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), op.get(), &alpha, b, b_layout.get(), a,
+                                  a_layout.get(), &beta, c, c_layout.get(), c, c_layout.get(),
+                                  &heuristic.algo, gemm_workspace(), kGemmWorkspaceBytes,
+                                  stream()));
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,103 @@
+// The routed experts' GEMMs, one cuBLASLt GEMM per expert that has rows (the row offsets are on
+// the host in this signature). In bf16 each operand is rounded to bf16 once for all experts.
+// A single grouped launch with device-side offsets (no host round trip for the counts) is the
+// next step: it needs a signature with the offsets on the device.
+#include <cstdint>
+#include <span>
+
+#include "core/dtype.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream_scratch.h"
+#include "kernels/grouped_gemm_checks.h"
+
+namespace moecore::kernels::cuda {
+namespace {
+
+size_t at(int64_t i) {
+  return static_cast<size_t>(i);
+}
+
+// An f32 view as the GEMMs read it: itself in fp32, its bf16 rounding (made here) in bf16, or the
+// bf16 copy it already is.
+class GemmOperand {
+ public:
+  GemmOperand(const char* op, ConstTensorView v, MatmulPrecision precision)
+      : bf16_(precision == MatmulPrecision::kBf16),
+        scratch_(bf16_ && v.dtype() == DType::kF32
+                     ? static_cast<size_t>(v.numel()) * sizeof(uint16_t)
+                     : 0,
+                 stream()) {
+    if (!bf16_) {
+      data_ = v.data<float>(op);
+    } else if (v.dtype() == DType::kBf16) {
+      data_ = bf16_bits(op, v);
+    } else {
+      launch_to_bf16(v.data<float>(op), scratch_.as<uint16_t>(), v.numel(), stream());
+      MOE_CUDA_CHECK(cudaGetLastError());
+      data_ = scratch_.as<uint16_t>();
+    }
+  }
+  cudaDataType_t type() const { return bf16_ ? CUDA_R_16BF : CUDA_R_32F; }
+  // The operand `elements` values in (a sub-matrix of an expert or of its rows).
+  const void* at_element(int64_t elements) const {
+    return bf16_ ? static_cast<const void*>(static_cast<const uint16_t*>(data_) + elements)
+                 : static_cast<const void*>(static_cast<const float*>(data_) + elements);
+  }
+
+ private:
+  bool bf16_;
+  StreamScratch scratch_;
+  const void* data_ = nullptr;
+};
+
+}  // namespace
+
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
+                          std::span<const int64_t> expert_offsets, TensorView y,
+                          MatmulPrecision precision) {
+  constexpr const char* kOp = "grouped_gemm";
+  expect_weight_dtype(kOp, "w", w, precision);
+  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
+  expect_shape(kOp, "y", y, {s.rows, s.out}, Device::kCuda);
+  const GemmOperand xs(kOp, x, precision);
+  const GemmOperand ws(kOp, w, precision);
+  float* yp = y.data<float>(kOp);
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int64_t begin = expert_offsets[at(e)];
+    const int64_t count = expert_offsets[at(e + 1)] - begin;
+    if (count == 0) continue;
+    gemm_lt(false, true, count, s.out, s.in, 1.0f, xs.at_element(begin * s.in),
+            ws.at_element(e * s.out * s.in), xs.type(), 0.0f, yp + begin * s.out);
+  }
+}
+
+void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
+                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           MatmulPrecision precision) {
+  constexpr const char* kOp = "grouped_gemm_backward";
+  expect_weight_dtype(kOp, "w", w, precision);
+  const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
+  expect_shape(kOp, "dy", dy, {s.rows, s.out}, Device::kCuda);
+  expect_shape(kOp, "dx", dx, {s.rows, s.in}, Device::kCuda);
+  expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in}, Device::kCuda);
+  const GemmOperand dys(kOp, dy, precision);
+  const GemmOperand xs(kOp, x, precision);
+  const GemmOperand ws(kOp, w, precision);
+  float* dxp = dx.data<float>(kOp);
+  float* dwp = dw.data<float>(kOp);
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int64_t begin = expert_offsets[at(e)];
+    const int64_t count = expert_offsets[at(e + 1)] - begin;
+    if (count == 0) continue;
+    // dx_e = dy_e w_e; dw_e += dy_e^T x_e.
+    gemm_lt(false, false, count, s.in, s.out, 1.0f, dys.at_element(begin * s.out),
+            ws.at_element(e * s.out * s.in), dys.type(), 0.0f, dxp + begin * s.in);
+    gemm_lt(true, false, s.out, s.in, count, 1.0f, dys.at_element(begin * s.out),
+            xs.at_element(begin * s.in), dys.type(), 1.0f, dwp + e * s.out * s.in);
+  }
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,30 @@
+// Launch shapes shared by the CUDA backend's kernels (*.cu only).
+#pragma once
+
+#include <cstdint>
+
+namespace moecore::kernels::cuda {
+
+// Elementwise kernels: kElementThreads per block and enough blocks to fill the device several
+// times over; a grid-stride loop covers the rest.
+inline constexpr int kElementThreads = 256;
+inline unsigned int elementwise_blocks(int64_t n) {
+  const int64_t wanted = (n + kElementThreads - 1) / kElementThreads;
+  return static_cast<unsigned int>(wanted < 65536 ? (wanted > 0 ? wanted : 1) : 65536);
+}
+
+// Row kernels: a block per row, up to kMaxRowBlocks blocks; more rows loop within the blocks.
+inline constexpr int64_t kMaxRowBlocks = 65536;
+inline unsigned int row_blocks(int64_t rows) {
+  return static_cast<unsigned int>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks);
+}
+
+// The first index and the stride of a grid-stride loop over elements.
+__device__ inline int64_t grid_first() {
+  return blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+}
+__device__ inline int64_t grid_stride() {
+  return int64_t{gridDim.x} * blockDim.x;
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,133 @@
+// The launchers of the CUDA backend's kernels (*.cu, compiled by nvcc): raw device pointers,
+// extents and the stream, no views and no checks (the operations in *.cpp check their views and
+// call these). Each launcher issues its kernels on `stream` and returns.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moecore::kernels::cuda {
+
+// index_checks.cu: *first_bad (device) = the first i < count with indices[i] outside [0, limit),
+// or count when there is none.
+void launch_find_first_index_outside(const int32_t* indices, int64_t count, int64_t limit,
+                                     int64_t* first_bad, cudaStream_t stream);
+
+// elementwise.cu: out = a + b; out = x * factor; dst (bf16 bits) = src rounded to nearest even.
+void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
+void launch_scale(const float* x, float factor, float* out, int64_t n, cudaStream_t stream);
+void launch_to_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream);
+
+// rmsnorm.cu: y = x * rstd * w per row of [rows, dim] (rstd, fp32, saved per row); the backward
+// writes dx (= or +=) and adds to dw through `scratch`, rmsnorm_backward_scratch_floats(rows, dim)
+// floats (none when that is 0), so that dw's sums run in a fixed order.
+void launch_rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows,
+                            int64_t dim, float eps, cudaStream_t stream);
+int64_t rmsnorm_backward_scratch_floats(int64_t rows, int64_t dim);
+void launch_rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                             float* dx, float* dw, float* scratch, int64_t rows, int64_t dim,
+                             bool accumulate_dx, cudaStream_t stream);
+
+// swiglu.cu: act [rows, hidden] = silu(gate) * up of gu [rows, 2 hidden]; dgu (=) from dact.
+void launch_swiglu_forward(const float* gu, float* act, int64_t rows, int64_t hidden,
+                           cudaStream_t stream);
+void launch_swiglu_backward(const float* dact, const float* gu, float* dgu, int64_t rows,
+                            int64_t hidden, cudaStream_t stream);
+
+// rope.cu: rotates the (i, i + half) pairs of x [batch, seq, heads, 2 half] in place by the angles
+// of cos, sin [seq, half] (the tables' rows from first_position on), or by their opposites when
+// inverse (the backward).
+void launch_rope(float* x, const float* cos, const float* sin, int64_t batch, int64_t seq,
+                 int64_t heads, int64_t half, bool inverse, cudaStream_t stream);
+
+// embedding.cu: out[r, :] = w[tokens[r], :]; dw[tokens[r], :] += dout[r, :] in row order. An id
+// outside [0, vocab) gives a NaN row of out and adds nothing.
+void launch_embedding_forward(const int32_t* tokens, const float* w, float* out, int64_t rows,
+                              int64_t vocab, int64_t dim, cudaStream_t stream);
+void launch_embedding_backward(const int32_t* tokens, const float* dout, float* dw, int64_t rows,
+                               int64_t vocab, int64_t dim, cudaStream_t stream);
+
+// adamw.cu: one AdamW update of n elements in the CPU's fp32 steps (AdamWCoefficients' fields,
+// which kernels/ops.h holds and nvcc does not compile).
+struct AdamWScalars {
+  float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
+};
+void launch_adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+                         int64_t n, const AdamWScalars& scalars, cudaStream_t stream);
+
+// sum_of_squares.cu: *total (device) = sum of values[i]^2 in double; partials: scratch of
+// kSumOfSquaresPartials doubles. Issues nothing when n is 0.
+inline constexpr int64_t kSumOfSquaresPartials = 1024;
+void launch_sum_of_squares(const float* values, int64_t n, double* partials, double* total,
+                           cudaStream_t stream);
+
+// cross_entropy.cu: row_loss (scratch, [rows]), dlogits (= when not null) and totals as
+// kernels/ops.h's cross_entropy defines them; first_bad_row is rows when every target is valid.
+struct CrossEntropyTotals {
+  double loss_sum;
+  int64_t counted;
+  int64_t first_bad_row;
+};
+void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
+                          int64_t vocab, float scale, int64_t normalizer, double* row_loss,
+                          CrossEntropyTotals* totals, cudaStream_t stream);
+
+// permute_rows.cu: kernels/ops.h's permute_rows, permute_rows_backward and gather_rows. A route
+// naming a row outside its tensor writes nothing and reads NaN (checking on the host would wait).
+void launch_permute_rows(const float* src, const int32_t* dst_row, int64_t routes,
+                         int64_t routes_per_row, int64_t d, float* dst, int64_t dst_rows,
+                         cudaStream_t stream);
+void launch_permute_rows_backward(const float* d_dst, int64_t dst_rows, const int32_t* dst_row,
+                                  int64_t tokens, int64_t routes_per_row, int64_t d, float* d_src,
+                                  cudaStream_t stream);
+void launch_gather_rows(const float* src, int64_t src_rows, const int32_t* src_row, int64_t rows,
+                        int64_t d, float* dst, cudaStream_t stream);
+
+// moe_combine.cu: kernels/ops.h's moe_combine_forward and moe_combine_backward, route_row [tokens,
+// k] naming rows of routed [routed_rows, d] (outside: as permute_rows.cu).
+void launch_moe_combine_forward(const float* routed, int64_t routed_rows, const int32_t* route_row,
+                                const float* weights, int64_t tokens, int64_t k, int64_t d,
+                                float* y, cudaStream_t stream);
+void launch_moe_combine_backward(const float* dy, const float* routed, int64_t routed_rows,
+                                 const int32_t* route_row, const float* weights, int64_t tokens,
+                                 int64_t k, int64_t d, float* d_routed, float* d_weights,
+                                 cudaStream_t stream);
+
+// router_topk.cu: kernels/ops.h's router operations, RouterTopkOptions mirrored in
+// RouterTopkParams. The forward adds each expert's routes to expert_counts (device, zeroed by the
+// caller); group_scores: [tokens, n_group] floats of scratch when the choice is the top selection
+// scores and n_group > 1 (else unused). selection_bias and lb_score_grad may be null.
+struct RouterTopkParams {
+  bool sigmoid;       // scores: sigmoid of the logits, else their softmax
+  bool topk_softmax;  // weights: softmax over the selected logits
+  bool norm_topk_prob;
+  bool random, balanced;  // the choice; neither: the top selection scores
+  int64_t top_k, n_group, topk_group;
+  float routed_scaling_factor;
+  uint64_t seed;
+  int64_t token_offset;
+};
+void launch_router_topk_forward(const float* logits, const float* selection_bias, float* scores,
+                                int32_t* topk_index, float* topk_weight, int64_t* expert_counts,
+                                float* group_scores, int64_t tokens, int64_t experts,
+                                const RouterTopkParams& params, cudaStream_t stream);
+void launch_router_topk_backward(const float* logits, const float* scores,
+                                 const int32_t* topk_index, const float* topk_weight,
+                                 const float* d_weight, const float* lb_score_grad,
+                                 bool lb_uses_softmax, float z_grad_scale, float* dlogits,
+                                 int64_t tokens, int64_t experts, const RouterTopkParams& params,
+                                 cudaStream_t stream);
+// *total (device) = the sum over rows of logsumexp(row)^2 in double (row_values: [tokens] doubles
+// of scratch); the caller divides.
+void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, double* row_values,
+                          double* total, cudaStream_t stream);
+// RouterProbability's values; the sums land in the first `experts` doubles of scratch,
+// router_column_sums_scratch_bytes(tokens, experts) bytes.
+enum class RouterColumnValue : uint8_t { kScores, kSoftmaxOfLogits, kScoresOverRowSum };
+int64_t router_column_sums_scratch_bytes(int64_t tokens, int64_t experts);
+void launch_router_probability_column_sums(const float* logits, const float* scores,
+                                           RouterColumnValue value, int64_t tokens, int64_t experts,
+                                           void* scratch, cudaStream_t stream);
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,55 @@
+// The MoE combine on the GPU (moe_combine.cu), checked as the CPU backend checks it. The row
+// numbers are device data: checking them reads one number back, so these wait for the stream
+// before launching (the harness's out-of-range cases must throw, as on the CPU).
+#include "kernels/combine_checks.h"
+#include "kernels/cuda/device_views.h"
+#include "kernels/cuda/index_checks.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace moecore::kernels::cuda {
+
+namespace {
+
+// The shapes, and every row number inside routed (read on the device: this waits).
+CombineShape checked_combine_shape(const char* op, ConstTensorView routed,
+                                   ConstTensorView route_row, ConstTensorView weights) {
+  expect_on_device(op, "routed", routed);
+  expect_on_device(op, "route_row", route_row);
+  expect_on_device(op, "weights", weights);
+  const CombineShape s = combine_shape(op, routed, route_row, weights, Device::kCuda);
+  if (const auto bad =
+          first_index_outside(route_row.data<int32_t>(op), s.tokens * s.k, routed.size(0)))
+    fail("[{}] route_row[{}]={} is outside [0, {})", op, bad->position, bad->value, routed.size(0));
+  return s;
+}
+
+}  // namespace
+
+void moe_combine_forward(ConstTensorView routed, ConstTensorView route_row, ConstTensorView weights,
+                         TensorView y) {
+  constexpr const char* kOp = "moe_combine";
+  const CombineShape s = checked_combine_shape(kOp, routed, route_row, weights);
+  expect_shape(kOp, "y", y, {s.tokens, s.d}, Device::kCuda);
+  launch_moe_combine_forward(routed.data<float>(kOp), routed.size(0), route_row.data<int32_t>(kOp),
+                             weights.data<float>(kOp), s.tokens, s.k, s.d, y.data<float>(kOp),
+                             stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine_backward(ConstTensorView dy, ConstTensorView routed, ConstTensorView route_row,
+                          ConstTensorView weights, TensorView d_routed, TensorView d_weights) {
+  constexpr const char* kOp = "moe_combine_backward";
+  const CombineShape s = checked_combine_shape(kOp, routed, route_row, weights);
+  expect_on_device(kOp, "dy", dy);
+  expect_shape(kOp, "dy", dy, {s.tokens, s.d}, Device::kCuda);
+  expect_shape(kOp, "d_routed", d_routed, {routed.size(0), s.d}, Device::kCuda);
+  expect_shape(kOp, "d_weights", d_weights, {s.tokens, s.k}, Device::kCuda);
+  launch_moe_combine_backward(dy.data<float>(kOp), routed.data<float>(kOp), routed.size(0),
+                              route_row.data<int32_t>(kOp), weights.data<float>(kOp), s.tokens, s.k,
+                              s.d, d_routed.data<float>(kOp), d_weights.data<float>(kOp), stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,169 @@
+// The router on the GPU (router_topk.cu), checked as the CPU backend checks it. The forward's
+// expert counts, the z-loss and the column sums are host values: these copy them back and wait.
+// A step captured in a CUDA graph cannot wait; it will need a form of the forward that leaves the
+// counts in device memory.
+#include <algorithm>
+#include <cstddef>
+
+#include "kernels/cuda/device_views.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream_scratch.h"
+#include "kernels/router_checks.h"
+
+namespace moecore::kernels::cuda {
+
+namespace {
+
+RouterTopkParams params_of(const RouterTopkOptions& o) {
+  return {.sigmoid = o.score == RouterScoreFunction::kSigmoid,
+          .topk_softmax = o.score == RouterScoreFunction::kTopkSoftmax,
+          .norm_topk_prob = o.norm_topk_prob,
+          .random = o.choice == RouterChoice::kRandom,
+          .balanced = o.choice == RouterChoice::kBalanced,
+          .top_k = o.top_k,
+          .n_group = o.n_group,
+          .topk_group = o.topk_group,
+          .routed_scaling_factor = o.routed_scaling_factor,
+          .seed = o.seed,
+          .token_offset = o.token_offset};
+}
+
+RouterColumnValue column_value_of(RouterProbability probability) {
+  switch (probability) {
+    case RouterProbability::kScores:
+      return RouterColumnValue::kScores;
+    case RouterProbability::kSoftmaxOfLogits:
+      return RouterColumnValue::kSoftmaxOfLogits;
+    case RouterProbability::kScoresOverRowSum:
+      return RouterColumnValue::kScoresOverRowSum;
+  }
+  fail("[router_probability_column_sums] unknown probability {}", static_cast<int>(probability));
+}
+
+}  // namespace
+
+void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
+                         const RouterTopkOptions& o, TensorView scores, TensorView topk_index,
+                         TensorView topk_weight, std::span<int64_t> expert_counts) {
+  constexpr const char* kOp = "router_topk";
+  expect_on_device(kOp, "logits", logits);
+  expect_on_device(kOp, "scores", scores);
+  expect_on_device(kOp, "topk_index", topk_index);
+  expect_on_device(kOp, "topk_weight", topk_weight);
+  const RouterDims s = router_dims(kOp, logits, o, Device::kCuda);
+  const int64_t n = s.tokens, e_count = s.experts;
+  expect_router_outputs(kOp, s, o.top_k, scores, topk_index, topk_weight, expert_counts,
+                        Device::kCuda);
+  const float* bias = nullptr;
+  // An empty view (no data) is no bias, whatever its device.
+  if (selection_bias.raw() != nullptr) {
+    expect_on_device(kOp, "selection_bias", selection_bias);
+    expect_shape(kOp, "selection_bias", selection_bias, {e_count}, Device::kCuda);
+    bias = selection_bias.data<float>(kOp);
+  }
+  const float* zp = logits.data<float>(kOp);
+  float* pp = scores.data<float>(kOp);
+  int32_t* index = topk_index.data<int32_t>(kOp);
+  float* weight = topk_weight.data<float>(kOp);
+  if (n == 0) {
+    std::fill(expert_counts.begin(), expert_counts.end(), 0);
+    return;
+  }
+  // The counts, then the group scores of the group-limited choice (4-byte aligned after them).
+  const bool grouped = o.n_group > 1 && o.choice == RouterChoice::kTopScores;
+  const size_t count_bytes = sizeof(int64_t) * static_cast<size_t>(e_count);
+  const size_t group_bytes = grouped ? sizeof(float) * static_cast<size_t>(n * o.n_group) : 0;
+  const StreamScratch scratch(count_bytes + group_bytes, stream());
+  int64_t* device_counts = scratch.as<int64_t>();
+  float* group_scores = grouped ? reinterpret_cast<float*>(device_counts + e_count) : nullptr;
+  MOE_CUDA_CHECK(cudaMemsetAsync(device_counts, 0, count_bytes, stream()));
+  launch_router_topk_forward(zp, bias, pp, index, weight, device_counts, group_scores, n, e_count,
+                             params_of(o), stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK(cudaMemcpyAsync(expert_counts.data(), device_counts, count_bytes,
+                                 cudaMemcpyDeviceToHost, stream()));
+  synchronize();
+}
+
+void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
+                          ConstTensorView topk_index, ConstTensorView topk_weight,
+                          ConstTensorView d_weight, const RouterLossGrads& g,
+                          const RouterTopkOptions& o, TensorView dlogits) {
+  constexpr const char* kOp = "router_topk_backward";
+  expect_on_device(kOp, "logits", logits);
+  expect_on_device(kOp, "scores", scores);
+  expect_on_device(kOp, "topk_index", topk_index);
+  expect_on_device(kOp, "topk_weight", topk_weight);
+  expect_on_device(kOp, "d_weight", d_weight);
+  expect_on_device(kOp, "dlogits", dlogits);
+  const RouterDims s = router_dims(kOp, logits, o, Device::kCuda);
+  const int64_t n = s.tokens, e_count = s.experts, k = o.top_k;
+  expect_shape(kOp, "scores", scores, {n, e_count}, Device::kCuda);
+  expect_shape(kOp, "topk_index", topk_index, {n, k}, Device::kCuda);
+  expect_shape(kOp, "topk_weight", topk_weight, {n, k}, Device::kCuda);
+  expect_shape(kOp, "d_weight", d_weight, {n, k}, Device::kCuda);
+  expect_shape(kOp, "dlogits", dlogits, {n, e_count}, Device::kCuda);
+  const float* lb = nullptr;
+  if (g.lb_score_grad.raw() != nullptr) {
+    expect_on_device(kOp, "lb_score_grad", g.lb_score_grad);
+    expect_shape(kOp, "lb_score_grad", g.lb_score_grad, {e_count}, Device::kCuda);
+    lb = g.lb_score_grad.data<float>(kOp);
+  }
+  launch_router_topk_backward(logits.data<float>(kOp), scores.data<float>(kOp),
+                              topk_index.data<int32_t>(kOp), topk_weight.data<float>(kOp),
+                              d_weight.data<float>(kOp), lb, g.lb_uses_softmax, g.z_grad_scale,
+                              dlogits.data<float>(kOp), n, e_count, params_of(o), stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+double router_z_loss(ConstTensorView logits) {
+  constexpr const char* kOp = "router_z_loss";
+  expect_on_device(kOp, "logits", logits);
+  MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", kOp, logits.rank());
+  const int64_t n = logits.size(0), e_count = logits.size(1);
+  expect_shape(kOp, "logits", logits, {n, e_count}, Device::kCuda);
+  if (n == 0) return 0.0;
+  const float* zp = logits.data<float>(kOp);
+  // The total, then the rows' values.
+  const StreamScratch scratch(sizeof(double) * static_cast<size_t>(n + 1), stream());
+  double* device_total = scratch.as<double>();
+  launch_router_z_loss(zp, n, e_count, device_total + 1, device_total, stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+  double total = 0.0;
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(&total, device_total, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+  synchronize();
+  return total / static_cast<double>(n);
+}
+
+void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
+                                    RouterProbability probability, std::span<double> column_sums) {
+  constexpr const char* kOp = "router_probability_column_sums";
+  expect_on_device(kOp, "logits", logits);
+  expect_on_device(kOp, "scores", scores);
+  MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", kOp, logits.rank());
+  const int64_t n = logits.size(0), e_count = logits.size(1);
+  expect_shape(kOp, "logits", logits, {n, e_count}, Device::kCuda);
+  expect_shape(kOp, "scores", scores, {n, e_count}, Device::kCuda);
+  MOE_CHECK(static_cast<int64_t>(column_sums.size()) == e_count,
+            "[{}] column_sums has {} entries, expected {}", kOp, column_sums.size(), e_count);
+  const float* zp = logits.data<float>(kOp);
+  const float* pp = scores.data<float>(kOp);
+  const RouterColumnValue value = column_value_of(probability);
+  if (n == 0 || e_count == 0) {
+    std::fill(column_sums.begin(), column_sums.end(), 0.0);
+    return;
+  }
+  const StreamScratch scratch(static_cast<size_t>(router_column_sums_scratch_bytes(n, e_count)),
+                              stream());
+  launch_router_probability_column_sums(zp, pp, value, n, e_count, scratch.as<void>(), stream());
+  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK(cudaMemcpyAsync(column_sums.data(), scratch.as<void>(),
+                                 sizeof(double) * column_sums.size(), cudaMemcpyDeviceToHost,
+                                 stream()));
+  synchronize();
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,73 @@
+#include "kernels/cuda/runtime.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace moecore::kernels::cuda {
+
+void fail_cuda_call(const char* status, const char* call, const char* file, int line) {
+  fail("[cuda] {} in {} at {}:{}", status, call, file, line);
+}
+
+std::string unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error for whoever asks next
+    return fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(status));
+  }
+  return count > 0 ? std::string() : std::string("no CUDA device is visible");
+}
+
+DeviceInfo current_device_info() {
+  int device = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp properties{};
+  MOE_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  return {.name = properties.name,
+          .compute_major = properties.major,
+          .compute_minor = properties.minor,
+          .multiprocessors = properties.multiProcessorCount,
+          .memory_bytes = properties.totalGlobalMem};
+}
+
+std::string describe(const DeviceInfo& device) {
+  return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB)", device.name, device.compute_major,
+                     device.compute_minor, device.multiprocessors,
+                     static_cast<double>(device.memory_bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+cudaStream_t stream() {
+  // Non-blocking: no implicit ordering with the legacy default stream that libraries may use.
+  static const cudaStream_t created = [] {
+    cudaStream_t s = nullptr;
+    MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }();
+  return created;
+}
+
+void synchronize() {
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+cublasLtHandle_t cublaslt_handle() {
+  static const cublasLtHandle_t created = [] {
+    cublasLtHandle_t handle = nullptr;
+    MOE_CUBLAS_CHECK(cublasLtCreate(&handle));
+    return handle;
+  }();
+  return created;
+}
+
+void* gemm_workspace() {
+  static void* const allocated = [] {
+    void* p = nullptr;
+    MOE_CUDA_CHECK(cudaMalloc(&p, kGemmWorkspaceBytes));
+    return p;
+  }();
+  return allocated;
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,62 @@
+// The CUDA runtime as the CUDA backend uses it: checked calls that name the call, file and line;
+// the device this process runs on; the backend's stream, cuBLASLt handle and GEMM workspace.
+// Host code (*.cpp, the host compiler) uses this header; the kernels' launchers (launchers.h)
+// take raw device pointers and the stream.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+namespace moecore::kernels::cuda {
+
+[[noreturn]] void fail_cuda_call(const char* status, const char* call, const char* file, int line);
+
+inline void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess) fail_cuda_call(cudaGetErrorString(status), call, file, line);
+}
+inline void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail_cuda_call(cublasLtGetStatusString(status), call, file, line);
+}
+
+}  // namespace moecore::kernels::cuda
+
+// MOE_CUDA_CHECK(cudaMemcpyAsync(...)): throws moecore::Error "[cuda] <status> in <call> at
+// <file>:<line>" when the call fails. MOE_CUBLAS_CHECK likewise for cuBLAS / cuBLASLt.
+#define MOE_CUDA_CHECK(call) ::moecore::kernels::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+#define MOE_CUBLAS_CHECK(call) \
+  ::moecore::kernels::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+
+namespace moecore::kernels::cuda {
+
+struct DeviceInfo {
+  std::string name;  // as the driver reports it, e.g. "NVIDIA H200"
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+  size_t memory_bytes = 0;
+};
+
+// Why this process cannot use a CUDA device, in the runtime's words (no driver, a driver older
+// than the runtime, no device), or "" when it can.
+std::string unavailable_reason();
+
+// The device the backend runs on (device 0 of those visible); the CUDA build's start-up line
+// names it with describe().
+DeviceInfo current_device_info();
+std::string describe(const DeviceInfo& device);  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+
+// The stream every operation of this backend is issued on, created on first use. Operations are
+// asynchronous with respect to the host unless their declaration says otherwise.
+cudaStream_t stream();
+// Waits for everything issued on stream(); throws on an error any of it raised.
+void synchronize();
+
+// cuBLASLt's handle and its workspace (kGemmWorkspaceBytes, allocated once per process).
+cublasLtHandle_t cublaslt_handle();
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+void* gemm_workspace();
+
+}  // namespace moecore::kernels::cuda

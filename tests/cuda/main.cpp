@@ -1,0 +1,22 @@
+// The CUDA tests' entry point. Without a usable GPU (no driver, a driver older than the runtime,
+// no device) it prints one line saying why and exits 77, which ctest reports as skipped
+// (SKIP_RETURN_CODE); with one, it names the device and runs every test.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "kernels/cuda/runtime.h"
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const std::string why = moecore::kernels::cuda::unavailable_reason();
+  if (!why.empty() && !GTEST_FLAG_GET(list_tests)) {
+    std::printf("moecore_cuda_tests: skipped, no usable CUDA device (%s)\n", why.c_str());
+    return 77;
+  }
+  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
+  const auto device = moecore::kernels::cuda::current_device_info();
+  std::printf("moecore_cuda_tests on %s\n", moecore::kernels::cuda::describe(device).c_str());
+  return RUN_ALL_TESTS();
+}
