@@ -16,21 +16,27 @@
 # and the downloaded .deb files and pip wheels (download caches only: every package is still
 # installed from nothing in every run).
 #
-# Usage: scripts/fresh_machine_check.sh [--full] [--keep] [--rebuild-base] [--target T]
+# --cuda bind-mounts this machine's CUDA toolkit (/usr/local/cuda, read-only) into the root, as the
+# CI machine has one there: the build then compiles and links the CUDA backend (MOECORE_CUDA=AUTO)
+# as it does in CI. Without it the root has no toolkit, as a new user's machine usually has not.
+#
+# Usage: scripts/fresh_machine_check.sh [--full] [--cuda] [--keep] [--rebuild-base] [--target T]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 
 TARGET=test-smoke
+CUDA=0
 KEEP=0
 REBUILD_BASE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) TARGET=test ;;
+    --cuda) CUDA=1 ;;
     --target) TARGET="$2"; shift ;;
     --keep) KEEP=1 ;;
     --rebuild-base) REBUILD_BASE=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "fresh_machine_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -128,6 +134,11 @@ mount -t sysfs sysfs "$ROOT/sys"; MOUNTS+=("$ROOT/sys")
 mount -t tmpfs tmpfs "$ROOT/dev/shm" 2> /dev/null && MOUNTS+=("$ROOT/dev/shm") || true
 bind "$CACHE/apt-archives" "$ROOT/var/cache/apt/archives"
 bind "$CACHE/pip" "$ROOT/root/.cache/pip"
+if [ "$CUDA" -eq 1 ]; then
+  [ -x /usr/local/cuda/bin/nvcc ] || { echo "fresh_machine_check: --cuda, but no /usr/local/cuda/bin/nvcc here" >&2; exit 2; }
+  bind "$(readlink -f /usr/local/cuda)" "$ROOT/usr/local/cuda"
+  mount -o remount,bind,ro "$ROOT/usr/local/cuda"
+fi
 git clone -q --no-local "$REPO" "$ROOT/root/moecore"
 git -C "$ROOT/root/moecore" checkout -q "$(git rev-parse HEAD)"
 rm -rf "$ROOT/root/moecore/.git"   # a user's tree, not the developer's: nothing but what is committed
