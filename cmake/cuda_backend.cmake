@@ -36,15 +36,29 @@ if(MOECORE_CUDA_ENABLED)
   endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-  find_package(CUDAToolkit REQUIRED)
+  # The toolkit's libraries, next to the nvcc that compiles the kernels. Not FindCUDAToolkit:
+  # Debian 12's CMake 3.25 module fails on CUDA 13 ("set_property could not find TARGET
+  # CUDA::nvToolsExt": it marks that target deprecated without checking that CUDA 13, which has
+  # no nvToolsExt library, created it); seen in the fresh-machine check with --cuda.
+  get_filename_component(MOECORE_CUDA_ROOT "${CMAKE_CUDA_COMPILER}" DIRECTORY)
+  get_filename_component(MOECORE_CUDA_ROOT "${MOECORE_CUDA_ROOT}" DIRECTORY)
+  foreach(library cudart_static cublasLt cublas)
+    find_library(MOECORE_CUDA_${library} NAMES ${library} REQUIRED NO_DEFAULT_PATH
+                 HINTS ${MOECORE_CUDA_ROOT}/lib64 ${MOECORE_CUDA_ROOT}/lib
+                       ${MOECORE_CUDA_ROOT}/targets/x86_64-linux/lib)
+  endforeach()
+  find_package(Threads REQUIRED)
 
   file(GLOB MOECORE_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp
        ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cu)
   add_library(moecore_kernels_cuda STATIC ${MOECORE_CUDA_SOURCES})
   # The static runtime: a binary needs no libcudart of a matching version where it runs, only the
-  # driver (and cuBLASLt, which the toolkit and PyTorch's wheels both bring).
-  target_link_libraries(moecore_kernels_cuda PUBLIC moecore_kernels CUDA::cudart_static
-                        CUDA::cublasLt)
+  # driver (and cuBLAS / cuBLASLt, which the toolkit and PyTorch's wheels both bring).
+  target_link_libraries(moecore_kernels_cuda PUBLIC moecore_kernels ${MOECORE_CUDA_cudart_static}
+                        ${MOECORE_CUDA_cublasLt} ${MOECORE_CUDA_cublas} Threads::Threads
+                        ${CMAKE_DL_LIBS} rt)
+  target_include_directories(moecore_kernels_cuda SYSTEM PUBLIC
+                             ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
   target_compile_options(moecore_kernels_cuda PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS} -fno-math-errno>
       $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a

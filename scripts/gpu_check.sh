@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of the CUDA backend (issue 15), on a machine with an NVIDIA GPU and driver, CUDA 13's
-# cuBLASLt (the toolkit's or PyTorch's wheel) and python3; run from the repository root after
+# cuBLAS and cuBLASLt (the toolkit's or PyTorch's wheel) and python3; run from the repository root after
 # scripts/gpu_bundle.sh made .gpu/bundle on the build machine. What it runs today:
 #   1. the machine: nvidia-smi, and where the driver's and cuBLASLt's libraries were found;
 #   2. moecore_cuda_tests: the per-op harness's cases against the CUDA kernels (the plain-loop
@@ -43,12 +43,13 @@ find_library() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
   # Without the driver the tests still start, and say in one line that there is no usable GPU.
   driver_dir=$(find_library libcuda.so.1) || echo "gpu_check: libcuda.so.1 (the NVIDIA driver) not found"
-  cublas_dir=$(find_library libcublasLt.so.13) || { echo "gpu_check: libcublasLt.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
-  echo "driver: ${driver_dir:-none}; cuBLASLt: $cublas_dir"
+  cublaslt_dir=$(find_library libcublasLt.so.13) || { echo "gpu_check: libcublasLt.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
+  cublas_dir=$(find_library libcublas.so.13) || { echo "gpu_check: libcublas.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
+  echo "driver: ${driver_dir:-none}; cuBLASLt: $cublaslt_dir; cuBLAS: $cublas_dir"
   # Debian's loader and C library from the bundle, whatever the machine's: the programs were linked
   # against them. The driver's and cuBLAS's directories follow, for what the bundle leaves out.
   run() {
-    "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublas_dir" "$@"
+    "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir" "$@"
   }
   echo "== moecore_cuda_tests"
   run "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$out/cuda_tests.xml"

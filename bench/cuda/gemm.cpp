@@ -4,10 +4,12 @@
 //              bf16 peak" that MFU is reported against, measured in the same run;
 //   matmul     the matmul op in bf16 at a dense projection of a GPU-sized model (16384 tokens,
 //              2048 -> 2048), f32 activations rounded to bf16 in the call, the weight's bf16 copy;
-//   experts    grouped_gemm_forward in bf16 at 8, 32 and 128 experts with the active parameters
-//              fixed (top-k x expert width = 8192, so 2048 rows per expert at 16384 tokens and
-//              the same FLOPs at every count): how much the per-expert launches cost as experts
-//              shrink (item 6: at most 5 % tokens/s lost from 8 to 128 experts).
+//   experts    the experts' gate/up GEMM in bf16 at 8, 32 and 128 experts with the active
+//              parameters fixed (top-k x expert width = 8192, so 2048 rows per expert at 16384
+//              tokens and the same FLOPs at every count), as one cuBLASLt GEMM per expert and as
+//              the one-launch kernel with device offsets: how much the per-expert launches cost
+//              as experts shrink (item 6: at most 5 % tokens/s lost from 8 to 128 experts), and
+//              whether the sync-free kernel is fast enough to replace them.
 // Each case: 3 warm-up calls, then the median of 20 timed calls (CUDA events on the backend's
 // stream). Prints a markdown table; --json PATH also writes the figures.
 //   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
@@ -22,6 +24,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -126,21 +129,43 @@ Result dense_matmul() {
   return {"matmul op bf16: 16384 x 2048 -> 2048", 2.0 * tokens * in * out, ms};
 }
 
-Result experts(int64_t count) {
+// The experts' gate/up GEMM at `count` experts, bf16 operands converted beforehand (both forms
+// read the same bf16 x): one cuBLASLt GEMM per expert (grouped_gemm.cpp's loop, offsets on the
+// host) and the one-launch kernel reading the offsets on the device (grouped_gemm_device.h).
+std::vector<Result> experts(int64_t count) {
   const int64_t tokens = 16384, d = 2048, active_width = 8192;
   const int64_t top_k = count / 8, width = active_width / top_k;  // 8: k 1, 32: k 4, 128: k 16
-  const int64_t rows = tokens * top_k;
+  const int64_t rows = tokens * top_k, n = 2 * width;
   std::vector<int64_t> offsets(static_cast<size_t>(count + 1));
   for (int64_t e = 0; e <= count; ++e) offsets[static_cast<size_t>(e)] = e * (rows / count);
-  const DeviceBuffer x(rows * d, DType::kF32), w(count * 2 * width * d, DType::kBf16),
-      y(rows * 2 * width, DType::kF32);
-  const double ms = median_ms([&] {
-    cuda::grouped_gemm_forward(x.view({rows, d}), w.view({count, 2 * width, d}), offsets,
-                               y.view({rows, 2 * width}), MatmulPrecision::kBf16);
+  const DeviceBuffer x(rows * d, DType::kBf16), w(count * n * d, DType::kBf16),
+      y(rows * n, DType::kF32);
+  int64_t* device_offsets = nullptr;
+  MOE_CUDA_CHECK(cudaMalloc(&device_offsets, offsets.size() * sizeof(int64_t)));
+  MOE_CUDA_CHECK(cudaMemcpy(device_offsets, offsets.data(), offsets.size() * sizeof(int64_t),
+                            cudaMemcpyHostToDevice));
+  const auto* xb = static_cast<const uint16_t*>(x.data());
+  const auto* wb = static_cast<const uint16_t*>(w.data());
+  auto* yp = static_cast<float*>(y.data());
+  const double per_expert_ms = median_ms([&] {
+    for (int64_t e = 0; e < count; ++e) {
+      const int64_t begin = offsets[static_cast<size_t>(e)];
+      const int64_t rows_e = offsets[static_cast<size_t>(e + 1)] - begin;
+      cuda::gemm_lt(false, true, rows_e, n, d, 1.0f, xb + begin * d, wb + e * n * d, CUDA_R_16BF,
+                    0.0f, yp + begin * n);
+    }
   });
-  return {"grouped_gemm_forward bf16: " + std::to_string(count) + " experts, top-" +
-              std::to_string(top_k) + ", gate/up 2048 -> " + std::to_string(2 * width),
-          2.0 * static_cast<double>(rows) * d * 2.0 * width, ms};
+  const double device_ms = median_ms([&] {
+    cuda::launch_grouped_gemm_bf16_device_offsets(xb, wb, device_offsets, count, rows, n, d, yp,
+                                                  cuda::stream());
+    MOE_CUDA_CHECK(cudaGetLastError());
+  });
+  MOE_CUDA_CHECK(cudaFree(device_offsets));
+  const std::string shape = std::to_string(count) + " experts, top-" + std::to_string(top_k) +
+                            ", gate/up 2048 -> " + std::to_string(n);
+  const double flops = 2.0 * static_cast<double>(rows) * d * static_cast<double>(n);
+  return {{"experts, cuBLASLt per expert: " + shape, flops, per_expert_ms},
+          {"experts, one launch, device offsets (WMMA): " + shape, flops, device_ms}};
 }
 
 }  // namespace
@@ -162,7 +187,9 @@ int main(int argc, char** argv) {
       return 77;
     }
     const std::string device = cuda::describe(cuda::current_device_info());
-    std::vector<Result> results = {peak(), dense_matmul(), experts(8), experts(32), experts(128)};
+    std::vector<Result> results = {peak(), dense_matmul()};
+    for (const int64_t count : {8, 32, 128})
+      for (const Result& r : experts(count)) results.push_back(r);
     const double peak_tflops = results.front().tflops();
     std::printf("GEMMs on %s, median of %d calls after %d warm-up\n\n", device.c_str(), kTimed,
                 kWarmup);

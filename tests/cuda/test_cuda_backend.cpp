@@ -9,6 +9,8 @@
 
 #include "core/check.h"
 #include "device_staging.h"
+#include "kernel_harness.h"
+#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -102,6 +104,59 @@ TEST(CudaBackend, GroupedGemmOnUnalignedExpertRows) {
             << "expert " << e << " element " << i;
     }
   }
+}
+
+// The one-launch grouped GEMM reading its offsets from device memory against the operation (one
+// cuBLASLt GEMM per expert, offsets on the host), both on the same bf16 operands: empty experts,
+// an expert of one row, row counts and widths that are not multiples of the 64 x 64 tile or of 16,
+// and capacity rows past the last offset that must stay untouched. Both sum exact bf16 products in
+// fp32 in different orders: kernel_harness.h's bound for sums of `in` terms.
+TEST(CudaBackend, GroupedGemmWithDeviceOffsetsMatchesTheOperation) {
+  const int64_t experts = 5, out = 70, in = 100, capacity = 200;
+  const std::vector<int64_t> offsets = {0, 0, 1, 66, 66, 150};
+  const std::vector<float> x = random_values(static_cast<size_t>(capacity * in), 4);
+  const std::vector<float> w = random_values(static_cast<size_t>(experts * out * in), 5);
+  const int64_t rows = offsets.back();
+
+  std::vector<float> expected(static_cast<size_t>(rows * out));
+  {
+    DeviceStaging s;
+    kernels::cuda::grouped_gemm_forward(
+        s.in(view(x.data(), {rows, in})),
+        s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)), offsets,
+        s.out(view(expected.data(), {rows, out})), kernels::MatmulPrecision::kBf16);
+    s.finish();
+  }
+
+  constexpr float kUntouched = 12345.0f;
+  std::vector<float> got(static_cast<size_t>(capacity * out), kUntouched);
+  {
+    DeviceStaging s;
+    const ConstTensorView xd = s.in(view(x.data(), {capacity, in}));
+    const ConstTensorView wd = s.in(ConstTensorView(w.data(), {experts * out * in}, DType::kF32));
+    std::vector<uint16_t> x16_host(x.size()), w16_host(w.size());
+    const TensorView x16 = s.out(TensorView(x16_host.data(), {capacity, in}, DType::kBf16));
+    const TensorView w16 = s.out(TensorView(w16_host.data(), {experts * out * in}, DType::kBf16));
+    kernels::cuda::to_bf16(xd, x16);
+    kernels::cuda::to_bf16(wd, w16);
+    // The offsets as the routing would leave them: in device memory (no int64 dtype for a view).
+    int64_t* offsets_device = nullptr;
+    MOE_CUDA_CHECK(cudaMalloc(&offsets_device, offsets.size() * sizeof(int64_t)));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(offsets_device, offsets.data(), offsets.size() * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, kernels::cuda::stream()));
+    const TensorView y = s.out(view(got.data(), {capacity, out}));
+    kernels::cuda::launch_grouped_gemm_bf16_device_offsets(
+        static_cast<const uint16_t*>(x16.raw()), static_cast<const uint16_t*>(w16.raw()),
+        offsets_device, experts, capacity, out, in, static_cast<float*>(y.raw()),
+        kernels::cuda::stream());
+    MOE_CUDA_CHECK(cudaGetLastError());
+    s.finish();
+    MOE_CUDA_CHECK(cudaFree(offsets_device));
+  }
+  const std::vector<float> got_rows(got.begin(), got.begin() + rows * out);
+  EXPECT_LE(kernel_harness::nmse(got_rows, expected), kernel_harness::nmse_bound(in));
+  for (int64_t i = rows * out; i < capacity * out; ++i)
+    ASSERT_EQ(got[static_cast<size_t>(i)], kUntouched) << "row " << i / out << " past the offsets";
 }
 
 }  // namespace

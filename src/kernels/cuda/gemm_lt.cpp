@@ -75,15 +75,13 @@ uint32_t alignment_of(const void* p) {
   return alignment;
 }
 
-const char* type_name(cudaDataType_t type) {
-  return type == CUDA_R_16BF ? "bf16" : type == CUDA_R_32F ? "fp32" : "another type";
-}
-
 }  // namespace
 
 void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
              const void* a, const void* b, cudaDataType_t operand_type, float beta, float* c) {
   if (m == 0 || n == 0) return;
+  MOE_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
+            "[gemm] m={} n={} k={}: an extent beyond 2^31 - 1", m, n, k);
   if (k == 0) {  // an empty sum: c = beta c (cuBLASLt has no kernel for k = 0)
     if (beta == 0.0f) {
       MOE_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * sizeof(float), stream()));
@@ -108,12 +106,21 @@ void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
   preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  MOE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), op.get(), b_layout.get(),
-                                                  a_layout.get(), c_layout.get(), c_layout.get(),
-                                                  preference.get(), 1, &heuristic, &found));
-  MOE_CHECK(found > 0,
-            "[gemm] cuBLASLt has no {} algorithm for m={} n={} k={} (trans_a={}, trans_b={})",
-            type_name(operand_type), m, n, k, trans_a, trans_b);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      cublaslt_handle(), op.get(), b_layout.get(), a_layout.get(), c_layout.get(), c_layout.get(),
+      preference.get(), 1, &heuristic, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    // cuBLASLt's kernels want leading dimensions and addresses aligned for vector loads; an odd
+    // extent (a test's 7 x 17, a vocabulary of odd size) may leave none. cuBLAS's general GEMM
+    // takes any layout, with the same column-major mapping and fp32 accumulation.
+    MOE_CUBLAS_CHECK(cublasGemmEx(
+        cublas_handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, operand_type,
+        static_cast<int>(trans_b ? k : n), a, operand_type, static_cast<int>(trans_a ? m : k),
+        &beta, c, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  MOE_CUBLAS_CHECK(status);
   MOE_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), op.get(), &alpha, b, b_layout.get(), a,
                                   a_layout.get(), &beta, c, c_layout.get(), c, c_layout.get(),
                                   &heuristic.algo, gemm_workspace(), kGemmWorkspaceBytes,

@@ -61,6 +61,16 @@ cublasLtHandle_t cublaslt_handle() {
   return created;
 }
 
+cublasHandle_t cublas_handle() {
+  static const cublasHandle_t created = [] {
+    cublasHandle_t handle = nullptr;
+    MOE_CUBLAS_CHECK(cublasCreate(&handle));
+    MOE_CUBLAS_CHECK(cublasSetStream(handle, stream()));
+    return handle;
+  }();
+  return created;
+}
+
 void* gemm_workspace() {
   static void* const allocated = [] {
     void* p = nullptr;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -53,6 +54,9 @@ std::string describe(const DeviceInfo& device);  // "NVIDIA H200 (sm_90, 132 SMs
 cudaStream_t stream();
 // Waits for everything issued on stream(); throws on an error any of it raised.
 void synchronize();
+
+// cuBLAS's handle, on stream(), for the GEMMs cuBLASLt has no kernel for (gemm_lt.cpp).
+cublasHandle_t cublas_handle();
 
 // cuBLASLt's handle and its workspace (kGemmWorkspaceBytes, allocated once per process).
 cublasLtHandle_t cublaslt_handle();
