@@ -12,6 +12,12 @@ namespace moecore::kernels {
 
 struct KernelBackend {
   std::string_view name;
+  // Whether the MX GEMMs (mx_matmul, mx_grouped_gemm_forward, mx_grouped_gemm_backward_input) give
+  // the reference's bits: true where they sum in its fixed order (kernels/reference/mx_gemm.h);
+  // false where they sum the same exact products in another order (the CUDA backend's cuBLASLt
+  // GEMMs on bf16-dequantised operands), so that the harness compares them by NMSE instead. MX
+  // quantisation and dequantisation are bit-exact on every backend.
+  bool mx_gemm_bit_exact;
   decltype(&kernels::matmul) matmul;
   decltype(&kernels::rmsnorm_forward) rmsnorm_forward;
   decltype(&kernels::rmsnorm_backward) rmsnorm_backward;
@@ -26,6 +32,8 @@ struct KernelBackend {
   decltype(&kernels::sum_of_squares) sum_of_squares;
   decltype(&kernels::causal_attention_forward) causal_attention_forward;
   decltype(&kernels::causal_attention_backward) causal_attention_backward;
+  decltype(&kernels::flash_attention_forward) flash_attention_forward;
+  decltype(&kernels::flash_attention_backward) flash_attention_backward;
   decltype(&kernels::permute_rows) permute_rows;
   decltype(&kernels::permute_rows_backward) permute_rows_backward;
   decltype(&kernels::gather_rows) gather_rows;

@@ -1,6 +1,7 @@
 // The argument checks of the MX ops, shared by every backend: code views hold e4m3 or e5m2, scale
 // views e8m0, one scale per 32 codes along the quantised (last) dimension, whose extent must be a
-// positive multiple of 32 (mx::check_mx_contraction). Errors name the op and the argument.
+// positive multiple of 32 (mx::check_mx_contraction). Errors name the op and the argument. Each
+// check takes the device the backend's views are on (the CPU's unless it says otherwise).
 #pragma once
 
 #include <cstdint>
@@ -43,11 +44,11 @@ MxMatrixDims mx_matrix_dims(const char* op, const char* name, const BasicTensorV
 // expect_shape for [batch, rows, cols] in the rank the caller used.
 template <bool kMutable>
 void expect_mx_shape(const char* op, const char* name, const BasicTensorView<kMutable>& v, int rank,
-                     const MxMatrixDims& d) {
+                     const MxMatrixDims& d, Device device = Device::kCpu) {
   if (rank == 2)
-    expect_shape(op, name, v, {d.rows, d.cols});
+    expect_shape(op, name, v, {d.rows, d.cols}, device);
   else
-    expect_shape(op, name, v, {d.batch, d.rows, d.cols});
+    expect_shape(op, name, v, {d.batch, d.rows, d.cols}, device);
 }
 
 // The checked pointers of a quantisation: x (f32) [batch, rows, cols] in, codes and scales out,
@@ -61,15 +62,16 @@ struct MxQuantizeArgs {
 };
 
 inline MxQuantizeArgs mx_quantize_args(const char* op, ConstTensorView x, TensorView codes,
-                                       TensorView scales, bool transposed) {
+                                       TensorView scales, bool transposed,
+                                       Device device = Device::kCpu) {
   const MxMatrixDims d = mx_matrix_dims(op, "x", x);
   const MxMatrixDims quantized = transposed ? MxMatrixDims{d.batch, d.cols, d.rows} : d;
   mx::check_mx_contraction(op, quantized.cols);
-  expect_mx_shape(op, "x", x, x.rank(), d);
+  expect_mx_shape(op, "x", x, x.rank(), d, device);
   const mx::ElemType elem = mx_elem_type(op, "codes", codes.dtype());
-  expect_mx_shape(op, "codes", codes, x.rank(), quantized);
+  expect_mx_shape(op, "codes", codes, x.rank(), quantized, device);
   expect_mx_shape(op, "scales", scales, x.rank(),
-                  {quantized.batch, quantized.rows, quantized.cols / mx::kMxBlock});
+                  {quantized.batch, quantized.rows, quantized.cols / mx::kMxBlock}, device);
   mx_scale_bytes(op, scales);
   return {d, x.data<float>(op), elem, static_cast<uint8_t*>(codes.raw()),
           static_cast<uint8_t*>(scales.raw())};
@@ -81,12 +83,14 @@ struct MxOperandArgs {
   mx::MxOperand operand;
 };
 
-inline MxOperandArgs mx_operand_args(const char* op, const char* name, const MxOperandView& v) {
+inline MxOperandArgs mx_operand_args(const char* op, const char* name, const MxOperandView& v,
+                                     Device device = Device::kCpu) {
   const MxMatrixDims d = mx_matrix_dims(op, name, v.codes);
   mx::check_mx_contraction(op, d.cols);
   const mx::ElemType elem = mx_elem_type(op, name, v.codes.dtype());
-  expect_mx_shape(op, name, v.codes, v.codes.rank(), d);
-  expect_mx_shape(op, "scales", v.scales, v.codes.rank(), {d.batch, d.rows, d.cols / mx::kMxBlock});
+  expect_mx_shape(op, name, v.codes, v.codes.rank(), d, device);
+  expect_mx_shape(op, "scales", v.scales, v.codes.rank(), {d.batch, d.rows, d.cols / mx::kMxBlock},
+                  device);
   return {d, {elem, static_cast<const uint8_t*>(v.codes.raw()), mx_scale_bytes(op, v.scales)}};
 }
 
@@ -97,16 +101,17 @@ struct MxMatmulArgs {
   float* c;
 };
 
-inline MxMatmulArgs mx_matmul_args(const MxOperandView& a, const MxOperandView& b, TensorView c) {
+inline MxMatmulArgs mx_matmul_args(const MxOperandView& a, const MxOperandView& b, TensorView c,
+                                   Device device = Device::kCpu) {
   constexpr const char* kOp = "mx_matmul";
   MOE_CHECK(a.codes.rank() == 2 && b.codes.rank() == 2,
             "[{}] a and b must be matrices, got ranks {}, {}", kOp, a.codes.rank(), b.codes.rank());
-  const MxOperandArgs lhs = mx_operand_args(kOp, "a", a);
-  const MxOperandArgs rhs = mx_operand_args(kOp, "b", b);
+  const MxOperandArgs lhs = mx_operand_args(kOp, "a", a, device);
+  const MxOperandArgs rhs = mx_operand_args(kOp, "b", b, device);
   MOE_CHECK(lhs.dims.cols == rhs.dims.cols,
             "[{}] a [{}, {}] and b [{}, {}] contract over different extents", kOp, lhs.dims.rows,
             lhs.dims.cols, rhs.dims.rows, rhs.dims.cols);
-  expect_shape(kOp, "c", c, {lhs.dims.rows, rhs.dims.rows});
+  expect_shape(kOp, "c", c, {lhs.dims.rows, rhs.dims.rows}, device);
   return {lhs.dims.rows, rhs.dims.rows, lhs.dims.cols,
           lhs.operand,   rhs.operand,   c.data<float>(kOp)};
 }
@@ -120,14 +125,15 @@ struct MxGroupedArgs {
 };
 
 inline MxGroupedArgs mx_grouped_args(const char* op, const MxOperandView& a, const MxOperandView& b,
-                                     std::span<const int64_t> expert_offsets, TensorView out) {
+                                     std::span<const int64_t> expert_offsets, TensorView out,
+                                     Device device = Device::kCpu) {
   MOE_CHECK(a.codes.rank() == 2 && b.codes.rank() == 3,
             "[{}] codes must be [R, k] and [E, n, k], got ranks {} and {}", op, a.codes.rank(),
             b.codes.rank());
-  const MxOperandArgs lhs = mx_operand_args(op, "activations", a);
-  const MxOperandArgs rhs = mx_operand_args(op, "weights", b);
-  const GroupedGemmDims dims = grouped_gemm_dims(op, a.codes, b.codes, expert_offsets);
-  expect_shape(op, "output", out, {dims.rows, dims.out});
+  const MxOperandArgs lhs = mx_operand_args(op, "activations", a, device);
+  const MxOperandArgs rhs = mx_operand_args(op, "weights", b, device);
+  const GroupedGemmDims dims = grouped_gemm_dims(op, a.codes, b.codes, expert_offsets, device);
+  expect_shape(op, "output", out, {dims.rows, dims.out}, device);
   return {dims, lhs.operand, rhs.operand, out.data<float>(op)};
 }
 

@@ -54,17 +54,6 @@ class KernelOps : public ::testing::TestWithParam<const KernelBackend*> {
   const KernelBackend& backend() const { return *GetParam(); }
 };
 
-// A backend that is still being written leaves the ops it lacks null in its table (the CUDA
-// backend, kernels/cuda/ops.h); the cases that run them are skipped there, naming the ops. The
-// CPU backend's table is complete, so nothing skips on it.
-template <typename... Ops>
-bool implemented(Ops... ops) {
-  return ((ops != nullptr) && ...);
-}
-#define MOECORE_SKIP_UNLESS_IMPLEMENTED(...) \
-  if (!implemented(__VA_ARGS__))             \
-  GTEST_SKIP() << backend().name << " does not implement every op of: " << #__VA_ARGS__
-
 TEST_P(KernelOps, RmsnormMatchesReference) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().rmsnorm_backward, backend().rmsnorm_forward);
   uint32_t seed = 100;
@@ -381,6 +370,139 @@ TEST_P(KernelOps, CausalAttentionMatchesReference) {
     if (T > 1) expect_close(check_all(k.data(), k.size(), dk.data(), kFdEps, loss), "dk " + what);
     expect_close(check_all(v.data(), v.size(), dv.data(), kFdEps, loss), "dv " + what);
   }
+}
+
+// The flash pair saves each query's logsumexp instead of the probabilities. Against the flash
+// oracle in both precisions (bf16 rounds the same operands on both sides), and in fp32 against the
+// causal oracle: its out and gradients, and the logsumexp its probabilities imply,
+// lse_i = score_ij - log p_ij at the row's largest p_ij. On CausalAttentionMatchesReference's
+// shapes: one token, GQA with odd sizes, more positions than one 64-row block, documents.
+TEST_P(KernelOps, FlashAttentionMatchesCausalAttention) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().flash_attention_backward,
+                                  backend().flash_attention_forward);
+  struct Case {
+    int64_t batch, seq, heads, kv_heads, head_dim;
+    bool documents;
+  };
+  // bf16 precision rounds P and dS, which each side computes itself (fp32 here, double in the
+  // oracle): where the two straddle a bf16 rounding boundary they round one bf16 ulp apart, at
+  // most 2^-7 relative. Such a term moves its output by at most 2^-7 of its size, so even with
+  // every rounded term apart (and no cancellation) the NMSE stays below 2^-14 = 6.1e-5, added to
+  // the bound of the outputs that multiply them; a wrong kernel gives 1e-2..1. Measured on the CPU
+  // backend: 3.2e-12 at most (dq, documents), within nmse_bound alone.
+  const double bf16_rounding_nmse = std::ldexp(1.0, -14);
+  uint32_t seed = 1600;
+  for (const Case c : {Case{1, 1, 1, 1, 1, false}, Case{2, 5, 4, 2, 3, false},
+                       Case{1, 70, 2, 1, 8, false}, Case{2, 9, 3, 3, 5, true}}) {
+    const int64_t B = c.batch, T = c.seq, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
+    const std::string shape = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                              " H=" + std::to_string(H) + " KV=" + std::to_string(KV) +
+                              " hd=" + std::to_string(hd);
+    std::vector<float> q = random_vec(static_cast<size_t>(B * T * H * hd), ++seed);
+    std::vector<float> k = random_vec(static_cast<size_t>(B * T * KV * hd), ++seed);
+    std::vector<float> v = random_vec(k.size(), ++seed);
+    const std::vector<float> dout = random_vec(q.size(), ++seed);
+    // Documents of lengths 4, 3, 2 in every row.
+    std::vector<int32_t> doc_start;
+    if (c.documents)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) doc_start.push_back(t < 4 ? 0 : t < 7 ? 4 : 7);
+    const ConstTensorView docs = c.documents ? view(doc_start.data(), {B, T}) : ConstTensorView{};
+    const auto q_view = view(q.data(), {B, T, H, hd});
+    const auto k_view = view(k.data(), {B, T, KV, hd});
+    const auto v_view = view(v.data(), {B, T, KV, hd});
+    const auto dout_view = view(dout.data(), {B, T, H, hd});
+    // dk and dv sum over the T queries of every head of their group; dq, out and lse over the T
+    // keys of products of hd terms.
+    const int64_t q_reduction = T + hd, kv_reduction = (H / KV) * T + hd;
+
+    // The causal oracle (fp32 only), and the logsumexp its probabilities imply.
+    std::vector<float> out_causal(q.size()), probs(static_cast<size_t>(B * H * T * T));
+    oracle().causal_attention_forward(
+        q_view, k_view, v_view, view(out_causal.data(), {B, T, H, hd}),
+        view(probs.data(), {B, H, T, T}), docs, kernels::MatmulPrecision::kFp32);
+    std::vector<float> dq_causal(q.size()), dk_causal(k.size()), dv_causal(v.size());
+    oracle().causal_attention_backward(
+        dout_view, q_view, k_view, v_view, view(probs.data(), {B, H, T, T}),
+        view(dq_causal.data(), {B, T, H, hd}), view(dk_causal.data(), {B, T, KV, hd}),
+        view(dv_causal.data(), {B, T, KV, hd}), kernels::MatmulPrecision::kFp32);
+    std::vector<float> lse_causal(static_cast<size_t>(B * H * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const float* p_row = probs.data() + ((b * H + h) * T + i) * T;
+          const int64_t j = std::max_element(p_row, p_row + T) - p_row;
+          double dot = 0.0;
+          for (int64_t d = 0; d < hd; ++d)
+            dot += double{q[static_cast<size_t>(((b * T + i) * H + h) * hd + d)]} *
+                   double{k[static_cast<size_t>(((b * T + j) * KV + h / (H / KV)) * hd + d)]};
+          lse_causal[static_cast<size_t>((b * H + h) * T + i)] = static_cast<float>(
+              dot / std::sqrt(static_cast<double>(hd)) - std::log(double{p_row[j]}));
+        }
+
+    for (const auto precision :
+         {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
+      const bool bf16 = precision == kernels::MatmulPrecision::kBf16;
+      const std::string what = shape + (bf16 ? " bf16" : " fp32");
+      // rounded: the outputs of products of operands the two sides round themselves (bf16 slack).
+      auto expect_near = [&](const std::vector<float>& got, const std::vector<float>& ref,
+                             int64_t reduction, const std::string& name, bool rounded) {
+        const double err = nmse(got, ref);
+        EXPECT_LE(err, nmse_bound(reduction) + (bf16 && rounded ? bf16_rounding_nmse : 0.0))
+            << name << " " << what;
+      };
+      std::vector<float> out(q.size()), lse(static_cast<size_t>(B * H * T));
+      std::vector<float> out_ref(out.size()), lse_ref(lse.size());
+      auto forward = [&](const KernelBackend& b, std::vector<float>& o, std::vector<float>& l) {
+        b.flash_attention_forward(q_view, k_view, v_view, view(o.data(), {B, T, H, hd}),
+                                  view(l.data(), {B, H, T}), docs, precision);
+      };
+      forward(backend(), out, lse);
+      forward(oracle(), out_ref, lse_ref);
+      expect_near(out, out_ref, q_reduction, "flash out", true);
+      // The scores' operands are inputs, rounded alike on both sides: no rounding slack needed.
+      expect_near(lse, lse_ref, q_reduction, "flash lse", false);
+      if (!bf16) {
+        expect_near(out, out_causal, q_reduction, "flash vs causal out", false);
+        expect_near(lse, lse_causal, q_reduction, "flash lse vs causal normaliser", false);
+      }
+
+      // Both backwards from the backend's forward.
+      std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+      std::vector<float> dq_ref(q.size()), dk_ref(k.size()), dv_ref(v.size());
+      auto backward = [&](const KernelBackend& b, std::vector<float>& gq, std::vector<float>& gk,
+                          std::vector<float>& gv) {
+        b.flash_attention_backward(
+            dout_view, q_view, k_view, v_view, view(out.data(), {B, T, H, hd}),
+            view(lse.data(), {B, H, T}), docs, view(gq.data(), {B, T, H, hd}),
+            view(gk.data(), {B, T, KV, hd}), view(gv.data(), {B, T, KV, hd}), precision);
+      };
+      backward(backend(), dq, dk, dv);
+      backward(oracle(), dq_ref, dk_ref, dv_ref);
+      expect_near(dq, dq_ref, q_reduction, "flash dq", true);
+      expect_near(dk, dk_ref, kv_reduction, "flash dk", true);
+      expect_near(dv, dv_ref, kv_reduction, "flash dv", true);
+      if (bf16) continue;  // the causal oracle is fp32 only; bf16 rounding is a step function
+      expect_near(dq, dq_causal, q_reduction, "flash vs causal dq", false);
+      expect_near(dk, dk_causal, kv_reduction, "flash vs causal dk", false);
+      expect_near(dv, dv_causal, kv_reduction, "flash vs causal dv", false);
+
+      auto loss = [&] {
+        forward(backend(), out, lse);
+        return project(out.data(), dout);
+      };
+      if (T > 1)  // one token: the output is v, and q and k have zero gradient
+        expect_close(check_all(q.data(), q.size(), dq.data(), kFdEps, loss), "dq " + what);
+      if (T > 1) expect_close(check_all(k.data(), k.size(), dk.data(), kFdEps, loss), "dk " + what);
+      expect_close(check_all(v.data(), v.size(), dv.data(), kFdEps, loss), "dv " + what);
+    }
+  }
+  std::vector<float> x(8), lse(2);
+  EXPECT_THROW(backend().flash_attention_forward(
+                   view(x.data(), {1, 2, 2, 2}), view(x.data(), {1, 2, 2, 2}),
+                   view(x.data(), {1, 2, 2, 2}), view(x.data(), {1, 2, 2, 2}),
+                   view(lse.data(), {1, 1, 2}), ConstTensorView{}, kernels::MatmulPrecision::kFp32),
+               Error);
 }
 
 TEST_P(KernelOps, PermuteRowsMatchesReference) {

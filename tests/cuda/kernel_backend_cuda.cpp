@@ -1,8 +1,8 @@
 // The CUDA backend joins the per-op harness (tests/cpp/kernel_harness.h) through host-staged
 // wrappers: each copies the harness's host views to the device (device_staging.h), runs the
 // CUDA operation on them and copies the outputs back. The harness then runs every case of
-// test_kernel_ops.cpp against the CUDA kernels and the plain-loop oracle; operations the CUDA
-// backend does not have yet stay null and their cases skip.
+// test_kernel_ops.cpp and test_kernel_ops_mx.cpp against the CUDA kernels and the plain-loop
+// oracle; operations the CUDA backend does not have yet stay null and their cases skip.
 #include <span>
 
 #include "device_staging.h"
@@ -95,6 +95,25 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
 double sum_of_squares(ConstTensorView values) {
   DeviceStaging s;
   return device().sum_of_squares(s.in(values));
+}
+
+void flash_attention_forward(ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                             TensorView out, TensorView lse, ConstTensorView doc_start,
+                             kernels::MatmulPrecision precision) {
+  DeviceStaging s;
+  device().flash_attention_forward(s.in(q), s.in(k), s.in(v), s.out(out), s.out(lse),
+                                   s.in(doc_start), precision);
+  s.finish();
+}
+
+void flash_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
+                              ConstTensorView v, ConstTensorView out, ConstTensorView lse,
+                              ConstTensorView doc_start, TensorView dq, TensorView dk,
+                              TensorView dv, kernels::MatmulPrecision precision) {
+  DeviceStaging s;
+  device().flash_attention_backward(s.in(dout), s.in(q), s.in(k), s.in(v), s.in(out), s.in(lse),
+                                    s.in(doc_start), s.out(dq), s.out(dk), s.out(dv), precision);
+  s.finish();
 }
 
 void permute_rows(ConstTensorView src, ConstTensorView dst_row, int64_t routes_per_row,
@@ -200,6 +219,52 @@ void to_bf16(ConstTensorView src, TensorView dst) {
   s.finish();
 }
 
+void mx_quantize(ConstTensorView x, mx::ScaleMode mode, TensorView codes, TensorView scales) {
+  DeviceStaging s;
+  device().mx_quantize(s.in(x), mode, s.out(codes), s.out(scales));
+  s.finish();
+}
+
+void mx_quantize_transposed(ConstTensorView x, mx::ScaleMode mode, TensorView codes,
+                            TensorView scales) {
+  DeviceStaging s;
+  device().mx_quantize_transposed(s.in(x), mode, s.out(codes), s.out(scales));
+  s.finish();
+}
+
+// An MX operand's two views, codes and scales, both staged in.
+MxOperandView staged(DeviceStaging& s, const MxOperandView& v) {
+  return {s.in(v.codes), s.in(v.scales)};
+}
+
+void mx_dequantize(const MxOperandView& quantized, TensorView x) {
+  DeviceStaging s;
+  device().mx_dequantize(staged(s, quantized), s.out(x));
+  s.finish();
+}
+
+void mx_matmul(const MxOperandView& a, const MxOperandView& b, float alpha, float beta,
+               TensorView c) {
+  DeviceStaging s;
+  device().mx_matmul(staged(s, a), staged(s, b), alpha, beta, s.out(c));
+  s.finish();
+}
+
+void mx_grouped_gemm_forward(const MxOperandView& x, const MxOperandView& w,
+                             std::span<const int64_t> expert_offsets, TensorView y) {
+  DeviceStaging s;
+  device().mx_grouped_gemm_forward(staged(s, x), staged(s, w), expert_offsets, s.out(y));
+  s.finish();
+}
+
+void mx_grouped_gemm_backward_input(const MxOperandView& dy, const MxOperandView& w_transposed,
+                                    std::span<const int64_t> expert_offsets, TensorView dx) {
+  DeviceStaging s;
+  device().mx_grouped_gemm_backward_input(staged(s, dy), staged(s, w_transposed), expert_offsets,
+                                          s.out(dx));
+  s.finish();
+}
+
 // The staged table: an entry wherever the device table has one.
 template <typename F>
 F if_on_device(F device_op, F staged) {
@@ -210,6 +275,7 @@ const kernels::KernelBackend& staged_cuda_backend() {
   const kernels::KernelBackend& d = device();
   static const kernels::KernelBackend backend{
       .name = "cuda",
+      .mx_gemm_bit_exact = d.mx_gemm_bit_exact,
       .matmul = if_on_device(d.matmul, &matmul),
       .rmsnorm_forward = if_on_device(d.rmsnorm_forward, &rmsnorm_forward),
       .rmsnorm_backward = if_on_device(d.rmsnorm_backward, &rmsnorm_backward),
@@ -224,6 +290,9 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .sum_of_squares = if_on_device(d.sum_of_squares, &sum_of_squares),
       .causal_attention_forward = nullptr,
       .causal_attention_backward = nullptr,
+      .flash_attention_forward = if_on_device(d.flash_attention_forward, &flash_attention_forward),
+      .flash_attention_backward =
+          if_on_device(d.flash_attention_backward, &flash_attention_backward),
       .permute_rows = if_on_device(d.permute_rows, &permute_rows),
       .permute_rows_backward = if_on_device(d.permute_rows_backward, &permute_rows_backward),
       .gather_rows = if_on_device(d.gather_rows, &gather_rows),
@@ -240,12 +309,13 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .scale = if_on_device(d.scale, &scale),
       .cached_attention_forward = nullptr,
       .to_bf16 = if_on_device(d.to_bf16, &to_bf16),
-      .mx_quantize = nullptr,
-      .mx_quantize_transposed = nullptr,
-      .mx_dequantize = nullptr,
-      .mx_matmul = nullptr,
-      .mx_grouped_gemm_forward = nullptr,
-      .mx_grouped_gemm_backward_input = nullptr,
+      .mx_quantize = if_on_device(d.mx_quantize, &mx_quantize),
+      .mx_quantize_transposed = if_on_device(d.mx_quantize_transposed, &mx_quantize_transposed),
+      .mx_dequantize = if_on_device(d.mx_dequantize, &mx_dequantize),
+      .mx_matmul = if_on_device(d.mx_matmul, &mx_matmul),
+      .mx_grouped_gemm_forward = if_on_device(d.mx_grouped_gemm_forward, &mx_grouped_gemm_forward),
+      .mx_grouped_gemm_backward_input =
+          if_on_device(d.mx_grouped_gemm_backward_input, &mx_grouped_gemm_backward_input),
   };
   return backend;
 }

@@ -6,6 +6,7 @@ namespace moecore::kernels {
 const KernelBackend& cpu_backend() {
   static const KernelBackend backend{
       .name = "cpu",
+      .mx_gemm_bit_exact = true,
       .matmul = &kernels::matmul,
       .rmsnorm_forward = &kernels::rmsnorm_forward,
       .rmsnorm_backward = &kernels::rmsnorm_backward,
@@ -20,6 +21,8 @@ const KernelBackend& cpu_backend() {
       .sum_of_squares = &kernels::sum_of_squares,
       .causal_attention_forward = &kernels::causal_attention_forward,
       .causal_attention_backward = &kernels::causal_attention_backward,
+      .flash_attention_forward = &kernels::flash_attention_forward,
+      .flash_attention_backward = &kernels::flash_attention_backward,
       .permute_rows = &kernels::permute_rows,
       .permute_rows_backward = &kernels::permute_rows_backward,
       .gather_rows = &kernels::gather_rows,

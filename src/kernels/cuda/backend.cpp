@@ -1,6 +1,7 @@
 // The CUDA backend's table. Null entries are operations not written for the GPU yet (the per-op
-// harness skips their cases, naming them): causal and cached attention (a flash-style kernel
-// needs the model to save a logsumexp instead of the probabilities) and the MX operations.
+// harness skips their cases, naming them): causal and cached attention (the GPU's training
+// attention is flash_attention, which saves a logsumexp instead of the T x T probabilities; the
+// model still calls the causal pair).
 #include "kernels/cuda/ops.h"
 
 namespace moecore::kernels {
@@ -8,6 +9,7 @@ namespace moecore::kernels {
 const KernelBackend& cuda_backend() {
   static const KernelBackend backend{
       .name = "cuda",
+      .mx_gemm_bit_exact = false,  // cuBLASLt sums in its own order (mx_gemm.cpp)
       .matmul = &cuda::matmul,
       .rmsnorm_forward = &cuda::rmsnorm_forward,
       .rmsnorm_backward = &cuda::rmsnorm_backward,
@@ -22,6 +24,8 @@ const KernelBackend& cuda_backend() {
       .sum_of_squares = &cuda::sum_of_squares,
       .causal_attention_forward = nullptr,
       .causal_attention_backward = nullptr,
+      .flash_attention_forward = &cuda::flash_attention_forward,
+      .flash_attention_backward = &cuda::flash_attention_backward,
       .permute_rows = &cuda::permute_rows,
       .permute_rows_backward = &cuda::permute_rows_backward,
       .gather_rows = &cuda::gather_rows,
@@ -37,12 +41,12 @@ const KernelBackend& cuda_backend() {
       .scale = &cuda::scale,
       .cached_attention_forward = nullptr,
       .to_bf16 = &cuda::to_bf16,
-      .mx_quantize = nullptr,
-      .mx_quantize_transposed = nullptr,
-      .mx_dequantize = nullptr,
-      .mx_matmul = nullptr,
-      .mx_grouped_gemm_forward = nullptr,
-      .mx_grouped_gemm_backward_input = nullptr,
+      .mx_quantize = &cuda::mx_quantize,
+      .mx_quantize_transposed = &cuda::mx_quantize_transposed,
+      .mx_dequantize = &cuda::mx_dequantize,
+      .mx_matmul = &cuda::mx_matmul,
+      .mx_grouped_gemm_forward = &cuda::mx_grouped_gemm_forward,
+      .mx_grouped_gemm_backward_input = &cuda::mx_grouped_gemm_backward_input,
   };
   return backend;
 }

@@ -130,4 +130,45 @@ void launch_router_probability_column_sums(const float* logits, const float* sco
                                            RouterColumnValue value, int64_t tokens, int64_t experts,
                                            void* scratch, cudaStream_t stream);
 
+// mx_quantize.cu: kernels/ops.h's MX quantisation, bit for bit as core/mx_types.h's rules (MxElem
+// and MxScaleRule mirror mx::ElemType and mx::ScaleMode, which nvcc does not see here). cols, or
+// rows when transposed, is a positive multiple of 32 (the caller checks it).
+//   quantize: x [rows, cols] -> codes [rows, cols], scales [rows, cols / 32] (rows: all matrices);
+//   quantize_transposed: x [batch, rows, cols] -> codes [batch, cols, rows], scales
+//     [batch, cols, rows / 32] (blocks of 32 rows of each column);
+//   dequantize: x[i] = decode(codes[i]) * 2^(scales[i / 32] - 127) for i < n (n a multiple of 32:
+//     the codes of whole rows), one fp32 multiply, NaN for scale code 255.
+enum class MxElem : uint8_t { kE4M3, kE5M2 };
+enum class MxScaleRule : uint8_t { kRceil, kFloor };
+void launch_mx_quantize(const float* x, int64_t rows, int64_t cols, MxElem elem, MxScaleRule rule,
+                        uint8_t* codes, uint8_t* scales, cudaStream_t stream);
+void launch_mx_quantize_transposed(const float* x, int64_t batch, int64_t rows, int64_t cols,
+                                   MxElem elem, MxScaleRule rule, uint8_t* codes, uint8_t* scales,
+                                   cudaStream_t stream);
+void launch_mx_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t n, MxElem elem,
+                          float* x, cudaStream_t stream);
+
+// mx_gemm.cu: the same dequantisation rounded to bf16 (dst: bf16 bits, nearest even), the
+// operands of the MX GEMMs on GPUs without MX tensor cores (exact for every element whose value
+// lies in bf16's normal range).
+void launch_mx_dequantize_to_bf16(const uint8_t* codes, const uint8_t* scales, int64_t n,
+                                  MxElem elem, uint16_t* dst, cudaStream_t stream);
+
+// flash_attention.cu: kernels/ops.h's flash_attention_forward and _backward on q, out, dout, dq
+// [B, T, heads, hd], k, v, dk, dv [B, T, kv_heads, hd], lse [B, heads, T], doc_start [B, T] or
+// null (values read clamped to [0, position]); bf16: the GEMM operands rounded to bf16. head_dim
+// <= kFlashAttentionMaxHeadDim (the caller checks). The backward's row_dots: B T heads floats of
+// scratch (D = dout . out per query row).
+inline constexpr int64_t kFlashAttentionMaxHeadDim = 256;
+void launch_flash_attention_forward(const float* q, const float* k, const float* v,
+                                    const int32_t* doc_start, float* out, float* lse, int64_t batch,
+                                    int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                    bool bf16, cudaStream_t stream);
+void launch_flash_attention_backward(const float* dout, const float* q, const float* k,
+                                     const float* v, const float* out, const float* lse,
+                                     const int32_t* doc_start, float* dq, float* dk, float* dv,
+                                     float* row_dots, int64_t batch, int64_t seq, int64_t heads,
+                                     int64_t kv_heads, int64_t head_dim, bool bf16,
+                                     cudaStream_t stream);
+
 }  // namespace moecore::kernels::cuda

@@ -10,6 +10,11 @@
 //
 // Not every operation is here yet: cuda_backend() lists those that are (the others are null in
 // its table, and the per-op harness reports them as not implemented).
+//
+// The MX operations: quantisation and dequantisation give the reference's bits; the MX GEMMs
+// (mx_matmul, mx_grouped_gemm_forward, mx_grouped_gemm_backward_input) do NOT: on Hopper they
+// dequantise to bf16 and sum the exact products in cuBLASLt's order (mx_gemm.cpp), within an fp32
+// summation error of the reference (cuda_backend().mx_gemm_bit_exact is false).
 #pragma once
 
 #include "kernels/backend.h"

@@ -6,6 +6,7 @@ namespace moecore::kernels {
 const KernelBackend& reference_backend() {
   static const KernelBackend backend{
       .name = "reference",
+      .mx_gemm_bit_exact = true,
       .matmul = &kernels::reference::matmul,
       .rmsnorm_forward = &kernels::reference::rmsnorm_forward,
       .rmsnorm_backward = &kernels::reference::rmsnorm_backward,
@@ -20,6 +21,8 @@ const KernelBackend& reference_backend() {
       .sum_of_squares = &kernels::reference::sum_of_squares,
       .causal_attention_forward = &kernels::reference::causal_attention_forward,
       .causal_attention_backward = &kernels::reference::causal_attention_backward,
+      .flash_attention_forward = &kernels::reference::flash_attention_forward,
+      .flash_attention_backward = &kernels::reference::flash_attention_backward,
       .permute_rows = &kernels::reference::permute_rows,
       .permute_rows_backward = &kernels::reference::permute_rows_backward,
       .gather_rows = &kernels::reference::gather_rows,
