@@ -1,6 +1,7 @@
 // Element types a tensor view can hold. f32 and bf16 carry model data today; e4m3, e5m2 (FP8
 // elements) and e8m0 (the shared power-of-two scale of an MX block) are reserved for MXFP8, whose
-// conversions live in core/mx_*.h. i32 holds token ids, targets and expert indices.
+// conversions live in core/mx_*.h. i32 holds token ids, targets and expert indices; i64 holds row
+// offsets and counts (an MoE layer's expert offsets).
 #pragma once
 
 #include <cstddef>
@@ -8,10 +9,12 @@
 
 namespace moecore {
 
-enum class DType : uint8_t { kF32, kBf16, kE4m3, kE5m2, kE8m0, kI32 };
+enum class DType : uint8_t { kF32, kBf16, kE4m3, kE5m2, kE8m0, kI32, kI64 };
 
 constexpr size_t dtype_size(DType dtype) {
   switch (dtype) {
+    case DType::kI64:
+      return 8;
     case DType::kF32:
     case DType::kI32:
       return 4;
@@ -39,6 +42,8 @@ constexpr const char* dtype_name(DType dtype) {
       return "e8m0";
     case DType::kI32:
       return "i32";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }
@@ -55,6 +60,10 @@ constexpr DType dtype_of<float>() {
 template <>
 constexpr DType dtype_of<int32_t>() {
   return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
 }
 
 }  // namespace moecore

@@ -119,5 +119,11 @@ inline TensorView view(int32_t* data, std::initializer_list<int64_t> shape) {
 inline ConstTensorView view(const int32_t* data, std::initializer_list<int64_t> shape) {
   return {data, shape, DType::kI32};
 }
+inline TensorView view(int64_t* data, std::initializer_list<int64_t> shape) {
+  return {data, shape, DType::kI64};
+}
+inline ConstTensorView view(const int64_t* data, std::initializer_list<int64_t> shape) {
+  return {data, shape, DType::kI64};
+}
 
 }  // namespace moecore

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "kernels/ops.h"
@@ -43,6 +44,28 @@ inline void expect_router_outputs(const char* op, const RouterDims& s, int64_t k
   expect_shape(op, "topk_weight", topk_weight, {s.tokens, k}, device);
   MOE_CHECK(static_cast<int64_t>(expert_counts.size()) == s.experts,
             "[{}] expert_counts has {} entries, expected {}", op, expert_counts.size(), s.experts);
+}
+
+// order_routes_by_expert's views: topk_index [N, k] i32, dst_row [N * k] i32, expert_offsets
+// [experts + 1] i64, experts >= 1 and N * k rows an i32 can number. Returns N * k.
+inline int64_t expect_route_order_views(const char* op, ConstTensorView topk_index, int64_t experts,
+                                        ConstTensorView dst_row, ConstTensorView expert_offsets,
+                                        Device device = Device::kCpu) {
+  MOE_CHECK(topk_index.rank() == 2, "[{}] topk_index must be [N, k], got rank {}", op,
+            topk_index.rank());
+  MOE_CHECK(experts >= 1, "[{}] experts={} must be positive", op, experts);
+  const int64_t routes = topk_index.size(0) * topk_index.size(1);
+  MOE_CHECK(routes <= std::numeric_limits<int32_t>::max(),
+            "[{}] {} routes are more than an i32 row number can name", op, routes);
+  expect_shape(op, "topk_index", topk_index, {topk_index.size(0), topk_index.size(1)}, device);
+  expect_shape(op, "dst_row", dst_row, {routes}, device);
+  expect_shape(op, "expert_offsets", expert_offsets, {experts + 1}, device);
+  MOE_CHECK(topk_index.dtype() == DType::kI32 && dst_row.dtype() == DType::kI32 &&
+                expert_offsets.dtype() == DType::kI64,
+            "[{}] topk_index and dst_row must be i32 and expert_offsets i64, got {}, {}, {}", op,
+            dtype_name(topk_index.dtype()), dtype_name(dst_row.dtype()),
+            dtype_name(expert_offsets.dtype()));
+  return routes;
 }
 
 }  // namespace moecore::kernels

@@ -15,6 +15,7 @@
 
 #include "gradcheck.h"
 #include "kernel_harness.h"
+#include "model/moe_dispatch.h"
 
 namespace moecore {
 namespace {
@@ -558,6 +559,83 @@ TEST_P(KernelOps, PermuteRowsMatchesReference) {
   EXPECT_THROW(backend().gather_rows(view(x.data(), {2, 2}), view(outside.data(), {2}),
                                      view(x.data(), {2, 2})),
                Error);
+}
+
+// The dispatch's send order: routes sorted by expert, stably, against the oracle bit for bit and,
+// on the CPU (the backend the model's host code runs with), against model/moe_dispatch.h's
+// order_routes_by_expert, whose order the op must keep for the model to switch to it.
+TEST_P(KernelOps, OrderRoutesByExpertMatchesReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().order_routes_by_expert);
+  struct Case {
+    int64_t tokens, k, experts;
+    bool every_expert;  // else experts e % 3 == 0 get no route (the first, and the last for E = 7)
+  };
+  // One token; k = 1 and k > 1; no tokens; experts not a power of two, more of them than a CUDA
+  // block has threads (its scan of the counts takes chunks); more routes than one chunk.
+  const std::vector<Case> cases = {{1, 1, 1, true},     {1, 4, 6, false},    {0, 2, 5, true},
+                                   {37, 2, 7, false},   {700, 3, 300, true}, {700, 3, 300, false},
+                                   {1000, 8, 64, true}, {5000, 1, 3, false}, {3, 2, 1000, true}};
+  std::mt19937 gen(23);
+  for (const auto& [tokens, k, experts, every_expert] : cases) {
+    const int64_t routes = tokens * k;
+    const std::string what = "tokens=" + std::to_string(tokens) + " k=" + std::to_string(k) +
+                             " experts=" + std::to_string(experts);
+    std::vector<int32_t> allowed;
+    for (int32_t e = 0; e < experts; ++e)
+      if (every_expert || experts < 3 || e % 3 != 0) allowed.push_back(e);
+    std::uniform_int_distribution<size_t> pick(0, allowed.size() - 1);
+    std::vector<int32_t> index(static_cast<size_t>(routes));
+    for (int32_t& e : index) e = allowed[pick(gen)];
+    // Outputs start as values no route or offset takes: an element left unwritten shows.
+    std::vector<int32_t> dst_row(index.size(), -7), dst_row_ref(index.size(), -7);
+    std::vector<int64_t> offsets(static_cast<size_t>(experts + 1), -7), offsets_ref = offsets;
+    backend().order_routes_by_expert(view(index.data(), {tokens, k}), experts,
+                                     view(dst_row.data(), {routes}),
+                                     view(offsets.data(), {experts + 1}));
+    oracle().order_routes_by_expert(view(index.data(), {tokens, k}), experts,
+                                    view(dst_row_ref.data(), {routes}),
+                                    view(offsets_ref.data(), {experts + 1}));
+    EXPECT_EQ(dst_row, dst_row_ref) << "dst_row " << what;
+    EXPECT_EQ(offsets, offsets_ref) << "expert_offsets " << what;
+    if (!every_expert && experts >= 3) {
+      EXPECT_EQ(offsets_ref[1], offsets_ref[0]) << "expert 0 has no route: " << what;
+    }
+    if (backend().name == "cpu") {
+      // The model's host order: send positions per route, and where each expert's rows end.
+      RouterState router;
+      router.topk_index = index;
+      router.expert_counts.assign(static_cast<size_t>(experts), 0);
+      for (const int32_t e : index) ++router.expert_counts[static_cast<size_t>(e)];
+      std::vector<int32_t> send_pos;
+      const std::vector<int64_t> ends = order_routes_by_expert(router, experts, routes, send_pos);
+      EXPECT_EQ(dst_row, send_pos) << "the model's send positions " << what;
+      std::vector<int64_t> model_offsets(static_cast<size_t>(experts + 1), 0);
+      for (int64_t e = 0; e < experts; ++e)
+        model_offsets[static_cast<size_t>(e + 1)] = ends[static_cast<size_t>(e)];
+      EXPECT_EQ(offsets, model_offsets) << "the model's expert offsets " << what;
+    }
+  }
+  // An id outside [0, experts): an error where the backend checks ids (the oracle, the CPU); the
+  // CUDA backend does not wait to check, and writes -1 for such a route, counted in no expert.
+  const std::vector<int32_t> outside = {0, 2, 1, -1};
+  std::vector<int32_t> dst_row(4, -7);
+  std::vector<int64_t> offsets(3, -7);
+  const auto call = [&](const KernelBackend& b) {
+    b.order_routes_by_expert(view(outside.data(), {2, 2}), 2, view(dst_row.data(), {4}),
+                             view(offsets.data(), {3}));
+  };
+  EXPECT_THROW(call(oracle()), Error);
+  if (backend().name == "cuda") {
+    call(backend());
+    EXPECT_EQ(dst_row, (std::vector<int32_t>{0, -1, 1, -1}));
+    EXPECT_EQ(offsets, (std::vector<int64_t>{0, 1, 2}));
+  } else {
+    EXPECT_THROW(call(backend()), Error);
+  }
+  EXPECT_THROW(
+      backend().order_routes_by_expert(view(outside.data(), {2, 2}), 2, view(dst_row.data(), {4}),
+                                       view(offsets.data(), {2})),
+      Error);
 }
 
 TEST_P(KernelOps, MoeCombineMatchesReference) {

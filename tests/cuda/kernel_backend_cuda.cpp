@@ -151,6 +151,13 @@ void moe_combine_backward(ConstTensorView dy, ConstTensorView routed, ConstTenso
   s.finish();
 }
 
+void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorView dst_row,
+                            TensorView expert_offsets) {
+  DeviceStaging s;
+  device().order_routes_by_expert(s.in(topk_index), experts, s.out(dst_row), s.out(expert_offsets));
+  s.finish();
+}
+
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& options, TensorView scores, TensorView topk_index,
                          TensorView topk_weight, std::span<int64_t> expert_counts) {
@@ -298,6 +305,7 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .gather_rows = if_on_device(d.gather_rows, &gather_rows),
       .moe_combine_forward = if_on_device(d.moe_combine_forward, &moe_combine_forward),
       .moe_combine_backward = if_on_device(d.moe_combine_backward, &moe_combine_backward),
+      .order_routes_by_expert = if_on_device(d.order_routes_by_expert, &order_routes_by_expert),
       .router_topk_forward = if_on_device(d.router_topk_forward, &router_topk_forward),
       .router_topk_backward = if_on_device(d.router_topk_backward, &router_topk_backward),
       .router_z_loss = if_on_device(d.router_z_loss, &router_z_loss),

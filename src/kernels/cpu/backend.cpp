@@ -28,6 +28,7 @@ const KernelBackend& cpu_backend() {
       .gather_rows = &kernels::gather_rows,
       .moe_combine_forward = &kernels::moe_combine_forward,
       .moe_combine_backward = &kernels::moe_combine_backward,
+      .order_routes_by_expert = &kernels::order_routes_by_expert,
       .router_topk_forward = &kernels::router_topk_forward,
       .router_topk_backward = &kernels::router_topk_backward,
       .router_z_loss = &kernels::router_z_loss,

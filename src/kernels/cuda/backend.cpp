@@ -31,6 +31,7 @@ const KernelBackend& cuda_backend() {
       .gather_rows = &cuda::gather_rows,
       .moe_combine_forward = &cuda::moe_combine_forward,
       .moe_combine_backward = &cuda::moe_combine_backward,
+      .order_routes_by_expert = &cuda::order_routes_by_expert,
       .router_topk_forward = &cuda::router_topk_forward,
       .router_topk_backward = &cuda::router_topk_backward,
       .router_z_loss = &cuda::router_z_loss,

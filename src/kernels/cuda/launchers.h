@@ -130,6 +130,12 @@ void launch_router_probability_column_sums(const float* logits, const float* sco
                                            RouterColumnValue value, int64_t tokens, int64_t experts,
                                            void* scratch, cudaStream_t stream);
 
+// route_order.cu: kernels/ops.h's order_routes_by_expert on topk_index [routes] (experts >= 1,
+// routes < 2^31): dst_row [routes], expert_offsets [experts + 1] (device). An id outside
+// [0, experts) is counted in no expert and gets dst_row -1.
+void launch_order_routes_by_expert(const int32_t* topk_index, int64_t routes, int64_t experts,
+                                   int32_t* dst_row, int64_t* expert_offsets, cudaStream_t stream);
+
 // mx_quantize.cu: kernels/ops.h's MX quantisation, bit for bit as core/mx_types.h's rules (MxElem
 // and MxScaleRule mirror mx::ElemType and mx::ScaleMode, which nvcc does not see here). cols, or
 // rows when transposed, is a positive multiple of 32 (the caller checks it).

@@ -5,6 +5,8 @@
 // router_probability_column_sums, and router_topk_forward's expert counts) and those that check row
 // numbers held in device memory as the CPU backend checks them (embedding, permute_rows,
 // permute_rows_backward, gather_rows, moe_combine): these read the first bad index back and wait.
+// order_routes_by_expert does not check its expert ids (its offsets stay on the device; an id out
+// of range gets dst_row -1, kernels/op_declarations.inc).
 // A step captured in a CUDA graph cannot wait; it will need unchecked forms of the latter (their
 // kernels already leave an out-of-range row alone rather than touching other memory).
 //

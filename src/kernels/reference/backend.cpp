@@ -28,6 +28,7 @@ const KernelBackend& reference_backend() {
       .gather_rows = &kernels::reference::gather_rows,
       .moe_combine_forward = &kernels::reference::moe_combine_forward,
       .moe_combine_backward = &kernels::reference::moe_combine_backward,
+      .order_routes_by_expert = &kernels::reference::order_routes_by_expert,
       .router_topk_forward = &kernels::reference::router_topk_forward,
       .router_topk_backward = &kernels::reference::router_topk_backward,
       .router_z_loss = &kernels::reference::router_z_loss,
