@@ -12,13 +12,12 @@ void LocalDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& 
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
   const int64_t routes = tokens * k, e_count = c.num_experts;
   ScopedPhase timer(Phase::kDispatchForward);
-  const std::vector<int64_t> expert_ends =
-      order_routes_by_expert(router, e_count, routes, routed.send_pos);
   ExpertRows& rows = cache.experts;
-  rows.expert_offsets.assign(static_cast<size_t>(e_count + 1), 0);
-  // expert_ends[e] is where expert e's rows end: its next expert's start.
-  for (int64_t e = 0; e < e_count; ++e)
-    rows.expert_offsets[static_cast<size_t>(e + 1)] = expert_ends[static_cast<size_t>(e)];
+  routed.send_pos.resize(static_cast<size_t>(routes));
+  rows.expert_offsets.resize(static_cast<size_t>(e_count + 1));
+  kernels::order_routes_by_expert(view(router.topk_index.data(), {tokens, k}), e_count,
+                                  view(routed.send_pos.data(), {routes}),
+                                  view(rows.expert_offsets.data(), {e_count + 1}));
   rows.x.resize(static_cast<size_t>(routes * d));
   rows.gu.resize(static_cast<size_t>(routes * 2 * h));
   rows.act.resize(static_cast<size_t>(routes * h));

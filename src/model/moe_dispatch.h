@@ -53,10 +53,4 @@ struct RoutedRows {
   std::vector<float> y_back;      // [N * k, d] expert outputs back at the source
 };
 
-// The send order of the local and sync strategies: routes sorted by expert, then token (a global
-// expert e sits on rank e / local as its expert e % local, so this is also by destination rank).
-// Fills send_pos ([routes]) and returns, for every expert, where its rows end.
-std::vector<int64_t> order_routes_by_expert(const RouterState& router, int64_t experts,
-                                            int64_t routes, std::vector<int32_t>& send_pos);
-
 }  // namespace moecore

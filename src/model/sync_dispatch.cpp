@@ -15,7 +15,11 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
   const int64_t ranks = exchange_.ranks(), local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
   Workspace::Scope scratch(workspace);
-  order_routes_by_expert(router, e_count, routes, routed.send_pos);
+  // The send order: by global expert, so by destination rank (expert e sits on rank e / local).
+  routed.send_pos.resize(to_size(routes));
+  kernels::order_routes_by_expert(
+      view(router.topk_index.data(), {tokens, k}), e_count, view(routed.send_pos.data(), {routes}),
+      view(scratch.uninitialized<int64_t>(e_count + 1).data(), {e_count + 1}));
   cache.send_rows.assign(to_size(ranks), 0);
   for (int64_t e = 0; e < e_count; ++e)
     cache.send_rows[to_size(e / local)] += router.expert_counts[to_size(e)];

@@ -1,5 +1,5 @@
-// The MoE dispatch's send order on the CPU: a counting sort, serial (O(routes + experts), a few
-// microseconds per layer; its order is model/moe_dispatch.cpp's, route by route).
+// The MoE dispatch's send order on the CPU (model/local_dispatch.cpp and sync_dispatch.cpp call
+// it): a counting sort, serial (O(routes + experts), a few microseconds per layer).
 #include "kernels/ops.h"
 #include "kernels/router_checks.h"
 
