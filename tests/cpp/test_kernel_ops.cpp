@@ -305,31 +305,49 @@ TEST_P(KernelOps, SumOfSquaresMatchesReference) {
   }
 }
 
+// The cases of both attention tests: one token, GQA with odd sizes, more positions than one
+// 64-row block, documents (of lengths 4, 3, 2 in every row).
+struct AttentionCase {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  bool documents;
+};
+const std::vector<AttentionCase> kAttentionCases = {
+    {1, 1, 1, 1, 1, false}, {2, 5, 4, 2, 3, false}, {1, 70, 2, 1, 8, false}, {2, 9, 3, 3, 5, true}};
+
+// Random q, k, v and output gradient of a case, its document starts (empty: none), and its name.
+struct AttentionInputs {
+  std::vector<float> q, k, v, dout;
+  std::vector<int32_t> doc_start;
+  std::string what;
+};
+
+AttentionInputs attention_inputs(const AttentionCase& c, uint32_t& seed) {
+  const int64_t B = c.batch, T = c.seq, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
+  AttentionInputs in;
+  in.what = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+            " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd);
+  in.q = random_vec(static_cast<size_t>(B * T * H * hd), ++seed);
+  in.k = random_vec(static_cast<size_t>(B * T * KV * hd), ++seed);
+  in.v = random_vec(in.k.size(), ++seed);
+  in.dout = random_vec(in.q.size(), ++seed);
+  if (c.documents)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) in.doc_start.push_back(t < 4 ? 0 : t < 7 ? 4 : 7);
+  return in;
+}
+
 TEST_P(KernelOps, CausalAttentionMatchesReference) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().causal_attention_backward,
                                   backend().causal_attention_forward);
-  struct Case {
-    int64_t batch, seq, heads, kv_heads, head_dim;
-    bool documents;
-  };
   uint32_t seed = 800;
-  // One token, GQA with odd sizes, more positions than one 64-row block, documents.
-  for (const Case c : {Case{1, 1, 1, 1, 1, false}, Case{2, 5, 4, 2, 3, false},
-                       Case{1, 70, 2, 1, 8, false}, Case{2, 9, 3, 3, 5, true}}) {
+  for (const AttentionCase& c : kAttentionCases) {
     const int64_t B = c.batch, T = c.seq, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
-    const std::string what = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                             " H=" + std::to_string(H) + " KV=" + std::to_string(KV) +
-                             " hd=" + std::to_string(hd);
-    std::vector<float> q = random_vec(static_cast<size_t>(B * T * H * hd), ++seed);
-    std::vector<float> k = random_vec(static_cast<size_t>(B * T * KV * hd), ++seed);
-    std::vector<float> v = random_vec(k.size(), ++seed);
-    const std::vector<float> dout = random_vec(q.size(), ++seed);
-    // Documents of lengths 4, 3, 2 in every row.
-    std::vector<int32_t> doc_start;
-    if (c.documents)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t) doc_start.push_back(t < 4 ? 0 : t < 7 ? 4 : 7);
-    const ConstTensorView docs = c.documents ? view(doc_start.data(), {B, T}) : ConstTensorView{};
+    AttentionInputs in = attention_inputs(c, seed);
+    const std::string& what = in.what;
+    std::vector<float>&q = in.q, &k = in.k, &v = in.v;
+    const std::vector<float>& dout = in.dout;
+    const ConstTensorView docs =
+        c.documents ? view(in.doc_start.data(), {B, T}) : ConstTensorView{};
     std::vector<float> out(q.size()), probs(static_cast<size_t>(B * H * T * T));
     std::vector<float> out_ref(out.size()), probs_ref(probs.size());
     auto forward = [&](const KernelBackend& b, std::vector<float>& o, std::vector<float>& p) {
@@ -380,10 +398,6 @@ TEST_P(KernelOps, CausalAttentionMatchesReference) {
 TEST_P(KernelOps, FlashAttentionMatchesCausalAttention) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().flash_attention_backward,
                                   backend().flash_attention_forward);
-  struct Case {
-    int64_t batch, seq, heads, kv_heads, head_dim;
-    bool documents;
-  };
   // bf16 precision rounds P and dS, which each side computes itself (fp32 here, double in the
   // oracle): where the two straddle a bf16 rounding boundary they round one bf16 ulp apart, at
   // most 2^-7 relative. Such a term moves its output by at most 2^-7 of its size, so even with
@@ -392,22 +406,14 @@ TEST_P(KernelOps, FlashAttentionMatchesCausalAttention) {
   // backend: 3.2e-12 at most (dq, documents), within nmse_bound alone.
   const double bf16_rounding_nmse = std::ldexp(1.0, -14);
   uint32_t seed = 1600;
-  for (const Case c : {Case{1, 1, 1, 1, 1, false}, Case{2, 5, 4, 2, 3, false},
-                       Case{1, 70, 2, 1, 8, false}, Case{2, 9, 3, 3, 5, true}}) {
+  for (const AttentionCase& c : kAttentionCases) {
     const int64_t B = c.batch, T = c.seq, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
-    const std::string shape = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                              " H=" + std::to_string(H) + " KV=" + std::to_string(KV) +
-                              " hd=" + std::to_string(hd);
-    std::vector<float> q = random_vec(static_cast<size_t>(B * T * H * hd), ++seed);
-    std::vector<float> k = random_vec(static_cast<size_t>(B * T * KV * hd), ++seed);
-    std::vector<float> v = random_vec(k.size(), ++seed);
-    const std::vector<float> dout = random_vec(q.size(), ++seed);
-    // Documents of lengths 4, 3, 2 in every row.
-    std::vector<int32_t> doc_start;
-    if (c.documents)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t) doc_start.push_back(t < 4 ? 0 : t < 7 ? 4 : 7);
-    const ConstTensorView docs = c.documents ? view(doc_start.data(), {B, T}) : ConstTensorView{};
+    AttentionInputs in = attention_inputs(c, seed);
+    const std::string& shape = in.what;
+    std::vector<float>&q = in.q, &k = in.k, &v = in.v;
+    const std::vector<float>& dout = in.dout;
+    const ConstTensorView docs =
+        c.documents ? view(in.doc_start.data(), {B, T}) : ConstTensorView{};
     const auto q_view = view(q.data(), {B, T, H, hd});
     const auto k_view = view(k.data(), {B, T, KV, hd});
     const auto v_view = view(v.data(), {B, T, KV, hd});
