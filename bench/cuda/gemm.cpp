@@ -43,7 +43,7 @@ constexpr int kTimed = 20;
 // Device memory for one case, filled with values in [-1, 1) (bf16 or f32).
 class DeviceBuffer {
  public:
-  DeviceBuffer(int64_t elements, DType dtype) : elements_(elements), dtype_(dtype) {
+  DeviceBuffer(int64_t elements, DType dtype) : dtype_(dtype) {
     const size_t bytes = static_cast<size_t>(elements) * moecore::dtype_size(dtype);
     MOE_CUDA_CHECK(cudaMalloc(&data_, bytes));
     std::vector<float> values(static_cast<size_t>(elements));
@@ -75,7 +75,6 @@ class DeviceBuffer {
 
  private:
   void* data_ = nullptr;
-  int64_t elements_;
   DType dtype_;
 };
 

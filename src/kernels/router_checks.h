@@ -68,4 +68,12 @@ inline int64_t expect_route_order_views(const char* op, ConstTensorView topk_ind
   return routes;
 }
 
+// Every expert id of index [routes] (host memory) is in [0, experts).
+inline void expect_expert_ids(const char* op, const int32_t* index, int64_t routes,
+                              int64_t experts) {
+  for (int64_t r = 0; r < routes; ++r)
+    MOE_CHECK(index[r] >= 0 && index[r] < experts, "[{}] topk_index[{}]={} is outside [0, {})", op,
+              r, index[r], experts);
+}
+
 }  // namespace moecore::kernels

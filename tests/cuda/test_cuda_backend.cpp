@@ -68,11 +68,14 @@ TEST(CudaBackend, ReductionsRepeatBitForBit) {
   EXPECT_EQ(sums[0], sums[2]);
 }
 
-// Experts whose rows start at odd offsets hand cuBLASLt operands aligned to 4 bytes only; the
-// GEMM must still run (its heuristic is told the real alignment) and match one GEMM per expert
-// on copies that start at an aligned address.
+// Experts whose rows start at odd offsets of an odd width hand cuBLASLt operands aligned to 4
+// bytes only (bf16: 2), with odd leading dimensions; the GEMM must still run (the heuristic is
+// told the real alignment, and cuBLAS's general GEMM takes what cuBLASLt has no kernel for) and
+// match one GEMM per expert on copies that start at an aligned address. The two may run
+// different algorithms, so they agree to fp32 summation order: kernel_harness.h's bound for sums
+// of `in` terms (the products are exact in fp32 in bf16, and alike on both sides in fp32).
 TEST(CudaBackend, GroupedGemmOnUnalignedExpertRows) {
-  const int64_t experts = 3, out = 24, in = 40;
+  const int64_t experts = 3, out = 24, in = 41;
   const std::vector<int64_t> offsets = {0, 5, 5, 12};
   const std::vector<float> x = random_values(static_cast<size_t>(12 * in), 2);
   const std::vector<float> w = random_values(static_cast<size_t>(experts * out * in), 3);
@@ -98,10 +101,10 @@ TEST(CudaBackend, GroupedGemmOnUnalignedExpertRows) {
                             s.in(view(we.data(), {out, in})), true, 1.0f, 0.0f,
                             s.out(view(ye.data(), {rows, out})), precision);
       s.finish();
-      for (int64_t i = 0; i < rows * out; ++i)
-        ASSERT_EQ(ye[static_cast<size_t>(i)],
-                  y[static_cast<size_t>(offsets[static_cast<size_t>(e)] * out + i)])
-            << "expert " << e << " element " << i;
+      const auto first = y.begin() + offsets[static_cast<size_t>(e)] * out;
+      const std::vector<float> grouped(first, first + rows * out);
+      EXPECT_LE(kernel_harness::nmse(grouped, ye), kernel_harness::nmse_bound(in))
+          << "expert " << e;
     }
   }
 }

@@ -14,9 +14,7 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
   int32_t* row = dst_row.data<int32_t>(kOp);
   int64_t* offsets = expert_offsets.data<int64_t>(kOp);
   // Every id is checked before anything is written.
-  for (int64_t r = 0; r < routes; ++r)
-    MOE_CHECK(index[r] >= 0 && index[r] < experts, "[{}] topk_index[{}]={} is outside [0, {})", kOp,
-              r, index[r], experts);
+  expect_expert_ids(kOp, index, routes, experts);
   // Expert e's count in offsets[e], then its start.
   for (int64_t e = 0; e <= experts; ++e) offsets[e] = 0;
   for (int64_t r = 0; r < routes; ++r) ++offsets[index[r]];

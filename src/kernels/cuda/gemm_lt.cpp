@@ -80,8 +80,6 @@ uint32_t alignment_of(const void* p) {
 void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
              const void* a, const void* b, cudaDataType_t operand_type, float beta, float* c) {
   if (m == 0 || n == 0) return;
-  MOE_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
-            "[gemm] m={} n={} k={}: an extent beyond 2^31 - 1", m, n, k);
   if (k == 0) {  // an empty sum: c = beta c (cuBLASLt has no kernel for k = 0)
     if (beta == 0.0f) {
       MOE_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * sizeof(float), stream()));
@@ -112,7 +110,10 @@ void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
     // cuBLASLt's kernels want leading dimensions and addresses aligned for vector loads; an odd
     // extent (a test's 7 x 17, a vocabulary of odd size) may leave none. cuBLAS's general GEMM
-    // takes any layout, with the same column-major mapping and fp32 accumulation.
+    // takes any layout, with the same column-major mapping and fp32 accumulation (and int extents).
+    MOE_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
+              "[gemm] m={} n={} k={}: an extent beyond 2^31 - 1 for cuBLAS's general GEMM", m, n,
+              k);
     MOE_CUBLAS_CHECK(cublasGemmEx(
         cublas_handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, operand_type,

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace moecore::kernels::cuda {
@@ -41,19 +42,6 @@ __device__ int64_t first_warp_token() {
 }
 __device__ int64_t warp_token_stride() {
   return int64_t{gridDim.x} * kWarpsPerBlock;
-}
-
-// Butterflies: every lane ends with the same bits (each step combines the same two values, and
-// the operations commute).
-__device__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
-  return v;
-}
-template <typename T>
-__device__ T warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
 }
 
 // core/splitmix64.h's mix64 and SplitMix64 draws, the same bit arithmetic re-implemented for the
@@ -130,10 +118,10 @@ __global__ void router_topk_forward_kernel(const float* logits, const float* bia
     } else {
       float max_z = -INFINITY;
       for (int e = lane; e < experts; e += 32) max_z = fmaxf(max_z, z[e]);
-      max_z = warp_max(max_z);
+      max_z = warp_reduce(max_z, MaxOp{});
       float sum = 0.0f;
       for (int e = lane; e < experts; e += 32) sum += expf(z[e] - max_z);
-      sum = warp_sum(sum);
+      sum = warp_reduce(sum, SumOp{});
       for (int e = lane; e < experts; e += 32) p[e] = expf(z[e] - max_z) / sum;
     }
     // The choice and lane 0's weights read other lanes' scores.
@@ -294,10 +282,10 @@ __global__ void router_topk_backward_kernel(const float* logits, const float* sc
     if (z_grad_scale != 0.0f || lb_softmax_of_sigmoid) {
       max_z = -INFINITY;
       for (int e = lane; e < experts; e += 32) max_z = fmaxf(max_z, z[e]);
-      max_z = warp_max(max_z);
+      max_z = warp_reduce(max_z, MaxOp{});
       float sum = 0.0f;
       for (int e = lane; e < experts; e += 32) sum += expf(z[e] - max_z);
-      sum_exp = warp_sum(sum);
+      sum_exp = warp_reduce(sum, SumOp{});
       lse = max_z + logf(sum_exp);
     }
     auto soft = [&](int e) { return expf(z[e] - max_z) / sum_exp; };
@@ -307,7 +295,7 @@ __global__ void router_topk_backward_kernel(const float* logits, const float* sc
       auto dscore = [&](int e) { return lb != nullptr ? dz[e] + lb[e] : dz[e]; };
       float dot = 0.0f;
       for (int e = lane; e < experts; e += 32) dot += dscore(e) * p[e];
-      dot = warp_sum(dot);
+      dot = warp_reduce(dot, SumOp{});
       for (int e = lane; e < experts; e += 32) {
         float g = p[e] * (dscore(e) - dot);
         if (z_grad_scale != 0.0f) g += z_factor * p[e];
@@ -320,16 +308,16 @@ __global__ void router_topk_backward_kernel(const float* logits, const float* sc
       if (lb_row_sum) {
         float sum = 0.0f;
         for (int e = lane; e < experts; e += 32) sum += p[e];
-        sum_all = warp_sum(sum);
+        sum_all = warp_reduce(sum, SumOp{});
         float dot = 0.0f;
         for (int e = lane; e < experts; e += 32) dot += lb[e] * (p[e] / sum_all);
-        lb_dot = warp_sum(dot);
+        lb_dot = warp_reduce(dot, SumOp{});
       }
       float soft_dot = 0.0f;
       if (lb_softmax_of_sigmoid) {
         float dot = 0.0f;
         for (int e = lane; e < experts; e += 32) dot += lb[e] * soft(e);
-        soft_dot = warp_sum(dot);
+        soft_dot = warp_reduce(dot, SumOp{});
       }
       for (int e = lane; e < experts; e += 32) {
         float dscore = dz[e];
@@ -351,10 +339,10 @@ __global__ void router_lse_squared_kernel(const float* logits, int64_t tokens, i
     const float* z = logits + t * experts;
     float max_z = -INFINITY;
     for (int e = lane; e < experts; e += 32) max_z = fmaxf(max_z, z[e]);
-    max_z = warp_max(max_z);
+    max_z = warp_reduce(max_z, MaxOp{});
     double sum = 0.0;
     for (int e = lane; e < experts; e += 32) sum += exp(static_cast<double>(z[e] - max_z));
-    sum = warp_sum(sum);
+    sum = warp_reduce(sum, SumOp{});
     const double lse = static_cast<double>(max_z) + log(sum);
     if (lane == 0) row_values[t] = lse * lse;
   }
@@ -366,7 +354,7 @@ __global__ void sum_in_fixed_order_kernel(const double* values, int64_t n, doubl
   __shared__ double warp_sums[32];
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
-  sum = warp_sum(sum);
+  sum = warp_reduce(sum, SumOp{});
   if (lane_id() == 0) warp_sums[threadIdx.x / 32] = sum;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -387,13 +375,13 @@ __global__ void router_row_stats_kernel(const float* logits, const float* scores
       const float* z = logits + t * experts;
       max_z = -INFINITY;
       for (int e = lane; e < experts; e += 32) max_z = fmaxf(max_z, z[e]);
-      max_z = warp_max(max_z);
+      max_z = warp_reduce(max_z, MaxOp{});
       for (int e = lane; e < experts; e += 32) sum += expf(z[e] - max_z);
     } else {
       const float* p = scores + t * experts;
       for (int e = lane; e < experts; e += 32) sum += p[e];
     }
-    sum = warp_sum(sum);
+    sum = warp_reduce(sum, SumOp{});
     if (lane == 0) {
       stats[2 * t] = max_z;
       stats[2 * t + 1] = sum;

@@ -13,9 +13,7 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
   const int32_t* index = topk_index.data<int32_t>(kOp);
   int32_t* row = dst_row.data<int32_t>(kOp);
   int64_t* offsets = expert_offsets.data<int64_t>(kOp);
-  for (int64_t r = 0; r < routes; ++r)
-    MOE_CHECK(index[r] >= 0 && index[r] < experts, "[{}] topk_index[{}]={} is outside [0, {})", kOp,
-              r, index[r], experts);
+  expect_expert_ids(kOp, index, routes, experts);
   int64_t next = 0;
   offsets[0] = 0;
   for (int64_t e = 0; e < experts; ++e) {
