@@ -10,6 +10,7 @@
 
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
+#include "cli/devices_command.h"
 #include "cli/diff_command.h"
 #include "cli/dump_command.h"
 #include "cli/import_command.h"
@@ -273,6 +274,8 @@ int main(int argc, char** argv) {
   mx_decode->add_option("--out", mx_args.out, "output float32 .npy")->required();
 
   moecore::cli::PlanArgs plan_args;
+  CLI::App* devices =
+      app.add_subcommand("devices", "the CPU and GPU this program can run on, one line each");
   CLI::App* plan = app.add_subcommand(
       "plan", "parameters, FLOPs, memory per rank and communication of a config at a world size");
   plan->add_option("config", plan_args.config, "config TOML")->required();
@@ -340,6 +343,8 @@ int main(int argc, char** argv) {
       // Stopped by a signal after saving: the shell's convention for death by that signal, so
       // that schedulers and scripts see the run did not finish.
       if (summary.stop_signal != 0) return 128 + summary.stop_signal;
+    } else if (devices->parsed()) {
+      cli::run_devices();
     } else if (import_cmd->parsed()) {
       cli::run_import(import_dir, import_out);
     } else if (tok_train->parsed()) {

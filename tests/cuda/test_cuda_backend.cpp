@@ -10,9 +10,12 @@
 #include "core/check.h"
 #include "device_staging.h"
 #include "kernel_harness.h"
+#include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/device_backends.h"
+#include "kernels/ops.h"
 
 namespace moecore::cuda_test {
 namespace {
@@ -52,6 +55,43 @@ TEST(CudaBackend, RejectsHostViews) {
     FAIL() << "a host view was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[add] a is in host memory"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Once the process selects the GPU (activate(), what `moecore` does for a CUDA device), the
+// operations of kernels/ops.h, the ones the model calls, run views in device memory on the CUDA
+// backend and host views on the CPU backend, in one process; the two agree on an op whose rule is
+// exact in fp32 on both (SwiGLU's: one expf per element, both backends evaluating it in fp32, so
+// within kernel_harness.h's elementwise bound).
+TEST(CudaBackend, KernelsOpsRunDeviceViewsOnTheGpuOnceSelected) {
+  const std::string described = kernels::cuda::activate();
+  EXPECT_EQ(described, kernels::cuda::describe(kernels::cuda::current_device_info()));
+  ASSERT_EQ(kernels::device_backend(Device::kCuda), &kernels::cuda_backend());
+
+  const int64_t rows = 37, hidden = 129;
+  const std::vector<float> gu = random_values(static_cast<size_t>(rows * 2 * hidden), 3);
+  std::vector<float> on_cpu(static_cast<size_t>(rows * hidden));
+  kernels::swiglu_forward(view(gu.data(), {rows, 2 * hidden}), view(on_cpu.data(), {rows, hidden}));
+
+  std::vector<float> on_gpu(on_cpu.size(), -1.0f);
+  {
+    DeviceStaging s;
+    kernels::swiglu_forward(s.in(view(gu.data(), {rows, 2 * hidden})),
+                            s.out(view(on_gpu.data(), {rows, hidden})));
+    s.finish();
+  }
+  EXPECT_LE(kernel_harness::nmse(on_gpu, on_cpu), kernel_harness::nmse_bound(1));
+
+  // One host and one device view in one call: an error naming the operation, before any launch.
+  DeviceStaging s;
+  try {
+    kernels::swiglu_forward(s.in(view(gu.data(), {rows, 2 * hidden})),
+                            view(on_cpu.data(), {rows, hidden}));
+    FAIL() << "a call with views in host and device memory ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[swiglu_forward] its views are in cuda and in cpu"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -4,10 +4,10 @@
 #include <cmath>
 
 #include "core/simd.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -47,4 +47,4 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "kernels/cached_attention_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 void cached_attention_forward(ConstTensorView q, ConstTensorView k_cache, ConstTensorView v_cache,
                               int64_t first_position, TensorView out) {
@@ -60,4 +60,4 @@ void cached_attention_forward(ConstTensorView q, ConstTensorView k_cache, ConstT
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

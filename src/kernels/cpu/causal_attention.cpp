@@ -6,10 +6,10 @@
 
 #include "core/check.h"
 #include "core/simd.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -224,4 +224,4 @@ void causal_attention_backward(ConstTensorView dout_view, ConstTensorView q_view
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

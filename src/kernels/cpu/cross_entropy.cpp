@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "core/simd.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -70,4 +70,4 @@ CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets
   return {divisor > 0 ? total / static_cast<double>(divisor) : 0.0, counted};
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -1,9 +1,9 @@
 // Elementwise kernels on the CPU: contiguous ranges over the OpenMP pool (each element's result
 // is one rounding, so the split does not matter).
 #include "kernels/elementwise_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 void add(ConstTensorView a, ConstTensorView b, TensorView out) {
   expect_same_extents("add", "b", b, a);
@@ -25,4 +25,4 @@ void scale(ConstTensorView x, float factor, TensorView out) {
   for (int64_t i = 0; i < n; ++i) op[i] = xp[i] * factor;
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -2,10 +2,10 @@
 // serially, because repeated tokens add into the same gradient row.
 #include <algorithm>
 
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -50,4 +50,4 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -15,9 +15,9 @@
 #include "core/simd.h"
 #include "kernels/flash_attention_checks.h"
 #include "kernels/gemm.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -261,4 +261,4 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -2,9 +2,9 @@
 // cpu/expert_parallel_for.h decides, reading the experts' weights in fp32 or as their bf16 copy.
 #include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/grouped_gemm_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -84,4 +84,4 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -1,8 +1,8 @@
 // matmul on the CPU: the views handed to kernels/gemm.h's GEMM (oneDNN).
 #include "kernels/matmul_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, float alpha,
             float beta, TensorView c, MatmulPrecision precision) {
@@ -16,4 +16,4 @@ void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, fl
        b.data<float>("matmul"), b.size(1), beta, c.data<float>("matmul"), s.n);
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -1,9 +1,9 @@
 // The MoE combine on the CPU: tokens over the OpenMP pool; a token's routes are added in slot
 // order, so the result does not depend on the thread count.
 #include "kernels/combine_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -73,4 +73,4 @@ void moe_combine_backward(ConstTensorView dy, ConstTensorView routed, ConstTenso
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

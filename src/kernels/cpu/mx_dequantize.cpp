@@ -3,9 +3,9 @@
 // same single fp32 multiply as mx::dequantize, so the same bits.
 #include "core/simd.h"
 #include "kernels/mx_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -35,4 +35,4 @@ void mx_dequantize(const MxOperandView& quantized, TensorView x) {
                    out + r * cols);
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

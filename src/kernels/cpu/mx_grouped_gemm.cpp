@@ -5,9 +5,9 @@
 #include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/cpu/mx_gemm.h"
 #include "kernels/mx_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -37,4 +37,4 @@ void mx_grouped_gemm_backward_input(const MxOperandView& dy, const MxOperandView
       expert_offsets);
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

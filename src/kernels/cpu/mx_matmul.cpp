@@ -6,9 +6,9 @@
 
 #include "kernels/cpu/mx_gemm.h"
 #include "kernels/mx_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 void mx_matmul(const MxOperandView& a, const MxOperandView& b, float alpha, float beta,
                TensorView c) {
@@ -29,4 +29,4 @@ void mx_matmul(const MxOperandView& a, const MxOperandView& b, float alpha, floa
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -16,9 +16,9 @@
 
 #include "core/simd.h"
 #include "kernels/mx_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -144,4 +144,4 @@ void mx_quantize_transposed(ConstTensorView x, mx::ScaleMode mode, TensorView co
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -3,10 +3,10 @@
 // thread count).
 #include <algorithm>
 
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -78,4 +78,4 @@ void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
   for (int64_t i = 0; i < rows; ++i) std::copy_n(s + from[i] * d, d, out + i * d);
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "core/simd.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -89,4 +89,4 @@ void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
     for (int64_t j = 0; j < dim; ++j) dwp[j] += partial[static_cast<size_t>(t) * dim + j];
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -1,9 +1,9 @@
 // RoPE on the CPU: (batch, position) pairs over the OpenMP pool; the heads of one position share
 // a cos/sin row, so they stay inside one iteration.
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/rope_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -52,4 +52,4 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
   rotate<-1>("rope_backward", dx, cos, sin, first_position);
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

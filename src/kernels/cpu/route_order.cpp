@@ -1,9 +1,9 @@
 // The MoE dispatch's send order on the CPU (model/local_dispatch.cpp and sync_dispatch.cpp call
 // it): a counting sort, serial (O(routes + experts), a few microseconds per layer).
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/router_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorView dst_row,
                             TensorView expert_offsets) {
@@ -32,4 +32,4 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
   offsets[0] = 0;
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "core/splitmix64.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/router_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -293,4 +293,4 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -4,10 +4,10 @@
 
 #include "core/deterministic_sum.h"
 #include "core/simd.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -47,4 +47,4 @@ double sum_of_squares(ConstTensorView values) {
   });
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

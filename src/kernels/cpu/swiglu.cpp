@@ -1,10 +1,10 @@
 // SwiGLU on the CPU: rows over the OpenMP pool, the per-row bodies SIMD-cloned with the
 // vectorisable exp of core/simd.h.
 #include "core/simd.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/view_checks.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 namespace {
 
@@ -62,4 +62,4 @@ void swiglu_backward(ConstTensorView dact, ConstTensorView gu, TensorView dgu) {
   }
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

@@ -2,9 +2,9 @@
 // flat view.
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/elementwise_checks.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/ops.h"
 
-namespace moecore::kernels {
+namespace moecore::kernels::cpu {
 
 void to_bf16(ConstTensorView src, TensorView dst) {
   expect_same_extents("to_bf16", "dst", dst, src);
@@ -21,4 +21,4 @@ void to_bf16(ConstTensorView src, TensorView dst) {
                        to + full_rows * kRow);
 }
 
-}  // namespace moecore::kernels
+}  // namespace moecore::kernels::cpu

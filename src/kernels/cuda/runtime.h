@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <string>
 
+#include "kernels/cuda/device_selection.h"
+
 namespace moecore::kernels::cuda {
 
 [[noreturn]] void fail_cuda_call(const char* status, const char* call, const char* file, int line);
@@ -39,10 +41,6 @@ struct DeviceInfo {
   int multiprocessors = 0;
   size_t memory_bytes = 0;
 };
-
-// Why this process cannot use a CUDA device, in the runtime's words (no driver, a driver older
-// than the runtime, no device), or "" when it can.
-std::string unavailable_reason();
 
 // The device the backend runs on (device 0 of those visible); the CUDA build's start-up line
 // names it with describe().

@@ -1,0 +1,13 @@
+// `moecore devices`: the compute devices this program can run on, one line each, so that a user
+// sees before a run what a backend would use, and why a GPU would not be:
+//   cpu: Intel(R) Xeon(R) Platinum 8480C, 2 threads, bf16 GEMMs native (AVX512-BF16)
+//   cuda: NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)
+// or "cuda: unavailable (<the runtime's reason>)", or "cuda: not in this program" with how to
+// build one that has it. Exit status 0 whatever is found: it reports, it does not require.
+#pragma once
+
+namespace moecore::cli {
+
+void run_devices();
+
+}  // namespace moecore::cli

@@ -1,0 +1,19 @@
+// Selecting the GPU, for the code that composes a program (the moecore command, the CUDA tests):
+// no CUDA header here, so code outside the backend may include it.
+#pragma once
+
+#include <string>
+
+namespace moecore::kernels::cuda {
+
+// Why this process cannot use a CUDA device, in the runtime's words (no driver, a driver older
+// than the runtime, no device), or "" when it can.
+std::string unavailable_reason();
+
+// Makes this process run its operations on views in CUDA memory on the CUDA backend
+// (kernels/device_backends.h), on device 0 of those visible, once a device is known to be usable;
+// otherwise throws moecore::Error "[cuda] no usable CUDA device (<why>)". Returns the device's
+// description for a start-up line: "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
+std::string activate();
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,56 @@
+"""`moecore devices`: one line per compute device, exit 0 whatever is found.
+
+The cpu line names the processor as /proc/cpuinfo does, the OpenMP thread count the run would use
+and the bf16 GEMM path, which must follow what the CPU and oneDNN allow (DNNL_MAX_CPU_ISA=AVX2
+forbids the native path). The cuda line is one of its three forms: the device's description, why
+no device is usable, or that this program was built without the backend.
+
+Binary: $MOECORE_BIN, default <repo>/build/bin/moecore. A missing binary is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("MOECORE_BIN", str(REPO / "build" / "bin" / "moecore")))
+CUDA_FORMS = (
+    r"cuda: .+ \(sm_\d+, \d+ SMs, [\d.]+ GiB\)",
+    r"cuda: unavailable \(.+\)",
+    r"cuda: not in this program \(build it with the CUDA toolkit and `cmake --preset cuda`\)",
+)
+
+
+def run_devices(**env: str) -> list[str]:
+    result = subprocess.run([str(BIN), "devices"], capture_output=True, text=True, timeout=30,
+                            env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return result.stdout.splitlines()
+
+
+def cpuinfo_field(name: str) -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def test_one_line_per_device():
+    cpu, cuda = run_devices(OMP_NUM_THREADS="3")
+    model = cpuinfo_field("model name") or "unknown"
+    assert cpu.startswith(f"cpu: {model}, 3 threads, bf16 GEMMs "), cpu
+    assert any(re.fullmatch(form, cuda) for form in CUDA_FORMS), cuda
+
+
+def test_bf16_path_follows_the_cpu_and_onednn():
+    native = "avx512_bf16" in cpuinfo_field("flags").split()
+    cpu, _ = run_devices()
+    expected = "native (oneDNN, AVX512-BF16)" if native else "emulated (fp32 on bf16-rounded inputs)"
+    assert cpu.endswith(f"bf16 GEMMs {expected}"), cpu
+    # oneDNN held to AVX2 has no bf16 kernels: the path must say emulated whatever the CPU has.
+    cpu, _ = run_devices(DNNL_MAX_CPU_ISA="AVX2")
+    assert cpu.endswith("bf16 GEMMs emulated (fp32 on bf16-rounded inputs)"), cpu
