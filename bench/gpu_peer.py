@@ -58,7 +58,9 @@ def expert_overrides(experts: int, model: dict) -> list[str]:
 
 
 def read_peak(args) -> dict | None:
-    """The peak FLOP/s MFU is taken against, and where it came from."""
+    """The peak FLOP/s MFU is taken against, and where it came from. A missing or unreadable
+    --gemm-json only costs the MFU column: in the GPU check the peer runs whatever the GEMM
+    benchmark before it gave."""
     if args.peak_tflops:
         return {"tflops": args.peak_tflops, "source": "--peak-tflops"}
     if not args.gemm_json:
@@ -67,12 +69,18 @@ def read_peak(args) -> dict | None:
     if not path.is_file():
         print(f"gpu_peer: no {path}: MFU not reported", flush=True)
         return None
-    cases = json.loads(path.read_text()).get("cases", [])
-    peak = next((c for c in cases if c.get("name", "").startswith("peak")), None)
-    if peak is None:
-        raise SystemExit(f"gpu_peer: {path} has no \"peak\" case")
-    return {"tflops": float(peak["tflops"]), "source": f"{path.name}: {peak['name']}",
-            "device": json.loads(path.read_text()).get("device")}
+    try:
+        doc = json.loads(path.read_text())
+        peak = next((c for c in doc.get("cases", []) if c.get("name", "").startswith("peak")), None)
+        if peak is None:
+            print(f"gpu_peer: {path} has no \"peak\" case: MFU not reported", flush=True)
+            return None
+        return {"tflops": float(peak["tflops"]), "source": f"{path.name}: {peak['name']}",
+                "device": doc.get("device")}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f"gpu_peer: {path} is not bench/cuda/gemm.cpp's JSON ({e}): MFU not reported",
+              flush=True)
+        return None
 
 
 def run_peer(args, mode: str, experts: int, model: dict, timeout: float) -> dict:
@@ -256,6 +264,8 @@ def main() -> int:
     import peer_torch  # its config reader: the runs and this script read the config alike
     cfg = peer_torch.load_config(args.config, args.overrides)
     model, train = cfg["model"], cfg["train"]
+    for e in experts:
+        expert_overrides(e, model)  # a bad count fails here, before any run
     meta = machine(args)
     config = Path(args.config).resolve()
     meta.update(config=str(config.relative_to(C.REPO) if config.is_relative_to(C.REPO) else config),
