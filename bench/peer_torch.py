@@ -3,7 +3,15 @@
 with transformers' OlmoeForCausalLM and torch.optim.AdamW on the CPU, eager or torch.compile,
 with the same threads, batch, data and precision. Prints one JSON line: steady tokens/s over
 steps warmup+1..steps (the same definition as moecore's metrics.jsonl), per-step seconds, and for
-torch.compile the time of the first (compiling) step.
+torch.compile the time of the first (compiling) step. The line also carries the parameters a token
+touches and the model FLOPs per token by moecore's count (model/flop_count.cpp), for MFU.
+
+--device cuda (bench/gpu_peer.py): the model, its fp32 master weights, AdamW's states and the data
+on the GPU, bf16 through torch.autocast("cuda"); each step is timed between two
+torch.cuda.synchronize() calls (the GPU runs asynchronously, so the host's clock alone would time
+the launches), and the line adds the peak memory torch allocated. --threads is ignored there (the
+CPU only launches kernels). --synthetic-tokens draws uniform tokens from the config's seed instead
+of reading data.train (the GPU machine has no corpus).
 
 The config maps to OlmoeConfig through tests/reference/moecore_harness.py's hf_config_dict (the
 mapping the parity tests check); attention is transformers' default ("sdpa", PyTorch's fused
@@ -16,6 +24,7 @@ the CPU with fp32 master weights.
 
 Usage: bench/peer_torch.py --config bench/configs/bench.toml [--set model.num_experts=16]
        [--mode eager|compile] [--precision fp32|bf16] [--threads 2] [--steps 10] [--warmup 2]
+       [--device cpu|cuda] [--synthetic-tokens] [--experts-impl NAME]
 """
 from __future__ import annotations
 
@@ -87,6 +96,32 @@ def token_batches(paths: list[str], batch: int, seq: int):
         yield np.stack(rows)
 
 
+def synthetic_batches(vocab: int, batch: int, seq: int, seed: int):
+    """Uniform tokens from a fixed seed: the same batches on every run and machine, no corpus."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    while True:
+        yield rng.integers(0, vocab, size=(batch, seq + 1), dtype=np.int64)
+
+
+def moecore_flops_per_token(c: dict, seq_len: int) -> float:
+    """model/flop_count.cpp's count (OLMo-core's; DESIGN.md, Measuring), term for term, so that
+    the peer's MFU and moecore's share a numerator: 6 FLOPs per weight a token touches plus the
+    causal attention scores; embeddings, norms, activations and the optimizer not counted."""
+    d, layers = c["hidden_size"], c["num_hidden_layers"]
+    dense_layers = c["first_k_dense_replace"]
+    moe_layers = layers - dense_layers
+    hd = c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    return (layers * 6.0 * d * (2.0 * q + 2.0 * kv)
+            + layers * 12.0 * c["num_attention_heads"] * hd * (seq_len + 1.0) / 2.0
+            + moe_layers * 6.0 * d * c["num_experts"]
+            + moe_layers * 18.0 * d * c["moe_intermediate_size"] * c["num_experts_per_tok"]
+            + moe_layers * 18.0 * d * c["shared_expert_intermediate_size"]
+            + dense_layers * 18.0 * d * c["intermediate_size"]
+            + 6.0 * d * c["vocab_size"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
@@ -97,13 +132,24 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--synthetic-tokens", action="store_true",
+                    help="uniform tokens from train.seed instead of data.train")
+    ap.add_argument("--experts-impl", default=None,
+                    help="transformers >= 5's experts backend (eager, grouped_mm, batched_mm); "
+                         "default: transformers' own choice")
     args = ap.parse_args()
 
     import torch
     import transformers
     import moecore_harness as H
+    import ref_model
 
-    torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("peer: --device cuda but torch sees no usable CUDA device")
+    if not cuda:
+        torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
     model_cfg, optim, train = cfg["model"], cfg.get("optim", {}), cfg["train"]
     if model_cfg.get("routing", "learned") != "learned":
@@ -113,8 +159,22 @@ def main() -> int:
     kw["max_position_embeddings"] = train["seq_len"]
     config = transformers.OlmoeConfig(**kw, attn_implementation=args.attn)
     torch.manual_seed(int(train.get("seed", 0)))
-    model = transformers.OlmoeForCausalLM(config).float()
+    if cuda:
+        # Built on the GPU: initialising billions of parameters on the CPU and copying them over
+        # would take longer than the timed steps.
+        with torch.device("cuda"):
+            model = transformers.OlmoeForCausalLM(config).float()
+    else:
+        model = transformers.OlmoeForCausalLM(config).float()
     model.train()
+    if args.experts_impl is not None:
+        # transformers 5 runs the experts through a selectable backend (its default grouped_mm
+        # casts the input to the weights' dtype: fp32 here, whatever autocast says); 4.x has one.
+        if not hasattr(model, "set_experts_implementation"):
+            raise SystemExit(f"peer: transformers {transformers.__version__} has no experts "
+                             f"backends (--experts-impl {args.experts_impl})")
+        model.set_experts_implementation(args.experts_impl)
+    experts_impl = getattr(model.config, "_experts_implementation", None) or "modules"
 
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -137,31 +197,68 @@ def main() -> int:
 
     forward = torch.compile(model) if args.mode == "compile" else model
     batch, seq = int(train["batch_size"]), int(train["seq_len"])
-    data = token_batches(cfg["data"]["train"], batch, seq)
+    if args.synthetic_tokens:
+        data = synthetic_batches(int(model_cfg["vocab_size"]), batch, seq, int(train.get("seed", 0)))
+    elif not cfg.get("data", {}).get("train"):
+        raise SystemExit(f"peer: {args.config} has no data.train (use --synthetic-tokens)")
+    else:
+        data = token_batches(cfg["data"]["train"], batch, seq)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     step_s = []
     losses = []
     for step in range(args.steps):
         chunk = torch.from_numpy(next(data))
+        if cuda:
+            chunk = chunk.to("cuda")
+            torch.cuda.synchronize()  # the copy and the previous step are outside the timer
         start = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            ids = chunk[:, :-1].contiguous()  # transformers shifts the labels itself
-            out = forward(input_ids=ids, labels=ids,
-                          output_router_logits=True, use_cache=False)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        try:
+            with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                ids = chunk[:, :-1].contiguous()  # transformers shifts the labels itself
+                out = forward(input_ids=ids, labels=ids,
+                              output_router_logits=True, use_cache=False)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError as e:
+            raise SystemExit(f"peer: out of GPU memory at step {step}: "
+                             f"{str(e).strip().splitlines()[0][:200]}")
         step_s.append(time.perf_counter() - start)
         losses.append(float(out.loss.detach()))
     timed = step_s[args.warmup:]
-    print(json.dumps({
-        "mode": args.mode, "precision": args.precision, "attn": args.attn, "threads": args.threads,
+    names = [n for n, _ in model.named_parameters()]
+    numel = {n: p.numel() for n, p in model.named_parameters()}
+    total = sum(numel.values())
+    # moecore's "active" (plan/param_count.cpp): everything but the routed experts, plus k of the
+    # E experts of each MoE layer; the router (mlp.gate) counts in full.
+    routed = sum(numel[n] for n in names if ".mlp.experts." in n)
+    router = sum(numel[n] for n in names if ".mlp.gate." in n)
+    full = ref_model.full_config({k: v for k, v in model_cfg.items() if k != "routing"})
+    result = {
+        "mode": args.mode, "precision": args.precision, "attn": args.attn,
+        "threads": None if cuda else args.threads,
         "tokens_per_s": len(timed) * batch * seq / sum(timed), "step_s": step_s,
         "first_step_s": step_s[0], "losses": losses, "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "parameters": sum(p.numel() for p in model.parameters())}))
+        "parameters": total,
+        "device": args.device, "tokens_per_step": batch * seq,
+        "data": "synthetic" if args.synthetic_tokens else "files",
+        "experts_implementation": experts_impl,
+        "parameters_active": total - routed + routed // full["num_experts"] * full["num_experts_per_tok"],
+        "parameters_router": router,
+        "flops_per_token": moecore_flops_per_token(full, seq),
+    }
+    if cuda:
+        result.update(gpu=torch.cuda.get_device_name(),
+                      peak_memory_allocated=torch.cuda.max_memory_allocated(),
+                      peak_memory_reserved=torch.cuda.max_memory_reserved())
+    print(json.dumps(result))
     return 0
 
 

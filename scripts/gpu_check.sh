@@ -6,7 +6,9 @@
 #   2. moecore_cuda_tests: the per-op harness's cases against the CUDA kernels (the plain-loop
 #      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
 #   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
-#      (bench/cuda/gemm.cpp), whatever step 2 gave.
+#      (bench/cuda/gemm.cpp), whatever step 2 gave;
+#   4. bench/gpu_peer.py (transformers' OlmoeForCausalLM + AdamW at 8 / 32 / 128 experts) where
+#      python3 has torch and transformers, 240 s at most.
 # The log and gtest's XML go to $OUT when it is set (the device tool), else to .gpu/out. Exit
 # status: that of the tests (0 all passed; 77 no usable GPU).
 set -uo pipefail
@@ -58,6 +60,23 @@ find_library() {
   echo "== moecore_bench_cuda_gemm"
   run "$bundle/bin/moecore_bench_cuda_gemm" --json "$out/cuda_gemm.json"
   echo "== gpu_check: moecore_bench_cuda_gemm exited $?"
+  # 4. The transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where python3 has torch with
+  # a usable GPU and transformers: gpu.toml at 8 / 32 / 128 experts eager, then torch.compile at 8,
+  # 128, 32 as time allows (each compile takes a minute or more). 240 s at most (timeout kills it
+  # and its runs; gpu_peer's own budget stops starting runs first), so that the whole check stays
+  # under 8 minutes; MFU against step 3's peak; gpu_peer.{json,md} into $out. Its exit status is
+  # reported, not returned: the check's is the tests'.
+  echo "== gpu_peer"
+  if python3 -c 'import tomllib, numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
+    cap=()
+    command -v timeout > /dev/null && cap=(timeout -k 10 240)
+    ${cap[@]+"${cap[@]}"} python3 bench/gpu_peer.py --out "$out" --gemm-json "$out/cuda_gemm.json" \
+      --experts 8,32,128 --order 8,128,32 --modes eager,compile --steps 7 --warmup 2 \
+      --budget-s 225 --min-run-s 40 --timeout 180
+    echo "== gpu_check: gpu_peer exited $?"
+  else
+    echo "gpu_check: gpu_peer skipped: python3 lacks tomllib, numpy, torch with a usable GPU or transformers"
+  fi
   exit $status
 } 2>&1 | tee "$out/gpu_check.log"
 exit "${PIPESTATUS[0]}"
