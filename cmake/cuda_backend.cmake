@@ -1,8 +1,9 @@
 # The CUDA backend: the library moecore_kernels_cuda from src/kernels/cuda/ (host code in *.cpp,
 # compiled by the host compiler with the project's warnings; kernels and their launchers in *.cu,
 # by nvcc). MOECORE_CUDA (CMakeLists.txt) says whether to build it; MOECORE_CUDA_ENABLED says
-# whether it is built.
+# whether it is built, MOECORE_NCCL_ENABLED whether NCCL's communicator is built with it (below).
 set(MOECORE_CUDA_ENABLED OFF)
+set(MOECORE_NCCL_ENABLED OFF)
 if(NOT MOECORE_CUDA STREQUAL "OFF")
   # CMake looks for nvcc on the PATH only; the toolkit's default place is not always there.
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
@@ -65,4 +66,32 @@ if(MOECORE_CUDA_ENABLED)
                                  -gencode=arch=compute_100a,code=sm_100a
                                  --Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
   add_dependencies(moecore_kernels_cuda moecore_layer_check)
+
+  # NCCL, next to the toolkit like its other libraries (the toolkit's own or a copy installed into
+  # it): moecore_dist_nccl, dist::Communicator over NCCL (src/dist/nccl/, which the dist layer's
+  # own library leaves out). Optional: a CUDA build without NCCL builds everything else.
+  find_library(MOECORE_NCCL_LIBRARY NAMES nccl NO_DEFAULT_PATH
+               HINTS ${MOECORE_CUDA_ROOT}/lib64 ${MOECORE_CUDA_ROOT}/lib
+                     ${MOECORE_CUDA_ROOT}/targets/x86_64-linux/lib)
+  find_path(MOECORE_NCCL_INCLUDE_DIR nccl.h NO_DEFAULT_PATH
+            HINTS ${MOECORE_CUDA_ROOT}/include ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
+  if(MOECORE_NCCL_LIBRARY AND MOECORE_NCCL_INCLUDE_DIR)
+    set(MOECORE_NCCL_ENABLED ON)
+    file(STRINGS ${MOECORE_NCCL_INCLUDE_DIR}/nccl.h nccl_version_lines
+         REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE "[^0-9;]" "" nccl_version "${nccl_version_lines}")
+    string(REPLACE ";" "." nccl_version "${nccl_version}")
+    message(STATUS "moecore: NCCL ${nccl_version} (${MOECORE_NCCL_LIBRARY})")
+    file(GLOB MOECORE_NCCL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cpp)
+    add_library(moecore_dist_nccl STATIC ${MOECORE_NCCL_SOURCES})
+    # moecore_dist is defined after this file (CMakeLists.txt); the name resolves at generation.
+    target_link_libraries(moecore_dist_nccl PUBLIC moecore_dist moecore_kernels_cuda
+                          ${MOECORE_NCCL_LIBRARY})
+    target_include_directories(moecore_dist_nccl SYSTEM PUBLIC ${MOECORE_NCCL_INCLUDE_DIR})
+    target_compile_options(moecore_dist_nccl PRIVATE ${MOECORE_WARNINGS})
+    add_dependencies(moecore_dist_nccl moecore_layer_check)
+  else()
+    message(STATUS "moecore: NCCL not found next to ${CMAKE_CUDA_COMPILER} (libnccl and nccl.h): "
+                   "building the CUDA backend without dist::Communicator over NCCL")
+  endif()
 endif()

@@ -47,11 +47,12 @@ find_library() {
   driver_dir=$(find_library libcuda.so.1) || echo "gpu_check: libcuda.so.1 (the NVIDIA driver) not found"
   cublaslt_dir=$(find_library libcublasLt.so.13) || { echo "gpu_check: libcublasLt.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
   cublas_dir=$(find_library libcublas.so.13) || { echo "gpu_check: libcublas.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
-  echo "driver: ${driver_dir:-none}; cuBLASLt: $cublaslt_dir; cuBLAS: $cublas_dir"
+  nccl_dir=$(find_library libnccl.so.2) || { echo "gpu_check: libnccl.so.2 not found (CUDA 13 toolkit or the nvidia-nccl-cu13 wheel)"; exit 2; }
+  echo "driver: ${driver_dir:-none}; cuBLASLt: $cublaslt_dir; cuBLAS: $cublas_dir; NCCL: $nccl_dir"
   # Debian's loader and C library from the bundle, whatever the machine's: the programs were linked
   # against them. The driver's and cuBLAS's directories follow, for what the bundle leaves out.
   run() {
-    "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir" "$@"
+    "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir:$nccl_dir" "$@"
   }
   echo "== moecore_cuda_tests"
   run "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$out/cuda_tests.xml"
