@@ -16,22 +16,36 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
   const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, t)));
   const float eps = static_cast<float>(config.eps);
   const float step_size = static_cast<float>(lr) / bias1;
+  // One update per run of adjacent tensors with the same decay: the update is elementwise with
+  // the same coefficients inside a run, so a run in one call gives the bits of one call per tensor,
+  // with one kernel launch where a GPU would make thousands (a layer's experts are hundreds of
+  // tensors, back to back in the expert buffer).
+  const auto update = [&](size_t lo, size_t hi, bool decay) {
+    const float decay_factor = decay ? 1.0f - static_cast<float>(lr * config.weight_decay) : 1.0f;
+    const int64_t count = static_cast<int64_t>(hi - lo);
+    const AdamWCoefficients coef{decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale};
+    kernels::adamw_update(view(params + lo, {count}), view(grads + (lo - begin), {count}),
+                          view(exp_avg + (lo - begin), {count}),
+                          view(exp_avg_sq + (lo - begin), {count}), coef);
+  };
+  size_t run_lo = 0, run_hi = 0;
+  bool run_decay = false;
   for (const ParamSpec& spec : layout.specs()) {
     if (spec.group != group) continue;
     // The part of this tensor inside [begin, end).
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
     if (lo >= hi || spec.is_buffer) continue;  // buffers move by their own rule
     const bool decay = !spec.is_norm && !spec.is_embedding;
-    const float decay_factor = decay ? 1.0f - static_cast<float>(lr * config.weight_decay) : 1.0f;
-    float* p = params + lo;
-    const float* g = grads + (lo - begin);
-    float* m = exp_avg + (lo - begin);
-    float* v = exp_avg_sq + (lo - begin);
-    const int64_t count = static_cast<int64_t>(hi - lo);
-    const AdamWCoefficients coef{decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale};
-    kernels::adamw_update(view(p, {count}), view(g, {count}), view(m, {count}), view(v, {count}),
-                          coef);
+    if (run_hi > run_lo && lo == run_hi && decay == run_decay) {
+      run_hi = hi;
+      continue;
+    }
+    if (run_hi > run_lo) update(run_lo, run_hi, run_decay);
+    run_lo = lo;
+    run_hi = hi;
+    run_decay = decay;
   }
+  if (run_hi > run_lo) update(run_lo, run_hi, run_decay);
 }
 
 AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config)
