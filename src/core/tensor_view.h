@@ -10,11 +10,11 @@
 #include <type_traits>
 
 #include "core/check.h"
+#include "core/device.h"
+#include "core/device_memory.h"
 #include "core/dtype.h"
 
 namespace moecore {
-
-enum class Device : uint8_t { kCpu, kCuda };
 
 inline constexpr int kMaxTensorRank = 4;
 
@@ -24,9 +24,11 @@ class BasicTensorView {
   using Pointer = std::conditional_t<kMutable, void*, const void*>;
 
   BasicTensorView() = default;
-  // A row-major (contiguous) view; shape has at most kMaxTensorRank extents.
-  BasicTensorView(Pointer data, std::initializer_list<int64_t> shape, DType dtype,
-                  Device device = Device::kCpu)
+  // A row-major (contiguous) view; shape has at most kMaxTensorRank extents. Its device is that of
+  // the memory `data` points into (core/device_memory.h's device_of) unless given.
+  BasicTensorView(Pointer data, std::initializer_list<int64_t> shape, DType dtype)
+      : BasicTensorView(data, shape, dtype, device_of(data)) {}
+  BasicTensorView(Pointer data, std::initializer_list<int64_t> shape, DType dtype, Device device)
       : data_(data), rank_(static_cast<int>(shape.size())), dtype_(dtype), device_(device) {
     MOE_CHECK(rank_ <= kMaxTensorRank, "[tensor_view] rank {} exceeds the maximum {}", rank_,
               kMaxTensorRank);
@@ -106,7 +108,8 @@ class BasicTensorView {
 using TensorView = BasicTensorView<true>;
 using ConstTensorView = BasicTensorView<false>;
 
-// Contiguous host views of typed buffers, the common case of the model code.
+// Contiguous views of typed buffers, the common case of the model code (on the device whose memory
+// holds `data`, as every view made without naming one).
 inline TensorView view(float* data, std::initializer_list<int64_t> shape) {
   return {data, shape, DType::kF32};
 }

@@ -13,9 +13,6 @@
 
 namespace moecore::kernels {
 
-// "cpu" or "cuda", for messages.
-std::string_view device_name(Device device);
-
 // Makes `backend` run the operations on views in `device`'s memory (not Device::kCpu: that is the
 // CPU backend's); nullptr: none does. Register before the first operation on such views;
 // registering again replaces the table (operations in flight on other threads must not race with

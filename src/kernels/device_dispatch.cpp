@@ -13,8 +13,6 @@ namespace moecore::kernels {
 
 namespace {
 
-constexpr size_t kDeviceCount = 2;  // Device::kCpu, Device::kCuda
-
 std::array<std::atomic<const KernelBackend*>, kDeviceCount>& registered_backends() {
   static std::array<std::atomic<const KernelBackend*>, kDeviceCount> backends{};
   return backends;
@@ -57,16 +55,6 @@ decltype(auto) run_on_device(const char* op, Fn cpu_op, Fn KernelBackend::*entry
 }
 
 }  // namespace
-
-std::string_view device_name(Device device) {
-  switch (device) {
-    case Device::kCpu:
-      return "cpu";
-    case Device::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
 
 void register_device_backend(Device device, const KernelBackend* backend) {
   MOE_CHECK(device != Device::kCpu,

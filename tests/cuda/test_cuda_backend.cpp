@@ -2,12 +2,14 @@
 // call or the misplaced view, repeatable results, and GEMM operands that start inside a buffer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "device_staging.h"
 #include "kernel_harness.h"
 #include "kernels/cuda/device_selection.h"
@@ -74,19 +76,29 @@ TEST(CudaBackend, KernelsOpsRunDeviceViewsOnTheGpuOnceSelected) {
   std::vector<float> on_cpu(static_cast<size_t>(rows * hidden));
   kernels::swiglu_forward(view(gu.data(), {rows, 2 * hidden}), view(on_cpu.data(), {rows, hidden}));
 
+  // The GPU's memory through core/device_memory.h: views made from its plain pointers carry the
+  // device, so the same calls reach the CUDA backend.
+  DeviceArray<float> gu_on_gpu(Device::kCuda, gu.size());
+  DeviceArray<float> act_on_gpu(Device::kCuda, on_cpu.size());
+  EXPECT_EQ(device_of(gu_on_gpu.data() + 7), Device::kCuda);
+  EXPECT_EQ(device_of(gu.data()), Device::kCpu);
+  copy_bytes(gu_on_gpu.data(), gu.data(), gu.size() * sizeof(float));
+  kernels::swiglu_forward(view(gu_on_gpu.data(), {rows, 2 * hidden}),
+                          view(act_on_gpu.data(), {rows, hidden}));
   std::vector<float> on_gpu(on_cpu.size(), -1.0f);
-  {
-    DeviceStaging s;
-    kernels::swiglu_forward(s.in(view(gu.data(), {rows, 2 * hidden})),
-                            s.out(view(on_gpu.data(), {rows, hidden})));
-    s.finish();
-  }
+  copy_bytes(on_gpu.data(), act_on_gpu.data(), on_gpu.size() * sizeof(float));
   EXPECT_LE(kernel_harness::nmse(on_gpu, on_cpu), kernel_harness::nmse_bound(1));
 
+  // Growing keeps the contents and zeroes the rest, as std::vector's resize does.
+  act_on_gpu.resize(on_cpu.size() + 3);
+  std::vector<float> grown(on_cpu.size() + 3, -1.0f);
+  copy_bytes(grown.data(), act_on_gpu.data(), grown.size() * sizeof(float));
+  EXPECT_TRUE(std::equal(on_gpu.begin(), on_gpu.end(), grown.begin()));
+  EXPECT_EQ(grown.back(), 0.0f);
+
   // One host and one device view in one call: an error naming the operation, before any launch.
-  DeviceStaging s;
   try {
-    kernels::swiglu_forward(s.in(view(gu.data(), {rows, 2 * hidden})),
+    kernels::swiglu_forward(view(gu_on_gpu.data(), {rows, 2 * hidden}),
                             view(on_cpu.data(), {rows, hidden}));
     FAIL() << "a call with views in host and device memory ran";
   } catch (const Error& e) {

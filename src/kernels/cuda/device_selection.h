@@ -10,8 +10,9 @@ namespace moecore::kernels::cuda {
 // than the runtime, no device), or "" when it can.
 std::string unavailable_reason();
 
-// Makes this process run its operations on views in CUDA memory on the CUDA backend
-// (kernels/device_backends.h), on device 0 of those visible, once a device is known to be usable;
+// Makes this process allocate Device::kCuda memory (core/device_memory.h) and run its operations
+// on views in that memory on the CUDA backend (kernels/device_backends.h), on device 0 of those
+// visible, once a device is known to be usable;
 // otherwise throws moecore::Error "[cuda] no usable CUDA device (<why>)". Returns the device's
 // description for a start-up line: "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
 std::string activate();

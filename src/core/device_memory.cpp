@@ -1,0 +1,121 @@
+#include "core/device_memory.h"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+
+#include "core/check.h"
+
+namespace moecore {
+
+namespace {
+
+// Host allocations start on a cache line, as the workspace's do (any SIMD load suits them).
+constexpr std::align_val_t kHostAlignment{64};
+
+std::array<std::atomic<DeviceMemory*>, kDeviceCount>& registered_memory() {
+  static std::array<std::atomic<DeviceMemory*>, kDeviceCount> memory{};
+  return memory;
+}
+
+// The live device allocations by first address: [begin, end) and their device.
+struct Allocation {
+  uintptr_t end;
+  Device device;
+};
+struct AllocationTable {
+  std::shared_mutex mutex;
+  std::map<uintptr_t, Allocation> by_begin;
+  std::atomic<int64_t> live{0};  // by_begin.size(), read without the lock
+};
+AllocationTable& allocations() {
+  static AllocationTable table;
+  return table;
+}
+
+DeviceMemory& memory_of(Device device) {
+  DeviceMemory* memory = registered_memory()[static_cast<size_t>(device)].load();
+  MOE_CHECK(memory != nullptr,
+            "[device] no {} memory: this build has no {} backend, or the process did not select "
+            "that device",
+            device_name(device), device_name(device));
+  return *memory;
+}
+
+}  // namespace
+
+void register_device_memory(Device device, DeviceMemory* memory) {
+  MOE_CHECK(device != Device::kCpu, "[device] host memory is built in; register a device's");
+  MOE_CHECK(memory == nullptr || memory->device() == device,
+            "[device] the memory of {} registered for {}", device_name(memory->device()),
+            device_name(device));
+  registered_memory()[static_cast<size_t>(device)].store(memory);
+}
+
+void* allocate_on(Device device, size_t bytes) {
+  if (device == Device::kCpu) return ::operator new(bytes, kHostAlignment);
+  void* data = memory_of(device).allocate(bytes);
+  AllocationTable& table = allocations();
+  const std::unique_lock lock(table.mutex);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  table.by_begin[begin] = {begin + bytes, device};
+  table.live.store(static_cast<int64_t>(table.by_begin.size()));
+  return data;
+}
+
+void free_on(Device device, void* data, size_t bytes) noexcept {
+  if (data == nullptr) return;
+  if (device == Device::kCpu) {
+    ::operator delete(data, kHostAlignment);
+    return;
+  }
+  {
+    AllocationTable& table = allocations();
+    const std::unique_lock lock(table.mutex);
+    table.by_begin.erase(reinterpret_cast<uintptr_t>(data));
+    table.live.store(static_cast<int64_t>(table.by_begin.size()));
+  }
+  DeviceMemory* memory = registered_memory()[static_cast<size_t>(device)].load();
+  if (memory != nullptr) memory->deallocate(data, bytes);
+}
+
+Device device_of(const void* address) {
+  AllocationTable& table = allocations();
+  if (table.live.load(std::memory_order_relaxed) == 0) return Device::kCpu;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+  const std::shared_lock lock(table.mutex);
+  auto next = table.by_begin.upper_bound(a);
+  if (next == table.by_begin.begin()) return Device::kCpu;
+  const auto& [begin, allocation] = *std::prev(next);
+  return a < allocation.end ? allocation.device : Device::kCpu;
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  const Device to = device_of(dst), from = device_of(src);
+  if (to == Device::kCpu && from == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  MOE_CHECK(to == Device::kCpu || from == Device::kCpu || to == from,
+            "[device] a copy from {} memory to {} memory: copies go through the host",
+            device_name(from), device_name(to));
+  memory_of(to != Device::kCpu ? to : from).copy(dst, src, bytes);
+}
+
+void zero_bytes(void* data, size_t bytes) {
+  if (bytes == 0) return;
+  const Device device = device_of(data);
+  if (device == Device::kCpu) {
+    std::memset(data, 0, bytes);
+    return;
+  }
+  memory_of(device).zero(data, bytes);
+}
+
+}  // namespace moecore

@@ -1,0 +1,111 @@
+// Memory on a device, for code that owns tensors without knowing the backend that computes on
+// them. A backend registers its DeviceMemory when the process selects its device
+// (kernels/cuda/device_selection.h). Every allocation made here is recorded by address, so that
+// the device of any pointer is known (unified addressing, as CUDA's pointer attributes report it):
+// views made from plain pointers (core/tensor_view.h's view()) carry the device of the memory they
+// point into, and the operations of kernels/ops.h run them on that device's backend. Host memory
+// that no allocation here covers is the CPU's; a process that never allocates on a device pays one
+// atomic load per view for this.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include "core/device.h"
+
+namespace moecore {
+
+// One device's memory, as its backend provides it.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual Device device() const = 0;
+  // `bytes` > 0 of this device's memory, aligned for any element type; throws moecore::Error
+  // naming the device and the size when there is not enough.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* data, size_t bytes) noexcept = 0;
+  // Copies `bytes` from src to dst, each in host memory or in this device's memory; returns once
+  // they are there: after the device's operations issued before the call, and before any issued
+  // after it.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Zeroes `bytes` of this device's memory, in order with the device's operations.
+  virtual void zero(void* data, size_t bytes) = 0;
+};
+
+// Makes `memory` serve its device's allocations (nullptr for `device`: none does; allocations
+// still live must be freed before). Device::kCpu's is built in.
+void register_device_memory(Device device, DeviceMemory* memory);
+
+// `bytes` on `device` (host memory for Device::kCpu), recorded by address; free with free_on.
+// Throws moecore::Error when no memory is registered for the device.
+void* allocate_on(Device device, size_t bytes);
+void free_on(Device device, void* data, size_t bytes) noexcept;
+
+// The device whose recorded allocation holds `address`; Device::kCpu for any other address.
+Device device_of(const void* address);
+
+// Copies or zeroes bytes wherever they are (each pointer's device by device_of), through the
+// device's memory when one of them is on a device, so that host code never touches device
+// memory itself.
+void copy_bytes(void* dst, const void* src, size_t bytes);
+void zero_bytes(void* data, size_t bytes);
+
+// An owning array of trivially copyable T on one device, like a std::vector the host cannot index:
+// its elements are reached through views (core/tensor_view.h) by kernels, and by the host only
+// through copy_bytes. Contents survive resize as std::vector's do (the first min(old, new)
+// elements kept, new ones zero); capacity is kept when it shrinks.
+template <typename T>
+class DeviceArray {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  explicit DeviceArray(Device device = Device::kCpu) : device_(device) {}
+  DeviceArray(Device device, size_t count) : device_(device) { resize(count); }
+  DeviceArray(DeviceArray&& other) noexcept { swap(other); }
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    DeviceArray(std::move(other)).swap(*this);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (data_ != nullptr) free_on(device_, data_, capacity_ * sizeof(T));
+  }
+
+  Device device() const { return device_; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+  void resize(size_t count) {
+    if (count > capacity_) {
+      T* grown = static_cast<T*>(allocate_on(device_, count * sizeof(T)));
+      if (size_ > 0) copy_bytes(grown, data_, size_ * sizeof(T));
+      if (data_ != nullptr) free_on(device_, data_, capacity_ * sizeof(T));
+      data_ = grown;
+      capacity_ = count;
+    }
+    if (count > size_) zero_bytes(data_ + size_, (count - size_) * sizeof(T));
+    size_ = count;
+  }
+  // Every element zero.
+  void zero() {
+    if (size_ > 0) zero_bytes(data_, size_ * sizeof(T));
+  }
+  void swap(DeviceArray& other) noexcept {
+    std::swap(device_, other.device_);
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    std::swap(capacity_, other.capacity_);
+  }
+
+ private:
+  Device device_ = Device::kCpu;
+  T* data_ = nullptr;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
+}  // namespace moecore

@@ -1,0 +1,192 @@
+#include "guarded_device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "core/check.h"
+#include "core/device_memory.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/device_backends.h"
+
+namespace moecore::guarded_device {
+
+namespace {
+
+uintptr_t page_size() {
+  static const uintptr_t size = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+// Opens (read and write) or closes (no access) the pages holding [data, data + bytes) when they
+// are the guarded device's; host memory is left alone.
+void set_access(const void* data, size_t bytes, bool open) {
+  if (data == nullptr || bytes == 0 || device_of(data) != Device::kCuda) return;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page_size() - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(data) + bytes + page_size() - 1) & ~(page_size() - 1);
+  const int status = mprotect(reinterpret_cast<void*>(begin), end - begin,
+                              open ? PROT_READ | PROT_WRITE : PROT_NONE);
+  MOE_CHECK(status == 0, "[guarded device] mprotect failed: {}", std::strerror(errno));
+}
+
+class GuardedMemory final : public DeviceMemory {
+ public:
+  Device device() const override { return Device::kCuda; }
+  void* allocate(size_t bytes) override {
+    void* data = mmap(nullptr, mapped(bytes), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    MOE_CHECK(data != MAP_FAILED, "[guarded device] mmap of {} bytes failed", bytes);
+    return data;
+  }
+  void deallocate(void* data, size_t bytes) noexcept override { munmap(data, mapped(bytes)); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    set_access(dst, bytes, true);
+    set_access(src, bytes, true);
+    std::memmove(dst, src, bytes);
+    set_access(src, bytes, false);
+    set_access(dst, bytes, false);
+  }
+  void zero(void* data, size_t bytes) override {
+    set_access(data, bytes, true);
+    std::memset(data, 0, bytes);
+    set_access(data, bytes, false);
+  }
+
+ private:
+  static size_t mapped(size_t bytes) { return (bytes + page_size() - 1) & ~(page_size() - 1); }
+};
+
+// The bytes a view spans, from its first element to its last.
+template <bool kMutable>
+size_t span_bytes(const BasicTensorView<kMutable>& v) {
+  if (v.raw() == nullptr || v.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < v.rank(); ++d) last += (v.size(d) - 1) * v.stride(d);
+  return static_cast<size_t>(last + 1) * dtype_size(v.dtype());
+}
+
+// The guarded views among an operation's arguments, opened for the call and closed after it.
+class OpenViews {
+ public:
+  template <typename... Args>
+  explicit OpenViews(const Args&... args) {
+    (add(args), ...);
+    for (const ConstTensorView& v : views_) set_access(v.raw(), span_bytes(v), true);
+  }
+  ~OpenViews() {
+    for (const ConstTensorView& v : views_) set_access(v.raw(), span_bytes(v), false);
+  }
+  OpenViews(const OpenViews&) = delete;
+  OpenViews& operator=(const OpenViews&) = delete;
+
+ private:
+  void add(const ConstTensorView& v) { views_.push_back(v); }
+  void add(const TensorView& v) { views_.push_back(v); }
+  void add(const MxOperandView& v) {
+    views_.push_back(v.codes);
+    views_.push_back(v.scales);
+  }
+  void add(const RouterLossGrads& g) { views_.push_back(g.lb_score_grad); }
+  template <typename T>
+  void add(const T&) {}  // scalars, options, host spans
+
+  std::vector<ConstTensorView> views_;
+};
+
+// The arguments as the CPU backend takes them: views relabelled as host memory (which, opened,
+// they are).
+template <bool kMutable>
+BasicTensorView<kMutable> on_host(const BasicTensorView<kMutable>& v) {
+  return v.relocated(v.raw(), Device::kCpu);
+}
+MxOperandView on_host(const MxOperandView& v) {
+  return {on_host(v.codes), on_host(v.scales)};
+}
+RouterLossGrads on_host(const RouterLossGrads& g) {
+  return {on_host(g.lb_score_grad), g.lb_uses_softmax, g.z_grad_scale};
+}
+template <typename T>
+const T& on_host(const T& value) {
+  return value;
+}
+
+template <auto kOperation>
+struct Guarded;
+template <typename R, typename... Args, R (*kOperation)(Args...)>
+struct Guarded<kOperation> {
+  static R call(Args... args) {
+    const OpenViews open(args...);
+    return kOperation(on_host(args)...);
+  }
+};
+
+const kernels::KernelBackend& guarded_backend() {
+  namespace cpu = kernels::cpu;
+  static const kernels::KernelBackend backend{
+      .name = "guarded",
+      .mx_gemm_bit_exact = true,
+      .matmul = &Guarded<&cpu::matmul>::call,
+      .rmsnorm_forward = &Guarded<&cpu::rmsnorm_forward>::call,
+      .rmsnorm_backward = &Guarded<&cpu::rmsnorm_backward>::call,
+      .swiglu_forward = &Guarded<&cpu::swiglu_forward>::call,
+      .swiglu_backward = &Guarded<&cpu::swiglu_backward>::call,
+      .embedding_forward = &Guarded<&cpu::embedding_forward>::call,
+      .embedding_backward = &Guarded<&cpu::embedding_backward>::call,
+      .rope_forward = &Guarded<&cpu::rope_forward>::call,
+      .rope_backward = &Guarded<&cpu::rope_backward>::call,
+      .cross_entropy = &Guarded<&cpu::cross_entropy>::call,
+      .adamw_update = &Guarded<&cpu::adamw_update>::call,
+      .sum_of_squares = &Guarded<&cpu::sum_of_squares>::call,
+      .causal_attention_forward = &Guarded<&cpu::causal_attention_forward>::call,
+      .causal_attention_backward = &Guarded<&cpu::causal_attention_backward>::call,
+      .flash_attention_forward = &Guarded<&cpu::flash_attention_forward>::call,
+      .flash_attention_backward = &Guarded<&cpu::flash_attention_backward>::call,
+      .permute_rows = &Guarded<&cpu::permute_rows>::call,
+      .permute_rows_backward = &Guarded<&cpu::permute_rows_backward>::call,
+      .gather_rows = &Guarded<&cpu::gather_rows>::call,
+      .moe_combine_forward = &Guarded<&cpu::moe_combine_forward>::call,
+      .moe_combine_backward = &Guarded<&cpu::moe_combine_backward>::call,
+      .order_routes_by_expert = &Guarded<&cpu::order_routes_by_expert>::call,
+      .router_topk_forward = &Guarded<&cpu::router_topk_forward>::call,
+      .router_topk_backward = &Guarded<&cpu::router_topk_backward>::call,
+      .router_z_loss = &Guarded<&cpu::router_z_loss>::call,
+      .router_probability_column_sums = &Guarded<&cpu::router_probability_column_sums>::call,
+      .grouped_gemm_forward = &Guarded<&cpu::grouped_gemm_forward>::call,
+      .grouped_gemm_backward = &Guarded<&cpu::grouped_gemm_backward>::call,
+      .add = &Guarded<&cpu::add>::call,
+      .scale = &Guarded<&cpu::scale>::call,
+      .cached_attention_forward = &Guarded<&cpu::cached_attention_forward>::call,
+      .to_bf16 = &Guarded<&cpu::to_bf16>::call,
+      .mx_quantize = &Guarded<&cpu::mx_quantize>::call,
+      .mx_quantize_transposed = &Guarded<&cpu::mx_quantize_transposed>::call,
+      .mx_dequantize = &Guarded<&cpu::mx_dequantize>::call,
+      .mx_matmul = &Guarded<&cpu::mx_matmul>::call,
+      .mx_grouped_gemm_forward = &Guarded<&cpu::mx_grouped_gemm_forward>::call,
+      .mx_grouped_gemm_backward_input = &Guarded<&cpu::mx_grouped_gemm_backward_input>::call,
+  };
+  return backend;
+}
+
+GuardedMemory& guarded_memory() {
+  static GuardedMemory memory;
+  return memory;
+}
+
+}  // namespace
+
+Scope::Scope() {
+  register_device_memory(Device::kCuda, &guarded_memory());
+  kernels::register_device_backend(Device::kCuda, &guarded_backend());
+}
+
+Scope::~Scope() {
+  kernels::register_device_backend(Device::kCuda, nullptr);
+  register_device_memory(Device::kCuda, nullptr);
+}
+
+}  // namespace moecore::guarded_device

@@ -1,0 +1,24 @@
+// A device for the CPU tests on which the host's touches of device memory crash: it stands in for
+// Device::kCuda in a test binary without a GPU. Its memory is host pages mapped without access
+// (mmap PROT_NONE, each allocation its own pages); its kernel table runs the CPU backend's
+// operations after opening the pages of the views each is handed, and closes them after; its
+// copies and zeroing open what they touch the same way. Code that reaches a device's memory only
+// through kernels/ops.h and core/device_memory.h runs on it with the CPU backend's results, bit for
+// bit; any other access by the host (a std::fill, a loop, reading a count back without a copy) is
+// a SIGSEGV at that line. That is what a GPU would need of the code (there, the access would read
+// garbage or fault), shown without one.
+#pragma once
+
+namespace moecore::guarded_device {
+
+// Registers the guarded memory and kernel table for Device::kCuda for the scope's lifetime (device
+// allocations must be freed before it ends). One at a time.
+class Scope {
+ public:
+  Scope();
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
+}  // namespace moecore::guarded_device
