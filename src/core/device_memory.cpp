@@ -47,7 +47,20 @@ DeviceMemory& memory_of(Device device) {
   return *memory;
 }
 
+std::atomic<Device>& default_device_setting() {
+  static std::atomic<Device> device{Device::kCpu};
+  return device;
+}
+
 }  // namespace
+
+Device default_device() {
+  return default_device_setting().load(std::memory_order_relaxed);
+}
+
+void set_default_device(Device device) {
+  default_device_setting().store(device, std::memory_order_relaxed);
+}
 
 void register_device_memory(Device device, DeviceMemory* memory) {
   MOE_CHECK(device != Device::kCpu, "[device] host memory is built in; register a device's");

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/device.h"
 
@@ -37,6 +39,12 @@ class DeviceMemory {
 // still live must be freed before). Device::kCpu's is built in.
 void register_device_memory(Device device, DeviceMemory* memory);
 
+// Where new DeviceArrays and workspaces allocate when their owner does not say: Device::kCpu until
+// a program puts its model on a device (as torch.set_default_device does). The model's activations
+// and scratch follow it; host-side metadata stays in std::vector whatever it is.
+Device default_device();
+void set_default_device(Device device);
+
 // `bytes` on `device` (host memory for Device::kCpu), recorded by address; free with free_on.
 // Throws moecore::Error when no memory is registered for the device.
 void* allocate_on(Device device, size_t bytes);
@@ -60,9 +68,11 @@ class DeviceArray {
   static_assert(std::is_trivially_copyable_v<T>);
 
  public:
-  explicit DeviceArray(Device device = Device::kCpu) : device_(device) {}
+  DeviceArray() : device_(default_device()) {}
+  explicit DeviceArray(Device device) : device_(device) {}
   DeviceArray(Device device, size_t count) : device_(device) { resize(count); }
-  DeviceArray(DeviceArray&& other) noexcept { swap(other); }
+  // A moved-from array is empty, on its device still.
+  DeviceArray(DeviceArray&& other) noexcept : device_(other.device_) { swap(other); }
   DeviceArray& operator=(DeviceArray&& other) noexcept {
     DeviceArray(std::move(other)).swap(*this);
     return *this;
@@ -78,6 +88,10 @@ class DeviceArray {
   const T* data() const { return data_; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
+  // The elements as a span, for interfaces that take pointer and length (only kernels and
+  // copy_bytes may touch device elements through it).
+  std::span<T> span() { return {data_, size_}; }
+  std::span<const T> span() const { return {data_, size_}; }
 
   void resize(size_t count) {
     if (count > capacity_) {
@@ -107,5 +121,28 @@ class DeviceArray {
   size_t size_ = 0;
   size_t capacity_ = 0;
 };
+
+// The elements of `array` in a host vector, and a host vector's elements into a new array on
+// `device`, through copy_bytes.
+template <typename T>
+std::vector<T> host_copy(const DeviceArray<T>& array) {
+  std::vector<T> host(array.size());
+  copy_bytes(host.data(), array.data(), host.size() * sizeof(T));
+  return host;
+}
+// The elements of `array` for host code to read: in place when it is in host memory, else copied
+// into `copy` (so that host-memory runs copy nothing).
+template <typename T>
+std::span<const T> host_readable(const DeviceArray<T>& array, std::vector<T>& copy) {
+  if (array.device() == Device::kCpu) return array.span();
+  copy = host_copy(array);
+  return copy;
+}
+template <typename T>
+DeviceArray<T> device_copy(const std::vector<T>& host, Device device = default_device()) {
+  DeviceArray<T> array(device, host.size());
+  copy_bytes(array.data(), host.data(), host.size() * sizeof(T));
+  return array;
+}
 
 }  // namespace moecore

@@ -15,8 +15,9 @@ size_t round_up(size_t bytes, size_t alignment) {
 }  // namespace
 
 std::byte* Workspace::Block::begin() const {
-  const auto address = reinterpret_cast<uintptr_t>(bytes.get());
-  return bytes.get() + (round_up(address, kAlignment) - address);
+  std::byte* data = const_cast<std::byte*>(bytes.data());  // the workspace hands out its blocks
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  return data + (round_up(address, kAlignment) - address);
 }
 
 Workspace::Scope::Scope(Workspace& workspace)
@@ -74,7 +75,7 @@ void Workspace::release_to(size_t block, size_t used, size_t live) {
 
 void Workspace::add_block(size_t size) {
   Block block;
-  block.bytes = std::make_unique_for_overwrite<std::byte[]>(size + kAlignment);
+  block.bytes = DeviceArray<std::byte>(device_, size + kAlignment);
   block.size = size;
   blocks_.push_back(std::move(block));
   ++block_allocations_;

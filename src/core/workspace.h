@@ -13,17 +13,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <memory>
 #include <span>
 #include <type_traits>
 #include <vector>
+
+#include "core/device_memory.h"
 
 namespace moecore {
 
 class Workspace {
  public:
-  Workspace() = default;
+  // On the default device (core/device_memory.h) at construction: the passes' temporaries live
+  // where their tensors do.
+  Workspace() : device_(default_device()) {}
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
@@ -40,7 +42,7 @@ class Workspace {
     template <typename T>
     std::span<T> zeroed(int64_t count) {
       const std::span<T> buffer = uninitialized<T>(count);
-      if (!buffer.empty()) std::memset(buffer.data(), 0, buffer.size_bytes());
+      if (!buffer.empty()) zero_bytes(buffer.data(), buffer.size_bytes());
       return buffer;
     }
     // `count` elements for an output that is written in full before it is read.
@@ -67,7 +69,7 @@ class Workspace {
   static constexpr size_t kAlignment = 64;
 
   struct Block {
-    std::unique_ptr<std::byte[]> bytes;
+    DeviceArray<std::byte> bytes;
     size_t size = 0;
     size_t used = 0;  // from the block's first aligned byte
     std::byte* begin() const;
@@ -77,6 +79,7 @@ class Workspace {
   void release_to(size_t block, size_t used, size_t live);
   void add_block(size_t size);
 
+  Device device_;
   std::vector<Block> blocks_;
   size_t current_ = 0;     // the block taking requests
   size_t live_ = 0;        // bytes taken and not yet released, across the blocks

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/tensor_view.h"
 #include "core/workspace.h"
 #include "model/config.h"
@@ -48,11 +49,11 @@ struct AttentionGrads {
 
 struct AttentionCache {
   AttentionShape shape{};
-  std::vector<float> q_raw, k_raw;    // projections before QK-norm: [N, nh*hd], [N, nkv*hd]
-  std::vector<float> q_rstd, k_rstd;  // QK-norm statistics
-  std::vector<float> q, k, v;         // after QK-norm and RoPE
-  std::vector<float> probs;           // [B, nh, T, T]
-  std::vector<float> context;         // attention output before o_proj: [N, nh*hd]
+  DeviceArray<float> q_raw, k_raw;    // projections before QK-norm: [N, nh*hd], [N, nkv*hd]
+  DeviceArray<float> q_rstd, k_rstd;  // QK-norm statistics
+  DeviceArray<float> q, k, v;         // after QK-norm and RoPE
+  DeviceArray<float> probs;           // [B, nh, T, T]
+  DeviceArray<float> context;         // attention output before o_proj: [N, nh*hd]
 };
 
 class AttentionBlock {

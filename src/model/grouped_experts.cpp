@@ -19,7 +19,7 @@ const MxWeight& mx_weight(const MxWeight* weight, const char* name) {
   return *weight;
 }
 
-MxOperandView saved_operand(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales,
+MxOperandView saved_operand(const DeviceArray<uint8_t>& codes, const DeviceArray<uint8_t>& scales,
                             int64_t rows, int64_t cols) {
   return {ConstTensorView(codes.data(), {rows, cols}, DType::kE4m3),
           ConstTensorView(scales.data(), {rows, cols / kBlock}, DType::kE8m0)};
@@ -73,12 +73,12 @@ void mx_forward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t 
   rows.act_scales.resize(static_cast<size_t>(received * h / kBlock));
   const TensorView gu = view(rows.gu.data(), {received, 2 * h});
   const MxOperandView x =
-      mx_quantize_rows(rows.x.data(), received, d, mode, rows.x_codes, rows.x_scales);
+      mx_quantize_rows(rows.x.data(), received, d, mode, rows.x_codes.span(), rows.x_scales.span());
   kernels::mx_grouped_gemm_forward(x, mx_weight(w.experts_gate_up_mx, "experts' gate_up").along_in,
                                    offsets, gu);
   kernels::swiglu_forward(gu, view(rows.act.data(), {received, h}));
-  const MxOperandView act =
-      mx_quantize_rows(rows.act.data(), received, h, mode, rows.act_codes, rows.act_scales);
+  const MxOperandView act = mx_quantize_rows(rows.act.data(), received, h, mode,
+                                             rows.act_codes.span(), rows.act_scales.span());
   kernels::mx_grouped_gemm_forward(act, mx_weight(w.experts_down_mx, "experts' down").along_in,
                                    offsets, view(y, {received, d}));
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/workspace.h"
 #include "model/config.h"
 #include "model/moe_dispatch.h"
@@ -23,14 +24,14 @@ namespace moecore {
 // The expert-major rows of one forward, kept for the backward.
 struct ExpertRows {
   std::vector<int64_t> expert_offsets;  // [E_local + 1] row range of each local expert
-  std::vector<float> x;                 // [R, d] expert inputs
-  std::vector<float> gu;                // [R, 2H]
-  std::vector<float> act;               // [R, H]
+  DeviceArray<float> x;                 // [R, d] expert inputs
+  DeviceArray<float> gu;                // [R, 2H]
+  DeviceArray<float> act;               // [R, H]
   // MXFP8 only: x and act quantised along their last dimension (E4M3 codes, E8M0 scales), the
   // forward GEMMs' operands. The backward reads these instead of x and act unless
   // mx.expert_wgrad (MoeBlock then lends x and act only for the forward).
-  std::vector<uint8_t> x_codes, x_scales;      // [R, d], [R, d / 32]
-  std::vector<uint8_t> act_codes, act_scales;  // [R, H], [R, H / 32]
+  DeviceArray<uint8_t> x_codes, x_scales;      // [R, d], [R, d / 32]
+  DeviceArray<uint8_t> act_codes, act_scales;  // [R, H], [R, H / 32]
 };
 
 // Whether the backward reads rows.x and rows.act (the fp32 inputs) under `precision`.

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/workspace.h"
 #include "model/config.h"
 #include "model/expert_exchange.h"
@@ -31,8 +32,8 @@ struct MoeCache {
   RouterState router;
   RoutedRows routed;  // the experts' outputs back at the source
   std::variant<LocalDispatch::Cache, SyncDispatch::Cache, RowwiseDispatch::Cache> dispatch;
-  std::vector<float> shared_gu;   // [N, 2Hs]
-  std::vector<float> shared_act;  // [N, Hs]
+  DeviceArray<float> shared_gu;   // [N, 2Hs]
+  DeviceArray<float> shared_act;  // [N, Hs]
 };
 
 class MoeBlock {
@@ -72,7 +73,7 @@ class MoeBlock {
   // out after it (the backward reads the quantised copies), so that one pair serves every layer.
   void lend_fp32_inputs(ExpertRows& rows) const;
   struct LentInputs {
-    std::vector<float> x, act;
+    DeviceArray<float> x, act;
   };
   mutable LentInputs lent_inputs_;
 };

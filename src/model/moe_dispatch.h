@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/tensor_view.h"
 #include "model/linear.h"
 #include "model/mx_weight_caches.h"
@@ -49,8 +50,8 @@ struct ExpertShard {
 // What a strategy hands back at the source: the row of route r = t * k + j in y_back is
 // send_pos[r]; rows of dropped routes are zero.
 struct RoutedRows {
-  std::vector<int32_t> send_pos;  // [N * k]
-  std::vector<float> y_back;      // [N * k, d] expert outputs back at the source
+  DeviceArray<int32_t> send_pos;  // [N * k]
+  DeviceArray<float> y_back;      // [N * k, d] expert outputs back at the source
 };
 
 }  // namespace moecore

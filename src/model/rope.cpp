@@ -1,6 +1,7 @@
 #include "model/rope.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/check.h"
 
@@ -16,8 +17,8 @@ RopeTable RopeTable::build(int64_t max_positions, int64_t head_dim, double theta
   RopeTable table;
   table.max_positions = max_positions;
   table.head_dim = head_dim;
-  table.cos.resize(static_cast<size_t>(max_positions * half));
-  table.sin.resize(static_cast<size_t>(max_positions * half));
+  std::vector<float> cos(static_cast<size_t>(max_positions * half));
+  std::vector<float> sin(cos.size());
 
   // HF: inv_freq = 1.0 / (base ** (arange(0, dim, 2, int64).float() / dim)). The exponent is a
   // float32 division, the power a float32 pow (torch promotes the python-float base to the
@@ -37,10 +38,13 @@ RopeTable RopeTable::build(int64_t max_positions, int64_t head_dim, double theta
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(t) * inv_freq[static_cast<size_t>(i)];
       const size_t idx = static_cast<size_t>(t * half + i);
-      table.cos[idx] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      table.sin[idx] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      cos[idx] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      sin[idx] = static_cast<float>(std::sin(static_cast<double>(angle)));
     }
   }
+  // Computed on the host once per model, then where the rotations run.
+  table.cos = device_copy(cos);
+  table.sin = device_copy(sin);
   return table;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/tensor_view.h"
 
 namespace moecore {
@@ -17,8 +18,8 @@ namespace moecore {
 struct RopeTable {
   int64_t max_positions = 0;
   int64_t head_dim = 0;
-  std::vector<float> cos;  // [max_positions, head_dim/2]
-  std::vector<float> sin;  // [max_positions, head_dim/2]
+  DeviceArray<float> cos;  // [max_positions, head_dim/2]
+  DeviceArray<float> sin;  // [max_positions, head_dim/2]
 
   // inv_freq[i] = 1 / theta^(2i/head_dim), angle(t, i) = t * inv_freq[i], both rounded to float32
   // the way HF computes them, so positions far from 0 rotate by the same float angle as in HF.

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/splitmix64.h"
 #include "core/workspace.h"
 #include "kernels/matmul_precision.h"
@@ -81,10 +82,10 @@ inline RouterShape router_shape_of(const ModelConfig& c, int64_t tokens) {
 struct RouterState {
   // Input, set by the caller before router_forward (default: learned routing); kept with the rest.
   RouterSelection selection;
-  std::vector<float> logits;           // [N, E]
-  std::vector<float> scores;           // [N, E]
-  std::vector<int32_t> topk_index;     // [N, k] selected experts, best first
-  std::vector<float> topk_weight;      // [N, k] routing weights
+  DeviceArray<float> logits;           // [N, E]
+  DeviceArray<float> scores;           // [N, E]
+  DeviceArray<int32_t> topk_index;     // [N, k] selected experts, best first
+  DeviceArray<float> topk_weight;      // [N, k] routing weights
   std::vector<int64_t> expert_counts;  // [E] (token, slot) routes per expert
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/check.h"
 #include "core/phase_timer.h"
 #include "core/to_size.h"
 
@@ -16,8 +17,13 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
   const int64_t routes = tokens * k, local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
   // Buffers at the source stay in route order; the plan says where each route's row goes.
+  // The plan reads the routing on the host and the exchange moves host rows (MPI windows): this
+  // dispatch runs on host memory until it has a device form (issue 15 item 4).
+  MOE_CHECK(router.topk_index.device() == Device::kCpu && routed.send_pos.device() == Device::kCpu,
+            "[moe] the rowwise dispatch runs on host memory only (its exchange is MPI's)");
   routed.send_pos.resize(to_size(routes));
-  for (int64_t r = 0; r < routes; ++r) routed.send_pos[to_size(r)] = static_cast<int32_t>(r);
+  int32_t* send_pos = routed.send_pos.data();  // host memory, as checked above
+  for (int64_t r = 0; r < routes; ++r) send_pos[r] = static_cast<int32_t>(r);
   RowwisePlan plan =
       exchange_.plan(router.expert_counts, router.topk_index.data(), routes, local, d);
   cache.targets = std::move(plan.targets);
@@ -30,14 +36,16 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
   const float* x_in = exchange_.input();
   float* y_out = exchange_.output();
   // The backward needs the inputs after later layers have reused the buffer: a plain copy.
-  cache.experts.x.assign(x_in, x_in + received * d);
+  cache.experts.x.resize(to_size(received * d));
+  copy_bytes(cache.experts.x.data(), x_in, to_size(received * d) * sizeof(float));
   cache.experts.gu.resize(to_size(received * 2 * h));
   cache.experts.act.resize(to_size(received * h));
   timer.switch_to(Phase::kExpertsForward);
   grouped_experts_forward(precision, config_, local, w, cache.experts, y_out);
   timer.switch_to(Phase::kCombineForward);
   // Each kept route's output fetched from its destination; dropped routes contribute zero.
-  routed.y_back.assign(to_size(routes * d), 0.0f);
+  routed.y_back.resize(to_size(routes * d));
+  routed.y_back.zero();
   exchange_.get_rows(routed.y_back.data(), cache.targets, d);
 }
 

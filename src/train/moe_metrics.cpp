@@ -51,11 +51,17 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
     const int64_t max_count = *std::max_element(st->expert_counts.begin(), st->expert_counts.end());
     lm.load_imbalance = mean_count > 0 ? static_cast<double>(max_count) / mean_count : 0.0;
 
+    // The router's tensors where this host loop can read them (copied when they are a device's).
+    std::vector<float> logits_copy, scores_copy;
+    std::vector<int32_t> topk_copy;
+    const std::span<const float> logits = host_readable(st->logits, logits_copy);
+    const std::span<const float> scores = host_readable(st->scores, scores_copy);
+    const std::span<const int32_t> topk_index = host_readable(st->topk_index, topk_copy);
     std::vector<double> score_sums(static_cast<size_t>(e_count), 0.0);
     std::vector<double> prob(static_cast<size_t>(e_count));
     for (int64_t t = 0; t < tokens; ++t) {
-      const float* z = st->logits.data() + t * e_count;
-      const float* s = st->scores.data() + t * e_count;
+      const float* z = logits.data() + t * e_count;
+      const float* s = scores.data() + t * e_count;
       const double max_z = static_cast<double>(*std::max_element(z, z + e_count));
       double sum = 0.0;
       // The load-balancing probabilities: the scores, each token's sigmoid scores divided by
@@ -79,7 +85,7 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
       }
       lm.router_entropy += entropy;
       for (int64_t j = 0; j < k; ++j)
-        lm.selected_mass += static_cast<double>(s[st->topk_index[static_cast<size_t>(t * k + j)]]);
+        lm.selected_mass += static_cast<double>(s[topk_index[static_cast<size_t>(t * k + j)]]);
     }
     const double n = static_cast<double>(std::max<int64_t>(1, tokens));
     lm.z_loss /= n;

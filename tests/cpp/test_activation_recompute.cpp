@@ -77,7 +77,7 @@ Result run_whole(const ModelConfig& c, ActivationRecompute mode) {
   }
   r.grads = grads.dense;
   r.grads.insert(r.grads.end(), grads.expert.begin(), grads.expert.end());
-  r.topk = model.router_state(c.num_hidden_layers - 1)->topk_index;
+  r.topk = host_copy(model.router_state(c.num_hidden_layers - 1)->topk_index);
   model.update_router_bias(params);
   r.params = params.dense;
   return r;
@@ -111,7 +111,7 @@ Result run_chunks(const ModelConfig& config, ActivationRecompute mode) {
   }
   r.grads = grads.dense;
   r.grads.insert(r.grads.end(), grads.expert.begin(), grads.expert.end());
-  r.topk = last.router_state(c.num_hidden_layers - 1)->topk_index;
+  r.topk = host_copy(last.router_state(c.num_hidden_layers - 1)->topk_index);
   return r;
 }
 

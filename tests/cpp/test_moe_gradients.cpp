@@ -32,9 +32,10 @@ constexpr float kEps = 1e-3f;
 // Smallest gap between consecutive sorted scores of any token: a perturbation of the logits far
 // below this cannot reorder the top-k.
 float min_score_gap(const RouterState& st, int64_t tokens, int64_t experts) {
+  const std::vector<float> scores = host_copy(st.scores);
   float gap = 1e30f;
   for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<float> p(st.scores.begin() + t * experts, st.scores.begin() + (t + 1) * experts);
+    std::vector<float> p(scores.begin() + t * experts, scores.begin() + (t + 1) * experts);
     std::sort(p.begin(), p.end());
     for (size_t i = 1; i < p.size(); ++i) gap = std::min(gap, p[i] - p[i - 1]);
   }
@@ -44,9 +45,10 @@ float min_score_gap(const RouterState& st, int64_t tokens, int64_t experts) {
 // Smallest gap, over tokens, between the k-th and (k+1)-th selection score (score + bias): what
 // keeps the selected set of plain top-k.
 float min_selection_margin(const RouterState& st, int64_t tokens, int64_t experts, int64_t k) {
+  const std::vector<float> scores = host_copy(st.scores);
   float gap = 1e30f;
   for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<float> p(st.scores.begin() + t * experts, st.scores.begin() + (t + 1) * experts);
+    std::vector<float> p(scores.begin() + t * experts, scores.begin() + (t + 1) * experts);
     if (st.selection.bias != nullptr)
       for (int64_t e = 0; e < experts; ++e) p[static_cast<size_t>(e)] += st.selection.bias[e];
     std::sort(p.begin(), p.end(), std::greater<float>());
@@ -116,7 +118,7 @@ void check_router(const RouterCase& rc, uint32_t seed) {
   if (rc.n_group == 1) {  // grouped cases pick a seed whose selection is stable (stable_seed)
     ASSERT_GT(min_score_gap(st, s.tokens, s.num_experts), 1e-2f) << "seed " << seed;
   }
-  const std::vector<int32_t> selection = st.topk_index;
+  const std::vector<int32_t> selection = host_copy(st.topk_index);
   const std::vector<float> r = random_vec(static_cast<size_t>(s.tokens * s.top_k), seed + 2);
   const std::vector<float> lbg = random_vec(static_cast<size_t>(s.num_experts), seed + 3);
   bool selection_changed = false;
@@ -124,7 +126,7 @@ void check_router(const RouterCase& rc, uint32_t seed) {
     RouterState p;
     p.selection.bias = st.selection.bias;
     router_forward(s, x.data(), w.data(), p);
-    selection_changed |= p.topk_index != selection;
+    selection_changed |= host_copy(p.topk_index) != selection;
     return router_terms(s, p, r, lbg, rc.lb_uses_softmax, rc.z_grad_scale);
   };
   const std::vector<float> dx_before = random_vec(x.size(), seed + 4);
@@ -203,7 +205,7 @@ uint32_t stable_seed(const RouterCase& rc) {
       RouterState st;
       if (rc.bias) st.selection.bias = bias.data();
       router_forward(s, x.data(), w.data(), st);
-      return st.topk_index;
+      return host_copy(st.topk_index);
     };
     const std::vector<int32_t> base = selection();
     bool stable = true;
@@ -237,14 +239,15 @@ TEST(RouterGradients, SigmoidLbColumnSumsAreRenormalised) {
   RouterState st;
   router_forward(s, x.data(), w.data(), st);
   const std::vector<double> sums = router_lb_column_sums(s, st);
+  const std::vector<float> scores = host_copy(st.scores);
   double total = 0.0;
   for (int64_t e = 0; e < s.num_experts; ++e) {
     double expected = 0.0;
     for (int64_t t = 0; t < s.tokens; ++t) {
       double row = 0.0;
       for (int64_t i = 0; i < s.num_experts; ++i)
-        row += static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + i)]);
-      expected += static_cast<double>(st.scores[static_cast<size_t>(t * s.num_experts + e)]) / row;
+        row += static_cast<double>(scores[static_cast<size_t>(t * s.num_experts + i)]);
+      expected += static_cast<double>(scores[static_cast<size_t>(t * s.num_experts + e)]) / row;
     }
     EXPECT_NEAR(sums[static_cast<size_t>(e)], expected, 1e-6);
     total += sums[static_cast<size_t>(e)];
@@ -267,6 +270,8 @@ TEST(RouterSelection, BiasGroupsTopkSoftmaxAndScaleMatchNaiveRule) {
       RouterState st;
       st.selection.bias = bias.data();
       router_forward(s, x.data(), w.data(), st);
+      const std::vector<int32_t> topk_index = host_copy(st.topk_index);
+      const std::vector<float> topk_weight = host_copy(st.topk_weight);
       int64_t bias_mattered = 0, groups_mattered = 0;
       for (int64_t t = 0; t < tokens; ++t) {
         std::vector<double> z(static_cast<size_t>(experts)), p(z.size()), q(z.size());
@@ -309,7 +314,7 @@ TEST(RouterSelection, BiasGroupsTopkSoftmaxAndScaleMatchNaiveRule) {
           const size_t e = static_cast<size_t>(allowed[static_cast<size_t>(j)]);
           sel_sum += p[e];
           exp_sum += std::exp(z[e] - mx);
-          EXPECT_EQ(st.topk_index[static_cast<size_t>(t * k + j)], static_cast<int32_t>(e))
+          EXPECT_EQ(topk_index[static_cast<size_t>(t * k + j)], static_cast<int32_t>(e))
               << "token " << t << " slot " << j;
           bias_mattered += allowed[static_cast<size_t>(j)] != by_score[static_cast<size_t>(j)];
         }
@@ -321,7 +326,7 @@ TEST(RouterSelection, BiasGroupsTopkSoftmaxAndScaleMatchNaiveRule) {
           else if (norm)
             weight /= sel_sum;
           weight *= 1.75;
-          EXPECT_NEAR(st.topk_weight[static_cast<size_t>(t * k + j)], weight, 1e-6 * 1.75);
+          EXPECT_NEAR(topk_weight[static_cast<size_t>(t * k + j)], weight, 1e-6 * 1.75);
         }
         // Would plain top-k of the selection scores have chosen an expert outside the groups?
         std::vector<int> plain(static_cast<size_t>(experts));
@@ -389,14 +394,14 @@ TEST(RouterGradients, EqualScoresPickLowerIndexFirst) {
     sc.score = score;
     RouterState st;
     router_forward(sc, x.data(), w.data(), st);
-    EXPECT_EQ(st.topk_index, (std::vector<int32_t>{1, 4, 2, 1, 4, 2}));
+    EXPECT_EQ(host_copy(st.topk_index), (std::vector<int32_t>{1, 4, 2, 1, 4, 2}));
     EXPECT_EQ(st.expert_counts, (std::vector<int64_t>{0, 2, 2, 0, 2, 0}));
   }
   // All scores equal: experts 0..k-1 in order.
   const std::vector<float> flat(12, 1.0f);
   RouterState st;
   router_forward(s, x.data(), flat.data(), st);
-  EXPECT_EQ(st.topk_index, (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(host_copy(st.topk_index), (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -450,7 +455,7 @@ ModelConfig moe_config(int64_t experts, int64_t top_k, int64_t shared, RouterSco
 }
 
 std::vector<int32_t> sorted_selection(const RouterState& st, int64_t k) {
-  std::vector<int32_t> s = st.topk_index;
+  std::vector<int32_t> s = host_copy(st.topk_index);
   for (size_t t = 0; t < s.size(); t += static_cast<size_t>(k))
     std::sort(s.begin() + static_cast<std::ptrdiff_t>(t),
               s.begin() + static_cast<std::ptrdiff_t>(t) + k);
@@ -463,6 +468,10 @@ std::vector<int32_t> sorted_selection(const RouterState& st, int64_t k) {
 // against a naive router in RouterSelection.*): only the dispatch and combine are then checked.
 std::vector<double> naive_moe(MoeFixture& f, const RouterState* routed = nullptr) {
   const ModelConfig& c = f.c;
+  const std::vector<int32_t> routed_index =
+      routed != nullptr ? host_copy(routed->topk_index) : std::vector<int32_t>{};
+  const std::vector<float> routed_weight =
+      routed != nullptr ? host_copy(routed->topk_weight) : std::vector<float>{};
   const int64_t d = c.hidden_size, ne = c.num_experts, k = c.num_experts_per_tok;
   const int64_t h = c.moe_intermediate_size, hs = c.shared_expert_intermediate_size;
   auto swiglu_row = [d](const float* xt, const float* wgu, const float* wd, int64_t hid,
@@ -510,8 +519,8 @@ std::vector<double> naive_moe(MoeFixture& f, const RouterState* routed = nullptr
       double weight = p[static_cast<size_t>(e)];
       if (c.norm_topk_prob) weight /= sel_sum;
       if (routed != nullptr) {
-        e = routed->topk_index[static_cast<size_t>(t * k + j)];
-        weight = static_cast<double>(routed->topk_weight[static_cast<size_t>(t * k + j)]);
+        e = routed_index[static_cast<size_t>(t * k + j)];
+        weight = static_cast<double>(routed_weight[static_cast<size_t>(t * k + j)]);
       }
       std::vector<double> out(static_cast<size_t>(d), 0.0);
       swiglu_row(xt, f.gate_up.data() + e * 2 * h * d, f.down.data() + e * d * h, h, out.data());
@@ -679,7 +688,7 @@ TEST(MoeGradients, PrecisionRecipeReachesRouterAndExperts) {
     std::vector<float> y(f.x.size());
     Workspace forward_workspace;
     block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
-    return Out{cache.router.logits, y};
+    return Out{host_copy(cache.router.logits), y};
   };
   const Out fp32 = run(PrecisionRecipe{});
   const Out bf16 = run(PrecisionRecipe::from_train_precision(MatmulPrecision::kBf16));

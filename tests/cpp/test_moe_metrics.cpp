@@ -80,13 +80,15 @@ void check_metrics(RouterScore score) {
     EXPECT_EQ(lm.layer, static_cast<int64_t>(li) + 1);
     const RouterState* st = f.model.router_state(lm.layer);
     ASSERT_NE(st, nullptr);
+    const std::vector<float> scores = host_copy(st->scores);
+    const std::vector<int32_t> topk_index = host_copy(st->topk_index);
 
     ASSERT_EQ(lm.tokens_per_expert.size(), static_cast<size_t>(e_count));
     EXPECT_EQ(std::accumulate(lm.tokens_per_expert.begin(), lm.tokens_per_expert.end(), int64_t{0}),
               tokens * k);
     // The counts agree with the top-k choices themselves.
     std::vector<int64_t> counted(static_cast<size_t>(e_count), 0);
-    for (int32_t e : st->topk_index) ++counted[static_cast<size_t>(e)];
+    for (int32_t e : topk_index) ++counted[static_cast<size_t>(e)];
     EXPECT_EQ(lm.tokens_per_expert, counted);
 
     const int64_t max_count = *std::max_element(counted.begin(), counted.end());
@@ -107,21 +109,21 @@ void check_metrics(RouterScore score) {
       if (score != RouterScore::kSigmoid) return 1.0;
       double sum = 0.0;
       for (int64_t e = 0; e < e_count; ++e)
-        sum += static_cast<double>(st->scores[static_cast<size_t>(t * e_count + e)]);
+        sum += static_cast<double>(scores[static_cast<size_t>(t * e_count + e)]);
       return sum;
     };
     for (int64_t e = 0; e < e_count; ++e) {
       double p = 0.0;
       for (int64_t t = 0; t < tokens; ++t)
-        p += static_cast<double>(st->scores[static_cast<size_t>(t * e_count + e)]) / row_sum(t);
+        p += static_cast<double>(scores[static_cast<size_t>(t * e_count + e)]) / row_sum(t);
       lb += static_cast<double>(counted[static_cast<size_t>(e)]) / n * (p / n);
     }
     lb *= static_cast<double>(e_count) / static_cast<double>(k);
     EXPECT_NEAR(lm.lb_loss, lb, 1e-12 * std::max(1.0, lb));
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t j = 0; j < k; ++j) {
-        const int32_t e = st->topk_index[static_cast<size_t>(t * k + j)];
-        mass += static_cast<double>(st->scores[static_cast<size_t>(t * e_count + e)]);
+        const int32_t e = topk_index[static_cast<size_t>(t * k + j)];
+        mass += static_cast<double>(scores[static_cast<size_t>(t * e_count + e)]);
       }
     EXPECT_NEAR(lm.selected_mass, mass / n, 1e-12);
     lb_sum += lm.lb_loss;

@@ -194,10 +194,10 @@ TEST_P(MxExperts, TheModelsExpertsAreTheRecipeWrittenOutWithTheReferenceOps) {
   ExpertRows rows;
   rows.expert_offsets = {0, 0, 37, 50};
   const int64_t r = rows.expert_offsets.back();
-  rows.x = random_values(static_cast<size_t>(r * d), 3, 1.0f);
+  const std::vector<float> x = random_values(static_cast<size_t>(r * d), 3, 1.0f);
+  rows.x = device_copy(x);
   rows.gu.resize(static_cast<size_t>(r * 2 * h));
   rows.act.resize(static_cast<size_t>(r * h));
-  const std::vector<float> x = rows.x;
   const std::vector<float> dy = random_values(static_cast<size_t>(r * d), 4, 0.01f);
 
   MoeWeights w{};
@@ -216,8 +216,8 @@ TEST_P(MxExperts, TheModelsExpertsAreTheRecipeWrittenOutWithTheReferenceOps) {
   std::vector<float> y(static_cast<size_t>(r * d)), dx(static_cast<size_t>(r * d));
   grouped_experts_forward(recipe, c, local, w, rows, y.data());
   if (!p.expert_wgrad) {  // what MoeBlock does: the backward must not need the fp32 inputs
-    std::vector<float>().swap(rows.x);
-    std::vector<float>().swap(rows.act);
+    DeviceArray<float>().swap(rows.x);
+    DeviceArray<float>().swap(rows.act);
   }
   Workspace workspace;
   grouped_experts_backward(recipe, c, local, w, dw, rows, dy.data(), dx.data(), workspace);
@@ -230,7 +230,7 @@ TEST_P(MxExperts, TheModelsExpertsAreTheRecipeWrittenOutWithTheReferenceOps) {
   // Not vacuous: the MX results are not the bf16 ones.
   ExpertRows bf16_rows;
   bf16_rows.expert_offsets = rows.expert_offsets;
-  bf16_rows.x = x;
+  bf16_rows.x = device_copy(x);
   bf16_rows.gu.resize(rows.gu.size());
   bf16_rows.act.resize(static_cast<size_t>(r * h));
   std::vector<float> y_bf16(y.size());

@@ -26,12 +26,26 @@ using gradcheck::expect_close;
 using gradcheck::project;
 using gradcheck::random_vec;
 
-RouterState route(const RouterShape& s, const std::vector<float>& x, const std::vector<float>& w,
-                  RouterSelection selection) {
-  RouterState st;
-  st.selection = selection;
-  router_forward(s, x.data(), w.data(), st);
-  return st;
+// The router's state and its tensors copied into host vectors for the checks (the state's arrays
+// are where the model's tensors live, a device's in general).
+struct Routed {
+  RouterState state;
+  std::vector<float> logits, scores, topk_weight;
+  std::vector<int32_t> topk_index;
+  std::vector<int64_t> expert_counts;
+};
+
+Routed route(const RouterShape& s, const std::vector<float>& x, const std::vector<float>& w,
+             RouterSelection selection) {
+  Routed r;
+  r.state.selection = selection;
+  router_forward(s, x.data(), w.data(), r.state);
+  r.logits = host_copy(r.state.logits);
+  r.scores = host_copy(r.state.scores);
+  r.topk_weight = host_copy(r.state.topk_weight);
+  r.topk_index = host_copy(r.state.topk_index);
+  r.expert_counts = r.state.expert_counts;
+  return r;
 }
 
 struct Inputs {
@@ -50,8 +64,8 @@ Inputs inputs(int64_t tokens, int64_t experts, int64_t k, bool norm = false,
 TEST(RoutingModes, RandomIsDeterministicPerSeedAndDiffersAcrossSeeds) {
   const Inputs in = inputs(64, 8, 2);
   const uint64_t seed = routing_layer_seed(routing_forward_seed(7, 3, 0), 1);
-  const RouterState a = route(in.shape, in.x, in.w, {Routing::kRandom, seed, 0});
-  const RouterState b = route(in.shape, in.x, in.w, {Routing::kRandom, seed, 0});
+  const Routed a = route(in.shape, in.x, in.w, {Routing::kRandom, seed, 0});
+  const Routed b = route(in.shape, in.x, in.w, {Routing::kRandom, seed, 0});
   EXPECT_EQ(a.topk_index, b.topk_index);
   EXPECT_EQ(a.topk_weight, b.topk_weight);
   // Another training seed, step, micro-batch or layer: another draw.
@@ -70,15 +84,15 @@ TEST(RoutingModes, RandomDependsOnTheTokenNotOnItsInput) {
   // The draw is a function of (seed, global token index) only: the router input does not matter,
   // and a slice routed with its offset gets the routes of the same tokens in the whole batch.
   const Inputs in = inputs(40, 8, 3);
-  const RouterState whole = route(in.shape, in.x, in.w, {Routing::kRandom, 99, 0});
+  const Routed whole = route(in.shape, in.x, in.w, {Routing::kRandom, 99, 0});
   std::vector<float> other_x = random_vec(in.x.size(), 77);
   EXPECT_EQ(route(in.shape, other_x, in.w, {Routing::kRandom, 99, 0}).topk_index, whole.topk_index);
   for (const Routing mode : {Routing::kRandom, Routing::kBalanced}) {
-    const RouterState full = route(in.shape, in.x, in.w, {mode, 99, 0});
+    const Routed full = route(in.shape, in.x, in.w, {mode, 99, 0});
     RouterShape half = in.shape;
     half.tokens = 15;
     const std::vector<float> x_tail(in.x.begin() + 25 * 8, in.x.end());
-    const RouterState tail = route(half, x_tail, in.w, {mode, 99, 25});
+    const Routed tail = route(half, x_tail, in.w, {mode, 99, 25});
     EXPECT_TRUE(std::equal(tail.topk_index.begin(), tail.topk_index.end(),
                            full.topk_index.begin() + 25 * 3));
     // The weights only up to rounding: the router GEMM blocks a slice differently (weights <= 1;
@@ -91,7 +105,7 @@ TEST(RoutingModes, RandomDependsOnTheTokenNotOnItsInput) {
 TEST(RoutingModes, RandomIsRoughlyUniform) {
   const int64_t tokens = 20000, experts = 16, k = 4;
   const Inputs in = inputs(tokens, experts, k);
-  const RouterState st = route(in.shape, in.x, in.w, {Routing::kRandom, 5, 0});
+  const Routed st = route(in.shape, in.x, in.w, {Routing::kRandom, 5, 0});
   // Each expert is chosen with probability k/E per token: mean N k / E, sd sqrt(N k/E (1-k/E)).
   const double mean = static_cast<double>(tokens * k) / static_cast<double>(experts);
   const double sd = std::sqrt(mean * (1.0 - static_cast<double>(k) / experts));
@@ -111,7 +125,7 @@ TEST(RoutingModes, RandomIsRoughlyUniform) {
   }
   EXPECT_EQ(static_cast<int64_t>(pairs.size()), experts * (experts - 1));
   // The learned router on the same inputs is far from uniform (the test would catch a no-op).
-  const RouterState learned = route(in.shape, in.x, in.w, {});
+  const Routed learned = route(in.shape, in.x, in.w, {});
   const int64_t max_learned =
       *std::max_element(learned.expert_counts.begin(), learned.expert_counts.end());
   EXPECT_GT(static_cast<double>(max_learned), mean + 10.0 * sd);
@@ -123,7 +137,7 @@ TEST(RoutingModes, BalancedGivesExactlyEqualCounts) {
     ASSERT_EQ(tokens * k % experts, 0);
     const Inputs in = inputs(tokens, experts, k);
     for (const int64_t offset : {int64_t{0}, int64_t{3}, int64_t{1000}}) {
-      const RouterState st = route(in.shape, in.x, in.w, {Routing::kBalanced, 0, offset});
+      const Routed st = route(in.shape, in.x, in.w, {Routing::kBalanced, 0, offset});
       for (const int64_t c : st.expert_counts) EXPECT_EQ(c, tokens * k / experts);
       for (int64_t t = 0; t < tokens; ++t)
         for (int64_t j = 0; j < k; ++j)
@@ -136,7 +150,7 @@ TEST(RoutingModes, BalancedGivesExactlyEqualCounts) {
   const Inputs in = inputs(3, 8, 2);  // 3 tokens x 2 routes: 6 of 8 experts on each rank
   std::vector<int64_t> global(8, 0);
   for (int64_t rank = 0; rank < 4; ++rank) {
-    const RouterState st = route(in.shape, in.x, in.w, {Routing::kBalanced, 0, rank * 3});
+    const Routed st = route(in.shape, in.x, in.w, {Routing::kBalanced, 0, rank * 3});
     for (size_t e = 0; e < 8; ++e) global[e] += st.expert_counts[e];
   }
   for (const int64_t c : global) EXPECT_EQ(c, 3);
@@ -147,7 +161,7 @@ TEST(RoutingModes, WeightsAreTheRouterScoresOfTheSelectedExperts) {
     for (const RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
       const Inputs in = inputs(10, 6, 3, norm, score);
       for (const Routing mode : {Routing::kRandom, Routing::kBalanced}) {
-        const RouterState st = route(in.shape, in.x, in.w, {mode, 3, 0});
+        const Routed st = route(in.shape, in.x, in.w, {mode, 3, 0});
         for (int64_t t = 0; t < 10; ++t) {
           double sum = 0.0;
           for (int64_t j = 0; j < 3; ++j)
@@ -173,14 +187,14 @@ void check_router_gradient(Routing mode, bool norm, RouterScore score_kind, bool
   std::vector<float> x = random_vec(static_cast<size_t>(s.tokens * s.dim), 21);
   std::vector<float> w = random_vec(static_cast<size_t>(s.num_experts * s.dim), 22);
   const RouterSelection selection{mode, 1234, 17};
-  const RouterState st = route(s, x, w, selection);
+  const Routed st = route(s, x, w, selection);
   ASSERT_NE(st.topk_index, route(s, x, w, {}).topk_index) << "selection equals the learned one";
   const std::vector<float> r = random_vec(static_cast<size_t>(s.tokens * s.top_k), 23);
   const std::vector<float> lbg = random_vec(static_cast<size_t>(s.num_experts), 24);
   const float zs = 0.3f;
   bool selection_changed = false;
   auto loss = [&] {
-    const RouterState p = route(s, x, w, selection);
+    const Routed p = route(s, x, w, selection);
     selection_changed |= p.topk_index != st.topk_index;
     double total = project(p.topk_weight.data(), r);
     for (int64_t t = 0; t < s.tokens; ++t) {
@@ -210,8 +224,8 @@ void check_router_gradient(Routing mode, bool norm, RouterScore score_kind, bool
   const std::vector<float> dx_before(x.size(), 0.0f), dw_before(w.size(), 0.0f);
   std::vector<float> dx = dx_before, dw = dw_before;
   Workspace workspace;
-  router_backward(s, x.data(), w.data(), st, {r.data(), lbg.data(), lb_uses_softmax, zs}, dx.data(),
-                  dw.data(), workspace);
+  router_backward(s, x.data(), w.data(), st.state, {r.data(), lbg.data(), lb_uses_softmax, zs},
+                  dx.data(), dw.data(), workspace);
   double norm_dw = 0.0;
   for (const float g : dw) norm_dw += static_cast<double>(g) * static_cast<double>(g);
   EXPECT_GT(norm_dw, 1e-6);

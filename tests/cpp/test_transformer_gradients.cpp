@@ -87,7 +87,7 @@ std::vector<int32_t> selected_sets(const Transformer& model) {
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const RouterState* st = model.router_state(layer);
     if (st == nullptr) continue;
-    std::vector<int32_t> s = st->topk_index;
+    std::vector<int32_t> s = host_copy(st->topk_index);
     const auto k = static_cast<std::ptrdiff_t>(c.num_experts_per_tok);
     for (auto it = s.begin(); it != s.end(); it += k) std::sort(it, it + k);
     all.insert(all.end(), s.begin(), s.end());
