@@ -97,7 +97,7 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
 
   const std::string config_toml = run_config_to_toml(config);
   const uint64_t weights_hash =
-      fnv1a(std::as_bytes(std::span(params.expert)), fnv1a(std::as_bytes(std::span(params.dense))));
+      fnv1a(std::as_bytes(params.expert.span()), fnv1a(std::as_bytes(params.dense.span())));
   io::TensorDump dump;
   dump.run["precision"] = train_precision_name(config.train.precision);
   dump.run["backend"] = "cpu";

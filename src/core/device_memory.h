@@ -104,6 +104,12 @@ class DeviceArray {
     if (count > size_) zero_bytes(data_ + size_, (count - size_) * sizeof(T));
     size_ = count;
   }
+  // A copy of the elements on the same device.
+  DeviceArray clone() const {
+    DeviceArray copy(device_, size_);
+    if (size_ > 0) copy_bytes(copy.data_, data_, size_ * sizeof(T));
+    return copy;
+  }
   // Every element zero.
   void zero() {
     if (size_ > 0) zero_bytes(data_, size_ * sizeof(T));

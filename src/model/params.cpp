@@ -170,8 +170,8 @@ LayerSpecs ParamLayout::layer_specs(int64_t layer) const {
 }
 
 void ParamBuffers::zero() {
-  std::fill(dense.begin(), dense.end(), 0.0f);
-  std::fill(expert.begin(), expert.end(), 0.0f);
+  dense.zero();
+  expert.zero();
 }
 
 void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) {

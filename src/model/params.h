@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "model/config.h"
 
 namespace moecore {
@@ -93,14 +94,27 @@ class ParamLayout {
   int64_t local_experts_ = 0;
 };
 
-// Owning storage for one copy of all parameters (weights, gradients, moments...).
+// Owning storage for one copy of all parameters (weights, gradients, moments...), zeroed, on
+// `device` (core/device_memory.h; the default device unless given).
 struct ParamBuffers {
-  std::vector<float> dense;
-  std::vector<float> expert;
+  DeviceArray<float> dense;
+  DeviceArray<float> expert;
 
-  explicit ParamBuffers(const ParamLayout& layout)
-      : dense(layout.numel(ParamGroup::kDense), 0.0f),
-        expert(layout.numel(ParamGroup::kExpert), 0.0f) {}
+  explicit ParamBuffers(const ParamLayout& layout, Device device = default_device())
+      : dense(device, layout.numel(ParamGroup::kDense)),
+        expert(device, layout.numel(ParamGroup::kExpert)) {}
+  // Copies hold their own elements, on the same device.
+  ParamBuffers(const ParamBuffers& other)
+      : dense(other.dense.clone()), expert(other.expert.clone()) {}
+  ParamBuffers& operator=(const ParamBuffers& other) {
+    dense = other.dense.clone();
+    expert = other.expert.clone();
+    return *this;
+  }
+  ParamBuffers(ParamBuffers&&) noexcept = default;
+  ParamBuffers& operator=(ParamBuffers&&) noexcept = default;
+  ~ParamBuffers() = default;
+  Device device() const { return dense.device(); }
   float* data(ParamGroup group) {
     return group == ParamGroup::kDense ? dense.data() : expert.data();
   }

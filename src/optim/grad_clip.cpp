@@ -25,8 +25,10 @@ double clip_grad_norm(ParamBuffers& grads, double max_norm) {
   const double norm = global_grad_norm(grads);
   const float coef = clip_coefficient(max_norm, norm);
   if (coef < 1.0f) {
-    for (float& g : grads.dense) g *= coef;
-    for (float& g : grads.expert) g *= coef;
+    for (DeviceArray<float>* group : {&grads.dense, &grads.expert}) {
+      const int64_t count = static_cast<int64_t>(group->size());
+      kernels::scale(view(group->data(), {count}), coef, view(group->data(), {count}));
+    }
   }
   return norm;
 }

@@ -75,11 +75,12 @@ Result run_whole(const ModelConfig& c, ActivationRecompute mode) {
     model.set_routing_seed(999);
     model.backward(params, grads, 0.5f);
   }
-  r.grads = grads.dense;
-  r.grads.insert(r.grads.end(), grads.expert.begin(), grads.expert.end());
+  r.grads = host_copy(grads.dense);
+  const std::vector<float> expert_grads = host_copy(grads.expert);
+  r.grads.insert(r.grads.end(), expert_grads.begin(), expert_grads.end());
   r.topk = host_copy(model.router_state(c.num_hidden_layers - 1)->topk_index);
   model.update_router_bias(params);
-  r.params = params.dense;
+  r.params = host_copy(params.dense);
   return r;
 }
 
@@ -109,8 +110,9 @@ Result run_chunks(const ModelConfig& config, ActivationRecompute mode) {
     last.backward_chunk(slot, params, grads, 0.5f, nullptr, d_hidden.data());
     first.backward_chunk(slot, params, grads, 0.5f, d_hidden.data(), nullptr);
   }
-  r.grads = grads.dense;
-  r.grads.insert(r.grads.end(), grads.expert.begin(), grads.expert.end());
+  r.grads = host_copy(grads.dense);
+  const std::vector<float> expert_grads = host_copy(grads.expert);
+  r.grads.insert(r.grads.end(), expert_grads.begin(), expert_grads.end());
   r.topk = host_copy(last.router_state(c.num_hidden_layers - 1)->topk_index);
   return r;
 }

@@ -53,8 +53,8 @@ TEST(Bf16WeightCopies, FindsCoveredRangesOnly) {
   for (size_t i = 0; i < dense.size(); ++i) dense[i] = 1.0f + static_cast<float>(i);
   const ModelConfig c = tiny_moe_config(1);
   ParamBuffers params(ParamLayout::build(c));
-  params.dense.assign(dense.begin(), dense.end());
-  params.expert.assign(expert.begin(), expert.end());
+  params.dense = device_copy(dense);
+  params.expert = device_copy(expert);
   Bf16WeightCopies copies({{ParamGroup::kDense, 2, 4}, {ParamGroup::kExpert, 0, 6}});
   EXPECT_EQ(copies.numel(), 10u);
   copies.refresh(params);

@@ -82,12 +82,12 @@ class CheckpointTest : public ::testing::Test {
     init_params(layout_, 1234, params_);
     // Distinct, recognisable moments.
     for (size_t i = 0; i < optimizer_.exp_avg().dense.size(); ++i) {
-      optimizer_.exp_avg().dense[i] = 0.001f * static_cast<float>(i);
-      optimizer_.exp_avg_sq().dense[i] = 0.5f + 0.002f * static_cast<float>(i);
+      optimizer_.exp_avg().dense.span()[i] = 0.001f * static_cast<float>(i);
+      optimizer_.exp_avg_sq().dense.span()[i] = 0.5f + 0.002f * static_cast<float>(i);
     }
     for (size_t i = 0; i < optimizer_.exp_avg().expert.size(); ++i) {
-      optimizer_.exp_avg().expert[i] = -0.003f * static_cast<float>(i);
-      optimizer_.exp_avg_sq().expert[i] = 0.25f + 0.001f * static_cast<float>(i);
+      optimizer_.exp_avg().expert.span()[i] = -0.003f * static_cast<float>(i);
+      optimizer_.exp_avg_sq().expert.span()[i] = 0.25f + 0.001f * static_cast<float>(i);
     }
     optimizer_.set_steps_taken(42);
   }
@@ -160,18 +160,20 @@ TEST_F(CheckpointTest, SaveListLoadRoundTrip) {
   const nlohmann::json state =
       load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
   EXPECT_EQ(state, contents(5).trainer_state);
-  EXPECT_EQ(loaded.dense, params_.dense);
-  EXPECT_EQ(loaded.expert, params_.expert);
-  EXPECT_EQ(loaded_optimizer.exp_avg().dense, optimizer_.exp_avg().dense);
-  EXPECT_EQ(loaded_optimizer.exp_avg().expert, optimizer_.exp_avg().expert);
-  EXPECT_EQ(loaded_optimizer.exp_avg_sq().dense, optimizer_.exp_avg_sq().dense);
-  EXPECT_EQ(loaded_optimizer.exp_avg_sq().expert, optimizer_.exp_avg_sq().expert);
+  EXPECT_EQ(host_copy(loaded.dense), host_copy(params_.dense));
+  EXPECT_EQ(host_copy(loaded.expert), host_copy(params_.expert));
+  EXPECT_EQ(host_copy(loaded_optimizer.exp_avg().dense), host_copy(optimizer_.exp_avg().dense));
+  EXPECT_EQ(host_copy(loaded_optimizer.exp_avg().expert), host_copy(optimizer_.exp_avg().expert));
+  EXPECT_EQ(host_copy(loaded_optimizer.exp_avg_sq().dense),
+            host_copy(optimizer_.exp_avg_sq().dense));
+  EXPECT_EQ(host_copy(loaded_optimizer.exp_avg_sq().expert),
+            host_copy(optimizer_.exp_avg_sq().expert));
   EXPECT_EQ(loaded_optimizer.steps_taken(), 42);
 
   // Weights only: the optimizer argument may be null.
   ParamBuffers weights_only(layout_);
   load_checkpoint(dir, config_.model, layout_, weights_only, nullptr);
-  EXPECT_EQ(weights_only.dense, params_.dense);
+  EXPECT_EQ(host_copy(weights_only.dense), host_copy(params_.dense));
 }
 
 TEST_F(CheckpointTest, TokenizerJsonWrittenWhenNotEmpty) {
@@ -209,7 +211,7 @@ TEST_F(CheckpointTest, PruneRelativeToResumedCheckpoint) {
 
 TEST_F(CheckpointTest, SavingSameStepTwiceReplacesIt) {
   save(4);
-  params_.dense[0] = 123.0f;
+  params_.dense.span()[0] = 123.0f;
   optimizer_.set_steps_taken(99);
   const std::string dir = save(4);
   EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
@@ -223,7 +225,7 @@ TEST_F(CheckpointTest, SavingSameStepTwiceReplacesIt) {
   ParamBuffers loaded(layout_);
   AdamW loaded_optimizer(layout_, OptimConfig{});
   load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
-  EXPECT_EQ(loaded.dense[0], 123.0f);
+  EXPECT_EQ(loaded.dense.span()[0], 123.0f);
   EXPECT_EQ(loaded_optimizer.steps_taken(), 99);
 }
 
@@ -295,7 +297,7 @@ TEST_F(CheckpointTest, FailedSaveLeavesPreviousCheckpointIntact) {
 
   // Fail after a few KiB: inside model.safetensors of the new save.
   io::set_write_failure_for_testing(2000);
-  params_.dense[0] = 7.0f;
+  params_.dense.span()[0] = 7.0f;
   EXPECT_THROW(save(2, 1), Error);
   io::set_write_failure_for_testing(-1);
 

@@ -241,7 +241,7 @@ TEST(TransformerGradients, LabelsNormaliserScalesRouterLossesByTokensOverLabels)
   EXPECT_EQ(none.z, 0.0);
   ParamBuffers grads(layout);
   by_labels.backward(params, grads, 1.0f);
-  for (float g : grads.dense) ASSERT_TRUE(std::isfinite(g));
+  for (float g : grads.dense.span()) ASSERT_TRUE(std::isfinite(g));
 }
 
 // The selection bias: zero at init, never touched by the gradient, and moved after a step by
@@ -333,10 +333,10 @@ TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {
   for (const auto& [a, b, t] : {std::tuple{&g1.dense, &g4.dense, &twice.dense},
                                 std::tuple{&g1.expert, &g4.expert, &twice.expert}})
     for (size_t i = 0; i < a->size(); ++i) {
-      const double x = static_cast<double>((*a)[i]);
+      const double x = static_cast<double>(a->span()[i]);
       max_g = std::max(max_g, std::abs(x));
-      err4 = std::max(err4, std::abs(static_cast<double>((*b)[i]) - 4.0 * x));
-      err2 = std::max(err2, std::abs(static_cast<double>((*t)[i]) - 2.0 * x));
+      err4 = std::max(err4, std::abs(static_cast<double>(b->span()[i]) - 4.0 * x));
+      err2 = std::max(err2, std::abs(static_cast<double>(t->span()[i]) - 2.0 * x));
     }
   ASSERT_GT(max_g, 0.0);
   // fp32 rounding of the same computation at a different scale, relative to max |gradient|. x4 is

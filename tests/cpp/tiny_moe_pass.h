@@ -31,7 +31,7 @@ inline TinyPass tiny_pass(Transformer& model, const ParamLayout& layout,
   ParamBuffers grads(layout);
   const LossParts loss = model.forward(params, kTinyTokens.data(), kTinyTargets.data(), 2, 8);
   model.backward(params, grads, 1.0f);
-  return {loss.total, grads.dense, grads.expert};
+  return {loss.total, host_copy(grads.dense), host_copy(grads.expert)};
 }
 
 // The weight copies of `recipe` (bf16 copies, MX caches) are remade at every forward by default,
@@ -55,8 +55,8 @@ inline void expect_copies_remade_only_when_told(const ModelConfig& c, const Prec
   EXPECT_EQ(before_on_change.dense_grads, before.dense_grads);
   EXPECT_EQ(before_on_change.expert_grads, before.expert_grads);
 
-  for (float& w : params.dense) w *= factor;  // an optimizer step's worth of change
-  for (float& w : params.expert) w *= factor;
+  for (float& w : params.dense.span()) w *= factor;  // an optimizer step's worth of change
+  for (float& w : params.expert.span()) w *= factor;
   const TinyPass after = tiny_pass(every_forward, layout, params);
   ASSERT_NE(after.loss, before.loss);
   const TinyPass stale = tiny_pass(on_change, layout, params);
