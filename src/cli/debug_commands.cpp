@@ -101,8 +101,9 @@ void run_debug_state(const DebugArgs& args) {
   model.backward(s.params, grads, 1.0f);
 
   io::SafetensorsWriter writer;
+  const std::vector<float> logits = host_copy(model.logits());
   writer.add_f32("logits", {s.tokens.batch, s.tokens.seq, s.config.model.vocab_size},
-                 model.logits().data());
+                 logits.data());
   add_scalar(writer, "loss.ce", loss.ce);
   add_scalar(writer, "loss.lb", loss.lb);
   add_scalar(writer, "loss.z", loss.z);

@@ -93,17 +93,17 @@ class DeviceArray {
   std::span<T> span() { return {data_, size_}; }
   std::span<const T> span() const { return {data_, size_}; }
 
+  size_t capacity() const { return capacity_; }
+  // Room for `count` elements without reallocating (contents kept).
+  void reserve(size_t count) {
+    if (count > capacity_) reallocate(count);
+  }
   void resize(size_t count) {
-    if (count > capacity_) {
-      T* grown = static_cast<T*>(allocate_on(device_, count * sizeof(T)));
-      if (size_ > 0) copy_bytes(grown, data_, size_ * sizeof(T));
-      if (data_ != nullptr) free_on(device_, data_, capacity_ * sizeof(T));
-      data_ = grown;
-      capacity_ = count;
-    }
+    reserve(count);
     if (count > size_) zero_bytes(data_ + size_, (count - size_) * sizeof(T));
     size_ = count;
   }
+
   // A copy of the elements on the same device.
   DeviceArray clone() const {
     DeviceArray copy(device_, size_);
@@ -122,6 +122,14 @@ class DeviceArray {
   }
 
  private:
+  void reallocate(size_t count) {
+    T* grown = static_cast<T*>(allocate_on(device_, count * sizeof(T)));
+    if (size_ > 0) copy_bytes(grown, data_, size_ * sizeof(T));
+    if (data_ != nullptr) free_on(device_, data_, capacity_ * sizeof(T));
+    data_ = grown;
+    capacity_ = count;
+  }
+
   Device device_ = Device::kCpu;
   T* data_ = nullptr;
   size_t size_ = 0;

@@ -59,6 +59,7 @@ class Workspace {
     size_t live_;
   };
 
+  Device device() const { return device_; }
   // Bytes held in blocks (for memory reports and tests).
   size_t capacity_bytes() const;
   // Blocks allocated since construction (a test shows it stops growing after the first pass).

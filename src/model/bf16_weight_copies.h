@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "model/precision_recipe.h"
@@ -57,7 +58,7 @@ class Bf16WeightCopies {
     size_t offset;  // into bits_
   };
   std::vector<Copy> copies_;
-  std::vector<uint16_t> bits_;
+  DeviceArray<uint16_t> bits_;
 };
 
 }  // namespace moecore

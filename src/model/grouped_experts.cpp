@@ -35,7 +35,9 @@ void expert_weight_grads(const PrecisionRecipe& precision, std::span<const int64
   // One expert's rows dequantised at a time, into a buffer of the calling thread that keeps its
   // capacity (grown to twice what it lacked): the busiest expert changes from step to step, and
   // a workspace scope of its size would grow the workspace at every new maximum (tests/alloc).
-  thread_local std::vector<float> x;
+  // It lives where the operands do (a thread's scratch moves when they move).
+  thread_local DeviceArray<float> x;
+  if (x.device() != device_of(dy)) x = DeviceArray<float>(device_of(dy));
   const auto* codes = static_cast<const uint8_t*>(x_saved.codes.raw());
   const auto* scales = static_cast<const uint8_t*>(x_saved.scales.raw());
   for (int64_t e = 0; e < local; ++e) {

@@ -24,9 +24,12 @@ namespace moecore {
 // The expert-major rows of one forward, kept for the backward.
 struct ExpertRows {
   std::vector<int64_t> expert_offsets;  // [E_local + 1] row range of each local expert
-  DeviceArray<float> x;                 // [R, d] expert inputs
-  DeviceArray<float> gu;                // [R, 2H]
-  DeviceArray<float> act;               // [R, H]
+  // The same offsets where the model's tensors are, as the routing operation wrote them (the
+  // local dispatch); expert_offsets is their host copy, which the grouped GEMMs read today.
+  DeviceArray<int64_t> routed_offsets;
+  DeviceArray<float> x;    // [R, d] expert inputs
+  DeviceArray<float> gu;   // [R, 2H]
+  DeviceArray<float> act;  // [R, H]
   // MXFP8 only: x and act quantised along their last dimension (E4M3 codes, E8M0 scales), the
   // forward GEMMs' operands. The backward reads these instead of x and act unless
   // mx.expert_wgrad (MoeBlock then lends x and act only for the forward).

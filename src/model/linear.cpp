@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "kernels/ops.h"
 
 namespace moecore {
@@ -12,33 +13,41 @@ namespace {
 constexpr int64_t kBlock = mx::kMxBlock;
 
 // The MX operands of one call: codes and scales (and a zero-padded fp32 copy for the
-// token-dimension quantisations), per calling thread, capacity kept across calls.
+// token-dimension quantisations), per calling thread, capacity kept across calls, on the default
+// device (where the model's tensors are).
 struct MxScratch {
-  std::vector<uint8_t> codes[2], scales[2];
-  std::vector<float> padded;
+  DeviceArray<uint8_t> codes[2], scales[2];
+  DeviceArray<float> padded;
 };
 
-MxScratch& scratch() {
+// The calling thread's scratch, on `device` (it moves when the operands do).
+MxScratch& scratch(Device device) {
   thread_local MxScratch s;
+  if (s.padded.device() != device)
+    s = MxScratch{{DeviceArray<uint8_t>(device), DeviceArray<uint8_t>(device)},
+                  {DeviceArray<uint8_t>(device), DeviceArray<uint8_t>(device)},
+                  DeviceArray<float>(device)};
   return s;
 }
 
 // x [rows, cols] along cols into slot `slot` of the scratch.
 MxOperandView quantize_rows(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
                             int slot) {
-  MxScratch& s = scratch();
+  MxScratch& s = scratch(device_of(x));
   s.codes[slot].resize(static_cast<size_t>(rows * cols));
   s.scales[slot].resize(static_cast<size_t>(rows * cols / kBlock));
-  return mx_quantize_rows(x, rows, cols, mode, s.codes[slot], s.scales[slot]);
+  return mx_quantize_rows(x, rows, cols, mode, s.codes[slot].span(), s.scales[slot].span());
 }
 
 // x [rows, cols] along rows (the tokens), rows zero-padded to a multiple of 32: [cols, padded].
 MxOperandView quantize_along_tokens(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
                                     int slot) {
-  MxScratch& s = scratch();
+  MxScratch& s = scratch(device_of(x));
   const int64_t padded = (rows + kBlock - 1) / kBlock * kBlock;
-  s.padded.assign(static_cast<size_t>(padded * cols), 0.0f);
-  std::copy(x, x + rows * cols, s.padded.begin());
+  s.padded.resize(static_cast<size_t>(padded * cols));
+  copy_bytes(s.padded.data(), x, static_cast<size_t>(rows * cols) * sizeof(float));
+  zero_bytes(s.padded.data() + rows * cols,
+             static_cast<size_t>((padded - rows) * cols) * sizeof(float));
   s.codes[slot].resize(static_cast<size_t>(padded * cols));
   s.scales[slot].resize(static_cast<size_t>(padded * cols / kBlock));
   const TensorView codes(s.codes[slot].data(), {cols, padded}, DType::kE4m3);

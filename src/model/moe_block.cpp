@@ -67,7 +67,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
     swiglu_mlp_forward(precision_.dense_mlp, {tokens, d, hs}, x, w.shared_gate_up, w.shared_down,
                        cache.shared_gu.data(), cache.shared_act.data(), y);
   } else {
-    std::fill(y, y + tokens * d, 0.0f);
+    zero_bytes(y, static_cast<size_t>(tokens * d) * sizeof(float));
   }
   // Combine: y[t] += sum_j weight[t, j] * output of route (t, j).
   timer.switch_to(Phase::kCombineForward);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/mx_types.h"
 #include "kernels/ops.h"
 #include "model/config.h"
@@ -68,7 +69,7 @@ class MxWeightCaches {
   };
   mx::ScaleMode scale_mode_ = mx::ScaleMode::kRceil;
   std::vector<Cache> caches_;
-  std::vector<uint8_t> bytes_;
+  DeviceArray<uint8_t> bytes_;
 };
 
 // The bytes of one range's two caches: 2 * numel codes + 2 * numel / 32 scales.

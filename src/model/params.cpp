@@ -175,6 +175,14 @@ void ParamBuffers::zero() {
 }
 
 void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) {
+  if (params.device() != Device::kCpu) {
+    // Drawn on the host, then copied where the parameters live.
+    ParamBuffers host(layout, Device::kCpu);
+    init_params(layout, seed, host);
+    copy_bytes(params.dense.data(), host.dense.data(), host.dense.size() * sizeof(float));
+    copy_bytes(params.expert.data(), host.expert.data(), host.expert.size() * sizeof(float));
+    return;
+  }
   for (const ParamSpec& spec : layout.specs()) {
     float* w = params.at(spec);
     if (spec.is_buffer) {

@@ -1,5 +1,6 @@
 #include "model/sync_dispatch.h"
 
+#include "core/check.h"
 #include "core/phase_timer.h"
 #include "core/to_size.h"
 #include "kernels/ops.h"
@@ -13,6 +14,11 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
   const int64_t h = c.moe_intermediate_size, routes = tokens * k;
   const int64_t ranks = exchange_.ranks(), local = shard_.count;
+  // The exchange moves host rows (MPI): this dispatch runs on host memory until it has a device
+  // form (issue 15 item 4).
+  MOE_CHECK(routed.send_pos.device() == Device::kCpu && workspace.device() == Device::kCpu,
+            "[moe] the sync expert-parallel dispatch runs on host memory only (its exchange is "
+            "MPI's)");
   ScopedPhase timer(Phase::kDispatchForward);
   Workspace::Scope scratch(workspace);
   // The send order: by global expert, so by destination rank (expert e sits on rank e / local).

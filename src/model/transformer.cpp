@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "core/phase_timer.h"
 #include "kernels/ops.h"
 #include "model/document_mask.h"
@@ -17,25 +18,30 @@ namespace moecore {
 // Reordered: attn_out = attn(x), mid = x + norm1(attn_out), ffn_out = ffn(mid),
 // out = mid + norm2(ffn_out); h1 and h2 stay empty (the sublayers read x and mid).
 struct Transformer::LayerCache {
-  std::vector<float> rstd1, h1;  // attention branch RMSNorm (pre: input; reordered: output)
+  DeviceArray<float> rstd1, h1;  // attention branch RMSNorm (pre: input; reordered: output)
   AttentionCache attention;
-  std::vector<float> mid;                // residual after attention
-  std::vector<float> rstd2, h2;          // FFN branch RMSNorm
-  std::vector<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
+  DeviceArray<float> mid;                // residual after attention
+  DeviceArray<float> rstd2, h2;          // FFN branch RMSNorm
+  DeviceArray<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
   MoeCache moe;
   int64_t dropped_routes = 0;  // rowwise dispatch's capacity drops (outlive a released MoE cache)
-  std::vector<float> mlp_gu, mlp_act;  // dense layers
+  DeviceArray<float> mlp_gu, mlp_act;  // dense layers
 };
 
 // One micro-batch's activations in this chunk.
 struct Transformer::Activations {
   int64_t batch = 0, seq = 0;
-  std::vector<int32_t> tokens;               // chunk with the embedding
-  std::vector<int32_t> doc_start;            // [B, T] with document masking, else empty
-  std::vector<std::vector<float>> residual;  // [layers + 1][N, d]: input of each layer, then output
+  DeviceArray<int32_t> tokens;               // chunk with the embedding
+  DeviceArray<int32_t> targets;              // chunk with the head, with targets
+  std::vector<int32_t> doc_start_host;       // [B, T] with document masking, else empty...
+  DeviceArray<int32_t> doc_start;            // ... and where the attention reads it
+  std::vector<DeviceArray<float>> residual;  // [layers + 1][N, d]: input of each layer, then output
   std::vector<LayerCache> layers;            // this chunk's layers
-  std::vector<float> final_rstd, final_hidden, logits, dlogits;  // chunk with the head
-  std::vector<float> lb_score_grad;  // [layers][E] load-balancing gradient per router probability
+  DeviceArray<float> final_rstd, final_hidden, logits, dlogits;  // chunk with the head
+  // [layers][E] load-balancing gradient per router probability, made on the host (from the
+  // batch statistics) and read by the router's backward where it runs.
+  std::vector<float> lb_score_grad_host;
+  DeviceArray<float> lb_score_grad;
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;    // tokens of the global micro-batch
   double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
@@ -175,16 +181,27 @@ const RouterState* Transformer::router_state(int64_t layer) const {
               .moe.router;
 }
 
+void Transformer::emit(const std::string& name, ConstTensorView tensor) const {
+  if (tensor.device() == Device::kCpu) {
+    observer_(name, tensor);
+    return;
+  }
+  // Observers read on the host: a copy of a device's tensor (observed tensors are contiguous).
+  std::vector<std::byte> host(static_cast<size_t>(tensor.numel()) * dtype_size(tensor.dtype()));
+  copy_bytes(host.data(), tensor.raw(), host.size());
+  observer_(name, tensor.relocated(host.data(), Device::kCpu));
+}
+
 void Transformer::observe(const std::string& name, ConstTensorView tensor) const {
-  if (observer_ && !recomputing_) observer_(name, tensor);
+  if (observer_ && !recomputing_) emit(name, tensor);
 }
 
 void Transformer::observe_layer(int64_t layer, std::string_view module, ConstTensorView tensor,
                                 bool gradient) const {
   if (!observer_ || recomputing_) return;
-  observer_(fmt::format("{}model.layers.{}{}{}", gradient ? "grad." : "", layer,
-                        module.empty() ? "" : ".", module),
-            tensor);
+  emit(fmt::format("{}model.layers.{}{}{}", gradient ? "grad." : "", layer,
+                   module.empty() ? "" : ".", module),
+       tensor);
 }
 
 void Transformer::observe_attention(int64_t layer, const AttentionCache& cache,
@@ -223,7 +240,8 @@ void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t to
     observe_layer(layer, "mlp.topk_index", view(r.topk_index.data(), {tokens, k}));
     observe_layer(layer, "mlp.topk_weight", view(r.topk_weight.data(), {tokens, k}));
     // Each route's output in (token, slot) order, whatever order the dispatch sent it in.
-    std::vector<float> by_route(static_cast<size_t>(tokens * k * d));
+    DeviceArray<float> by_route(cache.moe.routed.y_back.device(),
+                                static_cast<size_t>(tokens * k * d));
     kernels::gather_rows(view(cache.moe.routed.y_back.data(),
                               {static_cast<int64_t>(cache.moe.routed.y_back.size()) / d, d}),
                          view(cache.moe.routed.send_pos.data(), {tokens * k}),
@@ -240,7 +258,7 @@ int64_t Transformer::dropped_routes(int64_t layer) const {
       .dropped_routes;
 }
 
-const std::vector<float>& Transformer::logits() const {
+const DeviceArray<float>& Transformer::logits() const {
   MOE_CHECK(last_slot_ >= 0 && has_head(), "[model] logits() needs a forward() of the head first");
   return slots_[static_cast<size_t>(last_slot_)]->logits;
 }
@@ -415,19 +433,23 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   act.residual.resize(static_cast<size_t>(count + 1));
   for (auto& r : act.residual) r.resize(static_cast<size_t>(n * d));
   if (has_embedding()) {
-    act.tokens.assign(tokens, tokens + n);
-    kernels::embedding_forward(view(tokens, {n}), view(at(params, embed_), {v, d}),
+    act.tokens.resize(static_cast<size_t>(n));
+    copy_bytes(act.tokens.data(), tokens, static_cast<size_t>(n) * sizeof(int32_t));
+    kernels::embedding_forward(view(act.tokens.data(), {n}), view(at(params, embed_), {v, d}),
                                view(act.residual[0].data(), {n, d}));
     observe("model.embed_tokens", view(act.residual[0].data(), {n, d}));
   } else {
-    std::copy_n(hidden_in, n * d, act.residual[0].data());
+    copy_bytes(act.residual[0].data(), hidden_in, static_cast<size_t>(n * d) * sizeof(float));
   }
   if (document_eos_ >= 0) {
     MOE_CHECK(tokens != nullptr, "[model] document masking needs the tokens on every chunk");
+    act.doc_start_host.resize(static_cast<size_t>(n));
+    document_starts(tokens, batch, seq, document_eos_, act.doc_start_host.data());
     act.doc_start.resize(static_cast<size_t>(n));
-    document_starts(tokens, batch, seq, document_eos_, act.doc_start.data());
+    copy_bytes(act.doc_start.data(), act.doc_start_host.data(),
+               static_cast<size_t>(n) * sizeof(int32_t));
   } else {
-    act.doc_start.clear();
+    act.doc_start.resize(0);
   }
 
   Workspace::Scope scratch(workspace_);
@@ -457,7 +479,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     timer.stop();
     observe("lm_head", view(act.logits.data(), {n, v}));
   } else {
-    std::copy_n(act.residual.back().data(), n * d, hidden_out);
+    copy_bytes(hidden_out, act.residual.back().data(), static_cast<size_t>(n * d) * sizeof(float));
   }
 
   LossParts loss;
@@ -505,9 +527,11 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
 
   if (has_head()) {
     act.dlogits.resize(act.logits.size());
+    act.targets.resize(static_cast<size_t>(n));
+    copy_bytes(act.targets.data(), targets, static_cast<size_t>(n) * sizeof(int32_t));
     ScopedPhase timer(Phase::kLmHeadForward);
     const CrossEntropyResult ce =
-        kernels::cross_entropy(view(act.logits.data(), {n, v}), view(targets, {n}),
+        kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
                                view(act.dlogits.data(), {n, v}), 1.0f, counted);
     timer.stop();
     double ce_sum = ce.loss * static_cast<double>(counted);
@@ -519,7 +543,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   // Router losses. The per-token load-balancing gradient is a constant per (layer, expert):
   // lb_score_grad[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as the
   // references do).
-  act.lb_score_grad.assign(static_cast<size_t>(count * e_count), 0.0f);
+  act.lb_score_grad_host.assign(static_cast<size_t>(count * e_count), 0.0f);
   // Router losses over the normaliser: z = sum_t lse_t^2 / div; olmo-core lb = (E/k) sum_e f_e P_e
   // with f_e = routes to e / div and P_e the mean probability over all tokens (OLMo-core's
   // local_batch loss with its loss_div_factor). No counted label with "labels": no router loss.
@@ -537,7 +561,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
         for (int64_t e = 0; e < e_count; ++e) {
           const double f = layer_stats[e] / div;
           loss.lb += scale * f * layer_stats[e_count + e] / nd;
-          act.lb_score_grad[static_cast<size_t>(local * e_count + e)] =
+          act.lb_score_grad_host[static_cast<size_t>(local * e_count + e)] =
               static_cast<float>(c.router_aux_loss_coef * scale * f / nd);
         }
       } else {
@@ -557,10 +581,13 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
         const float g =
             static_cast<float>(c.router_aux_loss_coef * static_cast<double>(e_count) * f / rows);
         for (int64_t i : moe_layers)
-          act.lb_score_grad[static_cast<size_t>((i - layers_begin_) * e_count + e)] = g;
+          act.lb_score_grad_host[static_cast<size_t>((i - layers_begin_) * e_count + e)] = g;
       }
     }
   }
+  act.lb_score_grad.resize(act.lb_score_grad_host.size());
+  copy_bytes(act.lb_score_grad.data(), act.lb_score_grad_host.data(),
+             act.lb_score_grad_host.size() * sizeof(float));
   loss.total = loss.ce + c.router_aux_loss_coef * loss.lb + c.router_z_loss_coef * loss.z;
   act.backward_ready = true;
   return loss;
@@ -604,7 +631,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                               view(at(params, final_norm_), {d}), view(act.final_rstd.data(), {n}),
                               view(dx.data(), {n, d}), view(at(grads, final_norm_), {d}), false);
   } else {
-    std::copy_n(d_hidden_out, n * d, dx.data());
+    copy_bytes(dx.data(), d_hidden_out, static_cast<size_t>(n * d) * sizeof(float));
   }
 
   const std::span<float> dbranch = scratch.zeroed<float>(n * d);
@@ -701,7 +728,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                 view(at(grads, embed_), {config_.vocab_size, d}));
   } else {
     observe_layer(layers_begin_ - 1, "", view(dx.data(), {n, d}), true);
-    std::copy_n(dx.data(), n * d, d_hidden_in);
+    copy_bytes(d_hidden_in, dx.data(), static_cast<size_t>(n * d) * sizeof(float));
   }
 }
 
@@ -722,7 +749,10 @@ void Transformer::update_router_bias(ParamBuffers& params) {
     if (c.layer_is_dense(i)) continue;
     const size_t base = static_cast<size_t>((i - layers_begin_) * e_count);
     if (selection_counts_.size() < base + static_cast<size_t>(e_count)) continue;  // no forward
-    float* bias = at(params, layer_specs_[static_cast<size_t>(i)].router_bias);
+    // The bias moves on the host (E values once a step), wherever the parameters are.
+    float* bias_in_params = at(params, layer_specs_[static_cast<size_t>(i)].router_bias);
+    std::vector<float> bias(static_cast<size_t>(e_count));
+    copy_bytes(bias.data(), bias_in_params, bias.size() * sizeof(float));
     const double* counts = selection_counts_.data() + base;
     double total = 0.0;
     for (int64_t e = 0; e < e_count; ++e) total += counts[e];
@@ -731,8 +761,9 @@ void Transformer::update_router_bias(ParamBuffers& params) {
     for (int64_t e = 0; e < e_count; ++e) {
       const double gap = mean - counts[e];
       const float sign = gap > 0.0 ? 1.0f : (gap < 0.0 ? -1.0f : 0.0f);
-      bias[e] += rate * sign;
+      bias[static_cast<size_t>(e)] += rate * sign;
     }
+    copy_bytes(bias_in_params, bias.data(), bias.size() * sizeof(float));
   }
   clear_selection_counts();
 }

@@ -139,7 +139,7 @@ class Transformer {
   void update_router_bias(ParamBuffers& params);
 
   // Of the last forward (any slot).
-  const std::vector<float>& logits() const;  // [batch * seq, vocab]; chunk with the head only
+  const DeviceArray<float>& logits() const;  // [batch * seq, vocab]; chunk with the head only
   const ModelConfig& config() const { return config_; }
   // Router state of each layer of the last forward (nullptr for dense layers and for layers
   // outside this chunk).
@@ -187,6 +187,8 @@ class Transformer {
   // The observer hooks: `name` is a full name, `module` one inside model.layers.{layer} (empty:
   // the layer itself), "grad." prefixed for a gradient; nothing is formatted without an observer.
   void observe(const std::string& name, ConstTensorView tensor) const;
+  // Passes a tensor to the observer, through a host copy when it is a device's.
+  void emit(const std::string& name, ConstTensorView tensor) const;
   void observe_layer(int64_t layer, std::string_view module, ConstTensorView tensor,
                      bool gradient = false) const;
   void observe_attention(int64_t layer, const AttentionCache& cache, const float* out) const;

@@ -37,7 +37,7 @@ std::vector<float> logits_on_check_batch(const ModelConfig& config, const ParamL
     targets[i] = (i + 1) % kCheckSeq == 0 ? -100 : tokens[i + 1];
   Transformer model(config, layout);  // fp32 GEMMs (the default recipe)
   model.forward(params, tokens.data(), targets.data(), kCheckBatch, kCheckSeq);
-  return model.logits();
+  return host_copy(model.logits());
 }
 
 }  // namespace

@@ -179,12 +179,14 @@ GuardedMemory& guarded_memory() {
 
 }  // namespace
 
-Scope::Scope() {
+Scope::Scope() : previous_default_(default_device()) {
   register_device_memory(Device::kCuda, &guarded_memory());
   kernels::register_device_backend(Device::kCuda, &guarded_backend());
+  set_default_device(Device::kCuda);
 }
 
 Scope::~Scope() {
+  set_default_device(previous_default_);
   kernels::register_device_backend(Device::kCuda, nullptr);
   register_device_memory(Device::kCuda, nullptr);
 }

@@ -9,16 +9,22 @@
 // garbage or fault), shown without one.
 #pragma once
 
+#include "core/device.h"
+
 namespace moecore::guarded_device {
 
-// Registers the guarded memory and kernel table for Device::kCuda for the scope's lifetime (device
-// allocations must be freed before it ends). One at a time.
+// Registers the guarded memory and kernel table for Device::kCuda, and makes it the default device
+// (core/device_memory.h), for the scope's lifetime (device allocations must be freed before it
+// ends). One at a time.
 class Scope {
  public:
   Scope();
   ~Scope();
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
+
+ private:
+  Device previous_default_;
 };
 
 }  // namespace moecore::guarded_device

@@ -1,7 +1,8 @@
 // core/device_memory.h on the guarded device (guarded_device.h: host pages the host cannot touch
 // outside the operations): allocations know their device by address, arrays keep std::vector's
 // resize rule through copies, host touches crash, and a model layer made of kernels/ops.h calls
-// (the SwiGLU MLP, forward and backward) runs on device memory with the CPU's bits.
+// (the SwiGLU MLP, forward and backward) and a whole training pass of the transformer run on
+// device memory with the CPU's bits.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,7 +13,13 @@
 #include "core/tensor_view.h"
 #include "guarded_device.h"
 #include "kernels/matmul_precision.h"
+#include "model/activation_recompute.h"
+#include "model/params.h"
+#include "model/precision_recipe.h"
 #include "model/swiglu_mlp.h"
+#include "model/transformer.h"
+#include "tiny_moe_config.h"
+#include "tiny_moe_pass.h"
 
 namespace moecore {
 namespace {
@@ -125,6 +132,75 @@ TEST(DeviceMemory, SwigluMlpRunsOnDeviceMemoryWithTheCpusBits) {
     EXPECT_EQ(to_host(dw_gu_d), dw_gu);
     EXPECT_EQ(to_host(dw_down_d), dw_down);
   }
+}
+
+// One training pass of the transformer (forward with targets, backward) with every parameter,
+// activation and temporary in device memory: the same loss parts and gradients, bit for bit, as
+// on the host. The guarded device faults on any host touch of its memory, so the pass also shows
+// that the step reaches its tensors only through kernels and copies.
+struct StepResult {
+  LossParts loss;
+  std::vector<float> dense_grads, expert_grads;
+};
+
+StepResult training_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
+                         ActivationRecompute recompute, int32_t document_eos) {
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers host_params(layout, Device::kCpu);
+  fill_tiny_params(layout, 5, host_params);
+  ParamBuffers params(layout);  // on the default device
+  copy_bytes(params.dense.data(), host_params.dense.data(), params.dense.size() * sizeof(float));
+  copy_bytes(params.expert.data(), host_params.expert.data(), params.expert.size() * sizeof(float));
+  ParamBuffers grads(layout);
+  Transformer model(c, layout);
+  model.set_precision(recipe);
+  model.set_recompute(recompute);
+  model.set_document_masking(document_eos);
+  const int64_t batch = 2, seq = 8;
+  std::vector<int32_t> tokens(kTinyTokens), targets(kTinyTargets);
+  for (int32_t& t : tokens) t %= static_cast<int32_t>(c.vocab_size);
+  StepResult r;
+  r.loss = model.forward(params, tokens.data(), targets.data(), batch, seq);
+  model.backward(params, grads, 0.75f);
+  r.dense_grads = host_copy(grads.dense);
+  r.expert_grads = host_copy(grads.expert);
+  return r;
+}
+
+void expect_same_pass_on_the_device(const ModelConfig& c, const PrecisionRecipe& recipe,
+                                    ActivationRecompute recompute, int32_t document_eos) {
+  const StepResult on_host = training_pass(c, recipe, recompute, document_eos);
+  const guarded_device::Scope device;
+  const StepResult on_device = training_pass(c, recipe, recompute, document_eos);
+  EXPECT_EQ(on_device.loss.total, on_host.loss.total);
+  EXPECT_EQ(on_device.loss.ce, on_host.loss.ce);
+  EXPECT_EQ(on_device.loss.lb, on_host.loss.lb);
+  EXPECT_EQ(on_device.loss.z, on_host.loss.z);
+  EXPECT_EQ(on_device.dense_grads, on_host.dense_grads);
+  EXPECT_EQ(on_device.expert_grads, on_host.expert_grads);
+  EXPECT_GT(on_host.loss.lb, 0.0);  // the MoE layer ran
+}
+
+TEST(DeviceMemory, TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {
+  const ModelConfig c = tiny_moe_config(2);
+  for (const TrainPrecision precision : {TrainPrecision::kFp32, TrainPrecision::kBf16}) {
+    const PrecisionRecipe recipe = PrecisionRecipe::from_train(precision, {});
+    expect_same_pass_on_the_device(c, recipe, ActivationRecompute::kNone, -1);
+    expect_same_pass_on_the_device(c, recipe, ActivationRecompute::kFull, -1);
+    expect_same_pass_on_the_device(c, recipe, ActivationRecompute::kNone, 4);  // document masking
+  }
+}
+
+TEST(DeviceMemory, Mxfp8TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {
+  // MXFP8 contracts in blocks of 32: every GEMM dimension of the experts a multiple of it.
+  ModelConfig c = tiny_moe_config(2);
+  c.hidden_size = 32;
+  c.head_dim = 16;
+  c.moe_intermediate_size = 32;
+  c.intermediate_size = 64;
+  c.shared_expert_intermediate_size = 32;
+  expect_same_pass_on_the_device(c, PrecisionRecipe::from_train(TrainPrecision::kMxfp8, {}),
+                                 ActivationRecompute::kNone, -1);
 }
 
 }  // namespace
