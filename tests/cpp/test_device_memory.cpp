@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "core/device_memory.h"
 #include "core/tensor_view.h"
+#include "gradcheck.h"
 #include "guarded_device.h"
 #include "kernels/matmul_precision.h"
 #include "model/activation_recompute.h"
@@ -24,13 +24,7 @@
 namespace moecore {
 namespace {
 
-std::vector<float> random_values(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(gen);
-  return v;
-}
+using gradcheck::random_vec;
 
 // A host vector's copy in device memory, and back.
 DeviceArray<float> to_device(const std::vector<float>& host) {
@@ -101,8 +95,8 @@ TEST(DeviceMemoryDeathTest, TheHostTouchingDeviceMemoryCrashes) {
 TEST(DeviceMemory, SwigluMlpRunsOnDeviceMemoryWithTheCpusBits) {
   const SwigluShape s{.rows = 13, .dim = 24, .hidden = 40};
   const size_t x_n = 13 * 24, gu_n = 13 * 80, act_n = 13 * 40;
-  const std::vector<float> x = random_values(x_n, 1), dy = random_values(x_n, 2);
-  const std::vector<float> w_gu = random_values(80 * 24, 3), w_down = random_values(24 * 40, 4);
+  const std::vector<float> x = random_vec(x_n, 1), dy = random_vec(x_n, 2);
+  const std::vector<float> w_gu = random_vec(80 * 24, 3), w_down = random_vec(24 * 40, 4);
   for (const kernels::MatmulPrecision precision :
        {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
     // On the host.
