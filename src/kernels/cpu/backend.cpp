@@ -1,5 +1,6 @@
 // The CPU backend's table (kernels::cpu, kernels/cpu/ops.h: the operations of this folder).
 #include "kernels/backend.h"
+
 #include "kernels/cpu/ops.h"
 
 namespace moecore::kernels {

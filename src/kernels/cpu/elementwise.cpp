@@ -1,7 +1,7 @@
 // Elementwise kernels on the CPU: contiguous ranges over the OpenMP pool (each element's result
 // is one rounding, so the split does not matter).
-#include "kernels/elementwise_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/elementwise_checks.h"
 
 namespace moecore::kernels::cpu {
 

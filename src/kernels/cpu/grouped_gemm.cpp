@@ -1,8 +1,8 @@
 // The grouped GEMM on the CPU: one kernels::gemm per expert with rows, threaded as
 // cpu/expert_parallel_for.h decides, reading the experts' weights in fp32 or as their bf16 copy.
 #include "kernels/cpu/expert_parallel_for.h"
-#include "kernels/grouped_gemm_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/grouped_gemm_checks.h"
 
 namespace moecore::kernels::cpu {
 

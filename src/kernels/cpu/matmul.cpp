@@ -1,6 +1,6 @@
 // matmul on the CPU: the views handed to kernels/gemm.h's GEMM (oneDNN).
-#include "kernels/matmul_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/matmul_checks.h"
 
 namespace moecore::kernels::cpu {
 

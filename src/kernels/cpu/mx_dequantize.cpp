@@ -2,8 +2,8 @@
 // elements read from the decode table and multiplied by it (compiled per ISA, core/simd.h) — the
 // same single fp32 multiply as mx::dequantize, so the same bits.
 #include "core/simd.h"
-#include "kernels/mx_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/mx_checks.h"
 
 namespace moecore::kernels::cpu {
 

@@ -4,8 +4,8 @@
 // output is one fixed-order dot product.
 #include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/cpu/mx_gemm.h"
-#include "kernels/mx_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/mx_checks.h"
 
 namespace moecore::kernels::cpu {
 

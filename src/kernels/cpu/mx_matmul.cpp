@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "kernels/cpu/mx_gemm.h"
-#include "kernels/mx_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/mx_checks.h"
 
 namespace moecore::kernels::cpu {
 

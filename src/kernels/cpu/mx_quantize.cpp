@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "core/simd.h"
-#include "kernels/mx_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/mx_checks.h"
 
 namespace moecore::kernels::cpu {
 

@@ -1,8 +1,8 @@
 // to_bf16 on the CPU: the bulk conversion of the bf16 GEMM operands (cpu/bf16_convert.h) over a
 // flat view.
 #include "kernels/cpu/bf16_convert.h"
-#include "kernels/elementwise_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/elementwise_checks.h"
 
 namespace moecore::kernels::cpu {
 
