@@ -103,11 +103,23 @@ class DeviceArray {
     if (count > size_) zero_bytes(data_ + size_, (count - size_) * sizeof(T));
     size_ = count;
   }
+  // As resize, but the new elements are left as they are, for a caller that writes them all
+  // before reading (std::make_unique_for_overwrite's rule): no zeroing pass.
+  void resize_for_overwrite(size_t count) {
+    reserve(count);
+    size_ = count;
+  }
+  // Empties the array and moves it to `device`, unless it is there already: scratch that follows
+  // the device of its operands.
+  void place_on(Device device) {
+    if (device != device_) DeviceArray(device).swap(*this);
+  }
 
   // A copy of the elements on the same device.
   DeviceArray clone() const {
-    DeviceArray copy(device_, size_);
-    if (size_ > 0) copy_bytes(copy.data_, data_, size_ * sizeof(T));
+    DeviceArray copy(device_);
+    copy.resize_for_overwrite(size_);
+    copy_bytes(copy.data_, data_, size_ * sizeof(T));
     return copy;
   }
   // Every element zero.
@@ -154,7 +166,8 @@ std::span<const T> host_readable(const DeviceArray<T>& array, std::vector<T>& co
 }
 template <typename T>
 DeviceArray<T> device_copy(const std::vector<T>& host, Device device = default_device()) {
-  DeviceArray<T> array(device, host.size());
+  DeviceArray<T> array(device);
+  array.resize_for_overwrite(host.size());
   copy_bytes(array.data(), host.data(), host.size() * sizeof(T));
   return array;
 }

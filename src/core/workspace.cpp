@@ -75,7 +75,8 @@ void Workspace::release_to(size_t block, size_t used, size_t live) {
 
 void Workspace::add_block(size_t size) {
   Block block;
-  block.bytes = DeviceArray<std::byte>(device_, size + kAlignment);
+  block.bytes = DeviceArray<std::byte>(device_);
+  block.bytes.resize_for_overwrite(size + kAlignment);  // handed out uninitialised or zeroed()
   block.size = size;
   blocks_.push_back(std::move(block));
   ++block_allocations_;

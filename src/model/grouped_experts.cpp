@@ -37,7 +37,7 @@ void expert_weight_grads(const PrecisionRecipe& precision, std::span<const int64
   // a workspace scope of its size would grow the workspace at every new maximum (tests/alloc).
   // It lives where the operands do (a thread's scratch moves when they move).
   thread_local DeviceArray<float> x;
-  if (x.device() != device_of(dy)) x = DeviceArray<float>(device_of(dy));
+  x.place_on(device_of(dy));
   const auto* codes = static_cast<const uint8_t*>(x_saved.codes.raw());
   const auto* scales = static_cast<const uint8_t*>(x_saved.scales.raw());
   for (int64_t e = 0; e < local; ++e) {

@@ -13,8 +13,8 @@ namespace {
 constexpr int64_t kBlock = mx::kMxBlock;
 
 // The MX operands of one call: codes and scales (and a zero-padded fp32 copy for the
-// token-dimension quantisations), per calling thread, capacity kept across calls, on the default
-// device (where the model's tensors are).
+// token-dimension quantisations), per calling thread, capacity kept across calls, on the device
+// of the operands.
 struct MxScratch {
   DeviceArray<uint8_t> codes[2], scales[2];
   DeviceArray<float> padded;
@@ -23,10 +23,11 @@ struct MxScratch {
 // The calling thread's scratch, on `device` (it moves when the operands do).
 MxScratch& scratch(Device device) {
   thread_local MxScratch s;
-  if (s.padded.device() != device)
-    s = MxScratch{{DeviceArray<uint8_t>(device), DeviceArray<uint8_t>(device)},
-                  {DeviceArray<uint8_t>(device), DeviceArray<uint8_t>(device)},
-                  DeviceArray<float>(device)};
+  for (int slot : {0, 1}) {
+    s.codes[slot].place_on(device);
+    s.scales[slot].place_on(device);
+  }
+  s.padded.place_on(device);
   return s;
 }
 
