@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/check.h"
 #include "kernels/gemm.h"
 #if MOECORE_CLI_HAS_CUDA
 #include "kernels/cuda/device_selection.h"
@@ -48,6 +49,18 @@ void run_devices() {
       "cpu: {}, {} threads, bf16 GEMMs {}\n", cpu_model_name(), omp_get_max_threads(),
       native_bf16 ? "native (oneDNN, AVX512-BF16)" : "emulated (fp32 on bf16-rounded inputs)");
   fmt::print("cuda: {}\n", cuda_line());
+}
+
+std::string select_device(Device device) {
+  if (device == Device::kCpu) return "";
+#if MOECORE_CLI_HAS_CUDA
+  return kernels::cuda::activate();
+#else
+  throw Error(fmt::format(
+      "[train] train.device={}: this moecore program has no CUDA backend (build it with the "
+      "CUDA toolkit and `cmake --preset cuda`)",
+      device_name(device)));
+#endif
 }
 
 }  // namespace moecore::cli

@@ -6,8 +6,17 @@
 // build one that has it. Exit status 0 whatever is found: it reports, it does not require.
 #pragma once
 
+#include <string>
+
+#include "core/device.h"
+
 namespace moecore::cli {
 
 void run_devices();
+
+// Selects `device` for this process's model (train.device): for cuda, the GPU through the CUDA
+// backend; returns its description for the start-up line ("" for the CPU). Throws moecore::Error
+// naming why when the device cannot be used (no GPU, or a program built without the backend).
+std::string select_device(Device device);
 
 }  // namespace moecore::cli

@@ -123,6 +123,11 @@ int main(int argc, char** argv) {
                   "continue from the newest valid checkpoint in train.out_dir");
   train->add_flag("--allow-config-change", train_options.allow_config_change,
                   "with --resume: accept a config that breaks exact replay (each change logged)");
+  std::string train_device;
+  train
+      ->add_option("--device", train_device,
+                   "where the model runs: cpu or cuda (the same as --set train.device=...)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--init-from", train_options.init_from,
                     "start from a Hugging Face model directory (config.json + safetensors); "
                     "[model] keys the config does not set come from its config.json");
@@ -335,10 +340,12 @@ int main(int argc, char** argv) {
     } else if (dump->parsed()) {
       cli::run_dump(dump_args, dump_out);
     } else if (train->parsed()) {
+      if (!train_device.empty()) overrides.push_back("train.device=" + train_device);
       const moecore::RunConfig run_config =
           train_options.init_from.empty()
               ? moecore::load_run_config(train_config, overrides)
               : cli::load_run_config_init_from(train_config, overrides, train_options.init_from);
+      train_options.device_description = cli::select_device(run_config.train.device);
       const moecore::TrainSummary summary = moecore::train(run_config, train_options);
       // Stopped by a signal after saving: the shell's convention for death by that signal, so
       // that schedulers and scripts see the run did not finish.

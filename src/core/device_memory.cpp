@@ -70,6 +70,11 @@ void register_device_memory(Device device, DeviceMemory* memory) {
   registered_memory()[static_cast<size_t>(device)].store(memory);
 }
 
+bool has_device_memory(Device device) {
+  return device == Device::kCpu ||
+         registered_memory()[static_cast<size_t>(device)].load() != nullptr;
+}
+
 void* allocate_on(Device device, size_t bytes) {
   if (device == Device::kCpu) return ::operator new(bytes, kHostAlignment);
   void* data = memory_of(device).allocate(bytes);

@@ -45,6 +45,25 @@ void register_device_memory(Device device, DeviceMemory* memory);
 Device default_device();
 void set_default_device(Device device);
 
+// Makes `device` the default for the scope's lifetime (a training run's), then restores the one
+// before.
+class DefaultDeviceScope {
+ public:
+  explicit DefaultDeviceScope(Device device) : previous_(default_device()) {
+    set_default_device(device);
+  }
+  ~DefaultDeviceScope() { set_default_device(previous_); }
+  DefaultDeviceScope(const DefaultDeviceScope&) = delete;
+  DefaultDeviceScope& operator=(const DefaultDeviceScope&) = delete;
+
+ private:
+  Device previous_;
+};
+
+// Whether `device` has memory to allocate (always for Device::kCpu; for a device, once its
+// backend registered it).
+bool has_device_memory(Device device);
+
 // `bytes` on `device` (host memory for Device::kCpu), recorded by address; free with free_on.
 // Throws moecore::Error when no memory is registered for the device.
 void* allocate_on(Device device, size_t bytes);

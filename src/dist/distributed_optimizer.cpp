@@ -86,7 +86,7 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& sc
       Workspace::Scope scope(scratch);
       const std::span<float> padded =
           scope.zeroed<float>(static_cast<int64_t>(s.shard_size) * s.comm->size());
-      std::copy_n(grads.data(s.group), s.numel, padded.data());
+      copy_bytes(padded.data(), grads.data(s.group), s.numel * sizeof(float));
       s.comm->reduce_scatter_sum(padded.data(), s.grad.data(), static_cast<int64_t>(s.shard_size));
       // Each slice's squares, summed over the group that shares those parameters.
       double sq = sum_of_squares(s.grad.data(), s.end - s.begin);
@@ -123,9 +123,9 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
     const std::span<float> send = scope.zeroed<float>(static_cast<int64_t>(s.shard_size));
     const std::span<float> gathered =
         scope.uninitialized<float>(static_cast<int64_t>(s.shard_size) * s.comm->size());
-    std::copy(params.data(s.group) + s.begin, params.data(s.group) + s.end, send.data());
+    copy_bytes(send.data(), params.data(s.group) + s.begin, (s.end - s.begin) * sizeof(float));
     s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));
-    std::copy_n(gathered.data(), s.numel, params.data(s.group));
+    copy_bytes(params.data(s.group), gathered.data(), s.numel * sizeof(float));
   }
 }
 

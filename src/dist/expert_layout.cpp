@@ -1,8 +1,5 @@
 #include "dist/expert_layout.h"
 
-#include <algorithm>
-#include <vector>
-
 #include "core/check.h"
 
 namespace moecore::dist {
@@ -12,7 +9,7 @@ void take_local(const ParamLayout& full, const ParamBuffers& full_buf, const Par
   for (const ParamSpec& spec : local.specs()) {
     const ParamSpec* source = full.find(spec.name);
     MOE_CHECK(source != nullptr, "[parallel] tensor '{}' missing from the whole model", spec.name);
-    std::copy_n(full_buf.at(*source), spec.numel, local_buf.at(spec));
+    copy_bytes(local_buf.at(spec), full_buf.at(*source), spec.numel * sizeof(float));
   }
 }
 

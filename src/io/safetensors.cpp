@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "io/json_excerpt.h"
 
 namespace moecore::io {
@@ -258,14 +259,22 @@ void SafetensorsReader::read_f32_elements(const std::string& name, size_t first,
   // Only these bytes of the mapping are touched, so only their pages become resident.
   const std::byte* src = buffer_ + t.begin + first * width;
   if (is_f32) {
-    if (count > 0) std::memcpy(dst, src, count * width);
+    copy_bytes(dst, src, count * width);
     return;
+  }
+  // Widened on the host, in place or (dst on a device) in a copy that then goes there.
+  std::vector<float> widened;
+  float* out = dst;
+  if (device_of(dst) != Device::kCpu) {
+    widened.resize(count);
+    out = widened.data();
   }
   for (size_t i = 0; i < count; ++i) {
     uint16_t bits = 0;
     std::memcpy(&bits, src + 2 * i, 2);  // The buffer need not be 2-byte aligned.
-    dst[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);
+    out[i] = is_bf16 ? bf16_to_float(bits) : f16_to_float(bits);
   }
+  if (out != dst) copy_bytes(dst, out, count * sizeof(float));
 }
 
 std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
@@ -289,8 +298,8 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> sh
     numel *= static_cast<size_t>(extent);
   }
   MOE_CHECK(data != nullptr || numel == 0, "[safetensors] tensor '{}' has null data", name);
-  Entry entry{std::move(shape),
-              numel == 0 ? std::vector<float>{} : std::vector<float>(data, data + numel)};
+  Entry entry{std::move(shape), std::vector<float>(numel)};
+  copy_bytes(entry.values.data(), data, numel * sizeof(float));
   tensors_.emplace(name, std::move(entry));
 }
 

@@ -42,7 +42,8 @@ class SafetensorsReader {
   const std::string& path() const { return path_; }
 
   // Copies tensor `name`, which must have exactly `expected_shape` and dtype F32, BF16 or F16, into
-  // dst as float.
+  // dst as float. dst may be in a device's memory (core/device_memory.h): the reads copy into it
+  // through the device.
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
                 float* dst) const;
   std::vector<float> read_f32(const std::string& name) const;  // Any shape.
@@ -64,7 +65,8 @@ class SafetensorsReader {
 
 class SafetensorsWriter {
  public:
-  // Copies numel(shape) floats from data. Duplicate names are an error.
+  // Copies numel(shape) floats from data, in host or a device's memory (core/device_memory.h).
+  // Duplicate names are an error.
   void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
   void set_metadata(const std::string& key, const std::string& value);
   // Atomic (see write_file_atomic). Header keys sorted, header padded with spaces to a multiple of

@@ -52,6 +52,10 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
             "({} dense, {} expert)",
             params.dense.size(), params.expert.size(), layout.numel(ParamGroup::kDense),
             layout.numel(ParamGroup::kExpert));
+  MOE_CHECK(params.device() == default_device(),
+            "[inference] the weights are in {} memory but the model's scratch would be in {} "
+            "memory (the default device)",
+            device_name(params.device()), device_name(default_device()));
   auto need = [&](const std::string& name) -> const float* {
     const ParamSpec* spec = layout.find(name);
     MOE_CHECK(spec != nullptr, "[inference] parameter {} is missing from the layout", name);
@@ -100,6 +104,7 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
                        3 * d * (c.layer_is_dense(i) ? c.intermediate_size : moe_width);
   rope_ = RopeTable::build(max_seq, c.head_size(), c.rope_theta);
   cache_ = KvCache(c.num_hidden_layers, max_seq, c.kv_size());
+  device_logits_.resize(static_cast<size_t>(c.vocab_size));
   logits_.assign(static_cast<size_t>(c.vocab_size), 0.0f);
 }
 
@@ -121,9 +126,10 @@ const std::vector<float>& InferenceModel::decode_step(int32_t token) {
 void InferenceModel::resize_scratch(int64_t n) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
-  auto grow = [](std::vector<float>& v, int64_t count) {
+  auto grow = [](auto& v, int64_t count) {
     if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
   };
+  grow(tokens_, n);
   grow(x_, n * d);
   grow(h_, n * d);
   grow(branch_, n * d);
@@ -174,7 +180,9 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
   const int64_t p0 = cache_.length();
   const kernels::SerialScope serial(n * macs_per_token_ < kSerialMacs);
 
-  kernels::embedding_forward(view(tokens, {n}), view(embed_, {v, d}), view(x_.data(), {n, d}));
+  copy_bytes(tokens_.data(), tokens, static_cast<size_t>(n) * sizeof(int32_t));
+  kernels::embedding_forward(view(tokens_.data(), {n}), view(embed_, {v, d}),
+                             view(x_.data(), {n, d}));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& w = layers_[static_cast<size_t>(layer)];
     // Attention branch: x += o_proj(attn(rope(qknorm(q)), rope(qknorm(k)), v)) of norm(x)
@@ -205,10 +213,10 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
     linear_forward(precision_.attention, attn_in, w.v_proj, v_.data(), n, d, kvs);
     kernels::rope_forward(view(q_.data(), {1, n, nh, hd}), rope_.cos_view(), rope_.sin_view(), p0);
     kernels::rope_forward(view(k_.data(), {1, n, nkv, hd}), rope_.cos_view(), rope_.sin_view(), p0);
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(k_.data() + i * kvs, kvs, cache_.k(layer, p0 + i));
-      std::copy_n(v_.data() + i * kvs, kvs, cache_.v(layer, p0 + i));
-    }
+    // A layer's rows of consecutive positions are consecutive in the cache.
+    const size_t row_bytes = static_cast<size_t>(n * kvs) * sizeof(float);
+    copy_bytes(cache_.k(layer, p0), k_.data(), row_bytes);
+    copy_bytes(cache_.v(layer, p0), v_.data(), row_bytes);
     attention(layer, n);
     linear_forward(precision_.attention, context_.data(), w.o_proj, branch_.data(), n, qs, d);
     if (reordered) {
@@ -246,7 +254,9 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
   const float* last = x_.data() + (n - 1) * d;
   kernels::rmsnorm_forward(view(last, {1, d}), view(final_norm_, {d}), view(h_.data(), {1, d}),
                            view(rstd_.data(), {1}), eps);
-  linear_forward(precision_.lm_head, h_.data(), view(lm_head_, {v, d}), logits_.data(), 1, d, v);
+  linear_forward(precision_.lm_head, h_.data(), view(lm_head_, {v, d}), device_logits_.data(), 1, d,
+                 v);
+  copy_bytes(logits_.data(), device_logits_.data(), logits_.size() * sizeof(float));
   return logits_;
 }
 

@@ -10,7 +10,9 @@
 //   model.decode_step(next);                                   // appends, returns new logits
 //
 // The model reads `params` in place on every call: keep the buffers alive and unchanged while a
-// sequence is in the cache (after changing weights, reset()).
+// sequence is in the cache (after changing weights, reset()). Its cache and scratch live on the
+// default device (core/device_memory.h), which must be the one `params` are on; the logits come
+// back to the host.
 #pragma once
 
 #include <cstdint>
@@ -82,9 +84,12 @@ class InferenceModel {
   KvCache cache_;
   int64_t macs_per_token_ = 0;  // decides whether a forward call is worth threading
 
-  // Scratch for one forward of n tokens (grown on demand, never shrunk).
-  std::vector<float> x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, qk_rstd_, context_, branch_;
-  std::vector<float> mlp_gu_, mlp_act_, logits_;
+  // Scratch for one forward of n tokens (grown on demand, never shrunk), on the weights' device:
+  // the tokens, the activations and the last position's logits, which logits_ holds on the host.
+  DeviceArray<int32_t> tokens_;
+  DeviceArray<float> x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, qk_rstd_, context_, branch_;
+  DeviceArray<float> mlp_gu_, mlp_act_, device_logits_;
+  std::vector<float> logits_;
   MoeCache moe_cache_;
   Workspace moe_workspace_;  // the MoE dispatch's temporaries (none on one rank)
 };

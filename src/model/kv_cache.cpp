@@ -10,8 +10,8 @@ KvCache::KvCache(int64_t num_layers, int64_t max_seq, int64_t kv_size)
             "[kv_cache] num_layers={} max_seq={} kv_size={} must all be positive", num_layers,
             max_seq, kv_size);
   const size_t n = static_cast<size_t>(num_layers * max_seq * kv_size);
-  keys_.assign(n, 0.0f);
-  values_.assign(n, 0.0f);
+  keys_.resize(n);  // zeroed
+  values_.resize(n);
 }
 
 void KvCache::check_room(int64_t n) const {

@@ -1,12 +1,14 @@
 // Key/value cache for autoregressive decoding, batch 1 (one sequence; serve several sequences with
 // several caches). Per layer it holds K and V rows [max_seq, nkv*hd]; K rows are stored after
 // QK-norm and RoPE, so a cached key never needs rotating again. All layers share one length: a
-// position becomes visible to every layer once the step that wrote it calls advance().
+// position becomes visible to every layer once the step that wrote it calls advance(). The rows
+// live on the default device (core/device_memory.h) at construction, with the model's weights.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+
+#include "core/device_memory.h"
 
 namespace moecore {
 
@@ -40,8 +42,8 @@ class KvCache {
   }
 
   int64_t num_layers_ = 0, max_seq_ = 0, kv_size_ = 0, length_ = 0;
-  std::vector<float> keys_;    // [L, max_seq, kv_size]
-  std::vector<float> values_;  // [L, max_seq, kv_size]
+  DeviceArray<float> keys_;    // [L, max_seq, kv_size]
+  DeviceArray<float> values_;  // [L, max_seq, kv_size]
 };
 
 }  // namespace moecore

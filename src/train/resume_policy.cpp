@@ -28,7 +28,9 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
                                    "model.lb_loss_style"};
   for (const auto& [key, node] : *b["optim"].as_table())
     keys.push_back("optim." + std::string(key.str()));
-  for (const char* key : {"seed", "batch_size", "microbatches", "seq_len", "precision",
+  // The device: another backend's kernels round differently (the CPU's and a GPU's GEMMs sum in
+  // other orders), so a run moved between them continues close to, not exactly on, its path.
+  for (const char* key : {"seed", "batch_size", "microbatches", "seq_len", "precision", "device",
                           "skip_sigma", "skip_window", "skip_min_window"})
     keys.push_back(std::string("train.") + key);
   keys.emplace_back("data.train");

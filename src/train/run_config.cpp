@@ -176,6 +176,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
   r.read("threads", t.threads);
+  r.read_enum("device", t.device, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
   r.read_enum("precision", t.precision,
               {{"fp32", TrainPrecision::kFp32},
                {"bf16", TrainPrecision::kBf16},
@@ -443,6 +444,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"microbatches", t.microbatches},
                     {"seq_len", t.seq_len},
                     {"threads", t.threads},
+                    {"device", std::string(device_name(t.device))},
                     {"precision", train_precision_name(t.precision)},
                     {"mxfp8_expert_wgrad", t.mxfp8.expert_wgrad},
                     {"mxfp8_dense", t.mxfp8.dense},

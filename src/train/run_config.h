@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "dist/pipeline_schedule.h"
 #include "model/activation_recompute.h"
 #include "model/config.h"
@@ -27,6 +28,9 @@ struct TrainConfig {
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
   int64_t threads = 0;  // 0: every core
+  // "cpu" | "cuda": where the model's tensors live and its operations run (cuda: the program's
+  // CUDA backend, selected by the moecore command before the run; kernels/cuda/device_selection.h).
+  Device device = Device::kCpu;
   // "fp32" | "bf16" | "mxfp8": the GEMMs' operand precision (bf16: fp32 accumulation; master
   // weights, router GEMM, softmax, norm statistics and losses stay fp32; mxfp8: bf16 with the
   // routed experts' GEMMs in MXFP8 as OLMo-core 3 does it, model/precision_recipe.h).

@@ -151,8 +151,12 @@ StartPoint choose_start(const RunConfig& config, const TrainOptions& options) {
 
 // How the GEMMs multiply, for the start-up line: the recipe of train.precision by name.
 std::string gemm_precision_line(const TrainConfig& tc) {
+  // The CPU multiplies bf16 natively (AVX512-BF16, AMX) or emulates it in fp32; a GPU's tensor
+  // cores take bf16 operands.
   const char* bf16 =
-      kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative ? "bf16" : "bf16 (emulated)";
+      tc.device != Device::kCpu || kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative
+          ? "bf16"
+          : "bf16 (emulated)";
   switch (tc.precision) {
     case TrainPrecision::kFp32:
       return "fp32";
@@ -179,10 +183,15 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
   const double dense = static_cast<double>(ctx.layout.numel(ParamGroup::kDense)) / 1e6;
   const double expert = static_cast<double>(ctx.layout.numel(ParamGroup::kExpert)) / 1e6;
   ctx.progress.message(fmt::format(
-      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {} threads, {} GEMMs, "
+      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {}, {} GEMMs, "
       "{} train instances of {} tokens{}{}",
-      dense + expert, dense, expert, omp_get_max_threads(), gemm_precision_line(tc),
-      in.train_data.num_instances(), tc.seq_len,
+      dense + expert, dense, expert,
+      tc.device == Device::kCpu
+          ? fmt::format("{} threads", omp_get_max_threads())
+          : fmt::format("on {} {}", device_name(tc.device),
+                        options.device_description.empty() ? "(device not described)"
+                                                           : options.device_description),
+      gemm_precision_line(tc), in.train_data.num_instances(), tc.seq_len,
       in.document_eos >= 0 ? fmt::format(", document masking (EOS {})", in.document_eos) : "",
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
       : options.init_from.empty() ? ""
@@ -364,7 +373,20 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   const ParallelConfig& pc = config.parallel;
+  // Everything the run allocates for its model (parameters, optimizer state, activations) lives
+  // on train.device; what the host reads (checkpoints, metrics, the sample) is copied out of it.
+  MOE_CHECK(has_device_memory(tc.device),
+            "[train] train.device={}: this process has not selected a {} device (the moecore "
+            "program built by the `cuda` preset selects it at start-up)",
+            device_name(tc.device), device_name(tc.device));
+  const DefaultDeviceScope on_device(tc.device);
   const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
+  // The ranks' reductions and exchanges go through MPI on host memory; the NCCL communicator
+  // (dist/nccl/) that would carry them between GPUs is not wired into the job yet.
+  MOE_CHECK(tc.device == Device::kCpu || world->size() == 1,
+            "[train] train.device={} with {} ranks: a run on a device is one process for now "
+            "(the trainer does not yet reduce over NCCL)",
+            device_name(tc.device), world->size());
   (void)validate_layout(config, world->size());  // `moecore plan`'s checks, before any group
   const dist::Mesh mesh = dist::Mesh::build(*world, pc.ep, pc.pp);
   const bool rank0 = world->rank() == 0;

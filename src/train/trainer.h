@@ -27,6 +27,9 @@ struct TrainOptions {
   // Refused when --resume finds a checkpoint: a run started from it continues from its own
   // checkpoints.
   std::string init_from;
+  // The device train.device names as the program selected it, for the start-up line ("NVIDIA
+  // H200 (sm_90, 132 SMs, 139.8 GiB)"); empty on the CPU.
+  std::string device_description;
   // The caller's callbacks (train/callback.h), run after the run's own at every point, as
   // OLMo-core's Trainer takes them: they observe the steps of the real loop (a test counts the
   // heap allocations of a step with one).

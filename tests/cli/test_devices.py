@@ -54,3 +54,36 @@ def test_bf16_path_follows_the_cpu_and_onednn():
     # oneDNN held to AVX2 has no bf16 kernels: the path must say emulated whatever the CPU has.
     cpu, _ = run_devices(DNNL_MAX_CPU_ISA="AVX2")
     assert cpu.endswith("bf16 GEMMs emulated (fp32 on bf16-rounded inputs)"), cpu
+
+
+def test_train_on_a_device_it_cannot_use_is_one_line_and_writes_nothing(tmp_path):
+    """`train --device cuda` where this program has no usable GPU: the cuda line's reason, in one
+    line on stderr, a non-zero exit, and no run directory. The run on a device itself is shown on
+    the CPU by ctest's TrainJob/TrainOnDevice.* (the guarded device)."""
+    _, cuda = run_devices()
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [str(BIN), "train", str(REPO / "configs" / "default.toml"), "--device", "cuda",
+         "--set", f"train.out_dir={out}", "--set", "train.max_steps=1"],
+        capture_output=True, text=True, timeout=60)
+    if re.fullmatch(CUDA_FORMS[0], cuda):
+        return  # a usable GPU: the run is the GPU check's (scripts/gpu_check.sh), not this test's
+    assert result.returncode != 0
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    if cuda.startswith("cuda: unavailable"):
+        assert lines[0].startswith("moecore: error: [cuda] no usable CUDA device ("), lines[0]
+    else:
+        assert lines[0] == ("moecore: error: [train] train.device=cuda: this moecore program has no "
+                            "CUDA backend (build it with the CUDA toolkit and `cmake --preset "
+                            "cuda`)"), lines[0]
+    assert not out.exists()
+
+
+def test_device_names_are_checked():
+    for args in (["--device", "gpu"], ["--set", "train.device=tpu"]):
+        result = subprocess.run([str(BIN), "train", str(REPO / "configs" / "default.toml"), *args],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert "gpu" in result.stderr or "train.device" in result.stderr, result.stderr

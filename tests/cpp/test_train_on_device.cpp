@@ -1,0 +1,252 @@
+// The training job with its model on device memory (train.device = "cuda"), run on the guarded
+// device (guarded_device.h: host pages the host cannot touch outside the operations), against the
+// same job on the host: every part of the job that reads or writes the model from the host
+// (initialisation, checkpoints and their resume, evaluation, the generated sample, the router-bias
+// update, the MoE statistics, --init-from with its round-trip check) has to copy through the
+// device's memory, or the run crashes at that line. The runs must then agree bit for bit: the
+// checkpoints' files, byte for byte, and every logged loss.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/splitmix64.h"
+#include "data/bpe_trainer.h"
+#include "guarded_device.h"
+#include "train/run_config.h"
+#include "train/trainer.h"
+
+namespace moecore {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct DeviceRunCase {
+  std::string name;
+  std::string precision;
+  std::string recompute;
+};
+
+void PrintTo(const DeviceRunCase& c, std::ostream* out) {
+  *out << c.name;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+// The lines of metrics.jsonl without the wall-clock figures (times, rates, memory), which differ
+// from run to run.
+std::vector<nlohmann::json> logged_values(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream file(path);
+  for (std::string line; std::getline(file, line);) {
+    nlohmann::json values = nlohmann::json::parse(line);
+    for (auto it = values.begin(); it != values.end();) {
+      const std::string& key = it.key();
+      const bool wall_clock =
+          key.find("seconds") != std::string::npos || key.find("per_s") != std::string::npos ||
+          key.find("memory") != std::string::npos || key.find("time") != std::string::npos;
+      it = wall_clock ? values.erase(it) : std::next(it);
+    }
+    lines.push_back(std::move(values));
+  }
+  return lines;
+}
+
+// Every regular file under a checkpoint directory, by relative path, with its bytes.
+std::vector<std::pair<std::string, std::string>> checkpoint_files(const fs::path& dir) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file())
+      files.emplace_back(fs::relative(entry.path(), dir).string(), read_file(entry.path()));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// The lines of a run's output that say what it made or failed to make: the sample and any
+// warning (a part of the job that failed on device memory and only warned, as the sample does).
+std::vector<std::string> sample_and_warnings(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("sample: ") || line.find("warning") != std::string::npos)
+      lines.push_back(line);
+  return lines;
+}
+
+// train() with its standard output kept.
+TrainSummary train_capturing(const RunConfig& config, const TrainOptions& options,
+                             std::string& output) {
+  ::testing::internal::CaptureStdout();
+  try {
+    const TrainSummary summary = train(config, options);
+    output += ::testing::internal::GetCapturedStdout();
+    return summary;
+  } catch (...) {
+    output += ::testing::internal::GetCapturedStdout();
+    throw;
+  }
+}
+
+class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("moecore_train_on_device_{}_{}", ::getpid(), GetParam().name);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A tokenizer for the sample, and random tokens below its vocabulary.
+    const data::Tokenizer tokenizer = data::train_bpe_from_texts(
+        {"In the beginning God created the heaven and the earth. And the earth was without form, "
+         "and void; and darkness was upon the face of the deep."},
+        300, {"<|endoftext|>"});
+    tokenizer.save((dir_ / "tokenizer.json").string());
+    SplitMix64 rng(5);
+    for (const char* name : {"train.npy", "val.npy"}) {
+      std::vector<uint16_t> tokens(48 * 64);
+      for (uint16_t& token : tokens) token = static_cast<uint16_t>(rng.bounded(300));
+      std::ofstream file(dir_ / name, std::ios::binary);
+      file.write(reinterpret_cast<const char*>(tokens.data()),
+                 static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A small MoE model with every part the job reads from the host: a dense first layer, routed
+  // experts with a shared expert and the auxiliary-loss-free router bias, GQA with QK-norm,
+  // validation, two checkpoints and the sample.
+  RunConfig config(const std::string& device, const std::string& out, int64_t max_steps) const {
+    const DeviceRunCase& c = GetParam();
+    return parse_run_config(
+        fmt::format(R"([model]
+vocab_size = 300
+hidden_size = 64
+num_hidden_layers = 3
+num_attention_heads = 4
+num_key_value_heads = 2
+tie_word_embeddings = false
+num_experts = 8
+num_experts_per_tok = 2
+moe_intermediate_size = 32
+intermediate_size = 96
+first_k_dense_replace = 1
+shared_expert_intermediate_size = 32
+router_aux_loss_coef = 0.01
+router_z_loss_coef = 0.001
+router_bias_update_rate = 0.001
+qk_norm = "full"
+
+[optim]
+lr = 3e-3
+weight_decay = 0.1
+max_grad_norm = 1.0
+warmup_steps = 2
+
+[train]
+seed = 7
+max_steps = {}
+batch_size = 4
+microbatches = 2
+seq_len = 64
+threads = 2
+log_every = 1
+eval_every = 2
+eval_batches = 2
+save_every = 2
+keep_last = 0
+gerrymander_window = 2
+sample_prompt = "In the beginning"
+sample_tokens = 6
+precision = "{}"
+recompute = "{}"
+device = "{}"
+out_dir = "{}"
+
+[data]
+train = ["{}"]
+val = ["{}"]
+tokenizer = "{}"
+dtype = "uint16"
+)",
+                    max_steps, c.precision, c.recompute, device, (dir_ / out).string(),
+                    (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
+                    (dir_ / "tokenizer.json").string()),
+        "train_on_device");
+  }
+
+  fs::path dir_;
+};
+
+TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
+  // The host's run: 4 steps, then 2 more resumed from its step-4 checkpoint.
+  std::string host_output, device_output;
+  const TrainSummary host = train_capturing(config("cpu", "host", 4), {}, host_output);
+  TrainOptions resume;
+  resume.resume = true;
+  const TrainSummary host_resumed = train_capturing(config("cpu", "host", 6), resume, host_output);
+  TrainSummary device, device_resumed, device_init;
+  {
+    const guarded_device::Scope guarded;
+    device = train_capturing(config("cuda", "device", 4), {}, device_output);
+    device_resumed = train_capturing(config("cuda", "device", 6), resume, device_output);
+    // Initialised from the host's step-6 checkpoint read as a Hugging Face model.
+    TrainOptions init;
+    init.init_from = (dir_ / "host" / "checkpoints" / "step_00000006").string();
+    std::string init_output;
+    device_init = train_capturing(config("cuda", "device_init", 1), init, init_output);
+    EXPECT_NE(init_output.find("init-from self-check"), std::string::npos) << init_output;
+  }
+  const std::vector<std::string> host_lines = sample_and_warnings(host_output);
+  ASSERT_EQ(std::count_if(host_lines.begin(), host_lines.end(),
+                          [](const std::string& line) { return line.starts_with("sample: "); }),
+            2)
+      << host_output;
+  EXPECT_EQ(sample_and_warnings(device_output), host_lines) << device_output;
+  EXPECT_EQ(device.last_loss, host.last_loss);
+  EXPECT_EQ(device.val_loss, host.val_loss);
+  EXPECT_EQ(device_resumed.last_loss, host_resumed.last_loss);
+  EXPECT_EQ(device_resumed.val_loss, host_resumed.val_loss);
+  EXPECT_EQ(logged_values(dir_ / "device" / "metrics.jsonl"),
+            logged_values(dir_ / "host" / "metrics.jsonl"));
+  for (const char* step : {"step_00000002", "step_00000004", "step_00000006"}) {
+    SCOPED_TRACE(step);
+    ASSERT_TRUE(fs::is_directory(dir_ / "device" / "checkpoints" / step));
+    const auto device_files = checkpoint_files(dir_ / "device" / "checkpoints" / step);
+    const auto host_files = checkpoint_files(dir_ / "host" / "checkpoints" / step);
+    ASSERT_EQ(device_files.size(), host_files.size());
+    for (size_t i = 0; i < host_files.size(); ++i) {
+      EXPECT_EQ(device_files[i].first, host_files[i].first);
+      // config.toml names the device and the run directory; everything else is the same.
+      if (host_files[i].first != "config.toml") {
+        EXPECT_TRUE(device_files[i].second == host_files[i].second) << host_files[i].first;
+      }
+    }
+  }
+  // --init-from's first step starts from the host's weights (its round-trip check passed, or
+  // train() would have thrown).
+  EXPECT_EQ(device_init.steps, 1);
+  EXPECT_TRUE(std::isfinite(device_init.last_loss));
+}
+
+INSTANTIATE_TEST_SUITE_P(TrainJob, TrainOnDevice,
+                         ::testing::Values(DeviceRunCase{"fp32", "fp32", "none"},
+                                           DeviceRunCase{"bf16", "bf16", "full"},
+                                           DeviceRunCase{"mxfp8", "mxfp8", "none"}),
+                         [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
+                           return param_info.param.name;
+                         });
+
+}  // namespace
+}  // namespace moecore
