@@ -32,7 +32,8 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
   cache.q.resize(static_cast<size_t>(n * qs));
   cache.k.resize(static_cast<size_t>(n * kvs));
   cache.v.resize(static_cast<size_t>(n * kvs));
-  cache.probs.resize(static_cast<size_t>(batch * nh * seq * seq));
+  cache.lse.resize(static_cast<size_t>(batch * nh * seq));
+  cache.doc_start = doc_start;
   cache.context.resize(static_cast<size_t>(n * qs));
 
   if (c.qk_norm == QkNorm::kNone) {
@@ -59,10 +60,10 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
                         rope_.sin_view(), 0);
   kernels::rope_forward(view(cache.k.data(), {batch, seq, nkv, hd}), rope_.cos_view(),
                         rope_.sin_view(), 0);
-  kernels::causal_attention_forward(
+  kernels::flash_attention_forward(
       view(cache.q.data(), {batch, seq, nh, hd}), view(cache.k.data(), {batch, seq, nkv, hd}),
       view(cache.v.data(), {batch, seq, nkv, hd}), view(cache.context.data(), {batch, seq, nh, hd}),
-      view(cache.probs.data(), {batch, nh, seq, seq}),
+      view(cache.lse.data(), {batch, nh, seq}),
       doc_start != nullptr ? view(doc_start, {batch, seq}) : ConstTensorView{}, precision_);
   linear_forward(precision_, cache.context.data(), w.o_proj, y, n, qs, d);
 }
@@ -81,12 +82,14 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& d
 
   const std::span<float> dq = scratch.zeroed<float>(n * qs), dk = scratch.zeroed<float>(n * kvs);
   const std::span<float> dv = scratch.zeroed<float>(n * kvs);
-  kernels::causal_attention_backward(
+  kernels::flash_attention_backward(
       view(d_context.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
       view(cache.q.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
       view(cache.k.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
       view(cache.v.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
-      view(cache.probs.data(), {s.batch, s.n_heads, s.seq, s.seq}),
+      view(cache.context.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
+      view(cache.lse.data(), {s.batch, s.n_heads, s.seq}),
+      cache.doc_start != nullptr ? view(cache.doc_start, {s.batch, s.seq}) : ConstTensorView{},
       view(dq.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
       view(dk.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}),
       view(dv.data(), {s.batch, s.seq, s.n_kv_heads, s.head_dim}), precision_);

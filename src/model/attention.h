@@ -1,6 +1,8 @@
 // Self-attention sub-layer: q/k/v projections -> optional QK-norm (full: OLMoE, over the whole
 // projection; per_head: Qwen3, over each head) -> RoPE -> causal GQA attention -> o_proj.
-// QK-norm is applied before RoPE, as both reference models do.
+// QK-norm is applied before RoPE, as both reference models do. The attention core is
+// kernels::flash_attention_forward/backward: the forward saves each query's logsumexp, not the
+// T x T probabilities, and the backward recomputes them.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +54,11 @@ struct AttentionCache {
   DeviceArray<float> q_raw, k_raw;    // projections before QK-norm: [N, nh*hd], [N, nkv*hd]
   DeviceArray<float> q_rstd, k_rstd;  // QK-norm statistics
   DeviceArray<float> q, k, v;         // after QK-norm and RoPE
-  DeviceArray<float> probs;           // [B, nh, T, T]
+  DeviceArray<float> lse;             // softmax logsumexp of each query: [B, nh, T]
   DeviceArray<float> context;         // attention output before o_proj: [N, nh*hd]
+  // The forward's document masking ([B, T], model/document_mask.h) or nullptr; not owned: the
+  // transformer's activations hold it until the backward (which reads it again).
+  const int32_t* doc_start = nullptr;
 };
 
 class AttentionBlock {
@@ -65,7 +70,7 @@ class AttentionBlock {
   void set_precision(const PrecisionRecipe& precision) { precision_ = precision.attention; }
 
   // x: [B*T, d] -> y: [B*T, d] (=). doc_start: [B, T] document masking (kernels::
-  // causal_attention_forward) or nullptr.
+  // flash_attention_forward) or nullptr; it must outlive the backward of this cache.
   void forward(const AttentionWeights& w, const float* x, int64_t batch, int64_t seq, float* y,
                AttentionCache& cache, const int32_t* doc_start = nullptr) const;
   // dy: [B*T, d] -> dx (=); parameter gradients into dw (+=). The temporaries (the gradients of

@@ -38,9 +38,10 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
     if (attention_kept) a.norms += kF * (n + n * d);
     if (recompute != ActivationRecompute::kFull) a.norms += kF * n * d;
     if (ffn_kept) a.norms += kF * (n + n * d);
-    // AttentionCache: q, k, v, probs [B, nh, T, T], context; QK-norm keeps the raw projections.
+    // AttentionCache: q, k, v, lse [B, nh, T] (flash attention: no T x T probabilities),
+    // context; QK-norm keeps the raw projections.
     if (attention_kept) {
-      a.attention += kF * (2.0 * n * qs + 2.0 * n * kvs + b * nh * seq * seq);
+      a.attention += kF * (2.0 * n * qs + 2.0 * n * kvs + b * nh * seq);
       if (c.qk_norm == QkNorm::kFull)
         a.attention += kF * (n * qs + n * kvs + 2.0 * n);
       else if (c.qk_norm == QkNorm::kPerHead)

@@ -19,7 +19,7 @@ namespace moecore::plan {
 struct ActivationBytes {
   double residual = 0.0;   // token ids and the residual stream entering every layer, and its output
   double norms = 0.0;      // per layer: the two RMSNorm outputs and statistics, the mid residual
-  double attention = 0.0;  // q, k, v (and pre-QK-norm copies), softmax probabilities, context
+  double attention = 0.0;  // q, k, v (and pre-QK-norm copies), softmax logsumexp, context
   double dense_mlp = 0.0;  // first_k_dense_replace layers: gate/up output and activation
   double moe = 0.0;        // router logits/scores/top-k, expert inputs, gate/up, activation,
                            // outputs back at the source, shared expert, dispatch bookkeeping

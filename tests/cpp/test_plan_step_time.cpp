@@ -327,12 +327,18 @@ TEST(LayoutSearch, RecomputeFitsBudgetsThatNoneCannot) {
   Hardware hw{"test", 1e12, 0.0, "test", false, test_rates()};
   const RunConfig c = small_config();
   const LayoutSearch all = search_layouts(c, 4, hw, 1e12);
-  double least_without = 1e300;
-  for (const LayoutChoice& l : all.fits)
+  double least_without = 1e300, least_full = 1e300;
+  for (const LayoutChoice& l : all.fits) {
     if (l.recompute == ActivationRecompute::kNone)
       least_without = std::min(least_without, l.peak_bytes);
+    if (l.recompute == ActivationRecompute::kFull) least_full = std::min(least_full, l.peak_bytes);
+  }
   EXPECT_LT(all.smallest.peak_bytes, least_without);
-  EXPECT_EQ(all.smallest.recompute, ActivationRecompute::kFull);
+  // Full recompute reaches the least memory. With one layer per stage (pp 4) "moe" ties it: what
+  // full drops beyond moe's share (the stage's one attention sublayer and mid residual) it
+  // rebuilds in the backward, and flash attention keeps no T x T term that made full smaller.
+  EXPECT_NE(all.smallest.recompute, ActivationRecompute::kNone);
+  EXPECT_DOUBLE_EQ(all.smallest.peak_bytes, least_full);
   // Below what any layout needs without recompute, the search still proposes layouts: each
   // recomputes, and planned on its own (with_layout carries train.recompute) it fits.
   const LayoutSearch tight = search_layouts(c, 4, hw, least_without * 0.999);

@@ -6,7 +6,8 @@ itself checked against transformers on the shared subset (test_ref_vs_transforme
 
 Everything is float32 and written for clarity, not speed; with precision="bf16" every matmul
 except the router's rounds its operands to bf16 (forward and backward, as moecore's bf16 GEMMs do)
-and multiplies them in float32. `forward` takes a dict of Hugging Face named
+and multiplies them in float32, and the attention core is FlashAttention's (_Bf16FlashAttention: the
+softmax's backward takes its row term from the output, as moecore's flash kernels do). `forward` takes a dict of Hugging Face named
 tensors (leaves with requires_grad=True if gradients are wanted) and the [model] config dict; the
 gradients come from autograd on `out.total`.
 
@@ -56,6 +57,40 @@ class _Bf16Matmul(torch.autograd.Function):
         else:
             grad_b = _bf16(a).transpose(-1, -2) @ _bf16(g)
         return grad_a, grad_b
+
+
+class _Bf16FlashAttention(torch.autograd.Function):
+    """softmax(scale q k^T, masked) v as moecore's attention computes it in bf16 precision: the
+    FlashAttention algorithm (Dao 2023), with _Bf16Matmul's operand rounding in every GEMM.
+    Forward: S = scale bf16(q) bf16(k)^T, P = softmax(S) in float32, out = bf16(P) bf16(v).
+    Backward: dP = bf16(dout) bf16(v)^T, dS = P (dP - D), dq = scale bf16(dS) bf16(k),
+    dk = scale bf16(dS)^T bf16(q), dv = bf16(P)^T bf16(dout), where the row term is
+    D = rowsum(dout * out), from the output (FlashAttention-2's; moecore sums it in double). Autograd
+    through softmax would take D = rowsum(dP * P) from the float32 probabilities instead: the same
+    in exact arithmetic, but out was made from the bf16-rounded P, so in bf16 the two differ by that
+    rounding, and moecore's kernels (which keep no P to take it from) compute the first.
+    q: [B, nh, T, hd]; k, v: [B, nh, T, hd] (kv heads repeated); allowed: broadcastable to
+    [B, nh, T, T] bool."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, allowed, scale):
+        scores = (_bf16(q) @ _bf16(k).transpose(-1, -2)) * scale
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        out = _bf16(probs) @ _bf16(v)
+        ctx.save_for_backward(q, k, v, probs, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, probs, out = ctx.saved_tensors
+        dp = _bf16(dout) @ _bf16(v).transpose(-1, -2)
+        row = (dout.double() * out.double()).sum(-1, keepdim=True).float()
+        ds = probs * (dp - row)
+        dq = (_bf16(ds) @ _bf16(k)) * ctx.scale
+        dk = (_bf16(ds).transpose(-1, -2) @ _bf16(q)) * ctx.scale
+        dv = _bf16(probs).transpose(-1, -2) @ _bf16(dout)
+        return dq, dk, dv, None, None
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -252,11 +287,15 @@ def attention(x: torch.Tensor, P: dict, pre: str, c: dict, mm=torch.matmul,
     group = nh // nkv  # query head h uses kv head h // group
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scores = mm(q, k.transpose(-1, -2)) / math.sqrt(hd)  # [B, nh, T, T]
     causal = torch.ones(T, T, dtype=torch.bool).tril() if allowed is None else allowed[:, None]
-    scores = scores.masked_fill(~causal, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = mm(probs, v).transpose(1, 2).reshape(B, T, nh * hd)
+    if mm == _Bf16Matmul.apply:
+        out = _Bf16FlashAttention.apply(q, k, v, causal, 1.0 / math.sqrt(hd))
+    else:
+        scores = mm(q, k.transpose(-1, -2)) / math.sqrt(hd)  # [B, nh, T, T]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = mm(probs, v)
+    out = out.transpose(1, 2).reshape(B, T, nh * hd)
     return mm(out, P[pre + "o_proj.weight"].T)
 
 
