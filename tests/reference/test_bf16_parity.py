@@ -10,8 +10,11 @@
    that error is at most BF16_MEDIAN_RATIO times the median error against fp32 (measured ratios
    1e-5 and 0.21): the engine computes the reference's bf16, not merely something near fp32.
    Re-measured over four ISA settings (tests/TOLERANCES.md): worst tensor 9.3e-4 with native bf16
-   GEMMs (AVX512-BF16), 2.8e-4 emulated (DNNL_MAX_CPU_ISA=AVX512_CORE or AVX2, where the engine
-   rounds the operands and runs oneDNN's fp32 sgemm); median ratio <= 1e-5 everywhere.
+   GEMMs (AVX512-BF16), 3.8e-4 emulated (DNNL_MAX_CPU_ISA=AVX512_CORE or AVX2, where the engine
+   rounds the operands and runs oneDNN's fp32 sgemm); median ratio <= 1e-5 there. On a CPU with
+   AMX, whose bf16 tile dot products sum differently, more operands flip: worst 8.6e-3, median
+   ratio 0.22, hence BF16_MEDIAN_RATIO = 0.4 (1.8x). The attention core is the flash pair on both
+   sides (ref_model._Bf16FlashAttention models its backward's row term).
 2. ref_model in fp32: the bf16 error itself. Each GEMM operand carries up to 2^-8 relative rounding
    error; a few GEMMs in sequence on every path (projections, scores, PV, experts, head, and their
    transposes in the backward) give a few times 2^-8 in the logits and gradients:
@@ -36,7 +39,7 @@ import moecore_harness as H
 import ref_model
 
 BF16_SAME_ROUNDING_TOL = 1.5e-2
-BF16_MEDIAN_RATIO = 0.3
+BF16_MEDIAN_RATIO = 0.4  # AMX: 0.22 measured; elsewhere <= 1e-5
 BF16_VS_FP32_TOL = 8e-2  # measured up to 3.13e-2 on every ISA setting
 MIN_ROUTING_MARGIN = 2e-3
 
