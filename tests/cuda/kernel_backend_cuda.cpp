@@ -220,6 +220,14 @@ void scale(ConstTensorView x, float factor, TensorView out) {
   s.finish();
 }
 
+void cached_attention_forward(ConstTensorView q, ConstTensorView k_cache, ConstTensorView v_cache,
+                              int64_t first_position, TensorView out) {
+  DeviceStaging s;
+  device().cached_attention_forward(s.in(q), s.in(k_cache), s.in(v_cache), first_position,
+                                    s.out(out));
+  s.finish();
+}
+
 void to_bf16(ConstTensorView src, TensorView dst) {
   DeviceStaging s;
   device().to_bf16(s.in(src), s.out(dst));
@@ -315,7 +323,8 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .grouped_gemm_backward = if_on_device(d.grouped_gemm_backward, &grouped_gemm_backward),
       .add = if_on_device(d.add, &add),
       .scale = if_on_device(d.scale, &scale),
-      .cached_attention_forward = nullptr,
+      .cached_attention_forward =
+          if_on_device(d.cached_attention_forward, &cached_attention_forward),
       .to_bf16 = if_on_device(d.to_bf16, &to_bf16),
       .mx_quantize = if_on_device(d.mx_quantize, &mx_quantize),
       .mx_quantize_transposed = if_on_device(d.mx_quantize_transposed, &mx_quantize_transposed),

@@ -1,7 +1,6 @@
-// The CUDA backend's table. Null entries are operations not written for the GPU yet (the per-op
-// harness skips their cases, naming them): causal and cached attention (the GPU's training
-// attention is flash_attention, which saves a logsumexp instead of the T x T probabilities; the
-// model still calls the causal pair).
+// The CUDA backend's table. Null entries are operations not written for the GPU: the causal
+// attention pair (the model's attention is the flash pair, which saves a logsumexp instead of the
+// T x T probabilities); the per-op harness skips their cases, naming them.
 #include "kernels/cuda/ops.h"
 
 namespace moecore::kernels {
@@ -40,7 +39,7 @@ const KernelBackend& cuda_backend() {
       .grouped_gemm_backward = &cuda::grouped_gemm_backward,
       .add = &cuda::add,
       .scale = &cuda::scale,
-      .cached_attention_forward = nullptr,
+      .cached_attention_forward = &cuda::cached_attention_forward,
       .to_bf16 = &cuda::to_bf16,
       .mx_quantize = &cuda::mx_quantize,
       .mx_quantize_transposed = &cuda::mx_quantize_transposed,

@@ -177,4 +177,12 @@ void launch_flash_attention_backward(const float* dout, const float* q, const fl
                                      int64_t kv_heads, int64_t head_dim, bool bf16,
                                      cudaStream_t stream);
 
+// cached_attention.cu: kernels/ops.h's cached_attention_forward on q, out [n, heads, hd] and the
+// cache's k, v [first_position + n, kv_heads, hd]; first_position + n <=
+// cached_attention_max_keys() (the caller checks): the scores of a query live in shared memory.
+int64_t cached_attention_max_keys();
+void launch_cached_attention_forward(const float* q, const float* k_cache, const float* v_cache,
+                                     float* out, int64_t n, int64_t heads, int64_t kv_heads,
+                                     int64_t hd, int64_t first_position, cudaStream_t stream);
+
 }  // namespace moecore::kernels::cuda
