@@ -7,15 +7,23 @@
 #      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
 #   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
 #      (bench/cuda/gemm.cpp), whatever step 2 gave;
-#   4. bench/gpu_peer.py (transformers' OlmoeForCausalLM + AdamW at 8 / 32 / 128 experts) where
+#   4. `moecore train --device cuda`: 200 steps of the default run in fp32 and in bf16, each loss
+#      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py;
+#   5. bench/gpu_peer.py (transformers' OlmoeForCausalLM + AdamW at 8 / 32 / 128 experts) where
 #      python3 has torch and transformers, 240 s at most.
-# The log and gtest's XML go to $OUT when it is set (the device tool), else to .gpu/out. Exit
-# status: that of the tests (0 all passed; 77 no usable GPU).
+# The log, gtest's XML and the runs' metrics go to $OUT when it is set (the device tool), else to
+# .gpu/out. Exit status: that of the tests (0 all passed; 77 no usable GPU), or 1 when they passed
+# but a training run failed or left its margins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu/bundle
 out=${OUT:-.gpu/out}
 mkdir -p "$out"
+# gpu_bundle.sh packs the bundle; unpacked here once (python3's tarfile where tar lacks xz).
+if [[ ! -d $bundle && -f .gpu/bundle.tar.xz ]]; then
+  tar -C .gpu -xJf .gpu/bundle.tar.xz 2> /dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .gpu/bundle.tar.xz .gpu
+fi
 if [[ ! -x $bundle/bin/moecore_cuda_tests || ! -e $bundle/lib/ld-linux-x86-64.so.2 ]]; then
   echo "gpu_check: no bundle in $bundle: run scripts/gpu_bundle.sh on the build machine and carry .gpu" >&2
   exit 2
@@ -51,8 +59,14 @@ find_library() {
   echo "driver: ${driver_dir:-none}; cuBLASLt: $cublaslt_dir; cuBLAS: $cublas_dir; NCCL: $nccl_dir"
   # Debian's loader and C library from the bundle, whatever the machine's: the programs were linked
   # against them. The driver's and cuBLAS's directories follow, for what the bundle leaves out.
+  loader=("$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir:$nccl_dir")
   run() {
-    "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir:$nccl_dir" "$@"
+    "${loader[@]}" "$@"
+  }
+  cap() {  # at most $1 seconds, where the machine has timeout(1)
+    local seconds=$1
+    shift
+    if command -v timeout > /dev/null; then timeout -k 10 "$seconds" "$@"; else "$@"; fi
   }
   echo "== moecore_cuda_tests"
   run "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$out/cuda_tests.xml"
@@ -61,7 +75,29 @@ find_library() {
   echo "== moecore_bench_cuda_gemm"
   run "$bundle/bin/moecore_bench_cuda_gemm" --json "$out/cuda_gemm.json"
   echo "== gpu_check: moecore_bench_cuda_gemm exited $?"
-  # 4. The transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where python3 has torch with
+  # 4. The training job on the GPU, 90 s at most per run: its metrics and log into $out, its
+  # checkpoints (0.2 GB) into .gpu/runs, not sent back.
+  echo "== train --device cuda"
+  [[ -d data/kjv ]] || { mkdir -p data && cp -r "$bundle/data/kjv" data/; }
+  source scripts/gpu_train_args.sh
+  train_status=0
+  for precision in fp32 bf16; do
+    run_dir=.gpu/runs/train_$precision
+    rm -rf "$run_dir"
+    cap 90 "${loader[@]}" "$bundle/bin/moecore" train configs/default.toml --device cuda \
+      $(gpu_train_args "$precision" "$run_dir") > "$out/train_$precision.log" 2>&1
+    code=$?
+    cat "$out/train_$precision.log"
+    echo "== gpu_check: train --device cuda ($precision) exited $code"
+    cp "$run_dir/metrics.jsonl" "$out/train_$precision.jsonl" 2> /dev/null
+    python3 scripts/compare_loss_curves.py "$bundle/cpu_runs/$precision.jsonl" \
+      "$out/train_$precision.jsonl" --precision "$precision" --markdown "$out/gpu_train_$precision.md"
+    curves=$?
+    echo "== gpu_check: loss curves ($precision) against the CPU's: exit $curves"
+    (( code != 0 || curves != 0 )) && train_status=1
+  done
+  (( status == 0 && train_status != 0 )) && status=1
+  # 5. The transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where python3 has torch with
   # a usable GPU and transformers: gpu.toml at 8 / 32 / 128 experts eager, then torch.compile at 8,
   # 128, 32 as time allows (each compile takes a minute or more). 240 s at most (timeout kills it
   # and its runs; gpu_peer's own budget stops starting runs first), so that the whole check stays
@@ -69,9 +105,7 @@ find_library() {
   # reported, not returned: the check's is the tests'.
   echo "== gpu_peer"
   if python3 -c 'import tomllib, numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
-    cap=()
-    command -v timeout > /dev/null && cap=(timeout -k 10 240)
-    ${cap[@]+"${cap[@]}"} python3 bench/gpu_peer.py --out "$out" --gemm-json "$out/cuda_gemm.json" \
+    cap 240 python3 bench/gpu_peer.py --out "$out" --gemm-json "$out/cuda_gemm.json" \
       --experts 8,32,128 --order 8,128,32 --modes eager,compile --steps 7 --warmup 2 \
       --budget-s 225 --min-run-s 40 --timeout 180
     echo "== gpu_check: gpu_peer exited $?"
