@@ -1,7 +1,10 @@
 #include "dist/communicator.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cstddef>
+#include <utility>
 
+#include "core/device_memory.h"
 #include "dist/traffic_counters.h"
 
 namespace moecore::dist {
@@ -28,10 +31,74 @@ std::string op_name(const char* op, CommType type, ReduceOp reduce = ReduceOp::k
   return name;
 }
 
-// A group of one: its own part is the whole result.
+// A group of one: its own part is the whole result (in host or a device's memory).
 void copy_elements(const void* src, void* dst, int64_t count, CommType type) {
   if (count > 0 && src != dst)
-    std::memmove(dst, src, static_cast<size_t>(count) * comm_type_bytes(type));
+    copy_bytes(dst, src, static_cast<size_t>(count) * comm_type_bytes(type));
+}
+
+// A buffer as a backend that reaches only host memory sees it: the buffer itself when it is host
+// memory (or the backend takes device memory), else a host copy of its `bytes`, filled from it
+// when `copy_in` and written back to it by copy_out().
+class HostStage {
+ public:
+  HostStage(const void* data, size_t bytes, bool copy_in, bool backend_reaches_device)
+      : device_data_(const_cast<void*>(data)), bytes_(bytes) {
+    if (backend_reaches_device || bytes == 0 || device_of(data) == Device::kCpu) return;
+    staged_.resize(bytes);
+    if (copy_in) copy_bytes(staged_.data(), data, bytes);
+  }
+  void* host() { return staged_.empty() ? device_data_ : staged_.data(); }
+  void copy_out() {
+    if (!staged_.empty()) copy_bytes(device_data_, staged_.data(), bytes_);
+  }
+
+ private:
+  void* device_data_;
+  size_t bytes_;
+  std::vector<std::byte> staged_;
+};
+
+// A non-blocking operation on a staged buffer: the stage lives until the operation completes,
+// and its host copy goes back to the device buffer then (receives and reductions; a send's
+// stage only has to outlive it).
+class StagedWork final : public Work {
+ public:
+  StagedWork(Request backend, HostStage stage, bool copy_out)
+      : backend_(std::move(backend)), stage_(std::move(stage)), copy_out_(copy_out) {}
+  bool test() override {
+    if (!done_ && dist::test(backend_)) finish();
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    dist::wait(backend_);
+    finish();
+  }
+
+ private:
+  void finish() {
+    if (copy_out_) stage_.copy_out();
+    done_ = true;
+  }
+  Request backend_;
+  HostStage stage_;
+  bool copy_out_;
+  bool done_ = false;
+};
+
+// The backend's request, kept as it is when nothing was staged.
+Request staged_request(Request backend, HostStage stage, const void* data, bool copy_out) {
+  if (stage.host() == data) return backend;
+  return std::make_unique<StagedWork>(std::move(backend), std::move(stage), copy_out);
+}
+
+// The elements a variable all-to-all touches in one buffer: up to the furthest displacement plus
+// its count.
+int64_t extent(const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) {
+  int64_t end = 0;
+  for (size_t r = 0; r < counts.size(); ++r) end = std::max(end, displs[r] + counts[r]);
+  return end;
 }
 
 }  // namespace
@@ -81,45 +148,60 @@ void Window::get(float* dst, int64_t count, int rank, int64_t offset) const {
 
 void Communicator::allreduce(void* data, int64_t count, CommType type, ReduceOp op) const {
   if (size_ == 1) return;
-  count_traffic(name_, op_name("allreduce", type, op),
-                count * static_cast<int64_t>(comm_type_bytes(type)));
-  do_allreduce(data, count, type, op);
+  const size_t bytes = static_cast<size_t>(count) * comm_type_bytes(type);
+  count_traffic(name_, op_name("allreduce", type, op), static_cast<int64_t>(bytes));
+  HostStage stage(data, bytes, true, reaches_device_memory());
+  do_allreduce(stage.host(), count, type, op);
+  stage.copy_out();
 }
 
 Request Communicator::iallreduce(void* data, int64_t count, CommType type, ReduceOp op) const {
   if (size_ == 1) return nullptr;
-  count_traffic(name_, op_name("allreduce", type, op),
-                count * static_cast<int64_t>(comm_type_bytes(type)));
-  return do_iallreduce(data, count, type, op);
+  const size_t bytes = static_cast<size_t>(count) * comm_type_bytes(type);
+  count_traffic(name_, op_name("allreduce", type, op), static_cast<int64_t>(bytes));
+  HostStage stage(data, bytes, true, reaches_device_memory());
+  Request backend = do_iallreduce(stage.host(), count, type, op);
+  return staged_request(std::move(backend), std::move(stage), data, true);
 }
 
 void Communicator::broadcast(void* data, int64_t bytes, int root) const {
   if (size_ == 1) return;
   if (rank_ == root) count_traffic(name_, "broadcast", bytes);
-  do_broadcast(data, bytes, root);
+  HostStage stage(data, static_cast<size_t>(bytes), rank_ == root, reaches_device_memory());
+  do_broadcast(stage.host(), bytes, root);
+  stage.copy_out();
 }
 
 void Communicator::allgather(const void* send, void* recv, int64_t count, CommType type) const {
   if (size_ == 1) return copy_elements(send, recv, count, type);
-  count_traffic(name_, op_name("allgather", type),
-                count * static_cast<int64_t>(comm_type_bytes(type)));
-  do_allgather(send, recv, count, type);
+  const size_t bytes = static_cast<size_t>(count) * comm_type_bytes(type);
+  count_traffic(name_, op_name("allgather", type), static_cast<int64_t>(bytes));
+  HostStage send_stage(send, bytes, true, reaches_device_memory());
+  HostStage recv_stage(recv, bytes * static_cast<size_t>(size_), false, reaches_device_memory());
+  do_allgather(send_stage.host(), recv_stage.host(), count, type);
+  recv_stage.copy_out();
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, int64_t count, CommType type,
                                   ReduceOp op) const {
   if (size_ == 1) return copy_elements(send, recv, count, type);
-  count_traffic(name_, op_name("reduce_scatter", type, op),
-                count * size_ * static_cast<int64_t>(comm_type_bytes(type)));
-  do_reduce_scatter(send, recv, count, type, op);
+  const size_t bytes = static_cast<size_t>(count) * comm_type_bytes(type);
+  count_traffic(name_, op_name("reduce_scatter", type, op), static_cast<int64_t>(bytes) * size_);
+  HostStage send_stage(send, bytes * static_cast<size_t>(size_), true, reaches_device_memory());
+  HostStage recv_stage(recv, bytes, false, reaches_device_memory());
+  do_reduce_scatter(send_stage.host(), recv_stage.host(), count, type, op);
+  recv_stage.copy_out();
 }
 
 void Communicator::alltoall(const void* send, void* recv, int64_t count_per_rank,
                             CommType type) const {
   if (size_ == 1) return copy_elements(send, recv, count_per_rank, type);
-  count_traffic(name_, op_name("alltoall", type),
-                count_per_rank * (size_ - 1) * static_cast<int64_t>(comm_type_bytes(type)));
-  do_alltoall(send, recv, count_per_rank, type);
+  const size_t bytes = static_cast<size_t>(count_per_rank) * comm_type_bytes(type);
+  count_traffic(name_, op_name("alltoall", type), static_cast<int64_t>(bytes) * (size_ - 1));
+  HostStage send_stage(send, bytes * static_cast<size_t>(size_), true, reaches_device_memory());
+  HostStage recv_stage(recv, bytes * static_cast<size_t>(size_), false, reaches_device_memory());
+  do_alltoall(send_stage.host(), recv_stage.host(), count_per_rank, type);
+  recv_stage.copy_out();
 }
 
 void Communicator::alltoallv(const void* send, const std::vector<int64_t>& send_counts,
@@ -134,17 +216,29 @@ void Communicator::alltoallv(const void* send, const std::vector<int64_t>& send_
   for (int r = 0; r < size_; ++r)
     if (r != rank_) to_others += send_counts[static_cast<size_t>(r)];
   count_traffic(name_, op_name("alltoallv", type), to_others * bytes);
-  do_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, type);
+  HostStage send_stage(send, static_cast<size_t>(extent(send_counts, send_displs) * bytes), true,
+                       reaches_device_memory());
+  HostStage recv_stage(recv, static_cast<size_t>(extent(recv_counts, recv_displs) * bytes), false,
+                       reaches_device_memory());
+  do_alltoallv(send_stage.host(), send_counts, send_displs, recv_stage.host(), recv_counts,
+               recv_displs, type);
+  recv_stage.copy_out();
 }
 
 Request Communicator::isend(const void* data, int64_t count, CommType type, int dest,
                             int tag) const {
-  count_traffic(name_, op_name("send", type), count * static_cast<int64_t>(comm_type_bytes(type)));
-  return do_isend(data, count, type, dest, tag);
+  const size_t bytes = static_cast<size_t>(count) * comm_type_bytes(type);
+  count_traffic(name_, op_name("send", type), static_cast<int64_t>(bytes));
+  HostStage stage(data, bytes, true, reaches_device_memory());
+  Request backend = do_isend(stage.host(), count, type, dest, tag);
+  return staged_request(std::move(backend), std::move(stage), data, false);
 }
 
 Request Communicator::irecv(void* data, int64_t count, CommType type, int source, int tag) const {
-  return do_irecv(data, count, type, source, tag);
+  HostStage stage(data, static_cast<size_t>(count) * comm_type_bytes(type), false,
+                  reaches_device_memory());
+  Request backend = do_irecv(stage.host(), count, type, source, tag);
+  return staged_request(std::move(backend), std::move(stage), data, true);
 }
 
 }  // namespace moecore::dist

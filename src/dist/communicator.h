@@ -111,6 +111,11 @@ class Communicator {
   Request isend(const void* data, int64_t count, CommType type, int dest, int tag) const;
   Request irecv(void* data, int64_t count, CommType type, int source, int tag) const;
   virtual int max_tag() const = 0;
+  // Whether the backend takes buffers in a device's memory (NCCL) or only host memory (MPI). For
+  // the latter, the operations here stage device buffers through host memory: copied to the host
+  // before the backend sees them and back once it is done (at wait for the non-blocking ones), as
+  // torch.distributed's gloo does with CUDA tensors. Windows are never staged.
+  virtual bool reaches_device_memory() const { return false; }
   // A window of `count` floats on every rank; traffic_group names its puts and gets in the
   // traffic counters (default: this group's name).
   std::unique_ptr<Window> window(int64_t count, const std::string& traffic_group = "") const {

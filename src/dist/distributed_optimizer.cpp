@@ -33,9 +33,9 @@ DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const Opti
     const size_t ranks = static_cast<size_t>(s.comm->size());
     s.shard_size = (s.numel + ranks - 1) / ranks;
     std::tie(s.begin, s.end) = slice(group);
-    s.exp_avg.assign(s.end - s.begin, 0.0f);
-    s.exp_avg_sq.assign(s.end - s.begin, 0.0f);
-    s.grad.assign(s.shard_size, 0.0f);
+    s.exp_avg.resize(s.end - s.begin);  // zeroed
+    s.exp_avg_sq.resize(s.end - s.begin);
+    s.grad.resize(s.shard_size);
     shards_.push_back(std::move(s));
   }
 }

@@ -67,7 +67,7 @@ class DistributedOptimizer {
     size_t numel = 0;       // elements of the group
     size_t shard_size = 0;  // ceil(numel / ranks): every rank's slice, padded
     size_t begin = 0, end = 0;
-    std::vector<float> exp_avg, exp_avg_sq, grad;
+    DeviceArray<float> exp_avg, exp_avg_sq, grad;  // on the default device, as the parameters
   };
 
   // [begin, end) of this rank's equal slice of `group` (ZeRO-1's shard).

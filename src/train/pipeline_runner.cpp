@@ -24,7 +24,7 @@ void add_scaled(LossParts& sum, const LossParts& part, double scale) {
 }  // namespace
 
 struct PipelineRunner::Pending {
-  std::vector<float> buffer;
+  DeviceArray<float> buffer;  // on the model's device, as the chunks' inputs and outputs
   dist::Request request;
 };
 
@@ -74,14 +74,14 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
   std::vector<std::unique_ptr<Pending>> sends;
   // Message buffers come from, and go back to, the buffers of earlier messages and steps: every
   // one is written in full (by the receive or by the chunk pass) before it is read.
-  auto take_buffer = [&](std::vector<float>& buffer) {
+  auto take_buffer = [&](DeviceArray<float>& buffer) {
     if (!spare_buffers_.empty()) {
       buffer = std::move(spare_buffers_.back());
       spare_buffers_.pop_back();
     }
-    buffer.resize(static_cast<size_t>(width));
+    buffer.resize_for_overwrite(static_cast<size_t>(width));
   };
-  auto give_back = [&](std::vector<float>& buffer) {
+  auto give_back = [&](DeviceArray<float>& buffer) {
     if (buffer.capacity() > 0) spare_buffers_.push_back(std::move(buffer));
   };
   size_t posted = 0;
@@ -194,7 +194,9 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
 LossParts PipelineRunner::forward_only(const ParamBuffers& params, const int32_t* tokens,
                                        const int32_t* targets, int64_t rows, int64_t seq) {
   const int64_t width = rows * seq * chunks_.front()->config().hidden_size;
-  std::vector<float> in(static_cast<size_t>(width)), out(static_cast<size_t>(width));
+  DeviceArray<float> in, out;  // written in full (by the receive, by the chunk) before read
+  in.resize_for_overwrite(static_cast<size_t>(width));
+  out.resize_for_overwrite(static_cast<size_t>(width));
   LossParts sum;
   for (int64_t c = 0; c < v_; ++c) {
     const int64_t g = global_chunk(c);

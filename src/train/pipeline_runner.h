@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "dist/mesh.h"
 #include "dist/pipeline_schedule.h"
 #include "model/transformer.h"
@@ -58,7 +59,7 @@ class PipelineRunner {
   struct Pending;  // a posted receive or send and its buffer
   // Message buffers of finished receives and sends, reused by the next ones (this step's and the
   // following steps'), so that a step after the first asks the heap for none.
-  std::vector<std::vector<float>> spare_buffers_;
+  std::vector<DeviceArray<float>> spare_buffers_;
 
   int64_t global_chunk(int64_t chunk) const { return chunk * pp_ + stage_; }
   int tag(int64_t global, int64_t micro, bool gradient) const;

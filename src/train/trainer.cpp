@@ -381,12 +381,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             device_name(tc.device), device_name(tc.device));
   const DefaultDeviceScope on_device(tc.device);
   const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
-  // The ranks' reductions and exchanges go through MPI on host memory; the NCCL communicator
-  // (dist/nccl/) that would carry them between GPUs is not wired into the job yet.
-  MOE_CHECK(tc.device == Device::kCpu || world->size() == 1,
-            "[train] train.device={} with {} ranks: a run on a device is one process for now "
-            "(the trainer does not yet reduce over NCCL)",
-            device_name(tc.device), world->size());
+  // Several ranks on devices reduce and pass activations over MPI through host copies of the
+  // device buffers (dist/communicator.h); the expert-parallel dispatches run on host memory only.
+  MOE_CHECK(tc.device == Device::kCpu || pc.ep == 1,
+            "[train] train.device={} with parallel.ep={}: the expert-parallel dispatches run on "
+            "host memory only for now (data and pipeline parallelism and ZeRO-1 run on devices)",
+            device_name(tc.device), pc.ep);
   (void)validate_layout(config, world->size());  // `moecore plan`'s checks, before any group
   const dist::Mesh mesh = dist::Mesh::build(*world, pc.ep, pc.pp);
   const bool rank0 = world->rank() == 0;

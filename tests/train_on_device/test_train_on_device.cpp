@@ -1,10 +1,13 @@
 // The training job with its model on device memory (train.device = "cuda"), run on the guarded
-// device (guarded_device.h: host pages the host cannot touch outside the operations), against the
-// same job on the host: every part of the job that reads or writes the model from the host
-// (initialisation, checkpoints and their resume, evaluation, the generated sample, the router-bias
-// update, the MoE statistics, --init-from with its round-trip check) has to copy through the
-// device's memory, or the run crashes at that line. The runs must then agree bit for bit: the
-// checkpoints' files, byte for byte, and every logged loss.
+// device (tests/cpp/guarded_device.h: host pages the host cannot touch outside the operations),
+// against the same job on the host: every part of the job that reads or writes the model from the
+// host (initialisation, checkpoints and their resume, evaluation, the generated sample, the
+// router-bias update, the MoE statistics, --init-from with its round-trip check, and with two
+// processes the gradient reductions, ZeRO-1's shards and the pipeline's activations, which MPI
+// moves through host copies of the device buffers) has to copy through the device's memory, or
+// the run crashes at that line. The runs must then agree bit for bit: the checkpoints' files, byte
+// for byte, and every logged loss. The two-process cases run under mpirun (ctest
+// TrainOnDevice.TwoRanks) and skip in any other world.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -22,6 +26,8 @@
 
 #include "core/splitmix64.h"
 #include "data/bpe_trainer.h"
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_runtime.h"
 #include "guarded_device.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -35,6 +41,8 @@ struct DeviceRunCase {
   std::string name;
   std::string precision;
   std::string recompute;
+  int ranks = 1;         // processes (mpirun -n); the case skips in any other world
+  std::string parallel;  // the [parallel] table
 };
 
 void PrintTo(const DeviceRunCase& c, std::ostream* out) {
@@ -46,8 +54,8 @@ std::string read_file(const fs::path& path) {
   return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
 }
 
-// The lines of metrics.jsonl without the wall-clock figures (times, rates, memory), which differ
-// from run to run.
+// The lines of metrics.jsonl without the wall-clock figures (times, rates, memory, the pipeline's
+// bubble), which differ from run to run.
 std::vector<nlohmann::json> logged_values(const fs::path& path) {
   std::vector<nlohmann::json> lines;
   std::ifstream file(path);
@@ -57,7 +65,8 @@ std::vector<nlohmann::json> logged_values(const fs::path& path) {
       const std::string& key = it.key();
       const bool wall_clock =
           key.find("seconds") != std::string::npos || key.find("per_s") != std::string::npos ||
-          key.find("memory") != std::string::npos || key.find("time") != std::string::npos;
+          key.find("memory") != std::string::npos || key.find("time") != std::string::npos ||
+          key.find("bubble") != std::string::npos;
       it = wall_clock ? values.erase(it) : std::next(it);
     }
     lines.push_back(std::move(values));
@@ -103,8 +112,25 @@ TrainSummary train_capturing(const RunConfig& config, const TrainOptions& option
 class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
  protected:
   void SetUp() override {
+    world_ = dist::mpi_world();
+    if (world_->size() != GetParam().ranks)
+      GTEST_SKIP() << "runs in " << GetParam().ranks << " processes (mpirun -n " << GetParam().ranks
+                   << "), not " << world_->size();
+    // Rank 0 names the directory and writes the inputs; the others wait for them.
+    int64_t owner_pid = ::getpid();
+    world_->broadcast(&owner_pid, sizeof(owner_pid), 0);
     dir_ = fs::temp_directory_path() /
-           fmt::format("moecore_train_on_device_{}_{}", ::getpid(), GetParam().name);
+           fmt::format("moecore_train_on_device_{}_{}", owner_pid, GetParam().name);
+    if (world_->rank() == 0) write_inputs();
+    world_->barrier();
+  }
+  void TearDown() override {
+    if (!world_ || world_->size() != GetParam().ranks) return;
+    world_->barrier();
+    if (world_->rank() == 0) fs::remove_all(dir_);
+  }
+
+  void write_inputs() const {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     // A tokenizer for the sample, and random tokens below its vocabulary.
@@ -122,7 +148,6 @@ class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
                  static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
     }
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // A small MoE model with every part the job reads from the host: a dense first layer, routed
   // experts with a shared expert and the auxiliary-loss-free router bias, GQA with QK-norm,
@@ -179,13 +204,17 @@ train = ["{}"]
 val = ["{}"]
 tokenizer = "{}"
 dtype = "uint16"
+
+[parallel]
+{}
 )",
                     max_steps, c.precision, c.recompute, device, (dir_ / out).string(),
                     (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
-                    (dir_ / "tokenizer.json").string()),
+                    (dir_ / "tokenizer.json").string(), c.parallel),
         "train_on_device");
   }
 
+  std::unique_ptr<dist::Communicator> world_;
   fs::path dir_;
 };
 
@@ -206,18 +235,22 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     init.init_from = (dir_ / "host" / "checkpoints" / "step_00000006").string();
     std::string init_output;
     device_init = train_capturing(config("cuda", "device_init", 1), init, init_output);
-    EXPECT_NE(init_output.find("init-from self-check"), std::string::npos) << init_output;
+    if (world_->rank() == 0) {  // rank 0 writes, reads back and reports the check
+      EXPECT_NE(init_output.find("init-from self-check"), std::string::npos) << init_output;
+    }
   }
   const std::vector<std::string> host_lines = sample_and_warnings(host_output);
+  // Rank 0 samples at the end of each run (the first and the resumed one).
   ASSERT_EQ(std::count_if(host_lines.begin(), host_lines.end(),
                           [](const std::string& line) { return line.starts_with("sample: "); }),
-            2)
+            world_->rank() == 0 ? 2 : 0)
       << host_output;
   EXPECT_EQ(sample_and_warnings(device_output), host_lines) << device_output;
   EXPECT_EQ(device.last_loss, host.last_loss);
   EXPECT_EQ(device.val_loss, host.val_loss);
   EXPECT_EQ(device_resumed.last_loss, host_resumed.last_loss);
   EXPECT_EQ(device_resumed.val_loss, host_resumed.val_loss);
+  if (world_->rank() != 0) return;  // rank 0 writes the metrics and commits the checkpoints
   EXPECT_EQ(logged_values(dir_ / "device" / "metrics.jsonl"),
             logged_values(dir_ / "host" / "metrics.jsonl"));
   for (const char* step : {"step_00000002", "step_00000004", "step_00000006"}) {
@@ -240,13 +273,20 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   EXPECT_TRUE(std::isfinite(device_init.last_loss));
 }
 
-INSTANTIATE_TEST_SUITE_P(TrainJob, TrainOnDevice,
-                         ::testing::Values(DeviceRunCase{"fp32", "fp32", "none"},
-                                           DeviceRunCase{"bf16", "bf16", "full"},
-                                           DeviceRunCase{"mxfp8", "mxfp8", "none"}),
-                         [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
-                           return param_info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    TrainJob, TrainOnDevice,
+    ::testing::Values(DeviceRunCase{"fp32", "fp32", "none", 1, ""},
+                      DeviceRunCase{"bf16", "bf16", "full", 1, ""},
+                      DeviceRunCase{"mxfp8", "mxfp8", "none", 1, ""},
+                      // Two processes: data parallel with ZeRO-1's shards, data parallel with
+                      // the reduction overlapped with the backward, two pipeline stages.
+                      DeviceRunCase{"ranks2_dp_zero", "fp32", "none", 2, "zero = 1"},
+                      DeviceRunCase{"ranks2_dp_overlap_bf16", "bf16", "none", 2,
+                                    "overlap_grad_reduce = true"},
+                      DeviceRunCase{"ranks2_pp", "fp32", "full", 2, "pp = 2"}),
+    [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
+      return param_info.param.name;
+    });
 
 }  // namespace
 }  // namespace moecore

@@ -74,6 +74,7 @@ class NcclCommunicator : public Communicator {
   // stream before it has completed (a one-element all-reduce, then a stream synchronisation).
   void barrier() const override;
   int max_tag() const override;
+  bool reaches_device_memory() const override { return true; }  // device operands only enqueued
 
  protected:
   void do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const override;
