@@ -9,6 +9,7 @@
 #      (bench/cuda/gemm.cpp), whatever step 2 gave;
 #   4. `moecore train --device cuda`: 200 steps of the default run in fp32 and in bf16, each loss
 #      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py;
+#      then `moecore diff` of one batch's pass on the CPU and on the GPU, tensor by tensor;
 #   5. bench/gpu_peer.py (transformers' OlmoeForCausalLM + AdamW at 8 / 32 / 128 experts) where
 #      python3 has torch and transformers, 240 s at most.
 # The log, gtest's XML and the runs' metrics go to $OUT when it is set (the device tool), else to
@@ -97,6 +98,16 @@ find_library() {
     (( code != 0 || curves != 0 )) && train_status=1
   done
   (( status == 0 && train_status != 0 )) && status=1
+  # The first batch's forward and backward on the CPU and on the GPU, every activation and
+  # gradient compared (moecore diff: where they part, by normalised error); reported, not failed:
+  # fp32 sums in another order may part past diff's default threshold (2^-18).
+  for precision in fp32 bf16; do
+    cap 60 "${loader[@]}" "$bundle/bin/moecore" diff configs/default.toml \
+      --set "train.precision=$precision" --b-set train.device=cuda > "$out/gpu_diff_$precision.txt" 2>&1
+    code=$?
+    head -n 30 "$out/gpu_diff_$precision.txt"
+    echo "== gpu_check: diff cpu vs cuda ($precision) exited $code (0 equal within the threshold, 1 parted)"
+  done
   # 5. The transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where python3 has torch with
   # a usable GPU and transformers: gpu.toml at 8 / 32 / 128 experts eager, then torch.compile at 8,
   # 128, 32 as time allows (each compile takes a minute or more). 240 s at most (timeout kills it

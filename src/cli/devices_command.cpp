@@ -57,7 +57,7 @@ std::string select_device(Device device) {
   return kernels::cuda::activate();
 #else
   throw Error(fmt::format(
-      "[train] train.device={}: this moecore program has no CUDA backend (build it with the "
+      "[device] train.device={}: this moecore program has no CUDA backend (build it with the "
       "CUDA toolkit and `cmake --preset cuda`)",
       device_name(device)));
 #endif

@@ -7,7 +7,9 @@
 #include <span>
 
 #include "cli/debug_commands.h"
+#include "cli/devices_command.h"
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "data/token_dataset.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "io/model_weights.h"
@@ -87,6 +89,10 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
   overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
   const RunConfig config = load_run_config(args.config, overrides);
   if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
+  // train.device: the pass runs there (diff --b-set train.device=cuda compares it with the CPU's);
+  // what the dump keeps is copied to the host.
+  const std::string device_description = select_device(config.train.device);
+  const DefaultDeviceScope on_device(config.train.device);
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
   if (args.weights.empty())
@@ -96,11 +102,14 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
   const Batch batch = load_batch(args, config);
 
   const std::string config_toml = run_config_to_toml(config);
+  std::vector<float> dense_copy, expert_copy;
   const uint64_t weights_hash =
-      fnv1a(std::as_bytes(params.expert.span()), fnv1a(std::as_bytes(params.dense.span())));
+      fnv1a(std::as_bytes(host_readable(params.expert, expert_copy)),
+            fnv1a(std::as_bytes(host_readable(params.dense, dense_copy))));
   io::TensorDump dump;
   dump.run["precision"] = train_precision_name(config.train.precision);
-  dump.run["backend"] = "cpu";
+  dump.run["backend"] = std::string(device_name(config.train.device));
+  if (!device_description.empty()) dump.run["device"] = device_description;
   dump.run["threads"] = omp_get_max_threads();
   dump.run["config"] = config_toml;
   dump.run["config_fnv1a"] = fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(config_toml))));
@@ -118,11 +127,11 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
     for (int d = 0; d < tensor.rank(); ++d) t.shape.push_back(tensor.size(d));
     t.values.resize(static_cast<size_t>(tensor.numel()));
     if (t.index) {
-      const int32_t* ids = tensor.data<int32_t>("dump");
+      std::vector<int32_t> ids(t.values.size());
+      copy_bytes(ids.data(), tensor.data<int32_t>("dump"), ids.size() * sizeof(int32_t));
       for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = static_cast<float>(ids[i]);
     } else {
-      const float* values = tensor.data<float>("dump");
-      std::copy_n(values, t.values.size(), t.values.begin());
+      copy_bytes(t.values.data(), tensor.data<float>("dump"), t.values.size() * sizeof(float));
     }
     dump.tensors.push_back(std::move(t));
   };
@@ -130,9 +139,11 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
   ParamBuffers grads(layout);
   auto record_param_grads = [&](auto&& wanted) {
     for (const ParamSpec& spec : layout.specs())
-      if (!spec.is_buffer && wanted(spec.name))
-        dump.tensors.push_back({"grad." + spec.name, phase, false, spec.shape,
-                                std::vector<float>(grads.at(spec), grads.at(spec) + spec.numel)});
+      if (!spec.is_buffer && wanted(spec.name)) {
+        std::vector<float> values(spec.numel);
+        copy_bytes(values.data(), grads.at(spec), spec.numel * sizeof(float));
+        dump.tensors.push_back({"grad." + spec.name, phase, false, spec.shape, std::move(values)});
+      }
   };
   auto in_layers = [](const std::string& name) { return name.starts_with("model.layers."); };
 

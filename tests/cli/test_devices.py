@@ -74,7 +74,7 @@ def test_train_on_a_device_it_cannot_use_is_one_line_and_writes_nothing(tmp_path
     if cuda.startswith("cuda: unavailable"):
         assert lines[0].startswith("moecore: error: [cuda] no usable CUDA device ("), lines[0]
     else:
-        assert lines[0] == ("moecore: error: [train] train.device=cuda: this moecore program has no "
+        assert lines[0] == ("moecore: error: [device] train.device=cuda: this moecore program has no "
                             "CUDA backend (build it with the CUDA toolkit and `cmake --preset "
                             "cuda`)"), lines[0]
     assert not out.exists()
@@ -87,3 +87,22 @@ def test_device_names_are_checked():
         assert result.returncode != 0
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert "gpu" in result.stderr or "train.device" in result.stderr, result.stderr
+
+
+def test_dump_and_diff_on_a_device_it_cannot_use_are_one_line(tmp_path):
+    """`moecore dump` and `diff --b-set train.device=cuda` (the CPU against the GPU) run the pass on
+    train.device; where it cannot be used: one line, exit 2 (diff's bad input) or 1, no dump."""
+    _, cuda = run_devices()
+    if re.fullmatch(CUDA_FORMS[0], cuda):
+        return  # a usable GPU: scripts/gpu_check.sh runs the comparison
+    config = str(REPO / "configs" / "default.toml")
+    for args, code in ((["dump", config, "--set", "train.device=cuda", "--out", str(tmp_path / "d")], 1),
+                       (["diff", config, "--b-set", "train.device=cuda"], 2)):
+        result = subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=120)
+        assert result.returncode == code, (args, result.returncode, result.stderr)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, result.stderr
+        assert ("[cuda] no usable CUDA device (" in lines[0] if cuda.startswith("cuda: unavailable")
+                else "[device] train.device=cuda: this moecore program has no CUDA backend"
+                in lines[0]), lines[0]
+    assert not (tmp_path / "d").exists()

@@ -11,10 +11,11 @@ namespace moecore::kernels::cuda {
 std::string unavailable_reason();
 
 // Makes this process allocate Device::kCuda memory (core/device_memory.h) and run its operations
-// on views in that memory on the CUDA backend (kernels/device_backends.h), on device 0 of those
-// visible, once a device is known to be usable;
-// otherwise throws moecore::Error "[cuda] no usable CUDA device (<why>)". Returns the device's
-// description for a start-up line: "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
+// on views in that memory on the CUDA backend (kernels/device_backends.h), once a device is known
+// to be usable: the device of this process's rank on its node (OMPI_COMM_WORLD_LOCAL_RANK,
+// SLURM_LOCALID or LOCAL_RANK; 0 without a launcher) modulo the visible devices. Otherwise throws
+// moecore::Error "[cuda] no usable CUDA device (<why>)". Returns the device's description for a
+// start-up line: "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
 std::string activate();
 
 }  // namespace moecore::kernels::cuda
