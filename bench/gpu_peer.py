@@ -3,8 +3,9 @@
 torch.optim.AdamW (bench/peer_torch.py --device cuda: fp32 master weights, bf16 autocast) training
 bench/configs/gpu.toml at 8, 32 and 128 experts with fixed active parameters (bench/
 expert_scaling.py's rule: top-k and expert width stay, only model.num_experts changes), eager and
-torch.compile, on one GPU. moecore's side of the comparison (>= 1.5x transformers eager tokens/s,
-<= 5 % tokens/s lost from 8 to 128 experts) comes with its GPU training step.
+torch.compile, on one GPU, and with --modes moecore moecore's side of the comparison (>= 1.5x
+transformers eager tokens/s, <= 5 % tokens/s lost from 8 to 128 experts): `moecore train --device`
+on the same config (run_moecore).
 
 Each run is one peer_torch.py process: --warmup steps (torch.compile compiles in the first), then
 the timed steps; tokens/s = tokens per step / the median timed step, with the spread (max - min) /
@@ -34,9 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,6 +118,64 @@ def run_peer(args, mode: str, experts: int, model: dict, timeout: float) -> dict
     res.update(status="ok", wall_s=wall, step_s_timed=C.summarise(timed),
                tokens_per_s_median=res["tokens_per_step"] / statistics.median(timed))
     return res
+
+
+def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) -> dict:
+    """moecore's side: `moecore train --device <device>` on the same config, expert count,
+    precision and step count, on uniform random tokens written as a .npy (the data the peer
+    draws), without checkpoints (train.checkpoint=false: a 3.4 G-parameter save would dominate).
+    Per-step seconds from metrics.jsonl's cumulative tokens/s (elapsed after step s = s x tokens
+    per step / tokens/s); FLOPs per token and parameters from `moecore bench flops`."""
+    import numpy as np
+
+    cmd = shlex.split(args.moecore_cmd)
+    tokens_per_step = int(train["batch_size"]) * int(train["seq_len"])
+    sets = [*args.overrides, *expert_overrides(experts, model),
+            f"train.precision={args.precision}", f"train.max_steps={args.steps}",
+            "train.checkpoint=false", "train.eval_every=0", "train.log_every=1",
+            "train.sample_tokens=0", "data.val=[]", 'data.tokenizer=""']
+    if args.device == "cpu":
+        sets.append(f"train.threads={args.threads}")
+    with tempfile.TemporaryDirectory(prefix="gpu_peer_moecore_") as work:
+        data = Path(work) / "tokens.npy"
+        rng = np.random.default_rng(int(train.get("seed", 0)))
+        count = (args.steps + 2) * int(train["batch_size"]) * (int(train["seq_len"]) + 1)
+        np.save(data, rng.integers(0, int(model["vocab_size"]), size=count, dtype=np.uint32))
+        sets += [f"data.train=[\"{data}\"]", f"train.out_dir={Path(work) / 'run'}"]
+        set_args = [a for x in sets for a in ("--set", x)]
+        flops = subprocess.run(cmd + ["bench", "flops", str(args.config), *set_args],
+                               capture_output=True, text=True, timeout=120, cwd=C.REPO)
+        if flops.returncode != 0:
+            return {"status": "failed", "message": (flops.stderr or flops.stdout).strip()[-300:]}
+        counts = json.loads(flops.stdout.strip().splitlines()[-1])
+        start = time.monotonic()
+        try:
+            r = subprocess.run(cmd + ["train", str(args.config), "--device", args.device, *set_args],
+                               capture_output=True, text=True, timeout=timeout, cwd=C.REPO)
+        except subprocess.TimeoutExpired:
+            return {"status": "failed", "message": f"timed out after {timeout:.0f}s",
+                    "wall_s": time.monotonic() - start}
+        wall = time.monotonic() - start
+        if r.returncode != 0:
+            return {"status": "failed", "message": C.first_error(r.stderr + r.stdout)[:300],
+                    "wall_s": wall}
+        rows = [json.loads(line) for line in
+                (Path(work) / "run" / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [0.0] + [row["step"] * tokens_per_step / row["train/tokens_per_s"]
+                       for row in rows if "train/tokens_per_s" in row]
+    step_s = [b - a for a, b in zip(elapsed, elapsed[1:])]
+    timed = step_s[args.warmup:]
+    started = re.search(r"on cuda (.+?), \S+ GEMMs", r.stdout)
+    d, layers = int(model["hidden_size"]), int(model["num_hidden_layers"])
+    return {"status": "ok", "wall_s": wall, "step_s": step_s, "first_step_s": step_s[0],
+            "step_s_timed": C.summarise(timed), "tokens_per_step": tokens_per_step,
+            "tokens_per_s_median": tokens_per_step / statistics.median(timed),
+            "flops_per_token": counts["flops_per_token"]["total"],
+            "parameters": counts["parameters"]["total"],
+            "parameters_active": counts["parameters"]["active"],
+            "parameters_router": d * experts * layers,
+            "experts_implementation": "moecore grouped GEMM",
+            "gpu": started.group(1) if started else None, "peak_memory_allocated": None}
 
 
 def machine(args) -> dict:
@@ -216,8 +278,16 @@ def write(out: Path, data: dict) -> None:
         lines += ["", f"tokens/s change {e0} -> {e1} experts (moecore's target: >= -5 %):", ""]
         for mode, c in data["throughput_change"].items():
             lines.append(f"- {mode}: {100 * c:+.1f} %")
-    lines += ["", "moecore's side (target >= 1.5x transformers eager tokens/s) comes with its GPU "
-              "training step.", ""]
+    by = {(r["mode"], r["experts"]): r for r in data["results"] if r["status"] == "ok"}
+    ratios = [(e, by[("moecore", e)]["tokens_per_s"]["median"] / by[("eager", e)]["tokens_per_s"]["median"])
+              for e in m["experts"] if ("moecore", e) in by and ("eager", e) in by]
+    data["moecore_vs_eager"] = {str(e): x for e, x in ratios}
+    if ratios:
+        lines += ["", "moecore / transformers eager tokens/s (target >= 1.5x):", ""]
+        lines += [f"- {e} experts: {x:.2f}x" for e, x in ratios]
+    elif "moecore" not in m["modes"]:
+        lines += ["", "moecore's side not run (--modes without moecore).", ""]
+    lines.append("")
     C.write_results(out, "gpu_peer", data, "\n".join(lines))
 
 
@@ -229,7 +299,12 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--experts", default="8,32,128",
                     help="expert counts; the first and last give the throughput change")
-    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--modes", default="eager,compile",
+                    help="eager and compile: transformers; moecore: `moecore train --device`")
+    ap.add_argument("--moecore-cmd",
+                    default=os.environ.get("MOECORE_BIN", str(C.REPO / "build" / "bin" / "moecore")),
+                    help="the moecore program (a command line: the GPU check runs it through "
+                         "its bundle's loader)")
     ap.add_argument("--order", default="",
                     help="expert counts in the order they run (default: --experts'); e.g. "
                          "8,128,32 so that a budget cut keeps the ends of the change")
@@ -256,7 +331,7 @@ def main() -> int:
     if sorted(order) != sorted(experts):
         raise SystemExit(f"gpu_peer: --order {args.order} is not a permutation of --experts {args.experts}")
     modes = [m for m in args.modes.split(",") if m]
-    if not experts or not modes or set(modes) - {"eager", "compile"}:
+    if not experts or not modes or set(modes) - {"eager", "compile", "moecore"}:
         raise SystemExit(f"gpu_peer: bad --experts {args.experts!r} or --modes {args.modes!r}")
     for s in args.overrides:
         if s.startswith("model.num_experts="):
@@ -286,7 +361,8 @@ def main() -> int:
                     res = {"status": "skipped", "message": f"time budget ({args.budget_s:.0f}s) spent"}
                 else:
                     timeout = args.timeout if left is None else min(args.timeout, left)
-                    res = run_peer(args, mode, e, model, timeout)
+                    res = (run_moecore(args, e, model, train, timeout) if mode == "moecore"
+                           else run_peer(args, mode, e, model, timeout))
                 res.update(mode=mode, experts=e, repeat=rep)
                 data["runs"].append(res)
                 shown = (f"{res['tokens_per_s_median']:.0f} tok/s, step "

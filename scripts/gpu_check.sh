@@ -10,8 +10,10 @@
 #   4. `moecore train --device cuda`: 200 steps of the default run in fp32 and in bf16, each loss
 #      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py;
 #      then `moecore diff` of one batch's pass on the CPU and on the GPU, tensor by tensor;
-#   5. bench/gpu_peer.py (transformers' OlmoeForCausalLM + AdamW at 8 / 32 / 128 experts) where
-#      python3 has torch and transformers, 240 s at most.
+#   5. bench/gpu_peer.py: moecore's training step (`moecore train --device cuda`, no
+#      checkpoints) and transformers' OlmoeForCausalLM + AdamW (eager, then torch.compile) on
+#      bench/configs/gpu.toml at 8 / 32 / 128 experts, where python3 has torch and transformers,
+#      240 s at most.
 # The log, gtest's XML and the runs' metrics go to $OUT when it is set (the device tool), else to
 # .gpu/out. Exit status: that of the tests (0 all passed; 77 no usable GPU), or 1 when they passed
 # but a training run failed or left its margins.
@@ -108,16 +110,18 @@ find_library() {
     head -n 30 "$out/gpu_diff_$precision.txt"
     echo "== gpu_check: diff cpu vs cuda ($precision) exited $code (0 equal within the threshold, 1 parted)"
   done
-  # 5. The transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where python3 has torch with
-  # a usable GPU and transformers: gpu.toml at 8 / 32 / 128 experts eager, then torch.compile at 8,
-  # 128, 32 as time allows (each compile takes a minute or more). 240 s at most (timeout kills it
+  # 5. moecore against the transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where
+  # python3 has torch with a usable GPU and transformers: gpu.toml at 8, 128, 32 experts, moecore
+  # first (its runs through the bundle's loader), then transformers eager, then torch.compile as
+  # time allows (each compile takes a minute or more). 240 s at most (timeout kills it
   # and its runs; gpu_peer's own budget stops starting runs first), so that the whole check stays
   # under 8 minutes; MFU against step 3's peak; gpu_peer.{json,md} into $out. Its exit status is
   # reported, not returned: the check's is the tests'.
   echo "== gpu_peer"
   if python3 -c 'import tomllib, numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
     cap 240 python3 bench/gpu_peer.py --out "$out" --gemm-json "$out/cuda_gemm.json" \
-      --experts 8,32,128 --order 8,128,32 --modes eager,compile --steps 7 --warmup 2 \
+      --moecore-cmd "${loader[*]} $bundle/bin/moecore" \
+      --experts 8,32,128 --order 8,128,32 --modes moecore,eager,compile --steps 7 --warmup 2 \
       --budget-s 225 --min-run-s 40 --timeout 180
     echo "== gpu_check: gpu_peer exited $?"
   else

@@ -194,6 +194,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("eval_every", t.eval_every);
   r.read("eval_batches", t.eval_batches);
   r.read("save_every", t.save_every);
+  r.read("checkpoint", t.checkpoint);
   r.read("keep_last", t.keep_last);
   r.read("max_seconds", t.max_seconds);
   r.read("skip_sigma", t.skip_sigma);
@@ -333,6 +334,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.microbatches={} must be positive and divide train.batch_size={}",
             t.microbatches, t.batch_size);
   MOE_CHECK(t.save_every >= 0, "[config] train.save_every={} must be >= 0", t.save_every);
+  MOE_CHECK(t.checkpoint || t.save_every == 0,
+            "[config] train.save_every={} with train.checkpoint=false: a run without checkpoints "
+            "saves none",
+            t.save_every);
   MOE_CHECK(t.keep_last >= 0, "[config] train.keep_last={} must be >= 0", t.keep_last);
   MOE_CHECK(t.max_seconds >= 0.0, "[config] train.max_seconds={} must be >= 0", t.max_seconds);
   MOE_CHECK(t.skip_window > 0 && t.skip_min_window >= 0 && t.skip_min_window <= t.skip_window,
@@ -454,6 +459,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"eval_every", t.eval_every},
                     {"eval_batches", t.eval_batches},
                     {"save_every", t.save_every},
+                    {"checkpoint", t.checkpoint},
                     {"keep_last", t.keep_last},
                     {"max_seconds", t.max_seconds},
                     {"skip_sigma", t.skip_sigma},

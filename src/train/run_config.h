@@ -43,7 +43,10 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;
-  int64_t save_every = 0;    // 0: only at the end
+  int64_t save_every = 0;  // 0: only at the end
+  // false: no checkpoint at all, not even at the end, and so no sample (which decodes the final
+  // checkpoint): for benchmarks of large models, whose saves would dominate the run.
+  bool checkpoint = true;
   int64_t keep_last = 3;     // checkpoints kept (0: all)
   double max_seconds = 0.0;  // 0: no wall-clock limit; else stop (and save) after this long
   double skip_sigma = 6.0;   // spike threshold of the step guard (<= 0: only NaN/Inf skip)

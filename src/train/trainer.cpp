@@ -349,7 +349,9 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
                    int64_t owner_pid, bool resumed) {
   const TrainConfig& tc = ctx.config.train;
   const bool rank0 = ctx.world.rank() == 0;
-  if (in.tokenizer) ctx.callbacks.push_back(std::make_unique<SampleCallback>(*in.tokenizer));
+  // The sample decodes the final checkpoint: none without checkpoints.
+  if (in.tokenizer && tc.checkpoint)
+    ctx.callbacks.push_back(std::make_unique<SampleCallback>(*in.tokenizer));
   ctx.callbacks.push_back(std::make_unique<PeakMemoryCallback>());
   ctx.callbacks.push_back(std::make_unique<MoeMonitorCallback>());
   ctx.callbacks.push_back(std::make_unique<MetricsCallback>(tc.out_dir, ctx.step, rank0));
@@ -357,10 +359,11 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   if (in.val_data) ctx.callbacks.push_back(std::make_unique<EvalCallback>(*in.val_data));
   const std::optional<int32_t> eos =
       in.tokenizer ? std::optional<int32_t>(in.tokenizer->eos_id()) : std::nullopt;
-  ctx.callbacks.push_back(std::make_unique<CheckpointCallback>(
-      owner_pid, io::hf_config_json(ctx.config.model, tc.seq_len, eos),
-      in.tokenizer ? in.tokenizer->to_json() : std::string(),
-      resumed ? std::optional<int64_t>(ctx.step) : std::nullopt));
+  if (tc.checkpoint)
+    ctx.callbacks.push_back(std::make_unique<CheckpointCallback>(
+        owner_pid, io::hf_config_json(ctx.config.model, tc.seq_len, eos),
+        in.tokenizer ? in.tokenizer->to_json() : std::string(),
+        resumed ? std::optional<int64_t>(ctx.step) : std::nullopt));
   ctx.callbacks.push_back(std::make_unique<ProfilerCallback>());
   ctx.callbacks.push_back(std::make_unique<RankStatsCallback>());
   ctx.callbacks.insert(ctx.callbacks.end(), options.callbacks.begin(), options.callbacks.end());

@@ -227,3 +227,29 @@ def test_gpu_config_flops_match_moecore():
         got = peer_torch.moecore_flops_per_token(ref_model.full_config({**model, "num_experts": e}),
                                                  int(cfg["train"]["seq_len"]))
         assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_moecore_side(tmp_path, peer_run):
+    """--modes moecore: `moecore train --device` on the same config and expert count without
+    checkpoints, its per-step times from metrics.jsonl, FLOPs and parameters from `moecore bench
+    flops`, and the moecore / eager ratio the target is stated against (on the CPU here)."""
+    if not BIN.is_file():
+        pytest.skip(f"moecore binary not found at {BIN} (make build, or set MOECORE_BIN)")
+    out = tmp_path / "results"
+    r = run_script(out, peer_run["config"], "--experts", "8", "--modes", "eager,moecore",
+                   "--steps", "3", "--warmup", "1", "--moecore-cmd", str(BIN))
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads((out / "gpu_peer.json").read_text())
+    runs = {run["mode"]: run for run in data["runs"]}
+    assert runs["moecore"]["status"] == "ok", runs["moecore"]
+    run = runs["moecore"]
+    assert len(run["step_s"]) == 3 and all(s > 0 for s in run["step_s"])
+    assert run["step_s_timed"]["n"] == 2 and run["tokens_per_step"] == BATCH * SEQ
+    want = expected_counts(8)
+    assert run["parameters"] == want["total"] and run["parameters_router"] == want["router"]
+    assert run["parameters_active"] == pytest.approx(want["active"])
+    assert run["flops_per_token"] == pytest.approx(runs["eager"]["flops_per_token"], rel=1e-12)
+    ratio = data["moecore_vs_eager"]["8"]
+    assert ratio == pytest.approx(run["tokens_per_s_median"] / runs["eager"]["tokens_per_s_median"])
+    md = (out / "gpu_peer.md").read_text()
+    assert "| moecore | 8 |" in md and f"- 8 experts: {ratio:.2f}x" in md

@@ -970,3 +970,21 @@ def test_second_run_into_a_run_with_checkpoints_needs_resume(moecore_bin, existi
     r = train(moecore_bin, cfg, check=False)
     assert_one_line_error(r, "--resume", str(out))
     assert snapshot(out) == before
+
+
+def test_a_run_without_checkpoints_saves_nothing(moecore_bin, job_data, tmp_path):
+    """train.checkpoint = false (benchmarks of models whose saves would dominate): the run trains
+    and evaluates but writes no checkpoint, not even at the end, and so prints no sample; asking
+    for periodic saves as well is a contradiction, refused in one line before anything is written."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "nockpt.toml", job_data, out,
+                       train={"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint": False,
+                              "sample_tokens": 8})
+    r = train(moecore_bin, cfg)
+    assert "done: 4 steps" in r.stdout and "val loss" in r.stdout
+    assert checkpoints(out) == [] and "sample:" not in r.stdout and "checkpoint " not in r.stdout
+    assert sorted(train_rows(out)) == [1, 2, 3, 4]
+    bad = tmp_path / "bad"
+    r = train(moecore_bin, cfg, f"train.out_dir={bad}", "train.save_every=2", check=False)
+    assert_one_line_error(r, "train.save_every=2 with train.checkpoint=false")
+    assert not bad.exists()

@@ -13,14 +13,17 @@ void StopSignalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
   if (ctx.world.size() > 1) ctx.world.allreduce_max(votes, 2);
   ctx.out_of_time = votes[0] > 0.0;
   ctx.stop_signal = static_cast<int>(votes[1]);
+  // train.checkpoint=false: nothing is saved, so there is nothing to resume.
+  const char* resume = ctx.config.train.checkpoint
+                           ? " with a checkpoint (resume with --resume)"
+                           : " without a checkpoint (train.checkpoint=false)";
   if (ctx.stop_signal != 0)
-    ctx.stop_message =
-        fmt::format("{} received: stopping at step {} with a checkpoint (resume with --resume)",
-                    stop_signal_name(ctx.stop_signal), report.step);
+    ctx.stop_message = fmt::format("{} received: stopping at step {}{}",
+                                   stop_signal_name(ctx.stop_signal), report.step, resume);
   else if (ctx.out_of_time)
     ctx.stop_message =
-        fmt::format("train.max_seconds={} reached at step {}: stopping (resume with --resume)",
-                    max_seconds, report.step);
+        fmt::format("train.max_seconds={} reached at step {}: stopping{}", max_seconds, report.step,
+                    ctx.config.train.checkpoint ? " (resume with --resume)" : "");
 }
 
 }  // namespace moecore
