@@ -165,7 +165,7 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
                        for row in rows if "train/tokens_per_s" in row]
     step_s = [b - a for a, b in zip(elapsed, elapsed[1:])]
     timed = step_s[args.warmup:]
-    started = re.search(r"on cuda (.+?), \S+ GEMMs", r.stdout)
+    startup = re.search(r"on cuda (.+?), \S+ GEMMs", r.stdout)
     d, layers = int(model["hidden_size"]), int(model["num_hidden_layers"])
     return {"status": "ok", "wall_s": wall, "step_s": step_s, "first_step_s": step_s[0],
             "step_s_timed": C.summarise(timed), "tokens_per_step": tokens_per_step,
@@ -175,7 +175,7 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
             "parameters_active": counts["parameters"]["active"],
             "parameters_router": d * experts * layers,
             "experts_implementation": "moecore grouped GEMM",
-            "gpu": started.group(1) if started else None, "peak_memory_allocated": None}
+            "gpu": startup.group(1) if startup else None, "peak_memory_allocated": None}
 
 
 def machine(args) -> dict:

@@ -126,12 +126,13 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
     io::DumpedTensor t{name, phase, tensor.dtype() == DType::kI32, {}, {}};
     for (int d = 0; d < tensor.rank(); ++d) t.shape.push_back(tensor.size(d));
     t.values.resize(static_cast<size_t>(tensor.numel()));
+    // The transformer hands observers host tensors (a device's are copied first: emit()).
     if (t.index) {
-      std::vector<int32_t> ids(t.values.size());
-      copy_bytes(ids.data(), tensor.data<int32_t>("dump"), ids.size() * sizeof(int32_t));
+      const int32_t* ids = tensor.data<int32_t>("dump");
       for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = static_cast<float>(ids[i]);
     } else {
-      copy_bytes(t.values.data(), tensor.data<float>("dump"), t.values.size() * sizeof(float));
+      const float* values = tensor.data<float>("dump");
+      std::copy_n(values, t.values.size(), t.values.begin());
     }
     dump.tensors.push_back(std::move(t));
   };

@@ -15,6 +15,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("MOECORE_BIN", str(REPO / "build" / "bin" / "moecore")))
 CUDA_FORMS = (
@@ -67,7 +69,7 @@ def test_train_on_a_device_it_cannot_use_is_one_line_and_writes_nothing(tmp_path
          "--set", f"train.out_dir={out}", "--set", "train.max_steps=1"],
         capture_output=True, text=True, timeout=60)
     if re.fullmatch(CUDA_FORMS[0], cuda):
-        return  # a usable GPU: the run is the GPU check's (scripts/gpu_check.sh), not this test's
+        pytest.skip("a usable GPU: the run is scripts/gpu_check.sh's, not this test's")
     assert result.returncode != 0
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -94,7 +96,7 @@ def test_dump_and_diff_on_a_device_it_cannot_use_are_one_line(tmp_path):
     train.device; where it cannot be used: one line, exit 2 (diff's bad input) or 1, no dump."""
     _, cuda = run_devices()
     if re.fullmatch(CUDA_FORMS[0], cuda):
-        return  # a usable GPU: scripts/gpu_check.sh runs the comparison
+        pytest.skip("a usable GPU: scripts/gpu_check.sh runs the comparison")
     config = str(REPO / "configs" / "default.toml")
     for args, code in ((["dump", config, "--set", "train.device=cuda", "--out", str(tmp_path / "d")], 1),
                        (["diff", config, "--b-set", "train.device=cuda"], 2)):

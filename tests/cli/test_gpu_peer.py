@@ -2,8 +2,8 @@
 the runs it makes, the JSON and markdown it writes, and the expert counts it sets keeping the active
 parameters fixed (bench/expert_scaling.py's rule), checked against counts computed here from the
 config alone. The GPU runs the same script with --device cuda (scripts/gpu_check.sh); this test
-needs neither a GPU nor the C++ build (only the optional FLOP cross-check below uses
-$MOECORE_BIN, and skips without it).
+needs neither a GPU nor the C++ build (only the FLOP cross-check and moecore's side below use
+$MOECORE_BIN, and skip without it).
 
 Run: OMP_WAIT_POLICY=PASSIVE /opt/moecore/venv/bin/python -m pytest -q tests/cli/test_gpu_peer.py
 """

@@ -59,8 +59,12 @@ void launch_cached_attention_forward(const float* q, const float* k_cache, const
                                      int64_t hd, int64_t first_position, cudaStream_t stream) {
   if (n == 0 || heads == 0) return;
   const size_t shared_bytes = static_cast<size_t>(first_position + n) * sizeof(float);
-  cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(shared_bytes));
+  // Beyond the 48 KiB every block may have, the kernel must opt in (a driver call, made only then:
+  // a decode step launches this once per layer and token).
+  constexpr size_t kDefaultSharedBytes = 48 * 1024;
+  if (shared_bytes > kDefaultSharedBytes)
+    cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(shared_bytes));
   const dim3 grid(static_cast<unsigned int>(n), static_cast<unsigned int>(heads));
   cached_attention_kernel<<<grid, kThreads, shared_bytes, stream>>>(
       q, k_cache, v_cache, out, heads, kv_heads, hd, first_position,

@@ -42,7 +42,7 @@ struct DeviceInfo {
   size_t memory_bytes = 0;
 };
 
-// The device the backend runs on (device 0 of those visible); the CUDA build's start-up line
+// The device the backend runs on (the one activate() selected); the CUDA build's start-up line
 // names it with describe().
 DeviceInfo current_device_info();
 std::string describe(const DeviceInfo& device);  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
