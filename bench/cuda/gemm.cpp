@@ -5,11 +5,12 @@
 //   matmul     the matmul op in bf16 at a dense projection of a GPU-sized model (16384 tokens,
 //              2048 -> 2048), f32 activations rounded to bf16 in the call, the weight's bf16 copy;
 //   experts    the experts' gate/up GEMM in bf16 at 8, 32 and 128 experts with the active
-//              parameters fixed (top-k x expert width = 8192, so 2048 rows per expert at 16384
-//              tokens and the same FLOPs at every count), as one cuBLASLt GEMM per expert and as
-//              the one-launch kernel with device offsets: how much the per-expert launches cost
-//              as experts shrink (item 6: at most 5 % tokens/s lost from 8 to 128 experts), and
-//              whether the sync-free kernel is fast enough to replace them.
+//              parameters fixed by bench/gpu_peer.py's rule (bench/configs/gpu.toml: top-4 of
+//              experts of width 512 at 16384 tokens, so 65536 routes: 8192 rows per expert at 8
+//              experts, 512 at 128, the same FLOPs at every count), as one cuBLASLt GEMM per
+//              expert and as the one-launch kernel with device offsets: how much the per-expert
+//              GEMMs lose as they shrink (item 6: at most 5 % tokens/s lost from 8 to 128
+//              experts), and whether the sync-free kernel is fast enough to replace them.
 // Each case: 3 warm-up calls, then the median of 20 timed calls (CUDA events on the backend's
 // stream). Prints a markdown table; --json PATH also writes the figures.
 //   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
@@ -131,9 +132,9 @@ Result dense_matmul() {
 // The experts' gate/up GEMM at `count` experts, bf16 operands converted beforehand (both forms
 // read the same bf16 x): one cuBLASLt GEMM per expert (grouped_gemm.cpp's loop, offsets on the
 // host) and the one-launch kernel reading the offsets on the device (grouped_gemm_device.h).
+// bench/configs/gpu.toml's shape: only the expert count changes.
 std::vector<Result> experts(int64_t count) {
-  const int64_t tokens = 16384, d = 2048, active_width = 8192;
-  const int64_t top_k = count / 8, width = active_width / top_k;  // 8: k 1, 32: k 4, 128: k 16
+  const int64_t tokens = 16384, d = 2048, top_k = 4, width = 512;
   const int64_t rows = tokens * top_k, n = 2 * width;
   std::vector<int64_t> offsets(static_cast<size_t>(count + 1));
   for (int64_t e = 0; e <= count; ++e) offsets[static_cast<size_t>(e)] = e * (rows / count);

@@ -108,7 +108,8 @@ void BM_MxGroupedGemmForward(benchmark::State& state) {
   const std::vector<int64_t> offsets = expert_offsets();
   std::vector<float> y(static_cast<size_t>(kRows * kOut));
   for (auto _ : state) {
-    kernels::mx_grouped_gemm_forward({x_codes, x_scales}, {w_codes, w_scales}, offsets,
+    kernels::mx_grouped_gemm_forward({x_codes, x_scales}, {w_codes, w_scales},
+                                     view(offsets.data(), {kExperts + 1}),
                                      view(y.data(), {kRows, kOut}));
     benchmark::DoNotOptimize(y.data());
   }
@@ -121,9 +122,9 @@ void BM_GroupedGemmForward(benchmark::State& state, kernels::MatmulPrecision pre
   const std::vector<int64_t> offsets = expert_offsets();
   std::vector<float> y(static_cast<size_t>(kRows * kOut));
   for (auto _ : state) {
-    kernels::grouped_gemm_forward(view(x.data(), {kRows, kIn}),
-                                  ConstTensorView(w.data(), {kExperts, kOut, kIn}, DType::kF32),
-                                  offsets, view(y.data(), {kRows, kOut}), precision);
+    kernels::grouped_gemm_forward(
+        view(x.data(), {kRows, kIn}), ConstTensorView(w.data(), {kExperts, kOut, kIn}, DType::kF32),
+        view(offsets.data(), {kExperts + 1}), view(y.data(), {kRows, kOut}), precision);
     benchmark::DoNotOptimize(y.data());
   }
   set_flops(state, 2.0 * kRows * kOut * kIn);

@@ -10,6 +10,7 @@
 #include <shared_mutex>
 
 #include "core/check.h"
+#include "core/phase_timer.h"
 
 namespace moecore {
 
@@ -113,6 +114,40 @@ Device device_of(const void* address) {
   return a < allocation.end ? allocation.device : Device::kCpu;
 }
 
+namespace {
+
+// The live HostReadLog's records; `logging` is what a note without a log loads.
+std::atomic<bool> logging{false};
+std::mutex log_mutex;
+std::vector<HostRead> log_records;
+
+}  // namespace
+
+void note_host_read(std::string_view what) {
+  if (!logging.load(std::memory_order_acquire)) return;
+  const Phase phase = current_phase();
+  HostRead read{phase == Phase::kCount ? "none" : std::string(phase_name(phase)),
+                std::string(what)};
+  const std::lock_guard lock(log_mutex);
+  log_records.push_back(std::move(read));
+}
+
+HostReadLog::HostReadLog() {
+  const std::lock_guard lock(log_mutex);
+  MOE_CHECK(!logging.load(), "[device] one HostReadLog at a time");
+  log_records.clear();
+  logging.store(true, std::memory_order_release);
+}
+
+HostReadLog::~HostReadLog() {
+  logging.store(false, std::memory_order_release);
+}
+
+std::vector<HostRead> HostReadLog::reads() const {
+  const std::lock_guard lock(log_mutex);
+  return log_records;
+}
+
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   const Device to = device_of(dst), from = device_of(src);
@@ -123,6 +158,8 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
   MOE_CHECK(to == Device::kCpu || from == Device::kCpu || to == from,
             "[device] a copy from {} memory to {} memory: copies go through the host",
             device_name(from), device_name(to));
+  if (to == Device::kCpu && logging.load(std::memory_order_acquire))
+    note_host_read(fmt::format("copy of {} bytes", bytes));
   memory_of(to != Device::kCpu ? to : from).copy(dst, src, bytes);
 }
 

@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -77,6 +79,28 @@ Device device_of(const void* address);
 // memory itself.
 void copy_bytes(void* dst, const void* src, size_t bytes);
 void zero_bytes(void* data, size_t bytes);
+
+// Host reads of device memory. Each is a wait: on a GPU the host stops until the work issued
+// before it has finished, and a training step captured into a CUDA graph can hold none (issue 15
+// item 3). copy_bytes notes every copy from a device to the host; an operation that hands a
+// device's values to the host (a loss, a norm, a count) notes itself. While a HostReadLog lives,
+// each is recorded with the phase it fell in (core/phase_timer.h), so that a test shows where a
+// step waits; without one, a note costs one atomic load.
+struct HostRead {
+  std::string phase;  // phase_name(), or "none" outside any phase
+  std::string what;   // "copy of N bytes" or the operation
+};
+void note_host_read(std::string_view what);
+
+// Records the host reads of its lifetime (one log at a time; notes may come from any thread).
+class HostReadLog {
+ public:
+  HostReadLog();
+  ~HostReadLog();
+  HostReadLog(const HostReadLog&) = delete;
+  HostReadLog& operator=(const HostReadLog&) = delete;
+  std::vector<HostRead> reads() const;
+};
 
 // An owning array of trivially copyable T on one device, like a std::vector the host cannot index:
 // its elements are reached through views (core/tensor_view.h) by kernels, and by the host only

@@ -1,7 +1,8 @@
 // Element types a tensor view can hold. f32 and bf16 carry model data today; e4m3, e5m2 (FP8
 // elements) and e8m0 (the shared power-of-two scale of an MX block) are reserved for MXFP8, whose
 // conversions live in core/mx_*.h. i32 holds token ids, targets and expert indices; i64 holds row
-// offsets and counts (an MoE layer's expert offsets).
+// offsets and counts (an MoE layer's expert offsets); f64 holds the statistics the losses sum in
+// double (the router's column sums and z-loss).
 #pragma once
 
 #include <cstddef>
@@ -9,11 +10,12 @@
 
 namespace moecore {
 
-enum class DType : uint8_t { kF32, kBf16, kE4m3, kE5m2, kE8m0, kI32, kI64 };
+enum class DType : uint8_t { kF32, kBf16, kE4m3, kE5m2, kE8m0, kI32, kI64, kF64 };
 
 constexpr size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kI64:
+    case DType::kF64:
       return 8;
     case DType::kF32:
     case DType::kI32:
@@ -44,6 +46,8 @@ constexpr const char* dtype_name(DType dtype) {
       return "i32";
     case DType::kI64:
       return "i64";
+    case DType::kF64:
+      return "f64";
   }
   return "?";
 }
@@ -64,6 +68,10 @@ constexpr DType dtype_of<int32_t>() {
 template <>
 constexpr DType dtype_of<int64_t>() {
   return DType::kI64;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
 }
 
 }  // namespace moecore

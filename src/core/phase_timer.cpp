@@ -4,7 +4,8 @@ namespace moecore {
 
 namespace detail {
 bool phase_timer_enabled = false;
-}
+Phase current_phase = Phase::kCount;
+}  // namespace detail
 
 namespace {
 phase_timer::Totals g_totals{};

@@ -52,11 +52,20 @@ void add(Phase phase, double seconds);
 
 namespace detail {
 extern bool phase_timer_enabled;
+extern Phase current_phase;
+}  // namespace detail
+
+// The phase the training thread is in (whether or not the timers run), Phase::kCount outside any:
+// where a host read of device memory fell (core/device_memory.h's HostReadLog).
+inline Phase current_phase() {
+  return detail::current_phase;
 }
 
 class ScopedPhase {
  public:
-  explicit ScopedPhase(Phase phase) : phase_(phase), active_(detail::phase_timer_enabled) {
+  explicit ScopedPhase(Phase phase)
+      : phase_(phase), outer_(detail::current_phase), active_(detail::phase_timer_enabled) {
+    detail::current_phase = phase;
     if (active_) start_ = std::chrono::steady_clock::now();
   }
   ~ScopedPhase() { stop(); }
@@ -64,10 +73,12 @@ class ScopedPhase {
   void switch_to(Phase next) {
     stop();
     phase_ = next;
+    detail::current_phase = next;
     active_ = detail::phase_timer_enabled;
     if (active_) start_ = std::chrono::steady_clock::now();
   }
   void stop() {
+    detail::current_phase = outer_;
     if (!active_) return;
     active_ = false;
     phase_timer::add(
@@ -78,6 +89,7 @@ class ScopedPhase {
 
  private:
   Phase phase_;
+  Phase outer_;  // the phase the scope began in (Phase::kCount: none), current again after it
   bool active_;
   std::chrono::steady_clock::time_point start_{};
 };

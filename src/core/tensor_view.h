@@ -128,5 +128,11 @@ inline TensorView view(int64_t* data, std::initializer_list<int64_t> shape) {
 inline ConstTensorView view(const int64_t* data, std::initializer_list<int64_t> shape) {
   return {data, shape, DType::kI64};
 }
+inline TensorView view(double* data, std::initializer_list<int64_t> shape) {
+  return {data, shape, DType::kF64};
+}
+inline ConstTensorView view(const double* data, std::initializer_list<int64_t> shape) {
+  return {data, shape, DType::kF64};
+}
 
 }  // namespace moecore

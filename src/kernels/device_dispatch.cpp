@@ -3,9 +3,11 @@
 #include <array>
 #include <atomic>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/device_backends.h"
 
@@ -51,6 +53,8 @@ decltype(auto) run_on_device(const char* op, Fn cpu_op, Fn KernelBackend::*entry
         op, device_name(device), device_name(device));
   const Fn device_op = backend->*entry;
   if (device_op == nullptr) fail("[{}] is not implemented on the {} backend", op, backend->name);
+  // An operation that returns a value hands the host a device's result: a wait for the device.
+  if constexpr (!std::is_void_v<std::invoke_result_t<Fn, Args...>>) note_host_read(op);
   return device_op(std::forward<Args>(args)...);
 }
 
@@ -212,11 +216,11 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
 
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& options, TensorView scores, TensorView topk_index,
-                         TensorView topk_weight, std::span<int64_t> expert_counts) {
-  return run_on_device("router_topk_forward", &cpu::router_topk_forward,
-                       &KernelBackend::router_topk_forward,
-                       {logits, selection_bias, scores, topk_index, topk_weight}, logits,
-                       selection_bias, options, scores, topk_index, topk_weight, expert_counts);
+                         TensorView topk_weight, TensorView expert_counts) {
+  return run_on_device(
+      "router_topk_forward", &cpu::router_topk_forward, &KernelBackend::router_topk_forward,
+      {logits, selection_bias, scores, topk_index, topk_weight, expert_counts}, logits,
+      selection_bias, options, scores, topk_index, topk_weight, expert_counts);
 }
 
 void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
@@ -229,32 +233,31 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
       logits, scores, topk_index, topk_weight, d_weight, loss_grads, options, dlogits);
 }
 
-double router_z_loss(ConstTensorView logits) {
+void router_z_loss(ConstTensorView logits, TensorView z_loss) {
   return run_on_device("router_z_loss", &cpu::router_z_loss, &KernelBackend::router_z_loss,
-                       {logits}, logits);
+                       {logits, z_loss}, logits, z_loss);
 }
 
 void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
-                                    RouterProbability probability, std::span<double> column_sums) {
+                                    RouterProbability probability, TensorView column_sums) {
   return run_on_device("router_probability_column_sums", &cpu::router_probability_column_sums,
-                       &KernelBackend::router_probability_column_sums, {logits, scores}, logits,
-                       scores, probability, column_sums);
+                       &KernelBackend::router_probability_column_sums,
+                       {logits, scores, column_sums}, logits, scores, probability, column_sums);
 }
 
-void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y,
-                          MatmulPrecision precision) {
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
+                          TensorView y, MatmulPrecision precision) {
   return run_on_device("grouped_gemm_forward", &cpu::grouped_gemm_forward,
-                       &KernelBackend::grouped_gemm_forward, {x, w, y}, x, w, expert_offsets, y,
-                       precision);
+                       &KernelBackend::grouped_gemm_forward, {x, w, expert_offsets, y}, x, w,
+                       expert_offsets, y, precision);
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           ConstTensorView expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   return run_on_device("grouped_gemm_backward", &cpu::grouped_gemm_backward,
-                       &KernelBackend::grouped_gemm_backward, {dy, x, w, dx, dw}, dy, x, w,
-                       expert_offsets, dx, dw, precision);
+                       &KernelBackend::grouped_gemm_backward, {dy, x, w, expert_offsets, dx, dw},
+                       dy, x, w, expert_offsets, dx, dw, precision);
 }
 
 void to_bf16(ConstTensorView src, TensorView dst) {
@@ -300,18 +303,20 @@ void mx_matmul(const MxOperandView& a, const MxOperandView& b, float alpha, floa
 }
 
 void mx_grouped_gemm_forward(const MxOperandView& x, const MxOperandView& w,
-                             std::span<const int64_t> expert_offsets, TensorView y) {
+                             ConstTensorView expert_offsets, TensorView y) {
   return run_on_device("mx_grouped_gemm_forward", &cpu::mx_grouped_gemm_forward,
                        &KernelBackend::mx_grouped_gemm_forward,
-                       {x.codes, x.scales, w.codes, w.scales, y}, x, w, expert_offsets, y);
+                       {x.codes, x.scales, w.codes, w.scales, expert_offsets, y}, x, w,
+                       expert_offsets, y);
 }
 
 void mx_grouped_gemm_backward_input(const MxOperandView& dy, const MxOperandView& w_transposed,
-                                    std::span<const int64_t> expert_offsets, TensorView dx) {
-  return run_on_device("mx_grouped_gemm_backward_input", &cpu::mx_grouped_gemm_backward_input,
-                       &KernelBackend::mx_grouped_gemm_backward_input,
-                       {dy.codes, dy.scales, w_transposed.codes, w_transposed.scales, dx}, dy,
-                       w_transposed, expert_offsets, dx);
+                                    ConstTensorView expert_offsets, TensorView dx) {
+  return run_on_device(
+      "mx_grouped_gemm_backward_input", &cpu::mx_grouped_gemm_backward_input,
+      &KernelBackend::mx_grouped_gemm_backward_input,
+      {dy.codes, dy.scales, w_transposed.codes, w_transposed.scales, expert_offsets, dx}, dy,
+      w_transposed, expert_offsets, dx);
 }
 
 }  // namespace moecore::kernels

@@ -125,7 +125,7 @@ struct MxGroupedArgs {
 };
 
 inline MxGroupedArgs mx_grouped_args(const char* op, const MxOperandView& a, const MxOperandView& b,
-                                     std::span<const int64_t> expert_offsets, TensorView out,
+                                     ConstTensorView expert_offsets, TensorView out,
                                      Device device = Device::kCpu) {
   MOE_CHECK(a.codes.rank() == 2 && b.codes.rank() == 3,
             "[{}] codes must be [R, k] and [E, n, k], got ranks {} and {}", op, a.codes.rank(),

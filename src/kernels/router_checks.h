@@ -37,13 +37,14 @@ inline RouterDims router_dims(const char* op, ConstTensorView logits, const Rout
 // router_topk_forward's outputs: scores [N, E], topk_index and topk_weight [N, k], E counts.
 inline void expect_router_outputs(const char* op, const RouterDims& s, int64_t k,
                                   ConstTensorView scores, ConstTensorView topk_index,
-                                  ConstTensorView topk_weight, std::span<int64_t> expert_counts,
+                                  ConstTensorView topk_weight, ConstTensorView expert_counts,
                                   Device device = Device::kCpu) {
   expect_shape(op, "scores", scores, {s.tokens, s.experts}, device);
   expect_shape(op, "topk_index", topk_index, {s.tokens, k}, device);
   expect_shape(op, "topk_weight", topk_weight, {s.tokens, k}, device);
-  MOE_CHECK(static_cast<int64_t>(expert_counts.size()) == s.experts,
-            "[{}] expert_counts has {} entries, expected {}", op, expert_counts.size(), s.experts);
+  expect_shape(op, "expert_counts", expert_counts, {s.experts}, device);
+  MOE_CHECK(expert_counts.dtype() == DType::kI64, "[{}] expert_counts must be i64, got {}", op,
+            dtype_name(expert_counts.dtype()));
 }
 
 // order_routes_by_expert's views: topk_index [N, k] i32, dst_row [N * k] i32, expert_offsets

@@ -65,8 +65,8 @@ void expert_weight_grads(const PrecisionRecipe& precision, std::span<const int64
 void mx_forward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t local,
                 const MoeWeights& w, ExpertRows& rows, float* y) {
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
-  const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
-  const std::span<const int64_t> offsets(rows.expert_offsets);
+  const int64_t received = rows.received;
+  const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
   const mx::ScaleMode mode = precision.mx.scale_mode;
   if (received == 0) return;
   rows.x_codes.resize(static_cast<size_t>(received * d));
@@ -89,8 +89,8 @@ void mx_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t
                  const MoeWeights& w, const MoeGrads& dw, const ExpertRows& rows, const float* dy,
                  float* dx, Workspace& workspace) {
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
-  const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
-  const std::span<const int64_t> offsets(rows.expert_offsets);
+  const int64_t received = rows.received;
+  const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
   const mx::ScaleMode mode = precision.mx.scale_mode;
   const MxWeight& gate_up = mx_weight(w.experts_gate_up_mx, "experts' gate_up");
   const MxWeight& down = mx_weight(w.experts_down_mx, "experts' down");
@@ -103,10 +103,14 @@ void mx_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t
   const std::span<uint8_t> codes = scratch.uninitialized<uint8_t>(received * widest);
   const std::span<uint8_t> scales = scratch.uninitialized<uint8_t>(received * widest / kBlock);
 
+  // The weight gradients run expert by expert from the host (each expert's rows dequantised, or
+  // padded to a multiple of 32 for mx.expert_wgrad): they read the offsets there, the one wait
+  // for the routing left in the MXFP8 experts.
+  const std::vector<int64_t> host_offsets = host_copy(rows.expert_offsets);
   const MxOperandView dy_q = mx_quantize_rows(dy, received, d, mode, codes, scales);
   kernels::mx_grouped_gemm_backward_input(dy_q, down.along_out, offsets,
                                           view(dact.data(), {received, h}));
-  expert_weight_grads(precision, offsets, dy, d, rows.act.data(),
+  expert_weight_grads(precision, host_offsets, dy, d, rows.act.data(),
                       saved_operand(rows.act_codes, rows.act_scales, received, h), h,
                       dw.experts_down);
   kernels::swiglu_backward(view(dact.data(), {received, h}),
@@ -115,7 +119,7 @@ void mx_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t
   const MxOperandView dgu_q = mx_quantize_rows(dgu.data(), received, 2 * h, mode, codes, scales);
   kernels::mx_grouped_gemm_backward_input(dgu_q, gate_up.along_out, offsets,
                                           view(dx, {received, d}));
-  expert_weight_grads(precision, offsets, dgu.data(), 2 * h, rows.x.data(),
+  expert_weight_grads(precision, host_offsets, dgu.data(), 2 * h, rows.x.data(),
                       saved_operand(rows.x_codes, rows.x_scales, received, d), d,
                       dw.experts_gate_up);
 }
@@ -129,8 +133,8 @@ void grouped_experts_forward(const PrecisionRecipe& precision, const ModelConfig
                              const MoeWeights& w, ExpertRows& rows, float* y) {
   if (precision.mx.experts) return mx_forward(precision, c, local, w, rows, y);
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
-  const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
-  const std::span<const int64_t> offsets(rows.expert_offsets);
+  const int64_t received = rows.received;
+  const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
   const ConstTensorView gate_up = w.experts_gate_up;  // [local, 2H, d]
   const ConstTensorView down = w.experts_down;        // [local, d, H]
   const TensorView gu = view(rows.gu.data(), {received, 2 * h});
@@ -146,8 +150,8 @@ void grouped_experts_backward(const PrecisionRecipe& precision, const ModelConfi
                               const float* dy, float* dx, Workspace& workspace) {
   if (precision.mx.experts) return mx_backward(precision, c, local, w, dw, rows, dy, dx, workspace);
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
-  const int64_t received = rows.expert_offsets[static_cast<size_t>(local)];
-  const std::span<const int64_t> offsets(rows.expert_offsets);
+  const int64_t received = rows.received;
+  const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
   Workspace::Scope scratch(workspace);
   const std::span<float> dact = scratch.zeroed<float>(received * h);
   const std::span<float> dgu = scratch.zeroed<float>(received * 2 * h);

@@ -23,10 +23,19 @@ namespace moecore {
 
 // The expert-major rows of one forward, kept for the backward.
 struct ExpertRows {
-  std::vector<int64_t> expert_offsets;  // [E_local + 1] row range of each local expert
-  // The same offsets where the model's tensors are, as the routing operation wrote them (the
-  // local dispatch); expert_offsets is their host copy, which the grouped GEMMs read today.
-  DeviceArray<int64_t> routed_offsets;
+  // R, the rows of this rank's local experts: what the host sizes the buffers by, known without
+  // reading the routing (tokens * k for the local dispatch; the exchange's counts under EP).
+  int64_t received = 0;
+  // [E_local + 1] the row range of each local expert, where the model's tensors are: the grouped
+  // GEMMs read them there, so the local dispatch never waits for the routing on the host (on a
+  // GPU: no synchronisation between the router and the experts).
+  DeviceArray<int64_t> expert_offsets;
+  // received and expert_offsets from offsets planned on the host (the expert-parallel dispatches).
+  void set_offsets(const std::vector<int64_t>& offsets) {
+    received = offsets.back();
+    expert_offsets.resize_for_overwrite(offsets.size());
+    copy_bytes(expert_offsets.data(), offsets.data(), offsets.size() * sizeof(int64_t));
+  }
   DeviceArray<float> x;    // [R, d] expert inputs
   DeviceArray<float> gu;   // [R, 2H]
   DeviceArray<float> act;  // [R, H]

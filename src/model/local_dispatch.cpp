@@ -14,15 +14,12 @@ void LocalDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& 
   ScopedPhase timer(Phase::kDispatchForward);
   ExpertRows& rows = cache.experts;
   routed.send_pos.resize(static_cast<size_t>(routes));
-  rows.routed_offsets.resize(static_cast<size_t>(e_count + 1));
+  rows.expert_offsets.resize(static_cast<size_t>(e_count + 1));
   kernels::order_routes_by_expert(view(router.topk_index.data(), {tokens, k}), e_count,
                                   view(routed.send_pos.data(), {routes}),
-                                  view(rows.routed_offsets.data(), {e_count + 1}));
-  // The grouped GEMMs take their row ranges on the host: a copy (on a GPU, the step's wait for
-  // the routing; the device-offset grouped GEMM, kernels/cuda/grouped_gemm_device.h, removes it).
-  rows.expert_offsets.resize(static_cast<size_t>(e_count + 1));
-  copy_bytes(rows.expert_offsets.data(), rows.routed_offsets.data(),
-             rows.expert_offsets.size() * sizeof(int64_t));
+                                  view(rows.expert_offsets.data(), {e_count + 1}));
+  // Every route has a local expert: the rows are known without reading the offsets.
+  rows.received = routes;
   rows.x.resize(static_cast<size_t>(routes * d));
   rows.gu.resize(static_cast<size_t>(routes * 2 * h));
   rows.act.resize(static_cast<size_t>(routes * h));

@@ -45,12 +45,10 @@ ConstTensorView logits_of(const RouterShape& s, const RouterState& st) {
   return view(st.logits.data(), {s.tokens, s.num_experts});
 }
 
-std::vector<double> column_sums(const RouterShape& s, const RouterState& st,
-                                RouterProbability probability) {
-  std::vector<double> sums(static_cast<size_t>(s.num_experts));
+void column_sums(const RouterShape& s, const RouterState& st, RouterProbability probability,
+                 TensorView sums) {
   kernels::router_probability_column_sums(
       logits_of(s, st), view(st.scores.data(), {s.tokens, s.num_experts}), probability, sums);
-  return sums;
 }
 
 }  // namespace
@@ -68,7 +66,8 @@ void router_forward(const RouterShape& s, const float* x, const float* w_router,
       st.selection.bias != nullptr ? view(st.selection.bias, {e_count}) : ConstTensorView{};
   kernels::router_topk_forward(
       logits_of(s, st), bias, topk_options(s, st.selection), view(st.scores.data(), {n, e_count}),
-      view(st.topk_index.data(), {n, k}), view(st.topk_weight.data(), {n, k}), st.expert_counts);
+      view(st.topk_index.data(), {n, k}), view(st.topk_weight.data(), {n, k}),
+      view(st.expert_counts.data(), {e_count}));
 }
 
 void router_backward(const RouterShape& s, const float* x, const float* w_router,
@@ -88,24 +87,26 @@ void router_backward(const RouterShape& s, const float* x, const float* w_router
                   n, s.dim, e_count, true);
 }
 
-double router_z_loss(const RouterShape& s, const RouterState& st) {
-  return kernels::router_z_loss(logits_of(s, st));
+void router_z_loss(const RouterShape& s, const RouterState& st, TensorView z_loss) {
+  kernels::router_z_loss(logits_of(s, st), z_loss);
 }
 
-std::vector<double> router_softmax_column_sums(const RouterShape& s, const RouterState& st) {
-  return column_sums(s, st,
-                     s.score == RouterScore::kSigmoid ? RouterProbability::kSoftmaxOfLogits
-                                                      : RouterProbability::kScores);
+void router_softmax_column_sums(const RouterShape& s, const RouterState& st, TensorView sums) {
+  column_sums(s, st,
+              s.score == RouterScore::kSigmoid ? RouterProbability::kSoftmaxOfLogits
+                                               : RouterProbability::kScores,
+              sums);
 }
 
-std::vector<double> router_score_column_sums(const RouterShape& s, const RouterState& st) {
-  return column_sums(s, st, RouterProbability::kScores);
+void router_score_column_sums(const RouterShape& s, const RouterState& st, TensorView sums) {
+  column_sums(s, st, RouterProbability::kScores, sums);
 }
 
-std::vector<double> router_lb_column_sums(const RouterShape& s, const RouterState& st) {
-  return column_sums(s, st,
-                     s.score == RouterScore::kSigmoid ? RouterProbability::kScoresOverRowSum
-                                                      : RouterProbability::kScores);
+void router_lb_column_sums(const RouterShape& s, const RouterState& st, TensorView sums) {
+  column_sums(s, st,
+              s.score == RouterScore::kSigmoid ? RouterProbability::kScoresOverRowSum
+                                               : RouterProbability::kScores,
+              sums);
 }
 
 }  // namespace moecore

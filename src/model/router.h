@@ -29,6 +29,7 @@
 
 #include "core/device_memory.h"
 #include "core/splitmix64.h"
+#include "core/tensor_view.h"
 #include "core/workspace.h"
 #include "kernels/matmul_precision.h"
 #include "model/config.h"
@@ -82,11 +83,14 @@ inline RouterShape router_shape_of(const ModelConfig& c, int64_t tokens) {
 struct RouterState {
   // Input, set by the caller before router_forward (default: learned routing); kept with the rest.
   RouterSelection selection;
-  DeviceArray<float> logits;           // [N, E]
-  DeviceArray<float> scores;           // [N, E]
-  DeviceArray<int32_t> topk_index;     // [N, k] selected experts, best first
-  DeviceArray<float> topk_weight;      // [N, k] routing weights
-  std::vector<int64_t> expert_counts;  // [E] (token, slot) routes per expert
+  DeviceArray<float> logits;        // [N, E]
+  DeviceArray<float> scores;        // [N, E]
+  DeviceArray<int32_t> topk_index;  // [N, k] selected experts, best first
+  DeviceArray<float> topk_weight;   // [N, k] routing weights
+  // [E] (token, slot) routes per expert, where the other tensors are: the local dispatch never
+  // reads them on the host (its offsets come from the routes themselves); the losses' statistics
+  // and the expert-parallel exchanges copy them (host_copy).
+  DeviceArray<int64_t> expert_counts;
 };
 
 void router_forward(const RouterShape& s, const float* x, const float* w_router, RouterState& st);
@@ -110,15 +114,17 @@ void router_backward(const RouterShape& s, const float* x, const float* w_router
                      const RouterState& st, const RouterGrads& g, float* dx, float* dw_router,
                      Workspace& workspace);
 
-// Unscaled per-layer router z-loss: mean over tokens of logsumexp(logits)^2.
-double router_z_loss(const RouterShape& s, const RouterState& st);
+// The losses' statistics of one layer, each into an f64 view where the router's tensors are (the
+// transformer gathers every layer's into one buffer and copies it to the host once).
+// Unscaled per-layer router z-loss, z_loss [1]: mean over tokens of logsumexp(logits)^2.
+void router_z_loss(const RouterShape& s, const RouterState& st, TensorView z_loss);
 
 // Sum over tokens of softmax(logits) (column sums, [E]); the HF load-balancing loss uses softmax
 // probabilities whatever the score function.
-std::vector<double> router_softmax_column_sums(const RouterShape& s, const RouterState& st);
-std::vector<double> router_score_column_sums(const RouterShape& s, const RouterState& st);
+void router_softmax_column_sums(const RouterShape& s, const RouterState& st, TensorView sums);
+void router_score_column_sums(const RouterShape& s, const RouterState& st, TensorView sums);
 // The OLMo-core load-balancing probabilities' column sums: the scores (softmax), or each token's
 // sigmoid scores divided by their sum.
-std::vector<double> router_lb_column_sums(const RouterShape& s, const RouterState& st);
+void router_lb_column_sums(const RouterShape& s, const RouterState& st, TensorView sums);
 
 }  // namespace moecore

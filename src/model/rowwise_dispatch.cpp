@@ -25,14 +25,14 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
   int32_t* send_pos = routed.send_pos.data();  // host memory, as checked above
   for (int64_t r = 0; r < routes; ++r) send_pos[r] = static_cast<int32_t>(r);
   RowwisePlan plan =
-      exchange_.plan(router.expert_counts, router.topk_index.data(), routes, local, d);
+      exchange_.plan(host_copy(router.expert_counts), router.topk_index.data(), routes, local, d);
   cache.targets = std::move(plan.targets);
-  cache.experts.expert_offsets = std::move(plan.expert_offsets);
+  cache.experts.set_offsets(plan.expert_offsets);
   cache.dropped_routes = plan.dropped;
 
   // Token rows straight into the destinations' expert-major input buffers; ours is then complete.
   exchange_.put_rows(x, k, cache.targets, d);
-  const int64_t received = cache.experts.expert_offsets[to_size(local)];
+  const int64_t received = cache.experts.received;
   const float* x_in = exchange_.input();
   float* y_out = exchange_.output();
   // The backward needs the inputs after later layers have reused the buffer: a plain copy.

@@ -14,11 +14,9 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
   const int64_t h = c.moe_intermediate_size, routes = tokens * k;
   const int64_t ranks = exchange_.ranks(), local = shard_.count;
-  // The exchange moves host rows (MPI): this dispatch runs on host memory until it has a device
-  // form (issue 15 item 4).
-  MOE_CHECK(routed.send_pos.device() == Device::kCpu && workspace.device() == Device::kCpu,
-            "[moe] the sync expert-parallel dispatch runs on host memory only (its exchange is "
-            "MPI's)");
+  // The plan (counts, offsets, the receive-side permutation) is made on the host from the
+  // exchanged counts; the rows stay where the model's tensors are, and the exchange moves them
+  // there (dist::Communicator stages a device's buffers for MPI, NCCL takes them as they are).
   ScopedPhase timer(Phase::kDispatchForward);
   Workspace::Scope scratch(workspace);
   // The send order: by global expert, so by destination rank (expert e sits on rank e / local).
@@ -26,38 +24,42 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
   kernels::order_routes_by_expert(
       view(router.topk_index.data(), {tokens, k}), e_count, view(routed.send_pos.data(), {routes}),
       view(scratch.uninitialized<int64_t>(e_count + 1).data(), {e_count + 1}));
+  const std::vector<int64_t> expert_counts = host_copy(router.expert_counts);
   cache.send_rows.assign(to_size(ranks), 0);
   for (int64_t e = 0; e < e_count; ++e)
-    cache.send_rows[to_size(e / local)] += router.expert_counts[to_size(e)];
+    cache.send_rows[to_size(e / local)] += expert_counts[to_size(e)];
   const std::span<float> x_send = scratch.uninitialized<float>(routes * d);
   kernels::permute_rows(view(x, {tokens, d}), view(routed.send_pos.data(), {routes}), k,
                         view(x_send.data(), {routes, d}));
 
   // Counts per (source, local expert), then the rows.
-  exchange_.exchange_counts(router.expert_counts, cache.recv_counts, local);
+  exchange_.exchange_counts(expert_counts, cache.recv_counts, local);
   cache.recv_rows.assign(to_size(ranks), 0);
-  std::vector<int64_t>& offsets = cache.experts.expert_offsets;
-  offsets.assign(to_size(local + 1), 0);
+  std::vector<int64_t> offsets(to_size(local + 1), 0);
   for (int64_t src = 0; src < ranks; ++src)
     for (int64_t le = 0; le < local; ++le) {
       cache.recv_rows[to_size(src)] += cache.recv_counts[to_size(src * local + le)];
       offsets[to_size(le + 1)] += cache.recv_counts[to_size(src * local + le)];
     }
   for (int64_t le = 0; le < local; ++le) offsets[to_size(le + 1)] += offsets[to_size(le)];
-  const int64_t received = offsets[to_size(local)];
+  cache.experts.set_offsets(offsets);
+  const int64_t received = cache.experts.received;
   // One receive buffer: the token rows, then (once they sit expert-major in the cache) the outputs
   // on their way back.
   const std::span<float> x_recv = scratch.uninitialized<float>(received * d);
   exchange_.exchange_rows(x_send.data(), cache.send_rows, x_recv.data(), cache.recv_rows, d);
 
   // Received rows come source-major; the grouped GEMM wants them expert-major.
-  cache.recv_to_expert.resize(to_size(received));
+  cache.recv_to_expert_plan.resize(to_size(received));
   std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
   int64_t row = 0;
   for (int64_t src = 0; src < ranks; ++src)
     for (int64_t le = 0; le < local; ++le)
       for (int64_t i = 0; i < cache.recv_counts[to_size(src * local + le)]; ++i)
-        cache.recv_to_expert[to_size(row++)] = static_cast<int32_t>(fill[to_size(le)]++);
+        cache.recv_to_expert_plan[to_size(row++)] = static_cast<int32_t>(fill[to_size(le)]++);
+  cache.recv_to_expert.resize_for_overwrite(to_size(received));
+  copy_bytes(cache.recv_to_expert.data(), cache.recv_to_expert_plan.data(),
+             to_size(received) * sizeof(int32_t));
   cache.experts.x.resize(to_size(received * d));
   cache.experts.gu.resize(to_size(received * 2 * h));
   cache.experts.act.resize(to_size(received * h));
@@ -83,7 +85,7 @@ void SyncDispatch::backward(const PrecisionRecipe& precision, const MoeWeights& 
                             float* dx_send, Workspace& workspace) const {
   const int64_t d = config_.hidden_size;
   const int64_t local = shard_.count;
-  const int64_t received = cache.experts.expert_offsets[to_size(local)];
+  const int64_t received = cache.experts.received;
   // Output gradients travel to the experts along the forward path, expert-major there.
   ScopedPhase timer(Phase::kDispatchBackward);
   Workspace::Scope scratch(workspace);

@@ -19,12 +19,15 @@ namespace moecore {
 class SyncDispatch {
  public:
   struct Cache {
-    std::vector<int64_t> send_rows;       // [ranks] rows sent to each rank
-    std::vector<int64_t> recv_counts;     // [ranks * E_local] rows received per (source, expert)
-    std::vector<int64_t> recv_rows;       // [ranks] rows received from each rank
-    std::vector<int32_t> recv_to_expert;  // [R] expert-major row of each received row
-    ExpertRows experts;                   // the received rows, expert-major
-    std::vector<float> y_perm;            // [R, d] expert outputs, expert-major
+    std::vector<int64_t> send_rows;    // [ranks] rows sent to each rank
+    std::vector<int64_t> recv_counts;  // [ranks * E_local] rows received per (source, expert)
+    std::vector<int64_t> recv_rows;    // [ranks] rows received from each rank
+    // [R] expert-major row of each received row: planned on the host from the exchanged counts,
+    // copied to where the rows are for the permutations.
+    std::vector<int32_t> recv_to_expert_plan;
+    DeviceArray<int32_t> recv_to_expert;
+    ExpertRows experts;         // the received rows, expert-major
+    DeviceArray<float> y_perm;  // [R, d] expert outputs, expert-major
   };
 
   SyncDispatch(const ModelConfig& config, ExpertShard shard, const ExpertExchange& exchange)

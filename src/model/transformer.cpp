@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "core/check.h"
 #include "core/device_memory.h"
@@ -42,6 +44,11 @@ struct Transformer::Activations {
   // batch statistics) and read by the router's backward where it runs.
   std::vector<float> lb_score_grad_host;
   DeviceArray<float> lb_score_grad;
+  // Every MoE layer's router statistics, [layers][E counts (i64), E probability sums, mean
+  // logsumexp^2 (f64)], written where the router's tensors are and copied to the host at once:
+  // the forward's one wait for the device before the head (its counts and sums).
+  DeviceArray<std::byte> router_stats;
+  std::vector<std::byte> router_stats_host;
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;    // tokens of the global micro-batch
   double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
@@ -498,17 +505,36 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     for (int64_t i = 0; i < n; ++i) stats[0] += targets[i] != kIgnoreIndex;
   stats[1] = static_cast<double>(n);
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
+  // The layers' statistics where the router's tensors are, then one copy for all of them. Each
+  // layer's slot of 2E + 1 eight-byte values: E counts (i64), E sums and the z-loss (f64).
+  const size_t slot_bytes = static_cast<size_t>(per_layer) * sizeof(double);
+  act.router_stats.resize_for_overwrite(moe_layers.size() * slot_bytes);
   for (size_t j = 0; j < moe_layers.size(); ++j) {
     const MoeCache& mc = act.layers[static_cast<size_t>(moe_layers[j] - layers_begin_)].moe;
+    std::byte* layer_slot = act.router_stats.data() + j * slot_bytes;
+    copy_bytes(layer_slot, mc.router.expert_counts.data(),
+               static_cast<size_t>(e_count) * sizeof(int64_t));
+    const TensorView sums(layer_slot + e_count * sizeof(double), {e_count}, DType::kF64);
+    if (act.lb_uses_softmax)
+      router_softmax_column_sums(mc.router_shape, mc.router, sums);
+    else
+      router_lb_column_sums(mc.router_shape, mc.router, sums);
+    router_z_loss(mc.router_shape, mc.router,
+                  TensorView(layer_slot + 2 * e_count * sizeof(double), {1}, DType::kF64));
+  }
+  act.router_stats_host.resize(act.router_stats.size());
+  copy_bytes(act.router_stats_host.data(), act.router_stats.data(), act.router_stats.size());
+  for (size_t j = 0; j < moe_layers.size(); ++j) {
+    const std::byte* layer_slot = act.router_stats_host.data() + j * slot_bytes;
     double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
-    const std::vector<double> sums = act.lb_uses_softmax
-                                         ? router_softmax_column_sums(mc.router_shape, mc.router)
-                                         : router_lb_column_sums(mc.router_shape, mc.router);
     for (int64_t e = 0; e < e_count; ++e) {
-      layer_stats[e] = static_cast<double>(mc.router.expert_counts[static_cast<size_t>(e)]);
-      layer_stats[e_count + e] = sums[static_cast<size_t>(e)];
+      int64_t routes = 0;
+      std::memcpy(&routes, layer_slot + e * sizeof(int64_t), sizeof(routes));
+      layer_stats[e] = static_cast<double>(routes);
     }
-    layer_stats[2 * e_count] = router_z_loss(mc.router_shape, mc.router) * static_cast<double>(n);
+    std::memcpy(layer_stats + e_count, layer_slot + e_count * sizeof(double),
+                static_cast<size_t>(e_count + 1) * sizeof(double));
+    layer_stats[2 * e_count] *= static_cast<double>(n);  // the mean over this chunk's tokens
   }
   if (batch_sum_) batch_sum_(stats.data(), static_cast<int64_t>(stats.size()));
   const int64_t counted = static_cast<int64_t>(stats[0]);

@@ -46,9 +46,10 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
     MoeLayerMetrics lm;
     lm.layer = i;
     if (m.layers.size() < drop_rates.size()) lm.drop_rate = drop_rates[m.layers.size()];
-    lm.tokens_per_expert = st->expert_counts;
+    lm.tokens_per_expert = host_copy(st->expert_counts);
+    const std::vector<int64_t>& counts = lm.tokens_per_expert;
     const double mean_count = static_cast<double>(tokens * k) / static_cast<double>(e_count);
-    const int64_t max_count = *std::max_element(st->expert_counts.begin(), st->expert_counts.end());
+    const int64_t max_count = *std::max_element(counts.begin(), counts.end());
     lm.load_imbalance = mean_count > 0 ? static_cast<double>(max_count) / mean_count : 0.0;
 
     // The router's tensors where this host loop can read them (copied when they are a device's).
@@ -93,7 +94,7 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
     lm.selected_mass /= n;
     for (int64_t e = 0; e < e_count; ++e)
       lm.lb_loss += static_cast<double>(e_count) / static_cast<double>(k) *
-                    (static_cast<double>(st->expert_counts[static_cast<size_t>(e)]) / n) *
+                    (static_cast<double>(counts[static_cast<size_t>(e)]) / n) *
                     (score_sums[static_cast<size_t>(e)] / n);
     m.layers.push_back(std::move(lm));
   }

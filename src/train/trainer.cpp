@@ -384,12 +384,14 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             device_name(tc.device), device_name(tc.device));
   const DefaultDeviceScope on_device(tc.device);
   const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
-  // Several ranks on devices reduce and pass activations over MPI through host copies of the
-  // device buffers (dist/communicator.h); the expert-parallel dispatches run on host memory only.
-  MOE_CHECK(tc.device == Device::kCpu || pc.ep == 1,
-            "[train] train.device={} with parallel.ep={}: the expert-parallel dispatches run on "
-            "host memory only for now (data and pipeline parallelism and ZeRO-1 run on devices)",
-            device_name(tc.device), pc.ep);
+  // Several ranks on devices reduce, pass activations and exchange expert rows over MPI through
+  // host copies of the device buffers (dist/communicator.h); the rowwise dispatch's one-sided
+  // puts and gets (MPI windows) reach host memory only.
+  MOE_CHECK(
+      tc.device == Device::kCpu || pc.ep == 1 || pc.dispatch == Dispatch::kSync,
+      "[train] train.device={} with parallel.ep={} and parallel.dispatch=rowwise: the rowwise "
+      "dispatch runs on host memory only for now (use parallel.dispatch=sync on devices)",
+      device_name(tc.device), pc.ep);
   (void)validate_layout(config, world->size());  // `moecore plan`'s checks, before any group
   const dist::Mesh mesh = dist::Mesh::build(*world, pc.ep, pc.pp);
   const bool rank0 = world->rank() == 0;

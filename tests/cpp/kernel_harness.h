@@ -14,9 +14,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor_view.h"
 #include "kernels/backend.h"
 
 namespace moecore::kernel_harness {
+
+// The grouped GEMMs' expert_offsets tensor ([E + 1] i64) over a host vector of them.
+inline ConstTensorView offsets_view(const std::vector<int64_t>& offsets) {
+  return view(offsets.data(), {static_cast<int64_t>(offsets.size())});
+}
 
 inline std::vector<const kernels::KernelBackend*>& registered_backends() {
   static std::vector<const kernels::KernelBackend*> backends;

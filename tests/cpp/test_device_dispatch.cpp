@@ -51,11 +51,11 @@ double device_sum_of_squares(ConstTensorView values) {
 void device_router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                                 const RouterTopkOptions& options, TensorView scores,
                                 TensorView topk_index, TensorView topk_weight,
-                                std::span<int64_t> expert_counts) {
+                                TensorView expert_counts) {
   ++g_device_calls;
   kernels::reference_backend().router_topk_forward(on_host(logits), on_host(selection_bias),
                                                    options, on_host(scores), on_host(topk_index),
-                                                   on_host(topk_weight), expert_counts);
+                                                   on_host(topk_weight), on_host(expert_counts));
 }
 
 std::string error_of(const auto& call) {
@@ -92,11 +92,16 @@ TEST(DeviceDispatch, DeviceViewsRunOnTheDevicesBackend) {
   EXPECT_EQ(g_device_calls, 1);
   EXPECT_EQ(out, (std::vector<float>{0.5f, -1.0f, 1.75f}));
 
-  // A value-returning operation returns the device backend's value (the oracle's sum here).
+  // A value-returning operation returns the device backend's value (the oracle's sum here), and
+  // is a host read of the device (a wait on a GPU), which the log records; the scale was not.
+  const HostReadLog log;
   const double sum =
       kernels::sum_of_squares(ConstTensorView(x.data(), {3}, DType::kF32, Device::kCuda));
   EXPECT_EQ(sum, 1.0 + 4.0 + 12.25);
   EXPECT_EQ(g_device_calls, 2);
+  ASSERT_EQ(log.reads().size(), 1u);
+  EXPECT_EQ(log.reads()[0].what, "sum_of_squares");
+  EXPECT_EQ(log.reads()[0].phase, "none");
 
   // Empty views (absent optional operands) belong to no device.
   const std::vector<float> logits = {0.1f, 0.7f, -0.3f, 0.2f};
@@ -104,14 +109,16 @@ TEST(DeviceDispatch, DeviceViewsRunOnTheDevicesBackend) {
   std::vector<int32_t> index(2);
   std::vector<int64_t> counts(2);
   RouterTopkOptions options;
-  kernels::router_topk_forward(
-      ConstTensorView(logits.data(), {2, 2}, DType::kF32, Device::kCuda), ConstTensorView{},
-      options, TensorView(scores.data(), {2, 2}, DType::kF32, Device::kCuda),
-      TensorView(index.data(), {2, 1}, DType::kI32, Device::kCuda),
-      TensorView(weight.data(), {2, 1}, DType::kF32, Device::kCuda), counts);
+  kernels::router_topk_forward(ConstTensorView(logits.data(), {2, 2}, DType::kF32, Device::kCuda),
+                               ConstTensorView{}, options,
+                               TensorView(scores.data(), {2, 2}, DType::kF32, Device::kCuda),
+                               TensorView(index.data(), {2, 1}, DType::kI32, Device::kCuda),
+                               TensorView(weight.data(), {2, 1}, DType::kF32, Device::kCuda),
+                               TensorView(counts.data(), {2}, DType::kI64, Device::kCuda));
   EXPECT_EQ(index, (std::vector<int32_t>{1, 1}));
   EXPECT_EQ(counts, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(g_device_calls, 3);
+  EXPECT_EQ(log.reads().size(), 1u);  // the routing's outputs, counts included, stay on the device
 }
 
 TEST(DeviceDispatch, MixedDevicesAreAnErrorNamingTheOperation) {

@@ -2,10 +2,12 @@
 // outside the operations): allocations know their device by address, arrays keep std::vector's
 // resize rule through copies, host touches crash, and a model layer made of kernels/ops.h calls
 // (the SwiGLU MLP, forward and backward) and a whole training pass of the transformer run on
-// device memory with the CPU's bits.
+// device memory with the CPU's bits; where the pass reads device memory back.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/device_memory.h"
@@ -137,8 +139,10 @@ struct StepResult {
   std::vector<float> dense_grads, expert_grads;
 };
 
+// reads_of_pass: when given, the host reads of the forward and backward (HostReadLog).
 StepResult training_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
-                         ActivationRecompute recompute, int32_t document_eos) {
+                         ActivationRecompute recompute, int32_t document_eos,
+                         std::vector<HostRead>* reads_of_pass = nullptr) {
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers host_params(layout, Device::kCpu);
   fill_tiny_params(layout, 5, host_params);
@@ -154,8 +158,13 @@ StepResult training_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
   std::vector<int32_t> tokens(kTinyTokens), targets(kTinyTargets);
   for (int32_t& t : tokens) t %= static_cast<int32_t>(c.vocab_size);
   StepResult r;
-  r.loss = model.forward(params, tokens.data(), targets.data(), batch, seq);
-  model.backward(params, grads, 0.75f);
+  {
+    std::optional<HostReadLog> log;
+    if (reads_of_pass != nullptr) log.emplace();
+    r.loss = model.forward(params, tokens.data(), targets.data(), batch, seq);
+    model.backward(params, grads, 0.75f);
+    if (reads_of_pass != nullptr) *reads_of_pass = log->reads();
+  }
   r.dense_grads = host_copy(grads.dense);
   r.expert_grads = host_copy(grads.expert);
   return r;
@@ -185,15 +194,93 @@ TEST(DeviceMemory, TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {
   }
 }
 
-TEST(DeviceMemory, Mxfp8TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {
-  // MXFP8 contracts in blocks of 32: every GEMM dimension of the experts a multiple of it.
+// The tiny model with every GEMM dimension of the experts a multiple of 32 (MXFP8 contracts in
+// blocks of 32).
+ModelConfig mxfp8_config() {
   ModelConfig c = tiny_moe_config(2);
   c.hidden_size = 32;
   c.head_dim = 16;
   c.moe_intermediate_size = 32;
   c.intermediate_size = 64;
   c.shared_expert_intermediate_size = 32;
-  expect_same_pass_on_the_device(c, PrecisionRecipe::from_train(TrainPrecision::kMxfp8, {}),
+  return c;
+}
+
+// Where a training pass on a device waits for it: every host read of device memory (a copy back,
+// a value handed to the host; core/device_memory.h's HostReadLog) with the phase it fell in. The
+// layers (attention, router, dispatch, experts, shared expert, combine) never wait: the routing's
+// counts and the experts' row offsets stay on the device, so on a GPU the host queues a whole
+// forward and backward without stopping between the router and the experts. A micro-batch waits
+// twice, both after the layers: once for every MoE layer's router statistics (one copy of one
+// buffer) and once for the cross-entropy; the backward never. In MXFP8 the experts' weight
+// gradients also read the offsets once per layer (their per-expert loop runs from the host).
+// Issue 15 item 3: a step captured in a CUDA graph may hold none of these at all.
+bool in_a_layer(const std::string& phase) {
+  for (const char* layer :
+       {"attention_", "router_", "dispatch_", "experts_", "shared_expert_", "combine_"})
+    if (phase.starts_with(layer)) return true;
+  return false;
+}
+
+std::vector<HostRead> host_reads_of_a_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
+                                           ActivationRecompute recompute) {
+  const guarded_device::Scope device;
+  std::vector<HostRead> reads;
+  training_pass(c, recipe, recompute, -1, &reads);
+  return reads;
+}
+
+int64_t moe_layer_count(const ModelConfig& c) {
+  int64_t layers = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers += c.layer_is_dense(i) ? 0 : 1;
+  return layers;
+}
+
+// The one copy of the router statistics: per MoE layer E counts, E sums and the z-loss.
+std::string router_statistics_copy(const ModelConfig& c) {
+  return "copy of " +
+         std::to_string(moe_layer_count(c) * (2 * c.num_experts + 1) *
+                        static_cast<int64_t>(sizeof(double))) +
+         " bytes";
+}
+
+TEST(DeviceMemory, AMicroBatchWaitsForTheDeviceTwiceAndNeverInTheLayers) {
+  const ModelConfig c = tiny_moe_config(2);
+  ASSERT_GT(moe_layer_count(c), 0);
+  for (const TrainPrecision precision : {TrainPrecision::kFp32, TrainPrecision::kBf16})
+    for (const ActivationRecompute recompute :
+         {ActivationRecompute::kNone, ActivationRecompute::kFull}) {
+      SCOPED_TRACE(train_precision_name(precision));
+      const std::vector<HostRead> reads =
+          host_reads_of_a_pass(c, PrecisionRecipe::from_train(precision, {}), recompute);
+      ASSERT_EQ(reads.size(), 2u);
+      EXPECT_EQ(reads[0].phase, "none");
+      EXPECT_EQ(reads[0].what, router_statistics_copy(c));
+      EXPECT_EQ(reads[1].phase, "lm_head_forward");
+      EXPECT_EQ(reads[1].what, "cross_entropy");
+    }
+}
+
+TEST(DeviceMemory, TheMxfp8ExpertsWaitOnlyForTheirWeightGradientLoop) {
+  const ModelConfig c = mxfp8_config();
+  const std::vector<HostRead> reads = host_reads_of_a_pass(
+      c, PrecisionRecipe::from_train(TrainPrecision::kMxfp8, {}), ActivationRecompute::kNone);
+  int64_t in_layers = 0;
+  const std::string offsets_copy =
+      "copy of " + std::to_string((c.num_experts + 1) * sizeof(int64_t)) + " bytes";
+  for (const HostRead& read : reads) {
+    if (!in_a_layer(read.phase)) continue;
+    ++in_layers;
+    EXPECT_EQ(read.phase, "experts_backward") << read.what;
+    EXPECT_EQ(read.what, offsets_copy) << read.phase;
+  }
+  EXPECT_EQ(in_layers, moe_layer_count(c));
+  EXPECT_EQ(reads.size(), static_cast<size_t>(in_layers) + 2);  // and the forward's two
+}
+
+TEST(DeviceMemory, Mxfp8TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {
+  expect_same_pass_on_the_device(mxfp8_config(),
+                                 PrecisionRecipe::from_train(TrainPrecision::kMxfp8, {}),
                                  ActivationRecompute::kNone, -1);
 }
 

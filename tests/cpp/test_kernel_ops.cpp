@@ -26,6 +26,7 @@ using gradcheck::project;
 using gradcheck::random_vec;
 using kernel_harness::nmse;
 using kernel_harness::nmse_bound;
+using kernel_harness::offsets_view;
 using kernels::KernelBackend;
 
 const KernelBackend& oracle() {
@@ -761,7 +762,7 @@ TEST_P(KernelOps, RouterTopkMatchesReference) {
         out.counts.resize(static_cast<size_t>(e_count));
         b.router_topk_forward(view(z.data(), {n, e_count}), bias_view, o,
                               view(out.scores.data(), {n, e_count}), view(out.index.data(), {n, k}),
-                              view(out.weight.data(), {n, k}), out.counts);
+                              view(out.weight.data(), {n, k}), view(out.counts.data(), {e_count}));
       };
       Out got, ref;
       forward(backend(), got);
@@ -786,15 +787,18 @@ TEST_P(KernelOps, RouterTopkMatchesReference) {
             RouterProbability::kScoresOverRowSum}) {
         std::vector<double> sums(static_cast<size_t>(e_count)), sums_ref(sums.size());
         backend().router_probability_column_sums(view(z.data(), {n, e_count}),
-                                                 view(got.scores.data(), {n, e_count}), p, sums);
+                                                 view(got.scores.data(), {n, e_count}), p,
+                                                 view(sums.data(), {e_count}));
         oracle().router_probability_column_sums(view(z.data(), {n, e_count}),
-                                                view(got.scores.data(), {n, e_count}), p, sums_ref);
+                                                view(got.scores.data(), {n, e_count}), p,
+                                                view(sums_ref.data(), {e_count}));
         expect_nmse(std::vector<float>(sums.begin(), sums.end()),
                     std::vector<float>(sums_ref.begin(), sums_ref.end()), e_count + n,
                     "router column sums " + what);
       }
-      const double z_loss = backend().router_z_loss(view(z.data(), {n, e_count}));
-      const double z_loss_ref = oracle().router_z_loss(view(z.data(), {n, e_count}));
+      double z_loss = 0.0, z_loss_ref = 0.0;
+      backend().router_z_loss(view(z.data(), {n, e_count}), view(&z_loss, {1}));
+      oracle().router_z_loss(view(z.data(), {n, e_count}), view(&z_loss_ref, {1}));
       EXPECT_LE(std::pow(z_loss - z_loss_ref, 2), nmse_bound(e_count) * z_loss_ref * z_loss_ref)
           << "router z-loss " << what;
 
@@ -822,12 +826,13 @@ TEST_P(KernelOps, RouterTopkMatchesReference) {
         std::vector<double> sums(static_cast<size_t>(e_count));
         backend().router_probability_column_sums(view(z.data(), {n, e_count}),
                                                  view(out.scores.data(), {n, e_count}),
-                                                 lb_probability, sums);
+                                                 lb_probability, view(sums.data(), {e_count}));
         double total = project(out.weight.data(), d_weight);
         for (int64_t e = 0; e < e_count; ++e)
           total += double{lb[static_cast<size_t>(e)]} * sums[static_cast<size_t>(e)];
-        return total + double{z_scale} * static_cast<double>(n) *
-                           backend().router_z_loss(view(z.data(), {n, e_count}));
+        double mean_lse2 = 0.0;
+        backend().router_z_loss(view(z.data(), {n, e_count}), view(&mean_lse2, {1}));
+        return total + double{z_scale} * static_cast<double>(n) * mean_lse2;
       };
       expect_close(check_all(z.data(), z.size(), dz.data(), kFdEps, loss), "dlogits " + what);
     }
@@ -836,10 +841,11 @@ TEST_P(KernelOps, RouterTopkMatchesReference) {
   std::vector<int64_t> counts(3);
   RouterTopkOptions too_many;
   too_many.top_k = 4;
-  EXPECT_THROW(backend().router_topk_forward(
-                   view(z.data(), {2, 3}), ConstTensorView{}, too_many, view(scores.data(), {2, 3}),
-                   view(index.data(), {2, 1}), view(weight.data(), {2, 1}), counts),
-               Error);
+  EXPECT_THROW(
+      backend().router_topk_forward(view(z.data(), {2, 3}), ConstTensorView{}, too_many,
+                                    view(scores.data(), {2, 3}), view(index.data(), {2, 1}),
+                                    view(weight.data(), {2, 1}), view(counts.data(), {3})),
+      Error);
 }
 
 TEST_P(KernelOps, GroupedGemmMatchesReference) {
@@ -865,10 +871,10 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
     const std::vector<float> dy = random_vec(static_cast<size_t>(rows * out), ++seed);
     std::vector<float> y(dy.size()), y_ref(dy.size());
     backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
-                                   offsets, view(y.data(), {rows, out}),
+                                   offsets_view(offsets), view(y.data(), {rows, out}),
                                    kernels::MatmulPrecision::kFp32);
     oracle().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
-                                  offsets, view(y_ref.data(), {rows, out}),
+                                  offsets_view(offsets), view(y_ref.data(), {rows, out}),
                                   kernels::MatmulPrecision::kFp32);
     expect_nmse(y, y_ref, in, "grouped_gemm y " + what);
 
@@ -876,11 +882,11 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
     std::vector<float> dx(x.size()), dx_ref(x.size()), dw = dw_before, dw_ref = dw_before;
     backend().grouped_gemm_backward(
         view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
-        view(w.data(), {experts, out, in}), offsets, view(dx.data(), {rows, in}),
+        view(w.data(), {experts, out, in}), offsets_view(offsets), view(dx.data(), {rows, in}),
         view(dw.data(), {experts, out, in}), kernels::MatmulPrecision::kFp32);
     oracle().grouped_gemm_backward(
         view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
-        view(w.data(), {experts, out, in}), offsets, view(dx_ref.data(), {rows, in}),
+        view(w.data(), {experts, out, in}), offsets_view(offsets), view(dx_ref.data(), {rows, in}),
         view(dw_ref.data(), {experts, out, in}), kernels::MatmulPrecision::kFp32);
     expect_nmse(dx, dx_ref, out, "grouped_gemm dx " + what);
     expect_nmse(dw, dw_ref, rows + 1, "grouped_gemm dw " + what);
@@ -892,7 +898,7 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
       }
     auto loss = [&] {
       backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
-                                     offsets, view(y.data(), {rows, out}),
+                                     offsets_view(offsets), view(y.data(), {rows, out}),
                                      kernels::MatmulPrecision::kFp32);
       return project(y.data(), dy);
     };
@@ -907,10 +913,10 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
   }
   std::vector<float> x(6), w(6), y(6);
   const std::vector<int64_t> decreasing = {0, 2, 1};
-  EXPECT_THROW(
-      backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}), decreasing,
-                                     view(y.data(), {1, 1}), kernels::MatmulPrecision::kFp32),
-      Error);
+  EXPECT_THROW(backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}),
+                                              offsets_view(decreasing), view(y.data(), {1, 1}),
+                                              kernels::MatmulPrecision::kFp32),
+               Error);
 }
 
 TEST_P(KernelOps, MatmulMatchesReference) {
@@ -1035,22 +1041,22 @@ TEST_P(KernelOps, Bf16WeightCopyGivesTheProductsOfTheFp32Weight) {
   const ConstTensorView w_view = view(w.data(), {experts, out, in});
   const ConstTensorView w16_view(w16.data(), {experts, out, in}, DType::kBf16);
   std::vector<float> y(dy.size()), y_copy(dy.size());
-  backend().grouped_gemm_forward(view(x.data(), {rows, in}), w_view, offsets,
+  backend().grouped_gemm_forward(view(x.data(), {rows, in}), w_view, offsets_view(offsets),
                                  view(y.data(), {rows, out}), bf16);
-  backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets,
+  backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets_view(offsets),
                                  view(y_copy.data(), {rows, out}), bf16);
   EXPECT_EQ(y_copy, y) << "grouped_gemm forward";
   std::vector<float> dx(x.size()), dx_copy(x.size()), dw(w.size()), dw_copy(w.size());
   backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}), w_view,
-                                  offsets, view(dx.data(), {rows, in}),
+                                  offsets_view(offsets), view(dx.data(), {rows, in}),
                                   view(dw.data(), {experts, out, in}), bf16);
   backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
-                                  w16_view, offsets, view(dx_copy.data(), {rows, in}),
+                                  w16_view, offsets_view(offsets), view(dx_copy.data(), {rows, in}),
                                   view(dw_copy.data(), {experts, out, in}), bf16);
   EXPECT_EQ(dx_copy, dx) << "grouped_gemm dx";
   EXPECT_EQ(dw_copy, dw) << "grouped_gemm dw";
   EXPECT_THROW(
-      backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets,
+      backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets_view(offsets),
                                      view(y.data(), {rows, out}), kernels::MatmulPrecision::kFp32),
       Error);
 }

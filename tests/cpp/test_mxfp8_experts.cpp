@@ -102,6 +102,7 @@ ExpertPass oracle(const ModelConfig& c, const std::vector<int64_t>& offsets,
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
   const auto local = static_cast<int64_t>(offsets.size()) - 1;
   const int64_t rows = offsets.back();
+  const ConstTensorView offsets_tensor = view(offsets.data(), {local + 1});
   const mx::ScaleMode mode = recipe.mx.scale_mode;
   ExpertPass out;
   std::vector<float> gu(static_cast<size_t>(rows * 2 * h)), act(static_cast<size_t>(rows * h));
@@ -109,11 +110,11 @@ ExpertPass oracle(const ModelConfig& c, const std::vector<int64_t>& offsets,
   const Quantized xq = quantize(x.data(), 1, rows, d, mode);
   const Quantized gate_up_q = quantize(gate_up, local, 2 * h, d, mode);
   const Quantized down_q = quantize(down, local, d, h, mode);
-  ref::mx_grouped_gemm_forward(xq.matrix(), gate_up_q.view(), offsets,
+  ref::mx_grouped_gemm_forward(xq.matrix(), gate_up_q.view(), offsets_tensor,
                                view(gu.data(), {rows, 2 * h}));
   ref::swiglu_forward(view(gu.data(), {rows, 2 * h}), view(act.data(), {rows, h}));
   const Quantized act_q = quantize(act.data(), 1, rows, h, mode);
-  ref::mx_grouped_gemm_forward(act_q.matrix(), down_q.view(), offsets,
+  ref::mx_grouped_gemm_forward(act_q.matrix(), down_q.view(), offsets_tensor,
                                view(out.y.data(), {rows, d}));
 
   // Weight gradient of one GEMM: dw[e] += dy_e^T . in_e.
@@ -151,14 +152,14 @@ ExpertPass oracle(const ModelConfig& c, const std::vector<int64_t>& offsets,
   out.dx.resize(static_cast<size_t>(rows * d));
   const Quantized dy_q = quantize(dy.data(), 1, rows, d, mode);
   const Quantized down_t = quantize(down, local, d, h, mode, true);  // [E, H, d] along d
-  ref::mx_grouped_gemm_backward_input(dy_q.matrix(), down_t.view(), offsets,
+  ref::mx_grouped_gemm_backward_input(dy_q.matrix(), down_t.view(), offsets_tensor,
                                       view(dact.data(), {rows, h}));
   weight_grads(dy, d, act_q, act, h, out.dw_down);
   ref::swiglu_backward(view(dact.data(), {rows, h}), view(gu.data(), {rows, 2 * h}),
                        view(dgu.data(), {rows, 2 * h}));
   const Quantized dgu_q = quantize(dgu.data(), 1, rows, 2 * h, mode);
   const Quantized gate_up_t = quantize(gate_up, local, 2 * h, d, mode, true);  // [E, d, 2H]
-  ref::mx_grouped_gemm_backward_input(dgu_q.matrix(), gate_up_t.view(), offsets,
+  ref::mx_grouped_gemm_backward_input(dgu_q.matrix(), gate_up_t.view(), offsets_tensor,
                                       view(out.dx.data(), {rows, d}));
   weight_grads(dgu, 2 * h, xq, x, d, out.dw_gate_up);
   return out;
@@ -191,9 +192,11 @@ TEST_P(MxExperts, TheModelsExpertsAreTheRecipeWrittenOutWithTheReferenceOps) {
   const float* gate_up = params.at(*s.expert_gate);
   const float* down = params.at(*s.expert_down);
 
+  const std::vector<int64_t> offsets = {0, 0, 37, 50};
+  const int64_t r = offsets.back();
   ExpertRows rows;
-  rows.expert_offsets = {0, 0, 37, 50};
-  const int64_t r = rows.expert_offsets.back();
+  rows.received = r;
+  rows.expert_offsets = device_copy(offsets);
   const std::vector<float> x = random_values(static_cast<size_t>(r * d), 3, 1.0f);
   rows.x = device_copy(x);
   rows.gu.resize(static_cast<size_t>(r * 2 * h));
@@ -222,14 +225,15 @@ TEST_P(MxExperts, TheModelsExpertsAreTheRecipeWrittenOutWithTheReferenceOps) {
   Workspace workspace;
   grouped_experts_backward(recipe, c, local, w, dw, rows, dy.data(), dx.data(), workspace);
 
-  const ExpertPass want = oracle(c, rows.expert_offsets, x, dy, gate_up, down, recipe);
+  const ExpertPass want = oracle(c, offsets, x, dy, gate_up, down, recipe);
   EXPECT_EQ(y, want.y);
   EXPECT_EQ(dx, want.dx);
   EXPECT_EQ(dw_gate_up, want.dw_gate_up);
   EXPECT_EQ(dw_down, want.dw_down);
   // Not vacuous: the MX results are not the bf16 ones.
   ExpertRows bf16_rows;
-  bf16_rows.expert_offsets = rows.expert_offsets;
+  bf16_rows.received = r;
+  bf16_rows.expert_offsets = device_copy(offsets);
   bf16_rows.x = device_copy(x);
   bf16_rows.gu.resize(rows.gu.size());
   bf16_rows.act.resize(static_cast<size_t>(r * h));

@@ -44,7 +44,7 @@ Routed route(const RouterShape& s, const std::vector<float>& x, const std::vecto
   r.scores = host_copy(r.state.scores);
   r.topk_weight = host_copy(r.state.topk_weight);
   r.topk_index = host_copy(r.state.topk_index);
-  r.expert_counts = r.state.expert_counts;
+  r.expert_counts = host_copy(r.state.expert_counts);
   return r;
 }
 

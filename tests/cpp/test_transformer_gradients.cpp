@@ -270,7 +270,8 @@ TEST(TransformerGradients, RouterBiasUpdateFollowsCounts) {
     model.forward(params, tokens.data(), targets.data(), 2, 4);
     const RouterState* st = model.router_state(1);
     ASSERT_NE(st, nullptr);
-    for (size_t e = 0; e < 4; ++e) counts[e] += st->expert_counts[e];
+    const std::vector<int64_t> layer_counts = host_copy(st->expert_counts);
+    for (size_t e = 0; e < 4; ++e) counts[e] += layer_counts[e];
     ParamBuffers grads(layout);
     model.backward(params, grads, 0.5f);
     for (size_t e = 0; e < spec->numel; ++e) EXPECT_EQ(grads.at(*spec)[e], 0.0f);

@@ -160,10 +160,10 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
 
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& options, TensorView scores, TensorView topk_index,
-                         TensorView topk_weight, std::span<int64_t> expert_counts) {
+                         TensorView topk_weight, TensorView expert_counts) {
   DeviceStaging s;
   device().router_topk_forward(s.in(logits), s.in(selection_bias), options, s.out(scores),
-                               s.out(topk_index), s.out(topk_weight), expert_counts);
+                               s.out(topk_index), s.out(topk_weight), s.out(expert_counts));
   s.finish();
 }
 
@@ -179,32 +179,33 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
   s.finish();
 }
 
-double router_z_loss(ConstTensorView logits) {
+void router_z_loss(ConstTensorView logits, TensorView z_loss) {
   DeviceStaging s;
-  return device().router_z_loss(s.in(logits));
-}
-
-void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
-                                    RouterProbability probability, std::span<double> column_sums) {
-  DeviceStaging s;
-  device().router_probability_column_sums(s.in(logits), s.in(scores), probability, column_sums);
+  device().router_z_loss(s.in(logits), s.out(z_loss));
   s.finish();
 }
 
-void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y,
-                          kernels::MatmulPrecision precision) {
+void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
+                                    RouterProbability probability, TensorView column_sums) {
   DeviceStaging s;
-  device().grouped_gemm_forward(s.in(x), s.in(w), expert_offsets, s.out(y), precision);
+  device().router_probability_column_sums(s.in(logits), s.in(scores), probability,
+                                          s.out(column_sums));
+  s.finish();
+}
+
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
+                          TensorView y, kernels::MatmulPrecision precision) {
+  DeviceStaging s;
+  device().grouped_gemm_forward(s.in(x), s.in(w), s.in(expert_offsets), s.out(y), precision);
   s.finish();
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           ConstTensorView expert_offsets, TensorView dx, TensorView dw,
                            kernels::MatmulPrecision precision) {
   DeviceStaging s;
-  device().grouped_gemm_backward(s.in(dy), s.in(x), s.in(w), expert_offsets, s.out(dx), s.out(dw),
-                                 precision);
+  device().grouped_gemm_backward(s.in(dy), s.in(x), s.in(w), s.in(expert_offsets), s.out(dx),
+                                 s.out(dw), precision);
   s.finish();
 }
 
@@ -266,17 +267,17 @@ void mx_matmul(const MxOperandView& a, const MxOperandView& b, float alpha, floa
 }
 
 void mx_grouped_gemm_forward(const MxOperandView& x, const MxOperandView& w,
-                             std::span<const int64_t> expert_offsets, TensorView y) {
+                             ConstTensorView expert_offsets, TensorView y) {
   DeviceStaging s;
-  device().mx_grouped_gemm_forward(staged(s, x), staged(s, w), expert_offsets, s.out(y));
+  device().mx_grouped_gemm_forward(staged(s, x), staged(s, w), s.in(expert_offsets), s.out(y));
   s.finish();
 }
 
 void mx_grouped_gemm_backward_input(const MxOperandView& dy, const MxOperandView& w_transposed,
-                                    std::span<const int64_t> expert_offsets, TensorView dx) {
+                                    ConstTensorView expert_offsets, TensorView dx) {
   DeviceStaging s;
-  device().mx_grouped_gemm_backward_input(staged(s, dy), staged(s, w_transposed), expert_offsets,
-                                          s.out(dx));
+  device().mx_grouped_gemm_backward_input(staged(s, dy), staged(s, w_transposed),
+                                          s.in(expert_offsets), s.out(dx));
   s.finish();
 }
 

@@ -137,8 +137,8 @@ TEST(CudaBackend, GroupedGemmOnUnalignedExpertRows) {
       DeviceStaging s;
       kernels::cuda::grouped_gemm_forward(
           s.in(view(x.data(), {12, in})),
-          s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)), offsets,
-          s.out(view(y.data(), {12, out})), precision);
+          s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)),
+          s.in(view(offsets.data(), {experts + 1})), s.out(view(y.data(), {12, out})), precision);
       s.finish();
     }
     for (int64_t e = 0; e < experts; ++e) {
@@ -178,8 +178,9 @@ TEST(CudaBackend, GroupedGemmWithDeviceOffsetsMatchesTheOperation) {
     DeviceStaging s;
     kernels::cuda::grouped_gemm_forward(
         s.in(view(x.data(), {rows, in})),
-        s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)), offsets,
-        s.out(view(expected.data(), {rows, out})), kernels::MatmulPrecision::kBf16);
+        s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)),
+        s.in(view(offsets.data(), {experts + 1})), s.out(view(expected.data(), {rows, out})),
+        kernels::MatmulPrecision::kBf16);
     s.finish();
   }
 

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/splitmix64.h"
 #include "data/bpe_trainer.h"
 #include "dist/communicator.h"
@@ -273,17 +274,60 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   EXPECT_TRUE(std::isfinite(device_init.last_loss));
 }
 
+// The rowwise dispatch's one-sided puts and gets reach host memory only: on a device, one line
+// naming it and the dispatch that does run there, before anything is read or written.
+TEST(TrainOnDeviceRefusals, RowwiseDispatchIsOneLine) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("moecore_rowwise_refusal_" + std::to_string(::getpid()));
+  const RunConfig config =
+      parse_run_config(fmt::format(R"([model]
+vocab_size = 300
+hidden_size = 64
+num_hidden_layers = 2
+num_attention_heads = 4
+num_experts = 8
+num_experts_per_tok = 2
+moe_intermediate_size = 32
+
+[train]
+device = "cuda"
+out_dir = "{}"
+
+[data]
+train = ["{}"]
+
+[parallel]
+ep = 2
+dispatch = "rowwise"
+)",
+                                   (dir / "out").string(), (dir / "missing.npy").string()),
+                       "rowwise_refusal");
+  const guarded_device::Scope guarded;
+  try {
+    train(config, {});
+    ADD_FAILURE() << "train() ran the rowwise dispatch on a device";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[train] train.device=cuda with parallel.ep=2 and parallel.dispatch=rowwise: the "
+              "rowwise dispatch runs on host memory only for now (use parallel.dispatch=sync on "
+              "devices)");
+  }
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TrainJob, TrainOnDevice,
     ::testing::Values(DeviceRunCase{"fp32", "fp32", "none", 1, ""},
                       DeviceRunCase{"bf16", "bf16", "full", 1, ""},
                       DeviceRunCase{"mxfp8", "mxfp8", "none", 1, ""},
                       // Two processes: data parallel with ZeRO-1's shards, data parallel with
-                      // the reduction overlapped with the backward, two pipeline stages.
+                      // the reduction overlapped with the backward, two pipeline stages, the
+                      // experts split over the two (the sync dispatch's all-to-all of rows).
                       DeviceRunCase{"ranks2_dp_zero", "fp32", "none", 2, "zero = 1"},
                       DeviceRunCase{"ranks2_dp_overlap_bf16", "bf16", "none", 2,
                                     "overlap_grad_reduce = true"},
-                      DeviceRunCase{"ranks2_pp", "fp32", "full", 2, "pp = 2"}),
+                      DeviceRunCase{"ranks2_pp", "fp32", "full", 2, "pp = 2"},
+                      DeviceRunCase{"ranks2_ep_sync", "bf16", "none", 2, "ep = 2"}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;
     });

@@ -41,30 +41,31 @@ class ExpertWeights {
 
 }  // namespace
 
-void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y,
-                          MatmulPrecision precision) {
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
+                          TensorView y, MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm";
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
+  const std::span<const int64_t> offsets = host_expert_offsets(kOp, expert_offsets, s);
   expect_shape(kOp, "y", y, {s.rows, s.out});
   const float* xp = x.data<float>(kOp);
   const ExpertWeights weights(kOp, w, precision);
   float* yp = y.data<float>(kOp);
-  for_each_expert(expert_offsets, s.experts, [&](int64_t e) {
-    const int64_t begin = expert_offsets[at(e)];
-    const int64_t count = expert_offsets[at(e + 1)] - begin;
+  for_each_expert(offsets, s.experts, [&](int64_t e) {
+    const int64_t begin = offsets[at(e)];
+    const int64_t count = offsets[at(e + 1)] - begin;
     weights.gemm(e * s.out * s.in, false, true, count, s.out, s.in, xp + begin * s.in, s.in, 0.0f,
                  yp + begin * s.out, s.out);
   });
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           ConstTensorView expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm_backward";
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
+  const std::span<const int64_t> offsets = host_expert_offsets(kOp, expert_offsets, s);
   expect_shape(kOp, "dy", dy, {s.rows, s.out});
   expect_shape(kOp, "dx", dx, {s.rows, s.in});
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in});
@@ -73,9 +74,9 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   const ExpertWeights weights(kOp, w, precision);
   float* dxp = dx.data<float>(kOp);
   float* dwp = dw.data<float>(kOp);
-  for_each_expert(expert_offsets, s.experts, [&](int64_t e) {
-    const int64_t begin = expert_offsets[at(e)];
-    const int64_t count = expert_offsets[at(e + 1)] - begin;
+  for_each_expert(offsets, s.experts, [&](int64_t e) {
+    const int64_t begin = offsets[at(e)];
+    const int64_t count = offsets[at(e + 1)] - begin;
     const float* dye = dyp + begin * s.out;
     weights.gemm(e * s.out * s.in, false, false, count, s.in, s.out, dye, s.out, 0.0f,
                  dxp + begin * s.in, s.in);

@@ -32,11 +32,12 @@ float softmax_row(const float* z, float* p, int64_t n) {
 
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& o, TensorView scores, TensorView topk_index,
-                         TensorView topk_weight, std::span<int64_t> expert_counts) {
+                         TensorView topk_weight, TensorView expert_counts) {
   constexpr const char* kOp = "router_topk";
   const RouterDims s = router_dims(kOp, logits, o);
   const int64_t n = s.tokens, e_count = s.experts, k = o.top_k;
   expect_router_outputs(kOp, s, k, scores, topk_index, topk_weight, expert_counts);
+  int64_t* counts = expert_counts.data<int64_t>(kOp);
   const float* bias = nullptr;
   if (selection_bias.raw() != nullptr) {
     expect_shape(kOp, "selection_bias", selection_bias, {e_count});
@@ -147,8 +148,8 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
         for (int64_t j = 0; j < k; ++j) wt[j] *= o.routed_scaling_factor;
     }
   }
-  std::fill(expert_counts.begin(), expert_counts.end(), 0);
-  for (int64_t r = 0; r < n * k; ++r) ++expert_counts[at(index[r])];
+  std::fill_n(counts, e_count, 0);
+  for (int64_t r = 0; r < n * k; ++r) ++counts[at(index[r])];
 }
 
 void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
@@ -238,12 +239,15 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
   }
 }
 
-double router_z_loss(ConstTensorView logits) {
+void router_z_loss(ConstTensorView logits, TensorView z_loss) {
   constexpr const char* kOp = "router_z_loss";
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", kOp, logits.rank());
   const int64_t n = logits.size(0), e_count = logits.size(1);
   expect_shape(kOp, "logits", logits, {n, e_count});
-  if (n == 0) return 0.0;
+  expect_shape(kOp, "z_loss", z_loss, {1});
+  double* out = z_loss.data<double>(kOp);
+  *out = 0.0;
+  if (n == 0) return;
   const float* zp = logits.data<float>(kOp);
   double total = 0.0;
   for (int64_t t = 0; t < n; ++t) {
@@ -254,18 +258,18 @@ double router_z_loss(ConstTensorView logits) {
     const double lse = static_cast<double>(max_z) + std::log(sum);
     total += lse * lse;
   }
-  return total / static_cast<double>(n);
+  *out = total / static_cast<double>(n);
 }
 
 void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
-                                    RouterProbability probability, std::span<double> column_sums) {
+                                    RouterProbability probability, TensorView column_sums_view) {
   constexpr const char* kOp = "router_probability_column_sums";
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", kOp, logits.rank());
   const int64_t n = logits.size(0), e_count = logits.size(1);
   expect_shape(kOp, "logits", logits, {n, e_count});
   expect_shape(kOp, "scores", scores, {n, e_count});
-  MOE_CHECK(static_cast<int64_t>(column_sums.size()) == e_count,
-            "[{}] column_sums has {} entries, expected {}", kOp, column_sums.size(), e_count);
+  expect_shape(kOp, "column_sums", column_sums_view, {e_count});
+  const std::span<double> column_sums(column_sums_view.data<double>(kOp), at(e_count));
   const float* zp = logits.data<float>(kOp);
   const float* pp = scores.data<float>(kOp);
   std::fill(column_sums.begin(), column_sums.end(), 0.0);

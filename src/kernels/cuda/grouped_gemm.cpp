@@ -1,11 +1,15 @@
-// The routed experts' GEMMs, one cuBLASLt GEMM per expert that has rows (the row offsets are on
-// the host in this signature). In bf16 each operand is rounded to bf16 once for all experts.
-// A single grouped launch with device-side offsets (no host round trip for the counts) is the
-// next step: it needs a signature with the offsets on the device.
+// The routed experts' GEMMs, one cuBLASLt GEMM per expert that has rows. In bf16 each operand is
+// rounded to bf16 once for all experts. The offsets arrive in device memory (as the routing wrote
+// them), but a cuBLASLt GEMM per expert needs each expert's row count on the host: they are copied
+// back (expert_offsets_on_host.h). The device-offset kernel (grouped_gemm_device.h) has no such
+// wait; it replaces this loop where it measurably wins (bench/cuda/gemm.cpp) and for a step
+// captured in a CUDA graph.
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cuda/expert_offsets_on_host.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
@@ -55,19 +59,19 @@ class GemmOperand {
 
 }  // namespace
 
-void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y,
-                          MatmulPrecision precision) {
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
+                          TensorView y, MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm";
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
+  const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
   expect_shape(kOp, "y", y, {s.rows, s.out}, Device::kCuda);
   const GemmOperand xs(kOp, x, precision);
   const GemmOperand ws(kOp, w, precision);
   float* yp = y.data<float>(kOp);
   for (int64_t e = 0; e < s.experts; ++e) {
-    const int64_t begin = expert_offsets[at(e)];
-    const int64_t count = expert_offsets[at(e + 1)] - begin;
+    const int64_t begin = offsets[at(e)];
+    const int64_t count = offsets[at(e + 1)] - begin;
     if (count == 0) continue;
     gemm_lt(false, true, count, s.out, s.in, 1.0f, xs.at_element(begin * s.in),
             ws.at_element(e * s.out * s.in), xs.type(), 0.0f, yp + begin * s.out);
@@ -75,11 +79,12 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           ConstTensorView expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm_backward";
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
+  const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
   expect_shape(kOp, "dy", dy, {s.rows, s.out}, Device::kCuda);
   expect_shape(kOp, "dx", dx, {s.rows, s.in}, Device::kCuda);
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in}, Device::kCuda);
@@ -89,8 +94,8 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   float* dxp = dx.data<float>(kOp);
   float* dwp = dw.data<float>(kOp);
   for (int64_t e = 0; e < s.experts; ++e) {
-    const int64_t begin = expert_offsets[at(e)];
-    const int64_t count = expert_offsets[at(e + 1)] - begin;
+    const int64_t begin = offsets[at(e)];
+    const int64_t count = offsets[at(e + 1)] - begin;
     if (count == 0) continue;
     // dx_e = dy_e w_e; dw_e += dy_e^T x_e.
     gemm_lt(false, false, count, s.in, s.out, 1.0f, dys.at_element(begin * s.out),

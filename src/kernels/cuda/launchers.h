@@ -118,10 +118,10 @@ void launch_router_topk_backward(const float* logits, const float* scores,
                                  bool lb_uses_softmax, float z_grad_scale, float* dlogits,
                                  int64_t tokens, int64_t experts, const RouterTopkParams& params,
                                  cudaStream_t stream);
-// *total (device) = the sum over rows of logsumexp(row)^2 in double (row_values: [tokens] doubles
-// of scratch); the caller divides.
+// *mean (device) = the mean over rows of logsumexp(row)^2 in double (row_values: [tokens] doubles
+// of scratch); tokens > 0.
 void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, double* row_values,
-                          double* total, cudaStream_t stream);
+                          double* mean, cudaStream_t stream);
 // RouterProbability's values; the sums land in the first `experts` doubles of scratch,
 // router_column_sums_scratch_bytes(tokens, experts) bytes.
 enum class RouterColumnValue : uint8_t { kScores, kSoftmaxOfLogits, kScoresOverRowSum };
@@ -155,10 +155,21 @@ void launch_mx_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t n
                           float* x, cudaStream_t stream);
 
 // mx_gemm.cu: the same dequantisation rounded to bf16 (dst: bf16 bits, nearest even), the
-// operands of the MX GEMMs on GPUs without MX tensor cores (exact for every element whose value
-// lies in bf16's normal range).
+// operands of the MX GEMMs on GPUs without MX tensor cores and of those cuBLASLt's block-scaled
+// GEMMs do not take (exact for every element whose value lies in bf16's normal range).
 void launch_mx_dequantize_to_bf16(const uint8_t* codes, const uint8_t* scales, int64_t n,
                                   MxElem elem, uint16_t* dst, cudaStream_t stream);
+
+// mx_scale_swizzle.cu: an operand's scales [rows, blocks] (row-major e8m0, blocks = k / 32) into
+// the tiled layout of cuBLASLt's block-scaled GEMMs (kMxScaleTileRows x kMxScaleTileBlocks tiles,
+// padded), dst: mx_swizzled_scale_bytes(rows, blocks) bytes, 4-byte aligned.
+inline constexpr int64_t kMxScaleTileRows = 128, kMxScaleTileBlocks = 4;
+constexpr int64_t mx_swizzled_scale_bytes(int64_t rows, int64_t blocks) {
+  return (rows + kMxScaleTileRows - 1) / kMxScaleTileRows * kMxScaleTileRows *
+         ((blocks + kMxScaleTileBlocks - 1) / kMxScaleTileBlocks * kMxScaleTileBlocks);
+}
+void launch_mx_swizzle_scales(const uint8_t* scales, int64_t rows, int64_t blocks, uint8_t* dst,
+                              cudaStream_t stream);
 
 // flash_attention.cu: kernels/ops.h's flash_attention_forward and _backward on q, out, dout, dq
 // [B, T, heads, hd], k, v, dk, dv [B, T, kv_heads, hd], lse [B, heads, T], doc_start [B, T] or

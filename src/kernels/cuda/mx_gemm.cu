@@ -1,4 +1,5 @@
-// The MX GEMMs' operands on GPUs without MX tensor cores (mx_gemm.cpp): each code dequantised as
+// The MX GEMMs' operands on GPUs without MX tensor cores, and on Blackwell for the GEMMs
+// cuBLASLt's block-scaled kernels do not take (mx_gemm.cpp): each code dequantised as
 // mx_dequantize does (mx_codes.cuh, one fp32 multiply) and rounded to bf16, nearest even. A code
 // value has at most 4 significant bits and the scale is a power of two, so the bf16 value is
 // exact wherever it lies in bf16's normal range (fp32's exponent range); NaN stays NaN.

@@ -1,14 +1,16 @@
 // The CUDA backend's operations: kernels/op_declarations.inc's declarations once more, in
 // kernels::cuda, on device views (Device::kCuda; a host view is an error naming the operation).
 // Each operation is issued on runtime.h's stream and returns without waiting for it, except those
-// that return values to the host (cross_entropy, sum_of_squares, router_z_loss,
-// router_probability_column_sums, and router_topk_forward's expert counts) and those that check row
-// numbers held in device memory as the CPU backend checks them (embedding, permute_rows,
-// permute_rows_backward, gather_rows, moe_combine): these read the first bad index back and wait.
-// order_routes_by_expert does not check its expert ids (its offsets stay on the device; an id out
-// of range gets dst_row -1, kernels/op_declarations.inc).
-// A step captured in a CUDA graph cannot wait; it will need unchecked forms of the latter (their
-// kernels already leave an out-of-range row alone rather than touching other memory).
+// that return values to the host (cross_entropy, sum_of_squares), the grouped GEMMs, which issue
+// one cuBLASLt GEMM per expert from the host and so read the expert offsets back
+// (expert_offsets_on_host.h), and those that check row numbers held in device memory as the CPU
+// backend checks them (embedding, permute_rows, permute_rows_backward, gather_rows, moe_combine):
+// these read the first bad index back and wait. router_topk_forward's counts, the router's loss
+// statistics (router_z_loss, router_probability_column_sums) and order_routes_by_expert's offsets
+// stay on the device; the latter does not check its expert ids (an id out of range gets dst_row -1,
+// kernels/op_declarations.inc). A step captured in a CUDA graph cannot wait; it will need unchecked
+// forms of the latter (their kernels already leave an out-of-range row alone rather than touching
+// other memory).
 //
 // Not every operation is here yet: cuda_backend() lists those that are (the others are null in
 // its table, and the per-op harness reports them as not implemented).

@@ -46,12 +46,13 @@ RouterColumnValue column_value_of(RouterProbability probability) {
 
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& o, TensorView scores, TensorView topk_index,
-                         TensorView topk_weight, std::span<int64_t> expert_counts) {
+                         TensorView topk_weight, TensorView expert_counts) {
   constexpr const char* kOp = "router_topk";
   expect_on_device(kOp, "logits", logits);
   expect_on_device(kOp, "scores", scores);
   expect_on_device(kOp, "topk_index", topk_index);
   expect_on_device(kOp, "topk_weight", topk_weight);
+  expect_on_device(kOp, "expert_counts", expert_counts);
   const RouterDims s = router_dims(kOp, logits, o, Device::kCuda);
   const int64_t n = s.tokens, e_count = s.experts;
   expect_router_outputs(kOp, s, o.top_k, scores, topk_index, topk_weight, expert_counts,
@@ -67,24 +68,19 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
   float* pp = scores.data<float>(kOp);
   int32_t* index = topk_index.data<int32_t>(kOp);
   float* weight = topk_weight.data<float>(kOp);
-  if (n == 0) {
-    std::fill(expert_counts.begin(), expert_counts.end(), 0);
-    return;
-  }
-  // The counts, then the group scores of the group-limited choice (4-byte aligned after them).
+  // The counts stay on the device (no wait for the routing here): zeroed, then counted.
+  int64_t* counts = expert_counts.data<int64_t>(kOp);
+  MOE_CUDA_CHECK(
+      cudaMemsetAsync(counts, 0, sizeof(int64_t) * static_cast<size_t>(e_count), stream()));
+  if (n == 0) return;
+  // The group scores of the group-limited choice.
   const bool grouped = o.n_group > 1 && o.choice == RouterChoice::kTopScores;
-  const size_t count_bytes = sizeof(int64_t) * static_cast<size_t>(e_count);
   const size_t group_bytes = grouped ? sizeof(float) * static_cast<size_t>(n * o.n_group) : 0;
-  const StreamScratch scratch(count_bytes + group_bytes, stream());
-  int64_t* device_counts = scratch.as<int64_t>();
-  float* group_scores = grouped ? reinterpret_cast<float*>(device_counts + e_count) : nullptr;
-  MOE_CUDA_CHECK(cudaMemsetAsync(device_counts, 0, count_bytes, stream()));
-  launch_router_topk_forward(zp, bias, pp, index, weight, device_counts, group_scores, n, e_count,
+  const StreamScratch scratch(group_bytes, stream());
+  float* group_scores = grouped ? scratch.as<float>() : nullptr;
+  launch_router_topk_forward(zp, bias, pp, index, weight, counts, group_scores, n, e_count,
                              params_of(o), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
-  MOE_CUDA_CHECK(cudaMemcpyAsync(expert_counts.data(), device_counts, count_bytes,
-                                 cudaMemcpyDeviceToHost, stream()));
-  synchronize();
 }
 
 void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
@@ -118,52 +114,51 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
-double router_z_loss(ConstTensorView logits) {
+void router_z_loss(ConstTensorView logits, TensorView z_loss) {
   constexpr const char* kOp = "router_z_loss";
   expect_on_device(kOp, "logits", logits);
+  expect_on_device(kOp, "z_loss", z_loss);
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", kOp, logits.rank());
   const int64_t n = logits.size(0), e_count = logits.size(1);
   expect_shape(kOp, "logits", logits, {n, e_count}, Device::kCuda);
-  if (n == 0) return 0.0;
-  const float* zp = logits.data<float>(kOp);
-  // The total, then the rows' values.
-  const StreamScratch scratch(sizeof(double) * static_cast<size_t>(n + 1), stream());
-  double* device_total = scratch.as<double>();
-  launch_router_z_loss(zp, n, e_count, device_total + 1, device_total, stream());
+  expect_shape(kOp, "z_loss", z_loss, {1}, Device::kCuda);
+  double* mean = z_loss.data<double>(kOp);
+  if (n == 0) {
+    MOE_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(double), stream()));
+    return;
+  }
+  const StreamScratch row_values(sizeof(double) * static_cast<size_t>(n), stream());
+  launch_router_z_loss(logits.data<float>(kOp), n, e_count, row_values.as<double>(), mean,
+                       stream());
   MOE_CUDA_CHECK(cudaGetLastError());
-  double total = 0.0;
-  MOE_CUDA_CHECK(
-      cudaMemcpyAsync(&total, device_total, sizeof(double), cudaMemcpyDeviceToHost, stream()));
-  synchronize();
-  return total / static_cast<double>(n);
 }
 
 void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
-                                    RouterProbability probability, std::span<double> column_sums) {
+                                    RouterProbability probability, TensorView column_sums) {
   constexpr const char* kOp = "router_probability_column_sums";
   expect_on_device(kOp, "logits", logits);
   expect_on_device(kOp, "scores", scores);
+  expect_on_device(kOp, "column_sums", column_sums);
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [N, E], got rank {}", kOp, logits.rank());
   const int64_t n = logits.size(0), e_count = logits.size(1);
   expect_shape(kOp, "logits", logits, {n, e_count}, Device::kCuda);
   expect_shape(kOp, "scores", scores, {n, e_count}, Device::kCuda);
-  MOE_CHECK(static_cast<int64_t>(column_sums.size()) == e_count,
-            "[{}] column_sums has {} entries, expected {}", kOp, column_sums.size(), e_count);
+  expect_shape(kOp, "column_sums", column_sums, {e_count}, Device::kCuda);
   const float* zp = logits.data<float>(kOp);
   const float* pp = scores.data<float>(kOp);
   const RouterColumnValue value = column_value_of(probability);
+  double* sums = column_sums.data<double>(kOp);
+  const size_t sum_bytes = sizeof(double) * static_cast<size_t>(e_count);
   if (n == 0 || e_count == 0) {
-    std::fill(column_sums.begin(), column_sums.end(), 0.0);
+    MOE_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes, stream()));
     return;
   }
   const StreamScratch scratch(static_cast<size_t>(router_column_sums_scratch_bytes(n, e_count)),
                               stream());
   launch_router_probability_column_sums(zp, pp, value, n, e_count, scratch.as<void>(), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
-  MOE_CUDA_CHECK(cudaMemcpyAsync(column_sums.data(), scratch.as<void>(),
-                                 sizeof(double) * column_sums.size(), cudaMemcpyDeviceToHost,
-                                 stream()));
-  synchronize();
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(sums, scratch.as<void>(), sum_bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 
 }  // namespace moecore::kernels::cuda

@@ -349,8 +349,8 @@ __global__ void router_lse_squared_kernel(const float* logits, int64_t tokens, i
 }
 
 // One block: values[0, n) added in double, each thread over a fixed stride, then the warps' sums
-// in warp order.
-__global__ void sum_in_fixed_order_kernel(const double* values, int64_t n, double* total) {
+// in warp order; *mean = the sum / n.
+__global__ void mean_in_fixed_order_kernel(const double* values, int64_t n, double* mean) {
   __shared__ double warp_sums[32];
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
@@ -360,7 +360,7 @@ __global__ void sum_in_fixed_order_kernel(const double* values, int64_t n, doubl
   if (threadIdx.x == 0) {
     double all = 0.0;
     for (unsigned int w = 0; w < blockDim.x / 32; ++w) all += warp_sums[w];
-    *total = all;
+    *mean = all / static_cast<double>(n);
   }
 }
 
@@ -470,11 +470,11 @@ void launch_router_topk_backward(const float* logits, const float* scores,
 }
 
 void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, double* row_values,
-                          double* total, cudaStream_t stream) {
+                          double* mean, cudaStream_t stream) {
   if (tokens <= 0) return;
   router_lse_squared_kernel<<<token_blocks(tokens), kThreads, 0, stream>>>(
       logits, tokens, static_cast<int>(experts), row_values);
-  sum_in_fixed_order_kernel<<<1, kTotalThreads, 0, stream>>>(row_values, tokens, total);
+  mean_in_fixed_order_kernel<<<1, kTotalThreads, 0, stream>>>(row_values, tokens, mean);
 }
 
 int64_t router_column_sums_scratch_bytes(int64_t tokens, int64_t experts) {

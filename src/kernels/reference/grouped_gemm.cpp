@@ -16,18 +16,17 @@ double operand(MatmulPrecision precision, float v) {
 
 }  // namespace
 
-void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
-                          std::span<const int64_t> expert_offsets, TensorView y,
-                          MatmulPrecision precision) {
+void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
+                          TensorView y, MatmulPrecision precision) {
   expect_weight_dtype("grouped_gemm", "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets);
+  const std::span<const int64_t> offsets = host_expert_offsets("grouped_gemm", expert_offsets, s);
   const float* xp = x.data<float>("grouped_gemm");
   const std::vector<float> w_values = weight_values("grouped_gemm", w);
   const float* wp = w_values.data();
   float* yp = y.data<float>("grouped_gemm");
   for (int64_t e = 0; e < s.experts; ++e)
-    for (int64_t r = expert_offsets[static_cast<size_t>(e)];
-         r < expert_offsets[static_cast<size_t>(e + 1)]; ++r)
+    for (int64_t r = offsets[static_cast<size_t>(e)]; r < offsets[static_cast<size_t>(e + 1)]; ++r)
       for (int64_t o = 0; o < s.out; ++o) {
         double sum = 0.0;
         for (int64_t i = 0; i < s.in; ++i)
@@ -38,10 +37,12 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w,
 }
 
 void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
-                           std::span<const int64_t> expert_offsets, TensorView dx, TensorView dw,
+                           ConstTensorView expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   expect_weight_dtype("grouped_gemm_backward", "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets);
+  const std::span<const int64_t> offsets =
+      host_expert_offsets("grouped_gemm_backward", expert_offsets, s);
   const float* dyp = dy.data<float>("grouped_gemm_backward");
   const float* xp = x.data<float>("grouped_gemm_backward");
   const std::vector<float> w_values = weight_values("grouped_gemm_backward", w);
@@ -49,8 +50,8 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   float* dxp = dx.data<float>("grouped_gemm_backward");
   float* dwp = dw.data<float>("grouped_gemm_backward");
   for (int64_t e = 0; e < s.experts; ++e) {
-    const int64_t begin = expert_offsets[static_cast<size_t>(e)];
-    const int64_t end = expert_offsets[static_cast<size_t>(e + 1)];
+    const int64_t begin = offsets[static_cast<size_t>(e)];
+    const int64_t end = offsets[static_cast<size_t>(e + 1)];
     for (int64_t r = begin; r < end; ++r)
       for (int64_t i = 0; i < s.in; ++i) {
         double sum = 0.0;

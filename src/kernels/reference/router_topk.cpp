@@ -43,17 +43,18 @@ std::vector<int32_t> ranked(const std::vector<Key>& key) {
 
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& o, TensorView scores, TensorView topk_index,
-                         TensorView topk_weight, std::span<int64_t> expert_counts) {
+                         TensorView topk_weight, TensorView expert_counts) {
   constexpr const char* kOp = "router_topk";
   const RouterDims s = router_dims(kOp, logits, o);
   const int64_t n = s.tokens, e_count = s.experts, k = o.top_k;
   expect_router_outputs(kOp, s, k, scores, topk_index, topk_weight, expert_counts);
+  int64_t* counts = expert_counts.data<int64_t>(kOp);
   const float* zp = logits.data<float>(kOp);
   const float* bias = selection_bias.raw() != nullptr ? selection_bias.data<float>(kOp) : nullptr;
   float* pp = scores.data<float>(kOp);
   int32_t* index = topk_index.data<int32_t>(kOp);
   float* weight = topk_weight.data<float>(kOp);
-  std::fill(expert_counts.begin(), expert_counts.end(), 0);
+  std::fill_n(counts, e_count, 0);
   for (int64_t t = 0; t < n; ++t) {
     const float* z = zp + t * e_count;
     float* p = pp + t * e_count;
@@ -99,7 +100,7 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
     double sum = 0.0, max_z = -INFINITY;
     for (int64_t j = 0; j < k; ++j) {
       index[t * k + j] = chosen[at(j)];
-      ++expert_counts[at(chosen[at(j)])];
+      ++counts[at(chosen[at(j)])];
       sum += double{p[chosen[at(j)]]};
       max_z = std::max(max_z, double{z[chosen[at(j)]]});
     }
@@ -195,7 +196,7 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView /*scores*/,
   }
 }
 
-double router_z_loss(ConstTensorView logits) {
+void router_z_loss(ConstTensorView logits, TensorView z_loss) {
   const int64_t n = logits.size(0), e_count = logits.size(1);
   const float* zp = logits.data<float>("router_z_loss");
   double total = 0.0;
@@ -208,14 +209,16 @@ double router_z_loss(ConstTensorView logits) {
     const double lse = max_z + std::log(sum);
     total += lse * lse;
   }
-  return n > 0 ? total / static_cast<double>(n) : 0.0;
+  *z_loss.data<double>("router_z_loss") = n > 0 ? total / static_cast<double>(n) : 0.0;
 }
 
 void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
-                                    RouterProbability probability, std::span<double> column_sums) {
+                                    RouterProbability probability, TensorView column_sums_view) {
   const int64_t n = logits.size(0), e_count = logits.size(1);
   const float* zp = logits.data<float>("router_probability_column_sums");
   const float* pp = scores.data<float>("router_probability_column_sums");
+  const std::span<double> column_sums(
+      column_sums_view.data<double>("router_probability_column_sums"), at(e_count));
   std::fill(column_sums.begin(), column_sums.end(), 0.0);
   for (int64_t t = 0; t < n; ++t) {
     const float* p = pp + t * e_count;

@@ -1,0 +1,20 @@
+#include "kernels/cuda/expert_offsets_on_host.h"
+
+#include "core/device_memory.h"
+#include "kernels/cuda/runtime.h"
+
+namespace moecore::kernels::cuda {
+
+std::vector<int64_t> expert_offsets_on_host(const char* op, ConstTensorView expert_offsets,
+                                            const GroupedGemmDims& dims) {
+  std::vector<int64_t> offsets(static_cast<size_t>(dims.experts + 1));
+  note_host_read(op);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), expert_offsets.data<int64_t>(op),
+                                 offsets.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                 stream()));
+  synchronize();
+  check_expert_offsets(op, offsets, dims);
+  return offsets;
+}
+
+}  // namespace moecore::kernels::cuda
