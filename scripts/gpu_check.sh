@@ -8,8 +8,10 @@
 #   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
 #      (bench/cuda/gemm.cpp), whatever step 2 gave;
 #   4. `moecore train --device cuda`: 200 steps of the default run in fp32 and in bf16, each loss
-#      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py;
-#      then `moecore diff` of one batch's pass on the CPU and on the GPU, tensor by tensor;
+#      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py,
+#      each profiled (train_<precision>_profile.json: the phases' times and the steps' host reads
+#      of device memory, where they wait for the GPU); then `moecore diff` of one batch's pass on
+#      the CPU and on the GPU, tensor by tensor;
 #   5. bench/gpu_peer.py: moecore's training step (`moecore train --device cuda`, no
 #      checkpoints) and transformers' OlmoeForCausalLM + AdamW (eager, then torch.compile) on
 #      bench/configs/gpu.toml at 8 / 32 / 128 experts, where python3 has torch and transformers,
@@ -93,6 +95,7 @@ find_library() {
     cat "$out/train_$precision.log"
     echo "== gpu_check: train --device cuda ($precision) exited $code"
     cp "$run_dir/metrics.jsonl" "$out/train_$precision.jsonl" 2> /dev/null
+    cp "$run_dir/profile.json" "$out/train_${precision}_profile.json" 2> /dev/null
     python3 scripts/compare_loss_curves.py "$bundle/cpu_runs/$precision.jsonl" \
       "$out/train_$precision.jsonl" --precision "$precision" --markdown "$out/gpu_train_$precision.md"
     curves=$?

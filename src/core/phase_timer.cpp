@@ -4,7 +4,7 @@ namespace moecore {
 
 namespace detail {
 bool phase_timer_enabled = false;
-Phase current_phase = Phase::kCount;
+std::atomic<Phase> current_phase{Phase::kCount};
 }  // namespace detail
 
 namespace {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <string_view>
@@ -52,20 +53,21 @@ void add(Phase phase, double seconds);
 
 namespace detail {
 extern bool phase_timer_enabled;
-extern Phase current_phase;
+// Written by the training thread, read by any (a communication thread's host read notes it).
+extern std::atomic<Phase> current_phase;
 }  // namespace detail
 
 // The phase the training thread is in (whether or not the timers run), Phase::kCount outside any:
 // where a host read of device memory fell (core/device_memory.h's HostReadLog).
 inline Phase current_phase() {
-  return detail::current_phase;
+  return detail::current_phase.load(std::memory_order_relaxed);
 }
 
 class ScopedPhase {
  public:
   explicit ScopedPhase(Phase phase)
-      : phase_(phase), outer_(detail::current_phase), active_(detail::phase_timer_enabled) {
-    detail::current_phase = phase;
+      : phase_(phase), outer_(current_phase()), active_(detail::phase_timer_enabled) {
+    detail::current_phase.store(phase, std::memory_order_relaxed);
     if (active_) start_ = std::chrono::steady_clock::now();
   }
   ~ScopedPhase() { stop(); }
@@ -73,12 +75,12 @@ class ScopedPhase {
   void switch_to(Phase next) {
     stop();
     phase_ = next;
-    detail::current_phase = next;
+    detail::current_phase.store(next, std::memory_order_relaxed);
     active_ = detail::phase_timer_enabled;
     if (active_) start_ = std::chrono::steady_clock::now();
   }
   void stop() {
-    detail::current_phase = outer_;
+    detail::current_phase.store(outer_, std::memory_order_relaxed);
     if (!active_) return;
     active_ = false;
     phase_timer::add(

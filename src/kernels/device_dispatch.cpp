@@ -120,10 +120,11 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
                        {dx, cos, sin}, dx, cos, sin, first_position);
 }
 
-CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets,
-                                 TensorView dlogits, float scale, int64_t normalizer) {
+void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
+                   int64_t normalizer, TensorView loss) {
   return run_on_device("cross_entropy", &cpu::cross_entropy, &KernelBackend::cross_entropy,
-                       {logits, targets, dlogits}, logits, targets, dlogits, scale, normalizer);
+                       {logits, targets, dlogits, loss}, logits, targets, dlogits, scale,
+                       normalizer, loss);
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,

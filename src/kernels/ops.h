@@ -20,11 +20,6 @@
 
 namespace moecore {
 
-struct CrossEntropyResult {
-  double loss;  // mean over counted tokens (or over `normalizer`)
-  int64_t counted_tokens;
-};
-
 // The scalars of one AdamW update of a range of elements (torch.optim.AdamW's formula):
 //   g *= grad_scale; p *= decay_factor; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 //   p -= step_size * m / (sqrt(v) / bias2_sqrt + eps)

@@ -494,21 +494,29 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
 
   // Batch statistics, summed over the data-parallel group by batch_sum_ so that every loss and
   // gradient is that of the global batch: [counted targets, tokens, then per MoE layer of this
-  // chunk: routes per expert (E), load-balancing probability sums (E), sum of logsumexp^2].
+  // chunk: routes per expert (E), load-balancing probability sums (E), sum of logsumexp^2, then
+  // with the head: the cross-entropy's sum over counted targets]. With the head the first two are
+  // summed first: the cross-entropy's gradient divides by the global count of targets.
   const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
   std::vector<int64_t> moe_layers;
   for (int64_t i = layers_begin_; i < layers_end_; ++i)
     if (!c.layer_is_dense(i)) moe_layers.push_back(i);
   const int64_t per_layer = 2 * e_count + 1;
-  std::vector<double> stats(2 + moe_layers.size() * static_cast<size_t>(per_layer), 0.0);
+  const size_t layer_values = moe_layers.size() * static_cast<size_t>(per_layer);
+  std::vector<double> stats(2 + layer_values + (has_head() ? 1 : 0), 0.0);
   if (targets != nullptr)
     for (int64_t i = 0; i < n; ++i) stats[0] += targets[i] != kIgnoreIndex;
   stats[1] = static_cast<double>(n);
+  if (has_head() && batch_sum_) batch_sum_(stats.data(), 2);
+  const int64_t counted = static_cast<int64_t>(stats[0]);  // with the head: the global count
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
-  // The layers' statistics where the router's tensors are, then one copy for all of them. Each
-  // layer's slot of 2E + 1 eight-byte values: E counts (i64), E sums and the z-loss (f64).
+
+  // The statistics where the model's tensors are, then one copy for all of them: the forward's
+  // one wait for the device. Each MoE layer's slot holds 2E + 1 eight-byte values (E counts as
+  // i64, E sums and the z-loss as f64); with the head the cross-entropy's loss follows (f64).
   const size_t slot_bytes = static_cast<size_t>(per_layer) * sizeof(double);
-  act.router_stats.resize_for_overwrite(moe_layers.size() * slot_bytes);
+  const size_t head_offset = moe_layers.size() * slot_bytes;
+  act.router_stats.resize_for_overwrite(head_offset + (has_head() ? sizeof(double) : 0));
   for (size_t j = 0; j < moe_layers.size(); ++j) {
     const MoeCache& mc = act.layers[static_cast<size_t>(moe_layers[j] - layers_begin_)].moe;
     std::byte* layer_slot = act.router_stats.data() + j * slot_bytes;
@@ -521,6 +529,15 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
       router_lb_column_sums(mc.router_shape, mc.router, sums);
     router_z_loss(mc.router_shape, mc.router,
                   TensorView(layer_slot + 2 * e_count * sizeof(double), {1}, DType::kF64));
+  }
+  if (has_head()) {
+    act.dlogits.resize(act.logits.size());
+    act.targets.resize(static_cast<size_t>(n));
+    copy_bytes(act.targets.data(), targets, static_cast<size_t>(n) * sizeof(int32_t));
+    ScopedPhase timer(Phase::kLmHeadForward);
+    kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
+                           view(act.dlogits.data(), {n, v}), 1.0f, counted,
+                           TensorView(act.router_stats.data() + head_offset, {1}, DType::kF64));
   }
   act.router_stats_host.resize(act.router_stats.size());
   copy_bytes(act.router_stats_host.data(), act.router_stats.data(), act.router_stats.size());
@@ -536,11 +553,17 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
                 static_cast<size_t>(e_count + 1) * sizeof(double));
     layer_stats[2 * e_count] *= static_cast<double>(n);  // the mean over this chunk's tokens
   }
-  if (batch_sum_) batch_sum_(stats.data(), static_cast<int64_t>(stats.size()));
-  const int64_t counted = static_cast<int64_t>(stats[0]);
+  if (has_head()) {
+    double ce_mean = 0.0;  // over the global count of targets
+    std::memcpy(&ce_mean, act.router_stats_host.data() + head_offset, sizeof(ce_mean));
+    stats.back() = ce_mean * static_cast<double>(counted);
+  }
+  const size_t summed_from = has_head() ? 2 : 0;  // with the head the counts are summed already
+  if (batch_sum_)
+    batch_sum_(stats.data() + summed_from, static_cast<int64_t>(stats.size() - summed_from));
   act.global_tokens = static_cast<int64_t>(stats[1]);
   act.router_loss_div = c.loss_normalizer == LossNormalizer::kLabels
-                            ? static_cast<double>(counted)
+                            ? static_cast<double>(static_cast<int64_t>(stats[0]))
                             : static_cast<double>(act.global_tokens);
   // Routes per expert of the global micro-batch, for the selection-bias update (trainer).
   if (c.has_router_bias()) {
@@ -550,18 +573,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
         selection_counts_[static_cast<size_t>((moe_layers[j] - layers_begin_) * e_count + e)] +=
             stats[2 + j * static_cast<size_t>(per_layer) + static_cast<size_t>(e)];
   }
-
   if (has_head()) {
-    act.dlogits.resize(act.logits.size());
-    act.targets.resize(static_cast<size_t>(n));
-    copy_bytes(act.targets.data(), targets, static_cast<size_t>(n) * sizeof(int32_t));
-    ScopedPhase timer(Phase::kLmHeadForward);
-    const CrossEntropyResult ce =
-        kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                               view(act.dlogits.data(), {n, v}), 1.0f, counted);
-    timer.stop();
-    double ce_sum = ce.loss * static_cast<double>(counted);
-    if (batch_sum_) batch_sum_(&ce_sum, 1);
+    const double ce_sum = stats.back();
     loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
     loss.counted_tokens = counted;
   }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
@@ -19,19 +20,40 @@ double other_seconds(const phase_timer::Totals& totals, double seconds) {
   return seconds - timed;
 }
 
+// The reads counted by (phase, what), in order of first occurrence.
+nlohmann::ordered_json host_reads_json(const std::vector<HostRead>& reads) {
+  std::vector<std::pair<const HostRead*, int64_t>> counted;
+  for (const HostRead& read : reads) {
+    auto same = std::find_if(counted.begin(), counted.end(), [&](const auto& entry) {
+      return entry.first->phase == read.phase && entry.first->what == read.what;
+    });
+    if (same == counted.end())
+      counted.emplace_back(&read, 1);
+    else
+      ++same->second;
+  }
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& [read, count] : counted)
+    out.push_back({{"phase", read->phase}, {"what", read->what}, {"count", count}});
+  return out;
+}
+
 }  // namespace
 
-std::string profile_report_json(int64_t steps, double seconds) {
+std::string profile_report_json(int64_t steps, double seconds, const std::vector<HostRead>& reads) {
   const phase_timer::Totals totals = phase_timer::totals();
   nlohmann::ordered_json phases;
   for (size_t i = 0; i < kPhaseCount; ++i)
     phases[std::string(phase_name(static_cast<Phase>(i)))] = totals[i];
   phases["other"] = other_seconds(totals, seconds);
-  const nlohmann::ordered_json out = {{"steps", steps}, {"seconds", seconds}, {"phases", phases}};
+  const nlohmann::ordered_json out = {{"steps", steps},
+                                      {"seconds", seconds},
+                                      {"phases", phases},
+                                      {"host_reads", host_reads_json(reads)}};
   return out.dump(1) + "\n";
 }
 
-std::string profile_report_line(int64_t steps, double seconds) {
+std::string profile_report_line(int64_t steps, double seconds, const std::vector<HostRead>& reads) {
   const phase_timer::Totals totals = phase_timer::totals();
   // Forward and backward together, by the name before "_forward" / "_backward".
   std::vector<std::pair<std::string, double>> merged;
@@ -48,6 +70,9 @@ std::string profile_report_line(int64_t steps, double seconds) {
   for (size_t i = 0; i < merged.size(); ++i)
     line += fmt::format("{} {} {:.1f}%", i == 0 ? "" : ",", merged[i].first,
                         seconds > 0.0 ? 100.0 * merged[i].second / seconds : 0.0);
+  if (!reads.empty() && steps > 0)
+    line += fmt::format("; {:.1f} host reads/step",
+                        static_cast<double>(reads.size()) / static_cast<double>(steps));
   return line;
 }
 

@@ -1,16 +1,23 @@
 // The time breakdown of a profiled run (train.profile = true): seconds per phase accumulated by
 // core/phase_timer.h over `steps` steps that took `seconds` of wall-clock time, and the rest of
-// the step ("other": embeddings, norms, residuals, loss bookkeeping, metrics) as the difference.
+// the step ("other": embeddings, norms, residuals, loss bookkeeping, metrics) as the difference;
+// and where those steps read device memory back (core/device_memory.h's HostReadLog: each read
+// is a wait for the device; a run on host memory has none).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "core/device_memory.h"
 
 namespace moecore {
 
-// {"steps": S, "seconds": T, "phases": {"attention_forward": s, ..., "other": s}} (pretty JSON).
-std::string profile_report_json(int64_t steps, double seconds);
-// One line for the log: "profile: 10 steps, 812 ms/step: attention 21.3%, router 1.2%, ...".
-std::string profile_report_line(int64_t steps, double seconds);
+// {"steps": S, "seconds": T, "phases": {"attention_forward": s, ..., "other": s},
+//  "host_reads": [{"phase": p, "what": w, "count": n}, ...] (by first occurrence)} (pretty JSON).
+std::string profile_report_json(int64_t steps, double seconds, const std::vector<HostRead>& reads);
+// One line for the log: "profile: 10 steps, 812 ms/step: attention 21.3%, router 1.2%, ...",
+// ending "; 3.0 host reads/step" when the steps read device memory back.
+std::string profile_report_line(int64_t steps, double seconds, const std::vector<HostRead>& reads);
 
 }  // namespace moecore

@@ -75,13 +75,12 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
   s.finish();
 }
 
-CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets,
-                                 TensorView dlogits, float scale, int64_t normalizer) {
+void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
+                   int64_t normalizer, TensorView loss) {
   DeviceStaging s;
-  const CrossEntropyResult result =
-      device().cross_entropy(s.in(logits), s.in(targets), s.out(dlogits), scale, normalizer);
+  device().cross_entropy(s.in(logits), s.in(targets), s.out(dlogits), scale, normalizer,
+                         s.out(loss));
   s.finish();
-  return result;
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,

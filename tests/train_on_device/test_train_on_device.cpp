@@ -188,6 +188,7 @@ microbatches = 2
 seq_len = 64
 threads = 2
 log_every = 1
+profile = true
 eval_every = 2
 eval_batches = 2
 save_every = 2
@@ -272,6 +273,39 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   // train() would have thrown).
   EXPECT_EQ(device_init.steps, 1);
   EXPECT_TRUE(std::isfinite(device_init.last_loss));
+
+  // train.profile's host reads of device memory (the resumed runs profile step 6, its metrics and
+  // checkpoint): none on the host; on the device, rank 0's chunk copies its losses' statistics
+  // back once per micro-batch (its MoE layers' router statistics: layers 1 and 2 hold experts,
+  // stage 0 of two holds layers 0 and 1; with the head, the cross-entropy's loss), and one
+  // process's layers read nothing back (MXFP8's weight-gradient loop and the expert-parallel
+  // exchange's staging for MPI do).
+  const DeviceRunCase& c = GetParam();
+  const nlohmann::json host_profile =
+      nlohmann::json::parse(read_file(dir_ / "host" / "profile.json"));
+  EXPECT_TRUE(host_profile.at("host_reads").empty()) << host_profile.dump(1);
+  const nlohmann::json device_profile =
+      nlohmann::json::parse(read_file(dir_ / "device" / "profile.json"));
+  const bool pipeline = c.parallel == "pp = 2";
+  const int64_t moe_layers = pipeline ? 1 : 2, experts = 8;
+  const std::string statistics_copy =
+      fmt::format("copy of {} bytes", (moe_layers * (2 * experts + 1) + (pipeline ? 0 : 1)) * 8);
+  int64_t statistics_copies = 0, cross_entropies = 0, in_layers = 0;
+  for (const nlohmann::json& read : device_profile.at("host_reads")) {
+    const std::string phase = read.at("phase"), what = read.at("what");
+    const int64_t count = read.at("count");
+    if (phase == "none" && what == statistics_copy) statistics_copies += count;
+    if (phase == "lm_head_forward" && what == "cross_entropy") cross_entropies += count;
+    for (const char* layer :
+         {"attention_", "router_", "dispatch_", "experts_", "shared_expert_", "combine_"})
+      if (phase.starts_with(layer)) in_layers += count;
+  }
+  // Step 6's two micro-batches.
+  EXPECT_EQ(statistics_copies, 2) << device_profile.dump(1);
+  EXPECT_EQ(cross_entropies, 0) << device_profile.dump(1);  // its loss is in the copy
+  if (c.ranks == 1 && c.precision != "mxfp8") {
+    EXPECT_EQ(in_layers, 0) << device_profile.dump(1);
+  }
 }
 
 // The rowwise dispatch's one-sided puts and gets reach host memory only: on a device, one line

@@ -31,14 +31,16 @@ MOECORE_SIMD_CLONES double cross_entropy_row(const float* z, int64_t vocab, int3
 
 }  // namespace
 
-CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets,
-                                 TensorView dlogits, float scale, int64_t normalizer) {
+void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
+                   int64_t normalizer, TensorView loss) {
   constexpr const char* kOp = "cross_entropy";
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [rows, vocab], got rank {}", kOp,
             logits.rank());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   expect_shape(kOp, "logits", logits, {rows, vocab});
   expect_shape(kOp, "targets", targets, {rows});
+  expect_shape(kOp, "loss", loss, {1});
+  double* mean = loss.data<double>(kOp);
   const float* lp = logits.data<float>(kOp);
   const int32_t* tp = targets.data<int32_t>(kOp);
   float* dlp = nullptr;
@@ -66,8 +68,8 @@ CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets
         cross_entropy_row(lp + r * vocab, vocab, tp[r], dz, grad_scale);
   }
   double total = 0.0;
-  for (double loss : row_loss) total += loss;
-  return {divisor > 0 ? total / static_cast<double>(divisor) : 0.0, counted};
+  for (double row : row_loss) total += row;
+  *mean = divisor > 0 ? total / static_cast<double>(divisor) : 0.0;
 }
 
 }  // namespace moecore::kernels::cpu

@@ -1,7 +1,7 @@
-// Softmax cross-entropy: a counting pass over the targets (the divisor the gradient needs, and the
-// first target outside the vocabulary), then one block per row (max, sum of exp, loss, dlogits),
-// then one block that adds the row losses in double. Every reduction has a fixed shape and no
-// atomics, so the loss repeats bit for bit run to run.
+// Softmax cross-entropy: a counting pass over the targets (the divisor the gradient needs), then
+// one block per row (max, sum of exp, loss, dlogits), then one block that adds the row losses in
+// double and divides. Every reduction has a fixed shape and no atomics, so the loss repeats bit for
+// bit run to run. A target outside the vocabulary counts as ignored (nothing waits to check it).
 #include <cmath>
 
 #include "core/ignore_index.h"
@@ -19,24 +19,17 @@ __device__ bool outside(int32_t target, int64_t vocab) {
   return target < 0 || target >= vocab;
 }
 
-// One block: the counted targets and the first row whose target is neither the ignore index nor
-// a row of the vocabulary (rows when none).
+// One block: the counted targets (neither the ignore index nor outside the vocabulary).
 __global__ void count_kernel(const int32_t* targets, int64_t rows, int64_t vocab,
-                             CrossEntropyTotals* totals) {
-  __shared__ long long counts[32], firsts[32];
-  long long counted = 0, first_bad = rows;
+                             long long* counted_targets) {
+  __shared__ long long counts[32];
+  long long counted = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     const int32_t t = targets[r];
-    if (t == kIgnoreIndex) continue;
-    ++counted;
-    if (outside(t, vocab) && r < first_bad) first_bad = r;
+    if (t != kIgnoreIndex && !outside(t, vocab)) ++counted;
   }
   counted = block_reduce(counted, SumOp{}, 0LL, counts);
-  first_bad = block_reduce(first_bad, MinOp{}, static_cast<long long>(rows), firsts);
-  if (threadIdx.x == 0) {
-    totals->counted = counted;
-    totals->first_bad_row = first_bad;
-  }
+  if (threadIdx.x == 0) *counted_targets = counted;
 }
 
 // The loss of row r (logsumexp - target logit, in the CPU's fp32 steps) into row_loss[r] and, when
@@ -45,9 +38,9 @@ __global__ void count_kernel(const int32_t* targets, int64_t rows, int64_t vocab
 // positive.
 __global__ void row_kernel(const float* logits, const int32_t* targets, float* dlogits,
                            int64_t rows, int64_t vocab, float scale, int64_t normalizer,
-                           const CrossEntropyTotals* totals, double* row_loss) {
+                           const long long* counted, double* row_loss) {
   __shared__ float maxima[32], sums[32];
-  const int64_t divisor = normalizer > 0 ? normalizer : static_cast<int64_t>(totals->counted);
+  const int64_t divisor = normalizer > 0 ? normalizer : static_cast<int64_t>(*counted);
   const float grad_scale = divisor > 0 ? scale / static_cast<float>(divisor) : 0.0f;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t target = targets[r];
@@ -78,26 +71,31 @@ __global__ void row_kernel(const float* logits, const int32_t* targets, float* d
   }
 }
 
-// One block: the row losses added in double, each thread over a fixed stride, then a fixed tree.
-__global__ void total_kernel(const double* row_loss, int64_t rows, CrossEntropyTotals* totals) {
+// One block: the row losses added in double, each thread over a fixed stride, then a fixed tree;
+// *loss = the sum over the divisor (0 without one).
+__global__ void total_kernel(const double* row_loss, int64_t rows, int64_t normalizer,
+                             const long long* counted, double* loss) {
   __shared__ double sums[32];
   double sum = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) sum += row_loss[r];
   sum = block_reduce(sum, SumOp{}, 0.0, sums);
-  if (threadIdx.x == 0) totals->loss_sum = sum;
+  if (threadIdx.x == 0) {
+    const int64_t divisor = normalizer > 0 ? normalizer : static_cast<int64_t>(*counted);
+    *loss = divisor > 0 ? sum / static_cast<double>(divisor) : 0.0;
+  }
 }
 
 }  // namespace
 
 void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
                           int64_t vocab, float scale, int64_t normalizer, double* row_loss,
-                          CrossEntropyTotals* totals, cudaStream_t stream) {
+                          long long* counted, double* loss, cudaStream_t stream) {
   if (rows <= 0) return;
   const unsigned int blocks = static_cast<unsigned int>(rows < 65536 ? rows : 65536);
-  count_kernel<<<1, kOneBlock, 0, stream>>>(targets, rows, vocab, totals);
+  count_kernel<<<1, kOneBlock, 0, stream>>>(targets, rows, vocab, counted);
   row_kernel<<<blocks, kThreads, 0, stream>>>(logits, targets, dlogits, rows, vocab, scale,
-                                              normalizer, totals, row_loss);
-  total_kernel<<<1, kOneBlock, 0, stream>>>(row_loss, rows, totals);
+                                              normalizer, counted, row_loss);
+  total_kernel<<<1, kOneBlock, 0, stream>>>(row_loss, rows, normalizer, counted, loss);
 }
 
 }  // namespace moecore::kernels::cuda

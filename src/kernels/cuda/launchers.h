@@ -62,16 +62,12 @@ inline constexpr int64_t kSumOfSquaresPartials = 1024;
 void launch_sum_of_squares(const float* values, int64_t n, double* partials, double* total,
                            cudaStream_t stream);
 
-// cross_entropy.cu: row_loss (scratch, [rows]), dlogits (= when not null) and totals as
-// kernels/ops.h's cross_entropy defines them; first_bad_row is rows when every target is valid.
-struct CrossEntropyTotals {
-  double loss_sum;
-  int64_t counted;
-  int64_t first_bad_row;
-};
+// cross_entropy.cu: dlogits (= when not null) and *loss (device) as kernels/ops.h's cross_entropy
+// defines them, a target outside [0, vocab) counted as ignored; row_loss ([rows] doubles) and
+// counted (one) are scratch.
 void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
                           int64_t vocab, float scale, int64_t normalizer, double* row_loss,
-                          CrossEntropyTotals* totals, cudaStream_t stream);
+                          long long* counted, double* loss, cudaStream_t stream);
 
 // permute_rows.cu: kernels/ops.h's permute_rows, permute_rows_backward and gather_rows. A route
 // naming a row outside its tensor writes nothing and reads NaN (checking on the host would wait).

@@ -1,16 +1,17 @@
 // The CUDA backend's operations: kernels/op_declarations.inc's declarations once more, in
 // kernels::cuda, on device views (Device::kCuda; a host view is an error naming the operation).
-// Each operation is issued on runtime.h's stream and returns without waiting for it, except those
-// that return values to the host (cross_entropy, sum_of_squares), the grouped GEMMs, which issue
-// one cuBLASLt GEMM per expert from the host and so read the expert offsets back
-// (expert_offsets_on_host.h), and those that check row numbers held in device memory as the CPU
-// backend checks them (embedding, permute_rows, permute_rows_backward, gather_rows, moe_combine):
-// these read the first bad index back and wait. router_topk_forward's counts, the router's loss
-// statistics (router_z_loss, router_probability_column_sums) and order_routes_by_expert's offsets
-// stay on the device; the latter does not check its expert ids (an id out of range gets dst_row -1,
-// kernels/op_declarations.inc). A step captured in a CUDA graph cannot wait; it will need unchecked
-// forms of the latter (their kernels already leave an out-of-range row alone rather than touching
-// other memory).
+// Each operation is issued on runtime.h's stream and returns without waiting for it, except
+// sum_of_squares, which returns its value to the host, the grouped GEMMs, which issue one cuBLASLt
+// GEMM per expert from the host and so read the expert offsets back (expert_offsets_on_host.h),
+// and those that check row numbers held in device memory as the CPU backend checks them
+// (embedding, permute_rows, permute_rows_backward, gather_rows, moe_combine): these read the first
+// bad index back and wait. router_topk_forward's counts, the losses' statistics (router_z_loss,
+// router_probability_column_sums, cross_entropy's loss) and order_routes_by_expert's offsets stay
+// on the device; neither of the last two checks its indices (cross_entropy counts a target outside
+// the vocabulary as ignored, order_routes_by_expert gives an out-of-range id dst_row -1,
+// kernels/op_declarations.inc). A step captured in a CUDA graph cannot wait; it will need
+// unchecked forms of the checking ones (their kernels already leave an out-of-range row alone
+// rather than touching other memory).
 //
 // Not every operation is here yet: cuda_backend() lists those that are (the others are null in
 // its table, and the per-op harness reports them as not implemented).

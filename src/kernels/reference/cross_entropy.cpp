@@ -7,8 +7,8 @@
 
 namespace moecore::kernels::reference {
 
-CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets,
-                                 TensorView dlogits, float scale, int64_t normalizer) {
+void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
+                   int64_t normalizer, TensorView loss) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const float* lp = logits.data<float>("cross_entropy");
   const int32_t* tp = targets.data<int32_t>("cross_entropy");
@@ -36,7 +36,7 @@ CrossEntropyResult cross_entropy(ConstTensorView logits, ConstTensorView targets
       }
     }
   }
-  return {divisor > 0 ? total / static_cast<double>(divisor) : 0.0, counted};
+  *loss.data<double>("cross_entropy") = divisor > 0 ? total / static_cast<double>(divisor) : 0.0;
 }
 
 }  // namespace moecore::kernels::reference

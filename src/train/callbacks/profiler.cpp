@@ -18,14 +18,17 @@ void ProfilerCallback::on_step_end(TrainContext& ctx, StepReport& report) {
   if (!ctx.config.train.profile || report.step != ctx.summary.start_step + 1) return;
   phase_timer::reset();
   start_seconds_ = report.seconds;
+  host_reads_.emplace();
 }
 
 void ProfilerCallback::on_end(TrainContext& ctx) {
   if (!ctx.config.train.profile) return;
   phase_timer::set_enabled(false);
+  const std::vector<HostRead> reads = host_reads_ ? host_reads_->reads() : std::vector<HostRead>{};
+  host_reads_.reset();
   const int64_t profiled = ctx.step - ctx.summary.start_step - 1;
   const double seconds = ctx.seconds() - start_seconds_;
-  const std::string report = profile_report_json(profiled, seconds);
+  const std::string report = profile_report_json(profiled, seconds, reads);
   // Every rank's own phases beside its rank_stats (a pipeline's stages differ: the slowest is
   // not always rank 0's); rank 0's is also the run's profile.json.
   const std::string& out_dir = ctx.config.train.out_dir;
@@ -34,7 +37,7 @@ void ProfilerCallback::on_end(TrainContext& ctx) {
       "[train]");
   if (ctx.world.rank() != 0) return;
   io::write_text_atomic(out_dir + "/profile.json", report, "[train]");
-  ctx.progress.message(profile_report_line(profiled, seconds));
+  ctx.progress.message(profile_report_line(profiled, seconds, reads));
 }
 
 }  // namespace moecore

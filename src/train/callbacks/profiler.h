@@ -1,8 +1,12 @@
-// train.profile: the phases of the step (core/phase_timer.h) timed from the end of the first step
-// (allocation, first touch) on; at the end rank 0 prints a `profile:` line and writes
-// out_dir/profile.json (train/profile_report.h).
+// train.profile: the phases of the step (core/phase_timer.h) timed, and the host's reads of
+// device memory logged (core/device_memory.h), from the end of the first step (allocation, first
+// touch) on; at the end rank 0 prints a `profile:` line and writes out_dir/profile.json
+// (train/profile_report.h).
 #pragma once
 
+#include <optional>
+
+#include "core/device_memory.h"
 #include "train/callback.h"
 
 namespace moecore {
@@ -15,6 +19,7 @@ class ProfilerCallback final : public Callback {
 
  private:
   double start_seconds_ = 0.0;  // of the timed window
+  std::optional<HostReadLog> host_reads_;
 };
 
 }  // namespace moecore
