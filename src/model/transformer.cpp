@@ -788,21 +788,25 @@ void Transformer::update_router_bias(ParamBuffers& params) {
     if (c.layer_is_dense(i)) continue;
     const size_t base = static_cast<size_t>((i - layers_begin_) * e_count);
     if (selection_counts_.size() < base + static_cast<size_t>(e_count)) continue;  // no forward
-    // The bias moves on the host (E values once a step), wherever the parameters are.
+    // The step is the host's (from the counts it already holds); the bias moves where it is, so a
+    // device's is never read back.
     float* bias_in_params = at(params, layer_specs_[static_cast<size_t>(i)].router_bias);
-    std::vector<float> bias(static_cast<size_t>(e_count));
-    copy_bytes(bias.data(), bias_in_params, bias.size() * sizeof(float));
     const double* counts = selection_counts_.data() + base;
     double total = 0.0;
     for (int64_t e = 0; e < e_count; ++e) total += counts[e];
     const double mean = total / static_cast<double>(e_count);
     // OLMo-core: bias += gamma * sign(mean - count), no re-centring; sign(0) = 0.
+    bias_step_host_.resize(static_cast<size_t>(e_count));
     for (int64_t e = 0; e < e_count; ++e) {
       const double gap = mean - counts[e];
       const float sign = gap > 0.0 ? 1.0f : (gap < 0.0 ? -1.0f : 0.0f);
-      bias[static_cast<size_t>(e)] += rate * sign;
+      bias_step_host_[static_cast<size_t>(e)] = rate * sign;
     }
-    copy_bytes(bias_in_params, bias.data(), bias.size() * sizeof(float));
+    bias_step_.place_on(device_of(bias_in_params));
+    bias_step_.resize_for_overwrite(bias_step_host_.size());
+    copy_bytes(bias_step_.data(), bias_step_host_.data(), bias_step_host_.size() * sizeof(float));
+    kernels::add(view(bias_in_params, {e_count}), view(bias_step_.data(), {e_count}),
+                 view(bias_in_params, {e_count}));
   }
   clear_selection_counts();
 }

@@ -225,6 +225,10 @@ class Transformer {
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;
   std::vector<double> selection_counts_;  // [chunk layers][E] routes since the last clear
+  // [E] one layer's selection-bias step, made on the host from the counts and added where the
+  // bias is (the update reads nothing back from a device).
+  std::vector<float> bias_step_host_;
+  DeviceArray<float> bias_step_;
   int32_t document_eos_ = -1;
 };
 
