@@ -10,7 +10,6 @@
 #include "cli/devices_command.h"
 #include "cli/tensor_diff.h"
 #include "core/check.h"
-#include "train/run_config.h"
 
 namespace moecore::cli {
 
@@ -72,13 +71,11 @@ int run_diff(const DiffArgs& args) {
     run.config = args.inputs[0];
     // Both sides' configs and devices are checked before either pass runs: a bad --b-set or a
     // GPU this program cannot use is one line at once, not after A's pass (and its data) ran.
-    for (const std::vector<std::string>* side_set : {&args.a_set, &args.b_set}) {
-      std::vector<std::string> overrides = run.overrides;
-      overrides.insert(overrides.end(), side_set->begin(), side_set->end());
-      select_device(load_run_config(run.config, overrides).train.device);
-    }
-    a = {run.config + join_overrides(args.a_set), record_dump(run, args.a_set)};
-    b = {run.config + join_overrides(args.b_set), record_dump(run, args.b_set)};
+    const RunConfig a_config = dump_config(run, args.a_set),
+                    b_config = dump_config(run, args.b_set);
+    for (const RunConfig* config : {&a_config, &b_config}) select_device(config->train.device);
+    a = {run.config + join_overrides(args.a_set), record_dump(run, a_config)};
+    b = {run.config + join_overrides(args.b_set), record_dump(run, b_config)};
   }
   for (const char* key : {"tokens_fnv1a", "targets_fnv1a"})
     MOE_CHECK(run_field(a.dump, key) == run_field(b.dump, key),

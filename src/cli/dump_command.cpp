@@ -80,14 +80,17 @@ Batch load_batch(const DumpArgs& args, const RunConfig& config) {
 
 }  // namespace
 
-io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>& extra_overrides) {
+RunConfig dump_config(const DumpArgs& args, const std::vector<std::string>& extra_overrides) {
+  std::vector<std::string> overrides = args.overrides;
+  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  return load_run_config(args.config, overrides);
+}
+
+io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   // Every rank would write the same directory: the pass is one process's, without a layout.
   MOE_CHECK(
       dist::mpi_world()->size() == 1,
       "[dump] runs in one process; start it without mpirun (the dump has no parallel layout)");
-  std::vector<std::string> overrides = args.overrides;
-  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
-  const RunConfig config = load_run_config(args.config, overrides);
   if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
   // train.device: the pass runs there (diff --b-set train.device=cuda compares it with the CPU's);
   // what the dump keeps is copied to the host.
@@ -181,7 +184,7 @@ io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>&
 }
 
 void run_dump(const DumpArgs& args, const std::string& out) {
-  io::write_tensor_dump(record_dump(args, {}), out);
+  io::write_tensor_dump(record_dump(args, dump_config(args, {})), out);
 }
 
 }  // namespace moecore::cli

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/tensor_dump.h"
+#include "train/run_config.h"
 
 namespace moecore::cli {
 
@@ -22,8 +23,10 @@ struct DumpArgs {
   int64_t batch_size = 0;
 };
 
-// Runs the pass in this process; `extra_overrides` apply after args.overrides.
-io::TensorDump record_dump(const DumpArgs& args, const std::vector<std::string>& extra_overrides);
+// The pass's config: args.config with args.overrides, then `extra_overrides`.
+RunConfig dump_config(const DumpArgs& args, const std::vector<std::string>& extra_overrides);
+// Runs the pass of `config` (dump_config's) in this process, on config.train.device.
+io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config);
 void run_dump(const DumpArgs& args, const std::string& out);
 
 }  // namespace moecore::cli

@@ -1,5 +1,6 @@
 #include "core/device_memory.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -126,10 +127,15 @@ std::vector<HostRead> log_records;
 void note_host_read(std::string_view what) {
   if (!logging.load(std::memory_order_acquire)) return;
   const Phase phase = current_phase();
-  HostRead read{phase == Phase::kCount ? "none" : std::string(phase_name(phase)),
-                std::string(what)};
+  const std::string_view phase_text = phase == Phase::kCount ? "none" : phase_name(phase);
   const std::lock_guard lock(log_mutex);
-  log_records.push_back(std::move(read));
+  const auto same = std::find_if(log_records.begin(), log_records.end(), [&](const HostRead& r) {
+    return r.phase == phase_text && r.what == what;
+  });
+  if (same != log_records.end())
+    ++same->count;
+  else
+    log_records.push_back({std::string(phase_text), std::string(what), 1});
 }
 
 HostReadLog::HostReadLog() {

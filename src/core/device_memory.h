@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,22 +84,25 @@ void zero_bytes(void* data, size_t bytes);
 // Host reads of device memory. Each is a wait: on a GPU the host stops until the work issued
 // before it has finished, and a training step captured into a CUDA graph can hold none (issue 15
 // item 3). copy_bytes notes every copy from a device to the host; an operation that hands a
-// device's values to the host (a loss, a norm, a count) notes itself. While a HostReadLog lives,
-// each is recorded with the phase it fell in (core/phase_timer.h), so that a test shows where a
-// step waits; without one, a note costs one atomic load.
+// device's values to the host (a norm) notes itself. While a HostReadLog lives, each is counted
+// by the phase it fell in (core/phase_timer.h) and what it read, so that a test or a profile
+// shows where steps wait; without one, a note costs one atomic load.
 struct HostRead {
   std::string phase;  // phase_name(), or "none" outside any phase
   std::string what;   // "copy of N bytes" or the operation
+  int64_t count = 0;  // how many such reads
 };
 void note_host_read(std::string_view what);
 
-// Records the host reads of its lifetime (one log at a time; notes may come from any thread).
+// Counts the host reads of its lifetime (one log at a time; notes may come from any thread). A
+// long profiled run keeps one entry per distinct (phase, what), not one per read.
 class HostReadLog {
  public:
   HostReadLog();
   ~HostReadLog();
   HostReadLog(const HostReadLog&) = delete;
   HostReadLog& operator=(const HostReadLog&) = delete;
+  // The distinct reads in the order they first happened, with their counts.
   std::vector<HostRead> reads() const;
 };
 

@@ -44,11 +44,11 @@ struct Transformer::Activations {
   // batch statistics) and read by the router's backward where it runs.
   std::vector<float> lb_score_grad_host;
   DeviceArray<float> lb_score_grad;
-  // Every MoE layer's router statistics, [layers][E counts (i64), E probability sums, mean
-  // logsumexp^2 (f64)], written where the router's tensors are and copied to the host at once:
-  // the forward's one wait for the device before the head (its counts and sums).
-  DeviceArray<std::byte> router_stats;
-  std::vector<std::byte> router_stats_host;
+  // The losses' statistics of a micro-batch, written where the model's tensors are and copied to
+  // the host at once (the forward's one wait for the device): per MoE layer E counts (i64), E
+  // probability sums and the mean logsumexp^2 (f64); with the head, the cross-entropy's loss.
+  DeviceArray<std::byte> loss_statistics;
+  std::vector<std::byte> loss_statistics_host;
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;    // tokens of the global micro-batch
   double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
@@ -516,10 +516,10 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   // i64, E sums and the z-loss as f64); with the head the cross-entropy's loss follows (f64).
   const size_t slot_bytes = static_cast<size_t>(per_layer) * sizeof(double);
   const size_t head_offset = moe_layers.size() * slot_bytes;
-  act.router_stats.resize_for_overwrite(head_offset + (has_head() ? sizeof(double) : 0));
+  act.loss_statistics.resize_for_overwrite(head_offset + (has_head() ? sizeof(double) : 0));
   for (size_t j = 0; j < moe_layers.size(); ++j) {
     const MoeCache& mc = act.layers[static_cast<size_t>(moe_layers[j] - layers_begin_)].moe;
-    std::byte* layer_slot = act.router_stats.data() + j * slot_bytes;
+    std::byte* layer_slot = act.loss_statistics.data() + j * slot_bytes;
     copy_bytes(layer_slot, mc.router.expert_counts.data(),
                static_cast<size_t>(e_count) * sizeof(int64_t));
     const TensorView sums(layer_slot + e_count * sizeof(double), {e_count}, DType::kF64);
@@ -537,12 +537,13 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     ScopedPhase timer(Phase::kLmHeadForward);
     kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
                            view(act.dlogits.data(), {n, v}), 1.0f, counted,
-                           TensorView(act.router_stats.data() + head_offset, {1}, DType::kF64));
+                           TensorView(act.loss_statistics.data() + head_offset, {1}, DType::kF64));
   }
-  act.router_stats_host.resize(act.router_stats.size());
-  copy_bytes(act.router_stats_host.data(), act.router_stats.data(), act.router_stats.size());
+  act.loss_statistics_host.resize(act.loss_statistics.size());
+  copy_bytes(act.loss_statistics_host.data(), act.loss_statistics.data(),
+             act.loss_statistics.size());
   for (size_t j = 0; j < moe_layers.size(); ++j) {
-    const std::byte* layer_slot = act.router_stats_host.data() + j * slot_bytes;
+    const std::byte* layer_slot = act.loss_statistics_host.data() + j * slot_bytes;
     double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
     for (int64_t e = 0; e < e_count; ++e) {
       int64_t routes = 0;
@@ -555,7 +556,7 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   }
   if (has_head()) {
     double ce_mean = 0.0;  // over the global count of targets
-    std::memcpy(&ce_mean, act.router_stats_host.data() + head_offset, sizeof(ce_mean));
+    std::memcpy(&ce_mean, act.loss_statistics_host.data() + head_offset, sizeof(ce_mean));
     stats.back() = ce_mean * static_cast<double>(counted);
   }
   const size_t summed_from = has_head() ? 2 : 0;  // with the head the counts are summed already

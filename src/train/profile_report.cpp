@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
@@ -20,21 +19,10 @@ double other_seconds(const phase_timer::Totals& totals, double seconds) {
   return seconds - timed;
 }
 
-// The reads counted by (phase, what), in order of first occurrence.
 nlohmann::ordered_json host_reads_json(const std::vector<HostRead>& reads) {
-  std::vector<std::pair<const HostRead*, int64_t>> counted;
-  for (const HostRead& read : reads) {
-    auto same = std::find_if(counted.begin(), counted.end(), [&](const auto& entry) {
-      return entry.first->phase == read.phase && entry.first->what == read.what;
-    });
-    if (same == counted.end())
-      counted.emplace_back(&read, 1);
-    else
-      ++same->second;
-  }
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& [read, count] : counted)
-    out.push_back({{"phase", read->phase}, {"what", read->what}, {"count", count}});
+  for (const HostRead& read : reads)
+    out.push_back({{"phase", read.phase}, {"what", read.what}, {"count", read.count}});
   return out;
 }
 
@@ -70,9 +58,11 @@ std::string profile_report_line(int64_t steps, double seconds, const std::vector
   for (size_t i = 0; i < merged.size(); ++i)
     line += fmt::format("{} {} {:.1f}%", i == 0 ? "" : ",", merged[i].first,
                         seconds > 0.0 ? 100.0 * merged[i].second / seconds : 0.0);
-  if (!reads.empty() && steps > 0)
+  int64_t read_count = 0;
+  for (const HostRead& read : reads) read_count += read.count;
+  if (read_count > 0 && steps > 0)
     line += fmt::format("; {:.1f} host reads/step",
-                        static_cast<double>(reads.size()) / static_cast<double>(steps));
+                        static_cast<double>(read_count) / static_cast<double>(steps));
   return line;
 }
 

@@ -14,7 +14,8 @@
 namespace moecore {
 
 // {"steps": S, "seconds": T, "phases": {"attention_forward": s, ..., "other": s},
-//  "host_reads": [{"phase": p, "what": w, "count": n}, ...] (by first occurrence)} (pretty JSON).
+//  "host_reads": [{"phase": p, "what": w, "count": n}, ...] (HostReadLog's, by first occurrence)}
+// (pretty JSON).
 std::string profile_report_json(int64_t steps, double seconds, const std::vector<HostRead>& reads);
 // One line for the log: "profile: 10 steps, 812 ms/step: attention 21.3%, router 1.2%, ...",
 // ending "; 3.0 host reads/step" when the steps read device memory back.

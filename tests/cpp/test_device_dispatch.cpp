@@ -102,6 +102,7 @@ TEST(DeviceDispatch, DeviceViewsRunOnTheDevicesBackend) {
   ASSERT_EQ(log.reads().size(), 1u);
   EXPECT_EQ(log.reads()[0].what, "sum_of_squares");
   EXPECT_EQ(log.reads()[0].phase, "none");
+  EXPECT_EQ(log.reads()[0].count, 1);
 
   // Empty views (absent optional operands) belong to no device.
   const std::vector<float> logits = {0.1f, 0.7f, -0.3f, 0.2f};
@@ -119,6 +120,10 @@ TEST(DeviceDispatch, DeviceViewsRunOnTheDevicesBackend) {
   EXPECT_EQ(counts, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(g_device_calls, 3);
   EXPECT_EQ(log.reads().size(), 1u);  // the routing's outputs, counts included, stay on the device
+  // The same read again is counted, not listed twice.
+  (void)kernels::sum_of_squares(ConstTensorView(x.data(), {3}, DType::kF32, Device::kCuda));
+  ASSERT_EQ(log.reads().size(), 1u);
+  EXPECT_EQ(log.reads()[0].count, 2);
 }
 
 TEST(DeviceDispatch, MixedDevicesAreAnErrorNamingTheOperation) {
