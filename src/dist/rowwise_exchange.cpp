@@ -4,7 +4,6 @@
 
 #include "core/check.h"
 #include "core/to_size.h"
-#include "dist/rowwise_plan.h"
 
 namespace moecore::dist {
 
@@ -35,9 +34,8 @@ void WindowRowwiseExchange::exchange_rows(const float* send, const std::vector<i
   sync_.exchange_rows(send, send_rows, recv, recv_rows, width);
 }
 
-RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_counts,
-                                        const int32_t* topk_index, int64_t routes,
-                                        int64_t local_experts, int64_t width) const {
+RowwiseKeep WindowRowwiseExchange::keep(const std::vector<int64_t>& expert_counts, int64_t routes,
+                                        int64_t local_experts) const {
   const int64_t ranks = group_.size();
   const int64_t e_count = static_cast<int64_t>(expert_counts.size());
   MOE_CHECK(local_experts * ranks == e_count,
@@ -58,9 +56,34 @@ RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_count
   }
 
   // 2. The static capacity per rank from the routes of one rank (the largest, should the ranks
-  // ever hold different token counts), the keep matrix, and where each of my routes goes.
-  const RowwiseKeep keep =
-      rowwise_keep(requests, ranks, local_experts, rowwise_capacity(capacity_factor_, max_routes));
+  // ever hold different token counts), and the keep matrix.
+  return rowwise_keep(requests, ranks, local_experts,
+                      rowwise_capacity(capacity_factor_, max_routes));
+}
+
+RowwiseBlocks WindowRowwiseExchange::blocks(const std::vector<int64_t>& expert_counts,
+                                            int64_t routes, int64_t local_experts) const {
+  const RowwiseKeep kept = keep(expert_counts, routes, local_experts);
+  const int64_t ranks = kept.ranks, rank = group_.rank();
+  const int64_t e_count = ranks * local_experts;
+  RowwiseBlocks blocks;
+  const auto mine = kept.kept.begin() + rank * e_count;
+  blocks.sent.assign(mine, mine + e_count);
+  blocks.received.resize(to_size(ranks * local_experts));
+  for (int64_t src = 0; src < ranks; ++src)
+    for (int64_t le = 0; le < local_experts; ++le)
+      blocks.received[to_size(src * local_experts + le)] =
+          kept.kept[to_size(src * e_count + rank * local_experts + le)];
+  for (int64_t e = 0; e < e_count; ++e)
+    blocks.dropped += expert_counts[to_size(e)] - blocks.sent[to_size(e)];
+  return blocks;
+}
+
+RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_counts,
+                                        const int32_t* topk_index, int64_t routes,
+                                        int64_t local_experts, int64_t width) const {
+  const RowwiseKeep keep = this->keep(expert_counts, routes, local_experts);
+  // Where each of my routes goes.
   RowwisePlan plan = rowwise_targets(keep, group_.rank(), topk_index, routes);
 
   // Fixed-size symmetric windows, grown (by every rank at once: the capacity is the same
@@ -78,7 +101,6 @@ RowwisePlan WindowRowwiseExchange::plan(const std::vector<int64_t>& expert_count
     input_ = window_group_.window(floats, group_.name());
     output_ = window_group_.window(floats, group_.name());
   }
-  capacity_ = keep.capacity;
   return plan;
 }
 

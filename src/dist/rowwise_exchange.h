@@ -14,6 +14,9 @@
 // one node would silently share memory (open-mpi/ompi#9492). Every rank of window_group must
 // therefore dispatch in the same order (as the data- and expert-parallel ranks of the trainer do);
 // the fences span window_group.
+// Rows in a device's memory cannot go through MPI's windows: there the trainer runs the sync
+// dispatch in its capacity form (model/sync_dispatch.h) on blocks(), the same keep matrix, and
+// the kept rows travel by all-to-all-v (exchange_rows); no window is allocated.
 // A capacity_factor of at least ep guarantees that nothing is dropped; the results then equal the
 // `sync` dispatch bit for bit (the experts see the same rows in the same order).
 #pragma once
@@ -24,6 +27,7 @@
 
 #include "dist/alltoall_exchange.h"
 #include "dist/communicator.h"
+#include "dist/rowwise_plan.h"
 #include "model/expert_exchange.h"
 
 namespace moecore::dist {
@@ -51,10 +55,14 @@ class WindowRowwiseExchange final : public ExpertExchange, public RowwiseExchang
   void put_rows(const float* src, int64_t routes_per_row, const std::vector<RowTarget>& targets,
                 int64_t width) const override;
   void get_rows(float* dst, const std::vector<RowTarget>& targets, int64_t width) const override;
-
-  int64_t capacity() const { return capacity_; }  // rows per rank of the last plan()
+  RowwiseBlocks blocks(const std::vector<int64_t>& expert_counts, int64_t routes,
+                       int64_t local_experts) const override;
 
  private:
+  // Every rank's requests (all-gathered) and the keep matrix against the static capacity.
+  RowwiseKeep keep(const std::vector<int64_t>& expert_counts, int64_t routes,
+                   int64_t local_experts) const;
+
   const Communicator& group_;
   const Communicator& window_group_;
   std::vector<int> window_rank_;  // [ep rank] the same process's rank in window_group
@@ -63,7 +71,6 @@ class WindowRowwiseExchange final : public ExpertExchange, public RowwiseExchang
   // Planning and the window sizes change with every dispatch; the interface is const like the
   // collectives of a Communicator.
   mutable std::unique_ptr<Window> input_, output_;
-  mutable int64_t capacity_ = 0;
 };
 
 }  // namespace moecore::dist

@@ -46,6 +46,13 @@ struct RowwisePlan {
   int64_t dropped = 0;                  // this rank's routes dropped
 };
 
+// plan()'s keep decision by (source, expert) blocks (RowwiseExchange::blocks).
+struct RowwiseBlocks {
+  std::vector<int64_t> sent;      // [E] this rank's routes to each global expert that are kept
+  std::vector<int64_t> received;  // [ranks * E_local] kept rows from each source per local expert
+  int64_t dropped = 0;            // this rank's routes dropped
+};
+
 // The `rowwise` dispatch: every rank of the group holds two symmetric buffers of the same size,
 // `input` (expert inputs in the forward, output gradients in the backward) and `output` (expert
 // outputs, then input gradients). Sources write routed rows straight into the destination's
@@ -71,6 +78,12 @@ class RowwiseExchange {
   // dropped routes are left as they are). Local writes to the output buffer made before the call
   // are what the sources read.
   virtual void get_rows(float* dst, const std::vector<RowTarget>& targets, int64_t width) const = 0;
+  // The same keep decision as plan() by blocks, for rows the buffers cannot reach (device memory
+  // under MPI: the sync dispatch then moves the kept rows by all-to-all-v, SyncDispatch's
+  // capacity form). Needs no route indices: within each (source, expert) block the routes kept
+  // are the first in token order. Collective; sizes no buffer.
+  virtual RowwiseBlocks blocks(const std::vector<int64_t>& expert_counts, int64_t routes,
+                               int64_t local_experts) const = 0;
 };
 
 // The single-rank case.

@@ -14,8 +14,13 @@ namespace moecore {
 
 MoeBlock::Dispatch MoeBlock::choose_dispatch(const ModelConfig& config, ExpertShard shard,
                                              const ExpertExchange* exchange) {
-  if (exchange != nullptr && exchange->rowwise() != nullptr)
-    return RowwiseDispatch(config, shard, *exchange->rowwise());
+  // The rowwise dispatch's windows are host memory: with the model on a device, its keep
+  // decision drives the sync dispatch's all-to-all-v instead (the capacity form).
+  if (exchange != nullptr && exchange->rowwise() != nullptr) {
+    if (default_device() == Device::kCpu)
+      return RowwiseDispatch(config, shard, *exchange->rowwise());
+    return SyncDispatch(config, shard, *exchange, exchange->rowwise());
+  }
   if (exchange != nullptr && exchange->ranks() > 1) return SyncDispatch(config, shard, *exchange);
   return LocalDispatch(config);
 }

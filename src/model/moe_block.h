@@ -6,7 +6,8 @@
 //   source -> + optional always-on shared expert.
 // The dispatch strategy is one of three, each in its own file with its own cache: local (one
 // rank holds every expert: local_dispatch.h), sync (all-to-all: sync_dispatch.h) and rowwise
-// (one-sided, when the exchange offers it: rowwise_dispatch.h).
+// (one-sided, when the exchange offers it: rowwise_dispatch.h; with the model on a device, the
+// sync dispatch's capacity form, which drops the same routes).
 #pragma once
 
 #include <cstdint>

@@ -17,10 +17,11 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
   const int64_t routes = tokens * k, local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
   // Buffers at the source stay in route order; the plan says where each route's row goes.
-  // The plan reads the routing on the host and the exchange moves host rows (MPI windows): this
-  // dispatch runs on host memory until it has a device form (issue 15 item 4).
+  // The plan reads the routing on the host and the exchange moves host rows (MPI windows); with
+  // the model on a device MoeBlock runs the sync dispatch's capacity form instead.
   MOE_CHECK(router.topk_index.device() == Device::kCpu && routed.send_pos.device() == Device::kCpu,
-            "[moe] the rowwise dispatch runs on host memory only (its exchange is MPI's)");
+            "[moe] the rowwise dispatch's windows reach host memory only (a model on a device "
+            "runs its capacity form, model/sync_dispatch.h)");
   routed.send_pos.resize(to_size(routes));
   int32_t* send_pos = routed.send_pos.data();  // host memory, as checked above
   for (int64_t r = 0; r < routes; ++r) send_pos[r] = static_cast<int32_t>(r);

@@ -26,7 +26,7 @@ struct Transformer::LayerCache {
   DeviceArray<float> rstd2, h2;          // FFN branch RMSNorm
   DeviceArray<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
   MoeCache moe;
-  int64_t dropped_routes = 0;  // rowwise dispatch's capacity drops (outlive a released MoE cache)
+  int64_t dropped_routes = 0;  // the rowwise capacity's drops (outlive a released MoE cache)
   DeviceArray<float> mlp_gu, mlp_act;  // dense layers
 };
 
@@ -347,8 +347,12 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
       lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
                                  routing_token_offset_};
     moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe, workspace_);
-    const auto* rowwise = std::get_if<RowwiseDispatch::Cache>(&lc.moe.dispatch);
-    lc.dropped_routes = rowwise != nullptr ? rowwise->dropped_routes : 0;
+    lc.dropped_routes = std::visit(
+        [](const auto& cache) -> int64_t {
+          if constexpr (requires { cache.dropped_routes; }) return cache.dropped_routes;
+          return 0;
+        },
+        lc.moe.dispatch);
   }
   observe_ffn(i, lc, n, ffn_out);
   if (reordered) {

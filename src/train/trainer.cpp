@@ -202,7 +202,9 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
         ctx.world.size(), ctx.mesh.dp.size(), pc.ep, pc.zero,
         static_cast<double>(ctx.optimizer.state_floats()) * 4.0 / (1 << 20),
         ctx.rowwise_dispatch
-            ? fmt::format("; rowwise dispatch, capacity_factor {}", pc.capacity_factor)
+            ? fmt::format("; rowwise dispatch{}, capacity_factor {}",
+                          tc.device == Device::kCpu ? "" : " (all-to-all-v on the device)",
+                          pc.capacity_factor)
             : std::string()));
   if (pc.pp > 1) {
     std::string split;
@@ -386,12 +388,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
   // Several ranks on devices reduce, pass activations and exchange expert rows over MPI through
   // host copies of the device buffers (dist/communicator.h); the rowwise dispatch's one-sided
-  // puts and gets (MPI windows) reach host memory only.
-  MOE_CHECK(
-      tc.device == Device::kCpu || pc.ep == 1 || pc.dispatch == Dispatch::kSync,
-      "[train] train.device={} with parallel.ep={} and parallel.dispatch=rowwise: the rowwise "
-      "dispatch runs on host memory only for now (use parallel.dispatch=sync on devices)",
-      device_name(tc.device), pc.ep);
+  // puts and gets (MPI windows) reach host memory only, so on a device its keep decision drives
+  // an all-to-all-v (model/sync_dispatch.h's capacity form).
   (void)validate_layout(config, world->size());  // `moecore plan`'s checks, before any group
   const dist::Mesh mesh = dist::Mesh::build(*world, pc.ep, pc.pp);
   const bool rank0 = world->rank() == 0;

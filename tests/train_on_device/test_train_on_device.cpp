@@ -253,8 +253,21 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   EXPECT_EQ(device_resumed.last_loss, host_resumed.last_loss);
   EXPECT_EQ(device_resumed.val_loss, host_resumed.val_loss);
   if (world_->rank() != 0) return;  // rank 0 writes the metrics and commits the checkpoints
-  EXPECT_EQ(logged_values(dir_ / "device" / "metrics.jsonl"),
-            logged_values(dir_ / "host" / "metrics.jsonl"));
+  const std::vector<nlohmann::json> device_metrics =
+      logged_values(dir_ / "device" / "metrics.jsonl");
+  EXPECT_EQ(device_metrics, logged_values(dir_ / "host" / "metrics.jsonl"));
+  if (GetParam().parallel.find("capacity_factor") != std::string::npos) {
+    // The case is below capacity: every logged step drops routes (the host's and the device's
+    // alike), steps 1-4 and the resumed 5-6 at least.
+    int64_t steps = 0, steps_dropping = 0;
+    for (const nlohmann::json& line : device_metrics) {
+      if (!line.contains("moe/drop_rate")) continue;
+      ++steps;
+      if (line.at("moe/drop_rate").get<double>() > 0.0) ++steps_dropping;
+    }
+    EXPECT_GE(steps, 6);
+    EXPECT_EQ(steps_dropping, steps);
+  }
   for (const char* step : {"step_00000002", "step_00000004", "step_00000006"}) {
     SCOPED_TRACE(step);
     ASSERT_TRUE(fs::is_directory(dir_ / "device" / "checkpoints" / step));
@@ -308,47 +321,6 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   }
 }
 
-// The rowwise dispatch's one-sided puts and gets reach host memory only: on a device, one line
-// naming it and the dispatch that does run there, before anything is read or written.
-TEST(TrainOnDeviceRefusals, RowwiseDispatchIsOneLine) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("moecore_rowwise_refusal_" + std::to_string(::getpid()));
-  const RunConfig config =
-      parse_run_config(fmt::format(R"([model]
-vocab_size = 300
-hidden_size = 64
-num_hidden_layers = 2
-num_attention_heads = 4
-num_experts = 8
-num_experts_per_tok = 2
-moe_intermediate_size = 32
-
-[train]
-device = "cuda"
-out_dir = "{}"
-
-[data]
-train = ["{}"]
-
-[parallel]
-ep = 2
-dispatch = "rowwise"
-)",
-                                   (dir / "out").string(), (dir / "missing.npy").string()),
-                       "rowwise_refusal");
-  const guarded_device::Scope guarded;
-  try {
-    train(config, {});
-    ADD_FAILURE() << "train() ran the rowwise dispatch on a device";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "[train] train.device=cuda with parallel.ep=2 and parallel.dispatch=rowwise: the "
-              "rowwise dispatch runs on host memory only for now (use parallel.dispatch=sync on "
-              "devices)");
-  }
-  EXPECT_FALSE(fs::exists(dir / "out"));
-}
-
 INSTANTIATE_TEST_SUITE_P(
     TrainJob, TrainOnDevice,
     ::testing::Values(DeviceRunCase{"fp32", "fp32", "none", 1, ""},
@@ -361,7 +333,11 @@ INSTANTIATE_TEST_SUITE_P(
                       DeviceRunCase{"ranks2_dp_overlap_bf16", "bf16", "none", 2,
                                     "overlap_grad_reduce = true"},
                       DeviceRunCase{"ranks2_pp", "fp32", "full", 2, "pp = 2"},
-                      DeviceRunCase{"ranks2_ep_sync", "bf16", "none", 2, "ep = 2"}),
+                      DeviceRunCase{"ranks2_ep_sync", "bf16", "none", 2, "ep = 2"},
+                      // The rowwise dispatch below capacity (routes dropped): on the device its
+                      // all-to-all-v form against the host's MPI windows.
+                      DeviceRunCase{"ranks2_ep_rowwise_drops", "fp32", "none", 2,
+                                    "ep = 2\ndispatch = \"rowwise\"\ncapacity_factor = 0.75"}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;
     });
