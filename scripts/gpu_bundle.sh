@@ -18,7 +18,9 @@ source scripts/gpu_train_args.sh
 
 cmake --preset cuda > /dev/null
 cmake --build --preset cuda -j "$(nproc)" --target moecore_cuda_tests moecore_bench_cuda_gemm moecore
-make data/kjv/tokens/meta.json > /dev/null  # the default run's data (`make train` makes it too)
+# The default run's data (`make train` makes it too); made only when missing: the make target
+# depends on the release build and the system set-up, which would rebuild build/ for nothing.
+[[ -f data/kjv/tokens/meta.json ]] || make data/kjv/tokens/meta.json > /dev/null
 
 bundle=.gpu/bundle
 rm -rf "$bundle" .gpu/bundle.tar.xz

@@ -16,14 +16,22 @@
 #      checkpoints) and transformers' OlmoeForCausalLM + AdamW (eager, then torch.compile) on
 #      bench/configs/gpu.toml at 8 / 32 / 128 experts, where python3 has torch and transformers,
 #      240 s at most.
-# The log, gtest's XML and the runs' metrics go to $OUT when it is set (the device tool), else to
-# .gpu/out. Exit status: that of the tests (0 all passed; 77 no usable GPU), or 1 when they passed
-# but a training run failed or left its margins.
+# Two files go to $OUT when it is set (the device tool, which returns at most 8), else to
+# .gpu/out: gpu_check.log, and gpu_results.tar.gz with everything else (gtest's XML, the GEMM
+# bench's JSON, the runs' logs, metrics and profiles, the curves' and diffs' reports, gpu_peer's
+# results), packed again after every step so that a run stopped at its limit still returns what
+# it made. The whole check keeps to 470 s: each step gets at most its own limit and what is left.
+# Exit status: that of the tests (0 all passed; 77 no usable GPU; 124 they ran out of time), or 1
+# when they passed but a training run failed or left its margins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=.gpu/bundle
 out=${OUT:-.gpu/out}
+results=.gpu/results
 mkdir -p "$out"
+rm -rf "$results"
+mkdir -p "$results"
+deadline=470
 # gpu_bundle.sh packs the bundle; unpacked here once (python3's tarfile where tar lacks xz).
 if [[ ! -d $bundle && -f .gpu/bundle.tar.xz ]]; then
   tar -C .gpu -xJf .gpu/bundle.tar.xz 2> /dev/null ||
@@ -65,23 +73,40 @@ find_library() {
   # Debian's loader and C library from the bundle, whatever the machine's: the programs were linked
   # against them. The driver's and cuBLAS's directories follow, for what the bundle leaves out.
   loader=("$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir:$nccl_dir")
-  run() {
-    "${loader[@]}" "$@"
+  pack() {  # everything but the log, in one file for $OUT (python3's tarfile where tar fails)
+    tar -C .gpu -czf "$out/gpu_results.tar.gz" results 2> /dev/null ||
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "w:gz").add(sys.argv[2], "results")' \
+        "$out/gpu_results.tar.gz" "$results"
   }
-  cap() {  # at most $1 seconds, where the machine has timeout(1)
-    local seconds=$1
+  # Seconds a step may take: its own limit $1, or what is left before the deadline (5 s kept for
+  # packing), whichever is less; 0 when too little is left to start it.
+  allowed() {
+    local left=$((deadline - 5 - SECONDS))
+    (( left > $1 )) && left=$1
+    (( left < 10 )) && left=0
+    echo "$left"
+  }
+  # Runs "${@:2}" (through the bundle's loader when $2 is `bundled`) for at most allowed($1)
+  # seconds, where the machine has timeout(1); exit 124 when killed or not started for want of time.
+  cap() {
+    local seconds
+    seconds=$(allowed "$1")
     shift
-    if command -v timeout > /dev/null; then timeout -k 10 "$seconds" "$@"; else "$@"; fi
+    if (( seconds == 0 )); then echo "gpu_check: no time left for: $*"; return 124; fi
+    [[ $1 == bundled ]] && { shift; set -- "${loader[@]}" "$@"; }
+    if command -v timeout > /dev/null; then timeout -k 5 "$seconds" "$@"; else "$@"; fi
   }
   echo "== moecore_cuda_tests"
-  run "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$out/cuda_tests.xml"
+  cap 150 bundled "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$results/cuda_tests.xml"
   status=$?
   echo "== gpu_check: moecore_cuda_tests exited $status"
+  pack
   echo "== moecore_bench_cuda_gemm"
-  run "$bundle/bin/moecore_bench_cuda_gemm" --json "$out/cuda_gemm.json"
+  cap 60 bundled "$bundle/bin/moecore_bench_cuda_gemm" --json "$results/cuda_gemm.json"
   echo "== gpu_check: moecore_bench_cuda_gemm exited $?"
-  # 4. The training job on the GPU, 90 s at most per run: its metrics and log into $out, its
-  # checkpoints (0.2 GB) into .gpu/runs, not sent back.
+  pack
+  # 4. The training job on the GPU, 75 s at most per run: its metrics and log into the results,
+  # its checkpoints (0.2 GB) into .gpu/runs, not sent back.
   echo "== train --device cuda"
   [[ -d data/kjv ]] || { mkdir -p data && cp -r "$bundle/data/kjv" data/; }
   source scripts/gpu_train_args.sh
@@ -89,47 +114,55 @@ find_library() {
   for precision in fp32 bf16; do
     run_dir=.gpu/runs/train_$precision
     rm -rf "$run_dir"
-    cap 90 "${loader[@]}" "$bundle/bin/moecore" train configs/default.toml --device cuda \
-      $(gpu_train_args "$precision" "$run_dir") > "$out/train_$precision.log" 2>&1
+    cap 75 bundled "$bundle/bin/moecore" train configs/default.toml --device cuda \
+      $(gpu_train_args "$precision" "$run_dir") > "$results/train_$precision.log" 2>&1
     code=$?
-    cat "$out/train_$precision.log"
+    cat "$results/train_$precision.log"
     echo "== gpu_check: train --device cuda ($precision) exited $code"
-    cp "$run_dir/metrics.jsonl" "$out/train_$precision.jsonl" 2> /dev/null
-    cp "$run_dir/profile.json" "$out/train_${precision}_profile.json" 2> /dev/null
+    cp "$run_dir/metrics.jsonl" "$results/train_$precision.jsonl" 2> /dev/null
+    cp "$run_dir/profile.json" "$results/train_${precision}_profile.json" 2> /dev/null
     python3 scripts/compare_loss_curves.py "$bundle/cpu_runs/$precision.jsonl" \
-      "$out/train_$precision.jsonl" --precision "$precision" --markdown "$out/gpu_train_$precision.md"
+      "$results/train_$precision.jsonl" --precision "$precision" \
+      --markdown "$results/gpu_train_$precision.md"
     curves=$?
     echo "== gpu_check: loss curves ($precision) against the CPU's: exit $curves"
     (( code != 0 || curves != 0 )) && train_status=1
+    pack
   done
   (( status == 0 && train_status != 0 )) && status=1
   # The first batch's forward and backward on the CPU and on the GPU, every activation and
   # gradient compared (moecore diff: where they part, by normalised error); reported, not failed:
   # fp32 sums in another order may part past diff's default threshold (2^-18).
   for precision in fp32 bf16; do
-    cap 60 "${loader[@]}" "$bundle/bin/moecore" diff configs/default.toml \
-      --set "train.precision=$precision" --b-set train.device=cuda > "$out/gpu_diff_$precision.txt" 2>&1
+    cap 40 bundled "$bundle/bin/moecore" diff configs/default.toml \
+      --set "train.precision=$precision" --b-set train.device=cuda > "$results/gpu_diff_$precision.txt" 2>&1
     code=$?
-    head -n 30 "$out/gpu_diff_$precision.txt"
+    head -n 30 "$results/gpu_diff_$precision.txt"
     echo "== gpu_check: diff cpu vs cuda ($precision) exited $code (0 equal within the threshold, 1 parted)"
   done
+  pack
   # 5. moecore against the transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where
   # python3 has torch with a usable GPU and transformers: gpu.toml at 8, 128, 32 experts, moecore
   # first (its runs through the bundle's loader), then transformers eager, then torch.compile as
-  # time allows (each compile takes a minute or more). 240 s at most (timeout kills it
-  # and its runs; gpu_peer's own budget stops starting runs first), so that the whole check stays
-  # under 8 minutes; MFU against step 3's peak; gpu_peer.{json,md} into $out. Its exit status is
-  # reported, not returned: the check's is the tests'.
+  # time allows (each compile takes a minute or more). 240 s at most and what is left of the
+  # check's time (timeout kills it and its runs; gpu_peer's own budget, 15 s less, stops starting
+  # runs first); MFU against step 3's peak; gpu_peer.{json,md} into the results. Its exit status
+  # is reported, not returned: the check's is the tests'.
   echo "== gpu_peer"
-  if python3 -c 'import tomllib, numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
-    cap 240 python3 bench/gpu_peer.py --out "$out" --gemm-json "$out/cuda_gemm.json" \
+  peer_s=$(allowed 240)
+  if (( peer_s < 60 )); then
+    echo "gpu_check: gpu_peer skipped: ${peer_s} s left of the check's ${deadline}"
+  elif python3 -c 'import tomllib, numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
+    cap "$peer_s" python3 bench/gpu_peer.py --out "$results" --gemm-json "$results/cuda_gemm.json" \
       --moecore-cmd "${loader[*]} $bundle/bin/moecore" \
       --experts 8,32,128 --order 8,128,32 --modes moecore,eager,compile --steps 7 --warmup 2 \
-      --budget-s 225 --min-run-s 40 --timeout 180
+      --budget-s $((peer_s - 15)) --min-run-s 40 --timeout 180
     echo "== gpu_check: gpu_peer exited $?"
   else
     echo "gpu_check: gpu_peer skipped: python3 lacks tomllib, numpy, torch with a usable GPU or transformers"
   fi
+  pack
+  echo "== gpu_check: ${SECONDS} s; results in $out/gpu_results.tar.gz"
   exit $status
 } 2>&1 | tee "$out/gpu_check.log"
 exit "${PIPESTATUS[0]}"

@@ -53,14 +53,16 @@ class DeviceBuffer {
     for (float& v : values) v = uniform(gen);
     float* staging = nullptr;
     MOE_CUDA_CHECK(cudaMalloc(&staging, values.size() * sizeof(float)));
-    MOE_CUDA_CHECK(
-        cudaMemcpy(staging, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // Every copy on the backend's stream (non-blocking: the legacy stream's copies would not be
+    // ordered before its kernels).
+    MOE_CUDA_CHECK(cudaMemcpyAsync(staging, values.data(), values.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, cuda::stream()));
     if (dtype == DType::kBf16) {
       cuda::to_bf16(ConstTensorView(staging, {elements}, DType::kF32, Device::kCuda),
                     TensorView(data_, {elements}, DType::kBf16, Device::kCuda));
     } else {
-      MOE_CUDA_CHECK(
-          cudaMemcpy(data_, staging, values.size() * sizeof(float), cudaMemcpyDeviceToDevice));
+      MOE_CUDA_CHECK(cudaMemcpyAsync(data_, staging, values.size() * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, cuda::stream()));
     }
     cuda::synchronize();
     MOE_CUDA_CHECK(cudaFree(staging));
@@ -142,8 +144,9 @@ std::vector<Result> experts(int64_t count) {
       y(rows * n, DType::kF32);
   int64_t* device_offsets = nullptr;
   MOE_CUDA_CHECK(cudaMalloc(&device_offsets, offsets.size() * sizeof(int64_t)));
-  MOE_CUDA_CHECK(cudaMemcpy(device_offsets, offsets.data(), offsets.size() * sizeof(int64_t),
-                            cudaMemcpyHostToDevice));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(device_offsets, offsets.data(), offsets.size() * sizeof(int64_t),
+                                 cudaMemcpyHostToDevice, cuda::stream()));
+  cuda::synchronize();
   const auto* xb = static_cast<const uint16_t*>(x.data());
   const auto* wb = static_cast<const uint16_t*>(w.data());
   auto* yp = static_cast<float*>(y.data());

@@ -30,9 +30,10 @@ class DeviceMemory {
   // naming the device and the size when there is not enough.
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* data, size_t bytes) noexcept = 0;
-  // Copies `bytes` from src to dst, each in host memory or in this device's memory; returns once
-  // they are there: after the device's operations issued before the call, and before any issued
-  // after it.
+  // Copies `bytes` from src to dst, each in host memory or in this device's memory, after the
+  // device's operations issued before the call and before any issued after it. With host memory
+  // on either side it returns once the bytes are there; a copy within the device's memory may
+  // return before (only the device's operations can see it, and they come after it).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // Zeroes `bytes` of this device's memory, in order with the device's operations.
   virtual void zero(void* data, size_t bytes) = 0;

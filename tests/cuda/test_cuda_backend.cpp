@@ -48,6 +48,34 @@ TEST(CudaBackend, AFailedCallNamesItselfAndItsPlace) {
     EXPECT_NE(message.find("cudaSetDevice(1 << 20)"), std::string::npos) << message;
     EXPECT_NE(message.find("test_cuda_backend.cpp"), std::string::npos) << message;
   }
+  // The failure is reported once: the next launch's check does not see it again.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Row numbers held in device memory are checked on the device, without waiting: the operation
+// returns, its kernels leave the bad row alone, and the next synchronisation throws the first bad
+// index of the first operation that had one, naming it; the error is then cleared.
+TEST(CudaBackend, AnIndexOutsideItsTensorIsReportedAtTheNextSynchronisation) {
+  const std::vector<float> src = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<int32_t> inside = {1, 0}, outside = {0, 2}, negative = {-1, 0};
+  DeviceStaging s;
+  const ConstTensorView src_on_gpu = s.in(view(src.data(), {2, 2}));
+  std::vector<float> dst(4, -1.0f);
+  const TensorView dst_on_gpu = s.out(view(dst.data(), {2, 2}));
+  kernels::cuda::gather_rows(src_on_gpu, s.in(view(outside.data(), {2})), dst_on_gpu);
+  kernels::cuda::gather_rows(src_on_gpu, s.in(view(negative.data(), {2})), dst_on_gpu);
+  try {
+    kernels::cuda::synchronize();
+    FAIL() << "an index outside its tensor was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[gather_rows] src_row[1]=2 is outside [0, 2)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(kernels::cuda::synchronize());  // reported once
+  kernels::cuda::gather_rows(src_on_gpu, s.in(view(inside.data(), {2})), dst_on_gpu);
+  s.finish();  // waits, and nothing is pending
+  EXPECT_EQ(dst, (std::vector<float>{3.0f, 4.0f, 1.0f, 2.0f}));
 }
 
 TEST(CudaBackend, RejectsHostViews) {

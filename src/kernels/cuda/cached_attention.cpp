@@ -15,7 +15,8 @@ void cached_attention_forward(ConstTensorView q, ConstTensorView k_cache, ConstT
   expect_on_device(kOp, "k_cache", k_cache);
   expect_on_device(kOp, "v_cache", v_cache);
   expect_on_device(kOp, "out", out);
-  const CachedAttentionDims s = cached_attention_dims(q, k_cache, v_cache, first_position, out);
+  const CachedAttentionDims s =
+      cached_attention_dims(q, k_cache, v_cache, first_position, out, Device::kCuda);
   const int64_t max_keys = cached_attention_max_keys();
   MOE_CHECK(s.keys <= max_keys,
             "[{}] {} keys do not fit the CUDA kernel's shared memory ({} at most on this GPU)", kOp,

@@ -49,9 +49,18 @@ __global__ void cached_attention_kernel(const float* q, const float* k_cache, co
 
 int64_t cached_attention_max_keys() {
   int device = 0, optin_bytes = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return optin_bytes / static_cast<int64_t>(sizeof(float));
+  cudaFuncAttributes attributes{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess ||
+      cudaFuncGetAttributes(&attributes, cached_attention_kernel) != cudaSuccess) {
+    cudaGetLastError();  // the caller's check reports the limit; leave no error behind
+    return 0;
+  }
+  // The block's static shared memory (the reduction's warp values) comes out of the same limit.
+  const int64_t dynamic_bytes =
+      static_cast<int64_t>(optin_bytes) - static_cast<int64_t>(attributes.sharedSizeBytes);
+  return dynamic_bytes > 0 ? dynamic_bytes / static_cast<int64_t>(sizeof(float)) : 0;
 }
 
 void launch_cached_attention_forward(const float* q, const float* k_cache, const float* v_cache,
@@ -62,9 +71,11 @@ void launch_cached_attention_forward(const float* q, const float* k_cache, const
   // Beyond the 48 KiB every block may have, the kernel must opt in (a driver call, made only then:
   // a decode step launches this once per layer and token).
   constexpr size_t kDefaultSharedBytes = 48 * 1024;
-  if (shared_bytes > kDefaultSharedBytes)
-    cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(shared_bytes));
+  // A failure here leaves its error for the caller's cudaGetLastError check.
+  if (shared_bytes > kDefaultSharedBytes &&
+      cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared_bytes)) != cudaSuccess)
+    return;
   const dim3 grid(static_cast<unsigned int>(n), static_cast<unsigned int>(heads));
   cached_attention_kernel<<<grid, kThreads, shared_bytes, stream>>>(
       q, k_cache, v_cache, out, heads, kv_heads, hd, first_position,

@@ -19,11 +19,15 @@ __global__ void scale_kernel(const float* x, float factor, float* out, int64_t n
   }
 }
 
-// __float2bfloat16_rn: round to nearest even, NaN stays NaN, overflow to +-Inf (core/bf16.h's
-// rule).
+// core/bf16.h's rule on the bits: round to nearest even, overflow to +-Inf, and a NaN keeps its
+// sign and top mantissa bits with the quiet bit set. (__float2bfloat16_rn rounds every other value
+// the same, but makes every NaN the canonical 0x7fff, which the bit-exact checks would see.)
 __global__ void to_bf16_kernel(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = grid_first(); i < n; i += grid_stride()) {
-    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+    const uint32_t bits = __float_as_uint(src[i]);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t nan = (bits >> 16) | 0x0040u;
+    dst[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
   }
 }
 

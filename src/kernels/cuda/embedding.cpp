@@ -1,6 +1,7 @@
 // Token embedding on the GPU (embedding.cu), checked as the CPU backend checks it, token ids
-// included: they are on the device, so the check waits for a kernel that finds the first bad one
-// (one small copy back per call; a bad id is an error, as on the CPU, not a silent NaN).
+// included: they are on the device, so their check is queued with the kernels and a bad one is
+// reported at the next synchronisation (index_checks.h; an error, as on the CPU, not a silent
+// NaN), without making the call wait.
 #include <cstdint>
 
 #include "kernels/cuda/device_views.h"
@@ -11,15 +12,6 @@
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::cuda {
-
-namespace {
-
-void check_tokens(const char* op, const int32_t* tokens, int64_t rows, int64_t vocab) {
-  if (const auto bad = first_index_outside(tokens, rows, vocab))
-    fail("[{}] token id {} at row {} is outside [0, {})", op, bad->value, bad->position, vocab);
-}
-
-}  // namespace
 
 void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out) {
   constexpr const char* kOp = "embedding";
@@ -33,7 +25,7 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
   const int32_t* tp = tokens.data<int32_t>(kOp);
   const float* wp = w.data<float>(kOp);
   float* op = out.data<float>(kOp);
-  check_tokens(kOp, tp, rows, vocab);
+  check_indices_inside(kOp, "tokens", tp, rows, vocab);
   launch_embedding_forward(tp, wp, op, rows, vocab, dim, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -50,7 +42,7 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   const int32_t* tp = tokens.data<int32_t>(kOp);
   const float* gp = dout.data<float>(kOp);
   float* dwp = dw.data<float>(kOp);
-  check_tokens(kOp, tp, rows, vocab);
+  check_indices_inside(kOp, "tokens", tp, rows, vocab);
   launch_embedding_backward(tp, gp, dwp, rows, vocab, dim, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }

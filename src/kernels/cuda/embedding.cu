@@ -1,7 +1,8 @@
 // Token embedding: the forward copies one element per thread; the backward adds in row order,
 // which makes repeated tokens' sums deterministic without float atomics. The ids are data on the
-// device, checked before these run (index_checks.h); the kernels still leave a row with an id out
-// of range alone (NaN in the forward, nothing added in the backward) instead of faulting.
+// device, checked beside these (index_checks.h: an error at the next synchronisation); the
+// kernels leave a row with an id out of range alone (NaN in the forward, nothing added in the
+// backward) instead of faulting.
 #include <cuda/std/limits>
 
 #include "kernels/cuda/launch_shape.cuh"

@@ -96,12 +96,14 @@ __device__ inline float partial_dot(const float (&values)[kDims], const float (*
   return sum;
 }
 
-// The first key any row of query tile [r0, r1) attends. first_key: shared; every thread calls it.
+// The first key any row of query tile [r0, r1) attends: 0 without documents (causal rows see
+// every earlier key), else the earliest of the rows' document starts. first_key: shared; every
+// thread calls it.
 __device__ int64_t tile_first_key(const int32_t* doc_start, int64_t b, int64_t seq, int64_t r0,
                                   int64_t r1, long long* first_key) {
   if (threadIdx.x == 0) *first_key = r0;
   __syncthreads();
-  if (doc_start != nullptr && threadIdx.x < kRows && r0 + threadIdx.x < r1)
+  if (threadIdx.x < kRows && r0 + threadIdx.x < r1)
     atomicMin(first_key, static_cast<long long>(row_start(doc_start, b, seq, r0 + threadIdx.x)));
   __syncthreads();
   return *first_key;

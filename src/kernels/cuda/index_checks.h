@@ -1,19 +1,28 @@
-// The CUDA backend's check of row numbers and token ids held in device memory: the CPU backend
-// rejects an index outside its tensor, and so does this one, by finding the first such index on
-// the device and reading it back (so the calling operation waits for the stream).
+// The CUDA backend's check of row numbers and token ids held in device memory. The CPU backend
+// rejects an index outside its tensor before computing; here the indices are on the device, and
+// looking at them from the host would make every operation that takes them wait for the stream
+// (four such per MoE layer and pass). So the check is queued with the operation instead: kernels
+// find the first such index and, unless an earlier operation's error is already pending, record
+// it in host memory the device writes; the operation's own kernels leave such rows alone (NaN, or
+// nothing written). synchronize() (runtime.h), the next time the host waits for the stream,
+// throws the pending error, naming the operation where it arose:
+//   "[permute_rows] dst_row[7]=12 is outside [0, 8) (found on the device; reported at the next
+//   synchronisation)"
+// -- as CUDA reports a kernel's fault at the next synchronising call, but without spoiling the
+// device's context: the error is a moecore::Error like the CPU's.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 
 namespace moecore::kernels::cuda {
 
-struct BadIndex {
-  int64_t position;  // where in the index array
-  int32_t value;
-};
+// Queues the check of indices[0, count) (device memory) against [0, limit) on the backend's
+// stream. op and name must be string literals (their addresses travel through the device).
+void check_indices_inside(const char* op, const char* name, const int32_t* indices, int64_t count,
+                          int64_t limit);
 
-// The first of indices[0, count) (device memory) outside [0, limit), or none.
-std::optional<BadIndex> first_index_outside(const int32_t* indices, int64_t count, int64_t limit);
+// Throws the pending index error, if any, and clears it. Only after the stream has been waited
+// for (synchronize() calls it); the record is complete then.
+void throw_pending_index_error();
 
 }  // namespace moecore::kernels::cuda

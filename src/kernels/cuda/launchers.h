@@ -9,10 +9,22 @@
 
 namespace moecore::kernels::cuda {
 
-// index_checks.cu: *first_bad (device) = the first i < count with indices[i] outside [0, limit),
-// or count when there is none.
-void launch_find_first_index_outside(const int32_t* indices, int64_t count, int64_t limit,
-                                     int64_t* first_bad, cudaStream_t stream);
+// index_checks.cu: an index outside its tensor, as the device records it for the host
+// (index_checks.h). op and name are the addresses of string literals, op 0 while none is pending.
+struct IndexErrorRecord {
+  unsigned long long op;
+  unsigned long long name;
+  long long position;
+  long long limit;
+  int value;
+};
+// Finds the first i < count with indices[i] outside [0, limit) (first_bad: one int64 of device
+// scratch) and, unless *record already holds an error, records it there (op and name given as
+// above); nothing when every index is inside.
+void launch_record_first_index_outside(const int32_t* indices, int64_t count, int64_t limit,
+                                       int64_t* first_bad, IndexErrorRecord* record,
+                                       unsigned long long op, unsigned long long name,
+                                       cudaStream_t stream);
 
 // elementwise.cu: out = a + b; out = x * factor; dst (bf16 bits) = src rounded to nearest even.
 void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);

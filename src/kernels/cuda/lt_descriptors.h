@@ -1,6 +1,5 @@
-// cuBLASLt's descriptors as the backend's GEMMs make them (gemm_lt.cpp, mx_gemm_block_scaled.cpp),
-// for one call each (a few microseconds to make, against GEMMs of milliseconds; a cache keyed by
-// shape is the next step when small GEMMs matter). Host code only.
+// cuBLASLt's descriptors as the backend's GEMMs make them (gemm_lt.cpp keeps them per problem,
+// mx_gemm_block_scaled.cpp makes them per call). Host code only.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The MoE combine on the GPU (moe_combine.cu), checked as the CPU backend checks it. The row
-// numbers are device data: checking them reads one number back, so these wait for the stream
-// before launching (the harness's out-of-range cases must throw, as on the CPU).
+// numbers are device data: their check is queued with the kernels and an out-of-range one is
+// reported at the next synchronisation (index_checks.h), so these never wait for the stream.
 #include "kernels/combine_checks.h"
 #include "kernels/cuda/device_views.h"
 #include "kernels/cuda/index_checks.h"
@@ -12,16 +12,15 @@ namespace moecore::kernels::cuda {
 
 namespace {
 
-// The shapes, and every row number inside routed (read on the device: this waits).
+// The shapes, and every row number inside routed (checked on the device, reported later).
 CombineShape checked_combine_shape(const char* op, ConstTensorView routed,
                                    ConstTensorView route_row, ConstTensorView weights) {
   expect_on_device(op, "routed", routed);
   expect_on_device(op, "route_row", route_row);
   expect_on_device(op, "weights", weights);
   const CombineShape s = combine_shape(op, routed, route_row, weights, Device::kCuda);
-  if (const auto bad =
-          first_index_outside(route_row.data<int32_t>(op), s.tokens * s.k, routed.size(0)))
-    fail("[{}] route_row[{}]={} is outside [0, {})", op, bad->position, bad->value, routed.size(0));
+  check_indices_inside(op, "route_row", route_row.data<int32_t>(op), s.tokens * s.k,
+                       routed.size(0));
   return s;
 }
 

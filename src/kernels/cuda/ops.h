@@ -2,16 +2,15 @@
 // kernels::cuda, on device views (Device::kCuda; a host view is an error naming the operation).
 // Each operation is issued on runtime.h's stream and returns without waiting for it, except
 // sum_of_squares, which returns its value to the host, the grouped GEMMs, which issue one cuBLASLt
-// GEMM per expert from the host and so read the expert offsets back (expert_offsets_on_host.h),
-// and those that check row numbers held in device memory as the CPU backend checks them
-// (embedding, permute_rows, permute_rows_backward, gather_rows, moe_combine): these read the first
-// bad index back and wait. router_topk_forward's counts, the losses' statistics (router_z_loss,
-// router_probability_column_sums, cross_entropy's loss) and order_routes_by_expert's offsets stay
-// on the device; neither of the last two checks its indices (cross_entropy counts a target outside
-// the vocabulary as ignored, order_routes_by_expert gives an out-of-range id dst_row -1,
-// kernels/op_declarations.inc). A step captured in a CUDA graph cannot wait; it will need
-// unchecked forms of the checking ones (their kernels already leave an out-of-range row alone
-// rather than touching other memory).
+// GEMM per expert from the host and so read the expert offsets back (expert_offsets_on_host.h).
+// Those that take row numbers or token ids held in device memory (embedding, permute_rows,
+// permute_rows_backward, gather_rows, moe_combine) check them as the CPU backend does, but on the
+// device: an index outside its tensor is recorded there and thrown by the next synchronize()
+// (index_checks.h), and their kernels leave such a row alone. router_topk_forward's counts, the
+// losses' statistics (router_z_loss, router_probability_column_sums, cross_entropy's loss) and
+// order_routes_by_expert's offsets stay on the device; neither of the last two checks its indices
+// (cross_entropy counts a target outside the vocabulary as ignored, order_routes_by_expert gives
+// an out-of-range id dst_row -1, kernels/op_declarations.inc).
 //
 // Not every operation is here yet: cuda_backend() lists those that are (the others are null in
 // its table, and the per-op harness reports them as not implemented).

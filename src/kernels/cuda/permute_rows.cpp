@@ -1,6 +1,6 @@
 // Routed-row permutations on the GPU (permute_rows.cu), checked as the CPU backend checks them.
-// The row numbers are device data: checking them reads one number back, so these wait for the
-// stream before launching (the harness's out-of-range cases must throw, as on the CPU).
+// The row numbers are device data: their check is queued with the kernels and an out-of-range one
+// is reported at the next synchronisation (index_checks.h), so these never wait for the stream.
 #include "kernels/cuda/device_views.h"
 #include "kernels/cuda/index_checks.h"
 #include "kernels/cuda/launchers.h"
@@ -9,17 +9,6 @@
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::cuda {
-
-namespace {
-
-// Every index of `rows` (device memory) is a row of a tensor with `limit` rows.
-void check_rows(const char* op, const char* name, const int32_t* rows, int64_t count,
-                int64_t limit) {
-  if (const auto bad = first_index_outside(rows, count, limit))
-    fail("[{}] {}[{}]={} is outside [0, {})", op, name, bad->position, bad->value, limit);
-}
-
-}  // namespace
 
 void permute_rows(ConstTensorView src, ConstTensorView dst_row, int64_t routes_per_row,
                   TensorView dst) {
@@ -37,7 +26,7 @@ void permute_rows(ConstTensorView src, ConstTensorView dst_row, int64_t routes_p
   const float* s = src.data<float>(kOp);
   const int32_t* to = dst_row.data<int32_t>(kOp);
   float* out = dst.data<float>(kOp);
-  check_rows(kOp, "dst_row", to, routes, dst.size(0));
+  check_indices_inside(kOp, "dst_row", to, routes, dst.size(0));
   launch_permute_rows(s, to, routes, routes_per_row, d, out, dst.size(0), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -56,7 +45,7 @@ void permute_rows_backward(ConstTensorView d_dst, ConstTensorView dst_row, int64
   const float* g = d_dst.data<float>(kOp);
   const int32_t* from = dst_row.data<int32_t>(kOp);
   float* dx = d_src.data<float>(kOp);
-  check_rows(kOp, "dst_row", from, tokens * k, d_dst.size(0));
+  check_indices_inside(kOp, "dst_row", from, tokens * k, d_dst.size(0));
   launch_permute_rows_backward(g, d_dst.size(0), from, tokens, k, d, dx, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -73,7 +62,7 @@ void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
   const float* s = src.data<float>(kOp);
   const int32_t* from = src_row.data<int32_t>(kOp);
   float* out = dst.data<float>(kOp);
-  check_rows(kOp, "src_row", from, rows, src.size(0));
+  check_indices_inside(kOp, "src_row", from, rows, src.size(0));
   launch_gather_rows(s, src.size(0), from, rows, d, out, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -2,7 +2,8 @@
 // threads over the columns, four at a time (16-byte loads) when every row starts 16-byte aligned.
 // The backward adds a token's routes in route order from 0.0f, the CPU's order: no atomics, and
 // the same bits as the CPU. A row number outside its tensor writes nothing and reads NaN: the
-// operations check row numbers before launching, and this keeps a missed one out of other memory.
+// operations queue a check of their row numbers (an error at the next synchronisation), and this
+// keeps such a row out of other memory meanwhile.
 #include <math_constants.h>
 
 #include <cstdint>

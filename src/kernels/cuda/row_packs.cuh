@@ -23,8 +23,8 @@ inline bool aligned16(const void* p) {
 }
 
 // A row number read from device memory names a row of a tensor with `rows` rows. The operations
-// check row numbers before launching (index_checks.h); the kernels still leave an out-of-range
-// row alone rather than touching other memory.
+// queue a check of their row numbers (index_checks.h: an error at the next synchronisation); the
+// kernels leave an out-of-range row alone rather than touching other memory.
 __device__ inline bool row_inside(int32_t row, int64_t rows) {
   return row >= 0 && row < rows;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "kernels/cuda/index_checks.h"
 
 namespace moecore::kernels::cuda {
 
@@ -50,6 +51,7 @@ cudaStream_t stream() {
 
 void synchronize() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  throw_pending_index_error();
 }
 
 cublasLtHandle_t cublaslt_handle() {

@@ -17,8 +17,14 @@ namespace moecore::kernels::cuda {
 
 [[noreturn]] void fail_cuda_call(const char* status, const char* call, const char* file, int line);
 
+// A failed call's error is reported by the throw and cleared from the runtime's last error, so
+// that the next launch's cudaGetLastError check does not report it again (a sticky error, which
+// spoils the context, stays).
 inline void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status != cudaSuccess) fail_cuda_call(cudaGetErrorString(status), call, file, line);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail_cuda_call(cudaGetErrorString(status), call, file, line);
+  }
 }
 inline void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status != CUBLAS_STATUS_SUCCESS)
@@ -50,7 +56,8 @@ std::string describe(const DeviceInfo& device);  // "NVIDIA H200 (sm_90, 132 SMs
 // The stream every operation of this backend is issued on, created on first use. Operations are
 // asynchronous with respect to the host unless their declaration says otherwise.
 cudaStream_t stream();
-// Waits for everything issued on stream(); throws on an error any of it raised.
+// Waits for everything issued on stream(); throws on an error any of it raised, an index
+// outside its tensor included (index_checks.h).
 void synchronize();
 
 // cuBLAS's handle, on stream(), for the GEMMs cuBLASLt has no kernel for (gemm_lt.cpp).
