@@ -9,6 +9,7 @@
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::cuda {
@@ -42,9 +43,11 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   const int32_t* tp = tokens.data<int32_t>(kOp);
   const float* gp = dout.data<float>(kOp);
   float* dwp = dw.data<float>(kOp);
+  MOE_CHECK(rows <= INT32_MAX, "[{}] {} rows: the sort by token takes fewer than 2^31", kOp, rows);
   check_indices_inside(kOp, "tokens", tp, rows, vocab);
-  launch_embedding_backward(tp, gp, dwp, rows, vocab, dim, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  const StreamScratch scratch(embedding_backward_scratch_bytes(rows), stream());
+  MOE_CUDA_CHECK(launch_embedding_backward(tp, gp, dwp, rows, vocab, dim,
+                                           scratch.as<unsigned char>(), stream()));
 }
 
 }  // namespace moecore::kernels::cuda

@@ -54,11 +54,16 @@ void launch_rope(float* x, const float* cos, const float* sin, int64_t batch, in
                  int64_t heads, int64_t half, bool inverse, cudaStream_t stream);
 
 // embedding.cu: out[r, :] = w[tokens[r], :]; dw[tokens[r], :] += dout[r, :] in row order. An id
-// outside [0, vocab) gives a NaN row of out and adds nothing.
+// outside [0, vocab) gives a NaN row of out and adds nothing. The backward sorts the rows by
+// token first, in `scratch` (embedding_backward_scratch_bytes(rows) bytes of device memory);
+// rows < 2^31.
 void launch_embedding_forward(const int32_t* tokens, const float* w, float* out, int64_t rows,
                               int64_t vocab, int64_t dim, cudaStream_t stream);
-void launch_embedding_backward(const int32_t* tokens, const float* dout, float* dw, int64_t rows,
-                               int64_t vocab, int64_t dim, cudaStream_t stream);
+size_t embedding_backward_scratch_bytes(int64_t rows);
+// Returns the first failure of its launches (CUB's sort reports its own).
+cudaError_t launch_embedding_backward(const int32_t* tokens, const float* dout, float* dw,
+                                      int64_t rows, int64_t vocab, int64_t dim, void* scratch,
+                                      cudaStream_t stream);
 
 // adamw.cu: one AdamW update of n elements in the CPU's fp32 steps (AdamWCoefficients' fields,
 // which kernels/ops.h holds and nvcc does not compile).
