@@ -1,6 +1,7 @@
 #include "dist/distributed_optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <tuple>
 
@@ -78,8 +79,11 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& sc
     }
     wait_all(requests_);
     timer.switch_to(Phase::kOptimizer);  // the norm of the reduced gradients
-    dense_sq = sum_of_squares(grads.dense.data(), grads.dense.size());
-    expert_sq = sum_of_squares(grads.expert.data(), grads.expert.size());
+    const std::array<double, 2> squares =
+        sums_of_squares({grads.dense.data(), grads.dense.size()},
+                        {grads.expert.data(), grads.expert.size()}, scratch);
+    dense_sq = squares[0];
+    expert_sq = squares[1];
   } else {
     for (Shard& s : shards_) {
       // Reduce-scatter wants equal slices: pad the group's gradient to ranks * shard_size.
@@ -88,11 +92,20 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& sc
           scope.zeroed<float>(static_cast<int64_t>(s.shard_size) * s.comm->size());
       copy_bytes(padded.data(), grads.data(s.group), s.numel * sizeof(float));
       s.comm->reduce_scatter_sum(padded.data(), s.grad.data(), static_cast<int64_t>(s.shard_size));
-      // Each slice's squares, summed over the group that shares those parameters.
-      double sq = sum_of_squares(s.grad.data(), s.end - s.begin);
-      s.comm->allreduce_sum(&sq, 1);
-      (s.group == ParamGroup::kDense ? dense_sq : expert_sq) = sq;
     }
+    // Each slice's squares (one copy back for both groups), summed over the group that shares
+    // those parameters.
+    const Shard& dense = shards_[0];  // the constructor makes the dense shard, then the expert one
+    const Shard& expert = shards_[1];
+    timer.switch_to(Phase::kOptimizer);
+    std::array<double, 2> squares =
+        sums_of_squares({dense.grad.data(), dense.end - dense.begin},
+                        {expert.grad.data(), expert.end - expert.begin}, scratch);
+    timer.switch_to(Phase::kCommunication);
+    dense.comm->allreduce_sum(&squares[0], 1);
+    expert.comm->allreduce_sum(&squares[1], 1);
+    dense_sq = squares[0];
+    expert_sq = squares[1];
   }
   // Each ep rank holds different experts, each pipeline stage different layers: their squares
   // add up over ep, then over the stages.

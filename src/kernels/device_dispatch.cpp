@@ -53,8 +53,6 @@ decltype(auto) run_on_device(const char* op, Fn cpu_op, Fn KernelBackend::*entry
         op, device_name(device), device_name(device));
   const Fn device_op = backend->*entry;
   if (device_op == nullptr) fail("[{}] is not implemented on the {} backend", op, backend->name);
-  // An operation that returns a value hands the host a device's result: a wait for the device.
-  if constexpr (!std::is_void_v<std::invoke_result_t<Fn, Args...>>) note_host_read(op);
   return device_op(std::forward<Args>(args)...);
 }
 
@@ -134,9 +132,9 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
                        coefficients);
 }
 
-double sum_of_squares(ConstTensorView values) {
+void sum_of_squares(ConstTensorView values, TensorView total) {
   return run_on_device("sum_of_squares", &cpu::sum_of_squares, &KernelBackend::sum_of_squares,
-                       {values}, values);
+                       {values, total}, values, total);
 }
 
 void causal_attention_forward(ConstTensorView q, ConstTensorView k, ConstTensorView v,

@@ -7,8 +7,17 @@
 
 namespace moecore {
 
-double sum_of_squares(const float* values, size_t count) {
-  return kernels::sum_of_squares(view(values, {static_cast<int64_t>(count)}));
+std::array<double, 2> sums_of_squares(std::span<const float> first, std::span<const float> second,
+                                      Workspace& scratch) {
+  Workspace::Scope scope(scratch);
+  const std::span<double> totals = scope.uninitialized<double>(2);
+  kernels::sum_of_squares(view(first.data(), {static_cast<int64_t>(first.size())}),
+                          view(totals.data(), {1}));
+  kernels::sum_of_squares(view(second.data(), {static_cast<int64_t>(second.size())}),
+                          view(totals.data() + 1, {1}));
+  std::array<double, 2> on_host{};
+  copy_bytes(on_host.data(), totals.data(), sizeof(on_host));
+  return on_host;
 }
 
 float clip_coefficient(double max_norm, double norm) {
@@ -17,8 +26,11 @@ float clip_coefficient(double max_norm, double norm) {
 }
 
 double global_grad_norm(const ParamBuffers& grads) {
-  return std::sqrt(sum_of_squares(grads.dense.data(), grads.dense.size()) +
-                   sum_of_squares(grads.expert.data(), grads.expert.size()));
+  Workspace scratch;
+  const std::array<double, 2> squares =
+      sums_of_squares({grads.dense.data(), grads.dense.size()},
+                      {grads.expert.data(), grads.expert.size()}, scratch);
+  return std::sqrt(squares[0] + squares[1]);
 }
 
 double clip_grad_norm(ParamBuffers& grads, double max_norm) {

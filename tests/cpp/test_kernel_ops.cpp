@@ -299,8 +299,9 @@ TEST_P(KernelOps, SumOfSquaresMatchesReference) {
   uint32_t seed = 700;
   for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1023}, int64_t{1025}, int64_t{70001}}) {
     const std::vector<float> x = random_vec(static_cast<size_t>(n), ++seed);
-    const double got = backend().sum_of_squares(view(x.data(), {n}));
-    const double ref = oracle().sum_of_squares(view(x.data(), {n}));
+    double got = -1.0, ref = -2.0;
+    backend().sum_of_squares(view(x.data(), {n}), view(&got, {1}));
+    oracle().sum_of_squares(view(x.data(), {n}), view(&ref, {1}));
     // Both sum positive terms in double: within n * 2^-53 relative of each other.
     EXPECT_LE(std::abs(got - ref), static_cast<double>(n + 1) * std::ldexp(1.0, -53) * ref)
         << "n=" << n;

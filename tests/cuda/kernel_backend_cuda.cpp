@@ -91,9 +91,10 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   s.finish();
 }
 
-double sum_of_squares(ConstTensorView values) {
+void sum_of_squares(ConstTensorView values, TensorView total) {
   DeviceStaging s;
-  return device().sum_of_squares(s.in(values));
+  device().sum_of_squares(s.in(values), s.out(total));
+  s.finish();
 }
 
 void flash_attention_forward(ConstTensorView q, ConstTensorView k, ConstTensorView v,

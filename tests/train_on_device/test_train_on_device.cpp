@@ -290,9 +290,10 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   // train.profile's host reads of device memory (the resumed runs profile step 6, its metrics and
   // checkpoint): none on the host; on the device, rank 0's chunk copies its losses' statistics
   // back once per micro-batch (its MoE layers' router statistics: layers 1 and 2 hold experts,
-  // stage 0 of two holds layers 0 and 1; with the head, the cross-entropy's loss), and one
+  // stage 0 of two holds layers 0 and 1; with the head, the cross-entropy's loss), one
   // process's layers read nothing back (MXFP8's weight-gradient loop and the expert-parallel
-  // exchange's staging for MPI do).
+  // exchange's staging for MPI do), and the optimizer reads the gradient norm's two sums of
+  // squares in one copy.
   const DeviceRunCase& c = GetParam();
   const nlohmann::json host_profile =
       nlohmann::json::parse(read_file(dir_ / "host" / "profile.json"));
@@ -303,11 +304,12 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   const int64_t moe_layers = pipeline ? 1 : 2, experts = 8;
   const std::string statistics_copy =
       fmt::format("copy of {} bytes", (moe_layers * (2 * experts + 1) + (pipeline ? 0 : 1)) * 8);
-  int64_t statistics_copies = 0, cross_entropies = 0, in_layers = 0;
+  int64_t statistics_copies = 0, cross_entropies = 0, in_layers = 0, norm_copies = 0;
   for (const nlohmann::json& read : device_profile.at("host_reads")) {
     const std::string phase = read.at("phase"), what = read.at("what");
     const int64_t count = read.at("count");
     if (phase == "none" && what == statistics_copy) statistics_copies += count;
+    if (phase == "optimizer" && what == "copy of 16 bytes") norm_copies += count;
     if (phase == "lm_head_forward" && what == "cross_entropy") cross_entropies += count;
     for (const char* layer :
          {"attention_", "router_", "dispatch_", "experts_", "shared_expert_", "combine_"})
@@ -319,6 +321,8 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   if (c.ranks == 1 && c.precision != "mxfp8") {
     EXPECT_EQ(in_layers, 0) << device_profile.dump(1);
   }
+  // The gradient norm: both groups' sums of squares in one copy per step.
+  EXPECT_EQ(norm_copies, 1) << device_profile.dump(1);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -35,13 +35,15 @@ MOECORE_SIMD_CLONES double block_sum_of_squares(const float* values, int64_t n) 
 
 }  // namespace
 
-double sum_of_squares(ConstTensorView values) {
+void sum_of_squares(ConstTensorView values, TensorView total) {
   constexpr const char* kOp = "sum_of_squares";
   const int64_t n = values.numel();
   expect_shape(kOp, "values", values, {n});
+  expect_shape(kOp, "total", total, {1});
   const float* v = values.data<float>(kOp);
+  double* out = total.data<double>(kOp);
   const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
-  return deterministic_sum(blocks, [&](int64_t b) {
+  *out = deterministic_sum(blocks, [&](int64_t b) {
     const int64_t begin = b * kSquaresBlock;
     return block_sum_of_squares(v + begin, std::min(kSquaresBlock, n - begin));
   });

@@ -72,7 +72,9 @@ struct GemmPlan {
         preference.get(), 1, &heuristic, &found);
     // cuBLASLt's kernels want leading dimensions and addresses aligned for vector loads; an odd
     // extent (a test's 7 x 17, a vocabulary of odd size) may leave none.
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
+        (status == CUBLAS_STATUS_SUCCESS &&
+         (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)))
       return;
     MOE_CUBLAS_CHECK(status);
     lt_has_kernel = true;

@@ -1,8 +1,8 @@
 // The CUDA backend's operations: kernels/op_declarations.inc's declarations once more, in
 // kernels::cuda, on device views (Device::kCuda; a host view is an error naming the operation).
-// Each operation is issued on runtime.h's stream and returns without waiting for it, except
-// sum_of_squares, which returns its value to the host, the grouped GEMMs, which issue one cuBLASLt
-// GEMM per expert from the host and so read the expert offsets back (expert_offsets_on_host.h).
+// Each operation is issued on runtime.h's stream and returns without waiting for it, except the
+// grouped GEMMs, which issue one cuBLASLt GEMM per expert from the host and so read the expert
+// offsets back (expert_offsets_on_host.h).
 // Those that take row numbers or token ids held in device memory (embedding, permute_rows,
 // permute_rows_backward, gather_rows, moe_combine) check them as the CPU backend does, but on the
 // device: an index outside its tensor is recorded there and thrown by the next synchronize()

@@ -1,4 +1,4 @@
-// Sum of squares on the GPU (sum_of_squares.cu): the total comes back to the host, so this waits.
+// Sum of squares on the GPU (sum_of_squares.cu): the total stays on the device.
 #include "kernels/cuda/device_views.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
@@ -8,24 +8,23 @@
 
 namespace moecore::kernels::cuda {
 
-double sum_of_squares(ConstTensorView values) {
+void sum_of_squares(ConstTensorView values, TensorView total) {
   constexpr const char* kOp = "sum_of_squares";
   const int64_t n = values.numel();
   expect_on_device(kOp, "values", values);
+  expect_on_device(kOp, "total", total);
   expect_shape(kOp, "values", values, {n}, Device::kCuda);
+  expect_shape(kOp, "total", total, {1}, Device::kCuda);
   const float* v = values.data<float>(kOp);
-  if (n == 0) return 0.0;
+  double* out = total.data<double>(kOp);
+  if (n == 0) {
+    MOE_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream()));
+    return;
+  }
   // The block totals, then the total.
-  const StreamScratch scratch(sizeof(double) * (kSumOfSquaresPartials + 1), stream());
-  double* partials = scratch.as<double>();
-  double* device_total = partials + kSumOfSquaresPartials;
-  launch_sum_of_squares(v, n, partials, device_total, stream());
+  const StreamScratch partials(sizeof(double) * kSumOfSquaresPartials, stream());
+  launch_sum_of_squares(v, n, partials.as<double>(), out, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
-  double total = 0.0;
-  MOE_CUDA_CHECK(
-      cudaMemcpyAsync(&total, device_total, sizeof(double), cudaMemcpyDeviceToHost, stream()));
-  synchronize();
-  return total;
 }
 
 }  // namespace moecore::kernels::cuda
