@@ -1,7 +1,6 @@
 #include "kernels/cuda/device_selection.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <cstdlib>
 
 #include "core/check.h"
@@ -32,15 +31,8 @@ std::string activate() {
   // One GPU per process on a node: the local rank's, round robin over the visible devices.
   int devices = 0;
   MOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  const int device = local_rank() % devices;
-  MOE_CUDA_CHECK(cudaSetDevice(device));
-  // The stream-ordered allocator's pool keeps what is freed (as PyTorch's caching allocator does):
-  // with the default release threshold of 0 it would hand the memory back to the driver at every
-  // synchronisation and map it again at the next step's allocations.
-  cudaMemPool_t pool = nullptr;
-  MOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-  uint64_t keep_everything = UINT64_MAX;
-  MOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  MOE_CUDA_CHECK(cudaSetDevice(local_rank() % devices));
+  keep_freed_device_memory();
   register_device_memory(Device::kCuda, &device_memory());
   register_device_backend(Device::kCuda, &cuda_backend());
   return describe(current_device_info());

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include "core/check.h"
 #include "kernels/cuda/index_checks.h"
 
@@ -52,6 +54,15 @@ cudaStream_t stream() {
 void synchronize() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   throw_pending_index_error();
+}
+
+void keep_freed_device_memory() {
+  int device = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&device));
+  cudaMemPool_t pool = nullptr;
+  MOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep_everything = UINT64_MAX;
+  MOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
 }
 
 cublasLtHandle_t cublaslt_handle() {

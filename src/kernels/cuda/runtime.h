@@ -60,6 +60,11 @@ cudaStream_t stream();
 // outside its tensor included (index_checks.h).
 void synchronize();
 
+// Makes the current device's stream-ordered pool keep what is freed (as PyTorch's caching
+// allocator does): with the default release threshold of 0 it would hand the memory back to the
+// driver at every synchronisation and map it again at the next allocations. activate() calls it.
+void keep_freed_device_memory();
+
 // cuBLAS's handle, on stream(), for the GEMMs cuBLASLt has no kernel for (gemm_lt.cpp).
 cublasHandle_t cublas_handle();
 
