@@ -166,7 +166,10 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
             device_name(from), device_name(to));
   if (to == Device::kCpu && logging.load(std::memory_order_acquire))
     note_host_read(fmt::format("copy of {} bytes", bytes));
-  memory_of(to != Device::kCpu ? to : from).copy(dst, src, bytes);
+  const CopyKind kind = to == Device::kCpu     ? CopyKind::kDeviceToHost
+                        : from == Device::kCpu ? CopyKind::kHostToDevice
+                                               : CopyKind::kWithinDevice;
+  memory_of(to != Device::kCpu ? to : from).copy(dst, src, bytes, kind);
 }
 
 void zero_bytes(void* data, size_t bytes) {

@@ -21,6 +21,9 @@
 
 namespace moecore {
 
+// Which way a copy through a device's memory goes (copy_bytes knows it from the pointers).
+enum class CopyKind { kHostToDevice, kDeviceToHost, kWithinDevice };
+
 // One device's memory, as its backend provides it.
 class DeviceMemory {
  public:
@@ -30,11 +33,12 @@ class DeviceMemory {
   // naming the device and the size when there is not enough.
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* data, size_t bytes) noexcept = 0;
-  // Copies `bytes` from src to dst, each in host memory or in this device's memory, after the
-  // device's operations issued before the call and before any issued after it. With host memory
-  // on either side it returns once the bytes are there; a copy within the device's memory may
-  // return before (only the device's operations can see it, and they come after it).
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Copies `bytes` from src to dst, each in host memory or in this device's memory as `kind`
+  // says, after the device's operations issued before the call and before any issued after it.
+  // With host memory on either side it returns once the bytes are there; a copy within the
+  // device's memory may return before (only the device's operations can see it, and they come
+  // after it).
+  virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
   // Zeroes `bytes` of this device's memory, in order with the device's operations.
   virtual void zero(void* data, size_t bytes) = 0;
 };
@@ -84,10 +88,10 @@ void zero_bytes(void* data, size_t bytes);
 
 // Host reads of device memory. Each is a wait: on a GPU the host stops until the work issued
 // before it has finished, and a training step captured into a CUDA graph can hold none (issue 15
-// item 3). copy_bytes notes every copy from a device to the host; an operation that hands a
-// device's values to the host (a norm) notes itself. While a HostReadLog lives, each is counted
-// by the phase it fell in (core/phase_timer.h) and what it read, so that a test or a profile
-// shows where steps wait; without one, a note costs one atomic load.
+// item 3). copy_bytes notes every copy from a device to the host; a backend operation that reads
+// a device's values back itself (the CUDA grouped GEMMs' offsets) notes that. While a HostReadLog
+// lives, each is counted by the phase it fell in (core/phase_timer.h) and what it read, so that a
+// test or a profile shows where steps wait; without one, a note costs one atomic load.
 struct HostRead {
   std::string phase;  // phase_name(), or "none" outside any phase
   std::string what;   // "copy of N bytes" or the operation

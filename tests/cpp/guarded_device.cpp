@@ -44,7 +44,7 @@ class GuardedMemory final : public DeviceMemory {
     return data;
   }
   void deallocate(void* data, size_t bytes) noexcept override { munmap(data, mapped(bytes)); }
-  void copy(void* dst, const void* src, size_t bytes) override {
+  void copy(void* dst, const void* src, size_t bytes, CopyKind /*kind*/) override {
     set_access(dst, bytes, true);
     set_access(src, bytes, true);
     std::memmove(dst, src, bytes);

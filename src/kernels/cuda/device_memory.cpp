@@ -30,12 +30,12 @@ class CudaMemory final : public DeviceMemory {
     cudaFreeAsync(data, stream());
   }
 
-  void copy(void* dst, const void* src, size_t bytes) override {
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
     // Host memory on either side is read or written before the call returns (a pageable
     // buffer's copy is not guaranteed to have left it earlier); a copy within the device is in
     // order with the stream's kernels, which are all that can see it, so it waits for nothing.
-    if (device_of(dst) == Device::kCpu || device_of(src) == Device::kCpu) synchronize();
+    if (kind != CopyKind::kWithinDevice) synchronize();
   }
 
   void zero(void* data, size_t bytes) override {
