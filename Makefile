@@ -7,7 +7,7 @@ PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
         test-reference test-smoke test-fresh test-two-hosts fuzz format clean bench bench-scaling \
-        bench-pipeline bench-plan bench-recompute bench-compare bench-mxfp8
+        bench-pipeline bench-plan bench-recompute bench-lm-head bench-compare bench-mxfp8
 
 all: build
 
@@ -67,6 +67,11 @@ bench-plan: build setup-python
 # (bench/results/recompute.md; needs bench/results/cpu_profile.json from bench-plan).
 bench-recompute: build setup-python
 	$(PYTHON) bench/recompute.py
+
+# Peak memory and step time per train.lm_head_chunk_tokens next to the plan's
+# (bench/results/lm_head_chunks.md; needs bench/results/cpu_profile.json from bench-plan).
+bench-lm-head: build setup-python
+	$(PYTHON) bench/lm_head_chunks.py
 
 # train.precision = "mxfp8" against bf16: peak memory, step time and the experts' share
 # (bench/results/mxfp8.md); ARGS="--curves 1000" adds the default model's loss curves (hours).

@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-from plan_validation import BIN, PROFILE, REPO, RESULTS, median, prepare_data, run
+from plan_sweep import sweep
+from plan_validation import REPO, RESULTS
 
 RUNS = 3
 STEPS = 4
@@ -48,49 +47,7 @@ def settings(sets: list[str], mode: str, data: Path, out_dir: Path) -> list[str]
 
 
 def main() -> None:
-    if not BIN.is_file():
-        raise SystemExit(f"no binary at {BIN} (build it, or set MOECORE_BIN)")
-    if not PROFILE.is_file():
-        raise SystemExit(f"no {PROFILE}: run bench/plan_validation.py first")
-    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
-    work = Path(tempfile.mkdtemp(prefix="moecore-recompute-", dir=base))
-    results = []
-    try:
-        data = prepare_data(work)
-        for model, config, sets in MODELS:
-            per_mode = {m: {"peak_kib": [], "step_s": [], "load": []} for m in MODES}
-            plans = {}
-            for mode in MODES:
-                args = settings(sets, mode, data, work / "plan")
-                plans[mode] = json.loads(run([str(BIN), "plan", str(config), "--json", "--ranks",
-                                              "1", "--hardware", str(PROFILE)] + args))
-            for repeat in range(RUNS):
-                for mode in MODES:
-                    out_dir = work / f"run_{mode}"
-                    shutil.rmtree(out_dir, ignore_errors=True)
-                    per_mode[mode]["load"].append(os.getloadavg()[0])
-                    run([str(BIN), "train", str(config)] + settings(sets, mode, data, out_dir))
-                    prof = json.loads((out_dir / "profile.json").read_text())
-                    per_mode[mode]["step_s"].append(prof["seconds"] / prof["steps"])
-                    per_mode[mode]["peak_kib"].append(json.loads(
-                        (out_dir / "rank_stats" / "rank0.json").read_text())["peak_rss_kib"])
-                    print(f"{model} {mode} run {repeat}: {per_mode[mode]['step_s'][-1]:.3f} s, "
-                          f"{per_mode[mode]['peak_kib'][-1] / 1024:.1f} MiB", flush=True)
-            for mode in MODES:
-                stage = plans[mode]["stages"][0]
-                results.append({
-                    "model": model, "mode": mode,
-                    "predicted_peak_mib": stage["memory_bytes"]["peak"] / 2**20,
-                    "predicted_activations_mib": stage["memory_bytes"]["activations"] / 2**20,
-                    "predicted_step_s": plans[mode]["step_time"]["seconds"],
-                    "measured_peak_mib": median(per_mode[mode]["peak_kib"]) / 1024,
-                    "measured_step_s": median(per_mode[mode]["step_s"]),
-                    "runs_step_s": per_mode[mode]["step_s"],
-                    "runs_peak_mib": [p / 1024 for p in per_mode[mode]["peak_kib"]],
-                    "load_average_1min": per_mode[mode]["load"]})
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    write_results(results)
+    write_results(sweep(MODELS, MODES, "mode", settings, RUNS, "moecore-recompute-"))
 
 
 def write_results(results: list[dict]) -> None:

@@ -10,8 +10,10 @@
 #   4. `moecore train --device cuda`: 200 steps of the default run in fp32 and in bf16, each loss
 #      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py,
 #      each profiled (train_<precision>_profile.json: the phases' times and the steps' host reads
-#      of device memory, where they wait for the GPU); then `moecore diff` of one batch's pass on
-#      the CPU and on the GPU, tensor by tensor;
+#      of device memory, where they wait for the GPU); then 10 steps with the job's groups on
+#      NCCL's communicator (--set parallel.communicator=nccl: its creation, splits, barriers and
+#      teardown on one rank), whose start-up line must name it; then `moecore diff` of one batch's
+#      pass on the CPU and on the GPU, tensor by tensor;
 #   5. bench/gpu_peer.py: moecore's training step (`moecore train --device cuda`, no
 #      checkpoints) and transformers' OlmoeForCausalLM + AdamW (eager, then torch.compile) on
 #      bench/configs/gpu.toml at 8 / 32 / 128 experts, where python3 has torch and transformers,
@@ -129,6 +131,24 @@ find_library() {
     (( code != 0 || curves != 0 )) && train_status=1
     pack
   done
+  # The job's groups on NCCL's communicator (issue 15 item 4), 40 s at most: one GPU, so one rank
+  # (NCCL takes no two ranks on one device), whose collectives complete without reaching NCCL; what
+  # runs on it is the world's creation over MPI's, the mesh's splits, the checkpoint's barriers and
+  # the teardown.
+  run_dir=.gpu/runs/train_nccl
+  rm -rf "$run_dir"
+  cap 40 bundled "$bundle/bin/moecore" train configs/default.toml --device cuda \
+    $(gpu_train_args fp32 "$run_dir") --set train.max_steps=10 --set train.eval_every=0 \
+    --set parallel.communicator=nccl > "$results/train_nccl.log" 2>&1
+  code=$?
+  cat "$results/train_nccl.log"
+  if (( code == 0 )) && ! grep -q "parallel: 1 rank; communicator nccl" "$results/train_nccl.log"; then
+    echo "gpu_check: the start-up lines do not name the communicator nccl"
+    code=1
+  fi
+  echo "== gpu_check: train --device cuda (parallel.communicator=nccl) exited $code"
+  (( code != 0 )) && train_status=1
+  pack
   (( status == 0 && train_status != 0 )) && status=1
   # The first batch's forward and backward on the CPU and on the GPU, every activation and
   # gradient compared (moecore diff: where they part, by normalised error); reported, not failed:

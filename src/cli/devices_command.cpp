@@ -11,6 +11,9 @@
 #if MOECORE_CLI_HAS_CUDA
 #include "kernels/cuda/device_selection.h"
 #endif
+#if MOECORE_CLI_HAS_NCCL
+#include "dist/nccl/nccl_registration.h"
+#endif
 
 namespace moecore::cli {
 
@@ -54,7 +57,12 @@ void run_devices() {
 std::string select_device(Device device) {
   if (device == Device::kCpu) return "";
 #if MOECORE_CLI_HAS_CUDA
-  return kernels::cuda::activate();
+  std::string description = kernels::cuda::activate();
+#if MOECORE_CLI_HAS_NCCL
+  // The job's groups over the GPU's memory (parallel.communicator, train/communicator_choice.h).
+  dist::nccl::register_communicator();
+#endif
+  return description;
 #else
   throw Error(fmt::format(
       "[device] train.device={}: this moecore program has no CUDA backend (build it with the "

@@ -15,8 +15,10 @@ namespace moecore::cli {
 void run_devices();
 
 // Selects `device` for this process's model (train.device): for cuda, the GPU through the CUDA
-// backend; returns its description for the start-up line ("" for the CPU). Throws moecore::Error
-// naming why when the device cannot be used (no GPU, or a program built without the backend).
+// backend, and NCCL's communicator over its memory where the program has it
+// (dist/device_communicators.h); returns its description for the start-up line ("" for the CPU).
+// Throws moecore::Error naming why when the device cannot be used (no GPU, or a program built
+// without the backend).
 std::string select_device(Device device);
 
 }  // namespace moecore::cli

@@ -15,8 +15,14 @@ void check_mesh_shape(int64_t world_size, int64_t ep, int64_t pp) {
             stage_size);
 }
 
-Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp) {
+Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp, const Communicator* pp_world) {
   check_mesh_shape(world.size(), ep, pp);
+  MOE_CHECK(
+      pp_world == nullptr || (pp_world->size() == world.size() && pp_world->rank() == world.rank()),
+      "[parallel] the pp group's world '{}' (rank {} of {}) is not world '{}' (rank {} of {}) "
+      "over another transport",
+      pp_world != nullptr ? pp_world->name() : "", pp_world != nullptr ? pp_world->rank() : 0,
+      pp_world != nullptr ? pp_world->size() : 0, world.name(), world.rank(), world.size());
   const int stage_size = world.size() / static_cast<int>(pp);
   const int e = static_cast<int>(ep);
   const int rank = world.rank();
@@ -30,7 +36,8 @@ Mesh Mesh::build(const Communicator& world, int64_t ep, int64_t pp) {
         world.split(stage == s ? 0 : Communicator::kNoColor, rank, "dp");
     if (stage == s) dp = std::move(group);
   }
-  std::unique_ptr<Communicator> pp_group = world.split(local, stage, "pp");
+  std::unique_ptr<Communicator> pp_group =
+      (pp_world != nullptr ? *pp_world : world).split(local, stage, "pp");
   std::unique_ptr<Communicator> ep_group = dp->split(local / e, local, "ep");
   std::unique_ptr<Communicator> ep_dp_group = dp->split(local % e, local, "ep_dp");
   return Mesh(world, std::move(pp_group), std::move(dp), std::move(ep_group),

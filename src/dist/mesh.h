@@ -16,8 +16,12 @@ namespace moecore::dist {
 class Mesh {
  public:
   // Builds the groups (collective over world, which must outlive the mesh); the world size must
-  // be a multiple of pp x ep.
-  static Mesh build(const Communicator& world, int64_t ep, int64_t pp = 1);
+  // be a multiple of pp x ep. pp_world, when given, is the world the pp group is split from
+  // instead (collective over it too): the same ranks in the same order over another transport,
+  // for a world whose point-to-point transfers cannot carry the pipeline's (NCCL's: no tags, and
+  // a posted receive holds the device's stream until its message arrives).
+  static Mesh build(const Communicator& world, int64_t ep, int64_t pp = 1,
+                    const Communicator* pp_world = nullptr);
 
   int64_t stage() const { return pp.rank(); }
   int64_t stages() const { return pp.size(); }
@@ -29,6 +33,7 @@ class Mesh {
  public:
   const Communicator& world;
   const Communicator& pp;     // the same dp position in every stage; rank = stage index
+                              // (split from build()'s pp_world where one was given)
   const Communicator& dp;     // this stage's data-parallel ranks (dense weights replicated)
   const Communicator& ep;     // ranks that share one copy of the experts, each holding a slice
   const Communicator& ep_dp;  // ranks that hold the same experts

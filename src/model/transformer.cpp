@@ -10,6 +10,7 @@
 #include "core/device_memory.h"
 #include "core/phase_timer.h"
 #include "kernels/ops.h"
+#include "model/chunked_lm_head.h"
 #include "model/document_mask.h"
 #include "model/linear.h"
 #include "model/swiglu_mlp.h"
@@ -39,7 +40,11 @@ struct Transformer::Activations {
   DeviceArray<int32_t> doc_start;            // ... and where the attention reads it
   std::vector<DeviceArray<float>> residual;  // [layers + 1][N, d]: input of each layer, then output
   std::vector<LayerCache> layers;            // this chunk's layers
-  DeviceArray<float> final_rstd, final_hidden, logits, dlogits;  // chunk with the head
+  DeviceArray<float> final_rstd, final_hidden;  // chunk with the head
+  // The whole head's logits and their loss gradient (at scale 1); empty after a forward with the
+  // chunked head, which keeps neither (head_chunk_tokens > 0, model/chunked_lm_head.h).
+  DeviceArray<float> logits, dlogits;
+  int64_t head_chunk_tokens = 0;
   // [layers][E] load-balancing gradient per router probability, made on the host (from the
   // batch statistics) and read by the router's backward where it runs.
   std::vector<float> lb_score_grad_host;
@@ -51,6 +56,7 @@ struct Transformer::Activations {
   std::vector<std::byte> loss_statistics_host;
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;    // tokens of the global micro-batch
+  int64_t counted_targets = 0;  // its counted targets (the cross-entropy's divisor), with the head
   double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
   bool backward_ready = false;  // the last forward kept what the backward needs
 };
@@ -267,7 +273,18 @@ int64_t Transformer::dropped_routes(int64_t layer) const {
 
 const DeviceArray<float>& Transformer::logits() const {
   MOE_CHECK(last_slot_ >= 0 && has_head(), "[model] logits() needs a forward() of the head first");
-  return slots_[static_cast<size_t>(last_slot_)]->logits;
+  const Activations& act = *slots_[static_cast<size_t>(last_slot_)];
+  MOE_CHECK(act.head_chunk_tokens == 0,
+            "[model] logits() after a forward with targets and train.lm_head_chunk_tokens={}: the "
+            "chunked head keeps no logits (set it to 0, or run the forward without targets)",
+            act.head_chunk_tokens);
+  return act.logits;
+}
+
+void Transformer::set_lm_head_chunk_tokens(int64_t tokens) {
+  MOE_CHECK(tokens >= 0, "[model] lm_head_chunk_tokens={} must be 0 (the whole head) or positive",
+            tokens);
+  lm_head_chunk_tokens_ = tokens;
 }
 
 LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens,
@@ -483,12 +500,20 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
         view(act.residual.back().data(), {n, d}), view(at(params, final_norm_), {d}),
         view(act.final_hidden.data(), {n, d}), view(act.final_rstd.data(), {n}), eps);
     observe("model.norm", view(act.final_hidden.data(), {n, d}));
-    act.logits.resize(static_cast<size_t>(n * v));
-    ScopedPhase timer(Phase::kLmHeadForward);
-    linear_forward(precision_.lm_head, act.final_hidden.data(),
-                   gemm_weight(params, lm_head_, {v, d}), act.logits.data(), n, d, v);
-    timer.stop();
-    observe("lm_head", view(act.logits.data(), {n, v}));
+    // A forward without targets is for its logits: the whole head, chunks or not.
+    act.head_chunk_tokens = targets != nullptr ? lm_head_chunk_tokens_ : 0;
+    if (act.head_chunk_tokens > 0) {
+      // The chunked head runs with the losses below; the whole head's arrays go back.
+      act.logits = DeviceArray<float>(act.logits.device());
+      act.dlogits = DeviceArray<float>(act.dlogits.device());
+    } else {
+      act.logits.resize(static_cast<size_t>(n * v));
+      ScopedPhase timer(Phase::kLmHeadForward);
+      linear_forward(precision_.lm_head, act.final_hidden.data(),
+                     gemm_weight(params, lm_head_, {v, d}), act.logits.data(), n, d, v);
+      timer.stop();
+      observe("lm_head", view(act.logits.data(), {n, v}));
+    }
   } else {
     copy_bytes(hidden_out, act.residual.back().data(), static_cast<size_t>(n * d) * sizeof(float));
   }
@@ -513,14 +538,20 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   stats[1] = static_cast<double>(n);
   if (has_head() && batch_sum_) batch_sum_(stats.data(), 2);
   const int64_t counted = static_cast<int64_t>(stats[0]);  // with the head: the global count
+  act.counted_targets = counted;
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
 
   // The statistics where the model's tensors are, then one copy for all of them: the forward's
   // one wait for the device. Each MoE layer's slot holds 2E + 1 eight-byte values (E counts as
-  // i64, E sums and the z-loss as f64); with the head the cross-entropy's loss follows (f64).
+  // i64, E sums and the z-loss as f64); with the head the cross-entropy's loss follows (f64; one
+  // per chunk with the chunked head, added in chunk order).
   const size_t slot_bytes = static_cast<size_t>(per_layer) * sizeof(double);
   const size_t head_offset = moe_layers.size() * slot_bytes;
-  act.loss_statistics.resize_for_overwrite(head_offset + (has_head() ? sizeof(double) : 0));
+  const LmHeadChunks head_chunks{n, d, v, std::max<int64_t>(act.head_chunk_tokens, 1)};
+  const int64_t head_losses =
+      !has_head() ? 0 : (act.head_chunk_tokens > 0 ? head_chunks.count() : 1);
+  act.loss_statistics.resize_for_overwrite(head_offset +
+                                           static_cast<size_t>(head_losses) * sizeof(double));
   for (size_t j = 0; j < moe_layers.size(); ++j) {
     const MoeCache& mc = act.layers[static_cast<size_t>(moe_layers[j] - layers_begin_)].moe;
     std::byte* layer_slot = act.loss_statistics.data() + j * slot_bytes;
@@ -535,13 +566,20 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
                   TensorView(layer_slot + 2 * e_count * sizeof(double), {1}, DType::kF64));
   }
   if (has_head()) {
-    act.dlogits.resize(act.logits.size());
     act.targets.resize(static_cast<size_t>(n));
     copy_bytes(act.targets.data(), targets, static_cast<size_t>(n) * sizeof(int32_t));
     ScopedPhase timer(Phase::kLmHeadForward);
-    kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                           view(act.dlogits.data(), {n, v}), 1.0f, counted,
-                           TensorView(act.loss_statistics.data() + head_offset, {1}, DType::kF64));
+    const TensorView head_loss(act.loss_statistics.data() + head_offset, {head_losses},
+                               DType::kF64);
+    if (act.head_chunk_tokens > 0) {
+      chunked_lm_head_forward(precision_.lm_head, act.final_hidden.data(),
+                              gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
+                              head_chunks, counted, head_loss, workspace_);
+    } else {
+      act.dlogits.resize(act.logits.size());
+      kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
+                             view(act.dlogits.data(), {n, v}), 1.0f, counted, head_loss);
+    }
   }
   act.loss_statistics_host.resize(act.loss_statistics.size());
   copy_bytes(act.loss_statistics_host.data(), act.loss_statistics.data(),
@@ -560,7 +598,14 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   }
   if (has_head()) {
     double ce_mean = 0.0;  // over the global count of targets
-    std::memcpy(&ce_mean, act.loss_statistics_host.data() + head_offset, sizeof(ce_mean));
+    for (int64_t chunk = 0; chunk < head_losses; ++chunk) {
+      double chunk_mean = 0.0;
+      std::memcpy(&chunk_mean,
+                  act.loss_statistics_host.data() + head_offset +
+                      static_cast<size_t>(chunk) * sizeof(double),
+                  sizeof(chunk_mean));
+      ce_mean += chunk_mean;
+    }
     stats.back() = ce_mean * static_cast<double>(counted);
   }
   const size_t summed_from = has_head() ? 2 : 0;  // with the head the counts are summed already
@@ -654,20 +699,28 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     // largest of the pass).
     Workspace::Scope head_scratch(workspace_);
     ScopedPhase timer(Phase::kLmHeadBackward);
-    // The loss gradient of the logits, scaled for gradient accumulation (loss_scale is
-    // 1 / micro-batches); without accumulation the saved one is used as it is.
-    const float* dlogits = act.dlogits.data();
-    if (loss_scale != 1.0f) {
-      const std::span<float> scaled_dlogits = head_scratch.uninitialized<float>(n * v);
-      kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
-                     view(scaled_dlogits.data(), {n, v}));
-      dlogits = scaled_dlogits.data();
-    }
-    observe("grad.lm_head", view(dlogits, {n, v}));
     const std::span<float> dhidden = head_scratch.zeroed<float>(n * d);
-    linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(),
-                    gemm_weight(params, lm_head_, {v, d}), dhidden.data(), at(grads, lm_head_), n,
-                    d, v, false);
+    if (act.head_chunk_tokens > 0) {
+      const LmHeadChunks head_chunks{n, d, v, act.head_chunk_tokens};
+      chunked_lm_head_backward(precision_.lm_head, act.final_hidden.data(),
+                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
+                               head_chunks, act.counted_targets, loss_scale, dhidden.data(),
+                               at(grads, lm_head_), workspace_);
+    } else {
+      // The loss gradient of the logits, scaled for gradient accumulation (loss_scale is
+      // 1 / micro-batches); without accumulation the saved one is used as it is.
+      const float* dlogits = act.dlogits.data();
+      if (loss_scale != 1.0f) {
+        const std::span<float> scaled_dlogits = head_scratch.uninitialized<float>(n * v);
+        kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
+                       view(scaled_dlogits.data(), {n, v}));
+        dlogits = scaled_dlogits.data();
+      }
+      observe("grad.lm_head", view(dlogits, {n, v}));
+      linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(),
+                      gemm_weight(params, lm_head_, {v, d}), dhidden.data(), at(grads, lm_head_), n,
+                      d, v, false);
+    }
     timer.stop();
     observe("grad.model.norm", view(dhidden.data(), {n, d}));
     kernels::rmsnorm_backward(view(dhidden.data(), {n, d}),

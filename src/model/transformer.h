@@ -98,6 +98,12 @@ class Transformer {
   // layer order, which every rank of the ep group follows (all use the same mode).
   void set_recompute(ActivationRecompute mode) { recompute_ = mode; }
   ActivationRecompute recompute() const { return recompute_; }
+  // train.lm_head_chunk_tokens: 0 (the default) keeps the micro-batch's logits and their gradient
+  // from a forward with targets to its backward; > 0 runs the head and its cross-entropy in chunks
+  // of that many tokens and keeps neither (model/chunked_lm_head.h): logits() and the observer's
+  // "lm_head" and "grad.lm_head" are then not available after such a forward.
+  void set_lm_head_chunk_tokens(int64_t tokens);
+  int64_t lm_head_chunk_tokens() const { return lm_head_chunk_tokens_; }
   // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32
   // everywhere). Modules in bf16 read bf16 copies of their weights (model/bf16_weight_copies.h),
   // MXFP8 GEMMs MX caches of them (model/mx_weight_caches.h); both are "weight copies" below.
@@ -138,8 +144,9 @@ class Transformer {
   void clear_selection_counts();
   void update_router_bias(ParamBuffers& params);
 
-  // Of the last forward (any slot).
-  const DeviceArray<float>& logits() const;  // [batch * seq, vocab]; chunk with the head only
+  // Of the last forward (any slot): [batch * seq, vocab], on the chunk with the head, after a
+  // forward without targets or one with the whole head (lm_head_chunk_tokens 0).
+  const DeviceArray<float>& logits() const;
   const ModelConfig& config() const { return config_; }
   // Router state of each layer of the last forward (nullptr for dense layers and for layers
   // outside this chunk).
@@ -215,6 +222,7 @@ class Transformer {
   LayerGradsReady layer_grads_ready_;
   TensorObserver observer_;
   ActivationRecompute recompute_ = ActivationRecompute::kNone;
+  int64_t lm_head_chunk_tokens_ = 0;  // 0: the whole head
   // The LM head's and dense MLPs' entries are read here; attention_ and moe_ hold the others.
   PrecisionRecipe precision_;
   Bf16WeightCopies bf16_copies_;

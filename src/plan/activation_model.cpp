@@ -71,8 +71,9 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
     moe += kF * 3.0 * n * hs;                                               // shared expert gu, act
     a.moe += moe;
   }
-  if (chunk.has_head) a.head = kF * (n + n * d + 2.0 * n * v);  // rstd, hidden, logits, dlogits
-  a.head += kF * static_cast<double>(chunk.layers) * e;         // lb_score_grad
+  // rstd, hidden, and the whole head's logits and dlogits (the chunked head keeps neither).
+  if (chunk.has_head) a.head = kF * (n + n * d + (t.head_chunk_tokens > 0 ? 0.0 : 2.0 * n * v));
+  a.head += kF * static_cast<double>(chunk.layers) * e;  // lb_score_grad
   return a;
 }
 
@@ -105,10 +106,13 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     (c.layer_is_dense(i) ? has_dense : has_moe) = true;
 
   // Backward (Transformer::backward_chunk): dx lives throughout; the head's phase adds dhidden and
-  // the scaled dlogits; then dbranch and the dense scratch (kept across layers) plus one layer's
-  // temporaries at a time.
+  // the scaled dlogits (the chunked head: one chunk's logits and dlogits); then dbranch and the
+  // dense scratch (kept across layers) plus one layer's temporaries at a time.
+  const double head_rows = static_cast<double>(t.head_rows());
   double head_phase = 0.0;
-  if (chunk.has_head) head_phase = kF * (n * d + (scaled_loss ? n * v : 0.0));
+  if (chunk.has_head)
+    head_phase = kF * (n * d + (t.head_chunk_tokens > 0 ? 2.0 * head_rows * v
+                                                        : (scaled_loss ? n * v : 0.0)));
   double layers_base = kF * n * d + kF * e;  // dbranch, lb_grad
   if (has_dense) layers_base += kF * 3.0 * n * static_cast<double>(c.intermediate_size);
   double attention = kF * (2.0 * n * qs + 2.0 * n * kvs);                // d_context, dq, dk, dv
@@ -136,9 +140,12 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
       kF * n * d + std::max(head_phase, layers_base + rebuilt + std::max(attention, moe));
 
   // Forward: the branch buffer, and the exchange's send and receive copies of one MoE layer (the
-  // receive buffer carries the token rows in and the outputs back).
-  double forward = kF * n * d;
-  if (has_moe && exchange) forward += kF * (routes * d + received * d);
+  // receive buffer carries the token rows in and the outputs back), or later the chunked head's
+  // logits of one chunk.
+  double forward_layer = 0.0, forward_head = 0.0;
+  if (has_moe && exchange) forward_layer = kF * (routes * d + received * d);
+  if (chunk.has_head && t.head_chunk_tokens > 0) forward_head = kF * head_rows * v;
+  const double forward = kF * n * d + std::max(forward_layer, forward_head);
   return std::max(forward, backward);
 }
 

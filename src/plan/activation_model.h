@@ -42,7 +42,14 @@ struct TokenShape {
   // train.precision = "mxfp8" without mxfp8_expert_wgrad: the experts' inputs (x, the SwiGLU
   // output) are kept as MXFP8 copies (model/grouped_experts.h), their fp32 buffers lent per layer.
   bool mx_expert_inputs = false;
+  // train.lm_head_chunk_tokens: > 0, the head keeps no logits and computes them again in the
+  // backward, this many tokens at a time (model/chunked_lm_head.h).
+  int64_t head_chunk_tokens = 0;
   int64_t tokens() const { return rows * seq; }
+  // The rows of the head's logits alive at once: a chunk's, or the whole micro-batch's.
+  int64_t head_rows() const {
+    return head_chunk_tokens > 0 && head_chunk_tokens < tokens() ? head_chunk_tokens : tokens();
+  }
 };
 
 // With train.recompute, what the forward keeps (model/activation_recompute.h): the block inputs,

@@ -86,8 +86,12 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   const std::vector<dist::PipelineAction> actions = dist::pipeline_schedule(
       pc.schedule, layout.pp, stage, layout.virtual_stages, tc.microbatches);
   m.peak_live_microbatches = dist::peak_live_activations(actions);
-  const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, pc.dispatch,
-                          recipe.mx.experts && !recipe.mx.expert_wgrad};
+  const TokenShape tokens{layout.local_rows,
+                          tc.seq_len,
+                          layout.ep,
+                          pc.dispatch,
+                          recipe.mx.experts && !recipe.mx.expert_wgrad,
+                          tc.lm_head_chunk_tokens};
   const bool scaled_loss = tc.microbatches > 1;
   int64_t first_layer = 0;
   std::vector<int64_t> starts;

@@ -183,9 +183,13 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
                  roof.pass_gemm(forward, r.dense_mlp, n, d, hs);
     add(TimeCategory::kExperts, experts);
   }
-  if (chunk.has_head)
-    add(TimeCategory::kLmHead,
-        roof.pass_gemm(forward, r.lm_head, n, static_cast<double>(c.vocab_size), d));
+  if (chunk.has_head) {
+    const double v = static_cast<double>(c.vocab_size);
+    add(TimeCategory::kLmHead, roof.pass_gemm(forward, r.lm_head, n, v, d));
+    // The chunked head computes its logits again in the backward.
+    if (!forward && tc.lm_head_chunk_tokens > 0)
+      add(TimeCategory::kLmHead, roof.pass_gemm(true, r.lm_head, n, v, d));
+  }
 
   // Element-wise work: the forward writes each saved activation and reads it once; the backward
   // reads it, writes its gradient and reads that once.

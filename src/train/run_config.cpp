@@ -190,6 +190,7 @@ void read_train(TableReader& r, TrainConfig& t) {
                {"full", ActivationRecompute::kFull},
                {"moe", ActivationRecompute::kMoe},
                {"attention", ActivationRecompute::kAttention}});
+  r.read("lm_head_chunk_tokens", t.lm_head_chunk_tokens);
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
   r.read("eval_batches", t.eval_batches);
@@ -221,6 +222,10 @@ void read_parallel(TableReader& r, ParallelConfig& p) {
   r.read_enum("dispatch", p.dispatch, {{"sync", Dispatch::kSync}, {"rowwise", Dispatch::kRowwise}});
   r.read("capacity_factor", p.capacity_factor);
   r.read("overlap_grad_reduce", p.overlap_grad_reduce);
+  r.read_enum("communicator", p.communicator,
+              {{"auto", CommunicatorKind::kAuto},
+               {"mpi", CommunicatorKind::kMpi},
+               {"nccl", CommunicatorKind::kNccl}});
 }
 
 void read_data(TableReader& r, DataConfig& d) {
@@ -334,6 +339,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.microbatches={} must be positive and divide train.batch_size={}",
             t.microbatches, t.batch_size);
   MOE_CHECK(t.save_every >= 0, "[config] train.save_every={} must be >= 0", t.save_every);
+  MOE_CHECK(t.lm_head_chunk_tokens >= 0,
+            "[config] train.lm_head_chunk_tokens={} must be >= 0 (0 = the whole micro-batch)",
+            t.lm_head_chunk_tokens);
   MOE_CHECK(t.checkpoint || t.save_every == 0,
             "[config] train.save_every={} with train.checkpoint=false: a run without checkpoints "
             "saves none",
@@ -455,6 +463,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"mxfp8_dense", t.mxfp8.dense},
                     {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
                     {"recompute", recompute_name(t.recompute)},
+                    {"lm_head_chunk_tokens", t.lm_head_chunk_tokens},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
                     {"eval_batches", t.eval_batches},
@@ -496,7 +505,10 @@ std::string run_config_to_toml(const RunConfig& c) {
                        {"zero", p.zero},
                        {"dispatch", p.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
                        {"capacity_factor", p.capacity_factor},
-                       {"overlap_grad_reduce", p.overlap_grad_reduce}};
+                       {"overlap_grad_reduce", p.overlap_grad_reduce},
+                       {"communicator", name(p.communicator, {{CommunicatorKind::kAuto, "auto"},
+                                                              {CommunicatorKind::kMpi, "mpi"},
+                                                              {CommunicatorKind::kNccl, "nccl"}})}};
   toml::table doc{
       {"model", model}, {"optim", optim}, {"train", train}, {"data", data}, {"parallel", parallel}};
   std::ostringstream out;

@@ -40,6 +40,10 @@ struct TrainConfig {
   // "none" | "full" | "moe" | "attention": activations the forward drops and the backward
   // rebuilds, per block (model/activation_recompute.h); losses and gradients are unchanged.
   ActivationRecompute recompute = ActivationRecompute::kNone;
+  // Tokens per chunk of the LM head and its cross-entropy (model/chunked_lm_head.h): > 0 keeps no
+  // [tokens, vocab] logits from the forward to the backward and computes them again there, one
+  // chunk at a time (one more head GEMM per micro-batch); 0: the whole micro-batch at once.
+  int64_t lm_head_chunk_tokens = 0;
   int64_t log_every = 10;
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;
@@ -76,6 +80,7 @@ struct DataConfig {
 };
 
 enum class Dispatch { kSync, kRowwise };
+enum class CommunicatorKind { kAuto, kMpi, kNccl };
 
 // [parallel]: the process layout. dp (data parallel) is derived: world size / pp; the MoE mesh
 // (ep, ep_dp) folds inside each pipeline stage's dp ranks.
@@ -91,6 +96,10 @@ struct ParallelConfig {
   Dispatch dispatch = Dispatch::kSync;
   double capacity_factor = 1.25;     // rowwise dispatch: receive capacity per rank
   bool overlap_grad_reduce = false;  // start gradient all-reduces during the backward
+  // "auto" | "mpi" | "nccl": the transport of the job's groups (train/communicator_choice.h).
+  // auto: NCCL where the model is on a CUDA device, the program has NCCL's communicator and the
+  // job more than one rank, each on a GPU of its own; else MPI. The pp group stays on MPI.
+  CommunicatorKind communicator = CommunicatorKind::kAuto;
 };
 
 struct RunConfig {

@@ -37,6 +37,7 @@
 #include "train/callbacks/sampler.h"
 #include "train/callbacks/stop_signals.h"
 #include "train/checkpoint.h"
+#include "train/communicator_choice.h"
 #include "train/evaluate.h"
 #include "train/layout_validation.h"
 #include "train/resume_policy.h"
@@ -177,7 +178,8 @@ std::string gemm_precision_line(const TrainConfig& tc) {
 
 // The start-up lines: the model and data, and the parallel layout.
 void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& start,
-              const TrainOptions& options, const std::vector<int64_t>& chunk_layers) {
+              const TrainOptions& options, const std::vector<int64_t>& chunk_layers,
+              const CommunicatorChoice& communicator) {
   const TrainConfig& tc = ctx.config.train;
   const ParallelConfig& pc = ctx.config.parallel;
   const double dense = static_cast<double>(ctx.layout.numel(ParamGroup::kDense)) / 1e6;
@@ -198,14 +200,19 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
                                   : fmt::format(", initialised from {}", options.init_from)));
   if (ctx.world.size() > 1)
     ctx.progress.message(fmt::format(
-        "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}",
+        "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}; "
+        "communicator {}",
         ctx.world.size(), ctx.mesh.dp.size(), pc.ep, pc.zero,
         static_cast<double>(ctx.optimizer.state_floats()) * 4.0 / (1 << 20),
         ctx.rowwise_dispatch
             ? fmt::format("; rowwise dispatch{}, capacity_factor {}",
                           tc.device == Device::kCpu ? "" : " (all-to-all-v on the device)",
                           pc.capacity_factor)
-            : std::string()));
+            : std::string(),
+        communicator.description));
+  else if (communicator.device != nullptr)
+    ctx.progress.message(
+        fmt::format("parallel: 1 rank; communicator {}", communicator.description));
   if (pc.pp > 1) {
     std::string split;
     for (int64_t n : chunk_layers) split += (split.empty() ? "" : ", ") + std::to_string(n);
@@ -385,20 +392,33 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "program built by the `cuda` preset selects it at start-up)",
             device_name(tc.device), device_name(tc.device));
   const DefaultDeviceScope on_device(tc.device);
-  const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
-  // Several ranks on devices reduce, pass activations and exchange expert rows over MPI through
-  // host copies of the device buffers (dist/communicator.h); the rowwise dispatch's one-sided
-  // puts and gets (MPI windows) reach host memory only, so on a device its keep decision drives
-  // an all-to-all-v (model/sync_dispatch.h's capacity form).
-  (void)validate_layout(config, world->size());  // `moecore plan`'s checks, before any group
-  const dist::Mesh mesh = dist::Mesh::build(*world, pc.ep, pc.pp);
-  const bool rank0 = world->rank() == 0;
+  // MPI's world: the job's processes, and the bootstrap of a communicator over the device's
+  // memory (parallel.communicator, train/communicator_choice.h).
+  const std::unique_ptr<dist::Communicator> mpi = dist::mpi_world();
+  (void)validate_layout(config, mpi->size());  // `moecore plan`'s checks, before any group
+  const CommunicatorChoice communicator = choose_communicator(
+      config, mpi->size(), [&mpi](const dist::DeviceCommunicatorFactory& factory) {
+        return factory.unusable != nullptr ? factory.unusable(*mpi) : std::string();
+      });
+  // On NCCL the groups take the device's buffers as they are, and their operations on them are
+  // only enqueued on the device's stream (host operands, the statistics and votes, are staged
+  // and waited for). Over MPI, ranks on devices reduce, pass activations and exchange expert
+  // rows through host copies of the device buffers (dist/communicator.h). The pp group is MPI's
+  // either way (train/communicator_choice.h). The rowwise dispatch's one-sided puts and gets
+  // (MPI windows) reach host memory only, so on a device its keep decision drives an
+  // all-to-all-v (model/sync_dispatch.h's capacity form) and it makes no window (NCCL has none).
+  const std::unique_ptr<dist::Communicator> device_world =
+      communicator.device != nullptr ? communicator.device->create(*mpi, "world") : nullptr;
+  const dist::Communicator& world = device_world ? *device_world : *mpi;
+  const dist::Mesh mesh =
+      dist::Mesh::build(world, pc.ep, pc.pp, device_world ? mpi.get() : nullptr);
+  const bool rank0 = world.rank() == 0;
   const int64_t dp = mesh.dp.size();
   // Pipeline: the model chunks this rank runs (one, the whole model, without pipelining).
   const std::vector<int64_t> chunk_layers =
       dist::split_layers(mc.num_hidden_layers, pc.pp * resolve_virtual_stages(pc), pc.stage_layers);
   const std::vector<LayerRange> my_chunks = dist::stage_chunks(chunk_layers, pc.pp, mesh.stage());
-  set_threads(tc.threads, world->size());
+  set_threads(tc.threads, world.size());
   const int64_t rows = tc.batch_size / tc.microbatches;  // per micro-batch, all ranks together
   MOE_CHECK(rows % dp == 0,
             "[parallel] train.batch_size / train.microbatches = {} sequences per micro-batch do "
@@ -421,12 +441,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     run_lock.emplace(io::RunDirLock::acquire(tc.out_dir));
     remove_interrupted_saves(tc.out_dir);
   }
-  world->broadcast(&owner_pid, sizeof(owner_pid), 0);
-  world->barrier();  // the other ranks read the run directory only once rank 0 has tidied it
+  world.broadcast(&owner_pid, sizeof(owner_pid), 0);
+  world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
   const StartPoint start = choose_start(config, options);
   // A run killed between committing a checkpoint and pruning the old ones left one too many.
   if (start.checkpoint && rank0) prune_checkpoints(tc.out_dir, *start.checkpoint, tc.keep_last);
-  if (start.checkpoint) world->barrier();  // no rank looks at the run directory while it prunes
+  if (start.checkpoint) world.barrier();  // no rank looks at the run directory while it prunes
 
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
@@ -454,6 +474,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunks.back()->set_batch_sum(dp_batch_sum);
     chunks.back()->set_document_masking(in.document_eos);
     chunks.back()->set_recompute(tc.recompute);
+    chunks.back()->set_lm_head_chunk_tokens(tc.lm_head_chunk_tokens);
     chunks.back()->set_precision(PrecisionRecipe::from_train(tc.precision, tc.mxfp8));
     // This loop tells the chunks of every change of the weights (each optimizer step, below the
     // loads): their bf16 weight copies are made once per step, not once per micro-batch.
@@ -474,7 +495,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const std::string init_check_line =
       options.init_from.empty() || start.checkpoint
           ? std::string()
-          : init_from_hf(*world, config, in, options.init_from, full_layout, layout, params);
+          : init_from_hf(world, config, in, options.init_from, full_layout, layout, params);
   for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0)
@@ -485,7 +506,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   Progress progress(tc.max_steps, tc.log_every, rank0);
   TrainContext ctx{
       .config = config,
-      .world = *world,
+      .world = world,
       .mesh = mesh,
       .progress = progress,
       .full_layout = full_layout,
@@ -508,7 +529,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   ctx.summary.start_step = ctx.step;
   add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value());
   for (const std::string& message : start.messages) progress.message(message);
-  announce(ctx, in, start, options, chunk_layers);
+  announce(ctx, in, start, options, chunk_layers, communicator);
   if (!init_check_line.empty()) progress.message(init_check_line);
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);

@@ -19,8 +19,6 @@ namespace {
 
 // d 32, 4 layers (layer 0 dense), 4 heads / 2 KV heads of 8, 8 experts top-2 of width 16, a shared
 // expert of 24, vocabulary 64, untied.
-const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false, {}};
-
 TEST(PlanParams, MatchHandCount) {
   const ParamCounts p = count_params(small_config().model);
   const int64_t d = 32, v = 64, qs = 32, kvs = 16;

@@ -16,8 +16,6 @@
 namespace moecore::plan {
 namespace {
 
-const Hardware kNoRuntime{"test", 1e12, 0.0, "test", false, {}};
-
 ActivationBytes activations(const std::string& mode) {
   return make_plan(small_config({"train.recompute=\"" + mode + "\""}), 1, kNoRuntime)
       .stages[0]
@@ -85,16 +83,6 @@ TEST(PlanRecompute, RecomputedMoeForwardExchangesAgain) {
   EXPECT_DOUBLE_EQ(ep_bytes("full", "sync", "alltoallv"), 6.0 * one_way);
   EXPECT_DOUBLE_EQ(ep_bytes("moe", "rowwise", "put"), 3.0 * one_way);
   EXPECT_DOUBLE_EQ(ep_bytes("moe", "rowwise", "get"), 3.0 * one_way);
-}
-
-Rates test_rates() {
-  Rates r;
-  r.gemm_flops_fp32 = r.peak_flops_fp32 = 1e9;
-  r.gemm_flops_bf16 = r.peak_flops_bf16 = 2e9;
-  r.memory_bandwidth = 1e9;
-  r.link_bandwidth = 1e8;
-  r.link_latency = 1e-6;
-  return r;
 }
 
 Seconds pass(const RunConfig& c, bool forward) {

@@ -83,16 +83,6 @@ TEST(PipelineSimulation, SingleStageNeverWaits) {
   EXPECT_DOUBLE_EQ(t.last_backward[0], 2.0);
 }
 
-Rates test_rates() {
-  Rates r;
-  r.gemm_flops_fp32 = r.peak_flops_fp32 = 1e9;
-  r.gemm_flops_bf16 = r.peak_flops_bf16 = 2e9;
-  r.memory_bandwidth = 1e9;
-  r.link_bandwidth = 1e8;  // slow: the reductions matter
-  r.link_latency = 1e-6;
-  return r;
-}
-
 StepTime plan_step(const std::vector<std::string>& overrides, int64_t world, const Rates& r) {
   const RunConfig c = small_config(overrides);
   return step_time(c, validate_layout(c, world), r);

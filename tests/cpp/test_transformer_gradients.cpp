@@ -36,7 +36,8 @@ struct Variant {
   int64_t n_group = 1, topk_group = 1;
   double routed_scaling_factor = 1.0;
   double router_bias_update_rate = 0.0;
-  int32_t document_eos = -1;  // data.document_masking's EOS; -1: plain causal attention
+  int32_t document_eos = -1;      // data.document_masking's EOS; -1: plain causal attention
+  int64_t head_chunk_tokens = 0;  // train.lm_head_chunk_tokens (0: the whole head)
 };
 
 ModelConfig tiny_config(const Variant& v) {
@@ -105,6 +106,7 @@ void check_model(const Variant& v, uint32_t seed) {
   const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
   Transformer model(c, layout);
   model.set_document_masking(v.document_eos);
+  model.set_lm_head_chunk_tokens(v.head_chunk_tokens);
   const LossParts base = model.forward(params, tokens.data(), targets.data(), batch, seq);
   EXPECT_EQ(base.counted_tokens, 7);
   if (v.document_eos >= 0) {
@@ -316,15 +318,93 @@ TEST(TransformerGradients, DocumentMaskingReorderedNorms) {
   check_model(v, 5000);
 }
 
-TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {
-  const ModelConfig c =
+// The untied model with the OLMo-core loss and a softmax router, O(1) weights from `seed`, and the
+// batch of check_model.
+struct UntiedModel {
+  explicit UntiedModel(uint32_t seed) { randomize(layout, params, seed); }
+  ModelConfig c =
       tiny_config({false, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull});
-  const ParamLayout layout = ParamLayout::build(c);
-  ParamBuffers params(layout);
-  randomize(layout, params, 5000);
-  const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
-  const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
-  Transformer model(c, layout);
+  ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params{layout};
+  std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7};
+  std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4};
+};
+
+// The chunked LM head (model/chunked_lm_head.h): 8 tokens in chunks of 3, 3 and 2.
+TEST(TransformerGradients, ChunkedHeadTiedOlmoCoreLbSoftmax) {
+  Variant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
+  v.head_chunk_tokens = 3;
+  check_model(v, 1000);
+}
+TEST(TransformerGradients, ChunkedHeadUntiedHfLbSigmoid) {
+  Variant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
+  v.head_chunk_tokens = 1;
+  check_model(v, 2000);
+}
+
+TEST(TransformerGradients, ChunkedHeadMatchesTheWholeHead) {
+  const UntiedModel m(8000);
+  const ParamLayout& layout = m.layout;
+  const ParamBuffers& params = m.params;
+  const std::vector<int32_t>& tokens = m.tokens;
+  const std::vector<int32_t>& targets = m.targets;
+  Transformer whole(m.c, layout), chunked(m.c, layout);
+  chunked.set_lm_head_chunk_tokens(3);
+  std::vector<std::string> observed;
+  chunked.set_tensor_observer(
+      [&observed](const std::string& name, ConstTensorView) { observed.push_back(name); });
+  const LossParts a = whole.forward(params, tokens.data(), targets.data(), 2, 4);
+  const LossParts b = chunked.forward(params, tokens.data(), targets.data(), 2, 4);
+  // The chunked head keeps no logits, and says so.
+  EXPECT_THROW((void)chunked.logits(), Error);
+  EXPECT_EQ(std::count(observed.begin(), observed.end(), "lm_head"), 0);
+  // The same rows through the same operations: the logits of a row are a length-8 fp32 dot
+  // product either way (a GEMM over fewer rows may sum it in another order: gamma_8 |h||w| apart,
+  // ~1e-6 here), and the loss adds the chunks' means in double. Relative to the loss, 1e-5 is
+  // ~10x that.
+  EXPECT_NEAR(b.ce, a.ce, 1e-5 * a.ce);
+  EXPECT_EQ(b.counted_tokens, a.counted_tokens);
+  EXPECT_DOUBLE_EQ(b.lb, a.lb);  // the layers below the head are the same computation
+  EXPECT_DOUBLE_EQ(b.z, a.z);
+  ParamBuffers ga(layout), gb(layout);
+  whole.backward(params, ga, 0.5f);
+  chunked.backward(params, gb, 0.5f);
+  // Gradients: the head's sums (over 11 vocabulary entries for dhidden, 8 tokens for its weight
+  // gradient) in another order, gamma_11 ~ 7e-7 relative to their terms, carried through two
+  // layers; relative to each tensor's largest gradient, 1e-5 leaves >10x room. A wrong chunk or a
+  // lost loss_scale is off by O(1).
+  for (const ParamSpec& spec : layout.specs()) {
+    double largest = 0.0, diff = 0.0;
+    for (size_t i = 0; i < spec.numel; ++i) {
+      const double x = static_cast<double>(ga.at(spec)[i]);
+      largest = std::max(largest, std::abs(x));
+      diff = std::max(diff, std::abs(static_cast<double>(gb.at(spec)[i]) - x));
+    }
+    EXPECT_LE(diff, 1e-5 * largest) << spec.name;
+  }
+  // Without targets the forward is for its logits: the whole head's, chunked or not.
+  chunked.forward(params, tokens.data(), nullptr, 2, 4);
+  whole.forward(params, tokens.data(), nullptr, 2, 4);
+  EXPECT_EQ(host_copy(chunked.logits()), host_copy(whole.logits()));
+}
+
+void check_loss_scale(int64_t head_chunk_tokens);
+
+TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {
+  for (int64_t head_chunk_tokens : {0, 3}) {
+    SCOPED_TRACE("lm_head_chunk_tokens " + std::to_string(head_chunk_tokens));
+    check_loss_scale(head_chunk_tokens);
+  }
+}
+
+void check_loss_scale(int64_t head_chunk_tokens) {
+  const UntiedModel m(5000);
+  const ParamLayout& layout = m.layout;
+  const ParamBuffers& params = m.params;
+  const std::vector<int32_t>& tokens = m.tokens;
+  const std::vector<int32_t>& targets = m.targets;
+  Transformer model(m.c, layout);
+  model.set_lm_head_chunk_tokens(head_chunk_tokens);
   model.forward(params, tokens.data(), targets.data(), 2, 4);
   ParamBuffers g1(layout), g4(layout), twice(layout);
   model.backward(params, g1, 1.0f);

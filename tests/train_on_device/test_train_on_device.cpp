@@ -7,7 +7,10 @@
 // moves through host copies of the device buffers) has to copy through the device's memory, or
 // the run crashes at that line. The runs must then agree bit for bit: the checkpoints' files, byte
 // for byte, and every logged loss. The two-process cases run under mpirun (ctest
-// TrainOnDevice.TwoRanks) and skip in any other world.
+// TrainOnDevice.TwoRanks) and skip in any other world. The cases with parallel.communicator =
+// "nccl" register a stand-in for NCCL's communicator (dist/device_communicators.h; no GPU here):
+// the job must build its world, dp, ep and ep_dp groups from it, its pp group from MPI's world,
+// name it in the start-up line, and still match the host's run (which leaves the key out).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -28,6 +31,7 @@
 #include "core/splitmix64.h"
 #include "data/bpe_trainer.h"
 #include "dist/communicator.h"
+#include "dist/device_communicators.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "guarded_device.h"
 #include "train/run_config.h"
@@ -42,8 +46,9 @@ struct DeviceRunCase {
   std::string name;
   std::string precision;
   std::string recompute;
-  int ranks = 1;         // processes (mpirun -n); the case skips in any other world
-  std::string parallel;  // the [parallel] table
+  int ranks = 1;           // processes (mpirun -n); the case skips in any other world
+  std::string parallel;    // the [parallel] table
+  int64_t head_chunk = 0;  // train.lm_head_chunk_tokens
 };
 
 void PrintTo(const DeviceRunCase& c, std::ostream* out) {
@@ -94,6 +99,25 @@ std::vector<std::string> sample_and_warnings(const std::string& output) {
     if (line.starts_with("sample: ") || line.find("warning") != std::string::npos)
       lines.push_back(line);
   return lines;
+}
+
+// The stand-in for NCCL's communicator: the bootstrap's own ranks split off over MPI, which stages
+// the guarded device's buffers through host memory. Counts the worlds the trainer made with it.
+int g_stand_in_worlds = 0;
+std::unique_ptr<dist::Communicator> stand_in_world(const dist::Communicator& bootstrap,
+                                                   const std::string& group) {
+  ++g_stand_in_worlds;
+  return bootstrap.split(0, bootstrap.rank(), group);
+}
+constexpr dist::DeviceCommunicatorFactory kStandIn{.name = "nccl", .create = &stand_in_world};
+
+// [parallel] without its parallel.communicator line (the host's run: "nccl" needs a device).
+std::string without_communicator(const std::string& parallel) {
+  std::istringstream in(parallel);
+  std::string kept;
+  for (std::string line; std::getline(in, line);)
+    if (!line.starts_with("communicator")) kept += line + "\n";
+  return kept;
 }
 
 // train() with its standard output kept.
@@ -198,6 +222,7 @@ sample_prompt = "In the beginning"
 sample_tokens = 6
 precision = "{}"
 recompute = "{}"
+lm_head_chunk_tokens = {}
 device = "{}"
 out_dir = "{}"
 
@@ -210,9 +235,10 @@ dtype = "uint16"
 [parallel]
 {}
 )",
-                    max_steps, c.precision, c.recompute, device, (dir_ / out).string(),
-                    (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
-                    (dir_ / "tokenizer.json").string(), c.parallel),
+                    max_steps, c.precision, c.recompute, c.head_chunk, device,
+                    (dir_ / out).string(), (dir_ / "train.npy").string(),
+                    (dir_ / "val.npy").string(), (dir_ / "tokenizer.json").string(),
+                    device == "cpu" ? without_communicator(c.parallel) : c.parallel),
         "train_on_device");
   }
 
@@ -228,8 +254,11 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   resume.resume = true;
   const TrainSummary host_resumed = train_capturing(config("cpu", "host", 6), resume, host_output);
   TrainSummary device, device_resumed, device_init;
+  const bool stand_in = GetParam().parallel.find("communicator") != std::string::npos;
+  g_stand_in_worlds = 0;
   {
     const guarded_device::Scope guarded;
+    if (stand_in) dist::register_device_communicator(Device::kCuda, &kStandIn);
     device = train_capturing(config("cuda", "device", 4), {}, device_output);
     device_resumed = train_capturing(config("cuda", "device", 6), resume, device_output);
     // Initialised from the host's step-6 checkpoint read as a Hugging Face model.
@@ -240,6 +269,22 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     if (world_->rank() == 0) {  // rank 0 writes, reads back and reports the check
       EXPECT_NE(init_output.find("init-from self-check"), std::string::npos) << init_output;
     }
+    dist::register_device_communicator(Device::kCuda, nullptr);
+  }
+  if (stand_in) {
+    EXPECT_EQ(g_stand_in_worlds, 3);  // the three runs on the device
+    if (world_->rank() == 0) {
+      const std::string line = GetParam().parallel.starts_with("pp = 2")
+                                   ? "communicator nccl (pp over mpi)"
+                               : world_->size() > 1 ? "communicator nccl\n"
+                                                    : "parallel: 1 rank; communicator nccl\n";
+      EXPECT_NE(device_output.find(line), std::string::npos) << device_output;
+      if (world_->size() > 1) {
+        EXPECT_NE(host_output.find("communicator mpi\n"), std::string::npos) << host_output;
+      }
+    }
+  } else {
+    EXPECT_EQ(g_stand_in_worlds, 0);
   }
   const std::vector<std::string> host_lines = sample_and_warnings(host_output);
   // Rank 0 samples at the end of each run (the first and the resumed one).
@@ -290,7 +335,8 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   // train.profile's host reads of device memory (the resumed runs profile step 6, its metrics and
   // checkpoint): none on the host; on the device, rank 0's chunk copies its losses' statistics
   // back once per micro-batch (its MoE layers' router statistics: layers 1 and 2 hold experts,
-  // stage 0 of two holds layers 0 and 1; with the head, the cross-entropy's loss), one
+  // stage 0 of two holds layers 0 and 1; with the head, the cross-entropy's loss, one per chunk
+  // of the chunked head), one
   // process's layers read nothing back (MXFP8's weight-gradient loop and the expert-parallel
   // exchange's staging for MPI do), and the optimizer reads the gradient norm's two sums of
   // squares in one copy.
@@ -300,10 +346,14 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   EXPECT_TRUE(host_profile.at("host_reads").empty()) << host_profile.dump(1);
   const nlohmann::json device_profile =
       nlohmann::json::parse(read_file(dir_ / "device" / "profile.json"));
-  const bool pipeline = c.parallel == "pp = 2";
+  const bool pipeline = c.parallel.starts_with("pp = 2");
   const int64_t moe_layers = pipeline ? 1 : 2, experts = 8;
+  // The head's losses: one, or one per chunk of the micro-batch's 2 x 64 tokens.
+  const int64_t tokens = 2 * 64;
+  const int64_t head_losses =
+      pipeline ? 0 : (c.head_chunk > 0 ? (tokens + c.head_chunk - 1) / c.head_chunk : 1);
   const std::string statistics_copy =
-      fmt::format("copy of {} bytes", (moe_layers * (2 * experts + 1) + (pipeline ? 0 : 1)) * 8);
+      fmt::format("copy of {} bytes", (moe_layers * (2 * experts + 1) + head_losses) * 8);
   int64_t statistics_copies = 0, cross_entropies = 0, in_layers = 0, norm_copies = 0;
   for (const nlohmann::json& read : device_profile.at("host_reads")) {
     const std::string phase = read.at("phase"), what = read.at("what");
@@ -327,21 +377,31 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     TrainJob, TrainOnDevice,
-    ::testing::Values(DeviceRunCase{"fp32", "fp32", "none", 1, ""},
-                      DeviceRunCase{"bf16", "bf16", "full", 1, ""},
-                      DeviceRunCase{"mxfp8", "mxfp8", "none", 1, ""},
-                      // Two processes: data parallel with ZeRO-1's shards, data parallel with
-                      // the reduction overlapped with the backward, two pipeline stages, the
-                      // experts split over the two (the sync dispatch's all-to-all of rows).
-                      DeviceRunCase{"ranks2_dp_zero", "fp32", "none", 2, "zero = 1"},
-                      DeviceRunCase{"ranks2_dp_overlap_bf16", "bf16", "none", 2,
-                                    "overlap_grad_reduce = true"},
-                      DeviceRunCase{"ranks2_pp", "fp32", "full", 2, "pp = 2"},
-                      DeviceRunCase{"ranks2_ep_sync", "bf16", "none", 2, "ep = 2"},
-                      // The rowwise dispatch below capacity (routes dropped): on the device its
-                      // all-to-all-v form against the host's MPI windows.
-                      DeviceRunCase{"ranks2_ep_rowwise_drops", "fp32", "none", 2,
-                                    "ep = 2\ndispatch = \"rowwise\"\ncapacity_factor = 0.75"}),
+    ::testing::Values(
+        DeviceRunCase{"fp32", "fp32", "none", 1, ""},
+        // The LM head in chunks of 48 of the micro-batch's 128 tokens (the last one shorter);
+        // with two pipeline stages below, in chunks of 40 on the last.
+        DeviceRunCase{"bf16", "bf16", "full", 1, "", 48},
+        DeviceRunCase{"mxfp8", "mxfp8", "none", 1, ""},
+        // Two processes: data parallel with ZeRO-1's shards, data parallel with
+        // the reduction overlapped with the backward, two pipeline stages, the
+        // experts split over the two (the sync dispatch's all-to-all of rows).
+        DeviceRunCase{"ranks2_dp_zero", "fp32", "none", 2, "zero = 1"},
+        DeviceRunCase{"ranks2_dp_overlap_bf16", "bf16", "none", 2, "overlap_grad_reduce = true"},
+        DeviceRunCase{"ranks2_pp", "fp32", "full", 2, "pp = 2", 40},
+        DeviceRunCase{"ranks2_ep_sync", "bf16", "none", 2, "ep = 2"},
+        // The rowwise dispatch below capacity (routes dropped): on the device its
+        // all-to-all-v form against the host's MPI windows.
+        DeviceRunCase{"ranks2_ep_rowwise_drops", "fp32", "none", 2,
+                      "ep = 2\ndispatch = \"rowwise\"\ncapacity_factor = 0.75"},
+        // The stand-in for NCCL's communicator: one process; experts split over
+        // two ranks with ZeRO-1 (all-to-all-v over ep, reduce-scatter and
+        // all-gather over dp); two pipeline stages (pp stays on MPI's world).
+        DeviceRunCase{"fp32_nccl_stand_in", "fp32", "none", 1, "communicator = \"nccl\""},
+        DeviceRunCase{"ranks2_ep_zero_nccl_stand_in", "fp32", "none", 2,
+                      "ep = 2\nzero = 1\ncommunicator = \"nccl\""},
+        DeviceRunCase{"ranks2_pp_nccl_stand_in", "fp32", "none", 2,
+                      "pp = 2\ncommunicator = \"nccl\""}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;
     });

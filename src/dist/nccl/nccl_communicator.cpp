@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <limits>
 #include <utility>
 
@@ -134,9 +135,17 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, std::string name, cudaStream
 
 // Nothing on the stream may still use the communicator or the staging buffer when they go. A
 // destructor cannot throw: an error the stream raised was reported to whoever waited on it.
+// Unwinding after an error (this rank's, which ends the job next: main.cpp's fail_job), the
+// stream may hold an operation that waits for peers that will never join it, and
+// ncclCommDestroy waits for the other ranks of the node: the communicator is aborted instead
+// (its operations on the device cancelled), so that the rank reaches the job's abort.
 NcclCommunicator::~NcclCommunicator() {
-  cudaStreamSynchronize(stream_);
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  if (std::uncaught_exceptions() > 0) {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+  } else {
+    cudaStreamSynchronize(stream_);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
   if (staging_ != nullptr) cudaFree(staging_);
 }
 

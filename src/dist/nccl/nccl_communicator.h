@@ -34,8 +34,10 @@
 //
 // The communicator owns its ncclComm_t and destroys it with itself (ncclCommDestroy, after the
 // stream has drained): like windows, communicators are destroyed by every rank of the group
-// together. It is not final: the tests reach the NCCL paths of the collectives on a group of one
-// (which the base class completes without calling the backend) through a subclass.
+// together. One destroyed while an exception unwinds (an error on this rank) is aborted instead
+// (ncclCommAbort: no wait for the stream or the peers), so that the rank gets to end the job. It is
+// not final: the tests reach the NCCL paths of the collectives on a group of one (which the base
+// class completes without calling the backend) through a subclass.
 #pragma once
 
 #include <cuda_runtime.h>

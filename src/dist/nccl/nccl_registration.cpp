@@ -1,0 +1,62 @@
+#include "dist/nccl/nccl_registration.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "dist/device_communicators.h"
+#include "dist/nccl/nccl_check.h"
+#include "dist/nccl/nccl_communicator.h"
+
+namespace moecore::dist::nccl {
+
+namespace {
+
+std::unique_ptr<Communicator> create(const Communicator& bootstrap, const std::string& group) {
+  return NcclCommunicator::create(bootstrap, group);
+}
+
+// This process's GPU, the same number for every process on it: FNV-1a of the device's UUID.
+int64_t device_key(const std::string& group) {
+  int device = 0;
+  MOE_NCCL_CHECK(cudaGetDevice(&device), nullptr, group);
+  cudaDeviceProp properties{};
+  MOE_NCCL_CHECK(cudaGetDeviceProperties(&properties, device), nullptr, group);
+  uint64_t hash = 14695981039346656037ull;
+  for (const char byte : properties.uuid.bytes) {
+    hash ^= static_cast<unsigned char>(byte);
+    hash *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(hash);
+}
+
+// NCCL refuses two ranks of one communicator on one device (ncclCommInitRank fails, or hangs):
+// say so before, naming the first two ranks that share one.
+std::string unusable(const Communicator& bootstrap) {
+  if (bootstrap.size() == 1) return "";
+  const int64_t mine = device_key(bootstrap.name());
+  std::vector<int64_t> keys(static_cast<size_t>(bootstrap.size()));
+  bootstrap.allgather(&mine, keys.data(), 1);
+  for (size_t a = 0; a < keys.size(); ++a)
+    for (size_t b = a + 1; b < keys.size(); ++b)
+      if (keys[a] == keys[b])
+        return fmt::format("ranks {} and {} share one GPU, and NCCL takes one rank per device", a,
+                           b);
+  return "";
+}
+
+constexpr DeviceCommunicatorFactory kFactory{
+    .name = "nccl", .create = &create, .unusable = &unusable};
+
+}  // namespace
+
+void register_communicator() {
+  register_device_communicator(Device::kCuda, &kFactory);
+}
+
+}  // namespace moecore::dist::nccl

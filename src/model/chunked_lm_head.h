@@ -1,0 +1,58 @@
+// The LM head and its cross-entropy in chunks of tokens (train.lm_head_chunk_tokens), so that no
+// [tokens, vocab] tensor outlives a chunk. The whole head (Transformer without chunks) keeps the
+// micro-batch's logits and their gradient from the forward to the backward: 2 N V floats, for a
+// 50k vocabulary and 8k tokens 1.6 GB each, usually the largest activations of the pass. Here the
+// forward computes each chunk's logits and loss and drops the logits; the backward computes them
+// again, then the chunk's logit gradient, its rows of the hidden state's gradient and its share of
+// the head's weight gradient, as Cut Cross-Entropy (Wijmans et al., 2024) does. The price is one
+// more head GEMM per micro-batch (2 N d V flops); what stays alive is one chunk's logits and
+// their gradient.
+//
+// What equals the whole head: every row's logits, loss and logit gradient are computed by the same
+// operations on the same values (a GEMM over fewer rows, the cross-entropy with the same global
+// count, the logit gradient made at scale 1 and then multiplied by loss_scale as the whole head
+// does). What may differ: the GEMMs run on fewer rows, which a library may block differently along
+// the contraction (oneDNN picks its kernel by shape); the loss adds each chunk's share in chunk
+// order; and the head's weight gradient adds each chunk's dlogits^T h to the gradient in turn, as
+// accumulation over micro-batches does, instead of one GEMM over all tokens. All are fp32 rounding
+// of the same sums (tests/cpp/test_chunked_lm_head.cpp bounds them).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor_view.h"
+#include "core/workspace.h"
+#include "kernels/matmul_precision.h"
+#include "model/linear.h"
+
+namespace moecore {
+
+// tokens rows of `hidden` features against a head of `vocab` rows, in chunks of chunk_tokens rows
+// (the last one shorter).
+struct LmHeadChunks {
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int64_t vocab = 0;
+  int64_t chunk_tokens = 0;  // > 0
+  int64_t count() const { return (tokens + chunk_tokens - 1) / chunk_tokens; }
+  int64_t first_row(int64_t chunk) const { return chunk * chunk_tokens; }
+  int64_t rows(int64_t chunk) const;
+};
+
+// losses (=, f64 [shape.count()], where the model's tensors are): chunk c's cross-entropy of the
+// logits hidden[rows of c] . W^T over `counted` (the global count of counted targets), so that the
+// chunks' values add up to the micro-batch's mean loss. targets: [tokens] i32 where the tensors
+// are, kIgnoreIndex allowed. The logits live in `workspace` one chunk at a time.
+void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hidden,
+                             const LinearWeight& weight, const int32_t* targets,
+                             const LmHeadChunks& shape, int64_t counted, TensorView losses,
+                             Workspace& workspace);
+
+// d(loss_scale * mean loss) of the same forward: dhidden (=) [tokens, hidden], dweight (+=)
+// [vocab, hidden]. Each chunk's logits and logit gradient live in `workspace` while it runs.
+void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
+                              const LinearWeight& weight, const int32_t* targets,
+                              const LmHeadChunks& shape, int64_t counted, float loss_scale,
+                              float* dhidden, float* dweight, Workspace& workspace);
+
+}  // namespace moecore

@@ -1,0 +1,59 @@
+#include "train/communicator_choice.h"
+
+#include <fmt/format.h>
+
+#include <string_view>
+
+#include "core/check.h"
+
+namespace moecore {
+
+CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
+                                       const UnusableReason& unusable) {
+  const Device device = config.train.device;
+  const dist::DeviceCommunicatorFactory* factory = dist::device_communicator(device);
+  const bool nccl = factory != nullptr && std::string_view(factory->name) == "nccl";
+  CommunicatorChoice choice;
+  switch (config.parallel.communicator) {
+    case CommunicatorKind::kMpi:
+      choice.description = "mpi";
+      return choice;
+    case CommunicatorKind::kNccl:
+      MOE_CHECK(device != Device::kCpu,
+                "[parallel] parallel.communicator=\"nccl\" needs train.device=\"cuda\" (NCCL moves "
+                "a GPU's memory; this run's model is on the cpu): use \"auto\" or \"mpi\"");
+      MOE_CHECK(nccl,
+                "[parallel] parallel.communicator=\"nccl\": this moecore program has no NCCL "
+                "communicator for {} memory (build it with NCCL next to the CUDA toolkit, `cmake "
+                "--preset cuda`), or use \"auto\" or \"mpi\"",
+                device_name(device));
+      if (const std::string why = unusable(*factory); !why.empty())
+        fail("[parallel] parallel.communicator=\"nccl\": {} (use \"auto\" or \"mpi\")", why);
+      choice.device = factory;
+      break;
+    case CommunicatorKind::kAuto:
+      if (device == Device::kCpu) {
+        choice.description = "mpi";
+        return choice;
+      }
+      if (!nccl) {
+        choice.description = fmt::format(
+            "mpi (auto: this program has no NCCL communicator for {} memory)", device_name(device));
+        return choice;
+      }
+      if (world_size == 1) {
+        choice.description = "mpi (auto: one rank)";
+        return choice;
+      }
+      if (const std::string why = unusable(*factory); !why.empty()) {
+        choice.description = fmt::format("mpi (auto: {})", why);
+        return choice;
+      }
+      choice.device = factory;
+      break;
+  }
+  choice.description = config.parallel.pp > 1 ? "nccl (pp over mpi)" : "nccl";
+  return choice;
+}
+
+}  // namespace moecore

@@ -1,0 +1,53 @@
+"""The chunked LM head in the job (train.lm_head_chunk_tokens, model/chunked_lm_head.h): two
+data-parallel ranks with gradient accumulation train as with the whole head up to fp32 rounding
+of the head's sums, the key is saved with the run and read back on resume, and a negative value is
+a one-line error.
+
+Tolerance: the first step's loss is the same forward (its logits rows go through a GEMM over fewer
+rows, rounding the length-d dot products in another order, ~d u relative; the loss adds the
+chunks' shares in double), so 1e-6 relative is >10x that. Later steps start from weights that
+differ by the rounding of the head's weight gradient (the chunks' products added in turn), which
+training amplifies; over the STEPS (20) steps the losses stay within 1e-3 relative (measured
+6.4e-9 at worst, AMD EPYC), where a wrong gradient (a lost chunk, the loss scale applied twice)
+moves the second step's loss by more than 1e-2.
+"""
+from __future__ import annotations
+
+import pytest
+
+from test_parallel import STEPS, dp_config, losses, mpirun
+from test_training_job import train
+
+CHUNK = "train.lm_head_chunk_tokens=24"  # 2 sequences of 32 tokens per rank and micro-batch
+
+
+def test_chunked_head_trains_as_the_whole_head(moecore_bin, job_data, tmp_path):
+    whole_cfg = dp_config(tmp_path, job_data, "whole", microbatches=2)
+    chunked_cfg = dp_config(tmp_path, job_data, "chunked", microbatches=2)
+    r = mpirun(moecore_bin, 2, whole_cfg)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = mpirun(moecore_bin, 2, chunked_cfg, CHUNK)
+    assert r.returncode == 0, r.stderr[-2000:]
+    whole, chunked = losses(tmp_path / "whole"), losses(tmp_path / "chunked")
+    assert len(whole) == len(chunked) == STEPS
+    assert chunked[0] == pytest.approx(whole[0], rel=1e-6)
+    assert chunked == pytest.approx(whole, rel=1e-3)
+    assert "lm_head_chunk_tokens = 24" in (tmp_path / "chunked" / "config.toml").read_text()
+
+
+def test_resume_keeps_the_chunks(moecore_bin, job_data, tmp_path):
+    cfg = dp_config(tmp_path, job_data, "run", max_steps=2, save_every=1)
+    r = train(moecore_bin, cfg, CHUNK)
+    assert r.returncode == 0, r.stderr
+    r = train(moecore_bin, cfg, CHUNK, "train.max_steps=3", resume=True)
+    assert r.returncode == 0, r.stderr
+    assert len(losses(tmp_path / "run")) == 3
+
+
+def test_negative_chunk_is_one_line_error(moecore_bin, job_data, tmp_path):
+    cfg = dp_config(tmp_path, job_data, "bad")
+    r = train(moecore_bin, cfg, "train.lm_head_chunk_tokens=-4", check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.lm_head_chunk_tokens=-4 must be >= 0" in lines[0], r.stderr
+    assert not (tmp_path / "bad").exists()
