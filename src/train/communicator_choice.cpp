@@ -8,6 +8,16 @@
 
 namespace moecore {
 
+namespace {
+
+// Why pipeline stages keep a job on MPI.
+constexpr const char* kPipelineOnMpi =
+    "pipeline stages pass activations over MPI (NCCL's point-to-point has no tags and holds the "
+    "GPU's stream), and a rank waiting for the GPU in an NCCL collective does not progress MPI's "
+    "transfers in flight, which can stall the stages in a cycle";
+
+}  // namespace
+
 CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
                                        const UnusableReason& unusable) {
   const Device device = config.train.device;
@@ -27,6 +37,10 @@ CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_si
                 "communicator for {} memory (build it with NCCL next to the CUDA toolkit, `cmake "
                 "--preset cuda`), or use \"auto\" or \"mpi\"",
                 device_name(device));
+      MOE_CHECK(config.parallel.pp == 1,
+                "[parallel] parallel.communicator=\"nccl\" with parallel.pp={}: {} (use \"auto\" "
+                "or \"mpi\")",
+                config.parallel.pp, kPipelineOnMpi);
       if (const std::string why = unusable(*factory); !why.empty())
         fail("[parallel] parallel.communicator=\"nccl\": {} (use \"auto\" or \"mpi\")", why);
       choice.device = factory;
@@ -45,6 +59,10 @@ CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_si
         choice.description = "mpi (auto: one rank)";
         return choice;
       }
+      if (config.parallel.pp > 1) {
+        choice.description = fmt::format("mpi (auto: {})", kPipelineOnMpi);
+        return choice;
+      }
       if (const std::string why = unusable(*factory); !why.empty()) {
         choice.description = fmt::format("mpi (auto: {})", why);
         return choice;
@@ -52,7 +70,7 @@ CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_si
       choice.device = factory;
       break;
   }
-  choice.description = config.parallel.pp > 1 ? "nccl (pp over mpi)" : "nccl";
+  choice.description = "nccl";
   return choice;
 }
 

@@ -1,10 +1,12 @@
 // parallel.communicator resolved for a training job (train/run_config.h): the transport its groups
 // (world, dp, ep, ep_dp) use. MPI (dist/mpi/mpi_runtime.h) is always there; a communicator over a
 // device's memory (NCCL for CUDA) only where the program registered one for train.device
-// (dist/device_communicators.h: the moecore command does when it selects the GPU). The pp group
-// stays on MPI whichever is chosen: NCCL's point-to-point has no tags and a posted receive holds
-// the device's stream until its message arrives, which the pipeline's receives posted ahead and
-// its sends in both directions would deadlock on (dist/nccl/nccl_communicator.h).
+// (dist/device_communicators.h: the moecore command does when it selects the GPU). Pipeline
+// stages keep the job on MPI: their activations cannot travel over NCCL (its point-to-point has
+// no tags and a posted receive holds the device's stream until its message arrives, which the
+// pipeline's receives posted ahead would deadlock on), and beside MPI's transfers in flight a
+// rank that waits for the GPU in an NCCL collective does not progress them, which can close a
+// cycle of waiting stages. The pp group of an NCCL job (pp = 1: a group of one) is MPI's.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,7 @@ namespace moecore {
 struct CommunicatorChoice {
   // The device's communicator, or nullptr: the groups are MPI's (split from its world).
   const dist::DeviceCommunicatorFactory* device = nullptr;
-  // For the start-up line: "mpi", "nccl", "nccl (pp over mpi)", or what auto weighed where it
+  // For the start-up line: "mpi", "nccl", or what auto weighed where it
   // left a device's run on MPI ("mpi (auto: one rank)").
   std::string description;
 };
@@ -30,10 +32,10 @@ using UnusableReason = std::function<std::string(const dist::DeviceCommunicatorF
 
 // auto: the device's communicator where train.device is a device with one registered, the job has
 // more than one rank (with one nothing moves, and MPI's group of one costs nothing to make) and
-// the factory can serve them (`unusable` says "": e.g. no two ranks on one GPU); else MPI, the
-// description saying why. "mpi": MPI. "nccl": the device's communicator named nccl, or one line
-// naming parallel.communicator and why it cannot be used (train.device=cpu; a program without
-// NCCL; what `unusable` says).
+// the factory can serve them (`unusable` says "": e.g. no two ranks on one GPU) and there is one
+// pipeline stage; else MPI, the description saying why. "mpi": MPI. "nccl": the device's
+// communicator named nccl, or one line naming parallel.communicator and why it cannot be used
+// (train.device=cpu; a program without NCCL; parallel.pp > 1; what `unusable` says).
 CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
                                        const UnusableReason& unusable);
 

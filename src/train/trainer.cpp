@@ -404,7 +404,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // only enqueued on the device's stream (host operands, the statistics and votes, are staged
   // and waited for). Over MPI, ranks on devices reduce, pass activations and exchange expert
   // rows through host copies of the device buffers (dist/communicator.h). The pp group is MPI's
-  // either way (train/communicator_choice.h). The rowwise dispatch's one-sided puts and gets
+  // either way (a group of one on NCCL: pipeline stages keep a job on MPI,
+  // train/communicator_choice.h). The rowwise dispatch's one-sided puts and gets
   // (MPI windows) reach host memory only, so on a device its keep decision drives an
   // all-to-all-v (model/sync_dispatch.h's capacity form) and it makes no window (NCCL has none).
   const std::unique_ptr<dist::Communicator> device_world =

@@ -106,9 +106,20 @@ TEST(CommunicatorChoice, AutoTakesNcclOnADeviceWithMoreThanOneRank) {
   const CommunicatorChoice one = choose(config({"train.device=cuda"}), 1);
   EXPECT_EQ(one.device, nullptr);
   EXPECT_EQ(one.description, "mpi (auto: one rank)");
-  // The pipeline's point-to-point stays on MPI.
-  EXPECT_EQ(choose(config({"train.device=cuda", "parallel.pp=2"}), 4).description,
-            "nccl (pp over mpi)");
+  // Pipeline stages keep the job on MPI; asked for, NCCL with them is one line.
+  const CommunicatorChoice pipeline = choose(config({"train.device=cuda", "parallel.pp=2"}), 4);
+  EXPECT_EQ(pipeline.device, nullptr);
+  EXPECT_NE(pipeline.description.find("mpi (auto: pipeline stages pass activations over MPI"),
+            std::string::npos)
+      << pipeline.description;
+  const std::string e = error_of([] {
+    choose(config({"train.device=cuda", "parallel.pp=2", "parallel.communicator=nccl"}), 4);
+  });
+  EXPECT_NE(e.find("[parallel] parallel.communicator=\"nccl\" with parallel.pp=2: pipeline "
+                   "stages"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   // Asked for, NCCL serves one rank too; "mpi" stays MPI.
   EXPECT_EQ(choose(config({"train.device=cuda", "parallel.communicator=nccl"}), 1).device, &kNccl);
   const CommunicatorChoice mpi =

@@ -274,10 +274,8 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   if (stand_in) {
     EXPECT_EQ(g_stand_in_worlds, 3);  // the three runs on the device
     if (world_->rank() == 0) {
-      const std::string line = GetParam().parallel.starts_with("pp = 2")
-                                   ? "communicator nccl (pp over mpi)"
-                               : world_->size() > 1 ? "communicator nccl\n"
-                                                    : "parallel: 1 rank; communicator nccl\n";
+      const std::string line =
+          world_->size() > 1 ? "communicator nccl\n" : "parallel: 1 rank; communicator nccl\n";
       EXPECT_NE(device_output.find(line), std::string::npos) << device_output;
       if (world_->size() > 1) {
         EXPECT_NE(host_output.find("communicator mpi\n"), std::string::npos) << host_output;
@@ -396,12 +394,11 @@ INSTANTIATE_TEST_SUITE_P(
                       "ep = 2\ndispatch = \"rowwise\"\ncapacity_factor = 0.75"},
         // The stand-in for NCCL's communicator: one process; experts split over
         // two ranks with ZeRO-1 (all-to-all-v over ep, reduce-scatter and
-        // all-gather over dp); two pipeline stages (pp stays on MPI's world).
+        // all-gather over dp). Pipeline stages keep a job on MPI
+        // (train/communicator_choice.h).
         DeviceRunCase{"fp32_nccl_stand_in", "fp32", "none", 1, "communicator = \"nccl\""},
         DeviceRunCase{"ranks2_ep_zero_nccl_stand_in", "fp32", "none", 2,
-                      "ep = 2\nzero = 1\ncommunicator = \"nccl\""},
-        DeviceRunCase{"ranks2_pp_nccl_stand_in", "fp32", "none", 2,
-                      "pp = 2\ncommunicator = \"nccl\""}),
+                      "ep = 2\nzero = 1\ncommunicator = \"nccl\""}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;
     });

@@ -23,9 +23,14 @@ inline void check(ncclResult_t status, ncclComm_t comm, const std::string& group
                   const char* file, int line) {
   if (status != ncclSuccess) fail_nccl_call(status, comm, group, call, file, line);
 }
+// A failed CUDA call's error is cleared from the runtime's last error, as the CUDA backend's
+// checks do (kernels/cuda/runtime.h): the backend's next launch check would report it again.
 inline void check(cudaError_t status, ncclComm_t /*comm*/, const std::string& group,
                   const char* call, const char* file, int line) {
-  if (status != cudaSuccess) fail_cuda_call(status, group, call, file, line);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail_cuda_call(status, group, call, file, line);
+  }
 }
 
 }  // namespace moecore::dist::nccl

@@ -138,14 +138,17 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, std::string name, cudaStream
 // Unwinding after an error (this rank's, which ends the job next: main.cpp's fail_job), the
 // stream may hold an operation that waits for peers that will never join it, and
 // ncclCommDestroy waits for the other ranks of the node: the communicator is aborted instead
-// (its operations on the device cancelled), so that the rank reaches the job's abort.
+// (its operations on the device cancelled), so that the rank reaches the job's abort. Its staging
+// buffer is left to the process's end then: cudaFree waits for the whole device, where the
+// operation of a group not aborted yet (the mesh's groups go one by one, the world last) may
+// still wait for its peers.
 NcclCommunicator::~NcclCommunicator() {
   if (std::uncaught_exceptions() > 0) {
     if (comm_ != nullptr) ncclCommAbort(comm_);
-  } else {
-    cudaStreamSynchronize(stream_);
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    return;
   }
+  cudaStreamSynchronize(stream_);
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
   if (staging_ != nullptr) cudaFree(staging_);
 }
 
