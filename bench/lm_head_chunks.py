@@ -53,8 +53,8 @@ def write_results(results: list[dict]) -> None:
              "interleaved within each repeat). Plan: `moecore plan --ranks 1 --hardware "
              "bench/results/cpu_profile.json`. Produced by `make bench-lm-head` "
              "(`bench/lm_head_chunks.py`).", "",
-             "`train.lm_head_chunk_tokens = 0` keeps the micro-batch's logits and their gradient "
-             "from the forward to the backward; a chunk size keeps neither and computes each "
+             "`train.lm_head_chunk_tokens = 0` keeps the micro-batch's logits from the forward to "
+             "the backward, which makes their gradient; a chunk size keeps none and computes each "
              "chunk's logits again in the backward (one more head GEMM per micro-batch). The "
              "losses and gradients are the whole head's up to fp32 rounding of the head's sums "
              "(tests/cpp/test_chunked_lm_head.cpp, TransformerGradients.ChunkedHead*).", "",
@@ -79,7 +79,8 @@ def write_results(results: list[dict]) -> None:
               "step (OLMoE's vocabulary on this d-256, 4-layer body: the head's GEMMs are most of "
               "the flops): the plan prices the extra GEMM only, the measured time also holds the "
               "cross-entropy's second pass and the smaller GEMMs of the chunks. The saving is the "
-              "logits and their gradient (2 x tokens x vocabulary x 4 bytes) less one chunk's pair."]
+              "kept logits (tokens x vocabulary x 4 bytes), and in the backward their gradient, less "
+              "one chunk's logits and gradient."]
     (RESULTS / "lm_head_chunks.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

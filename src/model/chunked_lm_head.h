@@ -1,12 +1,12 @@
 // The LM head and its cross-entropy in chunks of tokens (train.lm_head_chunk_tokens), so that no
 // [tokens, vocab] tensor outlives a chunk. The whole head (Transformer without chunks) keeps the
-// micro-batch's logits and their gradient from the forward to the backward: 2 N V floats, for a
-// 50k vocabulary and 8k tokens 1.6 GB each, usually the largest activations of the pass. Here the
-// forward computes each chunk's logits and loss and drops the logits; the backward computes them
-// again, then the chunk's logit gradient, its rows of the hidden state's gradient and its share of
-// the head's weight gradient, as Cut Cross-Entropy (Wijmans et al., 2024) does. The price is one
-// more head GEMM per micro-batch (2 N d V flops); what stays alive is one chunk's logits and
-// their gradient.
+// micro-batch's logits from the forward to the backward and makes their gradient there: N V
+// floats kept, N V more while its backward runs, for a 50k vocabulary and 8k tokens 1.6 GB each,
+// usually the largest tensors of the pass. Here the forward computes each chunk's logits and loss
+// and drops the logits; the backward computes them again, then the chunk's logit gradient, its
+// rows of the hidden state's gradient and its share of the head's weight gradient, as Cut
+// Cross-Entropy (Wijmans et al., 2024) does. The price is one more head GEMM per micro-batch
+// (2 N d V flops); what is alive is one chunk's logits and their gradient.
 //
 // What equals the whole head: every row's logits, loss and logit gradient are computed by the same
 // operations on the same values (a GEMM over fewer rows, the cross-entropy with the same global

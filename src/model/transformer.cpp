@@ -41,9 +41,10 @@ struct Transformer::Activations {
   std::vector<DeviceArray<float>> residual;  // [layers + 1][N, d]: input of each layer, then output
   std::vector<LayerCache> layers;            // this chunk's layers
   DeviceArray<float> final_rstd, final_hidden;  // chunk with the head
-  // The whole head's logits and their loss gradient (at scale 1); empty after a forward with the
-  // chunked head, which keeps neither (head_chunk_tokens > 0, model/chunked_lm_head.h).
-  DeviceArray<float> logits, dlogits;
+  // The whole head's logits, from which the backward makes their loss gradient; empty after a
+  // forward with the chunked head, which keeps none (head_chunk_tokens > 0,
+  // model/chunked_lm_head.h).
+  DeviceArray<float> logits;
   int64_t head_chunk_tokens = 0;
   // [layers][E] load-balancing gradient per router probability, made on the host (from the
   // batch statistics) and read by the router's backward where it runs.
@@ -503,9 +504,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     // A forward without targets is for its logits: the whole head, chunks or not.
     act.head_chunk_tokens = targets != nullptr ? lm_head_chunk_tokens_ : 0;
     if (act.head_chunk_tokens > 0) {
-      // The chunked head runs with the losses below; the whole head's arrays go back.
+      // The chunked head runs with the losses below; the whole head's logits go back.
       act.logits = DeviceArray<float>(act.logits.device());
-      act.dlogits = DeviceArray<float>(act.dlogits.device());
     } else {
       act.logits.resize(static_cast<size_t>(n * v));
       ScopedPhase timer(Phase::kLmHeadForward);
@@ -576,9 +576,10 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
                               head_chunks, counted, head_loss, workspace_);
     } else {
-      act.dlogits.resize(act.logits.size());
+      // The loss only: an evaluation never needs the gradient, and the backward makes it from
+      // the kept logits (the same rows through the same steps, so the same values).
       kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                             view(act.dlogits.data(), {n, v}), 1.0f, counted, head_loss);
+                             TensorView(), 1.0f, counted, head_loss);
     }
   }
   act.loss_statistics_host.resize(act.loss_statistics.size());
@@ -707,17 +708,17 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                head_chunks, act.counted_targets, loss_scale, dhidden.data(),
                                at(grads, lm_head_), workspace_);
     } else {
-      // The loss gradient of the logits, scaled for gradient accumulation (loss_scale is
-      // 1 / micro-batches); without accumulation the saved one is used as it is.
-      const float* dlogits = act.dlogits.data();
-      if (loss_scale != 1.0f) {
-        const std::span<float> scaled_dlogits = head_scratch.uninitialized<float>(n * v);
-        kernels::scale(view(act.dlogits.data(), {n, v}), loss_scale,
-                       view(scaled_dlogits.data(), {n, v}));
-        dlogits = scaled_dlogits.data();
-      }
-      observe("grad.lm_head", view(dlogits, {n, v}));
-      linear_backward(precision_.lm_head, dlogits, act.final_hidden.data(),
+      // The loss gradient of the kept logits at scale 1, then scaled for gradient accumulation
+      // (loss_scale is 1 / micro-batches) in place: the chunked head's two roundings.
+      const std::span<float> dlogits = head_scratch.uninitialized<float>(n * v);
+      const std::span<double> loss = head_scratch.uninitialized<double>(1);  // read by nobody
+      kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
+                             view(dlogits.data(), {n, v}), 1.0f, act.counted_targets,
+                             view(loss.data(), {1}));
+      if (loss_scale != 1.0f)
+        kernels::scale(view(dlogits.data(), {n, v}), loss_scale, view(dlogits.data(), {n, v}));
+      observe("grad.lm_head", view(dlogits.data(), {n, v}));
+      linear_backward(precision_.lm_head, dlogits.data(), act.final_hidden.data(),
                       gemm_weight(params, lm_head_, {v, d}), dhidden.data(), at(grads, lm_head_), n,
                       d, v, false);
     }

@@ -98,10 +98,10 @@ class Transformer {
   // layer order, which every rank of the ep group follows (all use the same mode).
   void set_recompute(ActivationRecompute mode) { recompute_ = mode; }
   ActivationRecompute recompute() const { return recompute_; }
-  // train.lm_head_chunk_tokens: 0 (the default) keeps the micro-batch's logits and their gradient
-  // from a forward with targets to its backward; > 0 runs the head and its cross-entropy in chunks
-  // of that many tokens and keeps neither (model/chunked_lm_head.h): logits() and the observer's
-  // "lm_head" and "grad.lm_head" are then not available after such a forward.
+  // train.lm_head_chunk_tokens: 0 (the default) keeps the micro-batch's logits from a forward with
+  // targets to its backward, which makes their gradient; > 0 runs the head and its cross-entropy
+  // in chunks of that many tokens and keeps no logits (model/chunked_lm_head.h): logits() and the
+  // observer's "lm_head" and "grad.lm_head" are then not available after such a forward.
   void set_lm_head_chunk_tokens(int64_t tokens);
   int64_t lm_head_chunk_tokens() const { return lm_head_chunk_tokens_; }
   // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32

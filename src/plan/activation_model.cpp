@@ -71,8 +71,8 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
     moe += kF * 3.0 * n * hs;                                               // shared expert gu, act
     a.moe += moe;
   }
-  // rstd, hidden, and the whole head's logits and dlogits (the chunked head keeps neither).
-  if (chunk.has_head) a.head = kF * (n + n * d + (t.head_chunk_tokens > 0 ? 0.0 : 2.0 * n * v));
+  // rstd, hidden, and the whole head's logits (the chunked head keeps none).
+  if (chunk.has_head) a.head = kF * (n + n * d + (t.head_chunk_tokens > 0 ? 0.0 : n * v));
   a.head += kF * static_cast<double>(chunk.layers) * e;  // lb_score_grad
   return a;
 }
@@ -91,7 +91,7 @@ double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenSh
 }
 
 double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
-                                bool scaled_loss, ActivationRecompute recompute) {
+                                ActivationRecompute recompute) {
   const double n = static_cast<double>(t.tokens()), d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
   const double e = static_cast<double>(c.num_experts),
@@ -106,13 +106,12 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     (c.layer_is_dense(i) ? has_dense : has_moe) = true;
 
   // Backward (Transformer::backward_chunk): dx lives throughout; the head's phase adds dhidden and
-  // the scaled dlogits (the chunked head: one chunk's logits and dlogits); then dbranch and the
-  // dense scratch (kept across layers) plus one layer's temporaries at a time.
+  // the logits' gradient (the chunked head: one chunk's logits and their gradient); then dbranch
+  // and the dense scratch (kept across layers) plus one layer's temporaries at a time.
   const double head_rows = static_cast<double>(t.head_rows());
   double head_phase = 0.0;
   if (chunk.has_head)
-    head_phase = kF * (n * d + (t.head_chunk_tokens > 0 ? 2.0 * head_rows * v
-                                                        : (scaled_loss ? n * v : 0.0)));
+    head_phase = kF * (n * d + (t.head_chunk_tokens > 0 ? 2.0 * head_rows : n) * v);
   double layers_base = kF * n * d + kF * e;  // dbranch, lb_grad
   if (has_dense) layers_base += kF * 3.0 * n * static_cast<double>(c.intermediate_size);
   double attention = kF * (2.0 * n * qs + 2.0 * n * kvs);                // d_context, dq, dk, dv

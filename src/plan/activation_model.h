@@ -70,6 +70,6 @@ double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenSh
 // copies, and under recompute one block's rebuilt activations): the high-water mark of the
 // workspace (core/workspace.h), which keeps that block for the whole run.
 double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
-                                bool scaled_loss, ActivationRecompute recompute);
+                                ActivationRecompute recompute);
 
 }  // namespace moecore::plan

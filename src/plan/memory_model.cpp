@@ -92,7 +92,6 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                           pc.dispatch,
                           recipe.mx.experts && !recipe.mx.expert_wgrad,
                           tc.lm_head_chunk_tokens};
-  const bool scaled_loss = tc.microbatches > 1;
   int64_t first_layer = 0;
   std::vector<int64_t> starts;
   for (int64_t n : layout.chunk_layers) {
@@ -120,8 +119,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations_per_microbatch.head += a.head;
     m.activations += static_cast<double>(live) * a.total();
     m.mx_lent_inputs += mx_lent_input_bytes(mc, tokens);
-    m.pass_scratch = std::max(
-        m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, scaled_loss, tc.recompute));
+    m.pass_scratch =
+        std::max(m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, tc.recompute));
   }
 
   // Rowwise dispatch: two symmetric windows (inputs, outputs) of capacity x d floats, capacity =

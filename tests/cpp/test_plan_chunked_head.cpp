@@ -31,7 +31,7 @@ TEST(PlanChunkedHead, TheHeadKeepsNoLogits) {
       make_plan(head_config(0), 1, kNoRuntime).stages[0].activations_per_microbatch;
   const ActivationBytes chunked =
       make_plan(head_config(16), 1, kNoRuntime).stages[0].activations_per_microbatch;
-  EXPECT_DOUBLE_EQ(whole.head, 4.0 * (n + n * d + 2.0 * n * v) + 4.0 * layers * e);
+  EXPECT_DOUBLE_EQ(whole.head, 4.0 * (n + n * d + n * v) + 4.0 * layers * e);
   EXPECT_DOUBLE_EQ(chunked.head, 4.0 * (n + n * d) + 4.0 * layers * e);
   EXPECT_DOUBLE_EQ(chunked.residual, whole.residual);
   EXPECT_DOUBLE_EQ(chunked.moe, whole.moe);
@@ -39,8 +39,8 @@ TEST(PlanChunkedHead, TheHeadKeepsNoLogits) {
 
 TEST(PlanChunkedHead, TheBackwardHoldsOneChunk) {
   const double n = 64.0, d = 32.0, v = 20000.0;
-  // The head's phase of the backward dominates here: dx and dhidden, then with accumulation the
-  // scaled logit gradient of the micro-batch, or one chunk's logits and their gradient.
+  // The head's phase of the backward dominates here: dx and dhidden, then the logits' gradient of
+  // the micro-batch, or one chunk's logits and their gradient.
   const Plan whole = make_plan(head_config(0), 1, kNoRuntime);
   const Plan chunked = make_plan(head_config(16), 1, kNoRuntime);
   const Plan whole_one = make_plan(head_config(0, 1), 1, kNoRuntime);
