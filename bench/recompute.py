@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def main() -> None:
 def write_results(results: list[dict]) -> None:
     (RESULTS / "recompute.json").write_text(json.dumps(results, indent=1))
     lines = ["# Activation recompute: measured against `moecore plan`", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+             f"Machine: {results[0].get('cpu', '?')}, {os.cpu_count()} cores, "
              "shared with other jobs (1-minute load average at each run's start below); one "
              f"process, one thread, fp32, {STEPS} steps, median of {RUNS} runs (modes "
              "interleaved within each repeat). Plan: `moecore plan --ranks 1 --hardware "

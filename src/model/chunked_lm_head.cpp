@@ -14,7 +14,7 @@ int64_t LmHeadChunks::rows(int64_t chunk) const {
 void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hidden,
                              const LinearWeight& weight, const int32_t* targets,
                              const LmHeadChunks& shape, int64_t counted, TensorView losses,
-                             Workspace& workspace) {
+                             Workspace& workspace, const LmHeadChunkObserver& observe) {
   const int64_t d = shape.hidden, v = shape.vocab;
   Workspace::Scope scratch(workspace);
   const std::span<float> logits = scratch.uninitialized<float>(shape.chunk_tokens * v);
@@ -22,6 +22,7 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
   for (int64_t c = 0; c < shape.count(); ++c) {
     const int64_t first = shape.first_row(c), rows = shape.rows(c);
     linear_forward(precision, hidden + first * d, weight, logits.data(), rows, d, v);
+    if (observe) observe(first, view(logits.data(), {rows, v}));
     // Forward only (no logit gradient): the backward makes it from logits computed again.
     kernels::cross_entropy(view(logits.data(), {rows, v}), view(targets + first, {rows}),
                            TensorView(), 1.0f, counted,
@@ -32,7 +33,8 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
                               const LinearWeight& weight, const int32_t* targets,
                               const LmHeadChunks& shape, int64_t counted, float loss_scale,
-                              float* dhidden, float* dweight, Workspace& workspace) {
+                              float* dhidden, float* dweight, Workspace& workspace,
+                              const LmHeadChunkObserver& observe) {
   const int64_t d = shape.hidden, v = shape.vocab;
   Workspace::Scope scratch(workspace);
   const std::span<float> logits = scratch.uninitialized<float>(shape.chunk_tokens * v);
@@ -51,6 +53,7 @@ void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* h
       kernels::scale(view(dlogits.data(), {rows, v}), loss_scale, view(logits.data(), {rows, v}));
       chunk_dlogits = logits.data();
     }
+    if (observe) observe(first, view(chunk_dlogits, {rows, v}));
     linear_backward(precision, chunk_dlogits, hidden + first * d, weight, dhidden + first * d,
                     dweight, rows, d, v, false);
   }

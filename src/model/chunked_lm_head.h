@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor_view.h"
 #include "core/workspace.h"
@@ -39,6 +40,11 @@ struct LmHeadChunks {
   int64_t rows(int64_t chunk) const;
 };
 
+// Sees each chunk's logits (forward) or their scaled gradient (backward), [rows, vocab] where the
+// tensors are, with the chunk's first row: what a tensor observer assembles into the whole head's
+// "lm_head" and "grad.lm_head" (model/tensor_observer.h).
+using LmHeadChunkObserver = std::function<void(int64_t first_row, ConstTensorView values)>;
+
 // losses (=, f64 [shape.count()], where the model's tensors are): chunk c's cross-entropy of the
 // logits hidden[rows of c] . W^T over `counted` (the global count of counted targets), so that the
 // chunks' values add up to the micro-batch's mean loss. targets: [tokens] i32 where the tensors
@@ -46,13 +52,14 @@ struct LmHeadChunks {
 void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hidden,
                              const LinearWeight& weight, const int32_t* targets,
                              const LmHeadChunks& shape, int64_t counted, TensorView losses,
-                             Workspace& workspace);
+                             Workspace& workspace, const LmHeadChunkObserver& observe = {});
 
 // d(loss_scale * mean loss) of the same forward: dhidden (=) [tokens, hidden], dweight (+=)
 // [vocab, hidden]. Each chunk's logits and logit gradient live in `workspace` while it runs.
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
                               const LinearWeight& weight, const int32_t* targets,
                               const LmHeadChunks& shape, int64_t counted, float loss_scale,
-                              float* dhidden, float* dweight, Workspace& workspace);
+                              float* dhidden, float* dweight, Workspace& workspace,
+                              const LmHeadChunkObserver& observe = {});
 
 }  // namespace moecore

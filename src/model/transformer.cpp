@@ -70,6 +70,18 @@ float* at(const ParamBuffers& buffers, const ParamSpec* spec) {
   return const_cast<float*>(buffers.at(*spec));
 }
 
+// With `wanted`, a chunked head's observer that copies each chunk's rows into `whole` ([tokens,
+// vocab] on the host, sized here), for the observer's whole-head tensor; else none.
+LmHeadChunkObserver assemble_chunks(bool wanted, std::vector<float>& whole, int64_t tokens,
+                                    int64_t vocab) {
+  if (!wanted) return {};
+  whole.resize(static_cast<size_t>(tokens * vocab));
+  return [&whole, vocab](int64_t first_row, ConstTensorView values) {
+    copy_bytes(whole.data() + first_row * vocab, values.raw(),
+               static_cast<size_t>(values.numel()) * sizeof(float));
+  };
+}
+
 // A norm's output is named by its module (its weight's name without ".weight"), inside its layer.
 std::string_view norm_module(const ParamSpec* spec) {
   std::string_view name = spec->name;
@@ -572,9 +584,14 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     const TensorView head_loss(act.loss_statistics.data() + head_offset, {head_losses},
                                DType::kF64);
     if (act.head_chunk_tokens > 0) {
+      // An observer (a tensor dump) sees the whole head's logits, assembled on the host.
+      std::vector<float> observed;
+      const LmHeadChunkObserver collect =
+          assemble_chunks(observer_ && !recomputing_, observed, n, v);
       chunked_lm_head_forward(precision_.lm_head, act.final_hidden.data(),
                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                              head_chunks, counted, head_loss, workspace_);
+                              head_chunks, counted, head_loss, workspace_, collect);
+      if (collect) observe("lm_head", view(observed.data(), {n, v}));
     } else {
       // The loss only: an evaluation never needs the gradient, and the backward makes it from
       // the kept logits (the same rows through the same steps, so the same values).
@@ -703,10 +720,14 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
     const std::span<float> dhidden = head_scratch.zeroed<float>(n * d);
     if (act.head_chunk_tokens > 0) {
       const LmHeadChunks head_chunks{n, d, v, act.head_chunk_tokens};
+      std::vector<float> observed;
+      const LmHeadChunkObserver collect =
+          assemble_chunks(observer_ && !recomputing_, observed, n, v);
       chunked_lm_head_backward(precision_.lm_head, act.final_hidden.data(),
                                gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
                                head_chunks, act.counted_targets, loss_scale, dhidden.data(),
-                               at(grads, lm_head_), workspace_);
+                               at(grads, lm_head_), workspace_, collect);
+      if (collect) observe("grad.lm_head", view(observed.data(), {n, v}));
     } else {
       // The loss gradient of the kept logits at scale 1, then scaled for gradient accumulation
       // (loss_scale is 1 / micro-batches) in place: the chunked head's two roundings.

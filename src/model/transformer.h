@@ -100,8 +100,9 @@ class Transformer {
   ActivationRecompute recompute() const { return recompute_; }
   // train.lm_head_chunk_tokens: 0 (the default) keeps the micro-batch's logits from a forward with
   // targets to its backward, which makes their gradient; > 0 runs the head and its cross-entropy
-  // in chunks of that many tokens and keeps no logits (model/chunked_lm_head.h): logits() and the
-  // observer's "lm_head" and "grad.lm_head" are then not available after such a forward.
+  // in chunks of that many tokens and keeps no logits (model/chunked_lm_head.h): logits() is then
+  // not available after such a forward; an observer still sees "lm_head" and "grad.lm_head",
+  // assembled on the host from the chunks (a debugging tool's memory, not the training's).
   void set_lm_head_chunk_tokens(int64_t tokens);
   int64_t lm_head_chunk_tokens() const { return lm_head_chunk_tokens_; }
   // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32

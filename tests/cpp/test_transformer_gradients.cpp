@@ -350,14 +350,25 @@ TEST(TransformerGradients, ChunkedHeadMatchesTheWholeHead) {
   const std::vector<int32_t>& targets = m.targets;
   Transformer whole(m.c, layout), chunked(m.c, layout);
   chunked.set_lm_head_chunk_tokens(3);
+  // What a tensor dump records: the chunked head's logits and their gradient assembled whole.
   std::vector<std::string> observed;
-  chunked.set_tensor_observer(
-      [&observed](const std::string& name, ConstTensorView) { observed.push_back(name); });
+  std::vector<float> observed_logits, observed_dlogits;
+  chunked.set_tensor_observer([&](const std::string& name, ConstTensorView t) {
+    observed.push_back(name);
+    if (name != "lm_head" && name != "grad.lm_head") return;  // (some are i32: top-k ids)
+    const std::span<const float> values(t.data<float>("test"), static_cast<size_t>(t.numel()));
+    (name == "lm_head" ? observed_logits : observed_dlogits).assign(values.begin(), values.end());
+  });
   const LossParts a = whole.forward(params, tokens.data(), targets.data(), 2, 4);
   const LossParts b = chunked.forward(params, tokens.data(), targets.data(), 2, 4);
-  // The chunked head keeps no logits, and says so.
+  // The chunked head keeps no logits, and says so; the observer saw them all once.
   EXPECT_THROW((void)chunked.logits(), Error);
-  EXPECT_EQ(std::count(observed.begin(), observed.end(), "lm_head"), 0);
+  EXPECT_EQ(std::count(observed.begin(), observed.end(), "lm_head"), 1);
+  const std::vector<float> whole_logits = host_copy(whole.logits());
+  ASSERT_EQ(observed_logits.size(), whole_logits.size());
+  for (size_t i = 0; i < whole_logits.size(); ++i)  // gamma_8 sum|h w| apart at most
+    EXPECT_NEAR(observed_logits[i], whole_logits[i], 1e-5f * (1.0f + std::abs(whole_logits[i])))
+        << i;
   // The same rows through the same operations: the logits of a row are a length-8 fp32 dot
   // product either way (a GEMM over fewer rows may sum it in another order: gamma_8 |h||w| apart,
   // ~1e-6 here), and the loss adds the chunks' means in double. Relative to the loss, 1e-5 is
@@ -369,6 +380,23 @@ TEST(TransformerGradients, ChunkedHeadMatchesTheWholeHead) {
   ParamBuffers ga(layout), gb(layout);
   whole.backward(params, ga, 0.5f);
   chunked.backward(params, gb, 0.5f);
+  // The logits' gradient seen whole: 0.5 (p - onehot) / 7 per counted row, so each row sums to 0
+  // (within fp32 rounding of 11 terms), the ignored row is 0, and the target's entry is negative.
+  EXPECT_EQ(std::count(observed.begin(), observed.end(), "grad.lm_head"), 1);
+  ASSERT_EQ(observed_dlogits.size(), targets.size() * 11);
+  for (size_t t = 0; t < targets.size(); ++t) {
+    double row = 0.0, largest = 0.0;
+    for (size_t j = 0; j < 11; ++j) {
+      row += static_cast<double>(observed_dlogits[t * 11 + j]);
+      largest = std::max(largest, std::abs(static_cast<double>(observed_dlogits[t * 11 + j])));
+    }
+    if (targets[t] == kIgnoreIndex) {
+      EXPECT_EQ(largest, 0.0) << t;
+      continue;
+    }
+    EXPECT_NEAR(row, 0.0, 1e-6) << t;
+    EXPECT_LT(observed_dlogits[t * 11 + static_cast<size_t>(targets[t])], 0.0f) << t;
+  }
   // Gradients: the head's sums (over 11 vocabulary entries for dhidden, 8 tokens for its weight
   // gradient) in another order, gamma_11 ~ 7e-7 relative to their terms, carried through two
   // layers; relative to each tensor's largest gradient, 1e-5 leaves >10x room. A wrong chunk or a
