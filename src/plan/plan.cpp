@@ -161,7 +161,8 @@ nlohmann::json plan_json(const Plan& p) {
             {"rows_per_rank", l.local_rows},
             {"seq_len", tc.seq_len},
             {"tokens_per_step", tc.batch_size * tc.seq_len},
-            {"recompute", recompute_name(tc.recompute)}}},
+            {"recompute", recompute_name(tc.recompute)},
+            {"lm_head_chunk_tokens", tc.lm_head_chunk_tokens}}},
           {"parameters",
            {{"total", pr.total},
             {"active", pr.active},
@@ -194,11 +195,14 @@ std::string plan_text(const Plan& p) {
   out += fmt::format(
       "layout: {} ranks = pp {} x dp {} (ep {} x ep_dp {}), zero={}, dispatch={}, schedule={}, "
       "virtual_stages={}, microbatches={} of {} sequences ({} per rank) x {} tokens, "
-      "recompute={}\n",
+      "recompute={}{}\n",
       l.world, l.pp, l.dp, l.ep, l.ep_dp, pc.zero,
       pc.dispatch == Dispatch::kSync ? "sync" : "rowwise", schedule_name(pc.schedule),
       l.virtual_stages, p.config.train.microbatches, l.micro_rows, l.local_rows,
-      p.config.train.seq_len, recompute_name(p.config.train.recompute));
+      p.config.train.seq_len, recompute_name(p.config.train.recompute),
+      p.config.train.lm_head_chunk_tokens > 0
+          ? fmt::format(", LM head in chunks of {} tokens", p.config.train.lm_head_chunk_tokens)
+          : std::string());
   out += fmt::format(
       "parameters: {} total, {} active (embedding {}, LM head {}, attention {}, dense MLP {}, "
       "routers {}, shared experts {}, routed experts {})\n",

@@ -67,6 +67,17 @@ TEST(PlanChunkedHead, TheBackwardComputesTheLogitsAgain) {
   EXPECT_GT(lm_head_seconds(whole, true), 0.0);
 }
 
+TEST(PlanChunkedHead, TheReportNamesTheChunks) {
+  const Plan chunked = make_plan(head_config(16), 1, kNoRuntime);
+  EXPECT_EQ(plan_json(chunked)["layout"]["lm_head_chunk_tokens"], 16);
+  EXPECT_NE(plan_text(chunked).find("recompute=none, LM head in chunks of 16 tokens\n"),
+            std::string::npos)
+      << plan_text(chunked);
+  const Plan whole = make_plan(head_config(0), 1, kNoRuntime);
+  EXPECT_EQ(plan_json(whole)["layout"]["lm_head_chunk_tokens"], 0);
+  EXPECT_NE(plan_text(whole).find("recompute=none\n"), std::string::npos);
+}
+
 TEST(PlanChunkedHead, ANegativeChunkIsAConfigError) {
   try {
     (void)head_config(-1);
