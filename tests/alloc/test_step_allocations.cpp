@@ -66,6 +66,7 @@ struct StepCase {
   // model.routing; "balanced" (a fixed even spread, so no router-bias update) gives every step
   // the same routed rows per rank.
   std::string routing = "learned";
+  int64_t head_chunk = 0;  // train.lm_head_chunk_tokens
 };
 
 // A small model whose per-step buffers of a micro-batch (4 x 256 = 1024 tokens) all exceed the
@@ -112,6 +113,7 @@ eval_every = 0
 save_every = 0
 precision = "{}"
 recompute = "{}"
+lm_head_chunk_tokens = {}
 out_dir = "{}"
 
 [data]
@@ -122,7 +124,7 @@ dtype = "uint16"
 {}
 )",
                      c.routing == "learned" ? "0.001" : "0", c.routing, kSteps, c.precision,
-                     c.recompute, out, data, c.parallel);
+                     c.recompute, c.head_chunk, out, data, c.parallel);
 }
 
 void PrintTo(const StepCase& c, std::ostream* out) {
@@ -189,6 +191,8 @@ INSTANTIATE_TEST_SUITE_P(
     TrainStep, StepAllocations,
     ::testing::Values(StepCase{"fp32", "fp32", "none", 1, ""},
                       StepCase{"bf16", "bf16", "none", 1, ""},
+                      // The LM head in chunks (the last one shorter) of the 4 x 256 tokens.
+                      StepCase{"fp32_lm_head_chunks", "fp32", "none", 1, "", "learned", 300},
                       StepCase{"fp32_recompute_full", "fp32", "full", 1, ""},
                       StepCase{"bf16_recompute_full", "bf16", "full", 1, ""},
                       // MXFP8 experts: saved MX copies, lent fp32 inputs, the weight caches.
