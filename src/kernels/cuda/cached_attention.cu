@@ -10,12 +10,15 @@ namespace moecore::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+// The reduction's warp values (block_reduce.cuh: 32 entries), the kernel's only static shared
+// memory; it counts against the same per-block limits as the scores.
+constexpr size_t kStaticSharedBytes = 32 * sizeof(float);
 
 __global__ void cached_attention_kernel(const float* q, const float* k_cache, const float* v_cache,
                                         float* out, int64_t heads, int64_t kv_heads, int64_t hd,
                                         int64_t first_position, float scale) {
   extern __shared__ float scores[];  // [first_position + n]
-  __shared__ float warp_values[32];
+  __shared__ float warp_values[kStaticSharedBytes / sizeof(float)];
   const int64_t i = blockIdx.x, h = blockIdx.y;
   const int64_t keys = first_position + i + 1, kvs = kv_heads * hd;
   const int64_t kv_off = (h / (heads / kv_heads)) * hd;
@@ -68,11 +71,12 @@ void launch_cached_attention_forward(const float* q, const float* k_cache, const
                                      int64_t hd, int64_t first_position, cudaStream_t stream) {
   if (n == 0 || heads == 0) return;
   const size_t shared_bytes = static_cast<size_t>(first_position + n) * sizeof(float);
-  // Beyond the 48 KiB every block may have, the kernel must opt in (a driver call, made only then:
-  // a decode step launches this once per layer and token).
+  // Beyond the 48 KiB every block may have, static and dynamic together (the default dynamic limit
+  // is 48 KiB less the static part), the kernel must opt in (a driver call, made only then: a
+  // decode step launches this once per layer and token).
   constexpr size_t kDefaultSharedBytes = 48 * 1024;
   // A failure here leaves its error for the caller's cudaGetLastError check.
-  if (shared_bytes > kDefaultSharedBytes &&
+  if (shared_bytes + kStaticSharedBytes > kDefaultSharedBytes &&
       cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(shared_bytes)) != cudaSuccess)
     return;

@@ -86,7 +86,10 @@ bool mx_gemm_block_scaled(const mx::MxOperand& a, const mx::MxOperand& b, int64_
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       cublaslt_handle(), op.get(), b_layout.get(), a_layout.get(), c_layout.get(), c_layout.get(),
       preference.get(), 1, &heuristic, &found);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
+  // A result whose own state is not success carries no usable algorithm (as in gemm_lt.cpp):
+  // the bf16 path runs this GEMM rather than cublasLtMatmul failing on it.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
+      (status == CUBLAS_STATUS_SUCCESS && (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS)))
     return false;
   MOE_CUBLAS_CHECK(status);
 

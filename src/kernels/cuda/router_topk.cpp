@@ -1,7 +1,6 @@
 // The router on the GPU (router_topk.cu), checked as the CPU backend checks it. The forward's
-// expert counts, the z-loss and the column sums are host values: these copy them back and wait.
-// A step captured in a CUDA graph cannot wait; it will need a form of the forward that leaves the
-// counts in device memory.
+// expert counts, the z-loss and the column sums stay where the views are (device memory): nothing
+// here copies them back or waits for the stream (kernels/op_declarations.inc).
 #include <algorithm>
 #include <cstddef>
 
