@@ -14,6 +14,11 @@ namespace moecore::cli {
 
 namespace {
 
+// train.lm_head_chunk_tokens as the search's table says it.
+std::string head_chunk_label(int64_t tokens) {
+  return tokens > 0 ? std::to_string(tokens) : "whole";
+}
+
 void print_search(const RunConfig& config, int64_t world, const plan::Hardware& hardware,
                   const PlanArgs& args) {
   const plan::LayoutSearch search =
@@ -32,6 +37,7 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
                       {"zero", c.zero},
                       {"microbatches", c.microbatches},
                       {"recompute", recompute_name(c.recompute)},
+                      {"lm_head_chunk_tokens", c.lm_head_chunk_tokens},
                       {"peak_bytes", c.peak_bytes},
                       {"step_seconds", c.step_seconds},
                       {"tokens_per_s_per_rank", c.tokens_per_s_per_rank},
@@ -48,6 +54,7 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
                                         {"zero", least.zero},
                                         {"microbatches", least.microbatches},
                                         {"recompute", recompute_name(least.recompute)},
+                                        {"lm_head_chunk_tokens", least.lm_head_chunk_tokens},
                                         {"peak_bytes", least.peak_bytes}}},
                                       {"layouts", rows}}
                            .dump());
@@ -58,21 +65,23 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
   if (fits.empty()) {
     fmt::print(
         "; the least memory any needs is {:.2f} GB per rank (pp {}, ep {}, zero {}, {} "
-        "micro-batches, recompute {}: `moecore plan` it for the breakdown)\n",
+        "micro-batches, recompute {}, LM head chunk {}: `moecore plan` it for the breakdown)\n",
         least.peak_bytes / 1e9, least.pp, least.ep, least.zero, least.microbatches,
-        recompute_name(least.recompute));
+        recompute_name(least.recompute), head_chunk_label(least.lm_head_chunk_tokens));
     return;
   }
   fmt::print("; the fastest {}:\n", shown);
-  fmt::print("{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10} {:>10} {:>14} {:>6}\n", "pp", "dp",
-             "ep", "ep_dp", "zero", "micro", "recompute", "peak GB", "step s", "tokens/s/rank",
-             "MFU %");
+  fmt::print("{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10} {:>10} {:>10} {:>14} {:>6}\n", "pp",
+             "dp", "ep", "ep_dp", "zero", "micro", "recompute", "head chunk", "peak GB", "step s",
+             "tokens/s/rank", "MFU %");
   for (size_t i = 0; i < shown; ++i) {
     const plan::LayoutChoice& c = fits[i];
     fmt::print(
-        "{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10.2f} {:>10.4g} {:>14.5g} {:>6.1f}\n", c.pp,
-        c.dp, c.ep, c.ep_dp, c.zero, c.microbatches, recompute_name(c.recompute),
-        c.peak_bytes / 1e9, c.step_seconds, c.tokens_per_s_per_rank, 100.0 * c.mfu);
+        "{:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>10} {:>10.2f} {:>10.4g} {:>14.5g} "
+        "{:>6.1f}\n",
+        c.pp, c.dp, c.ep, c.ep_dp, c.zero, c.microbatches, recompute_name(c.recompute),
+        head_chunk_label(c.lm_head_chunk_tokens), c.peak_bytes / 1e9, c.step_seconds,
+        c.tokens_per_s_per_rank, 100.0 * c.mfu);
   }
 }
 

@@ -52,6 +52,15 @@ double peak_bytes(const RunConfig& c, const ResolvedLayout& layout, const Hardwa
 
 }  // namespace
 
+int64_t suggested_head_chunk(int64_t tokens, int64_t vocab, int64_t hidden) {
+  const int64_t per_hidden = (vocab + hidden - 1) / hidden;
+  const int64_t least = std::max<int64_t>(1, (tokens + per_hidden - 1) / per_hidden);
+  int64_t chunk = 1;
+  while (chunk < least) chunk *= 2;
+  constexpr int64_t kLeastRows = 256;
+  return std::max(chunk, std::min(kLeastRows, tokens));
+}
+
 RunConfig with_layout(const RunConfig& config, const LayoutChoice& choice) {
   RunConfig c = config;
   c.parallel.pp = choice.pp;
@@ -61,6 +70,7 @@ RunConfig with_layout(const RunConfig& config, const LayoutChoice& choice) {
   if (choice.zero != 0) c.parallel.overlap_grad_reduce = false;
   c.train.microbatches = choice.microbatches;
   c.train.recompute = choice.recompute;
+  c.train.lm_head_chunk_tokens = choice.lm_head_chunk_tokens;
   return c;
 }
 
@@ -83,38 +93,57 @@ LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardwa
           for (ActivationRecompute recompute :
                {ActivationRecompute::kNone, ActivationRecompute::kAttention,
                 ActivationRecompute::kMoe, ActivationRecompute::kFull}) {
-            LayoutChoice choice;
-            choice.pp = pp;
-            choice.ep = ep;
-            choice.zero = zero;
-            choice.microbatches = m;
-            choice.recompute = recompute;
-            const RunConfig c = with_layout(config, choice);
-            ResolvedLayout layout;
-            try {
-              layout = validate_layout(c, world);
-            } catch (const Error&) {
-              continue;  // a layout the trainer refuses (micro-batch split, schedule, ...)
+            // The whole head's peak of this layout: its chunked head, which costs a head GEMM
+            // more, is listed only where it needs less memory (a head on a stage that is not the
+            // largest saves nothing).
+            double whole_head_peak = 0.0;
+            for (const bool chunked_head : {false, true}) {
+              // A config that chunks its head keeps its chunk; one that does not is tried both
+              // ways.
+              const int64_t configured = config.train.lm_head_chunk_tokens;
+              if (configured > 0 && !chunked_head) continue;
+              LayoutChoice choice;
+              choice.pp = pp;
+              choice.ep = ep;
+              choice.zero = zero;
+              choice.microbatches = m;
+              choice.recompute = recompute;
+              choice.lm_head_chunk_tokens = configured;
+              RunConfig c = with_layout(config, choice);
+              ResolvedLayout layout;
+              try {
+                layout = validate_layout(c, world);
+              } catch (const Error&) {
+                continue;  // a layout the trainer refuses (micro-batch split, schedule, ...)
+              }
+              if (chunked_head && configured == 0) {
+                choice.lm_head_chunk_tokens = suggested_head_chunk(
+                    layout.local_rows * config.train.seq_len, mc.vocab_size, mc.hidden_size);
+                c.train.lm_head_chunk_tokens = choice.lm_head_chunk_tokens;
+              }
+              // Memory first: the step time is only priced for layouts that fit.
+              choice.dp = layout.dp;
+              choice.ep_dp = layout.ep_dp;
+              choice.peak_bytes = peak_bytes(c, layout, hardware);
+              if (configured == 0 && !chunked_head) whole_head_peak = choice.peak_bytes;
+              if (configured == 0 && chunked_head && choice.peak_bytes >= whole_head_peak) continue;
+              if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes)
+                out.smallest = choice;
+              if (choice.peak_bytes > max_memory_bytes) continue;
+              const StepTime t = step_time(c, layout, hardware.rates);
+              choice.step_seconds = t.seconds;
+              choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
+              choice.mfu = t.mfu;
+              out.fits.push_back(choice);
             }
-            // Memory first: the step time is only priced for layouts that fit.
-            choice.dp = layout.dp;
-            choice.ep_dp = layout.ep_dp;
-            choice.peak_bytes = peak_bytes(c, layout, hardware);
-            if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes)
-              out.smallest = choice;
-            if (choice.peak_bytes > max_memory_bytes) continue;
-            const StepTime t = step_time(c, layout, hardware.rates);
-            choice.step_seconds = t.seconds;
-            choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
-            choice.mfu = t.mfu;
-            out.fits.push_back(choice);
           }
     }
   }
   std::sort(out.fits.begin(), out.fits.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
     return std::tie(b.tokens_per_s_per_rank, a.peak_bytes, a.pp, a.ep, a.zero, a.microbatches,
-                    a.recompute) < std::tie(a.tokens_per_s_per_rank, b.peak_bytes, b.pp, b.ep,
-                                            b.zero, b.microbatches, b.recompute);
+                    a.recompute, a.lm_head_chunk_tokens) <
+           std::tie(a.tokens_per_s_per_rank, b.peak_bytes, b.pp, b.ep, b.zero, b.microbatches,
+                    b.recompute, b.lm_head_chunk_tokens);
   });
   return out;
 }

@@ -4,11 +4,13 @@
 // grows by one forward GEMM of the head.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "plan/activation_model.h"
+#include "plan/layout_search.h"
 #include "plan/op_cost.h"
 #include "plan/plan.h"
 #include "plan_test_config.h"
@@ -76,6 +78,42 @@ TEST(PlanChunkedHead, TheReportNamesTheChunks) {
   const Plan whole = make_plan(head_config(0), 1, kNoRuntime);
   EXPECT_EQ(plan_json(whole)["layout"]["lm_head_chunk_tokens"], 0);
   EXPECT_NE(plan_text(whole).find("recompute=none\n"), std::string::npos);
+}
+
+TEST(PlanChunkedHead, SuggestedChunksHoldNoMoreThanTheHiddenStates) {
+  // ceil(50304 / 2048) = 25 entries per hidden feature: 8192 / 25 -> 328 -> 512.
+  EXPECT_EQ(suggested_head_chunk(8192, 50304, 2048), 512);
+  // The default run: 2048 / 16 = 128, raised to the 256 rows a GEMM needs to run near its peak.
+  EXPECT_EQ(suggested_head_chunk(2048, 4096, 256), 256);
+  EXPECT_EQ(suggested_head_chunk(4096, 20000, 32), 256);  // 4096 / 625 -> 8 -> 256
+  EXPECT_EQ(suggested_head_chunk(64, 20000, 32), 64);     // the micro-batch, when under 256 rows
+  EXPECT_EQ(suggested_head_chunk(1000, 10, 32), 1024);    // a head narrower than the hidden state
+}
+
+TEST(PlanChunkedHead, TheSearchTriesTheHeadInChunks) {
+  const Hardware hw{"test", 1e12, 0.0, "test", false, test_rates()};
+  // One sequence of 2048 tokens per step (one micro-batch: the search varies the rest), in chunks
+  // of 256.
+  const RunConfig config = small_config({"model.vocab_size=20000", "train.seq_len=2048",
+                                         "train.batch_size=1", "train.microbatches=1"});
+  const LayoutSearch all = search_layouts(config, 1, hw, 1e15);
+  double least_whole = 1e300, least_chunked = 1e300;
+  for (const LayoutChoice& l : all.fits) {
+    // The head whole, or in the suggested chunks of this layout's micro-batch rows.
+    const int64_t rows = validate_layout(with_layout(config, l), 1).local_rows * 2048;
+    EXPECT_TRUE(l.lm_head_chunk_tokens == 0 ||
+                l.lm_head_chunk_tokens == suggested_head_chunk(rows, 20000, 32));
+    double& least = l.lm_head_chunk_tokens == 0 ? least_whole : least_chunked;
+    least = std::min(least, l.peak_bytes);
+  }
+  ASSERT_LT(least_chunked, least_whole);
+  // A budget only chunked heads fit.
+  const LayoutSearch tight = search_layouts(config, 1, hw, 0.5 * (least_chunked + least_whole));
+  ASSERT_FALSE(tight.fits.empty());
+  for (const LayoutChoice& l : tight.fits) EXPECT_GT(l.lm_head_chunk_tokens, 0);
+  // A config that chunks its head keeps its chunk.
+  for (const LayoutChoice& l : search_layouts(head_config(16), 1, hw, 1e15).fits)
+    EXPECT_EQ(l.lm_head_chunk_tokens, 16);
 }
 
 TEST(PlanChunkedHead, ANegativeChunkIsAConfigError) {

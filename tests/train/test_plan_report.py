@@ -105,7 +105,8 @@ def test_html_report_renders_the_plan(moecore_bin, tmp_path):
 def plan_layout(moecore_bin, preset: Path, ranks: int, hardware: str, layout: dict) -> dict:
     sets = [f"parallel.pp={layout['pp']}", f"parallel.ep={layout['ep']}",
             f"parallel.zero={layout['zero']}", f"train.microbatches={layout['microbatches']}",
-            f"train.recompute=\"{layout['recompute']}\""]
+            f"train.recompute=\"{layout['recompute']}\"",
+            f"train.lm_head_chunk_tokens={layout['lm_head_chunk_tokens']}"]
     return json.loads(run(moecore_bin, "plan", preset, "--ranks", str(ranks), "--hardware",
                           hardware, "--json", *[a for s in sets for a in ("--set", s)]).stdout)
 
