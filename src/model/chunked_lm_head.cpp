@@ -30,6 +30,24 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
   }
 }
 
+void lm_head_backward_from_logits(kernels::MatmulPrecision precision, const float* logits,
+                                  const float* hidden, const LinearWeight& weight,
+                                  const int32_t* targets, int64_t rows, int64_t hidden_size,
+                                  int64_t vocab, int64_t counted, float loss_scale, float* dlogits,
+                                  float* dhidden, float* dweight, Workspace& workspace) {
+  Workspace::Scope scratch(workspace);
+  // The cross-entropy writes the loss again; the forward's is the one read.
+  const std::span<double> loss = scratch.uninitialized<double>(1);
+  kernels::cross_entropy(view(logits, {rows, vocab}), view(targets, {rows}),
+                         view(dlogits, {rows, vocab}), 1.0f, counted, view(loss.data(), {1}));
+  // Scaled for gradient accumulation (loss_scale is 1 / micro-batches) after the cross-entropy's
+  // own 1 / counted: one rounding each, whichever head runs.
+  if (loss_scale != 1.0f)
+    kernels::scale(view(dlogits, {rows, vocab}), loss_scale, view(dlogits, {rows, vocab}));
+  linear_backward(precision, dlogits, hidden, weight, dhidden, dweight, rows, hidden_size, vocab,
+                  false);
+}
+
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
                               const LinearWeight& weight, const int32_t* targets,
                               const LmHeadChunks& shape, int64_t counted, float loss_scale,
@@ -39,23 +57,13 @@ void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* h
   Workspace::Scope scratch(workspace);
   const std::span<float> logits = scratch.uninitialized<float>(shape.chunk_tokens * v);
   const std::span<float> dlogits = scratch.uninitialized<float>(shape.chunk_tokens * v);
-  // The cross-entropy writes its loss again; nobody reads this one.
-  const std::span<double> loss = scratch.uninitialized<double>(1);
   for (int64_t c = 0; c < shape.count(); ++c) {
     const int64_t first = shape.first_row(c), rows = shape.rows(c);
     linear_forward(precision, hidden + first * d, weight, logits.data(), rows, d, v);
-    kernels::cross_entropy(view(logits.data(), {rows, v}), view(targets + first, {rows}),
-                           view(dlogits.data(), {rows, v}), 1.0f, counted, view(loss.data(), {1}));
-    // As the whole head scales its saved gradient: at scale 1 first, then times loss_scale (the
-    // same two roundings), into the logits' buffer, which is not read again.
-    const float* chunk_dlogits = dlogits.data();
-    if (loss_scale != 1.0f) {
-      kernels::scale(view(dlogits.data(), {rows, v}), loss_scale, view(logits.data(), {rows, v}));
-      chunk_dlogits = logits.data();
-    }
-    if (observe) observe(first, view(chunk_dlogits, {rows, v}));
-    linear_backward(precision, chunk_dlogits, hidden + first * d, weight, dhidden + first * d,
-                    dweight, rows, d, v, false);
+    lm_head_backward_from_logits(precision, logits.data(), hidden + first * d, weight,
+                                 targets + first, rows, d, v, counted, loss_scale, dlogits.data(),
+                                 dhidden + first * d, dweight, workspace);
+    if (observe) observe(first, view(dlogits.data(), {rows, v}));
   }
 }
 

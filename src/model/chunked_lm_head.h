@@ -54,6 +54,16 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
                              const LmHeadChunks& shape, int64_t counted, TensorView losses,
                              Workspace& workspace, const LmHeadChunkObserver& observe = {});
 
+// The head's backward for `rows` rows from their logits (the whole head's kept ones, or a
+// chunk's computed again): their loss gradient at scale 1 over `counted` into dlogits (=) [rows,
+// vocab], multiplied by loss_scale in place (the same two roundings for either head), then
+// dhidden (=) [rows, hidden] and dweight (+=) [vocab, hidden].
+void lm_head_backward_from_logits(kernels::MatmulPrecision precision, const float* logits,
+                                  const float* hidden, const LinearWeight& weight,
+                                  const int32_t* targets, int64_t rows, int64_t hidden_size,
+                                  int64_t vocab, int64_t counted, float loss_scale, float* dlogits,
+                                  float* dhidden, float* dweight, Workspace& workspace);
+
 // d(loss_scale * mean loss) of the same forward: dhidden (=) [tokens, hidden], dweight (+=)
 // [vocab, hidden]. Each chunk's logits and logit gradient live in `workspace` while it runs.
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,

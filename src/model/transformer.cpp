@@ -559,9 +559,10 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
   // per chunk with the chunked head, added in chunk order).
   const size_t slot_bytes = static_cast<size_t>(per_layer) * sizeof(double);
   const size_t head_offset = moe_layers.size() * slot_bytes;
-  const LmHeadChunks head_chunks{n, d, v, std::max<int64_t>(act.head_chunk_tokens, 1)};
-  const int64_t head_losses =
-      !has_head() ? 0 : (act.head_chunk_tokens > 0 ? head_chunks.count() : 1);
+  const int64_t head_losses = !has_head() ? 0
+                              : act.head_chunk_tokens == 0
+                                  ? 1
+                                  : LmHeadChunks{n, d, v, act.head_chunk_tokens}.count();
   act.loss_statistics.resize_for_overwrite(head_offset +
                                            static_cast<size_t>(head_losses) * sizeof(double));
   for (size_t j = 0; j < moe_layers.size(); ++j) {
@@ -590,7 +591,8 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
           assemble_chunks(observer_ && !recomputing_, observed, n, v);
       chunked_lm_head_forward(precision_.lm_head, act.final_hidden.data(),
                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                              head_chunks, counted, head_loss, workspace_, collect);
+                              LmHeadChunks{n, d, v, act.head_chunk_tokens}, counted, head_loss,
+                              workspace_, collect);
       if (collect) observe("lm_head", view(observed.data(), {n, v}));
     } else {
       // The loss only: an evaluation never needs the gradient, and the backward makes it from
@@ -729,19 +731,13 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                at(grads, lm_head_), workspace_, collect);
       if (collect) observe("grad.lm_head", view(observed.data(), {n, v}));
     } else {
-      // The loss gradient of the kept logits at scale 1, then scaled for gradient accumulation
-      // (loss_scale is 1 / micro-batches) in place: the chunked head's two roundings.
+      // From the kept logits, every row at once.
       const std::span<float> dlogits = head_scratch.uninitialized<float>(n * v);
-      const std::span<double> loss = head_scratch.uninitialized<double>(1);  // read by nobody
-      kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                             view(dlogits.data(), {n, v}), 1.0f, act.counted_targets,
-                             view(loss.data(), {1}));
-      if (loss_scale != 1.0f)
-        kernels::scale(view(dlogits.data(), {n, v}), loss_scale, view(dlogits.data(), {n, v}));
+      lm_head_backward_from_logits(precision_.lm_head, act.logits.data(), act.final_hidden.data(),
+                                   gemm_weight(params, lm_head_, {v, d}), act.targets.data(), n, d,
+                                   v, act.counted_targets, loss_scale, dlogits.data(),
+                                   dhidden.data(), at(grads, lm_head_), workspace_);
       observe("grad.lm_head", view(dlogits.data(), {n, v}));
-      linear_backward(precision_.lm_head, dlogits.data(), act.final_hidden.data(),
-                      gemm_weight(params, lm_head_, {v, d}), dhidden.data(), at(grads, lm_head_), n,
-                      d, v, false);
     }
     timer.stop();
     observe("grad.model.norm", view(dhidden.data(), {n, d}));

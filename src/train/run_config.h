@@ -98,7 +98,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = false;  // start gradient all-reduces during the backward
   // "auto" | "mpi" | "nccl": the transport of the job's groups (train/communicator_choice.h).
   // auto: NCCL where the model is on a CUDA device, the program has NCCL's communicator and the
-  // job more than one rank, each on a GPU of its own; else MPI. The pp group stays on MPI.
+  // job more than one rank, each on a GPU of its own, and one pipeline stage; else MPI.
   CommunicatorKind communicator = CommunicatorKind::kAuto;
 };
 
