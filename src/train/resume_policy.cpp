@@ -29,9 +29,11 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   for (const auto& [key, node] : *b["optim"].as_table())
     keys.push_back("optim." + std::string(key.str()));
   // The device: another backend's kernels round differently (the CPU's and a GPU's GEMMs sum in
-  // other orders), so a run moved between them continues close to, not exactly on, its path.
+  // other orders), so a run moved between them continues close to, not exactly on, its path. So
+  // does a run whose LM head changes its chunks (the head's weight gradient adds the chunks'
+  // products in another order, model/chunked_lm_head.h).
   for (const char* key : {"seed", "batch_size", "microbatches", "seq_len", "precision", "device",
-                          "skip_sigma", "skip_window", "skip_min_window"})
+                          "lm_head_chunk_tokens", "skip_sigma", "skip_window", "skip_min_window"})
     keys.push_back(std::string("train.") + key);
   keys.emplace_back("data.train");
 

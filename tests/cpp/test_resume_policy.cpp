@@ -33,12 +33,14 @@ TEST(ResumePolicy, ReplayKeysAreListedOldToNew) {
   b.train.microbatches = 2;
   b.train.precision = TrainPrecision::kBf16;
   b.train.seed = 3;
+  b.train.lm_head_chunk_tokens = 512;
   b.data.train = {"b.npy"};
   EXPECT_EQ(described(a, b),
             (std::vector<std::string>{
                 "optim.lr: 0.001 -> 0.002", "train.seed: 0 -> 3", "train.batch_size: 8 -> 4",
                 "train.microbatches: 1 -> 2", "train.seq_len: 128 -> 64",
-                "train.precision: 'fp32' -> 'bf16'", "data.train: [ 'a.npy' ] -> [ 'b.npy' ]"}));
+                "train.precision: 'fp32' -> 'bf16'", "train.lm_head_chunk_tokens: 0 -> 512",
+                "data.train: [ 'a.npy' ] -> [ 'b.npy' ]"}));
 }
 
 TEST(ResumePolicy, LossCoefficientsArePolicyNotArchitecture) {

@@ -42,6 +42,10 @@ def test_resume_keeps_the_chunks(moecore_bin, job_data, tmp_path):
     cfg = dp_config(tmp_path, job_data, "run", max_steps=2, save_every=1)
     r = train(moecore_bin, cfg, CHUNK)
     assert r.returncode == 0, r.stderr
+    # Without the chunks the run would go on off its path (the head's sums in another order):
+    # refused, naming the key (test_run_safety.py covers the refusal's other guarantees).
+    r = train(moecore_bin, cfg, "train.max_steps=3", resume=True, check=False)
+    assert r.returncode != 0 and "train.lm_head_chunk_tokens: 24 -> 0" in r.stderr, r.stderr
     r = train(moecore_bin, cfg, CHUNK, "train.max_steps=3", resume=True)
     assert r.returncode == 0, r.stderr
     assert len(losses(tmp_path / "run")) == 3
