@@ -44,6 +44,8 @@ struct KernelBackend {
   decltype(&kernels::router_topk_backward) router_topk_backward;
   decltype(&kernels::router_z_loss) router_z_loss;
   decltype(&kernels::router_probability_column_sums) router_probability_column_sums;
+  decltype(&kernels::moe_loss_terms) moe_loss_terms;
+  decltype(&kernels::router_bias_update) router_bias_update;
   decltype(&kernels::grouped_gemm_forward) grouped_gemm_forward;
   decltype(&kernels::grouped_gemm_backward) grouped_gemm_backward;
   decltype(&kernels::add) add;

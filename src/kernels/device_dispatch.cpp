@@ -244,6 +244,20 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
                        {logits, scores, column_sums}, logits, scores, probability, column_sums);
 }
 
+void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
+                    ConstTensorView head_losses, const MoeLossOptions& options, TensorView losses,
+                    TensorView lb_score_grad, TensorView route_tally) {
+  return run_on_device("moe_loss_terms", &cpu::moe_loss_terms, &KernelBackend::moe_loss_terms,
+                       {route_counts, router_sums, head_losses, losses, lb_score_grad, route_tally},
+                       route_counts, router_sums, head_losses, options, losses, lb_score_grad,
+                       route_tally);
+}
+
+void router_bias_update(ConstTensorView counts, float rate, TensorView bias) {
+  return run_on_device("router_bias_update", &cpu::router_bias_update,
+                       &KernelBackend::router_bias_update, {counts, bias}, counts, rate, bias);
+}
+
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
                           TensorView y, MatmulPrecision precision) {
   return run_on_device("grouped_gemm_forward", &cpu::grouped_gemm_forward,

@@ -66,6 +66,19 @@ enum class RouterProbability : uint8_t {
   kScoresOverRowSum,  // each row's scores divided by their sum (OLMo-core, sigmoid router)
 };
 
+// The rules and normalisers of moe_loss_terms (DESIGN.md's losses; model/transformer.cpp sets
+// them per micro-batch).
+struct MoeLossOptions {
+  // transformers' load_balancing_loss_func over every layer's routes together (lb_loss_style =
+  // "hf"), else OLMo-core's (E / k) sum_e f_e P_e per layer, summed over the layers.
+  bool lb_over_all_layers = false;
+  int64_t top_k = 1;
+  double router_loss_div = 0.0;  // f_e's and the z-loss's normaliser: counted labels or tokens
+  double tokens = 0.0;           // tokens of the global micro-batch (P_e is the mean over them)
+  double z_rows = 0.0;           // tokens behind each rank's mean logsumexp^2 (its micro-batch's)
+  double aux_loss_coef = 0.0;    // model.router_aux_loss_coef, a factor of lb_score_grad
+};
+
 // An MX-quantised operand as the MX ops read it: codes [..., k] (e4m3 or e5m2, the dtype says
 // which) and their E8M0 block scales [..., k / 32] (e8m0), quantised along the last dimension, k,
 // in blocks of 32 (mx_quantize or mx_quantize_transposed writes both).

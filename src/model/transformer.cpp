@@ -46,15 +46,14 @@ struct Transformer::Activations {
   // model/chunked_lm_head.h).
   DeviceArray<float> logits;
   int64_t head_chunk_tokens = 0;
-  // [layers][E] load-balancing gradient per router probability, made on the host (from the
-  // batch statistics) and read by the router's backward where it runs.
-  std::vector<float> lb_score_grad_host;
+  // [MoE layers][E] load-balancing gradient per router probability, made where the statistics
+  // are (kernels::moe_loss_terms) and read by the router's backward.
   DeviceArray<float> lb_score_grad;
-  // The losses' statistics of a micro-batch, written where the model's tensors are and copied to
-  // the host at once (the forward's one wait for the device): per MoE layer E counts (i64), E
-  // probability sums and the mean logsumexp^2 (f64); with the head, the cross-entropy's loss.
-  DeviceArray<std::byte> loss_statistics;
-  std::vector<std::byte> loss_statistics_host;
+  // The losses' statistics of a micro-batch, where the model's tensors are: [MoE layers][E]
+  // routes per expert (i64), and f64: per MoE layer E probability sums and the mean
+  // logsumexp^2, then with the head the cross-entropy's loss (one per chunk of the head).
+  DeviceArray<int64_t> route_counts;
+  DeviceArray<double> loss_statistics;
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;    // tokens of the global micro-batch
   int64_t counted_targets = 0;  // its counted targets (the cross-entropy's divisor), with the head
@@ -148,6 +147,8 @@ Transformer::Transformer(const ModelConfig& config, const ParamLayout& layout,
   for (int64_t i = 0; i < total; ++i)
     layer_specs_.push_back(i >= layers_begin_ && i < layers_end_ ? layout_.layer_specs(i)
                                                                  : LayerSpecs{});
+  for (int64_t i = layers_begin_; i < layers_end_; ++i)
+    if (!config_.layer_is_dense(i)) moe_layers_.push_back(i);
 }
 
 Transformer::~Transformer() = default;
@@ -304,7 +305,29 @@ LossParts Transformer::forward(const ParamBuffers& params, const int32_t* tokens
                                const int32_t* targets, int64_t batch, int64_t seq) {
   MOE_CHECK(has_embedding() && has_head(),
             "[model] forward() runs the whole model; use forward_chunk()");
-  return forward_chunk(0, params, tokens, nullptr, targets, batch, seq, nullptr);
+  forward_chunk(0, params, tokens, nullptr, targets, batch, seq, nullptr);
+  if (targets == nullptr) return {};
+  return read_losses().back();
+}
+
+std::vector<LossParts> Transformer::read_losses() {
+  const ModelConfig& c = config_;
+  if (recorded_counted_.empty()) return {};
+  std::vector<double> parts(recorded_losses_.size());
+  copy_bytes(parts.data(), recorded_losses_.data(), parts.size() * sizeof(double));
+  std::vector<LossParts> losses;
+  for (size_t pass = 0; pass < recorded_counted_.size(); ++pass) {
+    LossParts loss;
+    loss.ce = parts[3 * pass];
+    loss.lb = parts[3 * pass + 1];
+    loss.z = parts[3 * pass + 2];
+    loss.total = loss.ce + c.router_aux_loss_coef * loss.lb + c.router_z_loss_coef * loss.z;
+    loss.counted_tokens = recorded_counted_[pass];
+    losses.push_back(loss);
+  }
+  recorded_losses_.resize_for_overwrite(0);
+  recorded_counted_.clear();
+  return losses;
 }
 
 void Transformer::backward(const ParamBuffers& params, ParamBuffers& grads, float loss_scale) {
@@ -440,10 +463,9 @@ void Transformer::reuse_recomputed(LayerCache& lc) {
   hand_over_recomputed(recompute_, *recycled_, lc);
 }
 
-LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
-                                     const int32_t* tokens, const float* hidden_in,
-                                     const int32_t* targets, int64_t batch, int64_t seq,
-                                     float* hidden_out) {
+void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
+                                const float* hidden_in, const int32_t* targets, int64_t batch,
+                                int64_t seq, float* hidden_out) {
   refresh_weight_copies(params);
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, v = c.vocab_size;
@@ -530,60 +552,60 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
     copy_bytes(hidden_out, act.residual.back().data(), static_cast<size_t>(n * d) * sizeof(float));
   }
 
-  LossParts loss;
-  if (has_head() && targets == nullptr) return loss;
+  if (has_head() && targets == nullptr) return;
+  MOE_CHECK(
+      targets != nullptr || moe_layers_.empty() || c.loss_normalizer != LossNormalizer::kLabels,
+      "[model] loss_normalizer = \"labels\" divides the router losses of layers {}-{} by the "
+      "counted targets: give their chunk's forward the targets",
+      layers_begin_, layers_end_ - 1);
 
   // Batch statistics, summed over the data-parallel group by batch_sum_ so that every loss and
-  // gradient is that of the global batch: [counted targets, tokens, then per MoE layer of this
-  // chunk: routes per expert (E), load-balancing probability sums (E), sum of logsumexp^2, then
-  // with the head: the cross-entropy's sum over counted targets]. With the head the first two are
-  // summed first: the cross-entropy's gradient divides by the global count of targets.
-  const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
-  std::vector<int64_t> moe_layers;
-  for (int64_t i = layers_begin_; i < layers_end_; ++i)
-    if (!c.layer_is_dense(i)) moe_layers.push_back(i);
-  const int64_t per_layer = 2 * e_count + 1;
-  const size_t layer_values = moe_layers.size() * static_cast<size_t>(per_layer);
-  std::vector<double> stats(2 + layer_values + (has_head() ? 1 : 0), 0.0);
+  // gradient is that of the global batch. First the host's own: counted targets and tokens
+  // (from the targets it holds; with the head the cross-entropy's gradient divides by the global
+  // count). The others stay where the model's tensors are, are summed there and become the
+  // losses and the routers' loss gradient there (kernels::moe_loss_terms), so that no pass waits
+  // for the device: read_losses() copies the losses to the host, once for all passes.
+  const int64_t e_count = c.num_experts;
+  const int64_t moe_count = static_cast<int64_t>(moe_layers_.size());
+  double batch_counts[2] = {0.0, static_cast<double>(n)};
   if (targets != nullptr)
-    for (int64_t i = 0; i < n; ++i) stats[0] += targets[i] != kIgnoreIndex;
-  stats[1] = static_cast<double>(n);
-  if (has_head() && batch_sum_) batch_sum_(stats.data(), 2);
-  const int64_t counted = static_cast<int64_t>(stats[0]);  // with the head: the global count
+    for (int64_t i = 0; i < n; ++i) batch_counts[0] += targets[i] != kIgnoreIndex;
+  if (batch_sum_) batch_sum_(batch_counts, 2, DType::kF64);
+  const int64_t counted = static_cast<int64_t>(batch_counts[0]);
   act.counted_targets = counted;
+  act.global_tokens = static_cast<int64_t>(batch_counts[1]);
+  act.router_loss_div = c.loss_normalizer == LossNormalizer::kLabels
+                            ? static_cast<double>(counted)
+                            : static_cast<double>(act.global_tokens);
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
 
-  // The statistics where the model's tensors are, then one copy for all of them: the forward's
-  // one wait for the device. Each MoE layer's slot holds 2E + 1 eight-byte values (E counts as
-  // i64, E sums and the z-loss as f64); with the head the cross-entropy's loss follows (f64; one
-  // per chunk with the chunked head, added in chunk order).
-  const size_t slot_bytes = static_cast<size_t>(per_layer) * sizeof(double);
-  const size_t head_offset = moe_layers.size() * slot_bytes;
+  // Per MoE layer: its routes per expert, its probability sums and mean logsumexp^2; with the
+  // head, the cross-entropy's loss (one per chunk with the chunked head, added in chunk order).
+  const int64_t per_layer = e_count + 1;
   const int64_t head_losses = !has_head() ? 0
                               : act.head_chunk_tokens == 0
                                   ? 1
                                   : LmHeadChunks{n, d, v, act.head_chunk_tokens}.count();
-  act.loss_statistics.resize_for_overwrite(head_offset +
-                                           static_cast<size_t>(head_losses) * sizeof(double));
-  for (size_t j = 0; j < moe_layers.size(); ++j) {
-    const MoeCache& mc = act.layers[static_cast<size_t>(moe_layers[j] - layers_begin_)].moe;
-    std::byte* layer_slot = act.loss_statistics.data() + j * slot_bytes;
-    copy_bytes(layer_slot, mc.router.expert_counts.data(),
+  act.route_counts.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
+  act.loss_statistics.resize_for_overwrite(
+      static_cast<size_t>(moe_count * per_layer + head_losses));
+  for (int64_t j = 0; j < moe_count; ++j) {
+    const MoeCache& mc =
+        act.layers[static_cast<size_t>(moe_layers_[static_cast<size_t>(j)] - layers_begin_)].moe;
+    copy_bytes(act.route_counts.data() + j * e_count, mc.router.expert_counts.data(),
                static_cast<size_t>(e_count) * sizeof(int64_t));
-    const TensorView sums(layer_slot + e_count * sizeof(double), {e_count}, DType::kF64);
+    double* layer_sums = act.loss_statistics.data() + j * per_layer;
     if (act.lb_uses_softmax)
-      router_softmax_column_sums(mc.router_shape, mc.router, sums);
+      router_softmax_column_sums(mc.router_shape, mc.router, view(layer_sums, {e_count}));
     else
-      router_lb_column_sums(mc.router_shape, mc.router, sums);
-    router_z_loss(mc.router_shape, mc.router,
-                  TensorView(layer_slot + 2 * e_count * sizeof(double), {1}, DType::kF64));
+      router_lb_column_sums(mc.router_shape, mc.router, view(layer_sums, {e_count}));
+    router_z_loss(mc.router_shape, mc.router, view(layer_sums + e_count, {1}));
   }
+  double* head_loss = act.loss_statistics.data() + moe_count * per_layer;
   if (has_head()) {
     act.targets.resize(static_cast<size_t>(n));
     copy_bytes(act.targets.data(), targets, static_cast<size_t>(n) * sizeof(int32_t));
     ScopedPhase timer(Phase::kLmHeadForward);
-    const TensorView head_loss(act.loss_statistics.data() + head_offset, {head_losses},
-                               DType::kF64);
     if (act.head_chunk_tokens > 0) {
       // An observer (a tensor dump) sees the whole head's logits, assembled on the host.
       std::vector<float> observed;
@@ -591,115 +613,53 @@ LossParts Transformer::forward_chunk(int64_t slot, const ParamBuffers& params,
           assemble_chunks(observer_ && !recomputing_, observed, n, v);
       chunked_lm_head_forward(precision_.lm_head, act.final_hidden.data(),
                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                              LmHeadChunks{n, d, v, act.head_chunk_tokens}, counted, head_loss,
-                              workspace_, collect);
+                              LmHeadChunks{n, d, v, act.head_chunk_tokens}, counted,
+                              view(head_loss, {head_losses}), workspace_, collect);
       if (collect) observe("lm_head", view(observed.data(), {n, v}));
     } else {
       // The loss only: an evaluation never needs the gradient, and the backward makes it from
       // the kept logits (the same rows through the same steps, so the same values).
       kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                             TensorView(), 1.0f, counted, head_loss);
+                             TensorView(), 1.0f, counted, view(head_loss, {head_losses}));
     }
   }
-  act.loss_statistics_host.resize(act.loss_statistics.size());
-  copy_bytes(act.loss_statistics_host.data(), act.loss_statistics.data(),
-             act.loss_statistics.size());
-  for (size_t j = 0; j < moe_layers.size(); ++j) {
-    const std::byte* layer_slot = act.loss_statistics_host.data() + j * slot_bytes;
-    double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
-    for (int64_t e = 0; e < e_count; ++e) {
-      int64_t routes = 0;
-      std::memcpy(&routes, layer_slot + e * sizeof(int64_t), sizeof(routes));
-      layer_stats[e] = static_cast<double>(routes);
-    }
-    std::memcpy(layer_stats + e_count, layer_slot + e_count * sizeof(double),
-                static_cast<size_t>(e_count + 1) * sizeof(double));
-    layer_stats[2 * e_count] *= static_cast<double>(n);  // the mean over this chunk's tokens
-  }
-  if (has_head()) {
-    double ce_mean = 0.0;  // over the global count of targets
-    for (int64_t chunk = 0; chunk < head_losses; ++chunk) {
-      double chunk_mean = 0.0;
-      std::memcpy(&chunk_mean,
-                  act.loss_statistics_host.data() + head_offset +
-                      static_cast<size_t>(chunk) * sizeof(double),
-                  sizeof(chunk_mean));
-      ce_mean += chunk_mean;
-    }
-    stats.back() = ce_mean * static_cast<double>(counted);
-  }
-  const size_t summed_from = has_head() ? 2 : 0;  // with the head the counts are summed already
-  if (batch_sum_)
-    batch_sum_(stats.data() + summed_from, static_cast<int64_t>(stats.size() - summed_from));
-  act.global_tokens = static_cast<int64_t>(stats[1]);
-  act.router_loss_div = c.loss_normalizer == LossNormalizer::kLabels
-                            ? static_cast<double>(static_cast<int64_t>(stats[0]))
-                            : static_cast<double>(act.global_tokens);
-  // Routes per expert of the global micro-batch, for the selection-bias update (trainer).
-  if (c.has_router_bias()) {
-    selection_counts_.resize(static_cast<size_t>(count * e_count), 0.0);
-    for (size_t j = 0; j < moe_layers.size(); ++j)
-      for (int64_t e = 0; e < e_count; ++e)
-        selection_counts_[static_cast<size_t>((moe_layers[j] - layers_begin_) * e_count + e)] +=
-            stats[2 + j * static_cast<size_t>(per_layer) + static_cast<size_t>(e)];
-  }
-  if (has_head()) {
-    const double ce_sum = stats.back();
-    loss.ce = counted > 0 ? ce_sum / static_cast<double>(counted) : 0.0;
-    loss.counted_tokens = counted;
+  if (batch_sum_) {
+    if (!act.route_counts.empty())
+      batch_sum_(act.route_counts.data(), static_cast<int64_t>(act.route_counts.size()),
+                 DType::kI64);
+    if (!act.loss_statistics.empty())
+      batch_sum_(act.loss_statistics.data(), static_cast<int64_t>(act.loss_statistics.size()),
+                 DType::kF64);
   }
 
-  // Router losses. The per-token load-balancing gradient is a constant per (layer, expert):
-  // lb_score_grad[layer][e] = d lb / d p[t, e], with f_e held constant (no gradient, as the
-  // references do).
-  act.lb_score_grad_host.assign(static_cast<size_t>(count * e_count), 0.0f);
-  // Router losses over the normaliser: z = sum_t lse_t^2 / div; olmo-core lb = (E/k) sum_e f_e P_e
-  // with f_e = routes to e / div and P_e the mean probability over all tokens (OLMo-core's
-  // local_batch loss with its loss_div_factor). No counted label with "labels": no router loss.
-  if (!moe_layers.empty() && act.global_tokens > 0 && act.router_loss_div > 0.0) {
-    const double nd = static_cast<double>(act.global_tokens);
-    const double div = act.router_loss_div;
-    std::vector<double> hf_counts(static_cast<size_t>(e_count), 0.0);
-    std::vector<double> hf_prob_sums(static_cast<size_t>(e_count), 0.0);
-    for (size_t j = 0; j < moe_layers.size(); ++j) {
-      const int64_t local = moe_layers[j] - layers_begin_;
-      const double* layer_stats = stats.data() + 2 + j * static_cast<size_t>(per_layer);
-      loss.z += layer_stats[2 * e_count] / div;
-      if (c.lb_loss_style == LbLossStyle::kOlmoCore) {
-        const double scale = static_cast<double>(e_count) / static_cast<double>(k);
-        for (int64_t e = 0; e < e_count; ++e) {
-          const double f = layer_stats[e] / div;
-          loss.lb += scale * f * layer_stats[e_count + e] / nd;
-          act.lb_score_grad_host[static_cast<size_t>(local * e_count + e)] =
-              static_cast<float>(c.router_aux_loss_coef * scale * f / nd);
-        }
-      } else {
-        for (int64_t e = 0; e < e_count; ++e) {
-          hf_counts[static_cast<size_t>(e)] += layer_stats[e];
-          hf_prob_sums[static_cast<size_t>(e)] += layer_stats[e_count + e];
-        }
-      }
-    }
-    if (c.lb_loss_style == LbLossStyle::kHf) {
-      // transformers' load_balancing_loss_func over all layers' logits concatenated (R rows);
-      // the whole model is in this chunk (checked at construction).
-      const double rows = nd * static_cast<double>(moe_layers.size());
-      for (int64_t e = 0; e < e_count; ++e) {
-        const double f = hf_counts[static_cast<size_t>(e)] / rows;
-        loss.lb += static_cast<double>(e_count) * f * hf_prob_sums[static_cast<size_t>(e)] / rows;
-        const float g =
-            static_cast<float>(c.router_aux_loss_coef * static_cast<double>(e_count) * f / rows);
-        for (int64_t i : moe_layers)
-          act.lb_score_grad_host[static_cast<size_t>((i - layers_begin_) * e_count + e)] = g;
-      }
-    }
+  // The pass's losses, one more row of recorded_losses_, and the routers' loss gradient: with
+  // the routes held constant (no gradient through them, as the references), lb's gradient is a
+  // constant per (layer, expert) for every token's probability.
+  const Device device = act.loss_statistics.device();
+  if (recorded_counted_.empty()) recorded_losses_.place_on(device);
+  const size_t row = recorded_counted_.size();
+  recorded_losses_.resize_for_overwrite(3 * (row + 1));
+  recorded_counted_.push_back(has_head() ? counted : 0);
+  act.lb_score_grad.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
+  TensorView tally;
+  if (c.has_router_bias() && moe_count > 0) {
+    // Routes per expert of the global micro-batch, for the selection-bias update (trainer).
+    selection_tally_.place_on(device);
+    selection_tally_.resize(static_cast<size_t>(moe_count * e_count));
+    tally = view(selection_tally_.data(), {moe_count, e_count});
   }
-  act.lb_score_grad.resize(act.lb_score_grad_host.size());
-  copy_bytes(act.lb_score_grad.data(), act.lb_score_grad_host.data(),
-             act.lb_score_grad_host.size() * sizeof(float));
-  loss.total = loss.ce + c.router_aux_loss_coef * loss.lb + c.router_z_loss_coef * loss.z;
+  const MoeLossOptions options{.lb_over_all_layers = act.lb_uses_softmax,
+                               .top_k = c.num_experts_per_tok,
+                               .router_loss_div = act.router_loss_div,
+                               .tokens = static_cast<double>(act.global_tokens),
+                               .z_rows = static_cast<double>(n),
+                               .aux_loss_coef = c.router_aux_loss_coef};
+  kernels::moe_loss_terms(view(act.route_counts.data(), {moe_count, e_count}),
+                          view(act.loss_statistics.data(), {moe_count, per_layer}),
+                          view(head_loss, {head_losses}), options,
+                          view(recorded_losses_.data() + 3 * row, {3}),
+                          view(act.lb_score_grad.data(), {moe_count, e_count}), tally);
   act.backward_ready = true;
-  return loss;
 }
 
 void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, ParamBuffers& grads,
@@ -763,6 +723,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                        static_cast<float>(act.router_loss_div)
                                  : 0.0f;
   const std::span<float> lb_grad = scratch.zeroed<float>(c.num_experts);
+  int64_t moe_index = static_cast<int64_t>(moe_layers_.size());  // of layer i, counted down
   for (int64_t i = layers_end_ - 1; i >= layers_begin_; --i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
     const LayerSpecs& s = layer_specs_[static_cast<size_t>(i)];
@@ -799,9 +760,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                           lc.mlp_act.data(), dbranch.data(), at(grads, s.mlp_gate),
                           at(grads, s.mlp_down), scratch_dact.data(), scratch_dgu.data(), false);
     } else {
-      kernels::scale(
-          view(act.lb_score_grad.data() + j * static_cast<size_t>(c.num_experts), {c.num_experts}),
-          loss_scale, view(lb_grad.data(), {c.num_experts}));
+      --moe_index;
+      kernels::scale(view(act.lb_score_grad.data() + moe_index * c.num_experts, {c.num_experts}),
+                     loss_scale, view(lb_grad.data(), {c.num_experts}));
       moe_.backward(moe_weights(params, i), moe_grads(grads, i), ffn_in, d_ffn_out, lc.moe,
                     lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data(), workspace_);
     }
@@ -852,37 +813,20 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
 namespace moecore {
 
 void Transformer::clear_selection_counts() {
-  std::fill(selection_counts_.begin(), selection_counts_.end(), 0.0);
+  selection_tally_.zero();
 }
 
 void Transformer::update_router_bias(ParamBuffers& params) {
   const ModelConfig& c = config_;
-  if (!c.has_router_bias()) return;
+  if (!c.has_router_bias() || selection_tally_.empty()) return;  // no forward since the clear
   const int64_t e_count = c.num_experts;
-  const float rate = static_cast<float>(c.router_bias_update_rate);
-  for (int64_t i = layers_begin_; i < layers_end_; ++i) {
-    if (c.layer_is_dense(i)) continue;
-    const size_t base = static_cast<size_t>((i - layers_begin_) * e_count);
-    if (selection_counts_.size() < base + static_cast<size_t>(e_count)) continue;  // no forward
-    // The step is the host's (from the counts it already holds); the bias moves where it is, so a
-    // device's is never read back.
-    float* bias_in_params = at(params, layer_specs_[static_cast<size_t>(i)].router_bias);
-    const double* counts = selection_counts_.data() + base;
-    double total = 0.0;
-    for (int64_t e = 0; e < e_count; ++e) total += counts[e];
-    const double mean = total / static_cast<double>(e_count);
-    // OLMo-core: bias += gamma * sign(mean - count), no re-centring; sign(0) = 0.
-    bias_step_host_.resize(static_cast<size_t>(e_count));
-    for (int64_t e = 0; e < e_count; ++e) {
-      const double gap = mean - counts[e];
-      const float sign = gap > 0.0 ? 1.0f : (gap < 0.0 ? -1.0f : 0.0f);
-      bias_step_host_[static_cast<size_t>(e)] = rate * sign;
-    }
-    bias_step_.place_on(device_of(bias_in_params));
-    bias_step_.resize_for_overwrite(bias_step_host_.size());
-    copy_bytes(bias_step_.data(), bias_step_host_.data(), bias_step_host_.size() * sizeof(float));
-    kernels::add(view(bias_in_params, {e_count}), view(bias_step_.data(), {e_count}),
-                 view(bias_in_params, {e_count}));
+  for (size_t j = 0; j < moe_layers_.size(); ++j) {
+    // OLMo-core: bias += gamma * sign(mean - count), no re-centring; where the bias is, from
+    // the tally where it is.
+    kernels::router_bias_update(
+        view(selection_tally_.data() + static_cast<int64_t>(j) * e_count, {e_count}),
+        static_cast<float>(c.router_bias_update_rate),
+        view(at(params, layer_specs_[static_cast<size_t>(moe_layers_[j])].router_bias), {e_count}));
   }
   clear_selection_counts();
 }

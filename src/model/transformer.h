@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/device_memory.h"
+#include "core/dtype.h"
 #include "core/workspace.h"
 #include "model/activation_recompute.h"
 #include "model/attention.h"
@@ -58,7 +60,8 @@ class Transformer {
   Transformer& operator=(const Transformer&) = delete;
 
   // tokens, targets: [batch, seq], ids in [0, vocab_size) (targets may also be -100). Throws a
-  // moecore::Error naming the first out-of-range id. Pass targets = nullptr for logits only.
+  // moecore::Error naming the first out-of-range id. Pass targets = nullptr for logits only (the
+  // parts are then 0). A forward_chunk() of slot 0 and read_losses(): it waits for the device.
   LossParts forward(const ParamBuffers& params, const int32_t* tokens, const int32_t* targets,
                     int64_t batch, int64_t seq);
 
@@ -67,11 +70,18 @@ class Transformer {
 
   // Pipeline chunk passes over the activations of slot `slot` (one per micro-batch in flight).
   // Input: `tokens` on the chunk with the embedding, else `hidden_in` [batch * seq, d]; `targets`
-  // on the chunk with the head (nullptr elsewhere, or for logits only). Output: `hidden_out`
-  // [batch * seq, d] on every chunk but the last.
-  LossParts forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
-                          const float* hidden_in, const int32_t* targets, int64_t batch,
-                          int64_t seq, float* hidden_out);
+  // on every chunk (nullptr for logits only): the chunk with the head computes the cross-entropy,
+  // and every chunk counts them (loss_normalizer "labels" divides the router losses by their
+  // global count; a chunk with MoE layers refuses to run without them then). Output: `hidden_out`
+  // [batch * seq, d] on every chunk but the last. Every pass but the head's without targets
+  // records its loss parts where the model's tensors are, for read_losses(): the passes never
+  // wait for the device (issue 15 item 3: a GPU's step is queued without stopping).
+  void forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
+                     const float* hidden_in, const int32_t* targets, int64_t batch, int64_t seq,
+                     float* hidden_out);
+  // The loss parts of every forward pass recorded since the last read, in the order of the
+  // passes, in one copy to the host (the one wait for a device), and forgets them.
+  std::vector<LossParts> read_losses();
   // d_hidden_out: gradient of hidden_out (nullptr on the chunk with the head); d_hidden_in
   // receives the gradient of hidden_in (unused on the chunk with the embedding).
   void backward_chunk(int64_t slot, const ParamBuffers& params, ParamBuffers& grads,
@@ -81,9 +91,10 @@ class Transformer {
   LayerRange layers() const { return {layers_begin_, layers_end_}; }
 
   // Sums batch statistics (target and token counts, router statistics, loss sums) over the
-  // data-parallel group, so that losses and gradients are those of the global batch. Unset: this
-  // process holds the whole batch.
-  using BatchSum = std::function<void(double* values, int64_t count)>;
+  // data-parallel group in place, so that losses and gradients are those of the global batch:
+  // `count` values of `type` (f64 or i64) in host memory or in the model's device memory.
+  // Unset: this process holds the whole batch.
+  using BatchSum = std::function<void(void* values, int64_t count, DType type)>;
   void set_batch_sum(BatchSum batch_sum) { batch_sum_ = std::move(batch_sum); }
   const BatchSum& batch_sum() const { return batch_sum_; }
   // Called during backward() as soon as layer i's parameter gradients are final (layers finish from
@@ -233,11 +244,14 @@ class Transformer {
   bool recomputing_ = false;  // the backward re-runs a forward: observed once already
   uint64_t routing_seed_ = 0;
   int64_t routing_token_offset_ = 0;
-  std::vector<double> selection_counts_;  // [chunk layers][E] routes since the last clear
-  // [E] one layer's selection-bias step, made on the host from the counts and added where the
-  // bias is (the update reads nothing back from a device).
-  std::vector<float> bias_step_host_;
-  DeviceArray<float> bias_step_;
+  std::vector<int64_t> moe_layers_;  // this chunk's MoE layers, first to last
+  // [MoE layers][E] f64: the global micro-batches' routes per expert since the last clear, where
+  // the model's tensors are (the selection-bias update reads nothing back from a device).
+  DeviceArray<double> selection_tally_;
+  // [passes][ce, lb, z] f64: the loss parts of the forward passes since the last read_losses(),
+  // where the model's tensors are, and each pass's counted targets (known on the host).
+  DeviceArray<double> recorded_losses_;
+  std::vector<int64_t> recorded_counted_;
   int32_t document_eos_ = -1;
 };
 

@@ -117,7 +117,7 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
   std::vector<int64_t> made(static_cast<size_t>(v_), 0);
   int64_t live = 0;
   peak_live_ = 0;
-  LossParts sum;
+  std::vector<size_t> forwards;  // the chunk of each forward pass, in the order they ran
   for (size_t i = 0; i < actions_.size(); ++i) {
     post_until(i + 1 + kLookahead);
     const dist::PipelineAction& a = actions_[i];
@@ -145,10 +145,10 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
       }
       slot_of[c][m] = slot;
       peak_live_ = std::max(peak_live_, ++live);
-      const LossParts part = chunk.forward_chunk(
-          slot, params, micro[m].tokens, in, chunk.has_head() ? micro[m].targets : nullptr, rows,
-          seq, sends_out ? out->buffer.data() : nullptr);
-      add_scaled(sum, part, loss_scale);
+      // Every chunk counts the targets (loss_normalizer "labels"), the last one's loss reads them.
+      chunk.forward_chunk(slot, params, micro[m].tokens, in, micro[m].targets, rows, seq,
+                          sends_out ? out->buffer.data() : nullptr);
+      forwards.push_back(c);
       if (sends_out)
         out->request =
             mesh_.pp.isend(out->buffer.data(), width, stage_of(g + 1), tag(g + 1, a.micro, false));
@@ -188,6 +188,18 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
             "[parallel] pipeline stage {} kept {} micro-batch activations alive; its schedule "
             "allows {}",
             stage_, peak_live_, live_bound_);
+  // The losses, read once per chunk after the passes (no pass waited for the device), added in
+  // the order the passes ran.
+  std::vector<std::vector<LossParts>> parts(chunks_.size());
+  for (size_t c = 0; c < chunks_.size(); ++c) parts[c] = chunks_[c]->read_losses();
+  std::vector<size_t> next(chunks_.size(), 0);
+  LossParts sum;
+  for (const size_t c : forwards) {
+    MOE_CHECK(next[c] < parts[c].size(),
+              "[parallel] model chunk {} recorded {} losses for more forward passes", c,
+              parts[c].size());
+    add_scaled(sum, parts[c][next[c]++], loss_scale);
+  }
   return sum;
 }
 
@@ -205,10 +217,8 @@ LossParts PipelineRunner::forward_only(const ParamBuffers& params, const int32_t
       dist::Request r = mesh_.pp.irecv(in.data(), width, stage_of(g - 1), tag(g, 0, false));
       dist::wait(r);
     }
-    add_scaled(sum,
-               chunk.forward_chunk(0, params, tokens, in.data(),
-                                   chunk.has_head() ? targets : nullptr, rows, seq, out.data()),
-               1.0);
+    chunk.forward_chunk(0, params, tokens, in.data(), targets, rows, seq, out.data());
+    if (targets != nullptr || !chunk.has_head()) add_scaled(sum, chunk.read_losses().back(), 1.0);
     if (!last_chunk(c)) {
       dist::Request s = mesh_.pp.isend(out.data(), width, stage_of(g + 1), tag(g + 1, 0, false));
       dist::wait(s);

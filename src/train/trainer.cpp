@@ -464,8 +464,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     exchange = &sync_exchange;
   // Batch statistics of the global batch: summed over this stage's data-parallel ranks.
   const Transformer::BatchSum dp_batch_sum =
-      dp > 1 ? Transformer::BatchSum(
-                   [&mesh](double* values, int64_t count) { mesh.dp.allreduce_sum(values, count); })
+      dp > 1 ? Transformer::BatchSum([&mesh](void* values, int64_t count, DType type) {
+        MOE_CHECK(type == DType::kF64 || type == DType::kI64,
+                  "[parallel] batch statistics are f64 or i64, got {}", dtype_name(type));
+        mesh.dp.allreduce(values, count,
+                          type == DType::kF64 ? dist::CommType::kFloat64 : dist::CommType::kInt64,
+                          dist::ReduceOp::kSum);
+      })
              : Transformer::BatchSum();
   std::vector<std::unique_ptr<Transformer>> chunks;
   std::vector<Transformer*> chunk_ptrs;

@@ -100,12 +100,16 @@ Result run_chunks(const ModelConfig& config, ActivationRecompute mode) {
   Result r;
   for (size_t mb = 0; mb < 2; ++mb) {
     const auto slot = static_cast<int64_t>(mb);
-    const LossParts a = first.forward_chunk(slot, params, kTokens[mb].data(), nullptr, nullptr,
-                                            kBatch, kSeq, hidden[mb].data());
-    const LossParts b = last.forward_chunk(slot, params, nullptr, hidden[mb].data(),
-                                           kTargets[mb].data(), kBatch, kSeq, nullptr);
-    r.losses.push_back({a.ce + b.ce, a.lb + b.lb, a.z + b.z, a.total + b.total, b.counted_tokens});
+    first.forward_chunk(slot, params, kTokens[mb].data(), nullptr, nullptr, kBatch, kSeq,
+                        hidden[mb].data());
+    last.forward_chunk(slot, params, nullptr, hidden[mb].data(), kTargets[mb].data(), kBatch, kSeq,
+                       nullptr);
   }
+  // Each chunk's two passes, in order.
+  const std::vector<LossParts> a = first.read_losses(), b = last.read_losses();
+  for (size_t mb = 0; mb < 2; ++mb)
+    r.losses.push_back({a[mb].ce + b[mb].ce, a[mb].lb + b[mb].lb, a[mb].z + b[mb].z,
+                        a[mb].total + b[mb].total, b[mb].counted_tokens});
   for (int64_t slot = 1; slot >= 0; --slot) {
     last.backward_chunk(slot, params, grads, 0.5f, nullptr, d_hidden.data());
     first.backward_chunk(slot, params, grads, 0.5f, d_hidden.data(), nullptr);

@@ -139,10 +139,12 @@ struct StepResult {
   std::vector<float> dense_grads, expert_grads;
 };
 
-// reads_of_pass: when given, the host reads of the forward and backward (HostReadLog).
+// reads_of_pass: when given, the host reads of the forward and backward (HostReadLog), and
+// reads_of_losses those of reading the losses after them.
 StepResult training_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
                          ActivationRecompute recompute, int32_t document_eos,
-                         std::vector<HostRead>* reads_of_pass = nullptr) {
+                         std::vector<HostRead>* reads_of_pass = nullptr,
+                         std::vector<HostRead>* reads_of_losses = nullptr) {
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers host_params(layout, Device::kCpu);
   fill_tiny_params(layout, 5, host_params);
@@ -161,9 +163,17 @@ StepResult training_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
   {
     std::optional<HostReadLog> log;
     if (reads_of_pass != nullptr) log.emplace();
-    r.loss = model.forward(params, tokens.data(), targets.data(), batch, seq);
+    model.forward_chunk(0, params, tokens.data(), nullptr, targets.data(), batch, seq, nullptr);
     model.backward(params, grads, 0.75f);
     if (reads_of_pass != nullptr) *reads_of_pass = log->reads();
+  }
+  {
+    std::optional<HostReadLog> log;
+    if (reads_of_losses != nullptr) log.emplace();
+    const std::vector<LossParts> losses = model.read_losses();
+    EXPECT_EQ(losses.size(), 1u);
+    r.loss = losses.at(0);
+    if (reads_of_losses != nullptr) *reads_of_losses = log->reads();
   }
   r.dense_grads = host_copy(grads.dense);
   r.expert_grads = host_copy(grads.expert);
@@ -207,13 +217,12 @@ ModelConfig mxfp8_config() {
 }
 
 // Where a training pass on a device waits for it: every host read of device memory (a copy back,
-// a value handed to the host; core/device_memory.h's HostReadLog) with the phase it fell in. The
-// layers (attention, router, dispatch, experts, shared expert, combine) never wait: the routing's
-// counts and the experts' row offsets stay on the device, so on a GPU the host queues a whole
-// forward and backward without stopping between the router and the experts. A micro-batch waits
-// once, after the head: one copy of one buffer holding every MoE layer's router statistics and
-// the cross-entropy's loss; the backward never. In MXFP8 the experts' weight gradients also read
-// the offsets once per layer (their per-expert loop runs from the host).
+// a value handed to the host; core/device_memory.h's HostReadLog) with the phase it fell in. A
+// pass never waits: the routing's counts and the experts' row offsets stay on the device, and
+// so do the losses' statistics, the losses made from them and the routers' loss gradient
+// (kernels::moe_loss_terms), so on a GPU the host queues a whole forward and backward without
+// stopping. Reading the losses afterwards is one copy of [ce, lb, z]. In MXFP8 the experts'
+// weight gradients read the offsets once per layer (their per-expert loop runs from the host).
 // Issue 15 item 3: a step captured in a CUDA graph may hold none of these at all.
 bool in_a_layer(const std::string& phase) {
   for (const char* layer :
@@ -222,11 +231,14 @@ bool in_a_layer(const std::string& phase) {
   return false;
 }
 
-std::vector<HostRead> host_reads_of_a_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
-                                           ActivationRecompute recompute) {
+struct PassReads {
+  std::vector<HostRead> pass, losses;
+};
+PassReads host_reads_of_a_pass(const ModelConfig& c, const PrecisionRecipe& recipe,
+                               ActivationRecompute recompute) {
   const guarded_device::Scope device;
-  std::vector<HostRead> reads;
-  training_pass(c, recipe, recompute, -1, &reads);
+  PassReads reads;
+  training_pass(c, recipe, recompute, -1, &reads.pass, &reads.losses);
   return reads;
 }
 
@@ -236,39 +248,35 @@ int64_t moe_layer_count(const ModelConfig& c) {
   return layers;
 }
 
-// The one copy of the losses' statistics: per MoE layer E counts, E sums and the z-loss, then the
-// cross-entropy's loss.
-std::string statistics_copy(const ModelConfig& c) {
-  return "copy of " +
-         std::to_string((moe_layer_count(c) * (2 * c.num_experts + 1) + 1) *
-                        static_cast<int64_t>(sizeof(double))) +
-         " bytes";
-}
+// Reading a pass's losses: one copy of its [ce, lb, z].
+const std::string kLossesCopy = "copy of " + std::to_string(3 * sizeof(double)) + " bytes";
 
-TEST(DeviceMemory, AMicroBatchWaitsForTheDeviceOnceAndNeverInTheLayers) {
+TEST(DeviceMemory, APassNeverWaitsForTheDeviceAndItsLossesAreOneCopy) {
   const ModelConfig c = tiny_moe_config(2);
   ASSERT_GT(moe_layer_count(c), 0);
   for (const TrainPrecision precision : {TrainPrecision::kFp32, TrainPrecision::kBf16})
     for (const ActivationRecompute recompute :
          {ActivationRecompute::kNone, ActivationRecompute::kFull}) {
       SCOPED_TRACE(train_precision_name(precision));
-      const std::vector<HostRead> reads =
+      const PassReads reads =
           host_reads_of_a_pass(c, PrecisionRecipe::from_train(precision, {}), recompute);
-      ASSERT_EQ(reads.size(), 1u);
-      EXPECT_EQ(reads[0].phase, "none");
-      EXPECT_EQ(reads[0].what, statistics_copy(c));
-      EXPECT_EQ(reads[0].count, 1);
+      EXPECT_TRUE(reads.pass.empty())
+          << reads.pass.front().phase << ": " << reads.pass.front().what;
+      ASSERT_EQ(reads.losses.size(), 1u);
+      EXPECT_EQ(reads.losses[0].phase, "none");
+      EXPECT_EQ(reads.losses[0].what, kLossesCopy);
+      EXPECT_EQ(reads.losses[0].count, 1);
     }
 }
 
 TEST(DeviceMemory, TheMxfp8ExpertsWaitOnlyForTheirWeightGradientLoop) {
   const ModelConfig c = mxfp8_config();
-  const std::vector<HostRead> reads = host_reads_of_a_pass(
+  const PassReads reads = host_reads_of_a_pass(
       c, PrecisionRecipe::from_train(TrainPrecision::kMxfp8, {}), ActivationRecompute::kNone);
   int64_t in_layers = 0, all = 0;
   const std::string offsets_copy =
       "copy of " + std::to_string((c.num_experts + 1) * sizeof(int64_t)) + " bytes";
-  for (const HostRead& read : reads) {
+  for (const HostRead& read : reads.pass) {
     all += read.count;
     if (!in_a_layer(read.phase)) continue;
     in_layers += read.count;
@@ -276,7 +284,9 @@ TEST(DeviceMemory, TheMxfp8ExpertsWaitOnlyForTheirWeightGradientLoop) {
     EXPECT_EQ(read.what, offsets_copy) << read.phase;
   }
   EXPECT_EQ(in_layers, moe_layer_count(c));
-  EXPECT_EQ(all, in_layers + 1);  // and the statistics' copy
+  EXPECT_EQ(all, in_layers);
+  ASSERT_EQ(reads.losses.size(), 1u);
+  EXPECT_EQ(reads.losses[0].what, kLossesCopy);
 }
 
 TEST(DeviceMemory, Mxfp8TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {

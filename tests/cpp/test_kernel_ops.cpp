@@ -1156,6 +1156,125 @@ TEST_P(KernelOps, CachedAttentionMatchesReference) {
       Error);
 }
 
+// The losses from their statistics: every backend gives the reference's bits (one thread in its
+// order: a run's logged losses and its routers' loss gradient must not depend on the device),
+// for both load-balancing styles, chunks of the head, a tally added to, no MoE layer, and the
+// cases where the router losses are 0 (no tokens, no counted label). Statistics that are sums
+// over ranks of per-rank values: counts up to 4 x 512 routes, probability sums of random
+// magnitude, mean lse^2 around 10.
+TEST_P(KernelOps, MoeLossTermsMatchReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().moe_loss_terms);
+  struct Case {
+    int64_t layers, experts, head_chunks;
+    MoeLossOptions options;
+    bool tally;
+  };
+  const std::vector<Case> cases = {
+      {3, 8, 1, {false, 2, 250.0, 256.0, 64.0, 0.01}, true},
+      {2, 5, 3, {true, 1, 256.0, 256.0, 128.0, 0.02}, false},
+      {1, 64, 0, {false, 8, 1000.0, 1024.0, 512.0, 0.001}, true},
+      {0, 8, 2, {false, 2, 100.0, 128.0, 128.0, 0.01}, false},
+      {2, 4, 1, {false, 2, 0.0, 128.0, 128.0, 0.01}, true},  // no counted label
+      {2, 4, 1, {true, 2, 64.0, 0.0, 0.0, 0.01}, false},     // no tokens
+  };
+  std::mt19937 gen(4242);
+  for (const Case& c : cases) {
+    const int64_t l = c.layers, e = c.experts;
+    const std::string what = "L=" + std::to_string(l) + " E=" + std::to_string(e) +
+                             " C=" + std::to_string(c.head_chunks) +
+                             (c.options.lb_over_all_layers ? " hf" : " olmo-core");
+    std::vector<int64_t> counts(static_cast<size_t>(l * e));
+    for (int64_t& n : counts) n = std::uniform_int_distribution<int64_t>(0, 2048)(gen);
+    std::vector<double> sums(static_cast<size_t>(l * (e + 1)));
+    for (double& x : sums) x = std::uniform_real_distribution<double>(0.0, 40.0)(gen);
+    std::vector<double> head(static_cast<size_t>(c.head_chunks));
+    for (double& x : head) x = std::uniform_real_distribution<double>(0.5, 3.0)(gen);
+    const std::vector<double> tally_before(static_cast<size_t>(l * e), 7.0);
+    std::vector<double> losses(3, -1.0), losses_ref(3, -2.0);
+    std::vector<float> grad(counts.size(), -1.0f), grad_ref(counts.size(), -2.0f);
+    std::vector<double> tally = tally_before, tally_ref = tally_before;
+    auto run = [&](const KernelBackend& b, std::vector<double>& out, std::vector<float>& g,
+                   std::vector<double>& t) {
+      b.moe_loss_terms(view(counts.data(), {l, e}), view(sums.data(), {l, e + 1}),
+                       view(head.data(), {c.head_chunks}), c.options, view(out.data(), {3}),
+                       view(g.data(), {l, e}), c.tally ? view(t.data(), {l, e}) : TensorView());
+    };
+    run(backend(), losses, grad, tally);
+    run(oracle(), losses_ref, grad_ref, tally_ref);
+    EXPECT_EQ(losses, losses_ref) << what;
+    EXPECT_EQ(grad, grad_ref) << what;
+    EXPECT_EQ(tally, tally_ref) << what;
+    // The rules themselves: ce is the chunks' sum; the tally grew by the counts (or was left).
+    double ce = 0.0;
+    for (const double x : head) ce += x;
+    EXPECT_EQ(losses_ref[0], ce) << what;
+    for (size_t i = 0; i < counts.size(); ++i)
+      EXPECT_EQ(tally_ref[i], c.tally ? 7.0 + static_cast<double>(counts[i]) : 7.0) << what;
+    const bool router_losses = l > 0 && c.options.tokens > 0.0 && c.options.router_loss_div > 0.0;
+    if (!router_losses) {
+      EXPECT_EQ(losses_ref[1], 0.0) << what;
+      EXPECT_EQ(losses_ref[2], 0.0) << what;
+      for (const float g : grad_ref) EXPECT_EQ(g, 0.0f) << what;
+      continue;
+    }
+    // z: each layer's mean lse^2 times its rows over the normaliser.
+    double z = 0.0;
+    for (int64_t j = 0; j < l; ++j)
+      z +=
+          sums[static_cast<size_t>(j * (e + 1) + e)] * c.options.z_rows / c.options.router_loss_div;
+    EXPECT_NEAR(losses_ref[2], z, 1e-12 * z) << what;
+    // The gradient check: lb is linear in each probability sum P[j][e] = sum_t p[t, e], so its
+    // derivative, the gradient for every token's probability, is lb's change over a unit step
+    // of that sum; lb_score_grad is aux_loss_coef times it, rounded to f32 (2^-24 relative).
+    // The difference quotient's cancellation adds ~lb 2^-53 / derivative < 1e-12 here (lb < 1e3,
+    // derivatives > 1e-3 or exactly 0); bound 1e-6 relative.
+    for (int64_t j = 0; j < l; ++j)
+      for (int64_t x = 0; x < e; x += std::max<int64_t>(1, e / 4)) {
+        std::vector<double> stepped = sums;
+        stepped[static_cast<size_t>(j * (e + 1) + x)] += 1.0;
+        std::vector<double> out(3), t(counts.size());
+        std::vector<float> g(counts.size());
+        oracle().moe_loss_terms(view(counts.data(), {l, e}), view(stepped.data(), {l, e + 1}),
+                                view(head.data(), {c.head_chunks}), c.options,
+                                view(out.data(), {3}), view(g.data(), {l, e}), TensorView());
+        const double derivative = (out[1] - losses_ref[1]) * c.options.aux_loss_coef;
+        EXPECT_NEAR(grad_ref[static_cast<size_t>(j * e + x)], derivative,
+                    1e-6 * std::abs(derivative) + 1e-30)
+            << what << " layer " << j << " expert " << x;
+      }
+  }
+  // Bad views name the op and the argument.
+  std::vector<int64_t> counts(8);
+  std::vector<double> sums(10), losses(3);
+  std::vector<float> grad(8);
+  EXPECT_THROW(
+      backend().moe_loss_terms(view(counts.data(), {2, 4}), view(sums.data(), {2, 4}),
+                               view(sums.data(), {0}), MoeLossOptions{}, view(losses.data(), {3}),
+                               view(grad.data(), {2, 4}), TensorView()),
+      Error);
+}
+
+// OLMo-core's selection-bias step: + rate below the mean count, - rate above, nothing at it.
+TEST_P(KernelOps, RouterBiasUpdateMatchesReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().router_bias_update);
+  const std::vector<double> counts = {3.0, 1.0, 2.0, 2.0};  // mean 2
+  std::vector<float> bias = {0.5f, -0.25f, 0.0f, 1.0f}, bias_ref = bias;
+  backend().router_bias_update(view(counts.data(), {4}), 0.125f, view(bias.data(), {4}));
+  oracle().router_bias_update(view(counts.data(), {4}), 0.125f, view(bias_ref.data(), {4}));
+  EXPECT_EQ(bias, bias_ref);
+  EXPECT_EQ(bias_ref, (std::vector<float>{0.375f, -0.125f, 0.0f, 1.0f}));
+  uint32_t seed = 900;
+  for (const int64_t e : {int64_t{1}, int64_t{7}, int64_t{128}}) {
+    std::vector<double> random_counts(static_cast<size_t>(e));
+    std::mt19937 gen(++seed);
+    for (double& x : random_counts) x = std::uniform_int_distribution<int>(0, 9)(gen);
+    std::vector<float> b = random_vec(static_cast<size_t>(e), ++seed), b_ref = b;
+    backend().router_bias_update(view(random_counts.data(), {e}), 1e-3f, view(b.data(), {e}));
+    oracle().router_bias_update(view(random_counts.data(), {e}), 1e-3f, view(b_ref.data(), {e}));
+    EXPECT_EQ(b, b_ref) << "E=" << e;
+  }
+}
+
 TEST_P(KernelOps, RejectsMismatchedViews) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().embedding_forward, backend().rmsnorm_forward,
                                   backend().swiglu_forward);

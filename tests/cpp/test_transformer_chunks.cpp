@@ -21,8 +21,13 @@ ModelConfig chunk_config() {
   return c;
 }
 
-TEST(TransformerChunks, ChainedChunksEqualTheWholeModel) {
-  const ModelConfig c = chunk_config();
+// Every chunk gets the targets: the chunk with the head computes the cross-entropy, and every
+// chunk counts them (loss_normalizer = "labels" divides its router losses by their global count;
+// a chunk that did not would drop its layers' router losses).
+void expect_chained_chunks_equal_the_whole_model(LossNormalizer normalizer) {
+  ModelConfig c = chunk_config();
+  c.loss_normalizer = normalizer;
+  c.router_z_loss_coef = 0.01;
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers params(layout), whole_grads(layout), chunk_grads(layout);
   fill_tiny_params(layout, 7, params);
@@ -44,21 +49,25 @@ TEST(TransformerChunks, ChainedChunksEqualTheWholeModel) {
   EXPECT_TRUE(first.has_embedding() && !first.has_head());
   EXPECT_TRUE(last.has_head() && !last.has_embedding());
   std::vector<std::vector<float>> h1(2, std::vector<float>(static_cast<size_t>(n * d))), h2 = h1;
-  double chunk_total = 0.0;
   for (size_t mb = 0; mb < 2; ++mb) {
     const auto slot = static_cast<int64_t>(mb);
-    chunk_total += first
-                       .forward_chunk(slot, params, tokens[mb].data(), nullptr, nullptr, batch, seq,
-                                      h1[mb].data())
-                       .total;
-    chunk_total +=
-        middle
-            .forward_chunk(slot, params, nullptr, h1[mb].data(), nullptr, batch, seq, h2[mb].data())
-            .total;
-    chunk_total += last.forward_chunk(slot, params, nullptr, h2[mb].data(), targets[mb].data(),
-                                      batch, seq, nullptr)
-                       .total;
+    first.forward_chunk(slot, params, tokens[mb].data(), nullptr, targets[mb].data(), batch, seq,
+                        h1[mb].data());
+    middle.forward_chunk(slot, params, nullptr, h1[mb].data(), targets[mb].data(), batch, seq,
+                         h2[mb].data());
+    last.forward_chunk(slot, params, nullptr, h2[mb].data(), targets[mb].data(), batch, seq,
+                       nullptr);
   }
+  double chunk_total = 0.0, chunk_lb = 0.0;
+  for (Transformer* chunk : {&first, &middle, &last}) {
+    const std::vector<LossParts> parts = chunk->read_losses();
+    ASSERT_EQ(parts.size(), 2u);  // one per micro-batch
+    for (const LossParts& part : parts) {
+      chunk_total += part.total;
+      chunk_lb += part.lb;
+    }
+  }
+  EXPECT_GT(chunk_lb, 0.0);
   for (size_t mb = 0; mb < 2; ++mb) {
     const auto slot = static_cast<int64_t>(mb);
     std::vector<float> d2(static_cast<size_t>(n * d)), d1(static_cast<size_t>(n * d));
@@ -69,6 +78,31 @@ TEST(TransformerChunks, ChainedChunksEqualTheWholeModel) {
   EXPECT_NEAR(chunk_total, whole_total, 1e-12 * std::abs(whole_total));
   EXPECT_EQ(host_copy(chunk_grads.dense), host_copy(whole_grads.dense));
   EXPECT_EQ(host_copy(chunk_grads.expert), host_copy(whole_grads.expert));
+}
+
+TEST(TransformerChunks, ChainedChunksEqualTheWholeModel) {
+  for (const LossNormalizer normalizer : {LossNormalizer::kTokens, LossNormalizer::kLabels}) {
+    SCOPED_TRACE(normalizer == LossNormalizer::kTokens ? "tokens" : "labels");
+    expect_chained_chunks_equal_the_whole_model(normalizer);
+  }
+}
+
+TEST(TransformerChunks, ARouterChunkWithoutTargetsIsRefusedUnderTheLabelsNormaliser) {
+  ModelConfig c = chunk_config();
+  c.loss_normalizer = LossNormalizer::kLabels;
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  fill_tiny_params(layout, 7, params);
+  Transformer first(c, layout, nullptr, {0, 2});
+  const std::vector<int32_t> tokens(10, 1);
+  std::vector<float> hidden(static_cast<size_t>(10 * c.hidden_size));
+  try {
+    first.forward_chunk(0, params, tokens.data(), nullptr, nullptr, 2, 5, hidden.data());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("loss_normalizer = \"labels\""), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TransformerChunks, StageLayoutsHoldOnlyTheirLayers) {

@@ -193,6 +193,21 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
   s.finish();
 }
 
+void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
+                    ConstTensorView head_losses, const MoeLossOptions& options, TensorView losses,
+                    TensorView lb_score_grad, TensorView route_tally) {
+  DeviceStaging s;
+  device().moe_loss_terms(s.in(route_counts), s.in(router_sums), s.in(head_losses), options,
+                          s.out(losses), s.out(lb_score_grad), s.out(route_tally));
+  s.finish();
+}
+
+void router_bias_update(ConstTensorView counts, float rate, TensorView bias) {
+  DeviceStaging s;
+  device().router_bias_update(s.in(counts), rate, s.out(bias));
+  s.finish();
+}
+
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
                           TensorView y, kernels::MatmulPrecision precision) {
   DeviceStaging s;
@@ -320,6 +335,8 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .router_z_loss = if_on_device(d.router_z_loss, &router_z_loss),
       .router_probability_column_sums =
           if_on_device(d.router_probability_column_sums, &router_probability_column_sums),
+      .moe_loss_terms = if_on_device(d.moe_loss_terms, &moe_loss_terms),
+      .router_bias_update = if_on_device(d.router_bias_update, &router_bias_update),
       .grouped_gemm_forward = if_on_device(d.grouped_gemm_forward, &grouped_gemm_forward),
       .grouped_gemm_backward = if_on_device(d.grouped_gemm_backward, &grouped_gemm_backward),
       .add = if_on_device(d.add, &add),

@@ -77,6 +77,28 @@ def test_router_bias_data_parallel_matches_single_process(moecore_bin, job_data,
         assert worst <= 1e-4, (name, worst)
 
 
+def test_labels_normaliser_pipeline_matches_single_process(moecore_bin, job_data, tmp_path):
+    """loss_normalizer = "labels" divides every layer's router losses by the global batch's counted
+    targets: two pipeline stages end with the single process's weights and bias (the first stage,
+    without the head, counts them too; it once counted none and dropped its layers' router losses
+    and their gradients)."""
+    settings = dict(model=dict(OPTIONS, router_z_loss_coef=0.01),
+                    train={"max_steps": 8, "batch_size": 8, "threads": 1, "log_every": 1,
+                           "eval_every": 0})
+    single = tmp_path / "single"
+    train(moecore_bin, write_config(tmp_path / "s.toml", job_data, single, **settings))
+    ref = final_weights(single)
+    out = tmp_path / "pp2"
+    r = mpirun(moecore_bin, 2, write_config(tmp_path / "pp2.toml", job_data, out, **settings),
+               "parallel.pp=2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = final_weights(out)
+    for layer in range(2):
+        assert np.array_equal(got[BIAS.format(layer)], ref[BIAS.format(layer)]), layer
+    worst = max(max_rel(got[k], ref[k]) for k in ref)
+    assert worst <= 1e-4, worst
+
+
 def test_reordered_checkpoint_is_flex_olmo_in_transformers(moecore_bin, job_data, tmp_path):
     import torch
     import transformers

@@ -35,6 +35,8 @@ const KernelBackend& cuda_backend() {
       .router_topk_backward = &cuda::router_topk_backward,
       .router_z_loss = &cuda::router_z_loss,
       .router_probability_column_sums = &cuda::router_probability_column_sums,
+      .moe_loss_terms = &cuda::moe_loss_terms,
+      .router_bias_update = &cuda::router_bias_update,
       .grouped_gemm_forward = &cuda::grouped_gemm_forward,
       .grouped_gemm_backward = &cuda::grouped_gemm_backward,
       .add = &cuda::add,

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/moe_loss_rules.h"
+
 namespace moecore::kernels::cuda {
 
 // index_checks.cu: an index outside its tensor, as the device records it for the host
@@ -78,6 +80,15 @@ void launch_adamw_update(float* params, const float* grads, float* exp_avg, floa
 inline constexpr int64_t kSumOfSquaresPartials = 1024;
 void launch_sum_of_squares(const float* values, int64_t n, double* partials, double* total,
                            cudaStream_t stream);
+
+// moe_losses.cu: kernels/ops.h's moe_loss_terms and router_bias_update in one thread
+// (kernels/moe_loss_rules.h; tally may be null).
+void launch_moe_loss_terms(const int64_t* route_counts, const double* router_sums,
+                           const double* head_losses, int64_t layers, int64_t experts,
+                           int64_t head_chunks, const MoeLossScalars& scalars, double* losses,
+                           float* lb_score_grad, double* route_tally, cudaStream_t stream);
+void launch_router_bias_update(const double* counts, int64_t experts, float rate, float* bias,
+                               cudaStream_t stream);
 
 // cross_entropy.cu: dlogits (= when not null) and *loss (device) as kernels/ops.h's cross_entropy
 // defines them, a target outside [0, vocab) counted as ignored; row_loss ([rows] doubles) and

@@ -1,0 +1,83 @@
+// The arithmetic of moe_loss_terms and router_bias_update as one serial walk in the reference's
+// order, shared by the CPU backend and the CUDA kernel (nvcc compiles this header: plain pointers,
+// no library calls), so that both give the reference's bits: a run's logged losses, its routers'
+// loss gradient and its selection bias do not depend on the device. A few thousand values per
+// micro-batch: one thread is enough; what matters is where it runs (on the device, so that no
+// pass waits for the host to read the statistics). No product here feeds an addition directly,
+// so a compiler's FMA contraction cannot change the bits.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MOECORE_HOST_DEVICE __host__ __device__
+#else
+#define MOECORE_HOST_DEVICE
+#endif
+
+namespace moecore::kernels {
+
+// kernels/ops.h's MoeLossOptions, field for field (nvcc does not compile ops.h).
+struct MoeLossScalars {
+  bool lb_over_all_layers;
+  int64_t top_k;
+  double router_loss_div, tokens, z_rows, aux_loss_coef;
+};
+
+// counts [layers, experts], sums [layers, experts + 1], head [head_chunks]; losses [3] (=),
+// grad [layers, experts] (=), tally [layers, experts] (+=) or null. kernels/op_declarations.inc
+// states the rules.
+MOECORE_HOST_DEVICE inline void moe_loss_terms_in_order(const int64_t* counts, const double* sums,
+                                                        const double* head, int64_t layers,
+                                                        int64_t experts, int64_t head_chunks,
+                                                        const MoeLossScalars& o, double* losses,
+                                                        float* grad, double* tally) {
+  const int64_t row = experts + 1;
+  double ce = 0.0, lb = 0.0, z = 0.0;
+  for (int64_t c = 0; c < head_chunks; ++c) ce += head[c];
+  for (int64_t i = 0; i < layers * experts; ++i) grad[i] = 0.0f;
+  if (layers > 0 && o.tokens > 0.0 && o.router_loss_div > 0.0) {
+    for (int64_t j = 0; j < layers; ++j)
+      z += sums[j * row + experts] * o.z_rows / o.router_loss_div;
+    const double e_count = static_cast<double>(experts);
+    if (o.lb_over_all_layers) {
+      const double rows = o.tokens * static_cast<double>(layers);
+      for (int64_t e = 0; e < experts; ++e) {
+        double routes = 0.0, probabilities = 0.0;
+        for (int64_t j = 0; j < layers; ++j) {
+          routes += static_cast<double>(counts[j * experts + e]);
+          probabilities += sums[j * row + e];
+        }
+        const double f = routes / rows;
+        lb += e_count * f * probabilities / rows;
+        const float g = static_cast<float>(o.aux_loss_coef * e_count * f / rows);
+        for (int64_t j = 0; j < layers; ++j) grad[j * experts + e] = g;
+      }
+    } else {
+      const double scale = e_count / static_cast<double>(o.top_k);
+      for (int64_t j = 0; j < layers; ++j)
+        for (int64_t e = 0; e < experts; ++e) {
+          const double f = static_cast<double>(counts[j * experts + e]) / o.router_loss_div;
+          lb += scale * f * sums[j * row + e] / o.tokens;
+          grad[j * experts + e] = static_cast<float>(o.aux_loss_coef * scale * f / o.tokens);
+        }
+    }
+  }
+  losses[0] = ce;
+  losses[1] = lb;
+  losses[2] = z;
+  if (tally != nullptr)
+    for (int64_t i = 0; i < layers * experts; ++i) tally[i] += static_cast<double>(counts[i]);
+}
+
+// bias [experts] += rate * sign(mean(counts) - counts[e]), sign(0) = 0; experts >= 1.
+MOECORE_HOST_DEVICE inline void router_bias_update_in_order(const double* counts, int64_t experts,
+                                                            float rate, float* bias) {
+  double total = 0.0;
+  for (int64_t e = 0; e < experts; ++e) total += counts[e];
+  const double mean = total / static_cast<double>(experts);
+  for (int64_t e = 0; e < experts; ++e)
+    bias[e] += counts[e] < mean ? rate : counts[e] > mean ? -rate : 0.0f;
+}
+
+}  // namespace moecore::kernels
