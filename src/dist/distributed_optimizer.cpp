@@ -7,7 +7,7 @@
 
 #include "core/check.h"
 #include "core/phase_timer.h"
-#include "optim/grad_clip.h"
+#include "kernels/ops.h"
 
 namespace moecore::dist {
 
@@ -56,9 +56,9 @@ void DistributedOptimizer::start_layer_reduce(ParamBuffers& grads, int64_t layer
   test_all(requests_);
 }
 
-double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& scratch) {
+ConstTensorView DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& scratch) {
   ScopedPhase timer(Phase::kCommunication);
-  double dense_sq = 0.0, expert_sq = 0.0;
+  std::span<const float> first, second;  // the gradients this rank takes the squares of
   if (!zero_) {
     // Everything not started during the backward (embeddings, final norm, LM head, or all of it
     // without overlap) is reduced now, in the gaps between the started ranges.
@@ -78,12 +78,8 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& sc
       started.clear();
     }
     wait_all(requests_);
-    timer.switch_to(Phase::kOptimizer);  // the norm of the reduced gradients
-    const std::array<double, 2> squares =
-        sums_of_squares({grads.dense.data(), grads.dense.size()},
-                        {grads.expert.data(), grads.expert.size()}, scratch);
-    dense_sq = squares[0];
-    expert_sq = squares[1];
+    first = {grads.dense.data(), grads.dense.size()};
+    second = {grads.expert.data(), grads.expert.size()};
   } else {
     for (Shard& s : shards_) {
       // Reduce-scatter wants equal slices: pad the group's gradient to ranks * shard_size.
@@ -93,42 +89,52 @@ double DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Workspace& sc
       copy_bytes(padded.data(), grads.data(s.group), s.numel * sizeof(float));
       s.comm->reduce_scatter_sum(padded.data(), s.grad.data(), static_cast<int64_t>(s.shard_size));
     }
-    // Each slice's squares (one copy back for both groups), summed over the group that shares
-    // those parameters.
-    const Shard& dense = shards_[0];  // the constructor makes the dense shard, then the expert one
-    const Shard& expert = shards_[1];
-    timer.switch_to(Phase::kOptimizer);
-    std::array<double, 2> squares =
-        sums_of_squares({dense.grad.data(), dense.end - dense.begin},
-                        {expert.grad.data(), expert.end - expert.begin}, scratch);
-    timer.switch_to(Phase::kCommunication);
-    dense.comm->allreduce_sum(&squares[0], 1);
-    expert.comm->allreduce_sum(&squares[1], 1);
-    dense_sq = squares[0];
-    expert_sq = squares[1];
+    // The constructor makes the dense shard, then the expert one.
+    first = {shards_[0].grad.data(), shards_[0].end - shards_[0].begin};
+    second = {shards_[1].grad.data(), shards_[1].end - shards_[1].begin};
   }
-  // Each ep rank holds different experts, each pipeline stage different layers: their squares
-  // add up over ep, then over the stages.
-  mesh_.ep.allreduce_sum(&expert_sq, 1);
-  double total_sq = dense_sq + expert_sq;
-  mesh_.pp.allreduce_sum(&total_sq, 1);
-  return std::sqrt(total_sq);
+  timer.switch_to(Phase::kOptimizer);  // the norm of the reduced gradients
+  squares_.place_on(grads.dense.device());
+  squares_.resize_for_overwrite(2);
+  kernels::sum_of_squares(view(first.data(), {static_cast<int64_t>(first.size())}),
+                          view(squares_.data(), {1}));
+  kernels::sum_of_squares(view(second.data(), {static_cast<int64_t>(second.size())}),
+                          view(squares_.data() + 1, {1}));
+  // ZeRO-1's slices add up over the group that shares those parameters, the experts of the ep
+  // ranks and the layers of the pipeline stages over theirs: on the host, in the order the norm
+  // has always been summed in, then back where the decision reads them as {total, 0}.
+  const bool zero_slices = zero_ && (shards_[0].comm->size() > 1 || shards_[1].comm->size() > 1);
+  if (zero_slices || mesh_.ep.size() > 1 || mesh_.pp.size() > 1) {
+    std::array<double, 2> squares{};
+    copy_bytes(squares.data(), squares_.data(), sizeof(squares));
+    timer.switch_to(Phase::kCommunication);
+    if (zero_) {
+      shards_[0].comm->allreduce_sum(&squares[0], 1);
+      shards_[1].comm->allreduce_sum(&squares[1], 1);
+    }
+    mesh_.ep.allreduce_sum(&squares[1], 1);
+    double total_sq = squares[0] + squares[1];
+    mesh_.pp.allreduce_sum(&total_sq, 1);
+    const std::array<double, 2> reduced{total_sq, 0.0};
+    copy_bytes(squares_.data(), reduced.data(), sizeof(reduced));
+  }
+  return view(squares_.data(), {2});
 }
 
 void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,
-                                double grad_norm, Workspace& scratch) {
+                                ConstTensorView step_factors, Workspace& scratch) {
   ScopedPhase timer(Phase::kOptimizer);
-  const float coef = clip_coefficient(config_.max_grad_norm, grad_norm);
   ++steps_;
   // The clipping coefficient is applied inside the update (one pass over the gradients).
   if (!zero_) {
-    replica_->step(params, grads, lr, coef);
+    replica_->step(params, grads, lr, 1.0f, step_factors);
     return;
   }
   for (Shard& s : shards_) {
     timer.switch_to(Phase::kOptimizer);
     adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
-                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr, coef);
+                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr, 1.0f,
+                       step_factors);
     // The updated shards travel to every rank: communication in the profile, as the planner
     // counts the all-gather with the reductions.
     timer.switch_to(Phase::kCommunication);
@@ -140,6 +146,11 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, doubl
     s.comm->allgather(send.data(), gathered.data(), static_cast<int64_t>(s.shard_size));
     copy_bytes(params.data(s.group), gathered.data(), s.numel * sizeof(float));
   }
+}
+
+void DistributedOptimizer::skipped_step() {
+  --steps_;
+  if (replica_) replica_->set_steps_taken(steps_);
 }
 
 void DistributedOptimizer::restore_state(const StateReader& read, int64_t steps_taken) {

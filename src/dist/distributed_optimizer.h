@@ -31,15 +31,23 @@ class DistributedOptimizer {
   void start_layer_reduce(ParamBuffers& grads, int64_t layer);
 
   // Sums the ranks' gradients (scaled so that the sum is the global-batch gradient) and returns
-  // the global gradient norm before clipping. Identical on every rank.
+  // two sums of squares whose sum is the square of the global gradient norm before clipping
+  // (f64 [2] where the gradients are, identical on every rank; kernels::step_decision reads
+  // them). Where the squares of parts held by other ranks add up (ZeRO-1's slices, experts over
+  // ep, pipeline stages), they are summed on the host: such a step reads them back (one copy);
+  // one process, or data parallelism without ZeRO-1, reads nothing.
   // `scratch` lends ZeRO-1's padded reduce-scatter and all-gather buffers: the model's workspace,
   // idle between a step's passes, so that these buffers reuse its memory instead of adding to the
   // peak (and the step allocates nothing once sized).
-  double reduce_gradients(ParamBuffers& grads, Workspace& scratch);
-  // Clips with `grad_norm` (max_grad_norm) and applies AdamW at lr; weights are then identical on
-  // every rank that holds them.
-  void step(ParamBuffers& params, ParamBuffers& grads, double lr, double grad_norm,
+  ConstTensorView reduce_gradients(ParamBuffers& grads, Workspace& scratch);
+  // Applies AdamW at lr as step_factors (kernels::step_decision's, where the gradients are) say:
+  // clipped by their coefficient, or not at all for a skipped step, which the caller then reports
+  // with skipped_step() once it knows. Weights are then identical on every rank that holds them.
+  void step(ParamBuffers& params, ParamBuffers& grads, double lr, ConstTensorView step_factors,
             Workspace& scratch);
+  // The last step() was skipped: the step count goes back (Adam's bias correction counts
+  // applied steps only).
+  void skipped_step();
 
   // A resume: fills the optimizer state this rank holds, asking `read` for elements
   // [first, first + count) of the moments of each tensor it keeps a piece of (its ZeRO-1 shard,
@@ -80,6 +88,7 @@ class DistributedOptimizer {
   std::optional<AdamW> replica_;  // zero = 0
   std::vector<Shard> shards_;     // zero = 1: dense and expert
   int64_t steps_ = 0;
+  DeviceArray<double> squares_;  // reduce_gradients' two sums of squares
   // Overlapped reductions in flight: the ranges already started, per group, and their requests.
   std::vector<std::pair<size_t, size_t>> started_[2];
   std::vector<Request> requests_;

@@ -29,6 +29,7 @@ struct KernelBackend {
   decltype(&kernels::rope_backward) rope_backward;
   decltype(&kernels::cross_entropy) cross_entropy;
   decltype(&kernels::adamw_update) adamw_update;
+  decltype(&kernels::step_decision) step_decision;
   decltype(&kernels::sum_of_squares) sum_of_squares;
   decltype(&kernels::causal_attention_forward) causal_attention_forward;
   decltype(&kernels::causal_attention_backward) causal_attention_backward;

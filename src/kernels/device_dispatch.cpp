@@ -126,10 +126,19 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
-                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients) {
+                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
+                  ConstTensorView step_factors) {
   return run_on_device("adamw_update", &cpu::adamw_update, &KernelBackend::adamw_update,
-                       {params, grads, exp_avg, exp_avg_sq}, params, grads, exp_avg, exp_avg_sq,
-                       coefficients);
+                       {params, grads, exp_avg, exp_avg_sq, step_factors}, params, grads, exp_avg,
+                       exp_avg_sq, coefficients, step_factors);
+}
+
+void step_decision(ConstTensorView loss_rows, ConstTensorView squares,
+                   const StepDecisionOptions& options, TensorView decision,
+                   TensorView step_factors) {
+  return run_on_device("step_decision", &cpu::step_decision, &KernelBackend::step_decision,
+                       {loss_rows, squares, decision, step_factors}, loss_rows, squares, options,
+                       decision, step_factors);
 }
 
 void sum_of_squares(ConstTensorView values, TensorView total) {
@@ -253,9 +262,11 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
                        route_tally);
 }
 
-void router_bias_update(ConstTensorView counts, float rate, TensorView bias) {
+void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,
+                        TensorView bias) {
   return run_on_device("router_bias_update", &cpu::router_bias_update,
-                       &KernelBackend::router_bias_update, {counts, bias}, counts, rate, bias);
+                       &KernelBackend::router_bias_update, {counts, step_factors, bias}, counts,
+                       rate, step_factors, bias);
 }
 
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,

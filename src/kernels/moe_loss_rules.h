@@ -9,11 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MOECORE_HOST_DEVICE __host__ __device__
-#else
-#define MOECORE_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace moecore::kernels {
 
@@ -70,9 +66,12 @@ MOECORE_HOST_DEVICE inline void moe_loss_terms_in_order(const int64_t* counts, c
     for (int64_t i = 0; i < layers * experts; ++i) tally[i] += static_cast<double>(counts[i]);
 }
 
-// bias [experts] += rate * sign(mean(counts) - counts[e]), sign(0) = 0; experts >= 1.
+// bias [experts] += rate * sign(mean(counts) - counts[e]), sign(0) = 0; experts >= 1. Nothing
+// when step_factors (f32 [2], or null) says the step is skipped.
 MOECORE_HOST_DEVICE inline void router_bias_update_in_order(const double* counts, int64_t experts,
-                                                            float rate, float* bias) {
+                                                            float rate, const float* step_factors,
+                                                            float* bias) {
+  if (step_factors != nullptr && step_factors[1] == 0.0f) return;
   double total = 0.0;
   for (int64_t e = 0; e < experts; ++e) total += counts[e];
   const double mean = total / static_cast<double>(experts);

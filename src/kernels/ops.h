@@ -79,6 +79,15 @@ struct MoeLossOptions {
   double aux_loss_coef = 0.0;    // model.router_aux_loss_coef, a factor of lb_score_grad
 };
 
+// The scalars of step_decision: the clipping threshold, the step guard's limits (train/
+// step_guard.h; +inf: none) and how the loss rows make the step's loss.
+struct StepDecisionOptions {
+  double max_grad_norm = 0.0;  // <= 0: no clipping
+  double loss_limit = 0.0, norm_limit = 0.0;
+  double lb_coef = 0.0, z_coef = 0.0;  // model.router_aux_loss_coef, model.router_z_loss_coef
+  double loss_scale = 1.0;             // each row's share of the step's loss
+};
+
 // An MX-quantised operand as the MX ops read it: codes [..., k] (e4m3 or e5m2, the dtype says
 // which) and their E8M0 block scales [..., k / 32] (e8m0), quantised along the last dimension, k,
 // in blocks of 32 (mx_quantize or mx_quantize_transposed writes both).

@@ -816,7 +816,11 @@ void Transformer::clear_selection_counts() {
   selection_tally_.zero();
 }
 
-void Transformer::update_router_bias(ParamBuffers& params) {
+ConstTensorView Transformer::recorded_losses() const {
+  return view(recorded_losses_.data(), {static_cast<int64_t>(recorded_counted_.size()), 3});
+}
+
+void Transformer::update_router_bias(ParamBuffers& params, ConstTensorView step_factors) {
   const ModelConfig& c = config_;
   if (!c.has_router_bias() || selection_tally_.empty()) return;  // no forward since the clear
   const int64_t e_count = c.num_experts;
@@ -825,7 +829,7 @@ void Transformer::update_router_bias(ParamBuffers& params) {
     // the tally where it is.
     kernels::router_bias_update(
         view(selection_tally_.data() + static_cast<int64_t>(j) * e_count, {e_count}),
-        static_cast<float>(c.router_bias_update_rate),
+        static_cast<float>(c.router_bias_update_rate), step_factors,
         view(at(params, layer_specs_[static_cast<size_t>(moe_layers_[j])].router_bias), {e_count}));
   }
   clear_selection_counts();

@@ -82,6 +82,9 @@ class Transformer {
   // The loss parts of every forward pass recorded since the last read, in the order of the
   // passes, in one copy to the host (the one wait for a device), and forgets them.
   std::vector<LossParts> read_losses();
+  // The same unread loss parts where they are: [passes, 3] f64 rows of [ce, lb, z], for a
+  // decision on the device (kernels::step_decision); valid until the next forward or read.
+  ConstTensorView recorded_losses() const;
   // d_hidden_out: gradient of hidden_out (nullptr on the chunk with the head); d_hidden_in
   // receives the gradient of hidden_in (unused on the chunk with the embedding).
   void backward_chunk(int64_t slot, const ParamBuffers& params, ParamBuffers& grads,
@@ -154,7 +157,9 @@ class Transformer {
   // rate * sign(mean count - count_e) and clears the tally. Clear it before a step's first forward
   // (an evaluation in between also counts).
   void clear_selection_counts();
-  void update_router_bias(ParamBuffers& params);
+  // step_factors: the step's decision where it was made (kernels::step_decision; a skipped step
+  // moves no bias), or an empty view.
+  void update_router_bias(ParamBuffers& params, ConstTensorView step_factors = {});
 
   // Of the last forward (any slot): [batch * seq, vocab], on the chunk with the head, after a
   // forward without targets or one with the whole head (lm_head_chunk_tokens 0).

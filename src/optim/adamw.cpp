@@ -9,7 +9,8 @@ namespace moecore {
 
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
-                        float* exp_avg_sq, int64_t step, double lr, float grad_scale) {
+                        float* exp_avg_sq, int64_t step, double lr, float grad_scale,
+                        ConstTensorView step_factors) {
   const double t = static_cast<double>(step);
   const float b1 = static_cast<float>(config.beta1), b2 = static_cast<float>(config.beta2);
   const float bias1 = static_cast<float>(1.0 - std::pow(config.beta1, t));
@@ -26,7 +27,7 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
     const AdamWCoefficients coef{decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale};
     kernels::adamw_update(view(params + lo, {count}), view(grads + (lo - begin), {count}),
                           view(exp_avg + (lo - begin), {count}),
-                          view(exp_avg_sq + (lo - begin), {count}), coef);
+                          view(exp_avg_sq + (lo - begin), {count}), coef, step_factors);
   };
   size_t run_lo = 0, run_hi = 0;
   bool run_decay = false;
@@ -51,11 +52,13 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
 AdamW::AdamW(const ParamLayout& layout, const OptimConfig& config)
     : layout_(layout), config_(config), m_(layout), v_(layout) {}
 
-void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale) {
+void AdamW::step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale,
+                 ConstTensorView step_factors) {
   ++step_;
   for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert})
     adamw_update_range(layout_, config_, group, 0, layout_.numel(group), params.data(group),
-                       grads.data(group), m_.data(group), v_.data(group), step_, lr, grad_scale);
+                       grads.data(group), m_.data(group), v_.data(group), step_, lr, grad_scale,
+                       step_factors);
 }
 
 }  // namespace moecore

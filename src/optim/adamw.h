@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/tensor_view.h"
 #include "model/params.h"
 #include "optim/optim_config.h"
 
@@ -18,16 +19,21 @@ namespace moecore {
 // exp_avg_sq hold just the range (element `begin` is their index 0). `step` counts from 1.
 // grad_scale multiplies every gradient as it is read (the gradient-clipping coefficient, fused
 // here rather than a separate pass over the gradients; the same float product either way).
+// step_factors: the step's decision where the gradients are (kernels::step_decision; its clipping
+// coefficient replaces grad_scale, and a skipped step changes nothing), or an empty view.
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
-                        float* exp_avg_sq, int64_t step, double lr, float grad_scale = 1.0f);
+                        float* exp_avg_sq, int64_t step, double lr, float grad_scale = 1.0f,
+                        ConstTensorView step_factors = {});
 
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, const OptimConfig& config);
 
-  // One update of every parameter with gradient grad_scale * `grads` at learning rate lr.
-  void step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale = 1.0f);
+  // One update of every parameter with gradient grad_scale * `grads` at learning rate lr (or
+  // as step_factors decide, adamw_update_range).
+  void step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale = 1.0f,
+            ConstTensorView step_factors = {});
 
   int64_t steps_taken() const { return step_; }
   ParamBuffers& exp_avg() { return m_; }

@@ -53,9 +53,9 @@ int PipelineRunner::tag(int64_t global, int64_t micro, bool gradient) const {
   return static_cast<int>((micro * pp_ * v_ + global) * 2 + (gradient ? 1 : 0));
 }
 
-LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& grads,
-                                     const std::vector<MicroBatch>& micro, int64_t rows,
-                                     int64_t seq, float loss_scale, const PassHook& hook) {
+void PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& grads,
+                                const std::vector<MicroBatch>& micro, int64_t rows, int64_t seq,
+                                float loss_scale, const PassHook& hook) {
   MOE_CHECK(static_cast<int64_t>(micro.size()) == microbatches_,
             "[parallel] {} micro-batches given to a pipeline schedule of {}", micro.size(),
             microbatches_);
@@ -117,7 +117,8 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
   std::vector<int64_t> made(static_cast<size_t>(v_), 0);
   int64_t live = 0;
   peak_live_ = 0;
-  std::vector<size_t> forwards;  // the chunk of each forward pass, in the order they ran
+  forwards_.clear();
+  loss_scale_ = loss_scale;
   for (size_t i = 0; i < actions_.size(); ++i) {
     post_until(i + 1 + kLookahead);
     const dist::PipelineAction& a = actions_[i];
@@ -148,7 +149,7 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
       // Every chunk counts the targets (loss_normalizer "labels"), the last one's loss reads them.
       chunk.forward_chunk(slot, params, micro[m].tokens, in, micro[m].targets, rows, seq,
                           sends_out ? out->buffer.data() : nullptr);
-      forwards.push_back(c);
+      forwards_.push_back(c);
       if (sends_out)
         out->request =
             mesh_.pp.isend(out->buffer.data(), width, stage_of(g + 1), tag(g + 1, a.micro, false));
@@ -188,17 +189,18 @@ LossParts PipelineRunner::train_step(const ParamBuffers& params, ParamBuffers& g
             "[parallel] pipeline stage {} kept {} micro-batch activations alive; its schedule "
             "allows {}",
             stage_, peak_live_, live_bound_);
-  // The losses, read once per chunk after the passes (no pass waited for the device), added in
-  // the order the passes ran.
+}
+
+LossParts PipelineRunner::read_losses() {
   std::vector<std::vector<LossParts>> parts(chunks_.size());
   for (size_t c = 0; c < chunks_.size(); ++c) parts[c] = chunks_[c]->read_losses();
   std::vector<size_t> next(chunks_.size(), 0);
   LossParts sum;
-  for (const size_t c : forwards) {
+  for (const size_t c : forwards_) {
     MOE_CHECK(next[c] < parts[c].size(),
               "[parallel] model chunk {} recorded {} losses for more forward passes", c,
               parts[c].size());
-    add_scaled(sum, parts[c][next[c]++], loss_scale);
+    add_scaled(sum, parts[c][next[c]++], loss_scale_);
   }
   return sum;
 }

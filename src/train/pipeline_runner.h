@@ -30,18 +30,21 @@ class PipelineRunner {
 
   struct MicroBatch {
     const int32_t* tokens;   // this rank's rows, read by the chunk with the embedding
-    const int32_t* targets;  // read by the chunk with the head
+    const int32_t* targets;  // counted by every chunk, read by the one with the head
   };
   // Called before (done = false) and after (done = true) each chunk pass, e.g. to set the routing
   // seed or a gradient-ready hook, or to collect dispatch statistics.
   using PassHook = std::function<void(Transformer& chunk, bool forward, int64_t micro, bool done)>;
 
-  // grads += the gradients of sum over micro-batches of loss_scale * loss. Returns the sum of
-  // loss_scale * (this rank's chunks' loss parts) over the micro-batches; summed over the stages
-  // that is the step's loss.
-  LossParts train_step(const ParamBuffers& params, ParamBuffers& grads,
-                       const std::vector<MicroBatch>& micro, int64_t rows, int64_t seq,
-                       float loss_scale, const PassHook& hook);
+  // grads += the gradients of sum over micro-batches of loss_scale * loss. The passes leave their
+  // loss parts where the model's tensors are (Transformer::read_losses): no pass waits for them.
+  void train_step(const ParamBuffers& params, ParamBuffers& grads,
+                  const std::vector<MicroBatch>& micro, int64_t rows, int64_t seq, float loss_scale,
+                  const PassHook& hook);
+  // The last train_step's sum of loss_scale * (this rank's chunks' loss parts) over the
+  // micro-batches, added in the order the passes ran (summed over the stages that is the step's
+  // loss): one copy per chunk, a wait for the device.
+  LossParts read_losses();
 
   // One batch through every chunk, no backward (evaluation): the loss parts of this rank's chunks
   // (ce and counted tokens on the last stage only).
@@ -56,7 +59,9 @@ class PipelineRunner {
   double step_seconds() const { return step_seconds_; }
 
  private:
-  struct Pending;  // a posted receive or send and its buffer
+  struct Pending;
+  std::vector<size_t> forwards_;  // the last step's chunk of each forward pass, in order
+  float loss_scale_ = 1.0f;       // and its loss_scale  // a posted receive or send and its buffer
   // Message buffers of finished receives and sends, reused by the next ones (this step's and the
   // following steps'), so that a step after the first asks the heap for none.
   std::vector<DeviceArray<float>> spare_buffers_;

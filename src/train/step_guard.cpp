@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace moecore {
 
@@ -19,27 +20,40 @@ std::pair<double, double> moments(const std::deque<double>& values) {
   return {mean, std::sqrt(var / static_cast<double>(values.size()))};
 }
 
+// The window's mean and spread of `values`, the spread floored at 1% of the mean: a window of
+// near-identical values would otherwise call every tiny rise a spike, and skipped steps never
+// enter the window to widen it again.
+std::pair<double, double> band(const std::deque<double>& values) {
+  const auto [mean, spread] = moments(values);
+  return {mean, std::max(spread, 0.01 * std::abs(mean))};
+}
+
 }  // namespace
+
+StepLimits StepGuard::limits() const {
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  if (config_.sigma <= 0.0 || static_cast<int64_t>(losses_.size()) < config_.min_window)
+    return {kNone, kNone};
+  const auto [loss_mean, loss_std] = band(losses_);
+  const auto [norm_mean, norm_std] = band(grad_norms_);
+  return {loss_mean + config_.sigma * loss_std, norm_mean + config_.sigma * norm_std};
+}
 
 std::string StepGuard::check(double loss, double grad_norm) {
   std::string reason;
+  const StepLimits limit = limits();
   if (!std::isfinite(loss)) {
     reason = fmt::format("loss is {}", loss);
   } else if (!std::isfinite(grad_norm)) {
     reason = fmt::format("gradient norm is {}", grad_norm);
-  } else if (config_.sigma > 0.0 && static_cast<int64_t>(losses_.size()) >= config_.min_window) {
-    // The spread is floored at 1% of the mean: a window of near-identical values would otherwise
-    // call every tiny rise a spike, and skipped steps never enter the window to widen it again.
-    auto [loss_mean, loss_std] = moments(losses_);
-    auto [norm_mean, norm_std] = moments(grad_norms_);
-    loss_std = std::max(loss_std, 0.01 * std::abs(loss_mean));
-    norm_std = std::max(norm_std, 0.01 * std::abs(norm_mean));
-    if (loss > loss_mean + config_.sigma * loss_std)
-      reason = fmt::format("loss spike: {:.4f} > mean {:.4f} + {} x std {:.4f}", loss, loss_mean,
-                           config_.sigma, loss_std);
-    else if (grad_norm > norm_mean + config_.sigma * norm_std)
-      reason = fmt::format("gradient-norm spike: {:.4f} > mean {:.4f} + {} x std {:.4f}", grad_norm,
-                           norm_mean, config_.sigma, norm_std);
+  } else if (loss > limit.loss) {
+    const auto [mean, spread] = band(losses_);
+    reason = fmt::format("loss spike: {:.4f} > mean {:.4f} + {} x std {:.4f}", loss, mean,
+                         config_.sigma, spread);
+  } else if (grad_norm > limit.grad_norm) {
+    const auto [mean, spread] = band(grad_norms_);
+    reason = fmt::format("gradient-norm spike: {:.4f} > mean {:.4f} + {} x std {:.4f}", grad_norm,
+                         mean, config_.sigma, spread);
   }
   if (!reason.empty()) {
     ++skipped_;

@@ -18,10 +18,19 @@ struct StepGuardConfig {
   int64_t min_window = 20;
 };
 
+// The largest loss and gradient norm the next step may have (+inf: no limit yet): beyond either,
+// or not finite, it is skipped.
+struct StepLimits {
+  double loss, grad_norm;
+};
+
 class StepGuard {
  public:
   explicit StepGuard(const StepGuardConfig& config) : config_(config) {}
 
+  // For a decision made where the gradients are, before the host knows the step's loss and norm
+  // (kernels::step_decision): check() then decides the same from the same values.
+  StepLimits limits() const;
   // Returns an empty string when the step is healthy (and records it), otherwise the reason.
   std::string check(double loss, double grad_norm);
 

@@ -42,6 +42,12 @@ struct TrainContext {
   bool rowwise_dispatch = false;       // experts exchanged by the rowwise dispatch (drop rates)
   int64_t rows = 0;                    // sequences per micro-batch, all data-parallel ranks
 
+  // The step's decision where the gradients are (kernels::step_decision): [loss, norm, applied],
+  // the factors the update reads, and with pipeline stages the step's loss as one row.
+  DeviceArray<double> decision{};
+  DeviceArray<float> step_factors{};
+  DeviceArray<double> stage_loss_row{};
+
   int64_t step = 0;  // optimizer steps done
   int64_t tokens_seen = 0;
   ReplayOrigin replay_origin{};

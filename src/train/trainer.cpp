@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "io/hf_weights_reader.h"
 #include "io/run_dir_lock.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "model/router.h"
 #include "model/transformer.h"
 #include "optim/lr_schedule.h"
@@ -267,31 +269,76 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
     }
   };
   StepReport report;
-  report.loss =
-      ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
-                              1.0f / static_cast<float>(tc.microbatches), pass_hook);
+  const float loss_scale = 1.0f / static_cast<float>(tc.microbatches);
+  ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
+                          loss_scale, pass_hook);
+  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
+
+  // The step is decided where the gradients are (kernels::step_decision: the spike guard's test
+  // and the clipping coefficient), so that the update never waits for the host to read the loss
+  // and the norm (issue 15 item 3); the host reads them after the step and checks that its guard
+  // decides the same. Losses and the norm are global (identical on every rank): every rank
+  // decides the same. The loss: with one stage, each micro-batch's [ce, lb, z] as the passes left
+  // them; with several, each stage holds its layers' share, summed over the stages on the host
+  // and handed over as one row that holds the total.
+  const Device device = grads.dense.device();
+  ConstTensorView loss_rows;
+  StepDecisionOptions decide{.max_grad_norm = ctx.config.optim.max_grad_norm,
+                             .loss_limit = 0.0,
+                             .norm_limit = 0.0,
+                             .lb_coef = ctx.config.model.router_aux_loss_coef,
+                             .z_coef = ctx.config.model.router_z_loss_coef,
+                             .loss_scale = loss_scale};
   if (pc.pp > 1) {
-    // Each stage holds its layers' share of the loss: the sum is the model's, on every rank.
+    report.loss = ctx.pipeline.read_losses();
     double parts[4] = {report.loss.ce, report.loss.lb, report.loss.z, report.loss.total};
     ctx.mesh.pp.allreduce_sum(parts, 4);
     report.loss = {parts[0], parts[1], parts[2], parts[3], report.loss.counted_tokens};
+    const std::array<double, 3> row{report.loss.total, 0.0, 0.0};
+    ctx.stage_loss_row.place_on(device);
+    ctx.stage_loss_row.resize_for_overwrite(row.size());
+    copy_bytes(ctx.stage_loss_row.data(), row.data(), sizeof(row));
+    loss_rows = view(ctx.stage_loss_row.data(), {1, 3});
+    decide.lb_coef = decide.z_coef = 0.0;
+    decide.loss_scale = 1.0;
+  } else {
+    MOE_CHECK(ctx.chunks.size() == 1, "[parallel] one pipeline stage runs one model chunk");
+    loss_rows = ctx.chunks.front()->recorded_losses();
   }
-  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
-  // Losses and the norm are global (identical on every rank): every rank decides the same.
   // The first chunk's workspace, idle between the passes, lends ZeRO-1 its reduction buffers.
   Workspace& scratch = ctx.chunks.front()->workspace();
-  report.grad_norm = ctx.optimizer.reduce_gradients(grads, scratch);
+  const ConstTensorView squares = ctx.optimizer.reduce_gradients(grads, scratch);
+  const StepLimits limits = ctx.guard.limits();
+  decide.loss_limit = limits.loss;
+  decide.norm_limit = limits.grad_norm;
+  ctx.decision.place_on(device);
+  ctx.decision.resize_for_overwrite(3);
+  ctx.step_factors.place_on(device);
+  ctx.step_factors.resize_for_overwrite(2);
+  const TensorView factors = view(ctx.step_factors.data(), {2});
+  kernels::step_decision(loss_rows, squares, decide, view(ctx.decision.data(), {3}), factors);
+  ctx.optimizer.step(ctx.params, grads, report.lr, factors, scratch);
+  // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed over
+  // dp with the batch statistics), so every rank applies the same update to its copy. The
+  // chunks' bf16 weight copies are remade at the next forward, once for the whole step.
+  for (Transformer* chunk : ctx.chunks) {
+    chunk->update_router_bias(ctx.params, factors);
+    chunk->weights_changed();
+  }
+
+  // The step's reads, once all of it is issued: its losses and its decision.
+  if (pc.pp == 1) report.loss = ctx.pipeline.read_losses();
+  std::array<double, 3> decided{};
+  copy_bytes(decided.data(), ctx.decision.data(), sizeof(decided));
+  report.grad_norm = decided[1];
   const std::string skip_reason = ctx.guard.check(report.loss.total, report.grad_norm);
-  if (skip_reason.empty()) {
-    ctx.optimizer.step(ctx.params, grads, report.lr, report.grad_norm, scratch);
-    // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed
-    // over dp with the batch statistics), so every rank applies the same update to its copy.
-    // The chunks' bf16 weight copies are remade at the next forward, once for the whole step.
-    for (Transformer* chunk : ctx.chunks) {
-      chunk->update_router_bias(ctx.params);
-      chunk->weights_changed();
-    }
-  } else {
+  MOE_CHECK(skip_reason.empty() == (decided[2] == 1.0),
+            "[train] step {}: the decision where the gradients are ({}) differs from the step "
+            "guard's on the host ({}; loss {} there, {} here)",
+            ctx.step + 1, decided[2] == 1.0 ? "apply" : "skip",
+            skip_reason.empty() ? "apply" : skip_reason, decided[0], report.loss.total);
+  if (!skip_reason.empty()) {
+    ctx.optimizer.skipped_step();
     ctx.progress.message(
         fmt::format("warning: step {} skipped ({}); weights unchanged", ctx.step + 1, skip_reason));
   }

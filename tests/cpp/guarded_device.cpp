@@ -141,6 +141,7 @@ const kernels::KernelBackend& guarded_backend() {
       .rope_backward = &Guarded<&cpu::rope_backward>::call,
       .cross_entropy = &Guarded<&cpu::cross_entropy>::call,
       .adamw_update = &Guarded<&cpu::adamw_update>::call,
+      .step_decision = &Guarded<&cpu::step_decision>::call,
       .sum_of_squares = &Guarded<&cpu::sum_of_squares>::call,
       .causal_attention_forward = &Guarded<&cpu::causal_attention_forward>::call,
       .causal_attention_backward = &Guarded<&cpu::causal_attention_backward>::call,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <initializer_list>
@@ -283,9 +284,9 @@ TEST_P(KernelOps, AdamwMatchesReference) {
                               1e-8f,        1e-3f / (1.0f - 0.9f * 0.9f * 0.9f),
                               0.5f};
     backend().adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
-                           view(v.data(), {n}), c);
+                           view(v.data(), {n}), c, TensorView());
     oracle().adamw_update(view(p_ref.data(), {n}), view(g.data(), {n}), view(m_ref.data(), {n}),
-                          view(v_ref.data(), {n}), c);
+                          view(v_ref.data(), {n}), c, TensorView());
     // Elementwise: a handful of fp32 roundings per element, no reduction.
     const std::string what = "n=" + std::to_string(n);
     expect_nmse(p, p_ref, 1, "adamw params " + what);
@@ -1156,6 +1157,93 @@ TEST_P(KernelOps, CachedAttentionMatchesReference) {
       Error);
 }
 
+// The step's decision: every backend gives the reference's bits (the host's guard must decide the
+// same from the values it reads), the step applies when loss and norm are finite and at most
+// their limits, clipping is torch's min(1, max / (norm + 1e-6)).
+TEST_P(KernelOps, StepDecisionMatchesReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().step_decision);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    std::vector<double> rows;  // [m, 3]
+    std::array<double, 2> squares;
+    StepDecisionOptions options;
+    bool applies;
+  };
+  const std::vector<Case> cases = {
+      {{2.5, 1.1, 9.0, 2.4, 1.2, 8.5}, {3.0, 1.0}, {1.0, inf, inf, 0.01, 0.001, 0.5}, true},
+      {{2.5, 1.1, 9.0}, {0.04, 0.05}, {1.0, inf, inf, 0.01, 0.001, 1.0}, true},  // no clipping
+      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {0.0, inf, inf, 0.01, 0.001, 1.0}, true},    // clipping off
+      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {1.0, 2.0, inf, 0.01, 0.001, 1.0}, false},   // loss spike
+      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {1.0, 3.0, 1.5, 0.01, 0.001, 1.0}, false},   // norm spike
+      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {1.0, 2.5119, 2.0, 0.0, 0.0, 1.0}, true},    // at the limits
+      {{nan, 1.1, 9.0}, {3.0, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1.0}, false},
+      {{2.5, 1.1, 9.0}, {inf, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1.0}, false},
+      {{}, {1.0, 0.0}, {1.0, inf, inf, 0.01, 0.001, 1.0}, true},  // no rows: loss 0
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const int64_t m = static_cast<int64_t>(c.rows.size() / 3);
+    std::array<double, 3> decision{}, decision_ref{};
+    std::array<float, 2> factors{}, factors_ref{};
+    backend().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), c.options,
+                            view(decision.data(), {3}), view(factors.data(), {2}));
+    oracle().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), c.options,
+                           view(decision_ref.data(), {3}), view(factors_ref.data(), {2}));
+    SCOPED_TRACE("case " + std::to_string(i));
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_TRUE(std::bit_cast<uint64_t>(decision[k]) == std::bit_cast<uint64_t>(decision_ref[k]))
+          << k << ": " << decision[k] << " vs " << decision_ref[k];
+    EXPECT_EQ(factors, factors_ref);
+    EXPECT_EQ(decision_ref[2], c.applies ? 1.0 : 0.0);
+    EXPECT_EQ(factors_ref[1], c.applies ? 1.0f : 0.0f);
+    const double norm = std::sqrt(c.squares[0] + c.squares[1]);
+    if (std::isfinite(norm)) {
+      EXPECT_EQ(decision_ref[1], norm);
+      const float clip =
+          c.options.max_grad_norm > 0.0
+              ? static_cast<float>(std::min(1.0, c.options.max_grad_norm / (norm + 1e-6)))
+              : 1.0f;
+      EXPECT_EQ(factors_ref[0], clip);
+    }
+  }
+}
+
+// AdamW with the step's factors: their coefficient replaces grad_scale (the same bits as passing
+// it), and a skipped step leaves every view as it was.
+TEST_P(KernelOps, AdamwReadsTheStepFactors) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().adamw_update, backend().router_bias_update);
+  const int64_t n = 37;
+  const std::vector<float> p0 = random_vec(n, 1), g = random_vec(n, 2),
+                           m0 = random_vec(n, 3, -0.1f, 0.1f), v0 = random_vec(n, 4, 0.0f, 0.01f);
+  AdamWCoefficients c{1.0f - 1e-4f, 0.9f, 0.95f, 0.3f, 1e-8f, 2e-3f, 0.25f};
+  std::vector<float> p = p0, m = m0, v = v0, p_given = p0, m_given = m0, v_given = v0;
+  backend().adamw_update(view(p_given.data(), {n}), view(g.data(), {n}), view(m_given.data(), {n}),
+                         view(v_given.data(), {n}), c, TensorView());
+  const std::array<float, 2> apply = {0.25f, 1.0f}, skip = {0.25f, 0.0f};
+  c.grad_scale = 1.0f;  // the factors' coefficient replaces it
+  backend().adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
+                         view(v.data(), {n}), c, view(apply.data(), {2}));
+  EXPECT_EQ(p, p_given);
+  EXPECT_EQ(m, m_given);
+  EXPECT_EQ(v, v_given);
+  std::vector<float> p_skip = p0, m_skip = m0, v_skip = v0;
+  backend().adamw_update(view(p_skip.data(), {n}), view(g.data(), {n}), view(m_skip.data(), {n}),
+                         view(v_skip.data(), {n}), c, view(skip.data(), {2}));
+  EXPECT_EQ(p_skip, p0);
+  EXPECT_EQ(m_skip, m0);
+  EXPECT_EQ(v_skip, v0);
+  // The selection bias moves only with an applied step.
+  const std::vector<double> counts = {3.0, 1.0};
+  std::vector<float> bias = {0.5f, 0.5f};
+  backend().router_bias_update(view(counts.data(), {2}), 0.125f, view(skip.data(), {2}),
+                               view(bias.data(), {2}));
+  EXPECT_EQ(bias, (std::vector<float>{0.5f, 0.5f}));
+  backend().router_bias_update(view(counts.data(), {2}), 0.125f, view(apply.data(), {2}),
+                               view(bias.data(), {2}));
+  EXPECT_EQ(bias, (std::vector<float>{0.375f, 0.625f}));
+}
+
 // The losses from their statistics: every backend gives the reference's bits (one thread in its
 // order: a run's logged losses and its routers' loss gradient must not depend on the device),
 // for both load-balancing styles, chunks of the head, a tally added to, no MoE layer, and the
@@ -1259,8 +1347,10 @@ TEST_P(KernelOps, RouterBiasUpdateMatchesReference) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().router_bias_update);
   const std::vector<double> counts = {3.0, 1.0, 2.0, 2.0};  // mean 2
   std::vector<float> bias = {0.5f, -0.25f, 0.0f, 1.0f}, bias_ref = bias;
-  backend().router_bias_update(view(counts.data(), {4}), 0.125f, view(bias.data(), {4}));
-  oracle().router_bias_update(view(counts.data(), {4}), 0.125f, view(bias_ref.data(), {4}));
+  backend().router_bias_update(view(counts.data(), {4}), 0.125f, TensorView(),
+                               view(bias.data(), {4}));
+  oracle().router_bias_update(view(counts.data(), {4}), 0.125f, TensorView(),
+                              view(bias_ref.data(), {4}));
   EXPECT_EQ(bias, bias_ref);
   EXPECT_EQ(bias_ref, (std::vector<float>{0.375f, -0.125f, 0.0f, 1.0f}));
   uint32_t seed = 900;
@@ -1269,8 +1359,10 @@ TEST_P(KernelOps, RouterBiasUpdateMatchesReference) {
     std::mt19937 gen(++seed);
     for (double& x : random_counts) x = std::uniform_int_distribution<int>(0, 9)(gen);
     std::vector<float> b = random_vec(static_cast<size_t>(e), ++seed), b_ref = b;
-    backend().router_bias_update(view(random_counts.data(), {e}), 1e-3f, view(b.data(), {e}));
-    oracle().router_bias_update(view(random_counts.data(), {e}), 1e-3f, view(b_ref.data(), {e}));
+    backend().router_bias_update(view(random_counts.data(), {e}), 1e-3f, TensorView(),
+                                 view(b.data(), {e}));
+    oracle().router_bias_update(view(random_counts.data(), {e}), 1e-3f, TensorView(),
+                                view(b_ref.data(), {e}));
     EXPECT_EQ(b, b_ref) << "E=" << e;
   }
 }

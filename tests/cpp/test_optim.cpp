@@ -3,11 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "dist/distributed_optimizer.h"
+#include "dist/mesh.h"
+#include "dist/mpi/mpi_runtime.h"
 #include "gradcheck.h"
+#include "kernels/ops.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "optim/adamw.h"
@@ -197,6 +203,75 @@ TEST(Optim, ClipGradNorm) {
       EXPECT_NEAR(static_cast<double>(out->span()[i]), coef * static_cast<double>(in->span()[i]),
                   1e-7);
   EXPECT_NEAR(global_grad_norm(g), max_norm, 1e-6);
+}
+
+// The step decided where the gradients are (kernels::step_decision) in one process: the
+// optimizer's squares are the gradients' (no host read), an applied step clipped by the decision
+// equals AdamW with the same clipping coefficient, and a skipped one leaves weights and moments as
+// they were and its count undone, so that the next step's bias correction is the skipped one's.
+TEST(Optim, TheStepDecidedWhereTheGradientsAreAppliesOrSkipsIt) {
+  const ModelConfig mc = tiny_config();
+  const ParamLayout layout = ParamLayout::build(mc);
+  const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
+  const dist::Mesh mesh = dist::Mesh::build(*world, 1);
+  OptimConfig oc;
+  oc.max_grad_norm = 0.5;
+  ParamBuffers params(layout), grads(layout);
+  fill(layout, params, 3, -1.0f, 1.0f);
+  fill(layout, grads, 7, -1.0f, 1.0f);
+  const double norm = global_grad_norm(grads);
+  ASSERT_GT(norm, 1.0);
+  Workspace scratch;
+  auto decide = [&](dist::DistributedOptimizer& opt, double norm_limit,
+                    std::array<float, 2>& factors) {
+    const std::array<double, 3> row{2.0, 1.0, 0.5};
+    std::array<double, 3> decision{};
+    const StepDecisionOptions options{.max_grad_norm = oc.max_grad_norm,
+                                      .loss_limit = 10.0,
+                                      .norm_limit = norm_limit,
+                                      .lb_coef = 0.01,
+                                      .z_coef = 0.001,
+                                      .loss_scale = 1.0};
+    const ConstTensorView squares = opt.reduce_gradients(grads, scratch);
+    kernels::step_decision(view(row.data(), {1, 3}), squares, options, view(decision.data(), {3}),
+                           view(factors.data(), {2}));
+    EXPECT_NEAR(decision[1], norm, 1e-12 * norm);
+    return decision[2] == 1.0;
+  };
+
+  // Applied: as AdamW's own step with the clipping coefficient.
+  dist::DistributedOptimizer applied(layout, oc, mesh, false);
+  ParamBuffers p_applied = params;
+  std::array<float, 2> factors{};
+  ASSERT_TRUE(decide(applied, norm, factors));
+  EXPECT_EQ(factors[0], clip_coefficient(oc.max_grad_norm, norm));
+  applied.step(p_applied, grads, 1e-3, view(factors.data(), {2}), scratch);
+  EXPECT_EQ(applied.steps_taken(), 1);
+  AdamW reference(layout, oc);
+  ParamBuffers p_reference = params;
+  reference.step(p_reference, grads, 1e-3, clip_coefficient(oc.max_grad_norm, norm));
+  EXPECT_EQ(host_copy(p_applied.dense), host_copy(p_reference.dense));
+  EXPECT_EQ(host_copy(p_applied.expert), host_copy(p_reference.expert));
+
+  // Skipped (the norm over its limit): nothing moves, and the count goes back.
+  dist::DistributedOptimizer skipped(layout, oc, mesh, false);
+  ParamBuffers p_skipped = params;
+  ASSERT_FALSE(decide(skipped, norm * 0.5, factors));
+  skipped.step(p_skipped, grads, 1e-3, view(factors.data(), {2}), scratch);
+  skipped.skipped_step();
+  EXPECT_EQ(skipped.steps_taken(), 0);
+  EXPECT_EQ(host_copy(p_skipped.dense), host_copy(params.dense));
+  EXPECT_EQ(host_copy(p_skipped.expert), host_copy(params.expert));
+  for (const StatePiece& piece : skipped.checkpoint_state())
+    for (size_t i = 0; i < piece.count; ++i) {
+      ASSERT_EQ(piece.exp_avg[i], 0.0f);
+      ASSERT_EQ(piece.exp_avg_sq[i], 0.0f);
+    }
+  // The next, applied step is the skipped one's first: the same as the first applied above.
+  ASSERT_TRUE(decide(skipped, norm, factors));
+  skipped.step(p_skipped, grads, 1e-3, view(factors.data(), {2}), scratch);
+  EXPECT_EQ(host_copy(p_skipped.dense), host_copy(p_applied.dense));
+  EXPECT_EQ(host_copy(p_skipped.expert), host_copy(p_applied.expert));
 }
 
 }  // namespace

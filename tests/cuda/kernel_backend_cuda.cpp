@@ -84,10 +84,20 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
-                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients) {
+                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
+                  ConstTensorView step_factors) {
   DeviceStaging s;
-  device().adamw_update(s.out(params), s.in(grads), s.out(exp_avg), s.out(exp_avg_sq),
-                        coefficients);
+  device().adamw_update(s.out(params), s.in(grads), s.out(exp_avg), s.out(exp_avg_sq), coefficients,
+                        s.in(step_factors));
+  s.finish();
+}
+
+void step_decision(ConstTensorView loss_rows, ConstTensorView squares,
+                   const StepDecisionOptions& options, TensorView decision,
+                   TensorView step_factors) {
+  DeviceStaging s;
+  device().step_decision(s.in(loss_rows), s.in(squares), options, s.out(decision),
+                         s.out(step_factors));
   s.finish();
 }
 
@@ -202,9 +212,10 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   s.finish();
 }
 
-void router_bias_update(ConstTensorView counts, float rate, TensorView bias) {
+void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,
+                        TensorView bias) {
   DeviceStaging s;
-  device().router_bias_update(s.in(counts), rate, s.out(bias));
+  device().router_bias_update(s.in(counts), rate, s.in(step_factors), s.out(bias));
   s.finish();
 }
 
@@ -318,6 +329,7 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .rope_backward = if_on_device(d.rope_backward, &rope_backward),
       .cross_entropy = if_on_device(d.cross_entropy, &cross_entropy),
       .adamw_update = if_on_device(d.adamw_update, &adamw_update),
+      .step_decision = if_on_device(d.step_decision, &step_decision),
       .sum_of_squares = if_on_device(d.sum_of_squares, &sum_of_squares),
       .causal_attention_forward = nullptr,
       .causal_attention_backward = nullptr,

@@ -5,6 +5,7 @@
 
 #include "core/simd.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/step_decision_checks.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::cpu {
@@ -28,8 +29,16 @@ MOECORE_SIMD_CLONES void adamw_chunk(const AdamWCoefficients& c, float* p, const
 }  // namespace
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
-                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients) {
+                  TensorView exp_avg_sq, const AdamWCoefficients& given,
+                  ConstTensorView step_factors) {
   constexpr const char* kOp = "adamw";
+  expect_step_factors(kOp, step_factors);
+  AdamWCoefficients coefficients = given;
+  if (step_factors_given(step_factors)) {
+    const float* factors = step_factors.data<float>(kOp);
+    if (factors[1] == 0.0f) return;  // a skipped step
+    coefficients.grad_scale = factors[0];
+  }
   const int64_t count = params.numel();
   expect_shape(kOp, "params", params, {count});
   expect_shape(kOp, "grads", grads, {count});

@@ -20,6 +20,7 @@ const KernelBackend& cpu_backend() {
       .rope_backward = &cpu::rope_backward,
       .cross_entropy = &cpu::cross_entropy,
       .adamw_update = &cpu::adamw_update,
+      .step_decision = &cpu::step_decision,
       .sum_of_squares = &cpu::sum_of_squares,
       .causal_attention_forward = &cpu::causal_attention_forward,
       .causal_attention_backward = &cpu::causal_attention_backward,

@@ -3,6 +3,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/moe_loss_checks.h"
 #include "kernels/moe_loss_rules.h"
+#include "kernels/step_decision_checks.h"
 
 namespace moecore::kernels::cpu {
 
@@ -20,11 +21,16 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
       tally_given(route_tally) ? route_tally.data<double>(kOp) : nullptr);
 }
 
-void router_bias_update(ConstTensorView counts, float rate, TensorView bias) {
+void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,
+                        TensorView bias) {
   constexpr const char* kOp = "router_bias_update";
   const int64_t experts = router_bias_update_experts(kOp, counts, bias);
+  expect_step_factors(kOp, step_factors);
   if (experts == 0) return;
-  router_bias_update_in_order(counts.data<double>(kOp), experts, rate, bias.data<float>(kOp));
+  router_bias_update_in_order(
+      counts.data<double>(kOp), experts, rate,
+      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
+      bias.data<float>(kOp));
 }
 
 }  // namespace moecore::kernels::cpu

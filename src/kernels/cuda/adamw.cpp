@@ -3,13 +3,17 @@
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/step_decision_checks.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::cuda {
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
-                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients) {
+                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
+                  ConstTensorView step_factors) {
   constexpr const char* kOp = "adamw";
+  expect_on_device(kOp, "step_factors", step_factors);
+  expect_step_factors(kOp, step_factors, Device::kCuda);
   const int64_t count = params.numel();
   expect_on_device(kOp, "params", params);
   expect_on_device(kOp, "grads", grads);
@@ -23,7 +27,9 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   const AdamWScalars scalars{c.decay_factor, c.b1,        c.b2,        c.bias2_sqrt,
                              c.eps,          c.step_size, c.grad_scale};
   launch_adamw_update(params.data<float>(kOp), grads.data<float>(kOp), exp_avg.data<float>(kOp),
-                      exp_avg_sq.data<float>(kOp), count, scalars, stream());
+                      exp_avg_sq.data<float>(kOp), count, scalars,
+                      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
+                      stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

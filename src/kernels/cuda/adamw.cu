@@ -8,7 +8,11 @@ namespace moecore::kernels::cuda {
 namespace {
 
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                             AdamWScalars c) {
+                             AdamWScalars c, const float* step_factors) {
+  if (step_factors != nullptr) {
+    if (step_factors[1] == 0.0f) return;  // a skipped step (step_decision)
+    c.grad_scale = step_factors[0];
+  }
   const float one_minus_b1 = 1.0f - c.b1, one_minus_b2 = 1.0f - c.b2;
   for (int64_t i = grid_first(); i < n; i += grid_stride()) {
     const float gi = __fmul_rn(g[i], c.grad_scale);
@@ -25,10 +29,11 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 }  // namespace
 
 void launch_adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                         int64_t n, const AdamWScalars& scalars, cudaStream_t stream) {
+                         int64_t n, const AdamWScalars& scalars, const float* step_factors,
+                         cudaStream_t stream) {
   if (n > 0)
-    adamw_kernel<<<elementwise_blocks(n), kElementThreads, 0, stream>>>(params, grads, exp_avg,
-                                                                        exp_avg_sq, n, scalars);
+    adamw_kernel<<<elementwise_blocks(n), kElementThreads, 0, stream>>>(
+        params, grads, exp_avg, exp_avg_sq, n, scalars, step_factors);
 }
 
 }  // namespace moecore::kernels::cuda

@@ -20,6 +20,7 @@ const KernelBackend& cuda_backend() {
       .rope_backward = &cuda::rope_backward,
       .cross_entropy = &cuda::cross_entropy,
       .adamw_update = &cuda::adamw_update,
+      .step_decision = &cuda::step_decision,
       .sum_of_squares = &cuda::sum_of_squares,
       .causal_attention_forward = nullptr,
       .causal_attention_backward = nullptr,

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/moe_loss_rules.h"
+#include "kernels/step_decision_rules.h"
 
 namespace moecore::kernels::cuda {
 
@@ -72,8 +73,10 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const float* dout, 
 struct AdamWScalars {
   float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
 };
+// step_factors: f32 [2] on the device, or null (kernels/ops.h's adamw_update).
 void launch_adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                         int64_t n, const AdamWScalars& scalars, cudaStream_t stream);
+                         int64_t n, const AdamWScalars& scalars, const float* step_factors,
+                         cudaStream_t stream);
 
 // sum_of_squares.cu: *total (device) = sum of values[i]^2 in double; partials: scratch of
 // kSumOfSquaresPartials doubles. Issues nothing when n is 0.
@@ -87,8 +90,13 @@ void launch_moe_loss_terms(const int64_t* route_counts, const double* router_sum
                            const double* head_losses, int64_t layers, int64_t experts,
                            int64_t head_chunks, const MoeLossScalars& scalars, double* losses,
                            float* lb_score_grad, double* route_tally, cudaStream_t stream);
-void launch_router_bias_update(const double* counts, int64_t experts, float rate, float* bias,
-                               cudaStream_t stream);
+void launch_router_bias_update(const double* counts, int64_t experts, float rate,
+                               const float* step_factors, float* bias, cudaStream_t stream);
+
+// step_decision.cu: kernels/ops.h's step_decision in one thread (kernels/step_decision_rules.h).
+void launch_step_decision(const double* loss_rows, int64_t rows, const double* squares,
+                          const StepDecisionScalars& scalars, double* decision, float* step_factors,
+                          cudaStream_t stream);
 
 // cross_entropy.cu: dlogits (= when not null) and *loss (device) as kernels/ops.h's cross_entropy
 // defines them, a target outside [0, vocab) counted as ignored; row_loss ([rows] doubles) and

@@ -6,6 +6,7 @@
 #include "kernels/cuda/runtime.h"
 #include "kernels/moe_loss_checks.h"
 #include "kernels/moe_loss_rules.h"
+#include "kernels/step_decision_checks.h"
 
 namespace moecore::kernels::cuda {
 
@@ -31,14 +32,19 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
-void router_bias_update(ConstTensorView counts, float rate, TensorView bias) {
+void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,
+                        TensorView bias) {
   constexpr const char* kOp = "router_bias_update";
   expect_on_device(kOp, "counts", counts);
+  expect_on_device(kOp, "step_factors", step_factors);
   expect_on_device(kOp, "bias", bias);
   const int64_t experts = router_bias_update_experts(kOp, counts, bias, Device::kCuda);
+  expect_step_factors(kOp, step_factors, Device::kCuda);
   if (experts == 0) return;
-  launch_router_bias_update(counts.data<double>(kOp), experts, rate, bias.data<float>(kOp),
-                            stream());
+  launch_router_bias_update(
+      counts.data<double>(kOp), experts, rate,
+      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
+      bias.data<float>(kOp), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

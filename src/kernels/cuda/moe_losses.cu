@@ -16,8 +16,8 @@ __global__ void moe_loss_terms_kernel(const int64_t* counts, const double* sums,
 }
 
 __global__ void router_bias_update_kernel(const double* counts, int64_t experts, float rate,
-                                          float* bias) {
-  router_bias_update_in_order(counts, experts, rate, bias);
+                                          const float* step_factors, float* bias) {
+  router_bias_update_in_order(counts, experts, rate, step_factors, bias);
 }
 
 }  // namespace
@@ -31,10 +31,10 @@ void launch_moe_loss_terms(const int64_t* route_counts, const double* router_sum
                                              route_tally);
 }
 
-void launch_router_bias_update(const double* counts, int64_t experts, float rate, float* bias,
-                               cudaStream_t stream) {
+void launch_router_bias_update(const double* counts, int64_t experts, float rate,
+                               const float* step_factors, float* bias, cudaStream_t stream) {
   if (experts <= 0) return;
-  router_bias_update_kernel<<<1, 1, 0, stream>>>(counts, experts, rate, bias);
+  router_bias_update_kernel<<<1, 1, 0, stream>>>(counts, experts, rate, step_factors, bias);
 }
 
 }  // namespace moecore::kernels::cuda

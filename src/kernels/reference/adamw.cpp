@@ -2,14 +2,23 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "kernels/step_decision_checks.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::reference {
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
-                  TensorView exp_avg_sq, const AdamWCoefficients& c) {
+                  TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
+                  ConstTensorView step_factors) {
   const int64_t count = params.numel();
   expect_shape("adamw", "grads", grads, {count});
+  expect_step_factors("adamw", step_factors);
+  AdamWCoefficients c = coefficients;
+  if (step_factors_given(step_factors)) {
+    const float* factors = step_factors.data<float>("adamw");
+    if (factors[1] == 0.0f) return;  // a skipped step
+    c.grad_scale = factors[0];
+  }
   float* p = params.data<float>("adamw");
   const float* g = grads.data<float>("adamw");
   float* m = exp_avg.data<float>("adamw");

@@ -18,6 +18,7 @@ const KernelBackend& reference_backend() {
       .rope_backward = &kernels::reference::rope_backward,
       .cross_entropy = &kernels::reference::cross_entropy,
       .adamw_update = &kernels::reference::adamw_update,
+      .step_decision = &kernels::reference::step_decision,
       .sum_of_squares = &kernels::reference::sum_of_squares,
       .causal_attention_forward = &kernels::reference::causal_attention_forward,
       .causal_attention_backward = &kernels::reference::causal_attention_backward,

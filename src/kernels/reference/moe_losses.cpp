@@ -4,6 +4,7 @@
 
 #include "kernels/moe_loss_checks.h"
 #include "kernels/ops.h"
+#include "kernels/step_decision_checks.h"
 
 namespace moecore::kernels::reference {
 
@@ -68,10 +69,13 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   }
 }
 
-void router_bias_update(ConstTensorView counts_view, float rate, TensorView bias_view) {
+void router_bias_update(ConstTensorView counts_view, float rate, ConstTensorView step_factors,
+                        TensorView bias_view) {
   constexpr const char* kOp = "router_bias_update";
   const int64_t experts = router_bias_update_experts(kOp, counts_view, bias_view);
+  expect_step_factors(kOp, step_factors);
   if (experts == 0) return;
+  if (step_factors_given(step_factors) && step_factors.data<float>(kOp)[1] == 0.0f) return;
   const double* counts = counts_view.data<double>(kOp);
   float* bias = bias_view.data<float>(kOp);
   double total = 0.0;
