@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "core/check.h"
 #include "core/device_memory.h"
@@ -466,6 +467,8 @@ void Transformer::reuse_recomputed(LayerCache& lc) {
 void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
                                 const float* hidden_in, const int32_t* targets, int64_t batch,
                                 int64_t seq, float* hidden_out) {
+  // This pass's only: a pass that returns early (logits only) or throws leaves none behind.
+  const std::optional<BatchCounts> given_counts = std::exchange(next_batch_counts_, std::nullopt);
   refresh_weight_copies(params);
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, v = c.vocab_size;
@@ -568,9 +571,14 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   const int64_t e_count = c.num_experts;
   const int64_t moe_count = static_cast<int64_t>(moe_layers_.size());
   double batch_counts[2] = {0.0, static_cast<double>(n)};
-  if (targets != nullptr)
-    for (int64_t i = 0; i < n; ++i) batch_counts[0] += targets[i] != kIgnoreIndex;
-  if (batch_sum_) batch_sum_(batch_counts, 2, DType::kF64);
+  if (given_counts) {
+    batch_counts[0] = static_cast<double>(given_counts->counted_targets);
+    batch_counts[1] = static_cast<double>(given_counts->tokens);
+  } else {
+    if (targets != nullptr)
+      for (int64_t i = 0; i < n; ++i) batch_counts[0] += targets[i] != kIgnoreIndex;
+    if (batch_sum_) batch_sum_(batch_counts, 2, DType::kF64);
+  }
   const int64_t counted = static_cast<int64_t>(batch_counts[0]);
   act.counted_targets = counted;
   act.global_tokens = static_cast<int64_t>(batch_counts[1]);

@@ -14,6 +14,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -100,6 +101,14 @@ class Transformer {
   using BatchSum = std::function<void(void* values, int64_t count, DType type)>;
   void set_batch_sum(BatchSum batch_sum) { batch_sum_ = std::move(batch_sum); }
   const BatchSum& batch_sum() const { return batch_sum_; }
+  // The global micro-batch's counted targets (!= -100) and tokens, for the next forward pass only,
+  // from a caller that holds the whole global batch (the trainer): that pass then sums neither
+  // over the group (one blocking collective less per pass; on a device communicator, one host
+  // operand less to stage). Unset: the pass counts its own targets and sums them with batch_sum.
+  struct BatchCounts {
+    int64_t counted_targets = 0, tokens = 0;
+  };
+  void set_next_batch_counts(BatchCounts counts) { next_batch_counts_ = counts; }
   // Called during backward() as soon as layer i's parameter gradients are final (layers finish from
   // last to first), so their reduction can start while earlier layers still compute.
   using LayerGradsReady = std::function<void(int64_t layer)>;
@@ -236,6 +245,7 @@ class Transformer {
   Workspace workspace_;
   int64_t last_slot_ = -1;  // of the last forward
   BatchSum batch_sum_;
+  std::optional<BatchCounts> next_batch_counts_;  // set_next_batch_counts(), for one pass
   LayerGradsReady layer_grads_ready_;
   TensorObserver observer_;
   ActivationRecompute recompute_ = ActivationRecompute::kNone;

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <filesystem>
@@ -248,16 +249,24 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   grads.zero();
   for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
   std::vector<PipelineRunner::MicroBatch> micro_batches;
+  // Each global micro-batch's counted targets and tokens, from the whole batch every rank reads:
+  // the passes need not sum them over dp.
+  std::vector<Transformer::BatchCounts> counts;
   for (size_t micro = 0; micro < batch.tokens.size(); ++micro) {
     ctx.loader.next_batch(ctx.rows, batch.tokens[micro], batch.targets[micro]);
     micro_batches.push_back({batch.tokens[micro].data() + batch.slice_begin,
                              batch.targets[micro].data() + batch.slice_begin});
+    const std::vector<int32_t>& targets = batch.targets[micro];
+    counts.push_back(
+        {std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
+         static_cast<int64_t>(targets.size())});
   }
   const bool overlap = pc.overlap_grad_reduce && ctx.mesh.dp.size() > 1;
   auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
     if (forward && !done) {
       chunk.set_routing_seed(routing_forward_seed(tc.seed, ctx.step, micro));  // model.routing
       chunk.set_routing_token_offset(batch.slice_begin);
+      chunk.set_next_batch_counts(counts[static_cast<size_t>(micro)]);
     } else if (!forward && !done) {
       // Overlap: during the last micro-batch's backward, each layer's gradients start their
       // all-reduce as soon as they are final.

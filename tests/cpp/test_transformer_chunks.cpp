@@ -87,6 +87,43 @@ TEST(TransformerChunks, ChainedChunksEqualTheWholeModel) {
   }
 }
 
+// The trainer hands each pass its global micro-batch's counts (it reads the whole batch): the pass
+// then sums neither over the group, with the same losses and gradients; the counts are for one
+// pass only.
+TEST(TransformerChunks, GivenBatchCountsReplaceTheirSumForOnePass) {
+  ModelConfig c = chunk_config();
+  c.loss_normalizer = LossNormalizer::kLabels;
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout), summed_grads(layout), given_grads(layout);
+  fill_tiny_params(layout, 7, params);
+  const std::vector<int32_t> tokens = {1, 5, 9, 5, 0, 3, 10, 7, 12, 2};
+  const std::vector<int32_t> targets = {5, 9, kIgnoreIndex, 2, 3, 10, 7, 4, 1, kIgnoreIndex};
+  Transformer model(c, layout);
+  int64_t count_sums = 0;  // sums of the two host counts (a group of one: the values stay)
+  model.set_batch_sum([&](void*, int64_t count, DType type) {
+    count_sums += count == 2 && type == DType::kF64 ? 1 : 0;
+  });
+  const LossParts summed = model.forward(params, tokens.data(), targets.data(), 2, 5);
+  model.backward(params, summed_grads, 1.0f);
+  EXPECT_EQ(count_sums, 1);
+  model.set_next_batch_counts({.counted_targets = 8, .tokens = 10});
+  const LossParts given = model.forward(params, tokens.data(), targets.data(), 2, 5);
+  model.backward(params, given_grads, 1.0f);
+  EXPECT_EQ(count_sums, 1);  // not summed
+  EXPECT_EQ(given.ce, summed.ce);
+  EXPECT_EQ(given.lb, summed.lb);
+  EXPECT_EQ(given.z, summed.z);
+  EXPECT_EQ(given.counted_tokens, 8);
+  EXPECT_EQ(host_copy(given_grads.dense), host_copy(summed_grads.dense));
+  EXPECT_EQ(host_copy(given_grads.expert), host_copy(summed_grads.expert));
+  // The next pass counts and sums its own again; counts the caller got wrong change the loss.
+  model.forward(params, tokens.data(), targets.data(), 2, 5);
+  EXPECT_EQ(count_sums, 2);
+  model.set_next_batch_counts({.counted_targets = 16, .tokens = 20});
+  const LossParts doubled = model.forward(params, tokens.data(), targets.data(), 2, 5);
+  EXPECT_NEAR(doubled.ce, summed.ce / 2.0, 1e-12 * summed.ce);
+}
+
 TEST(TransformerChunks, ARouterChunkWithoutTargetsIsRefusedUnderTheLabelsNormaliser) {
   ModelConfig c = chunk_config();
   c.loss_normalizer = LossNormalizer::kLabels;
