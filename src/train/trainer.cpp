@@ -241,55 +241,18 @@ struct StepBuffers {
   int64_t local_rows, slice_begin;
 };
 
-// One optimizer step (or a step the guard skips) over the next global batch, run through this
-// rank's pipeline chunks; returns what it produced, with the trainer's scalars.
-StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) {
-  const TrainConfig& tc = ctx.config.train;
+// The optimizer step after the passes, decided where the gradients are (kernels::step_decision:
+// the spike guard's test and the clipping coefficient), so that the update never waits for the
+// host to read the loss and the norm (issue 15 item 3); the host reads them once the step is
+// issued, into `report`, and checks that its guard decides the same. Losses and the norm are
+// global (identical on every rank): every rank decides the same. Returns why the step was
+// skipped, or nothing.
+std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
+                              StepReport& report) {
   const ParallelConfig& pc = ctx.config.parallel;
-  grads.zero();
-  for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
-  std::vector<PipelineRunner::MicroBatch> micro_batches;
-  // Each global micro-batch's counted targets and tokens, from the whole batch every rank reads:
-  // the passes need not sum them over dp.
-  std::vector<Transformer::BatchCounts> counts;
-  for (size_t micro = 0; micro < batch.tokens.size(); ++micro) {
-    ctx.loader.next_batch(ctx.rows, batch.tokens[micro], batch.targets[micro]);
-    micro_batches.push_back({batch.tokens[micro].data() + batch.slice_begin,
-                             batch.targets[micro].data() + batch.slice_begin});
-    const std::vector<int32_t>& targets = batch.targets[micro];
-    counts.push_back(
-        {std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
-         static_cast<int64_t>(targets.size())});
-  }
-  const bool overlap = pc.overlap_grad_reduce && ctx.mesh.dp.size() > 1;
-  auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
-    if (forward && !done) {
-      chunk.set_routing_seed(routing_forward_seed(tc.seed, ctx.step, micro));  // model.routing
-      chunk.set_routing_token_offset(batch.slice_begin);
-      chunk.set_next_batch_counts(counts[static_cast<size_t>(micro)]);
-    } else if (!forward && !done) {
-      // Overlap: during the last micro-batch's backward, each layer's gradients start their
-      // all-reduce as soon as they are final.
-      chunk.set_layer_grads_ready(overlap && micro + 1 == tc.microbatches
-                                      ? Transformer::LayerGradsReady([&](int64_t layer) {
-                                          ctx.optimizer.start_layer_reduce(grads, layer);
-                                        })
-                                      : Transformer::LayerGradsReady());
-    }
-  };
-  StepReport report;
-  const float loss_scale = 1.0f / static_cast<float>(tc.microbatches);
-  ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
-                          loss_scale, pass_hook);
-  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
-
-  // The step is decided where the gradients are (kernels::step_decision: the spike guard's test
-  // and the clipping coefficient), so that the update never waits for the host to read the loss
-  // and the norm (issue 15 item 3); the host reads them after the step and checks that its guard
-  // decides the same. Losses and the norm are global (identical on every rank): every rank
-  // decides the same. The loss: with one stage, each micro-batch's [ce, lb, z] as the passes left
-  // them; with several, each stage holds its layers' share, summed over the stages on the host
-  // and handed over as one row that holds the total.
+  // The loss: with one stage, each micro-batch's [ce, lb, z] as the passes left them; with
+  // several, each stage holds its layers' share, summed over the stages on the host and handed
+  // over as one row that holds the total.
   const Device device = grads.dense.device();
   ConstTensorView loss_rows;
   StepDecisionOptions decide{.max_grad_norm = ctx.config.optim.max_grad_norm,
@@ -340,14 +303,59 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   std::array<double, 3> decided{};
   copy_bytes(decided.data(), ctx.decision.data(), sizeof(decided));
   report.grad_norm = decided[1];
-  const std::string skip_reason = ctx.guard.check(report.loss.total, report.grad_norm);
+  std::string skip_reason = ctx.guard.check(report.loss.total, report.grad_norm);
   MOE_CHECK(skip_reason.empty() == (decided[2] == 1.0),
             "[train] step {}: the decision where the gradients are ({}) differs from the step "
             "guard's on the host ({}; loss {} there, {} here)",
             ctx.step + 1, decided[2] == 1.0 ? "apply" : "skip",
             skip_reason.empty() ? "apply" : skip_reason, decided[0], report.loss.total);
+  if (!skip_reason.empty()) ctx.optimizer.skipped_step();  // Adam counts applied steps
+  return skip_reason;
+}
+
+// One optimizer step (or a step the guard skips) over the next global batch, run through this
+// rank's pipeline chunks; returns what it produced, with the trainer's scalars.
+StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) {
+  const TrainConfig& tc = ctx.config.train;
+  const ParallelConfig& pc = ctx.config.parallel;
+  grads.zero();
+  for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
+  std::vector<PipelineRunner::MicroBatch> micro_batches;
+  // Each global micro-batch's counted targets and tokens, from the whole batch every rank reads:
+  // the passes need not sum them over dp.
+  std::vector<Transformer::BatchCounts> counts;
+  for (size_t micro = 0; micro < batch.tokens.size(); ++micro) {
+    ctx.loader.next_batch(ctx.rows, batch.tokens[micro], batch.targets[micro]);
+    micro_batches.push_back({batch.tokens[micro].data() + batch.slice_begin,
+                             batch.targets[micro].data() + batch.slice_begin});
+    const std::vector<int32_t>& targets = batch.targets[micro];
+    counts.push_back(
+        {std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
+         static_cast<int64_t>(targets.size())});
+  }
+  const bool overlap = pc.overlap_grad_reduce && ctx.mesh.dp.size() > 1;
+  auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
+    if (forward && !done) {
+      chunk.set_routing_seed(routing_forward_seed(tc.seed, ctx.step, micro));  // model.routing
+      chunk.set_routing_token_offset(batch.slice_begin);
+      chunk.set_next_batch_counts(counts[static_cast<size_t>(micro)]);
+    } else if (!forward && !done) {
+      // Overlap: during the last micro-batch's backward, each layer's gradients start their
+      // all-reduce as soon as they are final.
+      chunk.set_layer_grads_ready(overlap && micro + 1 == tc.microbatches
+                                      ? Transformer::LayerGradsReady([&](int64_t layer) {
+                                          ctx.optimizer.start_layer_reduce(grads, layer);
+                                        })
+                                      : Transformer::LayerGradsReady());
+    }
+  };
+  StepReport report;
+  const float loss_scale = 1.0f / static_cast<float>(tc.microbatches);
+  ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
+                          loss_scale, pass_hook);
+  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
+  const std::string skip_reason = decide_and_update(ctx, grads, loss_scale, report);
   if (!skip_reason.empty()) {
-    ctx.optimizer.skipped_step();
     ctx.progress.message(
         fmt::format("warning: step {} skipped ({}); weights unchanged", ctx.step + 1, skip_reason));
   }
