@@ -1,0 +1,119 @@
+// Issue 15 item 3 on the GPU, the part that needs no host read: the end of a training step as the
+// trainer issues it after the passes (the gradients' sums of squares, kernels::step_decision,
+// AdamW reading its factors, the selection-bias update) holds no synchronisation, so CUDA graph
+// capture (global mode: a wait or a synchronous copy inside it is an error) records it whole, and
+// replaying the graph gives the bits of running the same operations eagerly. An applied and a
+// skipped decision are both shown.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "kernels/cuda/device_selection.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
+
+namespace moecore::cuda_test {
+namespace {
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+template <typename T>
+DeviceArray<T> on_gpu(const std::vector<T>& host) {
+  return device_copy(host, Device::kCuda);
+}
+
+// The step's tail on device arrays, as decide_and_update (train/trainer.cpp) issues it.
+struct StepTail {
+  static constexpr int64_t kN = 4099, kExperts = 8;
+  DeviceArray<float> params, grads, exp_avg, exp_avg_sq, bias;
+  DeviceArray<double> loss_rows, tally, squares, decision;
+  DeviceArray<float> factors;
+
+  StepTail(double norm_limit) : norm_limit_(norm_limit) {
+    params = on_gpu(random_values(kN, 1, 1.0f));
+    grads = on_gpu(random_values(kN, 2, 0.1f));
+    exp_avg = on_gpu(std::vector<float>(kN, 0.0f));
+    exp_avg_sq = on_gpu(std::vector<float>(kN, 0.0f));
+    bias = on_gpu(std::vector<float>(kExperts, 0.0f));
+    loss_rows = on_gpu(std::vector<double>{2.5, 1.1, 9.0, 2.4, 1.2, 8.5});
+    tally = on_gpu(std::vector<double>{3, 1, 2, 2, 5, 0, 2, 1});
+    squares = on_gpu(std::vector<double>(2, 0.0));
+    decision = on_gpu(std::vector<double>(3, 0.0));
+    factors = on_gpu(std::vector<float>(2, 0.0f));
+  }
+
+  void issue() {
+    kernels::sum_of_squares(view(grads.data(), {kN / 2}), view(squares.data(), {1}));
+    kernels::sum_of_squares(view(grads.data() + kN / 2, {kN - kN / 2}),
+                            view(squares.data() + 1, {1}));
+    const StepDecisionOptions options{.max_grad_norm = 1.0,
+                                      .loss_limit = 10.0,
+                                      .norm_limit = norm_limit_,
+                                      .lb_coef = 0.01,
+                                      .z_coef = 0.001,
+                                      .loss_scale = 0.5};
+    kernels::step_decision(view(loss_rows.data(), {2, 3}), view(squares.data(), {2}), options,
+                           view(decision.data(), {3}), view(factors.data(), {2}));
+    const AdamWCoefficients c{1.0f - 1e-4f, 0.9f, 0.95f, 0.3f, 1e-8f, 2e-3f, 1.0f};
+    kernels::adamw_update(view(params.data(), {kN}), view(grads.data(), {kN}),
+                          view(exp_avg.data(), {kN}), view(exp_avg_sq.data(), {kN}), c,
+                          view(factors.data(), {2}));
+    kernels::router_bias_update(view(tally.data(), {kExperts}), 1e-3f, view(factors.data(), {2}),
+                                view(bias.data(), {kExperts}));
+  }
+
+  std::vector<float> host_params() const { return host_copy(params); }
+  std::vector<float> host_bias() const { return host_copy(bias); }
+  std::vector<double> host_decision() const { return host_copy(decision); }
+
+ private:
+  double norm_limit_;
+};
+
+void expect_graph_replays_the_eager_step(double norm_limit, bool applies) {
+  kernels::cuda::activate();
+  StepTail eager(norm_limit), captured(norm_limit);
+  eager.issue();
+  kernels::cuda::synchronize();
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
+            cudaSuccess);
+  captured.issue();
+  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
+      << "a synchronisation inside the step's tail broke the capture";
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
+  kernels::cuda::synchronize();
+
+  EXPECT_EQ(captured.host_decision(), eager.host_decision());
+  EXPECT_EQ(eager.host_decision()[2], applies ? 1.0 : 0.0);
+  EXPECT_EQ(captured.host_params(), eager.host_params());
+  EXPECT_EQ(captured.host_bias(), eager.host_bias());
+  const std::vector<float> before = random_values(StepTail::kN, 1, 1.0f);
+  EXPECT_EQ(eager.host_params() == before, !applies);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(CudaGraphStep, TheAppliedStepsTailCapturesAndReplaysBitForBit) {
+  expect_graph_replays_the_eager_step(1e9, true);
+}
+
+TEST(CudaGraphStep, TheSkippedStepsTailCapturesAndChangesNothing) {
+  expect_graph_replays_the_eager_step(0.0, false);
+}
+
+}  // namespace
+}  // namespace moecore::cuda_test
