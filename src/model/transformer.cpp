@@ -563,11 +563,12 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
       layers_begin_, layers_end_ - 1);
 
   // Batch statistics, summed over the data-parallel group by batch_sum_ so that every loss and
-  // gradient is that of the global batch. First the host's own: counted targets and tokens
-  // (from the targets it holds; with the head the cross-entropy's gradient divides by the global
-  // count). The others stay where the model's tensors are, are summed there and become the
-  // losses and the routers' loss gradient there (kernels::moe_loss_terms), so that no pass waits
-  // for the device: read_losses() copies the losses to the host, once for all passes.
+  // gradient is that of the global batch. First the host's own: counted targets and tokens (given
+  // by the caller that holds the global batch, set_next_batch_counts, or counted here and summed;
+  // with the head the cross-entropy's gradient divides by the global count). The others stay where
+  // the model's tensors are, are summed there and become the losses and the routers' loss gradient
+  // there (kernels::moe_loss_terms), so that no pass waits for the device: read_losses() copies the
+  // losses to the host, once for all passes.
   const int64_t e_count = c.num_experts;
   const int64_t moe_count = static_cast<int64_t>(moe_layers_.size());
   double batch_counts[2] = {0.0, static_cast<double>(n)};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "core/check.h"
@@ -74,6 +75,47 @@ RunConfig with_layout(const RunConfig& config, const LayoutChoice& choice) {
   return c;
 }
 
+namespace {
+
+// One candidate layout into `out`: nothing when the trainer refuses it (a micro-batch split, a
+// schedule, ...); else counted, kept when it is the smallest, and listed with its step time when
+// it fits. With `chunked_head_to_beat` (the whole head's peak of the same layout) the head runs
+// in suggested_head_chunk's chunks and the layout counts only where its peak is below that.
+// Returns the candidate's peak, or nothing when it was refused.
+std::optional<double> consider(const RunConfig& config, LayoutChoice choice, int64_t world,
+                               const Hardware& hardware, double max_memory_bytes,
+                               std::optional<double> chunked_head_to_beat, LayoutSearch& out) {
+  RunConfig c = with_layout(config, choice);
+  ResolvedLayout layout;
+  try {
+    layout = validate_layout(c, world);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  if (chunked_head_to_beat) {
+    choice.lm_head_chunk_tokens =
+        suggested_head_chunk(layout.local_rows * config.train.seq_len, config.model.vocab_size,
+                             config.model.hidden_size);
+    c.train.lm_head_chunk_tokens = choice.lm_head_chunk_tokens;
+  }
+  // Memory first: the step time is only priced for layouts that fit.
+  choice.dp = layout.dp;
+  choice.ep_dp = layout.ep_dp;
+  choice.peak_bytes = peak_bytes(c, layout, hardware);
+  if (chunked_head_to_beat && choice.peak_bytes >= *chunked_head_to_beat) return choice.peak_bytes;
+  if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes) out.smallest = choice;
+  if (choice.peak_bytes <= max_memory_bytes) {
+    const StepTime t = step_time(c, layout, hardware.rates);
+    choice.step_seconds = t.seconds;
+    choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
+    choice.mfu = t.mfu;
+    out.fits.push_back(choice);
+  }
+  return choice.peak_bytes;
+}
+
+}  // namespace
+
 LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardware& hardware,
                             double max_memory_bytes) {
   MOE_CHECK(world >= 1, "[plan] --ranks={} must be positive", world);
@@ -93,49 +135,20 @@ LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardwa
           for (ActivationRecompute recompute :
                {ActivationRecompute::kNone, ActivationRecompute::kAttention,
                 ActivationRecompute::kMoe, ActivationRecompute::kFull}) {
-            // The whole head's peak of this layout: its chunked head, which costs a head GEMM
-            // more, is listed only where it needs less memory (a head on a stage that is not the
-            // largest saves nothing).
-            double whole_head_peak = 0.0;
-            for (const bool chunked_head : {false, true}) {
-              // A config that chunks its head keeps its chunk; one that does not is tried both
-              // ways.
-              const int64_t configured = config.train.lm_head_chunk_tokens;
-              if (configured > 0 && !chunked_head) continue;
-              LayoutChoice choice;
-              choice.pp = pp;
-              choice.ep = ep;
-              choice.zero = zero;
-              choice.microbatches = m;
-              choice.recompute = recompute;
-              choice.lm_head_chunk_tokens = configured;
-              RunConfig c = with_layout(config, choice);
-              ResolvedLayout layout;
-              try {
-                layout = validate_layout(c, world);
-              } catch (const Error&) {
-                continue;  // a layout the trainer refuses (micro-batch split, schedule, ...)
-              }
-              if (chunked_head && configured == 0) {
-                choice.lm_head_chunk_tokens = suggested_head_chunk(
-                    layout.local_rows * config.train.seq_len, mc.vocab_size, mc.hidden_size);
-                c.train.lm_head_chunk_tokens = choice.lm_head_chunk_tokens;
-              }
-              // Memory first: the step time is only priced for layouts that fit.
-              choice.dp = layout.dp;
-              choice.ep_dp = layout.ep_dp;
-              choice.peak_bytes = peak_bytes(c, layout, hardware);
-              if (configured == 0 && !chunked_head) whole_head_peak = choice.peak_bytes;
-              if (configured == 0 && chunked_head && choice.peak_bytes >= whole_head_peak) continue;
-              if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes)
-                out.smallest = choice;
-              if (choice.peak_bytes > max_memory_bytes) continue;
-              const StepTime t = step_time(c, layout, hardware.rates);
-              choice.step_seconds = t.seconds;
-              choice.tokens_per_s_per_rank = t.tokens_per_s_per_rank;
-              choice.mfu = t.mfu;
-              out.fits.push_back(choice);
-            }
+            LayoutChoice choice;
+            choice.pp = pp;
+            choice.ep = ep;
+            choice.zero = zero;
+            choice.microbatches = m;
+            choice.recompute = recompute;
+            choice.lm_head_chunk_tokens = config.train.lm_head_chunk_tokens;
+            // A config that leaves its head whole is also tried with the head in chunks, which
+            // costs a head GEMM more: listed only where it needs less memory than the whole head
+            // (a head on a stage that is not the largest saves nothing).
+            const std::optional<double> whole_head_peak =
+                consider(config, choice, world, hardware, max_memory_bytes, std::nullopt, out);
+            if (choice.lm_head_chunk_tokens == 0 && whole_head_peak)
+              consider(config, choice, world, hardware, max_memory_bytes, whole_head_peak, out);
           }
     }
   }

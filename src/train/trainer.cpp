@@ -255,9 +255,10 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
   // over as one row that holds the total.
   const Device device = grads.dense.device();
   ConstTensorView loss_rows;
+  const StepLimits limits = ctx.guard.limits();
   StepDecisionOptions decide{.max_grad_norm = ctx.config.optim.max_grad_norm,
-                             .loss_limit = 0.0,
-                             .norm_limit = 0.0,
+                             .loss_limit = limits.loss,
+                             .norm_limit = limits.grad_norm,
                              .lb_coef = ctx.config.model.router_aux_loss_coef,
                              .z_coef = ctx.config.model.router_z_loss_coef,
                              .loss_scale = loss_scale};
@@ -280,9 +281,6 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
   // The first chunk's workspace, idle between the passes, lends ZeRO-1 its reduction buffers.
   Workspace& scratch = ctx.chunks.front()->workspace();
   const ConstTensorView squares = ctx.optimizer.reduce_gradients(grads, scratch);
-  const StepLimits limits = ctx.guard.limits();
-  decide.loss_limit = limits.loss;
-  decide.norm_limit = limits.grad_norm;
   ctx.decision.place_on(device);
   ctx.decision.resize_for_overwrite(3);
   ctx.step_factors.place_on(device);
