@@ -53,7 +53,8 @@ RUNS = 5               # timed runs per layout; the median is compared (the mach
 STEPS = 6              # per run; steps 2..STEPS are timed
 PROFILE = RESULTS / "cpu_profile.json"
 # The communicator's float payloads (dist/traffic_counters.h); the rest are statistics.
-FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoallv", "put", "get", "send"}
+FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoall", "alltoallv", "put", "get",
+             "send"}
 # The trainer's profile phases (core/phase_timer.h) under the plan's time categories
 # (plan/op_cost.h; its experts include the router and the shared expert). Unnamed phases
 # (embedding, norms, residuals, a dense layer's MLP, the loss, the pipeline's waits) are `other`,

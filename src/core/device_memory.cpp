@@ -121,8 +121,17 @@ namespace {
 std::atomic<bool> logging{false};
 std::mutex log_mutex;
 std::vector<HostRead> log_records;
+thread_local const char* read_reason = nullptr;  // HostReadReason's
 
 }  // namespace
+
+HostReadReason::HostReadReason(const char* reason) : previous_(read_reason) {
+  read_reason = reason;
+}
+
+HostReadReason::~HostReadReason() {
+  read_reason = previous_;
+}
 
 void note_host_read(std::string_view what) {
   if (!logging.load(std::memory_order_acquire)) return;
@@ -165,7 +174,9 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
             "[device] a copy from {} memory to {} memory: copies go through the host",
             device_name(from), device_name(to));
   if (to == Device::kCpu && logging.load(std::memory_order_acquire))
-    note_host_read(fmt::format("copy of {} bytes", bytes));
+    note_host_read(read_reason == nullptr
+                       ? fmt::format("copy of {} bytes", bytes)
+                       : fmt::format("copy of {} bytes for {}", bytes, read_reason));
   const CopyKind kind = to == Device::kCpu     ? CopyKind::kDeviceToHost
                         : from == Device::kCpu ? CopyKind::kHostToDevice
                                                : CopyKind::kWithinDevice;

@@ -99,6 +99,20 @@ struct HostRead {
 };
 void note_host_read(std::string_view what);
 
+// Within its scope, this thread's copies to the host are noted as "copy of N bytes for <reason>":
+// a communicator staging a device's buffer for MPI says so, and a profile tells its reads from
+// the model's own. reason: a string literal.
+class HostReadReason {
+ public:
+  explicit HostReadReason(const char* reason);
+  ~HostReadReason();
+  HostReadReason(const HostReadReason&) = delete;
+  HostReadReason& operator=(const HostReadReason&) = delete;
+
+ private:
+  const char* previous_;
+};
+
 // Counts the host reads of its lifetime (one log at a time; notes may come from any thread). A
 // long profiled run keeps one entry per distinct (phase, what), not one per read.
 class HostReadLog {

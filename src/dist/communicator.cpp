@@ -46,6 +46,7 @@ class HostStage {
       : device_data_(const_cast<void*>(data)), bytes_(bytes) {
     if (backend_reaches_device || bytes == 0 || device_of(data) == Device::kCpu) return;
     staged_.resize(bytes);
+    const HostReadReason reason("MPI staging");
     if (copy_in) copy_bytes(staged_.data(), data, bytes);
   }
   void* host() { return staged_.empty() ? device_data_ : staged_.data(); }

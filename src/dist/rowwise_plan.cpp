@@ -1,11 +1,11 @@
 #include "dist/rowwise_plan.h"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/check.h"
 #include "core/to_size.h"
+#include "kernels/padded_dispatch_rules.h"
 
 namespace moecore::dist {
 
@@ -32,22 +32,18 @@ RowwiseKeep rowwise_keep(const std::vector<int64_t>& requests, int64_t ranks, in
   keep.kept.assign(requests.size(), 0);
   keep.first_row.assign(requests.size(), 0);
   keep.expert_offsets.assign(to_size(ranks * (local_experts + 1)), 0);
-  for (int64_t dst = 0; dst < ranks; ++dst) {
-    int64_t filled = 0;
-    for (int64_t le = 0; le < local_experts; ++le) {
-      const int64_t e = dst * local_experts + le;
-      for (int64_t src = 0; src < ranks; ++src) {
-        const int64_t requested = requests[to_size(src * e_count + e)];
-        const int64_t kept = std::clamp<int64_t>(capacity - filled, 0, requested);
-        keep.first_row[to_size(src * e_count + e)] = filled;
-        keep.kept[to_size(src * e_count + e)] = kept;
-        filled += kept;
-        keep.routes += requested;
-        keep.dropped += requested - kept;
-      }
-      keep.expert_offsets[to_size(dst * (local_experts + 1) + le + 1)] = filled;
-    }
-  }
+  // The walk the padded transport's device plan takes too (kernels/padded_dispatch_rules.h).
+  kernels::rowwise_keep_walk(requests.data(), ranks, local_experts, capacity,
+                             [&](int64_t src, int64_t e, int64_t kept, int64_t first_row) {
+                               const int64_t requested = requests[to_size(src * e_count + e)];
+                               keep.first_row[to_size(src * e_count + e)] = first_row;
+                               keep.kept[to_size(src * e_count + e)] = kept;
+                               keep.routes += requested;
+                               keep.dropped += requested - kept;
+                               const int64_t dst = e / local_experts, le = e % local_experts;
+                               keep.expert_offsets[to_size(dst * (local_experts + 1) + le + 1)] =
+                                   first_row + kept;
+                             });
   return keep;
 }
 

@@ -41,6 +41,7 @@ struct KernelBackend {
   decltype(&kernels::moe_combine_forward) moe_combine_forward;
   decltype(&kernels::moe_combine_backward) moe_combine_backward;
   decltype(&kernels::order_routes_by_expert) order_routes_by_expert;
+  decltype(&kernels::padded_dispatch_plan) padded_dispatch_plan;
   decltype(&kernels::router_topk_forward) router_topk_forward;
   decltype(&kernels::router_topk_backward) router_topk_backward;
   decltype(&kernels::router_z_loss) router_z_loss;

@@ -222,6 +222,17 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
                        expert_offsets);
 }
 
+void padded_dispatch_plan(ConstTensorView requests, ConstTensorView topk_index,
+                          ConstTensorView route_order, ConstTensorView expert_starts,
+                          const PaddedDispatchShape& shape, const PaddedDispatchMaps& maps) {
+  return run_on_device("padded_dispatch_plan", &cpu::padded_dispatch_plan,
+                       &KernelBackend::padded_dispatch_plan,
+                       {requests, topk_index, route_order, expert_starts, maps.slot_of_position,
+                        maps.position_of_slot, maps.token_of_slot, maps.row_of_slot,
+                        maps.slot_of_row, maps.expert_offsets, maps.dropped},
+                       requests, topk_index, route_order, expert_starts, shape, maps);
+}
+
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& options, TensorView scores, TensorView topk_index,
                          TensorView topk_weight, TensorView expert_counts) {

@@ -1,5 +1,6 @@
-// The argument checks of the grouped GEMM, shared by every backend: expert_offsets partition the
-// R rows of x among the experts of w (shapes only: the dtypes are each op's to check).
+// The argument checks of the grouped GEMM, shared by every backend: expert_offsets give the
+// experts of w consecutive rows of x's R, from row 0 (shapes only: the dtypes are each op's to
+// check). Rows past the last expert's are a static-capacity buffer's unused tail.
 #pragma once
 
 #include <cstdint>
@@ -30,15 +31,14 @@ inline GroupedGemmDims grouped_gemm_dims(const char* op, ConstTensorView x, Cons
   return {x.size(0), experts, out, in};
 }
 
-// The offsets' values, checked: nondecreasing from 0 to R.
+// The offsets' values, checked: nondecreasing from 0 to at most R.
 inline void check_expert_offsets(const char* op, std::span<const int64_t> offsets,
                                  const GroupedGemmDims& dims) {
   MOE_CHECK(offsets[0] == 0, "[{}] expert_offsets[0]={} must be 0", op, offsets[0]);
   for (int64_t e = 0; e < dims.experts; ++e)
     MOE_CHECK(offsets[static_cast<size_t>(e + 1)] >= offsets[static_cast<size_t>(e)],
               "[{}] expert_offsets decrease at expert {}", op, e);
-  MOE_CHECK(offsets.back() == dims.rows,
-            "[{}] expert_offsets end at {}, but x has {} rows: the experts' rows partition x", op,
+  MOE_CHECK(offsets.back() <= dims.rows, "[{}] expert_offsets end at {}, past the {} rows of x", op,
             offsets.back(), dims.rows);
 }
 

@@ -17,6 +17,7 @@
 #include "core/mx_types.h"
 #include "core/tensor_view.h"
 #include "kernels/gemm.h"
+#include "kernels/padded_dispatch_shape.h"
 
 namespace moecore {
 
@@ -86,6 +87,20 @@ struct StepDecisionOptions {
   double loss_limit = 0.0, norm_limit = 0.0;
   double lb_coef = 0.0, z_coef = 0.0;  // model.router_aux_loss_coef, model.router_z_loss_coef
   double loss_scale = 1.0;             // each row's share of the step's loss
+};
+
+// What padded_dispatch_plan writes: i32 maps with -1 for "none", and two i64 results. A route's
+// position is its place in the dispatch's send order (order_routes_by_expert's: by expert, token
+// order within); a slot is a row of the padded all-to-all's send (or receive) buffer, [ranks *
+// block_rows] rows, rank after rank; a row is a row of the experts' buffer, [capacity] rows.
+struct PaddedDispatchMaps {
+  TensorView slot_of_position;  // [N * k] the send slot of each position; -1: dropped
+  TensorView position_of_slot;  // [slots] the position in each send slot; -1: empty
+  TensorView token_of_slot;     // [slots] that route's token (route / k); -1: empty
+  TensorView row_of_slot;       // [slots] each received slot's row; -1: empty
+  TensorView slot_of_row;       // [capacity] each row's received slot; -1: past the rows kept
+  TensorView expert_offsets;    // [local_experts + 1] i64 each local expert's rows
+  TensorView dropped;           // [1] i64 this rank's routes the capacity dropped
 };
 
 // An MX-quantised operand as the MX ops read it: codes [..., k] (e4m3 or e5m2, the dtype says

@@ -4,8 +4,10 @@
 // interface; src/dist/ implements it over MPI. One rank: rows stay where they are.
 //
 // Two dispatch modes (DESIGN.md, "Parallelism"): `sync` moves rows with exchange_rows (all-to-all,
-// then a receive-side permutation into expert-major order); `rowwise` is the RowwiseExchange below,
-// which an ExpertExchange offers through rowwise().
+// then a receive-side permutation into expert-major order); `rowwise` is the RowwiseExchange below
+// (one-sided puts into symmetric windows), which an ExpertExchange offers through rowwise(), or
+// its padded transport, the PaddedExchange below (padded(): the same keep decision made where the
+// routing is, over an all-to-all of static blocks).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 namespace moecore {
 
 class RowwiseExchange;
+class PaddedExchange;
 
 class ExpertExchange {
  public:
@@ -30,6 +33,9 @@ class ExpertExchange {
   // The one-sided row-wise dispatch when this exchange provides it (MoeBlock then uses it instead
   // of exchange_counts / exchange_rows), else nullptr.
   virtual const RowwiseExchange* rowwise() const { return nullptr; }
+  // The padded transport of the row-wise dispatch when this exchange provides it (MoeBlock then
+  // uses it), else nullptr.
+  virtual const PaddedExchange* padded() const { return nullptr; }
 };
 
 // Where one (token, slot) route's row lives under the `rowwise` dispatch: row `row` of rank
@@ -84,6 +90,32 @@ class RowwiseExchange {
   // are the first in token order. Collective; sizes no buffer.
   virtual RowwiseBlocks blocks(const std::vector<int64_t>& expert_counts, int64_t routes,
                                int64_t local_experts) const = 0;
+};
+
+// The `rowwise` dispatch over a padded all-to-all (model/padded_dispatch.h), for rows that no
+// window reaches (a GPU without symmetric memory): the same keep decision as RowwiseExchange's,
+// but made where the routing is (kernels' padded_dispatch_plan), and every size static, so that
+// no pass waits for the host to read the routing. Each rank sends every rank a block of
+// block_rows rows (empty slots included) and keeps at most `capacity` rows. The price is the
+// padding: ranks x block_rows rows travel each way instead of the routes.
+class PaddedExchange {
+ public:
+  virtual ~PaddedExchange() = default;
+  // Rows each rank keeps when every rank of the group dispatches `routes` routes (the sizes are
+  // static because every rank holds a micro-batch of the same shape): ceil(capacity_factor x
+  // routes), the rowwise capacity.
+  virtual int64_t capacity(int64_t routes) const = 0;
+  // Rows of each (source, destination) block: as many as a pair can keep.
+  int64_t block_rows(int64_t routes) const {
+    return capacity(routes) < routes ? capacity(routes) : routes;
+  }
+  // all [ranks * count] = every rank's mine [count], in rank order, where the model's tensors
+  // are. Collective.
+  virtual void gather_counts(const int64_t* mine, int64_t* all, int64_t count) const = 0;
+  // recv's block src [block_rows, width] = rank src's send block for this rank, where the model's
+  // tensors are (send and recv: [ranks * block_rows, width]). Collective.
+  virtual void exchange_blocks(const float* send, float* recv, int64_t block_rows,
+                               int64_t width) const = 0;
 };
 
 // The single-rank case.

@@ -14,6 +14,9 @@ namespace moecore {
 
 MoeBlock::Dispatch MoeBlock::choose_dispatch(const ModelConfig& config, ExpertShard shard,
                                              const ExpertExchange* exchange) {
+  // The rowwise dispatch's padded transport runs wherever the model is.
+  if (exchange != nullptr && exchange->padded() != nullptr)
+    return PaddedDispatch(config, shard, *exchange, *exchange->padded());
   // The rowwise dispatch's windows are host memory: with the model on a device, its keep
   // decision drives the sync dispatch's all-to-all-v instead (the capacity form).
   if (exchange != nullptr && exchange->rowwise() != nullptr) {

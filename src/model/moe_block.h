@@ -4,10 +4,11 @@
 //   nothing moves on one rank) -> received rows placed expert-major -> grouped SwiGLU GEMM over the
 //   local experts -> outputs travel back the same way -> combined with the routing weights at the
 //   source -> + optional always-on shared expert.
-// The dispatch strategy is one of three, each in its own file with its own cache: local (one
-// rank holds every expert: local_dispatch.h), sync (all-to-all: sync_dispatch.h) and rowwise
+// The dispatch strategy is one of four, each in its own file with its own cache: local (one
+// rank holds every expert: local_dispatch.h), sync (all-to-all: sync_dispatch.h), rowwise
 // (one-sided, when the exchange offers it: rowwise_dispatch.h; with the model on a device, the
-// sync dispatch's capacity form, which drops the same routes).
+// sync dispatch's capacity form, which drops the same routes) and rowwise over its padded
+// transport (when the exchange offers that: padded_dispatch.h, planned where the routing is).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "model/expert_exchange.h"
 #include "model/local_dispatch.h"
 #include "model/moe_dispatch.h"
+#include "model/padded_dispatch.h"
 #include "model/precision_recipe.h"
 #include "model/router.h"
 #include "model/rowwise_dispatch.h"
@@ -32,7 +34,9 @@ struct MoeCache {
   RouterShape router_shape{};
   RouterState router;
   RoutedRows routed;  // the experts' outputs back at the source
-  std::variant<LocalDispatch::Cache, SyncDispatch::Cache, RowwiseDispatch::Cache> dispatch;
+  std::variant<LocalDispatch::Cache, SyncDispatch::Cache, RowwiseDispatch::Cache,
+               PaddedDispatch::Cache>
+      dispatch;
   DeviceArray<float> shared_gu;   // [N, 2Hs]
   DeviceArray<float> shared_act;  // [N, Hs]
 };
@@ -62,7 +66,7 @@ class MoeBlock {
                 float z_grad_scale, float* dx, Workspace& workspace) const;
 
  private:
-  using Dispatch = std::variant<LocalDispatch, SyncDispatch, RowwiseDispatch>;
+  using Dispatch = std::variant<LocalDispatch, SyncDispatch, RowwiseDispatch, PaddedDispatch>;
   static Dispatch choose_dispatch(const ModelConfig& config, ExpertShard shard,
                                   const ExpertExchange* exchange);
 

@@ -28,8 +28,11 @@ struct Transformer::LayerCache {
   DeviceArray<float> rstd2, h2;          // FFN branch RMSNorm
   DeviceArray<float> attn_out, ffn_out;  // reordered: the sublayers' outputs, before their norms
   MoeCache moe;
-  int64_t dropped_routes = 0;  // the rowwise capacity's drops (outlive a released MoE cache)
-  DeviceArray<float> mlp_gu, mlp_act;  // dense layers
+  // The rowwise capacity's drops (outlive a released MoE cache): counted on the host, or, by the
+  // padded transport, where the model is (read when asked, after the step).
+  int64_t dropped_routes = 0;
+  DeviceArray<int64_t> dropped_on_device;  // [1], or empty
+  DeviceArray<float> mlp_gu, mlp_act;      // dense layers
 };
 
 // One micro-batch's activations in this chunk.
@@ -281,9 +284,9 @@ void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t to
 
 int64_t Transformer::dropped_routes(int64_t layer) const {
   if (router_state(layer) == nullptr) return 0;
-  return slots_[static_cast<size_t>(last_slot_)]
-      ->layers[static_cast<size_t>(layer - layers_begin_)]
-      .dropped_routes;
+  const LayerCache& lc =
+      slots_[static_cast<size_t>(last_slot_)]->layers[static_cast<size_t>(layer - layers_begin_)];
+  return lc.dropped_on_device.empty() ? lc.dropped_routes : host_copy(lc.dropped_on_device)[0];
 }
 
 const DeviceArray<float>& Transformer::logits() const {
@@ -401,10 +404,16 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
       lc.moe.router.selection = {c.routing, routing_layer_seed(routing_seed_, i),
                                  routing_token_offset_};
     moe_.forward(moe_weights(params, i), ffn_in, n, ffn_out, lc.moe, workspace_);
-    lc.dropped_routes = std::visit(
-        [](const auto& cache) -> int64_t {
-          if constexpr (requires { cache.dropped_routes; }) return cache.dropped_routes;
-          return 0;
+    lc.dropped_routes = 0;
+    lc.dropped_on_device.resize_for_overwrite(0);
+    std::visit(
+        [&lc](const auto& cache) {
+          if constexpr (requires { cache.dropped_routes; })
+            lc.dropped_routes = cache.dropped_routes;
+          if constexpr (requires { cache.dropped.data(); }) {
+            lc.dropped_on_device.resize_for_overwrite(1);
+            copy_bytes(lc.dropped_on_device.data(), cache.dropped.data(), sizeof(int64_t));
+          }
         },
         lc.moe.dispatch);
   }

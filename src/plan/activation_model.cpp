@@ -24,7 +24,10 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   const double h = static_cast<double>(c.moe_intermediate_size);
   const double hs = static_cast<double>(c.shared_expert_intermediate_size);
   const double v = static_cast<double>(c.vocab_size);
-  const double routes = n * k, received = routes;  // balanced routing
+  const double routes = n * k;  // balanced routing
+  const bool padded = t.padded_capacity_factor > 0.0;
+  // The experts' rows: the routes, or the padded transport's static capacity.
+  const double received = padded ? t.padded_capacity(routes) : routes;
   ActivationBytes a;
   // Transformer::Activations: residual[layers + 1], tokens on the embedding's chunk.
   a.residual = kF * (static_cast<double>(chunk.layers) + 1.0) * n * d;
@@ -67,6 +70,10 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
         (t.mx_expert_inputs ? kMx : kF) * expert_inputs + kF * 2.0 * received * h + kF * routes * d;
     if (t.ep > 1 && t.dispatch == Dispatch::kSync)
       moe += kF * (received * d + received);  // y_perm, recv_to_expert
+    if (padded)  // y_perm; the maps: per position, 3 per slot, per row; dropped
+      moe += kF * received * d +
+             4.0 * (routes + 3.0 * static_cast<double>(t.ep) * t.padded_block(routes) + received) +
+             8.0;
     if (t.ep > 1 && t.dispatch == Dispatch::kRowwise) moe += 8.0 * routes;  // RowTarget per route
     moe += kF * 3.0 * n * hs;                                               // shared expert gu, act
     a.moe += moe;
@@ -99,8 +106,13 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
   const double h = static_cast<double>(c.moe_intermediate_size);
   const double hs = static_cast<double>(c.shared_expert_intermediate_size);
   const double v = static_cast<double>(c.vocab_size);
-  const double routes = n * k, received = routes;
+  const double routes = n * k;
   const bool exchange = t.ep > 1 && t.dispatch == Dispatch::kSync;
+  const bool padded = t.padded_capacity_factor > 0.0;
+  const double received = padded ? t.padded_capacity(routes) : routes;
+  // The padded transport's send and receive blocks (one pair at a time).
+  const double blocks =
+      padded ? 2.0 * kF * static_cast<double>(t.ep) * t.padded_block(routes) * d : 0.0;
   bool has_dense = false, has_moe = false;
   for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i)
     (c.layer_is_dense(i) ? has_dense : has_moe) = true;
@@ -129,6 +141,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
       experts += kMx * received * std::max(d, 2.0 * h) +
                  2.0 * kF * received / (e / static_cast<double>(t.ep)) * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
+    if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows
     moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});
   }
   // Recompute: the block being differentiated holds its rebuilt activations on top.
@@ -143,6 +156,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
   // logits of one chunk.
   double forward_layer = 0.0, forward_head = 0.0;
   if (has_moe && exchange) forward_layer = kF * (routes * d + received * d);
+  if (has_moe && padded) forward_layer = blocks;
   if (chunk.has_head && t.head_chunk_tokens > 0) forward_head = kF * head_rows * v;
   const double forward = kF * n * d + std::max(forward_layer, forward_head);
   return std::max(forward, backward);

@@ -7,6 +7,8 @@
 // balanced, which is what is planned: the expectation under random routing too).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "model/activation_recompute.h"
@@ -45,12 +47,26 @@ struct TokenShape {
   // train.lm_head_chunk_tokens: > 0, the head keeps no logits and computes them again in the
   // backward, this many tokens at a time (model/chunked_lm_head.h).
   int64_t head_chunk_tokens = 0;
+  // parallel.rowwise_transport = "padded" (ep > 1, rowwise): its capacity factor; 0: not padded.
+  // Its experts' buffers have capacity rows, and its blocks ep x block rows (padded_dispatch.h).
+  double padded_capacity_factor = 0.0;
   int64_t tokens() const { return rows * seq; }
+  // The padded transport's rows kept per rank and rows per block, for `routes` routes per rank.
+  double padded_capacity(double routes) const { return std::ceil(padded_capacity_factor * routes); }
+  double padded_block(double routes) const { return std::min(padded_capacity(routes), routes); }
   // The rows of the head's logits alive at once: a chunk's, or the whole micro-batch's.
   int64_t head_rows() const {
     return head_chunk_tokens > 0 && head_chunk_tokens < tokens() ? head_chunk_tokens : tokens();
   }
 };
+
+// TokenShape::padded_capacity_factor for a run's [parallel] table and its ep.
+inline double padded_capacity_factor(const ParallelConfig& pc, int64_t ep) {
+  return ep > 1 && pc.dispatch == Dispatch::kRowwise &&
+                 pc.rowwise_transport == RowwiseTransport::kPadded
+             ? pc.capacity_factor
+             : 0.0;
+}
 
 // With train.recompute, what the forward keeps (model/activation_recompute.h): the block inputs,
 // the router states of MoE layers, and the sublayers not recomputed.

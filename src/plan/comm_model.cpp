@@ -1,5 +1,7 @@
 #include "plan/comm_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "dist/pipeline_schedule.h"
@@ -58,6 +60,15 @@ std::vector<CollectiveBytes> rank_collectives(const RunConfig& config, const Res
     if (pc.dispatch == Dispatch::kSync) {
       out.push_back(
           {"ep", "alltoallv", "token rows and their gradients", (2.0 * forwards + 2.0) * one_way});
+    } else if (pc.rowwise_transport == RowwiseTransport::kPadded) {
+      // Static blocks of min(capacity, routes) rows to every other rank, empty slots included
+      // (model/padded_dispatch.h), with the routing of the micro-batch's tokens on this rank.
+      const double routes = tokens * static_cast<double>(mc.num_experts_per_tok);
+      const double block = std::min(std::ceil(pc.capacity_factor * routes), routes);
+      const double blocks =
+          kF * block * d * static_cast<double>(layout.ep - 1) * static_cast<double>(moe_layers) * m;
+      out.push_back({"ep", "alltoall", "token rows and their gradients in padded blocks",
+                     (2.0 * forwards + 2.0) * blocks});
     } else {
       out.push_back({"ep", "put", "token rows and output gradients", (forwards + 1.0) * one_way});
       out.push_back(

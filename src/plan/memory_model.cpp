@@ -91,7 +91,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                           layout.ep,
                           pc.dispatch,
                           recipe.mx.experts && !recipe.mx.expert_wgrad,
-                          tc.lm_head_chunk_tokens};
+                          tc.lm_head_chunk_tokens,
+                          padded_capacity_factor(pc, layout.ep)};
   int64_t first_layer = 0;
   std::vector<int64_t> starts;
   for (int64_t n : layout.chunk_layers) {
@@ -125,7 +126,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
 
   // Rowwise dispatch: two symmetric windows (inputs, outputs) of capacity x d floats, capacity =
   // ceil(capacity_factor x routes of one rank). Without expert parallelism nothing is allocated.
-  if (layout.ep > 1 && pc.dispatch == Dispatch::kRowwise && mc.num_experts > 0) {
+  // The padded transport allocates none (its blocks are pass scratch).
+  if (layout.ep > 1 && pc.dispatch == Dispatch::kRowwise && mc.num_experts > 0 &&
+      tokens.padded_capacity_factor == 0.0) {
     const double routes = static_cast<double>(tokens.tokens() * mc.num_experts_per_tok);
     m.dispatch_capacity_rows =
         std::max<int64_t>(1, static_cast<int64_t>(std::ceil(pc.capacity_factor * routes)));

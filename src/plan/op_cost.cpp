@@ -135,7 +135,8 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   const double quantize_rate =
       share * (rates.mx_quantize_values > 0.0 ? rates.mx_quantize_values
                                               : rates.memory_bandwidth / (5.0 + 1.0 / 32.0));
-  const TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
+  TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
+  tokens.padded_capacity_factor = padded_capacity_factor(config.parallel, layout.ep);
   const double n = static_cast<double>(tokens.tokens());
   const double d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
@@ -202,7 +203,10 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   if (layout.ep > 1 && moe_layers > 0) {
     const Link link = group_link(rates, layout, layout.ep, 1);
     const double ep = static_cast<double>(layout.ep);
-    const double one_way = kF * n * k * d * (ep - 1.0) / ep;
+    // The padded transport sends its whole blocks, empty slots included.
+    const double one_way = tokens.padded_capacity_factor > 0.0
+                               ? kF * tokens.padded_block(n * k) * d * (ep - 1.0)
+                               : kF * n * k * d * (ep - 1.0) / ep;
     add(TimeCategory::kExpertExchange,
         static_cast<double>(moe_layers) *
             (2.0 * one_way / link.bandwidth + 2.0 * (ep - 1.0) * link.latency));
@@ -228,8 +232,8 @@ Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout
     add_again(TimeCategory::kExpertExchange);
   }
   const ModelConfig& c = config.model;
-  const TokenShape tokens{layout.local_rows, config.train.seq_len, layout.ep,
-                          config.parallel.dispatch};
+  TokenShape tokens{layout.local_rows, config.train.seq_len, layout.ep, config.parallel.dispatch};
+  tokens.padded_capacity_factor = padded_capacity_factor(config.parallel, layout.ep);
   const double rebuilt =
       chunk_activation_bytes(c, chunk, tokens, ActivationRecompute::kNone).total() -
       chunk_activation_bytes(c, chunk, tokens, recompute).total();

@@ -153,6 +153,7 @@ nlohmann::json plan_json(const Plan& p) {
             {"zero", pc.zero},
             {"dispatch", pc.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
             {"capacity_factor", pc.capacity_factor},
+            {"rowwise_transport", rowwise_transport_name(pc.rowwise_transport)},
             {"schedule", schedule_name(pc.schedule)},
             {"virtual_stages", l.virtual_stages},
             {"chunk_layers", l.chunk_layers},
@@ -197,9 +198,11 @@ std::string plan_text(const Plan& p) {
       "virtual_stages={}, microbatches={} of {} sequences ({} per rank) x {} tokens, "
       "recompute={}{}\n",
       l.world, l.pp, l.dp, l.ep, l.ep_dp, pc.zero,
-      pc.dispatch == Dispatch::kSync ? "sync" : "rowwise", schedule_name(pc.schedule),
-      l.virtual_stages, p.config.train.microbatches, l.micro_rows, l.local_rows,
-      p.config.train.seq_len, recompute_name(p.config.train.recompute),
+      pc.dispatch == Dispatch::kSync                      ? "sync"
+      : pc.rowwise_transport == RowwiseTransport::kPadded ? "rowwise (padded)"
+                                                          : "rowwise",
+      schedule_name(pc.schedule), l.virtual_stages, p.config.train.microbatches, l.micro_rows,
+      l.local_rows, p.config.train.seq_len, recompute_name(p.config.train.recompute),
       p.config.train.lm_head_chunk_tokens > 0
           ? fmt::format(", LM head in chunks of {} tokens", p.config.train.lm_head_chunk_tokens)
           : std::string());

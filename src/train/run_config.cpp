@@ -221,6 +221,10 @@ void read_parallel(TableReader& r, ParallelConfig& p) {
   r.read("zero", p.zero);
   r.read_enum("dispatch", p.dispatch, {{"sync", Dispatch::kSync}, {"rowwise", Dispatch::kRowwise}});
   r.read("capacity_factor", p.capacity_factor);
+  r.read_enum("rowwise_transport", p.rowwise_transport,
+              {{"auto", RowwiseTransport::kAuto},
+               {"window", RowwiseTransport::kWindow},
+               {"padded", RowwiseTransport::kPadded}});
   r.read("overlap_grad_reduce", p.overlap_grad_reduce);
   r.read_enum("communicator", p.communicator,
               {{"auto", CommunicatorKind::kAuto},
@@ -369,6 +373,12 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(
       std::isfinite(p.capacity_factor) && p.capacity_factor > 0.0 && p.capacity_factor <= 1024.0,
       "[config] parallel.capacity_factor={} must be in (0, 1024]", p.capacity_factor);
+  MOE_CHECK(p.rowwise_transport == RowwiseTransport::kAuto || p.dispatch == Dispatch::kRowwise,
+            "[config] parallel.rowwise_transport=\"{}\" needs parallel.dispatch=\"rowwise\"",
+            rowwise_transport_name(p.rowwise_transport));
+  MOE_CHECK(p.rowwise_transport != RowwiseTransport::kWindow || t.device == Device::kCpu,
+            "[config] parallel.rowwise_transport=\"window\" needs train.device=\"cpu\" (MPI's "
+            "windows reach host memory only): use \"auto\" or \"padded\"");
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   const DataConfig& d = config.data;
   MOE_CHECK(d.dtype.empty() || d.dtype == "uint16" || d.dtype == "uint32" || d.dtype == "int32" ||
@@ -505,6 +515,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                        {"zero", p.zero},
                        {"dispatch", p.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
                        {"capacity_factor", p.capacity_factor},
+                       {"rowwise_transport", rowwise_transport_name(p.rowwise_transport)},
                        {"overlap_grad_reduce", p.overlap_grad_reduce},
                        {"communicator", name(p.communicator, {{CommunicatorKind::kAuto, "auto"},
                                                               {CommunicatorKind::kMpi, "mpi"},

@@ -80,6 +80,22 @@ struct DataConfig {
 };
 
 enum class Dispatch { kSync, kRowwise };
+// How the rowwise dispatch moves rows: auto (windows for a model in host memory; on a device the
+// capacity form's all-to-all-v, which reads the routing's counts on the host), window (one-sided
+// puts into MPI windows: host memory only) or padded (an all-to-all of static blocks planned on
+// the model's device: no host read; model/padded_dispatch.h).
+enum class RowwiseTransport { kAuto, kWindow, kPadded };
+inline const char* rowwise_transport_name(RowwiseTransport transport) {
+  switch (transport) {
+    case RowwiseTransport::kWindow:
+      return "window";
+    case RowwiseTransport::kPadded:
+      return "padded";
+    case RowwiseTransport::kAuto:
+      break;
+  }
+  return "auto";
+}
 enum class CommunicatorKind { kAuto, kMpi, kNccl };
 
 // [parallel]: the process layout. dp (data parallel) is derived: world size / pp; the MoE mesh
@@ -94,7 +110,8 @@ struct ParallelConfig {
   int64_t ep = 1;    // expert parallel degree (experts sharded over ep ranks)
   int64_t zero = 0;  // 1: optimizer state sharded over dp (dense) and ep_dp (experts)
   Dispatch dispatch = Dispatch::kSync;
-  double capacity_factor = 1.25;     // rowwise dispatch: receive capacity per rank
+  double capacity_factor = 1.25;  // rowwise dispatch: receive capacity per rank
+  RowwiseTransport rowwise_transport = RowwiseTransport::kAuto;
   bool overlap_grad_reduce = false;  // start gradient all-reduces during the backward
   // "auto" | "mpi" | "nccl": the transport of the job's groups (train/communicator_choice.h).
   // auto: NCCL where the model is on a CUDA device, the program has NCCL's communicator and the

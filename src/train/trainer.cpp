@@ -19,6 +19,7 @@
 #include "dist/expert_layout.h"
 #include "dist/mesh.h"
 #include "dist/mpi/mpi_runtime.h"
+#include "dist/padded_exchange.h"
 #include "dist/pipeline_schedule.h"
 #include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
@@ -209,7 +210,10 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
         static_cast<double>(ctx.optimizer.state_floats()) * 4.0 / (1 << 20),
         ctx.rowwise_dispatch
             ? fmt::format("; rowwise dispatch{}, capacity_factor {}",
-                          tc.device == Device::kCpu ? "" : " (all-to-all-v on the device)",
+                          pc.rowwise_transport == RowwiseTransport::kPadded
+                              ? " (padded all-to-all, planned where the model is)"
+                          : tc.device == Device::kCpu ? ""
+                                                      : " (all-to-all-v on the device)",
                           pc.capacity_factor)
             : std::string(),
         communicator.description));
@@ -515,12 +519,20 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
   // Expert-parallel dispatch. With ep = 1 every expert is local and nothing moves, so `rowwise`
   // is the plain dropless local path there (parallel.capacity_factor only applies to ep > 1).
+  // The rowwise dispatch's transport: windows (or, on a device, the capacity form's all-to-all-v),
+  // or the padded all-to-all planned where the model is.
   const dist::AllToAllExchange sync_exchange(mesh.ep);
+  const bool rowwise = pc.ep > 1 && pc.dispatch == Dispatch::kRowwise;
   std::optional<dist::WindowRowwiseExchange> rowwise_exchange;
-  if (pc.ep > 1 && pc.dispatch == Dispatch::kRowwise)
+  std::optional<dist::PaddedAllToAllExchange> padded_exchange;
+  if (rowwise && pc.rowwise_transport == RowwiseTransport::kPadded)
+    padded_exchange.emplace(mesh.ep, pc.capacity_factor);
+  else if (rowwise)
     rowwise_exchange.emplace(mesh.ep, mesh.dp, pc.capacity_factor);  // windows on the stage
   const ExpertExchange* exchange = nullptr;
-  if (rowwise_exchange)
+  if (padded_exchange)
+    exchange = &*padded_exchange;
+  else if (rowwise_exchange)
     exchange = &*rowwise_exchange;
   else if (pc.ep > 1)
     exchange = &sync_exchange;
@@ -587,7 +599,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       .guard = guard,
       .gerrymandering = gerrymandering,
       .dp_batch_sum = dp_batch_sum,
-      .rowwise_dispatch = rowwise_exchange.has_value(),
+      .rowwise_dispatch = rowwise,
       .rows = rows,
       .step = resumed.step,
       .tokens_seen = resumed.tokens_seen,

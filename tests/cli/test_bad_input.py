@@ -846,6 +846,14 @@ CASES["train/stage_layers_wrong_sum"] = lambda e: _train_case(e, "--set", "paral
                                                               needles=("stage_layers",))
 CASES["train/stage_layers_not_a_list"] = lambda e: _train_case(e, "--set", "parallel.stage_layers=3",
                                                                needles=("stage_layers",))
+CASES["train/padded_transport_without_rowwise"] = lambda e: _train_case(
+    e, "--set", "parallel.rowwise_transport=padded",
+    needles=('parallel.rowwise_transport="padded" needs parallel.dispatch="rowwise"',))
+CASES["train/window_transport_on_a_device"] = lambda e: _train_case(
+    e, "--set", "parallel.dispatch=rowwise", "--set", "parallel.rowwise_transport=window", "--set",
+    "train.device=cuda", needles=('parallel.rowwise_transport="window" needs train.device="cpu"',))
+CASES["train/unknown_rowwise_transport"] = lambda e: _train_case(
+    e, "--set", "parallel.rowwise_transport=nvshmem", needles=("parallel.rowwise_transport",))
 
 
 @case("train/missing_train_tokens")

@@ -92,6 +92,11 @@ class OpenViews {
     views_.push_back(v.scales);
   }
   void add(const RouterLossGrads& g) { views_.push_back(g.lb_score_grad); }
+  void add(const PaddedDispatchMaps& m) {
+    for (const TensorView& v : {m.slot_of_position, m.position_of_slot, m.token_of_slot,
+                                m.row_of_slot, m.slot_of_row, m.expert_offsets, m.dropped})
+      views_.push_back(v);
+  }
   template <typename T>
   void add(const T&) {}  // scalars, options, host spans
 
@@ -109,6 +114,11 @@ MxOperandView on_host(const MxOperandView& v) {
 }
 RouterLossGrads on_host(const RouterLossGrads& g) {
   return {on_host(g.lb_score_grad), g.lb_uses_softmax, g.z_grad_scale};
+}
+PaddedDispatchMaps on_host(const PaddedDispatchMaps& m) {
+  return {on_host(m.slot_of_position), on_host(m.position_of_slot), on_host(m.token_of_slot),
+          on_host(m.row_of_slot),      on_host(m.slot_of_row),      on_host(m.expert_offsets),
+          on_host(m.dropped)};
 }
 template <typename T>
 const T& on_host(const T& value) {
@@ -153,6 +163,7 @@ const kernels::KernelBackend& guarded_backend() {
       .moe_combine_forward = &Guarded<&cpu::moe_combine_forward>::call,
       .moe_combine_backward = &Guarded<&cpu::moe_combine_backward>::call,
       .order_routes_by_expert = &Guarded<&cpu::order_routes_by_expert>::call,
+      .padded_dispatch_plan = &Guarded<&cpu::padded_dispatch_plan>::call,
       .router_topk_forward = &Guarded<&cpu::router_topk_forward>::call,
       .router_topk_backward = &Guarded<&cpu::router_topk_backward>::call,
       .router_z_loss = &Guarded<&cpu::router_z_loss>::call,

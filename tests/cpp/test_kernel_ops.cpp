@@ -554,6 +554,20 @@ TEST_P(KernelOps, PermuteRowsMatchesReference) {
         for (int64_t i = 0; i < d; ++i)
           ASSERT_EQ(back[static_cast<size_t>(r * d + i)],
                     src[static_cast<size_t>((r / k) * d + i)]);
+      // Empty slots (-1) gather zeros, whatever the destination held.
+      std::vector<int32_t> with_empty = dst_row;
+      for (size_t r = 0; r < with_empty.size(); r += 2) with_empty[r] = -1;
+      std::vector<float> padded = random_vec(back.size(), ++seed), padded_ref = padded;
+      backend().gather_rows(view(dst.data(), {rows, d}), view(with_empty.data(), {routes}),
+                            view(padded.data(), {routes, d}));
+      oracle().gather_rows(view(dst.data(), {rows, d}), view(with_empty.data(), {routes}),
+                           view(padded_ref.data(), {routes, d}));
+      EXPECT_EQ(padded, padded_ref) << "gather_rows with empty slots: " << what;
+      for (int64_t r = 0; r < routes; ++r)
+        for (int64_t i = 0; i < d; ++i)
+          ASSERT_EQ(padded[static_cast<size_t>(r * d + i)],
+                    r % 2 == 0 ? 0.0f : src[static_cast<size_t>((r / k) * d + i)])
+              << what;
 
       const std::vector<float> d_dst = random_vec(dst.size(), ++seed);
       std::vector<float> d_src(src.size()), d_src_ref(src.size());
@@ -572,6 +586,10 @@ TEST_P(KernelOps, PermuteRowsMatchesReference) {
   std::vector<float> x(4);
   const std::vector<int32_t> outside = {0, 2};
   EXPECT_THROW(backend().gather_rows(view(x.data(), {2, 2}), view(outside.data(), {2}),
+                                     view(x.data(), {2, 2})),
+               Error);
+  const std::vector<int32_t> below_empty = {-2, 0};  // -1 is an empty slot; -2 is nothing
+  EXPECT_THROW(backend().gather_rows(view(x.data(), {2, 2}), view(below_empty.data(), {2}),
                                      view(x.data(), {2, 2})),
                Error);
 }
@@ -706,6 +724,104 @@ std::vector<float> separated_logits(int64_t tokens, int64_t experts, float offse
           offset + static_cast<float>(order[static_cast<size_t>(e)]) + noise(gen);
   }
   return z;
+}
+
+// The padded all-to-all's index maps (the rowwise dispatch planned on the device): against the
+// oracle, every map bit for bit, over group sizes, capacities that drop and that do not, k > 1,
+// ranks without routes; tests/cpp/test_rowwise_plan.cpp checks the maps against the rowwise plan.
+TEST_P(KernelOps, PaddedDispatchPlanMatchesReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().padded_dispatch_plan);
+  std::mt19937 gen(31);
+  struct Case {
+    int64_t ranks, local, tokens, k;
+    double factor;
+  };
+  const std::vector<Case> cases = {{1, 4, 9, 2, 1.0},  {2, 1, 16, 1, 0.5}, {2, 3, 13, 2, 1.25},
+                                   {3, 2, 0, 2, 1.25}, {4, 2, 40, 4, 0.7}, {4, 8, 300, 8, 4.0},
+                                   {8, 1, 64, 2, 1.0}};
+  for (const Case& c : cases) {
+    const int64_t experts = c.ranks * c.local, routes = c.tokens * c.k;
+    const int64_t capacity =
+        static_cast<int64_t>(std::ceil(c.factor * static_cast<double>(routes)));
+    const int64_t block = std::min(capacity, routes), slots = c.ranks * block;
+    // Every rank's routes (skewed towards expert 0), then its requests.
+    std::vector<std::vector<int32_t>> index(static_cast<size_t>(c.ranks));
+    std::vector<int64_t> requests(static_cast<size_t>(c.ranks * experts), 0);
+    std::discrete_distribution<int32_t> pick = [&] {
+      std::vector<double> weights(static_cast<size_t>(experts), 1.0);
+      weights[0] = 6.0;
+      return std::discrete_distribution<int32_t>(weights.begin(), weights.end());
+    }();
+    for (int64_t src = 0; src < c.ranks; ++src)
+      for (int64_t r = 0; r < routes; ++r) {
+        const int32_t e = pick(gen);
+        index[static_cast<size_t>(src)].push_back(e);
+        ++requests[static_cast<size_t>(src * experts + e)];
+      }
+    for (int64_t rank = 0; rank < c.ranks; ++rank) {
+      const std::string what =
+          "ranks=" + std::to_string(c.ranks) + " local=" + std::to_string(c.local) +
+          " routes=" + std::to_string(routes) + " capacity=" + std::to_string(capacity) + " rank " +
+          std::to_string(rank);
+      std::vector<int32_t>& mine = index[static_cast<size_t>(rank)];
+      std::vector<int32_t> order(mine.size());
+      std::vector<int64_t> starts(static_cast<size_t>(experts + 1));
+      oracle().order_routes_by_expert(view(mine.data(), {c.tokens, c.k}), experts,
+                                      view(order.data(), {routes}),
+                                      view(starts.data(), {experts + 1}));
+      // Outputs start as values no map takes: an element left unwritten shows.
+      struct Out {
+        std::vector<int32_t> slot_of_position, position_of_slot, token_of_slot, row_of_slot,
+            slot_of_row;
+        std::vector<int64_t> offsets, dropped;
+      };
+      auto fresh = [&] {
+        return Out{std::vector<int32_t>(static_cast<size_t>(routes), -7),
+                   std::vector<int32_t>(static_cast<size_t>(slots), -7),
+                   std::vector<int32_t>(static_cast<size_t>(slots), -7),
+                   std::vector<int32_t>(static_cast<size_t>(slots), -7),
+                   std::vector<int32_t>(static_cast<size_t>(capacity), -7),
+                   std::vector<int64_t>(static_cast<size_t>(c.local + 1), -7),
+                   std::vector<int64_t>(1, -7)};
+      };
+      Out got = fresh(), want = fresh();
+      const PaddedDispatchShape shape{rank, c.ranks, c.local, capacity, block};
+      auto run = [&](const KernelBackend& b, Out& o) {
+        b.padded_dispatch_plan(
+            view(requests.data(), {c.ranks, experts}), view(mine.data(), {c.tokens, c.k}),
+            view(order.data(), {routes}), view(starts.data(), {experts + 1}), shape,
+            {view(o.slot_of_position.data(), {routes}), view(o.position_of_slot.data(), {slots}),
+             view(o.token_of_slot.data(), {slots}), view(o.row_of_slot.data(), {slots}),
+             view(o.slot_of_row.data(), {capacity}), view(o.offsets.data(), {c.local + 1}),
+             view(o.dropped.data(), {1})});
+      };
+      run(backend(), got);
+      run(oracle(), want);
+      EXPECT_EQ(got.slot_of_position, want.slot_of_position) << "slot_of_position " << what;
+      EXPECT_EQ(got.position_of_slot, want.position_of_slot) << "position_of_slot " << what;
+      EXPECT_EQ(got.token_of_slot, want.token_of_slot) << "token_of_slot " << what;
+      EXPECT_EQ(got.row_of_slot, want.row_of_slot) << "row_of_slot " << what;
+      EXPECT_EQ(got.slot_of_row, want.slot_of_row) << "slot_of_row " << what;
+      EXPECT_EQ(got.offsets, want.offsets) << "expert_offsets " << what;
+      EXPECT_EQ(got.dropped, want.dropped) << "dropped " << what;
+    }
+  }
+  // Blocks smaller than a pair keeps: an error where the backend checks (the CUDA backend drops
+  // such rows instead; the host sizes the blocks so that it cannot happen).
+  if (backend().name != std::string_view("cuda")) {
+    std::vector<int64_t> requests = {3, 0};  // one rank, three routes to expert 0
+    std::vector<int32_t> index = {0, 0, 0}, order = {0, 1, 2}, slot_of_position(3), slot_of_row(3);
+    std::vector<int32_t> position_of_slot(2), token_of_slot(2), row_of_slot(2);
+    std::vector<int64_t> starts = {0, 3, 3}, offsets(3), dropped(1);
+    EXPECT_THROW(
+        backend().padded_dispatch_plan(
+            view(requests.data(), {1, 2}), view(index.data(), {3, 1}), view(order.data(), {3}),
+            view(starts.data(), {3}), {0, 1, 2, 3, 2},
+            {view(slot_of_position.data(), {3}), view(position_of_slot.data(), {2}),
+             view(token_of_slot.data(), {2}), view(row_of_slot.data(), {2}),
+             view(slot_of_row.data(), {3}), view(offsets.data(), {3}), view(dropped.data(), {1})}),
+        Error);
+  }
 }
 
 TEST_P(KernelOps, RouterTopkMatchesReference) {
@@ -862,19 +978,23 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
   struct Case {
     std::vector<int64_t> rows_per_expert;  // empty experts included
     int64_t out, in;
+    int64_t tail = 0;  // rows past the last expert's (a static-capacity buffer's)
   };
-  // Odd sizes, an expert without rows at either end and in the middle, one expert, and enough
-  // small experts that the CPU backend runs them in parallel (kernels/cpu/grouped_gemm.cpp).
-  const std::vector<Case> cases = {
-      {{3, 0, 5}, 7, 9}, {{1}, 1, 1}, {{0, 17, 2, 0}, 16, 33}, {{4, 6, 1, 9, 3, 7, 2, 5}, 12, 10}};
+  // Odd sizes, an expert without rows at either end and in the middle, one expert, enough small
+  // experts that the CPU backend runs them in parallel (kernels/cpu/grouped_gemm.cpp), and rows
+  // past the experts' that nothing reads or writes.
+  const std::vector<Case> cases = {{{3, 0, 5}, 7, 9},       {{1}, 1, 1},
+                                   {{0, 17, 2, 0}, 16, 33}, {{4, 6, 1, 9, 3, 7, 2, 5}, 12, 10},
+                                   {{2, 0, 3}, 5, 8, 4},    {{0, 0}, 3, 4, 2}};
   uint32_t seed = 1200;
   for (const Case& c : cases) {
     const int64_t experts = static_cast<int64_t>(c.rows_per_expert.size()), out = c.out, in = c.in;
     std::vector<int64_t> offsets = {0};
     for (const int64_t r : c.rows_per_expert) offsets.push_back(offsets.back() + r);
-    const int64_t rows = offsets.back();
+    const int64_t used_rows = offsets.back(), rows = used_rows + c.tail;
     const std::string what = "E=" + std::to_string(experts) + " R=" + std::to_string(rows) +
-                             " out=" + std::to_string(out) + " in=" + std::to_string(in);
+                             " out=" + std::to_string(out) + " in=" + std::to_string(in) +
+                             " tail=" + std::to_string(c.tail);
     std::vector<float> x = random_vec(static_cast<size_t>(rows * in), ++seed);
     std::vector<float> w = random_vec(static_cast<size_t>(experts * out * in), ++seed);
     const std::vector<float> dy = random_vec(static_cast<size_t>(rows * out), ++seed);
@@ -899,12 +1019,29 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
         view(dw_ref.data(), {experts, out, in}), kernels::MatmulPrecision::kFp32);
     expect_nmse(dx, dx_ref, out, "grouped_gemm dx " + what);
     expect_nmse(dw, dw_ref, rows + 1, "grouped_gemm dw " + what);
+    if (c.tail > 0) {  // the tail's rows of y and dx are left as they were
+      std::vector<float> y_kept(y.size(), 7.0f), dx_kept(dx.size(), 5.0f), dw_scratch = dw_before;
+      backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
+                                     offsets_view(offsets), view(y_kept.data(), {rows, out}),
+                                     kernels::MatmulPrecision::kFp32);
+      backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                      view(w.data(), {experts, out, in}), offsets_view(offsets),
+                                      view(dx_kept.data(), {rows, in}),
+                                      view(dw_scratch.data(), {experts, out, in}),
+                                      kernels::MatmulPrecision::kFp32);
+      for (size_t i = static_cast<size_t>(used_rows * out); i < y_kept.size(); ++i)
+        ASSERT_EQ(y_kept[i], 7.0f) << "y's tail " << what;
+      for (size_t i = static_cast<size_t>(used_rows * in); i < dx_kept.size(); ++i)
+        ASSERT_EQ(dx_kept[i], 5.0f) << "dx's tail " << what;
+      EXPECT_EQ(dw_scratch, dw) << "the tail adds nothing to dw " << what;
+    }
     // An expert without rows keeps its weight gradient as it was.
     for (int64_t e = 0; e < experts; ++e)
       if (offsets[static_cast<size_t>(e + 1)] == offsets[static_cast<size_t>(e)]) {
         for (int64_t i = e * out * in; i < (e + 1) * out * in; ++i)
           ASSERT_EQ(dw[static_cast<size_t>(i)], dw_before[static_cast<size_t>(i)]) << what;
       }
+    if (used_rows == 0) continue;  // no expert has rows: no gradient to check
     auto loss = [&] {
       backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),
                                      offsets_view(offsets), view(y.data(), {rows, out}),
@@ -924,6 +1061,11 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
   const std::vector<int64_t> decreasing = {0, 2, 1};
   EXPECT_THROW(backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}),
                                               offsets_view(decreasing), view(y.data(), {1, 1}),
+                                              kernels::MatmulPrecision::kFp32),
+               Error);
+  const std::vector<int64_t> past_x = {0, 1, 2};  // x has 1 row
+  EXPECT_THROW(backend().grouped_gemm_forward(view(x.data(), {1, 3}), view(w.data(), {2, 1, 3}),
+                                              offsets_view(past_x), view(y.data(), {1, 1}),
                                               kernels::MatmulPrecision::kFp32),
                Error);
 }

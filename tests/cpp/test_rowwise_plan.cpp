@@ -5,6 +5,7 @@
 // overflow, enough capacity for no drop) and the one-line errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "core/check.h"
 #include "dist/rowwise_plan.h"
+#include "kernels/ops.h"
 
 namespace moecore::dist {
 namespace {
@@ -106,6 +108,107 @@ Routes random_routes(int64_t ranks, int64_t experts, int64_t routes_per_rank, bo
   for (auto& r : routes)
     for (int64_t i = 0; i < routes_per_rank; ++i) r.push_back(pick(rng));
   return routes;
+}
+
+// The padded transport's device plan (kernels' padded_dispatch_plan, run here by the CPU
+// backend) for every rank of the group: each kept route lands, through its send slot and the
+// destination's received slot, on the row the oracle gives it; dropped routes travel nowhere;
+// each rank's expert offsets and drops are the oracle's; every received slot that holds a row
+// and every row maps back to the other.
+void expect_padded_plan_matches_oracle(const Routes& routes, int64_t local_experts,
+                                       double capacity_factor) {
+  const int64_t ranks = static_cast<int64_t>(routes.size());
+  const int64_t experts = ranks * local_experts;
+  const int64_t most = max_routes(routes);
+  const int64_t capacity = rowwise_capacity(capacity_factor, most);
+  const int64_t block = std::min(capacity, most);
+  const Oracle oracle = fill_buffers(routes, local_experts, capacity);
+  std::vector<int64_t> requests = request_counts(routes, experts);
+  struct Maps {
+    std::vector<int32_t> order;  // each route's position
+    std::vector<int32_t> slot_of_position, position_of_slot, token_of_slot, row_of_slot,
+        slot_of_row;
+    std::vector<int64_t> offsets, dropped;
+  };
+  std::vector<Maps> maps(routes.size());
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    std::vector<int32_t> mine = routes[static_cast<size_t>(rank)];
+    const int64_t n = static_cast<int64_t>(mine.size());
+    Maps& m = maps[static_cast<size_t>(rank)];
+    std::vector<int32_t>& order = m.order;
+    order.resize(mine.size());
+    std::vector<int64_t> starts(static_cast<size_t>(experts + 1));
+    kernels::order_routes_by_expert(view(mine.data(), {n, 1}), experts, view(order.data(), {n}),
+                                    view(starts.data(), {experts + 1}));
+    m.slot_of_position.resize(mine.size());
+    m.position_of_slot.resize(static_cast<size_t>(ranks * block));
+    m.token_of_slot.resize(m.position_of_slot.size());
+    m.row_of_slot.resize(m.position_of_slot.size());
+    m.slot_of_row.resize(static_cast<size_t>(capacity));
+    m.offsets.resize(static_cast<size_t>(local_experts + 1));
+    m.dropped.resize(1);
+    kernels::padded_dispatch_plan(
+        view(requests.data(), {ranks, experts}), view(mine.data(), {n, 1}), view(order.data(), {n}),
+        view(starts.data(), {experts + 1}), {rank, ranks, local_experts, capacity, block},
+        {view(m.slot_of_position.data(), {n}), view(m.position_of_slot.data(), {ranks * block}),
+         view(m.token_of_slot.data(), {ranks * block}), view(m.row_of_slot.data(), {ranks * block}),
+         view(m.slot_of_row.data(), {capacity}), view(m.offsets.data(), {local_experts + 1}),
+         view(m.dropped.data(), {1})});
+    const RowwisePlan& want = oracle.plans[static_cast<size_t>(rank)];
+    EXPECT_EQ(m.offsets, want.expert_offsets) << "rank " << rank;
+    EXPECT_EQ(m.dropped[0], want.dropped) << "rank " << rank;
+  }
+  for (int64_t src = 0; src < ranks; ++src) {
+    const Maps& m = maps[static_cast<size_t>(src)];
+    const RowwisePlan& want = oracle.plans[static_cast<size_t>(src)];
+    for (size_t r = 0; r < m.slot_of_position.size(); ++r) {
+      const int32_t position = m.order[r];
+      const int32_t slot = m.slot_of_position[static_cast<size_t>(position)];
+      if (want.targets[r].rank < 0) {
+        EXPECT_EQ(slot, -1) << "rank " << src << " route " << r << " is dropped";
+        continue;
+      }
+      ASSERT_GE(slot, 0) << "rank " << src << " route " << r;
+      EXPECT_EQ(m.position_of_slot[static_cast<size_t>(slot)], position);
+      EXPECT_EQ(m.token_of_slot[static_cast<size_t>(slot)], static_cast<int32_t>(r));  // k = 1
+      const int64_t dst = slot / block;
+      EXPECT_EQ(dst, want.targets[r].rank) << "rank " << src << " route " << r;
+      const Maps& at = maps[static_cast<size_t>(dst)];
+      const int64_t received = src * block + slot % block;
+      EXPECT_EQ(at.row_of_slot[static_cast<size_t>(received)], want.targets[r].row)
+          << "rank " << src << " route " << r;
+    }
+  }
+  for (int64_t dst = 0; dst < ranks; ++dst) {
+    const Maps& m = maps[static_cast<size_t>(dst)];
+    int64_t rows = 0;
+    for (size_t q = 0; q < m.row_of_slot.size(); ++q)
+      if (m.row_of_slot[q] >= 0) {
+        ++rows;
+        EXPECT_EQ(m.slot_of_row[static_cast<size_t>(m.row_of_slot[q])], static_cast<int32_t>(q));
+      }
+    EXPECT_EQ(rows, m.offsets.back()) << "rank " << dst << " receives each kept row once";
+    for (size_t row = 0; row < m.slot_of_row.size(); ++row)
+      EXPECT_EQ(m.slot_of_row[row] >= 0, static_cast<int64_t>(row) < m.offsets.back()) << row;
+  }
+}
+
+TEST(RowwisePlan, PaddedTransportPlansTheSameRowsOnTheDevice) {
+  uint32_t seed = 100;
+  for (int64_t ranks : {1, 2, 3, 4})
+    for (int64_t local : {1, 2, 3})
+      for (bool skewed : {false, true})
+        for (double factor : {0.5, 1.0, 1.25, 4.0}) {
+          SCOPED_TRACE("ranks " + std::to_string(ranks) + " local experts " +
+                       std::to_string(local) + " factor " + std::to_string(factor) +
+                       (skewed ? " skewed" : " uniform"));
+          expect_padded_plan_matches_oracle(random_routes(ranks, ranks * local, 24, skewed, seed++),
+                                            local, factor);
+        }
+  // No routes anywhere; every route to one expert.
+  expect_padded_plan_matches_oracle(Routes(3), 2, 1.25);
+  expect_padded_plan_matches_oracle({std::vector<int32_t>(8, 0), std::vector<int32_t>(8, 0)}, 2,
+                                    1.25);
 }
 
 TEST(RowwisePlan, CapacityIsTheCeilingOfFactorTimesTheLargestRank) {

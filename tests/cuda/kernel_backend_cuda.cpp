@@ -168,6 +168,18 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
   s.finish();
 }
 
+void padded_dispatch_plan(ConstTensorView requests, ConstTensorView topk_index,
+                          ConstTensorView route_order, ConstTensorView expert_starts,
+                          const PaddedDispatchShape& shape, const PaddedDispatchMaps& maps) {
+  DeviceStaging s;
+  device().padded_dispatch_plan(
+      s.in(requests), s.in(topk_index), s.in(route_order), s.in(expert_starts), shape,
+      {s.out(maps.slot_of_position), s.out(maps.position_of_slot), s.out(maps.token_of_slot),
+       s.out(maps.row_of_slot), s.out(maps.slot_of_row), s.out(maps.expert_offsets),
+       s.out(maps.dropped)});
+  s.finish();
+}
+
 void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
                          const RouterTopkOptions& options, TensorView scores, TensorView topk_index,
                          TensorView topk_weight, TensorView expert_counts) {
@@ -342,6 +354,7 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .moe_combine_forward = if_on_device(d.moe_combine_forward, &moe_combine_forward),
       .moe_combine_backward = if_on_device(d.moe_combine_backward, &moe_combine_backward),
       .order_routes_by_expert = if_on_device(d.order_routes_by_expert, &order_routes_by_expert),
+      .padded_dispatch_plan = if_on_device(d.padded_dispatch_plan, &padded_dispatch_plan),
       .router_topk_forward = if_on_device(d.router_topk_forward, &router_topk_forward),
       .router_topk_backward = if_on_device(d.router_topk_backward, &router_topk_backward),
       .router_z_loss = if_on_device(d.router_z_loss, &router_z_loss),

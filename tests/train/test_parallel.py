@@ -295,6 +295,32 @@ def test_rowwise_dispatch_drops_over_capacity_and_still_trains(moecore_bin, job_
     assert np.mean(ls[-5:]) < np.mean(ls[:5]) - 0.1, ls
 
 
+@pytest.mark.parametrize("ranks,ep,factor,precision", [(2, 2, 0.5, "fp32"), (4, 4, 1.25, "mxfp8")])
+def test_padded_rowwise_transport_equals_the_windows_bit_for_bit(moecore_bin, job_data, tmp_path,
+                                                                 ranks, ep, factor, precision):
+    """The rowwise dispatch over its padded all-to-all (planned by the kernels where the model is,
+    as on a GPU: kernels' padded_dispatch_plan) keeps the routes the windows keep and gives the
+    experts the same rows in the same order, so the run is the windows' bit for bit: the same
+    logged losses and drop rates and the same final weights, with routes dropped (factor 0.5) and
+    in MXFP8 (whose experts' buffers then have rows past those kept)."""
+    metrics, weights = {}, {}
+    for transport in ("window", "padded"):
+        cfg = dp_config(tmp_path, job_data, transport, max_steps=6, precision=precision)
+        r = mpirun(moecore_bin, ranks, cfg, f"parallel.ep={ep}", "parallel.dispatch=rowwise",
+                   f"parallel.capacity_factor={factor}", f"parallel.rowwise_transport={transport}")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert ("padded all-to-all" in r.stdout) == (transport == "padded"), r.stdout[:2000]
+        rows = train_rows(tmp_path / transport)
+        metrics[transport] = [(rows[s]["train/loss"], rows[s]["moe/drop_rate"]) for s in sorted(rows)]
+        weights[transport] = final_weights(tmp_path / transport)
+    assert len(metrics["padded"]) == 6 and metrics["padded"] == metrics["window"]
+    if factor < 1.0:
+        assert min(rate for _, rate in metrics["padded"]) >= 0.5 - 1e-9  # see the test above
+    assert weights["padded"].keys() == weights["window"].keys()
+    for name, tensor in weights["window"].items():
+        assert np.array_equal(weights["padded"][name], tensor), name
+
+
 def optimizer_mib(stdout: str) -> float:
     m = re.search(r"optimizer state ([0-9.]+) MiB per rank", stdout)
     assert m, stdout[:1000]

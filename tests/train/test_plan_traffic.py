@@ -2,8 +2,8 @@
 
 Each layout trains 2 steps under mpirun (balanced routing, as the planner plans) and every rank
 writes out_dir/rank_stats/rank<r>.json: bytes per "group.op" over the training loop. The float
-payloads (gradient all-reduce / reduce-scatter / all-gather, expert all-to-all-v or puts and gets,
-pipeline sends) must equal the plan's prediction for the rank's stage exactly, and no float
+payloads (gradient all-reduce / reduce-scatter / all-gather, expert all-to-all-v, puts and gets
+or the padded transport's all-to-all of blocks, pipeline sends) must equal the plan's prediction for the rank's stage exactly, and no float
 collective may appear that the plan does not know. The memory side is bench/plan_validation.py's
 (it needs a model large enough to dwarf the process baseline).
 """
@@ -16,12 +16,15 @@ import pytest
 from test_parallel import mpirun
 from test_training_job import run, write_config
 
-FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoallv", "put", "get", "send"}
+FLOAT_OPS = {"allreduce", "reduce_scatter", "allgather", "alltoall", "alltoallv", "put", "get",
+             "send"}
 STEPS = 2
 
 LAYOUTS = {  # name: (ranks, [--set ...])
     "dp2-ep2-sync-zero": (2, ["parallel.ep=2", "parallel.zero=1"]),
     "dp2-ep2-rowwise": (2, ["parallel.ep=2", "parallel.dispatch=\"rowwise\""]),
+    "dp2-ep2-rowwise-padded": (2, ["parallel.ep=2", "parallel.dispatch=\"rowwise\"",
+                                   "parallel.rowwise_transport=\"padded\""]),
     "pp2-1f1b-m2": (2, ["parallel.pp=2", "train.microbatches=2"]),
     "pp2-interleaved-m2": (2, ["parallel.pp=2", "parallel.schedule=\"interleaved-1f1b\"",
                                "train.microbatches=2"]),
@@ -61,7 +64,9 @@ def test_collective_bytes_equal_the_plan(moecore_bin, job_data, tmp_path, name):
         seen_ops |= {k.split(".")[-1] for k in measured}
     # The layout exercised what it is meant to (the test cannot pass on an empty run).
     assert seen_ops, seen_ops
-    if "rowwise" in name:
+    if "padded" in name:
+        assert "alltoall" in seen_ops and not {"put", "get"} & seen_ops
+    elif "rowwise" in name:
         assert {"put", "get"} <= seen_ops
     if "sync" in name:
         assert "alltoallv" in seen_ops

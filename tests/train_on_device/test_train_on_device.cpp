@@ -371,6 +371,13 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
          {"attention_", "router_", "dispatch_", "experts_", "shared_expert_", "combine_"})
       layer |= phase.starts_with(prefix);
     if (layer) in_layers += count;
+    // The padded transport plans on the device: in the layers only MPI's staging of the
+    // all-gathered counts and the exchanged blocks reads (none with NCCL, which takes the
+    // device's buffers as they are).
+    if (layer && c.parallel.find("\"padded\"") != std::string::npos) {
+      EXPECT_TRUE(what.ends_with(" for MPI staging")) << phase << ": " << what << "\n"
+                                                      << device_profile.dump(1);
+    }
     if (c.ranks == 1 && in_the_step && !losses && !decision) {
       EXPECT_TRUE(c.precision == "mxfp8" && phase == "experts_backward")
           << phase << ": " << what << "\n"
@@ -416,6 +423,11 @@ INSTANTIATE_TEST_SUITE_P(
         // all-to-all-v form against the host's MPI windows.
         DeviceRunCase{"ranks2_ep_rowwise_drops", "fp32", "none", 2,
                       "ep = 2\ndispatch = \"rowwise\"\ncapacity_factor = 0.75"},
+        // Its padded transport (kernels' padded_dispatch_plan on the device, an all-to-all of
+        // static blocks) against the same on the host, routes dropped, bf16 experts.
+        DeviceRunCase{"ranks2_ep_rowwise_padded_drops", "bf16", "none", 2,
+                      "ep = 2\ndispatch = \"rowwise\"\ncapacity_factor = 0.75\n"
+                      "rowwise_transport = \"padded\""},
         // The stand-in for NCCL's communicator: one process; experts split over
         // two ranks with ZeRO-1 (all-to-all-v over ep, reduce-scatter and
         // all-gather over dp). Pipeline stages keep a job on MPI

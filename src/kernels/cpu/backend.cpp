@@ -32,6 +32,7 @@ const KernelBackend& cpu_backend() {
       .moe_combine_forward = &cpu::moe_combine_forward,
       .moe_combine_backward = &cpu::moe_combine_backward,
       .order_routes_by_expert = &cpu::order_routes_by_expert,
+      .padded_dispatch_plan = &cpu::padded_dispatch_plan,
       .router_topk_forward = &cpu::router_topk_forward,
       .router_topk_backward = &cpu::router_topk_backward,
       .router_z_loss = &cpu::router_z_loss,

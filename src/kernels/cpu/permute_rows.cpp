@@ -10,12 +10,13 @@ namespace moecore::kernels::cpu {
 
 namespace {
 
-// Every index of `rows` is a row of a tensor with `limit` rows.
-void check_rows(const char* op, const char* name, const int32_t* rows, int64_t count,
-                int64_t limit) {
+// Every index of `rows` is a row of a tensor with `limit` rows (or, from lowest = -1, an empty
+// slot).
+void check_rows(const char* op, const char* name, const int32_t* rows, int64_t count, int64_t limit,
+                int32_t lowest = 0) {
   for (int64_t i = 0; i < count; ++i)
-    MOE_CHECK(rows[i] >= 0 && rows[i] < limit, "[{}] {}[{}]={} is outside [0, {})", op, name, i,
-              rows[i], limit);
+    MOE_CHECK(rows[i] >= lowest && rows[i] < limit, "[{}] {}[{}]={} is outside [{}, {})", op, name,
+              i, rows[i], lowest, limit);
 }
 
 }  // namespace
@@ -73,9 +74,14 @@ void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
   const float* s = src.data<float>(kOp);
   const int32_t* from = src_row.data<int32_t>(kOp);
   float* out = dst.data<float>(kOp);
-  check_rows(kOp, "src_row", from, rows, src.size(0));
+  check_rows(kOp, "src_row", from, rows, src.size(0), -1);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; ++i) std::copy_n(s + from[i] * d, d, out + i * d);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (from[i] == -1)
+      std::fill_n(out + i * d, d, 0.0f);
+    else
+      std::copy_n(s + from[i] * d, d, out + i * d);
+  }
 }
 
 }  // namespace moecore::kernels::cpu

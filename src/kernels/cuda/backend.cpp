@@ -32,6 +32,7 @@ const KernelBackend& cuda_backend() {
       .moe_combine_forward = &cuda::moe_combine_forward,
       .moe_combine_backward = &cuda::moe_combine_backward,
       .order_routes_by_expert = &cuda::order_routes_by_expert,
+      .padded_dispatch_plan = &cuda::padded_dispatch_plan,
       .router_topk_forward = &cuda::router_topk_forward,
       .router_topk_backward = &cuda::router_topk_backward,
       .router_z_loss = &cuda::router_z_loss,

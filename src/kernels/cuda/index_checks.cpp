@@ -35,10 +35,10 @@ IndexErrorRecord* pending_record_on_device() {
 }  // namespace
 
 void check_indices_inside(const char* op, const char* name, const int32_t* indices, int64_t count,
-                          int64_t limit) {
+                          int64_t limit, int32_t lowest) {
   if (count <= 0) return;
   const StreamScratch first_bad(sizeof(int64_t), stream());
-  launch_record_first_index_outside(indices, count, limit, first_bad.as<int64_t>(),
+  launch_record_first_index_outside(indices, count, lowest, limit, first_bad.as<int64_t>(),
                                     pending_record_on_device(),
                                     reinterpret_cast<unsigned long long>(op),
                                     reinterpret_cast<unsigned long long>(name), stream());
@@ -50,13 +50,13 @@ void throw_pending_index_error() {
   if (record->op == 0) return;
   const auto* op = reinterpret_cast<const char*>(record->op);
   const auto* name = reinterpret_cast<const char*>(record->name);
-  const long long position = record->position, limit = record->limit;
+  const long long position = record->position, lowest = record->lowest, limit = record->limit;
   const int value = record->value;
   record->op = 0;  // cleared before the throw: the next check may record again
   fail(
-      "[{}] {}[{}]={} is outside [0, {}) (found on the device; reported at the next "
+      "[{}] {}[{}]={} is outside [{}, {}) (found on the device; reported at the next "
       "synchronisation)",
-      op, name, position, value, limit);
+      op, name, position, value, lowest, limit);
 }
 
 }  // namespace moecore::kernels::cuda

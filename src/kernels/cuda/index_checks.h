@@ -16,10 +16,11 @@
 
 namespace moecore::kernels::cuda {
 
-// Queues the check of indices[0, count) (device memory) against [0, limit) on the backend's
-// stream. op and name must be string literals (their addresses travel through the device).
+// Queues the check of indices[0, count) (device memory) against [lowest, limit) on the backend's
+// stream (lowest: 0, or -1 where -1 marks an empty slot). op and name must be string literals
+// (their addresses travel through the device).
 void check_indices_inside(const char* op, const char* name, const int32_t* indices, int64_t count,
-                          int64_t limit);
+                          int64_t limit, int32_t lowest = 0);
 
 // Throws the pending index error, if any, and clears it. Only after the stream has been waited
 // for (synchronize() calls it); the record is complete then.

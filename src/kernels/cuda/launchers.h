@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/moe_loss_rules.h"
+#include "kernels/padded_dispatch_shape.h"
 #include "kernels/step_decision_rules.h"
 
 namespace moecore::kernels::cuda {
@@ -18,14 +19,15 @@ struct IndexErrorRecord {
   unsigned long long op;
   unsigned long long name;
   long long position;
+  long long lowest;
   long long limit;
   int value;
 };
-// Finds the first i < count with indices[i] outside [0, limit) (first_bad: one int64 of device
-// scratch) and, unless *record already holds an error, records it there (op and name given as
-// above); nothing when every index is inside.
-void launch_record_first_index_outside(const int32_t* indices, int64_t count, int64_t limit,
-                                       int64_t* first_bad, IndexErrorRecord* record,
+// Finds the first i < count with indices[i] outside [lowest, limit) (first_bad: one int64 of
+// device scratch) and, unless *record already holds an error, records it there (op and name given
+// as above); nothing when every index is inside.
+void launch_record_first_index_outside(const int32_t* indices, int64_t count, int64_t lowest,
+                                       int64_t limit, int64_t* first_bad, IndexErrorRecord* record,
                                        unsigned long long op, unsigned long long name,
                                        cudaStream_t stream);
 
@@ -83,6 +85,20 @@ void launch_adamw_update(float* params, const float* grads, float* exp_avg, floa
 inline constexpr int64_t kSumOfSquaresPartials = 1024;
 void launch_sum_of_squares(const float* values, int64_t n, double* partials, double* total,
                            cudaStream_t stream);
+
+// padded_dispatch.cu: kernels/ops.h's padded_dispatch_plan; the keep matrix's device scratch
+// (kernels/padded_dispatch_rules.h's padded_keep): kept and first_row [ranks * E], send_base [E],
+// recv_base [ranks * (local + 1)].
+struct PaddedDispatchScratch {
+  int64_t *kept, *first_row, *send_base, *recv_base;
+};
+void launch_padded_dispatch_plan(const int64_t* requests, const int32_t* topk_index,
+                                 const int32_t* route_order, const int64_t* expert_starts,
+                                 int64_t tokens, int64_t top_k, const PaddedDispatchShape& shape,
+                                 const PaddedDispatchScratch& scratch, int32_t* slot_of_position,
+                                 int32_t* position_of_slot, int32_t* token_of_slot,
+                                 int32_t* row_of_slot, int32_t* slot_of_row,
+                                 int64_t* expert_offsets, int64_t* dropped, cudaStream_t stream);
 
 // moe_losses.cu: kernels/ops.h's moe_loss_terms and router_bias_update in one thread
 // (kernels/moe_loss_rules.h; tally may be null).

@@ -10,7 +10,8 @@
 // losses' statistics (router_z_loss, router_probability_column_sums, cross_entropy's loss) and
 // order_routes_by_expert's offsets stay on the device; neither of the last two checks its indices
 // (cross_entropy counts a target outside the vocabulary as ignored, order_routes_by_expert gives
-// an out-of-range id dst_row -1, kernels/op_declarations.inc).
+// an out-of-range id dst_row -1, kernels/op_declarations.inc), nor does padded_dispatch_plan,
+// whose maps stay on the device too (it drops what its blocks cannot hold).
 //
 // Not every operation is here yet: cuda_backend() lists those that are (the others are null in
 // its table, and the per-op harness reports them as not implemented).

@@ -62,7 +62,7 @@ void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
   const float* s = src.data<float>(kOp);
   const int32_t* from = src_row.data<int32_t>(kOp);
   float* out = dst.data<float>(kOp);
-  check_indices_inside(kOp, "src_row", from, rows, src.size(0));
+  check_indices_inside(kOp, "src_row", from, rows, src.size(0), -1);
   launch_gather_rows(s, src.size(0), from, rows, d, out, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }

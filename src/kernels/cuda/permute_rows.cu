@@ -3,7 +3,7 @@
 // The backward adds a token's routes in route order from 0.0f, the CPU's order: no atomics, and
 // the same bits as the CPU. A row number outside its tensor writes nothing and reads NaN: the
 // operations queue a check of their row numbers (an error at the next synchronisation), and this
-// keeps such a row out of other memory meanwhile.
+// keeps such a row out of other memory meanwhile. gather_rows's -1 (an empty slot) writes zeros.
 #include <math_constants.h>
 
 #include <cstdint>
@@ -64,6 +64,10 @@ __global__ void gather_rows_kernel(const float* src, int64_t src_rows, const int
     if (row_inside(from, src_rows)) {
       const auto* s = reinterpret_cast<const Pack<kWidth>*>(src + int64_t{from} * d);
       for (int64_t c = threadIdx.x; c < packs; c += blockDim.x) out[c] = s[c];
+    } else if (from == -1) {  // an empty slot
+      Pack<kWidth> zero;
+      for (int l = 0; l < kWidth; ++l) zero.v[l] = 0.0f;
+      for (int64_t c = threadIdx.x; c < packs; c += blockDim.x) out[c] = zero;
     } else {
       Pack<kWidth> nan;
       for (int l = 0; l < kWidth; ++l) nan.v[l] = CUDART_NAN_F;

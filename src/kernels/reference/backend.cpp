@@ -30,6 +30,7 @@ const KernelBackend& reference_backend() {
       .moe_combine_forward = &kernels::reference::moe_combine_forward,
       .moe_combine_backward = &kernels::reference::moe_combine_backward,
       .order_routes_by_expert = &kernels::reference::order_routes_by_expert,
+      .padded_dispatch_plan = &kernels::reference::padded_dispatch_plan,
       .router_topk_forward = &kernels::reference::router_topk_forward,
       .router_topk_backward = &kernels::reference::router_topk_backward,
       .router_z_loss = &kernels::reference::router_z_loss,

@@ -35,7 +35,7 @@ void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
   const int32_t* from = src_row.data<int32_t>("gather_rows");
   float* out = dst.data<float>("gather_rows");
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < d; ++i) out[r * d + i] = s[from[r] * d + i];
+    for (int64_t i = 0; i < d; ++i) out[r * d + i] = from[r] == -1 ? 0.0f : s[from[r] * d + i];
 }
 
 }  // namespace moecore::kernels::reference
