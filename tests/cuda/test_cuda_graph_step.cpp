@@ -3,7 +3,9 @@
 // AdamW reading its factors, the selection-bias update) holds no synchronisation, so CUDA graph
 // capture (global mode: a wait or a synchronous copy inside it is an error) records it whole, and
 // replaying the graph gives the bits of running the same operations eagerly. An applied and a
-// skipped decision are both shown.
+// skipped decision are both shown. The experts' grouped GEMMs capture too: in bf16 they read the
+// routing's offsets on the device there (grouped_gemm_device.h), and in fp32, whose per-expert
+// cuBLASLt GEMMs need them on the host, they refuse in one line instead of breaking the capture.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -11,7 +13,9 @@
 #include <random>
 #include <vector>
 
+#include "core/check.h"
 #include "core/device_memory.h"
+#include "kernel_harness.h"
 #include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
@@ -105,6 +109,96 @@ void expect_graph_replays_the_eager_step(double norm_limit, bool applies) {
   EXPECT_EQ(eager.host_params() == before, !applies);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// The experts' GEMMs of one MoE layer on a static-capacity buffer (rows past the offsets, as the
+// padded dispatch leaves them), issued on device arrays.
+struct ExpertGemms {
+  static constexpr int64_t kExperts = 4, kOut = 96, kIn = 80, kCapacity = 300;
+  const std::vector<int64_t> offsets_host = {0, 70, 70, 71, 250};
+  DeviceArray<float> x, w, dy, y, dx, dw;
+  DeviceArray<int64_t> offsets;
+
+  ExpertGemms() {
+    x = on_gpu(random_values(kCapacity * kIn, 11, 1.0f));
+    w = on_gpu(random_values(kExperts * kOut * kIn, 12, 0.1f));
+    dy = on_gpu(random_values(kCapacity * kOut, 13, 1.0f));
+    y = on_gpu(std::vector<float>(kCapacity * kOut, 7.0f));  // 7: untouched
+    dx = on_gpu(std::vector<float>(kCapacity * kIn, 5.0f));  // 5: untouched
+    dw = on_gpu(random_values(kExperts * kOut * kIn, 14, 0.01f));
+    offsets = on_gpu(offsets_host);
+  }
+
+  void issue(kernels::MatmulPrecision precision) {
+    const ConstTensorView ws(w.data(), {kExperts, kOut, kIn}, DType::kF32);
+    const ConstTensorView offs = view(offsets.data(), {kExperts + 1});
+    kernels::grouped_gemm_forward(view(x.data(), {kCapacity, kIn}), ws, offs,
+                                  view(y.data(), {kCapacity, kOut}), precision);
+    kernels::grouped_gemm_backward(
+        view(dy.data(), {kCapacity, kOut}), view(x.data(), {kCapacity, kIn}), ws, offs,
+        view(dx.data(), {kCapacity, kIn}),
+        TensorView(dw.data(), {kExperts, kOut, kIn}, DType::kF32), precision);
+  }
+};
+
+// Both sum exact bf16 products in fp32, in different orders: kernel_harness.h's bound for sums of
+// the contraction's terms (in, out, and an expert's rows for dw: at most 180).
+TEST(CudaGraphStep, TheExpertsGemmsCaptureInBf16ReadingTheirOffsetsOnTheDevice) {
+  kernels::cuda::activate();
+  ExpertGemms eager, captured;
+  eager.issue(kernels::MatmulPrecision::kBf16);  // per-expert cuBLASLt GEMMs (a host read)
+  kernels::cuda::synchronize();
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
+            cudaSuccess);
+  captured.issue(kernels::MatmulPrecision::kBf16);
+  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
+      << "the grouped GEMMs waited for the host inside the capture";
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
+  kernels::cuda::synchronize();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  const int64_t used = captured.offsets_host.back();
+  const std::vector<float> y = host_copy(captured.y), y_ref = host_copy(eager.y);
+  const std::vector<float> dx = host_copy(captured.dx), dx_ref = host_copy(eager.dx);
+  auto rows = [](const std::vector<float>& v, int64_t count, int64_t width) {
+    return std::vector<float>(v.begin(), v.begin() + count * width);
+  };
+  using G = ExpertGemms;
+  EXPECT_LE(kernel_harness::nmse(rows(y, used, G::kOut), rows(y_ref, used, G::kOut)),
+            kernel_harness::nmse_bound(G::kIn));
+  EXPECT_LE(kernel_harness::nmse(rows(dx, used, G::kIn), rows(dx_ref, used, G::kIn)),
+            kernel_harness::nmse_bound(G::kOut));
+  EXPECT_LE(kernel_harness::nmse(host_copy(captured.dw), host_copy(eager.dw)),
+            kernel_harness::nmse_bound(180));
+  for (size_t i = static_cast<size_t>(used * G::kOut); i < y.size(); ++i)
+    ASSERT_EQ(y[i], 7.0f) << "y's row " << i / G::kOut << " past the offsets";
+  for (size_t i = static_cast<size_t>(used * G::kIn); i < dx.size(); ++i)
+    ASSERT_EQ(dx[i], 5.0f) << "dx's row " << i / G::kIn << " past the offsets";
+}
+
+TEST(CudaGraphStep, TheExpertsGemmsRefuseACaptureInFp32InOneLine) {
+  kernels::cuda::activate();
+  ExpertGemms gemms;
+  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
+            cudaSuccess);
+  std::string message;
+  try {
+    gemms.issue(kernels::MatmulPrecision::kFp32);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(kernels::cuda::stream(), &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  EXPECT_NE(message.find("[grouped_gemm] reads the experts' offsets on the host, which a stream "
+                         "being captured into a CUDA graph cannot do"),
+            std::string::npos)
+      << message;
 }
 
 TEST(CudaGraphStep, TheAppliedStepsTailCapturesAndReplaysBitForBit) {

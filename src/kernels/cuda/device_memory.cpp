@@ -1,11 +1,58 @@
 #include "kernels/cuda/device_memory.h"
 
+#include <array>
+#include <cstring>
+
 #include "core/check.h"
 #include "kernels/cuda/runtime.h"
 
 namespace moecore::kernels::cuda {
 
 namespace {
+
+// Copies from host memory through pinned staging, so that the host need not wait for them: the
+// caller's bytes go into a pinned slot at once (the caller may reuse its buffer on return), and
+// the device copy from the slot is queued on the stream; a slot is reused once the copy queued
+// from it last has completed (an event, rarely waited for: the ring holds kSlots copies in
+// flight). Copies above kMaxStaged bytes (checkpoints, initial weights) wait as before: their
+// pinned memory would outweigh the wait.
+class PinnedStaging {
+ public:
+  static constexpr size_t kSlots = 16;
+  static constexpr size_t kMaxStaged = size_t{16} << 20;
+
+  // Whether `bytes` go through the staging.
+  static bool stages(size_t bytes) { return bytes <= kMaxStaged; }
+
+  void copy_to_device(void* dst, const void* src, size_t bytes) {
+    Slot& slot = slots_[next_];
+    next_ = (next_ + 1) % kSlots;
+    if (slot.in_flight) MOE_CUDA_CHECK(cudaEventSynchronize(slot.done));
+    if (slot.bytes < bytes) {
+      if (slot.pinned != nullptr) MOE_CUDA_CHECK(cudaFreeHost(slot.pinned));
+      slot.pinned = nullptr;
+      slot.bytes = 0;
+      MOE_CUDA_CHECK(cudaMallocHost(&slot.pinned, bytes));
+      slot.bytes = bytes;
+    }
+    if (slot.done == nullptr)
+      MOE_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    std::memcpy(slot.pinned, src, bytes);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(dst, slot.pinned, bytes, cudaMemcpyHostToDevice, stream()));
+    MOE_CUDA_CHECK(cudaEventRecord(slot.done, stream()));
+    slot.in_flight = true;
+  }
+
+ private:
+  struct Slot {
+    void* pinned = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool in_flight = false;
+  };
+  std::array<Slot, kSlots> slots_{};
+  size_t next_ = 0;
+};
 
 class CudaMemory final : public DeviceMemory {
  public:
@@ -31,6 +78,18 @@ class CudaMemory final : public DeviceMemory {
   }
 
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    // A graph replays its copies from the addresses of the capture, not the caller's bytes of
+    // the replay: a captured step finds its inputs in device memory, placed before the capture.
+    MOE_CHECK(kind == CopyKind::kWithinDevice || !capturing(),
+              "[cuda] a copy of {} bytes between host and device memory inside a CUDA graph's "
+              "capture: place the inputs in device memory before capturing, read results after",
+              bytes);
+    // From the host: staged in pinned memory and queued, no wait (the stream orders it before
+    // the kernels that read it).
+    if (kind == CopyKind::kHostToDevice && PinnedStaging::stages(bytes)) {
+      staging_.copy_to_device(dst, src, bytes);
+      return;
+    }
     MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
     // Host memory on either side is read or written before the call returns (a pageable
     // buffer's copy is not guaranteed to have left it earlier); a copy within the device is in
@@ -44,6 +103,7 @@ class CudaMemory final : public DeviceMemory {
 
  private:
   static double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+  PinnedStaging staging_;
 };
 
 }  // namespace

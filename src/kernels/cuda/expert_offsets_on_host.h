@@ -2,7 +2,8 @@
 // (grouped_gemm.cpp, mx_gemm.cpp) need each expert's row count there, while the routing writes
 // the offsets in device memory. The copy waits for the stream (the routing before it): the one
 // wait left between the router and the experts on this backend, noted for core/device_memory.h's
-// HostReadLog. The device-offset kernel (grouped_gemm_device.h) has none.
+// HostReadLog. The device-offset kernels (grouped_gemm_device.h) have none; in a stream being
+// captured into a CUDA graph the copy is refused in one line.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,9 @@
 // The routed experts' GEMMs, one cuBLASLt GEMM per expert that has rows. In bf16 each operand is
 // rounded to bf16 once for all experts. The offsets arrive in device memory (as the routing wrote
 // them), but a cuBLASLt GEMM per expert needs each expert's row count on the host: they are copied
-// back (expert_offsets_on_host.h). The device-offset kernel (grouped_gemm_device.h) has no such
-// wait; it replaces this loop where it measurably wins (bench/cuda/gemm.cpp) and for a step
-// captured in a CUDA graph.
+// back (expert_offsets_on_host.h). The device-offset kernels (grouped_gemm_device.h) have no such
+// wait: in bf16 they replace this loop in a stream being captured into a CUDA graph (where a host
+// read is impossible), and wherever they measurably win (bench/cuda/gemm.cpp measures it).
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/expert_offsets_on_host.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
@@ -45,6 +46,8 @@ class GemmOperand {
     }
   }
   cudaDataType_t type() const { return bf16_ ? CUDA_R_16BF : CUDA_R_32F; }
+  // The bf16 bits (bf16 precision only).
+  const uint16_t* bf16_data() const { return static_cast<const uint16_t*>(data_); }
   // The operand `elements` values in (a sub-matrix of an expert or of its rows).
   const void* at_element(int64_t elements) const {
     return bf16_ ? static_cast<const void*>(static_cast<const uint16_t*>(data_) + elements)
@@ -64,11 +67,18 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
   constexpr const char* kOp = "grouped_gemm";
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
-  const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
   expect_shape(kOp, "y", y, {s.rows, s.out}, Device::kCuda);
   const GemmOperand xs(kOp, x, precision);
   const GemmOperand ws(kOp, w, precision);
   float* yp = y.data<float>(kOp);
+  if (precision == MatmulPrecision::kBf16 && capturing()) {
+    launch_grouped_gemm_bf16_device_offsets(xs.bf16_data(), ws.bf16_data(),
+                                            expert_offsets.data<int64_t>(kOp), s.experts, s.rows,
+                                            s.out, s.in, yp, stream());
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
   for (int64_t e = 0; e < s.experts; ++e) {
     const int64_t begin = offsets[at(e)];
     const int64_t count = offsets[at(e + 1)] - begin;
@@ -84,7 +94,6 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   constexpr const char* kOp = "grouped_gemm_backward";
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
-  const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
   expect_shape(kOp, "dy", dy, {s.rows, s.out}, Device::kCuda);
   expect_shape(kOp, "dx", dx, {s.rows, s.in}, Device::kCuda);
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in}, Device::kCuda);
@@ -93,6 +102,16 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   const GemmOperand ws(kOp, w, precision);
   float* dxp = dx.data<float>(kOp);
   float* dwp = dw.data<float>(kOp);
+  if (precision == MatmulPrecision::kBf16 && capturing()) {
+    const int64_t* offsets = expert_offsets.data<int64_t>(kOp);
+    launch_grouped_gemm_bf16_device_offsets_input_grad(
+        dys.bf16_data(), ws.bf16_data(), offsets, s.experts, s.rows, s.out, s.in, dxp, stream());
+    launch_grouped_gemm_bf16_device_offsets_weight_grad(dys.bf16_data(), xs.bf16_data(), offsets,
+                                                        s.experts, s.out, s.in, dwp, stream());
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
   for (int64_t e = 0; e < s.experts; ++e) {
     const int64_t begin = offsets[at(e)];
     const int64_t count = offsets[at(e + 1)] - begin;

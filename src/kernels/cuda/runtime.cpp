@@ -51,6 +51,12 @@ cudaStream_t stream() {
   return created;
 }
 
+bool capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOE_CUDA_CHECK(cudaStreamIsCapturing(stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 void synchronize() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   throw_pending_index_error();

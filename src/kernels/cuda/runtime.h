@@ -56,6 +56,9 @@ std::string describe(const DeviceInfo& device);  // "NVIDIA H200 (sm_90, 132 SMs
 // The stream every operation of this backend is issued on, created on first use. Operations are
 // asynchronous with respect to the host unless their declaration says otherwise.
 cudaStream_t stream();
+// Whether stream() is being captured into a CUDA graph (cudaStreamBeginCapture): operations then
+// issue work without waiting for it, or refuse in one line where they would have to.
+bool capturing();
 // Waits for everything issued on stream(); throws on an error any of it raised, an index
 // outside its tensor included (index_checks.h).
 void synchronize();
