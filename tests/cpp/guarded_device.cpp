@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -44,7 +45,8 @@ class GuardedMemory final : public DeviceMemory {
     return data;
   }
   void deallocate(void* data, size_t bytes) noexcept override { munmap(data, mapped(bytes)); }
-  void copy(void* dst, const void* src, size_t bytes, CopyKind /*kind*/) override {
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    if (kind == CopyKind::kHostToDevice) host_to_device_.push_back(bytes);
     set_access(dst, bytes, true);
     set_access(src, bytes, true);
     std::memmove(dst, src, bytes);
@@ -57,8 +59,11 @@ class GuardedMemory final : public DeviceMemory {
     set_access(data, bytes, false);
   }
 
+  std::vector<size_t> take_host_to_device() { return std::exchange(host_to_device_, {}); }
+
  private:
   static size_t mapped(size_t bytes) { return (bytes + page_size() - 1) & ~(page_size() - 1); }
+  std::vector<size_t> host_to_device_;
 };
 
 // The bytes a view spans, from its first element to its last.
@@ -192,6 +197,10 @@ GuardedMemory& guarded_memory() {
 }
 
 }  // namespace
+
+std::vector<size_t> take_host_to_device_copies() {
+  return guarded_memory().take_host_to_device();
+}
 
 Scope::Scope() : previous_default_(default_device()) {
   register_device_memory(Device::kCuda, &guarded_memory());

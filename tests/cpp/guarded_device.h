@@ -9,9 +9,17 @@
 // garbage or fault), shown without one.
 #pragma once
 
+#include <cstddef>
+#include <vector>
+
 #include "core/device.h"
 
 namespace moecore::guarded_device {
+
+// The sizes of the copies from host memory into the guarded device's, in order, since the last
+// call (what a pass would have to place in device memory before a CUDA graph's capture, which
+// cannot hold such a copy).
+std::vector<size_t> take_host_to_device_copies();
 
 // Registers the guarded memory and kernel table for Device::kCuda, and makes it the default device
 // (core/device_memory.h), for the scope's lifetime (device allocations must be freed before it

@@ -269,6 +269,41 @@ TEST(DeviceMemory, APassNeverWaitsForTheDeviceAndItsLossesAreOneCopy) {
     }
 }
 
+// What a pass copies into device memory (issue 15 item 3's other half): once warm (its buffers
+// allocated, its tables made by the first pass), a training pass copies in only its token ids and
+// targets (batch x seq i32 each). Placed in device memory before a CUDA graph's capture, the rest
+// of the pass copies nothing to or from the host (above: it reads nothing), which a capture needs
+// (the CUDA backend refuses a copy inside one in one line).
+TEST(DeviceMemory, AWarmPassCopiesInOnlyItsTokensAndTargets) {
+  const ModelConfig c = tiny_moe_config(2);
+  for (const TrainPrecision precision : {TrainPrecision::kFp32, TrainPrecision::kBf16}) {
+    SCOPED_TRACE(train_precision_name(precision));
+    const guarded_device::Scope device;
+    const ParamLayout layout = ParamLayout::build(c);
+    ParamBuffers host_params(layout, Device::kCpu);
+    fill_tiny_params(layout, 5, host_params);
+    ParamBuffers params(layout), grads(layout);
+    copy_bytes(params.dense.data(), host_params.dense.data(), params.dense.size() * sizeof(float));
+    copy_bytes(params.expert.data(), host_params.expert.data(),
+               params.expert.size() * sizeof(float));
+    Transformer model(c, layout);
+    model.set_precision(PrecisionRecipe::from_train(precision, {}));
+    const int64_t batch = 2, seq = 8;
+    std::vector<int32_t> tokens(kTinyTokens), targets(kTinyTargets);
+    for (int32_t& t : tokens) t %= static_cast<int32_t>(c.vocab_size);
+    std::vector<size_t> copies;
+    for (int pass = 0; pass < 2; ++pass) {
+      guarded_device::take_host_to_device_copies();
+      model.forward_chunk(0, params, tokens.data(), nullptr, targets.data(), batch, seq, nullptr);
+      model.backward(params, grads, 0.75f);
+      copies = guarded_device::take_host_to_device_copies();
+      model.read_losses();
+    }
+    const size_t ids = static_cast<size_t>(batch * seq) * sizeof(int32_t);
+    EXPECT_EQ(copies, (std::vector<size_t>{ids, ids}));
+  }
+}
+
 TEST(DeviceMemory, TheMxfp8ExpertsWaitOnlyForTheirWeightGradientLoop) {
   const ModelConfig c = mxfp8_config();
   const PassReads reads = host_reads_of_a_pass(
