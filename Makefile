@@ -6,7 +6,7 @@ export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
 .PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
-        test-reference test-smoke test-fresh test-two-hosts fuzz format clean bench bench-scaling \
+        test-reference test-smoke test-fresh test-two-hosts fuzz format clean bench bench-scaling bench-padded \
         bench-pipeline bench-plan bench-recompute bench-lm-head bench-compare bench-mxfp8
 
 all: build
@@ -53,6 +53,11 @@ train: build $(KJV)/tokens/meta.json
 # dispatch modes and overlap settings, medians of 3 runs -> bench/results/scaling.{md,json}.
 bench-scaling: build $(KJV)/tokens/meta.json
 	$(PYTHON) bench/scaling.py $(ARGS)
+
+# The rowwise dispatch's transports (issue 15): MPI windows vs the padded all-to-all, interleaved
+# pairs at ep 2 and 4 -> bench/results/padded_transport.{md,json}.
+bench-padded: build $(KJV)/tokens/meta.json
+	$(PYTHON) bench/padded_transport.py $(ARGS)
 
 # Pipeline figures (issue 5): measured bubble vs theory, tokens/s and peak memory per stage for
 # 1f1b / interleaved-1f1b / gpipe at pp 2 and 4 -> bench/results/pipeline.{md,json}.

@@ -434,7 +434,11 @@ INSTANTIATE_TEST_SUITE_P(
         // (train/communicator_choice.h).
         DeviceRunCase{"fp32_nccl_stand_in", "fp32", "none", 1, "communicator = \"nccl\""},
         DeviceRunCase{"ranks2_ep_zero_nccl_stand_in", "fp32", "none", 2,
-                      "ep = 2\nzero = 1\ncommunicator = \"nccl\""}),
+                      "ep = 2\nzero = 1\ncommunicator = \"nccl\""},
+        // The padded transport over the stand-in: what a GPU job without symmetric memory runs.
+        DeviceRunCase{"ranks2_ep_padded_nccl_stand_in", "fp32", "none", 2,
+                      "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
+                      "communicator = \"nccl\""}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;
     });
