@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -32,6 +33,19 @@ from scaling import CONFIG, REPO, run_once  # noqa: E402
 
 LAYOUTS = [(2, 2, 1.25), (2, 2, 2.0), (4, 4, 1.25), (4, 4, 4.0)]  # ranks, ep, capacity factor
 TRANSPORTS = ("window", "padded")
+
+
+def machine() -> str:
+    """The CPU's model name and the cores this process may use."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {len(os.sched_getaffinity(0))} cores"
 
 
 def main() -> int:
@@ -78,8 +92,7 @@ def main() -> int:
                   f"{row['ratio']['max']:.3f}]  ({time.monotonic() - started:.0f}s)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    meta = {"date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
             "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
             "config": str(CONFIG.relative_to(REPO)), "total_seconds": time.monotonic() - started}
     (out / "padded_transport.json").write_text(

@@ -25,7 +25,8 @@ def ep_traffic(out_dir: Path) -> dict:
     """Expert-exchange float payload bytes per rank: {rank: {collective: bytes}}."""
     stats = [json.loads(p.read_text()) for p in sorted((out_dir / "rank_stats").glob("rank*.json"))]
     return {i: {k: v["bytes"] for k, v in s["traffic"].items()
-                if k in ("ep.put", "ep.get", "ep.alltoallv")} for i, s in enumerate(stats)}
+                if k in ("ep.put", "ep.get", "ep.alltoallv", "ep.alltoall")}
+            for i, s in enumerate(stats)}
 
 
 def run(moecore_bin, job_data, tmp_path: Path, name: str, *sets: str) -> tuple[dict, dict]:
@@ -45,9 +46,13 @@ def run(moecore_bin, job_data, tmp_path: Path, name: str, *sets: str) -> tuple[d
     # capacity 0.5 drops routes: the drop rate of the recomputed run is the same, not doubled
     ("moe", ["parallel.ep=2", "parallel.zero=1", "parallel.dispatch=rowwise",
              "parallel.capacity_factor=0.5"]),
+    # the padded transport re-plans on the device in the recomputed forward: the same drops
+    ("moe", ["parallel.ep=2", "parallel.zero=1", "parallel.dispatch=rowwise",
+             "parallel.capacity_factor=0.5", "parallel.rowwise_transport=padded"]),
     ("attention", ["parallel.ep=2", "parallel.zero=0"]),
     ("full", ["parallel.pp=2", "train.microbatches=2"]),
-], ids=["full-ep2-rowwise-zero-bias", "moe-ep2-rowwise-drops", "attention-ep2-sync", "full-pp2"])
+], ids=["full-ep2-rowwise-zero-bias", "moe-ep2-rowwise-drops", "moe-ep2-padded-drops",
+        "attention-ep2-sync", "full-pp2"])
 def test_recompute_trains_exactly_like_none(moecore_bin, job_data, tmp_path, mode, layout):
     ref_rows, ref_w = run(moecore_bin, job_data, tmp_path, "none", *layout)
     our_rows, our_w = run(moecore_bin, job_data, tmp_path, mode, *layout,
