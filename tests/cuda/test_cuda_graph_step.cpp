@@ -3,9 +3,10 @@
 // AdamW reading its factors, the selection-bias update) holds no synchronisation, so CUDA graph
 // capture (global mode: a wait or a synchronous copy inside it is an error) records it whole, and
 // replaying the graph gives the bits of running the same operations eagerly. An applied and a
-// skipped decision are both shown. The experts' grouped GEMMs capture too: in bf16 they read the
-// routing's offsets on the device there (grouped_gemm_device.h), and in fp32, whose per-expert
-// cuBLASLt GEMMs need them on the host, they refuse in one line instead of breaking the capture.
+// skipped decision are both shown. The experts' grouped GEMMs capture too: in bf16 and MXFP8 they
+// read the routing's offsets on the device there (grouped_gemm_device.h), and in fp32, whose
+// per-expert cuBLASLt GEMMs need them on the host, they refuse in one line instead of breaking the
+// capture.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -15,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/device_memory.h"
+#include "core/mx_types.h"
 #include "kernel_harness.h"
 #include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/runtime.h"
@@ -179,6 +181,61 @@ TEST(CudaGraphStep, TheExpertsGemmsCaptureInBf16ReadingTheirOffsetsOnTheDevice) 
     ASSERT_EQ(y[i], 7.0f) << "y's row " << i / G::kOut << " past the offsets";
   for (size_t i = static_cast<size_t>(used * G::kIn); i < dx.size(); ++i)
     ASSERT_EQ(dx[i], 5.0f) << "dx's row " << i / G::kIn << " past the offsets";
+}
+
+// The MXFP8 experts' forward GEMM: in a capture, both MX operands are dequantised to bf16 and one
+// device-offset launch multiplies them; eagerly, per-expert GEMMs on the host's offsets (on
+// Hopper also through bf16; block-scaled on Blackwell). The products of two dequantised codes are
+// exact in fp32 on both sides, summed in different orders: nmse_bound(k).
+TEST(CudaGraphStep, TheMxExpertsGemmCapturesReadingItsOffsetsOnTheDevice) {
+  kernels::cuda::activate();
+  constexpr int64_t kExperts = 4, kOut = 96, kIn = 64, kRows = 300;
+  const std::vector<int64_t> offsets_host = {0, 70, 70, 71, 250};
+  const int64_t used = offsets_host.back();
+  const DeviceArray<float> x = on_gpu(random_values(kRows * kIn, 21, 1.0f));
+  const DeviceArray<float> w = on_gpu(random_values(kExperts * kOut * kIn, 22, 0.1f));
+  const DeviceArray<int64_t> offsets = on_gpu(offsets_host);
+  DeviceArray<uint8_t> x_codes(Device::kCuda, kRows * kIn),
+      x_scales(Device::kCuda, kRows * kIn / 32);
+  DeviceArray<uint8_t> w_codes(Device::kCuda, kExperts * kOut * kIn),
+      w_scales(Device::kCuda, kExperts * kOut * kIn / 32);
+  kernels::mx_quantize(view(x.data(), {kRows, kIn}), mx::ScaleMode::kRceil,
+                       TensorView(x_codes.data(), {kRows, kIn}, DType::kE4m3),
+                       TensorView(x_scales.data(), {kRows, kIn / 32}, DType::kE8m0));
+  kernels::mx_quantize(ConstTensorView(w.data(), {kExperts, kOut, kIn}, DType::kF32),
+                       mx::ScaleMode::kRceil,
+                       TensorView(w_codes.data(), {kExperts, kOut, kIn}, DType::kE4m3),
+                       TensorView(w_scales.data(), {kExperts, kOut, kIn / 32}, DType::kE8m0));
+  const MxOperandView xo{ConstTensorView(x_codes.data(), {kRows, kIn}, DType::kE4m3),
+                         ConstTensorView(x_scales.data(), {kRows, kIn / 32}, DType::kE8m0)};
+  const MxOperandView wo{
+      ConstTensorView(w_codes.data(), {kExperts, kOut, kIn}, DType::kE4m3),
+      ConstTensorView(w_scales.data(), {kExperts, kOut, kIn / 32}, DType::kE8m0)};
+  DeviceArray<float> eager = on_gpu(std::vector<float>(kRows * kOut, 7.0f));
+  DeviceArray<float> captured = on_gpu(std::vector<float>(kRows * kOut, 7.0f));
+  const ConstTensorView offs = view(offsets.data(), {kExperts + 1});
+  kernels::mx_grouped_gemm_forward(xo, wo, offs, view(eager.data(), {kRows, kOut}));
+  kernels::cuda::synchronize();
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
+            cudaSuccess);
+  kernels::mx_grouped_gemm_forward(xo, wo, offs, view(captured.data(), {kRows, kOut}));
+  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
+      << "the MX grouped GEMM waited for the host inside the capture";
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
+  kernels::cuda::synchronize();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  const std::vector<float> got = host_copy(captured), want = host_copy(eager);
+  EXPECT_LE(kernel_harness::nmse(std::vector<float>(got.begin(), got.begin() + used * kOut),
+                                 std::vector<float>(want.begin(), want.begin() + used * kOut)),
+            kernel_harness::nmse_bound(kIn));
+  for (size_t i = static_cast<size_t>(used * kOut); i < got.size(); ++i)
+    ASSERT_EQ(got[i], 7.0f) << "row " << i / kOut << " past the offsets";
 }
 
 TEST(CudaGraphStep, TheExpertsGemmsRefuseACaptureInFp32InOneLine) {

@@ -9,7 +9,7 @@ std::vector<int64_t> expert_offsets_on_host(const char* op, ConstTensorView expe
                                             const GroupedGemmDims& dims) {
   MOE_CHECK(!capturing(),
             "[{}] reads the experts' offsets on the host, which a stream being captured into a "
-            "CUDA graph cannot do (in bf16 the grouped GEMMs read them on the device)",
+            "CUDA graph cannot do (there the bf16 and MX grouped GEMMs read them on the device)",
             op);
   std::vector<int64_t> offsets(static_cast<size_t>(dims.experts + 1));
   note_host_read(op);

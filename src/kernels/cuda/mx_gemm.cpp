@@ -37,7 +37,8 @@
 //
 // The grouped GEMMs' expert offsets are on the device (order_routes_by_expert writes them there);
 // the per-expert GEMMs are issued from the host, so they are read back first, which waits for the
-// stream. A grouped launch that reads them on the device (cuBLASLt's grouped GEMM) would not.
+// stream. In a stream being captured into a CUDA graph they are not: both operands are
+// dequantised to bf16 whole and one device-offset launch (grouped_gemm_device.h) multiplies them.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -47,6 +48,7 @@
 #include "kernels/cuda/device_views.h"
 #include "kernels/cuda/expert_offsets_on_host.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/mx_device_types.h"
 #include "kernels/cuda/mx_gemm_block_scaled.h"
@@ -129,6 +131,18 @@ void mx_grouped_gemm_bf16(const MxGroupedArgs& g, std::span<const int64_t> exper
 void mx_grouped_gemm(const char* op, const MxOperandView& a, const MxOperandView& b,
                      ConstTensorView expert_offsets, TensorView out) {
   const MxGroupedArgs g = mx_grouped_args(op, a, b, expert_offsets, out, Device::kCuda);
+  if (capturing()) {
+    // In a CUDA graph's capture the offsets stay on the device: both operands dequantised whole
+    // (every expert's weights: the scratch of a bf16 copy of them) and one device-offset launch
+    // (grouped_gemm_device.h), on any device: the bf16 path's arithmetic, not the block-scaled.
+    const int64_t n = g.dims.out, k = g.dims.in;
+    const Bf16Operand a16(g.a, g.dims.rows * k);
+    const Bf16Operand b16(g.b, g.dims.experts * n * k);
+    launch_grouped_gemm_bf16_device_offsets(a16.at(0), b16.at(0), expert_offsets.data<int64_t>(op),
+                                            g.dims.experts, g.dims.rows, n, k, g.out, stream());
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const std::vector<int64_t> offsets = expert_offsets_on_host(op, expert_offsets, g.dims);
   if (!has_mx_tensor_cores()) {
     mx_grouped_gemm_bf16(g, offsets);

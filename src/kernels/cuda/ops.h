@@ -3,8 +3,8 @@
 // Each operation is issued on runtime.h's stream and returns without waiting for it, except the
 // grouped GEMMs, which issue one cuBLASLt GEMM per expert from the host and so read the expert
 // offsets back (expert_offsets_on_host.h), but in a stream being captured into a CUDA graph: there
-// in bf16 they run the device-offset kernels (grouped_gemm_device.h), and in fp32 and MXFP8 they
-// refuse in one line.
+// the bf16 and MX ones run the device-offset kernels (grouped_gemm_device.h; MX on operands
+// dequantised to bf16), and fp32 refuses in one line.
 // Those that take row numbers or token ids held in device memory (embedding, permute_rows,
 // permute_rows_backward, gather_rows, moe_combine) check them as the CPU backend does, but on the
 // device: an index outside its tensor is recorded there and thrown by the next synchronize()
