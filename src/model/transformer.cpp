@@ -482,12 +482,20 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   const ModelConfig& c = config_;
   const int64_t n = batch * seq, d = c.hidden_size, v = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (has_embedding())
+  // Ids in host memory are checked here; ids in device memory by the kernels, where they are.
+  const bool tokens_on_host = tokens == nullptr || device_of(tokens) == Device::kCpu;
+  const bool targets_on_host = targets == nullptr || device_of(targets) == Device::kCpu;
+  MOE_CHECK(targets_on_host || given_counts,
+            "[model] targets in device memory need their counts from the caller "
+            "(set_next_batch_counts): a pass does not read them back to count them");
+  MOE_CHECK(tokens_on_host || document_eos_ < 0,
+            "[model] document masking finds the documents in host memory: give the tokens there");
+  if (has_embedding() && tokens_on_host)
     for (int64_t i = 0; i < n; ++i)
       MOE_CHECK(tokens[i] >= 0 && tokens[i] < v,
                 "[data] token id {} at (batch {}, position {}) is out of range for vocab_size={}",
                 tokens[i], i / seq, i % seq, v);
-  if (targets != nullptr)
+  if (targets != nullptr && targets_on_host)
     for (int64_t i = 0; i < n; ++i)
       MOE_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < v),
                 "[data] target id {} at (batch {}, position {}) is out of range for vocab_size={} "

@@ -76,7 +76,11 @@ class Transformer {
   // global count; a chunk with MoE layers refuses to run without them then). Output: `hidden_out`
   // [batch * seq, d] on every chunk but the last. Every pass but the head's without targets
   // records its loss parts where the model's tensors are, for read_losses(): the passes never
-  // wait for the device (issue 15 item 3: a GPU's step is queued without stopping).
+  // wait for the device (issue 15 item 3: a GPU's step is queued without stopping). tokens and
+  // targets may be in host memory (checked there) or already in the model's device memory (then
+  // the kernels check the ids where they are, and the pass needs set_next_batch_counts(); not
+  // with document masking, which finds the documents on the host): a pass with its inputs placed
+  // beforehand copies nothing between host and device, as a CUDA graph's capture needs.
   void forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
                      const float* hidden_in, const int32_t* targets, int64_t batch, int64_t seq,
                      float* hidden_out);

@@ -271,10 +271,11 @@ TEST(DeviceMemory, APassNeverWaitsForTheDeviceAndItsLossesAreOneCopy) {
 
 // What a pass copies into device memory (issue 15 item 3's other half): once warm (its buffers
 // allocated, its tables made by the first pass), a training pass copies in only its token ids and
-// targets (batch x seq i32 each). Placed in device memory before a CUDA graph's capture, the rest
-// of the pass copies nothing to or from the host (above: it reads nothing), which a capture needs
-// (the CUDA backend refuses a copy inside one in one line).
-TEST(DeviceMemory, AWarmPassCopiesInOnlyItsTokensAndTargets) {
+// targets (batch x seq i32 each), and none at all when they are in device memory already (with
+// their counts from the caller): then it copies nothing between host and device either way (above:
+// it reads nothing), which a CUDA graph's capture needs (the CUDA backend refuses a copy inside
+// one in one line), and computes the same gradients bit for bit.
+TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevice) {
   const ModelConfig c = tiny_moe_config(2);
   for (const TrainPrecision precision : {TrainPrecision::kFp32, TrainPrecision::kBf16}) {
     SCOPED_TRACE(train_precision_name(precision));
@@ -282,7 +283,7 @@ TEST(DeviceMemory, AWarmPassCopiesInOnlyItsTokensAndTargets) {
     const ParamLayout layout = ParamLayout::build(c);
     ParamBuffers host_params(layout, Device::kCpu);
     fill_tiny_params(layout, 5, host_params);
-    ParamBuffers params(layout), grads(layout);
+    ParamBuffers params(layout);
     copy_bytes(params.dense.data(), host_params.dense.data(), params.dense.size() * sizeof(float));
     copy_bytes(params.expert.data(), host_params.expert.data(),
                params.expert.size() * sizeof(float));
@@ -291,16 +292,61 @@ TEST(DeviceMemory, AWarmPassCopiesInOnlyItsTokensAndTargets) {
     const int64_t batch = 2, seq = 8;
     std::vector<int32_t> tokens(kTinyTokens), targets(kTinyTargets);
     for (int32_t& t : tokens) t %= static_cast<int32_t>(c.vocab_size);
-    std::vector<size_t> copies;
-    for (int pass = 0; pass < 2; ++pass) {
+    int64_t counted = 0;
+    for (const int32_t t : targets) counted += t != kIgnoreIndex;
+    const DeviceArray<int32_t> tokens_on_device = device_copy(tokens, Device::kCuda);
+    const DeviceArray<int32_t> targets_on_device = device_copy(targets, Device::kCuda);
+    struct Pass {
+      std::vector<size_t> copies_in;
+      std::vector<HostRead> reads;
+      std::vector<float> dense_grads, expert_grads;
+    };
+    auto pass = [&](const int32_t* token_ids, const int32_t* target_ids) {
+      ParamBuffers grads(layout);
       guarded_device::take_host_to_device_copies();
-      model.forward_chunk(0, params, tokens.data(), nullptr, targets.data(), batch, seq, nullptr);
-      model.backward(params, grads, 0.75f);
-      copies = guarded_device::take_host_to_device_copies();
+      Pass p;
+      {
+        const HostReadLog log;
+        model.set_next_batch_counts({counted, batch * seq});
+        model.forward_chunk(0, params, token_ids, nullptr, target_ids, batch, seq, nullptr);
+        model.backward(params, grads, 0.75f);
+        p.reads = log.reads();
+      }
+      p.copies_in = guarded_device::take_host_to_device_copies();
       model.read_losses();
-    }
+      p.dense_grads = host_copy(grads.dense);
+      p.expert_grads = host_copy(grads.expert);
+      return p;
+    };
+    pass(tokens.data(), targets.data());  // warms the buffers and tables
+    const Pass from_host = pass(tokens.data(), targets.data());
+    const Pass from_device = pass(tokens_on_device.data(), targets_on_device.data());
     const size_t ids = static_cast<size_t>(batch * seq) * sizeof(int32_t);
-    EXPECT_EQ(copies, (std::vector<size_t>{ids, ids}));
+    EXPECT_EQ(from_host.copies_in, (std::vector<size_t>{ids, ids}));
+    EXPECT_TRUE(from_device.copies_in.empty()) << from_device.copies_in.size() << " copies in";
+    EXPECT_TRUE(from_host.reads.empty());
+    EXPECT_TRUE(from_device.reads.empty());
+    EXPECT_EQ(from_device.dense_grads, from_host.dense_grads);
+    EXPECT_EQ(from_device.expert_grads, from_host.expert_grads);
+  }
+}
+
+TEST(DeviceMemory, IdsInDeviceMemoryNeedTheirCountsFromTheCaller) {
+  const ModelConfig c = tiny_moe_config(2);
+  const guarded_device::Scope device;
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  Transformer model(c, layout);
+  std::vector<int32_t> tokens(kTinyTokens), targets(kTinyTargets);
+  for (int32_t& t : tokens) t %= static_cast<int32_t>(c.vocab_size);
+  const DeviceArray<int32_t> tokens_on_device = device_copy(tokens, Device::kCuda);
+  const DeviceArray<int32_t> targets_on_device = device_copy(targets, Device::kCuda);
+  try {
+    model.forward_chunk(0, params, tokens_on_device.data(), nullptr, targets_on_device.data(), 2, 8,
+                        nullptr);
+    FAIL() << "counted the targets in device memory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_next_batch_counts"), std::string::npos) << e.what();
   }
 }
 
