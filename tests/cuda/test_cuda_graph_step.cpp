@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -36,6 +37,24 @@ std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
 template <typename T>
 DeviceArray<T> on_gpu(const std::vector<T>& host) {
   return device_copy(host, Device::kCuda);
+}
+
+// Captures what `issue` queues on the backend's stream into a CUDA graph in global mode (where a
+// wait for the stream or a synchronous copy fails the capture), replays the graph once and waits
+// for it; `what` names the work in a failure.
+void capture_and_replay(const std::function<void()>& issue, const char* what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
+            cudaSuccess);
+  issue();
+  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
+      << what << " waited for the host inside the capture";
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
+  kernels::cuda::synchronize();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 // The step's tail on device arrays, as decide_and_update (train/trainer.cpp) issues it.
@@ -92,16 +111,7 @@ void expect_graph_replays_the_eager_step(double norm_limit, bool applies) {
   eager.issue();
   kernels::cuda::synchronize();
 
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
-            cudaSuccess);
-  captured.issue();
-  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
-      << "a synchronisation inside the step's tail broke the capture";
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
-  kernels::cuda::synchronize();
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay([&] { captured.issue(); }, "the step's tail"));
 
   EXPECT_EQ(captured.host_decision(), eager.host_decision());
   EXPECT_EQ(eager.host_decision()[2], applies ? 1.0 : 0.0);
@@ -109,8 +119,6 @@ void expect_graph_replays_the_eager_step(double norm_limit, bool applies) {
   EXPECT_EQ(captured.host_bias(), eager.host_bias());
   const std::vector<float> before = random_values(StepTail::kN, 1, 1.0f);
   EXPECT_EQ(eager.host_params() == before, !applies);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // The experts' GEMMs of one MoE layer on a static-capacity buffer (rows past the offsets, as the
@@ -151,18 +159,8 @@ TEST(CudaGraphStep, TheExpertsGemmsCaptureInBf16ReadingTheirOffsetsOnTheDevice) 
   eager.issue(kernels::MatmulPrecision::kBf16);  // per-expert cuBLASLt GEMMs (a host read)
   kernels::cuda::synchronize();
 
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
-            cudaSuccess);
-  captured.issue(kernels::MatmulPrecision::kBf16);
-  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
-      << "the grouped GEMMs waited for the host inside the capture";
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
-  kernels::cuda::synchronize();
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay(
+      [&] { captured.issue(kernels::MatmulPrecision::kBf16); }, "the grouped GEMMs"));
 
   const int64_t used = captured.offsets_host.back();
   const std::vector<float> y = host_copy(captured.y), y_ref = host_copy(eager.y);
@@ -217,18 +215,11 @@ TEST(CudaGraphStep, TheMxExpertsGemmCapturesReadingItsOffsetsOnTheDevice) {
   kernels::mx_grouped_gemm_forward(xo, wo, offs, view(eager.data(), {kRows, kOut}));
   kernels::cuda::synchronize();
 
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
-            cudaSuccess);
-  kernels::mx_grouped_gemm_forward(xo, wo, offs, view(captured.data(), {kRows, kOut}));
-  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
-      << "the MX grouped GEMM waited for the host inside the capture";
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
-  kernels::cuda::synchronize();
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay(
+      [&] {
+        kernels::mx_grouped_gemm_forward(xo, wo, offs, view(captured.data(), {kRows, kOut}));
+      },
+      "the MX grouped GEMM"));
 
   const std::vector<float> got = host_copy(captured), want = host_copy(eager);
   EXPECT_LE(kernel_harness::nmse(std::vector<float>(got.begin(), got.begin() + used * kOut),

@@ -44,9 +44,25 @@ __device__ bool find_tile(const int64_t* offsets, int64_t experts, int64_t tile,
   return false;
 }
 
+// This warp's 32 x 32 quarter of the block's tile (four warps, 2 x 2).
+struct WarpTile {
+  __device__ WarpTile()
+      : row((static_cast<int>(threadIdx.x) / 32 / 2) * 32),
+        col((static_cast<int>(threadIdx.x) / 32 % 2) * 32) {}
+  int row, col;
+};
+
+// The warp's 2 x 2 fragments of fp32 accumulators.
+using Accumulators = wmma::fragment<wmma::accumulator, 16, 16, 16, float>[2][2];
+
+__device__ void clear(Accumulators& acc) {
+  for (auto& row : acc)
+    for (auto& f : row) wmma::fill_fragment(f, 0.0f);
+}
+
 // The tile's product from the shared operands of one k step into the warp's 2 x 2 fragments.
-__device__ void multiply_step(const SharedTiles& shared, int warp_row, int warp_col,
-                              wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[2][2]) {
+__device__ void multiply_step(const SharedTiles& shared, const WarpTile& warp, Accumulators& acc) {
+  const int warp_row = warp.row, warp_col = warp.col;
   for (int kk = 0; kk < kTileK; kk += 16) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[2];
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
@@ -60,9 +76,9 @@ __device__ void multiply_step(const SharedTiles& shared, int warp_row, int warp_
 }
 
 // The accumulators through shared memory (the operands' space, no longer read).
-__device__ void stage_accumulators(
-    SharedTiles& shared, int warp_row, int warp_col,
-    const wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[2][2]) {
+__device__ void stage_accumulators(SharedTiles& shared, const WarpTile& warp,
+                                   const Accumulators& acc) {
+  const int warp_row = warp.row, warp_col = warp.col;
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
       wmma::store_matrix_sync(&shared.c[warp_row + 16 * i][warp_col + 16 * j], acc[i][j], kPadCols,
@@ -83,12 +99,9 @@ __global__ void __launch_bounds__(kThreads)
   if (!find_tile(offsets, experts, blockIdx.x, &expert, &first_row, &end_row)) return;
   const int64_t first_col = int64_t{blockIdx.y} * kTileCols;
   const __nv_bfloat16* we = w + expert * cols * k;
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int warp_row = (warp / 2) * 32, warp_col = (warp % 2) * 32;
-
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-  for (auto& row : acc)
-    for (auto& f : row) wmma::fill_fragment(f, 0.0f);
+  const WarpTile warp;
+  Accumulators acc;
+  clear(acc);
   const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
 
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
@@ -108,11 +121,11 @@ __global__ void __launch_bounds__(kThreads)
           inside ? (kWeightKMajor ? we[kx * cols + col] : we[col * k + kx]) : zero;
     }
     __syncthreads();
-    multiply_step(shared, warp_row, warp_col, acc);
+    multiply_step(shared, warp, acc);
     __syncthreads();  // the next step's loads overwrite the tiles
   }
 
-  stage_accumulators(shared, warp_row, warp_col, acc);
+  stage_accumulators(shared, warp, acc);
   __syncthreads();
   for (int i = static_cast<int>(threadIdx.x); i < kTileRows * kTileCols; i += kThreads) {
     const int r = i / kTileCols, n = i % kTileCols;
@@ -133,12 +146,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t first_m = (tile / in_tiles) * kTileRows, first_n = (tile % in_tiles) * kTileCols;
   const int64_t begin = offsets[expert], end = offsets[expert + 1];
   if (end <= begin) return;
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int warp_row = (warp / 2) * 32, warp_col = (warp % 2) * 32;
-
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-  for (auto& row : acc)
-    for (auto& f : row) wmma::fill_fragment(f, 0.0f);
+  const WarpTile warp;
+  Accumulators acc;
+  clear(acc);
   const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
 
   for (int64_t r0 = begin; r0 < end; r0 += kTileK) {
@@ -155,11 +165,11 @@ __global__ void __launch_bounds__(kThreads)
       shared.operands.b[n][kk] = row < end && c < in ? x[row * in + c] : zero;
     }
     __syncthreads();
-    multiply_step(shared, warp_row, warp_col, acc);
+    multiply_step(shared, warp, acc);
     __syncthreads();
   }
 
-  stage_accumulators(shared, warp_row, warp_col, acc);
+  stage_accumulators(shared, warp, acc);
   __syncthreads();
   float* dwe = dw + expert * out * in;
   for (int i = static_cast<int>(threadIdx.x); i < kTileRows * kTileCols; i += kThreads) {
