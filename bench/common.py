@@ -1,5 +1,5 @@
 """Shared helpers of the `make bench` scripts (bench/throughput.py, bench/expert_scaling.py,
-bench/breakdown.py): launching training runs, the GEMM peak, FLOP counts, medians and spreads,
+bench/breakdown.py, bench/padded_transport.py): launching training runs, the GEMM peak, FLOP counts, medians and spreads,
 and the results files.
 
 Throughput of a run is its steady state, read from metrics.jsonl as bench/scaling.py does
@@ -140,6 +140,17 @@ def fmt_range(s: dict, digits: int = 0, scale: float = 1.0) -> str:
             f"{f.format(s['max'] * scale)}]")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor() or ''}".strip()
+
+
 def machine_meta(args) -> dict:
     try:
         load = os.getloadavg()[0]
@@ -148,7 +159,7 @@ def machine_meta(args) -> dict:
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
                             text=True, cwd=REPO).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "commit": commit,
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "machine": cpu_model(),
             "load_average_at_start": load, "quick": bool(getattr(args, "quick", False))}
 
 

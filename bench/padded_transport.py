@@ -10,111 +10,99 @@ Layouts: 2 ranks at ep 2 and 4 ranks at ep 4, capacity factor 1.25 (OLMo-core's 
 may drop) and ep (nothing can drop), on bench/configs/scaling.toml (bench/scaling.py's model and
 batch, one thread per rank). Each repeat runs the window and the padded run back to back
 (interleaved, so a slow spell of the machine hits both); the figure is the median over repeats of
-the per-pair ratio padded / window of steady-state tokens/s (bench/scaling.py's measure), with
+the per-pair ratio padded / window of steady-state tokens/s (bench/common.py's run_train), with
 its min and max.
 
-Usage: bench/padded_transport.py [--repeats 5] [--steps 10] [--warmup 2] [--out bench/results]
+Usage: bench/padded_transport.py [--repeats 9] [--steps 20] [--warmup 3] [--out bench/results]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scaling import CONFIG, REPO, run_once  # noqa: E402
+from common import (REPO, fmt_range, machine_meta, private_binary, run_train,  # noqa: E402
+                    summarise, work_dir, write_results)
 
+CONFIG = REPO / "bench" / "configs" / "scaling.toml"
 LAYOUTS = [(2, 2, 1.25), (2, 2, 2.0), (4, 4, 1.25), (4, 4, 4.0)]  # ranks, ep, capacity factor
 TRANSPORTS = ("window", "padded")
 
 
-def machine() -> str:
-    """The CPU's model name and the cores this process may use."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {len(os.sched_getaffinity(0))} cores"
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--binary", default=str(REPO / "build" / "bin" / "moecore"))
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--timeout", type=float, default=300.0)
-    args = ap.parse_args()
-    if args.steps <= args.warmup:
-        ap.error("--steps must exceed --warmup")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="moecore-bench-"))
-    binary = work / "moecore"  # a private copy: a rebuild cannot swap it mid-way
-    shutil.copy2(args.binary, binary)
-    rows, started = [], time.monotonic()
-    try:
-        for ranks, ep, factor in LAYOUTS:
-            runs = {t: [] for t in TRANSPORTS}
-            for _ in range(args.repeats):
-                for transport in TRANSPORTS:
-                    res = run_once(binary, ranks, ep, "rowwise", False, 1, args.steps,
-                                   args.warmup, work, args.timeout,
-                                   (f"parallel.capacity_factor={factor}",
-                                    f"parallel.rowwise_transport={transport}"))
-                    if res["status"] != "ok":
-                        raise SystemExit(f"ranks {ranks} ep {ep} {transport}: {res}")
-                    runs[transport].append(res)
-            ratios = [p["tokens_per_s"] / w["tokens_per_s"]
-                      for w, p in zip(runs["window"], runs["padded"])]
-            row = {"ranks": ranks, "ep": ep, "capacity_factor": factor,
-                   "ratio": {"median": statistics.median(ratios), "min": min(ratios),
-                             "max": max(ratios)}}
-            for t in TRANSPORTS:
-                row[t] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[t]),
-                          "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs[t]),
-                          "drop_rate": max(r["drop_rate"] for r in runs[t])}
-            rows.append(row)
-            print(f"ranks {ranks} ep {ep} factor {factor}: padded / window "
-                  f"{row['ratio']['median']:.3f} [{row['ratio']['min']:.3f}, "
-                  f"{row['ratio']['max']:.3f}]  ({time.monotonic() - started:.0f}s)", flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
-            "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-            "config": str(CONFIG.relative_to(REPO)), "total_seconds": time.monotonic() - started}
-    (out / "padded_transport.json").write_text(
-        json.dumps({"meta": meta, "results": rows}, indent=1) + "\n")
+def markdown(meta: dict, rows: list[dict]) -> str:
+    load = meta["load_average_at_start"]
+    load = f"{load:.2f}" if load is not None else "unknown"
     lines = ["# The rowwise dispatch's transports: MPI windows vs the padded all-to-all", "",
-             f"Generated by `make bench-padded` (`bench/padded_transport.py`) on {meta['date']}: "
-             f"{meta['machine']}, model and batch `{meta['config']}`, one thread per rank, "
-             f"{args.steps} steps per run (steady state after {args.warmup}), {args.repeats} "
-             "interleaved pairs per layout; ratio = median [min, max] of padded / window per "
-             "pair.", "",
+             f"Generated by `make bench-padded` (`bench/padded_transport.py`) on {meta['date']} "
+             f"at {meta['commit']}: {meta['machine']}, {meta['cores']} cores (load average "
+             f"{load} at the start); model and batch "
+             f"`{meta['config']}`, one thread per rank, {meta['steps']} steps per run (steady "
+             f"state after {meta['warmup']}), {meta['repeats']} interleaved pairs per layout; "
+             "tokens/s and peak RSS are medians, the ratio is the median [min, max] of padded / "
+             "window per pair.", "",
              "| ranks | ep | capacity factor | window tok/s | padded tok/s | padded / window | "
              "peak RSS MiB window / padded | max drop rate |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['ranks']} | {r['ep']} | {r['capacity_factor']} | "
-            f"{r['window']['tokens_per_s']:.0f} | {r['padded']['tokens_per_s']:.0f} | "
-            f"{r['ratio']['median']:.3f} [{r['ratio']['min']:.3f}, {r['ratio']['max']:.3f}] | "
-            f"{r['window']['peak_rss_mib']:.0f} / {r['padded']['peak_rss_mib']:.0f} | "
-            f"{r['window']['drop_rate']:.3f} |")
-    lines += ["", "DISCUSSION_PLACEHOLDER", ""]
-    (out / "padded_transport.md").write_text("\n".join(lines))
+            f"{r['window']['tokens_per_s']['median']:.0f} | "
+            f"{r['padded']['tokens_per_s']['median']:.0f} | {fmt_range(r['ratio'], 3)} | "
+            f"{r['window']['peak_rss_mib']['median']:.0f} / "
+            f"{r['padded']['peak_rss_mib']['median']:.0f} | {r['window']['drop_rate']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--binary", default=str(REPO / "build" / "bin" / "moecore"))
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    if args.steps <= args.warmup:
+        ap.error("--steps must exceed --warmup")
+    meta = {**machine_meta(args), "config": str(CONFIG.relative_to(REPO)), "steps": args.steps,
+            "warmup": args.warmup, "repeats": args.repeats}
+    work = work_dir()
+    binary = private_binary(args.binary, work)
+    rows, started = [], time.monotonic()
+    try:
+        for ranks, ep, factor in LAYOUTS:
+            runs = {t: [] for t in TRANSPORTS}
+            for _ in range(args.repeats):
+                for transport in TRANSPORTS:
+                    sets = [f"train.max_steps={args.steps}", "train.threads=1", f"parallel.ep={ep}",
+                            "parallel.dispatch=rowwise", "parallel.zero=0",
+                            f"parallel.capacity_factor={factor}",
+                            f"parallel.rowwise_transport={transport}"]
+                    res = run_train(binary, sets, work, transport, ranks=ranks,
+                                    warmup=args.warmup, timeout=args.timeout, config=CONFIG)
+                    if res["status"] != "ok":
+                        raise SystemExit(f"ranks {ranks} ep {ep} {transport}: {res}")
+                    runs[transport].append(res)
+            ratios = [p["tokens_per_s"] / w["tokens_per_s"]
+                      for w, p in zip(runs["window"], runs["padded"])]
+            row = {"ranks": ranks, "ep": ep, "capacity_factor": factor,
+                   "ratio": summarise(ratios)}
+            for t in TRANSPORTS:
+                row[t] = {"tokens_per_s": summarise([r["tokens_per_s"] for r in runs[t]]),
+                          "peak_rss_mib": summarise([r["peak_rss_mib"] for r in runs[t]]),
+                          "drop_rate": max(r["drop_rate"] for r in runs[t])}
+            rows.append(row)
+            print(f"ranks {ranks} ep {ep} factor {factor}: padded / window "
+                  f"{fmt_range(row['ratio'], 3)}  ({time.monotonic() - started:.0f}s)",
+                  flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    meta["total_seconds"] = time.monotonic() - started
+    write_results(Path(args.out), "padded_transport", {"meta": meta, "results": rows},
+                  markdown(meta, rows))
     return 0
 
 

@@ -70,12 +70,12 @@ def steady_tokens_per_s(metrics: Path, warmup: int, tokens_per_step: int) -> flo
 
 
 def run_once(binary: Path, ranks: int, ep: int, dispatch: str, overlap: bool, threads: int,
-             steps: int, warmup: int, work: Path, timeout: float, extra_sets=()) -> dict:
+             steps: int, warmup: int, work: Path, timeout: float) -> dict:
     out = work / f"r{ranks}_ep{ep}_{dispatch}_ov{int(overlap)}"
     shutil.rmtree(out, ignore_errors=True)
     sets = [f"train.out_dir={out}", f"train.max_steps={steps}", f"train.threads={threads}",
             f"parallel.ep={ep}", f"parallel.dispatch={dispatch}", "parallel.zero=0",
-            f"parallel.overlap_grad_reduce={'true' if overlap else 'false'}", *extra_sets]
+            f"parallel.overlap_grad_reduce={'true' if overlap else 'false'}"]
     cmd = [str(binary), "train", str(CONFIG)]
     for s in sets:
         cmd += ["--set", s]

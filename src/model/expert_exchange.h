@@ -10,6 +10,7 @@
 // routing is, over an all-to-all of static blocks).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -106,9 +107,7 @@ class PaddedExchange {
   // routes), the rowwise capacity.
   virtual int64_t capacity(int64_t routes) const = 0;
   // Rows of each (source, destination) block: as many as a pair can keep.
-  int64_t block_rows(int64_t routes) const {
-    return capacity(routes) < routes ? capacity(routes) : routes;
-  }
+  int64_t block_rows(int64_t routes) const { return std::min(capacity(routes), routes); }
   // all [ranks * count] = every rank's mine [count], in rank order, where the model's tensors
   // are. Collective.
   virtual void gather_counts(const int64_t* mine, int64_t* all, int64_t count) const = 0;

@@ -8,9 +8,9 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
+#include "dist/rowwise_plan.h"
 #include "model/activation_recompute.h"
 #include "model/config.h"
 #include "train/run_config.h"
@@ -36,6 +36,16 @@ struct ChunkShape {
   bool has_head = false;
 };
 
+// The padded transport's static sizes (model/padded_dispatch.h) for `routes` routes per rank:
+// the rowwise capacity, the runtime's own rule (dist::rowwise_capacity), and the rows of each
+// (source, destination) block, min(capacity, routes).
+inline double padded_capacity_rows(double capacity_factor, double routes) {
+  return static_cast<double>(dist::rowwise_capacity(capacity_factor, static_cast<int64_t>(routes)));
+}
+inline double padded_block_rows(double capacity_factor, double routes) {
+  return std::min(padded_capacity_rows(capacity_factor, routes), routes);
+}
+
 struct TokenShape {
   int64_t rows = 1;  // sequences of this rank in one micro-batch
   int64_t seq = 1;
@@ -52,8 +62,12 @@ struct TokenShape {
   double padded_capacity_factor = 0.0;
   int64_t tokens() const { return rows * seq; }
   // The padded transport's rows kept per rank and rows per block, for `routes` routes per rank.
-  double padded_capacity(double routes) const { return std::ceil(padded_capacity_factor * routes); }
-  double padded_block(double routes) const { return std::min(padded_capacity(routes), routes); }
+  double padded_capacity(double routes) const {
+    return padded_capacity_rows(padded_capacity_factor, routes);
+  }
+  double padded_block(double routes) const {
+    return padded_block_rows(padded_capacity_factor, routes);
+  }
   // The rows of the head's logits alive at once: a chunk's, or the whole micro-batch's.
   int64_t head_rows() const {
     return head_chunk_tokens > 0 && head_chunk_tokens < tokens() ? head_chunk_tokens : tokens();

@@ -1,11 +1,10 @@
 #include "plan/comm_model.h"
 
-#include <algorithm>
-#include <cmath>
 #include <tuple>
 
 #include "dist/pipeline_schedule.h"
 #include "model/params.h"
+#include "plan/activation_model.h"
 
 namespace moecore::plan {
 
@@ -64,7 +63,7 @@ std::vector<CollectiveBytes> rank_collectives(const RunConfig& config, const Res
       // Static blocks of min(capacity, routes) rows to every other rank, empty slots included
       // (model/padded_dispatch.h), with the routing of the micro-batch's tokens on this rank.
       const double routes = tokens * static_cast<double>(mc.num_experts_per_tok);
-      const double block = std::min(std::ceil(pc.capacity_factor * routes), routes);
+      const double block = padded_block_rows(pc.capacity_factor, routes);
       const double blocks =
           kF * block * d * static_cast<double>(layout.ep - 1) * static_cast<double>(moe_layers) * m;
       out.push_back({"ep", "alltoall", "token rows and their gradients in padded blocks",
