@@ -121,20 +121,27 @@ ConstTensorView DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Work
   return view(squares_.data(), {2});
 }
 
-void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads, double lr,
+void DistributedOptimizer::stage_step(double lr) {
+  ++steps_;
+  if (replica_)
+    replica_->stage_step(lr);
+  else
+    step_coefficients_.stage(config_, steps_, lr);
+}
+
+void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads,
                                 ConstTensorView step_factors, Workspace& scratch) {
   ScopedPhase timer(Phase::kOptimizer);
-  ++steps_;
   // The clipping coefficient is applied inside the update (one pass over the gradients).
   if (!zero_) {
-    replica_->step(params, grads, lr, 1.0f, step_factors);
+    replica_->apply_step(params, grads, 1.0f, step_factors);
     return;
   }
   for (Shard& s : shards_) {
     timer.switch_to(Phase::kOptimizer);
     adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
-                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), steps_, lr, 1.0f,
-                       step_factors);
+                       s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), step_coefficients_,
+                       1.0f, step_factors);
     // The updated shards travel to every rank: communication in the profile, as the planner
     // counts the all-gather with the reductions.
     timer.switch_to(Phase::kCommunication);

@@ -40,10 +40,15 @@ class DistributedOptimizer {
   // idle between a step's passes, so that these buffers reuse its memory instead of adding to the
   // peak (and the step allocates nothing once sized).
   ConstTensorView reduce_gradients(ParamBuffers& grads, Workspace& scratch);
-  // Applies AdamW at lr as step_factors (kernels::step_decision's, where the gradients are) say:
-  // clipped by their coefficient, or not at all for a skipped step, which the caller then reports
-  // with skipped_step() once it knows. Weights are then identical on every rank that holds them.
-  void step(ParamBuffers& params, ParamBuffers& grads, double lr, ConstTensorView step_factors,
+  // Counts the next step and writes its AdamW coefficients at lr where the parameters are (one
+  // small copy from the host, before the step's work: a CUDA graph replaying that work reads them
+  // there).
+  void stage_step(double lr);
+  // Applies AdamW with the staged coefficients as step_factors (kernels::step_decision's, where
+  // the gradients are) say: clipped by their coefficient, or not at all for a skipped step, which
+  // the caller then reports with skipped_step() once it knows. Weights are then identical on
+  // every rank that holds them.
+  void step(ParamBuffers& params, ParamBuffers& grads, ConstTensorView step_factors,
             Workspace& scratch);
   // The last step() was skipped: the step count goes back (Adam's bias correction counts
   // applied steps only).
@@ -88,7 +93,8 @@ class DistributedOptimizer {
   std::optional<AdamW> replica_;  // zero = 0
   std::vector<Shard> shards_;     // zero = 1: dense and expert
   int64_t steps_ = 0;
-  DeviceArray<double> squares_;  // reduce_gradients' two sums of squares
+  AdamWStepCoefficients step_coefficients_;  // zero = 1 (the replica stages its own)
+  DeviceArray<double> squares_;              // reduce_gradients' two sums of squares
   // Overlapped reductions in flight: the ranges already started, per group, and their requests.
   std::vector<std::pair<size_t, size_t>> started_[2];
   std::vector<Request> requests_;

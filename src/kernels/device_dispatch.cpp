@@ -119,18 +119,19 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
 }
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   int64_t normalizer, TensorView loss) {
+                   ConstTensorView normalizer, TensorView loss) {
   return run_on_device("cross_entropy", &cpu::cross_entropy, &KernelBackend::cross_entropy,
-                       {logits, targets, dlogits, loss}, logits, targets, dlogits, scale,
-                       normalizer, loss);
+                       {logits, targets, dlogits, normalizer, loss}, logits, targets, dlogits,
+                       scale, normalizer, loss);
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
                   TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
-                  ConstTensorView step_factors) {
+                  ConstTensorView step_coefficients, ConstTensorView step_factors) {
   return run_on_device("adamw_update", &cpu::adamw_update, &KernelBackend::adamw_update,
-                       {params, grads, exp_avg, exp_avg_sq, step_factors}, params, grads, exp_avg,
-                       exp_avg_sq, coefficients, step_factors);
+                       {params, grads, exp_avg, exp_avg_sq, step_coefficients, step_factors},
+                       params, grads, exp_avg, exp_avg_sq, coefficients, step_coefficients,
+                       step_factors);
 }
 
 void step_decision(ConstTensorView loss_rows, ConstTensorView squares,

@@ -28,6 +28,11 @@ namespace moecore {
 struct AdamWCoefficients {
   float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
 };
+// The coefficients that change from step to step (the learning rate's schedule, the bias
+// corrections), as adamw_update reads them from a tensor where the parameters are: f32 [3]
+// {decay_factor, step_size, bias2_sqrt}. The host writes them before the step, so that a replayed
+// CUDA graph's update follows the schedule instead of the values it was captured with.
+inline constexpr int64_t kAdamWStepCoefficients = 3;
 
 // How a router turns logits into scores: softmax over the experts, sigmoid, or softmax scores with
 // routing weights that are the softmax over the k selected logits (topk_softmax).

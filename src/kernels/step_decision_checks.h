@@ -23,6 +23,27 @@ inline void expect_step_factors(const char* op, ConstTensorView step_factors,
             dtype_name(step_factors.dtype()));
 }
 
+// Given step coefficients (adamw_update's) are f32 [kAdamWStepCoefficients].
+inline void expect_step_coefficients(const char* op, ConstTensorView step_coefficients,
+                                     Device device = Device::kCpu) {
+  if (!step_factors_given(step_coefficients)) return;
+  expect_shape(op, "step_coefficients", step_coefficients, {kAdamWStepCoefficients}, device);
+  MOE_CHECK(step_coefficients.dtype() == DType::kF32, "[{}] step_coefficients must be f32, got {}",
+            op, dtype_name(step_coefficients.dtype()));
+}
+
+// The coefficients an update uses: `given`, with the step's from step_coefficients (host memory)
+// when it has them.
+inline AdamWCoefficients with_step_coefficients(AdamWCoefficients given,
+                                                ConstTensorView step_coefficients) {
+  if (!step_factors_given(step_coefficients)) return given;
+  const float* c = step_coefficients.data<float>("adamw");
+  given.decay_factor = c[0];
+  given.step_size = c[1];
+  given.bias2_sqrt = c[2];
+  return given;
+}
+
 // loss_rows [m, 3] f64, squares [2] f64, decision [3] f64, step_factors [2] f32; returns m.
 inline int64_t step_decision_rows(const char* op, ConstTensorView loss_rows,
                                   ConstTensorView squares, ConstTensorView decision,

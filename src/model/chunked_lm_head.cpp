@@ -13,7 +13,7 @@ int64_t LmHeadChunks::rows(int64_t chunk) const {
 
 void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hidden,
                              const LinearWeight& weight, const int32_t* targets,
-                             const LmHeadChunks& shape, int64_t counted, TensorView losses,
+                             const LmHeadChunks& shape, ConstTensorView counted, TensorView losses,
                              Workspace& workspace, const LmHeadChunkObserver& observe) {
   const int64_t d = shape.hidden, v = shape.vocab;
   Workspace::Scope scratch(workspace);
@@ -33,8 +33,9 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
 void lm_head_backward_from_logits(kernels::MatmulPrecision precision, const float* logits,
                                   const float* hidden, const LinearWeight& weight,
                                   const int32_t* targets, int64_t rows, int64_t hidden_size,
-                                  int64_t vocab, int64_t counted, float loss_scale, float* dlogits,
-                                  float* dhidden, float* dweight, Workspace& workspace) {
+                                  int64_t vocab, ConstTensorView counted, float loss_scale,
+                                  float* dlogits, float* dhidden, float* dweight,
+                                  Workspace& workspace) {
   Workspace::Scope scratch(workspace);
   // The cross-entropy writes the loss again; the forward's is the one read.
   const std::span<double> loss = scratch.uninitialized<double>(1);
@@ -50,7 +51,7 @@ void lm_head_backward_from_logits(kernels::MatmulPrecision precision, const floa
 
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
                               const LinearWeight& weight, const int32_t* targets,
-                              const LmHeadChunks& shape, int64_t counted, float loss_scale,
+                              const LmHeadChunks& shape, ConstTensorView counted, float loss_scale,
                               float* dhidden, float* dweight, Workspace& workspace,
                               const LmHeadChunkObserver& observe) {
   const int64_t d = shape.hidden, v = shape.vocab;

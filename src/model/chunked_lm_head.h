@@ -46,12 +46,13 @@ struct LmHeadChunks {
 using LmHeadChunkObserver = std::function<void(int64_t first_row, ConstTensorView values)>;
 
 // losses (=, f64 [shape.count()], where the model's tensors are): chunk c's cross-entropy of the
-// logits hidden[rows of c] . W^T over `counted` (the global count of counted targets), so that the
-// chunks' values add up to the micro-batch's mean loss. targets: [tokens] i32 where the tensors
+// logits hidden[rows of c] . W^T over `counted` (f64 [1] where the tensors are: the global count of
+// counted targets, which a CUDA graph's replay reads anew), so that the chunks' values add up to
+// the micro-batch's mean loss. targets: [tokens] i32 where the tensors
 // are, kIgnoreIndex allowed. The logits live in `workspace` one chunk at a time.
 void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hidden,
                              const LinearWeight& weight, const int32_t* targets,
-                             const LmHeadChunks& shape, int64_t counted, TensorView losses,
+                             const LmHeadChunks& shape, ConstTensorView counted, TensorView losses,
                              Workspace& workspace, const LmHeadChunkObserver& observe = {});
 
 // The head's backward for `rows` rows from their logits (the whole head's kept ones, or a
@@ -61,14 +62,15 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
 void lm_head_backward_from_logits(kernels::MatmulPrecision precision, const float* logits,
                                   const float* hidden, const LinearWeight& weight,
                                   const int32_t* targets, int64_t rows, int64_t hidden_size,
-                                  int64_t vocab, int64_t counted, float loss_scale, float* dlogits,
-                                  float* dhidden, float* dweight, Workspace& workspace);
+                                  int64_t vocab, ConstTensorView counted, float loss_scale,
+                                  float* dlogits, float* dhidden, float* dweight,
+                                  Workspace& workspace);
 
 // d(loss_scale * mean loss) of the same forward: dhidden (=) [tokens, hidden], dweight (+=)
 // [vocab, hidden]. Each chunk's logits and logit gradient live in `workspace` while it runs.
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
                               const LinearWeight& weight, const int32_t* targets,
-                              const LmHeadChunks& shape, int64_t counted, float loss_scale,
+                              const LmHeadChunks& shape, ConstTensorView counted, float loss_scale,
                               float* dhidden, float* dweight, Workspace& workspace,
                               const LmHeadChunkObserver& observe = {});
 

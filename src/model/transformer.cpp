@@ -59,8 +59,11 @@ struct Transformer::Activations {
   DeviceArray<int64_t> route_counts;
   DeviceArray<double> loss_statistics;
   bool lb_uses_softmax = false;
-  int64_t global_tokens = 0;    // tokens of the global micro-batch
-  int64_t counted_targets = 0;  // its counted targets (the cross-entropy's divisor), with the head
+  int64_t global_tokens = 0;  // tokens of the global micro-batch
+  // Its counted targets, the cross-entropy's divisor, where the head's kernels read it (f64 [1]):
+  // the caller's (BatchCounts::counted_on_device) or counted_copy, a copy of the host's count.
+  ConstTensorView divisor;
+  DeviceArray<double> counted_copy;
   double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
   bool backward_ready = false;  // the last forward kept what the backward needs
 };
@@ -598,7 +601,23 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
     if (batch_sum_) batch_sum_(batch_counts, 2, DType::kF64);
   }
   const int64_t counted = static_cast<int64_t>(batch_counts[0]);
-  act.counted_targets = counted;
+  if (given_counts && given_counts->counted_on_device.raw() != nullptr) {
+    const ConstTensorView& on_device = given_counts->counted_on_device;
+    MOE_CHECK(on_device.numel() == 1 && on_device.dtype() == DType::kF64 &&
+                  on_device.device() == act.loss_statistics.device(),
+              "[model] the counted targets in device memory are one f64 where the model's tensors "
+              "are ({}), got {} {} in {} memory",
+              device_name(act.loss_statistics.device()), on_device.numel(),
+              dtype_name(on_device.dtype()), device_name(on_device.device()));
+    MOE_CHECK(c.loss_normalizer != LossNormalizer::kLabels || moe_layers_.empty(),
+              "[model] loss_normalizer = \"labels\" divides the router losses by the counted "
+              "targets on the host: give them there, not in device memory");
+    act.divisor = on_device;
+  } else {
+    act.counted_copy.resize_for_overwrite(1);
+    copy_bytes(act.counted_copy.data(), &batch_counts[0], sizeof(double));
+    act.divisor = view(act.counted_copy.data(), {1});
+  }
   act.global_tokens = static_cast<int64_t>(batch_counts[1]);
   act.router_loss_div = c.loss_normalizer == LossNormalizer::kLabels
                             ? static_cast<double>(counted)
@@ -639,14 +658,14 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
           assemble_chunks(observer_ && !recomputing_, observed, n, v);
       chunked_lm_head_forward(precision_.lm_head, act.final_hidden.data(),
                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                              LmHeadChunks{n, d, v, act.head_chunk_tokens}, counted,
+                              LmHeadChunks{n, d, v, act.head_chunk_tokens}, act.divisor,
                               view(head_loss, {head_losses}), workspace_, collect);
       if (collect) observe("lm_head", view(observed.data(), {n, v}));
     } else {
       // The loss only: an evaluation never needs the gradient, and the backward makes it from
       // the kept logits (the same rows through the same steps, so the same values).
       kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                             TensorView(), 1.0f, counted, view(head_loss, {head_losses}));
+                             TensorView(), 1.0f, act.divisor, view(head_loss, {head_losses}));
     }
   }
   if (batch_sum_) {
@@ -713,7 +732,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
           assemble_chunks(observer_ && !recomputing_, observed, n, v);
       chunked_lm_head_backward(precision_.lm_head, act.final_hidden.data(),
                                gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                               head_chunks, act.counted_targets, loss_scale, dhidden.data(),
+                               head_chunks, act.divisor, loss_scale, dhidden.data(),
                                at(grads, lm_head_), workspace_, collect);
       if (collect) observe("grad.lm_head", view(observed.data(), {n, v}));
     } else {
@@ -721,8 +740,8 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       const std::span<float> dlogits = head_scratch.uninitialized<float>(n * v);
       lm_head_backward_from_logits(precision_.lm_head, act.logits.data(), act.final_hidden.data(),
                                    gemm_weight(params, lm_head_, {v, d}), act.targets.data(), n, d,
-                                   v, act.counted_targets, loss_scale, dlogits.data(),
-                                   dhidden.data(), at(grads, lm_head_), workspace_);
+                                   v, act.divisor, loss_scale, dlogits.data(), dhidden.data(),
+                                   at(grads, lm_head_), workspace_);
       observe("grad.lm_head", view(dlogits.data(), {n, v}));
     }
     timer.stop();

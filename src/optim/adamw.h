@@ -8,32 +8,54 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/device_memory.h"
 #include "core/tensor_view.h"
 #include "model/params.h"
 #include "optim/optim_config.h"
 
 namespace moecore {
 
+// The coefficients of step `step` (counted from 1) at learning rate lr that change from step to
+// step, where the parameters are, as kernels::adamw_update reads them: f32 [3] for the tensors
+// with weight decay and for those without (kAdamWStepCoefficients' order). The host writes them
+// before the step's work (stage), so that a CUDA graph that replays the work follows the schedule.
+class AdamWStepCoefficients {
+ public:
+  void stage(const OptimConfig& config, int64_t step, double lr);
+  ConstTensorView of(bool decay) const;
+
+ private:
+  DeviceArray<float> values_;  // on the default device, as the parameters
+};
+
 // The AdamW update of the elements [begin, end) of one parameter group (the whole group, or one
-// rank's shard under ZeRO-1). params is the group's full flat buffer; grads, exp_avg and
-// exp_avg_sq hold just the range (element `begin` is their index 0). `step` counts from 1.
+// rank's shard under ZeRO-1) with the staged step_coefficients. params is the group's full flat
+// buffer; grads, exp_avg and exp_avg_sq hold just the range (element `begin` is their index 0).
 // grad_scale multiplies every gradient as it is read (the gradient-clipping coefficient, fused
 // here rather than a separate pass over the gradients; the same float product either way).
 // step_factors: the step's decision where the gradients are (kernels::step_decision; its clipping
 // coefficient replaces grad_scale, and a skipped step changes nothing), or an empty view.
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
-                        float* exp_avg_sq, int64_t step, double lr, float grad_scale = 1.0f,
-                        ConstTensorView step_factors = {});
+                        float* exp_avg_sq, const AdamWStepCoefficients& step_coefficients,
+                        float grad_scale = 1.0f, ConstTensorView step_factors = {});
 
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, const OptimConfig& config);
 
-  // One update of every parameter with gradient grad_scale * `grads` at learning rate lr (or
-  // as step_factors decide, adamw_update_range).
+  // A step in two halves: stage_step counts it and writes its coefficients at learning rate lr
+  // where the parameters are (a small copy before the step's work, outside a CUDA graph that
+  // replays it); apply_step updates every parameter with gradient grad_scale * `grads` (or as
+  // step_factors decide, adamw_update_range). step() does both.
+  void stage_step(double lr);
+  void apply_step(ParamBuffers& params, const ParamBuffers& grads, float grad_scale = 1.0f,
+                  ConstTensorView step_factors = {});
   void step(ParamBuffers& params, const ParamBuffers& grads, double lr, float grad_scale = 1.0f,
-            ConstTensorView step_factors = {});
+            ConstTensorView step_factors = {}) {
+    stage_step(lr);
+    apply_step(params, grads, grad_scale, step_factors);
+  }
 
   int64_t steps_taken() const { return step_; }
   ParamBuffers& exp_avg() { return m_; }
@@ -47,6 +69,7 @@ class AdamW {
   OptimConfig config_;
   ParamBuffers m_, v_;
   int64_t step_ = 0;
+  AdamWStepCoefficients step_coefficients_;
 };
 
 }  // namespace moecore

@@ -291,7 +291,7 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
   ctx.step_factors.resize_for_overwrite(2);
   const TensorView factors = view(ctx.step_factors.data(), {2});
   kernels::step_decision(loss_rows, squares, decide, view(ctx.decision.data(), {3}), factors);
-  ctx.optimizer.step(ctx.params, grads, report.lr, factors, scratch);
+  ctx.optimizer.step(ctx.params, grads, factors, scratch);
   // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed over
   // dp with the batch statistics), so every rank applies the same update to its copy. The
   // chunks' bf16 weight copies are remade at the next forward, once for the whole step.
@@ -320,6 +320,10 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
 StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) {
   const TrainConfig& tc = ctx.config.train;
   const ParallelConfig& pc = ctx.config.parallel;
+  StepReport report;
+  // The step's AdamW coefficients are in place before its work, as its batches below.
+  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
+  ctx.optimizer.stage_step(report.lr);
   grads.zero();
   for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
   std::vector<PipelineRunner::MicroBatch> micro_batches;
@@ -351,11 +355,9 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                                       : Transformer::LayerGradsReady());
     }
   };
-  StepReport report;
   const float loss_scale = 1.0f / static_cast<float>(tc.microbatches);
   ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
                           loss_scale, pass_hook);
-  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
   const std::string skip_reason = decide_and_update(ctx, grads, loss_scale, report);
   if (!skip_reason.empty()) {
     ctx.progress.message(

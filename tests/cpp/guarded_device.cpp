@@ -1,11 +1,15 @@
 #include "guarded_device.h"
 
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -18,6 +22,20 @@
 namespace moecore::guarded_device {
 
 namespace {
+
+// The capture in progress (Capture), if any: where the operations go instead of running, and the
+// first thing done inside it that a CUDA graph's capture cannot hold.
+struct Recording {
+  std::vector<std::function<void()>>* operations = nullptr;
+  std::string broken;
+};
+Recording& recording() {
+  static Recording r;
+  return r;
+}
+bool capturing() {
+  return recording().operations != nullptr;
+}
 
 uintptr_t page_size() {
   static const uintptr_t size = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -40,29 +58,55 @@ class GuardedMemory final : public DeviceMemory {
  public:
   Device device() const override { return Device::kCuda; }
   void* allocate(size_t bytes) override {
+    MOE_CHECK(!capturing(),
+              "[guarded device] an allocation of {} bytes inside a capture: a captured step must "
+              "find its buffers allocated",
+              bytes);
     void* data = mmap(nullptr, mapped(bytes), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     MOE_CHECK(data != MAP_FAILED, "[guarded device] mmap of {} bytes failed", bytes);
     return data;
   }
-  void deallocate(void* data, size_t bytes) noexcept override { munmap(data, mapped(bytes)); }
+  void deallocate(void* data, size_t bytes) noexcept override {
+    if (capturing() && recording().broken.empty())
+      recording().broken = fmt::format("a free of {} bytes of device memory", bytes);
+    munmap(data, mapped(bytes));
+  }
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    if (capturing()) {
+      MOE_CHECK(kind == CopyKind::kWithinDevice,
+                "[guarded device] a copy of {} bytes {} inside a capture: the step's inputs must "
+                "be in device memory before it, and its results are read after it",
+                bytes, kind == CopyKind::kHostToDevice ? "from the host" : "to the host");
+      recording().operations->push_back([this, dst, src, bytes] { move(dst, src, bytes); });
+      return;
+    }
     if (kind == CopyKind::kHostToDevice) host_to_device_.push_back(bytes);
-    set_access(dst, bytes, true);
-    set_access(src, bytes, true);
-    std::memmove(dst, src, bytes);
-    set_access(src, bytes, false);
-    set_access(dst, bytes, false);
+    move(dst, src, bytes);
   }
   void zero(void* data, size_t bytes) override {
-    set_access(data, bytes, true);
-    std::memset(data, 0, bytes);
-    set_access(data, bytes, false);
+    if (capturing()) {
+      recording().operations->push_back([data, bytes] { clear(data, bytes); });
+      return;
+    }
+    clear(data, bytes);
   }
 
   std::vector<size_t> take_host_to_device() { return std::exchange(host_to_device_, {}); }
 
  private:
   static size_t mapped(size_t bytes) { return (bytes + page_size() - 1) & ~(page_size() - 1); }
+  static void move(void* dst, const void* src, size_t bytes) {
+    set_access(dst, bytes, true);
+    set_access(src, bytes, true);
+    std::memmove(dst, src, bytes);
+    set_access(src, bytes, false);
+    set_access(dst, bytes, false);
+  }
+  static void clear(void* data, size_t bytes) {
+    set_access(data, bytes, true);
+    std::memset(data, 0, bytes);
+    set_access(data, bytes, false);
+  }
   std::vector<size_t> host_to_device_;
 };
 
@@ -132,11 +176,21 @@ const T& on_host(const T& value) {
 
 template <auto kOperation>
 struct Guarded;
-template <typename R, typename... Args, R (*kOperation)(Args...)>
+template <typename... Args, void (*kOperation)(Args...)>
 struct Guarded<kOperation> {
-  static R call(Args... args) {
+  static void call(Args... args) {
+    if (capturing()) {
+      // Recorded with copies of its arguments (options passed by reference included), as a
+      // kernel node keeps the values it was launched with.
+      recording().operations->push_back(
+          [recorded = std::tuple<std::decay_t<Args>...>(args...)] { std::apply(run, recorded); });
+      return;
+    }
+    run(args...);
+  }
+  static void run(const std::decay_t<Args>&... args) {
     const OpenViews open(args...);
-    return kOperation(on_host(args)...);
+    kOperation(on_host(args)...);
   }
 };
 
@@ -197,6 +251,28 @@ GuardedMemory& guarded_memory() {
 }
 
 }  // namespace
+
+void Graph::replay() const {
+  MOE_CHECK(!capturing(), "[guarded device] a replay inside a capture");
+  for (const std::function<void()>& operation : operations_) operation();
+}
+
+Capture::Capture() {
+  MOE_CHECK(!capturing(), "[guarded device] one capture at a time");
+  recording() = {&graph_.operations_, {}};
+}
+
+Capture::~Capture() {
+  if (open_) recording() = {};
+}
+
+Graph Capture::end() {
+  MOE_CHECK(open_, "[guarded device] the capture has ended already");
+  open_ = false;
+  const std::string broken = std::exchange(recording(), {}).broken;
+  MOE_CHECK(broken.empty(), "[guarded device] {} inside a capture", broken);
+  return std::move(graph_);
+}
 
 std::vector<size_t> take_host_to_device_copies() {
   return guarded_memory().take_host_to_device();

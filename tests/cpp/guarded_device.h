@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -20,6 +22,40 @@ namespace moecore::guarded_device {
 // call (what a pass would have to place in device memory before a CUDA graph's capture, which
 // cannot hold such a copy).
 std::vector<size_t> take_host_to_device_copies();
+
+// The work a capture recorded (Capture::end), in order.
+class Graph {
+ public:
+  // Runs the recorded work again, with the arguments it was recorded with: the scalars and
+  // options the host handed each operation by value, and the same device pointers. What a step
+  // computes anew on the host and passes by value is what a replay gets wrong.
+  void replay() const;
+  size_t operations() const { return operations_.size(); }
+
+ private:
+  friend class Capture;
+  std::vector<std::function<void()>> operations_;
+};
+
+// A CUDA graph's stream capture, emulated (cudaStreamBeginCapture in global mode): while it is
+// open, the kernel table's operations and the device's zeroing and copies within its memory are
+// recorded instead of run (a stream being captured runs nothing), and a copy between host and
+// device memory or an allocation of device memory is an error (moecore::Error), as on the CUDA
+// backend, which refuses such a copy in a capture and whose allocator would break it. A free of
+// device memory inside the capture makes end() fail. One at a time, inside a Scope.
+class Capture {
+ public:
+  Capture();
+  ~Capture();
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+  // Ends the capture and returns what it recorded.
+  Graph end();
+
+ private:
+  Graph graph_;
+  bool open_ = true;
+};
 
 // Registers the guarded memory and kernel table for Device::kCuda, and makes it the default device
 // (core/device_memory.h), for the scope's lifetime (device allocations must be freed before it

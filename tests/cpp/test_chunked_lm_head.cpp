@@ -44,12 +44,13 @@ struct Head {
   std::vector<float> hidden = random_vec(kTokens * kHidden, 11, -1.5f, 1.5f);
   std::vector<float> weight = random_vec(kVocab * kHidden, 12, -0.5f, 0.5f);
   std::vector<int32_t> targets;
-  int64_t counted = 0;
+  double counted = 0;  // the count the head divides by, as the model hands it over
   Head() {
     for (int64_t t = 0; t < kTokens; ++t)
       targets.push_back(t % 7 == 3 ? kIgnoreIndex : static_cast<int32_t>((t * 13 + 5) % kVocab));
     for (int32_t target : targets) counted += target != kIgnoreIndex;
   }
+  ConstTensorView divisor() const { return view(&counted, {1}); }
 };
 
 // The head's loss and gradients, and what each may be off by in fp32.
@@ -64,7 +65,7 @@ struct Reference {
 };
 
 Reference reference(const Head& head, float loss_scale) {
-  const double n_counted = static_cast<double>(head.counted);
+  const double n_counted = head.counted;
   const double s = static_cast<double>(loss_scale);
   Reference r;
   r.exact.dhidden.assign(kTokens * kHidden, 0.0);
@@ -138,7 +139,7 @@ Result whole_head(const Head& head, float loss_scale) {
                  kHidden, kVocab);
   kernels::cross_entropy(
       view(logits.data(), {kTokens, kVocab}), view(head.targets.data(), {kTokens}),
-      view(dlogits.data(), {kTokens, kVocab}), 1.0f, head.counted, view(&loss, {1}));
+      view(dlogits.data(), {kTokens, kVocab}), 1.0f, head.divisor(), view(&loss, {1}));
   kernels::scale(view(dlogits.data(), {kTokens, kVocab}), loss_scale,
                  view(scaled.data(), {kTokens, kVocab}));
   linear_backward(kernels::MatmulPrecision::kFp32, scaled.data(), head.hidden.data(), w,
@@ -154,13 +155,13 @@ Result chunked_head(const Head& head, float loss_scale, int64_t chunk_tokens, in
   std::vector<double> losses(static_cast<size_t>(shape.count()), -1.0);
   const ConstTensorView w = view(head.weight.data(), {kVocab, kHidden});
   chunked_lm_head_forward(kernels::MatmulPrecision::kFp32, head.hidden.data(), w,
-                          head.targets.data(), shape, head.counted,
+                          head.targets.data(), shape, head.divisor(),
                           view(losses.data(), {shape.count()}), workspace);
   // dhidden is overwritten (=), the weight gradient added to (+=).
   std::vector<float> dhidden(kTokens * kHidden, 7.0f), dweight(kVocab * kHidden, 0.0f);
   for (int pass = 0; pass < passes; ++pass)
     chunked_lm_head_backward(kernels::MatmulPrecision::kFp32, head.hidden.data(), w,
-                             head.targets.data(), shape, head.counted, loss_scale, dhidden.data(),
+                             head.targets.data(), shape, head.divisor(), loss_scale, dhidden.data(),
                              dweight.data(), workspace);
   for (float& g : dweight) g /= static_cast<float>(passes);
   double loss = 0.0;

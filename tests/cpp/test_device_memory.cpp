@@ -271,10 +271,11 @@ TEST(DeviceMemory, APassNeverWaitsForTheDeviceAndItsLossesAreOneCopy) {
 
 // What a pass copies into device memory (issue 15 item 3's other half): once warm (its buffers
 // allocated, its tables made by the first pass), a training pass copies in only its token ids and
-// targets (batch x seq i32 each), and none at all when they are in device memory already (with
-// their counts from the caller): then it copies nothing between host and device either way (above:
-// it reads nothing), which a CUDA graph's capture needs (the CUDA backend refuses a copy inside
-// one in one line), and computes the same gradients bit for bit.
+// targets (batch x seq i32 each) and its count of targets (one f64, the cross-entropy's divisor),
+// and none at all when they are in device memory already (the count given there by the caller,
+// BatchCounts::counted_on_device): then it copies nothing between host and device either way
+// (above: it reads nothing), which a CUDA graph's capture needs (the CUDA backend refuses a copy
+// inside one in one line), and computes the same gradients bit for bit.
 TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevice) {
   const ModelConfig c = tiny_moe_config(2);
   for (const TrainPrecision precision : {TrainPrecision::kFp32, TrainPrecision::kBf16}) {
@@ -296,18 +297,21 @@ TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevic
     for (const int32_t t : targets) counted += t != kIgnoreIndex;
     const DeviceArray<int32_t> tokens_on_device = device_copy(tokens, Device::kCuda);
     const DeviceArray<int32_t> targets_on_device = device_copy(targets, Device::kCuda);
+    const DeviceArray<double> counted_on_device =
+        device_copy(std::vector<double>{static_cast<double>(counted)}, Device::kCuda);
     struct Pass {
       std::vector<size_t> copies_in;
       std::vector<HostRead> reads;
       std::vector<float> dense_grads, expert_grads;
     };
-    auto pass = [&](const int32_t* token_ids, const int32_t* target_ids) {
+    auto pass = [&](const int32_t* token_ids, const int32_t* target_ids,
+                    ConstTensorView counted_there) {
       ParamBuffers grads(layout);
       guarded_device::take_host_to_device_copies();
       Pass p;
       {
         const HostReadLog log;
-        model.set_next_batch_counts({counted, batch * seq});
+        model.set_next_batch_counts({counted, batch * seq, counted_there});
         model.forward_chunk(0, params, token_ids, nullptr, target_ids, batch, seq, nullptr);
         model.backward(params, grads, 0.75f);
         p.reads = log.reads();
@@ -318,11 +322,12 @@ TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevic
       p.expert_grads = host_copy(grads.expert);
       return p;
     };
-    pass(tokens.data(), targets.data());  // warms the buffers and tables
-    const Pass from_host = pass(tokens.data(), targets.data());
-    const Pass from_device = pass(tokens_on_device.data(), targets_on_device.data());
+    pass(tokens.data(), targets.data(), {});  // warms the buffers and tables
+    const Pass from_host = pass(tokens.data(), targets.data(), {});
+    const Pass from_device = pass(tokens_on_device.data(), targets_on_device.data(),
+                                  view(counted_on_device.data(), {1}));
     const size_t ids = static_cast<size_t>(batch * seq) * sizeof(int32_t);
-    EXPECT_EQ(from_host.copies_in, (std::vector<size_t>{ids, ids}));
+    EXPECT_EQ(from_host.copies_in, (std::vector<size_t>{ids, sizeof(double), ids}));
     EXPECT_TRUE(from_device.copies_in.empty()) << from_device.copies_in.size() << " copies in";
     EXPECT_TRUE(from_host.reads.empty());
     EXPECT_TRUE(from_device.reads.empty());

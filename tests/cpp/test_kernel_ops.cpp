@@ -234,7 +234,9 @@ TEST_P(KernelOps, CrossEntropyMatchesReference) {
     std::vector<int32_t> targets(static_cast<size_t>(rows));
     std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
     for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 1 ? kIgnoreIndex : id(gen);
-    for (const int64_t normalizer : {int64_t{0}, rows + 2}) {
+    // The rows' own count, and a global one given where the logits are.
+    const double global_count = static_cast<double>(rows + 2);
+    for (const ConstTensorView& normalizer : {ConstTensorView(), view(&global_count, {1})}) {
       const float scale = 0.75f;
       std::vector<float> dz(logits.size()), dz_ref(logits.size());
       double got = 0.0, ref = 0.0;
@@ -284,9 +286,9 @@ TEST_P(KernelOps, AdamwMatchesReference) {
                               1e-8f,        1e-3f / (1.0f - 0.9f * 0.9f * 0.9f),
                               0.5f};
     backend().adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
-                           view(v.data(), {n}), c, TensorView());
+                           view(v.data(), {n}), c, TensorView(), TensorView());
     oracle().adamw_update(view(p_ref.data(), {n}), view(g.data(), {n}), view(m_ref.data(), {n}),
-                          view(v_ref.data(), {n}), c, TensorView());
+                          view(v_ref.data(), {n}), c, TensorView(), TensorView());
     // Elementwise: a handful of fp32 roundings per element, no reduction.
     const std::string what = "n=" + std::to_string(n);
     expect_nmse(p, p_ref, 1, "adamw params " + what);
@@ -1351,9 +1353,10 @@ TEST_P(KernelOps, StepDecisionMatchesReference) {
   }
 }
 
-// AdamW with the step's factors: their coefficient replaces grad_scale (the same bits as passing
-// it), and a skipped step leaves every view as it was.
-TEST_P(KernelOps, AdamwReadsTheStepFactors) {
+// AdamW with the step's coefficients and factors: the coefficients replace decay_factor,
+// step_size and bias2_sqrt, the factors' coefficient replaces grad_scale (the same bits as passing
+// them by value), and a skipped step leaves every view as it was.
+TEST_P(KernelOps, AdamwReadsTheStepCoefficientsAndFactors) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().adamw_update, backend().router_bias_update);
   const int64_t n = 37;
   const std::vector<float> p0 = random_vec(n, 1), g = random_vec(n, 2),
@@ -1361,17 +1364,25 @@ TEST_P(KernelOps, AdamwReadsTheStepFactors) {
   AdamWCoefficients c{1.0f - 1e-4f, 0.9f, 0.95f, 0.3f, 1e-8f, 2e-3f, 0.25f};
   std::vector<float> p = p0, m = m0, v = v0, p_given = p0, m_given = m0, v_given = v0;
   backend().adamw_update(view(p_given.data(), {n}), view(g.data(), {n}), view(m_given.data(), {n}),
-                         view(v_given.data(), {n}), c, TensorView());
+                         view(v_given.data(), {n}), c, TensorView(), TensorView());
+  const std::array<float, kAdamWStepCoefficients> schedule = {c.decay_factor, c.step_size,
+                                                              c.bias2_sqrt};
   const std::array<float, 2> apply = {0.25f, 1.0f}, skip = {0.25f, 0.0f};
-  c.grad_scale = 1.0f;  // the factors' coefficient replaces it
+  // What the tensors give replaces these.
+  c.grad_scale = 1.0f;
+  c.decay_factor = 0.5f;
+  c.step_size = 1.0f;
+  c.bias2_sqrt = 2.0f;
   backend().adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
-                         view(v.data(), {n}), c, view(apply.data(), {2}));
+                         view(v.data(), {n}), c, view(schedule.data(), {kAdamWStepCoefficients}),
+                         view(apply.data(), {2}));
   EXPECT_EQ(p, p_given);
   EXPECT_EQ(m, m_given);
   EXPECT_EQ(v, v_given);
   std::vector<float> p_skip = p0, m_skip = m0, v_skip = v0;
   backend().adamw_update(view(p_skip.data(), {n}), view(g.data(), {n}), view(m_skip.data(), {n}),
-                         view(v_skip.data(), {n}), c, view(skip.data(), {2}));
+                         view(v_skip.data(), {n}), c,
+                         view(schedule.data(), {kAdamWStepCoefficients}), view(skip.data(), {2}));
   EXPECT_EQ(p_skip, p0);
   EXPECT_EQ(m_skip, m0);
   EXPECT_EQ(v_skip, v0);

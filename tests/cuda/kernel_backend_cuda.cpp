@@ -76,19 +76,19 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
 }
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   int64_t normalizer, TensorView loss) {
+                   ConstTensorView normalizer, TensorView loss) {
   DeviceStaging s;
-  device().cross_entropy(s.in(logits), s.in(targets), s.out(dlogits), scale, normalizer,
+  device().cross_entropy(s.in(logits), s.in(targets), s.out(dlogits), scale, s.in(normalizer),
                          s.out(loss));
   s.finish();
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
                   TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
-                  ConstTensorView step_factors) {
+                  ConstTensorView step_coefficients, ConstTensorView step_factors) {
   DeviceStaging s;
   device().adamw_update(s.out(params), s.in(grads), s.out(exp_avg), s.out(exp_avg_sq), coefficients,
-                        s.in(step_factors));
+                        s.in(step_coefficients), s.in(step_factors));
   s.finish();
 }
 

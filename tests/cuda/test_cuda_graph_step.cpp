@@ -92,7 +92,7 @@ struct StepTail {
     const AdamWCoefficients c{1.0f - 1e-4f, 0.9f, 0.95f, 0.3f, 1e-8f, 2e-3f, 1.0f};
     kernels::adamw_update(view(params.data(), {kN}), view(grads.data(), {kN}),
                           view(exp_avg.data(), {kN}), view(exp_avg_sq.data(), {kN}), c,
-                          view(factors.data(), {2}));
+                          ConstTensorView(), view(factors.data(), {2}));
     kernels::router_bias_update(view(tally.data(), {kExperts}), 1e-3f, view(factors.data(), {2}),
                                 view(bias.data(), {kExperts}));
   }

@@ -30,10 +30,11 @@ MOECORE_SIMD_CLONES void adamw_chunk(const AdamWCoefficients& c, float* p, const
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
                   TensorView exp_avg_sq, const AdamWCoefficients& given,
-                  ConstTensorView step_factors) {
+                  ConstTensorView step_coefficients, ConstTensorView step_factors) {
   constexpr const char* kOp = "adamw";
+  expect_step_coefficients(kOp, step_coefficients);
   expect_step_factors(kOp, step_factors);
-  AdamWCoefficients coefficients = given;
+  AdamWCoefficients coefficients = with_step_coefficients(given, step_coefficients);
   if (step_factors_given(step_factors)) {
     const float* factors = step_factors.data<float>(kOp);
     if (factors[1] == 0.0f) return;  // a skipped step

@@ -7,6 +7,7 @@
 
 #include "core/simd.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cross_entropy_checks.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::cpu {
@@ -32,8 +33,9 @@ MOECORE_SIMD_CLONES double cross_entropy_row(const float* z, int64_t vocab, int3
 }  // namespace
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   int64_t normalizer, TensorView loss) {
+                   ConstTensorView normalizer, TensorView loss) {
   constexpr const char* kOp = "cross_entropy";
+  expect_normalizer(kOp, normalizer);
   MOE_CHECK(logits.rank() == 2, "[{}] logits must be [rows, vocab], got rank {}", kOp,
             logits.rank());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
@@ -54,7 +56,8 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
               "[{}] target {} at row {} is outside [0, {})", kOp, tp[r], r, vocab);
     counted += tp[r] != kIgnoreIndex;
   }
-  const int64_t divisor = normalizer > 0 ? normalizer : counted;
+  const double divisor =
+      normalizer_given(normalizer) ? *normalizer.data<double>(kOp) : static_cast<double>(counted);
   const float grad_scale = divisor > 0 ? scale / static_cast<float>(divisor) : 0.0f;
   std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
 #pragma omp parallel for schedule(static)
@@ -69,7 +72,7 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
   }
   double total = 0.0;
   for (double row : row_loss) total += row;
-  *mean = divisor > 0 ? total / static_cast<double>(divisor) : 0.0;
+  *mean = divisor > 0 ? total / divisor : 0.0;
 }
 
 }  // namespace moecore::kernels::cpu

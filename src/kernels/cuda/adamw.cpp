@@ -10,8 +10,10 @@ namespace moecore::kernels::cuda {
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
                   TensorView exp_avg_sq, const AdamWCoefficients& coefficients,
-                  ConstTensorView step_factors) {
+                  ConstTensorView step_coefficients, ConstTensorView step_factors) {
   constexpr const char* kOp = "adamw";
+  expect_on_device(kOp, "step_coefficients", step_coefficients);
+  expect_step_coefficients(kOp, step_coefficients, Device::kCuda);
   expect_on_device(kOp, "step_factors", step_factors);
   expect_step_factors(kOp, step_factors, Device::kCuda);
   const int64_t count = params.numel();
@@ -26,10 +28,11 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   const AdamWCoefficients& c = coefficients;
   const AdamWScalars scalars{c.decay_factor, c.b1,        c.b2,        c.bias2_sqrt,
                              c.eps,          c.step_size, c.grad_scale};
-  launch_adamw_update(params.data<float>(kOp), grads.data<float>(kOp), exp_avg.data<float>(kOp),
-                      exp_avg_sq.data<float>(kOp), count, scalars,
-                      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
-                      stream());
+  launch_adamw_update(
+      params.data<float>(kOp), grads.data<float>(kOp), exp_avg.data<float>(kOp),
+      exp_avg_sq.data<float>(kOp), count, scalars,
+      step_factors_given(step_coefficients) ? step_coefficients.data<float>(kOp) : nullptr,
+      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,7 +8,13 @@ namespace moecore::kernels::cuda {
 namespace {
 
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                             AdamWScalars c, const float* step_factors) {
+                             AdamWScalars c, const float* step_coefficients,
+                             const float* step_factors) {
+  if (step_coefficients != nullptr) {  // the step's schedule, written by the host before it
+    c.decay_factor = step_coefficients[0];
+    c.step_size = step_coefficients[1];
+    c.bias2_sqrt = step_coefficients[2];
+  }
   if (step_factors != nullptr) {
     if (step_factors[1] == 0.0f) return;  // a skipped step (step_decision)
     c.grad_scale = step_factors[0];
@@ -29,11 +35,11 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 }  // namespace
 
 void launch_adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                         int64_t n, const AdamWScalars& scalars, const float* step_factors,
-                         cudaStream_t stream) {
+                         int64_t n, const AdamWScalars& scalars, const float* step_coefficients,
+                         const float* step_factors, cudaStream_t stream) {
   if (n > 0)
     adamw_kernel<<<elementwise_blocks(n), kElementThreads, 0, stream>>>(
-        params, grads, exp_avg, exp_avg_sq, n, scalars, step_factors);
+        params, grads, exp_avg, exp_avg_sq, n, scalars, step_coefficients, step_factors);
 }
 
 }  // namespace moecore::kernels::cuda

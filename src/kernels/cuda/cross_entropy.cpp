@@ -1,6 +1,7 @@
 // Softmax cross-entropy on the GPU (cross_entropy.cu): the loss stays on the device, so nothing
 // waits; a target outside the vocabulary counts as ignored instead of being reported (reading it
 // back would wait: the model checks targets on the host, where they come from).
+#include "kernels/cross_entropy_checks.h"
 #include "kernels/cuda/device_views.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
@@ -11,8 +12,10 @@
 namespace moecore::kernels::cuda {
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   int64_t normalizer, TensorView loss) {
+                   ConstTensorView normalizer, TensorView loss) {
   constexpr const char* kOp = "cross_entropy";
+  expect_on_device(kOp, "normalizer", normalizer);
+  expect_normalizer(kOp, normalizer, Device::kCuda);
   expect_on_device(kOp, "logits", logits);
   expect_on_device(kOp, "targets", targets);
   expect_on_device(kOp, "loss", loss);
@@ -39,8 +42,9 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
                               stream());
   double* row_loss = scratch.as<double>();
   auto* counted = reinterpret_cast<long long*>(row_loss + rows);
-  launch_cross_entropy(lp, tp, dlp, rows, vocab, scale, normalizer, row_loss, counted, mean,
-                       stream());
+  launch_cross_entropy(lp, tp, dlp, rows, vocab, scale,
+                       normalizer_given(normalizer) ? normalizer.data<double>(kOp) : nullptr,
+                       row_loss, counted, mean, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -34,13 +34,15 @@ __global__ void count_kernel(const int32_t* targets, int64_t rows, int64_t vocab
 
 // The loss of row r (logsumexp - target logit, in the CPU's fp32 steps) into row_loss[r] and, when
 // dlogits is given, softmax * grad_scale minus grad_scale at the target; an ignored row has loss
-// 0 and zero gradient. The divisor is the normalizer, or the counted targets when it is not
-// positive.
+// 0 and zero gradient. The divisor is *normalizer, or the counted targets without one.
+__device__ double divisor_of(const double* normalizer, const long long* counted) {
+  return normalizer != nullptr ? *normalizer : static_cast<double>(*counted);
+}
 __global__ void row_kernel(const float* logits, const int32_t* targets, float* dlogits,
-                           int64_t rows, int64_t vocab, float scale, int64_t normalizer,
+                           int64_t rows, int64_t vocab, float scale, const double* normalizer,
                            const long long* counted, double* row_loss) {
   __shared__ float maxima[32], sums[32];
-  const int64_t divisor = normalizer > 0 ? normalizer : static_cast<int64_t>(*counted);
+  const double divisor = divisor_of(normalizer, counted);
   const float grad_scale = divisor > 0 ? scale / static_cast<float>(divisor) : 0.0f;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t target = targets[r];
@@ -73,22 +75,22 @@ __global__ void row_kernel(const float* logits, const int32_t* targets, float* d
 
 // One block: the row losses added in double, each thread over a fixed stride, then a fixed tree;
 // *loss = the sum over the divisor (0 without one).
-__global__ void total_kernel(const double* row_loss, int64_t rows, int64_t normalizer,
+__global__ void total_kernel(const double* row_loss, int64_t rows, const double* normalizer,
                              const long long* counted, double* loss) {
   __shared__ double sums[32];
   double sum = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) sum += row_loss[r];
   sum = block_reduce(sum, SumOp{}, 0.0, sums);
   if (threadIdx.x == 0) {
-    const int64_t divisor = normalizer > 0 ? normalizer : static_cast<int64_t>(*counted);
-    *loss = divisor > 0 ? sum / static_cast<double>(divisor) : 0.0;
+    const double divisor = divisor_of(normalizer, counted);
+    *loss = divisor > 0 ? sum / divisor : 0.0;
   }
 }
 
 }  // namespace
 
 void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
-                          int64_t vocab, float scale, int64_t normalizer, double* row_loss,
+                          int64_t vocab, float scale, const double* normalizer, double* row_loss,
                           long long* counted, double* loss, cudaStream_t stream) {
   if (rows <= 0) return;
   const unsigned int blocks = static_cast<unsigned int>(rows < 65536 ? rows : 65536);

@@ -75,10 +75,11 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const float* dout, 
 struct AdamWScalars {
   float decay_factor, b1, b2, bias2_sqrt, eps, step_size, grad_scale;
 };
-// step_factors: f32 [2] on the device, or null (kernels/ops.h's adamw_update).
+// step_coefficients: f32 [3], step_factors: f32 [2], each on the device or null (kernels/ops.h's
+// adamw_update).
 void launch_adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                         int64_t n, const AdamWScalars& scalars, const float* step_factors,
-                         cudaStream_t stream);
+                         int64_t n, const AdamWScalars& scalars, const float* step_coefficients,
+                         const float* step_factors, cudaStream_t stream);
 
 // sum_of_squares.cu: *total (device) = sum of values[i]^2 in double; partials: scratch of
 // kSumOfSquaresPartials doubles. Issues nothing when n is 0.
@@ -115,10 +116,10 @@ void launch_step_decision(const double* loss_rows, int64_t rows, const double* s
                           cudaStream_t stream);
 
 // cross_entropy.cu: dlogits (= when not null) and *loss (device) as kernels/ops.h's cross_entropy
-// defines them, a target outside [0, vocab) counted as ignored; row_loss ([rows] doubles) and
-// counted (one) are scratch.
+// defines them, a target outside [0, vocab) counted as ignored; normalizer: one double on the
+// device, or null (the rows' count); row_loss ([rows] doubles) and counted (one) are scratch.
 void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
-                          int64_t vocab, float scale, int64_t normalizer, double* row_loss,
+                          int64_t vocab, float scale, const double* normalizer, double* row_loss,
                           long long* counted, double* loss, cudaStream_t stream);
 
 // permute_rows.cu: kernels/ops.h's permute_rows, permute_rows_backward and gather_rows. A route

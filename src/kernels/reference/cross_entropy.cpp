@@ -2,20 +2,23 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cross_entropy_checks.h"
 #include "kernels/ops.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::reference {
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   int64_t normalizer, TensorView loss) {
+                   ConstTensorView normalizer, TensorView loss) {
+  expect_normalizer("cross_entropy", normalizer);
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const float* lp = logits.data<float>("cross_entropy");
   const int32_t* tp = targets.data<int32_t>("cross_entropy");
   float* dlp = dlogits.raw() != nullptr ? dlogits.data<float>("cross_entropy") : nullptr;
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) counted += tp[r] != kIgnoreIndex;
-  const int64_t divisor = normalizer > 0 ? normalizer : counted;
+  const double divisor = normalizer_given(normalizer) ? *normalizer.data<double>("cross_entropy")
+                                                      : static_cast<double>(counted);
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = lp + r * vocab;
@@ -29,14 +32,14 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
     const double log_sum_exp = max_z + std::log(sum);
     total += log_sum_exp - double{z[tp[r]]};
     if (dlp != nullptr) {
-      const double grad_scale = divisor > 0 ? double{scale} / static_cast<double>(divisor) : 0.0;
+      const double grad_scale = divisor > 0 ? double{scale} / divisor : 0.0;
       for (int64_t j = 0; j < vocab; ++j) {
         const double softmax = std::exp(double{z[j]} - log_sum_exp);
         dlp[r * vocab + j] = static_cast<float>((softmax - (j == tp[r] ? 1.0 : 0.0)) * grad_scale);
       }
     }
   }
-  *loss.data<double>("cross_entropy") = divisor > 0 ? total / static_cast<double>(divisor) : 0.0;
+  *loss.data<double>("cross_entropy") = divisor > 0 ? total / divisor : 0.0;
 }
 
 }  // namespace moecore::kernels::reference
