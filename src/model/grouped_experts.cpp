@@ -1,6 +1,8 @@
 #include "model/grouped_experts.h"
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/ops.h"
@@ -25,40 +27,34 @@ MxOperandView saved_operand(const DeviceArray<uint8_t>& codes, const DeviceArray
           ConstTensorView(scales.data(), {rows, cols / kBlock}, DType::kE8m0)};
 }
 
-// dw[e] (+=) = dy_e^T . x_e for every local expert e, dy: [R, out], x: [R, in], dw: [E, out, in].
-// bf16 (OLMo-core's recipe): x is the forward's MX copy dequantised; mx: both quantised along the
-// tokens from fp32, each expert's rows zero-padded to a multiple of 32 (model/linear.h).
-void expert_weight_grads(const PrecisionRecipe& precision, std::span<const int64_t> offsets,
-                         const float* dy, int64_t out, const float* x_fp32,
-                         const MxOperandView& x_saved, int64_t in, float* dw) {
-  const int64_t local = static_cast<int64_t>(offsets.size()) - 1;
-  // One expert's rows dequantised at a time, into a buffer of the calling thread that keeps its
-  // capacity (grown to twice what it lacked): the busiest expert changes from step to step, and
-  // a workspace scope of its size would grow the workspace at every new maximum (tests/alloc).
-  // It lives where the operands do (a thread's scratch moves when they move).
-  thread_local DeviceArray<float> x;
-  x.place_on(device_of(dy));
-  const auto* codes = static_cast<const uint8_t*>(x_saved.codes.raw());
-  const auto* scales = static_cast<const uint8_t*>(x_saved.scales.raw());
+// dw (+=) [local, out, in]: dw[e] += dy_e^T . x_e for every local expert e, dy: [R, out], x: [R,
+// in] (w: the experts' weight, [local, out, in], for its shape). OLMo-core's recipe: in bf16 on the
+// forward's MX copy of x dequantised, all R rows at once (each row's blocks lie along `in`, so
+// these are the values expert by expert) into `workspace`, and one grouped GEMM that reads the
+// offsets where they are: the host does not wait for the routing (a CUDA graph can hold it).
+// mx.expert_wgrad: both operands quantised along the tokens from fp32, each expert's rows
+// zero-padded to a multiple of 32 (model/linear.h), expert by expert on the host's copy of the
+// offsets (host_offsets).
+void expert_weight_grads(const PrecisionRecipe& precision, ConstTensorView offsets,
+                         std::span<const int64_t> host_offsets, ConstTensorView w, const float* dy,
+                         int64_t out, const float* x_fp32, const MxOperandView& x_saved, int64_t in,
+                         float* dw, Workspace& workspace) {
+  const int64_t local = offsets.numel() - 1, received = x_saved.codes.size(0);
+  if (!precision.mx.expert_wgrad) {
+    Workspace::Scope scratch(workspace);
+    const std::span<float> x = scratch.uninitialized<float>(received * in);
+    kernels::mx_dequantize(x_saved, view(x.data(), {received, in}));
+    kernels::grouped_gemm_backward(view(dy, {received, out}), view(x.data(), {received, in}), w,
+                                   offsets, TensorView(), view(dw, {local, out, in}),
+                                   precision.experts);
+    return;
+  }
   for (int64_t e = 0; e < local; ++e) {
-    const int64_t begin = offsets[static_cast<size_t>(e)];
-    const int64_t n = offsets[static_cast<size_t>(e + 1)] - begin;
+    const int64_t begin = host_offsets[static_cast<size_t>(e)];
+    const int64_t n = host_offsets[static_cast<size_t>(e + 1)] - begin;
     if (n == 0) continue;
-    float* dw_e = dw + e * out * in;
-    if (precision.mx.expert_wgrad) {
-      mx_weight_grad(dy + begin * out, x_fp32 + begin * in, dw_e, n, in, out,
-                     precision.mx.scale_mode);
-      continue;
-    }
-    const auto values = static_cast<size_t>(n * in);
-    if (x.capacity() < values) x.reserve(2 * values);
-    x.resize(values);
-    kernels::mx_dequantize(
-        {ConstTensorView(codes + begin * in, {n, in}, x_saved.codes.dtype()),
-         ConstTensorView(scales + begin * in / kBlock, {n, in / kBlock}, DType::kE8m0)},
-        view(x.data(), {n, in}));
-    kernels::matmul(view(dy + begin * out, {n, out}), true, view(x.data(), {n, in}), false, 1.0f,
-                    1.0f, view(dw_e, {out, in}), precision.experts);
+    mx_weight_grad(dy + begin * out, x_fp32 + begin * in, dw + e * out * in, n, in, out,
+                   precision.mx.scale_mode);
   }
 }
 
@@ -103,25 +99,25 @@ void mx_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t
   const std::span<uint8_t> codes = scratch.uninitialized<uint8_t>(received * widest);
   const std::span<uint8_t> scales = scratch.uninitialized<uint8_t>(received * widest / kBlock);
 
-  // The weight gradients run expert by expert from the host (each expert's rows dequantised, or
-  // padded to a multiple of 32 for mx.expert_wgrad): they read the offsets there, the one wait
-  // for the routing left in the MXFP8 experts.
-  const std::vector<int64_t> host_offsets = host_copy(rows.expert_offsets);
+  // mx.expert_wgrad's weight gradients run expert by expert from the host: they read the offsets
+  // there, once per layer (OLMo-core's recipe reads nothing).
+  const std::vector<int64_t> host_offsets =
+      precision.mx.expert_wgrad ? host_copy(rows.expert_offsets) : std::vector<int64_t>();
   const MxOperandView dy_q = mx_quantize_rows(dy, received, d, mode, codes, scales);
   kernels::mx_grouped_gemm_backward_input(dy_q, down.along_out, offsets,
                                           view(dact.data(), {received, h}));
-  expert_weight_grads(precision, host_offsets, dy, d, rows.act.data(),
+  expert_weight_grads(precision, offsets, host_offsets, w.experts_down, dy, d, rows.act.data(),
                       saved_operand(rows.act_codes, rows.act_scales, received, h), h,
-                      dw.experts_down);
+                      dw.experts_down, workspace);
   kernels::swiglu_backward(view(dact.data(), {received, h}),
                            view(rows.gu.data(), {received, 2 * h}),
                            view(dgu.data(), {received, 2 * h}));
   const MxOperandView dgu_q = mx_quantize_rows(dgu.data(), received, 2 * h, mode, codes, scales);
   kernels::mx_grouped_gemm_backward_input(dgu_q, gate_up.along_out, offsets,
                                           view(dx, {received, d}));
-  expert_weight_grads(precision, host_offsets, dgu.data(), 2 * h, rows.x.data(),
-                      saved_operand(rows.x_codes, rows.x_scales, received, d), d,
-                      dw.experts_gate_up);
+  expert_weight_grads(precision, offsets, host_offsets, w.experts_gate_up, dgu.data(), 2 * h,
+                      rows.x.data(), saved_operand(rows.x_codes, rows.x_scales, received, d), d,
+                      dw.experts_gate_up, workspace);
 }
 
 }  // namespace

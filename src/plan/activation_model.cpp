@@ -134,12 +134,10 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     // exchange's four copies), the shared expert's scratch, the router's dlogits.
     const double combine = kF * (2.0 * routes * d + routes);
     double experts = kF * 3.0 * received * h;
-    // mxfp8: the output gradients' codes ([R, d], then [R, 2H]) and the buffer that one expert's
-    // saved input is dequantised into for the weight gradient (kept by the thread at twice the
-    // busiest expert's rows; balanced: R over the E / ep local experts, rows of H, then of d).
+    // mxfp8: the output gradients' codes ([R, d], then [R, 2H]) and the buffer that the saved
+    // inputs are dequantised into for the weight gradients (all R rows: of H, then of d).
     if (t.mx_expert_inputs)
-      experts += kMx * received * std::max(d, 2.0 * h) +
-                 2.0 * kF * received / (e / static_cast<double>(t.ep)) * std::max(d, h);
+      experts += kMx * received * std::max(d, 2.0 * h) + kF * received * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
     if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows
     moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});

@@ -355,24 +355,34 @@ TEST(DeviceMemory, IdsInDeviceMemoryNeedTheirCountsFromTheCaller) {
   }
 }
 
-TEST(DeviceMemory, TheMxfp8ExpertsWaitOnlyForTheirWeightGradientLoop) {
+// The MXFP8 experts: OLMo-core's recipe (the weight gradients in bf16 on the saved inputs
+// dequantised, one grouped GEMM on the offsets where they are) reads nothing inside the layers;
+// the mx.expert_wgrad variant, which pads each expert's rows to 32 on the host, reads the offsets
+// there once per MoE layer.
+TEST(DeviceMemory, TheMxfp8ExpertsReadNothingButTheirMxWeightGradientVariantReadsTheOffsets) {
   const ModelConfig c = mxfp8_config();
-  const PassReads reads = host_reads_of_a_pass(
-      c, PrecisionRecipe::from_train(TrainPrecision::kMxfp8, {}), ActivationRecompute::kNone);
-  int64_t in_layers = 0, all = 0;
-  const std::string offsets_copy =
-      "copy of " + std::to_string((c.num_experts + 1) * sizeof(int64_t)) + " bytes";
-  for (const HostRead& read : reads.pass) {
-    all += read.count;
-    if (!in_a_layer(read.phase)) continue;
-    in_layers += read.count;
-    EXPECT_EQ(read.phase, "experts_backward") << read.what;
-    EXPECT_EQ(read.what, offsets_copy) << read.phase;
+  for (const bool mx_weight_gradient : {false, true}) {
+    SCOPED_TRACE(mx_weight_gradient ? "mx.expert_wgrad" : "OLMo-core's recipe");
+    Mxfp8Options options;
+    options.expert_wgrad = mx_weight_gradient;
+    const PassReads reads =
+        host_reads_of_a_pass(c, PrecisionRecipe::from_train(TrainPrecision::kMxfp8, options),
+                             ActivationRecompute::kNone);
+    int64_t in_layers = 0, all = 0;
+    const std::string offsets_copy =
+        "copy of " + std::to_string((c.num_experts + 1) * sizeof(int64_t)) + " bytes";
+    for (const HostRead& read : reads.pass) {
+      all += read.count;
+      if (!in_a_layer(read.phase)) continue;
+      in_layers += read.count;
+      EXPECT_EQ(read.phase, "experts_backward") << read.what;
+      EXPECT_EQ(read.what, offsets_copy) << read.phase;
+    }
+    EXPECT_EQ(in_layers, mx_weight_gradient ? moe_layer_count(c) : 0);
+    EXPECT_EQ(all, in_layers);
+    ASSERT_EQ(reads.losses.size(), 1u);
+    EXPECT_EQ(reads.losses[0].what, kLossesCopy);
   }
-  EXPECT_EQ(in_layers, moe_layer_count(c));
-  EXPECT_EQ(all, in_layers);
-  ASSERT_EQ(reads.losses.size(), 1u);
-  EXPECT_EQ(reads.losses[0].what, kLossesCopy);
 }
 
 TEST(DeviceMemory, Mxfp8TransformerPassRunsOnDeviceMemoryWithTheCpusBits) {

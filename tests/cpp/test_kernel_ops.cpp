@@ -1021,6 +1021,14 @@ TEST_P(KernelOps, GroupedGemmMatchesReference) {
         view(dw_ref.data(), {experts, out, in}), kernels::MatmulPrecision::kFp32);
     expect_nmse(dx, dx_ref, out, "grouped_gemm dx " + what);
     expect_nmse(dw, dw_ref, rows + 1, "grouped_gemm dw " + what);
+    {  // Without dx (an empty view): the same weight gradient, bit for bit.
+      std::vector<float> dw_only = dw_before;
+      backend().grouped_gemm_backward(view(dy.data(), {rows, out}), view(x.data(), {rows, in}),
+                                      view(w.data(), {experts, out, in}), offsets_view(offsets),
+                                      TensorView(), view(dw_only.data(), {experts, out, in}),
+                                      kernels::MatmulPrecision::kFp32);
+      EXPECT_EQ(dw_only, dw) << "the weight gradient alone " << what;
+    }
     if (c.tail > 0) {  // the tail's rows of y and dx are left as they were
       std::vector<float> y_kept(y.size(), 7.0f), dx_kept(dx.size(), 5.0f), dw_scratch = dw_before;
       backend().grouped_gemm_forward(view(x.data(), {rows, in}), view(w.data(), {experts, out, in}),

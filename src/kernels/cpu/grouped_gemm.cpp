@@ -67,19 +67,21 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets);
   const std::span<const int64_t> offsets = host_expert_offsets(kOp, expert_offsets, s);
   expect_shape(kOp, "dy", dy, {s.rows, s.out});
-  expect_shape(kOp, "dx", dx, {s.rows, s.in});
+  const bool input_grad = dx.raw() != nullptr;
+  if (input_grad) expect_shape(kOp, "dx", dx, {s.rows, s.in});
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in});
   const float* dyp = dy.data<float>(kOp);
   const float* xp = x.data<float>(kOp);
   const ExpertWeights weights(kOp, w, precision);
-  float* dxp = dx.data<float>(kOp);
+  float* dxp = input_grad ? dx.data<float>(kOp) : nullptr;
   float* dwp = dw.data<float>(kOp);
   for_each_expert(offsets, s.experts, [&](int64_t e) {
     const int64_t begin = offsets[at(e)];
     const int64_t count = offsets[at(e + 1)] - begin;
     const float* dye = dyp + begin * s.out;
-    weights.gemm(e * s.out * s.in, false, false, count, s.in, s.out, dye, s.out, 0.0f,
-                 dxp + begin * s.in, s.in);
+    if (input_grad)
+      weights.gemm(e * s.out * s.in, false, false, count, s.in, s.out, dye, s.out, 0.0f,
+                   dxp + begin * s.in, s.in);
     gemm(precision, true, false, s.out, s.in, count, 1.0f, dye, s.out, xp + begin * s.in, s.in,
          1.0f, dwp + e * s.out * s.in, s.in);
   });

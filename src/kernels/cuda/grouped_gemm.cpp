@@ -5,7 +5,9 @@
 // wait: in bf16 they replace this loop in a stream being captured into a CUDA graph (where a host
 // read is impossible), and wherever they measurably win (bench/cuda/gemm.cpp measures it).
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -95,17 +97,21 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   expect_weight_dtype(kOp, "w", w, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
   expect_shape(kOp, "dy", dy, {s.rows, s.out}, Device::kCuda);
-  expect_shape(kOp, "dx", dx, {s.rows, s.in}, Device::kCuda);
+  const bool input_grad = dx.raw() != nullptr;
+  if (input_grad) expect_shape(kOp, "dx", dx, {s.rows, s.in}, Device::kCuda);
   expect_shape(kOp, "dw", dw, {s.experts, s.out, s.in}, Device::kCuda);
   const GemmOperand dys(kOp, dy, precision);
   const GemmOperand xs(kOp, x, precision);
-  const GemmOperand ws(kOp, w, precision);
-  float* dxp = dx.data<float>(kOp);
+  // The weight's operand (a bf16 copy of an fp32 weight) only where the input gradient reads it.
+  const std::optional<GemmOperand> ws =
+      input_grad ? std::optional<GemmOperand>(std::in_place, kOp, w, precision) : std::nullopt;
+  float* dxp = input_grad ? dx.data<float>(kOp) : nullptr;
   float* dwp = dw.data<float>(kOp);
   if (precision == MatmulPrecision::kBf16 && capturing()) {
     const int64_t* offsets = expert_offsets.data<int64_t>(kOp);
-    launch_grouped_gemm_bf16_device_offsets_input_grad(
-        dys.bf16_data(), ws.bf16_data(), offsets, s.experts, s.rows, s.out, s.in, dxp, stream());
+    if (input_grad)
+      launch_grouped_gemm_bf16_device_offsets_input_grad(
+          dys.bf16_data(), ws->bf16_data(), offsets, s.experts, s.rows, s.out, s.in, dxp, stream());
     launch_grouped_gemm_bf16_device_offsets_weight_grad(dys.bf16_data(), xs.bf16_data(), offsets,
                                                         s.experts, s.out, s.in, dwp, stream());
     MOE_CUDA_CHECK(cudaGetLastError());
@@ -117,8 +123,9 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
     const int64_t count = offsets[at(e + 1)] - begin;
     if (count == 0) continue;
     // dx_e = dy_e w_e; dw_e += dy_e^T x_e.
-    gemm_lt(false, false, count, s.in, s.out, 1.0f, dys.at_element(begin * s.out),
-            ws.at_element(e * s.out * s.in), dys.type(), 0.0f, dxp + begin * s.in);
+    if (input_grad)
+      gemm_lt(false, false, count, s.in, s.out, 1.0f, dys.at_element(begin * s.out),
+              ws->at_element(e * s.out * s.in), dys.type(), 0.0f, dxp + begin * s.in);
     gemm_lt(true, false, s.out, s.in, count, 1.0f, dys.at_element(begin * s.out),
             xs.at_element(begin * s.in), dys.type(), 1.0f, dwp + e * s.out * s.in);
   }

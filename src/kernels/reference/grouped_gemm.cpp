@@ -47,12 +47,12 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   const float* xp = x.data<float>("grouped_gemm_backward");
   const std::vector<float> w_values = weight_values("grouped_gemm_backward", w);
   const float* wp = w_values.data();
-  float* dxp = dx.data<float>("grouped_gemm_backward");
+  float* dxp = dx.raw() != nullptr ? dx.data<float>("grouped_gemm_backward") : nullptr;
   float* dwp = dw.data<float>("grouped_gemm_backward");
   for (int64_t e = 0; e < s.experts; ++e) {
     const int64_t begin = offsets[static_cast<size_t>(e)];
     const int64_t end = offsets[static_cast<size_t>(e + 1)];
-    for (int64_t r = begin; r < end; ++r)
+    for (int64_t r = begin; r < end && dxp != nullptr; ++r)
       for (int64_t i = 0; i < s.in; ++i) {
         double sum = 0.0;
         for (int64_t o = 0; o < s.out; ++o)
