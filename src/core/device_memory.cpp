@@ -11,6 +11,7 @@
 #include <shared_mutex>
 
 #include "core/check.h"
+#include "core/device_graph.h"
 #include "core/phase_timer.h"
 
 namespace moecore {
@@ -88,12 +89,21 @@ void* allocate_on(Device device, size_t bytes) {
   return data;
 }
 
+namespace {
+std::atomic<uint64_t> frees_on_devices{0};
+}  // namespace
+
+uint64_t device_frees() {
+  return frees_on_devices.load();
+}
+
 void free_on(Device device, void* data, size_t bytes) noexcept {
   if (data == nullptr) return;
   if (device == Device::kCpu) {
     ::operator delete(data, kHostAlignment);
     return;
   }
+  frees_on_devices.fetch_add(1);
   {
     AllocationTable& table = allocations();
     const std::unique_lock lock(table.mutex);

@@ -135,11 +135,11 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
 }
 
 void step_decision(ConstTensorView loss_rows, ConstTensorView squares,
-                   const StepDecisionOptions& options, TensorView decision,
+                   const StepDecisionOptions& options, ConstTensorView limits, TensorView decision,
                    TensorView step_factors) {
   return run_on_device("step_decision", &cpu::step_decision, &KernelBackend::step_decision,
-                       {loss_rows, squares, decision, step_factors}, loss_rows, squares, options,
-                       decision, step_factors);
+                       {loss_rows, squares, limits, decision, step_factors}, loss_rows, squares,
+                       options, limits, decision, step_factors);
 }
 
 void sum_of_squares(ConstTensorView values, TensorView total) {

@@ -44,6 +44,15 @@ inline AdamWCoefficients with_step_coefficients(AdamWCoefficients given,
   return given;
 }
 
+// Given limits are f64 [2].
+inline void expect_step_limits(const char* op, ConstTensorView limits,
+                               Device device = Device::kCpu) {
+  if (!step_factors_given(limits)) return;
+  expect_shape(op, "limits", limits, {2}, device);
+  MOE_CHECK(limits.dtype() == DType::kF64, "[{}] limits must be f64, got {}", op,
+            dtype_name(limits.dtype()));
+}
+
 // loss_rows [m, 3] f64, squares [2] f64, decision [3] f64, step_factors [2] f32; returns m.
 inline int64_t step_decision_rows(const char* op, ConstTensorView loss_rows,
                                   ConstTensorView squares, ConstTensorView decision,

@@ -16,11 +16,15 @@ struct StepDecisionScalars {
   double max_grad_norm, loss_limit, norm_limit, lb_coef, z_coef, loss_scale;
 };
 
-// rows [row_count, 3], squares [2]; decision [3] (=) and factors [2] (=).
+// rows [row_count, 3], squares [2]; limits [2] {loss, norm}, or null (the scalars'); decision
+// [3] (=) and factors [2] (=).
 MOECORE_HOST_DEVICE inline void step_decision_in_order(const double* rows, int64_t row_count,
                                                        const double* squares,
                                                        const StepDecisionScalars& o,
-                                                       double* decision, float* factors) {
+                                                       const double* limits, double* decision,
+                                                       float* factors) {
+  const double loss_limit = limits != nullptr ? limits[0] : o.loss_limit;
+  const double norm_limit = limits != nullptr ? limits[1] : o.norm_limit;
   double loss = 0.0;
   for (int64_t i = 0; i < row_count; ++i) {
     const double* r = rows + 3 * i;
@@ -28,7 +32,7 @@ MOECORE_HOST_DEVICE inline void step_decision_in_order(const double* rows, int64
     loss = add_rn(loss, mul_rn(total, o.loss_scale));
   }
   const double norm = sqrt_rn(add_rn(squares[0], squares[1]));
-  const bool apply = finite(loss) && finite(norm) && loss <= o.loss_limit && norm <= o.norm_limit;
+  const bool apply = finite(loss) && finite(norm) && loss <= loss_limit && norm <= norm_limit;
   float clip = 1.0f;
   if (o.max_grad_norm > 0.0 && finite(norm)) {
     const double ratio = o.max_grad_norm / add_rn(norm, 1e-6);

@@ -479,6 +479,7 @@ void Transformer::reuse_recomputed(LayerCache& lc) {
 void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const int32_t* tokens,
                                 const float* hidden_in, const int32_t* targets, int64_t batch,
                                 int64_t seq, float* hidden_out) {
+  ++forward_passes_;
   // This pass's only: a pass that returns early (logits only) or throws leaves none behind.
   const std::optional<BatchCounts> given_counts = std::exchange(next_batch_counts_, std::nullopt);
   refresh_weight_copies(params);
@@ -859,6 +860,18 @@ namespace moecore {
 
 void Transformer::clear_selection_counts() {
   selection_tally_.zero();
+}
+
+void Transformer::note_replayed_passes(std::span<const int64_t> counted_targets) {
+  const size_t rows = 3 * counted_targets.size();
+  // The captured passes wrote their rows at this buffer's address: it must not move.
+  MOE_CHECK(rows <= recorded_losses_.capacity(),
+            "[model] {} replayed passes, but the capture recorded the losses of fewer",
+            counted_targets.size());
+  recorded_losses_.resize_for_overwrite(rows);
+  recorded_counted_.clear();
+  for (const int64_t counted : counted_targets)
+    recorded_counted_.push_back(has_head() ? counted : 0);
 }
 
 ConstTensorView Transformer::recorded_losses() const {

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -90,6 +91,14 @@ class Transformer {
   // The same unread loss parts where they are: [passes, 3] f64 rows of [ce, lb, z], for a
   // decision on the device (kernels::step_decision); valid until the next forward or read.
   ConstTensorView recorded_losses() const;
+  // A device graph (core/device_graph.h) replayed the training passes it captured on this chunk:
+  // their losses are where the captured passes left theirs, and read_losses() reads them as
+  // forward_chunk's would be, with `counted_targets` per pass (0 on a chunk without the head).
+  void note_replayed_passes(std::span<const int64_t> counted_targets);
+  // The forward passes this chunk has run (training and evaluation): a graph of a step is replayed
+  // only while no other pass ran since its capture (train/step_graph.h), whose shapes and host
+  // state it would not know.
+  int64_t forward_passes() const { return forward_passes_; }
   // d_hidden_out: gradient of hidden_out (nullptr on the chunk with the head); d_hidden_in
   // receives the gradient of hidden_in (unused on the chunk with the embedding).
   void backward_chunk(int64_t slot, const ParamBuffers& params, ParamBuffers& grads,
@@ -277,6 +286,7 @@ class Transformer {
   // where the model's tensors are, and each pass's counted targets (known on the host).
   DeviceArray<double> recorded_losses_;
   std::vector<int64_t> recorded_counted_;
+  int64_t forward_passes_ = 0;
   int32_t document_eos_ = -1;
 };
 

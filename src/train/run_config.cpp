@@ -206,6 +206,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("sample_prompt", t.sample_prompt);
   r.read("sample_tokens", t.sample_tokens);
   r.read("profile", t.profile);
+  r.read("cuda_graph", t.cuda_graph);
   r.read("out_dir", t.out_dir);
 }
 
@@ -381,6 +382,22 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "windows reach host memory only): use \"auto\" or \"padded\"");
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   const DataConfig& d = config.data;
+  // A replayed graph keeps the host's arguments of its capture: what changes per step must reach
+  // the kernels through device memory (train/step_graph.h), which these do not.
+  if (t.cuda_graph) {
+    MOE_CHECK(t.device != Device::kCpu,
+              "[config] train.cuda_graph=true needs train.device=\"cuda\" (graphs capture a "
+              "device's work)");
+    MOE_CHECK(config.model.routing != Routing::kRandom,
+              "[config] train.cuda_graph=true cannot replay model.routing=\"random\": its seed "
+              "changes every step on the host");
+    MOE_CHECK(!d.document_masking,
+              "[config] train.cuda_graph=true cannot replay data.document_masking=true: the "
+              "documents are found in host memory every step");
+    MOE_CHECK(config.model.loss_normalizer != LossNormalizer::kLabels,
+              "[config] train.cuda_graph=true cannot replay model.loss_normalizer=\"labels\": "
+              "the router losses divide by the host's count of targets");
+  }
   MOE_CHECK(d.dtype.empty() || d.dtype == "uint16" || d.dtype == "uint32" || d.dtype == "int32" ||
                 d.dtype == "int64",
             "[config] data.dtype='{}' is not one of uint16, uint32, int32, int64", d.dtype);
@@ -489,6 +506,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"sample_prompt", t.sample_prompt},
                     {"sample_tokens", t.sample_tokens},
                     {"profile", t.profile},
+                    {"cuda_graph", t.cuda_graph},
                     {"out_dir", t.out_dir}};
   auto string_list = [](const std::vector<std::string>& items) {
     toml::array array;

@@ -61,6 +61,9 @@ struct TrainConfig {
   std::string sample_prompt = "";  // generated from at the end when data.tokenizer is set
   int64_t sample_tokens = 48;
   bool profile = false;  // time the phases of each step (out_dir/profile.json, `profile:` line)
+  // Issue each training step as one device graph (core/device_graph.h: a CUDA graph), captured
+  // once and replayed while nothing else ran on the model (train/step_graph.h).
+  bool cuda_graph = false;
   std::string out_dir = "runs/default";
 };
 

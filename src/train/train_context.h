@@ -18,6 +18,7 @@
 #include "train/pipeline_runner.h"
 #include "train/progress.h"
 #include "train/run_config.h"
+#include "train/step_graph.h"
 #include "train/step_guard.h"
 #include "train/trainer.h"
 #include "train/trainer_state.h"
@@ -47,6 +48,10 @@ struct TrainContext {
   DeviceArray<double> decision{};
   DeviceArray<float> step_factors{};
   DeviceArray<double> stage_loss_row{};
+  // The step guard's limits for the step, [loss, norm], staged where the decision reads them.
+  DeviceArray<double> step_limits{};
+  // train.cuda_graph: the steps' graph and the static buffers of their inputs; else null.
+  std::unique_ptr<StepGraph> step_graph{};
 
   int64_t step = 0;  // optimizer steps done
   int64_t tokens_seen = 0;

@@ -245,24 +245,34 @@ struct StepBuffers {
   int64_t local_rows, slice_begin;
 };
 
+// What the step's work reads that the host computes anew for every step, staged where the
+// parameters are before the work (a replayed step graph reads them there): AdamW's coefficients
+// at the step's learning rate, which `report` gets, and the step guard's limits.
+void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
+  report.lr = learning_rate(ctx.config.optim, ctx.step, ctx.config.train.max_steps);
+  ctx.optimizer.stage_step(report.lr);
+  const StepLimits limits = ctx.guard.limits();
+  const std::array<double, 2> values{limits.loss, limits.grad_norm};
+  ctx.step_limits.place_on(device);
+  ctx.step_limits.resize_for_overwrite(values.size());
+  copy_bytes(ctx.step_limits.data(), values.data(), sizeof(values));
+}
+
 // The optimizer step after the passes, decided where the gradients are (kernels::step_decision:
-// the spike guard's test and the clipping coefficient), so that the update never waits for the
-// host to read the loss and the norm (issue 15 item 3); the host reads them once the step is
-// issued, into `report`, and checks that its guard decides the same. Losses and the norm are
-// global (identical on every rank): every rank decides the same. Returns why the step was
-// skipped, or nothing.
-std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
-                              StepReport& report) {
+// the spike guard's test with the staged limits and the clipping coefficient), so that the update
+// never waits for the host to read the loss and the norm (issue 15 item 3); read_decision() reads
+// them once the step is issued. Losses and the norm are global (identical on every rank): every
+// rank decides the same. With one pipeline stage this issues work only (a step graph captures
+// it); with several the stages' losses are summed on the host first, into `report`.
+void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
+                       StepReport& report) {
   const ParallelConfig& pc = ctx.config.parallel;
   // The loss: with one stage, each micro-batch's [ce, lb, z] as the passes left them; with
   // several, each stage holds its layers' share, summed over the stages on the host and handed
   // over as one row that holds the total.
   const Device device = grads.dense.device();
   ConstTensorView loss_rows;
-  const StepLimits limits = ctx.guard.limits();
   StepDecisionOptions decide{.max_grad_norm = ctx.config.optim.max_grad_norm,
-                             .loss_limit = limits.loss,
-                             .norm_limit = limits.grad_norm,
                              .lb_coef = ctx.config.model.router_aux_loss_coef,
                              .z_coef = ctx.config.model.router_z_loss_coef,
                              .loss_scale = loss_scale};
@@ -290,7 +300,8 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
   ctx.step_factors.place_on(device);
   ctx.step_factors.resize_for_overwrite(2);
   const TensorView factors = view(ctx.step_factors.data(), {2});
-  kernels::step_decision(loss_rows, squares, decide, view(ctx.decision.data(), {3}), factors);
+  kernels::step_decision(loss_rows, squares, decide, view(ctx.step_limits.data(), {2}),
+                         view(ctx.decision.data(), {3}), factors);
   ctx.optimizer.step(ctx.params, grads, factors, scratch);
   // Auxiliary-loss-free balancing: each chunk's tally is already the global batch's (summed over
   // dp with the batch statistics), so every rank applies the same update to its copy. The
@@ -299,9 +310,12 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
     chunk->update_router_bias(ctx.params, factors);
     chunk->weights_changed();
   }
+}
 
-  // The step's reads, once all of it is issued: its losses and its decision.
-  if (pc.pp == 1) report.loss = ctx.pipeline.read_losses();
+// The step's reads, once all of it is issued: its losses and its decision, into `report`; the
+// host's guard must decide the same. Returns why the step was skipped, or nothing.
+std::string read_decision(TrainContext& ctx, StepReport& report) {
+  if (ctx.config.parallel.pp == 1) report.loss = ctx.pipeline.read_losses();
   std::array<double, 3> decided{};
   copy_bytes(decided.data(), ctx.decision.data(), sizeof(decided));
   report.grad_norm = decided[1];
@@ -316,28 +330,33 @@ std::string decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss
 }
 
 // One optimizer step (or a step the guard skips) over the next global batch, run through this
-// rank's pipeline chunks; returns what it produced, with the trainer's scalars.
+// rank's pipeline chunks; returns what it produced, with the trainer's scalars. The host stages
+// what the step reads, issues its work (or replays it: train.cuda_graph) and reads its results.
 StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) {
   const TrainConfig& tc = ctx.config.train;
   const ParallelConfig& pc = ctx.config.parallel;
   StepReport report;
-  // The step's AdamW coefficients are in place before its work, as its batches below.
-  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps);
-  ctx.optimizer.stage_step(report.lr);
-  grads.zero();
-  for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
+  stage_step_scalars(ctx, grads.dense.device(), report);
   std::vector<PipelineRunner::MicroBatch> micro_batches;
   // Each global micro-batch's counted targets and tokens, from the whole batch every rank reads:
   // the passes need not sum them over dp.
   std::vector<Transformer::BatchCounts> counts;
   for (size_t micro = 0; micro < batch.tokens.size(); ++micro) {
     ctx.loader.next_batch(ctx.rows, batch.tokens[micro], batch.targets[micro]);
-    micro_batches.push_back({batch.tokens[micro].data() + batch.slice_begin,
-                             batch.targets[micro].data() + batch.slice_begin});
     const std::vector<int32_t>& targets = batch.targets[micro];
-    counts.push_back(
-        {std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
-         static_cast<int64_t>(targets.size())});
+    Transformer::BatchCounts count{
+        std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
+        static_cast<int64_t>(targets.size())};
+    PipelineRunner::MicroBatch slice{batch.tokens[micro].data() + batch.slice_begin,
+                                     batch.targets[micro].data() + batch.slice_begin};
+    if (ctx.step_graph) {  // the graph's static inputs in device memory
+      const auto m = static_cast<int64_t>(micro);
+      ctx.step_graph->stage(m, slice.tokens, slice.targets, count.counted_targets);
+      slice = {ctx.step_graph->tokens(m), ctx.step_graph->targets(m)};
+      count.counted_on_device = ctx.step_graph->counted(m);
+    }
+    micro_batches.push_back(slice);
+    counts.push_back(count);
   }
   const bool overlap = pc.overlap_grad_reduce && ctx.mesh.dp.size() > 1;
   auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
@@ -356,9 +375,19 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
     }
   };
   const float loss_scale = 1.0f / static_cast<float>(tc.microbatches);
-  ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
-                          loss_scale, pass_hook);
-  const std::string skip_reason = decide_and_update(ctx, grads, loss_scale, report);
+  // The step's work: nothing in it reads the device back with one pipeline stage.
+  auto issue = [&] {
+    grads.zero();
+    for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
+    ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
+                            loss_scale, pass_hook);
+    decide_and_update(ctx, grads, loss_scale, report);
+  };
+  if (ctx.step_graph)
+    ctx.step_graph->run(issue, ctx.chunks);
+  else
+    issue();
+  const std::string skip_reason = read_decision(ctx, report);
   if (!skip_reason.empty()) {
     ctx.progress.message(
         fmt::format("warning: step {} skipped ({}); weights unchanged", ctx.step + 1, skip_reason));
@@ -615,6 +644,14 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   if (!init_check_line.empty()) progress.message(init_check_line);
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);
+  if (tc.cuda_graph) {
+    // A step's collectives over MPI (the gradients' reduction, ZeRO-1, the pipeline's
+    // activations) cannot be captured; NCCL's could, untested.
+    MOE_CHECK(world.size() == 1,
+              "[config] train.cuda_graph=true runs in one process for now, not {}", world.size());
+    ctx.step_graph =
+        std::make_unique<StepGraph>(tc.device, tc.microbatches, buffers.local_rows * tc.seq_len);
+  }
   ctx.loop_start = std::chrono::steady_clock::now();
   for (auto& callback : ctx.callbacks) callback->on_start(ctx);
   while (ctx.step < tc.max_steps) {
@@ -627,6 +664,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     }
   }
   for (auto it = ctx.callbacks.rbegin(); it != ctx.callbacks.rend(); ++it) (*it)->on_end(ctx);
+  if (ctx.step_graph) {
+    const StepGraph& g = *ctx.step_graph;
+    progress.message(fmt::format(
+        "cuda_graph: {} steps replayed a captured graph, {} were captured, {} ran eagerly (the "
+        "first, and each after an evaluation)",
+        g.replays(), g.captures(), g.eager_steps()));
+  }
   ctx.summary.steps = ctx.step;
   ctx.summary.skipped_steps = guard.skipped();
   progress.message(fmt::format(

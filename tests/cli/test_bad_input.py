@@ -854,6 +854,18 @@ CASES["train/window_transport_on_a_device"] = lambda e: _train_case(
     "train.device=cuda", needles=('parallel.rowwise_transport="window" needs train.device="cpu"',))
 CASES["train/unknown_rowwise_transport"] = lambda e: _train_case(
     e, "--set", "parallel.rowwise_transport=nvshmem", needles=("parallel.rowwise_transport",))
+# train.cuda_graph: a graph captures a device's work, and replays only what reaches its kernels
+# through device memory.
+CASES["train/cuda_graph_on_the_cpu"] = lambda e: _train_case(
+    e, "--set", "train.cuda_graph=true",
+    needles=('train.cuda_graph=true needs train.device="cuda"',))
+CASES["train/cuda_graph_with_random_routing"] = lambda e: _train_case(
+    e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set",
+    "model.routing=random", needles=('train.cuda_graph=true cannot replay model.routing="random"',))
+CASES["train/cuda_graph_with_document_masking"] = lambda e: _train_case(
+    e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set",
+    "data.document_masking=true",
+    needles=("train.cuda_graph=true cannot replay data.document_masking=true",))
 
 
 @case("train/missing_train_tokens")

@@ -141,8 +141,8 @@ class StepRunner {
                                      .lb_coef = config_.router_aux_loss_coef,
                                      .z_coef = config_.router_z_loss_coef,
                                      .loss_scale = kLossScale};
-    kernels::step_decision(model_.recorded_losses(), squares, decide, view(decision_.data(), {3}),
-                           view(factors_.data(), {2}));
+    kernels::step_decision(model_.recorded_losses(), squares, decide, ConstTensorView(),
+                           view(decision_.data(), {3}), view(factors_.data(), {2}));
     optimizer_.step(params_, grads_, view(factors_.data(), {2}), model_.workspace());
     model_.update_router_bias(params_, view(factors_.data(), {2}));
     model_.weights_changed();

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/device_graph.h"
 #include "core/device_memory.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
@@ -250,6 +253,37 @@ GuardedMemory& guarded_memory() {
   return memory;
 }
 
+// The emulated capture as core/device_graph.h's DeviceGraphs, for code that captures through it
+// (train.cuda_graph).
+class GuardedGraph final : public DeviceGraph {
+ public:
+  explicit GuardedGraph(Graph graph) : graph_(std::move(graph)) {}
+  void replay() override { graph_.replay(); }
+
+ private:
+  Graph graph_;
+};
+
+class GuardedGraphs final : public DeviceGraphs {
+ public:
+  void begin_capture() override { open_.emplace(); }
+  std::unique_ptr<DeviceGraph> end_capture() override {
+    MOE_CHECK(open_.has_value(), "[guarded device] no capture is open");
+    Graph graph = open_->end();
+    open_.reset();
+    return std::make_unique<GuardedGraph>(std::move(graph));
+  }
+  void abandon_capture() noexcept override { open_.reset(); }
+
+ private:
+  std::optional<Capture> open_;
+};
+
+GuardedGraphs& guarded_graphs() {
+  static GuardedGraphs graphs;
+  return graphs;
+}
+
 }  // namespace
 
 void Graph::replay() const {
@@ -280,6 +314,7 @@ std::vector<size_t> take_host_to_device_copies() {
 
 Scope::Scope() : previous_default_(default_device()) {
   register_device_memory(Device::kCuda, &guarded_memory());
+  register_device_graphs(Device::kCuda, &guarded_graphs());
   kernels::register_device_backend(Device::kCuda, &guarded_backend());
   set_default_device(Device::kCuda);
 }
@@ -287,6 +322,7 @@ Scope::Scope() : previous_default_(default_device()) {
 Scope::~Scope() {
   set_default_device(previous_default_);
   kernels::register_device_backend(Device::kCuda, nullptr);
+  register_device_graphs(Device::kCuda, nullptr);
   register_device_memory(Device::kCuda, nullptr);
 }
 

@@ -1339,10 +1339,24 @@ TEST_P(KernelOps, StepDecisionMatchesReference) {
     std::array<double, 3> decision{}, decision_ref{};
     std::array<float, 2> factors{}, factors_ref{};
     backend().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), c.options,
-                            view(decision.data(), {3}), view(factors.data(), {2}));
+                            ConstTensorView(), view(decision.data(), {3}),
+                            view(factors.data(), {2}));
     oracle().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), c.options,
-                           view(decision_ref.data(), {3}), view(factors_ref.data(), {2}));
+                           ConstTensorView(), view(decision_ref.data(), {3}),
+                           view(factors_ref.data(), {2}));
     SCOPED_TRACE("case " + std::to_string(i));
+    // The limits given as a tensor replace the options' (here limits that would skip any step).
+    StepDecisionOptions replaced = c.options;
+    replaced.loss_limit = replaced.norm_limit = -1.0;
+    const std::array<double, 2> limits = {c.options.loss_limit, c.options.norm_limit};
+    std::array<double, 3> decision_given{};
+    std::array<float, 2> factors_given{};
+    backend().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), replaced,
+                            view(limits.data(), {2}), view(decision_given.data(), {3}),
+                            view(factors_given.data(), {2}));
+    using Bits = std::array<uint64_t, 3>;
+    EXPECT_EQ(std::bit_cast<Bits>(decision_given), std::bit_cast<Bits>(decision));
+    EXPECT_EQ(factors_given, factors);
     for (size_t k = 0; k < 3; ++k)
       EXPECT_TRUE(std::bit_cast<uint64_t>(decision[k]) == std::bit_cast<uint64_t>(decision_ref[k]))
           << k << ": " << decision[k] << " vs " << decision_ref[k];

@@ -233,8 +233,8 @@ TEST(Optim, TheStepDecidedWhereTheGradientsAreAppliesOrSkipsIt) {
                                       .z_coef = 0.001,
                                       .loss_scale = 1.0};
     const ConstTensorView squares = opt.reduce_gradients(grads, scratch);
-    kernels::step_decision(view(row.data(), {1, 3}), squares, options, view(decision.data(), {3}),
-                           view(factors.data(), {2}));
+    kernels::step_decision(view(row.data(), {1, 3}), squares, options, ConstTensorView(),
+                           view(decision.data(), {3}), view(factors.data(), {2}));
     EXPECT_NEAR(decision[1], norm, 1e-12 * norm);
     return decision[2] == 1.0;
   };

@@ -93,10 +93,10 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
 }
 
 void step_decision(ConstTensorView loss_rows, ConstTensorView squares,
-                   const StepDecisionOptions& options, TensorView decision,
+                   const StepDecisionOptions& options, ConstTensorView limits, TensorView decision,
                    TensorView step_factors) {
   DeviceStaging s;
-  device().step_decision(s.in(loss_rows), s.in(squares), options, s.out(decision),
+  device().step_decision(s.in(loss_rows), s.in(squares), options, s.in(limits), s.out(decision),
                          s.out(step_factors));
   s.finish();
 }

@@ -95,7 +95,8 @@ struct StepTail {
                                       .z_coef = 0.001,
                                       .loss_scale = 0.5};
     kernels::step_decision(view(loss_rows.data(), {2, 3}), view(squares.data(), {2}), options,
-                           view(decision.data(), {3}), view(factors.data(), {2}));
+                           ConstTensorView(), view(decision.data(), {3}),
+                           view(factors.data(), {2}));
     const AdamWCoefficients c{1.0f - 1e-4f, 0.9f, 0.95f, 0.3f, 1e-8f, 2e-3f, 1.0f};
     kernels::adamw_update(view(params.data(), {kN}), view(grads.data(), {kN}),
                           view(exp_avg.data(), {kN}), view(exp_avg_sq.data(), {kN}), c,

@@ -50,6 +50,7 @@ struct DeviceRunCase {
   std::string parallel;    // the [parallel] table
   int64_t head_chunk = 0;  // train.lm_head_chunk_tokens
   std::string train{};     // more [train] keys
+  int64_t eval_every = 2;  // train.eval_every
 };
 
 void PrintTo(const DeviceRunCase& c, std::ostream* out) {
@@ -112,12 +113,13 @@ std::unique_ptr<dist::Communicator> stand_in_world(const dist::Communicator& boo
 }
 constexpr dist::DeviceCommunicatorFactory kStandIn{.name = "nccl", .create = &stand_in_world};
 
-// [parallel] without its parallel.communicator line (the host's run: "nccl" needs a device).
-std::string without_communicator(const std::string& parallel) {
-  std::istringstream in(parallel);
+// A table's lines without those that set `key` (the host's run: parallel.communicator = "nccl"
+// and train.cuda_graph need a device).
+std::string without_key(const std::string& table, const std::string& key) {
+  std::istringstream in(table);
   std::string kept;
   for (std::string line; std::getline(in, line);)
-    if (!line.starts_with("communicator")) kept += line + "\n";
+    if (!line.starts_with(key)) kept += line + "\n";
   return kept;
 }
 
@@ -214,7 +216,7 @@ seq_len = 64
 threads = 2
 log_every = 1
 profile = true
-eval_every = 2
+eval_every = {}
 eval_batches = 2
 save_every = 2
 keep_last = 0
@@ -237,10 +239,12 @@ dtype = "uint16"
 [parallel]
 {}
 )",
-                    max_steps, c.precision, c.recompute, c.head_chunk, device,
-                    (dir_ / out).string(), c.train, (dir_ / "train.npy").string(),
-                    (dir_ / "val.npy").string(), (dir_ / "tokenizer.json").string(),
-                    device == "cpu" ? without_communicator(c.parallel) : c.parallel),
+                    max_steps, c.eval_every, c.precision, c.recompute, c.head_chunk, device,
+                    (dir_ / out).string(),
+                    device == "cpu" ? without_key(c.train, "cuda_graph") : c.train,
+                    (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
+                    (dir_ / "tokenizer.json").string(),
+                    device == "cpu" ? without_key(c.parallel, "communicator") : c.parallel),
         "train_on_device");
   }
 
@@ -272,6 +276,13 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
       EXPECT_NE(init_output.find("init-from self-check"), std::string::npos) << init_output;
     }
     dist::register_device_communicator(Device::kCuda, nullptr);
+  }
+  if (GetParam().train.find("cuda_graph") != std::string::npos) {
+    // The first run's steps: the first eager, the second captured, later ones replayed until an
+    // evaluation (then one eager step again).
+    const size_t at = device_output.find("cuda_graph: ");
+    ASSERT_NE(at, std::string::npos) << device_output;
+    EXPECT_GE(std::stoll(device_output.substr(at + 12)), 1) << device_output.substr(at, 120);
   }
   if (stand_in) {
     EXPECT_EQ(g_stand_in_worlds, 3);  // the three runs on the device
@@ -412,6 +423,17 @@ INSTANTIATE_TEST_SUITE_P(
         // and bias of a skipped step as they were, as the host's does.
         DeviceRunCase{"fp32_skips", "fp32", "none", 1, "", 0,
                       "skip_sigma = 0.0001\nskip_window = 8\nskip_min_window = 1"},
+        // Every step as one graph (train.cuda_graph; the guarded device's emulated capture):
+        // captured at step 2, replayed at 3; the evaluation after step 3 sends step 4 back to an
+        // eager run. And with the guard skipping steps, so that its limits change every step and
+        // a replay must read them anew; in bf16 with the chunked head and full recompute,
+        // evaluated only at the end (steps 3 and 4 replayed).
+        DeviceRunCase{"fp32_cuda_graph", "fp32", "none", 1, "", 0, "cuda_graph = true", 3},
+        DeviceRunCase{"fp32_cuda_graph_skips", "fp32", "none", 1, "", 0,
+                      "cuda_graph = true\nskip_sigma = 0.0001\nskip_window = 8\n"
+                      "skip_min_window = 1",
+                      6},
+        DeviceRunCase{"bf16_cuda_graph", "bf16", "full", 1, "", 48, "cuda_graph = true", 6},
         // Two processes: data parallel with ZeRO-1's shards, data parallel with
         // the reduction overlapped with the backward, two pipeline stages, the
         // experts split over the two (the sync dispatch's all-to-all of rows).

@@ -59,6 +59,12 @@ class CudaMemory final : public DeviceMemory {
   Device device() const override { return Device::kCuda; }
 
   void* allocate(size_t bytes) override {
+    // An array allocated in a capture would be the graph's memory, gone or taken again at its
+    // replays: a captured step finds its buffers allocated.
+    MOE_CHECK(!capturing(),
+              "[cuda] an allocation of {} bytes inside a CUDA graph's capture: a captured step "
+              "must find its buffers allocated",
+              bytes);
     void* data = nullptr;
     const cudaError_t status = cudaMallocAsync(&data, bytes, stream());
     if (status == cudaErrorMemoryAllocation) {

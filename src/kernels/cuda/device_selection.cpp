@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "core/device_graph.h"
+#include "kernels/cuda/cuda_graphs.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
@@ -34,6 +36,7 @@ std::string activate() {
   MOE_CUDA_CHECK(cudaSetDevice(local_rank() % devices));
   keep_freed_device_memory();
   register_device_memory(Device::kCuda, &device_memory());
+  register_device_graphs(Device::kCuda, &cuda_graphs());
   register_device_backend(Device::kCuda, &cuda_backend());
   return describe(current_device_info());
 }

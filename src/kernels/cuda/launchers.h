@@ -110,10 +110,11 @@ void launch_moe_loss_terms(const int64_t* route_counts, const double* router_sum
 void launch_router_bias_update(const double* counts, int64_t experts, float rate,
                                const float* step_factors, float* bias, cudaStream_t stream);
 
-// step_decision.cu: kernels/ops.h's step_decision in one thread (kernels/step_decision_rules.h).
+// step_decision.cu: kernels/ops.h's step_decision in one thread (kernels/step_decision_rules.h);
+// limits: two doubles on the device, or null.
 void launch_step_decision(const double* loss_rows, int64_t rows, const double* squares,
-                          const StepDecisionScalars& scalars, double* decision, float* step_factors,
-                          cudaStream_t stream);
+                          const StepDecisionScalars& scalars, const double* limits,
+                          double* decision, float* step_factors, cudaStream_t stream);
 
 // cross_entropy.cu: dlogits (= when not null) and *loss (device) as kernels/ops.h's cross_entropy
 // defines them, a target outside [0, vocab) counted as ignored; normalizer: one double on the

@@ -10,8 +10,10 @@
 namespace moecore::kernels::cuda {
 
 void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const StepDecisionOptions& o,
-                   TensorView decision, TensorView step_factors) {
+                   ConstTensorView limits, TensorView decision, TensorView step_factors) {
   constexpr const char* kOp = "step_decision";
+  expect_on_device(kOp, "limits", limits);
+  expect_step_limits(kOp, limits, Device::kCuda);
   expect_on_device(kOp, "loss_rows", loss_rows);
   expect_on_device(kOp, "squares", squares);
   expect_on_device(kOp, "decision", decision);
@@ -21,7 +23,8 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
   launch_step_decision(
       rows > 0 ? loss_rows.data<double>(kOp) : nullptr, rows, squares.data<double>(kOp),
       {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.loss_scale},
-      decision.data<double>(kOp), step_factors.data<float>(kOp), stream());
+      step_factors_given(limits) ? limits.data<double>(kOp) : nullptr, decision.data<double>(kOp),
+      step_factors.data<float>(kOp), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

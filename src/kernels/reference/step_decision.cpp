@@ -10,9 +10,12 @@
 namespace moecore::kernels::reference {
 
 void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const StepDecisionOptions& o,
-                   TensorView decision, TensorView step_factors) {
+                   ConstTensorView limits, TensorView decision, TensorView step_factors) {
   constexpr const char* kOp = "step_decision";
   const int64_t rows = step_decision_rows(kOp, loss_rows, squares, decision, step_factors);
+  expect_step_limits(kOp, limits);
+  const double loss_limit = step_factors_given(limits) ? limits.data<double>(kOp)[0] : o.loss_limit;
+  const double norm_limit = step_factors_given(limits) ? limits.data<double>(kOp)[1] : o.norm_limit;
   const double* r = loss_rows.data<double>(kOp);
   const double* sq = squares.data<double>(kOp);
   double loss = 0.0;
@@ -21,8 +24,8 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
     loss += total * o.loss_scale;
   }
   const double norm = std::sqrt(sq[0] + sq[1]);
-  const bool apply = std::isfinite(loss) && std::isfinite(norm) && !(loss > o.loss_limit) &&
-                     !(norm > o.norm_limit);
+  const bool apply =
+      std::isfinite(loss) && std::isfinite(norm) && !(loss > loss_limit) && !(norm > norm_limit);
   const float clip = o.max_grad_norm <= 0.0 || !std::isfinite(norm)
                          ? 1.0f
                          : static_cast<float>(std::min(1.0, o.max_grad_norm / (norm + 1e-6)));

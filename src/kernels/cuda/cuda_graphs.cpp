@@ -1,0 +1,65 @@
+#include "kernels/cuda/cuda_graphs.h"
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "core/check.h"
+#include "kernels/cuda/runtime.h"
+
+namespace moecore::kernels::cuda {
+
+namespace {
+
+class CudaGraph final : public DeviceGraph {
+ public:
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void replay() override { MOE_CUDA_CHECK(cudaGraphLaunch(exec_, stream())); }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+class CudaGraphs final : public DeviceGraphs {
+ public:
+  void begin_capture() override {
+    MOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal));
+  }
+
+  std::unique_ptr<DeviceGraph> end_capture() override {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream(), &graph);
+    if (ended != cudaSuccess) {
+      cudaGetLastError();  // the capture's error is the caller's to report, not the next call's
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      fail(
+          "[cuda] the captured work broke its CUDA graph's capture ({}): a wait for the stream "
+          "or a copy between host and device inside it",
+          cudaGetErrorString(ended));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    MOE_CUDA_CHECK(made);
+    return std::make_unique<CudaGraph>(exec);
+  }
+
+  void abandon_capture() noexcept override {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream(), &graph);
+    cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
+}  // namespace
+
+DeviceGraphs& cuda_graphs() {
+  static CudaGraphs graphs;
+  return graphs;
+}
+
+}  // namespace moecore::kernels::cuda

@@ -1,0 +1,72 @@
+// train.cuda_graph: every training step issued as one device graph (core/device_graph.h; a CUDA
+// graph on the GPU): the step's work is captured once and replayed, one launch for the thousands
+// of kernels of its passes, its decision and its updates, with no host in between. A replay
+// keeps the arguments its capture gave each kernel, so what changes from step to step reaches the
+// kernels through device memory written before it: the micro-batches' token ids, targets and
+// counts of targets (the static buffers here) and AdamW's coefficients
+// (DistributedOptimizer::stage_step).
+//
+// A graph holds the addresses of the buffers it was captured with and the host state of the
+// passes it captured (their shapes, what the MoE statistics and the losses are read by): it is
+// replayed only while no device memory was freed and no other forward pass (an evaluation) ran on
+// the model since it was captured. Otherwise the step runs eagerly, which places every buffer
+// for the shapes of training again, and the next step is captured anew.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/device_graph.h"
+#include "core/device_memory.h"
+#include "core/tensor_view.h"
+#include "model/transformer.h"
+
+namespace moecore {
+
+class StepGraph {
+ public:
+  // `microbatches` micro-batches of `tokens` ids each, staged in `device`'s memory, whose graphs
+  // capture the steps (an error without).
+  StepGraph(Device device, int64_t microbatches, int64_t tokens);
+
+  // Micro-batch m's inputs into the static buffers: `tokens` ids and targets (host memory), its
+  // count of targets.
+  void stage(int64_t micro, const int32_t* tokens, const int32_t* targets, int64_t counted);
+  const int32_t* tokens(int64_t micro) const;
+  const int32_t* targets(int64_t micro) const;
+  ConstTensorView counted(int64_t micro) const;  // f64 [1]
+
+  // Runs the step's work `issue` (it issues, on `chunks`, the passes of the staged micro-batches,
+  // the decision and the updates, and reads nothing back): by replaying the graph where it is
+  // valid, else eagerly where something ran since (or nothing was captured yet), else by
+  // capturing it and replaying the capture.
+  void run(const std::function<void()>& issue, const std::vector<Transformer*>& chunks);
+
+  int64_t captures() const { return captures_; }
+  int64_t replays() const { return replays_; }  // steps run by replaying an earlier capture
+  int64_t eager_steps() const { return eager_steps_; }
+
+ private:
+  // What must not change between a graph's capture (or the eager step before it) and a replay.
+  struct Marks {
+    uint64_t frees = 0;
+    int64_t passes = 0;
+    bool operator==(const Marks&) const = default;
+  };
+  static Marks marks(const std::vector<Transformer*>& chunks);
+
+  DeviceGraphs& graphs_;
+  int64_t tokens_;
+  std::vector<DeviceArray<int32_t>> token_ids_, targets_;
+  DeviceArray<double> counted_;
+  std::vector<int64_t> host_counted_;
+  std::unique_ptr<DeviceGraph> graph_;
+  std::optional<Marks> ready_;  // after an eager step or a capture: nothing ran since
+  int64_t captures_ = 0, replays_ = 0, eager_steps_ = 0;
+};
+
+}  // namespace moecore
