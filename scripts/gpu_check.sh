@@ -7,7 +7,8 @@
 #      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
 #   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
 #      (bench/cuda/gemm.cpp), whatever step 2 gave;
-#   4. `moecore train --device cuda`: 200 steps of the default run in fp32 and in bf16, each loss
+#   4. `moecore train --device cuda`: 200 steps of the default run in fp32, in bf16 and in bf16 with
+#      every step one CUDA graph (train.cuda_graph), each loss
 #      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py,
 #      each profiled (train_<precision>_profile.json: the phases' times and the steps' host reads
 #      of device memory, where they wait for the GPU); then `moecore diff` of one batch's pass on
@@ -113,21 +114,26 @@ find_library() {
   [[ -d data/kjv ]] || { mkdir -p data && cp -r "$bundle/data/kjv" data/; }
   source scripts/gpu_train_args.sh
   train_status=0
-  for precision in fp32 bf16; do
-    run_dir=.gpu/runs/train_$precision
+  # bf16_graph: the bf16 run with every step one CUDA graph (train.cuda_graph, issue 15 item 3),
+  # held against the same CPU curve; its last line counts the steps that replayed a graph.
+  for run in fp32 bf16 bf16_graph; do
+    precision=${run%_graph}
+    graph_args=()
+    [[ $run == *_graph ]] && graph_args=(--set train.cuda_graph=true)
+    run_dir=.gpu/runs/train_$run
     rm -rf "$run_dir"
     cap 75 bundled "$bundle/bin/moecore" train configs/default.toml --device cuda \
-      $(gpu_train_args "$precision" "$run_dir") > "$results/train_$precision.log" 2>&1
+      $(gpu_train_args "$precision" "$run_dir") "${graph_args[@]}" > "$results/train_$run.log" 2>&1
     code=$?
-    cat "$results/train_$precision.log"
-    echo "== gpu_check: train --device cuda ($precision) exited $code"
-    cp "$run_dir/metrics.jsonl" "$results/train_$precision.jsonl" 2> /dev/null
-    cp "$run_dir/profile.json" "$results/train_${precision}_profile.json" 2> /dev/null
+    cat "$results/train_$run.log"
+    echo "== gpu_check: train --device cuda ($run) exited $code"
+    cp "$run_dir/metrics.jsonl" "$results/train_$run.jsonl" 2> /dev/null
+    cp "$run_dir/profile.json" "$results/train_${run}_profile.json" 2> /dev/null
     python3 scripts/compare_loss_curves.py "$bundle/cpu_runs/$precision.jsonl" \
-      "$results/train_$precision.jsonl" --precision "$precision" \
-      --markdown "$results/gpu_train_$precision.md"
+      "$results/train_$run.jsonl" --precision "$precision" \
+      --markdown "$results/gpu_train_$run.md"
     curves=$?
-    echo "== gpu_check: loss curves ($precision) against the CPU's: exit $curves"
+    echo "== gpu_check: loss curves ($run) against the CPU's: exit $curves"
     (( code != 0 || curves != 0 )) && train_status=1
     pack
   done

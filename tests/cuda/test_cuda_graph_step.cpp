@@ -22,10 +22,12 @@
 
 #include "captured_step_runner.h"
 #include "core/check.h"
+#include "core/device_graph.h"
 #include "core/device_memory.h"
 #include "core/mx_types.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "kernel_harness.h"
+#include "kernels/cuda/cuda_graphs.h"
 #include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
@@ -265,35 +267,21 @@ TEST(CudaGraphStep, TheSkippedStepsTailCapturesAndChangesNothing) {
   expect_graph_replays_the_eager_step(0.0, false);
 }
 
-// What the backend's stream is given while `issue` runs, captured into a CUDA graph in global
-// mode and instantiated; returns what replays it (launch, then wait). A failure inside `issue`
-// ends the capture before it goes on; a wait inside it fails the capture with one line.
+// What the backend's stream is given while `issue` runs, captured into a CUDA graph by the
+// backend's DeviceGraphs (kernels/cuda/cuda_graphs.h, what train.cuda_graph uses); returns what
+// replays it (launch, then wait). A failure inside `issue` abandons the capture.
 std::function<void()> cuda_graph_of(const std::function<void()>& issue) {
-  const cudaStream_t stream = kernels::cuda::stream();
-  MOE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess,
-            "[test] the capture did not begin");
+  DeviceGraphs& graphs = kernels::cuda::cuda_graphs();
+  graphs.begin_capture();
   try {
     issue();
   } catch (...) {
-    cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(stream, &broken);
-    if (broken != nullptr) cudaGraphDestroy(broken);
+    graphs.abandon_capture();
     throw;
   }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  MOE_CHECK(ended == cudaSuccess, "[test] the step broke its capture: {}",
-            cudaGetErrorString(ended));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  MOE_CHECK(made == cudaSuccess, "[test] the graph did not instantiate: {}",
-            cudaGetErrorString(made));
-  const std::shared_ptr<CUgraphExec_st> owned(exec,
-                                              [](cudaGraphExec_t e) { cudaGraphExecDestroy(e); });
-  return [owned] {
-    MOE_CHECK(cudaGraphLaunch(owned.get(), kernels::cuda::stream()) == cudaSuccess,
-              "[test] the graph did not launch");
+  const std::shared_ptr<DeviceGraph> graph = graphs.end_capture();
+  return [graph] {
+    graph->replay();
     kernels::cuda::synchronize();
   };
 }

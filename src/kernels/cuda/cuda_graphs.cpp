@@ -2,9 +2,11 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "core/check.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime.h"
 
 namespace moecore::kernels::cuda {
@@ -26,6 +28,7 @@ class CudaGraph final : public DeviceGraph {
 class CudaGraphs final : public DeviceGraphs {
  public:
   void begin_capture() override {
+    take_frees_inside_capture();
     MOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal));
   }
 
@@ -39,6 +42,14 @@ class CudaGraphs final : public DeviceGraphs {
           "[cuda] the captured work broke its CUDA graph's capture ({}): a wait for the stream "
           "or a copy between host and device inside it",
           cudaGetErrorString(ended));
+    }
+    const int64_t frees = take_frees_inside_capture();
+    if (frees > 0) {
+      cudaGraphDestroy(graph);
+      fail(
+          "[cuda] {} device allocations were freed inside a CUDA graph's capture: a captured "
+          "step must keep its buffers",
+          frees);
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);

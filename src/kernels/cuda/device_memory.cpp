@@ -1,6 +1,8 @@
 #include "kernels/cuda/device_memory.h"
 
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 
 #include "core/check.h"
@@ -79,9 +81,16 @@ class CudaMemory final : public DeviceMemory {
   }
 
   void deallocate(void* data, size_t /*bytes*/) noexcept override {
+    // Inside a capture the free would become the graph's, repeated at every replay: counted, for
+    // CudaGraphs::end_capture to fail on (a destructor cannot throw here).
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream(), &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone)
+      frees_inside_capture_.fetch_add(1);
     // Stream-ordered: the memory returns to the pool once the work issued before is done.
     cudaFreeAsync(data, stream());
   }
+  int64_t take_frees_inside_capture() { return frees_inside_capture_.exchange(0); }
 
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     // A graph replays its copies from the addresses of the capture, not the caller's bytes of
@@ -110,13 +119,22 @@ class CudaMemory final : public DeviceMemory {
  private:
   static double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
   PinnedStaging staging_;
+  std::atomic<int64_t> frees_inside_capture_{0};
 };
+
+CudaMemory& cuda_memory() {
+  static CudaMemory memory;
+  return memory;
+}
 
 }  // namespace
 
 DeviceMemory& device_memory() {
-  static CudaMemory memory;
-  return memory;
+  return cuda_memory();
+}
+
+int64_t take_frees_inside_capture() {
+  return cuda_memory().take_frees_inside_capture();
 }
 
 }  // namespace moecore::kernels::cuda
