@@ -6,11 +6,14 @@
 // (tests/cpp/test_captured_step.cpp) and the CUDA graph's (tests/cuda/test_cuda_graph_step.cpp).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device_memory.h"
@@ -187,6 +190,21 @@ using CaptureStep = std::function<std::function<void()>(const std::function<void
 // once at step 1 and replayed from there on, or captured afresh and replayed at every step (with
 // that step's arguments: the reference for a captured step where the eager one runs other kernels).
 enum class StepMode { kEager, kCaptureOnce, kCaptureEach };
+
+// Every step's decision and weights of `got` are `expected`'s bit for bit, every step applied and
+// the weights moving from step to step (so that a replay that changed nothing would fail).
+inline void expect_same_trajectory(const Trajectory& got, const Trajectory& expected) {
+  for (int64_t step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const size_t s = static_cast<size_t>(step);
+    EXPECT_EQ(got.decisions[s], expected.decisions[s]);
+    EXPECT_EQ(got.decisions[s][2], 1.0);  // applied
+    EXPECT_EQ(got.weights[s], expected.weights[s]);
+    if (step > 0) {
+      EXPECT_NE(expected.weights[s], expected.weights[s - 1]);
+    }
+  }
+}
 
 inline Trajectory run_steps(const dist::Mesh& mesh, const StepVariant& variant, StepMode mode,
                             const CaptureStep& capture = {}) {
