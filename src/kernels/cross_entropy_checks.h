@@ -6,15 +6,10 @@
 
 namespace moecore::kernels {
 
-// Whether cross_entropy is given its divisor (an empty view, ConstTensorView(), is not).
-inline bool normalizer_given(ConstTensorView normalizer) {
-  return normalizer.raw() != nullptr && normalizer.numel() > 0;
-}
-
 // A given normalizer is f64 [1].
 inline void expect_normalizer(const char* op, ConstTensorView normalizer,
                               Device device = Device::kCpu) {
-  if (!normalizer_given(normalizer)) return;
+  if (!view_given(normalizer)) return;
   expect_shape(op, "normalizer", normalizer, {1}, device);
   MOE_CHECK(normalizer.dtype() == DType::kF64, "[{}] normalizer must be f64, got {}", op,
             dtype_name(normalizer.dtype()));

@@ -8,11 +8,6 @@
 
 namespace moecore::kernels {
 
-// Whether moe_loss_terms' optional route_tally is given (an empty view, TensorView(), is not).
-inline bool tally_given(ConstTensorView route_tally) {
-  return route_tally.raw() != nullptr && route_tally.numel() > 0;
-}
-
 struct MoeLossDims {
   int64_t layers, experts, head_chunks;
 };
@@ -34,7 +29,7 @@ inline MoeLossDims moe_loss_dims(const char* op, ConstTensorView route_counts,
   expect_shape(op, "head_losses", head_losses, {d.head_chunks}, device);
   expect_shape(op, "losses", losses, {3}, device);
   expect_shape(op, "lb_score_grad", lb_score_grad, {d.layers, d.experts}, device);
-  if (tally_given(route_tally))
+  if (view_given(route_tally))
     expect_shape(op, "route_tally", route_tally, {d.layers, d.experts}, device);
   MOE_CHECK(route_counts.dtype() == DType::kI64, "[{}] route_counts must be i64, got {}", op,
             dtype_name(route_counts.dtype()));
@@ -43,7 +38,7 @@ inline MoeLossDims moe_loss_dims(const char* op, ConstTensorView route_counts,
               dtype_name(v.dtype()));
   MOE_CHECK(lb_score_grad.dtype() == DType::kF32, "[{}] lb_score_grad must be f32, got {}", op,
             dtype_name(lb_score_grad.dtype()));
-  MOE_CHECK(!tally_given(route_tally) || route_tally.dtype() == DType::kF64,
+  MOE_CHECK(!view_given(route_tally) || route_tally.dtype() == DType::kF64,
             "[{}] route_tally must be f64, got {}", op, dtype_name(route_tally.dtype()));
   MOE_CHECK(d.layers == 0 || (o.top_k >= 1 && o.top_k <= d.experts),
             "[{}] top_k={} must be in [1, {}]", op, o.top_k, d.experts);

@@ -9,15 +9,10 @@
 
 namespace moecore::kernels {
 
-// Whether an operation is given step factors (an empty view, TensorView(), is not).
-inline bool step_factors_given(ConstTensorView step_factors) {
-  return step_factors.raw() != nullptr && step_factors.numel() > 0;
-}
-
 // Given step factors are f32 [2].
 inline void expect_step_factors(const char* op, ConstTensorView step_factors,
                                 Device device = Device::kCpu) {
-  if (!step_factors_given(step_factors)) return;
+  if (!view_given(step_factors)) return;
   expect_shape(op, "step_factors", step_factors, {2}, device);
   MOE_CHECK(step_factors.dtype() == DType::kF32, "[{}] step_factors must be f32, got {}", op,
             dtype_name(step_factors.dtype()));
@@ -26,28 +21,16 @@ inline void expect_step_factors(const char* op, ConstTensorView step_factors,
 // Given step coefficients (adamw_update's) are f32 [kAdamWStepCoefficients].
 inline void expect_step_coefficients(const char* op, ConstTensorView step_coefficients,
                                      Device device = Device::kCpu) {
-  if (!step_factors_given(step_coefficients)) return;
+  if (!view_given(step_coefficients)) return;
   expect_shape(op, "step_coefficients", step_coefficients, {kAdamWStepCoefficients}, device);
   MOE_CHECK(step_coefficients.dtype() == DType::kF32, "[{}] step_coefficients must be f32, got {}",
             op, dtype_name(step_coefficients.dtype()));
 }
 
-// The coefficients an update uses: `given`, with the step's from step_coefficients (host memory)
-// when it has them.
-inline AdamWCoefficients with_step_coefficients(AdamWCoefficients given,
-                                                ConstTensorView step_coefficients) {
-  if (!step_factors_given(step_coefficients)) return given;
-  const float* c = step_coefficients.data<float>("adamw");
-  given.decay_factor = c[0];
-  given.step_size = c[1];
-  given.bias2_sqrt = c[2];
-  return given;
-}
-
 // Given limits are f64 [2].
 inline void expect_step_limits(const char* op, ConstTensorView limits,
                                Device device = Device::kCpu) {
-  if (!step_factors_given(limits)) return;
+  if (!view_given(limits)) return;
   expect_shape(op, "limits", limits, {2}, device);
   MOE_CHECK(limits.dtype() == DType::kF64, "[{}] limits must be f64, got {}", op,
             dtype_name(limits.dtype()));

@@ -11,6 +11,11 @@
 
 namespace moecore::kernels {
 
+// Whether an optional operand is given: an empty view (TensorView(), ConstTensorView()) is not.
+inline bool view_given(ConstTensorView v) {
+  return v.raw() != nullptr && v.numel() > 0;
+}
+
 template <bool kMutable>
 void expect_shape(const char* op, const char* name, const BasicTensorView<kMutable>& v,
                   std::initializer_list<int64_t> shape, Device device = Device::kCpu) {

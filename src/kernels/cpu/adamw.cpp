@@ -12,6 +12,18 @@ namespace moecore::kernels::cpu {
 
 namespace {
 
+// The coefficients an update uses: `given`, with the step's from step_coefficients (host memory)
+// when it has them.
+AdamWCoefficients with_step_coefficients(AdamWCoefficients given,
+                                         ConstTensorView step_coefficients) {
+  if (!view_given(step_coefficients)) return given;
+  const float* c = step_coefficients.data<float>("adamw");
+  given.decay_factor = c[0];
+  given.step_size = c[1];
+  given.bias2_sqrt = c[2];
+  return given;
+}
+
 constexpr int64_t kAdamWChunk = 16384;
 
 MOECORE_SIMD_CLONES void adamw_chunk(const AdamWCoefficients& c, float* p, const float* g, float* m,
@@ -35,7 +47,7 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   expect_step_coefficients(kOp, step_coefficients);
   expect_step_factors(kOp, step_factors);
   AdamWCoefficients coefficients = with_step_coefficients(given, step_coefficients);
-  if (step_factors_given(step_factors)) {
+  if (view_given(step_factors)) {
     const float* factors = step_factors.data<float>(kOp);
     if (factors[1] == 0.0f) return;  // a skipped step
     coefficients.grad_scale = factors[0];

@@ -57,7 +57,7 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
     counted += tp[r] != kIgnoreIndex;
   }
   const double divisor =
-      normalizer_given(normalizer) ? *normalizer.data<double>(kOp) : static_cast<double>(counted);
+      view_given(normalizer) ? *normalizer.data<double>(kOp) : static_cast<double>(counted);
   const float grad_scale = divisor > 0 ? scale / static_cast<float>(divisor) : 0.0f;
   std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
 #pragma omp parallel for schedule(static)

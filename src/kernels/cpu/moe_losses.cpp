@@ -18,7 +18,7 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
       d.layers, d.experts, d.head_chunks,
       {o.lb_over_all_layers, o.top_k, o.router_loss_div, o.tokens, o.z_rows, o.aux_loss_coef},
       losses.data<double>(kOp), lb_score_grad.data<float>(kOp),
-      tally_given(route_tally) ? route_tally.data<double>(kOp) : nullptr);
+      view_given(route_tally) ? route_tally.data<double>(kOp) : nullptr);
 }
 
 void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,
@@ -27,10 +27,9 @@ void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step
   const int64_t experts = router_bias_update_experts(kOp, counts, bias);
   expect_step_factors(kOp, step_factors);
   if (experts == 0) return;
-  router_bias_update_in_order(
-      counts.data<double>(kOp), experts, rate,
-      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
-      bias.data<float>(kOp));
+  router_bias_update_in_order(counts.data<double>(kOp), experts, rate,
+                              view_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
+                              bias.data<float>(kOp));
 }
 
 }  // namespace moecore::kernels::cpu

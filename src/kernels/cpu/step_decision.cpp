@@ -14,7 +14,7 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
   step_decision_in_order(
       loss_rows.data<double>(kOp), rows, squares.data<double>(kOp),
       {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.loss_scale},
-      step_factors_given(limits) ? limits.data<double>(kOp) : nullptr, decision.data<double>(kOp),
+      view_given(limits) ? limits.data<double>(kOp) : nullptr, decision.data<double>(kOp),
       step_factors.data<float>(kOp));
 }
 

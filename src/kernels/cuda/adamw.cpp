@@ -28,11 +28,10 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   const AdamWCoefficients& c = coefficients;
   const AdamWScalars scalars{c.decay_factor, c.b1,        c.b2,        c.bias2_sqrt,
                              c.eps,          c.step_size, c.grad_scale};
-  launch_adamw_update(
-      params.data<float>(kOp), grads.data<float>(kOp), exp_avg.data<float>(kOp),
-      exp_avg_sq.data<float>(kOp), count, scalars,
-      step_factors_given(step_coefficients) ? step_coefficients.data<float>(kOp) : nullptr,
-      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr, stream());
+  launch_adamw_update(params.data<float>(kOp), grads.data<float>(kOp), exp_avg.data<float>(kOp),
+                      exp_avg_sq.data<float>(kOp), count, scalars,
+                      view_given(step_coefficients) ? step_coefficients.data<float>(kOp) : nullptr,
+                      view_given(step_factors) ? step_factors.data<float>(kOp) : nullptr, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -43,8 +43,8 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
   double* row_loss = scratch.as<double>();
   auto* counted = reinterpret_cast<long long*>(row_loss + rows);
   launch_cross_entropy(lp, tp, dlp, rows, vocab, scale,
-                       normalizer_given(normalizer) ? normalizer.data<double>(kOp) : nullptr,
-                       row_loss, counted, mean, stream());
+                       view_given(normalizer) ? normalizer.data<double>(kOp) : nullptr, row_loss,
+                       counted, mean, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -27,7 +27,7 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   launch_moe_loss_terms(route_counts.data<int64_t>(kOp), router_sums.data<double>(kOp),
                         head_losses.data<double>(kOp), d.layers, d.experts, d.head_chunks, scalars,
                         losses.data<double>(kOp), lb_score_grad.data<float>(kOp),
-                        tally_given(route_tally) ? route_tally.data<double>(kOp) : nullptr,
+                        view_given(route_tally) ? route_tally.data<double>(kOp) : nullptr,
                         stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -41,10 +41,9 @@ void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step
   const int64_t experts = router_bias_update_experts(kOp, counts, bias, Device::kCuda);
   expect_step_factors(kOp, step_factors, Device::kCuda);
   if (experts == 0) return;
-  launch_router_bias_update(
-      counts.data<double>(kOp), experts, rate,
-      step_factors_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
-      bias.data<float>(kOp), stream());
+  launch_router_bias_update(counts.data<double>(kOp), experts, rate,
+                            view_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
+                            bias.data<float>(kOp), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

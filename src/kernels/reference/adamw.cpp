@@ -15,13 +15,13 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
   expect_step_coefficients("adamw", step_coefficients);
   expect_step_factors("adamw", step_factors);
   AdamWCoefficients c = coefficients;
-  if (step_factors_given(step_coefficients)) {
+  if (view_given(step_coefficients)) {
     const float* given = step_coefficients.data<float>("adamw");
     c.decay_factor = given[0];
     c.step_size = given[1];
     c.bias2_sqrt = given[2];
   }
-  if (step_factors_given(step_factors)) {
+  if (view_given(step_factors)) {
     const float* factors = step_factors.data<float>("adamw");
     if (factors[1] == 0.0f) return;  // a skipped step
     c.grad_scale = factors[0];

@@ -17,8 +17,8 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
   float* dlp = dlogits.raw() != nullptr ? dlogits.data<float>("cross_entropy") : nullptr;
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) counted += tp[r] != kIgnoreIndex;
-  const double divisor = normalizer_given(normalizer) ? *normalizer.data<double>("cross_entropy")
-                                                      : static_cast<double>(counted);
+  const double divisor = view_given(normalizer) ? *normalizer.data<double>("cross_entropy")
+                                                : static_cast<double>(counted);
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = lp + r * vocab;

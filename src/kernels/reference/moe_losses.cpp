@@ -62,7 +62,7 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   out[0] = ce;
   out[1] = lb;
   out[2] = z;
-  if (tally_given(route_tally)) {
+  if (view_given(route_tally)) {
     double* tally = route_tally.data<double>(kOp);
     for (int64_t j = 0; j < layers; ++j)
       for (int64_t e = 0; e < experts; ++e) tally[j * experts + e] += count(j, e);
@@ -75,7 +75,7 @@ void router_bias_update(ConstTensorView counts_view, float rate, ConstTensorView
   const int64_t experts = router_bias_update_experts(kOp, counts_view, bias_view);
   expect_step_factors(kOp, step_factors);
   if (experts == 0) return;
-  if (step_factors_given(step_factors) && step_factors.data<float>(kOp)[1] == 0.0f) return;
+  if (view_given(step_factors) && step_factors.data<float>(kOp)[1] == 0.0f) return;
   const double* counts = counts_view.data<double>(kOp);
   float* bias = bias_view.data<float>(kOp);
   double total = 0.0;

@@ -14,8 +14,8 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
   constexpr const char* kOp = "step_decision";
   const int64_t rows = step_decision_rows(kOp, loss_rows, squares, decision, step_factors);
   expect_step_limits(kOp, limits);
-  const double loss_limit = step_factors_given(limits) ? limits.data<double>(kOp)[0] : o.loss_limit;
-  const double norm_limit = step_factors_given(limits) ? limits.data<double>(kOp)[1] : o.norm_limit;
+  const double loss_limit = view_given(limits) ? limits.data<double>(kOp)[0] : o.loss_limit;
+  const double norm_limit = view_given(limits) ? limits.data<double>(kOp)[1] : o.norm_limit;
   const double* r = loss_rows.data<double>(kOp);
   const double* sq = squares.data<double>(kOp);
   double loss = 0.0;
