@@ -116,6 +116,11 @@ class Communicator {
   // before the backend sees them and back once it is done (at wait for the non-blocking ones), as
   // torch.distributed's gloo does with CUDA tensors. Windows are never staged.
   virtual bool reaches_device_memory() const { return false; }
+  // Whether its operations on device buffers are issued in order with the device's work (NCCL's
+  // on the CUDA stream), so that a device graph's capture (core/device_graph.h) holds them with
+  // the kernels and a replay runs them again; a non-blocking one inside a capture returns no
+  // request (the device's order completes it). MPI's run on the host at the call: not capturable.
+  virtual bool capturable() const { return false; }
   // A window of `count` floats on every rank; traffic_group names its puts and gets in the
   // traffic counters (default: this group's name).
   std::unique_ptr<Window> window(int64_t count, const std::string& traffic_group = "") const {

@@ -101,10 +101,22 @@ ConstTensorView DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Work
   kernels::sum_of_squares(view(second.data(), {static_cast<int64_t>(second.size())}),
                           view(squares_.data() + 1, {1}));
   // ZeRO-1's slices add up over the group that shares those parameters, the experts of the ep
-  // ranks and the layers of the pipeline stages over theirs: on the host, in the order the norm
-  // has always been summed in, then back where the decision reads them as {total, 0}.
+  // ranks and the layers of the pipeline stages over theirs. With one stage, each of the two sums
+  // over its ranks where it is (a step graph captures the collectives on a device communicator;
+  // MPI stages them), and the decision adds the two. With several, the stages sum the total: on
+  // the host, in the same order, then back where the decision reads it as {total, 0} (the same
+  // bits: x + 0 is x).
   const bool zero_slices = zero_ && (shards_[0].comm->size() > 1 || shards_[1].comm->size() > 1);
-  if (zero_slices || mesh_.ep.size() > 1 || mesh_.pp.size() > 1) {
+  if (!zero_slices && mesh_.ep.size() == 1 && mesh_.pp.size() == 1)
+    return view(squares_.data(), {2});
+  if (mesh_.pp.size() == 1) {
+    timer.switch_to(Phase::kCommunication);
+    if (zero_) {
+      shards_[0].comm->allreduce_sum(squares_.data(), 1);
+      shards_[1].comm->allreduce_sum(squares_.data() + 1, 1);
+    }
+    mesh_.ep.allreduce_sum(squares_.data() + 1, 1);
+  } else {
     std::array<double, 2> squares{};
     copy_bytes(squares.data(), squares_.data(), sizeof(squares));
     timer.switch_to(Phase::kCommunication);

@@ -24,4 +24,10 @@ const std::map<std::string, TrafficCount>& traffic_counters();
 void reset_traffic_counters();
 void count_traffic(const std::string& group, const std::string& op, int64_t bytes);
 
+// What the counters gained since `before` (an earlier copy of traffic_counters()), and that much
+// added again: a step graph's replay moves what its capture issued, which counted it once.
+std::map<std::string, TrafficCount> traffic_since(
+    const std::map<std::string, TrafficCount>& before);
+void add_traffic(const std::map<std::string, TrafficCount>& counts);
+
 }  // namespace moecore::dist

@@ -492,8 +492,10 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   MOE_CHECK(targets_on_host || given_counts,
             "[model] targets in device memory need their counts from the caller "
             "(set_next_batch_counts): a pass does not read them back to count them");
-  MOE_CHECK(tokens_on_host || document_eos_ < 0,
-            "[model] document masking finds the documents in host memory: give the tokens there");
+  const int32_t* given_starts = std::exchange(next_document_starts_, nullptr);
+  MOE_CHECK(tokens_on_host || document_eos_ < 0 || given_starts != nullptr,
+            "[model] document masking finds the documents in host memory: give the tokens there, "
+            "or the documents' starts (set_next_document_starts)");
   if (has_embedding() && tokens_on_host)
     for (int64_t i = 0; i < n; ++i)
       MOE_CHECK(tokens[i] >= 0 && tokens[i] < v,
@@ -528,7 +530,10 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   } else {
     copy_bytes(act.residual[0].data(), hidden_in, static_cast<size_t>(n * d) * sizeof(float));
   }
-  if (document_eos_ >= 0) {
+  if (document_eos_ >= 0 && given_starts != nullptr) {
+    act.doc_start.resize(static_cast<size_t>(n));  // the pass's own copy, for its backward
+    copy_bytes(act.doc_start.data(), given_starts, static_cast<size_t>(n) * sizeof(int32_t));
+  } else if (document_eos_ >= 0) {
     MOE_CHECK(tokens != nullptr, "[model] document masking needs the tokens on every chunk");
     act.doc_start_host.resize(static_cast<size_t>(n));
     document_starts(tokens, batch, seq, document_eos_, act.doc_start_host.data());

@@ -128,6 +128,10 @@ class Transformer {
     ConstTensorView counted_on_device = {};
   };
   void set_next_batch_counts(BatchCounts counts) { next_batch_counts_ = counts; }
+  // With document masking, where each token's document starts ([batch, seq], in the model's
+  // device memory, model/document_mask.h), for the next forward pass only: a pass whose tokens
+  // are in device memory (a step graph's) cannot find them itself.
+  void set_next_document_starts(const int32_t* starts) { next_document_starts_ = starts; }
   // Called during backward() as soon as layer i's parameter gradients are final (layers finish from
   // last to first), so their reduction can start while earlier layers still compute.
   using LayerGradsReady = std::function<void(int64_t layer)>;
@@ -264,7 +268,8 @@ class Transformer {
   Workspace workspace_;
   int64_t last_slot_ = -1;  // of the last forward
   BatchSum batch_sum_;
-  std::optional<BatchCounts> next_batch_counts_;  // set_next_batch_counts(), for one pass
+  std::optional<BatchCounts> next_batch_counts_;   // set_next_batch_counts(), for one pass
+  const int32_t* next_document_starts_ = nullptr;  // set_next_document_starts(), for one pass
   LayerGradsReady layer_grads_ready_;
   TensorObserver observer_;
   ActivationRecompute recompute_ = ActivationRecompute::kNone;

@@ -391,12 +391,19 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
     MOE_CHECK(config.model.routing != Routing::kRandom,
               "[config] train.cuda_graph=true cannot replay model.routing=\"random\": its seed "
               "changes every step on the host");
-    MOE_CHECK(!d.document_masking,
-              "[config] train.cuda_graph=true cannot replay data.document_masking=true: the "
-              "documents are found in host memory every step");
     MOE_CHECK(config.model.loss_normalizer != LossNormalizer::kLabels,
               "[config] train.cuda_graph=true cannot replay model.loss_normalizer=\"labels\": "
               "the router losses divide by the host's count of targets");
+    MOE_CHECK(p.pp == 1,
+              "[config] train.cuda_graph=true cannot capture parallel.pp={}: pipeline stages pass "
+              "activations over MPI and sum their losses on the host",
+              p.pp);
+    MOE_CHECK(p.ep == 1 || (p.dispatch == Dispatch::kRowwise &&
+                            p.rowwise_transport == RowwiseTransport::kPadded),
+              "[config] train.cuda_graph=true with parallel.ep={} needs parallel.dispatch="
+              "\"rowwise\" and parallel.rowwise_transport=\"padded\": the other exchanges size "
+              "their transfers by counts read on the host",
+              p.ep);
   }
   MOE_CHECK(d.dtype.empty() || d.dtype == "uint16" || d.dtype == "uint32" || d.dtype == "int32" ||
                 d.dtype == "int64",

@@ -364,6 +364,8 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
       chunk.set_routing_seed(routing_forward_seed(tc.seed, ctx.step, micro));  // model.routing
       chunk.set_routing_token_offset(batch.slice_begin);
       chunk.set_next_batch_counts(counts[static_cast<size_t>(micro)]);
+      // A step graph's ids are in device memory: it found the documents when it staged them.
+      if (ctx.step_graph) chunk.set_next_document_starts(ctx.step_graph->document_starts(micro));
     } else if (!forward && !done) {
       // Overlap: during the last micro-batch's backward, each layer's gradients start their
       // all-reduce as soon as they are final.
@@ -508,6 +510,14 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const std::unique_ptr<dist::Communicator> device_world =
       communicator.device != nullptr ? communicator.device->create(*mpi, "world") : nullptr;
   const dist::Communicator& world = device_world ? *device_world : *mpi;
+  // A step's collectives (the gradients' reduction, ZeRO-1's, the batch statistics', the
+  // experts' exchange) are captured with its kernels on a device communicator only; MPI runs
+  // them on the host at the call.
+  MOE_CHECK(!tc.cuda_graph || world.size() == 1 || world.capturable(),
+            "[config] train.cuda_graph=true with {} processes needs the device's communicator "
+            "(parallel.communicator=\"nccl\"; this job's: {}): MPI's collectives run on the "
+            "host, which a device graph cannot capture",
+            world.size(), communicator.description);
   const dist::Mesh mesh =
       dist::Mesh::build(world, pc.ep, pc.pp, device_world ? mpi.get() : nullptr);
   const bool rank0 = world.rank() == 0;
@@ -645,12 +655,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);
   if (tc.cuda_graph) {
-    // A step's collectives over MPI (the gradients' reduction, ZeRO-1, the pipeline's
-    // activations) cannot be captured; NCCL's could, untested.
-    MOE_CHECK(world.size() == 1,
-              "[config] train.cuda_graph=true runs in one process for now, not {}", world.size());
-    ctx.step_graph =
-        std::make_unique<StepGraph>(tc.device, tc.microbatches, buffers.local_rows * tc.seq_len);
+    ctx.step_graph = std::make_unique<StepGraph>(tc.device, tc.microbatches, buffers.local_rows,
+                                                 tc.seq_len, in.document_eos);
   }
   ctx.loop_start = std::chrono::steady_clock::now();
   for (auto& callback : ctx.callbacks) callback->on_start(ctx);

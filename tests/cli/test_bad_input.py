@@ -862,10 +862,13 @@ CASES["train/cuda_graph_on_the_cpu"] = lambda e: _train_case(
 CASES["train/cuda_graph_with_random_routing"] = lambda e: _train_case(
     e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set",
     "model.routing=random", needles=('train.cuda_graph=true cannot replay model.routing="random"',))
-CASES["train/cuda_graph_with_document_masking"] = lambda e: _train_case(
-    e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set",
-    "data.document_masking=true",
-    needles=("train.cuda_graph=true cannot replay data.document_masking=true",))
+CASES["train/cuda_graph_with_pipeline_stages"] = lambda e: _train_case(
+    e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set", "parallel.pp=2",
+    needles=("train.cuda_graph=true cannot capture parallel.pp=2",))
+CASES["train/cuda_graph_with_the_sync_dispatch"] = lambda e: _train_case(
+    e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set", "parallel.ep=2",
+    needles=('train.cuda_graph=true with parallel.ep=2 needs parallel.dispatch="rowwise" and '
+             'parallel.rowwise_transport="padded"',))
 
 
 @case("train/missing_train_tokens")

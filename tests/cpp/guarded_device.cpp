@@ -308,6 +308,15 @@ Graph Capture::end() {
   return std::move(graph_);
 }
 
+bool capture_open() {
+  return capturing();
+}
+
+void record_in_capture(std::function<void()> operation) {
+  MOE_CHECK(capturing(), "[guarded device] no capture is open to record into");
+  recording().operations->push_back(std::move(operation));
+}
+
 std::vector<size_t> take_host_to_device_copies() {
   return guarded_memory().take_host_to_device();
 }

@@ -57,6 +57,12 @@ class Capture {
   bool open_ = true;
 };
 
+// For a stand-in of a transport whose operations are issued on the device's stream (NCCL's):
+// whether a capture is open, and `operation` recorded into it, to run at each replay in order with
+// the kernels (an error without an open capture).
+bool capture_open();
+void record_in_capture(std::function<void()> operation);
+
 // Registers the guarded memory and kernel table for Device::kCuda, and makes it the default device
 // (core/device_memory.h), for the scope's lifetime (device allocations must be freed before it
 // ends). One at a time.

@@ -26,8 +26,14 @@ class DeviceStaging {
     for (void* p : buffers_) cudaFreeAsync(p, kernels::cuda::stream());
   }
 
-  ConstTensorView in(ConstTensorView host) { return host.relocated(copy_in(host), Device::kCuda); }
+  // An absent view (an optional operand not given: no data) is passed on as it is, a host view
+  // at null, as the model passes it: the backend's device checks must take it.
+  ConstTensorView in(ConstTensorView host) {
+    if (host.raw() == nullptr) return host;
+    return host.relocated(copy_in(host), Device::kCuda);
+  }
   TensorView out(TensorView host) {
+    if (host.raw() == nullptr) return host;
     void* device = copy_in(host);
     if (device != nullptr) outputs_.push_back({host, device});
     return host.relocated(device, Device::kCuda);

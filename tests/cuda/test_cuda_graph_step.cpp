@@ -48,22 +48,37 @@ DeviceArray<T> on_gpu(const std::vector<T>& host) {
   return device_copy(host, Device::kCuda);
 }
 
-// Captures what `issue` queues on the backend's stream into a CUDA graph in global mode (where a
-// wait for the stream or a synchronous copy fails the capture), replays the graph once and waits
-// for it; `what` names the work in a failure.
+// What the backend's stream is given while `issue` runs, captured into a CUDA graph by the
+// backend's DeviceGraphs (kernels/cuda/cuda_graphs.h, what train.cuda_graph uses); returns what
+// replays it (launch, then wait). A failure inside `issue` abandons the capture.
+std::function<void()> cuda_graph_of(const std::function<void()>& issue) {
+  DeviceGraphs& graphs = kernels::cuda::cuda_graphs();
+  graphs.begin_capture();
+  try {
+    issue();
+  } catch (...) {
+    graphs.abandon_capture();
+    throw;
+  }
+  const std::shared_ptr<DeviceGraph> graph = graphs.end_capture();
+  return [graph] {
+    graph->replay();
+    kernels::cuda::synchronize();
+  };
+}
+
+// Captures what `issue` queues on the backend's stream into a CUDA graph (cuda_graph_of: global
+// mode, where a wait for the stream or a synchronous copy fails the capture; a failure inside
+// abandons it, so no later test finds the stream still capturing), replays the graph once and
+// waits for it; `what` names the work in a failure.
 void capture_and_replay(const std::function<void()>& issue, const char* what) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(kernels::cuda::stream(), cudaStreamCaptureModeGlobal),
-            cudaSuccess);
-  issue();
-  ASSERT_EQ(cudaStreamEndCapture(kernels::cuda::stream(), &graph), cudaSuccess)
-      << what << " waited for the host inside the capture";
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, kernels::cuda::stream()), cudaSuccess);
-  kernels::cuda::synchronize();
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  std::function<void()> replay;
+  try {
+    replay = cuda_graph_of(issue);
+  } catch (const Error& e) {
+    FAIL() << what << " could not be captured: " << e.what();
+  }
+  replay();
 }
 
 // The step's tail on device arrays, as decide_and_update (train/trainer.cpp) issues it.
@@ -265,25 +280,6 @@ TEST(CudaGraphStep, TheAppliedStepsTailCapturesAndReplaysBitForBit) {
 
 TEST(CudaGraphStep, TheSkippedStepsTailCapturesAndChangesNothing) {
   expect_graph_replays_the_eager_step(0.0, false);
-}
-
-// What the backend's stream is given while `issue` runs, captured into a CUDA graph by the
-// backend's DeviceGraphs (kernels/cuda/cuda_graphs.h, what train.cuda_graph uses); returns what
-// replays it (launch, then wait). A failure inside `issue` abandons the capture.
-std::function<void()> cuda_graph_of(const std::function<void()>& issue) {
-  DeviceGraphs& graphs = kernels::cuda::cuda_graphs();
-  graphs.begin_capture();
-  try {
-    issue();
-  } catch (...) {
-    graphs.abandon_capture();
-    throw;
-  }
-  const std::shared_ptr<DeviceGraph> graph = graphs.end_capture();
-  return [graph] {
-    graph->replay();
-    kernels::cuda::synchronize();
-  };
 }
 
 // A model the CUDA kernels take as they take the default run's (head_dim 16, widths of 16s).

@@ -30,10 +30,12 @@
 #include "core/check.h"
 #include "core/splitmix64.h"
 #include "data/bpe_trainer.h"
+#include "data/tokenizer.h"
 #include "dist/communicator.h"
 #include "dist/device_communicators.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "guarded_device.h"
+#include "stream_ordered_stand_in.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
 
@@ -51,6 +53,7 @@ struct DeviceRunCase {
   int64_t head_chunk = 0;  // train.lm_head_chunk_tokens
   std::string train{};     // more [train] keys
   int64_t eval_every = 2;  // train.eval_every
+  std::string data{};      // more [data] keys
 };
 
 void PrintTo(const DeviceRunCase& c, std::ostream* out) {
@@ -60,6 +63,16 @@ void PrintTo(const DeviceRunCase& c, std::ostream* out) {
 std::string read_file(const fs::path& path) {
   std::ifstream file(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+// This rank's traffic of a run (out_dir/rank_stats: bytes and calls per "group.op"), without
+// the stand-in's MPI transport (its groups' own names count what the job issued).
+nlohmann::json issued_traffic(const fs::path& out_dir, int rank) {
+  nlohmann::json traffic = nlohmann::json::parse(
+      read_file(out_dir / "rank_stats" / fmt::format("rank{}.json", rank)))["traffic"];
+  for (auto it = traffic.begin(); it != traffic.end();)
+    it = it.key().find("stand-in") != std::string::npos ? traffic.erase(it) : std::next(it);
+  return traffic;
 }
 
 // The lines of metrics.jsonl without the wall-clock figures (times, rates, memory, the pipeline's
@@ -103,13 +116,15 @@ std::vector<std::string> sample_and_warnings(const std::string& output) {
   return lines;
 }
 
-// The stand-in for NCCL's communicator: the bootstrap's own ranks split off over MPI, which stages
-// the guarded device's buffers through host memory. Counts the worlds the trainer made with it.
+// The stand-in for NCCL's communicator (stream_ordered_stand_in.h): the bootstrap's own ranks
+// split off over MPI, which stages the guarded device's buffers through host memory, their
+// operations recorded into a step graph's capture. Counts the worlds the trainer made with it.
 int g_stand_in_worlds = 0;
 std::unique_ptr<dist::Communicator> stand_in_world(const dist::Communicator& bootstrap,
                                                    const std::string& group) {
   ++g_stand_in_worlds;
-  return bootstrap.split(0, bootstrap.rank(), group);
+  return std::make_unique<StreamOrderedStandIn>(
+      bootstrap.split(0, bootstrap.rank(), group + " (stand-in's MPI)"), group);
 }
 constexpr dist::DeviceCommunicatorFactory kStandIn{.name = "nccl", .create = &stand_in_world};
 
@@ -151,6 +166,7 @@ class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
            fmt::format("moecore_train_on_device_{}_{}", owner_pid, GetParam().name);
     if (world_->rank() == 0) write_inputs();
     world_->barrier();
+    eos_id_ = data::Tokenizer::load((dir_ / "tokenizer.json").string()).eos_id();
   }
   void TearDown() override {
     if (!world_ || world_->size() != GetParam().ranks) return;
@@ -171,6 +187,9 @@ class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
     for (const char* name : {"train.npy", "val.npy"}) {
       std::vector<uint16_t> tokens(48 * 64);
       for (uint16_t& token : tokens) token = static_cast<uint16_t>(rng.bounded(300));
+      // Documents of 1 to 40 tokens, each ending with EOS (data.document_masking).
+      for (size_t at = rng.bounded(40); at < tokens.size(); at += 1 + rng.bounded(40))
+        tokens[at] = static_cast<uint16_t>(tokenizer.eos_id());
       std::ofstream file(dir_ / name, std::ios::binary);
       file.write(reinterpret_cast<const char*>(tokens.data()),
                  static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
@@ -235,7 +254,8 @@ train = ["{}"]
 val = ["{}"]
 tokenizer = "{}"
 dtype = "uint16"
-
+eos_id = {}
+{}
 [parallel]
 {}
 )",
@@ -243,19 +263,21 @@ dtype = "uint16"
                     (dir_ / out).string(),
                     device == "cpu" ? without_key(c.train, "cuda_graph") : c.train,
                     (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
-                    (dir_ / "tokenizer.json").string(),
+                    (dir_ / "tokenizer.json").string(), eos_id_, c.data,
                     device == "cpu" ? without_key(c.parallel, "communicator") : c.parallel),
         "train_on_device");
   }
 
   std::unique_ptr<dist::Communicator> world_;
   fs::path dir_;
+  int32_t eos_id_ = -1;  // the tokenizer's, which ends the documents of the token files
 };
 
 TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   // The host's run: 4 steps, then 2 more resumed from its step-4 checkpoint.
   std::string host_output, device_output;
   const TrainSummary host = train_capturing(config("cpu", "host", 4), {}, host_output);
+  const nlohmann::json host_traffic = issued_traffic(dir_ / "host", world_->rank());
   TrainOptions resume;
   resume.resume = true;
   const TrainSummary host_resumed = train_capturing(config("cpu", "host", 6), resume, host_output);
@@ -266,6 +288,13 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     const guarded_device::Scope guarded;
     if (stand_in) dist::register_device_communicator(Device::kCuda, &kStandIn);
     device = train_capturing(config("cuda", "device", 4), {}, device_output);
+    // The same collectives as the host's, replayed steps counted too (StepGraph), where both
+    // runs dispatch alike (the host's rowwise windows are the device's all-to-all-v).
+    const std::string& parallel = GetParam().parallel;
+    if (parallel.find("dispatch = \"rowwise\"") == std::string::npos ||
+        parallel.find("\"padded\"") != std::string::npos) {
+      EXPECT_EQ(issued_traffic(dir_ / "device", world_->rank()), host_traffic);
+    }
     device_resumed = train_capturing(config("cuda", "device", 6), resume, device_output);
     // Initialised from the host's step-6 checkpoint read as a Hugging Face model.
     TrainOptions init;
@@ -277,9 +306,9 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     }
     dist::register_device_communicator(Device::kCuda, nullptr);
   }
-  if (GetParam().train.find("cuda_graph") != std::string::npos) {
-    // The first run's steps: the first eager, the second captured, later ones replayed until an
-    // evaluation (then one eager step again).
+  if (GetParam().train.find("cuda_graph") != std::string::npos && world_->rank() == 0) {
+    // The first run's steps (rank 0 reports them): the first eager, the second captured, later
+    // ones replayed until an evaluation (then one eager step again).
     const size_t at = device_output.find("cuda_graph: ");
     ASSERT_NE(at, std::string::npos) << device_output;
     EXPECT_GE(std::stoll(device_output.substr(at + 12)), 1) << device_output.substr(at, 120);
@@ -403,11 +432,10 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   if (c.ranks == 1 && c.precision != "mxfp8") {
     EXPECT_EQ(in_layers, 0) << device_profile.dump(1);
   }
-  const bool squares_over_ranks =
-      c.ranks > 1 && (c.parallel.find("zero = 1") != std::string::npos ||
-                      c.parallel.find("ep = 2") != std::string::npos ||
-                      c.parallel.find("pp = 2") != std::string::npos);
-  EXPECT_EQ(norm_copies, squares_over_ranks ? 1 : 0) << device_profile.dump(1);
+  // With one stage the squares add up over ranks where they are (a collective on the device's
+  // buffers, staged by MPI); the stages sum them on the host.
+  EXPECT_EQ(norm_copies, c.parallel.find("pp = 2") != std::string::npos ? 1 : 0)
+      << device_profile.dump(1);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -434,6 +462,10 @@ INSTANTIATE_TEST_SUITE_P(
                       "skip_min_window = 1",
                       6},
         DeviceRunCase{"bf16_cuda_graph", "bf16", "full", 1, "", 48, "cuda_graph = true", 6},
+        // With document masking: each micro-batch's documents found when it is staged, read by
+        // the captured attention (and its recompute) from a static buffer.
+        DeviceRunCase{"fp32_cuda_graph_documents", "fp32", "full", 1, "", 0, "cuda_graph = true", 6,
+                      "document_masking = true"},
         // Two processes: data parallel with ZeRO-1's shards, data parallel with
         // the reduction overlapped with the backward, two pipeline stages, the
         // experts split over the two (the sync dispatch's all-to-all of rows).
@@ -460,10 +492,53 @@ INSTANTIATE_TEST_SUITE_P(
         // The padded transport over the stand-in: what a GPU job without symmetric memory runs.
         DeviceRunCase{"ranks2_ep_padded_nccl_stand_in", "fp32", "none", 2,
                       "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
-                      "communicator = \"nccl\""}),
+                      "communicator = \"nccl\""},
+        // Every step as one graph in two processes, the stand-in's collectives captured with the
+        // kernels (steps 3 and 4 replayed; 5 eager and 6 captured on resume): data parallel with
+        // ZeRO-1's shards; the experts over two ranks through the padded transport with routes
+        // dropped, the dense gradients' reduction overlapped with the backward, in bf16.
+        DeviceRunCase{"ranks2_dp_zero_cuda_graph", "fp32", "none", 2,
+                      "zero = 1\ncommunicator = \"nccl\"", 0, "cuda_graph = true", 6},
+        DeviceRunCase{"ranks2_ep_padded_overlap_cuda_graph", "bf16", "none", 2,
+                      "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
+                      "capacity_factor = 0.75\noverlap_grad_reduce = true\n"
+                      "communicator = \"nccl\"",
+                      0, "cuda_graph = true", 6}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;
     });
+
+// Two processes whose groups are MPI's (no device communicator registered): a step graph cannot
+// capture their collectives, which run on the host, so the job stops in one line before it
+// touches its data or its run directory. (Its name puts it under mpirun: ctest
+// TrainOnDevice.TwoRanks.)
+TEST(TrainOnDeviceGraph, ranks2_cuda_graph_over_mpi_is_refused_in_one_line) {
+  const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
+  if (world->size() != 2) GTEST_SKIP() << "runs in 2 processes (mpirun -n 2)";
+  const guarded_device::Scope guarded;
+  const fs::path out = fs::temp_directory_path() / "moecore_graph_over_mpi_never_written";
+  const RunConfig config =
+      parse_run_config(fmt::format(R"([train]
+device = "cuda"
+cuda_graph = true
+out_dir = "{}"
+[data]
+train = ["{}"]
+)",
+                                   out.string(), (out / "absent.npy").string()),
+                       "graph_over_mpi");
+  std::string e;
+  try {
+    train(config, {});
+  } catch (const Error& error) {
+    e = error.what();
+  }
+  EXPECT_NE(e.find("[config] train.cuda_graph=true with 2 processes needs the device's "
+                   "communicator (parallel.communicator=\"nccl\"; this job's: mpi"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(out));
+}
 
 }  // namespace
 }  // namespace moecore

@@ -203,7 +203,7 @@ Request NcclCommunicator::do_iallreduce(void* data, int64_t count, CommType type
   require_device_memory(data, n * comm_type_bytes(type), "iallreduce");
   MOE_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(type), reduction, comm_, stream_), comm_,
                  name());
-  return record_work(stream_, name());
+  return issued_work();
 }
 
 void NcclCommunicator::do_broadcast(void* data, int64_t bytes, int root) const {
@@ -322,7 +322,7 @@ Request NcclCommunicator::do_isend(const void* data, int64_t count, CommType typ
   const size_t n = element_count(count, "isend", name());
   require_device_memory(data, n * comm_type_bytes(type), "isend");
   MOE_NCCL_CHECK(ncclSend(data, n, nccl_type(type), dest, comm_, stream_), comm_, name());
-  return record_work(stream_, name());
+  return issued_work();
 }
 
 Request NcclCommunicator::do_irecv(void* data, int64_t count, CommType type, int source,
@@ -330,7 +330,7 @@ Request NcclCommunicator::do_irecv(void* data, int64_t count, CommType type, int
   const size_t n = element_count(count, "irecv", name());
   require_device_memory(data, n * comm_type_bytes(type), "irecv");
   MOE_NCCL_CHECK(ncclRecv(data, n, nccl_type(type), source, comm_, stream_), comm_, name());
-  return record_work(stream_, name());
+  return issued_work();
 }
 
 void NcclCommunicator::require_device_memory(const void* data, size_t bytes, const char* op) const {
@@ -340,10 +340,25 @@ void NcclCommunicator::require_device_memory(const void* data, size_t bytes, con
             op, name(), data);
 }
 
+bool NcclCommunicator::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOE_NCCL_CHECK(cudaStreamIsCapturing(stream_, &status), comm_, name());
+  return status != cudaStreamCaptureStatusNone;
+}
+
+Request NcclCommunicator::issued_work() const {
+  return capturing() ? nullptr : record_work(stream_, name());
+}
+
 void NcclCommunicator::stage(std::span<Operand> operands) const {
   size_t staged_bytes = 0;
+  const bool in_capture = capturing();
   for (Operand& o : operands) {
     o.staged = o.bytes > 0 && in_host_memory(o.data, name());
+    MOE_CHECK(!o.staged || !in_capture,
+              "[nccl] a collective on group '{}' inside a device graph's capture was given host "
+              "memory ({} bytes at {}): a captured step's collectives take device buffers",
+              name(), o.bytes, o.data);
     if (o.staged)
       staged_bytes += staged_size(o.bytes);
     else

@@ -77,6 +77,9 @@ class NcclCommunicator : public Communicator {
   void barrier() const override;
   int max_tag() const override;
   bool reaches_device_memory() const override { return true; }  // device operands only enqueued
+  // On the stream: a capture holds them (NCCL 2.9 and later); host operands, which would be
+  // staged and waited for, are an error inside one.
+  bool capturable() const override { return true; }
 
  protected:
   void do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const override;
@@ -118,6 +121,12 @@ class NcclCommunicator : public Communicator {
   void* staging_buffer(size_t bytes) const;
   // The non-blocking operations take device memory only.
   void require_device_memory(const void* data, size_t bytes, const char* op) const;
+  // Whether a device graph's capture is recording the stream (then no host waits or copies).
+  bool capturing() const;
+  // The request of a non-blocking operation just issued: an event to wait on, or none inside a
+  // capture (an event's host wait would break it; the stream's order completes the operation
+  // before the work issued after it).
+  Request issued_work() const;
   // ncclSend / ncclRecv of all-to-all exchanges between ncclGroupStart and ncclGroupEnd.
   void exchange(const char* send, const std::vector<int64_t>& send_counts,
                 const std::vector<int64_t>& send_displs, char* recv,

@@ -28,13 +28,14 @@ class CudaGraph final : public DeviceGraph {
 class CudaGraphs final : public DeviceGraphs {
  public:
   void begin_capture() override {
-    take_frees_inside_capture();
+    release_frees_inside_capture();
     MOE_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal));
   }
 
   std::unique_ptr<DeviceGraph> end_capture() override {
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream(), &graph);
+    const int64_t frees = release_frees_inside_capture();
     if (ended != cudaSuccess) {
       cudaGetLastError();  // the capture's error is the caller's to report, not the next call's
       if (graph != nullptr) cudaGraphDestroy(graph);
@@ -43,7 +44,6 @@ class CudaGraphs final : public DeviceGraphs {
           "or a copy between host and device inside it",
           cudaGetErrorString(ended));
     }
-    const int64_t frees = take_frees_inside_capture();
     if (frees > 0) {
       cudaGraphDestroy(graph);
       fail(
@@ -63,6 +63,7 @@ class CudaGraphs final : public DeviceGraphs {
     cudaStreamEndCapture(stream(), &graph);
     cudaGetLastError();
     if (graph != nullptr) cudaGraphDestroy(graph);
+    release_frees_inside_capture();
   }
 };
 

@@ -1,9 +1,10 @@
 #include "kernels/cuda/device_memory.h"
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/cuda/runtime.h"
@@ -81,16 +82,31 @@ class CudaMemory final : public DeviceMemory {
   }
 
   void deallocate(void* data, size_t /*bytes*/) noexcept override {
-    // Inside a capture the free would become the graph's, repeated at every replay: counted, for
-    // CudaGraphs::end_capture to fail on (a destructor cannot throw here).
+    // Inside a capture the buffer is kept until it ends (release_frees_inside_capture): there,
+    // cudaFreeAsync would be a node of the graph, valid only for the graph's own allocations
+    // (a destructor cannot throw here; CudaGraphs::end_capture fails on the count).
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream(), &status) == cudaSuccess &&
-        status != cudaStreamCaptureStatusNone)
-      frees_inside_capture_.fetch_add(1);
-    // Stream-ordered: the memory returns to the pool once the work issued before is done.
-    cudaFreeAsync(data, stream());
+        status != cudaStreamCaptureStatusNone) {
+      try {
+        const std::lock_guard lock(kept_mutex_);
+        kept_in_capture_.push_back(data);
+      } catch (...) {  // no memory for the list: the buffer leaks, the capture still fails
+        ++lost_in_capture_;
+      }
+      return;
+    }
+    free_now(data);
   }
-  int64_t take_frees_inside_capture() { return frees_inside_capture_.exchange(0); }
+
+  int64_t release_frees_inside_capture() {
+    const std::lock_guard lock(kept_mutex_);
+    const auto freed = static_cast<int64_t>(kept_in_capture_.size()) + lost_in_capture_;
+    for (void* data : kept_in_capture_) free_now(data);
+    kept_in_capture_.clear();
+    lost_in_capture_ = 0;
+    return freed;
+  }
 
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     // A graph replays its copies from the addresses of the capture, not the caller's bytes of
@@ -118,8 +134,15 @@ class CudaMemory final : public DeviceMemory {
 
  private:
   static double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+  // Stream-ordered: the memory returns to the pool once the work issued before is done. A
+  // failure is left for nobody: cleared, so that the next launch check does not report it.
+  static void free_now(void* data) noexcept {
+    if (cudaFreeAsync(data, stream()) != cudaSuccess) cudaGetLastError();
+  }
   PinnedStaging staging_;
-  std::atomic<int64_t> frees_inside_capture_{0};
+  std::mutex kept_mutex_;
+  std::vector<void*> kept_in_capture_;  // freed inside a capture, released after it
+  int64_t lost_in_capture_ = 0;
 };
 
 CudaMemory& cuda_memory() {
@@ -133,8 +156,8 @@ DeviceMemory& device_memory() {
   return cuda_memory();
 }
 
-int64_t take_frees_inside_capture() {
-  return cuda_memory().take_frees_inside_capture();
+int64_t release_frees_inside_capture() {
+  return cuda_memory().release_frees_inside_capture();
 }
 
 }  // namespace moecore::kernels::cuda

@@ -11,8 +11,11 @@ namespace moecore::kernels::cuda {
 
 DeviceMemory& device_memory();
 
-// How many device allocations were freed inside a CUDA graph's capture since the last call (such
-// a free would be repeated at every replay: CudaGraphs::end_capture fails on one).
-int64_t take_frees_inside_capture();
+// Frees the device allocations that were freed inside a CUDA graph's capture, kept until it
+// ended, and returns how many there were since the last call. Inside a capture cudaFreeAsync
+// becomes a node of the graph and takes only the graph's own allocations (an error for any other);
+// such a free would also be repeated at every replay: CudaGraphs::end_capture fails on one. Call
+// it once the capture has ended.
+int64_t release_frees_inside_capture();
 
 }  // namespace moecore::kernels::cuda
