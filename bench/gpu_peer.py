@@ -238,7 +238,9 @@ def summarise_rows(data: dict) -> None:
 def write(out: Path, data: dict) -> None:
     summarise_rows(data)
     m, peak = data["meta"], data["peak"]
-    first_ok = next((r for r in data["runs"] if r["status"] == "ok"), {})
+    # The peer's versions and experts backend come from its own runs (moecore's carry none).
+    first_ok = next((r for r in data["runs"] if r["status"] == "ok" and r["mode"] != "moecore"),
+                    {})
     where = (first_ok.get("gpu") or m["device"]) if first_ok else m["device"]
     lines = [
         "# transformers peer on the GPU (issue 15 items 5-6)",
@@ -353,25 +355,32 @@ def main() -> int:
                 expert_width=model["moe_intermediate_size"])
     data = {"meta": meta, "peak": read_peak(args), "runs": []}
     out = Path(args.out)
+    # Expert count by expert count, moecore and eager side by side, so that a budget cut keeps
+    # whole pairs; torch.compile (a minute or more of compiling per run) after all of them.
+    passes = [[m for m in modes if m != "compile"], [m for m in modes if m == "compile"]]
     for rep in range(args.repeats):
-        for mode in modes:
-            for e in order:
-                left = (args.budget_s - (time.monotonic() - started)) if args.budget_s else None
-                if left is not None and left < args.min_run_s:
-                    res = {"status": "skipped", "message": f"time budget ({args.budget_s:.0f}s) spent"}
-                else:
-                    timeout = args.timeout if left is None else min(args.timeout, left)
-                    res = (run_moecore(args, e, model, train, timeout) if mode == "moecore"
-                           else run_peer(args, mode, e, model, timeout))
-                res.update(mode=mode, experts=e, repeat=rep)
-                data["runs"].append(res)
-                shown = (f"{res['tokens_per_s_median']:.0f} tok/s, step "
-                         f"{1e3 * res['step_s_timed']['median']:.1f} ms"
-                         if res["status"] == "ok" else f"{res['status']}: {res.get('message', '')}")
-                print(f"repeat {rep + 1}/{args.repeats} {mode} {e:3d} experts: {shown} "
-                      f"({time.monotonic() - started:.0f}s)", flush=True)
-                meta["total_seconds"] = time.monotonic() - started
-                write(out, data)
+        for e, mode in ((e, mode) for group in passes for e in order for mode in group):
+            left = (args.budget_s - (time.monotonic() - started)) if args.budget_s else None
+            if left is not None and left < args.min_run_s:
+                res = {"status": "skipped", "message": f"time budget ({args.budget_s:.0f}s) spent"}
+            else:
+                timeout = args.timeout if left is None else min(args.timeout, left)
+                res = (run_moecore(args, e, model, train, timeout) if mode == "moecore"
+                       else run_peer(args, mode, e, model, timeout))
+                if (res["status"] != "ok" and timeout < args.timeout
+                        and "timed out" in res.get("message", "")):
+                    # Not a failure of the run: the budget left it less than its own limit.
+                    res = {"status": "skipped",
+                           "message": f"stopped by the time budget after {timeout:.0f}s"}
+            res.update(mode=mode, experts=e, repeat=rep)
+            data["runs"].append(res)
+            shown = (f"{res['tokens_per_s_median']:.0f} tok/s, step "
+                     f"{1e3 * res['step_s_timed']['median']:.1f} ms"
+                     if res["status"] == "ok" else f"{res['status']}: {res.get('message', '')}")
+            print(f"repeat {rep + 1}/{args.repeats} {mode} {e:3d} experts: {shown} "
+                  f"({time.monotonic() - started:.0f}s)", flush=True)
+            meta["total_seconds"] = time.monotonic() - started
+            write(out, data)
     return 0
 
 

@@ -35,8 +35,12 @@ import math
 import os
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip's vendored copy of the same parser
+    from pip._vendor import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "reference"))
@@ -143,6 +147,7 @@ def main() -> int:
     import torch
     import transformers
     import moecore_harness as H
+    import peer_autocast_experts
     import ref_model
 
     cuda = args.device == "cuda"
@@ -175,6 +180,8 @@ def main() -> int:
                              f"backends (--experts-impl {args.experts_impl})")
         model.set_experts_implementation(args.experts_impl)
     experts_impl = getattr(model.config, "_experts_implementation", None) or "modules"
+    if args.precision == "bf16" and peer_autocast_experts.enable():
+        experts_impl += " (bf16 under autocast: bench/peer_autocast_experts.py)"
 
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -184,7 +191,10 @@ def main() -> int:
         [{"params": decay, "weight_decay": float(optim.get("weight_decay", 0.1))},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.95))),
-        eps=float(optim.get("eps", 1e-8)))
+        eps=float(optim.get("eps", 1e-8)),
+        # PyTorch's fastest AdamW on a GPU (one kernel over all parameters), as moecore's
+        # multi-tensor update; the CPU keeps the default (foreach).
+        fused=True if cuda else None)
     warmup_steps = int(optim.get("warmup_steps", 0))
     min_ratio = float(optim.get("min_lr_ratio", 0.1))
     max_grad_norm = float(optim.get("max_grad_norm", 1.0))

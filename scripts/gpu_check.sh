@@ -14,9 +14,9 @@
 #      of device memory, where they wait for the GPU); then `moecore diff` of one batch's pass on
 #      the CPU and on the GPU, tensor by tensor;
 #   5. bench/gpu_peer.py: moecore's training step (`moecore train --device cuda`, no
-#      checkpoints) and transformers' OlmoeForCausalLM + AdamW (eager, then torch.compile) on
-#      bench/configs/gpu.toml at 8 / 32 / 128 experts, where python3 has torch and transformers,
-#      240 s at most, 30 s kept for:
+#      checkpoints) and transformers' OlmoeForCausalLM + AdamW (eager, then torch.compile where
+#      Triton can build its kernels) on bench/configs/gpu.toml at 8 / 32 / 128 experts, each count's
+#      pair first, where python3 has torch and transformers, 240 s at most, 30 s kept for:
 #   6. 10 steps with the job's groups on NCCL's communicator (--set parallel.communicator=nccl:
 #      its creation, splits, barriers and teardown on one rank), whose start-up line must name it.
 # Two files go to $OUT when it is set (the device tool, which returns at most 8), else to
@@ -123,7 +123,8 @@ find_library() {
     run_dir=.gpu/runs/train_$run
     rm -rf "$run_dir"
     cap 75 bundled "$bundle/bin/moecore" train configs/default.toml --device cuda \
-      $(gpu_train_args "$precision" "$run_dir") "${graph_args[@]}" > "$results/train_$run.log" 2>&1
+      $(gpu_train_args "$precision" "$run_dir") ${graph_args[@]+"${graph_args[@]}"} \
+      > "$results/train_$run.log" 2>&1
     code=$?
     cat "$results/train_$run.log"
     echo "== gpu_check: train --device cuda ($run) exited $code"
@@ -149,24 +150,32 @@ find_library() {
   done
   pack
   # 5. moecore against the transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where
-  # python3 has torch with a usable GPU and transformers: gpu.toml at 8, 128, 32 experts, moecore
-  # first (its runs through the bundle's loader), then transformers eager, then torch.compile as
-  # time allows (each compile takes a minute or more). 240 s at most and what is left of the
+  # python3 has torch with a usable GPU and transformers: gpu.toml at 8, 128, 32 experts, at each
+  # count moecore (its runs through the bundle's loader) then transformers eager (experts in bf16
+  # under autocast: bench/peer_autocast_experts.py), then torch.compile at each count as time
+  # allows (each compile takes a minute or more). 240 s at most and what is left of the
   # check's time (timeout kills it and its runs; gpu_peer's own budget, 15 s less, stops starting
   # runs first); MFU against step 3's peak; gpu_peer.{json,md} into the results. Its exit status
   # is reported, not returned: the check's is the tests'.
   echo "== gpu_peer"
-  peer_s=$(( $(allowed 270) - 30 ))  # 30 s kept for the NCCL run below
-  if (( peer_s < 60 )); then
-    echo "gpu_check: gpu_peer skipped: ${peer_s} s left of the check's ${deadline}"
-  elif python3 -c 'import tomllib, numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
-    cap "$peer_s" python3 bench/gpu_peer.py --out "$results" --gemm-json "$results/cuda_gemm.json" \
-      --moecore-cmd "${loader[*]} $bundle/bin/moecore" \
-      --experts 8,32,128 --order 8,128,32 --modes moecore,eager,compile --steps 7 --warmup 2 \
-      --budget-s $((peer_s - 15)) --min-run-s 40 --timeout 180
-    echo "== gpu_check: gpu_peer exited $?"
+  # torch.compile's Triton kernels are built at run time with a C compiler and Python's headers.
+  peer_modes=moecore,eager,compile
+  python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2> /dev/null &&
+    command -v "${CC:-cc}" > /dev/null ||
+    { peer_modes=moecore,eager; echo "gpu_check: torch.compile left out: no C compiler or no Python.h for Triton"; }
+  if python3 -c 'import numpy, torch, transformers; assert torch.cuda.is_available()' 2> /dev/null; then
+    peer_s=$(( $(allowed 270) - 30 ))  # after the check above (torch's import); 30 s kept for the NCCL run below
+    if (( peer_s < 60 )); then
+      echo "gpu_check: gpu_peer skipped: ${peer_s} s left of the check's ${deadline}"
+    else
+      cap "$peer_s" python3 bench/gpu_peer.py --out "$results" --gemm-json "$results/cuda_gemm.json" \
+        --moecore-cmd "${loader[*]} $bundle/bin/moecore" \
+        --experts 8,32,128 --order 8,128,32 --modes "$peer_modes" --steps 7 --warmup 2 \
+        --budget-s $((peer_s - 15)) --min-run-s 40 --timeout 180
+      echo "== gpu_check: gpu_peer exited $?"
+    fi
   else
-    echo "gpu_check: gpu_peer skipped: python3 lacks tomllib, numpy, torch with a usable GPU or transformers"
+    echo "gpu_check: gpu_peer skipped: python3 lacks numpy, torch with a usable GPU or transformers"
   fi
   pack
   # 6. The job's groups on NCCL's communicator (issue 15 item 4), last (the peer's figures come

@@ -394,6 +394,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
     MOE_CHECK(config.model.loss_normalizer != LossNormalizer::kLabels,
               "[config] train.cuda_graph=true cannot replay model.loss_normalizer=\"labels\": "
               "the router losses divide by the host's count of targets");
+    MOE_CHECK(!t.mxfp8.expert_wgrad,
+              "[config] train.cuda_graph=true cannot capture train.mxfp8_expert_wgrad=true: its "
+              "weight gradients pad each expert's rows on the host, which reads the offsets");
     MOE_CHECK(p.pp == 1,
               "[config] train.cuda_graph=true cannot capture parallel.pp={}: pipeline stages pass "
               "activations over MPI and sum their losses on the host",

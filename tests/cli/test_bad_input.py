@@ -862,6 +862,10 @@ CASES["train/cuda_graph_on_the_cpu"] = lambda e: _train_case(
 CASES["train/cuda_graph_with_random_routing"] = lambda e: _train_case(
     e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set",
     "model.routing=random", needles=('train.cuda_graph=true cannot replay model.routing="random"',))
+CASES["train/cuda_graph_with_mxfp8_expert_wgrad"] = lambda e: _train_case(
+    e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set",
+    "train.precision=mxfp8", "--set", "train.mxfp8_expert_wgrad=true",
+    needles=("train.cuda_graph=true cannot capture train.mxfp8_expert_wgrad=true",))
 CASES["train/cuda_graph_with_pipeline_stages"] = lambda e: _train_case(
     e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set", "parallel.pp=2",
     needles=("train.cuda_graph=true cannot capture parallel.pp=2",))
