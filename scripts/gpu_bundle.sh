@@ -8,7 +8,7 @@
 # C library (the H200 machine of the device tool, which carries .gpu: `carry: [".gpu"]`).
 # With them: the `moecore` program of the cuda preset (which selects the GPU for `train --device
 # cuda`), the default run's token files and tokenizer, and the CPU's loss curves of the GPU
-# check's training runs (200 steps of the default run in fp32 and bf16, made here by the same
+# check's training runs (200 steps of the default run in fp32, bf16 and mxfp8, made here by the same
 # program), against which gpu_check.sh holds the GPU's. Packed as .gpu/bundle.tar.xz: oneDNN's
 # library alone is 38 MiB unpacked.
 #   scripts/gpu_bundle.sh            # then, on the GPU machine: scripts/gpu_check.sh
@@ -34,7 +34,7 @@ done | sort -u | grep -v -E '/lib(cuda|cublas|cublasLt|nccl|nvidia-[a-z]+)\.so' 
 cp -L /lib64/ld-linux-x86-64.so.2 "$bundle/lib/"
 cp -r data/kjv "$bundle/data/"
 # The CPU's curves, which the GPU runs of gpu_check.sh repeat.
-for precision in fp32 bf16; do
+for precision in fp32 bf16 mxfp8; do
   run_dir=$(mktemp -d)
   OMP_WAIT_POLICY=PASSIVE build-cuda/bin/moecore train configs/default.toml \
     $(gpu_train_args "$precision" "$run_dir/run") > "$run_dir/log" 2>&1 ||

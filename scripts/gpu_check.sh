@@ -7,8 +7,9 @@
 #      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
 #   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
 #      (bench/cuda/gemm.cpp), whatever step 2 gave;
-#   4. `moecore train --device cuda`: 200 steps of the default run in fp32, in bf16 and in bf16 with
-#      every step one CUDA graph (train.cuda_graph), each loss
+#   4. `moecore train --device cuda`: 200 steps of the default run in fp32, in bf16, in bf16 with
+#      every step one CUDA graph (train.cuda_graph) and in mxfp8 (OLMo-core's recipe; the start-up
+#      line's device says which path its MX GEMMs take, issue 16 item 3), each loss
 #      curve held against the CPU's (made by gpu_bundle.sh) by scripts/compare_loss_curves.py,
 #      each profiled (train_<precision>_profile.json: the phases' times and the steps' host reads
 #      of device memory, where they wait for the GPU); then `moecore diff` of one batch's pass on
@@ -116,7 +117,7 @@ find_library() {
   train_status=0
   # bf16_graph: the bf16 run with every step one CUDA graph (train.cuda_graph, issue 15 item 3),
   # held against the same CPU curve; its last line counts the steps that replayed a graph.
-  for run in fp32 bf16 bf16_graph; do
+  for run in fp32 bf16 bf16_graph mxfp8; do
     precision=${run%_graph}
     graph_args=()
     [[ $run == *_graph ]] && graph_args=(--set train.cuda_graph=true)

@@ -20,7 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("MOECORE_BIN", str(REPO / "build" / "bin" / "moecore")))
 CUDA_FORMS = (
-    r"cuda: .+ \(sm_\d+, \d+ SMs, [\d.]+ GiB\)",
+    r"cuda: .+ \(sm_\d+, \d+ SMs, [\d.]+ GiB; MX GEMMs (block-scaled where cuBLASLt has a "
+    r"kernel, else through bf16|through bf16: no MX tensor cores)\)",
     r"cuda: unavailable \(.+\)",
     r"cuda: not in this program \(build it with the CUDA toolkit and `cmake --preset cuda`\)",
 )

@@ -92,7 +92,7 @@ void mx_gemm_bf16(const mx::MxOperand& a, const mx::MxOperand& b, int64_t m, int
 // Whether the device has MX tensor cores (see the top of this file). Asked once: the backend runs
 // on the one device activate() chose for the process, and the driver's answer takes a while.
 bool has_mx_tensor_cores() {
-  static const bool has = current_device_info().compute_major >= 10;
+  static const bool has = has_mx_tensor_cores(current_device_info());
   return has;
 }
 

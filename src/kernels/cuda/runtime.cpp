@@ -36,9 +36,16 @@ DeviceInfo current_device_info() {
 }
 
 std::string describe(const DeviceInfo& device) {
-  return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB)", device.name, device.compute_major,
-                     device.compute_minor, device.multiprocessors,
-                     static_cast<double>(device.memory_bytes) / (1024.0 * 1024.0 * 1024.0));
+  return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB; MX GEMMs {})", device.name,
+                     device.compute_major, device.compute_minor, device.multiprocessors,
+                     static_cast<double>(device.memory_bytes) / (1024.0 * 1024.0 * 1024.0),
+                     has_mx_tensor_cores(device)
+                         ? "block-scaled where cuBLASLt has a kernel, else through bf16"
+                         : "through bf16: no MX tensor cores");
+}
+
+bool has_mx_tensor_cores(const DeviceInfo& device) {
+  return device.compute_major >= 10;
 }
 
 cudaStream_t stream() {

@@ -49,9 +49,12 @@ struct DeviceInfo {
 };
 
 // The device the backend runs on (the one activate() selected); the CUDA build's start-up line
-// names it with describe().
+// names it with describe(), and which path its MX GEMMs take (mx_gemm.cpp).
 DeviceInfo current_device_info();
-std::string describe(const DeviceInfo& device);  // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB; MX GEMMs through bf16: no MX tensor cores)"
+std::string describe(const DeviceInfo& device);
+// Whether the device has MX tensor cores (compute capability 10 and later: mx_gemm.cpp).
+bool has_mx_tensor_cores(const DeviceInfo& device);
 
 // The stream every operation of this backend is issued on, created on first use. Operations are
 // asynchronous with respect to the host unless their declaration says otherwise.
