@@ -183,13 +183,7 @@ void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params)
     copy_bytes(params.expert.data(), host.expert.data(), host.expert.size() * sizeof(float));
     return;
   }
-  // Each parameter is drawn from its own stream, so the parameters can be drawn in parallel with
-  // the same values (a GPU-sized model has billions: one thread takes over a minute).
-  const std::vector<ParamSpec>& specs = layout.specs();
-  const auto count = static_cast<int64_t>(specs.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t s = 0; s < count; ++s) {
-    const ParamSpec& spec = specs[static_cast<size_t>(s)];
+  for (const ParamSpec& spec : layout.specs()) {
     float* w = params.at(spec);
     if (spec.is_buffer) {
       std::fill(w, w + spec.numel, 0.0f);
