@@ -33,6 +33,10 @@ inline std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.0f, 
   return v;
 }
 
+inline std::vector<double> to_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
+
 // L = sum(out * r) in double.
 inline double project(const float* out, const std::vector<float>& r) {
   double total = 0.0;

@@ -9,9 +9,12 @@
 // and then gets every case of test_kernel_ops.cpp and test_kernel_ops_mx.cpp.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor_view.h"
@@ -22,6 +25,17 @@ namespace moecore::kernel_harness {
 // The grouped GEMMs' expert_offsets tensor ([E + 1] i64) over a host vector of them.
 inline ConstTensorView offsets_view(const std::vector<int64_t>& offsets) {
   return view(offsets.data(), {static_cast<int64_t>(offsets.size())});
+}
+
+// The plain-loop backend (kernels/reference/) every backend's results are compared with.
+inline const kernels::KernelBackend& oracle() {
+  return kernels::reference_backend();
+}
+
+// INSTANTIATE_TEST_SUITE_P's name generator: a case is named by its backend (KernelOps/...cpu).
+inline std::string backend_name(
+    const ::testing::TestParamInfo<const kernels::KernelBackend*>& info) {
+  return std::string(info.param->name);
 }
 
 inline std::vector<const kernels::KernelBackend*>& registered_backends() {

@@ -22,13 +22,13 @@ ModelConfig small_config() {
   return tiny_moe_config(3);
 }
 
-struct Variant {
+struct RecomputeVariant {
   std::string name;
   ModelConfig config;
 };
 
-std::vector<Variant> variants() {
-  std::vector<Variant> out;
+std::vector<RecomputeVariant> variants() {
+  std::vector<RecomputeVariant> out;
   out.push_back({"softmax_pre_norm", small_config()});
   ModelConfig sigmoid = small_config();
   sigmoid.router_score = RouterScore::kSigmoid;
@@ -137,27 +137,27 @@ void expect_identical(const Result& none, const Result& mode, const std::string&
   EXPECT_EQ(none.params, mode.params) << what;
 }
 
-const std::vector<std::pair<std::string, ActivationRecompute>> kModes = {
+const std::vector<std::pair<std::string, ActivationRecompute>> kRecomputeModes = {
     {"full", ActivationRecompute::kFull},
     {"moe", ActivationRecompute::kMoe},
     {"attention", ActivationRecompute::kAttention}};
 
 TEST(ActivationRecompute, EveryModeGivesTheLossesAndGradientsOfNone) {
-  for (const Variant& v : variants()) {
+  for (const RecomputeVariant& v : variants()) {
     const Result none = run_whole(v.config, ActivationRecompute::kNone);
     // The comparison can fail: the gradients are not all zero.
     bool any_nonzero = false;
     for (float g : none.grads) any_nonzero = any_nonzero || g != 0.0f;
     ASSERT_TRUE(any_nonzero) << v.name;
-    for (const auto& [name, mode] : kModes)
+    for (const auto& [name, mode] : kRecomputeModes)
       expect_identical(none, run_whole(v.config, mode), v.name + " recompute=" + name);
   }
 }
 
 TEST(ActivationRecompute, PipelineChunksWithMicroBatchesInFlight) {
-  for (const Variant& v : variants()) {
+  for (const RecomputeVariant& v : variants()) {
     const Result none = run_chunks(v.config, ActivationRecompute::kNone);
-    for (const auto& [name, mode] : kModes)
+    for (const auto& [name, mode] : kRecomputeModes)
       expect_identical(none, run_chunks(v.config, mode), v.name + " chunks recompute=" + name);
   }
 }
@@ -179,7 +179,7 @@ TEST(ActivationRecompute, ObserverSeesEachForwardTensorOnce) {
     return names;
   };
   const std::vector<std::string> none = names_of(ActivationRecompute::kNone);
-  for (const auto& [name, mode] : kModes) EXPECT_EQ(names_of(mode), none) << name;
+  for (const auto& [name, mode] : kRecomputeModes) EXPECT_EQ(names_of(mode), none) << name;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "gradcheck.h"
 #include "kernels/ops.h"
 #include "model/attention.h"
 #include "model/document_mask.h"
@@ -16,17 +17,8 @@
 namespace moecore {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) {
-  return {v.begin(), v.end()};
-}
+using gradcheck::random_vec;  // uniform in [-1, 1)
+using gradcheck::to_double;
 
 // The kernels on contiguous buffers of shape s (the views' shapes are what the kernels check).
 void causal_attention_forward(const AttentionShape& s, const float* q, const float* k,

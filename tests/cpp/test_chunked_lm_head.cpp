@@ -33,7 +33,7 @@ namespace {
 
 using gradcheck::random_vec;
 
-constexpr int64_t kTokens = 37, kHidden = 16, kVocab = 50;
+constexpr int64_t kTokenCount = 37, kHidden = 16, kVocab = 50;
 constexpr double kU = 0x1p-24;
 
 double gamma(int64_t k) {
@@ -41,12 +41,12 @@ double gamma(int64_t k) {
 }
 
 struct Head {
-  std::vector<float> hidden = random_vec(kTokens * kHidden, 11, -1.5f, 1.5f);
+  std::vector<float> hidden = random_vec(kTokenCount * kHidden, 11, -1.5f, 1.5f);
   std::vector<float> weight = random_vec(kVocab * kHidden, 12, -0.5f, 0.5f);
   std::vector<int32_t> targets;
   double counted = 0;  // the count the head divides by, as the model hands it over
   Head() {
-    for (int64_t t = 0; t < kTokens; ++t)
+    for (int64_t t = 0; t < kTokenCount; ++t)
       targets.push_back(t % 7 == 3 ? kIgnoreIndex : static_cast<int32_t>((t * 13 + 5) % kVocab));
     for (int32_t target : targets) counted += target != kIgnoreIndex;
   }
@@ -54,12 +54,12 @@ struct Head {
 };
 
 // The head's loss and gradients, and what each may be off by in fp32.
-struct Result {
+struct ChunkedResult {
   double loss = 0.0;
   std::vector<double> dhidden, dweight;
 };
 struct Reference {
-  Result exact;
+  ChunkedResult exact;
   double loss_bound = 0.0;
   std::vector<double> dhidden_bound, dweight_bound;
 };
@@ -68,12 +68,12 @@ Reference reference(const Head& head, float loss_scale) {
   const double n_counted = head.counted;
   const double s = static_cast<double>(loss_scale);
   Reference r;
-  r.exact.dhidden.assign(kTokens * kHidden, 0.0);
+  r.exact.dhidden.assign(kTokenCount * kHidden, 0.0);
   r.exact.dweight.assign(kVocab * kHidden, 0.0);
-  r.dhidden_bound.assign(kTokens * kHidden, 0.0);
+  r.dhidden_bound.assign(kTokenCount * kHidden, 0.0);
   r.dweight_bound.assign(kVocab * kHidden, 0.0);
   std::vector<double> dl(kVocab), dl_err(kVocab);
-  for (int64_t t = 0; t < kTokens; ++t) {
+  for (int64_t t = 0; t < kTokenCount; ++t) {
     const int32_t target = head.targets[static_cast<size_t>(t)];
     if (target == kIgnoreIndex) continue;
     std::vector<double> z(kVocab);
@@ -118,7 +118,7 @@ Reference reference(const Head& head, float loss_scale) {
         const double h = static_cast<double>(head.hidden[t * kHidden + i]);
         r.exact.dweight[j * kHidden + i] += dl[j] * h;
         r.dweight_bound[j * kHidden + i] +=
-            dl_err[j] * std::abs(h) + gamma(kTokens) * std::abs(dl[j] * h);
+            dl_err[j] * std::abs(h) + gamma(kTokenCount) * std::abs(dl[j] * h);
       }
   }
   return r;
@@ -130,27 +130,28 @@ std::vector<double> widen(const std::vector<float>& v) {
 
 // What Transformer runs without chunks: the logits of every row, the cross-entropy with its
 // gradient at scale 1, then times loss_scale, then both GEMMs of the linear backward.
-Result whole_head(const Head& head, float loss_scale) {
-  std::vector<float> logits(kTokens * kVocab), dlogits(logits.size()), scaled(logits.size());
-  std::vector<float> dhidden(kTokens * kHidden), dweight(kVocab * kHidden, 0.0f);
+ChunkedResult whole_head(const Head& head, float loss_scale) {
+  std::vector<float> logits(kTokenCount * kVocab), dlogits(logits.size()), scaled(logits.size());
+  std::vector<float> dhidden(kTokenCount * kHidden), dweight(kVocab * kHidden, 0.0f);
   double loss = 0.0;
   const ConstTensorView w = view(head.weight.data(), {kVocab, kHidden});
-  linear_forward(kernels::MatmulPrecision::kFp32, head.hidden.data(), w, logits.data(), kTokens,
+  linear_forward(kernels::MatmulPrecision::kFp32, head.hidden.data(), w, logits.data(), kTokenCount,
                  kHidden, kVocab);
   kernels::cross_entropy(
-      view(logits.data(), {kTokens, kVocab}), view(head.targets.data(), {kTokens}),
-      view(dlogits.data(), {kTokens, kVocab}), 1.0f, head.divisor(), view(&loss, {1}));
-  kernels::scale(view(dlogits.data(), {kTokens, kVocab}), loss_scale,
-                 view(scaled.data(), {kTokens, kVocab}));
+      view(logits.data(), {kTokenCount, kVocab}), view(head.targets.data(), {kTokenCount}),
+      view(dlogits.data(), {kTokenCount, kVocab}), 1.0f, head.divisor(), view(&loss, {1}));
+  kernels::scale(view(dlogits.data(), {kTokenCount, kVocab}), loss_scale,
+                 view(scaled.data(), {kTokenCount, kVocab}));
   linear_backward(kernels::MatmulPrecision::kFp32, scaled.data(), head.hidden.data(), w,
-                  dhidden.data(), dweight.data(), kTokens, kHidden, kVocab, false);
+                  dhidden.data(), dweight.data(), kTokenCount, kHidden, kVocab, false);
   return {loss, widen(dhidden), widen(dweight)};
 }
 
 // passes > 1: the backward runs that many times into the same weight gradient, which must add
 // up (then divided by passes, exactly: a power of two).
-Result chunked_head(const Head& head, float loss_scale, int64_t chunk_tokens, int passes = 1) {
-  const LmHeadChunks shape{kTokens, kHidden, kVocab, chunk_tokens};
+ChunkedResult chunked_head(const Head& head, float loss_scale, int64_t chunk_tokens,
+                           int passes = 1) {
+  const LmHeadChunks shape{kTokenCount, kHidden, kVocab, chunk_tokens};
   Workspace workspace;
   std::vector<double> losses(static_cast<size_t>(shape.count()), -1.0);
   const ConstTensorView w = view(head.weight.data(), {kVocab, kHidden});
@@ -158,7 +159,7 @@ Result chunked_head(const Head& head, float loss_scale, int64_t chunk_tokens, in
                           head.targets.data(), shape, head.divisor(),
                           view(losses.data(), {shape.count()}), workspace);
   // dhidden is overwritten (=), the weight gradient added to (+=).
-  std::vector<float> dhidden(kTokens * kHidden, 7.0f), dweight(kVocab * kHidden, 0.0f);
+  std::vector<float> dhidden(kTokenCount * kHidden, 7.0f), dweight(kVocab * kHidden, 0.0f);
   for (int pass = 0; pass < passes; ++pass)
     chunked_lm_head_backward(kernels::MatmulPrecision::kFp32, head.hidden.data(), w,
                              head.targets.data(), shape, head.divisor(), loss_scale, dhidden.data(),
@@ -178,7 +179,7 @@ double worst_ratio(const std::vector<double>& got, const std::vector<double>& ex
   return worst;
 }
 
-void expect_within(const Result& got, const Reference& ref, const std::string& what) {
+void expect_within(const ChunkedResult& got, const Reference& ref, const std::string& what) {
   EXPECT_LE(std::abs(got.loss - ref.exact.loss), 2.0 * ref.loss_bound) << what << ": loss";
   EXPECT_LE(worst_ratio(got.dhidden, ref.exact.dhidden, ref.dhidden_bound), 2.0)
       << what << ": dhidden";
@@ -226,9 +227,9 @@ TEST(ChunkedLmHead, TheBoundIsFarBelowTheValues) {
   // And a chunk left out is seen: the last chunk's rows missing from dW.
   const Head head;
   Head shorter = head;
-  for (int64_t t = 32; t < kTokens; ++t) shorter.targets[static_cast<size_t>(t)] = kIgnoreIndex;
+  for (int64_t t = 32; t < kTokenCount; ++t) shorter.targets[static_cast<size_t>(t)] = kIgnoreIndex;
   shorter.counted = head.counted;  // the same divisor: only the last rows' terms are gone
-  const Result missing = chunked_head(shorter, 0.25f, 8);
+  const ChunkedResult missing = chunked_head(shorter, 0.25f, 8);
   EXPECT_GT(worst_ratio(missing.dweight, ref.exact.dweight, ref.dweight_bound), 1e3);
 }
 

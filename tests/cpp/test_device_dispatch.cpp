@@ -58,7 +58,7 @@ void device_router_topk_forward(ConstTensorView logits, ConstTensorView selectio
                                                    on_host(topk_weight), on_host(expert_counts));
 }
 
-std::string error_of(const auto& call) {
+std::string dispatch_error_of(const auto& call) {
   try {
     call();
   } catch (const Error& e) {
@@ -132,7 +132,7 @@ TEST(DeviceDispatch, MixedDevicesAreAnErrorNamingTheOperation) {
   const DeviceBackendScope scope(&kernels::reference_backend());
   const std::vector<float> x = {1.0f, 2.0f};
   std::vector<float> out(2);
-  const std::string message = error_of([&] {
+  const std::string message = dispatch_error_of([&] {
     kernels::add(view(x.data(), {2}), ConstTensorView(x.data(), {2}, DType::kF32, Device::kCuda),
                  view(out.data(), {2}));
   });
@@ -145,14 +145,14 @@ TEST(DeviceDispatch, ADeviceWithoutABackendIsAnError) {
   kernels::register_device_backend(Device::kCuda, nullptr);
   const std::vector<float> x = {1.0f, 2.0f};
   std::vector<float> out(2);
-  const std::string message = error_of([&] {
+  const std::string message = dispatch_error_of([&] {
     kernels::swiglu_forward(ConstTensorView(x.data(), {1, 2}, DType::kF32, Device::kCuda),
                             TensorView(out.data(), {1, 1}, DType::kF32, Device::kCuda));
   });
   EXPECT_EQ(message,
             "[swiglu_forward] its views are in cuda memory, but no cuda backend is active (this "
             "build has none, or the process did not select that device)");
-  EXPECT_NE(error_of([] { kernels::register_device_backend(Device::kCpu, nullptr); }),
+  EXPECT_NE(dispatch_error_of([] { kernels::register_device_backend(Device::kCpu, nullptr); }),
             "(no error)");
 }
 
@@ -162,7 +162,7 @@ TEST(DeviceDispatch, AMissingEntryIsAnErrorNamingTheBackend) {
   partial.cached_attention_forward = nullptr;
   const DeviceBackendScope scope(&partial);
   std::vector<float> q(8), cache(8), out(8);
-  const std::string message = error_of([&] {
+  const std::string message = dispatch_error_of([&] {
     kernels::cached_attention_forward(
         ConstTensorView(q.data(), {1, 1, 1, 8}, DType::kF32, Device::kCuda),
         ConstTensorView(cache.data(), {1, 1, 1, 8}, DType::kF32, Device::kCuda),

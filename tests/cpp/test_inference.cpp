@@ -21,7 +21,7 @@
 namespace moecore {
 namespace {
 
-struct Variant {
+struct InferenceVariant {
   const char* name;
   QkNorm qk_norm;
   int64_t kv_heads;
@@ -35,11 +35,11 @@ struct Variant {
 };
 
 // gtest prints a parameter in failure messages; without this it dumps the struct's raw bytes.
-void PrintTo(const Variant& v, std::ostream* os) {
+void PrintTo(const InferenceVariant& v, std::ostream* os) {
   *os << v.name;
 }
 
-ModelConfig make_config(const Variant& v) {
+ModelConfig make_config(const InferenceVariant& v) {
   ModelConfig c;
   c.vocab_size = 13;
   c.hidden_size = 16;
@@ -91,7 +91,7 @@ float rel_err(const float* a, const float* b, int64_t n) {
   return diff / ref;
 }
 
-class InferenceParity : public ::testing::TestWithParam<Variant> {};
+class InferenceParity : public ::testing::TestWithParam<InferenceVariant> {};
 
 TEST_P(InferenceParity, MatchesFullForwardAtEveryPosition) {
   const ModelConfig c = make_config(GetParam());
@@ -146,23 +146,24 @@ TEST_P(InferenceParity, MatchesFullForwardAtEveryPosition) {
 
 INSTANTIATE_TEST_SUITE_P(
     Inference, InferenceParity,
-    ::testing::Values(Variant{"none_mha_softmax", QkNorm::kNone, 4, 0, 0, false,
-                              RouterScore::kSoftmax, false},
-                      Variant{"full_gqa_shared_dense_tied", QkNorm::kFull, 2, 10, 1, true,
-                              RouterScore::kSoftmax, false},
-                      Variant{"per_head_gqa1_sigmoid_norm", QkNorm::kPerHead, 1, 10, 1, false,
-                              RouterScore::kSigmoid, true},
-                      Variant{"full_gqa_sigmoid_norm_tied", QkNorm::kFull, 2, 0, 0, true,
-                              RouterScore::kSigmoid, true},
-                      Variant{"per_head_mha_softmax_norm_shared", QkNorm::kPerHead, 4, 6, 0, false,
-                              RouterScore::kSoftmax, true},
-                      Variant{"reordered_full_gqa_shared_dense", QkNorm::kFull, 2, 10, 1, false,
-                              RouterScore::kSoftmax, false, BlockNorm::kReordered},
-                      Variant{"reordered_per_head_topk_softmax_tied", QkNorm::kPerHead, 4, 0, 0,
-                              true, RouterScore::kTopkSoftmax, false, BlockNorm::kReordered},
-                      Variant{"sigmoid_groups_scale_bias", QkNorm::kPerHead, 2, 6, 1, false,
-                              RouterScore::kSigmoid, true, BlockNorm::kPre, true}),
-    [](const ::testing::TestParamInfo<Variant>& p) { return std::string(p.param.name); });
+    ::testing::Values(InferenceVariant{"none_mha_softmax", QkNorm::kNone, 4, 0, 0, false,
+                                       RouterScore::kSoftmax, false},
+                      InferenceVariant{"full_gqa_shared_dense_tied", QkNorm::kFull, 2, 10, 1, true,
+                                       RouterScore::kSoftmax, false},
+                      InferenceVariant{"per_head_gqa1_sigmoid_norm", QkNorm::kPerHead, 1, 10, 1,
+                                       false, RouterScore::kSigmoid, true},
+                      InferenceVariant{"full_gqa_sigmoid_norm_tied", QkNorm::kFull, 2, 0, 0, true,
+                                       RouterScore::kSigmoid, true},
+                      InferenceVariant{"per_head_mha_softmax_norm_shared", QkNorm::kPerHead, 4, 6,
+                                       0, false, RouterScore::kSoftmax, true},
+                      InferenceVariant{"reordered_full_gqa_shared_dense", QkNorm::kFull, 2, 10, 1,
+                                       false, RouterScore::kSoftmax, false, BlockNorm::kReordered},
+                      InferenceVariant{"reordered_per_head_topk_softmax_tied", QkNorm::kPerHead, 4,
+                                       0, 0, true, RouterScore::kTopkSoftmax, false,
+                                       BlockNorm::kReordered},
+                      InferenceVariant{"sigmoid_groups_scale_bias", QkNorm::kPerHead, 2, 6, 1,
+                                       false, RouterScore::kSigmoid, true, BlockNorm::kPre, true}),
+    [](const ::testing::TestParamInfo<InferenceVariant>& p) { return std::string(p.param.name); });
 
 struct Tiny {
   ModelConfig config;
@@ -176,7 +177,7 @@ struct Tiny {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
+std::string inference_error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const Error& e) {
@@ -212,7 +213,7 @@ TEST(Inference, MaxSeqOverflowIsAnErrorAndLeavesTheCacheUnchanged) {
   inf.prefill({1, 2, 3});
   inf.decode_step(4);
   EXPECT_EQ(inf.length(), 4);
-  const std::string msg = error_of([&] { inf.decode_step(5); });
+  const std::string msg = inference_error_of([&] { inf.decode_step(5); });
   EXPECT_NE(msg.find("max_seq=4"), std::string::npos) << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   EXPECT_EQ(inf.length(), 4);
@@ -232,7 +233,7 @@ TEST(Inference, BadInputsAreErrors) {
   EXPECT_THROW(InferenceModel(t.config, t.layout, t.params, 0), Error);
   InferenceModel inf(t.config, t.layout, t.params, 8);
   EXPECT_THROW(inf.prefill({}), Error);
-  const std::string msg = error_of([&] { inf.prefill({1, 13}); });
+  const std::string msg = inference_error_of([&] { inf.prefill({1, 13}); });
   EXPECT_NE(msg.find("token id 13"), std::string::npos) << msg;
   EXPECT_THROW(inf.decode_step(-1), Error);
   EXPECT_EQ(inf.length(), 0);

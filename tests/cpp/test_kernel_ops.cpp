@@ -25,14 +25,12 @@ using gradcheck::check_all;
 using gradcheck::expect_close;
 using gradcheck::project;
 using gradcheck::random_vec;
+using kernel_harness::backend_name;
 using kernel_harness::nmse;
 using kernel_harness::nmse_bound;
 using kernel_harness::offsets_view;
+using kernel_harness::oracle;
 using kernels::KernelBackend;
-
-const KernelBackend& oracle() {
-  return kernels::reference_backend();
-}
 
 // Step of the central differences: large enough that fp32 rounding noise (~u |L| / eps) stays
 // far below gradcheck::kTolerance, small enough that the O(eps^2) truncation does too.
@@ -1554,10 +1552,6 @@ TEST_P(KernelOps, RejectsMismatchedViews) {
   EXPECT_THROW(backend().embedding_forward(view(x.data(), {3}), view(w.data(), {2, 2}),
                                            view(y.data(), {3, 2})),
                Error);
-}
-
-std::string backend_name(const ::testing::TestParamInfo<const KernelBackend*>& info) {
-  return std::string(info.param->name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, KernelOps,

@@ -23,14 +23,12 @@
 namespace moecore {
 namespace {
 
+using kernel_harness::backend_name;
 using kernel_harness::offsets_view;
+using kernel_harness::oracle;
 using kernels::KernelBackend;
 using mx::ElemType;
 using mx::ScaleMode;
-
-const KernelBackend& oracle() {
-  return kernels::reference_backend();
-}
 
 DType code_dtype(ElemType elem) {
   return elem == ElemType::kE4M3 ? DType::kE4m3 : DType::kE5m2;
@@ -154,7 +152,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 
 constexpr ElemType kElems[] = {ElemType::kE4M3, ElemType::kE5M2};
-constexpr ScaleMode kModes[] = {ScaleMode::kRceil, ScaleMode::kFloor};
+constexpr ScaleMode kScaleModes[] = {ScaleMode::kRceil, ScaleMode::kFloor};
 
 class MxKernelOps : public ::testing::TestWithParam<const KernelBackend*> {
  protected:
@@ -170,7 +168,7 @@ TEST_P(MxKernelOps, QuantizeAndDequantizeMatchReference) {
   uint32_t seed = 2000;
   for (const auto& shape : shapes)
     for (const ElemType elem : kElems)
-      for (const ScaleMode mode : kModes) {
+      for (const ScaleMode mode : kScaleModes) {
         const std::string what = elem_and_mode(elem, mode) + " " + shape_text(shape);
         int64_t n = 1;
         for (const int64_t extent : shape) n *= extent;
@@ -194,7 +192,7 @@ TEST_P(MxKernelOps, QuantizeAndDequantizeMatchReference) {
 TEST_P(MxKernelOps, QuantizeRoundsTiesAsTheReference) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().mx_quantize);
   for (const ElemType elem : kElems)
-    for (const ScaleMode mode : kModes) {
+    for (const ScaleMode mode : kScaleModes) {
       const float* decoded = mx::elem_decode_table(elem);
       const float largest = mx::elem_max(elem);
       std::vector<float> values;
@@ -231,7 +229,7 @@ TEST_P(MxKernelOps, QuantizeTransposedMatchesReference) {
   uint32_t seed = 2100;
   for (const auto& shape : shapes)
     for (const ElemType elem : kElems)
-      for (const ScaleMode mode : kModes) {
+      for (const ScaleMode mode : kScaleModes) {
         const std::string what = elem_and_mode(elem, mode) + " " + shape_text(shape);
         const int64_t batch = shape.size() == 3 ? shape[0] : 1;
         const int64_t rows = shape[shape.size() - 2], cols = shape.back();
@@ -278,7 +276,7 @@ TEST_P(MxKernelOps, MatmulMatchesReference) {
   for (const Case c : {Case{1, 1, 32}, Case{3, 5, 64}, Case{17, 33, 96}, Case{17, 32, 96},
                        Case{2, 67, 160}, Case{65, 1, 32}})
     for (const auto& pair : pairs)
-      for (const ScaleMode mode : kModes) {
+      for (const ScaleMode mode : kScaleModes) {
         const std::string what =
             "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
             " " + std::string(mx::elem_type_name(pair[0])) + " x " + elem_and_mode(pair[1], mode);
@@ -325,7 +323,7 @@ TEST_P(MxKernelOps, GroupedGemmMatchesReference) {
                                    {{40, 300, 0, 33}, 17, 64}, {{300, 0, 260}, 32, 32}};
   uint32_t seed = 2300;
   for (const Case& c : cases)
-    for (const ScaleMode mode : kModes) {
+    for (const ScaleMode mode : kScaleModes) {
       const int64_t experts = static_cast<int64_t>(c.rows_per_expert.size());
       const int64_t out = c.out, in = c.in;
       std::vector<int64_t> offsets = {0};
@@ -458,10 +456,6 @@ TEST_P(MxKernelOps, RejectsBadInputNamingTheOp) {
                                           view(x.data(), {64, 4}));
       },
       "[mx_grouped_gemm_forward] expert_offsets decrease at expert 1");
-}
-
-std::string backend_name(const ::testing::TestParamInfo<const KernelBackend*>& info) {
-  return std::string(info.param->name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MxKernelOps,

@@ -24,7 +24,7 @@ using gradcheck::expect_close;
 using gradcheck::project;
 using gradcheck::random_vec;
 
-constexpr float kEps = 1e-2f;
+constexpr float kLayerFdEps = 1e-2f;
 
 // rows x dim covers the plain per-token use and the per-head QK-norm use (rows = tokens * heads,
 // dim = head_dim, one gain vector shared by every head).
@@ -49,8 +49,8 @@ void check_rmsnorm(int64_t rows, int64_t dim, bool accumulate_dx, uint32_t seed)
                             view(dx.data(), {rows, dim}), view(dw.data(), {dim}), accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> gw = added(dw, dw_before);
-  expect_close(check_all(x.data(), n, gx.data(), kEps, loss), "rmsnorm dx");
-  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "rmsnorm dw");
+  expect_close(check_all(x.data(), n, gx.data(), kLayerFdEps, loss), "rmsnorm dx");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kLayerFdEps, loss), "rmsnorm dw");
 }
 
 TEST(LayerGradients, RmsNormOverwriteDx) {
@@ -83,8 +83,8 @@ void check_linear(bool accumulate_dx, uint32_t seed) {
                   dx.data(), dw.data(), rows, in, out, accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> gw = added(dw, dw_before);
-  expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "linear dx");
-  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "linear dw");
+  expect_close(check_all(x.data(), x.size(), gx.data(), kLayerFdEps, loss), "linear dx");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kLayerFdEps, loss), "linear dw");
 }
 
 TEST(LayerGradients, LinearOverwriteDx) {
@@ -116,7 +116,7 @@ TEST(LayerGradients, EmbeddingRepeatedTokensAccumulate) {
   kernels::embedding_backward(view(tokens.data(), {rows}), view(r.data(), {rows, dim}),
                               view(dw.data(), {vocab, dim}));
   const std::vector<float> gw = added(dw, dw_before);
-  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "embedding dw");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kLayerFdEps, loss), "embedding dw");
   // Unused rows (1, 4, 5) are untouched.
   for (int64_t v : {1, 4, 5})
     for (int64_t i = 0; i < dim; ++i)
@@ -143,7 +143,7 @@ TEST(LayerGradients, Swiglu) {
   std::vector<float> dgu(gu.size(), 7.0f);  // overwritten
   kernels::swiglu_backward(view(r.data(), {rows, hidden}), view(gu.data(), {rows, 2 * hidden}),
                            view(dgu.data(), {rows, 2 * hidden}));
-  expect_close(check_all(gu.data(), gu.size(), dgu.data(), kEps, loss), "swiglu dgu");
+  expect_close(check_all(gu.data(), gu.size(), dgu.data(), kLayerFdEps, loss), "swiglu dgu");
 }
 
 void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
@@ -172,9 +172,10 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
                       scratch_dact.data(), scratch_dgu.data(), accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> ggu = added(dwgu, dwgu_before), gd = added(dwd, dwd_before);
-  expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "swiglu_mlp dx");
-  expect_close(check_all(wgu.data(), wgu.size(), ggu.data(), kEps, loss), "swiglu_mlp dw_gate_up");
-  expect_close(check_all(wd.data(), wd.size(), gd.data(), kEps, loss), "swiglu_mlp dw_down");
+  expect_close(check_all(x.data(), x.size(), gx.data(), kLayerFdEps, loss), "swiglu_mlp dx");
+  expect_close(check_all(wgu.data(), wgu.size(), ggu.data(), kLayerFdEps, loss),
+               "swiglu_mlp dw_gate_up");
+  expect_close(check_all(wd.data(), wd.size(), gd.data(), kLayerFdEps, loss), "swiglu_mlp dw_down");
 }
 
 TEST(LayerGradients, SwigluMlpOverwriteDx) {
@@ -306,11 +307,11 @@ void check_attention(QkNorm qk_norm, int64_t kv_heads, uint32_t seed) {
   std::vector<float> dx(x.size(), 7.0f);  // overwritten
   Workspace workspace;
   block.backward(weights(w), grads(dw), x.data(), r.data(), cache, dx.data(), workspace);
-  expect_close(check_all(x.data(), x.size(), dx.data(), kEps, loss), "attention dx");
+  expect_close(check_all(x.data(), x.size(), dx.data(), kLayerFdEps, loss), "attention dx");
   const char* names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"};
   for (size_t i = 0; i < (has_norm ? w.size() : 4); ++i) {
     const std::vector<float> g = added(dw[i], dw_before[i]);
-    expect_close(check_all(w[i].data(), w[i].size(), g.data(), kEps, loss),
+    expect_close(check_all(w[i].data(), w[i].size(), g.data(), kLayerFdEps, loss),
                  std::string("attention d") + names[i]);
   }
 }

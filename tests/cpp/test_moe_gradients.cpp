@@ -27,7 +27,7 @@ using gradcheck::expect_close;
 using gradcheck::project;
 using gradcheck::random_vec;
 
-constexpr float kEps = 1e-3f;
+constexpr float kMoeFdEps = 1e-3f;
 
 // Smallest gap between consecutive sorted scores of any token: a perturbation of the logits far
 // below this cannot reorder the top-k.
@@ -137,8 +137,8 @@ void check_router(const RouterCase& rc, uint32_t seed) {
                   {r.data(), lbg.data(), rc.lb_uses_softmax, rc.z_grad_scale}, dx.data(), dw.data(),
                   workspace);
   const std::vector<float> gx = added(dx, dx_before), gw = added(dw, dw_before);
-  expect_close(check_all(x.data(), x.size(), gx.data(), kEps, loss), "router dx");
-  expect_close(check_all(w.data(), w.size(), gw.data(), kEps, loss), "router dw_router");
+  expect_close(check_all(x.data(), x.size(), gx.data(), kMoeFdEps, loss), "router dx");
+  expect_close(check_all(w.data(), w.size(), gw.data(), kMoeFdEps, loss), "router dw_router");
   EXPECT_FALSE(selection_changed) << "a perturbation changed the top-k selection";
 }
 
@@ -184,7 +184,7 @@ TEST(RouterGradients, SelectionBias) {
   check_router({RouterScore::kSigmoid, true, false, 0.3f, 4, 1, 1, 1.0f, true}, 1);
   check_router({RouterScore::kSoftmax, false, false, 0.0f, 4, 1, 1, 1.0f, true}, 1);
 }
-// The first seed (deterministic) whose top-k selection survives every +-kEps perturbation the
+// The first seed (deterministic) whose top-k selection survives every +-kMoeFdEps perturbation the
 // finite differences make: with 8 experts in groups, no simple score gap says that.
 uint32_t stable_seed(const RouterCase& rc) {
   const RouterShape s{5,
@@ -211,7 +211,7 @@ uint32_t stable_seed(const RouterCase& rc) {
     bool stable = true;
     for (std::vector<float>* v : {&x, &w})
       for (size_t i = 0; i < v->size() && stable; ++i)
-        for (const float delta : {-2.0f * kEps, 2.0f * kEps}) {
+        for (const float delta : {-2.0f * kMoeFdEps, 2.0f * kMoeFdEps}) {
           const float keep = (*v)[i];
           (*v)[i] = keep + delta;
           stable = stable && selection() == base;
@@ -587,25 +587,26 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
   block.backward(f.weights(), grads.grads(), f.x.data(), r.data(), cache, lbg.data(),
                  lb_uses_softmax, zs, dx.data(), workspace);
 
-  expect_close(check_all(f.x.data(), f.x.size(), dx.data(), kEps, loss), "moe dx");
+  expect_close(check_all(f.x.data(), f.x.size(), dx.data(), kMoeFdEps, loss), "moe dx");
   const std::vector<float> g_router = added(grads.router, before.router);
   const std::vector<float> g_gate_up = added(grads.gate_up, before.gate_up);
   const std::vector<float> g_down = added(grads.down, before.down);
   if (c.num_experts > 1 || c.router_score == RouterScore::kSigmoid || zs != 0.0f)
-    expect_close(check_all(f.router.data(), f.router.size(), g_router.data(), kEps, loss),
+    expect_close(check_all(f.router.data(), f.router.size(), g_router.data(), kMoeFdEps, loss),
                  "moe router");
-  expect_close(check_all(f.gate_up.data(), f.gate_up.size(), g_gate_up.data(), kEps, loss),
+  expect_close(check_all(f.gate_up.data(), f.gate_up.size(), g_gate_up.data(), kMoeFdEps, loss),
                "moe experts_gate_up");
-  expect_close(check_all(f.down.data(), f.down.size(), g_down.data(), kEps, loss),
+  expect_close(check_all(f.down.data(), f.down.size(), g_down.data(), kMoeFdEps, loss),
                "moe experts_down");
   if (c.shared_expert_intermediate_size > 0) {
     const std::vector<float> g_sgu = added(grads.shared_gate_up, before.shared_gate_up);
     const std::vector<float> g_sd = added(grads.shared_down, before.shared_down);
     expect_close(
-        check_all(f.shared_gate_up.data(), f.shared_gate_up.size(), g_sgu.data(), kEps, loss),
+        check_all(f.shared_gate_up.data(), f.shared_gate_up.size(), g_sgu.data(), kMoeFdEps, loss),
         "moe shared_gate_up");
-    expect_close(check_all(f.shared_down.data(), f.shared_down.size(), g_sd.data(), kEps, loss),
-                 "moe shared_down");
+    expect_close(
+        check_all(f.shared_down.data(), f.shared_down.size(), g_sd.data(), kMoeFdEps, loss),
+        "moe shared_down");
   }
   EXPECT_FALSE(selection_changed) << "a perturbation changed the top-k selection";
   // Experts that received no token: weights untouched by the backward.

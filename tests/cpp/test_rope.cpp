@@ -8,19 +8,15 @@
 #include <vector>
 
 #include "core/check.h"
+#include "gradcheck.h"
 #include "kernels/ops.h"
 #include "model/rope.h"
 
 namespace moecore {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using gradcheck::random_vec;  // uniform in [-1, 1)
+using gradcheck::to_double;
 
 // Plain reference in double, written from the HF formula independently of the table:
 // out[i] = x[i] cos - x[i+h] sin, out[i+h] = x[i+h] cos + x[i] sin, angle = t / theta^(2i/hd).
@@ -42,10 +38,6 @@ std::vector<double> reference_rope(const std::vector<double>& x, int64_t batch, 
         }
       }
   return out;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) {
-  return {v.begin(), v.end()};
 }
 
 TEST(Rope, TableMatchesHfFloatFormula) {

@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig tiny_model() {
+ModelConfig round_trip_model() {
   ModelConfig c;
   c.vocab_size = 64;
   c.hidden_size = 16;
@@ -35,13 +35,13 @@ ModelConfig tiny_model() {
 
 class RoundTripCheckTest : public ::testing::Test {
  protected:
-  RoundTripCheckTest() : layout_(ParamLayout::build(tiny_model())), params_(layout_) {}
+  RoundTripCheckTest() : layout_(ParamLayout::build(round_trip_model())), params_(layout_) {}
 
   void SetUp() override {
     std::string templ = (fs::path(::testing::TempDir()) / "moecore_round_trip_XXXXXX").string();
     ASSERT_NE(::mkdtemp(templ.data()), nullptr);
     dir_ = templ;
-    run_.model = tiny_model();
+    run_.model = round_trip_model();
     init_params(layout_, 99, params_);
   }
   void TearDown() override {

@@ -41,7 +41,7 @@ std::string error_of(const json& state) {
   return "";
 }
 
-void expect_error(const json& state, const std::string& needle) {
+void expect_state_rejected(const json& state, const std::string& needle) {
   const std::string message = error_of(state);
   EXPECT_NE(message.find("ckpt/trainer_state.json"), std::string::npos) << message;
   EXPECT_NE(message.find(needle), std::string::npos) << "'" << needle << "' not in: " << message;
@@ -61,28 +61,28 @@ TEST(TrainerState, ValidStateParses) {
 TEST(TrainerState, NegativeOrHugeNumbersAreRefused) {
   json s = valid_state();
   s["step"] = -5;
-  expect_error(s, "step=-5 is out of range");
+  expect_state_rejected(s, "step=-5 is out of range");
   s = valid_state();
   s["data_cursor"] = -1;
-  expect_error(s, "data_cursor=-1 is out of range");
+  expect_state_rejected(s, "data_cursor=-1 is out of range");
   s = valid_state();
   s["data_cursor"] = INT64_MAX;
-  expect_error(s, "data_cursor=9223372036854775807 is out of range");
+  expect_state_rejected(s, "data_cursor=9223372036854775807 is out of range");
   s = valid_state();
   s["seed"] = -1;
-  expect_error(s, "seed=-1");
+  expect_state_rejected(s, "seed=-1");
 }
 
 TEST(TrainerState, CursorAndTokensMustFollowFromTheStep) {
   json s = valid_state();
   s["data_cursor"] = 13;
-  expect_error(s, "data_cursor=13 does not match step=3 x train.batch_size=4");
+  expect_state_rejected(s, "data_cursor=13 does not match step=3 x train.batch_size=4");
   s = valid_state();
   s["tokens_seen"] = 1;
-  expect_error(s, "tokens_seen=1 does not match");
+  expect_state_rejected(s, "tokens_seen=1 does not match");
   s = valid_state();
   s["seed"] = 12;
-  expect_error(s, "seed=12 differs from train.seed=11");
+  expect_state_rejected(s, "seed=12 differs from train.seed=11");
 }
 
 TEST(TrainerState, ReplayOriginShiftsTheInvariant) {
@@ -94,33 +94,33 @@ TEST(TrainerState, ReplayOriginShiftsTheInvariant) {
   const TrainerState parsed = parse_trainer_state(s.dump(), "x", written_by());
   EXPECT_EQ(parsed.origin, (ReplayOrigin{2, 16, 256}));
   s["replay_origin"]["step"] = 6;
-  expect_error(s, "replay_origin.step=6 is after step=5");
+  expect_state_rejected(s, "replay_origin.step=6 is after step=5");
 }
 
 TEST(TrainerState, WrongTypesNameTheKeyAndValue) {
   json s = valid_state();
   s["step"] = "3";
-  expect_error(s, "step=\"3\" must be an integer");
+  expect_state_rejected(s, "step=\"3\" must be an integer");
   s = valid_state();
   s["step"] = 3.5;
-  expect_error(s, "step=3.5 must be an integer");
+  expect_state_rejected(s, "step=3.5 must be an integer");
   s = valid_state();
   s.erase("tokens_seen");
-  expect_error(s, "tokens_seen is missing");
+  expect_state_rejected(s, "tokens_seen is missing");
   s = valid_state();
   s["step_guard"]["losses"] = {1.0, "x"};
-  expect_error(s, "step_guard.losses holds \"x\"");
+  expect_state_rejected(s, "step_guard.losses holds \"x\"");
   s = valid_state();
   s["step_guard"]["losses"] = json::array();
   for (int i = 0; i < 9; ++i) s["step_guard"]["losses"].push_back(1.0);
-  expect_error(s, "more than its window of 8");
+  expect_state_rejected(s, "more than its window of 8");
   s = valid_state();
   s["step_guard"]["skipped"] = 4;
-  expect_error(s, "step_guard.skipped=4 exceeds step=3");
+  expect_state_rejected(s, "step_guard.skipped=4 exceeds step=3");
   s = valid_state();
   s["gerrymandering"]["flagged"] = 1;
-  expect_error(s, "gerrymandering.flagged=1 must be a boolean");
-  expect_error(json::array({1, 2}), "expected an object");
+  expect_state_rejected(s, "gerrymandering.flagged=1 must be a boolean");
+  expect_state_rejected(json::array({1, 2}), "expected an object");
   const std::string broken = [] {
     try {
       parse_trainer_state("{\"step\": fals\n", "ckpt/trainer_state.json", written_by());

@@ -25,7 +25,7 @@ using gradcheck::central_difference;
 using gradcheck::GradCheck;
 using gradcheck::random_vec;
 
-struct Variant {
+struct GradientVariant {
   bool tied;
   LbLossStyle lb_style;
   RouterScore score;
@@ -40,7 +40,7 @@ struct Variant {
   int64_t head_chunk_tokens = 0;  // train.lm_head_chunk_tokens (0: the whole head)
 };
 
-ModelConfig tiny_config(const Variant& v) {
+ModelConfig tiny_config(const GradientVariant& v) {
   ModelConfig c;
   c.vocab_size = 11;
   c.hidden_size = 8;
@@ -96,7 +96,7 @@ std::vector<int32_t> selected_sets(const Transformer& model) {
   return all;
 }
 
-void check_model(const Variant& v, uint32_t seed) {
+void check_model(const GradientVariant& v, uint32_t seed) {
   const ModelConfig c = tiny_config(v);
   const ParamLayout layout = ParamLayout::build(c);
   ParamBuffers params(layout);
@@ -221,7 +221,7 @@ TEST(TransformerGradients, TopkSoftmaxGroupsScaleAndBias) {
 // loss_normalizer = "labels" divides the router losses by the counted labels instead of all
 // tokens (OLMo-core's trainer); the cross-entropy is unchanged.
 TEST(TransformerGradients, LabelsNormaliserScalesRouterLossesByTokensOverLabels) {
-  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, false, QkNorm::kFull};
+  GradientVariant v{false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, false, QkNorm::kFull};
   const ModelConfig tokens_config = tiny_config(v);
   v.normalizer = LossNormalizer::kLabels;
   const ModelConfig labels_config = tiny_config(v);
@@ -250,7 +250,7 @@ TEST(TransformerGradients, LabelsNormaliserScalesRouterLossesByTokensOverLabels)
 // The selection bias: zero at init, never touched by the gradient, and moved after a step by
 // rate * sign(mean count - count) from the routes of every forward since the last clear.
 TEST(TransformerGradients, RouterBiasUpdateFollowsCounts) {
-  Variant v{false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, true, QkNorm::kFull};
+  GradientVariant v{false, LbLossStyle::kOlmoCore, RouterScore::kSigmoid, true, QkNorm::kFull};
   v.router_bias_update_rate = 0.125;  // a power of two: the updates are exact
   const ModelConfig c = tiny_config(v);
   const ParamLayout layout = ParamLayout::build(c);
@@ -297,12 +297,12 @@ TEST(TransformerGradients, RouterBiasUpdateFollowsCounts) {
 // data.document_masking: id 5 ends documents, so row 0 = {1, 5 | 9, 5} holds two documents and
 // row 1 = {0, 3, 10, 7} one; the finite differences run through the masked attention.
 TEST(TransformerGradients, DocumentMaskingTiedOlmoCoreLbSoftmax) {
-  Variant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
+  GradientVariant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
   v.document_eos = 5;
   check_model(v, 5000);
 }
 TEST(TransformerGradients, DocumentMaskingUntiedHfLbSigmoid) {
-  Variant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
+  GradientVariant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
   v.document_eos = 5;
   check_model(v, 6000);
 }
@@ -312,8 +312,8 @@ TEST(TransformerGradients, DocumentMaskingUntiedHfLbSigmoid) {
 // gradient check of masking in the reordered block is the autograd oracle
 // (tests/reference/test_document_masking.py, variant "reordered").
 TEST(TransformerGradients, DocumentMaskingReorderedNorms) {
-  Variant v{true,  LbLossStyle::kOlmoCore, RouterScore::kSoftmax,
-            false, QkNorm::kFull,          BlockNorm::kReordered};
+  GradientVariant v{true,  LbLossStyle::kOlmoCore, RouterScore::kSoftmax,
+                    false, QkNorm::kFull,          BlockNorm::kReordered};
   v.document_eos = 5;
   check_model(v, 5000);
 }
@@ -332,12 +332,12 @@ struct UntiedModel {
 
 // The chunked LM head (model/chunked_lm_head.h): 8 tokens in chunks of 3, 3 and 2.
 TEST(TransformerGradients, ChunkedHeadTiedOlmoCoreLbSoftmax) {
-  Variant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
+  GradientVariant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
   v.head_chunk_tokens = 3;
   check_model(v, 1000);
 }
 TEST(TransformerGradients, ChunkedHeadUntiedHfLbSigmoid) {
-  Variant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
+  GradientVariant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
   v.head_chunk_tokens = 1;
   check_model(v, 2000);
 }
