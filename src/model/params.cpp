@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <random>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
+#include "kernels/fill_normal.h"
 
 namespace moecore {
 
@@ -42,11 +44,35 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup g
 //     pair is one [2I, d] matrix and gate/up are computed by a single GEMM;
 //   * a MoE layer's experts are stored expert-major, gate_e then up_e for e = 0..E-1 (one
 //     [E, 2H, d] tensor), then every down_e (one [E, d, H] tensor), ready for a grouped GEMM.
-ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep_rank,
-                               const std::vector<LayerRange>& chunks) {
+namespace {
+
+// Whether chunks (empty: all layers) hold the embedding, and the LM head.
+std::pair<bool, bool> holds_embedding_and_head(const ModelConfig& c,
+                                               const std::vector<LayerRange>& chunks) {
+  bool has_embedding = chunks.empty(), has_head = chunks.empty();
+  for (const LayerRange& r : chunks) {
+    has_embedding = has_embedding || r.begin == 0;
+    has_head = has_head || r.end < 0 || r.end == c.num_hidden_layers;
+  }
+  return {has_embedding, has_head};
+}
+
+}  // namespace
+
+void ParamLayout::check_placement(const ModelConfig& c, int64_t ep_size, int64_t ep_rank,
+                                  const std::vector<LayerRange>& chunks) {
   c.validate();
   MOE_CHECK(ep_size >= 1 && c.num_experts % ep_size == 0 && ep_rank >= 0 && ep_rank < ep_size,
             "[parallel] parallel.ep={} does not divide num_experts={}", ep_size, c.num_experts);
+  const auto [has_embedding, has_head] = holds_embedding_and_head(c, chunks);
+  MOE_CHECK(!(c.tie_word_embeddings && has_embedding != has_head),
+            "[parallel] tie_word_embeddings=true needs the embedding and the LM head on one "
+            "pipeline stage (use untied embeddings with parallel.pp > 1)");
+}
+
+ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep_rank,
+                               const std::vector<LayerRange>& chunks) {
+  check_placement(c, ep_size, ep_rank, chunks);
   ParamLayout layout;
   layout.local_experts_ = c.num_experts / ep_size;
   layout.first_expert_ = ep_rank * layout.local_experts_;
@@ -60,17 +86,10 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
       if (layer >= r.begin && layer < (r.end < 0 ? total : r.end)) return true;
     return false;
   };
-  bool has_embedding = chunks.empty(), has_head = chunks.empty();
-  for (const LayerRange& r : chunks) {
-    has_embedding = has_embedding || r.begin == 0;
-    has_head = has_head || r.end < 0 || r.end == total;
-  }
-  MOE_CHECK(!(c.tie_word_embeddings && has_embedding != has_head),
-            "[parallel] tie_word_embeddings=true needs the embedding and the LM head on one "
-            "pipeline stage (use untied embeddings with parallel.pp > 1)");
+  const auto [has_embedding, has_head] = holds_embedding_and_head(c, chunks);
   if (has_embedding) layout.add("model.embed_tokens.weight", {c.vocab_size, d}, dense, false, true);
-  for (int64_t i = 0; i < total; ++i) {
-    if (!held(i)) continue;
+  // One layer's tensors, in memory order (added one after the other: contiguous in specs_).
+  auto add_layer = [&](int64_t i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     const bool reordered = c.block_norm == BlockNorm::kReordered;
     // The attention branch's norm, under its Hugging Face name for the block layout.
@@ -95,7 +114,7 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
       layout.add(p + "mlp.gate_proj.weight", {c.intermediate_size, d}, dense);
       layout.add(p + "mlp.up_proj.weight", {c.intermediate_size, d}, dense);
       layout.add(p + "mlp.down_proj.weight", {d, c.intermediate_size}, dense);
-      continue;
+      return;
     }
     layout.add(p + "mlp.gate.weight", {c.num_experts, d}, dense);
     // DeepSeek-V3's name for the selection bias (also Dots1's and GLM-4-MoE's).
@@ -118,6 +137,13 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
       layout.add(p + "mlp.shared_expert.up_proj.weight", {hs, d}, dense);
       layout.add(p + "mlp.shared_expert.down_proj.weight", {d, hs}, dense);
     }
+  };
+  layout.layer_spec_ranges_.assign(static_cast<size_t>(total), {0, 0});
+  for (int64_t i = 0; i < total; ++i) {
+    if (!held(i)) continue;
+    const size_t layer_first_spec = layout.specs_.size();
+    add_layer(i);
+    layout.layer_spec_ranges_[static_cast<size_t>(i)] = {layer_first_spec, layout.specs_.size()};
   }
   if (has_head) {
     layout.add("model.norm.weight", {d}, dense, true);
@@ -145,28 +171,42 @@ std::pair<size_t, size_t> ParamLayout::layer_range(ParamGroup group, int64_t lay
 }
 
 LayerSpecs ParamLayout::layer_specs(int64_t layer) const {
+  // Looked up among the layer's own tensors only (they are contiguous in specs_): a big model's
+  // table has tens of thousands, and the planner asks for every layer's of each layout it tries.
+  const auto [layer_begin, layer_end] =
+      layer < 0 || static_cast<size_t>(layer) >= layer_spec_ranges_.size()
+          ? std::pair<size_t, size_t>{0, 0}
+          : layer_spec_ranges_[static_cast<size_t>(layer)];
+  auto find_in_layer = [&](const std::string& name) -> const ParamSpec* {
+    const auto begin = specs_.begin() + static_cast<std::ptrdiff_t>(layer_begin);
+    const auto end = specs_.begin() + static_cast<std::ptrdiff_t>(layer_end);
+    const auto it =
+        std::find_if(begin, end, [&](const ParamSpec& spec) { return spec.name == name; });
+    return it == end ? nullptr : &*it;
+  };
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const std::string expert = p + "mlp.experts." + std::to_string(first_expert_) + ".";
   // Reordered blocks have no input_layernorm; their norms follow the sublayers (see LayerSpecs).
-  const bool reordered = find(p + "input_layernorm.weight") == nullptr &&
-                         find(p + "post_feedforward_layernorm.weight") != nullptr;
-  return {find(p + (reordered ? "post_attention_layernorm.weight" : "input_layernorm.weight")),
-          find(p + "self_attn.q_proj.weight"),
-          find(p + "self_attn.k_proj.weight"),
-          find(p + "self_attn.v_proj.weight"),
-          find(p + "self_attn.o_proj.weight"),
-          find(p + "self_attn.q_norm.weight"),
-          find(p + "self_attn.k_norm.weight"),
-          find(p + (reordered ? "post_feedforward_layernorm.weight"
-                              : "post_attention_layernorm.weight")),
-          find(p + "mlp.gate_proj.weight"),
-          find(p + "mlp.down_proj.weight"),
-          find(p + "mlp.gate.weight"),
-          find(p + "mlp.gate.e_score_correction_bias"),
-          find(expert + "gate_proj.weight"),
-          find(expert + "down_proj.weight"),
-          find(p + "mlp.shared_expert.gate_proj.weight"),
-          find(p + "mlp.shared_expert.down_proj.weight")};
+  const bool reordered = find_in_layer(p + "input_layernorm.weight") == nullptr &&
+                         find_in_layer(p + "post_feedforward_layernorm.weight") != nullptr;
+  return {
+      find_in_layer(p + (reordered ? "post_attention_layernorm.weight" : "input_layernorm.weight")),
+      find_in_layer(p + "self_attn.q_proj.weight"),
+      find_in_layer(p + "self_attn.k_proj.weight"),
+      find_in_layer(p + "self_attn.v_proj.weight"),
+      find_in_layer(p + "self_attn.o_proj.weight"),
+      find_in_layer(p + "self_attn.q_norm.weight"),
+      find_in_layer(p + "self_attn.k_norm.weight"),
+      find_in_layer(p + (reordered ? "post_feedforward_layernorm.weight"
+                                   : "post_attention_layernorm.weight")),
+      find_in_layer(p + "mlp.gate_proj.weight"),
+      find_in_layer(p + "mlp.down_proj.weight"),
+      find_in_layer(p + "mlp.gate.weight"),
+      find_in_layer(p + "mlp.gate.e_score_correction_bias"),
+      find_in_layer(expert + "gate_proj.weight"),
+      find_in_layer(expert + "down_proj.weight"),
+      find_in_layer(p + "mlp.shared_expert.gate_proj.weight"),
+      find_in_layer(p + "mlp.shared_expert.down_proj.weight")};
 }
 
 void ParamBuffers::zero() {
@@ -183,20 +223,21 @@ void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params)
     copy_bytes(params.expert.data(), host.expert.data(), host.expert.size() * sizeof(float));
     return;
   }
+  // Each weight from its own stream (seeded by the run's seed and the weight's name): the same
+  // values in any layout, on any number of threads.
+  std::vector<kernels::NormalFill> weights;
   for (const ParamSpec& spec : layout.specs()) {
     float* w = params.at(spec);
     if (spec.is_buffer) {
       std::fill(w, w + spec.numel, 0.0f);
-      continue;
-    }
-    if (spec.is_norm) {
+    } else if (spec.is_norm) {
       std::fill(w, w + spec.numel, 1.0f);
-      continue;
+    } else {
+      weights.push_back(
+          {w, spec.numel, seed * 0x9E3779B97F4A7C15ull ^ hash_name(spec.name), 0.02f});
     }
-    std::mt19937_64 engine(seed * 0x9E3779B97F4A7C15ull ^ hash_name(spec.name));
-    std::normal_distribution<float> normal(0.0f, 0.02f);
-    for (size_t i = 0; i < spec.numel; ++i) w[i] = normal(engine);
   }
+  kernels::fill_normal(weights);
 }
 
 }  // namespace moecore

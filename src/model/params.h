@@ -70,6 +70,10 @@ class ParamLayout {
   // at layer 0, the final norm and LM head with the one ending at the last layer); empty: all.
   static ParamLayout build(const ModelConfig& config, int64_t ep_size = 1, int64_t ep_rank = 0,
                            const std::vector<LayerRange>& chunks = {});
+  // build()'s checks of the placement alone (ep divides the experts, tied embeddings on one
+  // stage), without making the table: a big model's has a name for every local expert's tensors.
+  static void check_placement(const ModelConfig& config, int64_t ep_size = 1, int64_t ep_rank = 0,
+                              const std::vector<LayerRange>& chunks = {});
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec* find(const std::string& name) const;  // nullptr when absent
@@ -88,6 +92,8 @@ class ParamLayout {
            bool is_embedding = false, bool is_buffer = false);
 
   std::vector<ParamSpec> specs_;
+  // [first, end) of each layer's tensors in specs_ (empty for a layer this table does not hold).
+  std::vector<std::pair<size_t, size_t>> layer_spec_ranges_;
   size_t dense_numel_ = 0;
   size_t expert_numel_ = 0;
   int64_t first_expert_ = 0;

@@ -31,7 +31,7 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
       dist::split_layers(mc.num_hidden_layers, r.pp * r.virtual_stages, pc.stage_layers);
   for (int64_t stage = 0; stage < r.pp; ++stage) {
     // Each stage's parameter table: ep divides num_experts; tied embeddings on one stage.
-    (void)ParamLayout::build(mc, pc.ep, 0, dist::stage_chunks(r.chunk_layers, r.pp, stage));
+    ParamLayout::check_placement(mc, pc.ep, 0, dist::stage_chunks(r.chunk_layers, r.pp, stage));
     (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages, tc.microbatches);
   }
   MOE_CHECK(r.pp == 1 || mc.lb_loss_style != LbLossStyle::kHf,

@@ -1,0 +1,51 @@
+// kernels::fill_normal: every target holds exactly the values its own std::mt19937_64 stream gives
+// through std::normal_distribution<float> (bit for bit), whatever the thread count, so parameters
+// drawn in parallel are the parameters drawn one by one.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/fill_normal.h"
+
+namespace moecore {
+namespace {
+
+std::vector<float> serial_normal_draw(size_t count, uint64_t seed, float stddev) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> values(count);
+  for (auto& v : values) v = normal(engine);
+  return values;
+}
+
+TEST(FillNormal, EveryTargetIsItsOwnStreamOnAnyThreadCount) {
+  // Sizes from empty to larger than the rest together, so that threads finish out of order.
+  const std::vector<size_t> sizes = {0, 1, 7, 1000, 3, 100003, 64, 2};
+  const int previous = omp_get_max_threads();
+  for (const int threads : {1, 2, 5}) {
+    omp_set_num_threads(threads);
+    std::vector<std::vector<float>> targets;
+    std::vector<kernels::NormalFill> fills;
+    for (size_t t = 0; t < sizes.size(); ++t) targets.emplace_back(sizes[t], -1.0f);
+    for (size_t t = 0; t < sizes.size(); ++t)
+      fills.push_back({targets[t].data(), sizes[t], 0x1234567ull * (t + 1), t % 2 ? 0.02f : 1.0f});
+    kernels::fill_normal(fills);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const std::vector<float> expected =
+          serial_normal_draw(sizes[t], fills[t].seed, fills[t].stddev);
+      ASSERT_EQ(targets[t], expected) << "target " << t << " with " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(previous);
+}
+
+TEST(FillNormal, NothingToFill) {
+  kernels::fill_normal({});  // no targets: returns without touching anything
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace moecore
