@@ -158,11 +158,16 @@ const ParamSpec* ParamLayout::find(const std::string& name) const {
   return it == specs_.end() ? nullptr : &*it;
 }
 
+std::span<const ParamSpec> ParamLayout::layer_tensors(int64_t layer) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= layer_spec_ranges_.size()) return {};
+  const auto [first, end] = layer_spec_ranges_[static_cast<size_t>(layer)];
+  return std::span<const ParamSpec>(specs_).subspan(first, end - first);
+}
+
 std::pair<size_t, size_t> ParamLayout::layer_range(ParamGroup group, int64_t layer) const {
-  const std::string prefix = "model.layers." + std::to_string(layer) + ".";
   size_t begin = SIZE_MAX, end = 0;
-  for (const ParamSpec& spec : specs_) {
-    if (spec.group != group || spec.name.rfind(prefix, 0) != 0) continue;
+  for (const ParamSpec& spec : layer_tensors(layer)) {
+    if (spec.group != group) continue;
     begin = std::min(begin, spec.offset);
     end = std::max(end, spec.offset + spec.numel);
   }
@@ -171,18 +176,13 @@ std::pair<size_t, size_t> ParamLayout::layer_range(ParamGroup group, int64_t lay
 }
 
 LayerSpecs ParamLayout::layer_specs(int64_t layer) const {
-  // Looked up among the layer's own tensors only (they are contiguous in specs_): a big model's
-  // table has tens of thousands, and the planner asks for every layer's of each layout it tries.
-  const auto [layer_begin, layer_end] =
-      layer < 0 || static_cast<size_t>(layer) >= layer_spec_ranges_.size()
-          ? std::pair<size_t, size_t>{0, 0}
-          : layer_spec_ranges_[static_cast<size_t>(layer)];
+  // Looked up among the layer's own tensors only: a big model's table has tens of thousands, and
+  // the planner asks for every layer's of each layout it tries.
+  const std::span<const ParamSpec> tensors = layer_tensors(layer);
   auto find_in_layer = [&](const std::string& name) -> const ParamSpec* {
-    const auto begin = specs_.begin() + static_cast<std::ptrdiff_t>(layer_begin);
-    const auto end = specs_.begin() + static_cast<std::ptrdiff_t>(layer_end);
-    const auto it =
-        std::find_if(begin, end, [&](const ParamSpec& spec) { return spec.name == name; });
-    return it == end ? nullptr : &*it;
+    const auto it = std::find_if(tensors.begin(), tensors.end(),
+                                 [&](const ParamSpec& spec) { return spec.name == name; });
+    return it == tensors.end() ? nullptr : &*it;
   };
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const std::string expert = p + "mlp.experts." + std::to_string(first_expert_) + ".";

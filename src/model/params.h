@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +89,8 @@ class ParamLayout {
   }
 
  private:
+  // The tensors of one layer (contiguous in specs_; empty for a layer this table does not hold).
+  std::span<const ParamSpec> layer_tensors(int64_t layer) const;
   void add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm = false,
            bool is_embedding = false, bool is_buffer = false);
 
