@@ -28,24 +28,6 @@ uint64_t hash_name(const std::string& name) {
   return h;
 }
 
-}  // namespace
-
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm,
-                      bool is_embedding, bool is_buffer) {
-  const size_t numel = static_cast<size_t>(product(shape));
-  size_t& cursor = group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
-  specs_.push_back(
-      {std::move(name), std::move(shape), group, cursor, numel, is_norm, is_embedding, is_buffer});
-  cursor += numel;
-}
-
-// The order below is also the memory order; forward/backward code relies on these adjacencies:
-//   * a dense MLP's (or shared expert's) gate_proj is immediately followed by its up_proj, so the
-//     pair is one [2I, d] matrix and gate/up are computed by a single GEMM;
-//   * a MoE layer's experts are stored expert-major, gate_e then up_e for e = 0..E-1 (one
-//     [E, 2H, d] tensor), then every down_e (one [E, d, H] tensor), ready for a grouped GEMM.
-namespace {
-
 // Whether chunks (empty: all layers) hold the embedding, and the LM head.
 std::pair<bool, bool> holds_embedding_and_head(const ModelConfig& c,
                                                const std::vector<LayerRange>& chunks) {
@@ -59,6 +41,15 @@ std::pair<bool, bool> holds_embedding_and_head(const ModelConfig& c,
 
 }  // namespace
 
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm,
+                      bool is_embedding, bool is_buffer) {
+  const size_t numel = static_cast<size_t>(product(shape));
+  size_t& cursor = group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
+  specs_.push_back(
+      {std::move(name), std::move(shape), group, cursor, numel, is_norm, is_embedding, is_buffer});
+  cursor += numel;
+}
+
 void ParamLayout::check_placement(const ModelConfig& c, int64_t ep_size, int64_t ep_rank,
                                   const std::vector<LayerRange>& chunks) {
   c.validate();
@@ -70,6 +61,11 @@ void ParamLayout::check_placement(const ModelConfig& c, int64_t ep_size, int64_t
             "pipeline stage (use untied embeddings with parallel.pp > 1)");
 }
 
+// The order below is also the memory order; forward/backward code relies on these adjacencies:
+//   * a dense MLP's (or shared expert's) gate_proj is immediately followed by its up_proj, so the
+//     pair is one [2I, d] matrix and gate/up are computed by a single GEMM;
+//   * a MoE layer's experts are stored expert-major, gate_e then up_e for e = 0..E-1 (one
+//     [E, 2H, d] tensor), then every down_e (one [E, d, H] tensor), ready for a grouped GEMM.
 ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep_rank,
                                const std::vector<LayerRange>& chunks) {
   check_placement(c, ep_size, ep_rank, chunks);

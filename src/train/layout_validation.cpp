@@ -30,7 +30,8 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
   r.chunk_layers =
       dist::split_layers(mc.num_hidden_layers, r.pp * r.virtual_stages, pc.stage_layers);
   for (int64_t stage = 0; stage < r.pp; ++stage) {
-    // Each stage's parameter table: ep divides num_experts; tied embeddings on one stage.
+    // Each stage's placement (as its parameter table would be built): ep divides num_experts;
+    // tied embeddings on one stage.
     ParamLayout::check_placement(mc, pc.ep, 0, dist::stage_chunks(r.chunk_layers, r.pp, stage));
     (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages, tc.microbatches);
   }

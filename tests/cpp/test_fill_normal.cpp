@@ -36,15 +36,11 @@ TEST(FillNormal, EveryTargetIsItsOwnStreamOnAnyThreadCount) {
     for (size_t t = 0; t < sizes.size(); ++t) {
       const std::vector<float> expected =
           serial_normal_draw(sizes[t], fills[t].seed, fills[t].stddev);
-      ASSERT_EQ(targets[t], expected) << "target " << t << " with " << threads << " threads";
+      // EXPECT, not ASSERT: the thread count is restored below whatever happens.
+      EXPECT_EQ(targets[t], expected) << "target " << t << " with " << threads << " threads";
     }
   }
   omp_set_num_threads(previous);
-}
-
-TEST(FillNormal, NothingToFill) {
-  kernels::fill_normal({});  // no targets: returns without touching anything
-  SUCCEED();
 }
 
 }  // namespace
