@@ -82,13 +82,30 @@ if(MOECORE_CUDA_ENABLED)
     string(REGEX REPLACE "[^0-9;]" "" nccl_version "${nccl_version_lines}")
     string(REPLACE ";" "." nccl_version "${nccl_version}")
     message(STATUS "moecore: NCCL ${nccl_version} (${MOECORE_NCCL_LIBRARY})")
-    file(GLOB MOECORE_NCCL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cpp)
+    file(GLOB MOECORE_NCCL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cpp
+         ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cu)
+    # NCCL's device API (2.28 and later): the symmetric transport's kernel stores into the peers'
+    # memory (nccl_block_exchange.*). Without it that transport is a one-line error.
+    if(nccl_version VERSION_GREATER_EQUAL 2.28)
+      set(MOECORE_NCCL_DEVICE_API 1)
+    else()
+      set(MOECORE_NCCL_DEVICE_API 0)
+      list(FILTER MOECORE_NCCL_SOURCES EXCLUDE REGEX "/nccl_block_exchange\\.[^/]*$")
+      message(STATUS "moecore: NCCL ${nccl_version} has no device API (2.28 or later): "
+                     "parallel.rowwise_transport=\"symmetric\" is not built")
+    endif()
     add_library(moecore_dist_nccl STATIC ${MOECORE_NCCL_SOURCES})
+    target_compile_definitions(moecore_dist_nccl PUBLIC
+                               MOECORE_NCCL_DEVICE_API=${MOECORE_NCCL_DEVICE_API})
     # moecore_dist is defined after this file (CMakeLists.txt); the name resolves at generation.
     target_link_libraries(moecore_dist_nccl PUBLIC moecore_dist moecore_kernels_cuda
                           ${MOECORE_NCCL_LIBRARY})
     target_include_directories(moecore_dist_nccl SYSTEM PUBLIC ${MOECORE_NCCL_INCLUDE_DIR})
-    target_compile_options(moecore_dist_nccl PRIVATE ${MOECORE_WARNINGS})
+    target_compile_options(moecore_dist_nccl PRIVATE
+        $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS}>
+        $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a
+                                   -gencode=arch=compute_100a,code=sm_100a
+                                   --Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
     add_dependencies(moecore_dist_nccl moecore_layer_check)
   else()
     message(STATUS "moecore: NCCL not found next to ${CMAKE_CUDA_COMPILER} (libnccl and nccl.h): "

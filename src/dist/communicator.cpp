@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "core/check.h"
 #include "core/device_memory.h"
 #include "dist/traffic_counters.h"
 
@@ -145,6 +146,20 @@ void Window::put(const float* src, int64_t count, int rank, int64_t offset) cons
 void Window::get(float* dst, int64_t count, int rank, int64_t offset) const {
   if (rank != rank_) count_traffic(traffic_group_, "get", count * 4);
   do_get(dst, count, rank, offset);
+}
+
+void DeviceBlockExchange::exchange(const float* send, float* recv, int64_t block) const {
+  count_traffic(group_, op_name("alltoall", CommType::kFloat32),
+                block * 4 * static_cast<int64_t>(size_ - 1));
+  do_exchange(send, recv, block);
+}
+
+std::unique_ptr<DeviceBlockExchange> Communicator::do_device_block_exchange() const {
+  fail(
+      "[parallel] group '{}' has no device-initiated all-to-all: parallel.rowwise_transport="
+      "\"symmetric\" needs the NCCL communicator (train.device=\"cuda\", "
+      "parallel.communicator=\"nccl\" or \"auto\" on a build with NCCL 2.28 or later)",
+      name_);
 }
 
 void Communicator::allreduce(void* data, int64_t count, CommType type, ReduceOp op) const {

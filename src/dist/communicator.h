@@ -2,8 +2,9 @@
 // like torch.distributed's ProcessGroup and NCCL: collectives and point-to-point transfers on
 // device-neutral buffers (pointer + element count + element type), non-blocking operations that
 // return a Request to wait on, sub-groups by split(), and symmetric windows for one-sided puts and
-// gets. Nothing here names a transport: src/dist/mpi/ implements it over MPI (a CUDA build adds
-// NCCL beside it), and no code above src/dist/ sees an MPI type.
+// gets (and, on GPUs that reach each other's memory, all-to-alls done by device-initiated
+// stores: DeviceBlockExchange). Nothing here names a transport: src/dist/mpi/ implements it over
+// MPI (a CUDA build adds NCCL beside it), and no code above src/dist/ sees an MPI type.
 //
 // The public operations are not virtual: they record the traffic (dist/traffic_counters.h) and
 // pass the call on to the backend's do_* functions, so every backend counts bytes the same way
@@ -74,6 +75,28 @@ class Window {
   std::string traffic_group_;
 };
 
+// An all-to-all of equal blocks of floats in a device's memory, done by one kernel per call that
+// stores each block straight into its destination's symmetric receive buffer (NCCL's device API
+// on GPUs that reach each other's memory by load and store): no send or receive is posted, and
+// nothing waits on the host. Made by Communicator::device_block_exchange where the transport has
+// one. Every rank of the group makes, uses and destroys it together, in the same order.
+class DeviceBlockExchange {
+ public:
+  virtual ~DeviceBlockExchange() = default;  // collective
+  // recv's block src [block] = rank src's send block for this rank (send, recv: size() x block
+  // floats of device memory), as Communicator::alltoall(send, recv, block, kFloat32), and counted
+  // as that group's all-to-all in the traffic counters. Enqueued in order with the device's work.
+  void exchange(const float* send, float* recv, int64_t block) const;
+
+ protected:
+  DeviceBlockExchange(int size, std::string group) : size_(size), group_(std::move(group)) {}
+  virtual void do_exchange(const float* send, float* recv, int64_t block) const = 0;
+
+ private:
+  int size_;
+  std::string group_;  // the traffic counters' group
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -125,6 +148,11 @@ class Communicator {
   // traffic counters (default: this group's name).
   std::unique_ptr<Window> window(int64_t count, const std::string& traffic_group = "") const {
     return do_window(count, traffic_group.empty() ? name_ : traffic_group);
+  }
+  // The group's device-initiated all-to-all of equal blocks (collective), for a transport that has
+  // one (NCCL on GPUs that reach each other by load and store); a one-line error for the others.
+  std::unique_ptr<DeviceBlockExchange> device_block_exchange() const {
+    return do_device_block_exchange();
   }
 
   // The typed forms the callers use.
@@ -191,6 +219,8 @@ class Communicator {
   virtual Request do_irecv(void* data, int64_t count, CommType type, int source, int tag) const = 0;
   virtual std::unique_ptr<Window> do_window(int64_t count,
                                             const std::string& traffic_group) const = 0;
+  // Fails in one line: MPI has no device-initiated transfers.
+  virtual std::unique_ptr<DeviceBlockExchange> do_device_block_exchange() const;
 
  private:
   int rank_;

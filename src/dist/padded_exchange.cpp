@@ -5,10 +5,12 @@
 
 namespace moecore::dist {
 
-PaddedAllToAllExchange::PaddedAllToAllExchange(const Communicator& group, double capacity_factor)
+PaddedAllToAllExchange::PaddedAllToAllExchange(const Communicator& group, double capacity_factor,
+                                               Blocks blocks)
     : group_(group), sync_(group), capacity_factor_(capacity_factor) {
   MOE_CHECK(capacity_factor > 0.0, "[parallel] parallel.capacity_factor={} must be positive",
             capacity_factor);
+  if (blocks == Blocks::kDeviceStores) device_stores_ = group.device_block_exchange();
 }
 
 int64_t PaddedAllToAllExchange::capacity(int64_t routes) const {
@@ -32,7 +34,10 @@ void PaddedAllToAllExchange::gather_counts(const int64_t* mine, int64_t* all, in
 
 void PaddedAllToAllExchange::exchange_blocks(const float* send, float* recv, int64_t block_rows,
                                              int64_t width) const {
-  group_.alltoall(send, recv, block_rows * width, CommType::kFloat32);
+  if (device_stores_ != nullptr)
+    device_stores_->exchange(send, recv, block_rows * width);
+  else
+    group_.alltoall(send, recv, block_rows * width, CommType::kFloat32);
 }
 
 }  // namespace moecore::dist

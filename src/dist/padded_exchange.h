@@ -4,12 +4,17 @@
 // memory, a device's staged through it). The keep decision is the window transport's
 // (dist/rowwise_plan.h): with the same capacity factor the experts see the same rows in the same
 // order, so both give the same bits.
+// The blocks travel by the group's all-to-all (kAllToAll) or, where the group has one, by its
+// device-initiated block exchange (kDeviceStores: a kernel stores each block into its
+// destination's symmetric buffer, Communicator::device_block_exchange): the same blocks, so the
+// same bits, with no send or receive posted.
 // The capacity is ceil(capacity_factor x the routes of one rank), computed by each rank from its
 // own routes: every rank of the group dispatches as many (micro-batches of one shape; the device
 // plan checks it on the CPU backend), so all agree without asking each other.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "dist/alltoall_exchange.h"
 #include "dist/communicator.h"
@@ -19,8 +24,12 @@ namespace moecore::dist {
 
 class PaddedAllToAllExchange final : public ExpertExchange, public PaddedExchange {
  public:
-  // group: the ep group. A one-line error when capacity_factor is not positive.
-  PaddedAllToAllExchange(const Communicator& group, double capacity_factor);
+  enum class Blocks { kAllToAll, kDeviceStores };
+
+  // group: the ep group. A one-line error when capacity_factor is not positive, or for
+  // kDeviceStores on a group without a device-initiated exchange. Collective.
+  PaddedAllToAllExchange(const Communicator& group, double capacity_factor,
+                         Blocks blocks = Blocks::kAllToAll);
 
   int64_t ranks() const override { return group_.size(); }
   int64_t rank() const override { return group_.rank(); }
@@ -40,6 +49,7 @@ class PaddedAllToAllExchange final : public ExpertExchange, public PaddedExchang
   const Communicator& group_;
   AllToAllExchange sync_;
   double capacity_factor_;
+  std::unique_ptr<DeviceBlockExchange> device_stores_;  // kDeviceStores' exchange, else null
 };
 
 }  // namespace moecore::dist

@@ -76,8 +76,7 @@ struct TokenShape {
 
 // TokenShape::padded_capacity_factor for a run's [parallel] table and its ep.
 inline double padded_capacity_factor(const ParallelConfig& pc, int64_t ep) {
-  return ep > 1 && pc.dispatch == Dispatch::kRowwise &&
-                 pc.rowwise_transport == RowwiseTransport::kPadded
+  return ep > 1 && pc.dispatch == Dispatch::kRowwise && moves_padded_blocks(pc.rowwise_transport)
              ? pc.capacity_factor
              : 0.0;
 }

@@ -59,7 +59,7 @@ std::vector<CollectiveBytes> rank_collectives(const RunConfig& config, const Res
     if (pc.dispatch == Dispatch::kSync) {
       out.push_back(
           {"ep", "alltoallv", "token rows and their gradients", (2.0 * forwards + 2.0) * one_way});
-    } else if (pc.rowwise_transport == RowwiseTransport::kPadded) {
+    } else if (moves_padded_blocks(pc.rowwise_transport)) {
       // Static blocks of min(capacity, routes) rows to every other rank, empty slots included
       // (model/padded_dispatch.h), with the routing of the micro-batch's tokens on this rank.
       const double routes = tokens * static_cast<double>(mc.num_experts_per_tok);

@@ -127,13 +127,22 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // Rowwise dispatch: two symmetric windows (inputs, outputs) of capacity x d floats, capacity =
   // ceil(capacity_factor x routes of one rank). Without expert parallelism nothing is allocated.
   // The padded transport allocates none (its blocks are pass scratch).
+  // The symmetric transport's padded blocks arrive in one window of NCCL's symmetric memory:
+  // ep x block rows, in whole 2 MiB granules (dist/nccl/nccl_block_exchange.h).
+  const double routes = static_cast<double>(tokens.tokens() * mc.num_experts_per_tok);
   if (layout.ep > 1 && pc.dispatch == Dispatch::kRowwise && mc.num_experts > 0 &&
       tokens.padded_capacity_factor == 0.0) {
-    const double routes = static_cast<double>(tokens.tokens() * mc.num_experts_per_tok);
     m.dispatch_capacity_rows =
         std::max<int64_t>(1, static_cast<int64_t>(std::ceil(pc.capacity_factor * routes)));
     m.dispatch_buffers = 2.0 * kF * static_cast<double>(m.dispatch_capacity_rows) *
                          static_cast<double>(mc.hidden_size);
+  } else if (tokens.padded_capacity_factor > 0.0 &&
+             pc.rowwise_transport == RowwiseTransport::kSymmetric && mc.num_experts > 0) {
+    constexpr double kGranule = 2.0 * 1024 * 1024;
+    m.dispatch_capacity_rows = layout.ep * static_cast<int64_t>(tokens.padded_block(routes));
+    m.dispatch_buffers = std::ceil(kF * static_cast<double>(m.dispatch_capacity_rows) *
+                                   static_cast<double>(mc.hidden_size) / kGranule) *
+                         kGranule;
   }
   if (layout.pp > 1)
     m.pipeline_buffers = kPipelineBuffers * kF * static_cast<double>(tokens.tokens()) *

@@ -40,7 +40,9 @@ struct RankMemory {
   double pass_scratch = 0.0;           // forward/backward temporaries, from the workspace
   // core/workspace.h, kept all run: the larger of the pass scratch and ZeRO-1's buffers.
   double workspace = 0.0;
-  double dispatch_buffers = 0.0;  // rowwise: input and output windows of capacity rows
+  // rowwise: input and output windows of capacity rows; symmetric: its receive window of
+  // ep x block rows
+  double dispatch_buffers = 0.0;
   int64_t dispatch_capacity_rows = 0;
   double pipeline_buffers = 0.0;  // posted receives and unfinished sends of hidden states
   double batch_tokens = 0.0;      // the step's token and target ids (global micro-batches)

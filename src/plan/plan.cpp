@@ -198,9 +198,10 @@ std::string plan_text(const Plan& p) {
       "virtual_stages={}, microbatches={} of {} sequences ({} per rank) x {} tokens, "
       "recompute={}{}\n",
       l.world, l.pp, l.dp, l.ep, l.ep_dp, pc.zero,
-      pc.dispatch == Dispatch::kSync                      ? "sync"
-      : pc.rowwise_transport == RowwiseTransport::kPadded ? "rowwise (padded)"
-                                                          : "rowwise",
+      pc.dispatch == Dispatch::kSync                         ? "sync"
+      : pc.rowwise_transport == RowwiseTransport::kPadded    ? "rowwise (padded)"
+      : pc.rowwise_transport == RowwiseTransport::kSymmetric ? "rowwise (symmetric)"
+                                                             : "rowwise",
       schedule_name(pc.schedule), l.virtual_stages, p.config.train.microbatches, l.micro_rows,
       l.local_rows, p.config.train.seq_len, recompute_name(p.config.train.recompute),
       p.config.train.lm_head_chunk_tokens > 0

@@ -16,10 +16,9 @@ constexpr const char* kPipelineOnMpi =
     "GPU's stream), and a rank waiting for the GPU in an NCCL collective does not progress MPI's "
     "transfers in flight, which can stall the stages in a cycle";
 
-}  // namespace
-
-CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
-                                       const UnusableReason& unusable) {
+// The choice for parallel.communicator alone.
+CommunicatorChoice resolve(const RunConfig& config, int64_t world_size,
+                           const UnusableReason& unusable) {
   const Device device = config.train.device;
   const dist::DeviceCommunicatorFactory* factory = dist::device_communicator(device);
   const bool nccl = factory != nullptr && std::string_view(factory->name) == "nccl";
@@ -71,6 +70,21 @@ CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_si
       break;
   }
   choice.description = "nccl";
+  return choice;
+}
+
+}  // namespace
+
+CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
+                                       const UnusableReason& unusable) {
+  CommunicatorChoice choice = resolve(config, world_size, unusable);
+  const ParallelConfig& pc = config.parallel;
+  // Only the device's communicator stores into other GPUs' memory (DeviceBlockExchange).
+  MOE_CHECK(pc.rowwise_transport != RowwiseTransport::kSymmetric || pc.ep == 1 ||
+                choice.device != nullptr,
+            "[parallel] parallel.rowwise_transport=\"symmetric\" needs the NCCL communicator, "
+            "and this job's is {}: use \"padded\"",
+            choice.description);
   return choice;
 }
 

@@ -36,6 +36,7 @@ using UnusableReason = std::function<std::string(const dist::DeviceCommunicatorF
 // pipeline stage; else MPI, the description saying why. "mpi": MPI. "nccl": the device's
 // communicator named nccl, or one line naming parallel.communicator and why it cannot be used
 // (train.device=cpu; a program without NCCL; parallel.pp > 1; what `unusable` says).
+// parallel.rowwise_transport="symmetric" with ep > 1 on MPI is a one-line error naming why.
 CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
                                        const UnusableReason& unusable);
 

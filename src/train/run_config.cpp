@@ -225,7 +225,8 @@ void read_parallel(TableReader& r, ParallelConfig& p) {
   r.read_enum("rowwise_transport", p.rowwise_transport,
               {{"auto", RowwiseTransport::kAuto},
                {"window", RowwiseTransport::kWindow},
-               {"padded", RowwiseTransport::kPadded}});
+               {"padded", RowwiseTransport::kPadded},
+               {"symmetric", RowwiseTransport::kSymmetric}});
   r.read("overlap_grad_reduce", p.overlap_grad_reduce);
   r.read_enum("communicator", p.communicator,
               {{"auto", CommunicatorKind::kAuto},
@@ -380,6 +381,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(p.rowwise_transport != RowwiseTransport::kWindow || t.device == Device::kCpu,
             "[config] parallel.rowwise_transport=\"window\" needs train.device=\"cpu\" (MPI's "
             "windows reach host memory only): use \"auto\" or \"padded\"");
+  MOE_CHECK(p.rowwise_transport != RowwiseTransport::kSymmetric || t.device != Device::kCpu,
+            "[config] parallel.rowwise_transport=\"symmetric\" needs train.device=\"cuda\" "
+            "(its kernel stores into other GPUs' memory): use \"padded\" or \"auto\"");
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
   const DataConfig& d = config.data;
   // A replayed graph keeps the host's arguments of its capture: what changes per step must reach
@@ -401,12 +405,12 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
               "[config] train.cuda_graph=true cannot capture parallel.pp={}: pipeline stages pass "
               "activations over MPI and sum their losses on the host",
               p.pp);
-    MOE_CHECK(p.ep == 1 || (p.dispatch == Dispatch::kRowwise &&
-                            p.rowwise_transport == RowwiseTransport::kPadded),
-              "[config] train.cuda_graph=true with parallel.ep={} needs parallel.dispatch="
-              "\"rowwise\" and parallel.rowwise_transport=\"padded\": the other exchanges size "
-              "their transfers by counts read on the host",
-              p.ep);
+    MOE_CHECK(
+        p.ep == 1 || (p.dispatch == Dispatch::kRowwise && moves_padded_blocks(p.rowwise_transport)),
+        "[config] train.cuda_graph=true with parallel.ep={} needs parallel.dispatch="
+        "\"rowwise\" and parallel.rowwise_transport=\"padded\" or \"symmetric\": the "
+        "other exchanges size their transfers by counts read on the host",
+        p.ep);
   }
   MOE_CHECK(d.dtype.empty() || d.dtype == "uint16" || d.dtype == "uint32" || d.dtype == "int32" ||
                 d.dtype == "int64",

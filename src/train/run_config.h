@@ -85,15 +85,23 @@ struct DataConfig {
 enum class Dispatch { kSync, kRowwise };
 // How the rowwise dispatch moves rows: auto (windows for a model in host memory; on a device the
 // capacity form's all-to-all-v, which reads the routing's counts on the host), window (one-sided
-// puts into MPI windows: host memory only) or padded (an all-to-all of static blocks planned on
-// the model's device: no host read; model/padded_dispatch.h).
-enum class RowwiseTransport { kAuto, kWindow, kPadded };
+// puts into MPI windows: host memory only), padded (an all-to-all of static blocks planned on
+// the model's device: no host read; model/padded_dispatch.h) or symmetric (padded's blocks, each
+// stored by a kernel straight into its destination GPU's symmetric buffer: NCCL's device API,
+// dist::DeviceBlockExchange).
+enum class RowwiseTransport { kAuto, kWindow, kPadded, kSymmetric };
+// Whether the transport moves padded's static blocks (planned where the model is).
+inline bool moves_padded_blocks(RowwiseTransport transport) {
+  return transport == RowwiseTransport::kPadded || transport == RowwiseTransport::kSymmetric;
+}
 inline const char* rowwise_transport_name(RowwiseTransport transport) {
   switch (transport) {
     case RowwiseTransport::kWindow:
       return "window";
     case RowwiseTransport::kPadded:
       return "padded";
+    case RowwiseTransport::kSymmetric:
+      return "symmetric";
     case RowwiseTransport::kAuto:
       break;
   }

@@ -212,6 +212,8 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
             ? fmt::format("; rowwise dispatch{}, capacity_factor {}",
                           pc.rowwise_transport == RowwiseTransport::kPadded
                               ? " (padded all-to-all, planned where the model is)"
+                          : pc.rowwise_transport == RowwiseTransport::kSymmetric
+                              ? " (padded blocks stored into symmetric memory by the device)"
                           : tc.device == Device::kCpu ? ""
                                                       : " (all-to-all-v on the device)",
                           pc.capacity_factor)
@@ -566,8 +568,11 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const bool rowwise = pc.ep > 1 && pc.dispatch == Dispatch::kRowwise;
   std::optional<dist::WindowRowwiseExchange> rowwise_exchange;
   std::optional<dist::PaddedAllToAllExchange> padded_exchange;
-  if (rowwise && pc.rowwise_transport == RowwiseTransport::kPadded)
-    padded_exchange.emplace(mesh.ep, pc.capacity_factor);
+  if (rowwise && moves_padded_blocks(pc.rowwise_transport))
+    padded_exchange.emplace(mesh.ep, pc.capacity_factor,
+                            pc.rowwise_transport == RowwiseTransport::kSymmetric
+                                ? dist::PaddedAllToAllExchange::Blocks::kDeviceStores
+                                : dist::PaddedAllToAllExchange::Blocks::kAllToAll);
   else if (rowwise)
     rowwise_exchange.emplace(mesh.ep, mesh.dp, pc.capacity_factor);  // windows on the stage
   const ExpertExchange* exchange = nullptr;

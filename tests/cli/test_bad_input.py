@@ -852,6 +852,9 @@ CASES["train/padded_transport_without_rowwise"] = lambda e: _train_case(
 CASES["train/window_transport_on_a_device"] = lambda e: _train_case(
     e, "--set", "parallel.dispatch=rowwise", "--set", "parallel.rowwise_transport=window", "--set",
     "train.device=cuda", needles=('parallel.rowwise_transport="window" needs train.device="cpu"',))
+CASES["train/symmetric_transport_on_the_cpu"] = lambda e: _train_case(
+    e, "--set", "parallel.dispatch=rowwise", "--set", "parallel.rowwise_transport=symmetric",
+    needles=('parallel.rowwise_transport="symmetric" needs train.device="cuda"',))
 CASES["train/unknown_rowwise_transport"] = lambda e: _train_case(
     e, "--set", "parallel.rowwise_transport=nvshmem", needles=("parallel.rowwise_transport",))
 # train.cuda_graph: a graph captures a device's work, and replays only what reaches its kernels

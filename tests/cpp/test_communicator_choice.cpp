@@ -185,5 +185,37 @@ TEST(CommunicatorChoice, MeshSplitsPpFromTheGivenWorld) {
   EXPECT_EQ(mesh.dp.size(), 1);
 }
 
+// parallel.rowwise_transport="symmetric": its kernel stores into other GPUs' memory, which only the
+// device's communicator reaches; on MPI (chosen, or left there by auto) one line names why, and
+// a CPU run is refused when the config is read. With ep = 1 nothing moves and nothing is refused.
+TEST(CommunicatorChoice, SymmetricTransportNeedsTheDevicesCommunicator) {
+  const Registered nccl(&kNccl);
+  const std::vector<std::string> symmetric = {"train.device=cuda", "parallel.ep=2",
+                                              "parallel.dispatch=rowwise",
+                                              "parallel.rowwise_transport=symmetric"};
+  EXPECT_EQ(choose(config(symmetric), 2).device, &kNccl);
+
+  std::vector<std::string> on_mpi = symmetric;
+  on_mpi.push_back("parallel.communicator=mpi");
+  std::string e = error_of([&] { choose(config(on_mpi), 2); });
+  EXPECT_NE(e.find("parallel.rowwise_transport=\"symmetric\" needs the NCCL communicator, and "
+                   "this job's is mpi: use \"padded\""),
+            std::string::npos)
+      << e;
+  e = error_of([&] { choose(config(symmetric), 2, "two ranks share GPU 0"); });
+  EXPECT_NE(e.find("this job's is mpi (auto: two ranks share GPU 0)"), std::string::npos) << e;
+
+  std::vector<std::string> one_expert_group = on_mpi;
+  one_expert_group[1] = "parallel.ep=1";
+  EXPECT_EQ(choose(config(one_expert_group), 2).device, nullptr);
+
+  std::vector<std::string> on_the_cpu = symmetric;
+  on_the_cpu[0] = "train.device=cpu";
+  e = error_of([&] { config(on_the_cpu); });
+  EXPECT_NE(e.find("parallel.rowwise_transport=\"symmetric\" needs train.device=\"cuda\""),
+            std::string::npos)
+      << e;
+}
+
 }  // namespace
 }  // namespace moecore

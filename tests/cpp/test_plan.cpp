@@ -200,6 +200,26 @@ double bytes_of(const Plan& p, int64_t stage, const std::string& group, const st
   return total;
 }
 
+// The symmetric transport moves the padded transport's blocks (the same traffic) and keeps one
+// window of symmetric memory for the blocks that arrive: ep x block rows in 2 MiB granules.
+TEST(PlanMemory, SymmetricTransportKeepsOneWindowOfThePaddedBlocks) {
+  const std::vector<std::string> rowwise = {"train.device=\"cuda\"", "parallel.ep=2",
+                                            "parallel.dispatch=\"rowwise\"",
+                                            "parallel.capacity_factor=1.3"};
+  std::vector<std::string> padded = rowwise, symmetric = rowwise;
+  padded.push_back("parallel.rowwise_transport=\"padded\"");
+  symmetric.push_back("parallel.rowwise_transport=\"symmetric\"");
+  const Plan p = make_plan(small_config(padded), 2, kNoRuntime);
+  const Plan s = make_plan(small_config(symmetric), 2, kNoRuntime);
+  // 64 routes per rank; capacity ceil(1.3 x 64) = 84; blocks of min(84, 64) = 64 rows, 2 of them.
+  EXPECT_EQ(s.stages[0].dispatch_capacity_rows, 128);
+  EXPECT_DOUBLE_EQ(s.stages[0].dispatch_buffers, 2.0 * 1024 * 1024);  // 4 x 128 x 32, rounded up
+  EXPECT_EQ(p.stages[0].dispatch_buffers, 0.0);
+  EXPECT_GT(bytes_of(p, 0, "ep", "alltoall"), 0.0);
+  EXPECT_DOUBLE_EQ(bytes_of(s, 0, "ep", "alltoall"), bytes_of(p, 0, "ep", "alltoall"));
+  EXPECT_DOUBLE_EQ(s.stages[0].peak - p.stages[0].peak, 2.0 * 1024 * 1024);
+}
+
 TEST(PlanComm, GradientsAndWeights) {
   const Plan p = make_plan(small_config({"parallel.ep=2"}), 4, kNoRuntime);
   const RankMemory& m = p.stages[0];

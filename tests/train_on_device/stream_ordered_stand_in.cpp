@@ -28,7 +28,28 @@ size_t bytes_of(int64_t count, CommType type) {
   return static_cast<size_t>(count) * dist::comm_type_bytes(type);
 }
 
+int64_t g_block_exchanges = 0;
+
 }  // namespace
+
+// The stand-in's device-initiated exchange: its blocks by the stand-in's (captured) all-to-all.
+class StreamOrderedStandIn::BlockExchange final : public dist::DeviceBlockExchange {
+ public:
+  explicit BlockExchange(const StreamOrderedStandIn& group)
+      : DeviceBlockExchange(group.size(), group.name()), group_(group) {}
+
+ protected:
+  void do_exchange(const float* send, float* recv, int64_t block) const override {
+    ++g_block_exchanges;
+    const dist::Communicator* t = group_.transport_.get();
+    const size_t bytes = bytes_of(block, CommType::kFloat32) * static_cast<size_t>(group_.size());
+    group_.issue("block exchange", {{send, bytes}, {recv, bytes}},
+                 [=] { t->alltoall(send, recv, block, CommType::kFloat32); });
+  }
+
+ private:
+  const StreamOrderedStandIn& group_;
+};
 
 StreamOrderedStandIn::StreamOrderedStandIn(std::unique_ptr<dist::Communicator> transport,
                                            const std::string& name)
@@ -134,6 +155,14 @@ Request StreamOrderedStandIn::do_irecv(void* data, int64_t count, CommType type,
 std::unique_ptr<dist::Window> StreamOrderedStandIn::do_window(int64_t /*count*/,
                                                               const std::string& /*group*/) const {
   fail("[nccl stand-in] window on group '{}': NCCL has none", name());
+}
+
+int64_t StreamOrderedStandIn::block_exchanges() {
+  return g_block_exchanges;
+}
+
+std::unique_ptr<dist::DeviceBlockExchange> StreamOrderedStandIn::do_device_block_exchange() const {
+  return std::make_unique<BlockExchange>(*this);
 }
 
 }  // namespace moecore

@@ -6,8 +6,13 @@
 // replay, in order with the kernels, as NCCL's kernels do in a CUDA graph. As on NCCL, an operand
 // in host memory inside a capture is a one-line error (it would be staged and waited for), and a
 // non-blocking operation inside one returns no request (the device's order completes it).
+// Its device-initiated block exchange (rowwise_transport = "symmetric") moves the blocks by the
+// transport's all-to-all, in order with the device's work like the other operations: what the
+// trainer sees of NCCL's (the exchange made collectively, counted as the group's all-to-all,
+// captured with the step), not its kernel, which only a GPU runs.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +33,9 @@ class StreamOrderedStandIn final : public dist::Communicator {
   int max_tag() const override { return transport_->max_tag(); }
   bool reaches_device_memory() const override { return true; }
   bool capturable() const override { return true; }
+  // Exchanges issued through the stand-ins' device-initiated block exchanges in this process so
+  // far (a test's check that the symmetric transport was the one taken).
+  static int64_t block_exchanges();
 
  protected:
   void do_allreduce(void* data, int64_t count, dist::CommType type,
@@ -51,6 +59,7 @@ class StreamOrderedStandIn final : public dist::Communicator {
                          int tag) const override;
   std::unique_ptr<dist::Window> do_window(int64_t count,
                                           const std::string& traffic_group) const override;
+  std::unique_ptr<dist::DeviceBlockExchange> do_device_block_exchange() const override;
 
  private:
   // Runs `operation` now, or records it into the open capture after checking that every operand
@@ -58,6 +67,8 @@ class StreamOrderedStandIn final : public dist::Communicator {
   template <typename Operation>
   void issue(const char* op, std::initializer_list<std::pair<const void*, size_t>> operands,
              Operation operation) const;
+
+  class BlockExchange;
 
   std::unique_ptr<dist::Communicator> transport_;
 };

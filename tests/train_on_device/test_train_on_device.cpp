@@ -138,6 +138,16 @@ std::string without_key(const std::string& table, const std::string& key) {
   return kept;
 }
 
+// A device run's [parallel] table as the host runs it: MPI's groups, and the symmetric
+// transport's blocks by MPI's all-to-all (the padded transport: the same blocks).
+std::string host_parallel(const std::string& table) {
+  std::string host = without_key(table, "communicator");
+  const std::string symmetric = "rowwise_transport = \"symmetric\"";
+  if (const size_t at = host.find(symmetric); at != std::string::npos)
+    host.replace(at, symmetric.size(), "rowwise_transport = \"padded\"");
+  return host;
+}
+
 // train() with its standard output kept.
 TrainSummary train_capturing(const RunConfig& config, const TrainOptions& options,
                              std::string& output) {
@@ -264,7 +274,7 @@ eos_id = {}
                     device == "cpu" ? without_key(c.train, "cuda_graph") : c.train,
                     (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
                     (dir_ / "tokenizer.json").string(), eos_id_, c.data,
-                    device == "cpu" ? without_key(c.parallel, "communicator") : c.parallel),
+                    device == "cpu" ? host_parallel(c.parallel) : c.parallel),
         "train_on_device");
   }
 
@@ -284,6 +294,7 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   TrainSummary device, device_resumed, device_init;
   const bool stand_in = GetParam().parallel.find("communicator") != std::string::npos;
   g_stand_in_worlds = 0;
+  const int64_t block_exchanges_before = StreamOrderedStandIn::block_exchanges();
   {
     const guarded_device::Scope guarded;
     if (stand_in) dist::register_device_communicator(Device::kCuda, &kStandIn);
@@ -292,7 +303,8 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     // runs dispatch alike (the host's rowwise windows are the device's all-to-all-v).
     const std::string& parallel = GetParam().parallel;
     if (parallel.find("dispatch = \"rowwise\"") == std::string::npos ||
-        parallel.find("\"padded\"") != std::string::npos) {
+        parallel.find("\"padded\"") != std::string::npos ||
+        parallel.find("\"symmetric\"") != std::string::npos) {
       EXPECT_EQ(issued_traffic(dir_ / "device", world_->rank()), host_traffic);
     }
     device_resumed = train_capturing(config("cuda", "device", 6), resume, device_output);
@@ -313,6 +325,13 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     ASSERT_NE(at, std::string::npos) << device_output;
     EXPECT_GE(std::stoll(device_output.substr(at + 12)), 1) << device_output.substr(at, 120);
   }
+  // The symmetric transport's blocks went through the group's device-initiated exchange (each
+  // call counted once, at capture and not at replay).
+  const int64_t block_exchanges = StreamOrderedStandIn::block_exchanges() - block_exchanges_before;
+  if (GetParam().parallel.find("\"symmetric\"") != std::string::npos)
+    EXPECT_GT(block_exchanges, 0);
+  else
+    EXPECT_EQ(block_exchanges, 0);
   if (stand_in) {
     EXPECT_EQ(g_stand_in_worlds, 3);  // the three runs on the device
     if (world_->rank() == 0) {
@@ -503,6 +522,13 @@ INSTANTIATE_TEST_SUITE_P(
                       "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
                       "capacity_factor = 0.75\noverlap_grad_reduce = true\n"
                       "communicator = \"nccl\"",
+                      0, "cuda_graph = true", 6},
+        // The symmetric transport (its device-initiated exchange made by the stand-in, the
+        // blocks moved by its all-to-all), eager and captured, routes dropped: the host runs the
+        // padded transport, the same blocks.
+        DeviceRunCase{"ranks2_ep_symmetric_cuda_graph", "fp32", "none", 2,
+                      "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"symmetric\"\n"
+                      "capacity_factor = 0.75\ncommunicator = \"nccl\"",
                       0, "cuda_graph = true", 6}),
     [](const ::testing::TestParamInfo<DeviceRunCase>& param_info) {
       return param_info.param.name;

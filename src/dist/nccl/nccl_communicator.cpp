@@ -8,6 +8,9 @@
 
 #include "core/check.h"
 #include "dist/nccl/nccl_check.h"
+#if MOECORE_NCCL_DEVICE_API
+#include "dist/nccl/nccl_block_exchange.h"
+#endif
 #include "kernels/cuda/runtime.h"
 
 namespace moecore::dist {
@@ -179,9 +182,25 @@ int NcclCommunicator::max_tag() const {
 std::unique_ptr<Window> NcclCommunicator::do_window(int64_t /*count*/,
                                                     const std::string& /*traffic_group*/) const {
   fail(
-      "[nccl] window on group '{}': NCCL windows are not implemented yet (the rowwise dispatch "
-      "over NCCL needs NVSHMEM or a padded all-to-all, issue 15 item 4)",
+      "[nccl] window on group '{}': NCCL windows are not implemented yet (host-initiated puts "
+      "and gets; the rowwise dispatch on GPUs moves its rows with parallel.rowwise_transport="
+      "\"padded\" or \"symmetric\")",
       name());
+}
+
+std::unique_ptr<DeviceBlockExchange> NcclCommunicator::do_device_block_exchange() const {
+#if MOECORE_NCCL_DEVICE_API
+  MOE_CHECK(comm_ != nullptr,
+            "[nccl] group '{}' is a group of one that no NCCL communicator backs (a rank a split "
+            "left out): it has no device-initiated exchange",
+            name());
+  return std::make_unique<NcclBlockExchange>(comm_, stream_, size(), name());
+#else
+  fail(
+      "[nccl] group '{}': this program was built against NCCL {}.{}, which has no device API "
+      "(2.28 or later) for parallel.rowwise_transport=\"symmetric\": use \"padded\"",
+      name(), NCCL_MAJOR, NCCL_MINOR);
+#endif
 }
 
 void NcclCommunicator::do_allreduce(void* data, int64_t count, CommType type, ReduceOp op) const {

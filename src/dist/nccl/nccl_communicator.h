@@ -29,8 +29,11 @@
 // receive may wait for each other. alltoall and alltoallv post their sends and receives as one
 // NCCL group, which progresses them together.
 //
-// Windows (one-sided puts and gets into symmetric memory, which the rowwise MoE dispatch uses)
-// are not implemented: window() throws one line saying so (issue 15 item 4).
+// MPI-style windows (host-initiated one-sided puts and gets, which the rowwise dispatch's window
+// transport uses on the CPU) are not implemented: window() throws one line saying so. The GPU's
+// one-sided transport is device-initiated instead: device_block_exchange() gives the padded
+// transport's all-to-all done by a kernel that stores into the peers' symmetric memory
+// (nccl_block_exchange.h; NCCL 2.28's device API).
 //
 // The communicator owns its ncclComm_t and destroys it with itself (ncclCommDestroy, after the
 // stream has drained): like windows, communicators are destroyed by every rank of the group
@@ -98,6 +101,7 @@ class NcclCommunicator : public Communicator {
                    int tag) const override;
   Request do_irecv(void* data, int64_t count, CommType type, int source, int tag) const override;
   std::unique_ptr<Window> do_window(int64_t count, const std::string& traffic_group) const override;
+  std::unique_ptr<DeviceBlockExchange> do_device_block_exchange() const override;
 
  private:
   // One buffer an operation reads (input), writes (output) or both, and where NCCL sees it: the

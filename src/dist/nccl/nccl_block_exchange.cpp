@@ -1,0 +1,100 @@
+#include "dist/nccl/nccl_block_exchange.h"
+
+#include <exception>
+
+#include "core/check.h"
+#include "dist/nccl/nccl_check.h"
+
+namespace moecore::dist {
+
+namespace {
+
+// The window's size: whole 2 MiB granules (what ncclMemAlloc maps at least), so that a
+// slightly larger exchange does not reallocate.
+constexpr size_t kGranule = size_t{2} << 20;
+
+bool stream_capturing(cudaStream_t stream, ncclComm_t comm, const std::string& group) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOE_NCCL_CHECK(cudaStreamIsCapturing(stream, &status), comm, group);
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+NcclBlockExchange::NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int size,
+                                     const std::string& group)
+    : DeviceBlockExchange(size, group), comm_(comm), stream_(stream), size_(size), group_(group) {
+  // The kernel inlines the headers' device API (the layouts of ncclDevComm and the windows):
+  // only the library of the same version may fill them in.
+  int version = 0;
+  MOE_NCCL_CHECK(ncclGetVersion(&version), comm_, group_);
+  MOE_CHECK(version == NCCL_VERSION_CODE,
+            "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': the NCCL library "
+            "loaded is version code {}, this program was built against {} (its kernel inlines "
+            "that version's device API): run with the NCCL it was built with, or use \"padded\"",
+            group_, version, NCCL_VERSION_CODE);
+  ncclDevCommRequirements requirements{};
+  requirements.lsaBarrierCount = kCtas;
+  const ncclResult_t created = ncclDevCommCreate(comm_, &requirements, &device_comm_);
+  MOE_CHECK(created == ncclSuccess,
+            "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': NCCL cannot make a "
+            "device communicator ({}: {}); it needs symmetric memory (NCCL_CUMEM_ENABLE, a "
+            "driver with virtual memory management): use \"padded\"",
+            group_, ncclGetErrorString(created), ncclGetLastError(comm_));
+  if (device_comm_.lsaSize != device_comm_.nRanks) {
+    const int reach = device_comm_.lsaSize, ranks = device_comm_.nRanks;
+    ncclDevCommDestroy(comm_, &device_comm_);
+    fail(
+        "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': its {} ranks do not all "
+        "reach each other's memory by load and store (NVLink or PCIe peer-to-peer: {} do); use "
+        "\"padded\"",
+        group_, ranks, reach);
+  }
+}
+
+NcclBlockExchange::~NcclBlockExchange() {
+  // While an exception unwinds the peers may never join these collective calls; the
+  // communicator's abort (NcclCommunicator) releases what is left.
+  if (std::uncaught_exceptions() > 0) return;
+  try {
+    release_window();
+    MOE_NCCL_CHECK(ncclDevCommDestroy(comm_, &device_comm_), comm_, group_);
+  } catch (const Error&) {
+    // A destructor cannot report: the job is ending, and the communicator goes with it.
+  }
+}
+
+void NcclBlockExchange::release_window() const {
+  if (window_ == nullptr) return;
+  MOE_NCCL_CHECK(cudaStreamSynchronize(stream_), comm_, group_);  // no kernel still uses it
+  MOE_NCCL_CHECK(ncclCommWindowDeregister(comm_, window_), comm_, group_);
+  MOE_NCCL_CHECK(ncclMemFree(buffer_), comm_, group_);
+  window_ = nullptr;
+  buffer_ = nullptr;
+  buffer_bytes_ = 0;
+}
+
+void NcclBlockExchange::reserve(size_t bytes) const {
+  if (bytes <= buffer_bytes_) return;
+  MOE_CHECK(!stream_capturing(stream_, comm_, group_),
+            "[nccl] the symmetric exchange of group '{}' must grow to {} bytes inside a device "
+            "graph's capture, where memory cannot be allocated or registered (the step graph's "
+            "eager step sizes it first)",
+            group_, bytes);
+  release_window();
+  const size_t granted = (bytes + kGranule - 1) / kGranule * kGranule;
+  MOE_NCCL_CHECK(ncclMemAlloc(&buffer_, granted), comm_, group_);
+  MOE_NCCL_CHECK(ncclCommWindowRegister(comm_, buffer_, granted, &window_, NCCL_WIN_COLL_SYMMETRIC),
+                 comm_, group_);
+  buffer_bytes_ = granted;
+}
+
+void NcclBlockExchange::do_exchange(const float* send, float* recv, int64_t block) const {
+  MOE_CHECK(block >= 0, "[nccl] block exchange on group '{}': negative block {}", group_, block);
+  if (block == 0) return;
+  reserve(static_cast<size_t>(block) * static_cast<size_t>(size_) * sizeof(float));
+  launch_block_exchange(device_comm_, window_, send, recv, block, stream_);
+  MOE_NCCL_CHECK(cudaGetLastError(), comm_, group_);
+}
+
+}  // namespace moecore::dist

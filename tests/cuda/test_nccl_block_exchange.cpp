@@ -1,0 +1,222 @@
+// The symmetric transport's device-initiated all-to-all (dist/nccl/nccl_block_exchange.h) on this
+// machine's GPUs: NCCL's device communicator, its symmetric window, and the kernel that stores
+// each block into its destination's window and copies its own window out. On one GPU the group
+// has one rank and the kernel stores into this GPU's own window through NCCL's load/store
+// pointer: every result equals the input bit for bit, at every size (the vectorised and the
+// scalar copy, the window grown), in a CUDA graph's replay, and growing inside a capture is one
+// line. Two ranks need two GPUs (NCCL refuses two ranks on one device): that test skips with one
+// line on a machine with fewer.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "dist/nccl/nccl_communicator.h"
+#include "kernels/cuda/runtime.h"
+
+namespace moecore::cuda_test::block_exchange {
+namespace {
+
+#if MOECORE_NCCL_DEVICE_API
+
+// Floats in device memory, copied from and to the host on `stream`.
+class DeviceFloats {
+ public:
+  DeviceFloats(size_t count, cudaStream_t stream) : count_(count), stream_(stream) {
+    MOE_CUDA_CHECK(cudaMalloc(&data_, count_ * sizeof(float)));
+  }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  ~DeviceFloats() {
+    cudaStreamSynchronize(stream_);  // nothing may still use what is freed here
+    cudaFree(data_);
+  }
+
+  float* data() const { return data_; }
+  void write(const std::vector<float>& host) const {
+    MOE_CUDA_CHECK(cudaMemcpyAsync(data_, host.data(), count_ * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream_));
+  }
+  std::vector<float> read() const {
+    std::vector<float> host(count_);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), data_, count_ * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return host;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t count_;
+  cudaStream_t stream_;
+};
+
+std::vector<float> random_floats(size_t count, uint32_t seed) {
+  std::mt19937 generator(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(generator);
+  return values;
+}
+
+// A NaN pattern in recv before each exchange: an element the kernel does not write stays NaN.
+std::vector<float> poison(size_t count) {
+  return std::vector<float>(count, std::nanf(""));
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The library the kernel's inlined device API was built for, or why this machine has another.
+std::string library_mismatch() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return "ncclGetVersion failed";
+  if (version == NCCL_VERSION_CODE) return "";
+  return "NCCL at run time is version code " + std::to_string(version) + ", built against " +
+         std::to_string(NCCL_VERSION_CODE);
+}
+
+TEST(NcclBlockExchange, OneRankStoresEveryBlockIntoItsOwnWindow) {
+  if (const std::string why = library_mismatch(); !why.empty()) GTEST_SKIP() << why;
+  const auto ep = dist::NcclCommunicator::create_single("ep");
+  const auto exchange = ep->device_block_exchange();
+  const cudaStream_t stream = kernels::cuda::stream();
+  // 16-byte vectors, the scalar copy (an odd block), fewer floats than CTAs, and a block past the
+  // first window's 2 MiB (it grows), then a small one again in the grown window.
+  for (const int64_t block : {4096L, 1001L, 7L, 1200000L, 64L}) {
+    const std::vector<float> sent = random_floats(static_cast<size_t>(block), 7u + block);
+    DeviceFloats send(sent.size(), stream), recv(sent.size(), stream);
+    send.write(sent);
+    recv.write(poison(sent.size()));
+    exchange->exchange(send.data(), recv.data(), block);
+    EXPECT_TRUE(same_bits(recv.read(), sent)) << "block of " << block << " floats";
+  }
+}
+
+TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
+  if (const std::string why = library_mismatch(); !why.empty()) GTEST_SKIP() << why;
+  const auto ep = dist::NcclCommunicator::create_single("ep");
+  const auto exchange = ep->device_block_exchange();
+  const cudaStream_t stream = kernels::cuda::stream();
+  constexpr int64_t kBlock = 65536;
+  DeviceFloats send(kBlock, stream), recv(kBlock, stream);
+  send.write(random_floats(kBlock, 1));
+  exchange->exchange(send.data(), recv.data(), kBlock);  // sizes the window outside the capture
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  cudaGraph_t graph = nullptr;
+  MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  exchange->exchange(send.data(), recv.data(), kBlock);
+  MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t replay = nullptr;
+  MOE_CUDA_CHECK(cudaGraphInstantiate(&replay, graph, 0));
+  for (uint32_t seed = 2; seed < 5; ++seed) {  // new contents each time, the same addresses
+    const std::vector<float> sent = random_floats(kBlock, seed);
+    send.write(sent);
+    recv.write(poison(kBlock));
+    MOE_CUDA_CHECK(cudaGraphLaunch(replay, stream));
+    EXPECT_TRUE(same_bits(recv.read(), sent)) << "replay with seed " << seed;
+  }
+  MOE_CUDA_CHECK(cudaGraphExecDestroy(replay));
+  MOE_CUDA_CHECK(cudaGraphDestroy(graph));
+
+  // A block larger than the window, first seen inside a capture.
+  constexpr int64_t kLarger = 4 << 20;
+  DeviceFloats large_send(kLarger, stream), large_recv(kLarger, stream);
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  std::string message = "(no error)";
+  try {
+    exchange->exchange(large_send.data(), large_recv.data(), kLarger);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  cudaGraph_t abandoned = nullptr;
+  cudaStreamEndCapture(stream, &abandoned);
+  if (abandoned != nullptr) cudaGraphDestroy(abandoned);
+  cudaGetLastError();
+  EXPECT_NE(message.find("inside a device graph's capture"), std::string::npos) << message;
+}
+
+// Two ranks in one process, one thread and one GPU each: rank r's block for rank p holds
+// 1000 r + p + i / 2^20 at element i, so every received block names its source and destination.
+TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
+  int devices = 0;
+  MOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices < 2)
+    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); " << devices
+                 << " visible";
+  if (const std::string why = library_mismatch(); !why.empty()) GTEST_SKIP() << why;
+  std::vector<ncclComm_t> comms(2, nullptr);
+  const int device_list[2] = {0, 1};
+  ASSERT_EQ(ncclCommInitAll(comms.data(), 2, device_list), ncclSuccess);
+  constexpr int64_t kBlock = 300000;  // not a whole number of CTAs' slices
+  auto value = [](int source, int destination, int64_t i) {
+    return 1000.0f * static_cast<float>(source) + static_cast<float>(destination) +
+           static_cast<float>(i) / static_cast<float>(1 << 20);
+  };
+  std::vector<std::vector<float>> received(2);
+  std::vector<std::string> errors(2);
+  auto rank_main = [&](int rank) {
+    cudaStream_t stream = nullptr;
+    try {
+      MOE_CUDA_CHECK(cudaSetDevice(rank));
+      MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      {
+        dist::NcclCommunicator comm(comms[static_cast<size_t>(rank)], "ep", stream);
+        const auto exchange = comm.device_block_exchange();
+        std::vector<float> sent(2 * kBlock);
+        for (int peer = 0; peer < 2; ++peer)
+          for (int64_t i = 0; i < kBlock; ++i) sent[peer * kBlock + i] = value(rank, peer, i);
+        DeviceFloats send(sent.size(), stream), recv(sent.size(), stream);
+        send.write(sent);
+        for (int round = 0; round < 3; ++round) {  // the window reused: the first barrier's work
+          recv.write(poison(sent.size()));
+          exchange->exchange(send.data(), recv.data(), kBlock);
+          received[static_cast<size_t>(rank)] = recv.read();
+        }
+      }
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  };
+  std::thread first(rank_main, 0), second(rank_main, 1);
+  first.join();
+  second.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(errors[static_cast<size_t>(rank)], "");
+    std::vector<float> expected(2 * kBlock);
+    for (int source = 0; source < 2; ++source)
+      for (int64_t i = 0; i < kBlock; ++i) expected[source * kBlock + i] = value(source, rank, i);
+    EXPECT_TRUE(same_bits(received[static_cast<size_t>(rank)], expected)) << "rank " << rank;
+  }
+}
+
+#else
+
+TEST(NcclBlockExchange, RefusedInOneLineWithoutTheDeviceApi) {
+  const auto ep = dist::NcclCommunicator::create_single("ep");
+  std::string message = "(no error)";
+  try {
+    ep->device_block_exchange();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("has no device API"), std::string::npos) << message;
+}
+
+#endif
+
+}  // namespace
+}  // namespace moecore::cuda_test::block_exchange
