@@ -41,14 +41,17 @@ NcclBlockExchange::NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int s
             "device communicator ({}: {}); it needs symmetric memory (NCCL_CUMEM_ENABLE, a "
             "driver with virtual memory management): use \"padded\"",
             group_, ncclGetErrorString(created), ncclGetLastError(comm_));
-  if (device_comm_.lsaSize != device_comm_.nRanks) {
+  // The kernel indexes the blocks by LSA rank: with every rank in the LSA team that is the
+  // group's rank (checked, since the blocks are laid out by the group's ranks).
+  if (device_comm_.lsaSize != device_comm_.nRanks || device_comm_.lsaRank != device_comm_.rank) {
     const int reach = device_comm_.lsaSize, ranks = device_comm_.nRanks;
+    const int lsa_rank = device_comm_.lsaRank, rank = device_comm_.rank;
     ncclDevCommDestroy(comm_, &device_comm_);
     fail(
         "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': its {} ranks do not all "
-        "reach each other's memory by load and store (NVLink or PCIe peer-to-peer: {} do); use "
-        "\"padded\"",
-        group_, ranks, reach);
+        "reach each other's memory by load and store in rank order (NVLink or PCIe peer-to-peer: "
+        "{} do; rank {} is {} among them); use \"padded\"",
+        group_, ranks, reach, rank, lsa_rank);
   }
 }
 
