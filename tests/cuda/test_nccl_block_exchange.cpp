@@ -127,8 +127,6 @@ TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
     MOE_CUDA_CHECK(cudaGraphLaunch(replay, stream));
     EXPECT_TRUE(same_bits(recv.read(), sent)) << "replay with seed " << seed;
   }
-  MOE_CUDA_CHECK(cudaGraphExecDestroy(replay));
-  MOE_CUDA_CHECK(cudaGraphDestroy(graph));
 
   // A block larger than the window, first seen inside a capture.
   constexpr int64_t kLarger = 4 << 20;
@@ -146,10 +144,28 @@ TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
   if (abandoned != nullptr) cudaGraphDestroy(abandoned);
   cudaGetLastError();
   EXPECT_NE(message.find("inside a device graph's capture"), std::string::npos) << message;
+
+  // Grown outside a capture, the window is a new one; the graph captured on the old one still
+  // replays right (the outgrown window stays registered until the exchange goes).
+  const std::vector<float> large = random_floats(kLarger, 5);
+  large_send.write(large);
+  exchange->exchange(large_send.data(), large_recv.data(), kLarger);
+  EXPECT_TRUE(same_bits(large_recv.read(), large));
+  const std::vector<float> again = random_floats(kBlock, 6);
+  send.write(again);
+  recv.write(poison(kBlock));
+  MOE_CUDA_CHECK(cudaGraphLaunch(replay, stream));
+  EXPECT_TRUE(same_bits(recv.read(), again)) << "the old graph after the window grew";
+  MOE_CUDA_CHECK(cudaGraphExecDestroy(replay));
+  MOE_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
-// Two ranks in one process, one thread and one GPU each: rank r's block for rank p holds
-// 1000 r + p + i / 2^20 at element i, so every received block names its source and destination.
+// Two ranks in one process, one thread and one GPU each: in round n rank r's block for rank p
+// holds i + r / 2 + p / 4 + n / 16 at element i, so every received element names its place, its
+// source, its destination and its round. Each round's result is checked: a barrier that let a rank
+// read its window before the peer's stores landed, or a peer overwrite it before it was read, shows
+// as the previous round's values or the poison. The blocks change size between rounds (the
+// window grows at the third).
 TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
   int devices = 0;
   MOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
@@ -160,12 +176,15 @@ TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
   std::vector<ncclComm_t> comms(2, nullptr);
   const int device_list[2] = {0, 1};
   ASSERT_EQ(ncclCommInitAll(comms.data(), 2, device_list), ncclSuccess);
-  constexpr int64_t kBlock = 300000;  // not a whole number of CTAs' slices
-  auto value = [](int source, int destination, int64_t i) {
-    return 1000.0f * static_cast<float>(source) + static_cast<float>(destination) +
-           static_cast<float>(i) / static_cast<float>(1 << 20);
+  const std::vector<int64_t> blocks = {300000, 1001, 700000, 300000};
+  // Exact in a float: i < 2^20 and four bits of fraction, 24 bits in all.
+  auto value = [](int source, int destination, int round, int64_t i) {
+    return static_cast<float>(i) + 0.5f * static_cast<float>(source) +
+           0.25f * static_cast<float>(destination) + 0.0625f * static_cast<float>(round);
   };
-  std::vector<std::vector<float>> received(2);
+
+  // received[rank][round]
+  std::vector<std::vector<std::vector<float>>> received(2);
   std::vector<std::string> errors(2);
   auto rank_main = [&](int rank) {
     cudaStream_t stream = nullptr;
@@ -175,15 +194,17 @@ TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
       {
         dist::NcclCommunicator comm(comms[static_cast<size_t>(rank)], "ep", stream);
         const auto exchange = comm.device_block_exchange();
-        std::vector<float> sent(2 * kBlock);
-        for (int peer = 0; peer < 2; ++peer)
-          for (int64_t i = 0; i < kBlock; ++i) sent[peer * kBlock + i] = value(rank, peer, i);
-        DeviceFloats send(sent.size(), stream), recv(sent.size(), stream);
-        send.write(sent);
-        for (int round = 0; round < 3; ++round) {  // the window reused: the first barrier's work
+        for (int round = 0; round < static_cast<int>(blocks.size()); ++round) {
+          const int64_t block = blocks[static_cast<size_t>(round)];
+          std::vector<float> sent(2 * static_cast<size_t>(block));
+          for (int peer = 0; peer < 2; ++peer)
+            for (int64_t i = 0; i < block; ++i)
+              sent[static_cast<size_t>(peer * block + i)] = value(rank, peer, round, i);
+          DeviceFloats send(sent.size(), stream), recv(sent.size(), stream);
+          send.write(sent);
           recv.write(poison(sent.size()));
-          exchange->exchange(send.data(), recv.data(), kBlock);
-          received[static_cast<size_t>(rank)] = recv.read();
+          exchange->exchange(send.data(), recv.data(), block);
+          received[static_cast<size_t>(rank)].push_back(recv.read());
         }
       }
     } catch (const std::exception& e) {
@@ -196,10 +217,17 @@ TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
   second.join();
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(errors[static_cast<size_t>(rank)], "");
-    std::vector<float> expected(2 * kBlock);
-    for (int source = 0; source < 2; ++source)
-      for (int64_t i = 0; i < kBlock; ++i) expected[source * kBlock + i] = value(source, rank, i);
-    EXPECT_TRUE(same_bits(received[static_cast<size_t>(rank)], expected)) << "rank " << rank;
+    ASSERT_EQ(received[static_cast<size_t>(rank)].size(), blocks.size()) << "rank " << rank;
+    for (int round = 0; round < static_cast<int>(blocks.size()); ++round) {
+      const int64_t block = blocks[static_cast<size_t>(round)];
+      std::vector<float> expected(2 * static_cast<size_t>(block));
+      for (int source = 0; source < 2; ++source)
+        for (int64_t i = 0; i < block; ++i)
+          expected[static_cast<size_t>(source * block + i)] = value(source, rank, round, i);
+      EXPECT_TRUE(
+          same_bits(received[static_cast<size_t>(rank)][static_cast<size_t>(round)], expected))
+          << "rank " << rank << ", round " << round;
+    }
   }
 }
 

@@ -33,6 +33,14 @@ NcclBlockExchange::NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int s
             "loaded is version code {}, this program was built against {} (its kernel inlines "
             "that version's device API): run with the NCCL it was built with, or use \"padded\"",
             group_, version, NCCL_VERSION_CODE);
+  // Every rank in one load/store team, asked of the host's communicator first: across nodes the
+  // device communicator would try GPU-initiated networking and fail for another reason.
+  const ncclTeam_t reachable = ncclTeamLsa(comm_);
+  MOE_CHECK(reachable.nRanks == size_,
+            "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': its {} ranks do not "
+            "all reach each other's memory by load and store (NVLink or PCIe peer-to-peer, one "
+            "node: {} do); use \"padded\"",
+            group_, size_, reachable.nRanks);
   ncclDevCommRequirements requirements{};
   requirements.lsaBarrierCount = kCtas;
   const ncclResult_t created = ncclDevCommCreate(comm_, &requirements, &device_comm_);
@@ -60,43 +68,49 @@ NcclBlockExchange::~NcclBlockExchange() {
   // communicator's abort (NcclCommunicator) releases what is left.
   if (std::uncaught_exceptions() > 0) return;
   try {
-    release_window();
+    release(window_);
+    for (Window& retired : retired_) release(retired);
     MOE_NCCL_CHECK(ncclDevCommDestroy(comm_, &device_comm_), comm_, group_);
   } catch (const Error&) {
     // A destructor cannot report: the job is ending, and the communicator goes with it.
   }
 }
 
-void NcclBlockExchange::release_window() const {
-  if (window_ == nullptr) return;
-  MOE_NCCL_CHECK(cudaStreamSynchronize(stream_), comm_, group_);  // no kernel still uses it
-  MOE_NCCL_CHECK(ncclCommWindowDeregister(comm_, window_), comm_, group_);
-  MOE_NCCL_CHECK(ncclMemFree(buffer_), comm_, group_);
-  window_ = nullptr;
-  buffer_ = nullptr;
-  buffer_bytes_ = 0;
+void NcclBlockExchange::release(Window& window) const {
+  if (window.handle != nullptr) {
+    MOE_NCCL_CHECK(cudaStreamSynchronize(stream_), comm_, group_);  // no kernel still uses it
+    MOE_NCCL_CHECK(ncclCommWindowDeregister(comm_, window.handle), comm_, group_);
+  }
+  if (window.buffer != nullptr) MOE_NCCL_CHECK(ncclMemFree(window.buffer), comm_, group_);
+  window = Window{};
 }
 
 void NcclBlockExchange::reserve(size_t bytes) const {
-  if (bytes <= buffer_bytes_) return;
+  if (bytes <= window_.bytes) return;
   MOE_CHECK(!stream_capturing(stream_, comm_, group_),
             "[nccl] the symmetric exchange of group '{}' must grow to {} bytes inside a device "
             "graph's capture, where memory cannot be allocated or registered (the step graph's "
             "eager step sizes it first)",
             group_, bytes);
-  release_window();
-  const size_t granted = (bytes + kGranule - 1) / kGranule * kGranule;
-  MOE_NCCL_CHECK(ncclMemAlloc(&buffer_, granted), comm_, group_);
-  MOE_NCCL_CHECK(ncclCommWindowRegister(comm_, buffer_, granted, &window_, NCCL_WIN_COLL_SYMMETRIC),
-                 comm_, group_);
-  buffer_bytes_ = granted;
+  if (window_.handle != nullptr) retired_.push_back(window_);
+  window_ = Window{};
+  Window grown;
+  grown.bytes = (bytes + kGranule - 1) / kGranule * kGranule;
+  MOE_NCCL_CHECK(ncclMemAlloc(&grown.buffer, grown.bytes), comm_, group_);
+  const ncclResult_t registered = ncclCommWindowRegister(comm_, grown.buffer, grown.bytes,
+                                                         &grown.handle, NCCL_WIN_COLL_SYMMETRIC);
+  if (registered != ncclSuccess) {
+    ncclMemFree(grown.buffer);
+    MOE_NCCL_CHECK(registered, comm_, group_);
+  }
+  window_ = grown;
 }
 
 void NcclBlockExchange::do_exchange(const float* send, float* recv, int64_t block) const {
   MOE_CHECK(block >= 0, "[nccl] block exchange on group '{}': negative block {}", group_, block);
   if (block == 0) return;
   reserve(static_cast<size_t>(block) * static_cast<size_t>(size_) * sizeof(float));
-  launch_block_exchange(device_comm_, window_, send, recv, block, stream_);
+  launch_block_exchange(device_comm_, window_.handle, send, recv, block, stream_);
   MOE_NCCL_CHECK(cudaGetLastError(), comm_, group_);
 }
 

@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kThreads)
   // 2. The slice of each destination's block into its window, at this rank's block.
   if (begin < end) {
     const size_t at = (static_cast<size_t>(rank) * block + begin) * sizeof(float);
-    for (int peer = 0; peer < ranks; ++peer) {
+    for (int k = 0; k < ranks; ++k) {
+      const int peer = (rank + k) % ranks;  // each rank starts at another peer: links share load
       float* to = static_cast<float*>(ncclGetLsaPointer(window, at, peer));
       copy_floats(send + static_cast<int64_t>(peer) * block + begin, to, end - begin);
     }

@@ -15,9 +15,11 @@
 //   3. meets them again (release, then acquire: their stores into this rank's window are seen);
 //   4. copies its slice of every source's block from its own window into `recv`.
 // The window is sized by the largest exchange so far and grows collectively: every rank of the
-// group exchanges blocks of the same size (the padded transport's static shapes), so all grow at
-// the same call. Growing inside a device graph's capture is a one-line error (allocation and
-// registration cannot be captured); the step graph's eager step sizes it first.
+// group must exchange blocks of the same size at each call (the padded transport's static shapes
+// give that; nothing here can check it without waiting on the host), so all grow at the same call.
+// A window outgrown stays registered until the exchange is destroyed: a device graph captured
+// before keeps writing to it when replayed. Growing inside a device graph's capture is a one-line
+// error (allocation and registration cannot be captured); the step graph's eager step sizes it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dist/communicator.h"
 
@@ -51,19 +54,25 @@ class NcclBlockExchange final : public DeviceBlockExchange {
   void do_exchange(const float* send, float* recv, int64_t block) const override;
 
  private:
-  // The window holds at least `bytes` (collective when it grows).
+  // One registered window of symmetric memory.
+  struct Window {
+    void* buffer = nullptr;
+    size_t bytes = 0;
+    ncclWindow_t handle = nullptr;
+  };
+
+  // The window holds at least `bytes` (collective when it grows; the outgrown one is retired).
   void reserve(size_t bytes) const;
-  // Deregisters and frees the window (collective), after the stream has drained.
-  void release_window() const;
+  // Deregisters and frees a window (collective), after the stream has drained.
+  void release(Window& window) const;
 
   ncclComm_t comm_;
   cudaStream_t stream_;
   int size_;
   std::string group_;
   ncclDevComm device_comm_{};
-  mutable void* buffer_ = nullptr;
-  mutable size_t buffer_bytes_ = 0;
-  mutable ncclWindow_t window_ = nullptr;
+  mutable Window window_;
+  mutable std::vector<Window> retired_;  // outgrown, kept for graphs captured on them
 };
 
 // The kernel (nccl_block_exchange.cu): block floats from send to every rank's window, then every
