@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "dist/block_exchange_steps.h"
 #include "dist/nccl/nccl_block_exchange.h"
 
 namespace moecore::dist {
@@ -25,38 +26,33 @@ __device__ void copy_floats(const float* from, float* to, int64_t n) {
   }
 }
 
+// block_exchange_steps.h's Memory over NCCL's window and LSA barrier of this CTA.
+class LsaMemory {
+ public:
+  __device__ LsaMemory(const ncclDevComm& comm, ncclWindow_t window)
+      : window_(window),
+        barrier_(ncclCoopCta(), comm, ncclTeamLsa(comm), comm.lsaBarrier, blockIdx.x) {}
+
+  __device__ float* peer_window(int peer) const {
+    return static_cast<float*>(ncclGetLsaPointer(window_, 0, peer));
+  }
+  __device__ const float* own_window() const {
+    return static_cast<const float*>(ncclGetLocalPointer(window_, 0));
+  }
+  __device__ void copy(const float* from, float* to, int64_t n) const { copy_floats(from, to, n); }
+  __device__ void sync_relaxed() { barrier_.sync(ncclCoopCta(), cuda::memory_order_relaxed); }
+  __device__ void sync_acq_rel() { barrier_.sync(ncclCoopCta(), cuda::memory_order_acq_rel); }
+
+ private:
+  ncclWindow_t window_;
+  ncclLsaBarrierSession<ncclCoopCta> barrier_;
+};
+
 __global__ void __launch_bounds__(kThreads)
     block_exchange_kernel(ncclDevComm comm, ncclWindow_t window, const float* send, float* recv,
                           int64_t block) {
-  ncclLsaBarrierSession<ncclCoopCta> barrier{ncclCoopCta(), comm, ncclTeamLsa(comm),
-                                             comm.lsaBarrier, blockIdx.x};
-  // This CTA's slice of every block, the same on every rank: a multiple of 4 floats, so that the
-  // slices of aligned blocks stay aligned.
-  const int64_t per_cta = ((block + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
-  const int64_t begin = blockIdx.x * per_cta;
-  const int64_t end = begin + per_cta < block ? begin + per_cta : block;
-  const int rank = comm.lsaRank, ranks = comm.lsaSize;
-  // 1. Nobody still reads its window's slice from the previous exchange.
-  barrier.sync(ncclCoopCta(), cuda::memory_order_relaxed);
-  // 2. The slice of each destination's block into its window, at this rank's block.
-  if (begin < end) {
-    const size_t at = (static_cast<size_t>(rank) * block + begin) * sizeof(float);
-    for (int k = 0; k < ranks; ++k) {
-      const int peer = (rank + k) % ranks;  // each rank starts at another peer: links share load
-      float* to = static_cast<float*>(ncclGetLsaPointer(window, at, peer));
-      copy_floats(send + static_cast<int64_t>(peer) * block + begin, to, end - begin);
-    }
-  }
-  // 3. Every source's slice has arrived in this rank's window.
-  barrier.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
-  // 4. Out of the window into the caller's buffer.
-  if (begin < end) {
-    const float* mine = static_cast<const float*>(ncclGetLocalPointer(window, 0));
-    for (int source = 0; source < ranks; ++source) {
-      const int64_t at = static_cast<int64_t>(source) * block + begin;
-      copy_floats(mine + at, recv + at, end - begin);
-    }
-  }
+  LsaMemory memory(comm, window);
+  block_exchange_cta(memory, comm.lsaRank, comm.lsaSize, block, blockIdx.x, gridDim.x, send, recv);
 }
 
 }  // namespace
