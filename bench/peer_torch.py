@@ -20,7 +20,9 @@ cross-entropy plus router_aux_loss_coef x the load-balancing loss (output_router
 which is the loss moecore computes with lb_loss_style = "hf" and no z-loss. AdamW: decay on
 matrices only (norms and embeddings excluded, as moecore), gradient clipping with
 clip_grad_norm_, the learning rate set per step (warm-up then cosine). bf16: torch.autocast on
-the CPU with fp32 master weights.
+the CPU with fp32 master weights. train.microbatches > 1: the batch in that many forward and
+backward passes (gradients accumulated, each pass's loss divided by the count) before one
+optimizer step, as moecore's gradient accumulation; the step's loss is the passes' mean.
 
 Usage: bench/peer_torch.py --config bench/configs/bench.toml [--set model.num_experts=16]
        [--mode eager|compile] [--precision fp32|bf16] [--threads 2] [--steps 10] [--warmup 2]
@@ -207,6 +209,14 @@ def main() -> int:
 
     forward = torch.compile(model) if args.mode == "compile" else model
     batch, seq = int(train["batch_size"]), int(train["seq_len"])
+    # train.microbatches as moecore reads it: the batch in that many passes whose gradients add
+    # up before one optimizer step (each pass's loss, a mean over its own tokens, divided by the
+    # count: the batch's mean when every pass has as many targets, as here).
+    microbatches = int(train.get("microbatches", 1))
+    if microbatches < 1 or batch % microbatches:
+        raise SystemExit(f"peer: train.batch_size={batch} is not a multiple of "
+                         f"train.microbatches={microbatches}")
+    rows = batch // microbatches
     if args.synthetic_tokens:
         data = synthetic_batches(int(model_cfg["vocab_size"]), batch, seq, int(train.get("seed", 0)))
     elif not cfg.get("data", {}).get("train"):
@@ -226,11 +236,16 @@ def main() -> int:
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         try:
-            with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-                ids = chunk[:, :-1].contiguous()  # transformers shifts the labels itself
-                out = forward(input_ids=ids, labels=ids,
-                              output_router_logits=True, use_cache=False)
-            out.loss.backward()
+            step_loss = torch.zeros((), device=chunk.device)
+            for m in range(microbatches):
+                with torch.autocast(args.device, dtype=torch.bfloat16,
+                                    enabled=args.precision == "bf16"):
+                    # transformers shifts the labels itself
+                    ids = chunk[m * rows:(m + 1) * rows, :-1].contiguous()
+                    out = forward(input_ids=ids, labels=ids,
+                                  output_router_logits=True, use_cache=False)
+                (out.loss / microbatches).backward()
+                step_loss += out.loss.detach() / microbatches
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -240,7 +255,7 @@ def main() -> int:
             raise SystemExit(f"peer: out of GPU memory at step {step}: "
                              f"{str(e).strip().splitlines()[0][:200]}")
         step_s.append(time.perf_counter() - start)
-        losses.append(float(out.loss.detach()))
+        losses.append(float(step_loss))
     timed = step_s[args.warmup:]
     names = [n for n, _ in model.named_parameters()]
     numel = {n: p.numel() for n, p in model.named_parameters()}
@@ -257,7 +272,7 @@ def main() -> int:
         "first_step_s": step_s[0], "losses": losses, "torch": torch.__version__,
         "transformers": transformers.__version__,
         "parameters": total,
-        "device": args.device, "tokens_per_step": batch * seq,
+        "device": args.device, "tokens_per_step": batch * seq, "microbatches": microbatches,
         "data": "synthetic" if args.synthetic_tokens else "files",
         "experts_implementation": experts_impl,
         "parameters_active": total - routed + routed // full["num_experts"] * full["num_experts_per_tok"],

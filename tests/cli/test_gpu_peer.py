@@ -253,3 +253,44 @@ def test_moecore_side(tmp_path, peer_run):
     assert ratio == pytest.approx(run["tokens_per_s_median"] / runs["eager"]["tokens_per_s_median"])
     md = (out / "gpu_peer.md").read_text()
     assert "| moecore | 8 |" in md and f"- 8 experts: {ratio:.2f}x" in md
+
+
+def test_peer_accumulates_gradients_over_microbatches(tmp_path):
+    """train.microbatches: the peer's batch in passes whose gradients add up before one AdamW
+    step, as moecore's accumulation. Without the load-balancing loss (a product of per-pass means,
+    which differs between one pass and two) the loss is the token mean either way: one pass of 4
+    rows and two passes of 2 give the same first-step loss and, after one step on the accumulated
+    gradient, the same second-step loss, to fp32 rounding (seen: equal, then 8e-8 apart relative
+    to the loss; 1e-5 allowed). AdamW's first step moves every weight by about lr x the sign of
+    its gradient, so a step on the last pass's gradient alone moves many weights the other way:
+    seen to fail the second check by 90x its tolerance."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+
+    def losses(microbatches: int) -> list[float]:
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "peer_torch.py"), "--config",
+                            str(config), "--device", "cpu", "--threads", "1", "--precision",
+                            "fp32", "--steps", "2", "--warmup", "0", "--synthetic-tokens",
+                            "--set", "model.router_aux_loss_coef=0.0", "--set",
+                            "optim.lr=1e-2", "--set", f"train.microbatches={microbatches}"],
+                           capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+        assert result["microbatches"] == microbatches
+        return result["losses"]
+
+    whole, halves = losses(1), losses(2)
+    assert abs(whole[0] - halves[0]) < 1e-5 * whole[0], (whole, halves)
+    assert abs(whole[1] - halves[1]) < 1e-5 * whole[1], (whole, halves)
+
+
+def test_peer_refuses_a_batch_that_microbatches_do_not_divide(tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "peer_torch.py"), "--config",
+                        str(config), "--device", "cpu", "--threads", "1", "--steps", "1",
+                        "--synthetic-tokens", "--set", "train.microbatches=3"],
+                       capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert r.returncode != 0
+    assert "train.batch_size=4 is not a multiple of train.microbatches=3" in r.stderr + r.stdout
