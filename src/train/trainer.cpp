@@ -563,7 +563,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // Expert-parallel dispatch. With ep = 1 every expert is local and nothing moves, so `rowwise`
   // is the plain dropless local path there (parallel.capacity_factor only applies to ep > 1).
   // The rowwise dispatch's transport: windows (or, on a device, the capacity form's all-to-all-v),
-  // or the padded all-to-all planned where the model is.
+  // or the padded blocks planned where the model is, moved by an all-to-all or (symmetric) stored
+  // by the device into the peers' symmetric memory.
   const dist::AllToAllExchange sync_exchange(mesh.ep);
   const bool rowwise = pc.ep > 1 && pc.dispatch == Dispatch::kRowwise;
   std::optional<dist::WindowRowwiseExchange> rowwise_exchange;
