@@ -1,4 +1,5 @@
-// What one CTA of the symmetric block exchange does (dist/nccl/nccl_block_exchange.cu), written
+// The symmetric block exchange's arithmetic: the size of its window (which the planner counts too)
+// and what one CTA of it does (dist/nccl/nccl_block_exchange.cu), the latter written
 // once over the memory and barriers it is given, so that the CUDA kernel (NCCL's windows and LSA
 // barriers) and the CPU test (tests/cpp/test_block_exchange_steps.cpp: threads standing for
 // ranks and CTAs, arrays for the windows, std::barrier) run the same slicing, offsets and order.
@@ -11,11 +12,21 @@
 //   void sync_relaxed(), sync_acq_rel()   a barrier with the same CTA of every rank
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/host_device.h"
 
 namespace moecore::dist {
+
+// The bytes of the symmetric window that receives `ranks` blocks of `block` floats: whole 2 MiB
+// granules (what ncclMemAlloc maps at least), so that a slightly larger exchange does not
+// reallocate. The planner counts the same (plan/memory_model.cpp).
+inline size_t symmetric_window_bytes(int64_t ranks, int64_t block) {
+  constexpr size_t kGranule = size_t{2} << 20;
+  const size_t bytes = static_cast<size_t>(ranks) * static_cast<size_t>(block) * sizeof(float);
+  return (bytes + kGranule - 1) / kGranule * kGranule;
+}
 
 // The floats [begin, end) of every block that CTA `cta` of `ctas` moves: the same on every rank,
 // so that the barrier of a CTA pairs it with the CTAs that store into and read from the same

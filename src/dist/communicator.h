@@ -91,6 +91,8 @@ class DeviceBlockExchange {
  protected:
   DeviceBlockExchange(int size, std::string group) : size_(size), group_(std::move(group)) {}
   virtual void do_exchange(const float* send, float* recv, int64_t block) const = 0;
+  int size() const { return size_; }
+  const std::string& group() const { return group_; }
 
  private:
   int size_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "dist/block_exchange_steps.h"
 #include "dist/pipeline_schedule.h"
 #include "model/bf16_weight_copies.h"
 #include "model/mx_weight_caches.h"
@@ -128,7 +129,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // ceil(capacity_factor x routes of one rank). Without expert parallelism nothing is allocated.
   // The padded transport allocates none (its blocks are pass scratch).
   // The symmetric transport's padded blocks arrive in one window of NCCL's symmetric memory:
-  // ep x block rows, in whole 2 MiB granules (dist/nccl/nccl_block_exchange.h).
+  // ep x block rows, in whole granules (dist::symmetric_window_bytes).
   const double routes = static_cast<double>(tokens.tokens() * mc.num_experts_per_tok);
   if (layout.ep > 1 && pc.dispatch == Dispatch::kRowwise && mc.num_experts > 0 &&
       tokens.padded_capacity_factor == 0.0) {
@@ -138,11 +139,10 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   } else if (tokens.padded_capacity_factor > 0.0 &&
              pc.rowwise_transport == RowwiseTransport::kSymmetric && mc.num_experts > 0) {
-    constexpr double kGranule = 2.0 * 1024 * 1024;
-    m.dispatch_capacity_rows = layout.ep * static_cast<int64_t>(tokens.padded_block(routes));
-    m.dispatch_buffers = std::ceil(kF * static_cast<double>(m.dispatch_capacity_rows) *
-                                   static_cast<double>(mc.hidden_size) / kGranule) *
-                         kGranule;
+    const int64_t block = static_cast<int64_t>(tokens.padded_block(routes));
+    m.dispatch_capacity_rows = layout.ep * block;
+    m.dispatch_buffers =
+        static_cast<double>(dist::symmetric_window_bytes(layout.ep, block * mc.hidden_size));
   }
   if (layout.pp > 1)
     m.pipeline_buffers = kPipelineBuffers * kF * static_cast<double>(tokens.tokens()) *

@@ -14,59 +14,22 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/check.h"
+#include "device_vector.h"
 #include "dist/nccl/nccl_communicator.h"
+#include "gradcheck.h"
 #include "kernels/cuda/runtime.h"
 
 namespace moecore::cuda_test::block_exchange {
 namespace {
 
+using gradcheck::random_vec;
+
 #if MOECORE_NCCL_DEVICE_API
-
-// Floats in device memory, copied from and to the host on `stream`.
-class DeviceFloats {
- public:
-  DeviceFloats(size_t count, cudaStream_t stream) : count_(count), stream_(stream) {
-    MOE_CUDA_CHECK(cudaMalloc(&data_, count_ * sizeof(float)));
-  }
-  DeviceFloats(const DeviceFloats&) = delete;
-  DeviceFloats& operator=(const DeviceFloats&) = delete;
-  ~DeviceFloats() {
-    cudaStreamSynchronize(stream_);  // nothing may still use what is freed here
-    cudaFree(data_);
-  }
-
-  float* data() const { return data_; }
-  void write(const std::vector<float>& host) const {
-    MOE_CUDA_CHECK(cudaMemcpyAsync(data_, host.data(), count_ * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream_));
-  }
-  std::vector<float> read() const {
-    std::vector<float> host(count_);
-    MOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), data_, count_ * sizeof(float),
-                                   cudaMemcpyDeviceToHost, stream_));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return host;
-  }
-
- private:
-  float* data_ = nullptr;
-  size_t count_;
-  cudaStream_t stream_;
-};
-
-std::vector<float> random_floats(size_t count, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> values(count);
-  for (float& v : values) v = normal(generator);
-  return values;
-}
 
 // A NaN pattern in recv before each exchange: an element the kernel does not write stays NaN.
 std::vector<float> poison(size_t count) {
@@ -94,12 +57,10 @@ TEST(NcclBlockExchange, OneRankStoresEveryBlockIntoItsOwnWindow) {
   // 16-byte vectors, the scalar copy (an odd block), fewer floats than CTAs, and a block past the
   // first window's 2 MiB (it grows), then a small one again in the grown window.
   for (const int64_t block : {4096L, 1001L, 7L, 1200000L, 64L}) {
-    const std::vector<float> sent = random_floats(static_cast<size_t>(block), 7u + block);
-    DeviceFloats send(sent.size(), stream), recv(sent.size(), stream);
-    send.write(sent);
-    recv.write(poison(sent.size()));
+    const std::vector<float> sent = random_vec(static_cast<size_t>(block), 7u + block);
+    DeviceVector<float> send(sent, stream), recv(poison(sent.size()), stream);
     exchange->exchange(send.data(), recv.data(), block);
-    EXPECT_TRUE(same_bits(recv.read(), sent)) << "block of " << block << " floats";
+    EXPECT_TRUE(same_bits(recv.to_host(), sent)) << "block of " << block << " floats";
   }
 }
 
@@ -109,8 +70,7 @@ TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
   const auto exchange = ep->device_block_exchange();
   const cudaStream_t stream = kernels::cuda::stream();
   constexpr int64_t kBlock = 65536;
-  DeviceFloats send(kBlock, stream), recv(kBlock, stream);
-  send.write(random_floats(kBlock, 1));
+  DeviceVector<float> send(random_vec(kBlock, 1), stream), recv(poison(kBlock), stream);
   exchange->exchange(send.data(), recv.data(), kBlock);  // sizes the window outside the capture
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -121,16 +81,16 @@ TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
   cudaGraphExec_t replay = nullptr;
   MOE_CUDA_CHECK(cudaGraphInstantiate(&replay, graph, 0));
   for (uint32_t seed = 2; seed < 5; ++seed) {  // new contents each time, the same addresses
-    const std::vector<float> sent = random_floats(kBlock, seed);
+    const std::vector<float> sent = random_vec(kBlock, seed);
     send.write(sent);
     recv.write(poison(kBlock));
     MOE_CUDA_CHECK(cudaGraphLaunch(replay, stream));
-    EXPECT_TRUE(same_bits(recv.read(), sent)) << "replay with seed " << seed;
+    EXPECT_TRUE(same_bits(recv.to_host(), sent)) << "replay with seed " << seed;
   }
 
   // A block larger than the window, first seen inside a capture.
   constexpr int64_t kLarger = 4 << 20;
-  DeviceFloats large_send(kLarger, stream), large_recv(kLarger, stream);
+  DeviceVector<float> large_send(poison(kLarger), stream), large_recv(poison(kLarger), stream);
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   std::string message = "(no error)";
@@ -147,15 +107,15 @@ TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
 
   // Grown outside a capture, the window is a new one; the graph captured on the old one still
   // replays right (the outgrown window stays registered until the exchange goes).
-  const std::vector<float> large = random_floats(kLarger, 5);
+  const std::vector<float> large = random_vec(kLarger, 5);
   large_send.write(large);
   exchange->exchange(large_send.data(), large_recv.data(), kLarger);
-  EXPECT_TRUE(same_bits(large_recv.read(), large));
-  const std::vector<float> again = random_floats(kBlock, 6);
+  EXPECT_TRUE(same_bits(large_recv.to_host(), large));
+  const std::vector<float> again = random_vec(kBlock, 6);
   send.write(again);
   recv.write(poison(kBlock));
   MOE_CUDA_CHECK(cudaGraphLaunch(replay, stream));
-  EXPECT_TRUE(same_bits(recv.read(), again)) << "the old graph after the window grew";
+  EXPECT_TRUE(same_bits(recv.to_host(), again)) << "the old graph after the window grew";
   MOE_CUDA_CHECK(cudaGraphExecDestroy(replay));
   MOE_CUDA_CHECK(cudaGraphDestroy(graph));
 }
@@ -183,6 +143,14 @@ TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
            0.25f * static_cast<float>(destination) + 0.0625f * static_cast<float>(round);
   };
 
+  // Two blocks of `block` floats, element i of block b being element(b, i).
+  auto two_blocks = [](int64_t block, const auto& element) {
+    std::vector<float> floats(2 * static_cast<size_t>(block));
+    for (int b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < block; ++i)
+        floats[static_cast<size_t>(b * block + i)] = element(b, i);
+    return floats;
+  };
   // received[rank][round]
   std::vector<std::vector<std::vector<float>>> received(2);
   std::vector<std::string> errors(2);
@@ -196,15 +164,11 @@ TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
         const auto exchange = comm.device_block_exchange();
         for (int round = 0; round < static_cast<int>(blocks.size()); ++round) {
           const int64_t block = blocks[static_cast<size_t>(round)];
-          std::vector<float> sent(2 * static_cast<size_t>(block));
-          for (int peer = 0; peer < 2; ++peer)
-            for (int64_t i = 0; i < block; ++i)
-              sent[static_cast<size_t>(peer * block + i)] = value(rank, peer, round, i);
-          DeviceFloats send(sent.size(), stream), recv(sent.size(), stream);
-          send.write(sent);
-          recv.write(poison(sent.size()));
+          const std::vector<float> sent =
+              two_blocks(block, [&](int peer, int64_t i) { return value(rank, peer, round, i); });
+          DeviceVector<float> send(sent, stream), recv(poison(sent.size()), stream);
           exchange->exchange(send.data(), recv.data(), block);
-          received[static_cast<size_t>(rank)].push_back(recv.read());
+          received[static_cast<size_t>(rank)].push_back(recv.to_host());
         }
       }
     } catch (const std::exception& e) {
@@ -220,10 +184,8 @@ TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
     ASSERT_EQ(received[static_cast<size_t>(rank)].size(), blocks.size()) << "rank " << rank;
     for (int round = 0; round < static_cast<int>(blocks.size()); ++round) {
       const int64_t block = blocks[static_cast<size_t>(round)];
-      std::vector<float> expected(2 * static_cast<size_t>(block));
-      for (int source = 0; source < 2; ++source)
-        for (int64_t i = 0; i < block; ++i)
-          expected[static_cast<size_t>(source * block + i)] = value(source, rank, round, i);
+      const std::vector<float> expected =
+          two_blocks(block, [&](int source, int64_t i) { return value(source, rank, round, i); });
       EXPECT_TRUE(
           same_bits(received[static_cast<size_t>(rank)][static_cast<size_t>(round)], expected))
           << "rank " << rank << ", round " << round;

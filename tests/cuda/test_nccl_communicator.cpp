@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "device_vector.h"
 #include "dist/nccl/nccl_communicator.h"
 #include "kernels/cuda/runtime.h"
 
@@ -27,38 +28,6 @@ namespace {
 
 using dist::CommType;
 using dist::ReduceOp;
-
-// A copy of a host vector in device memory, written and read on `stream`.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(const std::vector<T>& host, cudaStream_t stream = kernels::cuda::stream())
-      : size_(host.size()), stream_(stream) {
-    MOE_CUDA_CHECK(cudaMalloc(&data_, bytes()));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(data_, host.data(), bytes(), cudaMemcpyHostToDevice, stream_));
-  }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  ~DeviceVector() {
-    cudaStreamSynchronize(stream_);  // nothing may still use what is freed here
-    cudaFree(data_);
-  }
-
-  T* data() const { return data_; }
-  std::vector<T> to_host() const {
-    std::vector<T> host(size_);
-    MOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), data_, bytes(), cudaMemcpyDeviceToHost, stream_));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return host;
-  }
-
- private:
-  size_t bytes() const { return size_ * sizeof(T); }
-
-  T* data_ = nullptr;
-  size_t size_;
-  cudaStream_t stream_;
-};
 
 // The communicator with the backend's operations in reach of the tests.
 class NcclPaths : public dist::NcclCommunicator {

@@ -3,44 +3,31 @@
 #include <exception>
 
 #include "core/check.h"
+#include "dist/block_exchange_steps.h"
 #include "dist/nccl/nccl_check.h"
 
 namespace moecore::dist {
 
-namespace {
-
-// The window's size: whole 2 MiB granules (what ncclMemAlloc maps at least), so that a
-// slightly larger exchange does not reallocate.
-constexpr size_t kGranule = size_t{2} << 20;
-
-bool stream_capturing(cudaStream_t stream, ncclComm_t comm, const std::string& group) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  MOE_NCCL_CHECK(cudaStreamIsCapturing(stream, &status), comm, group);
-  return status != cudaStreamCaptureStatusNone;
-}
-
-}  // namespace
-
-NcclBlockExchange::NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int size,
-                                     const std::string& group)
-    : DeviceBlockExchange(size, group), comm_(comm), stream_(stream), size_(size), group_(group) {
+NcclBlockExchange::NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int ranks,
+                                     const std::string& name)
+    : DeviceBlockExchange(ranks, name), comm_(comm), stream_(stream) {
   // The kernel inlines the headers' device API (the layouts of ncclDevComm and the windows):
   // only the library of the same version may fill them in.
   int version = 0;
-  MOE_NCCL_CHECK(ncclGetVersion(&version), comm_, group_);
+  MOE_NCCL_CHECK(ncclGetVersion(&version), comm_, group());
   MOE_CHECK(version == NCCL_VERSION_CODE,
             "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': the NCCL library "
             "loaded is version code {}, this program was built against {} (its kernel inlines "
             "that version's device API): run with the NCCL it was built with, or use \"padded\"",
-            group_, version, NCCL_VERSION_CODE);
+            group(), version, NCCL_VERSION_CODE);
   // Every rank in one load/store team, asked of the host's communicator first: across nodes the
   // device communicator would try GPU-initiated networking and fail for another reason.
   const ncclTeam_t reachable = ncclTeamLsa(comm_);
-  MOE_CHECK(reachable.nRanks == size_,
+  MOE_CHECK(reachable.nRanks == size(),
             "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': its {} ranks do not "
             "all reach each other's memory by load and store (NVLink or PCIe peer-to-peer, one "
             "node: {} do); use \"padded\"",
-            group_, size_, reachable.nRanks);
+            group(), size(), reachable.nRanks);
   ncclDevCommRequirements requirements{};
   requirements.lsaBarrierCount = kCtas;
   const ncclResult_t created = ncclDevCommCreate(comm_, &requirements, &device_comm_);
@@ -48,18 +35,18 @@ NcclBlockExchange::NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int s
             "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': NCCL cannot make a "
             "device communicator ({}: {}); it needs symmetric memory (NCCL_CUMEM_ENABLE, a "
             "driver with virtual memory management): use \"padded\"",
-            group_, ncclGetErrorString(created), ncclGetLastError(comm_));
+            group(), ncclGetErrorString(created), ncclGetLastError(comm_));
   // The kernel indexes the blocks by LSA rank: with every rank in the LSA team that is the
   // group's rank (checked, since the blocks are laid out by the group's ranks).
   if (device_comm_.lsaSize != device_comm_.nRanks || device_comm_.lsaRank != device_comm_.rank) {
-    const int reach = device_comm_.lsaSize, ranks = device_comm_.nRanks;
-    const int lsa_rank = device_comm_.lsaRank, rank = device_comm_.rank;
+    const int reach = device_comm_.lsaSize, lsa_rank = device_comm_.lsaRank;
+    const int rank = device_comm_.rank;
     ncclDevCommDestroy(comm_, &device_comm_);
     fail(
         "[nccl] parallel.rowwise_transport=\"symmetric\" on group '{}': its {} ranks do not all "
         "reach each other's memory by load and store in rank order (NVLink or PCIe peer-to-peer: "
         "{} do; rank {} is {} among them); use \"padded\"",
-        group_, ranks, reach, rank, lsa_rank);
+        group(), size(), reach, rank, lsa_rank);
   }
 }
 
@@ -70,7 +57,7 @@ NcclBlockExchange::~NcclBlockExchange() {
   try {
     release(window_);
     for (Window& retired : retired_) release(retired);
-    MOE_NCCL_CHECK(ncclDevCommDestroy(comm_, &device_comm_), comm_, group_);
+    MOE_NCCL_CHECK(ncclDevCommDestroy(comm_, &device_comm_), comm_, group());
   } catch (const Error&) {
     // A destructor cannot report: the job is ending, and the communicator goes with it.
   }
@@ -78,40 +65,40 @@ NcclBlockExchange::~NcclBlockExchange() {
 
 void NcclBlockExchange::release(Window& window) const {
   if (window.handle != nullptr) {
-    MOE_NCCL_CHECK(cudaStreamSynchronize(stream_), comm_, group_);  // no kernel still uses it
-    MOE_NCCL_CHECK(ncclCommWindowDeregister(comm_, window.handle), comm_, group_);
+    MOE_NCCL_CHECK(cudaStreamSynchronize(stream_), comm_, group());  // no kernel still uses it
+    MOE_NCCL_CHECK(ncclCommWindowDeregister(comm_, window.handle), comm_, group());
   }
-  if (window.buffer != nullptr) MOE_NCCL_CHECK(ncclMemFree(window.buffer), comm_, group_);
+  if (window.buffer != nullptr) MOE_NCCL_CHECK(ncclMemFree(window.buffer), comm_, group());
   window = Window{};
 }
 
 void NcclBlockExchange::reserve(size_t bytes) const {
   if (bytes <= window_.bytes) return;
-  MOE_CHECK(!stream_capturing(stream_, comm_, group_),
+  MOE_CHECK(!nccl::stream_capturing(stream_, comm_, group()),
             "[nccl] the symmetric exchange of group '{}' must grow to {} bytes inside a device "
             "graph's capture, where memory cannot be allocated or registered (the step graph's "
             "eager step sizes it first)",
-            group_, bytes);
+            group(), bytes);
   if (window_.handle != nullptr) retired_.push_back(window_);
   window_ = Window{};
   Window grown;
-  grown.bytes = (bytes + kGranule - 1) / kGranule * kGranule;
-  MOE_NCCL_CHECK(ncclMemAlloc(&grown.buffer, grown.bytes), comm_, group_);
+  grown.bytes = bytes;
+  MOE_NCCL_CHECK(ncclMemAlloc(&grown.buffer, grown.bytes), comm_, group());
   const ncclResult_t registered = ncclCommWindowRegister(comm_, grown.buffer, grown.bytes,
                                                          &grown.handle, NCCL_WIN_COLL_SYMMETRIC);
   if (registered != ncclSuccess) {
     ncclMemFree(grown.buffer);
-    MOE_NCCL_CHECK(registered, comm_, group_);
+    MOE_NCCL_CHECK(registered, comm_, group());
   }
   window_ = grown;
 }
 
 void NcclBlockExchange::do_exchange(const float* send, float* recv, int64_t block) const {
-  MOE_CHECK(block >= 0, "[nccl] block exchange on group '{}': negative block {}", group_, block);
+  MOE_CHECK(block >= 0, "[nccl] block exchange on group '{}': negative block {}", group(), block);
   if (block == 0) return;
-  reserve(static_cast<size_t>(block) * static_cast<size_t>(size_) * sizeof(float));
+  reserve(symmetric_window_bytes(size(), block));
   launch_block_exchange(device_comm_, window_.handle, send, recv, block, stream_);
-  MOE_NCCL_CHECK(cudaGetLastError(), comm_, group_);
+  MOE_NCCL_CHECK(cudaGetLastError(), comm_, group());
 }
 
 }  // namespace moecore::dist

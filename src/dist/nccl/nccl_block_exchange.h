@@ -40,12 +40,12 @@ class NcclBlockExchange final : public DeviceBlockExchange {
   // CTAs of the exchange kernel, and NCCL's LSA barriers: one per CTA.
   static constexpr int kCtas = 32;
 
-  // Collective over comm's ranks (size of them, named group): a device communicator with one LSA
-  // barrier per CTA. One line when it cannot be made: an NCCL library at run time other than the
-  // headers' (the device code inlines their layouts), no symmetric memory (NCCL_CUMEM_ENABLE=0,
-  // a driver without virtual memory management), or ranks that do not all reach each other's
-  // memory by load and store.
-  NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int size, const std::string& group);
+  // Collective over comm's ranks (`ranks` of them, the group `name`): a device communicator with
+  // one LSA barrier per CTA. One line when it cannot be made: an NCCL library at run time other
+  // than the headers' (the device code inlines their layouts), no symmetric memory
+  // (NCCL_CUMEM_ENABLE=0, a driver without virtual memory management), or ranks that do not all
+  // reach each other's memory by load and store.
+  NcclBlockExchange(ncclComm_t comm, cudaStream_t stream, int ranks, const std::string& name);
   ~NcclBlockExchange() override;  // collective (skipped while an exception unwinds)
   NcclBlockExchange(const NcclBlockExchange&) = delete;
   NcclBlockExchange& operator=(const NcclBlockExchange&) = delete;
@@ -61,15 +61,14 @@ class NcclBlockExchange final : public DeviceBlockExchange {
     ncclWindow_t handle = nullptr;
   };
 
-  // The window holds at least `bytes` (collective when it grows; the outgrown one is retired).
+  // The window holds at least `bytes` (symmetric_window_bytes: whole granules; collective when
+  // it grows; the outgrown one is retired).
   void reserve(size_t bytes) const;
   // Deregisters and frees a window (collective), after the stream has drained.
   void release(Window& window) const;
 
   ncclComm_t comm_;
   cudaStream_t stream_;
-  int size_;
-  std::string group_;
   ncclDevComm device_comm_{};
   mutable Window window_;
   mutable std::vector<Window> retired_;  // outgrown, kept for graphs captured on them

@@ -20,4 +20,10 @@ void fail_cuda_call(cudaError_t status, const std::string& group, const char* ca
   fail("[nccl] {} on group '{}': {} at {}:{}", call, group, cudaGetErrorString(status), file, line);
 }
 
+bool stream_capturing(cudaStream_t stream, ncclComm_t comm, const std::string& group) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOE_NCCL_CHECK(cudaStreamIsCapturing(stream, &status), comm, group);
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace moecore::dist::nccl

@@ -33,6 +33,9 @@ inline void check(cudaError_t status, ncclComm_t /*comm*/, const std::string& gr
   }
 }
 
+// Whether `stream` is being captured into a CUDA graph (a failed query throws, naming the group).
+bool stream_capturing(cudaStream_t stream, ncclComm_t comm, const std::string& group);
+
 }  // namespace moecore::dist::nccl
 
 // MOE_NCCL_CHECK(ncclAllReduce(...), comm_, name()): throws moecore::Error when the call (an NCCL

@@ -360,9 +360,7 @@ void NcclCommunicator::require_device_memory(const void* data, size_t bytes, con
 }
 
 bool NcclCommunicator::capturing() const {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  MOE_NCCL_CHECK(cudaStreamIsCapturing(stream_, &status), comm_, name());
-  return status != cudaStreamCaptureStatusNone;
+  return nccl::stream_capturing(stream_, comm_, name());
 }
 
 Request NcclCommunicator::issued_work() const {
