@@ -13,9 +13,9 @@ two shared cores; --rewrite: the tables again from lm_head_chunks.json).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from plan_sweep import sweep
@@ -86,7 +86,10 @@ def write_results(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--rewrite"]:  # the tables again from lm_head_chunks.json, nothing run
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rewrite", action="store_true",
+                    help="write the tables again from lm_head_chunks.json, running nothing")
+    if ap.parse_args().rewrite:
         write_results(json.loads((RESULTS / "lm_head_chunks.json").read_text()))
     else:
         main()

@@ -28,6 +28,7 @@ recorded with them.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -363,4 +364,5 @@ def write_results(results: list[dict], profile: dict) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     main()

@@ -16,9 +16,9 @@ on two shared cores; --rewrite: the tables again from recompute.json).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from plan_sweep import sweep
@@ -98,7 +98,10 @@ def write_results(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--rewrite"]:  # the tables again from recompute.json, nothing run
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rewrite", action="store_true",
+                    help="write the tables again from recompute.json, running nothing")
+    if ap.parse_args().rewrite:
         write_results(json.loads((RESULTS / "recompute.json").read_text()))
     else:
         main()
