@@ -133,7 +133,7 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
     sets = [*args.overrides, *expert_overrides(experts, model),
             f"train.precision={args.precision}", f"train.max_steps={args.steps}",
             "train.checkpoint=false", "train.eval_every=0", "train.log_every=1",
-            "train.sample_tokens=0", "data.val=[]", 'data.tokenizer=""']
+            "train.sample_tokens=0", "train.profile=true", "data.val=[]", 'data.tokenizer=""']
     if args.device == "cpu":
         sets.append(f"train.threads={args.threads}")
     with tempfile.TemporaryDirectory(prefix="gpu_peer_moecore_") as work:
@@ -161,6 +161,7 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
                     "wall_s": wall}
         rows = [json.loads(line) for line in
                 (Path(work) / "run" / "metrics.jsonl").read_text().splitlines()]
+        profile = json.loads((Path(work) / "run" / "profile.json").read_text())
     elapsed = [0.0] + [row["step"] * tokens_per_step / row["train/tokens_per_s"]
                        for row in rows if "train/tokens_per_s" in row]
     step_s = [b - a for a, b in zip(elapsed, elapsed[1:])]
@@ -175,7 +176,24 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
             "parameters_active": counts["parameters"]["active"],
             "parameters_router": d * experts * layers,
             "experts_implementation": "moecore grouped GEMM",
-            "gpu": startup.group(1) if startup else None, "peak_memory_allocated": None}
+            "gpu": startup.group(1) if startup else None, "peak_memory_allocated": None,
+            "profile": step_by_phase(profile)}
+
+
+def step_by_phase(profile: dict) -> dict:
+    """train.profile's phases (out_dir/profile.json, every step but the first) per step: the
+    passes (every forward and backward phase), the optimizer (clipping and AdamW) and the rest
+    (communication, and "other": embeddings, norms, losses' bookkeeping), in ms, with the clock
+    that timed them (CUDA events on a GPU). What separates the MoE layers' scaling with the expert
+    count from the optimizer's pass over every parameter (bench/results/expert_scaling.md on the
+    CPU)."""
+    steps = max(int(profile["steps"]), 1)
+    phases = profile["phases"]
+    passes = sum(s for name, s in phases.items() if name.endswith(("_forward", "_backward")))
+    return {"clock": profile.get("phase_clock", "?"), "steps": profile["steps"],
+            "passes_ms": 1e3 * passes / steps,
+            "optimizer_ms": 1e3 * phases.get("optimizer", 0.0) / steps,
+            "rest_ms": 1e3 * (sum(phases.values()) - passes - phases.get("optimizer", 0.0)) / steps}
 
 
 def machine(args) -> dict:
@@ -220,6 +238,11 @@ def summarise_rows(data: dict) -> None:
                 if peak:
                     row["mfu"] = (row["tokens_per_s"]["median"] * row["flops_per_token"]
                                   / (peak["tflops"] * 1e12))
+                profiles = [r["profile"] for r in ok if r.get("profile")]
+                if profiles:
+                    row["profile"] = {key: statistics.median(p[key] for p in profiles)
+                                      for key in ("passes_ms", "optimizer_ms", "rest_ms")}
+                    row["profile"]["clock"] = profiles[0]["clock"]
             elif runs:
                 row.update(status=runs[-1]["status"], message=runs[-1].get("message", ""))
             else:
@@ -281,6 +304,24 @@ def write(out: Path, data: dict) -> None:
         for mode, c in data["throughput_change"].items():
             lines.append(f"- {mode}: {100 * c:+.1f} %")
     by = {(r["mode"], r["experts"]): r for r in data["results"] if r["status"] == "ok"}
+    profiled = [e for e in m["experts"] if "profile" in by.get(("moecore", e), {})]
+    if profiled:
+        clock = by[("moecore", profiled[0])]["profile"]["clock"]
+        lines += ["", f"moecore's step by phase (train.profile, every step but the first, timed by "
+                  f"{clock}; ms per step, medians over repeats): the forward and backward passes, "
+                  "the optimizer (clipping and AdamW over every parameter), the rest:", "",
+                  "| experts | passes ms | optimizer ms | rest ms |", "|---|---|---|---|"]
+        for e in profiled:
+            p = by[("moecore", e)]["profile"]
+            lines.append(f"| {e} | {p['passes_ms']:.2f} | {p['optimizer_ms']:.2f} | "
+                         f"{p['rest_ms']:.2f} |")
+        lo, hi = by[("moecore", profiled[0])]["profile"], by[("moecore", profiled[-1])]["profile"]
+        if len(profiled) > 1 and hi["passes_ms"] > 0:
+            data["moecore_passes_change"] = lo["passes_ms"] / hi["passes_ms"] - 1
+            lines += ["", f"Tokens/s of the passes alone, {profiled[0]} -> {profiled[-1]} experts: "
+                      f"{100 * data['moecore_passes_change']:+.1f} % (the optimizer's share of "
+                      f"the step at {profiled[-1]}: "
+                      f"{100 * hi['optimizer_ms'] / by[('moecore', profiled[-1])]['step_ms_median']:.0f} %)."]
     ratios = [(e, by[("moecore", e)]["tokens_per_s"]["median"] / by[("eager", e)]["tokens_per_s"]["median"])
               for e in m["experts"] if ("moecore", e) in by and ("eager", e) in by]
     data["moecore_vs_eager"] = {str(e): x for e, x in ratios}

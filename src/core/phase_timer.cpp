@@ -4,6 +4,7 @@ namespace moecore {
 
 namespace detail {
 bool phase_timer_enabled = false;
+DevicePhaseClock* device_phase_clock = nullptr;
 std::atomic<Phase> current_phase{Phase::kCount};
 }  // namespace detail
 
@@ -29,13 +30,27 @@ bool enabled() {
   return detail::phase_timer_enabled;
 }
 void reset() {
+  collect_device();  // so that no phase marked before the reset is added after it
   g_totals.fill(0.0);
 }
 Totals totals() {
+  collect_device();
   return g_totals;
 }
 void add(Phase phase, double seconds) {
   g_totals[static_cast<std::size_t>(phase)] += seconds;
+}
+
+void set_device_clock(DevicePhaseClock* clock) {
+  collect_device();  // what the previous clock marked is the totals' before it goes
+  detail::device_phase_clock = clock;
+}
+const char* clock_name() {
+  return detail::device_phase_clock != nullptr ? detail::device_phase_clock->name()
+                                               : "host wall clock";
+}
+void collect_device() {
+  if (detail::device_phase_clock != nullptr) detail::device_phase_clock->collect();
 }
 
 }  // namespace phase_timer

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace moecore {
@@ -45,14 +46,47 @@ using Totals = std::array<double, kPhaseCount>;
 
 void set_enabled(bool enabled);
 bool enabled();
+// reset() and totals() first collect the device clock's finished phases (waiting for the device).
 void reset();
 Totals totals();
 void add(Phase phase, double seconds);
 
 }  // namespace phase_timer
 
+// The phases' clock where their work runs on a device (train.profile on a GPU). There the host
+// only issues a phase's work, so the wall-clock time of its scope says how long issuing took, not
+// how long the device ran it. A backend whose operations run on a device registers a clock
+// (phase_timer::set_device_clock, as it registers its memory) that marks a scope's start and end
+// in the device's work (CUDA: events on the backend's stream) and adds the time between the two
+// to the phase once the device has got there.
+class DevicePhaseClock {
+ public:
+  virtual ~DevicePhaseClock() = default;
+  // What the profile says its phases were timed by.
+  virtual const char* name() const = 0;
+  // Whether a phase can be marked now: not while the device's work is captured into a graph
+  // (train.cuda_graph), whose replays run no host code; such a phase is not timed at all.
+  virtual bool can_mark() const = 0;
+  // Marks a phase's start in the device's work; end() its end. The id is begin()'s return.
+  virtual int64_t begin(Phase phase) = 0;
+  virtual void end(int64_t id) = 0;
+  // Waits until the device has passed every ended mark, adds each such phase's seconds
+  // (phase_timer::add) and forgets those marks.
+  virtual void collect() = 0;
+};
+
+namespace phase_timer {
+// The clock of the phases from now on: a device's, or null for the host's wall clock.
+void set_device_clock(DevicePhaseClock* clock);
+// "host wall clock" or the device clock's name.
+const char* clock_name();
+// The device clock's finished phases into the totals (nothing without one).
+void collect_device();
+}  // namespace phase_timer
+
 namespace detail {
 extern bool phase_timer_enabled;
+extern DevicePhaseClock* device_phase_clock;
 // Written by the training thread, read by any (a communication thread's host read notes it).
 extern std::atomic<Phase> current_phase;
 }  // namespace detail
@@ -65,10 +99,9 @@ inline Phase current_phase() {
 
 class ScopedPhase {
  public:
-  explicit ScopedPhase(Phase phase)
-      : phase_(phase), outer_(current_phase()), active_(detail::phase_timer_enabled) {
+  explicit ScopedPhase(Phase phase) : phase_(phase), outer_(current_phase()) {
     detail::current_phase.store(phase, std::memory_order_relaxed);
-    if (active_) start_ = std::chrono::steady_clock::now();
+    start();
   }
   ~ScopedPhase() { stop(); }
   // Ends the current phase and starts `next` (consecutive phases without nested scopes).
@@ -76,23 +109,41 @@ class ScopedPhase {
     stop();
     phase_ = next;
     detail::current_phase.store(next, std::memory_order_relaxed);
-    active_ = detail::phase_timer_enabled;
-    if (active_) start_ = std::chrono::steady_clock::now();
+    start();
   }
   void stop() {
     detail::current_phase.store(outer_, std::memory_order_relaxed);
     if (!active_) return;
     active_ = false;
-    phase_timer::add(
-        phase_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    if (clock_ != nullptr) {
+      clock_->end(mark_);
+    } else {
+      phase_timer::add(
+          phase_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
   }
   ScopedPhase(const ScopedPhase&) = delete;
   ScopedPhase& operator=(const ScopedPhase&) = delete;
 
  private:
+  void start() {
+    active_ = detail::phase_timer_enabled;
+    if (!active_) return;
+    clock_ = detail::device_phase_clock;
+    if (clock_ == nullptr) {
+      start_ = std::chrono::steady_clock::now();
+    } else if (clock_->can_mark()) {
+      mark_ = clock_->begin(phase_);
+    } else {
+      active_ = false;
+    }
+  }
+
   Phase phase_;
   Phase outer_;  // the phase the scope began in (Phase::kCount: none), current again after it
-  bool active_;
+  bool active_ = false;
+  DevicePhaseClock* clock_ = nullptr;  // the device's clock the scope was marked on, or null
+  int64_t mark_ = 0;
   std::chrono::steady_clock::time_point start_{};
 };
 

@@ -36,6 +36,7 @@ std::string profile_report_json(int64_t steps, double seconds, const std::vector
   phases["other"] = other_seconds(totals, seconds);
   const nlohmann::ordered_json out = {{"steps", steps},
                                       {"seconds", seconds},
+                                      {"phase_clock", phase_timer::clock_name()},
                                       {"phases", phases},
                                       {"host_reads", host_reads_json(reads)}};
   return out.dump(1) + "\n";

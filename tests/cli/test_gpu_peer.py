@@ -253,6 +253,12 @@ def test_moecore_side(tmp_path, peer_run):
     assert ratio == pytest.approx(run["tokens_per_s_median"] / runs["eager"]["tokens_per_s_median"])
     md = (out / "gpu_peer.md").read_text()
     assert "| moecore | 8 |" in md and f"- 8 experts: {ratio:.2f}x" in md
+    # train.profile's split of the step (the passes against the optimizer's pass over every
+    # parameter), by the host's clock here, CUDA events on a GPU.
+    profile = run["profile"]
+    assert profile["clock"] == "host wall clock" and profile["steps"] == 2
+    assert profile["passes_ms"] > 0 and profile["optimizer_ms"] > 0
+    assert "timed by host wall clock" in md and "| 8 | " in md.split("step by phase")[1]
 
 
 def test_peer_accumulates_gradients_over_microbatches(tmp_path):

@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "core/device_graph.h"
 #include "core/device_memory.h"
+#include "core/phase_timer.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/device_backends.h"
@@ -284,6 +285,49 @@ GuardedGraphs& guarded_graphs() {
   return graphs;
 }
 
+// The device's clock of train.profile's phases (kernels/cuda/phase_clock.h on a GPU): every mark
+// takes kPhaseMarkSeconds, so a profile's phase times are whole multiples of it when, and only
+// when, this clock timed them. As the CUDA clock, it marks nothing inside a capture; a mark begun
+// there anyway is an error, so a caller that ignores can_mark() fails.
+class GuardedPhaseClock final : public DevicePhaseClock {
+ public:
+  const char* name() const override { return "guarded device's clock"; }
+  bool can_mark() const override { return !capturing(); }
+  int64_t begin(Phase phase) override {
+    MOE_CHECK(!capturing(), "[guarded device] a phase marked inside a capture");
+    marks_.push_back({phase, false, false});
+    return static_cast<int64_t>(marks_.size() - 1);
+  }
+  void end(int64_t id) override {
+    Mark& mark = marks_[static_cast<size_t>(id)];
+    (capturing() ? mark.dropped : mark.ended) = true;  // no end inside a capture: untimed
+  }
+  void collect() override {
+    bool open = false;
+    for (Mark& mark : marks_) {
+      if (mark.ended) {
+        phase_timer::add(mark.phase, kPhaseMarkSeconds);
+        mark = {Phase::kCount, false, false};  // counted
+      }
+      open |= mark.phase != Phase::kCount && !mark.dropped;
+    }
+    // A mark still open keeps its id until it ends: the list starts again once none is.
+    if (!open) marks_.clear();
+  }
+
+ private:
+  struct Mark {
+    Phase phase;  // Phase::kCount once counted
+    bool ended, dropped;
+  };
+  std::vector<Mark> marks_;
+};
+
+GuardedPhaseClock& guarded_phase_clock() {
+  static GuardedPhaseClock clock;
+  return clock;
+}
+
 }  // namespace
 
 void Graph::replay() const {
@@ -325,11 +369,13 @@ Scope::Scope() : previous_default_(default_device()) {
   register_device_memory(Device::kCuda, &guarded_memory());
   register_device_graphs(Device::kCuda, &guarded_graphs());
   kernels::register_device_backend(Device::kCuda, &guarded_backend());
+  phase_timer::set_device_clock(&guarded_phase_clock());
   set_default_device(Device::kCuda);
 }
 
 Scope::~Scope() {
   set_default_device(previous_default_);
+  phase_timer::set_device_clock(nullptr);
   kernels::register_device_backend(Device::kCuda, nullptr);
   register_device_graphs(Device::kCuda, nullptr);
   register_device_memory(Device::kCuda, nullptr);

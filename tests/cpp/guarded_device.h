@@ -63,9 +63,14 @@ class Capture {
 bool capture_open();
 void record_in_capture(std::function<void()> operation);
 
-// Registers the guarded memory and kernel table for Device::kCuda, and makes it the default device
-// (core/device_memory.h), for the scope's lifetime (device allocations must be freed before it
-// ends). One at a time.
+// What each phase scope takes on the guarded device's clock of train.profile's phases
+// (core/phase_timer.h's DevicePhaseClock, which Scope registers as a GPU's activate() does): a
+// profile timed by it holds whole multiples of this, exactly (a power of two).
+inline constexpr double kPhaseMarkSeconds = 1.0 / 1024.0;
+
+// Registers the guarded memory, kernel table and phase clock for Device::kCuda, and makes it the
+// default device (core/device_memory.h), for the scope's lifetime (device allocations must be
+// freed before it ends). One at a time.
 class Scope {
  public:
   Scope();

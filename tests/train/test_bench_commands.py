@@ -85,6 +85,7 @@ def test_profile_writes_every_phase(moecore_bin, config, tmp_path):
     assert r.returncode == 0, r.stderr
     p = json.loads((out / "profile.json").read_text())
     assert p["steps"] == 3  # the first step is left out
+    assert p["phase_clock"] == "host wall clock"  # on a GPU: CUDA events (README, train.profile)
     phases = p["phases"]
     for name in ("attention_forward", "attention_backward", "router_forward", "router_backward",
                  "dispatch_forward", "dispatch_backward", "experts_forward", "experts_backward",

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_graphs.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/phase_clock.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/device_backends.h"
 
@@ -38,6 +39,7 @@ std::string activate() {
   register_device_memory(Device::kCuda, &device_memory());
   register_device_graphs(Device::kCuda, &cuda_graphs());
   register_device_backend(Device::kCuda, &cuda_backend());
+  phase_timer::set_device_clock(&cuda_phase_clock());
   return describe(current_device_info());
 }
 

@@ -14,8 +14,9 @@ std::string unavailable_reason();
 // on views in that memory on the CUDA backend (kernels/device_backends.h), once a device is known
 // to be usable: the device of this process's rank on its node (OMPI_COMM_WORLD_LOCAL_RANK,
 // SLURM_LOCALID or LOCAL_RANK; 0 without a launcher) modulo the visible devices. Otherwise throws
-// moecore::Error "[cuda] no usable CUDA device (<why>)". Returns the device's description for a
-// start-up line: "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
+// moecore::Error "[cuda] no usable CUDA device (<why>)". train.profile's phases are then timed on
+// the device (kernels/cuda/phase_clock.h). Returns the device's description for a start-up line:
+// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
 std::string activate();
 
 }  // namespace moecore::kernels::cuda

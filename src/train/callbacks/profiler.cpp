@@ -15,7 +15,11 @@ void ProfilerCallback::on_start(TrainContext& ctx) {
 }
 
 void ProfilerCallback::on_step_end(TrainContext& ctx, StepReport& report) {
-  if (!ctx.config.train.profile || report.step != ctx.summary.start_step + 1) return;
+  if (!ctx.config.train.profile) return;
+  // On a device, the step's phases are timed once the device has run them: collected here, at
+  // the end of every step, so that their marks do not pile up over a run.
+  phase_timer::collect_device();
+  if (report.step != ctx.summary.start_step + 1) return;
   phase_timer::reset();
   start_seconds_ = report.seconds;
   host_reads_.emplace();
