@@ -191,6 +191,7 @@ def step_by_phase(profile: dict) -> dict:
     phases = profile["phases"]
     passes = sum(s for name, s in phases.items() if name.endswith(("_forward", "_backward")))
     return {"clock": profile.get("phase_clock", "?"), "steps": profile["steps"],
+            "step_ms": 1e3 * float(profile["seconds"]) / steps,
             "passes_ms": 1e3 * passes / steps,
             "optimizer_ms": 1e3 * phases.get("optimizer", 0.0) / steps,
             "rest_ms": 1e3 * (sum(phases.values()) - passes - phases.get("optimizer", 0.0)) / steps}
@@ -241,7 +242,8 @@ def summarise_rows(data: dict) -> None:
                 profiles = [r["profile"] for r in ok if r.get("profile")]
                 if profiles:
                     row["profile"] = {key: statistics.median(p[key] for p in profiles)
-                                      for key in ("passes_ms", "optimizer_ms", "rest_ms")}
+                                      for key in ("step_ms", "passes_ms", "optimizer_ms",
+                                                  "rest_ms")}
                     row["profile"]["clock"] = profiles[0]["clock"]
             elif runs:
                 row.update(status=runs[-1]["status"], message=runs[-1].get("message", ""))
@@ -307,21 +309,24 @@ def write(out: Path, data: dict) -> None:
     profiled = [e for e in m["experts"] if "profile" in by.get(("moecore", e), {})]
     if profiled:
         clock = by[("moecore", profiled[0])]["profile"]["clock"]
-        lines += ["", f"moecore's step by phase (train.profile, every step but the first, timed by "
-                  f"{clock}; ms per step, medians over repeats): the forward and backward passes, "
-                  "the optimizer (clipping and AdamW over every parameter), the rest:", "",
-                  "| experts | passes ms | optimizer ms | rest ms |", "|---|---|---|---|"]
+        lines += ["", f"moecore's step by phase (train.profile over every step but the first, "
+                  f"so the warm-up steps after it included, unlike the tokens/s above; timed by "
+                  f"{clock}; ms per step, medians over repeats; the tokens/s above were measured "
+                  "with the profile on, which records two events per phase): the forward and "
+                  "backward passes, the optimizer (clipping and AdamW over every parameter), the "
+                  "rest (communication, embeddings, losses, the step's bookkeeping):", "",
+                  "| experts | step ms | passes ms | optimizer ms | rest ms |", "|---|---|---|---|---|"]
         for e in profiled:
             p = by[("moecore", e)]["profile"]
-            lines.append(f"| {e} | {p['passes_ms']:.2f} | {p['optimizer_ms']:.2f} | "
-                         f"{p['rest_ms']:.2f} |")
+            lines.append(f"| {e} | {p['step_ms']:.2f} | {p['passes_ms']:.2f} | "
+                         f"{p['optimizer_ms']:.2f} | {p['rest_ms']:.2f} |")
         lo, hi = by[("moecore", profiled[0])]["profile"], by[("moecore", profiled[-1])]["profile"]
         if len(profiled) > 1 and hi["passes_ms"] > 0:
             data["moecore_passes_change"] = lo["passes_ms"] / hi["passes_ms"] - 1
             lines += ["", f"Tokens/s of the passes alone, {profiled[0]} -> {profiled[-1]} experts: "
                       f"{100 * data['moecore_passes_change']:+.1f} % (the optimizer's share of "
-                      f"the step at {profiled[-1]}: "
-                      f"{100 * hi['optimizer_ms'] / by[('moecore', profiled[-1])]['step_ms_median']:.0f} %)."]
+                      f"the profiled step at {profiled[-1]}: "
+                      f"{100 * hi['optimizer_ms'] / hi['step_ms']:.0f} %)."]
     ratios = [(e, by[("moecore", e)]["tokens_per_s"]["median"] / by[("eager", e)]["tokens_per_s"]["median"])
               for e in m["experts"] if ("moecore", e) in by and ("eager", e) in by]
     data["moecore_vs_eager"] = {str(e): x for e, x in ratios}

@@ -45,6 +45,9 @@ void set_device_clock(DevicePhaseClock* clock) {
   collect_device();  // what the previous clock marked is the totals' before it goes
   detail::device_phase_clock = clock;
 }
+DevicePhaseClock* device_clock() {
+  return detail::device_phase_clock;
+}
 const char* clock_name() {
   return detail::device_phase_clock != nullptr ? detail::device_phase_clock->name()
                                                : "host wall clock";

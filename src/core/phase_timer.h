@@ -68,8 +68,10 @@ class DevicePhaseClock {
   // (train.cuda_graph), whose replays run no host code; such a phase is not timed at all.
   virtual bool can_mark() const = 0;
   // Marks a phase's start in the device's work; end() its end. The id is begin()'s return.
+  // end() runs in ScopedPhase's destructor, also while an error unwinds the phase: it must not
+  // throw (a mark it cannot record is left untimed).
   virtual int64_t begin(Phase phase) = 0;
-  virtual void end(int64_t id) = 0;
+  virtual void end(int64_t id) noexcept = 0;
   // Waits until the device has passed every ended mark, adds each such phase's seconds
   // (phase_timer::add) and forgets those marks.
   virtual void collect() = 0;
@@ -78,6 +80,7 @@ class DevicePhaseClock {
 namespace phase_timer {
 // The clock of the phases from now on: a device's, or null for the host's wall clock.
 void set_device_clock(DevicePhaseClock* clock);
+DevicePhaseClock* device_clock();
 // "host wall clock" or the device clock's name.
 const char* clock_name();
 // The device clock's finished phases into the totals (nothing without one).
@@ -100,8 +103,8 @@ inline Phase current_phase() {
 class ScopedPhase {
  public:
   explicit ScopedPhase(Phase phase) : phase_(phase), outer_(current_phase()) {
+    start();  // first: a device clock's begin() may throw, and no destructor would then run
     detail::current_phase.store(phase, std::memory_order_relaxed);
-    start();
   }
   ~ScopedPhase() { stop(); }
   // Ends the current phase and starts `next` (consecutive phases without nested scopes).
@@ -127,16 +130,16 @@ class ScopedPhase {
 
  private:
   void start() {
-    active_ = detail::phase_timer_enabled;
-    if (!active_) return;
+    if (!detail::phase_timer_enabled) return;
     clock_ = detail::device_phase_clock;
     if (clock_ == nullptr) {
       start_ = std::chrono::steady_clock::now();
     } else if (clock_->can_mark()) {
       mark_ = clock_->begin(phase_);
     } else {
-      active_ = false;
+      return;  // not timed
     }
+    active_ = true;  // only once marked: a throw above leaves no stale mark to end
   }
 
   Phase phase_;

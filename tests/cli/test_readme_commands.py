@@ -65,6 +65,10 @@ def test_the_table_is_read():
 def test_documented_command_exists_with_its_options(path, options):
     r = subprocess.run([str(BIN), *path, "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, f"moecore {' '.join(path)} --help: {r.stderr.strip()}"
+    # A subcommand's parent answers `moecore mx nosuch --help` with its own help: the usage line
+    # must be the subcommand's.
+    usage = next((line for line in r.stdout.splitlines() if line.startswith("Usage: ")), "")
+    assert re.search(rf"moecore {re.escape(' '.join(path))}( |$)", usage), (path, usage)
     offered = set(re.findall(r"--[a-z][a-z0-9-]*", r.stdout))
     missing = [o for o in options if o not in offered]
     assert not missing, f"README names {missing} for `moecore {' '.join(path)}`; --help offers {sorted(offered)}"

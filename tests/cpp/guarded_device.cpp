@@ -298,7 +298,7 @@ class GuardedPhaseClock final : public DevicePhaseClock {
     marks_.push_back({phase, false, false});
     return static_cast<int64_t>(marks_.size() - 1);
   }
-  void end(int64_t id) override {
+  void end(int64_t id) noexcept override {
     Mark& mark = marks_[static_cast<size_t>(id)];
     (capturing() ? mark.dropped : mark.ended) = true;  // no end inside a capture: untimed
   }
@@ -369,13 +369,14 @@ Scope::Scope() : previous_default_(default_device()) {
   register_device_memory(Device::kCuda, &guarded_memory());
   register_device_graphs(Device::kCuda, &guarded_graphs());
   kernels::register_device_backend(Device::kCuda, &guarded_backend());
+  previous_clock_ = phase_timer::device_clock();
   phase_timer::set_device_clock(&guarded_phase_clock());
   set_default_device(Device::kCuda);
 }
 
 Scope::~Scope() {
   set_default_device(previous_default_);
-  phase_timer::set_device_clock(nullptr);
+  phase_timer::set_device_clock(previous_clock_);
   kernels::register_device_backend(Device::kCuda, nullptr);
   register_device_graphs(Device::kCuda, nullptr);
   register_device_memory(Device::kCuda, nullptr);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/phase_timer.h"
 
 namespace moecore::guarded_device {
 
@@ -80,6 +81,7 @@ class Scope {
 
  private:
   Device previous_default_;
+  DevicePhaseClock* previous_clock_ = nullptr;
 };
 
 }  // namespace moecore::guarded_device

@@ -57,7 +57,7 @@ class FixedMarkClock final : public DevicePhaseClock {
     open_.push_back({phase, false});
     return static_cast<int64_t>(open_.size() - 1);
   }
-  void end(int64_t id) override { open_[static_cast<size_t>(id)].ended = true; }
+  void end(int64_t id) noexcept override { open_[static_cast<size_t>(id)].ended = true; }
   void collect() override {
     for (const auto& [phase, ended] : open_)
       if (ended) phase_timer::add(phase, seconds_);

@@ -5,7 +5,9 @@
 # list breaks `make fuzz` and nothing else. This check reads the normal build's objects instead:
 # those of the listed sources plus harness_link.cpp's (what the targets call) must define every
 # moecore symbol they use. The symbols a linker would miss are printed, demangled, with the
-# objects that need them.
+# objects that need them. Only moecore's own symbols are checked: a listed source that starts
+# calling another library (ISA-L, oneDNN, MPI) needs that library in the fuzz targets' link line
+# too, which this check does not see.
 # Usage: check_sources_link.sh SOURCES_FILE OBJECTS_FILE (one path per line; OBJECTS_FILE holds
 # every object of the libraries the sources are in, and harness_link.cpp's).
 set -euo pipefail

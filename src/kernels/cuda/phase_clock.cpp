@@ -34,27 +34,26 @@ class CudaPhaseClock final : public DevicePhaseClock {
     return static_cast<int64_t>(used_++);
   }
 
-  void end(int64_t id) override {
+  // Unchecked calls (ScopedPhase's destructor calls this, also while an error unwinds): a
+  // failure leaves the phase untimed, and the error, sticky or not, is the next checked call's.
+  // A scope begun before a capture and ending inside it has no end to measure to: untimed too.
+  void end(int64_t id) noexcept override {
     Mark& mark = marks_[static_cast<size_t>(id)];
-    // A scope begun before a capture and ending inside it has no end to measure to: untimed.
-    if (capturing()) {
-      mark.state = State::kDone;
-      return;
-    }
-    MOE_CUDA_CHECK(cudaEventRecord(mark.end, stream()));
-    mark.state = State::kEnded;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const bool recorded = cudaStreamIsCapturing(stream(), &status) == cudaSuccess &&
+                          status == cudaStreamCaptureStatusNone &&
+                          cudaEventRecord(mark.end, stream()) == cudaSuccess;
+    mark.state = recorded ? State::kEnded : State::kDone;
   }
 
   void collect() override {
-    // Events of one stream complete in order: once the last ended mark's end has, all have.
-    const Mark* last_ended = nullptr;
-    for (size_t i = 0; i < used_; ++i)
-      if (marks_[i].state == State::kEnded) last_ended = &marks_[i];
-    if (last_ended != nullptr) MOE_CUDA_CHECK(cudaEventSynchronize(last_ended->end));
     bool open = false;
     for (size_t i = 0; i < used_; ++i) {
       Mark& mark = marks_[i];
       if (mark.state == State::kEnded) {
+        // Each end waited for (marks end in any order; once the device is past the latest,
+        // the others return at once).
+        MOE_CUDA_CHECK(cudaEventSynchronize(mark.end));
         float ms = 0.0f;
         MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, mark.start, mark.end));
         phase_timer::add(mark.phase, 1e-3 * static_cast<double>(ms));
