@@ -146,6 +146,20 @@ def main() -> int:
                          "default: transformers' own choice")
     args = ap.parse_args()
 
+    # The config's errors first, before the seconds torch and transformers take to import.
+    cfg = load_config(args.config, args.overrides)
+    model_cfg, optim, train = cfg["model"], cfg.get("optim", {}), cfg["train"]
+    if model_cfg.get("routing", "learned") != "learned":
+        raise SystemExit(f"peer: transformers has no routing = {model_cfg['routing']!r}")
+    batch, seq = int(train["batch_size"]), int(train["seq_len"])
+    # train.microbatches as moecore reads it: the batch in that many passes whose gradients add
+    # up before one optimizer step (each pass's loss, a mean over its own tokens, divided by the
+    # count: the batch's mean when every pass has as many targets, as here).
+    microbatches = int(train.get("microbatches", 1))
+    if microbatches < 1 or batch % microbatches:
+        raise SystemExit(f"peer: train.batch_size={batch} is not a multiple of "
+                         f"train.microbatches={microbatches}")
+
     import torch
     import transformers
     import moecore_harness as H
@@ -157,10 +171,6 @@ def main() -> int:
         raise SystemExit("peer: --device cuda but torch sees no usable CUDA device")
     if not cuda:
         torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, args.overrides)
-    model_cfg, optim, train = cfg["model"], cfg.get("optim", {}), cfg["train"]
-    if model_cfg.get("routing", "learned") != "learned":
-        raise SystemExit(f"peer: transformers has no routing = {model_cfg['routing']!r}")
     hf = H.hf_config_dict({k: v for k, v in model_cfg.items() if k != "routing"}, "olmoe")
     kw = {k: v for k, v in hf.items() if k not in ("architectures", "model_type", "torch_dtype")}
     kw["max_position_embeddings"] = train["seq_len"]
@@ -208,14 +218,6 @@ def main() -> int:
         return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
     forward = torch.compile(model) if args.mode == "compile" else model
-    batch, seq = int(train["batch_size"]), int(train["seq_len"])
-    # train.microbatches as moecore reads it: the batch in that many passes whose gradients add
-    # up before one optimizer step (each pass's loss, a mean over its own tokens, divided by the
-    # count: the batch's mean when every pass has as many targets, as here).
-    microbatches = int(train.get("microbatches", 1))
-    if microbatches < 1 or batch % microbatches:
-        raise SystemExit(f"peer: train.batch_size={batch} is not a multiple of "
-                         f"train.microbatches={microbatches}")
     rows = batch // microbatches
     if args.synthetic_tokens:
         data = synthetic_batches(int(model_cfg["vocab_size"]), batch, seq, int(train.get("seed", 0)))
