@@ -187,14 +187,15 @@ def step_by_phase(profile: dict) -> dict:
     that timed them (CUDA events on a GPU). What separates the MoE layers' scaling with the expert
     count from the optimizer's pass over every parameter (bench/results/expert_scaling.md on the
     CPU)."""
-    steps = max(int(profile["steps"]), 1)
+    per_step = 1e3 / max(int(profile["steps"]), 1)
     phases = profile["phases"]
-    passes = sum(s for name, s in phases.items() if name.endswith(("_forward", "_backward")))
+    step_ms = float(profile["seconds"]) * per_step  # the phases add up to it ("other": the rest)
+    passes_ms = per_step * sum(s for name, s in phases.items()
+                               if name.endswith(("_forward", "_backward")))
+    optimizer_ms = per_step * phases.get("optimizer", 0.0)
     return {"clock": profile.get("phase_clock", "?"), "steps": profile["steps"],
-            "step_ms": 1e3 * float(profile["seconds"]) / steps,
-            "passes_ms": 1e3 * passes / steps,
-            "optimizer_ms": 1e3 * phases.get("optimizer", 0.0) / steps,
-            "rest_ms": 1e3 * (sum(phases.values()) - passes - phases.get("optimizer", 0.0)) / steps}
+            "step_ms": step_ms, "passes_ms": passes_ms, "optimizer_ms": optimizer_ms,
+            "rest_ms": step_ms - passes_ms - optimizer_ms}
 
 
 def machine(args) -> dict:

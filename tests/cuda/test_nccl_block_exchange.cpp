@@ -23,6 +23,7 @@
 #include "dist/nccl/nccl_communicator.h"
 #include "gradcheck.h"
 #include "kernels/cuda/runtime.h"
+#include "two_gpus.h"
 
 namespace moecore::cuda_test::block_exchange {
 namespace {
@@ -127,11 +128,7 @@ TEST(NcclBlockExchange, ReplaysInACudaGraphAndRefusesToGrowInsideACapture) {
 // as the previous round's values or the poison. The blocks change size between rounds (the
 // window grows at the third).
 TEST(NcclBlockExchange, TwoGpusEachReceiveTheOthersBlock) {
-  int devices = 0;
-  MOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  if (devices < 2)
-    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); " << devices
-                 << " visible";
+  if (const std::string why = cuda_test::fewer_than_two_gpus(); !why.empty()) GTEST_SKIP() << why;
   if (const std::string why = library_mismatch(); !why.empty()) GTEST_SKIP() << why;
   std::vector<ncclComm_t> comms(2, nullptr);
   const int device_list[2] = {0, 1};

@@ -22,6 +22,7 @@
 #include "device_vector.h"
 #include "dist/nccl/nccl_communicator.h"
 #include "kernels/cuda/runtime.h"
+#include "two_gpus.h"
 
 namespace moecore::cuda_test {
 namespace {
@@ -224,11 +225,7 @@ TEST(NcclCommunicator, NonBlockingOperationsRejectHostMemory) {
 // the backend's operations directly: the traffic counters of the public ones belong to the main
 // thread only (dist/traffic_counters.h).
 TEST(NcclCommunicator, TwoGpusAllReduceAndSendReceive) {
-  int devices = 0;
-  MOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  if (devices < 2)
-    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device); " << devices
-                 << " visible";
+  if (const std::string why = cuda_test::fewer_than_two_gpus(); !why.empty()) GTEST_SKIP() << why;
   std::vector<ncclComm_t> comms(2, nullptr);
   const int device_list[2] = {0, 1};
   ASSERT_EQ(ncclCommInitAll(comms.data(), 2, device_list), ncclSuccess);
