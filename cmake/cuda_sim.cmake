@@ -1,0 +1,60 @@
+# The CUDA backend's tests on an emulated GPU (tests/cuda_sim/, cudasim): the backend's own
+# sources, its kernels (src/kernels/cuda/*.cu, rewritten to host C++ by cudasim_rewrite_launches)
+# and the CUDA tests (tests/cuda/ but the NCCL ones) compiled by the host compiler against
+# tests/cuda_sim/include, whose cuda_runtime.h, cuda_bf16.h, mma.h, CUB sort and cuBLAS /
+# cuBLASLt stand in for the toolkit's. Needs no toolkit, so every build of the tests has it: the
+# device code runs on every machine. What it does and does not show: tests/cuda_sim/README.md.
+add_executable(cudasim_rewrite_launches tests/cuda_sim/rewrite_launches.cpp)
+target_compile_options(cudasim_rewrite_launches PRIVATE ${MOECORE_WARNINGS})
+
+# The backend's kernels, and the kernels of the emulator's own tests (tests/cuda_sim/*.cu).
+file(GLOB MOECORE_SIM_KERNELS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cu
+     ${CMAKE_SOURCE_DIR}/tests/cuda_sim/*.cu)
+set(MOECORE_SIM_REWRITTEN)
+foreach(kernel_file ${MOECORE_SIM_KERNELS})
+  get_filename_component(kernel_name ${kernel_file} NAME_WE)
+  set(rewritten ${CMAKE_BINARY_DIR}/cuda_sim/${kernel_name}.cu.cpp)
+  add_custom_command(OUTPUT ${rewritten}
+                     COMMAND cudasim_rewrite_launches ${kernel_file} ${rewritten}
+                     DEPENDS ${kernel_file} cudasim_rewrite_launches
+                     COMMENT "cudasim: ${kernel_name}.cu as host C++" VERBATIM)
+  list(APPEND MOECORE_SIM_REWRITTEN ${rewritten})
+endforeach()
+
+file(GLOB MOECORE_SIM_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp)
+file(GLOB MOECORE_SIM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda/*.cpp)
+list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/(test_nccl_[^/]*|main)\\.cpp$")
+add_executable(moecore_cuda_sim_tests
+               ${MOECORE_SIM_REWRITTEN} ${MOECORE_SIM_HOST_SOURCES} ${MOECORE_SIM_TEST_SOURCES}
+               tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
+               tests/cuda_sim/sim_runtime.cpp tests/cuda_sim/sim_executor.cpp
+               tests/cuda_sim/cublas_sim.cpp)
+# The emulated toolkit's headers before any other (a real toolkit's must not be found instead).
+target_include_directories(moecore_cuda_sim_tests BEFORE PRIVATE
+                           ${CMAKE_SOURCE_DIR}/tests/cuda_sim/include)
+target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
+                           ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
+# No FMA contraction: the device rounds each of __fmul_rn's and __fadd_rn's results, and the
+# kernels' plain expressions are what nvcc would contract only where the CPU reference does too.
+# nvcc's `#pragma unroll` means nothing to the host compiler.
+target_compile_options(moecore_cuda_sim_tests PRIVATE ${MOECORE_WARNINGS} -fno-math-errno
+                       -ffp-contract=off -Wno-unknown-pragmas)
+target_link_libraries(moecore_cuda_sim_tests PRIVATE moecore_train moecore_kernel_op_cases
+                      GTest::gtest)
+# Two entries, so that ctest runs them side by side: the per-op harness, and the backend's own
+# tests with the captured training steps. Left out: the one test of the stream's asynchrony
+# (CudaPhaseClock's bound on the host's time to issue 30 ms of stream work: cudasim runs work when
+# it is issued). Not in the sanitizers' ctest: there the suite takes about four minutes (the
+# captured bf16 steps alone two), too much of `make test`'s budget; the program is built in that
+# preset too, to run by hand (tests/cuda_sim/README.md).
+if(NOT MOECORE_SANITIZE)
+  set(MOECORE_SIM_NOT_RUN CudaPhaseClock.TimesWhatTheStreamRanNotWhatTheHostIssued)
+  add_test(NAME CudaSim.KernelOps
+           COMMAND moecore_cuda_sim_tests --gtest_filter=Backends/*-${MOECORE_SIM_NOT_RUN})
+  add_test(NAME CudaSim.Backend
+           COMMAND moecore_cuda_sim_tests --gtest_filter=-Backends/*:${MOECORE_SIM_NOT_RUN})
+  # COST: the longest entries of the suite, started first so that they do not end it alone.
+  set_tests_properties(CudaSim.KernelOps CudaSim.Backend PROPERTIES
+                       ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE" COST 1000
+                       FAIL_REGULAR_EXPRESSION "cudasim: cudaError(LaunchFailure|IllegalAddress)")
+endif()

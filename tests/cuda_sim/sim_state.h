@@ -1,0 +1,44 @@
+// cudasim's runtime state as its executor (sim_executor.cpp) and its runtime API
+// (sim_runtime.cpp) share it: the device's memory, the streams' work and the errors.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace cudasim {
+
+// Where a pointer points: into a device allocation (cudaMalloc, cudaMallocAsync), into host
+// memory the device can address (cudaHostAlloc / cudaMallocHost: pinned, mapped), or elsewhere:
+// pageable host memory, which no kernel can read. One past an allocation's end counts as inside.
+enum class MemoryKind { kDevice, kPinnedHost, kPageableHost };
+MemoryKind memory_kind(const void* pointer);
+
+// Runs `work` now, or records it when `stream` is being captured (launches, copies, sets, host
+// functions, CUB's sort all go through here).
+void issue_stream_work(cudaStream_t stream, std::function<void()> work);
+
+// An error of the last call (cudaGetLastError returns and clears it) or, when sticky, of the
+// context: every later synchronisation returns it and no more work runs (a kernel's fault, as on
+// the device). The message goes to stderr, since the status alone would not say which kernel.
+void record_error(cudaError_t error, bool sticky, const std::string& message);
+bool has_sticky_error();
+// Forgets the errors, a sticky one included: the emulator's own tests (test_emulator.cpp) fail
+// launches on purpose and go on, as a process would after cudaDeviceReset.
+void clear_errors();
+
+// The dynamic shared memory a kernel may use (cudaFuncSetAttribute), 48 KiB unless raised.
+size_t max_dynamic_shared_bytes(const void* kernel);
+
+// The emulated device's limits (an H200's).
+inline constexpr size_t kDefaultSharedBytes = 48 * 1024;
+inline constexpr size_t kOptInSharedBytes = 227 * 1024;
+
+// Runs every block of a launch whose checks passed (sim_executor.cpp); false and `failure` set
+// when a block's threads did not all reach a barrier or collective together.
+bool execute_launch(const LaunchShape& shape, const std::function<void()>& body,
+                    std::string& failure);
+
+}  // namespace cudasim
