@@ -56,6 +56,33 @@ __global__ void write_one_kernel(int* out) {
   out[0] = 1;
 }
 
+// Reads a shared slot no thread wrote.
+__global__ void unwritten_shared_kernel(float* out) {
+  __shared__ float slots[64];
+  if (threadIdx.x < 32) slots[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = slots[threadIdx.x];
+}
+
+// 40 KiB of static shared memory next to the launch's dynamic shared memory.
+__global__ void large_static_shared_kernel(float* out) {
+  __shared__ float big[10 * 1024];
+  big[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
+// Lane 0 waits at __syncwarp while the others shuffle.
+__global__ void mixed_collectives_kernel(float* out) {
+  float v = 1.0f;
+  if (threadIdx.x == 0) {
+    __syncwarp();
+  } else {
+    v = __shfl_xor_sync(0xffffffffu, v, 1);
+  }
+  out[threadIdx.x] = v;
+}
+
 }  // namespace
 
 void launch_divergent_barrier(int* out, cudaStream_t stream) {
@@ -80,6 +107,15 @@ void launch_dynamic_shared(float* out, int floats, bool opt_in, cudaStream_t str
 }
 void launch_write_one(int* out, unsigned int threads, cudaStream_t stream) {
   write_one_kernel<<<1, threads, 0, stream>>>(out);
+}
+void launch_unwritten_shared(float* out, cudaStream_t stream) {
+  unwritten_shared_kernel<<<1, 64, 0, stream>>>(out);
+}
+void launch_large_static_shared(float* out, size_t dynamic_bytes, cudaStream_t stream) {
+  large_static_shared_kernel<<<1, 32, dynamic_bytes, stream>>>(out);
+}
+void launch_mixed_collectives(float* out, cudaStream_t stream) {
+  mixed_collectives_kernel<<<1, 32, 0, stream>>>(out);
 }
 
 }  // namespace cudasim_checks

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace cudasim_checks {
 
 void launch_divergent_barrier(int* out, cudaStream_t stream);
@@ -14,5 +16,10 @@ void launch_block_sum(const float* in, float* out, int blocks, int threads, cuda
 // when opt_in.
 void launch_dynamic_shared(float* out, int floats, bool opt_in, cudaStream_t stream);
 void launch_write_one(int* out, unsigned int threads, cudaStream_t stream);
+// out[t] = a shared slot, which only threads below 32 (of 64) wrote.
+void launch_unwritten_shared(float* out, cudaStream_t stream);
+// 40 KiB of static shared memory and `dynamic_bytes` of dynamic shared memory.
+void launch_large_static_shared(float* out, size_t dynamic_bytes, cudaStream_t stream);
+void launch_mixed_collectives(float* out, cudaStream_t stream);
 
 }  // namespace cudasim_checks

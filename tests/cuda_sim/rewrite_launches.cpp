@@ -4,6 +4,10 @@
 //         -> ::cudasim::Launch("name<targs>", grid, block, shared, stream)(name<targs>)(arguments)
 //     extern __shared__ T name[];
 //         -> T* const name = ::cudasim::dynamic_shared<T>();
+//     __shared__ T a[n], b;   (a declaration that begins its line)
+//         -> the same, then ::cudasim::declare_shared(&a, sizeof(a), "a"); and so for b: the
+//            block's first thread to get there fills it with the device's garbage, and its
+//            bytes count against the block's shared memory limit
 // Everything else is copied as it is, with a #line directive so that the compiler's messages and
 // the emulator's name the .cu file and its lines.
 //
@@ -15,6 +19,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -111,6 +116,60 @@ std::string rewrite_dynamic_shared(const std::string& s, const std::string& file
   return out;
 }
 
+// The names a declaration's text after `__shared__` declares: the last identifier before the
+// first declarator's brackets (its type comes first), then the first identifier of each other
+// declarator, the declarators split at commas outside brackets and parentheses.
+std::vector<std::string> declared_names(const std::string& declaration) {
+  std::vector<std::string> parts(1);
+  int depth = 0;
+  for (const char c : declaration) {
+    if (c == '(' || c == '[') ++depth;
+    if (c == ')' || c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      parts.emplace_back();
+    } else {
+      parts.back() += c;
+    }
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string head = parts[i].substr(0, parts[i].find('['));
+    std::vector<std::string> identifiers;
+    std::string current;
+    for (const char c : head + " ") {
+      if (std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_') {
+        current += c;
+      } else if (!current.empty()) {
+        identifiers.push_back(current);
+        current.clear();
+      }
+    }
+    if (!identifiers.empty()) names.push_back(i == 0 ? identifiers.back() : identifiers.front());
+  }
+  return names;
+}
+
+std::string declare_static_shared(const std::string& s, const std::string& file) {
+  const std::string marker = "__shared__ ";
+  std::string out;
+  size_t copied = 0;
+  for (size_t at = s.find(marker); at != std::string::npos; at = s.find(marker, at + 1)) {
+    const size_t line_start = s.rfind('\n', at) + 1;             // 0 when npos
+    if (s.find_first_not_of(" \t", line_start) != at) continue;  // not a declaration's start
+    const size_t semicolon = s.find(';', at);
+    if (semicolon == std::string::npos) fail(file, "a __shared__ declaration without its ;");
+    const std::vector<std::string> names =
+        declared_names(s.substr(at + marker.size(), semicolon - at - marker.size()));
+    if (names.empty()) fail(file, "a __shared__ declaration without a name");
+    out += s.substr(copied, semicolon + 1 - copied);
+    for (const std::string& name : names)
+      out += " ::cudasim::declare_shared(&" + name + ", sizeof(" + name + "), \"" + name + "\");";
+    copied = semicolon + 1;
+  }
+  out += s.substr(copied);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,7 +182,8 @@ int main(int argc, char** argv) {
   if (!input) fail(in, "cannot read it");
   std::ostringstream text;
   text << input.rdbuf();
-  const std::string rewritten = rewrite_launches(rewrite_dynamic_shared(text.str(), in), in);
+  const std::string rewritten =
+      rewrite_launches(declare_static_shared(rewrite_dynamic_shared(text.str(), in), in), in);
   std::ofstream output(out_path, std::ios::binary | std::ios::trunc);
   // nvcc includes cuda_runtime.h before a .cu file's first line; so does this.
   output << "#include <cuda_runtime.h>\n#line 1 \"" << in << "\"\n" << rewritten;

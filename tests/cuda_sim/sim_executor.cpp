@@ -14,13 +14,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <exception>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "sim_state.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CUDASIM_ASAN 1
 #else
@@ -84,6 +87,7 @@ struct Fiber {
   const char* barrier_file = nullptr;  // the __syncthreads call's place
   int barrier_line = 0;
   unsigned int warp_mask = 0;
+  WarpCollective collective = WarpCollective::kShuffle;
   uint64_t offered = 0, received = 0;
   int source_lane = 0;
 };
@@ -97,6 +101,13 @@ struct BlockRun {
   size_t scheduler_stack_bytes = 0;
   const std::function<void()>* body = nullptr;
   void* dynamic_shared = nullptr;
+  size_t dynamic_shared_bytes = 0;
+  // The block's __shared__ objects seen so far (filled with 0xff by the first thread to declare
+  // each) and their bytes, for the launch's shared memory limit.
+  std::set<const void*> shared_objects;
+  size_t static_shared_bytes = 0;
+  size_t shared_limit_bytes = kDefaultSharedBytes;  // static and dynamic together
+  std::string fault;  // the first rule the block's device code broke (report_fault)
 };
 
 thread_local BlockRun* running = nullptr;
@@ -140,12 +151,19 @@ void yield_to_scheduler(bool exiting) {
 #endif
 }
 
-void fiber_main() {
+// A fiber's whole life. Device code does not throw; should a kernel's host-side helper do so,
+// the process ends here naming the exception (nothing could unwind past the fiber's first frame).
+void fiber_main() noexcept {
 #if CUDASIM_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &running->scheduler_stack,
                                   &running->scheduler_stack_bytes);
 #endif
-  (*running->body)();
+  try {
+    (*running->body)();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cudasim: a kernel's thread threw: %s\n", e.what());
+    std::abort();
+  }
   running->current->wait = Wait::kDone;
   yield_to_scheduler(/*exiting=*/true);
 }
@@ -236,8 +254,11 @@ bool release_warps(std::vector<Fiber>& fibers, std::string& failure) {
         return false;
       }
       const Fiber& other = fibers[static_cast<size_t>(t)];
-      if (other.wait == Wait::kWarp && other.warp_mask != f.warp_mask) {
-        failure = "lanes of one warp wait at warp collectives with different masks";
+      if (other.wait == Wait::kWarp &&
+          (other.warp_mask != f.warp_mask || other.collective != f.collective)) {
+        failure =
+            "lanes of one warp wait at different warp collectives (a shuffle and a "
+            "__syncwarp, or other masks)";
         return false;
       }
       if (other.wait != Wait::kWarp) complete = false;
@@ -288,11 +309,21 @@ bool reverse_order() {
 
 bool run_block(BlockRun& run, std::vector<Fiber>& fibers, std::string& failure) {
   for (Fiber& f : fibers) {
+#if CUDASIM_ASAN
+    // A fiber a failed launch abandoned left its frames' poison on the stack reused here.
+    __asan_unpoison_memory_region(f.stack, kStackBytes);
+#endif
     f.wait = Wait::kRunnable;
     f.barrier_file = nullptr;
     f.barrier_line = 0;
     f.saved_stack = initial_stack(f.stack);
   }
+  // Shared memory holds garbage when a block starts, on the device: all ones here, as fresh
+  // global memory (and never what the previous block left).
+  if (run.dynamic_shared_bytes > 0) std::memset(run.dynamic_shared, 0xff, run.dynamic_shared_bytes);
+  run.shared_objects.clear();
+  run.static_shared_bytes = 0;
+  run.fault.clear();
   const size_t n = fibers.size();
   for (;;) {
     bool ran = false;
@@ -306,7 +337,10 @@ bool run_block(BlockRun& run, std::vector<Fiber>& fibers, std::string& failure) 
     if (ran) continue;
     bool all_done = true;
     for (const Fiber& f : fibers) all_done = all_done && f.wait == Wait::kDone;
-    if (all_done) return true;
+    if (all_done) {
+      failure = run.fault;
+      return failure.empty();
+    }
     if (release_warps(fibers, failure)) continue;
     if (!failure.empty()) return false;
     bool any_warp = false;
@@ -337,14 +371,33 @@ int lane_id() {
   return running->current->linear % 32;
 }
 
-uint64_t warp_exchange(unsigned int mask, uint64_t bits, int source_lane) {
+uint64_t warp_exchange(WarpCollective collective, unsigned int mask, uint64_t bits,
+                       int source_lane) {
   Fiber& f = *running->current;
   f.wait = Wait::kWarp;
   f.warp_mask = mask;
+  f.collective = collective;
   f.offered = bits;
   f.source_lane = source_lane;
   yield_to_scheduler(/*exiting=*/false);
   return f.received;
+}
+
+void report_fault(const std::string& what) {
+  if (running->fault.empty()) running->fault = what;
+}
+
+void declare_shared(void* object, size_t bytes, const char* name) {
+  BlockRun& run = *running;
+  if (!run.shared_objects.insert(object).second) return;
+  std::memset(object, 0xff, bytes);
+  run.static_shared_bytes += bytes;
+  if (run.static_shared_bytes + run.dynamic_shared_bytes > run.shared_limit_bytes)
+    report_fault("__shared__ " + std::string(name) + ": " +
+                 std::to_string(run.static_shared_bytes) + " bytes of static and " +
+                 std::to_string(run.dynamic_shared_bytes) +
+                 " of dynamic shared memory exceed the block's " +
+                 std::to_string(run.shared_limit_bytes) + " bytes");
 }
 
 bool execute_launch(const LaunchShape& shape, const std::function<void()>& body,
@@ -352,12 +405,22 @@ bool execute_launch(const LaunchShape& shape, const std::function<void()>& body,
   const size_t threads = size_t{shape.block.x} * shape.block.y * shape.block.z;
   std::vector<Fiber> fibers(threads);
   for (size_t i = 0; i < threads; ++i) fibers[i].stack = stack_for(i);
-  // Exactly the bytes asked for, so that a read past them is a heap overflow under ASan.
-  std::vector<char> dynamic(shape.shared_bytes);
+  // Exactly the bytes asked for, so that a read past them is a heap overflow under ASan, at the
+  // device's alignment of dynamic shared memory (WMMA's loads need 32 bytes).
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> dynamic(
+      shape.shared_bytes > 0 ? std::aligned_alloc(128, (shape.shared_bytes + 127) / 128 * 128)
+                             : nullptr);
   BlockRun run;
   run.fibers = &fibers;
   run.body = &body;
-  run.dynamic_shared = dynamic.empty() ? nullptr : dynamic.data();
+  run.dynamic_shared = dynamic.get();
+  run.dynamic_shared_bytes = shape.shared_bytes;
+  run.shared_limit_bytes = max_dynamic_shared_bytes(shape.kernel) > kDefaultSharedBytes
+                               ? kOptInSharedBytes
+                               : kDefaultSharedBytes;
   BlockRun* const outer = running;
   running = &run;
   bool ok = true;
@@ -395,5 +458,5 @@ void cudasim::sync_threads(const char* file, int line) {
 }
 
 void __syncwarp(unsigned int mask) {
-  cudasim::warp_exchange(mask, 0, cudasim::lane_id());
+  cudasim::warp_exchange(cudasim::WarpCollective::kSyncWarp, mask, 0, cudasim::lane_id());
 }

@@ -55,6 +55,10 @@ struct Allocation {
   MemoryKind kind;
   CUstream_st* captured_by;  // the capture under way that allocated it, or none
   bool freed_in_graph;       // that capture freed it: the graph's
+  // A graph's memory is live between its allocation and its free in each launch of the graph
+  // (refilled with 0xff at the allocation, as fresh memory); a kernel given it outside that
+  // span gets an illegal address.
+  bool live;
 };
 
 struct State {
@@ -95,7 +99,7 @@ void* allocate(size_t bytes, MemoryKind kind, CUstream_st* captured_by) {
   // every integer, so that a kernel reading what nothing wrote shows in its results (the same
   // way every run) instead of passing on a lucky zero.
   std::memset(p, 0xff, bytes);
-  state().allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, kind, captured_by, false};
+  state().allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, kind, captured_by, false, true};
   return p;
 }
 
@@ -123,6 +127,19 @@ cudaError_t fail(cudaError_t error, const std::string& message) {
 }
 
 }  // namespace
+
+std::string unaddressable(const void* pointer) {
+  if (pointer == nullptr) return {};
+  const Allocation* a = find(pointer);
+  if (a == nullptr) return "points to host memory the device cannot address";
+  if (!a->live) return "points to a graph's memory outside its allocation in the graph";
+  return {};
+}
+
+bool inside_device_allocation(const void* pointer, size_t bytes) {
+  const Allocation* a = find(pointer, bytes);
+  return a != nullptr && a->live && a->kind == MemoryKind::kDevice;
+}
 
 MemoryKind memory_kind(const void* pointer) {
   const Allocation* a = find(pointer);
@@ -199,17 +216,23 @@ void issue_launch(const LaunchShape& shape, std::vector<const void*> pointer_arg
                      "kernel's limit (48 KiB)");
     return;
   }
-  for (size_t i = 0; i < pointer_arguments.size(); ++i) {
-    const void* p = pointer_arguments[i];
-    if (p != nullptr && memory_kind(p) == MemoryKind::kPageableHost) {
-      // The device would fault when it dereferences it (an illegal address).
-      record_error(cudaErrorIllegalAddress, true,
-                   kernel + ": pointer argument " + std::to_string(i + 1) +
-                       " points to host memory the device cannot address");
-      return;
+  // The device would fault when it dereferences such a pointer (an illegal address). Checked
+  // when the launch is issued and again when it runs: a graph may run it after its memory went.
+  const auto check_pointers = [kernel](const std::vector<const void*>& pointers) {
+    for (size_t i = 0; i < pointers.size(); ++i) {
+      const std::string why = unaddressable(pointers[i]);
+      if (!why.empty()) {
+        record_error(cudaErrorIllegalAddress, true,
+                     kernel + ": pointer argument " + std::to_string(i + 1) + " " + why);
+        return false;
+      }
     }
-  }
-  issue_stream_work(shape.stream, [shape, body = std::move(body)] {
+    return true;
+  };
+  if (!check_pointers(pointer_arguments)) return;
+  issue_stream_work(shape.stream, [shape, body = std::move(body), check_pointers,
+                                   pointer_arguments = std::move(pointer_arguments)] {
+    if (!check_pointers(pointer_arguments)) return;
     std::string failure;
     if (!execute_launch(shape, body, failure)) record_error(cudaErrorLaunchFailure, true, failure);
   });
@@ -372,7 +395,14 @@ cudaError_t cudaMallocAsync(void** pointer, size_t bytes, cudaStream_t stream) {
   CUstream_st* s = cudasim::resolve(stream);
   *pointer = cudasim::allocate(bytes, MemoryKind::kDevice, s->capturing ? s : nullptr);
   if (*pointer == nullptr) return cudaErrorMemoryAllocation;
-  if (s->capturing) s->graph_allocations.push_back(*pointer);
+  if (s->capturing) {
+    s->graph_allocations.push_back(*pointer);
+    const auto address = reinterpret_cast<uintptr_t>(*pointer);
+    s->recorded.push_back([address, bytes] {
+      cudasim::state().allocations.at(address).live = true;
+      std::memset(reinterpret_cast<void*>(address), 0xff, bytes);
+    });
+  }
   return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
@@ -388,6 +418,8 @@ cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
       return cudasim::fail(cudaErrorInvalidValue,
                            "cudaFreeAsync inside a capture of memory the graph did not allocate");
     it->second.freed_in_graph = true;
+    const uintptr_t address = it->first;
+    s->recorded.push_back([address] { cudasim::state().allocations.at(address).live = false; });
     return cudaSuccess;
   }
   if (it->second.captured_by != nullptr || it->second.freed_in_graph)
@@ -431,10 +463,12 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) {
 
 namespace {
 
-// The side of a copy that `kind` says, checked against where the pointer is.
-bool where_kind_says(const void* p, bool device_side) {
-  const MemoryKind k = cudasim::memory_kind(p);
-  return device_side ? k != MemoryKind::kPageableHost : true;
+// The side of a copy that `kind` says, checked against where its `bytes` are: device memory (or
+// host memory the device maps) on the device's side, and not device memory on the host's.
+bool where_kind_says(const void* p, size_t bytes, bool device_side, cudaMemcpyKind kind) {
+  const cudasim::Allocation* a = cudasim::find(p, bytes);
+  if (device_side) return a != nullptr && a->live;
+  return kind == cudaMemcpyDefault || a == nullptr || a->kind != MemoryKind::kDevice;
 }
 
 }  // namespace
@@ -444,9 +478,16 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (bytes == 0) return cudaSuccess;
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (!where_kind_says(dst, dst_device) || !where_kind_says(src, src_device))
+  const bool default_kind = kind == cudaMemcpyDefault;
+  const auto device_side = [&](const void* p) {
+    const MemoryKind k = cudasim::memory_kind(p);
+    return k != MemoryKind::kPageableHost;
+  };
+  if (!where_kind_says(dst, bytes, default_kind ? device_side(dst) : dst_device, kind) ||
+      !where_kind_says(src, bytes, default_kind ? device_side(src) : src_device, kind))
     return cudasim::fail(cudaErrorInvalidValue,
-                         "cudaMemcpyAsync: a pointer is not where the copy's kind says");
+                         "cudaMemcpyAsync: " + std::to_string(bytes) +
+                             " bytes not where the copy's kind says (or past their allocation)");
   CUstream_st* s = cudasim::resolve(stream);
   const bool pageable = cudasim::memory_kind(dst) == MemoryKind::kPageableHost ||
                         cudasim::memory_kind(src) == MemoryKind::kPageableHost;
@@ -461,8 +502,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 }
 cudaError_t cudaMemsetAsync(void* pointer, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
-  if (cudasim::memory_kind(pointer) == MemoryKind::kPageableHost)
-    return cudasim::fail(cudaErrorInvalidValue, "cudaMemsetAsync of host memory");
+  const cudasim::Allocation* a = cudasim::find(pointer, bytes);
+  if (a == nullptr || !a->live)
+    return cudasim::fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) +
+                                                    " bytes not inside one device allocation");
   cudasim::issue_stream_work(stream, [=] { std::memset(pointer, value, bytes); });
   return cudaSuccess;
 }
@@ -511,7 +554,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   for (void* p : s->graph_allocations) {
     cudasim::Allocation& a = cudasim::state().allocations.at(reinterpret_cast<uintptr_t>(p));
     a.captured_by = nullptr;
-    if (a.freed_in_graph) captured->allocations.push_back(p);
+    if (a.freed_in_graph) {
+      a.live = false;  // until a launch of the graph allocates it
+      captured->allocations.push_back(p);
+    }
   }
   s->recorded.clear();
   s->graph_allocations.clear();

@@ -15,6 +15,8 @@ namespace cudasim {
 // pageable host memory, which no kernel can read. One past an allocation's end counts as inside.
 enum class MemoryKind { kDevice, kPinnedHost, kPageableHost };
 MemoryKind memory_kind(const void* pointer);
+// Whether [pointer, pointer + bytes) lies in one live device allocation.
+bool inside_device_allocation(const void* pointer, size_t bytes);
 
 // Runs `work` now, or records it when `stream` is being captured (launches, copies, sets, host
 // functions, CUB's sort all go through here).

@@ -185,5 +185,81 @@ TEST_F(Cudasim, AGraphRunsItsWorkAtEachLaunchNotAtTheCapture) {
   cudaGraphDestroy(graph);
 }
 
+TEST_F(Cudasim, SharedMemoryNoThreadWroteReadsAsNaN) {
+  float* out = device_array<float>(64);
+  launch_unwritten_shared(out, stream_);
+  std::vector<float> host(64);
+  ASSERT_EQ(cudaMemcpy(host.data(), out, 64 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t t = 0; t < 64; ++t) {
+    if (t < 32) {
+      EXPECT_EQ(host[t], 1.0f) << t;
+    } else {
+      EXPECT_TRUE(std::isnan(host[t])) << t;
+    }
+  }
+}
+
+TEST_F(Cudasim, StaticAndDynamicSharedMemoryTogetherMustFitTheBlock) {
+  float* out = device_array<float>(32);
+  launch_large_static_shared(out, 4 * 1024, stream_);  // 44 KiB: fits the 48
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  cudaError_t status = cudaSuccess;
+  const std::string printed =
+      failure_of([](cudaStream_t s,
+                    void* o) { launch_large_static_shared(static_cast<float*>(o), 12 * 1024, s); },
+                 out, &status);  // 52 KiB
+  EXPECT_EQ(status, cudaErrorLaunchFailure);
+  EXPECT_NE(printed.find("__shared__ big: 40960 bytes of static and 12288 of dynamic shared "
+                         "memory exceed the block's 49152 bytes"),
+            std::string::npos)
+      << printed;
+}
+
+TEST_F(Cudasim, LanesAtDifferentWarpCollectivesFailTheLaunch) {
+  cudaError_t status = cudaSuccess;
+  const std::string printed = failure_of(
+      [](cudaStream_t s, void* out) { launch_mixed_collectives(static_cast<float*>(out), s); },
+      device_array<float>(32), &status);
+  EXPECT_EQ(status, cudaErrorLaunchFailure);
+  EXPECT_NE(printed.find("different warp collectives"), std::string::npos) << printed;
+}
+
+TEST_F(Cudasim, ACopyPastItsAllocationIsRefused) {
+  float* four = device_array<float>(4);
+  const std::vector<float> five(5, 1.0f);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cudaMemcpyAsync(four, five.data(), 5 * sizeof(float), cudaMemcpyHostToDevice, stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemsetAsync(four, 0, 5 * sizeof(float), stream_), cudaErrorInvalidValue);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cudaMemcpyAsync(four, five.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, stream_),
+            cudaSuccess);
+}
+
+// Memory a capture allocates and frees is the graph's between those two points of each launch:
+// a kernel recorded after the free gets an illegal address when the graph runs.
+TEST_F(Cudasim, AGraphsMemoryIsGoneAfterItsFreeInTheGraph) {
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&scratch, sizeof(int), stream_), cudaSuccess);
+  launch_write_one(static_cast<int*>(scratch), 1, stream_);  // inside its life: fine
+  ASSERT_EQ(cudaFreeAsync(scratch, stream_), cudaSuccess);
+  launch_write_one(static_cast<int*>(scratch), 1, stream_);  // after its free
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaErrorIllegalAddress);
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(printed.find("write_one_kernel: pointer argument 1 points to a graph's memory outside "
+                         "its allocation in the graph"),
+            std::string::npos)
+      << printed;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 }  // namespace
 }  // namespace cudasim_checks

@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace nvcuda::wmma {
@@ -47,9 +49,19 @@ void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, T value) {
 }
 
 // The layout of the operands in memory is the fragment's own (row_major or col_major).
+// WMMA's requirements of its memory operands (CUDA C++ Programming Guide, "Warp Matrix
+// Functions"): a 256-bit aligned pointer, ldm a multiple of 16 bytes. Broken, the launch fails.
+template <typename T>
+void check_operand(const T* p, unsigned int ldm, const char* call) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || (ldm * sizeof(T)) % 16 != 0)
+    cudasim::report_fault(std::string(call) + ": a pointer not 32-byte aligned or an ldm of " +
+                          std::to_string(ldm) + " elements, not a multiple of 16 bytes");
+}
+
 template <typename Use, int M, int N, int K, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned int ldm) {
   static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
+  check_operand(p, ldm, "wmma::load_matrix_sync");
   using F = fragment<Use, M, N, K, T, Layout>;
   for (int r = 0; r < F::rows; ++r)
     for (int c = 0; c < F::cols; ++c)
@@ -59,6 +71,7 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned
 template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float, void>& f,
                        unsigned int ldm, layout_t layout) {
+  check_operand(p, ldm, "wmma::store_matrix_sync");
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.at(r, c);

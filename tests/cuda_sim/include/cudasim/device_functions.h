@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 namespace cudasim {
@@ -20,9 +21,21 @@ const ThreadCoordinates& coordinates();
 void* dynamic_shared_memory();
 
 // A warp collective: this lane offers `bits` and gets those of `source_lane` (its own where the
-// collective gives it its own value) once every lane of `mask` has arrived at a collective.
-uint64_t warp_exchange(unsigned int mask, uint64_t bits, int source_lane);
+// collective gives it its own value) once every lane of `mask` has arrived at the same kind of
+// collective.
+enum class WarpCollective { kShuffle, kSyncWarp };
+uint64_t warp_exchange(WarpCollective collective, unsigned int mask, uint64_t bits,
+                       int source_lane);
 int lane_id();
+
+// A rule of the device broken by the running thread (a misaligned WMMA pointer, say): the launch
+// fails with `what` once its block has run.
+void report_fault(const std::string& what);
+
+// A __shared__ object's declaration reached by a thread of the running block (rewrite_launches
+// adds the call after each): the first thread of the block fills it with 0xff, the device's
+// garbage, and its bytes count against the block's shared memory limit with the dynamic ones.
+void declare_shared(void* object, size_t bytes, const char* name);
 
 template <typename T>
 uint64_t to_bits(T v) {
@@ -69,28 +82,33 @@ inline void __threadfence_system() {}
 template <typename T>
 T __shfl_sync(unsigned int mask, T v, int source_lane, int width = 32) {
   const int lane = cudasim::lane_id();
-  const int source = (lane / width) * width + (source_lane % width);
-  return cudasim::from_bits<T>(cudasim::warp_exchange(mask, cudasim::to_bits(v), source));
+  // The hardware takes the source's low bits within the lane's group of `width` (a power of two).
+  const int source = (lane / width) * width + (source_lane & (width - 1));
+  return cudasim::from_bits<T>(
+      cudasim::warp_exchange(cudasim::WarpCollective::kShuffle, mask, cudasim::to_bits(v), source));
 }
 template <typename T>
 T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = 32) {
   const int lane = cudasim::lane_id();
-  int source = lane ^ lane_mask;
+  int source = lane ^ (lane_mask & 31);
   if (source >= (lane / width + 1) * width) source = lane;  // a later group: its own value
-  return cudasim::from_bits<T>(cudasim::warp_exchange(mask, cudasim::to_bits(v), source));
+  return cudasim::from_bits<T>(
+      cudasim::warp_exchange(cudasim::WarpCollective::kShuffle, mask, cudasim::to_bits(v), source));
 }
 template <typename T>
 T __shfl_up_sync(unsigned int mask, T v, unsigned int delta, int width = 32) {
   const int lane = cudasim::lane_id();
   const int source = lane % width < static_cast<int>(delta) ? lane : lane - static_cast<int>(delta);
-  return cudasim::from_bits<T>(cudasim::warp_exchange(mask, cudasim::to_bits(v), source));
+  return cudasim::from_bits<T>(
+      cudasim::warp_exchange(cudasim::WarpCollective::kShuffle, mask, cudasim::to_bits(v), source));
 }
 template <typename T>
 T __shfl_down_sync(unsigned int mask, T v, unsigned int delta, int width = 32) {
   const int lane = cudasim::lane_id();
   const int source =
       lane % width + static_cast<int>(delta) >= width ? lane : lane + static_cast<int>(delta);
-  return cudasim::from_bits<T>(cudasim::warp_exchange(mask, cudasim::to_bits(v), source));
+  return cudasim::from_bits<T>(
+      cudasim::warp_exchange(cudasim::WarpCollective::kShuffle, mask, cudasim::to_bits(v), source));
 }
 
 // Atomics: the fibers of a launch share one host thread and switch only at barriers and

@@ -31,6 +31,13 @@ struct LaunchShape {
 void issue_launch(const LaunchShape& shape, std::vector<const void*> pointer_arguments,
                   std::function<void()> body);
 
+// An argument as the kernel's parameter receives it: implicit conversions only, as nvcc allows
+// (no void* to T*, no integer to an enum class).
+template <typename Parameter, typename Argument>
+Parameter passed(Argument&& argument) {
+  return std::forward<Argument>(argument);
+}
+
 template <typename T>
 void collect_pointer(std::vector<const void*>& pointers, const T& argument) {
   if constexpr (std::is_pointer_v<T>)
@@ -48,7 +55,7 @@ class BoundLaunch {
     static_assert(sizeof...(Arguments) == sizeof...(Parameters),
                   "a kernel launch with the wrong number of arguments");
     std::tuple<std::decay_t<Parameters>...> values(
-        static_cast<Parameters>(std::forward<Arguments>(arguments))...);
+        passed<Parameters>(std::forward<Arguments>(arguments))...);
     std::vector<const void*> pointers;
     std::apply([&](const auto&... v) { (collect_pointer(pointers, v), ...); }, values);
     issue_launch(shape_, std::move(pointers),
