@@ -94,7 +94,6 @@ struct Fiber {
 
 // The block being run on this host thread.
 struct BlockRun {
-  std::vector<Fiber>* fibers = nullptr;
   Fiber* current = nullptr;
   void* scheduler_saved_stack = nullptr;
   const void* scheduler_stack = nullptr;
@@ -414,7 +413,6 @@ bool execute_launch(const LaunchShape& shape, const std::function<void()>& body,
       shape.shared_bytes > 0 ? std::aligned_alloc(128, (shape.shared_bytes + 127) / 128 * 128)
                              : nullptr);
   BlockRun run;
-  run.fibers = &fibers;
   run.body = &body;
   run.dynamic_shared = dynamic.get();
   run.dynamic_shared_bytes = shape.shared_bytes;

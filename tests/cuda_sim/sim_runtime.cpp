@@ -1,9 +1,10 @@
 // cudasim's runtime API: memory, streams, stream capture and graphs, events, errors and the
 // device's description (cuda_runtime.h says what cudasim is and is not). Work issued on a stream
 // runs at once unless the stream is being captured; a capture records it, and what a real capture
-// refuses (a synchronisation, a pageable host copy, cudaMalloc, a free of memory the graph did not
-// allocate) fails with CUDA's status and invalidates the capture, so that the backend's
-// "nothing in a step waits for the host" is checked here the way the device checks it.
+// refuses fails with CUDA's status: a wait for the stream or a pageable host copy (and, in a
+// global-mode capture, a device or event wait, cudaMalloc, cudaFree, cudaHostAlloc) invalidates
+// the capture, a free of memory the graph did not allocate is refused. So the backend's "nothing
+// in a step waits for the host" is checked here the way the device checks it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -126,8 +127,7 @@ cudaError_t fail(cudaError_t error, const std::string& message) {
   return error;
 }
 
-}  // namespace
-
+// Why the device could not dereference `pointer` (empty when it can, or when it is null).
 std::string unaddressable(const void* pointer) {
   if (pointer == nullptr) return {};
   const Allocation* a = find(pointer);
@@ -135,6 +135,8 @@ std::string unaddressable(const void* pointer) {
   if (!a->live) return "points to a graph's memory outside its allocation in the graph";
   return {};
 }
+
+}  // namespace
 
 bool inside_device_allocation(const void* pointer, size_t bytes) {
   const Allocation* a = find(pointer, bytes);
@@ -216,23 +218,19 @@ void issue_launch(const LaunchShape& shape, std::vector<const void*> pointer_arg
                      "kernel's limit (48 KiB)");
     return;
   }
-  // The device would fault when it dereferences such a pointer (an illegal address). Checked
-  // when the launch is issued and again when it runs: a graph may run it after its memory went.
-  const auto check_pointers = [kernel](const std::vector<const void*>& pointers) {
-    for (size_t i = 0; i < pointers.size(); ++i) {
-      const std::string why = unaddressable(pointers[i]);
+  // The pointers are checked when the launch runs (a graph's replay may come after its memory
+  // went): one the device could not dereference is its illegal address, and nothing runs.
+  issue_stream_work(shape.stream, [shape, body = std::move(body),
+                                   pointer_arguments = std::move(pointer_arguments)] {
+    for (size_t i = 0; i < pointer_arguments.size(); ++i) {
+      const std::string why = unaddressable(pointer_arguments[i]);
       if (!why.empty()) {
         record_error(cudaErrorIllegalAddress, true,
-                     kernel + ": pointer argument " + std::to_string(i + 1) + " " + why);
-        return false;
+                     std::string(shape.kernel_name) + ": pointer argument " +
+                         std::to_string(i + 1) + " " + why);
+        return;
       }
     }
-    return true;
-  };
-  if (!check_pointers(pointer_arguments)) return;
-  issue_stream_work(shape.stream, [shape, body = std::move(body), check_pointers,
-                                   pointer_arguments = std::move(pointer_arguments)] {
-    if (!check_pointers(pointer_arguments)) return;
     std::string failure;
     if (!execute_launch(shape, body, failure)) record_error(cudaErrorLaunchFailure, true, failure);
   });
@@ -463,12 +461,16 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) {
 
 namespace {
 
-// The side of a copy that `kind` says, checked against where its `bytes` are: device memory (or
-// host memory the device maps) on the device's side, and not device memory on the host's.
-bool where_kind_says(const void* p, size_t bytes, bool device_side, cudaMemcpyKind kind) {
+// Whether `bytes` at `p` are where a copy's side says: inside one live allocation the device can
+// address (device or mapped pinned memory) on the device's side, outside device memory on the
+// host's. cudaMemcpyDefault takes each side from where its pointer is.
+bool where_side_says(const void* p, size_t bytes, cudaMemcpyKind kind, bool device_by_kind) {
   const cudasim::Allocation* a = cudasim::find(p, bytes);
+  const bool device_side = kind == cudaMemcpyDefault
+                               ? cudasim::memory_kind(p) != MemoryKind::kPageableHost
+                               : device_by_kind;
   if (device_side) return a != nullptr && a->live;
-  return kind == cudaMemcpyDefault || a == nullptr || a->kind != MemoryKind::kDevice;
+  return a == nullptr || a->kind != MemoryKind::kDevice;
 }
 
 }  // namespace
@@ -476,15 +478,10 @@ bool where_kind_says(const void* p, size_t bytes, bool device_side, cudaMemcpyKi
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
-  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  const bool default_kind = kind == cudaMemcpyDefault;
-  const auto device_side = [&](const void* p) {
-    const MemoryKind k = cudasim::memory_kind(p);
-    return k != MemoryKind::kPageableHost;
-  };
-  if (!where_kind_says(dst, bytes, default_kind ? device_side(dst) : dst_device, kind) ||
-      !where_kind_says(src, bytes, default_kind ? device_side(src) : src_device, kind))
+  if (!where_side_says(dst, bytes, kind,
+                       kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) ||
+      !where_side_says(src, bytes, kind,
+                       kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice))
     return cudasim::fail(cudaErrorInvalidValue,
                          "cudaMemcpyAsync: " + std::to_string(bytes) +
                              " bytes not where the copy's kind says (or past their allocation)");

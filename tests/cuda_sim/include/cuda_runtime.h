@@ -1,5 +1,5 @@
 // cudasim: the CUDA runtime as the CUDA backend uses it, emulated on the CPU, so that the backend's
-// own sources (src/kernels/cuda/*.cpp and the kernels of *.cu, rewritten by rewrite_launches.cmake
+// own sources (src/kernels/cuda/*.cpp and the kernels of *.cu, rewritten by rewrite_launches.cpp
 // from `kernel<<<grid, block, shared, stream>>>(...)` to a cudasim::Launch) compile with the host
 // compiler and run in a test without a GPU. It shows the kernels' logic (indexing, barriers, warp
 // collectives, the launch shapes' limits, the host/device split of every pointer) against the
@@ -10,7 +10,8 @@
 // sit right after each buffer: an access past a device buffer is a heap overflow there). A stream
 // runs its work when it is issued, unless the stream is being captured: then the work is recorded
 // into the graph, and a graph launch runs it again. What a real capture refuses (a synchronisation,
-// a pageable host copy, cudaMalloc) fails here in the same way and invalidates the capture.
+// a pageable host copy, cudaMalloc in a global-mode capture) fails here in the same way
+// (sim_runtime.cpp lists the calls).
 //
 // Kernels run block by block on the calling thread; each CUDA thread of a block is a fiber
 // (sim_executor.cpp), switched only at __syncthreads, __syncwarp and the warp shuffles, which

@@ -1,4 +1,4 @@
-// cudasim: a kernel launch. rewrite_launches.cmake turns
+// cudasim: a kernel launch. rewrite_launches.cpp turns
 //     name<args><<<grid, block, shared, stream>>>(arguments...)
 // into
 //     ::cudasim::Launch("name<args>", grid, block, shared, stream)(name<args>)(arguments...)
