@@ -9,7 +9,7 @@ target_compile_options(cudasim_rewrite_launches PRIVATE ${MOECORE_WARNINGS})
 
 # The backend's kernels, and the kernels of the emulator's own tests (tests/cuda_sim/*.cu).
 file(GLOB MOECORE_SIM_KERNELS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cu
-     ${CMAKE_SOURCE_DIR}/tests/cuda_sim/*.cu)
+     ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cu ${CMAKE_SOURCE_DIR}/tests/cuda_sim/*.cu)
 set(MOECORE_SIM_REWRITTEN)
 foreach(kernel_file ${MOECORE_SIM_KERNELS})
   get_filename_component(kernel_name ${kernel_file} NAME_WE)
@@ -21,14 +21,18 @@ foreach(kernel_file ${MOECORE_SIM_KERNELS})
   list(APPEND MOECORE_SIM_REWRITTEN ${rewritten})
 endforeach()
 
-file(GLOB MOECORE_SIM_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp)
+file(GLOB MOECORE_SIM_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp
+     ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cpp)
 file(GLOB MOECORE_SIM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda/*.cpp)
-list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/(test_nccl_[^/]*|main)\\.cpp$")
+list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/main\\.cpp$")
 add_executable(moecore_cuda_sim_tests
                ${MOECORE_SIM_REWRITTEN} ${MOECORE_SIM_HOST_SOURCES} ${MOECORE_SIM_TEST_SOURCES}
                tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
+               tests/cuda_sim/test_nccl_emulator.cpp
                tests/cuda_sim/sim_runtime.cpp tests/cuda_sim/sim_executor.cpp
-               tests/cuda_sim/cublas_sim.cpp)
+               tests/cuda_sim/cublas_sim.cpp tests/cuda_sim/nccl_sim.cpp)
+# NCCL's communicator with its device API (nccl_block_exchange.*), over cudasim's NCCL.
+target_compile_definitions(moecore_cuda_sim_tests PRIVATE MOECORE_NCCL_DEVICE_API=1)
 # The emulated toolkit's headers before any other (a real toolkit's must not be found instead).
 target_include_directories(moecore_cuda_sim_tests BEFORE PRIVATE
                            ${CMAKE_SOURCE_DIR}/tests/cuda_sim/include)
@@ -52,9 +56,19 @@ if(NOT MOECORE_SANITIZE)
   add_test(NAME CudaSim.KernelOps
            COMMAND moecore_cuda_sim_tests --gtest_filter=Backends/*-${MOECORE_SIM_NOT_RUN})
   add_test(NAME CudaSim.Backend
-           COMMAND moecore_cuda_sim_tests --gtest_filter=-Backends/*:${MOECORE_SIM_NOT_RUN})
+           COMMAND moecore_cuda_sim_tests
+                   --gtest_filter=-Backends/*:*ranks2*:${MOECORE_SIM_NOT_RUN})
+  # NCCL's communicator, its symmetric exchange and the training job over them in two processes,
+  # each with a GPU of its own, joined by cudasim's NCCL (nccl_sim.cpp); a case that skips there
+  # fails the entry.
+  add_test(NAME CudaSim.TwoRanks
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+                   $<TARGET_FILE:moecore_cuda_sim_tests> --gtest_filter=*ranks2*)
   # COST: the longest entries of the suite, started first so that they do not end it alone.
-  set_tests_properties(CudaSim.KernelOps CudaSim.Backend PROPERTIES
+  set_tests_properties(CudaSim.KernelOps CudaSim.Backend CudaSim.TwoRanks PROPERTIES
                        ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE" COST 1000
                        FAIL_REGULAR_EXPRESSION "cudasim: cudaError(LaunchFailure|IllegalAddress)")
+  set_tests_properties(CudaSim.TwoRanks PROPERTIES
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMP_WAIT_POLICY=PASSIVE"
+      FAIL_REGULAR_EXPRESSION "FAILED|SKIPPED \\]|cudasim: cudaError(LaunchFailure|IllegalAddress)|cudasim: NCCL")
 endif()

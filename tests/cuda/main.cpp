@@ -1,14 +1,18 @@
 // The CUDA tests' entry point. Without a usable GPU (no driver, a driver older than the runtime,
 // no device) it prints one line saying why and exits 77, which ctest reports as skipped
-// (SKIP_RETURN_CODE); with one, it names the device and runs every test.
+// (SKIP_RETURN_CODE); with one, it names the device and runs every test. Under mpirun each process
+// is a rank on its node's GPU of its local rank (kernels/cuda/device_selection.h): the *ranks2*
+// tests run there (ctest Cuda.TwoRanks), and skip in one line where the two share a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <string>
 
+#include "dist/mpi/mpi_runtime.h"
 #include "kernels/cuda/runtime.h"
 
 int main(int argc, char** argv) {
+  moecore::dist::init_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   const std::string why = moecore::kernels::cuda::unavailable_reason();
   if (!why.empty() && !GTEST_FLAG_GET(list_tests)) {

@@ -4,7 +4,8 @@
 // collectives complete without reaching NCCL (groups of one); what runs on NCCL is the
 // communicator's creation over the bootstrap (ncclCommInitRank), the mesh's ncclCommSplits, the
 // barriers of the checkpoint and their destruction. The job on NCCL must train as the same job on
-// MPI's group of one does: one rank moves nothing, so the losses agree bit for bit.
+// MPI's group of one does: one rank moves nothing, so the losses agree bit for bit. In two
+// processes (the *ranks2* cases below) the job moves its data over NCCL.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -75,28 +77,37 @@ TEST_F(NcclRegistered, FactoryMakesTheWorldAndTheMeshOverNccl) {
 
 class NcclTrainingJob : public NcclRegistered {
  protected:
+  // One directory for every rank of the job (rank 0's process id names it), its tokens written
+  // by rank 0.
   void SetUp() override {
     NcclRegistered::SetUp();
-    dir_ = fs::temp_directory_path() / fmt::format("moecore_nccl_job_{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    SplitMix64 rng(11);
-    std::vector<uint16_t> tokens(32 * 64);
-    for (uint16_t& token : tokens) token = static_cast<uint16_t>(rng.bounded(300));
-    std::ofstream file(dir_ / "train.npy", std::ios::binary);
-    file.write(reinterpret_cast<const char*>(tokens.data()),
-               static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+    world_ = dist::mpi_world();
+    int64_t id = ::getpid();
+    world_->broadcast(&id, sizeof id, 0);
+    dir_ = fs::temp_directory_path() / fmt::format("moecore_nccl_job_{}", id);
+    if (world_->rank() == 0) {
+      fs::remove_all(dir_);
+      fs::create_directories(dir_);
+      SplitMix64 rng(11);
+      std::vector<uint16_t> tokens(32 * 64);
+      for (uint16_t& token : tokens) token = static_cast<uint16_t>(rng.bounded(300));
+      std::ofstream file(dir_ / "train.npy", std::ios::binary);
+      file.write(reinterpret_cast<const char*>(tokens.data()),
+                 static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+    }
+    world_->barrier();
   }
   void TearDown() override {
-    fs::remove_all(dir_);
+    world_->barrier();
+    if (world_->rank() == 0) fs::remove_all(dir_);
     NcclRegistered::TearDown();
   }
 
   // A small MoE run of 3 steps on the GPU, with its final checkpoint (the checkpointer's
   // barriers run on the world).
-  RunConfig config(const std::string& communicator, const std::string& out) const {
-    return parse_run_config(
-        fmt::format(R"([model]
+  RunConfig config(const std::string& communicator, const std::string& out,
+                   const std::string& parallel = "", const std::string& train = "") const {
+    return parse_run_config(fmt::format(R"([model]
 vocab_size = 300
 hidden_size = 64
 num_hidden_layers = 2
@@ -118,6 +129,7 @@ log_every = 1
 eval_every = 0
 device = "cuda"
 out_dir = "{}"
+{}
 
 [data]
 train = ["{}"]
@@ -125,11 +137,14 @@ dtype = "uint16"
 
 [parallel]
 communicator = "{}"
+{}
 )",
-                    (dir_ / out).string(), (dir_ / "train.npy").string(), communicator),
-        "nccl_training_job");
+                                        (dir_ / out).string(), train, (dir_ / "train.npy").string(),
+                                        communicator, parallel),
+                            "nccl_training_job");
   }
 
+  std::unique_ptr<dist::Communicator> world_;
   fs::path dir_;
 };
 
@@ -147,6 +162,7 @@ TrainSummary train_capturing(const RunConfig& config, std::string& output) {
 }
 
 TEST_F(NcclTrainingJob, OneRankTrainsOnNcclAsOnMpi) {
+  if (world_->size() != 1) GTEST_SKIP() << "runs in one process";
   std::string output;
   const TrainSummary nccl = train_capturing(config("nccl", "nccl"), output);
   const TrainSummary mpi = train_capturing(config("mpi", "mpi"), output);
@@ -161,11 +177,96 @@ TEST_F(NcclTrainingJob, OneRankTrainsOnNcclAsOnMpi) {
 
 // "auto" leaves a job of one rank on MPI's group of one (nothing to move), and names why.
 TEST_F(NcclTrainingJob, AutoKeepsOneRankOnMpi) {
+  if (world_->size() != 1) GTEST_SKIP() << "runs in one process";
   std::string output;
   const TrainSummary summary = train_capturing(config("auto", "auto"), output);
   EXPECT_EQ(summary.steps, 3);
   EXPECT_EQ(output.find("communicator nccl"), std::string::npos) << output;
 }
+
+// The job in two processes, one GPU each, on NCCL against the same job on MPI (ctest
+// CudaSim.TwoRanks: cudasim's GPUs and NCCL; Cuda.TwoRanks on a machine with two GPUs). Over two
+// ranks every reduction adds two terms, the same in either order, and the rest moves bits: the
+// losses agree bit for bit, whichever communicator moved the gradients, the tokens and the
+// statistics. The symmetric transport (the kernel's stores into the peer's window) runs against
+// MPI's padded transport, which moves the same blocks. A captured run (train.cuda_graph: every
+// step one graph, the collectives and the exchange's kernel inside it) runs against the same job
+// on NCCL eagerly. Only rank 0 prints, so the start-up lines are checked there.
+struct TwoRankJob {
+  std::string name;
+  std::string parallel;      // the NCCL job's [parallel] keys
+  std::string against;       // the job it must equal: "mpi" (with mpi_parallel) or "eager"
+  std::string mpi_parallel;  // the MPI job's [parallel] keys
+  std::string train{};       // more [train] keys of both jobs
+  bool graph = false;        // the NCCL job captures its steps (train.cuda_graph)
+};
+
+void PrintTo(const TwoRankJob& job, std::ostream* out) {
+  *out << job.name;
+}
+
+class NcclTwoRankJob : public NcclTrainingJob, public ::testing::WithParamInterface<TwoRankJob> {};
+
+TEST_P(NcclTwoRankJob, ranks2_trains_as_its_oracle) {
+  const TwoRankJob& job = GetParam();
+  if (world_->size() != 2) GTEST_SKIP() << "runs in 2 processes (mpirun -n 2)";
+  if (const std::string why = dist::device_communicator(Device::kCuda)->unusable(*world_);
+      !why.empty())
+    GTEST_SKIP() << why;
+  std::string output;
+  const TrainSummary nccl = train_capturing(
+      config("nccl", "nccl", job.parallel, job.train + (job.graph ? "\ncuda_graph = true" : "")),
+      output);
+  const TrainSummary oracle =
+      job.against == "mpi"
+          ? train_capturing(config("mpi", "mpi", job.mpi_parallel, job.train), output)
+          : train_capturing(config("nccl", "eager", job.parallel, job.train), output);
+  if (world_->rank() == 0) {  // the rank that prints
+    EXPECT_NE(output.find("parallel: 2 ranks"), std::string::npos) << output;
+    EXPECT_NE(output.find("communicator nccl"), std::string::npos) << output;
+    if (job.graph) {
+      EXPECT_NE(output.find("cuda_graph: 1 steps replayed"), std::string::npos) << output;
+    }
+  }
+  EXPECT_EQ(nccl.steps, 3);
+  EXPECT_TRUE(std::isfinite(nccl.last_loss));
+  EXPECT_EQ(nccl.first_loss, oracle.first_loss) << output;
+  EXPECT_EQ(nccl.last_loss, oracle.last_loss) << output;
+  EXPECT_TRUE(fs::is_directory(dir_ / "nccl" / "checkpoints" / "step_00000003"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Jobs, NcclTwoRankJob,
+    ::testing::Values(
+        // Experts over the two ranks by the synchronous dispatch's all-to-all-v, the dense
+        // parameters' data parallelism with ZeRO-1 (reduce-scatter of the gradients, all-gather
+        // of the weights).
+        TwoRankJob{"ep_sync_zero", "ep = 2\nzero = 1", "mpi", "ep = 2\nzero = 1"},
+        // The rowwise dispatch's padded transport, routes dropped, the dense gradients reduced
+        // while the backward runs (non-blocking all-reduces).
+        TwoRankJob{"ep_padded_overlap_drops",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
+                   "capacity_factor = 0.75\noverlap_grad_reduce = true",
+                   "mpi",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
+                   "capacity_factor = 0.75\noverlap_grad_reduce = true"},
+        // The symmetric transport: the kernel stores each block into the peer's window.
+        TwoRankJob{"ep_symmetric_drops",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"symmetric\"\n"
+                   "capacity_factor = 0.75",
+                   "mpi",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
+                   "capacity_factor = 0.75"},
+        // Every step one graph (bf16: fp32 experts read their offsets on the host), replayed
+        // from the third step: ZeRO-1's collectives captured with the kernels.
+        TwoRankJob{"dp_zero_bf16_cuda_graph", "zero = 1", "eager", "", "precision = \"bf16\"",
+                   true},
+        // The symmetric exchange's kernel and the overlapped all-reduces captured with the step.
+        TwoRankJob{"ep_symmetric_overlap_bf16_cuda_graph",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"symmetric\"\n"
+                   "capacity_factor = 0.75\noverlap_grad_reduce = true",
+                   "eager", "", "precision = \"bf16\"", true}),
+    [](const ::testing::TestParamInfo<TwoRankJob>& param_info) { return param_info.param.name; });
 
 }  // namespace
 }  // namespace moecore::cuda_test

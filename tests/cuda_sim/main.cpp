@@ -8,10 +8,14 @@
 
 #include <cstdio>
 
+#include "dist/mpi/mpi_runtime.h"
 #include "gradcheck.h"
 #include "kernels/cuda/runtime.h"
 
+// Under mpirun every process is a rank with an emulated GPU of its own, and cudasim's NCCL joins
+// them (nccl_sim.cpp): the tests named *ranks2* run there (ctest CudaSim.TwoRanks).
 int main(int argc, char** argv) {
+  moecore::dist::init_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   moecore::gradcheck::max_checked_elements() = 8;
   const auto device = moecore::kernels::cuda::current_device_info();

@@ -5,11 +5,14 @@
 // global-mode capture, a device or event wait, cudaMalloc, cudaFree, cudaHostAlloc) invalidates
 // the capture, a free of memory the graph did not allocate is refused. So the backend's "nothing
 // in a step waits for the host" is checked here the way the device checks it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -148,6 +151,16 @@ MemoryKind memory_kind(const void* pointer) {
   return a == nullptr ? MemoryKind::kPageableHost : a->kind;
 }
 
+void register_device_memory(void* pointer, size_t bytes) {
+  std::memset(pointer, 0xff, bytes);
+  state().allocations[reinterpret_cast<uintptr_t>(pointer)] = {bytes, MemoryKind::kDevice, nullptr,
+                                                               false, true};
+}
+
+void unregister_device_memory(void* pointer) {
+  state().allocations.erase(reinterpret_cast<uintptr_t>(pointer));
+}
+
 void issue_stream_work(cudaStream_t stream, std::function<void()> work) {
   CUstream_st* s = resolve(stream);
   if (s->capturing) {
@@ -264,6 +277,15 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device != 0) return cudasim::fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties");
   *p = {};
   std::snprintf(p->name, sizeof p->name, "cudasim (an sm_90 GPU emulated on the CPU)");
+  // This process's own GPU: its process id and its host's name, so that two ranks never share
+  // one (NCCL's communicator refuses two ranks on one device, by uuid).
+  char host[64] = {};
+  gethostname(host, sizeof host - 1);
+  const pid_t pid = getpid();
+  std::memcpy(p->uuid.bytes, &pid, sizeof pid);
+  const size_t host_hash = std::hash<std::string>{}(host);
+  static_assert(sizeof pid + sizeof host_hash <= sizeof p->uuid.bytes);
+  std::memcpy(p->uuid.bytes + sizeof pid, &host_hash, sizeof host_hash);
   p->totalGlobalMem = size_t{141} << 30;
   p->sharedMemPerBlock = cudasim::kDefaultSharedBytes;
   p->sharedMemPerBlockOptin = cudasim::kOptInSharedBytes;
@@ -449,6 +471,20 @@ cudaError_t cudaHostGetDevicePointer(void** device_pointer, void* host_pointer,
   if (cudasim::memory_kind(host_pointer) != MemoryKind::kPinnedHost)
     return cudasim::fail(cudaErrorInvalidValue, "cudaHostGetDevicePointer of pageable memory");
   *device_pointer = host_pointer;
+  return cudaSuccess;
+}
+// Device memory (a graph's too, live or not), pinned host memory, or memory CUDA does not know.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
+  *attributes = {};
+  const cudasim::Allocation* a = cudasim::find(pointer);
+  if (a == nullptr) {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    return cudaSuccess;
+  }
+  attributes->type = a->kind == MemoryKind::kDevice ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+  attributes->devicePointer = const_cast<void*>(pointer);
+  attributes->hostPointer = a->kind == MemoryKind::kDevice ? nullptr : const_cast<void*>(pointer);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int /*device*/) {

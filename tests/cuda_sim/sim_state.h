@@ -18,6 +18,11 @@ MemoryKind memory_kind(const void* pointer);
 // Whether [pointer, pointer + bytes) lies in one live device allocation.
 bool inside_device_allocation(const void* pointer, size_t bytes);
 
+// Memory another part of cudasim mapped (NCCL's symmetric memory, nccl_sim.cpp), entered as a
+// device allocation of `bytes` (filled with 0xff, as fresh memory is), and taken out again.
+void register_device_memory(void* pointer, size_t bytes);
+void unregister_device_memory(void* pointer);
+
 // Runs `work` now, or records it when `stream` is being captured (launches, copies, sets, host
 // functions, CUB's sort all go through here).
 void issue_stream_work(cudaStream_t stream, std::function<void()> work);

@@ -44,6 +44,10 @@
 struct uint3 {
   unsigned int x, y, z;
 };
+// The vector types the kernels use (vector_types.h): 16 bytes, aligned as one load or store.
+struct __align__(16) float4 {
+  float x, y, z, w;
+};
 struct dim3 {
   unsigned int x, y, z;
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1)
@@ -80,6 +84,18 @@ enum cudaMemcpyKind {
   cudaMemcpyDeviceToHost = 2,
   cudaMemcpyDeviceToDevice = 3,
   cudaMemcpyDefault = 4,
+};
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
 };
 enum cudaStreamCaptureStatus {
   cudaStreamCaptureStatusNone = 0,
@@ -127,9 +143,15 @@ inline constexpr unsigned int cudaHostAllocDefault = 0x0;
 inline constexpr unsigned int cudaHostAllocPortable = 0x1;
 inline constexpr unsigned int cudaHostAllocMapped = 0x2;
 
-// The fields the backend reads, and the limits the emulated launches enforce (an H200's).
+struct cudaUUID_t {
+  char bytes[16];
+};
+
+// The fields the backend reads, and the limits the emulated launches enforce (an H200's). Every
+// process has a GPU of its own (its uuid differs), as ranks with one device each do.
 struct cudaDeviceProp {
   char name[256];
+  cudaUUID_t uuid;
   size_t totalGlobalMem;
   size_t sharedMemPerBlock;       // 48 KiB without opting in
   size_t sharedMemPerBlockOptin;  // 227 KiB with cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -162,6 +184,7 @@ cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream);
 cudaError_t cudaMallocHost(void** pointer, size_t bytes);
 cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int flags);
 cudaError_t cudaFreeHost(void* pointer);
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer);
 cudaError_t cudaHostGetDevicePointer(void** device_pointer, void* host_pointer, unsigned int flags);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attribute, void* value);
