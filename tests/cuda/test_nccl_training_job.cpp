@@ -257,6 +257,12 @@ INSTANTIATE_TEST_SUITE_P(
                    "mpi",
                    "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"\n"
                    "capacity_factor = 0.75"},
+        // MXFP8 experts (OLMo-core's recipe; on Hopper's path, dequantised to bf16) over the
+        // symmetric transport.
+        TwoRankJob{"ep_symmetric_mxfp8",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"symmetric\"", "mpi",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"",
+                   "precision = \"mxfp8\""},
         // Every step one graph (bf16: fp32 experts read their offsets on the host), replayed
         // from the third step: ZeRO-1's collectives captured with the kernels.
         TwoRankJob{"dp_zero_bf16_cuda_graph", "zero = 1", "eager", "", "precision = \"bf16\"",

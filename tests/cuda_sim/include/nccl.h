@@ -1,7 +1,9 @@
 // cudasim: NCCL's host API as src/dist/nccl/ uses it, emulated for ranks that are processes on one
 // machine, each with its own emulated GPU (nccl_sim.cpp), so that NCCL's communicator and the
 // symmetric exchange's kernel run in `make test` with two ranks and more. The names, types and
-// values are NCCL 2.28.9's (nccl.h of the CUDA toolkit's NCCL).
+// values are NCCL 2.28.9's (nccl.h of the CUDA toolkit's NCCL). Implemented by nccl_sim.cpp (the
+// communicators and operations), nccl_sim_transport.cpp (the messages between processes) and
+// nccl_sim_symmetric.cpp (symmetric memory).
 //
 // What is emulated: communicators made from a unique id (ncclCommInitRank), one-process groups of
 // one (ncclCommInitAll of one device), ncclCommSplit; ncclAllReduce (sum, max), ncclBroadcast,
@@ -9,10 +11,11 @@
 // symmetric memory (ncclMemAlloc, ncclCommWindowRegister) and the device API's load/store team
 // (nccl_device.h). Every operation is stream work: it runs when issued, or is recorded by a capture
 // and runs at each replay, like the emulated GPU's kernels. Operations meet their peers' in the
-// order each rank issues them (per communicator and pair of ranks, as NCCL's do); a receive that
-// meets a send of another size, an operand outside the device's memory or a peer that stopped is
-// reported on stderr and ends the process, where NCCL would hang or fault. Reductions add in rank
-// order, so every rank gets the same bits.
+// order each rank issues them (per communicator and pair of ranks, as NCCL's do), and a send is
+// complete once its peer has received it; a receive that meets another operation, size or
+// arguments, an operand outside the device's memory or a peer that stopped is reported on stderr
+// and ends the process, where NCCL would hang or fault. Reductions add in rank order, so every
+// rank gets the same bits.
 #pragma once
 
 #include <cuda_runtime.h>

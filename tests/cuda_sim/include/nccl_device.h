@@ -1,12 +1,12 @@
 // cudasim: NCCL 2.28's device API as nccl_block_exchange.cu uses it (nccl.h says what cudasim's
-// NCCL is). Symmetric memory is a file each process maps (ncclMemAlloc); a registered window maps
-// every peer's, so a kernel's load or store through ncclGetLsaPointer reaches the peer's memory as
-// NVLink's would. The window's handle lives in the emulated device's memory, as NCCL's does, so a
-// kernel may take it as an argument. The LSA barrier meets the same barrier of every peer: the
-// block's threads meet first (__syncthreads), one of them meets the peers through counters in the
-// communicator's shared memory (release on arrival, acquire on leaving), then the block again. The
-// blocks of a launch run one after the other in every process, in the same order, so the same
-// block of every rank reaches each barrier in turn.
+// NCCL is; nccl_sim_symmetric.cpp implements it). Symmetric memory is a file each process maps
+// (ncclMemAlloc); a registered window maps every peer's, so a kernel's load or store through
+// ncclGetLsaPointer reaches the peer's memory as NVLink's would. The window's handle lives in the
+// emulated device's memory, as NCCL's does, so a kernel may take it as an argument. The LSA barrier
+// meets the same barrier of every peer: the block's threads meet first (__syncthreads), one of them
+// meets the peers through counters in the communicator's shared memory (release on arrival, acquire
+// on leaving), then the block again. The blocks of a launch run one after the other in every
+// process, in the same order, so the same block of every rank reaches each barrier in turn.
 #pragma once
 
 #include <nccl.h>
@@ -38,12 +38,14 @@ struct ncclLsaBarrierHandle {
 
 namespace cudasim::nccl {
 class Comm;
-// Where a window is, in this process and in every peer's (nccl_sim.cpp fills it in).
 inline constexpr int kMaxRanks = 64;
 // Meets barrier `index` of `handle`'s in every rank of `comm` (one thread of the block).
 void lsa_barrier(Comm* comm, ncclLsaBarrierHandle handle, uint32_t index);
+// Ends the process: a pointer `offset` bytes into a window of `bytes`, past its end.
+[[noreturn]] void window_out_of_bounds(size_t offset, size_t bytes);
 }  // namespace cudasim::nccl
 
+// Where a window is, in this process and in every peer's (nccl_sim_symmetric.cpp fills it in).
 struct ncclWindow_vidmem {
   size_t bytes;
   int ranks;
@@ -75,9 +77,11 @@ inline ncclTeam_t ncclTeamLsa(ncclDevComm const& comm) {
 }
 
 inline void* ncclGetLocalPointer(ncclWindow_t window, size_t offset) {
+  if (offset >= window->bytes) cudasim::nccl::window_out_of_bounds(offset, window->bytes);
   return window->base[window->rank] + offset;
 }
 inline void* ncclGetLsaPointer(ncclWindow_t window, size_t offset, int peer) {
+  if (offset >= window->bytes) cudasim::nccl::window_out_of_bounds(offset, window->bytes);
   return window->base[peer] + offset;
 }
 
@@ -91,7 +95,9 @@ struct ncclLsaBarrierSession {
       : comm_(comm.simComm), handle_(handle), index_(index), ranks_(team.nRanks) {}
   ncclLsaBarrierSession(ncclLsaBarrierSession const&) = delete;
 
-  // Every rank's same CTA has arrived; with acquire, what they wrote before is seen.
+  // Every rank's same CTA has arrived, and what they wrote before is seen: always with acquire and
+  // release, whatever the order asked (a kernel that asks for relaxed where it needs acquire is not
+  // caught here; the host's memory model is stronger than the GPU's anyway).
   void sync(Coop, cuda::memory_order) {
     __syncthreads();
     if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && ranks_ > 1)
