@@ -263,6 +263,10 @@ INSTANTIATE_TEST_SUITE_P(
                    "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"symmetric\"", "mpi",
                    "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"padded\"",
                    "precision = \"mxfp8\""},
+        // MXFP8 experts captured too (OLMo-core's recipe: its expert weight gradients in bf16).
+        TwoRankJob{"ep_symmetric_mxfp8_cuda_graph",
+                   "ep = 2\ndispatch = \"rowwise\"\nrowwise_transport = \"symmetric\"", "eager", "",
+                   "precision = \"mxfp8\"", true},
         // Every step one graph (bf16: fp32 experts read their offsets on the host), replayed
         // from the third step: ZeRO-1's collectives captured with the kernels.
         TwoRankJob{"dp_zero_bf16_cuda_graph", "zero = 1", "eager", "", "precision = \"bf16\"",
