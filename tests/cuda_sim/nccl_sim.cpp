@@ -6,16 +6,13 @@
 // race); operands when the work runs (they must be in the device's memory). Reductions gather
 // every rank's contribution and add them in rank order, so every rank gets the same bits.
 #include <nccl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -26,19 +23,6 @@
 
 namespace cudasim::nccl {
 namespace {
-
-Comm* comm_of(ncclComm_t comm) {
-  return reinterpret_cast<Comm*>(comm);
-}
-
-std::string new_id(const char* what) {
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t nonce = std::random_device{}();
-  char name[96];
-  std::snprintf(name, sizeof name, "cudasim-nccl-%s-%d-%llu-%llx", what, static_cast<int>(getpid()),
-                static_cast<unsigned long long>(counter++), static_cast<unsigned long long>(nonce));
-  return name;
-}
 
 ncclResult_t join(ncclComm_t* out, const std::string& name, int ranks, int rank) {
   Comm* comm = Comm::join(name, ranks, rank);
@@ -224,7 +208,7 @@ ncclResult_t point_to_point(bool send, void* data, size_t count, ncclDataType_t 
                             ncclComm_t comm, cudaStream_t stream) {
   const std::string call = send ? "ncclSend" : "ncclRecv";
   if (comm == nullptr) return failure(ncclInvalidArgument, call + ": null comm");
-  Comm* c = comm_of(comm);
+  Comm* c = Comm::of(comm);
   if (peer < 0 || peer >= c->ranks())
     return failure(ncclInvalidArgument, call + ": peer " + std::to_string(peer));
   if (type_bytes(type) == 0) return failure(ncclInvalidArgument, call + ": not a data type");
@@ -252,7 +236,7 @@ ncclResult_t ncclGetVersion(int* version) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id) {
   *unique_id = {};
-  const std::string name = cudasim::nccl::new_id("comm");
+  const std::string name = cudasim::nccl::unique_name("comm");
   std::memcpy(unique_id->internal, name.data(),
               std::min(name.size(), sizeof unique_id->internal - 1));
   return ncclSuccess;
@@ -274,18 +258,18 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
     return failure(ncclInvalidArgument,
                    "ncclCommInitAll: the emulated GPU is one device per process (" +
                        std::to_string(ndev) + " devices asked)");
-  return cudasim::nccl::join(comm, cudasim::nccl::new_id("single"), 1, 0);
+  return cudasim::nccl::join(comm, cudasim::nccl::unique_name("single"), 1, 0);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  delete cudasim::nccl::comm_of(comm);
+  delete Comm::of(comm);
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
-  cudasim::nccl::comm_of(comm)->fail();
-  delete cudasim::nccl::comm_of(comm);
+  Comm::of(comm)->fail();
+  delete Comm::of(comm);
   return ncclSuccess;
 }
 
@@ -293,7 +277,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
                            ncclConfig_t* /*config*/) {
   if (const ncclResult_t r = cudasim::nccl::check_call(comm, "ncclCommSplit"); r != ncclSuccess)
     return r;
-  Comm& parent = *cudasim::nccl::comm_of(comm);
+  Comm& parent = *Comm::of(comm);
   const int64_t mine[2] = {color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(parent.ranks()));
   cudasim::nccl::allgather_now(parent, OpKind::kSplit, mine, sizeof mine,
@@ -346,13 +330,13 @@ const char* ncclGetLastError(ncclComm_t /*comm*/) {
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "ncclCommCount: null comm");
-  *count = cudasim::nccl::comm_of(comm)->ranks();
+  *count = Comm::of(comm)->ranks();
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "ncclCommUserRank: null comm");
-  *rank = cudasim::nccl::comm_of(comm)->rank();
+  *rank = Comm::of(comm)->rank();
   return ncclSuccess;
 }
 
@@ -367,7 +351,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   if (overlap_not_in_place(sendbuff, bytes, recvbuff, bytes, sendbuff == recvbuff))
     return refuse_overlap("ncclAllReduce");
   if (bytes == 0) return ncclSuccess;
-  Comm* c = comm_of(comm);
+  Comm* c = Comm::of(comm);
   return issue(*c, stream, [=] {
     if (!operands_reachable(*c, "ncclAllReduce", {{sendbuff, bytes}, {recvbuff, bytes}})) return;
     const size_t ranks = static_cast<size_t>(c->ranks());
@@ -384,7 +368,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            cudaStream_t stream) {
   using namespace cudasim::nccl;
   if (const ncclResult_t r = check_call(comm, "ncclBroadcast"); r != ncclSuccess) return r;
-  Comm* c = comm_of(comm);
+  Comm* c = Comm::of(comm);
   if (root < 0 || root >= c->ranks())
     return failure(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root));
   if (type_bytes(datatype) == 0)
@@ -417,7 +401,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   if (const ncclResult_t r = check_call(comm, "ncclAllGather"); r != ncclSuccess) return r;
   if (type_bytes(datatype) == 0)
     return failure(ncclInvalidArgument, "ncclAllGather: not a data type");
-  Comm* c = comm_of(comm);
+  Comm* c = Comm::of(comm);
   const size_t bytes = sendcount * type_bytes(datatype);
   const size_t ranks = static_cast<size_t>(c->ranks());
   // In place: the send buffer is this rank's part of the receive buffer.
@@ -440,7 +424,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   if (const ncclResult_t r = check_call(comm, "ncclReduceScatter"); r != ncclSuccess) return r;
   if (!reducible(datatype, op))
     return failure(ncclInvalidArgument, "ncclReduceScatter: a reduction cudasim does not emulate");
-  Comm* c = comm_of(comm);
+  Comm* c = Comm::of(comm);
   const size_t bytes = recvcount * type_bytes(datatype);
   const size_t ranks = static_cast<size_t>(c->ranks()), me = static_cast<size_t>(c->rank());
   // In place: the receive buffer is this rank's part of the send buffer.

@@ -24,10 +24,6 @@ using cudasim::nccl::OpKind;
 
 namespace {
 
-Comm* comm_of(ncclComm_t comm) {
-  return reinterpret_cast<Comm*>(comm);
-}
-
 // What every rank says of its window when registering it: its memory's file, its size, and
 // whether its own arguments were right (checked by every rank before any fails, so that all fail
 // together instead of leaving their peers waiting).
@@ -83,7 +79,7 @@ ncclResult_t ncclMemFree(void* ptr) {
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                     int win_flags) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "ncclCommWindowRegister: null comm");
-  Comm& c = *comm_of(comm);
+  Comm& c = *Comm::of(comm);
   WindowRecord mine{};
   std::string file;
   size_t mapped = 0;
@@ -140,7 +136,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "ncclCommWindowDeregister: null comm");
-  meet_peers(*comm_of(comm), OpKind::kWindowDeregister);  // collective in NCCL
+  meet_peers(*Comm::of(comm), OpKind::kWindowDeregister);  // collective in NCCL
   for (int r = 0; r < win->ranks; ++r)
     if (r != win->rank) munmap(win->base[r], cudasim::nccl::page_rounded(win->bytes));
   cudaFree(win);
@@ -150,7 +146,7 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const* requirements,
                                ncclDevComm_t* out_dev_comm) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "ncclDevCommCreate: null comm");
-  Comm& c = *comm_of(comm);
+  Comm& c = *Comm::of(comm);
   // Every rank must ask for as many barriers, and gets the same ones (creation is collective).
   const int64_t count = requirements->lsaBarrierCount;
   std::vector<int64_t> counts(static_cast<size_t>(c.ranks()));
@@ -177,11 +173,11 @@ ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const*
 
 ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* /*dev_comm*/) {
   if (comm == nullptr) return failure(ncclInvalidArgument, "ncclDevCommDestroy: null comm");
-  meet_peers(*comm_of(comm), OpKind::kDevCommDestroy);  // collective in NCCL
+  meet_peers(*Comm::of(comm), OpKind::kDevCommDestroy);  // collective in NCCL
   return ncclSuccess;
 }
 
 ncclTeam_t ncclTeamLsa(ncclComm_t comm) {
-  const Comm& c = *comm_of(comm);
+  const Comm& c = *Comm::of(comm);
   return {c.ranks(), c.rank(), 1};
 }

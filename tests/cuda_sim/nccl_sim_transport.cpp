@@ -21,12 +21,6 @@
 #include <thread>
 
 namespace cudasim::nccl {
-namespace {
-
-namespace fs = std::filesystem;
-
-// What each rank of a communicator is, in its file.
-enum RankState : uint64_t { kMember = 0, kLeft = 1, kFailed = 2 };
 
 // The communicator's file: this header, then a channel's words per ordered pair of ranks (head
 // written by the sender, tail by the receiver, each on a cache line of its own), then the rings.
@@ -35,6 +29,14 @@ struct alignas(64) Header {
   uint64_t rank_state[kMaxRanks];
   uint64_t barrier_arrivals[kMaxBarriers];
 };
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// What each rank of a communicator is, in its file.
+enum RankState : uint64_t { kMember = 0, kLeft = 1, kFailed = 2 };
+
 struct alignas(64) ChannelWords {
   alignas(64) uint64_t head;
   alignas(64) uint64_t tail;
@@ -274,6 +276,10 @@ void fatal(const std::string& message) {
 Comm::Comm(std::string name, int rank, int ranks, char* segment)
     : name_(std::move(name)), rank_(rank), ranks_(ranks), segment_(segment) {}
 
+Header& Comm::header() const {
+  return *reinterpret_cast<Header*>(segment_);
+}
+
 Comm* Comm::join(const std::string& name, int ranks, int rank) {
   const size_t bytes = segment_bytes(ranks);
   const fs::path path = fs::temp_directory_path() / name;
@@ -297,7 +303,7 @@ Comm* Comm::join(const std::string& name, int ranks, int rank) {
     const std::lock_guard lock(process().mutex);
     process().comms.insert(comm);
   }
-  Header& header = *reinterpret_cast<Header*>(comm->segment_);
+  Header& header = comm->header();
   atomic_word(header.joined).fetch_add(1);
   Waiter waiter(*comm, "ncclCommInitRank");
   while (atomic_word(header.joined).load() < static_cast<uint64_t>(ranks)) {
@@ -310,7 +316,7 @@ Comm* Comm::join(const std::string& name, int ranks, int rank) {
 }
 
 Comm::~Comm() {
-  Header& header = *reinterpret_cast<Header*>(segment_);
+  Header& header = this->header();
   if (atomic_word(header.rank_state[rank_]).load() == kMember) {
     for (int peer = 0; peer < ranks_; ++peer) {
       const Channel in = channel(peer, rank_);
@@ -331,13 +337,14 @@ Comm::~Comm() {
 }
 
 void Comm::fail() {
-  Header& header = *reinterpret_cast<Header*>(segment_);
+  Header& header = this->header();
   atomic_word(header.rank_state[rank_]).store(kFailed, std::memory_order_release);
 }
 
 void Comm::check_peer(int peer, const char* waiting_for) const {
-  Header& header = *reinterpret_cast<Header*>(segment_);
-  for (int r = peer < 0 ? 0 : peer; r < (peer < 0 ? ranks_ : peer + 1); ++r) {
+  Header& header = this->header();
+  const int first = peer < 0 ? 0 : peer, last = peer < 0 ? ranks_ - 1 : peer;
+  for (int r = first; r <= last; ++r) {
     if (r == rank_) continue;
     const uint64_t state = atomic_word(header.rank_state[r]).load(std::memory_order_acquire);
     if (state != kMember)
@@ -355,7 +362,7 @@ int64_t Comm::take_barriers(uint32_t count) {
 }
 
 void Comm::meet_at_barrier(uint32_t slot) {
-  Header& header = *reinterpret_cast<Header*>(segment_);
+  Header& header = this->header();
   uint64_t& arrivals = header.barrier_arrivals[slot];
   // Every rank adds one per use, so the n-th use is over once all ranks' n-th arrivals are in.
   const uint64_t target = static_cast<uint64_t>(ranks_) * ++barrier_uses_[slot];
@@ -419,13 +426,17 @@ size_t page_rounded(size_t bytes) {
   return std::max<size_t>((bytes + page - 1) / page * page, page);
 }
 
-void* map_new_shared_file(size_t bytes, std::string& name) {
+std::string unique_name(const char* what) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t nonce = std::random_device{}();
   char text[96];
-  std::snprintf(text, sizeof text, "cudasim-nccl-memory-%d-%llu-%llx", static_cast<int>(getpid()),
+  std::snprintf(text, sizeof text, "cudasim-nccl-%s-%d-%llu-%llx", what, static_cast<int>(getpid()),
                 static_cast<unsigned long long>(counter++), static_cast<unsigned long long>(nonce));
-  name = text;
+  return text;
+}
+
+void* map_new_shared_file(size_t bytes, std::string& name) {
+  name = unique_name("memory");
   const size_t mapped = page_rounded(bytes);
   const fs::path path = fs::temp_directory_path() / name;
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);

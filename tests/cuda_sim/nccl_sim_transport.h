@@ -39,6 +39,10 @@ enum class OpKind : uint64_t {
 };
 const char* op_name(OpKind kind);
 
+// A name no other process or call uses: "cudasim-nccl-<what>-<pid>-<count>-<nonce>", for
+// unique ids and for the files of symmetric memory.
+std::string unique_name(const char* what);
+
 // What an NCCL call returns on a misuse it detects, with ncclGetLastError's text.
 ncclResult_t failure(ncclResult_t status, const std::string& message);
 const char* last_error();
@@ -46,12 +50,16 @@ const char* last_error();
 // failed (so that its peers end too) and removing the files it shared.
 [[noreturn]] void fatal(const std::string& message);
 
+struct Header;  // a communicator file's start (nccl_sim_transport.cpp)
+
 class Comm {
  public:
   // Joins the communicator `name` of `ranks` as `rank`: maps its file (created by the first rank
   // to come) and waits for every rank; the file's name is removed once all have joined. A group of
   // one maps anonymous memory. Null, with last_error() set, when the file cannot be mapped.
   static Comm* join(const std::string& name, int ranks, int rank);
+  // The communicator behind NCCL's handle (ncclCommInitRank hands out Comm pointers).
+  static Comm* of(ncclComm_t comm) { return reinterpret_cast<Comm*>(comm); }
   // Leaves the communicator: its peers see it gone. A message from a peer left unread is two ranks
   // that issued different operations, and ends the process.
   ~Comm();
@@ -85,6 +93,7 @@ class Comm {
 
  private:
   Comm(std::string name, int rank, int ranks, char* segment);
+  Header& header() const;  // the file's start
 
   std::string name_;
   int rank_;

@@ -95,15 +95,19 @@ const Allocation* find(const void* p, size_t bytes = 0) {
   return &it->second;
 }
 
+// Enters [p, p + bytes) as an allocation, fresh: a GPU's fresh memory holds garbage; here all
+// ones, a NaN in every float and bf16 and -1 in every integer, so that a kernel reading what
+// nothing wrote shows in its results (the same way every run) instead of passing on a lucky zero.
+void enter_allocation(void* p, size_t bytes, MemoryKind kind, CUstream_st* captured_by) {
+  std::memset(p, 0xff, bytes);
+  state().allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, kind, captured_by, false, true};
+}
+
 void* allocate(size_t bytes, MemoryKind kind, CUstream_st* captured_by) {
   void* p = nullptr;
   // At least one byte, so that every allocation has its own address (as cudaMalloc's do).
   if (posix_memalign(&p, 256, bytes > 0 ? bytes : 1) != 0) return nullptr;
-  // Fresh memory holds garbage on a GPU; here all ones, a NaN in every float and bf16 and -1 in
-  // every integer, so that a kernel reading what nothing wrote shows in its results (the same
-  // way every run) instead of passing on a lucky zero.
-  std::memset(p, 0xff, bytes);
-  state().allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, kind, captured_by, false, true};
+  enter_allocation(p, bytes, kind, captured_by);
   return p;
 }
 
@@ -152,9 +156,7 @@ MemoryKind memory_kind(const void* pointer) {
 }
 
 void register_device_memory(void* pointer, size_t bytes) {
-  std::memset(pointer, 0xff, bytes);
-  state().allocations[reinterpret_cast<uintptr_t>(pointer)] = {bytes, MemoryKind::kDevice, nullptr,
-                                                               false, true};
+  enter_allocation(pointer, bytes, MemoryKind::kDevice, nullptr);
 }
 
 void unregister_device_memory(void* pointer) {
