@@ -23,29 +23,46 @@ endforeach()
 
 file(GLOB MOECORE_SIM_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp
      ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cpp)
-file(GLOB MOECORE_SIM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda/*.cpp)
-list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/main\\.cpp$")
-add_executable(moecore_cuda_sim_tests
-               ${MOECORE_SIM_REWRITTEN} ${MOECORE_SIM_HOST_SOURCES} ${MOECORE_SIM_TEST_SOURCES}
-               tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
-               tests/cuda_sim/test_nccl_emulator.cpp
-               tests/cuda_sim/sim_runtime.cpp tests/cuda_sim/sim_executor.cpp
-               tests/cuda_sim/cublas_sim.cpp tests/cuda_sim/nccl_sim.cpp
-               tests/cuda_sim/nccl_sim_transport.cpp tests/cuda_sim/nccl_sim_symmetric.cpp)
+# The emulated GPU with the backend on it, once for the two programs below: the test program and
+# the command line.
+add_library(moecore_cuda_sim_backend OBJECT
+            ${MOECORE_SIM_REWRITTEN} ${MOECORE_SIM_HOST_SOURCES}
+            tests/cuda_sim/sim_runtime.cpp tests/cuda_sim/sim_executor.cpp
+            tests/cuda_sim/cublas_sim.cpp tests/cuda_sim/nccl_sim.cpp
+            tests/cuda_sim/nccl_sim_transport.cpp tests/cuda_sim/nccl_sim_symmetric.cpp)
 # NCCL's communicator with its device API (nccl_block_exchange.*), over cudasim's NCCL.
-target_compile_definitions(moecore_cuda_sim_tests PRIVATE MOECORE_NCCL_DEVICE_API=1)
+target_compile_definitions(moecore_cuda_sim_backend PUBLIC MOECORE_NCCL_DEVICE_API=1)
 # The emulated toolkit's headers before any other (a real toolkit's must not be found instead).
-target_include_directories(moecore_cuda_sim_tests BEFORE PRIVATE
+target_include_directories(moecore_cuda_sim_backend BEFORE PUBLIC
                            ${CMAKE_SOURCE_DIR}/tests/cuda_sim/include)
-target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
-                           ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
+target_include_directories(moecore_cuda_sim_backend PRIVATE ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
 # No FMA contraction: the device rounds each of __fmul_rn's and __fadd_rn's results, and the
 # kernels' plain expressions are what nvcc would contract only where the CPU reference does too.
 # nvcc's `#pragma unroll` means nothing to the host compiler.
-target_compile_options(moecore_cuda_sim_tests PRIVATE ${MOECORE_WARNINGS} -fno-math-errno
-                       -ffp-contract=off -Wno-unknown-pragmas)
-target_link_libraries(moecore_cuda_sim_tests PRIVATE moecore_train moecore_kernel_op_cases
-                      GTest::gtest)
+target_compile_options(moecore_cuda_sim_backend PUBLIC -fno-math-errno -ffp-contract=off
+                       -Wno-unknown-pragmas)
+target_compile_options(moecore_cuda_sim_backend PRIVATE ${MOECORE_WARNINGS})
+target_link_libraries(moecore_cuda_sim_backend PUBLIC moecore_dist moecore_kernels)
+
+file(GLOB MOECORE_SIM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda/*.cpp)
+list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/main\\.cpp$")
+add_executable(moecore_cuda_sim_tests
+               ${MOECORE_SIM_TEST_SOURCES} tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
+               tests/cuda_sim/test_nccl_emulator.cpp)
+target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
+                           ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
+target_compile_options(moecore_cuda_sim_tests PRIVATE ${MOECORE_WARNINGS})
+target_link_libraries(moecore_cuda_sim_tests PRIVATE moecore_cuda_sim_backend moecore_train
+                      moecore_kernel_op_cases GTest::gtest)
+
+# The moecore program on the emulated GPU: `train --device cuda`, `diff --b-set
+# train.device=cuda`, `devices` and the rest run the backend's kernels and NCCL's communicator
+# here, as scripts/gpu_check.sh runs them on the H200 (tests/cli/test_cuda_sim_program.py).
+add_executable(moecore_cuda_sim ${MOECORE_CLI_DEVICES})
+target_compile_definitions(moecore_cuda_sim PRIVATE MOECORE_CLI_HAS_CUDA=1 MOECORE_CLI_HAS_NCCL=1)
+target_compile_options(moecore_cuda_sim PRIVATE ${MOECORE_WARNINGS})
+target_link_libraries(moecore_cuda_sim PRIVATE moecore_cli moecore_cuda_sim_backend)
+
 # Two entries, so that ctest runs them side by side: the per-op harness, and the backend's own
 # tests with the captured training steps. Left out: the one test of the stream's asynchrony
 # (CudaPhaseClock's bound on the host's time to issue 30 ms of stream work: cudasim runs work when
