@@ -63,6 +63,12 @@ target_compile_definitions(moecore_cuda_sim PRIVATE MOECORE_CLI_HAS_CUDA=1 MOECO
 target_compile_options(moecore_cuda_sim PRIVATE ${MOECORE_WARNINGS})
 target_link_libraries(moecore_cuda_sim PRIVATE moecore_cli moecore_cuda_sim_backend)
 
+# The CUDA GEMM benchmark (bench/cuda/gemm.cpp, which scripts/gpu_check.sh runs on the H200) at a
+# sixteenth of its sizes (--quick): its code runs in `make test`; its figures mean nothing here.
+add_executable(moecore_bench_cuda_gemm_sim bench/cuda/gemm.cpp)
+target_compile_options(moecore_bench_cuda_gemm_sim PRIVATE ${MOECORE_WARNINGS})
+target_link_libraries(moecore_bench_cuda_gemm_sim PRIVATE moecore_cuda_sim_backend)
+
 # Two entries, so that ctest runs them side by side: the per-op harness, and the backend's own
 # tests with the captured training steps. Left out: the one test of the stream's asynchrony
 # (CudaPhaseClock's bound on the host's time to issue 30 ms of stream work: cudasim runs work when
@@ -85,6 +91,9 @@ if(NOT MOECORE_SANITIZE)
   add_test(NAME CudaSim.TwoRanks
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
                    $<TARGET_FILE:moecore_cuda_sim_tests> --gtest_filter=*ranks2*)
+  add_test(NAME CudaSim.GemmBench
+           COMMAND moecore_bench_cuda_gemm_sim --quick
+                   --json ${CMAKE_BINARY_DIR}/cuda_sim/gemm_bench.json)
   # COST: the longest entries of the suite, started first so that they do not end it alone.
   set_tests_properties(CudaSim.KernelOps CudaSim.Backend CudaSim.TwoRanks PROPERTIES
                        ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE" COST 1000

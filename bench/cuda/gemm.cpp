@@ -12,13 +12,16 @@
 //              GEMMs lose as they shrink (item 6: at most 5 % tokens/s lost from 8 to 128
 //              experts), and whether the sync-free kernel is fast enough to replace them.
 // Each case: 3 warm-up calls, then the median of 20 timed calls (CUDA events on the backend's
-// stream). Prints a markdown table; --json PATH also writes the figures.
+// stream). Prints a markdown table; --json PATH also writes the figures. --quick divides every
+// size by 16 and times 3 calls after 1: a run of the code, not of the GPU (ctest CudaSim.GemmBench
+// runs it so on the emulated GPU, where the full sizes would take hours).
 //   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,8 +41,13 @@ using moecore::TensorView;
 using moecore::kernels::MatmulPrecision;
 namespace cuda = moecore::kernels::cuda;
 
-constexpr int kWarmup = 3;
-constexpr int kTimed = 20;
+// How the cases run: the full sizes with 3 warm-up calls and 20 timed, or (--quick) every size
+// divided by 16 with 1 and 3.
+struct RunShape {
+  int64_t divisor = 1;
+  int warmup = 3;
+  int timed = 20;
+};
 
 // Device memory for one case, filled with values in [-1, 1) (bf16 or f32).
 class DeviceBuffer {
@@ -82,13 +90,13 @@ class DeviceBuffer {
 };
 
 // The median milliseconds of one call of `run`.
-double median_ms(const std::function<void()>& run) {
-  for (int i = 0; i < kWarmup; ++i) run();
+double median_ms(const RunShape& shape, const std::function<void()>& run) {
+  for (int i = 0; i < shape.warmup; ++i) run();
   cudaEvent_t start = nullptr, stop = nullptr;
   MOE_CUDA_CHECK(cudaEventCreate(&start));
   MOE_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<double> times;
-  for (int i = 0; i < kTimed; ++i) {
+  for (int i = 0; i < shape.timed; ++i) {
     MOE_CUDA_CHECK(cudaEventRecord(start, cuda::stream()));
     run();
     MOE_CUDA_CHECK(cudaEventRecord(stop, cuda::stream()));
@@ -110,33 +118,37 @@ struct Result {
   double tflops() const { return flops / (ms * 1e-3) / 1e12; }
 };
 
-Result peak() {
-  const int64_t n = 8192;
+Result peak(const RunShape& shape) {
+  const int64_t n = 8192 / shape.divisor;
   const DeviceBuffer a(n * n, DType::kBf16), b(n * n, DType::kBf16), c(n * n, DType::kF32);
-  const double ms = median_ms([&] {
+  const double ms = median_ms(shape, [&] {
     cuda::gemm_lt(false, true, n, n, n, 1.0f, a.data(), b.data(), CUDA_R_16BF, 0.0f,
                   static_cast<float*>(c.data()));
   });
-  return {"peak: cuBLASLt bf16 8192^3 (bf16 operands)", 2.0 * n * n * n, ms};
+  return {"peak: cuBLASLt bf16 " + std::to_string(n) + "^3 (bf16 operands)", 2.0 * n * n * n, ms};
 }
 
-Result dense_matmul() {
-  const int64_t tokens = 16384, in = 2048, out = 2048;
+Result dense_matmul(const RunShape& shape) {
+  const int64_t tokens = 16384 / shape.divisor, in = 2048 / shape.divisor,
+                out = 2048 / shape.divisor;
   const DeviceBuffer x(tokens * in, DType::kF32), w(out * in, DType::kBf16),
       y(tokens * out, DType::kF32);
-  const double ms = median_ms([&] {
+  const double ms = median_ms(shape, [&] {
     cuda::matmul(x.view({tokens, in}), false, w.view({out, in}), true, 1.0f, 0.0f,
                  y.view({tokens, out}), MatmulPrecision::kBf16);
   });
-  return {"matmul op bf16: 16384 x 2048 -> 2048", 2.0 * tokens * in * out, ms};
+  return {"matmul op bf16: " + std::to_string(tokens) + " x " + std::to_string(in) + " -> " +
+              std::to_string(out),
+          2.0 * tokens * in * out, ms};
 }
 
 // The experts' gate/up GEMM at `count` experts, bf16 operands converted beforehand (both forms
 // read the same bf16 x): one cuBLASLt GEMM per expert (grouped_gemm.cpp's loop, offsets on the
 // host) and the one-launch kernel reading the offsets on the device (grouped_gemm_device.h).
 // bench/configs/gpu.toml's shape: only the expert count changes.
-std::vector<Result> experts(int64_t count) {
-  const int64_t tokens = 16384, d = 2048, top_k = 4, width = 512;
+std::vector<Result> experts(int64_t count, const RunShape& shape) {
+  const int64_t tokens = 16384 / shape.divisor, d = 2048 / shape.divisor, top_k = 4,
+                width = 512 / shape.divisor;
   const int64_t rows = tokens * top_k, n = 2 * width;
   std::vector<int64_t> offsets(static_cast<size_t>(count + 1));
   for (int64_t e = 0; e <= count; ++e) offsets[static_cast<size_t>(e)] = e * (rows / count);
@@ -150,7 +162,7 @@ std::vector<Result> experts(int64_t count) {
   const auto* xb = static_cast<const uint16_t*>(x.data());
   const auto* wb = static_cast<const uint16_t*>(w.data());
   auto* yp = static_cast<float*>(y.data());
-  const double per_expert_ms = median_ms([&] {
+  const double per_expert_ms = median_ms(shape, [&] {
     for (int64_t e = 0; e < count; ++e) {
       const int64_t begin = offsets[static_cast<size_t>(e)];
       const int64_t rows_e = offsets[static_cast<size_t>(e + 1)] - begin;
@@ -158,28 +170,31 @@ std::vector<Result> experts(int64_t count) {
                     0.0f, yp + begin * n);
     }
   });
-  const double device_ms = median_ms([&] {
+  const double device_ms = median_ms(shape, [&] {
     cuda::launch_grouped_gemm_bf16_device_offsets(xb, wb, device_offsets, count, rows, n, d, yp,
                                                   cuda::stream());
     MOE_CUDA_CHECK(cudaGetLastError());
   });
   MOE_CUDA_CHECK(cudaFree(device_offsets));
-  const std::string shape = std::to_string(count) + " experts, top-" + std::to_string(top_k) +
-                            ", gate/up 2048 -> " + std::to_string(n);
+  const std::string what = std::to_string(count) + " experts, top-" + std::to_string(top_k) +
+                           ", gate/up " + std::to_string(d) + " -> " + std::to_string(n);
   const double flops = 2.0 * static_cast<double>(rows) * d * static_cast<double>(n);
-  return {{"experts, cuBLASLt per expert: " + shape, flops, per_expert_ms},
-          {"experts, one launch, device offsets (WMMA): " + shape, flops, device_ms}};
+  return {{"experts, cuBLASLt per expert: " + what, flops, per_expert_ms},
+          {"experts, one launch, device offsets (WMMA): " + what, flops, device_ms}};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
+  RunShape shape;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (std::string(argv[i]) == "--quick") {
+      shape = {16, 1, 3};
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -190,23 +205,23 @@ int main(int argc, char** argv) {
       return 77;
     }
     const std::string device = cuda::describe(cuda::current_device_info());
-    std::vector<Result> results = {peak(), dense_matmul()};
+    std::vector<Result> results = {peak(shape), dense_matmul(shape)};
     for (const int64_t count : {8, 32, 128})
-      for (const Result& r : experts(count)) results.push_back(r);
+      for (const Result& r : experts(count, shape)) results.push_back(r);
     const double peak_tflops = results.front().tflops();
-    std::printf("GEMMs on %s, median of %d calls after %d warm-up\n\n", device.c_str(), kTimed,
-                kWarmup);
+    std::printf("GEMMs on %s, median of %d calls after %d warm-up\n\n", device.c_str(), shape.timed,
+                shape.warmup);
     std::printf("| case | ms | TFLOP/s | of peak |\n|---|---:|---:|---:|\n");
     for (const Result& r : results)
       std::printf("| %s | %.3f | %.1f | %.1f %% |\n", r.name.c_str(), r.ms, r.tflops(),
                   100.0 * r.tflops() / peak_tflops);
     if (!json_path.empty()) {
+      nlohmann::json cases = nlohmann::json::array();
+      for (const Result& r : results)
+        cases.push_back({{"name", r.name}, {"ms", r.ms}, {"tflops", r.tflops()}});
       std::ofstream out(json_path);
-      out << "{\"device\": \"" << device << "\", \"cases\": [";
-      for (size_t i = 0; i < results.size(); ++i)
-        out << (i ? ", " : "") << "{\"name\": \"" << results[i].name
-            << "\", \"ms\": " << results[i].ms << ", \"tflops\": " << results[i].tflops() << "}";
-      out << "]}\n";
+      out << nlohmann::json{{"device", device}, {"cases", cases}}.dump(1) << "\n";
+      MOE_CHECK(out.good(), "[bench] cannot write {}", json_path);
     }
   } catch (const moecore::Error& e) {
     std::fprintf(stderr, "moecore_bench_cuda_gemm: %s\n", e.what());
