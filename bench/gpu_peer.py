@@ -267,7 +267,9 @@ def write(out: Path, data: dict) -> None:
     # The peer's versions and experts backend come from its own runs (moecore's carry none).
     first_ok = next((r for r in data["runs"] if r["status"] == "ok" and r["mode"] != "moecore"),
                     {})
-    where = (first_ok.get("gpu") or m["device"]) if first_ok else m["device"]
+    # The GPU's name from the peer's runs, else from moecore's start-up line.
+    where = first_ok.get("gpu") or next((r["gpu"] for r in data["runs"] if r.get("gpu")),
+                                        m["device"])
     lines = [
         "# transformers peer on the GPU (issue 15 items 5-6)",
         "",

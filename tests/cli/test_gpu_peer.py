@@ -261,6 +261,30 @@ def test_moecore_side(tmp_path, peer_run):
     assert "timed by host wall clock" in md and "| 8 | " in md.split("step by phase")[1]
 
 
+def test_moecore_side_on_the_emulated_gpu(tmp_path, peer_run):
+    """--device cuda's moecore side as scripts/gpu_check.sh runs it, with the moecore program on
+    the emulated GPU (moecore_cuda_sim, beside $MOECORE_BIN): the run names the GPU from the
+    start-up line, its profile is timed by CUDA events, and the report names the GPU even where
+    no transformers run came first."""
+    sim = BIN.parent / "moecore_cuda_sim"
+    if not sim.is_file():
+        pytest.skip(f"{sim} not found (built with the tests on x86-64: make build-tests)")
+    out = tmp_path / "results"
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--config",
+                        str(peer_run["config"]), "--out", str(out), "--experts", "8", "--modes",
+                        "moecore", "--steps", "3", "--warmup", "1", "--moecore-cmd", str(sim)],
+                       capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads((out / "gpu_peer.json").read_text())
+    (run,) = data["runs"]
+    assert run["mode"] == "moecore" and run["status"] == "ok", run
+    assert run["gpu"].startswith("cudasim "), run["gpu"]
+    assert run["profile"]["clock"] == "CUDA events on the backend's stream"
+    assert run["profile"]["steps"] == 2 and run["profile"]["passes_ms"] > 0
+    assert f"on {run['gpu']}: transformers ?" in (out / "gpu_peer.md").read_text()
+
+
 def test_peer_accumulates_gradients_over_microbatches(tmp_path):
     """train.microbatches: the peer's batch in passes whose gradients add up before one AdamW
     step, as moecore's accumulation. Without the load-balancing loss (a product of per-pass means,
