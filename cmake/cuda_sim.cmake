@@ -48,7 +48,7 @@ file(GLOB MOECORE_SIM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/c
 list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/main\\.cpp$")
 add_executable(moecore_cuda_sim_tests
                ${MOECORE_SIM_TEST_SOURCES} tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
-               tests/cuda_sim/test_nccl_emulator.cpp)
+               tests/cuda_sim/test_nccl_emulator.cpp tests/cuda_sim/test_block_scaled_gemm.cpp)
 target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
                            ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
 target_compile_options(moecore_cuda_sim_tests PRIVATE ${MOECORE_WARNINGS})
@@ -91,6 +91,16 @@ if(NOT MOECORE_SANITIZE)
   add_test(NAME CudaSim.TwoRanks
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
                    $<TARGET_FILE:moecore_cuda_sim_tests> --gtest_filter=*ranks2*)
+  # The MX GEMMs on an emulated Blackwell (CUDASIM_ARCH=sm_100): cuBLASLt's block-scaled FP8
+  # GEMM, which the backend takes there and no GPU of the project has run (cublas_sim.cpp). The
+  # per-op harness's MX cases, the captured MX expert GEMMs, and the emulation's own checks; the
+  # entry fails unless block-scaled GEMMs ran.
+  add_test(NAME CudaSim.Blackwell
+           COMMAND moecore_cuda_sim_tests
+                   --gtest_filter=Backends/MxKernelOps.*:CudaGraphStep.TheMx*:CudasimBlockScaled.*)
+  set_tests_properties(CudaSim.Blackwell PROPERTIES
+                       ENVIRONMENT "CUDASIM_ARCH=sm_100;OMP_WAIT_POLICY=PASSIVE"
+                       FAIL_REGULAR_EXPRESSION "FAILED|cudasim: 0 block-scaled GEMMs ran|cudasim: cudaError")
   add_test(NAME CudaSim.GemmBench
            COMMAND moecore_bench_cuda_gemm_sim --quick
                    --json ${CMAKE_BINARY_DIR}/cuda_sim/gemm_bench.json)

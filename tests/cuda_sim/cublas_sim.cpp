@@ -12,21 +12,34 @@
 // product is summed in float in k order, then alpha * sum + beta * c; with beta == 0, C is not
 // read (cuBLAS allows it to hold anything, NaN included).
 //
+// On a Blackwell device (CUDASIM_ARCH=sm_100, sim_state.h), cuBLASLt's block-scaled FP8 GEMM too,
+// as the cuBLAS documentation describes it ("Narrow Precision Data Types Usage" and "1D Block
+// Scaling Factors Layout"): A and B CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2 codes (not both E5M2, for
+// which cuBLAS has no kernel), each with CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 scales (one
+// E8M0 code per 32 values along k, in the documented tiled layout), the TN layout (A transposed,
+// B not: both k-major), k a multiple of 32, C and D CUDA_R_32F, fp32 compute. Each 32-value
+// block's products are summed in float in k order, scaled by the two blocks' powers of two (a
+// scale code 255 is NaN), and the blocks summed in k order. The scales' whole tiled extent (rows
+// padded to 128, blocks to 4), which cuBLASLt reads, must lie in device memory.
+//
 // Refused: every other type, compute type, batch, order, epilogue and scaling
 // (CUBLAS_STATUS_NOT_SUPPORTED), and inconsistent arguments (CUBLAS_STATUS_INVALID_VALUE).
-// cuBLASLt's heuristic answers as on a Hopper (sm_90) GPU would for the backend: no block-scaled
-// (MX) or FP8 GEMM (NOT_SUPPORTED, so the backend takes its bf16 path), and, like cuBLASLt's
-// vector-load kernels, no algorithm for operands promised less than 16-byte alignment or whose
-// leading dimension is not a multiple of 16 bytes (so the backend's cublasGemmEx fallback runs
-// in the tests too).
+// cuBLASLt's heuristic answers as the emulated GPU's would for the backend: on Hopper (sm_90, the
+// default) no block-scaled (MX) or FP8 GEMM (NOT_SUPPORTED, so the backend takes its bf16 path),
+// and, like cuBLASLt's vector-load kernels, no algorithm for operands promised less than 16-byte
+// alignment or whose leading dimension is not a multiple of 16 bytes (so the backend's
+// cublasGemmEx fallback runs in the tests too).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "sim_state.h"
@@ -51,6 +64,7 @@ bool is_emulated_operand(int type) {
 }
 
 int64_t element_bytes(int type) {
+  if (is_8bit_float(type)) return 1;
   return type == CUDA_R_16BF ? 2 : 4;
 }
 
@@ -110,9 +124,65 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   }
 }
 
+// An FP8 code's value (OCP's formats, as cuBLAS's CUDA_R_8F_* types are): E4M3 has bias 7, no
+// infinities and NaN at S.1111.111; E5M2 has bias 15, IEEE's infinities and NaNs. Both have
+// subnormals.
+float fp8_value(int type, uint8_t code) {
+  const bool e4m3 = type == CUDA_R_8F_E4M3;
+  const int mantissa_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int exponent = (code & 0x7f) >> mantissa_bits;
+  const int mantissa = code & ((1 << mantissa_bits) - 1);
+  const float sign = (code & 0x80) != 0 ? -1.0f : 1.0f;
+  const int max_exponent = (1 << (7 - mantissa_bits)) - 1;
+  if (e4m3 && exponent == max_exponent && mantissa == (1 << mantissa_bits) - 1)
+    return std::numeric_limits<float>::quiet_NaN();
+  if (!e4m3 && exponent == max_exponent)
+    return mantissa == 0 ? sign * std::numeric_limits<float>::infinity()
+                         : std::numeric_limits<float>::quiet_NaN();
+  if (exponent == 0)
+    return sign * std::ldexp(static_cast<float>(mantissa), 1 - bias - mantissa_bits);
+  return sign * std::ldexp(static_cast<float>(mantissa + (1 << mantissa_bits)),
+                           exponent - bias - mantissa_bits);
+}
+
+// A k-major FP8 operand with its tiled scales: the value of (row, l) at codes[l + row * ld].
+struct ScaledOperand {
+  const uint8_t* codes;
+  int type;
+  int64_t ld;
+  const uint8_t* scales;
+};
+
+// D = alpha op(A) op(B) + beta C in the TN layout: op(A)'s row i is A's column i and op(B)'s
+// column j is B's column j, both k contiguous values, with their blocks' scales (see the top).
+void gemm_block_scaled(int64_t m, int64_t n, int64_t k, float alpha, const ScaledOperand& a,
+                       const ScaledOperand& b, float beta, const float* c, int64_t ldc, float* d,
+                       int64_t ldd) {
+  const int64_t blocks = k / 32;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      float sum = 0.0f;
+      for (int64_t block = 0; block < blocks; ++block) {
+        float block_sum = 0.0f;
+        for (int64_t l = block * 32; l < block * 32 + 32; ++l)
+          block_sum +=
+              fp8_value(a.type, a.codes[l + i * a.ld]) * fp8_value(b.type, b.codes[l + j * b.ld]);
+        const uint8_t scale_a = a.scales[cudasim::block_scale_offset(i, block, blocks)];
+        const uint8_t scale_b = b.scales[cudasim::block_scale_offset(j, block, blocks)];
+        sum += scale_a == 255 || scale_b == 255
+                   ? std::numeric_limits<float>::quiet_NaN()
+                   : std::ldexp(block_sum, (scale_a - 127) + (scale_b - 127));
+      }
+      d[i + j * ldd] = beta == 0.0f ? alpha * sum : alpha * sum + beta * c[i + j * ldc];
+    }
+  }
+}
+
 #if !defined(__clang__) && defined(__GNUC__)
 #pragma GCC pop_options
 #endif
+
+int64_t g_block_scaled_gemms_run = 0;  // executed, for the emulator's tests
 
 // Issues the GEMM on `stream` (alpha and beta are taken now, as cuBLAS takes host scalars when
 // the call is made), after checking that the device can address its operands.
@@ -224,6 +294,8 @@ struct LtProblem {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   const LayoutState *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+  // The block-scaled GEMM's scales of A and B (null for the plain GEMM).
+  const void *a_scales = nullptr, *b_scales = nullptr;
 };
 
 bool same_layout(const LayoutState& x, const LayoutState& y) {
@@ -245,25 +317,42 @@ cublasStatus_t describe(cublasLtMatmulDesc_t desc_handle, cublasLtMatrixLayout_t
     return CUBLAS_STATUS_INVALID_VALUE;
 
   // Block-scaled (MX) operands need Blackwell's MX tensor cores, which a Hopper GPU lacks: its
-  // cuBLASLt answers NOT_SUPPORTED and the backend takes its bf16 path. FP8 operands are refused
-  // the same way (not emulated).
-  for (int operand = 0; operand < 2; ++operand)
-    if (op->scale_mode[operand] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+  // cuBLASLt answers NOT_SUPPORTED and the backend takes its bf16 path. On Blackwell, the one
+  // block-scaled GEMM emulated (see the top); FP8 without block scales is not emulated.
+  const bool block_scaled = op->scale_mode[0] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+                            op->scale_mode[1] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  if (block_scaled) {
+    if (cudasim::compute_capability_major() < 10) return CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int operand = 0; operand < 2; ++operand)
+      if (op->scale_mode[operand] != CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    for (const LayoutState* layout : {a, b})
+      if (layout->type != CUDA_R_8F_E4M3 && layout->type != CUDA_R_8F_E5M2)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (op->trans_a != CUBLAS_OP_T || op->trans_b != CUBLAS_OP_N)
       return CUBLAS_STATUS_NOT_SUPPORTED;
-  for (const LayoutState* layout : {a, b, c, d})
+    if (op->scale_pointer[0] == nullptr || op->scale_pointer[1] == nullptr)
+      return CUBLAS_STATUS_INVALID_VALUE;
+  } else {
+    for (const LayoutState* layout : {a, b})
+      if (is_8bit_float(static_cast<int>(layout->type))) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (op->scale_pointer[0] != nullptr || op->scale_pointer[1] != nullptr)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  for (const LayoutState* layout : {c, d})
     if (is_8bit_float(static_cast<int>(layout->type))) return CUBLAS_STATUS_NOT_SUPPORTED;
-  // Scaling goes with FP8, so none is emulated; nor is anything beyond the plain GEMM.
+  // C's and D's scaling goes with FP8 outputs, not emulated; nor is anything beyond the GEMM.
   if (op->scale_mode[2] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
-      op->scale_mode[3] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+      op->scale_mode[3] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+      op->scale_pointer[2] != nullptr || op->scale_pointer[3] != nullptr)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  for (const void* scale : op->scale_pointer)
-    if (scale != nullptr) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (op->compute_type != CUBLAS_COMPUTE_32F || op->scale_type != CUDA_R_32F ||
       (op->pointer_mode != CUBLAS_POINTER_MODE_HOST &&
        op->pointer_mode != CUBLAS_POINTER_MODE_DEVICE) ||
       op->trans_c != CUBLAS_OP_N || op->epilogue != DescState::kEpilogueDefault)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (a->type != b->type || !is_emulated_operand(static_cast<int>(a->type)) ||
+  if ((!block_scaled && (a->type != b->type || !is_emulated_operand(static_cast<int>(a->type)))) ||
       c->type != CUDA_R_32F || d->type != CUDA_R_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   for (const LayoutState* layout : {a, b, c, d})
@@ -289,6 +378,11 @@ cublasStatus_t describe(cublasLtMatmulDesc_t desc_handle, cublasLtMatrixLayout_t
   if (b_k != problem->k || static_cast<int64_t>(c->rows) != problem->m ||
       static_cast<int64_t>(c->cols) != problem->n)
     return CUBLAS_STATUS_INVALID_VALUE;
+  if (block_scaled) {
+    if (problem->k % 32 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;  // whole 32-value blocks
+    problem->a_scales = op->scale_pointer[0];
+    problem->b_scales = op->scale_pointer[1];
+  }
   problem->a = a;
   problem->b = b;
   problem->c = c;
@@ -302,6 +396,42 @@ bool leading_dimensions_fit_kernels(const LtProblem& problem) {
   for (const LayoutState* layout : {problem.a, problem.b, problem.c, problem.d})
     if (layout->ld * element_bytes(static_cast<int>(layout->type)) % 16 != 0) return false;
   return true;
+}
+
+// Issues the block-scaled GEMM of a checked problem on `stream`. When it runs, every operand must
+// be in device memory and the scales' whole tiled extent inside one allocation (cuBLASLt reads
+// the padding too); else the device's illegal address, as a kernel's would be.
+void issue_block_scaled_gemm(cudaStream_t stream, const LtProblem& problem, float alpha,
+                             const void* a, const void* b, float beta, const float* c, float* d) {
+  const ScaledOperand a_operand{static_cast<const uint8_t*>(a), static_cast<int>(problem.a->type),
+                                problem.a->ld, static_cast<const uint8_t*>(problem.a_scales)};
+  const ScaledOperand b_operand{static_cast<const uint8_t*>(b), static_cast<int>(problem.b->type),
+                                problem.b->ld, static_cast<const uint8_t*>(problem.b_scales)};
+  const int64_t m = problem.m, n = problem.n, k = problem.k, ldc = problem.c->ld,
+                ldd = problem.d->ld;
+  cudasim::issue_stream_work(stream, [=] {
+    const int64_t blocks = k / 32;
+    const struct {
+      const void* pointer;
+      int64_t bytes;
+      const char* what;
+    } extents[] = {{a_operand.scales, cudasim::block_scale_bytes(m, blocks), "A's scales"},
+                   {b_operand.scales, cudasim::block_scale_bytes(n, blocks), "B's scales"},
+                   {a_operand.codes, a_operand.ld * (m - 1) + k, "A"},
+                   {b_operand.codes, b_operand.ld * (n - 1) + k, "B"},
+                   {d, (ldd * (n - 1) + m) * 4, "D"}};
+    for (const auto& extent : extents) {
+      if (!cudasim::inside_device_allocation(extent.pointer, static_cast<size_t>(extent.bytes))) {
+        cudasim::record_error(cudaErrorIllegalAddress, true,
+                              std::string("a block-scaled cuBLASLt GEMM's ") + extent.what + " (" +
+                                  std::to_string(extent.bytes) +
+                                  " bytes) is not inside one device allocation");
+        return;
+      }
+    }
+    ++g_block_scaled_gemms_run;
+    gemm_block_scaled(m, n, k, alpha, a_operand, b_operand, beta, c, ldc, d, ldd);
+  });
 }
 
 constexpr uint32_t kKernelAlignment = 16;
@@ -620,6 +750,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   const float alpha_value = *static_cast<const float*>(alpha);
   const float beta_value = *static_cast<const float*>(beta);
   if (beta_value != 0.0f && C == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (problem.a_scales != nullptr) {
+    issue_block_scaled_gemm(stream, problem, alpha_value, A, B, beta_value,
+                            static_cast<const float*>(C), static_cast<float*>(D));
+    return CUBLAS_STATUS_SUCCESS;
+  }
   issue_gemm(stream, problem.trans_a, problem.trans_b, problem.m, problem.n, problem.k, alpha_value,
              {A, static_cast<int>(problem.a->type), problem.a->ld},
              {B, static_cast<int>(problem.b->type), problem.b->ld}, beta_value,
@@ -628,3 +763,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
 }
 
 }  // extern "C"
+
+namespace cudasim {
+
+int64_t block_scale_offset(int64_t row, int64_t block, int64_t blocks) {
+  const int64_t tiles_along_k = (blocks + 3) / 4;
+  return ((row / 128) * tiles_along_k + block / 4) * 512 + (row % 32) * 16 + (row % 128 / 32) * 4 +
+         block % 4;
+}
+
+int64_t block_scale_bytes(int64_t rows, int64_t blocks) {
+  return (rows + 127) / 128 * 128 * ((blocks + 3) / 4 * 4);
+}
+
+int64_t block_scaled_gemms_run() {
+  return g_block_scaled_gemms_run;
+}
+
+}  // namespace cudasim

@@ -145,6 +145,26 @@ std::string unaddressable(const void* pointer) {
 
 }  // namespace
 
+int compute_capability_major() {
+  static const int major = [] {
+    const char* arch = std::getenv("CUDASIM_ARCH");
+    if (arch == nullptr || std::strcmp(arch, "sm_90") == 0) return 9;
+    if (std::strcmp(arch, "sm_100") == 0) {
+      // Whether the MX GEMMs took cuBLASLt's block-scaled path, said at exit (ctest
+      // CudaSim.Blackwell fails on a count of 0).
+      std::atexit([] {
+        std::fprintf(stderr, "cudasim: %lld block-scaled GEMMs ran\n",
+                     static_cast<long long>(block_scaled_gemms_run()));
+      });
+      return 10;
+    }
+    std::fprintf(stderr, "cudasim: CUDASIM_ARCH=%s: expected sm_90 (the default) or sm_100\n",
+                 arch);
+    std::exit(2);
+  }();
+  return major;
+}
+
 bool inside_device_allocation(const void* pointer, size_t bytes) {
   const Allocation* a = find(pointer, bytes);
   return a != nullptr && a->live && a->kind == MemoryKind::kDevice;
@@ -278,7 +298,8 @@ cudaError_t cudaSetDevice(int device) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device != 0) return cudasim::fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties");
   *p = {};
-  std::snprintf(p->name, sizeof p->name, "cudasim (an sm_90 GPU emulated on the CPU)");
+  const int major = cudasim::compute_capability_major();
+  std::snprintf(p->name, sizeof p->name, "cudasim (an sm_%d0 GPU emulated on the CPU)", major);
   // This process's own GPU: its process id and its host's name, so that two ranks never share
   // one (NCCL's communicator refuses two ranks on one device, by uuid).
   char host[64] = {};
@@ -299,9 +320,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->maxGridSize[0] = 0x7fffffff;
   p->maxGridSize[1] = 65535;
   p->maxGridSize[2] = 65535;
-  p->major = 9;
+  p->major = major;
   p->minor = 0;
-  p->multiProcessorCount = 132;
+  p->multiProcessorCount = major == 9 ? 132 : 148;  // an H200's, a B200's
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -39,9 +40,23 @@ void clear_errors();
 // The dynamic shared memory a kernel may use (cudaFuncSetAttribute), 48 KiB unless raised.
 size_t max_dynamic_shared_bytes(const void* kernel);
 
-// The emulated device's limits (an H200's).
+// The emulated device's limits (an H200's; a B200's are the same).
 inline constexpr size_t kDefaultSharedBytes = 48 * 1024;
 inline constexpr size_t kOptInSharedBytes = 227 * 1024;
+
+// The emulated device's compute capability (major): 9, an H200 (sm_90), unless the environment
+// says CUDASIM_ARCH=sm_100: 10, a B200, whose MX tensor cores cuBLASLt's block-scaled GEMMs run
+// on (cublas_sim.cpp); such a process says on stderr at exit how many ran. Any other value of
+// CUDASIM_ARCH ends the process in one line.
+int compute_capability_major();
+
+// cuBLASLt's block-scaled GEMMs (cublas_sim.cpp): where the scale of row `row`, block `block`
+// along k, of an operand with `blocks` blocks lies in the tiled layout the cuBLAS documentation
+// gives ("1D Block Scaling Factors Layout": tiles of 128 rows x 4 blocks, 512 bytes), its size
+// for `rows` rows (padded to 128 rows and 4 blocks), and how many such GEMMs have run.
+int64_t block_scale_offset(int64_t row, int64_t block, int64_t blocks);
+int64_t block_scale_bytes(int64_t rows, int64_t blocks);
+int64_t block_scaled_gemms_run();
 
 // Runs every block of a launch whose checks passed (sim_executor.cpp); false and `failure` set
 // when a block's threads did not all reach a barrier or collective together.

@@ -5,7 +5,8 @@ cmake/cuda_sim.cmake) instead of the CUDA toolkit, so `--device cuda` runs the C
 kernels, its host code and NCCL's communicator on the CPU. These tests run the steps of scripts/gpu_check.sh that need the
 program (not the test binaries, which ctest's CudaSim.* entries run) on small models, against
 the CPU program (MOECORE_BIN):
-- `devices` names the emulated sm_90 GPU and its MX GEMM path (Hopper's: through bf16);
+- `devices` names the emulated sm_90 GPU and its MX GEMM path (Hopper's: through bf16), and with
+  CUDASIM_ARCH=sm_100 an emulated Blackwell's (block-scaled);
 - `diff --b-set train.device=cuda`: one batch's forward and backward, every activation and
   gradient, CPU against GPU, within diff's default threshold for the precision: max(4 u, 2^-18),
   u the precision's unit roundoff. Measured with oneDNN's AVX2, AVX-512 and AMX kernels on the
@@ -16,7 +17,9 @@ the CPU program (MOECORE_BIN):
   second and third router scores at least 6.2e-5 apart against CPU-GPU score differences of at
   most 6e-8, so no device flips a route there. The wide model's bf16 margin is 1.6 times its
   difference, so it runs in fp32 only (the default model does flip 3 of 512 bf16 routes at its
-  third layer, which is why scripts/gpu_check.sh reports its diffs rather than failing on them);
+  third layer, which is why scripts/gpu_check.sh reports its diffs rather than failing on them).
+  On an emulated Blackwell (CUDASIM_ARCH=sm_100) mxfp8 again, its MX GEMMs on cuBLASLt's
+  block-scaled path (which must have run), and with every GEMM that can in MXFP8;
 - `train --device cuda` in fp32, in bf16 with every step a CUDA graph, and in mxfp8, each loss
   curve held against the CPU's by scripts/compare_loss_curves.py, the GPU check's own gate
   (margins stated there); in fp32 every logged step too, within its step-1 bound 1e-5 (summation
@@ -64,6 +67,9 @@ def test_devices_names_the_emulated_gpu(sim_bin):
     lines = run(sim_bin, "devices").stdout.splitlines()
     assert re.fullmatch(r"cuda: cudasim .*\(sm_90, \d+ SMs, [\d.]+ GiB; MX GEMMs through bf16: no "
                         r"MX tensor cores\)", lines[1]), lines
+    lines = run(sim_bin, "devices", env_extra={"CUDASIM_ARCH": "sm_100"}).stdout.splitlines()
+    assert re.fullmatch(r"cuda: cudasim .*\(sm_100, \d+ SMs, [\d.]+ GiB; MX GEMMs block-scaled "
+                        r"where cuBLASLt has a kernel, else through bf16\)", lines[1]), lines
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +81,21 @@ def wide_config(job_data, tmp_path_factory) -> Path:
                         train={"batch_size": 1, "seq_len": 128})
 
 
-@pytest.mark.parametrize("model,precision", [("small", "fp32"), ("small", "bf16"),
-                                             ("small", "mxfp8"), ("wide", "fp32")])
+@pytest.mark.parametrize("model,precision,arch", [
+    ("small", "fp32", "sm_90"), ("small", "bf16", "sm_90"), ("small", "mxfp8", "sm_90"),
+    ("wide", "fp32", "sm_90"), ("small", "mxfp8", "sm_100"), ("small", "mxfp8_all", "sm_100")])
 def test_one_batch_on_the_gpu_matches_the_cpu_tensor_for_tensor(sim_bin, config, wide_config,
-                                                                 model, precision):
-    r = run(sim_bin, "diff", config if model == "small" else wide_config, "--set",
-            f"train.precision={precision}", "--b-set", "train.device=cuda", "--json", check=False)
+                                                                 model, precision, arch):
+    sets = ["--set", "train.precision=mxfp8"] if precision.startswith("mxfp8") else [
+        "--set", f"train.precision={precision}"]
+    if precision == "mxfp8_all":  # every GEMM that can: dense linears and experts' wgrad too
+        sets += ["--set", "train.mxfp8_dense=true", "--set", "train.mxfp8_expert_wgrad=true"]
+    r = run(sim_bin, "diff", config if model == "small" else wide_config, *sets, "--b-set",
+            "train.device=cuda", "--json", check=False, env_extra={"CUDASIM_ARCH": arch})
     assert r.returncode in (0, 1), r.stderr
+    if arch == "sm_100":  # Blackwell: the MX GEMMs ran on cuBLASLt's block-scaled path
+        ran = re.search(r"cudasim: (\d+) block-scaled GEMMs ran", r.stderr)
+        assert ran and int(ran.group(1)) > 0, r.stderr
     report = json.loads(r.stdout)
     assert report["a"]["run"]["backend"] == "cpu" and report["b"]["run"]["backend"] == "cuda"
     assert report["same_weights"]

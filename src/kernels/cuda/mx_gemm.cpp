@@ -12,16 +12,17 @@
 // require), takes the bf16 path below instead, GEMM by GEMM. Its results are within an fp32
 // summation error of the CPU backend's (cuBLASLt's own summation order, as below; the products
 // of two codes are exact, the scales powers of two); a NaN scale (255) is UE8M0's NaN to cuBLASLt
-// as to the reference. This path has never executed: the project has
-// no Blackwell GPU (its H200 is Hopper). Note also that the build's sm_100a machine code (no PTX)
-// loads on compute capability 10.0 only, so on other Blackwells none of the backend's kernels run
-// until the build adds their targets. On a B200, moecore_cuda_tests' per-op harness
-// (tests/cpp/test_kernel_ops_mx.cpp) would check mx_matmul and both grouped GEMMs against the
-// reference by NMSE within its fp32 summation bound, that beta = 0 does not read c (NaN there),
-// and each expert's rows against mx_matmul on that expert's slices; a wrong tile order or scale
-// gives an NMSE of 1e-2 .. 1. Of its extents, the grouped cases with out (forward) or in
-// (backward) a multiple of 4 run block-scaled, e4m3 x e4m3; its mx_matmul cases all have odd n and
-// run the bf16 path, so mixed element types and beta != 0 on this path need a case with n % 4 == 0.
+// as to the reference. This path has never run on a GPU: the project has no Blackwell (its H200
+// is Hopper). It runs on an emulated one (ctest CudaSim.Blackwell: tests/cuda_sim's cuBLASLt
+// reads the scales where the cuBLAS documentation puts them and sums as the reference does),
+// where the per-op harness's MX cases (tests/cpp/test_kernel_ops_mx.cpp) take it: mx_matmul's
+// case with n a multiple of 4 (17 x 32 x 96, in e4m3 x e4m3 and both mixed pairs, every epilogue)
+// and the grouped GEMMs' experts whose out (forward) or in (backward) is one, all equal to the
+// reference; a wrong tile order or scale gives an NMSE of 1e-2 .. 1 there. What the emulation
+// cannot show is cuBLAS's own answer: whether its heuristic has a kernel for these shapes, and
+// its summation order. Note also that the build's sm_100a machine code (no PTX) loads on compute
+// capability 10.0 only, so on other Blackwells none of the backend's kernels run until the build
+// adds their targets.
 //
 // Below compute capability 10 (Hopper, sm_90), no MX tensor cores: each operand is dequantised to
 // bf16 (mx_gemm.cu: code value times 2^(scale - 127), exact in bf16 for every element whose value

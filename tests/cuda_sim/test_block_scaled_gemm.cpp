@@ -1,0 +1,124 @@
+// cudasim's cuBLASLt block-scaled FP8 GEMM (cublas_sim.cpp), which only an emulated Blackwell has
+// (CUDASIM_ARCH=sm_100, ctest CudaSim.Blackwell), and the CUDA backend's path onto it
+// (src/kernels/cuda/mx_gemm_block_scaled.cpp, never run on a GPU: the project has no Blackwell).
+// The emulation reads the scales where the cuBLAS documentation puts them; the backend writes them
+// there with its own swizzle kernel (mx_scale_swizzle.cu); the reference backend multiplies the
+// row-major codes and scales. Agreement, bit for bit (the emulation sums in the reference's
+// order), means the backend's layout, descriptors and operand order are what cuBLAS documents.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/mx_types.h"
+#include "kernels/cuda/mx_gemm_block_scaled.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/reference/mx_gemm.h"
+#include "sim_state.h"
+
+namespace cudasim_checks {
+namespace {
+
+namespace mx = moecore::mx;
+namespace cuda = moecore::kernels::cuda;
+
+// The layout's own examples, from NVIDIA's nvmath-python (get_block_scale_offset, for a 128 x 128
+// NVFP4 operand: 8 blocks of 16 along k; the layout counts blocks, whatever their width): the
+// scale of row 5, block 2 is byte 82, and of row 5, block 5 byte 593 (the second tile along k).
+TEST(CudasimBlockScaled, ScalesLieWhereTheCublasDocumentationPutsThem) {
+  EXPECT_EQ(cudasim::block_scale_offset(5, 2, 8), 82);
+  EXPECT_EQ(cudasim::block_scale_offset(5, 5, 8), 593);
+  // Rows 32 apart share a 16-byte line, 4 bytes apart; the next 128 rows start after every tile
+  // along k of the first 128 (here two).
+  EXPECT_EQ(cudasim::block_scale_offset(37, 2, 8), 82 + 4);
+  EXPECT_EQ(cudasim::block_scale_offset(128, 0, 8), 2 * 512);
+  // Rows padded to 128, blocks to 4.
+  EXPECT_EQ(cudasim::block_scale_bytes(128, 8), 128 * 8);
+  EXPECT_EQ(cudasim::block_scale_bytes(129, 5), 256 * 8);
+}
+
+// Device memory holding `bytes`, freed at the end of the test.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t bytes) { EXPECT_EQ(cudaMalloc(&data_, bytes), cudaSuccess); }
+  ~DeviceBytes() { cudaFree(data_); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// An operand [rows, k] quantised along k, on the host and on the device.
+struct Operand {
+  Operand(mx::ElemType type, int64_t rows, int64_t k, uint32_t seed)
+      : elem(type),
+        codes(static_cast<size_t>(rows * k)),
+        scales(static_cast<size_t>(rows * k / mx::kMxBlock)),
+        device_codes(codes.size()),
+        device_scales(scales.size()) {
+    std::mt19937 gen(seed);
+    // Blocks of different magnitudes, so that the scales matter.
+    std::vector<float> x(codes.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen),
+                        static_cast<int>(i / mx::kMxBlock % 7) - 3);
+    mx::quantize(type, mx::ScaleMode::kRceil, rows, k, x.data(), k, codes.data(), scales.data());
+    EXPECT_EQ(
+        cudaMemcpy(device_codes.as<uint8_t>(), codes.data(), codes.size(), cudaMemcpyHostToDevice),
+        cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(device_scales.as<uint8_t>(), scales.data(), scales.size(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  mx::MxOperand host() const { return {elem, codes.data(), scales.data()}; }
+  mx::MxOperand device() const {
+    return {elem, device_codes.as<uint8_t>(), device_scales.as<uint8_t>()};
+  }
+
+  mx::ElemType elem;
+  std::vector<uint8_t> codes, scales;
+  DeviceBytes device_codes, device_scales;
+};
+
+// c = a b^T through the backend's block-scaled path: taken on Blackwell only, and there equal to
+// the reference bit for bit; on Hopper it issues nothing and says so (the bf16 path then runs).
+// Rows past one 128-row tile and blocks past one 4-block tile, so the padding is laid out too.
+TEST(CudasimBlockScaled, TheBackendsGemmRunsOnBlackwellAndEqualsTheReference) {
+  cuda::activate();
+  const int64_t m = 130, n = 8, k = 6 * mx::kMxBlock;
+  for (const auto& [a_type, b_type] : {std::pair{mx::ElemType::kE4M3, mx::ElemType::kE4M3},
+                                       std::pair{mx::ElemType::kE5M2, mx::ElemType::kE4M3}}) {
+    const Operand a(a_type, m, k, 11), b(b_type, n, k, 12);
+    const DeviceBytes c(static_cast<size_t>(m * n) * sizeof(float));
+    const int64_t before = cudasim::block_scaled_gemms_run();
+    const bool ran =
+        cuda::mx_gemm_block_scaled(a.device(), b.device(), m, n, k, 1.0f, 0.0f, c.as<float>());
+    cuda::synchronize();
+    if (cudasim::compute_capability_major() < 10) {
+      EXPECT_FALSE(ran) << "a Hopper GPU has no block-scaled kernel";
+      EXPECT_EQ(cudasim::block_scaled_gemms_run(), before);
+      continue;
+    }
+    ASSERT_TRUE(ran);
+    EXPECT_EQ(cudasim::block_scaled_gemms_run(), before + 1);
+    std::vector<float> got(static_cast<size_t>(m * n)), want(got.size());
+    ASSERT_EQ(
+        cudaMemcpy(got.data(), c.as<float>(), got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    moecore::kernels::reference::mx_gemm(m, n, k, a.host(), b.host(), want.data(), n);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+          << "c[" << i / n << ", " << i % n << "] " << got[i] << " vs " << want[i];
+  }
+}
+
+}  // namespace
+}  // namespace cudasim_checks
