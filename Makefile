@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 export MOECORE_VENV ?= /opt/moecore/venv
 PYTHON := $(MOECORE_VENV)/bin/python
 
-.PHONY: all setup setup-system setup-python build build-tests build-asan train test test-cpp test-asan \
+.PHONY: all setup setup-system setup-python build build-tests build-sim build-asan train test test-cpp test-asan \
         test-reference test-smoke test-fresh test-two-hosts fuzz format clean bench bench-scaling bench-padded \
         bench-pipeline bench-plan bench-recompute bench-lm-head bench-compare bench-mxfp8
 
@@ -27,6 +27,12 @@ build: setup-system
 build-tests: setup-system
 	@cmake --preset release > /dev/null
 	@cmake --build --preset release -j $(JOBS)
+
+# The moecore program on the emulated GPU (tests/cuda_sim), which tests/train and tests/cli run
+# beside the CPU's.
+build-sim: setup-system
+	@cmake --preset release > /dev/null
+	@cmake --build --preset release -j $(JOBS) --target moecore_cuda_sim
 
 build-asan: setup-system
 	@cmake --preset asan-ubsan > /dev/null
@@ -113,7 +119,7 @@ test-asan: build-asan
 # one-line reason of every skip (the two-host tests skip where `ip netns` is not permitted).
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE MOECORE_BIN=$(CURDIR)/build/bin/moecore
 
-test-reference: build setup-python
+test-reference: build build-sim setup-python
 	$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference tests/cli tests/train
 
 # Two "hosts" (network namespaces joined by a veth pair) running mpirun over TCP only (issue 13);

@@ -20,7 +20,8 @@
 // B not: both k-major), k a multiple of 32, C and D CUDA_R_32F, fp32 compute. Each 32-value
 // block's products are summed in float in k order, scaled by the two blocks' powers of two (a
 // scale code 255 is NaN), and the blocks summed in k order. The scales' whole tiled extent (rows
-// padded to 128, blocks to 4), which cuBLASLt reads, must lie in device memory.
+// padded to 128, blocks to 4), which cuBLASLt reads, must lie in device memory, and a NaN scale in
+// the blocks' padding poisons the row's outputs (its blocks multiply zeros: only NaN shows).
 //
 // Refused: every other type, compute type, batch, order, epilogue and scaling
 // (CUBLAS_STATUS_NOT_SUPPORTED), and inconsistent arguments (CUBLAS_STATUS_INVALID_VALUE).
@@ -158,10 +159,16 @@ struct ScaledOperand {
 void gemm_block_scaled(int64_t m, int64_t n, int64_t k, float alpha, const ScaledOperand& a,
                        const ScaledOperand& b, float beta, const float* c, int64_t ldc, float* d,
                        int64_t ldd) {
-  const int64_t blocks = k / 32;
+  const int64_t blocks = k / 32, padded_blocks = (blocks + 3) / 4 * 4;
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       float sum = 0.0f;
+      // The padding's blocks past k contribute 0 x their scales: nothing, unless a scale there is
+      // NaN (255), which poisons the output as it would on the tensor cores.
+      for (int64_t block = blocks; block < padded_blocks; ++block)
+        if (a.scales[cudasim::block_scale_offset(i, block, blocks)] == 255 ||
+            b.scales[cudasim::block_scale_offset(j, block, blocks)] == 255)
+          sum = std::numeric_limits<float>::quiet_NaN();
       for (int64_t block = 0; block < blocks; ++block) {
         float block_sum = 0.0f;
         for (int64_t l = block * 32; l < block * 32 + 32; ++l)
@@ -419,9 +426,11 @@ void issue_block_scaled_gemm(cudaStream_t stream, const LtProblem& problem, floa
                    {b_operand.scales, cudasim::block_scale_bytes(n, blocks), "B's scales"},
                    {a_operand.codes, a_operand.ld * (m - 1) + k, "A"},
                    {b_operand.codes, b_operand.ld * (n - 1) + k, "B"},
-                   {d, (ldd * (n - 1) + m) * 4, "D"}};
+                   {d, (ldd * (n - 1) + m) * 4, "D"},
+                   {c, beta == 0.0f ? 0 : (ldc * (n - 1) + m) * 4, "C"}};
     for (const auto& extent : extents) {
-      if (!cudasim::inside_device_allocation(extent.pointer, static_cast<size_t>(extent.bytes))) {
+      if (extent.bytes > 0 &&
+          !cudasim::inside_device_allocation(extent.pointer, static_cast<size_t>(extent.bytes))) {
         cudasim::record_error(cudaErrorIllegalAddress, true,
                               std::string("a block-scaled cuBLASLt GEMM's ") + extent.what + " (" +
                                   std::to_string(extent.bytes) +
