@@ -25,9 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
+using io::errno_text;
 
 // A line carries a document unless it is empty or only whitespace (blank lines separate
 // paragraphs in many corpora; an "empty document" would only add a stray EOS).

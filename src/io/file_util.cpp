@@ -17,11 +17,11 @@
 
 namespace moecore::io {
 
-namespace {
-
 std::string errno_text(int err) {
   return std::generic_category().message(err);
 }
+
+namespace {
 
 std::atomic<int64_t> g_write_failure_after{-1};
 

@@ -10,6 +10,9 @@
 
 namespace moecore::io {
 
+// The system's text for an errno value (std::generic_category: thread-safe, unlike strerror).
+std::string errno_text(int err);
+
 // Read-only memory map of a whole file. Move-only; unmaps on destruction. `tag` ("[npy]") prefixes
 // the error thrown when the file cannot be opened or mapped.
 class MappedFile {

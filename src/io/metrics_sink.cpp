@@ -23,10 +23,6 @@ namespace {
 
 constexpr const char* kTag = "[metrics]";
 
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
-
 bool file_exists(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return true;

@@ -13,14 +13,11 @@
 #include <system_error>
 
 #include "core/check.h"
+#include "io/file_util.h"
 
 namespace moecore::io {
 
 namespace {
-
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
 
 // ---- Protobuf wire format: just what Event, Summary, Summary.Value and SessionLog need.
 

@@ -12,8 +12,6 @@ namespace moecore {
 
 namespace {
 
-constexpr int64_t kBlock = mx::kMxBlock;
-
 // Both of an MX layer's weight caches, or an error: a recipe that says MXFP8 never falls back.
 const MxWeight& mx_weight(const MxWeight* weight, const char* name) {
   MOE_CHECK(weight != nullptr,
@@ -24,7 +22,7 @@ const MxWeight& mx_weight(const MxWeight* weight, const char* name) {
 MxOperandView saved_operand(const DeviceArray<uint8_t>& codes, const DeviceArray<uint8_t>& scales,
                             int64_t rows, int64_t cols) {
   return {ConstTensorView(codes.data(), {rows, cols}, DType::kE4m3),
-          ConstTensorView(scales.data(), {rows, cols / kBlock}, DType::kE8m0)};
+          ConstTensorView(scales.data(), {rows, cols / mx::kMxBlock}, DType::kE8m0)};
 }
 
 // dw (+=) [local, out, in]: dw[e] += dy_e^T . x_e for every local expert e, dy: [R, out], x: [R,
@@ -66,9 +64,9 @@ void mx_forward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t 
   const mx::ScaleMode mode = precision.mx.scale_mode;
   if (received == 0) return;
   rows.x_codes.resize(static_cast<size_t>(received * d));
-  rows.x_scales.resize(static_cast<size_t>(received * d / kBlock));
+  rows.x_scales.resize(static_cast<size_t>(received * d / mx::kMxBlock));
   rows.act_codes.resize(static_cast<size_t>(received * h));
-  rows.act_scales.resize(static_cast<size_t>(received * h / kBlock));
+  rows.act_scales.resize(static_cast<size_t>(received * h / mx::kMxBlock));
   const TensorView gu = view(rows.gu.data(), {received, 2 * h});
   const MxOperandView x =
       mx_quantize_rows(rows.x.data(), received, d, mode, rows.x_codes.span(), rows.x_scales.span());
@@ -97,7 +95,8 @@ void mx_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t
   // The output gradients' codes: dy [R, d], then dgu [R, 2H].
   const int64_t widest = std::max(d, 2 * h);
   const std::span<uint8_t> codes = scratch.uninitialized<uint8_t>(received * widest);
-  const std::span<uint8_t> scales = scratch.uninitialized<uint8_t>(received * widest / kBlock);
+  const std::span<uint8_t> scales =
+      scratch.uninitialized<uint8_t>(received * widest / mx::kMxBlock);
 
   // mx.expert_wgrad's weight gradients run expert by expert from the host: they read the offsets
   // there, once per layer (OLMo-core's recipe reads nothing).

@@ -10,8 +10,6 @@ namespace moecore {
 
 namespace {
 
-constexpr int64_t kBlock = mx::kMxBlock;
-
 // The MX operands of one call: codes and scales (and a zero-padded fp32 copy for the
 // token-dimension quantisations), per calling thread, capacity kept across calls, on the device
 // of the operands.
@@ -36,7 +34,7 @@ MxOperandView quantize_rows(const float* x, int64_t rows, int64_t cols, mx::Scal
                             int slot) {
   MxScratch& s = scratch(device_of(x));
   s.codes[slot].resize(static_cast<size_t>(rows * cols));
-  s.scales[slot].resize(static_cast<size_t>(rows * cols / kBlock));
+  s.scales[slot].resize(static_cast<size_t>(rows * cols / mx::kMxBlock));
   return mx_quantize_rows(x, rows, cols, mode, s.codes[slot].span(), s.scales[slot].span());
 }
 
@@ -44,15 +42,15 @@ MxOperandView quantize_rows(const float* x, int64_t rows, int64_t cols, mx::Scal
 MxOperandView quantize_along_tokens(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
                                     int slot) {
   MxScratch& s = scratch(device_of(x));
-  const int64_t padded = (rows + kBlock - 1) / kBlock * kBlock;
+  const int64_t padded = (rows + mx::kMxBlock - 1) / mx::kMxBlock * mx::kMxBlock;
   s.padded.resize(static_cast<size_t>(padded * cols));
   copy_bytes(s.padded.data(), x, static_cast<size_t>(rows * cols) * sizeof(float));
   zero_bytes(s.padded.data() + rows * cols,
              static_cast<size_t>((padded - rows) * cols) * sizeof(float));
   s.codes[slot].resize(static_cast<size_t>(padded * cols));
-  s.scales[slot].resize(static_cast<size_t>(padded * cols / kBlock));
+  s.scales[slot].resize(static_cast<size_t>(padded * cols / mx::kMxBlock));
   const TensorView codes(s.codes[slot].data(), {cols, padded}, DType::kE4m3);
-  const TensorView scales(s.scales[slot].data(), {cols, padded / kBlock}, DType::kE8m0);
+  const TensorView scales(s.scales[slot].data(), {cols, padded / mx::kMxBlock}, DType::kE8m0);
   kernels::mx_quantize_transposed(view(s.padded.data(), {padded, cols}), mode, codes, scales);
   return {codes, scales};
 }
@@ -70,7 +68,7 @@ MxOperandView matrix(const MxOperandView& cache) {
 MxOperandView mx_quantize_rows(const float* x, int64_t rows, int64_t cols, mx::ScaleMode mode,
                                std::span<uint8_t> codes, std::span<uint8_t> scales) {
   const TensorView c(codes.data(), {rows, cols}, DType::kE4m3);
-  const TensorView s(scales.data(), {rows, cols / kBlock}, DType::kE8m0);
+  const TensorView s(scales.data(), {rows, cols / mx::kMxBlock}, DType::kE8m0);
   kernels::mx_quantize(view(x, {rows, cols}), mode, c, s);
   return {c, s};
 }

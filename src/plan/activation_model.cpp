@@ -2,11 +2,12 @@
 
 #include <algorithm>
 
+#include "plan/units.h"
+
 namespace moecore::plan {
 
 namespace {
 
-constexpr double kF = 4.0;  // fp32 (and int32) bytes
 // An MXFP8 value: an E4M3 code, and its share of the block's E8M0 scale.
 constexpr double kMx = 1.0 + 1.0 / 32.0;
 

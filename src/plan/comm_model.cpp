@@ -5,14 +5,9 @@
 #include "dist/pipeline_schedule.h"
 #include "model/params.h"
 #include "plan/activation_model.h"
+#include "plan/units.h"
 
 namespace moecore::plan {
-
-namespace {
-
-constexpr double kF = 4.0;
-
-}  // namespace
 
 std::vector<CollectiveBytes> rank_collectives(const RunConfig& config, const ResolvedLayout& layout,
                                               int64_t stage) {

@@ -11,12 +11,12 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "plan/units.h"
 
 namespace moecore::plan {
 
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0, kGiB = 1024.0 * kMiB;
 // Peak RSS of a moecore training process whose tensors are negligible (a d 16, 1-layer model):
 // 19 MiB alone, 25-26 MiB per rank under mpirun (binary, oneDNN, OpenMP, Open MPI, allocator
 // arenas), measured with `moecore train` on the development machine; the MPI figure, less the

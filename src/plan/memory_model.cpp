@@ -9,12 +9,11 @@
 #include "model/bf16_weight_copies.h"
 #include "model/mx_weight_caches.h"
 #include "model/params.h"
+#include "plan/units.h"
 
 namespace moecore::plan {
 
 namespace {
-
-constexpr double kF = 4.0;
 
 // Receives posted ahead by the pipeline runner (kLookahead = 2, plus the one being consumed) and
 // one send still in flight, each one hidden state of a micro-batch.

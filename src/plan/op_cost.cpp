@@ -5,12 +5,11 @@
 
 #include "model/flop_count.h"
 #include "model/precision_recipe.h"
+#include "plan/units.h"
 
 namespace moecore::plan {
 
 namespace {
-
-constexpr double kF = 4.0;  // fp32: weights, activations and exchanged rows are fp32 in moecore
 
 // The FLOP/s of a module's three GEMMs as the run's precision recipe multiplies them
 // (model/precision_recipe.h): forward, input gradient, weight gradient.

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 
+#include "plan/units.h"
+
 namespace moecore::plan {
 
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string schedule_name(PipelineSchedule s) {
   return s == PipelineSchedule::kOneFOneB      ? "1f1b"

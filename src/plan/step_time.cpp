@@ -12,12 +12,11 @@
 #include "model/precision_recipe.h"
 #include "plan/comm_model.h"
 #include "plan/pipeline_simulation.h"
+#include "plan/units.h"
 
 namespace moecore::plan {
 
 namespace {
-
-constexpr double kF = 4.0;
 
 // The measured bus bandwidth of a collective on a buffer of `buffer_bytes` within a node (0 when
 // the profile has none), scaled from the measurement's ranks to this layout's share of the node

@@ -27,7 +27,7 @@ namespace moecore::kernels::cpu {
 namespace {
 
 // Queries (forward, dq pass) or keys (dk/dv pass) per block, as causal_attention.cpp's.
-constexpr int64_t kBlock = 64;
+constexpr int64_t kRowBlock = 64;
 
 int64_t doc_start_at(const int32_t* doc_start, int64_t i) {
   return doc_start != nullptr ? doc_start[i] : 0;
@@ -116,21 +116,21 @@ void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, Con
   const int64_t group = H / KV;
   const int64_t ldq = H * hd, ldkv = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t blocks = (T + kBlock - 1) / kBlock;
+  const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
 
-  // Scores of one query block against keys [c_lo, r1): kBlock x T floats per thread.
+  // Scores of one query block against keys [c_lo, r1): kRowBlock x T floats per thread.
   thread_local std::vector<float> score_scratch;
   // Every (b, h, query block) writes disjoint out rows and lse entries. Later blocks have more
   // keys: dynamic scheduling balances them (the results do not depend on it).
 #pragma omp parallel
   {
-    float* const p = thread_scratch(score_scratch, kBlock * T);
+    float* const p = thread_scratch(score_scratch, kRowBlock * T);
 #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t blk = 0; blk < blocks; ++blk) {
           const int64_t kvh = h / group;
-          const int64_t r0 = blk * kBlock, r1 = std::min(r0 + kBlock, T);
+          const int64_t r0 = blk * kRowBlock, r1 = std::min(r0 + kRowBlock, T);
           const int32_t* docs = doc_start != nullptr ? doc_start + b * T : nullptr;
           const int64_t c_lo = first_key(docs, r0, r1), n = r1 - c_lo;
           const float* qh = q + (b * T * H + h) * hd;
@@ -181,18 +181,18 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   const int64_t group = H / KV;
   const int64_t ldq = H * hd, ldkv = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t blocks = (T + kBlock - 1) / kBlock;
+  const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
 
   // Parallel over (b, kv head), as causal_attention.cpp's backward: the query heads of one group
   // run in order inside one iteration, each over its query blocks in order, so every dk and dv
   // entry is summed by one thread in a fixed order (no atomics, no per-head copies) and the bits
   // do not depend on the thread count. Each query block computes its P and dS once and uses them
-  // for dq and for its share of dk and dv. P and dS of one block: kBlock x T floats each.
+  // for dq and for its share of dk and dv. P and dS of one block: kRowBlock x T floats each.
   thread_local std::vector<float> p_scratch, ds_scratch;
 #pragma omp parallel
   {
-    float* const p = thread_scratch(p_scratch, kBlock * T);
-    float* const ds = thread_scratch(ds_scratch, kBlock * T);
+    float* const p = thread_scratch(p_scratch, kRowBlock * T);
+    float* const ds = thread_scratch(ds_scratch, kRowBlock * T);
     // Blocks of a group do unequal work under document masking: dynamic scheduling balances them
     // (the results do not depend on it).
 #pragma omp for collapse(2) schedule(dynamic, 1)
@@ -218,7 +218,7 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
           float* dqh = dq + (b * T * H + h) * hd;
           for (int64_t blk = 0; blk < blocks; ++blk) {
             // Query block [r0, r1) against keys [c_lo, r1).
-            const int64_t r0 = blk * kBlock, r1 = std::min(r0 + kBlock, T), m = r1 - r0;
+            const int64_t r0 = blk * kRowBlock, r1 = std::min(r0 + kRowBlock, T), m = r1 - r0;
             const int64_t c_lo = first_key(docs, r0, r1), n = r1 - c_lo;
             gemm(precision, false, true, m, n, hd, 1.0f, qh + r0 * ldq, ldq, kh + c_lo * ldkv, ldkv,
                  0.0f, p, n);
