@@ -50,14 +50,14 @@ add_executable(moecore_cuda_sim_tests
                ${MOECORE_SIM_TEST_SOURCES} tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
                tests/cuda_sim/test_nccl_emulator.cpp tests/cuda_sim/test_block_scaled_gemm.cpp)
 target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
-                           ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
+                           ${CMAKE_SOURCE_DIR}/tests/cuda ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
 target_compile_options(moecore_cuda_sim_tests PRIVATE ${MOECORE_WARNINGS})
 target_link_libraries(moecore_cuda_sim_tests PRIVATE moecore_cuda_sim_backend moecore_train
                       moecore_kernel_op_cases GTest::gtest)
 
 # The moecore program on the emulated GPU: `train --device cuda`, `diff --b-set
 # train.device=cuda`, `devices` and the rest run the backend's kernels and NCCL's communicator
-# here, as scripts/gpu_check.sh runs them on the H200 (tests/cli/test_cuda_sim_program.py).
+# here, as scripts/gpu_check.sh runs them on the H200 (tests/train/test_cuda_sim_program.py).
 add_executable(moecore_cuda_sim ${MOECORE_CLI_DEVICES})
 target_compile_definitions(moecore_cuda_sim PRIVATE MOECORE_CLI_HAS_CUDA=1 MOECORE_CLI_HAS_NCCL=1)
 target_compile_options(moecore_cuda_sim PRIVATE ${MOECORE_WARNINGS})

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mx_types.h"
 #include "sim_state.h"
 
 struct cublasContext {
@@ -125,25 +126,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   }
 }
 
-// An FP8 code's value (OCP's formats, as cuBLAS's CUDA_R_8F_* types are): E4M3 has bias 7, no
-// infinities and NaN at S.1111.111; E5M2 has bias 15, IEEE's infinities and NaNs. Both have
-// subnormals.
+// An FP8 code's value: cuBLAS's CUDA_R_8F_E4M3 and CUDA_R_8F_E5M2 are OCP's formats, which the
+// project's own decoder reads (core/mx_types.h, checked against ml_dtypes on every code).
 float fp8_value(int type, uint8_t code) {
-  const bool e4m3 = type == CUDA_R_8F_E4M3;
-  const int mantissa_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
-  const int exponent = (code & 0x7f) >> mantissa_bits;
-  const int mantissa = code & ((1 << mantissa_bits) - 1);
-  const float sign = (code & 0x80) != 0 ? -1.0f : 1.0f;
-  const int max_exponent = (1 << (7 - mantissa_bits)) - 1;
-  if (e4m3 && exponent == max_exponent && mantissa == (1 << mantissa_bits) - 1)
-    return std::numeric_limits<float>::quiet_NaN();
-  if (!e4m3 && exponent == max_exponent)
-    return mantissa == 0 ? sign * std::numeric_limits<float>::infinity()
-                         : std::numeric_limits<float>::quiet_NaN();
-  if (exponent == 0)
-    return sign * std::ldexp(static_cast<float>(mantissa), 1 - bias - mantissa_bits);
-  return sign * std::ldexp(static_cast<float>(mantissa + (1 << mantissa_bits)),
-                           exponent - bias - mantissa_bits);
+  return moecore::mx::decode_elem(
+      type == CUDA_R_8F_E4M3 ? moecore::mx::ElemType::kE4M3 : moecore::mx::ElemType::kE5M2, code);
 }
 
 // A k-major FP8 operand with its tiled scales: the value of (row, l) at codes[l + row * ld].

@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "core/mx_types.h"
+#include "device_vector.h"
 #include "kernels/cuda/mx_gemm_block_scaled.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/reference/mx_gemm.h"
@@ -24,6 +26,7 @@ namespace {
 
 namespace mx = moecore::mx;
 namespace cuda = moecore::kernels::cuda;
+using moecore::cuda_test::DeviceVector;
 
 // The layout's own examples, from NVIDIA's nvmath-python (get_block_scale_offset, for a 128 x 128
 // NVFP4 operand: 8 blocks of 16 along k; the layout counts blocks, whatever their width): the
@@ -40,52 +43,35 @@ TEST(CudasimBlockScaled, ScalesLieWhereTheCublasDocumentationPutsThem) {
   EXPECT_EQ(cudasim::block_scale_bytes(129, 5), 256 * 8);
 }
 
-// Device memory holding `bytes`, freed at the end of the test.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(size_t bytes) { EXPECT_EQ(cudaMalloc(&data_, bytes), cudaSuccess); }
-  ~DeviceBytes() { cudaFree(data_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-};
-
 // An operand [rows, k] quantised along k, on the host and on the device.
 struct Operand {
   Operand(mx::ElemType type, int64_t rows, int64_t k, uint32_t seed)
       : elem(type),
-        codes(static_cast<size_t>(rows * k)),
-        scales(static_cast<size_t>(rows * k / mx::kMxBlock)),
-        device_codes(codes.size()),
-        device_scales(scales.size()) {
+        on_host(quantised(type, rows, k, seed)),
+        device_codes(on_host.codes),
+        device_scales(on_host.scales) {}
+  mx::MxOperand host() const { return {elem, on_host.codes.data(), on_host.scales.data()}; }
+  mx::MxOperand device() const { return {elem, device_codes.data(), device_scales.data()}; }
+
+  struct Quantised {
+    std::vector<uint8_t> codes, scales;
+  };
+  // Blocks of different magnitudes, so that the scales matter.
+  static Quantised quantised(mx::ElemType type, int64_t rows, int64_t k, uint32_t seed) {
     std::mt19937 gen(seed);
-    // Blocks of different magnitudes, so that the scales matter.
-    std::vector<float> x(codes.size());
+    std::vector<float> x(static_cast<size_t>(rows * k));
     for (size_t i = 0; i < x.size(); ++i)
       x[i] = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen),
                         static_cast<int>(i / mx::kMxBlock % 7) - 3);
-    mx::quantize(type, mx::ScaleMode::kRceil, rows, k, x.data(), k, codes.data(), scales.data());
-    EXPECT_EQ(
-        cudaMemcpy(device_codes.as<uint8_t>(), codes.data(), codes.size(), cudaMemcpyHostToDevice),
-        cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(device_scales.as<uint8_t>(), scales.data(), scales.size(),
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  mx::MxOperand host() const { return {elem, codes.data(), scales.data()}; }
-  mx::MxOperand device() const {
-    return {elem, device_codes.as<uint8_t>(), device_scales.as<uint8_t>()};
+    Quantised q{std::vector<uint8_t>(x.size()), std::vector<uint8_t>(x.size() / mx::kMxBlock)};
+    mx::quantize(type, mx::ScaleMode::kRceil, rows, k, x.data(), k, q.codes.data(),
+                 q.scales.data());
+    return q;
   }
 
   mx::ElemType elem;
-  std::vector<uint8_t> codes, scales;
-  DeviceBytes device_codes, device_scales;
+  Quantised on_host;
+  DeviceVector<uint8_t> device_codes, device_scales;
 };
 
 // c = a b^T through the backend's block-scaled path: taken on Blackwell only, and there equal to
@@ -97,10 +83,12 @@ TEST(CudasimBlockScaled, TheBackendsGemmRunsOnBlackwellAndEqualsTheReference) {
   for (const auto& [a_type, b_type] : {std::pair{mx::ElemType::kE4M3, mx::ElemType::kE4M3},
                                        std::pair{mx::ElemType::kE5M2, mx::ElemType::kE4M3}}) {
     const Operand a(a_type, m, k, 11), b(b_type, n, k, 12);
-    const DeviceBytes c(static_cast<size_t>(m * n) * sizeof(float));
+    // NaN where the GEMM writes: beta = 0 must not read it.
+    const DeviceVector<float> c(
+        std::vector<float>(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN()));
     const int64_t before = cudasim::block_scaled_gemms_run();
     const bool ran =
-        cuda::mx_gemm_block_scaled(a.device(), b.device(), m, n, k, 1.0f, 0.0f, c.as<float>());
+        cuda::mx_gemm_block_scaled(a.device(), b.device(), m, n, k, 1.0f, 0.0f, c.data());
     cuda::synchronize();
     if (cudasim::compute_capability_major() < 10) {
       EXPECT_FALSE(ran) << "a Hopper GPU has no block-scaled kernel";
@@ -109,10 +97,8 @@ TEST(CudasimBlockScaled, TheBackendsGemmRunsOnBlackwellAndEqualsTheReference) {
     }
     ASSERT_TRUE(ran);
     EXPECT_EQ(cudasim::block_scaled_gemms_run(), before + 1);
-    std::vector<float> got(static_cast<size_t>(m * n)), want(got.size());
-    ASSERT_EQ(
-        cudaMemcpy(got.data(), c.as<float>(), got.size() * sizeof(float), cudaMemcpyDeviceToHost),
-        cudaSuccess);
+    const std::vector<float> got = c.to_host();
+    std::vector<float> want(got.size());
     moecore::kernels::reference::mx_gemm(m, n, k, a.host(), b.host(), want.data(), n);
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)

@@ -91,13 +91,14 @@ def wide_config(job_data, tmp_path_factory) -> Path:
     ("wide", "fp32", "sm_90"), ("small", "mxfp8", "sm_100"), ("small", "mxfp8_all", "sm_100")])
 def test_one_batch_on_the_gpu_matches_the_cpu_tensor_for_tensor(sim_bin, config, wide_config,
                                                                  model, precision, arch):
-    sets = ["--set", f"train.precision={precision}"]
-    if precision.startswith("mxfp8"):
+    mx = precision.startswith("mxfp8")
+    sets = ["--set", f"train.precision={'mxfp8' if mx else precision}"]
+    if mx:
         # CPU and GPU in one MX recipe: their MX GEMMs' products are exact on both and only the
         # sums' order may differ, so they part by what the recipe's bf16 parts part by: bf16's
         # threshold, 4 x 2^-8, not diff's default for mxfp8 (4 x E4M3's 2^-4, for runs in
         # different precisions).
-        sets = ["--set", "train.precision=mxfp8", "--threshold", str(4 * 2.0 ** -8)]
+        sets += ["--threshold", str(4 * 2.0 ** -8)]
     if precision == "mxfp8_all":  # every GEMM that can: dense linears and experts' wgrad too
         sets += ["--set", "train.mxfp8_dense=true", "--set", "train.mxfp8_expert_wgrad=true"]
     r = run(sim_bin, "diff", config if model == "small" else wide_config, *sets, "--b-set",
