@@ -1,4 +1,6 @@
-// Flash attention: tiled kernels that never hold the T x T probabilities, correctness first.
+// Flash attention: tiled kernels that never hold the T x T probabilities, every product on the
+// CUDA cores: the fp32 path, and bf16's for head dimensions above kFlashTensorCoreMaxHeadDim. bf16
+// below it runs on the tensor cores (flash_attention_tensor_cores.cu: the same algorithm).
 //
 // A block of kThreads threads owns kRows rows (queries in the forward and the dq pass, keys in the
 // dk/dv pass), kTeam consecutive threads per row; each thread keeps the row's dimensions
@@ -384,6 +386,9 @@ void launch_flash_attention_forward(const float* q, const float* k, const float*
                                     int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                     bool bf16, cudaStream_t stream) {
   if (batch == 0 || seq == 0 || heads == 0) return;
+  if (bf16 && head_dim <= kFlashTensorCoreMaxHeadDim)
+    return launch_flash_attention_tc_forward(q, k, v, doc_start, out, lse, batch, seq, heads,
+                                             kv_heads, head_dim, attention_scale(head_dim), stream);
   if (head_dim <= 32)
     forward_for<32>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, bf16,
                     stream);
@@ -409,6 +414,10 @@ void launch_flash_attention_backward(const float* dout, const float* q, const fl
   const int64_t dot_blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
   flash_row_dots_kernel<<<row_blocks(dot_blocks), kThreads, 0, stream>>>(dout, out, row_dots, rows,
                                                                          head_dim);
+  if (bf16 && head_dim <= kFlashTensorCoreMaxHeadDim)
+    return launch_flash_attention_tc_backward(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv,
+                                              batch, seq, heads, kv_heads, head_dim,
+                                              attention_scale(head_dim), stream);
   if (head_dim <= 32)
     backward_for<32>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
                      kv_heads, head_dim, bf16, stream);

@@ -238,6 +238,20 @@ void launch_flash_attention_backward(const float* dout, const float* q, const fl
                                      int64_t kv_heads, int64_t head_dim, bool bf16,
                                      cudaStream_t stream);
 
+// flash_attention_tensor_cores.cu: the same pair in bf16 on tensor cores, head_dim <=
+// kFlashTensorCoreMaxHeadDim (launch_flash_attention_forward and _backward choose it); scale:
+// the scores' 1 / sqrt(head_dim); row_dots: D, computed.
+inline constexpr int64_t kFlashTensorCoreMaxHeadDim = 128;
+void launch_flash_attention_tc_forward(const float* q, const float* k, const float* v,
+                                       const int32_t* doc_start, float* out, float* lse,
+                                       int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                       int64_t head_dim, float scale, cudaStream_t stream);
+void launch_flash_attention_tc_backward(const float* dout, const float* q, const float* k,
+                                        const float* v, const float* lse, const float* row_dots,
+                                        const int32_t* doc_start, float* dq, float* dk, float* dv,
+                                        int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                        int64_t head_dim, float scale, cudaStream_t stream);
+
 // cached_attention.cu: kernels/ops.h's cached_attention_forward on q, out [n, heads, hd] and the
 // cache's k, v [first_position + n, kv_heads, hd]; first_position + n <=
 // cached_attention_max_keys() (the caller checks): the scores of a query live in shared memory.
