@@ -5,8 +5,8 @@
 #   1. the machine: nvidia-smi, and where the driver's and cuBLASLt's libraries were found;
 #   2. moecore_cuda_tests: the per-op harness's cases against the CUDA kernels (the plain-loop
 #      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
-#   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops against it
-#      (bench/cuda/gemm.cpp), whatever step 2 gave;
+#   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops and flash
+#      attention against it (bench/cuda/gemm.cpp), whatever step 2 gave;
 #   4. `moecore train --device cuda`: 200 steps of the default run in fp32, in bf16, in bf16 with
 #      every step one CUDA graph (train.cuda_graph) and in mxfp8 (OLMo-core's recipe; the start-up
 #      line's device says which path its MX GEMMs take, issue 16 item 3), each loss

@@ -11,6 +11,13 @@
 //              expert and as the one-launch kernel with device offsets: how much the per-expert
 //              GEMMs lose as they shrink (item 6: at most 5 % tokens/s lost from 8 to 128
 //              experts), and whether the sync-free kernel is fast enough to replace them.
+//   attention  flash attention's forward and backward (the ops, kernels/cuda/flash_attention*.cu)
+//              at bench/configs/gpu.toml's shape (8 sequences of 2048 positions, 16 heads of 128,
+//              causal), in bf16 on the tensor cores and in fp32 on the CUDA cores; FLOPs as MFU
+//              counts them (model/flop_count.h: 12 x heads x head_dim per token and causal key,
+//              forward 4, backward 8), so the rate is comparable with the peak though the kernels
+//              compute the scores three times (the forward's two sweeps, the backward's two
+//              kernels).
 // Each case: 3 warm-up calls, then the median of 20 timed calls (CUDA events on the backend's
 // stream). Prints a markdown table; --json PATH also writes the figures. --quick divides every
 // size by 16 and times 3 calls after 1: a run of the code, not of the GPU (ctest CudaSim.GemmBench
@@ -183,6 +190,31 @@ std::vector<Result> experts(int64_t count, const RunShape& shape) {
           {"experts, one launch, device offsets (WMMA): " + what, flops, device_ms}};
 }
 
+// One training step's attention core: flash_attention_forward then _backward (causal, no
+// documents) at `precision`; --quick keeps the head dimension (the kernels are chosen by it).
+Result attention(MatmulPrecision precision, const RunShape& shape) {
+  const int64_t batch = 8 / std::min<int64_t>(shape.divisor, 8), seq = 2048 / shape.divisor,
+                heads = 16 / std::min<int64_t>(shape.divisor, 16), hd = 128;
+  const int64_t rows = batch * seq * heads * hd;
+  const DeviceBuffer q(rows, DType::kF32), k(rows, DType::kF32), v(rows, DType::kF32),
+      out(rows, DType::kF32), dout(rows, DType::kF32), dq(rows, DType::kF32), dk(rows, DType::kF32),
+      dv(rows, DType::kF32), lse(batch * heads * seq, DType::kF32);
+  const auto shape4 = [&](const DeviceBuffer& b) { return b.view({batch, seq, heads, hd}); };
+  const double ms = median_ms(shape, [&] {
+    cuda::flash_attention_forward(shape4(q), shape4(k), shape4(v), shape4(out),
+                                  lse.view({batch, heads, seq}), ConstTensorView{}, precision);
+    cuda::flash_attention_backward(shape4(dout), shape4(q), shape4(k), shape4(v), shape4(out),
+                                   lse.view({batch, heads, seq}), ConstTensorView{}, shape4(dq),
+                                   shape4(dk), shape4(dv), precision);
+  });
+  const double causal_pairs = static_cast<double>(seq) * static_cast<double>(seq + 1) / 2.0;
+  const bool bf16 = precision == MatmulPrecision::kBf16;
+  return {std::string("attention fwd+bwd ") + (bf16 ? "bf16, tensor cores" : "fp32, CUDA cores") +
+              ": " + std::to_string(batch) + " x " + std::to_string(seq) + ", " +
+              std::to_string(heads) + " heads of " + std::to_string(hd),
+          12.0 * static_cast<double>(batch * heads * hd) * causal_pairs, ms};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,6 +240,8 @@ int main(int argc, char** argv) {
     std::vector<Result> results = {peak(shape), dense_matmul(shape)};
     for (const int64_t count : {8, 32, 128})
       for (const Result& r : experts(count, shape)) results.push_back(r);
+    for (const MatmulPrecision precision : {MatmulPrecision::kBf16, MatmulPrecision::kFp32})
+      results.push_back(attention(precision, shape));
     const double peak_tflops = results.front().tflops();
     std::printf("GEMMs on %s, median of %d calls after %d warm-up\n\n", device.c_str(), shape.timed,
                 shape.warmup);
