@@ -193,144 +193,159 @@ TEST(CudaBackend, GroupedGemmOnUnalignedExpertRows) {
   }
 }
 
+// The device-offset kernels' cases: empty experts, an expert of one row, row counts and widths
+// that are not multiples of the 128 x 128 tile or of 16, and capacity rows past the last offset.
+// Widths of a multiple of 8 take the kernels' 16-byte loads, the others one value at a time; the
+// second case's experts and widths cross the tiles' edges and leave a tile 8 columns wide.
+struct DeviceOffsetCase {
+  int64_t experts, out, in, capacity;
+  std::vector<int64_t> offsets;
+};
+const std::vector<DeviceOffsetCase> kDeviceOffsetCases = {
+    {5, 70, 100, 200, {0, 0, 1, 66, 66, 150}}, {5, 136, 264, 400, {0, 0, 1, 130, 130, 390}}};
+
 // The one-launch grouped GEMM reading its offsets from device memory against the operation (one
-// cuBLASLt GEMM per expert, offsets on the host), both on the same bf16 operands: empty experts,
-// an expert of one row, row counts and widths that are not multiples of the 64 x 64 tile or of 16,
-// and capacity rows past the last offset that must stay untouched. Both sum exact bf16 products in
-// fp32 in different orders: kernel_harness.h's bound for sums of `in` terms.
+// cuBLASLt GEMM per expert, offsets on the host), both on the same bf16 operands, on
+// kDeviceOffsetCases; capacity rows past the last offset must stay untouched. Both sum exact bf16
+// products in fp32 in different orders: kernel_harness.h's bound for sums of `in` terms.
 TEST(CudaBackend, GroupedGemmWithDeviceOffsetsMatchesTheOperation) {
-  const int64_t experts = 5, out = 70, in = 100, capacity = 200;
-  const std::vector<int64_t> offsets = {0, 0, 1, 66, 66, 150};
-  const std::vector<float> x = random_values(static_cast<size_t>(capacity * in), 4);
-  const std::vector<float> w = random_values(static_cast<size_t>(experts * out * in), 5);
-  const int64_t rows = offsets.back();
+  for (const auto& [experts, out, in, capacity, offsets] : kDeviceOffsetCases) {
+    SCOPED_TRACE("out=" + std::to_string(out) + " in=" + std::to_string(in));
+    const std::vector<float> x = random_values(static_cast<size_t>(capacity * in), 4);
+    const std::vector<float> w = random_values(static_cast<size_t>(experts * out * in), 5);
+    const int64_t rows = offsets.back();
 
-  std::vector<float> expected(static_cast<size_t>(rows * out));
-  {
-    DeviceStaging s;
-    kernels::cuda::grouped_gemm_forward(
-        s.in(view(x.data(), {rows, in})),
-        s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)),
-        s.in(view(offsets.data(), {experts + 1})), s.out(view(expected.data(), {rows, out})),
-        kernels::MatmulPrecision::kBf16);
-    s.finish();
-  }
+    std::vector<float> expected(static_cast<size_t>(rows * out));
+    {
+      DeviceStaging s;
+      kernels::cuda::grouped_gemm_forward(
+          s.in(view(x.data(), {rows, in})),
+          s.in(ConstTensorView(w.data(), {experts, out, in}, DType::kF32)),
+          s.in(view(offsets.data(), {experts + 1})), s.out(view(expected.data(), {rows, out})),
+          kernels::MatmulPrecision::kBf16);
+      s.finish();
+    }
 
-  constexpr float kUntouched = 12345.0f;
-  std::vector<float> got(static_cast<size_t>(capacity * out), kUntouched);
-  {
-    DeviceStaging s;
-    const ConstTensorView xd = s.in(view(x.data(), {capacity, in}));
-    const ConstTensorView wd = s.in(ConstTensorView(w.data(), {experts * out * in}, DType::kF32));
-    std::vector<uint16_t> x16_host(x.size()), w16_host(w.size());
-    const TensorView x16 = s.out(TensorView(x16_host.data(), {capacity, in}, DType::kBf16));
-    const TensorView w16 = s.out(TensorView(w16_host.data(), {experts * out * in}, DType::kBf16));
-    kernels::cuda::to_bf16(xd, x16);
-    kernels::cuda::to_bf16(wd, w16);
-    // The offsets as the routing would leave them: in device memory (no int64 dtype for a view).
-    const DeviceVector<int64_t> offsets_device(offsets);
-    const TensorView y = s.out(view(got.data(), {capacity, out}));
-    kernels::cuda::launch_grouped_gemm_bf16_device_offsets(
-        static_cast<const uint16_t*>(x16.raw()), static_cast<const uint16_t*>(w16.raw()),
-        offsets_device.data(), experts, capacity, out, in, static_cast<float*>(y.raw()),
-        kernels::cuda::stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
-    s.finish();
+    constexpr float kUntouched = 12345.0f;
+    std::vector<float> got(static_cast<size_t>(capacity * out), kUntouched);
+    {
+      DeviceStaging s;
+      const ConstTensorView xd = s.in(view(x.data(), {capacity, in}));
+      const ConstTensorView wd = s.in(ConstTensorView(w.data(), {experts * out * in}, DType::kF32));
+      std::vector<uint16_t> x16_host(x.size()), w16_host(w.size());
+      const TensorView x16 = s.out(TensorView(x16_host.data(), {capacity, in}, DType::kBf16));
+      const TensorView w16 = s.out(TensorView(w16_host.data(), {experts * out * in}, DType::kBf16));
+      kernels::cuda::to_bf16(xd, x16);
+      kernels::cuda::to_bf16(wd, w16);
+      // The offsets as the routing would leave them: in device memory (no int64 dtype for a view).
+      const DeviceVector<int64_t> offsets_device(offsets);
+      const TensorView y = s.out(view(got.data(), {capacity, out}));
+      kernels::cuda::launch_grouped_gemm_bf16_device_offsets(
+          static_cast<const uint16_t*>(x16.raw()), static_cast<const uint16_t*>(w16.raw()),
+          offsets_device.data(), experts, capacity, out, in, static_cast<float*>(y.raw()),
+          kernels::cuda::stream());
+      MOE_CUDA_CHECK(cudaGetLastError());
+      s.finish();
+    }
+    const std::vector<float> got_rows(got.begin(), got.begin() + rows * out);
+    EXPECT_LE(kernel_harness::nmse(got_rows, expected), kernel_harness::nmse_bound(in));
+    for (int64_t i = rows * out; i < capacity * out; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], kUntouched)
+          << "row " << i / out << " past the offsets";
   }
-  const std::vector<float> got_rows(got.begin(), got.begin() + rows * out);
-  EXPECT_LE(kernel_harness::nmse(got_rows, expected), kernel_harness::nmse_bound(in));
-  for (int64_t i = rows * out; i < capacity * out; ++i)
-    ASSERT_EQ(got[static_cast<size_t>(i)], kUntouched) << "row " << i / out << " past the offsets";
 }
 
 // The same kernels' backward passes, which a captured step runs: the input gradient dx[rows of e]
 // = dy[rows of e] . w[e] and the weight gradient dw[e] += dy[rows of e]^T . x[rows of e], against
-// plain loops over the same bf16 values in double, at the forward's awkward offsets and widths;
-// capacity rows past the last offset stay untouched, an expert without rows keeps its gradient.
+// plain loops over the same bf16 values in double, on kDeviceOffsetCases; capacity rows past the
+// last offset stay untouched, an expert without rows keeps its gradient.
 TEST(CudaBackend, GroupedGemmBackwardWithDeviceOffsetsMatchesPlainLoops) {
-  const int64_t experts = 5, out = 70, in = 100, capacity = 200;
-  const std::vector<int64_t> offsets = {0, 0, 1, 66, 66, 150};
-  const int64_t rows = offsets.back();
-  const auto bf16_values = [](std::vector<float> v) {
-    for (float& x : v) x = bf16_to_float(float_to_bf16(x));
-    return v;
-  };
-  const std::vector<float> x = bf16_values(random_values(static_cast<size_t>(capacity * in), 6));
-  const std::vector<float> dy = bf16_values(random_values(static_cast<size_t>(capacity * out), 7));
-  const std::vector<float> w =
-      bf16_values(random_values(static_cast<size_t>(experts * out * in), 8));
-  const std::vector<float> dw_before = random_values(static_cast<size_t>(experts * out * in), 9);
-
-  std::vector<float> dx_expected(static_cast<size_t>(rows * in));
-  std::vector<float> dw_added_expected(w.size(), 0.0f);
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t r = offsets[static_cast<size_t>(e)]; r < offsets[static_cast<size_t>(e) + 1]; ++r)
-      for (int64_t i = 0; i < in; ++i) {
-        double sum = 0.0;
-        for (int64_t o = 0; o < out; ++o)
-          sum += double{dy[static_cast<size_t>(r * out + o)]} *
-                 double{w[static_cast<size_t>((e * out + o) * in + i)]};
-        dx_expected[static_cast<size_t>(r * in + i)] = static_cast<float>(sum);
-      }
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) {
-        double sum = 0.0;
-        for (int64_t r = offsets[static_cast<size_t>(e)]; r < offsets[static_cast<size_t>(e) + 1];
-             ++r)
-          sum += double{dy[static_cast<size_t>(r * out + o)]} *
-                 double{x[static_cast<size_t>(r * in + i)]};
-        dw_added_expected[static_cast<size_t>((e * out + o) * in + i)] = static_cast<float>(sum);
-      }
-
-  constexpr float kUntouched = 12345.0f;
-  std::vector<float> dx(static_cast<size_t>(capacity * in), kUntouched);
-  std::vector<float> dw = dw_before;
-  {
-    DeviceStaging s;
-    const auto on_gpu_bf16 = [&](const std::vector<float>& v, std::vector<uint16_t>& bits) {
-      bits.resize(v.size());
-      const TensorView b =
-          s.out(TensorView(bits.data(), {static_cast<int64_t>(v.size())}, DType::kBf16));
-      kernels::cuda::to_bf16(s.in(view(v.data(), {static_cast<int64_t>(v.size())})), b);
-      return static_cast<const uint16_t*>(b.raw());
+  for (const auto& [experts, out, in, capacity, offsets] : kDeviceOffsetCases) {
+    SCOPED_TRACE("out=" + std::to_string(out) + " in=" + std::to_string(in));
+    const int64_t rows = offsets.back();
+    const auto bf16_values = [](std::vector<float> v) {
+      for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+      return v;
     };
-    std::vector<uint16_t> x16, dy16, w16;
-    const uint16_t* xd = on_gpu_bf16(x, x16);
-    const uint16_t* dyd = on_gpu_bf16(dy, dy16);
-    const uint16_t* wd = on_gpu_bf16(w, w16);
-    const DeviceVector<int64_t> offsets_device(offsets);
-    const TensorView dx_d = s.out(view(dx.data(), {capacity, in}));
-    const TensorView dw_d = s.out(view(dw.data(), {experts, out, in}));
-    kernels::cuda::launch_grouped_gemm_bf16_device_offsets_input_grad(
-        dyd, wd, offsets_device.data(), experts, capacity, out, in, static_cast<float*>(dx_d.raw()),
-        kernels::cuda::stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
-    kernels::cuda::launch_grouped_gemm_bf16_device_offsets_weight_grad(
-        dyd, xd, offsets_device.data(), experts, out, in, static_cast<float*>(dw_d.raw()),
-        kernels::cuda::stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
-    s.finish();
-  }
-  const std::vector<float> dx_rows(dx.begin(), dx.begin() + rows * in);
-  EXPECT_LE(kernel_harness::nmse(dx_rows, dx_expected), kernel_harness::nmse_bound(out));
-  for (int64_t i = rows * in; i < capacity * in; ++i)
-    ASSERT_EQ(dx[static_cast<size_t>(i)], kUntouched) << "row " << i / in << " past the offsets";
-  // Each expert's gradient on its own, as added to what it held: a wrong tile of one expert must
-  // not hide in the others; an expert without rows keeps its gradient bit for bit.
-  for (int64_t e = 0; e < experts; ++e) {
-    const auto first = static_cast<size_t>(e * out * in),
-               last = first + static_cast<size_t>(out * in);
-    std::vector<float> added(last - first), want(last - first);
-    for (size_t i = first; i < last; ++i) {
-      added[i - first] = dw[i] - dw_before[i];
-      want[i - first] = dw_added_expected[i];
+    const std::vector<float> x = bf16_values(random_values(static_cast<size_t>(capacity * in), 6));
+    const std::vector<float> dy =
+        bf16_values(random_values(static_cast<size_t>(capacity * out), 7));
+    const std::vector<float> w =
+        bf16_values(random_values(static_cast<size_t>(experts * out * in), 8));
+    const std::vector<float> dw_before = random_values(static_cast<size_t>(experts * out * in), 9);
+
+    std::vector<float> dx_expected(static_cast<size_t>(rows * in));
+    std::vector<float> dw_added_expected(w.size(), 0.0f);
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t r = offsets[static_cast<size_t>(e)]; r < offsets[static_cast<size_t>(e) + 1];
+           ++r)
+        for (int64_t i = 0; i < in; ++i) {
+          double sum = 0.0;
+          for (int64_t o = 0; o < out; ++o)
+            sum += double{dy[static_cast<size_t>(r * out + o)]} *
+                   double{w[static_cast<size_t>((e * out + o) * in + i)]};
+          dx_expected[static_cast<size_t>(r * in + i)] = static_cast<float>(sum);
+        }
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          double sum = 0.0;
+          for (int64_t r = offsets[static_cast<size_t>(e)]; r < offsets[static_cast<size_t>(e) + 1];
+               ++r)
+            sum += double{dy[static_cast<size_t>(r * out + o)]} *
+                   double{x[static_cast<size_t>(r * in + i)]};
+          dw_added_expected[static_cast<size_t>((e * out + o) * in + i)] = static_cast<float>(sum);
+        }
+
+    constexpr float kUntouched = 12345.0f;
+    std::vector<float> dx(static_cast<size_t>(capacity * in), kUntouched);
+    std::vector<float> dw = dw_before;
+    {
+      DeviceStaging s;
+      const auto on_gpu_bf16 = [&](const std::vector<float>& v, std::vector<uint16_t>& bits) {
+        bits.resize(v.size());
+        const TensorView b =
+            s.out(TensorView(bits.data(), {static_cast<int64_t>(v.size())}, DType::kBf16));
+        kernels::cuda::to_bf16(s.in(view(v.data(), {static_cast<int64_t>(v.size())})), b);
+        return static_cast<const uint16_t*>(b.raw());
+      };
+      std::vector<uint16_t> x16, dy16, w16;
+      const uint16_t* xd = on_gpu_bf16(x, x16);
+      const uint16_t* dyd = on_gpu_bf16(dy, dy16);
+      const uint16_t* wd = on_gpu_bf16(w, w16);
+      const DeviceVector<int64_t> offsets_device(offsets);
+      const TensorView dx_d = s.out(view(dx.data(), {capacity, in}));
+      const TensorView dw_d = s.out(view(dw.data(), {experts, out, in}));
+      kernels::cuda::launch_grouped_gemm_bf16_device_offsets_input_grad(
+          dyd, wd, offsets_device.data(), experts, capacity, out, in,
+          static_cast<float*>(dx_d.raw()), kernels::cuda::stream());
+      MOE_CUDA_CHECK(cudaGetLastError());
+      kernels::cuda::launch_grouped_gemm_bf16_device_offsets_weight_grad(
+          dyd, xd, offsets_device.data(), experts, out, in, static_cast<float*>(dw_d.raw()),
+          kernels::cuda::stream());
+      MOE_CUDA_CHECK(cudaGetLastError());
+      s.finish();
     }
-    if (offsets[static_cast<size_t>(e)] == offsets[static_cast<size_t>(e) + 1]) {
-      for (size_t i = first; i < last; ++i) ASSERT_EQ(dw[i], dw_before[i]) << "expert " << e;
-    } else {
-      EXPECT_LE(kernel_harness::nmse(added, want), kernel_harness::nmse_bound(capacity))
-          << "expert " << e;
+    const std::vector<float> dx_rows(dx.begin(), dx.begin() + rows * in);
+    EXPECT_LE(kernel_harness::nmse(dx_rows, dx_expected), kernel_harness::nmse_bound(out));
+    for (int64_t i = rows * in; i < capacity * in; ++i)
+      ASSERT_EQ(dx[static_cast<size_t>(i)], kUntouched) << "row " << i / in << " past the offsets";
+    // Each expert's gradient on its own, as added to what it held: a wrong tile of one expert must
+    // not hide in the others; an expert without rows keeps its gradient bit for bit.
+    for (int64_t e = 0; e < experts; ++e) {
+      const auto first = static_cast<size_t>(e * out * in),
+                 last = first + static_cast<size_t>(out * in);
+      std::vector<float> added(last - first), want(last - first);
+      for (size_t i = first; i < last; ++i) {
+        added[i - first] = dw[i] - dw_before[i];
+        want[i - first] = dw_added_expected[i];
+      }
+      if (offsets[static_cast<size_t>(e)] == offsets[static_cast<size_t>(e) + 1]) {
+        for (size_t i = first; i < last; ++i) ASSERT_EQ(dw[i], dw_before[i]) << "expert " << e;
+      } else {
+        EXPECT_LE(kernel_harness::nmse(added, want), kernel_harness::nmse_bound(capacity))
+            << "expert " << e;
+      }
     }
   }
 }

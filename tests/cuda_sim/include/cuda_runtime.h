@@ -48,6 +48,9 @@ struct uint3 {
 struct __align__(16) float4 {
   float x, y, z, w;
 };
+struct __align__(16) uint4 {
+  unsigned int x, y, z, w;
+};
 struct dim3 {
   unsigned int x, y, z;
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1)
