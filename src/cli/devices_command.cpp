@@ -54,10 +54,11 @@ void run_devices() {
   fmt::print("cuda: {}\n", cuda_line());
 }
 
-std::string select_device(Device device) {
-  if (device == Device::kCpu) return "";
+std::string select_device(const TrainConfig& train) {
+  if (train.device == Device::kCpu) return "";
 #if MOECORE_CLI_HAS_CUDA
   std::string description = kernels::cuda::activate();
+  kernels::cuda::set_experts_in_one_launch(train.cuda_grouped_gemm == CudaGroupedGemm::kOneLaunch);
 #if MOECORE_CLI_HAS_NCCL
   // The job's groups over the GPU's memory (parallel.communicator, train/communicator_choice.h).
   dist::nccl::register_communicator();
@@ -67,7 +68,7 @@ std::string select_device(Device device) {
   throw Error(fmt::format(
       "[device] train.device={}: this moecore program has no CUDA backend (build it with the "
       "CUDA toolkit and `cmake --preset cuda`)",
-      device_name(device)));
+      device_name(train.device)));
 #endif
 }
 

@@ -8,17 +8,17 @@
 
 #include <string>
 
-#include "core/device.h"
+#include "train/run_config.h"
 
 namespace moecore::cli {
 
 void run_devices();
 
-// Selects `device` for this process's model (train.device): for cuda, the GPU through the CUDA
-// backend, and NCCL's communicator over its memory where the program has it
-// (dist/device_communicators.h); returns its description for the start-up line ("" for the CPU).
-// Throws moecore::Error naming why when the device cannot be used (no GPU, or a program built
-// without the backend).
-std::string select_device(Device device);
+// Selects train.device for this process's model: for cuda, the GPU through the CUDA backend, its
+// experts' GEMMs as train.cuda_grouped_gemm says, and NCCL's communicator over its memory where
+// the program has it (dist/device_communicators.h); returns its description for the start-up line
+// ("" for the CPU). Throws moecore::Error naming why when the device cannot be used (no GPU, or a
+// program built without the backend).
+std::string select_device(const TrainConfig& train);
 
 }  // namespace moecore::cli

@@ -73,7 +73,7 @@ int run_diff(const DiffArgs& args) {
     // GPU this program cannot use is one line at once, not after A's pass (and its data) ran.
     const RunConfig a_config = dump_config(run, args.a_set),
                     b_config = dump_config(run, args.b_set);
-    for (const RunConfig* config : {&a_config, &b_config}) select_device(config->train.device);
+    for (const RunConfig* config : {&a_config, &b_config}) select_device(config->train);
     a = {run.config + join_overrides(args.a_set), record_dump(run, a_config)};
     b = {run.config + join_overrides(args.b_set), record_dump(run, b_config)};
   }

@@ -94,7 +94,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
   // train.device: the pass runs there (diff --b-set train.device=cuda compares it with the CPU's);
   // what the dump keeps is copied to the host.
-  const std::string device_description = select_device(config.train.device);
+  const std::string device_description = select_device(config.train);
   const DefaultDeviceScope on_device(config.train.device);
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);

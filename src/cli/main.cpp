@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
           train_options.init_from.empty()
               ? moecore::load_run_config(train_config, overrides)
               : cli::load_run_config_init_from(train_config, overrides, train_options.init_from);
-      train_options.device_description = cli::select_device(run_config.train.device);
+      train_options.device_description = cli::select_device(run_config.train);
       const moecore::TrainSummary summary = moecore::train(run_config, train_options);
       // Stopped by a signal after saving: the shell's convention for death by that signal, so
       // that schedulers and scripts see the run did not finish.

@@ -207,6 +207,9 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("sample_tokens", t.sample_tokens);
   r.read("profile", t.profile);
   r.read("cuda_graph", t.cuda_graph);
+  r.read_enum(
+      "cuda_grouped_gemm", t.cuda_grouped_gemm,
+      {{"per_expert", CudaGroupedGemm::kPerExpert}, {"one_launch", CudaGroupedGemm::kOneLaunch}});
   r.read("out_dir", t.out_dir);
 }
 
@@ -385,6 +388,14 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] parallel.rowwise_transport=\"symmetric\" needs train.device=\"cuda\" "
             "(its kernel stores into other GPUs' memory): use \"padded\" or \"auto\"");
   MOE_CHECK(t.log_every > 0, "[config] train.log_every={} must be positive", t.log_every);
+  if (t.cuda_grouped_gemm == CudaGroupedGemm::kOneLaunch) {
+    MOE_CHECK(t.device != Device::kCpu,
+              "[config] train.cuda_grouped_gemm=\"one_launch\" needs train.device=\"cuda\" (it "
+              "chooses the CUDA backend's expert kernels)");
+    MOE_CHECK(t.precision != TrainPrecision::kFp32,
+              "[config] train.cuda_grouped_gemm=\"one_launch\" needs train.precision \"bf16\" or "
+              "\"mxfp8\": its kernels multiply bf16 operands");
+  }
   const DataConfig& d = config.data;
   // A replayed graph keeps the host's arguments of its capture: what changes per step must reach
   // the kernels through device memory (train/step_graph.h), which these do not.
@@ -521,6 +532,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"sample_tokens", t.sample_tokens},
                     {"profile", t.profile},
                     {"cuda_graph", t.cuda_graph},
+                    {"cuda_grouped_gemm", std::string(cuda_grouped_gemm_name(t.cuda_grouped_gemm))},
                     {"out_dir", t.out_dir}};
   auto string_list = [](const std::vector<std::string>& items) {
     toml::array array;

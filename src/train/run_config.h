@@ -21,6 +21,12 @@ namespace moecore {
 // cores more threads only slow a run down, and the trainer also refuses more than 4 per core.
 inline constexpr int64_t kMaxThreads = 1024;
 
+// train.cuda_grouped_gemm's values.
+enum class CudaGroupedGemm { kPerExpert, kOneLaunch };
+inline const char* cuda_grouped_gemm_name(CudaGroupedGemm g) {
+  return g == CudaGroupedGemm::kOneLaunch ? "one_launch" : "per_expert";
+}
+
 struct TrainConfig {
   uint64_t seed = 0;  // initialisation and data order
   int64_t max_steps = 1000;
@@ -64,6 +70,11 @@ struct TrainConfig {
   // Issue each training step as one device graph (core/device_graph.h: a CUDA graph), captured
   // once and replayed while nothing else ran on the model (train/step_graph.h).
   bool cuda_graph = false;
+  // How the CUDA backend runs the routed experts' bf16 GEMMs (mxfp8's dequantised to bf16) when
+  // no graph captures them: one cuBLASLt GEMM per expert, the row offsets read back to the host
+  // (per_expert), or one launch each of the kernels that read the offsets on the device, as a
+  // captured step does (one_launch: no host wait; kernels/cuda/grouped_gemm_device.h).
+  CudaGroupedGemm cuda_grouped_gemm = CudaGroupedGemm::kPerExpert;
   std::string out_dir = "runs/default";
 };
 

@@ -189,7 +189,7 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
   const double dense = static_cast<double>(ctx.layout.numel(ParamGroup::kDense)) / 1e6;
   const double expert = static_cast<double>(ctx.layout.numel(ParamGroup::kExpert)) / 1e6;
   ctx.progress.message(fmt::format(
-      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {}, {} GEMMs, "
+      "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {}, {} GEMMs{}, "
       "{} train instances of {} tokens{}{}",
       dense + expert, dense, expert,
       tc.device == Device::kCpu
@@ -197,7 +197,11 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
           : fmt::format("on {} {}", device_name(tc.device),
                         options.device_description.empty() ? "(device not described)"
                                                            : options.device_description),
-      gemm_precision_line(tc), in.train_data.num_instances(), tc.seq_len,
+      gemm_precision_line(tc),
+      tc.cuda_grouped_gemm == CudaGroupedGemm::kOneLaunch
+          ? " (the routed experts' in one launch each, offsets on the device)"
+          : "",
+      in.train_data.num_instances(), tc.seq_len,
       in.document_eos >= 0 ? fmt::format(", document masking (EOS {})", in.document_eos) : "",
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
       : options.init_from.empty() ? ""

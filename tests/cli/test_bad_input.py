@@ -876,6 +876,15 @@ CASES["train/cuda_graph_with_the_sync_dispatch"] = lambda e: _train_case(
     e, "--set", "train.cuda_graph=true", "--set", "train.device=cuda", "--set", "parallel.ep=2",
     needles=('train.cuda_graph=true with parallel.ep=2 needs parallel.dispatch="rowwise" and '
              'parallel.rowwise_transport="padded"',))
+# train.cuda_grouped_gemm chooses the CUDA backend's expert kernels, which multiply bf16.
+CASES["train/one_launch_experts_on_the_cpu"] = lambda e: _train_case(
+    e, "--set", "train.cuda_grouped_gemm=one_launch", "--set", "train.precision=bf16",
+    needles=('train.cuda_grouped_gemm="one_launch" needs train.device="cuda"',))
+CASES["train/one_launch_experts_in_fp32"] = lambda e: _train_case(
+    e, "--set", "train.cuda_grouped_gemm=one_launch", "--set", "train.device=cuda",
+    needles=('train.cuda_grouped_gemm="one_launch" needs train.precision "bf16" or "mxfp8"',))
+CASES["train/unknown_cuda_grouped_gemm"] = lambda e: _train_case(
+    e, "--set", "train.cuda_grouped_gemm=cutlass", needles=("train.cuda_grouped_gemm",))
 
 
 @case("train/missing_train_tokens")

@@ -19,4 +19,10 @@ std::string unavailable_reason();
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)".
 std::string activate();
 
+// Makes the routed experts' bf16 GEMMs (and mxfp8's, dequantised to bf16 on any GPU) one launch of
+// the kernels that read their row offsets on the device, as a captured step runs them, instead of
+// one cuBLASLt GEMM per expert after reading the offsets back (train.cuda_grouped_gemm =
+// "one_launch"); fp32's stay per expert. For the whole process.
+void set_experts_in_one_launch(bool one_launch);
+
 }  // namespace moecore::kernels::cuda

@@ -3,7 +3,8 @@
 // them), but a cuBLASLt GEMM per expert needs each expert's row count on the host: they are copied
 // back (expert_offsets_on_host.h). The device-offset kernels (grouped_gemm_device.h) have no such
 // wait: in bf16 they replace this loop in a stream being captured into a CUDA graph (where a host
-// read is impossible), and wherever they measurably win (bench/cuda/gemm.cpp measures it).
+// read is impossible), and everywhere when the program asks (train.cuda_grouped_gemm =
+// "one_launch"; runtime.h's experts_in_one_launch). bench/cuda/gemm.cpp measures both.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -73,7 +74,7 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
   const GemmOperand xs(kOp, x, precision);
   const GemmOperand ws(kOp, w, precision);
   float* yp = y.data<float>(kOp);
-  if (precision == MatmulPrecision::kBf16 && capturing()) {
+  if (precision == MatmulPrecision::kBf16 && experts_in_one_launch()) {
     launch_grouped_gemm_bf16_device_offsets(xs.bf16_data(), ws.bf16_data(),
                                             expert_offsets.data<int64_t>(kOp), s.experts, s.rows,
                                             s.out, s.in, yp, stream());
@@ -107,7 +108,7 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
       input_grad ? std::optional<GemmOperand>(std::in_place, kOp, w, precision) : std::nullopt;
   float* dxp = input_grad ? dx.data<float>(kOp) : nullptr;
   float* dwp = dw.data<float>(kOp);
-  if (precision == MatmulPrecision::kBf16 && capturing()) {
+  if (precision == MatmulPrecision::kBf16 && experts_in_one_launch()) {
     const int64_t* offsets = expert_offsets.data<int64_t>(kOp);
     if (input_grad)
       launch_grouped_gemm_bf16_device_offsets_input_grad(

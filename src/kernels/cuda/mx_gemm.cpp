@@ -132,8 +132,9 @@ void mx_grouped_gemm_bf16(const MxGroupedArgs& g, std::span<const int64_t> exper
 void mx_grouped_gemm(const char* op, const MxOperandView& a, const MxOperandView& b,
                      ConstTensorView expert_offsets, TensorView out) {
   const MxGroupedArgs g = mx_grouped_args(op, a, b, expert_offsets, out, Device::kCuda);
-  if (capturing()) {
-    // In a CUDA graph's capture the offsets stay on the device: both operands dequantised whole
+  if (experts_in_one_launch()) {
+    // In a CUDA graph's capture (or train.cuda_grouped_gemm = "one_launch") the offsets stay on
+    // the device: both operands dequantised whole
     // (every expert's weights: the scratch of a bf16 copy of them) and one device-offset launch
     // (grouped_gemm_device.h), on any device: the bf16 path's arithmetic, not the block-scaled.
     const int64_t n = g.dims.out, k = g.dims.in;

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/check.h"
+#include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/index_checks.h"
 
 namespace moecore::kernels::cuda {
@@ -62,6 +64,21 @@ bool capturing() {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   MOE_CUDA_CHECK(cudaStreamIsCapturing(stream(), &status));
   return status != cudaStreamCaptureStatusNone;
+}
+
+namespace {
+std::atomic<bool>& one_launch_experts() {
+  static std::atomic<bool> one_launch{false};
+  return one_launch;
+}
+}  // namespace
+
+void set_experts_in_one_launch(bool one_launch) {
+  one_launch_experts() = one_launch;
+}
+
+bool experts_in_one_launch() {
+  return one_launch_experts() || capturing();
 }
 
 void synchronize() {

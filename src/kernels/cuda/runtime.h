@@ -62,6 +62,11 @@ cudaStream_t stream();
 // Whether stream() is being captured into a CUDA graph (cudaStreamBeginCapture): operations then
 // issue work without waiting for it, or refuse in one line where they would have to.
 bool capturing();
+// Whether the routed experts' grouped GEMMs run as one launch of the kernels that read the row
+// offsets on the device (grouped_gemm_device.h) instead of one cuBLASLt GEMM per expert with the
+// offsets read back: in a capture (which a host read would break), and everywhere once the program
+// asked for it (device_selection.h's run_experts_in_one_launch).
+bool experts_in_one_launch();
 // Waits for everything issued on stream(); throws on an error any of it raised, an index
 // outside its tensor included (index_checks.h).
 void synchronize();
