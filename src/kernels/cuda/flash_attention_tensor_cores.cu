@@ -21,6 +21,8 @@
 #include <mma.h>
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/launchers.h"
 
@@ -57,10 +59,11 @@ struct Shared {
   static constexpr size_t kTileBytes = size_t{kInner} * kLd * sizeof(__nv_bfloat16);
   static_assert(kHd % kFrag == 0 && kTileBytes % 128 == 0 && kStripBytes % 128 == 0 &&
                 kWeightsBytes % 128 == 0);
-  // Two operand tiles, `parts` fp32 strips and as many bf16 weight strips, and `stats` bytes of
+  // Two operand tiles, `strips` fp32 strips, `weights` bf16 weight strips and `stats` bytes of
   // per-row values, in that order.
-  static constexpr size_t bytes(int parts, size_t stats) {
-    return 2 * kTileBytes + static_cast<size_t>(parts) * (kStripBytes + kWeightsBytes) + stats;
+  static constexpr size_t bytes(int strips, int weights, size_t stats) {
+    return 2 * kTileBytes + static_cast<size_t>(strips) * kStripBytes +
+           static_cast<size_t>(weights) * kWeightsBytes + stats;
   }
 };
 
@@ -68,18 +71,18 @@ struct alignas(128) SharedLine {
   unsigned char bytes[128];
 };
 
-// A kernel's shared memory (Shared<kHd>::bytes(parts, stats)) in its parts, and this warp's rows
-// of the strips and weights.
+// A kernel's shared memory (Shared<kHd>::bytes(strip_count, weight_count, stats)) in its parts,
+// and this warp's rows of the strips and weights.
 template <int kHd>
 struct Carved {
-  __device__ Carved(SharedLine* lines, int parts) {
+  __device__ Carved(SharedLine* lines, int strip_count, int weight_count) {
     unsigned char* base = lines[0].bytes;
     const size_t tile = Shared<kHd>::kTileBytes;
     tile_a = reinterpret_cast<__nv_bfloat16*>(base);
     tile_b = reinterpret_cast<__nv_bfloat16*>(base + tile);
     strips = reinterpret_cast<float*>(base + 2 * tile);
-    weights = reinterpret_cast<__nv_bfloat16*>(base + 2 * tile + parts * kStripBytes);
-    stats = base + 2 * tile + parts * (kStripBytes + kWeightsBytes);
+    weights = reinterpret_cast<__nv_bfloat16*>(base + 2 * tile + strip_count * kStripBytes);
+    stats = base + 2 * tile + strip_count * kStripBytes + weight_count * kWeightsBytes;
   }
   // The warp's 16 rows of fp32 strip `part`, and of bf16 weights `part`.
   __device__ float* strip(int part, int warp) const {
@@ -103,11 +106,27 @@ __device__ inline int row_start(const int32_t* doc_start, int64_t b, int64_t seq
 
 // tile[r][d] = bf16 of rows first + r (r < rows) of a [seq, row_stride] fp32 matrix at base,
 // dimensions d < hd; 0 past the sequence and past hd. Every thread of the block takes part; the
-// caller puts the barriers around it.
+// caller puts the barriers around it. vec4: 16-byte loads of 4 dimensions (hd and row_stride
+// multiples of 4, base 16-byte aligned: the launch checks).
 template <int kHd>
 __device__ void load_operands(__nv_bfloat16* tile, const float* base, int64_t first, int rows,
-                              int64_t seq, int64_t row_stride, int64_t hd) {
+                              int64_t seq, int64_t row_stride, int64_t hd, bool vec4) {
   constexpr int kLd = Shared<kHd>::kLd;
+  if (vec4) {
+    constexpr int kQuads = kHd / 4;
+    for (int idx = static_cast<int>(threadIdx.x); idx < rows * kQuads; idx += kThreads) {
+      const int r = idx / kQuads, d = (idx % kQuads) * 4;
+      const int64_t row = first + r;
+      float4 x{0.0f, 0.0f, 0.0f, 0.0f};
+      if (row < seq && d < hd) x = *reinterpret_cast<const float4*>(base + row * row_stride + d);
+      __nv_bfloat16* out = tile + r * kLd + d;
+      out[0] = __float2bfloat16_rn(x.x);
+      out[1] = __float2bfloat16_rn(x.y);
+      out[2] = __float2bfloat16_rn(x.z);
+      out[3] = __float2bfloat16_rn(x.w);
+    }
+    return;
+  }
   for (int idx = static_cast<int>(threadIdx.x); idx < rows * kHd; idx += kThreads) {
     const int r = idx / kHd, d = idx % kHd;
     const int64_t row = first + r;
@@ -163,23 +182,23 @@ __device__ void accumulate(FragC (&acc)[kHd / kFrag], const __nv_bfloat16* weigh
 }
 
 // out rows first + r (r < 16, row < seq) = factor acc through the warp's strip, 64 columns at a
-// time; each lane writes 32 columns of row lane / 2.
+// time.
 template <int kHd>
 __device__ void store_rows(const FragC (&acc)[kHd / kFrag], float* strip, float* out, int64_t first,
                            int64_t seq, int64_t row_stride, int64_t hd, float factor) {
-  const int lane = static_cast<int>(threadIdx.x % 32), r = lane / 2;
-  const int64_t row = first + r;
+  const int lane = static_cast<int>(threadIdx.x % 32);
   for (int d0 = 0; d0 < kHd; d0 += kInner) {
     const int frags = (kHd - d0 < kInner ? kHd - d0 : kInner) / kFrag;
     for (int f = 0; f < frags; ++f)
       wmma::store_matrix_sync(strip + f * kFrag, acc[d0 / kFrag + f], kStripLd,
                               wmma::mem_row_major);
     __syncwarp();
-    for (int c = (lane % 2) * kHalfCols; c < (lane % 2 + 1) * kHalfCols; ++c) {
-      const int64_t d = d0 + c;
-      if (row < seq && c < frags * kFrag && d < hd)
-        out[row * row_stride + d] = factor * strip[r * kStripLd + c];
-    }
+    // Row by row, lane l writes columns l and l + 32: 128-byte runs.
+    for (int r = 0; r < kFrag && first + r < seq; ++r)
+      for (int c = lane; c < frags * kFrag; c += 32) {
+        const int64_t d = d0 + c;
+        if (d < hd) out[(first + r) * row_stride + d] = factor * strip[r * kStripLd + c];
+      }
     __syncwarp();
   }
 }
@@ -220,9 +239,9 @@ template <int kHd>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_tc_kernel(const float* q, const float* k, const float* v,
                             const int32_t* doc_start, float* out, float* lse, int64_t seq,
-                            int64_t heads, int64_t kv_heads, int64_t hd, float scale) {
+                            int64_t heads, int64_t kv_heads, int64_t hd, float scale, bool vec4) {
   extern __shared__ SharedLine forward_shared[];
-  const Carved<kHd> shared(forward_shared, 1);
+  const Carved<kHd> shared(forward_shared, 1, 1);
   __nv_bfloat16 *k_tile = shared.tile_a, *v_tile = shared.tile_b;
   auto* slots = reinterpret_cast<int*>(shared.stats);
 
@@ -233,6 +252,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t w0 = r0 + kFrag * warp;  // the warp's first row
   const int64_t w_last = w0 + kFrag - 1 < seq - 1 ? w0 + kFrag - 1 : seq - 1;
   const int r = lane / 2, half = lane % 2;
+  // The pair of a row walks its 32 columns from a lane's own start, so that the 32 lanes' reads
+  // of the strips (rows 68 floats apart) fall in 32 different banks.
+  const int rotation = half | ((lane >> 3) & 2);
   const int64_t i = w0 + r;
   const bool active = i < seq;
   // Keys [lo, hi] of this lane's row; none for a row past the sequence.
@@ -245,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* weights = shared.weight_rows(0, warp);
 
   FragA q_frags[kHd / kFrag];
-  load_operands<kHd>(k_tile, qh, r0, kOwnRows, seq, q_stride, hd);  // q, staged
+  load_operands<kHd>(k_tile, qh, r0, kOwnRows, seq, q_stride, hd, vec4);  // q, staged
   __syncthreads();
   load_own<kHd>(q_frags, k_tile, warp);
   const int64_t c_lo = block_first_key(doc_start, b, seq, r0, r1, slots);  // has barriers
@@ -254,13 +276,14 @@ __global__ void __launch_bounds__(kThreads)
   float m = -INFINITY, l = 0.0f;
   for (int64_t c = c_lo; c < r1; c += kInner) {
     __syncthreads();  // the previous tile's readers are done
-    load_operands<kHd>(k_tile, kh, c, kInner, seq, kv_stride, hd);
+    load_operands<kHd>(k_tile, kh, c, kInner, seq, kv_stride, hd, vec4);
     __syncthreads();
     const int live = w0 < seq ? sub_tiles_through(c, w_last) : 0;
     if (live == 0) continue;  // warp-uniform
     products<kHd>(q_frags, k_tile, strip, 0, live);
     __syncwarp();
-    for (int col = half * kHalfCols; col < (half + 1) * kHalfCols; ++col) {
+    for (int t = 0; t < kHalfCols; ++t) {
+      const int col = half * kHalfCols + (t + rotation) % kHalfCols;
       const int64_t j = c + col;
       if (j < lo || j > hi) continue;
       const float score = strip[r * kStripLd + col] * scale;
@@ -287,14 +310,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int dd = 0; dd < kHd / kFrag; ++dd) wmma::fill_fragment(acc[dd], 0.0f);
   for (int64_t c = c_lo; c < r1; c += kInner) {
     __syncthreads();
-    load_operands<kHd>(k_tile, kh, c, kInner, seq, kv_stride, hd);
-    load_operands<kHd>(v_tile, vh, c, kInner, seq, kv_stride, hd);
+    load_operands<kHd>(k_tile, kh, c, kInner, seq, kv_stride, hd, vec4);
+    load_operands<kHd>(v_tile, vh, c, kInner, seq, kv_stride, hd, vec4);
     __syncthreads();
     const int live = w0 < seq ? sub_tiles_through(c, w_last) : 0;
     if (live == 0) continue;
     products<kHd>(q_frags, k_tile, strip, 0, live);
     __syncwarp();
-    for (int col = half * kHalfCols; col < (half + 1) * kHalfCols; ++col) {
+    for (int t = 0; t < kHalfCols; ++t) {
+      const int col = half * kHalfCols + (t + rotation) % kHalfCols;
       const int64_t j = c + col;
       const float p = j >= lo && j <= hi ? expf(strip[r * kStripLd + col] * scale - row_lse) : 0.0f;
       weights[r * kWeightsLd + col] = __float2bfloat16_rn(p);
@@ -314,9 +338,10 @@ template <int kHd>
 __global__ void __launch_bounds__(kThreads)
     flash_dq_tc_kernel(const float* dout, const float* q, const float* k, const float* v,
                        const float* lse, const float* dots, const int32_t* doc_start, float* dq,
-                       int64_t seq, int64_t heads, int64_t kv_heads, int64_t hd, float scale) {
+                       int64_t seq, int64_t heads, int64_t kv_heads, int64_t hd, float scale,
+                       bool vec4) {
   extern __shared__ SharedLine dq_shared[];
-  const Carved<kHd> shared(dq_shared, 2);
+  const Carved<kHd> shared(dq_shared, 2, 1);
   __nv_bfloat16 *k_tile = shared.tile_a, *v_tile = shared.tile_b;
   auto* slots = reinterpret_cast<int*>(shared.stats);
 
@@ -327,6 +352,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t w0 = r0 + kFrag * warp;
   const int64_t w_last = w0 + kFrag - 1 < seq - 1 ? w0 + kFrag - 1 : seq - 1;
   const int r = lane / 2, half = lane % 2;
+  // The pair of a row walks its 32 columns from a lane's own start, so that the 32 lanes' reads
+  // of the strips (rows 68 floats apart) fall in 32 different banks.
+  const int rotation = half | ((lane >> 3) & 2);
   const int64_t i = w0 + r;
   const bool active = i < seq;
   const int64_t lo = active ? row_start(doc_start, b, seq, i) : 1, hi = active ? i : 0;
@@ -341,8 +369,8 @@ __global__ void __launch_bounds__(kThreads)
   const float row_dot = active ? dots[(b * seq + i) * heads + h] : 0.0f;
 
   FragA q_frags[kHd / kFrag], do_frags[kHd / kFrag];
-  load_operands<kHd>(k_tile, qh, r0, kOwnRows, seq, q_stride, hd);
-  load_operands<kHd>(v_tile, doh, r0, kOwnRows, seq, q_stride, hd);
+  load_operands<kHd>(k_tile, qh, r0, kOwnRows, seq, q_stride, hd, vec4);
+  load_operands<kHd>(v_tile, doh, r0, kOwnRows, seq, q_stride, hd, vec4);
   __syncthreads();
   load_own<kHd>(q_frags, k_tile, warp);
   load_own<kHd>(do_frags, v_tile, warp);
@@ -353,15 +381,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int dd = 0; dd < kHd / kFrag; ++dd) wmma::fill_fragment(acc[dd], 0.0f);
   for (int64_t c = c_lo; c < r1; c += kInner) {
     __syncthreads();
-    load_operands<kHd>(k_tile, kh, c, kInner, seq, kv_stride, hd);
-    load_operands<kHd>(v_tile, vh, c, kInner, seq, kv_stride, hd);
+    load_operands<kHd>(k_tile, kh, c, kInner, seq, kv_stride, hd, vec4);
+    load_operands<kHd>(v_tile, vh, c, kInner, seq, kv_stride, hd, vec4);
     __syncthreads();
     const int live = w0 < seq ? sub_tiles_through(c, w_last) : 0;
     if (live == 0) continue;
     products<kHd>(q_frags, k_tile, score_strip, 0, live);
     products<kHd>(do_frags, v_tile, dp_strip, 0, live);
     __syncwarp();
-    for (int col = half * kHalfCols; col < (half + 1) * kHalfCols; ++col) {
+    for (int t = 0; t < kHalfCols; ++t) {
+      const int col = half * kHalfCols + (t + rotation) % kHalfCols;
       const int64_t j = c + col;
       const float ds = j >= lo && j <= hi
                            ? expf(score_strip[r * kStripLd + col] * scale - row_lse) *
@@ -393,9 +422,9 @@ __global__ void __launch_bounds__(kThreads)
     flash_dkdv_tc_kernel(const float* dout, const float* q, const float* k, const float* v,
                          const float* lse, const float* dots, const int32_t* doc_start, float* dk,
                          float* dv, int64_t seq, int64_t heads, int64_t kv_heads, int64_t hd,
-                         float scale) {
+                         float scale, bool vec4) {
   extern __shared__ SharedLine dkdv_shared[];
-  const Carved<kHd> shared(dkdv_shared, 2);
+  const Carved<kHd> shared(dkdv_shared, 2, 2);
   __nv_bfloat16 *q_tile = shared.tile_a, *do_tile = shared.tile_b;
   auto* lse_tile = reinterpret_cast<float*>(shared.stats);
   auto* dot_tile = lse_tile + kInner;
@@ -408,6 +437,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c1 = c0 + kOwnRows < seq ? c0 + kOwnRows : seq;
   const int64_t w0 = c0 + kFrag * warp;  // the warp's first key
   const int r = lane / 2, half = lane % 2;
+  // The pair of a row walks its 32 columns from a lane's own start, so that the 32 lanes' reads
+  // of the strips (rows 68 floats apart) fall in 32 different banks.
+  const int rotation = half | ((lane >> 3) & 2);
   const int64_t j = w0 + r;
   const bool active = j < seq;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
@@ -417,8 +449,8 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16 *p_weights = shared.weight_rows(0, warp), *ds_weights = shared.weight_rows(1, warp);
 
   FragA k_frags[kHd / kFrag], v_frags[kHd / kFrag];
-  load_operands<kHd>(q_tile, kh, c0, kOwnRows, seq, kv_stride, hd);
-  load_operands<kHd>(do_tile, vh, c0, kOwnRows, seq, kv_stride, hd);
+  load_operands<kHd>(q_tile, kh, c0, kOwnRows, seq, kv_stride, hd, vec4);
+  load_operands<kHd>(do_tile, vh, c0, kOwnRows, seq, kv_stride, hd, vec4);
   // Queries [c0, query_end) can attend keys [c0, c1): with documents, those whose document starts
   // before c1.
   if (threadIdx.x == 0) *query_end = static_cast<int>(doc_start != nullptr ? c0 + 1 : seq);
@@ -446,8 +478,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* doh = dout + (b * seq * heads + h) * hd;
     for (int64_t c = c0; c < q_end; c += kInner) {
       __syncthreads();
-      load_operands<kHd>(q_tile, qh, c, kInner, seq, q_stride, hd);
-      load_operands<kHd>(do_tile, doh, c, kInner, seq, q_stride, hd);
+      load_operands<kHd>(q_tile, qh, c, kInner, seq, q_stride, hd, vec4);
+      load_operands<kHd>(do_tile, doh, c, kInner, seq, q_stride, hd, vec4);
       if (threadIdx.x < kInner) {
         const int64_t t = c + threadIdx.x;
         const bool present = t < seq;
@@ -463,7 +495,8 @@ __global__ void __launch_bounds__(kThreads)
       products<kHd>(k_frags, q_tile, score_strip, first, live);
       products<kHd>(v_frags, do_tile, dp_strip, first, live);
       __syncwarp();
-      for (int col = half * kHalfCols; col < (half + 1) * kHalfCols; ++col) {
+      for (int u = 0; u < kHalfCols; ++u) {
+        const int col = half * kHalfCols + (u + rotation) % kHalfCols;
         const int64_t t = c + col;  // the query
         const bool attends = active && t < seq && start_tile[col] <= j && j <= t;
         const float p =
@@ -496,6 +529,14 @@ bool allow_shared(Kernel* kernel, size_t bytes) {
                               static_cast<int>(bytes)) == cudaSuccess;
 }
 
+// Whether the operands can be read 4 floats at a time: 16-byte aligned, rows of a multiple of 4.
+bool quad_loads(int64_t head_dim, std::initializer_list<const float*> operands) {
+  if (head_dim % 4 != 0) return false;
+  for (const float* p : operands)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
 dim3 tile_grid(int64_t seq, int64_t heads, int64_t batch) {
   return dim3(static_cast<unsigned int>((seq + kOwnRows - 1) / kOwnRows),
               static_cast<unsigned int>(heads), static_cast<unsigned int>(batch));
@@ -508,10 +549,11 @@ template <int kHd>
 void forward_for(const float* q, const float* k, const float* v, const int32_t* doc_start,
                  float* out, float* lse, int64_t batch, int64_t seq, int64_t heads,
                  int64_t kv_heads, int64_t head_dim, float scale, cudaStream_t stream) {
-  const size_t bytes = Shared<kHd>::bytes(1, kSlotBytes);
+  const size_t bytes = Shared<kHd>::bytes(1, 1, kSlotBytes);
   if (!allow_shared(flash_forward_tc_kernel<kHd>, bytes)) return;
   flash_forward_tc_kernel<kHd><<<tile_grid(seq, heads, batch), kThreads, bytes, stream>>>(
-      q, k, v, doc_start, out, lse, seq, heads, kv_heads, head_dim, scale);
+      q, k, v, doc_start, out, lse, seq, heads, kv_heads, head_dim, scale,
+      quad_loads(head_dim, {q, k, v}));
 }
 
 template <int kHd>
@@ -519,14 +561,15 @@ void backward_for(const float* dout, const float* q, const float* k, const float
                   const float* lse, const float* dots, const int32_t* doc_start, float* dq,
                   float* dk, float* dv, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                   int64_t head_dim, float scale, cudaStream_t stream) {
-  const size_t dq_bytes = Shared<kHd>::bytes(2, kSlotBytes);
+  const bool vec4 = quad_loads(head_dim, {dout, q, k, v});
+  const size_t dq_bytes = Shared<kHd>::bytes(2, 1, kSlotBytes);
   if (!allow_shared(flash_dq_tc_kernel<kHd>, dq_bytes)) return;
   flash_dq_tc_kernel<kHd><<<tile_grid(seq, heads, batch), kThreads, dq_bytes, stream>>>(
-      dout, q, k, v, lse, dots, doc_start, dq, seq, heads, kv_heads, head_dim, scale);
-  const size_t dkdv_bytes = Shared<kHd>::bytes(2, kStatBytes);
+      dout, q, k, v, lse, dots, doc_start, dq, seq, heads, kv_heads, head_dim, scale, vec4);
+  const size_t dkdv_bytes = Shared<kHd>::bytes(2, 2, kStatBytes);
   if (!allow_shared(flash_dkdv_tc_kernel<kHd>, dkdv_bytes)) return;
   flash_dkdv_tc_kernel<kHd><<<tile_grid(seq, kv_heads, batch), kThreads, dkdv_bytes, stream>>>(
-      dout, q, k, v, lse, dots, doc_start, dk, dv, seq, heads, kv_heads, head_dim, scale);
+      dout, q, k, v, lse, dots, doc_start, dk, dv, seq, heads, kv_heads, head_dim, scale, vec4);
 }
 
 }  // namespace
