@@ -17,6 +17,13 @@ change the work of a step. MFU = tokens/s x FLOPs per token by moecore's count
 JSON that bench/cuda/gemm.cpp --json writes (cuBLASLt bf16 8192^3, measured in the same
 scripts/gpu_check.sh run).
 
+moecore's routed experts run as the GEMM bench found faster at each expert count
+(--moecore-grouped-gemm auto, the default): its "experts, cuBLASLt per expert" and "experts, one
+launch" cases at that count in --gemm-json (the same sizes and count as the model's gate/up GEMM);
+one_launch passes train.cuda_grouped_gemm=one_launch (no host read of the offsets, one launch per
+grouped GEMM instead of one per expert). Without both cases, or in fp32, or on the CPU: per_expert.
+The choice and its reason are in each moecore run's result and in the report.
+
 --budget-s bounds the whole script: each run's timeout is the time left, and runs that would start
 with less than --min-run-s left are recorded as skipped, so a caller with a fixed time (the GPU
 check) gets what fitted. Results are rewritten after every run: a run killed from outside leaves
@@ -28,7 +35,7 @@ Writes <out>/gpu_peer.json and gpu_peer.md and prints where. --device cpu runs t
 Usage: bench/gpu_peer.py [--config bench/configs/gpu.toml] [--experts 8,32,128]
        [--modes eager,compile] [--steps 8] [--warmup 3] [--repeats 1] [--budget-s 0]
        [--peak-tflops X | --gemm-json PATH] [--experts-impl NAME] [--device cuda|cpu]
-       [--out bench/results]
+       [--moecore-grouped-gemm auto|per_expert|one_launch] [--out bench/results]
 """
 from __future__ import annotations
 
@@ -87,6 +94,33 @@ def read_peak(args) -> dict | None:
         return None
 
 
+GEMM_EXPERTS_CASE = re.compile(r"^experts, (cuBLASLt per expert|one launch)[^:]*: (\d+) experts,")
+
+
+def grouped_gemm_choice(args, experts: int) -> tuple[str, str]:
+    """moecore's train.cuda_grouped_gemm at `experts` experts, and why (module docstring)."""
+    if args.moecore_grouped_gemm != "auto":
+        return args.moecore_grouped_gemm, "--moecore-grouped-gemm"
+    if args.device != "cuda" or args.precision != "bf16":
+        return "per_expert", f"the default ({args.device}, {args.precision})"
+    if not args.gemm_json:
+        return "per_expert", "the default (no --gemm-json)"
+    try:
+        cases = json.loads(Path(args.gemm_json).read_text()).get("cases", [])
+    except (OSError, ValueError) as e:
+        return "per_expert", f"the default ({Path(args.gemm_json).name} unreadable: {e})"
+    ms = {}
+    for case in cases:
+        m = GEMM_EXPERTS_CASE.match(str(case.get("name", "")))
+        if m and int(m.group(2)) == experts and isinstance(case.get("ms"), (int, float)):
+            ms["per_expert" if m.group(1).startswith("cuBLASLt") else "one_launch"] = case["ms"]
+    if len(ms) < 2:
+        return "per_expert", f"the default ({Path(args.gemm_json).name} has no pair at {experts} experts)"
+    choice = min(ms, key=lambda k: (ms[k], k != "per_expert"))
+    return choice, (f"{Path(args.gemm_json).name} at {experts} experts: per expert "
+                    f"{ms['per_expert']:.3f} ms, one launch {ms['one_launch']:.3f} ms")
+
+
 def run_peer(args, mode: str, experts: int, model: dict, timeout: float) -> dict:
     cmd = [sys.executable, str(PEER), "--config", str(args.config), "--device", args.device,
            "--mode", mode, "--precision", args.precision, "--steps", str(args.steps),
@@ -136,6 +170,10 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
             "train.sample_tokens=0", "train.profile=true", "data.val=[]", 'data.tokenizer=""']
     if args.device == "cpu":
         sets.append(f"train.threads={args.threads}")
+    # The training run's only (`bench flops` validates the config without --device).
+    grouped_gemm, grouped_gemm_reason = grouped_gemm_choice(args, experts)
+    train_sets = (["--set", "train.cuda_grouped_gemm=one_launch"] if grouped_gemm == "one_launch"
+                  else [])
     with tempfile.TemporaryDirectory(prefix="gpu_peer_moecore_") as work:
         data = Path(work) / "tokens.npy"
         rng = np.random.default_rng(int(train.get("seed", 0)))
@@ -150,7 +188,8 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
         counts = json.loads(flops.stdout.strip().splitlines()[-1])
         start = time.monotonic()
         try:
-            r = subprocess.run(cmd + ["train", str(args.config), "--device", args.device, *set_args],
+            r = subprocess.run(cmd + ["train", str(args.config), "--device", args.device, *set_args,
+                                      *train_sets],
                                capture_output=True, text=True, timeout=timeout, cwd=C.REPO)
         except subprocess.TimeoutExpired:
             return {"status": "failed", "message": f"timed out after {timeout:.0f}s",
@@ -175,7 +214,8 @@ def run_moecore(args, experts: int, model: dict, train: dict, timeout: float) ->
             "parameters": counts["parameters"]["total"],
             "parameters_active": counts["parameters"]["active"],
             "parameters_router": d * experts * layers,
-            "experts_implementation": "moecore grouped GEMM",
+            "experts_implementation": f"moecore grouped GEMM, {grouped_gemm}",
+            "grouped_gemm": grouped_gemm, "grouped_gemm_reason": grouped_gemm_reason,
             "gpu": startup.group(1) if startup else None, "peak_memory_allocated": None,
             "profile": step_by_phase(profile)}
 
@@ -330,6 +370,11 @@ def write(out: Path, data: dict) -> None:
                       f"{100 * data['moecore_passes_change']:+.1f} % (the optimizer's share of "
                       f"the profiled step at {profiled[-1]}: "
                       f"{100 * hi['optimizer_ms'] / hi['step_ms']:.0f} %)."]
+    chosen = [(r["experts"], r["grouped_gemm"], r["grouped_gemm_reason"]) for r in data["runs"]
+              if r["mode"] == "moecore" and r.get("grouped_gemm") and r.get("repeat", 0) == 0]
+    if chosen:
+        lines += ["", "moecore's routed experts (train.cuda_grouped_gemm):", ""]
+        lines += [f"- {e} experts: {g} ({why})" for e, g, why in chosen]
     ratios = [(e, by[("moecore", e)]["tokens_per_s"]["median"] / by[("eager", e)]["tokens_per_s"]["median"])
               for e in m["experts"] if ("moecore", e) in by and ("eager", e) in by]
     data["moecore_vs_eager"] = {str(e): x for e, x in ratios}
@@ -372,6 +417,9 @@ def main() -> int:
                     help="with --budget-s: no run starts with less time left than this")
     ap.add_argument("--peak-tflops", type=float, default=0.0)
     ap.add_argument("--gemm-json", default="", help="bench/cuda/gemm.cpp --json output")
+    ap.add_argument("--moecore-grouped-gemm", choices=("auto", "per_expert", "one_launch"),
+                    default="auto", help="moecore's train.cuda_grouped_gemm (auto: the faster in "
+                                         "--gemm-json at each expert count)")
     ap.add_argument("--out", default=str(C.REPO / "bench" / "results"))
     args = ap.parse_args()
     started = time.monotonic()
@@ -401,6 +449,7 @@ def main() -> int:
                 tokens_per_step=int(train["batch_size"]) * int(train["seq_len"]),
                 seed=int(train.get("seed", 0)), budget_s=args.budget_s or None,
                 experts_impl_requested=args.experts_impl, top_k=model["num_experts_per_tok"],
+                moecore_grouped_gemm=args.moecore_grouped_gemm,
                 expert_width=model["moe_intermediate_size"])
     data = {"meta": meta, "peak": read_peak(args), "runs": []}
     out = Path(args.out)

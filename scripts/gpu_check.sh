@@ -152,7 +152,8 @@ find_library() {
   pack
   # 5. moecore against the transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where
   # python3 has torch with a usable GPU and transformers: gpu.toml at 8, 128, 32 experts, at each
-  # count moecore (its runs through the bundle's loader) then transformers eager (experts in bf16
+  # count moecore (its runs through the bundle's loader; its experts' GEMMs as step 3 timed them
+  # faster at that count: gpu_peer --moecore-grouped-gemm auto) then transformers eager (experts in bf16
   # under autocast: bench/peer_autocast_experts.py), then torch.compile at each count as time
   # allows (each compile takes a minute or more). 240 s at most and what is left of the
   # check's time (timeout kills it and its runs; gpu_peer's own budget, 15 s less, stops starting

@@ -270,10 +270,18 @@ def test_moecore_side_on_the_emulated_gpu(tmp_path, peer_run):
     if not sim.is_file():
         pytest.skip(f"{sim} not found (built with the tests on x86-64: make build-tests)")
     out = tmp_path / "results"
+    # A GEMM bench whose one-launch grouped GEMM won at 8 experts: the run takes it.
+    gemm = tmp_path / "cuda_gemm.json"
+    gemm.write_text(json.dumps({"device": "cudasim", "cases": [
+        {"name": "peak: cuBLASLt bf16 512^3 (bf16 operands)", "ms": 1.0, "tflops": 0.01},
+        {"name": "experts, cuBLASLt per expert: 8 experts, top-4, gate/up 128 -> 64", "ms": 2.0},
+        {"name": "experts, one launch, device offsets (WMMA): 8 experts, top-4, gate/up 128 -> 64",
+         "ms": 1.0}]}))
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--config",
                         str(peer_run["config"]), "--out", str(out), "--experts", "8", "--modes",
-                        "moecore", "--steps", "3", "--warmup", "1", "--moecore-cmd", str(sim)],
+                        "moecore", "--steps", "3", "--warmup", "1", "--moecore-cmd", str(sim),
+                        "--gemm-json", str(gemm)],
                        capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((out / "gpu_peer.json").read_text())
@@ -282,7 +290,45 @@ def test_moecore_side_on_the_emulated_gpu(tmp_path, peer_run):
     assert run["gpu"].startswith("cudasim "), run["gpu"]
     assert run["profile"]["clock"] == "CUDA events on the backend's stream"
     assert run["profile"]["steps"] == 2 and run["profile"]["passes_ms"] > 0
-    assert f"on {run['gpu']}: transformers ?" in (out / "gpu_peer.md").read_text()
+    md = (out / "gpu_peer.md").read_text()
+    assert f"on {run['gpu']}: transformers ?" in md
+    assert run["grouped_gemm"] == "one_launch", run["grouped_gemm_reason"]
+    assert ("- 8 experts: one_launch (cuda_gemm.json at 8 experts: per expert 2.000 ms, one "
+            "launch 1.000 ms)") in md
+
+
+def test_moecores_grouped_gemm_follows_the_gemm_bench(tmp_path):
+    """--moecore-grouped-gemm auto: per expert count, whichever grouped GEMM the bench timed
+    faster at that count (per_expert on a tie), else per_expert: no pair at that count, no bench
+    file, fp32, or the CPU; an explicit choice overrides."""
+    import argparse
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu_peer
+    gemm = tmp_path / "cuda_gemm.json"
+    gemm.write_text(json.dumps({"cases": [
+        {"name": "peak: cuBLASLt bf16 8192^3 (bf16 operands)", "ms": 1.4, "tflops": 780.0},
+        {"name": "experts, cuBLASLt per expert: 8 experts, top-4, gate/up 2048 -> 1024", "ms": 0.5},
+        {"name": "experts, one launch, device offsets (WMMA): 8 experts, top-4, gate/up 2048 -> "
+                 "1024", "ms": 0.9},
+        {"name": "experts, cuBLASLt per expert: 128 experts, top-4, gate/up 2048 -> 1024",
+         "ms": 1.5},
+        {"name": "experts, one launch, device offsets (WMMA): 128 experts, top-4, gate/up 2048 -> "
+                 "1024", "ms": 0.9},
+        {"name": "experts, cuBLASLt per expert: 32 experts, top-4, gate/up 2048 -> 1024", "ms": 0.7},
+        {"name": "experts, one launch, device offsets (WMMA): 32 experts, top-4, gate/up 2048 -> "
+                 "1024", "ms": 0.7}]}))
+
+    def choice(experts, **kw):
+        args = argparse.Namespace(**{"moecore_grouped_gemm": "auto", "device": "cuda",
+                                     "precision": "bf16", "gemm_json": str(gemm), **kw})
+        return gpu_peer.grouped_gemm_choice(args, experts)[0]
+
+    assert choice(8) == "per_expert" and choice(128) == "one_launch" and choice(32) == "per_expert"
+    assert choice(64) == "per_expert"  # no pair at 64
+    assert choice(128, precision="fp32") == "per_expert" and choice(128, device="cpu") == "per_expert"
+    assert choice(128, gemm_json="") == "per_expert"
+    assert choice(128, gemm_json=str(tmp_path / "missing.json")) == "per_expert"
+    assert choice(8, moecore_grouped_gemm="one_launch") == "one_launch"
 
 
 def test_peer_accumulates_gradients_over_microbatches(tmp_path):
