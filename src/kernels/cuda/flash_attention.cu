@@ -389,18 +389,10 @@ void launch_flash_attention_forward(const float* q, const float* k, const float*
   if (bf16 && head_dim <= kFlashTensorCoreMaxHeadDim)
     return launch_flash_attention_tc_forward(q, k, v, doc_start, out, lse, batch, seq, heads,
                                              kv_heads, head_dim, attention_scale(head_dim), stream);
-  if (head_dim <= 32)
-    forward_for<32>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, bf16,
-                    stream);
-  else if (head_dim <= 64)
-    forward_for<64>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, bf16,
-                    stream);
-  else if (head_dim <= 128)
-    forward_for<128>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, bf16,
+  with_head_dim_tile<32, 64, 128, kFlashAttentionMaxHeadDim>(head_dim, [&]<int kHd>() {
+    forward_for<kHd>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, bf16,
                      stream);
-  else
-    forward_for<kFlashAttentionMaxHeadDim>(q, k, v, doc_start, out, lse, batch, seq, heads,
-                                           kv_heads, head_dim, bf16, stream);
+  });
 }
 
 void launch_flash_attention_backward(const float* dout, const float* q, const float* k,
@@ -418,18 +410,10 @@ void launch_flash_attention_backward(const float* dout, const float* q, const fl
     return launch_flash_attention_tc_backward(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv,
                                               batch, seq, heads, kv_heads, head_dim,
                                               attention_scale(head_dim), stream);
-  if (head_dim <= 32)
-    backward_for<32>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
-                     kv_heads, head_dim, bf16, stream);
-  else if (head_dim <= 64)
-    backward_for<64>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
-                     kv_heads, head_dim, bf16, stream);
-  else if (head_dim <= 128)
-    backward_for<128>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
+  with_head_dim_tile<32, 64, 128, kFlashAttentionMaxHeadDim>(head_dim, [&]<int kHd>() {
+    backward_for<kHd>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
                       kv_heads, head_dim, bf16, stream);
-  else
-    backward_for<kFlashAttentionMaxHeadDim>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv,
-                                            batch, seq, heads, kv_heads, head_dim, bf16, stream);
+  });
 }
 
 }  // namespace moecore::kernels::cuda

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/cuda/launch_shape.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace moecore::kernels::cuda {
@@ -102,6 +103,29 @@ __device__ inline int row_start(const int32_t* doc_start, int64_t b, int64_t seq
   if (doc_start == nullptr) return 0;
   const int start = doc_start[b * seq + t];
   return start < 0 ? 0 : (start > t ? static_cast<int>(t) : start);
+}
+
+// Where a lane works in its block: the block owns rows [first, end) (queries, or keys in dk/dv),
+// the lane's warp rows [w0, w0 + 16), the lane row w0 + r (r = lane / 2) and half of that row's
+// columns in the strips (half = lane % 2). The two lanes of a row walk their 32 columns each from
+// a start of their own (rotation), so that the 32 lanes' reads of a strip (rows 68 floats apart)
+// fall in 32 different banks.
+struct LanePlace {
+  int warp, r, half, rotation;
+  int64_t first, end, w0;
+};
+
+__device__ inline LanePlace lane_place(int64_t seq) {
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int half = lane % 2;
+  const int64_t first = blockIdx.x * int64_t{kOwnRows};
+  return {warp,
+          lane / 2,
+          half,
+          half | ((lane >> 3) & 2),
+          first,
+          first + kOwnRows < seq ? first + kOwnRows : seq,
+          first + kFrag * warp};
 }
 
 // tile[r][d] = bf16 of rows first + r (r < rows) of a [seq, row_stride] fp32 matrix at base,
@@ -245,16 +269,9 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16 *k_tile = shared.tile_a, *v_tile = shared.tile_b;
   auto* slots = reinterpret_cast<int*>(shared.stats);
 
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (heads / kv_heads);
-  const int64_t r0 = blockIdx.x * int64_t{kOwnRows};
-  const int64_t r1 = r0 + kOwnRows < seq ? r0 + kOwnRows : seq;
-  const int64_t w0 = r0 + kFrag * warp;  // the warp's first row
+  const auto [warp, r, half, rotation, r0, r1, w0] = lane_place(seq);  // own rows: queries
   const int64_t w_last = w0 + kFrag - 1 < seq - 1 ? w0 + kFrag - 1 : seq - 1;
-  const int r = lane / 2, half = lane % 2;
-  // The pair of a row walks its 32 columns from a lane's own start, so that the 32 lanes' reads
-  // of the strips (rows 68 floats apart) fall in 32 different banks.
-  const int rotation = half | ((lane >> 3) & 2);
   const int64_t i = w0 + r;
   const bool active = i < seq;
   // Keys [lo, hi] of this lane's row; none for a row past the sequence.
@@ -345,16 +362,9 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16 *k_tile = shared.tile_a, *v_tile = shared.tile_b;
   auto* slots = reinterpret_cast<int*>(shared.stats);
 
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (heads / kv_heads);
-  const int64_t r0 = blockIdx.x * int64_t{kOwnRows};
-  const int64_t r1 = r0 + kOwnRows < seq ? r0 + kOwnRows : seq;
-  const int64_t w0 = r0 + kFrag * warp;
+  const auto [warp, r, half, rotation, r0, r1, w0] = lane_place(seq);  // own rows: queries
   const int64_t w_last = w0 + kFrag - 1 < seq - 1 ? w0 + kFrag - 1 : seq - 1;
-  const int r = lane / 2, half = lane % 2;
-  // The pair of a row walks its 32 columns from a lane's own start, so that the 32 lanes' reads
-  // of the strips (rows 68 floats apart) fall in 32 different banks.
-  const int rotation = half | ((lane >> 3) & 2);
   const int64_t i = w0 + r;
   const bool active = i < seq;
   const int64_t lo = active ? row_start(doc_start, b, seq, i) : 1, hi = active ? i : 0;
@@ -431,15 +441,8 @@ __global__ void __launch_bounds__(kThreads)
   auto* start_tile = reinterpret_cast<int*>(dot_tile + kInner);
   auto* query_end = start_tile + kInner;
 
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t b = blockIdx.z, kvh = blockIdx.y, group = heads / kv_heads;
-  const int64_t c0 = blockIdx.x * int64_t{kOwnRows};
-  const int64_t c1 = c0 + kOwnRows < seq ? c0 + kOwnRows : seq;
-  const int64_t w0 = c0 + kFrag * warp;  // the warp's first key
-  const int r = lane / 2, half = lane % 2;
-  // The pair of a row walks its 32 columns from a lane's own start, so that the 32 lanes' reads
-  // of the strips (rows 68 floats apart) fall in 32 different banks.
-  const int rotation = half | ((lane >> 3) & 2);
+  const auto [warp, r, half, rotation, c0, c1, w0] = lane_place(seq);  // own rows: keys
   const int64_t j = w0 + r;
   const bool active = j < seq;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
@@ -578,15 +581,10 @@ void launch_flash_attention_tc_forward(const float* q, const float* k, const flo
                                        const int32_t* doc_start, float* out, float* lse,
                                        int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                        int64_t head_dim, float scale, cudaStream_t stream) {
-  if (head_dim <= 32)
-    forward_for<32>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, scale,
-                    stream);
-  else if (head_dim <= 64)
-    forward_for<64>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, scale,
-                    stream);
-  else
-    forward_for<kFlashTensorCoreMaxHeadDim>(q, k, v, doc_start, out, lse, batch, seq, heads,
-                                            kv_heads, head_dim, scale, stream);
+  with_head_dim_tile<32, 64, kFlashTensorCoreMaxHeadDim>(head_dim, [&]<int kHd>() {
+    forward_for<kHd>(q, k, v, doc_start, out, lse, batch, seq, heads, kv_heads, head_dim, scale,
+                     stream);
+  });
 }
 
 void launch_flash_attention_tc_backward(const float* dout, const float* q, const float* k,
@@ -594,15 +592,10 @@ void launch_flash_attention_tc_backward(const float* dout, const float* q, const
                                         const int32_t* doc_start, float* dq, float* dk, float* dv,
                                         int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                         int64_t head_dim, float scale, cudaStream_t stream) {
-  if (head_dim <= 32)
-    backward_for<32>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
-                     kv_heads, head_dim, scale, stream);
-  else if (head_dim <= 64)
-    backward_for<64>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
-                     kv_heads, head_dim, scale, stream);
-  else
-    backward_for<kFlashTensorCoreMaxHeadDim>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv,
-                                             batch, seq, heads, kv_heads, head_dim, scale, stream);
+  with_head_dim_tile<32, 64, kFlashTensorCoreMaxHeadDim>(head_dim, [&]<int kHd>() {
+    backward_for<kHd>(dout, q, k, v, lse, row_dots, doc_start, dq, dk, dv, batch, seq, heads,
+                      kv_heads, head_dim, scale, stream);
+  });
 }
 
 }  // namespace moecore::kernels::cuda

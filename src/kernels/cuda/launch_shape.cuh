@@ -19,6 +19,20 @@ inline unsigned int row_blocks(int64_t rows) {
   return static_cast<unsigned int>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks);
 }
 
+// Kernels whose per-thread arrays and shared tiles are sized by the head dimension at compile
+// time (attention): f.template operator()<kHd>() for the first kHd of kFirst, kRest... (ascending)
+// that holds head_dim, the last one for anything larger (the caller checks its limit).
+template <int kFirst, int... kRest, typename F>
+void with_head_dim_tile(int64_t head_dim, F&& f) {
+  if constexpr (sizeof...(kRest) == 0) {
+    f.template operator()<kFirst>();
+  } else if (head_dim <= kFirst) {
+    f.template operator()<kFirst>();
+  } else {
+    with_head_dim_tile<kRest...>(head_dim, f);
+  }
+}
+
 // The first index and the stride of a grid-stride loop over elements.
 __device__ inline int64_t grid_first() {
   return blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
