@@ -6,6 +6,9 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "dist/pipeline_schedule.h"
+#include "model/params.h"
+#include "plan/memory_model.h"
 #include "plan/plan.h"
 
 namespace moecore::plan {
@@ -19,10 +22,27 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
+// The parameter layouts of the stages of one (pp, ep), by their chunks' layer ranges: the layouts
+// tried for it (ZeRO, micro-batches, recompute, the head's chunks) share them, and building one
+// names every tensor (a trillion-parameter model's table: most of a search's time).
+using StageLayouts = std::map<std::vector<int64_t>, ParamLayout>;
+
+const ParamLayout& stage_layout(const ModelConfig& mc, const ResolvedLayout& layout, int64_t stage,
+                                StageLayouts& built) {
+  const std::vector<LayerRange> ranges = dist::stage_chunks(layout.chunk_layers, layout.pp, stage);
+  std::vector<int64_t> key{layout.ep};
+  for (const LayerRange& r : ranges) key.insert(key.end(), {r.begin, r.end});
+  auto it = built.find(key);
+  if (it == built.end())
+    it = built.emplace(key, ParamLayout::build(mc, layout.ep, 0, ranges)).first;
+  return it->second;
+}
+
 // The peak of the largest rank. Stages whose chunks have the same layer counts, the same number
 // of dense layers and the same embedding / head hold the same sizes: each is counted once (a
 // trillion-parameter model's parameter table is large, and most stages are alike).
-double peak_bytes(const RunConfig& c, const ResolvedLayout& layout, const Hardware& hardware) {
+double peak_bytes(const RunConfig& c, const ResolvedLayout& layout, const Hardware& hardware,
+                  StageLayouts& stage_layouts) {
   const int64_t chunks = static_cast<int64_t>(layout.chunk_layers.size());
   const int64_t dense = c.model.first_k_dense_replace;
   std::map<std::vector<int64_t>, double> seen;
@@ -43,9 +63,10 @@ double peak_bytes(const RunConfig& c, const ResolvedLayout& layout, const Hardwa
     }
     auto it = seen.find(key);
     if (it == seen.end())
-      it =
-          seen.emplace(key, rank_memory(c, layout, s, hardware.runtime_bytes, hardware.device).peak)
-              .first;
+      it = seen.emplace(key, rank_memory(c, layout, s, hardware.runtime_bytes, hardware.device,
+                                         stage_layout(c.model, layout, s, stage_layouts))
+                                 .peak)
+               .first;
     peak = std::max(peak, it->second);
   }
   return peak;
@@ -84,7 +105,8 @@ namespace {
 // Returns the candidate's peak, or nothing when it was refused.
 std::optional<double> consider(const RunConfig& config, LayoutChoice choice, int64_t world,
                                const Hardware& hardware, double max_memory_bytes,
-                               std::optional<double> chunked_head_to_beat, LayoutSearch& out) {
+                               std::optional<double> chunked_head_to_beat,
+                               StageLayouts& stage_layouts, LayoutSearch& out) {
   RunConfig c = with_layout(config, choice);
   ResolvedLayout layout;
   try {
@@ -101,7 +123,7 @@ std::optional<double> consider(const RunConfig& config, LayoutChoice choice, int
   // Memory first: the step time is only priced for layouts that fit.
   choice.dp = layout.dp;
   choice.ep_dp = layout.ep_dp;
-  choice.peak_bytes = peak_bytes(c, layout, hardware);
+  choice.peak_bytes = peak_bytes(c, layout, hardware, stage_layouts);
   if (chunked_head_to_beat && choice.peak_bytes >= *chunked_head_to_beat) return choice.peak_bytes;
   if (out.valid++ == 0 || choice.peak_bytes < out.smallest.peak_bytes) out.smallest = choice;
   if (choice.peak_bytes <= max_memory_bytes) {
@@ -130,6 +152,7 @@ LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardwa
     if (mc.num_hidden_layers % pp != 0) continue;
     for (int64_t ep : divisors(world / pp)) {
       if (mc.num_experts % ep != 0) continue;
+      StageLayouts stage_layouts;  // this (pp, ep)'s only: one at a time in memory
       for (int64_t zero : {0, 1})
         for (int64_t m : divisors(config.train.batch_size))
           for (ActivationRecompute recompute :
@@ -146,9 +169,11 @@ LayoutSearch search_layouts(const RunConfig& config, int64_t world, const Hardwa
             // costs a head GEMM more: listed only where it needs less memory than the whole head
             // (a head on a stage that is not the largest saves nothing).
             const std::optional<double> whole_head_peak =
-                consider(config, choice, world, hardware, max_memory_bytes, std::nullopt, out);
+                consider(config, choice, world, hardware, max_memory_bytes, std::nullopt,
+                         stage_layouts, out);
             if (choice.lm_head_chunk_tokens == 0 && whole_head_peak)
-              consider(config, choice, world, hardware, max_memory_bytes, whole_head_peak, out);
+              consider(config, choice, world, hardware, max_memory_bytes, whole_head_peak,
+                       stage_layouts, out);
           }
     }
   }

@@ -23,13 +23,19 @@ constexpr double kPipelineBuffers = 4.0;
 
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
                        double runtime_bytes, bool device) {
+  const ParamLayout local = ParamLayout::build(
+      config.model, layout.ep, 0, dist::stage_chunks(layout.chunk_layers, layout.pp, stage));
+  return rank_memory(config, layout, stage, runtime_bytes, device, local);
+}
+
+RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                       double runtime_bytes, bool device, const ParamLayout& local) {
   const ModelConfig& mc = config.model;
   const ParallelConfig& pc = config.parallel;
   const TrainConfig& tc = config.train;
   RankMemory m;
   m.stage = stage;
   const std::vector<LayerRange> ranges = dist::stage_chunks(layout.chunk_layers, layout.pp, stage);
-  const ParamLayout local = ParamLayout::build(mc, layout.ep, 0, ranges);
   m.dense_params = static_cast<int64_t>(local.numel(ParamGroup::kDense));
   m.expert_params = static_cast<int64_t>(local.numel(ParamGroup::kExpert));
   const double local_floats = static_cast<double>(m.dense_params + m.expert_params);

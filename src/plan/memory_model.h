@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/params.h"
 #include "plan/activation_model.h"
 #include "train/layout_validation.h"
 #include "train/run_config.h"
@@ -55,5 +56,10 @@ struct RankMemory {
 
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
                        double runtime_bytes, bool device = false);
+// The same with the stage's parameter layout given: ParamLayout::build(config.model, layout.ep,
+// 0, dist::stage_chunks(layout.chunk_layers, layout.pp, stage)), which a search over layouts
+// that share it builds once (it names every tensor: most of a large model's planning time).
+RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                       double runtime_bytes, bool device, const ParamLayout& local);
 
 }  // namespace moecore::plan
