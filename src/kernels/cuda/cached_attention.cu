@@ -4,6 +4,7 @@
 // over the keys in order: the result does not depend on scheduling. The CPU backend's expressions
 // (kernels/cpu/cached_attention.cpp), so both round alike up to fused multiply-adds.
 #include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/launch_shape.cuh"
 #include "kernels/cuda/launchers.h"
 
 namespace moecore::kernels::cuda {
@@ -71,15 +72,9 @@ void launch_cached_attention_forward(const float* q, const float* k_cache, const
                                      int64_t hd, int64_t first_position, cudaStream_t stream) {
   if (n == 0 || heads == 0) return;
   const size_t shared_bytes = static_cast<size_t>(first_position + n) * sizeof(float);
-  // Beyond the 48 KiB every block may have, static and dynamic together (the default dynamic limit
-  // is 48 KiB less the static part), the kernel must opt in (a driver call, made only then: a
-  // decode step launches this once per layer and token).
-  constexpr size_t kDefaultSharedBytes = 48 * 1024;
-  // A failure here leaves its error for the caller's cudaGetLastError check.
-  if (shared_bytes + kStaticSharedBytes > kDefaultSharedBytes &&
-      cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared_bytes)) != cudaSuccess)
-    return;
+  // Beyond the 48 KiB every block may have, static and dynamic together, the kernel opts in (a
+  // driver call, made only then: a decode step launches this once per layer and token).
+  if (!allow_dynamic_shared(cached_attention_kernel, shared_bytes, kStaticSharedBytes)) return;
   const dim3 grid(static_cast<unsigned int>(n), static_cast<unsigned int>(heads));
   cached_attention_kernel<<<grid, kThreads, shared_bytes, stream>>>(
       q, k_cache, v_cache, out, heads, kv_heads, hd, first_position,

@@ -25,6 +25,7 @@
 
 #include <cmath>
 
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/launch_shape.cuh"
 #include "kernels/cuda/launchers.h"
@@ -54,14 +55,6 @@ __device__ inline float team_sum(float v) {
   v = v + __shfl_xor_sync(0xffffffffu, v, 2);
   v = v + __shfl_xor_sync(0xffffffffu, v, 4);
   return v;
-}
-
-// The first key query t of batch row b attends (its document's start, clamped to [0, t]: the
-// values are not checked on the device, and each query always attends itself).
-__device__ inline int64_t row_start(const int32_t* doc_start, int64_t b, int64_t seq, int64_t t) {
-  if (doc_start == nullptr) return 0;
-  const int64_t start = doc_start[b * seq + t];
-  return start < 0 ? 0 : (start > t ? t : start);
 }
 
 // tile[r][d] = rows first + r of a [seq, row_stride] matrix at base, dimensions d < hd, rounded as
@@ -132,9 +125,9 @@ __global__ void __launch_bounds__(kThreads)
   // the barriers and shuffles).
   const int64_t lo = active ? row_start(doc_start, b, seq, i) : 1, hi = active ? i : 0;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
-  const float* qh = q + (b * seq * heads + h) * hd;
-  const float* kh = k + (b * seq * kv_heads + kvh) * hd;
-  const float* vh = v + (b * seq * kv_heads + kvh) * hd;
+  const float* qh = head_rows(q, b, seq, heads, h, hd);
+  const float* kh = head_rows(k, b, seq, kv_heads, kvh, hd);
+  const float* vh = head_rows(v, b, seq, kv_heads, kvh, hd);
   float q_row[kDims];
   load_row(q_row, qh, i, active, q_stride, hd, team_lane, bf16);
   const int64_t c_lo = tile_first_key(doc_start, b, seq, r0, r1, &first_key);
@@ -179,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!active) return;  // no barrier follows
   if (team_lane == 0) lse[(b * heads + h) * seq + i] = row_lse;
-  float* out_row = out + (b * seq * heads + h) * hd + i * q_stride;
+  float* out_row = head_rows(out, b, seq, heads, h, hd) + i * q_stride;
 #pragma unroll
   for (int t = 0; t < kDims; ++t) {
     const int64_t d = team_lane + kTeam * t;
@@ -224,10 +217,10 @@ __global__ void __launch_bounds__(kThreads)
   const bool active = i < seq;
   const int64_t lo = active ? row_start(doc_start, b, seq, i) : 1, hi = active ? i : 0;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
-  const float* qh = q + (b * seq * heads + h) * hd;
-  const float* doh = dout + (b * seq * heads + h) * hd;
-  const float* kh = k + (b * seq * kv_heads + kvh) * hd;
-  const float* vh = v + (b * seq * kv_heads + kvh) * hd;
+  const float* qh = head_rows(q, b, seq, heads, h, hd);
+  const float* doh = head_rows(dout, b, seq, heads, h, hd);
+  const float* kh = head_rows(k, b, seq, kv_heads, kvh, hd);
+  const float* vh = head_rows(v, b, seq, kv_heads, kvh, hd);
   float q_row[kDims], do_row[kDims], acc[kDims];
   load_row(q_row, qh, i, active, q_stride, hd, team_lane, bf16);
   load_row(do_row, doh, i, active, q_stride, hd, team_lane, bf16);
@@ -253,7 +246,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (!active) return;
-  float* dq_row = dq + (b * seq * heads + h) * hd + i * q_stride;
+  float* dq_row = head_rows(dq, b, seq, heads, h, hd) + i * q_stride;
 #pragma unroll
   for (int t = 0; t < kDims; ++t) {
     const int64_t d = team_lane + kTeam * t;
@@ -283,8 +276,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j = c0 + threadIdx.x / kTeam;
   const bool active = j < seq;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
-  const float* kh = k + (b * seq * kv_heads + kvh) * hd;
-  const float* vh = v + (b * seq * kv_heads + kvh) * hd;
+  const float* kh = head_rows(k, b, seq, kv_heads, kvh, hd);
+  const float* vh = head_rows(v, b, seq, kv_heads, kvh, hd);
   float k_row[kDims], v_row[kDims], dk_acc[kDims], dv_acc[kDims];
   load_row(k_row, kh, j, active, kv_stride, hd, team_lane, bf16);
   load_row(v_row, vh, j, active, kv_stride, hd, team_lane, bf16);
@@ -306,8 +299,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kvh * group + g;
-    const float* qh = q + (b * seq * heads + h) * hd;
-    const float* doh = dout + (b * seq * heads + h) * hd;
+    const float* qh = head_rows(q, b, seq, heads, h, hd);
+    const float* doh = head_rows(dout, b, seq, heads, h, hd);
     for (int64_t c = c0; c < q_end; c += kInner) {
       __syncthreads();
       load_tile<kInner>(q_tile, qh, c, seq, q_stride, hd, bf16);
@@ -337,8 +330,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (!active) return;
-  float* dk_row = dk + (b * seq * kv_heads + kvh) * hd + j * kv_stride;
-  float* dv_row = dv + (b * seq * kv_heads + kvh) * hd + j * kv_stride;
+  float* dk_row = head_rows(dk, b, seq, kv_heads, kvh, hd) + j * kv_stride;
+  float* dv_row = head_rows(dv, b, seq, kv_heads, kvh, hd) + j * kv_stride;
 #pragma unroll
   for (int u = 0; u < kDims; ++u) {
     const int64_t d = team_lane + kTeam * u;

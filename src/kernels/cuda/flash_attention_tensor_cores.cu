@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/launch_shape.cuh"
 #include "kernels/cuda/launchers.h"
 
@@ -97,13 +98,6 @@ struct Carved {
   __nv_bfloat16* weights;
   unsigned char* stats;
 };
-
-// The first key query t of batch row b attends (its document's start, clamped to [0, t]).
-__device__ inline int row_start(const int32_t* doc_start, int64_t b, int64_t seq, int64_t t) {
-  if (doc_start == nullptr) return 0;
-  const int start = doc_start[b * seq + t];
-  return start < 0 ? 0 : (start > t ? static_cast<int>(t) : start);
-}
 
 // Where a lane works in its block: the block owns rows [first, end) (queries, or keys in dk/dv),
 // the lane's warp rows [w0, w0 + 16), the lane row w0 + r (r = lane / 2) and half of that row's
@@ -242,7 +236,7 @@ __device__ int64_t block_first_key(const int32_t* doc_start, int64_t b, int64_t 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   int first = static_cast<int>(r1);
   for (int64_t t = r0 + lane + 32 * warp; t < r1; t += kThreads) {
-    const int s = row_start(doc_start, b, seq, t);
+    const int s = static_cast<int>(row_start(doc_start, b, seq, t));
     first = s < first ? s : first;
   }
   for (int step = 16; step > 0; step /= 2) {
@@ -277,9 +271,9 @@ __global__ void __launch_bounds__(kThreads)
   // Keys [lo, hi] of this lane's row; none for a row past the sequence.
   const int64_t lo = active ? row_start(doc_start, b, seq, i) : 1, hi = active ? i : 0;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
-  const float* qh = q + (b * seq * heads + h) * hd;
-  const float* kh = k + (b * seq * kv_heads + kvh) * hd;
-  const float* vh = v + (b * seq * kv_heads + kvh) * hd;
+  const float* qh = head_rows(q, b, seq, heads, h, hd);
+  const float* kh = head_rows(k, b, seq, kv_heads, kvh, hd);
+  const float* vh = head_rows(v, b, seq, kv_heads, kvh, hd);
   float* strip = shared.strip(0, warp);
   __nv_bfloat16* weights = shared.weight_rows(0, warp);
 
@@ -346,7 +340,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (active && half == 0) lse[(b * heads + h) * seq + i] = row_lse;
   if (w0 < seq)
-    store_rows<kHd>(acc, strip, out + (b * seq * heads + h) * hd, w0, seq, q_stride, hd, 1.0f);
+    store_rows<kHd>(acc, strip, head_rows(out, b, seq, heads, h, hd), w0, seq, q_stride, hd, 1.0f);
 }
 
 // grid (query tiles of 64, heads, batch): dq = scale sum over keys of dS k, dS = bf16(P (dP - D)),
@@ -369,10 +363,10 @@ __global__ void __launch_bounds__(kThreads)
   const bool active = i < seq;
   const int64_t lo = active ? row_start(doc_start, b, seq, i) : 1, hi = active ? i : 0;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
-  const float* qh = q + (b * seq * heads + h) * hd;
-  const float* doh = dout + (b * seq * heads + h) * hd;
-  const float* kh = k + (b * seq * kv_heads + kvh) * hd;
-  const float* vh = v + (b * seq * kv_heads + kvh) * hd;
+  const float* qh = head_rows(q, b, seq, heads, h, hd);
+  const float* doh = head_rows(dout, b, seq, heads, h, hd);
+  const float* kh = head_rows(k, b, seq, kv_heads, kvh, hd);
+  const float* vh = head_rows(v, b, seq, kv_heads, kvh, hd);
   float *score_strip = shared.strip(0, warp), *dp_strip = shared.strip(1, warp);
   __nv_bfloat16* ds_weights = shared.weight_rows(0, warp);
   const float row_lse = active ? lse[(b * heads + h) * seq + i] : 0.0f;
@@ -413,7 +407,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
   }
   if (w0 < seq)
-    store_rows<kHd>(acc, score_strip, dq + (b * seq * heads + h) * hd, w0, seq, q_stride, hd,
+    store_rows<kHd>(acc, score_strip, head_rows(dq, b, seq, heads, h, hd), w0, seq, q_stride, hd,
                     scale);
 }
 
@@ -446,8 +440,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j = w0 + r;
   const bool active = j < seq;
   const int64_t q_stride = heads * hd, kv_stride = kv_heads * hd;
-  const float* kh = k + (b * seq * kv_heads + kvh) * hd;
-  const float* vh = v + (b * seq * kv_heads + kvh) * hd;
+  const float* kh = head_rows(k, b, seq, kv_heads, kvh, hd);
+  const float* vh = head_rows(v, b, seq, kv_heads, kvh, hd);
   float *score_strip = shared.strip(0, warp), *dp_strip = shared.strip(1, warp);
   __nv_bfloat16 *p_weights = shared.weight_rows(0, warp), *ds_weights = shared.weight_rows(1, warp);
 
@@ -477,8 +471,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kvh * group + g;
-    const float* qh = q + (b * seq * heads + h) * hd;
-    const float* doh = dout + (b * seq * heads + h) * hd;
+    const float* qh = head_rows(q, b, seq, heads, h, hd);
+    const float* doh = head_rows(dout, b, seq, heads, h, hd);
     for (int64_t c = c0; c < q_end; c += kInner) {
       __syncthreads();
       load_operands<kHd>(q_tile, qh, c, kInner, seq, q_stride, hd, vec4);
@@ -488,7 +482,7 @@ __global__ void __launch_bounds__(kThreads)
         const bool present = t < seq;
         lse_tile[threadIdx.x] = present ? lse[(b * heads + h) * seq + t] : 0.0f;
         dot_tile[threadIdx.x] = present ? dots[(b * seq + t) * heads + h] : 0.0f;
-        start_tile[threadIdx.x] = present ? row_start(doc_start, b, seq, t) : static_cast<int>(seq);
+        start_tile[threadIdx.x] = static_cast<int>(present ? row_start(doc_start, b, seq, t) : seq);
       }
       __syncthreads();
       // Sub-tiles before the warp's first key, and past the sequence, hold no attending query.
@@ -515,21 +509,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (w0 >= seq) return;  // no barrier follows
-  store_rows<kHd>(dk_acc, score_strip, dk + (b * seq * kv_heads + kvh) * hd, w0, seq, kv_stride, hd,
-                  scale);
-  store_rows<kHd>(dv_acc, score_strip, dv + (b * seq * kv_heads + kvh) * hd, w0, seq, kv_stride, hd,
-                  1.0f);
-}
-
-// Opts a kernel into more than the default 48 KiB of dynamic shared memory where it needs it (a
-// host call, not a stream operation: allowed while a graph captures). A failure leaves its error
-// for the caller's cudaGetLastError check.
-template <typename Kernel>
-bool allow_shared(Kernel* kernel, size_t bytes) {
-  constexpr size_t kDefaultSharedBytes = 48 * 1024;
-  return bytes <= kDefaultSharedBytes ||
-         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes)) == cudaSuccess;
+  store_rows<kHd>(dk_acc, score_strip, head_rows(dk, b, seq, kv_heads, kvh, hd), w0, seq, kv_stride,
+                  hd, scale);
+  store_rows<kHd>(dv_acc, score_strip, head_rows(dv, b, seq, kv_heads, kvh, hd), w0, seq, kv_stride,
+                  hd, 1.0f);
 }
 
 // Whether the operands can be read 4 floats at a time: 16-byte aligned, rows of a multiple of 4.
@@ -553,7 +536,7 @@ void forward_for(const float* q, const float* k, const float* v, const int32_t* 
                  float* out, float* lse, int64_t batch, int64_t seq, int64_t heads,
                  int64_t kv_heads, int64_t head_dim, float scale, cudaStream_t stream) {
   const size_t bytes = Shared<kHd>::bytes(1, 1, kSlotBytes);
-  if (!allow_shared(flash_forward_tc_kernel<kHd>, bytes)) return;
+  if (!allow_dynamic_shared(flash_forward_tc_kernel<kHd>, bytes)) return;
   flash_forward_tc_kernel<kHd><<<tile_grid(seq, heads, batch), kThreads, bytes, stream>>>(
       q, k, v, doc_start, out, lse, seq, heads, kv_heads, head_dim, scale,
       quad_loads(head_dim, {q, k, v}));
@@ -566,11 +549,11 @@ void backward_for(const float* dout, const float* q, const float* k, const float
                   int64_t head_dim, float scale, cudaStream_t stream) {
   const bool vec4 = quad_loads(head_dim, {dout, q, k, v});
   const size_t dq_bytes = Shared<kHd>::bytes(2, 1, kSlotBytes);
-  if (!allow_shared(flash_dq_tc_kernel<kHd>, dq_bytes)) return;
+  if (!allow_dynamic_shared(flash_dq_tc_kernel<kHd>, dq_bytes)) return;
   flash_dq_tc_kernel<kHd><<<tile_grid(seq, heads, batch), kThreads, dq_bytes, stream>>>(
       dout, q, k, v, lse, dots, doc_start, dq, seq, heads, kv_heads, head_dim, scale, vec4);
   const size_t dkdv_bytes = Shared<kHd>::bytes(2, 2, kStatBytes);
-  if (!allow_shared(flash_dkdv_tc_kernel<kHd>, dkdv_bytes)) return;
+  if (!allow_dynamic_shared(flash_dkdv_tc_kernel<kHd>, dkdv_bytes)) return;
   flash_dkdv_tc_kernel<kHd><<<tile_grid(seq, kv_heads, batch), kThreads, dkdv_bytes, stream>>>(
       dout, q, k, v, lse, dots, doc_start, dk, dv, seq, heads, kv_heads, head_dim, scale, vec4);
 }

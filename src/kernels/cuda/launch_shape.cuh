@@ -1,6 +1,9 @@
 // Launch shapes shared by the CUDA backend's kernels (*.cu only).
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
 
 namespace moecore::kernels::cuda {
@@ -17,6 +20,18 @@ inline unsigned int elementwise_blocks(int64_t n) {
 inline constexpr int64_t kMaxRowBlocks = 65536;
 inline unsigned int row_blocks(int64_t rows) {
   return static_cast<unsigned int>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks);
+}
+
+// Opts `kernel` into `dynamic_bytes` of dynamic shared memory where its block needs more than the
+// 48 KiB every block may have (its static_bytes included): a host call, not a stream operation,
+// so allowed while a graph captures, and made only then. False when refused; the error stays for
+// the caller's cudaGetLastError check.
+template <typename Kernel>
+bool allow_dynamic_shared(Kernel* kernel, size_t dynamic_bytes, size_t static_bytes = 0) {
+  constexpr size_t kDefaultSharedBytes = 48 * 1024;
+  return dynamic_bytes + static_bytes <= kDefaultSharedBytes ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(dynamic_bytes)) == cudaSuccess;
 }
 
 // Kernels whose per-thread arrays and shared tiles are sized by the head dimension at compile
