@@ -43,4 +43,18 @@ void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
                    float alpha, const float* a, int64_t lda, const uint16_t* b16, float beta,
                    float* c, int64_t ldc);
 
+// A bf16 GEMM whose A operand is bf16 already (an activation rounded once for several GEMMs): a16
+// holds bf16 bits, contiguous in its stored layout ([M, K], or [K, M] when trans_a); B is fp32,
+// rounded here. The sums are those of gemm_bf16 on the fp32 values a16 rounds from.
+void gemm_bf16_a16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const uint16_t* a16, const float* b, int64_t ldb, float beta,
+                   float* c, int64_t ldc);
+
+// A bf16 GEMM whose operands are both bf16 already (each converted once for several GEMMs, e.g.
+// flash attention's q, k and v for every key block): a16 and b16 hold bf16 bits, each contiguous
+// in its stored layout. The sums are those of gemm_bf16 on the fp32 values they round from.
+void gemm_bf16_ab16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const uint16_t* a16, const uint16_t* b16, float beta, float* c,
+                    int64_t ldc);
+
 }  // namespace moecore::kernels

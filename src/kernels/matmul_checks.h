@@ -1,5 +1,6 @@
 // The argument checks of matmul, shared by every backend: 2-D contiguous views whose inner
-// dimensions agree; b (the weight operand) may be a bf16 copy in a bf16 GEMM.
+// dimensions agree; in a bf16 GEMM b (the weight operand) may be a bf16 copy, and a may be an
+// activation rounded to bf16 once for several GEMMs.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,10 @@ inline MatmulDims matmul_dims(ConstTensorView a, bool trans_a, ConstTensorView b
                               Device device = Device::kCpu) {
   constexpr const char* kOp = "matmul";
   expect_weight_dtype(kOp, "b", b, precision);
+  MOE_CHECK(a.dtype() == DType::kF32 ||
+                (a.dtype() == DType::kBf16 && precision == MatmulPrecision::kBf16),
+            "[{}] a is {}: an activation operand is f32, or bf16 in a bf16 GEMM", kOp,
+            dtype_name(a.dtype()));
   MOE_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
             "[{}] a, b, c must be matrices, got ranks {}, {}, {}", kOp, a.rank(), b.rank(),
             c.rank());

@@ -36,14 +36,16 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
   cache.doc_start = doc_start;
   cache.context.resize(static_cast<size_t>(n * qs));
 
+  // q, k and v read one x: in bf16 GEMMs rounded once for the three.
+  const LinearInput x_in = shared_linear_input(precision_, w.q_proj, x, n, d);
   if (c.qk_norm == QkNorm::kNone) {
-    linear_forward(precision_, x, w.q_proj, cache.q.data(), n, d, qs);
-    linear_forward(precision_, x, w.k_proj, cache.k.data(), n, d, kvs);
+    linear_forward(precision_, x_in, w.q_proj, cache.q.data(), n, d, qs);
+    linear_forward(precision_, x_in, w.k_proj, cache.k.data(), n, d, kvs);
   } else {
     cache.q_raw.resize(cache.q.size());
     cache.k_raw.resize(cache.k.size());
-    linear_forward(precision_, x, w.q_proj, cache.q_raw.data(), n, d, qs);
-    linear_forward(precision_, x, w.k_proj, cache.k_raw.data(), n, d, kvs);
+    linear_forward(precision_, x_in, w.q_proj, cache.q_raw.data(), n, d, qs);
+    linear_forward(precision_, x_in, w.k_proj, cache.k_raw.data(), n, d, kvs);
     const NormGeometry gq = norm_geometry(c, n, nh), gk = norm_geometry(c, n, nkv);
     cache.q_rstd.resize(static_cast<size_t>(gq.rows));
     cache.k_rstd.resize(static_cast<size_t>(gk.rows));
@@ -55,7 +57,7 @@ void AttentionBlock::forward(const AttentionWeights& w, const float* x, int64_t 
                              view(cache.k.data(), {gk.rows, gk.dim}),
                              view(cache.k_rstd.data(), {gk.rows}), eps);
   }
-  linear_forward(precision_, x, w.v_proj, cache.v.data(), n, d, kvs);
+  linear_forward(precision_, x_in, w.v_proj, cache.v.data(), n, d, kvs);
   kernels::rope_forward(view(cache.q.data(), {batch, seq, nh, hd}), rope_.cos_view(),
                         rope_.sin_view(), 0);
   kernels::rope_forward(view(cache.k.data(), {batch, seq, nkv, hd}), rope_.cos_view(),
@@ -76,12 +78,15 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& d
   const AttentionShape& s = cache.shape;
   const int64_t n = s.batch * s.seq, d = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
   Workspace::Scope scratch(workspace);
-  const std::span<float> d_context = scratch.zeroed<float>(n * qs);
+  // The gradients below are outputs that their operations write in full (the "=" rule of
+  // kernels/ops.h's activation gradients): no zeroing pass.
+  const std::span<float> d_context = scratch.uninitialized<float>(n * qs);
   linear_backward(precision_, dy, cache.context.data(), w.o_proj, d_context.data(), dw.o_proj, n,
                   qs, d, false);
 
-  const std::span<float> dq = scratch.zeroed<float>(n * qs), dk = scratch.zeroed<float>(n * kvs);
-  const std::span<float> dv = scratch.zeroed<float>(n * kvs);
+  const std::span<float> dq = scratch.uninitialized<float>(n * qs);
+  const std::span<float> dk = scratch.uninitialized<float>(n * kvs);
+  const std::span<float> dv = scratch.uninitialized<float>(n * kvs);
   kernels::flash_attention_backward(
       view(d_context.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
       view(cache.q.data(), {s.batch, s.seq, s.n_heads, s.head_dim}),
@@ -101,8 +106,8 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& d
   const float* dq_raw = dq.data();
   const float* dk_raw = dk.data();
   if (c.qk_norm != QkNorm::kNone) {
-    const std::span<float> dq_pre = scratch.zeroed<float>(n * qs);
-    const std::span<float> dk_pre = scratch.zeroed<float>(n * kvs);
+    const std::span<float> dq_pre = scratch.uninitialized<float>(n * qs);
+    const std::span<float> dk_pre = scratch.uninitialized<float>(n * kvs);
     const NormGeometry gq = norm_geometry(c, n, s.n_heads), gk = norm_geometry(c, n, s.n_kv_heads);
     kernels::rmsnorm_backward(
         view(dq.data(), {gq.rows, gq.dim}), view(cache.q_raw.data(), {gq.rows, gq.dim}),
@@ -115,9 +120,11 @@ void AttentionBlock::backward(const AttentionWeights& w, const AttentionGrads& d
     dq_raw = dq_pre.data();
     dk_raw = dk_pre.data();
   }
-  linear_backward(precision_, dq_raw, x, w.q_proj, dx, dw.q_proj, n, d, qs, false);
-  linear_backward(precision_, dk_raw, x, w.k_proj, dx, dw.k_proj, n, d, kvs, true);
-  linear_backward(precision_, dv.data(), x, w.v_proj, dx, dw.v_proj, n, d, kvs, true);
+  // The three weight gradients read one x: rounded once for them, as in the forward.
+  const LinearInput x_in = shared_linear_input(precision_, w.q_proj, x, n, d);
+  linear_backward(precision_, dq_raw, x_in, w.q_proj, dx, dw.q_proj, n, d, qs, false);
+  linear_backward(precision_, dk_raw, x_in, w.k_proj, dx, dw.k_proj, n, d, kvs, true);
+  linear_backward(precision_, dv.data(), x_in, w.v_proj, dx, dw.v_proj, n, d, kvs, true);
 }
 
 }  // namespace moecore

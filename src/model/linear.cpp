@@ -81,27 +81,56 @@ void mx_weight_grad(const float* dy, const float* x, float* dw, int64_t rows, in
   kernels::mx_matmul(dy_t, x_t, 1.0f, 1.0f, view(dw, {out, in}));
 }
 
-void linear_forward(kernels::MatmulPrecision precision, const float* x, const LinearWeight& w,
+ConstTensorView round_once(const float* x, int64_t rows, int64_t cols, Bf16Slot slot) {
+  thread_local DeviceArray<uint16_t> copies[2];
+  DeviceArray<uint16_t>& copy = copies[static_cast<int>(slot)];
+  copy.place_on(device_of(x));
+  copy.resize_for_overwrite(static_cast<size_t>(rows * cols));
+  const TensorView rounded(copy.data(), {rows, cols}, DType::kBf16);
+  if (rows * cols > 0) kernels::to_bf16(view(x, {rows, cols}), rounded);
+  return rounded;
+}
+
+LinearInput shared_linear_input(kernels::MatmulPrecision precision, const LinearWeight& w,
+                                const float* x, int64_t rows, int64_t cols) {
+  if (precision != kernels::MatmulPrecision::kBf16 || w.mx != nullptr) return {x};
+  return {x, round_once(x, rows, cols, Bf16Slot::kLayerInput)};
+}
+
+namespace {
+
+// x as the matmul operand [rows, cols]: its rounding when it has one.
+ConstTensorView operand(const LinearInput& x, int64_t rows, int64_t cols) {
+  return x.bf16.raw() != nullptr ? x.bf16 : view(x.values, {rows, cols});
+}
+
+}  // namespace
+
+void linear_forward(kernels::MatmulPrecision precision, const LinearInput& x, const LinearWeight& w,
                     float* y, int64_t rows, int64_t in, int64_t out) {
   if (w.mx == nullptr) {
-    kernels::matmul(view(x, {rows, in}), false, w.values, true, 1.0f, 0.0f, view(y, {rows, out}),
+    kernels::matmul(operand(x, rows, in), false, w.values, true, 1.0f, 0.0f, view(y, {rows, out}),
                     precision);
     return;
   }
   if (rows == 0) return;
-  const MxOperandView xq = quantize_rows(x, rows, in, w.mx->scale_mode, 0);
+  const MxOperandView xq = quantize_rows(x.values, rows, in, w.mx->scale_mode, 0);
   kernels::mx_matmul(xq, matrix(w.mx->along_in), 1.0f, 0.0f, view(y, {rows, out}));
 }
 
-void linear_backward(kernels::MatmulPrecision precision, const float* dy, const float* x,
+void linear_backward(kernels::MatmulPrecision precision, const float* dy, const LinearInput& x,
                      const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
                      int64_t out, bool accumulate_dx) {
   if (w.mx == nullptr) {
+    // dy is read by both GEMMs: in bf16 rounded once for them.
+    const bool round_dy = precision == kernels::MatmulPrecision::kBf16 && dx != nullptr && rows > 0;
+    const ConstTensorView dy_operand =
+        round_dy ? round_once(dy, rows, out, Bf16Slot::kOutputGrad) : view(dy, {rows, out});
     if (dx != nullptr)
-      kernels::matmul(view(dy, {rows, out}), false, w.values, false, 1.0f,
-                      accumulate_dx ? 1.0f : 0.0f, view(dx, {rows, in}), precision);
-    kernels::matmul(view(dy, {rows, out}), true, view(x, {rows, in}), false, 1.0f, 1.0f,
-                    view(dw, {out, in}), precision);
+      kernels::matmul(dy_operand, false, w.values, false, 1.0f, accumulate_dx ? 1.0f : 0.0f,
+                      view(dx, {rows, in}), precision);
+    kernels::matmul(dy_operand, true, operand(x, rows, in), false, 1.0f, 1.0f, view(dw, {out, in}),
+                    precision);
     return;
   }
   if (rows == 0) return;
@@ -111,7 +140,7 @@ void linear_backward(kernels::MatmulPrecision precision, const float* dy, const 
     kernels::mx_matmul(dyq, matrix(w.mx->along_out), 1.0f, accumulate_dx ? 1.0f : 0.0f,
                        view(dx, {rows, in}));
   }
-  mx_weight_grad(dy, x, dw, rows, in, out, mode);
+  mx_weight_grad(dy, x.values, dw, rows, in, out, mode);
 }
 
 }  // namespace moecore

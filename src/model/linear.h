@@ -42,11 +42,37 @@ MxOperandView mx_quantize_rows(const float* x, int64_t rows, int64_t cols, mx::S
 void mx_weight_grad(const float* dy, const float* x, float* dw, int64_t rows, int64_t in,
                     int64_t out, mx::ScaleMode mode);
 
-void linear_forward(kernels::MatmulPrecision precision, const float* x, const LinearWeight& w,
+// The calling thread's bf16 scratch copies that round_once writes: the layer input that q, k and
+// v read (the attention block's while it uses it), and an output gradient that dx and dw read
+// (linear_backward's own).
+enum class Bf16Slot { kLayerInput, kOutputGrad };
+
+// x [rows, cols] rounded to bf16 once for the several bf16 GEMMs that read it, into the calling
+// thread's scratch `slot` on x's device (capacity kept across calls); valid until the slot's next
+// use. A GEMM would otherwise round it again for each of them: a pass over fp32 x each.
+ConstTensorView round_once(const float* x, int64_t rows, int64_t cols, Bf16Slot slot);
+
+// An activation as linear layers' GEMMs read it: its fp32 values, and its bf16 rounding where the
+// caller made it once (round_once) for several bf16 GEMMs without MX caches; those read the
+// rounding, which gives the products of the values (kernels::matmul's rule).
+struct LinearInput {
+  LinearInput(const float* x) : values(x) {}  // NOLINT: implicit, the plain case
+  LinearInput(const float* x, ConstTensorView rounded) : values(x), bf16(rounded) {}
+  const float* values;
+  ConstTensorView bf16;  // empty: the GEMMs round `values` themselves (or multiply in fp32)
+};
+
+// x [rows, cols] for the several linear layers of `w`'s kind that read it (q, k and v): with its
+// bf16 rounding (slot kLayerInput) when their GEMMs multiply in bf16 without MX caches, else as is.
+LinearInput shared_linear_input(kernels::MatmulPrecision precision, const LinearWeight& w,
+                                const float* x, int64_t rows, int64_t cols);
+
+void linear_forward(kernels::MatmulPrecision precision, const LinearInput& x, const LinearWeight& w,
                     float* y, int64_t rows, int64_t in, int64_t out);
 
-// dx[N, in] = dy * W (=, or += when accumulate_dx); dW[out, in] += dy^T * x.
-void linear_backward(kernels::MatmulPrecision precision, const float* dy, const float* x,
+// dx[N, in] = dy * W (=, or += when accumulate_dx); dW[out, in] += dy^T * x. In bf16 (without MX)
+// dy is rounded once for both GEMMs.
+void linear_backward(kernels::MatmulPrecision precision, const float* dy, const LinearInput& x,
                      const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
                      int64_t out, bool accumulate_dx);
 

@@ -144,14 +144,16 @@ TEST(Bf16Gemm, NativeAndEmulatedAgree) {
     ASSERT_LE(std::abs(static_cast<double>(native[i]) - static_cast<double>(emulated[i])), bound);
 }
 
-// A B operand given as bf16 bits (gemm_bf16_b16: a weight copy) gives exactly what the fp32 B
-// gives, on both paths (the emulated one on every CPU, the native one where it runs), every
-// transpose, beta 0 and 1: both round B the same way and run the same GEMM.
-TEST(Bf16Gemm, Bf16OperandBGivesTheProductsOfItsFp32Values) {
+// Operands given as bf16 bits (gemm_bf16_b16: B, a weight copy; gemm_bf16_a16: A, an activation
+// rounded once for several GEMMs; gemm_bf16_ab16: both) give exactly what the fp32 operands give,
+// on both paths (the emulated one on every CPU, the native one where it runs), every transpose,
+// beta 0 and 1: all round the operands the same way and run the same GEMM.
+TEST(Bf16Gemm, Bf16OperandsGiveTheProductsOfTheirFp32Values) {
   const int64_t m = 13, n = 37, k = 70;
   const std::vector<float> a = random_vec(static_cast<size_t>(m * k), 21);
   const std::vector<float> b = random_vec(static_cast<size_t>(k * n), 22);
-  std::vector<uint16_t> b16(b.size());
+  std::vector<uint16_t> a16(a.size()), b16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
   for (size_t i = 0; i < b.size(); ++i) b16[i] = float_to_bf16(b[i]);
   std::vector<Bf16GemmPath> paths = {Bf16GemmPath::kEmulated};
   if (bf16_gemm_path() == Bf16GemmPath::kNative) paths.push_back(Bf16GemmPath::kNative);
@@ -160,15 +162,24 @@ TEST(Bf16Gemm, Bf16OperandBGivesTheProductsOfItsFp32Values) {
       for (const bool trans_b : {false, true})
         for (const float beta : {0.0f, 1.0f}) {
           std::vector<float> from_fp32 = random_vec(static_cast<size_t>(m * n), 23);
-          std::vector<float> from_bits = from_fp32;
+          std::vector<float> from_b_bits = from_fp32, from_a_bits = from_fp32,
+                             from_both_bits = from_fp32;
           const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
           gemm_bf16(path, trans_a, trans_b, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, beta,
                     from_fp32.data(), n);
           gemm_bf16_b16(path, trans_a, trans_b, m, n, k, 0.5f, a.data(), lda, b16.data(), beta,
-                        from_bits.data(), n);
-          ASSERT_EQ(from_bits, from_fp32)
-              << "path " << (path == Bf16GemmPath::kNative ? "native" : "emulated") << " ta "
-              << trans_a << " tb " << trans_b << " beta " << beta;
+                        from_b_bits.data(), n);
+          gemm_bf16_a16(path, trans_a, trans_b, m, n, k, 0.5f, a16.data(), b.data(), ldb, beta,
+                        from_a_bits.data(), n);
+          gemm_bf16_ab16(path, trans_a, trans_b, m, n, k, 0.5f, a16.data(), b16.data(), beta,
+                         from_both_bits.data(), n);
+          const std::string where = std::string("path ") +
+                                    (path == Bf16GemmPath::kNative ? "native" : "emulated") +
+                                    " ta " + std::to_string(trans_a) + " tb " +
+                                    std::to_string(trans_b) + " beta " + std::to_string(beta);
+          ASSERT_EQ(from_b_bits, from_fp32) << where;
+          ASSERT_EQ(from_a_bits, from_fp32) << where;
+          ASSERT_EQ(from_both_bits, from_fp32) << where;
         }
 }
 

@@ -497,8 +497,10 @@ TEST_P(KernelOps, FlashAttentionMatchesCausalAttention) {
         expect_near(lse, lse_causal, q_reduction, "flash lse vs causal normaliser", false);
       }
 
-      // Both backwards from the backend's forward.
-      std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+      // Both backwards from the backend's forward, into gradients that start as NaN: they are
+      // overwritten (=), so the model hands them unzeroed scratch.
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> dq(q.size(), nan), dk(k.size(), nan), dv(v.size(), nan);
       std::vector<float> dq_ref(q.size()), dk_ref(k.size()), dv_ref(v.size());
       auto backward = [&](const KernelBackend& b, std::vector<float>& gq, std::vector<float>& gk,
                           std::vector<float>& gv) {
@@ -1172,7 +1174,8 @@ TEST_P(KernelOps, ToBf16MatchesReference) {
 
 // A bf16 weight copy (to_bf16, made once per optimizer step) gives exactly the products of the
 // fp32 weight in a bf16 GEMM, which rounds its operands the same way: in matmul (every transpose)
-// and in both grouped GEMM passes. A bf16 weight in an fp32 GEMM is an error.
+// and in both grouped GEMM passes; so does matmul's activation operand rounded once (to_bf16),
+// with b in fp32 or as its copy. A bf16 operand in an fp32 GEMM is an error.
 TEST_P(KernelOps, Bf16WeightCopyGivesTheProductsOfTheFp32Weight) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().grouped_gemm_backward, backend().grouped_gemm_forward,
                                   backend().matmul, backend().to_bf16);
@@ -1189,8 +1192,9 @@ TEST_P(KernelOps, Bf16WeightCopyGivesTheProductsOfTheFp32Weight) {
     for (const bool trans_b : {false, true}) {
       const std::vector<float> a = random_vec(static_cast<size_t>(m * k), ++seed);
       const std::vector<float> b = random_vec(static_cast<size_t>(k * n), ++seed);
-      const std::vector<uint16_t> b16 = copy_of(b);
+      const std::vector<uint16_t> a16 = copy_of(a), b16 = copy_of(b);
       const auto a_view = trans_a ? view(a.data(), {k, m}) : view(a.data(), {m, k});
+      const ConstTensorView a16_view(a16.data(), {a_view.size(0), a_view.size(1)}, DType::kBf16);
       const std::initializer_list<int64_t> b_shape = {trans_b ? n : k, trans_b ? k : n};
       const ConstTensorView b_view(b.data(), b_shape, DType::kF32);
       const ConstTensorView b16_view(b16.data(), b_shape, DType::kBf16);
@@ -1200,8 +1204,19 @@ TEST_P(KernelOps, Bf16WeightCopyGivesTheProductsOfTheFp32Weight) {
       backend().matmul(a_view, trans_a, b16_view, trans_b, 0.5f, 1.0f,
                        view(from_copy.data(), {m, n}), bf16);
       EXPECT_EQ(from_copy, from_fp32) << "matmul ta=" << trans_a << " tb=" << trans_b;
+      for (const bool b_copy : {false, true}) {
+        std::vector<float> from_rounded_a(static_cast<size_t>(m * n), 1.0f);
+        backend().matmul(a16_view, trans_a, b_copy ? b16_view : b_view, trans_b, 0.5f, 1.0f,
+                         view(from_rounded_a.data(), {m, n}), bf16);
+        EXPECT_EQ(from_rounded_a, from_fp32)
+            << "matmul, a in bf16, b " << (b_copy ? "bf16" : "fp32") << " ta=" << trans_a
+            << " tb=" << trans_b;
+      }
       std::vector<float> c(static_cast<size_t>(m * n));
       EXPECT_THROW(backend().matmul(a_view, trans_a, b16_view, trans_b, 1.0f, 0.0f,
+                                    view(c.data(), {m, n}), kernels::MatmulPrecision::kFp32),
+                   Error);
+      EXPECT_THROW(backend().matmul(a16_view, trans_a, b_view, trans_b, 1.0f, 0.0f,
                                     view(c.data(), {m, n}), kernels::MatmulPrecision::kFp32),
                    Error);
     }

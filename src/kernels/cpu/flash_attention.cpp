@@ -10,6 +10,15 @@
 // the thread count: each query block recomputes P = exp(S - lse) and dS once, for its dq rows and
 // its share of dk and dv (five GEMMs per block, one more than the probabilities-saving backward).
 //
+// In bf16 the GEMMs read q, k, v (and dout) from bf16 copies made once per call, each head's rows
+// contiguous: a query block's GEMMs would otherwise convert every key and value row it meets
+// again, (T / 64 + 1) / 2 times each over a sequence of T (2.5 times at 256 positions, 16.5 at
+// 2048), and the conversions cost more than the block GEMMs themselves (measured on an AMX
+// Xeon: perf put a quarter of the bf16 step's conversions here). dS, which two GEMMs read, is
+// converted once too. The values rounded are the same, so are the products and the bits. Only on
+// the native bf16 path: the emulated one multiplies fp32 values, so a bf16 copy would be widened
+// again for every GEMM, and its GEMMs round their operands as before.
+//
 // Every GEMM here runs with alpha = 1 and the softmax scale 1/sqrt(hd) is applied in fp32 around
 // it (to the scores, to dq, to the finished dk): oneDNN's bf16 matmul with an output scale runs
 // 3-5x slower on these shapes (measured: 64x128x64 in 49 us against 16 us without one).
@@ -18,6 +27,7 @@
 #include <vector>
 
 #include "core/simd.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/flash_attention_checks.h"
 #include "kernels/gemm.h"
@@ -95,6 +105,79 @@ float* thread_scratch(std::vector<float>& scratch, int64_t floats) {
   return scratch.data();
 }
 
+// x [batch, seq, heads, hd] rounded to bf16 into `copy` as [batch, heads, seq, hd] (each head's
+// rows contiguous, as the bf16 GEMMs take an operand); `copy` keeps its capacity across calls.
+const uint16_t* heads_to_bf16(std::vector<uint16_t>& copy, const float* x, int64_t batch,
+                              int64_t seq, int64_t heads, int64_t hd) {
+  copy.resize(static_cast<size_t>(batch * seq * heads * hd));
+  uint16_t* const dst = copy.data();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      convert_to_bf16(x + (b * seq * heads + h) * hd, seq, hd, heads * hd,
+                      dst + (b * heads + h) * seq * hd);
+  return copy.data();
+}
+
+// Whether the block GEMMs read bf16 copies: bf16 GEMMs on the native path.
+bool copies_for_bf16(MatmulPrecision precision) {
+  return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
+}
+
+// One head's rows of q, k, v or dout as the block GEMMs read them: the fp32 rows (row stride ld)
+// and their bf16 copy (row stride hd) where copies_for_bf16, else nullptr.
+struct HeadRows {
+  const float* values;
+  int64_t ld;
+  const uint16_t* bf16;
+  int64_t hd;
+  HeadRows from(int64_t row) const {
+    return {values + row * ld, ld, bf16 != nullptr ? bf16 + row * hd : nullptr, hd};
+  }
+};
+
+// The head's rows of one (batch, head): fp32 from x [batch, seq, heads, hd], bf16 from
+// heads_to_bf16's copy of it (or none).
+HeadRows head_rows(const float* x, const uint16_t* copy, int64_t b, int64_t h, int64_t seq,
+                   int64_t heads, int64_t hd) {
+  return {x + (b * seq * heads + h) * hd, heads * hd,
+          copy != nullptr ? copy + (b * heads + h) * seq * hd : nullptr, hd};
+}
+
+// c[m, n] = x[0:m] y[0:n]^T (the scores, or dP), row stride n.
+void head_products(MatmulPrecision precision, const HeadRows& x, const HeadRows& y, int64_t m,
+                   int64_t n, float* c) {
+  if (x.bf16 != nullptr) {
+    gemm_bf16_ab16(bf16_gemm_path(), false, true, m, n, x.hd, 1.0f, x.bf16, y.bf16, 0.0f, c, n);
+  } else {
+    gemm(precision, false, true, m, n, x.hd, 1.0f, x.values, x.ld, y.values, y.ld, 0.0f, c, n);
+  }
+}
+
+// A block [m, n] (row stride n) of P or dS: fp32, and its bf16 copy where two GEMMs read it (and
+// copies_for_bf16).
+struct BlockMatrix {
+  const float* values;
+  const uint16_t* bf16;
+};
+
+// c = op(s) y + beta c with s a block [m, n]: c[m, hd] = s y[0:n] (trans false), or c[n, hd] =
+// s^T y[0:m] (trans true); c has row stride ldc.
+void block_times_head(MatmulPrecision precision, bool trans, const BlockMatrix& s, int64_t m,
+                      int64_t n, const HeadRows& y, float beta, float* c, int64_t ldc) {
+  const int64_t rows = trans ? n : m, inner = trans ? m : n;
+  if (y.bf16 == nullptr) {
+    gemm(precision, trans, false, rows, y.hd, inner, 1.0f, s.values, n, y.values, y.ld, beta, c,
+         ldc);
+  } else if (s.bf16 != nullptr) {
+    gemm_bf16_ab16(bf16_gemm_path(), trans, false, rows, y.hd, inner, 1.0f, s.bf16, y.bf16, beta, c,
+                   ldc);
+  } else {
+    gemm_bf16_b16(bf16_gemm_path(), trans, false, rows, y.hd, inner, 1.0f, s.values, n, y.bf16,
+                  beta, c, ldc);
+  }
+}
+
 }  // namespace
 
 void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, ConstTensorView v_view,
@@ -114,9 +197,14 @@ void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, Con
       doc_start_view.raw() != nullptr ? doc_start_view.data<int32_t>(kOp) : nullptr;
   check_doc_start_values(kOp, doc_start, s);
   const int64_t group = H / KV;
-  const int64_t ldq = H * hd, ldkv = KV * hd;
+  const int64_t ldq = H * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
+  const bool bf16 = copies_for_bf16(precision);
+  thread_local std::vector<uint16_t> q_copy, k_copy, v_copy;
+  const uint16_t* const q16 = bf16 ? heads_to_bf16(q_copy, q, B, T, H, hd) : nullptr;
+  const uint16_t* const k16 = bf16 ? heads_to_bf16(k_copy, k, B, T, KV, hd) : nullptr;
+  const uint16_t* const v16 = bf16 ? heads_to_bf16(v_copy, v, B, T, KV, hd) : nullptr;
 
   // Scores of one query block against keys [c_lo, r1): kRowBlock x T floats per thread.
   thread_local std::vector<float> score_scratch;
@@ -133,19 +221,18 @@ void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, Con
           const int64_t r0 = blk * kRowBlock, r1 = std::min(r0 + kRowBlock, T);
           const int32_t* docs = doc_start != nullptr ? doc_start + b * T : nullptr;
           const int64_t c_lo = first_key(docs, r0, r1), n = r1 - c_lo;
-          const float* qh = q + (b * T * H + h) * hd;
-          const float* kh = k + (b * T * KV + kvh) * hd;
-          const float* vh = v + (b * T * KV + kvh) * hd;
+          const HeadRows qh = head_rows(q, q16, b, h, T, H, hd);
+          const HeadRows kh = head_rows(k, k16, b, kvh, T, KV, hd);
+          const HeadRows vh = head_rows(v, v16, b, kvh, T, KV, hd);
           float* oh = out + (b * T * H + h) * hd;
           // q[r0:r1] k[c_lo:r1]^T (row stride n); the softmax scales it.
-          gemm(precision, false, true, r1 - r0, n, hd, 1.0f, qh + r0 * ldq, ldq, kh + c_lo * ldkv,
-               ldkv, 0.0f, p, n);
+          head_products(precision, qh.from(r0), kh.from(c_lo), r1 - r0, n, p);
           for (int64_t i = r0; i < r1; ++i)
             lse[(b * H + h) * T + i] =
                 softmax_row(p + (i - r0) * n, n, doc_start_at(docs, i) - c_lo, i + 1 - c_lo, scale);
           // out[r0:r1] = P[r0:r1, c_lo:r1] v[c_lo:r1].
-          gemm(precision, false, false, r1 - r0, hd, n, 1.0f, p, n, vh + c_lo * ldkv, ldkv, 0.0f,
-               oh + r0 * ldq, ldq);
+          block_times_head(precision, false, {p, nullptr}, r1 - r0, n, vh.from(c_lo), 0.0f,
+                           oh + r0 * ldq, ldq);
         }
       }
     }
@@ -182,6 +269,12 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   const int64_t ldq = H * hd, ldkv = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
+  const bool bf16 = copies_for_bf16(precision);
+  thread_local std::vector<uint16_t> q_copy, k_copy, v_copy, dout_copy;
+  const uint16_t* const q16 = bf16 ? heads_to_bf16(q_copy, q, B, T, H, hd) : nullptr;
+  const uint16_t* const k16 = bf16 ? heads_to_bf16(k_copy, k, B, T, KV, hd) : nullptr;
+  const uint16_t* const v16 = bf16 ? heads_to_bf16(v_copy, v, B, T, KV, hd) : nullptr;
+  const uint16_t* const dout16 = bf16 ? heads_to_bf16(dout_copy, dout, B, T, H, hd) : nullptr;
 
   // Parallel over (b, kv head), as causal_attention.cpp's backward: the query heads of one group
   // run in order inside one iteration, each over its query blocks in order, so every dk and dv
@@ -189,18 +282,22 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   // do not depend on the thread count. Each query block computes its P and dS once and uses them
   // for dq and for its share of dk and dv. P and dS of one block: kRowBlock x T floats each.
   thread_local std::vector<float> p_scratch, ds_scratch;
+  thread_local std::vector<uint16_t> ds_copy;
 #pragma omp parallel
   {
     float* const p = thread_scratch(p_scratch, kRowBlock * T);
     float* const ds = thread_scratch(ds_scratch, kRowBlock * T);
+    if (bf16 && ds_copy.size() < static_cast<size_t>(kRowBlock * T))
+      ds_copy.resize(static_cast<size_t>(kRowBlock * T));
+    uint16_t* const ds16 = bf16 ? ds_copy.data() : nullptr;
     // Blocks of a group do unequal work under document masking: dynamic scheduling balances them
     // (the results do not depend on it).
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t kvh = 0; kvh < KV; ++kvh) {
         const int32_t* docs = doc_start != nullptr ? doc_start + b * T : nullptr;
-        const float* kh = k + (b * T * KV + kvh) * hd;
-        const float* vh = v + (b * T * KV + kvh) * hd;
+        const HeadRows kh = head_rows(k, k16, b, kvh, T, KV, hd);
+        const HeadRows vh = head_rows(v, v16, b, kvh, T, KV, hd);
         float* dkh = dk + (b * T * KV + kvh) * hd;
         float* dvh = dv + (b * T * KV + kvh) * hd;
         // Every key is attended by itself, so each dk/dv row receives at least one block's sum;
@@ -211,8 +308,8 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
         }
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
-          const float* qh = q + (b * T * H + h) * hd;
-          const float* doh = dout + (b * T * H + h) * hd;
+          const HeadRows qh = head_rows(q, q16, b, h, T, H, hd);
+          const HeadRows doh = head_rows(dout, dout16, b, h, T, H, hd);
           const float* oh = out + (b * T * H + h) * hd;
           const float* lse_h = lse + (b * H + h) * T;
           float* dqh = dq + (b * T * H + h) * hd;
@@ -220,25 +317,26 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
             // Query block [r0, r1) against keys [c_lo, r1).
             const int64_t r0 = blk * kRowBlock, r1 = std::min(r0 + kRowBlock, T), m = r1 - r0;
             const int64_t c_lo = first_key(docs, r0, r1), n = r1 - c_lo;
-            gemm(precision, false, true, m, n, hd, 1.0f, qh + r0 * ldq, ldq, kh + c_lo * ldkv, ldkv,
-                 0.0f, p, n);
-            gemm(precision, false, true, m, n, hd, 1.0f, doh + r0 * ldq, ldq, vh + c_lo * ldkv,
-                 ldkv, 0.0f, ds, n);
+            head_products(precision, qh.from(r0), kh.from(c_lo), m, n, p);
+            head_products(precision, doh.from(r0), vh.from(c_lo), m, n, ds);
             for (int64_t i = r0; i < r1; ++i) {
               float* p_row = p + (i - r0) * n;
               probabilities_row(p_row, n, doc_start_at(docs, i) - c_lo, i + 1 - c_lo, scale,
                                 lse_h[i]);
-              ds_row(p_row, ds + (i - r0) * n, n, row_dot(doh + i * ldq, oh + i * ldq, hd));
+              ds_row(p_row, ds + (i - r0) * n, n, row_dot(doh.values + i * ldq, oh + i * ldq, hd));
             }
+            // dS is read twice (dq and dk): rounded once.
+            if (bf16) convert_to_bf16(ds, m, n, n, ds16);
+            const BlockMatrix ds_block{ds, ds16}, p_block{p, nullptr};
             // dQ[r0:r1] = scale (dS[r0:r1, c_lo:r1] K[c_lo:r1]).
-            gemm(precision, false, false, m, hd, n, 1.0f, ds, n, kh + c_lo * ldkv, ldkv, 0.0f,
-                 dqh + r0 * ldq, ldq);
+            block_times_head(precision, false, ds_block, m, n, kh.from(c_lo), 0.0f, dqh + r0 * ldq,
+                             ldq);
             scale_rows(dqh + r0 * ldq, m, hd, ldq, scale);
             // dV[c_lo:r1] += P^T dO[r0:r1]; dK[c_lo:r1] += dS^T Q[r0:r1], scaled once complete.
-            gemm(precision, true, false, n, hd, m, 1.0f, p, n, doh + r0 * ldq, ldq, 1.0f,
-                 dvh + c_lo * ldkv, ldkv);
-            gemm(precision, true, false, n, hd, m, 1.0f, ds, n, qh + r0 * ldq, ldq, 1.0f,
-                 dkh + c_lo * ldkv, ldkv);
+            block_times_head(precision, true, p_block, m, n, doh.from(r0), 1.0f, dvh + c_lo * ldkv,
+                             ldkv);
+            block_times_head(precision, true, ds_block, m, n, qh.from(r0), 1.0f, dkh + c_lo * ldkv,
+                             ldkv);
           }
         }
         scale_rows(dkh, T, hd, ldkv, scale);

@@ -1,7 +1,8 @@
 // bf16 GEMMs on the CPU: operands converted to bf16 here (same rounding on both paths), products
 // accumulated in fp32, C written in fp32.
 //
-// A B operand that is bf16 already (a weight copy, gemm_bf16_b16) skips its conversion.
+// An operand that is bf16 already (a weight copy, gemm_bf16_b16; an activation rounded once for
+// several GEMMs, gemm_bf16_a16; both, gemm_bf16_ab16) skips its conversion.
 //
 // Native path: oneDNN's matmul primitive (bf16 src/weights, f32 dst; alpha as an output scale,
 // beta as a sum post-op). M is a runtime dimension so one primitive serves every row count: the
@@ -192,6 +193,45 @@ void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
     cpu::widen_bf16(b16, b_rows * b_cols, state.b32.data());
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
               trans_a ? m : k, state.b32.data(), b_cols, beta, c, ldc);
+  }
+}
+
+void gemm_bf16_a16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const uint16_t* a16, const float* b, int64_t ldb, float beta,
+                   float* c, int64_t ldc) {
+  if (handle_empty(m, n, k, beta, c, ldc)) return;
+  ThreadState& state = thread_state();
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (path == Bf16GemmPath::kNative) {
+    state.b16.resize(static_cast<size_t>(k * n));
+    cpu::convert_to_bf16(b, b_rows, b_cols, ldb, state.b16.data());
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, state.b16.data(), beta, c, ldc);
+  } else {
+    // A widened (exactly) and B rounded into this thread's buffers for the sgemm.
+    state.a32.resize(static_cast<size_t>(m * k));
+    cpu::widen_bf16(a16, m * k, state.a32.data());
+    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
+    gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), trans_a ? m : k, state.b32.data(),
+              b_cols, beta, c, ldc);
+  }
+}
+
+void gemm_bf16_ab16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const uint16_t* a16, const uint16_t* b16, float beta, float* c,
+                    int64_t ldc) {
+  if (handle_empty(m, n, k, beta, c, ldc)) return;
+  ThreadState& state = thread_state();
+  if (path == Bf16GemmPath::kNative) {
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, ldc);
+  } else {
+    // Both widened (exactly) into this thread's buffers for the sgemm.
+    state.a32.resize(static_cast<size_t>(m * k));
+    cpu::widen_bf16(a16, m * k, state.a32.data());
+    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::widen_bf16(b16, k * n, state.b32.data());
+    gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), trans_a ? m : k, state.b32.data(),
+              trans_b ? k : n, beta, c, ldc);
   }
 }
 

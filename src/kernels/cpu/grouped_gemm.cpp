@@ -1,5 +1,12 @@
 // The grouped GEMM on the CPU: one kernels::gemm per expert with rows, threaded as
 // cpu/expert_parallel_for.h decides, reading the experts' weights in fp32 or as their bf16 copy.
+// In the backward over a bf16 copy on the native bf16 path, an expert's rows of dy are rounded to
+// bf16 once for both of its GEMMs (dx and dw), as are its rows of x for dw: the GEMMs would
+// convert dy once each. (The emulated path multiplies fp32 values: bf16 copies would be widened
+// again per GEMM, so there each GEMM rounds its operands.)
+#include <vector>
+
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/grouped_gemm_checks.h"
@@ -32,6 +39,9 @@ class ExpertWeights {
                     c, ldc);
     }
   }
+
+  // The bf16 copy's bits, or nullptr when the GEMMs read fp32 weights.
+  const uint16_t* bf16() const { return bf16_; }
 
  private:
   MatmulPrecision precision_;
@@ -79,6 +89,21 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
     const int64_t begin = offsets[at(e)];
     const int64_t count = offsets[at(e + 1)] - begin;
     const float* dye = dyp + begin * s.out;
+    if (weights.bf16() != nullptr && bf16_gemm_path() == Bf16GemmPath::kNative) {
+      // This thread's copies of the expert's rows, capacity kept across calls.
+      thread_local std::vector<uint16_t> dy16, x16;
+      dy16.resize(static_cast<size_t>(count * s.out));
+      x16.resize(static_cast<size_t>(count * s.in));
+      convert_to_bf16(dye, count, s.out, s.out, dy16.data());
+      convert_to_bf16(xp + begin * s.in, count, s.in, s.in, x16.data());
+      const Bf16GemmPath path = bf16_gemm_path();
+      if (input_grad)
+        gemm_bf16_ab16(path, false, false, count, s.in, s.out, 1.0f, dy16.data(),
+                       weights.bf16() + e * s.out * s.in, 0.0f, dxp + begin * s.in, s.in);
+      gemm_bf16_ab16(path, true, false, s.out, s.in, count, 1.0f, dy16.data(), x16.data(), 1.0f,
+                     dwp + e * s.out * s.in, s.in);
+      return;
+    }
     if (input_grad)
       weights.gemm(e * s.out * s.in, false, false, count, s.in, s.out, dye, s.out, 0.0f,
                    dxp + begin * s.in, s.in);

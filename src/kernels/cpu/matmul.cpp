@@ -1,4 +1,5 @@
-// matmul on the CPU: the views handed to kernels/gemm.h's GEMM (oneDNN).
+// matmul on the CPU: the views handed to kernels/gemm.h's GEMM (oneDNN), each bf16 operand (a
+// weight copy, an activation rounded once) as it is.
 #include "kernels/cpu/ops.h"
 #include "kernels/matmul_checks.h"
 
@@ -6,14 +7,23 @@ namespace moecore::kernels::cpu {
 
 void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, float alpha,
             float beta, TensorView c, MatmulPrecision precision) {
+  constexpr const char* kOp = "matmul";
   const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c, precision);
-  if (b.dtype() == DType::kBf16) {
-    gemm_bf16_b16(bf16_gemm_path(), trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>("matmul"),
-                  a.size(1), bf16_bits("matmul", b), beta, c.data<float>("matmul"), s.n);
-    return;
+  const bool a_bf16 = a.dtype() == DType::kBf16, b_bf16 = b.dtype() == DType::kBf16;
+  float* cp = c.data<float>(kOp);
+  if (a_bf16 && b_bf16) {
+    gemm_bf16_ab16(bf16_gemm_path(), trans_a, trans_b, s.m, s.n, s.k, alpha, bf16_bits(kOp, a),
+                   bf16_bits(kOp, b), beta, cp, s.n);
+  } else if (a_bf16) {
+    gemm_bf16_a16(bf16_gemm_path(), trans_a, trans_b, s.m, s.n, s.k, alpha, bf16_bits(kOp, a),
+                  b.data<float>(kOp), b.size(1), beta, cp, s.n);
+  } else if (b_bf16) {
+    gemm_bf16_b16(bf16_gemm_path(), trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>(kOp),
+                  a.size(1), bf16_bits(kOp, b), beta, cp, s.n);
+  } else {
+    gemm(precision, trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>(kOp), a.size(1),
+         b.data<float>(kOp), b.size(1), beta, cp, s.n);
   }
-  gemm(precision, trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>("matmul"), a.size(1),
-       b.data<float>("matmul"), b.size(1), beta, c.data<float>("matmul"), s.n);
 }
 
 }  // namespace moecore::kernels::cpu

@@ -1,5 +1,5 @@
 // matmul, the plain-loop oracle: sums in double over operands rounded as the precision says (a
-// bf16 weight operand read as the fp32 values of its bits).
+// bf16 operand read as the fp32 values of its bits).
 #include "core/bf16.h"
 #include "kernels/matmul_checks.h"
 #include "kernels/ops.h"
@@ -12,7 +12,8 @@ void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, fl
   const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c, precision);
   const bool bf16 = precision == MatmulPrecision::kBf16;
   auto operand = [bf16](float v) { return double{bf16 ? round_to_bf16(v) : v}; };
-  const float* ap = a.data<float>("matmul");
+  const std::vector<float> a_values = weight_values("matmul", a);
+  const float* ap = a_values.data();
   const std::vector<float> b_values = weight_values("matmul", b);
   const float* bp = b_values.data();
   float* cp = c.data<float>("matmul");
