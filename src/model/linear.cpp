@@ -91,9 +91,22 @@ ConstTensorView round_once(const float* x, int64_t rows, int64_t cols, Bf16Slot 
   return rounded;
 }
 
+namespace {
+
+// Whether bf16 GEMMs over the operand at x gain from reading one rounding of it: on a GPU and on
+// the CPU's native bf16 path, which multiply bf16 bits. The emulated path multiplies fp32 values,
+// so it would widen the rounding again in each GEMM (a pass, as rounding it there is).
+bool rounding_once_pays(kernels::MatmulPrecision precision, const float* x, int64_t elements) {
+  return precision == kernels::MatmulPrecision::kBf16 && elements > 0 &&
+         (device_of(x) != Device::kCpu ||
+          kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative);
+}
+
+}  // namespace
+
 LinearInput shared_linear_input(kernels::MatmulPrecision precision, const LinearWeight& w,
                                 const float* x, int64_t rows, int64_t cols) {
-  if (precision != kernels::MatmulPrecision::kBf16 || w.mx != nullptr) return {x};
+  if (w.mx != nullptr || !rounding_once_pays(precision, x, rows * cols)) return {x};
   return {x, round_once(x, rows, cols, Bf16Slot::kLayerInput)};
 }
 
@@ -122,8 +135,10 @@ void linear_backward(kernels::MatmulPrecision precision, const float* dy, const 
                      const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
                      int64_t out, bool accumulate_dx) {
   if (w.mx == nullptr) {
-    // dy is read by both GEMMs: in bf16 rounded once for them.
-    const bool round_dy = precision == kernels::MatmulPrecision::kBf16 && dx != nullptr && rows > 0;
+    // dy is read by both GEMMs: rounded once for them. (The slot keeps the largest dy it has
+    // held: the unchunked LM head's logits gradient, in bf16, the size of the conversion that
+    // each of its GEMMs made before.)
+    const bool round_dy = dx != nullptr && rounding_once_pays(precision, dy, rows * out);
     const ConstTensorView dy_operand =
         round_dy ? round_once(dy, rows, out, Bf16Slot::kOutputGrad) : view(dy, {rows, out});
     if (dx != nullptr)

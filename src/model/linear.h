@@ -63,15 +63,16 @@ struct LinearInput {
 };
 
 // x [rows, cols] for the several linear layers of `w`'s kind that read it (q, k and v): with its
-// bf16 rounding (slot kLayerInput) when their GEMMs multiply in bf16 without MX caches, else as is.
+// bf16 rounding (slot kLayerInput) when their GEMMs multiply bf16 bits (on a GPU, or the CPU's
+// native bf16 path) without MX caches, else as is.
 LinearInput shared_linear_input(kernels::MatmulPrecision precision, const LinearWeight& w,
                                 const float* x, int64_t rows, int64_t cols);
 
 void linear_forward(kernels::MatmulPrecision precision, const LinearInput& x, const LinearWeight& w,
                     float* y, int64_t rows, int64_t in, int64_t out);
 
-// dx[N, in] = dy * W (=, or += when accumulate_dx); dW[out, in] += dy^T * x. In bf16 (without MX)
-// dy is rounded once for both GEMMs.
+// dx[N, in] = dy * W (=, or += when accumulate_dx); dW[out, in] += dy^T * x. Where its GEMMs
+// multiply bf16 bits (without MX), dy is rounded once for both (slot kOutputGrad).
 void linear_backward(kernels::MatmulPrecision precision, const float* dy, const LinearInput& x,
                      const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
                      int64_t out, bool accumulate_dx);

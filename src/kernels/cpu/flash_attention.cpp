@@ -119,6 +119,16 @@ const uint16_t* heads_to_bf16(std::vector<uint16_t>& copy, const float* x, int64
   return copy.data();
 }
 
+// The calling thread's bf16 copies (heads_to_bf16) of q, k, v and dout, shared by the forward and
+// the backward and kept for the next call.
+struct HeadCopies {
+  std::vector<uint16_t> q, k, v, dout;
+};
+HeadCopies& head_copies() {
+  thread_local HeadCopies copies;
+  return copies;
+}
+
 // Whether the block GEMMs read bf16 copies: bf16 GEMMs on the native path.
 bool copies_for_bf16(MatmulPrecision precision) {
   return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
@@ -201,10 +211,10 @@ void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, Con
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
   const bool bf16 = copies_for_bf16(precision);
-  thread_local std::vector<uint16_t> q_copy, k_copy, v_copy;
-  const uint16_t* const q16 = bf16 ? heads_to_bf16(q_copy, q, B, T, H, hd) : nullptr;
-  const uint16_t* const k16 = bf16 ? heads_to_bf16(k_copy, k, B, T, KV, hd) : nullptr;
-  const uint16_t* const v16 = bf16 ? heads_to_bf16(v_copy, v, B, T, KV, hd) : nullptr;
+  HeadCopies& copies = head_copies();
+  const uint16_t* const q16 = bf16 ? heads_to_bf16(copies.q, q, B, T, H, hd) : nullptr;
+  const uint16_t* const k16 = bf16 ? heads_to_bf16(copies.k, k, B, T, KV, hd) : nullptr;
+  const uint16_t* const v16 = bf16 ? heads_to_bf16(copies.v, v, B, T, KV, hd) : nullptr;
 
   // Scores of one query block against keys [c_lo, r1): kRowBlock x T floats per thread.
   thread_local std::vector<float> score_scratch;
@@ -270,11 +280,11 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
   const bool bf16 = copies_for_bf16(precision);
-  thread_local std::vector<uint16_t> q_copy, k_copy, v_copy, dout_copy;
-  const uint16_t* const q16 = bf16 ? heads_to_bf16(q_copy, q, B, T, H, hd) : nullptr;
-  const uint16_t* const k16 = bf16 ? heads_to_bf16(k_copy, k, B, T, KV, hd) : nullptr;
-  const uint16_t* const v16 = bf16 ? heads_to_bf16(v_copy, v, B, T, KV, hd) : nullptr;
-  const uint16_t* const dout16 = bf16 ? heads_to_bf16(dout_copy, dout, B, T, H, hd) : nullptr;
+  HeadCopies& copies = head_copies();
+  const uint16_t* const q16 = bf16 ? heads_to_bf16(copies.q, q, B, T, H, hd) : nullptr;
+  const uint16_t* const k16 = bf16 ? heads_to_bf16(copies.k, k, B, T, KV, hd) : nullptr;
+  const uint16_t* const v16 = bf16 ? heads_to_bf16(copies.v, v, B, T, KV, hd) : nullptr;
+  const uint16_t* const dout16 = bf16 ? heads_to_bf16(copies.dout, dout, B, T, H, hd) : nullptr;
 
   // Parallel over (b, kv head), as causal_attention.cpp's backward: the query heads of one group
   // run in order inside one iteration, each over its query blocks in order, so every dk and dv
