@@ -29,6 +29,7 @@
 #include "core/simd.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch_vector.h"
 #include "kernels/flash_attention_checks.h"
 #include "kernels/gemm.h"
 
@@ -97,26 +98,17 @@ float row_dot(const float* dout, const float* out, int64_t hd) {
   return static_cast<float>(dot);
 }
 
-// Per-thread scratch kept for the next call and grown to the largest block seen, so that a
-// training step asks the heap for nothing after the first (issue 14). Every entry read is
-// written first in the same call.
-float* thread_scratch(std::vector<float>& scratch, int64_t floats) {
-  if (scratch.size() < static_cast<size_t>(floats)) scratch.resize(static_cast<size_t>(floats));
-  return scratch.data();
-}
-
 // x [batch, seq, heads, hd] rounded to bf16 into `copy` as [batch, heads, seq, hd] (each head's
 // rows contiguous, as the bf16 GEMMs take an operand); `copy` keeps its capacity across calls.
 const uint16_t* heads_to_bf16(std::vector<uint16_t>& copy, const float* x, int64_t batch,
                               int64_t seq, int64_t heads, int64_t hd) {
-  copy.resize(static_cast<size_t>(batch * seq * heads * hd));
-  uint16_t* const dst = copy.data();
+  uint16_t* const dst = scratch_of_at_least(copy, batch * seq * heads * hd);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       convert_to_bf16(x + (b * seq * heads + h) * hd, seq, hd, heads * hd,
                       dst + (b * heads + h) * seq * hd);
-  return copy.data();
+  return dst;
 }
 
 // The calling thread's bf16 copies (heads_to_bf16) of q, k, v and dout, shared by the forward and
@@ -222,7 +214,7 @@ void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, Con
   // keys: dynamic scheduling balances them (the results do not depend on it).
 #pragma omp parallel
   {
-    float* const p = thread_scratch(score_scratch, kRowBlock * T);
+    float* const p = scratch_of_at_least(score_scratch, kRowBlock * T);
 #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -295,11 +287,9 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   thread_local std::vector<uint16_t> ds_copy;
 #pragma omp parallel
   {
-    float* const p = thread_scratch(p_scratch, kRowBlock * T);
-    float* const ds = thread_scratch(ds_scratch, kRowBlock * T);
-    if (bf16 && ds_copy.size() < static_cast<size_t>(kRowBlock * T))
-      ds_copy.resize(static_cast<size_t>(kRowBlock * T));
-    uint16_t* const ds16 = bf16 ? ds_copy.data() : nullptr;
+    float* const p = scratch_of_at_least(p_scratch, kRowBlock * T);
+    float* const ds = scratch_of_at_least(ds_scratch, kRowBlock * T);
+    uint16_t* const ds16 = bf16 ? scratch_of_at_least(ds_copy, kRowBlock * T) : nullptr;
     // Blocks of a group do unequal work under document masking: dynamic scheduling balances them
     // (the results do not depend on it).
 #pragma omp for collapse(2) schedule(dynamic, 1)

@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/gemm_k0.h"
+#include "kernels/cpu/scratch_vector.h"
 #include "kernels/gemm.h"
 
 namespace moecore::kernels {
@@ -123,7 +124,7 @@ void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64
 // A converted to bf16 in this thread's buffer, in its stored layout.
 const uint16_t* a_to_bf16(ThreadState& state, bool trans_a, int64_t m, int64_t k, const float* a,
                           int64_t lda) {
-  state.a16.resize(static_cast<size_t>(m * k));
+  cpu::scratch_of_at_least(state.a16, m * k);
   cpu::convert_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a16.data());
   return state.a16.data();
 }
@@ -131,7 +132,7 @@ const uint16_t* a_to_bf16(ThreadState& state, bool trans_a, int64_t m, int64_t k
 // The emulated path: A rounded to bf16 values kept in fp32 in this thread's buffer.
 const float* a_rounded(ThreadState& state, bool trans_a, int64_t m, int64_t k, const float* a,
                        int64_t lda) {
-  state.a32.resize(static_cast<size_t>(m * k));
+  cpu::scratch_of_at_least(state.a32, m * k);
   cpu::round_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a32.data());
   return state.a32.data();
 }
@@ -166,12 +167,12 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t
   ThreadState& state = thread_state();
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (path == Bf16GemmPath::kNative) {
-    state.b16.resize(static_cast<size_t>(k * n));
+    cpu::scratch_of_at_least(state.b16, k * n);
     cpu::convert_to_bf16(b, b_rows, b_cols, ldb, state.b16.data());
     run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
                state.b16.data(), beta, c, ldc);
   } else {
-    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::scratch_of_at_least(state.b32, k * n);
     cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
               trans_a ? m : k, state.b32.data(), b_cols, beta, c, ldc);
@@ -189,7 +190,7 @@ void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
   } else {
     // The sgemm needs fp32 operands: B widened (exactly) into this thread's buffer.
     const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::scratch_of_at_least(state.b32, k * n);
     cpu::widen_bf16(b16, b_rows * b_cols, state.b32.data());
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
               trans_a ? m : k, state.b32.data(), b_cols, beta, c, ldc);
@@ -203,14 +204,14 @@ void gemm_bf16_a16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
   ThreadState& state = thread_state();
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (path == Bf16GemmPath::kNative) {
-    state.b16.resize(static_cast<size_t>(k * n));
+    cpu::scratch_of_at_least(state.b16, k * n);
     cpu::convert_to_bf16(b, b_rows, b_cols, ldb, state.b16.data());
     run_native(state, trans_a, trans_b, m, n, k, alpha, a16, state.b16.data(), beta, c, ldc);
   } else {
     // A widened (exactly) and B rounded into this thread's buffers for the sgemm.
-    state.a32.resize(static_cast<size_t>(m * k));
+    cpu::scratch_of_at_least(state.a32, m * k);
     cpu::widen_bf16(a16, m * k, state.a32.data());
-    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::scratch_of_at_least(state.b32, k * n);
     cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), trans_a ? m : k, state.b32.data(),
               b_cols, beta, c, ldc);
@@ -226,9 +227,9 @@ void gemm_bf16_ab16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, in
     run_native(state, trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, ldc);
   } else {
     // Both widened (exactly) into this thread's buffers for the sgemm.
-    state.a32.resize(static_cast<size_t>(m * k));
+    cpu::scratch_of_at_least(state.a32, m * k);
     cpu::widen_bf16(a16, m * k, state.a32.data());
-    state.b32.resize(static_cast<size_t>(k * n));
+    cpu::scratch_of_at_least(state.b32, k * n);
     cpu::widen_bf16(b16, k * n, state.b32.data());
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), trans_a ? m : k, state.b32.data(),
               trans_b ? k : n, beta, c, ldc);

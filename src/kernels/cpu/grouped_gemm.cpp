@@ -9,6 +9,7 @@
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/expert_parallel_for.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch_vector.h"
 #include "kernels/grouped_gemm_checks.h"
 
 namespace moecore::kernels::cpu {
@@ -92,15 +93,15 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
     if (weights.bf16() != nullptr && bf16_gemm_path() == Bf16GemmPath::kNative) {
       // This thread's copies of the expert's rows, capacity kept across calls.
       thread_local std::vector<uint16_t> dy16, x16;
-      dy16.resize(static_cast<size_t>(count * s.out));
-      x16.resize(static_cast<size_t>(count * s.in));
-      convert_to_bf16(dye, count, s.out, s.out, dy16.data());
-      convert_to_bf16(xp + begin * s.in, count, s.in, s.in, x16.data());
+      uint16_t* const dy16_rows = scratch_of_at_least(dy16, count * s.out);
+      uint16_t* const x16_rows = scratch_of_at_least(x16, count * s.in);
+      convert_to_bf16(dye, count, s.out, s.out, dy16_rows);
+      convert_to_bf16(xp + begin * s.in, count, s.in, s.in, x16_rows);
       const Bf16GemmPath path = bf16_gemm_path();
       if (input_grad)
-        gemm_bf16_ab16(path, false, false, count, s.in, s.out, 1.0f, dy16.data(),
+        gemm_bf16_ab16(path, false, false, count, s.in, s.out, 1.0f, dy16_rows,
                        weights.bf16() + e * s.out * s.in, 0.0f, dxp + begin * s.in, s.in);
-      gemm_bf16_ab16(path, true, false, s.out, s.in, count, 1.0f, dy16.data(), x16.data(), 1.0f,
+      gemm_bf16_ab16(path, true, false, s.out, s.in, count, 1.0f, dy16_rows, x16_rows, 1.0f,
                      dwp + e * s.out * s.in, s.in);
       return;
     }
