@@ -1,9 +1,15 @@
-// The grouped GEMM on the CPU: one kernels::gemm per expert with rows, threaded as
+// The grouped GEMM on the CPU: one GEMM per expert with rows, threaded as
 // cpu/expert_parallel_for.h decides, reading the experts' weights in fp32 or as their bf16 copy.
-// In the backward over a bf16 copy on the native bf16 path, an expert's rows of dy are rounded to
-// bf16 once for both of its GEMMs (dx and dw), as are its rows of x for dw: the GEMMs would
-// convert dy once each. (The emulated path multiplies fp32 values: bf16 copies would be widened
-// again per GEMM, so there each GEMM rounds its operands.)
+//
+// bf16 on the native path (bf16 GEMM instructions): the activation operands are rounded to bf16
+// whole, once, before the experts' GEMMs read their rows: x in the forward; dy and x in the
+// backward, where dy feeds both of an expert's GEMMs (dx and dw) and would otherwise be converted
+// once for each. The rounding runs on the whole pool into the calling thread's scratch, whose
+// size is the same every step, so that no expert's GEMM converts into, or grows, the scratch of
+// whichever thread the schedule gave it (a step after the first then asks the heap for nothing).
+// Same values rounded, same products. The emulated path multiplies fp32 values (a bf16 copy would
+// be widened again per GEMM), and fp32 multiplies fp32: there each GEMM takes its operands as
+// they are.
 #include <vector>
 
 #include "kernels/cpu/bf16_convert.h"
@@ -20,6 +26,20 @@ size_t at(int64_t i) {
   return static_cast<size_t>(i);
 }
 
+bool rounds_rows_once(MatmulPrecision precision) {
+  return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
+}
+
+// The first `rows` rows of x [all_rows, cols] (the experts' rows; those after them belong to no
+// expert) rounded to bf16 into `copy` (the calling thread's, kept across calls, sized for all
+// rows: how many the experts have changes from step to step, the buffer's rows do not).
+const uint16_t* rows_to_bf16(std::vector<uint16_t>& copy, const float* x, int64_t rows,
+                             int64_t all_rows, int64_t cols) {
+  uint16_t* const rounded = scratch_of_at_least(copy, all_rows * cols);
+  convert_to_bf16(x, rows, cols, cols, rounded);
+  return rounded;
+}
+
 // The experts' weights as the GEMMs read them: fp32, or the bf16 copy (no conversion per call).
 class ExpertWeights {
  public:
@@ -28,21 +48,29 @@ class ExpertWeights {
         fp32_(w.dtype() == DType::kBf16 ? nullptr : w.data<float>(op)),
         bf16_(w.dtype() == DType::kBf16 ? bf16_bits(op, w) : nullptr) {}
 
-  // c = a op(w_e) + beta c, w_e starting `offset` elements into w (contiguous, [out, in]).
-  void gemm(int64_t offset, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-            const float* a, int64_t lda, float beta, float* c, int64_t ldc) const {
-    const int64_t ldb = trans_b ? k : n;
+  // c = a op(w_e), w_e starting `offset` elements into w (contiguous, [out, in]), a fp32 with
+  // row stride lda.
+  void gemm(int64_t offset, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+            int64_t lda, float* c, int64_t ldc) const {
     if (bf16_ != nullptr) {
-      gemm_bf16_b16(bf16_gemm_path(), trans_a, trans_b, m, n, k, 1.0f, a, lda, bf16_ + offset, beta,
+      gemm_bf16_b16(bf16_gemm_path(), false, trans_b, m, n, k, 1.0f, a, lda, bf16_ + offset, 0.0f,
                     c, ldc);
     } else {
-      kernels::gemm(precision_, trans_a, trans_b, m, n, k, 1.0f, a, lda, fp32_ + offset, ldb, beta,
-                    c, ldc);
+      kernels::gemm(precision_, false, trans_b, m, n, k, 1.0f, a, lda, fp32_ + offset,
+                    trans_b ? k : n, 0.0f, c, ldc);
     }
   }
-
-  // The bf16 copy's bits, or nullptr when the GEMMs read fp32 weights.
-  const uint16_t* bf16() const { return bf16_; }
+  // The same with a16 rows already rounded to bf16 (contiguous, [m, k]; rounds_rows_once).
+  void gemm(int64_t offset, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a16,
+            float* c, int64_t ldc) const {
+    if (bf16_ != nullptr) {
+      gemm_bf16_ab16(bf16_gemm_path(), false, trans_b, m, n, k, 1.0f, a16, bf16_ + offset, 0.0f, c,
+                     ldc);
+    } else {
+      gemm_bf16_a16(bf16_gemm_path(), false, trans_b, m, n, k, 1.0f, a16, fp32_ + offset,
+                    trans_b ? k : n, 0.0f, c, ldc);
+    }
+  }
 
  private:
   MatmulPrecision precision_;
@@ -62,11 +90,20 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
   const float* xp = x.data<float>(kOp);
   const ExpertWeights weights(kOp, w, precision);
   float* yp = y.data<float>(kOp);
+  if (rounds_rows_once(precision)) {
+    thread_local std::vector<uint16_t> x_copy;
+    const uint16_t* x16 = rows_to_bf16(x_copy, xp, offsets[at(s.experts)], s.rows, s.in);
+    for_each_expert(offsets, s.experts, [&](int64_t e) {
+      const int64_t begin = offsets[at(e)];
+      weights.gemm(e * s.out * s.in, true, offsets[at(e + 1)] - begin, s.out, s.in,
+                   x16 + begin * s.in, yp + begin * s.out, s.out);
+    });
+    return;
+  }
   for_each_expert(offsets, s.experts, [&](int64_t e) {
     const int64_t begin = offsets[at(e)];
-    const int64_t count = offsets[at(e + 1)] - begin;
-    weights.gemm(e * s.out * s.in, false, true, count, s.out, s.in, xp + begin * s.in, s.in, 0.0f,
-                 yp + begin * s.out, s.out);
+    weights.gemm(e * s.out * s.in, true, offsets[at(e + 1)] - begin, s.out, s.in, xp + begin * s.in,
+                 s.in, yp + begin * s.out, s.out);
   });
 }
 
@@ -86,28 +123,30 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   const ExpertWeights weights(kOp, w, precision);
   float* dxp = input_grad ? dx.data<float>(kOp) : nullptr;
   float* dwp = dw.data<float>(kOp);
+  if (rounds_rows_once(precision)) {
+    thread_local std::vector<uint16_t> dy_copy, x_copy;
+    const int64_t rows = offsets[at(s.experts)];
+    const uint16_t* dy16 = rows_to_bf16(dy_copy, dyp, rows, s.rows, s.out);
+    const uint16_t* x16 = rows_to_bf16(x_copy, xp, rows, s.rows, s.in);
+    for_each_expert(offsets, s.experts, [&](int64_t e) {
+      const int64_t begin = offsets[at(e)];
+      const int64_t count = offsets[at(e + 1)] - begin;
+      // dx_e = dy_e w_e; dw_e += dy_e^T x_e.
+      if (input_grad)
+        weights.gemm(e * s.out * s.in, false, count, s.in, s.out, dy16 + begin * s.out,
+                     dxp + begin * s.in, s.in);
+      gemm_bf16_ab16(bf16_gemm_path(), true, false, s.out, s.in, count, 1.0f, dy16 + begin * s.out,
+                     x16 + begin * s.in, 1.0f, dwp + e * s.out * s.in, s.in);
+    });
+    return;
+  }
   for_each_expert(offsets, s.experts, [&](int64_t e) {
     const int64_t begin = offsets[at(e)];
     const int64_t count = offsets[at(e + 1)] - begin;
     const float* dye = dyp + begin * s.out;
-    if (weights.bf16() != nullptr && bf16_gemm_path() == Bf16GemmPath::kNative) {
-      // This thread's copies of the expert's rows, capacity kept across calls.
-      thread_local std::vector<uint16_t> dy16, x16;
-      uint16_t* const dy16_rows = scratch_of_at_least(dy16, count * s.out);
-      uint16_t* const x16_rows = scratch_of_at_least(x16, count * s.in);
-      convert_to_bf16(dye, count, s.out, s.out, dy16_rows);
-      convert_to_bf16(xp + begin * s.in, count, s.in, s.in, x16_rows);
-      const Bf16GemmPath path = bf16_gemm_path();
-      if (input_grad)
-        gemm_bf16_ab16(path, false, false, count, s.in, s.out, 1.0f, dy16_rows,
-                       weights.bf16() + e * s.out * s.in, 0.0f, dxp + begin * s.in, s.in);
-      gemm_bf16_ab16(path, true, false, s.out, s.in, count, 1.0f, dy16_rows, x16_rows, 1.0f,
-                     dwp + e * s.out * s.in, s.in);
-      return;
-    }
     if (input_grad)
-      weights.gemm(e * s.out * s.in, false, false, count, s.in, s.out, dye, s.out, 0.0f,
-                   dxp + begin * s.in, s.in);
+      weights.gemm(e * s.out * s.in, false, count, s.in, s.out, dye, s.out, dxp + begin * s.in,
+                   s.in);
     gemm(precision, true, false, s.out, s.in, count, 1.0f, dye, s.out, xp + begin * s.in, s.in,
          1.0f, dwp + e * s.out * s.in, s.in);
   });
