@@ -137,6 +137,22 @@ const float* a_rounded(ThreadState& state, bool trans_a, int64_t m, int64_t k, c
   return state.a32.data();
 }
 
+// B converted to bf16 in this thread's buffer, in its stored layout.
+const uint16_t* b_to_bf16(ThreadState& state, bool trans_b, int64_t n, int64_t k, const float* b,
+                          int64_t ldb) {
+  cpu::scratch_of_at_least(state.b16, k * n);
+  cpu::convert_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b16.data());
+  return state.b16.data();
+}
+
+// The emulated path: B rounded to bf16 values kept in fp32 in this thread's buffer.
+const float* b_rounded(ThreadState& state, bool trans_b, int64_t n, int64_t k, const float* b,
+                       int64_t ldb) {
+  cpu::scratch_of_at_least(state.b32, k * n);
+  cpu::round_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b32.data());
+  return state.b32.data();
+}
+
 // C = 0 or beta C for an empty sum; true when nothing is left to multiply.
 bool handle_empty(int64_t m, int64_t n, int64_t k, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return true;
@@ -165,17 +181,13 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t
                float* c, int64_t ldc) {
   if (handle_empty(m, n, k, beta, c, ldc)) return;
   ThreadState& state = thread_state();
-  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (path == Bf16GemmPath::kNative) {
-    cpu::scratch_of_at_least(state.b16, k * n);
-    cpu::convert_to_bf16(b, b_rows, b_cols, ldb, state.b16.data());
     run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
-               state.b16.data(), beta, c, ldc);
+               b_to_bf16(state, trans_b, n, k, b, ldb), beta, c, ldc);
   } else {
-    cpu::scratch_of_at_least(state.b32, k * n);
-    cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
-              trans_a ? m : k, state.b32.data(), b_cols, beta, c, ldc);
+              trans_a ? m : k, b_rounded(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c,
+              ldc);
   }
 }
 
@@ -202,19 +214,15 @@ void gemm_bf16_a16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
                    float* c, int64_t ldc) {
   if (handle_empty(m, n, k, beta, c, ldc)) return;
   ThreadState& state = thread_state();
-  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   if (path == Bf16GemmPath::kNative) {
-    cpu::scratch_of_at_least(state.b16, k * n);
-    cpu::convert_to_bf16(b, b_rows, b_cols, ldb, state.b16.data());
-    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, state.b16.data(), beta, c, ldc);
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16,
+               b_to_bf16(state, trans_b, n, k, b, ldb), beta, c, ldc);
   } else {
-    // A widened (exactly) and B rounded into this thread's buffers for the sgemm.
+    // A widened (exactly) into this thread's buffer for the sgemm, B rounded.
     cpu::scratch_of_at_least(state.a32, m * k);
     cpu::widen_bf16(a16, m * k, state.a32.data());
-    cpu::scratch_of_at_least(state.b32, k * n);
-    cpu::round_to_bf16(b, b_rows, b_cols, ldb, state.b32.data());
-    gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), trans_a ? m : k, state.b32.data(),
-              b_cols, beta, c, ldc);
+    gemm_fp32(trans_a, trans_b, m, n, k, alpha, state.a32.data(), trans_a ? m : k,
+              b_rounded(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c, ldc);
   }
 }
 
