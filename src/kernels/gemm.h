@@ -31,6 +31,11 @@ enum class Bf16GemmPath { kNative, kEmulated };
 // or better (DNNL_MAX_CPU_ISA can lower that), else kEmulated.
 Bf16GemmPath bf16_gemm_path();
 
+// Whether GEMMs in `precision` multiply bf16 bits on this CPU (bf16 on the native path), so that
+// an operand rounded to bf16 once can be read by several of them as it is. The emulated path
+// multiplies fp32 values: it would widen such a rounding again in every GEMM.
+bool gemms_read_bf16_bits(MatmulPrecision precision);
+
 // A bf16 GEMM on an explicit path (tests compare both).
 void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

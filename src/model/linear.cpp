@@ -93,13 +93,16 @@ ConstTensorView round_once(const float* x, int64_t rows, int64_t cols, Bf16Slot 
 
 namespace {
 
-// Whether bf16 GEMMs over the operand at x gain from reading one rounding of it: on a GPU and on
-// the CPU's native bf16 path, which multiply bf16 bits. The emulated path multiplies fp32 values,
-// so it would widen the rounding again in each GEMM (a pass, as rounding it there is).
+// Whether bf16 GEMMs over the operand at x gain from reading one rounding of it: on a GPU, whose
+// GEMMs multiply bf16 bits, and on the CPU where its GEMMs do (kernels::gemms_read_bf16_bits).
 bool rounding_once_pays(kernels::MatmulPrecision precision, const float* x, int64_t elements) {
-  return precision == kernels::MatmulPrecision::kBf16 && elements > 0 &&
-         (device_of(x) != Device::kCpu ||
-          kernels::bf16_gemm_path() == kernels::Bf16GemmPath::kNative);
+  if (precision != kernels::MatmulPrecision::kBf16 || elements == 0) return false;
+  return device_of(x) != Device::kCpu || kernels::gemms_read_bf16_bits(precision);
+}
+
+// x as the matmul operand [rows, cols]: its rounding when it has one.
+ConstTensorView operand(const LinearInput& x, int64_t rows, int64_t cols) {
+  return x.bf16.raw() != nullptr ? x.bf16 : view(x.values, {rows, cols});
 }
 
 }  // namespace
@@ -109,15 +112,6 @@ LinearInput shared_linear_input(kernels::MatmulPrecision precision, const Linear
   if (w.mx != nullptr || !rounding_once_pays(precision, x, rows * cols)) return {x};
   return {x, round_once(x, rows, cols, Bf16Slot::kLayerInput)};
 }
-
-namespace {
-
-// x as the matmul operand [rows, cols]: its rounding when it has one.
-ConstTensorView operand(const LinearInput& x, int64_t rows, int64_t cols) {
-  return x.bf16.raw() != nullptr ? x.bf16 : view(x.values, {rows, cols});
-}
-
-}  // namespace
 
 void linear_forward(kernels::MatmulPrecision precision, const LinearInput& x, const LinearWeight& w,
                     float* y, int64_t rows, int64_t in, int64_t out) {

@@ -121,13 +121,8 @@ HeadCopies& head_copies() {
   return copies;
 }
 
-// Whether the block GEMMs read bf16 copies: bf16 GEMMs on the native path.
-bool copies_for_bf16(MatmulPrecision precision) {
-  return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
-}
-
 // One head's rows of q, k, v or dout as the block GEMMs read them: the fp32 rows (row stride ld)
-// and their bf16 copy (row stride hd) where copies_for_bf16, else nullptr.
+// and their bf16 copy (row stride hd) where gemms_read_bf16_bits, else nullptr.
 struct HeadRows {
   const float* values;
   int64_t ld;
@@ -157,7 +152,7 @@ void head_products(MatmulPrecision precision, const HeadRows& x, const HeadRows&
 }
 
 // A block [m, n] (row stride n) of P or dS: fp32, and its bf16 copy where two GEMMs read it (and
-// copies_for_bf16).
+// gemms_read_bf16_bits).
 struct BlockMatrix {
   const float* values;
   const uint16_t* bf16;
@@ -202,7 +197,7 @@ void flash_attention_forward(ConstTensorView q_view, ConstTensorView k_view, Con
   const int64_t ldq = H * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
-  const bool bf16 = copies_for_bf16(precision);
+  const bool bf16 = gemms_read_bf16_bits(precision);
   HeadCopies& copies = head_copies();
   const uint16_t* const q16 = bf16 ? heads_to_bf16(copies.q, q, B, T, H, hd) : nullptr;
   const uint16_t* const k16 = bf16 ? heads_to_bf16(copies.k, k, B, T, KV, hd) : nullptr;
@@ -271,7 +266,7 @@ void flash_attention_backward(ConstTensorView dout_view, ConstTensorView q_view,
   const int64_t ldq = H * hd, ldkv = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (T + kRowBlock - 1) / kRowBlock;
-  const bool bf16 = copies_for_bf16(precision);
+  const bool bf16 = gemms_read_bf16_bits(precision);
   HeadCopies& copies = head_copies();
   const uint16_t* const q16 = bf16 ? heads_to_bf16(copies.q, q, B, T, H, hd) : nullptr;
   const uint16_t* const k16 = bf16 ? heads_to_bf16(copies.k, k, B, T, KV, hd) : nullptr;

@@ -121,36 +121,39 @@ void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64
   }
 }
 
-// A converted to bf16 in this thread's buffer, in its stored layout.
+// An operand stored as [rows, cols] (row stride ld) converted to bf16 into `buffer` (this
+// thread's), contiguous in its stored layout.
+const uint16_t* converted(std::vector<uint16_t>& buffer, int64_t rows, int64_t cols, const float* x,
+                          int64_t ld) {
+  cpu::scratch_of_at_least(buffer, rows * cols);
+  cpu::convert_to_bf16(x, rows, cols, ld, buffer.data());
+  return buffer.data();
+}
+
+// The emulated path's operand: the same values rounded to bf16 and kept in fp32.
+const float* rounded(std::vector<float>& buffer, int64_t rows, int64_t cols, const float* x,
+                     int64_t ld) {
+  cpu::scratch_of_at_least(buffer, rows * cols);
+  cpu::round_to_bf16(x, rows, cols, ld, buffer.data());
+  return buffer.data();
+}
+
+// A ([M, K], or [K, M] stored when trans_a) and B ([K, N], or [N, K] when trans_b) through them.
 const uint16_t* a_to_bf16(ThreadState& state, bool trans_a, int64_t m, int64_t k, const float* a,
                           int64_t lda) {
-  cpu::scratch_of_at_least(state.a16, m * k);
-  cpu::convert_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a16.data());
-  return state.a16.data();
+  return converted(state.a16, trans_a ? k : m, trans_a ? m : k, a, lda);
 }
-
-// The emulated path: A rounded to bf16 values kept in fp32 in this thread's buffer.
 const float* a_rounded(ThreadState& state, bool trans_a, int64_t m, int64_t k, const float* a,
                        int64_t lda) {
-  cpu::scratch_of_at_least(state.a32, m * k);
-  cpu::round_to_bf16(a, trans_a ? k : m, trans_a ? m : k, lda, state.a32.data());
-  return state.a32.data();
+  return rounded(state.a32, trans_a ? k : m, trans_a ? m : k, a, lda);
 }
-
-// B converted to bf16 in this thread's buffer, in its stored layout.
 const uint16_t* b_to_bf16(ThreadState& state, bool trans_b, int64_t n, int64_t k, const float* b,
                           int64_t ldb) {
-  cpu::scratch_of_at_least(state.b16, k * n);
-  cpu::convert_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b16.data());
-  return state.b16.data();
+  return converted(state.b16, trans_b ? n : k, trans_b ? k : n, b, ldb);
 }
-
-// The emulated path: B rounded to bf16 values kept in fp32 in this thread's buffer.
 const float* b_rounded(ThreadState& state, bool trans_b, int64_t n, int64_t k, const float* b,
                        int64_t ldb) {
-  cpu::scratch_of_at_least(state.b32, k * n);
-  cpu::round_to_bf16(b, trans_b ? n : k, trans_b ? k : n, ldb, state.b32.data());
-  return state.b32.data();
+  return rounded(state.b32, trans_b ? n : k, trans_b ? k : n, b, ldb);
 }
 
 // C = 0 or beta C for an empty sum; true when nothing is left to multiply.
@@ -174,6 +177,10 @@ Bf16GemmPath bf16_gemm_path() {
     return cpu_has && (isa & bf16) == bf16 ? Bf16GemmPath::kNative : Bf16GemmPath::kEmulated;
   }();
   return path;
+}
+
+bool gemms_read_bf16_bits(MatmulPrecision precision) {
+  return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
 }
 
 void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

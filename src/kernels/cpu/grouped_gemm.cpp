@@ -26,10 +26,6 @@ size_t at(int64_t i) {
   return static_cast<size_t>(i);
 }
 
-bool rounds_rows_once(MatmulPrecision precision) {
-  return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
-}
-
 // The first `rows` rows of x [all_rows, cols] (the experts' rows; those after them belong to no
 // expert) rounded to bf16 into `copy` (the calling thread's, kept across calls, sized for all
 // rows: how many the experts have changes from step to step, the buffer's rows do not).
@@ -60,7 +56,7 @@ class ExpertWeights {
                     trans_b ? k : n, 0.0f, c, ldc);
     }
   }
-  // The same with a16 rows already rounded to bf16 (contiguous, [m, k]; rounds_rows_once).
+  // The same with a16 rows already rounded to bf16 (contiguous, [m, k]; gemms_read_bf16_bits).
   void gemm(int64_t offset, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a16,
             float* c, int64_t ldc) const {
     if (bf16_ != nullptr) {
@@ -90,7 +86,7 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
   const float* xp = x.data<float>(kOp);
   const ExpertWeights weights(kOp, w, precision);
   float* yp = y.data<float>(kOp);
-  if (rounds_rows_once(precision)) {
+  if (gemms_read_bf16_bits(precision)) {
     thread_local std::vector<uint16_t> x_copy;
     const uint16_t* x16 = rows_to_bf16(x_copy, xp, offsets[at(s.experts)], s.rows, s.in);
     for_each_expert(offsets, s.experts, [&](int64_t e) {
@@ -123,7 +119,7 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
   const ExpertWeights weights(kOp, w, precision);
   float* dxp = input_grad ? dx.data<float>(kOp) : nullptr;
   float* dwp = dw.data<float>(kOp);
-  if (rounds_rows_once(precision)) {
+  if (gemms_read_bf16_bits(precision)) {
     thread_local std::vector<uint16_t> dy_copy, x_copy;
     const int64_t rows = offsets[at(s.experts)];
     const uint16_t* dy16 = rows_to_bf16(dy_copy, dyp, rows, s.rows, s.out);
