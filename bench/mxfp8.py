@@ -152,8 +152,9 @@ def write_results(results: list[dict], curve: dict | None) -> None:
             f"{', '.join(f'{x:.1f}' for x in r['load_average_1min'])} |")
     lines += ["", "Memory: mxfp8 keeps each MoE layer's expert inputs (x [R, d] and the SwiGLU "
               "output [R, H], R = routed rows) as E4M3 codes plus one E8M0 scale per 32 "
-              "(1.03 bytes per value instead of 4) and lends the fp32 buffers to one layer at a "
-              "time; the experts' weights get MX caches in two orientations (2.06 bytes per "
+              "(1.03 bytes per value; bf16 keeps them as bf16 roundings, 2 bytes, the values its "
+              "GEMMs read) and lends the fp32 buffers to one layer at a time (bf16 lends x's); "
+              "the experts' weights get MX caches in two orientations (2.06 bytes per "
               "weight) instead of one bf16 copy (2 bytes). Models whose expert rows dominate the "
               "activations save; models whose expert weights dominate the memory do not (their "
               "master weights, gradients and Adam moments stay fp32, 16 bytes per weight, as in "

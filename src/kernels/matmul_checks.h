@@ -18,10 +18,7 @@ inline MatmulDims matmul_dims(ConstTensorView a, bool trans_a, ConstTensorView b
                               Device device = Device::kCpu) {
   constexpr const char* kOp = "matmul";
   expect_weight_dtype(kOp, "b", b, precision);
-  MOE_CHECK(a.dtype() == DType::kF32 ||
-                (a.dtype() == DType::kBf16 && precision == MatmulPrecision::kBf16),
-            "[{}] a is {}: an activation operand is f32, or bf16 in a bf16 GEMM", kOp,
-            dtype_name(a.dtype()));
+  expect_activation_dtype(kOp, "a", a, precision);
   MOE_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
             "[{}] a, b, c must be matrices, got ranks {}, {}, {}", kOp, a.rank(), b.rank(),
             c.rank());

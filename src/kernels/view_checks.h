@@ -45,6 +45,24 @@ inline void expect_weight_dtype(const char* op, const char* name, ConstTensorVie
             dtype_name(w.dtype()));
 }
 
+// A GEMM's activation operand is f32, or bf16 bits (rounded once for the several GEMMs that read
+// it, or written in bf16 by the operation that made it) when the GEMM multiplies in bf16.
+inline void expect_activation_dtype(const char* op, const char* name, ConstTensorView a,
+                                    MatmulPrecision precision) {
+  MOE_CHECK(a.dtype() == DType::kF32 ||
+                (a.dtype() == DType::kBf16 && precision == MatmulPrecision::kBf16),
+            "[{}] {} is {}: an activation operand is f32, or bf16 in a bf16 GEMM", op, name,
+            dtype_name(a.dtype()));
+}
+
+// An element-wise operation's output is f32, or bf16 (each value rounded to nearest even as
+// core/bf16.h's float_to_bf16) where only bf16 GEMMs read it.
+template <bool kMutable>
+void expect_f32_or_bf16(const char* op, const char* name, const BasicTensorView<kMutable>& v) {
+  MOE_CHECK(v.dtype() == DType::kF32 || v.dtype() == DType::kBf16, "[{}] {} is {}: f32 or bf16", op,
+            name, dtype_name(v.dtype()));
+}
+
 // The bits of a bf16 view (core/bf16.h converts them).
 inline const uint16_t* bf16_bits(const char* op, ConstTensorView v) {
   MOE_CHECK(v.dtype() == DType::kBf16, "[{}] expected a bf16 tensor, got {}", op,

@@ -62,6 +62,8 @@ void mx_forward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t 
   const int64_t received = rows.received;
   const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
   const mx::ScaleMode mode = precision.mx.scale_mode;
+  rows.gu.resize(static_cast<size_t>(received * 2 * h));
+  rows.act.resize(static_cast<size_t>(received * h));
   if (received == 0) return;
   rows.x_codes.resize(static_cast<size_t>(received * d));
   rows.x_scales.resize(static_cast<size_t>(received * d / mx::kMxBlock));
@@ -119,6 +121,13 @@ void mx_backward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t
                       dw.experts_gate_up, workspace);
 }
 
+ConstTensorView bf16_view(const DeviceArray<uint16_t>& bits, int64_t rows, int64_t cols) {
+  return ConstTensorView(bits.data(), {rows, cols}, DType::kBf16);
+}
+TensorView bf16_view(DeviceArray<uint16_t>& bits, int64_t rows, int64_t cols) {
+  return TensorView(bits.data(), {rows, cols}, DType::kBf16);
+}
+
 }  // namespace
 
 // Every expert's SwiGLU MLP as two grouped GEMMs around one SwiGLU over all rows: the same per-row
@@ -132,10 +141,23 @@ void grouped_experts_forward(const PrecisionRecipe& precision, const ModelConfig
   const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
   const ConstTensorView gate_up = w.experts_gate_up;  // [local, 2H, d]
   const ConstTensorView down = w.experts_down;        // [local, d, H]
+  rows.gu.resize(static_cast<size_t>(received * 2 * h));
   const TensorView gu = view(rows.gu.data(), {received, 2 * h});
+  const ConstTensorView x = view(rows.x.data(), {received, d});
+  if (kept_expert_inputs(precision) == KeptExpertInputs::kBf16) {
+    rows.x_bf16.resize_for_overwrite(static_cast<size_t>(received * d));
+    rows.act_bf16.resize_for_overwrite(static_cast<size_t>(received * h));
+    const TensorView x16 = bf16_view(rows.x_bf16, received, d);
+    const TensorView act16 = bf16_view(rows.act_bf16, received, h);
+    kernels::to_bf16(x, x16);
+    kernels::grouped_gemm_forward(x16, gate_up, offsets, gu, precision.experts);
+    kernels::swiglu_forward(gu, act16);
+    kernels::grouped_gemm_forward(act16, down, offsets, view(y, {received, d}), precision.experts);
+    return;
+  }
+  rows.act.resize(static_cast<size_t>(received * h));
   const TensorView act = view(rows.act.data(), {received, h});
-  kernels::grouped_gemm_forward(view(rows.x.data(), {received, d}), gate_up, offsets, gu,
-                                precision.experts);
+  kernels::grouped_gemm_forward(x, gate_up, offsets, gu, precision.experts);
   kernels::swiglu_forward(gu, act);
   kernels::grouped_gemm_forward(act, down, offsets, view(y, {received, d}), precision.experts);
 }
@@ -147,18 +169,24 @@ void grouped_experts_backward(const PrecisionRecipe& precision, const ModelConfi
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size;
   const int64_t received = rows.received;
   const ConstTensorView offsets = view(rows.expert_offsets.data(), {local + 1});
+  const bool bf16 = kept_expert_inputs(precision) == KeptExpertInputs::kBf16;
   Workspace::Scope scratch(workspace);
   const std::span<float> dact = scratch.zeroed<float>(received * h);
-  const std::span<float> dgu = scratch.zeroed<float>(received * 2 * h);
   const ConstTensorView gu = view(rows.gu.data(), {received, 2 * h});
-  kernels::grouped_gemm_backward(view(dy, {received, d}), view(rows.act.data(), {received, h}),
-                                 w.experts_down, offsets, view(dact.data(), {received, h}),
+  const ConstTensorView act =
+      bf16 ? bf16_view(rows.act_bf16, received, h) : view(rows.act.data(), {received, h});
+  const ConstTensorView x =
+      bf16 ? bf16_view(rows.x_bf16, received, d) : view(rows.x.data(), {received, d});
+  kernels::grouped_gemm_backward(view(dy, {received, d}), act, w.experts_down, offsets,
+                                 view(dact.data(), {received, h}),
                                  view(dw.experts_down, {local, d, h}), precision.experts);
-  kernels::swiglu_backward(view(dact.data(), {received, h}), gu,
-                           view(dgu.data(), {received, 2 * h}));
-  kernels::grouped_gemm_backward(view(dgu.data(), {received, 2 * h}),
-                                 view(rows.x.data(), {received, d}), w.experts_gate_up, offsets,
-                                 view(dx, {received, d}),
+  // The SwiGLU's gradient: in bf16 only the gate/up GEMMs read it.
+  const std::span<uint16_t> dgu16 = scratch.zeroed<uint16_t>(bf16 ? received * 2 * h : 0);
+  const std::span<float> dgu32 = scratch.zeroed<float>(bf16 ? 0 : received * 2 * h);
+  const TensorView dgu = bf16 ? TensorView(dgu16.data(), {received, 2 * h}, DType::kBf16)
+                              : view(dgu32.data(), {received, 2 * h});
+  kernels::swiglu_backward(view(dact.data(), {received, h}), gu, dgu);
+  kernels::grouped_gemm_backward(dgu, x, w.experts_gate_up, offsets, view(dx, {received, d}),
                                  view(dw.experts_gate_up, {local, 2 * h, d}), precision.experts);
 }
 

@@ -1,6 +1,12 @@
 // The routed experts of one rank as a grouped GEMM: one SwiGLU MLP per local expert over its
 // contiguous rows of expert-major buffers. Every dispatch strategy ends here.
 //
+// In bf16 the experts' activations that only GEMMs read are kept in bf16 (KeptExpertInputs::kBf16):
+// x rounded once for the forward's GEMM and the backward's weight gradient, the SwiGLU output
+// written in bf16 by the SwiGLU itself, and the SwiGLU's gradient likewise. Each is the rounding
+// every one of those GEMMs would make of the fp32 value, so the products are the same to the bit,
+// with one rounding pass (or none) instead of one per GEMM, and half the bytes kept.
+//
 // In MXFP8 (PrecisionRecipe::mx.experts, OLMo-core 3's recipe) the forward and input-gradient
 // GEMMs run on MX operands: the inputs and output gradients quantised along the contraction
 // dimension here, the weights from their once-per-step caches (MoeWeights::*_mx). The forward
@@ -36,9 +42,13 @@ struct ExpertRows {
     expert_offsets.resize_for_overwrite(offsets.size());
     copy_bytes(expert_offsets.data(), offsets.data(), offsets.size() * sizeof(int64_t));
   }
-  DeviceArray<float> x;    // [R, d] expert inputs
-  DeviceArray<float> gu;   // [R, 2H]
-  DeviceArray<float> act;  // [R, H]
+  // [R, d] expert inputs, written by the dispatch. Under KeptExpertInputs kBf16 and kMx the
+  // forward alone reads them (MoeBlock lends the buffer for it).
+  DeviceArray<float> x;
+  DeviceArray<float> gu;   // [R, 2H], what the experts' forward writes from here on
+  DeviceArray<float> act;  // [R, H] (not under kBf16)
+  // kBf16: x and act as bf16 bits, the forward's GEMM operands and the backward's.
+  DeviceArray<uint16_t> x_bf16, act_bf16;  // [R, d], [R, H]
   // MXFP8 only: x and act quantised along their last dimension (E4M3 codes, E8M0 scales), the
   // forward GEMMs' operands. The backward reads these instead of x and act unless
   // mx.expert_wgrad (MoeBlock then lends x and act only for the forward).
@@ -46,12 +56,7 @@ struct ExpertRows {
   DeviceArray<uint8_t> act_codes, act_scales;  // [R, H], [R, H / 32]
 };
 
-// Whether the backward reads rows.x and rows.act (the fp32 inputs) under `precision`.
-inline bool experts_backward_reads_fp32_inputs(const PrecisionRecipe& precision) {
-  return !precision.mx.experts || precision.mx.expert_wgrad;
-}
-
-// y: [R, d] (=). Experts without rows are skipped.
+// y: [R, d] (=) from rows.x; sizes and writes the rest of `rows`. Experts without rows are skipped.
 void grouped_experts_forward(const PrecisionRecipe& precision, const ModelConfig& c, int64_t local,
                              const MoeWeights& w, ExpertRows& rows, float* y);
 

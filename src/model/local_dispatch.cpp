@@ -9,7 +9,7 @@ void LocalDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& 
                             int64_t tokens, const RouterState& router, RoutedRows& routed,
                             Cache& cache, Workspace& /*workspace*/) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   const int64_t routes = tokens * k, e_count = c.num_experts;
   ScopedPhase timer(Phase::kDispatchForward);
   ExpertRows& rows = cache.experts;
@@ -21,8 +21,6 @@ void LocalDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& 
   // Every route has a local expert: the rows are known without reading the offsets.
   rows.received = routes;
   rows.x.resize(static_cast<size_t>(routes * d));
-  rows.gu.resize(static_cast<size_t>(routes * 2 * h));
-  rows.act.resize(static_cast<size_t>(routes * h));
   kernels::permute_rows(view(x, {tokens, d}), view(routed.send_pos.data(), {routes}), k,
                         view(rows.x.data(), {routes, d}));
   timer.switch_to(Phase::kExpertsForward);

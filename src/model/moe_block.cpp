@@ -57,9 +57,10 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
         using Cache = typename std::decay_t<decltype(dispatch)>::Cache;
         if (!std::holds_alternative<Cache>(cache.dispatch)) cache.dispatch.emplace<Cache>();
         ExpertRows& rows = std::get<Cache>(cache.dispatch).experts;
-        // MXFP8 keeps the experts' inputs quantised (ExpertRows): their fp32 buffers are lent
-        // for the forward only, from one pair this block reuses for every layer and micro-batch.
-        const bool lend = !experts_backward_reads_fp32_inputs(precision_);
+        // bf16 and MXFP8 keep the experts' inputs rounded or quantised (ExpertRows): their fp32
+        // buffers are lent for the forward only, from one pair this block reuses for every layer
+        // and micro-batch.
+        const bool lend = kept_expert_inputs(precision_) != KeptExpertInputs::kFp32;
         if (lend) lend_fp32_inputs(rows);
         dispatch.forward(precision_, w, x, tokens, cache.router, cache.routed,
                          std::get<Cache>(cache.dispatch), workspace);

@@ -74,8 +74,9 @@ class MoeBlock {
   ExpertShard shard_;
   Dispatch dispatch_;
   PrecisionRecipe precision_;
-  // MXFP8: the experts' fp32 input buffers, swapped into a layer's rows for its forward and back
-  // out after it (the backward reads the quantised copies), so that one pair serves every layer.
+  // bf16 and MXFP8: the experts' fp32 input buffers (act only in MXFP8), swapped into a layer's
+  // rows for its forward and back out after it (the backward reads the bf16 or quantised copies),
+  // so that one pair serves every layer.
   void lend_fp32_inputs(ExpertRows& rows) const;
   struct LentInputs {
     DeviceArray<float> x, act;

@@ -11,7 +11,7 @@ void PaddedDispatch::forward(const PrecisionRecipe& precision, const MoeWeights&
                              int64_t tokens, const RouterState& router, RoutedRows& routed,
                              Cache& cache, Workspace& workspace) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   const int64_t e_count = c.num_experts, routes = tokens * k, local = shard_.count;
   const int64_t ranks = exchange_.ranks(), capacity = padded_.capacity(routes);
   const int64_t block = padded_.block_rows(routes), slots = ranks * block;
@@ -50,8 +50,6 @@ void PaddedDispatch::forward(const PrecisionRecipe& precision, const MoeWeights&
                        view(sent.data(), {slots, d}));
   padded_.exchange_blocks(sent.data(), received.data(), block, d);
   rows.x.resize_for_overwrite(to_size(capacity * d));
-  rows.gu.resize(to_size(capacity * 2 * h));
-  rows.act.resize(to_size(capacity * h));
   kernels::gather_rows(view(received.data(), {slots, d}),
                        view(cache.slot_of_row.data(), {capacity}),
                        view(rows.x.data(), {capacity, d}));

@@ -68,6 +68,21 @@ struct PrecisionRecipe {
   }
 };
 
+// What the routed experts keep of their inputs (x, and the SwiGLU output act) for the backward,
+// whose GEMMs are all that read them there: what those GEMMs multiply.
+enum class KeptExpertInputs : uint8_t {
+  kFp32,  // fp32 GEMMs (and MXFP8 with mx.expert_wgrad, which quantises the fp32 values)
+  kBf16,  // bf16 GEMMs: the bf16 roundings, which give their products exactly
+  kMx,    // OLMo-core's MXFP8 recipe: the forward's MX copies, dequantised for the wgrad
+};
+
+inline KeptExpertInputs kept_expert_inputs(const PrecisionRecipe& recipe) {
+  if (recipe.mx.experts)
+    return recipe.mx.expert_wgrad ? KeptExpertInputs::kFp32 : KeptExpertInputs::kMx;
+  return recipe.experts == kernels::MatmulPrecision::kBf16 ? KeptExpertInputs::kBf16
+                                                           : KeptExpertInputs::kFp32;
+}
+
 inline const char* train_precision_name(TrainPrecision precision) {
   switch (precision) {
     case TrainPrecision::kFp32:

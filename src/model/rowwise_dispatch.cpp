@@ -13,7 +13,7 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
                               int64_t tokens, const RouterState& router, RoutedRows& routed,
                               Cache& cache, Workspace& /*workspace*/) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size, k = c.num_experts_per_tok, h = c.moe_intermediate_size;
+  const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   const int64_t routes = tokens * k, local = shard_.count;
   ScopedPhase timer(Phase::kDispatchForward);
   // Buffers at the source stay in route order; the plan says where each route's row goes.
@@ -39,8 +39,6 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
   // The backward needs the inputs after later layers have reused the buffer: a plain copy.
   cache.experts.x.resize(to_size(received * d));
   copy_bytes(cache.experts.x.data(), x_in, to_size(received * d) * sizeof(float));
-  cache.experts.gu.resize(to_size(received * 2 * h));
-  cache.experts.act.resize(to_size(received * h));
   timer.switch_to(Phase::kExpertsForward);
   grouped_experts_forward(precision, config_, local, w, cache.experts, y_out);
   timer.switch_to(Phase::kCombineForward);

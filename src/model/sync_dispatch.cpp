@@ -31,7 +31,7 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
                            Cache& cache, Workspace& workspace) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok, e_count = c.num_experts;
-  const int64_t h = c.moe_intermediate_size, routes = tokens * k;
+  const int64_t routes = tokens * k;
   const int64_t ranks = exchange_.ranks(), local = shard_.count;
   // The plan (counts, offsets, the receive-side permutation) is made on the host from the
   // exchanged counts; the rows stay where the model's tensors are, and the exchange moves them
@@ -108,8 +108,6 @@ void SyncDispatch::forward(const PrecisionRecipe& precision, const MoeWeights& w
   copy_bytes(cache.recv_to_expert.data(), cache.recv_to_expert_plan.data(),
              to_size(received) * sizeof(int32_t));
   cache.experts.x.resize(to_size(received * d));
-  cache.experts.gu.resize(to_size(received * 2 * h));
-  cache.experts.act.resize(to_size(received * h));
   cache.y_perm.resize(to_size(received * d));
   const ConstTensorView to_expert = view(cache.recv_to_expert.data(), {received});
   kernels::permute_rows(view(x_recv.data(), {received, d}), to_expert, 1,

@@ -10,6 +10,20 @@ namespace {
 
 // An MXFP8 value: an E4M3 code, and its share of the block's E8M0 scale.
 constexpr double kMx = 1.0 + 1.0 / 32.0;
+constexpr double kB16 = 2.0;  // a bf16 value
+
+// Bytes per value of the experts' kept inputs.
+double kept_input_bytes(KeptExpertInputs kept) {
+  switch (kept) {
+    case KeptExpertInputs::kBf16:
+      return kB16;
+    case KeptExpertInputs::kMx:
+      return kMx;
+    case KeptExpertInputs::kFp32:
+      break;
+  }
+  return kF;
+}
 
 }  // namespace
 
@@ -64,11 +78,11 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
     }
     moe += kF * routes;  // send_pos
     // Expert inputs, gate/up output, activation (expert-major), outputs back at the source; in
-    // mxfp8 the inputs and the activation as MXFP8 copies (MoeBlock lends their fp32 buffers:
-    // mx_lent_input_bytes).
+    // bf16 the inputs and the activation as bf16 roundings, in mxfp8 as MXFP8 copies (MoeBlock
+    // lends their fp32 buffers: lent_expert_input_bytes).
     const double expert_inputs = received * d + received * h;
-    moe +=
-        (t.mx_expert_inputs ? kMx : kF) * expert_inputs + kF * 2.0 * received * h + kF * routes * d;
+    moe += kept_input_bytes(t.expert_inputs) * expert_inputs + kF * 2.0 * received * h +
+           kF * routes * d;
     if (t.ep > 1 && t.dispatch == Dispatch::kSync)
       moe += kF * (received * d + received);  // y_perm, recv_to_expert
     if (padded)  // y_perm; the maps: per position, 3 per slot, per row; dropped
@@ -85,10 +99,14 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   return a;
 }
 
-double mx_lent_input_bytes(const ModelConfig& c, const TokenShape& t) {
-  if (!t.mx_expert_inputs || c.num_experts == 0) return 0.0;
+double lent_expert_input_bytes(const ModelConfig& c, const TokenShape& t) {
+  if (t.expert_inputs == KeptExpertInputs::kFp32 || c.num_experts == 0) return 0.0;
   const double received = static_cast<double>(t.tokens() * c.num_experts_per_tok);
-  return kF * received * static_cast<double>(c.hidden_size + c.moe_intermediate_size);
+  // bf16's SwiGLU writes its output in bf16 alone; MXFP8 quantises it from fp32.
+  const int64_t lent_width = t.expert_inputs == KeptExpertInputs::kMx
+                                 ? c.hidden_size + c.moe_intermediate_size
+                                 : c.hidden_size;
+  return kF * received * static_cast<double>(lent_width);
 }
 
 double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,
@@ -134,10 +152,12 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     // MoeBlock::backward: dy_send, d_weight, dx_send, then the experts' scratch (and the
     // exchange's four copies), the shared expert's scratch, the router's dlogits.
     const double combine = kF * (2.0 * routes * d + routes);
-    double experts = kF * 3.0 * received * h;
+    // dact [R, H] and dgu [R, 2H] (in bf16 the latter as bf16 bits)
+    double experts = kF * received * h +
+                     (t.expert_inputs == KeptExpertInputs::kBf16 ? kB16 : kF) * 2.0 * received * h;
     // mxfp8: the output gradients' codes ([R, d], then [R, 2H]) and the buffer that the saved
     // inputs are dequantised into for the weight gradients (all R rows: of H, then of d).
-    if (t.mx_expert_inputs)
+    if (t.expert_inputs == KeptExpertInputs::kMx)
       experts += kMx * received * std::max(d, 2.0 * h) + kF * received * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
     if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows

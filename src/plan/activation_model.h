@@ -1,7 +1,9 @@
 // Bytes of the activations the engine saves for the backward, per micro-batch, counted from the
 // forward caches in src/model (Transformer::Activations / LayerCache, AttentionCache, MoeCache,
 // RouterState), and the largest scratch the backward allocates on top of them. Everything is fp32
-// (int32 for token and expert ids) whatever train.precision says: bf16 only rounds GEMM operands.
+// (int32 for token and expert ids) whatever train.precision says (bf16 rounds GEMM operands), but
+// the routed experts' inputs (x, the SwiGLU output), which are kept as their GEMMs read them:
+// bf16 roundings in bf16, MXFP8 copies in mxfp8 (model/precision_recipe.h's KeptExpertInputs).
 //
 // n = local rows x seq tokens of one rank; R = rows its experts receive (n k when routing is
 // balanced, which is what is planned: the expectation under random routing too).
@@ -51,9 +53,10 @@ struct TokenShape {
   int64_t seq = 1;
   int64_t ep = 1;
   Dispatch dispatch = Dispatch::kSync;
-  // train.precision = "mxfp8" without mxfp8_expert_wgrad: the experts' inputs (x, the SwiGLU
-  // output) are kept as MXFP8 copies (model/grouped_experts.h), their fp32 buffers lent per layer.
-  bool mx_expert_inputs = false;
+  // How the experts' inputs (x, the SwiGLU output) are kept (model/grouped_experts.h): bf16
+  // roundings in bf16, MXFP8 copies in mxfp8 without mxfp8_expert_wgrad; in both their fp32
+  // buffers are lent per layer.
+  KeptExpertInputs expert_inputs = KeptExpertInputs::kFp32;
   // train.lm_head_chunk_tokens: > 0, the head keeps no logits and computes them again in the
   // backward, this many tokens at a time (model/chunked_lm_head.h).
   int64_t head_chunk_tokens = 0;
@@ -86,9 +89,9 @@ inline double padded_capacity_factor(const ParallelConfig& pc, int64_t ep) {
 ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
                                        const TokenShape& t, ActivationRecompute recompute);
 
-// mxfp8: the fp32 expert inputs one MoE block lends to each layer's forward (x and the SwiGLU
-// output of one micro-batch's routed rows), allocated once per model chunk.
-double mx_lent_input_bytes(const ModelConfig& c, const TokenShape& t);
+// bf16 and mxfp8: the fp32 expert inputs one MoE block lends to each layer's forward (x of one
+// micro-batch's routed rows, and in mxfp8 the SwiGLU output), allocated once per model chunk.
+double lent_expert_input_bytes(const ModelConfig& c, const TokenShape& t);
 
 // What the backward rebuilds for one layer under `recompute` (freed again after its backward).
 double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,

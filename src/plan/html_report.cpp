@@ -106,7 +106,8 @@ const memRows = plan.stages.map(s => {
   const m = s.memory_bytes;
   const parts = [['weights', m.weights], ['gradients', m.gradients],
     ['optimizer state', m.optimizer_state], ['bf16 copies', m.bf16_weight_copies],
-    ['MX caches', m.mx_weight_caches + m.mx_lent_inputs], ['activations', m.activations],
+    ['MX caches', m.mx_weight_caches], ['lent expert inputs', m.lent_expert_inputs],
+    ['activations', m.activations],
     ['scratch', m.workspace + m.mpi_scratch],
     ['dispatch buffers', m.dispatch_buffers], ['pipeline buffers', m.pipeline_buffers],
     ['runtime', m.runtime]];

@@ -96,7 +96,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                           tc.seq_len,
                           layout.ep,
                           pc.dispatch,
-                          recipe.mx.experts && !recipe.mx.expert_wgrad,
+                          kept_expert_inputs(recipe),
                           tc.lm_head_chunk_tokens,
                           padded_capacity_factor(pc, layout.ep)};
   int64_t first_layer = 0;
@@ -125,7 +125,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations_per_microbatch.moe += a.moe;
     m.activations_per_microbatch.head += a.head;
     m.activations += static_cast<double>(live) * a.total();
-    m.mx_lent_inputs += mx_lent_input_bytes(mc, tokens);
+    m.lent_expert_inputs += lent_expert_input_bytes(mc, tokens);
     m.pass_scratch =
         std::max(m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, tc.recompute));
   }
@@ -159,8 +159,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // reduction buffers for the whole run; Open MPI's copies come on top of it.
   m.workspace = std::max(m.pass_scratch, m.optimizer_scratch);
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
-           m.mx_lent_inputs + m.activations + m.workspace + reduction_heap + m.dispatch_buffers +
-           m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);
+           m.lent_expert_inputs + m.activations + m.workspace + reduction_heap +
+           m.dispatch_buffers + m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);
   m.host = device ? host_side : 0.0;
   return m;
 }

@@ -28,10 +28,10 @@ struct RankMemory {
   double mpi_scratch = 0.0;
   double reduction_peak = 0.0;      // the most of optimizer and MPI scratch alive at once
   double bf16_weight_copies = 0.0;  // model/bf16_weight_copies.h: train.precision = "bf16"
-  // model/mx_weight_caches.h (mxfp8): both orientations of each MX weight, and the fp32 expert
-  // inputs each chunk's MoE block lends to its layers' forwards.
+  // model/mx_weight_caches.h (mxfp8): both orientations of each MX weight.
   double mx_weight_caches = 0.0;
-  double mx_lent_inputs = 0.0;
+  // bf16 and mxfp8: the fp32 expert inputs each chunk's MoE block lends to its layers' forwards.
+  double lent_expert_inputs = 0.0;
   ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each
   // The most micro-batches whose activations are alive at once, per chunk, replayed from this
   // stage's action list (dist::pipeline_schedule); the runner keeps one slot per live micro-batch.

@@ -119,7 +119,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"reduction_peak", m.reduction_peak},
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"mx_weight_caches", m.mx_weight_caches},
-                        {"mx_lent_inputs", m.mx_lent_inputs},
+                        {"lent_expert_inputs", m.lent_expert_inputs},
                         {"activations", m.activations},
                         {"pass_scratch", m.pass_scratch},
                         {"workspace", m.workspace},
@@ -228,13 +228,15 @@ std::string plan_text(const Plan& p) {
     out += "\n";
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
-        "bf16 copies {}{}\n",
+        "bf16 copies {}{}{}\n",
         human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
         human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
         human_bytes(m.bf16_weight_copies),
         m.mx_weight_caches > 0.0
-            ? fmt::format(", MX weight caches {}, MX lent expert inputs {}",
-                          human_bytes(m.mx_weight_caches), human_bytes(m.mx_lent_inputs))
+            ? fmt::format(", MX weight caches {}", human_bytes(m.mx_weight_caches))
+            : "",
+        m.lent_expert_inputs > 0.0
+            ? fmt::format(", lent expert inputs {}", human_bytes(m.lent_expert_inputs))
             : "");
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "gradcheck.h"
 #include "kernel_harness.h"
 
@@ -132,6 +133,43 @@ TEST_P(KernelOps, SwigluMatchesReference) {
       return project(act.data(), da);
     };
     expect_close(check_all(gu.data(), gu.size(), dgu.data(), kFdEps, loss), "dgu " + what);
+  }
+}
+
+// A bf16 output (what only bf16 GEMMs read: the experts' SwiGLU output and its gradient) holds
+// float_to_bf16 of the fp32 output, bit for bit, on every backend and the oracle.
+TEST_P(KernelOps, SwigluWritesBf16AsTheRoundedFp32Output) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().swiglu_backward, backend().swiglu_forward);
+  const int64_t rows = 37, hidden = 70;
+  const std::vector<float> gu =
+      random_vec(static_cast<size_t>(rows * 2 * hidden), 230, -4.0f, 4.0f);
+  const std::vector<float> da = random_vec(static_cast<size_t>(rows * hidden), 231);
+  auto rounded = [](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    std::transform(v.begin(), v.end(), bits.begin(), float_to_bf16);
+    return bits;
+  };
+  for (const bool use_oracle : {false, true}) {
+    const auto& ops = use_oracle ? oracle() : backend();
+    const std::string what = use_oracle ? "oracle" : "backend";
+    std::vector<float> act(da.size());
+    std::vector<uint16_t> act16(da.size());
+    ops.swiglu_forward(view(gu.data(), {rows, 2 * hidden}), view(act.data(), {rows, hidden}));
+    ops.swiglu_forward(view(gu.data(), {rows, 2 * hidden}),
+                       TensorView(act16.data(), {rows, hidden}, DType::kBf16));
+    EXPECT_EQ(act16, rounded(act)) << "act " << what;
+    std::vector<float> dgu(gu.size());
+    std::vector<uint16_t> dgu16(gu.size());
+    ops.swiglu_backward(view(da.data(), {rows, hidden}), view(gu.data(), {rows, 2 * hidden}),
+                        view(dgu.data(), {rows, 2 * hidden}));
+    ops.swiglu_backward(view(da.data(), {rows, hidden}), view(gu.data(), {rows, 2 * hidden}),
+                        TensorView(dgu16.data(), {rows, 2 * hidden}, DType::kBf16));
+    EXPECT_EQ(dgu16, rounded(dgu)) << "dgu " << what;
+    std::vector<int32_t> wrong(da.size());
+    EXPECT_THROW(ops.swiglu_forward(view(gu.data(), {rows, 2 * hidden}),
+                                    TensorView(wrong.data(), {rows, hidden}, DType::kI32)),
+                 Error)
+        << what;
   }
 }
 
@@ -1247,6 +1285,37 @@ TEST_P(KernelOps, Bf16WeightCopyGivesTheProductsOfTheFp32Weight) {
       backend().grouped_gemm_forward(view(x.data(), {rows, in}), w16_view, offsets_view(offsets),
                                      view(y.data(), {rows, out}), kernels::MatmulPrecision::kFp32),
       Error);
+  // The activations in bf16 (as the experts keep theirs), with either weight: the same products.
+  const std::vector<uint16_t> x16 = copy_of(x), dy16 = copy_of(dy);
+  const ConstTensorView x16_view(x16.data(), {rows, in}, DType::kBf16);
+  const ConstTensorView dy16_view(dy16.data(), {rows, out}, DType::kBf16);
+  for (const ConstTensorView& weight : {w_view, w16_view}) {
+    const std::string w_what = weight.dtype() == DType::kBf16 ? " w bf16" : " w fp32";
+    std::vector<float> y16(y.size());
+    backend().grouped_gemm_forward(x16_view, weight, offsets_view(offsets),
+                                   view(y16.data(), {rows, out}), bf16);
+    EXPECT_EQ(y16, y) << "grouped_gemm forward, x bf16" << w_what;
+    for (const bool dy_bf16 : {false, true})
+      for (const bool x_bf16 : {false, true}) {
+        std::vector<float> dx16(x.size()), dw16(w.size());
+        backend().grouped_gemm_backward(dy_bf16 ? dy16_view : view(dy.data(), {rows, out}),
+                                        x_bf16 ? x16_view : view(x.data(), {rows, in}), weight,
+                                        offsets_view(offsets), view(dx16.data(), {rows, in}),
+                                        view(dw16.data(), {experts, out, in}), bf16);
+        EXPECT_EQ(dx16, dx) << "grouped_gemm dx, dy bf16 " << dy_bf16 << w_what;
+        EXPECT_EQ(dw16, dw) << "grouped_gemm dw, dy bf16 " << dy_bf16 << ", x bf16 " << x_bf16
+                            << w_what;
+      }
+  }
+  EXPECT_THROW(
+      backend().grouped_gemm_forward(x16_view, w_view, offsets_view(offsets),
+                                     view(y.data(), {rows, out}), kernels::MatmulPrecision::kFp32),
+      Error);
+  EXPECT_THROW(backend().grouped_gemm_backward(dy16_view, view(x.data(), {rows, in}), w_view,
+                                               offsets_view(offsets), view(dx.data(), {rows, in}),
+                                               view(dw.data(), {experts, out, in}),
+                                               kernels::MatmulPrecision::kFp32),
+               Error);
 }
 
 TEST_P(KernelOps, AddAndScaleMatchReference) {

@@ -132,12 +132,19 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
   EXPECT_DOUBLE_EQ(mx.stages[0].bf16_weight_copies,
                    bf16.stages[0].bf16_weight_copies - 2 * experts);
   EXPECT_EQ(bf16.stages[0].mx_weight_caches, 0.0);
+  // The experts' inputs (x and the SwiGLU output, 64 rows of 32 each) kept as bf16 roundings in
+  // bf16, as MXFP8 copies in mxfp8; both lend fp32 x for the forward, mxfp8 the output too.
   const double inputs = 64.0 * (32 + 32);
   EXPECT_DOUBLE_EQ(
       bf16.stages[0].activations_per_microbatch.moe - mx.stages[0].activations_per_microbatch.moe,
-      (4.0 - 33.0 / 32.0) * inputs);
-  EXPECT_DOUBLE_EQ(mx.stages[0].mx_lent_inputs, 4.0 * inputs);
-  EXPECT_EQ(bf16.stages[0].mx_lent_inputs, 0.0);
+      (2.0 - 33.0 / 32.0) * inputs);
+  EXPECT_DOUBLE_EQ(mx.stages[0].lent_expert_inputs, 4.0 * inputs);
+  EXPECT_DOUBLE_EQ(bf16.stages[0].lent_expert_inputs, 4.0 * 64.0 * 32);
+  const Plan fp32 = with("fp32");
+  EXPECT_DOUBLE_EQ(
+      fp32.stages[0].activations_per_microbatch.moe - bf16.stages[0].activations_per_microbatch.moe,
+      2.0 * inputs);
+  EXPECT_EQ(fp32.stages[0].lent_expert_inputs, 0.0);
   // The trainer's own error for widths that are not whole blocks.
   try {
     make_plan(small_config({"train.precision=\"mxfp8\""}), 1, kNoRuntime);

@@ -1,6 +1,7 @@
 // Elementwise kernels: one element per thread in a grid-stride loop (each result is one rounding).
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/launch_shape.cuh"
 #include "kernels/cuda/launchers.h"
 
@@ -19,16 +20,8 @@ __global__ void scale_kernel(const float* x, float factor, float* out, int64_t n
   }
 }
 
-// core/bf16.h's rule on the bits: round to nearest even, overflow to +-Inf, and a NaN keeps its
-// sign and top mantissa bits with the quiet bit set. (__float2bfloat16_rn rounds every other value
-// the same, but makes every NaN the canonical 0x7fff, which the bit-exact checks would see.)
 __global__ void to_bf16_kernel(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = grid_first(); i < n; i += grid_stride()) {
-    const uint32_t bits = __float_as_uint(src[i]);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t nan = (bits >> 16) | 0x0040u;
-    dst[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-  }
+  for (int64_t i = grid_first(); i < n; i += grid_stride()) dst[i] = float_to_bf16_bits(src[i]);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
-// The routed experts' GEMMs, one cuBLASLt GEMM per expert that has rows. In bf16 each operand is
-// rounded to bf16 once for all experts. The offsets arrive in device memory (as the routing wrote
-// them), but a cuBLASLt GEMM per expert needs each expert's row count on the host: they are copied
-// back (expert_offsets_on_host.h). The device-offset kernels (grouped_gemm_device.h) have no such
-// wait: in bf16 they replace this loop in a stream being captured into a CUDA graph (where a host
-// read is impossible), and everywhere when the program asks (train.cuda_grouped_gemm =
-// "one_launch"; runtime.h's experts_in_one_launch). bench/cuda/gemm.cpp measures both.
+// The routed experts' GEMMs, one cuBLASLt GEMM per expert that has rows. In bf16 each fp32 operand
+// is rounded to bf16 once for all experts (a bf16 one, as the experts keep theirs, is read as is).
+// The offsets arrive in device memory (as the routing wrote them), but a cuBLASLt GEMM per expert
+// needs each expert's row count on the host: they are copied back (expert_offsets_on_host.h). The
+// device-offset kernels (grouped_gemm_device.h) have no such wait: in bf16 they replace this loop
+// in a stream being captured into a CUDA graph (where a host read is impossible), and everywhere
+// when the program asks (train.cuda_grouped_gemm = "one_launch"; runtime.h's
+// experts_in_one_launch). bench/cuda/gemm.cpp measures both.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -69,6 +70,7 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
                           TensorView y, MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm";
   expect_weight_dtype(kOp, "w", w, precision);
+  expect_activation_dtype(kOp, "x", x, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
   expect_shape(kOp, "y", y, {s.rows, s.out}, Device::kCuda);
   const GemmOperand xs(kOp, x, precision);
@@ -96,6 +98,8 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
                            MatmulPrecision precision) {
   constexpr const char* kOp = "grouped_gemm_backward";
   expect_weight_dtype(kOp, "w", w, precision);
+  expect_activation_dtype(kOp, "dy", dy, precision);
+  expect_activation_dtype(kOp, "x", x, precision);
   const GroupedGemmDims s = grouped_gemm_dims(kOp, x, w, expert_offsets, Device::kCuda);
   expect_shape(kOp, "dy", dy, {s.rows, s.out}, Device::kCuda);
   const bool input_grad = dx.raw() != nullptr;

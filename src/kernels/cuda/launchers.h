@@ -47,9 +47,12 @@ void launch_rmsnorm_backward(const float* dy, const float* x, const float* w, co
                              bool accumulate_dx, cudaStream_t stream);
 
 // swiglu.cu: act [rows, hidden] = silu(gate) * up of gu [rows, 2 hidden]; dgu (=) from dact.
-void launch_swiglu_forward(const float* gu, float* act, int64_t rows, int64_t hidden,
+// Out: float, or uint16_t for bf16 bits (rounded as core/bf16.h's float_to_bf16).
+template <typename Out>
+void launch_swiglu_forward(const float* gu, Out* act, int64_t rows, int64_t hidden,
                            cudaStream_t stream);
-void launch_swiglu_backward(const float* dact, const float* gu, float* dgu, int64_t rows,
+template <typename Out>
+void launch_swiglu_backward(const float* dact, const float* gu, Out* dgu, int64_t rows,
                             int64_t hidden, cudaStream_t stream);
 
 // rope.cu: rotates the (i, i + half) pairs of x [batch, seq, heads, 2 half] in place by the angles

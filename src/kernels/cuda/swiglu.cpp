@@ -14,7 +14,11 @@ void swiglu_forward(ConstTensorView gu, TensorView act) {
   const int64_t rows = act.size(0), hidden = act.size(1);
   expect_shape(kOp, "gu", gu, {rows, 2 * hidden}, Device::kCuda);
   expect_shape(kOp, "act", act, {rows, hidden}, Device::kCuda);
-  launch_swiglu_forward(gu.data<float>(kOp), act.data<float>(kOp), rows, hidden, stream());
+  expect_f32_or_bf16(kOp, "act", act);
+  if (act.dtype() == DType::kBf16)
+    launch_swiglu_forward(gu.data<float>(kOp), bf16_bits(kOp, act), rows, hidden, stream());
+  else
+    launch_swiglu_forward(gu.data<float>(kOp), act.data<float>(kOp), rows, hidden, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -27,8 +31,13 @@ void swiglu_backward(ConstTensorView dact, ConstTensorView gu, TensorView dgu) {
   expect_shape(kOp, "dact", dact, {rows, hidden}, Device::kCuda);
   expect_shape(kOp, "gu", gu, {rows, 2 * hidden}, Device::kCuda);
   expect_shape(kOp, "dgu", dgu, {rows, 2 * hidden}, Device::kCuda);
-  launch_swiglu_backward(dact.data<float>(kOp), gu.data<float>(kOp), dgu.data<float>(kOp), rows,
-                         hidden, stream());
+  expect_f32_or_bf16(kOp, "dgu", dgu);
+  if (dgu.dtype() == DType::kBf16)
+    launch_swiglu_backward(dact.data<float>(kOp), gu.data<float>(kOp), bf16_bits(kOp, dgu), rows,
+                           hidden, stream());
+  else
+    launch_swiglu_backward(dact.data<float>(kOp), gu.data<float>(kOp), dgu.data<float>(kOp), rows,
+                           hidden, stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,5 @@
 // The grouped GEMM, the plain-loop oracle: per expert, per row, per output, a sum in double over
-// operands rounded as the precision says (a bf16 weight read as the fp32 values of its bits).
+// operands rounded as the precision says (a bf16 operand read as the fp32 values of its bits).
 #include "core/bf16.h"
 #include "kernels/grouped_gemm_checks.h"
 #include "kernels/ops.h"
@@ -19,9 +19,11 @@ double operand(MatmulPrecision precision, float v) {
 void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView expert_offsets,
                           TensorView y, MatmulPrecision precision) {
   expect_weight_dtype("grouped_gemm", "w", w, precision);
+  expect_activation_dtype("grouped_gemm", "x", x, precision);
   const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm", x, w, expert_offsets);
   const std::span<const int64_t> offsets = host_expert_offsets("grouped_gemm", expert_offsets, s);
-  const float* xp = x.data<float>("grouped_gemm");
+  const std::vector<float> x_values = weight_values("grouped_gemm", x);
+  const float* xp = x_values.data();
   const std::vector<float> w_values = weight_values("grouped_gemm", w);
   const float* wp = w_values.data();
   float* yp = y.data<float>("grouped_gemm");
@@ -40,11 +42,15 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
                            ConstTensorView expert_offsets, TensorView dx, TensorView dw,
                            MatmulPrecision precision) {
   expect_weight_dtype("grouped_gemm_backward", "w", w, precision);
+  expect_activation_dtype("grouped_gemm_backward", "dy", dy, precision);
+  expect_activation_dtype("grouped_gemm_backward", "x", x, precision);
   const GroupedGemmDims s = grouped_gemm_dims("grouped_gemm_backward", x, w, expert_offsets);
   const std::span<const int64_t> offsets =
       host_expert_offsets("grouped_gemm_backward", expert_offsets, s);
-  const float* dyp = dy.data<float>("grouped_gemm_backward");
-  const float* xp = x.data<float>("grouped_gemm_backward");
+  const std::vector<float> dy_values = weight_values("grouped_gemm_backward", dy);
+  const std::vector<float> x_values = weight_values("grouped_gemm_backward", x);
+  const float* dyp = dy_values.data();
+  const float* xp = x_values.data();
   const std::vector<float> w_values = weight_values("grouped_gemm_backward", w);
   const float* wp = w_values.data();
   float* dxp = dx.raw() != nullptr ? dx.data<float>("grouped_gemm_backward") : nullptr;

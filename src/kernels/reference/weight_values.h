@@ -1,6 +1,6 @@
-// The oracles' view of a GEMM weight operand: its values as fp32, whether it holds f32 or bf16
-// bits (a bf16 copy reads as the exact fp32 values of its bits). A copy, which an oracle can
-// afford.
+// The oracles' view of a GEMM operand (a weight, or an activation kept in bf16): its values as
+// fp32, whether it holds f32 or bf16 bits (a bf16 copy reads as the exact fp32 values of its
+// bits). A copy, which an oracle can afford.
 #pragma once
 
 #include <cstddef>
