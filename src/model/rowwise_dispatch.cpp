@@ -36,7 +36,9 @@ void RowwiseDispatch::forward(const PrecisionRecipe& precision, const MoeWeights
   const int64_t received = cache.experts.received;
   const float* x_in = exchange_.input();
   float* y_out = exchange_.output();
-  // The backward needs the inputs after later layers have reused the buffer: a plain copy.
+  // The backward needs the inputs after later layers have reused the buffer: a plain copy (in
+  // bf16 and mxfp8 into the buffer MoeBlock lends, for the forward alone: the experts keep their
+  // own bf16 or MX copies).
   cache.experts.x.resize(to_size(received * d));
   copy_bytes(cache.experts.x.data(), x_in, to_size(received * d) * sizeof(float));
   timer.switch_to(Phase::kExpertsForward);

@@ -101,7 +101,9 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
 
 double lent_expert_input_bytes(const ModelConfig& c, const TokenShape& t) {
   if (t.expert_inputs == KeptExpertInputs::kFp32 || c.num_experts == 0) return 0.0;
-  const double received = static_cast<double>(t.tokens() * c.num_experts_per_tok);
+  // The rows the experts' buffers have: the padded transport's capacity, else the routes.
+  const double routes = static_cast<double>(t.tokens() * c.num_experts_per_tok);
+  const double received = t.padded_capacity_factor > 0.0 ? t.padded_capacity(routes) : routes;
   // bf16's SwiGLU writes its output in bf16 alone; MXFP8 quantises it from fp32.
   const int64_t lent_width = t.expert_inputs == KeptExpertInputs::kMx
                                  ? c.hidden_size + c.moe_intermediate_size

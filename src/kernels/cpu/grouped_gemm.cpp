@@ -9,7 +9,8 @@
 // whose size is the same every step, so that no expert's GEMM converts into, or grows, the
 // scratch of whichever thread the schedule gave it (a step after the first then asks the heap for
 // nothing). Same values rounded, same products. The emulated path multiplies fp32 values: there
-// fp32 operands are taken as they are, and bf16 ones widened by each GEMM.
+// fp32 operands are taken as they are and bf16 ones widened by each GEMM, except in a backward
+// given one bf16 operand, which rounds the other too (one kind of GEMM per operand pair).
 #include <vector>
 
 #include "kernels/cpu/bf16_convert.h"
