@@ -30,8 +30,11 @@ PRECISIONS = ["bf16", "mxfp8"]
 VALIDATION = REPO / "bench" / "configs" / "plan_validation.toml"
 MODELS = [
     ("default (8 experts top-2, 16 x 128 tokens)", REPO / "configs" / "default.toml", []),
-    ("expert-activation-heavy (16 experts top-8, 16 x 128 tokens)", VALIDATION,
+    ("expert-activation-heavy (16 experts top-8, 16 x 128 tokens, 4 layers)", VALIDATION,
      ["model.num_experts_per_tok=8", "train.batch_size=16", "train.seq_len=128"]),
+    ("expert-activation-heavy, 16 layers (as above)", VALIDATION,
+     ["model.num_experts_per_tok=8", "train.batch_size=16", "train.seq_len=128",
+      "model.num_hidden_layers=16"]),
     ("expert-weight-heavy (64 experts top-8, 8 x 64 tokens)", VALIDATION,
      ["model.num_experts=64", "model.num_experts_per_tok=8"]),
 ]
@@ -150,15 +153,20 @@ def write_results(results: list[dict], curve: dict | None) -> None:
             + f" | {r['experts_s'] * 1e3:.0f} "
             f"({r['experts_s'] / r['step_s']:.0%}) | "
             f"{', '.join(f'{x:.1f}' for x in r['load_average_1min'])} |")
-    lines += ["", "Memory: mxfp8 keeps each MoE layer's expert inputs (x [R, d] and the SwiGLU "
-              "output [R, H], R = routed rows) as E4M3 codes plus one E8M0 scale per 32 "
-              "(1.03 bytes per value; bf16 keeps them as bf16 roundings, 2 bytes, the values its "
-              "GEMMs read) and lends the fp32 buffers to one layer at a time (bf16 lends x's); "
-              "the experts' weights get MX caches in two orientations (2.06 bytes per "
-              "weight) instead of one bf16 copy (2 bytes). Models whose expert rows dominate the "
-              "activations save; models whose expert weights dominate the memory do not (their "
-              "master weights, gradients and Adam moments stay fp32, 16 bytes per weight, as in "
-              "bf16).", "",
+    lines += ["", "Memory: both keep each MoE layer's expert inputs (x [R, d] and the SwiGLU "
+              "output [R, H], R = routed rows) as what their GEMMs read: bf16 as bf16 roundings "
+              "(2 bytes per value), mxfp8 as E4M3 codes plus one E8M0 scale per 32 (1.03 bytes), "
+              "so mxfp8 keeps 0.97 bytes less per value in every MoE layer. Against that it has "
+              "costs that do not grow with the layers: it lends two fp32 buffers to the layer in "
+              "its forward (x, and the SwiGLU output, which it quantises from fp32; bf16 lends "
+              "x's alone), and its experts' backward holds the output gradients' codes, the "
+              "inputs dequantised for the bf16 weight gradient and the SwiGLU's gradient in "
+              "fp32 (bf16's in bf16). A shallow model's peak is therefore higher in mxfp8 and a "
+              "deep one's lower (the 4- and 16-layer expert-activation-heavy rows). The experts' "
+              "weights get MX caches in two orientations (2.06 bytes per weight) instead of one "
+              "bf16 copy (2 bytes): models whose expert weights dominate the memory do not save "
+              "(their master weights, gradients and Adam moments stay fp32, 16 bytes per weight, "
+              "as in bf16).", "",
               "Time: no gain on a CPU, and none is expected. No x86 core multiplies FP8, so the "
               "exact MX GEMM (kernels/cpu/mx_gemm.cpp) decodes the E4M3 codes to fp32 and sums "
               "each output's 32-element blocks in a fixed order in its own SIMD lane, against "

@@ -28,8 +28,9 @@ MxOperandView saved_operand(const DeviceArray<uint8_t>& codes, const DeviceArray
 // dw (+=) [local, out, in]: dw[e] += dy_e^T . x_e for every local expert e, dy: [R, out], x: [R,
 // in] (w: the experts' weight, [local, out, in], for its shape). OLMo-core's recipe: in bf16 on the
 // forward's MX copy of x dequantised, all R rows at once (each row's blocks lie along `in`, so
-// these are the values expert by expert) into `workspace`, and one grouped GEMM that reads the
-// offsets where they are: the host does not wait for the routing (a CUDA graph can hold it).
+// these are the values expert by expert) into `workspace`, straight to the bf16 bits the GEMM
+// multiplies, and one grouped GEMM that reads the offsets where they are: the host does not wait
+// for the routing (a CUDA graph can hold it).
 // mx.expert_wgrad: both operands quantised along the tokens from fp32, each expert's rows
 // zero-padded to a multiple of 32 (model/linear.h), expert by expert on the host's copy of the
 // offsets (host_offsets).
@@ -40,11 +41,11 @@ void expert_weight_grads(const PrecisionRecipe& precision, ConstTensorView offse
   const int64_t local = offsets.numel() - 1, received = x_saved.codes.size(0);
   if (!precision.mx.expert_wgrad) {
     Workspace::Scope scratch(workspace);
-    const std::span<float> x = scratch.uninitialized<float>(received * in);
-    kernels::mx_dequantize(x_saved, view(x.data(), {received, in}));
-    kernels::grouped_gemm_backward(view(dy, {received, out}), view(x.data(), {received, in}), w,
-                                   offsets, TensorView(), view(dw, {local, out, in}),
-                                   precision.experts);
+    const std::span<uint16_t> x = scratch.uninitialized<uint16_t>(received * in);
+    const TensorView x16(x.data(), {received, in}, DType::kBf16);
+    kernels::mx_dequantize(x_saved, x16);
+    kernels::grouped_gemm_backward(view(dy, {received, out}), x16, w, offsets, TensorView(),
+                                   view(dw, {local, out, in}), precision.experts);
     return;
   }
   for (int64_t e = 0; e < local; ++e) {

@@ -158,9 +158,9 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     double experts = kF * received * h +
                      (t.expert_inputs == KeptExpertInputs::kBf16 ? kB16 : kF) * 2.0 * received * h;
     // mxfp8: the output gradients' codes ([R, d], then [R, 2H]) and the buffer that the saved
-    // inputs are dequantised into for the weight gradients (all R rows: of H, then of d).
+    // inputs are dequantised into, in bf16, for the weight gradients (all R rows: of H, then d).
     if (t.expert_inputs == KeptExpertInputs::kMx)
-      experts += kMx * received * std::max(d, 2.0 * h) + kF * received * std::max(d, h);
+      experts += kMx * received * std::max(d, 2.0 * h) + kB16 * received * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
     if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows
     moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/check.h"
 #include "kernel_harness.h"
 
@@ -183,6 +184,15 @@ TEST_P(MxKernelOps, QuantizeAndDequantizeMatchReference) {
         backend().mx_dequantize(want.operand(), f32_view(back, shape));
         oracle().mx_dequantize(want.operand(), f32_view(back_ref, shape));
         expect_same_floats(back, back_ref, "dequantize " + what);
+        // Into bf16 (a bf16 GEMM's operand): float_to_bf16 of the fp32 values, bit for bit.
+        std::vector<uint16_t> rounded(x.size()), back16(x.size()), back16_ref(x.size());
+        std::transform(back_ref.begin(), back_ref.end(), rounded.begin(), float_to_bf16);
+        backend().mx_dequantize(want.operand(),
+                                MxBuffers::make(back16.data(), shape, DType::kBf16));
+        oracle().mx_dequantize(want.operand(),
+                               MxBuffers::make(back16_ref.data(), shape, DType::kBf16));
+        EXPECT_EQ(back16, rounded) << "dequantize to bf16 " << what;
+        EXPECT_EQ(back16_ref, rounded) << "oracle dequantize to bf16 " << what;
       }
 }
 

@@ -34,8 +34,14 @@ void mx_dequantize(const MxOperandView& quantized, TensorView x) {
   expect_on_device(kOp, "codes", quantized.codes);
   const MxOperandArgs q = mx_operand_args(kOp, "codes", quantized, Device::kCuda);
   expect_mx_shape(kOp, "x", x, quantized.codes.rank(), q.dims, Device::kCuda);
-  launch_mx_dequantize(q.operand.codes, q.operand.scales, q.dims.batch * q.dims.rows * q.dims.cols,
-                       device_elem(q.operand.elem), x.data<float>(kOp), stream());
+  expect_f32_or_bf16(kOp, "x", x);
+  const int64_t n = q.dims.batch * q.dims.rows * q.dims.cols;
+  if (x.dtype() == DType::kBf16)
+    launch_mx_dequantize_to_bf16(q.operand.codes, q.operand.scales, n, device_elem(q.operand.elem),
+                                 bf16_bits(kOp, x), stream());
+  else
+    launch_mx_dequantize(q.operand.codes, q.operand.scales, n, device_elem(q.operand.elem),
+                         x.data<float>(kOp), stream());
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
