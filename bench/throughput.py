@@ -60,10 +60,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
-    # PyTorch runs ~10x longer per step: fewer steps (its eager steps are steady from the second
-    # on; torch.compile compiles during the first).
-    ap.add_argument("--peer-steps", type=int, default=3, help="steps of each PyTorch run")
-    ap.add_argument("--peer-warmup", type=int, default=1)
+    # PyTorch's steps vary more from one to the next than moecore's: 8 timed steps after 2 (its
+    # eager steps are steady from the second on; torch.compile compiles during the first). With 2
+    # timed steps (the earlier default) one slow step moved a run's rate by a third.
+    ap.add_argument("--peer-steps", type=int, default=10, help="steps of each PyTorch run")
+    ap.add_argument("--peer-warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--compile-precisions", default="fp32",
