@@ -27,4 +27,13 @@ inline float round_to_bf16(float value) {
   return bf16_to_float(float_to_bf16(value));
 }
 
+// An fp32 result written to an output element of either kind: the value, or its bf16 bits (for
+// kernels whose output may be bf16 where only bf16 GEMMs read it).
+inline void store_value(float* out, float value) {
+  *out = value;
+}
+inline void store_value(uint16_t* out, float value) {
+  *out = float_to_bf16(value);
+}
+
 }  // namespace moecore

@@ -1,6 +1,7 @@
 #include "model/grouped_experts.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <span>
 #include <vector>
 
@@ -144,20 +145,21 @@ void grouped_experts_forward(const PrecisionRecipe& precision, const ModelConfig
   const ConstTensorView down = w.experts_down;        // [local, d, H]
   rows.gu.resize(static_cast<size_t>(received * 2 * h));
   const TensorView gu = view(rows.gu.data(), {received, 2 * h});
-  const ConstTensorView x = view(rows.x.data(), {received, d});
+  // The operands the GEMMs read: x and the SwiGLU output as they are, or (kBf16) x rounded once
+  // and the SwiGLU output written in bf16, both kept for the backward.
+  ConstTensorView x = view(rows.x.data(), {received, d});
+  TensorView act;
   if (kept_expert_inputs(precision) == KeptExpertInputs::kBf16) {
     rows.x_bf16.resize_for_overwrite(static_cast<size_t>(received * d));
     rows.act_bf16.resize_for_overwrite(static_cast<size_t>(received * h));
     const TensorView x16 = bf16_view(rows.x_bf16, received, d);
-    const TensorView act16 = bf16_view(rows.act_bf16, received, h);
     kernels::to_bf16(x, x16);
-    kernels::grouped_gemm_forward(x16, gate_up, offsets, gu, precision.experts);
-    kernels::swiglu_forward(gu, act16);
-    kernels::grouped_gemm_forward(act16, down, offsets, view(y, {received, d}), precision.experts);
-    return;
+    x = x16;
+    act = bf16_view(rows.act_bf16, received, h);
+  } else {
+    rows.act.resize(static_cast<size_t>(received * h));
+    act = view(rows.act.data(), {received, h});
   }
-  rows.act.resize(static_cast<size_t>(received * h));
-  const TensorView act = view(rows.act.data(), {received, h});
   kernels::grouped_gemm_forward(x, gate_up, offsets, gu, precision.experts);
   kernels::swiglu_forward(gu, act);
   kernels::grouped_gemm_forward(act, down, offsets, view(y, {received, d}), precision.experts);
@@ -182,10 +184,10 @@ void grouped_experts_backward(const PrecisionRecipe& precision, const ModelConfi
                                  view(dact.data(), {received, h}),
                                  view(dw.experts_down, {local, d, h}), precision.experts);
   // The SwiGLU's gradient: in bf16 only the gate/up GEMMs read it.
-  const std::span<uint16_t> dgu16 = scratch.zeroed<uint16_t>(bf16 ? received * 2 * h : 0);
-  const std::span<float> dgu32 = scratch.zeroed<float>(bf16 ? 0 : received * 2 * h);
-  const TensorView dgu = bf16 ? TensorView(dgu16.data(), {received, 2 * h}, DType::kBf16)
-                              : view(dgu32.data(), {received, 2 * h});
+  const DType dgu_type = bf16 ? DType::kBf16 : DType::kF32;
+  const std::span<std::byte> dgu_bytes =
+      scratch.zeroed<std::byte>(received * 2 * h * static_cast<int64_t>(dtype_size(dgu_type)));
+  const TensorView dgu(dgu_bytes.data(), {received, 2 * h}, dgu_type);
   kernels::swiglu_backward(view(dact.data(), {received, h}), gu, dgu);
   kernels::grouped_gemm_backward(dgu, x, w.experts_gate_up, offsets, view(dx, {received, d}),
                                  view(dw.experts_gate_up, {local, 2 * h, d}), precision.experts);

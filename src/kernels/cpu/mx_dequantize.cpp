@@ -11,20 +11,13 @@ namespace moecore::kernels::cpu {
 
 namespace {
 
-inline void store(float* out, float v) {
-  *out = v;
-}
-inline void store(uint16_t* out, float v) {
-  *out = float_to_bf16(v);
-}
-
 template <typename Out>
 MOECORE_SIMD_CLONES void dequantize_row(const float* table, int64_t cols, const uint8_t* codes,
                                         const uint8_t* scales, Out* x) {
   for (int64_t b = 0; b < cols / mx::kMxBlock; ++b) {
     const float scale = mx::decode_e8m0(scales[b]);
     for (int64_t i = b * mx::kMxBlock; i < (b + 1) * mx::kMxBlock; ++i)
-      store(x + i, table[codes[i]] * scale);
+      store_value(x + i, table[codes[i]] * scale);
   }
 }
 

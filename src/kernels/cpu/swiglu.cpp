@@ -10,20 +10,12 @@ namespace moecore::kernels::cpu {
 
 namespace {
 
-// An output element: the value, or its bf16 bits.
-inline void store(float* out, float v) {
-  *out = v;
-}
-inline void store(uint16_t* out, float v) {
-  *out = float_to_bf16(v);
-}
-
 template <typename Out>
 MOECORE_SIMD_CLONES void swiglu_forward_row(const float* g, const float* u, Out* a,
                                             int64_t hidden) {
   for (int64_t j = 0; j < hidden; ++j) {
     const float sig = 1.0f / (1.0f + exp_vectorizable(-g[j]));
-    store(a + j, g[j] * sig * u[j]);
+    store_value(a + j, g[j] * sig * u[j]);
   }
 }
 
@@ -34,8 +26,8 @@ MOECORE_SIMD_CLONES void swiglu_backward_row(const float* da, const float* g, co
   for (int64_t j = 0; j < hidden; ++j) {
     const float sig = 1.0f / (1.0f + exp_vectorizable(-g[j]));
     const float silu = g[j] * sig;
-    store(du + j, da[j] * silu);
-    store(dg + j, da[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig)));
+    store_value(du + j, da[j] * silu);
+    store_value(dg + j, da[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig)));
   }
 }
 

@@ -15,4 +15,12 @@ __device__ inline uint16_t float_to_bf16_bits(float value) {
   return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
+// An fp32 result written to an output element of either kind: the value, or its bf16 bits.
+__device__ inline void store_value(float* out, float value) {
+  *out = value;
+}
+__device__ inline void store_value(uint16_t* out, float value) {
+  *out = float_to_bf16_bits(value);
+}
+
 }  // namespace moecore::kernels::cuda

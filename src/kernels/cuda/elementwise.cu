@@ -1,6 +1,4 @@
 // Elementwise kernels: one element per thread in a grid-stride loop (each result is one rounding).
-#include <cuda_bf16.h>
-
 #include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/launch_shape.cuh"
 #include "kernels/cuda/launchers.h"

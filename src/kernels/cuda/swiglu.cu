@@ -9,14 +9,6 @@
 namespace moecore::kernels::cuda {
 namespace {
 
-// An output element: the value, or its bf16 bits.
-__device__ inline void store(float* out, float v) {
-  *out = v;
-}
-__device__ inline void store(uint16_t* out, float v) {
-  *out = float_to_bf16_bits(v);
-}
-
 template <typename Out>
 __global__ void swiglu_forward_kernel(const float* gu, Out* act, int64_t rows, int64_t hidden) {
   const int64_t n = rows * hidden;
@@ -24,7 +16,7 @@ __global__ void swiglu_forward_kernel(const float* gu, Out* act, int64_t rows, i
     const int64_t r = i / hidden, j = i - r * hidden;
     const float g = gu[r * 2 * hidden + j], u = gu[r * 2 * hidden + hidden + j];
     const float sig = 1.0f / (1.0f + expf(-g));
-    store(act + i, g * sig * u);
+    store_value(act + i, g * sig * u);
   }
 }
 
@@ -38,8 +30,8 @@ __global__ void swiglu_backward_kernel(const float* dact, const float* gu, Out* 
     const int64_t gate = r * 2 * hidden + j, up = gate + hidden;
     const float g = gu[gate], u = gu[up], da = dact[i];
     const float sig = 1.0f / (1.0f + expf(-g));
-    store(dgu + up, da * (g * sig));
-    store(dgu + gate, da * u * sig * (1.0f + g * (1.0f - sig)));
+    store_value(dgu + up, da * (g * sig));
+    store_value(dgu + gate, da * u * sig * (1.0f + g * (1.0f - sig)));
   }
 }
 

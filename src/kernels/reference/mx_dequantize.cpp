@@ -1,8 +1,8 @@
 // MX dequantisation, the plain-loop oracle: decoded element times decoded scale, per element (a
 // bf16 output: that value rounded by float_to_bf16).
-#include "core/bf16.h"
 #include "kernels/mx_checks.h"
 #include "kernels/ops.h"
+#include "kernels/reference/weight_values.h"
 
 namespace moecore::kernels::reference {
 
@@ -13,15 +13,11 @@ void mx_dequantize(const MxOperandView& quantized, TensorView x) {
   expect_f32_or_bf16(kOp, "x", x);
   const int64_t rows = q.dims.batch * q.dims.rows, cols = q.dims.cols;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float value =
+    for (int64_t c = 0; c < cols; ++c)
+      store_output(
+          kOp, x, r * cols + c,
           mx::decode_elem(q.operand.elem, q.operand.codes[r * cols + c]) *
-          mx::decode_e8m0(q.operand.scales[r * (cols / mx::kMxBlock) + c / mx::kMxBlock]);
-      if (x.dtype() == DType::kBf16)
-        bf16_bits(kOp, x)[r * cols + c] = float_to_bf16(value);
-      else
-        x.data<float>(kOp)[r * cols + c] = value;
-    }
+              mx::decode_e8m0(q.operand.scales[r * (cols / mx::kMxBlock) + c / mx::kMxBlock]));
 }
 
 }  // namespace moecore::kernels::reference

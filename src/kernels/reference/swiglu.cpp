@@ -2,24 +2,11 @@
 // rounded by float_to_bf16.
 #include <cmath>
 
-#include "core/bf16.h"
 #include "kernels/ops.h"
+#include "kernels/reference/weight_values.h"
 #include "kernels/view_checks.h"
 
 namespace moecore::kernels::reference {
-
-namespace {
-
-// out[i] = v, as out's dtype holds it.
-void store(TensorView out, int64_t i, double v, const char* op) {
-  const float value = static_cast<float>(v);
-  if (out.dtype() == DType::kBf16)
-    bf16_bits(op, out)[i] = float_to_bf16(value);
-  else
-    out.data<float>(op)[i] = value;
-}
-
-}  // namespace
 
 void swiglu_forward(ConstTensorView gu, TensorView act) {
   const int64_t rows = act.size(0), hidden = act.size(1);
@@ -30,7 +17,7 @@ void swiglu_forward(ConstTensorView gu, TensorView act) {
     for (int64_t j = 0; j < hidden; ++j) {
       const double g = double{gup[r * 2 * hidden + j]},
                    u = double{gup[r * 2 * hidden + hidden + j]};
-      store(act, r * hidden + j, g / (1.0 + std::exp(-g)) * u, "swiglu");
+      store_output("swiglu", act, r * hidden + j, static_cast<float>(g / (1.0 + std::exp(-g)) * u));
     }
 }
 
@@ -47,8 +34,10 @@ void swiglu_backward(ConstTensorView dact, ConstTensorView gu, TensorView dgu) {
                    u = double{gup[r * 2 * hidden + hidden + j]};
       const double da = double{dap[r * hidden + j]};
       const double sig = 1.0 / (1.0 + std::exp(-g));
-      store(dgu, r * 2 * hidden + j, da * u * sig * (1.0 + g * (1.0 - sig)), "swiglu_backward");
-      store(dgu, r * 2 * hidden + hidden + j, da * g * sig, "swiglu_backward");
+      store_output("swiglu_backward", dgu, r * 2 * hidden + j,
+                   static_cast<float>(da * u * sig * (1.0 + g * (1.0 - sig))));
+      store_output("swiglu_backward", dgu, r * 2 * hidden + hidden + j,
+                   static_cast<float>(da * g * sig));
     }
 }
 
