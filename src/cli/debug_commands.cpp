@@ -67,8 +67,7 @@ int32_t document_eos(const RunConfig& config) {
 }
 
 void add_scalar(io::SafetensorsWriter& writer, const std::string& name, double value) {
-  const float v = static_cast<float>(value);
-  writer.add_f32(name, {}, &v);
+  writer.add_f32(name, {}, std::vector<float>{static_cast<float>(value)});
 }
 
 }  // namespace

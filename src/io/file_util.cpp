@@ -112,6 +112,13 @@ void set_write_failure_for_testing(int64_t bytes) {
 
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
                        const char* tag) {
+  write_file_atomic(
+      path, chunks.size(), [&](size_t i) { return chunks[i]; }, tag);
+}
+
+void write_file_atomic(const std::string& path, size_t count,
+                       const std::function<std::span<const std::byte>(size_t)>& chunk,
+                       const char* tag) {
   // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -120,9 +127,15 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
 
   int err = 0;
   const char* step = "write";
-  for (const auto& chunk : chunks) {
-    err = write_all(fd, chunk.data(), chunk.size());
-    if (err != 0) break;
+  try {
+    for (size_t i = 0; i < count && err == 0; ++i) {
+      const std::span<const std::byte> bytes = chunk(i);
+      err = write_all(fd, bytes.data(), bytes.size());
+    }
+  } catch (...) {  // The chunk's producer failed: nothing of the new file stays.
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
   if (err == 0 && ::fsync(fd) != 0) {
     err = errno;

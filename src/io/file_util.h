@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -38,6 +39,14 @@ class MappedFile {
 // new one: write `path.tmp.<pid>`, fsync, rename over `path`, fsync the directory. On failure the
 // temporary is removed, `path` is untouched, and a one-line moecore::Error names path and strerror.
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> chunks,
+                       const char* tag);
+
+// The same for a file produced in `count` chunks: chunk(i) is called once for each i in order and
+// its bytes need stay valid only until the next call, so a writer can stage one chunk at a time in
+// a reused buffer instead of holding the whole file. An exception from chunk removes the
+// temporary and propagates.
+void write_file_atomic(const std::string& path, size_t count,
+                       const std::function<std::span<const std::byte>(size_t)>& chunk,
                        const char* tag);
 
 // write_file_atomic of one string (config.toml, config.json, profile.json, ...).

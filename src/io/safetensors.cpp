@@ -287,8 +287,8 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
 // ---- Writer
 // --------------------------------------------------------------------------------------
 
-void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> shape,
-                                const float* data) {
+size_t SafetensorsWriter::checked_numel(const std::string& name,
+                                        const std::vector<int64_t>& shape) const {
   MOE_CHECK(!name.empty() && name != "__metadata__", "[safetensors] invalid tensor name '{}'",
             name);
   MOE_CHECK(!tensors_.contains(name), "[safetensors] duplicate tensor name '{}'", name);
@@ -297,10 +297,24 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> sh
     MOE_CHECK(extent >= 0, "[safetensors] tensor '{}' has negative shape {}", name, shape);
     numel *= static_cast<size_t>(extent);
   }
+  return numel;
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> shape,
+                                const float* data) {
+  const size_t numel = checked_numel(name, shape);
   MOE_CHECK(data != nullptr || numel == 0, "[safetensors] tensor '{}' has null data", name);
-  Entry entry{std::move(shape), std::vector<float>(numel)};
-  copy_bytes(entry.values.data(), data, numel * sizeof(float));
-  tensors_.emplace(name, std::move(entry));
+  tensors_.emplace(name, Entry{std::move(shape), numel, data, {}});
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> shape,
+                                std::vector<float> values) {
+  const size_t numel = checked_numel(name, shape);
+  MOE_CHECK(values.size() == numel, "[safetensors] tensor '{}' has {} values for {} elements", name,
+            values.size(), numel);
+  Entry& entry = tensors_.emplace(name, Entry{std::move(shape), numel, nullptr, std::move(values)})
+                     .first->second;
+  entry.data = entry.owned.data();
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
@@ -314,7 +328,7 @@ void SafetensorsWriter::write(const std::string& path) const {
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   size_t offset = 0;
   for (const auto& [name, entry] : tensors_) {
-    const size_t nbytes = entry.values.size() * sizeof(float);
+    const size_t nbytes = entry.numel * sizeof(float);
     header[name] = {
         {"dtype", "F32"}, {"shape", entry.shape}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
@@ -328,12 +342,24 @@ void SafetensorsWriter::write(const std::string& path) const {
   text.append((8 - text.size() % 8) % 8, ' ');
 
   const uint64_t header_size = text.size();
-  std::vector<std::span<const std::byte>> chunks;
-  chunks.push_back(std::as_bytes(std::span(&header_size, 1)));
-  chunks.push_back(std::as_bytes(std::span(text)));
-  for (const auto& [name, entry] : tensors_)
-    chunks.push_back(std::as_bytes(std::span(entry.values)));
-  write_file_atomic(path, chunks, "[safetensors]");
+  std::vector<const Entry*> entries;  // in the header's order
+  for (const auto& [name, entry] : tensors_) entries.push_back(&entry);
+  std::vector<float> staging;  // a device tensor's values, one tensor at a time
+  write_file_atomic(
+      path, 2 + entries.size(),
+      [&](size_t i) -> std::span<const std::byte> {
+        if (i == 0) return std::as_bytes(std::span(&header_size, 1));
+        if (i == 1) return std::as_bytes(std::span(text));
+        const Entry& entry = *entries[i - 2];
+        const float* values = entry.data;
+        if (entry.numel > 0 && device_of(values) != Device::kCpu) {
+          staging.resize(entry.numel);
+          copy_bytes(staging.data(), values, entry.numel * sizeof(float));
+          values = staging.data();
+        }
+        return std::as_bytes(std::span(values, entry.numel));
+      },
+      "[safetensors]");
 }
 
 }  // namespace moecore::io

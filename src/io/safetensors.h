@@ -65,9 +65,13 @@ class SafetensorsReader {
 
 class SafetensorsWriter {
  public:
-  // Copies numel(shape) floats from data, in host or a device's memory (core/device_memory.h).
-  // Duplicate names are an error.
+  // Adds numel(shape) floats at data, in host or a device's memory (core/device_memory.h), without
+  // copying them: they must stay valid and unchanged until write() returns. A checkpoint therefore
+  // costs no second copy of the weights and optimizer state in memory (device tensors pass through
+  // one host buffer, a tensor at a time). Duplicate names are an error.
   void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
+  // The same for values the writer keeps (a scalar, a temporary).
+  void add_f32(const std::string& name, std::vector<int64_t> shape, std::vector<float> values);
   void set_metadata(const std::string& key, const std::string& value);
   // Atomic (see write_file_atomic). Header keys sorted, header padded with spaces to a multiple of
   // 8 bytes as the Python safetensors package does, so F32 data stays aligned.
@@ -76,8 +80,13 @@ class SafetensorsWriter {
  private:
   struct Entry {
     std::vector<int64_t> shape;
-    std::vector<float> values;
+    size_t numel = 0;
+    const float* data = nullptr;  // the caller's values, or owned's
+    std::vector<float> owned;
   };
+  // numel(shape), after checking the name (not empty, not taken) and the shape.
+  size_t checked_numel(const std::string& name, const std::vector<int64_t>& shape) const;
+
   std::map<std::string, Entry> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -9,10 +9,12 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "io/file_util.h"
 #include "io/safetensors.h"
 
 namespace moecore::io {
@@ -266,6 +268,45 @@ TEST_F(SafetensorsTest, WriterRejectsDuplicateAndInvalidNames) {
   expect_error([&] { writer.add_f32("w", {1}, &x); }, {"duplicate", "'w'"});
   expect_error([&] { writer.add_f32("__metadata__", {1}, &x); }, {"__metadata__"});
   expect_error([&] { writer.add_f32("neg", {-1}, &x); }, {"'neg'", "[-1]"});
+}
+
+TEST_F(SafetensorsTest, WriterBorrowsHostValuesUntilWriteAndOwnsMovedOnes) {
+  // A borrowed tensor is read when the file is written (a checkpoint holds no copy of the
+  // state); a moved vector is the writer's, so its caller's temporary may go.
+  std::vector<float> borrowed = {1.0f, 2.0f};
+  SafetensorsWriter writer;
+  writer.add_f32("borrowed", {2}, borrowed.data());
+  {
+    std::vector<float> temporary = {7.0f};
+    writer.add_f32("owned", {1}, std::move(temporary));
+  }
+  borrowed[1] = 3.0f;
+  writer.write(path("b.safetensors"));
+  const SafetensorsReader reader = SafetensorsReader::open(path("b.safetensors"));
+  EXPECT_EQ(reader.read_f32("borrowed"), (std::vector<float>{1.0f, 3.0f}));
+  EXPECT_EQ(reader.read_f32("owned"), (std::vector<float>{7.0f}));
+  expect_error([&] { writer.add_f32("short", {2}, std::vector<float>{1.0f}); },
+               {"'short'", "1 values for 2 elements"});
+  expect_error([&] { writer.add_f32("null", {2}, static_cast<const float*>(nullptr)); },
+               {"'null'", "null data"});
+}
+
+TEST_F(SafetensorsTest, AtomicWriteRemovesTheTemporaryWhenAChunkCannotBeMade) {
+  write_raw("c.bin", "old");
+  const std::string text = "new";
+  expect_error(
+      [&] {
+        write_file_atomic(
+            path("c.bin"), 2,
+            [&](size_t i) -> std::span<const std::byte> {
+              if (i == 1) fail("[test] the second chunk cannot be made");
+              return std::as_bytes(std::span(text));
+            },
+            "[test]");
+      },
+      {"the second chunk cannot be made"});
+  EXPECT_EQ(file_contents(path("c.bin")), "old");
+  EXPECT_EQ(entries(), (std::vector<std::string>{"c.bin"}));  // Temporary removed.
 }
 
 TEST_F(SafetensorsTest, AtomicWriteFailsCleanlyWhenDirectoryIsMissing) {
