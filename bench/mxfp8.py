@@ -5,12 +5,13 @@ model in fp32, bf16 and mxfp8 (same seed and data) and their final validation lo
 Memory and time: for each model below, bf16 and mxfp8 (OLMo-core's recipe: the routed experts'
 forward and input-gradient GEMMs in MXFP8, their inputs kept as MXFP8 copies) are trained for
 STEPS steps RUNS times, interleaved; the table gives the median peak RSS (out_dir/rank_stats) and
-the median mean step time of steps 2..STEPS (train.profile), and the experts' share of the step.
+the median mean step time of steps 2..STEPS (train.profile), and the experts' share of the step,
+beside `moecore plan`'s peak and step time on this machine's rates (measured first).
 Curves (--curves N, default model, N steps each; about 2 hours for N = 1000 on two cores): the
 training loss per 50-step window and the final validation loss of each precision.
 
 Writes bench/results/mxfp8.md and .json (the curves section is kept from the previous file when
---curves is not given). Run: `make bench-mxfp8` (memory and time: about 10 minutes on two cores).
+--curves is not given). Run: `make bench-mxfp8` (memory and time: about 12 minutes on two cores).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from plan_validation import BIN, PROFILE, REPO, RESULTS, median, prepare_data, run
+from plan_validation import BIN, REPO, RESULTS, measure_profile, median, prepare_data, run
 
 RUNS = 3
 STEPS = 4
@@ -43,7 +44,7 @@ WINDOW = 50
 
 def settings(sets: list[str], precision: str, steps: int, data: Path | None,
              out_dir: Path) -> list[str]:
-    # One thread: the rates of bench/results/cpu_profile.json, which the plan's step time uses.
+    # One thread: the rates of the profile measure() takes first, which the plan's step time uses.
     sets = sets + [f"train.precision=\"{precision}\"", f"train.max_steps={steps}",
                    "train.threads=1", "train.profile=true", "train.save_every=0", "train.sample_tokens=0",
                    "train.max_seconds=0", f"train.out_dir=\"{out_dir}\""]
@@ -53,15 +54,19 @@ def settings(sets: list[str], precision: str, steps: int, data: Path | None,
     return [a for s in sets for a in ("--set", s)]
 
 
-def measure(work: Path) -> list[dict]:
+def measure(work: Path) -> tuple[list[dict], dict]:
+    """The runs, and the profile of this machine that the plan's step times use (measured here
+    first: rates measured on another CPU say nothing of this one's)."""
     data = prepare_data(work)
+    profile_path = work / "cpu_profile.json"
+    profile = measure_profile(profile_path, "cpu (measured by bench/mxfp8.py)")
     results = []
     for model, config, sets in MODELS:
         own_data = data if config == VALIDATION else None
         per = {p: {"peak_kib": [], "step_s": [], "experts_s": [], "load": []} for p in PRECISIONS}
         predicted, predicted_step = {}, {}
         for precision in PRECISIONS:
-            hardware = ["--hardware", str(PROFILE)] if PROFILE.is_file() else []
+            hardware = ["--hardware", str(profile_path)]
             plan = json.loads(run([str(BIN), "plan", str(config), "--json", "--ranks", "1"] +
                                   hardware + settings(sets, precision, STEPS, own_data,
                                                       work / "plan")))
@@ -92,7 +97,7 @@ def measure(work: Path) -> list[dict]:
                             "step_s": median(p["step_s"]), "experts_s": median(p["experts_s"]),
                             "runs_peak_mib": [k / 1024 for k in p["peak_kib"]],
                             "runs_step_s": p["step_s"], "load_average_1min": p["load"]})
-    return results
+    return results, profile
 
 
 def curves(work: Path, steps: int) -> dict:
@@ -128,16 +133,22 @@ def window_means(losses: list[float]) -> list[float]:
             for w in range(0, len(losses), WINDOW)]
 
 
-def write_results(results: list[dict], curve: dict | None) -> None:
-    (RESULTS / "mxfp8.json").write_text(json.dumps({"memory_time": results, "curves": curve},
-                                                   indent=1))
+def write_results(results: list[dict], curve: dict | None, profile: dict) -> None:
+    (RESULTS / "mxfp8.json").write_text(json.dumps(
+        {"memory_time": results, "curves": curve, "profile": profile}, indent=1))
+    shape = "x".join(str(x) for x in profile["measured"]["gemm_shape_mnk"])
     lines = ["# MXFP8 training against bf16", "",
              f"Machine: {cpu_model()}, {os.cpu_count()} cores, "
              "shared (1-minute load average at each run's start below); one process, one "
              f"thread, {STEPS} steps (2..{STEPS} timed), median of {RUNS} runs, precisions "
-             "interleaved within each repeat. Plan: `moecore plan --hardware "
-             "bench/results/cpu_profile.json` (its MX rate: `moecore bench gemm --precision "
-             "mxfp8`). Produced by `make bench-mxfp8` (`bench/mxfp8.py`).", "",
+             "interleaved within each repeat. Plan: `moecore plan --hardware` with this "
+             "machine's rates, measured by the same script before the runs (bench/"
+             "plan_validation.py's measure_profile, one thread; at m n k = "
+             f"{shape}: GEMM fp32 {profile['gemm_tflops_fp32'] * 1e3:.1f}, bf16 "
+             f"{profile['gemm_tflops_bf16'] * 1e3:.1f}, MXFP8 "
+             f"{profile['gemm_tflops_mxfp8'] * 1e3:.1f} GFLOP/s; memory "
+             f"{profile['memory_bandwidth_gbs']:.1f} GB/s; the whole profile is in mxfp8.json). "
+             "Produced by `make bench-mxfp8` (`bench/mxfp8.py`).", "",
              "| model | precision | peak RSS MiB | vs bf16 | plan: peak MiB (error) | step ms | "
              "vs bf16 | plan: step ms (error) | experts ms (share) | load avg |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -212,7 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rewrite:
         saved = json.loads((RESULTS / "mxfp8.json").read_text())
-        write_results(saved["memory_time"], saved["curves"])
+        write_results(saved["memory_time"], saved["curves"], saved["profile"])
         return
     if not BIN.is_file():
         raise SystemExit(f"no binary at {BIN} (build it, or set MOECORE_BIN)")
@@ -220,12 +231,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="moecore-mxfp8-", dir=base))
     previous = RESULTS / "mxfp8.json"
     try:
-        results = measure(work)
+        results, profile = measure(work)
         curve = curves(work, args.curves) if args.curves else (
             json.loads(previous.read_text()).get("curves") if previous.is_file() else None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    write_results(results, curve)
+    write_results(results, curve, profile)
 
 
 if __name__ == "__main__":

@@ -113,8 +113,10 @@ def median(values: list[float]) -> float:
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
-def measure_profile() -> dict:
-    """This CPU's rates for the step-time model, one thread per rank as the validation runs."""
+def measure_profile(path: Path = PROFILE,
+                    name: str = "cpu (measured by bench/plan_validation.py)") -> dict:
+    """This CPU's rates for the step-time model, one thread per rank as the validation runs,
+    written to `path` as a `moecore plan --hardware` profile."""
     def gemm_json(precision: str, m: int, n: int, k: int) -> dict:
         return json.loads(run([str(BIN), "bench", "gemm", "--threads", "1", "--precision",
                                precision, "--m", str(m), "--n", str(n), "--k", str(k)]))
@@ -152,7 +154,7 @@ def measure_profile() -> dict:
     # More than the cores there are is the noise of a shared machine (the GEMM alone ran slow).
     capacity = min(capacity, float(os.cpu_count() or 1))
     profile = {
-        "name": "cpu (measured by bench/plan_validation.py)",
+        "name": name,
         "memory_gib": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30,
         "runtime_overhead_mib": 24,
         "gemm_tflops_fp32": one / 1e12,
@@ -177,7 +179,7 @@ def measure_profile() -> dict:
         "measured": {"cpu": platform.processor() or platform.machine(),
                      "gemm_shape_mnk": model_shape, "load_average": os.getloadavg()},
     }
-    PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
+    path.write_text(json.dumps(profile, indent=1) + "\n")
     return profile
 
 

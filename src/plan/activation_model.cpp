@@ -1,6 +1,7 @@
 #include "plan/activation_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "plan/units.h"
 
@@ -181,6 +182,68 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
   if (chunk.has_head && t.head_chunk_tokens > 0) forward_head = kF * head_rows * v;
   const double forward = kF * n * d + std::max(forward_layer, forward_head);
   return std::max(forward, backward);
+}
+
+double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& chunks,
+                          const TokenShape& t, const PrecisionRecipe& recipe, bool device) {
+  using Precision = PrecisionRecipe::Precision;
+  const double n = static_cast<double>(t.tokens()), d = static_cast<double>(c.hidden_size);
+  const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
+  const double dense_h = static_cast<double>(c.intermediate_size);
+  const double shared_h = static_cast<double>(c.shared_expert_intermediate_size);
+  const double h = static_cast<double>(c.moe_intermediate_size);
+  const double routes = n * static_cast<double>(c.num_experts_per_tok);
+  const double received = t.padded_capacity_factor > 0.0 ? t.padded_capacity(routes) : routes;
+  // Which of the rank's modules multiply in bf16 (their weights' bf16 copies) or in MXFP8.
+  bool dense = false, moe = false, head = false;
+  for (const ChunkShape& chunk : chunks) {
+    head = head || chunk.has_head;
+    for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i)
+      (c.layer_is_dense(i) ? dense : moe) = true;
+  }
+  const bool attention_bf16 = recipe.attention == Precision::kBf16 && !recipe.mx.attention;
+  const bool mlp_bf16 = recipe.dense_mlp == Precision::kBf16 && !recipe.mx.dense_mlp;
+  const bool dense_bf16 = dense && mlp_bf16, shared_bf16 = moe && shared_h > 0.0 && mlp_bf16;
+  const bool head_bf16 = head && recipe.lm_head == Precision::kBf16;
+
+  // linear.cpp's slots: the layer input [n, d]; the output gradient of each bf16 linear.
+  double input_slot = 0.0, grad_slot = 0.0;
+  auto grad = [&](bool bf16, double rows, double cols) {
+    if (bf16) grad_slot = std::max(grad_slot, kB16 * rows * cols);
+  };
+  if (attention_bf16 || dense_bf16 || shared_bf16 || head_bf16) input_slot = kB16 * n * d;
+  grad(attention_bf16, n, std::max({d, qs, kvs}));
+  grad(dense_bf16, n, std::max(d, 2.0 * dense_h));
+  grad(shared_bf16, n, std::max(d, 2.0 * shared_h));
+  grad(head_bf16, static_cast<double>(t.head_rows()), static_cast<double>(c.vocab_size));
+  double bytes = input_slot + grad_slot;
+
+  // MX linears: two slots of codes and scales and the token-padded fp32 copy, at the widest
+  // operand ([n, in] along the features, [features, n] along the tokens).
+  double mx_width = 0.0;
+  if (recipe.mx.attention) mx_width = std::max({mx_width, d, qs, kvs});
+  if (recipe.mx.dense_mlp && dense) mx_width = std::max({mx_width, d, 2.0 * dense_h});
+  if (recipe.mx.dense_mlp && moe && shared_h > 0.0)
+    mx_width = std::max({mx_width, d, 2.0 * shared_h});
+  const double padded_n = std::ceil(n / 32.0) * 32.0;
+  bytes += (2.0 * kMx + kF) * padded_n * mx_width;
+  if (device) return bytes;
+
+  // The CPU's bf16 GEMMs: fp32 operands converted (the forward's A, the weight gradient's B).
+  double converted = 0.0;
+  if (attention_bf16) converted = std::max(converted, n * qs);   // the context
+  if (dense_bf16) converted = std::max(converted, n * dense_h);  // the SwiGLU output
+  if (shared_bf16) converted = std::max(converted, n * shared_h);
+  bytes += 2.0 * kB16 * converted;
+  // The grouped GEMM's rounding of the experts' fp32 output gradients: the down projection's
+  // [R, d] in bf16; in mxfp8 (bf16 weight gradients) also the SwiGLU's gradient [R, 2H].
+  if (moe && c.num_experts > 0) {
+    if (t.expert_inputs == KeptExpertInputs::kBf16) bytes += kB16 * received * d;
+    if (t.expert_inputs == KeptExpertInputs::kMx) bytes += kB16 * received * std::max(d, 2.0 * h);
+  }
+  // Flash attention's bf16 copies of q, k, v and the output gradient.
+  if (attention_bf16) bytes += kB16 * n * (2.0 * qs + 2.0 * kvs);
+  return bytes;
 }
 
 }  // namespace moecore::plan

@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "dist/rowwise_plan.h"
 #include "model/activation_recompute.h"
 #include "model/config.h"
+#include "model/precision_recipe.h"
 #include "train/run_config.h"
 
 namespace moecore::plan {
@@ -103,5 +105,18 @@ double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenSh
 // workspace (core/workspace.h), which keeps that block for the whole run.
 double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
                                 ActivationRecompute recompute);
+
+// The GEMM operand copies that live as long as the run, each kept at the largest operand it has
+// held (none in fp32): model/linear.cpp's two rounding slots (a linear layer's input, which its
+// GEMMs share; the output gradient its two backward GEMMs share, the largest being the LM head's
+// logits gradient) and its MX quantisation scratch (mxfp8's MX linears), and on the CPU the bf16
+// GEMMs' conversions of fp32 operands (kernels/cpu/gemm_bf16.cpp: the inputs of the attention's
+// output projection and of the MLPs' down projections), the grouped GEMM's rounding of the
+// experts' fp32 output gradients (kernels/cpu/grouped_gemm.cpp) and flash attention's copies of
+// q, k, v and the output gradient. These are thread-local and shared by the rank's chunks.
+// Counted as on a CPU whose GEMMs multiply bf16 (AVX512-BF16, AMX); the emulated path of other
+// CPUs rounds no operand once and keeps fp32 copies of the GEMMs' rounded operands instead.
+double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& chunks,
+                          const TokenShape& t, const PrecisionRecipe& recipe, bool device);
 
 }  // namespace moecore::plan

@@ -107,6 +107,7 @@ const memRows = plan.stages.map(s => {
   const parts = [['weights', m.weights], ['gradients', m.gradients],
     ['optimizer state', m.optimizer_state], ['bf16 copies', m.bf16_weight_copies],
     ['MX caches', m.mx_weight_caches], ['lent expert inputs', m.lent_expert_inputs],
+    ['operand copies', m.operand_copies],
     ['activations', m.activations],
     ['scratch', m.workspace + m.mpi_scratch],
     ['dispatch buffers', m.dispatch_buffers], ['pipeline buffers', m.pipeline_buffers],

@@ -106,6 +106,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     first_layer += n;
   }
   const int64_t chunks_total = static_cast<int64_t>(layout.chunk_layers.size());
+  std::vector<ChunkShape> shapes;
   for (int64_t v = 0; v < layout.virtual_stages; ++v) {
     const int64_t g = stage + v * layout.pp;
     m.chunks.push_back(g);
@@ -126,9 +127,12 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations_per_microbatch.head += a.head;
     m.activations += static_cast<double>(live) * a.total();
     m.lent_expert_inputs += lent_expert_input_bytes(mc, tokens);
+    shapes.push_back(shape);
     m.pass_scratch =
         std::max(m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, tc.recompute));
   }
+
+  m.operand_copies = operand_copy_bytes(mc, shapes, tokens, recipe, device);
 
   // Rowwise dispatch: two symmetric windows (inputs, outputs) of capacity x d floats, capacity =
   // ceil(capacity_factor x routes of one rank). Without expert parallelism nothing is allocated.
@@ -159,7 +163,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // reduction buffers for the whole run; Open MPI's copies come on top of it.
   m.workspace = std::max(m.pass_scratch, m.optimizer_scratch);
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
-           m.lent_expert_inputs + m.activations + m.workspace + reduction_heap +
+           m.lent_expert_inputs + m.operand_copies + m.activations + m.workspace + reduction_heap +
            m.dispatch_buffers + m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);
   m.host = device ? host_side : 0.0;
   return m;

@@ -32,6 +32,9 @@ struct RankMemory {
   double mx_weight_caches = 0.0;
   // bf16 and mxfp8: the fp32 expert inputs each chunk's MoE block lends to its layers' forwards.
   double lent_expert_inputs = 0.0;
+  // bf16 and mxfp8: the GEMM operand copies kept for the run (plan/activation_model.h's
+  // operand_copy_bytes).
+  double operand_copies = 0.0;
   ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each
   // The most micro-batches whose activations are alive at once, per chunk, replayed from this
   // stage's action list (dist::pipeline_schedule); the runner keeps one slot per live micro-batch.

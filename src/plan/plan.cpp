@@ -120,6 +120,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"mx_weight_caches", m.mx_weight_caches},
                         {"lent_expert_inputs", m.lent_expert_inputs},
+                        {"operand_copies", m.operand_copies},
                         {"activations", m.activations},
                         {"pass_scratch", m.pass_scratch},
                         {"workspace", m.workspace},
@@ -228,7 +229,7 @@ std::string plan_text(const Plan& p) {
     out += "\n";
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
-        "bf16 copies {}{}{}\n",
+        "bf16 copies {}{}{}{}\n",
         human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
         human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
         human_bytes(m.bf16_weight_copies),
@@ -237,6 +238,9 @@ std::string plan_text(const Plan& p) {
             : "",
         m.lent_expert_inputs > 0.0
             ? fmt::format(", lent expert inputs {}", human_bytes(m.lent_expert_inputs))
+            : "",
+        m.operand_copies > 0.0
+            ? fmt::format(", GEMM operand copies {}", human_bytes(m.operand_copies))
             : "");
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "

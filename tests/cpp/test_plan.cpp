@@ -154,6 +154,33 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
   }
 }
 
+// bf16 and mxfp8: the GEMM operand copies kept for the run (operand_copy_bytes), by hand for one
+// rank's micro-batch of n = 4 x 16 = 64 tokens (d 32, q 32, kv 16, dense MLP 48, shared expert
+// 24, experts 32 wide, R = 128 routed rows, vocabulary 64), 2 bytes a value: the layer input
+// [n, d] 4096; the largest output gradient, the dense MLP's gate/up [n, 96] 12288; on the CPU the
+// converted fp32 operands (the dense MLP's SwiGLU output [n, 48], forward and weight gradient)
+// 12288, the grouped GEMM's output gradients (bf16: [R, d] 8192; mxfp8: [R, 2H] 16384) and flash
+// attention's q, k, v, dout [n, 96] 12288. fp32 keeps none; an accelerator only the first two.
+TEST(PlanMemory, GemmOperandCopies) {
+  auto plan = [](const char* precision, const Hardware& hardware) {
+    return make_plan(small_config({"model.moe_intermediate_size=32",
+                                   std::string("train.precision=\"") + precision + "\""}),
+                     1, hardware);
+  };
+  const Hardware gpu{"test", 1e12, 0.0, "test", true, {}};
+  const double slots = 4096 + 12288, cpu_common = 12288 + 12288;
+  EXPECT_DOUBLE_EQ(plan("bf16", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 8192);
+  EXPECT_DOUBLE_EQ(plan("mxfp8", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 16384);
+  EXPECT_DOUBLE_EQ(plan("bf16", gpu).stages[0].operand_copies, slots);
+  EXPECT_EQ(plan("fp32", kNoRuntime).stages[0].operand_copies, 0.0);
+  // Part of the peak.
+  const Plan bf16 = plan("bf16", kNoRuntime);
+  const RankMemory& m = bf16.stages[0];
+  EXPECT_DOUBLE_EQ(m.peak, m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies +
+                               m.lent_expert_inputs + m.operand_copies + m.activations +
+                               m.workspace + m.batch_tokens);
+}
+
 TEST(PlanMemory, LiveMicroBatchesComeFromTheSchedule) {
   // pp 2, 4 micro-batches: 1F1B keeps pp - stage alive, GPipe all of them.
   const Plan one_f =
