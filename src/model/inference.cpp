@@ -235,8 +235,10 @@ const std::vector<float>& InferenceModel::forward(const int32_t* tokens, int64_t
       ffn_in = h_.data();
     }
     if (c.layer_is_dense(layer)) {
+      // fp32: nothing is kept for a backward here.
       swiglu_mlp_forward(precision_.dense_mlp, {n, d, c.intermediate_size}, ffn_in, w.mlp_gate_up,
-                         w.mlp_down, mlp_gu_.data(), mlp_act_.data(), branch_.data());
+                         w.mlp_down, mlp_gu_.data(),
+                         view(mlp_act_.data(), {n, c.intermediate_size}), branch_.data());
     } else {
       moe_.forward(w.moe, ffn_in, n, branch_.data(), moe_cache_, moe_workspace_);
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/check.h"
 #include "core/device_memory.h"
 #include "kernels/ops.h"
 
@@ -121,20 +122,22 @@ void linear_forward(kernels::MatmulPrecision precision, const LinearInput& x, co
     return;
   }
   if (rows == 0) return;
+  MOE_CHECK(x.values != nullptr, "[linear] an MXFP8 linear quantises fp32 x; bf16 bits were given");
   const MxOperandView xq = quantize_rows(x.values, rows, in, w.mx->scale_mode, 0);
   kernels::mx_matmul(xq, matrix(w.mx->along_in), 1.0f, 0.0f, view(y, {rows, out}));
 }
 
-void linear_backward(kernels::MatmulPrecision precision, const float* dy, const LinearInput& x,
-                     const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
-                     int64_t out, bool accumulate_dx) {
+void linear_backward(kernels::MatmulPrecision precision, const LinearInput& dy,
+                     const LinearInput& x, const LinearWeight& w, float* dx, float* dw,
+                     int64_t rows, int64_t in, int64_t out, bool accumulate_dx) {
   if (w.mx == nullptr) {
-    // dy is read by both GEMMs: rounded once for them. (The slot keeps the largest dy it has
-    // held: the unchunked LM head's logits gradient, in bf16, the size of the conversion that
-    // each of its GEMMs made before.)
-    const bool round_dy = dx != nullptr && rounding_once_pays(precision, dy, rows * out);
+    // dy is read by both GEMMs: rounded once for them, unless it comes rounded. (The slot keeps
+    // the largest dy it has held: the unchunked LM head's logits gradient, in bf16, the size of
+    // the conversion that each of its GEMMs made before.)
+    const bool round_dy = dy.bf16.raw() == nullptr && dx != nullptr &&
+                          rounding_once_pays(precision, dy.values, rows * out);
     const ConstTensorView dy_operand =
-        round_dy ? round_once(dy, rows, out, Bf16Slot::kOutputGrad) : view(dy, {rows, out});
+        round_dy ? round_once(dy.values, rows, out, Bf16Slot::kOutputGrad) : operand(dy, rows, out);
     if (dx != nullptr)
       kernels::matmul(dy_operand, false, w.values, false, 1.0f, accumulate_dx ? 1.0f : 0.0f,
                       view(dx, {rows, in}), precision);
@@ -143,13 +146,15 @@ void linear_backward(kernels::MatmulPrecision precision, const float* dy, const 
     return;
   }
   if (rows == 0) return;
+  MOE_CHECK(dy.values != nullptr && x.values != nullptr,
+            "[linear] an MXFP8 linear's backward quantises fp32 dy and x; bf16 bits were given");
   const mx::ScaleMode mode = w.mx->scale_mode;
   if (dx != nullptr) {
-    const MxOperandView dyq = quantize_rows(dy, rows, out, mode, 0);
+    const MxOperandView dyq = quantize_rows(dy.values, rows, out, mode, 0);
     kernels::mx_matmul(dyq, matrix(w.mx->along_out), 1.0f, accumulate_dx ? 1.0f : 0.0f,
                        view(dx, {rows, in}));
   }
-  mx_weight_grad(dy, x.values, dw, rows, in, out, mode);
+  mx_weight_grad(dy.values, x.values, dw, rows, in, out, mode);
 }
 
 }  // namespace moecore

@@ -52,13 +52,16 @@ enum class Bf16Slot { kLayerInput, kOutputGrad };
 // use. A GEMM would otherwise round it again for each of them: a pass over fp32 x each.
 ConstTensorView round_once(const float* x, int64_t rows, int64_t cols, Bf16Slot slot);
 
-// An activation as linear layers' GEMMs read it: its fp32 values, and its bf16 rounding where the
-// caller made it once (round_once) for several bf16 GEMMs without MX caches; those read the
-// rounding, which gives the products of the values (kernels::matmul's rule).
+// An activation or output gradient as linear layers' GEMMs read it: its fp32 values, and its
+// bf16 rounding where the caller made it once (round_once) for several bf16 GEMMs without MX
+// caches; those read the rounding, which gives the products of the values (kernels::matmul's
+// rule). Or its bf16 bits alone, where nothing but bf16 GEMMs without MX caches reads it (a dense
+// MLP's SwiGLU output and its gradient, model/swiglu_mlp.h).
 struct LinearInput {
   LinearInput(const float* x) : values(x) {}  // NOLINT: implicit, the plain case
   LinearInput(const float* x, ConstTensorView rounded) : values(x), bf16(rounded) {}
-  const float* values;
+  explicit LinearInput(ConstTensorView bits) : values(nullptr), bf16(bits) {}
+  const float* values;   // nullptr: bf16 bits alone
   ConstTensorView bf16;  // empty: the GEMMs round `values` themselves (or multiply in fp32)
 };
 
@@ -72,9 +75,10 @@ void linear_forward(kernels::MatmulPrecision precision, const LinearInput& x, co
                     float* y, int64_t rows, int64_t in, int64_t out);
 
 // dx[N, in] = dy * W (=, or += when accumulate_dx); dW[out, in] += dy^T * x. Where its GEMMs
-// multiply bf16 bits (without MX), dy is rounded once for both (slot kOutputGrad).
-void linear_backward(kernels::MatmulPrecision precision, const float* dy, const LinearInput& x,
-                     const LinearWeight& w, float* dx, float* dw, int64_t rows, int64_t in,
-                     int64_t out, bool accumulate_dx);
+// multiply bf16 bits (without MX), dy is rounded once for both (slot kOutputGrad) unless it comes
+// rounded.
+void linear_backward(kernels::MatmulPrecision precision, const LinearInput& dy,
+                     const LinearInput& x, const LinearWeight& w, float* dx, float* dw,
+                     int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
 
 }  // namespace moecore

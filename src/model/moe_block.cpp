@@ -71,10 +71,12 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertForward);
   if (hs > 0) {
+    const DType act_type = kept_mlp_act_dtype(precision_);
     cache.shared_gu.resize(to_size(tokens * 2 * hs));
-    cache.shared_act.resize(to_size(tokens * hs));
+    cache.shared_act.resize(to_size(tokens * hs) * dtype_size(act_type));
     swiglu_mlp_forward(precision_.dense_mlp, {tokens, d, hs}, x, w.shared_gate_up, w.shared_down,
-                       cache.shared_gu.data(), cache.shared_act.data(), y);
+                       cache.shared_gu.data(),
+                       TensorView(cache.shared_act.data(), {tokens, hs}, act_type), y);
   } else {
     zero_bytes(y, static_cast<size_t>(tokens * d) * sizeof(float));
   }
@@ -121,12 +123,15 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertBackward);
   if (hs > 0) {
+    const DType act_type = kept_mlp_act_dtype(precision_);
     const std::span<float> shared_dact = scratch.zeroed<float>(tokens * hs);
-    const std::span<float> shared_dgu = scratch.zeroed<float>(tokens * 2 * hs);
+    const std::span<std::byte> shared_dgu =
+        scratch.zeroed<std::byte>(tokens * 2 * hs * static_cast<int64_t>(dtype_size(act_type)));
     swiglu_mlp_backward(precision_.dense_mlp, {tokens, d, hs}, dy, x, w.shared_gate_up,
-                        w.shared_down, cache.shared_gu.data(), cache.shared_act.data(), dx,
-                        dw.shared_gate_up, dw.shared_down, shared_dact.data(), shared_dgu.data(),
-                        true);
+                        w.shared_down, cache.shared_gu.data(),
+                        ConstTensorView(cache.shared_act.data(), {tokens, hs}, act_type), dx,
+                        dw.shared_gate_up, dw.shared_down, shared_dact.data(),
+                        TensorView(shared_dgu.data(), {tokens, 2 * hs}, act_type), true);
   }
 
   timer.switch_to(Phase::kRouterBackward);

@@ -37,8 +37,8 @@ struct MoeCache {
   std::variant<LocalDispatch::Cache, SyncDispatch::Cache, RowwiseDispatch::Cache,
                PaddedDispatch::Cache>
       dispatch;
-  DeviceArray<float> shared_gu;   // [N, 2Hs]
-  DeviceArray<float> shared_act;  // [N, Hs]
+  DeviceArray<float> shared_gu;       // [N, 2Hs]
+  DeviceArray<std::byte> shared_act;  // [N, Hs] in kept_mlp_act_dtype
 };
 
 class MoeBlock {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/mx_types.h"
 #include "kernels/matmul_precision.h"
 
@@ -81,6 +82,16 @@ inline KeptExpertInputs kept_expert_inputs(const PrecisionRecipe& recipe) {
     return recipe.mx.expert_wgrad ? KeptExpertInputs::kFp32 : KeptExpertInputs::kMx;
   return recipe.experts == kernels::MatmulPrecision::kBf16 ? KeptExpertInputs::kBf16
                                                            : KeptExpertInputs::kFp32;
+}
+
+// The dtype in which a dense SwiGLU MLP (a dense layer's, the shared expert) keeps its SwiGLU
+// output and writes that output's gradient, which only its GEMMs read (the down projection's
+// forward and weight gradient; the gate/up projection's input and weight gradients): bf16 where
+// those are bf16 GEMMs without MX caches (the rounding of the fp32 values that they made
+// themselves before), else fp32. As for the experts' inputs, on every backend.
+inline DType kept_mlp_act_dtype(const PrecisionRecipe& recipe) {
+  return recipe.dense_mlp == kernels::MatmulPrecision::kBf16 && !recipe.mx.dense_mlp ? DType::kBf16
+                                                                                     : DType::kF32;
 }
 
 inline const char* train_precision_name(TrainPrecision precision) {

@@ -32,7 +32,8 @@ struct Transformer::LayerCache {
   // padded transport, where the model is (read when asked, after the step).
   int64_t dropped_routes = 0;
   DeviceArray<int64_t> dropped_on_device;  // [1], or empty
-  DeviceArray<float> mlp_gu, mlp_act;      // dense layers
+  DeviceArray<float> mlp_gu;               // dense layers
+  DeviceArray<std::byte> mlp_act;          // in kept_mlp_act_dtype
 };
 
 // One micro-batch's activations in this chunk.
@@ -395,12 +396,13 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
   }
   if (c.layer_is_dense(i)) {
     const int64_t width = c.intermediate_size;
+    const DType act_type = kept_mlp_act_dtype(precision_);
     lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
-    lc.mlp_act.resize(static_cast<size_t>(n * width));
+    lc.mlp_act.resize(static_cast<size_t>(n * width) * dtype_size(act_type));
     swiglu_mlp_forward(precision_.dense_mlp, {n, d, width}, ffn_in,
                        linear_weight(params, s.mlp_gate, {2 * width, d}),
                        linear_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
-                       lc.mlp_act.data(), ffn_out);
+                       TensorView(lc.mlp_act.data(), {n, width}, act_type), ffn_out);
   } else {
     // A recomputed forward keeps the selection of the first (same seed and token offset).
     if (!recomputing_)
@@ -765,8 +767,10 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   bool dense_layers = false;
   for (int64_t i = layers_begin_; i < layers_end_; ++i) dense_layers |= c.layer_is_dense(i);
   const int64_t width = dense_layers ? c.intermediate_size : 0;
+  const DType act_type = kept_mlp_act_dtype(precision_);
   const std::span<float> scratch_dact = scratch.zeroed<float>(n * width);
-  const std::span<float> scratch_dgu = scratch.zeroed<float>(n * 2 * width);
+  const std::span<std::byte> scratch_dgu =
+      scratch.zeroed<std::byte>(n * 2 * width * static_cast<int64_t>(dtype_size(act_type)));
   const std::span<float> dnorm =
       scratch.zeroed<float>(c.block_norm == BlockNorm::kReordered ? n * d : 0);
   const float z_grad_scale = act.global_tokens > 0 && act.router_loss_div > 0.0
@@ -808,8 +812,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       swiglu_mlp_backward(precision_.dense_mlp, {n, d, width}, d_ffn_out, ffn_in,
                           linear_weight(params, s.mlp_gate, {2 * width, d}),
                           linear_weight(params, s.mlp_down, {d, width}), lc.mlp_gu.data(),
-                          lc.mlp_act.data(), dbranch.data(), at(grads, s.mlp_gate),
-                          at(grads, s.mlp_down), scratch_dact.data(), scratch_dgu.data(), false);
+                          ConstTensorView(lc.mlp_act.data(), {n, width}, act_type), dbranch.data(),
+                          at(grads, s.mlp_gate), at(grads, s.mlp_down), scratch_dact.data(),
+                          TensorView(scratch_dgu.data(), {n, 2 * width}, act_type), false);
     } else {
       --moe_index;
       kernels::scale(view(act.lb_score_grad.data() + moe_index * c.num_experts, {c.num_experts}),

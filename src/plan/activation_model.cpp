@@ -44,6 +44,7 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   const bool padded = t.padded_capacity_factor > 0.0;
   // The experts' rows: the routes, or the padded transport's static capacity.
   const double received = padded ? t.padded_capacity(routes) : routes;
+  const double act = static_cast<double>(dtype_size(t.mlp_act));  // a dense MLP's SwiGLU output
   ActivationBytes a;
   // Transformer::Activations: residual[layers + 1], tokens on the embedding's chunk.
   a.residual = kF * (static_cast<double>(chunk.layers) + 1.0) * n * d;
@@ -67,7 +68,7 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
         a.attention += kF * (n * qs + n * kvs + n * nh + n * nkv);
     }
     if (c.layer_is_dense(i)) {
-      if (ffn_kept) a.dense_mlp += kF * 3.0 * n * static_cast<double>(c.intermediate_size);
+      if (ffn_kept) a.dense_mlp += (2.0 * kF + act) * n * static_cast<double>(c.intermediate_size);
       continue;
     }
     // RouterState: logits, scores [N, E]; top-k ids and weights [N, k]; counts [E] (int64). It
@@ -91,7 +92,7 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
              4.0 * (routes + 3.0 * static_cast<double>(t.ep) * t.padded_block(routes) + received) +
              8.0;
     if (t.ep > 1 && t.dispatch == Dispatch::kRowwise) moe += 8.0 * routes;  // RowTarget per route
-    moe += kF * 3.0 * n * hs;                                               // shared expert gu, act
+    moe += (2.0 * kF + act) * n * hs;                                       // shared expert gu, act
     a.moe += moe;
   }
   // rstd, hidden, and the whole head's logits (the chunked head keeps none).
@@ -147,7 +148,9 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
   if (chunk.has_head)
     head_phase = kF * (n * d + (t.head_chunk_tokens > 0 ? 2.0 * head_rows : n) * v);
   double layers_base = kF * n * d + kF * e;  // dbranch, lb_grad
-  if (has_dense) layers_base += kF * 3.0 * n * static_cast<double>(c.intermediate_size);
+  // A dense MLP's scratch: dact [n, I] in fp32, dgu [n, 2I] in its act's dtype.
+  const double act = static_cast<double>(dtype_size(t.mlp_act));
+  if (has_dense) layers_base += (kF + 2.0 * act) * n * static_cast<double>(c.intermediate_size);
   double attention = kF * (2.0 * n * qs + 2.0 * n * kvs);                // d_context, dq, dk, dv
   if (c.qk_norm != QkNorm::kNone) attention += kF * (n * qs + n * kvs);  // dq_pre, dk_pre
   double moe = 0.0;
@@ -164,7 +167,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
       experts += kMx * received * std::max(d, 2.0 * h) + kB16 * received * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
     if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows
-    moe = combine + std::max({experts, kF * 3.0 * n * hs, kF * n * e});
+    moe = combine + std::max({experts, (kF + 2.0 * act) * n * hs, kF * n * e});
   }
   // Recompute: the block being differentiated holds its rebuilt activations on top.
   double rebuilt = 0.0;
@@ -213,8 +216,9 @@ double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& c
   };
   if (attention_bf16 || dense_bf16 || shared_bf16 || head_bf16) input_slot = kB16 * n * d;
   grad(attention_bf16, n, std::max({d, qs, kvs}));
-  grad(dense_bf16, n, std::max(d, 2.0 * dense_h));
-  grad(shared_bf16, n, std::max(d, 2.0 * shared_h));
+  // The MLPs' down projection; their SwiGLU's gradient comes in bf16 (kept_mlp_act_dtype).
+  grad(dense_bf16, n, d);
+  grad(shared_bf16, n, d);
   grad(head_bf16, static_cast<double>(t.head_rows()), static_cast<double>(c.vocab_size));
   double bytes = input_slot + grad_slot;
 
@@ -229,12 +233,9 @@ double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& c
   bytes += (2.0 * kMx + kF) * padded_n * mx_width;
   if (device) return bytes;
 
-  // The CPU's bf16 GEMMs: fp32 operands converted (the forward's A, the weight gradient's B).
-  double converted = 0.0;
-  if (attention_bf16) converted = std::max(converted, n * qs);   // the context
-  if (dense_bf16) converted = std::max(converted, n * dense_h);  // the SwiGLU output
-  if (shared_bf16) converted = std::max(converted, n * shared_h);
-  bytes += 2.0 * kB16 * converted;
+  // The CPU's bf16 GEMMs: fp32 operands converted (the forward's A, the weight gradient's B): the
+  // attention's context into its output projection (the MLPs' SwiGLU output is kept in bf16).
+  if (attention_bf16) bytes += 2.0 * kB16 * n * qs;
   // The grouped GEMM's rounding of the experts' fp32 output gradients: the down projection's
   // [R, d] in bf16; in mxfp8 (bf16 weight gradients) also the SwiGLU's gradient [R, 2H].
   if (moe && c.num_experts > 0) {

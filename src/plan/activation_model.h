@@ -3,7 +3,8 @@
 // RouterState), and the largest scratch the backward allocates on top of them. Everything is fp32
 // (int32 for token and expert ids) whatever train.precision says (bf16 rounds GEMM operands), but
 // the routed experts' inputs (x, the SwiGLU output), which are kept as their GEMMs read them:
-// bf16 roundings in bf16, MXFP8 copies in mxfp8 (model/precision_recipe.h's KeptExpertInputs).
+// bf16 roundings in bf16, MXFP8 copies in mxfp8 (model/precision_recipe.h's KeptExpertInputs),
+// and the dense SwiGLU MLPs' SwiGLU output and its gradient, bf16 in bf16 (kept_mlp_act_dtype).
 //
 // n = local rows x seq tokens of one rank; R = rows its experts receive (n k when routing is
 // balanced, which is what is planned: the expectation under random routing too).
@@ -65,6 +66,9 @@ struct TokenShape {
   // parallel.rowwise_transport = "padded" (ep > 1, rowwise): its capacity factor; 0: not padded.
   // Its experts' buffers have capacity rows, and its blocks ep x block rows (padded_dispatch.h).
   double padded_capacity_factor = 0.0;
+  // How dense SwiGLU MLPs (dense layers, the shared expert) keep their SwiGLU output and write its
+  // gradient (kept_mlp_act_dtype): bf16 in bf16 without MX dense linears.
+  DType mlp_act = DType::kF32;
   int64_t tokens() const { return rows * seq; }
   // The padded transport's rows kept per rank and rows per block, for `routes` routes per rank.
   double padded_capacity(double routes) const {

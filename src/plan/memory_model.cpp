@@ -98,7 +98,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                           pc.dispatch,
                           kept_expert_inputs(recipe),
                           tc.lm_head_chunk_tokens,
-                          padded_capacity_factor(pc, layout.ep)};
+                          padded_capacity_factor(pc, layout.ep),
+                          kept_mlp_act_dtype(recipe)};
   int64_t first_layer = 0;
   std::vector<int64_t> starts;
   for (int64_t n : layout.chunk_layers) {

@@ -137,6 +137,7 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
   tokens.padded_capacity_factor = padded_capacity_factor(config.parallel, layout.ep);
   tokens.expert_inputs = kept_expert_inputs(recipe);  // the bytes the element-wise passes move
+  tokens.mlp_act = kept_mlp_act_dtype(recipe);
   const double n = static_cast<double>(tokens.tokens());
   const double d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
@@ -234,8 +235,10 @@ Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout
   const ModelConfig& c = config.model;
   TokenShape tokens{layout.local_rows, config.train.seq_len, layout.ep, config.parallel.dispatch};
   tokens.padded_capacity_factor = padded_capacity_factor(config.parallel, layout.ep);
-  tokens.expert_inputs =
-      kept_expert_inputs(PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8));
+  const PrecisionRecipe recipe =
+      PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8);
+  tokens.expert_inputs = kept_expert_inputs(recipe);
+  tokens.mlp_act = kept_mlp_act_dtype(recipe);
   const double rebuilt =
       chunk_activation_bytes(c, chunk, tokens, ActivationRecompute::kNone).total() -
       chunk_activation_bytes(c, chunk, tokens, recompute).total();

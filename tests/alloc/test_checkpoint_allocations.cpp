@@ -21,11 +21,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::size_t kLargeBytes = 64 * 1024;
+constexpr std::size_t kCheckpointLargeBytes = 64 * 1024;
 
 // Embedding and LM head 512 x 64 fp32 (128 KiB each), each expert projection 16 x 64 x 128
 // (512 KiB): every one above the bound, as is each of its two moments.
-ModelConfig model() {
+ModelConfig checkpoint_model() {
   ModelConfig m;
   m.vocab_size = 512;
   m.hidden_size = 64;
@@ -44,7 +44,7 @@ TEST(CheckpointAllocations, SaveCopiesNoTensor) {
     GTEST_SKIP() << "the sanitizers own malloc here: heap allocations are counted in the release "
                     "build only";
   RunConfig config;
-  config.model = model();
+  config.model = checkpoint_model();
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
   init_params(layout, 5, params);
@@ -56,7 +56,7 @@ TEST(CheckpointAllocations, SaveCopiesNoTensor) {
       &config, &layout, &params, &optimizer, {{"step", 3}}, io::hf_config_json(config.model, 64, 3),
       ""};
 
-  test::start_counting_large_allocations(kLargeBytes);
+  test::start_counting_large_allocations(kCheckpointLargeBytes);
   const std::string saved = save_checkpoint(run_dir, 3, contents, 0);
   const test::LargeAllocations counted = test::stop_counting_large_allocations();
 
@@ -65,7 +65,7 @@ TEST(CheckpointAllocations, SaveCopiesNoTensor) {
   EXPECT_GT(fs::file_size(fs::path(saved) / "optim.safetensors"),
             2 * fs::file_size(fs::path(saved) / "model.safetensors") - 64 * 1024);
   fs::remove_all(run_dir);
-  EXPECT_EQ(counted.count, 0) << "heap allocations above " << kLargeBytes
+  EXPECT_EQ(counted.count, 0) << "heap allocations above " << kCheckpointLargeBytes
                               << " bytes while saving a checkpoint (the first few, with their "
                                  "callers):\n"
                               << counted.report;

@@ -101,28 +101,39 @@ TEST(DeviceMemory, SwigluMlpRunsOnDeviceMemoryWithTheCpusBits) {
   const std::vector<float> w_gu = random_vec(80 * 24, 3), w_down = random_vec(24 * 40, 4);
   for (const kernels::MatmulPrecision precision :
        {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
+    // The SwiGLU output and its gradient as the model keeps them: bf16 bits in bf16.
+    const DType act_type =
+        precision == kernels::MatmulPrecision::kBf16 ? DType::kBf16 : DType::kF32;
+    const size_t width = dtype_size(act_type);
     // On the host.
-    std::vector<float> gu(gu_n), act(act_n), y(x_n), dx(x_n), dw_gu(w_gu.size()),
-        dw_down(w_down.size()), dact(act_n), dgu(gu_n);
+    std::vector<float> gu(gu_n), y(x_n), dx(x_n), dw_gu(w_gu.size()), dw_down(w_down.size()),
+        dact(act_n);
+    std::vector<std::byte> act(act_n * width), dgu(gu_n * width);
     swiglu_mlp_forward(precision, s, x.data(), view(w_gu.data(), {80, 24}),
-                       view(w_down.data(), {24, 40}), gu.data(), act.data(), y.data());
+                       view(w_down.data(), {24, 40}), gu.data(),
+                       TensorView(act.data(), {13, 40}, act_type), y.data());
     swiglu_mlp_backward(precision, s, dy.data(), x.data(), view(w_gu.data(), {80, 24}),
-                        view(w_down.data(), {24, 40}), gu.data(), act.data(), dx.data(),
-                        dw_gu.data(), dw_down.data(), dact.data(), dgu.data(), false);
+                        view(w_down.data(), {24, 40}), gu.data(),
+                        ConstTensorView(act.data(), {13, 40}, act_type), dx.data(), dw_gu.data(),
+                        dw_down.data(), dact.data(), TensorView(dgu.data(), {13, 80}, act_type),
+                        false);
 
     // On the device.
     const guarded_device::Scope device;
     const DeviceArray<float> x_d = to_device(x), dy_d = to_device(dy);
     const DeviceArray<float> w_gu_d = to_device(w_gu), w_down_d = to_device(w_down);
-    DeviceArray<float> gu_d(Device::kCuda, gu_n), act_d(Device::kCuda, act_n),
-        y_d(Device::kCuda, x_n), dx_d(Device::kCuda, x_n), dw_gu_d(Device::kCuda, w_gu.size()),
-        dw_down_d(Device::kCuda, w_down.size()), dact_d(Device::kCuda, act_n),
-        dgu_d(Device::kCuda, gu_n);
+    DeviceArray<float> gu_d(Device::kCuda, gu_n), y_d(Device::kCuda, x_n), dx_d(Device::kCuda, x_n),
+        dw_gu_d(Device::kCuda, w_gu.size()), dw_down_d(Device::kCuda, w_down.size()),
+        dact_d(Device::kCuda, act_n);
+    DeviceArray<std::byte> act_d(Device::kCuda, act_n * width), dgu_d(Device::kCuda, gu_n * width);
     swiglu_mlp_forward(precision, s, x_d.data(), view(w_gu_d.data(), {80, 24}),
-                       view(w_down_d.data(), {24, 40}), gu_d.data(), act_d.data(), y_d.data());
+                       view(w_down_d.data(), {24, 40}), gu_d.data(),
+                       TensorView(act_d.data(), {13, 40}, act_type), y_d.data());
     swiglu_mlp_backward(precision, s, dy_d.data(), x_d.data(), view(w_gu_d.data(), {80, 24}),
-                        view(w_down_d.data(), {24, 40}), gu_d.data(), act_d.data(), dx_d.data(),
-                        dw_gu_d.data(), dw_down_d.data(), dact_d.data(), dgu_d.data(), false);
+                        view(w_down_d.data(), {24, 40}), gu_d.data(),
+                        ConstTensorView(act_d.data(), {13, 40}, act_type), dx_d.data(),
+                        dw_gu_d.data(), dw_down_d.data(), dact_d.data(),
+                        TensorView(dgu_d.data(), {13, 80}, act_type), false);
     EXPECT_EQ(to_host(y_d), y);
     EXPECT_EQ(to_host(dx_d), dx);
     EXPECT_EQ(to_host(dw_gu_d), dw_gu);

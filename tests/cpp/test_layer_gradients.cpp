@@ -158,7 +158,7 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
   std::vector<float> act(static_cast<size_t>(s.rows * s.hidden)), y(x.size());
   auto loss = [&] {
     swiglu_mlp_forward(kernels::MatmulPrecision::kFp32, s, x.data(), w_gate_up, w_down, gu.data(),
-                       act.data(), y.data());
+                       view(act.data(), {s.rows, s.hidden}), y.data());
     return project(y.data(), r);
   };
   loss();
@@ -168,8 +168,9 @@ void check_swiglu_mlp(bool accumulate_dx, uint32_t seed) {
   std::vector<float> dx = dx_before, dwgu = dwgu_before, dwd = dwd_before;
   std::vector<float> scratch_dact(act.size()), scratch_dgu(gu.size());
   swiglu_mlp_backward(kernels::MatmulPrecision::kFp32, s, r.data(), x.data(), w_gate_up, w_down,
-                      gu.data(), act.data(), dx.data(), dwgu.data(), dwd.data(),
-                      scratch_dact.data(), scratch_dgu.data(), accumulate_dx);
+                      gu.data(), view(act.data(), {s.rows, s.hidden}), dx.data(), dwgu.data(),
+                      dwd.data(), scratch_dact.data(),
+                      view(scratch_dgu.data(), {s.rows, 2 * s.hidden}), accumulate_dx);
   const std::vector<float> gx = accumulate_dx ? added(dx, dx_before) : dx;
   const std::vector<float> ggu = added(dwgu, dwgu_before), gd = added(dwd, dwd_before);
   expect_close(check_all(x.data(), x.size(), gx.data(), kLayerFdEps, loss), "swiglu_mlp dx");
@@ -183,6 +184,55 @@ TEST(LayerGradients, SwigluMlpOverwriteDx) {
 }
 TEST(LayerGradients, SwigluMlpAccumulateDx) {
   check_swiglu_mlp(true, 100);
+}
+
+// In bf16 the MLP keeps its SwiGLU output, and writes that output's gradient, as bf16 bits
+// (kept_mlp_act_dtype): its GEMMs then read the rounding they made of the fp32 values before, so
+// the outputs and gradients are those of the fp32 act and dgu to the bit, on the native path
+// (bf16 GEMMs on the bits) and the emulated one (Numerics.Avx2Kernels: the bits widened). A bf16
+// act in an fp32 GEMM is an error.
+TEST(LayerGradients, SwigluMlpBf16ActGivesTheFp32ActsProducts) {
+  const SwigluShape s{37, 24, 40};
+  const std::vector<float> x = random_vec(static_cast<size_t>(s.rows * s.dim), 110);
+  const std::vector<float> dy = random_vec(x.size(), 111);
+  const std::vector<float> wgu = random_vec(static_cast<size_t>(2 * s.hidden * s.dim), 112);
+  const std::vector<float> wd = random_vec(static_cast<size_t>(s.dim * s.hidden), 113);
+  const ConstTensorView w_gate_up = view(wgu.data(), {2 * s.hidden, s.dim});
+  const ConstTensorView w_down = view(wd.data(), {s.dim, s.hidden});
+  struct Pass {
+    std::vector<float> y, dx, dwgu, dwd;
+  };
+  auto run = [&](DType act_type) {
+    const size_t width = dtype_size(act_type);
+    std::vector<float> gu(static_cast<size_t>(s.rows * 2 * s.hidden));
+    std::vector<std::byte> act(static_cast<size_t>(s.rows * s.hidden) * width),
+        dgu(gu.size() * width);
+    std::vector<float> dact(static_cast<size_t>(s.rows * s.hidden));
+    Pass p{std::vector<float>(x.size()), std::vector<float>(x.size()),
+           std::vector<float>(wgu.size()), std::vector<float>(wd.size())};
+    swiglu_mlp_forward(kernels::MatmulPrecision::kBf16, s, x.data(), w_gate_up, w_down, gu.data(),
+                       TensorView(act.data(), {s.rows, s.hidden}, act_type), p.y.data());
+    swiglu_mlp_backward(kernels::MatmulPrecision::kBf16, s, dy.data(), x.data(), w_gate_up, w_down,
+                        gu.data(), ConstTensorView(act.data(), {s.rows, s.hidden}, act_type),
+                        p.dx.data(), p.dwgu.data(), p.dwd.data(), dact.data(),
+                        TensorView(dgu.data(), {s.rows, 2 * s.hidden}, act_type), false);
+    return p;
+  };
+  const Pass fp32 = run(DType::kF32), bf16 = run(DType::kBf16);
+  EXPECT_EQ(bf16.y, fp32.y);
+  EXPECT_EQ(bf16.dx, fp32.dx);
+  EXPECT_EQ(bf16.dwgu, fp32.dwgu);
+  EXPECT_EQ(bf16.dwd, fp32.dwd);
+
+  std::vector<float> gu(static_cast<size_t>(s.rows * 2 * s.hidden)), y(x.size());
+  std::vector<uint16_t> act(static_cast<size_t>(s.rows * s.hidden));
+  try {
+    swiglu_mlp_forward(kernels::MatmulPrecision::kFp32, s, x.data(), w_gate_up, w_down, gu.data(),
+                       TensorView(act.data(), {s.rows, s.hidden}, DType::kBf16), y.data());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[swiglu_mlp]"), std::string::npos) << e.what();
+  }
 }
 
 // Double reference: mean over counted rows of logsumexp(z) - z[target].

@@ -140,10 +140,12 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
       (2.0 - 33.0 / 32.0) * inputs);
   EXPECT_DOUBLE_EQ(mx.stages[0].lent_expert_inputs, 4.0 * inputs);
   EXPECT_DOUBLE_EQ(bf16.stages[0].lent_expert_inputs, 4.0 * 64.0 * 32);
+  // fp32 keeps them in fp32, and the shared expert's SwiGLU output [32 tokens, 24] too (bf16:
+  // bf16 bits, kept_mlp_act_dtype).
   const Plan fp32 = with("fp32");
   EXPECT_DOUBLE_EQ(
       fp32.stages[0].activations_per_microbatch.moe - bf16.stages[0].activations_per_microbatch.moe,
-      2.0 * inputs);
+      2.0 * inputs + 2.0 * 32 * 24);
   EXPECT_EQ(fp32.stages[0].lent_expert_inputs, 0.0);
   // The trainer's own error for widths that are not whole blocks.
   try {
@@ -157,10 +159,11 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
 // bf16 and mxfp8: the GEMM operand copies kept for the run (operand_copy_bytes), by hand for one
 // rank's micro-batch of n = 4 x 16 = 64 tokens (d 32, q 32, kv 16, dense MLP 48, shared expert
 // 24, experts 32 wide, R = 128 routed rows, vocabulary 64), 2 bytes a value: the layer input
-// [n, d] 4096; the largest output gradient, the dense MLP's gate/up [n, 96] 12288; on the CPU the
-// converted fp32 operands (the dense MLP's SwiGLU output [n, 48], forward and weight gradient)
-// 12288, the grouped GEMM's output gradients (bf16: [R, d] 8192; mxfp8: [R, 2H] 16384) and flash
-// attention's q, k, v, dout [n, 96] 12288. fp32 keeps none; an accelerator only the first two.
+// [n, d] 4096; the largest output gradient rounded once, the LM head's logits gradient [n, 64]
+// 8192 (the MLPs' SwiGLU gradients come in bf16); on the CPU the converted fp32 operand (the
+// attention's context [n, 32], forward and weight gradient) 8192, the grouped GEMM's output
+// gradients (bf16: [R, d] 8192; mxfp8: [R, 2H] 16384) and flash attention's q, k, v, dout [n, 96]
+// 12288. fp32 keeps none; an accelerator only the first two.
 TEST(PlanMemory, GemmOperandCopies) {
   auto plan = [](const char* precision, const Hardware& hardware) {
     return make_plan(small_config({"model.moe_intermediate_size=32",
@@ -168,7 +171,7 @@ TEST(PlanMemory, GemmOperandCopies) {
                      1, hardware);
   };
   const Hardware gpu{"test", 1e12, 0.0, "test", true, {}};
-  const double slots = 4096 + 12288, cpu_common = 12288 + 12288;
+  const double slots = 4096 + 8192, cpu_common = 8192 + 12288;
   EXPECT_DOUBLE_EQ(plan("bf16", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 8192);
   EXPECT_DOUBLE_EQ(plan("mxfp8", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 16384);
   EXPECT_DOUBLE_EQ(plan("bf16", gpu).stages[0].operand_copies, slots);
