@@ -65,6 +65,12 @@ class SafetensorsReader {
 
 class SafetensorsWriter {
  public:
+  // Not copyable: an owned tensor's entry points into the writer's own storage.
+  SafetensorsWriter() = default;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  SafetensorsWriter(SafetensorsWriter&&) = default;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) = default;
   // Adds numel(shape) floats at data, in host or a device's memory (core/device_memory.h), without
   // copying them: they must stay valid and unchanged until write() returns. A checkpoint therefore
   // costs no second copy of the weights and optimizer state in memory (device tensors pass through

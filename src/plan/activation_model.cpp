@@ -195,6 +195,7 @@ double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& c
   const double dense_h = static_cast<double>(c.intermediate_size);
   const double shared_h = static_cast<double>(c.shared_expert_intermediate_size);
   const double h = static_cast<double>(c.moe_intermediate_size);
+  const double head_rows = static_cast<double>(t.head_rows());
   const double routes = n * static_cast<double>(c.num_experts_per_tok);
   const double received = t.padded_capacity_factor > 0.0 ? t.padded_capacity(routes) : routes;
   // Which of the rank's modules multiply in bf16 (their weights' bf16 copies) or in MXFP8.
@@ -204,46 +205,74 @@ double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& c
     for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i)
       (c.layer_is_dense(i) ? dense : moe) = true;
   }
-  const bool attention_bf16 = recipe.attention == Precision::kBf16 && !recipe.mx.attention;
+  const bool shared = moe && shared_h > 0.0;
+  const bool projections_bf16 = recipe.attention == Precision::kBf16 && !recipe.mx.attention;
   const bool mlp_bf16 = recipe.dense_mlp == Precision::kBf16 && !recipe.mx.dense_mlp;
-  const bool dense_bf16 = dense && mlp_bf16, shared_bf16 = moe && shared_h > 0.0 && mlp_bf16;
+  const bool dense_bf16 = dense && mlp_bf16, shared_bf16 = shared && mlp_bf16;
   const bool head_bf16 = head && recipe.lm_head == Precision::kBf16;
 
-  // linear.cpp's slots: the layer input [n, d]; the output gradient of each bf16 linear.
-  double input_slot = 0.0, grad_slot = 0.0;
+  // linear.cpp's slots: the attention's input [n, d], which q, k and v share; the output gradient
+  // of each bf16 linear (the MLPs' down projections: their SwiGLU's gradient comes in bf16).
+  double bytes = projections_bf16 ? kB16 * n * d : 0.0;
+  double grad_slot = 0.0;
   auto grad = [&](bool bf16, double rows, double cols) {
     if (bf16) grad_slot = std::max(grad_slot, kB16 * rows * cols);
   };
-  if (attention_bf16 || dense_bf16 || shared_bf16 || head_bf16) input_slot = kB16 * n * d;
-  grad(attention_bf16, n, std::max({d, qs, kvs}));
-  // The MLPs' down projection; their SwiGLU's gradient comes in bf16 (kept_mlp_act_dtype).
-  grad(dense_bf16, n, d);
-  grad(shared_bf16, n, d);
-  grad(head_bf16, static_cast<double>(t.head_rows()), static_cast<double>(c.vocab_size));
-  double bytes = input_slot + grad_slot;
+  grad(projections_bf16, n, std::max({d, qs, kvs}));
+  grad(dense_bf16 || shared_bf16, n, d);
+  grad(head_bf16, head_rows, static_cast<double>(c.vocab_size));
+  bytes += grad_slot;
 
-  // MX linears: two slots of codes and scales and the token-padded fp32 copy, at the widest
-  // operand ([n, in] along the features, [features, n] along the tokens).
-  double mx_width = 0.0;
-  if (recipe.mx.attention) mx_width = std::max({mx_width, d, qs, kvs});
-  if (recipe.mx.dense_mlp && dense) mx_width = std::max({mx_width, d, 2.0 * dense_h});
-  if (recipe.mx.dense_mlp && moe && shared_h > 0.0)
-    mx_width = std::max({mx_width, d, 2.0 * shared_h});
-  const double padded_n = std::ceil(n / 32.0) * 32.0;
-  bytes += (2.0 * kMx + kF) * padded_n * mx_width;
+  // linear.cpp's MX scratch, each buffer at the largest operand it holds: codes and scales of an
+  // operand along its features ([rows, in] forward, [rows, out] input gradient) or of dy along the
+  // tokens ([out, rows], weight gradient), those of x along the tokens ([in, rows]), and the
+  // token-padded fp32 copy they are quantised from. MX linears over n tokens; under
+  // mxfp8_expert_wgrad the experts' weight gradients over one expert's rows (balanced routing).
+  double along_features = 0.0, along_tokens_x = 0.0, padded_copy = 0.0;
+  auto mx_linear = [&](double rows, double in, double out) {
+    const double padded_rows = std::ceil(rows / 32.0) * 32.0;
+    along_features = std::max(along_features, padded_rows * std::max(in, out));
+    along_tokens_x = std::max(along_tokens_x, padded_rows * in);
+    padded_copy = std::max(padded_copy, padded_rows * std::max(in, out));
+  };
+  if (recipe.mx.attention) {
+    mx_linear(n, d, std::max(qs, kvs));
+    mx_linear(n, qs, d);
+  }
+  if (recipe.mx.dense_mlp && dense) {
+    mx_linear(n, d, 2.0 * dense_h);
+    mx_linear(n, dense_h, d);
+  }
+  if (recipe.mx.dense_mlp && shared) {
+    mx_linear(n, d, 2.0 * shared_h);
+    mx_linear(n, shared_h, d);
+  }
+  if (recipe.mx.expert_wgrad && moe && c.num_experts > 0) {
+    const double expert_rows =
+        received / static_cast<double>(std::max<int64_t>(1, c.num_experts / t.ep));
+    mx_linear(expert_rows, d, 2.0 * h);
+    mx_linear(expert_rows, h, d);
+  }
+  bytes += kMx * (along_features + along_tokens_x) + kF * padded_copy;
   if (device) return bytes;
 
-  // The CPU's bf16 GEMMs: fp32 operands converted (the forward's A, the weight gradient's B): the
-  // attention's context into its output projection (the MLPs' SwiGLU output is kept in bf16).
-  if (attention_bf16) bytes += 2.0 * kB16 * n * qs;
+  // The CPU's bf16 GEMMs: an fp32 operand converted, each buffer at the largest it has held (the
+  // forward's A and the weight gradient's B are the same activations): the attention's context
+  // into its output projection, the MLPs' input (their gate/up projection), the LM head's input.
+  double converted = 0.0;
+  if (projections_bf16) converted = std::max(converted, n * qs);
+  if (dense_bf16 || shared_bf16) converted = std::max(converted, n * d);
+  if (head_bf16) converted = std::max(converted, head_rows * d);
+  bytes += 2.0 * kB16 * converted;
   // The grouped GEMM's rounding of the experts' fp32 output gradients: the down projection's
   // [R, d] in bf16; in mxfp8 (bf16 weight gradients) also the SwiGLU's gradient [R, 2H].
   if (moe && c.num_experts > 0) {
     if (t.expert_inputs == KeptExpertInputs::kBf16) bytes += kB16 * received * d;
     if (t.expert_inputs == KeptExpertInputs::kMx) bytes += kB16 * received * std::max(d, 2.0 * h);
   }
-  // Flash attention's bf16 copies of q, k, v and the output gradient.
-  if (attention_bf16) bytes += kB16 * n * (2.0 * qs + 2.0 * kvs);
+  // Flash attention's bf16 copies of q, k, v and the output gradient: the attention core runs in
+  // the attention's precision whether or not its projections are MX linears.
+  if (recipe.attention == Precision::kBf16) bytes += kB16 * n * (2.0 * qs + 2.0 * kvs);
   return bytes;
 }
 

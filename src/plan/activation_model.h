@@ -111,15 +111,17 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
                                 ActivationRecompute recompute);
 
 // The GEMM operand copies that live as long as the run, each kept at the largest operand it has
-// held (none in fp32): model/linear.cpp's two rounding slots (a linear layer's input, which its
-// GEMMs share; the output gradient its two backward GEMMs share, the largest being the LM head's
-// logits gradient) and its MX quantisation scratch (mxfp8's MX linears), and on the CPU the bf16
-// GEMMs' conversions of fp32 operands (kernels/cpu/gemm_bf16.cpp: the inputs of the attention's
-// output projection and of the MLPs' down projections), the grouped GEMM's rounding of the
-// experts' fp32 output gradients (kernels/cpu/grouped_gemm.cpp) and flash attention's copies of
-// q, k, v and the output gradient. These are thread-local and shared by the rank's chunks.
-// Counted as on a CPU whose GEMMs multiply bf16 (AVX512-BF16, AMX); the emulated path of other
-// CPUs rounds no operand once and keeps fp32 copies of the GEMMs' rounded operands instead.
+// held (none in fp32): model/linear.cpp's two rounding slots (the attention's input, which q, k
+// and v share; the output gradient a linear's two backward GEMMs share, the largest being the LM
+// head's logits gradient) and its MX quantisation scratch (MX linears; the experts' MX weight
+// gradients), and on the CPU the bf16 GEMMs' conversions of fp32 operands (kernels/cpu/
+// gemm_bf16.cpp: the attention's context, the MLPs' and the LM head's inputs), the grouped GEMM's
+// rounding of the experts' fp32 output gradients (kernels/cpu/grouped_gemm.cpp) and flash
+// attention's copies of q, k, v and the output gradient. These are thread-local and shared by
+// the rank's chunks. Counted as on a CPU whose GEMMs multiply bf16 (AVX512-BF16, AMX), for the
+// calling thread (flash attention's worker threads each keep a block of probabilities more); the
+// emulated path of other CPUs rounds no operand once and widens bf16 operands into fp32 copies
+// instead.
 double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& chunks,
                           const TokenShape& t, const PrecisionRecipe& recipe, bool device);
 

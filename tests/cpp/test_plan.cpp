@@ -158,12 +158,13 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
 
 // bf16 and mxfp8: the GEMM operand copies kept for the run (operand_copy_bytes), by hand for one
 // rank's micro-batch of n = 4 x 16 = 64 tokens (d 32, q 32, kv 16, dense MLP 48, shared expert
-// 24, experts 32 wide, R = 128 routed rows, vocabulary 64), 2 bytes a value: the layer input
-// [n, d] 4096; the largest output gradient rounded once, the LM head's logits gradient [n, 64]
-// 8192 (the MLPs' SwiGLU gradients come in bf16); on the CPU the converted fp32 operand (the
-// attention's context [n, 32], forward and weight gradient) 8192, the grouped GEMM's output
-// gradients (bf16: [R, d] 8192; mxfp8: [R, 2H] 16384) and flash attention's q, k, v, dout [n, 96]
-// 12288. fp32 keeps none; an accelerator only the first two.
+// 24, experts 32 wide, R = 128 routed rows, vocabulary 64), 2 bytes a value: the attention's
+// input [n, d] 4096; the largest output gradient rounded once, the LM head's logits gradient
+// [n, 64] 8192 (the MLPs' SwiGLU gradients come in bf16); on the CPU the converted fp32 operands
+// (the attention's context, the MLPs' and the head's inputs, all [n, 32], forward and weight
+// gradient) 8192, the grouped GEMM's output gradients (bf16: [R, d] 8192; mxfp8: [R, 2H] 16384)
+// and flash attention's q, k, v, dout [n, 96] 12288. fp32 keeps none; an accelerator only the
+// first two.
 TEST(PlanMemory, GemmOperandCopies) {
   auto plan = [](const char* precision, const Hardware& hardware) {
     return make_plan(small_config({"model.moe_intermediate_size=32",
@@ -176,6 +177,21 @@ TEST(PlanMemory, GemmOperandCopies) {
   EXPECT_DOUBLE_EQ(plan("mxfp8", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 16384);
   EXPECT_DOUBLE_EQ(plan("bf16", gpu).stages[0].operand_copies, slots);
   EXPECT_EQ(plan("fp32", kNoRuntime).stages[0].operand_copies, 0.0);
+  // mxfp8 with MX dense linears and MX expert weight gradients (dense MLP 64, shared expert 32, kv
+  // 32: whole blocks): only the head and the attention core stay bf16. The head's logits gradient
+  // 8192 and converted input 8192, flash attention's copies [n, 128] 16384, and linear.cpp's MX
+  // scratch at its widest operands, 64 padded rows: codes along the features [64, 128] (the dense
+  // gate/up's output gradient) and along the tokens of x [64 (in), 64], 33/32 bytes a value with
+  // the scales, and the fp32 token-padded copy [64, 128]: 33/32 (8192 + 4096) + 4 x 8192. The
+  // experts' MX weight gradients, over 16 rows each (padded to 32), need less.
+  const Plan mx_all =
+      make_plan(small_config({"model.moe_intermediate_size=32", "model.intermediate_size=64",
+                              "model.shared_expert_intermediate_size=32",
+                              "model.num_key_value_heads=4", "train.precision=\"mxfp8\"",
+                              "train.mxfp8_dense=true", "train.mxfp8_expert_wgrad=true"}),
+                1, kNoRuntime);
+  EXPECT_DOUBLE_EQ(mx_all.stages[0].operand_copies,
+                   8192 + 8192 + 16384 + 33.0 / 32.0 * (8192 + 4096) + 4.0 * 8192);
   // Part of the peak.
   const Plan bf16 = plan("bf16", kNoRuntime);
   const RankMemory& m = bf16.stages[0];
