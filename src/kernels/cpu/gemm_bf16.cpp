@@ -9,8 +9,9 @@
 // experts' row counts change every step, and creating a primitive costs ~0.3 ms (measured), more
 // than many of the expert GEMMs themselves. A runtime M selects oneDNN's jit bf16 gemm, which ran
 // as fast as the fixed-shape brgemm kernels on this CPU's shapes; runtime N and K as well would
-// fall back to the reference kernel, so those stay in the key. Primitives, streams and conversion
-// buffers are per thread: the attention calls GEMMs from inside OpenMP regions.
+// fall back to the reference kernel, so those stay in the key. Primitives, streams, the execution
+// arguments of the call shapes met (memory objects re-pointed per call) and conversion buffers
+// are per thread: the attention calls GEMMs from inside OpenMP regions.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <bit>
@@ -47,14 +48,37 @@ struct PrimitiveKeyHash {
   }
 };
 
+// One call's shape under a primitive: what its memory descriptors depend on.
+struct CallShape {
+  PrimitiveKey key;
+  int64_t m, k;
+  bool operator==(const CallShape&) const = default;
+};
+
+struct CallShapeHash {
+  size_t operator()(const CallShape& shape) const {
+    return PrimitiveKeyHash()(shape.key) * 0x9e3779b97f4a7c15ull +
+           (std::hash<int64_t>()(shape.m) ^ std::hash<int64_t>()(shape.k) << 1);
+  }
+};
+
 const dnnl::engine& cpu_engine() {
   static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
 
+// Call shapes whose execution arguments a thread keeps (bounded: the experts' row counts change
+// from step to step; all are dropped when full, and the next calls make theirs again).
+constexpr size_t kMaxCallShapes = 1024;
+
 struct ThreadState {
   dnnl::stream stream{cpu_engine()};
   std::unordered_map<PrimitiveKey, dnnl::matmul, PrimitiveKeyHash> primitives;
+  // The source, weights and destination memory objects of a shape met before, in the argument
+  // map execute() takes: a call of that shape only points them at its operands. Making the three
+  // objects and the map costs about a quarter of a 64 x 128 x 64 GEMM (flash attention's block
+  // GEMMs, thousands a step), measured on an AMX Xeon.
+  std::unordered_map<CallShape, std::unordered_map<int, dnnl::memory>, CallShapeHash> arguments;
   std::vector<uint16_t> a16, b16;  // converted operands
   std::vector<float> a32, b32;     // rounded operands of the emulated path
 };
@@ -108,13 +132,29 @@ void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64
     const PrimitiveKey key{
         trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
     const dnnl::matmul& mm = primitive_for(state, key, alpha, beta);
-    const dnnl::engine& engine = cpu_engine();
+    const CallShape shape{key, m, k};
+    auto found = state.arguments.find(shape);
+    if (found == state.arguments.end()) {
+      if (state.arguments.size() >= kMaxCallShapes) state.arguments.clear();
+      const dnnl::engine& engine = cpu_engine();
+      found =
+          state.arguments
+              .emplace(
+                  shape,
+                  std::unordered_map<int, dnnl::memory>{
+                      {DNNL_ARG_SRC, dnnl::memory(a_desc(trans_a, m, k), engine, DNNL_MEMORY_NONE)},
+                      {DNNL_ARG_WEIGHTS,
+                       dnnl::memory(b_desc(trans_b, n, k), engine, DNNL_MEMORY_NONE)},
+                      {DNNL_ARG_DST,
+                       dnnl::memory({{m, n}, dt::f32, dims{ldc, 1}}, engine, DNNL_MEMORY_NONE)}})
+              .first;
+    }
+    std::unordered_map<int, dnnl::memory>& arguments = found->second;
     // oneDNN takes non-const handles; the matmul only reads its source and weights.
-    dnnl::memory a_mem(a_desc(trans_a, m, k), engine, const_cast<uint16_t*>(a16));
-    dnnl::memory b_mem(b_desc(trans_b, n, k), engine, const_cast<uint16_t*>(b16));
-    dnnl::memory c_mem({{m, n}, dt::f32, dims{ldc, 1}}, engine, c);
-    mm.execute(state.stream,
-               {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    arguments.at(DNNL_ARG_SRC).set_data_handle(const_cast<uint16_t*>(a16));
+    arguments.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<uint16_t*>(b16));
+    arguments.at(DNNL_ARG_DST).set_data_handle(c);
+    mm.execute(state.stream, arguments);
     state.stream.wait();
   } catch (const dnnl::error& e) {
     fail("[gemm] oneDNN bf16 matmul failed for m={} n={} k={}: {}", m, n, k, e.what());
