@@ -312,9 +312,7 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> sh
   const size_t numel = checked_numel(name, shape);
   MOE_CHECK(values.size() == numel, "[safetensors] tensor '{}' has {} values for {} elements", name,
             values.size(), numel);
-  Entry& entry = tensors_.emplace(name, Entry{std::move(shape), numel, nullptr, std::move(values)})
-                     .first->second;
-  entry.data = entry.owned.data();
+  tensors_.emplace(name, Entry{std::move(shape), numel, nullptr, std::move(values)});
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
@@ -351,7 +349,7 @@ void SafetensorsWriter::write(const std::string& path) const {
         if (i == 0) return std::as_bytes(std::span(&header_size, 1));
         if (i == 1) return std::as_bytes(std::span(text));
         const Entry& entry = *entries[i - 2];
-        const float* values = entry.data;
+        const float* values = entry.values();
         if (entry.numel > 0 && device_of(values) != Device::kCpu) {
           staging.resize(entry.numel);
           copy_bytes(staging.data(), values, entry.numel * sizeof(float));

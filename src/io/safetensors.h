@@ -65,12 +65,6 @@ class SafetensorsReader {
 
 class SafetensorsWriter {
  public:
-  // Not copyable: an owned tensor's entry points into the writer's own storage.
-  SafetensorsWriter() = default;
-  SafetensorsWriter(const SafetensorsWriter&) = delete;
-  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
-  SafetensorsWriter(SafetensorsWriter&&) = default;
-  SafetensorsWriter& operator=(SafetensorsWriter&&) = default;
   // Adds numel(shape) floats at data, in host or a device's memory (core/device_memory.h), without
   // copying them: they must stay valid and unchanged until write() returns. A checkpoint therefore
   // costs no second copy of the weights and optimizer state in memory (device tensors pass through
@@ -87,8 +81,9 @@ class SafetensorsWriter {
   struct Entry {
     std::vector<int64_t> shape;
     size_t numel = 0;
-    const float* data = nullptr;  // the caller's values, or owned's
-    std::vector<float> owned;
+    const float* borrowed = nullptr;  // the caller's values, or
+    std::vector<float> owned;         // the writer's
+    const float* values() const { return owned.empty() ? borrowed : owned.data(); }
   };
   // numel(shape), after checking the name (not empty, not taken) and the shape.
   size_t checked_numel(const std::string& name, const std::vector<int64_t>& shape) const;

@@ -122,6 +122,23 @@ const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, f
   return state.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
+// The execution arguments of a call of `key`'s primitive with M = m and K = k, made on first use
+// with no buffers behind them (run_native points them at each call's operands).
+std::unordered_map<int, dnnl::memory>& arguments_for(ThreadState& state, const PrimitiveKey& key,
+                                                     int64_t m, int64_t k) {
+  const CallShape shape{key, m, k};
+  auto found = state.arguments.find(shape);
+  if (found != state.arguments.end()) return found->second;
+  if (state.arguments.size() >= kMaxCallShapes) state.arguments.clear();
+  const dnnl::engine& engine = cpu_engine();
+  std::unordered_map<int, dnnl::memory> arguments{
+      {DNNL_ARG_SRC, dnnl::memory(a_desc(key.trans_a, m, k), engine, DNNL_MEMORY_NONE)},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(b_desc(key.trans_b, key.n, k), engine, DNNL_MEMORY_NONE)},
+      {DNNL_ARG_DST,
+       dnnl::memory({{m, key.n}, dt::f32, dims{key.ldc, 1}}, engine, DNNL_MEMORY_NONE)}};
+  return state.arguments.emplace(shape, std::move(arguments)).first->second;
+}
+
 // The matmul itself on operands already in bf16, each contiguous in its stored layout (a
 // transposed copy would cost more than the GEMM's own handling of a transposed operand), so that
 // the descriptors' strides follow from the runtime M and K.
@@ -132,24 +149,7 @@ void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64
     const PrimitiveKey key{
         trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
     const dnnl::matmul& mm = primitive_for(state, key, alpha, beta);
-    const CallShape shape{key, m, k};
-    auto found = state.arguments.find(shape);
-    if (found == state.arguments.end()) {
-      if (state.arguments.size() >= kMaxCallShapes) state.arguments.clear();
-      const dnnl::engine& engine = cpu_engine();
-      found =
-          state.arguments
-              .emplace(
-                  shape,
-                  std::unordered_map<int, dnnl::memory>{
-                      {DNNL_ARG_SRC, dnnl::memory(a_desc(trans_a, m, k), engine, DNNL_MEMORY_NONE)},
-                      {DNNL_ARG_WEIGHTS,
-                       dnnl::memory(b_desc(trans_b, n, k), engine, DNNL_MEMORY_NONE)},
-                      {DNNL_ARG_DST,
-                       dnnl::memory({{m, n}, dt::f32, dims{ldc, 1}}, engine, DNNL_MEMORY_NONE)}})
-              .first;
-    }
-    std::unordered_map<int, dnnl::memory>& arguments = found->second;
+    std::unordered_map<int, dnnl::memory>& arguments = arguments_for(state, key, m, k);
     // oneDNN takes non-const handles; the matmul only reads its source and weights.
     arguments.at(DNNL_ARG_SRC).set_data_handle(const_cast<uint16_t*>(a16));
     arguments.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<uint16_t*>(b16));
