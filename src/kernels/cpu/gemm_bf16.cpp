@@ -5,13 +5,15 @@
 // several GEMMs, gemm_bf16_a16; both, gemm_bf16_ab16) skips its conversion.
 //
 // Native path: oneDNN's matmul primitive (bf16 src/weights, f32 dst; alpha as an output scale,
-// beta as a sum post-op). M is a runtime dimension so one primitive serves every row count: the
-// experts' row counts change every step, and creating a primitive costs ~0.3 ms (measured), more
-// than many of the expert GEMMs themselves. A runtime M selects oneDNN's jit bf16 gemm, which ran
-// as fast as the fixed-shape brgemm kernels on this CPU's shapes; runtime N and K as well would
-// fall back to the reference kernel, so those stay in the key. Primitives, streams, the execution
-// arguments of the call shapes met (memory objects re-pointed per call) and conversion buffers
-// are per thread: the attention calls GEMMs from inside OpenMP regions.
+// beta as a sum post-op). Creating a primitive costs ~0.3 ms (measured), more than many of the
+// expert GEMMs themselves, and the experts' row counts change every step, so one primitive with a
+// runtime M and K serves every call of a kind; it selects oneDNN's jit bf16 gemm (runtime N as
+// well would fall back to the reference kernel, so N stays in the key). On AMX a fixed-shape
+// primitive runs brgemm AMX kernels, much faster: there the row-major calls run their rows and K
+// rounded down to multiples of 64 through a fixed-shape primitive and the rest through the
+// runtime one (run_native). Primitives, streams, the execution arguments of the call shapes met
+// (memory objects re-pointed per call) and conversion buffers are per thread: the attention calls
+// GEMMs from inside OpenMP regions.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <bit>
@@ -48,17 +50,20 @@ struct PrimitiveKeyHash {
   }
 };
 
-// One call's shape under a primitive: what its memory descriptors depend on.
+// One call's shape under a runtime primitive: what its memory descriptors depend on (the operands'
+// leading dimensions too: a piece of a split call reads a block of a wider operand).
 struct CallShape {
   PrimitiveKey key;
-  int64_t m, k;
+  int64_t m, k, lda, ldb;
   bool operator==(const CallShape&) const = default;
 };
 
 struct CallShapeHash {
   size_t operator()(const CallShape& shape) const {
-    return PrimitiveKeyHash()(shape.key) * 0x9e3779b97f4a7c15ull +
-           (std::hash<int64_t>()(shape.m) ^ std::hash<int64_t>()(shape.k) << 1);
+    size_t h = PrimitiveKeyHash()(shape.key);
+    for (const int64_t v : {shape.m, shape.k, shape.lda, shape.ldb})
+      h = h * 0x9e3779b97f4a7c15ull + std::hash<int64_t>()(v);
+    return h;
   }
 };
 
@@ -67,9 +72,17 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// Call shapes whose execution arguments a thread keeps (bounded: the experts' row counts change
-// from step to step; all are dropped when full, and the next calls make theirs again).
+// Call shapes whose execution arguments a thread keeps, and fixed-shape primitives it keeps
+// (bounded: the experts' row counts change from step to step; all are dropped when full, and the
+// next calls make theirs again).
 constexpr size_t kMaxCallShapes = 1024;
+constexpr size_t kMaxFixedShapes = 512;
+
+// A fixed-shape primitive with its execution arguments (memory objects re-pointed per call).
+struct FixedShapeMatmul {
+  dnnl::matmul matmul;
+  std::unordered_map<int, dnnl::memory> arguments;
+};
 
 struct ThreadState {
   dnnl::stream stream{cpu_engine()};
@@ -79,6 +92,7 @@ struct ThreadState {
   // objects and the map costs about a quarter of a 64 x 128 x 64 GEMM (flash attention's block
   // GEMMs, thousands a step), measured on an AMX Xeon.
   std::unordered_map<CallShape, std::unordered_map<int, dnnl::memory>, CallShapeHash> arguments;
+  std::unordered_map<CallShape, FixedShapeMatmul, CallShapeHash> fixed_shapes;
   std::vector<uint16_t> a16, b16;  // converted operands
   std::vector<float> a32, b32;     // rounded operands of the emulated path
 };
@@ -91,23 +105,22 @@ ThreadState& thread_state() {
 using dt = dnnl::memory::data_type;
 using dims = dnnl::memory::dims;
 
-// A as the matmul's [M, K] source over the converted buffer, which keeps A's stored layout
-// ([K, M] when trans_a); with a runtime M or K the strides are runtime too.
-dnnl::memory::desc a_desc(bool trans_a, int64_t m, int64_t k) {
-  return dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, m} : dims{k, 1});
+// A as the matmul's [M, K] source over a bf16 buffer in A's stored layout ([K, M] when trans_a)
+// with leading dimension lda; any of them may be DNNL_RUNTIME_DIM_VAL.
+dnnl::memory::desc a_desc(bool trans_a, int64_t m, int64_t k, int64_t lda) {
+  return dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
 }
 
-// B as the matmul's [K, N] weights over the converted buffer, which keeps B's stored layout.
-dnnl::memory::desc b_desc(bool trans_b, int64_t n, int64_t k) {
-  return dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, k} : dims{n, 1});
+// B as the matmul's [K, N] weights over a bf16 buffer in B's stored layout ([N, K] when trans_b).
+dnnl::memory::desc b_desc(bool trans_b, int64_t n, int64_t k, int64_t ldb) {
+  return dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
 }
 
-const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, float alpha,
-                                  float beta) {
-  auto found = state.primitives.find(key);
-  if (found != state.primitives.end()) return found->second;
-  const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
-  const dnnl::memory::desc c_md({runtime, key.n}, dt::f32, dims{key.ldc, 1});
+dnnl::memory::desc c_desc(int64_t m, int64_t n, int64_t ldc) {
+  return dnnl::memory::desc({m, n}, dt::f32, dims{ldc, 1});
+}
+
+dnnl::primitive_attr attributes(float alpha, float beta) {
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -115,47 +128,133 @@ const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, f
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
+  return attr;
+}
+
+// The runtime primitive of `key`: M, K and the strides that depend on them are runtime values.
+// A non-transposed B is always read whole (K rows of N), so its leading dimension is N.
+const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, float alpha,
+                                  float beta) {
+  auto found = state.primitives.find(key);
+  if (found != state.primitives.end()) return found->second;
+  const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
   const dnnl::matmul::primitive_desc pd(
-      dnnl::matmul::desc(a_desc(key.trans_a, runtime, runtime), b_desc(key.trans_b, key.n, runtime),
-                         c_md),
-      attr, cpu_engine());
+      dnnl::matmul::desc(a_desc(key.trans_a, runtime, runtime, runtime),
+                         b_desc(key.trans_b, key.n, runtime, key.trans_b ? runtime : key.n),
+                         c_desc(runtime, key.n, key.ldc)),
+      attributes(alpha, beta), cpu_engine());
   return state.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
-// The execution arguments of a call of `key`'s primitive with M = m and K = k, made on first use
-// with no buffers behind them (run_native points them at each call's operands).
-std::unordered_map<int, dnnl::memory>& arguments_for(ThreadState& state, const PrimitiveKey& key,
-                                                     int64_t m, int64_t k) {
-  const CallShape shape{key, m, k};
+// The memory objects of one call shape, with no buffers behind them (each call points them at
+// its operands).
+std::unordered_map<int, dnnl::memory> arguments_of(const CallShape& shape) {
+  const dnnl::engine& engine = cpu_engine();
+  const PrimitiveKey& key = shape.key;
+  return {{DNNL_ARG_SRC, dnnl::memory(a_desc(key.trans_a, shape.m, shape.k, shape.lda), engine,
+                                      DNNL_MEMORY_NONE)},
+          {DNNL_ARG_WEIGHTS,
+           dnnl::memory(b_desc(key.trans_b, key.n, shape.k, shape.ldb), engine, DNNL_MEMORY_NONE)},
+          {DNNL_ARG_DST, dnnl::memory(c_desc(shape.m, key.n, key.ldc), engine, DNNL_MEMORY_NONE)}};
+}
+
+// The execution arguments of a call of `shape.key`'s runtime primitive, made on first use.
+std::unordered_map<int, dnnl::memory>& arguments_for(ThreadState& state, const CallShape& shape) {
   auto found = state.arguments.find(shape);
   if (found != state.arguments.end()) return found->second;
   if (state.arguments.size() >= kMaxCallShapes) state.arguments.clear();
-  const dnnl::engine& engine = cpu_engine();
-  std::unordered_map<int, dnnl::memory> arguments{
-      {DNNL_ARG_SRC, dnnl::memory(a_desc(key.trans_a, m, k), engine, DNNL_MEMORY_NONE)},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(b_desc(key.trans_b, key.n, k), engine, DNNL_MEMORY_NONE)},
-      {DNNL_ARG_DST,
-       dnnl::memory({{m, key.n}, dt::f32, dims{key.ldc, 1}}, engine, DNNL_MEMORY_NONE)}};
-  return state.arguments.emplace(shape, std::move(arguments)).first->second;
+  return state.arguments.emplace(shape, arguments_of(shape)).first->second;
 }
 
-// The matmul itself on operands already in bf16, each contiguous in its stored layout (a
-// transposed copy would cost more than the GEMM's own handling of a transposed operand), so that
-// the descriptors' strides follow from the runtime M and K.
+// The primitive made for exactly `shape`, with its execution arguments, made on first use.
+FixedShapeMatmul& fixed_shape_for(ThreadState& state, const CallShape& shape, float alpha,
+                                  float beta) {
+  auto found = state.fixed_shapes.find(shape);
+  if (found != state.fixed_shapes.end()) return found->second;
+  if (state.fixed_shapes.size() >= kMaxFixedShapes) state.fixed_shapes.clear();
+  const PrimitiveKey& key = shape.key;
+  const dnnl::matmul::primitive_desc pd(
+      dnnl::matmul::desc(a_desc(key.trans_a, shape.m, shape.k, shape.lda),
+                         b_desc(key.trans_b, key.n, shape.k, shape.ldb),
+                         c_desc(shape.m, key.n, key.ldc)),
+      attributes(alpha, beta), cpu_engine());
+  return state.fixed_shapes.emplace(shape, FixedShapeMatmul{dnnl::matmul(pd), arguments_of(shape)})
+      .first->second;
+}
+
+void execute(ThreadState& state, const dnnl::matmul& matmul,
+             std::unordered_map<int, dnnl::memory>& arguments, const uint16_t* a16,
+             const uint16_t* b16, float* c) {
+  // oneDNN takes non-const handles; the matmul only reads its source and weights.
+  arguments.at(DNNL_ARG_SRC).set_data_handle(const_cast<uint16_t*>(a16));
+  arguments.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<uint16_t*>(b16));
+  arguments.at(DNNL_ARG_DST).set_data_handle(c);
+  matmul.execute(state.stream, arguments);
+  state.stream.wait();
+}
+
+// Where oneDNN runs bf16 matmuls on AMX tiles, a primitive made for one fixed shape selects its
+// brgemm AMX kernels, 1.4-1.8x faster than the jit gemm a runtime M selects on the row-major
+// calls (oneDNN 2.6 on an AMX Xeon, 2 threads, random bf16 operands: an expert's gate/up forward
+// 1024 x 512 x 256 249 -> 159 us, its input gradient 1024 x 256 x 512 153 -> 113 us, the LM head's
+// forward 2048 x 4096 x 256 4.9 -> 3.6 ms). The weight gradients (A read transposed, the sum over
+// the tokens) ran as fast or faster on the runtime primitive (the LM head's 4096 x 256 x 2048: 2.9
+// ms against 3.5) and cost 1-2 ms each to make, so they keep it. Without AMX the two kinds of
+// primitive ran alike (AVX512-BF16), so there the runtime primitive serves every call.
+bool amx_tiles() {
+  static const bool amx = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const unsigned amx_bits = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
+    return (isa & amx_bits) == amx_bits;
+  }();
+  return amx;
+}
+
+// A fixed-shape primitive costs ~0.3 ms to make and the experts' row counts change every step, so
+// the fixed-shape part of a call is its M and K rounded down to a multiple of this: at most one
+// primitive per 64 rows of each kind of call, made once (the default model makes ~130 in its
+// first steps, ~40 ms in all). The rest (the last rows, the last of K) goes through the runtime
+// primitive. The split depends only on the call's shape: a shape gives the same bits on every
+// call, rank and resume.
+constexpr int64_t kFixedShapeStep = 64;
+
+// C[M, N] = alpha op(A) op(B) + beta C on operands already in bf16, A and B in their stored
+// layouts with leading dimensions lda and ldb.
 void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                float alpha, const uint16_t* a16, const uint16_t* b16, float beta, float* c,
-                int64_t ldc) {
+                float alpha, const uint16_t* a16, int64_t lda, const uint16_t* b16, int64_t ldb,
+                float beta, float* c, int64_t ldc) {
+  const auto key_for = [&](float piece_beta) {
+    return PrimitiveKey{trans_a,
+                        trans_b,
+                        n,
+                        ldc,
+                        std::bit_cast<uint32_t>(alpha),
+                        std::bit_cast<uint32_t>(piece_beta)};
+  };
+  // A's block of rows [m0, m0 + rows) and columns [k0, ...) of op(A); B's rows [k0, ...) of op(B).
+  const auto a_at = [&](int64_t m0, int64_t k0) {
+    return a16 + (trans_a ? k0 * lda + m0 : m0 * lda + k0);
+  };
+  const auto b_at = [&](int64_t k0) { return b16 + (trans_b ? k0 : k0 * ldb); };
+  const auto run_runtime = [&](int64_t m0, int64_t rows, int64_t k0, int64_t depth,
+                               float piece_beta) {
+    const PrimitiveKey key = key_for(piece_beta);
+    execute(state, primitive_for(state, key, alpha, piece_beta),
+            arguments_for(state, CallShape{key, rows, depth, lda, ldb}), a_at(m0, k0), b_at(k0),
+            c + m0 * ldc);
+  };
   try {
-    const PrimitiveKey key{
-        trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
-    const dnnl::matmul& mm = primitive_for(state, key, alpha, beta);
-    std::unordered_map<int, dnnl::memory>& arguments = arguments_for(state, key, m, k);
-    // oneDNN takes non-const handles; the matmul only reads its source and weights.
-    arguments.at(DNNL_ARG_SRC).set_data_handle(const_cast<uint16_t*>(a16));
-    arguments.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<uint16_t*>(b16));
-    arguments.at(DNNL_ARG_DST).set_data_handle(c);
-    mm.execute(state.stream, arguments);
-    state.stream.wait();
+    const int64_t m_fixed = amx_tiles() && !trans_a ? m / kFixedShapeStep * kFixedShapeStep : 0;
+    const int64_t k_fixed = k / kFixedShapeStep * kFixedShapeStep;
+    if (m_fixed == 0 || k_fixed == 0) {
+      run_runtime(0, m, 0, k, beta);
+      return;
+    }
+    FixedShapeMatmul& fixed =
+        fixed_shape_for(state, CallShape{key_for(beta), m_fixed, k_fixed, lda, ldb}, alpha, beta);
+    execute(state, fixed.matmul, fixed.arguments, a16, b16, c);
+    if (k_fixed < k) run_runtime(0, m_fixed, k_fixed, k - k_fixed, 1.0f);
+    if (m_fixed < m) run_runtime(m_fixed, m - m_fixed, 0, k, beta);
   } catch (const dnnl::error& e) {
     fail("[gemm] oneDNN bf16 matmul failed for m={} n={} k={}: {}", m, n, k, e.what());
   }
@@ -230,7 +329,8 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
     run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
-               b_to_bf16(state, trans_b, n, k, b, ldb), beta, c, ldc);
+               trans_a ? m : k, b_to_bf16(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c,
+               ldc);
   } else {
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
               trans_a ? m : k, b_rounded(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c,
@@ -245,7 +345,7 @@ void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
     run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
-               b16, beta, c, ldc);
+               trans_a ? m : k, b16, trans_b ? k : n, beta, c, ldc);
   } else {
     // The sgemm needs fp32 operands: B widened (exactly) into this thread's buffer.
     const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
@@ -262,8 +362,8 @@ void gemm_bf16_a16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
   if (handle_empty(m, n, k, beta, c, ldc)) return;
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
-    run_native(state, trans_a, trans_b, m, n, k, alpha, a16,
-               b_to_bf16(state, trans_b, n, k, b, ldb), beta, c, ldc);
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, trans_a ? m : k,
+               b_to_bf16(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c, ldc);
   } else {
     // A widened (exactly) into this thread's buffer for the sgemm, B rounded.
     cpu::scratch_of_at_least(state.a32, m * k);
@@ -279,7 +379,8 @@ void gemm_bf16_ab16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, in
   if (handle_empty(m, n, k, beta, c, ldc)) return;
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
-    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, ldc);
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, trans_a ? m : k, b16, trans_b ? k : n,
+               beta, c, ldc);
   } else {
     // Both widened (exactly) into this thread's buffers for the sgemm.
     cpu::scratch_of_at_least(state.a32, m * k);
