@@ -167,8 +167,20 @@ void Shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond);
 }
 
+// {M, N, K, trans_b} over a grid, for where fixed-shape primitives pay (gemm_bf16.cpp's
+// fixed_shape_pays): M 512 and 2048, N and K 256, 1024 and 4096, B read transposed.
+void Grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"m", "n", "k", "tb"});
+  for (const int64_t m : {512, 2048})
+    for (const int64_t n : {256, 1024, 4096})
+      for (const int64_t k : {256, 1024, 4096}) b->Args({m, n, k, 1});
+  b->Unit(benchmark::kMicrosecond);
+}
+
 BENCHMARK(BM_Current)->Apply(Shapes);
 BENCHMARK(BM_FixedPlain)->Apply(Shapes);
+BENCHMARK(BM_Current)->Name("BM_CurrentGrid")->Apply(Grid);
+BENCHMARK(BM_FixedPlain)->Name("BM_FixedPlainGrid")->Apply(Grid);
 BENCHMARK(BM_FixedPacked)->Apply(Shapes);
 BENCHMARK(BM_Reorder)->Apply(Shapes);
 

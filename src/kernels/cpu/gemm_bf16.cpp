@@ -132,7 +132,8 @@ dnnl::primitive_attr attributes(float alpha, float beta) {
 }
 
 // The runtime primitive of `key`: M, K and the strides that depend on them are runtime values.
-// A non-transposed B is always read whole (K rows of N), so its leading dimension is N.
+// A non-transposed B's rows are N wide whatever part of K a call reads, so its leading dimension
+// is N.
 const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, float alpha,
                                   float beta) {
   auto found = state.primitives.find(key);
@@ -194,13 +195,16 @@ void execute(ThreadState& state, const dnnl::matmul& matmul,
 }
 
 // Where oneDNN runs bf16 matmuls on AMX tiles, a primitive made for one fixed shape selects its
-// brgemm AMX kernels, 1.4-1.8x faster than the jit gemm a runtime M selects on the row-major
-// calls (oneDNN 2.6 on an AMX Xeon, 2 threads, random bf16 operands: an expert's gate/up forward
-// 1024 x 512 x 256 249 -> 159 us, its input gradient 1024 x 256 x 512 153 -> 113 us, the LM head's
-// forward 2048 x 4096 x 256 4.9 -> 3.6 ms). The weight gradients (A read transposed, the sum over
-// the tokens) ran as fast or faster on the runtime primitive (the LM head's 4096 x 256 x 2048: 2.9
-// ms against 3.5) and cost 1-2 ms each to make, so they keep it. Without AMX the two kinds of
-// primitive ran alike (AVX512-BF16), so there the runtime primitive serves every call.
+// brgemm AMX kernels, up to 1.9x faster than the jit gemm a runtime M selects, on small and middle
+// row-major calls only. bench/micro/bf16_prepack.cpp's grid (oneDNN 2.6, AMX Xeon, 2 threads, M
+// 512 and 2048, N and K 256 to 4096, B transposed; bench/results/bf16_prepack.md): the fixed
+// shape ran 1.02-1.92x as fast wherever K <= 1024 and B (K x N) held at most 2^20 values, and
+// 0.81-1.14x elsewhere (it packs B inside every call); at the model's GEMMs an expert's gate/up
+// forward 1024 x 512 x 256 went 249 -> 159 us, the LM head's forward 2048 x 4096 x 256 4.9 -> 3.6
+// ms. The weight gradients (A read transposed, the sum over the tokens) ran as fast or faster on
+// the runtime primitive (the LM head's 4096 x 256 x 2048: 2.9 ms against 3.5) and cost 1-2 ms
+// each to make, so they keep it. Without AMX the two kinds ran alike (AVX512-BF16): there the
+// runtime primitive serves every call.
 bool amx_tiles() {
   static const bool amx = [] {
     const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
@@ -208,6 +212,13 @@ bool amx_tiles() {
     return (isa & amx_bits) == amx_bits;
   }();
   return amx;
+}
+
+constexpr int64_t kMaxFixedShapeK = 1024;
+constexpr int64_t kMaxFixedShapeWeights = int64_t{1} << 20;
+
+bool fixed_shape_pays(bool trans_a, int64_t n, int64_t k) {
+  return amx_tiles() && !trans_a && k <= kMaxFixedShapeK && n * k <= kMaxFixedShapeWeights;
 }
 
 // A fixed-shape primitive costs ~0.3 ms to make and the experts' row counts change every step, so
@@ -244,9 +255,9 @@ void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64
             c + m0 * ldc);
   };
   try {
-    const int64_t m_fixed = amx_tiles() && !trans_a ? m / kFixedShapeStep * kFixedShapeStep : 0;
+    const int64_t m_fixed = m / kFixedShapeStep * kFixedShapeStep;
     const int64_t k_fixed = k / kFixedShapeStep * kFixedShapeStep;
-    if (m_fixed == 0 || k_fixed == 0) {
+    if (m_fixed == 0 || k_fixed == 0 || !fixed_shape_pays(trans_a, n, k_fixed)) {
       run_runtime(0, m, 0, k, beta);
       return;
     }
