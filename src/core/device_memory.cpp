@@ -1,5 +1,7 @@
 #include "core/device_memory.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -193,11 +195,35 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
   memory_of(to != Device::kCpu ? to : from).copy(dst, src, bytes, kind);
 }
 
+namespace {
+
+// Host buffers from this size on are zeroed by all threads: one core's memset does not reach the
+// memory bandwidth (measured on a 2-vCPU AMX Xeon, warm buffers: 4 MiB 144 -> 91 us, 38 MiB 1344
+// -> 744 us with two threads; at 1 MiB the threads' start-up costs more than it saves).
+constexpr size_t kParallelZeroBytes = size_t{4} << 20;
+
+void zero_host(void* data, size_t bytes) {
+  if (bytes < kParallelZeroBytes || omp_in_parallel() != 0) {
+    std::memset(data, 0, bytes);
+    return;
+  }
+#pragma omp parallel
+  {
+    const size_t threads = static_cast<size_t>(omp_get_num_threads());
+    const size_t thread = static_cast<size_t>(omp_get_thread_num());
+    const size_t share = (bytes + threads - 1) / threads;
+    const size_t begin = std::min(bytes, thread * share);
+    std::memset(static_cast<std::byte*>(data) + begin, 0, std::min(bytes, begin + share) - begin);
+  }
+}
+
+}  // namespace
+
 void zero_bytes(void* data, size_t bytes) {
   if (bytes == 0) return;
   const Device device = device_of(data);
   if (device == Device::kCpu) {
-    std::memset(data, 0, bytes);
+    zero_host(data, bytes);
     return;
   }
   memory_of(device).zero(data, bytes);
