@@ -183,10 +183,11 @@ void grouped_experts_backward(const PrecisionRecipe& precision, const ModelConfi
   kernels::grouped_gemm_backward(view(dy, {received, d}), act, w.experts_down, offsets,
                                  view(dact.data(), {received, h}),
                                  view(dw.experts_down, {local, d, h}), precision.experts);
-  // The SwiGLU's gradient: in bf16 only the gate/up GEMMs read it.
+  // The SwiGLU's gradient: in bf16 only the gate/up GEMMs read it. swiglu_backward writes every
+  // row, so it needs no zeroing.
   const DType dgu_type = bf16 ? DType::kBf16 : DType::kF32;
-  const std::span<std::byte> dgu_bytes =
-      scratch.zeroed<std::byte>(received * 2 * h * static_cast<int64_t>(dtype_size(dgu_type)));
+  const std::span<std::byte> dgu_bytes = scratch.uninitialized<std::byte>(
+      received * 2 * h * static_cast<int64_t>(dtype_size(dgu_type)));
   const TensorView dgu(dgu_bytes.data(), {received, 2 * h}, dgu_type);
   kernels::swiglu_backward(view(dact.data(), {received, h}), gu, dgu);
   kernels::grouped_gemm_backward(dgu, x, w.experts_gate_up, offsets, view(dx, {received, d}),

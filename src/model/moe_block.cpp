@@ -125,8 +125,9 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
   if (hs > 0) {
     const DType act_type = kept_mlp_act_dtype(precision_);
     const std::span<float> shared_dact = scratch.zeroed<float>(tokens * hs);
-    const std::span<std::byte> shared_dgu =
-        scratch.zeroed<std::byte>(tokens * 2 * hs * static_cast<int64_t>(dtype_size(act_type)));
+    // Written in full by the SwiGLU's backward.
+    const std::span<std::byte> shared_dgu = scratch.uninitialized<std::byte>(
+        tokens * 2 * hs * static_cast<int64_t>(dtype_size(act_type)));
     swiglu_mlp_backward(precision_.dense_mlp, {tokens, d, hs}, dy, x, w.shared_gate_up,
                         w.shared_down, cache.shared_gu.data(),
                         ConstTensorView(cache.shared_act.data(), {tokens, hs}, act_type), dx,

@@ -769,8 +769,9 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   const int64_t width = dense_layers ? c.intermediate_size : 0;
   const DType act_type = kept_mlp_act_dtype(precision_);
   const std::span<float> scratch_dact = scratch.zeroed<float>(n * width);
+  // Written in full by the SwiGLU's backward.
   const std::span<std::byte> scratch_dgu =
-      scratch.zeroed<std::byte>(n * 2 * width * static_cast<int64_t>(dtype_size(act_type)));
+      scratch.uninitialized<std::byte>(n * 2 * width * static_cast<int64_t>(dtype_size(act_type)));
   const std::span<float> dnorm =
       scratch.zeroed<float>(c.block_norm == BlockNorm::kReordered ? n * d : 0);
   const float z_grad_scale = act.global_tokens > 0 && act.router_loss_div > 0.0
