@@ -94,10 +94,11 @@ std::vector<Bf16GemmPath> paths() {
 }
 
 TEST(Bf16Gemm, MatchesFp64ReferenceEveryTransposeAndBeta) {
-  // {64, 130, 257} and {130, 70, 200}: on AMX the native path splits M and K into a fixed-shape
-  // part (multiples of 64) and remainders (gemm_bf16.cpp).
-  const int64_t shapes[][3] = {{1, 1, 1},      {3, 5, 7},    {17, 33, 9},  {64, 130, 257},
-                               {130, 70, 200}, {1, 100, 50}, {100, 1, 50}, {31, 47, 1}};
+  // {64, 130, 257}, {130, 70, 200} and {1100, 20, 70}: on AMX the native path splits M and K into
+  // a fixed-shape part and remainders (gemm_bf16.cpp; from 1024 rows in steps of 128).
+  const int64_t shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {17, 33, 9},
+                               {64, 130, 257}, {130, 70, 200}, {1100, 20, 70},
+                               {1, 100, 50},   {100, 1, 50},   {31, 47, 1}};
   uint32_t seed = 1;
   for (const Bf16GemmPath path : paths())
     for (const auto& s : shapes)

@@ -222,12 +222,19 @@ bool fixed_shape_pays(bool trans_a, int64_t n, int64_t k) {
 }
 
 // A fixed-shape primitive costs ~0.3 ms to make and the experts' row counts change every step, so
-// the fixed-shape part of a call is its M and K rounded down to a multiple of this: at most one
-// primitive per 64 rows of each kind of call, made once (the default model makes ~130 in its
-// first steps, ~40 ms in all). The rest (the last rows, the last of K) goes through the runtime
-// primitive. The split depends only on the call's shape: a shape gives the same bits on every
-// call, rank and resume.
+// the fixed-shape part of a call is its M (and K) rounded down to a multiple of a step: 64 below
+// 1024, then doubling with each doubling of the size (128 from 1024, 256 from 2048, ...). A kind
+// of call so meets at most 16 sizes below 1024 rows and 8 in each doubling above, whatever the
+// batch (the default model makes ~130 primitives in its first steps, ~40 ms in all), and the rest,
+// under an eighth of the rows, goes through the runtime primitive. The split depends only on the
+// call's shape: a shape gives the same bits on every call, rank and resume.
 constexpr int64_t kFixedShapeStep = 64;
+
+int64_t fixed_part(int64_t size) {
+  int64_t step = kFixedShapeStep;
+  while (step * 16 <= size) step *= 2;
+  return size / step * step;
+}
 
 // C[M, N] = alpha op(A) op(B) + beta C on operands already in bf16, A and B in their stored
 // layouts with leading dimensions lda and ldb.
@@ -255,8 +262,7 @@ void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64
             c + m0 * ldc);
   };
   try {
-    const int64_t m_fixed = m / kFixedShapeStep * kFixedShapeStep;
-    const int64_t k_fixed = k / kFixedShapeStep * kFixedShapeStep;
+    const int64_t m_fixed = fixed_part(m), k_fixed = fixed_part(k);
     if (m_fixed == 0 || k_fixed == 0 || !fixed_shape_pays(trans_a, n, k_fixed)) {
       run_runtime(0, m, 0, k, beta);
       return;
