@@ -10,8 +10,8 @@
 // runtime M and K serves every call of a kind; it selects oneDNN's jit bf16 gemm (runtime N as
 // well would fall back to the reference kernel, so N stays in the key). On AMX a fixed-shape
 // primitive runs brgemm AMX kernels, much faster: there the row-major calls run their rows and K
-// rounded down to multiples of 64 through a fixed-shape primitive and the rest through the
-// runtime one (run_native). Primitives, streams, the execution arguments of the call shapes met
+// rounded down (fixed_part) through a fixed-shape primitive and the rest through the runtime one
+// (run_native). Primitives, streams, the execution arguments of the call shapes met
 // (memory objects re-pointed per call) and conversion buffers are per thread: the attention calls
 // GEMMs from inside OpenMP regions.
 #include <oneapi/dnnl/dnnl.h>
