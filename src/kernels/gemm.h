@@ -31,6 +31,13 @@ enum class Bf16GemmPath { kNative, kEmulated };
 // or better (DNNL_MAX_CPU_ISA can lower that), else kEmulated.
 Bf16GemmPath bf16_gemm_path();
 
+// Whether a native bf16 GEMM of this shape runs its first rows through a fixed-shape oneDNN
+// primitive on AMX kernels (kernels/cpu/gemm_bf16.cpp: where oneDNN has AMX, for row-major A, K
+// and B small enough, N a multiple of 64 and a dense C); the rest of its rows, and every other
+// GEMM, go through the runtime-M primitive. For tests and benchmarks.
+bool bf16_gemm_runs_fixed_shape(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                float alpha, float beta, int64_t ldc);
+
 // Whether GEMMs in `precision` multiply bf16 bits on this CPU (bf16 on the native path), so that
 // an operand rounded to bf16 once can be read by several of them as it is. The emulated path
 // multiplies fp32 values: it would widen such a rounding again in every GEMM.

@@ -8,6 +8,7 @@
 //    roundings, each at most 2^-8 relative (round to nearest with 8 significant bits), so
 //    (2 * 2^-8 + 2^-16) * S more.
 #include <gtest/gtest.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -45,11 +46,12 @@ std::string name(const Case& c) {
 }
 
 // Runs one case on `path` and checks it against both references.
-void check_case(Bf16GemmPath path, const Case& c, uint32_t seed) {
-  // Stored shapes with 3 columns of padding, so lda/ldb/ldc differ from the logical widths.
+void check_case(Bf16GemmPath path, const Case& c, uint32_t seed, int64_t padding = 3) {
+  // Stored shapes with `padding` columns (3 unless asked), so lda/ldb/ldc differ from the logical
+  // widths; with none, C is dense (as the fixed-shape AMX kernels need).
   const int64_t a_rows = c.trans_a ? c.k : c.m, a_cols = c.trans_a ? c.m : c.k;
   const int64_t b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
-  const int64_t lda = a_cols + 3, ldb = b_cols + 3, ldc = c.n + 3;
+  const int64_t lda = a_cols + padding, ldb = b_cols + padding, ldc = c.n + padding;
   const std::vector<float> a = random_vec(static_cast<size_t>(a_rows * lda), seed);
   const std::vector<float> b = random_vec(static_cast<size_t>(b_rows * ldb), seed + 1);
   const std::vector<float> c0 = random_vec(static_cast<size_t>(c.m * ldc), seed + 2);
@@ -94,11 +96,8 @@ std::vector<Bf16GemmPath> paths() {
 }
 
 TEST(Bf16Gemm, MatchesFp64ReferenceEveryTransposeAndBeta) {
-  // {64, 130, 257}, {130, 70, 200} and {1100, 20, 70}: on AMX the native path splits M and K into
-  // a fixed-shape part and remainders (gemm_bf16.cpp; from 1024 rows in steps of 128).
-  const int64_t shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {17, 33, 9},
-                               {64, 130, 257}, {130, 70, 200}, {1100, 20, 70},
-                               {1, 100, 50},   {100, 1, 50},   {31, 47, 1}};
+  const int64_t shapes[][3] = {{1, 1, 1},    {3, 5, 7},    {17, 33, 9}, {64, 130, 257},
+                               {1, 100, 50}, {100, 1, 50}, {31, 47, 1}};
   uint32_t seed = 1;
   for (const Bf16GemmPath path : paths())
     for (const auto& s : shapes)
@@ -109,6 +108,52 @@ TEST(Bf16Gemm, MatchesFp64ReferenceEveryTransposeAndBeta) {
               SCOPED_TRACE(path == Bf16GemmPath::kNative ? "native" : "emulated");
               check_case(path, {ta, tb, s[0], s[1], s[2], alpha, beta}, seed += 3);
             }
+}
+
+// Dense operands, as the native path on AMX runs through fixed-shape primitives (their first rows,
+// rounded down: 128 of 130, 1024 of 1100) and the runtime one (the rest); checked against the
+// same references, with beta 0 over NaN in C (beta 0 must not read C).
+TEST(Bf16Gemm, DenseOperandsMatchFp64Reference) {
+  const int64_t shapes[][3] = {{64, 64, 64}, {130, 64, 256}, {1100, 128, 64}, {200, 256, 1000}};
+  uint32_t seed = 101;
+  for (const Bf16GemmPath path : paths())
+    for (const auto& s : shapes)
+      for (const bool tb : {false, true})
+        for (const float beta : {0.0f, 1.0f})
+          for (const float alpha : {1.0f, 0.375f}) {
+            SCOPED_TRACE(path == Bf16GemmPath::kNative ? "native" : "emulated");
+            check_case(path, {false, tb, s[0], s[1], s[2], alpha, beta}, seed += 3, 0);
+          }
+  for (const Bf16GemmPath path : paths()) {
+    const int64_t m = 130, n = 64, k = 128;
+    const std::vector<float> a = random_vec(static_cast<size_t>(m * k), 7);
+    const std::vector<float> b = random_vec(static_cast<size_t>(k * n), 8);
+    std::vector<float> c(static_cast<size_t>(m * n), std::nanf(""));
+    gemm_bf16(path, false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    for (const float v : c) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// Which calls take the fixed-shape AMX kernels: where oneDNN has AMX (its effective ISA, which
+// DNNL_MAX_CPU_ISA may lower), a row-major A's dense calls with small K and B; never the weight
+// gradients' transposed A, a C with padding (ldc > N), N not a multiple of 64, K over 1024, B over
+// 2^20 values, or fewer than 64 rows. Without AMX no call does.
+TEST(Bf16Gemm, FixedShapeKernelsRunWhereTheyPay) {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned amx_bits = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
+  const bool amx = bf16_gemm_path() == Bf16GemmPath::kNative && (isa & amx_bits) == amx_bits;
+  // An expert's gate/up forward and input gradient, the LM head's forward, a flash-attention block.
+  EXPECT_EQ(bf16_gemm_runs_fixed_shape(false, true, 1100, 512, 256, 1.0f, 0.0f, 512), amx);
+  EXPECT_EQ(bf16_gemm_runs_fixed_shape(false, false, 700, 256, 512, 1.0f, 0.0f, 256), amx);
+  EXPECT_EQ(bf16_gemm_runs_fixed_shape(false, true, 2048, 4096, 256, 1.0f, 0.0f, 4096), amx);
+  EXPECT_EQ(bf16_gemm_runs_fixed_shape(false, true, 64, 128, 64, 0.125f, 0.0f, 128), amx);
+  EXPECT_EQ(bf16_gemm_runs_fixed_shape(false, false, 64, 64, 128, 1.0f, 1.0f, 64), amx);
+  EXPECT_FALSE(bf16_gemm_runs_fixed_shape(true, false, 512, 256, 1024, 1.0f, 1.0f, 256));
+  EXPECT_FALSE(bf16_gemm_runs_fixed_shape(false, false, 64, 64, 128, 1.0f, 0.0f, 256));
+  EXPECT_FALSE(bf16_gemm_runs_fixed_shape(false, true, 512, 100, 256, 1.0f, 0.0f, 100));
+  EXPECT_FALSE(bf16_gemm_runs_fixed_shape(false, false, 2048, 256, 4096, 1.0f, 0.0f, 256));
+  EXPECT_FALSE(bf16_gemm_runs_fixed_shape(false, true, 2048, 4096, 1024, 1.0f, 0.0f, 4096));
+  EXPECT_FALSE(bf16_gemm_runs_fixed_shape(false, true, 63, 512, 256, 1.0f, 0.0f, 512));
 }
 
 TEST(Bf16Gemm, KZeroScalesC) {

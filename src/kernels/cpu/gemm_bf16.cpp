@@ -9,15 +9,17 @@
 // expert GEMMs themselves, and the experts' row counts change every step, so one primitive with a
 // runtime M and K serves every call of a kind; it selects oneDNN's jit bf16 gemm (runtime N as
 // well would fall back to the reference kernel, so N stays in the key). On AMX a fixed-shape
-// primitive runs brgemm AMX kernels, much faster: there the row-major calls run their rows and K
-// rounded down (fixed_part) through a fixed-shape primitive and the rest through the runtime one
-// (run_native). Primitives, streams, the execution arguments of the call shapes met
-// (memory objects re-pointed per call) and conversion buffers are per thread: the attention calls
-// GEMMs from inside OpenMP regions.
+// primitive on dense operands runs brgemm AMX kernels, much faster: there the row-major calls
+// that pay run their rows rounded down (fixed_rows) through a fixed-shape primitive and the rest
+// through the runtime one (run_native). Primitives, streams, the execution arguments of the call
+// shapes met (memory objects re-pointed per call) and conversion buffers are per thread: the
+// attention calls GEMMs from inside OpenMP regions.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <bit>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -50,20 +52,17 @@ struct PrimitiveKeyHash {
   }
 };
 
-// One call's shape under a runtime primitive: what its memory descriptors depend on (the operands'
-// leading dimensions too: a piece of a split call reads a block of a wider operand).
+// One call's shape under a primitive: what its memory descriptors depend on.
 struct CallShape {
   PrimitiveKey key;
-  int64_t m, k, lda, ldb;
+  int64_t m, k;
   bool operator==(const CallShape&) const = default;
 };
 
 struct CallShapeHash {
   size_t operator()(const CallShape& shape) const {
-    size_t h = PrimitiveKeyHash()(shape.key);
-    for (const int64_t v : {shape.m, shape.k, shape.lda, shape.ldb})
-      h = h * 0x9e3779b97f4a7c15ull + std::hash<int64_t>()(v);
-    return h;
+    return PrimitiveKeyHash()(shape.key) * 0x9e3779b97f4a7c15ull +
+           (std::hash<int64_t>()(shape.m) ^ std::hash<int64_t>()(shape.k) << 1);
   }
 };
 
@@ -78,9 +77,10 @@ const dnnl::engine& cpu_engine() {
 constexpr size_t kMaxCallShapes = 1024;
 constexpr size_t kMaxFixedShapes = 512;
 
-// A fixed-shape primitive with its execution arguments (memory objects re-pointed per call).
+// A fixed-shape primitive with its execution arguments (memory objects re-pointed per call); no
+// primitive where oneDNN would not run the shape on AMX tiles (then the runtime one serves it).
 struct FixedShapeMatmul {
-  dnnl::matmul matmul;
+  std::optional<dnnl::matmul> matmul;
   std::unordered_map<int, dnnl::memory> arguments;
 };
 
@@ -105,22 +105,23 @@ ThreadState& thread_state() {
 using dt = dnnl::memory::data_type;
 using dims = dnnl::memory::dims;
 
-// A as the matmul's [M, K] source over a bf16 buffer in A's stored layout ([K, M] when trans_a)
-// with leading dimension lda; any of them may be DNNL_RUNTIME_DIM_VAL.
-dnnl::memory::desc a_desc(bool trans_a, int64_t m, int64_t k, int64_t lda) {
-  return dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
+// A as the matmul's [M, K] source over the converted buffer, which keeps A's stored layout
+// ([K, M] when trans_a); with a runtime M or K the strides are runtime too.
+dnnl::memory::desc a_desc(bool trans_a, int64_t m, int64_t k) {
+  return dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, m} : dims{k, 1});
 }
 
-// B as the matmul's [K, N] weights over a bf16 buffer in B's stored layout ([N, K] when trans_b).
-dnnl::memory::desc b_desc(bool trans_b, int64_t n, int64_t k, int64_t ldb) {
-  return dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
+// B as the matmul's [K, N] weights over the converted buffer, which keeps B's stored layout.
+dnnl::memory::desc b_desc(bool trans_b, int64_t n, int64_t k) {
+  return dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, k} : dims{n, 1});
 }
 
 dnnl::memory::desc c_desc(int64_t m, int64_t n, int64_t ldc) {
   return dnnl::memory::desc({m, n}, dt::f32, dims{ldc, 1});
 }
 
-dnnl::primitive_attr attributes(float alpha, float beta) {
+dnnl::matmul::primitive_desc matmul_pd(const PrimitiveKey& key, int64_t m, int64_t k, float alpha,
+                                       float beta) {
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -128,23 +129,20 @@ dnnl::primitive_attr attributes(float alpha, float beta) {
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  return attr;
+  return dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(a_desc(key.trans_a, m, k), b_desc(key.trans_b, key.n, k),
+                         c_desc(m, key.n, key.ldc)),
+      attr, cpu_engine());
 }
 
-// The runtime primitive of `key`: M, K and the strides that depend on them are runtime values.
-// A non-transposed B's rows are N wide whatever part of K a call reads, so its leading dimension
-// is N.
+// The primitive of `key` with a runtime M and K.
 const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, float alpha,
                                   float beta) {
   auto found = state.primitives.find(key);
   if (found != state.primitives.end()) return found->second;
   const dnnl::memory::dim runtime = DNNL_RUNTIME_DIM_VAL;
-  const dnnl::matmul::primitive_desc pd(
-      dnnl::matmul::desc(a_desc(key.trans_a, runtime, runtime, runtime),
-                         b_desc(key.trans_b, key.n, runtime, key.trans_b ? runtime : key.n),
-                         c_desc(runtime, key.n, key.ldc)),
-      attributes(alpha, beta), cpu_engine());
-  return state.primitives.emplace(key, dnnl::matmul(pd)).first->second;
+  return state.primitives.emplace(key, dnnl::matmul(matmul_pd(key, runtime, runtime, alpha, beta)))
+      .first->second;
 }
 
 // The memory objects of one call shape, with no buffers behind them (each call points them at
@@ -152,11 +150,11 @@ const dnnl::matmul& primitive_for(ThreadState& state, const PrimitiveKey& key, f
 std::unordered_map<int, dnnl::memory> arguments_of(const CallShape& shape) {
   const dnnl::engine& engine = cpu_engine();
   const PrimitiveKey& key = shape.key;
-  return {{DNNL_ARG_SRC, dnnl::memory(a_desc(key.trans_a, shape.m, shape.k, shape.lda), engine,
-                                      DNNL_MEMORY_NONE)},
-          {DNNL_ARG_WEIGHTS,
-           dnnl::memory(b_desc(key.trans_b, key.n, shape.k, shape.ldb), engine, DNNL_MEMORY_NONE)},
-          {DNNL_ARG_DST, dnnl::memory(c_desc(shape.m, key.n, key.ldc), engine, DNNL_MEMORY_NONE)}};
+  return {
+      {DNNL_ARG_SRC, dnnl::memory(a_desc(key.trans_a, shape.m, shape.k), engine, DNNL_MEMORY_NONE)},
+      {DNNL_ARG_WEIGHTS,
+       dnnl::memory(b_desc(key.trans_b, key.n, shape.k), engine, DNNL_MEMORY_NONE)},
+      {DNNL_ARG_DST, dnnl::memory(c_desc(shape.m, key.n, key.ldc), engine, DNNL_MEMORY_NONE)}};
 }
 
 // The execution arguments of a call of `shape.key`'s runtime primitive, made on first use.
@@ -167,20 +165,21 @@ std::unordered_map<int, dnnl::memory>& arguments_for(ThreadState& state, const C
   return state.arguments.emplace(shape, arguments_of(shape)).first->second;
 }
 
-// The primitive made for exactly `shape`, with its execution arguments, made on first use.
+// The primitive made for exactly `shape`, with its execution arguments, made on first use; none
+// where oneDNN picks a kernel other than its AMX brgemm for it (the plain jit gemm the runtime
+// primitive runs anyway: its creation would buy nothing).
 FixedShapeMatmul& fixed_shape_for(ThreadState& state, const CallShape& shape, float alpha,
                                   float beta) {
   auto found = state.fixed_shapes.find(shape);
   if (found != state.fixed_shapes.end()) return found->second;
   if (state.fixed_shapes.size() >= kMaxFixedShapes) state.fixed_shapes.clear();
-  const PrimitiveKey& key = shape.key;
-  const dnnl::matmul::primitive_desc pd(
-      dnnl::matmul::desc(a_desc(key.trans_a, shape.m, shape.k, shape.lda),
-                         b_desc(key.trans_b, key.n, shape.k, shape.ldb),
-                         c_desc(shape.m, key.n, key.ldc)),
-      attributes(alpha, beta), cpu_engine());
-  return state.fixed_shapes.emplace(shape, FixedShapeMatmul{dnnl::matmul(pd), arguments_of(shape)})
-      .first->second;
+  const dnnl::matmul::primitive_desc pd = matmul_pd(shape.key, shape.m, shape.k, alpha, beta);
+  FixedShapeMatmul fixed;
+  if (std::string_view(pd.impl_info_str()).starts_with("brg")) {
+    fixed.matmul.emplace(pd);
+    fixed.arguments = arguments_of(shape);
+  }
+  return state.fixed_shapes.emplace(shape, std::move(fixed)).first->second;
 }
 
 void execute(ThreadState& state, const dnnl::matmul& matmul,
@@ -217,61 +216,51 @@ bool amx_tiles() {
 constexpr int64_t kMaxFixedShapeK = 1024;
 constexpr int64_t kMaxFixedShapeWeights = int64_t{1} << 20;
 
-bool fixed_shape_pays(bool trans_a, int64_t n, int64_t k) {
-  return amx_tiles() && !trans_a && k <= kMaxFixedShapeK && n * k <= kMaxFixedShapeWeights;
+// A fixed-shape primitive costs ~0.3 ms to make, so the shapes that get one must be few and
+// repeat: the row count is rounded down (fixed_part), N must be a multiple of 64 (a model's
+// widths are; flash attention's key ranges are under document masking, any length), and oneDNN
+// takes its AMX kernel only for dense operands (a C with ldc > N, as flash attention writes its
+// heads into [T, H * hd], would get the jit gemm).
+bool fixed_shape_pays(bool trans_a, int64_t n, int64_t k, int64_t ldc) {
+  return amx_tiles() && !trans_a && k <= kMaxFixedShapeK && n * k <= kMaxFixedShapeWeights &&
+         n % 64 == 0 && ldc == n;
 }
 
-// A fixed-shape primitive costs ~0.3 ms to make and the experts' row counts change every step, so
-// the fixed-shape part of a call is its M (and K) rounded down to a multiple of a step: 64 below
-// 1024, then doubling with each doubling of the size (128 from 1024, 256 from 2048, ...). A kind
-// of call so meets at most 16 sizes below 1024 rows and 8 in each doubling above, whatever the
-// batch (the default model makes ~130 primitives in its first steps, ~40 ms in all), and the rest,
-// under an eighth of the rows, goes through the runtime primitive. The split depends only on the
-// call's shape: a shape gives the same bits on every call, rank and resume.
-constexpr int64_t kFixedShapeStep = 64;
-
-int64_t fixed_part(int64_t size) {
-  int64_t step = kFixedShapeStep;
-  while (step * 16 <= size) step *= 2;
-  return size / step * step;
+// The rows that go through the fixed-shape primitive: M rounded down to a multiple of a step, 64
+// below 1024 rows, then doubling with each doubling of M (128 from 1024, 256 from 2048, ...). A
+// kind of call so meets at most 16 row counts below 1024 and 8 in each doubling above, whatever
+// the batch (the default model makes ~130 primitives in its first steps, ~40 ms in all); the
+// last rows (under 64, or under an eighth of M from 1024 rows) go through the runtime primitive.
+// The split depends only on the call's shape: a shape gives the same bits on every call, rank and
+// resume.
+int64_t fixed_rows(int64_t m) {
+  int64_t step = 64;
+  while (step * 16 <= m) step *= 2;
+  return m / step * step;
 }
 
-// C[M, N] = alpha op(A) op(B) + beta C on operands already in bf16, A and B in their stored
-// layouts with leading dimensions lda and ldb.
+// C[M, N] = alpha op(A) op(B) + beta C on operands already in bf16, each contiguous in its stored
+// layout (a transposed copy would cost more than the GEMM's own handling of a transposed
+// operand), so that the descriptors' strides follow from M and K.
 void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                float alpha, const uint16_t* a16, int64_t lda, const uint16_t* b16, int64_t ldb,
-                float beta, float* c, int64_t ldc) {
-  const auto key_for = [&](float piece_beta) {
-    return PrimitiveKey{trans_a,
-                        trans_b,
-                        n,
-                        ldc,
-                        std::bit_cast<uint32_t>(alpha),
-                        std::bit_cast<uint32_t>(piece_beta)};
-  };
-  // A's block of rows [m0, m0 + rows) and columns [k0, ...) of op(A); B's rows [k0, ...) of op(B).
-  const auto a_at = [&](int64_t m0, int64_t k0) {
-    return a16 + (trans_a ? k0 * lda + m0 : m0 * lda + k0);
-  };
-  const auto b_at = [&](int64_t k0) { return b16 + (trans_b ? k0 : k0 * ldb); };
-  const auto run_runtime = [&](int64_t m0, int64_t rows, int64_t k0, int64_t depth,
-                               float piece_beta) {
-    const PrimitiveKey key = key_for(piece_beta);
-    execute(state, primitive_for(state, key, alpha, piece_beta),
-            arguments_for(state, CallShape{key, rows, depth, lda, ldb}), a_at(m0, k0), b_at(k0),
-            c + m0 * ldc);
-  };
+                float alpha, const uint16_t* a16, const uint16_t* b16, float beta, float* c,
+                int64_t ldc) {
+  const PrimitiveKey key{
+      trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
   try {
-    const int64_t m_fixed = fixed_part(m), k_fixed = fixed_part(k);
-    if (m_fixed == 0 || k_fixed == 0 || !fixed_shape_pays(trans_a, n, k_fixed)) {
-      run_runtime(0, m, 0, k, beta);
-      return;
+    const int64_t m_fixed = fixed_shape_pays(trans_a, n, k, ldc) ? fixed_rows(m) : 0;
+    FixedShapeMatmul* fixed =
+        m_fixed > 0 ? &fixed_shape_for(state, CallShape{key, m_fixed, k}, alpha, beta) : nullptr;
+    int64_t first = 0;  // the first row the runtime primitive takes (> 0 only for a row-major A)
+    if (fixed != nullptr && fixed->matmul) {
+      // Rows [0, m_fixed) of A and of C are dense blocks of their own.
+      execute(state, *fixed->matmul, fixed->arguments, a16, b16, c);
+      first = m_fixed;
     }
-    FixedShapeMatmul& fixed =
-        fixed_shape_for(state, CallShape{key_for(beta), m_fixed, k_fixed, lda, ldb}, alpha, beta);
-    execute(state, fixed.matmul, fixed.arguments, a16, b16, c);
-    if (k_fixed < k) run_runtime(0, m_fixed, k_fixed, k - k_fixed, 1.0f);
-    if (m_fixed < m) run_runtime(m_fixed, m - m_fixed, 0, k, beta);
+    if (first == m) return;
+    execute(state, primitive_for(state, key, alpha, beta),
+            arguments_for(state, CallShape{key, m - first, k}), a16 + first * k, b16,
+            c + first * ldc);
   } catch (const dnnl::error& e) {
     fail("[gemm] oneDNN bf16 matmul failed for m={} n={} k={}: {}", m, n, k, e.what());
   }
@@ -335,6 +324,21 @@ Bf16GemmPath bf16_gemm_path() {
   return path;
 }
 
+bool bf16_gemm_runs_fixed_shape(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                float alpha, float beta, int64_t ldc) {
+  if (bf16_gemm_path() != Bf16GemmPath::kNative || k == 0) return false;
+  const int64_t m_fixed = fixed_shape_pays(trans_a, n, k, ldc) ? fixed_rows(m) : 0;
+  if (m_fixed == 0) return false;
+  const PrimitiveKey key{
+      trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
+  try {
+    return fixed_shape_for(thread_state(), CallShape{key, m_fixed, k}, alpha, beta)
+        .matmul.has_value();
+  } catch (const dnnl::error& e) {
+    fail("[gemm] oneDNN bf16 matmul failed for m={} n={} k={}: {}", m, n, k, e.what());
+  }
+}
+
 bool gemms_read_bf16_bits(MatmulPrecision precision) {
   return precision == MatmulPrecision::kBf16 && bf16_gemm_path() == Bf16GemmPath::kNative;
 }
@@ -346,8 +350,7 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int64_t
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
     run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
-               trans_a ? m : k, b_to_bf16(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c,
-               ldc);
+               b_to_bf16(state, trans_b, n, k, b, ldb), beta, c, ldc);
   } else {
     gemm_fp32(trans_a, trans_b, m, n, k, alpha, a_rounded(state, trans_a, m, k, a, lda),
               trans_a ? m : k, b_rounded(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c,
@@ -362,7 +365,7 @@ void gemm_bf16_b16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
     run_native(state, trans_a, trans_b, m, n, k, alpha, a_to_bf16(state, trans_a, m, k, a, lda),
-               trans_a ? m : k, b16, trans_b ? k : n, beta, c, ldc);
+               b16, beta, c, ldc);
   } else {
     // The sgemm needs fp32 operands: B widened (exactly) into this thread's buffer.
     const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
@@ -379,8 +382,8 @@ void gemm_bf16_a16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, int
   if (handle_empty(m, n, k, beta, c, ldc)) return;
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
-    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, trans_a ? m : k,
-               b_to_bf16(state, trans_b, n, k, b, ldb), trans_b ? k : n, beta, c, ldc);
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16,
+               b_to_bf16(state, trans_b, n, k, b, ldb), beta, c, ldc);
   } else {
     // A widened (exactly) into this thread's buffer for the sgemm, B rounded.
     cpu::scratch_of_at_least(state.a32, m * k);
@@ -396,8 +399,7 @@ void gemm_bf16_ab16(Bf16GemmPath path, bool trans_a, bool trans_b, int64_t m, in
   if (handle_empty(m, n, k, beta, c, ldc)) return;
   ThreadState& state = thread_state();
   if (path == Bf16GemmPath::kNative) {
-    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, trans_a ? m : k, b16, trans_b ? k : n,
-               beta, c, ldc);
+    run_native(state, trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, ldc);
   } else {
     // Both widened (exactly) into this thread's buffers for the sgemm.
     cpu::scratch_of_at_least(state.a32, m * k);
