@@ -114,7 +114,7 @@ TEST(Bf16Gemm, MatchesFp64ReferenceEveryTransposeAndBeta) {
 // rounded down: 128 of 130, 1024 of 1100) and the runtime one (the rest); checked against the
 // same references, with beta 0 over NaN in C (beta 0 must not read C).
 TEST(Bf16Gemm, DenseOperandsMatchFp64Reference) {
-  const int64_t shapes[][3] = {{64, 64, 64}, {130, 64, 256}, {1100, 128, 64}, {200, 256, 1000}};
+  const int64_t shapes[][3] = {{64, 64, 64}, {130, 64, 256}, {1100, 128, 64}, {200, 128, 200}};
   uint32_t seed = 101;
   for (const Bf16GemmPath path : paths())
     for (const auto& s : shapes)
