@@ -217,7 +217,7 @@ constexpr int64_t kMaxFixedShapeK = 1024;
 constexpr int64_t kMaxFixedShapeWeights = int64_t{1} << 20;
 
 // A fixed-shape primitive costs ~0.3 ms to make, so the shapes that get one must be few and
-// repeat: the row count is rounded down (fixed_part), N must be a multiple of 64 (a model's
+// repeat: the row count is rounded down (fixed_rows), N must be a multiple of 64 (a model's
 // widths are; flash attention's key ranges are under document masking, any length), and oneDNN
 // takes its AMX kernel only for dense operands (a C with ldc > N, as flash attention writes its
 // heads into [T, H * hd], would get the jit gemm).
@@ -229,7 +229,7 @@ bool fixed_shape_pays(bool trans_a, int64_t n, int64_t k, int64_t ldc) {
 // The rows that go through the fixed-shape primitive: M rounded down to a multiple of a step, 64
 // below 1024 rows, then doubling with each doubling of M (128 from 1024, 256 from 2048, ...). A
 // kind of call so meets at most 16 row counts below 1024 and 8 in each doubling above, whatever
-// the batch (the default model makes ~130 primitives in its first steps, ~40 ms in all); the
+// the batch (the default model makes ~90 primitives in its first steps, ~30 ms in all); the
 // last rows (under 64, or under an eighth of M from 1024 rows) go through the runtime primitive.
 // The split depends only on the call's shape: a shape gives the same bits on every call, rank and
 // resume.
@@ -239,24 +239,38 @@ int64_t fixed_rows(int64_t m) {
   return m / step * step;
 }
 
+PrimitiveKey key_of(bool trans_a, bool trans_b, int64_t n, int64_t ldc, float alpha, float beta) {
+  return {trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
+}
+
+// A call's first rows and the fixed-shape primitive that takes them; no rows where the call runs
+// on the runtime primitive alone.
+struct FixedPart {
+  FixedShapeMatmul* primitive = nullptr;
+  int64_t rows = 0;
+};
+
+FixedPart fixed_part_of(ThreadState& state, const PrimitiveKey& key, int64_t m, int64_t k,
+                        float alpha, float beta) {
+  const int64_t rows = fixed_shape_pays(key.trans_a, key.n, k, key.ldc) ? fixed_rows(m) : 0;
+  if (rows == 0) return {};
+  FixedShapeMatmul& fixed = fixed_shape_for(state, CallShape{key, rows, k}, alpha, beta);
+  return fixed.matmul ? FixedPart{&fixed, rows} : FixedPart{};
+}
+
 // C[M, N] = alpha op(A) op(B) + beta C on operands already in bf16, each contiguous in its stored
 // layout (a transposed copy would cost more than the GEMM's own handling of a transposed
 // operand), so that the descriptors' strides follow from M and K.
 void run_native(ThreadState& state, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                 float alpha, const uint16_t* a16, const uint16_t* b16, float beta, float* c,
                 int64_t ldc) {
-  const PrimitiveKey key{
-      trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
+  const PrimitiveKey key = key_of(trans_a, trans_b, n, ldc, alpha, beta);
   try {
-    const int64_t m_fixed = fixed_shape_pays(trans_a, n, k, ldc) ? fixed_rows(m) : 0;
-    FixedShapeMatmul* fixed =
-        m_fixed > 0 ? &fixed_shape_for(state, CallShape{key, m_fixed, k}, alpha, beta) : nullptr;
-    int64_t first = 0;  // the first row the runtime primitive takes (> 0 only for a row-major A)
-    if (fixed != nullptr && fixed->matmul) {
-      // Rows [0, m_fixed) of A and of C are dense blocks of their own.
-      execute(state, *fixed->matmul, fixed->arguments, a16, b16, c);
-      first = m_fixed;
-    }
+    // Rows [0, fixed.rows) of A (row-major) and of C are dense blocks of their own.
+    const FixedPart fixed = fixed_part_of(state, key, m, k, alpha, beta);
+    if (fixed.rows > 0)
+      execute(state, *fixed.primitive->matmul, fixed.primitive->arguments, a16, b16, c);
+    const int64_t first = fixed.rows;  // the first row the runtime primitive takes
     if (first == m) return;
     execute(state, primitive_for(state, key, alpha, beta),
             arguments_for(state, CallShape{key, m - first, k}), a16 + first * k, b16,
@@ -327,13 +341,10 @@ Bf16GemmPath bf16_gemm_path() {
 bool bf16_gemm_runs_fixed_shape(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                 float alpha, float beta, int64_t ldc) {
   if (bf16_gemm_path() != Bf16GemmPath::kNative || k == 0) return false;
-  const int64_t m_fixed = fixed_shape_pays(trans_a, n, k, ldc) ? fixed_rows(m) : 0;
-  if (m_fixed == 0) return false;
-  const PrimitiveKey key{
-      trans_a, trans_b, n, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
   try {
-    return fixed_shape_for(thread_state(), CallShape{key, m_fixed, k}, alpha, beta)
-        .matmul.has_value();
+    return fixed_part_of(thread_state(), key_of(trans_a, trans_b, n, ldc, alpha, beta), m, k, alpha,
+                         beta)
+               .rows > 0;
   } catch (const dnnl::error& e) {
     fail("[gemm] oneDNN bf16 matmul failed for m={} n={} k={}: {}", m, n, k, e.what());
   }
