@@ -119,9 +119,10 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
 // rounding of the experts' fp32 output gradients (kernels/cpu/grouped_gemm.cpp) and flash
 // attention's copies of q, k, v and the output gradient. These are thread-local and shared by
 // the rank's chunks. Counted as on a CPU whose GEMMs multiply bf16 (AVX512-BF16, AMX), for the
-// calling thread (flash attention's worker threads each keep a block of probabilities more); the
-// emulated path of other CPUs rounds no operand once and widens bf16 operands into fp32 copies
-// instead.
+// calling thread (flash attention's worker threads each keep a block of probabilities more). The
+// emulated path of other CPUs keeps fp32 copies instead, not counted: the grouped GEMM's operands
+// rounded or widened whole (its bf16 inputs too, so up to twice these bytes and more), the other
+// GEMMs' operands per call.
 double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& chunks,
                           const TokenShape& t, const PrecisionRecipe& recipe, bool device);
 
