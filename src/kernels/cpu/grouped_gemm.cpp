@@ -11,7 +11,10 @@
 // expert's GEMM converts into, or grows, the scratch of whichever thread the schedule gave it (a
 // step after the first then asks the heap for nothing). The emulated path's GEMMs are then plain
 // sgemms: an expert's weight in bf16 values (its fp32 weight rounded, or its bf16 copy widened) in
-// the thread's scratch, the size of one expert's weight. Same values rounded, same products.
+// the scratch of the thread running it, which every thread of the team is given before the
+// experts start. Same values rounded, same products.
+#include <omp.h>
+
 #include <vector>
 
 #include "kernels/cpu/bf16_convert.h"
@@ -81,6 +84,24 @@ RowsOperand rows_operand(const char* op, ConstTensorView v, int64_t rows, Form f
   return {};
 }
 
+// This thread's buffer for one expert's weight in bf16 values (kBf16Values).
+std::vector<float>& weight_values_scratch() {
+  thread_local std::vector<float> values;
+  return values;
+}
+
+// Every thread of the team the experts' GEMMs run on given room for one expert's weight (numel
+// values) before they start, so that a thread's first expert in a later step does not grow its
+// buffer: which threads run experts, and which of their weights, depends on the step's routing.
+void reserve_weight_values(int64_t numel) {
+  if (omp_in_parallel() != 0) {
+    scratch_of_at_least(weight_values_scratch(), numel);
+    return;
+  }
+#pragma omp parallel
+  scratch_of_at_least(weight_values_scratch(), numel);
+}
+
 // The experts' weights as the GEMMs read them: fp32, or the bf16 copy (no conversion per call on
 // the native path).
 class ExpertWeights {
@@ -88,7 +109,9 @@ class ExpertWeights {
   ExpertWeights(const char* op, ConstTensorView w, Form form)
       : form_(form),
         fp32_(w.dtype() == DType::kBf16 ? nullptr : w.data<float>(op)),
-        bf16_(w.dtype() == DType::kBf16 ? bf16_bits(op, w) : nullptr) {}
+        bf16_(w.dtype() == DType::kBf16 ? bf16_bits(op, w) : nullptr) {
+    if (form_ == Form::kBf16Values) reserve_weight_values(w.size(1) * w.size(2));
+  }
 
   // c = a op(w_e), w_e starting `offset` elements into w (contiguous, [out, in]) and op(w_e)
   // [k, n]; a fp32 values with row stride lda (kFp32, kBf16Values).
@@ -112,8 +135,7 @@ class ExpertWeights {
  private:
   // One expert's weight (numel values from offset) in bf16 values, in this thread's scratch.
   const float* bf16_values(int64_t offset, int64_t numel) const {
-    thread_local std::vector<float> values;
-    float* out = scratch_of_at_least(values, numel);
+    float* out = scratch_of_at_least(weight_values_scratch(), numel);
     if (bf16_ != nullptr)
       widen_bf16(bf16_ + offset, numel, out);
     else
