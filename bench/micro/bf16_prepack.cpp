@@ -4,10 +4,10 @@
 // The bf16 GEMMs (kernels/cpu/gemm_bf16.cpp) run one oneDNN matmul primitive per (transposes, N,
 // ldc, alpha, beta) with a runtime M and K, on B in its stored (plain) layout; on AMX, since
 // c6492aa, the row-major calls run most of their rows through fixed-shape primitives on the plain
-// B (FixedPlain below). Pre-packing means a
-// primitive whose weights descriptor is `format_tag::any`, so that oneDNN picks its blocked layout,
-// and the weight reordered into that layout once per optimizer step; oneDNN 2.6 allows `any` only
-// for fully known shapes, so such a primitive is also fixed in M (one per weight and row count).
+// B (FixedPlain below). Pre-packing means a primitive whose weights descriptor is
+// `format_tag::any`, so that oneDNN picks its blocked layout, and the weight reordered into that
+// layout once per optimizer step; oneDNN 2.6 allows `any` only for fully known shapes, so such a
+// primitive is also fixed in M (one per weight and row count).
 // This benchmark times, at the default model's GEMMs (configs/default.toml: 16 x 128 = 2048 token
 // rows, d 256, q/k/v 768, experts 512 wide, vocabulary 4096; experts see ~512 rows each), the
 // forward (x . W^T) and input-gradient (dy . W) orientations of:

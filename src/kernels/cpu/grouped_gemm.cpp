@@ -7,9 +7,10 @@
 // activation operand is brought to that form whole, once, in the calling thread's scratch, before
 // the experts' GEMMs read its rows: dy in the backward feeds both of an expert's GEMMs (dx and dw)
 // and would otherwise be converted once for each, and the scratch's size (the pool's rows, which
-// the experts share out differently from step to step) is the same every step, so that no
-// expert's GEMM converts into, or grows, the scratch of whichever thread the schedule gave it (a
-// step after the first then asks the heap for nothing). The emulated path's GEMMs are then plain
+// the experts share out differently from step to step) is the same every step (under expert
+// parallelism: until a rank receives more rows than in any step before), so that no expert's
+// GEMM converts into, or grows, the scratch of whichever thread the schedule gave it (a step
+// after the first then asks the heap for nothing). The emulated path's GEMMs are then plain
 // sgemms: an expert's weight in bf16 values (its fp32 weight rounded, or its bf16 copy widened) in
 // the scratch of the thread running it, which every thread of the team is given before the
 // experts start. Same values rounded, same products.
