@@ -51,7 +51,7 @@ add_executable(moecore_cuda_sim_tests
                tests/cuda_sim/test_nccl_emulator.cpp tests/cuda_sim/test_block_scaled_gemm.cpp)
 target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
                            ${CMAKE_SOURCE_DIR}/tests/cuda ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
-target_compile_options(moecore_cuda_sim_tests PRIVATE ${MOECORE_WARNINGS})
+moecore_test_code(moecore_cuda_sim_tests)
 target_link_libraries(moecore_cuda_sim_tests PRIVATE moecore_cuda_sim_backend moecore_train
                       moecore_kernel_op_cases GTest::gtest)
 
