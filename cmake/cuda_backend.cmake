@@ -61,7 +61,7 @@ if(MOECORE_CUDA_ENABLED)
   target_include_directories(moecore_kernels_cuda SYSTEM PUBLIC
                              ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
   target_compile_options(moecore_kernels_cuda PRIVATE
-      $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS} -fno-math-errno>
+      $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS} ${MOECORE_ENGINE_FP_FLAGS}>
       $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a
                                  -gencode=arch=compute_100a,code=sm_100a
                                  --Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
@@ -102,7 +102,7 @@ if(MOECORE_CUDA_ENABLED)
                           ${MOECORE_NCCL_LIBRARY})
     target_include_directories(moecore_dist_nccl SYSTEM PUBLIC ${MOECORE_NCCL_INCLUDE_DIR})
     target_compile_options(moecore_dist_nccl PRIVATE
-        $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS}>
+        $<$<COMPILE_LANGUAGE:CXX>:${MOECORE_WARNINGS} ${MOECORE_ENGINE_FP_FLAGS}>
         $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a
                                    -gencode=arch=compute_100a,code=sm_100a
                                    --Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)

@@ -36,10 +36,10 @@ target_compile_definitions(moecore_cuda_sim_backend PUBLIC MOECORE_NCCL_DEVICE_A
 target_include_directories(moecore_cuda_sim_backend BEFORE PUBLIC
                            ${CMAKE_SOURCE_DIR}/tests/cuda_sim/include)
 target_include_directories(moecore_cuda_sim_backend PRIVATE ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
-# No FMA contraction: the device rounds each of __fmul_rn's and __fadd_rn's results, and the
-# kernels' plain expressions are what nvcc would contract only where the CPU reference does too.
-# nvcc's `#pragma unroll` means nothing to the host compiler.
-target_compile_options(moecore_cuda_sim_backend PUBLIC -fno-math-errno -ffp-contract=off
+# No FMA contraction (MOECORE_ENGINE_FP_FLAGS): the device rounds each of __fmul_rn's and
+# __fadd_rn's results, and the kernels' plain expressions are what nvcc would contract only where
+# the CPU reference does too. nvcc's `#pragma unroll` means nothing to the host compiler.
+target_compile_options(moecore_cuda_sim_backend PUBLIC ${MOECORE_ENGINE_FP_FLAGS}
                        -Wno-unknown-pragmas)
 target_compile_options(moecore_cuda_sim_backend PRIVATE ${MOECORE_WARNINGS})
 target_link_libraries(moecore_cuda_sim_backend PUBLIC moecore_dist moecore_kernels)
@@ -60,7 +60,7 @@ target_link_libraries(moecore_cuda_sim_tests PRIVATE moecore_cuda_sim_backend mo
 # here, as scripts/gpu_check.sh runs them on the H200 (tests/train/test_cuda_sim_program.py).
 add_executable(moecore_cuda_sim ${MOECORE_CLI_DEVICES})
 target_compile_definitions(moecore_cuda_sim PRIVATE MOECORE_CLI_HAS_CUDA=1 MOECORE_CLI_HAS_NCCL=1)
-target_compile_options(moecore_cuda_sim PRIVATE ${MOECORE_WARNINGS})
+target_compile_options(moecore_cuda_sim PRIVATE ${MOECORE_WARNINGS} ${MOECORE_ENGINE_FP_FLAGS})
 target_link_libraries(moecore_cuda_sim PRIVATE moecore_cli moecore_cuda_sim_backend)
 
 # The CUDA GEMM benchmark (bench/cuda/gemm.cpp, which scripts/gpu_check.sh runs on the H200) at a

@@ -1,7 +1,7 @@
 // For the few headers whose arithmetic both the CPU backend and a CUDA kernel run (nvcc compiles
 // them): functions marked for both, and the double operations in round-to-nearest without
 // contraction, so that both give the same bits (nvcc would fuse a product into a following sum;
-// the host build, for x86-64 without FMA, never does).
+// the host build, with -ffp-contract=off, never does).
 #pragma once
 
 #include <cmath>

@@ -36,9 +36,10 @@ float scale_block_sum(float sum, int32_t e) {
 // Scaling by 2^e: for a normal block sum whose result stays normal (or a zero sum) that is adding
 // e to the exponent field, exact and the value std::ldexp gives. Done on the bits, not as a
 // multiply, so that no compiler can fuse it with the add into an FMA (GCC contracts by default
-// even in ISO C++ mode), which would round once where the reference rounds twice. The rest
-// (subnormal or overflowing results, NaN scales, Inf / NaN sums) is rare and goes through
-// scale_block_sum. Integer-only and branch-free, so that it vectorises.
+// even in ISO C++ mode; the build turns that off, and this does not rely on it), which would round
+// once where the reference rounds twice. The rest (subnormal or overflowing results, NaN scales,
+// Inf / NaN sums) is rare and goes through scale_block_sum. Integer-only and branch-free, so that
+// it vectorises.
 [[gnu::always_inline]] inline void scale_and_accumulate(const float* sum, int32_t exponent_a,
                                                         const int32_t* exponent_b, float* acc) {
   float scaled[kPanel];
