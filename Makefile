@@ -121,8 +121,8 @@ TEST_ENV := OMP_WAIT_POLICY=PASSIVE MOECORE_BIN=$(CURDIR)/build/bin/moecore
 # pytest-xdist: the Python tests in parallel processes, a test file's tests in one process (its
 # module fixtures are made once, and a file's tests never race each other). One process left the
 # two cores 44 % idle (it waits on one moecore run at a time): 189 -> 124 s. At most 4, each
-# holding its own torch.
-PYTEST_WORKERS ?= $(shell n=$(JOBS); [ $$n -gt 4 ] && n=4; echo $$n)
+# holding its own torch (2 where JOBS is not a count).
+PYTEST_WORKERS ?= $(shell n='$(JOBS)'; case $$n in (''|*[!0-9]*|0) n=2;; esac; [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 
 test-reference: build build-sim setup-python

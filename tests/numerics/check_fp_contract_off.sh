@@ -8,9 +8,11 @@
 # engine runs, and the CUDA kernels (which round every product and sum alone, _rn) would part from
 # the host. Where a fused multiply-add is wanted it is written out (std::fma: one rounding in every
 # clone, the instruction or libm's exact fma), never left to the compiler. This check reads the
-# build's compile_commands.json and names every C++ compile of a file under SOURCE_DIR/src (and of
-# the emulated GPU's kernels, <build>/cuda_sim/*.cu.cpp) whose command lacks -ffp-contract=off
-# or asks for another mode; nvcc's commands (device code: -fmad) are not its business.
+# build's compile_commands.json and names every C++ compile of engine code whose command lacks
+# -ffp-contract=off or asks for another mode: a file under SOURCE_DIR/src, the emulated GPU's
+# kernels (<build>/cuda_sim/*.cu.cpp), and the unity batches of the engine's targets (the
+# sanitizers' preset compiles those instead of the files). nvcc's commands (device code: -fmad)
+# are not its business.
 # Usage: check_fp_contract_off.sh SOURCE_DIR COMPILE_COMMANDS_JSON
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
@@ -29,7 +31,8 @@ result=$(awk -v src="$source_dir/src/" '
   /^ *"file": / {
     file = $0
     sub(/^ *"file": "/, "", file); sub(/",?$/, "", file)
-    engine = index(file, src) == 1 || file ~ /\/cuda_sim\/[^\/]*\.cu\.cpp$/
+    engine = index(file, src) == 1 || file ~ /\/cuda_sim\/[^\/]*\.cu\.cpp$/ ||
+             file ~ /\/CMakeFiles\/moecore(_(core|kernels|model|optim|io|data|dist|train|plan|cli|kernels_cuda|dist_nccl|cuda_sim_backend))?\.dir\/Unity\//
     if (!engine || command ~ /nvcc/) next
     checked++
     if (command !~ / -ffp-contract=off( |$)/ || command ~ / -ffp-contract=(fast|on)( |$)/) {
