@@ -33,7 +33,7 @@ result=$(awk -v src="$source_dir/src/" '
     sub(/^ *"file": "/, "", file); sub(/",?$/, "", file)
     engine = index(file, src) == 1 || file ~ /\/cuda_sim\/[^\/]*\.cu\.cpp$/ ||
              file ~ /\/CMakeFiles\/moecore(_(core|kernels|model|optim|io|data|dist|train|plan|cli|kernels_cuda|dist_nccl|cuda_sim_backend))?\.dir\/Unity\//
-    if (!engine || command ~ /nvcc/) next
+    if (!engine || command ~ /^ *"command": "[^ ]*nvcc /) next  # the compiler, not a path
     checked++
     if (command !~ / -ffp-contract=off( |$)/ || command ~ / -ffp-contract=(fast|on)( |$)/) {
       print "  " file; bad++
