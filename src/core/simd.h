@@ -38,14 +38,25 @@ inline float sum_lanes(const float (&lanes)[kSumLanes]) {
 }
 
 // sum_{j < n} term(j), accumulated in kSumLanes lanes (element j in lane j % kSumLanes) and the
-// lanes added in order. Inlined into the cloned callers, where it vectorises.
+// lanes added in order. Inlined into the cloned callers, where it vectorises: the terms of a block
+// are first written to a buffer by a plain loop over j, then added to the lanes. (Summed straight
+// into the lanes, a term with selects in it, such as exp_vectorizable, was not vectorised at all:
+// the lanes' loop is unrolled before the vectoriser runs, and the straight-line vectoriser cannot
+// take the selects' branches. The softmax of cross-entropy ran one element at a time.) Always
+// inlined: a copy of its own would be compiled for the baseline, not for the caller's clone.
 template <typename Term>
-inline float lane_sum(int64_t n, Term term) {
+[[gnu::always_inline]] inline float lane_sum(int64_t n, Term term) {
+  constexpr int64_t kBlock = 16 * kSumLanes;  // a multiple of the lanes: j0 % kSumLanes == 0
   float lanes[kSumLanes] = {};
-  const int64_t full = n - n % kSumLanes;
-  for (int64_t j = 0; j < full; j += kSumLanes)
-    for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] += term(j + l);
-  for (int64_t j = full; j < n; ++j) lanes[j - full] += term(j);
+  float terms[kBlock];
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t count = std::min(kBlock, n - j0);
+    for (int64_t i = 0; i < count; ++i) terms[i] = term(j0 + i);
+    const int64_t full = count - count % kSumLanes;
+    for (int64_t i = 0; i < full; i += kSumLanes)
+      for (int64_t l = 0; l < kSumLanes; ++l) lanes[l] += terms[i + l];
+    for (int64_t i = full; i < count; ++i) lanes[i - full] += terms[i];
+  }
   return sum_lanes(lanes);
 }
 
