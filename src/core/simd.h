@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define MOECORE_SIMD_CLONES \
@@ -42,10 +43,13 @@ inline float sum_lanes(const float (&lanes)[kSumLanes]) {
 // are first written to a buffer by a plain loop over j, then added to the lanes. (Summed straight
 // into the lanes, a term with selects in it, such as exp_vectorizable, was not vectorised at all:
 // the lanes' loop is unrolled before the vectoriser runs, and the straight-line vectoriser cannot
-// take the selects' branches. The softmax of cross-entropy ran one element at a time.) Always
+// take the selects' branches: cross-entropy's sum of exps ran one element at a time.) Always
 // inlined: a copy of its own would be compiled for the baseline, not for the caller's clone.
 template <typename Term>
 [[gnu::always_inline]] inline float lane_sum(int64_t n, Term term) {
+  // A float term: a wider one would be rounded to float in the buffer before it is added.
+  static_assert(std::is_same_v<std::invoke_result_t<Term&, int64_t>, float>,
+                "lane_sum adds float terms");
   constexpr int64_t kBlock = 16 * kSumLanes;  // a multiple of the lanes: j0 % kSumLanes == 0
   float lanes[kSumLanes] = {};
   float terms[kBlock];
