@@ -1,11 +1,12 @@
-// The CPU kernels built on core/simd.h run the clone this CPU picks (AVX-512, AVX2 or the
-// baseline, GCC function multiversioning), compiled at -O3 and vectorised; this test computes
-// their formulas one element at a time, compiled for the baseline, and requires the same bits:
-// core/simd.h's promise that every clone gives bit-identical results, checked on the machine that
-// runs it (the output names the clone). A compiler that contracted a*b+c, reassociated a lane sum
-// or changed exp_vectorizable's operations in a vectorised loop would part from these loops.
-// (Built with -ffp-contract=fast, the AVX2 clone of the SwiGLU gradient parts in its last bit.)
-// (The baseline ISA has no FMA instruction, so nothing here can be contracted either.)
+// The CPU kernels built on core/simd.h (and AdamW's, cloned the same way) run the clone this CPU
+// picks (AVX-512, AVX2 or the baseline, GCC function multiversioning), compiled at -O3 and
+// vectorised; this test computes their formulas one element at a time, compiled for the baseline,
+// and requires the same bits: core/simd.h's promise that every clone gives bit-identical results,
+// checked on the machine that runs it (the output names the clone). A compiler that contracted
+// a*b+c, reassociated a lane sum or changed exp_vectorizable's operations in a vectorised loop
+// would part from these loops: built with -ffp-contract=fast, the AVX2 clones of the SwiGLU
+// gradient and of AdamW part in their last bits. (The baseline ISA has no FMA instruction, so
+// nothing in this file can be contracted.)
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -164,6 +165,41 @@ TEST(SimdClones, RmsnormGivesItsScalarFormulasBits) {
     }
     expect_same_bits(rstd, rstd_want, "rmsnorm rstd, " + what);
     expect_same_bits(y, y_want, "rmsnorm y, " + what);
+  }
+}
+
+TEST(SimdClones, AdamwGivesItsScalarFormulasBits) {
+  // Step 3 at lr 3e-3, weight decay 0.1, gradient clipping's factor 0.5; one chunk of 16384, three
+  // (run by one thread) and ten (over the pool), each with an odd tail.
+  const AdamWCoefficients c{1.0f - 3e-3f * 0.1f,
+                            0.9f,
+                            0.95f,
+                            std::sqrt(1.0f - 0.95f * 0.95f * 0.95f),
+                            1e-8f,
+                            3e-3f / (1.0f - 0.9f * 0.9f * 0.9f),
+                            0.5f};
+  for (const int64_t n : {int64_t{37}, int64_t{3 * 16384 + 5}, int64_t{10 * 16384 + 11}}) {
+    const std::string what = "n " + std::to_string(n);
+    const auto size = static_cast<size_t>(n);
+    std::vector<float> p = uniform(size, 6000, -1, 1);
+    const std::vector<float> g = uniform(size, 7000, -3, 3);
+    std::vector<float> m = uniform(size, 8000, -0.1f, 0.1f);
+    std::vector<float> v = uniform(size, 9000, 0, 0.01f);
+    std::vector<float> p_want = p, m_want = m, v_want = v;
+    kernels::cpu::adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
+                               view(v.data(), {n}), c, ConstTensorView(), ConstTensorView());
+    // kernels/cpu/adamw.cpp's update.
+    for (size_t i = 0; i < size; ++i) {
+      const float gi = g[i] * c.grad_scale;
+      p_want[i] *= c.decay_factor;
+      m_want[i] = c.b1 * m_want[i] + (1.0f - c.b1) * gi;
+      v_want[i] = c.b2 * v_want[i] + (1.0f - c.b2) * gi * gi;
+      const float denom = std::sqrt(v_want[i]) / c.bias2_sqrt + c.eps;
+      p_want[i] -= c.step_size * m_want[i] / denom;
+    }
+    expect_same_bits(p, p_want, "adamw params, " + what);
+    expect_same_bits(m, m_want, "adamw exp_avg, " + what);
+    expect_same_bits(v, v_want, "adamw exp_avg_sq, " + what);
   }
 }
 
