@@ -90,7 +90,9 @@ inline float exp_vectorizable(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   constexpr float kRoundShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float clamped = std::min(std::max(x, kMinArg), kMaxArg);
+  // kMinArg first: std::max(a, b) is (a < b) ? b : a, so a NaN x clamps to kMinArg (its result is
+  // replaced below) rather than reaching the conversion to int, where a NaN is undefined behaviour.
+  const float clamped = std::min(std::max(kMinArg, x), kMaxArg);
   const float kf = (clamped * kLog2e + kRoundShift) - kRoundShift;
   const float r = std::fma(-kf, kLn2Lo, std::fma(-kf, kLn2Hi, clamped));
   float p = 1.9875691500e-4f;
