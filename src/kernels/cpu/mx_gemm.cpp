@@ -1,5 +1,9 @@
 #include "kernels/cpu/mx_gemm.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -32,7 +36,7 @@ float scale_block_sum(float sum, int32_t e) {
   return std::ldexp(sum, e);
 }
 
-// acc[j] += sum[j] * 2^(exponent_a + exponent_b[j]) for one row's block sums over a panel.
+// acc[j] += sum[j] * 2^(exponent_a + exponent_b[j]) for one row's block sums over kWidth columns.
 // Scaling by 2^e: for a normal block sum whose result stays normal (or a zero sum) that is adding
 // e to the exponent field, exact and the value std::ldexp gives. Done on the bits, not as a
 // multiply, so that no compiler can fuse it with the add into an FMA (GCC contracts by default
@@ -40,11 +44,12 @@ float scale_block_sum(float sum, int32_t e) {
 // once where the reference rounds twice. The rest (subnormal or overflowing results, NaN scales,
 // Inf / NaN sums) is rare and goes through scale_block_sum. Integer-only and branch-free, so that
 // it vectorises.
+template <int64_t kWidth = kPanel>
 [[gnu::always_inline]] inline void scale_and_accumulate(const float* sum, int32_t exponent_a,
                                                         const int32_t* exponent_b, float* acc) {
-  float scaled[kPanel];
+  float scaled[kWidth];
   int32_t rare = 0;
-  for (int64_t j = 0; j < kPanel; ++j) {
+  for (int64_t j = 0; j < kWidth; ++j) {
     const int32_t e = exponent_a + exponent_b[j];
     const auto bits = std::bit_cast<uint32_t>(sum[j]);
     const auto exponent = static_cast<int32_t>((bits >> 23) & 0xffu);
@@ -57,7 +62,7 @@ float scale_block_sum(float sum, int32_t e) {
     scaled[j] = std::bit_cast<float>(zero != 0 ? bits : bits + (static_cast<uint32_t>(e) << 23));
   }
   if (rare != 0) {
-    for (int64_t j = 0; j < kPanel; ++j) {
+    for (int64_t j = 0; j < kWidth; ++j) {
       const int32_t e = exponent_a + exponent_b[j];
       const auto bits = std::bit_cast<uint32_t>(sum[j]);
       const auto exponent = static_cast<int32_t>((bits >> 23) & 0xffu);
@@ -68,7 +73,7 @@ float scale_block_sum(float sum, int32_t e) {
       }
     }
   }
-  for (int64_t j = 0; j < kPanel; ++j) acc[j] += scaled[j];
+  for (int64_t j = 0; j < kWidth; ++j) acc[j] += scaled[j];
 }
 
 // kRows rows of C over one panel of kPanel columns: each panel value loaded feeds kRows
@@ -100,6 +105,72 @@ void rows_times_panel(int64_t k, const float* a_rows, const int32_t* a_exponents
   for (int64_t r = 0; r < kRows; ++r) std::copy(acc[r], acc[r] + kPanel, out + r * kPanel);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// rows_times_panel for CPUs with AVX2 and FMA but not AVX-512, written with intrinsics. The
+// generic kernel's 4 rows x 64 columns of block sums are 32 ymm registers on an ISA that has 16,
+// so its AVX2 clone kept them on the stack (two memory operands per FMA); here the panel is done
+// 16 columns at a time, its 4 x 16 block sums in 8 registers. Each lane is still one output
+// column summing k ascending with one fused multiply-add per term (exact products: the add's
+// rounding), and the blocks are scaled and added by the same scale_and_accumulate: the same bits
+// (ctest's MX GEMM cases compare this CPU's kernel with the scalar reference bit for bit).
+constexpr int64_t kAvx2Width = 16;
+
+__attribute__((target("avx2,fma"))) void rows_times_panel_avx2(int64_t k, const float* a_rows,
+                                                               const int32_t* a_exponents,
+                                                               const float* panel,
+                                                               const int32_t* panel_exponents,
+                                                               float* out) {
+  static_assert(kRows == 4 && kPanel % kAvx2Width == 0);
+  const int64_t blocks = k / mx::kMxBlock;
+  for (int64_t first = 0; first < kPanel; first += kAvx2Width) {
+    float acc[kRows][kAvx2Width] = {};
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      __m256 s00 = _mm256_setzero_ps(), s01 = s00, s10 = s00, s11 = s00;
+      __m256 s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+      for (int64_t kk = blk * mx::kMxBlock; kk < (blk + 1) * mx::kMxBlock; ++kk) {
+        const float* b = panel + kk * kPanel + first;
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        const __m256 a0 = _mm256_broadcast_ss(a_rows + kk);
+        s00 = _mm256_fmadd_ps(a0, b0, s00);
+        s01 = _mm256_fmadd_ps(a0, b1, s01);
+        const __m256 a1 = _mm256_broadcast_ss(a_rows + k + kk);
+        s10 = _mm256_fmadd_ps(a1, b0, s10);
+        s11 = _mm256_fmadd_ps(a1, b1, s11);
+        const __m256 a2 = _mm256_broadcast_ss(a_rows + 2 * k + kk);
+        s20 = _mm256_fmadd_ps(a2, b0, s20);
+        s21 = _mm256_fmadd_ps(a2, b1, s21);
+        const __m256 a3 = _mm256_broadcast_ss(a_rows + 3 * k + kk);
+        s30 = _mm256_fmadd_ps(a3, b0, s30);
+        s31 = _mm256_fmadd_ps(a3, b1, s31);
+      }
+      float sum[kRows][kAvx2Width];
+      _mm256_storeu_ps(sum[0], s00);
+      _mm256_storeu_ps(sum[0] + 8, s01);
+      _mm256_storeu_ps(sum[1], s10);
+      _mm256_storeu_ps(sum[1] + 8, s11);
+      _mm256_storeu_ps(sum[2], s20);
+      _mm256_storeu_ps(sum[2] + 8, s21);
+      _mm256_storeu_ps(sum[3], s30);
+      _mm256_storeu_ps(sum[3] + 8, s31);
+      for (int64_t r = 0; r < kRows; ++r) {
+        scale_and_accumulate<kAvx2Width>(sum[r], a_exponents[r * blocks + blk],
+                                         panel_exponents + blk * kPanel + first, acc[r]);
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r)
+      std::copy(acc[r], acc[r] + kAvx2Width, out + r * kPanel + first);
+  }
+}
+
+// The AVX2 kernel where the CPU has AVX2 and FMA but not AVX-512 (where the generic kernel's
+// AVX-512 clone keeps its sums in registers).
+bool use_avx2_kernel() {
+  static const bool use =
+      __builtin_cpu_supports("x86-64-v3") && !__builtin_cpu_supports("x86-64-v4");
+  return use;
+}
+#endif
+
 // A's rows and B's column panels decoded to fp32 values and scale exponents.
 struct DecodedOperands {
   std::vector<float> a_values;
@@ -119,6 +190,9 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const float* a_table = mx::elem_decode_table(a.elem);
   const float* b_table = mx::elem_decode_table(b.elem);
+#if defined(__x86_64__) && defined(__GNUC__)
+  const bool avx2 = use_avx2_kernel();
+#endif
 
   // Decoding is exact, so the kernel sees the reference's values. Rows past m and columns past
   // n are padded with zeros and scale 1 (exponent 0); their outputs are not written.
@@ -170,10 +244,19 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
       for (int64_t p = 0; p < panels; ++p) {
         for (int64_t g = 0; g < row_groups; ++g) {
           float out[kRows * kPanel];
-          rows_times_panel(k, a_values.data() + g * kRows * k,
-                           a_exponents.data() + g * kRows * blocks,
-                           b_panels.data() + p * k * kPanel,
-                           b_panel_exponents.data() + p * blocks * kPanel, out);
+          const float* a_group = a_values.data() + g * kRows * k;
+          const int32_t* a_group_exponents = a_exponents.data() + g * kRows * blocks;
+          const float* b_panel = b_panels.data() + p * k * kPanel;
+          const int32_t* b_exponents = b_panel_exponents.data() + p * blocks * kPanel;
+#if defined(__x86_64__) && defined(__GNUC__)
+          if (avx2) {
+            rows_times_panel_avx2(k, a_group, a_group_exponents, b_panel, b_exponents, out);
+          } else {
+            rows_times_panel(k, a_group, a_group_exponents, b_panel, b_exponents, out);
+          }
+#else
+          rows_times_panel(k, a_group, a_group_exponents, b_panel, b_exponents, out);
+#endif
           const int64_t width = std::min(kPanel, n - p * kPanel);
           for (int64_t r = 0; r < std::min(kRows, rows - g * kRows); ++r) {
             std::copy(out + r * kPanel, out + r * kPanel + width,

@@ -4,8 +4,9 @@
 //
 // Exact rather than merely close: the FP8 products are exact in fp32 and each output keeps the
 // reference's order (k ascending inside a block, blocks ascending). The speed comes from running
-// 4 rows x 64 columns of outputs side by side in SIMD lanes, each lane summing in that order, over
-// operands decoded once per call to fp32 (B transposed into panels of 64 columns).
+// 4 rows x 64 columns of outputs side by side in SIMD lanes (16 columns at a time on AVX2, which
+// has half AVX-512's registers), each lane summing in that order, over operands decoded once per
+// call to fp32 (B transposed into panels of 64 columns).
 #pragma once
 
 #include <cstdint>
