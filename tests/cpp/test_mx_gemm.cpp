@@ -1,10 +1,11 @@
 // The MX GEMM on the CPU (kernels/cpu/mx_gemm.h) against the scalar MX dot-product reference
 // (kernels/reference/mx_gemm.h): bit-identical on odd M and N, several K, both element types and
 // scale modes, extreme block exponents (the kernel's rare scaling path), NaN / Inf blocks, a padded
-// output stride and any thread count. The reference itself is checked against an fp64 evaluation
-// of the same dequantised product, within the derived worst case of its fp32 summation:
-// |C - C_exact| <= gamma_n * sum_k |a_k b_k| with gamma_n = n u / (1 - n u), u = 2^-24 and
-// n = K + K / 32 the number of additions any one term goes through (tests/TOLERANCES.md, kind 2).
+// output stride and any thread count, for every inner kernel the CPU can run. The reference itself
+// is checked against an fp64 evaluation of the same dequantised product, within the derived worst
+// case of its fp32 summation: |C - C_exact| <= gamma_n * sum_k |a_k b_k| with
+// gamma_n = n u / (1 - n u), u = 2^-24 and n = K + K / 32 the number of additions any one term
+// goes through (tests/TOLERANCES.md, kind 2).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -71,6 +72,20 @@ struct Shape {
   int64_t m, n, k;
 };
 
+// Every inner kernel this CPU can run (cpu::MxGemmKernel), each held to the reference's bits, not
+// only the one the CPU picks: an AVX-512 machine checks the AVX2 kernel too, and an AVX2 one the
+// generic kernel's AVX2 clone.
+std::vector<cpu::MxGemmKernel> kernels_here() {
+  std::vector<cpu::MxGemmKernel> kernels{cpu::MxGemmKernel::kGeneric};
+  if (cpu::mx_gemm_kernel_available(cpu::MxGemmKernel::kAvx2))
+    kernels.push_back(cpu::MxGemmKernel::kAvx2);
+  return kernels;
+}
+
+std::string kernel_name(cpu::MxGemmKernel kernel) {
+  return kernel == cpu::MxGemmKernel::kAvx2 ? "avx2 kernel" : "generic kernel";
+}
+
 TEST(MxGemm, CpuKernelIsBitIdenticalToTheReference) {
   // 515 rows: A is decoded 256 rows at a time, so three chunks, the last a partial row group.
   const Shape shapes[] = {{1, 1, 32},  {3, 5, 64},    {17, 67, 96}, {33, 129, 320},
@@ -84,14 +99,18 @@ TEST(MxGemm, CpuKernelIsBitIdenticalToTheReference) {
       for (const ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor}) {
         const Quantized a = quantize(elem[0], mode, s.m, s.k, random_matrix(s.m, s.k, 8, ++seed));
         const Quantized b = quantize(elem[1], mode, s.n, s.k, random_matrix(s.n, s.k, 8, ++seed));
-        std::vector<float> fast(s.m * s.n), ref(s.m * s.n);
-        cpu::mx_gemm(s.m, s.n, s.k, a.operand(elem[0]), b.operand(elem[1]), fast.data(), s.n);
+        std::vector<float> ref(s.m * s.n);
         reference::mx_gemm(s.m, s.n, s.k, a.operand(elem[0]), b.operand(elem[1]), ref.data(), s.n);
         const std::string what =
             "m" + std::to_string(s.m) + " n" + std::to_string(s.n) + " k" + std::to_string(s.k) +
             " " + std::string(mx::elem_type_name(elem[0])) + "x" +
             std::string(mx::elem_type_name(elem[1])) + " " + std::string(mx::scale_mode_name(mode));
-        expect_same_bits(fast, ref, what);
+        for (const cpu::MxGemmKernel kernel : kernels_here()) {
+          std::vector<float> fast(s.m * s.n);
+          cpu::mx_gemm(s.m, s.n, s.k, a.operand(elem[0]), b.operand(elem[1]), fast.data(), s.n,
+                       kernel);
+          expect_same_bits(fast, ref, what + ", " + kernel_name(kernel));
+        }
 
         // The reference against fp64 over the same dequantised operands.
         std::vector<float> a_values(s.m * s.k), b_values(s.n * s.k);
@@ -141,11 +160,17 @@ TEST(MxGemm, ExtremeExponentsNanAndInf) {
     Quantized b = quantize(ElemType::kE4M3, mode, n, k, b_values);
     b.scales[20 * (k / mx::kMxBlock) + 1] = mx::kE8m0Nan;
     const int64_t ldc = n + 3;  // padded rows: the gap must stay untouched
-    std::vector<float> fast(m * ldc, 7.0f), ref(m * ldc, 7.0f);
-    cpu::mx_gemm(m, n, k, a.operand(ElemType::kE4M3), b.operand(ElemType::kE4M3), fast.data(), ldc);
+    std::vector<float> ref(m * ldc, 7.0f);
     reference::mx_gemm(m, n, k, a.operand(ElemType::kE4M3), b.operand(ElemType::kE4M3), ref.data(),
                        ldc);
-    expect_same_bits(fast, ref, std::string(mx::scale_mode_name(mode)));
+    for (const cpu::MxGemmKernel kernel : kernels_here()) {
+      std::vector<float> fast(m * ldc, 7.0f);
+      cpu::mx_gemm(m, n, k, a.operand(ElemType::kE4M3), b.operand(ElemType::kE4M3), fast.data(),
+                   ldc, kernel);
+      expect_same_bits(fast, ref,
+                       std::string(mx::scale_mode_name(mode)) + ", " + kernel_name(kernel));
+      for (int64_t i = 0; i < m; ++i) EXPECT_EQ(fast[i * ldc + n], 7.0f) << kernel_name(kernel);
+    }
     EXPECT_TRUE(std::isinf(ref[0 * ldc + 3]));  // 2^160 times O(1)
     for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(ref[2 * ldc + j])) << j;  // NaN row
     for (int64_t i = 0; i < m; ++i) EXPECT_TRUE(std::isnan(ref[i * ldc + 20])) << i;
@@ -154,7 +179,6 @@ TEST(MxGemm, ExtremeExponentsNanAndInf) {
         EXPECT_FALSE(std::isnan(ref[i * ldc + 9])) << i;  // an Inf element saturated
       }
     }
-    for (int64_t i = 0; i < m; ++i) EXPECT_EQ(fast[i * ldc + n], 7.0f);
   }
 }
 
@@ -168,9 +192,12 @@ TEST(MxGemm, SameBitsAtEveryThreadCount) {
   const int saved = omp_get_max_threads();
   for (const int threads : {1, 2, 3, 5}) {
     omp_set_num_threads(threads);
-    std::vector<float> fast(m * n);
-    cpu::mx_gemm(m, n, k, a.operand(ElemType::kE4M3), b.operand(ElemType::kE4M3), fast.data(), n);
-    expect_same_bits(fast, ref, std::to_string(threads) + " threads");
+    for (const cpu::MxGemmKernel kernel : kernels_here()) {
+      std::vector<float> fast(m * n);
+      cpu::mx_gemm(m, n, k, a.operand(ElemType::kE4M3), b.operand(ElemType::kE4M3), fast.data(), n,
+                   kernel);
+      expect_same_bits(fast, ref, std::to_string(threads) + " threads, " + kernel_name(kernel));
+    }
   }
   omp_set_num_threads(saved);
 }

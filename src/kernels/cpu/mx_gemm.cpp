@@ -108,7 +108,8 @@ void rows_times_panel(int64_t k, const float* a_rows, const int32_t* a_exponents
 #if defined(__x86_64__) && defined(__GNUC__)
 // rows_times_panel for CPUs with AVX2 and FMA but not AVX-512, written with intrinsics. The
 // generic kernel's 4 rows x 64 columns of block sums are 32 ymm registers on an ISA that has 16,
-// so its AVX2 clone kept them on the stack (two memory operands per FMA); here the panel is done
+// so its AVX2 clone kept them on the stack (a load, an FMA from memory and a store for each);
+// here the panel is done
 // 16 columns at a time, its 4 x 16 block sums in 8 registers. Each lane is still one output
 // column summing k ascending with one fused multiply-add per term (exact products: the add's
 // rounding), and the blocks are scaled and added by the same scale_and_accumulate: the same bits
@@ -162,9 +163,14 @@ __attribute__((target("avx2,fma"))) void rows_times_panel_avx2(int64_t k, const 
   }
 }
 
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
 // The AVX2 kernel where the CPU has AVX2 and FMA but not AVX-512 (where the generic kernel's
 // AVX-512 clone keeps its sums in registers).
-bool use_avx2_kernel() {
+bool avx2_kernel_is_this_cpus() {
   static const bool use =
       __builtin_cpu_supports("x86-64-v3") && !__builtin_cpu_supports("x86-64-v4");
   return use;
@@ -181,8 +187,17 @@ struct DecodedOperands {
 
 }  // namespace
 
+bool mx_gemm_kernel_available(MxGemmKernel kernel) {
+  if (kernel != MxGemmKernel::kAvx2) return true;
+#if defined(__x86_64__) && defined(__GNUC__)
+  return cpu_has_avx2_fma();
+#else
+  return false;
+#endif
+}
+
 void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::MxOperand& b,
-             float* c, int64_t ldc) {
+             float* c, int64_t ldc, MxGemmKernel kernel) {
   mx::check_mx_contraction("mx_gemm", k);
   MOE_CHECK(m >= 0 && n >= 0 && ldc >= n, "[mx_gemm] bad shape m={} n={} ldc={}", m, n, ldc);
   if (m == 0 || n == 0) return;
@@ -190,8 +205,11 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const float* a_table = mx::elem_decode_table(a.elem);
   const float* b_table = mx::elem_decode_table(b.elem);
+  MOE_CHECK(mx_gemm_kernel_available(kernel),
+            "[mx_gemm] the AVX2 kernel needs a CPU with AVX2 and FMA");
 #if defined(__x86_64__) && defined(__GNUC__)
-  const bool avx2 = use_avx2_kernel();
+  const bool avx2 = kernel == MxGemmKernel::kAvx2 ||
+                    (kernel == MxGemmKernel::kForThisCpu && avx2_kernel_is_this_cpus());
 #endif
 
   // Decoding is exact, so the kernel sees the reference's values. Rows past m and columns past
