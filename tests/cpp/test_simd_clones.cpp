@@ -19,25 +19,19 @@
 
 #include "core/ignore_index.h"
 #include "core/simd.h"
-#include "core/splitmix64.h"
 #include "core/tensor_view.h"
+#include "gradcheck.h"
 #include "kernels/cpu/ops.h"
 
 namespace moecore {
 namespace {
 
+using gradcheck::random_vec;
+
 const char* clone_for_this_cpu() {
   if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
   if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
   return "baseline";
-}
-
-// Values in [lo, hi) from a fixed stream.
-std::vector<float> uniform(size_t n, uint64_t seed, float lo, float hi) {
-  SplitMix64 rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = lo + (hi - lo) * static_cast<float>(rng.next_double());
-  return v;
 }
 
 // The first index where two float arrays' bits differ, or -1.
@@ -74,7 +68,7 @@ TEST(SimdClones, CrossEntropyGivesItsScalarFormulasBits) {
   for (const int64_t vocab : kWidths) {
     const std::string what = "vocab " + std::to_string(vocab);
     const std::vector<float> logits =
-        uniform(static_cast<size_t>(rows * vocab), 1000 + static_cast<uint64_t>(vocab), -8, 8);
+        random_vec(static_cast<size_t>(rows * vocab), 1000 + static_cast<uint32_t>(vocab), -8, 8);
     std::vector<int32_t> targets(rows);
     for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 977) % vocab);
     targets[2] = kIgnoreIndex;
@@ -111,10 +105,10 @@ TEST(SimdClones, SwigluGivesItsScalarFormulasBits) {
   for (const int64_t hidden : kWidths) {
     const std::string what = "hidden " + std::to_string(hidden);
     // Gates out to +-100: exp_vectorizable's clamps and both tails of the sigmoid.
-    const std::vector<float> gu = uniform(static_cast<size_t>(rows * 2 * hidden),
-                                          2000 + static_cast<uint64_t>(hidden), -100, 100);
+    const std::vector<float> gu = random_vec(static_cast<size_t>(rows * 2 * hidden),
+                                             2000 + static_cast<uint32_t>(hidden), -100, 100);
     const std::vector<float> dact =
-        uniform(static_cast<size_t>(rows * hidden), 3000 + static_cast<uint64_t>(hidden), -1, 1);
+        random_vec(static_cast<size_t>(rows * hidden), 3000 + static_cast<uint32_t>(hidden), -1, 1);
     std::vector<float> act(static_cast<size_t>(rows * hidden));
     std::vector<float> dgu(gu.size());
     kernels::cpu::swiglu_forward(view(gu.data(), {rows, 2 * hidden}),
@@ -148,8 +142,8 @@ TEST(SimdClones, RmsnormGivesItsScalarFormulasBits) {
   for (const int64_t dim : kWidths) {
     const std::string what = "dim " + std::to_string(dim);
     const std::vector<float> x =
-        uniform(static_cast<size_t>(rows * dim), 4000 + static_cast<uint64_t>(dim), -3, 3);
-    const std::vector<float> w = uniform(static_cast<size_t>(dim), 5000, 0.5f, 1.5f);
+        random_vec(static_cast<size_t>(rows * dim), 4000 + static_cast<uint32_t>(dim), -3, 3);
+    const std::vector<float> w = random_vec(static_cast<size_t>(dim), 5000, 0.5f, 1.5f);
     std::vector<float> y(x.size()), rstd(rows);
     kernels::cpu::rmsnorm_forward(view(x.data(), {rows, dim}), view(w.data(), {dim}),
                                   view(y.data(), {rows, dim}), view(rstd.data(), {rows}), eps);
@@ -181,10 +175,10 @@ TEST(SimdClones, AdamwGivesItsScalarFormulasBits) {
   for (const int64_t n : {int64_t{37}, int64_t{3 * 16384 + 5}, int64_t{10 * 16384 + 11}}) {
     const std::string what = "n " + std::to_string(n);
     const auto size = static_cast<size_t>(n);
-    std::vector<float> p = uniform(size, 6000, -1, 1);
-    const std::vector<float> g = uniform(size, 7000, -3, 3);
-    std::vector<float> m = uniform(size, 8000, -0.1f, 0.1f);
-    std::vector<float> v = uniform(size, 9000, 0, 0.01f);
+    std::vector<float> p = random_vec(size, 6000, -1, 1);
+    const std::vector<float> g = random_vec(size, 7000, -3, 3);
+    std::vector<float> m = random_vec(size, 8000, -0.1f, 0.1f);
+    std::vector<float> v = random_vec(size, 9000, 0, 0.01f);
     std::vector<float> p_want = p, m_want = m, v_want = v;
     kernels::cpu::adamw_update(view(p.data(), {n}), view(g.data(), {n}), view(m.data(), {n}),
                                view(v.data(), {n}), c, ConstTensorView(), ConstTensorView());

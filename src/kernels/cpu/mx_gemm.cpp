@@ -109,11 +109,11 @@ void rows_times_panel(int64_t k, const float* a_rows, const int32_t* a_exponents
 // rows_times_panel for CPUs with AVX2 and FMA but not AVX-512, written with intrinsics. The
 // generic kernel's 4 rows x 64 columns of block sums are 32 ymm registers on an ISA that has 16,
 // so its AVX2 clone kept them on the stack (a load, an FMA from memory and a store for each);
-// here the panel is done
-// 16 columns at a time, its 4 x 16 block sums in 8 registers. Each lane is still one output
-// column summing k ascending with one fused multiply-add per term (exact products: the add's
-// rounding), and the blocks are scaled and added by the same scale_and_accumulate: the same bits
-// (ctest's MX GEMM cases compare this CPU's kernel with the scalar reference bit for bit).
+// here the panel is done 16 columns at a time, its 4 x 16 block sums in 8 registers. Each lane is
+// still one output column summing k ascending with one fused multiply-add per term (exact products:
+// the add's rounding), and the blocks are scaled and added by the same scale_and_accumulate: the
+// same bits (ctest's MX GEMM cases compare this CPU's kernel with the scalar reference bit for
+// bit).
 constexpr int64_t kAvx2Width = 16;
 
 __attribute__((target("avx2,fma"))) void rows_times_panel_avx2(int64_t k, const float* a_rows,
@@ -207,9 +207,12 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
   const float* b_table = mx::elem_decode_table(b.elem);
   MOE_CHECK(mx_gemm_kernel_available(kernel),
             "[mx_gemm] the AVX2 kernel needs a CPU with AVX2 and FMA");
+  // The inner kernel, picked once for the call.
+  auto* rows_times_panel_kernel = &rows_times_panel;
 #if defined(__x86_64__) && defined(__GNUC__)
-  const bool avx2 = kernel == MxGemmKernel::kAvx2 ||
-                    (kernel == MxGemmKernel::kForThisCpu && avx2_kernel_is_this_cpus());
+  if (kernel == MxGemmKernel::kAvx2 ||
+      (kernel == MxGemmKernel::kForThisCpu && avx2_kernel_is_this_cpus()))
+    rows_times_panel_kernel = &rows_times_panel_avx2;
 #endif
 
   // Decoding is exact, so the kernel sees the reference's values. Rows past m and columns past
@@ -266,15 +269,7 @@ void mx_gemm(int64_t m, int64_t n, int64_t k, const mx::MxOperand& a, const mx::
           const int32_t* a_group_exponents = a_exponents.data() + g * kRows * blocks;
           const float* b_panel = b_panels.data() + p * k * kPanel;
           const int32_t* b_exponents = b_panel_exponents.data() + p * blocks * kPanel;
-#if defined(__x86_64__) && defined(__GNUC__)
-          if (avx2) {
-            rows_times_panel_avx2(k, a_group, a_group_exponents, b_panel, b_exponents, out);
-          } else {
-            rows_times_panel(k, a_group, a_group_exponents, b_panel, b_exponents, out);
-          }
-#else
-          rows_times_panel(k, a_group, a_group_exponents, b_panel, b_exponents, out);
-#endif
+          rows_times_panel_kernel(k, a_group, a_group_exponents, b_panel, b_exponents, out);
           const int64_t width = std::min(kPanel, n - p * kPanel);
           for (int64_t r = 0; r < std::min(kRows, rows - g * kRows); ++r) {
             std::copy(out + r * kPanel, out + r * kPanel + width,
