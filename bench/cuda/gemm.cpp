@@ -4,13 +4,15 @@
 //              bf16 peak" that MFU is reported against, measured in the same run;
 //   matmul     the matmul op in bf16 at a dense projection of a GPU-sized model (16384 tokens,
 //              2048 -> 2048), f32 activations rounded to bf16 in the call, the weight's bf16 copy;
-//   experts    the experts' gate/up GEMM in bf16 at 8, 32 and 128 experts with the active
-//              parameters fixed by bench/gpu_peer.py's rule (bench/configs/gpu.toml: top-4 of
-//              experts of width 512 at 16384 tokens, so 65536 routes: 8192 rows per expert at 8
-//              experts, 512 at 128, the same FLOPs at every count), as one cuBLASLt GEMM per
-//              expert and as the one-launch kernel with device offsets: how much the per-expert
-//              GEMMs lose as they shrink (item 6: at most 5 % tokens/s lost from 8 to 128
-//              experts), and whether the sync-free kernel is fast enough to replace them.
+//   experts    the experts' gate/up GEMMs of one pass (the grouped GEMM op's forward, input and
+//              weight gradients) in bf16 at 8, 32 and 128 experts with the active parameters
+//              fixed by bench/gpu_peer.py's rule (bench/configs/gpu.toml: top-4 of experts of
+//              width 512 at 16384 tokens, so 65536 routes: ~8192 rows per expert at 8 experts,
+//              ~512 at 128, uneven as routing leaves them, the same FLOPs at every count), as one
+//              cuBLASLt GEMM per expert after reading the offsets back and as the one-launch
+//              kernels reading them on the device: how much the per-expert GEMMs lose as they
+//              shrink (item 6: at most 5 % tokens/s lost from 8 to 128 experts), and which form a
+//              step should take;
 //   attention  flash attention's forward and backward (the ops, kernels/cuda/flash_attention*.cu)
 //              at bench/configs/gpu.toml's shape (8 sequences of 2048 positions, 16 heads of 128,
 //              causal), in bf16 on the tensor cores and in fp32 on the CUDA cores; FLOPs as MFU
@@ -18,10 +20,11 @@
 //              forward 4, backward 8), so the rate is comparable with the peak though the kernels
 //              compute the scores three times (the forward's two sweeps, the backward's two
 //              kernels).
-// Each case: 3 warm-up calls, then the median of 20 timed calls (CUDA events on the backend's
-// stream). Prints a markdown table; --json PATH also writes the figures. --quick divides every
-// size by 16 and times 3 calls after 1: a run of the code, not of the GPU (ctest CudaSim.GemmBench
-// runs it so on the emulated GPU, where the full sizes would take hours).
+// Each case: 3 warm-up calls (the experts': at least one per draw of their rows), then the median
+// of 20 timed calls (CUDA events on the backend's stream). Prints a markdown table; --json PATH
+// also writes the figures. --quick divides every size by 16 and times 3 calls after 1: a run of
+// the code, not of the GPU (ctest CudaSim.GemmBench runs it so on the emulated GPU, where the full
+// sizes would take hours).
 //   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
 #include <algorithm>
 #include <cstdint>
@@ -34,8 +37,8 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -149,45 +152,66 @@ Result dense_matmul(const RunShape& shape) {
           2.0 * tokens * in * out, ms};
 }
 
-// The experts' gate/up GEMM at `count` experts, bf16 operands converted beforehand (both forms
-// read the same bf16 x): one cuBLASLt GEMM per expert (grouped_gemm.cpp's loop, offsets on the
-// host) and the one-launch kernel reading the offsets on the device (grouped_gemm_device.h).
-// bench/configs/gpu.toml's shape: only the expert count changes.
+// The experts' gate/up GEMMs of one pass at `count` experts: the grouped GEMM op's forward and
+// backward (input and weight gradients) on bf16 operands, as the model calls them in bf16, with
+// the row offsets in device memory, where routing writes them. The rows per expert differ (each
+// route's expert drawn uniformly, as from a balanced router; kDraws draws taken in turn, every one
+// seen in the warm-up), so the per-expert form pays what a training step pays: the offsets read
+// back with a wait for the stream, then one cuBLASLt GEMM per expert and product, each of its
+// shapes planned once. Timed as cuBLASLt GEMMs per expert and as one launch of the device-offset
+// kernels (set_experts_in_one_launch): how much the per-expert GEMMs lose as they shrink (item 6:
+// at most 5 % tokens/s lost from 8 to 128 experts), and which form a step should take
+// (bench/gpu_peer.py --moecore-grouped-gemm auto). bench/configs/gpu.toml's shape: top-4 of
+// experts of width 512 at 16384 tokens, so 65536 routes, ~8192 rows per expert at 8 experts and
+// ~512 at 128, the same FLOPs at every count.
 std::vector<Result> experts(int64_t count, const RunShape& shape) {
+  constexpr int64_t kDraws = 4;
   const int64_t tokens = 16384 / shape.divisor, d = 2048 / shape.divisor, top_k = 4,
                 width = 512 / shape.divisor;
   const int64_t rows = tokens * top_k, n = 2 * width;
-  std::vector<int64_t> offsets(static_cast<size_t>(count + 1));
-  for (int64_t e = 0; e <= count; ++e) offsets[static_cast<size_t>(e)] = e * (rows / count);
+  std::vector<int64_t> offsets(static_cast<size_t>(kDraws * (count + 1)), 0);
+  std::mt19937_64 gen(static_cast<uint64_t>(count));
+  std::uniform_int_distribution<int64_t> expert_of(0, count - 1);
+  for (int64_t draw = 0; draw < kDraws; ++draw) {
+    int64_t* draw_offsets = offsets.data() + draw * (count + 1);
+    for (int64_t r = 0; r < rows; ++r) ++draw_offsets[expert_of(gen) + 1];
+    for (int64_t e = 0; e < count; ++e) draw_offsets[e + 1] += draw_offsets[e];
+  }
   const DeviceBuffer x(rows * d, DType::kBf16), w(count * n * d, DType::kBf16),
-      y(rows * n, DType::kF32);
+      dy(rows * n, DType::kBf16), y(rows * n, DType::kF32), dx(rows * d, DType::kF32),
+      dw(count * n * d, DType::kF32);
   int64_t* device_offsets = nullptr;
   MOE_CUDA_CHECK(cudaMalloc(&device_offsets, offsets.size() * sizeof(int64_t)));
   MOE_CUDA_CHECK(cudaMemcpyAsync(device_offsets, offsets.data(), offsets.size() * sizeof(int64_t),
                                  cudaMemcpyHostToDevice, cuda::stream()));
   cuda::synchronize();
-  const auto* xb = static_cast<const uint16_t*>(x.data());
-  const auto* wb = static_cast<const uint16_t*>(w.data());
-  auto* yp = static_cast<float*>(y.data());
-  const double per_expert_ms = median_ms(shape, [&] {
-    for (int64_t e = 0; e < count; ++e) {
-      const int64_t begin = offsets[static_cast<size_t>(e)];
-      const int64_t rows_e = offsets[static_cast<size_t>(e + 1)] - begin;
-      cuda::gemm_lt(false, true, rows_e, n, d, 1.0f, xb + begin * d, wb + e * n * d, CUDA_R_16BF,
-                    0.0f, yp + begin * n);
-    }
-  });
-  const double device_ms = median_ms(shape, [&] {
-    cuda::launch_grouped_gemm_bf16_device_offsets(xb, wb, device_offsets, count, rows, n, d, yp,
-                                                  cuda::stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
-  });
+  const RunShape every_draw_warm{
+      shape.divisor, static_cast<int>(std::max<int64_t>(kDraws, shape.warmup)), shape.timed};
+  const auto time_pass = [&](bool one_launch) {
+    cuda::set_experts_in_one_launch(one_launch);
+    int64_t call = 0;
+    const double ms = median_ms(every_draw_warm, [&] {
+      const ConstTensorView draw_offsets(device_offsets + (call++ % kDraws) * (count + 1),
+                                         {count + 1}, DType::kI64, Device::kCuda);
+      cuda::grouped_gemm_forward(x.view({rows, d}), w.view({count, n, d}), draw_offsets,
+                                 y.view({rows, n}), MatmulPrecision::kBf16);
+      cuda::grouped_gemm_backward(dy.view({rows, n}), x.view({rows, d}), w.view({count, n, d}),
+                                  draw_offsets, dx.view({rows, d}), dw.view({count, n, d}),
+                                  MatmulPrecision::kBf16);
+    });
+    cuda::set_experts_in_one_launch(false);
+    return ms;
+  };
+  const double per_expert_ms = time_pass(false);
+  const double one_launch_ms = time_pass(true);
   MOE_CUDA_CHECK(cudaFree(device_offsets));
   const std::string what = std::to_string(count) + " experts, top-" + std::to_string(top_k) +
-                           ", gate/up " + std::to_string(d) + " -> " + std::to_string(n);
-  const double flops = 2.0 * static_cast<double>(rows) * d * static_cast<double>(n);
-  return {{"experts, cuBLASLt per expert: " + what, flops, per_expert_ms},
-          {"experts, one launch, device offsets (WMMA): " + what, flops, device_ms}};
+                           ", gate/up " + std::to_string(d) + " -> " + std::to_string(n) +
+                           ", forward and backward, uneven rows";
+  // The forward's, the input gradient's and the weight gradient's products.
+  const double flops = 3.0 * 2.0 * static_cast<double>(rows) * d * static_cast<double>(n);
+  return {{"experts, cuBLASLt per expert (offsets read back): " + what, flops, per_expert_ms},
+          {"experts, one launch, device offsets (WMMA): " + what, flops, one_launch_ms}};
 }
 
 // One training step's attention core: flash_attention_forward then _backward (causal, no
@@ -237,6 +261,9 @@ int main(int argc, char** argv) {
       return 77;
     }
     const std::string device = cuda::describe(cuda::current_device_info());
+    // As training does (activate()): the pool keeps freed memory, or the matmul op's scratch would
+    // be mapped again inside every timed call.
+    cuda::keep_freed_device_memory();
     std::vector<Result> results = {peak(shape), dense_matmul(shape)};
     for (const int64_t count : {8, 32, 128})
       for (const Result& r : experts(count, shape)) results.push_back(r);

@@ -487,6 +487,18 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId) 
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// As the toolkit's: the workspace must be device memory aligned to 256 bytes (the cuBLAS
+// documentation of cublasSetWorkspace); a size of 0 returns to the library's own.
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace,
+                                     size_t workspaceSizeInBytes) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (workspaceSizeInBytes == 0) return CUBLAS_STATUS_SUCCESS;
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0 ||
+      !cudasim::inside_device_allocation(workspace, workspaceSizeInBytes))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // The names, for the tests' messages (the toolkit's cublasGetStatusString gives a sentence).
 const char* cublasGetStatusName(cublasStatus_t status) {
   return status_name(status);

@@ -36,6 +36,7 @@ std::string activate() {
   MOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
   MOE_CUDA_CHECK(cudaSetDevice(local_rank() % devices));
   keep_freed_device_memory();
+  create_backend_state();
   register_device_memory(Device::kCuda, &device_memory());
   register_device_graphs(Device::kCuda, &cuda_graphs());
   register_device_backend(Device::kCuda, &cuda_backend());

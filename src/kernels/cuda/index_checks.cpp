@@ -45,6 +45,10 @@ void check_indices_inside(const char* op, const char* name, const int32_t* indic
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
+void prepare_index_checks() {
+  pending_record_on_device();  // and pending_record()
+}
+
 void throw_pending_index_error() {
   volatile IndexErrorRecord* record = pending_record();
   if (record->op == 0) return;

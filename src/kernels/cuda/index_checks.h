@@ -22,6 +22,9 @@ namespace moecore::kernels::cuda {
 void check_indices_inside(const char* op, const char* name, const int32_t* indices, int64_t count,
                           int64_t limit, int32_t lowest = 0);
 
+// Creates the record in mapped host memory (otherwise made by the first check or wait).
+void prepare_index_checks();
+
 // Throws the pending index error, if any, and clears it. Only after the stream has been waited
 // for (synchronize() calls it); the record is complete then.
 void throw_pending_index_error();

@@ -109,6 +109,10 @@ cublasHandle_t cublas_handle() {
     cublasHandle_t handle = nullptr;
     MOE_CUBLAS_CHECK(cublasCreate(&handle));
     MOE_CUBLAS_CHECK(cublasSetStream(handle, stream()));
+    // The GEMM workspace as cuBLAS's own (after the stream: cublasSetStream resets a user
+    // workspace), so that a GEMM in a stream being captured never allocates one. cuBLASLt's calls
+    // share it: both issue on stream(), one after the other.
+    MOE_CUBLAS_CHECK(cublasSetWorkspace(handle, gemm_workspace(), kGemmWorkspaceBytes));
     return handle;
   }();
   return created;
@@ -121,6 +125,13 @@ void* gemm_workspace() {
     return p;
   }();
   return allocated;
+}
+
+void create_backend_state() {
+  stream();
+  cublaslt_handle();
+  cublas_handle();  // and gemm_workspace()
+  prepare_index_checks();
 }
 
 }  // namespace moecore::kernels::cuda

@@ -84,4 +84,10 @@ cublasLtHandle_t cublaslt_handle();
 inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 void* gemm_workspace();
 
+// Creates now what the backend otherwise creates on first use (the stream, cuBLAS's and
+// cuBLASLt's handles, the GEMM workspace, the index checks' record): allocations and library
+// set-up are refused in a stream being captured into a CUDA graph, which must never be the first
+// to need them. activate() calls it.
+void create_backend_state();
+
 }  // namespace moecore::kernels::cuda

@@ -68,6 +68,8 @@ typedef struct cublasContext* cublasHandle_t;
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle);
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId);
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace,
+                                     size_t workspaceSizeInBytes);
 
 const char* cublasGetStatusName(cublasStatus_t status);
 const char* cublasGetStatusString(cublasStatus_t status);
@@ -87,3 +89,4 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
 #define cublasCreate cublasCreate_v2
 #define cublasDestroy cublasDestroy_v2
 #define cublasSetStream cublasSetStream_v2
+#define cublasSetWorkspace cublasSetWorkspace_v2
