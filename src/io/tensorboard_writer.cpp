@@ -1,7 +1,6 @@
 #include "io/tensorboard_writer.h"
 
 #include <fcntl.h>
-#include <isa-l/crc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <system_error>
 
 #include "core/check.h"
+#include "io/crc32c.h"
 #include "io/file_util.h"
 
 namespace moecore::io {
@@ -73,22 +73,8 @@ std::string hostname() {
 
 }  // namespace
 
-// ---- CRC-32C
-// ----------------------------------------------------------------------------------
-
-uint32_t crc32c(std::span<const std::byte> data) {
-  // crc32_iscsi takes the running (pre-inverted) CRC and returns it without the final inversion.
-  uint32_t crc = 0xffffffffu;
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t left = data.size();
-  do {  // crc32_iscsi's length is an int; also called once for empty input
-    const size_t chunk = std::min<size_t>(left, size_t{1} << 30);
-    crc = crc32_iscsi(const_cast<unsigned char*>(p), static_cast<int>(chunk), crc);
-    p += chunk;
-    left -= chunk;
-  } while (left > 0);
-  return ~crc;
-}
+// ---- Masked CRC-32C
+// ---------------------------------------------------------------------------
 
 uint32_t masked_crc32c(std::span<const std::byte> data) {
   const uint32_t crc = crc32c(data);

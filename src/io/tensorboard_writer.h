@@ -32,11 +32,9 @@
 #include <span>
 #include <string>
 
-namespace moecore::io {
+#include "io/crc32c.h"  // crc32c, which the records' masked CRC is made of
 
-// CRC-32C (Castagnoli, as in iSCSI / RFC 3720), via Intel ISA-L's crc32_iscsi.
-// crc32c("123456789") == 0xE3069283.
-uint32_t crc32c(std::span<const std::byte> data);
+namespace moecore::io {
 
 // The TFRecord masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8 of crc32c(data).
 uint32_t masked_crc32c(std::span<const std::byte> data);

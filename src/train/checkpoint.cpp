@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "io/file_checksums.h"
 #include "io/file_util.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
@@ -31,6 +32,8 @@ constexpr const char* kTempPrefix = ".tmp-step_";
 // A complete checkpoint moved aside while the same step is saved again; restored if the new one
 // never arrives.
 constexpr const char* kReplacedPrefix = ".replaced-";
+// The CRC-32C of every other file of the checkpoint (io/file_checksums.h), written last.
+constexpr const char* kChecksums = "checksums.json";
 
 std::string checkpoints_dir(const std::string& run_dir) {
   return run_dir + "/checkpoints";
@@ -159,9 +162,11 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
                           "[checkpoint]");
     if (!c.tokenizer_json.empty())
       io::write_text_atomic(staging_dir + "/tokenizer.json", c.tokenizer_json, "[checkpoint]");
-    // Written last: its presence marks a complete checkpoint even before the rename.
     io::write_text_atomic(staging_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n",
                           "[checkpoint]");
+    // Last, over every file above (every rank's parts included): read back, so it is the CRC of
+    // what reached the file system.
+    io::write_checksums(staging_dir, kChecksums, "[checkpoint]");
     fsync_directory(staging_dir);
     if (fs::exists(final_dir)) {
       // The same step saved again (a resumed run reaching it a second time): the old copy is
@@ -243,15 +248,19 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
 }
 
 std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
+                                                   const ModelConfig& expected,
+                                                   const ParamLayout& full,
                                                    std::vector<std::string>* damaged) {
   std::vector<std::string> dirs = list_checkpoints(run_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     try {
+      // What the resume will read, checked as it will check it (the structure first, cheap),
+      // then every byte against the checksums.
       const RunConfig saved = parse_run_config(io::read_text(*it + "/config.toml", "[checkpoint]"),
                                                *it + "/config.toml");
       load_trainer_state(*it, saved.train);
-      io::TensorParts::open(*it, "model");
-      io::TensorParts::open(*it, "optim");
+      CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
+      io::verify_checksums(*it, kChecksums, "[checkpoint]");
       return *it;
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.

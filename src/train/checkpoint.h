@@ -7,6 +7,8 @@
 //   trainer_state.json step, tokens seen, data cursor, seed, step-guard window, schedule position
 //   config.toml        the effective run configuration
 //   tokenizer.json     the run's tokenizer, when it has one (so the directory is self-contained)
+//   checksums.json     every other file's size and CRC-32C (io/file_checksums.h), written last:
+//                      --resume skips a checkpoint whose files changed after they were written
 // A save is written into a temporary sibling directory, every file fsynced, the directory renamed
 // into place and its parent fsynced: a crash at any moment leaves either the previous set of
 // checkpoints or the previous set plus the complete new one. Older saves beyond keep_last are
@@ -77,10 +79,15 @@ void prune_checkpoints(const std::string& run_dir, const std::string& newest, in
 // ignored).
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
-// The newest resumable checkpoint (every file present and parsing, optimizer state included);
-// nullopt when there is none.
-// Newer checkpoints that were skipped are appended to `damaged` as "DIR: reason" when given.
+// The newest resumable checkpoint of a model `expected` whose tensors are `full`: every file
+// present and passing the checks its resume makes (CheckpointReader::open with the optimizer
+// state, the trainer state's), every file's bytes those it was written with (checksums.json; a
+// checkpoint written before moecore wrote checksums is checked without). nullopt when there is
+// none. Newer checkpoints that were skipped are appended to `damaged` as "DIR: reason" when given.
+// Reads every byte of the checkpoint: in a multi-rank job one rank calls it and tells the others.
 std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
+                                                   const ModelConfig& expected,
+                                                   const ParamLayout& full,
                                                    std::vector<std::string>* damaged = nullptr);
 
 // A checkpoint opened for reading, where a resumed rank reads only what it holds (its experts,

@@ -115,16 +115,48 @@ struct StartPoint {
   bool config_changed = false;
 };
 
-StartPoint choose_start(const RunConfig& config, const TrainOptions& options) {
+// Whether a run logged steps in `out_dir` (its metrics.jsonl is not empty).
+bool has_logged_steps(const std::string& out_dir) {
+  std::error_code ec;
+  const std::string metrics = out_dir + "/metrics.jsonl";
+  return std::filesystem::is_regular_file(metrics, ec) &&
+         std::filesystem::file_size(metrics, ec) > 0 && !ec;
+}
+
+// The newest valid checkpoint, chosen by rank 0 (it reads every byte of the candidates: once, and
+// the same answer for every rank) and broadcast to the others; `damaged` is rank 0's.
+std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
+                                             const std::string& out_dir, const ModelConfig& mc,
+                                             const ParamLayout& full_layout,
+                                             std::vector<std::string>& damaged) {
+  std::optional<std::string> chosen;
+  if (world.rank() == 0) chosen = latest_valid_checkpoint(out_dir, mc, full_layout, &damaged);
+  if (world.size() == 1) return chosen;
+  std::string path = chosen.value_or("");
+  int64_t length = static_cast<int64_t>(path.size());
+  world.broadcast(&length, sizeof(length), 0);
+  path.resize(static_cast<size_t>(length));
+  world.broadcast(path.data(), length, 0);
+  return path.empty() ? std::nullopt : std::optional<std::string>(path);
+}
+
+StartPoint choose_start(const dist::Communicator& world, const RunConfig& config,
+                        const ParamLayout& full_layout, const TrainOptions& options) {
   const std::string& out_dir = config.train.out_dir;
   const std::vector<std::string> existing = list_checkpoints(out_dir);
   MOE_CHECK(options.resume || existing.empty(),
             "[train] {} already holds checkpoints: pass --resume to continue that run, or choose "
             "another train.out_dir",
             out_dir);
+  MOE_CHECK(options.resume || !has_logged_steps(out_dir),
+            "[train] {} already holds a run without checkpoints (its metrics.jsonl): choose "
+            "another train.out_dir, or pass --resume to start that run again from step 0 "
+            "(replacing its logged steps)",
+            out_dir);
   StartPoint start;
   std::vector<std::string> damaged;
-  if (options.resume) start.checkpoint = latest_valid_checkpoint(out_dir, &damaged);
+  if (options.resume)
+    start.checkpoint = agreed_checkpoint(world, out_dir, config.model, full_layout, damaged);
   MOE_CHECK(
       existing.empty() || start.checkpoint.has_value(),
       "[train] none of the {} checkpoints in {} can be resumed (newest: {}); refusing to start "
@@ -557,7 +589,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
-  const StartPoint start = choose_start(config, options);
+  const StartPoint start = choose_start(world, config, full_layout, options);
   // A run killed between committing a checkpoint and pruning the old ones left one too many.
   if (start.checkpoint && rank0) prune_checkpoints(tc.out_dir, *start.checkpoint, tc.keep_last);
   if (start.checkpoint) world.barrier();  // no rank looks at the run directory while it prunes

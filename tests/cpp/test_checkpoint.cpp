@@ -1,6 +1,8 @@
 // Checkpoints: save / list / latest_valid / load round trip on a tiny model, keep_last pruning,
-// re-saving a step, clean-up of interrupted saves, fallback past damaged checkpoints, the
-// architecture check on load, and a save that fails on a full disk.
+// re-saving a step, clean-up of interrupted saves, fallback past damaged checkpoints (their
+// structure, and values changed inside them, which only the checksums see), the architecture
+// check on load, and a save that fails on a full disk.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -9,11 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "io/crc32c.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -129,6 +134,10 @@ class CheckpointTest : public ::testing::Test {
 
   fs::path checkpoints() const { return run_dir_ / "checkpoints"; }
 
+  std::optional<std::string> newest_valid(std::vector<std::string>* damaged = nullptr) const {
+    return latest_valid_checkpoint(run_dir_.string(), config_.model, layout_, damaged);
+  }
+
   RunConfig config_;
   ParamLayout layout_;
   ParamBuffers params_;
@@ -147,7 +156,7 @@ TEST_F(CheckpointTest, SaveListLoadRoundTrip) {
   const std::vector<std::string> listed = list_checkpoints(run_dir_.string());
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_EQ(fs::path(listed[0]), fs::path(dir));
-  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  const auto latest = newest_valid();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(dir));
 
@@ -243,7 +252,7 @@ TEST_F(CheckpointTest, RemoveInterruptedSavesKeepsCompleteOnes) {
   for (const auto& entry : fs::directory_iterator(checkpoints()))
     entries.push_back(entry.path().filename().string());
   EXPECT_EQ(entries, (std::vector<std::string>{"step_00000001"}));
-  EXPECT_TRUE(latest_valid_checkpoint(run_dir_.string()).has_value());
+  EXPECT_TRUE(newest_valid().has_value());
 
   // No checkpoints directory at all: nothing to do, nothing thrown.
   remove_interrupted_saves((run_dir_ / "absent").string());
@@ -256,7 +265,7 @@ TEST_F(CheckpointTest, LatestValidSkipsCorruptedHeader) {
   ASSERT_GT(bytes.size(), 16u);
   for (size_t i = 8; i < 16; ++i) bytes[i] = '#';  // the JSON header no longer parses
   write_bytes(fs::path(bad) / "model.safetensors", bytes);
-  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  const auto latest = newest_valid();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(good));
 }
@@ -265,14 +274,15 @@ TEST_F(CheckpointTest, LatestValidSkipsMissingTrainerState) {
   const std::string good = save(1);
   const std::string bad = save(2);
   fs::remove(fs::path(bad) / "trainer_state.json");
-  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  const auto latest = newest_valid();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(good));
 
   // With the older one damaged as well, there is no valid checkpoint.
   write_bytes(fs::path(good) / "trainer_state.json", "{not json");
-  EXPECT_FALSE(latest_valid_checkpoint(run_dir_.string()).has_value());
-  EXPECT_FALSE(latest_valid_checkpoint((run_dir_ / "absent").string()).has_value());
+  EXPECT_FALSE(newest_valid().has_value());
+  EXPECT_FALSE(
+      latest_valid_checkpoint((run_dir_ / "absent").string(), config_.model, layout_).has_value());
 }
 
 TEST_F(CheckpointTest, LoadWithAnotherArchitectureNamesTheKey) {
@@ -305,22 +315,28 @@ TEST_F(CheckpointTest, FailedSaveLeavesPreviousCheckpointIntact) {
   EXPECT_EQ(names(list_checkpoints(run_dir_.string())),
             (std::vector<std::string>{"step_00000001"}));
 
-  // Fail in the last file written (trainer_state.json), after every other file is complete.
-  int64_t before_state = 0;
-  for (const auto& [name, bytes] : before)
-    if (name.find("trainer_state.json") == std::string::npos)
-      before_state += static_cast<int64_t>(bytes.size());
-  io::set_write_failure_for_testing(before_state + 3);
-  EXPECT_THROW(save(3, 1), Error);
-  io::set_write_failure_for_testing(-1);
-  EXPECT_EQ(snapshot(checkpoints()), before);
+  // Fail in trainer_state.json, and in the last file written (checksums.json), each after every
+  // file before it is complete (the same sizes as step 1's but for the trainer state's digits).
+  for (const char* last : {"trainer_state.json", "checksums.json"}) {
+    int64_t written_before = 0;
+    for (const auto& [name, bytes] : before)
+      if (name.find("trainer_state.json") == std::string::npos &&
+          name.find("checksums.json") == std::string::npos)
+        written_before += static_cast<int64_t>(bytes.size());
+    if (std::string(last) == "checksums.json")
+      written_before += static_cast<int64_t>(trainer_state(3).dump(2).size() + 1);
+    io::set_write_failure_for_testing(written_before + 3);
+    EXPECT_THROW(save(3, 1), Error) << last;
+    io::set_write_failure_for_testing(-1);
+    EXPECT_EQ(snapshot(checkpoints()), before) << last;
+  }
 
   // Failing while re-saving the same step leaves the old copy in place too.
   io::set_write_failure_for_testing(0);
   EXPECT_THROW(save(1, 1), Error);
   io::set_write_failure_for_testing(-1);
   EXPECT_EQ(snapshot(checkpoints()), before);
-  const auto latest = latest_valid_checkpoint(run_dir_.string());
+  const auto latest = newest_valid();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(previous));
 }
@@ -371,7 +387,7 @@ TEST_F(CheckpointTest, TamperedTrainerStateMakesTheCheckpointDamaged) {
   state["step"] = -5;
   write_bytes(fs::path(bad) / "trainer_state.json", state.dump());
   std::vector<std::string> damaged;
-  const auto latest = latest_valid_checkpoint(run_dir_.string(), &damaged);
+  const auto latest = newest_valid(&damaged);
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(good));
   ASSERT_EQ(damaged.size(), 1u);
@@ -474,6 +490,109 @@ TEST_F(CheckpointTest, OptimizerMetadataIsCheckedNotTrusted) {
           << message;
     }
   }
+}
+
+// Every other file of a checkpoint is in its checksums.json, with its size and CRC-32C.
+TEST_F(CheckpointTest, ChecksumsListEveryOtherFile) {
+  const std::string dir = save_checkpoint(run_dir_.string(), 3, contents(3, "{}"), 0);
+  const nlohmann::json manifest =
+      nlohmann::json::parse(read_bytes(fs::path(dir) / "checksums.json"));
+  EXPECT_EQ(manifest["algorithm"], "crc32c");
+  std::map<std::string, std::string> files = snapshot(dir);
+  ASSERT_EQ(files.erase("checksums.json"), 1u);
+  ASSERT_EQ(manifest["files"].size(), files.size());
+  for (const auto& [name, bytes] : files) {
+    ASSERT_TRUE(manifest["files"].contains(name)) << name;
+    EXPECT_EQ(manifest["files"][name]["bytes"], bytes.size()) << name;
+    EXPECT_EQ(manifest["files"][name]["crc32c"],
+              fmt::format("{:08x}", io::crc32c(std::as_bytes(std::span(bytes)))))
+        << name;
+  }
+}
+
+// A value changed inside a file, its structure intact (a flipped bit on a failing disk, an edit):
+// only the checksums see it. The checkpoint is skipped, naming the file; the older one resumes.
+TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  const auto flip_data_bit = [&](const char* file, size_t from_end) {
+    const fs::path path = fs::path(bad) / file;
+    std::string bytes = read_bytes(path);
+    ASSERT_GT(bytes.size(), from_end);
+    bytes[bytes.size() - from_end] ^= 0x01;
+    write_bytes(path, bytes);
+  };
+  const std::string originals[] = {read_bytes(fs::path(bad) / "model.safetensors"),
+                                   read_bytes(fs::path(bad) / "optim.safetensors"),
+                                   read_bytes(fs::path(bad) / "trainer_state.json")};
+  for (const char* file : {"model.safetensors", "optim.safetensors", "trainer_state.json"}) {
+    if (std::string(file) == "trainer_state.json") {
+      nlohmann::json state = trainer_state(2);  // in range: only the checksum can tell
+      state["step_guard"]["losses"][0] = 2.6;   // was 2.5: the same size
+      write_bytes(fs::path(bad) / file, state.dump(2) + "\n");
+    } else {
+      flip_data_bit(file, 4);  // the last value's lowest byte (little-endian f32)
+    }
+    std::vector<std::string> damaged;
+    const auto found = newest_valid(&damaged);
+    ASSERT_TRUE(found.has_value()) << file;
+    EXPECT_EQ(fs::path(*found), fs::path(good)) << file;
+    ASSERT_EQ(damaged.size(), 1u) << file;
+    EXPECT_NE(damaged[0].find(std::string(file) + ": its CRC-32C is"), std::string::npos)
+        << damaged[0];
+    write_bytes(fs::path(bad) / "model.safetensors", originals[0]);
+    write_bytes(fs::path(bad) / "optim.safetensors", originals[1]);
+    write_bytes(fs::path(bad) / "trainer_state.json", originals[2]);
+    ASSERT_EQ(fs::path(newest_valid().value_or("")), fs::path(bad))
+        << file;  // restored: valid again
+  }
+  // A listed file that is gone, or whose size changed.
+  fs::remove(fs::path(bad) / "config.json");
+  std::vector<std::string> damaged;
+  EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_NE(damaged[0].find("config.json: missing (listed in checksums.json)"), std::string::npos)
+      << damaged[0];
+  // A manifest that is not one.
+  write_bytes(fs::path(bad) / "checksums.json", R"({"algorithm": "md5", "files": {}})");
+  damaged.clear();
+  EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_NE(damaged[0].find("not a checksum manifest"), std::string::npos) << damaged[0];
+}
+
+// A checkpoint written before moecore wrote checksums resumes, checked without them.
+TEST_F(CheckpointTest, ACheckpointWithoutChecksumsStillResumes) {
+  const std::string dir = save(1);
+  fs::remove(fs::path(dir) / "checksums.json");
+  EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(dir));
+}
+
+// The choice makes the checks the resume makes (CheckpointReader::open): damage that only they
+// see falls back to an older checkpoint too, and another architecture resumes none.
+TEST_F(CheckpointTest, LatestValidMakesTheReadersChecks) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  const std::string optim = (fs::path(bad) / "optim.safetensors").string();
+  const io::SafetensorsReader original = io::SafetensorsReader::open(optim);
+  io::SafetensorsWriter rewritten;  // no steps_taken in the metadata
+  for (const std::string& name : original.names())
+    rewritten.add_f32(name, original.info(name).shape, original.read_f32(name));
+  rewritten.write(optim + ".new");
+  fs::rename(optim + ".new", optim);
+  fs::remove(fs::path(bad) / "checksums.json");  // so that only the reader's check can see it
+  std::vector<std::string> damaged;
+  EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_NE(damaged[0].find("no steps_taken in the metadata"), std::string::npos) << damaged[0];
+
+  ModelConfig other = config_.model;
+  other.moe_intermediate_size = 12;
+  const ParamLayout other_layout = ParamLayout::build(other);
+  damaged.clear();
+  EXPECT_FALSE(latest_valid_checkpoint(run_dir_.string(), other, other_layout, &damaged));
+  ASSERT_EQ(damaged.size(), 2u);
+  EXPECT_NE(damaged[1].find("another architecture"), std::string::npos) << damaged[1];
 }
 
 }  // namespace

@@ -1,0 +1,23 @@
+// Checksums of a directory's files, for directories written once and trusted later (checkpoints):
+// a manifest names every other regular file with its size and CRC-32C (io/crc32c.h), so that a
+// file changed after it was written (a failing disk, a bit flipped in a copy, an edit) is found
+// before anything reads a value from it. Parsers catch damage to a file's structure; only a
+// checksum catches a changed value inside a tensor.
+//   {"algorithm": "crc32c", "files": {"config.json": {"bytes": 1234, "crc32c": "e3069283"}, ...}}
+#pragma once
+
+#include <string>
+
+namespace moecore::io {
+
+// Writes <dir>/<manifest> (write_text_atomic) over every regular file of dir but the manifest.
+// `tag` ("[checkpoint]") prefixes errors.
+void write_checksums(const std::string& dir, const std::string& manifest, const char* tag);
+
+// Checks every file <dir>/<manifest> lists: present, of its size, with its CRC-32C; the first that
+// is not is a one-line error naming the file, as is a manifest that does not parse. Returns false
+// (nothing checked) when dir has no manifest: a directory written before manifests existed.
+// Files the manifest does not list are not looked at.
+bool verify_checksums(const std::string& dir, const std::string& manifest, const char* tag);
+
+}  // namespace moecore::io
