@@ -115,6 +115,9 @@ void run_data_instances(const DataInstancesArgs& args) {
   std::vector<int32_t> row(static_cast<size_t>(T));
   std::vector<int64_t> instances(static_cast<size_t>(n * T));
   const int64_t eos = args.eos_id >= 0 ? args.eos_id : dataset.metadata_eos_id();
+  // As data.eos_id in a config: a token id of the vocabulary.
+  MOE_CHECK(eos < args.vocab_size, "[data] --eos-id={} is outside [0, --vocab-size={})", eos,
+            args.vocab_size);
   std::vector<int64_t> doc_lens;
   if (!args.doc_lens_out.empty()) {
     MOE_CHECK(eos >= 0,

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   CLI::App* debug_steps =
       app.add_subcommand("debug-steps", "N AdamW steps on one batch; losses and final weights");
   add_debug_options(debug_steps);
-  cli::add_int_option(debug_steps, "--steps", debug.steps, "optimizer steps", 0, 1000000)
+  cli::add_int_option(debug_steps, "--steps", debug.steps, "optimizer steps", 1, 1000000)
       ->required();
 
   moecore::cli::DumpArgs dump_args;
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
                     "int32/int64 [B, T] .npy (default: the first batch of data.train)");
     cmd->add_option("--targets", run.targets, "int32/int64 [B, T] .npy (-100 = ignore)");
     cli::add_int_option(cmd, "--batch-size", run.batch_size,
-                        "instances of data.train (default: one micro-batch)", 0, 1 << 20);
+                        "instances of data.train (default: one micro-batch)", 1, 1 << 20);
   };
   CLI::App* dump = app.add_subcommand(
       "dump", "one batch's forward and backward, every activation and gradient in order");
@@ -285,7 +285,8 @@ int main(int argc, char** argv) {
       "plan", "parameters, FLOPs, memory per rank and communication of a config at a world size");
   plan->add_option("config", plan_args.config, "config TOML")->required();
   plan->add_option("--set", plan_args.overrides, "override, e.g. --set parallel.ep=8");
-  plan->add_option("--ranks", plan_args.ranks, "world size (default: pp x ep)");
+  cli::add_int_option(plan, "--ranks", plan_args.ranks, "world size (default: pp x ep)", 1,
+                      1 << 24);
   plan->add_option("--hardware", plan_args.hardware, "cpu | h100 | h200 | b200 | profile.json");
   plan->add_flag("--json", plan_args.json, "one JSON object instead of text");
   cli::add_float_option(plan, "--max-memory", plan_args.max_memory_gb,

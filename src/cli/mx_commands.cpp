@@ -67,8 +67,9 @@ void run_mx_dequantize(const MxArgs& args) {
   mx::check_mx_contraction("mx dequantize", k);
   std::vector<int64_t> scale_shape = codes.shape;
   scale_shape.back() = k / mx::kMxBlock;
-  MOE_CHECK(scales.shape == scale_shape, "[mx] --scales {}: shape {} does not match codes {}",
-            args.scales, scales.shape, codes.shape);
+  MOE_CHECK(scales.shape == scale_shape,
+            "[mx] --scales {}: shape {}, expected {} (one scale per {} codes of the codes' {})",
+            args.scales, scales.shape, scale_shape, mx::kMxBlock, codes.shape);
   std::vector<float> x(codes.numel);
   mx::dequantize(elem, rows, k, codes.bytes.data(), scales.bytes.data(), x.data());
   data::write_npy(args.out, "<f4", codes.shape, x.data());

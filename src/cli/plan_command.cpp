@@ -89,7 +89,7 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
 
 void run_plan(const PlanArgs& args) {
   const RunConfig config = load_run_config(args.config, args.overrides);
-  MOE_CHECK(args.ranks >= 0, "[plan] --ranks={} must be positive", args.ranks);
+  MOE_CHECK(args.ranks >= 0, "[plan] --ranks={} must be positive (0: pp x ep)", args.ranks);
   MOE_CHECK(args.max_memory_gb >= 0.0, "[plan] --max-memory={} must be positive",
             args.max_memory_gb);
   MOE_CHECK(args.top >= 1, "[plan] --top={} must be at least 1", args.top);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <system_error>
@@ -170,6 +171,23 @@ void write_file_atomic(const std::string& path, size_t count,
 
 // ---- Reader
 // --------------------------------------------------------------------------------------
+
+void remove_atomic_write_leftovers(const std::string& dir,
+                                   const std::function<bool(const std::string&)>& ours) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t tmp = name.rfind(".tmp.");
+    std::error_code type_ec;
+    if (tmp == std::string::npos || tmp + 5 == name.size() || !entry.is_regular_file(type_ec) ||
+        entry.is_symlink(type_ec))
+      continue;
+    const std::string pid = name.substr(tmp + 5);
+    if (pid.find_first_not_of("0123456789") == std::string::npos && ours(name.substr(0, tmp)))
+      fs::remove(entry.path(), type_ec);
+  }
+}
 
 void write_text_atomic(const std::string& path, const std::string& text, const char* tag) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()),

@@ -49,6 +49,13 @@ void write_file_atomic(const std::string& path, size_t count,
                        const std::function<std::span<const std::byte>(size_t)>& chunk,
                        const char* tag);
 
+// Removes from `dir` the temporaries that write_file_atomic leaves when its process dies before
+// the rename ("<name>.tmp.<pid>", regular files), for the names `ours` accepts (a caller names
+// only files it writes: never anything else). For the owner of `dir` (a run's lock), in which no
+// other writer is live.
+void remove_atomic_write_leftovers(const std::string& dir,
+                                   const std::function<bool(const std::string&)>& ours);
+
 // write_file_atomic of one string (config.toml, config.json, profile.json, ...).
 void write_text_atomic(const std::string& path, const std::string& text, const char* tag);
 

@@ -28,18 +28,12 @@ CommunicatorChoice resolve(const RunConfig& config, int64_t world_size,
       choice.description = "mpi";
       return choice;
     case CommunicatorKind::kNccl:
-      MOE_CHECK(device != Device::kCpu,
-                "[parallel] parallel.communicator=\"nccl\" needs train.device=\"cuda\" (NCCL moves "
-                "a GPU's memory; this run's model is on the cpu): use \"auto\" or \"mpi\"");
+      check_communicator_layout(config);
       MOE_CHECK(nccl,
                 "[parallel] parallel.communicator=\"nccl\": this moecore program has no NCCL "
                 "communicator for {} memory (build it with NCCL next to the CUDA toolkit, `cmake "
                 "--preset cuda`), or use \"auto\" or \"mpi\"",
                 device_name(device));
-      MOE_CHECK(config.parallel.pp == 1,
-                "[parallel] parallel.communicator=\"nccl\" with parallel.pp={}: {} (use \"auto\" "
-                "or \"mpi\")",
-                config.parallel.pp, kPipelineOnMpi);
       if (const std::string why = unusable(*factory); !why.empty())
         fail("[parallel] parallel.communicator=\"nccl\": {} (use \"auto\" or \"mpi\")", why);
       choice.device = factory;
@@ -74,6 +68,17 @@ CommunicatorChoice resolve(const RunConfig& config, int64_t world_size,
 }
 
 }  // namespace
+
+void check_communicator_layout(const RunConfig& config) {
+  if (config.parallel.communicator != CommunicatorKind::kNccl) return;
+  MOE_CHECK(config.train.device != Device::kCpu,
+            "[parallel] parallel.communicator=\"nccl\" needs train.device=\"cuda\" (NCCL moves a "
+            "GPU's memory; this run's model is on the cpu): use \"auto\" or \"mpi\"");
+  MOE_CHECK(config.parallel.pp == 1,
+            "[parallel] parallel.communicator=\"nccl\" with parallel.pp={}: {} (use \"auto\" or "
+            "\"mpi\")",
+            config.parallel.pp, kPipelineOnMpi);
+}
 
 CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
                                        const UnusableReason& unusable) {

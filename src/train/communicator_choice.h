@@ -40,4 +40,9 @@ using UnusableReason = std::function<std::string(const dist::DeviceCommunicatorF
 CommunicatorChoice choose_communicator(const RunConfig& config, int64_t world_size,
                                        const UnusableReason& unusable);
 
+// What the config alone rules out for parallel.communicator="nccl" (train.device=cpu, pipeline
+// stages), as one-line errors: choose_communicator's first checks, which validate_layout (and so
+// `moecore plan`) makes too.
+void check_communicator_layout(const RunConfig& config);
+
 }  // namespace moecore

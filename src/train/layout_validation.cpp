@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "dist/mesh.h"
 #include "dist/pipeline_schedule.h"
+#include "train/communicator_choice.h"
 
 namespace moecore {
 
@@ -20,6 +21,7 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
   const TrainConfig& tc = config.train;
   MOE_CHECK(world >= 1, "[parallel] {} ranks: the world needs at least one", world);
   dist::check_mesh_shape(world, pc.ep, pc.pp);
+  check_communicator_layout(config);
   ResolvedLayout r;
   r.world = world;
   r.pp = pc.pp;

@@ -31,7 +31,8 @@ int64_t resolve_virtual_stages(const ParallelConfig& parallel);
 // pp divides the world, ep divides a stage's ranks and num_experts, the layers fill the model
 // chunks (pp x virtual_stages <= layers, stage_layers), each stage's schedule is valid
 // (interleaved: microbatches a multiple of pp), a micro-batch splits over dp, tied embeddings and
-// the hf load-balancing style only without a pipeline, overlap_grad_reduce only without ZeRO-1.
+// the hf load-balancing style only without a pipeline, overlap_grad_reduce only without ZeRO-1,
+// the NCCL communicator only on a device and without a pipeline (check_communicator_layout).
 ResolvedLayout validate_layout(const RunConfig& config, int64_t world);
 
 }  // namespace moecore

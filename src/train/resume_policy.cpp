@@ -25,17 +25,22 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   const toml::table a = toml::parse(run_config_to_toml(saved));
   const toml::table b = toml::parse(run_config_to_toml(now));
   std::vector<std::string> keys = {"model.router_aux_loss_coef", "model.router_z_loss_coef",
-                                   "model.lb_loss_style"};
+                                   "model.lb_loss_style", "model.loss_normalizer"};
   for (const auto& [key, node] : *b["optim"].as_table())
     keys.push_back("optim." + std::string(key.str()));
   // The device: another backend's kernels round differently (the CPU's and a GPU's GEMMs sum in
   // other orders), so a run moved between them continues close to, not exactly on, its path. So
   // does a run whose LM head changes its chunks (the head's weight gradient adds the chunks'
   // products in another order, model/chunked_lm_head.h).
-  for (const char* key : {"seed", "batch_size", "microbatches", "seq_len", "precision", "device",
+  // mxfp8's variants quantise other GEMMs or round their scales otherwise.
+  for (const char* key : {"seed", "batch_size", "microbatches", "seq_len", "precision",
+                          "mxfp8_expert_wgrad", "mxfp8_dense", "mxfp8_scale", "device",
                           "lm_head_chunk_tokens", "skip_sigma", "skip_window", "skip_min_window"})
     keys.push_back(std::string("train.") + key);
-  keys.emplace_back("data.train");
+  // The tokens the run reads (their element type) and where its documents end (the attention's
+  // masks: document_masking, eos_id).
+  for (const char* key : {"train", "dtype", "document_masking", "eos_id"})
+    keys.push_back(std::string("data.") + key);
 
   std::vector<ConfigChange> changes;
   for (const std::string& key : keys) {

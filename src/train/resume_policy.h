@@ -1,9 +1,10 @@
 // What --resume accepts. A checkpoint replays its run exactly only under the configuration that
 // wrote it; a resumed run whose data order, batch, sequence length, learning-rate schedule,
-// optimizer values, step guard, precision, loss coefficients or training files differ silently
-// becomes another run (after a seq_len change the data cursor indexes other instances). Such
-// changes are refused unless the user says --allow-config-change, and then each one is logged.
-// The architecture ([model] keys other than the loss coefficients) is not negotiable: the weights
+// optimizer values, step guard, precision (mxfp8's variants included), router-loss settings,
+// training files or their documents (element type, document masking, EOS) differ silently becomes
+// another run (after a seq_len change the data cursor indexes other instances). Such changes are
+// refused unless the user says --allow-config-change, and then each one is logged. The
+// architecture ([model] keys other than the router-loss settings) is not negotiable: the weights
 // would not fit (checked by load_checkpoint). Settings that do not touch the weights (logging,
 // evaluation, saving, threads, out_dir, the validation files, the parallel layout, which
 // checkpoints are independent of) may change freely.

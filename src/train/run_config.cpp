@@ -341,6 +341,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
     MOE_CHECK(std::isfinite(value), "[config] train.{}={} must be a finite number", key, value);
   MOE_CHECK(t.eval_every >= 0, "[config] train.eval_every={} must be >= 0 (0 = never)",
             t.eval_every);
+  MOE_CHECK(t.eval_batches >= 0,
+            "[config] train.eval_batches={} must be >= 0 (0: the whole validation set, for the "
+            "final evaluation)",
+            t.eval_batches);
   MOE_CHECK(t.eval_every == 0 || t.eval_batches > 0,
             "[config] train.eval_batches={} must be positive when train.eval_every={} evaluates",
             t.eval_batches, t.eval_every);
@@ -584,10 +588,12 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) 
     for (std::string line; std::getline(in, line);) out.push_back(line);
     return out;
   };
-  // The loss coefficients and the load-balancing loss's form shape the training, not the
-  // weights: they are resume-policy keys (train/resume_policy.h), not architecture.
+  // The loss coefficients, the load-balancing loss's form and what divides the router losses
+  // shape the training, not the weights: they are resume-policy keys (train/resume_policy.h), not
+  // architecture.
   auto is_loss_key = [](const std::string& line) {
-    for (const char* key : {"router_aux_loss_coef ", "router_z_loss_coef ", "lb_loss_style "})
+    for (const char* key :
+         {"router_aux_loss_coef ", "router_z_loss_coef ", "lb_loss_style ", "loss_normalizer "})
       if (line.rfind(key, 0) == 0) return true;
     return false;
   };

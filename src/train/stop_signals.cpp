@@ -20,8 +20,10 @@ sigset_t stop_signal_set() {
   return set;
 }
 
+}  // namespace
+
 // The signal's default action, from this thread: unblocked here, raised at this thread.
-[[noreturn]] void die_by(int signo) {
+[[noreturn]] void end_process_by(int signo) {
   std::signal(signo, SIG_DFL);
   sigset_t one;
   sigemptyset(&one);
@@ -30,6 +32,8 @@ sigset_t stop_signal_set() {
   pthread_kill(pthread_self(), signo);
   for (;;) std::this_thread::yield();  // not reached: the default action ends the process
 }
+
+namespace {
 
 void watch_stop_signals() {
   const sigset_t set = stop_signal_set();
@@ -41,7 +45,7 @@ void watch_stop_signals() {
       if (g_received.compare_exchange_strong(none, signo)) continue;  // the first: recorded
       if (signo != SIGINT) continue;  // repeated notices while the checkpoint is written
     }
-    die_by(signo);  // not training, or Ctrl-C pressed again
+    end_process_by(signo);  // not training, or Ctrl-C pressed again
   }
 }
 
@@ -67,6 +71,11 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::received() const {
+  return g_received.load();
+}
+
+int StopSignals::disarm() {
+  g_armed.store(false);
   return g_received.load();
 }
 

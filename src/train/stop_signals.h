@@ -26,7 +26,13 @@ class StopSignals {
 
   // The first stop signal received since construction, or 0.
   int received() const;
+  // From now on a stop signal ends the process (its default action), as after destruction;
+  // returns received().
+  int disarm();
 };
+
+// Ends the process by `signo`'s default action (a stop signal: the process is killed by it).
+[[noreturn]] void end_process_by(int signo);
 
 // "SIGTERM", "SIGINT", "SIGUSR1", or "a signal".
 const char* stop_signal_name(int signo);

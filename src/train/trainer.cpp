@@ -115,6 +115,21 @@ struct StartPoint {
   bool config_changed = false;
 };
 
+// The temporaries of the run directory's files (config.toml, metrics.jsonl, profile.json, the
+// rank statistics) that a process killed while it rewrote them left behind (a metrics.jsonl's is
+// the whole file). Called under the run's lock.
+void remove_interrupted_writes(const std::string& out_dir) {
+  io::remove_atomic_write_leftovers(out_dir, [](const std::string& name) {
+    return name == "config.toml" || name == "metrics.jsonl" || name == "profile.json";
+  });
+  const std::string stats = out_dir + "/rank_stats";  // rank_stats_dir's, not created here
+  std::error_code ec;
+  if (std::filesystem::is_directory(stats, ec))
+    io::remove_atomic_write_leftovers(stats, [](const std::string& name) {
+      return name.ends_with(".json");  // the directory is moecore's own
+    });
+}
+
 // Whether a run logged steps in `out_dir` (its metrics.jsonl is not empty).
 bool has_logged_steps(const std::string& out_dir) {
   std::error_code ec;
@@ -168,7 +183,13 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             options.init_from, out_dir, start.checkpoint.value_or(""));
   for (const std::string& reason : damaged)
     start.messages.push_back(fmt::format("warning: skipped damaged checkpoint {}", reason));
-  if (!start.checkpoint) return start;
+  if (!start.checkpoint) {
+    // `make train`'s first run; or a mistyped out_dir, which this line makes visible.
+    if (options.resume)
+      start.messages.push_back(
+          fmt::format("note: --resume: {} holds no checkpoint, the run starts at step 0", out_dir));
+    return start;
+  }
   start.saved_config = load_run_config(*start.checkpoint + "/config.toml");
   const std::vector<ConfigChange> changes = replay_config_changes(*start.saved_config, config);
   std::string listed;
@@ -489,8 +510,10 @@ std::string init_from_hf(const dist::Communicator& world, const RunConfig& confi
 
 // The callbacks of a run, in step order (on_end runs in reverse: callback.h): the sample reads
 // the final checkpoint, the peak memory is taken before it; the MoE monitor's scalars reach the
-// metrics; the stop vote comes before the evaluation it cancels, the checkpoint after it; the
-// profile and the rank statistics end first, before the final checkpoint; the caller's come last.
+// metrics; the stop vote comes before the evaluation it cancels, the checkpoint after it, and a
+// stop signal that arrives during the final checkpoint ends the process before the final
+// evaluation; the profile and the rank statistics end first, before the final checkpoint; the
+// caller's come last.
 void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& options,
                    int64_t owner_pid, bool resumed) {
   const TrainConfig& tc = ctx.config.train;
@@ -501,8 +524,12 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   ctx.callbacks.push_back(std::make_unique<PeakMemoryCallback>());
   ctx.callbacks.push_back(std::make_unique<MoeMonitorCallback>());
   ctx.callbacks.push_back(std::make_unique<MetricsCallback>(tc.out_dir, ctx.step, rank0));
-  ctx.callbacks.push_back(std::make_unique<StopSignalCallback>());
+  auto stop_signals = std::make_unique<StopSignalCallback>();
+  StopSignalCallback& loop_signals = *stop_signals;
+  ctx.callbacks.push_back(std::move(stop_signals));
   if (in.val_data) ctx.callbacks.push_back(std::make_unique<EvalCallback>(*in.val_data));
+  // Its on_end right after the final checkpoint's, before the final evaluation's.
+  ctx.callbacks.push_back(std::make_unique<LateStopSignalCallback>(loop_signals));
   const std::optional<int32_t> eos =
       in.tokenizer ? std::optional<int32_t>(in.tokenizer->eos_id()) : std::nullopt;
   if (tc.checkpoint)
@@ -586,6 +613,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     MOE_CHECK(!ec, "[train] cannot create output directory '{}': {}", tc.out_dir, ec.message());
     run_lock.emplace(io::RunDirLock::acquire(tc.out_dir));
     remove_interrupted_saves(tc.out_dir);
+    remove_interrupted_writes(tc.out_dir);
   }
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
@@ -659,6 +687,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       options.init_from.empty() || start.checkpoint
           ? std::string()
           : init_from_hf(world, config, in, options.init_from, full_layout, layout, params);
+  MOE_CHECK(resumed.step <= tc.max_steps,
+            "[train] --resume: {} is at step {}, past train.max_steps={}: raise train.max_steps "
+            "to continue the run",
+            start.checkpoint.value_or(""), resumed.step, tc.max_steps);
   for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0)
@@ -690,10 +722,20 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                            ? ReplayOrigin{resumed.step, resumed.data_cursor, resumed.tokens_seen}
                            : resumed.origin};
   ctx.summary.start_step = ctx.step;
-  add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value());
   for (const std::string& message : start.messages) progress.message(message);
   announce(ctx, in, start, options, chunk_layers, communicator);
   if (!init_check_line.empty()) progress.message(init_check_line);
+  if (start.checkpoint && ctx.step == tc.max_steps) {
+    // A finished run resumed (`make train` once more): its last checkpoint, evaluation and sample
+    // were made when it reached this step; nothing is trained, logged or written again (no
+    // callback is made: the metrics' would open a new TensorBoard file).
+    progress.message(fmt::format(
+        "done: nothing to train: {} is at train.max_steps={} (raise it to continue the run)",
+        *start.checkpoint, tc.max_steps));
+    ctx.summary.steps = ctx.step;
+    return ctx.summary;
+  }
+  add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value());
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);
   if (tc.cuda_graph) {
@@ -721,10 +763,18 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   ctx.summary.steps = ctx.step;
   ctx.summary.skipped_steps = guard.skipped();
-  progress.message(fmt::format(
-      "done: {} steps ({} skipped) in {:.0f}s; train loss {:.4f} -> {:.4f}; val loss {:.4f}; {}",
-      ctx.step, guard.skipped(), ctx.seconds(), ctx.summary.first_loss, ctx.summary.last_loss,
-      ctx.summary.val_loss, ctx.peak_memory));
+  // Only what this process measured: no loss where it trained no step, none for an evaluation
+  // that did not run (a stop signal skips it; a run may have no validation data).
+  const std::string trained = ctx.step > ctx.summary.start_step
+                                  ? fmt::format("train loss {:.4f} -> {:.4f}",
+                                                ctx.summary.first_loss, ctx.summary.last_loss)
+                                  : std::string("no step trained");
+  const std::string evaluated = ctx.summary.val_loss
+                                    ? fmt::format("val loss {:.4f}", *ctx.summary.val_loss)
+                                    : std::string("no final evaluation");
+  progress.message(fmt::format("done: {} steps ({} skipped) in {:.0f}s; {}; {}; {}", ctx.step,
+                               guard.skipped(), ctx.seconds(), trained, evaluated,
+                               ctx.peak_memory));
   return ctx.summary;
 }
 

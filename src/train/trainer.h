@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;
   double first_loss = 0.0;
   double last_loss = 0.0;
-  double val_loss = 0.0;
+  std::optional<double> val_loss;  // the final evaluation's; none without one
   int stop_signal = 0;  // the signal that stopped the run after a checkpoint (stop_signals.h), or 0
 };
 

@@ -1062,6 +1062,13 @@ def _(e):
                 (p.name, "--dtype"))
 
 
+@case("data/instances_eos_outside_the_vocabulary")
+def _(e):
+    p = _orphan_part(e)
+    return Case(["data", "instances", "--data", p, "--seq-len", "8", "--vocab-size", "320",
+                 "--dtype", "uint16", "--eos-id", "5000"], ("--eos-id=5000", "--vocab-size=320"))
+
+
 # --- CLI ---
 
 def _cli(*args, needles=()):
@@ -1150,6 +1157,12 @@ CASES["cli/generate_top_p_nan"] = lambda e: Case(
     ["generate", "--checkpoint", e.root, "--prompt", "x", "--top-p", "nan"], ("--top-p=nan",))
 CASES["cli/bench_threads_65536"] = lambda e: Case(["bench", "gemm", "--threads", "65536"],
                                                   ("--threads=65536",))
+# 0 is not a silent "default": an explicit count must be one.
+CASES["cli/plan_zero_ranks"] = lambda e: Case(["plan", e.config, "--ranks", "0"],
+                                              ("--ranks=0",))
+CASES["cli/dump_zero_batch_size"] = lambda e: Case(
+    ["dump", e.config, "--out", e.root / "zero_batch_dump", "--batch-size", "0"],
+    ("--batch-size=0",), e.root / "zero_batch_dump")
 CASES["cli/newline_in_unknown_command"] = lambda e: Case(["fro\nb"], ("fro\\nb",))
 
 

@@ -55,6 +55,28 @@ TEST(ResumePolicy, LossCoefficientsArePolicyNotArchitecture) {
   EXPECT_NE(model_config_difference(a.model, b.model).find("hidden_size"), std::string::npos);
 }
 
+// Also replay keys: the mxfp8 variants (other GEMMs quantised, other scales), what divides the
+// router losses, the tokens' element type and the documents' ends (the attention's masks).
+TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
+  RunConfig a;
+  a.train.precision = TrainPrecision::kMxfp8;
+  RunConfig b = a;
+  b.train.mxfp8.expert_wgrad = true;
+  b.train.mxfp8.dense = true;
+  b.train.mxfp8.scale_mode = mx::ScaleMode::kFloor;
+  b.model.loss_normalizer = LossNormalizer::kLabels;
+  b.data.dtype = "uint32";
+  b.data.document_masking = true;
+  b.data.eos_id = 3;
+  EXPECT_EQ(model_config_difference(a.model, b.model), "");
+  EXPECT_EQ(described(a, b),
+            (std::vector<std::string>{
+                "model.loss_normalizer: 'tokens' -> 'labels'",
+                "train.mxfp8_expert_wgrad: false -> true", "train.mxfp8_dense: false -> true",
+                "train.mxfp8_scale: 'rceil' -> 'floor'", "data.dtype: '' -> 'uint32'",
+                "data.document_masking: false -> true", "data.eos_id: -1 -> 3"}));
+}
+
 TEST(ResumePolicy, MaxStepsMayChangeWithANoteWhereTheScheduleDependsOnIt) {
   RunConfig a;
   RunConfig b = a;

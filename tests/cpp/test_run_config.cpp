@@ -275,7 +275,9 @@ TEST(RunConfig, MicrobatchesMustDivideBatchSize) {
 TEST(RunConfig, EvalBatchesZeroNeedsEvalEveryZero) {
   std::string e = error_of("[train]\neval_every = 10\neval_batches = 0\n");
   EXPECT_NE(e.find("eval_batches=0"), std::string::npos) << e;
-  EXPECT_EQ(error_of("[train]\neval_every = 0\neval_batches = 0\n"), "");
+  EXPECT_EQ(error_of("[train]\neval_every = 0\neval_batches = 0\n"), "");  // the whole set
+  e = error_of("[train]\neval_every = 0\neval_batches = -3\n");
+  EXPECT_NE(e.find("train.eval_batches=-3 must be >= 0"), std::string::npos) << e;
 }
 
 TEST(RunConfig, TomlRoundTrip) {

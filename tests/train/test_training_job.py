@@ -495,6 +495,67 @@ def test_stop_signal_saves_a_checkpoint_and_resumes_exactly(moecore_bin, job_dat
         assert without_timing(ra[step]) == without_timing(rb[step]), f"metrics differ at {step}"
 
 
+def test_stop_signal_after_the_final_checkpoint_ends_the_process(moecore_bin, job_data, tmp_path):
+    """Past the final checkpoint a stop cannot keep anything more: a SIGTERM during the final
+    evaluation or sample (here a long sample) ends the process by its default action at once, as
+    outside the training loop, instead of being recorded and ignored while a preempted job
+    outlives its grace period. The final checkpoint is whole. The final evaluation is made long
+    (a wider model over every training instance: seconds) so that the signal lands inside it."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       model={"hidden_size": 512, "moe_intermediate_size": 512},
+                       train={"max_steps": 2, "eval_every": 0, "eval_batches": 100000},
+                       data={"val": [str(job_data.train)]})
+    final = out / "checkpoints/step_00000002"
+    with open(tmp_path / "run.out", "w+") as log:
+        with started([moecore_bin, "train", cfg], log, ENV) as proc:
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while not final.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # into the final evaluation or the sample (seconds long)
+            assert proc.poll() is None, "the run ended before the signal could be sent"
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=20)
+        log.seek(0)
+        text = log.read()
+    assert rc == -signal.SIGTERM, (rc, text[-1500:])
+    assert "done:" not in text and "sample:" not in text, text[-1500:]
+    check_complete_checkpoint(final)
+
+
+def test_temporaries_of_a_killed_write_are_removed_at_the_next_start(moecore_bin, existing_run):
+    """A process killed while it rewrote metrics.jsonl or config.toml (a write goes to
+    <name>.tmp.<pid>, then is renamed) leaves the temporary behind, a whole copy of the metrics;
+    the next start removes those of moecore's files, and nothing else."""
+    out, cfg = existing_run
+    ours = ["metrics.jsonl.tmp.4242", "config.toml.tmp.17", "profile.json.tmp.9",
+            "rank_stats/rank0.json.tmp.31"]
+    theirs = ["notes.txt.tmp.5", "metrics.jsonl.tmp.draft", "metrics.jsonl.tmp."]
+    for name in ours + theirs:
+        (out / name).write_text("left behind\n")
+    train(moecore_bin, cfg, "train.max_steps=6", resume=True)
+    assert [n for n in ours if (out / n).exists()] == []
+    assert [n for n in theirs if (out / n).read_text() == "left behind\n"] == theirs
+
+
+def test_resuming_a_finished_run_trains_and_writes_nothing(moecore_bin, existing_run):
+    """`make train` once more: the run is at train.max_steps, so nothing is trained, evaluated,
+    logged or sampled again (the run that reached the step did all that); a train.max_steps below
+    the checkpoint's step is a one-line error. The run directory stays as it was."""
+    out, cfg = existing_run
+    before = snapshot(out)
+    step = max(step_of(c) for c in checkpoints(out))
+    r = train(moecore_bin, cfg, f"train.max_steps={step}", resume=True)
+    assert r.stdout.splitlines()[-1] == (f"done: nothing to train: {checkpoints(out)[-1]} is at "
+                                         f"train.max_steps={step} (raise it to continue the run)")
+    assert "warning" not in r.stdout + r.stderr and "eval" not in r.stdout, r.stdout
+    after = snapshot(out)
+    assert after == before, sorted(k for k in set(after) | set(before) if after.get(k) != before.get(k))
+    r = train(moecore_bin, cfg, f"train.max_steps={step - 1}", resume=True, check=False)
+    assert_one_line_error(r, f"is at step {step}, past train.max_steps={step - 1}")
+    assert snapshot(out) == before
+
+
 # ------------------------------------------------------------------------------------------------
 # c. Hugging Face: the checkpoint loads in transformers and gives moecore's logits
 
@@ -993,6 +1054,12 @@ def test_a_run_without_checkpoints_saves_nothing(moecore_bin, job_data, tmp_path
     assert "done: 4 steps" in r.stdout and "val loss" in r.stdout
     assert checkpoints(out) == [] and "sample:" not in r.stdout and "checkpoint " not in r.stdout
     assert sorted(train_rows(out)) == [1, 2, 3, 4]
+    # A second run on the directory would replace the first's logged steps: refused without
+    # --resume, and the directory stays as it was.
+    before = snapshot(out)
+    r = train(moecore_bin, cfg, check=False)
+    assert_one_line_error(r, str(out), "already holds a run without checkpoints", "--resume")
+    assert snapshot(out) == before
     bad = tmp_path / "bad"
     r = train(moecore_bin, cfg, f"train.out_dir={bad}", "train.save_every=2", check=False)
     assert_one_line_error(r, "train.save_every=2 with train.checkpoint=false")

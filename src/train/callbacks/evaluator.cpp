@@ -14,7 +14,7 @@ void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 }
 
 void EvalCallback::on_end(TrainContext& ctx) {
-  if (ctx.stop_signal == 0) ctx.summary.val_loss = evaluate_at(ctx, ctx.step);
+  if (ctx.stop_signal == 0) ctx.summary.val_loss = evaluate_at(ctx, ctx.step);  // else skipped
 }
 
 double EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {

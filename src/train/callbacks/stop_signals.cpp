@@ -26,4 +26,13 @@ void StopSignalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
                     ctx.config.train.checkpoint ? " (resume with --resume)" : "");
 }
 
+void LateStopSignalCallback::on_end(TrainContext& ctx) {
+  // A signal the loop stopped for was handled (the run saved and skips the evaluation); one that
+  // came after its last vote was not.
+  const int received = loop_.signals().disarm();
+  double late = ctx.stop_signal == 0 ? static_cast<double>(received) : 0.0;
+  if (ctx.world.size() > 1) ctx.world.allreduce_max(&late, 1);
+  if (late != 0.0) end_process_by(static_cast<int>(late));
+}
+
 }  // namespace moecore
