@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
@@ -48,23 +49,54 @@ void fsync_directory(const std::string& dir) {
   MOE_CHECK(rc == 0 || err == EINVAL, "[checkpoint] fsync of directory '{}' failed", dir);
 }
 
-// Weights (and, with an optimizer, Adam moments) of the tensors this part holds. Every optimizer
-// part carries the step count, so any one of them can be read first.
+// The side file in which the writer of part `index` leaves its files' checksums for the commit,
+// which folds them into checksums.json and removes it.
+std::string part_checksums_file(int64_t index, int64_t count) {
+  return fmt::format(".checksums-part-{:05d}-of-{:05d}.json", index + 1, count);
+}
+
+// Weights (and, with an optimizer, Adam moments) of the tensors this part holds, then their
+// checksums, read back by the process that wrote them (every rank its own, in parallel).
+// Every optimizer part carries the step count, so any one of them can be read first.
 void write_part_files(const std::string& dir, const CheckpointPart& part) {
+  std::vector<std::string> written = {io::part_file_name("model", part.index, part.count)};
   io::SafetensorsWriter model, optim;
   model.set_metadata("format", "pt");
   for (const ParamSpec* spec : part.weights)
     model.add_f32(spec->name, spec->shape, part.params->at(*spec));
-  model.write(dir + "/" + io::part_file_name("model", part.index, part.count));
-  if (!part.steps_taken) return;
-  optim.set_metadata("steps_taken", std::to_string(*part.steps_taken));
-  for (const StatePiece& piece : part.state) {
-    const std::vector<int64_t> shape =
-        piece.whole() ? piece.spec->shape : std::vector<int64_t>{static_cast<int64_t>(piece.count)};
-    optim.add_f32(state_piece_name("exp_avg", piece), shape, piece.exp_avg);
-    optim.add_f32(state_piece_name("exp_avg_sq", piece), shape, piece.exp_avg_sq);
+  model.write(dir + "/" + written.back());
+  if (part.steps_taken) {
+    optim.set_metadata("steps_taken", std::to_string(*part.steps_taken));
+    for (const StatePiece& piece : part.state) {
+      const std::vector<int64_t> shape =
+          piece.whole() ? piece.spec->shape
+                        : std::vector<int64_t>{static_cast<int64_t>(piece.count)};
+      optim.add_f32(state_piece_name("exp_avg", piece), shape, piece.exp_avg);
+      optim.add_f32(state_piece_name("exp_avg_sq", piece), shape, piece.exp_avg_sq);
+    }
+    written.push_back(io::part_file_name("optim", part.index, part.count));
+    optim.write(dir + "/" + written.back());
   }
-  optim.write(dir + "/" + io::part_file_name("optim", part.index, part.count));
+  io::write_text_atomic(dir + "/" + part_checksums_file(part.index, part.count),
+                        io::checksum_entries(dir, written, "[checkpoint]").dump() + "\n",
+                        "[checkpoint]");
+}
+
+// The checksums the parts' writers left (part_checksums_file), removed from the directory.
+nlohmann::json take_part_checksums(const std::string& dir, int64_t parts) {
+  nlohmann::json known = nlohmann::json::object();
+  for (int64_t i = 0; i < parts; ++i) {
+    const std::string path = dir + "/" + part_checksums_file(i, parts);
+    std::error_code ec;
+    if (!fs::exists(path, ec)) continue;  // recomputed by write_checksums
+    try {
+      known.update(nlohmann::json::parse(io::read_text(path, "[checkpoint]")));
+    } catch (const nlohmann::json::exception&) {
+      // recomputed by write_checksums
+    }
+    fs::remove(path, ec);
+  }
+  return known;
 }
 
 // The Hugging Face style index of the parts in `dir`, from their headers: every tensor to the part
@@ -164,9 +196,9 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
       io::write_text_atomic(staging_dir + "/tokenizer.json", c.tokenizer_json, "[checkpoint]");
     io::write_text_atomic(staging_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n",
                           "[checkpoint]");
-    // Last, over every file above (every rank's parts included): read back, so it is the CRC of
-    // what reached the file system.
-    io::write_checksums(staging_dir, kChecksums, "[checkpoint]");
+    // Last, over every file above: the parts' as their writers read them back, the rest here.
+    const nlohmann::json known = take_part_checksums(staging_dir, parts);
+    io::write_checksums(staging_dir, kChecksums, "[checkpoint]", known);
     fsync_directory(staging_dir);
     if (fs::exists(final_dir)) {
       // The same step saved again (a resumed run reaching it a second time): the old copy is
@@ -258,9 +290,12 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
       // then every byte against the checksums.
       const RunConfig saved = parse_run_config(io::read_text(*it + "/config.toml", "[checkpoint]"),
                                                *it + "/config.toml");
-      load_trainer_state(*it, saved.train);
+      const TrainerState state = load_trainer_state(*it, saved.train);
       CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
-      io::verify_checksums(*it, kChecksums, "[checkpoint]");
+      const bool checked = io::verify_checksums(*it, kChecksums, "[checkpoint]");
+      MOE_CHECK(checked || !state.has_checksums,
+                "[checkpoint] {}/{}: missing, but its trainer_state.json says it was written", *it,
+                kChecksums);
       return *it;
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.

@@ -46,6 +46,11 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   for (const std::string& key : keys) {
     const size_t dot = key.find('.');
     const std::string table = key.substr(0, dot), name = key.substr(dot + 1);
+    // An empty data.dtype reads the meta.json's, which an explicit one must equal (TokenDataset):
+    // the same tokens either way. The EOS only ends documents under document masking.
+    if (key == "data.dtype" && (saved.data.dtype.empty() || now.data.dtype.empty())) continue;
+    if (key == "data.eos_id" && !saved.data.document_masking && !now.data.document_masking)
+      continue;
     const std::string before = node_text(a[table][name].node());
     const std::string after = node_text(b[table][name].node());
     if (before != after) changes.push_back({key, before, after});

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <thread>
@@ -10,8 +11,11 @@ namespace moecore {
 
 namespace {
 
-std::atomic<bool> g_armed{false};
-std::atomic<int> g_received{0};
+// One atomic, so that disarming and recording cannot interleave (a signal recorded just after the
+// trainer stopped looking would be lost): kDisarmed, the default action; 0, armed with nothing
+// received; > 0, armed, the first stop signal received.
+constexpr int kDisarmed = -1;
+std::atomic<int> g_state{kDisarmed};
 
 sigset_t stop_signal_set() {
   sigset_t set;
@@ -40,11 +44,10 @@ void watch_stop_signals() {
   for (;;) {
     int signo = 0;
     if (sigwait(&set, &signo) != 0) continue;
-    if (g_armed.load()) {
-      int none = 0;
-      if (g_received.compare_exchange_strong(none, signo)) continue;  // the first: recorded
-      if (signo != SIGINT) continue;  // repeated notices while the checkpoint is written
-    }
+    int state = 0;
+    if (g_state.compare_exchange_strong(state, signo)) continue;  // armed, the first: recorded
+    // Armed with one recorded: repeated notices while the checkpoint is written are ignored.
+    if (state != kDisarmed && signo != SIGINT) continue;
     end_process_by(signo);  // not training, or Ctrl-C pressed again
   }
 }
@@ -62,21 +65,19 @@ void start_stop_signal_watcher() {
 }
 
 StopSignals::StopSignals() {
-  g_received.store(0);
-  g_armed.store(true);
+  g_state.store(0);
 }
 
 StopSignals::~StopSignals() {
-  g_armed.store(false);
+  g_state.store(kDisarmed);
 }
 
 int StopSignals::received() const {
-  return g_received.load();
+  return std::max(g_state.load(), 0);
 }
 
 int StopSignals::disarm() {
-  g_armed.store(false);
-  return g_received.load();
+  return std::max(g_state.exchange(kDisarmed), 0);
 }
 
 const char* stop_signal_name(int signo) {

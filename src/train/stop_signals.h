@@ -27,7 +27,7 @@ class StopSignals {
   // The first stop signal received since construction, or 0.
   int received() const;
   // From now on a stop signal ends the process (its default action), as after destruction;
-  // returns received().
+  // returns what received() returned at that instant (atomically: no signal falls between).
   int disarm();
 };
 

@@ -151,7 +151,7 @@ std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
   int64_t length = static_cast<int64_t>(path.size());
   world.broadcast(&length, sizeof(length), 0);
   path.resize(static_cast<size_t>(length));
-  world.broadcast(path.data(), length, 0);
+  if (length > 0) world.broadcast(path.data(), length, 0);
   return path.empty() ? std::nullopt : std::optional<std::string>(path);
 }
 
@@ -692,8 +692,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "to continue the run",
             start.checkpoint.value_or(""), resumed.step, tc.max_steps);
   for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
+  // A finished run resumed: below, nothing is trained or written.
+  const bool finished = start.checkpoint && resumed.step == tc.max_steps;
   // Written only once the inputs and the checkpoint are known to fit this config.
-  if (rank0)
+  if (rank0 && !finished)
     io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout.
@@ -725,10 +727,11 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   for (const std::string& message : start.messages) progress.message(message);
   announce(ctx, in, start, options, chunk_layers, communicator);
   if (!init_check_line.empty()) progress.message(init_check_line);
-  if (start.checkpoint && ctx.step == tc.max_steps) {
-    // A finished run resumed (`make train` once more): its last checkpoint, evaluation and sample
-    // were made when it reached this step; nothing is trained, logged or written again (no
-    // callback is made: the metrics' would open a new TensorBoard file).
+  if (finished) {
+    // `make train` once more: the run's last checkpoint was made when it reached this step, and
+    // its final evaluation and sample unless a stop signal skipped them (`moecore eval
+    // --checkpoint DIR` evaluates it). Nothing is trained, logged or written again (no callback
+    // is made: the metrics' would open a new TensorBoard file).
     progress.message(fmt::format(
         "done: nothing to train: {} is at train.max_steps={} (raise it to continue the run)",
         *start.checkpoint, tc.max_steps));

@@ -77,6 +77,12 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
   MOE_CHECK(state.seed == written_by.seed,
             "[checkpoint] {}: seed={} differs from train.seed={} of the run that wrote it", origin,
             state.seed, written_by.seed);
+  if (doc.contains("checksums")) {
+    MOE_CHECK(doc["checksums"] == "checksums.json",
+              "[checkpoint] {}: checksums={} must be \"checksums.json\"", origin,
+              json_excerpt(doc["checksums"]));
+    state.has_checksums = true;
+  }
   if (doc.contains("replay_origin")) {
     const json& o = doc["replay_origin"];
     state.origin.step = integer_in(o, "step", kMaxStep, origin, "replay_origin.");

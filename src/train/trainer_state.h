@@ -32,6 +32,9 @@ struct TrainerState {
   ReplayOrigin origin;
   nlohmann::json step_guard;      // StepGuard::from_json's input, checked
   nlohmann::json gerrymandering;  // GerrymanderingDetector::from_json's input, checked
+  // Whether the checkpoint promises a checksums.json ("checksums" in the file; moecore writes it
+  // since checksums exist): then a missing manifest is damage, not an older checkpoint.
+  bool has_checksums = false;
 };
 
 // Parses and checks trainer_state.json text; `origin` names the file in errors, `written_by` is

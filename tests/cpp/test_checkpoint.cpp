@@ -427,6 +427,20 @@ TEST_F(CheckpointTest, ReaderReadsRangesAcrossSlicesAndOneRanksExperts) {
     write_checkpoint_part(staging, p);
   }
   const std::string dir = commit_checkpoint(run_dir_.string(), step, staging, contents(step), 2, 0);
+  // Each part's files are in checksums.json (their writers' CRCs, folded in by the commit, which
+  // removed the side files), and the manifest holds.
+  const nlohmann::json sums = nlohmann::json::parse(read_bytes(fs::path(dir) / "checksums.json"));
+  for (const char* part :
+       {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "optim-00001-of-00002.safetensors", "optim-00002-of-00002.safetensors"}) {
+    const std::string bytes = read_bytes(fs::path(dir) / part);
+    EXPECT_EQ(sums["files"][part]["crc32c"],
+              fmt::format("{:08x}", io::crc32c(std::as_bytes(std::span(bytes)))))
+        << part;
+  }
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_NE(entry.path().filename().string().rfind(".checksums-", 0), 0u) << entry.path();
+  EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(dir));
   const CheckpointReader reader = CheckpointReader::open(dir, config_.model, layout_, true);
   EXPECT_EQ(reader.steps_taken(), 42);
   size_t sliced = 0;
@@ -561,11 +575,24 @@ TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
   EXPECT_NE(damaged[0].find("not a checksum manifest"), std::string::npos) << damaged[0];
 }
 
-// A checkpoint written before moecore wrote checksums resumes, checked without them.
+// A checkpoint written before moecore wrote checksums resumes, checked without them; one whose
+// trainer state says it has them (as the trainer's do) is damaged without its manifest.
 TEST_F(CheckpointTest, ACheckpointWithoutChecksumsStillResumes) {
-  const std::string dir = save(1);
-  fs::remove(fs::path(dir) / "checksums.json");
+  const std::string old = save(1);
+  fs::remove(fs::path(old) / "checksums.json");
+  EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(old));
+
+  CheckpointContents promised = contents(2);
+  promised.trainer_state["checksums"] = "checksums.json";
+  const std::string dir = save_checkpoint(run_dir_.string(), 2, promised, 0);
   EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(dir));
+  fs::remove(fs::path(dir) / "checksums.json");
+  std::vector<std::string> damaged;
+  EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(old));
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_NE(damaged[0].find("checksums.json: missing, but its trainer_state.json says it was"),
+            std::string::npos)
+      << damaged[0];
 }
 
 // The choice makes the checks the resume makes (CheckpointReader::open): damage that only they

@@ -60,6 +60,7 @@ TEST(ResumePolicy, LossCoefficientsArePolicyNotArchitecture) {
 TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
   RunConfig a;
   a.train.precision = TrainPrecision::kMxfp8;
+  a.data.dtype = "uint16";
   RunConfig b = a;
   b.train.mxfp8.expert_wgrad = true;
   b.train.mxfp8.dense = true;
@@ -73,8 +74,14 @@ TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
             (std::vector<std::string>{
                 "model.loss_normalizer: 'tokens' -> 'labels'",
                 "train.mxfp8_expert_wgrad: false -> true", "train.mxfp8_dense: false -> true",
-                "train.mxfp8_scale: 'rceil' -> 'floor'", "data.dtype: '' -> 'uint32'",
+                "train.mxfp8_scale: 'rceil' -> 'floor'", "data.dtype: 'uint16' -> 'uint32'",
                 "data.document_masking: false -> true", "data.eos_id: -1 -> 3"}));
+  // The same tokens: a dtype left to the meta.json (which an explicit one must equal), an EOS
+  // that ends no document without masking.
+  RunConfig c = a;
+  c.data.dtype = "";
+  c.data.eos_id = 3;
+  EXPECT_TRUE(replay_config_changes(a, c).empty());
 }
 
 TEST(ResumePolicy, MaxStepsMayChangeWithANoteWhereTheScheduleDependsOnIt) {

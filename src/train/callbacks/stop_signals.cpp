@@ -27,12 +27,20 @@ void StopSignalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 }
 
 void LateStopSignalCallback::on_end(TrainContext& ctx) {
-  // A signal the loop stopped for was handled (the run saved and skips the evaluation); one that
-  // came after its last vote was not.
-  const int received = loop_.signals().disarm();
-  double late = ctx.stop_signal == 0 ? static_cast<double>(received) : 0.0;
+  // The signal the loop stopped for was handled (the run saved; the evaluation is skipped and the
+  // process ends with 128 + it).
+  if (ctx.stop_signal != 0) {
+    loop_.signals().disarm();
+    return;
+  }
+  // Agreed while still armed: a rank reaches this collective only once rank 0 is past the final
+  // checkpoint's commit, so a rank that returned from the save early (every rank but 0) keeps
+  // recording until then instead of dying while rank 0 commits.
+  double late = static_cast<double>(loop_.signals().received());
   if (ctx.world.size() > 1) ctx.world.allreduce_max(&late, 1);
+  const int now = loop_.signals().disarm();  // any later one ends the process when it comes
   if (late != 0.0) end_process_by(static_cast<int>(late));
+  if (now != 0) end_process_by(now);  // came between the agreement and the disarming
 }
 
 }  // namespace moecore
