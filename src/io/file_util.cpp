@@ -11,12 +11,16 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 #include <utility>
 
 #include "core/check.h"
 
 namespace moecore::io {
+
+// write_file_atomic's temporary: "<path>" + kTempInfix + "<pid>".
+constexpr std::string_view kTempInfix = ".tmp.";
 
 std::string errno_text(int err) {
   return std::generic_category().message(err);
@@ -121,7 +125,7 @@ void write_file_atomic(const std::string& path, size_t count,
                        const std::function<std::span<const std::byte>(size_t)>& chunk,
                        const char* tag) {
   // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const std::string tmp = fmt::format("{}{}{}", path, kTempInfix, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   MOE_CHECK(fd >= 0, "{} cannot write '{}': cannot create '{}': {}", tag, path, tmp,
             errno_text(errno));
@@ -178,12 +182,12 @@ void remove_atomic_write_leftovers(const std::string& dir,
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const size_t tmp = name.rfind(".tmp.");
+    const size_t tmp = name.rfind(kTempInfix);
     std::error_code type_ec;
-    if (tmp == std::string::npos || tmp + 5 == name.size() || !entry.is_regular_file(type_ec) ||
-        entry.is_symlink(type_ec))
+    if (tmp == std::string::npos || tmp + kTempInfix.size() == name.size() ||
+        !entry.is_regular_file(type_ec) || entry.is_symlink(type_ec))
       continue;
-    const std::string pid = name.substr(tmp + 5);
+    const std::string pid = name.substr(tmp + kTempInfix.size());
     if (pid.find_first_not_of("0123456789") == std::string::npos && ours(name.substr(0, tmp)))
       fs::remove(entry.path(), type_ec);
   }

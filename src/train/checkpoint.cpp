@@ -33,8 +33,6 @@ constexpr const char* kTempPrefix = ".tmp-step_";
 // A complete checkpoint moved aside while the same step is saved again; restored if the new one
 // never arrives.
 constexpr const char* kReplacedPrefix = ".replaced-";
-// The CRC-32C of every other file of the checkpoint (io/file_checksums.h), written last.
-constexpr const char* kChecksums = "checksums.json";
 
 std::string checkpoints_dir(const std::string& run_dir) {
   return run_dir + "/checkpoints";
@@ -194,11 +192,15 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
                           "[checkpoint]");
     if (!c.tokenizer_json.empty())
       io::write_text_atomic(staging_dir + "/tokenizer.json", c.tokenizer_json, "[checkpoint]");
-    io::write_text_atomic(staging_dir + "/trainer_state.json", c.trainer_state.dump(2) + "\n",
+    // The trainer state promises the manifest written below (a checkpoint that lost it is
+    // damaged, not one of an older moecore).
+    nlohmann::json trainer_state = c.trainer_state;
+    trainer_state["checksums"] = kChecksumsFile;
+    io::write_text_atomic(staging_dir + "/trainer_state.json", trainer_state.dump(2) + "\n",
                           "[checkpoint]");
     // Last, over every file above: the parts' as their writers read them back, the rest here.
     const nlohmann::json known = take_part_checksums(staging_dir, parts);
-    io::write_checksums(staging_dir, kChecksums, "[checkpoint]", known);
+    io::write_checksums(staging_dir, kChecksumsFile, "[checkpoint]", known);
     fsync_directory(staging_dir);
     if (fs::exists(final_dir)) {
       // The same step saved again (a resumed run reaching it a second time): the old copy is
@@ -292,10 +294,10 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
                                                *it + "/config.toml");
       const TrainerState state = load_trainer_state(*it, saved.train);
       CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
-      const bool checked = io::verify_checksums(*it, kChecksums, "[checkpoint]");
+      const bool checked = io::verify_checksums(*it, kChecksumsFile, "[checkpoint]");
       MOE_CHECK(checked || !state.has_checksums,
                 "[checkpoint] {}/{}: missing, but its trainer_state.json says it was written", *it,
-                kChecksums);
+                kChecksumsFile);
       return *it;
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.

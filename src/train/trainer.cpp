@@ -122,7 +122,7 @@ void remove_interrupted_writes(const std::string& out_dir) {
   io::remove_atomic_write_leftovers(out_dir, [](const std::string& name) {
     return name == "config.toml" || name == "metrics.jsonl" || name == "profile.json";
   });
-  const std::string stats = out_dir + "/rank_stats";  // rank_stats_dir's, not created here
+  const std::string stats = out_dir + "/" + kRankStatsSubdir;  // not created here
   std::error_code ec;
   if (std::filesystem::is_directory(stats, ec))
     io::remove_atomic_write_leftovers(stats, [](const std::string& name) {

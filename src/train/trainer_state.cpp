@@ -78,9 +78,8 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
             "[checkpoint] {}: seed={} differs from train.seed={} of the run that wrote it", origin,
             state.seed, written_by.seed);
   if (doc.contains("checksums")) {
-    MOE_CHECK(doc["checksums"] == "checksums.json",
-              "[checkpoint] {}: checksums={} must be \"checksums.json\"", origin,
-              json_excerpt(doc["checksums"]));
+    MOE_CHECK(doc["checksums"] == kChecksumsFile, "[checkpoint] {}: checksums={} must be \"{}\"",
+              origin, json_excerpt(doc["checksums"]), kChecksumsFile);
     state.has_checksums = true;
   }
   if (doc.contains("replay_origin")) {

@@ -32,10 +32,13 @@ struct TrainerState {
   ReplayOrigin origin;
   nlohmann::json step_guard;      // StepGuard::from_json's input, checked
   nlohmann::json gerrymandering;  // GerrymanderingDetector::from_json's input, checked
-  // Whether the checkpoint promises a checksums.json ("checksums" in the file; moecore writes it
-  // since checksums exist): then a missing manifest is damage, not an older checkpoint.
+  // Whether the checkpoint promises its checksum manifest ("checksums": kChecksumsFile, which
+  // commit_checkpoint adds): then a missing manifest is damage, not an older checkpoint.
   bool has_checksums = false;
 };
+
+// The checkpoint's checksum manifest (io/file_checksums.h), named in its trainer state.
+inline constexpr const char* kChecksumsFile = "checksums.json";
 
 // Parses and checks trainer_state.json text; `origin` names the file in errors, `written_by` is
 // the [train] table of the configuration saved beside it. Errors name file, key and value.

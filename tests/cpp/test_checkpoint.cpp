@@ -168,7 +168,9 @@ TEST_F(CheckpointTest, SaveListLoadRoundTrip) {
   AdamW loaded_optimizer(layout_, OptimConfig{});
   const nlohmann::json state =
       load_checkpoint(dir, config_.model, layout_, loaded, &loaded_optimizer);
-  EXPECT_EQ(state, contents(5).trainer_state);
+  nlohmann::json expected_state = contents(5).trainer_state;
+  expected_state["checksums"] = "checksums.json";  // the commit's promise of its manifest
+  EXPECT_EQ(state, expected_state);
   EXPECT_EQ(host_copy(loaded.dense), host_copy(params_.dense));
   EXPECT_EQ(host_copy(loaded.expert), host_copy(params_.expert));
   EXPECT_EQ(host_copy(loaded_optimizer.exp_avg().dense), host_copy(optimizer_.exp_avg().dense));
@@ -541,8 +543,9 @@ TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
                                    read_bytes(fs::path(bad) / "trainer_state.json")};
   for (const char* file : {"model.safetensors", "optim.safetensors", "trainer_state.json"}) {
     if (std::string(file) == "trainer_state.json") {
-      nlohmann::json state = trainer_state(2);  // in range: only the checksum can tell
-      state["step_guard"]["losses"][0] = 2.6;   // was 2.5: the same size
+      // In range, the same size (2.5 -> 2.6): only the checksum can tell.
+      nlohmann::json state = nlohmann::json::parse(originals[2]);
+      state["step_guard"]["losses"][0] = 2.6;
       write_bytes(fs::path(bad) / file, state.dump(2) + "\n");
     } else {
       flip_data_bit(file, 4);  // the last value's lowest byte (little-endian f32)
@@ -575,16 +578,19 @@ TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
   EXPECT_NE(damaged[0].find("not a checksum manifest"), std::string::npos) << damaged[0];
 }
 
-// A checkpoint written before moecore wrote checksums resumes, checked without them; one whose
-// trainer state says it has them (as the trainer's do) is damaged without its manifest.
+// A checkpoint written before moecore wrote checksums (no manifest, no promise of one in its
+// trainer state) resumes, checked without them; one whose trainer state promises the manifest
+// (every checkpoint moecore writes now) is damaged without it.
 TEST_F(CheckpointTest, ACheckpointWithoutChecksumsStillResumes) {
   const std::string old = save(1);
   fs::remove(fs::path(old) / "checksums.json");
+  nlohmann::json state = nlohmann::json::parse(read_bytes(fs::path(old) / "trainer_state.json"));
+  ASSERT_EQ(state["checksums"], "checksums.json");
+  state.erase("checksums");
+  write_bytes(fs::path(old) / "trainer_state.json", state.dump(2) + "\n");
   EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(old));
 
-  CheckpointContents promised = contents(2);
-  promised.trainer_state["checksums"] = "checksums.json";
-  const std::string dir = save_checkpoint(run_dir_.string(), 2, promised, 0);
+  const std::string dir = save(2);
   EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(dir));
   fs::remove(fs::path(dir) / "checksums.json");
   std::vector<std::string> damaged;
@@ -607,7 +613,6 @@ TEST_F(CheckpointTest, LatestValidMakesTheReadersChecks) {
     rewritten.add_f32(name, original.info(name).shape, original.read_f32(name));
   rewritten.write(optim + ".new");
   fs::rename(optim + ".new", optim);
-  fs::remove(fs::path(bad) / "checksums.json");  // so that only the reader's check can see it
   std::vector<std::string> damaged;
   EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
   ASSERT_EQ(damaged.size(), 1u);

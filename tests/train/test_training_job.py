@@ -33,7 +33,7 @@ from safetensors.numpy import load_file
 
 RUN_TIMEOUT_S = 60
 CKPT_FILES = ("model.safetensors", "config.json", "optim.safetensors", "trainer_state.json",
-              "config.toml", "tokenizer.json")
+              "config.toml", "tokenizer.json", "checksums.json")
 # Metrics that depend on the wall clock, not on the computation.
 TIMING_METRICS = {"train/tokens_per_s"}
 # OpenMP threads that sleep instead of spinning while they wait: the results are the same, and a
@@ -172,7 +172,7 @@ def temp_leftovers(out_dir: Path) -> list[str]:
 
 
 def check_complete_checkpoint(ckpt: Path) -> dict:
-    """All six files present and parse; returns the trainer state."""
+    """All seven files present and parse; returns the trainer state."""
     for name in CKPT_FILES:
         assert (ckpt / name).is_file(), f"{ckpt}: {name} missing ({sorted(os.listdir(ckpt))})"
     model = load_file(str(ckpt / "model.safetensors"))

@@ -14,7 +14,7 @@
 namespace moecore {
 
 std::string rank_stats_dir(const std::string& out_dir) {
-  const std::string dir = out_dir + "/rank_stats";
+  const std::string dir = out_dir + "/" + kRankStatsSubdir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   MOE_CHECK(!ec, "[train] cannot create {}: {}", dir, ec.message());

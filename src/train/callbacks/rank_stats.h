@@ -13,6 +13,7 @@ namespace moecore {
 // out_dir/rank_stats, created if missing (one-line error if it cannot be): the per-rank
 // diagnostics' directory, also holding each rank's profile (callbacks/profiler.h).
 std::string rank_stats_dir(const std::string& out_dir);
+inline constexpr const char* kRankStatsSubdir = "rank_stats";
 
 class RankStatsCallback final : public Callback {
  public:
