@@ -53,6 +53,11 @@ if(MOECORE_CUDA_ENABLED)
   file(GLOB MOECORE_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp
        ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cu)
   add_library(moecore_kernels_cuda STATIC ${MOECORE_CUDA_SOURCES})
+  # nvcc compiles each kernel file alone (CMake 3.31 and later would batch .cu files in a unity
+  # build): they share names in their anonymous namespaces, as their emulated copies do.
+  set(MOECORE_CUDA_KERNEL_FILES ${MOECORE_CUDA_SOURCES})
+  list(FILTER MOECORE_CUDA_KERNEL_FILES INCLUDE REGEX "\\.cu$")
+  set_source_files_properties(${MOECORE_CUDA_KERNEL_FILES} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   # The static runtime: a binary needs no libcudart of a matching version where it runs, only the
   # driver (and cuBLAS / cuBLASLt, which the toolkit and PyTorch's wheels both bring).
   target_link_libraries(moecore_kernels_cuda PUBLIC moecore_kernels ${MOECORE_CUDA_cudart_static}

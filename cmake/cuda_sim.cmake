@@ -20,6 +20,9 @@ foreach(kernel_file ${MOECORE_SIM_KERNELS})
                      COMMENT "cudasim: ${kernel_name}.cu as host C++" VERBATIM)
   list(APPEND MOECORE_SIM_REWRITTEN ${rewritten})
 endforeach()
+# Each kernel file compiles alone in a unity build: the kernels are written for nvcc, one file per
+# translation unit, and share names in their anonymous namespaces (kThreads, kFullMask).
+set_source_files_properties(${MOECORE_SIM_REWRITTEN} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 
 file(GLOB MOECORE_SIM_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/kernels/cuda/*.cpp
      ${CMAKE_SOURCE_DIR}/src/dist/nccl/*.cpp)
