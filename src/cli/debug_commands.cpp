@@ -1,6 +1,5 @@
 #include "cli/debug_commands.h"
 
-#include <charconv>
 #include <vector>
 
 #include "core/check.h"
@@ -71,15 +70,6 @@ void add_scalar(io::SafetensorsWriter& writer, const std::string& name, double v
 }
 
 }  // namespace
-
-uint64_t parse_seed(const std::string& text) {
-  uint64_t seed = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, seed);
-  MOE_CHECK(!text.empty() && ec == std::errc() && ptr == end,
-            "[cli] --seed '{}' is not an integer in [0, 2^64)", text);
-  return seed;
-}
 
 void run_init(const std::string& config_path, uint64_t seed, const std::string& out) {
   const RunConfig config = load_run_config(config_path);

@@ -20,9 +20,6 @@ struct DebugArgs {
   int64_t steps = 1;
 };
 
-// A decimal seed in [0, 2^64); anything else (sign, overflow, junk) is an error naming --seed.
-uint64_t parse_seed(const std::string& text);
-
 void run_init(const std::string& config_path, uint64_t seed, const std::string& out);
 void run_debug_state(const DebugArgs& args);
 void run_debug_steps(const DebugArgs& args);

@@ -54,10 +54,11 @@ int main(int argc, char** argv) {
   CLI::App app{"moecore: train Mixture-of-Experts language models"};
   app.require_subcommand(1);
 
-  std::string config_path, out_path, seed_text = "0";
+  std::string config_path, out_path;
+  uint64_t init_seed = 0;
   CLI::App* init = app.add_subcommand("init", "write initialised weights (safetensors, HF names)");
   init->add_option("--config", config_path, "config TOML")->required();
-  init->add_option("--seed", seed_text, "initialisation seed (0 .. 2^64-1)");
+  cli::add_seed_option(init, "--seed", init_seed, "initialisation seed (0 .. 2^64-1)");
   init->add_option("--out", out_path, "output .safetensors")->required();
 
   moecore::cli::DebugArgs debug;
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   prepare->add_option("--input", prep.inputs, "text files (one document per line)")->required();
   prepare->add_option("--out", prep.out, "output directory")->required();
   cli::add_float_option(prepare, "--val-fraction", prep.val_fraction,
-                        "fraction of documents for validation", 0.0, 1.0);
+                        "fraction of documents for validation", 0.0, 1.0, /*max_excluded=*/true);
   prepare->add_flag("--overwrite", prep.overwrite, "replace an existing prepared directory");
   prepare->add_option("--dtype", prep.dtype, "uint16 | uint32 (default: uint16 if the vocab fits)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
@@ -200,7 +201,6 @@ int main(int argc, char** argv) {
                              "output .npy of each instance's document lengths");
 
   moecore::cli::GenerateArgs gen;
-  std::string gen_seed = "0";
   CLI::App* generate = app.add_subcommand("generate", "sample text from a checkpoint");
   generate->add_option("--checkpoint", gen.checkpoint, "checkpoint directory")->required();
   generate->add_option("--prompt", gen.prompt, "prompt text")->required();
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
   cli::add_float_option(generate, "--temperature", gen.temperature, "0 = greedy", 0.0, 1e6);
   cli::add_int_option(generate, "--top-k", gen.top_k, "0 = off", 0, INT32_MAX);
   cli::add_float_option(generate, "--top-p", gen.top_p, "1 = off", 0.0, 1.0);
-  generate->add_option("--seed", gen_seed, "sampling seed");
+  cli::add_seed_option(generate, "--seed", gen.seed, "sampling seed (0 .. 2^64-1)");
 
   moecore::cli::BenchGemmArgs gemm_args;
   CLI::App* bench = app.add_subcommand("bench", "measurements for `make bench`");
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
 
   try {
     if (init->parsed()) {
-      cli::run_init(config_path, cli::parse_seed(seed_text), out_path);
+      cli::run_init(config_path, init_seed, out_path);
     } else if (debug_state->parsed()) {
       cli::run_debug_state(debug);
     } else if (debug_steps->parsed()) {
@@ -366,7 +366,6 @@ int main(int argc, char** argv) {
     } else if (data_instances->parsed()) {
       cli::run_data_instances(inst);
     } else if (generate->parsed()) {
-      gen.seed = cli::parse_seed(gen_seed);
       cli::run_generate(gen);
     } else if (bench_gemm->parsed()) {
       cli::run_bench_gemm(gemm_args);

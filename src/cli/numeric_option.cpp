@@ -21,14 +21,25 @@ int64_t parse_int_option(const std::string& option, const std::string& text, int
 }
 
 double parse_float_option(const std::string& option, const std::string& text, double min,
-                          double max) {
+                          double max, bool max_excluded) {
   double value = 0.0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value) || value < min ||
-      value > max)
-    throw CLI::ValidationError(fmt::format("{}={} is not a number in [{}, {}]", option,
-                                           escape_for_message(text), min, max));
+      value > max || (max_excluded && value == max))
+    throw CLI::ValidationError(fmt::format("{}={} is not a number in [{}, {}{}", option,
+                                           escape_for_message(text), min, max,
+                                           max_excluded ? ")" : "]"));
+  return value;
+}
+
+uint64_t parse_seed_option(const std::string& option, const std::string& text) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end)
+    throw CLI::ValidationError(
+        fmt::format("{}={} is not an integer in [0, 2^64)", option, escape_for_message(text)));
   return value;
 }
 
@@ -43,12 +54,19 @@ CLI::Option* add_int_option(CLI::App* app, const std::string& name, int64_t& val
 }
 
 CLI::Option* add_float_option(CLI::App* app, const std::string& name, double& value,
-                              const std::string& help, double min, double max) {
+                              const std::string& help, double min, double max, bool max_excluded) {
   return app->add_option_function<std::string>(
       name,
-      [&value, name, min, max](const std::string& text) {
-        value = parse_float_option(name, text, min, max);
+      [&value, name, min, max, max_excluded](const std::string& text) {
+        value = parse_float_option(name, text, min, max, max_excluded);
       },
+      help);
+}
+
+CLI::Option* add_seed_option(CLI::App* app, const std::string& name, uint64_t& value,
+                             const std::string& help) {
+  return app->add_option_function<std::string>(
+      name, [&value, name](const std::string& text) { value = parse_seed_option(name, text); },
       help);
 }
 

@@ -13,14 +13,21 @@ namespace moecore::cli {
 // Parses `text` as a decimal integer in [min, max]; throws CLI::ValidationError naming `option`.
 int64_t parse_int_option(const std::string& option, const std::string& text, int64_t min,
                          int64_t max);
-// Parses `text` as a finite number in [min, max]; throws CLI::ValidationError naming `option`.
+// Parses `text` as a finite number in [min, max], or [min, max) where `max_excluded`; throws
+// CLI::ValidationError naming `option` and the range.
 double parse_float_option(const std::string& option, const std::string& text, double min,
-                          double max);
+                          double max, bool max_excluded = false);
+// Parses `text` as a decimal integer in [0, 2^64) (a seed); throws CLI::ValidationError naming
+// `option`. A minus sign is refused, not wrapped around.
+uint64_t parse_seed_option(const std::string& option, const std::string& text);
 
 // Registers `name` (e.g. "--steps") on `app`, parsed by parse_int_option into `value`.
 CLI::Option* add_int_option(CLI::App* app, const std::string& name, int64_t& value,
                             const std::string& help, int64_t min, int64_t max);
 CLI::Option* add_float_option(CLI::App* app, const std::string& name, double& value,
-                              const std::string& help, double min, double max);
+                              const std::string& help, double min, double max,
+                              bool max_excluded = false);
+CLI::Option* add_seed_option(CLI::App* app, const std::string& name, uint64_t& value,
+                             const std::string& help);
 
 }  // namespace moecore::cli

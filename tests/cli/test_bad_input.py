@@ -1108,7 +1108,8 @@ def _(e):
 @case("cli/seed_negative")
 def _(e):
     out = e.out()
-    return Case(["init", "--config", e.config, "--seed", "-1", "--out", out], ("--seed",), out)
+    return Case(["init", "--config", e.config, "--seed", "-1", "--out", out],
+                ("--seed=-1 is not an integer in [0, 2^64)",), out)
 
 
 @case("cli/seed_overflows_uint64")
@@ -1155,6 +1156,14 @@ CASES["cli/eval_negative_max_instances"] = lambda e: Case(
     ("--max-instances=-5",))
 CASES["cli/generate_top_p_nan"] = lambda e: Case(
     ["generate", "--checkpoint", e.root, "--prompt", "x", "--top-p", "nan"], ("--top-p=nan",))
+CASES["cli/generate_negative_seed"] = lambda e: Case(
+    ["generate", "--checkpoint", e.root, "--prompt", "x", "--seed", "-1"],
+    ("--seed=-1 is not an integer in [0, 2^64)",))
+# A validation split of every document leaves nothing to train on: the option's range says so.
+CASES["cli/prepare_val_fraction_one"] = lambda e: Case(
+    ["prepare", "--tokenizer", e.root / "t.json", "--input", e.root / "c.txt", "--out",
+     e.root / "val_one", "--val-fraction", "1"],
+    ("--val-fraction=1 is not a number in [0, 1)",), e.root / "val_one")
 CASES["cli/bench_threads_65536"] = lambda e: Case(["bench", "gemm", "--threads", "65536"],
                                                   ("--threads=65536",))
 # 0 is not a silent "default": an explicit count must be one.
@@ -1324,6 +1333,18 @@ def test_control_help(env: Env):
     # Whatever the fix for CLI11's two-line parse errors, --help must still work.
     r = run_bin(["--help"], cwd=env.root)
     assert r.returncode == 0 and "init" in r.stdout and "debug-state" in r.stdout, r
+
+
+def test_option_errors_share_the_parsers_exit_code(env: Env):
+    # A bad option value is a command-line error whichever option it is: the seed, checked when
+    # the command line is read like the other numbers, exits as --steps 0 does (it was 1, an
+    # error of the command's run, after the parser had accepted "-1").
+    codes = {}
+    for name in ("cli/seed_negative", "cli/steps_zero", "cli/prepare_val_fraction_one",
+                 "cli/generate_negative_seed"):
+        r = run_bin(CASES[name](env).args, cwd=env.root)
+        codes[name] = r.returncode
+    assert len(set(codes.values())) == 1 and codes["cli/steps_zero"] > 1, codes
 
 
 def test_control_init(env: Env):
