@@ -22,9 +22,9 @@
 //              kernels).
 // Each case: 3 warm-up calls (the experts': at least one per draw of their rows), then the median
 // of 20 timed calls (CUDA events on the backend's stream). Prints a markdown table; --json PATH
-// also writes the figures. --quick divides every size by 16 and times 3 calls after 1: a run of
-// the code, not of the GPU (ctest CudaSim.GemmBench runs it so on the emulated GPU, where the full
-// sizes would take hours).
+// also writes the figures. --quick divides every size by 16 and times 1 call after 1 (the experts'
+// too: two of their draws): a run of the code, not of the GPU (ctest CudaSim.GemmBench runs it so
+// on the emulated GPU, where the full sizes would take hours).
 //   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
 #include <algorithm>
 #include <cstdint>
@@ -51,12 +51,13 @@ using moecore::TensorView;
 using moecore::kernels::MatmulPrecision;
 namespace cuda = moecore::kernels::cuda;
 
-// How the cases run: the full sizes with 3 warm-up calls and 20 timed, or (--quick) every size
-// divided by 16 with 1 and 3.
+// How the cases run: the full sizes with 3 warm-up calls and 20 timed, the experts' warm-up
+// seeing every draw of their rows; or (--quick) every size divided by 16 with 1 and 1.
 struct RunShape {
   int64_t divisor = 1;
   int warmup = 3;
   int timed = 20;
+  bool experts_warm_every_draw = true;
 };
 
 // Device memory for one case, filled with values in [-1, 1) (bf16 or f32).
@@ -185,12 +186,13 @@ std::vector<Result> experts(int64_t count, const RunShape& shape) {
   MOE_CUDA_CHECK(cudaMemcpyAsync(device_offsets, offsets.data(), offsets.size() * sizeof(int64_t),
                                  cudaMemcpyHostToDevice, cuda::stream()));
   cuda::synchronize();
-  const RunShape every_draw_warm{
-      shape.divisor, static_cast<int>(std::max<int64_t>(kDraws, shape.warmup)), shape.timed};
+  RunShape experts_run = shape;
+  if (shape.experts_warm_every_draw)
+    experts_run.warmup = static_cast<int>(std::max<int64_t>(kDraws, shape.warmup));
   const auto time_pass = [&](bool one_launch) {
     cuda::set_experts_in_one_launch(one_launch);
     int64_t call = 0;
-    const double ms = median_ms(every_draw_warm, [&] {
+    const double ms = median_ms(experts_run, [&] {
       const ConstTensorView draw_offsets(device_offsets + (call++ % kDraws) * (count + 1),
                                          {count + 1}, DType::kI64, Device::kCuda);
       cuda::grouped_gemm_forward(x.view({rows, d}), w.view({count, n, d}), draw_offsets,
@@ -248,7 +250,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) {
       json_path = argv[++i];
     } else if (std::string(argv[i]) == "--quick") {
-      shape = {16, 1, 3};
+      shape = {16, 1, 1, /*experts_warm_every_draw=*/false};
     } else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--quick]\n", argv[0]);
       return 2;
