@@ -284,7 +284,7 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
 std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
                                                    const ModelConfig& expected,
                                                    const ParamLayout& full,
-                                                   std::vector<std::string>* damaged) {
+                                                   std::vector<DamagedCheckpoint>* damaged) {
   std::vector<std::string> dirs = list_checkpoints(run_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     try {
@@ -302,10 +302,23 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
       // Escaped: a reason from the JSON library may echo the damaged file's bytes.
-      if (damaged != nullptr) damaged->push_back(*it + ": " + escape_for_message(e.what()));
+      if (damaged != nullptr) damaged->push_back({*it, escape_for_message(e.what())});
     }
   }
   return std::nullopt;
+}
+
+std::string set_aside_damaged_checkpoint(const std::string& dir) {
+  const fs::path from(dir);
+  const std::string base = (from.parent_path() / ("damaged-" + from.filename().string())).string();
+  std::string to = base;
+  for (int n = 2; fs::exists(fs::symlink_status(to)); ++n) to = base + "." + std::to_string(n);
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  MOE_CHECK(!ec, "[checkpoint] cannot set the damaged checkpoint {} aside as {}: {}", dir, to,
+            ec.message());
+  fsync_directory(from.parent_path().string());
+  return to;
 }
 
 CheckpointReader CheckpointReader::open(const std::string& dir, const ModelConfig& expected,

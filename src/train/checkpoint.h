@@ -79,16 +79,27 @@ void prune_checkpoints(const std::string& run_dir, const std::string& newest, in
 // ignored).
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
+// A checkpoint the resume could not use, and why (the first check it failed).
+struct DamagedCheckpoint {
+  std::string dir;
+  std::string reason;
+};
+
 // The newest resumable checkpoint of a model `expected` whose tensors are `full`: every file
 // present and passing the checks its resume makes (CheckpointReader::open with the optimizer
 // state, the trainer state's), every file's bytes those it was written with (checksums.json; a
 // checkpoint written before moecore wrote checksums is checked without). nullopt when there is
-// none. Newer checkpoints that were skipped are appended to `damaged` as "DIR: reason" when given.
+// none. Newer checkpoints that were skipped are appended to `damaged` when given.
 // Reads every byte of the checkpoint: in a multi-rank job one rank calls it and tells the others.
-std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
-                                                   const ModelConfig& expected,
-                                                   const ParamLayout& full,
-                                                   std::vector<std::string>* damaged = nullptr);
+std::optional<std::string> latest_valid_checkpoint(
+    const std::string& run_dir, const ModelConfig& expected, const ParamLayout& full,
+    std::vector<DamagedCheckpoint>* damaged = nullptr);
+
+// Renames a damaged checkpoint directory `dir` (checkpoints/step_N) to checkpoints/damaged-step_N
+// (damaged-step_N.2, .3, ... if taken) and returns the new path. The resumed run will save step N
+// again, which would otherwise replace it: what is left of it (weights whose file is whole, say)
+// stays for the user to inspect or salvage. No listing of checkpoints sees it again.
+std::string set_aside_damaged_checkpoint(const std::string& dir);
 
 // A checkpoint opened for reading, where a resumed rank reads only what it holds (its experts,
 // its pipeline stage's layers, its ZeRO-1 shard of the moments). open() checks the checkpoint as

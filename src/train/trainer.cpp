@@ -143,7 +143,7 @@ bool has_logged_steps(const std::string& out_dir) {
 std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
                                              const std::string& out_dir, const ModelConfig& mc,
                                              const ParamLayout& full_layout,
-                                             std::vector<std::string>& damaged) {
+                                             std::vector<DamagedCheckpoint>& damaged) {
   std::optional<std::string> chosen;
   if (world.rank() == 0) chosen = latest_valid_checkpoint(out_dir, mc, full_layout, &damaged);
   if (world.size() == 1) return chosen;
@@ -169,20 +169,19 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "(replacing its logged steps)",
             out_dir);
   StartPoint start;
-  std::vector<std::string> damaged;
+  std::vector<DamagedCheckpoint> damaged;  // rank 0's
   if (options.resume)
     start.checkpoint = agreed_checkpoint(world, out_dir, config.model, full_layout, damaged);
   MOE_CHECK(
       existing.empty() || start.checkpoint.has_value(),
       "[train] none of the {} checkpoints in {} can be resumed (newest: {}); refusing to start "
       "over on top of them",
-      existing.size(), out_dir, damaged.empty() ? existing.back() : damaged.front());
+      existing.size(), out_dir,
+      damaged.empty() ? existing.back() : damaged.front().dir + ": " + damaged.front().reason);
   MOE_CHECK(options.init_from.empty() || !start.checkpoint,
             "[train] --init-from {} with --resume: {} already holds checkpoint {}; resume it "
             "without --init-from",
             options.init_from, out_dir, start.checkpoint.value_or(""));
-  for (const std::string& reason : damaged)
-    start.messages.push_back(fmt::format("warning: skipped damaged checkpoint {}", reason));
   if (!start.checkpoint) {
     // `make train`'s first run; or a mistyped out_dir, which this line makes visible.
     if (options.resume)
@@ -204,6 +203,11 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
     start.messages.push_back(note);
   start.config_changed = !changes.empty();
+  // The run goes ahead from an older checkpoint and will save the skipped steps again: each
+  // damaged one is set aside first rather than replaced (rank 0 alone found them).
+  for (const DamagedCheckpoint& d : damaged)
+    start.messages.push_back(fmt::format("warning: skipped damaged checkpoint {}: {} (kept as {})",
+                                         d.dir, d.reason, set_aside_damaged_checkpoint(d.dir)));
   return start;
 }
 

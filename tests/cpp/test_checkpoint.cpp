@@ -134,7 +134,7 @@ class CheckpointTest : public ::testing::Test {
 
   fs::path checkpoints() const { return run_dir_ / "checkpoints"; }
 
-  std::optional<std::string> newest_valid(std::vector<std::string>* damaged = nullptr) const {
+  std::optional<std::string> newest_valid(std::vector<DamagedCheckpoint>* damaged = nullptr) const {
     return latest_valid_checkpoint(run_dir_.string(), config_.model, layout_, damaged);
   }
 
@@ -388,12 +388,13 @@ TEST_F(CheckpointTest, TamperedTrainerStateMakesTheCheckpointDamaged) {
   nlohmann::json state = trainer_state(2);
   state["step"] = -5;
   write_bytes(fs::path(bad) / "trainer_state.json", state.dump());
-  std::vector<std::string> damaged;
+  std::vector<DamagedCheckpoint> damaged;
   const auto latest = newest_valid(&damaged);
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest), fs::path(good));
   ASSERT_EQ(damaged.size(), 1u);
-  EXPECT_NE(damaged[0].find("step=-5 is out of range"), std::string::npos) << damaged[0];
+  EXPECT_NE(damaged[0].reason.find("step=-5 is out of range"), std::string::npos)
+      << damaged[0].reason;
   ParamBuffers loaded(layout_);
   EXPECT_THROW(load_checkpoint(bad, config_.model, layout_, loaded, nullptr), Error);
 }
@@ -550,13 +551,13 @@ TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
     } else {
       flip_data_bit(file, 4);  // the last value's lowest byte (little-endian f32)
     }
-    std::vector<std::string> damaged;
+    std::vector<DamagedCheckpoint> damaged;
     const auto found = newest_valid(&damaged);
     ASSERT_TRUE(found.has_value()) << file;
     EXPECT_EQ(fs::path(*found), fs::path(good)) << file;
     ASSERT_EQ(damaged.size(), 1u) << file;
-    EXPECT_NE(damaged[0].find(std::string(file) + ": its CRC-32C is"), std::string::npos)
-        << damaged[0];
+    EXPECT_NE(damaged[0].reason.find(std::string(file) + ": its CRC-32C is"), std::string::npos)
+        << damaged[0].reason;
     write_bytes(fs::path(bad) / "model.safetensors", originals[0]);
     write_bytes(fs::path(bad) / "optim.safetensors", originals[1]);
     write_bytes(fs::path(bad) / "trainer_state.json", originals[2]);
@@ -565,17 +566,19 @@ TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
   }
   // A listed file that is gone, or whose size changed.
   fs::remove(fs::path(bad) / "config.json");
-  std::vector<std::string> damaged;
+  std::vector<DamagedCheckpoint> damaged;
   EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
   ASSERT_EQ(damaged.size(), 1u);
-  EXPECT_NE(damaged[0].find("config.json: missing (listed in checksums.json)"), std::string::npos)
-      << damaged[0];
+  EXPECT_NE(damaged[0].reason.find("config.json: missing (listed in checksums.json)"),
+            std::string::npos)
+      << damaged[0].reason;
   // A manifest that is not one.
   write_bytes(fs::path(bad) / "checksums.json", R"({"algorithm": "md5", "files": {}})");
   damaged.clear();
   EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
   ASSERT_EQ(damaged.size(), 1u);
-  EXPECT_NE(damaged[0].find("not a checksum manifest"), std::string::npos) << damaged[0];
+  EXPECT_NE(damaged[0].reason.find("not a checksum manifest"), std::string::npos)
+      << damaged[0].reason;
 }
 
 // A checkpoint written before moecore wrote checksums (no manifest, no promise of one in its
@@ -593,12 +596,13 @@ TEST_F(CheckpointTest, ACheckpointWithoutChecksumsStillResumes) {
   const std::string dir = save(2);
   EXPECT_EQ(fs::path(newest_valid().value_or("")), fs::path(dir));
   fs::remove(fs::path(dir) / "checksums.json");
-  std::vector<std::string> damaged;
+  std::vector<DamagedCheckpoint> damaged;
   EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(old));
   ASSERT_EQ(damaged.size(), 1u);
-  EXPECT_NE(damaged[0].find("checksums.json: missing, but its trainer_state.json says it was"),
-            std::string::npos)
-      << damaged[0];
+  EXPECT_NE(
+      damaged[0].reason.find("checksums.json: missing, but its trainer_state.json says it was"),
+      std::string::npos)
+      << damaged[0].reason;
 }
 
 // The choice makes the checks the resume makes (CheckpointReader::open): damage that only they
@@ -613,10 +617,11 @@ TEST_F(CheckpointTest, LatestValidMakesTheReadersChecks) {
     rewritten.add_f32(name, original.info(name).shape, original.read_f32(name));
   rewritten.write(optim + ".new");
   fs::rename(optim + ".new", optim);
-  std::vector<std::string> damaged;
+  std::vector<DamagedCheckpoint> damaged;
   EXPECT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
   ASSERT_EQ(damaged.size(), 1u);
-  EXPECT_NE(damaged[0].find("no steps_taken in the metadata"), std::string::npos) << damaged[0];
+  EXPECT_NE(damaged[0].reason.find("no steps_taken in the metadata"), std::string::npos)
+      << damaged[0].reason;
 
   ModelConfig other = config_.model;
   other.moe_intermediate_size = 12;
@@ -624,7 +629,43 @@ TEST_F(CheckpointTest, LatestValidMakesTheReadersChecks) {
   damaged.clear();
   EXPECT_FALSE(latest_valid_checkpoint(run_dir_.string(), other, other_layout, &damaged));
   ASSERT_EQ(damaged.size(), 2u);
-  EXPECT_NE(damaged[1].find("another architecture"), std::string::npos) << damaged[1];
+  EXPECT_NE(damaged[1].reason.find("another architecture"), std::string::npos) << damaged[1].reason;
+  EXPECT_EQ(fs::path(damaged[1].dir), fs::path(good));
+}
+
+// A damaged checkpoint set aside keeps every byte under a name no listing takes for a checkpoint,
+// so the resumed run's save of the same step replaces nothing; a second one of the same step (a
+// later resume that found step 2 damaged again) gets its own name.
+TEST_F(CheckpointTest, ADamagedCheckpointSetAsideKeepsItsBytesAndIsNoLongerListed) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  const fs::path model = fs::path(bad) / "model.safetensors";
+  std::string bytes = io::read_text(model.string(), "test");
+  bytes[bytes.size() / 2] ^= 0x10;
+  io::write_text_atomic(model.string(), bytes, "test");
+  std::vector<DamagedCheckpoint> damaged;
+  ASSERT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
+  ASSERT_EQ(damaged.size(), 1u);
+
+  const std::string kept = set_aside_damaged_checkpoint(damaged[0].dir);
+  EXPECT_EQ(fs::path(kept), checkpoints() / "damaged-step_00000002");
+  EXPECT_EQ(io::read_text((fs::path(kept) / "model.safetensors").string(), "test"), bytes);
+  EXPECT_FALSE(fs::exists(bad));
+  EXPECT_EQ(list_checkpoints(run_dir_.string()), std::vector<std::string>{good});
+
+  const std::string again = save(2);  // the resumed run reaches step 2
+  EXPECT_EQ(newest_valid().value_or(""), again);
+  bytes = io::read_text(model.string(), "test");
+  bytes[bytes.size() / 2] ^= 0x10;
+  io::write_text_atomic(model.string(), bytes, "test");
+  damaged.clear();
+  ASSERT_EQ(fs::path(newest_valid(&damaged).value_or("")), fs::path(good));
+  EXPECT_EQ(fs::path(set_aside_damaged_checkpoint(damaged.at(0).dir)),
+            checkpoints() / "damaged-step_00000002.2");
+  EXPECT_TRUE(fs::is_directory(kept));
+  remove_interrupted_saves(run_dir_.string());  // the start-up clean-up leaves them alone
+  EXPECT_TRUE(fs::is_directory(kept));
+  EXPECT_TRUE(fs::is_directory(checkpoints() / "damaged-step_00000002.2"));
 }
 
 }  // namespace

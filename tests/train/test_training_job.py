@@ -935,7 +935,8 @@ def test_bad_token_file_keeps_run(moecore_bin, job_data, tmp_path, existing_run,
 def test_corrupt_newest_checkpoint_falls_back_to_previous(moecore_bin, job_data, tmp_path,
                                                           existing_run):
     # checkpoint.h: --resume picks the newest checkpoint whose files all parse; a damaged one is
-    # skipped. Resuming from step 2 then redoes steps 3-4 exactly.
+    # skipped, and set aside whole (the run saves step 4 again, which would replace it).
+    # Resuming from step 2 then redoes steps 3-4 exactly.
     out, cfg = existing_run
     reference = {n: (out / "checkpoints/step_00000004" / n).read_bytes()
                  for n in ("model.safetensors", "optim.safetensors")}
@@ -944,12 +945,16 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(moecore_bin, job_data,
     b = bytearray(st.read_bytes())
     b[8:12] = b"XXXX"  # the JSON header no longer parses
     st.write_bytes(bytes(b))
+    damaged = snapshot(out / "checkpoints/step_00000004")
     with pytest.raises(Exception):
         with safe_open(str(st), "np"):
             pass
     r = train(moecore_bin, cfg, resume=True)
     assert f"resumed from {out}/checkpoints/step_00000002 (step 2)" in r.stdout, r.stdout[:400]
+    assert (f"warning: skipped damaged checkpoint {out}/checkpoints/step_00000004: " in r.stdout
+            and f"(kept as {out}/checkpoints/damaged-step_00000004)" in r.stdout), r.stdout[:800]
     assert snapshot(out / "checkpoints/step_00000002") == step2
+    assert snapshot(out / "checkpoints/damaged-step_00000004") == damaged
     for n, data in reference.items():
         assert (out / "checkpoints/step_00000004" / n).read_bytes() == data, n
     check_complete_checkpoint(out / "checkpoints/step_00000004")
