@@ -111,8 +111,10 @@ RunInputs open_inputs(RunConfig& config) {
 struct StartPoint {
   std::optional<std::string> checkpoint;
   std::optional<RunConfig> saved_config;  // the checkpoint's
-  std::vector<std::string> messages;      // damaged checkpoints skipped, config changes
+  std::vector<std::string> messages;      // config changes on resume
   bool config_changed = false;
+  // Newer checkpoints the resume skipped (rank 0's): set aside once the run is known to go ahead.
+  std::vector<DamagedCheckpoint> damaged;
 };
 
 // The temporaries of the run directory's files (config.toml, metrics.jsonl, profile.json, the
@@ -203,11 +205,7 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
     start.messages.push_back(note);
   start.config_changed = !changes.empty();
-  // The run goes ahead from an older checkpoint and will save the skipped steps again: each
-  // damaged one is set aside first rather than replaced (rank 0 alone found them).
-  for (const DamagedCheckpoint& d : damaged)
-    start.messages.push_back(fmt::format("warning: skipped damaged checkpoint {}: {} (kept as {})",
-                                         d.dir, d.reason, set_aside_damaged_checkpoint(d.dir)));
+  start.damaged = std::move(damaged);
   return start;
 }
 
@@ -701,6 +699,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0 && !finished)
     io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");
+  // The run will save the skipped steps again: each damaged checkpoint is set aside first rather
+  // than replaced, what is whole in it kept (a finished run writes nothing, so moves nothing).
+  std::vector<std::string> damaged_lines;
+  for (const DamagedCheckpoint& d : start.damaged)
+    damaged_lines.push_back(fmt::format(
+        "warning: skipped damaged checkpoint {}: {}{}", d.dir, d.reason,
+        finished ? "" : fmt::format(" (kept as {})", set_aside_damaged_checkpoint(d.dir))));
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout.
   data::DataLoader loader(in.train_data, tc.seed, resumed.data_cursor);
@@ -728,6 +733,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                            ? ReplayOrigin{resumed.step, resumed.data_cursor, resumed.tokens_seen}
                            : resumed.origin};
   ctx.summary.start_step = ctx.step;
+  for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);
   announce(ctx, in, start, options, chunk_layers, communicator);
   if (!init_check_line.empty()) progress.message(init_check_line);

@@ -946,6 +946,11 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(moecore_bin, job_data,
     b[8:12] = b"XXXX"  # the JSON header no longer parses
     st.write_bytes(bytes(b))
     damaged = snapshot(out / "checkpoints/step_00000004")
+    # A resume refused after the choice (train.max_steps below step 2) moves nothing.
+    r = train(moecore_bin, cfg, "train.max_steps=1", resume=True, check=False)
+    assert_one_line_error(r, "past train.max_steps=1")
+    assert snapshot(out / "checkpoints/step_00000004") == damaged
+    assert not (out / "checkpoints/damaged-step_00000004").exists()
     with pytest.raises(Exception):
         with safe_open(str(st), "np"):
             pass
