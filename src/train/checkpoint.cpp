@@ -203,8 +203,9 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
     io::write_checksums(staging_dir, kChecksumsFile, "[checkpoint]", known);
     fsync_directory(staging_dir);
     if (fs::exists(final_dir)) {
-      // The same step saved again (a resumed run reaching it a second time): the old copy is
-      // moved aside, not deleted, until the new one is in place.
+      // The same step saved twice by a caller (a resumed run sets a damaged copy aside before it
+      // trains, set_aside_damaged_checkpoint): the old copy is moved aside, not deleted, until the
+      // new one is in place.
       fs::rename(final_dir, stale_dir);
       fs::rename(staging_dir, final_dir);
       fsync_directory(parent);
