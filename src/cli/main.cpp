@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "core/check.h"
 #include "core/escape.h"
 #include "dist/mpi/mpi_runtime.h"
+#include "io/file_util.h"
 #include "train/run_config.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -43,6 +45,18 @@ int fail_job(const std::string& raw_message) {
   }
   fmt::print(stderr, "moecore: error: {}\n", message);
   return 1;
+}
+
+// A command's exit status once its output is out: a report that never reached standard output
+// (a full disk behind `> report.txt`, a closed descriptor) is a failure, not exit 0 with an empty
+// file. Failed writes leave the stream's error flag set; the last buffered bytes go out here.
+int flush_standard_output(int status) {
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && std::ferror(stdout) == 0) return status;
+  fmt::print(stderr, "moecore: error: cannot write standard output: {}\n",
+             flushed ? "an earlier write failed" : moecore::io::errno_text(err));
+  return status != 0 ? status : 1;
 }
 
 int main(int argc, char** argv) {
@@ -324,7 +338,7 @@ int main(int argc, char** argv) {
     // Exit 0 (within the threshold), 1 (parted) or 2 (bad input: any error here).
     try {
       if (threshold_option->count() > 0) diff_args.threshold = diff_threshold;
-      return cli::run_diff(diff_args);
+      return flush_standard_output(cli::run_diff(diff_args));
     } catch (const std::exception& e) {
       fmt::print(stderr, "moecore: error: {}\n", moecore::escape_for_message(e.what()));
       return cli::kDiffExitBadInput;
@@ -350,7 +364,7 @@ int main(int argc, char** argv) {
       const moecore::TrainSummary summary = moecore::train(run_config, train_options);
       // Stopped by a signal after saving: the shell's convention for death by that signal, so
       // that schedulers and scripts see the run did not finish.
-      if (summary.stop_signal != 0) return 128 + summary.stop_signal;
+      if (summary.stop_signal != 0) return flush_standard_output(128 + summary.stop_signal);
     } else if (devices->parsed()) {
       cli::run_devices();
     } else if (import_cmd->parsed()) {
@@ -397,5 +411,5 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail_job(e.what());
   }
-  return 0;
+  return flush_standard_output(0);
 }

@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
-
 #include "core/check.h"
+#include "io/file_util.h"
 #include "plan/html_report.h"
 #include "plan/layout_search.h"
 #include "plan/plan.h"
@@ -102,10 +101,7 @@ void run_plan(const PlanArgs& args) {
   }
   const plan::Plan p = plan::make_plan(config, world, hardware);
   if (!args.html.empty()) {
-    std::ofstream out(args.html);
-    MOE_CHECK(out.good(), "[plan] --html {}: cannot write the file", args.html);
-    out << plan::html_report(p);
-    MOE_CHECK(out.good(), "[plan] --html {}: write failed", args.html);
+    io::write_text_atomic(args.html, plan::html_report(p), "[plan] --html:");
   }
   if (args.json)
     fmt::print("{}\n", plan::plan_json(p).dump());

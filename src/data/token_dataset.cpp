@@ -74,7 +74,12 @@ class TokenMetaCache {
     std::error_code ec;
     const std::string key = fs::weakly_canonical(file, ec).string();
     for (const fs::path& candidate : meta_candidates(fs::path(file))) {
-      if (!fs::is_regular_file(candidate, ec)) continue;
+      const fs::file_status status = fs::status(candidate, ec);
+      if (!fs::exists(status)) continue;
+      // Something else by that name (a directory): the metadata is lost, not absent.
+      MOE_CHECK(fs::is_regular_file(status),
+                "[data] {}: not a regular file (the token metadata of {} is read from it)",
+                candidate.lexically_normal().string(), file);
       const Parsed& parsed = load(candidate, file);
       // Another tool's meta.json, or one that describes other files, says nothing about this one.
       if (parsed.is_token_meta && parsed.files.count(key) != 0) return parsed.meta;

@@ -1,6 +1,7 @@
 #include "io/file_util.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string_view>
 #include <system_error>
@@ -52,6 +55,80 @@ int write_all(int fd, const std::byte* data, size_t n) {
   return 0;
 }
 
+// ---- The files MappedFile has mapped, for the SIGBUS handler
+//
+// Slots claimed and freed under a mutex; the handler only reads them (atomics: a slot is
+// published by its `begin`, written last). The path is a copy on the heap that lives as long as
+// the mapping.
+struct MappedRange {
+  std::atomic<uintptr_t> begin{0};  // 0: a free slot
+  std::atomic<size_t> size{0};
+  std::atomic<const char*> path{nullptr};
+};
+constexpr size_t kMappedRangeSlots = 8192;
+MappedRange g_mapped_ranges[kMappedRangeSlots];
+std::mutex g_mapped_ranges_mutex;
+struct sigaction g_previous_bus_action {};
+
+void write_to_stderr(const char* text) {
+  size_t left = std::strlen(text);
+  while (left > 0) {
+    const ssize_t written = ::write(STDERR_FILENO, text, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return;
+    text += written;
+    left -= static_cast<size_t>(written);
+  }
+}
+
+// Async-signal-safe: reads the slots and writes with write(2).
+void on_bus_error(int /*signal*/, siginfo_t* info, void* /*context*/) {
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const MappedRange& range : g_mapped_ranges) {
+    const uintptr_t begin = range.begin.load(std::memory_order_acquire);
+    if (begin == 0 || address < begin || address - begin >= range.size.load()) continue;
+    write_to_stderr("moecore: error: ");
+    write_to_stderr(range.path.load());
+    write_to_stderr(
+        ": the file shrank while this process was reading it (truncated or rewritten in place "
+        "by another program)\n");
+    ::_exit(1);
+  }
+  // Not a mapped file's page: the previous action (a sanitizer's report, or the default crash)
+  // takes the fault, raised again when this handler returns to the faulting instruction.
+  ::sigaction(SIGBUS, &g_previous_bus_action, nullptr);
+}
+
+void install_bus_error_handler() {
+  struct sigaction action {};
+  action.sa_sigaction = on_bus_error;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGBUS, &action, &g_previous_bus_action);
+}
+
+void name_mapped_range(const void* addr, size_t size, const char* path) {
+  static std::once_flag installed;
+  std::call_once(installed, install_bus_error_handler);
+  const std::lock_guard<std::mutex> lock(g_mapped_ranges_mutex);
+  for (MappedRange& range : g_mapped_ranges) {
+    if (range.begin.load() != 0) continue;
+    range.size.store(size);
+    range.path.store(path);
+    range.begin.store(reinterpret_cast<uintptr_t>(addr), std::memory_order_release);
+    return;
+  }
+}
+
+void forget_mapped_range(const void* addr) {
+  const std::lock_guard<std::mutex> lock(g_mapped_ranges_mutex);
+  for (MappedRange& range : g_mapped_ranges)
+    if (range.begin.load() == reinterpret_cast<uintptr_t>(addr)) {
+      range.begin.store(0, std::memory_order_release);
+      return;
+    }
+}
+
 std::string parent_directory(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -87,25 +164,38 @@ MappedFile MappedFile::open(const std::string& path, const char* tag) {
       fail("{} {}: cannot mmap {} bytes: {}", tag, path, file.size_, errno_text(err));
     }
     file.addr_ = addr;
+    file.path_ = std::make_unique<char[]>(path.size() + 1);
+    std::memcpy(file.path_.get(), path.c_str(), path.size() + 1);
+    name_mapped_range(addr, file.size_, file.path_.get());
   }
   ::close(fd);  // The mapping keeps the file alive.
   return file;
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : addr_(std::exchange(other.addr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : addr_(std::exchange(other.addr_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      path_(std::move(other.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
-    if (addr_ != nullptr) ::munmap(addr_, size_);
+    unmap();
     addr_ = std::exchange(other.addr_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    path_ = std::move(other.path_);
   }
   return *this;
 }
 
 MappedFile::~MappedFile() {
-  if (addr_ != nullptr) ::munmap(addr_, size_);
+  unmap();
+}
+
+void MappedFile::unmap() noexcept {
+  if (addr_ == nullptr) return;
+  forget_mapped_range(addr_);  // before the pages go: the handler never names a stale range
+  ::munmap(addr_, size_);
+  addr_ = nullptr;
 }
 
 // ---- Atomic write
@@ -124,6 +214,16 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
 void write_file_atomic(const std::string& path, size_t count,
                        const std::function<std::span<const std::byte>(size_t)>& chunk,
                        const char* tag) {
+  // The rename would replace whatever `path` names: a device such as /dev/null (written to as
+  // root), a FIFO, or a symbolic link, which would become a plain file while its target stayed
+  // stale. Only a regular file (or nothing) is replaced.
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    fail("{} cannot write '{}': it exists and is {}; give the path of a regular file", tag, path,
+         S_ISLNK(existing.st_mode)   ? "a symbolic link (name the file it points to)"
+         : S_ISDIR(existing.st_mode) ? "a directory"
+                                     : "not a regular file (a device, FIFO or socket)");
+  }
   // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
   const std::string tmp = fmt::format("{}{}{}", path, kTempInfix, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -15,7 +16,10 @@ namespace moecore::io {
 std::string errno_text(int err);
 
 // Read-only memory map of a whole file. Move-only; unmaps on destruction. `tag` ("[npy]") prefixes
-// the error thrown when the file cannot be opened or mapped.
+// the error thrown when the file cannot be opened or mapped. A file that another program truncates
+// while it is mapped makes the next read past its new end raise SIGBUS: while any file is mapped,
+// a handler names it in one line on stderr and ends the process with status 1 (the job's other
+// ranks are then ended by mpirun) instead of a bare "Bus error".
 class MappedFile {
  public:
   static MappedFile open(const std::string& path, const char* tag);
@@ -31,8 +35,11 @@ class MappedFile {
   size_t size() const { return size_; }
 
  private:
+  void unmap() noexcept;
+
   void* addr_ = nullptr;  // nullptr for an empty file: mmap cannot map zero bytes.
   size_t size_ = 0;
+  std::unique_ptr<char[]> path_;  // for the SIGBUS handler, at a fixed address while mapped
 };
 
 // Writes the concatenated chunks to `path` so that readers see either the old file or the complete

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "core/check.h"
 #include "core/escape.h"
@@ -57,6 +59,7 @@ RunDirLock RunDirLock::acquire(const std::string& dir) {
   }
   RunDirLock lock;
   lock.fd_ = fd;
+  lock.dir_ = dir;
   const std::string holder = "pid " + std::to_string(::getpid()) + " on host " + host_name() + "\n";
   // Best effort: the text only feeds a contender's message; the lock itself is the flock.
   if (::ftruncate(fd, 0) == 0) {
@@ -65,7 +68,24 @@ RunDirLock RunDirLock::acquire(const std::string& dir) {
   return lock;
 }
 
-RunDirLock::RunDirLock(RunDirLock&& other) noexcept : fd_(other.fd_) {
+void RunDirLock::check_in_place() const {
+  if (fd_ < 0) return;
+  const std::string path = dir_ + "/" + lock_file_name();
+  struct stat held {
+  }, named{};
+  const bool held_known = ::fstat(fd_, &held) == 0;
+  const bool named_exists = ::stat(path.c_str(), &named) == 0;
+  // A deleted lock file has no links left; a replaced one is another inode at the same name.
+  const bool in_place = held_known && held.st_nlink > 0 && named_exists &&
+                        held.st_dev == named.st_dev && held.st_ino == named.st_ino;
+  MOE_CHECK(in_place,
+            "[train] train.out_dir '{}' was deleted or replaced while this run was writing it "
+            "(its lock file {} is {}): stopping, since what the run writes next would be lost or "
+            "mixed with another run's files",
+            dir_, path, named_exists ? "another file now" : "gone");
+}
+
+RunDirLock::RunDirLock(RunDirLock&& other) noexcept : fd_(other.fd_), dir_(std::move(other.dir_)) {
   other.fd_ = -1;
 }
 
@@ -82,6 +102,7 @@ RunDirLock& RunDirLock::operator=(RunDirLock&& other) noexcept {
   if (this != &other) {
     release();
     fd_ = other.fd_;
+    dir_ = std::move(other.dir_);
     other.fd_ = -1;
   }
   return *this;

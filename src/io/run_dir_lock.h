@@ -26,11 +26,16 @@ class RunDirLock {
   ~RunDirLock();
 
   bool held() const { return fd_ >= 0; }
+  // Throws a one-line moecore::Error when the held lock file is no longer `<dir>/.moecore.lock`:
+  // the run directory was deleted (or moved, or replaced) under the run. Its later writes would
+  // go to files nobody can read, or mix with another run that took a new lock there.
+  void check_in_place() const;
   static std::string lock_file_name() { return ".moecore.lock"; }
 
  private:
   void release() noexcept;
   int fd_ = -1;
+  std::string dir_;
 };
 
 }  // namespace moecore::io

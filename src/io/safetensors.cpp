@@ -11,6 +11,7 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -340,8 +341,12 @@ void SafetensorsWriter::write(const std::string& path) const {
   text.append((8 - text.size() % 8) % 8, ' ');
 
   const uint64_t header_size = text.size();
-  std::vector<const Entry*> entries;  // in the header's order
-  for (const auto& [name, entry] : tensors_) entries.push_back(&entry);
+  std::vector<const std::string*> names;  // in the header's order
+  std::vector<const Entry*> entries;
+  for (const auto& [name, entry] : tensors_) {
+    names.push_back(&name);
+    entries.push_back(&entry);
+  }
   std::vector<float> staging;  // a device tensor's values, one tensor at a time
   write_file_atomic(
       path, 2 + entries.size(),
@@ -354,6 +359,15 @@ void SafetensorsWriter::write(const std::string& path) const {
           staging.resize(entry.numel);
           copy_bytes(staging.data(), values, entry.numel * sizeof(float));
           values = staging.data();
+        }
+        if (require_finite_) {
+          const float* bad = std::find_if_not(values, values + entry.numel,
+                                              [](float v) { return std::isfinite(v); });
+          MOE_CHECK(
+              bad == values + entry.numel,
+              "[safetensors] refusing to write '{}': tensor '{}' holds {} at element {} (only "
+              "finite values are written here)",
+              path, *names[i - 2], *bad, bad - values);
         }
         return std::as_bytes(std::span(values, entry.numel));
       },

@@ -73,6 +73,9 @@ class SafetensorsWriter {
   // The same for values the writer keeps (a scalar, a temporary).
   void add_f32(const std::string& name, std::vector<int64_t> shape, std::vector<float> values);
   void set_metadata(const std::string& key, const std::string& value);
+  // write() refuses a NaN or infinity in any tensor (before the file replaces anything): a
+  // checkpoint of weights that are no longer numbers would push the run's good ones out.
+  void require_finite() { require_finite_ = true; }
   // Atomic (see write_file_atomic). Header keys sorted, header padded with spaces to a multiple of
   // 8 bytes as the Python safetensors package does, so F32 data stays aligned.
   void write(const std::string& path) const;
@@ -90,6 +93,7 @@ class SafetensorsWriter {
 
   std::map<std::string, Entry> tensors_;
   std::map<std::string, std::string> metadata_;
+  bool require_finite_ = false;
 };
 
 }  // namespace moecore::io

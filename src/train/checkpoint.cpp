@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -59,6 +60,10 @@ std::string part_checksums_file(int64_t index, int64_t count) {
 void write_part_files(const std::string& dir, const CheckpointPart& part) {
   std::vector<std::string> written = {io::part_file_name("model", part.index, part.count)};
   io::SafetensorsWriter model, optim;
+  // A run whose values stopped being numbers (diverged with the step guard off, or resumed from
+  // such a checkpoint) saves nothing: its checkpoints would push the good ones out (keep_last).
+  model.require_finite();
+  optim.require_finite();
   model.set_metadata("format", "pt");
   for (const ParamSpec* spec : part.weights)
     model.add_f32(spec->name, spec->shape, part.params->at(*spec));
@@ -294,11 +299,15 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
       const RunConfig saved = parse_run_config(io::read_text(*it + "/config.toml", "[checkpoint]"),
                                                *it + "/config.toml");
       const TrainerState state = load_trainer_state(*it, saved.train);
-      CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
+      const CheckpointReader reader =
+          CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
       const bool checked = io::verify_checksums(*it, kChecksumsFile, "[checkpoint]");
       MOE_CHECK(checked || !state.has_checksums,
                 "[checkpoint] {}/{}: missing, but its trainer_state.json says it was written", *it,
                 kChecksumsFile);
+      // Checksums prove the bytes are those written; a checkpoint written before moecore wrote
+      // them (or by another program) may hold a NaN, which a resume would train on silently.
+      reader.check_finite();
       return *it;
     } catch (const std::exception& e) {
       // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
@@ -409,6 +418,31 @@ void CheckpointReader::read_weights(const ParamLayout& local, ParamBuffers& para
     model_.read_f32(spec.name, spec.shape, params.at(spec));
 }
 
+void CheckpointReader::check_finite() const {
+  std::vector<float> chunk;
+  const auto check = [&chunk](const io::TensorParts& parts) {
+    for (const std::string& name : parts.names()) {
+      const io::TensorInfo& info = parts.info(name);
+      if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") continue;
+      size_t numel = 1;
+      for (const int64_t extent : info.shape) numel *= static_cast<size_t>(extent);
+      for (size_t first = 0; first < numel; first += size_t{1} << 20) {
+        const size_t count = std::min(numel - first, size_t{1} << 20);
+        chunk.resize(count);
+        parts.read_f32_elements(name, first, count, chunk.data());
+        const auto bad =
+            std::find_if_not(chunk.begin(), chunk.end(), [](float v) { return std::isfinite(v); });
+        MOE_CHECK(bad == chunk.end(),
+                  "[checkpoint] {}: tensor '{}' holds {} at element {}: a resume would train on it",
+                  parts.file_of(name), name, *bad,
+                  first + static_cast<size_t>(bad - chunk.begin()));
+      }
+    }
+  };
+  check(model_);
+  if (optim_) check(*optim_);
+}
+
 void CheckpointReader::read_moment(const std::string& moment, const std::string& name, size_t first,
                                    size_t count, float* dst) const {
   MOE_CHECK(optim_.has_value(), "[checkpoint] {}: opened without its optimizer state",
@@ -451,6 +485,17 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
       parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"), dir + "/config.toml");
   load_trainer_state(dir, saved.train);  // every field checked before the run trusts any
   return nlohmann::json::parse(io::read_text(dir + "/trainer_state.json", "[checkpoint]"));
+}
+
+void check_checkpoints_dir(const std::string& run_dir) {
+  const std::string parent = checkpoints_dir(run_dir);
+  std::error_code ec;
+  // Followed through a symbolic link: checkpoints/ linked to a larger disk is a directory.
+  const fs::file_status status = fs::status(parent, ec);
+  MOE_CHECK(!fs::exists(status) || fs::is_directory(status),
+            "[checkpoint] '{}' is not a directory: the run saves its checkpoints there (move it "
+            "away, or choose another train.out_dir)",
+            parent);
 }
 
 void remove_interrupted_saves(const std::string& run_dir) {

@@ -118,6 +118,9 @@ class CheckpointReader {
   void read_moments(const std::string& name, size_t first, size_t count, float* exp_avg,
                     float* exp_avg_sq) const;
   int64_t steps_taken() const { return steps_taken_; }
+  // Throws a one-line moecore::Error naming the first NaN or infinity among the weights and (with
+  // the optimizer) the moments: what a run saves is finite (SafetensorsWriter::require_finite).
+  void check_finite() const;
 
  private:
   struct Slice {  // "<moment>.<name>[begin:end]"
@@ -140,6 +143,10 @@ class CheckpointReader {
 // configuration equals `expected`; returns the trainer state.
 nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expected,
                                const ParamLayout& layout, ParamBuffers& params, AdamW* optimizer);
+
+// Throws a one-line moecore::Error when `<run_dir>/checkpoints` exists and is not a directory (or
+// a link to one): said at start-up, before the steps that the first save would lose.
+void check_checkpoints_dir(const std::string& run_dir);
 
 // Removes temporary directories left by saves that were interrupted, and puts back a checkpoint
 // that was moved aside for a re-save that never completed (called at start-up, under the run's

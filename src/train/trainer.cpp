@@ -44,6 +44,7 @@
 #include "train/communicator_choice.h"
 #include "train/evaluate.h"
 #include "train/layout_validation.h"
+#include "train/rank_agreement.h"
 #include "train/resume_policy.h"
 #include "train/round_trip_check.h"
 #include "train/train_context.h"
@@ -561,6 +562,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // MPI's world: the job's processes, and the bootstrap of a communicator over the device's
   // memory (parallel.communicator, train/communicator_choice.h).
   const std::unique_ptr<dist::Communicator> mpi = dist::mpi_world();
+  // Every rank read its own config and command line: the same, or none starts.
+  check_ranks_agree(*mpi, "effective config", run_agreement_text(config, options));
   (void)validate_layout(config, mpi->size());  // `moecore plan`'s checks, before any group
   const CommunicatorChoice communicator = choose_communicator(
       config, mpi->size(), [&mpi](const dist::DeviceCommunicatorFactory& factory) {
@@ -600,6 +603,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "not split over dp={} ranks",
             rows, dp);
   const RunInputs in = open_inputs(config);
+  // And its own token files: the same global batches on every rank.
+  check_ranks_agree(*mpi, "training data", dataset_agreement_text(in.train_data));
+  if (in.val_data) check_ranks_agree(*mpi, "validation data", dataset_agreement_text(*in.val_data));
   // The whole model (checkpoints, the sample) and what this rank holds (its layers, its experts).
   const ParamLayout full_layout = ParamLayout::build(mc);
   const ParamLayout layout = ParamLayout::build(mc, pc.ep, mesh.ep.rank(), my_chunks);
@@ -616,6 +622,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     run_lock.emplace(io::RunDirLock::acquire(tc.out_dir));
     remove_interrupted_saves(tc.out_dir);
     remove_interrupted_writes(tc.out_dir);
+    if (tc.checkpoint) check_checkpoints_dir(tc.out_dir);
   }
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
@@ -757,8 +764,14 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   ctx.loop_start = std::chrono::steady_clock::now();
   for (auto& callback : ctx.callbacks) callback->on_start(ctx);
+  // Rank 0 checks before each step's writes (metrics, checkpoints) and the final ones that the
+  // run directory is still the one it locked; its error ends every rank (the job's abort).
+  const auto check_run_dir = [&run_lock] {
+    if (run_lock) run_lock->check_in_place();
+  };
   while (ctx.step < tc.max_steps) {
     StepReport report = run_step(ctx, grads, buffers);
+    check_run_dir();
     for (auto& callback : ctx.callbacks) callback->on_step_end(ctx, report);
     if (ctx.stopping()) {
       progress.message(ctx.stop_message);
@@ -766,6 +779,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       break;
     }
   }
+  check_run_dir();
   for (auto it = ctx.callbacks.rbegin(); it != ctx.callbacks.rend(); ++it) (*it)->on_end(ctx);
   if (ctx.step_graph) {
     const StepGraph& g = *ctx.step_graph;

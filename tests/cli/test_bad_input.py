@@ -1037,6 +1037,17 @@ def _(e):
     return Case(["train", cfg], (p.name, "data.dtype"))
 
 
+@case("train/checkpoints_is_a_file")
+def _(e):
+    # Said before the first step, not at the first save after the steps were spent.
+    run = e.path("run")
+    run.mkdir()
+    (run / "checkpoints").write_text("not a directory")
+    cfg = e.cfg(_train_toml(e, run, train_extra="save_every = 1\n"))
+    return Case(["train", cfg], (f"{run}/checkpoints", "not a directory"),
+                out=run / "checkpoints", existing_out=b"not a directory")
+
+
 CASES["train/data_dtype_unknown"] = lambda e: _train_case(e, "--set", "data.dtype=float16",
                                                           needles=("data.dtype", "float16"))
 CASES["train/data_dtype_contradicts_meta"] = lambda e: _train_case(
@@ -1067,6 +1078,15 @@ def _(e):
     p = _orphan_part(e)
     return Case(["data", "instances", "--data", p, "--seq-len", "8", "--vocab-size", "320",
                  "--dtype", "uint16", "--eos-id", "5000"], ("--eos-id=5000", "--vocab-size=320"))
+
+
+@case("data/meta_json_is_a_directory")
+def _(e):
+    # The metadata lost to a directory of its name: said so, not "unknown element type".
+    p = _orphan_part(e)
+    (p.parent / "meta.json").mkdir()
+    return Case(["data", "instances", "--data", p, "--seq-len", "8", "--vocab-size", "320"],
+                ("meta.json: not a regular file", p.name))
 
 
 # --- CLI ---
@@ -1345,6 +1365,46 @@ def test_option_errors_share_the_parsers_exit_code(env: Env):
         r = run_bin(CASES[name](env).args, cwd=env.root)
         codes[name] = r.returncode
     assert len(set(codes.values())) == 1 and codes["cli/steps_zero"] > 1, codes
+
+
+def test_out_that_is_not_a_regular_file_is_left_alone(env: Env):
+    # The atomic writer renames its temporary over --out: over a symbolic link it would leave the
+    # link's target stale, over a device (as root, /dev/null) or a FIFO it would put a plain file
+    # in its place. Each is refused in one line and left as it was.
+    target = env.out("target.safetensors")
+    target.write_bytes(b"old")
+    link = target.with_name("link.safetensors")
+    link.symlink_to(target)
+    fifo = target.with_name("fifo.safetensors")
+    os.mkfifo(fifo)
+    outs = {link: "symbolic link", fifo: "not a regular file"}
+    if os.geteuid() == 0:  # a character device of its own: /dev/full's numbers
+        device = target.with_name("device.safetensors")
+        os.mknod(device, 0o666 | 0o020000, os.makedev(1, 7))
+        outs[device] = "not a regular file"
+    for out, needle in outs.items():
+        r = run_bin(["init", "--config", env.config, "--seed", "7", "--out", out], cwd=env.root)
+        err = r.stderr.strip()
+        assert r.returncode == 1 and len(err.splitlines()) == 1, (out, r)
+        assert str(out) in err and needle in err, (out, err)
+    assert link.is_symlink() and target.read_bytes() == b"old"
+    assert fifo.is_fifo()
+    if os.geteuid() == 0:
+        assert device.is_char_device()
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(
+        [target.name] + [out.name for out in outs]), "a temporary was left"
+
+
+def test_output_that_cannot_reach_stdout_is_an_error(env: Env):
+    # `moecore plan C > report.txt` on a full disk: exit 0 with an empty report was the failure.
+    if not Path("/dev/full").is_char_device():
+        pytest.skip("this machine has no /dev/full")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([str(BIN), "plan", str(env.config)], cwd=env.root, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+    err = r.stderr.strip()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, r
+    assert "cannot write standard output: No space left on device" in err, err
 
 
 def test_control_init(env: Env):

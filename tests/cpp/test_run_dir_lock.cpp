@@ -75,6 +75,31 @@ TEST_F(RunDirLockTest, ReleasedWhenTheHolderProcessDies) {
   EXPECT_TRUE(RunDirLock::acquire(dir_).held());
 }
 
+// The run directory deleted or replaced under a run: the holder notices before its next write.
+TEST_F(RunDirLockTest, CheckInPlaceFailsOnceTheLockFileIsGoneOrReplaced) {
+  const RunDirLock lock = RunDirLock::acquire(dir_);
+  lock.check_in_place();  // in place: no error
+  const std::string path = dir_ + "/" + RunDirLock::lock_file_name();
+  fs::remove(path);
+  try {
+    lock.check_in_place();
+    FAIL() << "a deleted lock file passed";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("was deleted or replaced"), std::string::npos) << message;
+    EXPECT_NE(message.find("is gone"), std::string::npos) << message;
+  }
+  // Another run's lock at the same name (after an `rm -rf` and a new start there).
+  const RunDirLock other = RunDirLock::acquire(dir_);
+  other.check_in_place();
+  try {
+    lock.check_in_place();
+    FAIL() << "a replaced lock file passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another file now"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(RunDirLockTest, MissingDirectoryIsAOneLineError) {
   EXPECT_THROW(RunDirLock::acquire(dir_ + "/absent"), Error);
 }

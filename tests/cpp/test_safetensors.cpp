@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -339,15 +340,97 @@ TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileWhenDiskIsFull) {
 }
 
 TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileWhenRenameFails) {
-  // The target is a non-empty directory: rename() fails after the temporary was fully written.
-  fs::create_directory(path("target"));
-  write_raw("target/keep", "x");
-  const float x = 1.0f;
-  SafetensorsWriter writer;
-  writer.add_f32("w", {1}, &x);
-  expect_error([&] { writer.write(path("target")); }, {path("target"), "rename"});
-  EXPECT_EQ(entries(), (std::vector<std::string>{"target"}));
-  EXPECT_EQ(file_contents(path("target/keep")), "x");
+  // The target's directory is replaced by a file between the write and the rename: rename()
+  // fails (ENOTDIR) after the temporary was fully written, and the temporary goes.
+  fs::create_directory(path("sub"));
+  write_raw("sub/c.bin", "old");
+  const std::string text = "new";
+  expect_error(
+      [&] {
+        write_file_atomic(
+            path("sub/c.bin"), 1,
+            [&](size_t) -> std::span<const std::byte> {
+              fs::rename(path("sub/c.bin"), path("sub/moved"));
+              fs::create_directory(path("sub/c.bin"));
+              write_raw("sub/c.bin/keep", "x");
+              return std::as_bytes(std::span(text));
+            },
+            "[test]");
+      },
+      {path("sub/c.bin"), "rename"});
+  EXPECT_EQ(file_contents(path("sub/c.bin/keep")), "x");
+  EXPECT_EQ(file_contents(path("sub/moved")), "old");
+  std::vector<std::string> names;  // the temporary removed
+  for (const auto& e : fs::directory_iterator(path("sub"))) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"c.bin", "moved"}));
+}
+
+// A checkpoint's writers refuse values that are not numbers: a diverged run must not replace
+// the checkpoints that could restart it. The previous file stays; the error names the tensor.
+TEST_F(SafetensorsTest, RequireFiniteRefusesNaNAndInfinityAndKeepsThePreviousFile) {
+  const std::vector<float> good = {1.0f, 2.0f, 3.0f};
+  SafetensorsWriter first;
+  first.require_finite();
+  first.add_f32("a", {3}, good.data());
+  first.write(path("c.safetensors"));
+  const std::string before = file_contents(path("c.safetensors"));
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    const std::vector<float> values = {1.0f, 2.0f, bad};
+    SafetensorsWriter writer;
+    writer.require_finite();
+    writer.add_f32("a", {3}, good.data());
+    writer.add_f32("b", {3}, values.data());
+    expect_error([&] { writer.write(path("c.safetensors")); },
+                 {"refusing to write", path("c.safetensors"), "tensor 'b'", "at element 2"});
+    EXPECT_EQ(file_contents(path("c.safetensors")), before);
+    EXPECT_EQ(entries(), (std::vector<std::string>{"c.safetensors"}));  // Temporary removed.
+  }
+  SafetensorsWriter plain;  // without the requirement: written as given (debug-state's NaNs)
+  const std::vector<float> nan = {std::numeric_limits<float>::quiet_NaN()};
+  plain.add_f32("n", {1}, nan.data());
+  plain.write(path("n.safetensors"));
+  EXPECT_TRUE(std::isnan(SafetensorsReader::open(path("n.safetensors")).read_f32("n")[0]));
+}
+
+// The rename would turn a device (/dev/null written as root), a FIFO, a directory or a symbolic
+// link into a plain file: refused before anything is written, whatever is there left as it was.
+TEST_F(SafetensorsTest, AtomicWriteRefusesToReplaceWhatIsNotARegularFile) {
+  const std::string text = "new";
+  const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
+  const std::span<const std::byte> chunks[] = {bytes};
+  write_raw("real.bin", "old");
+  fs::create_symlink(path("real.bin"), path("link.bin"));
+  expect_error([&] { write_file_atomic(path("link.bin"), chunks, "[test]"); },
+               {"[test]", path("link.bin"), "symbolic link"});
+  EXPECT_TRUE(fs::is_symlink(path("link.bin")));
+  EXPECT_EQ(file_contents(path("real.bin")), "old");
+
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  expect_error([&] { write_file_atomic(path("fifo"), chunks, "[test]"); },
+               {path("fifo"), "not a regular file"});
+  EXPECT_TRUE(fs::is_fifo(path("fifo")));
+
+  fs::create_directory(path("dir"));
+  expect_error([&] { write_file_atomic(path("dir"), chunks, "[test]"); },
+               {path("dir"), "a directory"});
+  EXPECT_TRUE(fs::is_directory(path("dir")));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"dir", "fifo", "link.bin", "real.bin"}));
+}
+
+// A mapped file truncated by another program: the next read past its new end raises SIGBUS,
+// which ends the process with one line naming the file and status 1, not a bare "Bus error".
+TEST_F(SafetensorsTest, MappedFileTruncatedUnderTheReaderEndsWithItsName) {
+  const std::string p = write_raw("tokens.bin", std::string(3 * 4096, 'x'));
+  const auto read_after_truncation = [&] {
+    const MappedFile file = MappedFile::open(p, "[test]");
+    ASSERT_EQ(::truncate(p.c_str(), 0), 0);
+    const volatile std::byte* data = file.data();
+    [[maybe_unused]] const std::byte value = data[2 * 4096];
+  };
+  EXPECT_EXIT(read_after_truncation(), ::testing::ExitedWithCode(1),
+              "moecore: error: .*tokens.bin: the file shrank while this process was reading it");
 }
 
 TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileInReadOnlyDirectory) {

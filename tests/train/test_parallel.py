@@ -379,6 +379,54 @@ def test_error_on_one_rank_ends_the_job(moecore_bin, job_data, tmp_path):
     assert errors and "rank 0 of 2" in errors[0] and "No space left" in errors[0], r.stderr
 
 
+def mpmd(moecore_bin: Path, rank_args: list[list], wdirs: list[Path] | None = None, timeout=120):
+    """One rank per argument list (mpirun's MPMD form), each in its own working directory when
+    `wdirs` names them: ranks that read different inputs, as hosts holding different copies of a
+    config or corpus do."""
+    cmd = ["mpirun"]
+    for i, args in enumerate(rank_args):
+        cmd += [":"] if i else []
+        cmd += ["-np", "1"] + (["-wdir", str(wdirs[i])] if wdirs else [])
+        cmd += [str(moecore_bin), "train", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=MPI_ENV)
+
+
+def test_ranks_that_read_different_inputs_are_refused(moecore_bin, job_data, tmp_path):
+    """Ranks with another max_steps (one would wait forever in a collective the other never
+    reaches), another learning rate (the replicas would train apart and exit 0), or the same
+    relative token path holding another corpus of the same sizes on another host: refused before
+    the first step, the differing rank naming what it read."""
+    cfg = dp_config(tmp_path, job_data, "agree", max_steps=4)
+    cases = {"train.max_steps=6": "[train] max_steps = 6 here, max_steps = 4 on rank 0",
+             "optim.lr=0.01": "[optim] lr = 0.01 here, lr = 0.003"}
+    for change, needle in cases.items():
+        r = mpmd(moecore_bin, [[cfg], [cfg, "--set", change]])
+        errors = [l for l in r.stderr.splitlines() if l.startswith("moecore: error")]
+        assert r.returncode != 0 and errors, r.stderr
+        assert any("rank 1 of 2" in l and "effective config differs from rank 0's" in l and
+                   needle in l for l in errors), r.stderr
+        assert not (tmp_path / "agree" / "checkpoints").exists(), "a step was trained"
+    # "tokens" relative to each rank's working directory: rank 1's holds the corpus's parts with
+    # their tokens in reverse order (the same files, sizes and vocabulary).
+    hosts = [tmp_path / "host0", tmp_path / "host1"]
+    for i, host in enumerate(hosts):
+        (host / "tokens").mkdir(parents=True)
+        for part in sorted(job_data.train.iterdir()):
+            tokens = job_data.read_part(part)
+            (host / "tokens" / part.name).write_bytes((tokens[::-1] if i else tokens).tobytes())
+    relative = ["--set", 'data.train=["tokens"]', "--set", f"data.dtype={job_data.dtype}"]
+    r = mpmd(moecore_bin, [[cfg, *relative], [cfg, *relative]], wdirs=hosts)
+    errors = [l for l in r.stderr.splitlines() if l.startswith("moecore: error")]
+    assert r.returncode != 0 and any(
+        "rank 1 of 2" in l and "training data differs from rank 0's" in l and
+        "first and last instances' FNV-1a" in l for l in errors), r.stderr
+    # Control: the same inputs train.
+    r = mpmd(moecore_bin, [[cfg], [cfg]])
+    assert r.returncode == 0, r.stderr
+    assert checkpoints(tmp_path / "agree"), "the agreeing job saved nothing"
+
+
 def rank_pids(mpirun_proc: subprocess.Popen, moecore_bin: Path) -> list[int]:
     """The ranks: mpirun's children running the binary (nothing else may be picked: signalling
     another process would leave the job running)."""

@@ -122,6 +122,32 @@ def test_lock_names_the_holder_while_a_run_is_going(moecore_bin, job_data, tmp_p
     assert "is in use" not in r.stderr, r.stderr
 
 
+def test_run_directory_deleted_under_the_run_stops_it(moecore_bin, job_data, tmp_path):
+    """`rm -rf out_dir` while a run goes: it stops at the next step with one line, instead of
+    logging into a deleted metrics.jsonl and re-creating checkpoints/ without the run's lock, where
+    a second run could start and overwrite its saves."""
+    out = tmp_path / "run"
+    # No periodic saves: the deletion cannot meet a checkpoint being written.
+    cfg = write_config(tmp_path / "c.toml", job_data, out, optim=SETTINGS["optim"],
+                       train={**SETTINGS["train"], "max_steps": 100000, "save_every": 0})
+    with open(tmp_path / "long.err", "w+") as err:
+        proc = subprocess.Popen([str(moecore_bin), "train", str(cfg)], stdout=subprocess.DEVNULL,
+                                stderr=err, stdin=subprocess.DEVNULL, env=ENV)
+        try:
+            wait_for_logged_steps(out, 3, proc)
+            assert proc.poll() is None, "the run ended before its directory was deleted"
+            shutil.rmtree(out)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        r = subprocess.CompletedProcess(proc.args, proc.returncode, "", err.read())
+    assert_one_line_error(r, f"train.out_dir '{out}' was deleted or replaced", "is gone")
+    assert not (out / "checkpoints").exists(), "the run saved into the re-created directory"
+
+
 # ------------------------------------------------------------------------------------------------
 # resume policy
 

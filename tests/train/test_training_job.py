@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors import safe_open
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 RUN_TIMEOUT_S = 60
 CKPT_FILES = ("model.safetensors", "config.json", "optim.safetensors", "trainer_state.json",
@@ -963,6 +963,30 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(moecore_bin, job_data,
     for n, data in reference.items():
         assert (out / "checkpoints/step_00000004" / n).read_bytes() == data, n
     check_complete_checkpoint(out / "checkpoints/step_00000004")
+
+
+def test_non_finite_values_in_a_checkpoint_without_checksums_are_damage(moecore_bin,
+                                                                         existing_run):
+    # A checkpoint of the kind written before moecore wrote checksums (or by another program)
+    # with a NaN in a weight: the resume trained on it (every step skipped, NaN checkpoints
+    # saved, keep_last deleting the good ones). Now it is damage, skipped and set aside; step 2
+    # resumes and redoes step 4 exactly.
+    out, cfg = existing_run
+    step4 = out / "checkpoints/step_00000004"
+    reference = (step4 / "model.safetensors").read_bytes()
+    (step4 / "checksums.json").unlink()
+    state = json.loads((step4 / "trainer_state.json").read_text())
+    del state["checksums"]
+    (step4 / "trainer_state.json").write_text(json.dumps(state))
+    tensors = load_file(str(step4 / "model.safetensors"))
+    tensors["lm_head.weight"].reshape(-1)[3] = np.nan
+    save_file(tensors, str(step4 / "model.safetensors"), metadata={"format": "pt"})
+    r = train(moecore_bin, cfg, resume=True)
+    assert f"resumed from {out}/checkpoints/step_00000002 (step 2)" in r.stdout, r.stdout[:400]
+    assert (f"warning: skipped damaged checkpoint {step4}: " in r.stdout and
+            "tensor 'lm_head.weight' holds nan at element 3" in r.stdout), r.stdout[:800]
+    assert (step4 / "model.safetensors").read_bytes() == reference
+    assert (out / "checkpoints/damaged-step_00000004/model.safetensors").exists()
 
 
 def test_resume_with_every_checkpoint_damaged_is_an_error(moecore_bin, job_data, tmp_path,

@@ -4,11 +4,11 @@
 #include <sys/resource.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "dist/traffic_counters.h"
+#include "io/file_util.h"
 #include "train/train_context.h"
 
 namespace moecore {
@@ -38,14 +38,11 @@ void RankStatsCallback::on_end(TrainContext& ctx) {
                                 {"steps", ctx.step - first_step_},
                                 {"peak_rss_kib", static_cast<int64_t>(usage.ru_maxrss)},
                                 {"traffic", traffic}};
-  // A plain write: a diagnostics file, outside the checkpoints' atomic writes and the write-fault
-  // test hook (which must fire on a checkpoint).
-  const std::string path =
-      fmt::format("{}/rank{}.json", rank_stats_dir(ctx.config.train.out_dir), rank);
-  std::ofstream out(path, std::ios::trunc);
-  out << stats.dump(1) << '\n';
-  out.close();
-  MOE_CHECK(out.good(), "[train] cannot write {}", path);
+  // Atomic as every file of a run: a full disk leaves the previous run's file whole, and the
+  // error names its cause.
+  io::write_text_atomic(
+      fmt::format("{}/rank{}.json", rank_stats_dir(ctx.config.train.out_dir), rank),
+      stats.dump(1) + '\n', "[train]");
 }
 
 }  // namespace moecore
