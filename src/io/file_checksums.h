@@ -7,6 +7,7 @@
 //   {"algorithm": "crc32c", "files": {"config.json": {"bytes": 1234, "crc32c": "e3069283"}, ...}}
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -27,7 +28,10 @@ void write_checksums(const std::string& dir, const std::string& manifest, const 
 // Checks every file <dir>/<manifest> lists: present, of its size, with its CRC-32C; the first that
 // is not is a one-line error naming the file, as is a manifest that does not parse. Returns false
 // (nothing checked) when dir has no manifest: a directory written before manifests existed.
-// Files the manifest does not list are not looked at.
-bool verify_checksums(const std::string& dir, const std::string& manifest, const char* tag);
+// Files the manifest does not list are not looked at. Processes that share the reading pass their
+// share (`share_index` of `share_count`): each reads the files at its positions of the manifest's
+// (sorted) list, i % share_count == share_index, and checks the presence and size of every one.
+bool verify_checksums(const std::string& dir, const std::string& manifest, const char* tag,
+                      int64_t share_index = 0, int64_t share_count = 1);
 
 }  // namespace moecore::io

@@ -290,9 +290,11 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
 std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
                                                    const ModelConfig& expected,
                                                    const ParamLayout& full,
-                                                   std::vector<DamagedCheckpoint>* damaged) {
+                                                   std::vector<DamagedCheckpoint>* damaged,
+                                                   const VerificationShare& share) {
   std::vector<std::string> dirs = list_checkpoints(run_dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    std::string reason;  // this process's verdict on its share; "" when it passed
     try {
       // What the resume will read, checked as it will check it (the structure first, cheap),
       // then every byte against the checksums.
@@ -301,19 +303,23 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
       const TrainerState state = load_trainer_state(*it, saved.train);
       const CheckpointReader reader =
           CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
-      const bool checked = io::verify_checksums(*it, kChecksumsFile, "[checkpoint]");
+      const bool checked =
+          io::verify_checksums(*it, kChecksumsFile, "[checkpoint]", share.index, share.count);
       MOE_CHECK(checked || !state.has_checksums,
                 "[checkpoint] {}/{}: missing, but its trainer_state.json says it was written", *it,
                 kChecksumsFile);
       // Checksums prove the bytes are those written; a checkpoint written before moecore wrote
       // them (or by another program) may hold a NaN, which a resume would train on silently.
-      reader.check_finite();
-      return *it;
+      reader.check_finite(share.index, share.count);
     } catch (const std::exception& e) {
-      // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
       // Escaped: a reason from the JSON library may echo the damaged file's bytes.
-      if (damaged != nullptr) damaged->push_back({*it, escape_for_message(e.what())});
+      reason = escape_for_message(e.what());
+      if (reason.empty()) reason = "unreadable";
     }
+    reason = share.combine(reason);
+    if (reason.empty()) return *it;
+    // Damaged (edited by hand, a failing disk): fall back to an older one, and say so.
+    if (damaged != nullptr) damaged->push_back({*it, reason});
   }
   return std::nullopt;
 }
@@ -418,10 +424,12 @@ void CheckpointReader::read_weights(const ParamLayout& local, ParamBuffers& para
     model_.read_f32(spec.name, spec.shape, params.at(spec));
 }
 
-void CheckpointReader::check_finite() const {
+void CheckpointReader::check_finite(int64_t share_index, int64_t share_count) const {
   std::vector<float> chunk;
-  const auto check = [&chunk](const io::TensorParts& parts) {
+  const auto check = [&](const io::TensorParts& parts) {
+    int64_t position = -1;
     for (const std::string& name : parts.names()) {
+      if (++position % share_count != share_index) continue;  // another process reads it
       const io::TensorInfo& info = parts.info(name);
       if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") continue;
       size_t numel = 1;

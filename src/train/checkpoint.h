@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -85,15 +86,26 @@ struct DamagedCheckpoint {
   std::string reason;
 };
 
+// How the processes of a job share the reading of a candidate checkpoint: each reads the files
+// and tensors at its positions (i % count == index) and `combine` turns every process's verdict
+// into one (collective: given this process's reason, "" when its share passed, it returns the
+// first failure of any process, the same in every process). Alone: everything, as it is.
+struct VerificationShare {
+  int64_t index = 0;
+  int64_t count = 1;
+  std::function<std::string(const std::string&)> combine = [](const std::string& r) { return r; };
+};
+
 // The newest resumable checkpoint of a model `expected` whose tensors are `full`: every file
 // present and passing the checks its resume makes (CheckpointReader::open with the optimizer
 // state, the trainer state's), every file's bytes those it was written with (checksums.json; a
-// checkpoint written before moecore wrote checksums is checked without). nullopt when there is
-// none. Newer checkpoints that were skipped are appended to `damaged` when given.
-// Reads every byte of the checkpoint: in a multi-rank job one rank calls it and tells the others.
+// checkpoint written before moecore wrote checksums is checked without), every weight and moment
+// finite. nullopt when there is none. Newer checkpoints that were skipped are appended to
+// `damaged` when given. Every byte of a candidate is read once, by the processes of `share`
+// together (collective when they are several: each calls it with its share).
 std::optional<std::string> latest_valid_checkpoint(
     const std::string& run_dir, const ModelConfig& expected, const ParamLayout& full,
-    std::vector<DamagedCheckpoint>* damaged = nullptr);
+    std::vector<DamagedCheckpoint>* damaged = nullptr, const VerificationShare& share = {});
 
 // Renames a damaged checkpoint directory `dir` (checkpoints/step_N) to checkpoints/damaged-step_N
 // (damaged-step_N.2, .3, ... if taken) and returns the new path. The resumed run will save step N
@@ -120,7 +132,8 @@ class CheckpointReader {
   int64_t steps_taken() const { return steps_taken_; }
   // Throws a one-line moecore::Error naming the first NaN or infinity among the weights and (with
   // the optimizer) the moments: what a run saves is finite (SafetensorsWriter::require_finite).
-  void check_finite() const;
+  // With a share, only the tensors at its positions of each file set's sorted names.
+  void check_finite(int64_t share_index = 0, int64_t share_count = 1) const;
 
  private:
   struct Slice {  // "<moment>.<name>[begin:end]"

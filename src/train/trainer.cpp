@@ -141,21 +141,36 @@ bool has_logged_steps(const std::string& out_dir) {
          std::filesystem::file_size(metrics, ec) > 0 && !ec;
 }
 
-// The newest valid checkpoint, chosen by rank 0 (it reads every byte of the candidates: once, and
-// the same answer for every rank) and broadcast to the others; `damaged` is rank 0's.
+// The first non-empty `reason` of any rank (the lowest such rank's), the same in every rank; ""
+// when every rank's is empty. Collective.
+std::string first_reason_of_any_rank(const dist::Communicator& world, const std::string& reason) {
+  const int64_t failed = reason.empty() ? 0 : 1;
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  world.allgather(&failed, all.data(), 1, dist::CommType::kInt64);
+  const auto first = std::find(all.begin(), all.end(), int64_t{1});
+  if (first == all.end()) return std::string();
+  const int root = static_cast<int>(first - all.begin());
+  std::string text = reason;
+  int64_t length = static_cast<int64_t>(text.size());
+  world.broadcast(&length, sizeof(length), root);
+  text.resize(static_cast<size_t>(length));
+  world.broadcast(text.data(), length, root);
+  return text;
+}
+
+// The newest valid checkpoint, the same for every rank: each reads its share of every candidate's
+// bytes (every file and tensor is read once, by one rank) and the ranks' verdicts are combined, so
+// `damaged` is the same list in every rank.
 std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
                                              const std::string& out_dir, const ModelConfig& mc,
                                              const ParamLayout& full_layout,
                                              std::vector<DamagedCheckpoint>& damaged) {
-  std::optional<std::string> chosen;
-  if (world.rank() == 0) chosen = latest_valid_checkpoint(out_dir, mc, full_layout, &damaged);
-  if (world.size() == 1) return chosen;
-  std::string path = chosen.value_or("");
-  int64_t length = static_cast<int64_t>(path.size());
-  world.broadcast(&length, sizeof(length), 0);
-  path.resize(static_cast<size_t>(length));
-  if (length > 0) world.broadcast(path.data(), length, 0);
-  return path.empty() ? std::nullopt : std::optional<std::string>(path);
+  VerificationShare share;
+  if (world.size() > 1)
+    share = {world.rank(), world.size(), [&world](const std::string& reason) {
+               return first_reason_of_any_rank(world, reason);
+             }};
+  return latest_valid_checkpoint(out_dir, mc, full_layout, &damaged, share);
 }
 
 StartPoint choose_start(const dist::Communicator& world, const RunConfig& config,
@@ -172,7 +187,7 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "(replacing its logged steps)",
             out_dir);
   StartPoint start;
-  std::vector<DamagedCheckpoint> damaged;  // rank 0's
+  std::vector<DamagedCheckpoint> damaged;  // the same in every rank
   if (options.resume)
     start.checkpoint = agreed_checkpoint(world, out_dir, config.model, full_layout, damaged);
   MOE_CHECK(
@@ -709,10 +724,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // The run will save the skipped steps again: each damaged checkpoint is set aside first rather
   // than replaced, what is whole in it kept (a finished run writes nothing, so moves nothing).
   std::vector<std::string> damaged_lines;
-  for (const DamagedCheckpoint& d : start.damaged)
-    damaged_lines.push_back(fmt::format(
-        "warning: skipped damaged checkpoint {}: {}{}", d.dir, d.reason,
-        finished ? "" : fmt::format(" (kept as {})", set_aside_damaged_checkpoint(d.dir))));
+  // Every rank knows them; rank 0 moves them and reports (it alone prints).
+  if (rank0)
+    for (const DamagedCheckpoint& d : start.damaged)
+      damaged_lines.push_back(fmt::format(
+          "warning: skipped damaged checkpoint {}: {}{}", d.dir, d.reason,
+          finished ? "" : fmt::format(" (kept as {})", set_aside_damaged_checkpoint(d.dir))));
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout.
   data::DataLoader loader(in.train_data, tc.seed, resumed.data_cursor);

@@ -581,6 +581,44 @@ TEST_F(CheckpointTest, LatestValidSkipsAValueChangedInsideAFile) {
       << damaged[0].reason;
 }
 
+// Processes that share the reading each read the files at their positions of the manifest: a
+// value changed inside one file is seen by exactly one share, and the combined verdict (here:
+// both shares' reasons, the first that failed) makes the checkpoint damaged for all.
+TEST_F(CheckpointTest, SharedVerificationReadsEachFileOnceAndCombinesTheVerdicts) {
+  const std::string good = save(1);
+  const std::string bad = save(2);
+  const fs::path model = fs::path(bad) / "model.safetensors";
+  std::string bytes = read_bytes(model);
+  bytes[bytes.size() - 4] ^= 0x01;
+  write_bytes(model, bytes);
+  // What each share alone says about the damaged checkpoint: exactly one of two sees it.
+  std::vector<std::string> verdicts;
+  for (int64_t index = 0; index < 2; ++index) {
+    std::vector<DamagedCheckpoint> damaged;
+    const VerificationShare alone{index, 2, [](const std::string& r) { return r; }};
+    const auto found =
+        latest_valid_checkpoint(run_dir_.string(), config_.model, layout_, &damaged, alone);
+    verdicts.push_back(damaged.empty() ? std::string() : damaged[0].reason);
+    EXPECT_EQ(fs::path(found.value_or("")), fs::path(damaged.empty() ? bad : good)) << index;
+  }
+  EXPECT_NE(verdicts[0].empty(), verdicts[1].empty()) << verdicts[0] << " | " << verdicts[1];
+  const std::string seen = verdicts[0].empty() ? verdicts[1] : verdicts[0];
+  EXPECT_NE(seen.find("model.safetensors: its CRC-32C is"), std::string::npos) << seen;
+  // The share that saw nothing, combined with the other's verdict, falls back as well.
+  const int64_t blind = verdicts[0].empty() ? 0 : 1;
+  std::vector<DamagedCheckpoint> damaged;
+  int calls = 0;  // the first candidate is the newest, the damaged one
+  const VerificationShare combined{blind, 2, [&](const std::string& mine) {
+                                     return ++calls == 1 && mine.empty() ? seen : mine;
+                                   }};
+  EXPECT_EQ(fs::path(latest_valid_checkpoint(run_dir_.string(), config_.model, layout_, &damaged,
+                                             combined)
+                         .value_or("")),
+            fs::path(good));
+  ASSERT_EQ(damaged.size(), 1u);
+  EXPECT_EQ(damaged[0].reason, seen);
+}
+
 // A checkpoint written before moecore wrote checksums (no manifest, no promise of one in its
 // trainer state) resumes, checked without them; one whose trainer state promises the manifest
 // (every checkpoint moecore writes now) is damaged without it.

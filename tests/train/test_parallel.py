@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -425,6 +426,40 @@ def test_ranks_that_read_different_inputs_are_refused(moecore_bin, job_data, tmp
     r = mpmd(moecore_bin, [[cfg], [cfg]])
     assert r.returncode == 0, r.stderr
     assert checkpoints(tmp_path / "agree"), "the agreeing job saved nothing"
+
+
+def test_damage_any_rank_reads_makes_the_job_fall_back(moecore_bin, job_data, tmp_path):
+    """The ranks share the reading of a candidate checkpoint (each file and tensor is read by one
+    rank, i % ranks): a value flipped inside either model part, one read by rank 0 and one by rank
+    1, makes every rank skip it, and rank 0 alone sets it aside and says so; the resume from step 2
+    then writes step 4's bytes again (ep 2 with ZeRO-1, a constant schedule)."""
+    sets = ("parallel.ep=2", "parallel.zero=1")
+    settings = dict(optim={"schedule": "constant"},
+                    train={"max_steps": 4, "batch_size": 8, "threads": 1, "log_every": 1,
+                           "eval_every": 0, "save_every": 2, "keep_last": 0})
+    reference = tmp_path / "reference"
+    r = mpirun(moecore_bin, 2, write_config(tmp_path / "ref.toml", job_data, reference, **settings),
+               *sets)
+    assert r.returncode == 0, r.stderr[-1500:]
+    step4 = reference / "checkpoints/step_00000004"
+    parts = sorted(p.name for p in step4.glob("model-*-of-00002.safetensors"))
+    assert len(parts) == 2, parts
+    for part in parts:
+        out = tmp_path / f"damaged_{part}"
+        shutil.copytree(reference, out)
+        cfg = write_config(tmp_path / f"{part}.toml", job_data, out, **settings)
+        data = bytearray((out / "checkpoints/step_00000004" / part).read_bytes())
+        data[-4] ^= 0x01  # the last value's lowest bit: still a number, only its checksum sees it
+        (out / "checkpoints/step_00000004" / part).write_bytes(bytes(data))
+        r = mpirun(moecore_bin, 2, cfg, *sets, resume=True)
+        assert r.returncode == 0, r.stderr[-1500:]
+        assert f"resumed from {out}/checkpoints/step_00000002 (step 2)" in r.stdout, r.stdout[:800]
+        warnings = [l for l in r.stdout.splitlines() if "skipped damaged checkpoint" in l]
+        assert len(warnings) == 1 and part in warnings[0] and "CRC-32C" in warnings[0], warnings
+        assert (out / "checkpoints/damaged-step_00000004" / part).read_bytes() == bytes(data)
+        for name in sorted(p.name for p in step4.glob("*.safetensors")):
+            assert (out / "checkpoints/step_00000004" / name).read_bytes() == \
+                (step4 / name).read_bytes(), name
 
 
 def rank_pids(mpirun_proc: subprocess.Popen, moecore_bin: Path) -> list[int]:
