@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "cli/distinct_paths.h"
 #include "core/check.h"
 #include "data/npy.h"
 #include "io/model_weights.h"
@@ -44,6 +45,11 @@ struct DebugSetup {
 };
 
 DebugSetup load_setup(const DebugArgs& args) {
+  check_outputs_apart({{"--config", args.config},
+                       {"--weights", args.weights},
+                       {"--tokens", args.tokens},
+                       {"--targets", args.targets}},
+                      {{"--out", args.out}});
   RunConfig config = load_run_config(args.config);
   ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
@@ -72,6 +78,7 @@ void add_scalar(io::SafetensorsWriter& writer, const std::string& name, double v
 }  // namespace
 
 void run_init(const std::string& config_path, uint64_t seed, const std::string& out) {
+  check_outputs_apart({{"--config", config_path}}, {{"--out", out}});
   const RunConfig config = load_run_config(config_path);
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);

@@ -8,18 +8,21 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/distinct_paths.h"
 #include "core/check.h"
 #include "data/bpe_trainer.h"
 #include "data/npy.h"
 #include "data/prepare_corpus.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "io/file_checksums.h"
 #include "io/model_weights.h"
 #include "model/document_mask.h"
 #include "model/transformer.h"
 #include "train/evaluate.h"
 #include "train/run_config.h"
 #include "train/sample.h"
+#include "train/trainer_state.h"
 
 namespace moecore::cli {
 
@@ -43,6 +46,8 @@ struct LoadedModel {
 
 LoadedModel load_model(const std::string& dir) {
   MOE_CHECK(std::filesystem::is_directory(dir), "[cli] checkpoint '{}' is not a directory", dir);
+  // As a resume does: every file as it was written (one written before checksums: as it is).
+  io::verify_checksums(dir, kChecksumsFile, "[cli]");
   RunConfig config = parse_run_config(read_file(dir + "/config.toml"), dir + "/config.toml");
   ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
@@ -54,6 +59,9 @@ LoadedModel load_model(const std::string& dir) {
 
 void run_tokenizer_train(const std::vector<std::string>& inputs, int64_t vocab_size,
                          const std::string& out) {
+  std::vector<NamedPath> named;
+  for (const std::string& input : inputs) named.push_back({"--input", input});
+  check_outputs_apart(named, {{"--out", out}});
   for (const std::string& input : inputs)
     MOE_CHECK(std::filesystem::is_regular_file(input), "[tokenizer] input '{}' is not a file",
               input);
@@ -64,6 +72,7 @@ void run_tokenizer_train(const std::vector<std::string>& inputs, int64_t vocab_s
 
 void run_tokenizer_encode(const std::string& tokenizer_path, const std::string& input,
                           const std::string& out) {
+  check_outputs_apart({{"--tokenizer", tokenizer_path}, {"--input", input}}, {{"--out", out}});
   const data::Tokenizer tokenizer = data::Tokenizer::load(tokenizer_path);
   const std::vector<int32_t> ids = tokenizer.encode(read_file(input));
   const std::vector<uint32_t> wide(ids.begin(), ids.end());
@@ -104,6 +113,9 @@ void run_eval(const std::string& checkpoint, const std::vector<std::string>& dat
 }
 
 void run_data_instances(const DataInstancesArgs& args) {
+  std::vector<NamedPath> data;
+  for (const std::string& path : args.data) data.push_back({"--data", path});
+  check_outputs_apart(data, {{"--out", args.out}, {"--doc-lens-out", args.doc_lens_out}});
   MOE_CHECK(args.seq_len >= 1, "[data] --seq-len={} must be positive", args.seq_len);
   MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
             "[data] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);

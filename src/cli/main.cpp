@@ -134,10 +134,13 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train a model from a config");
   train->add_option("config", train_config, "config TOML")->required();
   train->add_option("--set", overrides, "override, e.g. --set train.max_steps=50");
-  train->add_flag("--resume", train_options.resume,
-                  "continue from the newest valid checkpoint in train.out_dir");
-  train->add_flag("--allow-config-change", train_options.allow_config_change,
-                  "with --resume: accept a config that breaks exact replay (each change logged)");
+  CLI::Option* resume_flag =
+      train->add_flag("--resume", train_options.resume,
+                      "continue from the newest valid checkpoint in train.out_dir");
+  train
+      ->add_flag("--allow-config-change", train_options.allow_config_change,
+                 "with --resume: accept a config that breaks exact replay (each change logged)")
+      ->needs(resume_flag);
   std::string train_device;
   train
       ->add_option("--device", train_device,
@@ -176,7 +179,7 @@ int main(int argc, char** argv) {
   prepare->add_option("--input", prep.inputs, "text files (one document per line)")->required();
   prepare->add_option("--out", prep.out, "output directory")->required();
   cli::add_float_option(prepare, "--val-fraction", prep.val_fraction,
-                        "fraction of documents for validation", 0.0, 1.0, /*max_excluded=*/true);
+                        "fraction of documents for validation", 0.0, 1.0, cli::Ends::kNotMax);
   prepare->add_flag("--overwrite", prep.overwrite, "replace an existing prepared directory");
   prepare->add_option("--dtype", prep.dtype, "uint16 | uint32 (default: uint16 if the vocab fits)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
@@ -222,7 +225,7 @@ int main(int argc, char** argv) {
   cli::add_int_option(generate, "--max-tokens", gen.max_tokens, "tokens to generate", 0, INT32_MAX);
   cli::add_float_option(generate, "--temperature", gen.temperature, "0 = greedy", 0.0, 1e6);
   cli::add_int_option(generate, "--top-k", gen.top_k, "0 = off", 0, INT32_MAX);
-  cli::add_float_option(generate, "--top-p", gen.top_p, "1 = off", 0.0, 1.0);
+  cli::add_float_option(generate, "--top-p", gen.top_p, "1 = off", 0.0, 1.0, cli::Ends::kNotMin);
   cli::add_seed_option(generate, "--seed", gen.seed, "sampling seed (0 .. 2^64-1)");
 
   moecore::cli::BenchGemmArgs gemm_args;

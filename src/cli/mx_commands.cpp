@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cli/distinct_paths.h"
 #include "core/check.h"
 #include "core/mx_types.h"
 #include "data/npy.h"
@@ -42,6 +43,8 @@ void rows_and_k(const Array& array, const char* option, const std::string& path,
 }  // namespace
 
 void run_mx_quantize(const MxArgs& args) {
+  check_outputs_apart({{"--input", args.input}},
+                      {{"--codes", args.codes}, {"--scales", args.scales}});
   const mx::ElemType elem = mx::parse_elem_type(args.elem, "--elem");
   const mx::ScaleMode mode = mx::parse_scale_mode(args.scale, "--scale");
   const Array x = read_array(args.input, "<f4", "--input");
@@ -59,6 +62,7 @@ void run_mx_quantize(const MxArgs& args) {
 }
 
 void run_mx_dequantize(const MxArgs& args) {
+  check_outputs_apart({{"--codes", args.codes}, {"--scales", args.scales}}, {{"--out", args.out}});
   const mx::ElemType elem = mx::parse_elem_type(args.elem, "--elem");
   const Array codes = read_array(args.codes, "|u1", "--codes");
   const Array scales = read_array(args.scales, "|u1", "--scales");
@@ -76,6 +80,7 @@ void run_mx_dequantize(const MxArgs& args) {
 }
 
 void run_mx_encode(const MxArgs& args) {
+  check_outputs_apart({{"--input", args.input}}, {{"--out", args.out}});
   const mx::ElemType elem = mx::parse_elem_type(args.elem, "--elem");
   const Array x = read_array(args.input, "<f4", "--input");
   std::vector<uint8_t> codes(x.numel);
@@ -88,6 +93,7 @@ void run_mx_encode(const MxArgs& args) {
 }
 
 void run_mx_decode(const MxArgs& args) {
+  check_outputs_apart({{"--input", args.input}}, {{"--out", args.out}});
   const bool scale = args.elem == "e8m0";
   MOE_CHECK(scale || args.elem == "e4m3" || args.elem == "e5m2",
             "[mx] --elem: unknown type '{}' (expected e4m3, e5m2 or e8m0)", args.elem);

@@ -21,15 +21,16 @@ int64_t parse_int_option(const std::string& option, const std::string& text, int
 }
 
 double parse_float_option(const std::string& option, const std::string& text, double min,
-                          double max, bool max_excluded) {
+                          double max, Ends ends) {
   double value = 0.0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value) || value < min ||
-      value > max || (max_excluded && value == max))
-    throw CLI::ValidationError(fmt::format("{}={} is not a number in [{}, {}{}", option,
-                                           escape_for_message(text), min, max,
-                                           max_excluded ? ")" : "]"));
+      value > max || (ends == Ends::kNotMax && value == max) ||
+      (ends == Ends::kNotMin && value == min))
+    throw CLI::ValidationError(fmt::format(
+        "{}={} is not a number in {}{}, {}{}", option, escape_for_message(text),
+        ends == Ends::kNotMin ? "(" : "[", min, max, ends == Ends::kNotMax ? ")" : "]"));
   return value;
 }
 
@@ -54,11 +55,11 @@ CLI::Option* add_int_option(CLI::App* app, const std::string& name, int64_t& val
 }
 
 CLI::Option* add_float_option(CLI::App* app, const std::string& name, double& value,
-                              const std::string& help, double min, double max, bool max_excluded) {
+                              const std::string& help, double min, double max, Ends ends) {
   return app->add_option_function<std::string>(
       name,
-      [&value, name, min, max, max_excluded](const std::string& text) {
-        value = parse_float_option(name, text, min, max, max_excluded);
+      [&value, name, min, max, ends](const std::string& text) {
+        value = parse_float_option(name, text, min, max, ends);
       },
       help);
 }

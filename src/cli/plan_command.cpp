@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
+#include "cli/distinct_paths.h"
 #include "core/check.h"
 #include "io/file_util.h"
 #include "plan/html_report.h"
@@ -87,6 +90,12 @@ void print_search(const RunConfig& config, int64_t world, const plan::Hardware& 
 }  // namespace
 
 void run_plan(const PlanArgs& args) {
+  // --hardware names a built-in profile or a file.
+  check_outputs_apart(
+      {{"config", args.config},
+       {"--hardware",
+        std::filesystem::is_regular_file(args.hardware) ? args.hardware : std::string()}},
+      {{"--html", args.html}});
   const RunConfig config = load_run_config(args.config, args.overrides);
   MOE_CHECK(args.ranks >= 0, "[plan] --ranks={} must be positive (0: pp x ep)", args.ranks);
   MOE_CHECK(args.max_memory_gb >= 0.0, "[plan] --max-memory={} must be positive",

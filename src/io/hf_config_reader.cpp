@@ -99,6 +99,8 @@ void read_common(const ConfigKeys& k, ModelConfig& m) {
   k.require_absent("rope_scaling", "moecore's RoPE is unscaled");
   k.require_value("attention_bias", false, "moecore's projections have no bias");
   k.require_value("hidden_act", "silu", "moecore's MLPs are SwiGLU");
+  // Training-time only, but `train --init-from` trains: without it the run is another one.
+  k.require_value("attention_dropout", 0.0, "moecore's attention has no dropout");
 }
 
 // OLMoE and FlexOlmo (OLMoE with OLMo-2's reordered norms): QK-norm over the whole projection,

@@ -17,7 +17,7 @@ void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hi
                              Workspace& workspace, const LmHeadChunkObserver& observe) {
   const int64_t d = shape.hidden, v = shape.vocab;
   Workspace::Scope scratch(workspace);
-  const std::span<float> logits = scratch.uninitialized<float>(shape.chunk_tokens * v);
+  const std::span<float> logits = scratch.uninitialized<float>(shape.largest_rows() * v);
   auto* chunk_losses = static_cast<std::byte*>(losses.raw());
   for (int64_t c = 0; c < shape.count(); ++c) {
     const int64_t first = shape.first_row(c), rows = shape.rows(c);
@@ -56,8 +56,8 @@ void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* h
                               const LmHeadChunkObserver& observe) {
   const int64_t d = shape.hidden, v = shape.vocab;
   Workspace::Scope scratch(workspace);
-  const std::span<float> logits = scratch.uninitialized<float>(shape.chunk_tokens * v);
-  const std::span<float> dlogits = scratch.uninitialized<float>(shape.chunk_tokens * v);
+  const std::span<float> logits = scratch.uninitialized<float>(shape.largest_rows() * v);
+  const std::span<float> dlogits = scratch.uninitialized<float>(shape.largest_rows() * v);
   for (int64_t c = 0; c < shape.count(); ++c) {
     const int64_t first = shape.first_row(c), rows = shape.rows(c);
     linear_forward(precision, hidden + first * d, weight, logits.data(), rows, d, v);

@@ -38,6 +38,8 @@ struct LmHeadChunks {
   int64_t count() const { return (tokens + chunk_tokens - 1) / chunk_tokens; }
   int64_t first_row(int64_t chunk) const { return chunk * chunk_tokens; }
   int64_t rows(int64_t chunk) const;
+  // The rows of the largest chunk: a chunk_tokens above the micro-batch is one chunk of it all.
+  int64_t largest_rows() const { return chunk_tokens < tokens ? chunk_tokens : tokens; }
 };
 
 // Sees each chunk's logits (forward) or their scaled gradient (backward), [rows, vocab] where the

@@ -91,6 +91,18 @@ void ModelConfig::validate() const {
   MOE_CHECK(routing == Routing::kLearned || (n_group == 1 && !has_router_bias()),
             "[config] model.n_group={} / router_bias_update_rate={} need model.routing=\"learned\"",
             n_group, router_bias_update_rate);
+  // lb_loss_style "hf" is transformers' load_balancing_loss_func, which counts the plain top-k of
+  // the router's softmax. A selection bias, a group limit or non-learned routing takes other
+  // experts, so the loss would be neither transformers' nor a loss on the routes taken.
+  const char* changes_the_routes = has_router_bias()              ? "router_bias_update_rate"
+                                   : n_group > 1                  ? "n_group"
+                                   : routing != Routing::kLearned ? "routing"
+                                                                  : nullptr;
+  MOE_CHECK(lb_loss_style != LbLossStyle::kHf || changes_the_routes == nullptr,
+            "[config] model.lb_loss_style=\"hf\" (transformers' load_balancing_loss_func) counts "
+            "the plain top-k of the router's scores, which model.{} changes: use "
+            "lb_loss_style=\"olmo-core\" (the routes taken)",
+            changes_the_routes == nullptr ? "" : changes_the_routes);
   // The labels normaliser is OLMo-core's trainer's, defined for its per-layer loss.
   MOE_CHECK(loss_normalizer == LossNormalizer::kTokens || lb_loss_style == LbLossStyle::kOlmoCore,
             "[config] model.loss_normalizer=\"labels\" needs model.lb_loss_style=\"olmo-core\"");

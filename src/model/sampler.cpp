@@ -115,7 +115,7 @@ std::vector<double> Sampler::probabilities(const std::vector<float>& logits) con
 
 std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_tokens, const SamplingConfig& config,
-                              std::optional<int32_t> stop_token) {
+                              std::optional<int32_t> stop_token, int64_t drawable) {
   MOE_CHECK(!prompt.empty(), "[generate] the prompt is empty");
   MOE_CHECK(max_tokens >= 0, "[generate] max_tokens={} must be >= 0", max_tokens);
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
@@ -128,9 +128,16 @@ std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>&
   std::vector<int32_t> out;
   if (max_tokens == 0) return out;
   out.reserve(static_cast<size_t>(max_tokens));
+  std::vector<float> drawn;  // the drawable ids' logits, when not all are
+  const auto draw = [&](const std::vector<float>& logits) {
+    if (drawable <= 0 || drawable >= static_cast<int64_t>(logits.size()))
+      return sampler.sample(logits);
+    drawn.assign(logits.begin(), logits.begin() + drawable);
+    return sampler.sample(drawn);
+  };
   const std::vector<float>* logits = &model.prefill(prompt);
   for (int64_t i = 0; i < max_tokens; ++i) {
-    const int32_t token = sampler.sample(*logits);
+    const int32_t token = draw(*logits);
     out.push_back(token);
     if (stop_token.has_value() && token == *stop_token) break;
     if (i + 1 < max_tokens) logits = &model.decode_step(token);

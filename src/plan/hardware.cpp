@@ -1,5 +1,6 @@
 #include "plan/hardware.h"
 
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "core/check.h"
+#include "core/escape.h"
 #include "plan/units.h"
 
 namespace moecore::plan {
@@ -104,6 +107,35 @@ Hardware load_hardware(const std::string& spec) {
   } catch (const nlohmann::json::exception& e) {
     MOE_CHECK(false, "[plan] --hardware {}: not valid JSON ({})", spec, e.what());
   }
+  // A misspelt key would silently plan with a default in its place ("measured": where the figures
+  // came from, written by bench/plan_validation.py, not read).
+  static const std::set<std::string> kKeys = {"name",
+                                              "memory_gib",
+                                              "runtime_overhead_mib",
+                                              "device",
+                                              "gemm_tflops_fp32",
+                                              "gemm_tflops_bf16",
+                                              "gemm_tflops_mxfp8",
+                                              "mx_quantize_gvalues",
+                                              "mx_weight_refresh_gvalues",
+                                              "peak_tflops_fp32",
+                                              "peak_tflops_bf16",
+                                              "memory_bandwidth_gbs",
+                                              "link_bandwidth_gbs",
+                                              "link_latency_us",
+                                              "network_bandwidth_gbs",
+                                              "network_latency_us",
+                                              "node_ranks",
+                                              "cores_per_node",
+                                              "collective_bus_gbs",
+                                              "collective_ranks",
+                                              "async_communication",
+                                              "gemm_overlaps_memory",
+                                              "measured"};
+  if (j.is_object())
+    for (const auto& [key, value] : j.items())
+      MOE_CHECK(kKeys.count(key) != 0, "[plan] --hardware {}: unknown key \"{}\" (the keys: {})",
+                spec, escape_for_message(key), fmt::join(kKeys, ", "));
   MOE_CHECK(j.is_object() && j.contains("memory_gib") && j["memory_gib"].is_number() &&
                 j["memory_gib"].get<double>() > 0.0,
             "[plan] --hardware {}: needs a positive number \"memory_gib\"", spec);

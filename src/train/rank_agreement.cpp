@@ -24,9 +24,9 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-// The first line where `mine` and `theirs` part, with the TOML section it is in: "[train]
-// max_steps = 6 here, max_steps = 4 on rank 0".
-std::string first_difference(const std::string& mine, const std::string& theirs) {
+// The first line where `mine` (rank `rank`'s) and `theirs` (rank 0's) part, with the TOML section
+// it is in: "[train] max_steps = 6 on rank 1, max_steps = 4 on rank 0".
+std::string first_difference(const std::string& mine, const std::string& theirs, int rank) {
   const std::vector<std::string> a = lines_of(mine), b = lines_of(theirs);
   std::string section;
   for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
@@ -36,7 +36,8 @@ std::string first_difference(const std::string& mine, const std::string& theirs)
       if (here.starts_with('[')) section = here + " ";
       continue;
     }
-    return escape_for_message(fmt::format("{}{} here, {} on rank 0", section, here, there));
+    return escape_for_message(
+        fmt::format("{}{} on rank {}, {} on rank 0", section, here, rank, there));
   }
   return "the same lines in another order";  // not reached: equal lines make equal texts
 }
@@ -53,18 +54,20 @@ void check_ranks_agree(const dist::Communicator& world, std::string_view what,
   const int64_t differs = rank0_text != text ? 1 : 0;
   std::vector<int64_t> all(static_cast<size_t>(world.size()));
   world.allgather(&differs, all.data(), 1, dist::CommType::kInt64);
-  std::vector<int> ranks;
-  for (int r = 0; r < world.size(); ++r)
-    if (all[static_cast<size_t>(r)] != 0) ranks.push_back(r);
-  if (ranks.empty()) return;
-  MOE_CHECK(differs == 0,
-            "[parallel] this rank's {} differs from rank 0's ({}): every rank of a job must read "
-            "the same config, command line and token files",
-            what, first_difference(text, rank0_text));
+  const auto first = std::find(all.begin(), all.end(), int64_t{1});
+  if (first == all.end()) return;
+  // The first differing rank's difference, in every rank's message: the job ends with the first
+  // rank to fail, whichever prints.
+  const int rank = static_cast<int>(first - all.begin());
+  std::string detail = world.rank() == rank ? first_difference(text, rank0_text, rank) : "";
+  int64_t length = static_cast<int64_t>(detail.size());
+  world.broadcast(&length, sizeof(length), rank);
+  detail.resize(static_cast<size_t>(length));
+  world.broadcast(detail.data(), length, rank);
   fail(
-      "[parallel] rank(s) {} read a different {} than rank 0 (each says where): every rank of a "
-      "job must read the same config, command line and token files",
-      fmt::join(ranks, ", "), what);
+      "[parallel] rank {}'s {} differs from rank 0's ({}; {} rank(s) differ): every rank of a job "
+      "must read the same config, command line and token files",
+      rank, what, detail, std::count(all.begin(), all.end(), int64_t{1}));
 }
 
 std::string run_agreement_text(const RunConfig& config, const TrainOptions& options) {

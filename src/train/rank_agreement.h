@@ -22,9 +22,9 @@ class TokenDataset;
 }
 
 // Collective over `world`: each rank's `text` against rank 0's. Where any rank's differs, every
-// rank throws a one-line moecore::Error: those that differ name the first line that does
-// ("[train] max_steps = 6 here, max_steps = 4 on rank 0"), the others name the ranks that
-// differ. `what` names the text ("effective config").
+// rank throws the same one-line moecore::Error naming the first differing rank and its first
+// differing line ("[train] max_steps = 6 on rank 1, max_steps = 4 on rank 0"). `what` names the
+// text ("effective config").
 void check_ranks_agree(const dist::Communicator& world, std::string_view what,
                        const std::string& text);
 

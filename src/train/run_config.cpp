@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/escape.h"
 
 namespace moecore {
 
@@ -246,19 +247,35 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("eos_id", d.eos_id);
 }
 
-// "section.key=value": the value is parsed as a TOML value; bare words become strings.
+std::string trimmed(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return std::string();
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+// "section.key=value": the value is parsed as a TOML value. A bare word (bf16, a path, a prompt)
+// is taken as a string, since shells make quoting TOML strings awkward; but a value that starts
+// or holds TOML's quotes or brackets is TOML or an error (`"a" "b"` or `[1` would otherwise
+// become strings unnoticed), and so is one that is not printable UTF-8 (the saved config.toml
+// could not be read back).
 void apply_override(toml::table& doc, const std::string& override_text) {
   const size_t eq = override_text.find('=');
   const size_t dot = override_text.find('.');
   MOE_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
             "[config] override '{}' is not of the form section.key=value", override_text);
-  const std::string section = override_text.substr(0, dot);
-  const std::string key = override_text.substr(dot + 1, eq - dot - 1);
-  const std::string value = override_text.substr(eq + 1);
+  const std::string section = trimmed(override_text.substr(0, dot));
+  const std::string key = trimmed(override_text.substr(dot + 1, eq - dot - 1));
+  const std::string value = trimmed(override_text.substr(eq + 1));
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    const bool bare_word =
+        value.find_first_of("\"'[]{}") == std::string::npos && escape_for_message(value) == value;
+    MOE_CHECK(bare_word,
+              "[config] --set {}.{}: {} is not a TOML value ({}); quote a string as "
+              "{}.{}='\"text\"'",
+              section, key, escape_for_message(value), e.description(), section, key);
     parsed = toml::table{{"v", value}};
   }
   if (!doc.contains(section)) doc.insert(section, toml::table{});
@@ -331,8 +348,16 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   config.optim.validate();
   const TrainConfig& t = config.train;
   MOE_CHECK(t.max_steps >= 0, "[config] train.max_steps={} must be >= 0", t.max_steps);
-  MOE_CHECK(t.batch_size > 0, "[config] train.batch_size={} must be positive", t.batch_size);
-  MOE_CHECK(t.seq_len > 0, "[config] train.seq_len={} must be positive", t.seq_len);
+  // Upper bounds far beyond any machine, so that no product of sizes (tokens x width x layers
+  // in bytes, here and in `moecore plan`) can overflow 64 bits: 2^32 tokens a step.
+  constexpr int64_t kMaxStepTokens = int64_t{1} << 32;
+  MOE_CHECK(t.batch_size > 0 && t.batch_size <= kMaxStepTokens,
+            "[config] train.batch_size={} must be in [1, {}]", t.batch_size, kMaxStepTokens);
+  MOE_CHECK(t.seq_len > 0 && t.seq_len <= kMaxStepTokens,
+            "[config] train.seq_len={} must be in [1, {}]", t.seq_len, kMaxStepTokens);
+  MOE_CHECK(t.batch_size <= kMaxStepTokens / t.seq_len,
+            "[config] train.batch_size={} x train.seq_len={} tokens a step: at most {}",
+            t.batch_size, t.seq_len, kMaxStepTokens);
   MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
             "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
   for (const auto& [key, value] : {std::pair{"max_seconds", t.max_seconds},
@@ -375,8 +400,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   const ParallelConfig& p = config.parallel;
   MOE_CHECK(p.ep >= 1, "[config] parallel.ep={} must be >= 1", p.ep);
   MOE_CHECK(p.pp >= 1, "[config] parallel.pp={} must be >= 1", p.pp);
-  MOE_CHECK(p.virtual_stages >= 0, "[config] parallel.virtual_stages={} must be >= 0",
-            p.virtual_stages);
+  // Each model chunk holds at least one layer.
+  MOE_CHECK(p.virtual_stages >= 0 && p.virtual_stages <= config.model.num_hidden_layers,
+            "[config] parallel.virtual_stages={} must be in [0, model.num_hidden_layers={}]",
+            p.virtual_stages, config.model.num_hidden_layers);
   MOE_CHECK(p.zero == 0 || p.zero == 1, "[config] parallel.zero={} must be 0 or 1", p.zero);
   // Above ep nothing is ever dropped, so a larger factor only grows the receive buffers.
   MOE_CHECK(

@@ -1,5 +1,6 @@
 #include "train/sample.h"
 
+#include "core/check.h"
 #include "model/inference.h"
 
 namespace moecore {
@@ -8,12 +9,18 @@ std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                           const ParamBuffers& params, const data::Tokenizer& tokenizer,
                           const std::string& prompt, int64_t max_tokens,
                           const SamplingConfig& sampling, const PrecisionRecipe& precision) {
+  MOE_CHECK(tokenizer.vocab_size() <= config.vocab_size,
+            "[generate] the tokenizer has {} tokens but the model's vocab_size is {}: not the "
+            "model's tokenizer",
+            tokenizer.vocab_size(), config.vocab_size);
   std::vector<int32_t> ids = tokenizer.encode(prompt);
   if (ids.empty()) ids.push_back(tokenizer.eos_id());
   InferenceModel model(config, layout, params,
                        static_cast<int64_t>(ids.size()) + std::max<int64_t>(max_tokens, 1));
   model.set_precision(precision);
-  std::vector<int32_t> out = generate(model, ids, max_tokens, sampling, tokenizer.eos_id());
+  // A padded vocabulary (vocab_size above the tokenizer's) has ids without text: never drawn.
+  std::vector<int32_t> out =
+      generate(model, ids, max_tokens, sampling, tokenizer.eos_id(), tokenizer.vocab_size());
   if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
   return tokenizer.decode_text(out);
 }

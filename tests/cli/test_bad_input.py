@@ -742,6 +742,15 @@ CASES["config/top_k_exceeds_kept_groups"] = _model_case("num_experts_per_tok=2",
 CASES["config/zero_routed_scaling_factor"] = _model_case("routed_scaling_factor=0", routed_scaling_factor=0.0)
 CASES["config/negative_router_bias_update_rate"] = _model_case("router_bias_update_rate",
                                                                router_bias_update_rate=-0.001)
+CASES["config/virtual_stages_exceed_layers"] = lambda e: _init_case(
+    e, e.cfg(model_toml() + "\n[parallel]\nvirtual_stages = 4611686018427387904\n"),
+    "parallel.virtual_stages=4611686018427387904")
+CASES["config/hf_lb_with_router_bias"] = _model_case("lb_loss_style", "router_bias_update_rate",
+                                                     lb_loss_style="hf", router_bias_update_rate=0.01)
+CASES["config/hf_lb_with_group_limit"] = _model_case("lb_loss_style", "n_group", lb_loss_style="hf",
+                                                     n_group=2, topk_group=2)
+CASES["config/hf_lb_with_random_routing"] = _model_case("lb_loss_style", "model.routing",
+                                                        lb_loss_style="hf", routing="random")
 CASES["config/labels_normaliser_with_hf_lb"] = _model_case("loss_normalizer", "lb_loss_style",
                                                            loss_normalizer="labels", lb_loss_style="hf")
 CASES["config/negative_hidden_size"] = _model_case("hidden_size=-16", hidden_size=-16)
@@ -1048,6 +1057,62 @@ def _(e):
                 out=run / "checkpoints", existing_out=b"not a directory")
 
 
+CASES["train/set_value_half_toml"] = lambda e: _train_case(
+    e, "--set", 'train.sample_prompt="a" "b"', needles=("is not a TOML value", "train.sample_prompt"))
+CASES["train/set_array_unterminated"] = lambda e: _train_case(
+    e, "--set", "data.train=[/p", needles=("data.train: [/p is not a TOML value",))
+CASES["train/set_value_not_utf8"] = lambda e: _train_case(
+    e, "--set", "train.out_dir=tok\udcffdir", needles=("is not a TOML value",))
+CASES["train/batch_size_beyond_any_machine"] = lambda e: _train_case(
+    e, "--set", "train.batch_size=1152921504606846976",
+    needles=("train.batch_size=1152921504606846976 must be in [1, 4294967296]",))
+CASES["train/tokens_per_step_beyond_any_machine"] = lambda e: _train_case(
+    e, "--set", "train.batch_size=65536", "--set", "train.seq_len=131072",
+    needles=("train.batch_size=65536 x train.seq_len=131072",))
+
+
+# An output that names one of the command's inputs would destroy it; two outputs at one path keep
+# one. Each input stays byte for byte (existing_out: the file's own bytes, written back first).
+def _self_overwrite(args_of, name: str, content: bytes | None = None):
+    def build(e: Env) -> Case:
+        p = e.path(name)
+        p.write_bytes(content if content is not None else p.name.encode() * 8)
+        return Case(args_of(e, p), ("would destroy that input",), out=p,
+                    existing_out=p.read_bytes())
+    return build
+
+
+CASES["cli/init_out_is_its_config"] = lambda e: _self_overwrite(
+    lambda e, p: ["init", "--config", p, "--seed", "1", "--out", p], "c.toml",
+    e.config.read_bytes())(e)
+CASES["cli/debug_state_out_is_its_weights"] = lambda e: _self_overwrite(
+    lambda e, p: e.state_args(weights=p, out=p), "w.safetensors", e.weights.read_bytes())(e)
+CASES["cli/tokenizer_train_out_is_its_input"] = _self_overwrite(
+    lambda e, p: ["tokenizer", "train", "--input", p, "--vocab-size", "300", "--out", p],
+    "corpus.txt")
+CASES["cli/plan_html_is_its_config"] = lambda e: _self_overwrite(
+    lambda e, p: ["plan", p, "--html", p], "c.toml", e.config.read_bytes())(e)
+CASES["cli/mx_encode_out_is_its_input"] = _self_overwrite(
+    lambda e, p: ["mx", "encode", "--input", p, "--out", p], "x.npy")
+
+
+@case("cli/plan_hardware_profile_key_misspelt")
+def _(e):
+    # Planned with a default in its place, silently: the peak dropped from 24.4 to 0.4 MiB.
+    profile = e.path("profile.json")
+    profile.write_text(json.dumps({"memory_gib": 16, "runtime_overhead_mb": 300}))
+    return Case(["plan", e.config, "--hardware", profile],
+                ("unknown key \"runtime_overhead_mb\"", "runtime_overhead_mib"))
+
+
+@case("cli/mx_quantize_codes_and_scales_at_one_path")
+def _(e):
+    x = e.npy(np.zeros((1, 32), dtype=np.float32), "x.npy")
+    both = x.with_name("both.npy")
+    return Case(["mx", "quantize", "--input", x, "--codes", both, "--scales", both],
+                ("--codes and --scales both name",), out=both)
+
+
 CASES["train/data_dtype_unknown"] = lambda e: _train_case(e, "--set", "data.dtype=float16",
                                                           needles=("data.dtype", "float16"))
 CASES["train/data_dtype_contradicts_meta"] = lambda e: _train_case(
@@ -1093,6 +1158,12 @@ def _(e):
 
 def _cli(*args, needles=()):
     return lambda e: Case(list(args), tuple(needles))
+
+
+CASES["cli/generate_top_p_zero"] = _cli("generate", "--checkpoint", "ckpt", "--prompt", "a",
+                                        "--top-p", "0", needles=("--top-p=0 is not a number in (0, 1]",))
+CASES["cli/allow_config_change_without_resume"] = _cli(
+    "train", "c.toml", "--allow-config-change", needles=("--allow-config-change", "--resume"))
 
 
 CASES["cli/unknown_subcommand"] = _cli("frobnicate", needles=("frobnicate",))
@@ -1240,13 +1311,15 @@ CASES["keep_out/seed_not_a_number"] = _keep(CASES["cli/seed_not_a_number"], sour
 
 @case("keep_out/debug_steps_out_is_weights_tokens_bad")
 def _(e):
-    # --out names the weights file itself; the run fails on the tokens, so the weights must survive.
+    # --out names the weights file itself (and the tokens are bad): refused before anything is
+    # read, for the output would replace its own input; the weights survive.
     w = e.path("w_inplace.safetensors")
     shutil.copyfile(e.weights, w)
     a = good_ids()
     a[0, 0] = VOCAB
     args = e.state_args(weights=w, tokens=e.npy(a), out=w, cmd="debug-steps") + ["--steps", "2"]
-    return Case(args, ("token id 32",), w, existing_out=w.read_bytes())
+    return Case(args, ("--out", "is the input --weights", "would destroy that input"), w,
+                existing_out=w.read_bytes())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1405,6 +1478,14 @@ def test_output_that_cannot_reach_stdout_is_an_error(env: Env):
     err = r.stderr.strip()
     assert r.returncode == 1 and len(err.splitlines()) == 1, r
     assert "cannot write standard output: No space left on device" in err, err
+
+
+def test_set_trims_spaces_around_key_and_value(env: Env):
+    # `--set "train.seq_len = 64"` as a TOML file would write it: the key had a trailing space
+    # and was unknown.
+    r = run_bin(["plan", env.config, "--set", "train.seq_len = 64", "--json"], cwd=env.root)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layout"]["seq_len"] == 64
 
 
 def test_control_init(env: Env):

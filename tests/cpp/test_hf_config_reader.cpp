@@ -76,6 +76,11 @@ TEST(HfConfigReader, RefusesWhatMoecoreDoesNotCompute) {
   j["rope_scaling"] = {{"rope_type", "yarn"}};
   EXPECT_NE(error_of(j).find("'rope_scaling'"), std::string::npos);
   j = olmoe;
+  j["attention_dropout"] = 0.1;
+  EXPECT_NE(error_of(j).find("'attention_dropout' = 0.1 is not supported"), std::string::npos);
+  j["attention_dropout"] = 0.0;  // transformers' default, written by its configs
+  EXPECT_EQ(error_of(j), "");
+  j = olmoe;
   j["model_type"] = "deepseek_v3";
   EXPECT_NE(error_of(j).find("deepseek_v3"), std::string::npos);
   j = olmoe;

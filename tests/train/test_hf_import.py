@@ -201,6 +201,7 @@ def test_shard_tensor_left_out_of_the_index(moecore_bin, hf_dirs, tmp_path):
     ("model_type", "mixtral", "mixtral"),
     ("rope_scaling", {"rope_type": "linear", "factor": 2.0}, "rope_scaling"),
     ("clip_qkv", 8.0, "clip_qkv"),
+    ("attention_dropout", 0.1, "attention_dropout"),
     ("hidden_size", "32", "hidden_size"),
 ])
 def test_bad_config_json(moecore_bin, hf_dirs, tmp_path, key, value, needle):

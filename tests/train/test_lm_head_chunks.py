@@ -15,6 +15,7 @@ moves the second step's loss by more than 1e-2.
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 
@@ -49,6 +50,21 @@ def test_resume_keeps_the_chunks(moecore_bin, job_data, tmp_path):
     r = train(moecore_bin, cfg, CHUNK, "train.max_steps=3", resume=True)
     assert r.returncode == 0, r.stderr
     assert len(losses(tmp_path / "run")) == 3
+
+
+def test_chunk_above_the_micro_batch_is_one_chunk_of_it(moecore_bin, job_data, tmp_path):
+    """A chunk larger than the micro-batch is the micro-batch in one chunk: the same bits as a
+    chunk of exactly its tokens, and no workspace sized by the setting (2^40 tokens of logits was
+    an out-of-memory error, 2^62 a failed GEMM naming no key)."""
+    runs = {}
+    for name in ("exact", "huge"):
+        cfg = dp_config(tmp_path, job_data, name, max_steps=3)
+        t = tomllib.loads(cfg.read_text())["train"]
+        tokens = t["batch_size"] // t.get("microbatches", 1) * t["seq_len"]
+        chunk = tokens if name == "exact" else 1 << 62
+        train(moecore_bin, cfg, f"train.lm_head_chunk_tokens={chunk}")
+        runs[name] = losses(tmp_path / name)
+    assert len(runs["exact"]) == 3 and runs["huge"] == runs["exact"], runs
 
 
 def test_negative_chunk_is_one_line_error(moecore_bin, job_data, tmp_path):

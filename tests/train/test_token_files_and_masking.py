@@ -106,7 +106,12 @@ def test_document_masking_in_training_and_evaluation(moecore_bin, job_data, tmp_
             "--max-instances", eval_instances)
     assert float(re.search(r"loss (\S+)", r.stdout).group(1)) == pytest.approx(
         val_loss(runs[True], STEPS), rel=1e-5)
+    # Scored without the mask by editing the config: eval checks the files against checksums.json
+    # (a changed config.toml is refused), so the hand-edited copy goes without its manifest.
     (ckpt / "config.toml").write_text(config.replace("document_masking = true", "document_masking = false"))
+    r = run(moecore_bin, "eval", "--checkpoint", ckpt, "--data", job_data.val, check=False)
+    assert r.returncode == 1 and "config.toml" in r.stderr and "when it was written" in r.stderr, r
+    (ckpt / "checksums.json").unlink()
     unmasked_eval = eval_loss(moecore_bin, ckpt, job_data.val, eval_instances)
     assert unmasked_eval != pytest.approx(masked_eval, rel=1e-4)
 

@@ -989,6 +989,46 @@ def test_non_finite_values_in_a_checkpoint_without_checksums_are_damage(moecore_
     assert (out / "checkpoints/damaged-step_00000004/model.safetensors").exists()
 
 
+def test_eval_and_generate_check_the_checkpoints_bytes(moecore_bin, job_data, existing_run):
+    # As a resume does: a value changed inside a weight file (a failing disk) is an error naming
+    # the file, not a loss or a text computed from it.
+    out, _ = existing_run
+    step4 = out / "checkpoints/step_00000004"
+    data = bytearray((step4 / "model.safetensors").read_bytes())
+    data[-4] ^= 0x01
+    (step4 / "model.safetensors").write_bytes(bytes(data))
+    for args in (["eval", "--checkpoint", step4, "--data", job_data.val],
+                 ["generate", "--checkpoint", step4, "--prompt", "The lord"]):
+        r = run(moecore_bin, *args, check=False)
+        assert_one_line_error(r, f"{step4}/model.safetensors: its CRC-32C is")
+
+
+def test_generate_draws_only_the_tokenizers_ids(moecore_bin, job_data, tmp_path):
+    # A vocabulary padded past the tokenizer's (as models round it up): the ids above it have no
+    # text, so sampling never draws them (a hot temperature drew them and decode failed); a
+    # tokenizer larger than the model's vocabulary is not its tokenizer.
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "run.toml", job_data, out,
+                       train={"max_steps": 1, "eval_every": 0, "sample_tokens": 0})
+    train(moecore_bin, cfg, f"model.vocab_size={job_data.vocab_size + 200}")
+    ckpt = checkpoints(out)[-1]
+    for seed in range(5):
+        generate(moecore_bin, ckpt, "The lord", "--temperature", "5", "--seed", str(seed),
+                 "--max-tokens", "64")
+    # The run's tokenizer with added tokens past the model's (padded) vocabulary.
+    tok = json.loads((ckpt / "tokenizer.json").read_text())
+    size = job_data.vocab_size
+    tok["added_tokens"] = tok.get("added_tokens", []) + [
+        {"id": size + i, "content": f"<extra_{i}>", "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": True} for i in range(205)]
+    bigger = tmp_path / "bigger.json"
+    bigger.write_text(json.dumps(tok))
+    r = run(moecore_bin, "generate", "--checkpoint", ckpt, "--prompt", "The lord", "--tokenizer",
+            bigger, check=False)
+    assert_one_line_error(r, f"the tokenizer has {size + 205} tokens but the model's vocab_size "
+                             f"is {size + 200}")
+
+
 def test_resume_with_every_checkpoint_damaged_is_an_error(moecore_bin, job_data, tmp_path,
                                                           existing_run):
     # With checkpoints present but none valid, --resume must not silently start over (and then
