@@ -1,7 +1,6 @@
 #include "train/rank_agreement.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
