@@ -341,19 +341,15 @@ void SafetensorsWriter::write(const std::string& path) const {
   text.append((8 - text.size() % 8) % 8, ' ');
 
   const uint64_t header_size = text.size();
-  std::vector<const std::string*> names;  // in the header's order
-  std::vector<const Entry*> entries;
-  for (const auto& [name, entry] : tensors_) {
-    names.push_back(&name);
-    entries.push_back(&entry);
-  }
+  std::vector<const std::pair<const std::string, Entry>*> entries;  // in the header's order
+  for (const auto& named : tensors_) entries.push_back(&named);
   std::vector<float> staging;  // a device tensor's values, one tensor at a time
   write_file_atomic(
       path, 2 + entries.size(),
       [&](size_t i) -> std::span<const std::byte> {
         if (i == 0) return std::as_bytes(std::span(&header_size, 1));
         if (i == 1) return std::as_bytes(std::span(text));
-        const Entry& entry = *entries[i - 2];
+        const auto& [name, entry] = *entries[i - 2];
         const float* values = entry.values();
         if (entry.numel > 0 && device_of(values) != Device::kCpu) {
           staging.resize(entry.numel);
@@ -367,7 +363,7 @@ void SafetensorsWriter::write(const std::string& path) const {
               bad == values + entry.numel,
               "[safetensors] refusing to write '{}': tensor '{}' holds {} at element {} (only "
               "finite values are written here)",
-              path, *names[i - 2], *bad, bad - values);
+              path, name, *bad, bad - values);
         }
         return std::as_bytes(std::span(values, entry.numel));
       },

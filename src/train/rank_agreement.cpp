@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/escape.h"
 #include "data/token_dataset.h"
+#include "dist/rank_reports.h"
 #include "train/trainer.h"
 
 namespace moecore {
@@ -46,27 +47,15 @@ std::string first_difference(const std::string& mine, const std::string& theirs,
 void check_ranks_agree(const dist::Communicator& world, std::string_view what,
                        const std::string& text) {
   if (world.size() == 1) return;
-  int64_t size = static_cast<int64_t>(text.size());
-  world.broadcast(&size, sizeof(size), 0);
-  std::string rank0_text = world.rank() == 0 ? text : std::string(static_cast<size_t>(size), '\0');
-  if (size > 0) world.broadcast(rank0_text.data(), size, 0);
-  const int64_t differs = rank0_text != text ? 1 : 0;
-  std::vector<int64_t> all(static_cast<size_t>(world.size()));
-  world.allgather(&differs, all.data(), 1, dist::CommType::kInt64);
-  const auto first = std::find(all.begin(), all.end(), int64_t{1});
-  if (first == all.end()) return;
-  // The first differing rank's difference, in every rank's message: the job ends with the first
-  // rank to fail, whichever prints.
-  const int rank = static_cast<int>(first - all.begin());
-  std::string detail = world.rank() == rank ? first_difference(text, rank0_text, rank) : "";
-  int64_t length = static_cast<int64_t>(detail.size());
-  world.broadcast(&length, sizeof(length), rank);
-  detail.resize(static_cast<size_t>(length));
-  world.broadcast(detail.data(), length, rank);
-  fail(
-      "[parallel] rank {}'s {} differs from rank 0's ({}; {} rank(s) differ): every rank of a job "
-      "must read the same config, command line and token files",
-      rank, what, detail, std::count(all.begin(), all.end(), int64_t{1}));
+  const std::string rank0_text = dist::broadcast_text(world, text, 0);
+  // Every differing rank names its first difference; the lowest one's goes into every rank's
+  // message (the job ends with whichever rank prints first).
+  const dist::FirstReport first = dist::first_report(
+      world, text == rank0_text ? std::string() : first_difference(text, rank0_text, world.rank()));
+  MOE_CHECK(first.rank < 0,
+            "[parallel] rank {}'s {} differs from rank 0's ({}; {} rank(s) differ): every rank of "
+            "a job must read the same config, command line and token files",
+            first.rank, what, first.text, first.reporting);
 }
 
 std::string run_agreement_text(const RunConfig& config, const TrainOptions& options) {

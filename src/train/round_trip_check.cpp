@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
+#include "dist/rank_reports.h"
 #include "io/file_util.h"
 #include "io/hf_config_reader.h"
 #include "io/hf_weights_reader.h"
@@ -123,11 +125,8 @@ RoundTripCheck round_trip_check_on_rank0(const dist::Communicator& world,
   }
   if (world.size() > 1) {
     double figures[3] = {check.max_abs_diff, check.max_abs_logit, check.seconds};
-    int64_t error_bytes = static_cast<int64_t>(error.size());
     world.broadcast(figures, sizeof(figures), 0);
-    world.broadcast(&error_bytes, sizeof(error_bytes), 0);
-    error.resize(static_cast<size_t>(error_bytes));
-    if (error_bytes > 0) world.broadcast(error.data(), error_bytes, 0);
+    error = dist::broadcast_text(world, std::move(error), 0);
     check = {kCheckBatch, kCheckSeq, figures[0], figures[1], figures[2]};
   }
   if (!error.empty()) throw Error(error);

@@ -21,6 +21,7 @@
 #include "dist/mpi/mpi_runtime.h"
 #include "dist/padded_exchange.h"
 #include "dist/pipeline_schedule.h"
+#include "dist/rank_reports.h"
 #include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
@@ -141,23 +142,6 @@ bool has_logged_steps(const std::string& out_dir) {
          std::filesystem::file_size(metrics, ec) > 0 && !ec;
 }
 
-// The first non-empty `reason` of any rank (the lowest such rank's), the same in every rank; ""
-// when every rank's is empty. Collective.
-std::string first_reason_of_any_rank(const dist::Communicator& world, const std::string& reason) {
-  const int64_t failed = reason.empty() ? 0 : 1;
-  std::vector<int64_t> all(static_cast<size_t>(world.size()));
-  world.allgather(&failed, all.data(), 1, dist::CommType::kInt64);
-  const auto first = std::find(all.begin(), all.end(), int64_t{1});
-  if (first == all.end()) return std::string();
-  const int root = static_cast<int>(first - all.begin());
-  std::string text = reason;
-  int64_t length = static_cast<int64_t>(text.size());
-  world.broadcast(&length, sizeof(length), root);
-  text.resize(static_cast<size_t>(length));
-  world.broadcast(text.data(), length, root);
-  return text;
-}
-
 // The newest valid checkpoint, the same for every rank: each reads its share of every candidate's
 // bytes (every file and tensor is read once, by one rank) and the ranks' verdicts are combined, so
 // `damaged` is the same list in every rank.
@@ -168,7 +152,7 @@ std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
   VerificationShare share;
   if (world.size() > 1)
     share = {world.rank(), world.size(), [&world](const std::string& reason) {
-               return first_reason_of_any_rank(world, reason);
+               return dist::first_report(world, reason).text;
              }};
   return latest_valid_checkpoint(out_dir, mc, full_layout, &damaged, share);
 }
