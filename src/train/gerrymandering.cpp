@@ -1,5 +1,7 @@
 #include "train/gerrymandering.h"
 
+#include <cmath>
+
 namespace moecore {
 
 namespace {
@@ -27,8 +29,14 @@ GerrymanderingDetector::Verdict GerrymanderingDetector::observe(double lb_loss,
                                                                 double load_imbalance) {
   Verdict verdict;
   if (config_.window <= 1) return verdict;
-  lb_.push_back(lb_loss);
-  imbalance_.push_back(load_imbalance);
+  // A diverged step's values (NaN, Inf) say nothing about the router's trend and would make the
+  // window, and the checkpoint that keeps it, unreadable: the step is left out and the window's
+  // verdict stands.
+  const bool observed = std::isfinite(lb_loss) && std::isfinite(load_imbalance);
+  if (observed) {
+    lb_.push_back(lb_loss);
+    imbalance_.push_back(load_imbalance);
+  }
   while (static_cast<int64_t>(lb_.size()) > config_.window) {
     lb_.pop_front();
     imbalance_.pop_front();

@@ -202,6 +202,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("skip_sigma", t.skip_sigma);
   r.read("skip_window", t.skip_window);
   r.read("skip_min_window", t.skip_min_window);
+  r.read("skip_max_consecutive", t.skip_max_consecutive);
   r.read("gerrymander_window", t.gerrymander_window);
   r.read("gerrymander_threshold", t.gerrymander_threshold);
   r.read("sample_prompt", t.sample_prompt);
@@ -389,6 +390,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.skip_window > 0 && t.skip_min_window >= 0 && t.skip_min_window <= t.skip_window,
             "[config] train.skip_min_window={} must be in [0, train.skip_window={}]",
             t.skip_min_window, t.skip_window);
+  MOE_CHECK(t.skip_max_consecutive >= 0,
+            "[config] train.skip_max_consecutive={} must be >= 0 (0 = no limit)",
+            t.skip_max_consecutive);
   MOE_CHECK(t.gerrymander_window >= 0 && t.gerrymander_threshold > 0.0,
             "[config] train.gerrymander_window={} must be >= 0 and gerrymander_threshold={} > 0",
             t.gerrymander_window, t.gerrymander_threshold);
@@ -557,6 +561,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"skip_sigma", t.skip_sigma},
                     {"skip_window", t.skip_window},
                     {"skip_min_window", t.skip_min_window},
+                    {"skip_max_consecutive", t.skip_max_consecutive},
                     {"gerrymander_window", t.gerrymander_window},
                     {"gerrymander_threshold", t.gerrymander_threshold},
                     {"sample_prompt", t.sample_prompt},

@@ -62,7 +62,10 @@ struct TrainConfig {
   double skip_sigma = 6.0;   // spike threshold of the step guard (<= 0: only NaN/Inf skip)
   int64_t skip_window = 128;
   int64_t skip_min_window = 20;
-  int64_t gerrymander_window = 100;  // 0: detector off
+  // The run stops (saved, exit status 1) once this many steps in a row were skipped: the weights
+  // no longer move, and a guard that skips every step would otherwise burn the rest of the run.
+  int64_t skip_max_consecutive = 20;  // 0: no limit
+  int64_t gerrymander_window = 100;   // 0: detector off
   double gerrymander_threshold = 0.05;
   std::string sample_prompt = "";  // generated from at the end when data.tokenizer is set
   int64_t sample_tokens = 48;

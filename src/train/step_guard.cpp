@@ -57,8 +57,11 @@ std::string StepGuard::check(double loss, double grad_norm) {
   }
   if (!reason.empty()) {
     ++skipped_;
+    ++consecutive_;
+    last_reason_ = reason;
     return reason;
   }
+  consecutive_ = 0;
   losses_.push_back(loss);
   grad_norms_.push_back(grad_norm);
   while (static_cast<int64_t>(losses_.size()) > config_.window) {
@@ -69,13 +72,20 @@ std::string StepGuard::check(double loss, double grad_norm) {
 }
 
 nlohmann::json StepGuard::to_json() const {
-  return {{"losses", losses_}, {"grad_norms", grad_norms_}, {"skipped", skipped_}};
+  return {{"losses", losses_},
+          {"grad_norms", grad_norms_},
+          {"skipped", skipped_},
+          {"consecutive", consecutive_},
+          {"last_reason", last_reason_}};
 }
 
 void StepGuard::from_json(const nlohmann::json& state) {
   losses_ = state.at("losses").get<std::deque<double>>();
   grad_norms_ = state.at("grad_norms").get<std::deque<double>>();
   skipped_ = state.at("skipped").get<int64_t>();
+  // Checkpoints of older moecore have neither: their runs count from the resume.
+  consecutive_ = state.value("consecutive", int64_t{0});
+  last_reason_ = state.value("last_reason", std::string());
 }
 
 }  // namespace moecore

@@ -35,6 +35,9 @@ class StepGuard {
   std::string check(double loss, double grad_norm);
 
   int64_t skipped() const { return skipped_; }
+  // Steps skipped since the last applied one, and why the latest of them was.
+  int64_t consecutive_skips() const { return consecutive_; }
+  const std::string& last_skip_reason() const { return last_reason_; }
   nlohmann::json to_json() const;
   void from_json(const nlohmann::json& state);
 
@@ -42,6 +45,8 @@ class StepGuard {
   StepGuardConfig config_;
   std::deque<double> losses_, grad_norms_;
   int64_t skipped_ = 0;
+  int64_t consecutive_ = 0;
+  std::string last_reason_;
 };
 
 }  // namespace moecore

@@ -62,7 +62,9 @@ struct TrainContext {
   int stop_signal = 0;
   bool out_of_time = false;
   std::string stop_message{};
-  bool stopping() const { return stop_signal != 0 || out_of_time; }
+  // Set on the step that reached train.skip_max_consecutive: the run stops (saved) and fails.
+  std::string gave_up{};
+  bool stopping() const { return stop_signal != 0 || out_of_time || !gave_up.empty(); }
   // "peak RSS ... MiB per rank (max over N ranks)[; per stage [...] MiB]" for the last line.
   std::string peak_memory{};
 

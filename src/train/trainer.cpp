@@ -773,9 +773,19 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   while (ctx.step < tc.max_steps) {
     StepReport report = run_step(ctx, grads, buffers);
     check_run_dir();
+    // Every rank's guard decided the same (read_decision), so every rank gives up at this step.
+    if (tc.skip_max_consecutive > 0 && guard.consecutive_skips() >= tc.skip_max_consecutive)
+      ctx.gave_up = fmt::format(
+          "[train] steps {}-{} were all skipped (train.skip_max_consecutive={}; the last: {}): "
+          "the weights have not changed since step {}{}",
+          ctx.step - guard.consecutive_skips() + 1, ctx.step, tc.skip_max_consecutive,
+          guard.last_skip_reason(), ctx.step - guard.consecutive_skips(),
+          tc.checkpoint
+              ? fmt::format("; saved at step {} (--resume continues from there)", ctx.step)
+              : std::string());
     for (auto& callback : ctx.callbacks) callback->on_step_end(ctx, report);
     if (ctx.stopping()) {
-      progress.message(ctx.stop_message);
+      if (!ctx.stop_message.empty()) progress.message(ctx.stop_message);
       ctx.summary.stop_signal = ctx.stop_signal;
       break;
     }
@@ -803,6 +813,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   progress.message(fmt::format("done: {} steps ({} skipped) in {:.0f}s; {}; {}; {}", ctx.step,
                                guard.skipped(), ctx.seconds(), trained, evaluated,
                                ctx.peak_memory));
+  // After the final checkpoint, evaluation and sample: a run that stopped moving exits non-zero.
+  MOE_CHECK(ctx.gave_up.empty(), "{}", ctx.gave_up);
   return ctx.summary;
 }
 

@@ -121,6 +121,16 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
   const int64_t skipped = integer_in(state.step_guard, "skipped", kMaxStep, origin, "step_guard.");
   MOE_CHECK(skipped <= state.step, "[checkpoint] {}: step_guard.skipped={} exceeds step={}", origin,
             skipped, state.step);
+  if (state.step_guard.contains("consecutive")) {  // absent in older moecore's checkpoints
+    const int64_t consecutive =
+        integer_in(state.step_guard, "consecutive", kMaxStep, origin, "step_guard.");
+    MOE_CHECK(consecutive <= skipped,
+              "[checkpoint] {}: step_guard.consecutive={} exceeds step_guard.skipped={}", origin,
+              consecutive, skipped);
+  }
+  if (state.step_guard.contains("last_reason"))
+    MOE_CHECK(state.step_guard["last_reason"].is_string(),
+              "[checkpoint] {}: step_guard.last_reason must be a string", origin);
   state.gerrymandering = member(doc, "gerrymandering", origin, "");
   // The detector keeps its window even when it is off (window 0), so no length bound here.
   check_window(state.gerrymandering, "lb", std::numeric_limits<size_t>::max(), origin,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "train/gerrymandering.h"
 
@@ -61,6 +62,26 @@ TEST(Gerrymandering, ReArmsAfterClearingAndRestoresState) {
   const auto a = detector.observe(0.5, 4.0), b = copy.observe(0.5, 4.0);
   EXPECT_EQ(a.flagged, b.flagged);
   EXPECT_DOUBLE_EQ(a.lb_trend, b.lb_trend);
+}
+
+TEST(Gerrymandering, NonFiniteStepsStayOutOfTheWindowAndItsState) {
+  // A diverged step (NaN or Inf loss) must not enter the window: it would poison the trends for
+  // a window's length and make the checkpoint's state (JSON null) unreadable on resume.
+  constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  GerrymanderingDetector detector({20, 0.05}), healthy({20, 0.05});
+  for (int t = 0; t < 30; ++t) {
+    const double lb = 2.0 - 0.02 * t, imbalance = 1.0 + 0.05 * t;
+    healthy.observe(lb, imbalance);
+    detector.observe(lb, imbalance);
+    const auto v = detector.observe(t % 2 ? kNan : kInf, t % 3 ? 1.0 : kNan);
+    EXPECT_TRUE(std::isfinite(v.lb_trend) && std::isfinite(v.imbalance_trend)) << "step " << t;
+    EXPECT_FALSE(v.newly_flagged);  // the verdict of the window as it was
+  }
+  EXPECT_EQ(detector.to_json(), healthy.to_json());
+  GerrymanderingDetector resumed({20, 0.05});
+  resumed.from_json(nlohmann::json::parse(detector.to_json().dump()));
+  EXPECT_EQ(resumed.to_json(), healthy.to_json());
 }
 
 }  // namespace

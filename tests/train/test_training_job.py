@@ -808,6 +808,34 @@ def test_run_whose_model_went_non_finite_still_ends_cleanly(moecore_bin, job_dat
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr.strip()}"
 
 
+def test_steps_skipped_in_a_row_stop_the_run_saved_and_failed(moecore_bin, job_data, tmp_path):
+    # The diverged run above: step 1 is applied, every later step's loss is non-finite. Without a
+    # limit it would skip to max_steps and exit 0; train.skip_max_consecutive=3 stops it at step
+    # 4, saved (the resume's position past the skipped batches), with status 1 and one line.
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "lr.toml", job_data, out,
+                       optim={"lr": 1e20, "max_grad_norm": 0.0, "warmup_steps": 0},
+                       train={"max_steps": 12, "log_every": 1, "eval_every": 0,
+                              "skip_min_window": 5, "skip_max_consecutive": 3,
+                              "sample_tokens": 0})
+    r = train(moecore_bin, cfg, check=False)
+    assert r.returncode == 1, f"exit {r.returncode}: {r.stderr.strip()}"
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and re.search(
+        r"steps 2-4 were all skipped \(train.skip_max_consecutive=3; the last: loss is -?nan\): "
+        r"the weights have not changed since step 1; saved at step 4", errors[0]), r.stderr
+    assert sorted(train_rows(out)) == [1, 2, 3, 4]
+    step4 = out / "checkpoints/step_00000004"
+    state = json.loads((step4 / "trainer_state.json").read_text())
+    assert state["step_guard"]["consecutive"] == 3 and state["step_guard"]["skipped"] == 3
+    # The limit may change on a resume (it moves no weight): without one, the run goes on skipping
+    # to max_steps.
+    r = train(moecore_bin, cfg, "train.skip_max_consecutive=0", resume=True)
+    assert "skipped" in r.stdout and sorted(train_rows(out)) == list(range(1, 13))
+    assert (step4 / "model.safetensors").read_bytes() == \
+        (out / "checkpoints/step_00000012/model.safetensors").read_bytes()
+
+
 # ------------------------------------------------------------------------------------------------
 # g. MoE diagnostics
 
