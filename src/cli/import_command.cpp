@@ -9,6 +9,7 @@
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/hf_config_reader.h"
+#include "io/hf_side_files.h"
 #include "io/hf_weights_reader.h"
 #include "train/round_trip_check.h"
 #include "train/run_config.h"
@@ -32,8 +33,8 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
 
   RunConfig run;
   run.model = hf.model;
-  const int64_t max_positions =
-      hf.max_position_embeddings > 0 ? hf.max_position_embeddings : run.train.seq_len;
+  io::HfModelInfo info = hf.info;
+  if (info.max_position_embeddings <= 0) info.max_position_embeddings = run.train.seq_len;
   const std::string staging = out_dir + ".import-" + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(staging, ec);
@@ -46,9 +47,10 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
       tokenizer_json = io::read_text(hf_dir + "/tokenizer.json", "[import]");
     write_model_dir(staging, layout, params,
                     {&run,
-                     io::hf_config_json(hf.model, max_positions, hf.eos_token_id),
+                     io::hf_config_json(hf.model, info),
                      {{"moecore_imported_from", fs::absolute(hf_dir).string()}},
-                     tokenizer_json});
+                     tokenizer_json,
+                     io::read_hf_side_files(hf_dir, "[import]")});
     check = check_model_dir(staging, out_dir, hf.model, layout, params, "[import]");
     if (fs::exists(out_dir)) fs::remove(out_dir);  // empty, checked above
     fs::rename(staging, out_dir);

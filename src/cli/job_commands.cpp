@@ -16,6 +16,8 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "io/file_checksums.h"
+#include "io/file_util.h"
+#include "io/hf_config_reader.h"
 #include "io/model_weights.h"
 #include "model/document_mask.h"
 #include "model/transformer.h"
@@ -52,6 +54,8 @@ LoadedModel load_model(const std::string& dir) {
   ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
   io::load_weights_from_dir(layout, dir, params);
+  io::require_finite_weights(
+      layout, params, [&dir](const std::string&) { return dir; }, "[cli]");
   return {std::move(config), std::move(layout), std::move(params)};
 }
 
@@ -160,6 +164,38 @@ void run_data_instances(const DataInstancesArgs& args) {
   fmt::print("{}\n", summary.dump());
 }
 
+namespace {
+
+// Where generation stops, as transformers' `generate` decides for the directory:
+// generation_config.json's eos_token_id, else config.json's (one id or a list); empty when
+// neither names one (the tokenizer's EOS then).
+std::vector<int32_t> stop_ids_of(const std::string& dir, int64_t vocab_size) {
+  const std::string generation_config = dir + "/generation_config.json";
+  if (std::filesystem::is_regular_file(generation_config)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(io::read_text(generation_config, "[generate]"));
+    } catch (const nlohmann::json::exception& e) {
+      fail("[generate] {}: not JSON ({})", generation_config, e.what());
+    }
+    if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+      const nlohmann::json& eos = j["eos_token_id"];
+      std::vector<int32_t> ids;
+      for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos})) {
+        MOE_CHECK(
+            id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size,
+            "[generate] {}: eos_token_id holds {}, not a token id below vocab_size={}",
+            generation_config, id.dump(), vocab_size);
+        ids.push_back(id.get<int32_t>());
+      }
+      return ids;
+    }
+  }
+  return io::read_hf_model_config(dir).info.eos_token_ids;
+}
+
+}  // namespace
+
 void run_generate(const GenerateArgs& args) {
   LoadedModel m = load_model(args.checkpoint);
   std::string tokenizer_path = args.tokenizer;
@@ -173,7 +209,8 @@ void run_generate(const GenerateArgs& args) {
   sampling.top_p = args.top_p;
   sampling.seed = args.seed;
   const std::string text = generate_text(m.config.model, m.layout, m.params, tokenizer, args.prompt,
-                                         args.max_tokens, sampling, PrecisionRecipe{});
+                                         args.max_tokens, sampling, PrecisionRecipe{},
+                                         stop_ids_of(args.checkpoint, m.config.model.vocab_size));
   fmt::print("{}{}\n", args.prompt, text);
 }
 

@@ -2,8 +2,27 @@
 
 namespace moecore::io {
 
+namespace {
+
+nlohmann::json token_id_or_null(std::optional<int32_t> id) {
+  return id ? nlohmann::json(*id) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
 nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddings,
                               std::optional<int32_t> eos_token_id) {
+  HfModelInfo info;
+  info.max_position_embeddings = max_position_embeddings;
+  if (eos_token_id) info.eos_token_ids = {*eos_token_id};
+  return hf_config_json(c, info);
+}
+
+nlohmann::json hf_config_json(const ModelConfig& c, const HfModelInfo& info) {
+  // transformers writes one EOS as an integer and several as a list.
+  const nlohmann::json eos = info.eos_token_ids.size() == 1 ? nlohmann::json(info.eos_token_ids[0])
+                             : info.eos_token_ids.empty()   ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(info.eos_token_ids);
   nlohmann::json j = {
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
@@ -18,16 +37,19 @@ nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddi
       {"num_experts_per_tok", c.num_experts_per_tok},
       {"norm_topk_prob", c.norm_topk_prob},
       {"router_aux_loss_coef", c.router_aux_loss_coef},
-      {"output_router_logits", false},
+      // Not a transformers key (its classes ignore it): moecore's import reads it back, so a
+      // model exported and imported again trains with the same z-loss.
+      {"router_z_loss_coef", c.router_z_loss_coef},
+      {"output_router_logits", info.output_router_logits},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"hidden_act", "silu"},
-      {"max_position_embeddings", max_position_embeddings},
+      {"max_position_embeddings", info.max_position_embeddings},
       {"initializer_range", 0.02},
       {"use_cache", true},
-      {"pad_token_id", nullptr},
-      {"bos_token_id", nullptr},
-      {"eos_token_id", eos_token_id ? nlohmann::json(*eos_token_id) : nlohmann::json(nullptr)},
+      {"pad_token_id", token_id_or_null(info.pad_token_id)},
+      {"bos_token_id", token_id_or_null(info.bos_token_id)},
+      {"eos_token_id", eos},
       {"torch_dtype", "float32"},
   };
   // Random or balanced routing is not what transformers' OLMoE / Qwen3-MoE would run: such a

@@ -14,11 +14,24 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <vector>
 
 #include "model/config.h"
 
 namespace moecore::io {
 
+// What a config.json says beyond the architecture: carried from an imported or --init-from model
+// to what moecore writes of it (import, checkpoints), so that transformers' generation settings
+// and tools that read the context length see the source's.
+struct HfModelInfo {
+  int64_t max_position_embeddings = 0;
+  std::vector<int32_t> eos_token_ids;  // generation stops at any of them
+  std::optional<int32_t> bos_token_id, pad_token_id;
+  bool output_router_logits = false;
+};
+
+nlohmann::json hf_config_json(const ModelConfig& config, const HfModelInfo& info);
+// A model of moecore's own: its context length and the tokenizer's EOS, when there is one.
 nlohmann::json hf_config_json(const ModelConfig& config, int64_t max_position_embeddings,
                               std::optional<int32_t> eos_token_id);
 

@@ -19,7 +19,10 @@ class ConfigKeys {
   ConfigKeys(const nlohmann::json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-  const nlohmann::json& raw(const char* key) const { return j_[key]; }
+  const nlohmann::json& raw(const char* key) const {
+    static const nlohmann::json kAbsent;  // null: a const json's operator[] must not miss
+    return j_.contains(key) ? j_[key] : kAbsent;
+  }
 
   int64_t integer(const char* key) const {
     MOE_CHECK(has(key), "[import] {}: missing key '{}'", origin_, key);
@@ -89,16 +92,51 @@ void read_common(const ConfigKeys& k, ModelConfig& m) {
   m.num_attention_heads = k.integer("num_attention_heads");
   // transformers: None means multi-head attention.
   m.num_key_value_heads = k.integer("num_key_value_heads", m.num_attention_heads);
-  m.rope_theta = k.number("rope_theta");
+  // Absent in transformers 5.x configs, whose rope_parameters hold it (read below).
+  const nlohmann::json& rope_parameters = k.raw("rope_parameters");
+  m.rope_theta =
+      k.has("rope_theta") || !rope_parameters.is_object() || !rope_parameters.contains("rope_theta")
+          ? k.number("rope_theta")
+          : 0.0;
   m.rms_norm_eps = k.number("rms_norm_eps");
   m.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
   m.num_experts = k.integer("num_experts");
   m.num_experts_per_tok = k.integer("num_experts_per_tok");
   m.norm_topk_prob = k.boolean("norm_topk_prob", false);
   m.router_aux_loss_coef = k.number("router_aux_loss_coef", m.router_aux_loss_coef);
-  k.require_absent("rope_scaling", "moecore's RoPE is unscaled");
+  m.router_z_loss_coef = k.number("router_z_loss_coef", m.router_z_loss_coef);  // moecore's key
+  // transformers 4.x says rope_scaling, 5.x rope_parameters (with rope_theta inside); either may
+  // name the unscaled "default" rope type.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!k.has(key)) continue;
+    const nlohmann::json& rope = k.raw(key);
+    const char* type_key = rope.is_object() && rope.contains("rope_type") ? "rope_type" : "type";
+    const bool unscaled =
+        rope.is_object() && rope.contains(type_key) && rope[type_key] == nlohmann::json("default");
+    MOE_CHECK(unscaled,
+              "[import] {}: '{}' = {} is not supported (moecore's RoPE is unscaled: only "
+              "rope_type \"default\")",
+              k.origin(), key, json_excerpt(rope));
+    for (const auto& [name, value] : rope.items())
+      MOE_CHECK(name == "rope_type" || name == "type" || name == "rope_theta",
+                "[import] {}: '{}' holds '{}' = {}, which moecore's unscaled RoPE does not read",
+                k.origin(), key, name, json_excerpt(value));
+    if (rope.contains("rope_theta")) {
+      MOE_CHECK(rope["rope_theta"].is_number(),
+                "[import] {}: '{}.rope_theta' is {}, expected a number", k.origin(), key,
+                json_excerpt(rope["rope_theta"]));
+      const double theta = rope["rope_theta"].get<double>();
+      MOE_CHECK(!k.has("rope_theta") || k.number("rope_theta") == theta,
+                "[import] {}: 'rope_theta' = {} and '{}.rope_theta' = {} differ", k.origin(),
+                k.number("rope_theta"), key, theta);
+      m.rope_theta = theta;
+    }
+  }
   k.require_value("attention_bias", false, "moecore's projections have no bias");
-  k.require_value("hidden_act", "silu", "moecore's MLPs are SwiGLU");
+  // transformers' ACT2FN: "swish" is the same function as "silu".
+  MOE_CHECK(!k.has("hidden_act") || k.raw("hidden_act") == "silu" || k.raw("hidden_act") == "swish",
+            "[import] {}: 'hidden_act' = {} is not supported (moecore's MLPs are SwiGLU: silu)",
+            k.origin(), json_excerpt(k.raw("hidden_act")));
   // Training-time only, but `train --init-from` trains: without it the run is another one.
   k.require_value("attention_dropout", 0.0, "moecore's attention has no dropout");
 }
@@ -213,11 +251,22 @@ HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std:
         origin, out.model_type);
   }
   validate(k, out.model);
-  out.max_position_embeddings = k.integer("max_position_embeddings", 0);
-  if (k.has("eos_token_id") && config["eos_token_id"].is_number_integer()) {
-    const int64_t eos = config["eos_token_id"].get<int64_t>();
-    if (eos >= 0 && eos < out.model.vocab_size) out.eos_token_id = static_cast<int32_t>(eos);
+  out.info.max_position_embeddings = k.integer("max_position_embeddings", 0);
+  const int64_t vocab = out.model.vocab_size;
+  const auto in_vocabulary = [vocab](const nlohmann::json& id) {
+    return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab;
+  };
+  // One EOS or a list of them (generation stops at any); ids beyond the vocabulary name no token.
+  if (k.has("eos_token_id")) {
+    const nlohmann::json& eos = k.raw("eos_token_id");
+    for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos}))
+      if (in_vocabulary(id)) out.info.eos_token_ids.push_back(id.get<int32_t>());
   }
+  if (k.has("bos_token_id") && in_vocabulary(k.raw("bos_token_id")))
+    out.info.bos_token_id = k.raw("bos_token_id").get<int32_t>();
+  if (k.has("pad_token_id") && in_vocabulary(k.raw("pad_token_id")))
+    out.info.pad_token_id = k.raw("pad_token_id").get<int32_t>();
+  out.info.output_router_logits = k.boolean("output_router_logits", false);
   return out;
 }
 

@@ -14,15 +14,17 @@
 #include <optional>
 #include <string>
 
+#include "io/hf_config.h"
 #include "model/config.h"
 
 namespace moecore::io {
 
 struct HfModelConfig {
   ModelConfig model;
-  std::string model_type;               // "olmoe", "qwen3_moe", "flex_olmo" or "moecore"
-  int64_t max_position_embeddings = 0;  // 0 when config.json does not say
-  std::optional<int32_t> eos_token_id;  // when config.json names a single one in the vocabulary
+  std::string model_type;  // "olmoe", "qwen3_moe", "flex_olmo" or "moecore"
+  // Beyond the architecture (max_position_embeddings 0 when config.json does not say; token ids
+  // outside the vocabulary are left out).
+  HfModelInfo info;
 };
 
 // config.json's parsed contents; `origin` names it in errors.

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "io/model_weights.h"
 #include "io/tensor_parts.h"
 
 namespace moecore::io {
@@ -40,9 +41,15 @@ HfWeightsRead check_and_read(const ParamLayout& layout, const std::string& dir,
   }
   read.tensors = static_cast<int64_t>(layout.specs().size());
   read.files = static_cast<int64_t>(files.size());
-  if (params != nullptr)
+  if (params != nullptr) {
     for (const ParamSpec& spec : layout.specs())
       tensors.read_f32(spec.name, spec.shape, params->at(spec));
+    // A NaN the self-check's batch does not reach would be imported, or trained on until the
+    // first save refuses it.
+    require_finite_weights(
+        layout, *params, [&tensors](const std::string& name) { return tensors.file_of(name); },
+        "[import]");
+  }
   return read;
 }
 

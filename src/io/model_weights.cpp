@@ -1,6 +1,11 @@
 #include "io/model_weights.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
 
@@ -34,6 +39,24 @@ void load_strict(const ParamLayout& layout, const Tensors& tensors, const std::s
 
 void load_weights(const ParamLayout& layout, const std::string& path, ParamBuffers& params) {
   load_strict(layout, SafetensorsReader::open(path), path, params);
+}
+
+void require_finite_weights(const ParamLayout& layout, const ParamBuffers& params,
+                            const std::function<std::string(const std::string&)>& origin_of,
+                            const char* tag) {
+  std::vector<float> staging;  // a device's weights are read through a host copy
+  for (const ParamSpec& spec : layout.specs()) {
+    const float* values = params.at(spec);
+    if (spec.numel > 0 && device_of(values) != Device::kCpu) {
+      staging.resize(spec.numel);
+      copy_bytes(staging.data(), values, spec.numel * sizeof(float));
+      values = staging.data();
+    }
+    const float* bad =
+        std::find_if_not(values, values + spec.numel, [](float v) { return std::isfinite(v); });
+    MOE_CHECK(bad == values + spec.numel, "{} {}: tensor '{}' holds {} at element {}", tag,
+              origin_of(spec.name), spec.name, *bad, bad - values);
+  }
 }
 
 void load_weights_from_dir(const ParamLayout& layout, const std::string& dir,

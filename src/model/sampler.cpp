@@ -115,7 +115,7 @@ std::vector<double> Sampler::probabilities(const std::vector<float>& logits) con
 
 std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_tokens, const SamplingConfig& config,
-                              std::optional<int32_t> stop_token, int64_t drawable) {
+                              const std::vector<int32_t>& stop_tokens, int64_t drawable) {
   MOE_CHECK(!prompt.empty(), "[generate] the prompt is empty");
   MOE_CHECK(max_tokens >= 0, "[generate] max_tokens={} must be >= 0", max_tokens);
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
@@ -139,7 +139,7 @@ std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>&
   for (int64_t i = 0; i < max_tokens; ++i) {
     const int32_t token = draw(*logits);
     out.push_back(token);
-    if (stop_token.has_value() && token == *stop_token) break;
+    if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) break;
     if (i + 1 < max_tokens) logits = &model.decode_step(token);
   }
   return out;

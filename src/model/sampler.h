@@ -58,14 +58,14 @@ int32_t argmax(const std::vector<float>& logits);
 
 // Starts a new sequence (model.reset()), prefills the prompt, then samples up to max_tokens new
 // tokens with a Sampler(config). Returns the generated tokens only (not the prompt). Generation
-// stops after emitting stop_token, which is included as the last element (as Hugging Face's
-// generate keeps the EOS). Throws moecore::Error, before any work, for an empty prompt,
-// max_tokens < 0, or prompt.size() + max_tokens - 1 > model.max_seq() (the last sampled token is
-// never fed back, so it needs no cache slot). drawable > 0: only ids below it are drawn (a
-// tokenizer smaller than the model's padded vocabulary has no text for the others).
+// stops after emitting any of stop_tokens, which is included as the last element (as Hugging
+// Face's generate keeps the EOS; a model may name several EOS ids). Throws moecore::Error, before
+// any work, for an empty prompt, max_tokens < 0, or prompt.size() + max_tokens - 1 >
+// model.max_seq() (the last sampled token is never fed back, so it needs no cache slot). drawable >
+// 0: only ids below it are drawn (a tokenizer smaller than the model's padded vocabulary has no
+// text for the others).
 std::vector<int32_t> generate(InferenceModel& model, const std::vector<int32_t>& prompt,
                               int64_t max_tokens, const SamplingConfig& config,
-                              std::optional<int32_t> stop_token = std::nullopt,
-                              int64_t drawable = 0);
+                              const std::vector<int32_t>& stop_tokens = {}, int64_t drawable = 0);
 
 }  // namespace moecore

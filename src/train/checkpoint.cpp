@@ -19,6 +19,7 @@
 #include "core/escape.h"
 #include "io/file_checksums.h"
 #include "io/file_util.h"
+#include "io/hf_side_files.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
 #include "train/trainer_state.h"
@@ -197,6 +198,7 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step,
                           "[checkpoint]");
     if (!c.tokenizer_json.empty())
       io::write_text_atomic(staging_dir + "/tokenizer.json", c.tokenizer_json, "[checkpoint]");
+    io::write_hf_side_files(staging_dir, c.hf_side_files, "[checkpoint]");
     // The trainer state promises the manifest written below (a checkpoint that lost it is
     // damaged, not one of an older moecore).
     nlohmann::json trainer_state = c.trainer_state;

@@ -7,6 +7,8 @@
 //   trainer_state.json step, tokens seen, data cursor, seed, step-guard window, schedule position
 //   config.toml        the effective run configuration
 //   tokenizer.json     the run's tokenizer, when it has one (so the directory is self-contained)
+//   generation_config.json, tokenizer_config.json, ...  those of the model an --init-from run
+//                      started from, when its tokenizer is the run's (io/hf_side_files.h)
 //   checksums.json     every other file's size and CRC-32C (io/file_checksums.h), written last:
 //                      --resume skips a checkpoint whose files changed after they were written
 // A save is written into a temporary sibling directory, every file fsynced, the directory renamed
@@ -39,7 +41,8 @@ struct CheckpointContents {
   AdamW* optimizer;  // nullptr: weights only (loadable, not resumable)
   nlohmann::json trainer_state;
   nlohmann::json hf_config;
-  std::string tokenizer_json;  // written as tokenizer.json when not empty
+  std::string tokenizer_json;                        // written as tokenizer.json when not empty
+  std::map<std::string, std::string> hf_side_files;  // io/hf_side_files.h
 };
 
 // Writes step_<step> under <run_dir>/checkpoints and prunes to keep_last; returns its path.

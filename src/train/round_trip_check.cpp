@@ -12,6 +12,7 @@
 #include "dist/rank_reports.h"
 #include "io/file_util.h"
 #include "io/hf_config_reader.h"
+#include "io/hf_side_files.h"
 #include "io/hf_weights_reader.h"
 #include "io/model_weights.h"
 #include "kernels/matmul_precision.h"
@@ -52,6 +53,7 @@ void write_model_dir(const std::string& dir, const ParamLayout& layout, const Pa
   io::write_text_atomic(dir + "/config.toml", run_config_to_toml(*contents.run), kTag);
   if (!contents.tokenizer_json.empty())
     io::write_text_atomic(dir + "/tokenizer.json", contents.tokenizer_json, kTag);
+  io::write_hf_side_files(dir, contents.hf_side_files, kTag);
 }
 
 RoundTripCheck check_model_dir(const std::string& dir, const std::string& name,

@@ -26,6 +26,7 @@ struct ModelDirContents {
   nlohmann::json hf_config;                             // config.json
   std::map<std::string, std::string> weights_metadata;  // model.safetensors' metadata
   std::string tokenizer_json;                           // tokenizer.json when not empty
+  std::map<std::string, std::string> hf_side_files;     // io/hf_side_files.h
 };
 // Writes <dir>/model.safetensors (fp32, Hugging Face names), config.json, config.toml and
 // tokenizer.json into an existing directory.

@@ -1,5 +1,7 @@
 #include "train/sample.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "model/inference.h"
 
@@ -8,7 +10,8 @@ namespace moecore {
 std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                           const ParamBuffers& params, const data::Tokenizer& tokenizer,
                           const std::string& prompt, int64_t max_tokens,
-                          const SamplingConfig& sampling, const PrecisionRecipe& precision) {
+                          const SamplingConfig& sampling, const PrecisionRecipe& precision,
+                          std::vector<int32_t> stop_ids) {
   MOE_CHECK(tokenizer.vocab_size() <= config.vocab_size,
             "[generate] the tokenizer has {} tokens but the model's vocab_size is {}: not the "
             "model's tokenizer",
@@ -19,9 +22,11 @@ std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                        static_cast<int64_t>(ids.size()) + std::max<int64_t>(max_tokens, 1));
   model.set_precision(precision);
   // A padded vocabulary (vocab_size above the tokenizer's) has ids without text: never drawn.
+  if (stop_ids.empty()) stop_ids = {tokenizer.eos_id()};
   std::vector<int32_t> out =
-      generate(model, ids, max_tokens, sampling, tokenizer.eos_id(), tokenizer.vocab_size());
-  if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
+      generate(model, ids, max_tokens, sampling, stop_ids, tokenizer.vocab_size());
+  if (!out.empty() && std::find(stop_ids.begin(), stop_ids.end(), out.back()) != stop_ids.end())
+    out.pop_back();
   return tokenizer.decode_text(out);
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "data/tokenizer.h"
 #include "model/params.h"
@@ -12,11 +13,13 @@
 namespace moecore {
 
 // Encodes `prompt` (an empty prompt starts a new document: the EOS token), samples up to max_tokens
-// with a KV cache and returns the decoded continuation, stopping at EOS.
+// with a KV cache and returns the decoded continuation, stopping at any of `stop_ids` (empty: the
+// tokenizer's EOS), which is not decoded.
 std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                           const ParamBuffers& params, const data::Tokenizer& tokenizer,
                           const std::string& prompt, int64_t max_tokens,
-                          const SamplingConfig& sampling, const PrecisionRecipe& precision);
+                          const SamplingConfig& sampling, const PrecisionRecipe& precision,
+                          std::vector<int32_t> stop_ids = {});
 
 // The end-of-run sample: temperature 0.8, top-p 0.95.
 std::string generate_sample(const ModelConfig& config, const ParamLayout& layout,

@@ -44,6 +44,7 @@
 #include "train/checkpoint.h"
 #include "train/communicator_choice.h"
 #include "train/evaluate.h"
+#include "train/hf_metadata.h"
 #include "train/layout_validation.h"
 #include "train/rank_agreement.h"
 #include "train/resume_policy.h"
@@ -502,7 +503,7 @@ std::string init_from_hf(const dist::Communicator& world, const RunConfig& confi
       in.tokenizer ? std::optional<int32_t>(in.tokenizer->eos_id()) : std::nullopt;
   const RoundTripCheck check = round_trip_check_on_rank0(
       world, config.train.out_dir + "/.init-from-check", full_layout, whole,
-      {&config, io::hf_config_json(config.model, config.train.seq_len, eos), {}, {}},
+      {&config, io::hf_config_json(config.model, config.train.seq_len, eos), {}, {}, {}},
       "[init-from]");
   return fmt::format(
       "init-from self-check: {} written in moecore's format and read back gives the same logits "
@@ -517,7 +518,7 @@ std::string init_from_hf(const dist::Communicator& world, const RunConfig& confi
 // evaluation; the profile and the rank statistics end first, before the final checkpoint; the
 // caller's come last.
 void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& options,
-                   int64_t owner_pid, bool resumed) {
+                   int64_t owner_pid, bool resumed, const HfMetadata& metadata) {
   const TrainConfig& tc = ctx.config.train;
   const bool rank0 = ctx.world.rank() == 0;
   // The sample decodes the final checkpoint: none without checkpoints.
@@ -532,12 +533,10 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   if (in.val_data) ctx.callbacks.push_back(std::make_unique<EvalCallback>(*in.val_data));
   // Its on_end right after the final checkpoint's, before the final evaluation's.
   ctx.callbacks.push_back(std::make_unique<LateStopSignalCallback>(loop_signals));
-  const std::optional<int32_t> eos =
-      in.tokenizer ? std::optional<int32_t>(in.tokenizer->eos_id()) : std::nullopt;
   if (tc.checkpoint)
     ctx.callbacks.push_back(std::make_unique<CheckpointCallback>(
-        owner_pid, io::hf_config_json(ctx.config.model, tc.seq_len, eos),
-        in.tokenizer ? in.tokenizer->to_json() : std::string(),
+        owner_pid, io::hf_config_json(ctx.config.model, metadata.info),
+        in.tokenizer ? in.tokenizer->to_json() : std::string(), metadata.side_files,
         resumed ? std::optional<int64_t>(ctx.step) : std::nullopt));
   ctx.callbacks.push_back(std::make_unique<ProfilerCallback>());
   ctx.callbacks.push_back(std::make_unique<RankStatsCallback>());
@@ -756,7 +755,17 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     ctx.summary.steps = ctx.step;
     return ctx.summary;
   }
-  add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value());
+  // What the checkpoints say beyond the weights: the resumed checkpoint's, the --init-from
+  // model's, or the run's own.
+  const std::optional<std::string> metadata_source =
+      start.checkpoint
+          ? start.checkpoint
+          : (options.init_from.empty() ? std::nullopt
+                                       : std::optional<std::string>(options.init_from));
+  const HfMetadata metadata =
+      hf_metadata_of_run(tc.seq_len, in.tokenizer ? &*in.tokenizer : nullptr, metadata_source);
+  if (!metadata.note.empty()) progress.message(metadata.note);
+  add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value(), metadata);
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);
   if (tc.cuda_graph) {

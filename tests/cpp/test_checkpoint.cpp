@@ -124,7 +124,8 @@ class CheckpointTest : public ::testing::Test {
                          &optimizer_,
                          trainer_state(step),
                          io::hf_config_json(config_.model, 64, 3),
-                         tokenizer};
+                         tokenizer,
+                         {}};
     return c;
   }
 

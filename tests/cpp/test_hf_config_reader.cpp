@@ -34,8 +34,8 @@ void expect_round_trip(const ModelConfig& c, const std::string& model_type) {
   const HfModelConfig read = hf_model_config_from_json(j, "config.json");
   EXPECT_EQ(read.model_type, model_type);
   EXPECT_EQ(model_config_difference(read.model, c), "");
-  EXPECT_EQ(read.max_position_embeddings, 2048);
-  EXPECT_EQ(read.eos_token_id, 7);
+  EXPECT_EQ(read.info.max_position_embeddings, 2048);
+  EXPECT_EQ(read.info.eos_token_ids, std::vector<int32_t>{7});
 }
 
 TEST(HfConfigReader, ExportedFamiliesReadBackAsTheSameArchitecture) {
@@ -102,6 +102,58 @@ TEST(HfConfigReader, RefusesWhatMoecoreDoesNotCompute) {
   j = qwen;
   j["mlp_only_layers"] = {0, 1};
   EXPECT_EQ(hf_model_config_from_json(j, "config.json").model.first_k_dense_replace, 2);
+}
+
+TEST(HfConfigReader, KeepsWhatConfigJsonSaysBeyondTheArchitecture) {
+  // Token ids (a list of EOS ids as Qwen3 and Llama-3 write them), the context length and the
+  // router-logits flag survive import -> export, and moecore's z-loss coefficient its own export.
+  ModelConfig c = base();
+  c.router_z_loss_coef = 1e-3;
+  HfModelInfo info;
+  info.max_position_embeddings = 4096;
+  info.eos_token_ids = {2, 3};
+  info.bos_token_id = 1;
+  info.pad_token_id = 4;
+  info.output_router_logits = true;
+  const nlohmann::json j = hf_config_json(c, info);
+  EXPECT_EQ(j.at("eos_token_id"), nlohmann::json::array({2, 3}));
+  const HfModelConfig read = hf_model_config_from_json(j, "config.json");
+  EXPECT_EQ(read.info.eos_token_ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(read.info.bos_token_id, 1);
+  EXPECT_EQ(read.info.pad_token_id, 4);
+  EXPECT_TRUE(read.info.output_router_logits);
+  EXPECT_EQ(read.info.max_position_embeddings, 4096);
+  EXPECT_EQ(read.model.router_z_loss_coef, 1e-3);
+  EXPECT_EQ(hf_config_json(read.model, read.info), j);
+  // Ids that name no token of the vocabulary are left out.
+  nlohmann::json beyond = j;
+  beyond["eos_token_id"] = {2, c.vocab_size};
+  beyond["pad_token_id"] = -1;
+  const HfModelConfig kept = hf_model_config_from_json(beyond, "config.json");
+  EXPECT_EQ(kept.info.eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_FALSE(kept.info.pad_token_id.has_value());
+}
+
+TEST(HfConfigReader, ReadsTransformersFiveRopeParametersAndSwish) {
+  nlohmann::json j = hf_config_json(base(), 2048, 7);
+  // transformers 5.x: rope_theta inside rope_parameters, none at the top.
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  EXPECT_EQ(hf_model_config_from_json(j, "config.json").model.rope_theta, 1e6);
+  j["rope_theta"] = 1e4;  // both, disagreeing
+  EXPECT_NE(error_of(j).find("differ"), std::string::npos);
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e6}};
+  EXPECT_NE(error_of(j).find("'rope_parameters'"), std::string::npos);
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"factor", 4.0}};
+  EXPECT_NE(error_of(j).find("'factor'"), std::string::npos);
+  j = hf_config_json(base(), 2048, 7);
+  j["rope_scaling"] = {{"rope_type", "default"}};  // unscaled, spelt out
+  EXPECT_EQ(error_of(j), "");
+  j["hidden_act"] = "swish";  // transformers' ACT2FN: the same function as silu
+  EXPECT_EQ(error_of(j), "");
+  j["hidden_act"] = "gelu";
+  EXPECT_NE(error_of(j).find("'hidden_act'"), std::string::npos);
 }
 
 }  // namespace

@@ -263,7 +263,7 @@ TEST(Inference, GreedyGenerateFollowsArgmaxAndStops) {
   }
 
   // A stop token ends generation after it is emitted (and is kept).
-  const std::vector<int32_t> stopped = generate(inf, prompt, 6, greedy, out[2]);
+  const std::vector<int32_t> stopped = generate(inf, prompt, 6, greedy, {out[2]});
   const auto first = std::find(out.begin(), out.end(), out[2]);
   EXPECT_EQ(stopped, std::vector<int32_t>(out.begin(), first + 1));
   EXPECT_TRUE(generate(inf, prompt, 0, greedy).empty());

@@ -50,7 +50,8 @@ class RoundTripCheckTest : public ::testing::Test {
   }
 
   void write(const RunConfig& run) {
-    write_model_dir(dir_, layout_, params_, {&run, io::hf_config_json(run_.model, 64, 0), {}, {}});
+    write_model_dir(dir_, layout_, params_,
+                    {&run, io::hf_config_json(run_.model, 64, 0), {}, {}, {}});
   }
   // check_model_dir's one-line error, or "" when the check passes.
   std::string check_error(const ParamBuffers& params) {

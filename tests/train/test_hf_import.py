@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tokenizers
 import torch
 import transformers
 from safetensors.numpy import load_file as load_np
@@ -113,8 +114,15 @@ def test_import_matches_transformers(moecore_bin, hf_dirs, job_data, tmp_path, f
     r = run(moecore_bin, "import", hf, "--out", out)
     assert "self-check: reloaded logits equal the imported model's bit for bit" in r.stdout
     assert ("BF16 -> fp32" if variant.startswith("bf16") else "F32 -> fp32") in r.stdout, r.stdout
+    # save_pretrained's generation_config.json is carried byte for byte, config.json's ids and
+    # context length kept.
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.toml",
-                                                     "model.safetensors"]
+                                                     "generation_config.json", "model.safetensors"]
+    assert (out / "generation_config.json").read_bytes() == \
+        (hf / "generation_config.json").read_bytes()
+    source, imported = (json.loads((d / "config.json").read_text()) for d in (hf, out))
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id", "max_position_embeddings"):
+        assert imported[key] == source.get(key), (key, imported[key], source.get(key))
     x = batch(job_data.vocab_size)
     ours = moecore_logits(moecore_bin, out, x, tmp_path)
     ref = transformers_logits(hf, x)
@@ -269,6 +277,96 @@ def test_init_from_step0_loss_is_the_imported_models(moecore_bin, hf_dirs, job_d
     assert "qk_norm = 'per_head'" in saved
 
 
+def test_import_init_from_and_generate_keep_the_models_generation_settings(
+        moecore_bin, hf_dirs, job_data, tmp_path):
+    """What a Hugging Face directory says beyond the weights reaches what moecore writes of it and
+    how it generates: several EOS ids, BOS and PAD ids, the context length, generation_config.json,
+    tokenizer_config.json and chat_template.jinja (byte for byte), through `import`, through the
+    checkpoints of `train --init-from` with the model's own tokenizer, and into `generate`, which
+    stops where transformers' generate stops (at any of the EOS ids). A run with another tokenizer
+    leaves them behind and says so in a note."""
+    hf = _copy(hf_dirs, tmp_path)
+    shutil.copy(job_data.tokenizer, hf / "tokenizer.json")
+    prompt = "And God said"
+    tok = tokenizers.Tokenizer.from_file(str(job_data.tokenizer))
+    ids = tok.encode(prompt).ids
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32)
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12,
+                                eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    # The first token not seen before it, from the third on, is one of the two EOS ids.
+    stop_at = next(i for i in range(2, len(greedy)) if greedy[i] not in greedy[:i])
+    eos = [greedy[stop_at], job_data.vocab_size - 1]
+    config = json.loads((hf / "config.json").read_text())
+    config.update(eos_token_id=eos, bos_token_id=1, pad_token_id=2, max_position_embeddings=4096)
+    (hf / "config.json").write_text(json.dumps(config))
+    generation = json.loads((hf / "generation_config.json").read_text())
+    generation.update(eos_token_id=eos, bos_token_id=1, pad_token_id=2)
+    (hf / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    (hf / "tokenizer_config.json").write_text('{"model_max_length": 4096}')
+    (hf / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    side = ["chat_template.jinja", "generation_config.json", "tokenizer_config.json"]
+
+    def assert_carried(d: Path):
+        for name in side:
+            assert (d / name).read_bytes() == (hf / name).read_bytes(), (d, name)
+        written = json.loads((d / "config.json").read_text())
+        assert (written["eos_token_id"], written["bos_token_id"], written["pad_token_id"],
+                written["max_position_embeddings"]) == (eos, 1, 2, 4096), written
+
+    imported = tmp_path / "imported"
+    run(moecore_bin, "import", hf, "--out", imported)
+    assert_carried(imported)
+    with torch.no_grad():
+        expected = transformers.AutoModelForCausalLM.from_pretrained(
+            imported, torch_dtype=torch.float32).generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids):].tolist()
+    assert expected == greedy[:stop_at + 1], (expected, greedy)  # transformers stops at the EOS
+    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt,
+            "--temperature", "0", "--max-tokens", "12")
+    assert r.stdout == prompt + tok.decode(greedy[:stop_at]) + "\n", (r.stdout, greedy, stop_at)
+
+    out = tmp_path / "run"
+    cfg = init_config(tmp_path, job_data, out, max_steps=1)
+    r = run(moecore_bin, "train", cfg, "--init-from", hf)
+    assert "are not carried" not in r.stdout, r.stdout
+    (saved,) = checkpoints(out)
+    assert_carried(saved)
+    r = run(moecore_bin, "train", out / "config.toml", "--set", "train.max_steps=2", "--resume")
+    assert_carried(checkpoints(out)[-1])  # and its resumes keep the checkpoint's
+
+    other = tmp_path / "other_tokenizer.json"  # the same tokens, other bytes: not the model's
+    other.write_bytes(job_data.tokenizer.read_bytes() + b"\n")
+    out = tmp_path / "run_other"
+    cfg = init_config(tmp_path, job_data, out, name="other.toml", max_steps=1)
+    r = run(moecore_bin, "train", cfg, "--set", f'data.tokenizer="{other}"', "--init-from", hf)
+    assert (f"note: config.json's token ids, {', '.join(side)} of {hf} are not carried into this "
+            f"run's checkpoints: data.tokenizer is not {hf}/tokenizer.json") in r.stdout, r.stdout
+    (saved,) = checkpoints(out)
+    assert not any((saved / name).exists() for name in side)
+    written = json.loads((saved / "config.json").read_text())
+    assert written["eos_token_id"] == job_data.eos_id and written["bos_token_id"] is None
+    assert written["max_position_embeddings"] == 4096  # the model's, whatever the tokenizer
+
+
+def test_import_and_init_from_refuse_non_finite_weights(moecore_bin, hf_dirs, job_data, tmp_path):
+    """A NaN where the self-check's batch does not reach it (one row of the embedding no check
+    token selects) is refused by import and --init-from, naming the tensor and the element,
+    before anything is written."""
+    hf = _copy(hf_dirs, tmp_path)
+    row = job_data.vocab_size - 1
+    _edit_tensors(hf / "model.safetensors",
+                  lambda t: t["model.embed_tokens.weight"][row, 3].fill_(float("nan")))
+    element = row * 32 + 3
+    _import_fails(moecore_bin, hf, tmp_path, "[import]", "'model.embed_tokens.weight' holds nan",
+                  f"element {element}")
+    out = tmp_path / "run"
+    r = run(moecore_bin, "train", init_config(tmp_path, job_data, out, max_steps=1), "--init-from",
+            hf, check=False)
+    assert_one_line_error(r, "'model.embed_tokens.weight' holds nan", f"element {element}")
+    assert not checkpoints(out)
+
+
 INIT_CHECK = "init-from self-check: "
 # One directory per family, both dtypes and both file layouts among them.
 INIT_VARIANT = {"olmoe": "fp32", "qwen3_moe": "bf16-sharded", "flex_olmo": "bf16"}
@@ -301,11 +399,11 @@ def test_init_from_self_checks_and_starts_from_transformers_logits(moecore_bin, 
 
 
 def _non_finite_copy(hf_dirs, tmp_path) -> Path:
-    """A real broken checkpoint: every header, dtype and shape as expected, but the final norm's
-    weight Inf, so every logit is Inf or NaN."""
+    """A real broken checkpoint: every header, dtype and shape as expected, every value finite
+    (a NaN or Inf weight is refused before the check: below), but the final norm's weight near
+    fp32's largest, so the logits overflow to Inf or NaN."""
     hf = _copy(hf_dirs, tmp_path)
-    _edit_tensors(hf / "model.safetensors",
-                  lambda t: t["model.norm.weight"].fill_(float("inf")))
+    _edit_tensors(hf / "model.safetensors", lambda t: t["model.norm.weight"].fill_(3e38))
     return hf
 
 

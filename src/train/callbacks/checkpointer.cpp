@@ -24,10 +24,12 @@ std::optional<int64_t> write_fault_from_env() {
 
 CheckpointCallback::CheckpointCallback(int64_t owner_pid, nlohmann::json hf_config,
                                        std::string tokenizer_json,
+                                       std::map<std::string, std::string> hf_side_files,
                                        std::optional<int64_t> resumed_step)
     : owner_pid_(owner_pid),
       hf_config_(std::move(hf_config)),
       tokenizer_json_(std::move(tokenizer_json)),
+      hf_side_files_(std::move(hf_side_files)),
       last_saved_(resumed_step.value_or(-1)),
       write_fault_(write_fault_from_env()) {}
 
@@ -56,8 +58,8 @@ void CheckpointCallback::save(TrainContext& ctx) {
     state["replay_origin"] = {{"step", ctx.replay_origin.step},
                               {"data_cursor", ctx.replay_origin.data_cursor},
                               {"tokens_seen", ctx.replay_origin.tokens_seen}};
-  const CheckpointContents contents{&ctx.config, &ctx.full_layout, nullptr,        nullptr,
-                                    state,       hf_config_,       tokenizer_json_};
+  const CheckpointContents contents{&ctx.config, &ctx.full_layout, nullptr,         nullptr,
+                                    state,       hf_config_,       tokenizer_json_, hf_side_files_};
   const bool rank0 = ctx.world.rank() == 0;
   // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
   const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step, owner_pid_);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -23,9 +24,11 @@ struct TrainContext;
 class CheckpointCallback final : public Callback {
  public:
   // owner_pid: rank 0's process id (the staging directories' names); hf_config: config.json;
-  // tokenizer_json: written beside the weights when not empty; resumed_step: the step of the
-  // checkpoint the run resumed from (nothing to save there again), or nullopt.
+  // tokenizer_json: written beside the weights when not empty; hf_side_files: written beside it
+  // (io/hf_side_files.h); resumed_step: the step of the checkpoint the run resumed from (nothing
+  // to save there again), or nullopt.
   CheckpointCallback(int64_t owner_pid, nlohmann::json hf_config, std::string tokenizer_json,
+                     std::map<std::string, std::string> hf_side_files,
                      std::optional<int64_t> resumed_step);
   void on_step_end(TrainContext& ctx, StepReport& report) override;
   void on_end(TrainContext& ctx) override;
@@ -36,6 +39,7 @@ class CheckpointCallback final : public Callback {
   int64_t owner_pid_;
   nlohmann::json hf_config_;
   std::string tokenizer_json_;
+  std::map<std::string, std::string> hf_side_files_;
   int64_t last_saved_;
   // Test hook for the "disk full during save" proof: MOECORE_FAULT_WRITE_BYTES=N makes file writes
   // fail with ENOSPC after N more bytes, once the first checkpoint is on disk.
