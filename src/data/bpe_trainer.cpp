@@ -237,6 +237,10 @@ Tokenizer train_bpe(const std::vector<std::string>& files, int64_t vocab_size,
   for (const std::string& path : files) {
     maps.push_back(io::MappedFile::open(path, "[tokenizer]"));
     texts.emplace_back(reinterpret_cast<const char*>(maps.back().data()), maps.back().size());
+    // tokenizers trains on Python strings: a file that is not UTF-8 is refused, not split as bytes.
+    const size_t invalid = utf8_invalid_offset(texts.back());
+    MOE_CHECK(invalid == std::string_view::npos,
+              "[tokenizer] {}: not UTF-8 at byte {} (the input must be UTF-8 text)", path, invalid);
   }
   return train(texts, vocab_size, special_tokens);
 }

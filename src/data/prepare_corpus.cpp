@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "data/npy.h"
+#include "data/tokenizer_byte_level.h"
 #include "io/file_util.h"
 
 namespace moecore::data {
@@ -34,13 +35,18 @@ bool is_blank(std::string_view line) {
 }
 
 // Calls fn(line) for every non-blank line of `path`, without its line terminator ("\n" or
-// "\r\n"). POSIX getline handles lines of any length and reports read errors through errno.
+// "\r\n"). POSIX getline handles lines of any length and reports read errors through errno. The
+// text must be UTF-8, as tokenizers (which takes Python strings) requires: an invalid byte is an
+// error naming its offset, never tokenized as it stands.
 template <typename Fn>
 void for_each_document(const std::string& path, Fn&& fn) {
+  std::error_code ec;
+  MOE_CHECK(!fs::is_directory(path, ec), "[prepare] {}: is a directory, not a text file", path);
   std::FILE* file = std::fopen(path.c_str(), "rb");
   MOE_CHECK(file != nullptr, "[prepare] {}: cannot open: {}", path, errno_text(errno));
   char* buffer = nullptr;
   size_t capacity = 0;
+  size_t line_offset = 0;  // of the line in the file
   try {
     while (true) {
       errno = 0;
@@ -50,6 +56,11 @@ void for_each_document(const std::string& path, Fn&& fn) {
         break;
       }
       std::string_view line(buffer, static_cast<size_t>(n));
+      const size_t invalid = utf8_invalid_offset(line);
+      MOE_CHECK(invalid == std::string_view::npos,
+                "[prepare] {}: not UTF-8 at byte {} (the input must be UTF-8 text)", path,
+                line_offset + invalid);
+      line_offset += line.size();
       if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       if (!is_blank(line)) fn(line);

@@ -31,6 +31,15 @@ struct AddedToken {
   bool lstrip = false;
   bool rstrip = false;
   bool special = false;
+  // Matched in the normalized text, after the tokens that are not (tokenizers' two passes).
+  bool normalized = true;
+};
+
+// One piece of the text once the added tokens are taken out: an added token, or text for the
+// pre-tokenizer and the model.
+struct TextPiece {
+  std::string_view text;
+  const AddedToken* token = nullptr;
 };
 
 // One pre-tokenization step: split every piece (regex or literal, Isolated), optionally after
@@ -66,30 +75,125 @@ std::string string_field(const Json& object, const char* key, const std::string&
   return object[key].get<std::string>();
 }
 
-bool is_word_char(char32_t cp) {
-  // Rust's char::is_alphanumeric, approximated: ASCII letters/digits, and any non-ASCII letter-ish
-  // code point that is not whitespace.
-  if (cp < 0x80)
-    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
-  return cp != 0xFFFFFFFF && !is_unicode_whitespace(cp);
-}
-
-char32_t last_code_point(std::string_view text) {
-  if (text.empty()) return 0xFFFFFFFF;
+// Where the last character of a non-empty text starts, and the character in cp (0xFFFFFFFF when
+// the text does not end in a valid UTF-8 character: then its last byte alone).
+size_t last_code_point(std::string_view text, char32_t& cp) {
   size_t pos = text.size() - 1;
   while (pos > 0 && (static_cast<uint8_t>(text[pos]) & 0xC0) == 0x80 && text.size() - pos < 4)
     --pos;
-  char32_t cp = 0;
-  utf8_next(text, pos, cp);
-  return cp;
+  if (utf8_next(text, pos, cp) != text.size() - pos) {
+    cp = 0xFFFFFFFF;
+    pos = text.size() - 1;
+  }
+  return pos;
 }
 
-char32_t first_code_point(std::string_view text) {
-  if (text.empty()) return 0xFFFFFFFF;
+// tokenizers' ends_with_word / starts_with_word (regexes \w$ and ^\w).
+bool ends_with_word_char(std::string_view text) {
+  if (text.empty()) return false;
+  char32_t cp = 0;
+  last_code_point(text, cp);
+  return is_unicode_word_char(cp);
+}
+
+bool starts_with_word_char(std::string_view text) {
+  if (text.empty()) return false;
   char32_t cp = 0;
   utf8_next(text, 0, cp);
-  return cp;
+  return is_unicode_word_char(cp);
 }
+
+// Where the whitespace that ends text begins (tokenizers' space_leftmost_at_end, regex \s*$).
+size_t trailing_whitespace_start(std::string_view text) {
+  size_t end = text.size();
+  while (end > 0) {
+    char32_t cp = 0;
+    const size_t start = last_code_point(text.substr(0, end), cp);
+    if (!is_unicode_whitespace(cp)) break;
+    end = start;
+  }
+  return end;
+}
+
+// The length of the whitespace that starts text (space_rightmost_at_start, regex ^\s*).
+size_t leading_whitespace_length(std::string_view text) {
+  size_t end = 0;
+  while (end < text.size()) {
+    char32_t cp = 0;
+    const size_t len = utf8_next(text, end, cp);
+    if (!is_unicode_whitespace(cp)) break;
+    end += len;
+  }
+  return end;
+}
+
+// One of tokenizers' two added-token tries (the tokens matched before normalization, or those
+// matched after) and its AddedVocabulary::find_matches.
+class AddedTokenMatcher {
+ public:
+  AddedTokenMatcher() = default;
+  // The tokens whose `normalized` equals the given one; `tokens` must outlive the matcher.
+  AddedTokenMatcher(const std::vector<AddedToken>& tokens, bool normalized) {
+    for (const AddedToken& token : tokens) {
+      if (token.normalized != normalized) continue;
+      by_first_byte_[static_cast<uint8_t>(token.content[0])].push_back(&token);
+      empty_ = false;
+    }
+    // Longest first: the first that matches at a position is the longest there.
+    for (auto& list : by_first_byte_) {
+      std::stable_sort(list.begin(), list.end(), [](const AddedToken* x, const AddedToken* y) {
+        return x->content.size() > y->content.size();
+      });
+    }
+  }
+
+  // Splits sentence into pieces (appended to `out`) as tokenizers does: the leftmost-longest
+  // non-overlapping matches (aho-corasick, MatchKind::LeftmostLongest) are found on the raw
+  // sentence; a match refused by single_word is skipped past, not retried shorter; lstrip and
+  // rstrip then widen the accepted ones over whitespace (never back past the previous piece's end,
+  // but rstrip may run over later matches, which are still emitted, as tokenizers does).
+  void split(std::string_view sentence, std::vector<TextPiece>& out) const {
+    size_t piece_start = 0;  // tokenizers' start_offset: the end of the last accepted token
+    size_t search_from = 0;
+    size_t match_start = 0;
+    while (const AddedToken* token = find(sentence, search_from, match_start)) {
+      size_t start = match_start;
+      size_t stop = start + token->content.size();
+      search_from = stop;
+      // Word boundaries are judged on the whole sentence: an added token just before counts.
+      if (token->single_word && (ends_with_word_char(sentence.substr(0, start)) ||
+                                 starts_with_word_char(sentence.substr(stop)))) {
+        continue;
+      }
+      if (token->lstrip)
+        start = std::max(trailing_whitespace_start(sentence.substr(0, start)), piece_start);
+      if (token->rstrip) stop += leading_whitespace_length(sentence.substr(stop));
+      if (piece_start < start)
+        out.push_back({sentence.substr(piece_start, start - piece_start), nullptr});
+      out.push_back({{}, token});
+      piece_start = stop;
+    }
+    if (piece_start < sentence.size()) out.push_back({sentence.substr(piece_start), nullptr});
+  }
+
+ private:
+  // The longest token that matches at the first position >= from where any does; sets start.
+  const AddedToken* find(std::string_view text, size_t from, size_t& start) const {
+    if (empty_) return nullptr;
+    for (size_t pos = from; pos < text.size(); ++pos) {
+      for (const AddedToken* token : by_first_byte_[static_cast<uint8_t>(text[pos])]) {
+        if (text.substr(pos, token->content.size()) == token->content) {
+          start = pos;
+          return token;
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  std::array<std::vector<const AddedToken*>, 256> by_first_byte_;
+  bool empty_ = true;
+};
 
 }  // namespace
 
@@ -108,7 +212,8 @@ struct Tokenizer::Impl {
   bool fuse_unk = false;
   bool ignore_merges = false;
   std::vector<AddedToken> added;
-  std::array<std::vector<int32_t>, 256> added_by_first_byte;  // indices into added, longest first
+  AddedTokenMatcher raw_added;         // normalized=false: matched first, in the raw text
+  AddedTokenMatcher normalized_added;  // normalized=true: in the pieces the first pass left
   StringMap<int32_t> added_ids;
   std::optional<int32_t> eos;
   int64_t size = 0;
@@ -224,11 +329,6 @@ void Tokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32
                                      StringMap<std::pair<uint32_t, uint32_t>>& cache,
                                      std::vector<int32_t>& pool) const {
   if (segment.empty()) return;
-  if (nfc) {
-    const bool ascii = std::all_of(segment.begin(), segment.end(),
-                                   [](char c) { return static_cast<uint8_t>(c) < 0x80; });
-    MOE_CHECK(ascii, "[tokenizer] {}: the NFC normalizer is only supported for ASCII text", origin);
-  }
   std::deque<std::string> owned;  // pieces with a prepended space
   std::vector<std::string_view> pieces{segment};
   std::vector<std::string_view> next;
@@ -297,11 +397,22 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
     if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
       const Json& n = doc["normalizer"];
       const std::string type = string_field(n, "type", std::string("?"), where);
-      if (type == "NFC") {
-        impl->nfc = true;
+      if (type == "Sequence") {
+        MOE_CHECK(n.contains("normalizers") && n["normalizers"].is_array(),
+                  "[tokenizer] {}: normalizer Sequence without a 'normalizers' list", where);
+        for (const Json& member : n["normalizers"]) {
+          const std::string member_type = string_field(member, "type", std::string("?"), where);
+          MOE_CHECK(member_type == "NFC",
+                    "[tokenizer] {}: normalizer '{}' in the normalizer Sequence is not supported "
+                    "(only NFC is)",
+                    where, member_type);
+          impl->nfc = true;
+        }
       } else {
-        MOE_CHECK(type == "Sequence" && n.value("normalizers", Json::array()).empty(),
-                  "[tokenizer] {}: normalizer type '{}' is not supported", where, type);
+        MOE_CHECK(type == "NFC",
+                  "[tokenizer] {}: normalizer type '{}' is not supported (only NFC is)", where,
+                  type);
+        impl->nfc = true;
       }
     }
     // Pre-tokenizer.
@@ -437,6 +548,17 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
         tok.lstrip = bool_field(t, "lstrip", false, where);
         tok.rstrip = bool_field(t, "rstrip", false, where);
         tok.special = bool_field(t, "special", false, where);
+        // tokenizers' default (AddedToken::from): special tokens are matched before
+        // normalization.
+        tok.normalized = bool_field(t, "normalized", !tok.special, where);
+        // NFC is supported for ASCII text only, where it is the identity; a token matched after
+        // it must be ASCII too (NFC turns U+212A KELVIN SIGN into K).
+        MOE_CHECK(!impl->nfc || !tok.normalized ||
+                      std::all_of(tok.content.begin(), tok.content.end(),
+                                  [](char c) { return static_cast<uint8_t>(c) < 0x80; }),
+                  "[tokenizer] {}: added token '{}' is normalized and not ASCII, but the NFC "
+                  "normalizer is only supported for ASCII text",
+                  where, tok.content);
         impl->added_ids[tok.content] = tok.id;
         impl->added.push_back(std::move(tok));
       }
@@ -444,16 +566,8 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
   } catch (const Json::exception& e) {
     fail("[tokenizer] {}: malformed tokenizer.json: {}", where, one_line(e.what()));
   }
-  for (size_t i = 0; i < impl->added.size(); ++i) {
-    const auto first = static_cast<uint8_t>(impl->added[i].content[0]);
-    impl->added_by_first_byte[first].push_back(static_cast<int32_t>(i));
-  }
-  for (auto& list : impl->added_by_first_byte) {
-    std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) {
-      return impl->added[static_cast<size_t>(x)].content.size() >
-             impl->added[static_cast<size_t>(y)].content.size();
-    });
-  }
+  impl->raw_added = AddedTokenMatcher(impl->added, false);
+  impl->normalized_added = AddedTokenMatcher(impl->added, true);
 
   // Id tables. The ids must be dense and unique: 0 .. n-1, each naming one token (an added token
   // may repeat its own vocab entry, as Hugging Face files do). Checked against the number of
@@ -536,54 +650,32 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   const Impl& im = *impl_;
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 16);
-  StringMap<std::pair<uint32_t, uint32_t>> cache;
-  std::vector<int32_t> pool;
-  // Added tokens first: leftmost-longest matches, the text between them goes to the model.
-  size_t segment_start = 0;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const auto& candidates = im.added_by_first_byte[static_cast<uint8_t>(text[pos])];
-    const AddedToken* found = nullptr;
-    for (int32_t index : candidates) {
-      const AddedToken& t = im.added[static_cast<size_t>(index)];
-      if (text.substr(pos, t.content.size()) != t.content) continue;
-      if (t.single_word &&
-          (is_word_char(last_code_point(text.substr(segment_start, pos - segment_start))) ||
-           is_word_char(first_code_point(text.substr(pos + t.content.size()))))) {
-        continue;
-      }
-      found = &t;
-      break;
-    }
-    if (found == nullptr) {
-      ++pos;
+  // tokenizers' AddedVocabulary::extract_and_normalize: the tokens matched before normalization
+  // over the whole text, then the normalized ones inside each piece of text that pass left.
+  std::vector<TextPiece> raw_pieces;
+  im.raw_added.split(text, raw_pieces);
+  std::vector<TextPiece> pieces;
+  for (const TextPiece& piece : raw_pieces) {
+    if (piece.token != nullptr) {
+      pieces.push_back(piece);
       continue;
     }
-    size_t start = pos;
-    size_t end = pos + found->content.size();
-    if (found->lstrip) {
-      while (start > segment_start) {
-        size_t back = start - 1;
-        while (back > segment_start && (static_cast<uint8_t>(text[back]) & 0xC0) == 0x80) --back;
-        char32_t cp = 0;
-        utf8_next(text, back, cp);
-        if (!is_unicode_whitespace(cp)) break;
-        start = back;
-      }
+    if (im.nfc) {
+      MOE_CHECK(std::all_of(piece.text.begin(), piece.text.end(),
+                            [](char c) { return static_cast<uint8_t>(c) < 0x80; }),
+                "[tokenizer] {}: the NFC normalizer is only supported for ASCII text", im.origin);
     }
-    if (found->rstrip) {
-      while (end < text.size()) {
-        char32_t cp = 0;
-        const size_t len = utf8_next(text, end, cp);
-        if (!is_unicode_whitespace(cp)) break;
-        end += len;
-      }
-    }
-    im.encode_segment(text.substr(segment_start, start - segment_start), ids, cache, pool);
-    ids.push_back(found->id);
-    segment_start = pos = end;
+    im.normalized_added.split(piece.text, pieces);
   }
-  im.encode_segment(text.substr(segment_start), ids, cache, pool);
+  StringMap<std::pair<uint32_t, uint32_t>> cache;
+  std::vector<int32_t> pool;
+  for (const TextPiece& piece : pieces) {
+    if (piece.token != nullptr) {
+      ids.push_back(piece.token->id);
+    } else {
+      im.encode_segment(piece.text, ids, cache, pool);
+    }
+  }
   return ids;
 }
 

@@ -1,14 +1,17 @@
 // Byte-level BPE tokenizer compatible with Hugging Face `tokenizers` (GPT-2 / OLMo style
-// tokenizer.json): added tokens are split out first (leftmost-longest), the rest is pre-tokenized
-// (ByteLevel with the GPT-2 regex, or a Sequence of Split regexes + ByteLevel), each piece's bytes
-// are mapped through GPT-2's bytes_to_unicode and merged by rank exactly as tokenizers' BPE model
-// does. encode() equals `tokenizer.encode(text, add_special_tokens=False).ids`.
+// tokenizer.json): added tokens are split out first as tokenizers' AddedVocabulary does (those
+// with normalized=false over the whole text, then the normalized ones inside what is left;
+// leftmost-longest; single_word, lstrip, rstrip), the rest is pre-tokenized (ByteLevel with the
+// GPT-2 regex, or a Sequence of Split regexes + ByteLevel), each piece's bytes are mapped through
+// GPT-2's bytes_to_unicode and merged by rank exactly as tokenizers' BPE model does. encode()
+// equals `tokenizer.encode(text, add_special_tokens=False).ids`.
 //
 // Supported tokenizer.json: model BPE (vocab, merges as "a b" strings or [a, b] pairs,
 // ignore_merges, unk_token/fuse_unk); no continuing_subword_prefix / end_of_word_suffix /
-// byte_fallback / dropout. normalizer null (NFC is accepted but only for ASCII text, where it is
-// the identity). pre_tokenizer ByteLevel, or Sequence of Split (Regex or String pattern, Isolated,
-// not inverted) and ByteLevel. The post-processor is ignored (encode adds no special tokens).
+// byte_fallback / dropout. normalizer null, NFC or a Sequence of NFC (NFC only for ASCII text,
+// where it is the identity). pre_tokenizer ByteLevel, or Sequence of Split (Regex or String
+// pattern, Isolated, not inverted) and ByteLevel. The post-processor is ignored (encode adds no
+// special tokens).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,10 @@
 #include "data/tokenizer_byte_level.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <fmt/format.h>
 #include <pcre2.h>
+
+#include <algorithm>
 
 #include "core/check.h"
 
@@ -50,8 +53,25 @@ const ByteTables& tables() {
   return t;
 }
 
-// White_Space as the body of a character class (PCRE2 syntax).
-constexpr std::string_view kWhiteSpaceClassBody = R"(\x{09}-\x{0D}\x{20}\x{85}\p{Z})";
+// Bodies of character classes (PCRE2 syntax) for Oniguruma's escapes. White_Space is a fixed
+// list, so both it and its complement are written out; the complements stand inside a class
+// ([\S\d]), where PCRE2 has no negation.
+constexpr std::string_view kWhiteSpaceClassBody =
+    R"(\x{09}-\x{0D}\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F})"
+    R"(\x{3000})";
+constexpr std::string_view kNotWhiteSpaceClassBody =
+    R"(\x{00}-\x{08}\x{0E}-\x{1F}\x{21}-\x{84}\x{86}-\x{9F}\x{A1}-\x{167F}\x{1681}-\x{1FFF})"
+    R"(\x{200B}-\x{2027}\x{202A}-\x{202E}\x{2030}-\x{205E}\x{2060}-\x{2FFF}\x{3001}-\x{10FFFF})";
+// Oniguruma's Unicode word (ONIGENC_CTYPE_WORD): PCRE2's \w under UCP is [\p{L}\p{N}_] instead.
+constexpr std::string_view kOnigWordClassBody = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
+// Ruby syntax's \h: an ASCII hex digit.
+constexpr std::string_view kHexDigitClassBody = "0-9A-Fa-f";
+constexpr std::string_view kNotHexDigitClassBody =
+    R"(\x{00}-\x{2F}\x{3A}-\x{40}\x{47}-\x{60}\x{67}-\x{10FFFF})";
+
+bool is_hex_digit(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
 
 std::string pcre2_error_text(int code) {
   PCRE2_UCHAR buffer[256];
@@ -122,13 +142,18 @@ size_t utf8_next(std::string_view text, size_t pos, char32_t& cp) {
   return len;
 }
 
-bool utf8_valid(std::string_view text) {
+size_t utf8_invalid_offset(std::string_view text) {
   for (size_t pos = 0; pos < text.size();) {
     char32_t cp = 0;
-    pos += utf8_next(text, pos, cp);
-    if (cp == 0xFFFFFFFF) return false;
+    const size_t len = utf8_next(text, pos, cp);
+    if (cp == 0xFFFFFFFF) return pos;
+    pos += len;
   }
-  return true;
+  return std::string_view::npos;
+}
+
+bool utf8_valid(std::string_view text) {
+  return utf8_invalid_offset(text) == std::string_view::npos;
 }
 
 bool is_unicode_whitespace(char32_t cp) {
@@ -137,27 +162,78 @@ bool is_unicode_whitespace(char32_t cp) {
          cp == 0x205F || cp == 0x3000;
 }
 
-std::string onig_to_pcre2_pattern(std::string_view pattern) {
+bool is_unicode_word_char(char32_t cp) {
+  if (cp < 0x80)
+    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
+           cp == '_';
+  if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+  // PCRE2's Unicode tables answer the property questions; one compiled class serves every thread.
+  static const std::shared_ptr<pcre2_code> word_class = [] {
+    constexpr std::string_view pattern = R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])";
+    int error_code = 0;
+    PCRE2_SIZE error_offset = 0;
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &error_code, &error_offset, nullptr);
+    MOE_CHECK(code != nullptr, "[tokenizer] cannot compile the word class: {}",
+              pcre2_error_text(error_code));
+    return std::shared_ptr<pcre2_code>(code, pcre2_code_free);
+  }();
+  const std::string text = utf8_encode(cp);
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> match(
+      pcre2_match_data_create(1, nullptr), pcre2_match_data_free);
+  MOE_CHECK(match != nullptr, "[tokenizer] out of memory creating regex match data");
+  return pcre2_match(word_class.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0, 0,
+                     match.get(), nullptr) >= 0;
+}
+
+std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& what) {
   std::string out;
   out.reserve(pattern.size() + 64);
+  // Outside a class a class body is wrapped in [...] (or [^...]); inside one it is spliced in.
+  const auto put_class = [&](bool in_class, std::string_view body, bool negated) {
+    if (in_class) {
+      out += body;
+    } else {
+      out += negated ? "[^" : "[";
+      out += body;
+      out += ']';
+    }
+  };
+  const std::string word = fmt::format("[{}]", kOnigWordClassBody);
   bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
-      const char e = pattern[i + 1];
-      ++i;
+      const char e = pattern[++i];
       if (e == 's') {
-        if (in_class) {
-          out += kWhiteSpaceClassBody;
-        } else {
-          out += '[';
-          out += kWhiteSpaceClassBody;
-          out += ']';
-        }
-      } else if (e == 'S' && !in_class) {
-        out += "[^";
-        out += kWhiteSpaceClassBody;
-        out += ']';
+        put_class(in_class, kWhiteSpaceClassBody, false);
+      } else if (e == 'S') {
+        put_class(in_class, kNotWhiteSpaceClassBody, false);
+      } else if (e == 'h') {
+        put_class(in_class, kHexDigitClassBody, false);
+      } else if (e == 'H') {
+        put_class(in_class, kNotHexDigitClassBody, false);
+      } else if (e == 'w') {
+        put_class(in_class, kOnigWordClassBody, false);
+      } else if (e == 'W') {
+        MOE_CHECK(!in_class,
+                  "[tokenizer] {}: regex '{}': \\W inside a character class is not supported", what,
+                  pattern);
+        put_class(false, kOnigWordClassBody, true);
+      } else if ((e == 'b' || e == 'B') && !in_class) {
+        // A word boundary by Oniguruma's word class (inside a class \b is a backspace, as in both).
+        out += e == 'b' ? fmt::format("(?:(?<={0})(?!{0})|(?<!{0})(?={0}))", word)
+                        : fmt::format("(?:(?<={0})(?={0})|(?<!{0})(?!{0}))", word);
+      } else if (e == 'v') {
+        out += "\\x{0B}";  // Ruby's \v is the vertical tab; PCRE2's is vertical space.
+      } else if (e == 'u') {
+        const std::string_view digits = pattern.substr(i + 1, 4);
+        MOE_CHECK(digits.size() == 4 && std::all_of(digits.begin(), digits.end(), is_hex_digit),
+                  "[tokenizer] {}: regex '{}': \\u must be followed by four hex digits", what,
+                  pattern);
+        out += fmt::format("\\x{{{}}}", digits);
+        i += 4;
       } else {
         out += c;
         out += e;
@@ -172,6 +248,28 @@ std::string onig_to_pcre2_pattern(std::string_view pattern) {
       if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
       continue;
     }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      // A POSIX bracket ([:alpha:]) inside a class: its ']' does not close the class.
+      const size_t close = pattern.find(":]", i + 2);
+      if (close != std::string_view::npos) {
+        out += pattern.substr(i, close + 2 - i);
+        i = close + 1;
+        continue;
+      }
+    }
+    if (!in_class && c == '(' && i + 2 < pattern.size() && pattern[i + 1] == '?') {
+      // Ruby's option m is dot-matches-newline, PCRE2's s ("(?m)", "(?im-x:...)").
+      size_t end = i + 2;
+      while (end < pattern.size() &&
+             std::string_view("imx-").find(pattern[end]) != std::string_view::npos)
+        ++end;
+      if (end > i + 2 && end < pattern.size() && (pattern[end] == ':' || pattern[end] == ')')) {
+        out += "(?";
+        for (size_t k = i + 2; k < end; ++k) out += pattern[k] == 'm' ? 's' : pattern[k];
+        i = end - 1;
+        continue;
+      }
+    }
     if (in_class && c == ']') in_class = false;
     out += c;
   }
@@ -179,14 +277,22 @@ std::string onig_to_pcre2_pattern(std::string_view pattern) {
 }
 
 RegexSplitter::RegexSplitter(std::string_view pattern, const std::string& what) {
-  const std::string translated = onig_to_pcre2_pattern(pattern);
+  const std::string translated = onig_to_pcre2_pattern(pattern, what);
+  // Oniguruma's ^ and $ are line anchors and its only newline is LF (. stops there, $ matches
+  // before it): PCRE2_MULTILINE with the newline convention set rather than PCRE2's build default.
+  const std::unique_ptr<pcre2_compile_context, void (*)(pcre2_compile_context*)> context(
+      pcre2_compile_context_create(nullptr), pcre2_compile_context_free);
+  MOE_CHECK(context != nullptr, "[tokenizer] out of memory creating a regex compile context");
+  pcre2_set_newline(context.get(), PCRE2_NEWLINE_LF);
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(
-      reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error_code, &error_offset, nullptr);
-  MOE_CHECK(code != nullptr, "[tokenizer] {}: cannot compile regex '{}' at offset {}: {}", what,
-            pattern, error_offset, pcre2_error_text(error_code));
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_MULTILINE, &error_code,
+                    &error_offset, context.get());
+  MOE_CHECK(code != nullptr,
+            "[tokenizer] {}: cannot compile regex '{}' (as '{}' for PCRE2) at offset {}: {}", what,
+            pattern, translated, error_offset, pcre2_error_text(error_code));
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // Optional: matching falls back to the interpreter.
   code_ =
       std::shared_ptr<void>(code, [](void* p) { pcre2_code_free(static_cast<pcre2_code*>(p)); });

@@ -28,13 +28,22 @@ std::string byte_level_map(std::string_view bytes);
 // Decodes one UTF-8 code point at text[pos]; returns its length in bytes (1 for an invalid byte,
 // which is then returned as cp = 0xFFFFFFFF).
 size_t utf8_next(std::string_view text, size_t pos, char32_t& cp);
+// The offset of the first byte that does not start a valid UTF-8 character, or npos.
+size_t utf8_invalid_offset(std::string_view text);
 bool utf8_valid(std::string_view text);
 // Unicode White_Space (what Rust's char::is_whitespace and Oniguruma's \s accept).
 bool is_unicode_whitespace(char32_t cp);
+// Rust regex's Unicode \w (UTS #18: Alphabetic, Mark, Decimal_Number, Connector_Punctuation,
+// Join_Control), which tokenizers' single_word added tokens test their neighbours with.
+bool is_unicode_word_char(char32_t cp);
 
-// Rewrites an Oniguruma pattern from tokenizer.json for PCRE2: \s and \S become the exact
-// White_Space class (PCRE2's \s under UCP leaves out U+0085). Other syntax is shared.
-std::string onig_to_pcre2_pattern(std::string_view pattern);
+// Rewrites an Oniguruma (Ruby syntax) pattern from tokenizer.json for PCRE2, which compiles it
+// with PCRE2_MULTILINE and LF newlines (Oniguruma's ^ and $ are line anchors). Escapes whose
+// meaning differs become explicit classes: \s \S (White_Space; PCRE2's leaves out U+0085), \w \W
+// \b \B (Oniguruma's word: Alphabetic, Mark, Decimal_Number, Connector_Punctuation), \h \H (hex
+// digits; PCRE2's are horizontal space), \v (U+000B), \uHHHH; Ruby's (?m) is PCRE2's (?s).
+// `what` names the caller in errors.
+std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& what);
 
 // Splits text into the regex's matches and the gaps between them, in order, none empty
 // (tokenizers' Isolated behaviour). Thread-safe; copies share the compiled pattern.

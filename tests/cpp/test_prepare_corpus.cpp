@@ -281,10 +281,10 @@ TEST_F(PrepareCorpusTest, NeverOverwritesWithoutPermissionAndNeverHalfOverwrites
   // A failure part-way (an id outside the vocabulary) leaves the old corpus and no temporaries.
   PrepareOptions overwrite;
   overwrite.overwrite = true;
-  const std::string bad = write("bad.txt", "fine\n\xff\n");
+  const std::string bad = write("bad.txt", "fine\n\u2014\n");  // E2 80 94: E2 + 3 >= 200
   const std::string oov = error_of(
       [&] { prepare_corpus({bad}, byte_encoder(kOffset), kEos, 200, out(), 0.0, overwrite); });
-  EXPECT_NE(oov.find("bad.txt: document 2 encodes to id 258"), std::string::npos) << oov;
+  EXPECT_NE(oov.find("bad.txt: document 2 encodes to id 229"), std::string::npos) << oov;
   EXPECT_EQ(slurp(train), before);
   EXPECT_EQ(outputs(), std::vector<std::string>{"out"});
 
@@ -334,7 +334,30 @@ TEST_F(PrepareCorpusTest, BadInputsGiveOneLineErrors) {
   expect_error([&] { prepare_corpus({blank}, enc, kEos, kVocab, out(), 0.0); }, "no non-blank");
   expect_error([&] { prepare_corpus({first_}, enc, 300, kVocab, out(), 0.0); }, "eos_id=300");
   expect_error([&] { prepare_corpus({first_}, enc, kEos, kVocab, out(), 1.0); }, "val_fraction");
+  // A directory is named as one, not reported as a read error ("Is a directory").
+  expect_error([&] { prepare_corpus({dir_.string()}, enc, kEos, kVocab, out(), 0.0); },
+               dir_.string() + ": is a directory");
   EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
+// tokenizers encodes Python strings: a byte that is not UTF-8 is refused with the file and its
+// offset (counted over every line, blank ones and line ends included), before anything is written.
+TEST_F(PrepareCorpusTest, InputThatIsNotUtf8IsRefusedWithItsOffset) {
+  const EncodeFn enc = byte_encoder(kOffset);
+  const std::string bad = write("bad.txt", "ok line\n\n caf\xC3\xA9 \xC3( tail\n");
+  const std::string message = error_of([&] {
+    prepare_corpus({first_, bad}, enc, kEos, kVocab, out(), 0.0);
+  });
+  EXPECT_NE(message.find(bad + ": not UTF-8 at byte 16"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
+  // Truncated and overlong sequences and encoded surrogates are refused too.
+  for (const std::string& text :
+       {std::string("ab\xE2\x82"), std::string("ab\xC0\xAF"), std::string("ab\xED\xA0\x80")}) {
+    const std::string path = write("bad2.txt", text);
+    const std::string m = error_of([&] { prepare_corpus({path}, enc, kEos, kVocab, out(), 0.0); });
+    EXPECT_NE(m.find("not UTF-8 at byte 2"), std::string::npos) << m;
+  }
 }
 
 }  // namespace

@@ -90,6 +90,64 @@ TEST(TokenizerByteLevel, Gpt2RegexSplit) {
   EXPECT_EQ(pieces, expected);
 }
 
+// Oniguruma (Ruby syntax), which tokenizers compiles Split regexes with: ^ and $ are line anchors
+// at LF, \A \z \Z are not; \h is a hex digit, \v the vertical tab, \w the Unicode word class
+// (marks included, No excluded), \uHHHH a code point, (?m) dot-matches-newline. Expected pieces
+// are tokenizers 0.22.1's (pre_tokenizers.Split(Regex(p), "isolated").pre_tokenize_str).
+TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
+  struct Case {
+    const char* pattern;
+    std::string_view text;
+    std::vector<std::string_view> pieces;
+  };
+  const std::vector<Case> cases = {
+      {R"(\s+$)", "the  \nfox  \ndog", {"the", "  ", "\nfox", "  ", "\ndog"}},
+      {R"(^h)", "the\nhello", {"the\n", "h", "ello"}},
+      {R"(o\Z)", "foo\n", {"fo", "o", "\n"}},
+      {R"(o\z)", "foo\n", {"foo\n"}},
+      {R"(\Af)", "f\nf", {"f", "\nf"}},
+      {R"(.+)", "a\rb\nc\u2028d\u0085e", {"a\rb", "\n", "c\u2028d\u0085e"}},
+      {R"((?m)a.b)", "a\nb", {"a\nb"}},
+      {R"(\h+)", "xyz09afAF g\t", {"xyz", "09afAF", " g\t"}},
+      {R"([\H]+)", "ab xy", {"ab", " xy"}},
+      {R"(\v)", "a\vb\nc", {"a", "\v", "b\nc"}},
+      {R"(\u0041+)", "xAAy", {"x", "AA", "y"}},
+      {R"(\w+)",
+       "\u00e9_x\u2460a\u0301 \u200d \u2177",
+       {"\u00e9_x", "\u2460", "a\u0301", " \u200d ", "\u2177"}},
+      {R"(\bx)", "\u00e9x x \u2460x", {"\u00e9x ", "x", " \u2460", "x"}},
+      {R"([[:alpha:]\s]+)", "ab c1d\n", {"ab c", "1", "d\n"}},
+      {R"([\S]+)", "a\u0085b c", {"a", "\u0085", "b", " ", "c"}},
+  };
+  for (const Case& c : cases) {
+    const RegexSplitter splitter(c.pattern, "test");
+    std::vector<std::string_view> pieces;
+    splitter.split(c.text, pieces);
+    EXPECT_EQ(pieces, c.pieces) << c.pattern;
+  }
+  expect_one_line_error(error_of([] { RegexSplitter(R"(a\u12)", "tok.json"); }),
+                        "\\u must be followed by four hex digits");
+  expect_one_line_error(error_of([] { RegexSplitter(R"([\W])", "tok.json"); }),
+                        "\\W inside a character class is not supported");
+}
+
+// Rust regex's \w, which single_word added tokens test their neighbours with.
+TEST(TokenizerByteLevel, UnicodeWordChar) {
+  for (char32_t cp :
+       {U'a', U'Z', U'5', U'_', U'\u00e9', U'\u0301', U'\u0663', U'\u2177', U'\u200d', U'\u4e2d'})
+    EXPECT_TRUE(is_unicode_word_char(cp)) << static_cast<uint32_t>(cp);
+  for (char32_t cp : {U' ', U'-', U'\u2014', U'\u2460', U'\u00b2', U'\U0001F600', U'\u3000',
+                      char32_t{0xFFFFFFFF}})
+    EXPECT_FALSE(is_unicode_word_char(cp)) << static_cast<uint32_t>(cp);
+}
+
+TEST(TokenizerByteLevel, Utf8InvalidOffset) {
+  EXPECT_EQ(utf8_invalid_offset("caf\u00e9 \U0001F600"), std::string_view::npos);
+  EXPECT_EQ(utf8_invalid_offset("ab\xff"), 2u);
+  EXPECT_EQ(utf8_invalid_offset("\u00e9\xC3("), 2u);
+  EXPECT_EQ(utf8_invalid_offset("a\xED\xA0\x80"), 1u);  // an encoded surrogate
+}
+
 // --- round trips -------------------------------------------------------------------------------
 
 TEST(Tokenizer, RoundTripAscii) {
@@ -214,6 +272,96 @@ TEST(Tokenizer, LoadsBothMergeFormats) {
     EXPECT_EQ(t.decode({11, 5, 6}), " hello's");
     EXPECT_EQ(t.id_to_token(11), "Ġhello");
   }
+}
+
+// --- added tokens, as tokenizers' AddedVocabulary matches them ----------------------------------
+
+// tiny_json's tokenizer with `added` (content -> flags) appended as added tokens, ids from 262.
+Tokenizer with_added(const std::vector<std::pair<std::string, nlohmann::json>>& added) {
+  nlohmann::json doc = nlohmann::json::parse(tiny_json(false));
+  int64_t id = 13 + 256 - 7;
+  for (const auto& [content, flags] : added) {
+    nlohmann::json token = flags;
+    token["id"] = id++;
+    token["content"] = content;
+    doc["added_tokens"].push_back(token);
+  }
+  return Tokenizer::from_json(doc.dump());
+}
+
+// The ids of text's bytes, one each (tiny_json merges none of the letters used here but h e l o).
+std::vector<int32_t> byte_ids(const Tokenizer& t, std::string_view text) {
+  std::vector<int32_t> ids;
+  for (char c : text) ids.push_back(*t.token_id(byte_level_chars()[static_cast<uint8_t>(c)]));
+  return ids;
+}
+
+std::vector<int32_t> concat(std::initializer_list<std::vector<int32_t>> parts) {
+  std::vector<int32_t> out;
+  for (const auto& part : parts) out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+// single_word looks at the characters around the match with Unicode \w: '_', combining marks and
+// ZWJ are word characters, dashes, emoji and circled digits are not.
+TEST(TokenizerAddedTokens, SingleWordUsesTheUnicodeWordClass) {
+  const Tokenizer t = with_added({{"qxz", {{"single_word", true}}}});
+  const int32_t qxz = *t.token_id("qxz");
+  for (const char* text : {"_qxz", "qxz_", "a\u0301qxz", "\u200dqxz", "qxzq", "5qxz"})
+    EXPECT_EQ(t.encode(text), byte_ids(t, text)) << text;
+  EXPECT_EQ(t.encode("\u2014qxz\u2014"),
+            concat({byte_ids(t, "\u2014"), {qxz}, byte_ids(t, "\u2014")}));
+  EXPECT_EQ(t.encode("\U0001F600qxz"), concat({byte_ids(t, "\U0001F600"), {qxz}}));
+  EXPECT_EQ(t.encode("\u2460qxz!"), concat({byte_ids(t, "\u2460"), {qxz}, byte_ids(t, "!")}));
+}
+
+// The text before a match includes an added token matched just before it.
+TEST(TokenizerAddedTokens, SingleWordSeesTheAddedTokenBeforeIt) {
+  const Tokenizer t =
+      with_added({{"qxz", {{"single_word", true}}}, {"<m>", {{"single_word", true}}}});
+  EXPECT_EQ(t.encode("qxz<m>"), concat({{*t.token_id("qxz")}, byte_ids(t, "<m>")}));
+  EXPECT_EQ(t.encode("qxz <m>"),
+            concat({{*t.token_id("qxz")}, byte_ids(t, " "), {*t.token_id("<m>")}}));
+}
+
+// Leftmost first, then longest; a match refused by single_word is skipped past, not retried with a
+// shorter or later-starting token inside it.
+TEST(TokenizerAddedTokens, LeftmostLongestAndRefusedMatchesAreSkipped) {
+  const Tokenizer t = with_added({{"qxz", {{"single_word", true}}}, {"xzv", {}}});
+  EXPECT_EQ(t.encode("aqxzv"), byte_ids(t, "aqxzv"));
+  EXPECT_EQ(t.encode("qxzv"), byte_ids(t, "qxzv"));  // qxz starts first, and is refused
+  const Tokenizer u = with_added({{"ab", {}}, {"abc", {}}, {"bcd", {}}});
+  EXPECT_EQ(u.encode("abcd"), concat({{*u.token_id("abc")}, byte_ids(u, "d")}));
+  EXPECT_EQ(u.encode("xbcdab"),
+            concat({byte_ids(u, "x"), {*u.token_id("bcd")}, {*u.token_id("ab")}}));
+}
+
+// Tokens with normalized=false (special tokens by default) are matched over the whole text first,
+// the normalized ones only inside the pieces left between them.
+TEST(TokenizerAddedTokens, NormalizedTokensAreMatchedAfterTheOthers) {
+  const Tokenizer t =
+      with_added({{"hello", {{"normalized", true}}}, {"lo wor", {{"normalized", false}}}});
+  EXPECT_EQ(t.encode("hello world"), concat({{7, 2}, {*t.token_id("lo wor")}, byte_ids(t, "ld")}));
+  EXPECT_EQ(t.encode("hello"), (std::vector<int32_t>{*t.token_id("hello")}));
+  // A special token without a "normalized" field is matched in the first pass.
+  const Tokenizer u = with_added({{"hello", {}}, {"lo wor", {{"special", true}}}});
+  EXPECT_EQ(u.encode("hello world"), concat({{7, 2}, {*u.token_id("lo wor")}, byte_ids(u, "ld")}));
+}
+
+// lstrip and rstrip take the neighbouring whitespace into the token; lstrip in the first pass
+// takes spaces a normalized token would have matched in the second.
+TEST(TokenizerAddedTokens, LstripAndRstripAbsorbWhitespace) {
+  const Tokenizer t = with_added({{"[MASK]", {{"special", true}, {"lstrip", true}}},
+                                  {"  ", {{"normalized", true}}},
+                                  {"</s>", {{"special", true}, {"rstrip", true}}}});
+  const int32_t mask = *t.token_id("[MASK]");
+  const int32_t end = *t.token_id("</s>");
+  EXPECT_EQ(t.encode("a  [MASK]"), concat({byte_ids(t, "a"), {mask}}));
+  EXPECT_EQ(t.encode("a\u3000\t[MASK]b"), concat({byte_ids(t, "a"), {mask}, byte_ids(t, "b")}));
+  EXPECT_EQ(t.encode("x</s> \u00a0 y"), concat({byte_ids(t, "x"), {end}, byte_ids(t, "y")}));
+  // lstrip never reaches back into the token before it.
+  EXPECT_EQ(t.encode("</s>  [MASK]"), (std::vector<int32_t>{end, mask}));
+  EXPECT_EQ(t.encode("a  b"), concat({byte_ids(t, "a"), {*t.token_id("  ")}, byte_ids(t, "b")}));
 }
 
 TEST_F(TokenizerFileTest, SaveAndLoadRoundTrip) {
@@ -375,6 +523,20 @@ TEST(Tokenizer, WrongFieldTypesNameTheKey) {
   d = nlohmann::json::parse(tiny_json(false));
   d["model"]["dropout"] = "0.1";
   expect_one_line_error(error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); }), "dropout");
+}
+
+// A normalizer Sequence names its unsupported member, not itself.
+TEST(Tokenizer, UnsupportedNormalizerIsNamed) {
+  nlohmann::json d = nlohmann::json::parse(tiny_json(false));
+  d["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  expect_one_line_error(error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); }),
+                        "normalizer 'Lowercase' in the normalizer Sequence is not supported");
+  d["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}};
+  EXPECT_EQ(Tokenizer::from_json(d.dump()).encode("hello"), (std::vector<int32_t>{10}));
+  d["normalizer"] = {{"type", "Lowercase"}};
+  expect_one_line_error(error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); }),
+                        "normalizer type 'Lowercase' is not supported");
 }
 
 TEST(Tokenizer, DecodeRejectsUnknownIds) {
