@@ -51,7 +51,8 @@ file(GLOB MOECORE_SIM_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/c
 list(FILTER MOECORE_SIM_TEST_SOURCES EXCLUDE REGEX "/tests/cuda/main\\.cpp$")
 add_executable(moecore_cuda_sim_tests
                ${MOECORE_SIM_TEST_SOURCES} tests/cuda_sim/main.cpp tests/cuda_sim/test_emulator.cpp
-               tests/cuda_sim/test_nccl_emulator.cpp tests/cuda_sim/test_block_scaled_gemm.cpp)
+               tests/cuda_sim/test_nccl_emulator.cpp tests/cuda_sim/test_block_scaled_gemm.cpp
+               tests/cuda_sim/test_sync_each_op.cpp)
 target_include_directories(moecore_cuda_sim_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp
                            ${CMAKE_SOURCE_DIR}/tests/cuda ${CMAKE_SOURCE_DIR}/tests/cuda_sim)
 moecore_test_code(moecore_cuda_sim_tests)
@@ -108,6 +109,12 @@ if(NOT MOECORE_SANITIZE)
   set_tests_properties(CudaSim.Blackwell CudaSim.BlackwellEmulation PROPERTIES
                        ENVIRONMENT "CUDASIM_ARCH=sm_100;OMP_WAIT_POLICY=PASSIVE"
                        FAIL_REGULAR_EXPRESSION "FAILED|cudasim: 0 block-scaled GEMMs ran|cudasim: cudaError")
+  # MOECORE_CUDA_SYNC_EACH_OP read from the environment (src/kernels/cuda/runtime.h): the one test
+  # that holds the switch to the variable, in a process where the variable is set.
+  add_test(NAME CudaSim.SyncEachOpFromTheEnvironment
+           COMMAND moecore_cuda_sim_tests --gtest_filter=CudasimSyncEachOp.TheEnvironmentSetsTheSwitch)
+  set_tests_properties(CudaSim.SyncEachOpFromTheEnvironment PROPERTIES
+                       ENVIRONMENT "MOECORE_CUDA_SYNC_EACH_OP=1")
   add_test(NAME CudaSim.GemmBench
            COMMAND moecore_bench_cuda_gemm_sim --quick
                    --json ${CMAKE_BINARY_DIR}/cuda_sim/gemm_bench.json)

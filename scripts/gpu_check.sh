@@ -2,9 +2,16 @@
 # The GPU check of the CUDA backend (issue 15), on a machine with an NVIDIA GPU and driver, CUDA 13's
 # cuBLAS and cuBLASLt (the toolkit's or PyTorch's wheel) and python3; run from the repository root after
 # scripts/gpu_bundle.sh made .gpu/bundle on the build machine. What it runs today:
-#   1. the machine: nvidia-smi, and where the driver's and cuBLASLt's libraries were found;
+#   1. the machine: nvidia-smi, and where the driver's, cuBLASLt's and NCCL's libraries were
+#      found (NCCL's wheel version where it is a wheel's);
 #   2. moecore_cuda_tests: the per-op harness's cases against the CUDA kernels (the plain-loop
-#      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests;
+#      oracle as reference, tolerances of tests/TOLERANCES.md) and the backend's own tests; its
+#      start-up lines name the device and the NCCL library loaded beside the headers' version.
+#      A fault of the device's work (an illegal address, a misaligned access) is sticky and names
+#      no kernel, and every later test fails with it: the first test that met one runs again
+#      alone with MOECORE_CUDA_SYNC_EACH_OP=1 (every operation waits for its work and names
+#      itself: src/kernels/cuda/runtime.h), then under compute-sanitizer's memcheck where the
+#      machine has it (which names the kernel and the access), 45 s and 90 s at most;
 #   3. moecore_bench_cuda_gemm: cuBLASLt's bf16 peak and the engine's GEMM ops and flash
 #      attention against it (bench/cuda/gemm.cpp), whatever step 2 gave;
 #   4. `moecore train --device cuda`: 200 steps of the default run in fp32, in bf16, in bf16 with
@@ -24,7 +31,10 @@
 # .gpu/out: gpu_check.log, and gpu_results.tar.gz with everything else (gtest's XML, the GEMM
 # bench's JSON, the runs' logs, metrics and profiles, the curves' and diffs' reports, gpu_peer's
 # results), packed again after every step so that a run stopped at its limit still returns what
-# it made. The whole check keeps to 470 s: each step gets at most its own limit and what is left.
+# it made. The whole check keeps to 470 s: each step gets at most its own limit and what is left
+# (less the 5 s timeout(1) gives a step to end after its TERM, and 5 s for the last packing).
+# It ends with a summary: the tests' exit, the NCCL library, the tests that skipped and why (a
+# symmetric exchange skipped for a mismatched NCCL shows there), and the named fault if any.
 # Exit status: that of the tests (0 all passed; 77 no usable GPU; 124 they ran out of time), or 1
 # when they passed but a training run failed or left its margins.
 set -uo pipefail
@@ -74,6 +84,13 @@ find_library() {
   cublas_dir=$(find_library libcublas.so.13) || { echo "gpu_check: libcublas.so.13 not found (CUDA 13 toolkit or the nvidia-cublas wheel)"; exit 2; }
   nccl_dir=$(find_library libnccl.so.2) || { echo "gpu_check: libnccl.so.2 not found (CUDA 13 toolkit or the nvidia-nccl-cu13 wheel)"; exit 2; }
   echo "driver: ${driver_dir:-none}; cuBLASLt: $cublaslt_dir; cuBLAS: $cublas_dir; NCCL: $nccl_dir"
+  # Where NCCL is a wheel's, the wheel's version (moecore_cuda_tests' start-up line gives the one
+  # the process loads, beside the headers' it was built against).
+  nccl_wheel=$(python3 -c 'import importlib.metadata as m, sys
+for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+    try: print(name, m.version(name), m.distribution(name).locate_file("")); break
+    except m.PackageNotFoundError: pass' 2> /dev/null)
+  echo "NCCL wheel: ${nccl_wheel:-none}"
   # Debian's loader and C library from the bundle, whatever the machine's: the programs were linked
   # against them. The driver's and cuBLAS's directories follow, for what the bundle leaves out.
   loader=("$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib:${driver_dir:+$driver_dir:}$cublaslt_dir:$cublas_dir:$nccl_dir")
@@ -82,10 +99,11 @@ find_library() {
       python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "w:gz").add(sys.argv[2], "results")' \
         "$out/gpu_results.tar.gz" "$results"
   }
-  # Seconds a step may take: its own limit $1, or what is left before the deadline (5 s kept for
-  # packing), whichever is less; 0 when too little is left to start it.
+  # Seconds a step may take: its own limit $1, or what is left before the deadline, whichever is
+  # less; 0 when too little is left to start it. Kept back: the 5 s of timeout's -k after its TERM
+  # and 5 s for packing.
   allowed() {
-    local left=$((deadline - 5 - SECONDS))
+    local left=$((deadline - 10 - SECONDS))
     (( left > $1 )) && left=$1
     (( left < 10 )) && left=0
     echo "$left"
@@ -101,10 +119,43 @@ find_library() {
     if command -v timeout > /dev/null; then timeout -k 5 "$seconds" "$@"; else "$@"; fi
   }
   echo "== moecore_cuda_tests"
-  cap 150 bundled "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$results/cuda_tests.xml"
-  status=$?
+  cap 150 bundled "$bundle/bin/moecore_cuda_tests" --gtest_output="xml:$results/cuda_tests.xml" |
+    tee "$results/cuda_tests.log"
+  status=${PIPESTATUS[0]}
+  tests_status=$status
   echo "== gpu_check: moecore_cuda_tests exited $status"
   pack
+  # The first test that met a fault of the device's work, by the CUDA runtime's words for one.
+  fault_words='illegal memory access|illegal instruction|misaligned address|unspecified launch failure|device-side assert|hardware stack error|invalid program counter|not supported on global/shared address space'
+  faulted_test=
+  (( status != 0 )) && faulted_test=$(awk -v words="$fault_words" '/^\[ RUN      \] / {test = $4}
+    test != "" && tolower($0) ~ words {print test; exit}' "$results/cuda_tests.log")
+  if [[ -n $faulted_test ]]; then
+    echo "== moecore_cuda_tests: $faulted_test met a fault of the device's work; again alone, every operation waiting for its work (MOECORE_CUDA_SYNC_EACH_OP=1)"
+    MOECORE_CUDA_SYNC_EACH_OP=1 cap 45 bundled "$bundle/bin/moecore_cuda_tests" \
+      --gtest_filter="$faulted_test" > "$results/cuda_tests_sync_each_op.log" 2>&1
+    echo "== gpu_check: the rerun exited $? (its errors name the operation that faulted):"
+    rerun_log=$results/cuda_tests_sync_each_op.log
+    if grep -q -E "found by MOECORE_CUDA_SYNC_EACH_OP|$fault_words" "$rerun_log"; then
+      grep -E "found by MOECORE_CUDA_SYNC_EACH_OP|$fault_words" "$rerun_log" | head -n 5
+    else
+      tail -n 20 "$rerun_log"
+    fi
+    pack
+    sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+    if [[ -n $sanitizer ]]; then
+      echo "== moecore_cuda_tests: $faulted_test under compute-sanitizer --tool memcheck"
+      cap 90 "$sanitizer" --tool memcheck --print-limit 5 --target-processes all "${loader[@]}" \
+        "$bundle/bin/moecore_cuda_tests" --gtest_filter="$faulted_test" \
+        > "$results/cuda_tests_memcheck.log" 2>&1
+      echo "== gpu_check: memcheck exited $?; its first reports:"
+      grep -E -A 4 "^========= (Invalid|Misaligned|Out-of-range|Program hit|Error)" \
+        "$results/cuda_tests_memcheck.log" | head -n 30
+      pack
+    else
+      echo "gpu_check: no compute-sanitizer on this machine"
+    fi
+  fi
   echo "== moecore_bench_cuda_gemm"
   cap 60 bundled "$bundle/bin/moecore_bench_cuda_gemm" --json "$results/cuda_gemm.json"
   echo "== gpu_check: moecore_bench_cuda_gemm exited $?"
@@ -148,8 +199,8 @@ find_library() {
     code=$?
     head -n 30 "$results/gpu_diff_$precision.txt"
     echo "== gpu_check: diff cpu vs cuda ($precision) exited $code (0 equal within the threshold, 1 parted)"
+    pack
   done
-  pack
   # 5. moecore against the transformers peer (bench/gpu_peer.py, issue 15 items 5-6), where
   # python3 has torch with a usable GPU and transformers: gpu.toml at 8, 128, 32 experts, at each
   # count moecore (its runs through the bundle's loader; its experts' GEMMs as step 3 timed them
@@ -200,7 +251,28 @@ find_library() {
   (( code != 0 )) && train_status=1
   pack
   (( status == 0 && train_status != 0 )) && status=1
+  echo "== gpu_check summary"
+  echo "moecore_cuda_tests exited $tests_status"
+  grep -m 1 "^moecore_cuda_tests: NCCL" "$results/cuda_tests.log" ||
+    echo "moecore_cuda_tests named no NCCL library (built without NCCL, or it did not start)"
+  # The skipped tests with gtest's reasons (its XML, written when the run ends; else the log's
+  # list): a path that skips on this machine (the symmetric exchange on a mismatched NCCL, two-GPU
+  # cases on one) passes silently otherwise.
+  if ! python3 - "$results/cuda_tests.xml" 2> /dev/null << 'PYTHON'
+import sys
+import xml.etree.ElementTree as ET
+skipped = [(case.get("classname") + "." + case.get("name"), s.get("message", "").strip())
+           for case in ET.parse(sys.argv[1]).iter("testcase") for s in case.iter("skipped")]
+print(f"skipped tests: {len(skipped)}")
+for name, why in skipped:
+    print(f"  {name}: {' '.join(why.split())[:300]}")
+PYTHON
+  then
+    echo "skipped tests (the log's list; no XML):"
+    grep "^\[  SKIPPED \] [^0-9]" "$results/cuda_tests.log" | grep -v " ms)$"
+  fi
+  [[ -n $faulted_test ]] && echo "fault of the device's work first met by: $faulted_test (cuda_tests_sync_each_op.log, cuda_tests_memcheck.log)"
   echo "== gpu_check: ${SECONDS} s; results in $out/gpu_results.tar.gz"
-  exit $status
+  exit "$status"
 } 2>&1 | tee "$out/gpu_check.log"
 exit "${PIPESTATUS[0]}"

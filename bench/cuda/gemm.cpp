@@ -21,21 +21,28 @@
 //              compute the scores three times (the forward's two sweeps, the backward's two
 //              kernels).
 // Each case: 3 warm-up calls (the experts': at least one per draw of their rows), then the median
-// of 20 timed calls (CUDA events on the backend's stream). Prints a markdown table; --json PATH
-// also writes the figures. --quick divides every size by 16 and times 1 call after 1 (the experts'
-// too: two of their draws): a run of the code, not of the GPU (ctest CudaSim.GemmBench runs it so
-// on the emulated GPU, where the full sizes would take hours).
+// of 20 timed calls (CUDA events on the backend's stream). Prints a markdown table, each row as its
+// case ends; --json PATH also writes the figures, rewritten after each case ("complete": false
+// until the last), so that a run stopped at the GPU check's limit keeps what it measured.
+// --quick divides every size by 16 and times 1 call after 1 (the experts' too: two of their
+// draws): a run of the code, not of the GPU (ctest CudaSim.GemmBench runs it so on the emulated
+// GPU, where the full sizes would take hours).
 //   scripts/gpu_bundle.sh && scripts/gpu_check.sh      (runs it after the op tests)
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/check.h"
 #include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -60,31 +67,41 @@ struct RunShape {
   bool experts_warm_every_draw = true;
 };
 
-// Device memory for one case, filled with values in [-1, 1) (bf16 or f32).
+// Device memory for one case, filled with values in [-1, 1) (bf16 or f32): a pattern of
+// kPatternElements values drawn on the host (seeded by the element count) and repeated on the
+// device by copies that each double the filled part. Drawing every element on the host (2.7
+// billion in all) took tens of seconds of the GPU check's minute before the first case was timed.
+// The period is prime, so that no two rows of a power-of-two width hold the same values.
 class DeviceBuffer {
  public:
+  static constexpr int64_t kPatternElements = 65521;
+
   DeviceBuffer(int64_t elements, DType dtype) : dtype_(dtype) {
-    const size_t bytes = static_cast<size_t>(elements) * moecore::dtype_size(dtype);
+    const size_t element_bytes = moecore::dtype_size(dtype);
+    const size_t bytes = static_cast<size_t>(elements) * element_bytes;
     MOE_CUDA_CHECK(cudaMalloc(&data_, bytes));
-    std::vector<float> values(static_cast<size_t>(elements));
+    std::vector<float> values(static_cast<size_t>(std::min(elements, kPatternElements)));
     std::mt19937 gen(static_cast<uint32_t>(elements));
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     for (float& v : values) v = uniform(gen);
-    float* staging = nullptr;
-    MOE_CUDA_CHECK(cudaMalloc(&staging, values.size() * sizeof(float)));
+    std::vector<uint16_t> bf16_values;
+    if (dtype == DType::kBf16)
+      std::transform(values.begin(), values.end(), std::back_inserter(bf16_values),
+                     moecore::float_to_bf16);
+    const void* pattern = dtype == DType::kBf16 ? static_cast<const void*>(bf16_values.data())
+                                                : static_cast<const void*>(values.data());
     // Every copy on the backend's stream (non-blocking: the legacy stream's copies would not be
     // ordered before its kernels).
-    MOE_CUDA_CHECK(cudaMemcpyAsync(staging, values.data(), values.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, cuda::stream()));
-    if (dtype == DType::kBf16) {
-      cuda::to_bf16(ConstTensorView(staging, {elements}, DType::kF32, Device::kCuda),
-                    TensorView(data_, {elements}, DType::kBf16, Device::kCuda));
-    } else {
-      MOE_CUDA_CHECK(cudaMemcpyAsync(data_, staging, values.size() * sizeof(float),
-                                     cudaMemcpyDeviceToDevice, cuda::stream()));
+    auto* const first = static_cast<char*>(data_);
+    size_t filled = values.size() * element_bytes;
+    MOE_CUDA_CHECK(cudaMemcpyAsync(first, pattern, filled, cudaMemcpyHostToDevice, cuda::stream()));
+    while (filled < bytes) {
+      const size_t copied = std::min(filled, bytes - filled);
+      MOE_CUDA_CHECK(
+          cudaMemcpyAsync(first + filled, first, copied, cudaMemcpyDeviceToDevice, cuda::stream()));
+      filled += copied;
     }
-    cuda::synchronize();
-    MOE_CUDA_CHECK(cudaFree(staging));
+    cuda::synchronize();  // the host pattern may go
   }
   ~DeviceBuffer() { cudaFree(data_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -129,11 +146,52 @@ struct Result {
   double tflops() const { return flops / (ms * 1e-3) / 1e12; }
 };
 
+// The results so far: each printed as a row of the table as it comes (flushed: the GPU check's
+// log keeps it if the run is stopped), and the JSON rewritten whole (through a temporary file,
+// renamed: a stop mid-write leaves the previous one).
+class Results {
+ public:
+  Results(std::string device, std::string json_path)
+      : device_(std::move(device)), json_path_(std::move(json_path)) {}
+
+  void add(const Result& r) {
+    results_.push_back(r);
+    const double peak_tflops = results_.front().tflops();
+    std::printf("| %s | %.3f | %.1f | %.1f %% |\n", r.name.c_str(), r.ms, r.tflops(),
+                100.0 * r.tflops() / peak_tflops);
+    std::fflush(stdout);
+    write_json(false);
+  }
+  void finish() const { write_json(true); }
+
+ private:
+  void write_json(bool complete) const {
+    if (json_path_.empty()) return;
+    nlohmann::json cases = nlohmann::json::array();
+    for (const Result& r : results_)
+      cases.push_back({{"name", r.name}, {"ms", r.ms}, {"tflops", r.tflops()}});
+    const std::string written = json_path_ + ".partial";
+    {
+      std::ofstream out(written);
+      out << nlohmann::json{{"device", device_}, {"complete", complete}, {"cases", cases}}.dump(1)
+          << "\n";
+      MOE_CHECK(out.good(), "[bench] cannot write {}", written);
+    }
+    std::error_code renamed;
+    std::filesystem::rename(written, json_path_, renamed);
+    MOE_CHECK(!renamed, "[bench] cannot rename {} to {}: {}", written, json_path_,
+              renamed.message());
+  }
+
+  std::string device_, json_path_;
+  std::vector<Result> results_;
+};
+
 Result peak(const RunShape& shape) {
   const int64_t n = 8192 / shape.divisor;
   const DeviceBuffer a(n * n, DType::kBf16), b(n * n, DType::kBf16), c(n * n, DType::kF32);
   const double ms = median_ms(shape, [&] {
-    cuda::gemm_lt(false, true, n, n, n, 1.0f, a.data(), b.data(), CUDA_R_16BF, 0.0f,
+    cuda::gemm_lt("peak", false, true, n, n, n, 1.0f, a.data(), b.data(), CUDA_R_16BF, 0.0f,
                   static_cast<float*>(c.data()));
   });
   return {"peak: cuBLASLt bf16 " + std::to_string(n) + "^3 (bf16 operands)", 2.0 * n * n * n, ms};
@@ -266,26 +324,18 @@ int main(int argc, char** argv) {
     // As training does (activate()): the pool keeps freed memory, or the matmul op's scratch would
     // be mapped again inside every timed call.
     cuda::keep_freed_device_memory();
-    std::vector<Result> results = {peak(shape), dense_matmul(shape)};
-    for (const int64_t count : {8, 32, 128})
-      for (const Result& r : experts(count, shape)) results.push_back(r);
-    for (const MatmulPrecision precision : {MatmulPrecision::kBf16, MatmulPrecision::kFp32})
-      results.push_back(attention(precision, shape));
-    const double peak_tflops = results.front().tflops();
     std::printf("GEMMs on %s, median of %d calls after %d warm-up\n\n", device.c_str(), shape.timed,
                 shape.warmup);
     std::printf("| case | ms | TFLOP/s | of peak |\n|---|---:|---:|---:|\n");
-    for (const Result& r : results)
-      std::printf("| %s | %.3f | %.1f | %.1f %% |\n", r.name.c_str(), r.ms, r.tflops(),
-                  100.0 * r.tflops() / peak_tflops);
-    if (!json_path.empty()) {
-      nlohmann::json cases = nlohmann::json::array();
-      for (const Result& r : results)
-        cases.push_back({{"name", r.name}, {"ms", r.ms}, {"tflops", r.tflops()}});
-      std::ofstream out(json_path);
-      out << nlohmann::json{{"device", device}, {"cases", cases}}.dump(1) << "\n";
-      MOE_CHECK(out.good(), "[bench] cannot write {}", json_path);
-    }
+    std::fflush(stdout);
+    Results results(device, json_path);
+    results.add(peak(shape));  // first: the rows after it are read against it
+    results.add(dense_matmul(shape));
+    for (const int64_t count : {8, 32, 128})
+      for (const Result& r : experts(count, shape)) results.add(r);
+    for (const MatmulPrecision precision : {MatmulPrecision::kBf16, MatmulPrecision::kFp32})
+      results.add(attention(precision, shape));
+    results.finish();
   } catch (const moecore::Error& e) {
     std::fprintf(stderr, "moecore_bench_cuda_gemm: %s\n", e.what());
     return 1;

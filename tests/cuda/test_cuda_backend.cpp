@@ -4,16 +4,19 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/device_graph.h"
 #include "core/device_memory.h"
 #include "device_staging.h"
 #include "device_vector.h"
 #include "kernel_harness.h"
+#include "kernels/cuda/cuda_graphs.h"
 #include "kernels/cuda/device_selection.h"
 #include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/ops.h"
@@ -348,6 +351,39 @@ TEST(CudaBackend, GroupedGemmBackwardWithDeviceOffsetsMatchesPlainLoops) {
       }
     }
   }
+}
+
+// MOECORE_CUDA_SYNC_EACH_OP (runtime.h's sync_each_op), as scripts/gpu_check.sh reruns a test that
+// faulted: an operation waits for its work outside a capture and leaves a capture alone (a wait
+// there would break it: end_capture would throw), where the graph's replay waits instead; the
+// results are the asynchronous backend's.
+TEST(CudaBackend, SyncEachOpWaitsOutsideACaptureAndLeavesTheCaptureAlone) {
+  const bool before = kernels::cuda::sync_each_op();
+  struct Restore {
+    bool enabled;
+    ~Restore() { kernels::cuda::set_sync_each_op(enabled); }
+  } restore{before};
+  kernels::cuda::set_sync_each_op(true);
+  const std::vector<float> values = random_values(1000, 5);
+  const auto n = static_cast<int64_t>(values.size());
+  const DeviceVector<float> x(values), doubled(values), scaled(values);
+  const auto on_device = [n](const DeviceVector<float>& v) {
+    return TensorView(v.data(), {n}, DType::kF32, Device::kCuda);
+  };
+  kernels::cuda::scale(on_device(x), 2.0f, on_device(doubled));
+  DeviceGraphs& graphs = kernels::cuda::cuda_graphs();
+  graphs.begin_capture();
+  try {
+    kernels::cuda::scale(on_device(doubled), 1.5f, on_device(scaled));
+  } catch (...) {
+    graphs.abandon_capture();
+    throw;
+  }
+  const std::unique_ptr<DeviceGraph> graph = graphs.end_capture();
+  graph->replay();
+  const std::vector<float> got = scaled.to_host();
+  for (size_t i = 0; i < values.size(); ++i)
+    ASSERT_EQ(got[i], values[i] * 2.0f * 1.5f) << "element " << i;
 }
 
 }  // namespace

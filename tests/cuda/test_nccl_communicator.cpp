@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "device_vector.h"
 #include "dist/nccl/nccl_communicator.h"
+#include "dist/nccl/nccl_registration.h"
 #include "kernels/cuda/runtime.h"
 #include "two_gpus.h"
 
@@ -62,6 +63,22 @@ std::string message_of(const std::function<void()>& call) {
     return e.what();
   }
   return "(no error)";
+}
+
+// The start-up line's library versions: the one loaded (ncclGetVersion) beside the headers', and
+// what a difference costs.
+TEST(NcclCommunicator, DescribesTheLibraryLoadedAndTheHeadersBuiltAgainst) {
+  int loaded = 0;
+  ASSERT_EQ(ncclGetVersion(&loaded), ncclSuccess);
+  const auto dotted = [](int code) {
+    return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+           std::to_string(code % 100);
+  };
+  const std::string expected =
+      "NCCL " + dotted(loaded) + " loaded, built against " + dotted(NCCL_VERSION_CODE);
+  const std::string line = dist::nccl::describe_library();
+  EXPECT_EQ(line.rfind(expected, 0), 0u) << line;
+  EXPECT_EQ(line.find("they differ") != std::string::npos, loaded != NCCL_VERSION_CODE) << line;
 }
 
 TEST(NcclCommunicator, OneRankGroupSplitsAndSynchronises) {

@@ -69,6 +69,9 @@ struct State {
   std::map<uintptr_t, Allocation> allocations;
   cudaError_t last_error = cudaSuccess;
   cudaError_t sticky_error = cudaSuccess;
+  // Whether a wait has reported sticky_error to the host: until then cudaGetLastError does not
+  // see it, as a kernel's fault reaches the host only when it waits for the device.
+  bool sticky_error_seen = false;
   std::map<const void*, size_t> max_dynamic_shared;
   CUstream_st legacy_stream;
   CUmemPoolHandle_st pool;
@@ -196,8 +199,17 @@ void issue_stream_work(cudaStream_t stream, std::function<void()> work) {
 void record_error(cudaError_t error, bool sticky, const std::string& message) {
   State& s = state();
   std::fprintf(stderr, "cudasim: %s: %s\n", cudaGetErrorName(error), message.c_str());
-  if (sticky && s.sticky_error == cudaSuccess) s.sticky_error = error;
-  s.last_error = error;
+  if (!sticky) {
+    s.last_error = error;
+  } else if (s.sticky_error == cudaSuccess) {
+    s.sticky_error = error;
+  }
+}
+
+cudaError_t wait_for_device() {
+  State& s = state();
+  if (s.sticky_error != cudaSuccess) s.sticky_error_seen = true;
+  return s.sticky_error;
 }
 
 bool has_sticky_error() {
@@ -206,6 +218,7 @@ bool has_sticky_error() {
 
 void clear_errors() {
   state().sticky_error = cudaSuccess;
+  state().sticky_error_seen = false;
   state().last_error = cudaSuccess;
 }
 
@@ -352,14 +365,14 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 cudaError_t cudaGetLastError() {
   cudasim::State& s = cudasim::state();
-  if (s.sticky_error != cudaSuccess) return s.sticky_error;
+  if (s.sticky_error_seen) return s.sticky_error;
   const cudaError_t e = s.last_error;
   s.last_error = cudaSuccess;
   return e;
 }
 cudaError_t cudaPeekAtLastError() {
   cudasim::State& s = cudasim::state();
-  return s.sticky_error != cudaSuccess ? s.sticky_error : s.last_error;
+  return s.sticky_error_seen ? s.sticky_error : s.last_error;
 }
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
@@ -381,6 +394,20 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorNotReady";
     case cudaErrorIllegalAddress:
       return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchTimeout:
+      return "cudaErrorLaunchTimeout";
+    case cudaErrorAssert:
+      return "cudaErrorAssert";
+    case cudaErrorHardwareStackError:
+      return "cudaErrorHardwareStackError";
+    case cudaErrorIllegalInstruction:
+      return "cudaErrorIllegalInstruction";
+    case cudaErrorMisalignedAddress:
+      return "cudaErrorMisalignedAddress";
+    case cudaErrorInvalidAddressSpace:
+      return "cudaErrorInvalidAddressSpace";
+    case cudaErrorInvalidPc:
+      return "cudaErrorInvalidPc";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported:
@@ -417,7 +444,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 cudaError_t cudaDeviceSynchronize() {
   if (!cudasim::state().global_captures.empty())
     return cudasim::refuse_in_global_capture("cudaDeviceSynchronize");
-  return cudasim::state().sticky_error;
+  return cudasim::wait_for_device();
 }
 
 // ---- Memory.
@@ -582,7 +609,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUstream_st* s = cudasim::resolve(stream);
   if (s->capturing) return cudasim::refuse_in_capture(s, "cudaStreamSynchronize");
-  return cudasim::state().sticky_error;
+  return cudasim::wait_for_device();
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t function, void* user_data) {
   cudasim::issue_stream_work(stream, [=] { function(user_data); });
@@ -681,7 +708,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t /*event*/) {
   if (!cudasim::state().global_captures.empty())
     return cudasim::refuse_in_global_capture("cudaEventSynchronize");
-  return cudasim::state().sticky_error;
+  return cudasim::wait_for_device();
 }
 cudaError_t cudaEventQuery(cudaEvent_t /*event*/) {
   return cudaSuccess;

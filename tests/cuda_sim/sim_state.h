@@ -29,10 +29,16 @@ void unregister_device_memory(void* pointer);
 void issue_stream_work(cudaStream_t stream, std::function<void()> work);
 
 // An error of the last call (cudaGetLastError returns and clears it) or, when sticky, of the
-// context: every later synchronisation returns it and no more work runs (a kernel's fault, as on
-// the device). The message goes to stderr, since the status alone would not say which kernel.
+// context: no more work runs, and every later wait returns it (a kernel's fault, as on the
+// device). A sticky error reaches the host as a fault does on the device, where the kernel runs
+// after its launch returned: at the next wait (wait_for_device), not at the launch's own
+// cudaGetLastError check, which sees it only after a wait. The message goes to stderr, since the
+// status alone would not say which kernel.
 void record_error(cudaError_t error, bool sticky, const std::string& message);
 bool has_sticky_error();
+// A wait for the device (a stream's, an event's, the device's synchronisation): the sticky error,
+// from now on also cudaGetLastError's.
+cudaError_t wait_for_device();
 // Forgets the errors, a sticky one included: the emulator's own tests (test_emulator.cpp) fail
 // launches on purpose and go on, as a process would after cudaDeviceReset.
 void clear_errors();

@@ -87,8 +87,8 @@ TEST(CudasimBlockScaled, TheBackendsGemmRunsOnBlackwellAndEqualsTheReference) {
     const DeviceVector<float> c(
         std::vector<float>(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN()));
     const int64_t before = cudasim::block_scaled_gemms_run();
-    const bool ran =
-        cuda::mx_gemm_block_scaled(a.device(), b.device(), m, n, k, 1.0f, 0.0f, c.data());
+    const bool ran = cuda::mx_gemm_block_scaled("mx_matmul", a.device(), b.device(), m, n, k, 1.0f,
+                                                0.0f, c.data());
     cuda::synchronize();
     if (cudasim::compute_capability_major() < 10) {
       EXPECT_FALSE(ran) << "a Hopper GPU has no block-scaled kernel";

@@ -137,6 +137,22 @@ TEST_F(Cudasim, AHostPointerGivenToAKernelIsAnIllegalAddress) {
       << printed;
 }
 
+// A kernel's fault reaches the host as on the device, where the kernel runs after its launch
+// returned: the launch's own check sees nothing, the next wait reports it, and from then on every
+// check does (sticky).
+TEST_F(Cudasim, AKernelsFaultReachesTheHostAtTheNextWaitNotAtItsLaunch) {
+  int host = 0;
+  ::testing::internal::CaptureStderr();
+  launch_write_one(&host, 1, stream_);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaErrorIllegalAddress);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorIllegalAddress);
+}
+
 TEST_F(Cudasim, FreshDeviceMemoryReadsAsNaN) {
   float* fresh = device_array<float>(4);
   std::vector<float> host(4, 0.0f);

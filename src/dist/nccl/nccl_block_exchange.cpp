@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "dist/block_exchange_steps.h"
 #include "dist/nccl/nccl_check.h"
+#include "kernels/cuda/runtime.h"
 
 namespace moecore::dist {
 
@@ -99,6 +100,18 @@ void NcclBlockExchange::do_exchange(const float* send, float* recv, int64_t bloc
   reserve(symmetric_window_bytes(size(), block));
   launch_block_exchange(device_comm_, window_.handle, send, recv, block, stream_);
   MOE_NCCL_CHECK(cudaGetLastError(), comm_, group());
+  // MOECORE_CUDA_SYNC_EACH_OP (kernels/cuda/runtime.h): a fault of the kernel is reported here, by
+  // the exchange that launched it, rather than by the next operation that waits.
+  if (kernels::cuda::sync_each_op() && !nccl::stream_capturing(stream_, comm_, group())) {
+    const cudaError_t status = cudaStreamSynchronize(stream_);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      nccl::fail_cuda_call(
+          status, group(),
+          "launch_block_exchange (found by MOECORE_CUDA_SYNC_EACH_OP's wait after it)", __FILE__,
+          __LINE__);
+    }
+  }
 }
 
 }  // namespace moecore::dist

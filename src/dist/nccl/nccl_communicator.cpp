@@ -1,5 +1,7 @@
 #include "dist/nccl/nccl_communicator.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <exception>
@@ -212,6 +214,7 @@ void NcclCommunicator::do_allreduce(void* data, int64_t count, CommType type, Re
   MOE_NCCL_CHECK(ncclAllReduce(operands[0].device, operands[0].device, n, nccl_type(type),
                                reduction, comm_, stream_),
                  comm_, name());
+  wait_if_syncing_each_op("allreduce");
   unstage(operands);
 }
 
@@ -222,6 +225,7 @@ Request NcclCommunicator::do_iallreduce(void* data, int64_t count, CommType type
   require_device_memory(data, n * comm_type_bytes(type), "iallreduce");
   MOE_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(type), reduction, comm_, stream_), comm_,
                  name());
+  wait_if_syncing_each_op("iallreduce");
   return issued_work();
 }
 
@@ -233,6 +237,7 @@ void NcclCommunicator::do_broadcast(void* data, int64_t bytes, int root) const {
   MOE_NCCL_CHECK(
       ncclBroadcast(operands[0].device, operands[0].device, n, ncclUint8, root, comm_, stream_),
       comm_, name());
+  wait_if_syncing_each_op("broadcast");
   unstage(operands);
 }
 
@@ -249,6 +254,7 @@ void NcclCommunicator::do_allgather(const void* send, void* recv, int64_t count,
   MOE_NCCL_CHECK(
       ncclAllGather(operands[0].device, operands[1].device, n, nccl_type(type), comm_, stream_),
       comm_, name());
+  wait_if_syncing_each_op("allgather");
   unstage(operands);
 }
 
@@ -266,6 +272,7 @@ void NcclCommunicator::do_reduce_scatter(const void* send, void* recv, int64_t c
   MOE_NCCL_CHECK(ncclReduceScatter(operands[0].device, operands[1].device, n, nccl_type(type),
                                    reduction, comm_, stream_),
                  comm_, name());
+  wait_if_syncing_each_op("reduce_scatter");
   unstage(operands);
 }
 
@@ -304,6 +311,7 @@ void NcclCommunicator::do_alltoallv(const void* send, const std::vector<int64_t>
   stage(operands);
   exchange(static_cast<const char*>(operands[0].device), send_counts, send_displs,
            static_cast<char*>(operands[1].device), recv_counts, recv_displs, type);
+  wait_if_syncing_each_op("alltoallv");
   unstage(operands);
 }
 
@@ -350,6 +358,18 @@ Request NcclCommunicator::do_irecv(void* data, int64_t count, CommType type, int
   require_device_memory(data, n * comm_type_bytes(type), "irecv");
   MOE_NCCL_CHECK(ncclRecv(data, n, nccl_type(type), source, comm_, stream_), comm_, name());
   return issued_work();
+}
+
+void NcclCommunicator::wait_if_syncing_each_op(const char* op) const {
+  if (!kernels::cuda::sync_each_op() || capturing()) return;
+  const cudaError_t status = cudaStreamSynchronize(stream_);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    nccl::fail_cuda_call(
+        status, name(),
+        fmt::format("{} (found by MOECORE_CUDA_SYNC_EACH_OP's wait after it)", op).c_str(),
+        __FILE__, __LINE__);
+  }
 }
 
 void NcclCommunicator::require_device_memory(const void* data, size_t bytes, const char* op) const {

@@ -127,6 +127,11 @@ class NcclCommunicator : public Communicator {
   void require_device_memory(const void* data, size_t bytes, const char* op) const;
   // Whether a device graph's capture is recording the stream (then no host waits or copies).
   bool capturing() const;
+  // Under MOECORE_CUDA_SYNC_EACH_OP (kernels/cuda/runtime.h), outside a capture: waits for the
+  // collective `op` just issued, so that a fault of NCCL's kernels is reported by it, naming it,
+  // rather than by the backend's next operation. Not after isend / irecv: a rank waiting there
+  // before posting its own receive could hold up its peer.
+  void wait_if_syncing_each_op(const char* op) const;
   // The request of a non-blocking operation just issued: an event to wait on, or none inside a
   // capture (an event's host wait would break it; the stream's order completes the operation
   // before the work issued after it).

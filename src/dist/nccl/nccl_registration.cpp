@@ -55,6 +55,21 @@ constexpr DeviceCommunicatorFactory kFactory{
 
 }  // namespace
 
+std::string describe_library() {
+  // NCCL's version codes since 2.9: major * 10000 + minor * 100 + patch.
+  const auto dotted = [](int code) {
+    return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  };
+  int loaded = 0;
+  MOE_NCCL_CHECK(ncclGetVersion(&loaded), nullptr, "");
+  std::string line =
+      fmt::format("NCCL {} loaded, built against {}", dotted(loaded), dotted(NCCL_VERSION_CODE));
+  if (loaded != NCCL_VERSION_CODE)
+    line +=
+        " (they differ: parallel.rowwise_transport=\"symmetric\" refuses to run, its tests skip)";
+  return line;
+}
+
 void register_communicator() {
   register_device_communicator(Device::kCuda, &kFactory);
 }

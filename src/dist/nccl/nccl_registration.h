@@ -6,7 +6,16 @@
 // moecore_dist_nccl can call it.
 #pragma once
 
+#include <string>
+
 namespace moecore::dist::nccl {
+
+// The NCCL library this process loaded (ncclGetVersion) and the headers it was built against,
+// for a start-up line: "NCCL 2.28.9 loaded, built against 2.28.9". They differ where the loader
+// found another libnccl.so.2 (a wheel's, the toolkit's), and then parallel.rowwise_transport=
+// "symmetric" refuses to run (its kernel inlines the headers' device API), as its tests skip:
+// the line says so.
+std::string describe_library();
 
 // Registers the factory "nccl" for Device::kCuda: NcclCommunicator::create over the bootstrap
 // group, on the device and stream of the CUDA backend.

@@ -32,7 +32,7 @@ void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,
                       exp_avg_sq.data<float>(kOp), count, scalars,
                       view_given(step_coefficients) ? step_coefficients.data<float>(kOp) : nullptr,
                       view_given(step_factors) ? step_factors.data<float>(kOp) : nullptr, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_adamw_update");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -26,7 +26,7 @@ void cached_attention_forward(ConstTensorView q, ConstTensorView k_cache, ConstT
   launch_cached_attention_forward(q.data<float>(kOp), k_cache.data<float>(kOp),
                                   v_cache.data<float>(kOp), out.data<float>(kOp), s.n, s.heads,
                                   s.kv_heads, s.hd, first_position, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_cached_attention_forward");
 }
 
 }  // namespace moecore::kernels::cuda

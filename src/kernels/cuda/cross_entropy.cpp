@@ -45,7 +45,7 @@ void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView d
   launch_cross_entropy(lp, tp, dlp, rows, vocab, scale,
                        view_given(normalizer) ? normalizer.data<double>(kOp) : nullptr, row_loss,
                        counted, mean, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_cross_entropy");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -19,7 +19,12 @@ class CudaGraph final : public DeviceGraph {
   ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
-  void replay() override { MOE_CUDA_CHECK(cudaGraphLaunch(exec_, stream())); }
+  // Under MOECORE_CUDA_SYNC_EACH_OP the captured operations did not wait (runtime.h's
+  // sync_each_op): the replay waits for them all instead.
+  void replay() override {
+    MOE_CUDA_CHECK(cudaGraphLaunch(exec_, stream()));
+    MOE_CUDA_CHECK_LAUNCH("CUDA graph replay", "cudaGraphLaunch");
+  }
 
  private:
   cudaGraphExec_t exec_;

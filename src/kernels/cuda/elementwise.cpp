@@ -13,14 +13,14 @@ void add(ConstTensorView a, ConstTensorView b, TensorView out) {
   expect_same_extents("add", "out", out, a);
   launch_add(a.data<float>("add"), b.data<float>("add"), out.data<float>("add"), a.numel(),
              stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH("add", "launch_add");
 }
 
 void scale(ConstTensorView x, float factor, TensorView out) {
   expect_on_device("scale", "x", x);
   expect_same_extents("scale", "out", out, x);
   launch_scale(x.data<float>("scale"), factor, out.data<float>("scale"), x.numel(), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH("scale", "launch_scale");
 }
 
 void to_bf16(ConstTensorView src, TensorView dst) {
@@ -28,7 +28,7 @@ void to_bf16(ConstTensorView src, TensorView dst) {
   expect_same_extents("to_bf16", "dst", dst, src);
   MOE_CHECK(src.is_contiguous(), "[to_bf16] src must be contiguous");
   launch_to_bf16(src.data<float>("to_bf16"), bf16_bits("to_bf16", dst), src.numel(), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH("to_bf16", "launch_to_bf16");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -28,7 +28,7 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
   float* op = out.data<float>(kOp);
   check_indices_inside(kOp, "tokens", tp, rows, vocab);
   launch_embedding_forward(tp, wp, op, rows, vocab, dim, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_embedding_forward");
 }
 
 void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw) {
@@ -48,6 +48,7 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   const StreamScratch scratch(embedding_backward_scratch_bytes(rows), stream());
   MOE_CUDA_CHECK(launch_embedding_backward(tp, gp, dwp, rows, vocab, dim,
                                            scratch.as<unsigned char>(), stream()));
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_embedding_backward");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -44,7 +44,7 @@ void flash_attention_forward(ConstTensorView q, ConstTensorView k, ConstTensorVi
                                  doc_start_data(kOp, doc_start), out.data<float>(kOp),
                                  lse.data<float>(kOp), s.batch, s.seq, s.heads, s.kv_heads,
                                  s.head_dim, precision == MatmulPrecision::kBf16, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_flash_attention_forward");
 }
 
 void flash_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
@@ -70,7 +70,7 @@ void flash_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTens
       out.data<float>(kOp), lse.data<float>(kOp), doc_start_data(kOp, doc_start),
       dq.data<float>(kOp), dk.data<float>(kOp), dv.data<float>(kOp), row_dots.as<float>(), s.batch,
       s.seq, s.heads, s.kv_heads, s.head_dim, precision == MatmulPrecision::kBf16, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_flash_attention_backward");
 }
 
 }  // namespace moecore::kernels::cuda

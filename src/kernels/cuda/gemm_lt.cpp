@@ -105,15 +105,16 @@ std::shared_ptr<const GemmPlan> plan_for(const GemmProblem& problem) {
 
 }  // namespace
 
-void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-             const void* a, const void* b, cudaDataType_t operand_type, float beta, float* c) {
+void gemm_lt(const char* op, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             float alpha, const void* a, const void* b, cudaDataType_t operand_type, float beta,
+             float* c) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum: c = beta c (cuBLASLt has no kernel for k = 0)
     if (beta == 0.0f) {
       MOE_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * sizeof(float), stream()));
     } else {
       launch_scale(c, beta, c, m * n, stream());
-      MOE_CUDA_CHECK(cudaGetLastError());
+      MOE_CUDA_CHECK_LAUNCH(op, "launch_scale");
     }
     return;
   }
@@ -124,19 +125,21 @@ void gemm_lt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
     // cuBLAS's general GEMM takes any layout, with the same column-major mapping and fp32
     // accumulation (and int extents).
     MOE_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
-              "[gemm] m={} n={} k={}: an extent beyond 2^31 - 1 for cuBLAS's general GEMM", m, n,
+              "[{}] m={} n={} k={}: an extent beyond 2^31 - 1 for cuBLAS's general GEMM", op, m, n,
               k);
     MOE_CUBLAS_CHECK(cublasGemmEx(
         cublas_handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, operand_type,
         static_cast<int>(trans_b ? k : n), a, operand_type, static_cast<int>(trans_a ? m : k),
         &beta, c, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MOE_CUDA_CHECK_LAUNCH(op, "cublasGemmEx");
     return;
   }
   MOE_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.op.get(), &alpha, b, plan.b_layout.get(),
                                   a, plan.a_layout.get(), &beta, c, plan.c_layout.get(), c,
                                   plan.c_layout.get(), &plan.algo, gemm_workspace(),
                                   kGemmWorkspaceBytes, stream()));
+  MOE_CUDA_CHECK_LAUNCH(op, "cublasLtMatmul");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -45,7 +45,7 @@ class GemmOperand {
       data_ = bf16_bits(op, v);
     } else {
       launch_to_bf16(v.data<float>(op), scratch_.as<uint16_t>(), v.numel(), stream());
-      MOE_CUDA_CHECK(cudaGetLastError());
+      MOE_CUDA_CHECK_LAUNCH(op, "launch_to_bf16");
       data_ = scratch_.as<uint16_t>();
     }
   }
@@ -80,7 +80,7 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
     launch_grouped_gemm_bf16_device_offsets(xs.bf16_data(), ws.bf16_data(),
                                             expert_offsets.data<int64_t>(kOp), s.experts, s.rows,
                                             s.out, s.in, yp, stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
+    MOE_CUDA_CHECK_LAUNCH(kOp, "launch_grouped_gemm_bf16_device_offsets");
     return;
   }
   const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
@@ -88,7 +88,7 @@ void grouped_gemm_forward(ConstTensorView x, ConstTensorView w, ConstTensorView 
     const int64_t begin = offsets[at(e)];
     const int64_t count = offsets[at(e + 1)] - begin;
     if (count == 0) continue;
-    gemm_lt(false, true, count, s.out, s.in, 1.0f, xs.at_element(begin * s.in),
+    gemm_lt(kOp, false, true, count, s.out, s.in, 1.0f, xs.at_element(begin * s.in),
             ws.at_element(e * s.out * s.in), xs.type(), 0.0f, yp + begin * s.out);
   }
 }
@@ -119,7 +119,7 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
           dys.bf16_data(), ws->bf16_data(), offsets, s.experts, s.rows, s.out, s.in, dxp, stream());
     launch_grouped_gemm_bf16_device_offsets_weight_grad(dys.bf16_data(), xs.bf16_data(), offsets,
                                                         s.experts, s.out, s.in, dwp, stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
+    MOE_CUDA_CHECK_LAUNCH(kOp, "launch_grouped_gemm_bf16_device_offsets_input_grad, _weight_grad");
     return;
   }
   const std::vector<int64_t> offsets = expert_offsets_on_host(kOp, expert_offsets, s);
@@ -129,9 +129,9 @@ void grouped_gemm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorVie
     if (count == 0) continue;
     // dx_e = dy_e w_e; dw_e += dy_e^T x_e.
     if (input_grad)
-      gemm_lt(false, false, count, s.in, s.out, 1.0f, dys.at_element(begin * s.out),
+      gemm_lt(kOp, false, false, count, s.in, s.out, 1.0f, dys.at_element(begin * s.out),
               ws->at_element(e * s.out * s.in), dys.type(), 0.0f, dxp + begin * s.in);
-    gemm_lt(true, false, s.out, s.in, count, 1.0f, dys.at_element(begin * s.out),
+    gemm_lt(kOp, true, false, s.out, s.in, count, 1.0f, dys.at_element(begin * s.out),
             xs.at_element(begin * s.in), dys.type(), 1.0f, dwp + e * s.out * s.in);
   }
 }

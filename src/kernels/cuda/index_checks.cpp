@@ -42,7 +42,7 @@ void check_indices_inside(const char* op, const char* name, const int32_t* indic
                                     pending_record_on_device(),
                                     reinterpret_cast<unsigned long long>(op),
                                     reinterpret_cast<unsigned long long>(name), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(op, "launch_record_first_index_outside");
 }
 
 void prepare_index_checks() {

@@ -19,7 +19,7 @@ void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, fl
   const MatmulDims s = matmul_dims(a, trans_a, b, trans_b, c, precision, Device::kCuda);
   float* cp = c.data<float>(kOp);
   if (precision == MatmulPrecision::kFp32) {
-    gemm_lt(trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>(kOp), b.data<float>(kOp),
+    gemm_lt(kOp, trans_a, trans_b, s.m, s.n, s.k, alpha, a.data<float>(kOp), b.data<float>(kOp),
             CUDA_R_32F, beta, cp);
     return;
   }
@@ -31,8 +31,8 @@ void matmul(ConstTensorView a, bool trans_a, ConstTensorView b, bool trans_b, fl
   const StreamScratch b16(b_is_bf16 ? 0 : static_cast<size_t>(b.numel()) * sizeof(uint16_t),
                           stream());
   if (!b_is_bf16) launch_to_bf16(b.data<float>(kOp), b16.as<uint16_t>(), b.numel(), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
-  gemm_lt(trans_a, trans_b, s.m, s.n, s.k, alpha,
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_to_bf16");
+  gemm_lt(kOp, trans_a, trans_b, s.m, s.n, s.k, alpha,
           a_is_bf16 ? static_cast<const void*>(bf16_bits(kOp, a)) : a16.as<uint16_t>(),
           b_is_bf16 ? static_cast<const void*>(bf16_bits(kOp, b)) : b16.as<uint16_t>(), CUDA_R_16BF,
           beta, cp);

@@ -40,7 +40,7 @@ void moe_combine_forward(ConstTensorView routed, ConstTensorView route_row, Cons
   launch_moe_combine_forward(routed.data<float>(kOp), routed.size(0), route_row.data<int32_t>(kOp),
                              weights.data<float>(kOp), s.tokens, s.k, s.d, y.data<float>(kOp),
                              stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_moe_combine_forward");
 }
 
 void moe_combine_backward(ConstTensorView dy, ConstTensorView routed, ConstTensorView route_row,
@@ -55,7 +55,7 @@ void moe_combine_backward(ConstTensorView dy, ConstTensorView routed, ConstTenso
   launch_moe_combine_backward(dy.data<float>(kOp), routed.data<float>(kOp), routed.size(0),
                               route_row.data<int32_t>(kOp), weights.data<float>(kOp), s.tokens, s.k,
                               s.d, d_routed.data<float>(kOp), d_weights.data<float>(kOp), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_moe_combine_backward");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -29,7 +29,7 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
                         losses.data<double>(kOp), lb_score_grad.data<float>(kOp),
                         view_given(route_tally) ? route_tally.data<double>(kOp) : nullptr,
                         stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_moe_loss_terms");
 }
 
 void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,
@@ -44,7 +44,7 @@ void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step
   launch_router_bias_update(counts.data<double>(kOp), experts, rate,
                             view_given(step_factors) ? step_factors.data<float>(kOp) : nullptr,
                             bias.data<float>(kOp), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_bias_update");
 }
 
 }  // namespace moecore::kernels::cuda

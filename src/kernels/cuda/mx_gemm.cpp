@@ -62,11 +62,12 @@ namespace moecore::kernels::cuda {
 namespace {
 
 // `elements` values of an MX operand (whole rows: a multiple of 32 from its first code), as bf16
-// in scratch that lives as long as this object (released after the work issued until then).
+// in scratch that lives as long as this object (released after the work issued until then), for
+// operation op.
 class Bf16Operand {
  public:
-  Bf16Operand(const mx::MxOperand& operand, int64_t elements)
-      : scratch_(static_cast<size_t>(elements) * sizeof(uint16_t), stream()) {
+  Bf16Operand(const char* op, const mx::MxOperand& operand, int64_t elements)
+      : op_(op), scratch_(static_cast<size_t>(elements) * sizeof(uint16_t), stream()) {
     load(operand, elements);
   }
   // Overwrites the buffer with `elements` (at most those of the constructor) values of another
@@ -74,20 +75,21 @@ class Bf16Operand {
   void load(const mx::MxOperand& operand, int64_t elements) {
     launch_mx_dequantize_to_bf16(operand.codes, operand.scales, elements, device_elem(operand.elem),
                                  scratch_.as<uint16_t>(), stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
+    MOE_CUDA_CHECK_LAUNCH(op_, "launch_mx_dequantize_to_bf16");
   }
   const uint16_t* at(int64_t element) const { return scratch_.as<uint16_t>() + element; }
 
  private:
+  const char* op_;
   StreamScratch scratch_;
 };
 
 // c = alpha a b^T + beta c through bf16: both operands dequantised, one cuBLASLt bf16 GEMM.
-void mx_gemm_bf16(const mx::MxOperand& a, const mx::MxOperand& b, int64_t m, int64_t n, int64_t k,
-                  float alpha, float beta, float* c) {
-  const Bf16Operand a16(a, m * k);
-  const Bf16Operand b16(b, n * k);
-  gemm_lt(false, true, m, n, k, alpha, a16.at(0), b16.at(0), CUDA_R_16BF, beta, c);
+void mx_gemm_bf16(const char* op, const mx::MxOperand& a, const mx::MxOperand& b, int64_t m,
+                  int64_t n, int64_t k, float alpha, float beta, float* c) {
+  const Bf16Operand a16(op, a, m * k);
+  const Bf16Operand b16(op, b, n * k);
+  gemm_lt(op, false, true, m, n, k, alpha, a16.at(0), b16.at(0), CUDA_R_16BF, beta, c);
 }
 
 // Whether the device has MX tensor cores (see the top of this file). Asked once: the backend runs
@@ -98,19 +100,20 @@ bool has_mx_tensor_cores() {
 }
 
 // One MX GEMM: block-scaled where cuBLASLt has a kernel for it, else through bf16.
-void mx_gemm(const mx::MxOperand& a, const mx::MxOperand& b, int64_t m, int64_t n, int64_t k,
-             float alpha, float beta, float* c) {
-  if (has_mx_tensor_cores() && mx_gemm_block_scaled(a, b, m, n, k, alpha, beta, c)) return;
-  mx_gemm_bf16(a, b, m, n, k, alpha, beta, c);
+void mx_gemm(const char* op, const mx::MxOperand& a, const mx::MxOperand& b, int64_t m, int64_t n,
+             int64_t k, float alpha, float beta, float* c) {
+  if (has_mx_tensor_cores() && mx_gemm_block_scaled(op, a, b, m, n, k, alpha, beta, c)) return;
+  mx_gemm_bf16(op, a, b, m, n, k, alpha, beta, c);
 }
 
 // Without MX tensor cores: out[rows of e] (=) = a[rows of e] . b[e]^T for every expert with rows,
 // the activations dequantised at once, each such expert's weights into one reused buffer (the
 // scratch stays one expert's [n, k] however many experts there are, and experts without rows cost
 // nothing).
-void mx_grouped_gemm_bf16(const MxGroupedArgs& g, std::span<const int64_t> expert_offsets) {
+void mx_grouped_gemm_bf16(const char* op, const MxGroupedArgs& g,
+                          std::span<const int64_t> expert_offsets) {
   const int64_t n = g.dims.out, k = g.dims.in;
-  const Bf16Operand a(g.a, g.dims.rows * k);
+  const Bf16Operand a(op, g.a, g.dims.rows * k);
   std::optional<Bf16Operand> b;  // made at the first expert with rows
   for (int64_t e = 0; e < g.dims.experts; ++e) {
     const int64_t begin = expert_offsets[static_cast<size_t>(e)];
@@ -120,8 +123,8 @@ void mx_grouped_gemm_bf16(const MxGroupedArgs& g, std::span<const int64_t> exper
     if (b)
       b->load(expert, n * k);
     else
-      b.emplace(expert, n * k);
-    gemm_lt(false, true, count, n, k, 1.0f, a.at(begin * k), b->at(0), CUDA_R_16BF, 0.0f,
+      b.emplace(op, expert, n * k);
+    gemm_lt(op, false, true, count, n, k, 1.0f, a.at(begin * k), b->at(0), CUDA_R_16BF, 0.0f,
             g.out + begin * n);
   }
 }
@@ -138,16 +141,16 @@ void mx_grouped_gemm(const char* op, const MxOperandView& a, const MxOperandView
     // (every expert's weights: the scratch of a bf16 copy of them) and one device-offset launch
     // (grouped_gemm_device.h), on any device: the bf16 path's arithmetic, not the block-scaled.
     const int64_t n = g.dims.out, k = g.dims.in;
-    const Bf16Operand a16(g.a, g.dims.rows * k);
-    const Bf16Operand b16(g.b, g.dims.experts * n * k);
+    const Bf16Operand a16(op, g.a, g.dims.rows * k);
+    const Bf16Operand b16(op, g.b, g.dims.experts * n * k);
     launch_grouped_gemm_bf16_device_offsets(a16.at(0), b16.at(0), expert_offsets.data<int64_t>(op),
                                             g.dims.experts, g.dims.rows, n, k, g.out, stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
+    MOE_CUDA_CHECK_LAUNCH(op, "launch_grouped_gemm_bf16_device_offsets");
     return;
   }
   const std::vector<int64_t> offsets = expert_offsets_on_host(op, expert_offsets, g.dims);
   if (!has_mx_tensor_cores()) {
-    mx_grouped_gemm_bf16(g, offsets);
+    mx_grouped_gemm_bf16(op, g, offsets);
     return;
   }
   const int64_t n = g.dims.out, k = g.dims.in;
@@ -155,7 +158,7 @@ void mx_grouped_gemm(const char* op, const MxOperandView& a, const MxOperandView
     const int64_t begin = offsets[static_cast<size_t>(e)];
     const int64_t count = offsets[static_cast<size_t>(e + 1)] - begin;
     if (count == 0) continue;
-    mx_gemm(mx_rows_from(g.a, begin, k), mx_rows_from(g.b, e * n, k), count, n, k, 1.0f, 0.0f,
+    mx_gemm(op, mx_rows_from(g.a, begin, k), mx_rows_from(g.b, e * n, k), count, n, k, 1.0f, 0.0f,
             g.out + begin * n);
   }
 }
@@ -166,7 +169,7 @@ void mx_matmul(const MxOperandView& a, const MxOperandView& b, float alpha, floa
                TensorView c) {
   expect_on_device("mx_matmul", "a", a.codes);
   const MxMatmulArgs g = mx_matmul_args(a, b, c, Device::kCuda);
-  mx_gemm(g.a, g.b, g.m, g.n, g.k, alpha, beta, g.c);
+  mx_gemm("mx_matmul", g.a, g.b, g.m, g.n, g.k, alpha, beta, g.c);
 }
 
 void mx_grouped_gemm_forward(const MxOperandView& x, const MxOperandView& w,

@@ -38,9 +38,9 @@ class TiledScales {
       : rows_(rows),
         blocks_(blocks),
         scratch_(static_cast<size_t>(mx_swizzled_scale_bytes(rows, blocks)), stream()) {}
-  void fill(const uint8_t* scales) const {
+  void fill(const char* op, const uint8_t* scales) const {
     launch_mx_swizzle_scales(scales, rows_, blocks_, scratch_.as<uint8_t>(), stream());
-    MOE_CUDA_CHECK(cudaGetLastError());
+    MOE_CUDA_CHECK_LAUNCH(op, "launch_mx_swizzle_scales");
   }
   const void* data() const { return scratch_.as<uint8_t>(); }
 
@@ -51,8 +51,8 @@ class TiledScales {
 
 }  // namespace
 
-bool mx_gemm_block_scaled(const mx::MxOperand& a, const mx::MxOperand& b, int64_t m, int64_t n,
-                          int64_t k, float alpha, float beta, float* c) {
+bool mx_gemm_block_scaled(const char* op, const mx::MxOperand& a, const mx::MxOperand& b, int64_t m,
+                          int64_t n, int64_t k, float alpha, float beta, float* c) {
   if (m == 0 || n == 0) return true;  // c is empty
   // cuBLAS's FP8 type tables have no e5m2 x e5m2 GEMM; the bf16 path takes it.
   if (a.elem == mx::ElemType::kE5M2 && b.elem == mx::ElemType::kE5M2) return false;
@@ -63,14 +63,14 @@ bool mx_gemm_block_scaled(const mx::MxOperand& a, const mx::MxOperand& b, int64_
 
   const int64_t blocks = k / mx::kMxBlock;
   const TiledScales a_scales(m, blocks), b_scales(n, blocks);
-  lt::MatmulDesc op;
-  op.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-  op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  lt::MatmulDesc matmul;
+  matmul.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  matmul.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   const auto vec32 = static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
-  op.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, vec32);
-  op.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, vec32);
-  op.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scales.data());
-  op.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scales.data());
+  matmul.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, vec32);
+  matmul.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, vec32);
+  matmul.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scales.data());
+  matmul.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scales.data());
   const lt::Layout b_layout(code_type(b.elem), k, n);
   const lt::Layout a_layout(code_type(a.elem), k, m);
   const lt::Layout c_layout(CUDA_R_32F, n, m);
@@ -84,8 +84,8 @@ bool mx_gemm_block_scaled(const mx::MxOperand& a, const mx::MxOperand& b, int64_
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      cublaslt_handle(), op.get(), b_layout.get(), a_layout.get(), c_layout.get(), c_layout.get(),
-      preference.get(), 1, &heuristic, &found);
+      cublaslt_handle(), matmul.get(), b_layout.get(), a_layout.get(), c_layout.get(),
+      c_layout.get(), preference.get(), 1, &heuristic, &found);
   // A result whose own state is not success carries no usable algorithm (as in gemm_lt.cpp):
   // the bf16 path runs this GEMM rather than cublasLtMatmul failing on it.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
@@ -93,12 +93,13 @@ bool mx_gemm_block_scaled(const mx::MxOperand& a, const mx::MxOperand& b, int64_
     return false;
   MOE_CUBLAS_CHECK(status);
 
-  a_scales.fill(a.scales);
-  b_scales.fill(b.scales);
-  MOE_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), op.get(), &alpha, b.codes, b_layout.get(),
+  a_scales.fill(op, a.scales);
+  b_scales.fill(op, b.scales);
+  MOE_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), matmul.get(), &alpha, b.codes, b_layout.get(),
                                   a.codes, a_layout.get(), &beta, c, c_layout.get(), c,
                                   c_layout.get(), &heuristic.algo, gemm_workspace(),
                                   kGemmWorkspaceBytes, stream()));
+  MOE_CUDA_CHECK_LAUNCH(op, "cublasLtMatmul (block-scaled)");
   return true;
 }
 

@@ -3,7 +3,7 @@
 // b [n, k], MX operands quantised along k (a positive multiple of 32), c f32 row-major; beta = 0
 // does not read c. Issued on runtime.h's stream. Returns false, having issued nothing, where
 // cuBLASLt has no block-scaled kernel for this GEMM (device, element types, extents, alignment):
-// the caller then takes the bf16 path (mx_gemm.cpp).
+// the caller then takes the bf16 path (mx_gemm.cpp). op names the operation in its errors.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 
 namespace moecore::kernels::cuda {
 
-bool mx_gemm_block_scaled(const mx::MxOperand& a, const mx::MxOperand& b, int64_t m, int64_t n,
-                          int64_t k, float alpha, float beta, float* c);
+bool mx_gemm_block_scaled(const char* op, const mx::MxOperand& a, const mx::MxOperand& b, int64_t m,
+                          int64_t n, int64_t k, float alpha, float beta, float* c);
 
 }  // namespace moecore::kernels::cuda

@@ -16,7 +16,7 @@ void mx_quantize(ConstTensorView x, mx::ScaleMode mode, TensorView codes, Tensor
   const MxQuantizeArgs q = mx_quantize_args(kOp, x, codes, scales, false, Device::kCuda);
   launch_mx_quantize(q.values, q.x.batch * q.x.rows, q.x.cols, device_elem(q.elem),
                      device_scale_rule(mode), q.codes, q.scales, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_mx_quantize");
 }
 
 void mx_quantize_transposed(ConstTensorView x, mx::ScaleMode mode, TensorView codes,
@@ -26,7 +26,7 @@ void mx_quantize_transposed(ConstTensorView x, mx::ScaleMode mode, TensorView co
   const MxQuantizeArgs q = mx_quantize_args(kOp, x, codes, scales, true, Device::kCuda);
   launch_mx_quantize_transposed(q.values, q.x.batch, q.x.rows, q.x.cols, device_elem(q.elem),
                                 device_scale_rule(mode), q.codes, q.scales, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_mx_quantize_transposed");
 }
 
 void mx_dequantize(const MxOperandView& quantized, TensorView x) {
@@ -42,7 +42,8 @@ void mx_dequantize(const MxOperandView& quantized, TensorView x) {
   else
     launch_mx_dequantize(q.operand.codes, q.operand.scales, n, device_elem(q.operand.elem),
                          x.data<float>(kOp), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(
+      kOp, x.dtype() == DType::kBf16 ? "launch_mx_dequantize_to_bf16" : "launch_mx_dequantize");
 }
 
 }  // namespace moecore::kernels::cuda

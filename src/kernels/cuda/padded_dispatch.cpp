@@ -34,7 +34,7 @@ void padded_dispatch_plan(ConstTensorView requests, ConstTensorView topk_index,
       maps.token_of_slot.data<int32_t>(kOp), maps.row_of_slot.data<int32_t>(kOp),
       maps.slot_of_row.data<int32_t>(kOp), maps.expert_offsets.data<int64_t>(kOp),
       maps.dropped.data<int64_t>(kOp), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_padded_dispatch_plan");
 }
 
 }  // namespace moecore::kernels::cuda

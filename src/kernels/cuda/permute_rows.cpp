@@ -28,7 +28,7 @@ void permute_rows(ConstTensorView src, ConstTensorView dst_row, int64_t routes_p
   float* out = dst.data<float>(kOp);
   check_indices_inside(kOp, "dst_row", to, routes, dst.size(0));
   launch_permute_rows(s, to, routes, routes_per_row, d, out, dst.size(0), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_permute_rows");
 }
 
 void permute_rows_backward(ConstTensorView d_dst, ConstTensorView dst_row, int64_t routes_per_row,
@@ -47,7 +47,7 @@ void permute_rows_backward(ConstTensorView d_dst, ConstTensorView dst_row, int64
   float* dx = d_src.data<float>(kOp);
   check_indices_inside(kOp, "dst_row", from, tokens * k, d_dst.size(0));
   launch_permute_rows_backward(g, d_dst.size(0), from, tokens, k, d, dx, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_permute_rows_backward");
 }
 
 void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
@@ -64,7 +64,7 @@ void gather_rows(ConstTensorView src, ConstTensorView src_row, TensorView dst) {
   float* out = dst.data<float>(kOp);
   check_indices_inside(kOp, "src_row", from, rows, src.size(0), -1);
   launch_gather_rows(s, src.size(0), from, rows, d, out, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_gather_rows");
 }
 
 }  // namespace moecore::kernels::cuda

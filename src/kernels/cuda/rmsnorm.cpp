@@ -21,7 +21,7 @@ void rmsnorm_forward(ConstTensorView x, ConstTensorView w, TensorView y, TensorV
   expect_shape(kOp, "rstd", rstd, {rows}, Device::kCuda);
   launch_rmsnorm_forward(x.data<float>(kOp), w.data<float>(kOp), y.data<float>(kOp),
                          rstd.data<float>(kOp), rows, dim, eps, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_rmsnorm_forward");
 }
 
 void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
@@ -45,7 +45,7 @@ void rmsnorm_backward(ConstTensorView dy, ConstTensorView x, ConstTensorView w,
   launch_rmsnorm_backward(dy.data<float>(kOp), x.data<float>(kOp), w.data<float>(kOp),
                           rstd.data<float>(kOp), dx.data<float>(kOp), dw.data<float>(kOp),
                           scratch.as<float>(), rows, dim, accumulate_dx, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_rmsnorm_backward");
 }
 
 }  // namespace moecore::kernels::cuda

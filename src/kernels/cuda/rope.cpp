@@ -25,7 +25,7 @@ void rotate(const char* op, TensorView x, ConstTensorView cos, ConstTensorView s
     sin_table += first_position * half;
   }
   launch_rope(xp, cos_table, sin_table, batch, seq, n_heads, half, inverse, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(op, "launch_rope");
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ void order_routes_by_expert(ConstTensorView topk_index, int64_t experts, TensorV
   launch_order_routes_by_expert(topk_index.data<int32_t>(kOp), routes, experts,
                                 dst_row.data<int32_t>(kOp), expert_offsets.data<int64_t>(kOp),
                                 stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_order_routes_by_expert");
 }
 
 }  // namespace moecore::kernels::cuda

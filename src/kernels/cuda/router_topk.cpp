@@ -79,7 +79,7 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
   float* group_scores = grouped ? scratch.as<float>() : nullptr;
   launch_router_topk_forward(zp, bias, pp, index, weight, counts, group_scores, n, e_count,
                              params_of(o), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_topk_forward");
 }
 
 void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
@@ -110,7 +110,7 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
                               topk_index.data<int32_t>(kOp), topk_weight.data<float>(kOp),
                               d_weight.data<float>(kOp), lb, g.lb_uses_softmax, g.z_grad_scale,
                               dlogits.data<float>(kOp), n, e_count, params_of(o), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_topk_backward");
 }
 
 void router_z_loss(ConstTensorView logits, TensorView z_loss) {
@@ -129,7 +129,7 @@ void router_z_loss(ConstTensorView logits, TensorView z_loss) {
   const StreamScratch row_values(sizeof(double) * static_cast<size_t>(n), stream());
   launch_router_z_loss(logits.data<float>(kOp), n, e_count, row_values.as<double>(), mean,
                        stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_z_loss");
 }
 
 void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
@@ -155,7 +155,7 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
   const StreamScratch scratch(static_cast<size_t>(router_column_sums_scratch_bytes(n, e_count)),
                               stream());
   launch_router_probability_column_sums(zp, pp, value, n, e_count, scratch.as<void>(), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_probability_column_sums");
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(sums, scratch.as<void>(), sum_bytes, cudaMemcpyDeviceToDevice, stream()));
 }

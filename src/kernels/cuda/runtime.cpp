@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/check.h"
 #include "kernels/cuda/device_selection.h"
@@ -13,6 +15,67 @@ namespace moecore::kernels::cuda {
 
 void fail_cuda_call(const char* status, const char* call, const char* file, int line) {
   fail("[cuda] {} in {} at {}:{}", status, call, file, line);
+}
+
+namespace {
+
+// The statuses of a fault of the device's work: sticky, and reported by a later call than the
+// launch whose kernel faulted.
+bool is_device_fault(cudaError_t status) {
+  switch (status) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::atomic<bool>& sync_each_op_flag() {
+  static std::atomic<bool> enabled = [] {
+    const char* value = std::getenv("MOECORE_CUDA_SYNC_EACH_OP");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+void fail_cuda_status(cudaError_t status, const char* call, const char* file, int line) {
+  if (!is_device_fault(status) || sync_each_op())
+    fail_cuda_call(cudaGetErrorString(status), call, file, line);
+  fail(
+      "[cuda] {} in {} at {}:{}: a fault of device work issued before this call, which does not "
+      "name it (MOECORE_CUDA_SYNC_EACH_OP=1 makes every operation wait for its own work and name "
+      "itself)",
+      cudaGetErrorString(status), call, file, line);
+}
+
+bool sync_each_op() {
+  return sync_each_op_flag();
+}
+
+void set_sync_each_op(bool enabled) {
+  sync_each_op_flag() = enabled;
+}
+
+void check_launch(const char* op, const char* launcher, const char* file, int line) {
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    fail_cuda_status(status, fmt::format("{} ({})", op, launcher).c_str(), file, line);
+  if (!sync_each_op() || capturing()) return;
+  status = cudaStreamSynchronize(stream());
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  fail("[cuda] {} in {} ({}) at {}:{}, found by MOECORE_CUDA_SYNC_EACH_OP's wait after it",
+       cudaGetErrorString(status), op, launcher, file, line);
 }
 
 std::string unavailable_reason() {

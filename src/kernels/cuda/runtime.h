@@ -16,6 +16,12 @@
 namespace moecore::kernels::cuda {
 
 [[noreturn]] void fail_cuda_call(const char* status, const char* call, const char* file, int line);
+// fail_cuda_call for a CUDA runtime status. A fault of the device's work (an illegal address, a
+// misaligned access, a launch failure...) is reported by whichever call waits next, not by the
+// operation whose kernel faulted: unless sync_each_op() (below), the message says so and names
+// the switch that finds that operation.
+[[noreturn]] void fail_cuda_status(cudaError_t status, const char* call, const char* file,
+                                   int line);
 
 // A failed call's error is reported by the throw and cleared from the runtime's last error, so
 // that the next launch's cudaGetLastError check does not report it again (a sticky error, which
@@ -23,7 +29,7 @@ namespace moecore::kernels::cuda {
 inline void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
   if (status != cudaSuccess) {
     cudaGetLastError();
-    fail_cuda_call(cudaGetErrorString(status), call, file, line);
+    fail_cuda_status(status, call, file, line);
   }
 }
 inline void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
@@ -38,6 +44,33 @@ inline void check_cublas(cublasStatus_t status, const char* call, const char* fi
 #define MOE_CUDA_CHECK(call) ::moecore::kernels::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 #define MOE_CUBLAS_CHECK(call) \
   ::moecore::kernels::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+
+namespace moecore::kernels::cuda {
+
+// Whether every operation waits for the work it issued: MOECORE_CUDA_SYNC_EACH_OP=1 in the
+// environment (read at the first call; set_sync_each_op changes it for the process). A kernel's
+// fault (an illegal address, a misaligned access) is asynchronous and sticky: without the switch
+// it surfaces at the next wait for the stream, in whatever call waits, naming none, and every
+// later call fails with it. With it, each operation waits after its launches, outside a CUDA
+// graph's capture (where a wait would break the capture; a graph's replay waits instead), so
+// the operation whose work faulted reports it: "[cuda] an illegal memory access was
+// encountered in rmsnorm_backward (launch_rmsnorm_backward) at src/kernels/cuda/rmsnorm.cpp:48,
+// found by MOECORE_CUDA_SYNC_EACH_OP's wait after it". A wait per operation is slow: a switch
+// for diagnosis (scripts/gpu_check.sh reruns a test that faulted with it), not for training.
+bool sync_each_op();
+void set_sync_each_op(bool enabled);
+
+// After an operation's launches (op: its name, as its checks give it; launcher: what issued the
+// work, a launcher of launchers.h or a cuBLAS call): throws the launch's error, and with
+// sync_each_op() outside a capture first waits for the stream and throws a fault of that work,
+// naming both (the message above). Index errors (index_checks.h) stay for synchronize().
+void check_launch(const char* op, const char* launcher, const char* file, int line);
+
+}  // namespace moecore::kernels::cuda
+
+// MOE_CUDA_CHECK_LAUNCH(kOp, "launch_rmsnorm_forward") after the launcher's call: check_launch.
+#define MOE_CUDA_CHECK_LAUNCH(op, launcher) \
+  ::moecore::kernels::cuda::check_launch((op), (launcher), __FILE__, __LINE__)
 
 namespace moecore::kernels::cuda {
 

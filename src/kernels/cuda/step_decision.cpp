@@ -25,7 +25,7 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
       {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.loss_scale},
       view_given(limits) ? limits.data<double>(kOp) : nullptr, decision.data<double>(kOp),
       step_factors.data<float>(kOp), stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_step_decision");
 }
 
 }  // namespace moecore::kernels::cuda

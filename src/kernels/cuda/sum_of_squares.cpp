@@ -24,7 +24,7 @@ void sum_of_squares(ConstTensorView values, TensorView total) {
   // The block totals, then the total.
   const StreamScratch partials(sizeof(double) * kSumOfSquaresPartials, stream());
   launch_sum_of_squares(v, n, partials.as<double>(), out, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_sum_of_squares");
 }
 
 }  // namespace moecore::kernels::cuda

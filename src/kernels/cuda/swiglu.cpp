@@ -19,7 +19,7 @@ void swiglu_forward(ConstTensorView gu, TensorView act) {
     launch_swiglu_forward(gu.data<float>(kOp), bf16_bits(kOp, act), rows, hidden, stream());
   else
     launch_swiglu_forward(gu.data<float>(kOp), act.data<float>(kOp), rows, hidden, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_swiglu_forward");
 }
 
 void swiglu_backward(ConstTensorView dact, ConstTensorView gu, TensorView dgu) {
@@ -38,7 +38,7 @@ void swiglu_backward(ConstTensorView dact, ConstTensorView gu, TensorView dgu) {
   else
     launch_swiglu_backward(dact.data<float>(kOp), gu.data<float>(kOp), dgu.data<float>(kOp), rows,
                            hidden, stream());
-  MOE_CUDA_CHECK(cudaGetLastError());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_swiglu_backward");
 }
 
 }  // namespace moecore::kernels::cuda
