@@ -12,6 +12,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "train/evaluate.h"
 #include "train/run_config.h"
 
 namespace moecore::cli {
@@ -90,7 +91,7 @@ void run_debug_state(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
   Transformer model(s.config.model, s.layout);
   model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
-  model.set_document_masking(document_eos(s.config));
+  model.set_document_masking(document_eos(s.config), document_masking_bos(s.config.data));
   ParamBuffers grads(s.layout);
   const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
                                        s.tokens.batch, s.tokens.seq);
@@ -114,7 +115,7 @@ void run_debug_steps(const DebugArgs& args) {
   DebugSetup s = load_setup(args);
   Transformer model(s.config.model, s.layout);
   model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
-  model.set_document_masking(document_eos(s.config));
+  model.set_document_masking(document_eos(s.config), document_masking_bos(s.config.data));
   ParamBuffers grads(s.layout);
   AdamW optimizer(s.layout, s.config.optim);
   std::vector<float> total_losses, ce_losses, grad_norms;

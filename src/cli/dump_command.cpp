@@ -154,7 +154,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   Transformer model(config.model, layout);
   model.set_precision(PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8));
   model.set_lm_head_chunk_tokens(config.train.lm_head_chunk_tokens);
-  model.set_document_masking(batch.document_eos);
+  model.set_document_masking(batch.document_eos, document_masking_bos(config.data));
   model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
   model.set_tensor_observer(record);
   // Parameter gradients as the backward finishes them: the head's before the last layer's, each

@@ -109,7 +109,8 @@ void run_eval(const std::string& checkpoint, const std::vector<std::string>& dat
                                dtype.empty() ? m.config.data.dtype : dtype);
   Transformer model(m.config.model, m.layout);
   // Scored as the checkpoint was trained: with its document masking, if any.
-  model.set_document_masking(document_masking_eos(m.config.data, dataset));
+  model.set_document_masking(document_masking_eos(m.config.data, dataset),
+                             document_masking_bos(m.config.data));
   const int64_t rows = m.config.train.batch_size / m.config.train.microbatches;
   const EvalResult r = evaluate(model, m.params, dataset, rows, max_instances);
   fmt::print("eval: loss {:.4f}  perplexity {:.3f}  ({} instances, {} tokens)\n", r.loss,
@@ -134,6 +135,10 @@ void run_data_instances(const DataInstancesArgs& args) {
   // As data.eos_id in a config: a token id of the vocabulary.
   MOE_CHECK(eos < args.vocab_size, "[data] --eos-id={} is outside [0, --vocab-size={})", eos,
             args.vocab_size);
+  MOE_CHECK(args.bos_id < args.vocab_size, "[data] --bos-id={} is outside [0, --vocab-size={})",
+            args.bos_id, args.vocab_size);
+  MOE_CHECK(args.bos_id < 0 || !args.doc_lens_out.empty(),
+            "[data] --bos-id only says where documents end for --doc-lens-out");
   std::vector<int64_t> doc_lens;
   if (!args.doc_lens_out.empty()) {
     MOE_CHECK(eos >= 0,
@@ -145,8 +150,8 @@ void run_data_instances(const DataInstancesArgs& args) {
     dataset.read_instance(i, row.data());
     std::copy(row.begin(), row.end(), instances.begin() + i * T);
     if (!doc_lens.empty()) {
-      const std::vector<int64_t> lengths =
-          document_lengths(row.data(), T, static_cast<int32_t>(eos));
+      const std::vector<int64_t> lengths = document_lengths(
+          row.data(), T, static_cast<int32_t>(eos), static_cast<int32_t>(args.bos_id));
       std::copy(lengths.begin(), lengths.end(), doc_lens.begin() + i * T);
     }
   }

@@ -36,6 +36,7 @@ struct DataInstancesArgs {
   std::string dtype;
   int64_t max_instances = 0;  // 0: all
   int64_t eos_id = -1;        // -1: the meta.json's, else no document lengths
+  int64_t bos_id = -1;        // OLMo-core's bos_token_id: documents end at EOS + BOS; -1: none
   std::string out, doc_lens_out;
 };
 void run_data_instances(const DataInstancesArgs& args);

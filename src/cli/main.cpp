@@ -213,6 +213,10 @@ int main(int argc, char** argv) {
                       "at most this many (0 = all)", 0, INT64_MAX);
   cli::add_int_option(data_instances, "--eos-id", inst.eos_id, "EOS id (default: the meta.json's)",
                       -1, INT64_MAX);
+  cli::add_int_option(data_instances, "--bos-id", inst.bos_id,
+                      "BOS id: documents end only at an EOS followed by it (as OLMo-core's "
+                      "bos_token_id; default: none)",
+                      -1, INT64_MAX);
   data_instances->add_option("--out", inst.out, "output .npy of the instances");
   data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
                              "output .npy of each instance's document lengths");

@@ -538,7 +538,7 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   } else if (document_eos_ >= 0) {
     MOE_CHECK(tokens != nullptr, "[model] document masking needs the tokens on every chunk");
     act.doc_start_host.resize(static_cast<size_t>(n));
-    document_starts(tokens, batch, seq, document_eos_, act.doc_start_host.data());
+    document_starts(tokens, batch, seq, document_eos_, document_bos_, act.doc_start_host.data());
     act.doc_start.resize(static_cast<size_t>(n));
     copy_bytes(act.doc_start.data(), act.doc_start_host.data(),
                static_cast<size_t>(n) * sizeof(int32_t));

@@ -178,7 +178,11 @@ class Transformer {
   // Intra-document attention masking (data.document_masking, model/document_mask.h): documents
   // end at each `eos_id`; negative: off (plain causal attention). forward_chunk() then needs the
   // tokens on every chunk, not only the one with the embedding.
-  void set_document_masking(int32_t eos_id) { document_eos_ = eos_id; }
+  // bos_id >= 0: documents end only at an EOS followed by a BOS (model/document_mask.h).
+  void set_document_masking(int32_t eos_id, int32_t bos_id = -1) {
+    document_eos_ = eos_id;
+    document_bos_ = bos_id;
+  }
   int32_t document_masking_eos() const { return document_eos_; }
   void set_routing_token_offset(int64_t offset) { routing_token_offset_ = offset; }
 
@@ -293,6 +297,7 @@ class Transformer {
   std::vector<int64_t> recorded_counted_;
   int64_t forward_passes_ = 0;
   int32_t document_eos_ = -1;
+  int32_t document_bos_ = -1;
 };
 
 }  // namespace moecore

@@ -33,5 +33,9 @@ EvalResult evaluate(const EvalForward& forward, const data::TokenDataset& datase
 // else the eos_id of the token files' meta.json. Masking without either, or an explicit eos_id
 // that contradicts the metadata, is a one-line error.
 int32_t document_masking_eos(const DataConfig& data, const data::TokenDataset& dataset);
+// data.bos_id under document masking, else -1 (checked against the vocabulary by the config).
+inline int32_t document_masking_bos(const DataConfig& data) {
+  return data.document_masking ? static_cast<int32_t>(data.bos_id) : -1;
+}
 
 }  // namespace moecore

@@ -39,7 +39,7 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
     keys.push_back(std::string("train.") + key);
   // The tokens the run reads (their element type) and where its documents end (the attention's
   // masks: document_masking, eos_id).
-  for (const char* key : {"train", "dtype", "document_masking", "eos_id"})
+  for (const char* key : {"train", "dtype", "document_masking", "eos_id", "bos_id"})
     keys.push_back(std::string("data.") + key);
 
   std::vector<ConfigChange> changes;

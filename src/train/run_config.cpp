@@ -246,6 +246,7 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("dtype", d.dtype);
   r.read("document_masking", d.document_masking);
   r.read("eos_id", d.eos_id);
+  r.read("bos_id", d.bos_id);
 }
 
 std::string trimmed(const std::string& text) {
@@ -465,6 +466,13 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] data.eos_id={} is outside [0, model.vocab_size={}) (-1: from the token "
             "files' meta.json)",
             d.eos_id, config.model.vocab_size);
+  MOE_CHECK(d.bos_id >= -1 && d.bos_id < config.model.vocab_size,
+            "[config] data.bos_id={} is outside [0, model.vocab_size={}) (-1: none)", d.bos_id,
+            config.model.vocab_size);
+  MOE_CHECK(d.bos_id < 0 || d.document_masking,
+            "[config] data.bos_id={} only says where documents end for data.document_masking, "
+            "which is false",
+            d.bos_id);
   return config;
 }
 
@@ -580,7 +588,8 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"tokenizer", c.data.tokenizer},
                    {"dtype", c.data.dtype},
                    {"document_masking", c.data.document_masking},
-                   {"eos_id", c.data.eos_id}};
+                   {"eos_id", c.data.eos_id},
+                   {"bos_id", c.data.bos_id}};
   const ParallelConfig& p = c.parallel;
   toml::array stage_layers;
   for (int64_t n : p.stage_layers) stage_layers.push_back(n);

@@ -94,6 +94,9 @@ struct DataConfig {
   bool document_masking = false;
   // The EOS id that ends documents; -1: the token files' meta.json eos_id.
   int64_t eos_id = -1;
+  // OLMo-core's bos_token_id: with document masking, a document ends only at an EOS followed by
+  // this BOS (model/document_mask.h); -1: none, every EOS ends one.
+  int64_t bos_id = -1;
 };
 
 enum class Dispatch { kSync, kRowwise };

@@ -18,11 +18,12 @@ DeviceGraphs& graphs_of(Device device) {
 }  // namespace
 
 StepGraph::StepGraph(Device device, int64_t microbatches, int64_t rows, int64_t seq,
-                     int32_t document_eos)
+                     int32_t document_eos, int32_t document_bos)
     : graphs_(graphs_of(device)),
       rows_(rows),
       seq_(seq),
       document_eos_(document_eos),
+      document_bos_(document_bos),
       counted_(device, static_cast<size_t>(microbatches)),
       host_counted_(static_cast<size_t>(microbatches), 0) {
   const auto tokens = static_cast<size_t>(rows * seq);
@@ -41,7 +42,8 @@ void StepGraph::stage(int64_t micro, const int32_t* tokens, const int32_t* targe
   copy_bytes(token_ids_[m].data(), tokens, bytes);
   copy_bytes(targets_[m].data(), targets, bytes);
   if (document_eos_ >= 0) {
-    moecore::document_starts(tokens, rows_, seq_, document_eos_, host_starts_.data());
+    moecore::document_starts(tokens, rows_, seq_, document_eos_, document_bos_,
+                             host_starts_.data());
     copy_bytes(document_starts_[m].data(), host_starts_.data(), bytes);
   }
   const auto value = static_cast<double>(counted);

@@ -35,7 +35,8 @@ class StepGraph {
   // `microbatches` micro-batches of `rows` x `seq` ids each, staged in `device`'s memory, whose
   // graphs capture the steps (an error without). `document_eos` >= 0: document masking, the
   // documents ending at that id (model/document_mask.h).
-  StepGraph(Device device, int64_t microbatches, int64_t rows, int64_t seq, int32_t document_eos);
+  StepGraph(Device device, int64_t microbatches, int64_t rows, int64_t seq, int32_t document_eos,
+            int32_t document_bos);
 
   // Micro-batch m's inputs into the static buffers: its ids and targets (host memory), its
   // count of targets, and with document masking its documents' starts, found in its ids here.
@@ -67,7 +68,7 @@ class StepGraph {
 
   DeviceGraphs& graphs_;
   int64_t rows_, seq_;
-  int32_t document_eos_;
+  int32_t document_eos_, document_bos_;
   std::vector<DeviceArray<int32_t>> token_ids_, targets_, document_starts_;
   std::vector<int32_t> host_starts_;
   DeviceArray<double> counted_;

@@ -258,7 +258,10 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
           ? " (the routed experts' in one launch each, offsets on the device)"
           : "",
       in.train_data.num_instances(), tc.seq_len,
-      in.document_eos >= 0 ? fmt::format(", document masking (EOS {})", in.document_eos) : "",
+      in.document_eos < 0          ? std::string()
+      : ctx.config.data.bos_id < 0 ? fmt::format(", document masking (EOS {})", in.document_eos)
+                                   : fmt::format(", document masking (EOS {} followed by BOS {})",
+                                                 in.document_eos, ctx.config.data.bos_id),
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
@@ -670,7 +673,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunks.push_back(std::make_unique<Transformer>(mc, layout, exchange, range));
     chunk_ptrs.push_back(chunks.back().get());
     chunks.back()->set_batch_sum(dp_batch_sum);
-    chunks.back()->set_document_masking(in.document_eos);
+    chunks.back()->set_document_masking(in.document_eos, document_masking_bos(config.data));
     chunks.back()->set_recompute(tc.recompute);
     chunks.back()->set_lm_head_chunk_tokens(tc.lm_head_chunk_tokens);
     chunks.back()->set_precision(PrecisionRecipe::from_train(tc.precision, tc.mxfp8));
@@ -769,8 +772,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);
   if (tc.cuda_graph) {
-    ctx.step_graph = std::make_unique<StepGraph>(tc.device, tc.microbatches, buffers.local_rows,
-                                                 tc.seq_len, in.document_eos);
+    ctx.step_graph =
+        std::make_unique<StepGraph>(tc.device, tc.microbatches, buffers.local_rows, tc.seq_len,
+                                    in.document_eos, document_masking_bos(config.data));
   }
   ctx.loop_start = std::chrono::steady_clock::now();
   for (auto& callback : ctx.callbacks) callback->on_start(ctx);

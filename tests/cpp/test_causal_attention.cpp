@@ -330,12 +330,21 @@ TEST(CausalAttention, DocumentStartsFollowOlmoCoreDocumentLengths) {
   const std::vector<int32_t> row = {7, 1, 7, 7, 1, 1, 7};
   EXPECT_EQ(document_lengths(row.data(), 7, 1), (std::vector<int64_t>{2, 3, 1, 1}));
   std::vector<int32_t> starts(7);
-  document_starts(row.data(), 1, 7, 1, starts.data());
+  document_starts(row.data(), 1, 7, 1, -1, starts.data());
   EXPECT_EQ(starts, (std::vector<int32_t>{0, 0, 2, 2, 2, 5, 6}));
   // Ending in EOS adds no empty document; no EOS is one document.
   const std::vector<int32_t> ends = {3, 1}, none = {3, 4};
   EXPECT_EQ(document_lengths(ends.data(), 2, 1), (std::vector<int64_t>{2}));
   EXPECT_EQ(document_lengths(none.data(), 2, 1), (std::vector<int64_t>{2}));
+  // With a BOS id, only an EOS that a BOS follows ends a document (here one id for both, as
+  // GPT-2's tokenizer has): get_document_lengths([0, 5, 6, 0, 0, 7, 0, 0, 8], eos=0, bos=0)
+  // = [4, 3, 2]; without the BOS rule every 0 ends one: [1, 3, 1, 2, 1, 1].
+  const std::vector<int32_t> bos_row = {0, 5, 6, 0, 0, 7, 0, 0, 8};
+  EXPECT_EQ(document_lengths(bos_row.data(), 9, 0, 0), (std::vector<int64_t>{4, 3, 2}));
+  EXPECT_EQ(document_lengths(bos_row.data(), 9, 0), (std::vector<int64_t>{1, 3, 1, 2, 1, 1}));
+  std::vector<int32_t> bos_starts(9);
+  document_starts(bos_row.data(), 1, 9, 0, 0, bos_starts.data());
+  EXPECT_EQ(bos_starts, (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 7, 7}));
   // A doc_start outside [0, position] is refused.
   const AttentionShape s{1, 2, 1, 1, 2};
   std::vector<float> x(4, 0.5f), out(4), probs(4);

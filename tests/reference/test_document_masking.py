@@ -95,6 +95,34 @@ def test_mask_follows_olmo_core_document_lengths():
         assert torch.equal(ref_model.document_mask(row[None], EOS)[0], block), lengths
 
 
+def test_engine_with_a_bos_id_matches_transformers_with_olmo_core_documents(moecore_bin, tmp_path):
+    """data.bos_id (OLMo-core's bos_token_id): a document ends only at an EOS that a BOS follows.
+    The batch has such ends, a stray EOS inside a document and an EOS ending a row; the mask comes
+    from OLMo-core's get_document_lengths with the BOS, and the engine matches transformers under
+    it (skipped without ai2-olmo-core)."""
+    utils = pytest.importorskip("olmo_core.data.utils", reason="ai2-olmo-core is not installed")
+    bos = 2
+    cfg = OLMOE
+    params = ref_model.random_params(cfg, seed=99, std=0.08)
+    x, y = packed_batch(cfg, seed=5)
+    x[0, [0, 6, 14]] = bos  # EOS at 5 and 13 followed by BOS: ends; EOS at 4 is not
+    x[1, [1, 10]] = bos  # EOS at 0 and 9 end documents, the row's last EOS does not
+    y[:, :-1] = x[:, 1:]
+    allowed = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        lengths = utils.get_document_lengths(torch.as_tensor(x[b]), EOS, bos).tolist()
+        assert len(lengths) == 3, lengths
+        allowed[b] = torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in lengths])
+    additive = torch.zeros(B, 1, T, T).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    hf = H.hf_debug_state(H.hf_model(cfg, params), cfg, x, y, attention_mask=additive)
+    ours = H.moecore_debug_state(tmp_path, cfg, params, x, y, data=dict(masking_data(), bos_id=bos))
+    names = H.state_names(cfg)
+    names.remove("loss.z")  # HF has no router z-loss (its coefficient is 0 here)
+    H.assert_all_close(ours, hf, names, what="engine vs transformers with OLMo-core's BOS documents")
+    every_eos = H.moecore_debug_state(tmp_path, cfg, params, x, y, data=masking_data(), name="eos")
+    assert H.rel_err(every_eos["logits"], ours["logits"]) > 1e-3, "the BOS rule changed nothing"
+
+
 def test_document_masking_needs_eos_in_debug_config(moecore_bin, tmp_path):
     cfg = dict(BASE)
     params = ref_model.random_params(cfg, seed=1, std=0.08)

@@ -48,7 +48,7 @@ def tokenizer(moecore_bin, tmp_path_factory):
 
 
 def moecore_instances(tmp_path: Path, paths, vocab: int, dtype: str | None = None,
-                      eos: int | None = None):
+                      eos: int | None = None, bos: int | None = None):
     """`moecore data instances`: (instances [N, SEQ], doc_lens [N, SEQ] zero-padded, summary)."""
     out, lens = tmp_path / "inst.npy", tmp_path / "lens.npy"
     args = ["data", "instances", "--seq-len", SEQ, "--vocab-size", vocab, "--out", out,
@@ -59,14 +59,17 @@ def moecore_instances(tmp_path: Path, paths, vocab: int, dtype: str | None = Non
         args += ["--dtype", dtype]
     if eos is not None:
         args += ["--eos-id", eos]
+    if bos is not None:
+        args += ["--bos-id", bos]
     r = H.run_moecore(*args)
     return np.load(out), np.load(lens), json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def olmo_dataset(paths, vocab: int, eos: int, dtype):
+def olmo_dataset(paths, vocab: int, eos: int, dtype, bos: int | None = None):
     ds = numpy_dataset.NumpyFSLDataset(*[str(p) for p in paths], sequence_length=SEQ,
                                        pad_token_id=0, eos_token_id=eos, vocab_size=vocab,
-                                       dtype=dtype, generate_doc_lengths=True)
+                                       dtype=dtype, generate_doc_lengths=True,
+                                       bos_token_id=bos)
     ds.prepare()
     return ds
 
@@ -124,3 +127,28 @@ def test_moecore_reads_olmo_core_files(moecore_bin, tmp_path, dtype, vocab):
                           "--vocab-size", vocab, "--out", tmp_path / "x.npy")
     assert r.returncode != 0 and str(paths[0]) in r.stderr and "--dtype" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("same_id", [True, False])
+def test_document_lengths_with_a_bos_token(moecore_bin, tmp_path, same_id):
+    """OLMo-core's bos_token_id: documents start with a BOS and end at an EOS that a BOS follows
+    (get_document_lengths), so an EOS elsewhere, and with GPT-2's one id for both the BOS itself,
+    opens no document. `moecore data instances --bos-id` (data.bos_id in a run) finds the same
+    lengths; without it the same stream splits at every EOS, which OLMo-core calls otherwise."""
+    rng = np.random.default_rng(3)
+    vocab, eos = 500, 0
+    bos = 0 if same_id else 1
+    docs = []
+    for _ in range(60):
+        body = rng.integers(2, vocab, size=int(rng.integers(1, 20)))
+        body[rng.random(body.size) < 0.05] = eos  # a stray EOS inside a document
+        docs += [bos, *body.tolist(), eos]
+    arr = np.asarray(docs, dtype=np.uint16)
+    path = tmp_path / "part-0-00000.npy"
+    olmo_utils.write_array_to_disk(arr, path)
+    ds = olmo_dataset([path], vocab, eos, np.uint16, bos=bos)
+    ours, our_lens, _ = moecore_instances(tmp_path, [path], vocab, dtype="uint16", eos=eos,
+                                          bos=bos)
+    compare(ds, ours, our_lens)
+    _, without_bos, _ = moecore_instances(tmp_path, [path], vocab, dtype="uint16", eos=eos)
+    assert (without_bos != our_lens).any(), "the BOS rule changed no document"
