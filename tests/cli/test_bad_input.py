@@ -1119,6 +1119,11 @@ CASES["train/data_dtype_contradicts_meta"] = lambda e: _train_case(
     e, "--set", "data.dtype=uint32", needles=("data.dtype=uint32", "meta.json"))
 CASES["train/data_eos_id_outside_vocab"] = lambda e: _train_case(
     e, "--set", "data.eos_id=100000", needles=("data.eos_id=100000",))
+CASES["train/data_bos_id_outside_vocab"] = lambda e: _train_case(
+    e, "--set", "data.bos_id=100000", "--set", "data.document_masking=true",
+    needles=("data.bos_id=100000",))
+CASES["train/data_bos_id_without_document_masking"] = lambda e: _train_case(
+    e, "--set", "data.bos_id=1", needles=("data.bos_id=1", "data.document_masking"))
 CASES["train/document_masking_not_bool"] = lambda e: _train_case(
     e, "--set", "data.document_masking=1", needles=("data.document_masking",))
 
