@@ -204,11 +204,31 @@ TokenDataset::File TokenDataset::open_file(const std::string& path,
               "wrote beside it",
               path);
     file.itemsize = token_itemsize(file.dtype);
+    // The type is a declaration nothing in the file confirms: its errors name it as a suspect.
+    const std::string type_origin =
+        !declared_dtype.empty() ? "data.dtype (--dtype)" : meta->meta_path;
     MOE_CHECK(mapped.size() % file.itemsize == 0,
-              "[data] {}: truncated: headerless token file of {} bytes is not a whole number of "
-              "{}-byte {} tokens",
-              path, mapped.size(), file.itemsize, token_dtype_name(file.dtype));
+              "[data] {}: headerless token file of {} bytes is not a whole number of {}-byte {} "
+              "tokens: truncated, or its elements are not {} (as {} says)",
+              path, mapped.size(), file.itemsize, token_dtype_name(file.dtype),
+              token_dtype_name(file.dtype), type_origin);
     file.num_tokens = static_cast<int64_t>(mapped.size() / file.itemsize);
+    if (file.dtype == "<u2") {
+      // uint32 ids below 65536 read as uint16 are the ids with a 0 after each (little-endian):
+      // twice the instances, every other token 0, and nothing out of range to stop it. Refused
+      // when the file's first 8192 elements look so (no text has token 0 at every odd place).
+      constexpr int64_t kLooked = 8192, kEnough = 512;
+      const int64_t looked = std::min(file.num_tokens, kLooked) & ~int64_t{1};
+      bool odd_all_zero = looked >= kEnough, even_any_nonzero = false;
+      for (int64_t i = 0; i < looked && odd_all_zero; i += 2) {
+        even_any_nonzero |= load_token<uint16_t>(mapped.data() + 2 * i) != 0;
+        odd_all_zero = load_token<uint16_t>(mapped.data() + 2 * (i + 1)) == 0;
+      }
+      MOE_CHECK(!(odd_all_zero && even_any_nonzero),
+                "[data] {}: read as uint16 (as {} says), every other one of its first {} tokens "
+                "is 0: its elements look like uint32; declare the file's type",
+                path, type_origin, looked);
+    }
     file.raw = std::move(mapped);
     file.data = file.raw.data();
   }
@@ -277,8 +297,12 @@ void TokenDataset::read_instance(int64_t index, int32_t* tokens) const {
         break;
     }
     MOE_CHECK(id >= 0 && id < vocab_size_,
-              "[data] {}: token id {} at position {} is outside the vocabulary [0, {})", file.path,
-              id, start + t, vocab_size_);
+              "[data] {}: token id {} at position {} is outside the vocabulary [0, {}){}",
+              file.path, id, start + t, vocab_size_,
+              file.npy ? std::string()
+                       : fmt::format(" (read as {}: if that is not the headerless file's element "
+                                     "type, declare it with data.dtype or --dtype)",
+                                     token_dtype_name(file.dtype)));
     tokens[t] = static_cast<int32_t>(id);
   }
 }

@@ -152,3 +152,34 @@ def test_document_lengths_with_a_bos_token(moecore_bin, tmp_path, same_id):
     compare(ds, ours, our_lens)
     _, without_bos, _ = moecore_instances(tmp_path, [path], vocab, dtype="uint16", eos=eos)
     assert (without_bos != our_lens).any(), "the BOS rule changed no document"
+
+
+def test_a_wrong_declared_type_is_named(moecore_bin, tmp_path):
+    """OLMo-core's files carry no type: a wrong data.dtype / --dtype is named as the suspect. A
+    uint32 file read as uint16 (every other element 0, twice the instances, nothing out of range:
+    OLMo-core reads it so without a word) is refused; a uint16 file read as uint32 fails on its
+    size or its first id, and the message says the declared type may be wrong."""
+    rng = np.random.default_rng(5)
+    vocab = 300
+    ids = rng.integers(1, vocab, size=SEQ * 40)
+    wide, narrow = tmp_path / "wide.npy", tmp_path / "narrow.npy"
+    olmo_utils.write_array_to_disk(ids.astype(np.uint32), wide)
+    olmo_utils.write_array_to_disk(ids.astype(np.uint16), narrow)
+
+    def refused(path, dtype, *needles):
+        r = H.run_moecore_raw("data", "instances", "--data", path, "--seq-len", SEQ,
+                              "--vocab-size", vocab, "--dtype", dtype, "--out", tmp_path / "x.npy")
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        for needle in needles:
+            assert needle in r.stderr, r.stderr
+
+    refused(wide, "uint16", "every other one of its first 2560 tokens is 0",
+            "look like uint32", "data.dtype (--dtype)")
+    refused(narrow, "uint32", "outside the vocabulary", "read as uint32", "declare it")
+    odd = tmp_path / "odd.npy"
+    odd.write_bytes(narrow.read_bytes()[:-2])
+    refused(odd, "uint32", "truncated, or its elements are not uint32")
+    # Declared right, both read as OLMo-core reads them.
+    for path, dtype in ((wide, "uint32"), (narrow, "uint16")):
+        ours, _, _ = moecore_instances(tmp_path, [path], vocab, dtype=dtype, eos=0)
+        assert ours.shape == (40, SEQ) and (ours.reshape(-1) == ids).all()
