@@ -1,10 +1,13 @@
 #include "model/inference.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <initializer_list>
 #include <string>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "kernels/serial_scope.h"
 #include "model/linear.h"
@@ -102,6 +105,20 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     macs_per_token_ += d * (2 * c.q_size() + 2 * c.kv_size()) +
                        3 * d * (c.layer_is_dense(i) ? c.intermediate_size : moe_width);
+  // The cache and RoPE table are sized for every position up front: a count of tokens beyond the
+  // machine's memory (generate --max-tokens 1e9) is one line here, not the kernel's OOM kill.
+  if (default_device() == Device::kCpu) {
+    const double bytes =
+        static_cast<double>(max_seq) * sizeof(float) *
+        (2.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(c.kv_size()) +
+         static_cast<double>(c.head_size()));
+    const double memory =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    MOE_CHECK(bytes <= memory,
+              "[inference] {} positions (prompt and new tokens) need a {:.1f} GiB key/value cache, "
+              "more than this machine's {:.1f} GiB of memory: ask for fewer tokens",
+              max_seq, bytes / 1073741824.0, memory / 1073741824.0);
+  }
   rope_ = RopeTable::build(max_seq, c.head_size(), c.rope_theta);
   cache_ = KvCache(c.num_hidden_layers, max_seq, c.kv_size());
   device_logits_.resize(static_cast<size_t>(c.vocab_size));

@@ -686,6 +686,16 @@ def test_seeded_sampling_is_reproducible(moecore_bin, trained):
                     "--top-k", 1, "--seed", 99) == greedy
 
 
+def test_generate_beyond_the_machines_memory_is_one_line(moecore_bin, existing_run):
+    # The key/value cache is sized for every position up front: 2e9 tokens is one line naming
+    # the cache's size, at once, not an allocation the kernel kills the process for.
+    out, _ = existing_run
+    r = run(moecore_bin, "generate", "--checkpoint", out / "checkpoints/step_00000004",
+            "--prompt", "Israel", "--max-tokens", "2000000000", check=False, timeout=30)
+    assert_one_line_error(r, "positions (prompt and new tokens) need a", "GiB key/value cache",
+                          "ask for fewer tokens")
+
+
 def test_generated_text_is_valid_utf8(moecore_bin, existing_run):
     # A nearly untrained model (4 steps) samples lone byte tokens (e.g. 0xf8) whose bytes are not
     # UTF-8 on their own. Printed text must still be UTF-8, as transformers' decode makes it
