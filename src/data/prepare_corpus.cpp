@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <system_error>
+#include <vector>
 
 #include "core/check.h"
 #include "data/npy.h"
@@ -231,6 +233,20 @@ PrepareStats prepare_corpus(const std::vector<std::string>& input_files, const E
               "[prepare] {} exists and is not a prepared token directory (no meta.json); "
               "refusing to replace it",
               target.string());
+    // --overwrite replaces the whole directory: an input kept in it would be deleted with it.
+    const fs::path replaced = fs::weakly_canonical(target, ec);
+    std::vector<std::string> inputs = input_files;
+    if (!options.tokenizer_path.empty()) inputs.push_back(options.tokenizer_path);
+    for (const std::string& input : inputs) {
+      const fs::path where = fs::weakly_canonical(input, ec);
+      const bool inside =
+          std::mismatch(replaced.begin(), replaced.end(), where.begin(), where.end()).first ==
+          replaced.end();
+      MOE_CHECK(!inside,
+                "[prepare] {} lies inside {}, which --overwrite replaces as a whole: move it out "
+                "first",
+                input, target.string());
+    }
   }
 
   // Pass 1: count documents, so that the validation split (the last documents) is known before

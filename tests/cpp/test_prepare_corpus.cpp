@@ -316,6 +316,31 @@ TEST_F(PrepareCorpusTest, RefusesToReplaceAnUnrelatedDirectory) {
   EXPECT_EQ(slurp(dir_ / "out" / "thesis.tex"), "precious");
 }
 
+TEST_F(PrepareCorpusTest, OverwriteNeverDeletesAnInputKeptInTheDirectory) {
+  // --overwrite replaces the directory as a whole: a corpus or tokenizer kept inside it would go
+  // with it. Refused, both left in place (an input beside it, in a sibling named alike, is fine).
+  prepare_corpus({first_}, byte_encoder(kOffset), kEos, kVocab, out(), 0.0);
+  const std::string inside = write("out/corpus.txt", "kept\n");
+  const std::string tokenizer = write("out/tokenizer.json", "{}");
+  PrepareOptions overwrite;
+  overwrite.overwrite = true;
+  std::string message = error_of([&] {
+    prepare_corpus({inside}, byte_encoder(kOffset), kEos, kVocab, out(), 0.0, overwrite);
+  });
+  EXPECT_NE(message.find("corpus.txt lies inside"), std::string::npos) << message;
+  overwrite.tokenizer_path = tokenizer;
+  message = error_of([&] {
+    prepare_corpus({first_}, byte_encoder(kOffset), kEos, kVocab, out(), 0.0, overwrite);
+  });
+  EXPECT_NE(message.find("tokenizer.json lies inside"), std::string::npos) << message;
+  EXPECT_EQ(slurp(inside), "kept\n");
+  EXPECT_EQ(slurp(tokenizer), "{}");
+  overwrite.tokenizer_path.clear();
+  const std::string beside = write("outer.txt", "ok\n");
+  EXPECT_NO_THROW(
+      prepare_corpus({beside}, byte_encoder(kOffset), kEos, kVocab, out(), 0.0, overwrite));
+}
+
 TEST_F(PrepareCorpusTest, BadInputsGiveOneLineErrors) {
   const auto expect_error = [&](const std::function<void()>& fn, const std::string& needle) {
     const std::string message = error_of(fn);
