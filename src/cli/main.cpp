@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <new>
 
@@ -314,6 +315,22 @@ int main(int argc, char** argv) {
                         "list the fastest layouts that fit this many GB per rank", 0.0, 1e9);
   cli::add_int_option(plan, "--top", plan_args.top, "layouts --max-memory lists", 1, 1000000);
   plan->add_option("--html", plan_args.html, "also write a self-contained report page");
+
+  // An empty value names no file, device or number, and taken as "not given" it would fall back
+  // to a default the user did not ask for: refused for every option that takes one, but the
+  // prompt (empty: generation starts a new document).
+  const CLI::Validator non_empty(
+      [](const std::string& value) {
+        return value.empty() ? std::string("an empty value names nothing") : std::string();
+      },
+      "NONEMPTY");
+  const std::function<void(CLI::App*)> refuse_empty_values = [&](CLI::App* command) {
+    for (CLI::Option* option : command->get_options())
+      if (option->get_type_size() != 0 && option->get_name() != "--prompt")
+        option->check(non_empty);
+    for (CLI::App* sub : command->get_subcommands({})) refuse_empty_values(sub);
+  };
+  refuse_empty_values(&app);
 
   // Every command-line error is one line on stderr; help output stays CLI11's.
   if (argc > 1 && argv[1][0] != '-') {

@@ -1255,6 +1255,13 @@ CASES["cli/generate_top_p_nan"] = lambda e: Case(
 CASES["cli/generate_negative_seed"] = lambda e: Case(
     ["generate", "--checkpoint", e.root, "--prompt", "x", "--seed", "-1"],
     ("--seed=-1 is not an integer in [0, 2^64)",))
+# An empty value names nothing: taken as "not given" it fell back to a default (the checkpoint's
+# tokenizer, the CPU's hardware profile) the user did not ask for.
+CASES["cli/generate_empty_tokenizer"] = lambda e: Case(
+    ["generate", "--checkpoint", e.root, "--prompt", "x", "--tokenizer", ""],
+    ("--tokenizer: an empty value names nothing",))
+CASES["cli/plan_empty_hardware"] = lambda e: Case(
+    ["plan", e.root / "c.toml", "--hardware", ""], ("--hardware: an empty value names nothing",))
 # A validation split of every document leaves nothing to train on: the option's range says so.
 CASES["cli/prepare_val_fraction_one"] = lambda e: Case(
     ["prepare", "--tokenizer", e.root / "t.json", "--input", e.root / "c.txt", "--out",
@@ -1439,7 +1446,7 @@ def test_option_errors_share_the_parsers_exit_code(env: Env):
     # error of the command's run, after the parser had accepted "-1").
     codes = {}
     for name in ("cli/seed_negative", "cli/steps_zero", "cli/prepare_val_fraction_one",
-                 "cli/generate_negative_seed"):
+                 "cli/generate_negative_seed", "cli/generate_empty_tokenizer"):
         r = run_bin(CASES[name](env).args, cwd=env.root)
         codes[name] = r.returncode
     assert len(set(codes.values())) == 1 and codes["cli/steps_zero"] > 1, codes
