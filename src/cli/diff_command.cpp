@@ -35,9 +35,10 @@ nlohmann::json identity(const Side& side) {
 
 std::string describe(const Side& side) {
   return fmt::format("{} (precision {}, backend {}, threads {}, weights {}, batch {} {})",
-                     side.label, run_field(side.dump, "precision"), run_field(side.dump, "backend"),
-                     run_field(side.dump, "threads"), run_field(side.dump, "weights"),
-                     run_field(side.dump, "batch"), run_field(side.dump, "batch_shape"));
+                     side.label, describe_precision(run_precision(side.dump)),
+                     run_field(side.dump, "backend"), run_field(side.dump, "threads"),
+                     run_field(side.dump, "weights"), run_field(side.dump, "batch"),
+                     run_field(side.dump, "batch_shape"));
 }
 
 std::string join_overrides(const std::vector<std::string>& overrides) {
@@ -83,9 +84,9 @@ int run_diff(const DiffArgs& args) {
               run_field(a.dump, key), run_field(b.dump, key));
 
   std::string rule;
-  const double threshold = args.threshold ? *args.threshold
-                                          : default_threshold(run_field(a.dump, "precision"),
-                                                              run_field(b.dump, "precision"), rule);
+  const double threshold =
+      args.threshold ? *args.threshold
+                     : default_threshold(run_precision(a.dump), run_precision(b.dump), rule);
   if (args.threshold) rule = fmt::format("--threshold {:.3g}", threshold);
   const std::vector<TensorDifference> diffs = compare_dumps(a.dump, b.dump, threshold);
   const auto first =

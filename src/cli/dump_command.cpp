@@ -10,6 +10,7 @@
 #include "cli/devices_command.h"
 #include "core/check.h"
 #include "core/device_memory.h"
+#include "core/mx_types.h"
 #include "data/token_dataset.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "io/model_weights.h"
@@ -111,6 +112,11 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
             fnv1a(std::as_bytes(host_readable(params.dense, dense_copy))));
   io::TensorDump dump;
   dump.run["precision"] = train_precision_name(config.train.precision);
+  // The variant of the MX recipe, which diff's header and threshold rule name (tensor_diff.h).
+  if (config.train.precision == TrainPrecision::kMxfp8)
+    dump.run["mxfp8"] = {{"scale", std::string(mx::scale_mode_name(config.train.mxfp8.scale_mode))},
+                         {"dense", config.train.mxfp8.dense},
+                         {"expert_wgrad", config.train.mxfp8.expert_wgrad}};
   dump.run["backend"] = std::string(device_name(config.train.device));
   if (!device_description.empty()) dump.run["device"] = device_description;
   dump.run["threads"] = omp_get_max_threads();

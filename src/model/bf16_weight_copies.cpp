@@ -22,11 +22,12 @@ std::vector<ParamRange> bf16_copy_ranges(const ModelConfig& c, const ParamLayout
     for (const ParamSpec* projection : {s.q_proj, s.k_proj, s.v_proj, s.o_proj})
       copy(recipe.attention, projection, static_cast<int64_t>(projection->numel),
            recipe.mx.attention);
-    const bool mx_mlp = recipe.mx.dense_mlp;
-    copy(recipe.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d, mx_mlp);  // gate and up
-    copy(recipe.dense_mlp, s.mlp_down, c.intermediate_size * d, mx_mlp);
-    copy(recipe.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d, mx_mlp);
-    copy(recipe.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d, mx_mlp);
+    const bool mx_dense = mx_swiglu_mlp(recipe.mx, SwigluMlp::kDenseLayer);
+    const bool mx_shared = mx_swiglu_mlp(recipe.mx, SwigluMlp::kSharedExpert);
+    copy(recipe.dense_mlp, s.mlp_gate, 2 * c.intermediate_size * d, mx_dense);  // gate and up
+    copy(recipe.dense_mlp, s.mlp_down, c.intermediate_size * d, mx_dense);
+    copy(recipe.dense_mlp, s.shared_gate, 2 * c.shared_expert_intermediate_size * d, mx_shared);
+    copy(recipe.dense_mlp, s.shared_down, c.shared_expert_intermediate_size * d, mx_shared);
     copy(recipe.experts, s.expert_gate, local * 2 * c.moe_intermediate_size * d, recipe.mx.experts);
     copy(recipe.experts, s.expert_down, local * c.moe_intermediate_size * d, recipe.mx.experts);
   }

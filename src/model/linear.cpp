@@ -154,7 +154,14 @@ void linear_backward(kernels::MatmulPrecision precision, const LinearInput& dy,
     kernels::mx_matmul(dyq, matrix(w.mx->along_out), 1.0f, accumulate_dx ? 1.0f : 0.0f,
                        view(dx, {rows, in}));
   }
-  mx_weight_grad(dy.values, x.values, dw, rows, in, out, mode);
+  if (w.mx->mx_weight_grad) {
+    mx_weight_grad(dy.values, x.values, dw, rows, in, out, mode);
+    return;
+  }
+  // OLMo-core's MXFP8 shared experts: grouped_mm in bf16 on the bf16 output gradient and the bf16
+  // input it saved (no MX copy of it); the module's precision, whose GEMMs round both.
+  kernels::matmul(view(dy.values, {rows, out}), true, view(x.values, {rows, in}), false, 1.0f, 1.0f,
+                  view(dw, {out, in}), precision);
 }
 
 }  // namespace moecore

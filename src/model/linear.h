@@ -3,12 +3,16 @@
 // entry of model/precision_recipe.h). W is the fp32 weight or, in a bf16 GEMM, its bf16 copy
 // (model/bf16_weight_copies.h); its gradient is always fp32.
 //
-// MXFP8 (train.mxfp8_dense, OLMo-core 3's MXFP8 linear): when the weight carries MX caches all
-// three GEMMs are MX GEMMs: the forward x (quantised along `in`) . W^T (its cache along `in`); the
-// input gradient dy (along `out`) . W (its cache along `out`); the weight gradient dy^T . x with
-// both quantised along the tokens from fp32 (rows zero-padded to a multiple of 32: a zero adds
-// nothing to a block's amax or its sum), re-quantised rather than byte-transposed. Their codes are
-// temporaries in buffers of the calling thread that keep their capacity across calls.
+// MXFP8: when the weight carries MX caches the forward x (quantised along `in`) . W^T (its cache
+// along `in`) and the input gradient dy (along `out`) . W (its cache along `out`) are MX GEMMs.
+// The weight gradient dy^T . x is one too where MxWeight::mx_weight_grad says so
+// (train.mxfp8_dense, OLMo-core 3's MXFP8 linear; the shared expert under mxfp8_expert_wgrad), both
+// quantised along the tokens from fp32 (rows zero-padded to a multiple of 32: a zero adds nothing
+// to a block's amax or its sum, so the padding changes no code, no scale and no product;
+// OLMo-core's MXFP8Linear asserts tokens % 32 == 0 instead), re-quantised rather than
+// byte-transposed; else it is a GEMM in the caller's precision (bf16) on dy and x (the shared
+// expert in OLMo-core's recipe). The MX codes are temporaries in buffers of the calling thread that
+// keep their capacity across calls.
 #pragma once
 
 #include <cstdint>

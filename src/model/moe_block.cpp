@@ -71,7 +71,7 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertForward);
   if (hs > 0) {
-    const DType act_type = kept_mlp_act_dtype(precision_);
+    const DType act_type = kept_mlp_act_dtype(precision_, SwigluMlp::kSharedExpert);
     cache.shared_gu.resize(to_size(tokens * 2 * hs));
     cache.shared_act.resize(to_size(tokens * hs) * dtype_size(act_type));
     swiglu_mlp_forward(precision_.dense_mlp, {tokens, d, hs}, x, w.shared_gate_up, w.shared_down,
@@ -123,7 +123,7 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
   const int64_t hs = c.shared_expert_intermediate_size;
   timer.switch_to(Phase::kSharedExpertBackward);
   if (hs > 0) {
-    const DType act_type = kept_mlp_act_dtype(precision_);
+    const DType act_type = kept_mlp_act_dtype(precision_, SwigluMlp::kSharedExpert);
     const std::span<float> shared_dact = scratch.zeroed<float>(tokens * hs);
     // Written in full by the SwiGLU's backward.
     const std::span<std::byte> shared_dgu = scratch.uninitialized<std::byte>(

@@ -38,7 +38,7 @@ struct MoeCache {
                PaddedDispatch::Cache>
       dispatch;
   DeviceArray<float> shared_gu;       // [N, 2Hs]
-  DeviceArray<std::byte> shared_act;  // [N, Hs] in kept_mlp_act_dtype
+  DeviceArray<std::byte> shared_act;  // [N, Hs] in kept_mlp_act_dtype (kSharedExpert)
 };
 
 class MoeBlock {

@@ -4,32 +4,56 @@
 
 namespace moecore {
 
+namespace {
+
+// One dimension of a weight as the config sets it.
+struct ConfigDim {
+  int64_t size;
+  const char* key;  // the config key that sets it
+};
+
+}  // namespace
+
 std::vector<MxWeightRange> mx_weight_ranges(const ModelConfig& c, const ParamLayout& layout,
                                             LayerRange layers, const PrecisionRecipe& recipe) {
   std::vector<MxWeightRange> ranges;
-  auto add = [&](bool mx, const ParamSpec* spec, int64_t batch, int64_t out, int64_t in) {
+  // A weight [out, in] as the checkpoint holds it: `fused` of them stacked along out make the
+  // range (gate_proj and up_proj as one [2H, d]), so the error names the checkpoint's tensor with
+  // its own shape, and the config key of a dimension that is not whole blocks.
+  auto add = [&](bool mx, const ParamSpec* spec, int64_t batch, ConfigDim out, ConfigDim in,
+                 bool mx_weight_grad, int64_t fused = 1) {
     if (!mx || spec == nullptr) return;
-    MOE_CHECK(out % mx::kMxBlock == 0 && in % mx::kMxBlock == 0,
-              "[mxfp8] {} is [{}, {}]: MXFP8 quantises both of its dimensions in blocks of {} "
-              "(train.precision = \"mxfp8\" needs multiples of {})",
-              spec->name, out, in, mx::kMxBlock, mx::kMxBlock);
-    ranges.push_back({spec->group, spec->offset, batch, out, in});
+    for (const ConfigDim& dim : {out, in})
+      MOE_CHECK(dim.size % mx::kMxBlock == 0,
+                "[mxfp8] {} is [{}, {}]: MXFP8 quantises both of its dimensions in blocks of {}, "
+                "and {} = {} is not a multiple of {} (train.precision = \"mxfp8\" needs "
+                "multiples of {})",
+                spec->name, out.size, in.size, mx::kMxBlock, dim.key, dim.size, mx::kMxBlock,
+                mx::kMxBlock);
+    ranges.push_back({spec->group, spec->offset, batch, fused * out.size, in.size, mx_weight_grad});
   };
-  const int64_t d = c.hidden_size;
-  const int64_t h = c.moe_intermediate_size, local = layout.local_experts();
+  const ConfigDim d{c.hidden_size, "model.hidden_size"};
+  const ConfigDim q{c.q_size(), "model.num_attention_heads x model.head_dim"};
+  const ConfigDim kv{c.kv_size(), "model.num_key_value_heads x model.head_dim"};
+  const ConfigDim dense_h{c.intermediate_size, "model.intermediate_size"};
+  const ConfigDim shared_h{c.shared_expert_intermediate_size,
+                           "model.shared_expert_intermediate_size"};
+  const ConfigDim h{c.moe_intermediate_size, "model.moe_intermediate_size"};
+  const int64_t local = layout.local_experts();
   const int64_t end = layers.end < 0 ? c.num_hidden_layers : layers.end;
+  const MxRecipe& mx = recipe.mx;
   for (int64_t i = layers.begin; i < end; ++i) {
     const LayerSpecs s = layout.layer_specs(i);
-    add(recipe.mx.attention, s.q_proj, 1, c.q_size(), d);
-    add(recipe.mx.attention, s.k_proj, 1, c.kv_size(), d);
-    add(recipe.mx.attention, s.v_proj, 1, c.kv_size(), d);
-    add(recipe.mx.attention, s.o_proj, 1, d, c.q_size());
-    add(recipe.mx.dense_mlp, s.mlp_gate, 1, 2 * c.intermediate_size, d);  // gate and up
-    add(recipe.mx.dense_mlp, s.mlp_down, 1, d, c.intermediate_size);
-    add(recipe.mx.dense_mlp, s.shared_gate, 1, 2 * c.shared_expert_intermediate_size, d);
-    add(recipe.mx.dense_mlp, s.shared_down, 1, d, c.shared_expert_intermediate_size);
-    add(recipe.mx.experts, s.expert_gate, local, 2 * h, d);
-    add(recipe.mx.experts, s.expert_down, local, d, h);
+    add(mx.attention, s.q_proj, 1, q, d, true);
+    add(mx.attention, s.k_proj, 1, kv, d, true);
+    add(mx.attention, s.v_proj, 1, kv, d, true);
+    add(mx.attention, s.o_proj, 1, d, q, true);
+    add(mx.dense_mlp, s.mlp_gate, 1, dense_h, d, true, 2);  // gate and up
+    add(mx.dense_mlp, s.mlp_down, 1, d, dense_h, true);
+    add(mx.experts, s.shared_gate, 1, shared_h, d, mx.expert_wgrad, 2);
+    add(mx.experts, s.shared_down, 1, d, shared_h, mx.expert_wgrad);
+    add(mx.experts, s.expert_gate, local, h, d, mx.expert_wgrad, 2);
+    add(mx.experts, s.expert_down, local, d, h, mx.expert_wgrad);
   }
   return ranges;
 }
@@ -64,8 +88,12 @@ MxWeightCaches::MxWeightCaches(std::vector<MxWeightRange> ranges, mx::ScaleMode 
   size_t offset = 0;
   for (const MxWeightRange& range : ranges) {
     const MxCacheViews v = cache_views(bytes_.data() + offset, range);
-    caches_.push_back(
-        {range, offset, {{v.in_codes, v.in_scales}, {v.out_codes, v.out_scales}, scale_mode}});
+    caches_.push_back({range,
+                       offset,
+                       {{v.in_codes, v.in_scales},
+                        {v.out_codes, v.out_scales},
+                        scale_mode,
+                        range.mx_weight_grad}});
     offset += mx_cache_bytes(range);
   }
 }

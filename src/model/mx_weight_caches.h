@@ -19,11 +19,15 @@
 
 namespace moecore {
 
-// One weight's two MX caches.
+// One weight's two MX caches, and how its linear layer (model/linear.h) runs the weight gradient.
 struct MxWeight {
   MxOperandView along_in;    // codes [.., out, in], scales [.., out, in / 32]: the forward's
   MxOperandView along_out;   // codes [.., in, out], scales [.., in, out / 32]: the input gradient's
   mx::ScaleMode scale_mode;  // of these caches, and of the activations multiplied with them
+  // The weight gradient an MX GEMM too (an MXFP8 linear of mxfp8_dense; an expert under
+  // mxfp8_expert_wgrad), else a bf16 GEMM on the layer's inputs (the shared expert in OLMo-core's
+  // recipe, which saves them in bf16).
+  bool mx_weight_grad = true;
 };
 
 // A weight the recipe multiplies in MXFP8: elements [begin, begin + batch * out * in) of one
@@ -32,13 +36,14 @@ struct MxWeightRange {
   ParamGroup group;
   size_t begin;
   int64_t batch, out, in;
+  bool mx_weight_grad = true;  // MxWeight::mx_weight_grad
 };
 
 // The MX weights of layers `layers` of `layout` under `recipe`: the experts' gate/up and down
-// blocks (recipe.mx.experts), attention projections (recipe.mx.attention), dense MLPs and shared
-// experts (recipe.mx.dense_mlp; gate and up as one [2H, d] weight). Both `in` and `out` of each
-// must be multiples of 32: anything else is a one-line error naming the weight, as MXFP8 has no
-// other way to run it.
+// blocks and the shared expert (recipe.mx.experts), attention projections (recipe.mx.attention),
+// dense layers' MLPs (recipe.mx.dense_mlp); gate and up as one [2H, d] weight. Every dimension of
+// each must be a multiple of 32: anything else is a one-line error naming the checkpoint's tensor,
+// its shape and the config key at fault, as MXFP8 has no other way to run it.
 std::vector<MxWeightRange> mx_weight_ranges(const ModelConfig& config, const ParamLayout& layout,
                                             LayerRange layers, const PrecisionRecipe& recipe);
 

@@ -17,22 +17,27 @@ namespace moecore {
 enum class TrainPrecision : uint8_t { kFp32, kBf16, kMxfp8 };
 
 // The variants of train.precision = "mxfp8" (train.mxfp8_*), OLMo-core 3's recipe when all are
-// off: the routed experts' forward and input-gradient GEMMs in MXFP8 (E4M3 elements, rceil
-// scales), their weight-gradient GEMM in bf16 on the inputs dequantised from the saved MXFP8
-// copies, everything else in bf16 but the router (fp32).
+// off (its MoERowwiseFP8Config, which drives the routed experts and, through the block's
+// rowwise_fp8, the shared experts: olmo_core/nn/moe/v2/no_ep.py, fp8.py): the routed and shared
+// experts' forward and input-gradient GEMMs in MXFP8 (E4M3 elements, rceil scales) on weights
+// quantised once per optimizer step, their weight-gradient GEMM in bf16 (the routed experts' on
+// the inputs dequantised from the saved MXFP8 copies, the shared experts' on the bf16 inputs, as
+// OLMo-core saves them: fp8.py passes the shared experts no prequantised input), everything else
+// in bf16 but the router (fp32).
 struct Mxfp8Options {
-  bool expert_wgrad = false;  // the experts' weight-gradient GEMM in MXFP8 too
-  bool dense = false;         // attention projections, dense MLPs and shared experts in MXFP8
+  bool expert_wgrad = false;  // the routed and shared experts' weight-gradient GEMMs in MXFP8 too
+  bool dense = false;         // attention projections and dense layers' MLPs in MXFP8 (all GEMMs)
   mx::ScaleMode scale_mode = mx::ScaleMode::kRceil;  // "rceil" | "floor"
 };
 
 // Which GEMMs run on MX operands. A module marked here multiplies its other GEMMs (and anything
 // it runs outside the MX GEMMs) in its PrecisionRecipe entry, bf16.
 struct MxRecipe {
-  bool experts = false;       // forward (x . w^T) and input gradient (dy . w) of routed experts
+  // Forward (x . w^T) and input gradient (dy . w) of the routed and the shared experts.
+  bool experts = false;
   bool expert_wgrad = false;  // and their weight gradient (dy^T . x, both along the tokens)
   bool attention = false;     // q/k/v/o projections: all three GEMMs (not the attention core)
-  bool dense_mlp = false;     // dense layers' MLP and the shared expert: all three GEMMs
+  bool dense_mlp = false;     // dense layers' MLP: all three GEMMs
   mx::ScaleMode scale_mode = mx::ScaleMode::kRceil;
 };
 
@@ -41,7 +46,9 @@ struct PrecisionRecipe {
   Precision router = Precision::kFp32;
   Precision attention = Precision::kFp32;  // q/k/v/o projections and the attention core
   Precision experts = Precision::kFp32;    // the routed experts' grouped GEMMs
-  Precision dense_mlp = Precision::kFp32;  // dense layers' SwiGLU MLP and the shared expert
+  // Dense layers' SwiGLU MLP and the shared expert (under mx.experts: the shared expert's GEMMs
+  // that are not MX, its bf16 weight gradient without mx.expert_wgrad).
+  Precision dense_mlp = Precision::kFp32;
   Precision lm_head = Precision::kFp32;
   MxRecipe mx;
 
@@ -84,14 +91,25 @@ inline KeptExpertInputs kept_expert_inputs(const PrecisionRecipe& recipe) {
                                                            : KeptExpertInputs::kFp32;
 }
 
+// The two users of model/swiglu_mlp.h.
+enum class SwigluMlp : uint8_t { kDenseLayer, kSharedExpert };
+
+// Whether `mlp`'s linears carry MX caches: dense layers' under mx.dense_mlp, the shared expert's
+// under mx.experts (OLMo-core runs it as an expert).
+inline bool mx_swiglu_mlp(const MxRecipe& mx, SwigluMlp mlp) {
+  return mlp == SwigluMlp::kDenseLayer ? mx.dense_mlp : mx.experts;
+}
+
 // The dtype in which a dense SwiGLU MLP (a dense layer's, the shared expert) keeps its SwiGLU
 // output and writes that output's gradient, which only its GEMMs read (the down projection's
 // forward and weight gradient; the gate/up projection's input and weight gradients): bf16 where
 // those are bf16 GEMMs without MX caches (the rounding of the fp32 values that they made
-// themselves before), else fp32. As for the experts' inputs, on every backend.
-inline DType kept_mlp_act_dtype(const PrecisionRecipe& recipe) {
-  return recipe.dense_mlp == kernels::MatmulPrecision::kBf16 && !recipe.mx.dense_mlp ? DType::kBf16
-                                                                                     : DType::kF32;
+// themselves before), else fp32 (an MX GEMM quantises the fp32 values). As for the experts'
+// inputs, on every backend.
+inline DType kept_mlp_act_dtype(const PrecisionRecipe& recipe, SwigluMlp mlp) {
+  return recipe.dense_mlp == kernels::MatmulPrecision::kBf16 && !mx_swiglu_mlp(recipe.mx, mlp)
+             ? DType::kBf16
+             : DType::kF32;
 }
 
 inline const char* train_precision_name(TrainPrecision precision) {

@@ -33,7 +33,7 @@ struct Transformer::LayerCache {
   int64_t dropped_routes = 0;
   DeviceArray<int64_t> dropped_on_device;  // [1], or empty
   DeviceArray<float> mlp_gu;               // dense layers
-  DeviceArray<std::byte> mlp_act;          // in kept_mlp_act_dtype
+  DeviceArray<std::byte> mlp_act;          // in kept_mlp_act_dtype (kDenseLayer)
 };
 
 // One micro-batch's activations in this chunk.
@@ -274,6 +274,11 @@ void Transformer::observe_ffn(int64_t layer, const LayerCache& cache, int64_t to
     observe_layer(layer, "mlp.router_scores", view(r.scores.data(), {tokens, e}));
     observe_layer(layer, "mlp.topk_index", view(r.topk_index.data(), {tokens, k}));
     observe_layer(layer, "mlp.topk_weight", view(r.topk_weight.data(), {tokens, k}));
+    // The shared expert's gate/up projection, its first GEMM (MXFP8 in the mxfp8 recipe), before
+    // the routed experts' outputs, as for a dense layer's MLP.
+    if (const int64_t hs = config_.shared_expert_intermediate_size; hs > 0)
+      observe_layer(layer, "mlp.shared_expert.gate_up",
+                    view(cache.moe.shared_gu.data(), {tokens, 2 * hs}));
     // Each route's output in (token, slot) order, whatever order the dispatch sent it in.
     DeviceArray<float> by_route(cache.moe.routed.y_back.device(),
                                 static_cast<size_t>(tokens * k * d));
@@ -396,7 +401,7 @@ void Transformer::ffn_sublayer_forward(const ParamBuffers& params, int64_t i, in
   }
   if (c.layer_is_dense(i)) {
     const int64_t width = c.intermediate_size;
-    const DType act_type = kept_mlp_act_dtype(precision_);
+    const DType act_type = kept_mlp_act_dtype(precision_, SwigluMlp::kDenseLayer);
     lc.mlp_gu.resize(static_cast<size_t>(n * 2 * width));
     lc.mlp_act.resize(static_cast<size_t>(n * width) * dtype_size(act_type));
     swiglu_mlp_forward(precision_.dense_mlp, {n, d, width}, ffn_in,
@@ -767,7 +772,7 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   bool dense_layers = false;
   for (int64_t i = layers_begin_; i < layers_end_; ++i) dense_layers |= c.layer_is_dense(i);
   const int64_t width = dense_layers ? c.intermediate_size : 0;
-  const DType act_type = kept_mlp_act_dtype(precision_);
+  const DType act_type = kept_mlp_act_dtype(precision_, SwigluMlp::kDenseLayer);
   const std::span<float> scratch_dact = scratch.zeroed<float>(n * width);
   // Written in full by the SwiGLU's backward.
   const std::span<std::byte> scratch_dgu =

@@ -45,6 +45,7 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   // The experts' rows: the routes, or the padded transport's static capacity.
   const double received = padded ? t.padded_capacity(routes) : routes;
   const double act = static_cast<double>(dtype_size(t.mlp_act));  // a dense MLP's SwiGLU output
+  const double shared_act = static_cast<double>(dtype_size(t.shared_expert_act));
   ActivationBytes a;
   // Transformer::Activations: residual[layers + 1], tokens on the embedding's chunk.
   a.residual = kF * (static_cast<double>(chunk.layers) + 1.0) * n * d;
@@ -92,7 +93,7 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
              4.0 * (routes + 3.0 * static_cast<double>(t.ep) * t.padded_block(routes) + received) +
              8.0;
     if (t.ep > 1 && t.dispatch == Dispatch::kRowwise) moe += 8.0 * routes;  // RowTarget per route
-    moe += (2.0 * kF + act) * n * hs;                                       // shared expert gu, act
+    moe += (2.0 * kF + shared_act) * n * hs;                                // shared expert gu, act
     a.moe += moe;
   }
   // rstd, hidden, and the whole head's logits (the chunked head keeps none).
@@ -150,6 +151,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
   double layers_base = kF * n * d + kF * e;  // dbranch, lb_grad
   // A dense MLP's scratch: dact [n, I] in fp32, dgu [n, 2I] in its act's dtype.
   const double act = static_cast<double>(dtype_size(t.mlp_act));
+  const double shared_act = static_cast<double>(dtype_size(t.shared_expert_act));
   if (has_dense) layers_base += (kF + 2.0 * act) * n * static_cast<double>(c.intermediate_size);
   double attention = kF * (2.0 * n * qs + 2.0 * n * kvs);                // d_context, dq, dk, dv
   if (c.qk_norm != QkNorm::kNone) attention += kF * (n * qs + n * kvs);  // dq_pre, dk_pre
@@ -167,7 +169,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
       experts += kMx * received * std::max(d, 2.0 * h) + kB16 * received * std::max(d, h);
     if (exchange) experts += kF * 4.0 * received * d;
     if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows
-    moe = combine + std::max({experts, (kF + 2.0 * act) * n * hs, kF * n * e});
+    moe = combine + std::max({experts, (kF + 2.0 * shared_act) * n * hs, kF * n * e});
   }
   // Recompute: the block being differentiated holds its rebuilt activations on top.
   double rebuilt = 0.0;
@@ -207,8 +209,14 @@ double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& c
   }
   const bool shared = moe && shared_h > 0.0;
   const bool projections_bf16 = recipe.attention == Precision::kBf16 && !recipe.mx.attention;
-  const bool mlp_bf16 = recipe.dense_mlp == Precision::kBf16 && !recipe.mx.dense_mlp;
-  const bool dense_bf16 = dense && mlp_bf16, shared_bf16 = shared && mlp_bf16;
+  const bool mlp_bf16 = recipe.dense_mlp == Precision::kBf16;
+  const bool mx_dense = mx_swiglu_mlp(recipe.mx, SwigluMlp::kDenseLayer),
+             mx_shared = mx_swiglu_mlp(recipe.mx, SwigluMlp::kSharedExpert);
+  const bool dense_bf16 = dense && mlp_bf16 && !mx_dense,
+             shared_bf16 = shared && mlp_bf16 && !mx_shared;
+  // The MX shared expert's bf16 weight gradients (without mxfp8_expert_wgrad): GEMMs on fp32
+  // operands, which the CPU's bf16 GEMM converts.
+  const bool shared_bf16_wgrad = shared && mlp_bf16 && mx_shared && !recipe.mx.expert_wgrad;
   const bool head_bf16 = head && recipe.lm_head == Precision::kBf16;
 
   // linear.cpp's slots: the attention's input [n, d], which q, k and v share; the output gradient
@@ -226,44 +234,53 @@ double operand_copy_bytes(const ModelConfig& c, const std::vector<ChunkShape>& c
   // linear.cpp's MX scratch, each buffer at the largest operand it holds: codes and scales of an
   // operand along its features ([rows, in] forward, [rows, out] input gradient) or of dy along the
   // tokens ([out, rows], weight gradient), those of x along the tokens ([in, rows]), and the
-  // token-padded fp32 copy they are quantised from. MX linears over n tokens; under
+  // token-padded fp32 copy they are quantised from (the last two only for an MX weight gradient:
+  // the shared expert's is bf16 without mxfp8_expert_wgrad). MX linears over n tokens; under
   // mxfp8_expert_wgrad the experts' weight gradients over one expert's rows (balanced routing).
   double along_features = 0.0, along_tokens_x = 0.0, padded_copy = 0.0;
-  auto mx_linear = [&](double rows, double in, double out) {
+  auto mx_linear = [&](double rows, double in, double out, bool mx_weight_grad) {
     const double padded_rows = std::ceil(rows / 32.0) * 32.0;
     along_features = std::max(along_features, padded_rows * std::max(in, out));
+    if (!mx_weight_grad) return;
     along_tokens_x = std::max(along_tokens_x, padded_rows * in);
     padded_copy = std::max(padded_copy, padded_rows * std::max(in, out));
   };
   if (recipe.mx.attention) {
-    mx_linear(n, d, std::max(qs, kvs));
-    mx_linear(n, qs, d);
+    mx_linear(n, d, std::max(qs, kvs), true);
+    mx_linear(n, qs, d, true);
   }
-  if (recipe.mx.dense_mlp && dense) {
-    mx_linear(n, d, 2.0 * dense_h);
-    mx_linear(n, dense_h, d);
+  if (mx_dense && dense) {
+    mx_linear(n, d, 2.0 * dense_h, true);
+    mx_linear(n, dense_h, d, true);
   }
-  if (recipe.mx.dense_mlp && shared) {
-    mx_linear(n, d, 2.0 * shared_h);
-    mx_linear(n, shared_h, d);
+  if (mx_shared && shared) {
+    mx_linear(n, d, 2.0 * shared_h, recipe.mx.expert_wgrad);
+    mx_linear(n, shared_h, d, recipe.mx.expert_wgrad);
   }
   if (recipe.mx.expert_wgrad && moe && c.num_experts > 0) {
     const double expert_rows =
         received / static_cast<double>(std::max<int64_t>(1, c.num_experts / t.ep));
-    mx_linear(expert_rows, d, 2.0 * h);
-    mx_linear(expert_rows, h, d);
+    mx_linear(expert_rows, d, 2.0 * h, true);
+    mx_linear(expert_rows, h, d, true);
   }
   bytes += kMx * (along_features + along_tokens_x) + kF * padded_copy;
   if (device) return bytes;
 
-  // The CPU's bf16 GEMMs: an fp32 operand converted, each buffer at the largest it has held (the
-  // forward's A and the weight gradient's B are the same activations): the attention's context
-  // into its output projection, the MLPs' input (their gate/up projection), the LM head's input.
+  // The CPU's bf16 GEMMs: an fp32 operand converted, A's buffer and B's each at the largest it
+  // has held (the forward's A and the weight gradient's B are the same activations): the
+  // attention's context into its output projection, the MLPs' input (their gate/up projection),
+  // the LM head's input; and the MX shared expert's bf16 weight gradients, dy^T . x on fp32
+  // operands: A the output gradients ([n, d], [n, 2Hs]), B the inputs ([n, Hs], [n, d]).
   double converted = 0.0;
   if (projections_bf16) converted = std::max(converted, n * qs);
   if (dense_bf16 || shared_bf16) converted = std::max(converted, n * d);
   if (head_bf16) converted = std::max(converted, head_rows * d);
-  bytes += 2.0 * kB16 * converted;
+  double converted_a = converted, converted_b = converted;
+  if (shared_bf16_wgrad) {
+    converted_a = std::max(converted_a, n * std::max(d, 2.0 * shared_h));
+    converted_b = std::max(converted_b, n * std::max(d, shared_h));
+  }
+  bytes += kB16 * (converted_a + converted_b);
   // The grouped GEMM's rounding of the experts' fp32 output gradients: the down projection's
   // [R, d] in bf16; in mxfp8 (bf16 weight gradients) also the SwiGLU's gradient [R, 2H].
   if (moe && c.num_experts > 0) {

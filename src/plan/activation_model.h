@@ -66,9 +66,11 @@ struct TokenShape {
   // parallel.rowwise_transport = "padded" (ep > 1, rowwise): its capacity factor; 0: not padded.
   // Its experts' buffers have capacity rows, and its blocks ep x block rows (padded_dispatch.h).
   double padded_capacity_factor = 0.0;
-  // How dense SwiGLU MLPs (dense layers, the shared expert) keep their SwiGLU output and write its
-  // gradient (kept_mlp_act_dtype): bf16 in bf16 without MX dense linears.
+  // How dense layers' SwiGLU MLPs and the shared expert keep their SwiGLU output and write its
+  // gradient (kept_mlp_act_dtype): bf16 in bf16 without MX linears (the shared expert's are MX
+  // in mxfp8, the dense layers' under mxfp8_dense).
   DType mlp_act = DType::kF32;
+  DType shared_expert_act = DType::kF32;
   int64_t tokens() const { return rows * seq; }
   // The padded transport's rows kept per rank and rows per block, for `routes` routes per rank.
   double padded_capacity(double routes) const {

@@ -99,7 +99,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                           kept_expert_inputs(recipe),
                           tc.lm_head_chunk_tokens,
                           padded_capacity_factor(pc, layout.ep),
-                          kept_mlp_act_dtype(recipe)};
+                          kept_mlp_act_dtype(recipe, SwigluMlp::kDenseLayer),
+                          kept_mlp_act_dtype(recipe, SwigluMlp::kSharedExpert)};
   int64_t first_layer = 0;
   std::vector<int64_t> starts;
   for (int64_t n : layout.chunk_layers) {

@@ -137,7 +137,8 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
   TokenShape tokens{layout.local_rows, tc.seq_len, layout.ep, config.parallel.dispatch};
   tokens.padded_capacity_factor = padded_capacity_factor(config.parallel, layout.ep);
   tokens.expert_inputs = kept_expert_inputs(recipe);  // the bytes the element-wise passes move
-  tokens.mlp_act = kept_mlp_act_dtype(recipe);
+  tokens.mlp_act = kept_mlp_act_dtype(recipe, SwigluMlp::kDenseLayer);
+  tokens.shared_expert_act = kept_mlp_act_dtype(recipe, SwigluMlp::kSharedExpert);
   const double n = static_cast<double>(tokens.tokens());
   const double d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
@@ -180,9 +181,16 @@ static Seconds plain_pass_seconds(const RunConfig& config, const ResolvedLayout&
     if (recipe.mx.experts)
       experts += (forward ? received * (d + h) : received * (d + 2.0 * h) + received * (d + h)) /
                  quantize_rate;
-    if (hs > 0.0)
-      experts += roof.pass_gemm(forward, r.dense_mlp, n, 2.0 * hs, d) +
-                 roof.pass_gemm(forward, r.dense_mlp, n, d, hs);
+    // The shared expert: in mxfp8 an expert (its forward and input gradient MX GEMMs, quantising
+    // its inputs [n, d] and [n, Hs] and its output gradients [n, d] and [n, 2Hs]; its weight
+    // gradient bf16 on those inputs, or under mxfp8_expert_wgrad an MX GEMM), else a dense MLP.
+    if (hs > 0.0) {
+      const GemmRates& shared = recipe.mx.experts ? r.experts : r.dense_mlp;
+      experts += roof.pass_gemm(forward, shared, n, 2.0 * hs, d) +
+                 roof.pass_gemm(forward, shared, n, d, hs);
+      if (recipe.mx.experts)
+        experts += (forward ? n * (d + hs) : n * (d + 2.0 * hs)) / quantize_rate;
+    }
     add(TimeCategory::kExperts, experts);
   }
   if (chunk.has_head) {
@@ -238,7 +246,8 @@ Seconds chunk_pass_seconds(const RunConfig& config, const ResolvedLayout& layout
   const PrecisionRecipe recipe =
       PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8);
   tokens.expert_inputs = kept_expert_inputs(recipe);
-  tokens.mlp_act = kept_mlp_act_dtype(recipe);
+  tokens.mlp_act = kept_mlp_act_dtype(recipe, SwigluMlp::kDenseLayer);
+  tokens.shared_expert_act = kept_mlp_act_dtype(recipe, SwigluMlp::kSharedExpert);
   const double rebuilt =
       chunk_activation_bytes(c, chunk, tokens, ActivationRecompute::kNone).total() -
       chunk_activation_bytes(c, chunk, tokens, recompute).total();

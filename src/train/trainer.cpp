@@ -225,12 +225,12 @@ std::string gemm_precision_line(const TrainConfig& tc) {
       return bf16;
     case TrainPrecision::kMxfp8:
       return fmt::format(
-          "mxfp8 (routed experts' forward and input-gradient GEMMs in MXFP8 E4M3, {} scales, "
-          "weight gradient in {}; {}the rest {} but the fp32 router)",
+          "mxfp8 (routed and shared experts' forward and input-gradient GEMMs in MXFP8 E4M3, {} "
+          "scales, weight gradient in {}; {}the rest {} but the fp32 router)",
           mx::scale_mode_name(tc.mxfp8.scale_mode),
-          tc.mxfp8.expert_wgrad ? "MXFP8" : "bf16 on the saved MXFP8 inputs",
-          tc.mxfp8.dense ? "attention projections, dense MLPs and shared experts all in MXFP8; "
-                         : "",
+          tc.mxfp8.expert_wgrad ? "MXFP8"
+                                : "bf16 (routed: on the saved MXFP8 inputs; shared: on bf16 ones)",
+          tc.mxfp8.dense ? "attention projections and dense layers' MLPs all in MXFP8; " : "",
           bf16);
   }
   return "?";

@@ -6,9 +6,11 @@
 // the once-per-step caches in both orientations), the weight gradient in bf16 (the backend's bf16
 // GEMM, so equal up to its summation order: summation_order_bound) on the inputs dequantised from
 // the saved MX copies, or with mxfp8_expert_wgrad an MX GEMM
-// along the tokens (each expert's rows zero-padded to a multiple of 32). The same for the MXFP8
-// linear of mxfp8_dense (all three GEMMs). Also: what the caches hold and when they are remade,
-// that the MoE block keeps no fp32 expert inputs after the forward, and the one-line errors.
+// along the tokens (each expert's rows zero-padded to a multiple of 32). The same for the shared
+// expert, which OLMo-core's recipe runs as an expert (its weight gradient in bf16 on the inputs,
+// which OLMo-core saves in bf16), and for the MXFP8 linear of mxfp8_dense (all three GEMMs). Also:
+// what the caches hold and when they are remade, that the MoE block keeps no fp32 expert inputs
+// after the forward, and the one-line errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include "model/moe_block.h"
 #include "model/mx_weight_caches.h"
 #include "model/params.h"
+#include "model/swiglu_mlp.h"
 #include "model/transformer.h"
 #include "tiny_moe_config.h"
 #include "tiny_moe_pass.h"
@@ -296,6 +299,114 @@ INSTANTIATE_TEST_SUITE_P(Recipes, MxExperts,
                                   (test.param.mode == mx::ScaleMode::kRceil ? "Rceil" : "Floor");
                          });
 
+// The shared expert under train.precision = "mxfp8", its caches from mx_weight_ranges as the
+// model makes them: forward and input gradient MX GEMMs on the once-per-step caches, the weight
+// gradient in bf16 on the fp32 inputs and output gradients (the backend's bf16 GEMM rounds them,
+// as OLMo-core's grouped_mm multiplies its bf16 tensors), or under mxfp8_expert_wgrad an MX GEMM
+// along the tokens. 37 tokens: one whole block of them and a zero-padded one.
+TEST_P(MxExperts, TheSharedExpertIsAnExpertOfTheRecipe) {
+  const Case p = GetParam();
+  const ModelConfig c = mx_config(1);
+  const ParamLayout layout = ParamLayout::build(c);
+  ParamBuffers params(layout);
+  fill_tiny_params(layout, 16, params);
+  const PrecisionRecipe recipe = mx_recipe(p.expert_wgrad, p.mode);
+  MxWeightCaches caches(mx_weight_ranges(c, layout, {}, recipe), p.mode);
+  caches.refresh(params);
+  const LayerSpecs s = layout.layer_specs(0);
+  const int64_t rows = 37, d = c.hidden_size, hs = c.shared_expert_intermediate_size;
+  const float* gate_up = params.at(*s.shared_gate);  // gate then up: [2Hs, d]
+  const float* down = params.at(*s.shared_down);     // [d, Hs]
+  const LinearWeight w_gate_up(view(gate_up, {2 * hs, d}),
+                               caches.find(s.shared_gate->group, s.shared_gate->offset));
+  const LinearWeight w_down(view(down, {d, hs}),
+                            caches.find(s.shared_down->group, s.shared_down->offset));
+  ASSERT_NE(w_gate_up.mx, nullptr);
+  ASSERT_NE(w_down.mx, nullptr);
+  EXPECT_EQ(w_gate_up.mx->mx_weight_grad, p.expert_wgrad);
+  // Kept in fp32: the MX GEMMs quantise the fp32 values.
+  ASSERT_EQ(kept_mlp_act_dtype(recipe, SwigluMlp::kSharedExpert), DType::kF32);
+
+  const std::vector<float> x = random_values(static_cast<size_t>(rows * d), 17, 1.0f);
+  const std::vector<float> dy = random_values(static_cast<size_t>(rows * d), 18, 0.01f);
+  std::vector<float> gu(static_cast<size_t>(rows * 2 * hs)), act(static_cast<size_t>(rows * hs));
+  std::vector<float> y(static_cast<size_t>(rows * d)), dx(y.size());
+  std::vector<float> dw_gate_up(static_cast<size_t>(2 * hs * d), 0.0f);
+  std::vector<float> dw_down(static_cast<size_t>(d * hs), 0.0f);
+  std::vector<float> scratch_dact(static_cast<size_t>(rows * hs)),
+      scratch_dgu(static_cast<size_t>(rows * 2 * hs));
+  const SwigluShape shape{rows, d, hs};
+  swiglu_mlp_forward(recipe.dense_mlp, shape, x.data(), w_gate_up, w_down, gu.data(),
+                     view(act.data(), {rows, hs}), y.data());
+  swiglu_mlp_backward(recipe.dense_mlp, shape, dy.data(), x.data(), w_gate_up, w_down, gu.data(),
+                      view(act.data(), {rows, hs}), dx.data(), dw_gate_up.data(), dw_down.data(),
+                      scratch_dact.data(), view(scratch_dgu.data(), {rows, 2 * hs}), false);
+
+  // The recipe with the reference ops.
+  const mx::ScaleMode mode = p.mode;
+  std::vector<float> want_gu(gu.size()), want_act(act.size()), want_y(y.size());
+  ref::mx_matmul(quantize(x.data(), 1, rows, d, mode).matrix(),
+                 quantize(gate_up, 1, 2 * hs, d, mode).matrix(), 1.0f, 0.0f,
+                 view(want_gu.data(), {rows, 2 * hs}));
+  ref::swiglu_forward(view(want_gu.data(), {rows, 2 * hs}), view(want_act.data(), {rows, hs}));
+  ref::mx_matmul(quantize(want_act.data(), 1, rows, hs, mode).matrix(),
+                 quantize(down, 1, d, hs, mode).matrix(), 1.0f, 0.0f,
+                 view(want_y.data(), {rows, d}));
+  EXPECT_EQ(gu, want_gu);
+  EXPECT_EQ(y, want_y);
+
+  // dw (+=) [out, in] of dy [rows, out] and in [rows, in]: MX along the tokens, or the backend's
+  // bf16 GEMM, within the summation-order bound of the products of the bf16 roundings.
+  auto weight_grad = [&](const std::vector<float>& g, int64_t out_dim, const std::vector<float>& in,
+                         int64_t in_dim, std::vector<double>& bound) {
+    std::vector<float> dw(static_cast<size_t>(out_dim * in_dim), 0.0f);
+    if (p.expert_wgrad) {
+      const int64_t padded = 64;
+      std::vector<float> g_pad(static_cast<size_t>(padded * out_dim), 0.0f);
+      std::vector<float> in_pad(static_cast<size_t>(padded * in_dim), 0.0f);
+      std::copy(g.begin(), g.end(), g_pad.begin());
+      std::copy(in.begin(), in.end(), in_pad.begin());
+      ref::mx_matmul(quantize(g_pad.data(), 1, padded, out_dim, mode, true).matrix(),
+                     quantize(in_pad.data(), 1, padded, in_dim, mode, true).matrix(), 1.0f, 1.0f,
+                     view(dw.data(), {out_dim, in_dim}));
+      return dw;
+    }
+    kernels::matmul(view(g.data(), {rows, out_dim}), true, view(in.data(), {rows, in_dim}), false,
+                    1.0f, 1.0f, view(dw.data(), {out_dim, in_dim}),
+                    kernels::MatmulPrecision::kBf16);
+    bound.assign(dw.size(), 0.0);
+    for (int64_t o = 0; o < out_dim; ++o)
+      for (int64_t i = 0; i < in_dim; ++i) {
+        double magnitudes = 0.0;
+        for (int64_t t = 0; t < rows; ++t)
+          magnitudes += std::abs(static_cast<double>(round_to_bf16(g[at(t * out_dim + o)])) *
+                                 static_cast<double>(round_to_bf16(in[at(t * in_dim + i)])));
+        bound[at(o * in_dim + i)] = summation_order_bound(rows, magnitudes);
+      }
+    return dw;
+  };
+  std::vector<float> dact(act.size()), dgu(gu.size()), want_dx(dx.size());
+  ref::mx_matmul(quantize(dy.data(), 1, rows, d, mode).matrix(),
+                 quantize(down, 1, d, hs, mode, true).matrix(), 1.0f, 0.0f,
+                 view(dact.data(), {rows, hs}));
+  std::vector<double> down_bound, gate_up_bound;
+  const std::vector<float> want_dw_down = weight_grad(dy, d, want_act, hs, down_bound);
+  ref::swiglu_backward(view(dact.data(), {rows, hs}), view(want_gu.data(), {rows, 2 * hs}),
+                       view(dgu.data(), {rows, 2 * hs}));
+  ref::mx_matmul(quantize(dgu.data(), 1, rows, 2 * hs, mode).matrix(),
+                 quantize(gate_up, 1, 2 * hs, d, mode, true).matrix(), 1.0f, 0.0f,
+                 view(want_dx.data(), {rows, d}));
+  const std::vector<float> want_dw_gate_up = weight_grad(dgu, 2 * hs, x, d, gate_up_bound);
+  EXPECT_EQ(dx, want_dx);
+  expect_within_bound(dw_down, want_dw_down, down_bound, "shared dw_down");
+  expect_within_bound(dw_gate_up, want_dw_gate_up, gate_up_bound, "shared dw_gate_up");
+  // Not vacuous: the bf16 recipe's shared expert differs.
+  std::vector<float> y_bf16(y.size());
+  swiglu_mlp_forward(recipe.dense_mlp, shape, x.data(), view(gate_up, {2 * hs, d}),
+                     view(down, {d, hs}), gu.data(), view(act.data(), {rows, hs}), y_bf16.data());
+  EXPECT_NE(y, y_bf16);
+}
+
 // train.mxfp8_dense: a linear layer whose weight carries MX caches runs all three GEMMs in MXFP8,
 // the weight gradient on dy and x quantised along the tokens (37 rows: one whole block and a
 // zero-padded one).
@@ -371,18 +482,29 @@ TEST(MxWeightCaches, BothOrientationsOfEveryExpertBlockAndNothingElse) {
   fill_tiny_params(layout, 12, params);
   const PrecisionRecipe recipe = mx_recipe(false, mx::ScaleMode::kRceil);
   const std::vector<MxWeightRange> ranges = mx_weight_ranges(c, layout, {}, recipe);
-  ASSERT_EQ(ranges.size(), 4u);  // gate_up and down of the two MoE layers
+  // Gate_up and down of the experts and of the shared expert, in the two MoE layers.
+  ASSERT_EQ(ranges.size(), 8u);
   EXPECT_TRUE(
       mx_weight_ranges(c, layout, {}, PrecisionRecipe::from_train(TrainPrecision::kBf16, {}))
           .empty());
   MxWeightCaches caches(ranges, mx::ScaleMode::kRceil);
   const int64_t e = c.num_experts, h = c.moe_intermediate_size, d = c.hidden_size;
-  EXPECT_EQ(caches.bytes(), static_cast<size_t>(2 * (2 * 3 * e * h * d) * (kBlock + 1) / kBlock));
+  const int64_t hs = c.shared_expert_intermediate_size;
+  const int64_t mx_numel = 2 * 3 * (e * h + hs) * d;  // two layers of gate, up and down
+  EXPECT_EQ(caches.bytes(), static_cast<size_t>(2 * mx_numel * (kBlock + 1) / kBlock));
   caches.refresh(params);
   const LayerSpecs s = layout.layer_specs(2);
   const MxWeight* down = caches.find(s.expert_down->group, s.expert_down->offset);
   ASSERT_NE(down, nullptr);
   EXPECT_EQ(caches.find(s.q_proj->group, s.q_proj->offset), nullptr) << "attention stays bf16";
+  EXPECT_EQ(
+      caches.find(layout.layer_specs(0).mlp_gate->group, layout.layer_specs(0).mlp_gate->offset),
+      nullptr)
+      << "the dense layer's MLP stays bf16";
+  const MxWeight* shared = caches.find(s.shared_gate->group, s.shared_gate->offset);
+  ASSERT_NE(shared, nullptr) << "the shared expert is an expert";
+  EXPECT_FALSE(shared->mx_weight_grad) << "its weight gradient in bf16";
+  EXPECT_FALSE(down->mx_weight_grad);
   const float* fp32 = params.at(*s.expert_down);
   const Quantized along_in = quantize(fp32, e, d, h, mx::ScaleMode::kRceil);
   const Quantized along_out = quantize(fp32, e, d, h, mx::ScaleMode::kRceil, true);
@@ -395,30 +517,47 @@ TEST(MxWeightCaches, BothOrientationsOfEveryExpertBlockAndNothingElse) {
   EXPECT_EQ(bytes(down->along_out.codes), along_out.codes);
   EXPECT_EQ(bytes(down->along_out.scales), along_out.scales);
   EXPECT_EQ(down->along_out.codes.size(1), h);
-  // The bf16 copies leave the MX experts out (their weight gradient reads no weight).
+  // The bf16 copies leave the MX experts and shared experts out (their weight gradient reads no
+  // weight).
   Transformer model(c, layout);
   model.set_precision(recipe);
   EXPECT_EQ(model.mx_weight_caches().bytes(), caches.bytes());
   model.set_precision(PrecisionRecipe::from_train(TrainPrecision::kBf16, {}));
   const size_t bf16_numel = model.bf16_weight_copies().numel();
   model.set_precision(recipe);
-  EXPECT_EQ(model.bf16_weight_copies().numel(),
-            bf16_numel - static_cast<size_t>(2 * 3 * e * h * d));
+  EXPECT_EQ(model.bf16_weight_copies().numel(), bf16_numel - static_cast<size_t>(mx_numel));
 }
 
+// The error names the checkpoint's tensor with its own shape (gate_proj [H, d], not moecore's
+// fused [2H, d]) and the config key at fault.
 TEST(MxWeightCaches, ExpertsWhoseDimensionsAreNotWholeBlocksAreAnError) {
-  ModelConfig c = mx_config(2);
-  c.moe_intermediate_size = 48;
-  const ParamLayout layout = ParamLayout::build(c);
-  Transformer model(c, layout);
-  try {
-    model.set_precision(mx_recipe(false, mx::ScaleMode::kRceil));
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("[mxfp8]"), std::string::npos) << what;
-    EXPECT_NE(what.find("multiples of 32"), std::string::npos) << what;
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  struct BadWidth {
+    int64_t ModelConfig::*width;
+    const char* tensor;
+    const char* key;
+  };
+  for (const BadWidth& bad :
+       {BadWidth{&ModelConfig::moe_intermediate_size,
+                 "model.layers.1.mlp.experts.0.gate_proj.weight is [48, 64]",
+                 "model.moe_intermediate_size = 48 is not a multiple of 32"},
+        BadWidth{&ModelConfig::shared_expert_intermediate_size,
+                 "model.layers.1.mlp.shared_expert.gate_proj.weight is [48, 64]",
+                 "model.shared_expert_intermediate_size = 48 is not a multiple of 32"}}) {
+    ModelConfig c = mx_config(2);
+    c.*bad.width = 48;
+    const ParamLayout layout = ParamLayout::build(c);
+    Transformer model(c, layout);
+    try {
+      model.set_precision(mx_recipe(false, mx::ScaleMode::kRceil));
+      ADD_FAILURE() << "no error for " << bad.key;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("[mxfp8]"), std::string::npos) << what;
+      EXPECT_NE(what.find(bad.tensor), std::string::npos) << what;
+      EXPECT_NE(what.find(bad.key), std::string::npos) << what;
+      EXPECT_NE(what.find("multiples of 32"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
   }
 }
 
@@ -452,6 +591,8 @@ TEST(MxExpertsMemory, TheBlockKeepsOnlyTheMxCopiesOfTheExpertInputs) {
     w.experts_down = view(params.at(*s.expert_down), {e, d, h});
     w.shared_gate_up = view(params.at(*s.shared_gate), {2 * c.shared_expert_intermediate_size, d});
     w.shared_down = view(params.at(*s.shared_down), {d, c.shared_expert_intermediate_size});
+    w.shared_gate_up.mx = caches.find(s.shared_gate->group, s.shared_gate->offset);
+    w.shared_down.mx = caches.find(s.shared_down->group, s.shared_down->offset);
     w.experts_gate_up_mx = caches.find(s.expert_gate->group, s.expert_gate->offset);
     w.experts_down_mx = caches.find(s.expert_down->group, s.expert_down->offset);
     const std::vector<float> x = random_values(static_cast<size_t>(tokens * d), 5, 1.0f);

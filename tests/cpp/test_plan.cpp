@@ -112,21 +112,24 @@ TEST(PlanMemory, Bf16WeightCopiesOfTheStagesModules) {
   EXPECT_EQ(make_plan(small_config(), 1, kNoRuntime).stages[0].bf16_weight_copies, 0.0);
 }
 
-// train.precision = "mxfp8" (moe_intermediate_size 32: whole MX blocks): the experts get MX caches
-// in both orientations instead of bf16 copies, 2 (numel + numel / 32) bytes: a MoE layer's 4 local
-// experts hold 4 x 3 x 32 x 32 = 12288 weights; the rest keeps its bf16 copies. The experts'
-// inputs x and act are kept as MXFP8 (1 + 1/32 bytes instead of 4) for each MoE layer, and one
-// fp32 pair is lent per chunk: R = 2 rows x 16 x top-2 = 64 routed rows of d + H = 64 values.
+// train.precision = "mxfp8" (moe_intermediate_size and shared_expert_intermediate_size 32: whole
+// MX blocks): the experts and the shared expert get MX caches in both orientations instead of
+// bf16 copies, 2 (numel + numel / 32) bytes: a MoE layer's 4 local experts hold 4 x 3 x 32 x 32 =
+// 12288 weights, its shared expert 3 x 32 x 32 = 3072; the rest keeps its bf16 copies. The
+// experts' inputs x and act are kept as MXFP8 (1 + 1/32 bytes instead of 4) for each MoE layer,
+// and one fp32 pair is lent per chunk: R = 2 rows x 16 x top-2 = 64 routed rows of d + H = 64
+// values; the shared expert's SwiGLU output [32 tokens, 32] in fp32 (its MX GEMMs quantise it).
 TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
-  const std::vector<std::string> layout = {"model.moe_intermediate_size=32", "parallel.ep=2",
-                                           "parallel.pp=2"};
+  const std::vector<std::string> layout = {"model.moe_intermediate_size=32",
+                                           "model.shared_expert_intermediate_size=32",
+                                           "parallel.ep=2", "parallel.pp=2"};
   auto with = [&](const char* precision) {
     std::vector<std::string> overrides = layout;
     overrides.push_back(std::string("train.precision=\"") + precision + "\"");
     return make_plan(small_config(overrides), 4, kNoRuntime);
   };
   const Plan mx = with("mxfp8"), bf16 = with("bf16");
-  const double experts = 12288.0, per_layer_cache = 2.0 * (experts + experts / 32.0);
+  const double experts = 12288.0 + 3072.0, per_layer_cache = 2.0 * (experts + experts / 32.0);
   EXPECT_DOUBLE_EQ(mx.stages[0].mx_weight_caches, per_layer_cache);
   EXPECT_DOUBLE_EQ(mx.stages[1].mx_weight_caches, 2.0 * per_layer_cache);
   EXPECT_DOUBLE_EQ(mx.stages[0].bf16_weight_copies,
@@ -135,17 +138,18 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
   // The experts' inputs (x and the SwiGLU output, 64 rows of 32 each) kept as bf16 roundings in
   // bf16, as MXFP8 copies in mxfp8; both lend fp32 x for the forward, mxfp8 the output too.
   const double inputs = 64.0 * (32 + 32);
+  const double shared_act = 32.0 * 32;
   EXPECT_DOUBLE_EQ(
       bf16.stages[0].activations_per_microbatch.moe - mx.stages[0].activations_per_microbatch.moe,
-      (2.0 - 33.0 / 32.0) * inputs);
+      (2.0 - 33.0 / 32.0) * inputs - 2.0 * shared_act);
   EXPECT_DOUBLE_EQ(mx.stages[0].lent_expert_inputs, 4.0 * inputs);
   EXPECT_DOUBLE_EQ(bf16.stages[0].lent_expert_inputs, 4.0 * 64.0 * 32);
-  // fp32 keeps them in fp32, and the shared expert's SwiGLU output [32 tokens, 24] too (bf16:
-  // bf16 bits, kept_mlp_act_dtype).
+  // fp32 keeps them in fp32, and the shared expert's SwiGLU output too (bf16: bf16 bits,
+  // kept_mlp_act_dtype).
   const Plan fp32 = with("fp32");
   EXPECT_DOUBLE_EQ(
       fp32.stages[0].activations_per_microbatch.moe - bf16.stages[0].activations_per_microbatch.moe,
-      2.0 * inputs + 2.0 * 32 * 24);
+      2.0 * inputs + 2.0 * shared_act);
   EXPECT_EQ(fp32.stages[0].lent_expert_inputs, 0.0);
   // The trainer's own error for widths that are not whole blocks.
   try {
@@ -158,23 +162,27 @@ TEST(PlanMemory, MxWeightCachesAndMxExpertInputs) {
 
 // bf16 and mxfp8: the GEMM operand copies kept for the run (operand_copy_bytes), by hand for one
 // rank's micro-batch of n = 4 x 16 = 64 tokens (d 32, q 32, kv 16, dense MLP 48, shared expert
-// 24, experts 32 wide, R = 128 routed rows, vocabulary 64), 2 bytes a value: the attention's
+// 32, experts 32 wide, R = 128 routed rows, vocabulary 64), 2 bytes a value: the attention's
 // input [n, d] 4096; the largest output gradient rounded once, the LM head's logits gradient
 // [n, 64] 8192 (the MLPs' SwiGLU gradients come in bf16); on the CPU the converted fp32 operands
 // (the attention's context, the MLPs' and the head's inputs, all [n, 32], forward and weight
 // gradient) 8192, the grouped GEMM's output gradients (bf16: [R, d] 8192; mxfp8: [R, 2H] 16384)
 // and flash attention's q, k, v, dout [n, 96] 12288. fp32 keeps none; an accelerator only the
-// first two.
+// first two. mxfp8's shared expert is an MX linear: linear.cpp's codes along the features, its
+// widest operand [n, 2Hs] at 33/32 bytes a value, 4224; its bf16 weight gradients convert their
+// fp32 operands, A up to [n, 2Hs] (4096 values) and B [n, d]: 4096 bytes more than the 8192.
 TEST(PlanMemory, GemmOperandCopies) {
   auto plan = [](const char* precision, const Hardware& hardware) {
-    return make_plan(small_config({"model.moe_intermediate_size=32",
-                                   std::string("train.precision=\"") + precision + "\""}),
-                     1, hardware);
+    return make_plan(
+        small_config({"model.moe_intermediate_size=32", "model.shared_expert_intermediate_size=32",
+                      std::string("train.precision=\"") + precision + "\""}),
+        1, hardware);
   };
   const Hardware gpu{"test", 1e12, 0.0, "test", true, {}};
   const double slots = 4096 + 8192, cpu_common = 8192 + 12288;
   EXPECT_DOUBLE_EQ(plan("bf16", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 8192);
-  EXPECT_DOUBLE_EQ(plan("mxfp8", kNoRuntime).stages[0].operand_copies, slots + cpu_common + 16384);
+  EXPECT_DOUBLE_EQ(plan("mxfp8", kNoRuntime).stages[0].operand_copies,
+                   slots + cpu_common + 16384 + 33.0 / 32.0 * 4096 + 4096);
   EXPECT_DOUBLE_EQ(plan("bf16", gpu).stages[0].operand_copies, slots);
   EXPECT_EQ(plan("fp32", kNoRuntime).stages[0].operand_copies, 0.0);
   // mxfp8 with MX dense linears and MX expert weight gradients (dense MLP 64, shared expert 32, kv

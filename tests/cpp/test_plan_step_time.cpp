@@ -163,7 +163,7 @@ TEST(StepTime, EachModuleAtItsRecipesRate) {
   const std::vector<std::string> bf16{"train.precision=\"bf16\""},
       mxfp8{"train.precision=\"mxfp8\""},
       mxfp8_dense{"train.precision=\"mxfp8\"", "train.mxfp8_dense=true"};
-  // OLMo-core's recipe: only the routed experts' GEMMs move to the MX rate (with their
+  // OLMo-core's recipe: only the routed and shared experts' GEMMs move to the MX rate (with their
   // activations' quantisation), and their weights are re-quantised after every step.
   EXPECT_GT(at(mxfp8, TimeCategory::kExperts), at(bf16, TimeCategory::kExperts));
   for (TimeCategory c : {TimeCategory::kAttention, TimeCategory::kLmHead})

@@ -20,6 +20,7 @@ entries run) on small models, against the CPU program (MOECORE_BIN):
   most 6e-8, so no device flips a route there. The wide model's bf16 margin is 1.6 times its
   difference, so it runs in fp32 only (the default model does flip 3 of 512 bf16 routes at its
   third layer, which is why scripts/gpu_check.sh reports its diffs rather than failing on them).
+  The mxfp8 runs carry a shared expert (32 wide), an MX module in the recipe.
   On an emulated Blackwell (CUDASIM_ARCH=sm_100) mxfp8 again, its MX GEMMs on cuBLASLt's
   block-scaled path (which must have run), and with every GEMM that can in MXFP8;
 - `train --device cuda` in fp32, in bf16 with every step a CUDA graph, and in mxfp8, each loss
@@ -93,12 +94,8 @@ def test_one_batch_on_the_gpu_matches_the_cpu_tensor_for_tensor(sim_bin, config,
                                                                  model, precision, arch):
     mx = precision.startswith("mxfp8")
     sets = ["--set", f"train.precision={'mxfp8' if mx else precision}"]
-    if mx:
-        # CPU and GPU in one MX recipe: their MX GEMMs' products are exact on both and only the
-        # sums' order may differ, so they part by what the recipe's bf16 parts part by: bf16's
-        # threshold, 4 x 2^-8, not diff's default for mxfp8 (4 x E4M3's 2^-4, for runs in
-        # different precisions).
-        sets += ["--threshold", str(4 * 2.0 ** -8)]
+    if mx:  # a shared expert, which the recipe runs as an expert (MX forward and input gradient)
+        sets += ["--set", "model.shared_expert_intermediate_size=32"]
     if precision == "mxfp8_all":  # every GEMM that can: dense linears and experts' wgrad too
         sets += ["--set", "train.mxfp8_dense=true", "--set", "train.mxfp8_expert_wgrad=true"]
     r = run(sim_bin, "diff", config if model == "small" else wide_config, *sets, "--b-set",
@@ -112,12 +109,20 @@ def test_one_batch_on_the_gpu_matches_the_cpu_tensor_for_tensor(sim_bin, config,
     assert report["same_weights"]
     # Every activation of both layers (one dense, one MoE) and every parameter's gradient.
     names = {t["name"] for t in report["tensors"]}
+    if mx:
+        assert "grad.model.layers.1.mlp.shared_expert.gate_proj.weight" in names
     assert {"model.layers.1.mlp.experts", "lm_head", "grad.model.layers.1.mlp.gate.weight",
             "grad.model.layers.1.mlp.experts.3.down_proj.weight",
             "grad.model.embed_tokens.weight"} <= names
     # JSON's null is an infinite error.
     worst = max(report["tensors"], key=lambda t: float("inf") if t["normalised_error"] is None
                 else t["normalised_error"])
+    if mx:
+        # CPU and GPU in one MX recipe: diff's default holds them to bf16's threshold, 4 x 2^-8
+        # (their MX GEMMs' products are exact on both and only the sums' order may differ, so
+        # they part by what the recipe's bf16 parts part by: src/cli/tensor_diff.cpp derives it).
+        assert report["threshold"] == 4 * 2.0 ** -8, report["threshold_rule"]
+        assert "one mxfp8 recipe" in report["threshold_rule"], report["threshold_rule"]
     assert not report["parted"], (f"{precision}: first parted {report['first_parted']}; "
                                   f"threshold {report['threshold_rule']}")
     assert worst["normalised_error"] <= report["threshold"], worst

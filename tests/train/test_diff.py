@@ -6,7 +6,9 @@ A tiny model (layer 0 dense, layer 1 MoE, QK-norm over the full projection) on o
 - fp32 vs bf16 parts exactly at the first GEMM that runs in bf16: layer 0's q_proj (the embedding
   gather and the first RMSNorm run in fp32 on both sides, so every tensor before it is equal to
   the bit), with a normalised error of the order of bf16's unit roundoff u = 2^-8;
-- bf16 vs mxfp8 parts exactly at the first MoE layer's experts (the first MX GEMM);
+- bf16 vs mxfp8 parts exactly at the first MoE layer's experts (the first MX GEMM), or with a
+  shared expert at its gate/up projection (OLMo-core's recipe runs it as an expert); two mxfp8
+  variants part at the first GEMM they run differently (both sides held to bf16's threshold);
 - weights of another seed part at the very first parameter-dependent tensor, the embedding;
 - bad input (a missing directory, different shapes or layer counts, different batches, an
   incomplete dump, a malformed command line) is one line on stderr and exit status 2.
@@ -162,8 +164,8 @@ def test_bf16_vs_mxfp8_parts_at_the_first_mx_gemm(moecore_bin, setup):
 
 
 def test_mxfp8_dense_parts_at_the_first_projection(moecore_bin, setup):
-    """train.mxfp8_dense: attention projections, the dense layer's MLP and shared experts run
-    their GEMMs in MXFP8 too, so bf16 vs mxfp8 parts at layer 0's q_proj, the first GEMM, by about
+    """train.mxfp8_dense: attention projections and the dense layer's MLP run all their GEMMs in
+    MXFP8 too, so bf16 vs mxfp8 parts at layer 0's q_proj, the first GEMM, by about
     E4M3's unit roundoff (one GEMM over two quantised operands)."""
     _, config, batch = setup
     report = diff_json(moecore_bin, config, *batch, "--a-set", "train.precision=bf16",
@@ -176,6 +178,67 @@ def test_mxfp8_dense_parts_at_the_first_projection(moecore_bin, setup):
     assert u_e4m3 / 16 < first["normalised_error"] < 4 * u_e4m3, first
     print(f"bf16 vs mxfp8 dense: first parted {first['name']} normalised error "
           f"{first['normalised_error']:.4g}")
+
+
+MX_THRESHOLD = 4 * U_BF16  # two mxfp8 sides: bf16's rule (tensor_diff.cpp derives it)
+
+
+def test_mxfp8_shared_expert_parts_from_bf16_at_its_gate_up(moecore_bin, setup):
+    """OLMo-core's recipe runs the shared expert as an expert (forward and input gradient in
+    MXFP8): with a shared expert (32 wide: whole blocks) bf16 vs mxfp8 parts first at its gate/up
+    projection, before the routed experts, by about E4M3's unit roundoff."""
+    _, config, batch = setup
+    report = diff_json(moecore_bin, config, *batch,
+                       "--set", "model.shared_expert_intermediate_size=32",
+                       "--a-set", "train.precision=bf16", "--b-set", "train.precision=mxfp8",
+                       expect=1)
+    first = report["first_parted"]
+    assert first["name"] == "model.layers.1.mlp.shared_expert.gate_up", first
+    assert all(t["normalised_error"] == 0 for t in report["tensors"][:first["index"]])
+    u_e4m3 = 2.0 ** -4
+    assert u_e4m3 / 16 < first["normalised_error"] < 4 * u_e4m3, first
+    print(f"bf16 vs mxfp8 with a shared expert: first parted {first['name']} normalised error "
+          f"{first['normalised_error']:.4g}")
+
+
+@pytest.mark.parametrize("b_sets,first_name", [
+    # The scale mode changes the first MX GEMM's codes: the shared expert's gate/up.
+    (["train.mxfp8_scale=floor"], "model.layers.1.mlp.shared_expert.gate_up"),
+    # mxfp8_dense: the first projection.
+    (["train.mxfp8_dense=true"], FIRST_BF16_GEMM),
+])
+def test_two_mxfp8_variants_part_where_their_recipes_first_differ(moecore_bin, setup, b_sets,
+                                                                   first_name):
+    """Both sides mxfp8: held to bf16's threshold, 4 x 2^-8, not E4M3's 4 x 2^-4 (which let every
+    MX difference through), so two variants part at the first GEMM they run differently, and the
+    header names each side's variant."""
+    _, config, batch = setup
+    b_args = [a for s in b_sets for a in ("--b-set", s)]
+    args = [config, *batch, "--set", "model.shared_expert_intermediate_size=32",
+            "--a-set", "train.precision=mxfp8", "--b-set", "train.precision=mxfp8", *b_args]
+    report = diff_json(moecore_bin, *args, expect=1)
+    assert report["threshold"] == MX_THRESHOLD, report["threshold_rule"]
+    assert "two mxfp8 variants" in report["threshold_rule"], report["threshold_rule"]
+    first = report["first_parted"]
+    assert first["name"] == first_name, first
+    assert all(t["normalised_error"] == 0 for t in report["tensors"][:first["index"]])
+    print(f"mxfp8 vs mxfp8 {' '.join(b_sets)}: first parted {first['name']} normalised error "
+          f"{first['normalised_error']:.4g}")
+    header = run(moecore_bin, "diff", *args, expect=1).stdout.splitlines()[:2]
+    assert "precision mxfp8 (rceil scales, mxfp8_dense false, mxfp8_expert_wgrad false)" in header[0]
+    want_b = ("mxfp8 (floor scales, mxfp8_dense false" if "floor" in b_sets[0]
+              else "mxfp8 (rceil scales, mxfp8_dense true")
+    assert want_b in header[1], header
+
+
+def test_one_mxfp8_recipe_on_both_sides_is_equal(moecore_bin, setup):
+    """The same mxfp8 recipe in two processes: equal to the bit, within bf16's threshold."""
+    _, config, batch = setup
+    report = diff_json(moecore_bin, config, *batch, "--set", "model.shared_expert_intermediate_size=32",
+                       "--set", "train.precision=mxfp8", expect=0)
+    assert report["threshold"] == MX_THRESHOLD
+    assert "one mxfp8 recipe" in report["threshold_rule"], report["threshold_rule"]
+    assert all(t["normalised_error"] == 0 for t in report["tensors"])
 
 
 def test_another_seed_parts_at_the_embedding(moecore_bin, setup):

@@ -1,6 +1,8 @@
 """train.precision = "bf16" (issue 6 item 1) and "mxfp8" (issue 16 item 2): a 200-step run of a tiny
 model next to the same run in fp32 (and mxfp8 next to bf16), same seed and data order; bf16 GEMM
-operands, fp32 accumulation, fp32 master weights; mxfp8: the routed experts' GEMMs in MXFP8.
+operands, fp32 accumulation, fp32 master weights; mxfp8: the routed and shared experts' GEMMs in
+MXFP8 (this model has no shared expert: tests/cpp/test_mxfp8_experts.cpp and test_diff.py hold
+the shared expert's MX GEMMs to the recipe).
 
 Margins (measured on the generated test corpus: window gaps up to 2.3e-3, final val loss 2e-4):
 - per 20-step window, the mean bf16 training loss is within WINDOW_MARGIN (relative to the fp32
@@ -98,20 +100,34 @@ def test_precision_is_reported_and_saved(runs):
         saved = tomllib.loads((out_dir / "config.toml").read_text())
         assert saved["train"]["precision"] == precision
         if precision == "mxfp8":  # the recipe by name
-            assert ("mxfp8 (routed experts' forward and input-gradient GEMMs in MXFP8 E4M3, rceil "
-                    "scales, weight gradient in bf16 on the saved MXFP8 inputs") in stdout, stdout[:600]
+            assert ("mxfp8 (routed and shared experts' forward and input-gradient GEMMs in MXFP8 "
+                    "E4M3, rceil scales, weight gradient in bf16 (routed: on the saved MXFP8 "
+                    "inputs; shared: on bf16 ones)") in stdout, stdout[:600]
             continue
         assert f"{precision} GEMMs" in stdout or f"{precision} (emulated) GEMMs" in stdout, stdout[:400]
 
 
-def test_mxfp8_needs_whole_blocks(moecore_bin, job_data, tmp_path):
-    """MXFP8 quantises the experts' weights along both dimensions in blocks of 32: another width is
-    a one-line error naming the weight, never a silent bf16 fallback."""
-    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "out",
-                       model={**MODEL, "moe_intermediate_size": 48},
+@pytest.mark.parametrize("model,needles", [
+    # The checkpoint's gate_proj is [H, d] (moecore fuses gate and up into [2H, d]: not that).
+    ({"moe_intermediate_size": 48},
+     ("model.layers.0.mlp.experts.0.gate_proj.weight is [48, 64]",
+      "model.moe_intermediate_size = 48 is not a multiple of 32")),
+    ({"hidden_size": 48, "num_attention_heads": 2, "num_key_value_heads": 2},
+     ("model.layers.0.mlp.experts.0.gate_proj.weight is [64, 48]",
+      "model.hidden_size = 48 is not a multiple of 32")),
+    # OLMo-core's recipe runs the shared expert as an expert: its widths are MX blocks too.
+    ({"shared_expert_intermediate_size": 24},
+     ("model.layers.0.mlp.shared_expert.gate_proj.weight is [24, 64]",
+      "model.shared_expert_intermediate_size = 24 is not a multiple of 32")),
+])
+def test_mxfp8_needs_whole_blocks(moecore_bin, job_data, tmp_path, model, needles):
+    """MXFP8 quantises the experts' weights (routed and shared) along both dimensions in blocks of
+    32: another width is a one-line error naming the checkpoint's tensor with its own shape and
+    the config key at fault, never a silent bf16 fallback."""
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "out", model={**MODEL, **model},
                        train={"max_steps": 2, "precision": "mxfp8"})
     r = train(moecore_bin, cfg, check=False)
-    assert_one_line_error(r, "[mxfp8]", "mlp.experts", "multiples of 32")
+    assert_one_line_error(r, "[mxfp8]", *needles, "multiples of 32")
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
