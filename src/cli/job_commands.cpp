@@ -196,7 +196,8 @@ std::vector<int32_t> stop_ids_of(const std::string& dir, int64_t vocab_size) {
       return ids;
     }
   }
-  return io::read_hf_model_config(dir).info.eos_token_ids;
+  const std::optional<io::HfModelInfo> info = io::read_hf_model_info(dir, vocab_size);
+  return info ? info->eos_token_ids : std::vector<int32_t>();
 }
 
 }  // namespace

@@ -234,11 +234,17 @@ PrepareStats prepare_corpus(const std::vector<std::string>& input_files, const E
               "refusing to replace it",
               target.string());
     // --overwrite replaces the whole directory: an input kept in it would be deleted with it.
-    const fs::path replaced = fs::weakly_canonical(target, ec);
+    // Where a path cannot be resolved (a permission), its absolute spelling stands in.
+    const auto resolved = [](const fs::path& path) {
+      std::error_code resolve_error;
+      const fs::path canonical = fs::weakly_canonical(path, resolve_error);
+      return resolve_error ? fs::absolute(path).lexically_normal() : canonical;
+    };
+    const fs::path replaced = resolved(target);
     std::vector<std::string> inputs = input_files;
     if (!options.tokenizer_path.empty()) inputs.push_back(options.tokenizer_path);
     for (const std::string& input : inputs) {
-      const fs::path where = fs::weakly_canonical(input, ec);
+      const fs::path where = resolved(input);
       const bool inside =
           std::mismatch(replaced.begin(), replaced.end(), where.begin(), where.end()).first ==
           replaced.end();

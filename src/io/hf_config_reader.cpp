@@ -229,6 +229,29 @@ ModelConfig moecore_own(const ConfigKeys& k) {
 
 }  // namespace
 
+HfModelInfo hf_model_info_from_json(const nlohmann::json& config, const std::string& origin,
+                                    int64_t vocab_size) {
+  MOE_CHECK(config.is_object(), "[import] {}: not a JSON object", origin);
+  const ConfigKeys k(config, origin);
+  HfModelInfo info;
+  info.max_position_embeddings = k.integer("max_position_embeddings", 0);
+  const auto in_vocabulary = [vocab_size](const nlohmann::json& id) {
+    return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size;
+  };
+  // One EOS or a list of them (generation stops at any); ids beyond the vocabulary name no token.
+  if (k.has("eos_token_id")) {
+    const nlohmann::json& eos = k.raw("eos_token_id");
+    for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos}))
+      if (in_vocabulary(id)) info.eos_token_ids.push_back(id.get<int32_t>());
+  }
+  if (k.has("bos_token_id") && in_vocabulary(k.raw("bos_token_id")))
+    info.bos_token_id = k.raw("bos_token_id").get<int32_t>();
+  if (k.has("pad_token_id") && in_vocabulary(k.raw("pad_token_id")))
+    info.pad_token_id = k.raw("pad_token_id").get<int32_t>();
+  info.output_router_logits = k.boolean("output_router_logits", false);
+  return info;
+}
+
 HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std::string& origin) {
   MOE_CHECK(config.is_object(), "[import] {}: not a JSON object", origin);
   const ConfigKeys k(config, origin);
@@ -251,22 +274,7 @@ HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std:
         origin, out.model_type);
   }
   validate(k, out.model);
-  out.info.max_position_embeddings = k.integer("max_position_embeddings", 0);
-  const int64_t vocab = out.model.vocab_size;
-  const auto in_vocabulary = [vocab](const nlohmann::json& id) {
-    return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab;
-  };
-  // One EOS or a list of them (generation stops at any); ids beyond the vocabulary name no token.
-  if (k.has("eos_token_id")) {
-    const nlohmann::json& eos = k.raw("eos_token_id");
-    for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos}))
-      if (in_vocabulary(id)) out.info.eos_token_ids.push_back(id.get<int32_t>());
-  }
-  if (k.has("bos_token_id") && in_vocabulary(k.raw("bos_token_id")))
-    out.info.bos_token_id = k.raw("bos_token_id").get<int32_t>();
-  if (k.has("pad_token_id") && in_vocabulary(k.raw("pad_token_id")))
-    out.info.pad_token_id = k.raw("pad_token_id").get<int32_t>();
-  out.info.output_router_logits = k.boolean("output_router_logits", false);
+  out.info = hf_model_info_from_json(config, origin, out.model.vocab_size);
   return out;
 }
 
@@ -276,21 +284,33 @@ ModelConfig canonical_architecture(ModelConfig m) {
   return m;
 }
 
-HfModelConfig read_hf_model_config(const std::string& dir) {
-  MOE_CHECK(std::filesystem::is_directory(dir), "[import] '{}' is not a directory", dir);
-  const std::string path = dir + "/config.json";
-  MOE_CHECK(std::filesystem::is_regular_file(path), "[import] {} does not exist", path);
+namespace {
+
+nlohmann::json read_config_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "[import] cannot open {}", path);
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json config;
   try {
-    config = nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
     fail("[import] {}: malformed JSON: {}", path, e.what());
   }
-  return hf_model_config_from_json(config, path);
+}
+
+}  // namespace
+
+HfModelConfig read_hf_model_config(const std::string& dir) {
+  MOE_CHECK(std::filesystem::is_directory(dir), "[import] '{}' is not a directory", dir);
+  const std::string path = dir + "/config.json";
+  MOE_CHECK(std::filesystem::is_regular_file(path), "[import] {} does not exist", path);
+  return hf_model_config_from_json(read_config_json(path), path);
+}
+
+std::optional<HfModelInfo> read_hf_model_info(const std::string& dir, int64_t vocab_size) {
+  const std::string path = dir + "/config.json";
+  if (!std::filesystem::is_regular_file(path)) return std::nullopt;
+  return hf_model_info_from_json(read_config_json(path), path, vocab_size);
 }
 
 }  // namespace moecore::io

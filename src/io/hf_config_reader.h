@@ -32,6 +32,13 @@ HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std:
 // <dir>/config.json.
 HfModelConfig read_hf_model_config(const std::string& dir);
 
+// Only what config.json says beyond the architecture, read without judging the architecture (a
+// checkpoint's own config.json, for generation and resumes); ids checked against `vocab_size`.
+HfModelInfo hf_model_info_from_json(const nlohmann::json& config, const std::string& origin,
+                                    int64_t vocab_size);
+// <dir>/config.json's, or nullopt when there is none.
+std::optional<HfModelInfo> read_hf_model_info(const std::string& dir, int64_t vocab_size);
+
 // The one spelling of an architecture that every reading of it shares, for comparing two of them:
 // head_dim 0 for hidden_size / heads, and dense MLP width 0 without a dense layer (the families
 // write these differently, OLMoE has no head_dim and calls the expert width intermediate_size).

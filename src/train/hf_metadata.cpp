@@ -13,7 +13,7 @@
 
 namespace moecore {
 
-HfMetadata hf_metadata_of_run(int64_t seq_len, const data::Tokenizer* tokenizer,
+HfMetadata hf_metadata_of_run(int64_t seq_len, int64_t vocab_size, const data::Tokenizer* tokenizer,
                               const std::optional<std::string>& source_dir) {
   HfMetadata own;
   own.info.max_position_embeddings = seq_len;
@@ -23,7 +23,8 @@ HfMetadata hf_metadata_of_run(int64_t seq_len, const data::Tokenizer* tokenizer,
   constexpr const char* kTag = "[train]";
   const std::string& dir = *source_dir;
   HfMetadata source;
-  source.info = io::read_hf_model_config(dir).info;
+  // A checkpoint without config.json (none was ever written without one) says nothing more.
+  source.info = io::read_hf_model_info(dir, vocab_size).value_or(io::HfModelInfo{});
   source.info.max_position_embeddings = std::max(source.info.max_position_embeddings, seq_len);
   source.side_files = io::read_hf_side_files(dir, kTag);
   const std::string tokenizer_path = dir + "/tokenizer.json";

@@ -26,7 +26,7 @@ struct HfMetadata {
 };
 
 // `source_dir`: the checkpoint resumed from, else the --init-from model, else none.
-HfMetadata hf_metadata_of_run(int64_t seq_len, const data::Tokenizer* tokenizer,
+HfMetadata hf_metadata_of_run(int64_t seq_len, int64_t vocab_size, const data::Tokenizer* tokenizer,
                               const std::optional<std::string>& source_dir);
 
 }  // namespace moecore

@@ -745,6 +745,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   ctx.summary.start_step = ctx.step;
   for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);
+  if (start.checkpoint && resumed.recipe_revision < 2 && tc.precision == TrainPrecision::kMxfp8 &&
+      mc.shared_expert_intermediate_size > 0)
+    progress.message(fmt::format(
+        "warning: {} was written while mxfp8 ran the shared expert in bf16; it now runs in MXFP8 "
+        "as OLMo-core's recipe does, so the run continues close to, not on, its path",
+        *start.checkpoint));
   announce(ctx, in, start, options, chunk_layers, communicator);
   if (!init_check_line.empty()) progress.message(init_check_line);
   if (finished) {
@@ -765,8 +771,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
           ? start.checkpoint
           : (options.init_from.empty() ? std::nullopt
                                        : std::optional<std::string>(options.init_from));
-  const HfMetadata metadata =
-      hf_metadata_of_run(tc.seq_len, in.tokenizer ? &*in.tokenizer : nullptr, metadata_source);
+  const HfMetadata metadata = hf_metadata_of_run(
+      tc.seq_len, mc.vocab_size, in.tokenizer ? &*in.tokenizer : nullptr, metadata_source);
   if (!metadata.note.empty()) progress.message(metadata.note);
   add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value(), metadata);
 
@@ -794,7 +800,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
           ctx.step - guard.consecutive_skips() + 1, ctx.step, tc.skip_max_consecutive,
           guard.last_skip_reason(), ctx.step - guard.consecutive_skips(),
           tc.checkpoint
-              ? fmt::format("; saved at step {} (--resume continues from there)", ctx.step)
+              ? fmt::format("; saved at step {} (--resume with a higher "
+                            "train.skip_max_consecutive, 0 for none, continues from there)",
+                            ctx.step)
               : std::string());
     for (auto& callback : ctx.callbacks) callback->on_step_end(ctx, report);
     if (ctx.stopping()) {

@@ -82,6 +82,8 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
               origin, json_excerpt(doc["checksums"]), kChecksumsFile);
     state.has_checksums = true;
   }
+  if (doc.contains("recipe_revision"))
+    state.recipe_revision = integer_in(doc, "recipe_revision", kRecipeRevision, origin);
   if (doc.contains("replay_origin")) {
     const json& o = doc["replay_origin"];
     state.origin.step = integer_in(o, "step", kMaxStep, origin, "replay_origin.");
@@ -132,6 +134,24 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
     MOE_CHECK(state.step_guard["last_reason"].is_string(),
               "[checkpoint] {}: step_guard.last_reason must be a string", origin);
   state.gerrymandering = member(doc, "gerrymandering", origin, "");
+  // Checkpoints of a diverged run written before the detector left non-finite steps out hold
+  // them as null (JSON has no NaN): such steps are dropped from both windows, as the detector
+  // now drops them, so those runs resume.
+  if (state.gerrymandering.is_object() && state.gerrymandering.contains("lb") &&
+      state.gerrymandering.contains("imbalance") && state.gerrymandering["lb"].is_array() &&
+      state.gerrymandering["imbalance"].is_array() &&
+      state.gerrymandering["lb"].size() == state.gerrymandering["imbalance"].size()) {
+    json lb = json::array(), imbalance = json::array();
+    for (size_t i = 0; i < state.gerrymandering["lb"].size(); ++i) {
+      const json& l = state.gerrymandering["lb"][i];
+      const json& m = state.gerrymandering["imbalance"][i];
+      if (l.is_null() || m.is_null()) continue;
+      lb.push_back(l);
+      imbalance.push_back(m);
+    }
+    state.gerrymandering["lb"] = std::move(lb);
+    state.gerrymandering["imbalance"] = std::move(imbalance);
+  }
   // The detector keeps its window even when it is off (window 0), so no length bound here.
   check_window(state.gerrymandering, "lb", std::numeric_limits<size_t>::max(), origin,
                "gerrymandering.");

@@ -35,7 +35,13 @@ struct TrainerState {
   // Whether the checkpoint promises its checksum manifest ("checksums": kChecksumsFile, which
   // commit_checkpoint adds): then a missing manifest is damage, not an older checkpoint.
   bool has_checksums = false;
+  // Which revision of the precision recipes wrote it (kRecipeRevision; 1 when it does not say).
+  int64_t recipe_revision = 1;
 };
+
+// Revisions of the precision recipes that change a run's numbers under unchanged keys: 2, mxfp8
+// runs the shared expert as OLMo-core's recipe does (MX forward and input gradient); 1, in bf16.
+inline constexpr int64_t kRecipeRevision = 2;
 
 // The checkpoint's checksum manifest (io/file_checksums.h), named in its trainer state.
 inline constexpr const char* kChecksumsFile = "checksums.json";

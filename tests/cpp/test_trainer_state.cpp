@@ -56,6 +56,13 @@ TEST(TrainerState, ValidStateParses) {
   EXPECT_EQ(s.tokens_seen, 192);
   EXPECT_EQ(s.seed, 11u);
   EXPECT_EQ(s.origin, ReplayOrigin{});
+  EXPECT_EQ(s.recipe_revision, 1);  // written before revisions were recorded
+  json revised = valid_state();
+  revised["recipe_revision"] = kRecipeRevision;
+  EXPECT_EQ(parse_trainer_state(revised.dump(), "x", written_by()).recipe_revision,
+            kRecipeRevision);
+  revised["recipe_revision"] = kRecipeRevision + 1;  // from a newer moecore
+  expect_state_rejected(revised, "recipe_revision");
 }
 
 TEST(TrainerState, NegativeOrHugeNumbersAreRefused) {
@@ -83,6 +90,18 @@ TEST(TrainerState, CursorAndTokensMustFollowFromTheStep) {
   s = valid_state();
   s["seed"] = 12;
   expect_state_rejected(s, "seed=12 differs from train.seed=11");
+}
+
+TEST(TrainerState, ADivergedRunsOlderCheckpointResumesWithoutItsNullSteps) {
+  // Written before the gerrymandering detector left non-finite steps out: NaN as JSON null.
+  json s = valid_state();
+  s["gerrymandering"] = {
+      {"lb", {1.0, nullptr, 0.9}}, {"imbalance", {1.2, 1.5, nullptr}}, {"flagged", false}};
+  const TrainerState parsed = parse_trainer_state(s.dump(), "x", written_by());
+  EXPECT_EQ(parsed.gerrymandering["lb"], json::array({1.0}));
+  EXPECT_EQ(parsed.gerrymandering["imbalance"], json::array({1.2}));
+  s["gerrymandering"]["lb"] = {1.0, "x", 0.9};  // anything else is still damage
+  expect_state_rejected(s, "gerrymandering.lb");
 }
 
 TEST(TrainerState, ReplayOriginShiftsTheInvariant) {

@@ -53,6 +53,7 @@ void CheckpointCallback::save(TrainContext& ctx) {
                           {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
                           {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps)},
                           {"step_guard", ctx.guard.to_json()},
+                          {"recipe_revision", kRecipeRevision},
                           {"gerrymandering", ctx.gerrymandering.to_json()}};
   if (ctx.replay_origin != ReplayOrigin{})
     state["replay_origin"] = {{"step", ctx.replay_origin.step},
