@@ -54,8 +54,7 @@ TEST(CheckpointAllocations, SaveCopiesNoTensor) {
   ASSERT_NE(::mkdtemp(run_dir.data()), nullptr);
   const CheckpointContents contents{
       &config, &layout, &params, &optimizer, {{"step", 3}}, io::hf_config_json(config.model, 64, 3),
-      "",
-      {}};
+      "",      {}};
 
   test::start_counting_large_allocations(kCheckpointLargeBytes);
   const std::string saved = save_checkpoint(run_dir, 3, contents, 0);
