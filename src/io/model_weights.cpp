@@ -1,11 +1,11 @@
 #include "io/model_weights.h"
 
-#include <algorithm>
-#include <cmath>
+#include <span>
 #include <vector>
 
 #include "core/check.h"
 #include "core/device_memory.h"
+#include "core/finite.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
 
@@ -44,16 +44,13 @@ void load_weights(const ParamLayout& layout, const std::string& path, ParamBuffe
 void require_finite_weights(const ParamLayout& layout, const ParamBuffers& params,
                             const std::function<std::string(const std::string&)>& origin_of,
                             const char* tag) {
-  std::vector<float> staging;  // a device's weights are read through a host copy
+  // A device's weights are read through one host copy of each group.
+  std::vector<float> dense_copy, expert_copy;
+  const std::span<const float> dense = host_readable(params.dense, dense_copy);
+  const std::span<const float> expert = host_readable(params.expert, expert_copy);
   for (const ParamSpec& spec : layout.specs()) {
-    const float* values = params.at(spec);
-    if (spec.numel > 0 && device_of(values) != Device::kCpu) {
-      staging.resize(spec.numel);
-      copy_bytes(staging.data(), values, spec.numel * sizeof(float));
-      values = staging.data();
-    }
-    const float* bad =
-        std::find_if_not(values, values + spec.numel, [](float v) { return std::isfinite(v); });
+    const float* values = (spec.group == ParamGroup::kDense ? dense : expert).data() + spec.offset;
+    const float* bad = first_non_finite(values, values + spec.numel);
     MOE_CHECK(bad == values + spec.numel, "{} {}: tensor '{}' holds {} at element {}", tag,
               origin_of(spec.name), spec.name, *bad, bad - values);
   }

@@ -21,6 +21,7 @@
 
 #include "core/check.h"
 #include "core/device_memory.h"
+#include "core/finite.h"
 #include "io/json_excerpt.h"
 
 namespace moecore::io {
@@ -357,8 +358,7 @@ void SafetensorsWriter::write(const std::string& path) const {
           values = staging.data();
         }
         if (require_finite_) {
-          const float* bad = std::find_if_not(values, values + entry.numel,
-                                              [](float v) { return std::isfinite(v); });
+          const float* bad = first_non_finite(values, values + entry.numel);
           MOE_CHECK(
               bad == values + entry.numel,
               "[safetensors] refusing to write '{}': tensor '{}' holds {} at element {} (only "

@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "core/finite.h"
 #include "io/file_checksums.h"
 #include "io/file_util.h"
 #include "io/hf_side_files.h"
@@ -440,12 +441,10 @@ void CheckpointReader::check_finite(int64_t share_index, int64_t share_count) co
         const size_t count = std::min(numel - first, size_t{1} << 20);
         chunk.resize(count);
         parts.read_f32_elements(name, first, count, chunk.data());
-        const auto bad =
-            std::find_if_not(chunk.begin(), chunk.end(), [](float v) { return std::isfinite(v); });
-        MOE_CHECK(bad == chunk.end(),
+        const float* bad = first_non_finite(chunk.data(), chunk.data() + count);
+        MOE_CHECK(bad == chunk.data() + count,
                   "[checkpoint] {}: tensor '{}' holds {} at element {}: a resume would train on it",
-                  parts.file_of(name), name, *bad,
-                  first + static_cast<size_t>(bad - chunk.begin()));
+                  parts.file_of(name), name, *bad, first + static_cast<size_t>(bad - chunk.data()));
       }
     }
   };

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/finite.h"
 #include "dist/rank_reports.h"
 #include "io/file_util.h"
 #include "io/hf_config_reader.h"
@@ -81,14 +82,12 @@ RoundTripCheck check_model_dir(const std::string& dir, const std::string& name,
   MOE_CHECK(got.size() == expected.size(), "{} self-check: {} gives {} logits, expected {}", tag,
             name, got.size(), expected.size());
   // Finite first: Inf or NaN weights are the likelier fault, and NaN compares unequal to itself.
-  const auto non_finite =
-      std::find_if(expected.begin(), expected.end(), [](float v) { return !std::isfinite(v); });
-  MOE_CHECK(non_finite == expected.end(),
+  const float* non_finite = first_non_finite(expected.data(), expected.data() + expected.size());
+  MOE_CHECK(non_finite == expected.data() + expected.size(),
             "{} self-check: the model's logits on the check batch are not finite ({} at "
             "position {} of {} x {} tokens): its weights hold Inf or NaN, or overflow",
-            tag, *non_finite,
-            static_cast<int64_t>(non_finite - expected.begin()) / model.vocab_size, kCheckBatch,
-            kCheckSeq);
+            tag, *non_finite, static_cast<int64_t>(non_finite - expected.data()) / model.vocab_size,
+            kCheckBatch, kCheckSeq);
   RoundTripCheck check{kCheckBatch, kCheckSeq, 0.0, 0.0, 0.0};
   for (size_t i = 0; i < got.size(); ++i) {
     check.max_abs_diff = std::max(check.max_abs_diff, std::fabs(static_cast<double>(got[i]) -

@@ -223,16 +223,33 @@ struct Case {
 
 class MxExperts : public ::testing::TestWithParam<Case> {};
 
+// A one-layer model's seeded weights and the MX caches the model makes of them for a case.
+struct MxLayer {
+  MxLayer(const Case& p, uint32_t seed)
+      : config(mx_config(1)),
+        layout(ParamLayout::build(config)),
+        params(layout),
+        recipe(mx_recipe(p.expert_wgrad, p.mode)),
+        caches(mx_weight_ranges(config, layout, {}, recipe), p.mode) {
+    fill_tiny_params(layout, seed, params);
+    caches.refresh(params);
+  }
+  const ModelConfig config;
+  const ParamLayout layout;
+  ParamBuffers params;
+  const PrecisionRecipe recipe;
+  MxWeightCaches caches;
+};
+
 // Expert 0 gets no rows, expert 1 37 (one whole block of tokens and a partial one), expert 2 13.
 TEST_P(MxExperts, TheModelsExpertsAreTheRecipeWrittenOutWithTheReferenceOps) {
   const Case p = GetParam();
-  const ModelConfig c = mx_config(1);
-  const ParamLayout layout = ParamLayout::build(c);
-  ParamBuffers params(layout);
-  fill_tiny_params(layout, 11, params);
-  const PrecisionRecipe recipe = mx_recipe(p.expert_wgrad, p.mode);
-  MxWeightCaches caches(mx_weight_ranges(c, layout, {}, recipe), p.mode);
-  caches.refresh(params);
+  MxLayer layer(p, 11);
+  const ModelConfig& c = layer.config;
+  const ParamLayout& layout = layer.layout;
+  const ParamBuffers& params = layer.params;
+  const PrecisionRecipe& recipe = layer.recipe;
+  MxWeightCaches& caches = layer.caches;
   const LayerSpecs s = layout.layer_specs(0);
   const int64_t d = c.hidden_size, h = c.moe_intermediate_size, local = c.num_experts;
   const float* gate_up = params.at(*s.expert_gate);
@@ -306,13 +323,12 @@ INSTANTIATE_TEST_SUITE_P(Recipes, MxExperts,
 // along the tokens. 37 tokens: one whole block of them and a zero-padded one.
 TEST_P(MxExperts, TheSharedExpertIsAnExpertOfTheRecipe) {
   const Case p = GetParam();
-  const ModelConfig c = mx_config(1);
-  const ParamLayout layout = ParamLayout::build(c);
-  ParamBuffers params(layout);
-  fill_tiny_params(layout, 16, params);
-  const PrecisionRecipe recipe = mx_recipe(p.expert_wgrad, p.mode);
-  MxWeightCaches caches(mx_weight_ranges(c, layout, {}, recipe), p.mode);
-  caches.refresh(params);
+  MxLayer layer(p, 16);
+  const ModelConfig& c = layer.config;
+  const ParamLayout& layout = layer.layout;
+  const ParamBuffers& params = layer.params;
+  const PrecisionRecipe& recipe = layer.recipe;
+  MxWeightCaches& caches = layer.caches;
   const LayerSpecs s = layout.layer_specs(0);
   const int64_t rows = 37, d = c.hidden_size, hs = c.shared_expert_intermediate_size;
   const float* gate_up = params.at(*s.shared_gate);  // gate then up: [2Hs, d]
