@@ -11,15 +11,16 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
   libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
-  libgtest-dev libbenchmark-dev libpcre2-dev libisal-dev
+  libgtest-dev libbenchmark-dev libpcre2-dev libutf8proc-dev libisal-dev
   bible-kjv bible-kjv-text
   iproute2
   chromium  # headless, renders `moecore plan --html` pages in their test
   python3 python3-venv python3-pip
 )
 # libFuzzer's runtime (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-14-dev, only a
-# Recommends of clang-14, so --no-install-recommends would leave it out.
-FUZZ_PACKAGES=(clang libclang-rt-14-dev)
+# Recommends of clang-14, so --no-install-recommends would leave it out; clang's OpenMP runtime
+# (libomp-14-dev) is not even that, and CMake's OpenMP check needs it.
+FUZZ_PACKAGES=(clang libclang-rt-14-dev libomp-14-dev)
 VENV="${MOECORE_VENV:-/opt/moecore/venv}"
 REQUIREMENTS=tests/reference/requirements.txt
 

@@ -15,6 +15,7 @@
 #include "data/prepare_corpus.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_byte_level.h"
 #include "io/file_checksums.h"
 #include "io/file_util.h"
 #include "io/hf_config_reader.h"
@@ -78,7 +79,11 @@ void run_tokenizer_encode(const std::string& tokenizer_path, const std::string& 
                           const std::string& out) {
   check_outputs_apart({{"--tokenizer", tokenizer_path}, {"--input", input}}, {{"--out", out}});
   const data::Tokenizer tokenizer = data::Tokenizer::load(tokenizer_path);
-  const std::vector<int32_t> ids = tokenizer.encode(read_file(input));
+  const std::string text = read_file(input);
+  // As prepare and tokenizer train name it (the library's own check cannot name the file).
+  const size_t invalid = data::utf8_invalid_offset(text);
+  MOE_CHECK(invalid == std::string::npos, "[tokenizer] {}: not UTF-8 at byte {}", input, invalid);
+  const std::vector<int32_t> ids = tokenizer.encode(text);
   const std::vector<uint32_t> wide(ids.begin(), ids.end());
   data::write_npy(out, "<u4", {static_cast<int64_t>(wide.size())}, wide.data());
 }

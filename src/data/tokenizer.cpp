@@ -1,8 +1,11 @@
 #include "data/tokenizer.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -27,6 +30,9 @@ struct MergeInfo {
 struct AddedToken {
   int32_t id = 0;
   std::string content;
+  // What the matcher looks for: the content, or its NFC form for a normalized token under an NFC
+  // normalizer (tokenizers builds its normalized trie from the normalized contents).
+  std::string pattern;
   bool single_word = false;
   bool lstrip = false;
   bool rstrip = false;
@@ -127,6 +133,26 @@ size_t leading_whitespace_length(std::string_view text) {
   return end;
 }
 
+bool is_ascii(std::string_view text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return static_cast<uint8_t>(c) < 0x80; });
+}
+
+// Unicode Normalization Form C of valid UTF-8 text, by utf8proc (the same output as tokenizers'
+// NFC normalizer over every code point and over random combining sequences, checked by
+// tests/reference/test_tokenizer_nfc.py).
+std::string nfc_normalize(std::string_view text) {
+  utf8proc_uint8_t* composed = nullptr;
+  const utf8proc_ssize_t length =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &composed,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  MOE_CHECK(length >= 0, "[tokenizer] NFC normalization failed: {}", utf8proc_errmsg(length));
+  std::string out(reinterpret_cast<const char*>(composed), static_cast<size_t>(length));
+  std::free(composed);
+  return out;
+}
+
 // One of tokenizers' two added-token tries (the tokens matched before normalization, or those
 // matched after) and its AddedVocabulary::find_matches.
 class AddedTokenMatcher {
@@ -136,13 +162,13 @@ class AddedTokenMatcher {
   AddedTokenMatcher(const std::vector<AddedToken>& tokens, bool normalized) {
     for (const AddedToken& token : tokens) {
       if (token.normalized != normalized) continue;
-      by_first_byte_[static_cast<uint8_t>(token.content[0])].push_back(&token);
+      by_first_byte_[static_cast<uint8_t>(token.pattern[0])].push_back(&token);
       empty_ = false;
     }
     // Longest first: the first that matches at a position is the longest there.
     for (auto& list : by_first_byte_) {
       std::stable_sort(list.begin(), list.end(), [](const AddedToken* x, const AddedToken* y) {
-        return x->content.size() > y->content.size();
+        return x->pattern.size() > y->pattern.size();
       });
     }
   }
@@ -158,7 +184,7 @@ class AddedTokenMatcher {
     size_t match_start = 0;
     while (const AddedToken* token = find(sentence, search_from, match_start)) {
       size_t start = match_start;
-      size_t stop = start + token->content.size();
+      size_t stop = start + token->pattern.size();
       search_from = stop;
       // Word boundaries are judged on the whole sentence: an added token just before counts.
       if (token->single_word && (ends_with_word_char(sentence.substr(0, start)) ||
@@ -182,7 +208,7 @@ class AddedTokenMatcher {
     if (empty_) return nullptr;
     for (size_t pos = from; pos < text.size(); ++pos) {
       for (const AddedToken* token : by_first_byte_[static_cast<uint8_t>(text[pos])]) {
-        if (text.substr(pos, token->content.size()) == token->content) {
+        if (text.substr(pos, token->pattern.size()) == token->pattern) {
           start = pos;
           return token;
         }
@@ -551,14 +577,10 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
         // tokenizers' default (AddedToken::from): special tokens are matched before
         // normalization.
         tok.normalized = bool_field(t, "normalized", !tok.special, where);
-        // NFC is supported for ASCII text only, where it is the identity; a token matched after
-        // it must be ASCII too (NFC turns U+212A KELVIN SIGN into K).
-        MOE_CHECK(!impl->nfc || !tok.normalized ||
-                      std::all_of(tok.content.begin(), tok.content.end(),
-                                  [](char c) { return static_cast<uint8_t>(c) < 0x80; }),
-                  "[tokenizer] {}: added token '{}' is normalized and not ASCII, but the NFC "
-                  "normalizer is only supported for ASCII text",
-                  where, tok.content);
+        MOE_CHECK(utf8_valid(tok.content), "[tokenizer] {}: added token id {} is not UTF-8", where,
+                  tok.id);
+        // NFC turns U+212A KELVIN SIGN into K: such a token matches the K of the normalized text.
+        tok.pattern = impl->nfc && tok.normalized ? nfc_normalize(tok.content) : tok.content;
         impl->added_ids[tok.content] = tok.id;
         impl->added.push_back(std::move(tok));
       }
@@ -652,20 +674,27 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   ids.reserve(text.size() / 3 + 16);
   // tokenizers' AddedVocabulary::extract_and_normalize: the tokens matched before normalization
   // over the whole text, then the normalized ones inside each piece of text that pass left.
+  // tokenizers takes a Rust &str: text that is not UTF-8 never reaches it.
+  const size_t invalid = utf8_invalid_offset(text);
+  MOE_CHECK(invalid == std::string_view::npos,
+            "[tokenizer] the text to encode is not UTF-8 at byte {} (of {})", invalid, text.size());
   std::vector<TextPiece> raw_pieces;
   im.raw_added.split(text, raw_pieces);
+  std::deque<std::string> normalized_texts;
   std::vector<TextPiece> pieces;
   for (const TextPiece& piece : raw_pieces) {
     if (piece.token != nullptr) {
       pieces.push_back(piece);
       continue;
     }
-    if (im.nfc) {
-      MOE_CHECK(std::all_of(piece.text.begin(), piece.text.end(),
-                            [](char c) { return static_cast<uint8_t>(c) < 0x80; }),
-                "[tokenizer] {}: the NFC normalizer is only supported for ASCII text", im.origin);
+    if (im.nfc && !is_ascii(piece.text)) {
+      // The normalized text outlives the pieces that view it; a deque never moves its strings.
+      normalized_texts.push_back(nfc_normalize(piece.text));
+      im.normalized_added.split(normalized_texts.back(), pieces);
+    } else {
+      // NFC leaves ASCII text as it is.
+      im.normalized_added.split(piece.text, pieces);
     }
-    im.normalized_added.split(piece.text, pieces);
   }
   StringMap<std::pair<uint32_t, uint32_t>> cache;
   std::vector<int32_t> pool;

@@ -8,10 +8,10 @@
 //
 // Supported tokenizer.json: model BPE (vocab, merges as "a b" strings or [a, b] pairs,
 // ignore_merges, unk_token/fuse_unk); no continuing_subword_prefix / end_of_word_suffix /
-// byte_fallback / dropout. normalizer null, NFC or a Sequence of NFC (NFC only for ASCII text,
-// where it is the identity). pre_tokenizer ByteLevel, or Sequence of Split (Regex or String
-// pattern, Isolated, not inverted) and ByteLevel. The post-processor is ignored (encode adds no
-// special tokens).
+// byte_fallback / dropout. normalizer null, NFC or a Sequence of NFC (utf8proc's NFC; normalized
+// added tokens are matched in their NFC form, as tokenizers does). pre_tokenizer ByteLevel, or
+// Sequence of Split (Regex or String pattern, Isolated, not inverted) and ByteLevel. The
+// post-processor is ignored (encode adds no special tokens).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,8 @@ class Tokenizer {
   // Same from JSON text; `origin` names the source in errors.
   static Tokenizer from_json(std::string_view json_text, const std::string& origin = "<memory>");
 
-  // Thread-safe; caches BPE results per pre-token within one call.
+  // Thread-safe; caches BPE results per pre-token within one call. Text that is not valid UTF-8
+  // is an error naming the offset.
   std::vector<int32_t> encode(std::string_view text) const;
   // Concatenates the tokens' bytes (ByteLevel decoder; special tokens included verbatim). Returns
   // raw bytes: a cut inside a multi-byte character is not replaced by U+FFFD as Python does.

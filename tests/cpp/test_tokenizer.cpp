@@ -186,12 +186,15 @@ TEST(Tokenizer, RoundTripWhitespaceRunsAndNewlines) {
   EXPECT_EQ(t.decode(t.encode(long_word)), long_word);
 }
 
-TEST(Tokenizer, RoundTripEmptyAndInvalidUtf8) {
+TEST(Tokenizer, RoundTripEmptyAndEveryUtf8) {
   const Tokenizer& t = small_tokenizer();
   EXPECT_TRUE(t.encode("").empty());
   EXPECT_EQ(t.decode({}), "");
-  const std::string bytes = std::string("ok \xff\xfe bad \xc3") + std::string(1, '\0') + "end";
-  EXPECT_EQ(t.decode(t.encode(bytes)), bytes);
+  // Every UTF-8 text round-trips, NUL and 4-byte characters included (the byte-level model);
+  // other bytes are refused (TextThatIsNotUtf8IsRefused).
+  const std::string text =
+      std::string("ok \xc3\xa9 \xf0\x9f\x98\x80 ") + std::string(1, '\0') + "end";
+  EXPECT_EQ(t.decode(t.encode(text)), text);
 }
 
 // --- special tokens ----------------------------------------------------------------------------
@@ -537,6 +540,24 @@ TEST(Tokenizer, UnsupportedNormalizerIsNamed) {
   d["normalizer"] = {{"type", "Lowercase"}};
   expect_one_line_error(error_of([&] { Tokenizer::from_json(d.dump(), "tok.json"); }),
                         "normalizer type 'Lowercase' is not supported");
+}
+
+// NFC composes "e" + U+0301 into U+00E9 and maps U+212A KELVIN SIGN to "K" before the byte-level
+// BPE (the code point sweep against tokenizers is tests/reference/test_tokenizer_nfc.py).
+TEST(Tokenizer, NfcNormalizesBeforeTheByteLevelModel) {
+  nlohmann::json d = nlohmann::json::parse(tiny_json(false));
+  const Tokenizer plain = Tokenizer::from_json(d.dump());
+  d["normalizer"] = {{"type", "NFC"}};
+  const Tokenizer nfc = Tokenizer::from_json(d.dump());
+  EXPECT_NE(plain.encode("cafe\xCC\x81"), plain.encode("caf\xC3\xA9"));
+  EXPECT_EQ(nfc.encode("cafe\xCC\x81"), plain.encode("caf\xC3\xA9"));
+  EXPECT_EQ(nfc.encode("\xE2\x84\xAA"), plain.encode("K"));
+  EXPECT_EQ(nfc.encode("hello"), plain.encode("hello"));
+}
+
+TEST(Tokenizer, TextThatIsNotUtf8IsRefused) {
+  const Tokenizer& t = small_tokenizer();
+  expect_one_line_error(error_of([&] { (void)t.encode("caf\xC3("); }), "not UTF-8 at byte 3");
 }
 
 TEST(Tokenizer, DecodeRejectsUnknownIds) {

@@ -58,13 +58,21 @@ inline void read_npy(const std::string& path) {
 }
 
 // tokenizer.json given by the user or found in a checkpoint. One that loads is also used: encode
-// of a text covering the byte classes the GPT-2 regex splits on (and an added token, and bytes
-// that are not UTF-8), decode of the result and of every id below vocab_size (capped), and the
-// EOS look-up, so a vocabulary that loads but cannot serve is found too.
+// of a text covering the byte classes the GPT-2 regex splits on (and an added token, a control
+// byte, text NFC changes: a combining accent and U+212A), decode of the result and of every id
+// below vocab_size (capped), and the EOS look-up, so a vocabulary that loads but cannot serve is
+// found too. Text that is not UTF-8 must be refused by every tokenizer that loads.
 inline void read_tokenizer(std::string_view text) {
   const auto tok = data::Tokenizer::from_json(text, "fuzz.json");
   static constexpr std::string_view kSample =
-      "The Lord's 12 sheep, \xc3\xa9t\xc3\xa9!  \n\t<|endoftext|>x\xff\x01";
+      "The Lord's 12 sheep, \xc3\xa9te\xcc\x81!  \n\t<|endoftext|>x\x01\xe2\x84\xaa";
+  bool refused = false;
+  try {
+    (void)tok.encode("x\xff");
+  } catch (const std::exception&) {
+    refused = true;
+  }
+  if (!refused) throw Finding{"encode accepted text that is not UTF-8"};
   const std::vector<int32_t> ids = tok.encode(kSample);
   (void)tok.decode(ids);
   (void)tok.decode_text(ids);
