@@ -177,9 +177,13 @@ void run_data_instances(const DataInstancesArgs& args) {
 namespace {
 
 // Where generation stops, as transformers' `generate` decides for the directory:
-// generation_config.json's eos_token_id, else config.json's (one id or a list); empty when
-// neither names one (the tokenizer's EOS then).
-std::vector<int32_t> stop_ids_of(const std::string& dir, int64_t vocab_size) {
+// generation_config.json's eos_token_id, else config.json's (one id or a list); nullopt when
+// neither names one (the tokenizer's EOS then). An empty list stops at no EOS: transformers'
+// EosTokenCriteria tests the sampled token against the list (generation/utils.py:1337), so it
+// generates the requested token count. (Without a pad_token_id transformers 4.57 instead fails
+// with an IndexError where it takes the first EOS id as the padding token
+// (`pad_token_tensor = eos_token_tensor[0]`, utils.py:2101); one sequence pads nothing.)
+std::optional<std::vector<int32_t>> stop_ids_of(const std::string& dir, int64_t vocab_size) {
   const std::string generation_config = dir + "/generation_config.json";
   if (std::filesystem::is_regular_file(generation_config)) {
     nlohmann::json j;
@@ -188,21 +192,12 @@ std::vector<int32_t> stop_ids_of(const std::string& dir, int64_t vocab_size) {
     } catch (const nlohmann::json::exception& e) {
       fail("[generate] {}: not JSON ({})", generation_config, e.what());
     }
-    if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
-      const nlohmann::json& eos = j["eos_token_id"];
-      std::vector<int32_t> ids;
-      for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos})) {
-        MOE_CHECK(
-            id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size,
-            "[generate] {}: eos_token_id holds {}, not a token id below vocab_size={}",
-            generation_config, id.dump(), vocab_size);
-        ids.push_back(id.get<int32_t>());
-      }
-      return ids;
-    }
+    if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null())
+      return io::eos_token_ids_from_json(j["eos_token_id"], generation_config, vocab_size,
+                                         "[generate]");
   }
   const std::optional<io::HfModelInfo> info = io::read_hf_model_info(dir, vocab_size);
-  return info ? info->eos_token_ids : std::vector<int32_t>();
+  return info ? info->eos_token_ids : std::nullopt;
 }
 
 }  // namespace

@@ -14,15 +14,16 @@ nlohmann::json hf_config_json(const ModelConfig& c, int64_t max_position_embeddi
                               std::optional<int32_t> eos_token_id) {
   HfModelInfo info;
   info.max_position_embeddings = max_position_embeddings;
-  if (eos_token_id) info.eos_token_ids = {*eos_token_id};
+  if (eos_token_id) info.eos_token_ids = std::vector<int32_t>{*eos_token_id};
   return hf_config_json(c, info);
 }
 
 nlohmann::json hf_config_json(const ModelConfig& c, const HfModelInfo& info) {
-  // transformers writes one EOS as an integer and several as a list.
-  const nlohmann::json eos = info.eos_token_ids.size() == 1 ? nlohmann::json(info.eos_token_ids[0])
-                             : info.eos_token_ids.empty()   ? nlohmann::json(nullptr)
-                                                            : nlohmann::json(info.eos_token_ids);
+  // transformers writes one EOS as an integer and several (or none) as a list.
+  const nlohmann::json eos = !info.eos_token_ids ? nlohmann::json(nullptr)
+                             : info.eos_token_ids->size() == 1
+                                 ? nlohmann::json(info.eos_token_ids->front())
+                                 : nlohmann::json(*info.eos_token_ids);
   nlohmann::json j = {
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},

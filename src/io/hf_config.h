@@ -25,7 +25,9 @@ namespace moecore::io {
 // and tools that read the context length see the source's.
 struct HfModelInfo {
   int64_t max_position_embeddings = 0;
-  std::vector<int32_t> eos_token_ids;  // generation stops at any of them
+  // Generation stops at any of them; an empty list at none (transformers' generate checks the
+  // sampled token against the list), nullopt when config.json names none.
+  std::optional<std::vector<int32_t>> eos_token_ids;
   std::optional<int32_t> bos_token_id, pad_token_id;
   bool output_router_logits = false;
 };

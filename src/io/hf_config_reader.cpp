@@ -229,6 +229,25 @@ ModelConfig moecore_own(const ConfigKeys& k) {
 
 }  // namespace
 
+std::optional<std::vector<int32_t>> eos_token_ids_from_json(const nlohmann::json& eos,
+                                                            const std::string& origin,
+                                                            int64_t vocab_size, const char* tag) {
+  if (eos.is_null()) return std::nullopt;
+  // An id outside the vocabulary is an error, in config.json as in generation_config.json:
+  // transformers' generate accepts it, but no sampled token ever equals it, so the model never
+  // stops where the file says it does (transformers itself only warns that generation "will not
+  // stop" for a negative one). Such an id comes from another tokenizer or vocabulary; leaving it
+  // out would hide that.
+  std::vector<int32_t> ids;
+  for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos})) {
+    MOE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size,
+              "{} {}: eos_token_id holds {}, not a token id below vocab_size={}", tag, origin,
+              json_excerpt(id), vocab_size);
+    ids.push_back(id.get<int32_t>());
+  }
+  return ids;
+}
+
 HfModelInfo hf_model_info_from_json(const nlohmann::json& config, const std::string& origin,
                                     int64_t vocab_size) {
   MOE_CHECK(config.is_object(), "[import] {}: not a JSON object", origin);
@@ -238,12 +257,10 @@ HfModelInfo hf_model_info_from_json(const nlohmann::json& config, const std::str
   const auto in_vocabulary = [vocab_size](const nlohmann::json& id) {
     return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size;
   };
-  // One EOS or a list of them (generation stops at any); ids beyond the vocabulary name no token.
-  if (k.has("eos_token_id")) {
-    const nlohmann::json& eos = k.raw("eos_token_id");
-    for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos}))
-      if (in_vocabulary(id)) info.eos_token_ids.push_back(id.get<int32_t>());
-  }
+  info.eos_token_ids =
+      eos_token_ids_from_json(k.raw("eos_token_id"), origin, vocab_size, "[import]");
+  // BOS and PAD decide nothing moecore computes: an id beyond the vocabulary (Llama's
+  // pad_token_id -1 for "none") names no token and is left out.
   if (k.has("bos_token_id") && in_vocabulary(k.raw("bos_token_id")))
     info.bos_token_id = k.raw("bos_token_id").get<int32_t>();
   if (k.has("pad_token_id") && in_vocabulary(k.raw("pad_token_id")))

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "io/hf_config.h"
 #include "model/config.h"
@@ -22,8 +23,8 @@ namespace moecore::io {
 struct HfModelConfig {
   ModelConfig model;
   std::string model_type;  // "olmoe", "qwen3_moe", "flex_olmo" or "moecore"
-  // Beyond the architecture (max_position_embeddings 0 when config.json does not say; token ids
-  // outside the vocabulary are left out).
+  // Beyond the architecture (max_position_embeddings 0 when config.json does not say; BOS and PAD
+  // ids outside the vocabulary are left out, an EOS id outside it is an error).
   HfModelInfo info;
 };
 
@@ -36,6 +37,12 @@ HfModelConfig read_hf_model_config(const std::string& dir);
 // checkpoint's own config.json, for generation and resumes); ids checked against `vocab_size`.
 HfModelInfo hf_model_info_from_json(const nlohmann::json& config, const std::string& origin,
                                     int64_t vocab_size);
+// eos_token_id's value in config.json or generation_config.json (`origin`): one id or a list of
+// them; nullopt for null. Every entry must be a token id below vocab_size.
+std::optional<std::vector<int32_t>> eos_token_ids_from_json(const nlohmann::json& eos,
+                                                            const std::string& origin,
+                                                            int64_t vocab_size, const char* tag);
+
 // <dir>/config.json's, or nullopt when there is none.
 std::optional<HfModelInfo> read_hf_model_info(const std::string& dir, int64_t vocab_size);
 

@@ -11,7 +11,7 @@ std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                           const ParamBuffers& params, const data::Tokenizer& tokenizer,
                           const std::string& prompt, int64_t max_tokens,
                           const SamplingConfig& sampling, const PrecisionRecipe& precision,
-                          std::vector<int32_t> stop_ids) {
+                          const std::optional<std::vector<int32_t>>& stop_ids_or_eos) {
   MOE_CHECK(tokenizer.vocab_size() <= config.vocab_size,
             "[generate] the tokenizer has {} tokens but the model's vocab_size is {}: not the "
             "model's tokenizer",
@@ -22,7 +22,7 @@ std::string generate_text(const ModelConfig& config, const ParamLayout& layout,
                        static_cast<int64_t>(ids.size()) + std::max<int64_t>(max_tokens, 1));
   model.set_precision(precision);
   // A padded vocabulary (vocab_size above the tokenizer's) has ids without text: never drawn.
-  if (stop_ids.empty()) stop_ids = {tokenizer.eos_id()};
+  const std::vector<int32_t> stop_ids = stop_ids_or_eos.value_or(std::vector{tokenizer.eos_id()});
   std::vector<int32_t> out =
       generate(model, ids, max_tokens, sampling, stop_ids, tokenizer.vocab_size());
   if (!out.empty() && std::find(stop_ids.begin(), stop_ids.end(), out.back()) != stop_ids.end())

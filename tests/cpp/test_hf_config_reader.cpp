@@ -125,13 +125,43 @@ TEST(HfConfigReader, KeepsWhatConfigJsonSaysBeyondTheArchitecture) {
   EXPECT_EQ(read.info.max_position_embeddings, 4096);
   EXPECT_EQ(read.model.router_z_loss_coef, 1e-3);
   EXPECT_EQ(hf_config_json(read.model, read.info), j);
-  // Ids that name no token of the vocabulary are left out.
+  // A PAD id that names no token of the vocabulary (Llama's -1) is left out.
   nlohmann::json beyond = j;
-  beyond["eos_token_id"] = {2, c.vocab_size};
   beyond["pad_token_id"] = -1;
-  const HfModelConfig kept = hf_model_config_from_json(beyond, "config.json");
-  EXPECT_EQ(kept.info.eos_token_ids, std::vector<int32_t>{2});
-  EXPECT_FALSE(kept.info.pad_token_id.has_value());
+  EXPECT_FALSE(hf_model_config_from_json(beyond, "config.json").info.pad_token_id.has_value());
+}
+
+TEST(HfConfigReader, EosIdsFollowGenerationConfigsRules) {
+  // config.json's eos_token_id is read as generation_config.json's (one reader): an id outside
+  // the vocabulary is an error naming the file and the id, in either file.
+  const nlohmann::json j = hf_config_json(base(), 2048, 7);
+  for (const nlohmann::json& eos :
+       {nlohmann::json::array({2, 100}), nlohmann::json(-1), nlohmann::json("</s>")}) {
+    SCOPED_TRACE(eos.dump());
+    nlohmann::json beyond = j;
+    beyond["eos_token_id"] = eos;
+    const std::string error = error_of(beyond);
+    EXPECT_NE(error.find("[import] config.json: eos_token_id holds"), std::string::npos) << error;
+    EXPECT_NE(error.find("vocab_size=100"), std::string::npos) << error;
+    try {
+      eos_token_ids_from_json(eos, "generation_config.json", 100, "[generate]");
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[generate] generation_config.json: eos_token_id holds"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // An empty list names no EOS (generation stops at none), unlike an absent or null key, and an
+  // export keeps it.
+  nlohmann::json none = j;
+  none["eos_token_id"] = nlohmann::json::array();
+  const HfModelConfig read = hf_model_config_from_json(none, "config.json");
+  ASSERT_TRUE(read.info.eos_token_ids.has_value());
+  EXPECT_TRUE(read.info.eos_token_ids->empty());
+  EXPECT_EQ(hf_config_json(read.model, read.info).at("eos_token_id"), nlohmann::json::array());
+  none["eos_token_id"] = nullptr;
+  EXPECT_FALSE(hf_model_config_from_json(none, "config.json").info.eos_token_ids.has_value());
 }
 
 TEST(HfConfigReader, ReadsTransformersFiveRopeParametersAndSwish) {

@@ -349,6 +349,52 @@ def test_import_init_from_and_generate_keep_the_models_generation_settings(
     assert written["max_position_embeddings"] == 4096  # the model's, whatever the tokenizer
 
 
+def test_generate_with_an_empty_eos_list_stops_at_none_as_transformers(
+        moecore_bin, hf_dirs, job_data, tmp_path):
+    """generation_config.json's `"eos_token_id": []` names no EOS: transformers' generate (with the
+    pad_token_id it then needs) produces every requested token, the tokenizer's EOS among them, and
+    so does moecore's generate (it stopped at the tokenizer's EOS). An EOS id outside the
+    vocabulary is one error in either file (config.json's was dropped, generation_config.json's
+    refused)."""
+    hf = _copy(hf_dirs, tmp_path)
+    shutil.copy(job_data.tokenizer, hf / "tokenizer.json")
+    prompt, n = "And God said", 12
+    tok = tokenizers.Tokenizer.from_file(str(job_data.tokenizer))
+    ids = tok.encode(prompt).ids
+
+    def transformers_greedy(**kw) -> list[int]:
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, **kw)
+        return out[0, len(ids):].tolist()
+
+    # The EOS logit made twice the third greedy token's: greedy decoding draws the EOS early.
+    third = transformers_greedy(eos_token_id=None, pad_token_id=0)[2]
+    _edit_tensors(hf / "model.safetensors", lambda t: t["lm_head.weight"][job_data.eos_id].copy_(
+        2 * t["lm_head.weight"][third]))
+    (hf / "generation_config.json").write_text('{"eos_token_id": [], "pad_token_id": 0}')
+    expected = transformers_greedy()
+    assert len(expected) == n and job_data.eos_id in expected, expected
+    imported = tmp_path / "imported"
+    run(moecore_bin, "import", hf, "--out", imported)
+    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt,
+            "--temperature", "0", "--max-tokens", n)
+    assert r.stdout == prompt + tok.decode(expected, skip_special_tokens=False) + "\n", \
+        (r.stdout, expected)
+
+    shutil.rmtree(imported)
+    (hf / "generation_config.json").write_text(f'{{"eos_token_id": [{job_data.vocab_size}]}}')
+    run(moecore_bin, "import", hf, "--out", imported)
+    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt, check=False)
+    assert_one_line_error(r, "[generate]", f"{imported}/generation_config.json: eos_token_id holds "
+                          f"{job_data.vocab_size}, not a token id below vocab_size")
+    config = json.loads((hf / "config.json").read_text())
+    config["eos_token_id"] = [0, job_data.vocab_size]
+    (hf / "config.json").write_text(json.dumps(config))
+    _import_fails(moecore_bin, hf, tmp_path, "[import]",
+                  f"{hf}/config.json: eos_token_id holds {job_data.vocab_size}")
+
+
 def test_import_and_init_from_refuse_non_finite_weights(moecore_bin, hf_dirs, job_data, tmp_path):
     """A NaN where the self-check's batch does not reach it (one row of the embedding no check
     token selects) is refused by import and --init-from, naming the tensor and the element,
