@@ -18,7 +18,7 @@ HfWeightsRead check_and_read(const ParamLayout& layout, const std::string& dir,
   const std::string single = dir + "/model.safetensors";
   MOE_CHECK(std::filesystem::exists(single) || std::filesystem::exists(single + ".index.json"),
             "[import] {} has neither model.safetensors nor model.safetensors.index.json", dir);
-  const TensorParts tensors = TensorParts::open(dir, "model");
+  const TensorParts tensors = TensorParts::open(dir, "model", "[import]");
   // Used: every tensor in the files is a parameter of the configuration (an expert or a layer
   // that a wrong config would leave out is named, not dropped).
   for (const std::string& name : tensors.names())

@@ -58,7 +58,7 @@ void require_finite_weights(const ParamLayout& layout, const ParamBuffers& param
 
 void load_weights_from_dir(const ParamLayout& layout, const std::string& dir,
                            ParamBuffers& params) {
-  const TensorParts parts = TensorParts::open(dir, "model");
+  const TensorParts parts = TensorParts::open(dir, "model", "[checkpoint]");
   load_strict(layout, parts, parts.origin(), params);
 }
 

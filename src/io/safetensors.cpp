@@ -64,10 +64,11 @@ float f16_to_float(uint16_t h) {
 // The reference reader (the `safetensors` package, 0.6.2) refuses headers over 100 MB.
 constexpr uint64_t kMaxHeaderSize = 100'000'000;
 
-SafetensorsReader SafetensorsReader::open(const std::string& path) {
+SafetensorsReader SafetensorsReader::open(const std::string& path, const char* tag) {
   SafetensorsReader reader;
   reader.path_ = path;
-  reader.file_ = MappedFile::open(path, "[safetensors]");
+  reader.tag_ = tag;
+  reader.file_ = MappedFile::open(path, tag);
   reader.parse(reader.file_.data(), reader.file_.size());
   return reader;
 }
@@ -89,25 +90,25 @@ SafetensorsReader SafetensorsReader::from_bytes(std::vector<std::byte> bytes,
 // reference on one point: a key that appears twice (the reference keeps the last one silently).
 void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
   const std::string& path = path_;
-  MOE_CHECK(file_size >= 8, "[safetensors] {}: file is {} bytes, shorter than the 8-byte header",
-            path, file_size);
+  MOE_CHECK(file_size >= 8, "{} {}: file is {} bytes, shorter than the 8-byte header", tag_, path,
+            file_size);
   uint64_t header_size = 0;
   std::memcpy(&header_size, base, 8);
   MOE_CHECK(header_size <= kMaxHeaderSize,
-            "[safetensors] {}: header length {} exceeds the format's limit of {} bytes", path,
+            "{} {}: header length {} exceeds the format's limit of {} bytes", tag_, path,
             header_size, kMaxHeaderSize);
   MOE_CHECK(header_size <= file_size - 8,
-            "[safetensors] {}: header length {} exceeds the {} bytes that follow it", path,
-            header_size, file_size - 8);
+            "{} {}: header length {} exceeds the {} bytes that follow it", tag_, path, header_size,
+            file_size - 8);
 
   const char* text = reinterpret_cast<const char*>(base + 8);
   // A raw NUL is not JSON anywhere (inside a string it must be written \u0000); the JSON library
   // would stop at it, so NUL padding after the object would pass unnoticed.
   const void* nul = std::memchr(text, '\0', header_size);
   MOE_CHECK(nul == nullptr,
-            "[safetensors] {}: header holds a NUL byte at offset {} (NUL padding is not allowed; "
+            "{} {}: header holds a NUL byte at offset {} (NUL padding is not allowed; "
             "pad with spaces)",
-            path, nul == nullptr ? 0 : static_cast<const char*>(nul) - text);
+            tag_, path, nul == nullptr ? 0 : static_cast<const char*>(nul) - text);
   json header;
   try {
     // Duplicate keys: the parser keeps the last one; each object's keys are tracked to refuse them.
@@ -121,14 +122,14 @@ void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
                            } else if (event == json::parse_event_t::key) {
                              const std::string& key = parsed.get_ref<const std::string&>();
                              MOE_CHECK(keys_per_object.back().insert(key).second,
-                                       "[safetensors] {}: header has key '{}' twice", path, key);
+                                       "{} {}: header has key '{}' twice", tag_, path, key);
                            }
                            return true;
                          });
   } catch (const json::exception& e) {
-    fail("[safetensors] {}: malformed JSON header: {}", path, e.what());
+    fail("{} {}: malformed JSON header: {}", tag_, path, e.what());
   }
-  MOE_CHECK(header.is_object(), "[safetensors] {}: header is a JSON {}, expected an object", path,
+  MOE_CHECK(header.is_object(), "{} {}: header is a JSON {}, expected an object", tag_, path,
             header.type_name());
 
   buffer_ = base + 8 + header_size;
@@ -137,63 +138,61 @@ void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (entry.is_null()) continue;  // the reference accepts "__metadata__": null
-      MOE_CHECK(entry.is_object(),
-                "[safetensors] {}: __metadata__ is a JSON {}, expected an object", path,
-                entry.type_name());
+      MOE_CHECK(entry.is_object(), "{} {}: __metadata__ is a JSON {}, expected an object", tag_,
+                path, entry.type_name());
       for (const auto& [key, value] : entry.items()) {
-        MOE_CHECK(value.is_string(),
-                  "[safetensors] {}: __metadata__ value for '{}' is not a string", path, key);
+        MOE_CHECK(value.is_string(), "{} {}: __metadata__ value for '{}' is not a string", tag_,
+                  path, key);
         metadata_[key] = value.get<std::string>();
       }
       continue;
     }
-    MOE_CHECK(entry.is_object(), "[safetensors] {}: entry for tensor '{}' is not an object", path,
-              name);
+    MOE_CHECK(entry.is_object(), "{} {}: entry for tensor '{}' is not an object", tag_, path, name);
     MOE_CHECK(entry.contains("dtype") && entry["dtype"].is_string(),
-              "[safetensors] {}: tensor '{}' has no string 'dtype'", path, name);
+              "{} {}: tensor '{}' has no string 'dtype'", tag_, path, name);
     MOE_CHECK(entry.contains("shape") && entry["shape"].is_array(),
-              "[safetensors] {}: tensor '{}' has no 'shape' array", path, name);
+              "{} {}: tensor '{}' has no 'shape' array", tag_, path, name);
     MOE_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
                   entry["data_offsets"].size() == 2 &&
                   entry["data_offsets"][0].is_number_unsigned() &&
                   entry["data_offsets"][1].is_number_unsigned(),
-              "[safetensors] {}: tensor '{}' needs 'data_offsets' [begin, end] of non-negative "
+              "{} {}: tensor '{}' needs 'data_offsets' [begin, end] of non-negative "
               "integers",
-              path, name);
+              tag_, path, name);
 
     TensorInfo info;
     info.dtype = entry["dtype"].get<std::string>();
     const size_t item_size = dtype_size(info.dtype);
-    MOE_CHECK(item_size != 0, "[safetensors] {}: tensor '{}' has unknown dtype '{}'", path, name,
+    MOE_CHECK(item_size != 0, "{} {}: tensor '{}' has unknown dtype '{}'", tag_, path, name,
               info.dtype);
 
     uint64_t numel = 1;
     for (const auto& dim : entry["shape"]) {
       MOE_CHECK(dim.is_number_unsigned(),
-                "[safetensors] {}: tensor '{}' has shape entry {}, expected a non-negative integer",
+                "{} {}: tensor '{}' has shape entry {}, expected a non-negative integer", tag_,
                 path, name, json_excerpt(dim));
       const uint64_t extent = dim.get<uint64_t>();
       MOE_CHECK(extent <= static_cast<uint64_t>(INT64_MAX) &&
                     !__builtin_mul_overflow(numel, extent, &numel),
-                "[safetensors] {}: tensor '{}' has an overflowing shape {}", path, name,
+                "{} {}: tensor '{}' has an overflowing shape {}", tag_, path, name,
                 json_excerpt(entry["shape"]));
       info.shape.push_back(static_cast<int64_t>(extent));
     }
     uint64_t nbytes = 0;
     MOE_CHECK(!__builtin_mul_overflow(numel, item_size, &nbytes),
-              "[safetensors] {}: tensor '{}' has an overflowing shape {}", path, name,
+              "{} {}: tensor '{}' has an overflowing shape {}", tag_, path, name,
               json_excerpt(entry["shape"]));
 
     const uint64_t begin = entry["data_offsets"][0].get<uint64_t>();
     const uint64_t end = entry["data_offsets"][1].get<uint64_t>();
     MOE_CHECK(begin <= end && end <= buffer_size,
-              "[safetensors] {}: tensor '{}' has data_offsets [{}, {}] outside the {}-byte data "
+              "{} {}: tensor '{}' has data_offsets [{}, {}] outside the {}-byte data "
               "buffer",
-              path, name, begin, end, buffer_size);
+              tag_, path, name, begin, end, buffer_size);
     MOE_CHECK(end - begin == nbytes,
-              "[safetensors] {}: tensor '{}' has data_offsets [{}, {}] ({} bytes), but {} x {} "
+              "{} {}: tensor '{}' has data_offsets [{}, {}] ({} bytes), but {} x {} "
               "needs {} bytes",
-              path, name, begin, end, end - begin, info.dtype, info.shape, nbytes);
+              tag_, path, name, begin, end, end - begin, info.dtype, info.shape, nbytes);
     info.begin = static_cast<size_t>(begin);
     info.end = static_cast<size_t>(end);
     tensors_.emplace(name, std::move(info));
@@ -208,18 +207,17 @@ void SafetensorsReader::parse(const std::byte* base, size_t file_size) {
   const std::string* previous = nullptr;
   for (const auto& [begin, end, name] : ranges) {
     MOE_CHECK(begin == covered,
-              "[safetensors] {}: tensor '{}' starts at byte {} of the data buffer, but {} ends at "
+              "{} {}: tensor '{}' starts at byte {} of the data buffer, but {} ends at "
               "{} ({})",
-              path, *name, begin, previous != nullptr ? "'" + *previous + "'" : "the start",
+              tag_, path, *name, begin, previous != nullptr ? "'" + *previous + "'" : "the start",
               covered, begin < covered ? "overlapping tensors" : "a gap between tensors");
     covered = end;
     previous = name;
   }
-  MOE_CHECK(
-      covered == buffer_size,
-      "[safetensors] {}: {} trailing bytes after the last tensor (the tensors cover {} of the "
-      "{}-byte data buffer)",
-      path, buffer_size - covered, covered, buffer_size);
+  MOE_CHECK(covered == buffer_size,
+            "{} {}: {} trailing bytes after the last tensor (the tensors cover {} of the "
+            "{}-byte data buffer)",
+            tag_, path, buffer_size - covered, covered, buffer_size);
 }
 
 std::vector<std::string> SafetensorsReader::names() const {
@@ -235,15 +233,15 @@ bool SafetensorsReader::has(const std::string& name) const {
 
 const TensorInfo& SafetensorsReader::info(const std::string& name) const {
   const auto it = tensors_.find(name);
-  MOE_CHECK(it != tensors_.end(), "[safetensors] {}: missing tensor '{}'", path_, name);
+  MOE_CHECK(it != tensors_.end(), "{} {}: missing tensor '{}'", tag_, path_, name);
   return it->second;
 }
 
 void SafetensorsReader::read_f32(const std::string& name,
                                  const std::vector<int64_t>& expected_shape, float* dst) const {
   const TensorInfo& t = info(name);
-  MOE_CHECK(t.shape == expected_shape, "[safetensors] {}: tensor '{}' has shape {}, expected {}",
-            path_, name, t.shape, expected_shape);
+  MOE_CHECK(t.shape == expected_shape, "{} {}: tensor '{}' has shape {}, expected {}", tag_, path_,
+            name, t.shape, expected_shape);
   read_f32_elements(name, 0, (t.end - t.begin) / dtype_size(t.dtype), dst);
 }
 
@@ -252,12 +250,12 @@ void SafetensorsReader::read_f32_elements(const std::string& name, size_t first,
   const TensorInfo& t = info(name);
   const bool is_f32 = t.dtype == "F32", is_bf16 = t.dtype == "BF16";
   MOE_CHECK(is_f32 || is_bf16 || t.dtype == "F16",
-            "[safetensors] {}: tensor '{}' has dtype {}, expected F32, BF16 or F16", path_, name,
+            "{} {}: tensor '{}' has dtype {}, expected F32, BF16 or F16", tag_, path_, name,
             t.dtype);
   const size_t width = is_f32 ? 4 : 2, numel = (t.end - t.begin) / width;
   MOE_CHECK(first <= numel && count <= numel - first,
-            "[safetensors] {}: elements [{}, {}) are outside tensor '{}' of {} elements", path_,
-            first, first + count, name, numel);
+            "{} {}: elements [{}, {}) are outside tensor '{}' of {} elements", tag_, path_, first,
+            first + count, name, numel);
   // Only these bytes of the mapping are touched, so only their pages become resident.
   const std::byte* src = buffer_ + t.begin + first * width;
   if (is_f32) {

@@ -24,8 +24,9 @@ struct TensorInfo {
 
 class SafetensorsReader {
  public:
-  // Maps and validates the whole header; every inconsistency is an error naming the file.
-  static SafetensorsReader open(const std::string& path);
+  // Maps and validates the whole header; every inconsistency is an error naming the file, tagged
+  // `tag` (the operation reading it: "[import]" for a Hugging Face model's shard).
+  static SafetensorsReader open(const std::string& path, const char* tag = "[safetensors]");
   // The same on bytes in memory (fuzzing, tests); `origin` names them in errors.
   static SafetensorsReader from_bytes(std::vector<std::byte> bytes, const std::string& origin);
 
@@ -56,6 +57,7 @@ class SafetensorsReader {
   void parse(const std::byte* base, size_t size);  // fills buffer_, tensors_, metadata_
 
   std::string path_;
+  const char* tag_ = "[safetensors]";
   MappedFile file_;
   std::vector<std::byte> owned_;       // from_bytes' copy (a moved vector keeps its data in place)
   const std::byte* buffer_ = nullptr;  // Start of the data buffer inside file_.

@@ -1,9 +1,7 @@
 #include "io/tensor_parts.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/check.h"
 #include "io/file_util.h"
@@ -29,49 +27,53 @@ void write_part_index(const std::string& dir, const std::string& stem,
   write_file_atomic(dir + "/" + stem + ".safetensors.index.json", chunks, "[checkpoint]");
 }
 
-TensorParts TensorParts::open(const std::string& dir, const std::string& stem) {
+TensorParts TensorParts::open(const std::string& dir, const std::string& stem, const char* tag) {
   TensorParts set;
+  set.tag_ = tag;
   const std::string single = dir + "/" + stem + ".safetensors";
   const std::string index_path = single + ".index.json";
   if (std::filesystem::exists(single) || !std::filesystem::exists(index_path)) {
     set.origin_ = single;
-    set.parts_.push_back(SafetensorsReader::open(single));
+    set.parts_.push_back(SafetensorsReader::open(single, tag));
     for (const std::string& name : set.parts_.back().names()) set.where_[name] = 0;
     return set;
   }
   set.origin_ = index_path;
-  std::ifstream in(index_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(text.str());
+    index = nlohmann::json::parse(read_text(index_path, tag));
   } catch (const nlohmann::json::exception& e) {
-    fail("[checkpoint] {}: malformed index: {}", index_path, e.what());
+    fail("{} {}: malformed index: {}", tag, index_path, e.what());
   }
-  MOE_CHECK(index.contains("weight_map") && index["weight_map"].is_object(),
-            "[checkpoint] {}: no weight_map", index_path);
+  MOE_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{} {}: no weight_map",
+            tag, index_path);
   std::map<std::string, size_t> file_slot;
   for (const auto& [name, file] : index["weight_map"].items()) {
-    MOE_CHECK(file.is_string(), "[checkpoint] {}: weight_map['{}'] is not a file name", index_path,
+    MOE_CHECK(file.is_string(), "{} {}: weight_map['{}'] is not a file name", tag, index_path,
               name);
     const std::string part = file.get<std::string>();
-    MOE_CHECK(part.find('/') == std::string::npos, "[checkpoint] {}: part '{}' is not a file name",
+    MOE_CHECK(part.find('/') == std::string::npos, "{} {}: part '{}' is not a file name", tag,
               index_path, part);
     auto it = file_slot.find(part);
     if (it == file_slot.end()) {
+      // Named here, the index is what to fix (or the download to finish): the part's own open
+      // error would name only a path that is not there.
+      const std::string path = dir + "/" + part;
+      MOE_CHECK(std::filesystem::exists(path),
+                "{} {}: weight_map puts tensor '{}' in {}, which does not exist", tag, index_path,
+                name, path);
       it = file_slot.emplace(part, set.parts_.size()).first;
-      set.parts_.push_back(SafetensorsReader::open(dir + "/" + part));
+      set.parts_.push_back(SafetensorsReader::open(path, tag));
     }
-    MOE_CHECK(set.parts_[it->second].has(name), "[checkpoint] {}: tensor '{}' is not in {}",
-              index_path, name, part);
+    MOE_CHECK(set.parts_[it->second].has(name), "{} {}: tensor '{}' is not in {}", tag, index_path,
+              name, part);
     set.where_[name] = it->second;
   }
-  MOE_CHECK(!set.parts_.empty(), "[checkpoint] {}: the index lists no tensors", index_path);
+  MOE_CHECK(!set.parts_.empty(), "{} {}: the index lists no tensors", tag, index_path);
   for (const auto& [part, slot] : file_slot)
     for (const std::string& name : set.parts_[slot].names())
       MOE_CHECK(set.where_.count(name) != 0 && set.where_.at(name) == slot,
-                "[checkpoint] {}: tensor '{}' in {} is not listed there by the index (unused)",
+                "{} {}: tensor '{}' in {} is not listed there by the index (unused)", tag,
                 index_path, name, part);
   return set;
 }
@@ -85,26 +87,26 @@ std::vector<std::string> TensorParts::names() const {
 void TensorParts::read_f32(const std::string& name, const std::vector<int64_t>& shape,
                            float* dst) const {
   const auto it = where_.find(name);
-  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  MOE_CHECK(it != where_.end(), "{} {}: missing tensor '{}'", tag_, origin_, name);
   parts_[it->second].read_f32(name, shape, dst);
 }
 
 void TensorParts::read_f32_elements(const std::string& name, size_t first, size_t count,
                                     float* dst) const {
   const auto it = where_.find(name);
-  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  MOE_CHECK(it != where_.end(), "{} {}: missing tensor '{}'", tag_, origin_, name);
   parts_[it->second].read_f32_elements(name, first, count, dst);
 }
 
 const TensorInfo& TensorParts::info(const std::string& name) const {
   const auto it = where_.find(name);
-  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  MOE_CHECK(it != where_.end(), "{} {}: missing tensor '{}'", tag_, origin_, name);
   return parts_[it->second].info(name);
 }
 
 const std::string& TensorParts::file_of(const std::string& name) const {
   const auto it = where_.find(name);
-  MOE_CHECK(it != where_.end(), "[checkpoint] {}: missing tensor '{}'", origin_, name);
+  MOE_CHECK(it != where_.end(), "{} {}: missing tensor '{}'", tag_, origin_, name);
   return parts_[it->second].path();
 }
 

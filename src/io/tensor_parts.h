@@ -22,10 +22,11 @@ void write_part_index(const std::string& dir, const std::string& stem,
 
 class TensorParts {
  public:
-  // Opens <dir>/<stem>.safetensors, or the parts its index lists; every part must open, every
-  // indexed tensor must be in the part the index names, and every tensor of a part must be indexed
-  // (a tensor the index leaves out would otherwise be silently unused).
-  static TensorParts open(const std::string& dir, const std::string& stem);
+  // Opens <dir>/<stem>.safetensors, or the parts its index lists; every part must exist and open,
+  // every indexed tensor must be in the part the index names, and every tensor of a part must be
+  // indexed (a tensor the index leaves out would otherwise be silently unused). Errors, the
+  // parts' own included, carry `tag`: the operation reading them ("[import]", "[checkpoint]").
+  static TensorParts open(const std::string& dir, const std::string& stem, const char* tag);
 
   std::vector<std::string> names() const;
   bool has(const std::string& name) const { return where_.count(name) != 0; }
@@ -41,6 +42,7 @@ class TensorParts {
 
  private:
   std::string origin_;
+  const char* tag_ = nullptr;
   std::vector<SafetensorsReader> parts_;
   std::map<std::string, size_t> where_;
 };

@@ -348,7 +348,7 @@ CheckpointReader CheckpointReader::open(const std::string& dir, const ModelConfi
   MOE_CHECK(difference.empty(),
             "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
             dir, difference);
-  io::TensorParts model = io::TensorParts::open(dir, "model");
+  io::TensorParts model = io::TensorParts::open(dir, "model", "[checkpoint]");
   for (const std::string& name : model.names())
     MOE_CHECK(full.find(name) != nullptr,
               "[weights] {}: unexpected tensor '{}' (not a parameter of this model config)",
@@ -360,7 +360,7 @@ CheckpointReader CheckpointReader::open(const std::string& dir, const ModelConfi
   }
   if (!with_optimizer) return CheckpointReader(std::move(model), std::nullopt);
 
-  CheckpointReader reader(std::move(model), io::TensorParts::open(dir, "optim"));
+  CheckpointReader reader(std::move(model), io::TensorParts::open(dir, "optim", "[checkpoint]"));
   const io::TensorParts& parts = *reader.optim_;
   // Slices "<moment>.<name>[begin:end]", grouped by "<moment>.<name>".
   std::map<std::string, std::vector<std::string>> slice_names;

@@ -12,11 +12,13 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/check.h"
 #include "io/file_util.h"
 #include "io/safetensors.h"
+#include "io/tensor_parts.h"
 
 namespace moecore::io {
 namespace {
@@ -537,6 +539,33 @@ TEST_F(SafetensorsTest, ReadsFromBytesInMemory) {
   const SafetensorsReader r = SafetensorsReader::from_bytes(std::move(buffer), "<memory>");
   EXPECT_EQ(r.read_f32("a"), (std::vector<float>{0.0f, 0.0f}));
   expect_error([] { SafetensorsReader::from_bytes({}, "<memory>"); }, {"<memory>", "8-byte"});
+}
+
+TEST_F(SafetensorsTest, TensorPartsErrorsCarryTheCallersTagAndNameTheIndex) {
+  // Two parts and their index, as transformers shards a model.
+  const float x = 1.0f, y = 2.0f;
+  for (const auto& [name, value, index] : {std::tuple{"x", &x, 0}, std::tuple{"y", &y, 1}}) {
+    SafetensorsWriter writer;
+    writer.add_f32(name, {1}, value);
+    writer.write(path(part_file_name("model", index, 2)));
+  }
+  write_part_index(dir_.string(), "model",
+                   {{"x", part_file_name("model", 0, 2)}, {"y", part_file_name("model", 1, 2)}}, 8);
+  const std::string index = path("model.safetensors.index.json");
+  const std::string second = path("model-00002-of-00002.safetensors");
+  EXPECT_EQ(TensorParts::open(dir_.string(), "model", "[import]").file_of("y"), second);
+  // The index lists a part that is not there: the index, the tensor and the part, one line.
+  fs::rename(second, path("moved"));
+  expect_error(
+      [&] { TensorParts::open(dir_.string(), "model", "[import]"); },
+      {"[import] " + index + ": weight_map puts tensor 'y' in " + second, "does not exist"});
+  // A part that is not safetensors: its own error, with the caller's tag.
+  write_raw("model-00002-of-00002.safetensors", "abc");
+  expect_error([&] { TensorParts::open(dir_.string(), "model", "[import]"); },
+               {"[import] " + second + ": file is 3 bytes"});
+  write_raw("model.safetensors.index.json", "{");
+  expect_error([&] { TensorParts::open(dir_.string(), "model", "[checkpoint]"); },
+               {"[checkpoint] " + index + ": malformed index"});
 }
 
 }  // namespace

@@ -189,10 +189,20 @@ def test_unsupported_dtype(moecore_bin, hf_dirs, tmp_path, dtype, name):
 
 
 def test_shard_index_naming_a_missing_file(moecore_bin, hf_dirs, tmp_path):
+    """The error is the import's and names the index that lists the shard (what to fix, or the
+    download to finish) and the missing shard."""
     hf = _copy(hf_dirs, tmp_path, variant="fp32-sharded")
     shard = sorted(hf.glob("model-*.safetensors"))[1]
     shard.unlink()
-    _import_fails(moecore_bin, hf, tmp_path, shard.name)
+    _import_fails(moecore_bin, hf, tmp_path, f"[import] {hf}/model.safetensors.index.json: ",
+                  f"in {shard}, which does not exist")
+
+
+def test_shard_that_is_not_safetensors(moecore_bin, hf_dirs, tmp_path):
+    hf = _copy(hf_dirs, tmp_path, variant="fp32-sharded")
+    shard = sorted(hf.glob("model-*.safetensors"))[1]
+    shard.write_bytes(b"abc")
+    _import_fails(moecore_bin, hf, tmp_path, f"[import] {shard}: file is 3 bytes")
 
 
 def test_shard_tensor_left_out_of_the_index(moecore_bin, hf_dirs, tmp_path):
@@ -202,7 +212,7 @@ def test_shard_tensor_left_out_of_the_index(moecore_bin, hf_dirs, tmp_path):
     name = sorted(index["weight_map"])[5]
     file = index["weight_map"].pop(name)
     index_path.write_text(json.dumps(index))
-    _import_fails(moecore_bin, hf, tmp_path, name, file, "unused")
+    _import_fails(moecore_bin, hf, tmp_path, "[import]", name, file, "unused")
 
 
 @pytest.mark.parametrize("key,value,needle", [
