@@ -1,6 +1,7 @@
 #include "io/tensor_dump.h"
 
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <set>
@@ -28,8 +29,13 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void write_tensor_dump(const TensorDump& dump, const std::string& dir) {
-  MOE_CHECK(!dir.empty(), "[dump] the output directory is empty");
+void write_tensor_dump(const TensorDump& dump, const std::string& dir_arg) {
+  // "out/" names the directory "out": its staging sibling must not land inside it.
+  fs::path dir_path = fs::path(dir_arg).lexically_normal();
+  if (!dir_path.has_filename()) dir_path = dir_path.parent_path();
+  const std::string dir = dir_path.string();
+  MOE_CHECK(!dir.empty() && dir != "." && dir != "..",
+            "[dump] the output directory '{}' does not name a new directory", dir_arg);
   MOE_CHECK(!fs::exists(dir) || (fs::is_directory(dir) && fs::is_empty(dir)),
             "[dump] {} already exists and is not an empty directory", dir);
   SafetensorsWriter writer;
@@ -43,13 +49,26 @@ void write_tensor_dump(const TensorDump& dump, const std::string& dir) {
                       {"kind", t.index ? "index" : "value"},
                       {"shape", t.shape}});
   }
+  // Written into a sibling and renamed into place, as checkpoints and imports are: a failed write
+  // (a full disk) leaves no directory at `dir` that a rerun would take for its output.
+  const std::string staging = dir + ".dump-" + std::to_string(::getpid());
   std::error_code error;
-  fs::create_directories(dir, error);
-  MOE_CHECK(!error, "[dump] cannot create {}: {}", dir, error.message());
-  writer.write((fs::path(dir) / kTensorsFile).string());
-  const nlohmann::json manifest = {
-      {"format", kFormat}, {"version", kVersion}, {"run", dump.run}, {"tensors", listed}};
-  write_text_atomic((fs::path(dir) / kManifestFile).string(), manifest.dump(1) + "\n", "[dump]");
+  fs::remove_all(staging, error);
+  fs::create_directories(staging, error);
+  MOE_CHECK(!error, "[dump] cannot create {}: {}", staging, error.message());
+  try {
+    writer.write((fs::path(staging) / kTensorsFile).string());
+    const nlohmann::json manifest = {
+        {"format", kFormat}, {"version", kVersion}, {"run", dump.run}, {"tensors", listed}};
+    write_text_atomic((fs::path(staging) / kManifestFile).string(), manifest.dump(1) + "\n",
+                      "[dump]");
+    fs::remove(dir, error);  // absent or empty, checked above
+    if (!error) fs::rename(staging, dir, error);
+    MOE_CHECK(!error, "[dump] cannot move {} to {}: {}", staging, dir, error.message());
+  } catch (...) {
+    fs::remove_all(staging, error);
+    throw;
+  }
 }
 
 TensorDump read_tensor_dump(const std::string& dir) {

@@ -30,7 +30,8 @@ struct TensorDump {
   std::vector<DumpedTensor> tensors;              // execution order
 };
 
-// `dir` must not exist or be empty; it is created. Duplicate names are an error.
+// `dir` must not exist or be empty. The files are written into a sibling directory renamed to
+// `dir` at the end: a write that fails leaves `dir` as it was. Duplicate names are an error.
 void write_tensor_dump(const TensorDump& dump, const std::string& dir);
 // Every inconsistency (no manifest, another format or version, a tensor listed but absent, present
 // but unlisted, or of another shape) is a one-line error naming the directory and the tensor.

@@ -23,7 +23,10 @@ class TensorDumpTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(templ.data()), nullptr);
     root_ = templ;
   }
-  void TearDown() override { fs::remove_all(root_); }
+  void TearDown() override {
+    set_write_failure_for_testing(-1);
+    fs::remove_all(root_);
+  }
 
   // Names out of alphabetical order, so that the order can only come from the manifest.
   static TensorDump sample() {
@@ -71,6 +74,32 @@ TEST_F(TensorDumpTest, RefusesANonEmptyOutputDirectory) {
   const std::string dir = (root_ / "dump").string();
   write_tensor_dump(sample(), dir);
   EXPECT_THROW(write_tensor_dump(sample(), dir), Error);
+}
+
+TEST_F(TensorDumpTest, AFailedWriteLeavesNothingARerunTakesForADump) {
+  // A full disk (the writers' injected ENOSPC; root ignores permissions) while the tensors are
+  // written, then while the manifest after them is: neither leaves a directory at --out, nor
+  // its staging sibling, and the rerun writes a complete dump there.
+  write_tensor_dump(sample(), (root_ / "whole").string());
+  const auto tensors_bytes =
+      static_cast<int64_t>(fs::file_size(root_ / "whole" / "tensors.safetensors"));
+  fs::remove_all(root_ / "whole");
+  const std::string dir = (root_ / "dump").string();
+  for (const int64_t budget : {int64_t{10}, tensors_bytes + 10}) {
+    SCOPED_TRACE(budget);
+    set_write_failure_for_testing(budget);
+    try {
+      write_tensor_dump(sample(), dir);
+      ADD_FAILURE() << "the write did not fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos)
+          << e.what();
+    }
+    set_write_failure_for_testing(-1);
+    EXPECT_TRUE(fs::is_empty(root_)) << "left " << fs::directory_iterator(root_)->path();
+  }
+  write_tensor_dump(sample(), dir);
+  EXPECT_EQ(read_tensor_dump(dir).tensors.size(), sample().tensors.size());
 }
 
 TEST_F(TensorDumpTest, InconsistentDirectoriesAreOneLineErrorsNamingTheTensor) {
