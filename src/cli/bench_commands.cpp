@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/check.h"
+#include "core/host_memory.h"
 #include "core/mx_types.h"
 #include "dist/communicator.h"
 #include "dist/mpi/mpi_runtime.h"
@@ -48,6 +49,25 @@ void run_bench_gemm(const BenchGemmArgs& args) {
   const kernels::MatmulPrecision precision =
       args.precision == "bf16" ? kernels::MatmulPrecision::kBf16 : kernels::MatmulPrecision::kFp32;
   if (args.threads > 0) omp_set_num_threads(static_cast<int>(args.threads));
+
+  // The buffers below, counted before any is allocated (sizes up to 2^20 ask for terabytes, which
+  // the kernel answers by killing the process): fp32 A, B and C, and for mxfp8 the E4M3 codes and
+  // E8M0 scales of A, B and the quantiser benchmark's output.
+  const auto elements = [](int64_t rows, int64_t cols) {
+    return static_cast<double>(rows) * static_cast<double>(cols);
+  };
+  const double fp32_elements =
+      elements(args.m, args.k) + elements(args.k, args.n) + elements(args.m, args.n);
+  const double mx_elements = elements(args.m, args.k) + elements(args.n, args.k) +
+                             elements(std::max(args.m, args.n), args.k);
+  const double bytes =
+      4.0 * fp32_elements +
+      (mxfp8 ? mx_elements * (1.0 + 1.0 / static_cast<double>(mx::kMxBlock)) : 0.0);
+  const double memory = host_memory_limit_bytes();
+  MOE_CHECK(memory <= 0.0 || bytes <= memory,
+            "[bench] gemm m={} n={} k={} ({}) needs {:.1f} GiB of buffers, more than the {:.1f} "
+            "GiB of memory this process may use: ask for smaller sizes",
+            args.m, args.n, args.k, args.precision, bytes / 1073741824.0, memory / 1073741824.0);
 
   const auto size = [](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols); };
   std::vector<float> a(size(args.m, args.k)), b(size(args.k, args.n)), c(size(args.m, args.n));

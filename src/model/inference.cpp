@@ -1,16 +1,12 @@
 #include "model/inference.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
-#include <fstream>
 #include <initializer_list>
 #include <string>
 
 #include "core/check.h"
 #include "core/device_memory.h"
+#include "core/host_memory.h"
 #include "kernels/ops.h"
 #include "kernels/serial_scope.h"
 #include "model/linear.h"
@@ -42,25 +38,6 @@ constexpr int64_t kSerialMacs = int64_t{1} << 21;
 
 void add_in_place(float* x, const float* y, int64_t count) {
   kernels::add(view(x, {count}), view(y, {count}), view(x, {count}));
-}
-
-// The memory this process may use: the machine's, or its cgroup's limit where that is lower (a
-// container, a batch job's allocation); 0 when neither is known.
-double memory_limit_bytes() {
-  double limit = 0.0;
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0) limit = static_cast<double>(pages) * static_cast<double>(page);
-  // cgroup v2, then v1 ("max", or v1's near-2^63 for none, leave the machine's).
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(path);
-    std::string text;
-    if (!(in >> text) || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])))
-      continue;
-    const double cgroup = std::strtod(text.c_str(), nullptr);
-    if (cgroup > 0.0 && (limit <= 0.0 || cgroup < limit)) limit = cgroup;
-  }
-  return limit;
 }
 
 }  // namespace
@@ -134,7 +111,7 @@ InferenceModel::InferenceModel(const ModelConfig& config, const ParamLayout& lay
         static_cast<double>(max_seq) * sizeof(float) *
         (2.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(c.kv_size()) +
          static_cast<double>(c.head_size()));
-    const double memory = memory_limit_bytes();
+    const double memory = host_memory_limit_bytes();
     MOE_CHECK(memory <= 0.0 || bytes <= memory,
               "[inference] {} positions (prompt and new tokens) need a {:.1f} GiB key/value cache, "
               "more than the {:.1f} GiB of memory this process may use: ask for fewer tokens",

@@ -1269,6 +1269,12 @@ CASES["cli/prepare_val_fraction_one"] = lambda e: Case(
     ("--val-fraction=1 is not a number in [0, 1)",), e.root / "val_one")
 CASES["cli/bench_threads_65536"] = lambda e: Case(["bench", "gemm", "--threads", "65536"],
                                                   ("--threads=65536",))
+# 3 x 4 TiB of fp32 operands: refused before the allocation the kernel would kill it for (run
+# under the 8 GiB address-space limit, which a missing check meets as bad_alloc, not this line).
+CASES["cli/bench_gemm_beyond_memory"] = lambda e: Case(
+    ["bench", "gemm", "--m", "1048576", "--n", "1048576", "--k", "1048576"],
+    ("gemm m=1048576 n=1048576 k=1048576 (fp32) needs 12288.0 GiB of buffers",
+     "GiB of memory this process may use"), limit_memory=True)
 # 0 is not a silent "default": an explicit count must be one.
 CASES["cli/plan_zero_ranks"] = lambda e: Case(["plan", e.config, "--ranks", "0"],
                                               ("--ranks=0",))
