@@ -5,8 +5,13 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <array>
+#include <cctype>
+#include <string>
+#include <utility>
 
 #include "core/check.h"
+#include "data/unicode_additions.h"
 
 namespace moecore::data {
 namespace {
@@ -62,12 +67,127 @@ constexpr std::string_view kWhiteSpaceClassBody =
 constexpr std::string_view kNotWhiteSpaceClassBody =
     R"(\x{00}-\x{08}\x{0E}-\x{1F}\x{21}-\x{84}\x{86}-\x{9F}\x{A1}-\x{167F}\x{1681}-\x{1FFF})"
     R"(\x{200B}-\x{2027}\x{202A}-\x{202E}\x{2030}-\x{205E}\x{2060}-\x{2FFF}\x{3001}-\x{10FFFF})";
-// Oniguruma's Unicode word (ONIGENC_CTYPE_WORD): PCRE2's \w under UCP is [\p{L}\p{N}_] instead.
-constexpr std::string_view kOnigWordClassBody = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
+// The properties of Unicode's word class. Alphabetic is L, Nl and Other_Alphabetic (marks, a few
+// symbols): what it gained after PCRE2's tables is in the letters' and marks' additions
+// (unicode_word_class_body()).
+constexpr std::string_view kWordPropertiesClassBody = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc})";
 // Ruby syntax's \h: an ASCII hex digit.
 constexpr std::string_view kHexDigitClassBody = "0-9A-Fa-f";
 constexpr std::string_view kNotHexDigitClassBody =
     R"(\x{00}-\x{2F}\x{3A}-\x{40}\x{47}-\x{60}\x{67}-\x{10FFFF})";
+
+// General categories by their long names (Oniguruma accepts both), loosely matched as
+// loose_name() writes them.
+constexpr std::array<std::pair<std::string_view, std::string_view>, 38> kCategoryLongNames = {{
+    {"letter", "L"},
+    {"casedletter", "LC"},
+    {"uppercaseletter", "Lu"},
+    {"lowercaseletter", "Ll"},
+    {"titlecaseletter", "Lt"},
+    {"modifierletter", "Lm"},
+    {"otherletter", "Lo"},
+    {"mark", "M"},
+    {"combiningmark", "M"},
+    {"nonspacingmark", "Mn"},
+    {"spacingmark", "Mc"},
+    {"enclosingmark", "Me"},
+    {"number", "N"},
+    {"decimalnumber", "Nd"},
+    {"digit", "Nd"},
+    {"letternumber", "Nl"},
+    {"othernumber", "No"},
+    {"punctuation", "P"},
+    {"punct", "P"},
+    {"connectorpunctuation", "Pc"},
+    {"dashpunctuation", "Pd"},
+    {"openpunctuation", "Ps"},
+    {"closepunctuation", "Pe"},
+    {"initialpunctuation", "Pi"},
+    {"finalpunctuation", "Pf"},
+    {"otherpunctuation", "Po"},
+    {"symbol", "S"},
+    {"mathsymbol", "Sm"},
+    {"currencysymbol", "Sc"},
+    {"modifiersymbol", "Sk"},
+    {"othersymbol", "So"},
+    {"separator", "Z"},
+    {"spaceseparator", "Zs"},
+    {"lineseparator", "Zl"},
+    {"paragraphseparator", "Zp"},
+    {"other", "C"},
+    {"format", "Cf"},
+    {"control", "Cc"},
+}};
+
+// Unicode's loose matching of property names: case, spaces, '_' and '-' do not count.
+std::string loose_name(std::string_view name) {
+  std::string out;
+  for (const char c : name) {
+    if (c == ' ' || c == '_' || c == '-') continue;
+    out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+// The short name of a general category (two letters), a group of them (one letter, or LC) given
+// by its short or long name; empty for any other property (scripts, binary properties).
+std::string category_code(std::string_view name) {
+  const std::string loose = loose_name(name);
+  for (const auto& [long_name, short_name] : kCategoryLongNames) {
+    if (loose == long_name) return std::string(short_name);
+  }
+  if (loose == "lc") return "LC";
+  static constexpr std::string_view kCategories =
+      "C Cc Cf Cn Co Cs L Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No P Pc Pd Pe Pf Pi Po Ps S Sc Sk Sm "
+      "So "
+      "Z Zl Zp Zs";
+  for (size_t at = 0; at < kCategories.size();) {
+    const size_t end = std::min(kCategories.find(' ', at), kCategories.size());
+    const std::string_view category = kCategories.substr(at, end - at);
+    if (loose_name(category) == loose) return std::string(category);
+    at = end + 1;
+  }
+  return {};
+}
+
+// The code points a general category or group (category_code's short name) gained after PCRE2's
+// Unicode tables (unicode_additions.h), as a class body.
+std::string category_additions(std::string_view code) {
+  std::string body;
+  for (const CategoryAdditions& additions : kUnicodeAdditions) {
+    const std::string_view category = additions.category;
+    const bool member = code == "LC" ? (category == "Lu" || category == "Ll" || category == "Lt")
+                        : code.size() == 1 ? category[0] == code[0]
+                                           : category == code;
+    if (member) body += additions.class_body;
+  }
+  return body;
+}
+
+// kWordPropertiesClassBody with what its properties gained after PCRE2's tables.
+const std::string& word_properties_class_body() {
+  static const std::string body = std::string(kWordPropertiesClassBody) + category_additions("L") +
+                                  category_additions("Nl") + category_additions("M") +
+                                  category_additions("Nd") + category_additions("Pc");
+  return body;
+}
+
+// The Unicode word class of UTS #18 that Rust's regex crate (single_word added tokens) uses: the
+// properties and Join_Control (ZWNJ, ZWJ).
+const std::string& unicode_word_class_body() {
+  static const std::string body = word_properties_class_body() + R"(\x{200C}\x{200D})";
+  return body;
+}
+
+// Oniguruma's word class (ONIGENC_CTYPE_WORD; PCRE2's \w under UCP is [\p{L}\p{N}_] instead):
+// the properties without Join_Control, and the Latin-1 numbers Oniguruma's own table for code
+// points below 256 counts as word characters (superscripts two, three and one, the vulgar
+// fractions: No).
+const std::string& onig_word_class_body() {
+  static const std::string body =
+      word_properties_class_body() + R"(\x{B2}\x{B3}\x{B9}\x{BC}-\x{BE})";
+  return body;
+}
 
 bool is_hex_digit(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
@@ -169,7 +289,7 @@ bool is_unicode_word_char(char32_t cp) {
   if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
   // PCRE2's Unicode tables answer the property questions; one compiled class serves every thread.
   static const std::shared_ptr<pcre2_code> word_class = [] {
-    constexpr std::string_view pattern = R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])";
+    const std::string pattern = fmt::format("[{}]", unicode_word_class_body());
     int error_code = 0;
     PCRE2_SIZE error_offset = 0;
     pcre2_code* code =
@@ -200,7 +320,7 @@ std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& w
       out += ']';
     }
   };
-  const std::string word = fmt::format("[{}]", kOnigWordClassBody);
+  const std::string word = fmt::format("[{}]", onig_word_class_body());
   bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
@@ -215,12 +335,37 @@ std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& w
       } else if (e == 'H') {
         put_class(in_class, kNotHexDigitClassBody, false);
       } else if (e == 'w') {
-        put_class(in_class, kOnigWordClassBody, false);
+        put_class(in_class, onig_word_class_body(), false);
       } else if (e == 'W') {
         MOE_CHECK(!in_class,
                   "[tokenizer] {}: regex '{}': \\W inside a character class is not supported", what,
                   pattern);
-        put_class(false, kOnigWordClassBody, true);
+        put_class(false, onig_word_class_body(), true);
+      } else if (e == 'd' || (e == 'D' && !in_class)) {
+        // Oniguruma's \d is Unicode's decimal numbers, as PCRE2's under UCP, plus what Nd gained.
+        put_class(in_class, "\\d" + category_additions("Nd"), e == 'D');
+      } else if ((e == 'p' || e == 'P') && i + 1 < pattern.size() && pattern[i + 1] == '{') {
+        // \p{Name}, \p{^Name}, \P{Name}: PCRE2's property plus the code points it gained since
+        // PCRE2's Unicode tables. A negated one inside a class stays PCRE2's alone (a class cannot
+        // take those code points out again).
+        const size_t close = pattern.find('}', i + 2);
+        MOE_CHECK(close != std::string_view::npos, "[tokenizer] {}: regex '{}': \\{} without '}}'",
+                  what, pattern, e);
+        const std::string_view escape = pattern.substr(i - 1, close + 2 - i);
+        std::string_view name = pattern.substr(i + 2, close - i - 2);
+        bool negated = e == 'P';
+        if (!name.empty() && name[0] == '^') {
+          negated = !negated;
+          name.remove_prefix(1);
+        }
+        const std::string code = category_code(name);
+        if (code.empty() || (negated && in_class)) {
+          out += escape;
+        } else {
+          // PCRE2 10.42 knows the categories by their short names only.
+          put_class(in_class, fmt::format("\\p{{{}}}{}", code, category_additions(code)), negated);
+        }
+        i = close;
       } else if ((e == 'b' || e == 'B') && !in_class) {
         // A word boundary by Oniguruma's word class (inside a class \b is a backspace, as in both).
         out += e == 'b' ? fmt::format("(?:(?<={0})(?!{0})|(?<!{0})(?={0}))", word)

@@ -118,6 +118,16 @@ TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
       {R"(\bx)", "\u00e9x x \u2460x", {"\u00e9x ", "x", " \u2460", "x"}},
       {R"([[:alpha:]\s]+)", "ab c1d\n", {"ab c", "1", "d\n"}},
       {R"([\S]+)", "a\u0085b c", {"a", "\u0085", "b", " ", "c"}},
+      // Oniguruma's table for code points below 256 makes superscripts and fractions words.
+      {R"(\w+)", "a\u00b2b \u00bd", {"a\u00b2b", " ", "\u00bd"}},
+      // U+1C89 and U+10D40 came in Unicode 16.0 (a letter, a decimal digit): tokenizers'
+      // Oniguruma knows them, Debian 12's PCRE2 (Unicode 14.0) does not (unicode_additions.h).
+      {R"(\p{L}+)", "a\u1c89b1", {"a\u1c89b", "1"}},
+      {R"(\p{Letter}+)", "a\u1c89b1", {"a\u1c89b", "1"}},
+      {R"([^\p{L}]+)", "a\u1c89b1", {"a\u1c89b", "1"}},
+      {R"(\P{L}+)", "a\u1c89b1", {"a\u1c89b", "1"}},
+      {R"(\p{^Lu}+)", "A\u1c89a", {"A\u1c89", "a"}},
+      {R"(\d+)", "x1\U00010D40y", {"x", "1\U00010D40", "y"}},
   };
   for (const Case& c : cases) {
     const RegexSplitter splitter(c.pattern, "test");
@@ -133,8 +143,9 @@ TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
 
 // Rust regex's \w, which single_word added tokens test their neighbours with.
 TEST(TokenizerByteLevel, UnicodeWordChar) {
-  for (char32_t cp :
-       {U'a', U'Z', U'5', U'_', U'\u00e9', U'\u0301', U'\u0663', U'\u2177', U'\u200d', U'\u4e2d'})
+  // U+1C89 (Lu), U+31350 (CJK Extension H) and U+10D40 (Nd) came after PCRE2's Unicode 14.0.
+  for (char32_t cp : {U'a', U'Z', U'5', U'_', U'\u00e9', U'\u0301', U'\u0663', U'\u2177', U'\u200d',
+                      U'\u4e2d', U'\u1c89', U'\U00031350', U'\U00010D40'})
     EXPECT_TRUE(is_unicode_word_char(cp)) << static_cast<uint32_t>(cp);
   for (char32_t cp : {U' ', U'-', U'\u2014', U'\u2460', U'\u00b2', U'\U0001F600', U'\u3000',
                       char32_t{0xFFFFFFFF}})
