@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 
 #include "core/check.h"
 #include "core/host_memory.h"
@@ -25,6 +26,16 @@
 namespace moecore::cli {
 
 namespace {
+
+// A benchmark's buffers beyond the memory this process may use are refused in one line before
+// they are allocated (the kernel's OOM killer would end the process without a word).
+void require_buffers_fit(double bytes, const std::string& what) {
+  const double memory = host_memory_limit_bytes();
+  MOE_CHECK(memory <= 0.0 || bytes <= memory,
+            "[bench] {} needs {:.1f} GiB of buffers, more than the {:.1f} GiB of memory this "
+            "process may use: ask for smaller sizes",
+            what, bytes / 1073741824.0, memory / 1073741824.0);
+}
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -63,11 +74,8 @@ void run_bench_gemm(const BenchGemmArgs& args) {
   const double bytes =
       4.0 * fp32_elements +
       (mxfp8 ? mx_elements * (1.0 + 1.0 / static_cast<double>(mx::kMxBlock)) : 0.0);
-  const double memory = host_memory_limit_bytes();
-  MOE_CHECK(memory <= 0.0 || bytes <= memory,
-            "[bench] gemm m={} n={} k={} ({}) needs {:.1f} GiB of buffers, more than the {:.1f} "
-            "GiB of memory this process may use: ask for smaller sizes",
-            args.m, args.n, args.k, args.precision, bytes / 1073741824.0, memory / 1073741824.0);
+  require_buffers_fit(
+      bytes, fmt::format("gemm m={} n={} k={} ({})", args.m, args.n, args.k, args.precision));
 
   const auto size = [](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols); };
   std::vector<float> a(size(args.m, args.k)), b(size(args.k, args.n)), c(size(args.m, args.n));
@@ -180,6 +188,8 @@ void run_bench_stream(int64_t megabytes, int64_t repeats, int64_t threads) {
   MOE_CHECK(megabytes > 0 && repeats > 0 && threads >= 0,
             "[bench] stream needs positive --megabytes and --repeats (got {} and {})", megabytes,
             repeats);
+  require_buffers_fit(3.0 * static_cast<double>(megabytes) * 1048576.0,
+                      fmt::format("stream --megabytes {} (three arrays)", megabytes));
   if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
   const auto n = static_cast<int64_t>(megabytes) * 1024 * 1024 / 4;
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
@@ -215,6 +225,9 @@ void run_bench_pingpong(int64_t max_megabytes, int64_t repeats) {
   MOE_CHECK(max_megabytes > 0 && repeats > 0,
             "[bench] pingpong needs positive --max-megabytes and --repeats (got {} and {})",
             max_megabytes, repeats);
+  // Every rank checks its own buffer (ranks sharing a machine share its memory too).
+  require_buffers_fit(static_cast<double>(max_megabytes) * 1048576.0,
+                      fmt::format("pingpong --max-megabytes {}", max_megabytes));
   const int rank = world.rank();
   const int64_t max_floats = max_megabytes * 1024 * 1024 / 4;
   std::vector<float> buffer(static_cast<size_t>(max_floats), 1.0f);

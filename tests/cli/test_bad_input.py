@@ -1275,6 +1275,11 @@ CASES["cli/bench_gemm_beyond_memory"] = lambda e: Case(
     ["bench", "gemm", "--m", "1048576", "--n", "1048576", "--k", "1048576"],
     ("gemm m=1048576 n=1048576 k=1048576 (fp32) needs 12288.0 GiB of buffers",
      "GiB of memory this process may use"), limit_memory=True)
+# 3 x 1 TiB arrays, as above.
+CASES["cli/bench_stream_beyond_memory"] = lambda e: Case(
+    ["bench", "stream", "--megabytes", "1048576"],
+    ("stream --megabytes 1048576 (three arrays) needs 3072.0 GiB of buffers",
+     "GiB of memory this process may use"), limit_memory=True)
 # 0 is not a silent "default": an explicit count must be one.
 CASES["cli/plan_zero_ranks"] = lambda e: Case(["plan", e.config, "--ranks", "0"],
                                               ("--ranks=0",))
