@@ -50,7 +50,7 @@ void run_import(const std::string& hf_dir, const std::string& out_arg) {
                      io::hf_config_json(hf.model, info),
                      {{"moecore_imported_from", fs::absolute(hf_dir).string()}},
                      tokenizer_json,
-                     io::read_hf_side_files(hf_dir, "[import]")});
+                     io::read_hf_side_files(hf_dir, hf.model.vocab_size, "[import]")});
     check = check_model_dir(staging, out_dir, hf.model, layout, params, "[import]");
     if (fs::exists(out_dir)) fs::remove(out_dir);  // empty, checked above
     fs::rename(staging, out_dir);

@@ -19,6 +19,7 @@
 #include "io/file_checksums.h"
 #include "io/file_util.h"
 #include "io/hf_config_reader.h"
+#include "io/hf_side_files.h"
 #include "io/model_weights.h"
 #include "model/document_mask.h"
 #include "model/transformer.h"
@@ -186,15 +187,10 @@ namespace {
 std::optional<std::vector<int32_t>> stop_ids_of(const std::string& dir, int64_t vocab_size) {
   const std::string generation_config = dir + "/generation_config.json";
   if (std::filesystem::is_regular_file(generation_config)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(io::read_text(generation_config, "[generate]"));
-    } catch (const nlohmann::json::exception& e) {
-      fail("[generate] {}: not JSON ({})", generation_config, e.what());
-    }
-    if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null())
-      return io::eos_token_ids_from_json(j["eos_token_id"], generation_config, vocab_size,
-                                         "[generate]");
+    const std::optional<std::vector<int32_t>> ids =
+        io::generation_config_eos_token_ids(io::read_text(generation_config, "[generate]"),
+                                            generation_config, vocab_size, "[generate]");
+    if (ids) return ids;
   }
   const std::optional<io::HfModelInfo> info = io::read_hf_model_info(dir, vocab_size);
   return info ? info->eos_token_ids : std::nullopt;
@@ -203,6 +199,8 @@ std::optional<std::vector<int32_t>> stop_ids_of(const std::string& dir, int64_t 
 }  // namespace
 
 void run_generate(const GenerateArgs& args) {
+  const size_t invalid = data::utf8_invalid_offset(args.prompt);
+  MOE_CHECK(invalid == std::string::npos, "[generate] --prompt is not UTF-8 at byte {}", invalid);
   LoadedModel m = load_model(args.checkpoint);
   std::string tokenizer_path = args.tokenizer;
   if (tokenizer_path.empty()) tokenizer_path = args.checkpoint + "/tokenizer.json";

@@ -78,7 +78,7 @@ constexpr std::string_view kNotHexDigitClassBody =
 
 // General categories by their long names (Oniguruma accepts both), loosely matched as
 // loose_name() writes them.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 38> kCategoryLongNames = {{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 41> kCategoryLongNames = {{
     {"letter", "L"},
     {"casedletter", "LC"},
     {"uppercaseletter", "Lu"},
@@ -117,6 +117,9 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 38> kCategor
     {"other", "C"},
     {"format", "Cf"},
     {"control", "Cc"},
+    {"privateuse", "Co"},
+    {"surrogate", "Cs"},
+    {"unassigned", "Cn"},
 }};
 
 // Unicode's loose matching of property names: case, spaces, '_' and '-' do not count.
@@ -137,15 +140,12 @@ std::string category_code(std::string_view name) {
     if (loose == long_name) return std::string(short_name);
   }
   if (loose == "lc") return "LC";
-  static constexpr std::string_view kCategories =
-      "C Cc Cf Cn Co Cs L Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No P Pc Pd Pe Pf Pi Po Ps S Sc Sk Sm "
-      "So "
-      "Z Zl Zp Zs";
-  for (size_t at = 0; at < kCategories.size();) {
-    const size_t end = std::min(kCategories.find(' ', at), kCategories.size());
-    const std::string_view category = kCategories.substr(at, end - at);
+  static constexpr std::array<std::string_view, 37> kCategories = {
+      "C",  "Cc", "Cf", "Cn", "Co", "Cs", "L",  "Ll", "Lm", "Lo", "Lt", "Lu", "M",
+      "Mc", "Me", "Mn", "N",  "Nd", "Nl", "No", "P",  "Pc", "Pd", "Pe", "Pf", "Pi",
+      "Po", "Ps", "S",  "Sc", "Sk", "Sm", "So", "Z",  "Zl", "Zp", "Zs"};
+  for (const std::string_view category : kCategories) {
     if (loose_name(category) == loose) return std::string(category);
-    at = end + 1;
   }
   return {};
 }
@@ -358,11 +358,13 @@ std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& w
           negated = !negated;
           name.remove_prefix(1);
         }
+        // PCRE2 10.42 knows the categories by their short names only.
         const std::string code = category_code(name);
-        if (code.empty() || (negated && in_class)) {
+        if (code.empty()) {
           out += escape;
+        } else if (negated && in_class) {
+          out += fmt::format("\\P{{{}}}", code);
         } else {
-          // PCRE2 10.42 knows the categories by their short names only.
           put_class(in_class, fmt::format("\\p{{{}}}{}", code, category_additions(code)), negated);
         }
         i = close;

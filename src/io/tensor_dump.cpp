@@ -49,24 +49,36 @@ void write_tensor_dump(const TensorDump& dump, const std::string& dir_arg) {
                       {"kind", t.index ? "index" : "value"},
                       {"shape", t.shape}});
   }
-  // Written into a sibling and renamed into place, as checkpoints and imports are: a failed write
-  // (a full disk) leaves no directory at `dir` that a rerun would take for its output.
-  const std::string staging = dir + ".dump-" + std::to_string(::getpid());
+  // An absent `dir` is written as a sibling and renamed into place, as checkpoints and imports
+  // are; an existing empty one (a link, a mount point, a directory made for the run) is written
+  // into. Either way a write that fails (a full disk) leaves nothing that a rerun or `diff` would
+  // take for a dump: the staging directory, or the files written into `dir`, are removed.
+  const bool into_existing = fs::exists(dir);
+  const std::string target = into_existing ? dir : dir + ".dump-" + std::to_string(::getpid());
   std::error_code error;
-  fs::remove_all(staging, error);
-  fs::create_directories(staging, error);
-  MOE_CHECK(!error, "[dump] cannot create {}: {}", staging, error.message());
+  if (!into_existing) {
+    fs::remove_all(target, error);
+    fs::create_directories(target, error);
+    MOE_CHECK(!error, "[dump] cannot create {}: {}", target, error.message());
+  }
+  const std::string tensors_path = (fs::path(target) / kTensorsFile).string();
+  const std::string manifest_path = (fs::path(target) / kManifestFile).string();
   try {
-    writer.write((fs::path(staging) / kTensorsFile).string());
+    writer.write(tensors_path);
     const nlohmann::json manifest = {
         {"format", kFormat}, {"version", kVersion}, {"run", dump.run}, {"tensors", listed}};
-    write_text_atomic((fs::path(staging) / kManifestFile).string(), manifest.dump(1) + "\n",
-                      "[dump]");
-    fs::remove(dir, error);  // absent or empty, checked above
-    if (!error) fs::rename(staging, dir, error);
-    MOE_CHECK(!error, "[dump] cannot move {} to {}: {}", staging, dir, error.message());
+    write_text_atomic(manifest_path, manifest.dump(1) + "\n", "[dump]");
+    if (!into_existing) {
+      fs::rename(target, dir, error);
+      MOE_CHECK(!error, "[dump] cannot move {} to {}: {}", target, dir, error.message());
+    }
   } catch (...) {
-    fs::remove_all(staging, error);
+    if (into_existing) {
+      fs::remove(manifest_path, error);
+      fs::remove(tensors_path, error);
+    } else {
+      fs::remove_all(target, error);
+    }
     throw;
   }
 }

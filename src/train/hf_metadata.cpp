@@ -26,7 +26,7 @@ HfMetadata hf_metadata_of_run(int64_t seq_len, int64_t vocab_size, const data::T
   // A checkpoint without config.json (none was ever written without one) says nothing more.
   source.info = io::read_hf_model_info(dir, vocab_size).value_or(io::HfModelInfo{});
   source.info.max_position_embeddings = std::max(source.info.max_position_embeddings, seq_len);
-  source.side_files = io::read_hf_side_files(dir, kTag);
+  source.side_files = io::read_hf_side_files(dir, vocab_size, kTag);
   const std::string tokenizer_path = dir + "/tokenizer.json";
   const bool source_has_tokenizer = std::filesystem::is_regular_file(tokenizer_path);
   const bool same_tokenizer =

@@ -1260,6 +1260,10 @@ CASES["cli/generate_negative_seed"] = lambda e: Case(
 CASES["cli/generate_empty_tokenizer"] = lambda e: Case(
     ["generate", "--checkpoint", e.root, "--prompt", "x", "--tokenizer", ""],
     ("--tokenizer: an empty value names nothing",))
+# A prompt that is not UTF-8 (os.fsencode turns the lone surrogate into the byte 0xFF): named
+# before the model is read, not as an error of the tokenizer's.
+CASES["cli/generate_prompt_not_utf8"] = lambda e: Case(
+    ["generate", "--checkpoint", e.root, "--prompt", "a\udcffb"], ("--prompt is not UTF-8 at byte 1",))
 CASES["cli/plan_empty_hardware"] = lambda e: Case(
     ["plan", e.root / "c.toml", "--hardware", ""], ("--hardware: an empty value names nothing",))
 # A validation split of every document leaves nothing to train on: the option's range says so.

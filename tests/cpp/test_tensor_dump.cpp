@@ -102,6 +102,29 @@ TEST_F(TensorDumpTest, AFailedWriteLeavesNothingARerunTakesForADump) {
   EXPECT_EQ(read_tensor_dump(dir).tensors.size(), sample().tensors.size());
 }
 
+// An existing empty --out (made for the run, a link to one, a mount point) is written into, not
+// replaced: the link stays a link and the dump lands where it points. A failed write there takes
+// back what it wrote and leaves the directory empty.
+TEST_F(TensorDumpTest, AnExistingEmptyDirectoryIsWrittenIntoThroughALink) {
+  fs::create_directories(root_ / "target");
+  fs::create_directory_symlink(root_ / "target", root_ / "link");
+  const auto tensors_bytes = [&] {
+    write_tensor_dump(sample(), (root_ / "whole").string());
+    return static_cast<int64_t>(fs::file_size(root_ / "whole" / "tensors.safetensors"));
+  }();
+  for (const int64_t budget : {int64_t{10}, tensors_bytes + 10}) {
+    SCOPED_TRACE(budget);
+    set_write_failure_for_testing(budget);
+    EXPECT_THROW(write_tensor_dump(sample(), (root_ / "link").string()), Error);
+    set_write_failure_for_testing(-1);
+    EXPECT_TRUE(fs::is_symlink(root_ / "link"));
+    EXPECT_TRUE(fs::is_empty(root_ / "target"));
+  }
+  write_tensor_dump(sample(), (root_ / "link").string());
+  EXPECT_TRUE(fs::is_symlink(root_ / "link"));
+  EXPECT_EQ(read_tensor_dump((root_ / "target").string()).tensors.size(), sample().tensors.size());
+}
+
 TEST_F(TensorDumpTest, InconsistentDirectoriesAreOneLineErrorsNamingTheTensor) {
   EXPECT_NE(expect_error((root_ / "absent").string()).find("not a directory"), std::string::npos);
 

@@ -1,12 +1,15 @@
 """The NFC normalizer (OLMoE's and Qwen3's tokenizers) against Hugging Face `tokenizers` 0.22.1.
 
-moecore normalizes with utf8proc; `tokenizers` with the Rust crate unicode-normalization. Driven
+moecore normalizes with utf8proc (Unicode 15.0); `tokenizers` with the Rust crate
+unicode-normalization-alignments 0.1.12 (Unicode 9.0), whose later marks and compositions moecore
+leaves as tokenizers does (src/data/unicode_additions.h's kNfcInertRanges). Driven
 through `moecore tokenizer encode` on tokenizers that tokenizers itself trains and saves:
 - every Unicode scalar value, each alone between spaces, through a tokenizer whose pre-tokenizer
   splits only at spaces (a Split on the string " ", then ByteLevel without its regex), so the ids
   differ exactly where the normalized bytes do;
 - seeded random sequences of Latin letters, Hangul jamo and syllables, kana, Indic, Tibetan and
   combining marks (canonical reordering and composition, both directions of Hangul);
+- seeded random sequences over every mark of Unicode 16.0 and every part of its compositions;
 - the same text through a Qwen2-style pre-tokenizer (its Split regex, then ByteLevel);
 - normalized added tokens, which tokenizers matches in their NFC form (U+212A KELVIN SIGN matches
   the K that NFC makes of it; a non-normalized one only its own code point);
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import unicodedata2
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 import moecore_harness as H
@@ -140,6 +144,37 @@ def test_random_combining_sequences_normalize_as_tokenizers(moecore_bin: Path, t
         )  # fmt: skip
 
 
+def canonical_pair_parts() -> list[int]:
+    """The code points of Unicode 16.0's two-part canonical decompositions that compose."""
+    parts = set()
+    for c in range(0x110000):
+        d = unicodedata2.decomposition(chr(c))
+        if d and not d.startswith("<") and " " in d:
+            a, b = (chr(int(x, 16)) for x in d.split())
+            if unicodedata2.normalize("NFC", a + b) == chr(c):
+                parts.update((ord(a), ord(b)))
+    return sorted(parts)
+
+
+def test_marks_and_compositions_tokenizers_does_not_know_normalize_as_tokenizers(moecore_bin: Path, tmp_path):
+    """tokenizers' NFC has Unicode 9.0's tables, utf8proc 15.0's: a mark assigned since is a starter
+    to tokenizers (never reordered), a pair assigned since never composes. Every mark of Unicode 16.0
+    and every part of its compositions, in seeded random sequences with Latin letters."""
+    marks = [c for c in range(0x110000) if unicodedata2.combining(chr(c))]
+    parts = canonical_pair_parts()
+    rng = random.Random(9)
+    texts = ["a\u0898\u0334", "\U00011935\U00011930", "e\u0301\u07fd\u0334"]
+    for _ in range(20000):
+        pools = rng.choices([BASES, marks, parts], weights=[3, 5, 2], k=rng.randint(1, 8))
+        texts.append("".join(chr(rng.choice(pool)) for pool in pools))
+    text = " ".join(texts)
+    tok = space_split_tokenizer()
+    assert_same_ids(
+        moecore_encode(moecore_bin, tok, text, tmp_path),
+        tok.encode(text, add_special_tokens=False).ids, tok, "marks and compositions since Unicode 9",
+    )  # fmt: skip
+
+
 ADDED_TOKEN_TEXTS = [
     "K \u212a k", "cafe\u0301 café", "e\u0301", "\u212aelvin", "A\u030a \u212b \u00c5",
     "\u1100\u1161\u11a8 \uac01", "x\u0323\u0307 x\u0307\u0323",
@@ -159,6 +194,22 @@ def test_normalized_added_tokens_match_in_their_nfc_form(moecore_bin: Path, tmp_
     # The oracle itself matches the Kelvin sign's NFC form "K", so the test can fail.
     kelvin = tok.token_to_id("\u212a")
     assert tok.encode("K", add_special_tokens=False).ids == [kelvin]
+
+
+def test_added_tokens_with_one_nfc_form_match_special_first(moecore_bin: Path, tmp_path):
+    """K and U+212A have one NFC form: tokenizers' trie holds the special tokens before the others,
+    so the special one wins whatever the ids' order."""
+    tok = space_split_tokenizer()
+    tok.add_tokens([AddedToken("K", normalized=True)])
+    tok.add_special_tokens([AddedToken("\u212a", normalized=True)])
+    tok.save(str(tmp_path / "saved.json"))
+    reloaded = Tokenizer.from_file(str(tmp_path / "saved.json"))
+    special = reloaded.token_to_id("\u212a")
+    assert special > reloaded.token_to_id("K")
+    for text in ("K", "\u212a", "aKb"):
+        ref = reloaded.encode(text, add_special_tokens=False).ids
+        assert special in ref
+        assert_same_ids(moecore_encode(moecore_bin, reloaded, text, tmp_path), ref, reloaded, repr(text))
 
 
 def test_text_that_is_not_utf8_is_refused(moecore_bin: Path, tmp_path):

@@ -392,12 +392,17 @@ def test_generate_with_an_empty_eos_list_stops_at_none_as_transformers(
     assert r.stdout == prompt + tok.decode(expected, skip_special_tokens=False) + "\n", \
         (r.stdout, expected)
 
-    shutil.rmtree(imported)
-    (hf / "generation_config.json").write_text(f'{{"eos_token_id": [{job_data.vocab_size}]}}')
-    run(moecore_bin, "import", hf, "--out", imported)
+    # An id outside the vocabulary: refused by import where it reads the file, and by generate
+    # where the file was edited after.
+    bad = f'{{"eos_token_id": [{job_data.vocab_size}]}}'
+    (imported / "generation_config.json").write_text(bad)
     r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt, check=False)
     assert_one_line_error(r, "[generate]", f"{imported}/generation_config.json: eos_token_id holds "
                           f"{job_data.vocab_size}, not a token id below vocab_size")
+    (hf / "generation_config.json").write_text(bad)
+    _import_fails(moecore_bin, hf, tmp_path, "[import]",
+                  f"{hf}/generation_config.json: eos_token_id holds {job_data.vocab_size}")
+    (hf / "generation_config.json").unlink()
     config = json.loads((hf / "config.json").read_text())
     config["eos_token_id"] = [0, job_data.vocab_size]
     (hf / "config.json").write_text(json.dumps(config))
