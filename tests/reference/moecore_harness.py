@@ -452,3 +452,31 @@ def state_names(cfg: dict) -> list[str]:
     """Every tensor name a debug-state file must hold for this config."""
     return (["logits", "loss.ce", "loss.lb", "loss.z", "loss.total"]
             + ["grad." + n for n in ref_model.param_shapes(cfg)])
+
+
+# --- tokenizer parity -----------------------------------------------------------------------
+
+def tokenizer_encode(moecore_bin: Path, tokenizer_json: Path, text_path: Path, out: Path) -> list[int]:
+    """`moecore tokenizer encode` of a file: the whole text as one string, no special tokens added."""
+    proc = subprocess.run(
+        [str(moecore_bin), "tokenizer", "encode", "--tokenizer", str(tokenizer_json),
+         "--input", str(text_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=BIN_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"moecore tokenizer encode failed:\n{proc.stdout}\n{proc.stderr}"
+    ids = np.load(out)
+    assert ids.dtype == np.uint32 and ids.ndim == 1, f"{out}: dtype {ids.dtype}, shape {ids.shape}"
+    return ids.tolist()
+
+
+def assert_same_ids(ours: list[int], ref: list[int], render, what: str) -> None:
+    """Fails naming the first token where moecore's ids part from tokenizers', with the ids around
+    it on both sides as `render` (a list of ids -> something readable) shows them."""
+    if ours == ref:
+        return
+    n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+    lo = max(0, n - 5)
+    raise AssertionError(
+        f"{what}: encodings differ at token {n} (moecore {len(ours)} ids, tokenizers {len(ref)}); "
+        f"moecore {render(ours[lo:n + 5])!r} vs tokenizers {render(ref[lo:n + 5])!r}"
+    )

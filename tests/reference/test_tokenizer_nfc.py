@@ -22,7 +22,6 @@ import random
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import unicodedata2
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -87,27 +86,13 @@ def qwen2_style_tokenizer() -> Tokenizer:
 
 
 def moecore_encode(moecore_bin: Path, tok: Tokenizer, text: str, where: Path) -> list[int]:
-    tok_json = where / "tok.json"
-    tok.save(str(tok_json))
+    tok.save(str(where / "tok.json"))
     (where / "in.txt").write_text(text, encoding="utf-8", newline="")
-    proc = subprocess.run(
-        [str(moecore_bin), "tokenizer", "encode", "--tokenizer", str(tok_json),
-         "--input", str(where / "in.txt"), "--out", str(where / "ids.npy")],
-        capture_output=True, text=True, timeout=H.BIN_TIMEOUT_S,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"moecore tokenizer encode failed:\n{proc.stdout}\n{proc.stderr}"
-    return np.load(where / "ids.npy").tolist()
+    return H.tokenizer_encode(moecore_bin, where / "tok.json", where / "in.txt", where / "ids.npy")
 
 
 def assert_same_ids(ours: list[int], ref: list[int], tok: Tokenizer, what: str) -> None:
-    if ours == ref:
-        return
-    n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
-    lo = max(0, n - 4)
-    pytest.fail(
-        f"{what}: encodings differ at token {n} (moecore {len(ours)} ids, tokenizers {len(ref)}); "
-        f"moecore decodes to {tok.decode(ours[lo:n + 4])!r}, tokenizers to {tok.decode(ref[lo:n + 4])!r}"
-    )
+    H.assert_same_ids(ours, ref, tok.decode, what)
 
 
 def random_sequences(count: int, seed: int) -> list[str]:

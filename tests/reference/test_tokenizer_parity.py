@@ -103,25 +103,11 @@ def hf_json(kjv_path: Path, work_dir: Path) -> Path:
 
 
 def moecore_encode(moecore_bin: Path, tokenizer_json: Path, text_path: Path, out: Path) -> list[int]:
-    run_cli(
-        moecore_bin, "tokenizer", "encode", "--tokenizer", str(tokenizer_json),
-        "--input", str(text_path), "--out", str(out),
-    )  # fmt: skip
-    ids = np.load(out)
-    assert ids.dtype == np.uint32 and ids.ndim == 1, f"{out}: dtype {ids.dtype}, shape {ids.shape}"
-    return ids.tolist()
+    return H.tokenizer_encode(moecore_bin, tokenizer_json, text_path, out)
 
 
 def assert_same_ids(ours: list[int], ref: list[int], tok: Tokenizer, what: str) -> None:
-    if ours == ref:
-        return
-    n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
-    lo = max(0, n - 5)
-    pytest.fail(
-        f"{what}: encodings differ at token {n} (moecore {len(ours)} ids, tokenizers {len(ref)}); "
-        f"moecore {[tok.id_to_token(i) for i in ours[lo:n + 5]]} vs "
-        f"tokenizers {[tok.id_to_token(i) for i in ref[lo:n + 5]]}"
-    )
+    H.assert_same_ids(ours, ref, lambda ids: [tok.id_to_token(i) for i in ids], what)
 
 
 def test_trained_tokenizer_loads_in_tokenizers(ours_json: Path):

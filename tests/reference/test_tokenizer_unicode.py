@@ -19,7 +19,6 @@ import sys
 import unicodedata
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -71,13 +70,7 @@ def test_split_regex_over_every_code_point_matches_tokenizers(case, moecore_bin:
     points = code_points()
     lines = [probe.format(c=chr(c)) for c in points]
     (tmp_path / "in.txt").write_text("\n".join(lines), encoding="utf-8", newline="")
-    proc = subprocess.run(
-        [str(moecore_bin), "tokenizer", "encode", "--tokenizer", str(tmp_path / "tok.json"),
-         "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "ids.npy")],
-        capture_output=True, text=True, timeout=H.BIN_TIMEOUT_S,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    ours = np.load(tmp_path / "ids.npy").tolist()
+    ours = H.tokenizer_encode(moecore_bin, tmp_path / "tok.json", tmp_path / "in.txt", tmp_path / "ids.npy")
     ref = tok.encode("\n".join(lines), add_special_tokens=False).ids
     if ours == ref:
         return
@@ -110,13 +103,7 @@ def test_single_word_neighbours_over_every_code_point_match_tokenizers(moecore_b
     points = code_points()
     text = "\n".join(f"{chr(c)}qxz" for c in points)
     (tmp_path / "in.txt").write_text(text, encoding="utf-8", newline="")
-    proc = subprocess.run(
-        [str(moecore_bin), "tokenizer", "encode", "--tokenizer", str(tmp_path / "tok.json"),
-         "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "ids.npy")],
-        capture_output=True, text=True, timeout=H.BIN_TIMEOUT_S,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    ours = np.load(tmp_path / "ids.npy").tolist()
+    ours = H.tokenizer_encode(moecore_bin, tmp_path / "tok.json", tmp_path / "in.txt", tmp_path / "ids.npy")
     ref = tok.encode(text, add_special_tokens=False).ids
     qxz = tok.token_to_id("qxz")
     assert ref.count(qxz) > 100000  # most code points are not word characters: the token is taken
