@@ -4,6 +4,9 @@
 
 namespace moecore {
 
+// The machine's physical memory; 0 when unknown.
+double host_physical_memory_bytes();
+
 // The machine's physical memory, or its cgroup's limit where that is lower (a container, a batch
 // job's allocation); 0 when neither is known.
 double host_memory_limit_bytes();

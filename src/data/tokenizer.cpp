@@ -706,12 +706,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   const Impl& im = *impl_;
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 16);
-  // tokenizers' AddedVocabulary::extract_and_normalize: the tokens matched before normalization
-  // over the whole text, then the normalized ones inside each piece of text that pass left.
   // tokenizers takes a Rust &str: text that is not UTF-8 never reaches it.
   const size_t invalid = utf8_invalid_offset(text);
   MOE_CHECK(invalid == std::string_view::npos,
             "[tokenizer] the text to encode is not UTF-8 at byte {} (of {})", invalid, text.size());
+  // tokenizers' AddedVocabulary::extract_and_normalize: the tokens matched before normalization
+  // over the whole text, then the normalized ones inside each piece of text that pass left.
   std::vector<TextPiece> raw_pieces;
   im.raw_added.split(text, raw_pieces);
   std::deque<std::string> normalized_texts;

@@ -139,11 +139,10 @@ std::string category_code(std::string_view name) {
   for (const auto& [long_name, short_name] : kCategoryLongNames) {
     if (loose == long_name) return std::string(short_name);
   }
-  if (loose == "lc") return "LC";
-  static constexpr std::array<std::string_view, 37> kCategories = {
-      "C",  "Cc", "Cf", "Cn", "Co", "Cs", "L",  "Ll", "Lm", "Lo", "Lt", "Lu", "M",
-      "Mc", "Me", "Mn", "N",  "Nd", "Nl", "No", "P",  "Pc", "Pd", "Pe", "Pf", "Pi",
-      "Po", "Ps", "S",  "Sc", "Sk", "Sm", "So", "Z",  "Zl", "Zp", "Zs"};
+  static constexpr std::array<std::string_view, 38> kCategories = {
+      "C",  "Cc", "Cf", "Cn", "Co", "Cs", "L",  "LC", "Ll", "Lm", "Lo", "Lt", "Lu",
+      "M",  "Mc", "Me", "Mn", "N",  "Nd", "Nl", "No", "P",  "Pc", "Pd", "Pe", "Pf",
+      "Pi", "Po", "Ps", "S",  "Sc", "Sk", "Sm", "So", "Z",  "Zl", "Zp", "Zs"};
   for (const std::string_view category : kCategories) {
     if (loose_name(category) == loose) return std::string(category);
   }

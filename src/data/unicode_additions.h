@@ -20,78 +20,57 @@ struct CategoryAdditions {
 inline constexpr std::array<CategoryAdditions, 13> kUnicodeAdditions = {{
     {"Cf", R"(\x{13439}-\x{1343F})"},
     {"Ll", R"(\x{1C8A}\x{A7CD}\x{A7DB}\x{10D70}-\x{10D85}\x{1DF25}-\x{1DF2A})"},
-    {"Lm", R"(\x{10D4E}\x{10D6F}\x{16D40}-\x{16D42}\x{16D6B}-\x{16D6C}\x{1E030}-\x{1E06D}\x{1E4EB})"},
-    {"Lo", R"(\x{105C0}-\x{105F3}\x{10D4A}-\x{10D4D}\x{10D4F}\x{10EC2}-\x{10EC4}\x{1123F}-\x{11240}\x{11380}-\x{11389}\x{1138B}\x{1138E}\x{11390}-\x{113B5}\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{11F02}\x{11F04}-\x{11F10}\x{11F12}-\x{11F33}\x{1342F}\x{13441}-\x{13446}\x{13460}-\x{143FA}\x{16100}-\x{1611D}\x{16D43}-\x{16D6A}\x{18CFF}\x{1B132}\x{1B155}\x{1E4D0}-\x{1E4EA}\x{1E5D0}-\x{1E5ED}\x{1E5F0}\x{2B739}\x{2EBF0}-\x{2EE5D}\x{31350}-\x{323AF})"},
+    {"Lm", R"(\x{10D4E}\x{10D6F}\x{16D40}-\x{16D42}\x{16D6B}-\x{16D6C}\x{1E030}-\x{1E06D})"
+           R"(\x{1E4EB})"},
+    {"Lo", R"(\x{105C0}-\x{105F3}\x{10D4A}-\x{10D4D}\x{10D4F}\x{10EC2}-\x{10EC4})"
+           R"(\x{1123F}-\x{11240}\x{11380}-\x{11389}\x{1138B}\x{1138E}\x{11390}-\x{113B5})"
+           R"(\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{11F02}\x{11F04}-\x{11F10})"
+           R"(\x{11F12}-\x{11F33}\x{1342F}\x{13441}-\x{13446}\x{13460}-\x{143FA})"
+           R"(\x{16100}-\x{1611D}\x{16D43}-\x{16D6A}\x{18CFF}\x{1B132}\x{1B155})"
+           R"(\x{1E4D0}-\x{1E4EA}\x{1E5D0}-\x{1E5ED}\x{1E5F0}\x{2B739}\x{2EBF0}-\x{2EE5D})"
+           R"(\x{31350}-\x{323AF})"},
     {"Lu", R"(\x{1C89}\x{A7CB}-\x{A7CC}\x{A7DA}\x{A7DC}\x{10D50}-\x{10D65})"},
-    {"Mc", R"(\x{CF3}\x{113B8}-\x{113BA}\x{113C2}\x{113C5}\x{113C7}-\x{113CA}\x{113CC}-\x{113CD}\x{113CF}\x{1171E}\x{11F03}\x{11F34}-\x{11F35}\x{11F3E}-\x{11F3F}\x{11F41}\x{1612A}-\x{1612C})"},
-    {"Mn", R"(\x{897}\x{ECE}\x{10D69}-\x{10D6D}\x{10EFC}-\x{10EFF}\x{11241}\x{113BB}-\x{113C0}\x{113CE}\x{113D0}\x{113D2}\x{113E1}-\x{113E2}\x{11F00}-\x{11F01}\x{11F36}-\x{11F3A}\x{11F40}\x{11F42}\x{11F5A}\x{13440}\x{13447}-\x{13455}\x{1611E}-\x{16129}\x{1612D}-\x{1612F}\x{1E08F}\x{1E4EC}-\x{1E4EF}\x{1E5EE}-\x{1E5EF})"},
-    {"Nd", R"(\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{11F50}-\x{11F59}\x{16130}-\x{16139}\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1E4F0}-\x{1E4F9}\x{1E5F1}-\x{1E5FA})"},
+    {"Mc", R"(\x{CF3}\x{113B8}-\x{113BA}\x{113C2}\x{113C5}\x{113C7}-\x{113CA})"
+           R"(\x{113CC}-\x{113CD}\x{113CF}\x{1171E}\x{11F03}\x{11F34}-\x{11F35})"
+           R"(\x{11F3E}-\x{11F3F}\x{11F41}\x{1612A}-\x{1612C})"},
+    {"Mn", R"(\x{897}\x{ECE}\x{10D69}-\x{10D6D}\x{10EFC}-\x{10EFF}\x{11241}\x{113BB}-\x{113C0})"
+           R"(\x{113CE}\x{113D0}\x{113D2}\x{113E1}-\x{113E2}\x{11F00}-\x{11F01})"
+           R"(\x{11F36}-\x{11F3A}\x{11F40}\x{11F42}\x{11F5A}\x{13440}\x{13447}-\x{13455})"
+           R"(\x{1611E}-\x{16129}\x{1612D}-\x{1612F}\x{1E08F}\x{1E4EC}-\x{1E4EF})"
+           R"(\x{1E5EE}-\x{1E5EF})"},
+    {"Nd", R"(\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{11F50}-\x{11F59})"
+           R"(\x{16130}-\x{16139}\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1E4F0}-\x{1E4F9})"
+           R"(\x{1E5F1}-\x{1E5FA})"},
     {"No", R"(\x{1D2C0}-\x{1D2D3})"},
     {"Pd", R"(\x{10D6E})"},
-    {"Po", R"(\x{1B4E}-\x{1B4F}\x{1B7F}\x{113D4}-\x{113D5}\x{113D7}-\x{113D8}\x{11B00}-\x{11B09}\x{11BE1}\x{11F43}-\x{11F4F}\x{16D6D}-\x{16D6F}\x{1E5FF})"},
+    {"Po", R"(\x{1B4E}-\x{1B4F}\x{1B7F}\x{113D4}-\x{113D5}\x{113D7}-\x{113D8})"
+           R"(\x{11B00}-\x{11B09}\x{11BE1}\x{11F43}-\x{11F4F}\x{16D6D}-\x{16D6F}\x{1E5FF})"},
     {"Sm", R"(\x{10D8E}-\x{10D8F})"},
-    {"So", R"(\x{2427}-\x{2429}\x{2FFC}-\x{2FFF}\x{31E4}-\x{31E5}\x{31EF}\x{1CC00}-\x{1CCEF}\x{1CD00}-\x{1CEB3}\x{1F6DC}\x{1F774}-\x{1F776}\x{1F77B}-\x{1F77F}\x{1F7D9}\x{1F8B2}-\x{1F8BB}\x{1F8C0}-\x{1F8C1}\x{1FA75}-\x{1FA77}\x{1FA87}-\x{1FA89}\x{1FA8F}\x{1FAAD}-\x{1FAAF}\x{1FABB}-\x{1FABF}\x{1FAC6}\x{1FACE}-\x{1FACF}\x{1FADA}-\x{1FADC}\x{1FADF}\x{1FAE8}-\x{1FAE9}\x{1FAF7}-\x{1FAF8}\x{1FBCB}-\x{1FBEF})"},
+    {"So", R"(\x{2427}-\x{2429}\x{2FFC}-\x{2FFF}\x{31E4}-\x{31E5}\x{31EF}\x{1CC00}-\x{1CCEF})"
+           R"(\x{1CD00}-\x{1CEB3}\x{1F6DC}\x{1F774}-\x{1F776}\x{1F77B}-\x{1F77F}\x{1F7D9})"
+           R"(\x{1F8B2}-\x{1F8BB}\x{1F8C0}-\x{1F8C1}\x{1FA75}-\x{1FA77}\x{1FA87}-\x{1FA89})"
+           R"(\x{1FA8F}\x{1FAAD}-\x{1FAAF}\x{1FABB}-\x{1FABF}\x{1FAC6}\x{1FACE}-\x{1FACF})"
+           R"(\x{1FADA}-\x{1FADC}\x{1FADF}\x{1FAE8}-\x{1FAE9}\x{1FAF7}-\x{1FAF8})"
+           R"(\x{1FBCB}-\x{1FBEF})"},
 }};
 
 // Code points tokenizers' NFC (Unicode 9.0 tables) treats as starters that compose with
 // nothing, while utf8proc's (Unicode 15.0) reorders or composes them: inclusive ranges.
 inline constexpr std::array<std::pair<char32_t, char32_t>, 57> kNfcInertRanges = {{
-    {0x7FD, 0x7FD},
-    {0x897, 0x89F},
-    {0x8CA, 0x8D3},
-    {0x9FE, 0x9FE},
-    {0xC3C, 0xC3C},
-    {0xD3B, 0xD3C},
-    {0xEBA, 0xEBA},
-    {0x1715, 0x1715},
-    {0x1ABF, 0x1ACE},
-    {0x1DF6, 0x1DFA},
-    {0xA82C, 0xA82C},
-    {0x105D2, 0x105D2},
-    {0x105DA, 0x105DA},
-    {0x10D24, 0x10D27},
-    {0x10D69, 0x10D6D},
-    {0x10EAB, 0x10EAC},
-    {0x10EFD, 0x10EFF},
-    {0x10F46, 0x10F50},
-    {0x10F82, 0x10F85},
-    {0x11070, 0x11070},
-    {0x1133B, 0x1133B},
-    {0x11382, 0x11382},
-    {0x11384, 0x11384},
-    {0x1138B, 0x1138B},
-    {0x11390, 0x11390},
-    {0x113B8, 0x113B8},
-    {0x113BB, 0x113BB},
-    {0x113C2, 0x113C2},
-    {0x113C9, 0x113C9},
-    {0x113CE, 0x113D0},
-    {0x1145E, 0x1145E},
-    {0x11839, 0x1183A},
-    {0x11930, 0x11930},
-    {0x11935, 0x11935},
-    {0x1193D, 0x1193E},
-    {0x11943, 0x11943},
-    {0x119E0, 0x119E0},
-    {0x11A34, 0x11A34},
-    {0x11A47, 0x11A47},
-    {0x11A99, 0x11A99},
-    {0x11D42, 0x11D42},
-    {0x11D44, 0x11D45},
-    {0x11D97, 0x11D97},
-    {0x11F41, 0x11F42},
-    {0x1611E, 0x16122},
-    {0x16129, 0x16129},
-    {0x1612F, 0x1612F},
-    {0x16D63, 0x16D63},
-    {0x16D67, 0x16D67},
-    {0x16D69, 0x16D69},
-    {0x16FF0, 0x16FF1},
-    {0x1E08F, 0x1E08F},
-    {0x1E130, 0x1E136},
-    {0x1E2AE, 0x1E2AE},
-    {0x1E2EC, 0x1E2EF},
-    {0x1E4EC, 0x1E4EF},
+    {0x7FD, 0x7FD},     {0x897, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},
+    {0xC3C, 0xC3C},     {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},
+    {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0xA82C, 0xA82C},   {0x105D2, 0x105D2},
+    {0x105DA, 0x105DA}, {0x10D24, 0x10D27}, {0x10D69, 0x10D6D}, {0x10EAB, 0x10EAC},
+    {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85}, {0x11070, 0x11070},
+    {0x1133B, 0x1133B}, {0x11382, 0x11382}, {0x11384, 0x11384}, {0x1138B, 0x1138B},
+    {0x11390, 0x11390}, {0x113B8, 0x113B8}, {0x113BB, 0x113BB}, {0x113C2, 0x113C2},
+    {0x113C9, 0x113C9}, {0x113CE, 0x113D0}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+    {0x11930, 0x11930}, {0x11935, 0x11935}, {0x1193D, 0x1193E}, {0x11943, 0x11943},
+    {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99},
+    {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42},
+    {0x1611E, 0x16122}, {0x16129, 0x16129}, {0x1612F, 0x1612F}, {0x16D63, 0x16D63},
+    {0x16D67, 0x16D67}, {0x16D69, 0x16D69}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F},
+    {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF},
     {0x1E5EE, 0x1E5EF},
 }};
 

@@ -1,7 +1,6 @@
 #include "plan/hardware.h"
 
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -14,6 +13,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "core/host_memory.h"
 #include "plan/units.h"
 
 namespace moecore::plan {
@@ -45,10 +45,8 @@ Hardware load_hardware(const std::string& spec) {
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   if (lower == "cpu") {
-    const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES));
-    const double page = static_cast<double>(sysconf(_SC_PAGE_SIZE));
     return {"cpu",
-            pages * page,
+            host_physical_memory_bytes(),
             kCpuRuntimeMiB * kMiB,
             "this machine's physical memory; baseline measured on moecore train",
             false,
