@@ -464,12 +464,17 @@ void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& 
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     const size_t start = ovector[0];
     const size_t end = ovector[1];
-    if (end == start) {  // Empty matches split nothing; step over one character.
+    // The gap before a match is a piece of its own, also before an empty match (`\b`, a
+    // lookahead): tokenizers splits there too and drops the empty piece.
+    if (start > emitted) {
+      out.push_back(text.substr(emitted, start - emitted));
+      emitted = start;
+    }
+    if (end == start) {  // Oniguruma's find_iter: step over one character and search again.
       char32_t cp = 0;
       offset = start + utf8_next(text, start, cp);
       continue;
     }
-    if (start > emitted) out.push_back(text.substr(emitted, start - emitted));
     out.push_back(text.substr(start, end - start));
     emitted = offset = end;
   }

@@ -46,7 +46,8 @@ bool is_unicode_word_char(char32_t cp);
 std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& what);
 
 // Splits text into the regex's matches and the gaps between them, in order, none empty
-// (tokenizers' Isolated behaviour). Thread-safe; copies share the compiled pattern.
+// (tokenizers' Isolated behaviour: an empty match splits the text where it matches). Thread-safe;
+// copies share the compiled pattern.
 class RegexSplitter {
  public:
   // `pattern` in tokenizer.json (Oniguruma) syntax; `what` names the caller in errors.

@@ -128,6 +128,11 @@ TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
       {R"(\P{L}+)", "a\u1c89b1", {"a\u1c89b", "1"}},
       {R"(\p{^Lu}+)", "A\u1c89a", {"A\u1c89", "a"}},
       {R"(\d+)", "x1\U00010D40y", {"x", "1\U00010D40", "y"}},
+      // An empty match splits the text where it matches; the empty piece itself is dropped.
+      {R"(\b)", "a bc d\u00e9", {"a", " ", "bc", " ", "d\u00e9"}},
+      {R"((?=b))", "abab", {"a", "ba", "b"}},
+      {R"(x*)", "axxbx", {"a", "xx", "b", "x"}},
+      {"", "a\u00e9", {"a", "\u00e9"}},
   };
   for (const Case& c : cases) {
     const RegexSplitter splitter(c.pattern, "test");

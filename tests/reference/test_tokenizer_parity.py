@@ -294,6 +294,9 @@ REGEX_CASES = [
     (r"\h+", "hello cafe"), (r"[\H]+", "hello world"), (r"\u0041+", "xAAy"), (r"\v", "a\x0bb\nc"),
     (r"\w+", "the\u2460the a\u0301b"), (r"\bx", "\u00e9x x \u2460x"), (r".+", "a\rb\nc\u2028d"),
     (r"(?m)a.b", "xa\nbx"), (r"[[:alpha:]\s]+", "ab c1d\n"), (r"[\S]+", "a\x85b c"),
+    # Empty matches split the text where they match (`\b`, lookarounds, `x*` between the x runs).
+    (r"\b", "a bc d\u00e9"), (r"(?=b)", "abab"), (r"x*", "axxbx"), (r"|a", "aab"),
+    (r"(?<=a)", "aab a"), (r"\B", "ab cd"), (r"$", "ab\ncd"), (r"^", "ab\ncd"), (r"", "ab\u00e9"),
 ]  # fmt: skip
 
 
