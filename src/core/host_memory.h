@@ -2,12 +2,24 @@
 // allocated, instead of the kernel's OOM killer ending the process without a message.
 #pragma once
 
+#include <string_view>
+
 namespace moecore {
 
 // The machine's physical memory; 0 when unknown.
 double host_physical_memory_bytes();
 
-// The machine's physical memory, or its cgroup's limit where that is lower (a container, a batch
+// The lowest memory limit of the cgroups this process is in: the one /proc/self/cgroup names and
+// each of its ancestors up to the hierarchy's mount, whose limits bind too (a batch job's limit
+// sits on the job's cgroup, the process in a step's or task's below it). `proc_self_cgroup` and
+// `proc_self_mountinfo` hold those two files' text; the mounts say where each hierarchy is
+// (cgroup v2's memory.max, v1's memory.limit_in_bytes; both on a hybrid machine) and which cgroup
+// a mount shows (a container's own). A cgroup whose directory is not visible is passed over for
+// its visible ancestors; "max" and v1's near-2^63 mean no limit. 0 when no cgroup sets one.
+double cgroup_memory_limit_bytes(std::string_view proc_self_cgroup,
+                                 std::string_view proc_self_mountinfo);
+
+// The machine's physical memory, or its cgroups' limit where that is lower (a container, a batch
 // job's allocation); 0 when neither is known.
 double host_memory_limit_bytes();
 
