@@ -403,6 +403,16 @@ std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& w
         continue;
       }
     }
+    // Oniguruma's class union ([a-c[x-z]]) and intersection ([a-z&&[^aeiou]]): to PCRE2 a '['
+    // and "&&" in a class are literals, a different set of characters, so they are refused.
+    MOE_CHECK(!(in_class && c == '['),
+              "[tokenizer] {}: regex '{}': a character class inside a character class (Oniguruma's "
+              "union) is not supported",
+              what, pattern);
+    MOE_CHECK(!(in_class && c == '&' && i + 1 < pattern.size() && pattern[i + 1] == '&'),
+              "[tokenizer] {}: regex '{}': '&&' inside a character class (Oniguruma's "
+              "intersection) is not supported",
+              what, pattern);
     if (!in_class && c == '(' && i + 2 < pattern.size() && pattern[i + 1] == '?') {
       // Ruby's option m is dot-matches-newline, PCRE2's s ("(?m)", "(?im-x:...)").
       size_t end = i + 2;

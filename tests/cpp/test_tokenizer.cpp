@@ -144,6 +144,16 @@ TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
                         "\\u must be followed by four hex digits");
   expect_one_line_error(error_of([] { RegexSplitter(R"([\W])", "tok.json"); }),
                         "\\W inside a character class is not supported");
+  // Oniguruma's class union and intersection; PCRE2 would read '[' and "&&" as literals.
+  expect_one_line_error(error_of([] { RegexSplitter(R"([a-c[x-z]]+)", "tok.json"); }),
+                        "a character class inside a character class (Oniguruma's union) is not "
+                        "supported");
+  expect_one_line_error(error_of([] { RegexSplitter(R"([a-z&&[^aeiou]]+)", "tok.json"); }),
+                        "'&&' inside a character class (Oniguruma's intersection) is not "
+                        "supported");
+  // A single '&', an escaped '[' and a POSIX bracket in a class, and "&&" outside one, are not.
+  for (const char* pattern : {R"([&]+)", R"([\[a]+)", R"([[:alpha:]&]+)", R"(a&&b)"})
+    EXPECT_NO_THROW(RegexSplitter(pattern, "tok.json")) << pattern;
 }
 
 // Rust regex's \w, which single_word added tokens test their neighbours with.
