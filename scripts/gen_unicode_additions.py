@@ -4,7 +4,8 @@ Unicode 14.0 (PCRE2 10.42's tables, Debian 12's libpcre2) to Unicode 16.0 (the O
 Hugging Face tokenizers 0.22.1), as PCRE2 class bodies that the Split-regex translation adds next
 to \\p{..} (src/data/tokenizer_byte_level.cpp).
 
-It also writes the code points that tokenizers' NFC normalizer treats as inert while utf8proc
+It also writes the code points that Oniguruma's POSIX brackets [:alpha:], [:upper:] and [:lower:]
+match beyond their general categories, and the code points that tokenizers' NFC normalizer treats as inert while utf8proc
 (Debian 12's 2.8.0, Unicode 15.0) does not: combining marks and composition parts assigned after
 the Unicode 9.0 tables of the Rust crate unicode-normalization-alignments 0.1.12 that tokenizers
 normalizes with. Those tables are not at hand in any other form, so tokenizers' own NFC is asked
@@ -26,7 +27,7 @@ import unicodedata
 from pathlib import Path
 
 import unicodedata2
-from tokenizers import normalizers
+from tokenizers import Regex, normalizers, pre_tokenizers
 
 OLD, NEW = "14.0.0", "16.0.0"
 
@@ -78,6 +79,33 @@ def nfc_inert_code_points() -> list[int]:
     return sorted(inert)
 
 
+def onig_members(pattern: str) -> set[int]:
+    """The code points that tokenizers' Oniguruma matches with `pattern` (one code point wide)."""
+    split = pre_tokenizers.Split(Regex(pattern), "removed")
+    points = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    members: set[int] = set()
+    for start in range(0, len(points), 4096):
+        chunk = points[start : start + 4096]
+        kept = {i for _, (a, b) in split.pre_tokenize_str("".join(map(chr, chunk))) for i in range(a, b)}
+        members.update(cp for i, cp in enumerate(chunk) if i not in kept)
+    return members
+
+
+# Oniguruma's POSIX brackets [:alpha:], [:upper:] and [:lower:] are the binary properties Alphabetic,
+# Uppercase and Lowercase: their general categories and, beyond them, the Other_Alphabetic,
+# Other_Uppercase and Other_Lowercase code points (marks, modifier letters, symbols). Those are asked
+# of tokenizers, the only Unicode 16.0 copy of these properties at hand, whole: PCRE2's own
+# \p{Alphabetic} would need them anyway, since code points assigned before Unicode 14.0 gained
+# the properties since (U+0363..U+036F, combining Latin letters, became Alphabetic in 16.0).
+BRACKET_CATEGORIES = {"alpha": ("L", "Nl"), "upper": ("Lu",), "lower": ("Ll",)}
+
+
+def bracket_extras(bracket: str, categories: tuple[str, ...]) -> list[int]:
+    return sorted(
+        cp for cp in onig_members(f"[[:{bracket}:]]") if not unicodedata2.category(chr(cp)).startswith(categories)
+    )
+
+
 def main() -> None:
     assert unicodedata.unidata_version == OLD, f"Python's unicodedata is {unicodedata.unidata_version}, not {OLD}"
     assert unicodedata2.unidata_version == NEW, f"unicodedata2 is {unicodedata2.unidata_version}, not {NEW}"
@@ -106,6 +134,15 @@ def main() -> None:
     w(f"inline constexpr std::array<CategoryAdditions, {len(categories)}> kUnicodeAdditions = {{{{\n")
     for c in categories:
         w(f'    {{"{c}", {class_body(gained[c])}}},\n')
+    w("}};\n\n")
+    w("// Code points Oniguruma's POSIX brackets [:alpha:], [:upper:], [:lower:] (Unicode 16.0's\n")
+    w("// Alphabetic, Uppercase, Lowercase) match beyond their general categories (L and Nl, Lu, Ll):\n")
+    w("// the Other_Alphabetic, Other_Uppercase and Other_Lowercase code points, as PCRE2 class bodies.\n")
+    w("struct PosixBracketExtras {\n  std::string_view bracket;  // e.g. \"alpha\"\n")
+    w("  std::string_view class_body;\n};\n\n")
+    w(f"inline constexpr std::array<PosixBracketExtras, {len(BRACKET_CATEGORIES)}> kPosixBracketExtras = {{{{\n")
+    for bracket, categories in BRACKET_CATEGORIES.items():
+        w(f'    {{"{bracket}", {class_body(bracket_extras(bracket, categories))}}},\n')
     w("}};\n\n")
     inert = ranges(nfc_inert_code_points())
     w("// Code points tokenizers' NFC (Unicode 9.0 tables) treats as starters that compose with\n")

@@ -188,6 +188,41 @@ const std::string& onig_word_class_body() {
   return body;
 }
 
+// The code points a POSIX bracket matches beyond its general categories (unicode_additions.h).
+std::string_view posix_bracket_extras(std::string_view bracket) {
+  for (const PosixBracketExtras& extras : kPosixBracketExtras)
+    if (extras.bracket == bracket) return extras.class_body;
+  return {};
+}
+
+// The class body of Oniguruma's POSIX bracket [:name:] on Unicode text (PCRE2's under UCP are
+// other sets: [:alpha:] is \p{L} there, [:punct:] leaves out most symbols, [:space:] counts
+// U+180E); empty for a name Oniguruma does not know.
+std::string onig_posix_class_body(std::string_view name) {
+  const std::string alpha = R"(\p{L}\p{Nl})" + category_additions("L") + category_additions("Nl") +
+                            std::string(posix_bracket_extras("alpha"));
+  const std::string graph = R"(\p{L}\p{M}\p{N}\p{P}\p{S}\p{Cf}\p{Co})" + category_additions("L") +
+                            category_additions("M") + category_additions("N") +
+                            category_additions("P") + category_additions("S") +
+                            category_additions("Cf") + category_additions("Co");
+  if (name == "alpha") return alpha;
+  if (name == "alnum") return alpha + R"(\p{Nd})" + category_additions("Nd");
+  if (name == "digit") return R"(\p{Nd})" + category_additions("Nd");
+  if (name == "upper")
+    return R"(\p{Lu})" + category_additions("Lu") + std::string(posix_bracket_extras("upper"));
+  if (name == "lower")
+    return R"(\p{Ll})" + category_additions("Ll") + std::string(posix_bracket_extras("lower"));
+  if (name == "space") return std::string(kWhiteSpaceClassBody);
+  if (name == "blank") return R"(\x{09}\p{Zs})" + category_additions("Zs");
+  if (name == "punct") return R"(\p{P}\p{S})" + category_additions("P") + category_additions("S");
+  if (name == "cntrl") return R"(\p{Cc})";
+  if (name == "xdigit") return std::string(kHexDigitClassBody);
+  if (name == "word") return word_properties_class_body();
+  if (name == "graph") return graph;
+  if (name == "print") return graph + R"(\p{Zs})" + category_additions("Zs");
+  return {};
+}
+
 bool is_hex_digit(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
@@ -395,10 +430,31 @@ std::string onig_to_pcre2_pattern(std::string_view pattern, const std::string& w
       continue;
     }
     if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      // A POSIX bracket ([:alpha:]) inside a class: its ']' does not close the class.
+      // A POSIX bracket ([:alpha:], [:^alpha:]) inside a class: Oniguruma's set, spliced in.
       const size_t close = pattern.find(":]", i + 2);
       if (close != std::string_view::npos) {
-        out += pattern.substr(i, close + 2 - i);
+        std::string_view name = pattern.substr(i + 2, close - i - 2);
+        const bool negated = !name.empty() && name[0] == '^';
+        if (negated) name.remove_prefix(1);
+        const std::string body = onig_posix_class_body(name);
+        MOE_CHECK(!body.empty(), "[tokenizer] {}: regex '{}': unknown POSIX bracket [:{}:]", what,
+                  pattern, name);
+        if (negated) {
+          // A class can take in a set but not its complement: only a class that is the negated
+          // bracket alone ([[:^alpha:]], [^[:^alpha:]]) is written, as the bracket's set negated.
+          const bool first =
+              pattern[i - 1] == '[' || (pattern[i - 1] == '^' && pattern[i - 2] == '[');
+          MOE_CHECK(first && close + 2 < pattern.size() && pattern[close + 2] == ']',
+                    "[tokenizer] {}: regex '{}': a negated POSIX bracket beside other members of a "
+                    "character class is not supported",
+                    what, pattern);
+          if (out.back() == '^') {
+            out.pop_back();
+          } else {
+            out += '^';
+          }
+        }
+        out += body;
         i = close + 1;
         continue;
       }

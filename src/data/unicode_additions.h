@@ -54,6 +54,77 @@ inline constexpr std::array<CategoryAdditions, 13> kUnicodeAdditions = {{
            R"(\x{1FBCB}-\x{1FBEF})"},
 }};
 
+// Code points Oniguruma's POSIX brackets [:alpha:], [:upper:], [:lower:] (Unicode 16.0's
+// Alphabetic, Uppercase, Lowercase) match beyond their general categories (L and Nl, Lu, Ll):
+// the Other_Alphabetic, Other_Uppercase and Other_Lowercase code points, as PCRE2 class bodies.
+struct PosixBracketExtras {
+  std::string_view bracket;  // e.g. "alpha"
+  std::string_view class_body;
+};
+
+inline constexpr std::array<PosixBracketExtras, 3> kPosixBracketExtras = {{
+    {"alpha", R"(\x{345}\x{363}-\x{36F}\x{5B0}-\x{5BD}\x{5BF}\x{5C1}-\x{5C2}\x{5C4}-\x{5C5})"
+              R"(\x{5C7}\x{610}-\x{61A}\x{64B}-\x{657}\x{659}-\x{65F}\x{670}\x{6D6}-\x{6DC})"
+              R"(\x{6E1}-\x{6E4}\x{6E7}-\x{6E8}\x{6ED}\x{711}\x{730}-\x{73F}\x{7A6}-\x{7B0})"
+              R"(\x{816}-\x{817}\x{81B}-\x{823}\x{825}-\x{827}\x{829}-\x{82C}\x{897})"
+              R"(\x{8D4}-\x{8DF}\x{8E3}-\x{8E9}\x{8F0}-\x{903}\x{93A}-\x{93B}\x{93E}-\x{94C})"
+              R"(\x{94E}-\x{94F}\x{955}-\x{957}\x{962}-\x{963}\x{981}-\x{983}\x{9BE}-\x{9C4})"
+              R"(\x{9C7}-\x{9C8}\x{9CB}-\x{9CC}\x{9D7}\x{9E2}-\x{9E3}\x{A01}-\x{A03})"
+              R"(\x{A3E}-\x{A42}\x{A47}-\x{A48}\x{A4B}-\x{A4C}\x{A51}\x{A70}-\x{A71}\x{A75})"
+              R"(\x{A81}-\x{A83}\x{ABE}-\x{AC5}\x{AC7}-\x{AC9}\x{ACB}-\x{ACC}\x{AE2}-\x{AE3})"
+              R"(\x{AFA}-\x{AFC}\x{B01}-\x{B03}\x{B3E}-\x{B44}\x{B47}-\x{B48}\x{B4B}-\x{B4C})"
+              R"(\x{B56}-\x{B57}\x{B62}-\x{B63}\x{B82}\x{BBE}-\x{BC2}\x{BC6}-\x{BC8})"
+              R"(\x{BCA}-\x{BCC}\x{BD7}\x{C00}-\x{C04}\x{C3E}-\x{C44}\x{C46}-\x{C48})"
+              R"(\x{C4A}-\x{C4C}\x{C55}-\x{C56}\x{C62}-\x{C63}\x{C81}-\x{C83}\x{CBE}-\x{CC4})"
+              R"(\x{CC6}-\x{CC8}\x{CCA}-\x{CCC}\x{CD5}-\x{CD6}\x{CE2}-\x{CE3}\x{CF3})"
+              R"(\x{D00}-\x{D03}\x{D3E}-\x{D44}\x{D46}-\x{D48}\x{D4A}-\x{D4C}\x{D57})"
+              R"(\x{D62}-\x{D63}\x{D81}-\x{D83}\x{DCF}-\x{DD4}\x{DD6}\x{DD8}-\x{DDF})"
+              R"(\x{DF2}-\x{DF3}\x{E31}\x{E34}-\x{E3A}\x{E4D}\x{EB1}\x{EB4}-\x{EB9})"
+              R"(\x{EBB}-\x{EBC}\x{ECD}\x{F71}-\x{F83}\x{F8D}-\x{F97}\x{F99}-\x{FBC})"
+              R"(\x{102B}-\x{1036}\x{1038}\x{103B}-\x{103E}\x{1056}-\x{1059}\x{105E}-\x{1060})"
+              R"(\x{1062}-\x{1064}\x{1067}-\x{106D}\x{1071}-\x{1074}\x{1082}-\x{108D}\x{108F})"
+              R"(\x{109A}-\x{109D}\x{1712}-\x{1713}\x{1732}-\x{1733}\x{1752}-\x{1753})"
+              R"(\x{1772}-\x{1773}\x{17B6}-\x{17C8}\x{1885}-\x{1886}\x{18A9}\x{1920}-\x{192B})"
+              R"(\x{1930}-\x{1938}\x{1A17}-\x{1A1B}\x{1A55}-\x{1A5E}\x{1A61}-\x{1A74})"
+              R"(\x{1ABF}-\x{1AC0}\x{1ACC}-\x{1ACE}\x{1B00}-\x{1B04}\x{1B35}-\x{1B43})"
+              R"(\x{1B80}-\x{1B82}\x{1BA1}-\x{1BA9}\x{1BAC}-\x{1BAD}\x{1BE7}-\x{1BF1})"
+              R"(\x{1C24}-\x{1C36}\x{1DD3}-\x{1DF4}\x{24B6}-\x{24E9}\x{2DE0}-\x{2DFF})"
+              R"(\x{A674}-\x{A67B}\x{A69E}-\x{A69F}\x{A802}\x{A80B}\x{A823}-\x{A827})"
+              R"(\x{A880}-\x{A881}\x{A8B4}-\x{A8C3}\x{A8C5}\x{A8FF}\x{A926}-\x{A92A})"
+              R"(\x{A947}-\x{A952}\x{A980}-\x{A983}\x{A9B4}-\x{A9BF}\x{A9E5}\x{AA29}-\x{AA36})"
+              R"(\x{AA43}\x{AA4C}-\x{AA4D}\x{AA7B}-\x{AA7D}\x{AAB0}\x{AAB2}-\x{AAB4})"
+              R"(\x{AAB7}-\x{AAB8}\x{AABE}\x{AAEB}-\x{AAEF}\x{AAF5}\x{ABE3}-\x{ABEA}\x{FB1E})"
+              R"(\x{10376}-\x{1037A}\x{10A01}-\x{10A03}\x{10A05}-\x{10A06}\x{10A0C}-\x{10A0F})"
+              R"(\x{10D24}-\x{10D27}\x{10D69}\x{10EAB}-\x{10EAC}\x{10EFC}\x{11000}-\x{11002})"
+              R"(\x{11038}-\x{11045}\x{11073}-\x{11074}\x{11080}-\x{11082}\x{110B0}-\x{110B8})"
+              R"(\x{110C2}\x{11100}-\x{11102}\x{11127}-\x{11132}\x{11145}-\x{11146})"
+              R"(\x{11180}-\x{11182}\x{111B3}-\x{111BF}\x{111CE}-\x{111CF}\x{1122C}-\x{11234})"
+              R"(\x{11237}\x{1123E}\x{11241}\x{112DF}-\x{112E8}\x{11300}-\x{11303})"
+              R"(\x{1133E}-\x{11344}\x{11347}-\x{11348}\x{1134B}-\x{1134C}\x{11357})"
+              R"(\x{11362}-\x{11363}\x{113B8}-\x{113C0}\x{113C2}\x{113C5}\x{113C7}-\x{113CA})"
+              R"(\x{113CC}-\x{113CD}\x{11435}-\x{11441}\x{11443}-\x{11445}\x{114B0}-\x{114C1})"
+              R"(\x{115AF}-\x{115B5}\x{115B8}-\x{115BE}\x{115DC}-\x{115DD}\x{11630}-\x{1163E})"
+              R"(\x{11640}\x{116AB}-\x{116B5}\x{1171D}-\x{1172A}\x{1182C}-\x{11838})"
+              R"(\x{11930}-\x{11935}\x{11937}-\x{11938}\x{1193B}-\x{1193C}\x{11940}\x{11942})"
+              R"(\x{119D1}-\x{119D7}\x{119DA}-\x{119DF}\x{119E4}\x{11A01}-\x{11A0A})"
+              R"(\x{11A35}-\x{11A39}\x{11A3B}-\x{11A3E}\x{11A51}-\x{11A5B}\x{11A8A}-\x{11A97})"
+              R"(\x{11C2F}-\x{11C36}\x{11C38}-\x{11C3E}\x{11C92}-\x{11CA7}\x{11CA9}-\x{11CB6})"
+              R"(\x{11D31}-\x{11D36}\x{11D3A}\x{11D3C}-\x{11D3D}\x{11D3F}-\x{11D41}\x{11D43})"
+              R"(\x{11D47}\x{11D8A}-\x{11D8E}\x{11D90}-\x{11D91}\x{11D93}-\x{11D96})"
+              R"(\x{11EF3}-\x{11EF6}\x{11F00}-\x{11F01}\x{11F03}\x{11F34}-\x{11F3A})"
+              R"(\x{11F3E}-\x{11F40}\x{1611E}-\x{1612E}\x{16F4F}\x{16F51}-\x{16F87})"
+              R"(\x{16F8F}-\x{16F92}\x{16FF0}-\x{16FF1}\x{1BC9E}\x{1E000}-\x{1E006})"
+              R"(\x{1E008}-\x{1E018}\x{1E01B}-\x{1E021}\x{1E023}-\x{1E024}\x{1E026}-\x{1E02A})"
+              R"(\x{1E08F}\x{1E947}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169}\x{1F170}-\x{1F189})"},
+    {"upper", R"(\x{2160}-\x{216F}\x{24B6}-\x{24CF}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169})"
+              R"(\x{1F170}-\x{1F189})"},
+    {"lower", R"(\x{AA}\x{BA}\x{2B0}-\x{2B8}\x{2C0}-\x{2C1}\x{2E0}-\x{2E4}\x{345}\x{37A}\x{10FC})"
+              R"(\x{1D2C}-\x{1D6A}\x{1D78}\x{1D9B}-\x{1DBF}\x{2071}\x{207F}\x{2090}-\x{209C})"
+              R"(\x{2170}-\x{217F}\x{24D0}-\x{24E9}\x{2C7C}-\x{2C7D}\x{A69C}-\x{A69D}\x{A770})"
+              R"(\x{A7F2}-\x{A7F4}\x{A7F8}-\x{A7F9}\x{AB5C}-\x{AB5F}\x{AB69}\x{10780})"
+              R"(\x{10783}-\x{10785}\x{10787}-\x{107B0}\x{107B2}-\x{107BA}\x{1E030}-\x{1E06D})"},
+}};
+
 // Code points tokenizers' NFC (Unicode 9.0 tables) treats as starters that compose with
 // nothing, while utf8proc's (Unicode 15.0) reorders or composes them: inclusive ranges.
 inline constexpr std::array<std::pair<char32_t, char32_t>, 57> kNfcInertRanges = {{

@@ -128,6 +128,13 @@ TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
       {R"(\P{L}+)", "a\u1c89b1", {"a\u1c89b", "1"}},
       {R"(\p{^Lu}+)", "A\u1c89a", {"A\u1c89", "a"}},
       {R"(\d+)", "x1\U00010D40y", {"x", "1\U00010D40", "y"}},
+      // Oniguruma's POSIX brackets: [:alpha:] is Alphabetic (U+0345, a mark, is in it),
+      // [:punct:] all punctuation and symbols, [:upper:] Uppercase (U+2160, a Roman numeral).
+      {R"([[:alpha:]]+)", "a\u0345b1", {"a\u0345b", "1"}},
+      {R"([[:punct:]]+)", "a$+b", {"a", "$+", "b"}},
+      {R"([[:upper:]x]+)", "\u2160xA1", {"\u2160xA", "1"}},
+      {R"([[:^alpha:]]+)", "a12b", {"a", "12", "b"}},
+      {R"([^[:^alpha:]]+)", "a12b", {"a", "12", "b"}},
       // An empty match splits the text where it matches; the empty piece itself is dropped.
       {R"(\b)", "a bc d\u00e9", {"a", " ", "bc", " ", "d\u00e9"}},
       {R"((?=b))", "abab", {"a", "ba", "b"}},
@@ -150,6 +157,11 @@ TEST(TokenizerByteLevel, OnigurumaAnchorsAndEscapes) {
                         "supported");
   expect_one_line_error(error_of([] { RegexSplitter(R"([a-z&&[^aeiou]]+)", "tok.json"); }),
                         "'&&' inside a character class (Oniguruma's intersection) is not "
+                        "supported");
+  expect_one_line_error(error_of([] { RegexSplitter(R"([[:alpah:]])", "tok.json"); }),
+                        "unknown POSIX bracket [:alpah:]");
+  expect_one_line_error(error_of([] { RegexSplitter(R"([x[:^alpha:]])", "tok.json"); }),
+                        "a negated POSIX bracket beside other members of a character class is not "
                         "supported");
   // A single '&', an escaped '[' and a POSIX bracket in a class, and "&&" outside one, are not.
   for (const char* pattern : {R"([&]+)", R"([\[a]+)", R"([[:alpha:]&]+)", R"(a&&b)"})
