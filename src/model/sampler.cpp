@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -38,50 +39,63 @@ Sampler::Sampler(const SamplingConfig& config) : config_(config), rng_(config.se
 void Sampler::filter(const std::vector<float>& logits, std::vector<int32_t>& ids,
                      std::vector<double>& probs) const {
   check_logits(logits);
+  const auto logit = [&logits](int32_t id) { return logits[static_cast<size_t>(id)]; };
   const int64_t vocab = static_cast<int64_t>(logits.size());
   ids.resize(logits.size());
   std::iota(ids.begin(), ids.end(), 0);
   const int64_t k = config_.top_k > 0 ? std::min(config_.top_k, vocab) : vocab;
-  if (k < vocab || config_.top_p < 1.0) {
-    // Only the filters need an order; without them sampling runs over ids in natural order.
-    auto better = [&](int32_t a, int32_t b) {
-      const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-      return la > lb || (la == lb && a < b);
-    };
-    if (k < vocab) {
-      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
-      ids.resize(static_cast<size_t>(k));
-    } else {
-      std::sort(ids.begin(), ids.end(), better);
-    }
+  if (k < vocab) {
+    // TopKLogitsWarper: every token whose logit reaches the k-th largest stays, so tokens tied
+    // with it all do (k is a floor, not a count). Dividing by the temperature keeps the order.
+    std::vector<float> sorted(logits);
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<>());
+    const float kth = sorted[static_cast<size_t>(k - 1)];
+    std::erase_if(ids, [&](int32_t id) { return logit(id) < kth; });
   }
 
-  // Softmax of logits / temperature over the kept candidates, in double.
-  const double inv_t = 1.0 / config_.temperature;
-  double max_val = -std::numeric_limits<double>::infinity();
-  for (int32_t id : ids)
-    max_val = std::max(max_val, static_cast<double>(logits[static_cast<size_t>(id)]) * inv_t);
-  MOE_CHECK(max_val > -std::numeric_limits<double>::infinity(),
+  // Softmax of logits / temperature over the kept tokens, in double. The largest logit is taken
+  // off before dividing: with a tiny (subnormal) temperature the quotient of the others is -inf
+  // rather than inf - inf, so the distribution is its limit, the argmax (ties shared).
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (int32_t id : ids) max_logit = std::max(max_logit, logit(id));
+  MOE_CHECK(max_logit > -std::numeric_limits<float>::infinity(),
             "[sampler] every candidate logit is -inf");
   probs.resize(ids.size());
   double sum = 0.0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    probs[i] = std::exp(static_cast<double>(logits[static_cast<size_t>(ids[i])]) * inv_t - max_val);
+    const double shifted = static_cast<double>(logit(ids[i])) - static_cast<double>(max_logit);
+    probs[i] = std::exp(shifted / config_.temperature);
     sum += probs[i];
   }
   for (double& p : probs) p /= sum;
 
   if (config_.top_p < 1.0) {
-    // Candidates are sorted by descending logit, hence descending probability.
-    size_t keep = 0;
+    // TopPLogitsWarper: tokens in ascending order of logit (a stable sort: tied ones by id) are
+    // dropped while the probability accumulated up to and including them stays <= 1 - top_p;
+    // the most likely token always stays.
+    std::vector<size_t> ascending(ids.size());
+    std::iota(ascending.begin(), ascending.end(), 0);
+    std::stable_sort(ascending.begin(), ascending.end(),
+                     [&](size_t a, size_t b) { return logit(ids[a]) < logit(ids[b]); });
+    std::vector<bool> dropped(ids.size(), false);
     double cumulative = 0.0;
-    while (keep < probs.size()) {
-      cumulative += probs[keep++];
-      if (cumulative >= config_.top_p) break;
+    for (size_t j = 0; j + 1 < ascending.size(); ++j) {
+      cumulative += probs[ascending[j]];
+      if (cumulative > 1.0 - config_.top_p) break;
+      dropped[ascending[j]] = true;
     }
-    ids.resize(keep);
-    probs.resize(keep);
-    for (double& p : probs) p /= cumulative;
+    size_t kept = 0;
+    double kept_sum = 0.0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (dropped[i]) continue;
+      ids[kept] = ids[i];
+      probs[kept] = probs[i];
+      kept_sum += probs[i];
+      ++kept;
+    }
+    ids.resize(kept);
+    probs.resize(kept);
+    for (double& p : probs) p /= kept_sum;
   }
 }
 

@@ -1,12 +1,17 @@
 // Token sampling for generation: temperature, top-k, top-p (nucleus), with a portable RNG so a seed
 // gives the same tokens on every platform and standard library (std::*_distribution does not).
 //
-// Order of operations for temperature > 0 (as in Hugging Face's logits warpers):
-//   logits / temperature -> keep the top_k highest (0: all) -> softmax over the kept tokens ->
-//   keep the smallest prefix, by descending probability, whose cumulative probability reaches
-//   top_p (at least one token) -> renormalise -> draw u ~ U[0, 1) and invert the CDF.
-// Candidates are ordered by logit, ties by lower token id. temperature == 0 is greedy: the argmax,
-// ties to the lowest id; top_k/top_p/seed are then irrelevant. Logits of -inf are masked tokens.
+// For temperature > 0 the distribution is that of Hugging Face's logits warpers, in their order
+// (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper with min_tokens_to_keep 1):
+//   logits / temperature -> top_k keeps every token whose logit reaches the k-th largest (0: all;
+//   ties at the boundary all stay) -> softmax over the kept tokens -> top_p drops the least likely
+//   tokens, in ascending order of logit with ties by id, while their cumulative probability stays
+//   <= 1 - top_p, the most likely always staying -> renormalise -> draw u ~ U[0, 1) and invert
+//   the CDF over the kept tokens in id order. (transformers orders the tokens with torch.sort,
+//   which is not stable: on a short vocabulary its ties come in id order as here, on a long one
+//   it may drop other tokens of a tie that straddles the cut, the same number of them.)
+// temperature == 0 is greedy: the argmax, ties to the lowest id; top_k/top_p/seed are then
+// irrelevant. Logits of -inf are masked tokens.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +47,7 @@ class Sampler {
   const SamplingConfig& config() const { return config_; }
 
  private:
-  // Kept token ids (best first when a filter is active, else in id order) and their normalised
-  // probabilities.
+  // Kept token ids, in id order, and their normalised probabilities.
   void filter(const std::vector<float>& logits, std::vector<int32_t>& ids,
               std::vector<double>& probs) const;
 

@@ -37,9 +37,9 @@ TEST(Sampler, GreedyIsArgmaxWithTiesToLowestId) {
   EXPECT_EQ(p, (std::vector<double>{0.0, 1.0, 0.0}));
 }
 
-TEST(Sampler, TopK1AndTinyTopPAreGreedy) {
-  const std::vector<std::vector<float>> cases = {
-      {0.5f, -1.0f, 2.0f, 1.9f}, {1.0f, 3.0f, 3.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+TEST(Sampler, TopK1AndTinyTopPAreGreedyWithoutTies) {
+  const std::vector<std::vector<float>> cases = {{0.5f, -1.0f, 2.0f, 1.9f},
+                                                 {1.0f, 3.0f, 2.0f, 0.0f}};
   for (uint64_t seed = 0; seed < 20; ++seed) {
     Sampler top_k(with(1.0, 1, 1.0, seed));
     Sampler top_p(with(1.0, 0, 1e-9, seed));
@@ -50,6 +50,46 @@ TEST(Sampler, TopK1AndTinyTopPAreGreedy) {
       EXPECT_EQ(top_p.sample(logits), expected);
       EXPECT_EQ(hot_top_k.sample(logits), expected);
     }
+  }
+}
+
+// Ties at the filters' boundaries, as transformers 4.57's warpers (TopKLogitsWarper,
+// TopPLogitsWarper, min_tokens_to_keep 1) decide them; the expected distributions are theirs
+// (torch.softmax of the warped float32 scores, printed to 6 digits).
+TEST(Sampler, TiesAtTheTopKAndTopPBoundariesAsTransformers) {
+  const auto expect_distribution = [](const SamplingConfig& config,
+                                      const std::vector<float>& logits,
+                                      const std::vector<double>& expected) {
+    const std::vector<double> got = Sampler(config).probabilities(logits);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-6) << "token " << i;
+  };
+  // top-k keeps every token tied with the k-th.
+  expect_distribution(with(1.0, 1, 1.0, 0), {2, 2, 0, -1}, {0.5, 0.5, 0, 0});
+  expect_distribution(with(1.0, 2, 1.0, 0), {3, 1, 1, 1, 0},
+                      {0.711235, 0.096255, 0.096255, 0.096255, 0});
+  // top-p drops tied tokens lowest id first (a stable ascending sort).
+  expect_distribution(with(1.0, 0, 0.5, 0), {0, 0, 0, 0}, {0, 0, 0.5, 0.5});
+  expect_distribution(with(1.0, 0, 0.5, 0), {std::log(4.0f), std::log(3.0f), std::log(3.0f)},
+                      {0.571429, 0, 0.428571});
+  expect_distribution(with(1.0, 0, 1e-9, 0), {1, 3, 3, 0}, {0, 0, 1, 0});
+  expect_distribution(with(1.0, 1, 0.6, 0), {1, 3, 3, 0}, {0, 0.5, 0.5, 0});
+  expect_distribution(with(1.0, 2, 0.5, 0), {5, 4, 4, 4, 1}, {0.731059, 0, 0, 0.268941, 0});
+  // Both tied tokens are drawn under top-k = 1.
+  std::set<int32_t> drawn;
+  Sampler top_k(with(1.0, 1, 1.0, 11));
+  for (int i = 0; i < 64; ++i) drawn.insert(top_k.sample({1, 3, 3, 0}));
+  EXPECT_EQ(drawn, (std::set<int32_t>{1, 2}));
+}
+
+// A temperature so small that 1 / temperature overflows (a subnormal double) is the limit of the
+// distribution, the argmax with ties shared, never NaN.
+TEST(Sampler, ASubnormalTemperatureIsTheLimitNotNaN) {
+  for (double t : {1e-300, 1e-310, 5e-324}) {
+    const std::vector<double> got = Sampler(with(t, 0, 1.0, 0)).probabilities({1, 3, 3, 0});
+    EXPECT_EQ(got, (std::vector<double>{0, 0.5, 0.5, 0})) << "T=" << t;
+    Sampler s(with(t, 0, 0.9, 1));
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(s.sample({1, 3, 2, 0}), 1) << "T=" << t;
   }
 }
 
