@@ -33,24 +33,33 @@ MoeMetrics compute_moe_metrics(const Transformer& model, const std::vector<doubl
 }
 
 MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
-                               const std::vector<double>& drop_rates) {
+                               const std::vector<double>& drop_rates,
+                               const std::function<void(double*, int64_t)>& sum_over_ranks) {
   const ModelConfig& c = chunks.front()->config();
-  MoeMetrics m;
+  const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
+  // Per MoE layer the sums the metrics are ratios of, over this rank's tokens: [tokens, routes
+  // per expert (E), load-balancing probability per expert (E), z, entropy, selected mass]. Summed
+  // over the data-parallel ranks they are the whole batch's, as one process measures it.
+  const int64_t width = 2 * e_count + 4;
+  std::vector<int64_t> moe_layers;
+  std::vector<double> sums;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const RouterState* st = nullptr;
     for (const Transformer* chunk : chunks)
       if (st == nullptr) st = chunk->router_state(i);
-    if (st == nullptr || st->logits.empty()) continue;
-    const int64_t e_count = c.num_experts, k = c.num_experts_per_tok;
+    if (st == nullptr) continue;
+    moe_layers.push_back(i);
+    sums.resize(sums.size() + static_cast<size_t>(width), 0.0);
+    double* row = sums.data() + sums.size() - static_cast<size_t>(width);
+    double* counts = row + 1;
+    double* score_sums = counts + e_count;
+    double* tail = score_sums + e_count;  // z, entropy, selected mass
     const int64_t tokens = static_cast<int64_t>(st->logits.size()) / e_count;
-    MoeLayerMetrics lm;
-    lm.layer = i;
-    if (m.layers.size() < drop_rates.size()) lm.drop_rate = drop_rates[m.layers.size()];
-    lm.tokens_per_expert = host_copy(st->expert_counts);
-    const std::vector<int64_t>& counts = lm.tokens_per_expert;
-    const double mean_count = static_cast<double>(tokens * k) / static_cast<double>(e_count);
-    const int64_t max_count = *std::max_element(counts.begin(), counts.end());
-    lm.load_imbalance = mean_count > 0 ? static_cast<double>(max_count) / mean_count : 0.0;
+    if (tokens == 0) continue;
+    row[0] = static_cast<double>(tokens);
+    const std::vector<int64_t> expert_counts = host_copy(st->expert_counts);
+    for (int64_t e = 0; e < e_count; ++e)
+      counts[e] = static_cast<double>(expert_counts[static_cast<size_t>(e)]);
 
     // The router's tensors where this host loop can read them (copied when they are a device's).
     std::vector<float> logits_copy, scores_copy;
@@ -58,7 +67,6 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
     const std::span<const float> logits = host_readable(st->logits, logits_copy);
     const std::span<const float> scores = host_readable(st->scores, scores_copy);
     const std::span<const int32_t> topk_index = host_readable(st->topk_index, topk_copy);
-    std::vector<double> score_sums(static_cast<size_t>(e_count), 0.0);
     std::vector<double> prob(static_cast<size_t>(e_count));
     for (int64_t t = 0; t < tokens; ++t) {
       const float* z = logits.data() + t * e_count;
@@ -75,27 +83,42 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
       for (int64_t e = 0; e < e_count; ++e) {
         prob[static_cast<size_t>(e)] = std::exp(static_cast<double>(z[e]) - max_z);
         sum += prob[static_cast<size_t>(e)];
-        score_sums[static_cast<size_t>(e)] += static_cast<double>(s[e]) / score_total;
+        score_sums[e] += static_cast<double>(s[e]) / score_total;
       }
       const double lse = max_z + std::log(sum);
-      lm.z_loss += lse * lse;
+      tail[0] += lse * lse;
       double entropy = 0.0;
       for (double p : prob) {
         const double q = p / sum;
         if (q > 0.0) entropy -= q * std::log(q);
       }
-      lm.router_entropy += entropy;
+      tail[1] += entropy;
       for (int64_t j = 0; j < k; ++j)
-        lm.selected_mass += static_cast<double>(s[topk_index[static_cast<size_t>(t * k + j)]]);
+        tail[2] += static_cast<double>(s[topk_index[static_cast<size_t>(t * k + j)]]);
     }
-    const double n = static_cast<double>(std::max<int64_t>(1, tokens));
-    lm.z_loss /= n;
-    lm.router_entropy /= n;
-    lm.selected_mass /= n;
+  }
+  if (sum_over_ranks) sum_over_ranks(sums.data(), static_cast<int64_t>(sums.size()));
+
+  MoeMetrics m;
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    const double* row = sums.data() + l * static_cast<size_t>(width);
+    const double* counts = row + 1;
+    const double* score_sums = counts + e_count;
+    const double* tail = score_sums + e_count;
+    const double n = row[0];
+    if (n == 0.0) continue;
+    MoeLayerMetrics lm;
+    lm.layer = moe_layers[l];
+    if (m.layers.size() < drop_rates.size()) lm.drop_rate = drop_rates[m.layers.size()];
+    for (int64_t e = 0; e < e_count; ++e) lm.tokens_per_expert.push_back(std::llround(counts[e]));
+    const double mean_count = n * static_cast<double>(k) / static_cast<double>(e_count);
+    lm.load_imbalance = *std::max_element(counts, counts + e_count) / mean_count;
+    lm.z_loss = tail[0] / n;
+    lm.router_entropy = tail[1] / n;
+    lm.selected_mass = tail[2] / n;
     for (int64_t e = 0; e < e_count; ++e)
-      lm.lb_loss += static_cast<double>(e_count) / static_cast<double>(k) *
-                    (static_cast<double>(counts[static_cast<size_t>(e)]) / n) *
-                    (score_sums[static_cast<size_t>(e)] / n);
+      lm.lb_loss += static_cast<double>(e_count) / static_cast<double>(k) * (counts[e] / n) *
+                    (score_sums[e] / n);
     m.layers.push_back(std::move(lm));
   }
   summarize(m);

@@ -38,9 +38,12 @@ struct MoeMetrics {
 // (empty: dropless routing).
 MoeMetrics compute_moe_metrics(const Transformer& model,
                                const std::vector<double>& drop_rates = {});
-// Over the model chunks of a pipeline stage (drop_rates per MoE layer of these chunks).
+// Over the model chunks of a pipeline stage (drop_rates per MoE layer of these chunks). With
+// data parallelism each rank routed its own tokens: `sum_over_ranks` (an all-reduce over the
+// stage's data-parallel group, called by every rank of it) makes the metrics the whole batch's.
 MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
-                               const std::vector<double>& drop_rates = {});
+                               const std::vector<double>& drop_rates = {},
+                               const std::function<void(double*, int64_t)>& sum_over_ranks = {});
 
 // With pipeline parallelism each stage measures its own layers: every stage calls this with its
 // metrics and a sum over the stages (an all-reduce), and gets the whole model's.

@@ -142,6 +142,20 @@ def assert_follows_single_process(single: Path, out_dir: Path, weight_tol: float
     assert ref_w.keys() == our_w.keys()
     for name in ref_w:
         assert max_rel(our_w[name], ref_w[name]) <= weight_tol, name
+    assert_moe_metrics_match(single, out_dir)
+
+
+def assert_moe_metrics_match(single: Path, out_dir: Path):
+    """Step 1's MoE metrics (the weights are still the same) are the whole batch's, as the single
+    process's: every rank routes its own rows, and the per-expert route counts, load imbalance,
+    per-layer lb and z losses, entropy and selected mass are sums over the ranks. Counts exactly,
+    the rest within TOL (the routers' inputs differ in the last bits, as the losses do)."""
+    ref, ours = train_rows(single)[1], train_rows(out_dir)[1]
+    keys = sorted(k for k in ref if k.startswith("moe/"))
+    assert any("tokens_expert" in k for k in keys) and keys == sorted(k for k in ours if k.startswith("moe/"))
+    for key in keys:
+        tol = 0.0 if "tokens_expert" in key else TOL * max(1.0, abs(ref[key]))
+        assert abs(ours[key] - ref[key]) <= tol, (key, ours[key], ref[key])
 
 
 @pytest.mark.parametrize("ranks,ep", [(2, 2), (4, 4), (4, 2)])
@@ -158,6 +172,7 @@ def test_expert_parallel_matches_single_process(moecore_bin, job_data, tmp_path,
     assert ref_w.keys() == our_w.keys()  # checkpoints hold every expert, whatever the layout
     for name in ref_w:
         assert max_rel(our_w[name], ref_w[name]) <= EP_WEIGHT_TOL, name
+    assert_moe_metrics_match(single, tmp_path / "ep")
 
 
 MXFP8_LOSS_TOL = 3e-4  # see test_mxfp8_expert_parallel_follows_single_process

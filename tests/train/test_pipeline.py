@@ -94,9 +94,15 @@ def test_pipeline_matches_single_process(moecore_bin, job_data, tmp_path, single
         assert peak <= pp
     if schedule == "gpipe":
         assert peak == MICRO
-    # MoE metrics of every stage's layers reach rank 0's log.
+    # MoE metrics of every stage's layers reach rank 0's log, each over the whole batch's last
+    # micro-batch (every data-parallel rank's share of it): as many routes as the single process's.
     last = rows[max(rows)]
     assert all(f"moe/layer{i}/load_imbalance" in last for i in range(layers))
+    ref_first = train_rows(single)[1]
+    for i in range(layers):
+        def routes(row: dict) -> float:
+            return sum(v for k, v in row.items() if k.startswith(f"moe/layer{i}/tokens_expert"))
+        assert routes(rows[1]) == routes(ref_first) > 0, i
     assert 0.0 <= last["pipeline/bubble"] < 1.0
     ref_w, our_w = final_weights(single), final_weights(tmp_path / "pp")
     assert ref_w.keys() == our_w.keys()

@@ -35,8 +35,9 @@ std::vector<double> drop_rates(const TrainContext& ctx) {
 
 void MoeMonitorCallback::on_step_end(TrainContext& ctx, StepReport& report) {
   const std::vector<const Transformer*> chunks(ctx.chunks.begin(), ctx.chunks.end());
-  MoeMetrics moe =
-      compute_moe_metrics(chunks, ctx.rowwise_dispatch ? drop_rates(ctx) : std::vector<double>());
+  MoeMetrics moe = compute_moe_metrics(
+      chunks, ctx.rowwise_dispatch ? drop_rates(ctx) : std::vector<double>(),
+      [&ctx](double* values, int64_t count) { ctx.mesh.dp.allreduce_sum(values, count); });
   if (ctx.config.parallel.pp > 1)  // every stage's layers reach rank 0's logs
     moe = combine_stage_metrics(moe, ctx.config.model, [&ctx](double* values, int64_t count) {
       ctx.mesh.pp.allreduce_sum(values, count);
