@@ -177,23 +177,23 @@ void run_data_instances(const DataInstancesArgs& args) {
 
 namespace {
 
-// Where generation stops, as transformers' `generate` decides for the directory:
-// generation_config.json's eos_token_id, else config.json's (one id or a list); nullopt when
-// neither names one (the tokenizer's EOS then). An empty list stops at no EOS: transformers'
-// EosTokenCriteria tests the sampled token against the list (generation/utils.py:1337), so it
-// generates the requested token count. (Without a pad_token_id transformers 4.57 instead fails
-// with an IndexError where it takes the first EOS id as the padding token
-// (`pad_token_tensor = eos_token_tensor[0]`, utils.py:2101); one sequence pads nothing.)
+// Where generation stops, as transformers' `generate` decides for the directory: with a
+// generation_config.json, its eos_token_id alone (none named there, or null: at none; transformers
+// then does not look at config.json), else config.json's (none named: at none); one id or a list.
+// An empty list stops at no EOS too: transformers' EosTokenCriteria tests the sampled token
+// against the list (generation/utils.py:1337), so it generates the requested token count.
+// (Without a pad_token_id transformers 4.57 instead fails with an IndexError where it takes the
+// first EOS id as the padding token (`pad_token_tensor = eos_token_tensor[0]`, utils.py:2101); one
+// sequence pads nothing.) nullopt, the tokenizer's EOS, only for a directory with neither file.
 std::optional<std::vector<int32_t>> stop_ids_of(const std::string& dir, int64_t vocab_size) {
   const std::string generation_config = dir + "/generation_config.json";
-  if (std::filesystem::is_regular_file(generation_config)) {
-    const std::optional<std::vector<int32_t>> ids =
-        io::generation_config_eos_token_ids(io::read_text(generation_config, "[generate]"),
-                                            generation_config, vocab_size, "[generate]");
-    if (ids) return ids;
-  }
+  if (std::filesystem::is_regular_file(generation_config))
+    return io::generation_config_eos_token_ids(io::read_text(generation_config, "[generate]"),
+                                               generation_config, vocab_size, "[generate]")
+        .value_or(std::vector<int32_t>{});
   const std::optional<io::HfModelInfo> info = io::read_hf_model_info(dir, vocab_size);
-  return info ? info->eos_token_ids : std::nullopt;
+  if (!info) return std::nullopt;
+  return info->eos_token_ids.value_or(std::vector<int32_t>{});
 }
 
 }  // namespace

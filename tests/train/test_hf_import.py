@@ -410,6 +410,49 @@ def test_generate_with_an_empty_eos_list_stops_at_none_as_transformers(
                   f"{hf}/config.json: eos_token_id holds {job_data.vocab_size}")
 
 
+@pytest.mark.parametrize("named", ["generation config without eos", "generation config null",
+                                   "config.json null"])
+def test_generate_where_no_eos_is_named_stops_at_none_as_transformers(
+        moecore_bin, hf_dirs, job_data, tmp_path, named):
+    """transformers' generate reads generation_config.json alone where the directory has one (a
+    config.json EOS does not count then) and config.json where it has none: a file that names no
+    EOS stops at none, and so does moecore's generate (it stopped at config.json's or the
+    tokenizer's EOS)."""
+    hf = _copy(hf_dirs, tmp_path)
+    shutil.copy(job_data.tokenizer, hf / "tokenizer.json")
+    prompt, n = "And God said", 12
+    tok = tokenizers.Tokenizer.from_file(str(job_data.tokenizer))
+    ids = tok.encode(prompt).ids
+
+    def transformers_greedy(**kw) -> list[int]:
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, **kw)
+        return out[0, len(ids):].tolist()
+
+    # The EOS logit made twice the third greedy token's: greedy decoding draws the EOS early.
+    third = transformers_greedy(eos_token_id=None, pad_token_id=0)[2]
+    _edit_tensors(hf / "model.safetensors", lambda t: t["lm_head.weight"][job_data.eos_id].copy_(
+        2 * t["lm_head.weight"][third]))
+    config = json.loads((hf / "config.json").read_text())
+    assert config["eos_token_id"] == job_data.eos_id
+    if named == "generation config without eos":
+        (hf / "generation_config.json").write_text('{"pad_token_id": 0}')
+    elif named == "generation config null":
+        (hf / "generation_config.json").write_text('{"eos_token_id": null, "pad_token_id": 0}')
+    else:  # save_pretrained wrote a generation_config.json from the model's config
+        (hf / "generation_config.json").unlink()
+        (hf / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))
+    expected = transformers_greedy()
+    assert len(expected) == n and job_data.eos_id in expected, expected
+    imported = tmp_path / "imported"
+    run(moecore_bin, "import", hf, "--out", imported)
+    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt,
+            "--temperature", "0", "--max-tokens", n)
+    assert r.stdout == prompt + tok.decode(expected, skip_special_tokens=False) + "\n", \
+        (r.stdout, expected)
+
+
 def test_import_and_init_from_refuse_non_finite_weights(moecore_bin, hf_dirs, job_data, tmp_path):
     """A NaN where the self-check's batch does not reach it (one row of the embedding no check
     token selects) is refused by import and --init-from, naming the tensor and the element,
