@@ -748,11 +748,13 @@ std::string Tokenizer::decode_text(const std::vector<int32_t>& ids) const {
   text.reserve(bytes.size());
   for (size_t pos = 0; pos < bytes.size();) {
     char32_t cp = 0;
-    const size_t len = utf8_next(bytes, pos, cp);
-    if (cp == 0xFFFFFFFF)
+    size_t len = utf8_next(bytes, pos, cp);
+    if (cp == 0xFFFFFFFF) {
+      len = utf8_maximal_subpart(bytes, pos);
       text += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
-    else
+    } else {
       text.append(bytes, pos, len);
+    }
     pos += len;
   }
   return text;

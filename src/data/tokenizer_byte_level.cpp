@@ -296,6 +296,31 @@ size_t utf8_next(std::string_view text, size_t pos, char32_t& cp) {
   return len;
 }
 
+size_t utf8_maximal_subpart(std::string_view text, size_t pos) {
+  // The well-formed sequences (Unicode's table 3-7): the leading byte fixes how many continuation
+  // bytes follow and the range of the first of them; the others are 80..BF.
+  const auto b0 = static_cast<uint8_t>(text[pos]);
+  size_t continuations = 0;
+  uint8_t first_low = 0x80, first_high = 0xBF;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    continuations = 1;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    continuations = 2;
+    if (b0 == 0xE0) first_low = 0xA0;   // no overlong forms
+    if (b0 == 0xED) first_high = 0x9F;  // no surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    continuations = 3;
+    if (b0 == 0xF0) first_low = 0x90;   // no overlong forms
+    if (b0 == 0xF4) first_high = 0x8F;  // nothing above U+10FFFF
+  }
+  size_t length = 1;
+  for (size_t i = 0; i < continuations && pos + length < text.size(); ++i, ++length) {
+    const auto b = static_cast<uint8_t>(text[pos + length]);
+    if (b < (i == 0 ? first_low : 0x80) || b > (i == 0 ? first_high : 0xBF)) break;
+  }
+  return length;
+}
+
 size_t utf8_invalid_offset(std::string_view text) {
   for (size_t pos = 0; pos < text.size();) {
     char32_t cp = 0;

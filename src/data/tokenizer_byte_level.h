@@ -28,6 +28,11 @@ std::string byte_level_map(std::string_view bytes);
 // Decodes one UTF-8 code point at text[pos]; returns its length in bytes (1 for an invalid byte,
 // which is then returned as cp = 0xFFFFFFFF).
 size_t utf8_next(std::string_view text, size_t pos, char32_t& cp);
+// At `pos`, where utf8_next found no character: the length of the ill-formed sequence's maximal
+// subpart (the longest start of a well-formed one, at least one byte), which one U+FFFD replaces
+// in Unicode's recommended practice, as Rust's String::from_utf8_lossy (tokenizers' decoders) and
+// Python's bytes.decode("utf-8", "replace") do.
+size_t utf8_maximal_subpart(std::string_view text, size_t pos);
 // The offset of the first byte that does not start a valid UTF-8 character, or npos.
 size_t utf8_invalid_offset(std::string_view text);
 bool utf8_valid(std::string_view text);

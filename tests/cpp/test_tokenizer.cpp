@@ -235,6 +235,34 @@ TEST(Tokenizer, RoundTripEmptyAndEveryUtf8) {
   EXPECT_EQ(t.decode(t.encode(text)), text);
 }
 
+// Text of ids whose bytes are not UTF-8: one U+FFFD per maximal subpart of an ill-formed sequence,
+// as tokenizers' decoders (Rust's String::from_utf8_lossy) write it; the expected texts are
+// Python's bytes.decode("utf-8", "replace"), which follows the same rule.
+TEST(Tokenizer, DecodeTextReplacesEachMaximalSubpartOnce) {
+  const Tokenizer& t = small_tokenizer();
+  const auto ids_of = [&t](std::string_view bytes) {
+    std::vector<int32_t> ids;
+    for (const char b : bytes)
+      ids.push_back(*t.token_id(byte_level_chars()[static_cast<uint8_t>(b)]));
+    return ids;
+  };
+  const std::string r = "\uFFFD";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"\xE8\xAF ", r + " "},               // a truncated three-byte character
+      {"a\xE8\xAF", "a" + r},               // ... at the end
+      {"\xC0\x80", r + r},                  // an overlong form: no byte starts a character
+      {"\xE0\x80\x80", r + r + r},          // ... of three bytes
+      {"\xED\xA0\x80", r + r + r},          // an encoded surrogate
+      {"\xF0\x9F\x98", r},                  // a truncated four-byte character
+      {"\xF4\x90\x80\x80", r + r + r + r},  // above U+10FFFF
+      {"\xFF", r},
+      {"\xE8\xAF\xE8\xAF\xA2", r + "\u8BE2"},  // the next character is whole
+      {"\xF1\x80\x80\xC3\xA9", r + "\u00E9"},
+      {"\xF0\x9F\x98\x80", "\U0001F600"},  // well-formed
+  };
+  for (const auto& [bytes, text] : cases) EXPECT_EQ(t.decode_text(ids_of(bytes)), text) << bytes;
+}
+
 // --- special tokens ----------------------------------------------------------------------------
 
 TEST(Tokenizer, SpecialTokens) {
