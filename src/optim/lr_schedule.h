@@ -1,5 +1,6 @@
-// Learning rate for update `step` (0-based) of `total_steps`: linear warm-up from lr/warmup to lr
-// over warmup_steps, then cosine, linear or constant decay to lr * min_lr_ratio at total_steps.
+// Learning rate for update `step` (0-based) of `total_steps`, as OLMo-core's schedulers give it
+// for its step step + 1: linear warm-up from lr / warmup_steps to lr at update warmup_steps, then
+// cosine or linear decay to lr * min_lr_ratio at the last update (or constant).
 #pragma once
 
 #include <cstdint>
