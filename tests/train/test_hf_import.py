@@ -359,65 +359,15 @@ def test_import_init_from_and_generate_keep_the_models_generation_settings(
     assert written["max_position_embeddings"] == 4096  # the model's, whatever the tokenizer
 
 
-def test_generate_with_an_empty_eos_list_stops_at_none_as_transformers(
-        moecore_bin, hf_dirs, job_data, tmp_path):
-    """generation_config.json's `"eos_token_id": []` names no EOS: transformers' generate (with the
-    pad_token_id it then needs) produces every requested token, the tokenizer's EOS among them, and
-    so does moecore's generate (it stopped at the tokenizer's EOS). An EOS id outside the
-    vocabulary is one error in either file (config.json's was dropped, generation_config.json's
-    refused)."""
-    hf = _copy(hf_dirs, tmp_path)
-    shutil.copy(job_data.tokenizer, hf / "tokenizer.json")
-    prompt, n = "And God said", 12
-    tok = tokenizers.Tokenizer.from_file(str(job_data.tokenizer))
-    ids = tok.encode(prompt).ids
-
-    def transformers_greedy(**kw) -> list[int]:
-        model = transformers.AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32)
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, **kw)
-        return out[0, len(ids):].tolist()
-
-    # The EOS logit made twice the third greedy token's: greedy decoding draws the EOS early.
-    third = transformers_greedy(eos_token_id=None, pad_token_id=0)[2]
-    _edit_tensors(hf / "model.safetensors", lambda t: t["lm_head.weight"][job_data.eos_id].copy_(
-        2 * t["lm_head.weight"][third]))
-    (hf / "generation_config.json").write_text('{"eos_token_id": [], "pad_token_id": 0}')
-    expected = transformers_greedy()
-    assert len(expected) == n and job_data.eos_id in expected, expected
-    imported = tmp_path / "imported"
-    run(moecore_bin, "import", hf, "--out", imported)
-    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt,
-            "--temperature", "0", "--max-tokens", n)
-    assert r.stdout == prompt + tok.decode(expected, skip_special_tokens=False) + "\n", \
-        (r.stdout, expected)
-
-    # An id outside the vocabulary: refused by import where it reads the file, and by generate
-    # where the file was edited after.
-    bad = f'{{"eos_token_id": [{job_data.vocab_size}]}}'
-    (imported / "generation_config.json").write_text(bad)
-    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", prompt, check=False)
-    assert_one_line_error(r, "[generate]", f"{imported}/generation_config.json: eos_token_id holds "
-                          f"{job_data.vocab_size}, not a token id below vocab_size")
-    (hf / "generation_config.json").write_text(bad)
-    _import_fails(moecore_bin, hf, tmp_path, "[import]",
-                  f"{hf}/generation_config.json: eos_token_id holds {job_data.vocab_size}")
-    (hf / "generation_config.json").unlink()
-    config = json.loads((hf / "config.json").read_text())
-    config["eos_token_id"] = [0, job_data.vocab_size]
-    (hf / "config.json").write_text(json.dumps(config))
-    _import_fails(moecore_bin, hf, tmp_path, "[import]",
-                  f"{hf}/config.json: eos_token_id holds {job_data.vocab_size}")
-
-
-@pytest.mark.parametrize("named", ["generation config without eos", "generation config null",
-                                   "config.json null"])
+@pytest.mark.parametrize("named", ["empty list", "generation config without eos",
+                                   "generation config null", "config.json null"])
 def test_generate_where_no_eos_is_named_stops_at_none_as_transformers(
         moecore_bin, hf_dirs, job_data, tmp_path, named):
     """transformers' generate reads generation_config.json alone where the directory has one (a
-    config.json EOS does not count then) and config.json where it has none: a file that names no
-    EOS stops at none, and so does moecore's generate (it stopped at config.json's or the
-    tokenizer's EOS)."""
+    config.json EOS does not count then) and config.json where it has none. A file that names no
+    EOS (`"eos_token_id": []`, no key, null) stops at none: transformers (with the pad_token_id it
+    then needs) produces every requested token, the tokenizer's EOS among them, and so does
+    moecore's generate (it stopped at config.json's or the tokenizer's EOS)."""
     hf = _copy(hf_dirs, tmp_path)
     shutil.copy(job_data.tokenizer, hf / "tokenizer.json")
     prompt, n = "And God said", 12
@@ -436,10 +386,11 @@ def test_generate_where_no_eos_is_named_stops_at_none_as_transformers(
         2 * t["lm_head.weight"][third]))
     config = json.loads((hf / "config.json").read_text())
     assert config["eos_token_id"] == job_data.eos_id
-    if named == "generation config without eos":
-        (hf / "generation_config.json").write_text('{"pad_token_id": 0}')
-    elif named == "generation config null":
-        (hf / "generation_config.json").write_text('{"eos_token_id": null, "pad_token_id": 0}')
+    generation_config = {"empty list": '{"eos_token_id": [], "pad_token_id": 0}',
+                         "generation config without eos": '{"pad_token_id": 0}',
+                         "generation config null": '{"eos_token_id": null, "pad_token_id": 0}'}
+    if named in generation_config:
+        (hf / "generation_config.json").write_text(generation_config[named])
     else:  # save_pretrained wrote a generation_config.json from the model's config
         (hf / "generation_config.json").unlink()
         (hf / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))
@@ -451,6 +402,30 @@ def test_generate_where_no_eos_is_named_stops_at_none_as_transformers(
             "--temperature", "0", "--max-tokens", n)
     assert r.stdout == prompt + tok.decode(expected, skip_special_tokens=False) + "\n", \
         (r.stdout, expected)
+
+
+def test_an_eos_id_outside_the_vocabulary_is_one_error(moecore_bin, hf_dirs, job_data, tmp_path):
+    """An EOS id outside the vocabulary is one error in either file: refused by import where it
+    reads the file, and by generate where the file was edited after (config.json's was dropped,
+    generation_config.json's refused)."""
+    hf = _copy(hf_dirs, tmp_path)
+    shutil.copy(job_data.tokenizer, hf / "tokenizer.json")
+    imported = tmp_path / "imported"
+    run(moecore_bin, "import", hf, "--out", imported)
+    bad = f'{{"eos_token_id": [{job_data.vocab_size}]}}'
+    (imported / "generation_config.json").write_text(bad)
+    r = run(moecore_bin, "generate", "--checkpoint", imported, "--prompt", "And", check=False)
+    assert_one_line_error(r, "[generate]", f"{imported}/generation_config.json: eos_token_id holds "
+                          f"{job_data.vocab_size}, not a token id below vocab_size")
+    (hf / "generation_config.json").write_text(bad)
+    _import_fails(moecore_bin, hf, tmp_path, "[import]",
+                  f"{hf}/generation_config.json: eos_token_id holds {job_data.vocab_size}")
+    (hf / "generation_config.json").unlink()
+    config = json.loads((hf / "config.json").read_text())
+    config["eos_token_id"] = [0, job_data.vocab_size]
+    (hf / "config.json").write_text(json.dumps(config))
+    _import_fails(moecore_bin, hf, tmp_path, "[import]",
+                  f"{hf}/config.json: eos_token_id holds {job_data.vocab_size}")
 
 
 def test_import_and_init_from_refuse_non_finite_weights(moecore_bin, hf_dirs, job_data, tmp_path):
