@@ -61,19 +61,19 @@ nlohmann::json hf_config_json(const ModelConfig& c, const HfModelInfo& info) {
                          c.shared_expert_intermediate_size == 0 && c.routing == Routing::kLearned &&
                          !c.has_router_bias() && c.n_group == 1 && c.routed_scaling_factor == 1.0;
   const bool pre_norm = c.block_norm == BlockNorm::kPre;
-  const bool olmoe_shape = hf_router && c.qk_norm == QkNorm::kFull &&
-                           c.first_k_dense_replace == 0 &&
-                           c.head_size() * c.num_attention_heads == c.hidden_size;
-  const bool olmoe = olmoe_shape && pre_norm;
+  const bool olmoe_shape = hf_router && c.qk_norm == QkNorm::kFull && c.first_k_dense_replace == 0;
+  const bool standard_head = c.head_size() * c.num_attention_heads == c.hidden_size;
+  const bool olmoe = olmoe_shape && pre_norm && standard_head;
   // FlexOlmo (transformers >= 4.57) is OLMoE with OLMo-2's reordered norms: the same attention
-  // (QK-norm over the whole projection), router and experts, post_attention_layernorm after
-  // attention and post_feedforward_layernorm after the MoE.
+  // (QK-norm over the whole projection; head_dim read where config.json has one), router and
+  // experts, post_attention_layernorm after attention and post_feedforward_layernorm after the MoE.
   const bool flex_olmo = olmoe_shape && !pre_norm;
   const bool qwen3 = hf_router && c.qk_norm == QkNorm::kPerHead && pre_norm;
   if (flex_olmo) {
     j["architectures"] = {"FlexOlmoForCausalLM"};
     j["model_type"] = "flex_olmo";
     j["intermediate_size"] = c.moe_intermediate_size;
+    if (!standard_head) j["head_dim"] = c.head_size();
   } else if (olmoe) {
     j["architectures"] = {"OlmoeForCausalLM"};
     j["model_type"] = "olmoe";

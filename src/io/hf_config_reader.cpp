@@ -150,6 +150,9 @@ ModelConfig olmoe_family(const ConfigKeys& k, BlockNorm block_norm) {
   m.intermediate_size = m.moe_intermediate_size;  // unused: no dense layer
   m.qk_norm = QkNorm::kFull;
   m.block_norm = block_norm;
+  // FlexOlmo's attention takes head_dim where config.json has it (absent: hidden_size / heads);
+  // OLMoE's is always hidden_size / heads, whatever the file says.
+  if (block_norm == BlockNorm::kReordered) m.head_dim = k.integer("head_dim", 0);
   k.require_absent("clip_qkv", "moecore does not clamp q, k and v");
   return m;
 }
@@ -158,6 +161,8 @@ ModelConfig qwen3_moe(const ConfigKeys& k) {
   ModelConfig m;
   read_common(k, m);
   m.head_dim = k.integer("head_dim", 0);  // transformers: absent means hidden_size / heads
+  // Qwen3MoeConfig's default, where OlmoeConfig's and FlexOlmoConfig's are moecore's 0.01.
+  m.router_aux_loss_coef = k.number("router_aux_loss_coef", 0.001);
   m.moe_intermediate_size = k.integer("moe_intermediate_size");
   m.intermediate_size = k.integer("intermediate_size");
   m.qk_norm = QkNorm::kPerHead;

@@ -25,6 +25,7 @@
 #include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
+#include "io/hf_config_reader.h"
 #include "io/hf_weights_reader.h"
 #include "io/run_dir_lock.h"
 #include "kernels/gemm.h"
@@ -495,6 +496,27 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
 // the lock is in out_dir, rank 0 writes them as this run's checkpoints will be (fp32 weights,
 // config.json, config.toml), reads them back and compares the logits (train/round_trip_check.h);
 // returns the start-up line that says so.
+// Where a fine-tune from a Hugging Face model trains another objective than transformers would on
+// the same config.json (its loss adds router_aux_loss_coef times its own load-balancing loss only
+// when output_router_logits is true), a start-up line says so and how to match it.
+std::string init_from_objective_note(const ModelConfig& mc, const io::HfModelInfo& info,
+                                     const std::string& hf_dir) {
+  if (mc.router_aux_loss_coef == 0.0 || io::read_hf_model_config(hf_dir).model_type == "moecore")
+    return "";  // moecore's own architectures: no transformers class trains them
+  if (!info.output_router_logits)
+    return fmt::format(
+        "note: {}/config.json says output_router_logits = false, so transformers fine-tunes it on "
+        "cross-entropy alone; this run adds the load-balancing loss (model.router_aux_loss_coef = "
+        "{}; 0 trains as transformers does)",
+        hf_dir, mc.router_aux_loss_coef);
+  if (mc.lb_loss_style != LbLossStyle::kHf)
+    return fmt::format(
+        "note: the load-balancing loss is OLMo-core's form (per layer, summed over the layers); "
+        "transformers adds its own form for {} (model.lb_loss_style = \"hf\" trains as it does)",
+        hf_dir);
+  return "";
+}
+
 std::string init_from_hf(const dist::Communicator& world, const RunConfig& config,
                          const RunInputs& in, const std::string& hf_dir,
                          const ParamLayout& full_layout, const ParamLayout& layout,
@@ -774,6 +796,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const HfMetadata metadata = hf_metadata_of_run(
       tc.seq_len, mc.vocab_size, in.tokenizer ? &*in.tokenizer : nullptr, metadata_source);
   if (!metadata.note.empty()) progress.message(metadata.note);
+  if (!options.init_from.empty() && !start.checkpoint)
+    if (const std::string note = init_from_objective_note(mc, metadata.info, options.init_from);
+        !note.empty())
+      progress.message(note);
   add_callbacks(ctx, in, options, owner_pid, start.checkpoint.has_value(), metadata);
 
   StepBuffers buffers(tc.microbatches, rows / dp, mesh.dp.rank() * (rows / dp) * tc.seq_len);

@@ -57,9 +57,9 @@ def build_model(family: str, vocab: int) -> torch.nn.Module:
                   tie_word_embeddings=False, eos_token_id=0, pad_token_id=None, bos_token_id=None)
     if family == "olmoe":
         model = transformers.OlmoeForCausalLM(transformers.OlmoeConfig(intermediate_size=24, **common))
-    elif family == "flex_olmo":
-        model = transformers.FlexOlmoForCausalLM(
-            transformers.FlexOlmoConfig(intermediate_size=24, norm_topk_prob=False, **common))
+    elif family == "flex_olmo":  # head_dim != hidden / heads: FlexOlmo's attention reads it
+        model = transformers.FlexOlmoForCausalLM(transformers.FlexOlmoConfig(
+            intermediate_size=24, norm_topk_prob=False, head_dim=16, **common))
     else:  # Qwen3-MoE: per-head QK-norm, head_dim != hidden / heads, a dense first layer, GQA
         common.update(num_hidden_layers=3)
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
@@ -534,6 +534,42 @@ def test_init_from_takes_unset_keys_and_refuses_contradictions(moecore_bin, hf_d
     r = run(moecore_bin, "train", ok, "--set", "model.block_norm=reordered", "--init-from", hf,
             check=False)
     assert_one_line_error(r, "block_norm")
+
+
+@pytest.mark.parametrize("family", ["olmoe", "qwen3_moe"])
+def test_init_from_says_where_its_objective_is_not_transformers(moecore_bin, hf_dirs, job_data,
+                                                                 tmp_path, family):
+    """transformers adds its load-balancing loss (router_aux_loss_coef times its own form) only
+    when config.json's output_router_logits is true: a fine-tune that trains another objective
+    says so in a start-up line, and how to match transformers; one that matches it says nothing.
+    Qwen3-MoE's router_aux_loss_coef is transformers' default, 0.001, where config.json has none."""
+    hf = tmp_path / "hf"
+    shutil.copytree(hf_dirs[(family, "fp32")], hf)
+    config = json.loads((hf / "config.json").read_text())
+    assert config["output_router_logits"] is False
+    if family == "qwen3_moe":
+        del config["router_aux_loss_coef"]
+        (hf / "config.json").write_text(json.dumps(config))
+    coef = 0.001 if family == "qwen3_moe" else 0.01
+
+    def notes(name: str, *sets: str) -> list[str]:
+        cfg = init_config(tmp_path, job_data, tmp_path / name, f"{name}.toml", "", max_steps=1)
+        r = run(moecore_bin, "train", cfg, *[a for s in sets for a in ("--set", s)],
+                "--init-from", hf)
+        assert f"router_aux_loss_coef = {coef}" in (tmp_path / name / "config.toml").read_text()
+        return [line for line in r.stdout.splitlines()
+                if line.startswith("note: ") and "load-balancing loss" in line]
+
+    assert notes("default") == [
+        f"note: {hf}/config.json says output_router_logits = false, so transformers fine-tunes it "
+        f"on cross-entropy alone; this run adds the load-balancing loss "
+        f"(model.router_aux_loss_coef = {coef}; 0 trains as transformers does)"]
+    config["output_router_logits"] = True
+    (hf / "config.json").write_text(json.dumps(config))
+    assert notes("olmo_core_form") == [
+        "note: the load-balancing loss is OLMo-core's form (per layer, summed over the layers); "
+        f"transformers adds its own form for {hf} (model.lb_loss_style = \"hf\" trains as it does)"]
+    assert notes("hf_form", "model.lb_loss_style=hf") == []
 
 
 def test_init_from_a_broken_directory_writes_nothing(moecore_bin, hf_dirs, job_data, tmp_path):
