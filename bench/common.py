@@ -151,6 +151,20 @@ def cpu_model() -> str:
     return f"{platform.machine()} {platform.processor() or ''}".strip()
 
 
+def cpu_isa() -> list[str]:
+    """The CPU features the kernels choose between (oneDNN's AVX2, AVX-512, AVX512-BF16 and AMX
+    paths), as /proc/cpuinfo's flags name them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                        if f in flags]
+    except OSError:
+        pass
+    return []
+
+
 def machine_meta(args) -> dict:
     try:
         load = os.getloadavg()[0]
@@ -159,7 +173,7 @@ def machine_meta(args) -> dict:
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
                             text=True, cwd=REPO).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "commit": commit,
-            "machine": cpu_model(),
+            "machine": cpu_model(), "isa": cpu_isa(),
             "load_average_at_start": load, "quick": bool(getattr(args, "quick", False))}
 
 

@@ -175,8 +175,14 @@ def main() -> int:
                 threads=args.threads, config=str(C.CONFIG.relative_to(C.REPO)),
                 experts=args.experts or None,
                 stem=f"throughput_e{args.experts}" if args.experts else "throughput")
-    data = {"meta": meta, "flops": flops, "peaks": peak_summary, "results": results,
-            "ratios": ratios, "unavailable": unavailable}
+    # Each repeat's peak as measured: its winning shape and every shape's median, so a reader can
+    # see which GEMM set the MFU's denominator.
+    peak_repeats = {p: [{"flops_per_s": x["flops_per_s"], "shape": x["shape"],
+                         "shape_medians": {f"{s['m']}x{s['n']}x{s['k']}": s["flops_per_s_median"]
+                                           for s in x["shapes"]}} for x in v]
+                    for p, v in peaks.items() if v}
+    data = {"meta": meta, "flops": flops, "peaks": peak_summary, "peak_repeats": peak_repeats,
+            "results": results, "ratios": ratios, "unavailable": unavailable}
     write_markdown(Path(args.out), data)
     plot(Path(args.out), data)
     return 0

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "core/bf16.h"
 #include "core/check.h"
 #include "core/host_memory.h"
 #include "core/mx_types.h"
@@ -73,6 +74,8 @@ void run_bench_gemm(const BenchGemmArgs& args) {
                              elements(std::max(args.m, args.n), args.k);
   const double bytes =
       4.0 * fp32_elements +
+      (args.precision == "bf16" ? 2.0 * (elements(args.m, args.k) + elements(args.k, args.n))
+                                : 0.0) +
       (mxfp8 ? mx_elements * (1.0 + 1.0 / static_cast<double>(mx::kMxBlock)) : 0.0);
   require_buffers_fit(
       bytes, fmt::format("gemm m={} n={} k={} ({})", args.m, args.n, args.k, args.precision));
@@ -97,8 +100,23 @@ void run_bench_gemm(const BenchGemmArgs& args) {
     quantize(args.m, args.k, a, a_codes, a_scales);
     quantize(args.n, args.k, b, b_codes, b_scales);
   }
+  // bf16: both operands rounded once, as the model's weight copies and activations are, so that
+  // a call is the GEMM alone on the native path (kernels::gemm would round both on every call,
+  // which the model's GEMMs do not); the emulated path widens them in every call, as the model's
+  // emulated GEMMs round theirs.
+  const bool bf16_operands = args.precision == "bf16";
+  std::vector<uint16_t> a16, b16;
+  if (bf16_operands) {
+    a16.resize(a.size());
+    b16.resize(b.size());
+    std::transform(a.begin(), a.end(), a16.begin(), float_to_bf16);
+    std::transform(b.begin(), b.end(), b16.begin(), float_to_bf16);
+  }
   const auto call = [&] {
-    if (mxfp8) {
+    if (bf16_operands) {
+      kernels::gemm_bf16_ab16(kernels::bf16_gemm_path(), false, false, args.m, args.n, args.k, 1.0f,
+                              a16.data(), b16.data(), 0.0f, c.data(), args.n);
+    } else if (mxfp8) {
       kernels::cpu::mx_gemm(
           args.m, args.n, args.k, {mx::ElemType::kE4M3, a_codes.data(), a_scales.data()},
           {mx::ElemType::kE4M3, b_codes.data(), b_scales.data()}, c.data(), args.n);

@@ -1,5 +1,7 @@
-// Model FLOPs per trained token, as OLMo-core counts them (DESIGN.md, Measuring): forward +
-// backward = 6 FLOPs per weight a token touches, plus the attention scores. Per layer:
+// Model FLOPs per trained token (DESIGN.md, Measuring): forward + backward = 6 FLOPs per weight a
+// token touches, plus the attention scores, the causal ones only (OLMo-core's
+// num_flops_per_token counts 6 per non-embedding weight and the scores of all seq_len positions,
+// 12 x heads x head_dim x seq_len: 4.7% more than this count on the bench model). Per layer:
 //   attention projections 6 x (q, k, v, o weights); attention scores 12 x heads x head_dim x
 //   (causal positions / seq_len) = 12 x heads x head_dim x (seq_len + 1) / 2; router 6 x d x E;
 //   routed experts 18 x d x H x k; shared expert 18 x d x H_shared; a dense layer's SwiGLU MLP
