@@ -199,13 +199,18 @@ Tokenizer train(const std::vector<std::string_view>& texts, int64_t vocab_size,
   }
   doc["added_tokens"] = added;
   doc["normalizer"] = nullptr;
-  const OJson byte_level = {{"type", "ByteLevel"},
-                            {"add_prefix_space", false},
-                            {"trim_offsets", true},
-                            {"use_regex", true}};
-  doc["pre_tokenizer"] = byte_level;
-  doc["post_processor"] = byte_level;
-  doc["decoder"] = byte_level;
+  // The sections of tokenizers' own ByteLevelBPETokenizer (add_prefix_space and trim_offsets
+  // false): a post-processor that leaves the offsets as the pre-tokenizer made them, a decoder
+  // with ByteLevel's defaults.
+  const auto byte_level = [](bool add_prefix_space, bool trim_offsets) {
+    return OJson{{"type", "ByteLevel"},
+                 {"add_prefix_space", add_prefix_space},
+                 {"trim_offsets", trim_offsets},
+                 {"use_regex", true}};
+  };
+  doc["pre_tokenizer"] = byte_level(false, true);
+  doc["post_processor"] = byte_level(true, false);
+  doc["decoder"] = byte_level(true, true);
   OJson model;
   model["type"] = "BPE";
   model["dropout"] = nullptr;
