@@ -109,7 +109,7 @@ MoeMetrics compute_moe_metrics(const std::vector<const Transformer*>& chunks,
     if (n == 0.0) continue;
     MoeLayerMetrics lm;
     lm.layer = moe_layers[l];
-    if (m.layers.size() < drop_rates.size()) lm.drop_rate = drop_rates[m.layers.size()];
+    if (l < drop_rates.size()) lm.drop_rate = drop_rates[l];  // one per MoE layer, as moe_layers
     for (int64_t e = 0; e < e_count; ++e) lm.tokens_per_expert.push_back(std::llround(counts[e]));
     const double mean_count = n * static_cast<double>(k) / static_cast<double>(e_count);
     lm.load_imbalance = *std::max_element(counts, counts + e_count) / mean_count;

@@ -25,7 +25,6 @@
 #include "dist/rowwise_exchange.h"
 #include "io/file_util.h"
 #include "io/hf_config.h"
-#include "io/hf_config_reader.h"
 #include "io/hf_weights_reader.h"
 #include "io/run_dir_lock.h"
 #include "kernels/gemm.h"
@@ -491,18 +490,14 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   return report;
 }
 
-// --init-from: every rank reads the whole Hugging Face model and keeps its part, so any layout
-// starts from the single process's weights. Then, before the first step and before anything but
-// the lock is in out_dir, rank 0 writes them as this run's checkpoints will be (fp32 weights,
-// config.json, config.toml), reads them back and compares the logits (train/round_trip_check.h);
-// returns the start-up line that says so.
 // Where a fine-tune from a Hugging Face model trains another objective than transformers would on
 // the same config.json (its loss adds router_aux_loss_coef times its own load-balancing loss only
 // when output_router_logits is true), a start-up line says so and how to match it.
 std::string init_from_objective_note(const ModelConfig& mc, const io::HfModelInfo& info,
                                      const std::string& hf_dir) {
-  if (mc.router_aux_loss_coef == 0.0 || io::read_hf_model_config(hf_dir).model_type == "moecore")
-    return "";  // moecore's own architectures: no transformers class trains them
+  // moecore's own architectures (the family its export would name): no transformers class.
+  if (mc.router_aux_loss_coef == 0.0 || io::hf_config_json(mc, info).at("model_type") == "moecore")
+    return "";
   if (!info.output_router_logits)
     return fmt::format(
         "note: {}/config.json says output_router_logits = false, so transformers fine-tunes it on "
@@ -517,6 +512,11 @@ std::string init_from_objective_note(const ModelConfig& mc, const io::HfModelInf
   return "";
 }
 
+// --init-from: every rank reads the whole Hugging Face model and keeps its part, so any layout
+// starts from the single process's weights. Then, before the first step and before anything but
+// the lock is in out_dir, rank 0 writes them as this run's checkpoints will be (fp32 weights,
+// config.json, config.toml), reads them back and compares the logits (train/round_trip_check.h);
+// returns the start-up line that says so.
 std::string init_from_hf(const dist::Communicator& world, const RunConfig& config,
                          const RunInputs& in, const std::string& hf_dir,
                          const ParamLayout& full_layout, const ParamLayout& layout,
