@@ -22,6 +22,7 @@
 #include "io/file_util.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "scratch_dir.h"
 #include "train/checkpoint.h"
 
 namespace moecore {
@@ -79,9 +80,6 @@ class CheckpointTest : public ::testing::Test {
         optimizer_(layout_, OptimConfig{}) {}
 
   void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_ckpt_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    run_dir_ = templ;
     config_.model = tiny_model();
     config_.train.seed = 7;
     init_params(layout_, 1234, params_);
@@ -97,11 +95,7 @@ class CheckpointTest : public ::testing::Test {
     optimizer_.set_steps_taken(42);
   }
 
-  void TearDown() override {
-    io::set_write_failure_for_testing(-1);
-    std::error_code ec;
-    fs::remove_all(run_dir_, ec);
-  }
+  void TearDown() override { io::set_write_failure_for_testing(-1); }
 
   // A trainer state that agrees with config_ (the loader checks every field against it).
   nlohmann::json trainer_state(int64_t step) const {
@@ -143,7 +137,8 @@ class CheckpointTest : public ::testing::Test {
   ParamLayout layout_;
   ParamBuffers params_;
   AdamW optimizer_;
-  fs::path run_dir_;
+  ScratchDir scratch_{"moecore_ckpt"};
+  const fs::path run_dir_ = scratch_.path();
 };
 
 TEST_F(CheckpointTest, SaveListLoadRoundTrip) {

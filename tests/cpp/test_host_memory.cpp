@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/host_memory.h"
+#include "scratch_dir.h"
 
 namespace moecore {
 namespace {
@@ -23,15 +24,6 @@ constexpr const char* kV1Unlimited = "9223372036854771712";
 
 class CgroupMemoryLimit : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_cgroup_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    root_ = templ;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
   // Writes `value` into `file` under the test's root, making its directories.
   void write(const std::string& file, const std::string& value) const {
     const fs::path path = root_ / file;
@@ -45,7 +37,8 @@ class CgroupMemoryLimit : public ::testing::Test {
     return "41 31 0:38 " + shown + " " + (root_ / dir).string() + " rw,relatime shared:9 - " +
            type + " " + type + " " + options + "\n";
   }
-  fs::path root_;
+  ScratchDir scratch_{"moecore_cgroup"};
+  const fs::path root_ = scratch_.path();
 };
 
 TEST_F(CgroupMemoryLimit, AJobsLimitBindsTheStepAndTaskCgroupsBelowItV2) {

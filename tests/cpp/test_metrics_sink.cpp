@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "io/metrics_sink.h"
+#include "scratch_dir.h"
 
 namespace moecore::io {
 namespace {
@@ -29,13 +30,6 @@ static_assert(!std::is_copy_constructible_v<MetricsSink> &&
 
 class MetricsSinkTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_metrics_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string jsonl() const { return (dir_ / "metrics.jsonl").string(); }
 
   std::string read_text() const {
@@ -70,7 +64,8 @@ class MetricsSinkTest : public ::testing::Test {
     return n;
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_metrics"};
+  fs::path dir_ = scratch_.path();  // a test may move it into a subdirectory
 };
 
 TEST_F(MetricsSinkTest, LinesParseBackAsJson) {

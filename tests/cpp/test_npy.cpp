@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "data/npy.h"
 #include "io/file_util.h"
+#include "scratch_dir.h"
 
 namespace moecore::data {
 namespace {
@@ -20,15 +21,7 @@ namespace fs = std::filesystem;
 
 class NpyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_npy_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override {
-    io::set_write_failure_for_testing(-1);
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { io::set_write_failure_for_testing(-1); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -60,7 +53,8 @@ class NpyTest : public ::testing::Test {
     return names;
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_npy"};
+  const fs::path dir_ = scratch_.path();
 };
 
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {

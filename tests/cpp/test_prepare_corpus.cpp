@@ -15,6 +15,7 @@
 #include "data/prepare_corpus.h"
 #include "data/token_dataset.h"
 #include "io/file_util.h"
+#include "scratch_dir.h"
 
 namespace moecore::data {
 namespace {
@@ -50,17 +51,11 @@ std::vector<int64_t> concat(std::initializer_list<std::vector<int64_t>> parts) {
 class PrepareCorpusTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_prepare_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
     // Blank and whitespace-only lines are no documents; CRLF and a missing final newline are fine.
     first_ = write("first.txt", "ab\n\ncd\r\n  \t\nxyz");
     second_ = write("second.txt", "q\n");
   }
-  void TearDown() override {
-    io::set_write_failure_for_testing(-1);
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { io::set_write_failure_for_testing(-1); }
 
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(dir_ / name, std::ios::binary) << text;
@@ -111,7 +106,8 @@ class PrepareCorpusTest : public ::testing::Test {
     return "(no error)";
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_prepare"};
+  const fs::path dir_ = scratch_.path();
   std::string first_, second_;
 };
 

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "io/hf_config.h"
+#include "scratch_dir.h"
 #include "train/round_trip_check.h"
 
 namespace moecore {
@@ -38,15 +39,8 @@ class RoundTripCheckTest : public ::testing::Test {
   RoundTripCheckTest() : layout_(ParamLayout::build(round_trip_model())), params_(layout_) {}
 
   void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_round_trip_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
     run_.model = round_trip_model();
     init_params(layout_, 99, params_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
   }
 
   void write(const RunConfig& run) {
@@ -69,7 +63,8 @@ class RoundTripCheckTest : public ::testing::Test {
   ParamLayout layout_;
   ParamBuffers params_;
   RunConfig run_;
-  std::string dir_;
+  ScratchDir scratch_{"moecore_round_trip"};
+  const std::string dir_ = scratch_.path().string();
 };
 
 TEST_F(RoundTripCheckTest, PassesOnTheModelThatWroteTheDirectory) {

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "io/run_dir_lock.h"
+#include "scratch_dir.h"
 
 namespace moecore::io {
 namespace {
@@ -18,16 +19,8 @@ namespace fs = std::filesystem;
 
 class RunDirLockTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_lock_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string dir_;
+  ScratchDir scratch_{"moecore_lock"};
+  const std::string dir_ = scratch_.path().string();
 };
 
 TEST_F(RunDirLockTest, SecondHolderIsRefusedWithTheHolderNamed) {

@@ -19,6 +19,7 @@
 #include "io/file_util.h"
 #include "io/safetensors.h"
 #include "io/tensor_parts.h"
+#include "scratch_dir.h"
 
 namespace moecore::io {
 namespace {
@@ -27,15 +28,9 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_st_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
   void TearDown() override {
     set_write_failure_for_testing(-1);
     fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add);
-    fs::remove_all(dir_);
   }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
@@ -62,7 +57,8 @@ class SafetensorsTest : public ::testing::Test {
     return names;
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_st"};
+  const fs::path dir_ = scratch_.path();
 };
 
 // Expects fn to throw moecore::Error whose one-line message contains every fragment.

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "io/file_util.h"
 #include "io/tensor_dump.h"
+#include "scratch_dir.h"
 
 namespace moecore::io {
 namespace {
@@ -18,15 +19,7 @@ namespace fs = std::filesystem;
 
 class TensorDumpTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_dump_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    root_ = templ;
-  }
-  void TearDown() override {
-    set_write_failure_for_testing(-1);
-    fs::remove_all(root_);
-  }
+  void TearDown() override { set_write_failure_for_testing(-1); }
 
   // Names out of alphabetical order, so that the order can only come from the manifest.
   static TensorDump sample() {
@@ -51,7 +44,8 @@ class TensorDumpTest : public ::testing::Test {
     return "";
   }
 
-  fs::path root_;
+  ScratchDir scratch_{"moecore_dump"};
+  const fs::path root_ = scratch_.path();
 };
 
 TEST_F(TensorDumpTest, RoundTripKeepsExecutionOrderKindsAndIdentity) {

@@ -19,6 +19,7 @@
 
 #include "core/check.h"
 #include "io/tensorboard_writer.h"
+#include "scratch_dir.h"
 
 namespace moecore::io {
 namespace {
@@ -182,13 +183,6 @@ DecodedEvent decode_event(const std::string& record) {
 
 class TensorBoardWriterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_tb_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::vector<std::string> event_files(const fs::path& dir) const {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().string());
@@ -196,7 +190,8 @@ class TensorBoardWriterTest : public ::testing::Test {
     return names;
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_tb"};
+  const fs::path dir_ = scratch_.path();
 };
 
 // ---- CRC-32C

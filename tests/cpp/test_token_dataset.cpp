@@ -12,6 +12,7 @@
 #include "data/instance_order.h"
 #include "data/npy.h"
 #include "data/token_dataset.h"
+#include "scratch_dir.h"
 
 namespace moecore::data {
 namespace {
@@ -105,13 +106,6 @@ TEST(InstanceOrderTest, RejectsEmptyDataset) {
 
 class TokenDatasetTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_tokens_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   template <typename T>
@@ -144,7 +138,8 @@ class TokenDatasetTest : public ::testing::Test {
     return "(no error)";
   }
 
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_tokens"};
+  const fs::path dir_ = scratch_.path();
 };
 
 std::vector<uint16_t> range_u16(int first, int count) {

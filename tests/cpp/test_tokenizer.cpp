@@ -11,6 +11,7 @@
 #include "data/bpe_trainer.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_byte_level.h"
+#include "scratch_dir.h"
 
 namespace moecore::data {
 namespace {
@@ -52,19 +53,14 @@ void expect_one_line_error(const std::string& message, const std::string& needle
 
 class TokenizerFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = (fs::path(::testing::TempDir()) / "moecore_tok_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream out(path(name), std::ios::binary);
     out << text;
     return path(name);
   }
-  fs::path dir_;
+  ScratchDir scratch_{"moecore_tok"};
+  const fs::path dir_ = scratch_.path();
 };
 
 // --- byte-level helpers ------------------------------------------------------------------------
