@@ -133,6 +133,18 @@ void read_common(const ConfigKeys& k, ModelConfig& m) {
     }
   }
   k.require_value("attention_bias", false, "moecore's projections have no bias");
+  k.require_value("partial_rotary_factor", 1.0, "moecore's RoPE rotates the whole head");
+  // transformers 4.5x+: one entry per layer; moecore's attention is full causal in every layer.
+  if (k.has("layer_types")) {
+    const nlohmann::json& types = k.raw("layer_types");
+    MOE_CHECK(types.is_array(), "[import] {}: 'layer_types' is {}, expected a list", k.origin(),
+              json_excerpt(types));
+    for (const nlohmann::json& type : types)
+      MOE_CHECK(type == "full_attention",
+                "[import] {}: 'layer_types' holds {}, not supported (moecore's attention is full "
+                "causal: only \"full_attention\")",
+                k.origin(), json_excerpt(type));
+  }
   // transformers' ACT2FN: "swish" is the same function as "silu".
   MOE_CHECK(!k.has("hidden_act") || k.raw("hidden_act") == "silu" || k.raw("hidden_act") == "swish",
             "[import] {}: 'hidden_act' = {} is not supported (moecore's MLPs are SwiGLU: silu)",
@@ -150,9 +162,18 @@ ModelConfig olmoe_family(const ConfigKeys& k, BlockNorm block_norm) {
   m.intermediate_size = m.moe_intermediate_size;  // unused: no dense layer
   m.qk_norm = QkNorm::kFull;
   m.block_norm = block_norm;
-  // FlexOlmo's attention takes head_dim where config.json has it (absent: hidden_size / heads);
-  // OLMoE's is always hidden_size / heads, whatever the file says.
-  if (block_norm == BlockNorm::kReordered) m.head_dim = k.integer("head_dim", 0);
+  // FlexOlmo's attention takes head_dim where config.json has it (absent: hidden_size / heads).
+  // OLMoE's rotary embedding (transformers 4.57) is sized by a head_dim key while its attention is
+  // hidden_size / heads: one that differs is a model transformers cannot run, not one to guess at.
+  if (block_norm == BlockNorm::kReordered) {
+    m.head_dim = k.integer("head_dim", 0);
+  } else if (k.has("head_dim")) {
+    MOE_CHECK(
+        m.num_attention_heads > 0 && k.integer("head_dim") * m.num_attention_heads == m.hidden_size,
+        "[import] {}: 'head_dim' = {} is not supported for olmoe (its attention is "
+        "hidden_size / num_attention_heads = {} / {})",
+        k.origin(), k.integer("head_dim"), m.hidden_size, m.num_attention_heads);
+  }
   k.require_absent("clip_qkv", "moecore does not clamp q, k and v");
   return m;
 }
@@ -160,6 +181,8 @@ ModelConfig olmoe_family(const ConfigKeys& k, BlockNorm block_norm) {
 ModelConfig qwen3_moe(const ConfigKeys& k) {
   ModelConfig m;
   read_common(k, m);
+  // Qwen3MoeConfig's default is 4 key/value heads (OlmoeConfig's and FlexOlmoConfig's: the heads).
+  m.num_key_value_heads = k.integer("num_key_value_heads", 4);
   m.head_dim = k.integer("head_dim", 0);  // transformers: absent means hidden_size / heads
   // Qwen3MoeConfig's default, where OlmoeConfig's and FlexOlmoConfig's are moecore's 0.01.
   m.router_aux_loss_coef = k.number("router_aux_loss_coef", 0.001);

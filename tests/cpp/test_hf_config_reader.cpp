@@ -104,6 +104,44 @@ TEST(HfConfigReader, RefusesWhatMoecoreDoesNotCompute) {
   EXPECT_EQ(hf_model_config_from_json(j, "config.json").model.first_k_dense_replace, 2);
 }
 
+// Keys transformers' models read that moecore would otherwise pass over: each refused by name
+// where it changes the model, accepted at the value moecore computes.
+TEST(HfConfigReader, RefusesRotaryAndLayerKeysItDoesNotCompute) {
+  const nlohmann::json olmoe = hf_config_json(base(), 2048, 7);
+  nlohmann::json j = olmoe;
+  j["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(error_of(j).find("'partial_rotary_factor' = 0.5 is not supported"), std::string::npos);
+  j["partial_rotary_factor"] = 1;
+  EXPECT_EQ(error_of(j), "");
+  j = olmoe;
+  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
+  EXPECT_NE(error_of(j).find("'layer_types' holds \"sliding_attention\""), std::string::npos);
+  j["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+  EXPECT_EQ(error_of(j), "");
+  // OLMoE's attention is hidden_size / heads = 16 wide whatever head_dim says.
+  j = olmoe;
+  j["head_dim"] = 32;
+  EXPECT_NE(error_of(j).find("'head_dim' = 32 is not supported for olmoe"), std::string::npos);
+  j["head_dim"] = 16;
+  EXPECT_EQ(error_of(j), "");
+}
+
+// An absent num_key_value_heads is each class's default: the heads for OlmoeConfig and
+// FlexOlmoConfig (multi-head attention), 4 for Qwen3MoeConfig.
+TEST(HfConfigReader, AbsentKeyValueHeadsAreEachFamilysDefault) {
+  ModelConfig c = base();
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 8;
+  nlohmann::json olmoe = hf_config_json(c, 2048, 7);
+  olmoe.erase("num_key_value_heads");
+  EXPECT_EQ(hf_model_config_from_json(olmoe, "config.json").model.num_key_value_heads, 8);
+  c.qk_norm = QkNorm::kPerHead;
+  nlohmann::json qwen = hf_config_json(c, 2048, 7);
+  ASSERT_EQ(qwen["model_type"], "qwen3_moe");
+  qwen.erase("num_key_value_heads");
+  EXPECT_EQ(hf_model_config_from_json(qwen, "config.json").model.num_key_value_heads, 4);
+}
+
 TEST(HfConfigReader, KeepsWhatConfigJsonSaysBeyondTheArchitecture) {
   // Token ids (a list of EOS ids as Qwen3 and Llama-3 write them), the context length and the
   // router-logits flag survive import -> export, and moecore's z-loss coefficient its own export.
