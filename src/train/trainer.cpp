@@ -650,9 +650,6 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
   const StartPoint start = choose_start(world, config, full_layout, options);
-  // A run killed between committing a checkpoint and pruning the old ones left one too many.
-  if (start.checkpoint && rank0) prune_checkpoints(tc.out_dir, *start.checkpoint, tc.keep_last);
-  if (start.checkpoint) world.barrier();  // no rank looks at the run directory while it prunes
 
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
@@ -726,6 +723,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
   // A finished run resumed: below, nothing is trained or written.
   const bool finished = start.checkpoint && resumed.step == tc.max_steps;
+  // A run killed between committing a checkpoint and pruning the old ones left one too many.
+  // Pruned only now, every rank's checkpoint read and every start-up check passed: a refused
+  // resume, and a finished one (which writes nothing), delete nothing.
+  if (start.checkpoint && !finished) {
+    if (rank0) prune_checkpoints(tc.out_dir, *start.checkpoint, tc.keep_last);
+    world.barrier();  // no rank looks at the run directory while it prunes
+  }
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0 && !finished)
     io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");

@@ -213,6 +213,27 @@ def test_tampered_trainer_state_is_not_trusted(moecore_bin, two_step_run):
     assert train(moecore_bin, cfg, resume=True).returncode == 0  # control: the good state
 
 
+def test_refused_or_finished_resume_prunes_nothing(moecore_bin, job_data, tmp_path):
+    """keep_last prunes only once a resume has passed every start-up check: a resume refused
+    (max_steps below the checkpoint) and a finished run resumed (which writes nothing) leave every
+    checkpoint; a resume that trains prunes as before."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out, **SETTINGS)
+    train(moecore_bin, cfg, "train.save_every=1")
+    every = [step_of(c) for c in checkpoints(out)]
+    assert every == list(range(1, STEPS + 1))
+    before = snapshot(out)
+    r = train(moecore_bin, cfg, "train.max_steps=2", "train.keep_last=1", resume=True, check=False)
+    assert_one_line_error(r, f"is at step {STEPS}, past train.max_steps=2")
+    assert snapshot(out) == before, "a refused resume changed the run directory"
+    r = train(moecore_bin, cfg, "train.keep_last=1", resume=True)
+    assert "done: nothing to train" in r.stdout
+    assert [step_of(c) for c in checkpoints(out)] == every
+    # Control: a resume that goes on prunes down to keep_last (the newest included).
+    train(moecore_bin, cfg, f"train.max_steps={STEPS + 1}", "train.keep_last=2", resume=True)
+    assert [step_of(c) for c in checkpoints(out)] == [STEPS, STEPS + 1]
+
+
 def test_regular_file_named_like_a_checkpoint_is_left_alone(moecore_bin, two_step_run):
     out, cfg = two_step_run
     ckdir = out / "checkpoints"
