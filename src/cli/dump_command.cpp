@@ -10,6 +10,7 @@
 #include "cli/devices_command.h"
 #include "core/check.h"
 #include "core/device_memory.h"
+#include "core/fnv1a.h"
 #include "core/mx_types.h"
 #include "data/token_dataset.h"
 #include "dist/mpi/mpi_runtime.h"
@@ -24,12 +25,8 @@ namespace moecore::cli {
 
 namespace {
 
-// FNV-1a, 64 bits: an identity of inputs (config, weights, batch) in the manifest, so that diff
-// can tell whether two dumps ran the same batch.
-uint64_t fnv1a(std::span<const std::byte> bytes, uint64_t hash = 0xcbf29ce484222325ULL) {
-  for (const std::byte b : bytes) hash = (hash ^ static_cast<uint64_t>(b)) * 0x100000001b3ULL;
-  return hash;
-}
+// FNV-1a: an identity of inputs (config, weights, batch) in the manifest, so that diff can tell
+// whether two dumps ran the same batch.
 template <typename T>
 std::string hash_hex(const std::vector<T>& values) {
   return fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(values))));

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "data/dataset_fingerprint.h"
 #include "data/token_dataset.h"
 #include "dist/rank_reports.h"
 #include "train/trainer.h"
@@ -68,20 +69,8 @@ std::string dataset_agreement_text(const data::TokenDataset& dataset) {
   std::string text;
   for (size_t i = 0; i < dataset.num_files(); ++i)
     text += fmt::format("file {}: {} ({})\n", i, dataset.file_path(i), dataset.file_dtype(i));
-  // FNV-1a over the first and the last instance: a corpus of the same sizes with other tokens.
-  uint64_t checksum = 14695981039346656037ull;
-  std::vector<int32_t> tokens(static_cast<size_t>(dataset.seq_len()));
-  for (const int64_t index : {int64_t{0}, dataset.num_instances() - 1}) {
-    if (index < 0) continue;
-    dataset.read_instance(index, tokens.data());
-    for (const int32_t token : tokens) {
-      checksum ^= static_cast<uint32_t>(token);
-      checksum *= 1099511628211ull;
-    }
-  }
-  text += fmt::format(
-      "tokens {}, instances {}, eos_id {}, first and last instances' FNV-1a {:016x}\n",
-      dataset.total_tokens(), dataset.num_instances(), dataset.metadata_eos_id(), checksum);
+  text += fmt::format("{}, eos_id {}\n", data::describe(data::dataset_fingerprint(dataset)),
+                      dataset.metadata_eos_id());
   return text;
 }
 

@@ -32,8 +32,8 @@ void check_ranks_agree(const dist::Communicator& world, std::string_view what,
 // all) and the command line's options that change what the ranks do.
 std::string run_agreement_text(const RunConfig& config, const TrainOptions& options);
 
-// The same for a token dataset, from what opening it read: each file's path, element type and
-// tokens, and a checksum of its first and last instance (another corpus of the same sizes).
+// The same for a token dataset, from what opening it read: each file's path and element type,
+// and the dataset's fingerprint (data/dataset_fingerprint.h: another corpus of the same sizes).
 std::string dataset_agreement_text(const data::TokenDataset& dataset);
 
 }  // namespace moecore

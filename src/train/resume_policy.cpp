@@ -41,6 +41,8 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   // masks: document_masking, eos_id).
   for (const char* key : {"train", "dtype", "document_masking", "eos_id", "bos_id"})
     keys.push_back(std::string("data.") + key);
+  // Which tokens an expert-parallel run drops (the rowwise dispatch's capacity; ep = 1 drops none).
+  if (saved.parallel.ep > 1 || now.parallel.ep > 1) keys.push_back("parallel.capacity_factor");
 
   std::vector<ConfigChange> changes;
   for (const std::string& key : keys) {

@@ -39,9 +39,10 @@ struct TrainContext {
   data::DataLoader& loader;
   StepGuard& guard;
   GerrymanderingDetector& gerrymandering;
-  Transformer::BatchSum dp_batch_sum;  // the chunks' batch statistics over the dp group
-  bool rowwise_dispatch = false;       // experts exchanged by the rowwise dispatch (drop rates)
-  int64_t rows = 0;                    // sequences per micro-batch, all data-parallel ranks
+  Transformer::BatchSum dp_batch_sum;     // the chunks' batch statistics over the dp group
+  bool rowwise_dispatch = false;          // experts exchanged by the rowwise dispatch (drop rates)
+  int64_t rows = 0;                       // sequences per micro-batch, all data-parallel ranks
+  data::DatasetFingerprint train_data{};  // what the checkpoints record of the training set
 
   // The step's decision where the gradients are (kernels::step_decision): [loss, norm, applied],
   // the factors the update reads, and with pipeline stages the step's loss as one row.
@@ -64,6 +65,9 @@ struct TrainContext {
   std::string stop_message{};
   // Set on the step that reached train.skip_max_consecutive: the run stops (saved) and fails.
   std::string gave_up{};
+  // A stop signal cancelled the evaluation due at `step` (the checkpoint records it; a resumed run
+  // makes it up first).
+  bool eval_pending = false;
   bool stopping() const { return stop_signal != 0 || out_of_time || !gave_up.empty(); }
   // "peak RSS ... MiB per rank (max over N ranks)[; per stage [...] MiB]" for the last line.
   std::string peak_memory{};

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "data/dataset_fingerprint.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "dist/alltoall_exchange.h"
@@ -159,7 +160,8 @@ std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
 }
 
 StartPoint choose_start(const dist::Communicator& world, const RunConfig& config,
-                        const ParamLayout& full_layout, const TrainOptions& options) {
+                        const ParamLayout& full_layout, const TrainOptions& options,
+                        const data::DatasetFingerprint& train_data) {
   const std::string& out_dir = config.train.out_dir;
   const std::vector<std::string> existing = list_checkpoints(out_dir);
   MOE_CHECK(options.resume || existing.empty(),
@@ -193,7 +195,18 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
     return start;
   }
   start.saved_config = load_run_config(*start.checkpoint + "/config.toml");
-  const std::vector<ConfigChange> changes = replay_config_changes(*start.saved_config, config);
+  std::vector<ConfigChange> changes = replay_config_changes(*start.saved_config, config);
+  const TrainerState saved_state = load_trainer_state(*start.checkpoint, start.saved_config->train);
+  if (saved_state.train_data) {
+    // Another seq_len (a change listed above) cuts the same tokens into other instances.
+    const data::DatasetFingerprint& saved = *saved_state.train_data;
+    const bool same = start.saved_config->train.seq_len == config.train.seq_len
+                          ? saved == train_data
+                          : saved.tokens == train_data.tokens;
+    if (!same)
+      changes.push_back(
+          {"data.train's contents", data::describe(saved), data::describe(train_data)});
+  }
   std::string listed;
   for (const ConfigChange& change : changes)
     listed += (listed.empty() ? "" : "; ") + describe(change);
@@ -205,6 +218,13 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
     start.messages.push_back(note);
+  if (saved_state.threads > 0 && config.train.device == Device::kCpu &&
+      saved_state.threads != omp_get_max_threads())
+    start.messages.push_back(
+        fmt::format("note: the run ran on {} OpenMP thread(s) a rank and resumes on {}: the CPU "
+                    "kernels split their "
+                    "sums by thread, so it continues close to, not exactly on, its path",
+                    saved_state.threads, omp_get_max_threads()));
   start.config_changed = !changes.empty();
   start.damaged = std::move(damaged);
   return start;
@@ -649,7 +669,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
-  const StartPoint start = choose_start(world, config, full_layout, options);
+  const data::DatasetFingerprint train_fingerprint = data::dataset_fingerprint(in.train_data);
+  const StartPoint start = choose_start(world, config, full_layout, options, train_fingerprint);
 
   ParamBuffers params(layout), grads(layout);
   init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
@@ -763,11 +784,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       .dp_batch_sum = dp_batch_sum,
       .rowwise_dispatch = rowwise,
       .rows = rows,
+      .train_data = train_fingerprint,
       .step = resumed.step,
       .tokens_seen = resumed.tokens_seen,
       .replay_origin = start.config_changed
                            ? ReplayOrigin{resumed.step, resumed.data_cursor, resumed.tokens_seen}
                            : resumed.origin};
+  ctx.eval_pending = resumed.eval_pending;
   ctx.summary.start_step = ctx.step;
   for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);

@@ -1,5 +1,7 @@
 #include "train/trainer_state.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -84,6 +86,27 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
   }
   if (doc.contains("recipe_revision"))
     state.recipe_revision = integer_in(doc, "recipe_revision", kRecipeRevision, origin);
+  if (doc.contains("train_data")) {
+    const json& d = doc["train_data"];
+    data::DatasetFingerprint fingerprint;
+    fingerprint.tokens = integer_in(d, "tokens", kMaxCount, origin, "train_data.");
+    fingerprint.instances = integer_in(d, "instances", kMaxCount, origin, "train_data.");
+    const json& hash = member(d, "sample_hash", origin, "train_data.");
+    const std::string hex = hash.is_string() ? hash.get<std::string>() : std::string();
+    MOE_CHECK(hex.size() == 16 &&
+                  std::all_of(hex.begin(), hex.end(), [](char c) { return std::isxdigit(c) != 0; }),
+              "[checkpoint] {}: train_data.sample_hash={} must be 16 hex digits", origin,
+              json_excerpt(hash));
+    fingerprint.sample_hash = std::stoull(hex, nullptr, 16);
+    state.train_data = fingerprint;
+  }
+  if (doc.contains("threads")) state.threads = integer_in(doc, "threads", kMaxCount, origin);
+  if (doc.contains("eval_pending")) {
+    MOE_CHECK(doc["eval_pending"].is_boolean(),
+              "[checkpoint] {}: eval_pending={} must be a boolean", origin,
+              json_excerpt(doc["eval_pending"]));
+    state.eval_pending = doc["eval_pending"].get<bool>();
+  }
   if (doc.contains("replay_origin")) {
     const json& o = doc["replay_origin"];
     state.origin.step = integer_in(o, "step", kMaxStep, origin, "replay_origin.");

@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "data/dataset_fingerprint.h"
 #include "train/run_config.h"
 
 namespace moecore {
@@ -37,6 +39,15 @@ struct TrainerState {
   bool has_checksums = false;
   // Which revision of the precision recipes wrote it (kRecipeRevision; 1 when it does not say).
   int64_t recipe_revision = 1;
+  // The training set it read (absent in older checkpoints): a resume on other contents under the
+  // same data.train is a change of the replay (train/resume_policy.h).
+  std::optional<data::DatasetFingerprint> train_data;
+  // OpenMP threads per rank of the CPU run that wrote it (0: not recorded, or a device run): the
+  // CPU kernels split their sums by thread, so another count continues close to, not on, the path.
+  int64_t threads = 0;
+  // A stop signal cancelled the evaluation due at this step (train.eval_every): the resumed run
+  // makes it up before its first step, so that metrics.jsonl has every validation row.
+  bool eval_pending = false;
 };
 
 // Revisions of the precision recipes that change a run's numbers under unchanged keys: 2, mxfp8

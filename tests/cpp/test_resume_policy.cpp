@@ -95,6 +95,20 @@ TEST(ResumePolicy, MaxStepsMayChangeWithANoteWhereTheScheduleDependsOnIt) {
   EXPECT_EQ(horizon_note(a, a), "");
 }
 
+// The rowwise dispatch's capacity decides which tokens an expert-parallel run drops; without
+// expert parallelism nothing is dropped and the key decides nothing.
+TEST(ResumePolicy, CapacityFactorIsAReplayKeyUnderExpertParallelism) {
+  RunConfig a;
+  RunConfig b = a;
+  b.parallel.capacity_factor = a.parallel.capacity_factor + 0.5;
+  EXPECT_TRUE(replay_config_changes(a, b).empty());
+  a.parallel.ep = 2;
+  b.parallel.ep = 2;
+  const std::vector<ConfigChange> changes = replay_config_changes(a, b);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].key, "parallel.capacity_factor");
+}
+
 TEST(ResumePolicy, SettingsThatDoNotTouchTheWeightsMayChange) {
   RunConfig a;
   RunConfig b = a;

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_training_job import (ENV, assert_one_line_error, check_complete_checkpoint, checkpoints,
@@ -193,6 +194,50 @@ def test_replay_breaking_change_is_refused_unless_allowed(moecore_bin, two_step_
         assert "(step 4)" in r.stdout
 
 
+def test_changed_training_set_under_the_same_path_is_refused_unless_allowed(moecore_bin, job_data,
+                                                                            tmp_path):
+    """data.train names the same directory, but its contents changed: a part added, or a part
+    regenerated with other tokens of the same size. The data order is a shuffle over the instance
+    count, so either would re-read some instances and skip others from the same cursor: refused
+    like a replay key (the checkpoint records the training set's fingerprint), accepted with
+    --allow-config-change, which logs it."""
+    tokens = job_data.read_part(sorted(job_data.train.iterdir())[0])
+    n = 64 * 32  # 64 instances of seq_len 32 a part
+    data = tmp_path / "train"
+    data.mkdir()
+    (data / "part-0-00000.npy").write_bytes(np.asarray(tokens[:n]).tobytes())
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out, **SETTINGS,
+                       data={"train": [str(data)], "dtype": job_data.dtype})
+    train(moecore_bin, cfg, "train.max_steps=2")
+    # Control: the same files resume.
+    assert "resumed from" in train(moecore_bin, cfg, "train.max_steps=3", resume=True).stdout
+    before = snapshot(out)
+    (data / "part-0-00001.npy").write_bytes(np.asarray(tokens[n:2 * n]).tobytes())
+    r = train(moecore_bin, cfg, resume=True, check=False)
+    assert_one_line_error(r, "--resume", "--allow-config-change",
+                          "data.train's contents: 64 instances", "-> 128 instances")
+    (data / "part-0-00001.npy").unlink()
+    (data / "part-0-00000.npy").write_bytes(np.asarray(tokens[n:2 * n]).tobytes())  # regenerated
+    r = train(moecore_bin, cfg, resume=True, check=False)
+    assert_one_line_error(r, "data.train's contents: 64 instances", "-> 64 instances")
+    assert snapshot(out) == before, "a refused resume changed the run directory"
+    r = subprocess.run([str(moecore_bin), "train", str(cfg), "--resume", "--allow-config-change"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("config change on resume: data.train's contents") == 1, r.stdout[:1500]
+
+
+def test_another_thread_count_resumes_with_a_note(moecore_bin, two_step_run):
+    """The CPU kernels split their sums by thread: a resume on another count (train.threads, or
+    the cores of another machine under threads = 0) goes on, saying that it leaves the exact
+    path; the same count says nothing."""
+    out, cfg = two_step_run
+    note = "note: the run ran on 1 OpenMP thread(s) a rank and resumes on 2"
+    assert note not in train(moecore_bin, cfg, "train.max_steps=3", resume=True).stdout
+    assert note in train(moecore_bin, cfg, "train.threads=2", resume=True).stdout
+
+
 def test_tampered_trainer_state_is_not_trusted(moecore_bin, two_step_run):
     out, cfg = two_step_run
     state_path = out / "checkpoints/step_00000002/trainer_state.json"
@@ -201,7 +246,11 @@ def test_tampered_trainer_state_is_not_trusted(moecore_bin, two_step_run):
                                  ("data_cursor", 9, "data_cursor=9 does not match"),
                                  ("step", "2", 'step="2" must be an integer'),
                                  # control characters come back escaped, on one line
-                                 ("step", "2\n\x1b[2K", "step=\"2\\n\\u001b[2K\"")]:
+                                 ("step", "2\n\x1b[2K", "step=\"2\\n\\u001b[2K\""),
+                                 ("threads", -1, "threads=-1 is out of range"),
+                                 ("eval_pending", 1, "eval_pending=1 must be a boolean"),
+                                 ("train_data", {"tokens": 1, "instances": 1, "sample_hash": "0x12"},
+                                  "train_data.sample_hash=\"0x12\" must be 16 hex digits")]:
         state = json.loads(state_path.read_text())
         good = state_path.read_text()
         state[field] = value

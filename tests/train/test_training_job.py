@@ -495,6 +495,36 @@ def test_stop_signal_saves_a_checkpoint_and_resumes_exactly(moecore_bin, job_dat
         assert without_timing(ra[step]) == without_timing(rb[step]), f"metrics differ at {step}"
 
 
+def test_evaluation_a_stop_signal_cancelled_is_made_up_on_resume(moecore_bin, job_data, tmp_path):
+    """A stop signal skips the evaluation due at its step (a preemption's grace period is short);
+    the checkpoint records it and the resumed run evaluates that step before its first, so that
+    metrics.jsonl holds every validation row of the uninterrupted run, each once, equal to it.
+    400 steps: the signal, sent after step 5, lands hundreds of steps before the end."""
+    steps = 400
+    settings = dict(train={"max_steps": steps, "save_every": 0, "log_every": 1, "eval_every": 1,
+                           "eval_batches": 1})
+    out = tmp_path / "stopped"
+    cfg = write_config(tmp_path / "stopped.toml", job_data, out, **settings)
+    with open(tmp_path / "stopped.out", "w+") as log:
+        with started([moecore_bin, "train", cfg], log, ENV) as proc:
+            wait_for_logged_steps(out, 5, proc)
+            assert proc.poll() is None, "the run ended before the signal could be sent"
+            proc.send_signal(signal.SIGUSR1)
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+    assert rc == 128 + signal.SIGUSR1, rc
+    (saved,) = checkpoints(out)
+    stopped_at = step_of(saved)
+    assert 5 <= stopped_at < steps
+    assert json.loads((saved / "trainer_state.json").read_text())["eval_pending"] is True
+    val = lambda d: [(r["step"], r["val/loss"]) for r in metrics_rows(d) if "val/loss" in r]
+    assert [step for step, _ in val(out)] == list(range(1, stopped_at)), "the stop evaluated"
+    train(moecore_bin, cfg, resume=True)
+    ref = tmp_path / "ref"
+    train(moecore_bin, write_config(tmp_path / "ref.toml", job_data, ref, **settings))
+    assert [step for step, _ in val(ref)] == list(range(1, steps + 1))
+    assert val(out) == val(ref)
+
+
 def test_stop_signal_after_the_final_checkpoint_ends_the_process(moecore_bin, job_data, tmp_path):
     """Past the final checkpoint a stop cannot keep anything more: a SIGTERM during the final
     evaluation or sample (here a long sample) ends the process by its default action at once, as

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
+#include "core/fnv1a.h"
 #include "dist/device_communicators.h"
 #include "dist/nccl/nccl_check.h"
 #include "dist/nccl/nccl_communicator.h"
@@ -27,12 +29,7 @@ int64_t device_key(const std::string& group) {
   MOE_NCCL_CHECK(cudaGetDevice(&device), nullptr, group);
   cudaDeviceProp properties{};
   MOE_NCCL_CHECK(cudaGetDeviceProperties(&properties, device), nullptr, group);
-  uint64_t hash = 14695981039346656037ull;
-  for (const char byte : properties.uuid.bytes) {
-    hash ^= static_cast<unsigned char>(byte);
-    hash *= 1099511628211ull;
-  }
-  return static_cast<int64_t>(hash);
+  return static_cast<int64_t>(fnv1a(std::as_bytes(std::span(properties.uuid.bytes))));
 }
 
 // NCCL refuses two ranks of one communicator on one device (ncclCommInitRank fails, or hangs):

@@ -1,6 +1,7 @@
 #include "train/callbacks/checkpointer.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <cstdlib>
 
@@ -55,6 +56,11 @@ void CheckpointCallback::save(TrainContext& ctx) {
                           {"step_guard", ctx.guard.to_json()},
                           {"recipe_revision", kRecipeRevision},
                           {"gerrymandering", ctx.gerrymandering.to_json()}};
+  state["train_data"] = {{"tokens", ctx.train_data.tokens},
+                         {"instances", ctx.train_data.instances},
+                         {"sample_hash", fmt::format("{:016x}", ctx.train_data.sample_hash)}};
+  if (tc.device == Device::kCpu) state["threads"] = omp_get_max_threads();
+  if (ctx.eval_pending) state["eval_pending"] = true;
   if (ctx.replay_origin != ReplayOrigin{})
     state["replay_origin"] = {{"step", ctx.replay_origin.step},
                               {"data_cursor", ctx.replay_origin.data_cursor},

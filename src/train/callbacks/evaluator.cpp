@@ -6,11 +6,22 @@
 
 namespace moecore {
 
+void EvalCallback::on_start(TrainContext& ctx) {
+  // The resumed checkpoint's step was due an evaluation that a stop signal cancelled.
+  if (ctx.eval_pending) evaluate_at(ctx, ctx.step);
+  ctx.eval_pending = false;
+}
+
 void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
   const int64_t every = ctx.config.train.eval_every;
-  if (every > 0 && report.step % every == 0 && report.step < ctx.config.train.max_steps &&
-      !ctx.stopping())
-    evaluate_at(ctx, report.step);
+  if (every > 0 && report.step % every == 0 && report.step < ctx.config.train.max_steps) {
+    if (!ctx.stopping()) {
+      evaluate_at(ctx, report.step);
+    } else if (ctx.stop_signal != 0) {
+      // max_seconds and skip_max_consecutive evaluate this step in on_end; a signal does not.
+      ctx.eval_pending = true;
+    }
+  }
 }
 
 void EvalCallback::on_end(TrainContext& ctx) {

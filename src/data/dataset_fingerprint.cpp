@@ -1,0 +1,41 @@
+#include "data/dataset_fingerprint.h"
+
+#include <fmt/format.h>
+
+#include <span>
+#include <vector>
+
+#include "core/fnv1a.h"
+#include "data/token_dataset.h"
+
+namespace moecore::data {
+
+namespace {
+
+// Instances sampled: enough that a regenerated or reordered part is all but certainly seen, few
+// enough that a start-up on a corpus of any size reads only kilobytes.
+constexpr int64_t kSampledInstances = 33;
+
+}  // namespace
+
+DatasetFingerprint dataset_fingerprint(const TokenDataset& dataset) {
+  DatasetFingerprint fingerprint{dataset.total_tokens(), dataset.num_instances(),
+                                 kFnv1aOffsetBasis};
+  const int64_t n = dataset.num_instances();
+  std::vector<int32_t> tokens(static_cast<size_t>(dataset.seq_len()));
+  const int64_t samples = std::min(n, kSampledInstances);
+  for (int64_t i = 0; i < samples; ++i) {
+    // Evenly spaced, the first and the last included (every instance where there are fewer).
+    const int64_t index = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
+    dataset.read_instance(index, tokens.data());
+    fingerprint.sample_hash = fnv1a(std::as_bytes(std::span(tokens)), fingerprint.sample_hash);
+  }
+  return fingerprint;
+}
+
+std::string describe(const DatasetFingerprint& fingerprint) {
+  return fmt::format("{} instances, {} tokens, sample hash {:016x}", fingerprint.instances,
+                     fingerprint.tokens, fingerprint.sample_hash);
+}
+
+}  // namespace moecore::data
