@@ -18,6 +18,7 @@
 #include "core/tensor_view.h"
 #include "kernels/gemm.h"
 #include "kernels/padded_dispatch_shape.h"
+#include "kernels/sigmoid_score_epsilon.h"
 
 namespace moecore {
 

@@ -42,8 +42,8 @@ struct TrainerState {
   // The training set it read (absent in older checkpoints): a resume on other contents under the
   // same data.train is a change of the replay (train/resume_policy.h).
   std::optional<data::DatasetFingerprint> train_data;
-  // OpenMP threads per rank of the CPU run that wrote it (0: not recorded, or a device run): the
-  // CPU kernels split their sums by thread, so another count continues close to, not on, the path.
+  // OpenMP threads per rank of the run that wrote it (0: not recorded): on the CPU the kernels
+  // split their sums by thread, so another count continues close to, not on, the path.
   int64_t threads = 0;
   // A stop signal cancelled the evaluation due at this step (train.eval_every): the resumed run
   // makes it up before its first step, so that metrics.jsonl has every validation row.

@@ -231,6 +231,33 @@ TEST(RouterGradients, GroupLimited) {
     check_router(rc, stable_seed(rc));
 }
 
+// A token whose logits are all far below zero: the sigmoid underflows to 0 in fp32, and OLMo-core's
+// 1e-7 on every score (sigmoid_stability_epsilon) keeps the renormalised weights (1/k each) and
+// the load-balancing probabilities (1/E each) finite, where 0 / 0 made them NaN.
+TEST(RouterSelection, UnderflowingSigmoidScoresKeepTheirEpsilon) {
+  const RouterShape s{3, 2, 4, 2, RouterScore::kSigmoid, /*norm_topk_prob=*/true};
+  // x = (1, 1) for every token, every expert's row -(60 + e): logits -120 .. -126.
+  const std::vector<float> x(static_cast<size_t>(s.tokens * s.dim), 1.0f);
+  std::vector<float> w(static_cast<size_t>(s.num_experts * s.dim));
+  for (int64_t e = 0; e < s.num_experts; ++e)
+    for (int64_t i = 0; i < s.dim; ++i)
+      w[static_cast<size_t>(e * s.dim + i)] = -(60.0f + static_cast<float>(e));
+  RouterState st;
+  router_forward(s, x.data(), w.data(), st);
+  for (const float score : host_copy(st.scores)) EXPECT_EQ(score, 1e-7f);
+  const std::vector<int32_t> index = host_copy(st.topk_index);
+  const std::vector<float> weight = host_copy(st.topk_weight);
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t j = 0; j < s.top_k; ++j) {
+      // Equal scores: the lower expert index first (the documented tie rule).
+      EXPECT_EQ(index[static_cast<size_t>(t * s.top_k + j)], j);
+      EXPECT_FLOAT_EQ(weight[static_cast<size_t>(t * s.top_k + j)], 0.5f);
+    }
+  std::vector<double> sums(static_cast<size_t>(s.num_experts));
+  router_lb_column_sums(s, st, view(sums.data(), {s.num_experts}));
+  for (const double sum : sums) EXPECT_NEAR(sum, 0.75, 1e-12);  // 3 tokens x 1/4
+}
+
 // OLMo-core's sigmoid load-balancing probabilities: each token's scores over their sum.
 TEST(RouterGradients, SigmoidLbColumnSumsAreRenormalised) {
   const RouterShape s{4, 3, 5, 2, RouterScore::kSigmoid, false};
@@ -257,8 +284,9 @@ TEST(RouterGradients, SigmoidLbColumnSumsAreRenormalised) {
 }
 
 // Selection versus weights, against a naive double router: the bias moves only the choice,
-// groups are ranked by their two best selection scores, top-k softmax normalises over the chosen
-// logits, and routed_scaling_factor multiplies every weight.
+// groups are ranked by their two best selection scores, top-k softmax ranks the logits and
+// normalises over the chosen ones, sigmoid scores carry OLMo-core's 1e-7, and
+// routed_scaling_factor multiplies every weight.
 TEST(RouterSelection, BiasGroupsTopkSoftmaxAndScaleMatchNaiveRule) {
   const int64_t tokens = 16, dim = 5, experts = 8, k = 3, n_group = 4, topk_group = 2;
   const std::vector<float> x = random_vec(static_cast<size_t>(tokens * dim), 41);
@@ -288,9 +316,10 @@ TEST(RouterSelection, BiasGroupsTopkSoftmaxAndScaleMatchNaiveRule) {
         double sum = 0.0;
         for (double v : z) sum += std::exp(v - mx);
         for (size_t e = 0; e < z.size(); ++e) {
-          p[e] = score == RouterScore::kSigmoid ? 1.0 / (1.0 + std::exp(-z[e]))
+          p[e] = score == RouterScore::kSigmoid ? 1.0 / (1.0 + std::exp(-z[e])) + 1e-7
                                                 : std::exp(z[e] - mx) / sum;
-          q[e] = p[e] + static_cast<double>(bias[e]);
+          // topk_softmax ranks the logits (OLMo-core), the others the scores.
+          q[e] = (score == RouterScore::kTopkSoftmax ? z[e] : p[e]) + static_cast<double>(bias[e]);
         }
         // Groups of 2: score = both members; keep the best topk_group.
         std::vector<int> groups(static_cast<size_t>(n_group));

@@ -17,7 +17,8 @@ Semantics (see ../shared/DESIGN.md and issues 2 and 12):
   x += RMSNorm(attn(x)); x += RMSNorm(FFN(x)).
   QK-norm before RoPE: "full" normalises the whole q [nh*hd] / k [nkv*hd] projection (OLMoE),
   "per_head" each head's hd values (Qwen3), "none" skips it.
-  MoE: fp32 router logits, softmax or sigmoid scores, top-k by score (+ the selection bias
+  MoE: fp32 router logits, softmax or sigmoid (+ 1e-7, OLMo-core's sigmoid_stability_epsilon)
+  scores, top-k by score (topk_softmax: by logit, as OLMo-core; + the selection bias
   e_score_correction_bias; group-limited when n_group > 1) with ties going to the LOWER expert
   index, weights = the k selected scores (renormalised if norm_topk_prob; topk_softmax: the softmax
   over the k selected logits) times routed_scaling_factor, plus an always-on, unweighted shared
@@ -340,8 +341,13 @@ class Routing:
         return float((s[:, k - 1] - s[:, k]).min())
 
 
+# OLMo-core's v2 router adds it to sigmoid scores (sigmoid_stability_epsilon): all-underflowing
+# logits still give scores with a non-zero sum.
+SIGMOID_SCORE_EPSILON = 1e-7
+
+
 def select_experts(scores: torch.Tensor, c: dict, bias: torch.Tensor | None) -> torch.Tensor:
-    """[N, k] experts chosen by the selection scores (scores + bias), best first, ties to the lower
+    """[N, k] experts chosen by the selection scores (scores, or topk_softmax's logits, + bias), best first, ties to the lower
     index; group-limited (DeepSeek-V3) when n_group > 1: a group's score is the sum of its two best
     selection scores, the topk_group best groups are kept (ties to the lower group) and the k experts
     come from them only (the others are excluded, as in DeepSeek's and Megatron's code)."""
@@ -364,8 +370,11 @@ def moe(x: torch.Tensor, P: dict, pre: str, c: dict, layer: int, mm=torch.matmul
     """Token-choice top-k MoE, dropless. x: [N, d] -> [N, d]."""
     E, k = c["num_experts"], c["num_experts_per_tok"]
     logits = x.float() @ P[pre + "gate.weight"].float().T  # [N, E] fp32
-    scores = torch.sigmoid(logits) if c["router_score"] == "sigmoid" else torch.softmax(logits, dim=-1)
-    selected = select_experts(scores, c, P.get(pre + "gate.e_score_correction_bias"))
+    scores = (torch.sigmoid(logits) + SIGMOID_SCORE_EPSILON if c["router_score"] == "sigmoid"
+              else torch.softmax(logits, dim=-1))
+    # topk_softmax ranks the logits (OLMo-core's selection_logits), the others the scores.
+    keys = logits if c["router_score"] == "topk_softmax" else scores
+    selected = select_experts(keys, c, P.get(pre + "gate.e_score_correction_bias"))
     if c["router_score"] == "topk_softmax":  # softmax over the selected logits
         weights = torch.softmax(logits.gather(-1, selected), dim=-1)
     else:

@@ -69,7 +69,16 @@ CASES = {
         dict(BASE, num_hidden_layers=3, first_k_dense_replace=1, shared_expert_intermediate_size=16,
              block_norm="reordered"), "reordered"),
     "reordered_sigmoid": (dict(BASE, router_score="sigmoid", block_norm="reordered"), "reordered"),
+    # The selection bias (OLMo-core's bias_gamma / score_bias): added to the softmax or sigmoid
+    # scores, and to the logits under topk_softmax (OLMo-core's selection_logits), before the top-k.
+    "pre_softmax_bias": (dict(BASE, router_bias_update_rate=0.001), "pre"),
+    "pre_sigmoid_bias_norm_topk": (dict(BASE, router_score="sigmoid", norm_topk_prob=True,
+                                        router_bias_update_rate=0.001), "pre"),
+    "pre_topk_softmax_bias": (dict(BASE, router_score="topk_softmax", router_bias_update_rate=0.001),
+                              "pre"),
 }
+# Large enough against the logits (|z| ~ 1) that the bias changes some tokens' experts.
+SELECTION_BIAS = torch.tensor([0.12, -0.12, 0.05, -0.05])
 
 # ----------------------------------------------------------------------------------------------
 # CPU stand-ins for OLMo-core's GPU-only pieces (same contracts, plain PyTorch)
@@ -147,8 +156,8 @@ def olmo_core_model(cfg: dict, layout: str):
     if c["shared_expert_intermediate_size"] > 0:
         shared = SharedExpertsConfig(d_model=d, hidden_size=c["shared_expert_intermediate_size"],
                                      num_experts=1, bias=False, dtype=f32)
-    gating = (MoERouterGatingFunction.softmax if c["router_score"] == "softmax"
-              else MoERouterGatingFunction.sigmoid)
+    gating = {"softmax": MoERouterGatingFunction.softmax, "sigmoid": MoERouterGatingFunction.sigmoid,
+              "topk_softmax": MoERouterGatingFunction.topk_softmax}[c["router_score"]]
     moe_block = OLMoDDPTransformerBlockConfig(
         name=TransformerBlockType.moe_fused_v2, attention=attention, **norms,
         routed_experts=RoutedExpertsConfig(d_model=d, hidden_size=c["moe_intermediate_size"],
@@ -156,7 +165,8 @@ def olmo_core_model(cfg: dict, layout: str):
         routed_experts_router=MoERouterConfigV2(
             d_model=d, num_experts=c["num_experts"], top_k=c["num_experts_per_tok"], dtype=f32,
             gating_function=gating, normalize_expert_weights=1.0 if c["norm_topk_prob"] else None,
-            lb_loss_weight=c["router_aux_loss_coef"], z_loss_weight=c["router_z_loss_coef"]),
+            lb_loss_weight=c["router_aux_loss_coef"], z_loss_weight=c["router_z_loss_coef"],
+            bias_gamma=c["router_bias_update_rate"] or None),
         shared_experts=shared)
     # A dense layer is a block with one always-on expert and no router.
     dense_block = OLMoDDPTransformerBlockConfig(
@@ -204,6 +214,8 @@ def olmo_core_state(P: dict, cfg: dict) -> dict:
         if not ref_model.is_dense_layer(c, i):
             E = c["num_experts"]
             s[oc + "routed_experts_router.weight"] = P[hf + "mlp.gate.weight"].reshape(-1)
+            if c["router_bias_update_rate"] > 0:
+                s[oc + "routed_experts_router.score_bias"] = P[hf + "mlp.gate.e_score_correction_bias"]
             ups, downs = [], []
             for e in range(E):
                 up, gate, down = _swiglu_pair(P, hf + f"mlp.experts.{e}.")
@@ -240,6 +252,8 @@ def hf_gradients(model, cfg: dict) -> dict:
         if not ref_model.is_dense_layer(c, i):
             E, H = c["num_experts"], c["moe_intermediate_size"]
             out[hf + "mlp.gate.weight"] = g[oc + "routed_experts_router.weight"].view(E, -1)
+            if c["router_bias_update_rate"] > 0:  # a buffer there, a parameter without gradient here
+                out[hf + "mlp.gate.e_score_correction_bias"] = torch.zeros(E)
             for e in range(E):
                 pe = hf + f"mlp.experts.{e}."
                 up_gate = g[oc + "routed_experts.w_up_gate"][e]
@@ -289,7 +303,14 @@ def batch(cfg, seed, ignore_frac=0.15):
 def test_engine_matches_olmo_core(moecore_bin, tmp_path, cpu_kernels, case):
     cfg, layout = CASES[case]
     params = ref_model.random_params(cfg, seed=2024, std=0.08)
+    biased = [n for n in params if n.endswith("e_score_correction_bias")]
+    for name in biased:
+        params[name] = SELECTION_BIAS.clone()
     x, y = batch(cfg, seed=17)
+    if biased:  # the case can fail: the bias changes which experts some tokens take
+        unbiased = {n: (torch.zeros_like(t) if n in biased else t) for n, t in params.items()}
+        taken = lambda p: [r.selected for r in ref_model.debug_state(p, cfg, x, y)[1]]
+        assert any(not torch.equal(a, b) for a, b in zip(taken(params), taken(unbiased)))
     # The PyTorch reference picks the same experts by a clear margin (no near-ties to flip).
     _, routings = ref_model.debug_state(params, cfg, x, y)
     for r in routings:

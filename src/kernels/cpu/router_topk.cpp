@@ -64,7 +64,8 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
       const float* z = zp + t * e_count;
       float* p = pp + t * e_count;
       if (o.score == RouterScoreFunction::kSigmoid) {
-        for (int64_t e = 0; e < e_count; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
+        for (int64_t e = 0; e < e_count; ++e)
+          p[e] = 1.0f / (1.0f + std::exp(-z[e])) + kSigmoidScoreEpsilon;
       } else {
         softmax_row(z, p, e_count);
       }
@@ -83,10 +84,12 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
               order.begin(), order.begin() + k, order.end(),
               [r](int32_t a, int32_t b) { return r[a] > r[b] || (r[a] == r[b] && a < b); });
         } else {
-          const float* q = p;
+          // Selection keys: the scores, or with topk_softmax the logits (OLMo-core ranks its
+          // logits there), plus the selection bias.
+          const float* q = topk_softmax ? z : p;
           if (!choice.empty()) {
             for (int64_t e = 0; e < e_count; ++e)
-              choice[at(e)] = p[e] + (bias != nullptr ? bias[e] : 0.0f);
+              choice[at(e)] = q[e] + (bias != nullptr ? bias[e] : 0.0f);
             q = choice.data();
           }
           if (grouped) {
@@ -223,7 +226,11 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
           for (int64_t e = 0; e < e_count; ++e) dot += lb[e] * (p[e] / sum_all);
           for (int64_t e = 0; e < e_count; ++e) dscore[at(e)] += (lb[e] - dot) / sum_all;
         }
-        for (int64_t e = 0; e < e_count; ++e) dz[e] = dscore[at(e)] * p[e] * (1.0f - p[e]);
+        // The scores hold sigmoid + epsilon; the Jacobian is the sigmoid's own, from the logit.
+        for (int64_t e = 0; e < e_count; ++e) {
+          const float sig = 1.0f / (1.0f + std::exp(-z[e]));
+          dz[e] = dscore[at(e)] * sig * (1.0f - sig);
+        }
         if (lb != nullptr && g.lb_uses_softmax) {
           float dot = 0.0f;
           for (int64_t e = 0; e < e_count; ++e) dot += lb[e] * soft[at(e)];

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/sigmoid_score_epsilon.h"
 
 namespace moecore::kernels::cuda {
 namespace {
@@ -114,7 +115,8 @@ __global__ void router_topk_forward_kernel(const float* logits, const float* bia
     const float* z = logits + t * experts;
     float* p = scores + t * experts;
     if (o.sigmoid) {
-      for (int e = lane; e < experts; e += 32) p[e] = 1.0f / (1.0f + expf(-z[e]));
+      for (int e = lane; e < experts; e += 32)
+        p[e] = 1.0f / (1.0f + expf(-z[e])) + kSigmoidScoreEpsilon;
     } else {
       float max_z = -INFINITY;
       for (int e = lane; e < experts; e += 32) max_z = fmaxf(max_z, z[e]);
@@ -143,7 +145,10 @@ __global__ void router_topk_forward_kernel(const float* logits, const float* bia
           experts, k, 0, ~uint64_t{0}, [&](int e) { return splitmix_draw(state, e); }, everyone,
           take);
     } else {
-      auto selection = [&](int e) { return bias != nullptr ? p[e] + bias[e] : p[e]; };
+      // Selection keys: the scores, or with topk_softmax the logits (OLMo-core ranks its logits
+      // there), plus the selection bias.
+      const float* base = o.topk_softmax ? z : p;
+      auto selection = [&](int e) { return bias != nullptr ? base[e] + bias[e] : base[e]; };
       auto key = [&](int e) { return rank_key(selection(e)); };
       if (n_group > 1) {
         // Group score: the sum of the group's two best selection scores (DeepSeek-V3).
@@ -322,7 +327,9 @@ __global__ void router_topk_backward_kernel(const float* logits, const float* sc
       for (int e = lane; e < experts; e += 32) {
         float dscore = dz[e];
         if (lb_row_sum) dscore += (lb[e] - lb_dot) / sum_all;
-        float g = dscore * p[e] * (1.0f - p[e]);
+        // The scores hold sigmoid + epsilon; the Jacobian is the sigmoid's own, from the logit.
+        const float sig = 1.0f / (1.0f + expf(-z[e]));
+        float g = dscore * sig * (1.0f - sig);
         if (lb_softmax_of_sigmoid) g += soft(e) * (lb[e] - soft_dot);
         if (z_grad_scale != 0.0f) g += z_factor * soft(e);
         dz[e] = g;

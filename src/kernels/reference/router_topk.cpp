@@ -60,7 +60,8 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
     float* p = pp + t * e_count;
     // The scores in fp32 as the model stores them (the choice compares these very values).
     if (o.score == RouterScoreFunction::kSigmoid) {
-      for (int64_t e = 0; e < e_count; ++e) p[e] = 1.0f / (1.0f + std::exp(-z[e]));
+      for (int64_t e = 0; e < e_count; ++e)
+        p[e] = 1.0f / (1.0f + std::exp(-z[e])) + kSigmoidScoreEpsilon;
     } else {
       const std::vector<double> soft = softmax(z, e_count);
       for (int64_t e = 0; e < e_count; ++e) p[e] = static_cast<float>(soft[at(e)]);
@@ -76,8 +77,11 @@ void router_topk_forward(ConstTensorView logits, ConstTensorView selection_bias,
       for (auto& r : draw) r = rng.next();
       chosen = ranked(draw);
     } else {
+      // Selection keys: the scores, or with topk_softmax the logits (OLMo-core ranks its logits
+      // there), plus the selection bias.
+      const float* key = o.score == RouterScoreFunction::kTopkSoftmax ? z : p;
       std::vector<float> q(at(e_count));
-      for (int64_t e = 0; e < e_count; ++e) q[at(e)] = p[e] + (bias != nullptr ? bias[e] : 0.0f);
+      for (int64_t e = 0; e < e_count; ++e) q[at(e)] = key[e] + (bias != nullptr ? bias[e] : 0.0f);
       if (o.n_group > 1) {
         // Rank the groups by the sum of their two best selection scores; experts outside the
         // topk_group best groups drop out of the race.
@@ -139,8 +143,9 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView /*scores*/,
     std::vector<double> jac(at(e_count * e_count), 0.0);
     for (int64_t a = 0; a < e_count; ++a) {
       if (sigmoid) {
-        sc[at(a)] = 1.0 / (1.0 + std::exp(-double{z[a]}));
-        jac[at(a * e_count + a)] = sc[at(a)] * (1.0 - sc[at(a)]);
+        const double sig = 1.0 / (1.0 + std::exp(-double{z[a]}));
+        sc[at(a)] = sig + double{kSigmoidScoreEpsilon};
+        jac[at(a * e_count + a)] = sig * (1.0 - sig);
       } else {
         sc[at(a)] = soft[at(a)];
         for (int64_t b = 0; b < e_count; ++b)

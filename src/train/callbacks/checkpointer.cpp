@@ -59,7 +59,10 @@ void CheckpointCallback::save(TrainContext& ctx) {
   state["train_data"] = {{"tokens", ctx.train_data.tokens},
                          {"instances", ctx.train_data.instances},
                          {"sample_hash", fmt::format("{:016x}", ctx.train_data.sample_hash)}};
-  if (tc.device == Device::kCpu) state["threads"] = omp_get_max_threads();
+  // The host's threads a rank (what a CPU run's sums split by; a device run's checkpoint says the
+  // same, so that the two runs' checkpoints are byte-identical, and resuming compares it on the
+  // CPU).
+  state["threads"] = omp_get_max_threads();
   if (ctx.eval_pending) state["eval_pending"] = true;
   if (ctx.replay_origin != ReplayOrigin{})
     state["replay_origin"] = {{"step", ctx.replay_origin.step},
