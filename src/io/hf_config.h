@@ -28,7 +28,7 @@ struct HfModelInfo {
   // Generation stops at any of them; an empty list at none (transformers' generate checks the
   // sampled token against the list), nullopt when config.json names none.
   std::optional<std::vector<int32_t>> eos_token_ids;
-  std::optional<int32_t> bos_token_id, pad_token_id;
+  std::optional<int32_t> bos_token_id;  // pad_token_id is the model's (ModelConfig)
   bool output_router_logits = false;
 };
 

@@ -287,12 +287,10 @@ HfModelInfo hf_model_info_from_json(const nlohmann::json& config, const std::str
   };
   info.eos_token_ids =
       eos_token_ids_from_json(k.raw("eos_token_id"), origin, vocab_size, "[import]");
-  // BOS and PAD decide nothing moecore computes: an id beyond the vocabulary (Llama's
-  // pad_token_id -1 for "none") names no token and is left out.
+  // BOS decides nothing moecore computes: an id beyond the vocabulary names no token and is left
+  // out. (PAD is the model's: hf_model_config_from_json.)
   if (k.has("bos_token_id") && in_vocabulary(k.raw("bos_token_id")))
     info.bos_token_id = k.raw("bos_token_id").get<int32_t>();
-  if (k.has("pad_token_id") && in_vocabulary(k.raw("pad_token_id")))
-    info.pad_token_id = k.raw("pad_token_id").get<int32_t>();
   info.output_router_logits = k.boolean("output_router_logits", false);
   return info;
 }
@@ -317,6 +315,15 @@ HfModelConfig hf_model_config_from_json(const nlohmann::json& config, const std:
         "[import] {}: model_type '{}' is not supported (expected olmoe, qwen3_moe, flex_olmo or "
         "moecore)",
         origin, out.model_type);
+  }
+  // transformers' embedding has no gradient in the pad token's row (padding_idx); an id beyond the
+  // vocabulary (Llama's -1 for "none") names no token and means none.
+  if (k.has("pad_token_id")) {
+    const nlohmann::json& pad = k.raw("pad_token_id");
+    MOE_CHECK(pad.is_number_integer(), "[import] {}: 'pad_token_id' is {}, expected an integer",
+              origin, json_excerpt(pad));
+    const int64_t id = pad.get<int64_t>();
+    out.model.pad_token_id = id >= 0 && id < out.model.vocab_size ? id : -1;
   }
   validate(k, out.model);
   out.info = hf_model_info_from_json(config, origin, out.model.vocab_size);

@@ -102,9 +102,11 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
                        &KernelBackend::embedding_forward, {tokens, w, out}, tokens, w, out);
 }
 
-void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw) {
+void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw,
+                        int64_t padding_idx) {
   return run_on_device("embedding_backward", &cpu::embedding_backward,
-                       &KernelBackend::embedding_backward, {tokens, dout, dw}, tokens, dout, dw);
+                       &KernelBackend::embedding_backward, {tokens, dout, dw}, tokens, dout, dw,
+                       padding_idx);
 }
 
 void rope_forward(TensorView x, ConstTensorView cos, ConstTensorView sin, int64_t first_position) {

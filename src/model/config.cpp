@@ -29,6 +29,9 @@ void ModelConfig::validate() const {
   bounded("intermediate_size", intermediate_size, kMaxWidth);
   bounded("shared_expert_intermediate_size", shared_expert_intermediate_size, kMaxWidth);
   positive("vocab_size", vocab_size);
+  MOE_CHECK(pad_token_id >= -1 && pad_token_id < vocab_size,
+            "[config] model.pad_token_id={} must be a token id below vocab_size={} (or -1: none)",
+            pad_token_id, vocab_size);
   positive("hidden_size", hidden_size);
   positive("num_hidden_layers", num_hidden_layers);
   positive("num_attention_heads", num_attention_heads);

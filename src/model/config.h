@@ -36,6 +36,11 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
+  // Hugging Face's pad_token_id: the embedding row of this token gets no gradient, as in
+  // transformers' models (nn.Embedding(padding_idx=pad_token_id)), so a model imported from one
+  // fine-tunes as it does there. -1: none (OLMo-core's embedding has no padding row). The row is
+  // initialised like the others; only its gradient is zero.
+  int64_t pad_token_id = -1;
   int64_t num_experts = 8;
   int64_t num_experts_per_tok = 2;
   int64_t moe_intermediate_size = 256;

@@ -863,7 +863,8 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
   if (has_embedding()) {
     observe("grad.model.embed_tokens", view(dx.data(), {n, d}));
     kernels::embedding_backward(view(act.tokens.data(), {n}), view(dx.data(), {n, d}),
-                                view(at(grads, embed_), {config_.vocab_size, d}));
+                                view(at(grads, embed_), {config_.vocab_size, d}),
+                                config_.pad_token_id);
   } else {
     observe_layer(layers_begin_ - 1, "", view(dx.data(), {n, d}), true);
     copy_bytes(d_hidden_in, dx.data(), static_cast<size_t>(n * d) * sizeof(float));

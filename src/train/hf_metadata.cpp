@@ -40,7 +40,7 @@ HfMetadata hf_metadata_of_run(int64_t seq_len, int64_t vocab_size, const data::T
   own.info.max_position_embeddings = source.info.max_position_embeddings;
   own.info.output_router_logits = source.info.output_router_logits;
   std::vector<std::string> left;
-  if (source.info.eos_token_ids || source.info.bos_token_id || source.info.pad_token_id)
+  if (source.info.eos_token_ids || source.info.bos_token_id)
     left.emplace_back("config.json's token ids");
   for (const auto& [name, contents] : source.side_files) left.push_back(name);
   if (!left.empty())

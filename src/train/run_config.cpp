@@ -124,6 +124,7 @@ void read_model(TableReader& r, ModelConfig& m) {
   r.read("rope_theta", m.rope_theta);
   r.read("rms_norm_eps", m.rms_norm_eps);
   r.read("tie_word_embeddings", m.tie_word_embeddings);
+  r.read("pad_token_id", m.pad_token_id);
   r.read("num_experts", m.num_experts);
   r.read("num_experts_per_tok", m.num_experts_per_tok);
   r.read("moe_intermediate_size", m.moe_intermediate_size);
@@ -504,6 +505,7 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"rope_theta", m.rope_theta},
       {"rms_norm_eps", m.rms_norm_eps},
       {"tie_word_embeddings", m.tie_word_embeddings},
+      {"pad_token_id", m.pad_token_id},
       {"num_experts", m.num_experts},
       {"num_experts_per_tok", m.num_experts_per_tok},
       {"moe_intermediate_size", m.moe_intermediate_size},

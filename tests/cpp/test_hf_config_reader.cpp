@@ -151,14 +151,14 @@ TEST(HfConfigReader, KeepsWhatConfigJsonSaysBeyondTheArchitecture) {
   info.max_position_embeddings = 4096;
   info.eos_token_ids = {2, 3};
   info.bos_token_id = 1;
-  info.pad_token_id = 4;
+  c.pad_token_id = 4;
   info.output_router_logits = true;
   const nlohmann::json j = hf_config_json(c, info);
   EXPECT_EQ(j.at("eos_token_id"), nlohmann::json::array({2, 3}));
   const HfModelConfig read = hf_model_config_from_json(j, "config.json");
   EXPECT_EQ(read.info.eos_token_ids, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(read.info.bos_token_id, 1);
-  EXPECT_EQ(read.info.pad_token_id, 4);
+  EXPECT_EQ(read.model.pad_token_id, 4);
   EXPECT_TRUE(read.info.output_router_logits);
   EXPECT_EQ(read.info.max_position_embeddings, 4096);
   EXPECT_EQ(read.model.router_z_loss_coef, 1e-3);
@@ -166,7 +166,7 @@ TEST(HfConfigReader, KeepsWhatConfigJsonSaysBeyondTheArchitecture) {
   // A PAD id that names no token of the vocabulary (Llama's -1) is left out.
   nlohmann::json beyond = j;
   beyond["pad_token_id"] = -1;
-  EXPECT_FALSE(hf_model_config_from_json(beyond, "config.json").info.pad_token_id.has_value());
+  EXPECT_EQ(hf_model_config_from_json(beyond, "config.json").model.pad_token_id, -1);
 }
 
 TEST(HfConfigReader, EosIdsFollowGenerationConfigsRules) {

@@ -195,10 +195,27 @@ TEST_P(KernelOps, EmbeddingMatchesReference) {
     const std::vector<float> dw_before = random_vec(w.size(), ++seed);
     std::vector<float> dw = dw_before, dw_ref = dw_before;
     backend().embedding_backward(view(tokens.data(), {rows}), view(dout.data(), {rows, dim}),
-                                 view(dw.data(), {vocab, dim}));
+                                 view(dw.data(), {vocab, dim}), -1);
     oracle().embedding_backward(view(tokens.data(), {rows}), view(dout.data(), {rows, dim}),
-                                view(dw_ref.data(), {vocab, dim}));
+                                view(dw_ref.data(), {vocab, dim}), -1);
     expect_nmse(dw, dw_ref, rows, "embedding dw " + what);
+    // A padding id (the first row's token): its row is left as it was, the others as without.
+    std::vector<float> dw_pad = dw_before, dw_pad_ref = dw_before;
+    const int32_t pad = tokens[0];
+    backend().embedding_backward(view(tokens.data(), {rows}), view(dout.data(), {rows, dim}),
+                                 view(dw_pad.data(), {vocab, dim}), pad);
+    oracle().embedding_backward(view(tokens.data(), {rows}), view(dout.data(), {rows, dim}),
+                                view(dw_pad_ref.data(), {vocab, dim}), pad);
+    expect_nmse(dw_pad, dw_pad_ref, rows, "embedding dw with a padding id " + what);
+    for (int64_t v = 0; v < vocab; ++v)
+      for (int64_t j = 0; j < dim; ++j) {
+        const size_t i = static_cast<size_t>(v * dim + j);
+        if (v == pad) {
+          EXPECT_EQ(dw_pad[i], dw_before[i]) << "the padding row moved: " << what;
+        } else {
+          EXPECT_EQ(dw_pad[i], dw[i]) << "another row changed: " << what;
+        }
+      }
     auto loss = [&] {
       backend().embedding_forward(view(tokens.data(), {rows}), view(w.data(), {vocab, dim}),
                                   view(out.data(), {rows, dim}));

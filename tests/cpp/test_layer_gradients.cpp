@@ -114,7 +114,7 @@ TEST(LayerGradients, EmbeddingRepeatedTokensAccumulate) {
   const std::vector<float> dw_before = random_vec(w.size(), 72);
   std::vector<float> dw = dw_before;
   kernels::embedding_backward(view(tokens.data(), {rows}), view(r.data(), {rows, dim}),
-                              view(dw.data(), {vocab, dim}));
+                              view(dw.data(), {vocab, dim}), -1);
   const std::vector<float> gw = added(dw, dw_before);
   expect_close(check_all(w.data(), w.size(), gw.data(), kLayerFdEps, loss), "embedding dw");
   // Unused rows (1, 4, 5) are untouched.

@@ -56,9 +56,10 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
   s.finish();
 }
 
-void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw) {
+void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw,
+                        int64_t padding_idx) {
   DeviceStaging s;
-  device().embedding_backward(s.in(tokens), s.in(dout), s.out(dw));
+  device().embedding_backward(s.in(tokens), s.in(dout), s.out(dw), padding_idx);
   s.finish();
 }
 

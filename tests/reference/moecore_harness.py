@@ -225,7 +225,8 @@ def _common_hf(c: dict) -> dict:
         "max_position_embeddings": 4096,
         "initializer_range": 0.02,
         "use_cache": False,
-        # nn.Embedding(padding_idx=...) would zero that row's gradient; moecore has no padding row.
+        # None: no padding row (nn.Embedding(padding_idx=...) zeroes that row's gradient, as
+        # moecore's model.pad_token_id does: tests/train/test_hf_import.py).
         "pad_token_id": None,
         "bos_token_id": None,
         "eos_token_id": None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -135,6 +136,49 @@ def test_import_matches_transformers(moecore_bin, hf_dirs, job_data, tmp_path, f
 
 # ------------------------------------------------------------------------------------------------
 # bad input
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_keeps_the_padding_row_out_of_the_gradient(moecore_bin, job_data, tmp_path, family):
+    """transformers' embedding is nn.Embedding(padding_idx=config.pad_token_id): the pad token's
+    row gets no gradient, so a fine-tune never moves it. The imported model keeps pad_token_id
+    ([model] key) and its backward leaves that row alone too; every gradient equals transformers'
+    cross-entropy backward within the oracle tolerance, with the pad token in the batch."""
+    pad = 3
+    model = build_model(family, job_data.vocab_size)
+    model.config.pad_token_id = pad
+    model.model.embed_tokens.padding_idx = pad  # as transformers builds it from the config
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    run(moecore_bin, "import", tmp_path / "hf", "--out", tmp_path / "imp")
+    assert "pad_token_id = 3" in (tmp_path / "imp" / "config.toml").read_text()
+    assert json.loads((tmp_path / "imp" / "config.json").read_text())["pad_token_id"] == pad
+    tokens = batch(job_data.vocab_size)
+    tokens[:, ::5] = pad
+    targets = np.concatenate([tokens[:, 1:], np.full((tokens.shape[0], 1), -100)], 1)
+    np.save(tmp_path / "x.npy", tokens)
+    np.save(tmp_path / "y.npy", targets)
+    # Cross-entropy alone, as transformers' loss without output_router_logits.
+    config = (tmp_path / "imp" / "config.toml").read_text()
+    config = re.sub(r"(?m)^(router_aux_loss_coef|router_z_loss_coef) = .*$", r"\1 = 0.0", config)
+    (tmp_path / "ce.toml").write_text(config)
+    run(moecore_bin, "debug-state", "--config", tmp_path / "ce.toml", "--weights", tmp_path / "imp" / "model.safetensors", "--tokens", tmp_path / "x.npy",
+        "--targets", tmp_path / "y.npy", "--out", tmp_path / "state.safetensors")
+    ours = load_np(str(tmp_path / "state.safetensors"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32,
+                                                           attn_implementation="eager").train()
+    assert hf.model.embed_tokens.padding_idx == pad
+    logits = hf(torch.from_numpy(tokens)).logits
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                      torch.from_numpy(targets).reshape(-1), ignore_index=-100).backward()
+    grads = {n: p.grad.double().numpy() for n, p in hf.named_parameters() if p.grad is not None}
+    embed = ours["grad.model.embed_tokens.weight"]
+    assert np.abs(grads["model.embed_tokens.weight"][pad]).max() == 0.0
+    assert np.abs(embed[pad]).max() == 0.0, "the padding row has a gradient"
+    assert np.abs(embed).max() > 0.0
+    for name, ref in grads.items():
+        assert "grad." + name in ours, name
+        err = np.abs(ours["grad." + name] - ref).max() / max(np.abs(ref).max(), 1e-30)
+        assert err <= ORACLE_TOL, f"{name}: {err:.2e}"
 
 
 def _copy(hf_dirs, tmp_path, family="olmoe", variant="fp32") -> Path:

@@ -32,7 +32,8 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
   for (int64_t r = 0; r < rows; ++r) std::copy_n(wp + tp[r] * dim, dim, op + r * dim);
 }
 
-void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw) {
+void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw,
+                        int64_t padding_idx) {
   constexpr const char* kOp = "embedding_backward";
   MOE_CHECK(dw.rank() == 2, "[{}] dw must be [vocab, dim], got rank {}", kOp, dw.rank());
   const int64_t rows = tokens.size(0), vocab = dw.size(0), dim = dw.size(1);
@@ -44,6 +45,7 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   float* dwp = dw.data<float>(kOp);
   check_tokens(kOp, tp, rows, vocab);
   for (int64_t r = 0; r < rows; ++r) {
+    if (tp[r] == padding_idx) continue;
     float* row = dwp + tp[r] * dim;
     const float* g = gp + r * dim;
     for (int64_t j = 0; j < dim; ++j) row[j] += g[j];

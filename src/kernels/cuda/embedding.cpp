@@ -31,7 +31,8 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
   MOE_CUDA_CHECK_LAUNCH(kOp, "launch_embedding_forward");
 }
 
-void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw) {
+void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw,
+                        int64_t padding_idx) {
   constexpr const char* kOp = "embedding_backward";
   expect_on_device(kOp, "tokens", tokens);
   expect_on_device(kOp, "dout", dout);
@@ -46,7 +47,7 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   MOE_CHECK(rows <= INT32_MAX, "[{}] {} rows: the sort by token takes fewer than 2^31", kOp, rows);
   check_indices_inside(kOp, "tokens", tp, rows, vocab);
   const StreamScratch scratch(embedding_backward_scratch_bytes(rows), stream());
-  MOE_CUDA_CHECK(launch_embedding_backward(tp, gp, dwp, rows, vocab, dim,
+  MOE_CUDA_CHECK(launch_embedding_backward(tp, gp, dwp, rows, vocab, dim, padding_idx,
                                            scratch.as<unsigned char>(), stream()));
   MOE_CUDA_CHECK_LAUNCH(kOp, "launch_embedding_backward");
 }

@@ -32,14 +32,16 @@ __global__ void iota_kernel(int32_t* values, int64_t n) {
 // After a stable sort of the rows by token, each token's rows form a run, in row order. The block
 // of a run's first position adds the run's rows into the token's gradient row one after another,
 // starting from its value (the CPU's sequential order, so the same bits), its threads over the
-// columns; the blocks of other positions have nothing to do.
+// columns; the blocks of other positions, and the padding token's run, have nothing to do.
 __global__ void embedding_backward_runs_kernel(const int32_t* sorted_tokens,
                                                const int32_t* sorted_rows, int64_t rows,
                                                const float* dout, float* dw, int64_t vocab,
-                                               int64_t dim) {
+                                               int64_t dim, int64_t padding_idx) {
   for (int64_t p = blockIdx.x; p < rows; p += gridDim.x) {
     const int32_t token = sorted_tokens[p];
-    if ((p > 0 && sorted_tokens[p - 1] == token) || token < 0 || token >= vocab) continue;
+    if ((p > 0 && sorted_tokens[p - 1] == token) || token < 0 || token >= vocab ||
+        token == padding_idx)
+      continue;
     float* row = dw + int64_t{token} * dim;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
       float sum = row[j];
@@ -79,8 +81,8 @@ size_t embedding_backward_scratch_bytes(int64_t rows) {
 }
 
 cudaError_t launch_embedding_backward(const int32_t* tokens, const float* dout, float* dw,
-                                      int64_t rows, int64_t vocab, int64_t dim, void* scratch,
-                                      cudaStream_t stream) {
+                                      int64_t rows, int64_t vocab, int64_t dim, int64_t padding_idx,
+                                      void* scratch, cudaStream_t stream) {
   if (rows == 0 || dim == 0) return cudaSuccess;
   const size_t index_bytes = aligned(static_cast<size_t>(rows) * sizeof(int32_t));
   auto* base = static_cast<unsigned char*>(scratch);
@@ -97,7 +99,7 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const float* dout, 
                                       sorted_rows, static_cast<int>(rows), 0, 32, stream);
   if (sorted != cudaSuccess) return sorted;
   embedding_backward_runs_kernel<<<row_blocks(rows), kElementThreads, 0, stream>>>(
-      sorted_tokens, sorted_rows, rows, dout, dw, vocab, dim);
+      sorted_tokens, sorted_rows, rows, dout, dw, vocab, dim, padding_idx);
   return cudaGetLastError();
 }
 

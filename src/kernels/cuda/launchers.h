@@ -68,10 +68,11 @@ void launch_rope(float* x, const float* cos, const float* sin, int64_t batch, in
 void launch_embedding_forward(const int32_t* tokens, const float* w, float* out, int64_t rows,
                               int64_t vocab, int64_t dim, cudaStream_t stream);
 size_t embedding_backward_scratch_bytes(int64_t rows);
-// Returns the first failure of its launches (CUB's sort reports its own).
+// Returns the first failure of its launches (CUB's sort reports its own). Rows of padding_idx
+// (>= 0; -1: none) add nothing.
 cudaError_t launch_embedding_backward(const int32_t* tokens, const float* dout, float* dw,
-                                      int64_t rows, int64_t vocab, int64_t dim, void* scratch,
-                                      cudaStream_t stream);
+                                      int64_t rows, int64_t vocab, int64_t dim, int64_t padding_idx,
+                                      void* scratch, cudaStream_t stream);
 
 // adamw.cu: one AdamW update of n elements in the CPU's fp32 steps (AdamWCoefficients' fields,
 // which kernels/ops.h holds and nvcc does not compile).

@@ -17,7 +17,8 @@ void embedding_forward(ConstTensorView tokens, ConstTensorView w, TensorView out
   }
 }
 
-void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw) {
+void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView dw,
+                        int64_t padding_idx) {
   const int64_t rows = tokens.size(0), vocab = dw.size(0), dim = dw.size(1);
   expect_shape("embedding_backward", "dout", dout, {rows, dim});
   const int32_t* tp = tokens.data<int32_t>("embedding_backward");
@@ -26,6 +27,7 @@ void embedding_backward(ConstTensorView tokens, ConstTensorView dout, TensorView
   for (int64_t r = 0; r < rows; ++r) {
     MOE_CHECK(tp[r] >= 0 && tp[r] < vocab, "[embedding_backward] token id {} is outside [0, {})",
               tp[r], vocab);
+    if (tp[r] == padding_idx) continue;
     for (int64_t j = 0; j < dim; ++j) dwp[tp[r] * dim + j] += gp[r * dim + j];
   }
 }
