@@ -78,7 +78,15 @@ int run_diff(const DiffArgs& args) {
     a = {run.config + join_overrides(args.a_set), record_dump(run, a_config)};
     b = {run.config + join_overrides(args.b_set), record_dump(run, b_config)};
   }
-  for (const char* key : {"tokens_fnv1a", "targets_fnv1a"})
+  for (const Side* side : {&a, &b}) {
+    MOE_CHECK(!side->dump.tensors.empty(), "[diff] {} holds no tensors: nothing to compare",
+              side->label);
+    for (const char* key : {"tokens_fnv1a", "targets_fnv1a", "batch_shape"})
+      MOE_CHECK(!run_field(side->dump, key).empty(),
+                "[diff] {}'s manifest does not say its batch ({} missing): moecore dump writes it",
+                side->label, key);
+  }
+  for (const char* key : {"batch_shape", "tokens_fnv1a", "targets_fnv1a"})
     MOE_CHECK(run_field(a.dump, key) == run_field(b.dump, key),
               "[diff] A and B ran different batches ({} {} vs {}): compare runs of one batch", key,
               run_field(a.dump, key), run_field(b.dump, key));

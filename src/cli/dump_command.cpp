@@ -89,7 +89,11 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   MOE_CHECK(
       dist::mpi_world()->size() == 1,
       "[dump] runs in one process; start it without mpirun (the dump has no parallel layout)");
-  if (config.train.threads > 0) omp_set_num_threads(static_cast<int>(config.train.threads));
+  // train.threads, or 0: the process's OpenMP default, taken before any pass set another (diff
+  // runs two passes in one process: A's count must not carry into B's).
+  static const int default_threads = omp_get_max_threads();
+  omp_set_num_threads(config.train.threads > 0 ? static_cast<int>(config.train.threads)
+                                               : default_threads);
   // train.device: the pass runs there (diff --b-set train.device=cuda compares it with the CPU's);
   // what the dump keeps is copied to the host.
   const std::string device_description = select_device(config.train);
@@ -157,6 +161,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   Transformer model(config.model, layout);
   model.set_precision(PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8));
   model.set_lm_head_chunk_tokens(config.train.lm_head_chunk_tokens);
+  model.set_recompute(config.train.recompute);
   model.set_document_masking(batch.document_eos, document_masking_bos(config.data));
   model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
   model.set_tensor_observer(record);
@@ -188,6 +193,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
 }
 
 void run_dump(const DumpArgs& args, const std::string& out) {
+  io::check_new_dump_dir(out);  // before the pass, which may take minutes
   io::write_tensor_dump(record_dump(args, dump_config(args, {})), out);
 }
 

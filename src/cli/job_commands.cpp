@@ -114,7 +114,9 @@ void run_eval(const std::string& checkpoint, const std::vector<std::string>& dat
       data::TokenDataset::open(data, m.config.train.seq_len, m.config.model.vocab_size,
                                dtype.empty() ? m.config.data.dtype : dtype);
   Transformer model(m.config.model, m.layout);
-  // Scored as the checkpoint was trained: with its document masking, if any.
+  // Scored as the checkpoint was trained: in its train.precision (the trainer's validation loss,
+  // which a run stopped by a signal skipped, is this one), with its document masking, if any.
+  model.set_precision(PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8));
   model.set_document_masking(document_masking_eos(m.config.data, dataset),
                              document_masking_bos(m.config.data));
   const int64_t rows = m.config.train.batch_size / m.config.train.microbatches;
@@ -212,9 +214,11 @@ void run_generate(const GenerateArgs& args) {
   sampling.top_k = args.top_k;
   sampling.top_p = args.top_p;
   sampling.seed = args.seed;
-  const std::string text = generate_text(m.config.model, m.layout, m.params, tokenizer, args.prompt,
-                                         args.max_tokens, sampling, PrecisionRecipe{},
-                                         stop_ids_of(args.checkpoint, m.config.model.vocab_size));
+  const std::string text = generate_text(
+      m.config.model, m.layout, m.params, tokenizer, args.prompt, args.max_tokens, sampling,
+      // As the run's end-of-run sample: its train.precision.
+      PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8),
+      stop_ids_of(args.checkpoint, m.config.model.vocab_size));
   fmt::print("{}{}\n", args.prompt, text);
 }
 

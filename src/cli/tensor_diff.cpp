@@ -77,7 +77,8 @@ std::vector<TensorDifference> compare_dumps(const io::TensorDump& a, const io::T
     out.push_back(compare(t, other, threshold));
     in_b.erase(found);
   }
-  MOE_CHECK(in_b.empty(), "[diff] tensor {} is in B but not in A (dumps of different models)",
+  MOE_CHECK(in_b.empty(),
+            "[diff] tensor {} is in B but not in A (dumps of different models or builds)",
             in_b.empty() ? "" : in_b.begin()->first);
   return out;
 }

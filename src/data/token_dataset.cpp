@@ -167,10 +167,6 @@ std::string token_dtype_name(std::string_view descr) {
   return "";
 }
 
-std::optional<TokenFileMeta> find_token_file_meta(const std::string& file) {
-  return TokenMetaCache().find(file);
-}
-
 TokenDataset::File TokenDataset::open_file(const std::string& path,
                                            const std::string& declared_dtype,
                                            const std::optional<TokenFileMeta>& meta) {

@@ -42,9 +42,6 @@ struct TokenFileMeta {
   std::string dtype;      // descr, "" when it does not say
   int64_t eos_id = -1;    // -1 when it does not say
 };
-// The meta.json in `file`'s directory or the one above it whose "files" lists name `file`;
-// nullopt when there is none. A meta.json that cannot be parsed is an error naming it.
-std::optional<TokenFileMeta> find_token_file_meta(const std::string& file);
 
 class TokenDataset {
  public:

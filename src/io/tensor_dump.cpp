@@ -29,7 +29,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void write_tensor_dump(const TensorDump& dump, const std::string& dir_arg) {
+std::string check_new_dump_dir(const std::string& dir_arg) {
   // "out/" names the directory "out": its staging sibling must not land inside it.
   fs::path dir_path = fs::path(dir_arg).lexically_normal();
   if (!dir_path.has_filename()) dir_path = dir_path.parent_path();
@@ -38,6 +38,11 @@ void write_tensor_dump(const TensorDump& dump, const std::string& dir_arg) {
             "[dump] the output directory '{}' does not name a new directory", dir_arg);
   MOE_CHECK(!fs::exists(dir) || (fs::is_directory(dir) && fs::is_empty(dir)),
             "[dump] {} already exists and is not an empty directory", dir);
+  return dir;
+}
+
+void write_tensor_dump(const TensorDump& dump, const std::string& dir_arg) {
+  const std::string dir = check_new_dump_dir(dir_arg);
   SafetensorsWriter writer;
   nlohmann::json listed = nlohmann::json::array();
   for (const DumpedTensor& t : dump.tensors) {

@@ -33,6 +33,9 @@ struct TensorDump {
 // `dir` must not exist or be empty. The files are written into a sibling directory renamed to
 // `dir` at the end: a write that fails leaves `dir` as it was. Duplicate names are an error.
 void write_tensor_dump(const TensorDump& dump, const std::string& dir);
+// What write_tensor_dump checks of `dir` before it writes (a new or empty directory), so that a
+// command can refuse a bad --out before its pass; returns the directory's normal form.
+std::string check_new_dump_dir(const std::string& dir);
 // Every inconsistency (no manifest, another format or version, a tensor listed but absent, present
 // but unlisted, or of another shape) is a one-line error naming the directory and the tensor.
 TensorDump read_tensor_dump(const std::string& dir);

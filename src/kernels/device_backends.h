@@ -2,8 +2,8 @@
 // operations (kernels/device_dispatch.cpp) look at the devices of the views they are handed: views
 // in host memory go to the CPU backend (kernels::cpu), which is always there; views in a device's
 // memory to the table registered for that device here, by the backend itself when the process
-// selects it (kernels/cuda/activate.h for a GPU). One operation's views are all in one device's
-// memory (empty views count for none); anything else is an error naming the operation.
+// selects it (kernels/cuda/device_selection.h for a GPU). One operation's views are all in one
+// device's memory (empty views count for none); anything else is an error naming the operation.
 #pragma once
 
 #include <string_view>

@@ -117,20 +117,4 @@ class PaddedExchange {
                                int64_t width) const = 0;
 };
 
-// The single-rank case.
-class LocalExchange final : public ExpertExchange {
- public:
-  int64_t ranks() const override { return 1; }
-  int64_t rank() const override { return 0; }
-  void exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>& recv,
-                       int64_t) const override {
-    recv = send;
-  }
-  void exchange_rows(const float* send, const std::vector<int64_t>& send_rows, float* recv,
-                     const std::vector<int64_t>&, int64_t width) const override {
-    const int64_t count = send_rows[0] * width;
-    for (int64_t i = 0; i < count; ++i) recv[i] = send[i];
-  }
-};
-
 }  // namespace moecore

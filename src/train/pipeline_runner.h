@@ -52,7 +52,6 @@ class PipelineRunner {
                          int64_t rows, int64_t seq);
 
   int64_t peak_live() const { return peak_live_; }  // (micro-batch, chunk) activations, last step
-  int64_t live_bound() const { return live_bound_; }
   // Seconds of the last step spent waiting for a neighbouring stage, and the step's seconds: their
   // ratio is this stage's measured bubble.
   double idle_seconds() const { return idle_seconds_; }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -432,19 +434,35 @@ TEST_F(SafetensorsTest, MappedFileTruncatedUnderTheReaderEndsWithItsName) {
 }
 
 TEST_F(SafetensorsTest, AtomicWriteKeepsPreviousFileInReadOnlyDirectory) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
   const float x = 1.0f;
   SafetensorsWriter old_writer;
   old_writer.add_f32("w", {1}, &x);
   old_writer.write(path("ro.safetensors"));
   const std::string before = file_contents(path("ro.safetensors"));
-  fs::permissions(dir_, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
-                  fs::perm_options::remove);
+  // r-x for everyone: readable and searchable, writable by no one but root.
+  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                            fs::perms::group_exec | fs::perms::others_read |
+                            fs::perms::others_exec);
   const float y = 2.0f;
   SafetensorsWriter writer;
   writer.add_f32("w", {1}, &y);
-  expect_error([&] { writer.write(path("ro.safetensors")); },
-               {path("ro.safetensors"), "Permission denied"});
+  // Root ignores directory permissions (CI runs as root): the write is tried in a child process
+  // that gives root up for the user nobody, so the check runs everywhere. Its exit status says
+  // what happened: 0 the expected one-line error, 1 another error, 2 no error, 3 root kept.
+  const auto attempt = [&] {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) std::_Exit(3);
+    try {
+      writer.write(path("ro.safetensors"));
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      std::fprintf(stderr, "%s\n", message.c_str());
+      const bool expected = message.find(path("ro.safetensors")) != std::string::npos &&
+                            message.find("Permission denied") != std::string::npos;
+      std::_Exit(expected ? 0 : 1);
+    }
+    std::_Exit(2);
+  };
+  EXPECT_EXIT(attempt(), ::testing::ExitedWithCode(0), "Permission denied");
   EXPECT_EQ(file_contents(path("ro.safetensors")), before);
 }
 

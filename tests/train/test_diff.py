@@ -16,6 +16,7 @@ A tiny model (layer 0 dense, layer 1 MoE, QK-norm over the full projection) on o
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -250,6 +251,22 @@ def test_another_seed_parts_at_the_embedding(moecore_bin, setup):
     assert report["first_parted"]["name"] == "model.embed_tokens"
 
 
+def test_each_side_of_a_config_diff_runs_on_its_own_thread_count(moecore_bin, setup, tmp_path):
+    """train.threads = 0 is the process's default for both sides: A's explicit count does not carry
+    into B's pass (diff runs both in one process)."""
+    tmp, config, batch = setup
+    run(moecore_bin, "dump", config, *batch, "--set", "train.threads=0", "--out", tmp_path / "d")
+    default = json.loads((tmp_path / "d" / "manifest.json").read_text())["run"]["threads"]
+    # Equal or parted by rounding (exit 0 or 1): what counts here is the header of each side.
+    r = subprocess.run([str(moecore_bin), "diff", str(config), *map(str, batch), "--set",
+                        "train.threads=0", "--a-set", "train.threads=1", "--json"],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode in (0, 1), r.stderr
+    report = json.loads(r.stdout)
+    assert report["a"]["run"]["threads"] == 1
+    assert report["b"]["run"]["threads"] == default
+
+
 def test_bad_input_is_one_line_and_exit_2(moecore_bin, setup, tmp_path):
     tmp, config, batch = setup
     run(moecore_bin, "dump", config, *batch, "--out", tmp_path / "a")
@@ -280,6 +297,25 @@ def test_bad_input_is_one_line_and_exit_2(moecore_bin, setup, tmp_path):
     dropped = manifest["tensors"].pop(3)["name"]
     (broken / "manifest.json").write_text(json.dumps(manifest))
     assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", broken, expect=2), dropped)
+
+    # The same tokens in another shape: other batches, said so (not "different models").
+    np.save(tmp_path / "flat_x.npy", np.load(tmp / "tokens.npy").reshape(1, -1))
+    np.save(tmp_path / "flat_y.npy", np.load(tmp / "targets.npy").reshape(1, -1))
+    run(moecore_bin, "dump", config, "--tokens", tmp_path / "flat_x.npy", "--targets",
+        tmp_path / "flat_y.npy", "--set", f"train.seq_len={BATCH * SEQ}", "--out", tmp_path / "flat")
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", tmp_path / "flat", expect=2),
+                          "different batches", "batch_shape")
+
+    # A manifest that does not record its batch, and one without tensors: refused, not compared.
+    for name, edit in (("unsaid", lambda m: m["run"].pop("tokens_fnv1a")),
+                       ("empty", lambda m: m.update(tensors=[]))):
+        shutil.copytree(tmp_path / "a", tmp_path / name)
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        edit(manifest)
+        (tmp_path / name / "manifest.json").write_text(json.dumps(manifest))
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "unsaid", tmp_path / "a", expect=2),
+                          "does not say its batch", "tokens_fnv1a")
+    assert_one_line_error(run(moecore_bin, "diff", tmp_path / "empty", tmp_path / "a", expect=2))
 
     # Command line: three inputs; options of config mode with two dumps.
     assert_one_line_error(run(moecore_bin, "diff", tmp_path / "a", tmp_path / "a", tmp_path / "a",

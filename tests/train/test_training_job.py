@@ -675,6 +675,24 @@ def test_eval_matches_logged_val_loss(moecore_bin, trained, job_data):
     assert logged20 and abs(loss20 - logged20[0]) <= 0.51e-4 and loss20 > loss + 0.01
 
 
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8"])
+def test_eval_scores_in_the_checkpoints_precision(moecore_bin, job_data, tmp_path, precision):
+    """`moecore eval` of a bf16 or mxfp8 checkpoint is the trainer's validation of it (what a run a
+    signal stopped never logged): the run's precision, not fp32. Perplexity to the printed 3
+    decimals (fp32 scoring of the bf16 test run differs by about 0.2)."""
+    steps = 4
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       train={"precision": precision, "max_steps": steps, "eval_every": 0,
+                              "eval_batches": 2, "log_every": 1})
+    run(moecore_bin, "train", cfg)
+    (final,) = [r for r in metrics_rows(out) if "val/ppl" in r and r["step"] == steps]
+    r = run(moecore_bin, "eval", "--checkpoint", out / f"checkpoints/step_{steps:08d}", "--data",
+            job_data.val, "--max-instances", 2 * 4)
+    ppl = float(EVAL_RE.search(r.stdout)[2])
+    assert abs(ppl - final["val/ppl"]) <= 0.51e-3 + 1e-9 * ppl, (ppl, final["val/ppl"])
+
+
 def generate(bin_path, ckpt, prompt, *args) -> str:
     r = run(bin_path, "generate", "--checkpoint", ckpt, "--prompt", prompt, *args)
     assert r.stderr == "", r.stderr

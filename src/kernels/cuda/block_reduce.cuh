@@ -17,9 +17,6 @@ struct SumOp {
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
-struct MinOp {
-  __device__ long long operator()(long long a, long long b) const { return a < b ? a : b; }
-};
 
 // The reduction over the warp, in every lane: each step combines the same two values in every
 // lane, and the operations commute, so the lanes agree bit for bit.
