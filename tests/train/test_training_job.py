@@ -451,6 +451,18 @@ def wait_for_logged_steps(out_dir: Path, count: int, proc: subprocess.Popen) -> 
         time.sleep(0.01)
 
 
+def stopped_after_five_steps(bin_path, cfg: Path, out: Path, sig, log_path: Path) -> tuple[int, str]:
+    """Trains `cfg`, sends `sig` once metrics.jsonl holds 5 steps; the exit status and the output."""
+    with open(log_path, "w+") as log:
+        with started([bin_path, "train", cfg], log, ENV) as proc:
+            wait_for_logged_steps(out, 5, proc)
+            assert proc.poll() is None, "the run ended before the signal could be sent"
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        log.seek(0)
+        return rc, log.read()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stop_signal_saves_a_checkpoint_and_resumes_exactly(moecore_bin, job_data, tmp_path, sig):
     """A preemption notice (SIGTERM) or Ctrl-C (SIGINT): the step in progress ends, a checkpoint
@@ -463,14 +475,7 @@ def test_stop_signal_saves_a_checkpoint_and_resumes_exactly(moecore_bin, job_dat
                            "eval_every": 0})
     out = tmp_path / "stopped"
     cfg = write_config(tmp_path / "stopped.toml", job_data, out, **settings)
-    with open(tmp_path / "stopped.out", "w+") as log:
-        with started([moecore_bin, "train", cfg], log, ENV) as proc:
-            wait_for_logged_steps(out, 5, proc)
-            assert proc.poll() is None, "the run ended before the signal could be sent"
-            proc.send_signal(sig)
-            rc = proc.wait(timeout=RUN_TIMEOUT_S)
-        log.seek(0)
-        text = log.read()
+    rc, text = stopped_after_five_steps(moecore_bin, cfg, out, sig, tmp_path / "stopped.out")
     assert rc == 128 + sig, (rc, text[-1500:])
     saved = checkpoints(out)
     assert len(saved) == 1, saved
@@ -505,13 +510,9 @@ def test_evaluation_a_stop_signal_cancelled_is_made_up_on_resume(moecore_bin, jo
                            "eval_batches": 1})
     out = tmp_path / "stopped"
     cfg = write_config(tmp_path / "stopped.toml", job_data, out, **settings)
-    with open(tmp_path / "stopped.out", "w+") as log:
-        with started([moecore_bin, "train", cfg], log, ENV) as proc:
-            wait_for_logged_steps(out, 5, proc)
-            assert proc.poll() is None, "the run ended before the signal could be sent"
-            proc.send_signal(signal.SIGUSR1)
-            rc = proc.wait(timeout=RUN_TIMEOUT_S)
-    assert rc == 128 + signal.SIGUSR1, rc
+    rc, text = stopped_after_five_steps(moecore_bin, cfg, out, signal.SIGUSR1,
+                                        tmp_path / "stopped.out")
+    assert rc == 128 + signal.SIGUSR1, (rc, text[-1500:])
     (saved,) = checkpoints(out)
     stopped_at = step_of(saved)
     assert 5 <= stopped_at < steps
