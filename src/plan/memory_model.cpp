@@ -109,6 +109,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   }
   const int64_t chunks_total = static_cast<int64_t>(layout.chunk_layers.size());
   std::vector<ChunkShape> shapes;
+  std::vector<double> chunk_scratch;  // each chunk's own workspace (model/transformer.h)
   for (int64_t v = 0; v < layout.virtual_stages; ++v) {
     const int64_t g = stage + v * layout.pp;
     m.chunks.push_back(g);
@@ -130,8 +131,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations += static_cast<double>(live) * a.total();
     m.lent_expert_inputs += lent_expert_input_bytes(mc, tokens);
     shapes.push_back(shape);
-    m.pass_scratch =
-        std::max(m.pass_scratch, chunk_pass_scratch_bytes(mc, shape, tokens, tc.recompute));
+    chunk_scratch.push_back(chunk_pass_scratch_bytes(mc, shape, tokens, tc.recompute));
+    m.pass_scratch += chunk_scratch.back();
   }
 
   m.operand_copies = operand_copy_bytes(mc, shapes, tokens, recipe, device);
@@ -161,9 +162,12 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
   const double host_side = m.batch_tokens;
-  // The workspace (core/workspace.h) keeps the largest of the passes' scratch and ZeRO-1's
-  // reduction buffers for the whole run; Open MPI's copies come on top of it.
-  m.workspace = std::max(m.pass_scratch, m.optimizer_scratch);
+  // Every chunk (Transformer) keeps a workspace (core/workspace.h) for the whole run, of its
+  // passes' largest scratch; ZeRO-1's reduction buffers borrow the first chunk's, which grows to
+  // the larger of the two. Open MPI's copies come on top.
+  m.workspace = m.optimizer_scratch;
+  for (size_t v = 0; v < chunk_scratch.size(); ++v)
+    m.workspace = v == 0 ? std::max(m.workspace, chunk_scratch[v]) : m.workspace + chunk_scratch[v];
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
            m.lent_expert_inputs + m.operand_copies + m.activations + m.workspace + reduction_heap +
            m.dispatch_buffers + m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);

@@ -41,8 +41,9 @@ struct RankMemory {
   std::vector<int64_t> live_microbatches;
   int64_t peak_live_microbatches = 0;  // over all chunks (dist::peak_live_activations)
   double activations = 0.0;            // sum over chunks of live slots x that chunk's bytes
-  double pass_scratch = 0.0;           // forward/backward temporaries, from the workspace
-  // core/workspace.h, kept all run: the larger of the pass scratch and ZeRO-1's buffers.
+  double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
+  // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so
+  // the larger of them and that chunk's scratch, plus the other chunks' scratch.
   double workspace = 0.0;
   // rowwise: input and output windows of capacity rows; symmetric: its receive window of
   // ep x block rows

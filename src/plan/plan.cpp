@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kernels/gemm.h"
 #include "plan/units.h"
 
 namespace moecore::plan {
@@ -26,6 +27,27 @@ std::string human_count(double n) {
 std::string human_bytes(double b) {
   if (b >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
   return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
+}
+
+// What the figures above leave out, said where it applies.
+std::vector<std::string> plan_notes(const Plan& p) {
+  std::vector<std::string> notes;
+  // train --init-from reads the whole model on every rank and keeps its part; rank 0's
+  // self-check holds a second copy. Released before the first step, so not in the peak.
+  const double whole = 4.0 * static_cast<double>(p.params.total);
+  notes.push_back(fmt::format(
+      "with --init-from, start-up adds the whole model in fp32 on every rank ({}; rank 0 {} "
+      "during its self-check), released before the first step",
+      human_bytes(whole), human_bytes(2.0 * whole)));
+  // The planned bf16 rate is a native bf16 GEMM's; a CPU without bf16 instructions runs fp32
+  // GEMMs on operands it rounds in each call, neither priced nor counted here.
+  if (!p.hardware.device && p.config.train.precision != TrainPrecision::kFp32 &&
+      kernels::bf16_gemm_path() != kernels::Bf16GemmPath::kNative)
+    notes.push_back(
+        "this CPU has no native bf16: its bf16 GEMMs are emulated (fp32 GEMMs on operands "
+        "rounded in each call, slower than fp32 here), so the step time is under-predicted and "
+        "memory too (the emulation's fp32 operand copies are not counted)");
+  return notes;
 }
 
 }  // namespace
@@ -186,6 +208,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"peak_bytes_per_rank", p.peak_bytes()},
           {"fits", p.fits()},
           {"step_time", p.has_step_time ? step_time_json(p.step) : nlohmann::json(nullptr)},
+          {"notes", plan_notes(p)},
           {"stages", stages}};
 }
 
@@ -271,6 +294,7 @@ std::string plan_text(const Plan& p) {
                                "`make bench-plan` writes bench/results/cpu_profile.json "
                                "for --hardware)\n",
                                p.hardware.name);
+  for (const std::string& note : plan_notes(p)) out += "note: " + note + "\n";
   return out;
 }
 

@@ -228,6 +228,21 @@ TEST(PlanMemory, LiveMicroBatchesComeFromTheSchedule) {
   EXPECT_GT(one_f.stages[1].activations_per_microbatch.head, 4.0 * 2 * 16 * 64);  // the logits
 }
 
+// Every model chunk keeps its own workspace: an interleaved stage of two one-layer chunks holds
+// both chunks' scratch, which a 1F1B pipeline of four one-layer stages shows one by one.
+TEST(PlanMemory, EachChunkOfAnInterleavedStageKeepsItsWorkspace) {
+  const Plan interleaved =
+      make_plan(small_config({"parallel.pp=2", "parallel.schedule=\"interleaved-1f1b\"",
+                              "parallel.virtual_stages=2", "train.microbatches=4"}),
+                2, kNoRuntime);
+  const Plan four =
+      make_plan(small_config({"parallel.pp=4", "train.microbatches=4"}), 4, kNoRuntime);
+  const RankMemory& stage0 = interleaved.stages[0];
+  ASSERT_EQ(stage0.chunks, (std::vector<int64_t>{0, 2}));
+  EXPECT_GT(four.stages[2].pass_scratch, 0.0);
+  EXPECT_DOUBLE_EQ(stage0.workspace, four.stages[0].pass_scratch + four.stages[2].pass_scratch);
+}
+
 TEST(PlanMemory, AttentionActivationsGrowLinearlyWithSeq) {
   const ActivationBytes a16 =
       make_plan(small_config(), 1, kNoRuntime).stages[0].activations_per_microbatch;
