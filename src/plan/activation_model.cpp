@@ -121,8 +121,24 @@ double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenSh
          chunk_activation_bytes(c, one, t, recompute).total();
 }
 
-double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
-                                ActivationRecompute recompute) {
+double recompute_buffer_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
+                              ActivationRecompute recompute) {
+  ActivationBytes largest;
+  for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i) {
+    const ChunkShape one{i, 1, false, false};
+    const ActivationBytes kept = chunk_activation_bytes(c, one, t, ActivationRecompute::kNone);
+    const ActivationBytes left = chunk_activation_bytes(c, one, t, recompute);
+    largest.residual = std::max(largest.residual, kept.residual - left.residual);
+    largest.norms = std::max(largest.norms, kept.norms - left.norms);
+    largest.attention = std::max(largest.attention, kept.attention - left.attention);
+    largest.dense_mlp = std::max(largest.dense_mlp, kept.dense_mlp - left.dense_mlp);
+    largest.moe = std::max(largest.moe, kept.moe - left.moe);
+  }
+  return largest.total();
+}
+
+double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk,
+                                const TokenShape& t) {
   const double n = static_cast<double>(t.tokens()), d = static_cast<double>(c.hidden_size);
   const double qs = static_cast<double>(c.q_size()), kvs = static_cast<double>(c.kv_size());
   const double e = static_cast<double>(c.num_experts),
@@ -171,12 +187,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, c
     if (padded) experts += blocks + kF * 2.0 * received * d;  // and dy, dx of the experts' rows
     moe = combine + std::max({experts, (kF + 2.0 * shared_act) * n * hs, kF * n * e});
   }
-  // Recompute: the block being differentiated holds its rebuilt activations on top.
-  double rebuilt = 0.0;
-  for (int64_t i = chunk.first_layer; i < chunk.first_layer + chunk.layers; ++i)
-    rebuilt = std::max(rebuilt, recomputed_layer_bytes(c, i, t, recompute));
-  const double backward =
-      kF * n * d + std::max(head_phase, layers_base + rebuilt + std::max(attention, moe));
+  const double backward = kF * n * d + std::max(head_phase, layers_base + std::max(attention, moe));
 
   // Forward: the branch buffer, and the exchange's send and receive copies of one MoE layer (the
   // receive buffer carries the token rows in and the outputs back), or later the chunked head's

@@ -101,16 +101,22 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
 // micro-batch's routed rows, and in mxfp8 the SwiGLU output), allocated once per model chunk.
 double lent_expert_input_bytes(const ModelConfig& c, const TokenShape& t);
 
-// What the backward rebuilds for one layer under `recompute` (freed again after its backward).
+// What the backward rebuilds for one layer under `recompute`.
 double recomputed_layer_bytes(const ModelConfig& c, int64_t layer, const TokenShape& t,
+                              ActivationRecompute recompute);
+
+// The buffers a chunk rebuilds its layers into under `recompute`, kept for the whole run outside
+// the workspace (Transformer's recycled cache, handed from layer to layer): each member at its
+// largest over the chunk's layers, so a chunk with dense and MoE layers keeps both kinds. Counted
+// per part (residual, norms, attention, dense MLP, MoE), each at its largest over the layers.
+double recompute_buffer_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
                               ActivationRecompute recompute);
 
 // The largest scratch alive at once while a chunk runs a forward or a backward pass (gradient of
 // the residual stream, branch buffers, per-layer backward temporaries, dispatch send/receive
-// copies, and under recompute one block's rebuilt activations): the high-water mark of the
-// workspace (core/workspace.h), which keeps that block for the whole run.
-double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t,
-                                ActivationRecompute recompute);
+// copies): the high-water mark of the chunk's workspace (core/workspace.h), which keeps it for the
+// whole run.
+double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk, const TokenShape& t);
 
 // The GEMM operand copies that live as long as the run, each kept at the largest operand it has
 // held (none in fp32): model/linear.cpp's two rounding slots (the attention's input, which q, k

@@ -131,8 +131,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations += static_cast<double>(live) * a.total();
     m.lent_expert_inputs += lent_expert_input_bytes(mc, tokens);
     shapes.push_back(shape);
-    chunk_scratch.push_back(chunk_pass_scratch_bytes(mc, shape, tokens, tc.recompute));
+    chunk_scratch.push_back(chunk_pass_scratch_bytes(mc, shape, tokens));
     m.pass_scratch += chunk_scratch.back();
+    m.recompute_buffers += recompute_buffer_bytes(mc, shape, tokens, tc.recompute);
   }
 
   m.operand_copies = operand_copy_bytes(mc, shapes, tokens, recipe, device);
@@ -169,8 +170,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   for (size_t v = 0; v < chunk_scratch.size(); ++v)
     m.workspace = v == 0 ? std::max(m.workspace, chunk_scratch[v]) : m.workspace + chunk_scratch[v];
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
-           m.lent_expert_inputs + m.operand_copies + m.activations + m.workspace + reduction_heap +
-           m.dispatch_buffers + m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);
+           m.lent_expert_inputs + m.operand_copies + m.activations + m.recompute_buffers +
+           m.workspace + reduction_heap + m.dispatch_buffers + m.pipeline_buffers + m.runtime +
+           (device ? 0.0 : host_side);
   m.host = device ? host_side : 0.0;
   return m;
 }

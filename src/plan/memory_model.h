@@ -41,6 +41,8 @@ struct RankMemory {
   std::vector<int64_t> live_microbatches;
   int64_t peak_live_microbatches = 0;  // over all chunks (dist::peak_live_activations)
   double activations = 0.0;            // sum over chunks of live slots x that chunk's bytes
+  // train.recompute: the chunks' rebuilt-layer buffers, kept all run outside the workspace
+  double recompute_buffers = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
   // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so
   // the larger of them and that chunk's scratch, plus the other chunks' scratch.

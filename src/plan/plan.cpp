@@ -144,6 +144,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"lent_expert_inputs", m.lent_expert_inputs},
                         {"operand_copies", m.operand_copies},
                         {"activations", m.activations},
+                        {"recompute_buffers", m.recompute_buffers},
                         {"pass_scratch", m.pass_scratch},
                         {"workspace", m.workspace},
                         {"dispatch_buffers", m.dispatch_buffers},
@@ -273,7 +274,10 @@ std::string plan_text(const Plan& p) {
         human_bytes(a.head));
     for (size_t c = 0; c < m.live_microbatches.size(); ++c)
       out += fmt::format("{}{}", c == 0 ? "" : ", ", m.live_microbatches[c]);
-    out += fmt::format("] = {}\n", human_bytes(m.activations));
+    out += fmt::format("] = {}{}\n", human_bytes(m.activations),
+                       m.recompute_buffers > 0.0
+                           ? fmt::format(", recompute buffers {}", human_bytes(m.recompute_buffers))
+                           : "");
     out += fmt::format(
         "  pass scratch {} (workspace {}), dispatch buffers {} ({} rows), pipeline buffers {}, "
         "batch ids {}, "

@@ -50,7 +50,10 @@ TEST(PlanRecompute, ActivationsKeepWhatTheModelKeeps) {
   EXPECT_LT(full.total(), attention.total());
 }
 
-TEST(PlanRecompute, BackwardHoldsOneRebuiltBlock) {
+// The rebuilt layers live in their own buffers, kept all run outside the workspace: each part at
+// its largest over the layers, so a chunk with a dense and MoE layers keeps both MLP kinds (more
+// than its largest single layer rebuilds).
+TEST(PlanRecompute, RebuiltLayersKeepTheirBuffersBesideTheWorkspace) {
   const RunConfig none = small_config(), full = small_config({"train.recompute=\"full\""});
   const Plan a = make_plan(none, 1, kNoRuntime), b = make_plan(full, 1, kNoRuntime);
   const TokenShape t{4, 16, 1, Dispatch::kSync};
@@ -58,8 +61,13 @@ TEST(PlanRecompute, BackwardHoldsOneRebuiltBlock) {
   for (int64_t i = 0; i < 4; ++i)
     largest =
         std::max(largest, recomputed_layer_bytes(none.model, i, t, ActivationRecompute::kFull));
+  const ActivationBytes dense =
+      chunk_activation_bytes(none.model, {0, 1, false, false}, t, ActivationRecompute::kNone);
   EXPECT_GT(largest, 0.0);
-  EXPECT_DOUBLE_EQ(b.stages[0].pass_scratch, a.stages[0].pass_scratch + largest);
+  EXPECT_DOUBLE_EQ(a.stages[0].recompute_buffers, 0.0);
+  EXPECT_DOUBLE_EQ(b.stages[0].pass_scratch, a.stages[0].pass_scratch);
+  // Layer 0 is dense, 1-3 MoE: the largest MoE layer's rebuild plus the dense MLP's.
+  EXPECT_DOUBLE_EQ(b.stages[0].recompute_buffers, largest + dense.dense_mlp);
   EXPECT_LT(b.stages[0].peak, a.stages[0].peak);
 }
 
