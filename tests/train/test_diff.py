@@ -251,6 +251,20 @@ def test_another_seed_parts_at_the_embedding(moecore_bin, setup):
     assert report["first_parted"]["name"] == "model.embed_tokens"
 
 
+@pytest.mark.parametrize("mode", ["attention", "moe", "full"])
+def test_a_recompute_dump_records_each_tensor_once_and_equal(moecore_bin, setup, tmp_path, mode):
+    """dump applies train.recompute (its manifest says what ran): the rebuilt activations are not
+    recorded twice, and recompute changes no value (the engine's bit-identity promise)."""
+    tmp, config, batch = setup
+    run(moecore_bin, "dump", config, *batch, "--out", tmp_path / "none")
+    run(moecore_bin, "dump", config, *batch, "--set", f'train.recompute="{mode}"', "--out",
+        tmp_path / mode)
+    names = lambda d: [t["name"] for t in json.loads((d / "manifest.json").read_text())["tensors"]]
+    assert names(tmp_path / mode) == names(tmp_path / "none")
+    report = diff_json(moecore_bin, tmp_path / "none", tmp_path / mode, expect=0)
+    assert all(t["normalised_error"] == 0.0 for t in report["tensors"]), mode
+
+
 def test_each_side_of_a_config_diff_runs_on_its_own_thread_count(moecore_bin, setup, tmp_path):
     """train.threads = 0 is the process's default for both sides: A's explicit count does not carry
     into B's pass (diff runs both in one process)."""
