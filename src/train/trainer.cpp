@@ -222,8 +222,8 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
       saved_state.threads != omp_get_max_threads())
     start.messages.push_back(
         fmt::format("note: the run ran on {} OpenMP thread(s) a rank and resumes on {}: the CPU "
-                    "kernels split their "
-                    "sums by thread, so it continues close to, not exactly on, its path",
+                    "kernels split their sums by thread, so it continues close to, not exactly "
+                    "on, its path",
                     saved_state.threads, omp_get_max_threads()));
   start.config_changed = !changes.empty();
   start.damaged = std::move(damaged);
@@ -790,7 +790,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       .replay_origin = start.config_changed
                            ? ReplayOrigin{resumed.step, resumed.data_cursor, resumed.tokens_seen}
                            : resumed.origin};
-  ctx.eval_pending = resumed.eval_pending;
+  // Made up by the evaluator's start; without validation data there is none to make up.
+  ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
   ctx.summary.start_step = ctx.step;
   for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);
