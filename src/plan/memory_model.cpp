@@ -109,7 +109,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   }
   const int64_t chunks_total = static_cast<int64_t>(layout.chunk_layers.size());
   std::vector<ChunkShape> shapes;
-  std::vector<double> chunk_scratch;  // each chunk's own workspace (model/transformer.h)
+  double first_chunk_scratch = 0.0;  // the workspace ZeRO-1 borrows (each chunk has its own)
   for (int64_t v = 0; v < layout.virtual_stages; ++v) {
     const int64_t g = stage + v * layout.pp;
     m.chunks.push_back(g);
@@ -131,8 +131,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations += static_cast<double>(live) * a.total();
     m.lent_expert_inputs += lent_expert_input_bytes(mc, tokens);
     shapes.push_back(shape);
-    chunk_scratch.push_back(chunk_pass_scratch_bytes(mc, shape, tokens));
-    m.pass_scratch += chunk_scratch.back();
+    const double scratch = chunk_pass_scratch_bytes(mc, shape, tokens);
+    if (v == 0) first_chunk_scratch = scratch;
+    m.pass_scratch += scratch;
     m.recompute_buffers += recompute_buffer_bytes(mc, shape, tokens, tc.recompute);
   }
 
@@ -166,9 +167,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // Every chunk (Transformer) keeps a workspace (core/workspace.h) for the whole run, of its
   // passes' largest scratch; ZeRO-1's reduction buffers borrow the first chunk's, which grows to
   // the larger of the two. Open MPI's copies come on top.
-  m.workspace = m.optimizer_scratch;
-  for (size_t v = 0; v < chunk_scratch.size(); ++v)
-    m.workspace = v == 0 ? std::max(m.workspace, chunk_scratch[v]) : m.workspace + chunk_scratch[v];
+  m.workspace =
+      m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
            m.lent_expert_inputs + m.operand_copies + m.activations + m.recompute_buffers +
            m.workspace + reduction_heap + m.dispatch_buffers + m.pipeline_buffers + m.runtime +

@@ -65,12 +65,12 @@ std::string run_agreement_text(const RunConfig& config, const TrainOptions& opti
                      options.init_from);
 }
 
-std::string dataset_agreement_text(const data::TokenDataset& dataset) {
+std::string dataset_agreement_text(const data::TokenDataset& dataset,
+                                   const data::DatasetFingerprint& fingerprint) {
   std::string text;
   for (size_t i = 0; i < dataset.num_files(); ++i)
     text += fmt::format("file {}: {} ({})\n", i, dataset.file_path(i), dataset.file_dtype(i));
-  text += fmt::format("{}, eos_id {}\n", data::describe(data::dataset_fingerprint(dataset)),
-                      dataset.metadata_eos_id());
+  text += fmt::format("{}, eos_id {}\n", data::describe(fingerprint), dataset.metadata_eos_id());
   return text;
 }
 

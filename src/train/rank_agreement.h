@@ -19,7 +19,8 @@ struct TrainOptions;
 
 namespace data {
 class TokenDataset;
-}
+struct DatasetFingerprint;
+}  // namespace data
 
 // Collective over `world`: each rank's `text` against rank 0's. Where any rank's differs, every
 // rank throws the same one-line moecore::Error naming the first differing rank and its first
@@ -33,7 +34,8 @@ void check_ranks_agree(const dist::Communicator& world, std::string_view what,
 std::string run_agreement_text(const RunConfig& config, const TrainOptions& options);
 
 // The same for a token dataset, from what opening it read: each file's path and element type,
-// and the dataset's fingerprint (data/dataset_fingerprint.h: another corpus of the same sizes).
-std::string dataset_agreement_text(const data::TokenDataset& dataset);
+// and its fingerprint (data::dataset_fingerprint: another corpus of the same sizes).
+std::string dataset_agreement_text(const data::TokenDataset& dataset,
+                                   const data::DatasetFingerprint& fingerprint);
 
 }  // namespace moecore

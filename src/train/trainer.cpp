@@ -646,9 +646,15 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "not split over dp={} ranks",
             rows, dp);
   const RunInputs in = open_inputs(config);
-  // And its own token files: the same global batches on every rank.
-  check_ranks_agree(*mpi, "training data", dataset_agreement_text(in.train_data));
-  if (in.val_data) check_ranks_agree(*mpi, "validation data", dataset_agreement_text(*in.val_data));
+  // And its own token files: the same global batches on every rank. The training set's
+  // fingerprint is also what the checkpoints record and a resume compares (choose_start).
+  const data::DatasetFingerprint train_fingerprint = data::dataset_fingerprint(in.train_data);
+  check_ranks_agree(*mpi, "training data",
+                    dataset_agreement_text(in.train_data, train_fingerprint));
+  if (in.val_data)
+    check_ranks_agree(
+        *mpi, "validation data",
+        dataset_agreement_text(*in.val_data, data::dataset_fingerprint(*in.val_data)));
   // The whole model (checkpoints, the sample) and what this rank holds (its layers, its experts).
   const ParamLayout full_layout = ParamLayout::build(mc);
   const ParamLayout layout = ParamLayout::build(mc, pc.ep, mesh.ep.rank(), my_chunks);
@@ -669,7 +675,6 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
-  const data::DatasetFingerprint train_fingerprint = data::dataset_fingerprint(in.train_data);
   const StartPoint start = choose_start(world, config, full_layout, options, train_fingerprint);
 
   ParamBuffers params(layout), grads(layout);
