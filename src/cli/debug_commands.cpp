@@ -92,6 +92,7 @@ void run_debug_state(const DebugArgs& args) {
   Transformer model(s.config.model, s.layout);
   model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
   model.set_document_masking(document_eos(s.config), document_masking_bos(s.config.data));
+  model.set_z_loss_multiplier(s.config.train.z_loss_multiplier);
   ParamBuffers grads(s.layout);
   const LossParts loss = model.forward(s.params, s.tokens.values.data(), s.targets.values.data(),
                                        s.tokens.batch, s.tokens.seq);
@@ -104,6 +105,7 @@ void run_debug_state(const DebugArgs& args) {
   add_scalar(writer, "loss.ce", loss.ce);
   add_scalar(writer, "loss.lb", loss.lb);
   add_scalar(writer, "loss.z", loss.z);
+  add_scalar(writer, "loss.lm_z", loss.lm_z);
   add_scalar(writer, "loss.total", loss.total);
   for (const ParamSpec& spec : s.layout.specs())
     writer.add_f32("grad." + spec.name, spec.shape, grads.at(spec));
@@ -116,6 +118,7 @@ void run_debug_steps(const DebugArgs& args) {
   Transformer model(s.config.model, s.layout);
   model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
   model.set_document_masking(document_eos(s.config), document_masking_bos(s.config.data));
+  model.set_z_loss_multiplier(s.config.train.z_loss_multiplier);
   ParamBuffers grads(s.layout);
   AdamW optimizer(s.layout, s.config.optim);
   std::vector<float> total_losses, ce_losses, grad_norms;

@@ -161,6 +161,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   Transformer model(config.model, layout);
   model.set_precision(PrecisionRecipe::from_train(config.train.precision, config.train.mxfp8));
   model.set_lm_head_chunk_tokens(config.train.lm_head_chunk_tokens);
+  model.set_z_loss_multiplier(config.train.z_loss_multiplier);
   model.set_recompute(config.train.recompute);
   model.set_document_masking(batch.document_eos, document_masking_bos(config.data));
   model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
@@ -182,7 +183,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
       model.forward(params, batch.tokens.data(), batch.targets.data(), batch.rows, batch.seq);
   for (const auto& [name, value] :
        {std::pair{"loss.ce", loss.ce}, std::pair{"loss.lb", loss.lb}, std::pair{"loss.z", loss.z},
-        std::pair{"loss.total", loss.total}})
+        std::pair{"loss.lm_z", loss.lm_z}, std::pair{"loss.total", loss.total}})
     dump.tensors.push_back({name, phase, false, {}, {static_cast<float>(value)}});
   phase = "backward";
   model.backward(params, grads, 1.0f);

@@ -121,10 +121,10 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
 }
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   ConstTensorView normalizer, TensorView loss) {
+                   float z_loss_coef, ConstTensorView normalizer, TensorView losses) {
   return run_on_device("cross_entropy", &cpu::cross_entropy, &KernelBackend::cross_entropy,
-                       {logits, targets, dlogits, normalizer, loss}, logits, targets, dlogits,
-                       scale, normalizer, loss);
+                       {logits, targets, dlogits, normalizer, losses}, logits, targets, dlogits,
+                       scale, z_loss_coef, normalizer, losses);
 }
 
 void adamw_update(TensorView params, ConstTensorView grads, TensorView exp_avg,

@@ -12,8 +12,9 @@ struct MoeLossDims {
   int64_t layers, experts, head_chunks;
 };
 
-// route_counts [L, E], router_sums [L, E + 1], head_losses [C], losses [3], lb_score_grad [L, E],
-// route_tally [L, E] or not given; the dtypes of kernels/ops.h; normalisers >= 0.
+// route_counts [L, E], router_sums [L, E + 1], head_losses [C, kHeadLosses], losses [kLossParts],
+// lb_score_grad [L, E], route_tally [L, E] or not given; the dtypes of kernels/ops.h; normalisers
+// >= 0.
 inline MoeLossDims moe_loss_dims(const char* op, ConstTensorView route_counts,
                                  ConstTensorView router_sums, ConstTensorView head_losses,
                                  const MoeLossOptions& o, ConstTensorView losses,
@@ -21,13 +22,13 @@ inline MoeLossDims moe_loss_dims(const char* op, ConstTensorView route_counts,
                                  Device device = Device::kCpu) {
   MOE_CHECK(route_counts.rank() == 2, "[{}] route_counts must be [L, E], got rank {}", op,
             route_counts.rank());
-  MOE_CHECK(head_losses.rank() == 1, "[{}] head_losses must be [C], got rank {}", op,
-            head_losses.rank());
+  MOE_CHECK(head_losses.rank() == 2, "[{}] head_losses must be [C, {}], got rank {}", op,
+            kHeadLosses, head_losses.rank());
   const MoeLossDims d{route_counts.size(0), route_counts.size(1), head_losses.size(0)};
   expect_shape(op, "route_counts", route_counts, {d.layers, d.experts}, device);
   expect_shape(op, "router_sums", router_sums, {d.layers, d.experts + 1}, device);
-  expect_shape(op, "head_losses", head_losses, {d.head_chunks}, device);
-  expect_shape(op, "losses", losses, {3}, device);
+  expect_shape(op, "head_losses", head_losses, {d.head_chunks, kHeadLosses}, device);
+  expect_shape(op, "losses", losses, {kLossParts}, device);
   expect_shape(op, "lb_score_grad", lb_score_grad, {d.layers, d.experts}, device);
   if (view_given(route_tally))
     expect_shape(op, "route_tally", route_tally, {d.layers, d.experts}, device);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/loss_parts.h"
 
 namespace moecore::kernels {
 
@@ -20,7 +21,8 @@ struct MoeLossScalars {
   double router_loss_div, tokens, z_rows, aux_loss_coef;
 };
 
-// counts [layers, experts], sums [layers, experts + 1], head [head_chunks]; losses [3] (=),
+// counts [layers, experts], sums [layers, experts + 1], head [head_chunks, kHeadLosses]; losses
+// [kLossParts] (=),
 // grad [layers, experts] (=), tally [layers, experts] (+=) or null. kernels/op_declarations.inc
 // states the rules.
 MOECORE_HOST_DEVICE inline void moe_loss_terms_in_order(const int64_t* counts, const double* sums,
@@ -29,8 +31,11 @@ MOECORE_HOST_DEVICE inline void moe_loss_terms_in_order(const int64_t* counts, c
                                                         const MoeLossScalars& o, double* losses,
                                                         float* grad, double* tally) {
   const int64_t row = experts + 1;
-  double ce = 0.0, lb = 0.0, z = 0.0;
-  for (int64_t c = 0; c < head_chunks; ++c) ce += head[c];
+  double ce = 0.0, lb = 0.0, z = 0.0, lm_z = 0.0;
+  for (int64_t c = 0; c < head_chunks; ++c) {
+    ce += head[kHeadLosses * c + kHeadCe];
+    lm_z += head[kHeadLosses * c + kHeadZ];
+  }
   for (int64_t i = 0; i < layers * experts; ++i) grad[i] = 0.0f;
   if (layers > 0 && o.tokens > 0.0 && o.router_loss_div > 0.0) {
     for (int64_t j = 0; j < layers; ++j)
@@ -59,9 +64,10 @@ MOECORE_HOST_DEVICE inline void moe_loss_terms_in_order(const int64_t* counts, c
         }
     }
   }
-  losses[0] = ce;
-  losses[1] = lb;
-  losses[2] = z;
+  losses[kCeLoss] = ce;
+  losses[kLbLoss] = lb;
+  losses[kZLoss] = z;
+  losses[kLmZLoss] = lm_z;
   if (tally != nullptr)
     for (int64_t i = 0; i < layers * experts; ++i) tally[i] += static_cast<double>(counts[i]);
 }

@@ -17,6 +17,7 @@
 #include "core/mx_types.h"
 #include "core/tensor_view.h"
 #include "kernels/gemm.h"
+#include "kernels/loss_parts.h"
 #include "kernels/padded_dispatch_shape.h"
 #include "kernels/sigmoid_score_epsilon.h"
 
@@ -92,6 +93,7 @@ struct StepDecisionOptions {
   double max_grad_norm = 0.0;  // <= 0: no clipping
   double loss_limit = 0.0, norm_limit = 0.0;
   double lb_coef = 0.0, z_coef = 0.0;  // model.router_aux_loss_coef, model.router_z_loss_coef
+  double lm_z_coef = 0.0;              // train.z_loss_multiplier
   double loss_scale = 1.0;             // each row's share of the step's loss
 };
 

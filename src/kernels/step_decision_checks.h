@@ -36,14 +36,15 @@ inline void expect_step_limits(const char* op, ConstTensorView limits,
             dtype_name(limits.dtype()));
 }
 
-// loss_rows [m, 3] f64, squares [2] f64, decision [3] f64, step_factors [2] f32; returns m.
+// loss_rows [m, kLossParts] f64, squares [2] f64, decision [3] f64, step_factors [2] f32; returns
+// m.
 inline int64_t step_decision_rows(const char* op, ConstTensorView loss_rows,
                                   ConstTensorView squares, ConstTensorView decision,
                                   ConstTensorView step_factors, Device device = Device::kCpu) {
-  MOE_CHECK(loss_rows.rank() == 2, "[{}] loss_rows must be [m, 3], got rank {}", op,
+  MOE_CHECK(loss_rows.rank() == 2, "[{}] loss_rows must be [m, {}], got rank {}", op, kLossParts,
             loss_rows.rank());
   const int64_t rows = loss_rows.size(0);
-  expect_shape(op, "loss_rows", loss_rows, {rows, 3}, device);
+  expect_shape(op, "loss_rows", loss_rows, {rows, kLossParts}, device);
   expect_shape(op, "squares", squares, {2}, device);
   expect_shape(op, "decision", decision, {3}, device);
   expect_shape(op, "step_factors", step_factors, {2}, device);

@@ -8,16 +8,17 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/loss_parts.h"
 
 namespace moecore::kernels {
 
 // kernels/ops.h's StepDecisionOptions, field for field (nvcc does not compile ops.h).
 struct StepDecisionScalars {
-  double max_grad_norm, loss_limit, norm_limit, lb_coef, z_coef, loss_scale;
+  double max_grad_norm, loss_limit, norm_limit, lb_coef, z_coef, lm_z_coef, loss_scale;
 };
 
-// rows [row_count, 3], squares [2]; limits [2] {loss, norm}, or null (the scalars'); decision
-// [3] (=) and factors [2] (=).
+// rows [row_count, kLossParts], squares [2]; limits [2] {loss, norm}, or null (the scalars');
+// decision [3] (=) and factors [2] (=).
 MOECORE_HOST_DEVICE inline void step_decision_in_order(const double* rows, int64_t row_count,
                                                        const double* squares,
                                                        const StepDecisionScalars& o,
@@ -27,8 +28,10 @@ MOECORE_HOST_DEVICE inline void step_decision_in_order(const double* rows, int64
   const double norm_limit = limits != nullptr ? limits[1] : o.norm_limit;
   double loss = 0.0;
   for (int64_t i = 0; i < row_count; ++i) {
-    const double* r = rows + 3 * i;
-    const double total = add_rn(add_rn(r[0], mul_rn(o.lb_coef, r[1])), mul_rn(o.z_coef, r[2]));
+    const double* r = rows + kLossParts * i;
+    const double total = add_rn(
+        add_rn(add_rn(r[kCeLoss], mul_rn(o.lb_coef, r[kLbLoss])), mul_rn(o.z_coef, r[kZLoss])),
+        mul_rn(o.lm_z_coef, r[kLmZLoss]));
     loss = add_rn(loss, mul_rn(total, o.loss_scale));
   }
   const double norm = sqrt_rn(add_rn(squares[0], squares[1]));

@@ -47,33 +47,34 @@ struct LmHeadChunks {
 // "lm_head" and "grad.lm_head" (model/tensor_observer.h).
 using LmHeadChunkObserver = std::function<void(int64_t first_row, ConstTensorView values)>;
 
-// losses (=, f64 [shape.count()], where the model's tensors are): chunk c's cross-entropy of the
-// logits hidden[rows of c] . W^T over `counted` (f64 [1] where the tensors are: the global count of
-// counted targets, which a CUDA graph's replay reads anew), so that the chunks' values add up to
-// the micro-batch's mean loss. targets: [tokens] i32 where the tensors
-// are, kIgnoreIndex allowed. The logits live in `workspace` one chunk at a time.
+// losses (=, f64 [shape.count(), kernels::kHeadLosses], where the model's tensors are): chunk c's
+// cross-entropy and LM-head z-loss of the logits hidden[rows of c] . W^T over `counted` (f64 [1]
+// where the tensors are: the global count of counted targets, which a CUDA graph's replay reads
+// anew), so that the chunks' values add up to the micro-batch's mean losses. targets: [tokens] i32
+// where the tensors are, kIgnoreIndex allowed. The logits live in `workspace` one chunk at a time.
 void chunked_lm_head_forward(kernels::MatmulPrecision precision, const float* hidden,
                              const LinearWeight& weight, const int32_t* targets,
                              const LmHeadChunks& shape, ConstTensorView counted, TensorView losses,
                              Workspace& workspace, const LmHeadChunkObserver& observe = {});
 
 // The head's backward for `rows` rows from their logits (the whole head's kept ones, or a
-// chunk's computed again): their loss gradient at scale 1 over `counted` into dlogits (=) [rows,
-// vocab], multiplied by loss_scale in place (the same two roundings for either head), then
-// dhidden (=) [rows, hidden] and dweight (+=) [vocab, hidden].
+// chunk's computed again): the gradient of cross-entropy + z_loss_coef z-loss at scale 1 over
+// `counted` into dlogits (=) [rows, vocab], multiplied by loss_scale in place (the same two
+// roundings for either head), then dhidden (=) [rows, hidden] and dweight (+=) [vocab, hidden].
 void lm_head_backward_from_logits(kernels::MatmulPrecision precision, const float* logits,
                                   const float* hidden, const LinearWeight& weight,
                                   const int32_t* targets, int64_t rows, int64_t hidden_size,
-                                  int64_t vocab, ConstTensorView counted, float loss_scale,
-                                  float* dlogits, float* dhidden, float* dweight,
+                                  int64_t vocab, ConstTensorView counted, float z_loss_coef,
+                                  float loss_scale, float* dlogits, float* dhidden, float* dweight,
                                   Workspace& workspace);
 
-// d(loss_scale * mean loss) of the same forward: dhidden (=) [tokens, hidden], dweight (+=)
-// [vocab, hidden]. Each chunk's logits and logit gradient live in `workspace` while it runs.
+// d(loss_scale * (mean loss + z_loss_coef mean z-loss)) of the same forward: dhidden (=) [tokens,
+// hidden], dweight (+=) [vocab, hidden]. Each chunk's logits and logit gradient live in `workspace`
+// while it runs.
 void chunked_lm_head_backward(kernels::MatmulPrecision precision, const float* hidden,
                               const LinearWeight& weight, const int32_t* targets,
-                              const LmHeadChunks& shape, ConstTensorView counted, float loss_scale,
-                              float* dhidden, float* dweight, Workspace& workspace,
-                              const LmHeadChunkObserver& observe = {});
+                              const LmHeadChunks& shape, ConstTensorView counted, float z_loss_coef,
+                              float loss_scale, float* dhidden, float* dweight,
+                              Workspace& workspace, const LmHeadChunkObserver& observe = {});
 
 }  // namespace moecore

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <utility>
@@ -308,6 +309,12 @@ const DeviceArray<float>& Transformer::logits() const {
   return act.logits;
 }
 
+void Transformer::set_z_loss_multiplier(double multiplier) {
+  MOE_CHECK(std::isfinite(multiplier) && multiplier >= 0.0,
+            "[model] z_loss_multiplier={} must be finite and >= 0", multiplier);
+  z_loss_multiplier_ = multiplier;
+}
+
 void Transformer::set_lm_head_chunk_tokens(int64_t tokens) {
   MOE_CHECK(tokens >= 0, "[model] lm_head_chunk_tokens={} must be 0 (the whole head) or positive",
             tokens);
@@ -331,10 +338,14 @@ std::vector<LossParts> Transformer::read_losses() {
   std::vector<LossParts> losses;
   for (size_t pass = 0; pass < recorded_counted_.size(); ++pass) {
     LossParts loss;
-    loss.ce = parts[3 * pass];
-    loss.lb = parts[3 * pass + 1];
-    loss.z = parts[3 * pass + 2];
-    loss.total = loss.ce + c.router_aux_loss_coef * loss.lb + c.router_z_loss_coef * loss.z;
+    const double* row = parts.data() + kernels::kLossParts * pass;
+    loss.ce = row[kernels::kCeLoss];
+    loss.lb = row[kernels::kLbLoss];
+    loss.z = row[kernels::kZLoss];
+    loss.lm_z = row[kernels::kLmZLoss];
+    // In step_decision's order (kernels/step_decision_rules.h): the same bits.
+    loss.total = loss.ce + c.router_aux_loss_coef * loss.lb + c.router_z_loss_coef * loss.z +
+                 z_loss_multiplier_ * loss.lm_z;
     loss.counted_tokens = recorded_counted_[pass];
     losses.push_back(loss);
   }
@@ -638,12 +649,14 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
 
   // Per MoE layer: its routes per expert, its probability sums and mean logsumexp^2; with the
-  // head, the cross-entropy's loss (one per chunk with the chunked head, added in chunk order).
+  // head, the cross-entropy's losses (one pair per chunk with the chunked head, added in chunk
+  // order).
   const int64_t per_layer = e_count + 1;
-  const int64_t head_losses = !has_head() ? 0
+  const int64_t head_chunks = !has_head() ? 0
                               : act.head_chunk_tokens == 0
                                   ? 1
                                   : LmHeadChunks{n, d, v, act.head_chunk_tokens}.count();
+  const int64_t head_losses = head_chunks * kernels::kHeadLosses;
   act.route_counts.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
   act.loss_statistics.resize_for_overwrite(
       static_cast<size_t>(moe_count * per_layer + head_losses));
@@ -669,16 +682,17 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
       std::vector<float> observed;
       const LmHeadChunkObserver collect =
           assemble_chunks(observer_ && !recomputing_, observed, n, v);
-      chunked_lm_head_forward(precision_.lm_head, act.final_hidden.data(),
-                              gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                              LmHeadChunks{n, d, v, act.head_chunk_tokens}, act.divisor,
-                              view(head_loss, {head_losses}), workspace_, collect);
+      chunked_lm_head_forward(
+          precision_.lm_head, act.final_hidden.data(), gemm_weight(params, lm_head_, {v, d}),
+          act.targets.data(), LmHeadChunks{n, d, v, act.head_chunk_tokens}, act.divisor,
+          view(head_loss, {head_chunks, kernels::kHeadLosses}), workspace_, collect);
       if (collect) observe("lm_head", view(observed.data(), {n, v}));
     } else {
       // The loss only: an evaluation never needs the gradient, and the backward makes it from
       // the kept logits (the same rows through the same steps, so the same values).
       kernels::cross_entropy(view(act.logits.data(), {n, v}), view(act.targets.data(), {n}),
-                             TensorView(), 1.0f, act.divisor, view(head_loss, {head_losses}));
+                             TensorView(), 1.0f, 0.0f, act.divisor,
+                             view(head_loss, {kernels::kHeadLosses}));
     }
   }
   if (batch_sum_) {
@@ -696,7 +710,7 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   const Device device = act.loss_statistics.device();
   if (recorded_counted_.empty()) recorded_losses_.place_on(device);
   const size_t row = recorded_counted_.size();
-  recorded_losses_.resize_for_overwrite(3 * (row + 1));
+  recorded_losses_.resize_for_overwrite(kernels::kLossParts * (row + 1));
   recorded_counted_.push_back(has_head() ? counted : 0);
   act.lb_score_grad.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
   TensorView tally;
@@ -712,11 +726,12 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
                                .tokens = static_cast<double>(act.global_tokens),
                                .z_rows = static_cast<double>(n),
                                .aux_loss_coef = c.router_aux_loss_coef};
-  kernels::moe_loss_terms(view(act.route_counts.data(), {moe_count, e_count}),
-                          view(act.loss_statistics.data(), {moe_count, per_layer}),
-                          view(head_loss, {head_losses}), options,
-                          view(recorded_losses_.data() + 3 * row, {3}),
-                          view(act.lb_score_grad.data(), {moe_count, e_count}), tally);
+  kernels::moe_loss_terms(
+      view(act.route_counts.data(), {moe_count, e_count}),
+      view(act.loss_statistics.data(), {moe_count, per_layer}),
+      view(head_loss, {head_chunks, kernels::kHeadLosses}), options,
+      view(recorded_losses_.data() + kernels::kLossParts * row, {kernels::kLossParts}),
+      view(act.lb_score_grad.data(), {moe_count, e_count}), tally);
   act.backward_ready = true;
 }
 
@@ -743,18 +758,19 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
       std::vector<float> observed;
       const LmHeadChunkObserver collect =
           assemble_chunks(observer_ && !recomputing_, observed, n, v);
-      chunked_lm_head_backward(precision_.lm_head, act.final_hidden.data(),
-                               gemm_weight(params, lm_head_, {v, d}), act.targets.data(),
-                               head_chunks, act.divisor, loss_scale, dhidden.data(),
-                               at(grads, lm_head_), workspace_, collect);
+      chunked_lm_head_backward(
+          precision_.lm_head, act.final_hidden.data(), gemm_weight(params, lm_head_, {v, d}),
+          act.targets.data(), head_chunks, act.divisor, static_cast<float>(z_loss_multiplier_),
+          loss_scale, dhidden.data(), at(grads, lm_head_), workspace_, collect);
       if (collect) observe("grad.lm_head", view(observed.data(), {n, v}));
     } else {
       // From the kept logits, every row at once.
       const std::span<float> dlogits = head_scratch.uninitialized<float>(n * v);
       lm_head_backward_from_logits(precision_.lm_head, act.logits.data(), act.final_hidden.data(),
                                    gemm_weight(params, lm_head_, {v, d}), act.targets.data(), n, d,
-                                   v, act.divisor, loss_scale, dlogits.data(), dhidden.data(),
-                                   at(grads, lm_head_), workspace_);
+                                   v, act.divisor, static_cast<float>(z_loss_multiplier_),
+                                   loss_scale, dlogits.data(), dhidden.data(), at(grads, lm_head_),
+                                   workspace_);
       observe("grad.lm_head", view(dlogits.data(), {n, v}));
     }
     timer.stop();
@@ -880,7 +896,7 @@ void Transformer::clear_selection_counts() {
 }
 
 void Transformer::note_replayed_passes(std::span<const int64_t> counted_targets) {
-  const size_t rows = 3 * counted_targets.size();
+  const size_t rows = kernels::kLossParts * counted_targets.size();
   // The captured passes wrote their rows at this buffer's address: it must not move.
   MOE_CHECK(rows <= recorded_losses_.capacity(),
             "[model] {} replayed passes, but the capture recorded the losses of fewer",
@@ -892,7 +908,8 @@ void Transformer::note_replayed_passes(std::span<const int64_t> counted_targets)
 }
 
 ConstTensorView Transformer::recorded_losses() const {
-  return view(recorded_losses_.data(), {static_cast<int64_t>(recorded_counted_.size()), 3});
+  return view(recorded_losses_.data(),
+              {static_cast<int64_t>(recorded_counted_.size()), kernels::kLossParts});
 }
 
 void Transformer::update_router_bias(ParamBuffers& params, ConstTensorView step_factors) {

@@ -36,15 +36,17 @@
 
 namespace moecore {
 
-// Loss parts as DESIGN.md defines them. lb and z are unscaled (sum over MoE layers; the HF-style lb
-// is one value over all layers); total = ce + router_aux_loss_coef * lb + router_z_loss_coef * z.
-// Over a pipeline chunk, lb and z are its layers' share, ce is 0 except on the chunk with the
-// head, and total = ce + coef_lb * lb + coef_z * z of those shares: the parts of all chunks add up
-// to the whole model's.
+// Loss parts as DESIGN.md defines them (kernels/loss_parts.h). lb and z are unscaled (sum over MoE
+// layers; the HF-style lb is one value over all layers); lm_z is the LM head's z-loss, the mean
+// over counted targets of logsumexp(logits)^2, unscaled; total = ce + router_aux_loss_coef * lb +
+// router_z_loss_coef * z + z_loss_multiplier * lm_z. Over a pipeline chunk, lb and z are its
+// layers' share, ce and lm_z are 0 except on the chunk with the head, and total is the same sum of
+// those shares: the parts of all chunks add up to the whole model's.
 struct LossParts {
   double ce = 0.0;
   double lb = 0.0;
   double z = 0.0;
+  double lm_z = 0.0;
   double total = 0.0;
   int64_t counted_tokens = 0;  // targets != -100
 };
@@ -88,7 +90,7 @@ class Transformer {
   // The loss parts of every forward pass recorded since the last read, in the order of the
   // passes, in one copy to the host (the one wait for a device), and forgets them.
   std::vector<LossParts> read_losses();
-  // The same unread loss parts where they are: [passes, 3] f64 rows of [ce, lb, z], for a
+  // The same unread loss parts where they are: [passes, kernels::kLossParts] f64 rows, for a
   // decision on the device (kernels::step_decision); valid until the next forward or read.
   ConstTensorView recorded_losses() const;
   // A device graph (core/device_graph.h) replayed the training passes it captured on this chunk:
@@ -151,6 +153,10 @@ class Transformer {
   // assembled on the host from the chunks (a debugging tool's memory, not the training's).
   void set_lm_head_chunk_tokens(int64_t tokens);
   int64_t lm_head_chunk_tokens() const { return lm_head_chunk_tokens_; }
+  // train.z_loss_multiplier: the LM head's z-loss weight in the total and its gradient, OLMo-core's
+  // train-module z_loss_multiplier (>= 0; 0, the default: lm_z is still reported, untrained).
+  void set_z_loss_multiplier(double multiplier);
+  double z_loss_multiplier() const { return z_loss_multiplier_; }
   // The operand precision of each module kind's GEMMs (train.precision's recipe; default: fp32
   // everywhere). Modules in bf16 read bf16 copies of their weights (model/bf16_weight_copies.h),
   // MXFP8 GEMMs MX caches of them (model/mx_weight_caches.h); both are "weight copies" below.
@@ -278,6 +284,7 @@ class Transformer {
   TensorObserver observer_;
   ActivationRecompute recompute_ = ActivationRecompute::kNone;
   int64_t lm_head_chunk_tokens_ = 0;  // 0: the whole head
+  double z_loss_multiplier_ = 0.0;
   // The LM head's and dense MLPs' entries are read here; attention_ and moe_ hold the others.
   PrecisionRecipe precision_;
   Bf16WeightCopies bf16_copies_;
@@ -291,8 +298,9 @@ class Transformer {
   // [MoE layers][E] f64: the global micro-batches' routes per expert since the last clear, where
   // the model's tensors are (the selection-bias update reads nothing back from a device).
   DeviceArray<double> selection_tally_;
-  // [passes][ce, lb, z] f64: the loss parts of the forward passes since the last read_losses(),
-  // where the model's tensors are, and each pass's counted targets (known on the host).
+  // [passes][kernels::kLossParts] f64: the loss parts of the forward passes since the last
+  // read_losses(), where the model's tensors are, and each pass's counted targets (known on the
+  // host).
   DeviceArray<double> recorded_losses_;
   std::vector<int64_t> recorded_counted_;
   int64_t forward_passes_ = 0;

@@ -17,6 +17,7 @@ void add_scaled(LossParts& sum, const LossParts& part, double scale) {
   sum.ce += part.ce * scale;
   sum.lb += part.lb * scale;
   sum.z += part.z * scale;
+  sum.lm_z += part.lm_z * scale;
   sum.total += part.total * scale;
   sum.counted_tokens += part.counted_tokens;
 }

@@ -193,6 +193,7 @@ void read_train(TableReader& r, TrainConfig& t) {
                {"moe", ActivationRecompute::kMoe},
                {"attention", ActivationRecompute::kAttention}});
   r.read("lm_head_chunk_tokens", t.lm_head_chunk_tokens);
+  r.read("z_loss_multiplier", t.z_loss_multiplier);
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
   r.read("eval_batches", t.eval_batches);
@@ -383,6 +384,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.lm_head_chunk_tokens >= 0,
             "[config] train.lm_head_chunk_tokens={} must be >= 0 (0 = the whole micro-batch)",
             t.lm_head_chunk_tokens);
+  MOE_CHECK(std::isfinite(t.z_loss_multiplier) && t.z_loss_multiplier >= 0.0,
+            "[config] train.z_loss_multiplier={} must be finite and >= 0 (0 = no LM-head z-loss)",
+            t.z_loss_multiplier);
   MOE_CHECK(t.checkpoint || t.save_every == 0,
             "[config] train.save_every={} with train.checkpoint=false: a run without checkpoints "
             "saves none",
@@ -561,6 +565,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
                     {"recompute", recompute_name(t.recompute)},
                     {"lm_head_chunk_tokens", t.lm_head_chunk_tokens},
+                    {"z_loss_multiplier", t.z_loss_multiplier},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
                     {"eval_batches", t.eval_batches},

@@ -50,6 +50,10 @@ struct TrainConfig {
   // [tokens, vocab] logits from the forward to the backward and computes them again there, one
   // chunk at a time (one more head GEMM per micro-batch); 0: the whole micro-batch at once.
   int64_t lm_head_chunk_tokens = 0;
+  // The LM head's z-loss weight, OLMo-core's train-module z_loss_multiplier (its recipes use
+  // 1e-5): the step's loss adds z_loss_multiplier * mean over counted targets of
+  // logsumexp(logits)^2, trained; 0 (the default): reported as train/lm_z, not trained.
+  double z_loss_multiplier = 0.0;
   int64_t log_every = 10;
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;

@@ -352,7 +352,7 @@ void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
 void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
                        StepReport& report) {
   const ParallelConfig& pc = ctx.config.parallel;
-  // The loss: with one stage, each micro-batch's [ce, lb, z] as the passes left them; with
+  // The loss: with one stage, each micro-batch's loss parts as the passes left them; with
   // several, each stage holds its layers' share, summed over the stages on the host and handed
   // over as one row that holds the total.
   const Device device = grads.dense.device();
@@ -360,18 +360,21 @@ void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
   StepDecisionOptions decide{.max_grad_norm = ctx.config.optim.max_grad_norm,
                              .lb_coef = ctx.config.model.router_aux_loss_coef,
                              .z_coef = ctx.config.model.router_z_loss_coef,
+                             .lm_z_coef = ctx.config.train.z_loss_multiplier,
                              .loss_scale = loss_scale};
   if (pc.pp > 1) {
     report.loss = ctx.pipeline.read_losses();
-    double parts[4] = {report.loss.ce, report.loss.lb, report.loss.z, report.loss.total};
-    ctx.mesh.pp.allreduce_sum(parts, 4);
-    report.loss = {parts[0], parts[1], parts[2], parts[3], report.loss.counted_tokens};
-    const std::array<double, 3> row{report.loss.total, 0.0, 0.0};
+    double parts[5] = {report.loss.ce, report.loss.lb, report.loss.z, report.loss.lm_z,
+                       report.loss.total};
+    ctx.mesh.pp.allreduce_sum(parts, 5);
+    report.loss = {parts[0], parts[1], parts[2], parts[3], parts[4], report.loss.counted_tokens};
+    std::array<double, kernels::kLossParts> row{};
+    row[kernels::kCeLoss] = report.loss.total;
     ctx.stage_loss_row.place_on(device);
     ctx.stage_loss_row.resize_for_overwrite(row.size());
     copy_bytes(ctx.stage_loss_row.data(), row.data(), sizeof(row));
-    loss_rows = view(ctx.stage_loss_row.data(), {1, 3});
-    decide.lb_coef = decide.z_coef = 0.0;
+    loss_rows = view(ctx.stage_loss_row.data(), {1, kernels::kLossParts});
+    decide.lb_coef = decide.z_coef = decide.lm_z_coef = 0.0;
     decide.loss_scale = 1.0;
   } else {
     MOE_CHECK(ctx.chunks.size() == 1, "[parallel] one pipeline stage runs one model chunk");
@@ -490,6 +493,7 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/ce", report.loss.ce},
                     {"train/lb", report.loss.lb},
                     {"train/z", report.loss.z},
+                    {"train/lm_z", report.loss.lm_z},
                     {"train/grad_norm", report.grad_norm},
                     {"train/lr", report.lr},
                     {"train/tokens_per_s", report.tokens_per_s},
@@ -721,6 +725,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     chunks.back()->set_document_masking(in.document_eos, document_masking_bos(config.data));
     chunks.back()->set_recompute(tc.recompute);
     chunks.back()->set_lm_head_chunk_tokens(tc.lm_head_chunk_tokens);
+    chunks.back()->set_z_loss_multiplier(tc.z_loss_multiplier);
     chunks.back()->set_precision(PrecisionRecipe::from_train(tc.precision, tc.mxfp8));
     // This loop tells the chunks of every change of the weights (each optimizer step, below the
     // loads): their bf16 weight copies are made once per step, not once per micro-batch.

@@ -35,6 +35,8 @@ namespace moecore::captured_step {
 
 constexpr int64_t kBatch = 2, kSeq = 8, kMicroBatches = 2, kSteps = 6;
 constexpr int64_t kTokens = kBatch * kSeq;
+// The LM head's z-loss is on in every captured step: its term in the loss rows and the decision.
+constexpr double kZLossMultiplier = 1e-3;
 
 // Step `step`'s micro-batches: random ids, and a number of ignored targets (-100) that changes
 // from step to step, so that the cross-entropy's divisor does too.
@@ -101,6 +103,7 @@ class StepRunner {
     copy_bytes(params_.expert.data(), host.expert.data(), host.expert.size() * sizeof(float));
     model_.set_precision(PrecisionRecipe::from_train(variant.precision, {}));
     model_.set_lm_head_chunk_tokens(variant.lm_head_chunk_tokens);
+    model_.set_z_loss_multiplier(kZLossMultiplier);
     model_.set_recompute(variant.recompute);
     for (int64_t micro = 0; micro < kMicroBatches; ++micro) {
       tokens_[static_cast<size_t>(micro)].resize(kTokens);
@@ -143,6 +146,7 @@ class StepRunner {
                                      .norm_limit = 1e9,
                                      .lb_coef = config_.router_aux_loss_coef,
                                      .z_coef = config_.router_z_loss_coef,
+                                     .lm_z_coef = kZLossMultiplier,
                                      .loss_scale = kLossScale};
     kernels::step_decision(model_.recorded_losses(), squares, decide, ConstTensorView(),
                            view(decision_.data(), {3}), view(factors_.data(), {2}));

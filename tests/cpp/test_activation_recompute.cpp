@@ -108,8 +108,12 @@ Result run_chunks(const ModelConfig& config, ActivationRecompute mode) {
   // Each chunk's two passes, in order.
   const std::vector<LossParts> a = first.read_losses(), b = last.read_losses();
   for (size_t mb = 0; mb < 2; ++mb)
-    r.losses.push_back({a[mb].ce + b[mb].ce, a[mb].lb + b[mb].lb, a[mb].z + b[mb].z,
-                        a[mb].total + b[mb].total, b[mb].counted_tokens});
+    r.losses.push_back({.ce = a[mb].ce + b[mb].ce,
+                        .lb = a[mb].lb + b[mb].lb,
+                        .z = a[mb].z + b[mb].z,
+                        .lm_z = a[mb].lm_z + b[mb].lm_z,
+                        .total = a[mb].total + b[mb].total,
+                        .counted_tokens = b[mb].counted_tokens});
   for (int64_t slot = 1; slot >= 0; --slot) {
     last.backward_chunk(slot, params, grads, 0.5f, nullptr, d_hidden.data());
     first.backward_chunk(slot, params, grads, 0.5f, d_hidden.data(), nullptr);

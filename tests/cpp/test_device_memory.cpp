@@ -14,6 +14,7 @@
 #include "core/tensor_view.h"
 #include "gradcheck.h"
 #include "guarded_device.h"
+#include "kernels/loss_parts.h"
 #include "kernels/matmul_precision.h"
 #include "model/activation_recompute.h"
 #include "model/params.h"
@@ -259,8 +260,9 @@ int64_t moe_layer_count(const ModelConfig& c) {
   return layers;
 }
 
-// Reading a pass's losses: one copy of its [ce, lb, z].
-const std::string kLossesCopy = "copy of " + std::to_string(3 * sizeof(double)) + " bytes";
+// Reading a pass's losses: one copy of its loss parts (kernels/loss_parts.h).
+const std::string kLossesCopy =
+    "copy of " + std::to_string(kernels::kLossParts * sizeof(double)) + " bytes";
 
 TEST(DeviceMemory, APassNeverWaitsForTheDeviceAndItsLossesAreOneCopy) {
   const ModelConfig c = tiny_moe_config(2);

@@ -282,43 +282,59 @@ TEST_P(KernelOps, CrossEntropyMatchesReference) {
   uint32_t seed = 500;
   std::mt19937 gen(11);
   for (const auto [rows, vocab] : kShapes) {
-    const std::string what = "rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab);
     std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), ++seed, -5.0f, 5.0f);
     std::vector<int32_t> targets(static_cast<size_t>(rows));
     std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
     for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 1 ? kIgnoreIndex : id(gen);
-    // The rows' own count, and a global one given where the logits are.
+    // The rows' own count, and a global one given where the logits are; without and with the LM
+    // head's z-loss in the gradient (0.3: its gradient 2 * 0.3 * lse * softmax is of the
+    // cross-entropy's size for these logits, so a wrong factor shows).
     const double global_count = static_cast<double>(rows + 2);
     for (const ConstTensorView& normalizer : {ConstTensorView(), view(&global_count, {1})}) {
-      const float scale = 0.75f;
-      std::vector<float> dz(logits.size()), dz_ref(logits.size());
-      double got = 0.0, ref = 0.0;
-      backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                              view(dz.data(), {rows, vocab}), scale, normalizer, view(&got, {1}));
-      oracle().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                             view(dz_ref.data(), {rows, vocab}), scale, normalizer,
-                             view(&ref, {1}));
-      // The loss: an fp32 log-sum-exp per row (relative error within ~vocab u, kept in
-      // nmse_bound's form), summed in double.
-      EXPECT_LE(std::pow(got - ref, 2), nmse_bound(vocab) * ref * ref) << what;
-      expect_nmse(dz, dz_ref, vocab, "cross_entropy dlogits " + what);
-      // Forward only (no gradient view) gives the same loss.
-      double forward_only = 0.0;
-      backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                              TensorView{}, scale, normalizer, view(&forward_only, {1}));
-      EXPECT_EQ(forward_only, got) << what;
-      // dlogits is the gradient of scale * loss.
-      auto loss = [&] {
-        double r = 0.0;
+      for (const float z_coef : {0.0f, 0.3f}) {
+        const std::string what = "rows=" + std::to_string(rows) +
+                                 " vocab=" + std::to_string(vocab) +
+                                 " z_coef=" + std::to_string(z_coef);
+        const float scale = 0.75f;
+        std::vector<float> dz(logits.size()), dz_ref(logits.size());
+        double got[kernels::kHeadLosses] = {}, ref[kernels::kHeadLosses] = {};
         backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                                TensorView{}, scale, normalizer, view(&r, {1}));
-        return static_cast<double>(scale) * r;
-      };
-      const bool counted_any =
-          std::any_of(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
-      if (counted_any && vocab > 1)
-        expect_close(check_all(logits.data(), logits.size(), dz.data(), kFdEps, loss),
-                     "dlogits " + what);
+                                view(dz.data(), {rows, vocab}), scale, z_coef, normalizer,
+                                view(got, {kernels::kHeadLosses}));
+        oracle().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                               view(dz_ref.data(), {rows, vocab}), scale, z_coef, normalizer,
+                               view(ref, {kernels::kHeadLosses}));
+        // Both losses: an fp32 log-sum-exp per row (relative error within ~vocab u, kept in
+        // nmse_bound's form; squaring doubles it: 4x in nmse), summed in double.
+        EXPECT_LE(std::pow(got[kernels::kHeadCe] - ref[kernels::kHeadCe], 2),
+                  nmse_bound(vocab) * ref[kernels::kHeadCe] * ref[kernels::kHeadCe])
+            << what;
+        EXPECT_LE(std::pow(got[kernels::kHeadZ] - ref[kernels::kHeadZ], 2),
+                  4.0 * nmse_bound(vocab) * ref[kernels::kHeadZ] * ref[kernels::kHeadZ])
+            << what;
+        expect_nmse(dz, dz_ref, vocab, "cross_entropy dlogits " + what);
+        // Forward only (no gradient view) gives the same losses.
+        double forward_only[kernels::kHeadLosses] = {};
+        backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                                TensorView{}, scale, z_coef, normalizer,
+                                view(forward_only, {kernels::kHeadLosses}));
+        EXPECT_EQ(forward_only[kernels::kHeadCe], got[kernels::kHeadCe]) << what;
+        EXPECT_EQ(forward_only[kernels::kHeadZ], got[kernels::kHeadZ]) << what;
+        // dlogits is the gradient of scale * (loss + z_coef z-loss).
+        auto loss = [&] {
+          double r[kernels::kHeadLosses] = {};
+          backend().cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                                  TensorView{}, scale, z_coef, normalizer,
+                                  view(r, {kernels::kHeadLosses}));
+          return static_cast<double>(scale) *
+                 (r[kernels::kHeadCe] + static_cast<double>(z_coef) * r[kernels::kHeadZ]);
+        };
+        const bool counted_any = std::any_of(targets.begin(), targets.end(),
+                                             [](int32_t t) { return t != kIgnoreIndex; });
+        if (counted_any && vocab > 1)
+          expect_close(check_all(logits.data(), logits.size(), dz.data(), kFdEps, loss),
+                       "dlogits " + what);
+      }
     }
   }
 }
@@ -1430,33 +1446,41 @@ TEST_P(KernelOps, StepDecisionMatchesReference) {
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   struct Case {
-    std::vector<double> rows;  // [m, 3]
+    std::vector<double> rows;  // [m, kLossParts]
     std::array<double, 2> squares;
     StepDecisionOptions options;
     bool applies;
   };
+  // Rows [ce, lb, z, lm_z]; options {max_grad_norm, loss_limit, norm_limit, lb_coef, z_coef,
+  // lm_z_coef, loss_scale}.
   const std::vector<Case> cases = {
-      {{2.5, 1.1, 9.0, 2.4, 1.2, 8.5}, {3.0, 1.0}, {1.0, inf, inf, 0.01, 0.001, 0.5}, true},
-      {{2.5, 1.1, 9.0}, {0.04, 0.05}, {1.0, inf, inf, 0.01, 0.001, 1.0}, true},  // no clipping
-      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {0.0, inf, inf, 0.01, 0.001, 1.0}, true},    // clipping off
-      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {1.0, 2.0, inf, 0.01, 0.001, 1.0}, false},   // loss spike
-      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {1.0, 3.0, 1.5, 0.01, 0.001, 1.0}, false},   // norm spike
-      {{2.5, 1.1, 9.0}, {3.0, 1.0}, {1.0, 2.5119, 2.0, 0.0, 0.0, 1.0}, true},    // at the limits
-      {{nan, 1.1, 9.0}, {3.0, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1.0}, false},
-      {{2.5, 1.1, 9.0}, {inf, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1.0}, false},
-      {{}, {1.0, 0.0}, {1.0, inf, inf, 0.01, 0.001, 1.0}, true},  // no rows: loss 0
+      {{2.5, 1.1, 9.0, 31.0, 2.4, 1.2, 8.5, 30.5},
+       {3.0, 1.0},
+       {1.0, inf, inf, 0.01, 0.001, 1e-4, 0.5},
+       true},
+      {{2.5, 1.1, 9.0, 31.0}, {0.04, 0.05}, {1.0, inf, inf, 0.01, 0.001, 1e-4, 1.0}, true},
+      {{2.5, 1.1, 9.0, 31.0}, {3.0, 1.0}, {0.0, inf, inf, 0.01, 0.001, 1e-4, 1.0}, true},
+      {{2.5, 1.1, 9.0, 31.0}, {3.0, 1.0}, {1.0, 2.0, inf, 0.01, 0.001, 1e-4, 1.0}, false},
+      {{2.5, 1.1, 9.0, 31.0}, {3.0, 1.0}, {1.0, 3.0, 1.5, 0.01, 0.001, 1e-4, 1.0}, false},
+      {{2.5, 1.1, 9.0, 31.0}, {3.0, 1.0}, {1.0, 2.5119, 2.0, 0.0, 0.0, 0.0, 1.0}, true},
+      // The LM head's z-loss alone lifts the loss over its limit: 2.5 + 0.01 * 31 = 2.81.
+      {{2.5, 0.0, 0.0, 31.0}, {3.0, 1.0}, {1.0, 2.8, inf, 0.01, 0.001, 0.01, 1.0}, false},
+      {{nan, 1.1, 9.0, 31.0}, {3.0, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1e-4, 1.0}, false},
+      {{2.5, 1.1, 9.0, nan}, {3.0, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1e-4, 1.0}, false},
+      {{2.5, 1.1, 9.0, 31.0}, {inf, 1.0}, {1.0, inf, inf, 0.01, 0.001, 1e-4, 1.0}, false},
+      {{}, {1.0, 0.0}, {1.0, inf, inf, 0.01, 0.001, 1e-4, 1.0}, true},  // no rows: loss 0
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    const int64_t m = static_cast<int64_t>(c.rows.size() / 3);
+    const int64_t m = static_cast<int64_t>(c.rows.size() / kernels::kLossParts);
     std::array<double, 3> decision{}, decision_ref{};
     std::array<float, 2> factors{}, factors_ref{};
-    backend().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), c.options,
-                            ConstTensorView(), view(decision.data(), {3}),
-                            view(factors.data(), {2}));
-    oracle().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), c.options,
-                           ConstTensorView(), view(decision_ref.data(), {3}),
-                           view(factors_ref.data(), {2}));
+    backend().step_decision(view(c.rows.data(), {m, kernels::kLossParts}),
+                            view(c.squares.data(), {2}), c.options, ConstTensorView(),
+                            view(decision.data(), {3}), view(factors.data(), {2}));
+    oracle().step_decision(view(c.rows.data(), {m, kernels::kLossParts}),
+                           view(c.squares.data(), {2}), c.options, ConstTensorView(),
+                           view(decision_ref.data(), {3}), view(factors_ref.data(), {2}));
     SCOPED_TRACE("case " + std::to_string(i));
     // The limits given as a tensor replace the options' (here limits that would skip any step).
     StepDecisionOptions replaced = c.options;
@@ -1464,9 +1488,9 @@ TEST_P(KernelOps, StepDecisionMatchesReference) {
     const std::array<double, 2> limits = {c.options.loss_limit, c.options.norm_limit};
     std::array<double, 3> decision_given{};
     std::array<float, 2> factors_given{};
-    backend().step_decision(view(c.rows.data(), {m, 3}), view(c.squares.data(), {2}), replaced,
-                            view(limits.data(), {2}), view(decision_given.data(), {3}),
-                            view(factors_given.data(), {2}));
+    backend().step_decision(view(c.rows.data(), {m, kernels::kLossParts}),
+                            view(c.squares.data(), {2}), replaced, view(limits.data(), {2}),
+                            view(decision_given.data(), {3}), view(factors_given.data(), {2}));
     using Bits = std::array<uint64_t, 3>;
     EXPECT_EQ(std::bit_cast<Bits>(decision_given), std::bit_cast<Bits>(decision));
     EXPECT_EQ(factors_given, factors);
@@ -1563,27 +1587,34 @@ TEST_P(KernelOps, MoeLossTermsMatchReference) {
     for (int64_t& n : counts) n = std::uniform_int_distribution<int64_t>(0, 2048)(gen);
     std::vector<double> sums(static_cast<size_t>(l * (e + 1)));
     for (double& x : sums) x = std::uniform_real_distribution<double>(0.0, 40.0)(gen);
-    std::vector<double> head(static_cast<size_t>(c.head_chunks));
+    // Per chunk [ce, lm_z]: the cross-entropy's share and the LM head's z-loss's.
+    std::vector<double> head(static_cast<size_t>(c.head_chunks * kernels::kHeadLosses));
     for (double& x : head) x = std::uniform_real_distribution<double>(0.5, 3.0)(gen);
     const std::vector<double> tally_before(static_cast<size_t>(l * e), 7.0);
-    std::vector<double> losses(3, -1.0), losses_ref(3, -2.0);
+    std::vector<double> losses(kernels::kLossParts, -1.0), losses_ref(kernels::kLossParts, -2.0);
     std::vector<float> grad(counts.size(), -1.0f), grad_ref(counts.size(), -2.0f);
     std::vector<double> tally = tally_before, tally_ref = tally_before;
     auto run = [&](const KernelBackend& b, std::vector<double>& out, std::vector<float>& g,
                    std::vector<double>& t) {
       b.moe_loss_terms(view(counts.data(), {l, e}), view(sums.data(), {l, e + 1}),
-                       view(head.data(), {c.head_chunks}), c.options, view(out.data(), {3}),
-                       view(g.data(), {l, e}), c.tally ? view(t.data(), {l, e}) : TensorView());
+                       view(head.data(), {c.head_chunks, kernels::kHeadLosses}), c.options,
+                       view(out.data(), {kernels::kLossParts}), view(g.data(), {l, e}),
+                       c.tally ? view(t.data(), {l, e}) : TensorView());
     };
     run(backend(), losses, grad, tally);
     run(oracle(), losses_ref, grad_ref, tally_ref);
     EXPECT_EQ(losses, losses_ref) << what;
     EXPECT_EQ(grad, grad_ref) << what;
     EXPECT_EQ(tally, tally_ref) << what;
-    // The rules themselves: ce is the chunks' sum; the tally grew by the counts (or was left).
-    double ce = 0.0;
-    for (const double x : head) ce += x;
-    EXPECT_EQ(losses_ref[0], ce) << what;
+    // The rules themselves: ce and lm_z are the chunks' sums; the tally grew by the counts (or
+    // was left).
+    double ce = 0.0, lm_z = 0.0;
+    for (int64_t k = 0; k < c.head_chunks; ++k) {
+      ce += head[static_cast<size_t>(k * kernels::kHeadLosses + kernels::kHeadCe)];
+      lm_z += head[static_cast<size_t>(k * kernels::kHeadLosses + kernels::kHeadZ)];
+    }
+    EXPECT_EQ(losses_ref[kernels::kCeLoss], ce) << what;
+    EXPECT_EQ(losses_ref[kernels::kLmZLoss], lm_z) << what;
     for (size_t i = 0; i < counts.size(); ++i)
       EXPECT_EQ(tally_ref[i], c.tally ? 7.0 + static_cast<double>(counts[i]) : 7.0) << what;
     const bool router_losses = l > 0 && c.options.tokens > 0.0 && c.options.router_loss_div > 0.0;
@@ -1608,11 +1639,12 @@ TEST_P(KernelOps, MoeLossTermsMatchReference) {
       for (int64_t x = 0; x < e; x += std::max<int64_t>(1, e / 4)) {
         std::vector<double> stepped = sums;
         stepped[static_cast<size_t>(j * (e + 1) + x)] += 1.0;
-        std::vector<double> out(3), t(counts.size());
+        std::vector<double> out(kernels::kLossParts), t(counts.size());
         std::vector<float> g(counts.size());
         oracle().moe_loss_terms(view(counts.data(), {l, e}), view(stepped.data(), {l, e + 1}),
-                                view(head.data(), {c.head_chunks}), c.options,
-                                view(out.data(), {3}), view(g.data(), {l, e}), TensorView());
+                                view(head.data(), {c.head_chunks, kernels::kHeadLosses}), c.options,
+                                view(out.data(), {kernels::kLossParts}), view(g.data(), {l, e}),
+                                TensorView());
         const double derivative = (out[1] - losses_ref[1]) * c.options.aux_loss_coef;
         EXPECT_NEAR(grad_ref[static_cast<size_t>(j * e + x)], derivative,
                     1e-6 * std::abs(derivative) + 1e-30)
@@ -1621,11 +1653,12 @@ TEST_P(KernelOps, MoeLossTermsMatchReference) {
   }
   // Bad views name the op and the argument.
   std::vector<int64_t> counts(8);
-  std::vector<double> sums(10), losses(3);
+  std::vector<double> sums(10), losses(kernels::kLossParts);
   std::vector<float> grad(8);
   EXPECT_THROW(
       backend().moe_loss_terms(view(counts.data(), {2, 4}), view(sums.data(), {2, 4}),
-                               view(sums.data(), {0}), MoeLossOptions{}, view(losses.data(), {3}),
+                               view(sums.data(), {0, kernels::kHeadLosses}), MoeLossOptions{},
+                               view(losses.data(), {kernels::kLossParts}),
                                view(grad.data(), {2, 4}), TensorView()),
       Error);
 }

@@ -235,28 +235,26 @@ TEST(LayerGradients, SwigluMlpBf16ActGivesTheFp32ActsProducts) {
   }
 }
 
-// Double reference: mean over counted rows of logsumexp(z) - z[target].
-double reference_cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& t,
-                               int64_t vocab) {
-  double total = 0.0;
+// Double reference: the means over counted rows of logsumexp(z) - z[target] and of
+// logsumexp(z)^2 (the LM head's z-loss).
+std::array<double, 2> reference_cross_entropy(const std::vector<float>& logits,
+                                              const std::vector<int32_t>& t, int64_t vocab) {
+  double total = 0.0, total_z = 0.0;
   int64_t counted = 0;
   for (size_t row = 0; row < t.size(); ++row) {
     if (t[row] == kIgnoreIndex) continue;
+    const float* z = logits.data() + row * static_cast<size_t>(vocab);
     double mx = -1e300;
-    for (int64_t j = 0; j < vocab; ++j)
-      mx = std::max(mx, static_cast<double>(
-                            logits[row * static_cast<size_t>(vocab) + static_cast<size_t>(j)]));
+    for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, static_cast<double>(z[j]));
     double sum = 0.0;
-    for (int64_t j = 0; j < vocab; ++j)
-      sum += std::exp(
-          static_cast<double>(logits[row * static_cast<size_t>(vocab) + static_cast<size_t>(j)]) -
-          mx);
-    total +=
-        mx + std::log(sum) -
-        static_cast<double>(logits[row * static_cast<size_t>(vocab) + static_cast<size_t>(t[row])]);
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(z[j]) - mx);
+    const double lse = mx + std::log(sum);
+    total += lse - static_cast<double>(z[t[row]]);
+    total_z += lse * lse;
     ++counted;
   }
-  return counted > 0 ? total / static_cast<double>(counted) : 0.0;
+  if (counted == 0) return {0.0, 0.0};
+  return {total / static_cast<double>(counted), total_z / static_cast<double>(counted)};
 }
 
 TEST(LayerGradients, CrossEntropyWithIgnoredRows) {
@@ -264,30 +262,47 @@ TEST(LayerGradients, CrossEntropyWithIgnoredRows) {
   const std::vector<int32_t> targets = {3, kIgnoreIndex, 0, 6, kIgnoreIndex};
   std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), 110, -2.0f, 2.0f);
   const float scale = 1.5f;
-  auto loss = [&] {
-    double mean = 0.0;
+  // Without and with the LM head's z-loss (0.2: 2 * 0.2 * lse ~ 1, the cross-entropy's size).
+  for (const float z_coef : {0.0f, 0.2f}) {
+    SCOPED_TRACE("z_coef " + std::to_string(z_coef));
+    auto loss = [&] {
+      double means[kernels::kHeadLosses] = {};
+      kernels::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                             TensorView{}, scale, z_coef, ConstTensorView(),
+                             view(means, {kernels::kHeadLosses}));
+      return static_cast<double>(scale) *
+             (means[kernels::kHeadCe] + static_cast<double>(z_coef) * means[kernels::kHeadZ]);
+    };
+    std::vector<float> dlogits(logits.size(), 7.0f);  // overwritten, ignored rows included
+    double means[kernels::kHeadLosses] = {};
     kernels::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                           TensorView{}, scale, ConstTensorView(), view(&mean, {1}));
-    return static_cast<double>(scale) * mean;
-  };
-  std::vector<float> dlogits(logits.size(), 7.0f);  // overwritten, ignored rows included
-  double mean = 0.0;
-  kernels::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                         view(dlogits.data(), {rows, vocab}), scale, ConstTensorView(),
-                         view(&mean, {1}));
-  // fp32 logsumexp: a few ulps of the per-row loss (~2), over the 3 counted rows.
-  EXPECT_NEAR(mean, reference_cross_entropy(logits, targets, vocab), 1e-6);
-  expect_close(check_all(logits.data(), logits.size(), dlogits.data(), 1e-3f, loss),
-               "cross_entropy dlogits");
-  for (int64_t row : {1, 4})
-    for (int64_t j = 0; j < vocab; ++j)
-      EXPECT_EQ(dlogits[static_cast<size_t>(row * vocab + j)], 0.0f);
-  // Each counted row's gradient sums to zero (softmax minus one-hot).
-  for (int64_t row : {0, 2, 3}) {
-    double sum = 0.0;
-    for (int64_t j = 0; j < vocab; ++j)
-      sum += static_cast<double>(dlogits[static_cast<size_t>(row * vocab + j)]);
-    EXPECT_NEAR(sum, 0.0, 1e-6);  // 7 fp32 terms of size <= 1.5 that sum to 0: a few ulps (3.3e-8)
+                           view(dlogits.data(), {rows, vocab}), scale, z_coef, ConstTensorView(),
+                           view(means, {kernels::kHeadLosses}));
+    // fp32 logsumexp: a few ulps of the per-row loss (~2) and of its square (~4, the square
+    // doubling the relative error), over the 3 counted rows.
+    const std::array<double, 2> ref = reference_cross_entropy(logits, targets, vocab);
+    EXPECT_NEAR(means[kernels::kHeadCe], ref[0], 1e-6);
+    EXPECT_NEAR(means[kernels::kHeadZ], ref[1], 4e-6);
+    expect_close(check_all(logits.data(), logits.size(), dlogits.data(), 1e-3f, loss),
+                 "cross_entropy dlogits");
+    for (int64_t row : {1, 4})
+      for (int64_t j = 0; j < vocab; ++j)
+        EXPECT_EQ(dlogits[static_cast<size_t>(row * vocab + j)], 0.0f);
+    // Each counted row's gradient sums to scale 2 z_coef lse / counted: softmax minus one-hot
+    // sums to zero, the z-loss's 2 z_coef lse softmax to 2 z_coef lse. 7 fp32 terms of size
+    // <= 1.5 * 1.6: a few ulps (~1e-7); bound 1e-6.
+    for (int64_t row : {0, 2, 3}) {
+      double sum = 0.0, mx = -1e300, exps = 0.0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        sum += static_cast<double>(dlogits[static_cast<size_t>(row * vocab + j)]);
+        mx = std::max(mx, static_cast<double>(logits[static_cast<size_t>(row * vocab + j)]));
+      }
+      for (int64_t j = 0; j < vocab; ++j)
+        exps += std::exp(static_cast<double>(logits[static_cast<size_t>(row * vocab + j)]) - mx);
+      const double lse = mx + std::log(exps);
+      EXPECT_NEAR(sum, static_cast<double>(scale) * 2.0 * static_cast<double>(z_coef) * lse / 3.0,
+                  1e-6);
+    }
   }
 }
 
@@ -296,11 +311,12 @@ TEST(LayerGradients, CrossEntropyAllIgnoredIsZero) {
   const std::vector<int32_t> targets(static_cast<size_t>(rows), kIgnoreIndex);
   const std::vector<float> logits = random_vec(static_cast<size_t>(rows * vocab), 120);
   std::vector<float> dlogits(logits.size(), 7.0f);
-  double mean = 1.0;  // overwritten
+  double means[kernels::kHeadLosses] = {1.0, 1.0};  // overwritten
   kernels::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                         view(dlogits.data(), {rows, vocab}), 1.0f, ConstTensorView(),
-                         view(&mean, {1}));
-  EXPECT_EQ(mean, 0.0);
+                         view(dlogits.data(), {rows, vocab}), 1.0f, 0.5f, ConstTensorView(),
+                         view(means, {kernels::kHeadLosses}));
+  EXPECT_EQ(means[kernels::kHeadCe], 0.0);
+  EXPECT_EQ(means[kernels::kHeadZ], 0.0);
   for (float g : dlogits) EXPECT_EQ(g, 0.0f);
 }
 

@@ -229,17 +229,19 @@ TEST(Optim, TheStepDecidedWhereTheGradientsAreAppliesOrSkipsIt) {
   Workspace scratch;
   auto decide = [&](dist::DistributedOptimizer& opt, double norm_limit,
                     std::array<float, 2>& factors) {
-    const std::array<double, 3> row{2.0, 1.0, 0.5};
+    const std::array<double, kernels::kLossParts> row{2.0, 1.0, 0.5, 20.0};
     std::array<double, 3> decision{};
     const StepDecisionOptions options{.max_grad_norm = oc.max_grad_norm,
                                       .loss_limit = 10.0,
                                       .norm_limit = norm_limit,
                                       .lb_coef = 0.01,
                                       .z_coef = 0.001,
+                                      .lm_z_coef = 1e-4,
                                       .loss_scale = 1.0};
     const ConstTensorView squares = opt.reduce_gradients(grads, scratch);
-    kernels::step_decision(view(row.data(), {1, 3}), squares, options, ConstTensorView(),
-                           view(decision.data(), {3}), view(factors.data(), {2}));
+    kernels::step_decision(view(row.data(), {1, kernels::kLossParts}), squares, options,
+                           ConstTensorView(), view(decision.data(), {3}),
+                           view(factors.data(), {2}));
     EXPECT_NEAR(decision[1], norm, 1e-12 * norm);
     return decision[2] == 1.0;
   };

@@ -65,38 +65,50 @@ constexpr int64_t kWidths[] = {256, 4096, 37, 300, 4099};
 TEST(SimdClones, CrossEntropyGivesItsScalarFormulasBits) {
   std::printf("SimdClones: this CPU runs the %s clones\n", clone_for_this_cpu());
   const int64_t rows = 5;
-  for (const int64_t vocab : kWidths) {
-    const std::string what = "vocab " + std::to_string(vocab);
-    const std::vector<float> logits =
-        random_vec(static_cast<size_t>(rows * vocab), 1000 + static_cast<uint32_t>(vocab), -8, 8);
-    std::vector<int32_t> targets(rows);
-    for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 977) % vocab);
-    targets[2] = kIgnoreIndex;
-    const float scale = 0.75f;
-    std::vector<float> dz(logits.size());
-    double loss = 0.0;
-    kernels::cpu::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
-                                view(dz.data(), {rows, vocab}), scale, ConstTensorView(),
-                                view(&loss, {1}));
-    // The formula, element by element: kernels/cpu/cross_entropy.cpp's.
-    std::vector<float> dz_want(logits.size(), 0.0f);
-    double total = 0.0;
-    const float grad_scale = scale / static_cast<float>(rows - 1);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (targets[r] == kIgnoreIndex) continue;
-      const float* z = logits.data() + r * vocab;
-      float* d = dz_want.data() + r * vocab;
-      const float max_z = lane_max(z, vocab);
-      const float sum =
-          lane_sum(vocab, [z, max_z](int64_t j) { return exp_vectorizable(z[j] - max_z); });
-      const float log_sum = std::log(sum);
-      for (int64_t j = 0; j < vocab; ++j)
-        d[j] = exp_vectorizable(z[j] - max_z - log_sum) * grad_scale;
-      d[targets[r]] -= grad_scale;
-      total += static_cast<double>(log_sum + max_z - z[targets[r]]);
+  for (const float z_coef : {0.0f, 0.01f}) {
+    for (const int64_t vocab : kWidths) {
+      const std::string what =
+          "vocab " + std::to_string(vocab) + " z_coef " + std::to_string(z_coef);
+      const std::vector<float> logits =
+          random_vec(static_cast<size_t>(rows * vocab), 1000 + static_cast<uint32_t>(vocab), -8, 8);
+      std::vector<int32_t> targets(rows);
+      for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 977) % vocab);
+      targets[2] = kIgnoreIndex;
+      const float scale = 0.75f;
+      std::vector<float> dz(logits.size());
+      double losses[kernels::kHeadLosses] = {};
+      kernels::cpu::cross_entropy(view(logits.data(), {rows, vocab}), view(targets.data(), {rows}),
+                                  view(dz.data(), {rows, vocab}), scale, z_coef, ConstTensorView(),
+                                  view(losses, {kernels::kHeadLosses}));
+      // The formula, element by element: kernels/cpu/cross_entropy.cpp's.
+      std::vector<float> dz_want(logits.size(), 0.0f);
+      double total = 0.0, total_z = 0.0;
+      const float grad_scale = scale / static_cast<float>(rows - 1);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (targets[r] == kIgnoreIndex) continue;
+        const float* z = logits.data() + r * vocab;
+        float* d = dz_want.data() + r * vocab;
+        const float max_z = lane_max(z, vocab);
+        const float sum =
+            lane_sum(vocab, [z, max_z](int64_t j) { return exp_vectorizable(z[j] - max_z); });
+        const float log_sum = std::log(sum);
+        const float lse = log_sum + max_z;
+        const float softmax_scale =
+            z_coef != 0.0f ? grad_scale * (1.0f + 2.0f * z_coef * lse) : grad_scale;
+        for (int64_t j = 0; j < vocab; ++j)
+          d[j] = exp_vectorizable(z[j] - max_z - log_sum) * softmax_scale;
+        d[targets[r]] -= grad_scale;
+        total += static_cast<double>(lse - z[targets[r]]);
+        total_z += static_cast<double>(lse) * static_cast<double>(lse);
+      }
+      expect_same_bits(dz, dz_want, "cross_entropy dlogits, " + what);
+      EXPECT_EQ(std::bit_cast<uint64_t>(losses[kernels::kHeadCe]),
+                std::bit_cast<uint64_t>(total / (rows - 1)))
+          << what;
+      EXPECT_EQ(std::bit_cast<uint64_t>(losses[kernels::kHeadZ]),
+                std::bit_cast<uint64_t>(total_z / (rows - 1)))
+          << what;
     }
-    expect_same_bits(dz, dz_want, "cross_entropy dlogits, " + what);
-    EXPECT_EQ(std::bit_cast<uint64_t>(loss), std::bit_cast<uint64_t>(total / (rows - 1))) << what;
   }
 }
 

@@ -36,8 +36,9 @@ struct GradientVariant {
   int64_t n_group = 1, topk_group = 1;
   double routed_scaling_factor = 1.0;
   double router_bias_update_rate = 0.0;
-  int32_t document_eos = -1;      // data.document_masking's EOS; -1: plain causal attention
-  int64_t head_chunk_tokens = 0;  // train.lm_head_chunk_tokens (0: the whole head)
+  int32_t document_eos = -1;       // data.document_masking's EOS; -1: plain causal attention
+  int64_t head_chunk_tokens = 0;   // train.lm_head_chunk_tokens (0: the whole head)
+  double z_loss_multiplier = 0.0;  // train.z_loss_multiplier (the LM head's z-loss)
 };
 
 ModelConfig tiny_config(const GradientVariant& v) {
@@ -107,6 +108,7 @@ void check_model(const GradientVariant& v, uint32_t seed) {
   Transformer model(c, layout);
   model.set_document_masking(v.document_eos);
   model.set_lm_head_chunk_tokens(v.head_chunk_tokens);
+  model.set_z_loss_multiplier(v.z_loss_multiplier);
   const LossParts base = model.forward(params, tokens.data(), targets.data(), batch, seq);
   EXPECT_EQ(base.counted_tokens, 7);
   if (v.document_eos >= 0) {
@@ -122,8 +124,11 @@ void check_model(const GradientVariant& v, uint32_t seed) {
   }
   EXPECT_GT(base.lb, 0.0);
   EXPECT_GT(base.z, 0.0);
+  EXPECT_GT(base.lm_z, 0.0);
   EXPECT_NEAR(base.total,
-              base.ce + c.router_aux_loss_coef * base.lb + c.router_z_loss_coef * base.z, 1e-12);
+              base.ce + c.router_aux_loss_coef * base.lb + c.router_z_loss_coef * base.z +
+                  v.z_loss_multiplier * base.lm_z,
+              1e-12);
   const std::vector<int32_t> selection = selected_sets(model);
   ParamBuffers grads(layout);
   model.backward(params, grads, 1.0f);
@@ -340,6 +345,20 @@ TEST(TransformerGradients, ChunkedHeadUntiedHfLbSigmoid) {
   GradientVariant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
   v.head_chunk_tokens = 1;
   check_model(v, 2000);
+}
+
+// The LM head's z-loss (train.z_loss_multiplier): 0.1 times lse^2 (lse ~ 3 over 11 tokens) moves
+// the logits' gradient by 2 * 0.1 * lse ~ 60%, far outside the tolerance if it were left out.
+TEST(TransformerGradients, LmHeadZLossTiedOlmoCoreLbSoftmax) {
+  GradientVariant v{true, LbLossStyle::kOlmoCore, RouterScore::kSoftmax, false, QkNorm::kFull};
+  v.z_loss_multiplier = 0.1;
+  check_model(v, 9000);
+}
+TEST(TransformerGradients, LmHeadZLossChunkedUntiedHfLbSigmoid) {
+  GradientVariant v{false, LbLossStyle::kHf, RouterScore::kSigmoid, true, QkNorm::kPerHead};
+  v.z_loss_multiplier = 0.1;
+  v.head_chunk_tokens = 3;
+  check_model(v, 9100);
 }
 
 TEST(TransformerGradients, ChunkedHeadMatchesTheWholeHead) {

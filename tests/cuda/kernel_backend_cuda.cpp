@@ -77,10 +77,10 @@ void rope_backward(TensorView dx, ConstTensorView cos, ConstTensorView sin,
 }
 
 void cross_entropy(ConstTensorView logits, ConstTensorView targets, TensorView dlogits, float scale,
-                   ConstTensorView normalizer, TensorView loss) {
+                   float z_loss_coef, ConstTensorView normalizer, TensorView losses) {
   DeviceStaging s;
-  device().cross_entropy(s.in(logits), s.in(targets), s.out(dlogits), scale, s.in(normalizer),
-                         s.out(loss));
+  device().cross_entropy(s.in(logits), s.in(targets), s.out(dlogits), scale, z_loss_coef,
+                         s.in(normalizer), s.out(losses));
   s.finish();
 }
 

@@ -94,7 +94,7 @@ struct StepTail {
     exp_avg = on_gpu(std::vector<float>(kN, 0.0f));
     exp_avg_sq = on_gpu(std::vector<float>(kN, 0.0f));
     bias = on_gpu(std::vector<float>(kExperts, 0.0f));
-    loss_rows = on_gpu(std::vector<double>{2.5, 1.1, 9.0, 2.4, 1.2, 8.5});
+    loss_rows = on_gpu(std::vector<double>{2.5, 1.1, 9.0, 31.0, 2.4, 1.2, 8.5, 30.5});
     tally = on_gpu(std::vector<double>{3, 1, 2, 2, 5, 0, 2, 1});
     squares = on_gpu(std::vector<double>(2, 0.0));
     decision = on_gpu(std::vector<double>(3, 0.0));
@@ -110,10 +110,11 @@ struct StepTail {
                                       .norm_limit = norm_limit_,
                                       .lb_coef = 0.01,
                                       .z_coef = 0.001,
+                                      .lm_z_coef = 1e-4,
                                       .loss_scale = 0.5};
-    kernels::step_decision(view(loss_rows.data(), {2, 3}), view(squares.data(), {2}), options,
-                           ConstTensorView(), view(decision.data(), {3}),
-                           view(factors.data(), {2}));
+    kernels::step_decision(view(loss_rows.data(), {2, kernels::kLossParts}),
+                           view(squares.data(), {2}), options, ConstTensorView(),
+                           view(decision.data(), {3}), view(factors.data(), {2}));
     const AdamWCoefficients c{1.0f - 1e-4f, 0.9f, 0.95f, 0.3f, 1e-8f, 2e-3f, 1.0f};
     kernels::adamw_update(view(params.data(), {kN}), view(grads.data(), {kN}),
                           view(exp_avg.data(), {kN}), view(exp_avg_sq.data(), {kN}), c,

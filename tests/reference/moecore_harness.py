@@ -110,9 +110,9 @@ def model_table(model: dict) -> dict:
 
 
 def write_config(path: Path, model: dict, optim: dict | None = None, precision: str = "fp32",
-                 data: dict | None = None) -> Path:
+                 data: dict | None = None, train: dict | None = None) -> Path:
     tables = {"model": model_table(model), "optim": {**OPTIM_DEFAULTS, **(optim or {})},
-              "train": {"precision": precision}}
+              "train": {"precision": precision, **(train or {})}}
     if data:
         tables["data"] = data
     Path(path).write_text(toml_text(tables))
@@ -177,8 +177,8 @@ def moecore_init(workdir: Path, model: dict, seed: int, optim: dict | None = Non
 
 def moecore_debug_state(workdir: Path, model: dict, params: dict[str, torch.Tensor], tokens, targets,
                         token_dtype=np.int64, name: str = "state", precision: str = "fp32",
-                        data: dict | None = None) -> dict[str, torch.Tensor]:
-    cfg = write_config(workdir / f"{name}.toml", model, precision=precision, data=data)
+                        data: dict | None = None, train: dict | None = None) -> dict[str, torch.Tensor]:
+    cfg = write_config(workdir / f"{name}.toml", model, precision=precision, data=data, train=train)
     w = save_weights(workdir / f"{name}.weights.safetensors", params)
     x = save_tokens(workdir / f"{name}.tokens.npy", tokens, token_dtype)
     y = save_tokens(workdir / f"{name}.targets.npy", targets, token_dtype)
@@ -367,8 +367,10 @@ def hf_model(model: dict, weights: dict[str, torch.Tensor] | None = None, arch: 
 
 def hf_debug_state(m, model: dict, tokens, targets, attention_mask=None) -> dict[str, torch.Tensor]:
     """The debug-state tensors computed by a transformers model: logits, loss.ce (our no-shift CE on HF
-    logits), loss.lb (outputs.aux_loss), loss.total = ce + coef * aux, grad.<name>. No loss.z: HF has
-    no router z-loss (configs compared with HF use coefficient 0). attention_mask: an optional 4-D
+    logits), loss.lb (outputs.aux_loss), loss.total = ce + coef * aux, grad.<name>; loss.lm_z, the
+    LM-head z-loss, is ref_model's formula on transformers' logits (transformers has none, and it is
+    not in the total here). No loss.z: HF has no router z-loss (configs compared with HF use
+    coefficient 0). attention_mask: an optional 4-D
     additive float mask [B, 1, T, T] that transformers uses as given (eager attention)."""
     c = ref_model.full_config(model)
     m.zero_grad(set_to_none=True)
@@ -394,6 +396,7 @@ def hf_debug_state(m, model: dict, tokens, targets, attention_mask=None) -> dict
         "logits": out.logits.detach(),
         "loss.ce": ce.detach(),
         "loss.lb": out.aux_loss.detach(),
+        "loss.lm_z": ref_model.lm_head_z_loss(out.logits.detach(), torch.as_tensor(targets)),
         "loss.total": total.detach(),
     }
     for n, p in m.named_parameters():
@@ -451,7 +454,7 @@ def assert_all_close(ours: dict, ref: dict, names=None, tol: float = TOL, what: 
 
 def state_names(cfg: dict) -> list[str]:
     """Every tensor name a debug-state file must hold for this config."""
-    return (["logits", "loss.ce", "loss.lb", "loss.z", "loss.total"]
+    return (["logits", "loss.ce", "loss.lb", "loss.z", "loss.lm_z", "loss.total"]
             + ["grad." + n for n in ref_model.param_shapes(cfg)])
 
 

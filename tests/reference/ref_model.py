@@ -438,6 +438,15 @@ def lb_loss_hf(routings: list[Routing], c: dict) -> torch.Tensor:
     return E * (tokens_per_expert * router_prob_per_expert[None, :]).sum()
 
 
+def lm_head_z_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """OLMo-core's LM-head z-loss, unscaled: the mean over targets != -100 of logsumexp(logits)^2
+    (0 when every target is ignored)."""
+    V = logits.shape[-1]
+    counted = (targets.reshape(-1) != IGNORE_INDEX).float()
+    sq = torch.logsumexp(logits.reshape(-1, V).float(), dim=-1).pow(2)
+    return (sq * counted).sum() / max(int(counted.sum()), 1)
+
+
 def z_loss(routings: list[Routing], div: float | None = None) -> torch.Tensor:
     """Sum over MoE layers of sum over tokens of logsumexp(router logits)^2 / div (tokens by default)."""
     total = torch.zeros((), dtype=torch.float32)
@@ -459,12 +468,14 @@ class RefOutput:
     z: torch.Tensor
     total: torch.Tensor
     routings: list[Routing] = field(default_factory=list)
+    lm_z: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
 
 
 def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, precision: str = "fp32",
-            document_eos: int | None = None) -> RefOutput:
+            document_eos: int | None = None, z_loss_multiplier: float = 0.0) -> RefOutput:
     """One forward pass. tokens/targets: [B, T] integer arrays or tensors (targets: -100 = ignored).
-    document_eos: intra-document attention masking with documents ending at this id."""
+    document_eos: intra-document attention masking with documents ending at this id.
+    z_loss_multiplier: the LM-head z-loss's weight in the total (train.z_loss_multiplier)."""
     c = full_config(cfg)
     mm = matmul_for(precision)
     tokens = torch.as_tensor(tokens).long()
@@ -498,9 +509,10 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
     logits = mm(x, head.T)
 
     if targets is None:
-        ce = torch.zeros((), dtype=torch.float32)
+        ce = lm_z = torch.zeros((), dtype=torch.float32)
     else:
         ce = cross_entropy(logits, torch.as_tensor(targets))
+        lm_z = lm_head_z_loss(logits, torch.as_tensor(targets))
     # Router losses over tokens, or over counted labels ("labels": OLMo-core's trainer; none without
     # a counted label).
     div = None
@@ -512,17 +524,17 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
     else:
         lb = lb_loss_olmo_core(routings, c, div) if c["lb_loss_style"] == "olmo-core" else lb_loss_hf(routings, c)
         z = z_loss(routings, div)
-    total = ce + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z
-    return RefOutput(logits, ce, lb, z, total, routings)
+    total = ce + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z + z_loss_multiplier * lm_z
+    return RefOutput(logits, ce, lb, z, total, routings, lm_z)
 
 
 def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets,
-                precision: str = "fp32", document_eos: int | None = None
-                ) -> tuple[dict[str, torch.Tensor], list[Routing]]:
+                precision: str = "fp32", document_eos: int | None = None,
+                z_loss_multiplier: float = 0.0) -> tuple[dict[str, torch.Tensor], list[Routing]]:
     """What `moecore debug-state` writes, computed by the reference (logits, loss.*, grad.<name>),
     and the routing decisions of every MoE layer."""
     leaves = {n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
-    out = forward(leaves, cfg, tokens, targets, precision, document_eos)
+    out = forward(leaves, cfg, tokens, targets, precision, document_eos, z_loss_multiplier)
     names = list(leaves)
     grads = torch.autograd.grad(out.total, [leaves[n] for n in names], allow_unused=True)
     state = {
@@ -530,6 +542,7 @@ def debug_state(params: dict[str, torch.Tensor], cfg: dict, tokens, targets,
         "loss.ce": out.ce.detach(),
         "loss.lb": out.lb.detach(),
         "loss.z": out.z.detach(),
+        "loss.lm_z": out.lm_z.detach(),
         "loss.total": out.total.detach(),
     }
     for n, g in zip(names, grads):

@@ -270,23 +270,34 @@ def hf_gradients(model, cfg: dict) -> dict:
     return out
 
 
-def olmo_core_debug_state(cfg: dict, layout: str, params: dict, x, y) -> dict:
-    """What `moecore debug-state` writes, computed by OLMo-core's model."""
+def olmo_core_debug_state(cfg: dict, layout: str, params: dict, x, y,
+                          z_loss_multiplier: float | None = None) -> dict:
+    """What `moecore debug-state` writes, computed by OLMo-core's model. z_loss_multiplier: its LM
+    head's z-loss (the train module's z_loss_multiplier), in the loss and its gradient; without
+    one, loss.lm_z is ref_model's formula on OLMo-core's logits (moecore reports it untrained)."""
     c = ref_model.full_config(cfg)
     model = olmo_core_model(cfg, layout)
     missing, unexpected = model.load_state_dict(olmo_core_state(params, cfg), strict=False)
     assert not unexpected and not [m for m in missing if not m.endswith("score_bias")], (missing, unexpected)
     model.train()
-    out = model(torch.as_tensor(x).long(), labels=torch.as_tensor(y).long())
+    out = model(torch.as_tensor(x).long(), labels=torch.as_tensor(y).long(),
+                z_loss_multiplier=z_loss_multiplier)
     routers = [b.routed_experts_router for b in model.blocks.values() if b.routed_experts_router is not None]
     lb = sum(r.load_balancing_loss for r in routers)
     z = sum(r.z_loss for r in routers)
-    # out.loss is the cross-entropy; the routers' scaled losses ride along in the backward
-    # (attach_auxiliary_loss), as in OLMo-core's training.
+    # out.loss is the cross-entropy (plus the LM head's scaled z-loss); the routers' scaled losses
+    # ride along in the backward (attach_auxiliary_loss), as in OLMo-core's training.
     out.loss.backward()
+    if z_loss_multiplier is None:
+        lm_z = ref_model.lm_head_z_loss(out.logits.detach(), torch.as_tensor(y))
+        lm_z_term = torch.zeros(())
+    else:
+        lm_z = out.z_loss.detach() / z_loss_multiplier
+        lm_z_term = out.z_loss.detach()
     state = {"logits": out.logits.detach(), "loss.ce": out.ce_loss.detach(), "loss.lb": lb.detach(),
-             "loss.z": z.detach(),
-             "loss.total": (out.ce_loss + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z).detach()}
+             "loss.z": z.detach(), "loss.lm_z": lm_z,
+             "loss.total": (out.ce_loss + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z
+                            + lm_z_term).detach()}
     state.update({"grad." + n: t for n, t in hf_gradients(model, cfg).items()})
     return state
 
@@ -321,6 +332,29 @@ def test_engine_matches_olmo_core(moecore_bin, tmp_path, cpu_kernels, case):
     assert {n for n in ref if n.startswith("grad.")} == {n for n in names if n.startswith("grad.")}
     H.assert_all_close(ours, ref, names, what=f"engine vs OLMo-core [{case}]")
     assert float(ref["loss.lb"]) > 0 and float(ref["loss.z"]) > 0
+
+
+# OLMo-core's LM-head z-loss (its train module's z_loss_multiplier; its recipes use 1e-5): the mean
+# over counted targets of logsumexp(logits)^2, times the multiplier, in the loss and its gradient.
+# 0.05 here, so that its gradient (2 m lse softmax, lse ~ 4.6 for 96 tokens) moves every parameter
+# by far more than the tolerance: the case fails if moecore leaves it out (asserted).
+LM_Z_MULTIPLIER = 0.05
+
+
+@pytest.mark.parametrize("case", ["pre_softmax_shared_dense_gqa_norm_topk", "reordered_sigmoid"])
+def test_lm_head_z_loss_matches_olmo_core(moecore_bin, tmp_path, cpu_kernels, case):
+    cfg, layout = CASES[case]
+    params = ref_model.random_params(cfg, seed=2024, std=0.08)
+    x, y = batch(cfg, seed=17)
+    ref = olmo_core_debug_state(cfg, layout, params, x, y, z_loss_multiplier=LM_Z_MULTIPLIER)
+    ours = H.moecore_debug_state(tmp_path, cfg, params, x, y,
+                                 train={"z_loss_multiplier": LM_Z_MULTIPLIER})
+    names = H.state_names(cfg)
+    H.assert_all_close(ours, ref, names, what=f"engine vs OLMo-core with the LM-head z-loss [{case}]")
+    # The z-loss is trained: the gradients without it are outside the tolerance.
+    untrained = olmo_core_debug_state(cfg, layout, params, x, y)
+    assert H.compare(untrained, ref, [n for n in names if n.startswith("grad.")])
+    assert float(ref["loss.lm_z"]) > 1.0
 
 
 def test_cpu_permute_contract():
@@ -390,6 +424,7 @@ def test_engine_matches_olmo_core_with_document_masking(moecore_bin, tmp_path, c
     lb, z = sum(r.load_balancing_loss for r in routers), sum(r.z_loss for r in routers)
     c = ref_model.full_config(cfg)
     ref = {"logits": out.logits.detach(), "loss.ce": out.ce_loss.detach(), "loss.lb": lb, "loss.z": z,
+           "loss.lm_z": ref_model.lm_head_z_loss(out.logits.detach(), torch.as_tensor(y)),
            "loss.total": out.ce_loss.detach() + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z}
     ref.update({"grad." + n: t for n, t in hf_gradients(model, cfg).items()})
     ours = H.moecore_debug_state(tmp_path, cfg, params, x, y, data={"document_masking": True, "eos_id": eos})

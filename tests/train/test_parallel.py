@@ -49,11 +49,13 @@ def mpirun(bin_path: Path, ranks: int, config: Path, *sets: str, resume=False, t
 
 
 def dp_config(tmp_path: Path, job, name: str, **train_changes) -> Path:
+    """Every loss term on (the LM head's z-loss too), so that the parallel runs sum each the
+    single process's way."""
     out = tmp_path / name
     return write_config(tmp_path / f"{name}.toml", job, out,
                         model={"router_z_loss_coef": 0.001},
                         train={"max_steps": STEPS, "batch_size": 8, "threads": 1, "log_every": 1,
-                               "eval_every": 0, **train_changes})
+                               "eval_every": 0, "z_loss_multiplier": 1e-4, **train_changes})
 
 
 def losses(out_dir: Path) -> list[float]:

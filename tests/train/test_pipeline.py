@@ -31,7 +31,8 @@ def pp_config(tmp_path, job, name: str, model=None, layers=LAYERS, **train_chang
                         model={"num_hidden_layers": layers, "router_z_loss_coef": 0.001,
                                **(model or {})},
                         train={"max_steps": STEPS, "batch_size": 8, "microbatches": MICRO,
-                               "threads": 1, "log_every": 1, "eval_every": 10, **train_changes})
+                               "threads": 1, "log_every": 1, "eval_every": 10,
+                               "z_loss_multiplier": 1e-4, **train_changes})
 
 
 def val_losses(out_dir) -> dict:

@@ -35,6 +35,7 @@
 #include "dist/device_communicators.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "guarded_device.h"
+#include "kernels/loss_parts.h"
 #include "stream_ordered_stand_in.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -207,8 +208,10 @@ class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
   }
 
   // A small MoE model with every part the job reads from the host: a dense first layer, routed
-  // experts with a shared expert and the auxiliary-loss-free router bias, GQA with QK-norm,
-  // validation, two checkpoints and the sample.
+  // experts with a shared expert and the auxiliary-loss-free router bias, GQA with QK-norm, the
+  // LM head's z-loss, validation, two checkpoints and the sample. 10 experts: no per-expert read
+  // (8 bytes an expert, 5 per rank under ep = 2) has the size of the step's two copies the test
+  // finds by size (the losses' 64 bytes, the decision's 24).
   RunConfig config(const std::string& device, const std::string& out, int64_t max_steps) const {
     const DeviceRunCase& c = GetParam();
     return parse_run_config(
@@ -219,7 +222,7 @@ num_hidden_layers = 3
 num_attention_heads = 4
 num_key_value_heads = 2
 tie_word_embeddings = false
-num_experts = 8
+num_experts = 10
 num_experts_per_tok = 2
 moe_intermediate_size = 32
 intermediate_size = 96
@@ -255,6 +258,7 @@ sample_tokens = 6
 precision = "{}"
 recompute = "{}"
 lm_head_chunk_tokens = {}
+z_loss_multiplier = 0.001
 device = "{}"
 out_dir = "{}"
 {}
@@ -407,9 +411,9 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   // checkpoint), listed by first occurrence, so the step's come first: none on the host. On the
   // device no pass waits (kernels::moe_loss_terms keeps the losses where they are) and neither
   // does the update (kernels::step_decision decides it there); once all of the step is issued,
-  // it reads its losses (one copy of [ce, lb, z] per micro-batch) and its decision ([loss, norm,
-  // applied]). In one process the step reads nothing else but MXFP8's weight-gradient loop (the
-  // experts' offsets). With two, MPI stages the batch statistics' sums and the expert-parallel
+  // it reads its losses (one copy of the loss parts of every micro-batch) and its decision ([loss,
+  // norm, applied]). In one process the step reads nothing else but MXFP8's weight-gradient loop
+  // (the experts' offsets). With two, MPI stages the batch statistics' sums and the expert-parallel
   // exchange through the host, and where the norm's squares add up over ranks (ZeRO-1's slices,
   // experts over ep, stages) the optimizer reads them in one copy.
   const DeviceRunCase& c = GetParam();
@@ -435,7 +439,8 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   if (!captured) {
     EXPECT_GT(device_profile.at("phases").at("attention_forward"), 0.0);
   }
-  const std::string losses_copy = fmt::format("copy of {} bytes", 2 * 3 * sizeof(double));
+  const std::string losses_copy =
+      fmt::format("copy of {} bytes", 2 * kernels::kLossParts * sizeof(double));
   const std::string decision_copy = fmt::format("copy of {} bytes", 3 * sizeof(double));
   int64_t losses_copies = 0, decision_copies = 0, norm_copies = 0, cross_entropies = 0;
   int64_t in_layers = 0;

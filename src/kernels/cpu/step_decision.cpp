@@ -13,7 +13,7 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
   expect_step_limits(kOp, limits);
   step_decision_in_order(
       loss_rows.data<double>(kOp), rows, squares.data<double>(kOp),
-      {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.loss_scale},
+      {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.lm_z_coef, o.loss_scale},
       view_given(limits) ? limits.data<double>(kOp) : nullptr, decision.data<double>(kOp),
       step_factors.data<float>(kOp));
 }

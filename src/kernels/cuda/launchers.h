@@ -120,12 +120,14 @@ void launch_step_decision(const double* loss_rows, int64_t rows, const double* s
                           const StepDecisionScalars& scalars, const double* limits,
                           double* decision, float* step_factors, cudaStream_t stream);
 
-// cross_entropy.cu: dlogits (= when not null) and *loss (device) as kernels/ops.h's cross_entropy
-// defines them, a target outside [0, vocab) counted as ignored; normalizer: one double on the
-// device, or null (the rows' count); row_loss ([rows] doubles) and counted (one) are scratch.
+// cross_entropy.cu: dlogits (= when not null) and losses ([kHeadLosses] doubles on the device) as
+// kernels/ops.h's cross_entropy defines them, a target outside [0, vocab) counted as ignored;
+// normalizer: one double on the device, or null (the rows' count); row_losses ([rows,
+// kHeadLosses] doubles) and counted (one) are scratch.
 void launch_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t rows,
-                          int64_t vocab, float scale, const double* normalizer, double* row_loss,
-                          long long* counted, double* loss, cudaStream_t stream);
+                          int64_t vocab, float scale, float z_loss_coef, const double* normalizer,
+                          double* row_losses, long long* counted, double* losses,
+                          cudaStream_t stream);
 
 // permute_rows.cu: kernels/ops.h's permute_rows, permute_rows_backward and gather_rows. A route
 // naming a row outside its tensor writes nothing and reads NaN (checking on the host would wait).

@@ -22,7 +22,7 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
       step_decision_rows(kOp, loss_rows, squares, decision, step_factors, Device::kCuda);
   launch_step_decision(
       rows > 0 ? loss_rows.data<double>(kOp) : nullptr, rows, squares.data<double>(kOp),
-      {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.loss_scale},
+      {o.max_grad_norm, o.loss_limit, o.norm_limit, o.lb_coef, o.z_coef, o.lm_z_coef, o.loss_scale},
       view_given(limits) ? limits.data<double>(kOp) : nullptr, decision.data<double>(kOp),
       step_factors.data<float>(kOp), stream());
   MOE_CUDA_CHECK_LAUNCH(kOp, "launch_step_decision");

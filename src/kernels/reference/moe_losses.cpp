@@ -22,9 +22,12 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   auto probability_sum = [&](int64_t j, int64_t e) { return sums[j * (experts + 1) + e]; };
   auto mean_lse_squared = [&](int64_t j) { return sums[j * (experts + 1) + experts]; };
 
-  double ce = 0.0, lb = 0.0, z = 0.0;
+  double ce = 0.0, lb = 0.0, z = 0.0, lm_z = 0.0;
   const double* head = head_losses.data<double>(kOp);
-  for (int64_t c = 0; c < dims.head_chunks; ++c) ce += head[c];
+  for (int64_t c = 0; c < dims.head_chunks; ++c) {
+    ce += head[kHeadLosses * c + kHeadCe];
+    lm_z += head[kHeadLosses * c + kHeadZ];
+  }
   for (int64_t i = 0; i < layers * experts; ++i) grad[i] = 0.0f;
   if (layers > 0 && o.tokens > 0.0 && o.router_loss_div > 0.0) {
     const double div = o.router_loss_div, tokens = o.tokens;
@@ -59,9 +62,10 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
     }
   }
   double* out = losses.data<double>(kOp);
-  out[0] = ce;
-  out[1] = lb;
-  out[2] = z;
+  out[kCeLoss] = ce;
+  out[kLbLoss] = lb;
+  out[kZLoss] = z;
+  out[kLmZLoss] = lm_z;
   if (view_given(route_tally)) {
     double* tally = route_tally.data<double>(kOp);
     for (int64_t j = 0; j < layers; ++j)

@@ -20,7 +20,9 @@ void step_decision(ConstTensorView loss_rows, ConstTensorView squares, const Ste
   const double* sq = squares.data<double>(kOp);
   double loss = 0.0;
   for (int64_t i = 0; i < rows; ++i) {
-    const double total = r[3 * i] + o.lb_coef * r[3 * i + 1] + o.z_coef * r[3 * i + 2];
+    const double* row = r + kLossParts * i;
+    const double total = row[kCeLoss] + o.lb_coef * row[kLbLoss] + o.z_coef * row[kZLoss] +
+                         o.lm_z_coef * row[kLmZLoss];
     loss += total * o.loss_scale;
   }
   const double norm = std::sqrt(sq[0] + sq[1]);
