@@ -5,7 +5,9 @@ The same weights go into both: moecore's Hugging Face names are mapped onto OLMo
 (fused up/gate expert tensors, the flat router weight, the LM head's norm). Compared tensor by
 tensor at max|ours - ref| / max|ref| <= 1e-4 (moecore_harness.TOL): logits, cross-entropy,
 load-balancing and router z-loss (OLMo-core's per-router metrics, unscaled, summed over layers),
-and the gradient of every parameter of ce + aux_coef * lb + z_coef * z.
+and the gradient of every parameter of ce + aux_coef * lb + z_coef * z; with the LM head's z-loss
+(train.z_loss_multiplier; OLMo-core's model called with z_loss_multiplier) also its unscaled value
+and the gradients of the total with multiplier * lm_z added.
 
 OLMo-core's v2 block is written for GPUs: its permute / unpermute come from Transformer Engine
 (CUDA), its routed experts from a grouped GEMM, and it overlaps the shared expert on a second CUDA
