@@ -12,9 +12,10 @@ namespace moecore::io {
 
 namespace {
 
-// Every check first, then (params given) the data.
+// Every check against `layout` first, then (params given) the data of read_layout's tensors,
+// each of them one of layout's.
 HfWeightsRead check_and_read(const ParamLayout& layout, const std::string& dir,
-                             ParamBuffers* params) {
+                             const ParamLayout& read_layout, ParamBuffers* params) {
   const std::string single = dir + "/model.safetensors";
   MOE_CHECK(std::filesystem::exists(single) || std::filesystem::exists(single + ".index.json"),
             "[import] {} has neither model.safetensors nor model.safetensors.index.json", dir);
@@ -42,12 +43,17 @@ HfWeightsRead check_and_read(const ParamLayout& layout, const std::string& dir,
   read.tensors = static_cast<int64_t>(layout.specs().size());
   read.files = static_cast<int64_t>(files.size());
   if (params != nullptr) {
-    for (const ParamSpec& spec : layout.specs())
+    for (const ParamSpec& spec : read_layout.specs()) {
+      const ParamSpec* whole = layout.find(spec.name);
+      MOE_CHECK(whole != nullptr && whole->shape == spec.shape,
+                "[import] tensor '{}' of shape {} is not one of the model's", spec.name,
+                spec.shape);
       tensors.read_f32(spec.name, spec.shape, params->at(spec));
+    }
     // A NaN the self-check's batch does not reach would be imported, or trained on until the
     // first save refuses it.
     require_finite_weights(
-        layout, *params, [&tensors](const std::string& name) { return tensors.file_of(name); },
+        read_layout, *params, [&tensors](const std::string& name) { return tensors.file_of(name); },
         "[import]");
   }
   return read;
@@ -57,11 +63,16 @@ HfWeightsRead check_and_read(const ParamLayout& layout, const std::string& dir,
 
 HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
                               ParamBuffers& params) {
-  return check_and_read(layout, dir, &params);
+  return check_and_read(layout, dir, layout, &params);
+}
+
+HfWeightsRead read_hf_weights_share(const ParamLayout& full, const std::string& dir,
+                                    const ParamLayout& share, ParamBuffers& share_params) {
+  return check_and_read(full, dir, share, &share_params);
 }
 
 HfWeightsRead check_hf_weights(const ParamLayout& layout, const std::string& dir) {
-  return check_and_read(layout, dir, nullptr);
+  return check_and_read(layout, dir, layout, nullptr);
 }
 
 }  // namespace moecore::io

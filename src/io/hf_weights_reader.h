@@ -25,6 +25,11 @@ struct HfWeightsRead {
 // Loads <dir>'s weights into params (sized by layout) as fp32.
 HfWeightsRead read_hf_weights(const ParamLayout& layout, const std::string& dir,
                               ParamBuffers& params);
+// A rank's share: the same checks against the whole model's layout (`full`), then only the
+// tensors of `share` (a rank's stage and experts, named as in the whole model) read into
+// share_params, so that a rank holds no copy of what it does not train.
+HfWeightsRead read_hf_weights_share(const ParamLayout& full, const std::string& dir,
+                                    const ParamLayout& share, ParamBuffers& share_params);
 // The same checks without reading the data (the headers only): a trainer checks its inputs before
 // it writes anything.
 HfWeightsRead check_hf_weights(const ParamLayout& layout, const std::string& dir);

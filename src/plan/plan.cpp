@@ -32,12 +32,13 @@ std::string human_bytes(double b) {
 // What the figures above leave out, said where it applies.
 std::vector<std::string> plan_notes(const Plan& p) {
   std::vector<std::string> notes;
-  // train --init-from reads the whole model on every rank and keeps its part; rank 0's
-  // self-check holds a second copy. Released before the first step, so not in the peak.
+  // train --init-from: rank 0 reads the whole model for its self-check, which holds a second
+  // copy; the other ranks read only their share. Released before the first step, so not in the
+  // peak.
   const double whole = 4.0 * static_cast<double>(p.params.total);
   notes.push_back(fmt::format(
-      "with --init-from, start-up adds the whole model in fp32 on every rank ({}; rank 0 {} "
-      "during its self-check), released before the first step",
+      "with --init-from, start-up adds the whole model in fp32 on rank 0 ({}; {} during its "
+      "self-check; the other ranks read only their share), released before the first step",
       human_bytes(whole), human_bytes(2.0 * whole)));
   // The planned bf16 rate is a native bf16 GEMM's; a CPU without bf16 instructions runs fp32
   // GEMMs on operands it rounds in each call, neither priced nor counted here.

@@ -104,7 +104,7 @@ RoundTripCheck check_model_dir(const std::string& dir, const std::string& name,
 
 RoundTripCheck round_trip_check_on_rank0(const dist::Communicator& world,
                                          const std::string& scratch_dir, const ParamLayout& layout,
-                                         const ParamBuffers& params,
+                                         const ParamBuffers* rank0_params,
                                          const ModelDirContents& contents, const char* tag) {
   namespace fs = std::filesystem;
   RoundTripCheck check;
@@ -113,6 +113,8 @@ RoundTripCheck round_trip_check_on_rank0(const dist::Communicator& world,
     const auto start = std::chrono::steady_clock::now();
     std::error_code ec;
     try {
+      MOE_CHECK(rank0_params != nullptr, "{} self-check: rank 0 holds no whole model", tag);
+      const ParamBuffers& params = *rank0_params;
       fs::remove_all(scratch_dir, ec);
       fs::create_directories(scratch_dir, ec);
       MOE_CHECK(!ec, "{} self-check: cannot create {}: {}", tag, scratch_dir, ec.message());

@@ -49,12 +49,12 @@ RoundTripCheck check_model_dir(const std::string& dir, const std::string& name,
 
 // write_model_dir into `scratch_dir` (made, and removed again whatever the outcome), then
 // check_model_dir (errors name scratch_dir). Collective over `world`: rank 0 alone writes and
-// checks the whole model (every rank holds the same whole-model copy), the other ranks wait for its
-// verdict, and a failure is the same moecore::Error on every rank, so no rank is left waiting in a
-// later collective.
+// checks the whole model (`rank0_params`, sized by `layout`; the other ranks, which hold only
+// their share, pass nullptr), the other ranks wait for its verdict, and a failure is the same
+// moecore::Error on every rank, so no rank is left waiting in a later collective.
 RoundTripCheck round_trip_check_on_rank0(const dist::Communicator& world,
                                          const std::string& scratch_dir, const ParamLayout& layout,
-                                         const ParamBuffers& params,
+                                         const ParamBuffers* rank0_params,
                                          const ModelDirContents& contents, const char* tag);
 
 }  // namespace moecore

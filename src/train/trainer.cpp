@@ -536,22 +536,28 @@ std::string init_from_objective_note(const ModelConfig& mc, const io::HfModelInf
   return "";
 }
 
-// --init-from: every rank reads the whole Hugging Face model and keeps its part, so any layout
-// starts from the single process's weights. Then, before the first step and before anything but
-// the lock is in out_dir, rank 0 writes them as this run's checkpoints will be (fp32 weights,
-// config.json, config.toml), reads them back and compares the logits (train/round_trip_check.h);
-// returns the start-up line that says so.
+// --init-from: every rank reads its part of the Hugging Face model (rank 0 the whole model, for
+// the self-check), so any layout starts from the single process's weights. Then, before the first
+// step and before anything but the lock is in out_dir, rank 0 writes them as this run's checkpoints
+// will be (fp32 weights, config.json, config.toml), reads them back and compares the logits
+// (train/round_trip_check.h); returns the start-up line that says so.
 std::string init_from_hf(const dist::Communicator& world, const RunConfig& config,
                          const RunInputs& in, const std::string& hf_dir,
                          const ParamLayout& full_layout, const ParamLayout& layout,
                          ParamBuffers& params) {
-  ParamBuffers whole(full_layout);
-  io::read_hf_weights(full_layout, hf_dir, whole);
-  dist::take_local(full_layout, whole, layout, params);
+  // Rank 0 reads the whole model, for its self-check; every other rank reads only its share.
+  std::optional<ParamBuffers> whole;
+  if (world.rank() == 0) {
+    whole.emplace(full_layout);
+    io::read_hf_weights(full_layout, hf_dir, *whole);
+    dist::take_local(full_layout, *whole, layout, params);
+  } else {
+    io::read_hf_weights_share(full_layout, hf_dir, layout, params);
+  }
   const std::optional<int32_t> eos =
       in.tokenizer ? std::optional<int32_t>(in.tokenizer->eos_id()) : std::nullopt;
   const RoundTripCheck check = round_trip_check_on_rank0(
-      world, config.train.out_dir + "/.init-from-check", full_layout, whole,
+      world, config.train.out_dir + "/.init-from-check", full_layout, whole ? &*whole : nullptr,
       {&config, io::hf_config_json(config.model, config.train.seq_len, eos), {}, {}, {}},
       "[init-from]");
   return fmt::format(

@@ -719,3 +719,41 @@ def test_moecore_checkpoint_imports_as_itself(moecore_bin, job_data, tmp_path):
     r = run(moecore_bin, "eval", "--checkpoint", imported, "--data", job_data.val,
             "--max-instances", 4)
     assert r.stdout.startswith("eval: loss"), r.stdout
+
+
+def test_init_from_ranks_other_than_0_read_only_their_share(moecore_bin, job_data, tmp_path):
+    """Under ep = 2 a rank holds half of the experts: ranks other than 0 read only their share of
+    HF_DIR (rank 0 reads the whole model, for the self-check). Shown by rank 1's peak RSS against
+    the same layout's run from random weights: the file is mapped, and the pages of the share it
+    reads count as resident while mapped, so the init-from run's peak is higher by at most the
+    share's bytes (measured 0.42 of the whole model's fp32 size, AMD EPYC); reading the whole
+    model (as before) added the whole fp32 copy and every page of the file, over twice its size.
+    Bound: one whole model. The HF_DIR is a moecore checkpoint (config.json, model.safetensors,
+    104 MB, 97 % experts), made by a 0-step run."""
+    model = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "head_dim": 64, "num_experts": 32, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 512, "intermediate_size": 512, "first_k_dense_replace": 0,
+             "shared_expert_intermediate_size": 0}
+    steps = dict(max_steps=1, batch_size=2, seq_len=32, threads=1, eval_every=0, log_every=1,
+                 checkpoint=False)
+    made = tmp_path / "made"
+    run(moecore_bin, "train", write_config(tmp_path / "made.toml", job_data, made, model=model,
+                                           train=dict(steps, max_steps=0, checkpoint=True)))
+    hf = checkpoints(made)[-1]
+    whole_bytes = (hf / "model.safetensors").stat().st_size  # fp32: the whole model's size
+    assert whole_bytes > 100e6
+
+    def rank1_peak(out: Path, config: Path, *extra: str) -> float:
+        cmd = ["mpirun", "-np", "2", str(moecore_bin), "train", str(config), *extra,
+               "--set", "parallel.ep=2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                           stdin=subprocess.DEVNULL, env=MPI_ENV)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return json.loads((out / "rank_stats" / "rank1.json").read_text())["peak_rss_kib"] * 1024.0
+
+    plain = rank1_peak(tmp_path / "plain", write_config(tmp_path / "plain.toml", job_data,
+                                                        tmp_path / "plain", model=model,
+                                                        train=steps))
+    init = rank1_peak(tmp_path / "init", init_config(tmp_path, job_data, tmp_path / "init",
+                                                     "init.toml", **steps), "--init-from", str(hf))
+    assert init - plain < whole_bytes, (init / 1e6, plain / 1e6, whole_bytes / 1e6)
