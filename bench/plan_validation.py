@@ -41,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "train"))
 from conftest import write_corpus  # noqa: E402  (the test suite's deterministic corpus)
+from common import machine_meta  # noqa: E402
 
 BIN = Path(os.environ.get("MOECORE_BIN", REPO / "build" / "bin" / "moecore"))
 CONFIG = REPO / "bench" / "configs" / "plan_validation.toml"
@@ -260,11 +261,12 @@ def main() -> None:
 
 
 def write_results(results: list[dict], profile: dict) -> None:
+    meta = machine_meta(None)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "plan_validation.json").write_text(json.dumps(results, indent=1))
     lines = ["# `moecore plan` against measured runs", "",
-             f"Machine: {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} cores (shared); model `bench/configs/plan_validation.toml` "
+             f"Machine: {meta['machine']} ({', '.join(meta['isa']) or 'no AVX2'}), "
+             f"{os.cpu_count()} cores (shared); run {meta['date']} at commit {meta['commit']}; model `bench/configs/plan_validation.toml` "
              "(d 256, 4 layers, 16 experts top-2, balanced routing, 8 x 64 tokens per step, "
              f"{STEPS} steps), fp32, one thread per rank, Open MPI 4.1. Produced by `make bench-plan` "
              "(`bench/plan_validation.py`).", "",
