@@ -1,23 +1,52 @@
 #include "optim/lr_schedule.h"
 
+#include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <numbers>
 
 namespace moecore {
 
+namespace {
+
+// Python's round(total * fraction): the nearest integer, ties to even (the default rounding mode,
+// which nearbyint follows).
+int64_t round_half_even(int64_t total, double fraction) {
+  return static_cast<int64_t>(std::nearbyint(static_cast<double>(total) * fraction));
+}
+
+}  // namespace
+
+int64_t warmup_updates(const OptimConfig& c, int64_t total_steps) {
+  return c.warmup_fraction > 0.0 ? round_half_even(total_steps, c.warmup_fraction) : c.warmup_steps;
+}
+
+int64_t wsd_decay_updates(const OptimConfig& c, int64_t total_steps) {
+  return c.decay_steps > 0 ? c.decay_steps : round_half_even(total_steps, c.decay_fraction);
+}
+
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
-  // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup; warmup_min_lr 0,
-  // alpha_f = min_lr_ratio) at t = step + 1: OLMo-core's trainer counts the first update as step 1
-  // and asks its scheduler for that step's rate. So the warm-up's last update has the peak rate
-  // and the run's last update the final one, lr * min_lr_ratio.
+  // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD;
+  // warmup_min_lr 0, alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio) at t = step
+  // + 1: OLMo-core's trainer counts the first update as step 1 and asks its scheduler for that
+  // step's rate. So the warm-up's last update has the peak rate and the run's last update the
+  // final one, lr * min_lr_ratio. Each formula in OLMo-core's order of operations.
   const int64_t t = step + 1;
-  if (t < c.warmup_steps)
-    return c.lr * static_cast<double>(t) / static_cast<double>(c.warmup_steps);
+  const int64_t warmup = warmup_updates(c, total_steps);
+  // WSD warms up through t == warmup, the others below it: both give the peak there.
+  if (t < warmup || (c.schedule == LrSchedule::kWsd && t <= warmup && warmup > 0))
+    return c.lr * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
   if (c.schedule == LrSchedule::kConstant) return c.lr;
   const double lr_min = c.lr * c.min_lr_ratio;
-  if (t >= total_steps) return lr_min;
+  if (t >= total_steps) return lr_min;  // WSD's formula gives exactly this at t == total_steps
+  if (c.schedule == LrSchedule::kWsd) {
+    const int64_t decay = wsd_decay_updates(c, total_steps);
+    if (t < total_steps - decay) return c.lr;
+    return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(total_steps - t, decay)) /
+                        static_cast<double>(decay);
+  }
   const double progress =
-      static_cast<double>(t - c.warmup_steps) / static_cast<double>(total_steps - c.warmup_steps);
+      static_cast<double>(t - warmup) / static_cast<double>(total_steps - warmup);
   if (c.schedule == LrSchedule::kCosine)
     return lr_min + (c.lr - lr_min) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   return c.lr - (c.lr - lr_min) * progress;  // linear

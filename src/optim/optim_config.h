@@ -5,7 +5,7 @@
 
 namespace moecore {
 
-enum class LrSchedule { kCosine, kLinear, kConstant };
+enum class LrSchedule { kCosine, kLinear, kConstant, kWsd };
 
 struct OptimConfig {
   double lr = 1e-3;
@@ -15,8 +15,15 @@ struct OptimConfig {
   double weight_decay = 0.1;   // not applied to norm gains and embeddings
   double max_grad_norm = 1.0;  // <= 0: no clipping
   int64_t warmup_steps = 0;
+  // > 0: the warm-up is round(max_steps * warmup_fraction) updates (ties to even, as Python's
+  // round in OLMo-core's schedulers) instead of warmup_steps, which must then be 0.
+  double warmup_fraction = 0.0;
   LrSchedule schedule = LrSchedule::kCosine;
   double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
+  // "wsd" (OLMo-core's WSD): the linear decay's length, decay_steps updates when > 0, else
+  // round(max_steps * decay_fraction).
+  int64_t decay_steps = 0;
+  double decay_fraction = 0.1;
 
   void validate() const;
 };

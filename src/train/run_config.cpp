@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "optim/lr_schedule.h"
 
 namespace moecore {
 
@@ -164,11 +165,15 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("weight_decay", o.weight_decay);
   r.read("max_grad_norm", o.max_grad_norm);
   r.read("warmup_steps", o.warmup_steps);
+  r.read("warmup_fraction", o.warmup_fraction);
   r.read_enum("schedule", o.schedule,
               {{"cosine", LrSchedule::kCosine},
                {"linear", LrSchedule::kLinear},
-               {"constant", LrSchedule::kConstant}});
+               {"constant", LrSchedule::kConstant},
+               {"wsd", LrSchedule::kWsd}});
   r.read("min_lr_ratio", o.min_lr_ratio);
+  r.read("decay_steps", o.decay_steps);
+  r.read("decay_fraction", o.decay_fraction);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -299,7 +304,9 @@ void OptimConfig::validate() const {
                                    {"eps", eps},
                                    {"weight_decay", weight_decay},
                                    {"max_grad_norm", max_grad_norm},
-                                   {"min_lr_ratio", min_lr_ratio}})
+                                   {"min_lr_ratio", min_lr_ratio},
+                                   {"warmup_fraction", warmup_fraction},
+                                   {"decay_fraction", decay_fraction}})
     MOE_CHECK(std::isfinite(value), "[config] optim.{}={} must be a finite number", key, value);
   MOE_CHECK(lr > 0.0, "[config] optim.lr={} must be positive", lr);
   MOE_CHECK(beta1 >= 0.0 && beta1 < 1.0, "[config] optim.beta1={} must be in [0, 1)", beta1);
@@ -307,6 +314,14 @@ void OptimConfig::validate() const {
   MOE_CHECK(eps > 0.0, "[config] optim.eps={} must be positive", eps);
   MOE_CHECK(weight_decay >= 0.0, "[config] optim.weight_decay={} must be >= 0", weight_decay);
   MOE_CHECK(warmup_steps >= 0, "[config] optim.warmup_steps={} must be >= 0", warmup_steps);
+  MOE_CHECK(warmup_fraction >= 0.0 && warmup_fraction <= 1.0,
+            "[config] optim.warmup_fraction={} must be in [0, 1]", warmup_fraction);
+  MOE_CHECK(warmup_fraction == 0.0 || warmup_steps == 0,
+            "[config] optim.warmup_steps={} and optim.warmup_fraction={}: give one of them",
+            warmup_steps, warmup_fraction);
+  MOE_CHECK(decay_steps >= 0, "[config] optim.decay_steps={} must be >= 0", decay_steps);
+  MOE_CHECK(decay_fraction >= 0.0 && decay_fraction <= 1.0,
+            "[config] optim.decay_fraction={} must be in [0, 1]", decay_fraction);
   MOE_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0,
             "[config] optim.min_lr_ratio={} must be in [0, 1]", min_lr_ratio);
 }
@@ -352,6 +367,13 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   config.optim.validate();
   const TrainConfig& t = config.train;
   MOE_CHECK(t.max_steps >= 0, "[config] train.max_steps={} must be >= 0", t.max_steps);
+  // OLMo-core's WSD divides by its decay's length (a ZeroDivisionError at the last step there).
+  MOE_CHECK(config.optim.schedule != LrSchedule::kWsd || t.max_steps == 0 ||
+                wsd_decay_updates(config.optim, t.max_steps) >= 1,
+            "[config] optim.schedule = \"wsd\" decays over round(train.max_steps={} x "
+            "optim.decay_fraction={}) = 0 updates: set optim.decay_steps or a larger "
+            "optim.decay_fraction",
+            t.max_steps, config.optim.decay_fraction);
   // Upper bounds far beyond any machine, so that no product of sizes (tokens x width x layers
   // in bytes, here and in `moecore plan`) can overflow 64 bits: 2^32 tokens a step.
   constexpr int64_t kMaxStepTokens = int64_t{1} << 32;
@@ -547,10 +569,14 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"weight_decay", o.weight_decay},
                     {"max_grad_norm", o.max_grad_norm},
                     {"warmup_steps", o.warmup_steps},
+                    {"warmup_fraction", o.warmup_fraction},
                     {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
                                                    {LrSchedule::kLinear, "linear"},
-                                                   {LrSchedule::kConstant, "constant"}})},
-                    {"min_lr_ratio", o.min_lr_ratio}};
+                                                   {LrSchedule::kConstant, "constant"},
+                                                   {LrSchedule::kWsd, "wsd"}})},
+                    {"min_lr_ratio", o.min_lr_ratio},
+                    {"decay_steps", o.decay_steps},
+                    {"decay_fraction", o.decay_fraction}};
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"max_steps", t.max_steps},

@@ -148,6 +148,56 @@ TEST(Optim, AdamWNoDecayOnNormsAndEmbeddingsWithZeroGrad) {
 
 // OLMo-core's schedulers at its step number t = step + 1 (its trainer counts the first update as
 // 1).
+// OLMo-core's WSD: linear warm-up through update `warmup`, the peak, then the last `decay` updates
+// fall linearly to lr * min_lr_ratio (its decay_min_lr), reached at the last update.
+TEST(Optim, LearningRateWsd) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.0;
+  c.warmup_steps = 4;
+  c.schedule = LrSchedule::kWsd;
+  c.decay_steps = 5;
+  const int64_t total = 20;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 2.5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 1e-3);  // update 4: the warm-up's end
+  for (int64_t step = 4; step < 14; ++step) EXPECT_EQ(learning_rate(c, step, total), 1e-3) << step;
+  // Updates 15..20 (steps 14..19): (20 - t) / 5 of the peak, 0 at the last.
+  EXPECT_EQ(learning_rate(c, 14, total), 1e-3);  // t = 15: 5 / 5
+  EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 8e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 18, total), 2e-4);
+  EXPECT_EQ(learning_rate(c, 19, total), 0.0);
+  EXPECT_EQ(learning_rate(c, 30, total), 0.0);  // clamped past the end
+  // decay_fraction (steps 0: round(20 x 0.25) = 5, the same schedule); a floor of 10 %.
+  c.decay_steps = 0;
+  c.decay_fraction = 0.25;
+  EXPECT_EQ(wsd_decay_updates(c, total), 5);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 8e-4);
+  c.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 19, total), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 16, total), 1e-4 + 9e-4 * 3.0 / 5.0);  // t = 17
+}
+
+// warmup_fraction and decay_fraction round as Python's round does (OLMo-core's schedulers): to
+// the nearest integer, ties to even.
+TEST(Optim, ScheduleFractionsRoundHalfToEven) {
+  OptimConfig c;
+  c.warmup_fraction = 0.25;
+  EXPECT_EQ(warmup_updates(c, 10), 2);  // 2.5 -> 2
+  c.warmup_fraction = 0.35;
+  EXPECT_EQ(warmup_updates(c, 10), 4);  // 3.5 -> 4
+  c.warmup_fraction = 0.26;
+  EXPECT_EQ(warmup_updates(c, 10), 3);  // 2.6 -> 3
+  c.decay_fraction = 0.05;
+  EXPECT_EQ(wsd_decay_updates(c, 10), 0);  // 0.5 -> 0 (the config refuses this for WSD)
+  c.decay_fraction = 0.15;
+  EXPECT_EQ(wsd_decay_updates(c, 10), 2);  // 1.5 -> 2
+  c.decay_steps = 7;
+  EXPECT_EQ(wsd_decay_updates(c, 10), 7);  // decay_steps wins
+  c.warmup_fraction = 0.0;
+  c.warmup_steps = 3;
+  EXPECT_EQ(warmup_updates(c, 10), 3);
+}
+
 TEST(Optim, LearningRateWarmupAndEndPoints) {
   OptimConfig c;
   c.lr = 1e-3;

@@ -2,7 +2,7 @@
 
 torch side: two parameter groups (weight decay 0 for every *norm* weight and for the embedding, hence
 also a tied LM head; weight_decay for every other matrix, router included), clip_grad_norm_ over all
-parameters, LambdaLR with OLMo-core's schedulers (its CosWithWarmup and LinearWithWarmup at step s + 1).
+parameters, LambdaLR with OLMo-core's schedulers (its CosWithWarmup, LinearWithWarmup and WSD at step s + 1).
 Compared with max|ours - ref| / max|ref| <= 1e-4: loss.total [N], loss.ce [N] and grad_norm [N] as
 vectors, and every final weight tensor.
 
@@ -27,7 +27,7 @@ import torch
 
 import moecore_harness as H
 import ref_model
-from olmo_core.optim.scheduler import ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
+from olmo_core.optim.scheduler import WSD, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
 
 STEPS = 10
 
@@ -46,7 +46,11 @@ MODEL_B = dict(MODEL, num_hidden_layers=3, first_k_dense_replace=1, tie_word_emb
                router_score="sigmoid", norm_topk_prob=True)
 OPTIM_B = dict(OPTIM, max_grad_norm=0.0, schedule="linear", warmup_steps=2, min_lr_ratio=0.2)
 
-CASES = {"cosine": (MODEL, OPTIM, 31), "linear_tied": (MODEL_B, OPTIM_B, 32)}
+# OLMo-core's WSD: warm-up, the peak, then a linear decay to 0 over the last 4 updates.
+OPTIM_WSD = dict(OPTIM, schedule="wsd", warmup_steps=2, decay_steps=4, min_lr_ratio=0.0)
+
+CASES = {"cosine": (MODEL, OPTIM, 31), "linear_tied": (MODEL_B, OPTIM_B, 32),
+         "wsd": (MODEL, OPTIM_WSD, 33)}
 
 # How far the fp32 oracle may be from the same trajectory in fp64 for the 1e-4 engine comparison to
 # mean something. The engine and torch are two independent fp32 computations of one trajectory; if
@@ -62,6 +66,10 @@ ORACLE_FP32_TOL = H.TOL / 2
 def lr_factor(s: int, optim: dict, total: int) -> float:
     """The LR multiplier for update s (0-based): OLMo-core's scheduler (warmup_min_lr 0, alpha_f =
     min_lr_ratio) at step s + 1, the number OLMo-core's trainer gives the update."""
+    if optim["schedule"] == "wsd":  # decay_min_lr: the factor's floor, min_lr_ratio
+        scheduler = WSD(warmup=optim["warmup_steps"], decay=optim["decay_steps"], decay_fraction=None,
+                        decay_min_lr=optim["min_lr_ratio"])
+        return float(scheduler.get_lr(1.0, s + 1, total))
     schedulers = {"cosine": CosWithWarmup, "linear": LinearWithWarmup, "constant": ConstantWithWarmup}
     kwargs = {} if optim["schedule"] == "constant" else {"alpha_f": optim["min_lr_ratio"]}
     scheduler = schedulers[optim["schedule"]](warmup=optim["warmup_steps"], **kwargs)

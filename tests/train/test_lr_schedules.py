@@ -1,0 +1,87 @@
+"""The learning-rate schedules against OLMo-core's own scheduler classes (olmo_core.optim.scheduler,
+ai2-olmo-core 3.0.0): the rate each update of a training job logs (train/lr, log_every = 1) is
+OLMo-core's get_lr(lr, t, max_steps) at its step number t = 1, 2, ... (its trainer counts the first
+update as step 1). WSD (warm-up, stable, linear decay over decay_steps or round(max_steps x
+decay_fraction) updates to decay_min_lr = lr x min_lr_ratio), and warmup_fraction (round(max_steps
+x fraction), Python's round: ties to even) with every schedule. CosWithWarmup / LinearWithWarmup /
+ConstantWithWarmup are also checked through tests/reference/test_adamw_steps.py's AdamW oracle.
+
+Tolerance: WSD, the warm-ups and the linear decay are computed in OLMo-core's order of operations,
+so they are equal; the cosine's argument is formed in another order (pi (t - w) / (T - w) against
+pi x current / t_max after the shift), a few ulps: 1e-15 relative. A rounding of the fraction the
+other way moves a whole update's rate (>= 1e-2 relative here).
+"""
+from __future__ import annotations
+
+import pytest
+
+from test_training_job import run, train, train_rows, write_config
+
+pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
+from olmo_core.optim.scheduler import (  # noqa: E402
+    WSD, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup)
+
+LR = 3e-3
+STEPS = 10
+
+# name -> ([optim] settings, OLMo-core scheduler).
+CASES = {
+    "wsd_steps": (dict(schedule="wsd", warmup_steps=3, decay_steps=5, min_lr_ratio=0.0),
+                  WSD(warmup=3, decay=5, decay_fraction=None, decay_min_lr=0.0)),
+    "wsd_fractions_floor": (
+        dict(schedule="wsd", warmup_steps=0, warmup_fraction=0.25, decay_fraction=0.25,
+             min_lr_ratio=0.1),
+        # 10 x 0.25 = 2.5: 2 warm-up and 2 decay updates (ties to even, not up).
+        WSD(warmup_fraction=0.25, decay_fraction=0.25, decay_min_lr=LR * 0.1)),
+    "wsd_no_warmup": (dict(schedule="wsd", warmup_steps=0, decay_fraction=0.3, min_lr_ratio=0.0),
+                      WSD(warmup=0, decay_fraction=0.3)),
+    "cosine_warmup_fraction": (
+        dict(schedule="cosine", warmup_steps=0, warmup_fraction=0.18, min_lr_ratio=0.1),
+        CosWithWarmup(warmup_fraction=0.18, alpha_f=0.1)),  # 1.8 -> 2
+    "linear_warmup_fraction": (
+        dict(schedule="linear", warmup_steps=0, warmup_fraction=0.25, min_lr_ratio=0.2),
+        LinearWithWarmup(warmup_fraction=0.25, alpha_f=0.2)),  # 2.5 -> 2
+    "constant_warmup_fraction": (
+        dict(schedule="constant", warmup_steps=0, warmup_fraction=0.35),
+        ConstantWithWarmup(warmup_fraction=0.35)),  # 3.5 -> 4
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logged_rates_are_olmo_cores(moecore_bin, job_data, tmp_path, case):
+    optim, scheduler = CASES[case]
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run", optim=dict(optim, lr=LR),
+                       train={"max_steps": STEPS, "log_every": 1, "eval_every": 0,
+                              "checkpoint": False, "batch_size": 2})
+    train(moecore_bin, cfg)
+    rows = train_rows(tmp_path / "run")
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    ours = [rows[t]["train/lr"] for t in range(1, STEPS + 1)]
+    ref = [float(scheduler.get_lr(LR, t, STEPS)) for t in range(1, STEPS + 1)]
+    if optim["schedule"] == "cosine":
+        assert ours == pytest.approx(ref, rel=1e-15, abs=0.0), (ours, ref)
+    else:
+        assert ours == ref, list(zip(ours, ref))
+    # Not constant: the schedule's parts are all there.
+    assert len(set(ours)) > 3
+
+
+def test_wsd_without_decay_updates_is_one_line_error(moecore_bin, job_data, tmp_path):
+    """round(10 x 0.03) = 0 decay updates: OLMo-core divides by zero at the last step; refused."""
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
+                       optim={"schedule": "wsd", "decay_fraction": 0.03},
+                       train={"max_steps": STEPS})
+    r = train(moecore_bin, cfg, check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "optim.decay_fraction" in lines[0] and "wsd" in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_data, tmp_path):
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
+                       optim={"warmup_steps": 3, "warmup_fraction": 0.1}, train={"max_steps": 5})
+    r = run(moecore_bin, "train", cfg, check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "warmup_fraction" in lines[0] and "warmup_steps" in lines[0], r.stderr
