@@ -209,6 +209,8 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("skip_sigma", t.skip_sigma);
   r.read("skip_window", t.skip_window);
   r.read("skip_min_window", t.skip_min_window);
+  r.read_enum("skip_rule", t.skip_rule,
+              {{"moecore", SkipRule::kMoecore}, {"olmo-core", SkipRule::kOlmoCore}});
   r.read("skip_max_consecutive", t.skip_max_consecutive);
   r.read("gerrymander_window", t.gerrymander_window);
   r.read("gerrymander_threshold", t.gerrymander_threshold);
@@ -415,9 +417,19 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             t.save_every);
   MOE_CHECK(t.keep_last >= 0, "[config] train.keep_last={} must be >= 0", t.keep_last);
   MOE_CHECK(t.max_seconds >= 0.0, "[config] train.max_seconds={} must be >= 0", t.max_seconds);
-  MOE_CHECK(t.skip_window > 0 && t.skip_min_window >= 0 && t.skip_min_window <= t.skip_window,
+  MOE_CHECK(t.skip_window > 0, "[config] train.skip_window={} must be positive", t.skip_window);
+  // skip_min_window is the moecore rule's (OLMo-core's judges from skip_window / 2).
+  MOE_CHECK(t.skip_rule != SkipRule::kMoecore ||
+                (t.skip_min_window >= 0 && t.skip_min_window <= t.skip_window),
             "[config] train.skip_min_window={} must be in [0, train.skip_window={}]",
             t.skip_min_window, t.skip_window);
+  // OLMo-core's rule judges from max(2, window / 2) values, the step's own among them: below 6 its
+  // first judged step has a single earlier value, whose sample deviation is NaN (OLMo-core skips
+  // that step for it).
+  MOE_CHECK(t.skip_rule != SkipRule::kOlmoCore || t.skip_window >= 6,
+            "[config] train.skip_window={} with train.skip_rule = \"olmo-core\" must be >= 6 "
+            "(its first judged step needs a sample deviation of two earlier steps)",
+            t.skip_window);
   MOE_CHECK(t.skip_max_consecutive >= 0,
             "[config] train.skip_max_consecutive={} must be >= 0 (0 = no limit)",
             t.skip_max_consecutive);
@@ -578,39 +590,41 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"decay_steps", o.decay_steps},
                     {"decay_fraction", o.decay_fraction}};
   const TrainConfig& t = c.train;
-  toml::table train{{"seed", static_cast<int64_t>(t.seed)},
-                    {"max_steps", t.max_steps},
-                    {"batch_size", t.batch_size},
-                    {"microbatches", t.microbatches},
-                    {"seq_len", t.seq_len},
-                    {"threads", t.threads},
-                    {"device", std::string(device_name(t.device))},
-                    {"precision", train_precision_name(t.precision)},
-                    {"mxfp8_expert_wgrad", t.mxfp8.expert_wgrad},
-                    {"mxfp8_dense", t.mxfp8.dense},
-                    {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
-                    {"recompute", recompute_name(t.recompute)},
-                    {"lm_head_chunk_tokens", t.lm_head_chunk_tokens},
-                    {"z_loss_multiplier", t.z_loss_multiplier},
-                    {"log_every", t.log_every},
-                    {"eval_every", t.eval_every},
-                    {"eval_batches", t.eval_batches},
-                    {"save_every", t.save_every},
-                    {"checkpoint", t.checkpoint},
-                    {"keep_last", t.keep_last},
-                    {"max_seconds", t.max_seconds},
-                    {"skip_sigma", t.skip_sigma},
-                    {"skip_window", t.skip_window},
-                    {"skip_min_window", t.skip_min_window},
-                    {"skip_max_consecutive", t.skip_max_consecutive},
-                    {"gerrymander_window", t.gerrymander_window},
-                    {"gerrymander_threshold", t.gerrymander_threshold},
-                    {"sample_prompt", t.sample_prompt},
-                    {"sample_tokens", t.sample_tokens},
-                    {"profile", t.profile},
-                    {"cuda_graph", t.cuda_graph},
-                    {"cuda_grouped_gemm", std::string(cuda_grouped_gemm_name(t.cuda_grouped_gemm))},
-                    {"out_dir", t.out_dir}};
+  toml::table train{
+      {"seed", static_cast<int64_t>(t.seed)},
+      {"max_steps", t.max_steps},
+      {"batch_size", t.batch_size},
+      {"microbatches", t.microbatches},
+      {"seq_len", t.seq_len},
+      {"threads", t.threads},
+      {"device", std::string(device_name(t.device))},
+      {"precision", train_precision_name(t.precision)},
+      {"mxfp8_expert_wgrad", t.mxfp8.expert_wgrad},
+      {"mxfp8_dense", t.mxfp8.dense},
+      {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
+      {"recompute", recompute_name(t.recompute)},
+      {"lm_head_chunk_tokens", t.lm_head_chunk_tokens},
+      {"z_loss_multiplier", t.z_loss_multiplier},
+      {"log_every", t.log_every},
+      {"eval_every", t.eval_every},
+      {"eval_batches", t.eval_batches},
+      {"save_every", t.save_every},
+      {"checkpoint", t.checkpoint},
+      {"keep_last", t.keep_last},
+      {"max_seconds", t.max_seconds},
+      {"skip_sigma", t.skip_sigma},
+      {"skip_window", t.skip_window},
+      {"skip_min_window", t.skip_min_window},
+      {"skip_rule", std::string(t.skip_rule == SkipRule::kOlmoCore ? "olmo-core" : "moecore")},
+      {"skip_max_consecutive", t.skip_max_consecutive},
+      {"gerrymander_window", t.gerrymander_window},
+      {"gerrymander_threshold", t.gerrymander_threshold},
+      {"sample_prompt", t.sample_prompt},
+      {"sample_tokens", t.sample_tokens},
+      {"profile", t.profile},
+      {"cuda_graph", t.cuda_graph},
+      {"cuda_grouped_gemm", std::string(cuda_grouped_gemm_name(t.cuda_grouped_gemm))},
+      {"out_dir", t.out_dir}};
   auto string_list = [](const std::vector<std::string>& items) {
     toml::array array;
     for (const std::string& item : items) array.push_back(item);

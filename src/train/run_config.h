@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/precision_recipe.h"
 #include "optim/optim_config.h"
+#include "train/step_guard.h"
 
 namespace moecore {
 
@@ -66,6 +67,9 @@ struct TrainConfig {
   double skip_sigma = 6.0;   // spike threshold of the step guard (<= 0: only NaN/Inf skip)
   int64_t skip_window = 128;
   int64_t skip_min_window = 20;
+  // "moecore" | "olmo-core": the guard's window rule (train/step_guard.h); "olmo-core" judges the
+  // cross-entropy as OLMo-core's SkipStepOptimizer does (skip_min_window unused).
+  SkipRule skip_rule = SkipRule::kMoecore;
   // The run stops (saved, exit status 1) once this many steps in a row were skipped: the weights
   // no longer move, and a guard that skips every step would otherwise burn the rest of the run.
   int64_t skip_max_consecutive = 20;  // 0: no limit

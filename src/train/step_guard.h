@@ -1,8 +1,14 @@
 // Decides whether an optimizer step may be applied (OLMo-core's skip-step idea): a step whose loss
-// or gradient norm is NaN/Inf is always skipped; once `min_window` healthy steps are known, a step
-// whose loss or gradient norm exceeds the rolling mean of the last `window` healthy steps by more
-// than `sigma` standard deviations is a spike and is skipped too. Skipped steps never enter the
-// window, so one spike cannot widen the band for the next. The weights never take a skipped update.
+// or gradient norm is NaN/Inf is always skipped; a step whose loss or gradient norm exceeds the
+// rolling mean of a window of earlier steps by more than `sigma` standard deviations is a spike and
+// is skipped too. The weights never take a skipped update. Two rules for the window:
+// - kMoecore (the default): the last `window` healthy steps, judged once `min_window` are known,
+//   population standard deviation floored at 1% of the mean; skipped steps never enter the window,
+//   so one spike cannot widen the band for the next.
+// - kOlmoCore: OLMo-core's SkipStepOptimizer (get_step_factor): the last `window` steps, skipped
+//   ones included, judged from the step that makes max(2, window / 2) values with its own, sample
+//   standard deviation (n - 1), no floor. Non-finite steps are skipped and not recorded (OLMo-core
+//   stops the run on them instead). The trainer judges the cross-entropy there, as OLMo-core does.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +18,13 @@
 
 namespace moecore {
 
+enum class SkipRule { kMoecore, kOlmoCore };
+
 struct StepGuardConfig {
   double sigma = 6.0;  // <= 0: only non-finite steps are skipped
   int64_t window = 128;
-  int64_t min_window = 20;
+  int64_t min_window = 20;  // kMoecore only
+  SkipRule rule = SkipRule::kMoecore;
 };
 
 // The largest loss and gradient norm the next step may have (+inf: no limit yet): beyond either,

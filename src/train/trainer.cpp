@@ -343,6 +343,15 @@ void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
   copy_bytes(ctx.step_limits.data(), values.data(), sizeof(values));
 }
 
+// The loss the step guard judges: the step's whole loss, or under OLMo-core's rule its
+// cross-entropy (OLMo-core's skip-step optimizer reads its CE batch loss), with the other parts
+// times 0 so that it is not finite exactly where step_decision's sum of the same rows with those
+// coefficients at 0 is not.
+double judged_loss(const TrainConfig& tc, const LossParts& loss) {
+  if (tc.skip_rule != SkipRule::kOlmoCore) return loss.total;
+  return loss.ce + 0.0 * loss.lb + 0.0 * loss.z + 0.0 * loss.lm_z;
+}
+
 // The optimizer step after the passes, decided where the gradients are (kernels::step_decision:
 // the spike guard's test with the staged limits and the clipping coefficient), so that the update
 // never waits for the host to read the loss and the norm (issue 15 item 3); read_decision() reads
@@ -362,6 +371,8 @@ void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
                              .z_coef = ctx.config.model.router_z_loss_coef,
                              .lm_z_coef = ctx.config.train.z_loss_multiplier,
                              .loss_scale = loss_scale};
+  if (ctx.config.train.skip_rule == SkipRule::kOlmoCore)
+    decide.lb_coef = decide.z_coef = decide.lm_z_coef = 0.0;  // judged: the cross-entropy
   if (pc.pp > 1) {
     report.loss = ctx.pipeline.read_losses();
     double parts[5] = {report.loss.ce, report.loss.lb, report.loss.z, report.loss.lm_z,
@@ -369,7 +380,7 @@ void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
     ctx.mesh.pp.allreduce_sum(parts, 5);
     report.loss = {parts[0], parts[1], parts[2], parts[3], parts[4], report.loss.counted_tokens};
     std::array<double, kernels::kLossParts> row{};
-    row[kernels::kCeLoss] = report.loss.total;
+    row[kernels::kCeLoss] = judged_loss(ctx.config.train, report.loss);
     ctx.stage_loss_row.place_on(device);
     ctx.stage_loss_row.resize_for_overwrite(row.size());
     copy_bytes(ctx.stage_loss_row.data(), row.data(), sizeof(row));
@@ -407,12 +418,13 @@ std::string read_decision(TrainContext& ctx, StepReport& report) {
   std::array<double, 3> decided{};
   copy_bytes(decided.data(), ctx.decision.data(), sizeof(decided));
   report.grad_norm = decided[1];
-  std::string skip_reason = ctx.guard.check(report.loss.total, report.grad_norm);
+  const double judged = judged_loss(ctx.config.train, report.loss);
+  std::string skip_reason = ctx.guard.check(judged, report.grad_norm);
   MOE_CHECK(skip_reason.empty() == (decided[2] == 1.0),
             "[train] step {}: the decision where the gradients are ({}) differs from the step "
             "guard's on the host ({}; loss {} there, {} here)",
             ctx.step + 1, decided[2] == 1.0 ? "apply" : "skip",
-            skip_reason.empty() ? "apply" : skip_reason, decided[0], report.loss.total);
+            skip_reason.empty() ? "apply" : skip_reason, decided[0], judged);
   if (!skip_reason.empty()) ctx.optimizer.skipped_step();  // Adam counts applied steps
   return skip_reason;
 }
@@ -742,7 +754,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   MOE_CHECK(!pc.overlap_grad_reduce || pc.zero == 0,
             "[parallel] parallel.overlap_grad_reduce needs parallel.zero=0 (ZeRO-1 reduce-scatters "
             "the whole gradient after the backward)");
-  StepGuard guard({tc.skip_sigma, tc.skip_window, tc.skip_min_window});
+  StepGuard guard({tc.skip_sigma, tc.skip_window, tc.skip_min_window, tc.skip_rule});
   GerrymanderingDetector gerrymandering({tc.gerrymander_window, tc.gerrymander_threshold});
   TrainerState resumed;
   if (start.checkpoint) {

@@ -1,6 +1,7 @@
 // The step guard: non-finite steps are always skipped, spikes only once the window is warm, a
 // non-positive sigma disables spike detection, skipped steps stay out of the window, and the
-// JSON state restores the same decisions.
+// JSON state restores the same decisions; OLMo-core's rule (its SkipStepOptimizer) with its own
+// warm-up, sample deviation and skipped steps in the window.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -126,6 +127,39 @@ TEST(StepGuard, JsonRoundTripReproducesDecisions) {
   // A fresh guard without the state does not make the same decision.
   StepGuard fresh(config);
   EXPECT_EQ(fresh.check(9.0, 1.0), "");
+}
+
+// OLMo-core's get_step_factor: judged once its list, the step's own value included, holds
+// max(2, window / 2) values; mean and sample deviation of the earlier ones (at most `window`);
+// skipped (finite) steps enter the list; no floor.
+TEST(StepGuard, OlmoCoreRuleFollowsItsSkipStepOptimizer) {
+  StepGuard guard({2.0, 8, 0, SkipRule::kOlmoCore});
+  // Steps 1-3 are not judged (3 values with the step's own < 8 / 2): a huge loss is applied.
+  EXPECT_EQ(guard.check(2.0, 1.0), "");
+  EXPECT_EQ(guard.check(2.2, 1.0), "");
+  EXPECT_EQ(guard.check(9.0, 1.0), "");
+  // Step 4 is judged against 2.0, 2.2, 9.0: mean 4.4, sample deviation sqrt(15.88) = 3.985, so
+  // the limit is 4.4 + 2 x 3.985 = 12.37 (the population deviation would give 10.91).
+  const StepLimits limits = guard.limits();
+  EXPECT_NEAR(limits.loss, 4.4 + 2.0 * std::sqrt(15.88), 1e-12);
+  EXPECT_EQ(guard.check(12.0, 1.0), "");  // above the population band, inside the sample one
+  // A spike is skipped and enters the window: the next band is wider.
+  const std::string spike = guard.check(100.0, 1.0);
+  EXPECT_NE(spike.find("loss spike"), std::string::npos) << spike;
+  EXPECT_EQ(guard.skipped(), 1);
+  EXPECT_EQ(guard.to_json().at("losses").size(), 5u);
+  EXPECT_GT(guard.limits().loss, 100.0);
+  // Constant values: zero deviation and no floor, so any rise is a spike; an equal value is not.
+  StepGuard flat({6.0, 8, 0, SkipRule::kOlmoCore});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(flat.check(2.0, 1.0), "");
+  EXPECT_EQ(flat.check(2.0, 1.0), "");
+  EXPECT_FALSE(flat.check(2.0 + 1e-9, 1.0).empty());
+  // Non-finite steps are skipped and stay out of the window.
+  EXPECT_FALSE(flat.check(kNan, 1.0).empty());
+  EXPECT_EQ(flat.to_json().at("losses").size(), 5u);
+  // The window keeps the last `window` values.
+  for (int i = 0; i < 20; ++i) flat.check(healthy_loss(i), healthy_norm(i));
+  EXPECT_EQ(flat.to_json().at("losses").size(), 8u);
 }
 
 }  // namespace

@@ -169,6 +169,7 @@ def two_step_run(moecore_bin, job_data, tmp_path) -> tuple[Path, Path]:
     ("train.precision=bf16", "train.precision: 'fp32' -> 'bf16'"),
     ("train.lm_head_chunk_tokens=16", "train.lm_head_chunk_tokens: 0 -> 16"),
     ("train.z_loss_multiplier=1e-05", "train.z_loss_multiplier: 0 -> 1e-05"),
+    ("train.skip_rule=olmo-core", "train.skip_rule: 'moecore' -> 'olmo-core'"),
     ("train.seed=5", "train.seed: 0 -> 5"),
     ("model.router_aux_loss_coef=0.05", "model.router_aux_loss_coef: 0.01 -> 0.05"),
     ("optim.schedule=cosine", "optim.schedule: 'constant' -> 'cosine'"),

@@ -499,6 +499,10 @@ INSTANTIATE_TEST_SUITE_P(
         // and bias of a skipped step as they were, as the host's does.
         DeviceRunCase{"fp32_skips", "fp32", "none", 1, "", 0,
                       "skip_sigma = 0.0001\nskip_window = 8\nskip_min_window = 1"},
+        // The same under OLMo-core's rule: the cross-entropy judged (step_decision's other loss
+        // coefficients at 0), skipped steps in the window, judged from step 3 of a window of 6.
+        DeviceRunCase{"fp32_olmo_core_skips", "fp32", "none", 1, "", 0,
+                      "skip_rule = \"olmo-core\"\nskip_sigma = 0.0001\nskip_window = 6"},
         // Every step as one graph (train.cuda_graph; the guarded device's emulated capture):
         // captured at step 2, replayed at 3; the evaluation after step 3 sends step 4 back to an
         // eager run. And with the guard skipping steps, so that its limits change every step and
