@@ -53,7 +53,10 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
     // The part of this tensor inside [begin, end).
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
     if (lo >= hi || spec.is_buffer) continue;  // buffers move by their own rule
-    const bool decay = !spec.is_norm && !spec.is_embedding;
+    const bool decay = config.no_decay == NoDecay::kNone ? true
+                       : config.no_decay == NoDecay::kEmbeddings
+                           ? !spec.is_embedding
+                           : !spec.is_norm && !spec.is_embedding;
     if (run_hi > run_lo && lo == run_hi && decay == run_decay) {
       run_hi = hi;
       continue;

@@ -1,9 +1,9 @@
 // AdamW with decoupled weight decay, exactly torch.optim.AdamW's update (fp32 state):
 //   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-// State mirrors the parameter spec table (two flat buffers). Norm gains and embeddings get no
-// weight decay (moecore's rule; OLMo-core's AdamW decays every parameter its group overrides do
-// not exempt, its own recipes the embeddings).
+// State mirrors the parameter spec table (two flat buffers). The parameters optim.no_decay names
+// get no weight decay (by default norm gains and embeddings; OLMo-core's AdamW decays every
+// parameter its group overrides do not exempt, its own recipes the embeddings).
 #pragma once
 
 #include <cstddef>

@@ -7,12 +7,18 @@ namespace moecore {
 
 enum class LrSchedule { kCosine, kLinear, kConstant, kWsd };
 
+// The parameters AdamW's weight decay leaves alone: norm gains and embeddings (moecore's default),
+// the input embedding only (OLMo-core's recipes: their group override exempts embeddings.weight;
+// a tied LM head is that tensor), or none (OLMo-core's AdamW without group overrides).
+enum class NoDecay { kNormsAndEmbeddings, kEmbeddings, kNone };
+
 struct OptimConfig {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.1;   // not applied to norm gains and embeddings
+  double weight_decay = 0.1;  // not applied to the parameters no_decay names
+  NoDecay no_decay = NoDecay::kNormsAndEmbeddings;
   double max_grad_norm = 1.0;  // <= 0: no clipping
   int64_t warmup_steps = 0;
   // > 0: the warm-up is round(max_steps * warmup_fraction) updates (ties to even, as Python's

@@ -163,6 +163,10 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("beta2", o.beta2);
   r.read("eps", o.eps);
   r.read("weight_decay", o.weight_decay);
+  r.read_enum("no_decay", o.no_decay,
+              {{"norms_and_embeddings", NoDecay::kNormsAndEmbeddings},
+               {"embeddings", NoDecay::kEmbeddings},
+               {"none", NoDecay::kNone}});
   r.read("max_grad_norm", o.max_grad_norm);
   r.read("warmup_steps", o.warmup_steps);
   r.read("warmup_fraction", o.warmup_fraction);
@@ -574,21 +578,25 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"router_bias_update_rate", m.router_bias_update_rate},
   };
   const OptimConfig& o = c.optim;
-  toml::table optim{{"lr", o.lr},
-                    {"beta1", o.beta1},
-                    {"beta2", o.beta2},
-                    {"eps", o.eps},
-                    {"weight_decay", o.weight_decay},
-                    {"max_grad_norm", o.max_grad_norm},
-                    {"warmup_steps", o.warmup_steps},
-                    {"warmup_fraction", o.warmup_fraction},
-                    {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
-                                                   {LrSchedule::kLinear, "linear"},
-                                                   {LrSchedule::kConstant, "constant"},
-                                                   {LrSchedule::kWsd, "wsd"}})},
-                    {"min_lr_ratio", o.min_lr_ratio},
-                    {"decay_steps", o.decay_steps},
-                    {"decay_fraction", o.decay_fraction}};
+  toml::table optim{
+      {"lr", o.lr},
+      {"beta1", o.beta1},
+      {"beta2", o.beta2},
+      {"eps", o.eps},
+      {"weight_decay", o.weight_decay},
+      {"no_decay", name(o.no_decay, {{NoDecay::kNormsAndEmbeddings, "norms_and_embeddings"},
+                                     {NoDecay::kEmbeddings, "embeddings"},
+                                     {NoDecay::kNone, "none"}})},
+      {"max_grad_norm", o.max_grad_norm},
+      {"warmup_steps", o.warmup_steps},
+      {"warmup_fraction", o.warmup_fraction},
+      {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
+                                     {LrSchedule::kLinear, "linear"},
+                                     {LrSchedule::kConstant, "constant"},
+                                     {LrSchedule::kWsd, "wsd"}})},
+      {"min_lr_ratio", o.min_lr_ratio},
+      {"decay_steps", o.decay_steps},
+      {"decay_fraction", o.decay_fraction}};
   const TrainConfig& t = c.train;
   toml::table train{
       {"seed", static_cast<int64_t>(t.seed)},

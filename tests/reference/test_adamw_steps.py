@@ -50,7 +50,10 @@ OPTIM_B = dict(OPTIM, max_grad_norm=0.0, schedule="linear", warmup_steps=2, min_
 OPTIM_WSD = dict(OPTIM, schedule="wsd", warmup_steps=2, decay_steps=4, min_lr_ratio=0.0)
 
 CASES = {"cosine": (MODEL, OPTIM, 31), "linear_tied": (MODEL_B, OPTIM_B, 32),
-         "wsd": (MODEL, OPTIM_WSD, 33)}
+         "wsd": (MODEL, OPTIM_WSD, 33),
+         # optim.no_decay: OLMo-core's recipes (the embedding only) and its AdamW's default (none).
+         "decay_norms": (MODEL, dict(OPTIM, no_decay="embeddings"), 34),
+         "decay_all_tied": (MODEL_B, dict(OPTIM_B, no_decay="none"), 35)}
 
 # How far the fp32 oracle may be from the same trajectory in fp64 for the 1e-4 engine comparison to
 # mean something. The engine and torch are two independent fp32 computations of one trajectory; if
@@ -76,7 +79,13 @@ def lr_factor(s: int, optim: dict, total: int) -> float:
     return float(scheduler.get_lr(1.0, s + 1, total))
 
 
-def no_decay(name: str) -> bool:
+def no_decay(name: str, optim: dict) -> bool:
+    """Whether optim.no_decay exempts the parameter from weight decay."""
+    rule = optim.get("no_decay", "norms_and_embeddings")
+    if rule == "none":
+        return False
+    if rule == "embeddings":
+        return name == "model.embed_tokens.weight"
     return "norm" in name or name == "model.embed_tokens.weight"
 
 
@@ -84,8 +93,8 @@ def torch_steps(params0: dict, model: dict, optim: dict, x, y, steps: int, dtype
     """The torch.optim.AdamW oracle. Returns (final weights, loss.total [N], loss.ce [N], grad_norm [N])."""
     P = {n: torch.nn.Parameter(t.detach().clone().to(dtype)) for n, t in params0.items()}
     groups = [
-        {"params": [p for n, p in P.items() if not no_decay(n)], "weight_decay": optim["weight_decay"]},
-        {"params": [p for n, p in P.items() if no_decay(n)], "weight_decay": 0.0},
+        {"params": [p for n, p in P.items() if not no_decay(n, optim)], "weight_decay": optim["weight_decay"]},
+        {"params": [p for n, p in P.items() if no_decay(n, optim)], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]), eps=optim["eps"],
                             foreach=False)
