@@ -101,7 +101,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
   if (args.weights.empty())
-    init_params(layout, config.train.seed, params);
+    init_params(layout, config.train.weights_seed(), params);
   else
     io::load_weights(layout, args.weights, params);
   const Batch batch = load_batch(args, config);
@@ -123,8 +123,9 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   dump.run["threads"] = omp_get_max_threads();
   dump.run["config"] = config_toml;
   dump.run["config_fnv1a"] = fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(config_toml))));
-  dump.run["weights"] =
-      args.weights.empty() ? fmt::format("init, train.seed {}", config.train.seed) : args.weights;
+  dump.run["weights"] = args.weights.empty()
+                            ? fmt::format("init, seed {}", config.train.weights_seed())
+                            : args.weights;
   dump.run["weights_fnv1a"] = fmt::format("{:016x}", weights_hash);
   dump.run["batch"] = batch.source;
   dump.run["batch_shape"] = std::vector<int64_t>{batch.rows, batch.seq};

@@ -98,8 +98,9 @@ int main(int argc, char** argv) {
   std::string dump_out;
   auto add_run_options = [&](CLI::App* cmd, moecore::cli::DumpArgs& run) {
     cmd->add_option("--set", run.overrides, "override, e.g. --set train.precision=bf16");
-    cmd->add_option("--weights", run.weights,
-                    "weights .safetensors (default: the initialisation of train.seed)");
+    cmd->add_option(
+        "--weights", run.weights,
+        "weights .safetensors (default: the initialisation of train.init_seed, else train.seed)");
     cmd->add_option("--tokens", run.tokens,
                     "int32/int64 [B, T] .npy (default: the first batch of data.train)");
     cmd->add_option("--targets", run.targets, "int32/int64 [B, T] .npy (-100 = ignore)");

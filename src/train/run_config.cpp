@@ -182,6 +182,7 @@ void read_optim(TableReader& r, OptimConfig& o) {
 
 void read_train(TableReader& r, TrainConfig& t) {
   r.read("seed", t.seed);
+  r.read("init_seed", t.init_seed);
   r.read("max_steps", t.max_steps);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
@@ -373,6 +374,8 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   config.optim.validate();
   const TrainConfig& t = config.train;
   MOE_CHECK(t.max_steps >= 0, "[config] train.max_steps={} must be >= 0", t.max_steps);
+  MOE_CHECK(t.init_seed >= -1, "[config] train.init_seed={} must be >= 0, or -1 (train.seed's)",
+            t.init_seed);
   // OLMo-core's WSD divides by its decay's length (a ZeroDivisionError at the last step there).
   MOE_CHECK(config.optim.schedule != LrSchedule::kWsd || t.max_steps == 0 ||
                 wsd_decay_updates(config.optim, t.max_steps) >= 1,
@@ -600,6 +603,7 @@ std::string run_config_to_toml(const RunConfig& c) {
   const TrainConfig& t = c.train;
   toml::table train{
       {"seed", static_cast<int64_t>(t.seed)},
+      {"init_seed", t.init_seed},
       {"max_steps", t.max_steps},
       {"batch_size", t.batch_size},
       {"microbatches", t.microbatches},

@@ -29,7 +29,12 @@ inline const char* cuda_grouped_gemm_name(CudaGroupedGemm g) {
 }
 
 struct TrainConfig {
-  uint64_t seed = 0;  // initialisation and data order
+  uint64_t seed = 0;  // data order, routing draws, and the initialisation unless init_seed is set
+  // The weights' initialisation alone (OLMo-core's model init_seed, apart from its data loader's
+  // seed): -1 (the default) takes seed. A new data order over the same initial weights is a new
+  // seed with the old init_seed.
+  int64_t init_seed = -1;
+  uint64_t weights_seed() const { return init_seed >= 0 ? static_cast<uint64_t>(init_seed) : seed; }
   int64_t max_steps = 1000;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once

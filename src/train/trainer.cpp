@@ -700,7 +700,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const StartPoint start = choose_start(world, config, full_layout, options, train_fingerprint);
 
   ParamBuffers params(layout), grads(layout);
-  init_params(layout, tc.seed, params);  // per-name streams: the same weights in any layout
+  // Per-name streams: the same weights in any layout.
+  init_params(layout, tc.weights_seed(), params);
   // Expert-parallel dispatch. With ep = 1 every expert is local and nothing moves, so `rowwise`
   // is the plain dropless local path there (parallel.capacity_factor only applies to ep > 1).
   // The rowwise dispatch's transport: windows (or, on a device, the capacity form's all-to-all-v),
