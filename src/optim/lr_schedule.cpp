@@ -1,29 +1,10 @@
 #include "optim/lr_schedule.h"
 
 #include <algorithm>
-#include <cfenv>
 #include <cmath>
 #include <numbers>
 
 namespace moecore {
-
-namespace {
-
-// Python's round(total * fraction): the nearest integer, ties to even (the default rounding mode,
-// which nearbyint follows).
-int64_t round_half_even(int64_t total, double fraction) {
-  return static_cast<int64_t>(std::nearbyint(static_cast<double>(total) * fraction));
-}
-
-}  // namespace
-
-int64_t warmup_updates(const OptimConfig& c, int64_t total_steps) {
-  return c.warmup_fraction > 0.0 ? round_half_even(total_steps, c.warmup_fraction) : c.warmup_steps;
-}
-
-int64_t wsd_decay_updates(const OptimConfig& c, int64_t total_steps) {
-  return c.decay_steps > 0 ? c.decay_steps : round_half_even(total_steps, c.decay_fraction);
-}
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD;

@@ -1,6 +1,7 @@
 // Optimizer settings: the [optim] table of a config file.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace moecore {
@@ -33,5 +34,23 @@ struct OptimConfig {
 
   void validate() const;
 };
+
+// Python's round(total * fraction), which OLMo-core's schedulers use: the nearest integer, ties to
+// even (the default rounding mode, which nearbyint follows).
+inline int64_t round_half_even(int64_t total, double fraction) {
+  return static_cast<int64_t>(std::nearbyint(static_cast<double>(total) * fraction));
+}
+
+// The warm-up's length in updates of a run of total_steps: warmup_steps, or round(total_steps *
+// warmup_fraction).
+inline int64_t warmup_updates(const OptimConfig& c, int64_t total_steps) {
+  return c.warmup_fraction > 0.0 ? round_half_even(total_steps, c.warmup_fraction) : c.warmup_steps;
+}
+
+// The WSD decay's length in updates: decay_steps when > 0, else round(total_steps *
+// decay_fraction).
+inline int64_t wsd_decay_updates(const OptimConfig& c, int64_t total_steps) {
+  return c.decay_steps > 0 ? c.decay_steps : round_half_even(total_steps, c.decay_fraction);
+}
 
 }  // namespace moecore

@@ -11,7 +11,6 @@
 
 #include "core/check.h"
 #include "core/escape.h"
-#include "optim/lr_schedule.h"
 
 namespace moecore {
 
