@@ -14,8 +14,10 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   // final one, lr * min_lr_ratio. Each formula in OLMo-core's order of operations.
   const int64_t t = step + 1;
   const int64_t warmup = warmup_updates(c, total_steps);
-  // WSD warms up through t == warmup, the others below it: both give the peak there.
-  if (t < warmup || (c.schedule == LrSchedule::kWsd && t <= warmup && warmup > 0))
+  // WSD and ConstantWithWarmup warm up through t == warmup ((lr w) / w there, which may be an ulp
+  // off lr), CosWithWarmup and LinearWithWarmup below it.
+  const bool through_warmup = c.schedule == LrSchedule::kWsd || c.schedule == LrSchedule::kConstant;
+  if (t < warmup || (through_warmup && t <= warmup && warmup > 0))
     return c.lr * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
   if (c.schedule == LrSchedule::kConstant) return c.lr;
   const double lr_min = c.lr * c.min_lr_ratio;
@@ -26,11 +28,11 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
     return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(total_steps - t, decay)) /
                         static_cast<double>(decay);
   }
-  const double progress =
-      static_cast<double>(t - warmup) / static_cast<double>(total_steps - warmup);
+  const auto current = static_cast<double>(t - warmup);
+  const auto span = static_cast<double>(total_steps - warmup);
   if (c.schedule == LrSchedule::kCosine)
-    return lr_min + (c.lr - lr_min) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-  return c.lr - (c.lr - lr_min) * progress;  // linear
+    return lr_min + (c.lr - lr_min) * (1.0 + std::cos(std::numbers::pi * current / span)) / 2.0;
+  return c.lr - (c.lr - lr_min) * (current / span);  // linear
 }
 
 }  // namespace moecore

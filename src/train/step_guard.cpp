@@ -93,6 +93,10 @@ nlohmann::json StepGuard::to_json() const {
 void StepGuard::from_json(const nlohmann::json& state) {
   losses_ = state.at("losses").get<std::deque<double>>();
   grad_norms_ = state.at("grad_norms").get<std::deque<double>>();
+  // A run resumed with a smaller skip_window judges its next step by the last `window` values
+  // already (OLMo-core trims its list as it appends, before it judges).
+  while (static_cast<int64_t>(losses_.size()) > config_.window) losses_.pop_front();
+  while (static_cast<int64_t>(grad_norms_.size()) > config_.window) grad_norms_.pop_front();
   skipped_ = state.at("skipped").get<int64_t>();
   // Checkpoints of older moecore have neither: their runs count from the resume.
   consecutive_ = state.value("consecutive", int64_t{0});
