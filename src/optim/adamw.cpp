@@ -27,6 +27,23 @@ ConstTensorView AdamWStepCoefficients::of(bool decay) const {
   return view(values_.data() + (decay ? 0 : kAdamWStepCoefficients), {kAdamWStepCoefficients});
 }
 
+namespace {
+
+// Whether optim.no_decay leaves the tensor to weight decay.
+bool takes_weight_decay(const ParamSpec& spec, NoDecay no_decay) {
+  switch (no_decay) {
+    case NoDecay::kNone:
+      return true;
+    case NoDecay::kEmbeddings:
+      return !spec.is_embedding;
+    case NoDecay::kNormsAndEmbeddings:
+      return !spec.is_norm && !spec.is_embedding;
+  }
+  return true;
+}
+
+}  // namespace
+
 void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, ParamGroup group,
                         size_t begin, size_t end, float* params, const float* grads, float* exp_avg,
                         float* exp_avg_sq, const AdamWStepCoefficients& step_coefficients,
@@ -53,10 +70,7 @@ void adamw_update_range(const ParamLayout& layout, const OptimConfig& config, Pa
     // The part of this tensor inside [begin, end).
     const size_t lo = std::max(begin, spec.offset), hi = std::min(end, spec.offset + spec.numel);
     if (lo >= hi || spec.is_buffer) continue;  // buffers move by their own rule
-    const bool decay = config.no_decay == NoDecay::kNone ? true
-                       : config.no_decay == NoDecay::kEmbeddings
-                           ? !spec.is_embedding
-                           : !spec.is_norm && !spec.is_embedding;
+    const bool decay = takes_weight_decay(spec, config.no_decay);
     if (run_hi > run_lo && lo == run_hi && decay == run_decay) {
       run_hi = hi;
       continue;
