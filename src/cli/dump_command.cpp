@@ -20,6 +20,7 @@
 #include "model/transformer.h"
 #include "train/evaluate.h"
 #include "train/run_config.h"
+#include "train/training_data.h"
 
 namespace moecore::cli {
 
@@ -69,10 +70,12 @@ Batch load_batch(const DumpArgs& args, const RunConfig& config) {
       config.data.train, t.seq_len, config.model.vocab_size, config.data.dtype);
   batch.rows = args.batch_size > 0 ? args.batch_size : t.batch_size / t.microbatches;
   batch.seq = t.seq_len;
-  data::DataLoader loader(dataset, t.seed);
+  data::DataLoader loader = training_loader(config, dataset);
   loader.next_batch(batch.rows, batch.tokens, batch.targets);
   batch.document_eos = document_masking_eos(config.data, dataset);
-  batch.source = fmt::format("data.train, first {} instances (train.seed {})", batch.rows, t.seed);
+  batch.source =
+      fmt::format("data.train, first {} instances (train.seed {}{})", batch.rows, t.seed,
+                  config.data.order == data::OrderRule::kOlmoCore ? ", OLMo-core's order" : "");
   return batch;
 }
 

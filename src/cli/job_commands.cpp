@@ -27,6 +27,7 @@
 #include "train/run_config.h"
 #include "train/sample.h"
 #include "train/trainer_state.h"
+#include "train/training_data.h"
 
 namespace moecore::cli {
 
@@ -174,6 +175,39 @@ void run_data_instances(const DataInstancesArgs& args) {
                                   {"total_tokens", dataset.total_tokens()},
                                   {"metadata_eos_id", dataset.metadata_eos_id()},
                                   {"files", files}};
+  fmt::print("{}\n", summary.dump());
+}
+
+void run_data_order(const DataOrderArgs& args) {
+  const RunConfig config = load_run_config(args.config, args.overrides);
+  const TrainConfig& tc = config.train;
+  MOE_CHECK(!config.data.train.empty(), "[data] the config's data.train lists no token files");
+  const int64_t rows = tc.batch_size / tc.microbatches;  // per micro-batch, all ranks together
+  MOE_CHECK(rows % args.dp == 0,
+            "[data] --dp={} does not divide a micro-batch of {} rows (train.batch_size / "
+            "train.microbatches)",
+            args.dp, rows);
+  const data::TokenDataset dataset = data::TokenDataset::open(
+      config.data.train, tc.seq_len, config.model.vocab_size, config.data.dtype);
+  data::DataLoader loader = training_loader(config, dataset, 0, args.dp);
+  const int64_t per_rank = rows / args.dp;
+  const int64_t rank_batch = tc.batch_size / args.dp;
+  std::vector<int64_t> order(static_cast<size_t>(args.steps * tc.batch_size));
+  std::vector<int32_t> tokens, targets;
+  for (int64_t step = 0; step < args.steps; ++step)
+    for (int64_t micro = 0; micro < tc.microbatches; ++micro) {
+      const std::vector<int64_t> indices = loader.next_indices(rows);
+      loader.next_batch(rows, tokens, targets);  // as the trainer reads it: the cursor moves
+      for (int64_t rank = 0; rank < args.dp; ++rank)
+        for (int64_t j = 0; j < per_rank; ++j)
+          order[static_cast<size_t>((step * args.dp + rank) * rank_batch + micro * per_rank + j)] =
+              indices[static_cast<size_t>(rank * per_rank + j)];
+    }
+  if (!args.out.empty())
+    data::write_npy(args.out, "<i8", {args.steps, args.dp, rank_batch}, order.data());
+  const nlohmann::json summary = {{"instances", dataset.num_instances()},
+                                  {"per_epoch", loader.order().epoch_length()},
+                                  {"read", loader.cursor()}};
   fmt::print("{}\n", summary.dump());
 }
 

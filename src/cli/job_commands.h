@@ -41,6 +41,20 @@ struct DataInstancesArgs {
 };
 void run_data_instances(const DataInstancesArgs& args);
 
+// `moecore data order CONFIG`: the training instances each data-parallel rank reads in the run's
+// first `steps` steps, through the trainer's own loader (train/training_data.h), written as an
+// int64 [steps, dp, train.batch_size / dp] .npy: each rank's instances in the order its
+// micro-batches take them. Prints a JSON summary: the training set's instances, how many one
+// epoch reads, how many the steps read.
+struct DataOrderArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int64_t steps = 1;
+  int64_t dp = 1;
+  std::string out;
+};
+void run_data_order(const DataOrderArgs& args);
+
 struct GenerateArgs {
   std::string checkpoint, prompt, tokenizer;
   int64_t max_tokens = 64;

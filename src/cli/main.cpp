@@ -223,6 +223,16 @@ int main(int argc, char** argv) {
   data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
                              "output .npy of each instance's document lengths");
 
+  moecore::cli::DataOrderArgs order_args;
+  CLI::App* data_order = data_cmd->add_subcommand(
+      "order", "the instances each data-parallel rank trains on, step by step (int64 .npy)");
+  data_order->add_option("config", order_args.config, "config TOML")->required();
+  data_order->add_option("--set", order_args.overrides,
+                         "override, e.g. --set data.order=olmo-core");
+  cli::add_int_option(data_order, "--steps", order_args.steps, "optimizer steps", 1, 1 << 24);
+  cli::add_int_option(data_order, "--dp", order_args.dp, "data-parallel ranks", 1, 1 << 16);
+  data_order->add_option("--out", order_args.out, "output .npy [steps, dp, batch_size / dp]");
+
   moecore::cli::GenerateArgs gen;
   CLI::App* generate = app.add_subcommand("generate", "sample text from a checkpoint");
   generate->add_option("--checkpoint", gen.checkpoint, "checkpoint directory")->required();
@@ -404,6 +414,8 @@ int main(int argc, char** argv) {
       cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype);
     } else if (data_instances->parsed()) {
       cli::run_data_instances(inst);
+    } else if (data_order->parsed()) {
+      cli::run_data_order(order_args);
     } else if (generate->parsed()) {
       cli::run_generate(gen);
     } else if (bench_gemm->parsed()) {

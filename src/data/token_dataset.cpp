@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 #include "core/check.h"
 #include "core/ignore_index.h"
@@ -311,19 +312,40 @@ void TokenDataset::read_example(int64_t index, int32_t* tokens, int32_t* targets
 
 // ---- DataLoader ------------------------------------------------------------------------------
 
-DataLoader::DataLoader(const TokenDataset& dataset, uint64_t seed, uint64_t cursor)
-    : dataset_(&dataset), order_(seed, dataset.num_instances()), cursor_(cursor) {}
+DataLoader::DataLoader(const TokenDataset& dataset, InstanceOrder order, uint64_t cursor,
+                       int64_t dp_ranks)
+    : dataset_(&dataset), order_(std::move(order)), cursor_(cursor), dp_ranks_(dp_ranks) {
+  MOE_CHECK(order_.num_instances() == dataset.num_instances(),
+            "[data] an order of {} instances cannot visit a dataset of {}", order_.num_instances(),
+            dataset.num_instances());
+  MOE_CHECK(dp_ranks >= 1, "[data] data-parallel ranks must be positive, got {}", dp_ranks);
+}
+
+std::vector<int64_t> DataLoader::next_indices(int64_t batch) {
+  MOE_CHECK(batch >= 1, "[data] batch size must be positive, got {}", batch);
+  MOE_CHECK(batch % dp_ranks_ == 0, "[data] a batch of {} rows does not split over {} ranks", batch,
+            dp_ranks_);
+  const int64_t per_rank = batch / dp_ranks_;
+  const bool round_robin = order_.rule() == OrderRule::kOlmoCore;
+  std::vector<int64_t> indices(static_cast<size_t>(batch));
+  for (int64_t rank = 0; rank < dp_ranks_; ++rank)
+    for (int64_t j = 0; j < per_rank; ++j) {
+      const int64_t position = round_robin ? rank + dp_ranks_ * j : rank * per_rank + j;
+      indices[static_cast<size_t>(rank * per_rank + j)] =
+          order_.instance_at(cursor_ + static_cast<uint64_t>(position));
+    }
+  return indices;
+}
 
 void DataLoader::next_batch(int64_t batch, std::vector<int32_t>& tokens,
                             std::vector<int32_t>& targets) {
-  MOE_CHECK(batch >= 1, "[data] batch size must be positive, got {}", batch);
+  const std::vector<int64_t> indices = next_indices(batch);
   const int64_t T = dataset_->seq_len();
   tokens.resize(static_cast<size_t>(batch * T));
   targets.resize(static_cast<size_t>(batch * T));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t index = order_.instance_at(cursor_ + static_cast<uint64_t>(b));
-    dataset_->read_example(index, tokens.data() + b * T, targets.data() + b * T);
-  }
+  for (int64_t b = 0; b < batch; ++b)
+    dataset_->read_example(indices[static_cast<size_t>(b)], tokens.data() + b * T,
+                           targets.data() + b * T);
   // Only a complete batch moves the cursor, so a failed read can be retried or reported without
   // skipping data.
   cursor_ += static_cast<uint64_t>(batch);

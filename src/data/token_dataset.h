@@ -106,14 +106,24 @@ class TokenDataset {
 
 // Training batches in the shuffled order of an InstanceOrder, starting at a saved cursor. The
 // cursor after next_batch() is what a checkpoint stores; a loader rebuilt from it with the same
-// dataset and seed yields exactly the batches the uninterrupted run would have seen. Holds a
+// dataset and order yields exactly the batches the uninterrupted run would have seen. Holds a
 // reference to `dataset`, which must outlive it.
+//
+// A batch of rows is dealt to `dp_ranks` data-parallel ranks as contiguous slices (rank r keeps
+// rows [r * rows / dp, (r + 1) * rows / dp)). Under moecore's order the rows follow the cursor;
+// under OLMo-core's, row r * (rows / dp) + j is the instance at cursor + r + dp * j, so that each
+// rank's slice holds what OLMo-core's loader gives that rank (every dp-th instance of the global
+// batch, from the r-th; data/order_rule.h).
 class DataLoader {
  public:
-  DataLoader(const TokenDataset& dataset, uint64_t seed, uint64_t cursor = 0);
+  DataLoader(const TokenDataset& dataset, InstanceOrder order, uint64_t cursor = 0,
+             int64_t dp_ranks = 1);
+
+  // The instance each of the next `batch` rows holds, in row order; the cursor does not move.
+  std::vector<int64_t> next_indices(int64_t batch);
 
   // Fills tokens and targets, resized to [batch, seq_len] row-major, with the next `batch`
-  // instances (crossing into the next epoch's shuffle when needed) and advances the cursor.
+  // instances (crossing into the next epoch's order when needed) and advances the cursor.
   void next_batch(int64_t batch, std::vector<int32_t>& tokens, std::vector<int32_t>& targets);
 
   uint64_t cursor() const { return cursor_; }
@@ -124,6 +134,7 @@ class DataLoader {
   const TokenDataset* dataset_;
   InstanceOrder order_;
   uint64_t cursor_;
+  int64_t dp_ranks_;
 };
 
 // Validation batches: the first `max_instances` instances in file order (all of them when

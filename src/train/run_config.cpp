@@ -260,6 +260,8 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("document_masking", d.document_masking);
   r.read("eos_id", d.eos_id);
   r.read("bos_id", d.bos_id);
+  r.read_enum("order", d.order,
+              {{"moecore", data::OrderRule::kMoecore}, {"olmo-core", data::OrderRule::kOlmoCore}});
 }
 
 std::string trimmed(const std::string& text) {
@@ -647,7 +649,9 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"dtype", c.data.dtype},
                    {"document_masking", c.data.document_masking},
                    {"eos_id", c.data.eos_id},
-                   {"bos_id", c.data.bos_id}};
+                   {"bos_id", c.data.bos_id},
+                   {"order", name(c.data.order, {{data::OrderRule::kMoecore, "moecore"},
+                                                 {data::OrderRule::kOlmoCore, "olmo-core"}})}};
   const ParallelConfig& p = c.parallel;
   toml::array stage_layers;
   for (int64_t n : p.stage_layers) stage_layers.push_back(n);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "data/order_rule.h"
 #include "dist/pipeline_schedule.h"
 #include "model/activation_recompute.h"
 #include "model/config.h"
@@ -110,6 +111,9 @@ struct DataConfig {
   // OLMo-core's bos_token_id: with document masking, a document ends only at an EOS followed by
   // this BOS (model/document_mask.h); -1: none, every EOS ends one.
   int64_t bos_id = -1;
+  // The order training instances are read in (data/order_rule.h): "moecore", or "olmo-core" for
+  // exactly the batches OLMo-core's NumpyFSLDataLoader reads with train.seed as its seed.
+  data::OrderRule order = data::OrderRule::kMoecore;
 };
 
 enum class Dispatch { kSync, kRowwise };

@@ -51,6 +51,7 @@
 #include "train/resume_policy.h"
 #include "train/round_trip_check.h"
 #include "train/train_context.h"
+#include "train/training_data.h"
 
 namespace moecore {
 
@@ -266,7 +267,7 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
   const double expert = static_cast<double>(ctx.layout.numel(ParamGroup::kExpert)) / 1e6;
   ctx.progress.message(fmt::format(
       "moecore train: {:.2f}M parameters ({:.2f}M dense, {:.2f}M expert), {}, {} GEMMs{}, "
-      "{} train instances of {} tokens{}{}",
+      "{} train instances of {} tokens{}{}{}",
       dense + expert, dense, expert,
       tc.device == Device::kCpu
           ? fmt::format("{} threads", omp_get_max_threads())
@@ -278,6 +279,9 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
           ? " (the routed experts' in one launch each, offsets on the device)"
           : "",
       in.train_data.num_instances(), tc.seq_len,
+      ctx.config.data.order == data::OrderRule::kOlmoCore
+          ? fmt::format(" in OLMo-core's order ({} per epoch)", ctx.loader.order().epoch_length())
+          : "",
       in.document_eos < 0          ? std::string()
       : ctx.config.data.bos_id < 0 ? fmt::format(", document masking (EOS {})", in.document_eos)
                                    : fmt::format(", document masking (EOS {} followed by BOS {})",
@@ -793,8 +797,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
           "warning: skipped damaged checkpoint {}: {}{}", d.dir, d.reason,
           finished ? "" : fmt::format(" (kept as {})", set_aside_damaged_checkpoint(d.dir))));
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
-  // cursor, and with it every checkpoint, does not depend on the layout.
-  data::DataLoader loader(in.train_data, tc.seed, resumed.data_cursor);
+  // cursor, and with it every checkpoint, does not depend on the layout (under OLMo-core's order
+  // which instance is whose does, as in OLMo-core).
+  data::DataLoader loader =
+      training_loader(config, in.train_data, resumed.data_cursor, mesh.dp.size());
   Progress progress(tc.max_steps, tc.log_every, rank0);
   TrainContext ctx{
       .config = config,

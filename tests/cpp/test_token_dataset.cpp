@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "core/check.h"
 #include "data/instance_order.h"
 #include "data/npy.h"
+#include "data/numpy_shuffle.h"
 #include "data/token_dataset.h"
 #include "scratch_dir.h"
 
@@ -282,7 +284,7 @@ TEST_F(TokenDatasetTest, OutOfVocabularyIdsAreReportedWhenRead) {
 TEST_F(TokenDatasetTest, DataLoaderFollowsTheOrderAndResumesExactly) {
   const std::string file = npy("data.npy", "<u2", range_u16(0, 5 * 3));  // 5 instances of 3.
   const TokenDataset ds = TokenDataset::open({file}, 3, 100);
-  DataLoader straight(ds, 11);
+  DataLoader straight(ds, InstanceOrder(11, 5));
   InstanceOrder order(11, 5);
   std::vector<int32_t> tokens, targets;
   std::vector<std::vector<int32_t>> seen;
@@ -300,12 +302,89 @@ TEST_F(TokenDatasetTest, DataLoaderFollowsTheOrderAndResumesExactly) {
   EXPECT_EQ(straight.epoch(), 2u);
 
   for (uint64_t resume_step = 0; resume_step < 7; ++resume_step) {
-    DataLoader resumed(ds, 11, resume_step * 2);
+    DataLoader resumed(ds, InstanceOrder(11, 5), resume_step * 2);
     for (size_t step = resume_step; step < 7; ++step) {
       resumed.next_batch(2, tokens, targets);
       EXPECT_EQ(tokens, seen[step]) << "resumed at step " << resume_step;
     }
   }
+}
+
+// OLMo-core's order: each epoch a NumPy shuffle cut to whole global batches, a global batch dealt
+// to the data-parallel ranks round-robin. tests/reference/test_olmo_core_data_order.py holds the
+// whole of it against NumPy and OLMo-core's loader; these pin it where no Python is at hand.
+TEST(NumpyShuffleTest, MatchesNumpyPinnedValues) {
+  // np.random.SeedSequence(7).generate_state(4, np.uint64)
+  EXPECT_EQ(numpy_seed_sequence_state(7),
+            (std::array<uint64_t, 4>{0xead0f7017c326e58ULL, 0x879c4f0f97e037aULL,
+                                     0x623a8c4b6745675fULL, 0xb3443fad60386cacULL}));
+  // np.random.PCG64(0).random_raw(3); a seed of two 32-bit words: PCG64(2**40 + 5).random_raw(2)
+  NumpyPcg64 zero(0), wide((uint64_t{1} << 40) + 5);
+  EXPECT_EQ(zero.next_uint64(), 0xa30febcfd9c2825fULL);
+  EXPECT_EQ(zero.next_uint64(), 0x4510bdf882d9d721ULL);
+  EXPECT_EQ(zero.next_uint64(), 0xa7d3da94ecde8b8ULL);
+  EXPECT_EQ(wide.next_uint64(), 0x1369aef039fedebULL);
+  EXPECT_EQ(wide.next_uint64(), 0x5f61b40473314316ULL);
+  // a = np.arange(10); np.random.Generator(np.random.PCG64(s)).shuffle(a)
+  std::vector<int64_t> one = iota(10), two = iota(10);
+  numpy_shuffle(1, one);
+  numpy_shuffle(2, two);
+  EXPECT_EQ(one, (std::vector<int64_t>{8, 4, 7, 0, 1, 2, 5, 9, 6, 3}));
+  EXPECT_EQ(two, (std::vector<int64_t>{2, 0, 7, 6, 9, 5, 3, 4, 8, 1}));
+}
+
+TEST(InstanceOrderTest, OlmoCoreEpochsAreWholeBatchesOfAOneBasedNumpyShuffle) {
+  // 10 instances, global batches of 4: an epoch visits 8, the shuffle's first 8.
+  InstanceOrder order = InstanceOrder::with_rule(OrderRule::kOlmoCore, 0, 10, 4);
+  EXPECT_EQ(order.epoch_length(), 8);
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    std::vector<int64_t> shuffled = iota(10);
+    numpy_shuffle(epoch + 1, shuffled);  // seed 0 + OLMo-core's epoch (1-based)
+    shuffled.resize(8);
+    EXPECT_EQ(order.permutation(epoch), shuffled) << "epoch " << epoch;
+    for (uint64_t k = 0; k < 8; ++k)
+      EXPECT_EQ(order.instance_at(epoch * 8 + k), shuffled[k]) << "epoch " << epoch << ", " << k;
+  }
+  EXPECT_EQ(order.epoch_of(15), 1u);
+  EXPECT_EQ(order.epoch_of(16), 2u);
+  // moecore's rule visits every instance each epoch and ignores the batch.
+  EXPECT_EQ(InstanceOrder::with_rule(OrderRule::kMoecore, 0, 10, 4).epoch_length(), 10);
+  EXPECT_EQ(InstanceOrder::with_rule(OrderRule::kMoecore, 5, 10, 4).permutation(2),
+            InstanceOrder(5, 10).permutation(2));
+}
+
+TEST_F(TokenDatasetTest, OlmoCoreOrderRefusesASetSmallerThanOneBatch) {
+  const std::string message =
+      error_of([] { InstanceOrder::with_rule(OrderRule::kOlmoCore, 0, 3, 4); });
+  EXPECT_NE(message.find("do not fill one of train.batch_size = 4"), std::string::npos) << message;
+  EXPECT_THROW(InstanceOrder::with_rule(OrderRule::kOlmoCore, uint64_t{1} << 63, 10, 4), Error);
+}
+
+TEST_F(TokenDatasetTest, OlmoCoreOrderDealsABatchToRanksRoundRobin) {
+  const std::string file = npy("data.npy", "<u2", range_u16(0, 12 * 2));  // 12 instances of 2.
+  const TokenDataset ds = TokenDataset::open({file}, 2, 100);
+  // Global batches of 8 over 2 ranks in 2 micro-batches of 4 rows (2 per rank). OLMo-core: rank r
+  // takes global positions r, r + 2, r + 4, r + 6, its micro-batches the first two and the last
+  // two.
+  const auto order = [] { return InstanceOrder::with_rule(OrderRule::kOlmoCore, 3, 12, 8); };
+  DataLoader loader(ds, order(), 0, /*dp_ranks=*/2);
+  const std::vector<int64_t> epoch0 = order().permutation(0);
+  const auto at = [&](size_t position) { return epoch0[position]; };
+  EXPECT_EQ(loader.next_indices(4), (std::vector<int64_t>{at(0), at(2), at(1), at(3)}));
+  std::vector<int32_t> tokens, targets;
+  loader.next_batch(4, tokens, targets);
+  EXPECT_EQ(tokens[2], at(2) * 2);  // row 1: rank 0's second instance
+  EXPECT_EQ(loader.next_indices(4), (std::vector<int64_t>{at(4), at(6), at(5), at(7)}));
+  loader.next_batch(4, tokens, targets);
+  // The epoch ends after 8: the next batch is epoch 1's (1-based 2) start.
+  const std::vector<int64_t> epoch1 = order().permutation(1);
+  EXPECT_EQ(loader.next_indices(4),
+            (std::vector<int64_t>{epoch1[0], epoch1[2], epoch1[1], epoch1[3]}));
+  // One rank: rows follow the order.
+  DataLoader single(ds, order());
+  EXPECT_EQ(single.next_indices(4), (std::vector<int64_t>{at(0), at(1), at(2), at(3)}));
+  // A batch that does not split over the ranks is refused.
+  EXPECT_THROW(loader.next_indices(3), Error);
 }
 
 TEST_F(TokenDatasetTest, ValidationBatchesAreTheFirstInstancesInFileOrder) {

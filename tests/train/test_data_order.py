@@ -1,0 +1,73 @@
+"""data.order = "olmo-core" in the trainer (the order itself against OLMo-core's loader:
+tests/reference/test_olmo_core_data_order.py).
+
+- Two data-parallel ranks, each reading its round-robin share of every global batch, train as the
+  single process does (the global batch is the same set of instances; test_parallel's tolerance),
+  and the order is not moecore's (the first step's loss differs).
+- A run stopped inside an epoch and resumed replays the uninterrupted run bit for bit across two
+  epoch boundaries, with an epoch that drops a tail (whole global batches only).
+- A resume under another data.order is refused (the run would read other instances).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_parallel import STEPS, dp_config, mpirun
+from test_training_job import (assert_one_line_error, checkpoints, started, train, train_rows,
+                               without_timing, write_config)
+
+OLMO = "data.order=olmo-core"
+
+
+def losses(out) -> list[float]:
+    rows = train_rows(out)
+    return [rows[s]["train/loss"] for s in sorted(rows)]
+
+
+def test_ranks_train_as_the_single_process(moecore_bin, job_data, tmp_path):
+    single = dp_config(tmp_path, job_data, "single", microbatches=2)
+    train(moecore_bin, single, OLMO)
+    ranks = dp_config(tmp_path, job_data, "ranks", microbatches=2)
+    r = mpirun(moecore_bin, 2, ranks, OLMO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "in OLMo-core's order" in r.stdout, r.stdout[:800]
+    ours, ref = losses(tmp_path / "ranks"), losses(tmp_path / "single")
+    assert len(ours) == len(ref) == STEPS
+    assert ours[0] == pytest.approx(ref[0], rel=1e-6)
+    assert ours == pytest.approx(ref, rel=1e-3)
+    mine = dp_config(tmp_path, job_data, "moecore_order", microbatches=2)
+    train(moecore_bin, mine)
+    assert losses(tmp_path / "moecore_order")[0] != ref[0]
+
+
+def test_resume_across_epochs_is_exact(moecore_bin, job_data, tmp_path):
+    # 40 instances in global batches of 6: an epoch is 6 steps (36 instances, 4 dropped); the run
+    # stops at step 8, inside the second epoch, and goes on into the third.
+    n = 8
+    settings = dict(optim={"schedule": "constant"}, data={"train": [str(job_data.small_train)],
+                                                          "order": "olmo-core"},
+                    train={"max_steps": 2 * n, "batch_size": 6, "log_every": 1, "eval_every": 0})
+    straight = tmp_path / "straight"
+    r = train(moecore_bin, write_config(tmp_path / "a.toml", job_data, straight, **settings))
+    assert "40 train instances of 32 tokens in OLMo-core's order (36 per epoch)" in r.stdout, \
+        r.stdout[:800]
+    split = tmp_path / "split"
+    cfg = write_config(tmp_path / "b.toml", job_data, split, **settings)
+    train(moecore_bin, cfg, f"train.max_steps={n}")
+    train(moecore_bin, cfg, f"train.max_steps={2 * n}", resume=True)
+    ra, rb = train_rows(straight), train_rows(split)
+    assert sorted(ra) == sorted(rb) == list(range(1, 2 * n + 1))
+    for step in ra:
+        assert without_timing(ra[step]) == without_timing(rb[step]), f"metrics differ at step {step}"
+    final = f"checkpoints/step_{2 * n:08d}"
+    assert (straight / final / "model.safetensors").read_bytes() == \
+        (split / final / "model.safetensors").read_bytes()
+    state = json.loads((split / final / "trainer_state.json").read_text())
+    assert state["data_cursor"] == 2 * n * 6, state
+
+    # The order is part of what a resume must keep.
+    r = train(moecore_bin, cfg, f"train.max_steps={3 * n}", "data.order=moecore", resume=True,
+              check=False)
+    assert_one_line_error(r, "data.order")
