@@ -109,6 +109,10 @@ void ModelConfig::validate() const {
   // The labels normaliser is OLMo-core's trainer's, defined for its per-layer loss.
   MOE_CHECK(loss_normalizer == LossNormalizer::kTokens || lb_loss_style == LbLossStyle::kOlmoCore,
             "[config] model.loss_normalizer=\"labels\" needs model.lb_loss_style=\"olmo-core\"");
+  // transformers' form is one loss of all layers' routes over the batch; its ranks' terms do
+  // not add up to a loss of the global batch.
+  MOE_CHECK(lb_loss_scope == LbLossScope::kGlobal || lb_loss_style == LbLossStyle::kOlmoCore,
+            "[config] model.lb_loss_scope=\"rank\" needs model.lb_loss_style=\"olmo-core\"");
 }
 
 }  // namespace moecore

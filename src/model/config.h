@@ -17,6 +17,12 @@ enum class LbLossStyle { kOlmoCore, kHf };
 // model default, moecore's default), or the counted labels, targets != -100 (OLMo-core's trainer,
 // which passes its label count as loss_div_factor).
 enum class LossNormalizer { kTokens, kLabels };
+// Over which tokens the (OLMo-core form of the) load-balancing loss weighs routes against scores
+// under data parallelism. global: each expert's routes and scores summed over the data-parallel
+// group, one loss of the global micro-batch (OLMo-core's global_load_balancing = True). rank:
+// each rank's own routes against its own mean scores, the ranks' losses added (OLMo-core's
+// default, global_load_balancing = False, lb_loss_granularity local_batch). One rank: the same.
+enum class LbLossScope { kGlobal, kRank };
 // pre: x + attn(norm(x)), then h + ffn(norm(h)) (HF OLMoE, Qwen3-MoE). reordered: OLMo-2's
 // x + norm(attn(x)), then h + norm(ffn(h)), no norm before the sublayers (OLMo-core's MoE presets,
 // HF FlexOlmo).
@@ -56,6 +62,7 @@ struct ModelConfig {
   Routing routing = Routing::kLearned;  // not a Hugging Face key: moecore's own
   BlockNorm block_norm = BlockNorm::kPre;
   LossNormalizer loss_normalizer = LossNormalizer::kTokens;
+  LbLossScope lb_loss_scope = LbLossScope::kGlobal;
   // Group-limited top-k (DeepSeek-V3): experts form n_group equal groups, each token keeps the
   // topk_group groups with the highest sum of their top-2 selection scores and picks its k experts
   // inside them. n_group = 1: plain top-k.

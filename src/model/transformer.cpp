@@ -695,7 +695,12 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
                              view(head_loss, {kernels::kHeadLosses}));
     }
   }
-  if (batch_sum_) {
+  // lb_loss_scope "rank": every term is made of this rank's statistics alone, the losses summed
+  // over the group once made. Each is linear in them (the cross-entropy's and z-losses' sums, the
+  // rank's routes times its own scores), so the sum is the global micro-batch's loss; only
+  // "global"'s load-balancing term multiplies two sums over the group.
+  const bool per_rank = c.lb_loss_scope == LbLossScope::kRank && batch_sum_;
+  if (batch_sum_ && !per_rank) {
     if (!act.route_counts.empty())
       batch_sum_(act.route_counts.data(), static_cast<int64_t>(act.route_counts.size()),
                  DType::kI64);
@@ -715,23 +720,27 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   act.lb_score_grad.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
   TensorView tally;
   if (c.has_router_bias() && moe_count > 0) {
-    // Routes per expert of the global micro-batch, for the selection-bias update (trainer).
+    // Routes per expert of the global micro-batch (per rank: the rank's, summed over the group
+    // by update_router_bias), for the selection-bias update (trainer).
     selection_tally_.place_on(device);
     selection_tally_.resize(static_cast<size_t>(moe_count * e_count));
     tally = view(selection_tally_.data(), {moe_count, e_count});
   }
+  // Per rank the mean scores are over the rank's tokens (OLMo-core's local_batch granularity);
+  // the divisor of the routes stays the global micro-batch's (its loss_div_factor).
   const MoeLossOptions options{.lb_over_all_layers = act.lb_uses_softmax,
                                .top_k = c.num_experts_per_tok,
                                .router_loss_div = act.router_loss_div,
-                               .tokens = static_cast<double>(act.global_tokens),
+                               .tokens = static_cast<double>(per_rank ? n : act.global_tokens),
                                .z_rows = static_cast<double>(n),
                                .aux_loss_coef = c.router_aux_loss_coef};
-  kernels::moe_loss_terms(
-      view(act.route_counts.data(), {moe_count, e_count}),
-      view(act.loss_statistics.data(), {moe_count, per_layer}),
-      view(head_loss, {head_chunks, kernels::kHeadLosses}), options,
-      view(recorded_losses_.data() + kernels::kLossParts * row, {kernels::kLossParts}),
-      view(act.lb_score_grad.data(), {moe_count, e_count}), tally);
+  double* losses = recorded_losses_.data() + kernels::kLossParts * row;
+  kernels::moe_loss_terms(view(act.route_counts.data(), {moe_count, e_count}),
+                          view(act.loss_statistics.data(), {moe_count, per_layer}),
+                          view(head_loss, {head_chunks, kernels::kHeadLosses}), options,
+                          view(losses, {kernels::kLossParts}),
+                          view(act.lb_score_grad.data(), {moe_count, e_count}), tally);
+  if (per_rank) batch_sum_(losses, kernels::kLossParts, DType::kF64);
   act.backward_ready = true;
 }
 
@@ -916,6 +925,10 @@ void Transformer::update_router_bias(ParamBuffers& params, ConstTensorView step_
   const ModelConfig& c = config_;
   if (!c.has_router_bias() || selection_tally_.empty()) return;  // no forward since the clear
   const int64_t e_count = c.num_experts;
+  // Per rank, the passes tallied this rank's routes; the update reads the group's (OLMo-core
+  // sums its routes over the data-parallel group for it either way). Whole numbers: exact.
+  if (c.lb_loss_scope == LbLossScope::kRank && batch_sum_)
+    batch_sum_(selection_tally_.data(), static_cast<int64_t>(selection_tally_.size()), DType::kF64);
   for (size_t j = 0; j < moe_layers_.size(); ++j) {
     // OLMo-core: bias += gamma * sign(mean - count), no re-centring; where the bias is, from
     // the tally where it is.

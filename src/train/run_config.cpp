@@ -142,6 +142,8 @@ void read_model(TableReader& r, ModelConfig& m) {
                {"topk_softmax", RouterScore::kTopkSoftmax}});
   r.read_enum("lb_loss_style", m.lb_loss_style,
               {{"olmo-core", LbLossStyle::kOlmoCore}, {"hf", LbLossStyle::kHf}});
+  r.read_enum("lb_loss_scope", m.lb_loss_scope,
+              {{"global", LbLossScope::kGlobal}, {"rank", LbLossScope::kRank}});
   r.read_enum("routing", m.routing,
               {{"learned", Routing::kLearned},
                {"random", Routing::kRandom},
@@ -569,6 +571,8 @@ std::string run_config_to_toml(const RunConfig& c) {
                                              {RouterScore::kTopkSoftmax, "topk_softmax"}})},
       {"lb_loss_style",
        name(m.lb_loss_style, {{LbLossStyle::kOlmoCore, "olmo-core"}, {LbLossStyle::kHf, "hf"}})},
+      {"lb_loss_scope",
+       name(m.lb_loss_scope, {{LbLossScope::kGlobal, "global"}, {LbLossScope::kRank, "rank"}})},
       {"routing", name(m.routing, {{Routing::kLearned, "learned"},
                                    {Routing::kRandom, "random"},
                                    {Routing::kBalanced, "balanced"}})},
@@ -691,12 +695,12 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) 
     for (std::string line; std::getline(in, line);) out.push_back(line);
     return out;
   };
-  // The loss coefficients, the load-balancing loss's form and what divides the router losses
-  // shape the training, not the weights: they are resume-policy keys (train/resume_policy.h), not
-  // architecture.
+  // The loss coefficients, the load-balancing loss's form and scope and what divides the router
+  // losses shape the training, not the weights: they are resume-policy keys
+  // (train/resume_policy.h), not architecture.
   auto is_loss_key = [](const std::string& line) {
-    for (const char* key :
-         {"router_aux_loss_coef ", "router_z_loss_coef ", "lb_loss_style ", "loss_normalizer "})
+    for (const char* key : {"router_aux_loss_coef ", "router_z_loss_coef ", "lb_loss_style ",
+                            "lb_loss_scope ", "loss_normalizer "})
       if (line.rfind(key, 0) == 0) return true;
     return false;
   };

@@ -56,7 +56,8 @@ TEST(ResumePolicy, LossCoefficientsArePolicyNotArchitecture) {
 }
 
 // Also replay keys: the mxfp8 variants (other GEMMs quantised, other scales), what divides the
-// router losses, the tokens' element type and the documents' ends (the attention's masks).
+// router losses and over which ranks the load-balancing loss is, the tokens' element type, their
+// order and the documents' ends (the attention's masks).
 TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
   RunConfig a;
   a.train.precision = TrainPrecision::kMxfp8;
@@ -66,16 +67,20 @@ TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
   b.train.mxfp8.dense = true;
   b.train.mxfp8.scale_mode = mx::ScaleMode::kFloor;
   b.model.loss_normalizer = LossNormalizer::kLabels;
+  b.model.lb_loss_scope = LbLossScope::kRank;
   b.data.dtype = "uint32";
+  b.data.order = data::OrderRule::kOlmoCore;
   b.data.document_masking = true;
   b.data.eos_id = 3;
   EXPECT_EQ(model_config_difference(a.model, b.model), "");
-  EXPECT_EQ(described(a, b),
-            (std::vector<std::string>{
-                "model.loss_normalizer: 'tokens' -> 'labels'",
-                "train.mxfp8_expert_wgrad: false -> true", "train.mxfp8_dense: false -> true",
-                "train.mxfp8_scale: 'rceil' -> 'floor'", "data.dtype: 'uint16' -> 'uint32'",
-                "data.document_masking: false -> true", "data.eos_id: -1 -> 3"}));
+  EXPECT_EQ(
+      described(a, b),
+      (std::vector<std::string>{
+          "model.lb_loss_scope: 'global' -> 'rank'", "model.loss_normalizer: 'tokens' -> 'labels'",
+          "train.mxfp8_expert_wgrad: false -> true", "train.mxfp8_dense: false -> true",
+          "train.mxfp8_scale: 'rceil' -> 'floor'", "data.dtype: 'uint16' -> 'uint32'",
+          "data.document_masking: false -> true", "data.eos_id: -1 -> 3",
+          "data.order: 'moecore' -> 'olmo-core'"}));
   // The same tokens: a dtype left to the meta.json (which an explicit one must equal), an EOS
   // that ends no document without masking.
   RunConfig c = a;

@@ -221,8 +221,10 @@ TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
       "[model]\nblock_norm = \"reordered\"\nloss_normalizer = \"labels\"\n"
       "router_score = \"topk_softmax\"\nnum_experts = 16\nnum_experts_per_tok = 4\n"
       "n_group = 4\ntopk_group = 2\nrouted_scaling_factor = 2.5\n"
-      "router_bias_update_rate = 0.001\n");
+      "router_bias_update_rate = 0.001\nlb_loss_scope = \"rank\"\n[data]\norder = \"olmo-core\"\n");
   EXPECT_EQ(c.model.block_norm, BlockNorm::kReordered);
+  EXPECT_EQ(c.model.lb_loss_scope, LbLossScope::kRank);
+  EXPECT_EQ(c.data.order, data::OrderRule::kOlmoCore);
   EXPECT_EQ(c.model.loss_normalizer, LossNormalizer::kLabels);
   EXPECT_EQ(c.model.router_score, RouterScore::kTopkSoftmax);
   EXPECT_EQ(c.model.n_group, 4);
@@ -231,6 +233,8 @@ TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
   EXPECT_EQ(c.model.router_bias_update_rate, 0.001);
   const RunConfig reparsed = parse(run_config_to_toml(c));
   EXPECT_EQ(model_config_difference(c.model, reparsed.model), "");
+  EXPECT_EQ(reparsed.model.lb_loss_scope, LbLossScope::kRank);
+  EXPECT_EQ(reparsed.data.order, data::OrderRule::kOlmoCore);
   EXPECT_NE(model_config_difference(c.model, RunConfig{}.model), "");
   // Defaults: pre-norm, tokens, no groups, no scale, no bias.
   const ModelConfig d;

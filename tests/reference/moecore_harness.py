@@ -74,6 +74,8 @@ def _toml_value(v) -> str:
         return r
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in v) + "]"
     raise TypeError(f"cannot write {type(v).__name__} {v!r} to TOML")
 
 

@@ -1,0 +1,148 @@
+"""model.lb_loss_scope = "rank": OLMo-core's default load-balancing loss under data parallelism.
+
+OLMo-core's MoE-v2 router (global_load_balancing=False, lb_loss_granularity local_batch) weighs
+each rank's own routes against that rank's mean scores, divided by the train module's
+loss_div_factor (the step's counted labels over the dp size), and DDP averages the ranks'
+gradients. Here OLMo-core's own model (test_olmo_core_oracle's CPU stand-ins for its GPU-only
+kernels) runs each rank's micro-batches in one process with that divisor, its gradients
+accumulated and divided by the ranks, as its train module and DDP do; `mpirun -np 2 moecore train`
+runs one step of the same weights (`moecore init`) on the same instances (data.order =
+"olmo-core": `moecore data order` says which rank reads which) with loss_normalizer = "labels".
+Compared: the step's cross-entropy, load-balancing and router z-loss (moecore logs the global
+values; OLMo-core's are the ranks' mean) and the pre-clip gradient norm, which the load-balancing
+term's gradient moves (aux coefficient 1.0). Every micro-batch has the same label count (no ignored
+targets but each instance's last), where moecore's per-micro-batch divisor equals OLMo-core's
+per-step one (README: loss_normalizer). lb_loss_scope = "global" (OLMo-core's
+global_load_balancing=True) is shown to give another loss and norm, so the comparison can fail.
+
+Tolerance: rel 1e-5 on each value, the scalar form of moecore_harness.TOL (1e-4 on tensors): fp32
+passes summed in other orders (two processes and MPI against one PyTorch process).
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import moecore_harness as H
+import ref_model
+
+pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
+
+from test_olmo_core_oracle import cpu_kernels, olmo_core_model, olmo_core_state, hf_gradients  # noqa: E402,F401
+
+SEQ, BATCH, MICRO, RANKS = 12, 4, 2, 2
+TOL = 1e-5
+MODEL = dict(
+    vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+    head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, num_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=24, intermediate_size=48, first_k_dense_replace=0,
+    shared_expert_intermediate_size=0, norm_topk_prob=False, router_aux_loss_coef=1.0,
+    router_z_loss_coef=0.02, qk_norm="full", router_score="softmax", lb_loss_style="olmo-core",
+    loss_normalizer="labels",
+)
+MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1",
+           "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(moecore_bin, tmp_path_factory):
+    """Token files, the config and moecore's initial weights."""
+    root = tmp_path_factory.mktemp("lb_scope")
+    rng = np.random.default_rng(3)
+    words = "in the beginning god created heaven and earth light darkness waters day night".split()
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(3, 25)))
+                                for _ in range(200)) + "\n")
+    tok = root / "tokenizer.json"
+    H.run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", 300, "--out", tok)
+    H.run_moecore("prepare", "--tokenizer", tok, "--input", corpus, "--out", root / "tokens",
+                  "--val-fraction", "0")
+    cfg = H.write_config(
+        root / "run.toml", MODEL, optim={"lr": 1e-3, "warmup_steps": 0, "schedule": "constant",
+                                         "max_grad_norm": 1.0},
+        data={"train": [str(root / "tokens" / "train")], "order": "olmo-core"},
+        train={"seq_len": SEQ, "batch_size": BATCH, "microbatches": MICRO, "max_steps": 1,
+               "seed": 4, "init_seed": 0, "threads": 1, "log_every": 1, "eval_every": 0,
+               "save_every": 0, "sample_tokens": 0})
+    weights = root / "init.safetensors"
+    H.run_moecore("init", "--config", cfg, "--seed", 0, "--out", weights)
+    return root, cfg, weights
+
+
+def moecore_step(root: Path, cfg: Path, scope: str) -> dict:
+    out = root / f"out_{scope}"
+    cmd = ["mpirun", "-np", str(RANKS), str(H.binary_path()), "train", str(cfg), "--set",
+           f"train.out_dir={out}", "--set", f"model.lb_loss_scope={scope}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=MPI_ENV,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return next(row for row in rows if row.get("step") == 1 and "train/loss" in row)
+
+
+def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
+    """OLMo-core's train module and DDP over RANKS ranks, in one process."""
+    order = root / "order.npy"
+    H.run_moecore("data", "order", cfg, "--steps", 1, "--dp", RANKS, "--out", order)
+    ranks = np.load(order)[0]  # [RANKS, BATCH / RANKS]: each rank's instances, in order
+    instances = root / "instances.npy"
+    H.run_moecore("data", "instances", "--data", root / "tokens" / "train", "--seq-len", SEQ,
+                  "--vocab-size", MODEL["vocab_size"], "--out", instances)
+    tokens = np.load(instances)
+    model = olmo_core_model(MODEL, "pre")
+    params = H.load_tensors(weights)
+    missing, unexpected = model.load_state_dict(olmo_core_state(params, MODEL), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    model.train()
+    per_micro = BATCH // RANKS // MICRO
+    labels_per_instance = SEQ - 1
+    # The train module's loss_div_factor: the step's labels over all ranks, over the dp size.
+    div = torch.tensor(float(BATCH * labels_per_instance) / RANKS)
+    ce = 0.0
+    routers = [b.routed_experts_router for b in model.blocks.values()]
+    for rank in range(RANKS):
+        for m in range(MICRO):
+            rows = tokens[ranks[rank, m * per_micro:(m + 1) * per_micro]]
+            x = torch.as_tensor(rows).long()
+            y = torch.full_like(x, ref_model.IGNORE_INDEX)
+            y[:, :-1] = x[:, 1:]
+            out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div)
+            out.loss.backward()  # the routers' scaled losses ride along (attach_auxiliary_loss)
+            ce += float(out.ce_loss)
+    # The routers add up their losses over the passes until their metrics are read and reset.
+    lb = float(sum(r.load_balancing_loss for r in routers))
+    z = float(sum(r.z_loss for r in routers))
+    # DDP: the ranks' gradients averaged; the logged losses the ranks' mean.
+    grads = hf_gradients(model, MODEL)
+    norm = float(torch.sqrt(sum((g.double() / RANKS).pow(2).sum() for g in grads.values())))
+    return {"train/ce": ce / RANKS, "train/lb": lb / RANKS, "train/z": z / RANKS,
+            "train/grad_norm": norm}
+
+
+def test_rank_scope_is_olmo_core_default(run_dir, cpu_kernels):
+    root, cfg, weights = run_dir
+    ref = olmo_core_step(root, cfg, weights)
+    ours = moecore_step(root, cfg, "rank")
+    for key, value in ref.items():
+        assert ours[key] == pytest.approx(value, rel=TOL), (key, ours[key], value)
+    # The global form is another loss and another gradient: the comparison can fail.
+    other = moecore_step(root, cfg, "global")
+    assert other["train/ce"] == pytest.approx(ref["train/ce"], rel=TOL)
+    for key in ("train/lb", "train/grad_norm"):
+        assert abs(other[key] - ref[key]) > 10 * TOL * abs(ref[key]), (key, other[key], ref[key])
+
+
+def test_rank_scope_needs_the_olmo_core_form(run_dir):
+    root, cfg, _ = run_dir
+    r = H.run_moecore_raw("train", cfg, "--set", "model.lb_loss_scope=rank", "--set",
+                          "model.lb_loss_style=hf", "--set", "model.loss_normalizer=tokens",
+                          "--set", f"train.out_dir={root / 'bad'}")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'lb_loss_scope="rank" needs model.lb_loss_style="olmo-core"' in lines[0], r.stderr

@@ -1,0 +1,63 @@
+"""model.lb_loss_scope in the trainer (its loss against OLMo-core's:
+tests/reference/test_olmo_core_lb_scope.py).
+
+- One process: "rank" and "global" are the same loss, bit for bit (the rank is the group).
+- Two data-parallel ranks with auxiliary-loss-free balancing: the passes tally each rank's routes
+  under "rank", and the selection-bias update sums them over the group first, so the bias after
+  a step equals the single process's (as OLMo-core, whose bias update sums its routes over the
+  group either way); the losses then differ from "global"'s only in the load-balancing term.
+- A resume under another scope is refused (the loss would change under the run).
+"""
+from __future__ import annotations
+
+import pytest
+
+from test_parallel import dp_config, load_parts, mpirun
+from test_training_job import assert_one_line_error, train, train_rows, without_timing
+
+BIAS = "model.router_bias_update_rate=0.01"
+
+
+def biases(out) -> dict:
+    weights = load_parts(out / "checkpoints" / "step_00000001", "model")
+    found = {n: t for n, t in weights.items() if n.endswith("e_score_correction_bias")}
+    assert found, "no selection bias in the checkpoint"
+    return found
+
+
+def test_one_process_rank_scope_is_the_global_loss(moecore_bin, job_data, tmp_path):
+    train(moecore_bin, dp_config(tmp_path, job_data, "global", max_steps=4))
+    train(moecore_bin, dp_config(tmp_path, job_data, "rank", max_steps=4),
+          "model.lb_loss_scope=rank")
+    a, b = train_rows(tmp_path / "global"), train_rows(tmp_path / "rank")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert without_timing(a[step]) == without_timing(b[step]), f"step {step}"
+
+
+def test_ranks_update_the_selection_bias_from_the_groups_routes(moecore_bin, job_data, tmp_path):
+    one_step = dict(max_steps=1, save_every=1)
+    train(moecore_bin, dp_config(tmp_path, job_data, "single", **one_step), BIAS)
+    runs = {}
+    for scope in ("rank", "global"):
+        cfg = dp_config(tmp_path, job_data, scope, **one_step)
+        r = mpirun(moecore_bin, 2, cfg, BIAS, f"model.lb_loss_scope={scope}")
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[scope] = train_rows(tmp_path / scope)[1]
+    single = biases(tmp_path / "single")
+    for scope in ("rank", "global"):
+        ours = biases(tmp_path / scope)
+        for name, value in single.items():
+            assert (ours[name] == value).all(), f"{scope}: {name}"
+        assert (single[name] != 0).any()
+    # The same forward: the same cross-entropy; another load-balancing loss.
+    assert runs["rank"]["train/ce"] == pytest.approx(runs["global"]["train/ce"], rel=1e-6)
+    assert runs["rank"]["train/lb"] != pytest.approx(runs["global"]["train/lb"], rel=1e-6)
+
+
+def test_resume_under_another_scope_is_refused(moecore_bin, job_data, tmp_path):
+    cfg = dp_config(tmp_path, job_data, "run", max_steps=2, save_every=1)
+    train(moecore_bin, cfg)
+    r = train(moecore_bin, cfg, "train.max_steps=3", "model.lb_loss_scope=rank", resume=True,
+              check=False)
+    assert_one_line_error(r, "model.lb_loss_scope")
