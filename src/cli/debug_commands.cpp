@@ -83,7 +83,7 @@ void run_init(const std::string& config_path, uint64_t seed, const std::string& 
   const RunConfig config = load_run_config(config_path);
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
-  init_params(layout, seed, params);
+  init_params(layout, config.model, config.train.init, seed, params);
   io::save_weights(layout, params, out);
 }
 

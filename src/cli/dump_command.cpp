@@ -104,7 +104,7 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   const ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
   if (args.weights.empty())
-    init_params(layout, config.train.weights_seed(), params);
+    init_params(layout, config.model, config.train.init, config.train.weights_seed(), params);
   else
     io::load_weights(layout, args.weights, params);
   const Batch batch = load_batch(args, config);

@@ -16,6 +16,9 @@ struct NormalFill {
   size_t count;
   uint64_t seed;  // of this target's std::mt19937_64
   float stddev;   // of the zero-mean normal
+  // Truncated at +-3 stddev, as torch's trunc_normal_(a=-3 std, b=3 std): a draw outside is drawn
+  // again (the same distribution as torch's inverse-CDF sampling). Off: every draw kept.
+  bool truncated = false;
 };
 
 // Fills every target, several at once on the OpenMP threads: a GPU-sized model holds billions of

@@ -210,11 +210,12 @@ void ParamBuffers::zero() {
   expert.zero();
 }
 
-void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) {
+void init_params(const ParamLayout& layout, const ModelConfig& config, const InitOptions& init,
+                 uint64_t seed, ParamBuffers& params) {
   if (params.device() != Device::kCpu) {
     // Drawn on the host, then copied where the parameters live.
     ParamBuffers host(layout, Device::kCpu);
-    init_params(layout, seed, host);
+    init_params(layout, config, init, seed, host);
     copy_bytes(params.dense.data(), host.dense.data(), host.dense.size() * sizeof(float));
     copy_bytes(params.expert.data(), host.expert.data(), host.expert.size() * sizeof(float));
     return;
@@ -229,11 +230,17 @@ void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params)
     } else if (spec.is_norm) {
       std::fill(w, w + spec.numel, 1.0f);
     } else {
-      weights.push_back(
-          {w, spec.numel, seed * 0x9E3779B97F4A7C15ull ^ hash_name(spec.name), 0.02f});
+      const InitDistribution dist = init_distribution(config, init, spec);
+      weights.push_back({w, spec.numel, seed * 0x9E3779B97F4A7C15ull ^ hash_name(spec.name),
+                         static_cast<float>(dist.std), dist.truncated});
     }
   }
   kernels::fill_normal(weights);
+}
+
+void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params) {
+  // moecore's rule reads nothing of the model's shape.
+  init_params(layout, ModelConfig{}, InitOptions{}, seed, params);
 }
 
 }  // namespace moecore

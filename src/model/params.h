@@ -13,6 +13,7 @@
 
 #include "core/device_memory.h"
 #include "model/config.h"
+#include "model/init_rule.h"
 
 namespace moecore {
 
@@ -136,8 +137,12 @@ struct ParamBuffers {
 };
 
 // Deterministic initialisation: every tensor draws from its own stream seeded by (seed, name), so
-// the weights do not depend on the thread count or, later, on the parallel layout. Matrices ~ N(0,
-// 0.02), norm gains = 1, buffers (the router's selection bias) = 0.
+// the weights do not depend on the thread count or on the parallel layout. Weights from `init`'s
+// rule for a model of `config` (model/init_rule.h), norm gains = 1, buffers (the router's
+// selection bias) = 0.
+void init_params(const ParamLayout& layout, const ModelConfig& config, const InitOptions& init,
+                 uint64_t seed, ParamBuffers& params);
+// moecore's rule: every weight ~ N(0, 0.02).
 void init_params(const ParamLayout& layout, uint64_t seed, ParamBuffers& params);
 
 }  // namespace moecore

@@ -184,6 +184,14 @@ void read_optim(TableReader& r, OptimConfig& o) {
 void read_train(TableReader& r, TrainConfig& t) {
   r.read("seed", t.seed);
   r.read("init_seed", t.init_seed);
+  r.read_enum("init_method", t.init.method,
+              {{"moecore", InitMethod::kMoecore},
+               {"normal", InitMethod::kNormal},
+               {"llama", InitMethod::kLlama},
+               {"llama_depth", InitMethod::kLlamaDepth},
+               {"fan_in", InitMethod::kFanIn}});
+  r.read("init_std", t.init.std);
+  r.read("embedding_init_std", t.init.embedding_std);
   r.read("max_steps", t.max_steps);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
@@ -379,6 +387,12 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.max_steps >= 0, "[config] train.max_steps={} must be >= 0", t.max_steps);
   MOE_CHECK(t.init_seed >= -1, "[config] train.init_seed={} must be >= 0, or -1 (train.seed's)",
             t.init_seed);
+  MOE_CHECK(std::isfinite(t.init.std) && t.init.std > 0.0,
+            "[config] train.init_std={} must be finite and > 0", t.init.std);
+  MOE_CHECK(t.init.embedding_std == -1.0 ||
+                (std::isfinite(t.init.embedding_std) && t.init.embedding_std > 0.0),
+            "[config] train.embedding_init_std={} must be finite and > 0, or -1 (train.init_std)",
+            t.init.embedding_std);
   // OLMo-core's WSD divides by its decay's length (a ZeroDivisionError at the last step there).
   MOE_CHECK(config.optim.schedule != LrSchedule::kWsd || t.max_steps == 0 ||
                 wsd_decay_updates(config.optim, t.max_steps) >= 1,
@@ -608,6 +622,13 @@ std::string run_config_to_toml(const RunConfig& c) {
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"init_seed", t.init_seed},
+                    {"init_method", name(t.init.method, {{InitMethod::kMoecore, "moecore"},
+                                                         {InitMethod::kNormal, "normal"},
+                                                         {InitMethod::kLlama, "llama"},
+                                                         {InitMethod::kLlamaDepth, "llama_depth"},
+                                                         {InitMethod::kFanIn, "fan_in"}})},
+                    {"init_std", t.init.std},
+                    {"embedding_init_std", t.init.embedding_std},
                     {"max_steps", t.max_steps},
                     {"batch_size", t.batch_size},
                     {"microbatches", t.microbatches},

@@ -12,6 +12,7 @@
 #include "dist/pipeline_schedule.h"
 #include "model/activation_recompute.h"
 #include "model/config.h"
+#include "model/init_rule.h"
 #include "model/precision_recipe.h"
 #include "optim/optim_config.h"
 #include "train/step_guard.h"
@@ -36,6 +37,9 @@ struct TrainConfig {
   // seed with the old init_seed.
   int64_t init_seed = -1;
   uint64_t weights_seed() const { return init_seed >= 0 ? static_cast<uint64_t>(init_seed) : seed; }
+  // The initial weights' distributions (model/init_rule.h): init_method "moecore" (default),
+  // or OLMo-core's "normal" | "llama" | "llama_depth" | "fan_in"; init_std, embedding_init_std.
+  InitOptions init;
   int64_t max_steps = 1000;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once

@@ -705,7 +705,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
 
   ParamBuffers params(layout), grads(layout);
   // Per-name streams: the same weights in any layout.
-  init_params(layout, tc.weights_seed(), params);
+  init_params(layout, config.model, tc.init, tc.weights_seed(), params);
   // Expert-parallel dispatch. With ep = 1 every expert is local and nothing moves, so `rowwise`
   // is the plain dropless local path there (parallel.capacity_factor only applies to ep > 1).
   // The rowwise dispatch's transport: windows (or, on a device, the capacity form's all-to-all-v),

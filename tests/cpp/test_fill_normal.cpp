@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -41,6 +42,28 @@ TEST(FillNormal, EveryTargetIsItsOwnStreamOnAnyThreadCount) {
     }
   }
   omp_set_num_threads(previous);
+}
+
+// trunc_normal_'s distribution: a draw beyond 3 stddev is drawn again from the same stream.
+TEST(FillNormal, TruncatedRedrawsBeyondThreeStddev) {
+  const size_t n = 200000;  // about 540 draws beyond 3 sigma
+  const float stddev = 0.5f;
+  std::vector<float> values(n);
+  const std::vector<kernels::NormalFill> fills = {{values.data(), n, 99, stddev, true}};
+  kernels::fill_normal(fills);
+  std::mt19937_64 engine(99);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  size_t redrawn = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float expected = normal(engine);
+    while (std::fabs(expected) > 3.0f * stddev) {
+      expected = normal(engine);
+      ++redrawn;
+    }
+    ASSERT_EQ(values[i], expected) << i;
+    ASSERT_LE(std::fabs(values[i]), 3.0f * stddev);
+  }
+  EXPECT_GT(redrawn, 300u);  // the untruncated stream does pass 3 sigma: the cut did something
 }
 
 }  // namespace

@@ -215,6 +215,24 @@ TEST(RunConfig, UnknownKeysAndTablesAreErrors) {
   EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
 }
 
+// The initialisation keys: read, round-tripped, bad values refused.
+TEST(RunConfig, InitMethodKeys) {
+  const RunConfig c =
+      parse("[train]\ninit_method = \"llama_depth\"\ninit_std = 0.03\nembedding_init_std = 0.5\n");
+  EXPECT_EQ(c.train.init.method, InitMethod::kLlamaDepth);
+  EXPECT_EQ(c.train.init.std, 0.03);
+  EXPECT_EQ(c.train.init.embedding_std, 0.5);
+  const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.train.init.method, InitMethod::kLlamaDepth);
+  EXPECT_EQ(reparsed.train.init.std, 0.03);
+  EXPECT_EQ(reparsed.train.init.embedding_std, 0.5);
+  EXPECT_EQ(RunConfig{}.train.init.method, InitMethod::kMoecore);
+  EXPECT_NE(error_of("[train]\ninit_std = -0.02\n").find("train.init_std=-0.02 must be"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nembedding_init_std = 0.0\n").find("train.embedding_init_std=0"),
+            std::string::npos);
+}
+
 // Issue 12's [model] keys: read, round-tripped, and each bad value a one-line error naming it.
 TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
   const RunConfig c = parse(

@@ -142,7 +142,9 @@ def cpu_kernels(monkeypatch):
 # The OLMo-core model and the weight mapping
 
 
-def olmo_core_model(cfg: dict, layout: str):
+def olmo_core_model(cfg: dict, layout: str, **model_options):
+    """OLMo-core's OLMoDDP model of a moecore [model] config; model_options go to its
+    OLMoDDPModelConfig (e.g. init_method, init_std)."""
     c = ref_model.full_config(cfg)
     f32 = DType.float32
     d, hd = c["hidden_size"], c["head_dim"]
@@ -180,7 +182,8 @@ def olmo_core_model(cfg: dict, layout: str):
     model_cfg = OLMoDDPModelConfig(
         init_seed=0, d_model=d, vocab_size=c["vocab_size"], n_layers=c["num_hidden_layers"],
         name=TransformerType.moe_fused_v2, block=moe_block, block_overrides=overrides,
-        recompute_each_block=False, lm_head=LMHeadConfig(layer_norm=ln, bias=False, dtype=f32))
+        recompute_each_block=False, lm_head=LMHeadConfig(layer_norm=ln, bias=False, dtype=f32),
+        **model_options)
     return model_cfg.build(init_device="cpu")
 
 

@@ -1,5 +1,6 @@
 #include "kernels/fill_normal.h"
 
+#include <cmath>
 #include <random>
 
 namespace moecore::kernels {
@@ -13,7 +14,12 @@ void fill_normal(std::span<const NormalFill> fills) {
     const NormalFill& fill = fills[static_cast<size_t>(t)];
     std::mt19937_64 engine(fill.seed);
     std::normal_distribution<float> normal(0.0f, fill.stddev);
-    for (size_t i = 0; i < fill.count; ++i) fill.values[i] = normal(engine);
+    const float bound = 3.0f * fill.stddev;
+    for (size_t i = 0; i < fill.count; ++i) {
+      float value = normal(engine);
+      while (fill.truncated && std::fabs(value) > bound) value = normal(engine);
+      fill.values[i] = value;
+    }
   }
 }
 
