@@ -161,6 +161,12 @@ def run_moecore(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProc
     return proc
 
 
+# `mpirun` as root on an oversubscribed machine (CI's two cores), one OpenMP thread per rank.
+MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1",
+           "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def run_moecore_raw(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run `moecore <args>` and return the result whatever the exit code (for error cases)."""
     reason = binary_missing_reason()

@@ -129,6 +129,8 @@ MODEL_DEFAULTS = {
     "qk_norm": "full",
     "router_score": "softmax",
     "lb_loss_style": "olmo-core",
+    # Over which ranks the load-balancing loss is (one process, this reference: the same loss).
+    "lb_loss_scope": "global",
     "block_norm": "pre",
     "loss_normalizer": "tokens",
     "n_group": 1,
@@ -151,6 +153,7 @@ def full_config(cfg: dict) -> dict:
     assert c["lb_loss_style"] in ("olmo-core", "hf"), c["lb_loss_style"]
     assert c["block_norm"] in ("pre", "reordered"), c["block_norm"]
     assert c["loss_normalizer"] in ("tokens", "labels"), c["loss_normalizer"]
+    assert c["lb_loss_scope"] in ("global", "rank"), c["lb_loss_scope"]
     assert c["num_experts"] % c["n_group"] == 0 and 1 <= c["topk_group"] <= c["n_group"]
     assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
     assert 1 <= c["num_experts_per_tok"] <= c["num_experts"]

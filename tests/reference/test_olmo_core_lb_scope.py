@@ -20,7 +20,6 @@ passes summed in other orders (two processes and MPI against one PyTorch process
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -45,9 +44,6 @@ MODEL = dict(
     router_z_loss_coef=0.02, qk_norm="full", router_score="softmax", lb_loss_style="olmo-core",
     loss_normalizer="labels",
 )
-MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1",
-           "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +75,7 @@ def moecore_step(root: Path, cfg: Path, scope: str) -> dict:
     out = root / f"out_{scope}"
     cmd = ["mpirun", "-np", str(RANKS), str(H.binary_path()), "train", str(cfg), "--set",
            f"train.out_dir={out}", "--set", f"model.lb_loss_scope={scope}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=MPI_ENV,
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=H.MPI_ENV,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,193 @@
+"""A whole training run against OLMo-core's: `mpirun -np 2 moecore train` set up as an OLMo-core
+OLMoDDP run, step by step against OLMo-core's own pieces emulating that run in one process.
+
+The OLMo-core side (OLMo-core's code wherever it has the piece):
+- data: OLMo-core's loader order (`data.order = "olmo-core"`; test_olmo_core_data_order holds
+  `moecore data order` to its NumpyFSLDataLoader), each rank's batch cut into micro-batches in order;
+- model: OLMo-core's OLMoDDP model (test_olmo_core_oracle's CPU stand-ins for its GPU-only
+  kernels), reordered norms, a shared expert, grouped-query attention, router z-loss, its LM
+  head's z-loss (z_loss_multiplier), from `moecore init`'s weights;
+- loss: as its train module: every micro-batch's loss summed with loss_div_factor = the step's
+  labels / dp size, its routers' losses per rank (global_load_balancing False:
+  `model.lb_loss_scope = "rank"`), gradients accumulated, then DDP's mean over the ranks;
+- optimizer: clip_grad_norm_ over all parameters, torch's AdamW with OLMo-core's recipes' groups
+  (no weight decay on the embedding: `optim.no_decay = "embeddings"`), its CosWithWarmup at step
+  s + 1 (test_adamw_steps).
+Compared, per step: the cross-entropy, load-balancing, router z and LM-head z losses, the pre-clip
+gradient norm and the learning rate; after the last step every weight of the final checkpoint.
+
+Tolerance: max|ours - ref| / max|ref| <= moecore_harness.TOL (1e-4) per quantity; Adam's
+lr * sign(g)-like first steps are why eps = 1e-5 and lr = 5e-3 (test_adamw_steps' derivation: an
+element whose gradient is about eps would otherwise turn fp32 rounding into visible weight
+differences). The routers' top-k margins along OLMo-core's trajectory are checked to be > 1e-5
+(a near-tie would make the comparison ill-posed, not the engine wrong).
+"""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import moecore_harness as H
+import ref_model
+
+pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
+
+from olmo_core.optim.scheduler import CosWithWarmup  # noqa: E402
+
+from test_olmo_core_oracle import cpu_kernels, hf_gradients, olmo_core_model, olmo_core_state  # noqa: E402,F401
+
+SEQ, BATCH, MICRO, RANKS, STEPS = 12, 8, 2, 2, 6
+LM_Z = 1e-3
+INIT_STD = 0.1  # router logits far enough apart that no top-k choice is a near-tie
+MODEL = dict(
+    vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, num_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=24, intermediate_size=48, first_k_dense_replace=0,
+    shared_expert_intermediate_size=16, norm_topk_prob=False, router_aux_loss_coef=0.05,
+    router_z_loss_coef=0.01, qk_norm="full", router_score="softmax", lb_loss_style="olmo-core",
+    loss_normalizer="labels", lb_loss_scope="rank", block_norm="reordered",
+)
+OPTIM = dict(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1, max_grad_norm=1.0,
+             warmup_steps=2, schedule="cosine", min_lr_ratio=0.1, no_decay="embeddings")
+
+
+@pytest.fixture(scope="module")
+def run(moecore_bin, tmp_path_factory):
+    """Token files, the config, moecore's initial weights and its two-rank run."""
+    root = tmp_path_factory.mktemp("olmo_run")
+    rng = np.random.default_rng(11)
+    words = "in the beginning god created heaven and earth light darkness waters day night".split()
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(3, 25)))
+                                for _ in range(300)) + "\n")
+    tok = root / "tokenizer.json"
+    H.run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", 300, "--out", tok)
+    H.run_moecore("prepare", "--tokenizer", tok, "--input", corpus, "--out", root / "tokens",
+                  "--val-fraction", "0")
+    out = root / "out"
+    cfg = H.write_config(
+        root / "run.toml", MODEL, optim=OPTIM,
+        data={"train": [str(root / "tokens" / "train")], "order": "olmo-core"},
+        train={"seq_len": SEQ, "batch_size": BATCH, "microbatches": MICRO, "max_steps": STEPS,
+               "seed": 5, "init_seed": 1, "init_method": "normal", "init_std": INIT_STD,
+               "z_loss_multiplier": LM_Z,
+               "skip_sigma": 0.0, "threads": 1, "log_every": 1, "eval_every": 0,
+               "save_every": STEPS, "sample_tokens": 0, "out_dir": str(out)})
+    weights = root / "init.safetensors"
+    H.run_moecore("init", "--config", cfg, "--seed", 1, "--out", weights)
+    r = subprocess.run(["mpirun", "-np", str(RANKS), str(H.binary_path()), "train", str(cfg)],
+                       capture_output=True, text=True, timeout=600, env=H.MPI_ENV,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root, cfg, weights, out
+
+
+def moecore_rows(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = {row["step"]: row for row in rows if "train/loss" in row}
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    return [steps[s] for s in range(1, STEPS + 1)]
+
+
+def moecore_final_weights(out: Path) -> dict:
+    ckpt = out / "checkpoints" / f"step_{STEPS:08d}"
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weights = {}
+        for part in names:
+            weights.update(H.load_tensors(ckpt / part))
+        return weights
+    return H.load_tensors(ckpt / "model.safetensors")
+
+
+def olmo_core_run(root: Path, cfg: Path, weights: Path):
+    order = root / "order.npy"
+    H.run_moecore("data", "order", cfg, "--steps", STEPS, "--dp", RANKS, "--out", order)
+    order = np.load(order)  # [STEPS, RANKS, BATCH / RANKS]
+    instances = root / "instances.npy"
+    H.run_moecore("data", "instances", "--data", root / "tokens" / "train", "--seq-len", SEQ,
+                  "--vocab-size", MODEL["vocab_size"], "--out", instances)
+    tokens = np.load(instances)
+
+    model = olmo_core_model(MODEL, "reordered")
+    missing, unexpected = model.load_state_dict(olmo_core_state(H.load_tensors(weights), MODEL),
+                                                strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    model.train()
+    params = dict(model.named_parameters())
+    decayed = [p for n, p in params.items() if n != "embeddings.weight"]
+    opt = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": OPTIM["weight_decay"]},
+         {"params": [params["embeddings.weight"]], "weight_decay": 0.0}],
+        lr=OPTIM["lr"], betas=(OPTIM["beta1"], OPTIM["beta2"]), eps=OPTIM["eps"], foreach=False)
+    scheduler = CosWithWarmup(warmup=OPTIM["warmup_steps"], alpha_f=OPTIM["min_lr_ratio"])
+    routers = [b.routed_experts_router for b in model.blocks.values()]
+    margins = []
+
+    def margin_hook(router, args, _out):
+        x = args[0].detach().reshape(-1, MODEL["hidden_size"])
+        probs = (x @ router.weight.detach().view(MODEL["num_experts"], -1).t()).softmax(-1)
+        top = probs.topk(MODEL["num_experts_per_tok"] + 1, dim=-1).values
+        margins.append(float((top[:, -2] - top[:, -1]).min()))
+
+    hooks = [r.register_forward_hook(margin_hook) for r in routers]
+    labels = BATCH * (SEQ - 1)  # every target counts but each instance's last
+    div = torch.tensor(float(labels) / RANKS)
+    per_micro = BATCH // RANKS // MICRO
+    rows = []
+    for step in range(STEPS):
+        lr = OPTIM["lr"] * float(scheduler.get_lr(1.0, step + 1, STEPS))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        for r in routers:
+            r.reset_metrics()
+        ce = lm_z = 0.0
+        for rank in range(RANKS):
+            for m in range(MICRO):
+                x = torch.as_tensor(tokens[order[step, rank, m * per_micro:(m + 1) * per_micro]]).long()
+                y = torch.full_like(x, ref_model.IGNORE_INDEX)
+                y[:, :-1] = x[:, 1:]
+                out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div,
+                            z_loss_multiplier=LM_Z)
+                out.loss.backward()
+                ce += float(out.ce_loss)
+                lm_z += float(out.z_loss) / LM_Z
+        for p in params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad /= RANKS  # DDP: the ranks' mean
+        norm = torch.nn.utils.clip_grad_norm_(list(params.values()), OPTIM["max_grad_norm"],
+                                              foreach=False)
+        rows.append({"train/ce": ce / RANKS, "train/lm_z": lm_z / RANKS,
+                     "train/lb": float(sum(r.load_balancing_loss for r in routers)) / RANKS,
+                     "train/z": float(sum(r.z_loss for r in routers)) / RANKS,
+                     "train/grad_norm": float(norm), "train/lr": lr})
+        opt.step()
+    for h in hooks:
+        h.remove()
+    assert min(margins) > 1e-5, f"routing near-tie on the trajectory: {min(margins):.2e}"
+    for p in params.values():  # hf_gradients maps .grad to moecore's names
+        p.grad = p.detach().clone()
+    return rows, hf_gradients(model, MODEL)
+
+
+def test_two_ranks_train_as_olmo_core(run, cpu_kernels):
+    root, cfg, weights, out = run
+    ref_rows, ref_weights = olmo_core_run(root, cfg, weights)
+    ours_rows = moecore_rows(out)
+    norms = [row["train/grad_norm"] for row in ref_rows]
+    assert max(norms) > OPTIM["max_grad_norm"], f"clipping never active: {norms}"
+    assert ref_rows[-1]["train/ce"] < ref_rows[0]["train/ce"] - 0.3, "the run did not learn"
+    ours = {k: torch.tensor([row[k] for row in ours_rows]) for k in ref_rows[0]}
+    ref = {k: torch.tensor([row[k] for row in ref_rows]) for k in ref_rows[0]}
+    H.assert_all_close(ours, ref, sorted(ref), what="per-step values against OLMo-core's run")
+    final = moecore_final_weights(out)
+    assert set(final) == set(ref_weights)
+    H.assert_all_close(final, {n: t.float() for n, t in ref_weights.items()}, sorted(ref_weights),
+                       what=f"weights after {STEPS} steps against OLMo-core's run")
