@@ -7,7 +7,8 @@
 namespace moecore {
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
-  // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD;
+  // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
+  // InvSqrtWithWarmup;
   // warmup_min_lr 0, alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio) at t = step
   // + 1: OLMo-core's trainer counts the first update as step 1 and asks its scheduler for that
   // step's rate. So the warm-up's last update has the peak rate and the run's last update the
@@ -21,6 +22,10 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
     return c.lr * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
   if (c.schedule == LrSchedule::kConstant) return c.lr;
   const double lr_min = c.lr * c.min_lr_ratio;
+  // InvSqrtWithWarmup: no end, the rate falls as 1 / sqrt(t) towards lr_min.
+  if (c.schedule == LrSchedule::kInvSqrt)
+    return lr_min +
+           (c.lr - lr_min) * std::sqrt(static_cast<double>(warmup) / static_cast<double>(t));
   if (t >= total_steps) return lr_min;  // WSD's formula gives exactly this at t == total_steps
   if (c.schedule == LrSchedule::kWsd) {
     const int64_t decay = wsd_decay_updates(c, total_steps);

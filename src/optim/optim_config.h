@@ -6,7 +6,7 @@
 
 namespace moecore {
 
-enum class LrSchedule { kCosine, kLinear, kConstant, kWsd };
+enum class LrSchedule { kCosine, kLinear, kConstant, kWsd, kInvSqrt };
 
 // The parameters AdamW's weight decay leaves alone: norm gains and embeddings (moecore's default),
 // the input embedding only (OLMo-core's recipes: their group override exempts embeddings.weight;

@@ -64,7 +64,9 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
 
 std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
   if (saved.train.max_steps == now.train.max_steps ||
-      (now.optim.schedule == LrSchedule::kConstant && now.optim.warmup_fraction == 0.0))
+      ((now.optim.schedule == LrSchedule::kConstant ||
+        now.optim.schedule == LrSchedule::kInvSqrt) &&
+       now.optim.warmup_fraction == 0.0))
     return "";
   return "note: train.max_steps " + std::to_string(saved.train.max_steps) + " -> " +
          std::to_string(now.train.max_steps) +

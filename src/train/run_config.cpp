@@ -175,7 +175,8 @@ void read_optim(TableReader& r, OptimConfig& o) {
               {{"cosine", LrSchedule::kCosine},
                {"linear", LrSchedule::kLinear},
                {"constant", LrSchedule::kConstant},
-               {"wsd", LrSchedule::kWsd}});
+               {"wsd", LrSchedule::kWsd},
+               {"inv_sqrt", LrSchedule::kInvSqrt}});
   r.read("min_lr_ratio", o.min_lr_ratio);
   r.read("decay_steps", o.decay_steps);
   r.read("decay_fraction", o.decay_fraction);
@@ -394,6 +395,13 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.embedding_init_std={} must be finite and > 0, or -1 (train.init_std)",
             t.init.embedding_std);
   // OLMo-core's WSD divides by its decay's length (a ZeroDivisionError at the last step there).
+  // OLMo-core's InvSqrtWithWarmup without a warm-up is lr x min_lr_ratio from the first update
+  // (sqrt(0 / t)): a run at its floor is refused rather than trained.
+  MOE_CHECK(config.optim.schedule != LrSchedule::kInvSqrt || t.max_steps == 0 ||
+                warmup_updates(config.optim, t.max_steps) >= 1,
+            "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
+            "/ t); without one the rate is lr x min_lr_ratio throughout): set optim.warmup_steps "
+            "or optim.warmup_fraction");
   MOE_CHECK(config.optim.schedule != LrSchedule::kWsd || t.max_steps == 0 ||
                 wsd_decay_updates(config.optim, t.max_steps) >= 1,
             "[config] optim.schedule = \"wsd\" decays over round(train.max_steps={} x "
@@ -615,7 +623,8 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
                                      {LrSchedule::kLinear, "linear"},
                                      {LrSchedule::kConstant, "constant"},
-                                     {LrSchedule::kWsd, "wsd"}})},
+                                     {LrSchedule::kWsd, "wsd"},
+                                     {LrSchedule::kInvSqrt, "inv_sqrt"}})},
       {"min_lr_ratio", o.min_lr_ratio},
       {"decay_steps", o.decay_steps},
       {"decay_fraction", o.decay_fraction}};

@@ -177,6 +177,22 @@ TEST(Optim, LearningRateWsd) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 16, total), 1e-4 + 9e-4 * 3.0 / 5.0);  // t = 17
 }
 
+// OLMo-core's InvSqrtWithWarmup: warm-up below `warmup`, then lr_min + (lr - lr_min) sqrt(w / t),
+// with no end of run (past max_steps it goes on falling).
+TEST(Optim, LearningRateInvSqrt) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.1;
+  c.warmup_steps = 4;
+  c.schedule = LrSchedule::kInvSqrt;
+  const int64_t total = 20;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 2.5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 1e-3);                // t = 4: sqrt(4 / 4)
+  EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 1e-4 + 9e-4 * 0.5);  // t = 16
+  EXPECT_DOUBLE_EQ(learning_rate(c, 19, total), 1e-4 + 9e-4 * std::sqrt(0.2));  // t = 20: no floor
+  EXPECT_LT(learning_rate(c, 99, total), learning_rate(c, 19, total));
+}
+
 // warmup_fraction and decay_fraction round as Python's round does (OLMo-core's schedulers): to
 // the nearest integer, ties to even.
 TEST(Optim, ScheduleFractionsRoundHalfToEven) {

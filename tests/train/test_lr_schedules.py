@@ -3,7 +3,7 @@ ai2-olmo-core 3.0.0): the rate each update of a training job logs (train/lr, log
 OLMo-core's get_lr(lr, t, max_steps) at its step number t = 1, 2, ... (its trainer counts the first
 update as step 1). WSD (warm-up, stable, linear decay over decay_steps or round(max_steps x
 decay_fraction) updates to decay_min_lr = lr x min_lr_ratio), and warmup_fraction (round(max_steps
-x fraction), Python's round: ties to even) with every schedule. CosWithWarmup / LinearWithWarmup /
+x fraction), Python's round: ties to even) with every schedule, and InvSqrtWithWarmup. CosWithWarmup / LinearWithWarmup /
 ConstantWithWarmup are also checked through tests/reference/test_adamw_steps.py's AdamW oracle.
 
 Tolerance: none. Every formula is OLMo-core's in its order of operations (the warm-ups' (lr t) /
@@ -20,7 +20,7 @@ from test_training_job import run, train, train_rows, write_config
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
-    WSD, ConstantWithWarmup, CosWithWarmup, LinearWithWarmup)
+    WSD, ConstantWithWarmup, CosWithWarmup, InvSqrtWithWarmup, LinearWithWarmup)
 
 LR = 3e-3
 STEPS = 10
@@ -50,6 +50,12 @@ CASES = {
     "constant_warmup_fraction": (
         dict(schedule="constant", warmup_steps=0, warmup_fraction=0.35),
         ConstantWithWarmup(warmup_fraction=0.35)),  # 3.5 -> 4
+    # InvSqrtWithWarmup: the floor lr x alpha_f plus the rest times sqrt(warmup / t), no end.
+    "inv_sqrt": (dict(schedule="inv_sqrt", warmup_steps=3, min_lr_ratio=0.1),
+                 InvSqrtWithWarmup(warmup=3, alpha_f=0.1)),
+    "inv_sqrt_warmup_fraction": (
+        dict(schedule="inv_sqrt", warmup_steps=0, warmup_fraction=0.15, min_lr_ratio=0.0),
+        InvSqrtWithWarmup(warmup_fraction=0.15, alpha_f=0.0)),  # 1.5 -> 2
 }
 
 
@@ -78,6 +84,18 @@ def test_wsd_without_decay_updates_is_one_line_error(moecore_bin, job_data, tmp_
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "optim.decay_fraction" in lines[0] and "wsd" in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_inv_sqrt_without_warmup_is_one_line_error(moecore_bin, job_data, tmp_path):
+    """OLMo-core's InvSqrtWithWarmup without a warm-up is lr x alpha_f throughout (sqrt(0 / t)):
+    refused here rather than trained at the floor."""
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
+                       optim={"schedule": "inv_sqrt", "warmup_steps": 0}, train={"max_steps": 5})
+    r = run(moecore_bin, "train", cfg, check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inv_sqrt" in lines[0] and "warm-up" in lines[0], r.stderr
     assert not (tmp_path / "run").exists()
 
 
