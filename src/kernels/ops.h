@@ -82,9 +82,10 @@ struct MoeLossOptions {
   bool lb_over_all_layers = false;
   int64_t top_k = 1;
   double router_loss_div = 0.0;  // f_e's and the z-loss's normaliser: counted labels or tokens
-  double tokens = 0.0;           // tokens of the global micro-batch (P_e is the mean over them)
-  double z_rows = 0.0;           // tokens behind each rank's mean logsumexp^2 (its micro-batch's)
-  double aux_loss_coef = 0.0;    // model.router_aux_loss_coef, a factor of lb_score_grad
+  double tokens = 0.0;  // tokens P_e is the mean over: the global micro-batch's (the rank's own
+                        // under lb_loss_scope "rank", its statistics the rank's)
+  double z_rows = 0.0;  // tokens behind each rank's mean logsumexp^2 (its micro-batch's)
+  double aux_loss_coef = 0.0;  // model.router_aux_loss_coef, a factor of lb_score_grad
 };
 
 // The scalars of step_decision: the clipping threshold, the step guard's limits (train/

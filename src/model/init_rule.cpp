@@ -51,9 +51,9 @@ int64_t layer_of(const std::string& name) {
 
 InitDistribution init_distribution(const ModelConfig& config, const InitOptions& options,
                                    const ParamSpec& spec) {
-  WeightRole role = role_of(spec.name);
-  // Tied, the embedding is the LM head's matrix, which OLMo-core initialises last.
-  if (role == WeightRole::kEmbedding && config.tie_word_embeddings) role = WeightRole::kLmHead;
+  // Tied, the one matrix is the embedding's: OLMo-core's training builds its model on the meta
+  // device, initialises embedding and head apart and re-ties the head to the embedding.
+  const WeightRole role = role_of(spec.name);
   const double std = options.std;
   const double embedding_std = options.embedding_std > 0.0 ? options.embedding_std : std;
   const double d = static_cast<double>(config.hidden_size);

@@ -34,7 +34,8 @@ struct InitDistribution {
   bool truncated;  // at +-3 std, as torch's trunc_normal_(a=-3 std, b=3 std)
 };
 
-// The distribution of one weight (not a norm or a buffer) of a model of `config`.
+// The distribution of one weight (not a norm or a buffer) of a model of `config`. A tied embedding
+// is the embedding's (as OLMo-core's trained models re-tie the head to it).
 InitDistribution init_distribution(const ModelConfig& config, const InitOptions& options,
                                    const ParamSpec& spec);
 

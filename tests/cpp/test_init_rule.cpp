@@ -61,12 +61,12 @@ TEST(InitRule, EachMethodsStdAndTruncation) {
   EXPECT_EQ(of(c, InitMethod::kFanIn, "model.layers.0.mlp.down_proj.weight").std, 0.02);
 }
 
-TEST(InitRule, TiedEmbeddingTakesTheLmHeadsRule) {
+TEST(InitRule, TiedEmbeddingKeepsTheEmbeddingsRule) {
   ModelConfig c = model();
   c.tie_word_embeddings = true;
   const InitDistribution tied = of(c, InitMethod::kLlama, "model.embed_tokens.weight");
-  EXPECT_DOUBLE_EQ(tied.std, 0.125);
-  EXPECT_TRUE(tied.truncated);
+  EXPECT_EQ(tied.std, 1.0);
+  EXPECT_FALSE(tied.truncated);
 }
 
 TEST(InitRule, EmbeddingStdAppliesWhereOlmoCoreReadsIt) {

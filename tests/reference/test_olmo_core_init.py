@@ -16,7 +16,10 @@ under moecore's Hugging Face names:
   about 0.1 % of them where it draws a plain normal (llama's and fan_in's embeddings, 20480 values:
   about 20).
 The model has a dense first layer, a shared expert, grouped-query attention and two MoE layers,
-so every rule of init_attention, init_moe_v2, init_embeddings and init_final_w_out is reached.
+so every rule of init_attention, init_moe_v2, init_embeddings and init_final_w_out is reached;
+built on the meta device as OLMo-core's training scripts build it, so that a tied embedding is
+initialised as the embedding (init_weights re-ties the head to it; built on the CPU, the tie
+would survive and the head's rule would win).
 """
 
 import math
@@ -43,35 +46,49 @@ MODEL = dict(
 )
 
 
-def olmo_core_init(method: str, std: float, embedding_std: float | None) -> dict:
-    model = olmo_core_model(MODEL, "pre", init_method=InitMethod(method), init_std=std,
-                            embedding_init_std=embedding_std)
+def olmo_core_init(method: str, std: float, embedding_std: float | None, model_cfg=MODEL) -> dict:
+    """OLMo-core's training path: the model built on the meta device, then init_weights (which
+    initialises a tied embedding and head apart and re-ties the head to the embedding)."""
+    model = olmo_core_model(model_cfg, "pre", init_device="meta", init_method=InitMethod(method),
+                            init_std=std, embedding_init_std=embedding_std)
     model.init_weights(device=torch.device("cpu"))
+    tied = model_cfg.get("tie_word_embeddings", False)
+    if tied:
+        assert model.lm_head.w_out.weight is model.embeddings.weight
     for p in model.parameters():  # hf_gradients maps .grad to moecore's names
         p.grad = p.detach().clone()
-    return {n: t.double().numpy() for n, t in hf_gradients(model, MODEL).items()}
+    # Tied, the one matrix is named once, as the embedding (as moecore holds it).
+    return {n: t.double().numpy() for n, t in hf_gradients(model, model_cfg).items()}
 
 
-def moecore_init(tmp_path, method: str, std: float, embedding_std: float | None) -> dict:
+def moecore_init(tmp_path, method: str, std: float, embedding_std: float | None,
+                 model_cfg=MODEL) -> dict:
     train = {"init_method": method, "init_std": std}
     if embedding_std is not None:
         train["embedding_init_std"] = embedding_std
-    cfg = H.write_config(tmp_path / f"{method}.toml", MODEL, train=train)
+    cfg = H.write_config(tmp_path / f"{method}.toml", model_cfg, train=train)
     out = tmp_path / f"{method}.safetensors"
     H.run_moecore("init", "--config", cfg, "--seed", 7, "--out", out)
     return {n: t.double().numpy() for n, t in H.load_tensors(out).items()}
 
 
-@pytest.mark.parametrize("method,std,embedding_std", [
-    ("normal", 0.02, None),
-    ("normal", 0.05, 0.3),
-    ("llama", 0.02, None),
-    ("llama_depth", 0.03, None),
-    ("fan_in", 0.02, None),
-])
-def test_each_tensor_starts_from_olmo_core_distribution(tmp_path, method, std, embedding_std):
-    ours = moecore_init(tmp_path, method, std, embedding_std)
-    ref = olmo_core_init(method, std, embedding_std)
+TIED = dict(MODEL, tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("method,std,embedding_std,model_cfg", [
+    ("normal", 0.02, None, MODEL),
+    ("normal", 0.05, 0.3, MODEL),
+    ("llama", 0.02, None, MODEL),
+    ("llama_depth", 0.03, None, MODEL),
+    ("fan_in", 0.02, None, MODEL),
+    ("llama", 0.02, None, TIED),  # the tied matrix: the embedding's N(0, 1)
+    ("normal", 0.02, 0.3, TIED),
+], ids=["normal", "normal_embedding_std", "llama", "llama_depth", "fan_in", "llama_tied",
+        "normal_tied_embedding_std"])
+def test_each_tensor_starts_from_olmo_core_distribution(tmp_path, method, std, embedding_std,
+                                                        model_cfg):
+    ours = moecore_init(tmp_path, method, std, embedding_std, model_cfg)
+    ref = olmo_core_init(method, std, embedding_std, model_cfg)
     assert set(ours) == set(ref)
     mismatched = []
     for name, r in ref.items():

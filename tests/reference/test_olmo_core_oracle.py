@@ -142,9 +142,10 @@ def cpu_kernels(monkeypatch):
 # The OLMo-core model and the weight mapping
 
 
-def olmo_core_model(cfg: dict, layout: str, **model_options):
-    """OLMo-core's OLMoDDP model of a moecore [model] config; model_options go to its
-    OLMoDDPModelConfig (e.g. init_method, init_std)."""
+def olmo_core_model(cfg: dict, layout: str, init_device: str = "cpu", **model_options):
+    """OLMo-core's OLMoDDP model of a moecore [model] config, built on init_device ("meta" as its
+    training scripts do, then init_weights); model_options go to its OLMoDDPModelConfig (e.g.
+    init_method, init_std)."""
     c = ref_model.full_config(cfg)
     f32 = DType.float32
     d, hd = c["hidden_size"], c["head_dim"]
@@ -179,12 +180,13 @@ def olmo_core_model(cfg: dict, layout: str, **model_options):
         shared_experts=SharedExpertsConfig(d_model=d, hidden_size=c["intermediate_size"],
                                            num_experts=1, bias=False, dtype=f32))
     overrides = {i: dense_block for i in range(c["first_k_dense_replace"])} or None
+    model_options.setdefault("tie_word_embeddings", c["tie_word_embeddings"])
     model_cfg = OLMoDDPModelConfig(
         init_seed=0, d_model=d, vocab_size=c["vocab_size"], n_layers=c["num_hidden_layers"],
         name=TransformerType.moe_fused_v2, block=moe_block, block_overrides=overrides,
         recompute_each_block=False, lm_head=LMHeadConfig(layer_norm=ln, bias=False, dtype=f32),
         **model_options)
-    return model_cfg.build(init_device="cpu")
+    return model_cfg.build(init_device=init_device)
 
 
 def _swiglu_pair(P, pre):
@@ -241,8 +243,9 @@ def hf_gradients(model, cfg: dict) -> dict:
     """OLMo-core's parameter gradients under moecore's HF names (the inverse of olmo_core_state)."""
     c = ref_model.full_config(cfg)
     g = {n: p.grad.detach() for n, p in model.named_parameters()}
-    out = {"model.embed_tokens.weight": g["embeddings.weight"], "model.norm.weight": g["lm_head.norm.weight"],
-           "lm_head.weight": g["lm_head.w_out.weight"]}
+    out = {"model.embed_tokens.weight": g["embeddings.weight"], "model.norm.weight": g["lm_head.norm.weight"]}
+    if "lm_head.w_out.weight" in g:  # tied, the one matrix is named once (the embedding)
+        out["lm_head.weight"] = g["lm_head.w_out.weight"]
     for i in range(c["num_hidden_layers"]):
         hf, oc = f"model.layers.{i}.", f"blocks.{i}."
         for a, b in (("q_proj", "w_q"), ("k_proj", "w_k"), ("v_proj", "w_v"), ("o_proj", "w_out")):

@@ -6,7 +6,8 @@ tests/reference/test_olmo_core_data_order.py).
   and the order is not moecore's (the first step's loss differs).
 - A run stopped inside an epoch and resumed replays the uninterrupted run bit for bit across two
   epoch boundaries, with an epoch that drops a tail (whole global batches only).
-- A resume under another data.order is refused (the run would read other instances).
+- A resume under another data.order is refused (the run would read other instances), and under
+  OLMo-core's order so is another batch size, even with --allow-config-change.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import json
 import pytest
 
 from test_parallel import STEPS, dp_config, mpirun
-from test_training_job import (assert_one_line_error, checkpoints, started, train, train_rows,
-                               without_timing, write_config)
+from test_training_job import (assert_one_line_error, run, train, train_rows, without_timing,
+                               write_config)
 
 OLMO = "data.order=olmo-core"
 
@@ -71,3 +72,8 @@ def test_resume_across_epochs_is_exact(moecore_bin, job_data, tmp_path):
     r = train(moecore_bin, cfg, f"train.max_steps={3 * n}", "data.order=moecore", resume=True,
               check=False)
     assert_one_line_error(r, "data.order")
+    # Its epochs are whole global batches: another batch size would move the saved position into
+    # another epoch, refused even where other changes are allowed.
+    r = run(moecore_bin, "train", cfg, "--set", f"train.max_steps={3 * n}", "--set",
+            "train.batch_size=4", "--resume", "--allow-config-change", check=False)
+    assert_one_line_error(r, "train.batch_size", "olmo-core")

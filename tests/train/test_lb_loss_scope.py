@@ -1,7 +1,7 @@
 """model.lb_loss_scope in the trainer (its loss against OLMo-core's:
 tests/reference/test_olmo_core_lb_scope.py).
 
-- One process: "rank" and "global" are the same loss, bit for bit (the rank is the group).
+- Expert parallelism and pipeline stages train as plain data parallelism under "rank".
 - Two data-parallel ranks with auxiliary-loss-free balancing: the passes tally each rank's routes
   under "rank", and the selection-bias update sums them over the group first, so the bias after
   a step equals the single process's (as OLMo-core, whose bias update sums its routes over the
@@ -25,14 +25,27 @@ def biases(out) -> dict:
     return found
 
 
-def test_one_process_rank_scope_is_the_global_loss(moecore_bin, job_data, tmp_path):
-    train(moecore_bin, dp_config(tmp_path, job_data, "global", max_steps=4))
-    train(moecore_bin, dp_config(tmp_path, job_data, "rank", max_steps=4),
-          "model.lb_loss_scope=rank")
-    a, b = train_rows(tmp_path / "global"), train_rows(tmp_path / "rank")
-    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
-    for step in a:
-        assert without_timing(a[step]) == without_timing(b[step]), f"step {step}"
+def test_rank_scope_trains_alike_in_every_layout(moecore_bin, job_data, tmp_path):
+    """Under "rank" the routers' losses are the data-parallel ranks' own, summed: expert
+    parallelism (experts moved, the routes not) and pipeline stages (each stage's layers summed
+    over its dp group, the stages' rows added) give the dp = 2 run's losses (test_parallel's
+    tolerance for reordered sums), and the scope is in force in each (not "global"'s lb)."""
+    scope = "model.lb_loss_scope=rank"
+    runs = {}
+    for name, ranks, extra in [("dp", 2, []), ("dp_ep", 2, ["parallel.ep=2"]),
+                               ("pp_dp", 4, ["parallel.pp=2"]),
+                               ("global", 2, ["model.lb_loss_scope=global"])]:
+        cfg = dp_config(tmp_path, job_data, name, max_steps=3, microbatches=2)
+        r = mpirun(moecore_bin, ranks, cfg, scope, *extra)
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+        rows = train_rows(tmp_path / name)
+        runs[name] = [rows[s] for s in sorted(rows)]
+    for name in ("dp_ep", "pp_dp"):
+        for key in ("train/loss", "train/lb", "train/ce"):
+            ours = [row[key] for row in runs[name]]
+            ref = [row[key] for row in runs["dp"]]
+            assert ours == pytest.approx(ref, rel=1e-5), (name, key, ours, ref)
+    assert runs["global"][0]["train/lb"] != pytest.approx(runs["dp"][0]["train/lb"], rel=1e-5)
 
 
 def test_ranks_update_the_selection_bias_from_the_groups_routes(moecore_bin, job_data, tmp_path):
@@ -45,11 +58,12 @@ def test_ranks_update_the_selection_bias_from_the_groups_routes(moecore_bin, job
         assert r.returncode == 0, r.stderr[-2000:]
         runs[scope] = train_rows(tmp_path / scope)[1]
     single = biases(tmp_path / "single")
+    for name, value in single.items():
+        assert (value != 0).any(), f"{name}: the step moved no bias"
     for scope in ("rank", "global"):
         ours = biases(tmp_path / scope)
         for name, value in single.items():
             assert (ours[name] == value).all(), f"{scope}: {name}"
-        assert (single[name] != 0).any()
     # The same forward: the same cross-entropy; another load-balancing loss.
     assert runs["rank"]["train/ce"] == pytest.approx(runs["global"]["train/ce"], rel=1e-6)
     assert runs["rank"]["train/lb"] != pytest.approx(runs["global"]["train/lb"], rel=1e-6)
