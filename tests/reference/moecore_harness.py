@@ -161,6 +161,22 @@ def run_moecore(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProc
     return proc
 
 
+def prepare_token_files(root: Path, seed: int, documents: int, vocab_size: int = 300) -> Path:
+    """A random corpus of `documents` lines of small words, a byte-level BPE of vocab_size trained
+    on it and `moecore prepare`'s token files of all of it (no validation part): the tokens'
+    directory (train/ and meta.json)."""
+    rng = np.random.default_rng(seed)
+    words = "in the beginning god created heaven and earth light darkness waters day night".split()
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(3, 25)))
+                                for _ in range(documents)) + "\n")
+    tok = root / "tokenizer.json"
+    run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", vocab_size, "--out", tok)
+    run_moecore("prepare", "--tokenizer", tok, "--input", corpus, "--out", root / "tokens",
+                "--val-fraction", "0")
+    return root / "tokens"
+
+
 # `mpirun` as root on an oversubscribed machine (CI's two cores), one OpenMP thread per rank.
 MPI_ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1",

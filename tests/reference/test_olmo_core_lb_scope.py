@@ -50,15 +50,7 @@ MODEL = dict(
 def run_dir(moecore_bin, tmp_path_factory):
     """Token files, the config and moecore's initial weights."""
     root = tmp_path_factory.mktemp("lb_scope")
-    rng = np.random.default_rng(3)
-    words = "in the beginning god created heaven and earth light darkness waters day night".split()
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(3, 25)))
-                                for _ in range(200)) + "\n")
-    tok = root / "tokenizer.json"
-    H.run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", 300, "--out", tok)
-    H.run_moecore("prepare", "--tokenizer", tok, "--input", corpus, "--out", root / "tokens",
-                  "--val-fraction", "0")
+    H.prepare_token_files(root, seed=3, documents=200)
     cfg = H.write_config(
         root / "run.toml", MODEL, optim={"lr": 1e-3, "warmup_steps": 0, "schedule": "constant",
                                          "max_grad_norm": 1.0},

@@ -59,15 +59,7 @@ OPTIM = dict(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1, max_gra
 def run(moecore_bin, tmp_path_factory):
     """Token files, the config, moecore's initial weights and its two-rank run."""
     root = tmp_path_factory.mktemp("olmo_run")
-    rng = np.random.default_rng(11)
-    words = "in the beginning god created heaven and earth light darkness waters day night".split()
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(3, 25)))
-                                for _ in range(300)) + "\n")
-    tok = root / "tokenizer.json"
-    H.run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", 300, "--out", tok)
-    H.run_moecore("prepare", "--tokenizer", tok, "--input", corpus, "--out", root / "tokens",
-                  "--val-fraction", "0")
+    H.prepare_token_files(root, seed=11, documents=300)
     out = root / "out"
     cfg = H.write_config(
         root / "run.toml", MODEL, optim=OPTIM,
