@@ -15,7 +15,8 @@ targets but each instance's last), where moecore's per-micro-batch divisor equal
 per-step one (README: loss_normalizer). lb_loss_scope = "global" (OLMo-core's
 global_load_balancing=True) is shown to give another loss and norm, so the comparison can fail.
 
-Tolerance: rel 1e-5 on each value, the scalar form of moecore_harness.TOL (1e-4 on tensors): fp32
+The routers' top-k margins are checked to be > 1e-5 (init_std 0.1 for that): no near-tie that
+fp32 rounding could flip. Tolerance: rel 1e-5 on each value, the scalar form of moecore_harness.TOL (1e-4 on tensors): fp32
 passes summed in other orders (two processes and MPI against one PyTorch process).
 """
 
@@ -32,7 +33,8 @@ import ref_model
 
 pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
 
-from test_olmo_core_oracle import cpu_kernels, olmo_core_model, olmo_core_state, hf_gradients  # noqa: E402,F401
+from test_olmo_core_oracle import (cpu_kernels, hf_gradients, olmo_core_model,  # noqa: E402,F401
+                                  olmo_core_state, watch_routing_margins)
 
 SEQ, BATCH, MICRO, RANKS = 12, 4, 2, 2
 TOL = 1e-5
@@ -56,7 +58,7 @@ def run_dir(moecore_bin, tmp_path_factory):
                                          "max_grad_norm": 1.0},
         data={"train": [str(root / "tokens" / "train")], "order": "olmo-core"},
         train={"seq_len": SEQ, "batch_size": BATCH, "microbatches": MICRO, "max_steps": 1,
-               "seed": 4, "init_seed": 0, "threads": 1, "log_every": 1, "eval_every": 0,
+               "seed": 4, "init_seed": 0, "init_std": 0.1, "threads": 1, "log_every": 1, "eval_every": 0,
                "save_every": 0, "sample_tokens": 0})
     weights = root / "init.safetensors"
     H.run_moecore("init", "--config", cfg, "--seed", 0, "--out", weights)
@@ -88,6 +90,8 @@ def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
     missing, unexpected = model.load_state_dict(olmo_core_state(params, MODEL), strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     model.train()
+    margins = []
+    watch_routing_margins(model, MODEL, margins)
     per_micro = BATCH // RANKS // MICRO
     labels_per_instance = SEQ - 1
     # The train module's loss_div_factor: the step's labels over all ranks, over the dp size.
@@ -103,6 +107,7 @@ def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
             out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div)
             out.loss.backward()  # the routers' scaled losses ride along (attach_auxiliary_loss)
             ce += float(out.ce_loss)
+    assert min(margins) > 1e-5, f"routing near-tie: {min(margins):.2e}"
     # The routers add up their losses over the passes until their metrics are read and reset.
     lb = float(sum(r.load_balancing_loss for r in routers))
     z = float(sum(r.z_loss for r in routers))

@@ -278,6 +278,24 @@ def hf_gradients(model, cfg: dict) -> dict:
     return out
 
 
+def watch_routing_margins(model, cfg: dict, margins: list):
+    """Hooks on OLMo-core's softmax routers that append each pass's smallest top-k margin (the
+    k-th score less the (k+1)-th over its tokens) to `margins`; returns the hook handles. A margin
+    near 0 is a near-tie that fp32 rounding elsewhere could flip: a comparison across it would be
+    ill-posed, not the engine wrong."""
+    c = ref_model.full_config(cfg)
+    assert c["router_score"] == "softmax", c["router_score"]
+
+    def hook(router, args, _out):
+        x = args[0].detach().reshape(-1, c["hidden_size"])
+        probs = (x @ router.weight.detach().view(c["num_experts"], -1).t()).softmax(-1)
+        top = probs.topk(c["num_experts_per_tok"] + 1, dim=-1).values
+        margins.append(float((top[:, -2] - top[:, -1]).min()))
+
+    return [b.routed_experts_router.register_forward_hook(hook) for b in model.blocks.values()
+            if b.routed_experts_router is not None]
+
+
 def olmo_core_debug_state(cfg: dict, layout: str, params: dict, x, y,
                           z_loss_multiplier: float | None = None) -> dict:
     """What `moecore debug-state` writes, computed by OLMo-core's model. z_loss_multiplier: its LM

@@ -38,7 +38,8 @@ pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not insta
 
 from olmo_core.optim.scheduler import CosWithWarmup  # noqa: E402
 
-from test_olmo_core_oracle import cpu_kernels, hf_gradients, olmo_core_model, olmo_core_state  # noqa: E402,F401
+from test_olmo_core_oracle import (cpu_kernels, hf_gradients, olmo_core_model,  # noqa: E402,F401
+                                  olmo_core_state, watch_routing_margins)
 
 SEQ, BATCH, MICRO, RANKS, STEPS = 12, 8, 2, 2, 6
 LM_Z = 1e-3
@@ -120,14 +121,7 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path):
     scheduler = CosWithWarmup(warmup=OPTIM["warmup_steps"], alpha_f=OPTIM["min_lr_ratio"])
     routers = [b.routed_experts_router for b in model.blocks.values()]
     margins = []
-
-    def margin_hook(router, args, _out):
-        x = args[0].detach().reshape(-1, MODEL["hidden_size"])
-        probs = (x @ router.weight.detach().view(MODEL["num_experts"], -1).t()).softmax(-1)
-        top = probs.topk(MODEL["num_experts_per_tok"] + 1, dim=-1).values
-        margins.append(float((top[:, -2] - top[:, -1]).min()))
-
-    hooks = [r.register_forward_hook(margin_hook) for r in routers]
+    hooks = watch_routing_margins(model, MODEL, margins)
     labels = BATCH * (SEQ - 1)  # every target counts but each instance's last
     div = torch.tensor(float(labels) / RANKS)
     per_micro = BATCH // RANKS // MICRO
