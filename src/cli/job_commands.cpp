@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 
 #include "cli/distinct_paths.h"
@@ -196,8 +197,8 @@ void run_data_order(const DataOrderArgs& args) {
   std::vector<int32_t> tokens, targets;
   for (int64_t step = 0; step < args.steps; ++step)
     for (int64_t micro = 0; micro < tc.microbatches; ++micro) {
-      const std::vector<int64_t> indices = loader.next_indices(rows);
-      loader.next_batch(rows, tokens, targets);  // as the trainer reads it: the cursor moves
+      // As the trainer reads it.
+      const std::span<const int64_t> indices = loader.next_batch(rows, tokens, targets);
       for (int64_t rank = 0; rank < args.dp; ++rank)
         for (int64_t j = 0; j < per_rank; ++j)
           order[static_cast<size_t>((step * args.dp + rank) * rank_batch + micro * per_rank + j)] =

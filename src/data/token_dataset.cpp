@@ -321,34 +321,30 @@ DataLoader::DataLoader(const TokenDataset& dataset, InstanceOrder order, uint64_
   MOE_CHECK(dp_ranks >= 1, "[data] data-parallel ranks must be positive, got {}", dp_ranks);
 }
 
-std::vector<int64_t> DataLoader::next_indices(int64_t batch) {
+std::span<const int64_t> DataLoader::next_batch(int64_t batch, std::vector<int32_t>& tokens,
+                                                std::vector<int32_t>& targets) {
   MOE_CHECK(batch >= 1, "[data] batch size must be positive, got {}", batch);
   MOE_CHECK(batch % dp_ranks_ == 0, "[data] a batch of {} rows does not split over {} ranks", batch,
             dp_ranks_);
   const int64_t per_rank = batch / dp_ranks_;
   const bool round_robin = order_.rule() == OrderRule::kOlmoCore;
-  std::vector<int64_t> indices(static_cast<size_t>(batch));
+  rows_.resize(static_cast<size_t>(batch));
   for (int64_t rank = 0; rank < dp_ranks_; ++rank)
     for (int64_t j = 0; j < per_rank; ++j) {
       const int64_t position = round_robin ? rank + dp_ranks_ * j : rank * per_rank + j;
-      indices[static_cast<size_t>(rank * per_rank + j)] =
+      rows_[static_cast<size_t>(rank * per_rank + j)] =
           order_.instance_at(cursor_ + static_cast<uint64_t>(position));
     }
-  return indices;
-}
-
-void DataLoader::next_batch(int64_t batch, std::vector<int32_t>& tokens,
-                            std::vector<int32_t>& targets) {
-  const std::vector<int64_t> indices = next_indices(batch);
   const int64_t T = dataset_->seq_len();
   tokens.resize(static_cast<size_t>(batch * T));
   targets.resize(static_cast<size_t>(batch * T));
   for (int64_t b = 0; b < batch; ++b)
-    dataset_->read_example(indices[static_cast<size_t>(b)], tokens.data() + b * T,
+    dataset_->read_example(rows_[static_cast<size_t>(b)], tokens.data() + b * T,
                            targets.data() + b * T);
   // Only a complete batch moves the cursor, so a failed read can be retried or reported without
   // skipping data.
   cursor_ += static_cast<uint64_t>(batch);
+  return rows_;
 }
 
 // ---- ValidationBatches -----------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -119,12 +120,11 @@ class DataLoader {
   DataLoader(const TokenDataset& dataset, InstanceOrder order, uint64_t cursor = 0,
              int64_t dp_ranks = 1);
 
-  // The instance each of the next `batch` rows holds, in row order; the cursor does not move.
-  std::vector<int64_t> next_indices(int64_t batch);
-
   // Fills tokens and targets, resized to [batch, seq_len] row-major, with the next `batch`
   // instances (crossing into the next epoch's order when needed) and advances the cursor.
-  void next_batch(int64_t batch, std::vector<int32_t>& tokens, std::vector<int32_t>& targets);
+  // Returns the instance each row holds, valid until the next call.
+  std::span<const int64_t> next_batch(int64_t batch, std::vector<int32_t>& tokens,
+                                      std::vector<int32_t>& targets);
 
   uint64_t cursor() const { return cursor_; }
   uint64_t epoch() const { return order_.epoch_of(cursor_); }
@@ -135,6 +135,7 @@ class DataLoader {
   InstanceOrder order_;
   uint64_t cursor_;
   int64_t dp_ranks_;
+  std::vector<int64_t> rows_;  // the last batch's instances, kept: no allocation per batch
 };
 
 // Validation batches: the first `max_instances` instances in file order (all of them when

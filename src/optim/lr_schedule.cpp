@@ -8,11 +8,11 @@ namespace moecore {
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
-  // InvSqrtWithWarmup;
-  // warmup_min_lr 0, alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio) at t = step
-  // + 1: OLMo-core's trainer counts the first update as step 1 and asks its scheduler for that
-  // step's rate. So the warm-up's last update has the peak rate and the run's last update the
-  // final one, lr * min_lr_ratio. Each formula in OLMo-core's order of operations.
+  // InvSqrtWithWarmup; warmup_min_lr 0, alpha_f = min_lr_ratio, WSD's decay_min_lr = lr *
+  // min_lr_ratio) at t = step + 1: OLMo-core's trainer counts the first update as step 1 and asks
+  // its scheduler for that step's rate. So the warm-up's last update has the peak rate and the
+  // run's last update the final one, lr * min_lr_ratio. Each formula in OLMo-core's order of
+  // operations.
   const int64_t t = step + 1;
   const int64_t warmup = warmup_updates(c, total_steps);
   // WSD and ConstantWithWarmup warm up through t == warmup ((lr w) / w there, which may be an ulp

@@ -220,13 +220,12 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
   // restarts it by tokens; not ported).
   if (config.data.order == data::OrderRule::kOlmoCore &&
       start.saved_config->data.order == data::OrderRule::kOlmoCore)
-    for (const char* key : {"train.batch_size", "train.seq_len"})
-      for (const ConfigChange& change : changes)
-        MOE_CHECK(change.key != key,
-                  "[train] --resume: {} {} under data.order = \"olmo-core\", whose epochs are "
-                  "whole global batches of the instances: the saved data position would fall in "
-                  "another epoch; keep {} or start a new run",
-                  key, describe(change), key);
+    for (const ConfigChange& change : changes)
+      MOE_CHECK(change.key != "train.batch_size" && change.key != "train.seq_len",
+                "[train] --resume: {} under data.order = \"olmo-core\", whose epochs are whole "
+                "global batches of the instances: the saved data position would fall in another "
+                "epoch; keep {} or start a new run",
+                describe(change), change.key);
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
@@ -420,8 +419,8 @@ void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
   ctx.optimizer.step(ctx.params, grads, factors, scratch);
   // Auxiliary-loss-free balancing: each chunk's tally is the global batch's (summed over dp with
   // the batch statistics, or under lb_loss_scope "rank" by update_router_bias), so every rank
-  // applies the same update to its copy. The
-  // chunks' bf16 weight copies are remade at the next forward, once for the whole step.
+  // applies the same update to its copy. The chunks' bf16 weight copies are remade at the next
+  // forward, once for the whole step.
   for (Transformer* chunk : ctx.chunks) {
     chunk->update_router_bias(ctx.params, factors);
     chunk->weights_changed();

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -370,21 +371,23 @@ TEST_F(TokenDatasetTest, OlmoCoreOrderDealsABatchToRanksRoundRobin) {
   DataLoader loader(ds, order(), 0, /*dp_ranks=*/2);
   const std::vector<int64_t> epoch0 = order().permutation(0);
   const auto at = [&](size_t position) { return epoch0[position]; };
-  EXPECT_EQ(loader.next_indices(4), (std::vector<int64_t>{at(0), at(2), at(1), at(3)}));
   std::vector<int32_t> tokens, targets;
-  loader.next_batch(4, tokens, targets);
+  const auto rows = [&](DataLoader& l) {
+    const std::span<const int64_t> read = l.next_batch(4, tokens, targets);
+    return std::vector<int64_t>(read.begin(), read.end());
+  };
+  EXPECT_EQ(rows(loader), (std::vector<int64_t>{at(0), at(2), at(1), at(3)}));
   EXPECT_EQ(tokens[2], at(2) * 2);  // row 1: rank 0's second instance
-  EXPECT_EQ(loader.next_indices(4), (std::vector<int64_t>{at(4), at(6), at(5), at(7)}));
-  loader.next_batch(4, tokens, targets);
+  EXPECT_EQ(rows(loader), (std::vector<int64_t>{at(4), at(6), at(5), at(7)}));
   // The epoch ends after 8: the next batch is epoch 1's (1-based 2) start.
   const std::vector<int64_t> epoch1 = order().permutation(1);
-  EXPECT_EQ(loader.next_indices(4),
-            (std::vector<int64_t>{epoch1[0], epoch1[2], epoch1[1], epoch1[3]}));
+  EXPECT_EQ(rows(loader), (std::vector<int64_t>{epoch1[0], epoch1[2], epoch1[1], epoch1[3]}));
   // One rank: rows follow the order.
   DataLoader single(ds, order());
-  EXPECT_EQ(single.next_indices(4), (std::vector<int64_t>{at(0), at(1), at(2), at(3)}));
-  // A batch that does not split over the ranks is refused.
-  EXPECT_THROW(loader.next_indices(3), Error);
+  EXPECT_EQ(rows(single), (std::vector<int64_t>{at(0), at(1), at(2), at(3)}));
+  // A batch that does not split over the ranks is refused, the cursor left where it was.
+  EXPECT_THROW(loader.next_batch(3, tokens, targets), Error);
+  EXPECT_EQ(loader.cursor(), 12u);
 }
 
 TEST_F(TokenDatasetTest, ValidationBatchesAreTheFirstInstancesInFileOrder) {

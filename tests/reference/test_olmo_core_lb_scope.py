@@ -24,17 +24,16 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import moecore_harness as H
-import ref_model
 
 pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
 
-from test_olmo_core_oracle import (cpu_kernels, hf_gradients, olmo_core_model,  # noqa: E402,F401
-                                  olmo_core_state, watch_routing_margins)
+from test_olmo_core_oracle import (cpu_kernels, hf_gradients, moecore_rank_instances,  # noqa: E402,F401
+                                  olmo_core_model, olmo_core_state, olmo_core_train_passes,
+                                  watch_routing_margins)
 
 SEQ, BATCH, MICRO, RANKS = 12, 4, 2, 2
 TOL = 1e-5
@@ -78,13 +77,8 @@ def moecore_step(root: Path, cfg: Path, scope: str) -> dict:
 
 def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
     """OLMo-core's train module and DDP over RANKS ranks, in one process."""
-    order = root / "order.npy"
-    H.run_moecore("data", "order", cfg, "--steps", 1, "--dp", RANKS, "--out", order)
-    ranks = np.load(order)[0]  # [RANKS, BATCH / RANKS]: each rank's instances, in order
-    instances = root / "instances.npy"
-    H.run_moecore("data", "instances", "--data", root / "tokens" / "train", "--seq-len", SEQ,
-                  "--vocab-size", MODEL["vocab_size"], "--out", instances)
-    tokens = np.load(instances)
+    # [RANKS, BATCH / RANKS, SEQ]: each rank's instances, in order
+    instances = moecore_rank_instances(cfg, root / "tokens", 1, RANKS, SEQ, MODEL["vocab_size"])[0]
     model = olmo_core_model(MODEL, "pre")
     params = H.load_tensors(weights)
     missing, unexpected = model.load_state_dict(olmo_core_state(params, MODEL), strict=False)
@@ -92,21 +86,10 @@ def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
     model.train()
     margins = []
     watch_routing_margins(model, MODEL, margins)
-    per_micro = BATCH // RANKS // MICRO
-    labels_per_instance = SEQ - 1
     # The train module's loss_div_factor: the step's labels over all ranks, over the dp size.
-    div = torch.tensor(float(BATCH * labels_per_instance) / RANKS)
-    ce = 0.0
+    div = torch.tensor(float(BATCH * (SEQ - 1)) / RANKS)
     routers = [b.routed_experts_router for b in model.blocks.values()]
-    for rank in range(RANKS):
-        for m in range(MICRO):
-            rows = tokens[ranks[rank, m * per_micro:(m + 1) * per_micro]]
-            x = torch.as_tensor(rows).long()
-            y = torch.full_like(x, ref_model.IGNORE_INDEX)
-            y[:, :-1] = x[:, 1:]
-            out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div)
-            out.loss.backward()  # the routers' scaled losses ride along (attach_auxiliary_loss)
-            ce += float(out.ce_loss)
+    ce = sum(float(out.ce_loss) for out in olmo_core_train_passes(model, instances, MICRO, div))
     assert min(margins) > 1e-5, f"routing near-tie: {min(margins):.2e}"
     # The routers add up their losses over the passes until their metrics are read and reset.
     lb = float(sum(r.load_balancing_loss for r in routers))

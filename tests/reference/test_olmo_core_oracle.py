@@ -26,6 +26,8 @@ renormalised per token) are cases too.
 Needs ai2-olmo-core (pinned in requirements.txt; it requires torch >= 2.10): skips without it.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -294,6 +296,37 @@ def watch_routing_margins(model, cfg: dict, margins: list):
 
     return [b.routed_experts_router.register_forward_hook(hook) for b in model.blocks.values()
             if b.routed_experts_router is not None]
+
+
+def moecore_rank_instances(cfg_path, tokens_dir, steps: int, ranks: int, seq: int, vocab: int):
+    """What each of `ranks` data-parallel ranks of the config's run reads in its first `steps`
+    steps (`moecore data order`): [steps, ranks, instances per rank] token ids [.., seq]."""
+    work = Path(cfg_path).parent
+    order, instances = work / "order.npy", work / "instances.npy"
+    H.run_moecore("data", "order", cfg_path, "--steps", steps, "--dp", ranks, "--out", order)
+    H.run_moecore("data", "instances", "--data", Path(tokens_dir) / "train", "--seq-len", seq,
+                  "--vocab-size", vocab, "--out", instances)
+    return np.load(instances)[np.load(order)]
+
+
+def olmo_core_train_passes(model, rank_instances, micro: int, div, z_loss_multiplier=None):
+    """One step of OLMo-core's train module on every rank, in one process: each rank's instances
+    [ranks, rows, seq] cut into `micro` micro-batches in order, labels shifted with the last
+    ignored, each pass's loss summed with loss_div_factor = div and back-propagated (the routers'
+    scaled losses ride along: attach_auxiliary_loss); gradients accumulate over every pass (DDP's
+    mean over the ranks is the caller's). Returns the passes' outputs."""
+    outputs = []
+    per_micro = rank_instances.shape[1] // micro
+    for rows in rank_instances:
+        for m in range(micro):
+            x = torch.as_tensor(rows[m * per_micro:(m + 1) * per_micro]).long()
+            y = torch.full_like(x, ref_model.IGNORE_INDEX)
+            y[:, :-1] = x[:, 1:]
+            out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div,
+                        z_loss_multiplier=z_loss_multiplier)
+            out.loss.backward()
+            outputs.append(out)
+    return outputs
 
 
 def olmo_core_debug_state(cfg: dict, layout: str, params: dict, x, y,

@@ -27,19 +27,18 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import moecore_harness as H
-import ref_model
 
 pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
 
 from olmo_core.optim.scheduler import CosWithWarmup  # noqa: E402
 
-from test_olmo_core_oracle import (cpu_kernels, hf_gradients, olmo_core_model,  # noqa: E402,F401
-                                  olmo_core_state, watch_routing_margins)
+from test_olmo_core_oracle import (cpu_kernels, hf_gradients, moecore_rank_instances,  # noqa: E402,F401
+                                  olmo_core_model, olmo_core_state, olmo_core_train_passes,
+                                  watch_routing_margins)
 
 SEQ, BATCH, MICRO, RANKS, STEPS = 12, 8, 2, 2, 6
 LM_Z = 1e-3
@@ -99,13 +98,8 @@ def moecore_final_weights(out: Path) -> dict:
 
 
 def olmo_core_run(root: Path, cfg: Path, weights: Path):
-    order = root / "order.npy"
-    H.run_moecore("data", "order", cfg, "--steps", STEPS, "--dp", RANKS, "--out", order)
-    order = np.load(order)  # [STEPS, RANKS, BATCH / RANKS]
-    instances = root / "instances.npy"
-    H.run_moecore("data", "instances", "--data", root / "tokens" / "train", "--seq-len", SEQ,
-                  "--vocab-size", MODEL["vocab_size"], "--out", instances)
-    tokens = np.load(instances)
+    # [STEPS, RANKS, BATCH / RANKS, SEQ]: each rank's instances, step by step
+    instances = moecore_rank_instances(cfg, root / "tokens", STEPS, RANKS, SEQ, MODEL["vocab_size"])
 
     model = olmo_core_model(MODEL, "reordered")
     missing, unexpected = model.load_state_dict(olmo_core_state(H.load_tensors(weights), MODEL),
@@ -124,7 +118,6 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path):
     hooks = watch_routing_margins(model, MODEL, margins)
     labels = BATCH * (SEQ - 1)  # every target counts but each instance's last
     div = torch.tensor(float(labels) / RANKS)
-    per_micro = BATCH // RANKS // MICRO
     rows = []
     for step in range(STEPS):
         lr = OPTIM["lr"] * float(scheduler.get_lr(1.0, step + 1, STEPS))
@@ -133,17 +126,9 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path):
         opt.zero_grad(set_to_none=True)
         for r in routers:
             r.reset_metrics()
-        ce = lm_z = 0.0
-        for rank in range(RANKS):
-            for m in range(MICRO):
-                x = torch.as_tensor(tokens[order[step, rank, m * per_micro:(m + 1) * per_micro]]).long()
-                y = torch.full_like(x, ref_model.IGNORE_INDEX)
-                y[:, :-1] = x[:, 1:]
-                out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div,
-                            z_loss_multiplier=LM_Z)
-                out.loss.backward()
-                ce += float(out.ce_loss)
-                lm_z += float(out.z_loss) / LM_Z
+        passes = olmo_core_train_passes(model, instances[step], MICRO, div, z_loss_multiplier=LM_Z)
+        ce = sum(float(out.ce_loss) for out in passes)
+        lm_z = sum(float(out.z_loss) for out in passes) / LM_Z
         for p in params.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
