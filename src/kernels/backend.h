@@ -46,6 +46,7 @@ struct KernelBackend {
   decltype(&kernels::router_topk_backward) router_topk_backward;
   decltype(&kernels::router_z_loss) router_z_loss;
   decltype(&kernels::router_probability_column_sums) router_probability_column_sums;
+  decltype(&kernels::route_counts_by_group) route_counts_by_group;
   decltype(&kernels::moe_loss_terms) moe_loss_terms;
   decltype(&kernels::router_bias_update) router_bias_update;
   decltype(&kernels::grouped_gemm_forward) grouped_gemm_forward;

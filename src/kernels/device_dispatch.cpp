@@ -267,6 +267,12 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
                        {logits, scores, column_sums}, logits, scores, probability, column_sums);
 }
 
+void route_counts_by_group(ConstTensorView topk_index, TensorView counts) {
+  return run_on_device("route_counts_by_group", &cpu::route_counts_by_group,
+                       &KernelBackend::route_counts_by_group, {topk_index, counts}, topk_index,
+                       counts);
+}
+
 void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
                     ConstTensorView head_losses, const MoeLossOptions& options, TensorView losses,
                     TensorView lb_score_grad, TensorView route_tally) {

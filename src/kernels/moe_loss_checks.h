@@ -9,27 +9,36 @@
 namespace moecore::kernels {
 
 struct MoeLossDims {
-  int64_t layers, experts, head_chunks;
+  int64_t layers, experts, groups, head_chunks;
 };
 
-// route_counts [L, E], router_sums [L, E + 1], head_losses [C, kHeadLosses], losses [kLossParts],
-// lb_score_grad [L, E], route_tally [L, E] or not given; the dtypes of kernels/ops.h; normalisers
-// >= 0.
+// G = o.lb_groups: route_counts [L, G E], router_sums [L, G E + 1], head_losses [C, kHeadLosses],
+// losses [kLossParts], lb_score_grad [L, G E], route_tally [L, E] or not given; the dtypes of
+// kernels/ops.h; normalisers >= 0; G >= 1, 1 for lb_over_all_layers.
 inline MoeLossDims moe_loss_dims(const char* op, ConstTensorView route_counts,
                                  ConstTensorView router_sums, ConstTensorView head_losses,
                                  const MoeLossOptions& o, ConstTensorView losses,
                                  ConstTensorView lb_score_grad, ConstTensorView route_tally,
                                  Device device = Device::kCpu) {
-  MOE_CHECK(route_counts.rank() == 2, "[{}] route_counts must be [L, E], got rank {}", op,
+  MOE_CHECK(route_counts.rank() == 2, "[{}] route_counts must be [L, G E], got rank {}", op,
             route_counts.rank());
   MOE_CHECK(head_losses.rank() == 2, "[{}] head_losses must be [C, {}], got rank {}", op,
             kHeadLosses, head_losses.rank());
-  const MoeLossDims d{route_counts.size(0), route_counts.size(1), head_losses.size(0)};
-  expect_shape(op, "route_counts", route_counts, {d.layers, d.experts}, device);
-  expect_shape(op, "router_sums", router_sums, {d.layers, d.experts + 1}, device);
+  MOE_CHECK(o.lb_groups >= 1, "[{}] lb_groups={} must be positive", op, o.lb_groups);
+  MOE_CHECK(o.lb_groups == 1 || !o.lb_over_all_layers,
+            "[{}] the load-balancing loss over all layers has one group of tokens, got {}", op,
+            o.lb_groups);
+  const int64_t row = route_counts.size(1);
+  MOE_CHECK(row % o.lb_groups == 0,
+            "[{}] route_counts has {} values per layer, not a row of experts for each of {} "
+            "groups",
+            op, row, o.lb_groups);
+  const MoeLossDims d{route_counts.size(0), row / o.lb_groups, o.lb_groups, head_losses.size(0)};
+  expect_shape(op, "route_counts", route_counts, {d.layers, row}, device);
+  expect_shape(op, "router_sums", router_sums, {d.layers, row + 1}, device);
   expect_shape(op, "head_losses", head_losses, {d.head_chunks, kHeadLosses}, device);
   expect_shape(op, "losses", losses, {kLossParts}, device);
-  expect_shape(op, "lb_score_grad", lb_score_grad, {d.layers, d.experts}, device);
+  expect_shape(op, "lb_score_grad", lb_score_grad, {d.layers, row}, device);
   if (view_given(route_tally))
     expect_shape(op, "route_tally", route_tally, {d.layers, d.experts}, device);
   MOE_CHECK(route_counts.dtype() == DType::kI64, "[{}] route_counts must be i64, got {}", op,

@@ -58,7 +58,9 @@ struct RouterTopkOptions {
 };
 
 // Gradients of the router's losses with respect to the probabilities they read:
-// lb_score_grad [E] is added to dL/dp[t, e] for every token t, p being softmax(logits) when
+// lb_score_grad [E] is added to dL/dp[t, e] for every token t, or [G, E]: row t / (N / G) to
+// token t's (G equal groups of consecutive tokens, G dividing N: a load-balancing loss per
+// instance, model.lb_loss_granularity = "instance"), p being softmax(logits) when
 // lb_uses_softmax, else the scores (a sigmoid router's divided by their row sum first); an empty
 // view: no load-balancing term. The z-loss adds z_grad_scale * d(sum_t lse_t^2)/dlogits.
 struct RouterLossGrads {
@@ -83,9 +85,14 @@ struct MoeLossOptions {
   int64_t top_k = 1;
   double router_loss_div = 0.0;  // f_e's and the z-loss's normaliser: counted labels or tokens
   double tokens = 0.0;  // tokens P_e is the mean over: the global micro-batch's (the rank's own
-                        // under lb_loss_scope "rank", its statistics the rank's)
+                        // under lb_loss_scope "rank" or instance granularity, its statistics
+                        // the rank's), tokens / lb_groups per group
   double z_rows = 0.0;  // tokens behind each rank's mean logsumexp^2 (its micro-batch's)
   double aux_loss_coef = 0.0;  // model.router_aux_loss_coef, a factor of lb_score_grad
+  // The groups of equal size P_e and f_e are per (lb_loss_granularity "instance": the
+  // instances; 1: the tokens together): route_counts, router_sums and lb_score_grad hold a row
+  // of E per group, each group's P_e the mean over its tokens / lb_groups tokens.
+  int64_t lb_groups = 1;
 };
 
 // The scalars of step_decision: the clipping threshold, the step guard's limits (train/

@@ -47,6 +47,45 @@ inline void expect_router_outputs(const char* op, const RouterDims& s, int64_t k
             dtype_name(expert_counts.dtype()));
 }
 
+// A view per group of tokens (lb_score_grad, column_sums, the groups' counts): [E] is one group
+// of all N tokens, [G, E] G equal groups of consecutive tokens, G >= 1 dividing N. Returns G.
+template <bool kMutable>
+int64_t token_groups(const char* op, const char* name, const BasicTensorView<kMutable>& v,
+                     int64_t tokens, int64_t experts, Device device = Device::kCpu) {
+  MOE_CHECK(v.rank() == 1 || v.rank() == 2, "[{}] {} must be [E] or [G, E], got rank {}", op, name,
+            v.rank());
+  if (v.rank() == 1) {
+    expect_shape(op, name, v, {experts}, device);
+    return 1;
+  }
+  const int64_t groups = v.size(0);
+  MOE_CHECK(groups >= 1 && tokens % groups == 0,
+            "[{}] {} has {} groups of tokens, which do not divide {} tokens", op, name, groups,
+            tokens);
+  expect_shape(op, name, v, {groups, experts}, device);
+  return groups;
+}
+
+// route_counts_by_group's views: topk_index [N, k] i32, counts [G, E] i64 (E >= 1, G >= 1
+// dividing N).
+struct GroupCountDims {
+  int64_t tokens, top_k, groups, experts;
+};
+inline GroupCountDims group_count_dims(const char* op, ConstTensorView topk_index,
+                                       ConstTensorView counts, Device device = Device::kCpu) {
+  MOE_CHECK(topk_index.rank() == 2, "[{}] topk_index must be [N, k], got rank {}", op,
+            topk_index.rank());
+  MOE_CHECK(counts.rank() == 2, "[{}] counts must be [G, E], got rank {}", op, counts.rank());
+  const GroupCountDims d{topk_index.size(0), topk_index.size(1), counts.size(0), counts.size(1)};
+  expect_shape(op, "topk_index", topk_index, {d.tokens, d.top_k}, device);
+  MOE_CHECK(d.experts >= 1, "[{}] counts has {} experts, expected at least one", op, d.experts);
+  token_groups(op, "counts", counts, d.tokens, d.experts, device);
+  MOE_CHECK(topk_index.dtype() == DType::kI32 && counts.dtype() == DType::kI64,
+            "[{}] topk_index must be i32 and counts i64, got {} and {}", op,
+            dtype_name(topk_index.dtype()), dtype_name(counts.dtype()));
+  return d;
+}
+
 // order_routes_by_expert's views: topk_index [N, k] i32, dst_row [N * k] i32, expert_offsets
 // [experts + 1] i64, experts >= 1 and N * k rows an i32 can number. Returns N * k.
 inline int64_t expect_route_order_views(const char* op, ConstTensorView topk_index, int64_t experts,

@@ -113,6 +113,10 @@ void ModelConfig::validate() const {
   // not add up to a loss of the global batch.
   MOE_CHECK(lb_loss_scope == LbLossScope::kGlobal || lb_loss_style == LbLossStyle::kOlmoCore,
             "[config] model.lb_loss_scope=\"rank\" needs model.lb_loss_style=\"olmo-core\"");
+  MOE_CHECK(lb_loss_granularity == LbLossGranularity::kLocalBatch ||
+                lb_loss_style == LbLossStyle::kOlmoCore,
+            "[config] model.lb_loss_granularity=\"instance\" needs "
+            "model.lb_loss_style=\"olmo-core\"");
 }
 
 }  // namespace moecore

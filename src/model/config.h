@@ -23,6 +23,13 @@ enum class LossNormalizer { kTokens, kLabels };
 // each rank's own routes against its own mean scores, the ranks' losses added (OLMo-core's
 // default, global_load_balancing = False, lb_loss_granularity local_batch). One rank: the same.
 enum class LbLossScope { kGlobal, kRank };
+// Which tokens each (OLMo-core form of the) load-balancing term weighs routes against mean scores
+// over (OLMo-core's lb_loss_granularity). local_batch: the micro-batch's tokens together, on each
+// rank or over the group as lb_loss_scope says. instance: each instance (sequence) alone, its
+// routes against its own mean scores, the instances' terms added (OLMo-core's MoE-v2 Qwen and
+// GPT-OSS presets). An instance's term is the same on whichever rank it is, so lb_loss_scope does
+// not apply to it.
+enum class LbLossGranularity { kLocalBatch, kInstance };
 // pre: x + attn(norm(x)), then h + ffn(norm(h)) (HF OLMoE, Qwen3-MoE). reordered: OLMo-2's
 // x + norm(attn(x)), then h + norm(ffn(h)), no norm before the sublayers (OLMo-core's MoE presets,
 // HF FlexOlmo).
@@ -63,6 +70,7 @@ struct ModelConfig {
   BlockNorm block_norm = BlockNorm::kPre;
   LossNormalizer loss_normalizer = LossNormalizer::kTokens;
   LbLossScope lb_loss_scope = LbLossScope::kGlobal;
+  LbLossGranularity lb_loss_granularity = LbLossGranularity::kLocalBatch;
   // Group-limited top-k (DeepSeek-V3): experts form n_group equal groups, each token keeps the
   // topk_group groups with the highest sum of their top-2 selection scores and picks its k experts
   // inside them. n_group = 1: plain top-k.
@@ -78,6 +86,12 @@ struct ModelConfig {
   int64_t kv_size() const { return num_key_value_heads * head_size(); }
   bool layer_is_dense(int64_t layer) const { return layer < first_k_dense_replace; }
   bool has_router_bias() const { return router_bias_update_rate > 0.0; }
+  // Whether each rank makes its load-balancing terms of its own routes and scores (and the
+  // selection bias sums the ranks' route tallies): lb_loss_scope "rank", or instance granularity.
+  bool lb_terms_per_rank() const {
+    return lb_loss_scope == LbLossScope::kRank ||
+           lb_loss_granularity == LbLossGranularity::kInstance;
+  }
 
   // Throws moecore::Error naming the first inconsistency.
   void validate() const;

@@ -89,8 +89,8 @@ void MoeBlock::forward(const MoeWeights& w, const float* x, int64_t tokens, floa
 }
 
 void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x, const float* dy,
-                        const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
-                        float z_grad_scale, float* dx, Workspace& workspace) const {
+                        const MoeCache& cache, const RouterLossGradients& losses, float* dx,
+                        Workspace& workspace) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, k = c.num_experts_per_tok;
   const int64_t tokens = cache.router_shape.tokens, routes = tokens * k;
@@ -136,9 +136,8 @@ void MoeBlock::backward(const MoeWeights& w, const MoeGrads& dw, const float* x,
   }
 
   timer.switch_to(Phase::kRouterBackward);
-  router_backward(cache.router_shape, x, w.router, cache.router,
-                  {d_weight.data(), lb_score_grad, lb_uses_softmax, z_grad_scale}, dx, dw.router,
-                  workspace);
+  router_backward(cache.router_shape, x, w.router, cache.router, {d_weight.data(), losses}, dx,
+                  dw.router, workspace);
 }
 
 }  // namespace moecore

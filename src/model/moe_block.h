@@ -58,12 +58,12 @@ class MoeBlock {
   void forward(const MoeWeights& w, const float* x, int64_t tokens, float* y, MoeCache& cache,
                Workspace& workspace) const;
 
-  // dy: [N, d]; dx: [N, d] (=); parameter gradients in dw (+=). lb_score_grad / z_grad_scale: the
-  // load-balancing and z-loss gradients for this layer (see RouterGrads). The temporaries (routed
-  // rows' gradients, the experts' and the router's) come from `workspace`.
+  // dy: [N, d]; dx: [N, d] (=); parameter gradients in dw (+=). losses: the load-balancing and
+  // z-loss gradients for this layer (see RouterGrads). The temporaries (routed rows' gradients, the
+  // experts' and the router's) come from `workspace`.
   void backward(const MoeWeights& w, const MoeGrads& dw, const float* x, const float* dy,
-                const MoeCache& cache, const float* lb_score_grad, bool lb_uses_softmax,
-                float z_grad_scale, float* dx, Workspace& workspace) const;
+                const MoeCache& cache, const RouterLossGradients& losses, float* dx,
+                Workspace& workspace) const;
 
  private:
   using Dispatch = std::variant<LocalDispatch, SyncDispatch, RowwiseDispatch, PaddedDispatch>;

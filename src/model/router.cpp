@@ -76,9 +76,11 @@ void router_backward(const RouterShape& s, const float* x, const float* w_router
   const int64_t n = s.tokens, e_count = s.num_experts, k = s.top_k;
   Workspace::Scope scratch(workspace);
   const std::span<float> dlogits = scratch.zeroed<float>(n * e_count);
-  const RouterLossGrads loss_grads{
-      g.lb_score_grad != nullptr ? view(g.lb_score_grad, {e_count}) : ConstTensorView{},
-      g.lb_uses_softmax, g.z_grad_scale};
+  const RouterLossGradients& losses = g.losses;
+  const RouterLossGrads loss_grads{losses.lb_score_grad != nullptr
+                                       ? view(losses.lb_score_grad, {losses.lb_groups, e_count})
+                                       : ConstTensorView{},
+                                   losses.lb_uses_softmax, losses.z_grad_scale};
   kernels::router_topk_backward(
       logits_of(s, st), view(st.scores.data(), {n, e_count}), view(st.topk_index.data(), {n, k}),
       view(st.topk_weight.data(), {n, k}), view(g.d_weight, {n, k}), loss_grads,
@@ -107,6 +109,10 @@ void router_lb_column_sums(const RouterShape& s, const RouterState& st, TensorVi
               s.score == RouterScore::kSigmoid ? RouterProbability::kScoresOverRowSum
                                                : RouterProbability::kScores,
               sums);
+}
+
+void router_group_counts(const RouterShape& s, const RouterState& st, TensorView counts) {
+  kernels::route_counts_by_group(view(st.topk_index.data(), {s.tokens, s.top_k}), counts);
 }
 
 }  // namespace moecore

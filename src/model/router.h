@@ -95,19 +95,24 @@ struct RouterState {
 
 void router_forward(const RouterShape& s, const float* x, const float* w_router, RouterState& st);
 
-// Gradients reaching the router, all with respect to quantities the forward produced:
-//   d_weight: [N, k] dL/d topk_weight;
-//   lb_score_grad: [E] a constant added to dL/d p[t, e] for every token t, where p is the
+// Gradients reaching the router, all with respect to quantities the forward produced: d_weight
+// [N, k] dL/d topk_weight, and the router's own losses' (RouterLossGradients):
+//   lb_score_grad: [lb_groups, E] a constant added to dL/d p[t, e] for every token t of each of
+//     lb_groups equal groups of consecutive tokens (1, or the instances), where p is the
 //     load-balancing probability: softmax of the logits when lb_uses_softmax (HF style), else the
 //     scores, which for a sigmoid router are first divided by their sum over the experts (as
 //     OLMo-core does: each token's probabilities then sum to 1, like softmax's);
 //   z_grad_scale: the z-loss contributes z_grad_scale * d(sum_t lse_t^2)/dlogits.
 // dx: [N, d] (+=); dw_router: [E, d] (+=).
-struct RouterGrads {
-  const float* d_weight;
-  const float* lb_score_grad;
+struct RouterLossGradients {
+  const float* lb_score_grad;  // or nullptr: no load-balancing term
   bool lb_uses_softmax;
   float z_grad_scale;
+  int64_t lb_groups = 1;
+};
+struct RouterGrads {
+  const float* d_weight;
+  RouterLossGradients losses;
 };
 // The logits' gradient is a temporary from `workspace`.
 void router_backward(const RouterShape& s, const float* x, const float* w_router,
@@ -119,12 +124,15 @@ void router_backward(const RouterShape& s, const float* x, const float* w_router
 // Unscaled per-layer router z-loss, z_loss [1]: mean over tokens of logsumexp(logits)^2.
 void router_z_loss(const RouterShape& s, const RouterState& st, TensorView z_loss);
 
-// Sum over tokens of softmax(logits) (column sums, [E]); the HF load-balancing loss uses softmax
-// probabilities whatever the score function.
+// Sum over tokens of softmax(logits) (column sums, [E], or [G, E]: per group of N / G consecutive
+// tokens); the HF load-balancing loss uses softmax probabilities whatever the score function.
 void router_softmax_column_sums(const RouterShape& s, const RouterState& st, TensorView sums);
 void router_score_column_sums(const RouterShape& s, const RouterState& st, TensorView sums);
 // The OLMo-core load-balancing probabilities' column sums: the scores (softmax), or each token's
 // sigmoid scores divided by their sum.
 void router_lb_column_sums(const RouterShape& s, const RouterState& st, TensorView sums);
+// counts (=) [G, E]: the routes per expert of each group of N / G consecutive tokens (the
+// instances of a micro-batch, for the load-balancing loss per instance).
+void router_group_counts(const RouterShape& s, const RouterState& st, TensorView counts);
 
 }  // namespace moecore

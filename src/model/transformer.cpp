@@ -52,12 +52,16 @@ struct Transformer::Activations {
   // model/chunked_lm_head.h).
   DeviceArray<float> logits;
   int64_t head_chunk_tokens = 0;
-  // [MoE layers][E] load-balancing gradient per router probability, made where the statistics
-  // are (kernels::moe_loss_terms) and read by the router's backward.
+  // [MoE layers][lb_groups][E] load-balancing gradient per router probability, made where the
+  // statistics are (kernels::moe_loss_terms) and read by the router's backward.
   DeviceArray<float> lb_score_grad;
-  // The losses' statistics of a micro-batch, where the model's tensors are: [MoE layers][E]
-  // routes per expert (i64), and f64: per MoE layer E probability sums and the mean
-  // logsumexp^2, then with the head the cross-entropy's loss (one per chunk of the head).
+  // The groups of tokens the load-balancing terms are per: 1 (the micro-batch), or its instances
+  // (lb_loss_granularity "instance").
+  int64_t lb_groups = 1;
+  // The losses' statistics of a micro-batch, where the model's tensors are: [MoE layers]
+  // [lb_groups][E] routes per expert (i64), and f64: per MoE layer lb_groups x E probability
+  // sums and the mean logsumexp^2, then with the head the cross-entropy's loss (one per chunk of
+  // the head).
   DeviceArray<int64_t> route_counts;
   DeviceArray<double> loss_statistics;
   bool lb_uses_softmax = false;
@@ -648,29 +652,37 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
                             : static_cast<double>(act.global_tokens);
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
 
-  // Per MoE layer: its routes per expert, its probability sums and mean logsumexp^2; with the
-  // head, the cross-entropy's losses (one pair per chunk with the chunked head, added in chunk
-  // order).
-  const int64_t per_layer = e_count + 1;
+  // Per MoE layer: its routes per expert, its probability sums (per instance under instance
+  // granularity) and mean logsumexp^2; with the head, the cross-entropy's losses (one pair per
+  // chunk with the chunked head, added in chunk order).
+  act.lb_groups =
+      c.lb_loss_granularity == LbLossGranularity::kInstance ? std::max<int64_t>(act.batch, 1) : 1;
+  const int64_t group_row = act.lb_groups * e_count;
+  const int64_t per_layer = group_row + 1;
   const int64_t head_chunks = !has_head() ? 0
                               : act.head_chunk_tokens == 0
                                   ? 1
                                   : LmHeadChunks{n, d, v, act.head_chunk_tokens}.count();
   const int64_t head_losses = head_chunks * kernels::kHeadLosses;
-  act.route_counts.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
+  act.route_counts.resize_for_overwrite(static_cast<size_t>(moe_count * group_row));
   act.loss_statistics.resize_for_overwrite(
       static_cast<size_t>(moe_count * per_layer + head_losses));
   for (int64_t j = 0; j < moe_count; ++j) {
     const MoeCache& mc =
         act.layers[static_cast<size_t>(moe_layers_[static_cast<size_t>(j)] - layers_begin_)].moe;
-    copy_bytes(act.route_counts.data() + j * e_count, mc.router.expert_counts.data(),
-               static_cast<size_t>(e_count) * sizeof(int64_t));
-    double* layer_sums = act.loss_statistics.data() + j * per_layer;
-    if (act.lb_uses_softmax)
-      router_softmax_column_sums(mc.router_shape, mc.router, view(layer_sums, {e_count}));
+    int64_t* layer_counts = act.route_counts.data() + j * group_row;
+    if (act.lb_groups == 1)
+      copy_bytes(layer_counts, mc.router.expert_counts.data(),
+                 static_cast<size_t>(e_count) * sizeof(int64_t));
     else
-      router_lb_column_sums(mc.router_shape, mc.router, view(layer_sums, {e_count}));
-    router_z_loss(mc.router_shape, mc.router, view(layer_sums + e_count, {1}));
+      router_group_counts(mc.router_shape, mc.router, view(layer_counts, {act.lb_groups, e_count}));
+    double* layer_sums = act.loss_statistics.data() + j * per_layer;
+    const TensorView group_sums = view(layer_sums, {act.lb_groups, e_count});
+    if (act.lb_uses_softmax)
+      router_softmax_column_sums(mc.router_shape, mc.router, group_sums);
+    else
+      router_lb_column_sums(mc.router_shape, mc.router, group_sums);
+    router_z_loss(mc.router_shape, mc.router, view(layer_sums + group_row, {1}));
   }
   double* head_loss = act.loss_statistics.data() + moe_count * per_layer;
   if (has_head()) {
@@ -695,11 +707,12 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
                              view(head_loss, {kernels::kHeadLosses}));
     }
   }
-  // lb_loss_scope "rank": every term is made of this rank's statistics alone, the losses summed
-  // over the group once made. Each is linear in them (the cross-entropy's and z-losses' sums, the
-  // rank's routes times its own scores), so the sum is the global micro-batch's loss; only
-  // "global"'s load-balancing term multiplies two sums over the group.
-  const bool per_rank = c.lb_loss_scope == LbLossScope::kRank && batch_sum_;
+  // lb_loss_scope "rank" (and instance granularity): every term is made of this rank's
+  // statistics alone, the losses summed over the group once made. Each is linear in them (the
+  // cross-entropy's and z-losses' sums, the rank's routes times its own scores, an instance's
+  // routes times its own), so the sum is the global micro-batch's loss; only "global"'s
+  // load-balancing term multiplies two sums over the group.
+  const bool per_rank = c.lb_terms_per_rank() && batch_sum_;
   if (batch_sum_ && !per_rank) {
     if (!act.route_counts.empty())
       batch_sum_(act.route_counts.data(), static_cast<int64_t>(act.route_counts.size()),
@@ -711,13 +724,14 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
 
   // The pass's losses, one more row of recorded_losses_, and the routers' loss gradient: with
   // the routes held constant (no gradient through them, as the references), lb's gradient is a
-  // constant per (layer, expert) for every token's probability.
+  // constant per (layer, group, expert) for the probability of every token of the group (one
+  // group, or the instances).
   const Device device = act.loss_statistics.device();
   if (recorded_counted_.empty()) recorded_losses_.place_on(device);
   const size_t row = recorded_counted_.size();
   recorded_losses_.resize_for_overwrite(kernels::kLossParts * (row + 1));
   recorded_counted_.push_back(has_head() ? counted : 0);
-  act.lb_score_grad.resize_for_overwrite(static_cast<size_t>(moe_count * e_count));
+  act.lb_score_grad.resize_for_overwrite(static_cast<size_t>(moe_count * group_row));
   TensorView tally;
   if (c.has_router_bias() && moe_count > 0) {
     // Routes per expert of the global micro-batch (per rank: the rank's, summed over the group
@@ -726,20 +740,22 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
     selection_tally_.resize(static_cast<size_t>(moe_count * e_count));
     tally = view(selection_tally_.data(), {moe_count, e_count});
   }
-  // Per rank the mean scores are over the rank's tokens (OLMo-core's local_batch granularity);
-  // the divisor of the routes stays the global micro-batch's (its loss_div_factor).
+  // Per rank the mean scores are over the rank's tokens (OLMo-core's local_batch granularity), per
+  // instance over the instance's; the divisor of the routes stays the global micro-batch's (its
+  // loss_div_factor).
   const MoeLossOptions options{.lb_over_all_layers = act.lb_uses_softmax,
                                .top_k = c.num_experts_per_tok,
                                .router_loss_div = act.router_loss_div,
                                .tokens = static_cast<double>(per_rank ? n : act.global_tokens),
                                .z_rows = static_cast<double>(n),
-                               .aux_loss_coef = c.router_aux_loss_coef};
+                               .aux_loss_coef = c.router_aux_loss_coef,
+                               .lb_groups = act.lb_groups};
   double* losses = recorded_losses_.data() + kernels::kLossParts * row;
-  kernels::moe_loss_terms(view(act.route_counts.data(), {moe_count, e_count}),
+  kernels::moe_loss_terms(view(act.route_counts.data(), {moe_count, group_row}),
                           view(act.loss_statistics.data(), {moe_count, per_layer}),
                           view(head_loss, {head_chunks, kernels::kHeadLosses}), options,
                           view(losses, {kernels::kLossParts}),
-                          view(act.lb_score_grad.data(), {moe_count, e_count}), tally);
+                          view(act.lb_score_grad.data(), {moe_count, group_row}), tally);
   if (per_rank) batch_sum_(losses, kernels::kLossParts, DType::kF64);
   act.backward_ready = true;
 }
@@ -808,7 +824,8 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                                  ? static_cast<float>(c.router_z_loss_coef) * loss_scale /
                                        static_cast<float>(act.router_loss_div)
                                  : 0.0f;
-  const std::span<float> lb_grad = scratch.zeroed<float>(c.num_experts);
+  const int64_t lb_values = act.lb_groups * c.num_experts;  // one layer's lb_score_grad
+  const std::span<float> lb_grad = scratch.zeroed<float>(lb_values);
   int64_t moe_index = static_cast<int64_t>(moe_layers_.size());  // of layer i, counted down
   for (int64_t i = layers_end_ - 1; i >= layers_begin_; --i) {
     const size_t j = static_cast<size_t>(i - layers_begin_);
@@ -848,10 +865,11 @@ void Transformer::backward_chunk(int64_t slot, const ParamBuffers& params, Param
                           TensorView(scratch_dgu.data(), {n, 2 * width}, act_type), false);
     } else {
       --moe_index;
-      kernels::scale(view(act.lb_score_grad.data() + moe_index * c.num_experts, {c.num_experts}),
-                     loss_scale, view(lb_grad.data(), {c.num_experts}));
+      kernels::scale(view(act.lb_score_grad.data() + moe_index * lb_values, {lb_values}),
+                     loss_scale, view(lb_grad.data(), {lb_values}));
       moe_.backward(moe_weights(params, i), moe_grads(grads, i), ffn_in, d_ffn_out, lc.moe,
-                    lb_grad.data(), act.lb_uses_softmax, z_grad_scale, dbranch.data(), workspace_);
+                    {lb_grad.data(), act.lb_uses_softmax, z_grad_scale, act.lb_groups},
+                    dbranch.data(), workspace_);
     }
     if (reordered) {
       // d mid = d out + the FFN's input gradient; then mid = x + norm1(attn(x)).
@@ -927,7 +945,7 @@ void Transformer::update_router_bias(ParamBuffers& params, ConstTensorView step_
   const int64_t e_count = c.num_experts;
   // Per rank, the passes tallied this rank's routes; the update reads the group's (OLMo-core
   // sums its routes over the data-parallel group for it either way). Whole numbers: exact.
-  if (c.lb_loss_scope == LbLossScope::kRank && batch_sum_)
+  if (c.lb_terms_per_rank() && batch_sum_)
     batch_sum_(selection_tally_.data(), static_cast<int64_t>(selection_tally_.size()), DType::kF64);
   for (size_t j = 0; j < moe_layers_.size(); ++j) {
     // OLMo-core: bias += gamma * sign(mean - count), no re-centring; where the bias is, from

@@ -1,15 +1,54 @@
 // Learning rate for update `step` (0-based) of `total_steps`, as OLMo-core's schedulers give it
-// for its step step + 1: linear warm-up from lr / warmup to lr at update `warmup`, then cosine or
-// linear decay to lr * min_lr_ratio at the last update, constant, or OLMo-core's WSD (the peak
-// until the last `decay` updates, which fall linearly to lr * min_lr_ratio).
+// for its step step + 1: linear warm-up from lr / warmup to lr at update `warmup`, then
+//   cosine, linear: decay to lr * min_lr_ratio at the last update; constant;
+//   wsd: the peak until the last `decay` updates, which fall linearly to lr * min_lr_ratio;
+//   inv_sqrt: lr_min + (lr - lr_min) sqrt(warmup / t), lr_min = lr * min_lr_ratio, no end;
+//   half_cos: the second half of a cosine from lr to lr_min (the warm-up rises to its start,
+//     (lr + lr_min) / 2);
+//   cosine_linear_decay: the cosine, cut short by the last `decay` updates, which fall linearly
+//     from its rate there to lr * decay_min_lr_ratio;
+//   power: lr (t / warmup)^power_exponent, then the last `decay` updates fall linearly from that
+//     law's rate at their start to lr * decay_min_lr_ratio.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 
 #include "optim/optim_config.h"
 
 namespace moecore {
 
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps);
+
+// OLMo-core's cosine from lr at current = 0 to lr_min at current = span, in its order of
+// operations.
+inline double cosine_fall(double lr, double lr_min, double current, double span) {
+  return lr_min + (lr - lr_min) * (1.0 + std::cos(std::numbers::pi * current / span)) / 2.0;
+}
+
+// OLMo-core's CosWithWarmup at its step t (1-based): the warm-up below t = warmup, then the
+// cosine to lr * min_lr_ratio at t = total_steps.
+inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t total_steps) {
+  const int64_t warmup = warmup_updates(c, total_steps);
+  const double lr_min = c.lr * c.min_lr_ratio;
+  if (t < warmup)
+    return c.lr * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
+  if (t >= total_steps) return lr_min;
+  return cosine_fall(c.lr, lr_min, static_cast<double>(t - warmup),
+                     static_cast<double>(total_steps - warmup));
+}
+
+// The rate a decay tail of cosine_linear_decay or power falls from: the cosine's, or the power
+// law's lr (t / warmup)^power_exponent, at the tail's first update t = total_steps - decay.
+inline double decay_tail_start(const OptimConfig& c, int64_t total_steps) {
+  const int64_t first = total_steps - decay_updates(c, total_steps);
+  if (c.schedule == LrSchedule::kPower)
+    return c.lr * std::pow(static_cast<double>(first) /
+                               static_cast<double>(warmup_updates(c, total_steps)),
+                           c.power_exponent);
+  return cosine_with_warmup_rate(c, first, total_steps);
+}
 
 }  // namespace moecore

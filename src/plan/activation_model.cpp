@@ -26,6 +26,14 @@ double kept_input_bytes(KeptExpertInputs kept) {
   return kF;
 }
 
+// The groups of tokens the load-balancing terms are per: the micro-batch's instances under
+// instance granularity, else one.
+double lb_groups(const ModelConfig& c, const TokenShape& t) {
+  return c.lb_loss_granularity == LbLossGranularity::kInstance
+             ? static_cast<double>(std::max<int64_t>(t.rows, 1))
+             : 1.0;
+}
+
 }  // namespace
 
 ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& chunk,
@@ -98,7 +106,11 @@ ActivationBytes chunk_activation_bytes(const ModelConfig& c, const ChunkShape& c
   }
   // rstd, hidden, and the whole head's logits (the chunked head keeps none).
   if (chunk.has_head) a.head = kF * (n + n * d + (t.head_chunk_tokens > 0 ? 0.0 : n * v));
-  a.head += kF * static_cast<double>(chunk.layers) * e;  // lb_score_grad
+  // The routers' loss statistics and gradient: per MoE layer a row of E per group (the instances
+  // under lb_loss_granularity "instance"): lb_score_grad (f32), route counts (i64) and probability
+  // sums (f64, and the z-loss's mean).
+  const double lb_rows = static_cast<double>(chunk.layers) * lb_groups(c, t);
+  a.head += (kF + 16.0) * lb_rows * e + 8.0 * static_cast<double>(chunk.layers);
   return a;
 }
 
@@ -164,7 +176,7 @@ double chunk_pass_scratch_bytes(const ModelConfig& c, const ChunkShape& chunk,
   double head_phase = 0.0;
   if (chunk.has_head)
     head_phase = kF * (n * d + (t.head_chunk_tokens > 0 ? 2.0 * head_rows : n) * v);
-  double layers_base = kF * n * d + kF * e;  // dbranch, lb_grad
+  double layers_base = kF * n * d + kF * lb_groups(c, t) * e;  // dbranch, lb_grad
   // A dense MLP's scratch: dact [n, I] in fp32, dgu [n, 2I] in its act's dtype.
   const double act = static_cast<double>(dtype_size(t.mlp_act));
   const double shared_act = static_cast<double>(dtype_size(t.shared_expert_act));

@@ -26,7 +26,8 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   const toml::table b = toml::parse(run_config_to_toml(now));
   std::vector<std::string> keys = {"model.router_aux_loss_coef", "model.router_z_loss_coef",
                                    "model.lb_loss_style",        "model.lb_loss_scope",
-                                   "model.loss_normalizer",      "train.z_loss_multiplier"};
+                                   "model.lb_loss_granularity",  "model.loss_normalizer",
+                                   "train.z_loss_multiplier"};
   for (const auto& [key, node] : *b["optim"].as_table())
     keys.push_back("optim." + std::string(key.str()));
   // The device: another backend's kernels round differently (the CPU's and a GPU's GEMMs sum in

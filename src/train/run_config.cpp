@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "optim/lr_schedule.h"
 
 namespace moecore {
 
@@ -144,6 +145,9 @@ void read_model(TableReader& r, ModelConfig& m) {
               {{"olmo-core", LbLossStyle::kOlmoCore}, {"hf", LbLossStyle::kHf}});
   r.read_enum("lb_loss_scope", m.lb_loss_scope,
               {{"global", LbLossScope::kGlobal}, {"rank", LbLossScope::kRank}});
+  r.read_enum("lb_loss_granularity", m.lb_loss_granularity,
+              {{"local_batch", LbLossGranularity::kLocalBatch},
+               {"instance", LbLossGranularity::kInstance}});
   r.read_enum("routing", m.routing,
               {{"learned", Routing::kLearned},
                {"random", Routing::kRandom},
@@ -176,10 +180,15 @@ void read_optim(TableReader& r, OptimConfig& o) {
                {"linear", LrSchedule::kLinear},
                {"constant", LrSchedule::kConstant},
                {"wsd", LrSchedule::kWsd},
-               {"inv_sqrt", LrSchedule::kInvSqrt}});
+               {"inv_sqrt", LrSchedule::kInvSqrt},
+               {"half_cos", LrSchedule::kHalfCosine},
+               {"cosine_linear_decay", LrSchedule::kCosineLinearDecay},
+               {"power", LrSchedule::kPower}});
   r.read("min_lr_ratio", o.min_lr_ratio);
   r.read("decay_steps", o.decay_steps);
   r.read("decay_fraction", o.decay_fraction);
+  r.read("decay_min_lr_ratio", o.decay_min_lr_ratio);
+  r.read("power_exponent", o.power_exponent);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -325,7 +334,9 @@ void OptimConfig::validate() const {
                                    {"max_grad_norm", max_grad_norm},
                                    {"min_lr_ratio", min_lr_ratio},
                                    {"warmup_fraction", warmup_fraction},
-                                   {"decay_fraction", decay_fraction}})
+                                   {"decay_fraction", decay_fraction},
+                                   {"decay_min_lr_ratio", decay_min_lr_ratio},
+                                   {"power_exponent", power_exponent}})
     MOE_CHECK(std::isfinite(value), "[config] optim.{}={} must be a finite number", key, value);
   MOE_CHECK(lr > 0.0, "[config] optim.lr={} must be positive", lr);
   MOE_CHECK(beta1 >= 0.0 && beta1 < 1.0, "[config] optim.beta1={} must be in [0, 1)", beta1);
@@ -343,6 +354,11 @@ void OptimConfig::validate() const {
             "[config] optim.decay_fraction={} must be in [0, 1]", decay_fraction);
   MOE_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0,
             "[config] optim.min_lr_ratio={} must be in [0, 1]", min_lr_ratio);
+  MOE_CHECK(decay_min_lr_ratio >= 0.0 && decay_min_lr_ratio <= 1.0,
+            "[config] optim.decay_min_lr_ratio={} must be in [0, 1]", decay_min_lr_ratio);
+  // OLMo-core's PowerLR refuses b >= 0: a law that does not decay.
+  MOE_CHECK(power_exponent < 0.0, "[config] optim.power_exponent={} must be negative",
+            power_exponent);
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
@@ -394,20 +410,48 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                 (std::isfinite(t.init.embedding_std) && t.init.embedding_std > 0.0),
             "[config] train.embedding_init_std={} must be finite and > 0, or -1 (train.init_std)",
             t.init.embedding_std);
-  // OLMo-core's WSD divides by its decay's length (a ZeroDivisionError at the last step there).
-  // OLMo-core's InvSqrtWithWarmup without a warm-up is lr x min_lr_ratio from the first update
-  // (sqrt(0 / t)): a run at its floor is refused rather than trained.
-  MOE_CHECK(config.optim.schedule != LrSchedule::kInvSqrt || t.max_steps == 0 ||
+  // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
+  // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
+  // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
+  // than trained; its PowerLR divides by the warm-up.
+  const LrSchedule schedule = config.optim.schedule;
+  MOE_CHECK(schedule != LrSchedule::kInvSqrt || t.max_steps == 0 ||
                 warmup_updates(config.optim, t.max_steps) >= 1,
             "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
             "/ t); without one the rate is lr x min_lr_ratio throughout): set optim.warmup_steps "
             "or optim.warmup_fraction");
-  MOE_CHECK(config.optim.schedule != LrSchedule::kWsd || t.max_steps == 0 ||
-                wsd_decay_updates(config.optim, t.max_steps) >= 1,
-            "[config] optim.schedule = \"wsd\" decays over round(train.max_steps={} x "
+  MOE_CHECK(schedule != LrSchedule::kPower || t.max_steps == 0 ||
+                warmup_updates(config.optim, t.max_steps) >= 1,
+            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
+            "set optim.warmup_steps or optim.warmup_fraction");
+  MOE_CHECK(!has_decay_tail(schedule) || t.max_steps == 0 ||
+                decay_updates(config.optim, t.max_steps) >= 1,
+            "[config] optim.schedule = \"{}\" decays over round(train.max_steps={} x "
             "optim.decay_fraction={}) = 0 updates: set optim.decay_steps or a larger "
             "optim.decay_fraction",
+            schedule == LrSchedule::kWsd                 ? "wsd"
+            : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
+                                                         : "power",
             t.max_steps, config.optim.decay_fraction);
+  // Their tails start from the rate at the tail's first update, which must be an update of the
+  // run (OLMo-core's power law is infinite at 0, its cosine's warm-up negative before it), and
+  // fall: OLMo-core asserts decay_min_lr < that rate.
+  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
+      t.max_steps > 0) {
+    const char* name = schedule == LrSchedule::kPower ? "power" : "cosine_linear_decay";
+    const int64_t decay = decay_updates(config.optim, t.max_steps);
+    MOE_CHECK(decay < t.max_steps,
+              "[config] optim.schedule = \"{}\" decays over {} of train.max_steps={} updates: "
+              "the decay tail must start after the first update (a smaller optim.decay_steps or "
+              "optim.decay_fraction)",
+              name, decay, t.max_steps);
+    const double start = decay_tail_start(config.optim, t.max_steps);
+    const double end = config.optim.lr * config.optim.decay_min_lr_ratio;
+    MOE_CHECK(end < start,
+              "[config] optim.schedule = \"{}\": its decay tail would go from {} up to lr x "
+              "optim.decay_min_lr_ratio = {}; it must end below where it starts",
+              name, start, end);
+  }
   // Upper bounds far beyond any machine, so that no product of sizes (tokens x width x layers
   // in bytes, here and in `moecore plan`) can overflow 64 bits: 2^32 tokens a step.
   constexpr int64_t kMaxStepTokens = int64_t{1} << 32;
@@ -595,6 +639,9 @@ std::string run_config_to_toml(const RunConfig& c) {
        name(m.lb_loss_style, {{LbLossStyle::kOlmoCore, "olmo-core"}, {LbLossStyle::kHf, "hf"}})},
       {"lb_loss_scope",
        name(m.lb_loss_scope, {{LbLossScope::kGlobal, "global"}, {LbLossScope::kRank, "rank"}})},
+      {"lb_loss_granularity",
+       name(m.lb_loss_granularity, {{LbLossGranularity::kLocalBatch, "local_batch"},
+                                    {LbLossGranularity::kInstance, "instance"}})},
       {"routing", name(m.routing, {{Routing::kLearned, "learned"},
                                    {Routing::kRandom, "random"},
                                    {Routing::kBalanced, "balanced"}})},
@@ -624,10 +671,15 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {LrSchedule::kLinear, "linear"},
                                      {LrSchedule::kConstant, "constant"},
                                      {LrSchedule::kWsd, "wsd"},
-                                     {LrSchedule::kInvSqrt, "inv_sqrt"}})},
+                                     {LrSchedule::kInvSqrt, "inv_sqrt"},
+                                     {LrSchedule::kHalfCosine, "half_cos"},
+                                     {LrSchedule::kCosineLinearDecay, "cosine_linear_decay"},
+                                     {LrSchedule::kPower, "power"}})},
       {"min_lr_ratio", o.min_lr_ratio},
       {"decay_steps", o.decay_steps},
-      {"decay_fraction", o.decay_fraction}};
+      {"decay_fraction", o.decay_fraction},
+      {"decay_min_lr_ratio", o.decay_min_lr_ratio},
+      {"power_exponent", o.power_exponent}};
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"init_seed", t.init_seed},
@@ -730,7 +782,7 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) 
   // (train/resume_policy.h), not architecture.
   auto is_loss_key = [](const std::string& line) {
     for (const char* key : {"router_aux_loss_coef ", "router_z_loss_coef ", "lb_loss_style ",
-                            "lb_loss_scope ", "loss_normalizer "})
+                            "lb_loss_scope ", "lb_loss_granularity ", "loss_normalizer "})
       if (line.rfind(key, 0) == 0) return true;
     return false;
   };

@@ -190,7 +190,7 @@ std::string run_config_to_toml(const RunConfig& config);
 
 // "model: hidden_size = 128 vs hidden_size = 256" for the first architecture key of [model] on
 // which a and b differ, or "" if none. The loss keys (router_aux_loss_coef, router_z_loss_coef,
-// lb_loss_style, lb_loss_scope, loss_normalizer) are not architecture: see
+// lb_loss_style, lb_loss_scope, lb_loss_granularity, loss_normalizer) are not architecture: see
 // train/resume_policy.h.
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 

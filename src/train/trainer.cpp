@@ -418,7 +418,7 @@ void decide_and_update(TrainContext& ctx, ParamBuffers& grads, float loss_scale,
                          view(ctx.decision.data(), {3}), factors);
   ctx.optimizer.step(ctx.params, grads, factors, scratch);
   // Auxiliary-loss-free balancing: each chunk's tally is the global batch's (summed over dp with
-  // the batch statistics, or under lb_loss_scope "rank" by update_router_bias), so every rank
+  // the batch statistics, or per rank (lb_terms_per_rank) by update_router_bias), so every rank
   // applies the same update to its copy. The chunks' bf16 weight copies are remade at the next
   // forward, once for the whole step.
   for (Transformer* chunk : ctx.chunks) {

@@ -231,6 +231,7 @@ const kernels::KernelBackend& guarded_backend() {
       .router_topk_backward = &Guarded<&cpu::router_topk_backward>::call,
       .router_z_loss = &Guarded<&cpu::router_z_loss>::call,
       .router_probability_column_sums = &Guarded<&cpu::router_probability_column_sums>::call,
+      .route_counts_by_group = &Guarded<&cpu::route_counts_by_group>::call,
       .moe_loss_terms = &Guarded<&cpu::moe_loss_terms>::call,
       .router_bias_update = &Guarded<&cpu::router_bias_update>::call,
       .grouped_gemm_forward = &Guarded<&cpu::grouped_gemm_forward>::call,

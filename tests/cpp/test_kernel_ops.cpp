@@ -1060,6 +1060,150 @@ TEST_P(KernelOps, RouterTopkMatchesReference) {
       Error);
 }
 
+// The load-balancing statistics and gradient per group of consecutive tokens (a micro-batch's
+// instances, lb_loss_granularity "instance"): each group's row is what the backend gives for that
+// group's tokens alone, bit for bit, and the whole matches the oracle and central differences.
+TEST_P(KernelOps, RouterGroupStatisticsMatchReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().route_counts_by_group,
+                                  backend().router_probability_column_sums,
+                                  backend().router_topk_backward, backend().router_topk_forward);
+  struct Case {
+    int64_t experts;
+    RouterTopkOptions options;
+    bool lb_uses_softmax;
+  };
+  using enum RouterScoreFunction;
+  const std::vector<Case> cases = {
+      {8, {.score = kSoftmax, .top_k = 2}, false},
+      {8, {.score = kSigmoid, .top_k = 3, .norm_topk_prob = true}, false},
+      {6, {.score = kSigmoid, .top_k = 2}, true},
+  };
+  const int64_t n = 12;
+  uint32_t seed = 2600;
+  for (const Case& c : cases)
+    for (const int64_t groups : {int64_t{1}, int64_t{3}, int64_t{4}}) {
+      const RouterTopkOptions& o = c.options;
+      const int64_t e_count = c.experts, k = o.top_k, rows = n / groups;
+      const std::string what = "E=" + std::to_string(e_count) + " k=" + std::to_string(k) +
+                               " score=" + std::to_string(static_cast<int>(o.score)) +
+                               " G=" + std::to_string(groups);
+      const float offset = o.score == kSigmoid ? -1.5f - static_cast<float>(e_count) : -4.0f;
+      std::vector<float> z = separated_logits(n, e_count, offset, ++seed);
+      std::vector<float> scores(z.size()), weight(static_cast<size_t>(n * k));
+      std::vector<int32_t> index(weight.size());
+      std::vector<int64_t> counts(static_cast<size_t>(e_count));
+      auto forward = [&] {
+        backend().router_topk_forward(view(z.data(), {n, e_count}), ConstTensorView{}, o,
+                                      view(scores.data(), {n, e_count}), view(index.data(), {n, k}),
+                                      view(weight.data(), {n, k}), view(counts.data(), {e_count}));
+      };
+      forward();
+      const std::vector<int32_t> chosen = index;
+      const size_t values = static_cast<size_t>(groups * e_count);
+
+      // Routes per expert and group: the oracle's, and the routes counted here.
+      std::vector<int64_t> group_counts(values, -1), group_counts_ref(values, -2), by_hand(values);
+      backend().route_counts_by_group(view(index.data(), {n, k}),
+                                      view(group_counts.data(), {groups, e_count}));
+      oracle().route_counts_by_group(view(index.data(), {n, k}),
+                                     view(group_counts_ref.data(), {groups, e_count}));
+      for (int64_t r = 0; r < n * k; ++r)
+        ++by_hand[static_cast<size_t>(r / (rows * k) * e_count + index[static_cast<size_t>(r)])];
+      EXPECT_EQ(group_counts, group_counts_ref) << what;
+      EXPECT_EQ(group_counts, by_hand) << what;
+
+      // Column sums per group: the oracle's, and each row the group's tokens' sums alone.
+      const RouterProbability p = o.score != kSigmoid ? RouterProbability::kScores
+                                  : c.lb_uses_softmax ? RouterProbability::kSoftmaxOfLogits
+                                                      : RouterProbability::kScoresOverRowSum;
+      std::vector<double> sums(values), sums_ref(values);
+      backend().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                               view(scores.data(), {n, e_count}), p,
+                                               view(sums.data(), {groups, e_count}));
+      oracle().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                              view(scores.data(), {n, e_count}), p,
+                                              view(sums_ref.data(), {groups, e_count}));
+      expect_nmse(std::vector<float>(sums.begin(), sums.end()),
+                  std::vector<float>(sums_ref.begin(), sums_ref.end()), e_count + rows,
+                  "group column sums " + what);
+      for (int64_t g = 0; g < groups; ++g) {
+        std::vector<double> alone(static_cast<size_t>(e_count));
+        backend().router_probability_column_sums(
+            view(z.data() + g * rows * e_count, {rows, e_count}),
+            view(scores.data() + g * rows * e_count, {rows, e_count}), p,
+            view(alone.data(), {e_count}));
+        EXPECT_EQ(std::vector<double>(sums.begin() + g * e_count, sums.begin() + (g + 1) * e_count),
+                  alone)
+            << what << " group " << g;
+      }
+
+      // Backward with a load-balancing row per group: the oracle's, each group's rows those of
+      // the group alone with its row, and central differences of L = <weights, d_weight> +
+      // sum_g <lb_g, group g's column sums> + z_scale * N * z_loss.
+      const std::vector<float> d_weight = random_vec(weight.size(), ++seed);
+      const std::vector<float> lb = random_vec(values, ++seed);
+      const float z_scale = 0.3f;
+      const RouterLossGrads grads{view(lb.data(), {groups, e_count}), c.lb_uses_softmax, z_scale};
+      std::vector<float> dz(z.size()), dz_ref(z.size());
+      backend().router_topk_backward(view(z.data(), {n, e_count}),
+                                     view(scores.data(), {n, e_count}), view(index.data(), {n, k}),
+                                     view(weight.data(), {n, k}), view(d_weight.data(), {n, k}),
+                                     grads, o, view(dz.data(), {n, e_count}));
+      oracle().router_topk_backward(view(z.data(), {n, e_count}), view(scores.data(), {n, e_count}),
+                                    view(index.data(), {n, k}), view(weight.data(), {n, k}),
+                                    view(d_weight.data(), {n, k}), grads, o,
+                                    view(dz_ref.data(), {n, e_count}));
+      expect_nmse(dz, dz_ref, e_count + k, "group router dlogits " + what);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = g * rows * e_count, first_route = g * rows * k;
+        std::vector<float> alone(static_cast<size_t>(rows * e_count));
+        backend().router_topk_backward(
+            view(z.data() + first, {rows, e_count}), view(scores.data() + first, {rows, e_count}),
+            view(index.data() + first_route, {rows, k}),
+            view(weight.data() + first_route, {rows, k}),
+            view(d_weight.data() + first_route, {rows, k}),
+            {view(lb.data() + g * e_count, {e_count}), c.lb_uses_softmax, z_scale}, o,
+            view(alone.data(), {rows, e_count}));
+        EXPECT_EQ(std::vector<float>(dz.begin() + first, dz.begin() + first + rows * e_count),
+                  alone)
+            << what << " group " << g;
+      }
+      auto loss = [&] {
+        forward();
+        EXPECT_EQ(index, chosen) << "the step changed the choice: " << what;
+        std::vector<double> stepped(values);
+        backend().router_probability_column_sums(view(z.data(), {n, e_count}),
+                                                 view(scores.data(), {n, e_count}), p,
+                                                 view(stepped.data(), {groups, e_count}));
+        double total = project(weight.data(), d_weight);
+        for (size_t i = 0; i < values; ++i) total += double{lb[i]} * stepped[i];
+        double mean_lse2 = 0.0;
+        backend().router_z_loss(view(z.data(), {n, e_count}), view(&mean_lse2, {1}));
+        return total + double{z_scale} * static_cast<double>(n) * mean_lse2;
+      };
+      expect_close(check_all(z.data(), z.size(), dz.data(), kFdEps, loss), "group dlogits " + what);
+    }
+  // Groups that do not divide the tokens are refused, naming the view.
+  std::vector<float> z(24), scores(24), dz(24), lb(10), d_weight(12), weight(12);
+  std::vector<int32_t> index(12);
+  std::vector<int64_t> counts(20);
+  std::vector<double> sums(20);
+  EXPECT_THROW(
+      backend().route_counts_by_group(view(index.data(), {6, 2}), view(counts.data(), {5, 4})),
+      Error);
+  EXPECT_THROW(backend().router_probability_column_sums(
+                   view(z.data(), {6, 4}), view(scores.data(), {6, 4}), RouterProbability::kScores,
+                   view(sums.data(), {4, 4})),
+               Error);
+  RouterTopkOptions two;
+  two.top_k = 2;
+  EXPECT_THROW(backend().router_topk_backward(
+                   view(z.data(), {6, 4}), view(scores.data(), {6, 4}), view(index.data(), {6, 2}),
+                   view(weight.data(), {6, 2}), view(d_weight.data(), {6, 2}),
+                   {view(lb.data(), {5, 2}), false, 0.0f}, two, view(dz.data(), {6, 4})),
+               Error);
+}
+
 TEST_P(KernelOps, GroupedGemmMatchesReference) {
   MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().grouped_gemm_backward, backend().grouped_gemm_forward);
   struct Case {
@@ -1661,6 +1805,103 @@ TEST_P(KernelOps, MoeLossTermsMatchReference) {
                                view(losses.data(), {kernels::kLossParts}),
                                view(grad.data(), {2, 4}), TensorView()),
       Error);
+}
+
+// The losses per group of tokens (lb_loss_granularity "instance"): the oracle's bits, each group's
+// gradient row and loss that of the group on its own (one group of its tokens), the tally the
+// groups' counts added, and the gradient the loss's derivative.
+TEST_P(KernelOps, MoeLossTermsPerGroupMatchReference) {
+  MOECORE_SKIP_UNLESS_IMPLEMENTED(backend().moe_loss_terms);
+  const int64_t l = 2, e = 4, groups = 3, row = groups * e;
+  const MoeLossOptions options{.top_k = 2,
+                               .router_loss_div = 30.0,
+                               .tokens = 36.0,
+                               .z_rows = 36.0,
+                               .aux_loss_coef = 0.01,
+                               .lb_groups = groups};
+  std::mt19937 gen(5151);
+  std::vector<int64_t> counts(static_cast<size_t>(l * row));
+  for (int64_t& n : counts) n = std::uniform_int_distribution<int64_t>(0, 24)(gen);
+  std::vector<double> sums(static_cast<size_t>(l * (row + 1)));
+  for (double& x : sums) x = std::uniform_real_distribution<double>(0.0, 12.0)(gen);
+  std::vector<double> head = {1.5, 0.25};
+  auto run = [&](const KernelBackend& b, const MoeLossOptions& o, const std::vector<int64_t>& c,
+                 const std::vector<double>& s, std::vector<double>& out, std::vector<float>& g,
+                 std::vector<double>& t) {
+    const int64_t values = static_cast<int64_t>(c.size()) / l;
+    out.assign(kernels::kLossParts, -1.0);
+    g.assign(c.size(), -1.0f);
+    t.assign(static_cast<size_t>(l * e), 7.0);
+    b.moe_loss_terms(view(c.data(), {l, values}), view(s.data(), {l, values + 1}),
+                     view(head.data(), {1, kernels::kHeadLosses}), o,
+                     view(out.data(), {kernels::kLossParts}), view(g.data(), {l, values}),
+                     view(t.data(), {l, e}));
+  };
+  std::vector<double> losses, losses_ref, tally, tally_ref;
+  std::vector<float> grad, grad_ref;
+  run(backend(), options, counts, sums, losses, grad, tally);
+  run(oracle(), options, counts, sums, losses_ref, grad_ref, tally_ref);
+  EXPECT_EQ(losses, losses_ref);
+  EXPECT_EQ(grad, grad_ref);
+  EXPECT_EQ(tally, tally_ref);
+  // Each group alone: its counts and sums (and the layer's z) as one group of 12 tokens.
+  double lb_of_groups = 0.0;
+  std::vector<double> tally_of_groups(static_cast<size_t>(l * e), 7.0);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::vector<int64_t> c(static_cast<size_t>(l * e));
+    std::vector<double> s(static_cast<size_t>(l * (e + 1)));
+    for (int64_t j = 0; j < l; ++j) {
+      for (int64_t x = 0; x < e; ++x) {
+        c[static_cast<size_t>(j * e + x)] = counts[static_cast<size_t>(j * row + g * e + x)];
+        s[static_cast<size_t>(j * (e + 1) + x)] =
+            sums[static_cast<size_t>(j * (row + 1) + g * e + x)];
+        tally_of_groups[static_cast<size_t>(j * e + x)] +=
+            static_cast<double>(c[static_cast<size_t>(j * e + x)]);
+      }
+      s[static_cast<size_t>(j * (e + 1) + e)] = sums[static_cast<size_t>(j * (row + 1) + row)];
+    }
+    MoeLossOptions alone = options;
+    alone.tokens = options.tokens / groups;
+    alone.lb_groups = 1;
+    std::vector<double> out, t;
+    std::vector<float> gr;
+    run(oracle(), alone, c, s, out, gr, t);
+    lb_of_groups += out[kernels::kLbLoss];
+    for (int64_t j = 0; j < l; ++j)
+      for (int64_t x = 0; x < e; ++x)
+        EXPECT_EQ(grad_ref[static_cast<size_t>(j * row + g * e + x)],
+                  gr[static_cast<size_t>(j * e + x)])
+            << "layer " << j << " group " << g << " expert " << x;
+  }
+  EXPECT_NEAR(losses_ref[kernels::kLbLoss], lb_of_groups, 1e-12 * lb_of_groups);
+  EXPECT_EQ(tally_ref, tally_of_groups);
+  // The derivative of lb in each group's probability sum (as MoeLossTermsMatchReference).
+  for (size_t i = 0; i < static_cast<size_t>(l * row); ++i) {
+    std::vector<double> stepped = sums;
+    stepped[i / row * (row + 1) + i % row] += 1.0;
+    std::vector<double> out, t;
+    std::vector<float> g;
+    run(oracle(), options, counts, stepped, out, g, t);
+    const double derivative = (out[kernels::kLbLoss] - losses_ref[kernels::kLbLoss]) * 0.01;
+    EXPECT_NEAR(grad_ref[i], derivative, 1e-6 * std::abs(derivative) + 1e-30) << "value " << i;
+  }
+  // Rows that are not a row of experts per group, and groups with transformers' form.
+  std::vector<float> g(10);
+  std::vector<double> out(kernels::kLossParts), s(11);
+  std::vector<int64_t> c(10);
+  EXPECT_THROW(backend().moe_loss_terms(view(c.data(), {1, 10}), view(s.data(), {1, 11}),
+                                        view(head.data(), {0, kernels::kHeadLosses}), options,
+                                        view(out.data(), {kernels::kLossParts}),
+                                        view(g.data(), {1, 10}), TensorView()),
+               Error);
+  MoeLossOptions hf = options;
+  hf.lb_over_all_layers = true;
+  hf.lb_groups = 2;
+  EXPECT_THROW(backend().moe_loss_terms(view(c.data(), {1, 10}), view(s.data(), {1, 11}),
+                                        view(head.data(), {0, kernels::kHeadLosses}), hf,
+                                        view(out.data(), {kernels::kLossParts}),
+                                        view(g.data(), {1, 10}), TensorView()),
+               Error);
 }
 
 // OLMo-core's selection-bias step: + rate below the mean count, - rate above, nothing at it.

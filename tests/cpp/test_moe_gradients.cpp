@@ -134,8 +134,8 @@ void check_router(const RouterCase& rc, uint32_t seed) {
   std::vector<float> dx = dx_before, dw = dw_before;
   Workspace workspace;
   router_backward(s, x.data(), w.data(), st,
-                  {r.data(), lbg.data(), rc.lb_uses_softmax, rc.z_grad_scale}, dx.data(), dw.data(),
-                  workspace);
+                  {r.data(), {lbg.data(), rc.lb_uses_softmax, rc.z_grad_scale}}, dx.data(),
+                  dw.data(), workspace);
   const std::vector<float> gx = added(dx, dx_before), gw = added(dw, dw_before);
   expect_close(check_all(x.data(), x.size(), gx.data(), kMoeFdEps, loss), "router dx");
   expect_close(check_all(w.data(), w.size(), gw.data(), kMoeFdEps, loss), "router dw_router");
@@ -613,8 +613,8 @@ void check_moe(MoeFixture& f, bool lb_uses_softmax, float zs, uint32_t seed) {
   const MoeFixture before = grads;
   std::vector<float> dx(f.x.size(), 7.0f);  // overwritten
   Workspace workspace;
-  block.backward(f.weights(), grads.grads(), f.x.data(), r.data(), cache, lbg.data(),
-                 lb_uses_softmax, zs, dx.data(), workspace);
+  block.backward(f.weights(), grads.grads(), f.x.data(), r.data(), cache,
+                 {lbg.data(), lb_uses_softmax, zs}, dx.data(), workspace);
 
   expect_close(check_all(f.x.data(), f.x.size(), dx.data(), kMoeFdEps, loss), "moe dx");
   const std::vector<float> g_router = added(grads.router, before.router);
@@ -811,7 +811,7 @@ TEST(MoeGradients, GroupedExpertsSameBitsOnOneAndTwoThreads) {
       Workspace forward_workspace;
       block.forward(f.weights(), f.x.data(), f.tokens, y.data(), cache, forward_workspace);
       Workspace workspace;
-      block.backward(f.weights(), dw, f.x.data(), dy.data(), cache, lb.data(), true, 0.0f,
+      block.backward(f.weights(), dw, f.x.data(), dy.data(), cache, {lb.data(), true, 0.0f},
                      dx.data(), workspace);
       omp_set_num_threads(before);
       int64_t busy = 0;

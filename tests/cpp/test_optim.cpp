@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <numbers>
 #include <utility>
 #include <vector>
 
@@ -170,7 +171,7 @@ TEST(Optim, LearningRateWsd) {
   // decay_fraction (steps 0: round(20 x 0.25) = 5, the same schedule); a floor of 10 %.
   c.decay_steps = 0;
   c.decay_fraction = 0.25;
-  EXPECT_EQ(wsd_decay_updates(c, total), 5);
+  EXPECT_EQ(decay_updates(c, total), 5);
   EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 8e-4);
   c.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(learning_rate(c, 19, total), 1e-4);
@@ -193,6 +194,67 @@ TEST(Optim, LearningRateInvSqrt) {
   EXPECT_LT(learning_rate(c, 99, total), learning_rate(c, 19, total));
 }
 
+// OLMo-core's HalfCosWithWarmup: the warm-up rises to (lr + lr_min) / 2, then the second half of a
+// cosine over twice the rest of the run falls from there to lr_min.
+TEST(Optim, LearningRateHalfCosine) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.1;
+  c.warmup_steps = 4;
+  c.schedule = LrSchedule::kHalfCosine;
+  const int64_t total = 20;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 5.5e-4 / 4.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 5.5e-4);  // t = 4: cos(pi / 2)
+  const double pi = std::numbers::pi;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 11, total), 1e-4 + 9e-4 * (1.0 + std::cos(pi * 0.75)) / 2.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 19, total), 1e-4);
+}
+
+// OLMo-core's CosWithWarmupAndLinearDecay: the cosine (to lr * min_lr_ratio over the run) until the
+// last `decay` updates, which fall linearly from its rate at their first to lr *
+// decay_min_lr_ratio at the last update.
+TEST(Optim, LearningRateCosineLinearDecay) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.1;
+  c.warmup_steps = 4;
+  c.decay_steps = 5;
+  c.schedule = LrSchedule::kCosineLinearDecay;
+  OptimConfig cosine = c;
+  cosine.schedule = LrSchedule::kCosine;
+  const int64_t total = 20;
+  for (int64_t step = 0; step < 14; ++step)
+    EXPECT_EQ(learning_rate(c, step, total), learning_rate(cosine, step, total)) << step;
+  // t = 15, the tail's first update: the cosine 11 of its 16 updates in.
+  const double from = 1e-4 + 9e-4 * (1.0 + std::cos(std::numbers::pi * 11.0 / 16.0)) / 2.0;
+  EXPECT_DOUBLE_EQ(learning_rate(cosine, 14, total), from);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 14, total), from);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 16, total), from * 3.0 / 5.0);
+  EXPECT_EQ(learning_rate(c, 19, total), 0.0);
+  c.decay_min_lr_ratio = 0.02;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 16, total), 2e-5 + (from - 2e-5) * 3.0 / 5.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 19, total), 2e-5);
+}
+
+// OLMo-core's PowerLR: warm-up through update `warmup`, then lr (t / warmup)^b, then the last
+// `decay` updates fall linearly from the law's rate at their first to lr * min_lr_ratio.
+TEST(Optim, LearningRatePower) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.0;
+  c.warmup_steps = 4;
+  c.decay_steps = 5;
+  c.power_exponent = -0.5;
+  c.schedule = LrSchedule::kPower;
+  const int64_t total = 20;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 2.5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 1e-3);              // t = 4
+  EXPECT_DOUBLE_EQ(learning_rate(c, 8, total), 1e-3 * 2.0 / 3.0);  // t = 9: (9 / 4)^-1/2
+  const double tail = 1e-3 * std::pow(15.0 / 4.0, -0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), tail * 4.0 / 5.0);  // t = 16
+  EXPECT_EQ(learning_rate(c, 19, total), 0.0);
+}
+
 // warmup_fraction and decay_fraction round as Python's round does (OLMo-core's schedulers): to
 // the nearest integer, ties to even.
 TEST(Optim, ScheduleFractionsRoundHalfToEven) {
@@ -204,11 +266,11 @@ TEST(Optim, ScheduleFractionsRoundHalfToEven) {
   c.warmup_fraction = 0.26;
   EXPECT_EQ(warmup_updates(c, 10), 3);  // 2.6 -> 3
   c.decay_fraction = 0.05;
-  EXPECT_EQ(wsd_decay_updates(c, 10), 0);  // 0.5 -> 0 (the config refuses this for WSD)
+  EXPECT_EQ(decay_updates(c, 10), 0);  // 0.5 -> 0 (the config refuses this for WSD)
   c.decay_fraction = 0.15;
-  EXPECT_EQ(wsd_decay_updates(c, 10), 2);  // 1.5 -> 2
+  EXPECT_EQ(decay_updates(c, 10), 2);  // 1.5 -> 2
   c.decay_steps = 7;
-  EXPECT_EQ(wsd_decay_updates(c, 10), 7);  // decay_steps wins
+  EXPECT_EQ(decay_updates(c, 10), 7);  // decay_steps wins
   c.warmup_fraction = 0.0;
   c.warmup_steps = 3;
   EXPECT_EQ(warmup_updates(c, 10), 3);

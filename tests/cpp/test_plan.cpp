@@ -224,7 +224,9 @@ TEST(PlanMemory, LiveMicroBatchesComeFromTheSchedule) {
   EXPECT_DOUBLE_EQ(one_f.stages[0].activations,
                    2.0 * one_f.stages[0].activations_per_microbatch.total());
   // Stage 0 holds the embedding and layers 0-1; stage 1 layers 2-3 and the head.
-  EXPECT_EQ(one_f.stages[0].activations_per_microbatch.head, 4.0 * 2 * 8);        // lb terms only
+  // The lb terms only: lb_score_grad f32, route counts i64, probability sums f64 per layer and
+  // expert, and each layer's z-loss mean.
+  EXPECT_EQ(one_f.stages[0].activations_per_microbatch.head, (4.0 + 16.0) * 2 * 8 + 8.0 * 2);
   EXPECT_GT(one_f.stages[1].activations_per_microbatch.head, 4.0 * 2 * 16 * 64);  // the logits
 }
 

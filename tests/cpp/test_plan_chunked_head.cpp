@@ -33,8 +33,11 @@ TEST(PlanChunkedHead, TheHeadKeepsNoLogits) {
       make_plan(head_config(0), 1, kNoRuntime).stages[0].activations_per_microbatch;
   const ActivationBytes chunked =
       make_plan(head_config(16), 1, kNoRuntime).stages[0].activations_per_microbatch;
-  EXPECT_DOUBLE_EQ(whole.head, 4.0 * (n + n * d + n * v) + 4.0 * layers * e);
-  EXPECT_DOUBLE_EQ(chunked.head, 4.0 * (n + n * d) + 4.0 * layers * e);
+  // Beside the head's own, the routers' loss terms: lb_score_grad f32, route counts i64 and
+  // probability sums f64 per layer and expert, and each layer's z-loss mean.
+  const double lb_terms = (4.0 + 16.0) * layers * e + 8.0 * layers;
+  EXPECT_DOUBLE_EQ(whole.head, 4.0 * (n + n * d + n * v) + lb_terms);
+  EXPECT_DOUBLE_EQ(chunked.head, 4.0 * (n + n * d) + lb_terms);
   EXPECT_DOUBLE_EQ(chunked.residual, whole.residual);
   EXPECT_DOUBLE_EQ(chunked.moe, whole.moe);
 }

@@ -71,6 +71,21 @@ TEST(PlanRecompute, RebuiltLayersKeepTheirBuffersBesideTheWorkspace) {
   EXPECT_LT(b.stages[0].peak, a.stages[0].peak);
 }
 
+// lb_loss_granularity "instance": the routers' loss statistics and gradient hold a row of experts
+// per instance of the micro-batch (4 here) instead of one: lb_score_grad f32, route counts i64 and
+// probability sums f64 per (layer, instance, expert).
+TEST(PlanRecompute, InstanceLoadBalancingKeepsARowPerInstance) {
+  const RunConfig batch = small_config(),
+                  instance = small_config({"model.lb_loss_granularity=\"instance\""});
+  const TokenShape t{4, 16, 1, Dispatch::kSync};
+  const ChunkShape chunk{0, 4, true, true};
+  const double e = static_cast<double>(batch.model.num_experts);
+  const double grown =
+      chunk_activation_bytes(instance.model, chunk, t, ActivationRecompute::kNone).head -
+      chunk_activation_bytes(batch.model, chunk, t, ActivationRecompute::kNone).head;
+  EXPECT_DOUBLE_EQ(grown, (4.0 + 16.0) * 4 * e * (4 - 1));
+}
+
 double ep_bytes(const std::string& mode, const std::string& dispatch, const std::string& op) {
   const Plan p = make_plan(small_config({"parallel.ep=2", "parallel.dispatch=\"" + dispatch + "\"",
                                          "train.recompute=\"" + mode + "\""}),

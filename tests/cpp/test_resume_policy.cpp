@@ -68,6 +68,7 @@ TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
   b.train.mxfp8.scale_mode = mx::ScaleMode::kFloor;
   b.model.loss_normalizer = LossNormalizer::kLabels;
   b.model.lb_loss_scope = LbLossScope::kRank;
+  b.model.lb_loss_granularity = LbLossGranularity::kInstance;
   b.data.dtype = "uint32";
   b.data.order = data::OrderRule::kOlmoCore;
   b.data.document_masking = true;
@@ -76,11 +77,12 @@ TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
   EXPECT_EQ(
       described(a, b),
       (std::vector<std::string>{
-          "model.lb_loss_scope: 'global' -> 'rank'", "model.loss_normalizer: 'tokens' -> 'labels'",
-          "train.mxfp8_expert_wgrad: false -> true", "train.mxfp8_dense: false -> true",
-          "train.mxfp8_scale: 'rceil' -> 'floor'", "data.dtype: 'uint16' -> 'uint32'",
-          "data.document_masking: false -> true", "data.eos_id: -1 -> 3",
-          "data.order: 'moecore' -> 'olmo-core'"}));
+          "model.lb_loss_scope: 'global' -> 'rank'",
+          "model.lb_loss_granularity: 'local_batch' -> 'instance'",
+          "model.loss_normalizer: 'tokens' -> 'labels'", "train.mxfp8_expert_wgrad: false -> true",
+          "train.mxfp8_dense: false -> true", "train.mxfp8_scale: 'rceil' -> 'floor'",
+          "data.dtype: 'uint16' -> 'uint32'", "data.document_masking: false -> true",
+          "data.eos_id: -1 -> 3", "data.order: 'moecore' -> 'olmo-core'"}));
   // The same tokens: a dtype left to the meta.json (which an explicit one must equal), an EOS
   // that ends no document without masking.
   RunConfig c = a;

@@ -224,7 +224,7 @@ void check_router_gradient(Routing mode, bool norm, RouterScore score_kind, bool
   const std::vector<float> dx_before(x.size(), 0.0f), dw_before(w.size(), 0.0f);
   std::vector<float> dx = dx_before, dw = dw_before;
   Workspace workspace;
-  router_backward(s, x.data(), w.data(), st.state, {r.data(), lbg.data(), lb_uses_softmax, zs},
+  router_backward(s, x.data(), w.data(), st.state, {r.data(), {lbg.data(), lb_uses_softmax, zs}},
                   dx.data(), dw.data(), workspace);
   double norm_dw = 0.0;
   for (const float g : dw) norm_dw += static_cast<double>(g) * static_cast<double>(g);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -129,6 +130,8 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(o.warmup_steps, 25);
   EXPECT_EQ(o.schedule, LrSchedule::kLinear);
   EXPECT_EQ(o.min_lr_ratio, 0.2);
+  EXPECT_EQ(o.decay_min_lr_ratio, 0.0);
+  EXPECT_EQ(o.power_exponent, -0.51);
 
   const TrainConfig& t = c.train;
   EXPECT_EQ(t.seed, 17u);
@@ -239,9 +242,11 @@ TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
       "[model]\nblock_norm = \"reordered\"\nloss_normalizer = \"labels\"\n"
       "router_score = \"topk_softmax\"\nnum_experts = 16\nnum_experts_per_tok = 4\n"
       "n_group = 4\ntopk_group = 2\nrouted_scaling_factor = 2.5\n"
-      "router_bias_update_rate = 0.001\nlb_loss_scope = \"rank\"\n[data]\norder = \"olmo-core\"\n");
+      "router_bias_update_rate = 0.001\nlb_loss_scope = \"rank\"\n"
+      "lb_loss_granularity = \"instance\"\n[data]\norder = \"olmo-core\"\n");
   EXPECT_EQ(c.model.block_norm, BlockNorm::kReordered);
   EXPECT_EQ(c.model.lb_loss_scope, LbLossScope::kRank);
+  EXPECT_EQ(c.model.lb_loss_granularity, LbLossGranularity::kInstance);
   EXPECT_EQ(c.data.order, data::OrderRule::kOlmoCore);
   EXPECT_EQ(c.model.loss_normalizer, LossNormalizer::kLabels);
   EXPECT_EQ(c.model.router_score, RouterScore::kTopkSoftmax);
@@ -252,6 +257,7 @@ TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
   const RunConfig reparsed = parse(run_config_to_toml(c));
   EXPECT_EQ(model_config_difference(c.model, reparsed.model), "");
   EXPECT_EQ(reparsed.model.lb_loss_scope, LbLossScope::kRank);
+  EXPECT_EQ(reparsed.model.lb_loss_granularity, LbLossGranularity::kInstance);
   EXPECT_EQ(reparsed.data.order, data::OrderRule::kOlmoCore);
   EXPECT_NE(model_config_difference(c.model, RunConfig{}.model), "");
   // Defaults: pre-norm, tokens, no groups, no scale, no bias.
@@ -261,9 +267,15 @@ TEST(RunConfig, BlockNormNormaliserAndRouterOptions) {
   EXPECT_EQ(d.n_group, 1);
   EXPECT_EQ(d.routed_scaling_factor, 1.0);
   EXPECT_FALSE(d.has_router_bias());
+  EXPECT_EQ(d.lb_loss_granularity, LbLossGranularity::kLocalBatch);
 
   std::string e = error_of("[model]\nblock_norm = \"post\"\n");
   EXPECT_NE(e.find("model.block_norm=\"post\" is not one of \"pre\", \"reordered\""),
+            std::string::npos)
+      << e;
+  e = error_of("[model]\nlb_loss_granularity = \"sequence\"\n");
+  EXPECT_NE(e.find("model.lb_loss_granularity=\"sequence\" is not one of \"local_batch\", "
+                   "\"instance\""),
             std::string::npos)
       << e;
   e = error_of("[model]\nloss_normalizer = \"batch\"\n");
@@ -314,8 +326,20 @@ TEST(RunConfig, TomlRoundTrip) {
   c.train.sample_prompt = "say \"hi\"\n\ttab \\ back";
   c.data.val = {"a b.npy", "ü.npy"};
   c.train.precision = TrainPrecision::kBf16;
+  c.optim.schedule = LrSchedule::kCosineLinearDecay;
+  c.optim.decay_min_lr_ratio = 0.05;
+  c.optim.power_exponent = -0.3;
   const RunConfig reparsed = parse(run_config_to_toml(c));
   EXPECT_EQ(reparsed.train.precision, TrainPrecision::kBf16);
+  EXPECT_EQ(reparsed.optim.schedule, LrSchedule::kCosineLinearDecay);
+  EXPECT_EQ(reparsed.optim.decay_min_lr_ratio, 0.05);
+  EXPECT_EQ(reparsed.optim.power_exponent, -0.3);
+  for (const auto& [text, schedule] :
+       {std::pair{"schedule = \"half_cos\"\n", LrSchedule::kHalfCosine},
+        std::pair{"schedule = \"power\"\nwarmup_steps = 2\n", LrSchedule::kPower}})
+    EXPECT_EQ(parse(run_config_to_toml(parse(std::string("[optim]\n") + text))).optim.schedule,
+              schedule)
+        << text;
   EXPECT_EQ(reparsed.train.sample_prompt, c.train.sample_prompt);
   EXPECT_EQ(reparsed.data.val, c.data.val);
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));

@@ -216,6 +216,12 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
   s.finish();
 }
 
+void route_counts_by_group(ConstTensorView topk_index, TensorView counts) {
+  DeviceStaging s;
+  device().route_counts_by_group(s.in(topk_index), s.out(counts));
+  s.finish();
+}
+
 void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
                     ConstTensorView head_losses, const MoeLossOptions& options, TensorView losses,
                     TensorView lb_score_grad, TensorView route_tally) {
@@ -361,6 +367,7 @@ const kernels::KernelBackend& staged_cuda_backend() {
       .router_z_loss = if_on_device(d.router_z_loss, &router_z_loss),
       .router_probability_column_sums =
           if_on_device(d.router_probability_column_sums, &router_probability_column_sums),
+      .route_counts_by_group = if_on_device(d.route_counts_by_group, &route_counts_by_group),
       .moe_loss_terms = if_on_device(d.moe_loss_terms, &moe_loss_terms),
       .router_bias_update = if_on_device(d.router_bias_update, &router_bias_update),
       .grouped_gemm_forward = if_on_device(d.grouped_gemm_forward, &grouped_gemm_forward),

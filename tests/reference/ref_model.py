@@ -131,6 +131,8 @@ MODEL_DEFAULTS = {
     "lb_loss_style": "olmo-core",
     # Over which ranks the load-balancing loss is (one process, this reference: the same loss).
     "lb_loss_scope": "global",
+    # Which tokens each load-balancing term is over: the batch's together, or each instance's.
+    "lb_loss_granularity": "local_batch",
     "block_norm": "pre",
     "loss_normalizer": "tokens",
     "n_group": 1,
@@ -154,6 +156,7 @@ def full_config(cfg: dict) -> dict:
     assert c["block_norm"] in ("pre", "reordered"), c["block_norm"]
     assert c["loss_normalizer"] in ("tokens", "labels"), c["loss_normalizer"]
     assert c["lb_loss_scope"] in ("global", "rank"), c["lb_loss_scope"]
+    assert c["lb_loss_granularity"] in ("local_batch", "instance"), c["lb_loss_granularity"]
     assert c["num_experts"] % c["n_group"] == 0 and 1 <= c["topk_group"] <= c["n_group"]
     assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
     assert 1 <= c["num_experts_per_tok"] <= c["num_experts"]
@@ -411,18 +414,22 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return total / max(n, 1)
 
 
-def lb_loss_olmo_core(routings: list[Routing], c: dict, div: float | None = None) -> torch.Tensor:
+def lb_loss_olmo_core(routings: list[Routing], c: dict, div: float | None = None,
+                      instances: int = 1) -> torch.Tensor:
     """Sum over MoE layers of (E/k) * sum_e f_e * P_e; f_e = routes to e / div (no gradient), div =
     tokens (default) or counted labels (loss_normalizer "labels"), P_e = mean over all tokens of the
     router probability of e: the softmax probability, or each token's sigmoid scores divided by
-    their sum (OLMo-core's MoERouter)."""
+    their sum (OLMo-core's MoERouter). lb_loss_granularity "instance": f_e and P_e per instance (the
+    tokens come as `instances` equal rows), the instances' terms added."""
     E, k = c["num_experts"], c["num_experts_per_tok"]
+    B = instances if c["lb_loss_granularity"] == "instance" else 1
     total = torch.zeros((), dtype=torch.float32)
     for r in routings:
         N = r.scores.shape[0]
-        f = r.counts.float() / (N if div is None else div)
+        counts = torch.stack([torch.bincount(s.reshape(-1), minlength=E) for s in r.selected.reshape(B, -1)])
+        f = counts.float() / (N if div is None else div)  # [B, E]
         probs = r.scores / r.scores.sum(dim=-1, keepdim=True) if c["router_score"] == "sigmoid" else r.scores
-        P = probs.mean(dim=0)
+        P = probs.reshape(B, N // B, E).mean(dim=1)  # [B, E]
         total = total + (E / k) * (f * P).sum()
     return total
 
@@ -525,7 +532,7 @@ def forward(params: dict[str, torch.Tensor], cfg: dict, tokens, targets=None, pr
         lb = torch.zeros((), dtype=torch.float32)
         z = torch.zeros((), dtype=torch.float32)
     else:
-        lb = lb_loss_olmo_core(routings, c, div) if c["lb_loss_style"] == "olmo-core" else lb_loss_hf(routings, c)
+        lb = lb_loss_olmo_core(routings, c, div, B) if c["lb_loss_style"] == "olmo-core" else lb_loss_hf(routings, c)
         z = z_loss(routings, div)
     total = ce + c["router_aux_loss_coef"] * lb + c["router_z_loss_coef"] * z + z_loss_multiplier * lm_z
     return RefOutput(logits, ce, lb, z, total, routings, lm_z)

@@ -320,6 +320,33 @@ def test_labels_normaliser_vs_tokens(moecore_bin, tmp_path):
         assert abs(float(b[n]) - ratio * float(a[n])) <= 1e-5 * float(b[n]), n
 
 
+INSTANCE_LB_VARIANTS = {
+    "instance_lb": dict(BASE, lb_loss_granularity="instance", router_aux_loss_coef=1.0),
+    "instance_lb_sigmoid_labels_z": dict(BASE, lb_loss_granularity="instance", router_score="sigmoid",
+                                         norm_topk_prob=True, loss_normalizer="labels",
+                                         router_z_loss_coef=0.02, router_aux_loss_coef=1.0),
+}
+
+
+@pytest.mark.parametrize("variant", list(INSTANCE_LB_VARIANTS))
+def test_engine_vs_ref_instance_lb(moecore_bin, tmp_path, variant):
+    """lb_loss_granularity = "instance": every tensor of the debug state (the routers' gradients
+    carry the per-instance term, aux coefficient 1.0) against ref_model's per-instance loss; that
+    loss is the mean of the B one-instance losses (tokens normaliser: an instance's divisor is T,
+    the batch's B T); the micro-batch's (local_batch) is another."""
+    cfg = INSTANCE_LB_VARIANTS[variant]
+    params = ref_model.random_params(cfg, seed=99, std=0.08)
+    x, y = make_batch(cfg, seed=5)
+    check_margins(ref_model.debug_state(params, cfg, x, y)[1])
+    ours, ref, _ = engine_vs_ref(tmp_path, cfg, params, x, y, what=variant)
+    batch = H.moecore_debug_state(tmp_path, dict(cfg, lb_loss_granularity="local_batch"), params, x, y,
+                                  name="local_batch")
+    assert abs(float(batch["loss.lb"]) - float(ours["loss.lb"])) > 1e-3 * float(ours["loss.lb"])
+    if cfg.get("loss_normalizer", "tokens") == "tokens":
+        alone = [float(ref_model.forward(params, cfg, x[b:b + 1], y[b:b + 1]).lb) for b in range(B)]
+        assert float(ours["loss.lb"]) == pytest.approx(sum(alone) / B, rel=1e-5)
+
+
 HF_ISSUE12 = {"flex_olmo": dict(OLMOE, block_norm="reordered")}
 
 

@@ -1,4 +1,5 @@
-"""model.lb_loss_scope = "rank": OLMo-core's default load-balancing loss under data parallelism.
+"""model.lb_loss_scope = "rank": OLMo-core's default load-balancing loss under data parallelism; and
+model.lb_loss_granularity = "instance": its per-instance loss (the MoE-v2 Qwen / GPT-OSS presets).
 
 OLMo-core's MoE-v2 router (global_load_balancing=False, lb_loss_granularity local_batch) weighs
 each rank's own routes against that rank's mean scores, divided by the train module's
@@ -14,6 +15,10 @@ term's gradient moves (aux coefficient 1.0). Every micro-batch has the same labe
 targets but each instance's last), where moecore's per-micro-batch divisor equals OLMo-core's
 per-step one (README: loss_normalizer). lb_loss_scope = "global" (OLMo-core's
 global_load_balancing=True) is shown to give another loss and norm, so the comparison can fail.
+Under lb_loss_granularity = "instance" each instance's routes weigh against its own mean scores
+(OLMo-core: lb_loss_granularity=instance, which it allows only without global load balancing);
+moecore gives the same under either lb_loss_scope (an instance's term does not depend on its rank),
+and the rank-scope local_batch loss is shown to differ from it.
 
 The routers' top-k margins are checked to be > 1e-5 (init_std 0.1 for that): no near-tie that
 fp32 rounding could flip. Tolerance: rel 1e-5 on each value, the scalar form of moecore_harness.TOL (1e-4 on tensors): fp32
@@ -64,10 +69,12 @@ def run_dir(moecore_bin, tmp_path_factory):
     return root, cfg, weights
 
 
-def moecore_step(root: Path, cfg: Path, scope: str) -> dict:
-    out = root / f"out_{scope}"
+def moecore_step(root: Path, cfg: Path, scope: str, granularity: str = "local_batch",
+                 micro: int = MICRO) -> dict:
+    out = root / f"out_{scope}_{granularity}_{micro}"
     cmd = ["mpirun", "-np", str(RANKS), str(H.binary_path()), "train", str(cfg), "--set",
-           f"train.out_dir={out}", "--set", f"model.lb_loss_scope={scope}"]
+           f"train.out_dir={out}", "--set", f"model.lb_loss_scope={scope}", "--set",
+           f"model.lb_loss_granularity={granularity}", "--set", f"train.microbatches={micro}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=H.MPI_ENV,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -75,11 +82,12 @@ def moecore_step(root: Path, cfg: Path, scope: str) -> dict:
     return next(row for row in rows if row.get("step") == 1 and "train/loss" in row)
 
 
-def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
+def olmo_core_step(root: Path, cfg: Path, weights: Path, granularity: str = "local_batch",
+                   micro: int = MICRO) -> dict:
     """OLMo-core's train module and DDP over RANKS ranks, in one process."""
     # [RANKS, BATCH / RANKS, SEQ]: each rank's instances, in order
     instances = moecore_rank_instances(cfg, root / "tokens", 1, RANKS, SEQ, MODEL["vocab_size"])[0]
-    model = olmo_core_model(MODEL, "pre")
+    model = olmo_core_model(dict(MODEL, lb_loss_granularity=granularity), "pre")
     params = H.load_tensors(weights)
     missing, unexpected = model.load_state_dict(olmo_core_state(params, MODEL), strict=False)
     assert not missing and not unexpected, (missing, unexpected)
@@ -89,7 +97,7 @@ def olmo_core_step(root: Path, cfg: Path, weights: Path) -> dict:
     # The train module's loss_div_factor: the step's labels over all ranks, over the dp size.
     div = torch.tensor(float(BATCH * (SEQ - 1)) / RANKS)
     routers = [b.routed_experts_router for b in model.blocks.values()]
-    ce = sum(float(out.ce_loss) for out in olmo_core_train_passes(model, instances, MICRO, div))
+    ce = sum(float(out.ce_loss) for out in olmo_core_train_passes(model, instances, micro, div))
     assert min(margins) > 1e-5, f"routing near-tie: {min(margins):.2e}"
     # The routers add up their losses over the passes until their metrics are read and reset.
     lb = float(sum(r.load_balancing_loss for r in routers))
@@ -114,6 +122,20 @@ def test_rank_scope_is_olmo_core_default(run_dir, cpu_kernels):
         assert abs(other[key] - ref[key]) > 10 * TOL * abs(ref[key]), (key, other[key], ref[key])
 
 
+def test_instance_granularity_is_olmo_core(run_dir, cpu_kernels):
+    root, cfg, weights = run_dir
+    # One micro-batch per step: each rank's holds two instances, whose terms per instance differ
+    # from the micro-batch's.
+    ref = olmo_core_step(root, cfg, weights, "instance", micro=1)
+    for scope in ("rank", "global"):
+        ours = moecore_step(root, cfg, scope, "instance", micro=1)
+        for key, value in ref.items():
+            assert ours[key] == pytest.approx(value, rel=TOL), (scope, key, ours[key], value)
+    batch = moecore_step(root, cfg, "rank", micro=1)
+    for key in ("train/lb", "train/grad_norm"):
+        assert abs(batch[key] - ref[key]) > 10 * TOL * abs(ref[key]), (key, batch[key], ref[key])
+
+
 def test_rank_scope_needs_the_olmo_core_form(run_dir):
     root, cfg, _ = run_dir
     r = H.run_moecore_raw("train", cfg, "--set", "model.lb_loss_scope=rank", "--set",
@@ -122,3 +144,10 @@ def test_rank_scope_needs_the_olmo_core_form(run_dir):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and 'lb_loss_scope="rank" needs model.lb_loss_style="olmo-core"' in lines[0], r.stderr
+    r = H.run_moecore_raw("train", cfg, "--set", "model.lb_loss_granularity=instance", "--set",
+                          "model.lb_loss_style=hf", "--set", "model.loss_normalizer=tokens",
+                          "--set", f"train.out_dir={root / 'bad_instance'}")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'lb_loss_granularity="instance" needs model.lb_loss_style="olmo-core"' in lines[0], \
+        r.stderr

@@ -42,6 +42,7 @@ from olmo_core.nn.attention import AttentionBackendName, AttentionConfig, Attent
 from olmo_core.nn.ddp.block import OLMoDDPTransformerBlockConfig  # noqa: E402
 from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType  # noqa: E402
 from olmo_core.nn.lm_head import LMHeadConfig  # noqa: E402
+from olmo_core.nn.moe.loss import MoELoadBalancingLossGranularity  # noqa: E402
 from olmo_core.nn.moe.router import MoERouterGatingFunction  # noqa: E402
 from olmo_core.nn.moe.v2.routed_experts import RoutedExpertsConfig  # noqa: E402
 from olmo_core.nn.moe.v2.router import MoERouterConfigV2  # noqa: E402
@@ -173,7 +174,8 @@ def olmo_core_model(cfg: dict, layout: str, init_device: str = "cpu", **model_op
             d_model=d, num_experts=c["num_experts"], top_k=c["num_experts_per_tok"], dtype=f32,
             gating_function=gating, normalize_expert_weights=1.0 if c["norm_topk_prob"] else None,
             lb_loss_weight=c["router_aux_loss_coef"], z_loss_weight=c["router_z_loss_coef"],
-            bias_gamma=c["router_bias_update_rate"] or None),
+            bias_gamma=c["router_bias_update_rate"] or None,
+            lb_loss_granularity=MoELoadBalancingLossGranularity(c["lb_loss_granularity"])),
         shared_experts=shared)
     # A dense layer is a block with one always-on expert and no router.
     dense_block = OLMoDDPTransformerBlockConfig(

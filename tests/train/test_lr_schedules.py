@@ -3,7 +3,10 @@ ai2-olmo-core 3.0.0): the rate each update of a training job logs (train/lr, log
 OLMo-core's get_lr(lr, t, max_steps) at its step number t = 1, 2, ... (its trainer counts the first
 update as step 1). WSD (warm-up, stable, linear decay over decay_steps or round(max_steps x
 decay_fraction) updates to decay_min_lr = lr x min_lr_ratio), and warmup_fraction (round(max_steps
-x fraction), Python's round: ties to even) with every schedule, and InvSqrtWithWarmup. CosWithWarmup / LinearWithWarmup /
+x fraction), Python's round: ties to even) with every schedule, InvSqrtWithWarmup, HalfCosWithWarmup
+(warm-up to the cosine's half-way rate, then its second half), CosWithWarmupAndLinearDecay (the cosine
+cut short by a linear tail to decay_min_lr = lr x decay_min_lr_ratio) and PowerLR (lr (t / warm-up)^b,
+then a linear tail to lr x decay_min_lr_ratio). CosWithWarmup / LinearWithWarmup /
 ConstantWithWarmup are also checked through tests/reference/test_adamw_steps.py's AdamW oracle.
 
 Tolerance: none. Every formula is OLMo-core's in its order of operations (the warm-ups' (lr t) /
@@ -20,7 +23,8 @@ from test_training_job import run, train, train_rows, write_config
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
-    WSD, ConstantWithWarmup, CosWithWarmup, InvSqrtWithWarmup, LinearWithWarmup)
+    WSD, ConstantWithWarmup, CosWithWarmup, CosWithWarmupAndLinearDecay, HalfCosWithWarmup,
+    InvSqrtWithWarmup, LinearWithWarmup, PowerLR)
 
 LR = 3e-3
 STEPS = 10
@@ -56,6 +60,26 @@ CASES = {
     "inv_sqrt_warmup_fraction": (
         dict(schedule="inv_sqrt", warmup_steps=0, warmup_fraction=0.15, min_lr_ratio=0.0),
         InvSqrtWithWarmup(warmup_fraction=0.15, alpha_f=0.0)),  # 1.5 -> 2
+    "half_cos": (dict(schedule="half_cos", warmup_steps=2, min_lr_ratio=0.1),
+                 HalfCosWithWarmup(warmup=2, alpha_f=0.1)),
+    "half_cos_warmup_fraction": (
+        dict(schedule="half_cos", warmup_steps=0, warmup_fraction=0.25, min_lr_ratio=0.0),
+        HalfCosWithWarmup(warmup_fraction=0.25, alpha_f=0.0)),  # 2.5 -> 2
+    "cosine_linear_decay": (
+        dict(schedule="cosine_linear_decay", warmup_steps=2, min_lr_ratio=0.1, decay_steps=3),
+        CosWithWarmupAndLinearDecay(warmup=2, alpha_f=0.1, decay=3, decay_fraction=None)),
+    "cosine_linear_decay_fractions": (
+        dict(schedule="cosine_linear_decay", warmup_steps=0, warmup_fraction=0.15,
+             decay_fraction=0.25, min_lr_ratio=0.2, decay_min_lr_ratio=0.05),
+        # 1.5 -> 2 warm-up and 2.5 -> 2 decay updates
+        CosWithWarmupAndLinearDecay(warmup_fraction=0.15, alpha_f=0.2, decay_fraction=0.25,
+                                    decay_min_lr=LR * 0.05)),
+    "power": (dict(schedule="power", warmup_steps=2, decay_steps=3, min_lr_ratio=0.0),
+              PowerLR(warmup=2, decay=3, decay_fraction=None, b=-0.51)),
+    "power_fractions": (
+        dict(schedule="power", warmup_steps=0, warmup_fraction=0.15, decay_fraction=0.25,
+             decay_min_lr_ratio=0.1, power_exponent=-0.3),
+        PowerLR(warmup_fraction=0.15, decay_fraction=0.25, b=-0.3, decay_min_lr=LR * 0.1)),
 }
 
 
@@ -106,3 +130,36 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "warmup_fraction" in lines[0] and "warmup_steps" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("optim, message", [
+    ({"schedule": "power", "warmup_steps": 0}, 'optim.schedule = "power" needs a warm-up'),
+    ({"schedule": "power", "warmup_steps": 2, "power_exponent": 0.5},
+     "optim.power_exponent=0.5 must be negative"),
+    ({"schedule": "cosine_linear_decay", "decay_fraction": 0.03},
+     'optim.schedule = "cosine_linear_decay" decays over round(train.max_steps=5 x '
+     'optim.decay_fraction=0.03) = 0 updates'),
+    ({"schedule": "power", "warmup_steps": 1, "decay_steps": 0, "decay_fraction": 0.0},
+     'optim.schedule = "power" decays over'),
+    ({"schedule": "cosine_linear_decay", "decay_min_lr_ratio": 1.5},
+     "optim.decay_min_lr_ratio=1.5 must be in [0, 1]"),
+    # OLMo-core: negative rates (its cosine's warm-up before update 1), an infinite power law.
+    ({"schedule": "cosine_linear_decay", "decay_steps": 5},
+     'optim.schedule = "cosine_linear_decay" decays over 5 of train.max_steps=5 updates'),
+    ({"schedule": "power", "warmup_steps": 1, "decay_steps": 7},
+     'optim.schedule = "power" decays over 7 of train.max_steps=5 updates'),
+    # (4 / 1)^-0.51 = 0.49 of lr at the tail's start, below its end: OLMo-core asserts.
+    ({"schedule": "power", "warmup_steps": 1, "decay_steps": 1, "decay_min_lr_ratio": 0.9},
+     'optim.schedule = "power": its decay tail would go from'),
+])
+def test_bad_schedule_settings_are_one_line_errors(moecore_bin, job_data, tmp_path, optim, message):
+    """What OLMo-core refuses, divides by zero on or asserts against (PowerLR without a warm-up or
+    with b >= 0, a decay tail of no updates, of the whole run, or rising) is a one-line error
+    before anything is written."""
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run", optim=optim,
+                       train={"max_steps": 5})
+    r = run(moecore_bin, "train", cfg, check=False)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()

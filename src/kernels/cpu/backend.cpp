@@ -37,6 +37,7 @@ const KernelBackend& cpu_backend() {
       .router_topk_backward = &cpu::router_topk_backward,
       .router_z_loss = &cpu::router_z_loss,
       .router_probability_column_sums = &cpu::router_probability_column_sums,
+      .route_counts_by_group = &cpu::route_counts_by_group,
       .moe_loss_terms = &cpu::moe_loss_terms,
       .router_bias_update = &cpu::router_bias_update,
       .grouped_gemm_forward = &cpu::grouped_gemm_forward,

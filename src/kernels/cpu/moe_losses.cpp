@@ -13,12 +13,12 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   constexpr const char* kOp = "moe_loss_terms";
   const MoeLossDims d = moe_loss_dims(kOp, route_counts, router_sums, head_losses, o, losses,
                                       lb_score_grad, route_tally);
-  moe_loss_terms_in_order(
-      route_counts.data<int64_t>(kOp), router_sums.data<double>(kOp), head_losses.data<double>(kOp),
-      d.layers, d.experts, d.head_chunks,
-      {o.lb_over_all_layers, o.top_k, o.router_loss_div, o.tokens, o.z_rows, o.aux_loss_coef},
-      losses.data<double>(kOp), lb_score_grad.data<float>(kOp),
-      view_given(route_tally) ? route_tally.data<double>(kOp) : nullptr);
+  moe_loss_terms_in_order(route_counts.data<int64_t>(kOp), router_sums.data<double>(kOp),
+                          head_losses.data<double>(kOp), d.layers, d.experts, d.head_chunks,
+                          {o.lb_over_all_layers, o.top_k, o.router_loss_div, o.tokens, o.z_rows,
+                           o.aux_loss_coef, o.lb_groups},
+                          losses.data<double>(kOp), lb_score_grad.data<float>(kOp),
+                          view_given(route_tally) ? route_tally.data<double>(kOp) : nullptr);
 }
 
 void router_bias_update(ConstTensorView counts, float rate, ConstTensorView step_factors,

@@ -167,10 +167,12 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
   expect_shape(kOp, "topk_weight", topk_weight, {n, k});
   expect_shape(kOp, "d_weight", d_weight, {n, k});
   expect_shape(kOp, "dlogits", dlogits, {n, e_count});
-  const float* lb = nullptr;
+  // Token t reads row t / (N / G) of the load-balancing gradient (one row: every token).
+  const float* lb_rows = nullptr;
+  int64_t group_tokens = n;
   if (g.lb_score_grad.raw() != nullptr) {
-    expect_shape(kOp, "lb_score_grad", g.lb_score_grad, {e_count});
-    lb = g.lb_score_grad.data<float>(kOp);
+    group_tokens = n / token_groups(kOp, "lb_score_grad", g.lb_score_grad, n, e_count);
+    lb_rows = g.lb_score_grad.data<float>(kOp);
   }
   const float* zp = logits.data<float>(kOp);
   const float* pp = scores.data<float>(kOp);
@@ -186,6 +188,7 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
     std::vector<float> soft(at(e_count));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n; ++t) {
+      const float* lb = lb_rows != nullptr ? lb_rows + t / group_tokens * e_count : nullptr;
       const float* z = zp + t * e_count;
       const float* p = pp + t * e_count;
       const int32_t* idx = index + t * k;
@@ -275,13 +278,14 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
   const int64_t n = logits.size(0), e_count = logits.size(1);
   expect_shape(kOp, "logits", logits, {n, e_count});
   expect_shape(kOp, "scores", scores, {n, e_count});
-  expect_shape(kOp, "column_sums", column_sums_view, {e_count});
-  const std::span<double> column_sums(column_sums_view.data<double>(kOp), at(e_count));
+  const int64_t groups = token_groups(kOp, "column_sums", column_sums_view, n, e_count);
+  const std::span<double> all_sums(column_sums_view.data<double>(kOp), at(groups * e_count));
   const float* zp = logits.data<float>(kOp);
   const float* pp = scores.data<float>(kOp);
-  std::fill(column_sums.begin(), column_sums.end(), 0.0);
+  std::fill(all_sums.begin(), all_sums.end(), 0.0);
   std::vector<float> soft(at(e_count));
   for (int64_t t = 0; t < n; ++t) {
+    const std::span<double> column_sums = all_sums.subspan(at(t / (n / groups) * e_count));
     const float* p = pp + t * e_count;
     switch (probability) {
       case RouterProbability::kScores:
@@ -302,6 +306,18 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
       }
     }
   }
+}
+
+void route_counts_by_group(ConstTensorView topk_index, TensorView counts_view) {
+  constexpr const char* kOp = "route_counts_by_group";
+  const GroupCountDims d = group_count_dims(kOp, topk_index, counts_view);
+  const int64_t routes = d.tokens * d.top_k;
+  const int32_t* index = topk_index.data<int32_t>(kOp);
+  expect_expert_ids(kOp, index, routes, d.experts);
+  int64_t* counts = counts_view.data<int64_t>(kOp);
+  std::fill_n(counts, d.groups * d.experts, int64_t{0});
+  const int64_t group_routes = routes / d.groups;  // a group: N / G tokens, k routes each
+  for (int64_t r = 0; r < routes; ++r) ++counts[r / group_routes * d.experts + index[r]];
 }
 
 }  // namespace moecore::kernels::cpu

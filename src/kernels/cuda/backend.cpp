@@ -37,6 +37,7 @@ const KernelBackend& cuda_backend() {
       .router_topk_backward = &cuda::router_topk_backward,
       .router_z_loss = &cuda::router_z_loss,
       .router_probability_column_sums = &cuda::router_probability_column_sums,
+      .route_counts_by_group = &cuda::route_counts_by_group,
       .moe_loss_terms = &cuda::moe_loss_terms,
       .router_bias_update = &cuda::router_bias_update,
       .grouped_gemm_forward = &cuda::grouped_gemm_forward,

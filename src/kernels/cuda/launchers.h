@@ -168,12 +168,17 @@ void launch_router_topk_forward(const float* logits, const float* selection_bias
                                 int32_t* topk_index, float* topk_weight, int64_t* expert_counts,
                                 float* group_scores, int64_t tokens, int64_t experts,
                                 const RouterTopkParams& params, cudaStream_t stream);
+// lb_score_grad: null, or a row of experts per lb_group_tokens consecutive tokens.
 void launch_router_topk_backward(const float* logits, const float* scores,
                                  const int32_t* topk_index, const float* topk_weight,
                                  const float* d_weight, const float* lb_score_grad,
-                                 bool lb_uses_softmax, float z_grad_scale, float* dlogits,
-                                 int64_t tokens, int64_t experts, const RouterTopkParams& params,
-                                 cudaStream_t stream);
+                                 int64_t lb_group_tokens, bool lb_uses_softmax, float z_grad_scale,
+                                 float* dlogits, int64_t tokens, int64_t experts,
+                                 const RouterTopkParams& params, cudaStream_t stream);
+// counts[e] (+=, device, experts >= 1) for each route of topk_index [routes] naming e; an id
+// outside [0, experts) counts nowhere.
+void launch_route_counts(const int32_t* topk_index, int64_t routes, int64_t experts,
+                         int64_t* counts, cudaStream_t stream);
 // *mean (device) = the mean over rows of logsumexp(row)^2 in double (row_values: [tokens] doubles
 // of scratch); tokens > 0.
 void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, double* row_values,

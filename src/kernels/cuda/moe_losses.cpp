@@ -22,8 +22,9 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   expect_on_device(kOp, "route_tally", route_tally);
   const MoeLossDims d = moe_loss_dims(kOp, route_counts, router_sums, head_losses, o, losses,
                                       lb_score_grad, route_tally, Device::kCuda);
-  const MoeLossScalars scalars{o.lb_over_all_layers, o.top_k, o.router_loss_div, o.tokens, o.z_rows,
-                               o.aux_loss_coef};
+  const MoeLossScalars scalars{
+      o.lb_over_all_layers, o.top_k,    o.router_loss_div, o.tokens, o.z_rows,
+      o.aux_loss_coef,      o.lb_groups};
   launch_moe_loss_terms(route_counts.data<int64_t>(kOp), router_sums.data<double>(kOp),
                         head_losses.data<double>(kOp), d.layers, d.experts, d.head_chunks, scalars,
                         losses.data<double>(kOp), lb_score_grad.data<float>(kOp),

@@ -9,10 +9,11 @@
 // permute_rows_backward, gather_rows, moe_combine) check them as the CPU backend does, but on the
 // device: an index outside its tensor is recorded there and thrown by the next synchronize()
 // (index_checks.h), and their kernels leave such a row alone. router_topk_forward's counts, the
-// losses' statistics (router_z_loss, router_probability_column_sums, cross_entropy's loss) and
-// order_routes_by_expert's offsets stay on the device; neither of the last two checks its indices
-// (cross_entropy counts a target outside the vocabulary as ignored, order_routes_by_expert gives
-// an out-of-range id dst_row -1, kernels/op_declarations.inc), nor does padded_dispatch_plan,
+// losses' statistics (router_z_loss, router_probability_column_sums, route_counts_by_group,
+// cross_entropy's loss) and order_routes_by_expert's offsets stay on the device; none of the last
+// three checks its indices (cross_entropy counts a target outside the vocabulary as ignored,
+// route_counts_by_group an out-of-range expert in none, order_routes_by_expert gives an
+// out-of-range id dst_row -1, kernels/op_declarations.inc), nor does padded_dispatch_plan,
 // whose maps stay on the device too (it drops what its blocks cannot hold).
 //
 // Not every operation is here yet: cuda_backend() lists those that are (the others are null in

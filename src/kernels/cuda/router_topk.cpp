@@ -101,15 +101,17 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView scores,
   expect_shape(kOp, "d_weight", d_weight, {n, k}, Device::kCuda);
   expect_shape(kOp, "dlogits", dlogits, {n, e_count}, Device::kCuda);
   const float* lb = nullptr;
+  int64_t group_tokens = n;
   if (g.lb_score_grad.raw() != nullptr) {
     expect_on_device(kOp, "lb_score_grad", g.lb_score_grad);
-    expect_shape(kOp, "lb_score_grad", g.lb_score_grad, {e_count}, Device::kCuda);
+    group_tokens =
+        n / token_groups(kOp, "lb_score_grad", g.lb_score_grad, n, e_count, Device::kCuda);
     lb = g.lb_score_grad.data<float>(kOp);
   }
-  launch_router_topk_backward(logits.data<float>(kOp), scores.data<float>(kOp),
-                              topk_index.data<int32_t>(kOp), topk_weight.data<float>(kOp),
-                              d_weight.data<float>(kOp), lb, g.lb_uses_softmax, g.z_grad_scale,
-                              dlogits.data<float>(kOp), n, e_count, params_of(o), stream());
+  launch_router_topk_backward(
+      logits.data<float>(kOp), scores.data<float>(kOp), topk_index.data<int32_t>(kOp),
+      topk_weight.data<float>(kOp), d_weight.data<float>(kOp), lb, group_tokens, g.lb_uses_softmax,
+      g.z_grad_scale, dlogits.data<float>(kOp), n, e_count, params_of(o), stream());
   MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_topk_backward");
 }
 
@@ -142,22 +144,49 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
   const int64_t n = logits.size(0), e_count = logits.size(1);
   expect_shape(kOp, "logits", logits, {n, e_count}, Device::kCuda);
   expect_shape(kOp, "scores", scores, {n, e_count}, Device::kCuda);
-  expect_shape(kOp, "column_sums", column_sums, {e_count}, Device::kCuda);
+  const int64_t groups = token_groups(kOp, "column_sums", column_sums, n, e_count, Device::kCuda);
   const float* zp = logits.data<float>(kOp);
   const float* pp = scores.data<float>(kOp);
   const RouterColumnValue value = column_value_of(probability);
   double* sums = column_sums.data<double>(kOp);
   const size_t sum_bytes = sizeof(double) * static_cast<size_t>(e_count);
   if (n == 0 || e_count == 0) {
-    MOE_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes, stream()));
+    MOE_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes * static_cast<size_t>(groups), stream()));
     return;
   }
-  const StreamScratch scratch(static_cast<size_t>(router_column_sums_scratch_bytes(n, e_count)),
+  // A group at a time (one for the micro-batch, a few instances per micro-batch otherwise), each
+  // summed as one micro-batch of its tokens would be, into the same scratch in stream order.
+  const int64_t rows = n / groups;
+  const StreamScratch scratch(static_cast<size_t>(router_column_sums_scratch_bytes(rows, e_count)),
                               stream());
-  launch_router_probability_column_sums(zp, pp, value, n, e_count, scratch.as<void>(), stream());
-  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_probability_column_sums");
-  MOE_CUDA_CHECK(
-      cudaMemcpyAsync(sums, scratch.as<void>(), sum_bytes, cudaMemcpyDeviceToDevice, stream()));
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first = g * rows * e_count;
+    launch_router_probability_column_sums(zp + first, pp + first, value, rows, e_count,
+                                          scratch.as<void>(), stream());
+    MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_probability_column_sums");
+    MOE_CUDA_CHECK(cudaMemcpyAsync(sums + g * e_count, scratch.as<void>(), sum_bytes,
+                                   cudaMemcpyDeviceToDevice, stream()));
+  }
+}
+
+void route_counts_by_group(ConstTensorView topk_index, TensorView counts) {
+  constexpr const char* kOp = "route_counts_by_group";
+  expect_on_device(kOp, "topk_index", topk_index);
+  expect_on_device(kOp, "counts", counts);
+  const GroupCountDims d = group_count_dims(kOp, topk_index, counts, Device::kCuda);
+  int64_t* out = counts.data<int64_t>(kOp);
+  // The counts stay on the device (no wait for the routing): zeroed, then each group's routes
+  // counted into its row.
+  MOE_CUDA_CHECK(cudaMemsetAsync(
+      out, 0, sizeof(int64_t) * static_cast<size_t>(d.groups * d.experts), stream()));
+  const int64_t group_routes = d.tokens / d.groups * d.top_k;
+  if (group_routes == 0) return;
+  const int32_t* index = topk_index.data<int32_t>(kOp);
+  for (int64_t g = 0; g < d.groups; ++g) {
+    launch_route_counts(index + g * group_routes, group_routes, d.experts, out + g * d.experts,
+                        stream());
+    MOE_CUDA_CHECK_LAUNCH(kOp, "launch_route_counts");
+  }
 }
 
 }  // namespace moecore::kernels::cuda

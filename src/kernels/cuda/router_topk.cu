@@ -244,15 +244,17 @@ __global__ void router_count_kernel(const int32_t* index, int64_t routes, int ex
 // dlogits row itself (lane 0, slots in order), then turned into dL/dlogits lane by lane.
 __global__ void router_topk_backward_kernel(const float* logits, const float* scores,
                                             const int32_t* topk_index, const float* topk_weight,
-                                            const float* d_weight, const float* lb,
-                                            bool lb_uses_softmax, float z_grad_scale,
-                                            float* dlogits, int64_t tokens, int experts,
-                                            RouterTopkParams o) {
+                                            const float* d_weight, const float* lb_rows,
+                                            int64_t lb_group_tokens, bool lb_uses_softmax,
+                                            float z_grad_scale, float* dlogits, int64_t tokens,
+                                            int experts, RouterTopkParams o) {
   const int lane = lane_id();
   const int64_t k = o.top_k;
   const bool renormalised = o.norm_topk_prob || o.topk_softmax;
   const float f = o.routed_scaling_factor;
   for (int64_t t = first_warp_token(); t < tokens; t += warp_token_stride()) {
+    // The load-balancing gradient's row of this token's group (one row: every token's).
+    const float* lb = lb_rows != nullptr ? lb_rows + t / lb_group_tokens * experts : nullptr;
     const float* z = logits + t * experts;
     const float* p = scores + t * experts;
     const int32_t* idx = topk_index + t * k;
@@ -450,30 +452,36 @@ void launch_router_topk_forward(const float* logits, const float* selection_bias
   router_topk_forward_kernel<<<token_blocks(tokens), kThreads, 0, stream>>>(
       logits, selection_bias, scores, topk_index, topk_weight, group_scores, tokens, e_count,
       params);
-  const int64_t routes = tokens * params.top_k;
+  launch_route_counts(topk_index, tokens * params.top_k, experts, expert_counts, stream);
+}
+
+void launch_route_counts(const int32_t* topk_index, int64_t routes, int64_t experts,
+                         int64_t* counts, cudaStream_t stream) {
+  if (routes <= 0 || experts <= 0) return;
+  const int e_count = static_cast<int>(experts);
   const int64_t blocks = (routes + kCountThreads - 1) / kCountThreads;
   const unsigned int grid =
       static_cast<unsigned int>(blocks < kMaxCountBlocks ? blocks : kMaxCountBlocks);
   // int64_t and unsigned long long are both 64-bit; the counts never come near 2^63.
-  auto* counts = reinterpret_cast<unsigned long long*>(expert_counts);
+  auto* device_counts = reinterpret_cast<unsigned long long*>(counts);
   if (e_count <= kMaxSharedCountExperts)
     router_count_kernel<true><<<grid, kCountThreads, sizeof(unsigned int) * e_count, stream>>>(
-        topk_index, routes, e_count, counts);
+        topk_index, routes, e_count, device_counts);
   else
     router_count_kernel<false>
-        <<<grid, kCountThreads, 0, stream>>>(topk_index, routes, e_count, counts);
+        <<<grid, kCountThreads, 0, stream>>>(topk_index, routes, e_count, device_counts);
 }
 
 void launch_router_topk_backward(const float* logits, const float* scores,
                                  const int32_t* topk_index, const float* topk_weight,
                                  const float* d_weight, const float* lb_score_grad,
-                                 bool lb_uses_softmax, float z_grad_scale, float* dlogits,
-                                 int64_t tokens, int64_t experts, const RouterTopkParams& params,
-                                 cudaStream_t stream) {
+                                 int64_t lb_group_tokens, bool lb_uses_softmax, float z_grad_scale,
+                                 float* dlogits, int64_t tokens, int64_t experts,
+                                 const RouterTopkParams& params, cudaStream_t stream) {
   if (tokens <= 0 || experts <= 0) return;
   router_topk_backward_kernel<<<token_blocks(tokens), kThreads, 0, stream>>>(
-      logits, scores, topk_index, topk_weight, d_weight, lb_score_grad, lb_uses_softmax,
-      z_grad_scale, dlogits, tokens, static_cast<int>(experts), params);
+      logits, scores, topk_index, topk_weight, d_weight, lb_score_grad, lb_group_tokens,
+      lb_uses_softmax, z_grad_scale, dlogits, tokens, static_cast<int>(experts), params);
 }
 
 void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, double* row_values,

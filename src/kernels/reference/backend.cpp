@@ -35,6 +35,7 @@ const KernelBackend& reference_backend() {
       .router_topk_backward = &kernels::reference::router_topk_backward,
       .router_z_loss = &kernels::reference::router_z_loss,
       .router_probability_column_sums = &kernels::reference::router_probability_column_sums,
+      .route_counts_by_group = &kernels::reference::route_counts_by_group,
       .moe_loss_terms = &kernels::reference::moe_loss_terms,
       .router_bias_update = &kernels::reference::router_bias_update,
       .grouped_gemm_forward = &kernels::reference::grouped_gemm_forward,

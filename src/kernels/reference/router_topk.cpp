@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "core/splitmix64.h"
@@ -132,10 +133,17 @@ void router_topk_backward(ConstTensorView logits, ConstTensorView /*scores*/,
   const float* zp = logits.data<float>(kOp);
   const int32_t* index = topk_index.data<int32_t>(kOp);
   const float* dweight = d_weight.data<float>(kOp);
-  const float* lb = g.lb_score_grad.raw() != nullptr ? g.lb_score_grad.data<float>(kOp) : nullptr;
+  // Token t reads row t / (N / G) of the load-balancing gradient (one row: every token).
+  const float* lb_rows = nullptr;
+  int64_t group_tokens = n;
+  if (g.lb_score_grad.raw() != nullptr) {
+    group_tokens = n / token_groups(kOp, "lb_score_grad", g.lb_score_grad, n, e_count);
+    lb_rows = g.lb_score_grad.data<float>(kOp);
+  }
   float* dzp = dlogits.data<float>(kOp);
   const bool sigmoid = o.score == RouterScoreFunction::kSigmoid;
   for (int64_t t = 0; t < n; ++t) {
+    const float* lb = lb_rows != nullptr ? lb_rows + t / group_tokens * e_count : nullptr;
     const float* z = zp + t * e_count;
     const std::vector<double> soft = softmax(z, e_count);
     // The scores s(z) and their Jacobian ds_a/dz_b.
@@ -219,13 +227,15 @@ void router_z_loss(ConstTensorView logits, TensorView z_loss) {
 
 void router_probability_column_sums(ConstTensorView logits, ConstTensorView scores,
                                     RouterProbability probability, TensorView column_sums_view) {
+  constexpr const char* kOp = "router_probability_column_sums";
   const int64_t n = logits.size(0), e_count = logits.size(1);
-  const float* zp = logits.data<float>("router_probability_column_sums");
-  const float* pp = scores.data<float>("router_probability_column_sums");
-  const std::span<double> column_sums(
-      column_sums_view.data<double>("router_probability_column_sums"), at(e_count));
+  const int64_t groups = token_groups(kOp, "column_sums", column_sums_view, n, e_count);
+  const float* zp = logits.data<float>(kOp);
+  const float* pp = scores.data<float>(kOp);
+  const std::span<double> column_sums(column_sums_view.data<double>(kOp), at(groups * e_count));
   std::fill(column_sums.begin(), column_sums.end(), 0.0);
   for (int64_t t = 0; t < n; ++t) {
+    double* group_sums = column_sums.data() + t / (n / groups) * e_count;
     const float* p = pp + t * e_count;
     const std::vector<double> soft = softmax(zp + t * e_count, e_count);
     double row_sum = 0.0;
@@ -234,9 +244,24 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
       double v = double{p[e]};
       if (probability == RouterProbability::kSoftmaxOfLogits) v = soft[at(e)];
       if (probability == RouterProbability::kScoresOverRowSum) v /= row_sum;
-      column_sums[at(e)] += v;
+      group_sums[e] += v;
     }
   }
+}
+
+void route_counts_by_group(ConstTensorView topk_index, TensorView counts_view) {
+  constexpr const char* kOp = "route_counts_by_group";
+  const GroupCountDims d = group_count_dims(kOp, topk_index, counts_view);
+  const int32_t* index = topk_index.data<int32_t>(kOp);
+  int64_t* counts = counts_view.data<int64_t>(kOp);
+  std::fill_n(counts, d.groups * d.experts, int64_t{0});
+  for (int64_t t = 0; t < d.tokens; ++t)
+    for (int64_t j = 0; j < d.top_k; ++j) {
+      const int32_t e = index[t * d.top_k + j];
+      MOE_CHECK(e >= 0 && e < d.experts, "[{}] topk_index[{}]={} is outside [0, {})", kOp,
+                t * d.top_k + j, e, d.experts);
+      ++counts[t / (d.tokens / d.groups) * d.experts + e];
+    }
 }
 
 }  // namespace moecore::kernels::reference
