@@ -1078,15 +1078,18 @@ TEST_P(KernelOps, RouterGroupStatisticsMatchReference) {
       {8, {.score = kSigmoid, .top_k = 3, .norm_topk_prob = true}, false},
       {6, {.score = kSigmoid, .top_k = 2}, true},
   };
-  const int64_t n = 12;
+  // (tokens, groups): small groups, and groups long enough that a backend sums each in several
+  // chunks (the CUDA backend's are 64 rows).
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {12, 1}, {12, 3}, {12, 4}, {320, 1}, {320, 2}};
   uint32_t seed = 2600;
   for (const Case& c : cases)
-    for (const int64_t groups : {int64_t{1}, int64_t{3}, int64_t{4}}) {
+    for (const auto& [n, groups] : shapes) {
       const RouterTopkOptions& o = c.options;
       const int64_t e_count = c.experts, k = o.top_k, rows = n / groups;
       const std::string what = "E=" + std::to_string(e_count) + " k=" + std::to_string(k) +
                                " score=" + std::to_string(static_cast<int>(o.score)) +
-                               " G=" + std::to_string(groups);
+                               " N=" + std::to_string(n) + " G=" + std::to_string(groups);
       const float offset = o.score == kSigmoid ? -1.5f - static_cast<float>(e_count) : -4.0f;
       std::vector<float> z = separated_logits(n, e_count, offset, ++seed);
       std::vector<float> scores(z.size()), weight(static_cast<size_t>(n * k));

@@ -175,21 +175,23 @@ void launch_router_topk_backward(const float* logits, const float* scores,
                                  int64_t lb_group_tokens, bool lb_uses_softmax, float z_grad_scale,
                                  float* dlogits, int64_t tokens, int64_t experts,
                                  const RouterTopkParams& params, cudaStream_t stream);
-// counts[e] (+=, device, experts >= 1) for each route of topk_index [routes] naming e; an id
-// outside [0, experts) counts nowhere.
-void launch_route_counts(const int32_t* topk_index, int64_t routes, int64_t experts,
+// counts[g, e] (+=, device, experts >= 1) for each route of group g of topk_index [routes] (groups
+// equal runs of routes, groups dividing routes, at most 65535) naming e; an id outside
+// [0, experts) counts nowhere.
+void launch_route_counts(const int32_t* topk_index, int64_t routes, int64_t experts, int64_t groups,
                          int64_t* counts, cudaStream_t stream);
 // *mean (device) = the mean over rows of logsumexp(row)^2 in double (row_values: [tokens] doubles
 // of scratch); tokens > 0.
 void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, double* row_values,
                           double* mean, cudaStream_t stream);
-// RouterProbability's values; the sums land in the first `experts` doubles of scratch,
-// router_column_sums_scratch_bytes(tokens, experts) bytes.
+// RouterProbability's values, summed per group of tokens / groups consecutive tokens (groups
+// dividing tokens, at most 65535); the sums [groups, experts] land in the first groups x experts
+// doubles of scratch, router_column_sums_scratch_bytes(tokens, experts, groups) bytes.
 enum class RouterColumnValue : uint8_t { kScores, kSoftmaxOfLogits, kScoresOverRowSum };
-int64_t router_column_sums_scratch_bytes(int64_t tokens, int64_t experts);
+int64_t router_column_sums_scratch_bytes(int64_t tokens, int64_t experts, int64_t groups);
 void launch_router_probability_column_sums(const float* logits, const float* scores,
                                            RouterColumnValue value, int64_t tokens, int64_t experts,
-                                           void* scratch, cudaStream_t stream);
+                                           int64_t groups, void* scratch, cudaStream_t stream);
 
 // route_order.cu: kernels/ops.h's order_routes_by_expert on topk_index [routes] (experts >= 1,
 // routes < 2^31): dst_row [routes], expert_offsets [experts + 1] (device). An id outside

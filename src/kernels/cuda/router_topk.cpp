@@ -15,6 +15,9 @@ namespace moecore::kernels::cuda {
 
 namespace {
 
+// The groups of tokens one launch of the per-group statistics takes (a grid dimension).
+constexpr int64_t kMaxTokenGroups = 65535;
+
 RouterTopkParams params_of(const RouterTopkOptions& o) {
   return {.sigmoid = o.score == RouterScoreFunction::kSigmoid,
           .topk_softmax = o.score == RouterScoreFunction::kTopkSoftmax,
@@ -154,19 +157,17 @@ void router_probability_column_sums(ConstTensorView logits, ConstTensorView scor
     MOE_CUDA_CHECK(cudaMemsetAsync(sums, 0, sum_bytes * static_cast<size_t>(groups), stream()));
     return;
   }
-  // A group at a time (one for the micro-batch, a few instances per micro-batch otherwise), each
-  // summed as one micro-batch of its tokens would be, into the same scratch in stream order.
-  const int64_t rows = n / groups;
-  const StreamScratch scratch(static_cast<size_t>(router_column_sums_scratch_bytes(rows, e_count)),
-                              stream());
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t first = g * rows * e_count;
-    launch_router_probability_column_sums(zp + first, pp + first, value, rows, e_count,
-                                          scratch.as<void>(), stream());
-    MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_probability_column_sums");
-    MOE_CUDA_CHECK(cudaMemcpyAsync(sums + g * e_count, scratch.as<void>(), sum_bytes,
-                                   cudaMemcpyDeviceToDevice, stream()));
-  }
+  // Every group in one launch, each summed as a call for its tokens alone would sum them.
+  MOE_CHECK(groups <= kMaxTokenGroups,
+            "[{}] {} groups of tokens are more than the {} one launch takes", kOp, groups,
+            kMaxTokenGroups);
+  const StreamScratch scratch(
+      static_cast<size_t>(router_column_sums_scratch_bytes(n, e_count, groups)), stream());
+  launch_router_probability_column_sums(zp, pp, value, n, e_count, groups, scratch.as<void>(),
+                                        stream());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_router_probability_column_sums");
+  MOE_CUDA_CHECK(cudaMemcpyAsync(sums, scratch.as<void>(), sum_bytes * static_cast<size_t>(groups),
+                                 cudaMemcpyDeviceToDevice, stream()));
 }
 
 void route_counts_by_group(ConstTensorView topk_index, TensorView counts) {
@@ -174,19 +175,18 @@ void route_counts_by_group(ConstTensorView topk_index, TensorView counts) {
   expect_on_device(kOp, "topk_index", topk_index);
   expect_on_device(kOp, "counts", counts);
   const GroupCountDims d = group_count_dims(kOp, topk_index, counts, Device::kCuda);
+  MOE_CHECK(d.groups <= kMaxTokenGroups,
+            "[{}] {} groups of tokens are more than the {} one launch takes", kOp, d.groups,
+            kMaxTokenGroups);
   int64_t* out = counts.data<int64_t>(kOp);
   // The counts stay on the device (no wait for the routing): zeroed, then each group's routes
   // counted into its row.
   MOE_CUDA_CHECK(cudaMemsetAsync(
       out, 0, sizeof(int64_t) * static_cast<size_t>(d.groups * d.experts), stream()));
-  const int64_t group_routes = d.tokens / d.groups * d.top_k;
-  if (group_routes == 0) return;
-  const int32_t* index = topk_index.data<int32_t>(kOp);
-  for (int64_t g = 0; g < d.groups; ++g) {
-    launch_route_counts(index + g * group_routes, group_routes, d.experts, out + g * d.experts,
-                        stream());
-    MOE_CUDA_CHECK_LAUNCH(kOp, "launch_route_counts");
-  }
+  if (d.tokens == 0) return;
+  launch_route_counts(topk_index.data<int32_t>(kOp), d.tokens * d.top_k, d.experts, d.groups, out,
+                      stream());
+  MOE_CUDA_CHECK_LAUNCH(kOp, "launch_route_counts");
 }
 
 }  // namespace moecore::kernels::cuda

@@ -213,12 +213,15 @@ __global__ void router_topk_forward_kernel(const float* logits, const float* bia
   }
 }
 
-// Routes per expert: a block's counts in shared memory first (kShared), then one atomic per
-// expert and block, so that the global counters see few colliding atomics.
+// Routes per expert of group blockIdx.y (its `routes` routes, counted into its row of counts): a
+// block's counts in shared memory first (kShared), then one atomic per expert and block, so that
+// the global counters see few colliding atomics.
 template <bool kShared>
-__global__ void router_count_kernel(const int32_t* index, int64_t routes, int experts,
-                                    unsigned long long* counts) {
+__global__ void router_count_kernel(const int32_t* group_index, int64_t routes, int experts,
+                                    unsigned long long* group_counts) {
   extern __shared__ unsigned int block_counts[];
+  const int32_t* index = group_index + blockIdx.y * routes;
+  unsigned long long* counts = group_counts + int64_t{blockIdx.y} * experts;
   if constexpr (kShared) {
     for (int e = threadIdx.x; e < experts; e += blockDim.x) block_counts[e] = 0;
     __syncthreads();
@@ -398,16 +401,18 @@ __global__ void router_row_stats_kernel(const float* logits, const float* scores
   }
 }
 
-// Column e of token chunk blockIdx.y: the chunk's probabilities in token order, in double, into
-// out[chunk, e] (out is the sums themselves when there is one chunk).
+// Column e of token chunk blockIdx.y of group blockIdx.z (group_rows consecutive tokens): the
+// chunk's probabilities in token order, in double, into out[group, chunk, e] (out is the sums
+// themselves when there is one chunk).
 __global__ void router_column_chunk_kernel(const float* logits, const float* scores,
                                            RouterColumnValue value, const float* stats,
-                                           int64_t tokens, int experts, int64_t chunk_rows,
+                                           int64_t group_rows, int experts, int64_t chunk_rows,
                                            double* out) {
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (e >= experts) return;
-  const int64_t begin = blockIdx.y * chunk_rows;
-  const int64_t end = begin + chunk_rows < tokens ? begin + chunk_rows : tokens;
+  const int64_t group_begin = blockIdx.z * group_rows, group_end = group_begin + group_rows;
+  const int64_t begin = group_begin + blockIdx.y * chunk_rows;
+  const int64_t end = begin + chunk_rows < group_end ? begin + chunk_rows : group_end;
   double sum = 0.0;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t at = t * experts + e;
@@ -417,17 +422,18 @@ __global__ void router_column_chunk_kernel(const float* logits, const float* sco
                         : scores[at] / stats[2 * t + 1];
     sum += static_cast<double>(v);
   }
-  out[blockIdx.y * int64_t{experts} + e] = sum;
+  out[(int64_t{blockIdx.z} * gridDim.y + blockIdx.y) * experts + e] = sum;
 }
 
-// sums[e] = the chunks' sums of column e, chunks in order.
+// sums[group, e] = the group's chunks' sums of column e, chunks in order (group: blockIdx.y).
 __global__ void router_column_reduce_kernel(const double* partial, int64_t chunks, int experts,
                                             double* sums) {
   const int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (e >= experts) return;
+  const double* group_partial = partial + blockIdx.y * chunks * experts;
   double sum = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) sum += partial[c * experts + e];
-  sums[e] = sum;
+  for (int64_t c = 0; c < chunks; ++c) sum += group_partial[c * experts + e];
+  sums[int64_t{blockIdx.y} * experts + e] = sum;
 }
 
 int64_t column_chunks(int64_t tokens) {
@@ -452,24 +458,25 @@ void launch_router_topk_forward(const float* logits, const float* selection_bias
   router_topk_forward_kernel<<<token_blocks(tokens), kThreads, 0, stream>>>(
       logits, selection_bias, scores, topk_index, topk_weight, group_scores, tokens, e_count,
       params);
-  launch_route_counts(topk_index, tokens * params.top_k, experts, expert_counts, stream);
+  launch_route_counts(topk_index, tokens * params.top_k, experts, 1, expert_counts, stream);
 }
 
-void launch_route_counts(const int32_t* topk_index, int64_t routes, int64_t experts,
+void launch_route_counts(const int32_t* topk_index, int64_t routes, int64_t experts, int64_t groups,
                          int64_t* counts, cudaStream_t stream) {
-  if (routes <= 0 || experts <= 0) return;
+  if (routes <= 0 || experts <= 0 || groups <= 0) return;
   const int e_count = static_cast<int>(experts);
-  const int64_t blocks = (routes + kCountThreads - 1) / kCountThreads;
-  const unsigned int grid =
-      static_cast<unsigned int>(blocks < kMaxCountBlocks ? blocks : kMaxCountBlocks);
+  const int64_t group_routes = routes / groups;
+  const int64_t blocks = (group_routes + kCountThreads - 1) / kCountThreads;
+  const dim3 grid(static_cast<unsigned int>(blocks < kMaxCountBlocks ? blocks : kMaxCountBlocks),
+                  static_cast<unsigned int>(groups));
   // int64_t and unsigned long long are both 64-bit; the counts never come near 2^63.
   auto* device_counts = reinterpret_cast<unsigned long long*>(counts);
   if (e_count <= kMaxSharedCountExperts)
     router_count_kernel<true><<<grid, kCountThreads, sizeof(unsigned int) * e_count, stream>>>(
-        topk_index, routes, e_count, device_counts);
+        topk_index, group_routes, e_count, device_counts);
   else
     router_count_kernel<false>
-        <<<grid, kCountThreads, 0, stream>>>(topk_index, routes, e_count, device_counts);
+        <<<grid, kCountThreads, 0, stream>>>(topk_index, group_routes, e_count, device_counts);
 }
 
 void launch_router_topk_backward(const float* logits, const float* scores,
@@ -492,35 +499,39 @@ void launch_router_z_loss(const float* logits, int64_t tokens, int64_t experts, 
   mean_in_fixed_order_kernel<<<1, kTotalThreads, 0, stream>>>(row_values, tokens, mean);
 }
 
-int64_t router_column_sums_scratch_bytes(int64_t tokens, int64_t experts) {
-  const int64_t chunks = column_chunks(tokens);
-  const int64_t doubles = experts + (chunks > 1 ? chunks * experts : 0);
+int64_t router_column_sums_scratch_bytes(int64_t tokens, int64_t experts, int64_t groups) {
+  const int64_t chunks = column_chunks(tokens / groups);
+  const int64_t doubles = groups * experts + (chunks > 1 ? groups * chunks * experts : 0);
   return doubles * static_cast<int64_t>(sizeof(double)) +
          2 * tokens * static_cast<int64_t>(sizeof(float));
 }
 
 void launch_router_probability_column_sums(const float* logits, const float* scores,
                                            RouterColumnValue value, int64_t tokens, int64_t experts,
-                                           void* scratch, cudaStream_t stream) {
-  if (tokens <= 0 || experts <= 0) return;
+                                           int64_t groups, void* scratch, cudaStream_t stream) {
+  if (tokens <= 0 || experts <= 0 || groups <= 0) return;
   const int e_count = static_cast<int>(experts);
-  const int64_t chunks = column_chunks(tokens);
-  const int64_t chunk_rows = (tokens + chunks - 1) / chunks;
+  // Each group in chunks of its own rows, as a call for that group's tokens alone would sum it.
+  const int64_t group_rows = tokens / groups;
+  const int64_t chunks = column_chunks(group_rows);
+  const int64_t chunk_rows = (group_rows + chunks - 1) / chunks;
   // The sums, the chunks' partial sums (more than one chunk), then the row statistics.
+  const int64_t sum_count = groups * experts;
   double* sums = static_cast<double*>(scratch);
-  double* partial = chunks > 1 ? sums + experts : sums;
-  float* stats = reinterpret_cast<float*>(sums + experts + (chunks > 1 ? chunks * experts : 0));
+  double* partial = chunks > 1 ? sums + sum_count : sums;
+  float* stats = reinterpret_cast<float*>(sums + sum_count + (chunks > 1 ? chunks * sum_count : 0));
   if (value != RouterColumnValue::kScores)
     router_row_stats_kernel<<<token_blocks(tokens), kThreads, 0, stream>>>(
         logits, scores, value == RouterColumnValue::kSoftmaxOfLogits, tokens, e_count, stats);
   const int threads = column_threads(experts);
   const unsigned int column_blocks = static_cast<unsigned int>((experts + threads - 1) / threads);
-  const dim3 grid(column_blocks, static_cast<unsigned int>(chunks));
-  router_column_chunk_kernel<<<grid, threads, 0, stream>>>(logits, scores, value, stats, tokens,
+  const dim3 grid(column_blocks, static_cast<unsigned int>(chunks),
+                  static_cast<unsigned int>(groups));
+  router_column_chunk_kernel<<<grid, threads, 0, stream>>>(logits, scores, value, stats, group_rows,
                                                            e_count, chunk_rows, partial);
   if (chunks > 1)
-    router_column_reduce_kernel<<<column_blocks, threads, 0, stream>>>(partial, chunks, e_count,
-                                                                       sums);
+    router_column_reduce_kernel<<<dim3(column_blocks, static_cast<unsigned int>(groups)), threads,
+                                  0, stream>>>(partial, chunks, e_count, sums);
 }
 
 }  // namespace moecore::kernels::cuda
