@@ -129,7 +129,8 @@ void run_debug_steps(const DebugArgs& args) {
                                          s.tokens.batch, s.tokens.seq);
     model.backward(s.params, grads, 1.0f);
     grad_norms.push_back(static_cast<float>(clip_grad_norm(grads, s.config.optim.max_grad_norm)));
-    optimizer.step(s.params, grads, learning_rate(s.config.optim, step, args.steps));
+    optimizer.step(s.params, grads,
+                   learning_rate(s.config.optim, step, args.steps, s.tokens.batch * s.tokens.seq));
     model.update_router_bias(s.params);  // as the trainer does after each step
     total_losses.push_back(static_cast<float>(loss.total));
     ce_losses.push_back(static_cast<float>(loss.ce));

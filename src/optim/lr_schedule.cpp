@@ -4,32 +4,39 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/check.h"
+
 namespace moecore {
 
-double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
+double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
+                     int64_t tokens_per_step) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
   // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR; warmup_min_lr 0,
   // alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio, the others' lr *
   // decay_min_lr_ratio) at t = step + 1: OLMo-core's trainer counts the first update as step 1
   // and asks its scheduler for that step's rate. So the warm-up's last update has the peak rate
   // and the run's last update the final one. Each formula in OLMo-core's order of operations.
-  const int64_t t = step + 1;
-  const int64_t warmup = warmup_updates(c, total_steps);
+  // Counted in tokens, the update's position and the run's length are its tokens seen (OLMo-core
+  // adds the batch's tokens before asking) and max_steps x the tokens of an update.
+  MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
+            "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
+  const int64_t unit = schedule_unit(c, tokens_per_step);
+  const int64_t t = (step + 1) * unit;
+  const int64_t horizon = total_steps * unit;  // the run's length, in the units
+  const int64_t warmup = warmup_length(c, horizon);
   const double lr_min = c.lr * c.min_lr_ratio;
   // The linear tails of CosWithWarmupAndLinearDecay and PowerLR: the last `decay` updates fall
   // from the rate at the first of them to lr * decay_min_lr_ratio.
   const bool tail_schedule =
       c.schedule == LrSchedule::kCosineLinearDecay || c.schedule == LrSchedule::kPower;
-  if (tail_schedule && t >= total_steps - decay_updates(c, total_steps) &&
+  if (tail_schedule && t >= horizon - decay_length(c, horizon) &&
       !(c.schedule == LrSchedule::kPower && t <= warmup)) {
-    const int64_t decay = decay_updates(c, total_steps);
+    const int64_t decay = decay_length(c, horizon);
     const double to = c.lr * c.decay_min_lr_ratio;
-    return to + (decay_tail_start(c, total_steps) - to) *
-                    static_cast<double>(std::min(total_steps - t, decay)) /
-                    static_cast<double>(decay);
+    return to + (decay_tail_start(c, horizon) - to) *
+                    static_cast<double>(std::min(horizon - t, decay)) / static_cast<double>(decay);
   }
-  if (c.schedule == LrSchedule::kCosineLinearDecay)
-    return cosine_with_warmup_rate(c, t, total_steps);
+  if (c.schedule == LrSchedule::kCosineLinearDecay) return cosine_with_warmup_rate(c, t, horizon);
   // HalfCosWithWarmup's warm-up rises to the cosine's half-way rate, where its decay starts.
   const double peak = c.schedule == LrSchedule::kHalfCosine ? lr_min + (c.lr - lr_min) / 2.0 : c.lr;
   // WSD, ConstantWithWarmup and PowerLR warm up through t == warmup ((lr w) / w there, which may
@@ -46,15 +53,15 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   if (c.schedule == LrSchedule::kInvSqrt)
     return lr_min +
            (c.lr - lr_min) * std::sqrt(static_cast<double>(warmup) / static_cast<double>(t));
-  if (t >= total_steps) return lr_min;  // WSD's formula gives exactly this at t == total_steps
+  if (t >= horizon) return lr_min;  // WSD's formula gives exactly this at the horizon
   if (c.schedule == LrSchedule::kWsd) {
-    const int64_t decay = decay_updates(c, total_steps);
-    if (t < total_steps - decay) return c.lr;
-    return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(total_steps - t, decay)) /
+    const int64_t decay = decay_length(c, horizon);
+    if (t < horizon - decay) return c.lr;
+    return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(horizon - t, decay)) /
                         static_cast<double>(decay);
   }
   auto current = static_cast<double>(t - warmup);
-  auto span = static_cast<double>(total_steps - warmup);
+  auto span = static_cast<double>(horizon - warmup);
   if (c.schedule == LrSchedule::kHalfCosine) {  // the second half of a cosine twice as long
     current += span;
     span *= 2.0;

@@ -20,7 +20,11 @@
 
 namespace moecore {
 
-double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps);
+// tokens_per_step: the tokens an update adds (train.batch_size x train.seq_len); needed when the
+// schedule counts tokens (units "tokens": OLMo-core's rate at t x tokens_per_step of a horizon
+// of total_steps x tokens_per_step tokens).
+double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps,
+                     int64_t tokens_per_step = 0);
 
 // OLMo-core's cosine from lr at current = 0 to lr_min at current = span, in its order of
 // operations.
@@ -28,27 +32,27 @@ inline double cosine_fall(double lr, double lr_min, double current, double span)
   return lr_min + (lr - lr_min) * (1.0 + std::cos(std::numbers::pi * current / span)) / 2.0;
 }
 
-// OLMo-core's CosWithWarmup at its step t (1-based): the warm-up below t = warmup, then the
-// cosine to lr * min_lr_ratio at t = total_steps.
-inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t total_steps) {
-  const int64_t warmup = warmup_updates(c, total_steps);
+// OLMo-core's CosWithWarmup at t of a horizon (its units: its step t, 1-based, of total_steps,
+// or tokens): the warm-up below t = warmup, then the cosine to lr * min_lr_ratio at the horizon.
+inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t horizon) {
+  const int64_t warmup = warmup_length(c, horizon);
   const double lr_min = c.lr * c.min_lr_ratio;
   if (t < warmup)
     return c.lr * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
-  if (t >= total_steps) return lr_min;
+  if (t >= horizon) return lr_min;
   return cosine_fall(c.lr, lr_min, static_cast<double>(t - warmup),
-                     static_cast<double>(total_steps - warmup));
+                     static_cast<double>(horizon - warmup));
 }
 
 // The rate a decay tail of cosine_linear_decay or power falls from: the cosine's, or the power
-// law's lr (t / warmup)^power_exponent, at the tail's first update t = total_steps - decay.
-inline double decay_tail_start(const OptimConfig& c, int64_t total_steps) {
-  const int64_t first = total_steps - decay_updates(c, total_steps);
+// law's lr (t / warmup)^power_exponent, at the tail's start t = horizon - decay.
+inline double decay_tail_start(const OptimConfig& c, int64_t horizon) {
+  const int64_t first = horizon - decay_length(c, horizon);
   if (c.schedule == LrSchedule::kPower)
-    return c.lr * std::pow(static_cast<double>(first) /
-                               static_cast<double>(warmup_updates(c, total_steps)),
-                           c.power_exponent);
-  return cosine_with_warmup_rate(c, first, total_steps);
+    return c.lr *
+           std::pow(static_cast<double>(first) / static_cast<double>(warmup_length(c, horizon)),
+                    c.power_exponent);
+  return cosine_with_warmup_rate(c, first, horizon);
 }
 
 }  // namespace moecore

@@ -20,6 +20,10 @@ enum class LrSchedule {
   kPower
 };
 
+// What a schedule counts (OLMo-core's SchedulerUnits): updates, or tokens seen (an update of the
+// run adds train.batch_size x train.seq_len tokens; the schedule's t_max is max_steps of them).
+enum class LrUnits { kSteps, kTokens };
+
 // The parameters AdamW's weight decay leaves alone: norm gains and embeddings (moecore's default),
 // the input embedding only (OLMo-core's recipes: their group override exempts embeddings.weight;
 // a tied LM head is that tensor), or none (OLMo-core's AdamW without group overrides).
@@ -33,7 +37,9 @@ struct OptimConfig {
   double weight_decay = 0.1;  // not applied to the parameters no_decay names
   NoDecay no_decay = NoDecay::kNormsAndEmbeddings;
   double max_grad_norm = 1.0;  // <= 0: no clipping
-  int64_t warmup_steps = 0;
+  LrUnits units = LrUnits::kSteps;
+  int64_t warmup_steps = 0;   // units "steps"
+  int64_t warmup_tokens = 0;  // units "tokens"
   // > 0: the warm-up is round(max_steps * warmup_fraction) updates (ties to even, as Python's
   // round in OLMo-core's schedulers) instead of warmup_steps, which must then be 0.
   double warmup_fraction = 0.0;
@@ -42,6 +48,7 @@ struct OptimConfig {
   // The linear decay tail of "wsd", "cosine_linear_decay" and "power": decay_steps updates when
   // > 0, else round(max_steps * decay_fraction).
   int64_t decay_steps = 0;
+  int64_t decay_tokens = 0;  // units "tokens": the tail's length in tokens
   double decay_fraction = 0.1;
   // "cosine_linear_decay": the tail falls from the cosine's rate to lr * decay_min_lr_ratio
   // (OLMo-core's decay_min_lr, 0 by default); min_lr_ratio stays the cosine's floor (alpha_f).
@@ -58,19 +65,27 @@ inline int64_t round_half_even(int64_t total, double fraction) {
   return static_cast<int64_t>(std::nearbyint(static_cast<double>(total) * fraction));
 }
 
-// The warm-up's length in updates of a run of total_steps: warmup_steps, or round(total_steps *
-// warmup_fraction).
-inline int64_t warmup_updates(const OptimConfig& c, int64_t total_steps) {
-  return c.warmup_fraction > 0.0 ? round_half_even(total_steps, c.warmup_fraction) : c.warmup_steps;
+// A schedule's lengths are in its units (updates or tokens); horizon: the run's length in them
+// (max_steps, or max_steps x tokens per update).
+// The warm-up's length: warmup_steps (warmup_tokens), or round(horizon * warmup_fraction).
+inline int64_t warmup_length(const OptimConfig& c, int64_t horizon) {
+  if (c.warmup_fraction > 0.0) return round_half_even(horizon, c.warmup_fraction);
+  return c.units == LrUnits::kTokens ? c.warmup_tokens : c.warmup_steps;
 }
 
-// The decay tail's length in updates (wsd, cosine_linear_decay, power): decay_steps when > 0,
-// else round(total_steps * decay_fraction).
-inline int64_t decay_updates(const OptimConfig& c, int64_t total_steps) {
-  return c.decay_steps > 0 ? c.decay_steps : round_half_even(total_steps, c.decay_fraction);
+// The decay tail's length (wsd, cosine_linear_decay, power): decay_steps (decay_tokens) when
+// > 0, else round(horizon * decay_fraction).
+inline int64_t decay_length(const OptimConfig& c, int64_t horizon) {
+  const int64_t given = c.units == LrUnits::kTokens ? c.decay_tokens : c.decay_steps;
+  return given > 0 ? given : round_half_even(horizon, c.decay_fraction);
 }
 
-// Whether the schedule ends in a linear decay tail of decay_updates updates.
+// The schedule's horizon and an update's length in its units: 1 per update, or its tokens.
+inline int64_t schedule_unit(const OptimConfig& c, int64_t tokens_per_step) {
+  return c.units == LrUnits::kTokens ? tokens_per_step : 1;
+}
+
+// Whether the schedule ends in a linear decay tail of decay_length.
 inline bool has_decay_tail(LrSchedule s) {
   return s == LrSchedule::kWsd || s == LrSchedule::kCosineLinearDecay || s == LrSchedule::kPower;
 }

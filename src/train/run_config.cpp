@@ -173,7 +173,9 @@ void read_optim(TableReader& r, OptimConfig& o) {
                {"embeddings", NoDecay::kEmbeddings},
                {"none", NoDecay::kNone}});
   r.read("max_grad_norm", o.max_grad_norm);
+  r.read_enum("units", o.units, {{"steps", LrUnits::kSteps}, {"tokens", LrUnits::kTokens}});
   r.read("warmup_steps", o.warmup_steps);
+  r.read("warmup_tokens", o.warmup_tokens);
   r.read("warmup_fraction", o.warmup_fraction);
   r.read_enum("schedule", o.schedule,
               {{"cosine", LrSchedule::kCosine},
@@ -186,6 +188,7 @@ void read_optim(TableReader& r, OptimConfig& o) {
                {"power", LrSchedule::kPower}});
   r.read("min_lr_ratio", o.min_lr_ratio);
   r.read("decay_steps", o.decay_steps);
+  r.read("decay_tokens", o.decay_tokens);
   r.read("decay_fraction", o.decay_fraction);
   r.read("decay_min_lr_ratio", o.decay_min_lr_ratio);
   r.read("power_exponent", o.power_exponent);
@@ -350,6 +353,24 @@ void OptimConfig::validate() const {
             "[config] optim.warmup_steps={} and optim.warmup_fraction={}: give one of them",
             warmup_steps, warmup_fraction);
   MOE_CHECK(decay_steps >= 0, "[config] optim.decay_steps={} must be >= 0", decay_steps);
+  MOE_CHECK(warmup_tokens >= 0 && decay_tokens >= 0,
+            "[config] optim.warmup_tokens={} and optim.decay_tokens={} must be >= 0", warmup_tokens,
+            decay_tokens);
+  MOE_CHECK(warmup_fraction == 0.0 || warmup_tokens == 0,
+            "[config] optim.warmup_tokens={} and optim.warmup_fraction={}: give one of them",
+            warmup_tokens, warmup_fraction);
+  // A length in the other units would be read as a count of these.
+  if (units == LrUnits::kTokens)
+    MOE_CHECK(warmup_steps == 0 && decay_steps == 0,
+              "[config] optim.units = \"tokens\" counts the schedule in tokens: give "
+              "optim.warmup_tokens / decay_tokens (or the fractions), not optim.warmup_steps={} / "
+              "decay_steps={}",
+              warmup_steps, decay_steps);
+  else
+    MOE_CHECK(warmup_tokens == 0 && decay_tokens == 0,
+              "[config] optim.warmup_tokens={} / decay_tokens={} count tokens: set optim.units = "
+              "\"tokens\" (or give warmup_steps / decay_steps)",
+              warmup_tokens, decay_tokens);
   MOE_CHECK(decay_fraction >= 0.0 && decay_fraction <= 1.0,
             "[config] optim.decay_fraction={} must be in [0, 1]", decay_fraction);
   MOE_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0,
@@ -410,48 +431,6 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                 (std::isfinite(t.init.embedding_std) && t.init.embedding_std > 0.0),
             "[config] train.embedding_init_std={} must be finite and > 0, or -1 (train.init_std)",
             t.init.embedding_std);
-  // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
-  // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
-  // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
-  // than trained; its PowerLR divides by the warm-up.
-  const LrSchedule schedule = config.optim.schedule;
-  MOE_CHECK(schedule != LrSchedule::kInvSqrt || t.max_steps == 0 ||
-                warmup_updates(config.optim, t.max_steps) >= 1,
-            "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
-            "/ t); without one the rate is lr x min_lr_ratio throughout): set optim.warmup_steps "
-            "or optim.warmup_fraction");
-  MOE_CHECK(schedule != LrSchedule::kPower || t.max_steps == 0 ||
-                warmup_updates(config.optim, t.max_steps) >= 1,
-            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
-            "set optim.warmup_steps or optim.warmup_fraction");
-  MOE_CHECK(!has_decay_tail(schedule) || t.max_steps == 0 ||
-                decay_updates(config.optim, t.max_steps) >= 1,
-            "[config] optim.schedule = \"{}\" decays over round(train.max_steps={} x "
-            "optim.decay_fraction={}) = 0 updates: set optim.decay_steps or a larger "
-            "optim.decay_fraction",
-            schedule == LrSchedule::kWsd                 ? "wsd"
-            : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
-                                                         : "power",
-            t.max_steps, config.optim.decay_fraction);
-  // Their tails start from the rate at the tail's first update, which must be an update of the
-  // run (OLMo-core's power law is infinite at 0, its cosine's warm-up negative before it), and
-  // fall: OLMo-core asserts decay_min_lr < that rate.
-  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
-      t.max_steps > 0) {
-    const char* name = schedule == LrSchedule::kPower ? "power" : "cosine_linear_decay";
-    const int64_t decay = decay_updates(config.optim, t.max_steps);
-    MOE_CHECK(decay < t.max_steps,
-              "[config] optim.schedule = \"{}\" decays over {} of train.max_steps={} updates: "
-              "the decay tail must start after the first update (a smaller optim.decay_steps or "
-              "optim.decay_fraction)",
-              name, decay, t.max_steps);
-    const double start = decay_tail_start(config.optim, t.max_steps);
-    const double end = config.optim.lr * config.optim.decay_min_lr_ratio;
-    MOE_CHECK(end < start,
-              "[config] optim.schedule = \"{}\": its decay tail would go from {} up to lr x "
-              "optim.decay_min_lr_ratio = {}; it must end below where it starts",
-              name, start, end);
-  }
   // Upper bounds far beyond any machine, so that no product of sizes (tokens x width x layers
   // in bytes, here and in `moecore plan`) can overflow 64 bits: 2^32 tokens a step.
   constexpr int64_t kMaxStepTokens = int64_t{1} << 32;
@@ -462,6 +441,64 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.batch_size <= kMaxStepTokens / t.seq_len,
             "[config] train.batch_size={} x train.seq_len={} tokens a step: at most {}",
             t.batch_size, t.seq_len, kMaxStepTokens);
+  // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
+  // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
+  // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
+  // than trained; its PowerLR divides by the warm-up.
+  const LrSchedule schedule = config.optim.schedule;
+  // The run's length in the schedule's units: its updates, or the tokens they add.
+  const bool in_tokens = config.optim.units == LrUnits::kTokens;
+  const int64_t unit = schedule_unit(config.optim, t.batch_size * t.seq_len);
+  MOE_CHECK(t.max_steps <= std::numeric_limits<int64_t>::max() / unit,
+            "[config] train.max_steps={} x {} tokens a step overflows the token count of "
+            "optim.units = \"tokens\"",
+            t.max_steps, unit);
+  const int64_t horizon = t.max_steps * unit;
+  const std::string run_length =
+      in_tokens
+          ? fmt::format("the run's {} tokens (train.max_steps x batch_size x seq_len)", horizon)
+          : fmt::format("train.max_steps={} updates", t.max_steps);
+  const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
+                                      : "optim.warmup_steps or optim.warmup_fraction";
+  MOE_CHECK(schedule != LrSchedule::kInvSqrt || t.max_steps == 0 ||
+                warmup_length(config.optim, horizon) >= 1,
+            "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
+            "/ t); without one the rate is lr x min_lr_ratio throughout): set {}",
+            warmup_keys);
+  MOE_CHECK(schedule != LrSchedule::kPower || t.max_steps == 0 ||
+                warmup_length(config.optim, horizon) >= 1,
+            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
+            "set {}",
+            warmup_keys);
+  const char* schedule_name = schedule == LrSchedule::kWsd                 ? "wsd"
+                              : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
+                                                                           : "power";
+  MOE_CHECK(
+      !has_decay_tail(schedule) || t.max_steps == 0 || decay_length(config.optim, horizon) >= 1,
+      "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
+      "{}: set optim.{} or a larger optim.decay_fraction",
+      schedule_name,
+      in_tokens ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
+                : fmt::format("train.max_steps={}", t.max_steps),
+      config.optim.decay_fraction, in_tokens ? "tokens" : "updates",
+      in_tokens ? "decay_tokens" : "decay_steps");
+  // Their tails start from the rate at the tail's start, which must be inside the run (OLMo-core's
+  // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
+  // asserts decay_min_lr < that rate.
+  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
+      t.max_steps > 0) {
+    const int64_t decay = decay_length(config.optim, horizon);
+    MOE_CHECK(decay < horizon,
+              "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
+              "after the run does (a smaller optim.{} or optim.decay_fraction)",
+              schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
+    const double start = decay_tail_start(config.optim, horizon);
+    const double end = config.optim.lr * config.optim.decay_min_lr_ratio;
+    MOE_CHECK(end < start,
+              "[config] optim.schedule = \"{}\": its decay tail would go from {} up to lr x "
+              "optim.decay_min_lr_ratio = {}; it must end below where it starts",
+              schedule_name, start, end);
+  }
   MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
             "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
   for (const auto& [key, value] : {std::pair{"max_seconds", t.max_seconds},
@@ -665,7 +702,9 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {NoDecay::kEmbeddings, "embeddings"},
                                      {NoDecay::kNone, "none"}})},
       {"max_grad_norm", o.max_grad_norm},
+      {"units", name(o.units, {{LrUnits::kSteps, "steps"}, {LrUnits::kTokens, "tokens"}})},
       {"warmup_steps", o.warmup_steps},
+      {"warmup_tokens", o.warmup_tokens},
       {"warmup_fraction", o.warmup_fraction},
       {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
                                      {LrSchedule::kLinear, "linear"},
@@ -677,6 +716,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {LrSchedule::kPower, "power"}})},
       {"min_lr_ratio", o.min_lr_ratio},
       {"decay_steps", o.decay_steps},
+      {"decay_tokens", o.decay_tokens},
       {"decay_fraction", o.decay_fraction},
       {"decay_min_lr_ratio", o.decay_min_lr_ratio},
       {"power_exponent", o.power_exponent}};

@@ -349,7 +349,8 @@ struct StepBuffers {
 // parameters are before the work (a replayed step graph reads them there): AdamW's coefficients
 // at the step's learning rate, which `report` gets, and the step guard's limits.
 void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
-  report.lr = learning_rate(ctx.config.optim, ctx.step, ctx.config.train.max_steps);
+  report.lr = learning_rate(ctx.config.optim, ctx.step, ctx.config.train.max_steps,
+                            ctx.config.train.batch_size * ctx.config.train.seq_len);
   ctx.optimizer.stage_step(report.lr);
   const StepLimits limits = ctx.guard.limits();
   const std::array<double, 2> values{limits.loss, limits.grad_norm};

@@ -171,7 +171,7 @@ TEST(Optim, LearningRateWsd) {
   // decay_fraction (steps 0: round(20 x 0.25) = 5, the same schedule); a floor of 10 %.
   c.decay_steps = 0;
   c.decay_fraction = 0.25;
-  EXPECT_EQ(decay_updates(c, total), 5);
+  EXPECT_EQ(decay_length(c, total), 5);
   EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 8e-4);
   c.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(learning_rate(c, 19, total), 1e-4);
@@ -255,25 +255,48 @@ TEST(Optim, LearningRatePower) {
   EXPECT_EQ(learning_rate(c, 19, total), 0.0);
 }
 
+// units "tokens" (OLMo-core's SchedulerUnits.tokens): update `step` is asked at its tokens seen,
+// (step + 1) x tokens_per_step, of max_steps x tokens_per_step; the lengths are in tokens.
+TEST(Optim, LearningRateInTokens) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.0;
+  c.schedule = LrSchedule::kWsd;
+  c.units = LrUnits::kTokens;
+  c.warmup_tokens = 100;  // the first update (64 tokens) is 64 / 100 of the way up
+  c.decay_tokens = 160;
+  const int64_t total = 10, tokens = 64;  // a run of 640 tokens
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total, tokens), 1e-3 * 64.0 / 100.0);
+  EXPECT_EQ(learning_rate(c, 1, total, tokens), 1e-3);  // 128 tokens: past the warm-up
+  EXPECT_EQ(learning_rate(c, 6, total, tokens), 1e-3);  // 448 < 640 - 160
+  EXPECT_DOUBLE_EQ(learning_rate(c, 7, total, tokens), 1e-3 * 128.0 / 160.0);  // 512: 128 to go
+  EXPECT_EQ(learning_rate(c, 9, total, tokens), 0.0);
+  c.warmup_tokens = 0;
+  c.warmup_fraction = 0.15;  // round(640 x 0.15) = 96 tokens, not round(10 x 0.15) = 2 updates
+  EXPECT_EQ(warmup_length(c, total * tokens), 96);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total, tokens), 1e-3 * 64.0 / 96.0);
+  EXPECT_THROW(learning_rate(c, 0, total), Error);  // tokens without an update's tokens
+}
+
 // warmup_fraction and decay_fraction round as Python's round does (OLMo-core's schedulers): to
 // the nearest integer, ties to even.
 TEST(Optim, ScheduleFractionsRoundHalfToEven) {
   OptimConfig c;
   c.warmup_fraction = 0.25;
-  EXPECT_EQ(warmup_updates(c, 10), 2);  // 2.5 -> 2
+  EXPECT_EQ(warmup_length(c, 10), 2);  // 2.5 -> 2
   c.warmup_fraction = 0.35;
-  EXPECT_EQ(warmup_updates(c, 10), 4);  // 3.5 -> 4
+  EXPECT_EQ(warmup_length(c, 10), 4);  // 3.5 -> 4
   c.warmup_fraction = 0.26;
-  EXPECT_EQ(warmup_updates(c, 10), 3);  // 2.6 -> 3
+  EXPECT_EQ(warmup_length(c, 10), 3);  // 2.6 -> 3
   c.decay_fraction = 0.05;
-  EXPECT_EQ(decay_updates(c, 10), 0);  // 0.5 -> 0 (the config refuses this for WSD)
+  EXPECT_EQ(decay_length(c, 10), 0);  // 0.5 -> 0 (the config refuses this for WSD)
   c.decay_fraction = 0.15;
-  EXPECT_EQ(decay_updates(c, 10), 2);  // 1.5 -> 2
+  EXPECT_EQ(decay_length(c, 10), 2);  // 1.5 -> 2
   c.decay_steps = 7;
-  EXPECT_EQ(decay_updates(c, 10), 7);  // decay_steps wins
+  EXPECT_EQ(decay_length(c, 10), 7);  // decay_steps wins
   c.warmup_fraction = 0.0;
   c.warmup_steps = 3;
-  EXPECT_EQ(warmup_updates(c, 10), 3);
+  EXPECT_EQ(warmup_length(c, 10), 3);
 }
 
 TEST(Optim, LearningRateWarmupAndEndPoints) {

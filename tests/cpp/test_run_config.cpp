@@ -329,7 +329,14 @@ TEST(RunConfig, TomlRoundTrip) {
   c.optim.schedule = LrSchedule::kCosineLinearDecay;
   c.optim.decay_min_lr_ratio = 0.05;
   c.optim.power_exponent = -0.3;
+  c.optim.units = LrUnits::kTokens;
+  c.optim.warmup_steps = 0;
+  c.optim.warmup_tokens = 4096;
+  c.optim.decay_tokens = 2048;
   const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.optim.units, LrUnits::kTokens);
+  EXPECT_EQ(reparsed.optim.warmup_tokens, 4096);
+  EXPECT_EQ(reparsed.optim.decay_tokens, 2048);
   EXPECT_EQ(reparsed.train.precision, TrainPrecision::kBf16);
   EXPECT_EQ(reparsed.optim.schedule, LrSchedule::kCosineLinearDecay);
   EXPECT_EQ(reparsed.optim.decay_min_lr_ratio, 0.05);

@@ -6,7 +6,8 @@ decay_fraction) updates to decay_min_lr = lr x min_lr_ratio), and warmup_fractio
 x fraction), Python's round: ties to even) with every schedule, InvSqrtWithWarmup, HalfCosWithWarmup
 (warm-up to the cosine's half-way rate, then its second half), CosWithWarmupAndLinearDecay (the cosine
 cut short by a linear tail to decay_min_lr = lr x decay_min_lr_ratio) and PowerLR (lr (t / warm-up)^b,
-then a linear tail to lr x decay_min_lr_ratio). CosWithWarmup / LinearWithWarmup /
+then a linear tail to lr x decay_min_lr_ratio), each also in units of tokens (SchedulerUnits.tokens:
+get_lr(lr, t x tokens per update, max_steps x tokens per update)). CosWithWarmup / LinearWithWarmup /
 ConstantWithWarmup are also checked through tests/reference/test_adamw_steps.py's AdamW oracle.
 
 Tolerance: none. Every formula is OLMo-core's in its order of operations (the warm-ups' (lr t) /
@@ -99,6 +100,44 @@ def test_logged_rates_are_olmo_cores(moecore_bin, job_data, tmp_path, case):
     assert len(set(ours)) > 3
 
 
+# optim.units = "tokens" (OLMo-core's SchedulerUnits.tokens, as its recipes use): the scheduler
+# asked at the tokens seen, t x 64 here (batch 2 x seq_len 32; OLMo-core adds the batch's tokens
+# before it asks), of max_steps x 64; lengths in tokens, not whole updates.
+TOKENS_PER_STEP = 2 * 32
+TOKEN_CASES = {
+    "cosine_tokens": (dict(schedule="cosine", warmup_tokens=150, min_lr_ratio=0.1),
+                      CosWithWarmup(warmup=150, alpha_f=0.1)),
+    "wsd_token_fractions": (  # round(640 x 0.15) = 96 warm-up and 192 decay tokens
+        dict(schedule="wsd", warmup_fraction=0.15, decay_fraction=0.3, min_lr_ratio=0.0),
+        WSD(warmup_fraction=0.15, decay_fraction=0.3, decay_min_lr=0.0)),
+    "cosine_linear_decay_tokens": (
+        dict(schedule="cosine_linear_decay", warmup_tokens=128, decay_tokens=200, min_lr_ratio=0.1),
+        CosWithWarmupAndLinearDecay(warmup=128, decay=200, decay_fraction=None, alpha_f=0.1)),
+    "power_tokens": (dict(schedule="power", warmup_tokens=100, decay_tokens=150),
+                     PowerLR(warmup=100, decay=150, decay_fraction=None)),
+    "inv_sqrt_tokens": (dict(schedule="inv_sqrt", warmup_tokens=100, min_lr_ratio=0.1),
+                        InvSqrtWithWarmup(warmup=100, alpha_f=0.1)),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_CASES))
+def test_rates_in_tokens_are_olmo_cores(moecore_bin, job_data, tmp_path, case):
+    optim, scheduler = TOKEN_CASES[case]
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
+                       optim=dict(optim, lr=LR, units="tokens", warmup_steps=0),
+                       train={"max_steps": STEPS, "log_every": 1, "eval_every": 0,
+                              "checkpoint": False, "batch_size": 2, "seq_len": 32})
+    train(moecore_bin, cfg)
+    rows = train_rows(tmp_path / "run")
+    assert [rows[t]["train/tokens_seen"] for t in range(1, STEPS + 1)] == \
+        [t * TOKENS_PER_STEP for t in range(1, STEPS + 1)]
+    ours = [rows[t]["train/lr"] for t in range(1, STEPS + 1)]
+    ref = [float(scheduler.get_lr(LR, t * TOKENS_PER_STEP, STEPS * TOKENS_PER_STEP))
+           for t in range(1, STEPS + 1)]
+    assert ours == ref, list(zip(ours, ref))
+    assert len(set(ours)) > 3
+
+
 def test_wsd_without_decay_updates_is_one_line_error(moecore_bin, job_data, tmp_path):
     """round(10 x 0.03) = 0 decay updates: OLMo-core divides by zero at the last step; refused."""
     cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
@@ -143,6 +182,15 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
      'optim.schedule = "power" decays over'),
     ({"schedule": "cosine_linear_decay", "decay_min_lr_ratio": 1.5},
      "optim.decay_min_lr_ratio=1.5 must be in [0, 1]"),
+    # Lengths in the other units.
+    ({"units": "tokens", "warmup_steps": 3},
+     'optim.units = "tokens" counts the schedule in tokens: give optim.warmup_tokens'),
+    ({"warmup_steps": 0, "warmup_tokens": 100}, "optim.warmup_tokens=100 / decay_tokens=0 count tokens"),
+    ({"units": "tokens", "schedule": "wsd", "warmup_steps": 0, "decay_fraction": 0.0},
+     'optim.schedule = "wsd" decays over round('),
+    ({"units": "tokens", "schedule": "power", "warmup_steps": 0, "warmup_tokens": 10,
+      "decay_tokens": 700},
+     'optim.schedule = "power" decays over 700 of the run\'s 640 tokens'),
     # OLMo-core: negative rates (its cosine's warm-up before update 1), an infinite power law.
     ({"schedule": "cosine_linear_decay", "decay_steps": 5},
      'optim.schedule = "cosine_linear_decay" decays over 5 of train.max_steps=5 updates'),

@@ -52,7 +52,8 @@ void CheckpointCallback::save(TrainContext& ctx) {
                           {"data_cursor", ctx.loader.cursor()},
                           {"seed", tc.seed},
                           {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
-                          {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps)},
+                          {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps,
+                                                    tc.batch_size * tc.seq_len)},
                           {"step_guard", ctx.guard.to_json()},
                           {"recipe_revision", kRecipeRevision},
                           {"gerrymandering", ctx.gerrymandering.to_json()}};
