@@ -115,6 +115,8 @@ void run_debug_state(const DebugArgs& args) {
 void run_debug_steps(const DebugArgs& args) {
   MOE_CHECK(args.steps > 0, "[debug] --steps={} must be positive", args.steps);
   DebugSetup s = load_setup(args);
+  // The schedule runs over --steps updates of this batch, not the config's run.
+  validate_lr_schedule(s.config.optim, args.steps, s.tokens.batch * s.tokens.seq);
   Transformer model(s.config.model, s.layout);
   model.set_precision(PrecisionRecipe::from_train(s.config.train.precision, s.config.train.mxfp8));
   model.set_document_masking(document_eos(s.config), document_masking_bos(s.config.data));

@@ -22,21 +22,26 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
             "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
   const int64_t unit = schedule_unit(c, tokens_per_step);
   const int64_t t = (step + 1) * unit;
-  const int64_t horizon = total_steps * unit;  // the run's length, in the units
+  const int64_t run_horizon = total_steps * unit;  // the run's length, in the units
+  // CosWithWarmup, LinearWithWarmup and HalfCosWithWarmup run over their own t_max when set
+  // (CosWithWarmupAndLinearDecay's cosine too: cosine_with_warmup_rate), the others the run's.
+  const int64_t horizon = own_horizon(c, run_horizon);
   const int64_t warmup = warmup_length(c, horizon);
   const double lr_min = c.lr * c.min_lr_ratio;
   // The linear tails of CosWithWarmupAndLinearDecay and PowerLR: the last `decay` updates fall
   // from the rate at the first of them to lr * decay_min_lr_ratio.
   const bool tail_schedule =
       c.schedule == LrSchedule::kCosineLinearDecay || c.schedule == LrSchedule::kPower;
-  if (tail_schedule && t >= horizon - decay_length(c, horizon) &&
+  if (tail_schedule && t >= run_horizon - decay_length(c, run_horizon) &&
       !(c.schedule == LrSchedule::kPower && t <= warmup)) {
-    const int64_t decay = decay_length(c, horizon);
+    const int64_t decay = decay_length(c, run_horizon);
     const double to = c.lr * c.decay_min_lr_ratio;
-    return to + (decay_tail_start(c, horizon) - to) *
-                    static_cast<double>(std::min(horizon - t, decay)) / static_cast<double>(decay);
+    return to + (decay_tail_start(c, run_horizon) - to) *
+                    static_cast<double>(std::min(run_horizon - t, decay)) /
+                    static_cast<double>(decay);
   }
-  if (c.schedule == LrSchedule::kCosineLinearDecay) return cosine_with_warmup_rate(c, t, horizon);
+  if (c.schedule == LrSchedule::kCosineLinearDecay)
+    return cosine_with_warmup_rate(c, t, run_horizon);
   // HalfCosWithWarmup's warm-up rises to the cosine's half-way rate, where its decay starts.
   const double peak = c.schedule == LrSchedule::kHalfCosine ? lr_min + (c.lr - lr_min) / 2.0 : c.lr;
   // WSD, ConstantWithWarmup and PowerLR warm up through t == warmup ((lr w) / w there, which may

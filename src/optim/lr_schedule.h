@@ -1,6 +1,7 @@
 // Learning rate for update `step` (0-based) of `total_steps`, as OLMo-core's schedulers give it
 // for its step step + 1: linear warm-up from lr / warmup to lr at update `warmup`, then
-//   cosine, linear: decay to lr * min_lr_ratio at the last update; constant;
+//   cosine, linear: decay to lr * min_lr_ratio at the last update (at t_max when set, that floor
+//     after it); constant;
 //   wsd: the peak until the last `decay` updates, which fall linearly to lr * min_lr_ratio;
 //   inv_sqrt: lr_min + (lr - lr_min) sqrt(warmup / t), lr_min = lr * min_lr_ratio, no end;
 //   half_cos: the second half of a cosine from lr to lr_min (the warm-up rises to its start,
@@ -32,9 +33,11 @@ inline double cosine_fall(double lr, double lr_min, double current, double span)
   return lr_min + (lr - lr_min) * (1.0 + std::cos(std::numbers::pi * current / span)) / 2.0;
 }
 
-// OLMo-core's CosWithWarmup at t of a horizon (its units: its step t, 1-based, of total_steps,
-// or tokens): the warm-up below t = warmup, then the cosine to lr * min_lr_ratio at the horizon.
-inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t horizon) {
+// OLMo-core's CosWithWarmup at t of a run of run_horizon (its units: its step t, 1-based, of
+// total_steps, or tokens): the warm-up below t = warmup, then the cosine to lr * min_lr_ratio at
+// its horizon (optim.t_max_steps / t_max_tokens, or the run's), that floor after it.
+inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t run_horizon) {
+  const int64_t horizon = t_max_length(c) > 0 ? t_max_length(c) : run_horizon;
   const int64_t warmup = warmup_length(c, horizon);
   const double lr_min = c.lr * c.min_lr_ratio;
   if (t < warmup)

@@ -40,13 +40,14 @@ struct OptimConfig {
   LrUnits units = LrUnits::kSteps;
   int64_t warmup_steps = 0;   // units "steps"
   int64_t warmup_tokens = 0;  // units "tokens"
-  // > 0: the warm-up is round(max_steps * warmup_fraction) updates (ties to even, as Python's
-  // round in OLMo-core's schedulers) instead of warmup_steps, which must then be 0.
+  // > 0: the warm-up is round(horizon * warmup_fraction) (ties to even, as Python's round in
+  // OLMo-core's schedulers; the horizon: max_steps, or t_max, in the schedule's units) instead of
+  // warmup_steps / warmup_tokens, which must then be 0.
   double warmup_fraction = 0.0;
   LrSchedule schedule = LrSchedule::kCosine;
   double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
-  // The linear decay tail of "wsd", "cosine_linear_decay" and "power": decay_steps updates when
-  // > 0, else round(max_steps * decay_fraction).
+  // The linear decay tail of "wsd", "cosine_linear_decay" and "power": decay_steps updates
+  // (decay_tokens tokens) when > 0, else round(the run's length in the units * decay_fraction).
   int64_t decay_steps = 0;
   int64_t decay_tokens = 0;  // units "tokens": the tail's length in tokens
   double decay_fraction = 0.1;
@@ -55,6 +56,12 @@ struct OptimConfig {
   double decay_min_lr_ratio = 0.0;
   // "power": lr (t / warm-up)^power_exponent after the warm-up (OLMo-core's PowerLR b < 0).
   double power_exponent = -0.51;
+  // > 0: the length of the cosine, linear and half_cos schedules (and cosine_linear_decay's
+  // cosine) instead of the run's, after which they stay at lr * min_lr_ratio (OLMo-core's t_max:
+  // a run that stops before its schedule ends, or goes on at the floor): in updates (units
+  // "steps") or in tokens (units "tokens").
+  int64_t t_max_steps = 0;
+  int64_t t_max_tokens = 0;
 
   void validate() const;
 };
@@ -83,6 +90,23 @@ inline int64_t decay_length(const OptimConfig& c, int64_t horizon) {
 // The schedule's horizon and an update's length in its units: 1 per update, or its tokens.
 inline int64_t schedule_unit(const OptimConfig& c, int64_t tokens_per_step) {
   return c.units == LrUnits::kTokens ? tokens_per_step : 1;
+}
+
+// Whether the schedule has OLMo-core's t_max (CosWithWarmup, LinearWithWarmup,
+// HalfCosWithWarmup, and CosWithWarmupAndLinearDecay's cosine).
+inline bool has_t_max(LrSchedule s) {
+  return s == LrSchedule::kCosine || s == LrSchedule::kLinear || s == LrSchedule::kHalfCosine ||
+         s == LrSchedule::kCosineLinearDecay;
+}
+
+// The t_max of the schedule's units (0: none).
+inline int64_t t_max_length(const OptimConfig& c) {
+  return c.units == LrUnits::kTokens ? c.t_max_tokens : c.t_max_steps;
+}
+
+// The horizon a schedule with t_max runs over: t_max when set, else the run's.
+inline int64_t own_horizon(const OptimConfig& c, int64_t run_horizon) {
+  return has_t_max(c.schedule) && t_max_length(c) > 0 ? t_max_length(c) : run_horizon;
 }
 
 // Whether the schedule ends in a linear decay tail of decay_length.

@@ -64,11 +64,15 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
 }
 
 std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
-  if (saved.train.max_steps == now.train.max_steps ||
-      ((now.optim.schedule == LrSchedule::kConstant ||
-        now.optim.schedule == LrSchedule::kInvSqrt) &&
-       now.optim.warmup_fraction == 0.0))
-    return "";
+  // A schedule without an end (unless a fraction of the run is its warm-up), or over its own t_max
+  // (cosine_linear_decay's tail still follows the run's end), does not move with max_steps.
+  const OptimConfig& o = now.optim;
+  const bool endless =
+      (o.schedule == LrSchedule::kConstant || o.schedule == LrSchedule::kInvSqrt) &&
+      o.warmup_fraction == 0.0;
+  const bool own_t_max =
+      t_max_length(o) > 0 && has_t_max(o.schedule) && o.schedule != LrSchedule::kCosineLinearDecay;
+  if (saved.train.max_steps == now.train.max_steps || endless || own_t_max) return "";
   return "note: train.max_steps " + std::to_string(saved.train.max_steps) + " -> " +
          std::to_string(now.train.max_steps) +
          " moves the learning-rate schedule's end: from here on the run is not the one it would "

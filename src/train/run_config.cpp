@@ -192,6 +192,8 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("decay_fraction", o.decay_fraction);
   r.read("decay_min_lr_ratio", o.decay_min_lr_ratio);
   r.read("power_exponent", o.power_exponent);
+  r.read("t_max_steps", o.t_max_steps);
+  r.read("t_max_tokens", o.t_max_tokens);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -326,6 +328,73 @@ void apply_override(toml::table& doc, const std::string& override_text) {
 
 }  // namespace
 
+void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step) {
+  // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
+  // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
+  // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
+  // than trained; its PowerLR divides by the warm-up.
+  const LrSchedule schedule = optim.schedule;
+  // The run's length in the schedule's units: its updates, or the tokens they add.
+  const bool in_tokens = optim.units == LrUnits::kTokens;
+  const int64_t unit = schedule_unit(optim, tokens_per_step);
+  MOE_CHECK(max_steps <= std::numeric_limits<int64_t>::max() / unit,
+            "[config] train.max_steps={} x {} tokens a step overflows the token count of "
+            "optim.units = \"tokens\"",
+            max_steps, unit);
+  const int64_t horizon = max_steps * unit;
+  const std::string run_length =
+      in_tokens
+          ? fmt::format("the run's {} tokens (train.max_steps x batch_size x seq_len)", horizon)
+          : fmt::format("train.max_steps={} updates", max_steps);
+  const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
+                                      : "optim.warmup_steps or optim.warmup_fraction";
+  MOE_CHECK(
+      schedule != LrSchedule::kInvSqrt || max_steps == 0 || warmup_length(optim, horizon) >= 1,
+      "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
+      "/ t); without one the rate is lr x min_lr_ratio throughout): set {}",
+      warmup_keys);
+  MOE_CHECK(schedule != LrSchedule::kPower || max_steps == 0 || warmup_length(optim, horizon) >= 1,
+            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
+            "set {}",
+            warmup_keys);
+  const char* schedule_name = schedule == LrSchedule::kWsd                 ? "wsd"
+                              : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
+                                                                           : "power";
+  MOE_CHECK(!has_decay_tail(schedule) || max_steps == 0 || decay_length(optim, horizon) >= 1,
+            "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
+            "{}: set optim.{} or a larger optim.decay_fraction",
+            schedule_name,
+            in_tokens ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
+                      : fmt::format("train.max_steps={}", max_steps),
+            optim.decay_fraction, in_tokens ? "tokens" : "updates",
+            in_tokens ? "decay_tokens" : "decay_steps");
+  // Their tails start from the rate at the tail's start, which must be inside the run (OLMo-core's
+  // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
+  // asserts decay_min_lr < that rate.
+  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
+      max_steps > 0) {
+    const int64_t decay = decay_length(optim, horizon);
+    MOE_CHECK(decay < horizon,
+              "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
+              "after the run does (a smaller optim.{} or optim.decay_fraction)",
+              schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
+    const double start = decay_tail_start(optim, horizon);
+    const double end = optim.lr * optim.decay_min_lr_ratio;
+    MOE_CHECK(end < start,
+              "[config] optim.schedule = \"{}\": its decay tail would go from {} up to lr x "
+              "optim.decay_min_lr_ratio = {}; it must end below where it starts",
+              schedule_name, start, end);
+  }
+  // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
+  // is reached (the run outlasts the warm-up).
+  MOE_CHECK(schedule != LrSchedule::kWsd || max_steps == 0 ||
+                warmup_length(optim, horizon) >= horizon ||
+                optim.lr * optim.min_lr_ratio < optim.lr,
+            "[config] optim.schedule = \"wsd\" decays to lr x optim.min_lr_ratio={}, not below lr: "
+            "set a ratio below 1",
+            optim.min_lr_ratio);
+}
+
 void OptimConfig::validate() const {
   // Every float finite (a config file is checked on reading already; this also covers configs
   // built in code): lr = inf trained to all-NaN weights and exited 0.
@@ -377,6 +446,20 @@ void OptimConfig::validate() const {
             "[config] optim.min_lr_ratio={} must be in [0, 1]", min_lr_ratio);
   MOE_CHECK(decay_min_lr_ratio >= 0.0 && decay_min_lr_ratio <= 1.0,
             "[config] optim.decay_min_lr_ratio={} must be in [0, 1]", decay_min_lr_ratio);
+  MOE_CHECK(t_max_steps >= 0 && t_max_tokens >= 0,
+            "[config] optim.t_max_steps={} and optim.t_max_tokens={} must be >= 0 (0: the run's "
+            "length)",
+            t_max_steps, t_max_tokens);
+  MOE_CHECK(units == LrUnits::kTokens ? t_max_steps == 0 : t_max_tokens == 0,
+            "[config] optim.units = \"{}\" gives t_max in {}: set optim.{}, not optim.{}",
+            units == LrUnits::kTokens ? "tokens" : "steps",
+            units == LrUnits::kTokens ? "tokens" : "updates",
+            units == LrUnits::kTokens ? "t_max_tokens" : "t_max_steps",
+            units == LrUnits::kTokens ? "t_max_steps" : "t_max_tokens");
+  MOE_CHECK(t_max_length(*this) == 0 || has_t_max(schedule),
+            "[config] optim.t_max_{}={} applies to the cosine, linear, half_cos and "
+            "cosine_linear_decay schedules (OLMo-core's with a t_max), not this one",
+            units == LrUnits::kTokens ? "tokens" : "steps", t_max_length(*this));
   // OLMo-core's PowerLR refuses b >= 0: a law that does not decay.
   MOE_CHECK(power_exponent < 0.0, "[config] optim.power_exponent={} must be negative",
             power_exponent);
@@ -441,64 +524,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.batch_size <= kMaxStepTokens / t.seq_len,
             "[config] train.batch_size={} x train.seq_len={} tokens a step: at most {}",
             t.batch_size, t.seq_len, kMaxStepTokens);
-  // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
-  // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
-  // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
-  // than trained; its PowerLR divides by the warm-up.
-  const LrSchedule schedule = config.optim.schedule;
-  // The run's length in the schedule's units: its updates, or the tokens they add.
-  const bool in_tokens = config.optim.units == LrUnits::kTokens;
-  const int64_t unit = schedule_unit(config.optim, t.batch_size * t.seq_len);
-  MOE_CHECK(t.max_steps <= std::numeric_limits<int64_t>::max() / unit,
-            "[config] train.max_steps={} x {} tokens a step overflows the token count of "
-            "optim.units = \"tokens\"",
-            t.max_steps, unit);
-  const int64_t horizon = t.max_steps * unit;
-  const std::string run_length =
-      in_tokens
-          ? fmt::format("the run's {} tokens (train.max_steps x batch_size x seq_len)", horizon)
-          : fmt::format("train.max_steps={} updates", t.max_steps);
-  const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
-                                      : "optim.warmup_steps or optim.warmup_fraction";
-  MOE_CHECK(schedule != LrSchedule::kInvSqrt || t.max_steps == 0 ||
-                warmup_length(config.optim, horizon) >= 1,
-            "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
-            "/ t); without one the rate is lr x min_lr_ratio throughout): set {}",
-            warmup_keys);
-  MOE_CHECK(schedule != LrSchedule::kPower || t.max_steps == 0 ||
-                warmup_length(config.optim, horizon) >= 1,
-            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
-            "set {}",
-            warmup_keys);
-  const char* schedule_name = schedule == LrSchedule::kWsd                 ? "wsd"
-                              : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
-                                                                           : "power";
-  MOE_CHECK(
-      !has_decay_tail(schedule) || t.max_steps == 0 || decay_length(config.optim, horizon) >= 1,
-      "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
-      "{}: set optim.{} or a larger optim.decay_fraction",
-      schedule_name,
-      in_tokens ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
-                : fmt::format("train.max_steps={}", t.max_steps),
-      config.optim.decay_fraction, in_tokens ? "tokens" : "updates",
-      in_tokens ? "decay_tokens" : "decay_steps");
-  // Their tails start from the rate at the tail's start, which must be inside the run (OLMo-core's
-  // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
-  // asserts decay_min_lr < that rate.
-  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
-      t.max_steps > 0) {
-    const int64_t decay = decay_length(config.optim, horizon);
-    MOE_CHECK(decay < horizon,
-              "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
-              "after the run does (a smaller optim.{} or optim.decay_fraction)",
-              schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
-    const double start = decay_tail_start(config.optim, horizon);
-    const double end = config.optim.lr * config.optim.decay_min_lr_ratio;
-    MOE_CHECK(end < start,
-              "[config] optim.schedule = \"{}\": its decay tail would go from {} up to lr x "
-              "optim.decay_min_lr_ratio = {}; it must end below where it starts",
-              schedule_name, start, end);
-  }
+  validate_lr_schedule(config.optim, t.max_steps, t.batch_size * t.seq_len);
   MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
             "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
   for (const auto& [key, value] : {std::pair{"max_seconds", t.max_seconds},
@@ -719,7 +745,9 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"decay_tokens", o.decay_tokens},
       {"decay_fraction", o.decay_fraction},
       {"decay_min_lr_ratio", o.decay_min_lr_ratio},
-      {"power_exponent", o.power_exponent}};
+      {"power_exponent", o.power_exponent},
+      {"t_max_steps", o.t_max_steps},
+      {"t_max_tokens", o.t_max_tokens}};
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"init_seed", t.init_seed},

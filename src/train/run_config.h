@@ -185,6 +185,12 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                            const std::vector<std::string>& overrides = {},
                            const ModelConfig& model_base = {});
 
+// The schedule's checks that need the run's length (max_steps updates of tokens_per_step tokens):
+// what OLMo-core divides by zero on, asserts against or runs at its floor throughout is a
+// one-line error. load_run_config applies them; a caller with another length (debug-state
+// --steps) applies them for its own.
+void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step);
+
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);
 

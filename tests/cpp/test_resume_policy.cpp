@@ -97,6 +97,12 @@ TEST(ResumePolicy, MaxStepsMayChangeWithANoteWhereTheScheduleDependsOnIt) {
   b.train.max_steps = 2000;
   EXPECT_TRUE(replay_config_changes(a, b).empty());
   EXPECT_NE(horizon_note(a, b).find("train.max_steps 1000 -> 2000"), std::string::npos);
+  // A cosine over its own t_max ends where it did; cosine_linear_decay's tail follows the run.
+  b.optim.t_max_steps = 1500;
+  EXPECT_EQ(horizon_note(a, b), "");
+  b.optim.schedule = LrSchedule::kCosineLinearDecay;
+  EXPECT_NE(horizon_note(a, b), "");
+  b.optim.t_max_steps = 0;
   a.optim.schedule = b.optim.schedule = LrSchedule::kConstant;
   EXPECT_EQ(horizon_note(a, b), "");
   EXPECT_EQ(horizon_note(a, a), "");

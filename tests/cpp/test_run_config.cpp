@@ -333,7 +333,9 @@ TEST(RunConfig, TomlRoundTrip) {
   c.optim.warmup_steps = 0;
   c.optim.warmup_tokens = 4096;
   c.optim.decay_tokens = 2048;
+  c.optim.t_max_tokens = 8192;
   const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.optim.t_max_tokens, 8192);
   EXPECT_EQ(reparsed.optim.units, LrUnits::kTokens);
   EXPECT_EQ(reparsed.optim.warmup_tokens, 4096);
   EXPECT_EQ(reparsed.optim.decay_tokens, 2048);

@@ -173,3 +173,22 @@ def test_debug_steps_vs_torch_adamw(moecore_bin, tmp_path, case):
     # Vectors first, so a schedule/clipping bug shows as a per-step curve, not only as weight errors.
     H.assert_all_close(ours, ref, ["loss.total", "loss.ce", "grad_norm"], what="debug-steps per-step values")
     H.assert_all_close(ours, ref, sorted(final), what=f"debug-steps final weights after {STEPS} steps")
+
+
+def test_debug_steps_checks_the_schedule_over_its_own_steps(moecore_bin, tmp_path):
+    """debug-steps runs the schedule over --steps updates of its batch, not the config's run: a
+    decay tail that fits max_steps but not --steps (OLMo-core's power law at 0: inf, then NaN) is
+    a one-line error naming it, before any step."""
+    case = next(iter(CASES))
+    model, _, params, x, y = setup_case(case)
+    optim = dict(lr=1e-3, schedule="power", warmup_steps=1, decay_steps=6)
+    cfg = H.write_config(tmp_path / "c.toml", model, optim, "fp32")
+    w = H.save_weights(tmp_path / "w.safetensors", params)
+    xt = H.save_tokens(tmp_path / "x.npy", x, np.int64)
+    yt = H.save_tokens(tmp_path / "y.npy", y, np.int64)
+    r = H.run_moecore_raw("debug-steps", "--config", cfg, "--weights", w, "--tokens", xt, "--targets", yt,
+                          "--steps", 4, "--out", tmp_path / "out.safetensors")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    assert 'optim.schedule = "power" decays over 6 of train.max_steps=4 updates' in lines[0], r.stderr
+    assert not (tmp_path / "out.safetensors").exists()

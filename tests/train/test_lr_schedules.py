@@ -6,9 +6,10 @@ decay_fraction) updates to decay_min_lr = lr x min_lr_ratio), and warmup_fractio
 x fraction), Python's round: ties to even) with every schedule, InvSqrtWithWarmup, HalfCosWithWarmup
 (warm-up to the cosine's half-way rate, then its second half), CosWithWarmupAndLinearDecay (the cosine
 cut short by a linear tail to decay_min_lr = lr x decay_min_lr_ratio) and PowerLR (lr (t / warm-up)^b,
-then a linear tail to lr x decay_min_lr_ratio), each also in units of tokens (SchedulerUnits.tokens:
-get_lr(lr, t x tokens per update, max_steps x tokens per update)). CosWithWarmup / LinearWithWarmup /
-ConstantWithWarmup are also checked through tests/reference/test_adamw_steps.py's AdamW oracle.
+then a linear tail to lr x decay_min_lr_ratio), t_max (the schedule's own length), also in units
+of tokens (SchedulerUnits.tokens: get_lr(lr, t x tokens per update, max_steps x tokens per
+update)). CosWithWarmup / LinearWithWarmup / ConstantWithWarmup are also checked through
+tests/reference/test_adamw_steps.py's AdamW oracle.
 
 Tolerance: none. Every formula is OLMo-core's in its order of operations (the warm-ups' (lr t) /
 w, through t == w for WSD and ConstantWithWarmup, below it for the others; the cosine's pi x
@@ -77,6 +78,20 @@ CASES = {
                                     decay_min_lr=LR * 0.05)),
     "power": (dict(schedule="power", warmup_steps=2, decay_steps=3, min_lr_ratio=0.0),
               PowerLR(warmup=2, decay=3, decay_fraction=None, b=-0.51)),
+    # t_max (OLMo-core's): the schedule's own length, the floor after it, or a run stopping early.
+    "cosine_t_max_short": (dict(schedule="cosine", warmup_steps=2, t_max_steps=7, min_lr_ratio=0.1),
+                           CosWithWarmup(warmup=2, t_max=7, alpha_f=0.1)),
+    "linear_t_max_long": (
+        dict(schedule="linear", warmup_steps=0, warmup_fraction=0.1, t_max_steps=25, min_lr_ratio=0.0),
+        LinearWithWarmup(warmup_fraction=0.1, t_max=25, alpha_f=0.0)),  # round(2.5) = 2
+    "half_cos_t_max": (dict(schedule="half_cos", warmup_steps=1, t_max_steps=16, min_lr_ratio=0.1),
+                       HalfCosWithWarmup(warmup=1, t_max=16, alpha_f=0.1)),
+    # The tail follows the run's end (10), the cosine its t_max (30).
+    "cosine_linear_decay_t_max": (
+        dict(schedule="cosine_linear_decay", warmup_steps=2, t_max_steps=30, decay_steps=3,
+             min_lr_ratio=0.1),
+        CosWithWarmupAndLinearDecay(warmup=2, t_max=30, decay=3, decay_fraction=None,
+                                    alpha_f=0.1)),
     "power_fractions": (
         dict(schedule="power", warmup_steps=0, warmup_fraction=0.15, decay_fraction=0.25,
              decay_min_lr_ratio=0.1, power_exponent=-0.3),
@@ -117,6 +132,8 @@ TOKEN_CASES = {
                      PowerLR(warmup=100, decay=150, decay_fraction=None)),
     "inv_sqrt_tokens": (dict(schedule="inv_sqrt", warmup_tokens=100, min_lr_ratio=0.1),
                         InvSqrtWithWarmup(warmup=100, alpha_f=0.1)),
+    "cosine_t_max_tokens": (dict(schedule="cosine", warmup_tokens=150, t_max_tokens=400),
+                            CosWithWarmup(warmup=150, t_max=400)),
 }
 
 
@@ -183,6 +200,10 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
     ({"schedule": "cosine_linear_decay", "decay_min_lr_ratio": 1.5},
      "optim.decay_min_lr_ratio=1.5 must be in [0, 1]"),
     # Lengths in the other units.
+    ({"schedule": "wsd", "warmup_steps": 1, "decay_steps": 2, "min_lr_ratio": 1.0},
+     'optim.schedule = "wsd" decays to lr x optim.min_lr_ratio=1, not below lr'),
+    ({"schedule": "wsd", "t_max_steps": 20}, "optim.t_max_steps=20 applies to the cosine, linear, half_cos"),
+    ({"t_max_tokens": 640}, 'optim.units = "steps" gives t_max in updates: set optim.t_max_steps'),
     ({"units": "tokens", "warmup_steps": 3},
      'optim.units = "tokens" counts the schedule in tokens: give optim.warmup_tokens'),
     ({"warmup_steps": 0, "warmup_tokens": 100}, "optim.warmup_tokens=100 / decay_tokens=0 count tokens"),
