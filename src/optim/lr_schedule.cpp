@@ -32,15 +32,16 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   // from the rate at the first of them to lr * decay_min_lr_ratio.
   const bool tail_schedule =
       c.schedule == LrSchedule::kCosineLinearDecay || c.schedule == LrSchedule::kPower;
-  if (tail_schedule && t >= run_horizon - decay_length(c, run_horizon) &&
+  const int64_t decay = tail_schedule ? decay_length(c, run_horizon) : 0;
+  if (tail_schedule && t >= run_horizon - decay &&
       !(c.schedule == LrSchedule::kPower && t <= warmup)) {
-    const int64_t decay = decay_length(c, run_horizon);
     const double to = c.lr * c.decay_min_lr_ratio;
     return to + (decay_tail_start(c, run_horizon) - to) *
                     static_cast<double>(std::min(run_horizon - t, decay)) /
                     static_cast<double>(decay);
   }
-  if (c.schedule == LrSchedule::kCosineLinearDecay)
+  // CosWithWarmup (and CosWithWarmupAndLinearDecay before its tail): one function for both.
+  if (c.schedule == LrSchedule::kCosine || c.schedule == LrSchedule::kCosineLinearDecay)
     return cosine_with_warmup_rate(c, t, run_horizon);
   // HalfCosWithWarmup's warm-up rises to the cosine's half-way rate, where its decay starts.
   const double peak = c.schedule == LrSchedule::kHalfCosine ? lr_min + (c.lr - lr_min) / 2.0 : c.lr;
@@ -60,10 +61,10 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
            (c.lr - lr_min) * std::sqrt(static_cast<double>(warmup) / static_cast<double>(t));
   if (t >= horizon) return lr_min;  // WSD's formula gives exactly this at the horizon
   if (c.schedule == LrSchedule::kWsd) {
-    const int64_t decay = decay_length(c, horizon);
-    if (t < horizon - decay) return c.lr;
-    return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(horizon - t, decay)) /
-                        static_cast<double>(decay);
+    const int64_t wsd_decay = decay_length(c, horizon);
+    if (t < horizon - wsd_decay) return c.lr;
+    return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(horizon - t, wsd_decay)) /
+                        static_cast<double>(wsd_decay);
   }
   auto current = static_cast<double>(t - warmup);
   auto span = static_cast<double>(horizon - warmup);
@@ -71,8 +72,7 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
     current += span;
     span *= 2.0;
   }
-  if (c.schedule == LrSchedule::kCosine || c.schedule == LrSchedule::kHalfCosine)
-    return cosine_fall(c.lr, lr_min, current, span);
+  if (c.schedule == LrSchedule::kHalfCosine) return cosine_fall(c.lr, lr_min, current, span);
   return c.lr - (c.lr - lr_min) * (current / span);  // linear
 }
 

@@ -37,7 +37,7 @@ inline double cosine_fall(double lr, double lr_min, double current, double span)
 // total_steps, or tokens): the warm-up below t = warmup, then the cosine to lr * min_lr_ratio at
 // its horizon (optim.t_max_steps / t_max_tokens, or the run's), that floor after it.
 inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t run_horizon) {
-  const int64_t horizon = t_max_length(c) > 0 ? t_max_length(c) : run_horizon;
+  const int64_t horizon = own_horizon(c, run_horizon);
   const int64_t warmup = warmup_length(c, horizon);
   const double lr_min = c.lr * c.min_lr_ratio;
   if (t < warmup)

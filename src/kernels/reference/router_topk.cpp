@@ -253,15 +253,12 @@ void route_counts_by_group(ConstTensorView topk_index, TensorView counts_view) {
   constexpr const char* kOp = "route_counts_by_group";
   const GroupCountDims d = group_count_dims(kOp, topk_index, counts_view);
   const int32_t* index = topk_index.data<int32_t>(kOp);
+  expect_expert_ids(kOp, index, d.tokens * d.top_k, d.experts);
   int64_t* counts = counts_view.data<int64_t>(kOp);
   std::fill_n(counts, d.groups * d.experts, int64_t{0});
   for (int64_t t = 0; t < d.tokens; ++t)
-    for (int64_t j = 0; j < d.top_k; ++j) {
-      const int32_t e = index[t * d.top_k + j];
-      MOE_CHECK(e >= 0 && e < d.experts, "[{}] topk_index[{}]={} is outside [0, {})", kOp,
-                t * d.top_k + j, e, d.experts);
-      ++counts[t / (d.tokens / d.groups) * d.experts + e];
-    }
+    for (int64_t j = 0; j < d.top_k; ++j)
+      ++counts[t / (d.tokens / d.groups) * d.experts + index[t * d.top_k + j]];
 }
 
 }  // namespace moecore::kernels::reference
