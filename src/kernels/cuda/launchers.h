@@ -105,12 +105,14 @@ void launch_padded_dispatch_plan(const int64_t* requests, const int32_t* topk_in
                                  int32_t* row_of_slot, int32_t* slot_of_row,
                                  int64_t* expert_offsets, int64_t* dropped, cudaStream_t stream);
 
-// moe_losses.cu: kernels/ops.h's moe_loss_terms and router_bias_update in one thread
-// (kernels/moe_loss_rules.h; tally may be null).
+// moe_losses.cu: kernels/ops.h's moe_loss_terms (kernels/moe_loss_rules.h; tally may be null;
+// lb_shares: lb_row_count(layers, experts, scalars) doubles of scratch) and router_bias_update
+// in one thread.
 void launch_moe_loss_terms(const int64_t* route_counts, const double* router_sums,
                            const double* head_losses, int64_t layers, int64_t experts,
                            int64_t head_chunks, const MoeLossScalars& scalars, double* losses,
-                           float* lb_score_grad, double* route_tally, cudaStream_t stream);
+                           float* lb_score_grad, double* route_tally, double* lb_shares,
+                           cudaStream_t stream);
 void launch_router_bias_update(const double* counts, int64_t experts, float rate,
                                const float* step_factors, float* bias, cudaStream_t stream);
 

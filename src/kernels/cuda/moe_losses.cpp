@@ -4,6 +4,7 @@
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/moe_loss_checks.h"
 #include "kernels/moe_loss_rules.h"
 #include "kernels/step_decision_checks.h"
@@ -25,11 +26,13 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
   const MoeLossScalars scalars{
       o.lb_over_all_layers, o.top_k,    o.router_loss_div, o.tokens, o.z_rows,
       o.aux_loss_coef,      o.lb_groups};
+  const StreamScratch lb_shares(
+      sizeof(double) * static_cast<size_t>(lb_row_count(d.layers, d.experts, scalars)), stream());
   launch_moe_loss_terms(route_counts.data<int64_t>(kOp), router_sums.data<double>(kOp),
                         head_losses.data<double>(kOp), d.layers, d.experts, d.head_chunks, scalars,
                         losses.data<double>(kOp), lb_score_grad.data<float>(kOp),
                         view_given(route_tally) ? route_tally.data<double>(kOp) : nullptr,
-                        stream());
+                        lb_shares.as<double>(), stream());
   MOE_CUDA_CHECK_LAUNCH(kOp, "launch_moe_loss_terms");
 }
 

@@ -1,5 +1,7 @@
 // The losses from their statistics and the selection-bias step, the plain-loop oracle: the
-// formulas of DESIGN.md in double, in layer then expert order.
+// formulas of DESIGN.md in double, in layer then expert order (lb: each layer's and group's sum
+// over the experts, added in layer and group order; transformers' form: each expert's term over
+// all layers, added in expert order).
 #include <vector>
 
 #include "kernels/moe_loss_checks.h"
@@ -47,15 +49,19 @@ void moe_loss_terms(ConstTensorView route_counts, ConstTensorView router_sums,
       // P_ge = its probability sum / its tokens (one group: the micro-batch, OLMo-core's
       // local_batch granularity; the instances: its instance granularity);
       // d/dp[t, e] = coef (E / k) f_ge / group tokens for a token t of group g.
+      // Each layer's and group's terms are summed over the experts, then added to lb.
       const double scale = e_count / static_cast<double>(o.top_k);
       const double group_tokens = tokens / static_cast<double>(groups);
       for (int64_t j = 0; j < layers; ++j)
-        for (int64_t g = 0; g < groups; ++g)
+        for (int64_t g = 0; g < groups; ++g) {
+          double layer_group_lb = 0.0;
           for (int64_t e = 0; e < experts; ++e) {
             const double f = count(j, g, e) / div;
-            lb += scale * f * probability_sum(j, g, e) / group_tokens;
+            layer_group_lb += scale * f * probability_sum(j, g, e) / group_tokens;
             grad[at(j, g, e)] = static_cast<float>(o.aux_loss_coef * scale * f / group_tokens);
           }
+          lb += layer_group_lb;
+        }
     } else {
       // transformers: every layer's routes as one set of rows = tokens x layers; E sum_e f_e P_e
       // with f_e and P_e over all of them, the same gradient for every layer (one group).
