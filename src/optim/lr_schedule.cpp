@@ -3,15 +3,55 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "core/check.h"
 
 namespace moecore {
 
+namespace {
+
+// OLMo-core's WSDS at t (its get_lr, warmup_min_lr 0, decay_min_lr lr x min_lr_ratio): the
+// warm-up takes the first period's start, so the periods' positions count from its end.
+double wsds_rate(const OptimConfig& c, int64_t t) {
+  const std::vector<int64_t>& periods = period_lengths(c);
+  const int64_t warmup = warmup_length(c, periods.front());
+  auto peak = [&](size_t i) {
+    return c.period_lr_multipliers.empty() ? c.lr : c.lr * c.period_lr_multipliers[i];
+  };
+  if (t < warmup)
+    return peak(0) * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
+  const double lr_min = c.lr * c.min_lr_ratio;
+  const int64_t position = t - warmup;
+  int64_t end = 0;  // of the periods after the warm-up
+  for (const int64_t length : periods) end += length;
+  if (position >= end - warmup) return lr_min;
+  int64_t start = 0;
+  for (size_t i = 0; i < periods.size(); ++i) {
+    const int64_t length = periods[i] - (i == 0 ? warmup : 0);
+    if (position > start + length) {
+      start += length;
+      continue;
+    }
+    // The period's stable part, then its decay of decay_length(the whole period) units.
+    const int64_t at = std::clamp<int64_t>(position - start, 0, length);
+    const int64_t decay = decay_length(c, periods[i]);
+    const int64_t stable = length - decay;
+    if (at < stable) return peak(i);
+    return lr_min + (peak(i) - lr_min) *
+                        static_cast<double>(std::min(decay - (at - stable), decay)) /
+                        static_cast<double>(decay);
+  }
+  return lr_min;  // not reached: position < end - warmup
+}
+
+}  // namespace
+
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
                      int64_t tokens_per_step) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
-  // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR; warmup_min_lr 0,
+  // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
+  // ExponentialScheduler; warmup_min_lr 0,
   // alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio, the others' lr *
   // decay_min_lr_ratio) at t = step + 1: OLMo-core's trainer counts the first update as step 1
   // and asks its scheduler for that step's rate. So the warm-up's last update has the peak rate
@@ -23,6 +63,15 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   const int64_t unit = schedule_unit(c, tokens_per_step);
   const int64_t t = (step + 1) * unit;
   const int64_t run_horizon = total_steps * unit;  // the run's length, in the units
+  // WSDS runs over its own periods; ExponentialScheduler rises from lr_min to lr at the run's end
+  // (t >= 1: its lr_min at t = 0 is never asked for).
+  if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t);
+  if (c.schedule == LrSchedule::kExponential) {
+    if (t >= run_horizon) return c.lr;
+    return c.exponential_lr_min *
+           std::pow(c.lr / c.exponential_lr_min,
+                    static_cast<double>(t) / static_cast<double>(run_horizon));
+  }
   // CosWithWarmup, LinearWithWarmup and HalfCosWithWarmup run over their own t_max when set
   // (CosWithWarmupAndLinearDecay's cosine too: cosine_with_warmup_rate), the others the run's.
   const int64_t horizon = own_horizon(c, run_horizon);

@@ -9,7 +9,10 @@
 //   cosine_linear_decay: the cosine, cut short by the last `decay` updates, which fall linearly
 //     from its rate there to lr * decay_min_lr_ratio;
 //   power: lr (t / warmup)^power_exponent, then the last `decay` updates fall linearly from that
-//     law's rate at their start to lr * decay_min_lr_ratio.
+//     law's rate at their start to lr * decay_min_lr_ratio;
+//   wsds: periods of their own lengths, each a wsd from its peak to lr * min_lr_ratio (the
+//     warm-up only in the first), that floor after them;
+//   exponential: no warm-up, exponential_lr_min (lr / exponential_lr_min)^(t / horizon).
 #pragma once
 
 #include <algorithm>

@@ -3,12 +3,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace moecore {
 
 // OLMo-core's schedulers (optim/lr_schedule.h): CosWithWarmup, LinearWithWarmup,
 // ConstantWithWarmup, WSD, InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay,
-// PowerLR.
+// PowerLR, WSDS, ExponentialScheduler.
 enum class LrSchedule {
   kCosine,
   kLinear,
@@ -17,7 +18,9 @@ enum class LrSchedule {
   kInvSqrt,
   kHalfCosine,
   kCosineLinearDecay,
-  kPower
+  kPower,
+  kWsds,
+  kExponential
 };
 
 // What a schedule counts (OLMo-core's SchedulerUnits): updates, or tokens seen (an update of the
@@ -62,6 +65,18 @@ struct OptimConfig {
   // "steps") or in tokens (units "tokens").
   int64_t t_max_steps = 0;
   int64_t t_max_tokens = 0;
+  // "wsds" (OLMo-core's WSDS, warmup-stable-decay-simplified): consecutive periods of these
+  // lengths (period_steps in updates, period_tokens in tokens), each at its peak lr x
+  // period_lr_multipliers[i] (none: lr) until its last decay_length(period) units, which fall
+  // linearly to lr x min_lr_ratio; the warm-up (warmup_steps / warmup_tokens, or warmup_fraction
+  // of the first period) is the first period's start; after the last period, lr x min_lr_ratio.
+  // Its length is its own, not the run's.
+  std::vector<int64_t> period_steps;
+  std::vector<int64_t> period_tokens;
+  std::vector<double> period_lr_multipliers;
+  // "exponential" (OLMo-core's ExponentialScheduler, a learning-rate range test): lr_min x (lr /
+  // lr_min)^(t / horizon), from exponential_lr_min (its lr_min) to lr at the run's end.
+  double exponential_lr_min = 1e-9;
 
   void validate() const;
 };
@@ -107,6 +122,11 @@ inline int64_t t_max_length(const OptimConfig& c) {
 // The horizon a schedule with t_max runs over: t_max when set, else the run's.
 inline int64_t own_horizon(const OptimConfig& c, int64_t run_horizon) {
   return has_t_max(c.schedule) && t_max_length(c) > 0 ? t_max_length(c) : run_horizon;
+}
+
+// The periods of "wsds" in the schedule's units.
+inline const std::vector<int64_t>& period_lengths(const OptimConfig& c) {
+  return c.units == LrUnits::kTokens ? c.period_tokens : c.period_steps;
 }
 
 // Whether the schedule ends in a linear decay tail of decay_length.

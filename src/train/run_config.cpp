@@ -59,6 +59,19 @@ class TableReader {
                   section_, key);
         field.push_back(*value);
       }
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      field.clear();
+      const toml::array* array = node->as_array();
+      MOE_CHECK(array != nullptr, "[config] {}: {}.{} must be a list of numbers", source_, section_,
+                key);
+      for (const toml::node& item : *array) {
+        auto value = item.value<double>();  // integers are accepted, as for a float key
+        MOE_CHECK(value.has_value() && (item.is_floating_point() || item.is_integer()),
+                  "[config] {}: {}.{} must be a list of numbers", source_, section_, key);
+        MOE_CHECK(std::isfinite(*value), "[config] {}: {}.{} holds {}: must be finite numbers",
+                  source_, section_, key, *value);
+        field.push_back(*value);
+      }
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       // A list of strings; a single string is accepted as a list of one.
       field.clear();
@@ -185,7 +198,9 @@ void read_optim(TableReader& r, OptimConfig& o) {
                {"inv_sqrt", LrSchedule::kInvSqrt},
                {"half_cos", LrSchedule::kHalfCosine},
                {"cosine_linear_decay", LrSchedule::kCosineLinearDecay},
-               {"power", LrSchedule::kPower}});
+               {"power", LrSchedule::kPower},
+               {"wsds", LrSchedule::kWsds},
+               {"exponential", LrSchedule::kExponential}});
   r.read("min_lr_ratio", o.min_lr_ratio);
   r.read("decay_steps", o.decay_steps);
   r.read("decay_tokens", o.decay_tokens);
@@ -194,6 +209,10 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("power_exponent", o.power_exponent);
   r.read("t_max_steps", o.t_max_steps);
   r.read("t_max_tokens", o.t_max_tokens);
+  r.read("period_steps", o.period_steps);
+  r.read("period_tokens", o.period_tokens);
+  r.read("period_lr_multipliers", o.period_lr_multipliers);
+  r.read("exponential_lr_min", o.exponential_lr_min);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -324,6 +343,60 @@ void apply_override(toml::table& doc, const std::string& override_text) {
   toml::table* table = doc[section].as_table();
   MOE_CHECK(table != nullptr, "[config] override '{}': {} is not a table", override_text, section);
   table->insert_or_assign(key, *parsed.get("v"));
+}
+
+}  // namespace
+
+namespace {
+
+// OLMo-core's WSDS refuses periods that do not hold their decay (and the first its warm-up), and
+// asserts, once there, that each decay falls; a decay of no units divides by zero at its period's
+// end. Its lengths are its own, so everything is checked without the run's.
+void validate_wsds(const OptimConfig& o) {
+  const bool in_tokens = o.units == LrUnits::kTokens;
+  const char* key = in_tokens ? "period_tokens" : "period_steps";
+  const char* units = in_tokens ? "tokens" : "updates";
+  MOE_CHECK((in_tokens ? o.period_steps : o.period_tokens).empty(),
+            "[config] optim.units = \"{}\" gives the periods of \"wsds\" in {}: set optim.{}, not "
+            "optim.{}",
+            in_tokens ? "tokens" : "steps", units, key,
+            in_tokens ? "period_steps" : "period_tokens");
+  const std::vector<int64_t>& periods = period_lengths(o);
+  MOE_CHECK(!periods.empty(),
+            "[config] optim.schedule = \"wsds\" needs its periods: optim.{} = [length, ...] in {}",
+            key, units);
+  MOE_CHECK(o.period_lr_multipliers.empty() || o.period_lr_multipliers.size() == periods.size(),
+            "[config] optim.period_lr_multipliers has {} values for {} periods (optim.{}): give "
+            "one per period, or none",
+            o.period_lr_multipliers.size(), periods.size(), key);
+  int64_t total = 0;
+  const int64_t warmup = warmup_length(o, periods.front());  // a fraction of the first period
+  for (size_t i = 0; i < periods.size(); ++i) {
+    const int64_t length = periods[i];
+    MOE_CHECK(length > 0, "[config] optim.{}[{}]={} must be positive", key, i, length);
+    MOE_CHECK(length <= std::numeric_limits<int64_t>::max() - total,
+              "[config] optim.{}: the periods' total overflows a 64-bit count", key);
+    total += length;
+    const int64_t decay = decay_length(o, length);
+    MOE_CHECK(decay >= 1,
+              "[config] optim.schedule = \"wsds\": period {} of {} {} decays over round({} x "
+              "optim.decay_fraction={}) = 0 {} (OLMo-core divides by zero at its end): set "
+              "optim.{} or a larger optim.decay_fraction",
+              i, length, units, length, o.decay_fraction, units,
+              in_tokens ? "decay_tokens" : "decay_steps");
+    const int64_t needed = decay + (i == 0 ? warmup : 0);
+    MOE_CHECK(needed <= length,
+              "[config] optim.schedule = \"wsds\": period {} of {} {} is shorter than its {}decay "
+              "({} {})",
+              i, length, units, i == 0 ? "warm-up and " : "", needed, units);
+    const double multiplier = o.period_lr_multipliers.empty() ? 1.0 : o.period_lr_multipliers[i];
+    MOE_CHECK(multiplier > 0.0, "[config] optim.period_lr_multipliers[{}]={} must be positive", i,
+              multiplier);
+    MOE_CHECK(o.lr * o.min_lr_ratio < o.lr * multiplier,
+              "[config] optim.schedule = \"wsds\": period {} decays from lr x {} to lr x "
+              "optim.min_lr_ratio={}, not below it (OLMo-core asserts)",
+              i, multiplier, o.min_lr_ratio);
+  }
 }
 
 }  // namespace
@@ -463,6 +536,18 @@ void OptimConfig::validate() const {
   // OLMo-core's PowerLR refuses b >= 0: a law that does not decay.
   MOE_CHECK(power_exponent < 0.0, "[config] optim.power_exponent={} must be negative",
             power_exponent);
+  MOE_CHECK(std::isfinite(exponential_lr_min) && exponential_lr_min > 0.0,
+            "[config] optim.exponential_lr_min={} must be positive", exponential_lr_min);
+  MOE_CHECK(schedule != LrSchedule::kExponential ||
+                (warmup_steps == 0 && warmup_tokens == 0 && warmup_fraction == 0.0),
+            "[config] optim.schedule = \"exponential\" has no warm-up (it rises from "
+            "optim.exponential_lr_min to lr over the run): set optim.warmup_steps / "
+            "warmup_tokens / warmup_fraction to 0");
+  MOE_CHECK(schedule == LrSchedule::kWsds ||
+                (period_steps.empty() && period_tokens.empty() && period_lr_multipliers.empty()),
+            "[config] optim.period_steps / period_tokens / period_lr_multipliers apply to "
+            "optim.schedule = \"wsds\", not this one");
+  if (schedule == LrSchedule::kWsds) validate_wsds(*this);
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
@@ -717,6 +802,11 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"routed_scaling_factor", m.routed_scaling_factor},
       {"router_bias_update_rate", m.router_bias_update_rate},
   };
+  auto list_of = [](const auto& values) {
+    toml::array array;
+    for (const auto value : values) array.push_back(value);
+    return array;
+  };
   const OptimConfig& o = c.optim;
   toml::table optim{
       {"lr", o.lr},
@@ -739,7 +829,9 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {LrSchedule::kInvSqrt, "inv_sqrt"},
                                      {LrSchedule::kHalfCosine, "half_cos"},
                                      {LrSchedule::kCosineLinearDecay, "cosine_linear_decay"},
-                                     {LrSchedule::kPower, "power"}})},
+                                     {LrSchedule::kPower, "power"},
+                                     {LrSchedule::kWsds, "wsds"},
+                                     {LrSchedule::kExponential, "exponential"}})},
       {"min_lr_ratio", o.min_lr_ratio},
       {"decay_steps", o.decay_steps},
       {"decay_tokens", o.decay_tokens},
@@ -747,7 +839,11 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"decay_min_lr_ratio", o.decay_min_lr_ratio},
       {"power_exponent", o.power_exponent},
       {"t_max_steps", o.t_max_steps},
-      {"t_max_tokens", o.t_max_tokens}};
+      {"t_max_tokens", o.t_max_tokens},
+      {"period_steps", list_of(o.period_steps)},
+      {"period_tokens", list_of(o.period_tokens)},
+      {"period_lr_multipliers", list_of(o.period_lr_multipliers)},
+      {"exponential_lr_min", o.exponential_lr_min}};
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"init_seed", t.init_seed},

@@ -178,6 +178,51 @@ TEST(Optim, LearningRateWsd) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 16, total), 1e-4 + 9e-4 * 3.0 / 5.0);  // t = 17
 }
 
+// OLMo-core's WSDS: the warm-up takes the first period's start; each period holds its peak (lr x
+// its multiplier) until its last `decay` units, which fall linearly to lr * min_lr_ratio, reached
+// at the period's last update; the floor after the last period.
+TEST(Optim, LearningRateWsds) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.0;
+  c.warmup_steps = 2;
+  c.schedule = LrSchedule::kWsds;
+  c.decay_steps = 2;
+  c.period_steps = {6, 4};
+  c.period_lr_multipliers = {1.0, 0.5};
+  const int64_t total = 20;  // not the schedule's length: its periods are
+  const std::vector<double> expected = {5e-4, 1e-3, 1e-3,   1e-3, 5e-4, 0.0,  // period 0
+                                        5e-4, 5e-4, 2.5e-4, 0.0,              // period 1
+                                        0.0,  0.0};                           // after them
+  for (size_t step = 0; step < expected.size(); ++step)
+    EXPECT_DOUBLE_EQ(learning_rate(c, static_cast<int64_t>(step), total), expected[step]) << step;
+  // A decay fraction is of each whole period (round(6 x 0.5) = 3, round(4 x 0.5) = 2), a floor.
+  c.decay_steps = 0;
+  c.decay_fraction = 0.5;
+  c.min_lr_ratio = 0.1;
+  c.period_lr_multipliers.clear();
+  EXPECT_DOUBLE_EQ(learning_rate(c, 2, total), 1e-3);  // t = 3: the decay's first, the peak
+  EXPECT_DOUBLE_EQ(learning_rate(c, 3, total), 1e-4 + 9e-4 * 2.0 / 3.0);  // t = 4
+  EXPECT_DOUBLE_EQ(learning_rate(c, 5, total), 1e-4);                     // the period's end
+  EXPECT_DOUBLE_EQ(learning_rate(c, 6, total), 1e-3);                     // period 1's peak
+  EXPECT_DOUBLE_EQ(learning_rate(c, 8, total), 1e-4 + 9e-4 * 0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 1e-4);
+}
+
+// OLMo-core's ExponentialScheduler: lr_min (lr / lr_min)^(t / horizon), lr at the run's end.
+TEST(Optim, LearningRateExponential) {
+  OptimConfig c;
+  c.lr = 1e-2;
+  c.schedule = LrSchedule::kExponential;
+  c.exponential_lr_min = 1e-6;
+  const int64_t total = 4;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0, total), 1e-5);  // t = 1: 1e-6 x 1e4^(1/4)
+  EXPECT_DOUBLE_EQ(learning_rate(c, 1, total), 1e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 2, total), 1e-3);
+  EXPECT_EQ(learning_rate(c, 3, total), 1e-2);
+  EXPECT_EQ(learning_rate(c, 9, total), 1e-2);
+}
+
 // OLMo-core's InvSqrtWithWarmup: warm-up below `warmup`, then lr_min + (lr - lr_min) sqrt(w / t),
 // with no end of run (past max_steps it goes on falling).
 TEST(Optim, LearningRateInvSqrt) {

@@ -345,13 +345,36 @@ TEST(RunConfig, TomlRoundTrip) {
   EXPECT_EQ(reparsed.optim.power_exponent, -0.3);
   for (const auto& [text, schedule] :
        {std::pair{"schedule = \"half_cos\"\n", LrSchedule::kHalfCosine},
-        std::pair{"schedule = \"power\"\nwarmup_steps = 2\n", LrSchedule::kPower}})
+        std::pair{"schedule = \"power\"\nwarmup_steps = 2\n", LrSchedule::kPower},
+        std::pair{"schedule = \"exponential\"\n", LrSchedule::kExponential}})
     EXPECT_EQ(parse(run_config_to_toml(parse(std::string("[optim]\n") + text))).optim.schedule,
               schedule)
         << text;
   EXPECT_EQ(reparsed.train.sample_prompt, c.train.sample_prompt);
   EXPECT_EQ(reparsed.data.val, c.data.val);
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
+}
+
+// The lists of "wsds" survive a checkpoint's config (a resume reads them back); integers are
+// numbers in period_lr_multipliers.
+TEST(RunConfig, WsdsPeriodsRoundTrip) {
+  const RunConfig c = parse(
+      "[optim]\nschedule = \"wsds\"\nwarmup_steps = 2\ndecay_steps = 3\nperiod_steps = [10, "
+      "6, 8]\nperiod_lr_multipliers = [1, 0.5, 0.25]\nmin_lr_ratio = 0.0\n");
+  EXPECT_EQ(c.optim.schedule, LrSchedule::kWsds);
+  EXPECT_EQ(c.optim.period_steps, (std::vector<int64_t>{10, 6, 8}));
+  EXPECT_EQ(c.optim.period_lr_multipliers, (std::vector<double>{1.0, 0.5, 0.25}));
+  const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.optim.period_steps, c.optim.period_steps);
+  EXPECT_EQ(reparsed.optim.period_lr_multipliers, c.optim.period_lr_multipliers);
+  EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
+  std::string e = error_of(
+      "[optim]\nschedule = \"wsds\"\nperiod_steps = [10]\n"
+      "period_lr_multipliers = [1, \"a\"]\n");
+  EXPECT_NE(e.find("optim.period_lr_multipliers must be a list of numbers"), std::string::npos)
+      << e;
+  e = error_of("[optim]\nschedule = \"wsds\"\nperiod_steps = 10\n");
+  EXPECT_NE(e.find("optim.period_steps must be a list of integers"), std::string::npos) << e;
 }
 
 TEST(RunConfig, Mxfp8AndItsVariants) {

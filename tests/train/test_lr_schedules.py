@@ -6,7 +6,9 @@ decay_fraction) updates to decay_min_lr = lr x min_lr_ratio), and warmup_fractio
 x fraction), Python's round: ties to even) with every schedule, InvSqrtWithWarmup, HalfCosWithWarmup
 (warm-up to the cosine's half-way rate, then its second half), CosWithWarmupAndLinearDecay (the cosine
 cut short by a linear tail to decay_min_lr = lr x decay_min_lr_ratio) and PowerLR (lr (t / warm-up)^b,
-then a linear tail to lr x decay_min_lr_ratio), t_max (the schedule's own length), also in units
+then a linear tail to lr x decay_min_lr_ratio), WSDS (periods of their own lengths, each a WSD to
+lr x min_lr_ratio, the floor after them), ExponentialScheduler (lr_min (lr / lr_min)^(t / max_steps)),
+t_max (the schedule's own length), also in units
 of tokens (SchedulerUnits.tokens: get_lr(lr, t x tokens per update, max_steps x tokens per
 update)). CosWithWarmup / LinearWithWarmup / ConstantWithWarmup are also checked through
 tests/reference/test_adamw_steps.py's AdamW oracle.
@@ -25,8 +27,8 @@ from test_training_job import run, train, train_rows, write_config
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
-    WSD, ConstantWithWarmup, CosWithWarmup, CosWithWarmupAndLinearDecay, HalfCosWithWarmup,
-    InvSqrtWithWarmup, LinearWithWarmup, PowerLR)
+    WSD, WSDS, ConstantWithWarmup, CosWithWarmup, CosWithWarmupAndLinearDecay, ExponentialScheduler,
+    HalfCosWithWarmup, InvSqrtWithWarmup, LinearWithWarmup, PowerLR)
 
 LR = 3e-3
 STEPS = 10
@@ -96,6 +98,19 @@ CASES = {
         dict(schedule="power", warmup_steps=0, warmup_fraction=0.15, decay_fraction=0.25,
              decay_min_lr_ratio=0.1, power_exponent=-0.3),
         PowerLR(warmup_fraction=0.15, decay_fraction=0.25, b=-0.3, decay_min_lr=LR * 0.1)),
+    # WSDS: periods of their own lengths (6 + 3 < 10 updates: the floor after them), each decaying
+    # over round(its length x 0.5) updates (3, 1.5 -> 2), the warm-up in the first.
+    "wsds_periods": (
+        dict(schedule="wsds", warmup_steps=2, period_steps=[6, 3], decay_fraction=0.5,
+             min_lr_ratio=0.1),
+        WSDS(period_lengths=[6, 3], warmup=2, decay_fraction=0.5, decay_min_lr=LR * 0.1)),
+    "wsds_multipliers": (  # warm-up round(6 x 0.25) = 2 (ties to even), peaks lr and lr / 2
+        dict(schedule="wsds", warmup_steps=0, warmup_fraction=0.25, period_steps=[6, 4],
+             period_lr_multipliers=[1.0, 0.5], decay_steps=2, min_lr_ratio=0.0),
+        WSDS(period_lengths=[6, 4], period_lr_multipliers=[1.0, 0.5], warmup_fraction=0.25,
+             decay=2, decay_min_lr=0.0)),
+    "exponential": (dict(schedule="exponential", warmup_steps=0, exponential_lr_min=1e-6),
+                    ExponentialScheduler(lr_min=1e-6)),
 }
 
 
@@ -134,6 +149,11 @@ TOKEN_CASES = {
                         InvSqrtWithWarmup(warmup=100, alpha_f=0.1)),
     "cosine_t_max_tokens": (dict(schedule="cosine", warmup_tokens=150, t_max_tokens=400),
                             CosWithWarmup(warmup=150, t_max=400)),
+    "wsds_tokens": (  # decays of round(300 x 0.3) = 90 and round(340 x 0.3) = 102 tokens
+        dict(schedule="wsds", warmup_tokens=100, period_tokens=[300, 340], decay_fraction=0.3,
+             min_lr_ratio=0.1),
+        WSDS(period_lengths=[300, 340], warmup=100, decay_fraction=0.3, decay_min_lr=LR * 0.1)),
+    "exponential_tokens": (dict(schedule="exponential"), ExponentialScheduler()),  # lr_min 1e-9
 }
 
 
@@ -220,6 +240,28 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
     # (4 / 1)^-0.51 = 0.49 of lr at the tail's start, below its end: OLMo-core asserts.
     ({"schedule": "power", "warmup_steps": 1, "decay_steps": 1, "decay_min_lr_ratio": 0.9},
      'optim.schedule = "power": its decay tail would go from'),
+    # WSDS: what its constructor refuses, its decay of 0 updates (a division by zero at the
+    # period's end) and a decay that rises (its assert).
+    ({"schedule": "wsds"}, 'optim.schedule = "wsds" needs its periods: optim.period_steps'),
+    ({"schedule": "wsds", "warmup_steps": 2, "period_steps": [3, 4], "decay_steps": 2},
+     'optim.schedule = "wsds": period 0 of 3 updates is shorter than its warm-up and decay '
+     '(4 updates)'),
+    ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [10, 4], "decay_fraction": 0.1},
+     'optim.schedule = "wsds": period 1 of 4 updates decays over round(4 x '
+     'optim.decay_fraction=0.1) = 0 updates'),
+    ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [4, 0], "decay_steps": 1},
+     "optim.period_steps[1]=0 must be positive"),
+    ({"schedule": "wsds", "period_steps": [4], "period_lr_multipliers": [1.0, 0.5]},
+     "optim.period_lr_multipliers has 2 values for 1 periods"),
+    ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [4, 4], "decay_steps": 1,
+      "period_lr_multipliers": [1.0, 0.05], "min_lr_ratio": 0.1},
+     'optim.schedule = "wsds": period 1 decays from lr x 0.05 to lr x optim.min_lr_ratio=0.1'),
+    ({"period_steps": [4]}, 'apply to optim.schedule = "wsds", not this one'),
+    ({"units": "tokens", "schedule": "wsds", "warmup_steps": 0, "period_steps": [64]},
+     'optim.units = "tokens" gives the periods of "wsds" in tokens: set optim.period_tokens'),
+    ({"schedule": "exponential"}, 'optim.schedule = "exponential" has no warm-up'),
+    ({"schedule": "exponential", "warmup_steps": 0, "exponential_lr_min": 0},
+     "optim.exponential_lr_min=0 must be positive"),
 ])
 def test_bad_schedule_settings_are_one_line_errors(moecore_bin, job_data, tmp_path, optim, message):
     """What OLMo-core refuses, divides by zero on or asserts against (PowerLR without a warm-up or
