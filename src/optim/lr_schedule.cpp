@@ -45,13 +45,52 @@ double wsds_rate(const OptimConfig& c, int64_t t) {
   return lr_min;  // not reached: position < end - warmup
 }
 
+// OLMo-core's _interpolate_lr: position `current` of `duration` from `start` to `end`.
+double interpolate_rate(LrShape shape, double start, double end, int64_t current,
+                        int64_t duration) {
+  if (shape == LrShape::kLinear)
+    return start + (end - start) * static_cast<double>(current) / static_cast<double>(duration);
+  return end + (start - end) *
+                   (1.0 + std::cos(std::numbers::pi * static_cast<double>(current) /
+                                   static_cast<double>(duration))) /
+                   2.0;
+}
+
+// OLMo-core's ComposableScheduler's stages at t (its _main_schedule_lr).
+double composable_stages_rate(const OptimConfig& c, int64_t t) {
+  int64_t stage_start = 0;
+  double previous_end = c.lr;
+  for (const LrStage& stage : c.stages) {
+    const double start = stage.start_lr            ? *stage.start_lr
+                         : stage.start_lr_fraction ? c.lr * *stage.start_lr_fraction
+                                                   : previous_end;
+    const double end = stage.end_lr ? *stage.end_lr : c.lr * stage.end_lr_fraction.value_or(0.0);
+    const int64_t stage_end = stage_start + stage.duration;
+    if (t < stage_end)
+      return interpolate_rate(stage.shape, start, end, t - stage_start, stage.duration);
+    previous_end = end;
+    stage_start = stage_end;
+  }
+  return previous_end;
+}
+
+// ComposableScheduler.get_lr: the stages, or from override_decay's start its decay.
+double composable_rate(const OptimConfig& c, int64_t t) {
+  if (!c.override_decay || t < c.override_decay->start) return composable_stages_rate(c, t);
+  const LrOverrideDecay& o = *c.override_decay;
+  const double end = o.end_lr ? *o.end_lr : c.lr * o.end_lr_fraction.value_or(0.0);
+  if (t - o.start >= o.duration) return end;
+  return interpolate_rate(o.shape, composable_stages_rate(c, o.start), end, t - o.start,
+                          o.duration);
+}
+
 }  // namespace
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
                      int64_t tokens_per_step) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
   // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
-  // ExponentialScheduler; warmup_min_lr 0,
+  // ExponentialScheduler, ComposableScheduler; warmup_min_lr 0,
   // alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio, the others' lr *
   // decay_min_lr_ratio) at t = step + 1: OLMo-core's trainer counts the first update as step 1
   // and asks its scheduler for that step's rate. So the warm-up's last update has the peak rate
@@ -63,9 +102,10 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   const int64_t unit = schedule_unit(c, tokens_per_step);
   const int64_t t = (step + 1) * unit;
   const int64_t run_horizon = total_steps * unit;  // the run's length, in the units
-  // WSDS runs over its own periods; ExponentialScheduler rises from lr_min to lr at the run's end
-  // (t >= 1: its lr_min at t = 0 is never asked for).
+  // WSDS and ComposableScheduler run over their own lengths; ExponentialScheduler rises from lr_min
+  // to lr at the run's end (t >= 1: its lr_min at t = 0 is never asked for).
   if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t);
+  if (c.schedule == LrSchedule::kComposable) return composable_rate(c, t);
   if (c.schedule == LrSchedule::kExponential) {
     if (t >= run_horizon) return c.lr;
     return c.exponential_lr_min *

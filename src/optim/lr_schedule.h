@@ -12,7 +12,8 @@
 //     law's rate at their start to lr * decay_min_lr_ratio;
 //   wsds: periods of their own lengths, each a wsd from its peak to lr * min_lr_ratio (the
 //     warm-up only in the first), that floor after them;
-//   exponential: no warm-up, exponential_lr_min (lr / exponential_lr_min)^(t / horizon).
+//   exponential: no warm-up, exponential_lr_min (lr / exponential_lr_min)^(t / horizon);
+//   composable: its stages' lines and half cosines one after the other, then an override decay.
 #pragma once
 
 #include <algorithm>

@@ -3,13 +3,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace moecore {
 
 // OLMo-core's schedulers (optim/lr_schedule.h): CosWithWarmup, LinearWithWarmup,
 // ConstantWithWarmup, WSD, InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay,
-// PowerLR, WSDS, ExponentialScheduler.
+// PowerLR, WSDS, ExponentialScheduler, ComposableScheduler.
 enum class LrSchedule {
   kCosine,
   kLinear,
@@ -20,7 +21,34 @@ enum class LrSchedule {
   kCosineLinearDecay,
   kPower,
   kWsds,
-  kExponential
+  kExponential,
+  kComposable
+};
+
+// How a stage of "composable" goes from its start rate to its end rate (OLMo-core's
+// ComposableSchedulerStageType): a straight line, or half a cosine.
+enum class LrShape { kLinear, kCosine };
+
+// A stage of "composable" (OLMo-core's ComposableSchedulerStage): `duration` units (updates, or
+// tokens under units "tokens") from its start rate (start_lr, or lr x start_lr_fraction; neither:
+// where the stage before ended, lr for the first) to its end rate (end_lr or lr x
+// end_lr_fraction, exactly one).
+struct LrStage {
+  int64_t duration = 0;
+  LrShape shape = LrShape::kLinear;
+  std::optional<double> start_lr, start_lr_fraction, end_lr, end_lr_fraction;
+  bool operator==(const LrStage&) const = default;
+};
+
+// OLMo-core's OverrideDecay: from position `start` on, the stages give way to a decay over
+// `duration` units from the rate they give at `start` to end_lr (or lr x end_lr_fraction), held
+// after it (an anneal from the middle of a run).
+struct LrOverrideDecay {
+  int64_t start = 0;
+  int64_t duration = 0;
+  LrShape shape = LrShape::kLinear;
+  std::optional<double> end_lr, end_lr_fraction;
+  bool operator==(const LrOverrideDecay&) const = default;
 };
 
 // What a schedule counts (OLMo-core's SchedulerUnits): updates, or tokens seen (an update of the
@@ -77,6 +105,11 @@ struct OptimConfig {
   // "exponential" (OLMo-core's ExponentialScheduler, a learning-rate range test): lr_min x (lr /
   // lr_min)^(t / horizon), from exponential_lr_min (its lr_min) to lr at the run's end.
   double exponential_lr_min = 1e-9;
+  // "composable" (OLMo-core's ComposableScheduler): the stages one after the other, absolute
+  // positions (its own length, not the run's; no warm-up but a stage's), the last stage's end
+  // rate after them; override_decay, when set, takes over from its start.
+  std::vector<LrStage> stages;
+  std::optional<LrOverrideDecay> override_decay;
 
   void validate() const;
 };

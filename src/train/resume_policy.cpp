@@ -65,13 +65,13 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
 
 std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
   // A schedule without an end (unless a fraction of the run is its warm-up), over its own periods
-  // (wsds) or over its own t_max (cosine_linear_decay's tail still follows the run's end), does not
-  // move with max_steps.
+  // (wsds) or stages (composable), or over its own t_max (cosine_linear_decay's tail still
+  // follows the run's end), does not move with max_steps.
   const OptimConfig& o = now.optim;
   const bool endless =
       ((o.schedule == LrSchedule::kConstant || o.schedule == LrSchedule::kInvSqrt) &&
        o.warmup_fraction == 0.0) ||
-      o.schedule == LrSchedule::kWsds;
+      o.schedule == LrSchedule::kWsds || o.schedule == LrSchedule::kComposable;
   const bool own_t_max =
       t_max_length(o) > 0 && has_t_max(o.schedule) && o.schedule != LrSchedule::kCosineLinearDecay;
   if (saved.train.max_steps == now.train.max_steps || endless || own_t_max) return "";

@@ -72,6 +72,10 @@ class TableReader {
                   source_, section_, key, *value);
         field.push_back(*value);
       }
+    } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+      double value = 0.0;
+      read(key, value);  // a number, as a float key
+      field = value;
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       // A list of strings; a single string is accepted as a list of one.
       field.clear();
@@ -112,6 +116,16 @@ class TableReader {
     }
     fail("[config] {}: {}.{}=\"{}\" is not one of {}", source_, section_, key, text, allowed);
   }
+
+  // The node under `key` (null when absent), for a sub-table or an array of tables that a reader
+  // of its own reads.
+  const toml::node* node(const char* key) {
+    seen_.emplace_back(key);
+    return table_.get(key);
+  }
+
+  const std::string& section() const { return section_; }
+  const std::string& source() const { return source_; }
 
   void reject_unknown() const {
     for (const auto& [key, node] : table_) {
@@ -175,6 +189,46 @@ void read_model(TableReader& r, ModelConfig& m) {
   r.read("router_bias_update_rate", m.router_bias_update_rate);
 }
 
+// [[optim.stages]] and [optim.override_decay] (the "composable" schedule).
+void read_lr_shape(TableReader& r, LrShape& shape) {
+  r.read_enum("shape", shape, {{"linear", LrShape::kLinear}, {"cosine", LrShape::kCosine}});
+}
+
+void read_lr_stages(TableReader& r, OptimConfig& o) {
+  if (const toml::node* node = r.node("stages")) {
+    const toml::array* array = node->as_array();
+    MOE_CHECK(array != nullptr && array->is_array_of_tables(),
+              "[config] {}: optim.stages must be an array of tables ([[optim.stages]])",
+              r.source());
+    for (size_t i = 0; i < array->size(); ++i) {
+      TableReader stage_reader(*array->get(i)->as_table(), fmt::format("optim.stages[{}]", i),
+                               r.source());
+      LrStage stage;
+      stage_reader.read("duration", stage.duration);
+      read_lr_shape(stage_reader, stage.shape);
+      stage_reader.read("start_lr", stage.start_lr);
+      stage_reader.read("start_lr_fraction", stage.start_lr_fraction);
+      stage_reader.read("end_lr", stage.end_lr);
+      stage_reader.read("end_lr_fraction", stage.end_lr_fraction);
+      stage_reader.reject_unknown();
+      o.stages.push_back(stage);
+    }
+  }
+  if (const toml::node* node = r.node("override_decay")) {
+    const toml::table* table = node->as_table();
+    MOE_CHECK(table != nullptr, "[config] {}: optim.override_decay must be a table", r.source());
+    TableReader decay_reader(*table, "optim.override_decay", r.source());
+    LrOverrideDecay decay;
+    decay_reader.read("start", decay.start);
+    decay_reader.read("duration", decay.duration);
+    read_lr_shape(decay_reader, decay.shape);
+    decay_reader.read("end_lr", decay.end_lr);
+    decay_reader.read("end_lr_fraction", decay.end_lr_fraction);
+    decay_reader.reject_unknown();
+    o.override_decay = decay;
+  }
+}
+
 void read_optim(TableReader& r, OptimConfig& o) {
   r.read("lr", o.lr);
   r.read("beta1", o.beta1);
@@ -200,7 +254,8 @@ void read_optim(TableReader& r, OptimConfig& o) {
                {"cosine_linear_decay", LrSchedule::kCosineLinearDecay},
                {"power", LrSchedule::kPower},
                {"wsds", LrSchedule::kWsds},
-               {"exponential", LrSchedule::kExponential}});
+               {"exponential", LrSchedule::kExponential},
+               {"composable", LrSchedule::kComposable}});
   r.read("min_lr_ratio", o.min_lr_ratio);
   r.read("decay_steps", o.decay_steps);
   r.read("decay_tokens", o.decay_tokens);
@@ -213,6 +268,7 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("period_tokens", o.period_tokens);
   r.read("period_lr_multipliers", o.period_lr_multipliers);
   r.read("exponential_lr_min", o.exponential_lr_min);
+  read_lr_stages(r, o);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -399,6 +455,47 @@ void validate_wsds(const OptimConfig& o) {
   }
 }
 
+// OLMo-core's ComposableSchedulerStage and OverrideDecay checks: positive durations, rates >= 0,
+// at most one start and exactly one end per stage; positions that fit a 64-bit count.
+void validate_composable(const OptimConfig& o) {
+  MOE_CHECK(!o.stages.empty(),
+            "[config] optim.schedule = \"composable\" needs its stages: [[optim.stages]] tables "
+            "with duration and end_lr or end_lr_fraction");
+  auto check_rate = [](const std::string& where, const char* key,
+                       const std::optional<double>& value) {
+    MOE_CHECK(!value || *value >= 0.0, "[config] {}.{}={} must be >= 0", where, key,
+              value.value_or(0.0));
+  };
+  int64_t total = 0;
+  for (size_t i = 0; i < o.stages.size(); ++i) {
+    const LrStage& stage = o.stages[i];
+    const std::string where = fmt::format("optim.stages[{}]", i);
+    MOE_CHECK(stage.duration > 0, "[config] {}.duration={} must be > 0", where, stage.duration);
+    MOE_CHECK(stage.duration <= std::numeric_limits<int64_t>::max() - total,
+              "[config] optim.stages: the durations' total overflows a 64-bit count");
+    total += stage.duration;
+    MOE_CHECK(!(stage.start_lr && stage.start_lr_fraction),
+              "[config] {}: give at most one of start_lr and start_lr_fraction", where);
+    MOE_CHECK(stage.end_lr.has_value() != stage.end_lr_fraction.has_value(),
+              "[config] {}: give exactly one of end_lr and end_lr_fraction", where);
+    check_rate(where, "start_lr", stage.start_lr);
+    check_rate(where, "start_lr_fraction", stage.start_lr_fraction);
+    check_rate(where, "end_lr", stage.end_lr);
+    check_rate(where, "end_lr_fraction", stage.end_lr_fraction);
+  }
+  if (!o.override_decay) return;
+  const LrOverrideDecay& d = *o.override_decay;
+  const std::string where = "optim.override_decay";
+  MOE_CHECK(d.start >= 0, "[config] {}.start={} must be >= 0", where, d.start);
+  MOE_CHECK(d.duration > 0, "[config] {}.duration={} must be > 0", where, d.duration);
+  MOE_CHECK(d.duration <= std::numeric_limits<int64_t>::max() - d.start,
+            "[config] {}: start + duration overflows a 64-bit count", where);
+  MOE_CHECK(d.end_lr.has_value() != d.end_lr_fraction.has_value(),
+            "[config] {}: give exactly one of end_lr and end_lr_fraction", where);
+  check_rate(where, "end_lr", d.end_lr);
+  check_rate(where, "end_lr_fraction", d.end_lr_fraction);
+}
+
 }  // namespace
 
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step) {
@@ -548,6 +645,15 @@ void OptimConfig::validate() const {
             "[config] optim.period_steps / period_tokens / period_lr_multipliers apply to "
             "optim.schedule = \"wsds\", not this one");
   if (schedule == LrSchedule::kWsds) validate_wsds(*this);
+  MOE_CHECK(schedule == LrSchedule::kComposable || (stages.empty() && !override_decay),
+            "[config] optim.stages / optim.override_decay apply to optim.schedule = "
+            "\"composable\", not this one");
+  MOE_CHECK(schedule != LrSchedule::kComposable ||
+                (warmup_steps == 0 && warmup_tokens == 0 && warmup_fraction == 0.0),
+            "[config] optim.schedule = \"composable\" has no warm-up of its own (a first stage "
+            "from start_lr_fraction = 0 is one): set optim.warmup_steps / warmup_tokens / "
+            "warmup_fraction to 0");
+  if (schedule == LrSchedule::kComposable) validate_composable(*this);
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
@@ -831,7 +937,8 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {LrSchedule::kCosineLinearDecay, "cosine_linear_decay"},
                                      {LrSchedule::kPower, "power"},
                                      {LrSchedule::kWsds, "wsds"},
-                                     {LrSchedule::kExponential, "exponential"}})},
+                                     {LrSchedule::kExponential, "exponential"},
+                                     {LrSchedule::kComposable, "composable"}})},
       {"min_lr_ratio", o.min_lr_ratio},
       {"decay_steps", o.decay_steps},
       {"decay_tokens", o.decay_tokens},
@@ -844,6 +951,28 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"period_tokens", list_of(o.period_tokens)},
       {"period_lr_multipliers", list_of(o.period_lr_multipliers)},
       {"exponential_lr_min", o.exponential_lr_min}};
+  // The stages and the override decay with the keys they were given.
+  auto shape_name = [](LrShape shape) { return shape == LrShape::kLinear ? "linear" : "cosine"; };
+  auto put = [](toml::table& table, const char* key, const std::optional<double>& value) {
+    if (value) table.insert(key, *value);
+  };
+  toml::array stages;
+  for (const LrStage& stage : o.stages) {
+    toml::table table{{"duration", stage.duration}, {"shape", shape_name(stage.shape)}};
+    put(table, "start_lr", stage.start_lr);
+    put(table, "start_lr_fraction", stage.start_lr_fraction);
+    put(table, "end_lr", stage.end_lr);
+    put(table, "end_lr_fraction", stage.end_lr_fraction);
+    stages.push_back(std::move(table));
+  }
+  if (!stages.empty()) optim.insert("stages", std::move(stages));
+  if (o.override_decay) {
+    const LrOverrideDecay& d = *o.override_decay;
+    toml::table table{{"start", d.start}, {"duration", d.duration}, {"shape", shape_name(d.shape)}};
+    put(table, "end_lr", d.end_lr);
+    put(table, "end_lr_fraction", d.end_lr_fraction);
+    optim.insert("override_decay", std::move(table));
+  }
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"init_seed", t.init_seed},

@@ -355,6 +355,36 @@ TEST(RunConfig, TomlRoundTrip) {
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
 }
 
+// The stages and the override decay of "composable" survive a checkpoint's config with the keys
+// they were given (an absolute rate stays one, a fraction a fraction).
+TEST(RunConfig, ComposableStagesRoundTrip) {
+  const RunConfig c = parse(
+      "[optim]\nschedule = \"composable\"\nwarmup_steps = 0\n"
+      "[[optim.stages]]\nduration = 10\nstart_lr_fraction = 0.0\nend_lr_fraction = 1\n"
+      "[[optim.stages]]\nduration = 90\nshape = \"cosine\"\nend_lr = 1e-4\n"
+      "[optim.override_decay]\nstart = 60\nduration = 20\nend_lr_fraction = 0.0\n");
+  ASSERT_EQ(c.optim.stages.size(), 2u);
+  EXPECT_EQ(c.optim.stages[0].duration, 10);
+  EXPECT_EQ(c.optim.stages[0].start_lr_fraction, 0.0);
+  EXPECT_FALSE(c.optim.stages[0].start_lr.has_value());
+  EXPECT_EQ(c.optim.stages[0].end_lr_fraction, 1.0);
+  EXPECT_EQ(c.optim.stages[1].shape, LrShape::kCosine);
+  EXPECT_EQ(c.optim.stages[1].end_lr, 1e-4);
+  ASSERT_TRUE(c.optim.override_decay.has_value());
+  EXPECT_EQ(c.optim.override_decay->start, 60);
+  const RunConfig reparsed = parse(run_config_to_toml(c));
+  EXPECT_EQ(reparsed.optim.stages, c.optim.stages);
+  EXPECT_EQ(reparsed.optim.override_decay, c.optim.override_decay);
+  EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
+  // A rate is a number; a stage a table.
+  std::string e = error_of(
+      "[optim]\nschedule = \"composable\"\nwarmup_steps = 0\n"
+      "[[optim.stages]]\nduration = 10\nend_lr = \"low\"\n");
+  EXPECT_NE(e.find("optim.stages[0].end_lr must be a number"), std::string::npos) << e;
+  e = error_of("[optim]\nschedule = \"composable\"\nwarmup_steps = 0\nstages = [1, 2]\n");
+  EXPECT_NE(e.find("optim.stages must be an array of tables"), std::string::npos) << e;
+}
+
 // The lists of "wsds" survive a checkpoint's config (a resume reads them back); integers are
 // numbers in period_lr_multipliers.
 TEST(RunConfig, WsdsPeriodsRoundTrip) {

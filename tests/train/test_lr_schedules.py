@@ -7,7 +7,8 @@ x fraction), Python's round: ties to even) with every schedule, InvSqrtWithWarmu
 (warm-up to the cosine's half-way rate, then its second half), CosWithWarmupAndLinearDecay (the cosine
 cut short by a linear tail to decay_min_lr = lr x decay_min_lr_ratio) and PowerLR (lr (t / warm-up)^b,
 then a linear tail to lr x decay_min_lr_ratio), WSDS (periods of their own lengths, each a WSD to
-lr x min_lr_ratio, the floor after them), ExponentialScheduler (lr_min (lr / lr_min)^(t / max_steps)),
+lr x min_lr_ratio, the floor after them), ExponentialScheduler (lr_min (lr / lr_min)^(t / max_steps)), ComposableScheduler (linear and cosine
+stages, an override decay),
 t_max (the schedule's own length), also in units
 of tokens (SchedulerUnits.tokens: get_lr(lr, t x tokens per update, max_steps x tokens per
 update)). CosWithWarmup / LinearWithWarmup / ConstantWithWarmup are also checked through
@@ -27,8 +28,12 @@ from test_training_job import run, train, train_rows, write_config
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
-    WSD, WSDS, ConstantWithWarmup, CosWithWarmup, CosWithWarmupAndLinearDecay, ExponentialScheduler,
-    HalfCosWithWarmup, InvSqrtWithWarmup, LinearWithWarmup, PowerLR)
+    WSD, WSDS, ComposableScheduler, ComposableSchedulerStage, ConstantWithWarmup, CosWithWarmup,
+    CosWithWarmupAndLinearDecay, ExponentialScheduler, HalfCosWithWarmup, InvSqrtWithWarmup,
+    LinearWithWarmup, OverrideDecay, PowerLR)
+
+# OLMo-core's ComposableScheduler says once that it has its own length; so does moecore's README.
+pytestmark = pytest.mark.filterwarnings("ignore:'ComposableScheduler' ignores 't_max':UserWarning")
 
 LR = 3e-3
 STEPS = 10
@@ -111,6 +116,27 @@ CASES = {
              decay=2, decay_min_lr=0.0)),
     "exponential": (dict(schedule="exponential", warmup_steps=0, exponential_lr_min=1e-6),
                     ExponentialScheduler(lr_min=1e-6)),
+    # ComposableScheduler: a linear warm-up stage from 0, a half cosine to lr / 10, a line to an
+    # absolute rate, held after the stages (3 + 4 + 2 < 10 updates).
+    "composable": (
+        dict(schedule="composable", warmup_steps=0, stages=[
+            dict(duration=3, start_lr_fraction=0.0, end_lr_fraction=1.0),
+            dict(duration=4, shape="cosine", end_lr_fraction=0.1),
+            dict(duration=2, end_lr=1e-4)]),
+        ComposableScheduler(stages=[
+            ComposableSchedulerStage(duration=3, start_lr_fraction=0.0, end_lr_fraction=1.0),
+            ComposableSchedulerStage(duration=4, shape="cosine", end_lr_fraction=0.1),
+            ComposableSchedulerStage(duration=2, end_lr=1e-4)])),
+    # Its override decay: from update 6 a line from the cosine's rate there to 0 over 3 updates.
+    "composable_override_decay": (
+        dict(schedule="composable", warmup_steps=0, stages=[
+            dict(duration=2, start_lr=0.0, end_lr_fraction=1.0),
+            dict(duration=20, shape="cosine", end_lr_fraction=0.0)],
+            override_decay=dict(start=6, duration=3, end_lr_fraction=0.0)),
+        ComposableScheduler(
+            stages=[ComposableSchedulerStage(duration=2, start_lr=0.0, end_lr_fraction=1.0),
+                    ComposableSchedulerStage(duration=20, shape="cosine", end_lr_fraction=0.0)],
+            override_decay=OverrideDecay(start=6, duration=3, end_lr_fraction=0.0))),
 }
 
 
@@ -154,6 +180,16 @@ TOKEN_CASES = {
              min_lr_ratio=0.1),
         WSDS(period_lengths=[300, 340], warmup=100, decay_fraction=0.3, decay_min_lr=LR * 0.1)),
     "exponential_tokens": (dict(schedule="exponential"), ExponentialScheduler()),  # lr_min 1e-9
+    "composable_tokens": (  # stage and override boundaries inside updates
+        dict(schedule="composable", stages=[
+            dict(duration=100, start_lr_fraction=0.0, end_lr_fraction=1.0),
+            dict(duration=500, shape="cosine", end_lr_fraction=0.1)],
+            override_decay=dict(start=400, duration=150, shape="cosine", end_lr=0.0)),
+        ComposableScheduler(
+            stages=[ComposableSchedulerStage(duration=100, start_lr_fraction=0.0,
+                                             end_lr_fraction=1.0),
+                    ComposableSchedulerStage(duration=500, shape="cosine", end_lr_fraction=0.1)],
+            override_decay=OverrideDecay(start=400, duration=150, shape="cosine", end_lr=0.0))),
 }
 
 
@@ -260,6 +296,34 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
     ({"units": "tokens", "schedule": "wsds", "warmup_steps": 0, "period_steps": [64]},
      'optim.units = "tokens" gives the periods of "wsds" in tokens: set optim.period_tokens'),
     ({"schedule": "exponential"}, 'optim.schedule = "exponential" has no warm-up'),
+    # ComposableScheduler: its stages' and override's checks.
+    ({"schedule": "composable", "warmup_steps": 0}, 'optim.schedule = "composable" needs its stages'),
+    ({"schedule": "composable"}, 'optim.schedule = "composable" has no warm-up of its own'),
+    ({"schedule": "composable", "warmup_steps": 0, "stages": [{"duration": 0, "end_lr": 0.0}]},
+     "optim.stages[0].duration=0 must be > 0"),
+    ({"schedule": "composable", "warmup_steps": 0,
+      "stages": [{"duration": 3, "end_lr": 0.0}, {"duration": 3}]},
+     "optim.stages[1]: give exactly one of end_lr and end_lr_fraction"),
+    ({"schedule": "composable", "warmup_steps": 0,
+      "stages": [{"duration": 3, "end_lr": 0.0, "start_lr": 1e-3, "start_lr_fraction": 0.5}]},
+     "optim.stages[0]: give at most one of start_lr and start_lr_fraction"),
+    ({"schedule": "composable", "warmup_steps": 0, "stages": [{"duration": 3, "end_lr": -1e-3}]},
+     "optim.stages[0].end_lr=-0.001 must be >= 0"),
+    ({"schedule": "composable", "warmup_steps": 0,
+      "stages": [{"duration": 3, "end_lr": 0.0, "shape": "step"}]},
+     'optim.stages[0].shape="step" is not one of "linear", "cosine"'),
+    ({"schedule": "composable", "warmup_steps": 0,
+      "stages": [{"duration": 3, "end_lr": 0.0, "ramp": 1}]}, "unknown key optim.stages[0].ramp"),
+    ({"schedule": "composable", "warmup_steps": 0, "stages": 3},
+     "optim.stages must be an array of tables"),
+    ({"schedule": "composable", "warmup_steps": 0, "stages": [{"duration": 3, "end_lr": 0.0}],
+      "override_decay": {"start": 2, "duration": 0, "end_lr": 0.0}},
+     "optim.override_decay.duration=0 must be > 0"),
+    ({"schedule": "composable", "warmup_steps": 0, "stages": [{"duration": 3, "end_lr": 0.0}],
+      "override_decay": {"start": 2, "duration": 2}},
+     "optim.override_decay: give exactly one of end_lr and end_lr_fraction"),
+    ({"stages": [{"duration": 3, "end_lr": 0.0}]},
+     'optim.stages / optim.override_decay apply to optim.schedule = "composable"'),
     ({"schedule": "exponential", "warmup_steps": 0, "exponential_lr_min": 0},
      "optim.exponential_lr_min=0 must be positive"),
 ])
@@ -274,3 +338,20 @@ def test_bad_schedule_settings_are_one_line_errors(moecore_bin, job_data, tmp_pa
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("case", ["wsds_periods", "composable_override_decay"])
+def test_own_length_schedules_resume_where_they_were(moecore_bin, job_data, tmp_path, case):
+    """WSDS and ComposableScheduler run over their own lengths: a resume that lengthens the run
+    (train.max_steps 5 -> 10) goes on with OLMo-core's rates and says nothing of a moved end."""
+    optim, scheduler = CASES[case]
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out, optim=dict(optim, lr=LR),
+                       train={"max_steps": 5, "log_every": 1, "eval_every": 0, "batch_size": 2})
+    train(moecore_bin, cfg)
+    r = train(moecore_bin, cfg, f"train.max_steps={STEPS}", resume=True)
+    assert "schedule's end" not in r.stdout + r.stderr, r.stdout + r.stderr
+    rows = train_rows(out)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    ours = [rows[t]["train/lr"] for t in range(1, STEPS + 1)]
+    assert ours == [float(scheduler.get_lr(LR, t, STEPS)) for t in range(1, STEPS + 1)]

@@ -83,6 +83,8 @@ def toml_value(v) -> str:
         return json.dumps(str(v))  # a TOML basic string is a JSON string for these paths
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(v)
 
 
