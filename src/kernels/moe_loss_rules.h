@@ -24,10 +24,10 @@ struct MoeLossScalars {
   int64_t lb_groups;
 };
 
-// G = o.lb_groups: counts [layers, G experts], sums [layers, G experts + 1], head [head_chunks,
-// kHeadLosses]; losses [kLossParts] (=), grad [layers, G experts] (=), tally [layers, experts]
-// (+=) or null. kernels/op_declarations.inc states the rules.
-
+// Below, G = o.lb_groups: counts [layers, G experts], sums [layers, G experts + 1], head
+// [head_chunks, kHeadLosses]; losses [kLossParts] (=), grad [layers, G experts] (=), tally
+// [layers, experts] (+=) or null. kernels/op_declarations.inc states the rules.
+//
 // The load-balancing loss's rows: one per expert (transformers' form: every layer's routes as one
 // set) or one per layer and group (OLMo-core's), layer-major.
 MOECORE_HOST_DEVICE inline int64_t lb_row_count(int64_t layers, int64_t experts,

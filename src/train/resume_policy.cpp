@@ -3,16 +3,30 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace moecore {
 
 namespace {
 
+// One line, whatever the value (a change is listed in a one-line error): tables and arrays inline.
 std::string node_text(const toml::node* node) {
   if (node == nullptr) return "(unset)";
   // Shortest round-trip form (0.003, not toml++'s 0.0030000000000000001).
   if (const auto value = node->value_exact<double>()) return fmt::format("{}", *value);
+  if (const toml::array* array = node->as_array()) {
+    std::string text = "[";
+    for (size_t i = 0; i < array->size(); ++i)
+      text += (i == 0 ? "" : ", ") + node_text(array->get(i));
+    return text + "]";
+  }
+  if (const toml::table* table = node->as_table()) {
+    std::string text = "{";
+    for (const auto& [key, value] : *table)
+      text += (text.size() == 1 ? "" : ", ") + std::string(key.str()) + " = " + node_text(&value);
+    return text + "}";
+  }
   std::ostringstream out;
   node->visit([&out](const auto& value) { out << value; });
   return out.str();
@@ -28,8 +42,13 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
                                    "model.lb_loss_style",        "model.lb_loss_scope",
                                    "model.lb_loss_granularity",  "model.loss_normalizer",
                                    "train.z_loss_multiplier"};
-  for (const auto& [key, node] : *b["optim"].as_table())
-    keys.push_back("optim." + std::string(key.str()));
+  // Every [optim] key either side has (the stages and the override decay are written only when
+  // set, so one that was removed is in the saved config alone).
+  for (const toml::table* optim : {b["optim"].as_table(), a["optim"].as_table()})
+    for (const auto& [key, node] : *optim) {
+      const std::string name = "optim." + std::string(key.str());
+      if (std::find(keys.begin(), keys.end(), name) == keys.end()) keys.push_back(name);
+    }
   // The device: another backend's kernels round differently (the CPU's and a GPU's GEMMs sum in
   // other orders), so a run moved between them continues close to, not exactly on, its path. So
   // does a run whose LM head changes its chunks (the head's weight gradient adds the chunks'

@@ -197,7 +197,7 @@ void read_lr_shape(TableReader& r, LrShape& shape) {
 void read_lr_stages(TableReader& r, OptimConfig& o) {
   if (const toml::node* node = r.node("stages")) {
     const toml::array* array = node->as_array();
-    MOE_CHECK(array != nullptr && array->is_array_of_tables(),
+    MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
               "[config] {}: optim.stages must be an array of tables ([[optim.stages]])",
               r.source());
     for (size_t i = 0; i < array->size(); ++i) {
@@ -434,21 +434,25 @@ void validate_wsds(const OptimConfig& o) {
               "[config] optim.{}: the periods' total overflows a 64-bit count", key);
     total += length;
     const int64_t decay = decay_length(o, length);
-    MOE_CHECK(decay >= 1,
-              "[config] optim.schedule = \"wsds\": period {} of {} {} decays over round({} x "
-              "optim.decay_fraction={}) = 0 {} (OLMo-core divides by zero at its end): set "
-              "optim.{} or a larger optim.decay_fraction",
-              i, length, units, length, o.decay_fraction, units,
+    // A decay of 0 units divides by zero at its period's end, which the next period's start
+    // reaches; after the last period the floor holds without it.
+    const bool last = i + 1 == periods.size();
+    MOE_CHECK(decay >= 1 || last,
+              "[config] optim.schedule = \"wsds\": optim.{}[{}]={} decays over round({} x "
+              "optim.decay_fraction={}) = 0 {} (OLMo-core divides by zero at the end of a period "
+              "before the last): set optim.{} or a larger optim.decay_fraction",
+              key, i, length, length, o.decay_fraction, units,
               in_tokens ? "decay_tokens" : "decay_steps");
-    const int64_t needed = decay + (i == 0 ? warmup : 0);
-    MOE_CHECK(needed <= length,
-              "[config] optim.schedule = \"wsds\": period {} of {} {} is shorter than its {}decay "
-              "({} {})",
-              i, length, units, i == 0 ? "warm-up and " : "", needed, units);
+    const int64_t first_warmup = i == 0 ? warmup : 0;
+    MOE_CHECK(decay <= length && first_warmup <= length - decay,
+              "[config] optim.schedule = \"wsds\": optim.{}[{}]={} {} is shorter than its {}decay "
+              "({}{} {})",
+              key, i, length, units, i == 0 ? "warm-up and " : "",
+              i == 0 ? fmt::format("{} + ", warmup) : "", decay, units);
     const double multiplier = o.period_lr_multipliers.empty() ? 1.0 : o.period_lr_multipliers[i];
     MOE_CHECK(multiplier > 0.0, "[config] optim.period_lr_multipliers[{}]={} must be positive", i,
               multiplier);
-    MOE_CHECK(o.lr * o.min_lr_ratio < o.lr * multiplier,
+    MOE_CHECK(decay == 0 || o.lr * o.min_lr_ratio < o.lr * multiplier,
               "[config] optim.schedule = \"wsds\": period {} decays from lr x {} to lr x "
               "optim.min_lr_ratio={}, not below it (OLMo-core asserts)",
               i, multiplier, o.min_lr_ratio);
@@ -612,7 +616,8 @@ void OptimConfig::validate() const {
               warmup_tokens, decay_tokens);
   MOE_CHECK(decay_fraction >= 0.0 && decay_fraction <= 1.0,
             "[config] optim.decay_fraction={} must be in [0, 1]", decay_fraction);
-  MOE_CHECK(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0,
+  // WSDS's floor may lie above lr when every period's peak is above it (its multipliers).
+  MOE_CHECK(min_lr_ratio >= 0.0 && (min_lr_ratio <= 1.0 || schedule == LrSchedule::kWsds),
             "[config] optim.min_lr_ratio={} must be in [0, 1]", min_lr_ratio);
   MOE_CHECK(decay_min_lr_ratio >= 0.0 && decay_min_lr_ratio <= 1.0,
             "[config] optim.decay_min_lr_ratio={} must be in [0, 1]", decay_min_lr_ratio);

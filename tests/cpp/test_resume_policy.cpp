@@ -40,7 +40,7 @@ TEST(ResumePolicy, ReplayKeysAreListedOldToNew) {
                 "optim.lr: 0.001 -> 0.002", "train.seed: 0 -> 3", "train.batch_size: 8 -> 4",
                 "train.microbatches: 1 -> 2", "train.seq_len: 128 -> 64",
                 "train.precision: 'fp32' -> 'bf16'", "train.lm_head_chunk_tokens: 0 -> 512",
-                "data.train: [ 'a.npy' ] -> [ 'b.npy' ]"}));
+                "data.train: ['a.npy'] -> ['b.npy']"}));
 }
 
 TEST(ResumePolicy, LossCoefficientsArePolicyNotArchitecture) {

@@ -114,6 +114,13 @@ CASES = {
              period_lr_multipliers=[1.0, 0.5], decay_steps=2, min_lr_ratio=0.0),
         WSDS(period_lengths=[6, 4], period_lr_multipliers=[1.0, 0.5], warmup_fraction=0.25,
              decay=2, decay_min_lr=0.0)),
+    # Peaks above lr and a floor between (min_lr_ratio 1.5); a decay of round(0.6) = 1 update in
+    # the first period, none in the last (OLMo-core reaches the floor after it without dividing).
+    "wsds_last_period_without_decay": (
+        dict(schedule="wsds", warmup_steps=2, period_steps=[6, 3], decay_fraction=0.1,
+             period_lr_multipliers=[2.0, 3.0], min_lr_ratio=1.5),
+        WSDS(period_lengths=[6, 3], warmup=2, decay_fraction=0.1, period_lr_multipliers=[2.0, 3.0],
+             decay_min_lr=LR * 1.5)),
     "exponential": (dict(schedule="exponential", warmup_steps=0, exponential_lr_min=1e-6),
                     ExponentialScheduler(lr_min=1e-6)),
     # ComposableScheduler: a linear warm-up stage from 0, a half cosine to lr / 10, a line to an
@@ -280,11 +287,15 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
     # period's end) and a decay that rises (its assert).
     ({"schedule": "wsds"}, 'optim.schedule = "wsds" needs its periods: optim.period_steps'),
     ({"schedule": "wsds", "warmup_steps": 2, "period_steps": [3, 4], "decay_steps": 2},
-     'optim.schedule = "wsds": period 0 of 3 updates is shorter than its warm-up and decay '
-     '(4 updates)'),
-    ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [10, 4], "decay_fraction": 0.1},
-     'optim.schedule = "wsds": period 1 of 4 updates decays over round(4 x '
+     'optim.schedule = "wsds": optim.period_steps[0]=3 updates is shorter than its warm-up and '
+     'decay (2 + 2 updates)'),
+    ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [10, 4, 10], "decay_fraction": 0.1},
+     'optim.schedule = "wsds": optim.period_steps[1]=4 decays over round(4 x '
      'optim.decay_fraction=0.1) = 0 updates'),
+    ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [10], "decay_steps": 1,
+      "min_lr_ratio": 1.5}, 'optim.schedule = "wsds": period 0 decays from lr x 1 to lr x '
+     'optim.min_lr_ratio=1.5, not below it'),
+    ({"schedule": "cosine", "min_lr_ratio": 1.5}, "optim.min_lr_ratio=1.5 must be in [0, 1]"),
     ({"schedule": "wsds", "warmup_steps": 0, "period_steps": [4, 0], "decay_steps": 1},
      "optim.period_steps[1]=0 must be positive"),
     ({"schedule": "wsds", "period_steps": [4], "period_lr_multipliers": [1.0, 0.5]},
@@ -316,6 +327,8 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
       "stages": [{"duration": 3, "end_lr": 0.0, "ramp": 1}]}, "unknown key optim.stages[0].ramp"),
     ({"schedule": "composable", "warmup_steps": 0, "stages": 3},
      "optim.stages must be an array of tables"),
+    ({"schedule": "composable", "warmup_steps": 0, "stages": []},
+     'optim.schedule = "composable" needs its stages'),
     ({"schedule": "composable", "warmup_steps": 0, "stages": [{"duration": 3, "end_lr": 0.0}],
       "override_decay": {"start": 2, "duration": 0, "end_lr": 0.0}},
      "optim.override_decay.duration=0 must be > 0"),
@@ -355,3 +368,24 @@ def test_own_length_schedules_resume_where_they_were(moecore_bin, job_data, tmp_
     assert sorted(rows) == list(range(1, STEPS + 1))
     ours = [rows[t]["train/lr"] for t in range(1, STEPS + 1)]
     assert ours == [float(scheduler.get_lr(LR, t, STEPS)) for t in range(1, STEPS + 1)]
+
+
+def test_resume_with_another_override_decay_is_refused_in_one_line(moecore_bin, job_data, tmp_path):
+    """An override decay added, changed or removed on a resume changes the rates from its start:
+    like any [optim] change it needs --allow-config-change, and the refusal (tables inline) is one
+    line naming it."""
+    optim, _ = CASES["composable_override_decay"]
+    out = tmp_path / "run"
+    run_keys = {"log_every": 1, "eval_every": 0, "batch_size": 2}
+    train(moecore_bin, write_config(tmp_path / "c.toml", job_data, out, optim=dict(optim, lr=LR),
+                                    train=dict(run_keys, max_steps=5)))
+    without = {k: v for k, v in optim.items() if k != "override_decay"}
+    for changed in (dict(optim, override_decay=dict(start=7, duration=3, end_lr_fraction=0.0)),
+                    without):
+        cfg = write_config(tmp_path / "d.toml", job_data, out, optim=dict(changed, lr=LR),
+                           train=dict(run_keys, max_steps=STEPS))
+        r = train(moecore_bin, cfg, resume=True, check=False)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, r.stderr
+        assert "optim.override_decay: {" in lines[0] and "--allow-config-change" in lines[0], lines[0]

@@ -1,5 +1,5 @@
-// The losses from their statistics and the selection-bias step on the CPU: the shared serial walk
-// (kernels/moe_loss_rules.h), the CUDA kernel's too.
+// The losses from their statistics and the selection-bias step on the CPU: the shared rules
+// (kernels/moe_loss_rules.h) walked in one thread; the CUDA kernels run the same rules per row.
 #include "kernels/cpu/ops.h"
 #include "kernels/moe_loss_checks.h"
 #include "kernels/moe_loss_rules.h"
