@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <new>
 
@@ -18,6 +19,7 @@
 #include "cli/import_command.h"
 #include "cli/init_from.h"
 #include "cli/job_commands.h"
+#include "cli/lr_schedule_command.h"
 #include "cli/mx_commands.h"
 #include "cli/numeric_option.h"
 #include "cli/plan_command.h"
@@ -311,6 +313,16 @@ int main(int argc, char** argv) {
   mx_decode->add_option("--elem", mx_args.elem, "e4m3 | e5m2 | e8m0 (default e4m3)");
   mx_decode->add_option("--out", mx_args.out, "output float32 .npy")->required();
 
+  moecore::cli::LrScheduleArgs lr_args;
+  CLI::App* lr_schedule = app.add_subcommand(
+      "lr-schedule", "the learning rate of every update of a config's run, without training");
+  lr_schedule->add_option("config", lr_args.config, "config TOML")->required();
+  lr_schedule->add_option("--set", lr_args.overrides, "override, e.g. --set train.max_steps=5000");
+  cli::add_int_option(lr_schedule, "--every", lr_args.every,
+                      "print every N-th update (and the first and the last)", 1,
+                      std::numeric_limits<int64_t>::max());
+  lr_schedule->add_flag("--json", lr_args.json, "one JSON object instead of text");
+
   moecore::cli::PlanArgs plan_args;
   CLI::App* devices =
       app.add_subcommand("devices", "the CPU and GPU this program can run on, one line each");
@@ -346,13 +358,14 @@ int main(int argc, char** argv) {
   // Every command-line error is one line on stderr; help output stays CLI11's.
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+    std::string commands;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      commands += (commands.empty() ? "" : ", ") + sub->get_name();
+    }
     if (!known) {
-      fmt::print(stderr,
-                 "moecore: error: unknown command '{}' (expected init, debug-state, debug-steps, "
-                 "dump, diff, train, import, tokenizer, prepare, eval, data, generate, bench, "
-                 "plan, mx)\n",
-                 moecore::escape_for_message(argv[1]));
+      fmt::print(stderr, "moecore: error: unknown command '{}' (expected {})\n",
+                 moecore::escape_for_message(argv[1]), commands);
       return 2;
     }
   }
@@ -430,6 +443,8 @@ int main(int argc, char** argv) {
       cli::run_bench_collectives(collectives_megabytes, collectives_repeats);
     } else if (plan->parsed()) {
       cli::run_plan(plan_args);
+    } else if (lr_schedule->parsed()) {
+      cli::run_lr_schedule(lr_args);
     } else if (mx_quantize->parsed()) {
       cli::run_mx_quantize(mx_args);
     } else if (mx_dequantize->parsed()) {

@@ -22,9 +22,12 @@ moves a whole update's rate (>= 1e-2 relative here); the constant schedule's las
 """
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 
-from test_training_job import run, train, train_rows, write_config
+from test_training_job import run, toml_value, train, train_rows, write_config
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
@@ -343,7 +346,7 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
 def test_bad_schedule_settings_are_one_line_errors(moecore_bin, job_data, tmp_path, optim, message):
     """What OLMo-core refuses, divides by zero on or asserts against (PowerLR without a warm-up or
     with b >= 0, a decay tail of no updates, of the whole run, or rising) is a one-line error
-    before anything is written."""
+    before anything is written; `moecore lr-schedule` gives the same one."""
     cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run", optim=optim,
                        train={"max_steps": 5})
     r = run(moecore_bin, "train", cfg, check=False)
@@ -351,6 +354,9 @@ def test_bad_schedule_settings_are_one_line_errors(moecore_bin, job_data, tmp_pa
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not (tmp_path / "run").exists()
+    # `moecore lr-schedule` refuses what training refuses, in the same words.
+    shown = run(moecore_bin, "lr-schedule", cfg, check=False)
+    assert shown.returncode != 0 and shown.stderr == r.stderr, shown.stderr
 
 
 @pytest.mark.parametrize("case", ["wsds_periods", "composable_override_decay"])
@@ -389,3 +395,140 @@ def test_resume_with_another_override_decay_is_refused_in_one_line(moecore_bin, 
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, r.stderr
         assert "optim.override_decay: {" in lines[0] and "--allow-config-change" in lines[0], lines[0]
+
+
+def random_schedule(rng: random.Random, in_tokens: bool, horizon: int):
+    """A random schedule of every family that both sides accept: ([optim] keys, OLMo-core's
+    scheduler). Lengths in the units (updates, or tokens when in_tokens); horizon: the run's."""
+    key = (lambda name: name + ("_tokens" if in_tokens else "_steps"))
+    family = rng.choice(["cosine", "linear", "constant", "wsd", "inv_sqrt", "half_cos",
+                         "cosine_linear_decay", "power", "wsds", "exponential", "composable"])
+    optim: dict = {"schedule": family, "warmup_steps": 0}
+    kw: dict = {}
+    if family not in ("exponential", "composable"):
+        # The warm-up: a length (at least 1 where the law divides by it) or a fraction.
+        span = horizon if family != "wsds" else None
+        if rng.random() < 0.5 or span is None:
+            w = rng.randint(1 if family in ("inv_sqrt", "power") else 0, max(1, horizon // 4))
+            optim[key("warmup")] = w
+            kw["warmup"] = w
+        else:
+            f = rng.choice([0.1, 0.15, 0.25])
+            optim["warmup_fraction"] = f
+            kw["warmup_fraction"] = f
+    if family in ("cosine", "linear", "half_cos", "cosine_linear_decay", "inv_sqrt"):
+        alpha = rng.choice([0.0, 0.1, 0.25])
+        optim["min_lr_ratio"] = alpha
+        kw["alpha_f"] = alpha
+    if family in ("cosine", "linear", "half_cos", "cosine_linear_decay") and rng.random() < 0.3:
+        t_max = rng.randint(horizon // 2 + 1, 2 * horizon)
+        optim[key("t_max")] = t_max
+        kw["t_max"] = t_max
+    if family in ("wsd", "cosine_linear_decay", "power"):
+        if rng.random() < 0.5:
+            d = rng.randint(1, max(1, horizon // 3))
+            optim[key("decay")] = d
+            kw.update(decay=d, decay_fraction=None)
+        else:
+            f = rng.choice([0.2, 0.25, 0.3])
+            optim["decay_fraction"] = f
+            kw["decay_fraction"] = f
+    if family == "wsd":
+        ratio = rng.choice([0.0, 0.1])
+        optim["min_lr_ratio"] = ratio
+        return optim, WSD(decay_min_lr=LR * ratio, **kw)
+    if family == "cosine":
+        return optim, CosWithWarmup(**kw)
+    if family == "linear":
+        return optim, LinearWithWarmup(**kw)
+    if family == "constant":
+        return optim, ConstantWithWarmup(**kw)
+    if family == "inv_sqrt":
+        kw.pop("warmup_fraction", None)
+        kw.setdefault("warmup", 1)
+        optim.pop("warmup_fraction", None)
+        optim[key("warmup")] = kw["warmup"]
+        return optim, InvSqrtWithWarmup(**kw)
+    if family == "half_cos":
+        return optim, HalfCosWithWarmup(**kw)
+    if family == "cosine_linear_decay":
+        ratio = 0.05 if kw["alpha_f"] >= 0.1 and rng.random() < 0.5 else 0.0
+        optim["decay_min_lr_ratio"] = ratio
+        return optim, CosWithWarmupAndLinearDecay(decay_min_lr=LR * ratio, **kw)
+    if family == "power":
+        kw.pop("warmup_fraction", None)
+        kw.setdefault("warmup", 1)
+        optim.pop("warmup_fraction", None)
+        optim[key("warmup")] = kw["warmup"]
+        b = rng.choice([-0.51, -0.3])
+        optim["power_exponent"] = b
+        return optim, PowerLR(b=b, **kw)
+    if family == "exponential":
+        lr_min = rng.choice([1e-9, 1e-6, 1e-4])
+        optim["exponential_lr_min"] = lr_min
+        return optim, ExponentialScheduler(lr_min=lr_min)
+    if family == "wsds":
+        unit = horizon // rng.randint(8, 30) or 1
+        periods = [rng.randint(3, 8) * unit for _ in range(rng.randint(1, 3))]
+        warmup = kw.pop("warmup", None)
+        optim.pop(key("warmup"), None)
+        optim.pop("warmup_fraction", None)
+        w = rng.randint(0, periods[0] // 3)
+        d = rng.randint(1, max(1, periods[-1] // 3)) if rng.random() < 0.5 else None
+        multipliers = [rng.choice([1.0, 0.5, 2.0]) for _ in periods] if rng.random() < 0.5 else None
+        optim.update({key("period"): periods, key("warmup"): w, "min_lr_ratio": 0.1})
+        if d is None:
+            optim["decay_fraction"] = 0.3
+        else:
+            optim[key("decay")] = d
+        if multipliers:
+            optim["period_lr_multipliers"] = multipliers
+        del warmup
+        return optim, WSDS(period_lengths=periods, warmup=w, decay=d,
+                           decay_fraction=0.3 if d is None else None,
+                           period_lr_multipliers=multipliers, decay_min_lr=LR * 0.1)
+    # composable
+    stages, ours = [], []
+    for _ in range(rng.randint(1, 3)):
+        stage = {"duration": rng.randint(1, max(1, horizon // 2)),
+                 "shape": rng.choice(["linear", "cosine"])}
+        if rng.random() < 0.4:
+            stage["start_lr_fraction"] = rng.choice([0.0, 0.5])
+        stage["end_lr_fraction" if rng.random() < 0.6 else "end_lr"] = rng.choice([0.0, 0.1, 1.0])
+        ours.append(stage)
+        stages.append(ComposableSchedulerStage(**stage))
+    optim["stages"] = ours
+    override = None
+    if rng.random() < 0.4:
+        decay = {"start": rng.randint(0, horizon), "duration": rng.randint(1, max(1, horizon // 3)),
+                 "shape": rng.choice(["linear", "cosine"]), "end_lr_fraction": 0.0}
+        optim["override_decay"] = decay
+        override = OverrideDecay(**decay)
+    return optim, ComposableScheduler(stages=stages, override_decay=override)
+
+
+def test_lr_schedule_command_is_olmo_cores_for_random_schedules(moecore_bin, tmp_path):
+    """`moecore lr-schedule` prints what training logs (the same learning_rate), so it can stand
+    in for runs: 150 random schedules of every family, in updates and in tokens, each update's
+    rate equal to OLMo-core's class's bit for bit (a helper's sweep of the same formulas covered
+    about 400k configurations, this is the committed sample)."""
+    rng = random.Random(20261205)
+    families = set()
+    for i in range(150):
+        in_tokens = rng.random() < 0.4
+        max_steps = rng.randint(4, 40)
+        unit = TOKENS_PER_STEP if in_tokens else 1
+        optim, scheduler = random_schedule(rng, in_tokens, max_steps * unit)
+        families.add(optim["schedule"])
+        cfg = tmp_path / f"c{i}.toml"
+        table = dict(optim, lr=LR, units="tokens" if in_tokens else "steps")
+        cfg.write_text("[optim]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items()) +
+                       f"[train]\nmax_steps = {max_steps}\nbatch_size = 2\nseq_len = 32\n")
+        r = run(moecore_bin, "lr-schedule", cfg, "--json", check=False)
+        assert r.returncode == 0, (table, r.stderr)
+        out = json.loads(r.stdout)
+        assert out["update"] == list(range(1, max_steps + 1))
+        ref = [float(scheduler.get_lr(LR, t * unit, max_steps * unit))
+               for t in range(1, max_steps + 1)]
+        assert out["lr"] == ref, (table, list(zip(out["lr"], ref)))
+    assert len(families) == 11, families

@@ -1,0 +1,22 @@
+// `moecore lr-schedule CONFIG [--set ...] [--every N] [--json]`: the learning rate of every update
+// of the config's run (train.max_steps updates of train.batch_size x train.seq_len tokens), as
+// training logs it in train/lr, without training: a schedule (a composable's stages, a wsds's
+// periods, a decay tail) can be looked at before a long run is started.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moecore::cli {
+
+struct LrScheduleArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int64_t every = 1;  // print every N-th update (and the first and the last)
+  bool json = false;  // one JSON object instead of text
+};
+
+void run_lr_schedule(const LrScheduleArgs& args);
+
+}  // namespace moecore::cli
