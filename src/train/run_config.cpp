@@ -534,7 +534,13 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   const char* schedule_name = schedule == LrSchedule::kWsd                 ? "wsd"
                               : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
                                                                            : "power";
-  MOE_CHECK(!has_decay_tail(schedule) || max_steps == 0 || decay_length(optim, horizon) >= 1,
+  // WSD and PowerLR warm up through update `warmup` before they look at their tail: a run that
+  // the warm-up covers never reaches it, and OLMo-core trains it (a short trial of a long run's
+  // schedule). CosWithWarmupAndLinearDecay asks for its tail first, at every update.
+  const bool tail_unreached = (schedule == LrSchedule::kWsd || schedule == LrSchedule::kPower) &&
+                              warmup_length(optim, horizon) >= horizon;
+  MOE_CHECK(!has_decay_tail(schedule) || max_steps == 0 || tail_unreached ||
+                decay_length(optim, horizon) >= 1,
             "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
             "{}: set optim.{} or a larger optim.decay_fraction",
             schedule_name,
@@ -546,7 +552,7 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
   // asserts decay_min_lr < that rate.
   if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
-      max_steps > 0) {
+      max_steps > 0 && !tail_unreached) {
     const int64_t decay = decay_length(optim, horizon);
     MOE_CHECK(decay < horizon,
               "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
@@ -561,8 +567,7 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   }
   // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
   // is reached (the run outlasts the warm-up).
-  MOE_CHECK(schedule != LrSchedule::kWsd || max_steps == 0 ||
-                warmup_length(optim, horizon) >= horizon ||
+  MOE_CHECK(schedule != LrSchedule::kWsd || max_steps == 0 || tail_unreached ||
                 optim.lr * optim.min_lr_ratio < optim.lr,
             "[config] optim.schedule = \"wsd\" decays to lr x optim.min_lr_ratio={}, not below lr: "
             "set a ratio below 1",

@@ -124,6 +124,13 @@ CASES = {
              period_lr_multipliers=[2.0, 3.0], min_lr_ratio=1.5),
         WSDS(period_lengths=[6, 3], warmup=2, decay_fraction=0.1, period_lr_multipliers=[2.0, 3.0],
              decay_min_lr=LR * 1.5)),
+    # A warm-up longer than the run (a short trial of a long run's schedule): WSD and PowerLR never
+    # reach their tails, so a tail of round(10 x 0.03) = 0 updates, or longer than the run, trains.
+    "wsd_warmup_covers_run": (dict(schedule="wsd", warmup_steps=12, decay_fraction=0.03),
+                              WSD(warmup=12, decay_fraction=0.03, decay_min_lr=LR * 0.1)),
+    "power_warmup_covers_run": (
+        dict(schedule="power", warmup_steps=10, decay_steps=20, decay_min_lr_ratio=0.5),
+        PowerLR(warmup=10, decay=20, decay_fraction=None, decay_min_lr=LR * 0.5)),
     "exponential": (dict(schedule="exponential", warmup_steps=0, exponential_lr_min=1e-6),
                     ExponentialScheduler(lr_min=1e-6)),
     # ComposableScheduler: a linear warm-up stage from 0, a half cosine to lr / 10, a line to an
