@@ -19,8 +19,7 @@ double wsds_rate(const OptimConfig& c, int64_t t) {
   auto peak = [&](size_t i) {
     return c.period_lr_multipliers.empty() ? c.lr : c.lr * c.period_lr_multipliers[i];
   };
-  if (t < warmup)
-    return peak(0) * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
+  if (t < warmup) return warmup_rate(c, peak(0), t, warmup);
   const double lr_min = c.lr * c.min_lr_ratio;
   const int64_t position = t - warmup;
   int64_t end = 0;  // of the periods after the warm-up
@@ -140,7 +139,7 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
                               c.schedule == LrSchedule::kConstant ||
                               c.schedule == LrSchedule::kPower;
   if (t < warmup || (through_warmup && t <= warmup && warmup > 0))
-    return peak * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
+    return warmup_rate(c, peak, t, warmup);
   if (c.schedule == LrSchedule::kConstant) return c.lr;
   if (c.schedule == LrSchedule::kPower)  // no floor: the law, until the tail above
     return c.lr * std::pow(static_cast<double>(t) / static_cast<double>(warmup), c.power_exponent);

@@ -31,6 +31,13 @@ namespace moecore {
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps,
                      int64_t tokens_per_step = 0);
 
+// OLMo-core's _linear_warmup: from warmup_min_lr to `peak` over `warmup` units, at t (with
+// warmup_min_lr 0, peak t / warmup exactly: adding and subtracting 0 changes no bits).
+inline double warmup_rate(const OptimConfig& c, double peak, int64_t t, int64_t warmup) {
+  return c.warmup_min_lr + (peak - c.warmup_min_lr) * static_cast<double>(std::min(t, warmup)) /
+                               static_cast<double>(warmup);
+}
+
 // OLMo-core's cosine from lr at current = 0 to lr_min at current = span, in its order of
 // operations.
 inline double cosine_fall(double lr, double lr_min, double current, double span) {
@@ -44,8 +51,7 @@ inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t r
   const int64_t horizon = own_horizon(c, run_horizon);
   const int64_t warmup = warmup_length(c, horizon);
   const double lr_min = c.lr * c.min_lr_ratio;
-  if (t < warmup)
-    return c.lr * static_cast<double>(std::min(t, warmup)) / static_cast<double>(warmup);
+  if (t < warmup) return warmup_rate(c, c.lr, t, warmup);
   if (t >= horizon) return lr_min;
   return cosine_fall(c.lr, lr_min, static_cast<double>(t - warmup),
                      static_cast<double>(horizon - warmup));

@@ -71,6 +71,9 @@ struct OptimConfig {
   LrUnits units = LrUnits::kSteps;
   int64_t warmup_steps = 0;   // units "steps"
   int64_t warmup_tokens = 0;  // units "tokens"
+  // The rate the warm-up rises from (OLMo-core's warmup_min_lr, absolute, 0 by default): update t
+  // of a warm-up of w trains at warmup_min_lr + (peak - warmup_min_lr) t / w.
+  double warmup_min_lr = 0.0;
   // > 0: the warm-up is round(horizon * warmup_fraction) (ties to even, as Python's round in
   // OLMo-core's schedulers; the horizon: max_steps, or t_max, in the schedule's units) instead of
   // warmup_steps / warmup_tokens, which must then be 0.

@@ -244,6 +244,7 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("warmup_steps", o.warmup_steps);
   r.read("warmup_tokens", o.warmup_tokens);
   r.read("warmup_fraction", o.warmup_fraction);
+  r.read("warmup_min_lr", o.warmup_min_lr);
   r.read_enum("schedule", o.schedule,
               {{"cosine", LrSchedule::kCosine},
                {"linear", LrSchedule::kLinear},
@@ -565,6 +566,21 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
               "optim.decay_min_lr_ratio = {}; it must end below where it starts",
               schedule_name, start, end);
   }
+  // OLMo-core's warm-ups assert that they rise: warmup_min_lr below the rate they rise to (lr;
+  // half_cos: half way down its cosine; wsds: its first period's peak), once one runs.
+  if (optim.warmup_min_lr > 0.0 && max_steps > 0) {
+    const bool wsds = schedule == LrSchedule::kWsds;
+    const int64_t warmup = warmup_length(optim, wsds ? period_lengths(optim).front() : horizon);
+    const double lr_min = optim.lr * optim.min_lr_ratio;
+    const double peak = schedule == LrSchedule::kHalfCosine ? lr_min + (optim.lr - lr_min) / 2.0
+                        : wsds && !optim.period_lr_multipliers.empty()
+                            ? optim.lr * optim.period_lr_multipliers[0]
+                            : optim.lr;
+    MOE_CHECK(warmup == 0 || optim.warmup_min_lr < peak,
+              "[config] optim.warmup_min_lr={} is not below the rate the warm-up rises to ({}): "
+              "OLMo-core asserts that a warm-up rises",
+              optim.warmup_min_lr, peak);
+  }
   // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
   // is reached (the run outlasts the warm-up).
   MOE_CHECK(schedule != LrSchedule::kWsd || max_steps == 0 || tail_unreached ||
@@ -585,6 +601,7 @@ void OptimConfig::validate() const {
                                    {"max_grad_norm", max_grad_norm},
                                    {"min_lr_ratio", min_lr_ratio},
                                    {"warmup_fraction", warmup_fraction},
+                                   {"warmup_min_lr", warmup_min_lr},
                                    {"decay_fraction", decay_fraction},
                                    {"decay_min_lr_ratio", decay_min_lr_ratio},
                                    {"power_exponent", power_exponent}})
@@ -643,6 +660,12 @@ void OptimConfig::validate() const {
   // OLMo-core's PowerLR refuses b >= 0: a law that does not decay.
   MOE_CHECK(power_exponent < 0.0, "[config] optim.power_exponent={} must be negative",
             power_exponent);
+  MOE_CHECK(warmup_min_lr >= 0.0, "[config] optim.warmup_min_lr={} must be >= 0", warmup_min_lr);
+  MOE_CHECK(warmup_min_lr == 0.0 ||
+                (schedule != LrSchedule::kExponential && schedule != LrSchedule::kComposable),
+            "[config] optim.warmup_min_lr={} applies to the schedules with a warm-up, not "
+            "exponential or composable",
+            warmup_min_lr);
   MOE_CHECK(std::isfinite(exponential_lr_min) && exponential_lr_min > 0.0,
             "[config] optim.exponential_lr_min={} must be positive", exponential_lr_min);
   MOE_CHECK(schedule != LrSchedule::kExponential ||
@@ -938,6 +961,7 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"warmup_steps", o.warmup_steps},
       {"warmup_tokens", o.warmup_tokens},
       {"warmup_fraction", o.warmup_fraction},
+      {"warmup_min_lr", o.warmup_min_lr},
       {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
                                      {LrSchedule::kLinear, "linear"},
                                      {LrSchedule::kConstant, "constant"},

@@ -131,6 +131,9 @@ CASES = {
     "power_warmup_covers_run": (
         dict(schedule="power", warmup_steps=10, decay_steps=20, decay_min_lr_ratio=0.5),
         PowerLR(warmup=10, decay=20, decay_fraction=None, decay_min_lr=LR * 0.5)),
+    # The warm-up from OLMo-core's warmup_min_lr (absolute) instead of 0.
+    "cosine_warmup_min_lr": (dict(schedule="cosine", warmup_steps=4, warmup_min_lr=1e-4),
+                             CosWithWarmup(warmup=4, warmup_min_lr=1e-4)),
     "exponential": (dict(schedule="exponential", warmup_steps=0, exponential_lr_min=1e-6),
                     ExponentialScheduler(lr_min=1e-6)),
     # ComposableScheduler: a linear warm-up stage from 0, a half cosine to lr / 10, a line to an
@@ -317,6 +320,11 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
     ({"units": "tokens", "schedule": "wsds", "warmup_steps": 0, "period_steps": [64]},
      'optim.units = "tokens" gives the periods of "wsds" in tokens: set optim.period_tokens'),
     ({"schedule": "exponential"}, 'optim.schedule = "exponential" has no warm-up'),
+    ({"schedule": "half_cos", "warmup_steps": 2, "min_lr_ratio": 0.0, "warmup_min_lr": 2e-3},
+     "optim.warmup_min_lr=0.002 is not below the rate the warm-up rises to (0.0015)"),
+    ({"warmup_min_lr": -1e-4}, "optim.warmup_min_lr=-0.0001 must be >= 0"),
+    ({"schedule": "exponential", "warmup_steps": 0, "warmup_min_lr": 1e-5},
+     "optim.warmup_min_lr=1e-05 applies to the schedules with a warm-up"),
     # ComposableScheduler: its stages' and override's checks.
     ({"schedule": "composable", "warmup_steps": 0}, 'optim.schedule = "composable" needs its stages'),
     ({"schedule": "composable"}, 'optim.schedule = "composable" has no warm-up of its own'),
@@ -423,6 +431,9 @@ def random_schedule(rng: random.Random, in_tokens: bool, horizon: int):
             f = rng.choice([0.1, 0.15, 0.25])
             optim["warmup_fraction"] = f
             kw["warmup_fraction"] = f
+        floor = rng.choice([0.0, 0.0, 1e-5, LR * 0.05])  # below every warm-up's peak here
+        optim["warmup_min_lr"] = floor
+        kw["warmup_min_lr"] = floor
     if family in ("cosine", "linear", "half_cos", "cosine_linear_decay", "inv_sqrt"):
         alpha = rng.choice([0.0, 0.1, 0.25])
         optim["min_lr_ratio"] = alpha
@@ -492,6 +503,7 @@ def random_schedule(rng: random.Random, in_tokens: bool, horizon: int):
             optim["period_lr_multipliers"] = multipliers
         del warmup
         return optim, WSDS(period_lengths=periods, warmup=w, decay=d,
+                           warmup_min_lr=kw.get("warmup_min_lr", 0.0),
                            decay_fraction=0.3 if d is None else None,
                            period_lr_multipliers=multipliers, decay_min_lr=LR * 0.1)
     # composable
