@@ -408,7 +408,9 @@ namespace {
 
 // OLMo-core's WSDS refuses periods that do not hold their decay (and the first its warm-up), and
 // asserts, once there, that each decay falls; a decay of no units divides by zero at its period's
-// end. Its lengths are its own, so everything is checked without the run's.
+// end. Its lengths are its own, so everything is checked without the run's: a schedule that
+// breaks in a period this run stops short of is refused too (OLMo-core would train until there),
+// as the run may be resumed with a larger train.max_steps.
 void validate_wsds(const OptimConfig& o) {
   const bool in_tokens = o.units == LrUnits::kTokens;
   const char* key = in_tokens ? "period_tokens" : "period_steps";
@@ -454,9 +456,9 @@ void validate_wsds(const OptimConfig& o) {
     MOE_CHECK(multiplier > 0.0, "[config] optim.period_lr_multipliers[{}]={} must be positive", i,
               multiplier);
     MOE_CHECK(decay == 0 || o.lr * o.min_lr_ratio < o.lr * multiplier,
-              "[config] optim.schedule = \"wsds\": period {} decays from lr x {} to lr x "
+              "[config] optim.schedule = \"wsds\": optim.{}[{}] decays from lr x {} to lr x "
               "optim.min_lr_ratio={}, not below it (OLMo-core asserts)",
-              i, multiplier, o.min_lr_ratio);
+              key, i, multiplier, o.min_lr_ratio);
   }
 }
 
@@ -555,7 +557,11 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
       max_steps > 0 && !tail_unreached) {
     const int64_t decay = decay_length(optim, horizon);
-    MOE_CHECK(decay < horizon,
+    // A cosine without a warm-up gives lr at its position 0, so its tail may take the whole run;
+    // with one, the warm-up's rate at 0 or before is 0 or negative.
+    const bool whole_run_tail = schedule == LrSchedule::kCosineLinearDecay && decay == horizon &&
+                                warmup_length(optim, own_horizon(optim, horizon)) == 0;
+    MOE_CHECK(decay < horizon || whole_run_tail,
               "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
               "after the run does (a smaller optim.{} or optim.decay_fraction)",
               schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
@@ -640,7 +646,8 @@ void OptimConfig::validate() const {
             "[config] optim.decay_fraction={} must be in [0, 1]", decay_fraction);
   // WSDS's floor may lie above lr when every period's peak is above it (its multipliers).
   MOE_CHECK(min_lr_ratio >= 0.0 && (min_lr_ratio <= 1.0 || schedule == LrSchedule::kWsds),
-            "[config] optim.min_lr_ratio={} must be in [0, 1]", min_lr_ratio);
+            "[config] optim.min_lr_ratio={} must be in [0, 1]{}", min_lr_ratio,
+            schedule == LrSchedule::kWsds ? " (wsds: >= 0, below every period's multiplier)" : "");
   MOE_CHECK(decay_min_lr_ratio >= 0.0 && decay_min_lr_ratio <= 1.0,
             "[config] optim.decay_min_lr_ratio={} must be in [0, 1]", decay_min_lr_ratio);
   MOE_CHECK(t_max_steps >= 0 && t_max_tokens >= 0,
