@@ -11,7 +11,7 @@ namespace moecore {
 
 namespace {
 
-// OLMo-core's WSDS at t (its get_lr, warmup_min_lr 0, decay_min_lr lr x min_lr_ratio): the
+// OLMo-core's WSDS at t (its get_lr, decay_min_lr lr x min_lr_ratio): the
 // warm-up takes the first period's start, so the periods' positions count from its end.
 double wsds_rate(const OptimConfig& c, int64_t t) {
   const std::vector<int64_t>& periods = period_lengths(c);
@@ -37,9 +37,7 @@ double wsds_rate(const OptimConfig& c, int64_t t) {
     const int64_t decay = decay_length(c, periods[i]);
     const int64_t stable = length - decay;
     if (at < stable) return peak(i);
-    return lr_min + (peak(i) - lr_min) *
-                        static_cast<double>(std::min(decay - (at - stable), decay)) /
-                        static_cast<double>(decay);
+    return linear_decay_rate(peak(i), lr_min, decay - (at - stable), decay);
   }
   return lr_min;  // not reached: position < end - warmup
 }
@@ -89,13 +87,13 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
                      int64_t tokens_per_step) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
   // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
-  // ExponentialScheduler, ComposableScheduler; warmup_min_lr 0,
-  // alpha_f = min_lr_ratio, WSD's decay_min_lr = lr * min_lr_ratio, the others' lr *
-  // decay_min_lr_ratio) at t = step + 1: OLMo-core's trainer counts the first update as step 1
-  // and asks its scheduler for that step's rate. So the warm-up's last update has the peak rate
-  // and the run's last update the final one. Each formula in OLMo-core's order of operations.
-  // Counted in tokens, the update's position and the run's length are its tokens seen (OLMo-core
-  // adds the batch's tokens before asking) and max_steps x the tokens of an update.
+  // ExponentialScheduler, ComposableScheduler; alpha_f = min_lr_ratio, WSD's decay_min_lr = lr *
+  // min_lr_ratio, the others' lr * decay_min_lr_ratio) at t = step + 1: OLMo-core's trainer counts
+  // the first update as step 1 and asks its scheduler for that step's rate. So the warm-up's last
+  // update has the peak rate and the run's last update the final one. Each formula in OLMo-core's
+  // order of operations. Counted in tokens, the update's position and the run's length are its
+  // tokens seen (OLMo-core adds the batch's tokens before asking) and max_steps x the tokens of an
+  // update.
   MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
             "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
   const int64_t unit = schedule_unit(c, tokens_per_step);
@@ -123,10 +121,8 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   const int64_t decay = tail_schedule ? decay_length(c, run_horizon) : 0;
   if (tail_schedule && t >= run_horizon - decay &&
       !(c.schedule == LrSchedule::kPower && t <= warmup)) {
-    const double to = c.lr * c.decay_min_lr_ratio;
-    return to + (decay_tail_start(c, run_horizon) - to) *
-                    static_cast<double>(std::min(run_horizon - t, decay)) /
-                    static_cast<double>(decay);
+    return linear_decay_rate(decay_tail_start(c, run_horizon), c.lr * c.decay_min_lr_ratio,
+                             run_horizon - t, decay);
   }
   // CosWithWarmup (and CosWithWarmupAndLinearDecay before its tail): one function for both.
   if (c.schedule == LrSchedule::kCosine || c.schedule == LrSchedule::kCosineLinearDecay)
@@ -151,16 +147,12 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   if (c.schedule == LrSchedule::kWsd) {
     const int64_t wsd_decay = decay_length(c, horizon);
     if (t < horizon - wsd_decay) return c.lr;
-    return lr_min + (c.lr - lr_min) * static_cast<double>(std::min(horizon - t, wsd_decay)) /
-                        static_cast<double>(wsd_decay);
+    return linear_decay_rate(c.lr, lr_min, horizon - t, wsd_decay);
   }
-  auto current = static_cast<double>(t - warmup);
-  auto span = static_cast<double>(horizon - warmup);
-  if (c.schedule == LrSchedule::kHalfCosine) {  // the second half of a cosine twice as long
-    current += span;
-    span *= 2.0;
-  }
-  if (c.schedule == LrSchedule::kHalfCosine) return cosine_fall(c.lr, lr_min, current, span);
+  const auto current = static_cast<double>(t - warmup);
+  const auto span = static_cast<double>(horizon - warmup);
+  if (c.schedule == LrSchedule::kHalfCosine)  // the second half of a cosine twice as long
+    return cosine_fall(c.lr, lr_min, current + span, span * 2.0);
   return c.lr - (c.lr - lr_min) * (current / span);  // linear
 }
 

@@ -38,6 +38,13 @@ inline double warmup_rate(const OptimConfig& c, double peak, int64_t t, int64_t 
                                static_cast<double>(warmup);
 }
 
+// OLMo-core's _linear_decay: the last `decay` units of a line from `from` to `to`, at
+// `units_left` units before its end.
+inline double linear_decay_rate(double from, double to, int64_t units_left, int64_t decay) {
+  return to + (from - to) * static_cast<double>(std::min(units_left, decay)) /
+                  static_cast<double>(decay);
+}
+
 // OLMo-core's cosine from lr at current = 0 to lr_min at current = span, in its order of
 // operations.
 inline double cosine_fall(double lr, double lr_min, double current, double span) {

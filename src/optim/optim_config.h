@@ -165,6 +165,12 @@ inline const std::vector<int64_t>& period_lengths(const OptimConfig& c) {
   return c.units == LrUnits::kTokens ? c.period_tokens : c.period_steps;
 }
 
+// Whether the schedule has a warm-up of its own (ExponentialScheduler and ComposableScheduler
+// have none: a composable's first stage may be one).
+inline bool has_warmup(LrSchedule s) {
+  return s != LrSchedule::kExponential && s != LrSchedule::kComposable;
+}
+
 // Whether the schedule ends in a linear decay tail of decay_length.
 inline bool has_decay_tail(LrSchedule s) {
   return s == LrSchedule::kWsd || s == LrSchedule::kCosineLinearDecay || s == LrSchedule::kPower;

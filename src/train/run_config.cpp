@@ -124,7 +124,6 @@ class TableReader {
     return table_.get(key);
   }
 
-  const std::string& section() const { return section_; }
   const std::string& source() const { return source_; }
 
   void reject_unknown() const {
@@ -402,10 +401,6 @@ void apply_override(toml::table& doc, const std::string& override_text) {
   table->insert_or_assign(key, *parsed.get("v"));
 }
 
-}  // namespace
-
-namespace {
-
 // OLMo-core's WSDS refuses periods that do not hold their decay (and the first its warm-up), and
 // asserts, once there, that each decay falls; a decay of no units divides by zero at its period's
 // end. Its lengths are its own, so everything is checked without the run's: a schedule that
@@ -519,10 +514,10 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
             "optim.units = \"tokens\"",
             max_steps, unit);
   const int64_t horizon = max_steps * unit;
-  const std::string run_length =
-      in_tokens
-          ? fmt::format("the run's {} tokens (train.max_steps x batch_size x seq_len)", horizon)
-          : fmt::format("train.max_steps={} updates", max_steps);
+  const std::string length =
+      in_tokens ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
+                : fmt::format("train.max_steps={}", max_steps);
+  const std::string run_length = in_tokens ? "the run's " + length : length + " updates";
   const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
                                       : "optim.warmup_steps or optim.warmup_fraction";
   MOE_CHECK(
@@ -546,10 +541,7 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
                 decay_length(optim, horizon) >= 1,
             "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
             "{}: set optim.{} or a larger optim.decay_fraction",
-            schedule_name,
-            in_tokens ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
-                      : fmt::format("train.max_steps={}", max_steps),
-            optim.decay_fraction, in_tokens ? "tokens" : "updates",
+            schedule_name, length, optim.decay_fraction, in_tokens ? "tokens" : "updates",
             in_tokens ? "decay_tokens" : "decay_steps");
   // Their tails start from the rate at the tail's start, which must be inside the run (OLMo-core's
   // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
@@ -668,18 +660,20 @@ void OptimConfig::validate() const {
   MOE_CHECK(power_exponent < 0.0, "[config] optim.power_exponent={} must be negative",
             power_exponent);
   MOE_CHECK(warmup_min_lr >= 0.0, "[config] optim.warmup_min_lr={} must be >= 0", warmup_min_lr);
-  MOE_CHECK(warmup_min_lr == 0.0 ||
-                (schedule != LrSchedule::kExponential && schedule != LrSchedule::kComposable),
+  MOE_CHECK(warmup_min_lr == 0.0 || has_warmup(schedule),
             "[config] optim.warmup_min_lr={} applies to the schedules with a warm-up, not "
             "exponential or composable",
             warmup_min_lr);
   MOE_CHECK(std::isfinite(exponential_lr_min) && exponential_lr_min > 0.0,
             "[config] optim.exponential_lr_min={} must be positive", exponential_lr_min);
-  MOE_CHECK(schedule != LrSchedule::kExponential ||
-                (warmup_steps == 0 && warmup_tokens == 0 && warmup_fraction == 0.0),
-            "[config] optim.schedule = \"exponential\" has no warm-up (it rises from "
-            "optim.exponential_lr_min to lr over the run): set optim.warmup_steps / "
-            "warmup_tokens / warmup_fraction to 0");
+  MOE_CHECK(
+      has_warmup(schedule) || (warmup_steps == 0 && warmup_tokens == 0 && warmup_fraction == 0.0),
+      "[config] optim.schedule = \"{}\" has no warm-up of its own ({}): set "
+      "optim.warmup_steps / warmup_tokens / warmup_fraction to 0",
+      schedule == LrSchedule::kExponential ? "exponential" : "composable",
+      schedule == LrSchedule::kExponential
+          ? "it rises from optim.exponential_lr_min to lr over the run"
+          : "a first stage from start_lr_fraction = 0 is one");
   MOE_CHECK(schedule == LrSchedule::kWsds ||
                 (period_steps.empty() && period_tokens.empty() && period_lr_multipliers.empty()),
             "[config] optim.period_steps / period_tokens / period_lr_multipliers apply to "
@@ -688,11 +682,6 @@ void OptimConfig::validate() const {
   MOE_CHECK(schedule == LrSchedule::kComposable || (stages.empty() && !override_decay),
             "[config] optim.stages / optim.override_decay apply to optim.schedule = "
             "\"composable\", not this one");
-  MOE_CHECK(schedule != LrSchedule::kComposable ||
-                (warmup_steps == 0 && warmup_tokens == 0 && warmup_fraction == 0.0),
-            "[config] optim.schedule = \"composable\" has no warm-up of its own (a first stage "
-            "from start_lr_fraction = 0 is one): set optim.warmup_steps / warmup_tokens / "
-            "warmup_fraction to 0");
   if (schedule == LrSchedule::kComposable) validate_composable(*this);
 }
 
@@ -897,6 +886,11 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 }
 
 std::string run_config_to_toml(const RunConfig& c) {
+  auto list_of = [](const auto& values) {
+    toml::array array;
+    for (const auto& value : values) array.push_back(value);
+    return array;
+  };
   auto name = [](auto value, std::initializer_list<std::pair<decltype(value), const char*>> names) {
     for (const auto& [v, n] : names)
       if (v == value) return std::string(n);
@@ -947,11 +941,6 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"topk_group", m.topk_group},
       {"routed_scaling_factor", m.routed_scaling_factor},
       {"router_bias_update_rate", m.router_bias_update_rate},
-  };
-  auto list_of = [](const auto& values) {
-    toml::array array;
-    for (const auto value : values) array.push_back(value);
-    return array;
   };
   const OptimConfig& o = c.optim;
   toml::table optim{
@@ -1058,13 +1047,8 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"cuda_graph", t.cuda_graph},
                     {"cuda_grouped_gemm", std::string(cuda_grouped_gemm_name(t.cuda_grouped_gemm))},
                     {"out_dir", t.out_dir}};
-  auto string_list = [](const std::vector<std::string>& items) {
-    toml::array array;
-    for (const std::string& item : items) array.push_back(item);
-    return array;
-  };
-  toml::table data{{"train", string_list(c.data.train)},
-                   {"val", string_list(c.data.val)},
+  toml::table data{{"train", list_of(c.data.train)},
+                   {"val", list_of(c.data.val)},
                    {"tokenizer", c.data.tokenizer},
                    {"dtype", c.data.dtype},
                    {"document_masking", c.data.document_masking},
@@ -1073,15 +1057,13 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"order", name(c.data.order, {{data::OrderRule::kMoecore, "moecore"},
                                                  {data::OrderRule::kOlmoCore, "olmo-core"}})}};
   const ParallelConfig& p = c.parallel;
-  toml::array stage_layers;
-  for (int64_t n : p.stage_layers) stage_layers.push_back(n);
   const char* schedule = p.schedule == PipelineSchedule::kOneFOneB      ? "1f1b"
                          : p.schedule == PipelineSchedule::kInterleaved ? "interleaved-1f1b"
                                                                         : "gpipe";
   toml::table parallel{{"pp", p.pp},
                        {"schedule", schedule},
                        {"virtual_stages", p.virtual_stages},
-                       {"stage_layers", stage_layers},
+                       {"stage_layers", list_of(p.stage_layers)},
                        {"ep", p.ep},
                        {"zero", p.zero},
                        {"dispatch", p.dispatch == Dispatch::kSync ? "sync" : "rowwise"},
