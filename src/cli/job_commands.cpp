@@ -190,7 +190,15 @@ void run_data_order(const DataOrderArgs& args) {
             args.dp, rows);
   const data::TokenDataset dataset = data::TokenDataset::open(
       config.data.train, tc.seq_len, config.model.vocab_size, config.data.dtype);
-  data::DataLoader loader = training_loader(config, dataset, 0, args.dp);
+  // Where `train --resume` would start from the checkpoint (its config may differ from this one
+  // as --allow-config-change lets it: another batch size or seq_len moves the position).
+  ResumePosition position;
+  if (!args.resume.empty()) {
+    const RunConfig saved = load_run_config(args.resume + "/config.toml");
+    position = resume_position(saved, load_trainer_state(args.resume, saved.train), args.resume,
+                               config, dataset.num_instances());
+  }
+  data::DataLoader loader = training_loader(config, dataset, position.cursor, args.dp);
   const int64_t per_rank = rows / args.dp;
   const int64_t rank_batch = tc.batch_size / args.dp;
   std::vector<int64_t> order(static_cast<size_t>(args.steps * tc.batch_size));
@@ -206,9 +214,15 @@ void run_data_order(const DataOrderArgs& args) {
     }
   if (!args.out.empty())
     data::write_npy(args.out, "<i8", {args.steps, args.dp, rank_batch}, order.data());
-  const nlohmann::json summary = {{"instances", dataset.num_instances()},
-                                  {"per_epoch", loader.order().epoch_length()},
-                                  {"read", loader.cursor()}};
+  nlohmann::json summary = {{"instances", dataset.num_instances()},
+                            {"per_epoch", loader.order().epoch_length()},
+                            {"start", position.cursor},
+                            {"read", loader.cursor() - position.cursor}};
+  if (position.moved)
+    summary["moved"] = {{"epoch", position.epoch},
+                        {"offset", position.offset},
+                        {"tokens_read", position.tokens_read},
+                        {"read_again", position.read_again}};
   fmt::print("{}\n", summary.dump());
 }
 

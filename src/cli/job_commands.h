@@ -52,6 +52,7 @@ struct DataOrderArgs {
   int64_t steps = 1;
   int64_t dp = 1;
   std::string out;
+  std::string resume;  // a checkpoint directory: the steps after resuming from it
 };
 void run_data_order(const DataOrderArgs& args);
 

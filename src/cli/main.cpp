@@ -234,6 +234,8 @@ int main(int argc, char** argv) {
   cli::add_int_option(data_order, "--steps", order_args.steps, "optimizer steps", 1, 1 << 24);
   cli::add_int_option(data_order, "--dp", order_args.dp, "data-parallel ranks", 1, 1 << 16);
   data_order->add_option("--out", order_args.out, "output .npy [steps, dp, batch_size / dp]");
+  data_order->add_option("--resume", order_args.resume,
+                         "a checkpoint directory: the steps after `train --resume` from it");
 
   moecore::cli::GenerateArgs gen;
   CLI::App* generate = app.add_subcommand("generate", "sample text from a checkpoint");

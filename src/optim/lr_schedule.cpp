@@ -84,7 +84,7 @@ double composable_rate(const OptimConfig& c, int64_t t) {
 }  // namespace
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step) {
+                     int64_t tokens_per_step, TokenOrigin origin) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
   // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
   // ExponentialScheduler, ComposableScheduler; alpha_f = min_lr_ratio, WSD's decay_min_lr = lr *
@@ -92,13 +92,16 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   // the first update as step 1 and asks its scheduler for that step's rate. So the warm-up's last
   // update has the peak rate and the run's last update the final one. Each formula in OLMo-core's
   // order of operations. Counted in tokens, the update's position and the run's length are its
-  // tokens seen (OLMo-core adds the batch's tokens before asking) and max_steps x the tokens of an
-  // update.
+  // tokens seen (OLMo-core adds the batch's tokens before asking) and those plus the remaining
+  // updates' (max_steps x the tokens of an update where the batch never changed).
   MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
             "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
   const int64_t unit = schedule_unit(c, tokens_per_step);
-  const int64_t t = (step + 1) * unit;
-  const int64_t run_horizon = total_steps * unit;  // the run's length, in the units
+  // The tokens seen at the origin beyond origin.step updates of this batch (another batch size or
+  // seq_len before it); in steps the rate depends on the step alone.
+  const int64_t shift = c.units == LrUnits::kTokens ? origin.tokens - origin.step * unit : 0;
+  const int64_t t = shift + (step + 1) * unit;
+  const int64_t run_horizon = shift + total_steps * unit;  // the run's length, in the units
   // WSDS and ComposableScheduler run over their own lengths; ExponentialScheduler rises from lr_min
   // to lr at the run's end (t >= 1: its lr_min at t = 0 is never asked for).
   if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t);

@@ -25,11 +25,21 @@
 
 namespace moecore {
 
+// Where the run's token count stood when its current batch size and seq_len took over (a resume
+// that changed them: train/trainer_state.h's ReplayOrigin); from there every update adds
+// tokens_per_step. Zero for a run that never changed them.
+struct TokenOrigin {
+  int64_t step = 0;
+  int64_t tokens = 0;
+};
+
 // tokens_per_step: the tokens an update adds (train.batch_size x train.seq_len); needed when the
-// schedule counts tokens (units "tokens": OLMo-core's rate at t x tokens_per_step of a horizon
-// of total_steps x tokens_per_step tokens).
+// schedule counts tokens (units "tokens": OLMo-core's rate at the tokens seen, t x
+// tokens_per_step from `origin` on, of a horizon of those plus the remaining updates' tokens, as
+// OLMo-core's trainer gives its scheduler global_train_tokens_seen and max_tokens; total_steps x
+// tokens_per_step where the batch never changed).
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step = 0);
+                     int64_t tokens_per_step = 0, TokenOrigin origin = {});
 
 // OLMo-core's _linear_warmup: from warmup_min_lr to `peak` over `warmup` units, at t (with
 // warmup_min_lr 0, peak t / warmup exactly: adding and subtracting 0 changes no bits).

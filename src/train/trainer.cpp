@@ -118,6 +118,8 @@ struct StartPoint {
   std::optional<RunConfig> saved_config;  // the checkpoint's
   std::vector<std::string> messages;      // config changes on resume
   bool config_changed = false;
+  // Where the loader starts, when it is not the checkpoint's cursor (train/training_data.h).
+  std::optional<uint64_t> data_cursor;
   // Newer checkpoints the resume skipped (rank 0's): set aside once the run is known to go ahead.
   std::vector<DamagedCheckpoint> damaged;
 };
@@ -215,21 +217,18 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "[train] --resume: {} was written with another configuration ({}), so the run would "
             "not replay exactly; pass --allow-config-change to continue with the new values",
             *start.checkpoint, listed);
-  // OLMo-core's order counts epochs in whole global batches of this batch size and seq_len's
-  // instances: the saved cursor would land in another epoch (OLMo-core keeps its epoch and
-  // restarts it by tokens; not ported).
-  if (config.data.order == data::OrderRule::kOlmoCore &&
-      start.saved_config->data.order == data::OrderRule::kOlmoCore)
-    for (const ConfigChange& change : changes)
-      MOE_CHECK(change.key != "train.batch_size" && change.key != "train.seq_len",
-                "[train] --resume: {} under data.order = \"olmo-core\", whose epochs are whole "
-                "global batches of the instances: the saved data position would fall in another "
-                "epoch; keep {} or start a new run",
-                describe(change), change.key);
+  // Another batch size or seq_len under OLMo-core's order moves the data position as OLMo-core
+  // does (train/training_data.h).
+  const ResumePosition position = resume_position(*start.saved_config, saved_state,
+                                                  *start.checkpoint, config, train_data.instances);
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
     start.messages.push_back(note);
+  if (position.moved) {
+    start.messages.push_back(describe_resume_position(*start.saved_config, config, position));
+    start.data_cursor = position.cursor;
+  }
   if (saved_state.threads > 0 && config.train.device == Device::kCpu &&
       saved_state.threads != omp_get_max_threads())
     start.messages.push_back(
@@ -350,7 +349,8 @@ struct StepBuffers {
 // at the step's learning rate, which `report` gets, and the step guard's limits.
 void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
   report.lr = learning_rate(ctx.config.optim, ctx.step, ctx.config.train.max_steps,
-                            ctx.config.train.batch_size * ctx.config.train.seq_len);
+                            ctx.config.train.batch_size * ctx.config.train.seq_len,
+                            {ctx.replay_origin.step, ctx.replay_origin.tokens_seen});
   ctx.optimizer.stage_step(report.lr);
   const StepLimits limits = ctx.guard.limits();
   const std::array<double, 2> values{limits.loss, limits.grad_norm};
@@ -812,32 +812,31 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout (under OLMo-core's order
   // which instance is whose does, as in OLMo-core).
-  data::DataLoader loader =
-      training_loader(config, in.train_data, resumed.data_cursor, mesh.dp.size());
+  const uint64_t data_cursor = start.data_cursor.value_or(resumed.data_cursor);
+  data::DataLoader loader = training_loader(config, in.train_data, data_cursor, mesh.dp.size());
   Progress progress(tc.max_steps, tc.log_every, rank0);
-  TrainContext ctx{
-      .config = config,
-      .world = world,
-      .mesh = mesh,
-      .progress = progress,
-      .full_layout = full_layout,
-      .layout = layout,
-      .params = params,
-      .chunks = chunk_ptrs,
-      .pipeline = pipeline,
-      .optimizer = optimizer,
-      .loader = loader,
-      .guard = guard,
-      .gerrymandering = gerrymandering,
-      .dp_batch_sum = dp_batch_sum,
-      .rowwise_dispatch = rowwise,
-      .rows = rows,
-      .train_data = train_fingerprint,
-      .step = resumed.step,
-      .tokens_seen = resumed.tokens_seen,
-      .replay_origin = start.config_changed
-                           ? ReplayOrigin{resumed.step, resumed.data_cursor, resumed.tokens_seen}
-                           : resumed.origin};
+  TrainContext ctx{.config = config,
+                   .world = world,
+                   .mesh = mesh,
+                   .progress = progress,
+                   .full_layout = full_layout,
+                   .layout = layout,
+                   .params = params,
+                   .chunks = chunk_ptrs,
+                   .pipeline = pipeline,
+                   .optimizer = optimizer,
+                   .loader = loader,
+                   .guard = guard,
+                   .gerrymandering = gerrymandering,
+                   .dp_batch_sum = dp_batch_sum,
+                   .rowwise_dispatch = rowwise,
+                   .rows = rows,
+                   .train_data = train_fingerprint,
+                   .step = resumed.step,
+                   .tokens_seen = resumed.tokens_seen,
+                   .replay_origin = start.config_changed ? ReplayOrigin{resumed.step, data_cursor,
+                                                                        resumed.tokens_seen}
+                                                         : resumed.origin};
   // Made up by the evaluator's start; without validation data there is none to make up.
   ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
   ctx.summary.start_step = ctx.step;

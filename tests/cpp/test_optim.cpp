@@ -223,6 +223,29 @@ TEST(Optim, LearningRateExponential) {
   EXPECT_EQ(learning_rate(c, 9, total), 1e-2);
 }
 
+// After a resume that changed the batch (origin: step 5 at 320 tokens, then 128 a step), a
+// schedule in tokens is asked at the tokens seen over those plus the remaining updates' tokens:
+// the rate a one-token-a-step run gives at that count and horizon. In steps, the origin is moot.
+TEST(Optim, LearningRateInTokensFollowsTheTokensSeen) {
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.min_lr_ratio = 0.1;
+  c.schedule = LrSchedule::kCosine;
+  c.units = LrUnits::kTokens;
+  c.warmup_tokens = 150;
+  const TokenOrigin origin{5, 320};
+  for (int64_t step = 5; step < 10; ++step) {
+    const int64_t seen = 320 + (step + 1 - 5) * 128, horizon = 320 + (10 - 5) * 128;
+    EXPECT_EQ(learning_rate(c, step, 10, 128, origin), learning_rate(c, seen - 1, horizon, 1))
+        << step;
+  }
+  EXPECT_EQ(learning_rate(c, 7, 10, 64, {5, 320}), learning_rate(c, 7, 10, 64));  // no change
+  c.units = LrUnits::kSteps;
+  c.warmup_tokens = 0;
+  c.warmup_steps = 2;
+  EXPECT_EQ(learning_rate(c, 7, 10, 128, origin), learning_rate(c, 7, 10, 128));
+}
+
 // OLMo-core's InvSqrtWithWarmup: warm-up below `warmup`, then lr_min + (lr - lr_min) sqrt(w / t),
 // with no end of run (past max_steps it goes on falling).
 TEST(Optim, LearningRateInvSqrt) {

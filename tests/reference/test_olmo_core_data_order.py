@@ -7,9 +7,13 @@ module cuts a rank's batch into micro-batches in order. `moecore data order` rea
 trainer's own loader (train/training_data.h) and writes, per step and rank, the instances that rank
 trains on; here OLMo-core's loader, over the same token files, is the oracle: every index equal,
 across epoch boundaries, for 1, 2 and 4 ranks, with and without micro-batches, for seeds of one and
-of two 32-bit words (NumPy's SeedSequence hashes those differently). The trainer-level half (the
-ranks train as one process, a resume across an epoch boundary replays exactly) is
-tests/train/test_data_order.py.
+of two 32-bit words (NumPy's SeedSequence hashes those differently). A run resumed with another
+batch size or seq_len (`data order --resume CHECKPOINT`, through the trainer's own resume_position)
+reads what OLMo-core's loader reads after load_state_dict of the saved run's state: the saved
+epoch restarted after the whole new global batches its tokens fill, mid-epoch and at an epoch's
+end, batch sizes up and down, seq_len up and down. The trainer-level half (the ranks train as one
+process, a resume across an epoch boundary replays exactly, the resumed trainer starts where
+`data order --resume` says) is tests/train/test_data_order.py.
 
 Needs ai2-olmo-core (requirements.txt pins 3.0.0); skips with that reason without it.
 """
@@ -65,40 +69,50 @@ order = "{order}"
     return cfg
 
 
-def moecore_order(root: Path, cfg: Path, steps: int, dp: int, *sets: str):
+def moecore_order(root: Path, cfg: Path, steps: int, dp: int, *sets: str, resume: Path | None = None):
     out = root / f"{cfg.stem}.dp{dp}.npy"
     args = ["data", "order", cfg, "--steps", steps, "--dp", dp, "--out", out]
+    if resume is not None:
+        args += ["--resume", resume]
     for s in sets:
         args += ["--set", s]
     summary = json.loads(H.run_moecore(*args).stdout)
     return np.load(out), summary
 
 
-def olmo_core_order(root: Path, steps: int, dp: int, batch: int, seed: int) -> np.ndarray:
-    """[steps, dp, batch / dp]: what OLMo-core's loader gives each rank, epoch after epoch (its
-    trainer's reshuffle(epoch + 1) and reset() between epochs)."""
+def olmo_core_loader(root: Path, *, batch: int, seed: int, dp: int = 1, rank: int = 0,
+                     seq: int = SEQ):
     paths = sorted(str(p) for p in (root / "tokens" / "train").glob("*.npy"))
     meta = json.loads((root / "tokens" / "meta.json").read_text())
-    ds = numpy_dataset.NumpyFSLDataset(*paths, sequence_length=SEQ, pad_token_id=0,
+    ds = numpy_dataset.NumpyFSLDataset(*paths, sequence_length=seq, pad_token_id=0,
                                        eos_token_id=int(meta["eos_id"]), vocab_size=VOCAB,
                                        dtype=np.dtype(meta["dtype"]).type)
     ds.prepare()
-    per_rank = []
-    for rank in range(dp):
-        loader = data_loader.NumpyFSLDataLoader(
-            ds, collator=collator.DataCollator(pad_token_id=0), global_batch_size=batch * SEQ,
-            work_dir=root / "olmo_work", seed=seed, dp_world_size=dp, dp_rank=rank,
-            fs_local_rank=0)
-        batches, epoch = [], 1
-        while len(batches) < steps:
-            loader.reshuffle(epoch=epoch, in_memory=True)
-            for b in loader:
-                batches.append(b["index"].numpy().astype(np.int64))
-                if len(batches) == steps:
-                    break
-            loader.reset()
-            epoch += 1
-        per_rank.append(np.stack(batches))
+    return data_loader.NumpyFSLDataLoader(
+        ds, collator=collator.DataCollator(pad_token_id=0), global_batch_size=batch * seq,
+        work_dir=root / "olmo_work", seed=seed, dp_world_size=dp, dp_rank=rank, fs_local_rank=0)
+
+
+def olmo_core_batches(loader, steps: int, epoch: int = 1) -> list[np.ndarray]:
+    """The loader's next `steps` batches, epoch after epoch as OLMo-core's trainer takes them
+    (reshuffle(epoch) before an epoch, reset() after it), from `epoch` and the loader's state."""
+    batches = []
+    while len(batches) < steps:
+        loader.reshuffle(epoch=epoch, in_memory=True)
+        for b in loader:
+            batches.append(b["index"].numpy().astype(np.int64))
+            if len(batches) == steps:
+                return batches
+        loader.reset()
+        epoch += 1
+    return batches
+
+
+def olmo_core_order(root: Path, steps: int, dp: int, batch: int, seed: int) -> np.ndarray:
+    """[steps, dp, batch / dp]: what OLMo-core's loader gives each rank, epoch after epoch."""
+    per_rank = [np.stack(olmo_core_batches(
+        olmo_core_loader(root, batch=batch, seed=seed, dp=dp, rank=rank), steps))
+        for rank in range(dp)]
     return np.stack(per_rank, axis=1)
 
 
@@ -149,3 +163,68 @@ def test_bad_order_settings_are_one_line_errors(tokens, sets, message):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, steps: int) -> Path:
+    """A tiny model trained `steps` steps under OLMo-core's order, its checkpoint at the end."""
+    cfg = root / f"{name}.toml"
+    cfg.write_text(H.toml_text({
+        "model": H.model_table({"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1,
+                                "num_attention_heads": 2, "num_key_value_heads": 2,
+                                "num_experts": 2, "num_experts_per_tok": 1,
+                                "moe_intermediate_size": 8, "intermediate_size": 16}),
+        "optim": {**H.OPTIM_DEFAULTS, "schedule": "constant"},
+        "train": {"seq_len": seq, "batch_size": batch, "seed": seed, "max_steps": steps,
+                  "threads": 1, "eval_every": 0, "sample_tokens": 0, "out_dir": str(root / name)},
+        "data": {"train": [str(root / "tokens" / "train")], "order": "olmo-core"},
+    }))
+    return cfg
+
+
+@pytest.mark.parametrize("before,after,dp,where", [
+    # (batch, seq) of the saved run and of the resumed one; where the checkpoint is: "mid" inside
+    # the second epoch at an instance the new batches do not divide, "end" at the first epoch's end.
+    ((12, SEQ), (10, SEQ), 2, "mid"),    # smaller: some instances read again
+    ((4, SEQ), (12, SEQ), 1, "mid"),     # larger
+    ((6, SEQ), (4, SEQ), 2, "end"),      # the ended epoch's tail, which batches of 6 left, is read
+    ((8, SEQ), (8, 2 * SEQ), 2, "mid"),  # seq_len up: the instances are cut anew
+    ((4, 2 * SEQ), (6, SEQ), 1, "end"),  # seq_len down
+])
+def test_resume_with_another_batch_size_reads_as_olmo_core(tokens, before, after, dp, where):
+    (b0, s0), (b1, s1) = before, after
+    seed = 11
+    name = f"resume_{b0}_{s0}_{b1}_{s1}_{where}"
+    per_epoch = moecore_order(tokens, train_config(tokens, f"{name}_probe", batch=b0, seq=s0,
+                                                   seed=seed, steps=1), 1, 1)[1]["per_epoch"]
+    steps = per_epoch // b0 + (0 if where == "end" else 3)
+    saved_cfg = train_config(tokens, name, batch=b0, seq=s0, seed=seed, steps=steps)
+    H.run_moecore("train", saved_cfg)
+    ckpt = tokens / name / "checkpoints" / f"step_{steps:08d}"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["data_cursor"] == steps * b0
+
+    # OLMo-core: the saved run's loader state after `steps` batches, loaded into loaders of the new
+    # batch size and seq_len, the trainer going on in the saved epoch.
+    old = olmo_core_loader(tokens, batch=b0, seed=seed, seq=s0)
+    olmo_core_batches(old, steps)
+    state = old.state_dict()
+    after_steps = 2 * per_epoch // b1 + 3  # into the epoch after next
+    ref = []
+    for rank in range(dp):
+        loader = olmo_core_loader(tokens, batch=b1, seed=seed, dp=dp, rank=rank, seq=s1)
+        loader.load_state_dict(dict(state))
+        ref.append(np.stack(olmo_core_batches(loader, after_steps, epoch=state["epoch"])))
+    ref = np.stack(ref, axis=1)
+
+    new_cfg = train_config(tokens, f"{name}_new", batch=b1, seq=s1, seed=seed, steps=1)
+    ours, summary = moecore_order(tokens, new_cfg, after_steps, dp, resume=ckpt)
+    assert ours.shape == ref.shape
+    differing = np.argwhere(ours != ref)
+    assert differing.size == 0, f"first differing [step, rank, row]: {differing[0].tolist()}"
+    moved = summary["moved"]
+    assert moved["epoch"] == state["epoch"] and moved["tokens_read"] == state["tokens_processed"]
+    if s0 == s1 and where == "mid":
+        assert moved["read_again"] > 0 if b1 < b0 else moved["read_again"] == 0
+    # Not vacuous: the saved cursor, read on under the new settings, reads other batches.
+    full, _ = moecore_order(tokens, new_cfg, steps * b0 // b1 + after_steps + 1, 1)
+    naive = full.reshape(-1)[steps * b0:][:after_steps * b1].reshape(after_steps, b1)
+    assert (np.sort(naive, axis=1) != np.sort(ours.reshape(after_steps, b1), axis=1)).any()

@@ -6,8 +6,10 @@ tests/reference/test_olmo_core_data_order.py).
   and the order is not moecore's (the first step's loss differs).
 - A run stopped inside an epoch and resumed replays the uninterrupted run bit for bit across two
   epoch boundaries, with an epoch that drops a tail (whole global batches only).
-- A resume under another data.order is refused (the run would read other instances), and under
-  OLMo-core's order so is another batch size, even with --allow-config-change.
+- A resume under another data.order is refused (the run would read other instances). Under
+  OLMo-core's order, another batch size (with --allow-config-change) moves the saved position as
+  OLMo-core's loader does: the trainer starts where `data order --resume` says, and resumes of
+  the run it writes are exact again.
 """
 from __future__ import annotations
 
@@ -72,8 +74,28 @@ def test_resume_across_epochs_is_exact(moecore_bin, job_data, tmp_path):
     r = train(moecore_bin, cfg, f"train.max_steps={3 * n}", "data.order=moecore", resume=True,
               check=False)
     assert_one_line_error(r, "data.order")
-    # Its epochs are whole global batches: another batch size would move the saved position into
-    # another epoch, refused even where other changes are allowed.
+    # Its epochs are whole global batches: another batch size moves the saved position as
+    # OLMo-core's loader does (tests/reference/test_olmo_core_data_order.py), the trainer starts
+    # where `data order --resume` says, and the run it writes resumes again exactly.
     r = run(moecore_bin, "train", cfg, "--set", f"train.max_steps={3 * n}", "--set",
-            "train.batch_size=4", "--resume", "--allow-config-change", check=False)
-    assert_one_line_error(r, "train.batch_size", "olmo-core")
+            "train.batch_size=4", "--resume", check=False)
+    assert_one_line_error(r, "train.batch_size: 6 -> 4", "--allow-config-change")
+    ckpt = split / f"checkpoints/step_{2 * n:08d}"
+    order = json.loads(run(moecore_bin, "data", "order", cfg, "--set", "train.batch_size=4",
+                           "--resume", ckpt, "--steps", 1).stdout)
+    # Cursor 96 is 24 instances into the third epoch of 36; batches of 4 (epochs of 40) restart
+    # it after 6 batches: 2 x 40 + 24.
+    assert order["start"] == 104 and order["moved"] == {
+        "epoch": 3, "offset": 24, "tokens_read": 24 * 32, "read_again": 0}, order
+    r = run(moecore_bin, "train", cfg, "--set", f"train.max_steps={2 * n + 3}", "--set",
+            "train.batch_size=4", "--resume", "--allow-config-change")
+    assert ('note: data.order = "olmo-core" with train.batch_size 6 -> 4: the run goes on in '
+            "epoch 3 at instance 24 of its 40") in r.stdout, r.stdout[-2000:]
+    state = json.loads((split / f"checkpoints/step_{2 * n + 3:08d}" /
+                        "trainer_state.json").read_text())
+    assert state["data_cursor"] == 104 + 3 * 4, state
+    assert state["replay_origin"] == {"step": 2 * n, "data_cursor": 104,
+                                      "tokens_seen": 2 * n * 6 * 32}, state
+    r = train(moecore_bin, cfg, f"train.max_steps={2 * n + 5}", "train.batch_size=4", resume=True)
+    assert "config change" not in r.stdout and "note: data.order" not in r.stdout, r.stdout[-2000:]
+    assert sorted(train_rows(split))[-1] == 2 * n + 5

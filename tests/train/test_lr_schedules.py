@@ -231,6 +231,34 @@ def test_rates_in_tokens_are_olmo_cores(moecore_bin, job_data, tmp_path, case):
     assert len(set(ours)) > 3
 
 
+@pytest.mark.parametrize("case", ["cosine_tokens", "wsd_token_fractions", "power_tokens",
+                                  "inv_sqrt_tokens"])
+def test_rates_in_tokens_follow_the_tokens_seen_across_a_batch_size_change(
+        moecore_bin, job_data, tmp_path, case):
+    """A resume with another batch size (--allow-config-change) goes on at the tokens seen: OLMo-core
+    asks its scheduler at global_train_tokens_seen (the old batches' tokens, then the new ones')
+    over max_tokens = the tokens seen + the remaining updates x the new batch's tokens."""
+    optim, scheduler = TOKEN_CASES[case]
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=dict(optim, lr=LR, units="tokens", warmup_steps=0),
+                       train={"max_steps": 5, "log_every": 1, "eval_every": 0, "batch_size": 2,
+                              "seq_len": 32})
+    train(moecore_bin, cfg)
+    run(moecore_bin, "train", cfg, "--set", f"train.max_steps={STEPS}", "--set",
+        "train.batch_size=4", "--resume", "--allow-config-change")
+    rows = train_rows(out)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    before, after = 5 * TOKENS_PER_STEP, (STEPS - 5) * 2 * TOKENS_PER_STEP
+    seen = [t * TOKENS_PER_STEP for t in range(1, 6)] + \
+        [before + (t - 5) * 2 * TOKENS_PER_STEP for t in range(6, STEPS + 1)]
+    assert [rows[t]["train/tokens_seen"] for t in range(1, STEPS + 1)] == seen
+    ours = [rows[t]["train/lr"] for t in range(1, STEPS + 1)]
+    ref = [float(scheduler.get_lr(LR, tokens, before if t <= 5 else before + after))
+           for t, tokens in enumerate(seen, start=1)]
+    assert ours == ref, list(zip(ours, ref))
+
+
 def test_wsd_without_decay_updates_is_one_line_error(moecore_bin, job_data, tmp_path):
     """round(10 x 0.03) = 0 decay updates: OLMo-core divides by zero at the last step; refused."""
     cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
