@@ -93,9 +93,17 @@ std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
       o.schedule == LrSchedule::kWsds || o.schedule == LrSchedule::kComposable;
   const bool own_t_max =
       t_max_length(o) > 0 && has_t_max(o.schedule) && o.schedule != LrSchedule::kCosineLinearDecay;
-  if (saved.train.max_steps == now.train.max_steps || endless || own_t_max) return "";
-  return "note: train.max_steps " + std::to_string(saved.train.max_steps) + " -> " +
-         std::to_string(now.train.max_steps) +
+  // In tokens the end is the tokens seen and the remaining updates' tokens: another batch size
+  // or seq_len moves it too.
+  const bool resized =
+      o.units == LrUnits::kTokens &&
+      saved.train.batch_size * saved.train.seq_len != now.train.batch_size * now.train.seq_len;
+  if ((saved.train.max_steps == now.train.max_steps && !resized) || endless || own_t_max) return "";
+  const std::string what = saved.train.max_steps != now.train.max_steps
+                               ? "train.max_steps " + std::to_string(saved.train.max_steps) +
+                                     " -> " + std::to_string(now.train.max_steps)
+                               : "another batch size x seq_len (optim.units = \"tokens\")";
+  return "note: " + what +
          " moves the learning-rate schedule's end: from here on the run is not the one it would "
          "have been";
 }

@@ -500,7 +500,8 @@ void validate_composable(const OptimConfig& o) {
 
 }  // namespace
 
-void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step) {
+void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
+                          TokenOrigin origin) {
   // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
   // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
   // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
@@ -513,10 +514,22 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
             "[config] train.max_steps={} x {} tokens a step overflows the token count of "
             "optim.units = \"tokens\"",
             max_steps, unit);
-  const int64_t horizon = max_steps * unit;
+  // After another batch size or seq_len: the tokens seen at the origin and the remaining
+  // updates' (learning_rate's horizon).
+  const bool shifted = in_tokens && origin.tokens != origin.step * unit;
+  int64_t horizon = max_steps * unit;
+  MOE_CHECK(!shifted ||
+                !__builtin_add_overflow(origin.tokens, (max_steps - origin.step) * unit, &horizon),
+            "[config] the {} tokens seen by step {} and (train.max_steps={} - {}) x {} tokens "
+            "overflow the token count of optim.units = \"tokens\"",
+            origin.tokens, origin.step, max_steps, origin.step, unit);
   const std::string length =
-      in_tokens ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
-                : fmt::format("train.max_steps={}", max_steps);
+      !in_tokens ? fmt::format("train.max_steps={}", max_steps)
+      : shifted  ? fmt::format(
+                       "{} tokens (the {} seen by step {} and (train.max_steps - {}) x "
+                        "batch_size x seq_len)",
+                       horizon, origin.tokens, origin.step, origin.step)
+                : fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon);
   const std::string run_length = in_tokens ? "the run's " + length : length + " updates";
   const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
                                       : "optim.warmup_steps or optim.warmup_fraction";
@@ -560,9 +573,9 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
     const double start = decay_tail_start(optim, horizon);
     const double end = optim.lr * optim.decay_min_lr_ratio;
     MOE_CHECK(end < start,
-              "[config] optim.schedule = \"{}\": its decay tail would go from {} up to lr x "
-              "optim.decay_min_lr_ratio = {}; it must end below where it starts",
-              schedule_name, start, end);
+              "[config] optim.schedule = \"{}\" over {}: its decay tail would go from {} up to "
+              "lr x optim.decay_min_lr_ratio = {}; it must end below where it starts",
+              schedule_name, run_length, start, end);
   }
   // OLMo-core's warm-ups assert that they rise: warmup_min_lr below the rate they rise to (lr;
   // half_cos: half way down its cosine; wsds: its first period's peak), once one runs.

@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/init_rule.h"
 #include "model/precision_recipe.h"
+#include "optim/lr_schedule.h"
 #include "optim/optim_config.h"
 #include "train/step_guard.h"
 
@@ -188,8 +189,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 // The schedule's checks that need the run's length (max_steps updates of tokens_per_step tokens):
 // what OLMo-core divides by zero on, asserts against or runs at its floor throughout is a
 // one-line error. load_run_config applies them; a caller with another length (debug-state
-// --steps) applies them for its own.
-void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step);
+// --steps) applies them for its own, and a resume after another batch size or seq_len with the
+// tokens seen at its `origin` (a schedule in tokens runs over those and the remaining updates').
+void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
+                          TokenOrigin origin = {});
 
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);

@@ -118,8 +118,9 @@ struct StartPoint {
   std::optional<RunConfig> saved_config;  // the checkpoint's
   std::vector<std::string> messages;      // config changes on resume
   bool config_changed = false;
-  // Where the loader starts, when it is not the checkpoint's cursor (train/training_data.h).
-  std::optional<uint64_t> data_cursor;
+  // Where the loader starts (train/training_data.h's resume_position) and, under OLMo-core's
+  // order, that loader's epoch and tokens read of it there (a replay origin records them).
+  ResumePosition position;
   // Newer checkpoints the resume skipped (rank 0's): set aside once the run is known to go ahead.
   std::vector<DamagedCheckpoint> damaged;
 };
@@ -219,16 +220,24 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             *start.checkpoint, listed);
   // Another batch size or seq_len under OLMo-core's order moves the data position as OLMo-core
   // does (train/training_data.h).
-  const ResumePosition position = resume_position(*start.saved_config, saved_state,
-                                                  *start.checkpoint, config, train_data.instances);
+  start.position = resume_position(*start.saved_config, saved_state, *start.checkpoint, config,
+                                   train_data.instances);
+  // The schedule's checks once more over the run's real length: in tokens, the tokens seen so
+  // far and the remaining updates' (another batch size or seq_len moves it).
+  const ReplayOrigin& lr_origin =
+      changes.empty()
+          ? saved_state.origin
+          : ReplayOrigin{.step = saved_state.step, .tokens_seen = saved_state.tokens_seen};
+  if (config.train.max_steps >= saved_state.step)  // else refused below, naming max_steps
+    validate_lr_schedule(config.optim, config.train.max_steps,
+                         config.train.batch_size * config.train.seq_len,
+                         {lr_origin.step, lr_origin.tokens_seen});
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
     start.messages.push_back(note);
-  if (position.moved) {
-    start.messages.push_back(describe_resume_position(*start.saved_config, config, position));
-    start.data_cursor = position.cursor;
-  }
+  if (start.position.moved)
+    start.messages.push_back(describe_resume_position(*start.saved_config, config, start.position));
   if (saved_state.threads > 0 && config.train.device == Device::kCpu &&
       saved_state.threads != omp_get_max_threads())
     start.messages.push_back(
@@ -812,31 +821,33 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout (under OLMo-core's order
   // which instance is whose does, as in OLMo-core).
-  const uint64_t data_cursor = start.data_cursor.value_or(resumed.data_cursor);
+  const uint64_t data_cursor = start.checkpoint ? start.position.cursor : resumed.data_cursor;
   data::DataLoader loader = training_loader(config, in.train_data, data_cursor, mesh.dp.size());
   Progress progress(tc.max_steps, tc.log_every, rank0);
-  TrainContext ctx{.config = config,
-                   .world = world,
-                   .mesh = mesh,
-                   .progress = progress,
-                   .full_layout = full_layout,
-                   .layout = layout,
-                   .params = params,
-                   .chunks = chunk_ptrs,
-                   .pipeline = pipeline,
-                   .optimizer = optimizer,
-                   .loader = loader,
-                   .guard = guard,
-                   .gerrymandering = gerrymandering,
-                   .dp_batch_sum = dp_batch_sum,
-                   .rowwise_dispatch = rowwise,
-                   .rows = rows,
-                   .train_data = train_fingerprint,
-                   .step = resumed.step,
-                   .tokens_seen = resumed.tokens_seen,
-                   .replay_origin = start.config_changed ? ReplayOrigin{resumed.step, data_cursor,
-                                                                        resumed.tokens_seen}
-                                                         : resumed.origin};
+  TrainContext ctx{
+      .config = config,
+      .world = world,
+      .mesh = mesh,
+      .progress = progress,
+      .full_layout = full_layout,
+      .layout = layout,
+      .params = params,
+      .chunks = chunk_ptrs,
+      .pipeline = pipeline,
+      .optimizer = optimizer,
+      .loader = loader,
+      .guard = guard,
+      .gerrymandering = gerrymandering,
+      .dp_batch_sum = dp_batch_sum,
+      .rowwise_dispatch = rowwise,
+      .rows = rows,
+      .train_data = train_fingerprint,
+      .step = resumed.step,
+      .tokens_seen = resumed.tokens_seen,
+      .replay_origin = start.config_changed
+                           ? ReplayOrigin{resumed.step, data_cursor, resumed.tokens_seen,
+                                          start.position.epoch, start.position.tokens_read}
+                           : resumed.origin};
   // Made up by the evaluator's start; without validation data there is none to make up.
   ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
   ctx.summary.start_step = ctx.step;

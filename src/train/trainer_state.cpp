@@ -91,6 +91,12 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
     data::DatasetFingerprint fingerprint;
     fingerprint.tokens = integer_in(d, "tokens", kMaxCount, origin, "train_data.");
     fingerprint.instances = integer_in(d, "instances", kMaxCount, origin, "train_data.");
+    // Instances are cut from the tokens: more of them than the tokens fill is damage (and the
+    // products of the two below stay in range).
+    MOE_CHECK(fingerprint.instances <= fingerprint.tokens / written_by.seq_len,
+              "[checkpoint] {}: train_data.instances={} of train.seq_len={} tokens exceed "
+              "train_data.tokens={}",
+              origin, fingerprint.instances, written_by.seq_len, fingerprint.tokens);
     const json& hash = member(d, "sample_hash", origin, "train_data.");
     const std::string hex = hash.is_string() ? hash.get<std::string>() : std::string();
     MOE_CHECK(hex.size() == 16 &&
@@ -113,6 +119,13 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
     state.origin.data_cursor =
         static_cast<uint64_t>(integer_in(o, "data_cursor", kMaxCount, origin, "replay_origin."));
     state.origin.tokens_seen = integer_in(o, "tokens_seen", kMaxCount, origin, "replay_origin.");
+    if (o.contains("epoch")) {
+      const int64_t epoch = integer_in(o, "epoch", kMaxCount, origin, "replay_origin.");
+      MOE_CHECK(epoch >= 1, "[checkpoint] {}: replay_origin.epoch=0 must be at least 1", origin);
+      state.origin.epoch = static_cast<uint64_t>(epoch);
+      state.origin.epoch_tokens =
+          integer_in(o, "epoch_tokens", kMaxCount, origin, "replay_origin.");
+    }
     MOE_CHECK(state.origin.step <= state.step,
               "[checkpoint] {}: replay_origin.step={} is after step={}", origin, state.origin.step,
               state.step);

@@ -23,6 +23,11 @@ struct ReplayOrigin {
   int64_t step = 0;
   uint64_t data_cursor = 0;
   int64_t tokens_seen = 0;
+  // Under data.order = "olmo-core": OLMo-core's loader state there, its epoch (from 1; 0: not
+  // recorded) and the tokens it had read of it (tokens_processed, which its load_state_dict keeps
+  // as it was, so tokens that filled no whole batch of the new size still count in that epoch).
+  uint64_t epoch = 0;
+  int64_t epoch_tokens = 0;
   bool operator==(const ReplayOrigin&) const = default;
 };
 

@@ -15,17 +15,49 @@ data::DataLoader training_loader(const RunConfig& config, const data::TokenDatas
       cursor, dp_ranks);
 }
 
+namespace {
+
+// OLMo-core's loader state at the checkpoint `state`, under the saved run's epochs of
+// `epoch_length` instances of `seq_len` tokens: the epoch of the last instance read (at an
+// epoch's end the one that ended: OLMo-core checkpoints before it resets) and the tokens read of
+// it; in the epoch where a moved position started (the replay origin's), counted on from the
+// tokens recorded there, which may include some that filled no whole batch.
+struct LoaderState {
+  uint64_t epoch = 1;
+  int64_t tokens = 0;
+};
+
+LoaderState olmo_core_loader_state(const TrainerState& state, uint64_t epoch_length,
+                                   int64_t seq_len) {
+  const ReplayOrigin& o = state.origin;
+  const uint64_t cursor = state.data_cursor;
+  if (o.epoch > 0 && cursor == o.data_cursor) return {o.epoch, o.epoch_tokens};
+  if (cursor == 0) return {};
+  const uint64_t epoch = (cursor - 1) / epoch_length + 1;
+  // Below 2^62 instances of a file's tokens (trainer_state.h's checks): no overflow.
+  if (o.epoch == epoch)
+    return {epoch, o.epoch_tokens + static_cast<int64_t>(cursor - o.data_cursor) * seq_len};
+  return {epoch, static_cast<int64_t>(cursor - (epoch - 1) * epoch_length) * seq_len};
+}
+
+}  // namespace
+
 ResumePosition resume_position(const RunConfig& saved, const TrainerState& state,
                                const std::string& checkpoint, const RunConfig& config,
                                int64_t instances) {
   const TrainConfig &was = saved.train, &now = config.train;
-  const uint64_t saved_cursor = state.data_cursor;
-  ResumePosition position{.cursor = saved_cursor};
+  ResumePosition position{.cursor = state.data_cursor};
   if (saved.data.order != data::OrderRule::kOlmoCore ||
-      config.data.order != data::OrderRule::kOlmoCore ||
-      (was.batch_size == now.batch_size && was.seq_len == now.seq_len) || saved_cursor == 0)
+      config.data.order != data::OrderRule::kOlmoCore)
     return position;
-  MOE_CHECK(was.seq_len == now.seq_len || state.train_data.has_value(),
+  // OLMo-core's loader keeps the checkpoint's data seed (its load_state_dict), which would leave
+  // train.seed without effect on the order: refused rather than ignored.
+  MOE_CHECK(was.seed == now.seed,
+            "[train] --resume: train.seed: {} -> {} under data.order = \"olmo-core\", whose "
+            "loader keeps the checkpoint's data seed; keep train.seed={}",
+            was.seed, now.seed, was.seed);
+  const bool resized = was.batch_size != now.batch_size || was.seq_len != now.seq_len;
+  MOE_CHECK(!resized || was.seq_len == now.seq_len || state.train_data.has_value(),
             "[train] --resume: {} does not record its training set's instances (an older "
             "moecore wrote it), which data.order = \"olmo-core\" needs to move its data position "
             "to train.seq_len={}; keep train.seq_len={}",
@@ -38,34 +70,38 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
   const int64_t new_epoch =
       data::InstanceOrder::with_rule(config.data.order, now.seed, instances, now.batch_size)
           .epoch_length();
-  // The epoch of the last instance read (0-based) and how far into it the run had read: a cursor
-  // at a boundary has read the whole epoch that ended there.
-  const uint64_t epoch = (saved_cursor - 1) / old_epoch;
-  const auto read = static_cast<int64_t>(saved_cursor - epoch * old_epoch);
-  // At most the saved run's instances times its seq_len: tokens of the files, far below 2^63.
-  const int64_t tokens_read = read * was.seq_len;
-  const int64_t batch_tokens = now.batch_size * now.seq_len;
-  // Past the epoch's last whole batch OLMo-core's loader yields nothing: the next epoch follows.
-  const int64_t batches = std::min(tokens_read / batch_tokens, new_epoch / now.batch_size);
-  position.moved = true;
-  position.epoch = epoch + 1;
+  const LoaderState loader = olmo_core_loader_state(state, old_epoch, was.seq_len);
+  // As OLMo-core's load_state_dict: batches_processed = tokens_processed // global batch tokens;
+  // past the epoch's last whole batch its loader yields nothing and the next epoch follows.
+  const int64_t batches =
+      std::min(loader.tokens / (now.batch_size * now.seq_len), new_epoch / now.batch_size);
+  position.epoch = loader.epoch;
   position.offset = batches * now.batch_size;
   position.epoch_length = new_epoch;
-  position.tokens_read = tokens_read;
-  position.read_again = was.seq_len == now.seq_len ? read - position.offset : 0;
-  const bool fits =
-      !__builtin_mul_overflow(epoch, static_cast<uint64_t>(new_epoch), &position.cursor) &&
-      !__builtin_add_overflow(position.cursor, static_cast<uint64_t>(position.offset),
-                              &position.cursor);
-  MOE_CHECK(fits, "[train] --resume: the data position of epoch {} does not fit a cursor",
-            position.epoch);
+  position.tokens_read = loader.tokens;
+  const bool fits = !__builtin_mul_overflow(loader.epoch - 1, static_cast<uint64_t>(new_epoch),
+                                            &position.cursor) &&
+                    !__builtin_add_overflow(position.cursor, static_cast<uint64_t>(position.offset),
+                                            &position.cursor);
+  MOE_CHECK(fits,
+            "[train] --resume: {}: epoch {} of {} instances, from train.batch_size={} and the "
+            "training set's {} instances, does not fit a data position",
+            checkpoint, loader.epoch, new_epoch, now.batch_size, instances);
+  position.moved = resized || position.cursor != state.data_cursor;
+  // The instances of the epoch the saved run had read past the new position (same instances:
+  // the same seq_len's).
+  const uint64_t epoch_start = (loader.epoch - 1) * old_epoch;
+  if (was.seq_len == now.seq_len && state.data_cursor > epoch_start)
+    position.read_again = std::max<int64_t>(
+        0, static_cast<int64_t>(state.data_cursor - epoch_start) - position.offset);
   return position;
 }
 
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,
                                      const ResumePosition& position) {
   const TrainConfig &was = saved.train, &now = config.train;
-  std::string changed;
+  std::string changed = "another training set";  // the contents changed, and the epochs with them
+  if (was.batch_size != now.batch_size || was.seq_len != now.seq_len) changed.clear();
   if (was.batch_size != now.batch_size)
     changed = fmt::format("train.batch_size {} -> {}", was.batch_size, now.batch_size);
   if (was.seq_len != now.seq_len)
@@ -80,11 +116,13 @@ std::string describe_resume_position(const RunConfig& saved, const RunConfig& co
           ? fmt::format("at the start of epoch {}", position.epoch + 1)
           : fmt::format("in epoch {} at instance {} of its {}", position.epoch, position.offset,
                         position.epoch_length);
+  // The whole batches the tokens fill, which may be more than the epoch has (then it is over).
+  const int64_t filled = position.tokens_read / (now.batch_size * now.seq_len);
   return fmt::format(
       "note: data.order = \"olmo-core\" with {}: the run goes on {} (as OLMo-core's loader: the "
       "{} tokens read in epoch {} fill {} global batch(es) of {} x {} tokens; {})",
-      changed, where, position.tokens_read, position.epoch, position.offset / now.batch_size,
-      now.batch_size, now.seq_len, after);
+      changed, where, position.tokens_read, position.epoch, filled, now.batch_size, now.seq_len,
+      after);
 }
 
 }  // namespace moecore

@@ -108,6 +108,20 @@ TEST(ResumePolicy, MaxStepsMayChangeWithANoteWhereTheScheduleDependsOnIt) {
   EXPECT_EQ(horizon_note(a, a), "");
 }
 
+// In tokens a schedule's end is the tokens seen and the remaining updates': another batch size
+// moves it under the same max_steps; in steps it does not.
+TEST(ResumePolicy, AnotherBatchSizeMovesTheEndOfAScheduleInTokens) {
+  RunConfig a;
+  a.optim.units = LrUnits::kTokens;
+  a.optim.warmup_steps = 0;
+  RunConfig b = a;
+  b.train.batch_size = a.train.batch_size * 2;
+  EXPECT_NE(horizon_note(a, b).find("another batch size x seq_len"), std::string::npos)
+      << horizon_note(a, b);
+  a.optim.units = b.optim.units = LrUnits::kSteps;
+  EXPECT_EQ(horizon_note(a, b), "");
+}
+
 // The rowwise dispatch's capacity decides which tokens an expert-parallel run drops; without
 // expert parallelism nothing is dropped and the key decides nothing.
 TEST(ResumePolicy, CapacityFactorIsAReplayKeyUnderExpertParallelism) {

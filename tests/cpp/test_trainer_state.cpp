@@ -114,6 +114,25 @@ TEST(TrainerState, ReplayOriginShiftsTheInvariant) {
   EXPECT_EQ(parsed.origin, (ReplayOrigin{2, 16, 256}));
   s["replay_origin"]["step"] = 6;
   expect_state_rejected(s, "replay_origin.step=6 is after step=5");
+  // OLMo-core's loader state at the origin (data.order = "olmo-core"): epoch from 1.
+  s["replay_origin"]["step"] = 2;
+  s["replay_origin"]["epoch"] = 3;
+  s["replay_origin"]["epoch_tokens"] = 144;
+  EXPECT_EQ(parse_trainer_state(s.dump(), "x", written_by()).origin,
+            (ReplayOrigin{2, 16, 256, 3, 144}));
+  s["replay_origin"]["epoch"] = 0;
+  expect_state_rejected(s, "replay_origin.epoch=0 must be at least 1");
+  s["replay_origin"]["epoch"] = 1;
+  s["replay_origin"].erase("epoch_tokens");
+  expect_state_rejected(s, "replay_origin.epoch_tokens is missing");
+}
+
+TEST(TrainerState, MoreInstancesThanTheTokensFillAreDamage) {
+  json s = valid_state();
+  s["train_data"] = {{"tokens", 160}, {"instances", 10}, {"sample_hash", "00000000000000ab"}};
+  EXPECT_EQ(parse_trainer_state(s.dump(), "x", written_by()).train_data->instances, 10);
+  s["train_data"]["instances"] = 11;  // of 16 tokens: 176 > 160
+  expect_state_rejected(s, "train_data.instances=11 of train.seq_len=16 tokens exceed");
 }
 
 TEST(TrainerState, WrongTypesNameTheKeyAndValue) {

@@ -183,10 +183,12 @@ def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, step
 
 @pytest.mark.parametrize("before,after,dp,where", [
     # (batch, seq) of the saved run and of the resumed one; where the checkpoint is: "mid" inside
-    # the second epoch at an instance the new batches do not divide, "end" at the first epoch's end.
+    # the second epoch at an instance the new batches do not divide, "end" at the first epoch's
+    # end, "end2" at the second's.
     ((12, SEQ), (10, SEQ), 2, "mid"),    # smaller: some instances read again
     ((4, SEQ), (12, SEQ), 1, "mid"),     # larger
     ((6, SEQ), (4, SEQ), 2, "end"),      # the ended epoch's tail, which batches of 6 left, is read
+    ((8, SEQ), (6, SEQ), 1, "end2"),     # the same at the second epoch's end
     ((8, SEQ), (8, 2 * SEQ), 2, "mid"),  # seq_len up: the instances are cut anew
     ((4, 2 * SEQ), (6, SEQ), 1, "end"),  # seq_len down
 ])
@@ -196,7 +198,7 @@ def test_resume_with_another_batch_size_reads_as_olmo_core(tokens, before, after
     name = f"resume_{b0}_{s0}_{b1}_{s1}_{where}"
     per_epoch = moecore_order(tokens, train_config(tokens, f"{name}_probe", batch=b0, seq=s0,
                                                    seed=seed, steps=1), 1, 1)[1]["per_epoch"]
-    steps = per_epoch // b0 + (0 if where == "end" else 3)
+    steps = {"mid": per_epoch // b0 + 3, "end": per_epoch // b0, "end2": 2 * per_epoch // b0}[where]
     saved_cfg = train_config(tokens, name, batch=b0, seq=s0, seed=seed, steps=steps)
     H.run_moecore("train", saved_cfg)
     ckpt = tokens / name / "checkpoints" / f"step_{steps:08d}"
@@ -228,3 +230,41 @@ def test_resume_with_another_batch_size_reads_as_olmo_core(tokens, before, after
     full, _ = moecore_order(tokens, new_cfg, steps * b0 // b1 + after_steps + 1, 1)
     naive = full.reshape(-1)[steps * b0:][:after_steps * b1].reshape(after_steps, b1)
     assert (np.sort(naive, axis=1) != np.sort(ours.reshape(after_steps, b1), axis=1)).any()
+
+
+@pytest.mark.parametrize("crossing", [False, True])
+def test_two_resumes_with_other_batch_sizes_read_as_olmo_core(tokens, crossing):
+    """Batches of 3 for 4 steps, then of 5 (their 192 tokens fill 2 batches of 80: 32 tokens fill
+    none, and OLMo-core's loader keeps counting them in that epoch), then of 9: in the same epoch
+    the kept tokens decide the position (27 instances' tokens fill 3 batches of 9, the 25 read
+    only 2); an epoch later they are gone."""
+    seed, cfg_name = 5, f"chain_{int(crossing)}"
+    per_epoch_5 = moecore_order(tokens, train_config(tokens, f"{cfg_name}_probe", batch=5, seq=SEQ,
+                                                     seed=seed, steps=1), 1, 1)[1]["per_epoch"]
+    first, second = 4, (per_epoch_5 // 5 if crossing else 3)
+    cfg = train_config(tokens, cfg_name, batch=3, seq=SEQ, seed=seed, steps=first)
+    H.run_moecore("train", cfg)
+    H.run_moecore("train", cfg, "--set", "train.batch_size=5", "--set",
+                  f"train.max_steps={first + second}", "--resume", "--allow-config-change")
+    ckpt = tokens / cfg_name / "checkpoints" / f"step_{first + second:08d}"
+
+    state = None
+    for batch, steps in [(3, first), (5, second)]:
+        loader = olmo_core_loader(tokens, batch=batch, seed=seed)
+        if state is not None:
+            loader.load_state_dict(dict(state))
+        olmo_core_batches(loader, steps, epoch=state["epoch"] if state else 1)
+        state = loader.state_dict()
+    saved = json.loads((ckpt / "trainer_state.json").read_text())
+    assert saved["replay_origin"]["epoch_tokens"] == 4 * 3 * SEQ  # the 32 kept tokens included
+    after_steps = 5
+    ref = olmo_core_loader(tokens, batch=9, seed=seed)
+    ref.load_state_dict(dict(state))
+    ref = np.stack(olmo_core_batches(ref, after_steps, epoch=state["epoch"]))[:, None, :]
+    new_cfg = train_config(tokens, f"{cfg_name}_new", batch=9, seq=SEQ, seed=seed, steps=1)
+    ours, summary = moecore_order(tokens, new_cfg, after_steps, 1, resume=ckpt)
+    differing = np.argwhere(ours != ref)
+    assert differing.size == 0, f"first differing [step, rank, row]: {differing[0].tolist()}"
+    assert summary["moved"]["tokens_read"] == state["tokens_processed"]
+    if not crossing:
+        assert summary["moved"]["offset"] == 27  # (192 + 3 x 80) // 144 = 3 batches of 9

@@ -94,8 +94,15 @@ def test_resume_across_epochs_is_exact(moecore_bin, job_data, tmp_path):
     state = json.loads((split / f"checkpoints/step_{2 * n + 3:08d}" /
                         "trainer_state.json").read_text())
     assert state["data_cursor"] == 104 + 3 * 4, state
+    # OLMo-core's loader state there is recorded: epoch 3, 24 instances' tokens read of it.
     assert state["replay_origin"] == {"step": 2 * n, "data_cursor": 104,
-                                      "tokens_seen": 2 * n * 6 * 32}, state
+                                      "tokens_seen": 2 * n * 6 * 32, "epoch": 3,
+                                      "epoch_tokens": 24 * 32}, state
+    # OLMo-core's loader keeps the checkpoint's data seed: another train.seed is refused.
+    r = run(moecore_bin, "train", cfg, "--set", f"train.max_steps={2 * n + 5}", "--set",
+            "train.batch_size=4", "--set", "train.seed=1", "--resume", "--allow-config-change",
+            check=False)
+    assert_one_line_error(r, "train.seed: 0 -> 1", "olmo-core")
     r = train(moecore_bin, cfg, f"train.max_steps={2 * n + 5}", "train.batch_size=4", resume=True)
     assert "config change" not in r.stdout and "note: data.order" not in r.stdout, r.stdout[-2000:]
     assert sorted(train_rows(split))[-1] == 2 * n + 5

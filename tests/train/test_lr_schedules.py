@@ -27,7 +27,8 @@ import random
 
 import pytest
 
-from test_training_job import run, toml_value, train, train_rows, write_config
+from test_training_job import (assert_one_line_error, run, toml_value, train, train_rows,
+                               write_config)
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
@@ -259,6 +260,28 @@ def test_rates_in_tokens_follow_the_tokens_seen_across_a_batch_size_change(
     assert ours == ref, list(zip(ours, ref))
 
 
+def test_schedule_checks_run_over_the_tokens_seen_after_a_batch_size_change(
+        moecore_bin, job_data, tmp_path):
+    """PowerLR's tail must fall (OLMo-core asserts decay_min_lr below the rate it starts from). 10
+    updates of 128 tokens, then 10 of 32: the run's length is 1280 + 320 tokens, where the power
+    law (t / 100)^-0.5 has fallen to 0.258 lr at the tail's start, below lr x 0.27; the config
+    alone (20 x 32 tokens: 0.43 lr there) would pass. Refused in one line at the resume."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=dict(schedule="power", lr=LR, units="tokens", warmup_steps=0,
+                                  warmup_tokens=100, decay_tokens=100, power_exponent=-0.5,
+                                  decay_min_lr_ratio=0.27),
+                       train={"max_steps": 10, "log_every": 1, "eval_every": 0, "batch_size": 4,
+                              "seq_len": 32})
+    train(moecore_bin, cfg)  # its tail starts at 0.291 lr
+    r = run(moecore_bin, "train", cfg, "--set", "train.max_steps=20", "--set",
+            "train.batch_size=1", "--resume", "--allow-config-change", check=False)
+    assert_one_line_error(r, "over the run's 1600 tokens (the 1280 seen by step 10", "decay tail")
+    r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_steps=20", "--set",
+            "train.batch_size=1")
+    assert r.returncode == 0  # the config alone passes
+
+
 def test_wsd_without_decay_updates_is_one_line_error(moecore_bin, job_data, tmp_path):
     """round(10 x 0.03) = 0 decay updates: OLMo-core divides by zero at the last step; refused."""
     cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
@@ -323,7 +346,7 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
      'optim.schedule = "power" decays over 7 of train.max_steps=5 updates'),
     # (4 / 1)^-0.51 = 0.49 of lr at the tail's start, below its end: OLMo-core asserts.
     ({"schedule": "power", "warmup_steps": 1, "decay_steps": 1, "decay_min_lr_ratio": 0.9},
-     'optim.schedule = "power": its decay tail would go from'),
+     'optim.schedule = "power" over train.max_steps=5 updates: its decay tail would go from'),
     # WSDS: what its constructor refuses, its decay of 0 updates (a division by zero at the
     # period's end) and a decay that rises (its assert).
     ({"schedule": "wsds"}, 'optim.schedule = "wsds" needs its periods: optim.period_steps'),

@@ -251,8 +251,13 @@ def test_tampered_trainer_state_is_not_trusted(moecore_bin, two_step_run):
                                  ("step", "2\n\x1b[2K", "step=\"2\\n\\u001b[2K\""),
                                  ("threads", -1, "threads=-1 is out of range"),
                                  ("eval_pending", 1, "eval_pending=1 must be a boolean"),
-                                 ("train_data", {"tokens": 1, "instances": 1, "sample_hash": "0x12"},
-                                  "train_data.sample_hash=\"0x12\" must be 16 hex digits")]:
+                                 ("train_data", {"tokens": 4096, "instances": 1,
+                                                 "sample_hash": "0x12"},
+                                  "train_data.sample_hash=\"0x12\" must be 16 hex digits"),
+                                 # more instances than the tokens fill
+                                 ("train_data", {"tokens": 64, "instances": 3,
+                                                 "sample_hash": "00000000000000ab"},
+                                  "train_data.instances=3 of train.seq_len=32 tokens exceed")]:
         state = json.loads(state_path.read_text())
         good = state_path.read_text()
         state[field] = value

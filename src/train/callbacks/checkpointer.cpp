@@ -66,10 +66,15 @@ void CheckpointCallback::save(TrainContext& ctx) {
   // CPU).
   state["threads"] = omp_get_max_threads();
   if (ctx.eval_pending) state["eval_pending"] = true;
-  if (ctx.replay_origin != ReplayOrigin{})
+  if (ctx.replay_origin != ReplayOrigin{}) {
     state["replay_origin"] = {{"step", ctx.replay_origin.step},
                               {"data_cursor", ctx.replay_origin.data_cursor},
                               {"tokens_seen", ctx.replay_origin.tokens_seen}};
+    if (ctx.replay_origin.epoch > 0) {
+      state["replay_origin"]["epoch"] = ctx.replay_origin.epoch;
+      state["replay_origin"]["epoch_tokens"] = ctx.replay_origin.epoch_tokens;
+    }
+  }
   const CheckpointContents contents{&ctx.config, &ctx.full_layout, nullptr,         nullptr,
                                     state,       hf_config_,       tokenizer_json_, hf_side_files_};
   const bool rank0 = ctx.world.rank() == 0;
