@@ -66,8 +66,7 @@ Batch load_batch(const DumpArgs& args, const RunConfig& config) {
   const TrainConfig& t = config.train;
   MOE_CHECK(!config.data.train.empty(),
             "[dump] the config has no data.train; pass --tokens and --targets");
-  const data::TokenDataset dataset = data::TokenDataset::open(
-      config.data.train, t.seq_len, config.model.vocab_size, config.data.dtype);
+  const data::TokenDataset dataset = open_training_set(config);
   batch.rows = args.batch_size > 0 ? args.batch_size : t.batch_size / t.microbatches;
   batch.seq = t.seq_len;
   data::DataLoader loader = training_loader(config, dataset);

@@ -134,8 +134,8 @@ void run_data_instances(const DataInstancesArgs& args) {
   MOE_CHECK(args.seq_len >= 1, "[data] --seq-len={} must be positive", args.seq_len);
   MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
             "[data] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);
-  const data::TokenDataset dataset =
-      data::TokenDataset::open(args.data, args.seq_len, args.vocab_size, args.dtype);
+  const data::TokenDataset dataset = data::TokenDataset::open(
+      args.data, args.seq_len, args.vocab_size, args.dtype, args.max_target_seq_len);
   const int64_t n = args.max_instances > 0 ? std::min(args.max_instances, dataset.num_instances())
                                            : dataset.num_instances();
   const int64_t T = args.seq_len;
@@ -188,8 +188,7 @@ void run_data_order(const DataOrderArgs& args) {
             "[data] --dp={} does not divide a micro-batch of {} rows (train.batch_size / "
             "train.microbatches)",
             args.dp, rows);
-  const data::TokenDataset dataset = data::TokenDataset::open(
-      config.data.train, tc.seq_len, config.model.vocab_size, config.data.dtype);
+  const data::TokenDataset dataset = open_training_set(config);
   // Where `train --resume` would start from the checkpoint (its config may differ from this one
   // as --allow-config-change lets it: another batch size or seq_len moves the position).
   ResumePosition position;

@@ -34,9 +34,10 @@ struct DataInstancesArgs {
   int64_t seq_len = 0;
   int64_t vocab_size = 0;
   std::string dtype;
-  int64_t max_instances = 0;  // 0: all
-  int64_t eos_id = -1;        // -1: the meta.json's, else no document lengths
-  int64_t bos_id = -1;        // OLMo-core's bos_token_id: documents end at EOS + BOS; -1: none
+  int64_t max_instances = 0;       // 0: all
+  int64_t eos_id = -1;             // -1: the meta.json's, else no document lengths
+  int64_t bos_id = -1;             // OLMo-core's bos_token_id: documents end at EOS + BOS; -1: none
+  int64_t max_target_seq_len = 0;  // OLMo-core's max_target_sequence_length; 0: none
   std::string out, doc_lens_out;
 };
 void run_data_instances(const DataInstancesArgs& args);

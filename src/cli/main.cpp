@@ -221,6 +221,10 @@ int main(int argc, char** argv) {
                       "BOS id: documents end only at an EOS followed by it (as OLMo-core's "
                       "bos_token_id; default: none)",
                       -1, INT64_MAX);
+  cli::add_int_option(data_instances, "--max-target-seq-len", inst.max_target_seq_len,
+                      "cut each file into blocks of this many tokens first, a multiple of "
+                      "--seq-len (OLMo-core's max_target_sequence_length; default 0: none)",
+                      0, INT64_MAX);
   data_instances->add_option("--out", inst.out, "output .npy of the instances");
   data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
                              "output .npy of each instance's document lengths");

@@ -15,7 +15,7 @@ InstanceOrder::InstanceOrder(uint64_t seed, int64_t num_instances, bool shuffle)
 }
 
 InstanceOrder InstanceOrder::with_rule(OrderRule rule, uint64_t seed, int64_t num_instances,
-                                       int64_t batch_instances) {
+                                       int64_t batch_instances, int64_t chunk_instances) {
   if (rule == OrderRule::kMoecore) return InstanceOrder(seed, num_instances);
   MOE_CHECK(batch_instances > 0, "[data] a global batch needs at least one instance, got {}",
             batch_instances);
@@ -33,8 +33,11 @@ InstanceOrder InstanceOrder::with_rule(OrderRule rule, uint64_t seed, int64_t nu
             "[data] data.order = \"olmo-core\" visits whole global batches, and the training set's "
             "{} instances do not fill one of train.batch_size = {}",
             num_instances, batch_instances);
+  MOE_CHECK(chunk_instances >= 1 && num_instances % chunk_instances == 0,
+            "[data] {} instances are not whole chunks of {}", num_instances, chunk_instances);
   InstanceOrder order(seed, num_instances);
   order.rule_ = OrderRule::kOlmoCore;
+  order.chunk_ = chunk_instances;
   order.epoch_length_ = batch_instances * (num_instances / batch_instances);
   return order;
 }
@@ -44,7 +47,14 @@ std::vector<int64_t> InstanceOrder::permutation(uint64_t epoch) const {
   std::iota(order.begin(), order.end(), int64_t{0});
   if (!shuffle_) return order;
   if (rule_ == OrderRule::kOlmoCore) {
-    numpy_shuffle(seed_ + epoch + 1, order);  // OLMo-core's epochs count from 1
+    // OLMo-core's epochs count from 1; with chunks, their first indices are shuffled and each
+    // chunk read in order (its _build_global_indices).
+    std::vector<int64_t> chunks(static_cast<size_t>(n_ / chunk_));
+    std::iota(chunks.begin(), chunks.end(), int64_t{0});
+    numpy_shuffle(seed_ + epoch + 1, chunks);
+    for (size_t c = 0; c < chunks.size(); ++c)
+      for (int64_t i = 0; i < chunk_; ++i)
+        order[c * static_cast<size_t>(chunk_) + static_cast<size_t>(i)] = chunks[c] * chunk_ + i;
     order.resize(static_cast<size_t>(epoch_length_));
     return order;
   }

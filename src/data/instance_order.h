@@ -25,9 +25,11 @@ class InstanceOrder {
   InstanceOrder(uint64_t seed, int64_t num_instances, bool shuffle = true);
   // The shuffled order under `rule`. OLMo-core's: epoch e (0-based here) is NumPy's shuffle with
   // seed + e + 1, its first batch_instances * floor(n / batch_instances) instances (refused when
-  // n < batch_instances); moecore's ignores batch_instances.
+  // n < batch_instances); with chunks of `chunk_instances` consecutive instances (its
+  // chunk_size, from max_target_sequence_length; n a multiple of it) the chunks are shuffled and
+  // each read whole. moecore's ignores batch_instances and chunk_instances.
   static InstanceOrder with_rule(OrderRule rule, uint64_t seed, int64_t num_instances,
-                                 int64_t batch_instances);
+                                 int64_t batch_instances, int64_t chunk_instances = 1);
 
   // The instance index visited at global position `cursor`. Computes and caches the permutation
   // of cursor's epoch, so calls within one epoch are O(1); not thread-safe.
@@ -48,6 +50,7 @@ class InstanceOrder {
   int64_t n_;
   bool shuffle_;
   OrderRule rule_ = OrderRule::kMoecore;
+  int64_t chunk_ = 1;
   int64_t epoch_length_;
   uint64_t cached_epoch_ = 0;
   bool have_cache_ = false;

@@ -233,8 +233,15 @@ TokenDataset::File TokenDataset::open_file(const std::string& path,
 }
 
 TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t seq_len,
-                                int64_t vocab_size, const std::string& declared_dtype) {
+                                int64_t vocab_size, const std::string& declared_dtype,
+                                int64_t max_target_seq_len) {
   MOE_CHECK(seq_len >= 1, "[data] seq_len must be positive, got {}", seq_len);
+  // OLMo-core's NumpyFSLDataset refuses the same.
+  MOE_CHECK(max_target_seq_len == 0 ||
+                (max_target_seq_len >= seq_len && max_target_seq_len % seq_len == 0),
+            "[data] max_target_seq_len={} must be a multiple of seq_len={} (0: none)",
+            max_target_seq_len, seq_len);
+  const int64_t block = max_target_seq_len == 0 ? seq_len : max_target_seq_len;
   MOE_CHECK(vocab_size >= 1 && vocab_size <= int64_t{std::numeric_limits<int32_t>::max()} + 1,
             "[data] vocab_size={} is outside [1, 2^31]", vocab_size);
   MOE_CHECK(!paths.empty(), "[data] no token files given");
@@ -245,6 +252,7 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
 
   TokenDataset ds;
   ds.seq_len_ = seq_len;
+  ds.instances_per_chunk_ = block / seq_len;
   ds.vocab_size_ = vocab_size;
   std::string eos_source;
   TokenMetaCache metas;
@@ -259,14 +267,15 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
     }
     File file = open_file(path, dtype, meta);
     file.first_instance = ds.num_instances_;
-    ds.num_instances_ += file.num_tokens / seq_len;
+    ds.num_instances_ += file.num_tokens / block * ds.instances_per_chunk_;
     ds.total_tokens_ += file.num_tokens;
     ds.files_.push_back(std::move(file));
   }
   MOE_CHECK(ds.num_instances_ > 0,
             "[data] {}: {} tokens in {} file(s) give no instance of seq_len={} (a file shorter "
-            "than seq_len contributes nothing)",
-            fmt::join(paths, ", "), ds.total_tokens_, ds.files_.size(), seq_len);
+            "than {} contributes nothing)",
+            fmt::join(paths, ", "), ds.total_tokens_, ds.files_.size(), seq_len,
+            block == seq_len ? "seq_len" : fmt::format("max_target_seq_len={}", block));
   return ds;
 }
 

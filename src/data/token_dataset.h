@@ -1,8 +1,8 @@
 // Token files cut into training instances, OLMo-core's "concat and chunk" layout: each file is a
 // flat stream of token ids (documents already joined by EOS) and is cut into consecutive,
-// non-overlapping instances of exactly seq_len tokens; a file's tail shorter than seq_len is
-// dropped, so no instance spans two files. The model is trained on tokens = inst[0:T] and
-// targets = inst[1:T] followed by -100 (ignored), as OLMo-core does.
+// non-overlapping instances of exactly seq_len tokens; a file's tail shorter than seq_len (or
+// than max_target_seq_len, below) is dropped, so no instance spans two files. The model is trained
+// on tokens = inst[0:T] and targets = inst[1:T] followed by -100 (ignored), as OLMo-core does.
 //
 // Files are memory-mapped, never read whole. Two on-disk forms are accepted:
 //  * headerless token streams, what OLMo-core and Dolma write under the .npy extension
@@ -52,8 +52,13 @@ class TokenDataset {
   // says otherwise is an error, and so is a headerless file with neither. Errors (missing file,
   // unsupported dtype or rank, truncated data, no instance at all) are one-line moecore::Error
   // naming the file.
+  // `max_target_seq_len` (OLMo-core's max_target_sequence_length; 0: seq_len): a multiple of
+  // seq_len; each file is cut into whole blocks of that many tokens (its tail beyond the last
+  // dropped), each block into max_target_seq_len / seq_len consecutive instances, so that runs
+  // of other seq_len up to it (a sequence-length warm-up) read the same tokens.
   static TokenDataset open(const std::vector<std::string>& paths, int64_t seq_len,
-                           int64_t vocab_size, const std::string& declared_dtype = "");
+                           int64_t vocab_size, const std::string& declared_dtype = "",
+                           int64_t max_target_seq_len = 0);
 
   TokenDataset(TokenDataset&&) noexcept = default;
   TokenDataset& operator=(TokenDataset&&) noexcept = default;
@@ -67,6 +72,9 @@ class TokenDataset {
   // Tokens covered by instances: num_instances() * seq_len().
   int64_t instance_tokens() const { return num_instances_ * seq_len_; }
   int64_t seq_len() const { return seq_len_; }
+  // The consecutive instances of one max_target_seq_len block (1 without one): OLMo-core's
+  // loader shuffles such chunks whole (its chunk_size).
+  int64_t instances_per_chunk() const { return instances_per_chunk_; }
   int64_t vocab_size() const { return vocab_size_; }
   size_t num_files() const { return files_.size(); }
   const std::string& file_path(size_t i) const { return files_[i].path; }
@@ -100,6 +108,7 @@ class TokenDataset {
   std::vector<File> files_;
   int64_t metadata_eos_id_ = -1;
   int64_t seq_len_ = 0;
+  int64_t instances_per_chunk_ = 1;
   int64_t vocab_size_ = 0;
   int64_t num_instances_ = 0;
   int64_t total_tokens_ = 0;

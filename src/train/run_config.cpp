@@ -360,6 +360,7 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("document_masking", d.document_masking);
   r.read("eos_id", d.eos_id);
   r.read("bos_id", d.bos_id);
+  r.read("max_target_seq_len", d.max_target_seq_len);
   r.read_enum("order", d.order,
               {{"moecore", data::OrderRule::kMoecore}, {"olmo-core", data::OrderRule::kOlmoCore}});
 }
@@ -880,6 +881,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(d.bos_id >= -1 && d.bos_id < config.model.vocab_size,
             "[config] data.bos_id={} is outside [0, model.vocab_size={}) (-1: none)", d.bos_id,
             config.model.vocab_size);
+  MOE_CHECK(d.max_target_seq_len == 0 || (d.max_target_seq_len >= config.train.seq_len &&
+                                          d.max_target_seq_len % config.train.seq_len == 0),
+            "[config] data.max_target_seq_len={} must be a multiple of train.seq_len={} (0: none)",
+            d.max_target_seq_len, config.train.seq_len);
   MOE_CHECK(d.bos_id < 0 || d.document_masking,
             "[config] data.bos_id={} only says where documents end for data.document_masking, "
             "which is false",
@@ -1067,6 +1072,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"document_masking", c.data.document_masking},
                    {"eos_id", c.data.eos_id},
                    {"bos_id", c.data.bos_id},
+                   {"max_target_seq_len", c.data.max_target_seq_len},
                    {"order", name(c.data.order, {{data::OrderRule::kMoecore, "moecore"},
                                                  {data::OrderRule::kOlmoCore, "olmo-core"}})}};
   const ParallelConfig& p = c.parallel;

@@ -119,6 +119,11 @@ struct DataConfig {
   // The order training instances are read in (data/order_rule.h): "moecore", or "olmo-core" for
   // exactly the batches OLMo-core's NumpyFSLDataLoader reads with train.seed as its seed.
   data::OrderRule order = data::OrderRule::kMoecore;
+  // OLMo-core's max_target_sequence_length (0: none): the training files are cut into blocks of
+  // this many tokens, each into consecutive instances of train.seq_len (a multiple of which it
+  // must be), which OLMo-core's order shuffles as whole chunks; runs with any seq_len up to it
+  // read the same tokens (a sequence-length warm-up resumed with a longer seq_len).
+  int64_t max_target_seq_len = 0;
 };
 
 enum class Dispatch { kSync, kRowwise };

@@ -88,9 +88,7 @@ RunInputs open_inputs(RunConfig& config) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   MOE_CHECK(!config.data.train.empty(), "[train] data.train lists no token files");
-  RunInputs in{
-      data::TokenDataset::open(config.data.train, tc.seq_len, mc.vocab_size, config.data.dtype),
-      std::nullopt, -1, std::nullopt};
+  RunInputs in{open_training_set(config), std::nullopt, -1, std::nullopt};
   if (!config.data.val.empty())
     in.val_data =
         data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size, config.data.dtype);

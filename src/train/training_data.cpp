@@ -6,12 +6,17 @@
 
 namespace moecore {
 
+data::TokenDataset open_training_set(const RunConfig& config) {
+  return data::TokenDataset::open(config.data.train, config.train.seq_len, config.model.vocab_size,
+                                  config.data.dtype, config.data.max_target_seq_len);
+}
+
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor, int64_t dp_ranks) {
   return data::DataLoader(
       dataset,
       data::InstanceOrder::with_rule(config.data.order, config.train.seed, dataset.num_instances(),
-                                     config.train.batch_size),
+                                     config.train.batch_size, dataset.instances_per_chunk()),
       cursor, dp_ranks);
 }
 
@@ -56,6 +61,13 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
             "[train] --resume: train.seed: {} -> {} under data.order = \"olmo-core\", whose "
             "loader keeps the checkpoint's data seed; keep train.seed={}",
             was.seed, now.seed, was.seed);
+  // OLMo-core's loader refuses it too: the instances would be cut from other blocks.
+  MOE_CHECK(saved.data.max_target_seq_len == config.data.max_target_seq_len,
+            "[train] --resume: data.max_target_seq_len: {} -> {} under data.order = "
+            "\"olmo-core\", whose loader cannot restore a position in other blocks; keep "
+            "data.max_target_seq_len={}",
+            saved.data.max_target_seq_len, config.data.max_target_seq_len,
+            saved.data.max_target_seq_len);
   const bool resized = was.batch_size != now.batch_size || was.seq_len != now.seq_len;
   MOE_CHECK(!resized || was.seq_len == now.seq_len || state.train_data.has_value(),
             "[train] --resume: {} does not record its training set's instances (an older "

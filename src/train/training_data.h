@@ -13,6 +13,10 @@
 
 namespace moecore {
 
+// data.train cut into instances as the run cuts them (train.seq_len, data.dtype,
+// data.max_target_seq_len).
+data::TokenDataset open_training_set(const RunConfig& config);
+
 // A loader at `cursor` (instances read since the run began) for `dp_ranks` data-parallel ranks.
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor = 0, int64_t dp_ranks = 1);

@@ -48,7 +48,7 @@ def tokenizer(moecore_bin, tmp_path_factory):
 
 
 def moecore_instances(tmp_path: Path, paths, vocab: int, dtype: str | None = None,
-                      eos: int | None = None, bos: int | None = None):
+                      eos: int | None = None, bos: int | None = None, max_target: int = 0):
     """`moecore data instances`: (instances [N, SEQ], doc_lens [N, SEQ] zero-padded, summary)."""
     out, lens = tmp_path / "inst.npy", tmp_path / "lens.npy"
     args = ["data", "instances", "--seq-len", SEQ, "--vocab-size", vocab, "--out", out,
@@ -61,15 +61,18 @@ def moecore_instances(tmp_path: Path, paths, vocab: int, dtype: str | None = Non
         args += ["--eos-id", eos]
     if bos is not None:
         args += ["--bos-id", bos]
+    if max_target:
+        args += ["--max-target-seq-len", max_target]
     r = H.run_moecore(*args)
     return np.load(out), np.load(lens), json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def olmo_dataset(paths, vocab: int, eos: int, dtype, bos: int | None = None):
+def olmo_dataset(paths, vocab: int, eos: int, dtype, bos: int | None = None,
+                 max_target: int | None = None):
     ds = numpy_dataset.NumpyFSLDataset(*[str(p) for p in paths], sequence_length=SEQ,
                                        pad_token_id=0, eos_token_id=eos, vocab_size=vocab,
                                        dtype=dtype, generate_doc_lengths=True,
-                                       bos_token_id=bos)
+                                       bos_token_id=bos, max_target_sequence_length=max_target)
     ds.prepare()
     return ds
 
@@ -126,6 +129,29 @@ def test_moecore_reads_olmo_core_files(moecore_bin, tmp_path, dtype, vocab):
     r = H.run_moecore_raw("data", "instances", "--data", paths[0], "--seq-len", SEQ,
                           "--vocab-size", vocab, "--out", tmp_path / "x.npy")
     assert r.returncode != 0 and str(paths[0]) in r.stderr and "--dtype" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_max_target_sequence_length_cuts_whole_blocks(moecore_bin, tmp_path):
+    """OLMo-core's max_target_sequence_length: each file is cut into whole blocks of that many
+    tokens first (a block's worth of tail dropped), each block into consecutive instances, so
+    runs of every seq_len up to it read the same tokens."""
+    rng = np.random.default_rng(3)
+    vocab, eos, paths = 300, 299, []
+    for f, n in enumerate([SEQ * 9 + 5, SEQ * 4, SEQ * 3]):  # 2 blocks + tail, 1 block, none
+        arr = rng.integers(0, vocab, size=n).astype(np.uint16)
+        p = tmp_path / f"part-{f}-00000.npy"
+        olmo_utils.write_array_to_disk(arr, p)
+        paths.append(p)
+    ds = olmo_dataset(paths, vocab, eos, np.uint16, max_target=4 * SEQ)
+    ours, our_lens, summary = moecore_instances(tmp_path, paths, vocab, dtype="uint16", eos=eos,
+                                                max_target=4 * SEQ)
+    assert summary["total_instances"] == len(ds) == 12  # 16 without the blocks
+    compare(ds, ours, our_lens)
+    r = H.run_moecore_raw("data", "instances", "--data", paths[0], "--seq-len", SEQ,
+                          "--vocab-size", vocab, "--dtype", "uint16", "--max-target-seq-len",
+                          SEQ + 1)
+    assert r.returncode != 0 and "must be a multiple of seq_len" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

@@ -81,14 +81,17 @@ def moecore_order(root: Path, cfg: Path, steps: int, dp: int, *sets: str, resume
 
 
 def olmo_core_loader(root: Path, *, batch: int, seed: int, dp: int = 1, rank: int = 0,
-                     seq: int = SEQ):
+                     seq: int = SEQ, max_target: int | None = None):
+    """OLMo-core's loader as its NumpyDataLoaderConfig builds it (chunk_size from the dataset's
+    max_target_sequence_length)."""
     paths = sorted(str(p) for p in (root / "tokens" / "train").glob("*.npy"))
     meta = json.loads((root / "tokens" / "meta.json").read_text())
     ds = numpy_dataset.NumpyFSLDataset(*paths, sequence_length=seq, pad_token_id=0,
                                        eos_token_id=int(meta["eos_id"]), vocab_size=VOCAB,
-                                       dtype=np.dtype(meta["dtype"]).type)
+                                       dtype=np.dtype(meta["dtype"]).type,
+                                       max_target_sequence_length=max_target)
     ds.prepare()
-    return data_loader.NumpyFSLDataLoader(
+    return data_loader.NumpyDataLoaderBase.wrap_numpy_dataset(
         ds, collator=collator.DataCollator(pad_token_id=0), global_batch_size=batch * seq,
         work_dir=root / "olmo_work", seed=seed, dp_world_size=dp, dp_rank=rank, fs_local_rank=0)
 
@@ -153,6 +156,8 @@ def test_one_epoch_reads_each_instance_once_and_drops_the_tail(tokens):
 @pytest.mark.parametrize("sets,message", [
     (["train.batch_size=100000"], "do not fill one of train.batch_size = 100000"),
     (["data.order=olmocore"], 'data.order="olmocore" is not one of "moecore", "olmo-core"'),
+    (["data.max_target_seq_len=24"],
+     "data.max_target_seq_len=24 must be a multiple of train.seq_len=16"),
 ])
 def test_bad_order_settings_are_one_line_errors(tokens, sets, message):
     cfg = write_config(tokens, "bad", batch=8, micro=1, seed=0)
@@ -165,7 +170,8 @@ def test_bad_order_settings_are_one_line_errors(tokens, sets, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
-def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, steps: int) -> Path:
+def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, steps: int,
+                 max_target: int = 0) -> Path:
     """A tiny model trained `steps` steps under OLMo-core's order, its checkpoint at the end."""
     cfg = root / f"{name}.toml"
     cfg.write_text(H.toml_text({
@@ -176,7 +182,8 @@ def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, step
         "optim": {**H.OPTIM_DEFAULTS, "schedule": "constant"},
         "train": {"seq_len": seq, "batch_size": batch, "seed": seed, "max_steps": steps,
                   "threads": 1, "eval_every": 0, "sample_tokens": 0, "out_dir": str(root / name)},
-        "data": {"train": [str(root / "tokens" / "train")], "order": "olmo-core"},
+        "data": {"train": [str(root / "tokens" / "train")], "order": "olmo-core",
+                 "max_target_seq_len": max_target},
     }))
     return cfg
 
@@ -268,3 +275,61 @@ def test_two_resumes_with_other_batch_sizes_read_as_olmo_core(tokens, crossing):
     assert summary["moved"]["tokens_read"] == state["tokens_processed"]
     if not crossing:
         assert summary["moved"]["offset"] == 27  # (192 + 3 x 80) // 144 = 3 batches of 9
+
+
+@pytest.mark.parametrize("dp,batch,seed", [(1, 8, 0), (2, 12, 9)])
+def test_max_target_sequence_length_reads_whole_chunks_as_olmo_core(tokens, dp, batch, seed):
+    """data.max_target_seq_len = 4 x seq_len: the files are cut into blocks of 4 instances, and
+    OLMo-core's loader (chunk_size 4) shuffles the blocks whole, across epochs."""
+    cfg = train_config(tokens, f"chunks_{dp}_{batch}", batch=batch, seq=SEQ, seed=seed, steps=1,
+                       max_target=4 * SEQ)
+    per_epoch = moecore_order(tokens, cfg, 1, dp)[1]["per_epoch"]
+    steps = 2 * per_epoch // batch + 3
+    ours, summary = moecore_order(tokens, cfg, steps, dp)
+    ref = np.stack([np.stack(olmo_core_batches(
+        olmo_core_loader(tokens, batch=batch, seed=seed, dp=dp, rank=rank, max_target=4 * SEQ),
+        steps)) for rank in range(dp)], axis=1)
+    assert ours.shape == ref.shape
+    differing = np.argwhere(ours != ref)
+    assert differing.size == 0, f"first differing [step, rank, row]: {differing[0].tolist()}"
+    assert summary["instances"] % 4 == 0
+    # Whole chunks: the first batch's instances come in runs of 4 consecutive ones (dp 1).
+    if dp == 1:
+        first = ours[0, 0]
+        assert all(first[i + 1] == first[i] + 1 for i in range(0, batch, 4) for i in (i, i + 1, i + 2))
+
+
+def test_sequence_length_warmup_resumes_as_olmo_core(tokens):
+    """A sequence-length warm-up: batches of 8 x 16 tokens with max_target_seq_len 64, resumed at
+    8 x 32, then read as OLMo-core's loader reads after load_state_dict: the same blocks, cut in
+    two instead of four, the epoch restarted after the tokens read."""
+    seed, name = 4, "seq_warmup"
+    cfg = train_config(tokens, name, batch=8, seq=SEQ, seed=seed, steps=5, max_target=4 * SEQ)
+    H.run_moecore("train", cfg)
+    ckpt = tokens / name / "checkpoints" / "step_00000005"
+    old = olmo_core_loader(tokens, batch=8, seed=seed, max_target=4 * SEQ)
+    olmo_core_batches(old, 5)
+    state = old.state_dict()
+    ref = olmo_core_loader(tokens, batch=8, seed=seed, seq=2 * SEQ, max_target=4 * SEQ)
+    ref.load_state_dict(dict(state))
+    per_epoch = moecore_order(tokens, train_config(tokens, f"{name}_probe", batch=8, seq=2 * SEQ,
+                                                   seed=seed, steps=1, max_target=4 * SEQ),
+                              1, 1)[1]["per_epoch"]
+    after_steps = per_epoch // 8 + 2
+    ref = np.stack(olmo_core_batches(ref, after_steps, epoch=state["epoch"]))[:, None, :]
+    new_cfg = train_config(tokens, f"{name}_new", batch=8, seq=2 * SEQ, seed=seed, steps=1,
+                           max_target=4 * SEQ)
+    ours, summary = moecore_order(tokens, new_cfg, after_steps, 1, resume=ckpt)
+    differing = np.argwhere(ours != ref)
+    assert differing.size == 0, f"first differing [step, rank, row]: {differing[0].tolist()}"
+    assert summary["moved"]["tokens_read"] == 5 * 8 * SEQ
+    # The trainer starts there (2 more steps of 8 instances).
+    H.run_moecore("train", cfg, "--set", f"train.seq_len={2 * SEQ}", "--set", "train.max_steps=7",
+                  "--resume", "--allow-config-change")
+    trained = json.loads((tokens / name / "checkpoints" / "step_00000007" /
+                          "trainer_state.json").read_text())
+    assert trained["data_cursor"] == summary["start"] + 2 * 8, (trained, summary)
+    # Another max_target_seq_len cannot be resumed (OLMo-core's loader refuses it too).
+    r = H.run_moecore_raw("data", "order", new_cfg, "--set", "data.max_target_seq_len=128",
+                          "--resume", ckpt)
+    assert r.returncode != 0 and "data.max_target_seq_len: 64 -> 128" in r.stderr, r.stderr
