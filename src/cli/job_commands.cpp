@@ -132,6 +132,11 @@ void run_data_instances(const DataInstancesArgs& args) {
   for (const std::string& path : args.data) data.push_back({"--data", path});
   check_outputs_apart(data, {{"--out", args.out}, {"--doc-lens-out", args.doc_lens_out}});
   MOE_CHECK(args.seq_len >= 1, "[data] --seq-len={} must be positive", args.seq_len);
+  MOE_CHECK(args.max_target_seq_len == 0 || (args.max_target_seq_len >= args.seq_len &&
+                                             args.max_target_seq_len % args.seq_len == 0),
+            "[data] --max-target-seq-len={} must be 0 (none) or a positive multiple of "
+            "--seq-len={}",
+            args.max_target_seq_len, args.seq_len);
   MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
             "[data] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);
   const data::TokenDataset dataset = data::TokenDataset::open(
@@ -193,7 +198,8 @@ void run_data_order(const DataOrderArgs& args) {
   // as --allow-config-change lets it: another batch size or seq_len moves the position).
   ResumePosition position;
   if (!args.resume.empty()) {
-    const RunConfig saved = load_run_config(args.resume + "/config.toml");
+    const RunConfig saved =
+        load_run_config(args.resume + "/config.toml", {}, {}, ScheduleLength::kResumed);
     position = resume_position(saved, load_trainer_state(args.resume, saved.train), args.resume,
                                config, dataset.num_instances());
   }

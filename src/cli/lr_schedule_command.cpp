@@ -3,12 +3,15 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "optim/lr_schedule.h"
+#include "train/resume_policy.h"
 #include "train/run_config.h"
+#include "train/trainer_state.h"
 
 namespace moecore::cli {
 
@@ -17,18 +20,26 @@ namespace {
 // --json holds its arrays in memory: at most this many updates (text streams any number).
 constexpr int64_t kMaxJsonUpdates = 10'000'000;
 
-// The updates printed, in order: the first, every N-th, the last (1-based, as metrics.jsonl's
-// "step"); visited without walking the ones in between.
+// The updates printed from `first` on, in order: the first, every N-th, the last (1-based, as
+// metrics.jsonl's "step"); visited without walking the ones in between.
 template <typename Visit>
-void for_each_printed(int64_t max_steps, int64_t every, Visit visit) {
-  if (max_steps < 1) return;
-  visit(1);
-  // Multiples of `every` below max_steps; the step past the last is never formed (no overflow).
-  for (int64_t step = every; step < max_steps; step += every) {
-    if (step > 1) visit(step);
+void for_each_printed(int64_t first, int64_t max_steps, int64_t every, Visit visit) {
+  if (max_steps < first) return;
+  visit(first);
+  // Multiples of `every` after `first` and below max_steps; the step past the last is never
+  // formed (no overflow).
+  for (int64_t step = (first / every + 1) * every; step < max_steps; step += every) {
+    visit(step);
     if (max_steps - step <= every) break;
   }
-  if (max_steps > 1) visit(max_steps);
+  if (max_steps > first) visit(max_steps);
+}
+
+// How many updates for_each_printed visits.
+int64_t printed_count(int64_t first, int64_t max_steps, int64_t every) {
+  if (max_steps < first) return 0;
+  const int64_t multiples = (max_steps - 1) / every - first / every;  // in (first, max_steps)
+  return 1 + std::max<int64_t>(multiples, 0) + (max_steps > first ? 1 : 0);
 }
 
 }  // namespace
@@ -36,30 +47,50 @@ void for_each_printed(int64_t max_steps, int64_t every, Visit visit) {
 void run_lr_schedule(const LrScheduleArgs& args) {
   // load_run_config applies the schedule's checks over the run's length (validate_lr_schedule),
   // so a schedule or config that training would refuse is refused here with the same one-line
-  // error (the data and the checkpoints, which this does not read, are training's to check).
-  const RunConfig config = load_run_config(args.config, args.overrides);
+  // error (the data, which this does not read, is training's to check). A resumed run's length
+  // depends on its checkpoint: checked once that is read, as the trainer does.
+  const bool resumed = !args.resume.empty();
+  const RunConfig config = load_run_config(
+      args.config, args.overrides, {}, resumed ? ScheduleLength::kResumed : ScheduleLength::kFresh);
   const TrainConfig& tc = config.train;
   const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
   MOE_CHECK(tc.max_steps <= std::numeric_limits<int64_t>::max() / tokens_per_step,
             "[config] train.max_steps={} x {} tokens an update overflows a 64-bit token count",
             tc.max_steps, tokens_per_step);
+  int64_t first = 1;
+  TokenOrigin origin;
+  if (resumed) {
+    const RunConfig saved =
+        load_run_config(args.resume + "/config.toml", {}, {}, ScheduleLength::kResumed);
+    const TrainerState state = load_trainer_state(args.resume, saved.train);
+    MOE_CHECK(state.step <= tc.max_steps,
+              "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
+              state.step, tc.max_steps);
+    origin = schedule_origin(state, !replay_config_changes(saved, config).empty());
+    validate_lr_schedule(config.optim, tc.max_steps, tokens_per_step, origin);
+    first = state.step + 1;
+  }
+  // The tokens seen after update `step` (the origin's and then tokens_per_step an update).
+  auto tokens_seen = [&](int64_t step) {
+    return origin.tokens + (step - origin.step) * tokens_per_step;
+  };
   // The schedule's and the units' names as the config writer spells them (one table of names).
   const toml::table written = toml::parse(run_config_to_toml(config));
   const std::string schedule = written["optim"]["schedule"].value_or(std::string());
   const std::string units = written["optim"]["units"].value_or(std::string());
   auto rate = [&](int64_t step) {
-    return learning_rate(config.optim, step - 1, tc.max_steps, tokens_per_step);
+    return learning_rate(config.optim, step - 1, tc.max_steps, tokens_per_step, origin);
   };
   if (args.json) {
-    const int64_t printed = tc.max_steps < 1 ? 0 : (tc.max_steps - 1) / args.every + 2;
+    const int64_t printed = printed_count(first, tc.max_steps, args.every);
     MOE_CHECK(printed <= kMaxJsonUpdates,
               "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
               printed, kMaxJsonUpdates);
-    std::vector<int64_t> steps, tokens_seen;
+    std::vector<int64_t> steps, tokens;
     std::vector<double> rates;
-    for_each_printed(tc.max_steps, args.every, [&](int64_t step) {
+    for_each_printed(first, tc.max_steps, args.every, [&](int64_t step) {
       steps.push_back(step);
-      tokens_seen.push_back(step * tokens_per_step);
+      tokens.push_back(tokens_seen(step));
       rates.push_back(rate(step));
     });
     fmt::print("{}\n", nlohmann::json{{"schedule", schedule},
@@ -67,17 +98,20 @@ void run_lr_schedule(const LrScheduleArgs& args) {
                                       {"max_steps", tc.max_steps},
                                       {"tokens_per_step", tokens_per_step},
                                       {"step", steps},
-                                      {"tokens_seen", tokens_seen},
+                                      {"tokens_seen", tokens},
                                       {"lr", rates}}
                            .dump());
     return;
   }
-  fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens\n", schedule,
-             units, tc.max_steps, tokens_per_step);
+  fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}\n",
+             schedule, units, tc.max_steps, tokens_per_step,
+             resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)",
+                                   args.resume, first - 1, tokens_seen(first - 1))
+                     : std::string());
   fmt::print("step tokens_seen lr\n");
   // {} prints a double's shortest form that reads back to the same bits, as metrics.jsonl does.
-  for_each_printed(tc.max_steps, args.every, [&](int64_t step) {
-    fmt::print("{} {} {}\n", step, step * tokens_per_step, rate(step));
+  for_each_printed(first, tc.max_steps, args.every, [&](int64_t step) {
+    fmt::print("{} {} {}\n", step, tokens_seen(step), rate(step));
   });
 }
 

@@ -328,6 +328,8 @@ int main(int argc, char** argv) {
                       "print every N-th update (and the first and the last)", 1,
                       std::numeric_limits<int64_t>::max());
   lr_schedule->add_flag("--json", lr_args.json, "one JSON object instead of text");
+  lr_schedule->add_option("--resume", lr_args.resume,
+                          "a checkpoint directory: the updates after `train --resume` from it");
 
   moecore::cli::PlanArgs plan_args;
   CLI::App* devices =
@@ -412,7 +414,9 @@ int main(int argc, char** argv) {
       if (!train_device.empty()) overrides.push_back("train.device=" + train_device);
       const moecore::RunConfig run_config =
           train_options.init_from.empty()
-              ? moecore::load_run_config(train_config, overrides)
+              ? moecore::load_run_config(train_config, overrides, {},
+                                         train_options.resume ? moecore::ScheduleLength::kResumed
+                                                              : moecore::ScheduleLength::kFresh)
               : cli::load_run_config_init_from(train_config, overrides, train_options.init_from);
       train_options.device_description = cli::select_device(run_config.train);
       const moecore::TrainSummary summary = moecore::train(run_config, train_options);

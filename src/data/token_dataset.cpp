@@ -239,7 +239,7 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
   // OLMo-core's NumpyFSLDataset refuses the same.
   MOE_CHECK(max_target_seq_len == 0 ||
                 (max_target_seq_len >= seq_len && max_target_seq_len % seq_len == 0),
-            "[data] max_target_seq_len={} must be a multiple of seq_len={} (0: none)",
+            "[data] max_target_seq_len={} must be 0 (none) or a positive multiple of seq_len={}",
             max_target_seq_len, seq_len);
   const int64_t block = max_target_seq_len == 0 ? seq_len : max_target_seq_len;
   MOE_CHECK(vocab_size >= 1 && vocab_size <= int64_t{std::numeric_limits<int32_t>::max()} + 1,

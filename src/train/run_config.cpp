@@ -700,8 +700,8 @@ void OptimConfig::validate() const {
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides,
-                           const ModelConfig& model_base) {
+                           const std::vector<std::string>& overrides, const ModelConfig& model_base,
+                           ScheduleLength length) {
   toml::table doc;
   try {
     doc = toml::parse(toml_text, source_name);
@@ -758,7 +758,8 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.batch_size <= kMaxStepTokens / t.seq_len,
             "[config] train.batch_size={} x train.seq_len={} tokens a step: at most {}",
             t.batch_size, t.seq_len, kMaxStepTokens);
-  validate_lr_schedule(config.optim, t.max_steps, t.batch_size * t.seq_len);
+  if (length == ScheduleLength::kFresh)
+    validate_lr_schedule(config.optim, t.max_steps, t.batch_size * t.seq_len);
   MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
             "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
   for (const auto& [key, value] : {std::pair{"max_seconds", t.max_seconds},
@@ -883,7 +884,8 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             config.model.vocab_size);
   MOE_CHECK(d.max_target_seq_len == 0 || (d.max_target_seq_len >= config.train.seq_len &&
                                           d.max_target_seq_len % config.train.seq_len == 0),
-            "[config] data.max_target_seq_len={} must be a multiple of train.seq_len={} (0: none)",
+            "[config] data.max_target_seq_len={} must be 0 (none) or a positive multiple of "
+            "train.seq_len={}",
             d.max_target_seq_len, config.train.seq_len);
   MOE_CHECK(d.bos_id < 0 || d.document_masking,
             "[config] data.bos_id={} only says where documents end for data.document_masking, "
@@ -893,14 +895,14 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides,
-                          const ModelConfig& model_base) {
+                          const ModelConfig& model_base, ScheduleLength length) {
   MOE_CHECK(std::filesystem::is_regular_file(path),
             "[config] cannot read config file '{}' (not a file)", path);
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "[config] cannot open config file '{}'", path);
   std::stringstream text;
   text << in.rdbuf();
-  return parse_run_config(text.str(), path, overrides, model_base);
+  return parse_run_config(text.str(), path, overrides, model_base, length);
 }
 
 std::string run_config_to_toml(const RunConfig& c) {

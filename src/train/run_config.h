@@ -182,14 +182,21 @@ struct RunConfig {
   ParallelConfig parallel;
 };
 
+// The run length the schedule's checks (validate_lr_schedule) take at load: a fresh run's
+// max_steps updates of this batch, or none for a resumed run, whose length in tokens depends on
+// its checkpoint (the tokens seen there): the trainer checks that one once it has read it.
+enum class ScheduleLength { kFresh, kResumed };
+
 // Parses a TOML file (or the text of one) and applies overrides such as "train.max_steps=50".
 // [model] keys the file does not set keep their value in `model_base` (the defaults, or a
 // config.json's model for `train --init-from`).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {},
-                          const ModelConfig& model_base = {});
+                          const ModelConfig& model_base = {},
+                          ScheduleLength length = ScheduleLength::kFresh);
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides = {},
-                           const ModelConfig& model_base = {});
+                           const ModelConfig& model_base = {},
+                           ScheduleLength length = ScheduleLength::kFresh);
 
 // The schedule's checks that need the run's length (max_steps updates of tokens_per_step tokens):
 // what OLMo-core divides by zero on, asserts against or runs at its floor throughout is a

@@ -190,21 +190,28 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "without --init-from",
             options.init_from, out_dir, start.checkpoint.value_or(""));
   if (!start.checkpoint) {
-    // `make train`'s first run; or a mistyped out_dir, which this line makes visible.
-    if (options.resume)
+    // `make train`'s first run; or a mistyped out_dir, which this line makes visible. The config
+    // of a --resume was read without the schedule's checks of the run's length: a fresh run's.
+    if (options.resume) {
+      validate_lr_schedule(config.optim, config.train.max_steps,
+                           config.train.batch_size * config.train.seq_len);
       start.messages.push_back(
           fmt::format("note: --resume: {} holds no checkpoint, the run starts at step 0", out_dir));
+    }
     return start;
   }
-  start.saved_config = load_run_config(*start.checkpoint + "/config.toml");
+  start.saved_config =
+      load_run_config(*start.checkpoint + "/config.toml", {}, {}, ScheduleLength::kResumed);
   std::vector<ConfigChange> changes = replay_config_changes(*start.saved_config, config);
   const TrainerState saved_state = load_trainer_state(*start.checkpoint, start.saved_config->train);
   if (saved_state.train_data) {
-    // Another seq_len (a change listed above) cuts the same tokens into other instances.
+    // Another seq_len or max_target_seq_len (a change listed above) cuts the same tokens into
+    // other instances.
     const data::DatasetFingerprint& saved = *saved_state.train_data;
-    const bool same = start.saved_config->train.seq_len == config.train.seq_len
-                          ? saved == train_data
-                          : saved.tokens == train_data.tokens;
+    const bool recut =
+        start.saved_config->train.seq_len != config.train.seq_len ||
+        start.saved_config->data.max_target_seq_len != config.data.max_target_seq_len;
+    const bool same = recut ? saved.tokens == train_data.tokens : saved == train_data;
     if (!same)
       changes.push_back(
           {"data.train's contents", data::describe(saved), data::describe(train_data)});
@@ -220,16 +227,13 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
   // does (train/training_data.h).
   start.position = resume_position(*start.saved_config, saved_state, *start.checkpoint, config,
                                    train_data.instances);
-  // The schedule's checks once more over the run's real length: in tokens, the tokens seen so
-  // far and the remaining updates' (another batch size or seq_len moves it).
-  const ReplayOrigin& lr_origin =
-      changes.empty()
-          ? saved_state.origin
-          : ReplayOrigin{.step = saved_state.step, .tokens_seen = saved_state.tokens_seen};
+  // The schedule's checks over the run's real length (the config was read without them): in
+  // tokens, the tokens seen so far and the remaining updates' (another batch size or seq_len
+  // moves it).
   if (config.train.max_steps >= saved_state.step)  // else refused below, naming max_steps
     validate_lr_schedule(config.optim, config.train.max_steps,
                          config.train.batch_size * config.train.seq_len,
-                         {lr_origin.step, lr_origin.tokens_seen});
+                         schedule_origin(saved_state, !changes.empty()));
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "data/dataset_fingerprint.h"
+#include "optim/lr_schedule.h"
 #include "train/run_config.h"
 
 namespace moecore {
@@ -54,6 +55,14 @@ struct TrainerState {
   // makes it up before its first step, so that metrics.jsonl has every validation row.
   bool eval_pending = false;
 };
+
+// Where a run resumed from `saved` counts its tokens from (optim/lr_schedule.h): the checkpoint's
+// replay origin, or, when the resume changes the configuration (a new origin starts there), the
+// checkpoint's own step and tokens seen.
+inline TokenOrigin schedule_origin(const TrainerState& saved, bool config_changed) {
+  return config_changed ? TokenOrigin{saved.step, saved.tokens_seen}
+                        : TokenOrigin{saved.origin.step, saved.origin.tokens_seen};
+}
 
 // Revisions of the precision recipes that change a run's numbers under unchanged keys: 2, mxfp8
 // runs the shared expert as OLMo-core's recipe does (MX forward and input gradient); 1, in bf16.

@@ -354,6 +354,44 @@ TEST(InstanceOrderTest, OlmoCoreEpochsAreWholeBatchesOfAOneBasedNumpyShuffle) {
             InstanceOrder(5, 10).permutation(2));
 }
 
+TEST(InstanceOrderTest, OlmoCoreChunksAreShuffledWhole) {
+  // 12 instances in chunks of 4 (max_target_seq_len = 4 x seq_len), batches of 8: the 3 chunks'
+  // first indices are what NumPy shuffles, each chunk read in order; an epoch is 8 of them.
+  InstanceOrder order = InstanceOrder::with_rule(OrderRule::kOlmoCore, 7, 12, 8, 4);
+  EXPECT_EQ(order.epoch_length(), 8);
+  for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> chunks = iota(3);
+    numpy_shuffle(7 + epoch + 1, chunks);
+    std::vector<int64_t> expected;
+    for (int64_t c : chunks)
+      for (int64_t i = 0; i < 4; ++i) expected.push_back(c * 4 + i);
+    expected.resize(8);
+    EXPECT_EQ(order.permutation(epoch), expected) << "epoch " << epoch;
+  }
+  EXPECT_THROW(InstanceOrder::with_rule(OrderRule::kOlmoCore, 7, 10, 8, 4), Error);
+}
+
+TEST_F(TokenDatasetTest, MaxTargetSeqLenCutsWholeBlocksFirst) {
+  // Blocks of 8 tokens, instances of 4: a file of 10 tokens gives one block (2 instances), one of
+  // 5 none (it would give one instance of 4 without blocks), one of 16 two blocks.
+  const std::string a = npy("a.npy", "<u2", range_u16(0, 10));
+  const std::string b = npy("b.npy", "<u2", range_u16(100, 5));
+  const std::string c = npy("c.npy", "<u2", range_u16(200, 16));
+  const TokenDataset ds = TokenDataset::open({a, b, c}, 4, 1000, "", 8);
+  EXPECT_EQ(ds.num_instances(), 6);
+  EXPECT_EQ(ds.instances_per_chunk(), 2);
+  EXPECT_EQ(instance(ds, 1), (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(instance(ds, 2), (std::vector<int32_t>{200, 201, 202, 203}));  // past b
+  EXPECT_EQ(instance(ds, 5), (std::vector<int32_t>{212, 213, 214, 215}));
+  EXPECT_EQ(TokenDataset::open({a, b, c}, 4, 1000).num_instances(), 7);
+  for (const int64_t bad : {int64_t{6}, int64_t{2}, int64_t{-8}})
+    EXPECT_NE(error_of([&] {
+                TokenDataset::open({a}, 4, 1000, "", bad);
+              }).find("must be 0 (none) or a positive multiple of seq_len=4"),
+              std::string::npos)
+        << bad;
+}
+
 TEST_F(TokenDatasetTest, OlmoCoreOrderRefusesASetSmallerThanOneBatch) {
   const std::string message =
       error_of([] { InstanceOrder::with_rule(OrderRule::kOlmoCore, 0, 3, 4); });

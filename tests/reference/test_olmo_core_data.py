@@ -138,7 +138,7 @@ def test_max_target_sequence_length_cuts_whole_blocks(moecore_bin, tmp_path):
     runs of every seq_len up to it read the same tokens."""
     rng = np.random.default_rng(3)
     vocab, eos, paths = 300, 299, []
-    for f, n in enumerate([SEQ * 9 + 5, SEQ * 4, SEQ * 3]):  # 2 blocks + tail, 1 block, none
+    for f, n in enumerate([SEQ * 3, SEQ * 9 + 5, SEQ * 4]):  # none, 2 blocks + tail, 1 block
         arr = rng.integers(0, vocab, size=n).astype(np.uint16)
         p = tmp_path / f"part-{f}-00000.npy"
         olmo_utils.write_array_to_disk(arr, p)
@@ -151,7 +151,8 @@ def test_max_target_sequence_length_cuts_whole_blocks(moecore_bin, tmp_path):
     r = H.run_moecore_raw("data", "instances", "--data", paths[0], "--seq-len", SEQ,
                           "--vocab-size", vocab, "--dtype", "uint16", "--max-target-seq-len",
                           SEQ + 1)
-    assert r.returncode != 0 and "must be a multiple of seq_len" in r.stderr, r.stderr
+    assert r.returncode != 0 and "--max-target-seq-len=33 must be 0 (none) or a positive " \
+        "multiple of --seq-len=32" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

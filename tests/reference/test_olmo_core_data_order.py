@@ -157,7 +157,8 @@ def test_one_epoch_reads_each_instance_once_and_drops_the_tail(tokens):
     (["train.batch_size=100000"], "do not fill one of train.batch_size = 100000"),
     (["data.order=olmocore"], 'data.order="olmocore" is not one of "moecore", "olmo-core"'),
     (["data.max_target_seq_len=24"],
-     "data.max_target_seq_len=24 must be a multiple of train.seq_len=16"),
+     "data.max_target_seq_len=24 must be 0 (none) or a positive multiple of train.seq_len=16"),
+    (["data.max_target_seq_len=8"], "data.max_target_seq_len=8 must be 0 (none) or a positive"),
 ])
 def test_bad_order_settings_are_one_line_errors(tokens, sets, message):
     cfg = write_config(tokens, "bad", batch=8, micro=1, seed=0)
@@ -292,11 +293,10 @@ def test_max_target_sequence_length_reads_whole_chunks_as_olmo_core(tokens, dp, 
     assert ours.shape == ref.shape
     differing = np.argwhere(ours != ref)
     assert differing.size == 0, f"first differing [step, rank, row]: {differing[0].tolist()}"
-    assert summary["instances"] % 4 == 0
-    # Whole chunks: the first batch's instances come in runs of 4 consecutive ones (dp 1).
-    if dp == 1:
-        first = ours[0, 0]
-        assert all(first[i + 1] == first[i] + 1 for i in range(0, batch, 4) for i in (i, i + 1, i + 2))
+    # Whole chunks: every step's instances (all ranks') are runs of 4 consecutive ones.
+    for step in ours:
+        ids = np.sort(step.reshape(-1))
+        assert (ids.reshape(-1, 4) == ids.reshape(-1, 4)[:, :1] + np.arange(4)).all(), ids
 
 
 def test_sequence_length_warmup_resumes_as_olmo_core(tokens):
@@ -333,3 +333,8 @@ def test_sequence_length_warmup_resumes_as_olmo_core(tokens):
     r = H.run_moecore_raw("data", "order", new_cfg, "--set", "data.max_target_seq_len=128",
                           "--resume", ckpt)
     assert r.returncode != 0 and "data.max_target_seq_len: 64 -> 128" in r.stderr, r.stderr
+    r = H.run_moecore_raw("train", new_cfg, "--set", "data.max_target_seq_len=128", "--set",
+                          "train.max_steps=9", "--set", f"train.out_dir={tokens / name}",
+                          "--resume", "--allow-config-change")
+    assert r.returncode != 0 and "data.max_target_seq_len: 64 -> 128" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

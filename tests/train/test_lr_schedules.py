@@ -258,6 +258,38 @@ def test_rates_in_tokens_follow_the_tokens_seen_across_a_batch_size_change(
     ref = [float(scheduler.get_lr(LR, tokens, before if t <= 5 else before + after))
            for t, tokens in enumerate(seen, start=1)]
     assert ours == ref, list(zip(ours, ref))
+    # `lr-schedule --resume` shows the resumed updates' rates before they run.
+    shown = json.loads(run(moecore_bin, "lr-schedule", cfg, "--set", f"train.max_steps={STEPS}",
+                           "--set", "train.batch_size=4", "--resume",
+                           out / "checkpoints/step_00000005", "--json").stdout)
+    assert shown["step"] == list(range(6, STEPS + 1)) and shown["tokens_seen"] == seen[5:]
+    assert shown["lr"] == ours[5:]
+
+
+def test_a_resume_is_checked_over_its_own_length_not_the_configs(moecore_bin, job_data, tmp_path):
+    """10 updates of 128 tokens, then 10 of 32: the run is 1280 + 320 tokens long, and a decay tail
+    of 1000 tokens starts inside it; over the config's own 20 x 32 tokens it would not (a fresh
+    run of this config is refused), but the resume trains, at OLMo-core's rates."""
+    scheduler = CosWithWarmupAndLinearDecay(warmup=100, decay=1000, decay_fraction=None,
+                                            alpha_f=0.1)
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=dict(schedule="cosine_linear_decay", lr=LR, units="tokens",
+                                  warmup_steps=0, warmup_tokens=100, decay_tokens=1000,
+                                  min_lr_ratio=0.1),
+                       train={"max_steps": 10, "log_every": 1, "eval_every": 0, "batch_size": 4,
+                              "seq_len": 32})
+    train(moecore_bin, cfg)
+    sets = ["--set", "train.max_steps=20", "--set", "train.batch_size=1"]
+    fresh = run(moecore_bin, "lr-schedule", cfg, *sets, check=False)
+    assert_one_line_error(fresh, "decays over 1000 of the run's 640 tokens")
+    run(moecore_bin, "train", cfg, *sets, "--resume", "--allow-config-change")
+    rows = train_rows(out)
+    seen = [t * 128 for t in range(1, 11)] + [1280 + (t - 10) * 32 for t in range(11, 21)]
+    assert [rows[t]["train/tokens_seen"] for t in range(1, 21)] == seen
+    ref = [float(scheduler.get_lr(LR, tokens, 1280 if t <= 10 else 1600))
+           for t, tokens in enumerate(seen, start=1)]
+    assert [rows[t]["train/lr"] for t in range(1, 21)] == ref
 
 
 def test_schedule_checks_run_over_the_tokens_seen_after_a_batch_size_change(
