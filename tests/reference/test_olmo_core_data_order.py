@@ -338,3 +338,49 @@ def test_sequence_length_warmup_resumes_as_olmo_core(tokens):
                           "--resume", "--allow-config-change")
     assert r.returncode != 0 and "data.max_target_seq_len: 64 -> 128" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def random_chain(rng: random.Random):
+    """2 or 3 segments of (batch, seq_len, steps) under one max_target_seq_len (or none)."""
+    max_target = rng.choice([0, 4 * SEQ])
+    segments = []
+    for _ in range(rng.choice([2, 3])):
+        seq = rng.choice([SEQ, 2 * SEQ]) if max_target else SEQ
+        segments.append((rng.randint(2, 13), seq, rng.randint(1, 60)))
+    return max_target, segments, rng.choice([(b, s) for b in range(2, 13) for s in (SEQ, 2 * SEQ)
+                                             if max_target or s == SEQ])
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_random_resume_chains_read_as_olmo_core(tokens, case):
+    """Random runs resumed two or three times with other batch sizes (and, with blocks, other
+    seq_lens), some across epochs, then read on with yet another: every index as OLMo-core's loader
+    reads after load_state_dict of each saved state in turn."""
+    rng = random.Random(1000 + case)
+    max_target, segments, (last_batch, last_seq) = random_chain(rng)
+    seed, name = rng.randint(0, 99), f"chain_random_{case}"
+    step, cfg = 0, None
+    state = None
+    for i, (batch, seq, steps) in enumerate(segments):
+        step += steps
+        cfg = train_config(tokens, name, batch=batch, seq=seq, seed=seed, steps=step,
+                           max_target=max_target)
+        args = ["train", cfg] + (["--resume", "--allow-config-change"] if i else [])
+        H.run_moecore(*args)
+        loader = olmo_core_loader(tokens, batch=batch, seed=seed, seq=seq,
+                                  max_target=max_target or None)
+        if state is not None:
+            loader.load_state_dict(dict(state))
+        olmo_core_batches(loader, steps, epoch=state["epoch"] if state else 1)
+        state = loader.state_dict()
+    ckpt = tokens / name / "checkpoints" / f"step_{step:08d}"
+    ref = olmo_core_loader(tokens, batch=last_batch, seed=seed, seq=last_seq,
+                           max_target=max_target or None)
+    ref.load_state_dict(dict(state))
+    ref = np.stack(olmo_core_batches(ref, 40, epoch=state["epoch"]))[:, None, :]
+    new_cfg = train_config(tokens, f"{name}_new", batch=last_batch, seq=last_seq, seed=seed,
+                           steps=1, max_target=max_target)
+    ours, _ = moecore_order(tokens, new_cfg, 40, 1, resume=ckpt)
+    differing = np.argwhere(ours != ref)
+    assert differing.size == 0, (segments, last_batch, last_seq,
+                                 f"first differing [step, rank, row]: {differing[0].tolist()}")
