@@ -641,3 +641,37 @@ def test_lr_schedule_command_is_olmo_cores_for_random_schedules(moecore_bin, tmp
                for t in range(1, max_steps + 1)]
         assert out["lr"] == ref, (table, list(zip(out["lr"], ref)))
     assert len(families) == 22, families  # every family in updates and in tokens
+
+
+def test_resumed_rates_in_tokens_are_olmo_cores_for_random_schedules(moecore_bin, job_data,
+                                                                      tmp_path):
+    """After a resume with another batch size, random schedules in tokens of every family go on
+    at OLMo-core's rates: `lr-schedule --resume` (the trainer's learning_rate and origin) against
+    each class's get_lr at the tokens seen, 5 updates of 64 tokens and then 128 an update, over
+    a horizon of those and the remaining updates' tokens."""
+    out = tmp_path / "run"
+    base = write_config(tmp_path / "base.toml", job_data, out,
+                        optim=dict(schedule="constant", lr=LR, warmup_steps=0),
+                        train={"max_steps": 5, "eval_every": 0, "batch_size": 2, "seq_len": 32})
+    train(moecore_bin, base)
+    ckpt = out / "checkpoints/step_00000005"
+    rng = random.Random(20261206)
+    families = set()
+    for i in range(40):
+        max_steps = rng.randint(6, 40)
+        horizon = 5 * TOKENS_PER_STEP + (max_steps - 5) * 2 * TOKENS_PER_STEP
+        optim, scheduler = random_schedule(rng, True, horizon)
+        families.add(optim["schedule"])
+        cfg = write_config(tmp_path / f"c{i}.toml", job_data, out,
+                           optim=dict(optim, lr=LR, units="tokens", warmup_steps=0),
+                           train={"max_steps": max_steps, "eval_every": 0, "batch_size": 4,
+                                  "seq_len": 32})
+        r = run(moecore_bin, "lr-schedule", cfg, "--resume", ckpt, "--json", check=False)
+        assert r.returncode == 0, (optim, r.stderr)
+        shown = json.loads(r.stdout)
+        seen = [5 * TOKENS_PER_STEP + (t - 5) * 2 * TOKENS_PER_STEP
+                for t in range(6, max_steps + 1)]
+        assert shown["step"] == list(range(6, max_steps + 1)) and shown["tokens_seen"] == seen
+        ref = [float(scheduler.get_lr(LR, tokens, horizon)) for tokens in seen]
+        assert shown["lr"] == ref, (optim, list(zip(shown["lr"], ref)))
+    assert len(families) == 11, families
