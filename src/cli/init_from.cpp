@@ -7,9 +7,9 @@ namespace moecore::cli {
 
 RunConfig load_run_config_init_from(const std::string& config_path,
                                     const std::vector<std::string>& overrides,
-                                    const std::string& hf_dir) {
+                                    const std::string& hf_dir, ScheduleLength length) {
   const io::HfModelConfig hf = io::read_hf_model_config(hf_dir);
-  RunConfig config = load_run_config(config_path, overrides, hf.model);
+  RunConfig config = load_run_config(config_path, overrides, hf.model, length);
   ModelConfig expected = hf.model;
   expected.router_aux_loss_coef = config.model.router_aux_loss_coef;
   expected.router_z_loss_coef = config.model.router_z_loss_coef;

@@ -15,6 +15,7 @@ namespace moecore::cli {
 
 RunConfig load_run_config_init_from(const std::string& config_path,
                                     const std::vector<std::string>& overrides,
-                                    const std::string& hf_dir);
+                                    const std::string& hf_dir,
+                                    ScheduleLength length = ScheduleLength::kFresh);
 
 }  // namespace moecore::cli

@@ -54,7 +54,8 @@ LoadedModel load_model(const std::string& dir) {
   MOE_CHECK(std::filesystem::is_directory(dir), "[cli] checkpoint '{}' is not a directory", dir);
   // As a resume does: every file as it was written (one written before checksums: as it is).
   io::verify_checksums(dir, kChecksumsFile, "[cli]");
-  RunConfig config = parse_run_config(read_file(dir + "/config.toml"), dir + "/config.toml");
+  RunConfig config = parse_run_config(read_file(dir + "/config.toml"), dir + "/config.toml", {}, {},
+                                      ScheduleLength::kResumed);
   ParamLayout layout = ParamLayout::build(config.model);
   ParamBuffers params(layout);
   io::load_weights_from_dir(layout, dir, params);
@@ -132,8 +133,7 @@ void run_data_instances(const DataInstancesArgs& args) {
   for (const std::string& path : args.data) data.push_back({"--data", path});
   check_outputs_apart(data, {{"--out", args.out}, {"--doc-lens-out", args.doc_lens_out}});
   MOE_CHECK(args.seq_len >= 1, "[data] --seq-len={} must be positive", args.seq_len);
-  MOE_CHECK(args.max_target_seq_len == 0 || (args.max_target_seq_len >= args.seq_len &&
-                                             args.max_target_seq_len % args.seq_len == 0),
+  MOE_CHECK(data::is_max_target_seq_len(args.max_target_seq_len, args.seq_len),
             "[data] --max-target-seq-len={} must be 0 (none) or a positive multiple of "
             "--seq-len={}",
             args.max_target_seq_len, args.seq_len);
@@ -198,6 +198,9 @@ void run_data_order(const DataOrderArgs& args) {
   // as --allow-config-change lets it: another batch size or seq_len moves the position).
   ResumePosition position;
   if (!args.resume.empty()) {
+    MOE_CHECK(std::filesystem::is_regular_file(args.resume + "/trainer_state.json"),
+              "[data] --resume {} is not a checkpoint directory (no trainer_state.json)",
+              args.resume);
     const RunConfig saved =
         load_run_config(args.resume + "/config.toml", {}, {}, ScheduleLength::kResumed);
     position = resume_position(saved, load_trainer_state(args.resume, saved.train), args.resume,

@@ -25,8 +25,9 @@ void run_prepare(const PrepareArgs& args);
 void run_eval(const std::string& checkpoint, const std::vector<std::string>& data,
               int64_t max_instances, const std::string& dtype);
 
-// `moecore data instances`: the training instances of token files as moecore cuts them, in file
-// order, written as an int64 [N, seq_len] .npy; with eos_id >= 0 also each instance's document
+// `moecore data instances`: the training instances of token files as moecore cuts them (from
+// blocks of max_target_seq_len tokens where one is given), in file order, written as an int64
+// [N, seq_len] .npy; with eos_id >= 0 also each instance's document
 // lengths (model/document_mask.h) as doc_lens_out, an int64 [N, seq_len] .npy zero-padded on the
 // right. Prints a JSON summary (instances, tokens, each file's dtype, meta.json EOS).
 struct DataInstancesArgs {
@@ -43,10 +44,12 @@ struct DataInstancesArgs {
 void run_data_instances(const DataInstancesArgs& args);
 
 // `moecore data order CONFIG`: the training instances each data-parallel rank reads in the run's
-// first `steps` steps, through the trainer's own loader (train/training_data.h), written as an
-// int64 [steps, dp, train.batch_size / dp] .npy: each rank's instances in the order its
-// micro-batches take them. Prints a JSON summary: the training set's instances, how many one
-// epoch reads, how many the steps read.
+// first `steps` steps (with --resume, the steps after `train --resume --allow-config-change` from
+// that checkpoint: train/training_data.h's resume_position), through the trainer's own loader,
+// written as an int64 [steps, dp, train.batch_size / dp] .npy: each rank's instances in the order
+// its micro-batches take them. Prints a JSON summary: the training set's instances, how many one
+// epoch reads, the cursor the steps start at, how many they read, and under OLMo-core's order
+// where a moved position goes on ("moved").
 struct DataOrderArgs {
   std::string config;
   std::vector<std::string> overrides;

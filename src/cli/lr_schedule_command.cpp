@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -60,6 +61,9 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   int64_t first = 1;
   TokenOrigin origin;
   if (resumed) {
+    MOE_CHECK(std::filesystem::is_regular_file(args.resume + "/trainer_state.json"),
+              "[lr-schedule] --resume {} is not a checkpoint directory (no trainer_state.json)",
+              args.resume);
     const RunConfig saved =
         load_run_config(args.resume + "/config.toml", {}, {}, ScheduleLength::kResumed);
     const TrainerState state = load_trainer_state(args.resume, saved.train);
@@ -69,6 +73,12 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     origin = schedule_origin(state, !replay_config_changes(saved, config).empty());
     validate_lr_schedule(config.optim, tc.max_steps, tokens_per_step, origin);
     first = state.step + 1;
+    int64_t last = 0;  // the tokens seen after the last update
+    MOE_CHECK(!__builtin_mul_overflow(tc.max_steps - origin.step, tokens_per_step, &last) &&
+                  !__builtin_add_overflow(last, origin.tokens, &last),
+              "[lr-schedule] --resume: the {} tokens seen by step {} and (train.max_steps={} - {}) "
+              "x {} tokens overflow a 64-bit token count",
+              origin.tokens, origin.step, tc.max_steps, origin.step, tokens_per_step);
   }
   // The tokens seen after update `step` (the origin's and then tokens_per_step an update).
   auto tokens_seen = [&](int64_t step) {

@@ -237,8 +237,7 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
                                 int64_t max_target_seq_len) {
   MOE_CHECK(seq_len >= 1, "[data] seq_len must be positive, got {}", seq_len);
   // OLMo-core's NumpyFSLDataset refuses the same.
-  MOE_CHECK(max_target_seq_len == 0 ||
-                (max_target_seq_len >= seq_len && max_target_seq_len % seq_len == 0),
+  MOE_CHECK(is_max_target_seq_len(max_target_seq_len, seq_len),
             "[data] max_target_seq_len={} must be 0 (none) or a positive multiple of seq_len={}",
             max_target_seq_len, seq_len);
   const int64_t block = max_target_seq_len == 0 ? seq_len : max_target_seq_len;

@@ -44,6 +44,13 @@ struct TokenFileMeta {
   int64_t eos_id = -1;    // -1 when it does not say
 };
 
+// Whether `max_target_seq_len` may cut instances of `seq_len` (0: none; else a positive multiple
+// of seq_len, as OLMo-core's NumpyFSLDataset requires).
+inline bool is_max_target_seq_len(int64_t max_target_seq_len, int64_t seq_len) {
+  return max_target_seq_len == 0 ||
+         (max_target_seq_len >= seq_len && max_target_seq_len % seq_len == 0);
+}
+
 class TokenDataset {
  public:
   // `paths`: files, or directories whose *.npy entries (not recursive) are taken in byte-wise

@@ -301,8 +301,9 @@ std::optional<std::string> latest_valid_checkpoint(const std::string& run_dir,
     try {
       // What the resume will read, checked as it will check it (the structure first, cheap),
       // then every byte against the checksums.
-      const RunConfig saved = parse_run_config(io::read_text(*it + "/config.toml", "[checkpoint]"),
-                                               *it + "/config.toml");
+      const RunConfig saved =
+          parse_run_config(io::read_text(*it + "/config.toml", "[checkpoint]"),
+                           *it + "/config.toml", {}, {}, ScheduleLength::kResumed);
       const TrainerState state = load_trainer_state(*it, saved.train);
       const CheckpointReader reader =
           CheckpointReader::open(*it, expected, full, /*with_optimizer=*/true);
@@ -342,8 +343,8 @@ std::string set_aside_damaged_checkpoint(const std::string& dir) {
 
 CheckpointReader CheckpointReader::open(const std::string& dir, const ModelConfig& expected,
                                         const ParamLayout& full, bool with_optimizer) {
-  const RunConfig saved =
-      parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"), dir + "/config.toml");
+  const RunConfig saved = parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"),
+                                           dir + "/config.toml", {}, {}, ScheduleLength::kResumed);
   const std::string difference = model_config_difference(saved.model, expected);
   MOE_CHECK(difference.empty(),
             "[checkpoint] {} was written for another architecture ({} in checkpoint vs config)",
@@ -490,8 +491,8 @@ nlohmann::json load_checkpoint(const std::string& dir, const ModelConfig& expect
                           optimizer->exp_avg_sq().at(spec));
     optimizer->set_steps_taken(reader.steps_taken());
   }
-  const RunConfig saved =
-      parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"), dir + "/config.toml");
+  const RunConfig saved = parse_run_config(io::read_text(dir + "/config.toml", "[checkpoint]"),
+                                           dir + "/config.toml", {}, {}, ScheduleLength::kResumed);
   load_trainer_state(dir, saved.train);  // every field checked before the run trusts any
   return nlohmann::json::parse(io::read_text(dir + "/trainer_state.json", "[checkpoint]"));
 }

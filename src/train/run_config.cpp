@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "data/token_dataset.h"
 #include "optim/lr_schedule.h"
 
 namespace moecore {
@@ -882,8 +883,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(d.bos_id >= -1 && d.bos_id < config.model.vocab_size,
             "[config] data.bos_id={} is outside [0, model.vocab_size={}) (-1: none)", d.bos_id,
             config.model.vocab_size);
-  MOE_CHECK(d.max_target_seq_len == 0 || (d.max_target_seq_len >= config.train.seq_len &&
-                                          d.max_target_seq_len % config.train.seq_len == 0),
+  MOE_CHECK(data::is_max_target_seq_len(d.max_target_seq_len, config.train.seq_len),
             "[config] data.max_target_seq_len={} must be 0 (none) or a positive multiple of "
             "train.seq_len={}",
             d.max_target_seq_len, config.train.seq_len);

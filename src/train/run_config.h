@@ -184,7 +184,8 @@ struct RunConfig {
 
 // The run length the schedule's checks (validate_lr_schedule) take at load: a fresh run's
 // max_steps updates of this batch, or none for a resumed run, whose length in tokens depends on
-// its checkpoint (the tokens seen there): the trainer checks that one once it has read it.
+// its checkpoint (the tokens seen there): the trainer checks that one once it has read it. A
+// checkpoint's own config.toml is read as kResumed too (its run checked it when it started).
 enum class ScheduleLength { kFresh, kResumed };
 
 // Parses a TOML file (or the text of one) and applies overrides such as "train.max_steps=50".
@@ -200,9 +201,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 
 // The schedule's checks that need the run's length (max_steps updates of tokens_per_step tokens):
 // what OLMo-core divides by zero on, asserts against or runs at its floor throughout is a
-// one-line error. load_run_config applies them; a caller with another length (debug-state
-// --steps) applies them for its own, and a resume after another batch size or seq_len with the
-// tokens seen at its `origin` (a schedule in tokens runs over those and the remaining updates').
+// one-line error. load_run_config applies them for a fresh run (ScheduleLength::kFresh); a
+// caller with another length (debug-state --steps) applies them for its own, and a resume with
+// the tokens seen at its `origin` (a schedule in tokens runs over those and the remaining
+// updates' once another batch size or seq_len changed the tokens an update adds).
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
                           TokenOrigin origin = {});
 

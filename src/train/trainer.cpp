@@ -823,7 +823,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // Every rank reads the same global batches in the same order and keeps its slice, so the data
   // cursor, and with it every checkpoint, does not depend on the layout (under OLMo-core's order
   // which instance is whose does, as in OLMo-core).
-  const uint64_t data_cursor = start.checkpoint ? start.position.cursor : resumed.data_cursor;
+  const uint64_t data_cursor = start.position.cursor;  // 0 for a fresh run
   data::DataLoader loader = training_loader(config, in.train_data, data_cursor, mesh.dp.size());
   Progress progress(tc.max_steps, tc.log_every, rank0);
   TrainContext ctx{

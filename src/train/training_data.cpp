@@ -1,6 +1,9 @@
 #include "train/training_data.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <vector>
 
 #include "core/check.h"
 
@@ -82,6 +85,14 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
   const int64_t new_epoch =
       data::InstanceOrder::with_rule(config.data.order, now.seed, instances, now.batch_size)
           .epoch_length();
+  // A replay origin's epoch must hold its cursor (at its start, inside it, or at its end): one
+  // that does not would move the position silently.
+  const ReplayOrigin& o = state.origin;
+  MOE_CHECK(o.epoch == 0 || o.data_cursor / old_epoch + 1 == o.epoch ||
+                (o.data_cursor / old_epoch == o.epoch && o.data_cursor % old_epoch == 0),
+            "[checkpoint] {}: replay_origin.epoch={} does not hold replay_origin.data_cursor={} "
+            "(epochs of {} instances)",
+            checkpoint, o.epoch, o.data_cursor, old_epoch);
   const LoaderState loader = olmo_core_loader_state(state, old_epoch, was.seq_len);
   // As OLMo-core's load_state_dict: batches_processed = tokens_processed // global batch tokens;
   // past the epoch's last whole batch its loader yields nothing and the next epoch follows.
@@ -112,13 +123,14 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,
                                      const ResumePosition& position) {
   const TrainConfig &was = saved.train, &now = config.train;
-  std::string changed = "another training set";  // the contents changed, and the epochs with them
-  if (was.batch_size != now.batch_size || was.seq_len != now.seq_len) changed.clear();
+  std::vector<std::string> changes;
   if (was.batch_size != now.batch_size)
-    changed = fmt::format("train.batch_size {} -> {}", was.batch_size, now.batch_size);
+    changes.push_back(fmt::format("train.batch_size {} -> {}", was.batch_size, now.batch_size));
   if (was.seq_len != now.seq_len)
-    changed += fmt::format("{}train.seq_len {} -> {}", changed.empty() ? "" : " and ", was.seq_len,
-                           now.seq_len);
+    changes.push_back(fmt::format("train.seq_len {} -> {}", was.seq_len, now.seq_len));
+  // Neither: the training set's contents changed, and its epochs with them.
+  const std::string changed =
+      changes.empty() ? "another training set" : fmt::format("{}", fmt::join(changes, " and "));
   const std::string after =
       was.seq_len != now.seq_len
           ? "the instances are cut anew"

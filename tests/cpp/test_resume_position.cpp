@@ -96,5 +96,28 @@ TEST(ResumePosition, AnotherSeqLenNeedsTheSavedInstanceCount) {
             44u);
 }
 
+TEST(ResumePosition, AReplayOriginsEpochMustHoldItsCursor) {
+  // Epochs of 36 (40 instances, batches of 6): cursor 40 is in the second epoch, or at the end of
+  // none; epoch 1 (the first) cannot hold it, nor can epoch 3.
+  TrainerState state = saved_at(46, 40);
+  state.origin = {.step = 6, .data_cursor = 40, .tokens_seen = 640, .epoch = 2, .epoch_tokens = 64};
+  EXPECT_NO_THROW(resume_position(olmo_core_run(6, 16), state, "ckpt", olmo_core_run(4, 16), 40));
+  for (const uint64_t epoch : {1u, 3u}) {
+    state.origin.epoch = epoch;
+    try {
+      resume_position(olmo_core_run(6, 16), state, "run/step_7", olmo_core_run(4, 16), 40);
+      FAIL() << "epoch " << epoch << " was trusted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("run/step_7: replay_origin.epoch="), std::string::npos)
+          << e.what();
+    }
+  }
+  // At an epoch's end the origin may name the epoch that ended.
+  state.origin.data_cursor = 36;
+  state.origin.epoch = 1;
+  state.data_cursor = 36 + 6;
+  EXPECT_NO_THROW(resume_position(olmo_core_run(6, 16), state, "ckpt", olmo_core_run(4, 16), 40));
+}
+
 }  // namespace
 }  // namespace moecore

@@ -8,7 +8,8 @@
   moecore with the declared element type (--dtype, data.dtype), and yield NumpyFSLDataset's
   instances; undeclared, they are an error (no meta.json), never a guess from the vocabulary.
 Both for uint16 and uint32 (uint32 also with a vocabulary that fits uint16, the case a vocabulary
-size guess gets wrong).
+size guess gets wrong). With max_target_sequence_length (data.max_target_seq_len, `data instances
+--max-target-seq-len`) the files are cut into whole blocks first, as NumpyFSLDataset cuts them.
 
 Needs ai2-olmo-core (tests/reference/requirements.txt pins 3.0.0, which needs torch >= 2.10): the
 tests skip with that reason in an environment without it.

@@ -11,7 +11,11 @@ of two 32-bit words (NumPy's SeedSequence hashes those differently). A run resum
 batch size or seq_len (`data order --resume CHECKPOINT`, through the trainer's own resume_position)
 reads what OLMo-core's loader reads after load_state_dict of the saved run's state: the saved
 epoch restarted after the whole new global batches its tokens fill, mid-epoch and at an epoch's
-end, batch sizes up and down, seq_len up and down. The trainer-level half (the ranks train as one
+end, batch sizes up and down, seq_len up and down, two and three resumes in a row (random chains
+too; tokens that filled no whole batch stay counted in their epoch). data.max_target_seq_len
+(OLMo-core's max_target_sequence_length) shuffles whole blocks as its loader's chunk_size does,
+and a sequence-length warm-up resumed at a longer seq_len reads on as OLMo-core's loader does.
+The trainer-level half (the ranks train as one
 process, a resume across an epoch boundary replays exactly, the resumed trainer starts where
 `data order --resume` says) is tests/train/test_data_order.py.
 

@@ -11,8 +11,11 @@ lr x min_lr_ratio, the floor after them), ExponentialScheduler (lr_min (lr / lr_
 stages, an override decay),
 t_max (the schedule's own length), also in units
 of tokens (SchedulerUnits.tokens: get_lr(lr, t x tokens per update, max_steps x tokens per
-update)). CosWithWarmup / LinearWithWarmup / ConstantWithWarmup are also checked through
-tests/reference/test_adamw_steps.py's AdamW oracle.
+update)). After a resume with another batch size, a schedule in tokens is asked as OLMo-core's
+trainer asks it, at the tokens seen over those and the remaining updates' tokens (logged rates and
+`lr-schedule --resume`, random schedules of every family too), and its checks run over that
+length at the resume. CosWithWarmup / LinearWithWarmup / ConstantWithWarmup are also checked
+through tests/reference/test_adamw_steps.py's AdamW oracle.
 
 Tolerance: none. Every formula is OLMo-core's in its order of operations (the warm-ups' (lr t) /
 w, through t == w for WSD and ConstantWithWarmup, below it for the others; the cosine's pi x
@@ -290,6 +293,17 @@ def test_a_resume_is_checked_over_its_own_length_not_the_configs(moecore_bin, jo
     ref = [float(scheduler.get_lr(LR, tokens, 1280 if t <= 10 else 1600))
            for t, tokens in enumerate(seen, start=1)]
     assert [rows[t]["train/lr"] for t in range(1, 21)] == ref
+    # Its checkpoints are whole: a further resume goes on from step 20 (none set aside as
+    # damaged), and eval reads them.
+    r = run(moecore_bin, "train", cfg, "--set", "train.max_steps=22", "--set",
+            "train.batch_size=1", "--resume")
+    assert "damaged" not in r.stdout + r.stderr and "resumed from" in r.stdout, r.stdout[-1500:]
+    assert "(step 20)" in r.stdout, r.stdout[-1500:]
+    run(moecore_bin, "eval", "--checkpoint", out / "checkpoints/step_00000022", "--data",
+        job_data.val)
+    # lr-schedule --resume names a directory that is not a checkpoint in one line.
+    r = run(moecore_bin, "lr-schedule", cfg, "--resume", out, check=False)
+    assert_one_line_error(r, "is not a checkpoint directory")
 
 
 def test_schedule_checks_run_over_the_tokens_seen_after_a_batch_size_change(
@@ -312,6 +326,18 @@ def test_schedule_checks_run_over_the_tokens_seen_after_a_batch_size_change(
     r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_steps=20", "--set",
             "train.batch_size=1")
     assert r.returncode == 0  # the config alone passes
+
+
+def test_a_first_resume_checks_the_schedule_before_it_writes(moecore_bin, job_data, tmp_path):
+    """`make train` passes --resume from the first run on: with no checkpoint to resume, the
+    schedule's checks of a fresh run come before anything is written (no run directory)."""
+    out = tmp_path / "never"
+    cfg = write_config(tmp_path / "c.toml", job_data, out,
+                       optim=dict(schedule="cosine_linear_decay", decay_steps=50),
+                       train={"max_steps": 10})
+    r = run(moecore_bin, "train", cfg, "--resume", check=False)
+    assert_one_line_error(r, "decays over 50 of train.max_steps=10 updates")
+    assert not out.exists()
 
 
 def test_wsd_without_decay_updates_is_one_line_error(moecore_bin, job_data, tmp_path):
