@@ -198,13 +198,9 @@ void run_data_order(const DataOrderArgs& args) {
   // as --allow-config-change lets it: another batch size or seq_len moves the position).
   ResumePosition position;
   if (!args.resume.empty()) {
-    MOE_CHECK(std::filesystem::is_regular_file(args.resume + "/trainer_state.json"),
-              "[data] --resume {} is not a checkpoint directory (no trainer_state.json)",
-              args.resume);
-    const RunConfig saved =
-        load_run_config(args.resume + "/config.toml", {}, {}, ScheduleLength::kResumed);
-    position = resume_position(saved, load_trainer_state(args.resume, saved.train), args.resume,
-                               config, dataset.num_instances());
+    const SavedRun saved = load_saved_run(args.resume, "[data]");
+    position =
+        resume_position(saved.config, saved.state, args.resume, config, dataset.num_instances());
   }
   data::DataLoader loader = training_loader(config, dataset, position.cursor, args.dp);
   const int64_t per_rank = rows / args.dp;

@@ -4,7 +4,6 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -61,16 +60,12 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   int64_t first = 1;
   TokenOrigin origin;
   if (resumed) {
-    MOE_CHECK(std::filesystem::is_regular_file(args.resume + "/trainer_state.json"),
-              "[lr-schedule] --resume {} is not a checkpoint directory (no trainer_state.json)",
-              args.resume);
-    const RunConfig saved =
-        load_run_config(args.resume + "/config.toml", {}, {}, ScheduleLength::kResumed);
-    const TrainerState state = load_trainer_state(args.resume, saved.train);
+    const SavedRun saved = load_saved_run(args.resume, "[lr-schedule]");
+    const TrainerState& state = saved.state;
     MOE_CHECK(state.step <= tc.max_steps,
               "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
               state.step, tc.max_steps);
-    origin = schedule_origin(state, !replay_config_changes(saved, config).empty());
+    origin = schedule_origin(state, !replay_config_changes(saved.config, config).empty());
     validate_lr_schedule(config.optim, tc.max_steps, tokens_per_step, origin);
     first = state.step + 1;
     int64_t last = 0;  // the tokens seen after the last update

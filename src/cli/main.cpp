@@ -28,7 +28,6 @@
 #include "core/escape.h"
 #include "dist/mpi/mpi_runtime.h"
 #include "io/file_util.h"
-#include "train/checkpoint.h"
 #include "train/run_config.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -413,18 +412,17 @@ int main(int argc, char** argv) {
       cli::run_dump(dump_args, dump_out);
     } else if (train->parsed()) {
       if (!train_device.empty()) overrides.push_back("train.device=" + train_device);
-      // The schedule's checks of the run's length: a resumed run's are the trainer's, over its
-      // own length once it has read the checkpoint; without one (the first `make train`) a fresh
-      // run's, here, before anything is opened or written.
+      // A resumed run's schedule is checked by the trainer, over the run's own length (the
+      // tokens seen by its checkpoint and the remaining updates'), or a fresh run's when there is
+      // no checkpoint to resume.
+      const moecore::ScheduleLength length = train_options.resume
+                                                 ? moecore::ScheduleLength::kResumed
+                                                 : moecore::ScheduleLength::kFresh;
       const moecore::RunConfig run_config =
           train_options.init_from.empty()
-              ? moecore::load_run_config(train_config, overrides, {},
-                                         moecore::ScheduleLength::kResumed)
+              ? moecore::load_run_config(train_config, overrides, {}, length)
               : cli::load_run_config_init_from(train_config, overrides, train_options.init_from,
-                                               moecore::ScheduleLength::kResumed);
-      if (!train_options.resume || moecore::list_checkpoints(run_config.train.out_dir).empty())
-        moecore::validate_lr_schedule(run_config.optim, run_config.train.max_steps,
-                                      run_config.train.batch_size * run_config.train.seq_len);
+                                               length);
       train_options.device_description = cli::select_device(run_config.train);
       const moecore::TrainSummary summary = moecore::train(run_config, train_options);
       // Stopped by a signal after saving: the shell's convention for death by that signal, so

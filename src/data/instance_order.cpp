@@ -47,14 +47,20 @@ std::vector<int64_t> InstanceOrder::permutation(uint64_t epoch) const {
   std::iota(order.begin(), order.end(), int64_t{0});
   if (!shuffle_) return order;
   if (rule_ == OrderRule::kOlmoCore) {
-    // OLMo-core's epochs count from 1; with chunks, their first indices are shuffled and each
-    // chunk read in order (its _build_global_indices).
-    std::vector<int64_t> chunks(static_cast<size_t>(n_ / chunk_));
-    std::iota(chunks.begin(), chunks.end(), int64_t{0});
-    numpy_shuffle(seed_ + epoch + 1, chunks);
-    for (size_t c = 0; c < chunks.size(); ++c)
-      for (int64_t i = 0; i < chunk_; ++i)
-        order[c * static_cast<size_t>(chunk_) + static_cast<size_t>(i)] = chunks[c] * chunk_ + i;
+    // OLMo-core's epochs count from 1; with chunks, the chunks' indices are shuffled and each
+    // chunk read in order (its _build_global_indices). The chunk indices are shuffled in the
+    // front of `order` and expanded from the back, in place: chunk c's instances go at c x chunk
+    // and after, never over the chunk indices still to be read (those below c).
+    const auto chunks = static_cast<size_t>(n_ / chunk_), chunk = static_cast<size_t>(chunk_);
+    order.resize(chunks);
+    numpy_shuffle(seed_ + epoch + 1, order);
+    if (chunk > 1) {
+      order.resize(static_cast<size_t>(n_));
+      for (size_t c = chunks; c-- > 0;) {
+        const int64_t first = order[c] * chunk_;
+        for (size_t i = chunk; i-- > 0;) order[c * chunk + i] = first + static_cast<int64_t>(i);
+      }
+    }
     order.resize(static_cast<size_t>(epoch_length_));
     return order;
   }

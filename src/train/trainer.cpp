@@ -190,14 +190,10 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "without --init-from",
             options.init_from, out_dir, start.checkpoint.value_or(""));
   if (!start.checkpoint) {
-    // `make train`'s first run; or a mistyped out_dir, which this line makes visible. The config
-    // of a --resume was read without the schedule's checks of the run's length: a fresh run's.
-    if (options.resume) {
-      validate_lr_schedule(config.optim, config.train.max_steps,
-                           config.train.batch_size * config.train.seq_len);
+    // `make train`'s first run; or a mistyped out_dir, which this line makes visible.
+    if (options.resume)
       start.messages.push_back(
           fmt::format("note: --resume: {} holds no checkpoint, the run starts at step 0", out_dir));
-    }
     return start;
   }
   start.saved_config =
@@ -361,7 +357,7 @@ struct StepBuffers {
 void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
   report.lr = learning_rate(ctx.config.optim, ctx.step, ctx.config.train.max_steps,
                             ctx.config.train.batch_size * ctx.config.train.seq_len,
-                            {ctx.replay_origin.step, ctx.replay_origin.tokens_seen});
+                            token_origin(ctx.replay_origin));
   ctx.optimizer.stage_step(report.lr);
   const StepLimits limits = ctx.guard.limits();
   const std::array<double, 2> values{limits.loss, limits.grad_norm};
@@ -652,6 +648,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "program built by the `cuda` preset selects it at start-up)",
             device_name(tc.device), device_name(tc.device));
   const DefaultDeviceScope on_device(tc.device);
+  // A --resume's config is read without the schedule's checks of the run's length
+  // (ScheduleLength::kResumed): choose_start makes them over the resumed run's length, and with
+  // no checkpoint to resume they are a fresh run's, made here before anything is opened or
+  // written.
+  if (options.resume && list_checkpoints(tc.out_dir).empty())
+    validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len);
   // MPI's world: the job's processes, and the bootstrap of a communicator over the device's
   // memory (parallel.communicator, train/communicator_choice.h).
   const std::unique_ptr<dist::Communicator> mpi = dist::mpi_world();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -209,6 +210,16 @@ TrainerState load_trainer_state(const std::string& checkpoint_dir, const TrainCo
   std::stringstream text;
   text << in.rdbuf();
   return parse_trainer_state(text.str(), path, written_by);
+}
+
+SavedRun load_saved_run(const std::string& checkpoint_dir, const char* tag) {
+  MOE_CHECK(std::filesystem::is_regular_file(checkpoint_dir + "/trainer_state.json"),
+            "{} --resume {} is not a checkpoint directory (no trainer_state.json)", tag,
+            checkpoint_dir);
+  SavedRun run{load_run_config(checkpoint_dir + "/config.toml", {}, {}, ScheduleLength::kResumed),
+               {}};
+  run.state = load_trainer_state(checkpoint_dir, run.config.train);
+  return run;
 }
 
 }  // namespace moecore

@@ -56,12 +56,16 @@ struct TrainerState {
   bool eval_pending = false;
 };
 
-// Where a run resumed from `saved` counts its tokens from (optim/lr_schedule.h): the checkpoint's
-// replay origin, or, when the resume changes the configuration (a new origin starts there), the
-// checkpoint's own step and tokens seen.
+// What a schedule in tokens counts from (optim/lr_schedule.h): the origin's step and tokens seen.
+inline TokenOrigin token_origin(const ReplayOrigin& origin) {
+  return {origin.step, origin.tokens_seen};
+}
+
+// Where a run resumed from `saved` counts its tokens from: the checkpoint's replay origin, or,
+// when the resume changes the configuration (a new origin starts there), the checkpoint's own
+// step and tokens seen.
 inline TokenOrigin schedule_origin(const TrainerState& saved, bool config_changed) {
-  return config_changed ? TokenOrigin{saved.step, saved.tokens_seen}
-                        : TokenOrigin{saved.origin.step, saved.origin.tokens_seen};
+  return config_changed ? TokenOrigin{saved.step, saved.tokens_seen} : token_origin(saved.origin);
 }
 
 // Revisions of the precision recipes that change a run's numbers under unchanged keys: 2, mxfp8
@@ -77,5 +81,14 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
                                  const TrainConfig& written_by);
 // Reads <checkpoint_dir>/trainer_state.json and parses it as above.
 TrainerState load_trainer_state(const std::string& checkpoint_dir, const TrainConfig& written_by);
+
+// A checkpoint's configuration (read as ScheduleLength::kResumed: its run checked the schedule)
+// and its trainer state, checked against it: what `data order --resume` and `lr-schedule
+// --resume` start from. A directory without trainer_state.json is a one-line error under `tag`.
+struct SavedRun {
+  RunConfig config;
+  TrainerState state;
+};
+SavedRun load_saved_run(const std::string& checkpoint_dir, const char* tag);
 
 }  // namespace moecore

@@ -54,7 +54,7 @@ void CheckpointCallback::save(TrainContext& ctx) {
       {"seed", tc.seed},
       {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
       {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps, tc.batch_size * tc.seq_len,
-                                {ctx.replay_origin.step, ctx.replay_origin.tokens_seen})},
+                                token_origin(ctx.replay_origin))},
       {"step_guard", ctx.guard.to_json()},
       {"recipe_revision", kRecipeRevision},
       {"gerrymandering", ctx.gerrymandering.to_json()}};
