@@ -54,26 +54,37 @@ void run_lr_schedule(const LrScheduleArgs& args) {
       args.config, args.overrides, {}, resumed ? ScheduleLength::kResumed : ScheduleLength::kFresh);
   const TrainConfig& tc = config.train;
   const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
-  MOE_CHECK(tc.max_steps <= std::numeric_limits<int64_t>::max() / tokens_per_step,
+  // The run's updates: train.max_steps, or those until train.max_tokens (from the resume's
+  // origin with --resume, as the trainer counts them).
+  int64_t max_steps = tc.max_steps;
+  MOE_CHECK(max_steps <= std::numeric_limits<int64_t>::max() / tokens_per_step,
             "[config] train.max_steps={} x {} tokens an update overflows a 64-bit token count",
-            tc.max_steps, tokens_per_step);
+            max_steps, tokens_per_step);
   int64_t first = 1;
   TokenOrigin origin;
   if (resumed) {
     const SavedRun saved = load_saved_run(args.resume, "[lr-schedule]");
     const TrainerState& state = saved.state;
-    MOE_CHECK(state.step <= tc.max_steps,
-              "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
-              state.step, tc.max_steps);
     origin = schedule_origin(state, !replay_config_changes(saved.config, config).empty());
-    validate_lr_schedule(config.optim, tc.max_steps, tokens_per_step, origin);
+    if (tc.max_tokens > 0) {
+      const TrainConfig& was = saved.config.train;
+      MOE_CHECK(state.step == 0 || state.tokens_seen - was.batch_size * was.seq_len < tc.max_tokens,
+                "[lr-schedule] --resume: {} is at step {} with {} tokens seen, past "
+                "train.max_tokens={}",
+                args.resume, state.step, state.tokens_seen, tc.max_tokens);
+      max_steps = max_steps_for_tokens(tc, origin);
+    }
+    MOE_CHECK(state.step <= max_steps,
+              "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
+              state.step, max_steps);
+    validate_lr_schedule(config.optim, max_steps, tokens_per_step, origin, tc.max_tokens);
     first = state.step + 1;
     int64_t last = 0;  // the tokens seen after the last update
-    MOE_CHECK(!__builtin_mul_overflow(tc.max_steps - origin.step, tokens_per_step, &last) &&
+    MOE_CHECK(!__builtin_mul_overflow(max_steps - origin.step, tokens_per_step, &last) &&
                   !__builtin_add_overflow(last, origin.tokens, &last),
               "[lr-schedule] --resume: the {} tokens seen by step {} and (train.max_steps={} - {}) "
               "x {} tokens overflow a 64-bit token count",
-              origin.tokens, origin.step, tc.max_steps, origin.step, tokens_per_step);
+              origin.tokens, origin.step, max_steps, origin.step, tokens_per_step);
   }
   // The tokens seen after update `step` (the origin's and then tokens_per_step an update).
   auto tokens_seen = [&](int64_t step) {
@@ -84,23 +95,23 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   const std::string schedule = written["optim"]["schedule"].value_or(std::string());
   const std::string units = written["optim"]["units"].value_or(std::string());
   auto rate = [&](int64_t step) {
-    return learning_rate(config.optim, step - 1, tc.max_steps, tokens_per_step, origin);
+    return learning_rate(config.optim, step - 1, max_steps, tokens_per_step, origin, tc.max_tokens);
   };
   if (args.json) {
-    const int64_t printed = printed_count(first, tc.max_steps, args.every);
+    const int64_t printed = printed_count(first, max_steps, args.every);
     MOE_CHECK(printed <= kMaxJsonUpdates,
               "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
               printed, kMaxJsonUpdates);
     std::vector<int64_t> steps, tokens;
     std::vector<double> rates;
-    for_each_printed(first, tc.max_steps, args.every, [&](int64_t step) {
+    for_each_printed(first, max_steps, args.every, [&](int64_t step) {
       steps.push_back(step);
       tokens.push_back(tokens_seen(step));
       rates.push_back(rate(step));
     });
     fmt::print("{}\n", nlohmann::json{{"schedule", schedule},
                                       {"units", units},
-                                      {"max_steps", tc.max_steps},
+                                      {"max_steps", max_steps},
                                       {"tokens_per_step", tokens_per_step},
                                       {"step", steps},
                                       {"tokens_seen", tokens},
@@ -108,14 +119,16 @@ void run_lr_schedule(const LrScheduleArgs& args) {
                            .dump());
     return;
   }
-  fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}\n",
-             schedule, units, tc.max_steps, tokens_per_step,
-             resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)",
-                                   args.resume, first - 1, tokens_seen(first - 1))
-                     : std::string());
+  fmt::print(
+      "# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}{}\n", schedule,
+      units, max_steps, tokens_per_step,
+      tc.max_tokens > 0 ? fmt::format(" (train.max_tokens={})", tc.max_tokens) : std::string(),
+      resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)", args.resume,
+                            first - 1, tokens_seen(first - 1))
+              : std::string());
   fmt::print("step tokens_seen lr\n");
   // {} prints a double's shortest form that reads back to the same bits, as metrics.jsonl does.
-  for_each_printed(first, tc.max_steps, args.every, [&](int64_t step) {
+  for_each_printed(first, max_steps, args.every, [&](int64_t step) {
     fmt::print("{} {} {}\n", step, tokens_seen(step), rate(step));
   });
 }

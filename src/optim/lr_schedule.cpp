@@ -84,7 +84,7 @@ double composable_rate(const OptimConfig& c, int64_t t) {
 }  // namespace
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step, TokenOrigin origin) {
+                     int64_t tokens_per_step, TokenOrigin origin, int64_t max_tokens) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
   // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
   // ExponentialScheduler, ComposableScheduler; alpha_f = min_lr_ratio, WSD's decay_min_lr = lr *
@@ -101,7 +101,10 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   // seq_len before it); in steps the rate depends on the step alone.
   const int64_t shift = c.units == LrUnits::kTokens ? origin.tokens - origin.step * unit : 0;
   const int64_t t = shift + (step + 1) * unit;
-  const int64_t run_horizon = shift + total_steps * unit;  // the run's length, in the units
+  // The run's length, in the units: train.max_tokens where it gives a schedule in tokens its
+  // length (the last update may pass it), else where the last update ends.
+  const int64_t run_horizon =
+      c.units == LrUnits::kTokens && max_tokens > 0 ? max_tokens : shift + total_steps * unit;
   // WSDS and ComposableScheduler run over their own lengths; ExponentialScheduler rises from lr_min
   // to lr at the run's end (t >= 1: its lr_min at t = 0 is never asked for).
   if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t);
@@ -146,12 +149,14 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   if (c.schedule == LrSchedule::kInvSqrt)
     return lr_min +
            (c.lr - lr_min) * std::sqrt(static_cast<double>(warmup) / static_cast<double>(t));
-  if (t >= horizon) return lr_min;  // WSD's formula gives exactly this at the horizon
+  // WSD has no floor: its decay line gives lr_min exactly at the horizon and, as OLMo-core's,
+  // goes on below it past there (an update that ends past train.max_tokens).
   if (c.schedule == LrSchedule::kWsd) {
     const int64_t wsd_decay = decay_length(c, horizon);
     if (t < horizon - wsd_decay) return c.lr;
     return linear_decay_rate(c.lr, lr_min, horizon - t, wsd_decay);
   }
+  if (t >= horizon) return lr_min;
   const auto current = static_cast<double>(t - warmup);
   const auto span = static_cast<double>(horizon - warmup);
   if (c.schedule == LrSchedule::kHalfCosine)  // the second half of a cosine twice as long

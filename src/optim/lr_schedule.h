@@ -37,9 +37,13 @@ struct TokenOrigin {
 // schedule counts tokens (units "tokens": OLMo-core's rate at the tokens seen, t x
 // tokens_per_step from `origin` on, of a horizon of those plus the remaining updates' tokens, as
 // OLMo-core's trainer gives its scheduler global_train_tokens_seen and max_tokens; total_steps x
-// tokens_per_step where the batch never changed).
+// tokens_per_step where the batch never changed). `max_tokens` (train.max_tokens; 0: none) is
+// that horizon when the run's length is given in tokens: OLMo-core's trainer then gives its
+// scheduler max_duration's tokens, which the last update may pass (total_steps is the updates
+// until they are reached), and its schedulers answer there as they do: the linear decays of WSD
+// and of the tails extrapolate below their floor, the others hold it.
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step = 0, TokenOrigin origin = {});
+                     int64_t tokens_per_step = 0, TokenOrigin origin = {}, int64_t max_tokens = 0);
 
 // OLMo-core's _linear_warmup: from warmup_min_lr to `peak` over `warmup` units, at t (with
 // warmup_min_lr 0, peak t / warmup exactly: adding and subtracting 0 changes no bits).

@@ -83,7 +83,8 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   return changes;
 }
 
-std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
+std::string horizon_note(const RunConfig& saved, const RunConfig& now, TokenOrigin saved_origin,
+                         TokenOrigin now_origin) {
   // A schedule without an end (unless a fraction of the run is its warm-up), over its own periods
   // (wsds) or stages (composable), or over its own t_max (cosine_linear_decay's tail still
   // follows the run's end), does not move with max_steps.
@@ -94,16 +95,36 @@ std::string horizon_note(const RunConfig& saved, const RunConfig& now) {
       o.schedule == LrSchedule::kWsds || o.schedule == LrSchedule::kComposable;
   const bool own_t_max =
       t_max_length(o) > 0 && has_t_max(o.schedule) && o.schedule != LrSchedule::kCosineLinearDecay;
-  // In tokens the end is the tokens seen and the remaining updates' tokens: another batch size
-  // or seq_len moves it too.
-  const bool resized =
-      o.units == LrUnits::kTokens &&
-      saved.train.batch_size * saved.train.seq_len != now.train.batch_size * now.train.seq_len;
-  if ((saved.train.max_steps == now.train.max_steps && !resized) || endless || own_t_max) return "";
-  const std::string what = saved.train.max_steps != now.train.max_steps
-                               ? "train.max_steps " + std::to_string(saved.train.max_steps) +
-                                     " -> " + std::to_string(now.train.max_steps)
-                               : "another batch size x seq_len (optim.units = \"tokens\")";
+  if (endless || own_t_max) return "";
+  const TrainConfig &was = saved.train, &is = now.train;
+  const bool in_tokens = o.units == LrUnits::kTokens;
+  const bool resized = was.batch_size * was.seq_len != is.batch_size * is.seq_len;
+  auto length = [](const TrainConfig& t) {
+    return t.max_tokens > 0 ? fmt::format("train.max_tokens {}", t.max_tokens)
+                            : fmt::format("train.max_steps {}", t.max_steps);
+  };
+  std::string what;
+  if (was.max_tokens == 0 && is.max_tokens == 0) {
+    // In tokens the end is the tokens seen and the remaining updates' tokens: another batch size
+    // or seq_len moves it too.
+    if (was.max_steps != is.max_steps)
+      what = length(was) + " -> " + std::to_string(is.max_steps);
+    else if (in_tokens && resized)
+      what = "another batch size x seq_len (optim.units = \"tokens\")";
+  } else if (was.max_tokens != is.max_tokens) {
+    what = was.max_tokens > 0 && is.max_tokens > 0
+               ? length(was) + " -> " + std::to_string(is.max_tokens)
+               : length(was) + " -> " + length(is);
+  } else if (!in_tokens) {
+    // The same train.max_tokens in other updates: the end in updates moves.
+    const int64_t before = max_steps_for_tokens(was, saved_origin);
+    const int64_t after = max_steps_for_tokens(is, now_origin);
+    if (before != after)
+      what = fmt::format(
+          "another batch size x seq_len (train.max_tokens {} in {} updates instead of {})",
+          is.max_tokens, after, before);
+  }
+  if (what.empty()) return "";
   return "note: " + what +
          " moves the learning-rate schedule's end: from here on the run is not the one it would "
          "have been";

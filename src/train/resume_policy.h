@@ -27,10 +27,13 @@ struct ConfigChange {
 // table order.
 std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const RunConfig& now);
 
-// train.max_steps is the one schedule value that may change without the flag: extending a run
-// (train N steps, then resume to 2N) is everyday use. Where the schedule depends on it (cosine,
-// linear) the change is logged with this line ("" when there is nothing to say).
-std::string horizon_note(const RunConfig& saved, const RunConfig& now);
+// The run's length (train.max_steps, or train.max_tokens) is the one schedule value that may
+// change without the flag: extending a run (train N steps, then resume to 2N) is everyday use.
+// Where the schedule depends on it (cosine, linear) the change is logged with this line ("" when
+// there is nothing to say). `saved_origin` and `now_origin` are where each run's current batch
+// took over: under train.max_tokens they set its length in updates.
+std::string horizon_note(const RunConfig& saved, const RunConfig& now,
+                         TokenOrigin saved_origin = {}, TokenOrigin now_origin = {});
 
 // "optim.lr: 0.001 -> 0.002"
 std::string describe(const ConfigChange& change);

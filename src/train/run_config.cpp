@@ -284,6 +284,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("init_std", t.init.std);
   r.read("embedding_init_std", t.init.embedding_std);
   r.read("max_steps", t.max_steps);
+  r.read("max_tokens", t.max_tokens);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
@@ -502,8 +503,16 @@ void validate_composable(const OptimConfig& o) {
 
 }  // namespace
 
+int64_t max_steps_for_tokens(const TrainConfig& t, TokenOrigin origin) {
+  if (t.max_tokens == 0) return t.max_steps;
+  const int64_t per_step = t.batch_size * t.seq_len;  // below 2^33 (parse_run_config's bounds)
+  const int64_t left = std::max<int64_t>(t.max_tokens - origin.tokens, 0);
+  // ceil(left / per_step) without the overflow of left + per_step - 1 near 2^63.
+  return origin.step + left / per_step + (left % per_step != 0 ? 1 : 0);
+}
+
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
-                          TokenOrigin origin) {
+                          TokenOrigin origin, int64_t max_tokens) {
   // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
   // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
   // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
@@ -519,18 +528,26 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   // After another batch size or seq_len: the tokens seen at the origin and the remaining
   // updates' (learning_rate's horizon).
   const bool shifted = in_tokens && origin.tokens != origin.step * unit;
-  int64_t horizon = max_steps * unit;
-  MOE_CHECK(!shifted ||
-                !__builtin_add_overflow(origin.tokens, (max_steps - origin.step) * unit, &horizon),
-            "[config] the {} tokens seen by step {} and (train.max_steps={} - {}) x {} tokens "
-            "overflow the token count of optim.units = \"tokens\"",
-            origin.tokens, origin.step, max_steps, origin.step, unit);
+  // Where the last update is, in the units, and the schedule's horizon: the same, unless
+  // train.max_tokens sets the horizon of a schedule in tokens (the last update may end past it,
+  // where learning_rate asks as OLMo-core does).
+  int64_t last = max_steps * unit;
+  MOE_CHECK(
+      !shifted || !__builtin_add_overflow(origin.tokens, (max_steps - origin.step) * unit, &last),
+      "[config] the {} tokens seen by step {} and (train.max_steps={} - {}) x {} tokens "
+      "overflow the token count of optim.units = \"tokens\"",
+      origin.tokens, origin.step, max_steps, origin.step, unit);
+  const bool tokens_horizon = in_tokens && max_tokens > 0;
+  const int64_t horizon = tokens_horizon ? max_tokens : last;
   const std::string length =
-      !in_tokens ? fmt::format("train.max_steps={}", max_steps)
-      : shifted  ? fmt::format(
-                       "{} tokens (the {} seen by step {} and (train.max_steps - {}) x "
-                        "batch_size x seq_len)",
-                       horizon, origin.tokens, origin.step, origin.step)
+      tokens_horizon ? fmt::format("{} tokens (train.max_tokens)", horizon)
+      : !in_tokens ? (max_tokens > 0 ? fmt::format("train.max_steps={} (from train.max_tokens={})",
+                                                   max_steps, max_tokens)
+                                     : fmt::format("train.max_steps={}", max_steps))
+      : shifted    ? fmt::format(
+                         "{} tokens (the {} seen by step {} and (train.max_steps - {}) x "
+                            "batch_size x seq_len)",
+                         horizon, origin.tokens, origin.step, origin.step)
                 : fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon);
   const std::string run_length = in_tokens ? "the run's " + length : length + " updates";
   const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
@@ -551,7 +568,7 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   // the warm-up covers never reaches it, and OLMo-core trains it (a short trial of a long run's
   // schedule). CosWithWarmupAndLinearDecay asks for its tail first, at every update.
   const bool tail_unreached = (schedule == LrSchedule::kWsd || schedule == LrSchedule::kPower) &&
-                              warmup_length(optim, horizon) >= horizon;
+                              warmup_length(optim, horizon) >= last;
   MOE_CHECK(!has_decay_tail(schedule) || max_steps == 0 || tail_unreached ||
                 decay_length(optim, horizon) >= 1,
             "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
@@ -759,8 +776,17 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.batch_size <= kMaxStepTokens / t.seq_len,
             "[config] train.batch_size={} x train.seq_len={} tokens a step: at most {}",
             t.batch_size, t.seq_len, kMaxStepTokens);
+  // The run's length is one duration, as OLMo-core's max_duration: updates or tokens.
+  MOE_CHECK(t.max_tokens >= 0, "[config] train.max_tokens={} must be >= 0 (0: train.max_steps)",
+            t.max_tokens);
+  const toml::table* train_table = doc["train"].as_table();
+  MOE_CHECK(t.max_tokens == 0 || train_table == nullptr || !train_table->contains("max_steps"),
+            "[config] {}: train.max_steps={} and train.max_tokens={} both set: the run's length "
+            "is one of them (train.max_tokens=0 to count updates)",
+            source_name, t.max_steps, t.max_tokens);
+  if (t.max_tokens > 0) config.train.max_steps = max_steps_for_tokens(t);
   if (length == ScheduleLength::kFresh)
-    validate_lr_schedule(config.optim, t.max_steps, t.batch_size * t.seq_len);
+    validate_lr_schedule(config.optim, t.max_steps, t.batch_size * t.seq_len, {}, t.max_tokens);
   MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
             "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
   for (const auto& [key, value] : {std::pair{"max_seconds", t.max_seconds},
@@ -1033,7 +1059,6 @@ std::string run_config_to_toml(const RunConfig& c) {
                                                          {InitMethod::kFanIn, "fan_in"}})},
                     {"init_std", t.init.std},
                     {"embedding_init_std", t.init.embedding_std},
-                    {"max_steps", t.max_steps},
                     {"batch_size", t.batch_size},
                     {"microbatches", t.microbatches},
                     {"seq_len", t.seq_len},
@@ -1077,6 +1102,12 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"max_target_seq_len", c.data.max_target_seq_len},
                    {"order", name(c.data.order, {{data::OrderRule::kMoecore, "moecore"},
                                                  {data::OrderRule::kOlmoCore, "olmo-core"}})}};
+  // The run's length as it was given: a derived max_steps read back beside max_tokens would be
+  // refused as a second length.
+  if (t.max_tokens > 0)
+    train.insert("max_tokens", t.max_tokens);
+  else
+    train.insert("max_steps", t.max_steps);
   const ParallelConfig& p = c.parallel;
   const char* schedule = p.schedule == PipelineSchedule::kOneFOneB      ? "1f1b"
                          : p.schedule == PipelineSchedule::kInterleaved ? "interleaved-1f1b"

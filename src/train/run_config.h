@@ -42,6 +42,11 @@ struct TrainConfig {
   // or OLMo-core's "normal" | "llama" | "llama_depth" | "fan_in"; init_std, embedding_init_std.
   InitOptions init;
   int64_t max_steps = 1000;
+  // The run's length in tokens instead (OLMo-core's max_duration = Duration.tokens(n); 0: none,
+  // max_steps gives it). Exclusive with max_steps, which it then sets: the run stops at the first
+  // update whose tokens seen reach it (max_steps_for_tokens), and a schedule in tokens runs over
+  // exactly max_tokens, as OLMo-core's trainer asks its scheduler.
+  int64_t max_tokens = 0;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
@@ -182,6 +187,12 @@ struct RunConfig {
   ParallelConfig parallel;
 };
 
+// OLMo-core's Trainer.max_steps under a max_duration in tokens: the updates from `origin` (the
+// step and tokens seen where the current batch size and seq_len took over) until the tokens seen
+// reach t.max_tokens, origin.step + ceil((max_tokens - origin.tokens) / tokens a step), none
+// after max_tokens; t.max_steps where max_tokens is 0.
+int64_t max_steps_for_tokens(const TrainConfig& t, TokenOrigin origin = {});
+
 // The run length the schedule's checks (validate_lr_schedule) take at load: a fresh run's
 // max_steps updates of this batch, or none for a resumed run, whose length in tokens depends on
 // its checkpoint (the tokens seen there): the trainer checks that one once it has read it. A
@@ -205,8 +216,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 // caller with another length (debug-state --steps) applies them for its own, and a resume with
 // the tokens seen at its `origin` (a schedule in tokens runs over those and the remaining
 // updates' once another batch size or seq_len changed the tokens an update adds).
+// `max_tokens`: train.max_tokens (0: none), the horizon of a schedule in tokens.
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
-                          TokenOrigin origin = {});
+                          TokenOrigin origin = {}, int64_t max_tokens = 0);
 
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);

@@ -121,6 +121,10 @@ struct StartPoint {
   ResumePosition position;
   // Newer checkpoints the resume skipped (rank 0's): set aside once the run is known to go ahead.
   std::vector<DamagedCheckpoint> damaged;
+  // The run's length in updates: train.max_steps, or under train.max_tokens the updates until
+  // the tokens seen reach it, counted from where the current batch took over (OLMo-core's
+  // Trainer.max_steps, which another batch size at the resume moves).
+  int64_t max_steps = 0;
 };
 
 // The temporaries of the run directory's files (config.toml, metrics.jsonl, profile.json, the
@@ -176,6 +180,7 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "(replacing its logged steps)",
             out_dir);
   StartPoint start;
+  start.max_steps = config.train.max_steps;
   std::vector<DamagedCheckpoint> damaged;  // the same in every rank
   if (options.resume)
     start.checkpoint = agreed_checkpoint(world, out_dir, config.model, full_layout, damaged);
@@ -223,16 +228,30 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
   // does (train/training_data.h).
   start.position = resume_position(*start.saved_config, saved_state, *start.checkpoint, config,
                                    train_data.instances);
+  const TrainConfig& tc = config.train;
+  const TokenOrigin origin = schedule_origin(saved_state, !changes.empty());
+  if (tc.max_tokens > 0) {
+    // A checkpoint whose update before the last had already reached max_tokens is past the run's
+    // end, as one past train.max_steps is (refused below for the updates).
+    const TrainConfig& was = start.saved_config->train;
+    MOE_CHECK(saved_state.step == 0 ||
+                  saved_state.tokens_seen - was.batch_size * was.seq_len < tc.max_tokens,
+              "[train] --resume: {} is at step {} with {} tokens seen, past train.max_tokens={}: "
+              "raise train.max_tokens to continue the run",
+              *start.checkpoint, saved_state.step, saved_state.tokens_seen, tc.max_tokens);
+    start.max_steps = max_steps_for_tokens(tc, origin);
+  }
   // The schedule's checks over the run's real length (the config was read without them): in
   // tokens, the tokens seen so far and the remaining updates' (another batch size or seq_len
   // moves it).
-  if (config.train.max_steps >= saved_state.step)  // else refused below, naming max_steps
-    validate_lr_schedule(config.optim, config.train.max_steps,
-                         config.train.batch_size * config.train.seq_len,
-                         schedule_origin(saved_state, !changes.empty()));
+  if (start.max_steps >= saved_state.step)  // else refused below, naming max_steps
+    validate_lr_schedule(config.optim, start.max_steps, tc.batch_size * tc.seq_len, origin,
+                         tc.max_tokens);
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
-  if (const std::string note = horizon_note(*start.saved_config, config); !note.empty())
+  if (const std::string note =
+          horizon_note(*start.saved_config, config, token_origin(saved_state.origin), origin);
+      !note.empty())
     start.messages.push_back(note);
   if (start.position.moved)
     start.messages.push_back(describe_resume_position(*start.saved_config, config, start.position));
@@ -274,6 +293,33 @@ std::string gemm_precision_line(const TrainConfig& tc) {
   return "?";
 }
 
+// The length of a run in tokens, in updates: OLMo-core's trainer stops at the first update whose
+// tokens seen reach train.max_tokens, so the last one may end past it, where a schedule in tokens
+// is asked (as OLMo-core asks it) past its end: WSD's and the tails' decays extrapolate below
+// their floor there, to a negative rate from a floor of 0, which a warning names.
+void announce_max_tokens(const TrainContext& ctx) {
+  const TrainConfig& tc = ctx.config.train;
+  const int64_t per_step = tc.batch_size * tc.seq_len;
+  const int64_t last_tokens = ctx.tokens_seen + (tc.max_steps - ctx.step) * per_step;
+  ctx.progress.message(fmt::format(
+      "length: train.max_tokens={}: {} {}update(s) of {} x {} tokens{} (the last ends at {} "
+      "tokens)",
+      tc.max_tokens, tc.max_steps - ctx.step, ctx.step > 0 ? "more " : "", tc.batch_size,
+      tc.seq_len,
+      ctx.step > 0 ? fmt::format(" after step {}, to step {}", ctx.step, tc.max_steps)
+                   : std::string(),
+      last_tokens));
+  if (tc.max_steps == ctx.step) return;
+  const double last_lr = learning_rate(ctx.config.optim, tc.max_steps - 1, tc.max_steps, per_step,
+                                       token_origin(ctx.replay_origin), tc.max_tokens);
+  if (last_lr < 0.0)
+    ctx.progress.message(fmt::format(
+        "warning: the last update's learning rate is {}: it ends at {} tokens, past "
+        "train.max_tokens={}, where the schedule's linear decay (as OLMo-core's) goes on below "
+        "its floor (train.max_tokens={} would end the run on the schedule's end)",
+        last_lr, last_tokens, tc.max_tokens, last_tokens));
+}
+
 // The start-up lines: the model and data, and the parallel layout.
 void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& start,
               const TrainOptions& options, const std::vector<int64_t>& chunk_layers,
@@ -306,6 +352,7 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
+  if (tc.max_tokens > 0) announce_max_tokens(ctx);
   if (ctx.world.size() > 1)
     ctx.progress.message(fmt::format(
         "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}; "
@@ -355,9 +402,9 @@ struct StepBuffers {
 // parameters are before the work (a replayed step graph reads them there): AdamW's coefficients
 // at the step's learning rate, which `report` gets, and the step guard's limits.
 void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
-  report.lr = learning_rate(ctx.config.optim, ctx.step, ctx.config.train.max_steps,
-                            ctx.config.train.batch_size * ctx.config.train.seq_len,
-                            token_origin(ctx.replay_origin));
+  const TrainConfig& tc = ctx.config.train;
+  report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps, tc.batch_size * tc.seq_len,
+                            token_origin(ctx.replay_origin), tc.max_tokens);
   ctx.optimizer.stage_step(report.lr);
   const StepLimits limits = ctx.guard.limits();
   const std::array<double, 2> values{limits.loss, limits.grad_norm};
@@ -653,7 +700,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // no checkpoint to resume they are a fresh run's, made here before anything is opened or
   // written.
   if (options.resume && list_checkpoints(tc.out_dir).empty())
-    validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len);
+    validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len, {}, tc.max_tokens);
   // MPI's world: the job's processes, and the bootstrap of a communicator over the device's
   // memory (parallel.communicator, train/communicator_choice.h).
   const std::unique_ptr<dist::Communicator> mpi = dist::mpi_world();
@@ -728,6 +775,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
   const StartPoint start = choose_start(world, config, full_layout, options, train_fingerprint);
+  config.train.max_steps = start.max_steps;  // moved by a resume under train.max_tokens
 
   ParamBuffers params(layout), grads(layout);
   // Per-name streams: the same weights in any layout.
@@ -870,9 +918,15 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     // its final evaluation and sample unless a stop signal skipped them (`moecore eval
     // --checkpoint DIR` evaluates it). Nothing is trained, logged or written again (no callback
     // is made: the metrics' would open a new TensorBoard file).
-    progress.message(fmt::format(
-        "done: nothing to train: {} is at train.max_steps={} (raise it to continue the run)",
-        *start.checkpoint, tc.max_steps));
+    progress.message(
+        tc.max_tokens > 0
+            ? fmt::format("done: nothing to train: {} has seen {} tokens, train.max_tokens={} "
+                          "(raise it to continue the run)",
+                          *start.checkpoint, resumed.tokens_seen, tc.max_tokens)
+            : fmt::format(
+                  "done: nothing to train: {} is at train.max_steps={} (raise it to continue the "
+                  "run)",
+                  *start.checkpoint, tc.max_steps));
     ctx.summary.steps = ctx.step;
     return ctx.summary;
   }

@@ -167,7 +167,9 @@ TEST(Optim, LearningRateWsd) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 15, total), 8e-4);
   EXPECT_DOUBLE_EQ(learning_rate(c, 18, total), 2e-4);
   EXPECT_EQ(learning_rate(c, 19, total), 0.0);
-  EXPECT_EQ(learning_rate(c, 30, total), 0.0);  // clamped past the end
+  // Past the end (an update past train.max_tokens) the line goes on below the floor, as
+  // OLMo-core's WSD.get_lr(lr, 31, 20) = lr x -11 / 5.
+  EXPECT_DOUBLE_EQ(learning_rate(c, 30, total), 1e-3 * -11.0 / 5.0);
   // decay_fraction (steps 0: round(20 x 0.25) = 5, the same schedule); a floor of 10 %.
   c.decay_steps = 0;
   c.decay_fraction = 0.25;
@@ -244,6 +246,37 @@ TEST(Optim, LearningRateInTokensFollowsTheTokensSeen) {
   c.warmup_tokens = 0;
   c.warmup_steps = 2;
   EXPECT_EQ(learning_rate(c, 7, 10, 128, origin), learning_rate(c, 7, 10, 128));
+}
+
+// train.max_tokens is the horizon of a schedule in tokens, which the last update may pass: 600
+// tokens in updates of 64 (10 updates, the last ending at 640). WSD's decay line goes on below
+// its floor there, as OLMo-core's WSD.get_lr(lr, 640, 600) does (lr x (600 - 640) / 300); the
+// cosine holds its floor. In updates the horizon stays the updates (max_steps_for_tokens's).
+TEST(Optim, LearningRateOverMaxTokens) {
+  OptimConfig c;
+  c.lr = 3e-3;
+  c.schedule = LrSchedule::kWsd;
+  c.units = LrUnits::kTokens;
+  c.warmup_steps = 0;
+  c.warmup_tokens = 100;
+  c.decay_tokens = 300;
+  c.min_lr_ratio = 0.0;
+  EXPECT_EQ(learning_rate(c, 8, 10, 64, {}, 600), 0.0 + (3e-3 - 0.0) * 24.0 / 300.0);   // 576
+  EXPECT_EQ(learning_rate(c, 9, 10, 64, {}, 600), 0.0 + (3e-3 - 0.0) * -40.0 / 300.0);  // 640
+  EXPECT_LT(learning_rate(c, 9, 10, 64, {}, 600), 0.0);
+  // Without max_tokens the horizon is where the last update ends: the floor there.
+  EXPECT_EQ(learning_rate(c, 9, 10, 64), 0.0);
+  c.schedule = LrSchedule::kCosine;
+  c.min_lr_ratio = 0.1;
+  EXPECT_EQ(learning_rate(c, 9, 10, 64, {}, 600), 3e-3 * 0.1);
+  EXPECT_GT(learning_rate(c, 8, 10, 64, {}, 600), 3e-3 * 0.1);
+  // After a resume with another batch (origin: 5 updates, 320 tokens) the horizon is still 600:
+  // update 7 has seen 320 + 2 x 128 = 576 tokens.
+  EXPECT_EQ(learning_rate(c, 6, 8, 128, {5, 320}, 600), learning_rate(c, 575, 600, 1));
+  c.units = LrUnits::kSteps;
+  c.warmup_tokens = 0;
+  c.warmup_steps = 2;
+  EXPECT_EQ(learning_rate(c, 7, 10, 64, {}, 600), learning_rate(c, 7, 10, 64));
 }
 
 // OLMo-core's InvSqrtWithWarmup: warm-up below `warmup`, then lr_min + (lr - lr_min) sqrt(w / t),

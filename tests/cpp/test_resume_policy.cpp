@@ -122,6 +122,40 @@ TEST(ResumePolicy, AnotherBatchSizeMovesTheEndOfAScheduleInTokens) {
   EXPECT_EQ(horizon_note(a, b), "");
 }
 
+// Under train.max_tokens the end in tokens is max_tokens whatever the batch; in updates another
+// batch size moves it (OLMo-core's max_steps from the tokens seen: 5 updates of 64 tokens, then
+// 128 an update to 600 tokens is 8 updates, not 10). Changing max_tokens is free, and noted.
+TEST(ResumePolicy, MaxTokensMovesTheEndAsItsUpdatesDo) {
+  RunConfig a;
+  a.train.max_tokens = 600;
+  a.train.batch_size = 2;
+  a.train.seq_len = 32;
+  a.train.max_steps = max_steps_for_tokens(a.train);
+  a.optim.units = LrUnits::kTokens;
+  a.optim.warmup_steps = 0;
+  RunConfig b = a;
+  b.train.batch_size = 4;
+  EXPECT_EQ(horizon_note(a, b, {}, {5, 320}), "");
+  a.optim.units = b.optim.units = LrUnits::kSteps;
+  a.optim.warmup_steps = b.optim.warmup_steps = 1;
+  EXPECT_NE(horizon_note(a, b, {}, {5, 320})
+                .find("another batch size x seq_len (train.max_tokens 600 in 8 updates instead "
+                      "of 10)"),
+            std::string::npos)
+      << horizon_note(a, b, {}, {5, 320});
+  EXPECT_TRUE(replay_config_changes(a, a).empty());
+  RunConfig c = a;
+  c.train.max_tokens = 900;
+  EXPECT_TRUE(replay_config_changes(a, c).empty());
+  EXPECT_NE(horizon_note(a, c).find("train.max_tokens 600 -> 900"), std::string::npos)
+      << horizon_note(a, c);
+  c.train.max_tokens = 0;
+  c.train.max_steps = 12;
+  EXPECT_NE(horizon_note(a, c).find("train.max_tokens 600 -> train.max_steps 12"),
+            std::string::npos)
+      << horizon_note(a, c);
+}
+
 // The rowwise dispatch's capacity decides which tokens an expert-parallel run drops; without
 // expert parallelism nothing is dropped and the key decides nothing.
 TEST(ResumePolicy, CapacityFactorIsAReplayKeyUnderExpertParallelism) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -357,6 +358,39 @@ TEST(RunConfig, TomlRoundTrip) {
 
 // The stages and the override decay of "composable" survive a checkpoint's config with the keys
 // they were given (an absolute rate stays one, a fraction a fraction).
+// train.max_tokens (OLMo-core's max_duration in tokens) sets max_steps to the updates until the
+// tokens are reached, is written back instead of max_steps, and is exclusive with it.
+TEST(RunConfig, MaxTokensGivesTheUpdates) {
+  const std::string text = "[train]\nmax_tokens = 600\nbatch_size = 2\nseq_len = 32\n";
+  const RunConfig c = parse(text);
+  EXPECT_EQ(c.train.max_tokens, 600);
+  EXPECT_EQ(c.train.max_steps, 10);  // ceil(600 / 64): the 10th ends at 640
+  EXPECT_EQ(parse(text, {"train.max_tokens=640"}).train.max_steps, 10);
+  EXPECT_EQ(parse(text, {"train.max_tokens=641"}).train.max_steps, 11);
+  const std::string toml = run_config_to_toml(c);
+  EXPECT_NE(toml.find("max_tokens = 600"), std::string::npos) << toml;
+  EXPECT_EQ(toml.find("\nmax_steps"), std::string::npos) << toml;
+  EXPECT_EQ(run_config_to_toml(parse(toml)), toml);
+  // From a resume's origin (5 updates, 320 tokens) in updates of 128: 3 more; none past the end.
+  TrainConfig t = c.train;
+  t.batch_size = 4;
+  EXPECT_EQ(max_steps_for_tokens(t, {5, 320}), 8);
+  EXPECT_EQ(max_steps_for_tokens(t, {12, 700}), 12);
+  t.max_tokens = 0;
+  EXPECT_EQ(max_steps_for_tokens(t, {5, 320}), t.max_steps);
+  t.max_tokens = std::numeric_limits<int64_t>::max();
+  t.batch_size = 1;
+  t.seq_len = 2;
+  EXPECT_EQ(max_steps_for_tokens(t), std::numeric_limits<int64_t>::max() / 2 + 1);
+  EXPECT_NE(error_of(text, {"train.max_steps=5"})
+                .find("train.max_steps=5 and "
+                      "train.max_tokens=600 both set"),
+            std::string::npos);
+  EXPECT_NE(error_of(text, {"train.max_tokens=-1"}).find("train.max_tokens=-1 must be >= 0"),
+            std::string::npos);
+  EXPECT_EQ(parse(text, {"train.max_tokens=0", "train.max_steps=5"}).train.max_steps, 5);
+}
+
 TEST(RunConfig, ComposableStagesRoundTrip) {
   const RunConfig c = parse(
       "[optim]\nschedule = \"composable\"\nwarmup_steps = 0\n"

@@ -106,7 +106,7 @@ def write_config(path: Path, job, out_dir: Path, *, model=None, optim=None, trai
     lines = []
     for name, kv in tables.items():
         lines.append(f"[{name}]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in kv.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in kv.items() if v is not None]  # None: unset
         lines.append("")
     path.write_text("\n".join(lines))
     return path

@@ -54,7 +54,7 @@ void CheckpointCallback::save(TrainContext& ctx) {
       {"seed", tc.seed},
       {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
       {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps, tc.batch_size * tc.seq_len,
-                                token_origin(ctx.replay_origin))},
+                                token_origin(ctx.replay_origin), tc.max_tokens)},
       {"step_guard", ctx.guard.to_json()},
       {"recipe_revision", kRecipeRevision},
       {"gerrymandering", ctx.gerrymandering.to_json()}};
