@@ -12,6 +12,7 @@
 #include "train/resume_policy.h"
 #include "train/run_config.h"
 #include "train/trainer_state.h"
+#include "train/training_data.h"
 
 namespace moecore::cli {
 
@@ -47,16 +48,22 @@ int64_t printed_count(int64_t first, int64_t max_steps, int64_t every) {
 void run_lr_schedule(const LrScheduleArgs& args) {
   // load_run_config applies the schedule's checks over the run's length (validate_lr_schedule),
   // so a schedule or config that training would refuse is refused here with the same one-line
-  // error (the data, which this does not read, is training's to check). A resumed run's length
-  // depends on its checkpoint: checked once that is read, as the trainer does.
+  // error (the data, which this reads only for train.max_epochs's count, is training's to check).
+  // A resumed run's length depends on its checkpoint: checked once that is read, as the trainer
+  // does.
   const bool resumed = !args.resume.empty();
   const RunConfig config = load_run_config(
       args.config, args.overrides, {}, resumed ? ScheduleLength::kResumed : ScheduleLength::kFresh);
   const TrainConfig& tc = config.train;
   const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
-  // The run's updates: train.max_steps, or those until train.max_tokens (from the resume's
-  // origin with --resume, as the trainer counts them).
+  // The run's updates: train.max_steps, or those until train.max_tokens or train.max_epochs
+  // (from the resume's origin with --resume, as the trainer counts them).
   int64_t max_steps = tc.max_steps;
+  if (tc.max_epochs > 0 && !resumed) {
+    // A length in epochs needs the training set's instances: checked once it is read.
+    max_steps = max_steps_for_epochs(config, open_training_set(config));
+    validate_lr_schedule(config.optim, max_steps, tokens_per_step, {}, 0, tc.max_epochs);
+  }
   MOE_CHECK(max_steps <= std::numeric_limits<int64_t>::max() / tokens_per_step,
             "[config] train.max_steps={} x {} tokens an update overflows a 64-bit token count",
             max_steps, tokens_per_step);
@@ -65,7 +72,22 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   if (resumed) {
     const SavedRun saved = load_saved_run(args.resume, "[lr-schedule]");
     const TrainerState& state = saved.state;
-    origin = schedule_origin(state, !replay_config_changes(saved.config, config).empty());
+    const bool changed = !replay_config_changes(saved.config, config).empty();
+    origin = schedule_origin(state, changed);
+    if (tc.max_epochs > 0) {
+      // The trainer's count: from where the current batch took over, the replay origin's cursor
+      // or the cursor the resumed run goes on from (the training set is read for its epochs).
+      const data::TokenDataset dataset = open_training_set(config);
+      const ResumePosition position =
+          resume_position(saved.config, state, args.resume, config, dataset.num_instances());
+      MOE_CHECK(!past_max_epochs(saved.config, state, dataset.num_instances(), tc.max_epochs),
+                "[lr-schedule] --resume: {} is at step {} with {} instances read, past "
+                "train.max_epochs={}",
+                args.resume, state.step, state.data_cursor, tc.max_epochs);
+      max_steps = changed ? max_steps_for_epochs(config, dataset, state.step, position.cursor)
+                          : max_steps_for_epochs(config, dataset, state.origin.step,
+                                                 state.origin.data_cursor);
+    }
     if (tc.max_tokens > 0) {
       const TrainConfig& was = saved.config.train;
       MOE_CHECK(state.step == 0 || state.tokens_seen - was.batch_size * was.seq_len < tc.max_tokens,
@@ -77,7 +99,8 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     MOE_CHECK(state.step <= max_steps,
               "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
               state.step, max_steps);
-    validate_lr_schedule(config.optim, max_steps, tokens_per_step, origin, tc.max_tokens);
+    validate_lr_schedule(config.optim, max_steps, tokens_per_step, origin, tc.max_tokens,
+                         tc.max_epochs);
     first = state.step + 1;
     int64_t last = 0;  // the tokens seen after the last update
     MOE_CHECK(!__builtin_mul_overflow(max_steps - origin.step, tokens_per_step, &last) &&
@@ -119,13 +142,14 @@ void run_lr_schedule(const LrScheduleArgs& args) {
                            .dump());
     return;
   }
-  fmt::print(
-      "# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}{}\n", schedule,
-      units, max_steps, tokens_per_step,
-      tc.max_tokens > 0 ? fmt::format(" (train.max_tokens={})", tc.max_tokens) : std::string(),
-      resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)", args.resume,
-                            first - 1, tokens_seen(first - 1))
-              : std::string());
+  fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}{}\n",
+             schedule, units, max_steps, tokens_per_step,
+             tc.max_tokens > 0   ? fmt::format(" (train.max_tokens={})", tc.max_tokens)
+             : tc.max_epochs > 0 ? fmt::format(" (train.max_epochs={})", tc.max_epochs)
+                                 : std::string(),
+             resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)",
+                                   args.resume, first - 1, tokens_seen(first - 1))
+                     : std::string());
   fmt::print("step tokens_seen lr\n");
   // {} prints a double's shortest form that reads back to the same bits, as metrics.jsonl does.
   for_each_printed(first, max_steps, args.every, [&](int64_t step) {

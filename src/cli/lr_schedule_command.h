@@ -1,7 +1,7 @@
 // `moecore lr-schedule CONFIG [--set ...] [--every N] [--json] [--resume CHECKPOINT]`: the
 // learning rate of every update of the config's run (train.max_steps updates of
-// train.batch_size x train.seq_len tokens, or those until train.max_tokens), as training logs it
-// in train/lr, without training: a
+// train.batch_size x train.seq_len tokens, or those until train.max_tokens or train.max_epochs),
+// as training logs it in train/lr, without training: a
 // schedule (a composable's stages, a wsds's periods, a decay tail) can be looked at before a long
 // run is started. With --resume, the updates a run resumed from that checkpoint with this config
 // makes (after another batch size or seq_len, a schedule in tokens goes on at the tokens seen).

@@ -93,7 +93,8 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   // update has the peak rate and the run's last update the final one. Each formula in OLMo-core's
   // order of operations. Counted in tokens, the update's position and the run's length are its
   // tokens seen (OLMo-core adds the batch's tokens before asking) and those plus the remaining
-  // updates' (max_steps x the tokens of an update where the batch never changed).
+  // updates' (max_steps x the tokens of an update where the batch never changed), or
+  // train.max_tokens where that gives the run's length.
   MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
             "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
   const int64_t unit = schedule_unit(c, tokens_per_step);

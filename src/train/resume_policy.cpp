@@ -100,29 +100,41 @@ std::string horizon_note(const RunConfig& saved, const RunConfig& now, TokenOrig
   const bool in_tokens = o.units == LrUnits::kTokens;
   const bool resized = was.batch_size * was.seq_len != is.batch_size * is.seq_len;
   auto length = [](const TrainConfig& t) {
-    return t.max_tokens > 0 ? fmt::format("train.max_tokens {}", t.max_tokens)
-                            : fmt::format("train.max_steps {}", t.max_steps);
+    return t.max_tokens > 0   ? fmt::format("train.max_tokens {}", t.max_tokens)
+           : t.max_epochs > 0 ? fmt::format("train.max_epochs {}", t.max_epochs)
+                              : fmt::format("train.max_steps {}", t.max_steps);
   };
+  const bool same_unit =
+      (was.max_tokens > 0) == (is.max_tokens > 0) && (was.max_epochs > 0) == (is.max_epochs > 0);
   std::string what;
-  if (was.max_tokens == 0 && is.max_tokens == 0) {
+  if (!same_unit) {
+    what = length(was) + " -> " + length(is);
+  } else if (was.max_tokens > 0) {
+    if (was.max_tokens != is.max_tokens) {
+      what = length(was) + " -> " + std::to_string(is.max_tokens);
+    } else if (!in_tokens) {
+      // The same train.max_tokens in other updates: the end in updates moves.
+      const int64_t before = max_steps_for_tokens(was, saved_origin);
+      const int64_t after = max_steps_for_tokens(is, now_origin);
+      if (before != after)
+        what = fmt::format(
+            "another batch size x seq_len (train.max_tokens {} in {} updates instead of {})",
+            is.max_tokens, after, before);
+    }
+  } else if (was.max_epochs > 0) {
+    // The same epochs in updates of another batch: the end moves in updates and in tokens (the
+    // epochs' tails that no whole batch fills).
+    if (was.max_epochs != is.max_epochs)
+      what = length(was) + " -> " + std::to_string(is.max_epochs);
+    else if (was.batch_size != is.batch_size || was.seq_len != is.seq_len)
+      what = fmt::format("another batch size or seq_len (train.max_epochs {} in its updates)",
+                         is.max_epochs);
+  } else if (was.max_steps != is.max_steps) {
+    what = length(was) + " -> " + std::to_string(is.max_steps);
+  } else if (in_tokens && resized) {
     // In tokens the end is the tokens seen and the remaining updates' tokens: another batch size
     // or seq_len moves it too.
-    if (was.max_steps != is.max_steps)
-      what = length(was) + " -> " + std::to_string(is.max_steps);
-    else if (in_tokens && resized)
-      what = "another batch size x seq_len (optim.units = \"tokens\")";
-  } else if (was.max_tokens != is.max_tokens) {
-    what = was.max_tokens > 0 && is.max_tokens > 0
-               ? length(was) + " -> " + std::to_string(is.max_tokens)
-               : length(was) + " -> " + length(is);
-  } else if (!in_tokens) {
-    // The same train.max_tokens in other updates: the end in updates moves.
-    const int64_t before = max_steps_for_tokens(was, saved_origin);
-    const int64_t after = max_steps_for_tokens(is, now_origin);
-    if (before != after)
-      what = fmt::format(
-          "another batch size x seq_len (train.max_tokens {} in {} updates instead of {})",
-          is.max_tokens, after, before);
+    what = "another batch size x seq_len (optim.units = \"tokens\")";
   }
   if (what.empty()) return "";
   return "note: " + what +

@@ -27,7 +27,7 @@ struct ConfigChange {
 // table order.
 std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const RunConfig& now);
 
-// The run's length (train.max_steps, or train.max_tokens) is the one schedule value that may
+// The run's length (train.max_steps, max_tokens or max_epochs) is the one schedule value that may
 // change without the flag: extending a run (train N steps, then resume to 2N) is everyday use.
 // Where the schedule depends on it (cosine, linear) the change is logged with this line ("" when
 // there is nothing to say). `saved_origin` and `now_origin` are where each run's current batch

@@ -2,6 +2,8 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -285,6 +287,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("embedding_init_std", t.init.embedding_std);
   r.read("max_steps", t.max_steps);
   r.read("max_tokens", t.max_tokens);
+  r.read("max_epochs", t.max_epochs);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
@@ -378,7 +381,8 @@ std::string trimmed(const std::string& text) {
 // or holds TOML's quotes or brackets is TOML or an error (`"a" "b"` or `[1` would otherwise
 // become strings unnoticed), and so is one that is not printable UTF-8 (the saved config.toml
 // could not be read back).
-void apply_override(toml::table& doc, const std::string& override_text) {
+// Returns the key it set, "section.key".
+std::string apply_override(toml::table& doc, const std::string& override_text) {
   const size_t eq = override_text.find('=');
   const size_t dot = override_text.find('.');
   MOE_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
@@ -402,6 +406,30 @@ void apply_override(toml::table& doc, const std::string& override_text) {
   toml::table* table = doc[section].as_table();
   MOE_CHECK(table != nullptr, "[config] override '{}': {} is not a table", override_text, section);
   table->insert_or_assign(key, *parsed.get("v"));
+  return section + "." + key;
+}
+
+// The run's length is one of [train]'s max_steps, max_tokens and max_epochs. A --set of one
+// (max_steps at any value, the others at a non-zero one) replaces the config file's length, so
+// that `--set train.max_tokens=N` works on a config that gives max_steps; two set by --set are
+// refused, as two in the file are (parse_run_config).
+void apply_length_override(toml::table& doc, const std::string& key, std::string& set_before) {
+  constexpr std::array<const char*, 3> kLengths = {"max_steps", "max_tokens", "max_epochs"};
+  const auto length = std::find_if(kLengths.begin(), kLengths.end(), [&](const char* name) {
+    return key == std::string("train.") + name;
+  });
+  if (length == kLengths.end()) return;
+  toml::table* train = doc["train"].as_table();
+  const std::string name = *length;
+  const auto value = train->get(name)->value<int64_t>();
+  if (name != "max_steps" && value.has_value() && *value == 0) return;  // unset only
+  MOE_CHECK(set_before.empty() || set_before == key,
+            "[config] --set {} and --set {}: the run's length is one of train.max_steps, "
+            "train.max_tokens and train.max_epochs",
+            set_before, key);
+  set_before = key;
+  for (const char* other : kLengths)
+    if (name != other) train->erase(other);
 }
 
 // OLMo-core's WSDS refuses periods that do not hold their decay (and the first its warm-up), and
@@ -507,12 +535,13 @@ int64_t max_steps_for_tokens(const TrainConfig& t, TokenOrigin origin) {
   if (t.max_tokens == 0) return t.max_steps;
   const int64_t per_step = t.batch_size * t.seq_len;  // below 2^33 (parse_run_config's bounds)
   const int64_t left = std::max<int64_t>(t.max_tokens - origin.tokens, 0);
-  // ceil(left / per_step) without the overflow of left + per_step - 1 near 2^63.
+  // ceil(left / per_step) without the overflow of left + per_step - 1 near 2^63. (OLMo-core's
+  // math.ceil divides in floating point: the same below 2^53 remaining tokens.)
   return origin.step + left / per_step + (left % per_step != 0 ? 1 : 0);
 }
 
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
-                          TokenOrigin origin, int64_t max_tokens) {
+                          TokenOrigin origin, int64_t max_tokens, int64_t max_epochs) {
   // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
   // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
   // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
@@ -539,16 +568,21 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
       origin.tokens, origin.step, max_steps, origin.step, unit);
   const bool tokens_horizon = in_tokens && max_tokens > 0;
   const int64_t horizon = tokens_horizon ? max_tokens : last;
+  // Names the length in errors as the config gave it.
+  const std::string given = max_tokens > 0   ? fmt::format("train.max_tokens={}", max_tokens)
+                            : max_epochs > 0 ? fmt::format("train.max_epochs={}", max_epochs)
+                                             : std::string();
   const std::string length =
       tokens_horizon ? fmt::format("{} tokens (train.max_tokens)", horizon)
-      : !in_tokens ? (max_tokens > 0 ? fmt::format("train.max_steps={} (from train.max_tokens={})",
-                                                   max_steps, max_tokens)
-                                     : fmt::format("train.max_steps={}", max_steps))
-      : shifted    ? fmt::format(
-                         "{} tokens (the {} seen by step {} and (train.max_steps - {}) x "
-                            "batch_size x seq_len)",
-                         horizon, origin.tokens, origin.step, origin.step)
-                : fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon);
+      : !in_tokens   ? (given.empty() ? fmt::format("train.max_steps={}", max_steps)
+                                      : fmt::format("train.max_steps={} (from {})", max_steps, given))
+      : shifted      ? fmt::format(
+                           "{} tokens (the {} seen by step {} and (train.max_steps - {}) x "
+                                "batch_size x seq_len)",
+                           horizon, origin.tokens, origin.step, origin.step)
+      : given.empty() ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
+                      : fmt::format("{} tokens (the {} updates of {} x batch_size x seq_len)",
+                                    horizon, max_steps, given);
   const std::string run_length = in_tokens ? "the run's " + length : length + " updates";
   const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
                                       : "optim.warmup_steps or optim.warmup_fraction";
@@ -728,7 +762,9 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
     fail("[config] {}:{}:{}: malformed TOML: {}", source_name, where.line, where.column,
          e.description());
   }
-  for (const std::string& o : overrides) apply_override(doc, o);
+  std::string length_set;  // the length key an override set, if any
+  for (const std::string& o : overrides)
+    apply_length_override(doc, apply_override(doc, o), length_set);
 
   RunConfig config;
   config.model = model_base;
@@ -776,16 +812,38 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.batch_size <= kMaxStepTokens / t.seq_len,
             "[config] train.batch_size={} x train.seq_len={} tokens a step: at most {}",
             t.batch_size, t.seq_len, kMaxStepTokens);
-  // The run's length is one duration, as OLMo-core's max_duration: updates or tokens.
+  // The run's length is one duration, as OLMo-core's max_duration: updates, tokens or epochs.
   MOE_CHECK(t.max_tokens >= 0, "[config] train.max_tokens={} must be >= 0 (0: train.max_steps)",
             t.max_tokens);
+  MOE_CHECK(t.max_epochs >= 0, "[config] train.max_epochs={} must be >= 0 (0: train.max_steps)",
+            t.max_epochs);
   const toml::table* train_table = doc["train"].as_table();
-  MOE_CHECK(t.max_tokens == 0 || train_table == nullptr || !train_table->contains("max_steps"),
-            "[config] {}: train.max_steps={} and train.max_tokens={} both set: the run's length "
-            "is one of them (train.max_tokens=0 to count updates)",
-            source_name, t.max_steps, t.max_tokens);
-  if (t.max_tokens > 0) config.train.max_steps = max_steps_for_tokens(t);
-  if (length == ScheduleLength::kFresh)
+  const bool steps_given = train_table != nullptr && train_table->contains("max_steps");
+  MOE_CHECK((t.max_tokens > 0) + (t.max_epochs > 0) +
+                    ((t.max_tokens == 0 && t.max_epochs == 0) || steps_given) ==
+                1,
+            "[config] {}: {} set: the run's length is one of train.max_steps, train.max_tokens and "
+            "train.max_epochs",
+            source_name,
+            steps_given && t.max_tokens > 0
+                ? fmt::format("train.max_steps={} and train.max_tokens={} both", t.max_steps,
+                              t.max_tokens)
+            : steps_given ? fmt::format("train.max_steps={} and train.max_epochs={} both",
+                                        t.max_steps, t.max_epochs)
+                          : fmt::format("train.max_tokens={} and train.max_epochs={} both",
+                                        t.max_tokens, t.max_epochs));
+  if (t.max_tokens > 0) {
+    config.train.max_steps = max_steps_for_tokens(t);
+    // The tokens seen after the last update must fit a 64-bit count (the trainer's, the
+    // checkpoints').
+    MOE_CHECK(t.max_steps <= std::numeric_limits<int64_t>::max() / (t.batch_size * t.seq_len),
+              "[config] train.max_tokens={} in updates of {} tokens: the last update's tokens "
+              "overflow a 64-bit count",
+              t.max_tokens, t.batch_size * t.seq_len);
+  }
+  if (t.max_epochs > 0) config.train.max_steps = 0;  // set once the training set is read
+  // A length in epochs is known once the training set is read: the trainer checks it then.
+  if (length == ScheduleLength::kFresh && t.max_epochs == 0)
     validate_lr_schedule(config.optim, t.max_steps, t.batch_size * t.seq_len, {}, t.max_tokens);
   MOE_CHECK(t.threads >= 0 && t.threads <= kMaxThreads,
             "[config] train.threads={} must be in [0, {}] (0: every core)", t.threads, kMaxThreads);
@@ -1102,10 +1160,12 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"max_target_seq_len", c.data.max_target_seq_len},
                    {"order", name(c.data.order, {{data::OrderRule::kMoecore, "moecore"},
                                                  {data::OrderRule::kOlmoCore, "olmo-core"}})}};
-  // The run's length as it was given: a derived max_steps read back beside max_tokens would be
-  // refused as a second length.
+  // The run's length as it was given: a derived max_steps read back beside max_tokens or
+  // max_epochs would be refused as a second length.
   if (t.max_tokens > 0)
     train.insert("max_tokens", t.max_tokens);
+  else if (t.max_epochs > 0)
+    train.insert("max_epochs", t.max_epochs);
   else
     train.insert("max_steps", t.max_steps);
   const ParallelConfig& p = c.parallel;

@@ -47,6 +47,12 @@ struct TrainConfig {
   // update whose tokens seen reach it (max_steps_for_tokens), and a schedule in tokens runs over
   // exactly max_tokens, as OLMo-core's trainer asks its scheduler.
   int64_t max_tokens = 0;
+  // Or in epochs of the training set (OLMo-core's Duration.epochs(n); 0: none): the updates until
+  // the data cursor reaches max_epochs x an epoch's instances (under data.order = "olmo-core"
+  // whole global batches, as its loader's total_batches; under moecore's order every instance,
+  // the last batch running into the next epoch). max_steps is then 0 until the training set is
+  // read (max_steps_for_epochs, train/training_data.h), where the trainer sets it.
+  int64_t max_epochs = 0;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
@@ -197,6 +203,8 @@ int64_t max_steps_for_tokens(const TrainConfig& t, TokenOrigin origin = {});
 // max_steps updates of this batch, or none for a resumed run, whose length in tokens depends on
 // its checkpoint (the tokens seen there): the trainer checks that one once it has read it. A
 // checkpoint's own config.toml is read as kResumed too (its run checked it when it started).
+// Under train.max_epochs the length is known once the training set is read: neither checks it
+// at load (the trainer and lr-schedule do then).
 enum class ScheduleLength { kFresh, kResumed };
 
 // Parses a TOML file (or the text of one) and applies overrides such as "train.max_steps=50".
@@ -216,9 +224,10 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 // caller with another length (debug-state --steps) applies them for its own, and a resume with
 // the tokens seen at its `origin` (a schedule in tokens runs over those and the remaining
 // updates' once another batch size or seq_len changed the tokens an update adds).
-// `max_tokens`: train.max_tokens (0: none), the horizon of a schedule in tokens.
+// `max_tokens`: train.max_tokens (0: none), the horizon of a schedule in tokens; `max_epochs`
+// (train.max_epochs, 0: none) only names where max_steps came from in errors.
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
-                          TokenOrigin origin = {}, int64_t max_tokens = 0);
+                          TokenOrigin origin = {}, int64_t max_tokens = 0, int64_t max_epochs = 0);
 
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);

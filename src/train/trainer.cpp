@@ -121,9 +121,10 @@ struct StartPoint {
   ResumePosition position;
   // Newer checkpoints the resume skipped (rank 0's): set aside once the run is known to go ahead.
   std::vector<DamagedCheckpoint> damaged;
-  // The run's length in updates: train.max_steps, or under train.max_tokens the updates until
-  // the tokens seen reach it, counted from where the current batch took over (OLMo-core's
-  // Trainer.max_steps, which another batch size at the resume moves).
+  // The run's length in updates: train.max_steps, or under train.max_tokens or max_epochs the
+  // updates until the tokens seen or the data cursor reach it, counted from where the current
+  // batch took over (OLMo-core's Trainer.max_steps, which another batch size at the resume
+  // moves).
   int64_t max_steps = 0;
 };
 
@@ -167,6 +168,7 @@ std::optional<std::string> agreed_checkpoint(const dist::Communicator& world,
 
 StartPoint choose_start(const dist::Communicator& world, const RunConfig& config,
                         const ParamLayout& full_layout, const TrainOptions& options,
+                        const data::TokenDataset& train_set,
                         const data::DatasetFingerprint& train_data) {
   const std::string& out_dir = config.train.out_dir;
   const std::vector<std::string> existing = list_checkpoints(out_dir);
@@ -241,12 +243,28 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
               *start.checkpoint, saved_state.step, saved_state.tokens_seen, tc.max_tokens);
     start.max_steps = max_steps_for_tokens(tc, origin);
   }
+  if (tc.max_epochs > 0) {
+    // As for max_tokens: past the end when the update before the checkpoint's last had reached
+    // it (in the saved run's epochs). The updates count from where the current batch took over:
+    // the replay origin's cursor, or with another configuration the cursor the run goes on
+    // from.
+    MOE_CHECK(!past_max_epochs(*start.saved_config, saved_state, train_set.num_instances(),
+                               tc.max_epochs),
+              "[train] --resume: {} is at step {} with {} instances read, past "
+              "train.max_epochs={}: raise train.max_epochs to continue the run",
+              *start.checkpoint, saved_state.step, saved_state.data_cursor, tc.max_epochs);
+    start.max_steps =
+        changes.empty()
+            ? max_steps_for_epochs(config, train_set, saved_state.origin.step,
+                                   saved_state.origin.data_cursor)
+            : max_steps_for_epochs(config, train_set, saved_state.step, start.position.cursor);
+  }
   // The schedule's checks over the run's real length (the config was read without them): in
   // tokens, the tokens seen so far and the remaining updates' (another batch size or seq_len
   // moves it).
   if (start.max_steps >= saved_state.step)  // else refused below, naming max_steps
     validate_lr_schedule(config.optim, start.max_steps, tc.batch_size * tc.seq_len, origin,
-                         tc.max_tokens);
+                         tc.max_tokens, tc.max_epochs);
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note =
@@ -353,6 +371,13 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
   if (tc.max_tokens > 0) announce_max_tokens(ctx);
+  if (tc.max_epochs > 0)
+    ctx.progress.message(
+        fmt::format("length: train.max_epochs={} of {} instances: {} {}update(s) of {} sequences{}",
+                    tc.max_epochs, ctx.loader.order().epoch_length(), tc.max_steps - ctx.step,
+                    ctx.step > 0 ? "more " : "", tc.batch_size,
+                    ctx.step > 0 ? fmt::format(" after step {}, to step {}", ctx.step, tc.max_steps)
+                                 : std::string()));
   if (ctx.world.size() > 1)
     ctx.progress.message(fmt::format(
         "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}; "
@@ -698,8 +723,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // A --resume's config is read without the schedule's checks of the run's length
   // (ScheduleLength::kResumed): choose_start makes them over the resumed run's length, and with
   // no checkpoint to resume they are a fresh run's, made here before anything is opened or
-  // written.
-  if (options.resume && list_checkpoints(tc.out_dir).empty())
+  // written (under train.max_epochs once the training set is read, below).
+  if (options.resume && list_checkpoints(tc.out_dir).empty() && tc.max_epochs == 0)
     validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len, {}, tc.max_tokens);
   // MPI's world: the job's processes, and the bootstrap of a communicator over the device's
   // memory (parallel.communicator, train/communicator_choice.h).
@@ -745,6 +770,14 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "not split over dp={} ranks",
             rows, dp);
   const RunInputs in = open_inputs(config);
+  if (tc.max_epochs > 0) {
+    // A length in epochs is known now that the training set is read: a fresh run's is checked
+    // here, before anything is written (a resume's counts from its checkpoint, in choose_start).
+    config.train.max_steps = max_steps_for_epochs(config, in.train_data);
+    if (!options.resume || list_checkpoints(tc.out_dir).empty())
+      validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len, {}, 0,
+                           tc.max_epochs);
+  }
   // And its own token files: the same global batches on every rank. The training set's
   // fingerprint is also what the checkpoints record and a resume compares (choose_start).
   const data::DatasetFingerprint train_fingerprint = data::dataset_fingerprint(in.train_data);
@@ -774,8 +807,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   world.broadcast(&owner_pid, sizeof(owner_pid), 0);
   world.barrier();  // the other ranks read the run directory only once rank 0 has tidied it
-  const StartPoint start = choose_start(world, config, full_layout, options, train_fingerprint);
-  config.train.max_steps = start.max_steps;  // moved by a resume under train.max_tokens
+  const StartPoint start =
+      choose_start(world, config, full_layout, options, in.train_data, train_fingerprint);
+  config.train.max_steps = start.max_steps;  // a resume's under train.max_tokens or max_epochs
 
   ParamBuffers params(layout), grads(layout);
   // Per-name streams: the same weights in any layout.
@@ -923,6 +957,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             ? fmt::format("done: nothing to train: {} has seen {} tokens, train.max_tokens={} "
                           "(raise it to continue the run)",
                           *start.checkpoint, resumed.tokens_seen, tc.max_tokens)
+        : tc.max_epochs > 0
+            ? fmt::format("done: nothing to train: {} has read train.max_epochs={} epoch(s) of "
+                          "the training set (raise it to continue the run)",
+                          *start.checkpoint, tc.max_epochs)
             : fmt::format(
                   "done: nothing to train: {} is at train.max_steps={} (raise it to continue the "
                   "run)",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <limits>
 #include <vector>
 
 #include "core/check.h"
@@ -21,6 +22,52 @@ data::DataLoader training_loader(const RunConfig& config, const data::TokenDatas
       data::InstanceOrder::with_rule(config.data.order, config.train.seed, dataset.num_instances(),
                                      config.train.batch_size, dataset.instances_per_chunk()),
       cursor, dp_ranks);
+}
+
+namespace {
+
+// max_epochs x the instances an epoch visits under the run's order and batch size: where a run
+// of train.max_epochs ends its reading.
+uint64_t instances_of_max_epochs(const RunConfig& config, const data::TokenDataset& dataset) {
+  const TrainConfig& t = config.train;
+  const int64_t epoch =
+      data::InstanceOrder::with_rule(config.data.order, t.seed, dataset.num_instances(),
+                                     t.batch_size, dataset.instances_per_chunk())
+          .epoch_length();
+  MOE_CHECK(epoch > 0,
+            "[train] train.max_epochs={}: an epoch of the training set's {} instances holds no "
+            "whole global batch of train.batch_size={}",
+            t.max_epochs, dataset.num_instances(), t.batch_size);
+  uint64_t end = 0;
+  MOE_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(t.max_epochs),
+                                    static_cast<uint64_t>(epoch), &end) &&
+                end <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+            "[train] train.max_epochs={} of {} instances overflows a data position", t.max_epochs,
+            epoch);
+  return end;
+}
+
+}  // namespace
+
+int64_t max_steps_for_epochs(const RunConfig& config, const data::TokenDataset& dataset,
+                             int64_t origin_step, uint64_t origin_cursor) {
+  const uint64_t end = instances_of_max_epochs(config, dataset);
+  const auto batch = static_cast<uint64_t>(config.train.batch_size);
+  const uint64_t left = end > origin_cursor ? end - origin_cursor : 0;
+  return origin_step + static_cast<int64_t>(left / batch + (left % batch != 0 ? 1 : 0));
+}
+
+bool past_max_epochs(const RunConfig& saved, const TrainerState& state, int64_t instances,
+                     int64_t max_epochs) {
+  const TrainConfig& was = saved.train;
+  const int64_t saved_instances = state.train_data ? state.train_data->instances : instances;
+  const auto epoch = static_cast<uint64_t>(
+      data::InstanceOrder::with_rule(saved.data.order, was.seed, saved_instances, was.batch_size)
+          .epoch_length());
+  uint64_t end = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(max_epochs), epoch, &end)) return false;
+  const auto batch = static_cast<uint64_t>(was.batch_size);
+  return state.data_cursor >= batch && state.data_cursor - batch >= end;
 }
 
 namespace {

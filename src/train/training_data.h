@@ -21,6 +21,22 @@ data::TokenDataset open_training_set(const RunConfig& config);
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor = 0, int64_t dp_ranks = 1);
 
+// The run's length in updates under train.max_epochs (OLMo-core's Trainer.max_steps under
+// max_duration = Duration.epochs(n)): from `origin_step` and `origin_cursor` (where the current
+// batch size took over: the replay origin's step and data cursor; 0 and 0 for a fresh run), the
+// updates until the data cursor reaches max_epochs x the order's epoch length (OLMo-core's order:
+// its whole global batches, so exactly its count, the remaining batches of the epoch and those of
+// the later ones; moecore's: every instance, the last batch running into the next epoch), none
+// past it. An epoch without a whole batch or a count that overflows is a one-line error.
+int64_t max_steps_for_epochs(const RunConfig& config, const data::TokenDataset& dataset,
+                             int64_t origin_step = 0, uint64_t origin_cursor = 0);
+
+// Whether checkpoint state `state`, written under `saved` (its training set of
+// `instances`, unless the state records its own), is past `max_epochs` epochs as the saved run
+// counted them: the update before its last had already reached the end.
+bool past_max_epochs(const RunConfig& saved, const TrainerState& state, int64_t instances,
+                     int64_t max_epochs);
+
 // Where a resumed run's loader starts.
 struct ResumePosition {
   uint64_t cursor = 0;  // the loader's cursor in the resumed run

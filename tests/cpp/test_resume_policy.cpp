@@ -154,6 +154,16 @@ TEST(ResumePolicy, MaxTokensMovesTheEndAsItsUpdatesDo) {
   EXPECT_NE(horizon_note(a, c).find("train.max_tokens 600 -> train.max_steps 12"),
             std::string::npos)
       << horizon_note(a, c);
+  // In epochs: another count, or the same in other batches, moves the end.
+  RunConfig e = c;
+  e.train.max_epochs = 2;
+  RunConfig f = e;
+  f.train.max_epochs = 3;
+  EXPECT_NE(horizon_note(e, f).find("train.max_epochs 2 -> 3"), std::string::npos);
+  f.train.max_epochs = 2;
+  EXPECT_EQ(horizon_note(e, f), "");
+  f.train.batch_size = 8;
+  EXPECT_NE(horizon_note(e, f).find("train.max_epochs 2 in its updates"), std::string::npos);
 }
 
 // The rowwise dispatch's capacity decides which tokens an expert-parallel run drops; without

@@ -356,8 +356,6 @@ TEST(RunConfig, TomlRoundTrip) {
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
 }
 
-// The stages and the override decay of "composable" survive a checkpoint's config with the keys
-// they were given (an absolute rate stays one, a fraction a fraction).
 // train.max_tokens (OLMo-core's max_duration in tokens) sets max_steps to the updates until the
 // tokens are reached, is written back instead of max_steps, and is exclusive with it.
 TEST(RunConfig, MaxTokensGivesTheUpdates) {
@@ -382,15 +380,63 @@ TEST(RunConfig, MaxTokensGivesTheUpdates) {
   t.batch_size = 1;
   t.seq_len = 2;
   EXPECT_EQ(max_steps_for_tokens(t), std::numeric_limits<int64_t>::max() / 2 + 1);
-  EXPECT_NE(error_of(text, {"train.max_steps=5"})
-                .find("train.max_steps=5 and "
-                      "train.max_tokens=600 both set"),
+  EXPECT_NE(error_of(text + "max_steps = 5\n")
+                .find("train.max_steps=5 and train.max_tokens=600 both set"),
             std::string::npos);
   EXPECT_NE(error_of(text, {"train.max_tokens=-1"}).find("train.max_tokens=-1 must be >= 0"),
             std::string::npos);
   EXPECT_EQ(parse(text, {"train.max_tokens=0", "train.max_steps=5"}).train.max_steps, 5);
 }
 
+// train.max_epochs (OLMo-core's Duration.epochs): its updates are known once the training set is
+// read (train/training_data.h), so max_steps is 0 until then and the length is written as given;
+// one length of the three.
+TEST(RunConfig, MaxEpochsIsTheLengthAsGiven) {
+  const std::string text = "[train]\nmax_epochs = 3\nbatch_size = 2\nseq_len = 32\n";
+  const RunConfig c = parse(text);
+  EXPECT_EQ(c.train.max_epochs, 3);
+  EXPECT_EQ(c.train.max_steps, 0);
+  const std::string toml = run_config_to_toml(c);
+  EXPECT_NE(toml.find("max_epochs = 3"), std::string::npos) << toml;
+  EXPECT_EQ(toml.find("\nmax_steps"), std::string::npos) << toml;
+  EXPECT_EQ(run_config_to_toml(parse(toml)), toml);
+  EXPECT_NE(
+      error_of(text + "max_steps = 5\n").find("train.max_steps=5 and train.max_epochs=3 both set"),
+      std::string::npos);
+  EXPECT_NE(error_of(text + "max_tokens = 64\n")
+                .find("train.max_tokens=64 and train.max_epochs=3 both set"),
+            std::string::npos);
+  EXPECT_NE(error_of(text, {"train.max_epochs=-2"}).find("train.max_epochs=-2 must be >= 0"),
+            std::string::npos);
+  EXPECT_EQ(parse(text, {"train.max_epochs=0", "train.max_steps=5"}).train.max_steps, 5);
+}
+
+// A --set of a length replaces the file's (`--set train.max_tokens=N` on a config that gives
+// max_steps, as configs/default.toml does); two lengths set by --set are refused; a --set of 0
+// unsets max_tokens or max_epochs only. Lengths whose tokens overflow are one-line errors (both
+// near 2^62: no signed overflow in the check either).
+TEST(RunConfig, LengthOverridesReplaceTheFilesLength) {
+  const std::string steps = "[train]\nmax_steps = 400\nbatch_size = 2\nseq_len = 32\n";
+  EXPECT_EQ(parse(steps, {"train.max_tokens=600"}).train.max_steps, 10);
+  EXPECT_EQ(parse(steps, {"train.max_epochs=2"}).train.max_epochs, 2);
+  EXPECT_EQ(parse(steps, {"train.max_tokens=0"}).train.max_steps, 400);
+  const std::string tokens = "[train]\nmax_tokens = 600\nbatch_size = 2\nseq_len = 32\n";
+  EXPECT_EQ(parse(tokens, {"train.max_steps=5"}).train.max_steps, 5);
+  EXPECT_EQ(parse(tokens, {"train.max_steps=5"}).train.max_tokens, 0);
+  EXPECT_NE(error_of(steps, {"train.max_tokens=600", "train.max_epochs=2"})
+                .find("--set train.max_tokens and --set train.max_epochs"),
+            std::string::npos);
+  EXPECT_NE(error_of(tokens, {"train.max_tokens=9223372036854775807"})
+                .find("train.max_tokens=9223372036854775807 in updates of 64 tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nmax_tokens = 4611686018427387904\n"
+                     "max_epochs = 4611686018427387904\n")
+                .find("both set"),
+            std::string::npos);
+}
+
+// The stages and the override decay of "composable" survive a checkpoint's config with the keys
+// they were given (an absolute rate stays one, a fraction a fraction).
 TEST(RunConfig, ComposableStagesRoundTrip) {
   const RunConfig c = parse(
       "[optim]\nschedule = \"composable\"\nwarmup_steps = 0\n"

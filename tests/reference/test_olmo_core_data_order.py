@@ -175,9 +175,11 @@ def test_bad_order_settings_are_one_line_errors(tokens, sets, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
-def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, steps: int,
-                 max_target: int = 0) -> Path:
-    """A tiny model trained `steps` steps under OLMo-core's order, its checkpoint at the end."""
+def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, steps: int | None,
+                 max_target: int = 0, max_epochs: int | None = None,
+                 order: str = "olmo-core", out: str | None = None) -> Path:
+    """A tiny model trained `steps` steps (or `max_epochs` epochs) under OLMo-core's order, its
+    checkpoint at the end, in root / `out` (default: root / name)."""
     cfg = root / f"{name}.toml"
     cfg.write_text(H.toml_text({
         "model": H.model_table({"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1,
@@ -186,8 +188,9 @@ def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, step
                                 "moe_intermediate_size": 8, "intermediate_size": 16}),
         "optim": {**H.OPTIM_DEFAULTS, "schedule": "constant"},
         "train": {"seq_len": seq, "batch_size": batch, "seed": seed, "max_steps": steps,
-                  "threads": 1, "eval_every": 0, "sample_tokens": 0, "out_dir": str(root / name)},
-        "data": {"train": [str(root / "tokens" / "train")], "order": "olmo-core",
+                  "max_epochs": max_epochs, "threads": 1, "eval_every": 0, "sample_tokens": 0,
+                  "out_dir": str(root / (out or name))},
+        "data": {"train": [str(root / "tokens" / "train")], "order": order,
                  "max_target_seq_len": max_target},
     }))
     return cfg
@@ -388,3 +391,106 @@ def test_random_resume_chains_read_as_olmo_core(tokens, case):
     differing = np.argwhere(ours != ref)
     assert differing.size == 0, (segments, last_batch, last_seq,
                                  f"first differing [step, rank, row]: {differing[0].tolist()}")
+
+
+class TrainerCounters:
+    """The counters OLMo-core's Trainer._get_max_steps reads, around a real loader: its own
+    arithmetic for max_duration = Duration.epochs(n) runs on this object."""
+
+    def __init__(self, loader, step: int, epoch: int):
+        self.data_loader, self.global_step, self.epoch = loader, step, epoch
+
+
+def olmo_core_max_steps(loader, step: int, epoch: int, epochs: int) -> int:
+    from olmo_core.train.common import Duration
+    from olmo_core.train.trainer import Trainer
+    return Trainer._get_max_steps(TrainerCounters(loader, step, epoch), Duration.epochs(epochs))
+
+
+def trained_steps(root: Path, name: str) -> int:
+    rows = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
+    return max(r["step"] for r in rows if "train/loss" in r)
+
+
+@pytest.mark.parametrize("before,after,where", [
+    (None, 8, None),  # a fresh run of 2 epochs
+    ((12, SEQ), 10, "mid"),  # resumed inside epoch 2 with a smaller batch
+    ((6, SEQ), 4, "end"),  # at epoch 1's end: its tail, which batches of 6 left, is read
+    ((4, SEQ), 12, "mid"),
+])
+def test_max_epochs_trains_olmo_core_trainers_steps(tokens, before, after, where):
+    """train.max_epochs = 2 (OLMo-core's max_duration = Duration.epochs(2)): the updates moecore
+    trains, and `lr-schedule` lists, are OLMo-core's Trainer._get_max_steps over its own loader:
+    2 x total_batches for a fresh run; after a resume with another batch size, the loader loaded
+    from the saved run's state (its epoch and batches_processed) counts the rest of that epoch and
+    the next one in the new batches."""
+    seed = 7
+    name = f"epochs_{before and before[0]}_{after}_{where}"
+    new_cfg = train_config(tokens, f"{name}_epochs", batch=after, seq=SEQ, seed=seed,
+                           steps=None, max_epochs=2, out=name)
+    if before is None:
+        loader = olmo_core_loader(tokens, batch=after, seed=seed)
+        ref = olmo_core_max_steps(loader, 0, 1, 2)
+        assert ref == 2 * loader.total_batches
+        shown = json.loads(H.run_moecore("lr-schedule", new_cfg, "--json").stdout)
+        assert shown["step"][-1] == ref
+        out = H.run_moecore("train", new_cfg).stdout
+        assert f"length: train.max_epochs=2 of {loader.total_batches * after} instances: {ref} " \
+            f"update(s) of {after} sequences" in out, out[-1500:]
+        assert trained_steps(tokens, name) == ref
+        return
+    b0, s0 = before
+    per_epoch = moecore_order(tokens, train_config(tokens, f"{name}_probe", batch=b0, seq=s0,
+                                                   seed=seed, steps=1), 1, 1)[1]["per_epoch"]
+    steps = {"mid": per_epoch // b0 + 3, "end": per_epoch // b0}[where]
+    saved_cfg = train_config(tokens, name, batch=b0, seq=s0, seed=seed, steps=steps)
+    H.run_moecore("train", saved_cfg)
+    ckpt = tokens / name / "checkpoints" / f"step_{steps:08d}"
+    old = olmo_core_loader(tokens, batch=b0, seed=seed, seq=s0)
+    olmo_core_batches(old, steps)
+    state = old.state_dict()
+    loader = olmo_core_loader(tokens, batch=after, seed=seed)
+    loader.load_state_dict(dict(state))
+    ref = olmo_core_max_steps(loader, steps, state["epoch"], 2)
+    assert ref > steps
+    shown = json.loads(H.run_moecore("lr-schedule", new_cfg, "--resume", ckpt, "--json").stdout)
+    assert shown["step"] == list(range(steps + 1, ref + 1))
+    H.run_moecore("train", new_cfg, "--resume", "--allow-config-change", "--set",
+                  "train.save_every=1", "--set", "train.keep_last=0")
+    assert trained_steps(tokens, name) == ref
+    # From the resumed run's own next checkpoint, unchanged: counted from its replay origin.
+    shown = json.loads(H.run_moecore("lr-schedule", new_cfg, "--resume",
+                                     tokens / name / "checkpoints" / f"step_{steps + 1:08d}",
+                                     "--json").stdout)
+    assert shown["step"] == list(range(steps + 2, ref + 1))
+    # Once more: finished, in epochs; one epoch is past the checkpoint, refused in one line.
+    out = H.run_moecore("train", new_cfg, "--resume").stdout
+    assert "done: nothing to train" in out and "train.max_epochs=2 epoch(s)" in out, out[-800:]
+    r = H.run_moecore_raw("train", new_cfg, "--resume", "--set", "train.max_epochs=1")
+    assert r.returncode == 1 and "past train.max_epochs=1" in r.stderr \
+        and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_max_epochs_under_moecores_order_reads_every_instance(tokens):
+    """Under moecore's order an epoch is every instance and batches run across epochs: 2 epochs
+    are the updates until 2 x the instances are read, ceil(2 n / batch). The length is one of
+    max_steps, max_tokens and max_epochs."""
+    cfg = train_config(tokens, "epochs_moecore", batch=12, seq=SEQ, seed=3, steps=None,
+                       max_epochs=2, order="moecore")
+    n = moecore_order(tokens, cfg, 1, 1)[1]["per_epoch"]
+    shown = json.loads(H.run_moecore("lr-schedule", cfg, "--json").stdout)
+    assert shown["step"][-1] == -(-2 * n // 12) and (2 * n) % 12 != 0  # the last runs over
+    both = tokens / "epochs_both.toml"
+    both.write_text(cfg.read_text().replace("max_epochs = 2", "max_epochs = 2\nmax_steps = 5"))
+    for config, sets, message in [
+            (both, [], "train.max_steps=5 and train.max_epochs=2 both"),
+            (cfg, ["train.max_tokens=500", "train.max_epochs=3"],
+             "--set train.max_tokens and --set train.max_epochs"),
+            (cfg, ["train.max_epochs=-1"], "train.max_epochs=-1 must be >= 0")]:
+        r = H.run_moecore_raw("lr-schedule", config, *[a for s in sets for a in ("--set", s)])
+        assert r.returncode == 1 and message in r.stderr \
+            and len(r.stderr.strip().splitlines()) == 1, (sets, r.stderr)
+    # A --set of another length replaces the file's.
+    shown = json.loads(H.run_moecore("lr-schedule", cfg, "--set", "train.max_steps=5",
+                                     "--json").stdout)
+    assert shown["step"] == [1, 2, 3, 4, 5]

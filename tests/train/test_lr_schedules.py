@@ -609,7 +609,8 @@ def random_schedule(rng: random.Random, in_tokens: bool, horizon: int):
         optim.pop(key("warmup"), None)
         optim.pop("warmup_fraction", None)
         w = rng.randint(0, periods[0] // 3)
-        d = rng.randint(1, max(1, periods[-1] // 3)) if rng.random() < 0.5 else None
+        # Every period holds its decay, the first its warm-up too (OLMo-core refuses otherwise).
+        d = rng.randint(1, max(1, min(periods) // 3)) if rng.random() < 0.5 else None
         multipliers = [rng.choice([1.0, 0.5, 2.0]) for _ in periods] if rng.random() < 0.5 else None
         optim.update({key("period"): periods, key("warmup"): w, "min_lr_ratio": 0.1})
         if d is None:

@@ -15,8 +15,9 @@ tests/train/test_lr_schedules.py (bit for bit) at another horizon.
 from __future__ import annotations
 
 import json
+import random
 import tomllib
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,9 @@ pytest.importorskip("olmo_core.train.trainer", reason="ai2-olmo-core is not inst
 from olmo_core.optim.scheduler import WSD, CosWithWarmup  # noqa: E402
 from olmo_core.train.common import Duration  # noqa: E402
 from olmo_core.train.trainer import Trainer  # noqa: E402
+
+# OLMo-core's ComposableScheduler says once that it has its own length; so does moecore's README.
+pytestmark = pytest.mark.filterwarnings("ignore:'ComposableScheduler' ignores 't_max':UserWarning")
 
 LR = 3e-3
 SEQ = 32
@@ -123,7 +127,8 @@ def test_a_run_in_tokens_stops_and_schedules_as_olmo_cores(moecore_bin, job_data
     resumed = config(tmp_path, job_data, out, optim, 900, 4, name="resumed.toml")
     shown = json.loads(run(moecore_bin, "lr-schedule", resumed, "--resume",
                            out / "checkpoints/step_00000010", "--json").stdout)
-    r = run(moecore_bin, "train", resumed, "--resume", "--allow-config-change")
+    r = run(moecore_bin, "train", resumed, "--resume", "--allow-config-change", "--set",
+            "train.save_every=1", "--set", "train.keep_last=0")
     assert "config change on resume: train.batch_size: 2 -> 4" in r.stdout, r.stdout[-2000:]
     assert "length: train.max_tokens=900: 3 more update(s) of 4 x 32 tokens after step 10, to " \
         "step 13 (the last ends at 1024 tokens)" in r.stdout, r.stdout[-2000:]
@@ -133,6 +138,10 @@ def test_a_run_in_tokens_stops_and_schedules_as_olmo_cores(moecore_bin, job_data
     ours = logged(out, range(1, 14))[10:]
     assert ours == ref, list(zip(ours, ref))
     assert list(zip(shown["step"], shown["tokens_seen"], shown["lr"])) == ref
+    # From the resumed run's own checkpoint at step 11, unchanged: the replay origin counts.
+    shown = json.loads(run(moecore_bin, "lr-schedule", resumed, "--resume",
+                           out / "checkpoints/step_00000011", "--json").stdout)
+    assert list(zip(shown["step"], shown["tokens_seen"], shown["lr"])) == ref[1:]
     # Once more: nothing to train, in tokens.
     r = run(moecore_bin, "train", resumed, "--resume")
     assert "done: nothing to train" in r.stdout and "has seen 1024 tokens, " \
@@ -140,17 +149,26 @@ def test_a_run_in_tokens_stops_and_schedules_as_olmo_cores(moecore_bin, job_data
 
 
 def test_the_length_is_given_once_in_one_unit(moecore_bin, job_data, tmp_path):
-    """Both train.max_steps and train.max_tokens, or a negative length, are one-line errors;
-    --set train.max_tokens=0 goes back to counting updates."""
+    """Both train.max_steps and train.max_tokens in the file, or both set by --set, or a negative
+    length, are one-line errors; a --set of one replaces the file's (make train's default config
+    gives max_steps)."""
     out = tmp_path / "run"
     cfg = config(tmp_path, job_data, out, CASES["cosine_steps"][0], 600, 2)
-    r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_steps=5", check=False)
+    both = tmp_path / "both.toml"
+    both.write_text(cfg.read_text().replace("max_tokens = 600", "max_tokens = 600\nmax_steps = 5"))
+    r = run(moecore_bin, "lr-schedule", both, check=False)
     assert_one_line_error(r, "train.max_steps=5 and train.max_tokens=600 both set")
+    r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_tokens=700", "--set",
+            "train.max_steps=5", check=False)
+    assert_one_line_error(r, "--set train.max_tokens and --set train.max_steps")
     r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_tokens=-64", check=False)
     assert_one_line_error(r, "train.max_tokens=-64 must be >= 0")
-    r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_tokens=0", "--set",
-            "train.max_steps=5", "--json")
+    r = run(moecore_bin, "lr-schedule", cfg, "--set", "train.max_steps=5", "--json")
     assert json.loads(r.stdout)["step"] == [1, 2, 3, 4, 5]
+    default = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
+    shown = json.loads(run(moecore_bin, "lr-schedule", default, "--set", "train.max_tokens=100000",
+                           "--json").stdout)
+    assert shown["tokens_seen"][-1] >= 100000 > shown["tokens_seen"][-2]
     # The schedule's checks run over the length in tokens: a decay of 1000 tokens in a run of 600.
     r = run(moecore_bin, "lr-schedule", cfg, "--set", 'optim.schedule="wsd"', "--set",
             'optim.units="tokens"', "--set", "optim.warmup_steps=0", "--set",
@@ -176,3 +194,31 @@ def test_a_checkpoint_past_max_tokens_is_refused(moecore_bin, job_data, tmp_path
     assert_one_line_error(r, "past train.max_tokens=500")
     r = run(moecore_bin, "train", cfg, "--set", "train.max_tokens=600", "--resume")
     assert "done: nothing to train" in r.stdout, r.stdout[-1500:]
+
+
+def test_random_schedules_over_max_tokens_are_olmo_cores(moecore_bin, tmp_path):
+    """Random schedules of every family (tests/train/test_lr_schedules.py's generator) over a
+    train.max_tokens that the updates of 64 tokens do not divide, in tokens and in updates:
+    `lr-schedule` (the trainer's learning_rate and length) against OLMo-core's trainer stepping
+    its scheduler, every update's rate bit for bit, the last one past max_tokens included."""
+    from test_lr_schedules import random_schedule, toml_value
+    rng = random.Random(20261206)
+    families = set()
+    for i in range(60):
+        in_tokens = rng.random() < 0.6
+        max_tokens = rng.randint(4, 40) * 64 + rng.randint(1, 63)
+        updates = -(-max_tokens // 64)
+        optim, scheduler = random_schedule(rng, in_tokens, max_tokens if in_tokens else updates)
+        families.add((optim["schedule"], in_tokens))
+        table = dict(optim, lr=LR, units="tokens" if in_tokens else "steps")
+        cfg = tmp_path / f"c{i}.toml"
+        cfg.write_text("[optim]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items()) +
+                       f"[train]\nmax_tokens = {max_tokens}\nbatch_size = 2\nseq_len = {SEQ}\n")
+        r = run(moecore_bin, "lr-schedule", cfg, "--json", check=False)
+        assert r.returncode == 0, (table, max_tokens, r.stderr)
+        shown = json.loads(r.stdout)
+        ref = OlmoCoreClock(Duration.tokens(max_tokens), 2 * SEQ).run(
+            scheduler, "tokens" if in_tokens else "steps")
+        assert list(zip(shown["step"], shown["tokens_seen"], shown["lr"])) == ref, \
+            (table, max_tokens)
+    assert len({f for f, tokens in families if tokens}) == 11, families

@@ -47,17 +47,20 @@ void CheckpointCallback::save(TrainContext& ctx) {
   const TrainConfig& tc = ctx.config.train;
   const int64_t at_step = ctx.step;
   last_saved_ = at_step;
-  nlohmann::json state = {
-      {"step", at_step},
-      {"tokens_seen", ctx.tokens_seen},
-      {"data_cursor", ctx.loader.cursor()},
-      {"seed", tc.seed},
-      {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
-      {"lr_next", learning_rate(ctx.config.optim, at_step, tc.max_steps, tc.batch_size * tc.seq_len,
-                                token_origin(ctx.replay_origin), tc.max_tokens)},
-      {"step_guard", ctx.guard.to_json()},
-      {"recipe_revision", kRecipeRevision},
-      {"gerrymandering", ctx.gerrymandering.to_json()}};
+  nlohmann::json state = {{"step", at_step},
+                          {"tokens_seen", ctx.tokens_seen},
+                          {"data_cursor", ctx.loader.cursor()},
+                          {"seed", tc.seed},
+                          {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
+                          {"step_guard", ctx.guard.to_json()},
+                          {"recipe_revision", kRecipeRevision},
+                          {"gerrymandering", ctx.gerrymandering.to_json()}};
+  // The next update's rate, for a reader of the checkpoint; none at the run's end (past it a
+  // schedule's linear decay would go on below its floor).
+  if (at_step < tc.max_steps)
+    state["lr_next"] =
+        learning_rate(ctx.config.optim, at_step, tc.max_steps, tc.batch_size * tc.seq_len,
+                      token_origin(ctx.replay_origin), tc.max_tokens);
   state["train_data"] = {{"tokens", ctx.train_data.tokens},
                          {"instances", ctx.train_data.instances},
                          {"sample_hash", fmt::format("{:016x}", ctx.train_data.sample_hash)}};
