@@ -288,6 +288,8 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("max_steps", t.max_steps);
   r.read("max_tokens", t.max_tokens);
   r.read("max_epochs", t.max_epochs);
+  r.read("hard_stop_steps", t.hard_stop_steps);
+  r.read("hard_stop_tokens", t.hard_stop_tokens);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
   r.read("seq_len", t.seq_len);
@@ -533,8 +535,20 @@ void validate_composable(const OptimConfig& o) {
 
 int64_t max_steps_for_tokens(const TrainConfig& t, TokenOrigin origin) {
   if (t.max_tokens == 0) return t.max_steps;
-  const int64_t per_step = t.batch_size * t.seq_len;  // below 2^33 (parse_run_config's bounds)
-  const int64_t left = std::max<int64_t>(t.max_tokens - origin.tokens, 0);
+  // batch_size x seq_len: below 2^33 (parse_run_config's bounds).
+  return step_reaching_tokens(t.max_tokens, t.batch_size * t.seq_len, origin);
+}
+
+int64_t last_step(const TrainConfig& t, TokenOrigin origin) {
+  if (t.hard_stop_steps > 0) return std::min(t.max_steps, t.hard_stop_steps);
+  if (t.hard_stop_tokens > 0)
+    return std::min(t.max_steps,
+                    step_reaching_tokens(t.hard_stop_tokens, t.batch_size * t.seq_len, origin));
+  return t.max_steps;
+}
+
+int64_t step_reaching_tokens(int64_t tokens, int64_t per_step, TokenOrigin origin) {
+  const int64_t left = std::max<int64_t>(tokens - origin.tokens, 0);
   // ceil(left / per_step) without the overflow of left + per_step - 1 near 2^63. (OLMo-core's
   // math.ceil divides in floating point: the same below 2^53 remaining tokens.)
   return origin.step + left / per_step + (left % per_step != 0 ? 1 : 0);
@@ -832,6 +846,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                                         t.max_steps, t.max_epochs)
                           : fmt::format("train.max_tokens={} and train.max_epochs={} both",
                                         t.max_tokens, t.max_epochs));
+  MOE_CHECK(t.hard_stop_steps >= 0 && t.hard_stop_tokens >= 0 &&
+                (t.hard_stop_steps == 0 || t.hard_stop_tokens == 0),
+            "[config] train.hard_stop_steps={} and train.hard_stop_tokens={}: give at most one, "
+            "> 0 (0: none)",
+            t.hard_stop_steps, t.hard_stop_tokens);
   if (t.max_tokens > 0) {
     config.train.max_steps = max_steps_for_tokens(t);
     // The tokens seen after the last update must fit a 64-bit count (the trainer's, the
@@ -1117,6 +1136,8 @@ std::string run_config_to_toml(const RunConfig& c) {
                                                          {InitMethod::kFanIn, "fan_in"}})},
                     {"init_std", t.init.std},
                     {"embedding_init_std", t.init.embedding_std},
+                    {"hard_stop_steps", t.hard_stop_steps},
+                    {"hard_stop_tokens", t.hard_stop_tokens},
                     {"batch_size", t.batch_size},
                     {"microbatches", t.microbatches},
                     {"seq_len", t.seq_len},

@@ -53,6 +53,13 @@ struct TrainConfig {
   // the last batch running into the next epoch). max_steps is then 0 until the training set is
   // read (max_steps_for_epochs, train/training_data.h), where the trainer sets it.
   int64_t max_epochs = 0;
+  // OLMo-core's Trainer.hard_stop (0: none; one of the two): the run stops once this many updates
+  // are done, or once the tokens seen reach hard_stop_tokens, while its schedule still runs over
+  // the whole length above (an ablation that trains the first part of a long run's schedule);
+  // it ends as at its length (final evaluation, checkpoint, sample), and a resume without it
+  // goes on towards the length.
+  int64_t hard_stop_steps = 0;
+  int64_t hard_stop_tokens = 0;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   int64_t seq_len = 128;
@@ -192,6 +199,15 @@ struct RunConfig {
   DataConfig data;
   ParallelConfig parallel;
 };
+
+// The step at which the tokens seen reach `tokens` in updates of `per_step` tokens from `origin`
+// (the step and tokens seen where the current batch took over): origin.step + ceil((tokens -
+// origin.tokens) / per_step), origin.step if they already have.
+int64_t step_reaching_tokens(int64_t tokens, int64_t per_step, TokenOrigin origin);
+
+// The step a run of `t` ends at: t.max_steps, or its hard stop's step if that comes first (from
+// `origin`, for train.hard_stop_tokens).
+int64_t last_step(const TrainConfig& t, TokenOrigin origin);
 
 // OLMo-core's Trainer.max_steps under a max_duration in tokens: the updates from `origin` (the
 // step and tokens seen where the current batch size and seq_len took over) until the tokens seen

@@ -57,6 +57,9 @@ struct TrainContext {
   int64_t step = 0;  // optimizer steps done
   int64_t tokens_seen = 0;
   ReplayOrigin replay_origin{};
+  // The step the loop ends at: train.max_steps, or a hard stop's step before it
+  // (run_config.h's last_step).
+  int64_t last_step = 0;
   TrainSummary summary{};
   // Set on the step that ends the run early (every rank agrees): the signal, or max_seconds, and
   // the line that says so.

@@ -338,6 +338,12 @@ void announce_max_tokens(const TrainContext& ctx) {
         last_lr, last_tokens, tc.max_tokens, last_tokens));
 }
 
+// "train.hard_stop_steps=N" or "train.hard_stop_tokens=N", whichever the run has.
+std::string hard_stop_text(const TrainConfig& tc) {
+  return tc.hard_stop_steps > 0 ? fmt::format("train.hard_stop_steps={}", tc.hard_stop_steps)
+                                : fmt::format("train.hard_stop_tokens={}", tc.hard_stop_tokens);
+}
+
 // The start-up lines: the model and data, and the parallel layout.
 void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& start,
               const TrainOptions& options, const std::vector<int64_t>& chunk_layers,
@@ -596,7 +602,7 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   report.tokens_per_s =
       static_cast<double>((ctx.step - ctx.summary.start_step) * tc.batch_size * tc.seq_len) /
       report.seconds;
-  report.log_step = ctx.step % tc.log_every == 0 || ctx.step == tc.max_steps;
+  report.log_step = ctx.step % tc.log_every == 0 || ctx.step == ctx.last_step;
   report.scalars = {{"train/loss", report.loss.total},
                     {"train/ce", report.loss.ce},
                     {"train/lb", report.loss.lb},
@@ -884,7 +890,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             start.checkpoint.value_or(""), resumed.step, tc.max_steps);
   for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
   // A finished run resumed: below, nothing is trained or written.
-  const bool finished = start.checkpoint && resumed.step == tc.max_steps;
+  // Where the loop ends: train.max_steps, or a hard stop before it (counted in tokens from where
+  // the current batch took over).
+  const int64_t end_step =
+      last_step(tc, start.config_changed ? TokenOrigin{resumed.step, resumed.tokens_seen}
+                                         : token_origin(resumed.origin));
+  const bool finished = start.checkpoint && resumed.step >= end_step;
   // A run killed between committing a checkpoint and pruning the old ones left one too many.
   // Pruned only now, every rank's checkpoint read and every start-up check passed: a refused
   // resume, and a finished one (which writes nothing), delete nothing.
@@ -909,7 +920,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // which instance is whose does, as in OLMo-core).
   const uint64_t data_cursor = start.position.cursor;  // 0 for a fresh run
   data::DataLoader loader = training_loader(config, in.train_data, data_cursor, mesh.dp.size());
-  Progress progress(tc.max_steps, tc.log_every, rank0);
+  Progress progress(end_step, tc.log_every, rank0);
   TrainContext ctx{
       .config = config,
       .world = world,
@@ -933,7 +944,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       .replay_origin = start.config_changed
                            ? ReplayOrigin{resumed.step, data_cursor, resumed.tokens_seen,
                                           start.position.epoch, start.position.tokens_read}
-                           : resumed.origin};
+                           : resumed.origin,
+      .last_step = end_step};
   // Made up by the evaluator's start; without validation data there is none to make up.
   ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
   ctx.summary.start_step = ctx.step;
@@ -953,7 +965,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     // --checkpoint DIR` evaluates it). Nothing is trained, logged or written again (no callback
     // is made: the metrics' would open a new TensorBoard file).
     progress.message(
-        tc.max_tokens > 0
+        end_step < tc.max_steps
+            ? fmt::format("done: nothing to train: {} (step {}, {} tokens seen) is at {} (raise "
+                          "or remove it to go on towards the run's end at step {})",
+                          *start.checkpoint, resumed.step, resumed.tokens_seen, hard_stop_text(tc),
+                          tc.max_steps)
+        : tc.max_tokens > 0
             ? fmt::format("done: nothing to train: {} has seen {} tokens, train.max_tokens={} "
                           "(raise it to continue the run)",
                           *start.checkpoint, resumed.tokens_seen, tc.max_tokens)
@@ -997,7 +1014,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const auto check_run_dir = [&run_lock] {
     if (run_lock) run_lock->check_in_place();
   };
-  while (ctx.step < tc.max_steps) {
+  while (ctx.step < ctx.last_step) {
     StepReport report = run_step(ctx, grads, buffers);
     check_run_dir();
     // Every rank's guard decided the same (read_decision), so every rank gives up at this step.
@@ -1019,6 +1036,11 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       break;
     }
   }
+  if (ctx.step == ctx.last_step && ctx.last_step < tc.max_steps)
+    progress.message(fmt::format(
+        "{} reached at step {}: stopping before the run's end at step {}, whose learning-rate "
+        "schedule it followed (--resume without it goes on)",
+        hard_stop_text(tc), ctx.step, tc.max_steps));
   check_run_dir();
   for (auto it = ctx.callbacks.rbegin(); it != ctx.callbacks.rend(); ++it) (*it)->on_end(ctx);
   if (ctx.step_graph) {

@@ -411,6 +411,29 @@ TEST(RunConfig, MaxEpochsIsTheLengthAsGiven) {
   EXPECT_EQ(parse(text, {"train.max_epochs=0", "train.max_steps=5"}).train.max_steps, 5);
 }
 
+// A hard stop (OLMo-core's Trainer.hard_stop) ends the loop before max_steps without changing it:
+// in tokens at the update whose tokens seen reach it, counted from the current batch's origin.
+TEST(RunConfig, HardStopEndsTheLoopNotTheSchedule) {
+  const RunConfig c = parse("[train]\nmax_steps = 10\nbatch_size = 2\nseq_len = 32\n",
+                            {"train.hard_stop_tokens=300"});
+  EXPECT_EQ(c.train.max_steps, 10);
+  EXPECT_EQ(last_step(c.train, {}), 5);  // 5 x 64 = 320 >= 300
+  EXPECT_EQ(last_step(c.train, {4, 256}), 5);
+  EXPECT_EQ(last_step(c.train, {2, 280}), 3);  // after another batch: 280 + 64 >= 300
+  TrainConfig t = c.train;
+  t.hard_stop_tokens = 0;
+  t.hard_stop_steps = 4;
+  EXPECT_EQ(last_step(t, {}), 4);
+  t.hard_stop_steps = 40;
+  EXPECT_EQ(last_step(t, {}), 10);  // past the run's end: the end
+  EXPECT_NE(
+      error_of("[train]\nhard_stop_steps = 3\nhard_stop_tokens = 100\n").find("give at most one"),
+      std::string::npos);
+  const std::string toml = run_config_to_toml(c);
+  EXPECT_EQ(run_config_to_toml(parse(toml)), toml);
+  EXPECT_NE(toml.find("hard_stop_tokens = 300"), std::string::npos);
+}
+
 // A --set of a length replaces the file's (`--set train.max_tokens=N` on a config that gives
 // max_steps, as configs/default.toml does); two lengths set by --set are refused; a --set of 0
 // unsets max_tokens or max_epochs only. Lengths whose tokens overflow are one-line errors (both

@@ -14,7 +14,8 @@ void EvalCallback::on_start(TrainContext& ctx) {
 
 void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
   const int64_t every = ctx.config.train.eval_every;
-  if (every > 0 && report.step % every == 0 && report.step < ctx.config.train.max_steps) {
+  // The last step's evaluation is on_end's.
+  if (every > 0 && report.step % every == 0 && report.step < ctx.last_step) {
     if (!ctx.stopping()) {
       evaluate_at(ctx, report.step);
     } else if (ctx.stop_signal != 0) {
