@@ -43,7 +43,8 @@ class Callback {
   virtual void on_eval(TrainContext&, int64_t /*step*/, const EvalResult&) {}
   // A checkpoint was committed (rank 0 only: `dir` is its directory).
   virtual void on_checkpoint(TrainContext&, int64_t /*step*/, const std::string& /*dir*/) {}
-  // The steps are over, by max_steps, max_seconds or a stop signal (in reverse order).
+  // The steps are over, by max_steps, a hard stop, max_seconds or a stop signal (in reverse
+  // order).
   virtual void on_end(TrainContext&) {}
 };
 

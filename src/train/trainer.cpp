@@ -377,6 +377,9 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
   if (tc.max_tokens > 0) announce_max_tokens(ctx);
+  if (ctx.last_step < tc.max_steps)
+    ctx.progress.message(fmt::format("hard stop: {}: the run stops at step {} of its {}",
+                                     hard_stop_text(tc), ctx.last_step, tc.max_steps));
   if (tc.max_epochs > 0)
     ctx.progress.message(
         fmt::format("length: train.max_epochs={} of {} instances: {} {}update(s) of {} sequences{}",
@@ -965,9 +968,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     // --checkpoint DIR` evaluates it). Nothing is trained, logged or written again (no callback
     // is made: the metrics' would open a new TensorBoard file).
     progress.message(
-        end_step < tc.max_steps
-            ? fmt::format("done: nothing to train: {} (step {}, {} tokens seen) is at {} (raise "
-                          "or remove it to go on towards the run's end at step {})",
+        end_step < tc.max_steps && resumed.step < tc.max_steps
+            ? fmt::format("done: nothing to train: {} (step {}, {} tokens seen) is at or past "
+                          "{} (raise or remove it to go on towards the run's end at step {})",
                           *start.checkpoint, resumed.step, resumed.tokens_seen, hard_stop_text(tc),
                           tc.max_steps)
         : tc.max_tokens > 0
@@ -1036,11 +1039,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       break;
     }
   }
-  if (ctx.step == ctx.last_step && ctx.last_step < tc.max_steps)
+  if (ctx.step == ctx.last_step && ctx.last_step < tc.max_steps && !ctx.stopping())
     progress.message(fmt::format(
         "{} reached at step {}: stopping before the run's end at step {}, whose learning-rate "
-        "schedule it followed (--resume without it goes on)",
-        hard_stop_text(tc), ctx.step, tc.max_steps));
+        "schedule it followed{}",
+        hard_stop_text(tc), ctx.step, tc.max_steps,
+        tc.checkpoint ? " (--resume without it goes on)" : ""));
   check_run_dir();
   for (auto it = ctx.callbacks.rbegin(); it != ctx.callbacks.rend(); ++it) (*it)->on_end(ctx);
   if (ctx.step_graph) {

@@ -2,10 +2,13 @@
 length that leaves the learning-rate schedule as it is (an ablation trains the first part of a long
 run's schedule). OLMo-core stops once Duration.due says so for its hard stop (steps >= the value, or
 tokens seen >= it, checked after each update and before the first), with its schedule still over
-max_duration. Shown: a run stopped at the hard stop logs exactly what the uninterrupted run logs up
-to there (every metric but the timings, the learning rates included), ends as a run does at its
-length (final evaluation, checkpoint), and resumed without the hard stop continues to the same
-end as the uninterrupted run, every row equal; resumed with it, nothing is trained.
+max_duration. Shown: a run stopped at the hard stop trains exactly what the uninterrupted run trains
+up to there (every logged training number, the learning rates included; logged at every update
+here: at the stop a row is logged whatever log_every, as at a run's end), ends as a run does at
+its length (final evaluation, checkpoint), and resumed without the hard stop continues to the
+same end as the uninterrupted run, every row equal; resumed with it, or a finished run resumed
+with one, trains nothing. After a resume with another batch size a hard stop in tokens counts
+the tokens actually seen, as OLMo-core's does.
 
 Tolerance: none (the same run: a resume replays exactly).
 """
@@ -53,6 +56,8 @@ def test_a_hard_stop_trains_the_start_of_the_same_run(moecore_bin, job_data, tmp
                        optim=dict(schedule="cosine", warmup_steps=2),
                        train=dict(train_table, **{key: value}))
     r = train(moecore_bin, cfg)
+    assert f"hard stop: train.{key}={value}: the run stops at step {stop} of its {STEPS}" \
+        in r.stdout, r.stdout[-1500:]
     assert f"train.{key}={value} reached at step {stop}: stopping before the run's end at step " \
         f"{STEPS}" in r.stdout, r.stdout[-1500:]
     rows = train_rows(out)
@@ -74,6 +79,28 @@ def test_a_hard_stop_trains_the_start_of_the_same_run(moecore_bin, job_data, tmp
     assert sorted(rows) == list(range(1, STEPS + 1))
     for step in rows:
         assert without_timing(rows[step]) == without_timing(ref[step]), step
+    # The finished run resumed with a hard stop before its end: nothing to train, and no hint to
+    # remove the hard stop (the run is over).
+    r = train(moecore_bin, cfg, f"train.{key}={value}", resume=True)
+    assert f"is at train.max_steps={STEPS}" in r.stdout, r.stdout[-1500:]
+
+
+def test_a_hard_stop_in_tokens_counts_the_tokens_seen_after_a_batch_change(moecore_bin, job_data,
+                                                                            tmp_path):
+    """5 updates of 64 tokens (320 seen), then updates of 128 with hard_stop_tokens = 600: as
+    OLMo-core's Duration.due on the tokens actually seen, the run stops at update 8 (704 tokens),
+    not at the 5th update of 128 that 600 / 128 would give from zero."""
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out, train={
+        "max_steps": 20, "hard_stop_steps": 5, "log_every": 1, "eval_every": 0, "batch_size": 2,
+        "seq_len": 32})
+    train(moecore_bin, cfg)
+    r = run(moecore_bin, "train", cfg, "--set", "train.hard_stop_steps=0", "--set",
+            "train.hard_stop_tokens=600", "--set", "train.batch_size=4", "--resume",
+            "--allow-config-change")
+    rows = train_rows(out)
+    assert sorted(rows) == list(range(1, 9)), r.stdout[-1500:]
+    assert rows[8]["train/tokens_seen"] == 704 and rows[7]["train/tokens_seen"] < 600
 
 
 def test_hard_stop_settings_are_checked(moecore_bin, job_data, tmp_path):

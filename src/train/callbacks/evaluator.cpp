@@ -14,14 +14,15 @@ void EvalCallback::on_start(TrainContext& ctx) {
 
 void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
   const int64_t every = ctx.config.train.eval_every;
-  // The last step's evaluation is on_end's.
-  if (every > 0 && report.step % every == 0 && report.step < ctx.last_step) {
-    if (!ctx.stopping()) {
-      evaluate_at(ctx, report.step);
-    } else if (ctx.stop_signal != 0) {
-      // max_seconds and skip_max_consecutive evaluate this step in on_end; a signal does not.
+  if (every > 0 && report.step % every == 0 && report.step < ctx.config.train.max_steps) {
+    if (ctx.stop_signal != 0) {
+      // A signal skips on_end's evaluation: the resumed run makes this one up (also at a hard
+      // stop, which a resume without it goes on from).
       ctx.eval_pending = true;
+    } else if (!ctx.stopping() && report.step < ctx.last_step) {
+      evaluate_at(ctx, report.step);
     }
+    // Else max_seconds, skip_max_consecutive or the hard stop: on_end evaluates this step.
   }
 }
 
