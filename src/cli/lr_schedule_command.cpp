@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/check.h"
 #include "optim/lr_schedule.h"
@@ -74,28 +75,16 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     const TrainerState& state = saved.state;
     const bool changed = !replay_config_changes(saved.config, config).empty();
     origin = schedule_origin(state, changed);
+    // The trainer's count (the training set is read only for train.max_epochs's).
+    std::optional<data::TokenDataset> dataset;
+    ResumePosition position;
     if (tc.max_epochs > 0) {
-      // The trainer's count: from where the current batch took over, the replay origin's cursor
-      // or the cursor the resumed run goes on from (the training set is read for its epochs).
-      const data::TokenDataset dataset = open_training_set(config);
-      const ResumePosition position =
-          resume_position(saved.config, state, args.resume, config, dataset.num_instances());
-      MOE_CHECK(!past_max_epochs(saved.config, state, dataset.num_instances(), tc.max_epochs),
-                "[lr-schedule] --resume: {} is at step {} with {} instances read, past "
-                "train.max_epochs={}",
-                args.resume, state.step, state.data_cursor, tc.max_epochs);
-      max_steps = changed ? max_steps_for_epochs(config, dataset, state.step, position.cursor)
-                          : max_steps_for_epochs(config, dataset, state.origin.step,
-                                                 state.origin.data_cursor);
+      dataset = open_training_set(config);
+      position =
+          resume_position(saved.config, state, args.resume, config, dataset->num_instances());
     }
-    if (tc.max_tokens > 0) {
-      const TrainConfig& was = saved.config.train;
-      MOE_CHECK(state.step == 0 || state.tokens_seen - was.batch_size * was.seq_len < tc.max_tokens,
-                "[lr-schedule] --resume: {} is at step {} with {} tokens seen, past "
-                "train.max_tokens={}",
-                args.resume, state.step, state.tokens_seen, tc.max_tokens);
-      max_steps = max_steps_for_tokens(tc, origin);
-    }
+    max_steps = resumed_max_steps(saved.config, state, args.resume, config, changed,
+                                  dataset ? &*dataset : nullptr, position, "[lr-schedule]");
     MOE_CHECK(state.step <= max_steps,
               "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
               state.step, max_steps);

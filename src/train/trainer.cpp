@@ -232,33 +232,8 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
                                    train_data.instances);
   const TrainConfig& tc = config.train;
   const TokenOrigin origin = schedule_origin(saved_state, !changes.empty());
-  if (tc.max_tokens > 0) {
-    // A checkpoint whose update before the last had already reached max_tokens is past the run's
-    // end, as one past train.max_steps is (refused below for the updates).
-    const TrainConfig& was = start.saved_config->train;
-    MOE_CHECK(saved_state.step == 0 ||
-                  saved_state.tokens_seen - was.batch_size * was.seq_len < tc.max_tokens,
-              "[train] --resume: {} is at step {} with {} tokens seen, past train.max_tokens={}: "
-              "raise train.max_tokens to continue the run",
-              *start.checkpoint, saved_state.step, saved_state.tokens_seen, tc.max_tokens);
-    start.max_steps = max_steps_for_tokens(tc, origin);
-  }
-  if (tc.max_epochs > 0) {
-    // As for max_tokens: past the end when the update before the checkpoint's last had reached
-    // it (in the saved run's epochs). The updates count from where the current batch took over:
-    // the replay origin's cursor, or with another configuration the cursor the run goes on
-    // from.
-    MOE_CHECK(!past_max_epochs(*start.saved_config, saved_state, train_set.num_instances(),
-                               tc.max_epochs),
-              "[train] --resume: {} is at step {} with {} instances read, past "
-              "train.max_epochs={}: raise train.max_epochs to continue the run",
-              *start.checkpoint, saved_state.step, saved_state.data_cursor, tc.max_epochs);
-    start.max_steps =
-        changes.empty()
-            ? max_steps_for_epochs(config, train_set, saved_state.origin.step,
-                                   saved_state.origin.data_cursor)
-            : max_steps_for_epochs(config, train_set, saved_state.step, start.position.cursor);
-  }
+  start.max_steps = resumed_max_steps(*start.saved_config, saved_state, *start.checkpoint, config,
+                                      !changes.empty(), &train_set, start.position, "[train]");
   // The schedule's checks over the run's real length (the config was read without them): in
   // tokens, the tokens seen so far and the remaining updates' (another batch size or seq_len
   // moves it).
@@ -311,6 +286,15 @@ std::string gemm_precision_line(const TrainConfig& tc) {
   return "?";
 }
 
+// "N update(s) of WHAT" for a fresh run; "N more update(s) of WHAT after step S, to step E" for
+// a resumed one (to train.max_steps, the run's length).
+std::string remaining_updates(const TrainContext& ctx, const std::string& what) {
+  const int64_t end = ctx.config.train.max_steps;
+  if (ctx.step == 0) return fmt::format("{} update(s) of {}", end, what);
+  return fmt::format("{} more update(s) of {} after step {}, to step {}", end - ctx.step, what,
+                     ctx.step, end);
+}
+
 // The length of a run in tokens, in updates: OLMo-core's trainer stops at the first update whose
 // tokens seen reach train.max_tokens, so the last one may end past it, where a schedule in tokens
 // is asked (as OLMo-core asks it) past its end: WSD's and the tails' decays extrapolate below
@@ -319,14 +303,10 @@ void announce_max_tokens(const TrainContext& ctx) {
   const TrainConfig& tc = ctx.config.train;
   const int64_t per_step = tc.batch_size * tc.seq_len;
   const int64_t last_tokens = ctx.tokens_seen + (tc.max_steps - ctx.step) * per_step;
-  ctx.progress.message(fmt::format(
-      "length: train.max_tokens={}: {} {}update(s) of {} x {} tokens{} (the last ends at {} "
-      "tokens)",
-      tc.max_tokens, tc.max_steps - ctx.step, ctx.step > 0 ? "more " : "", tc.batch_size,
-      tc.seq_len,
-      ctx.step > 0 ? fmt::format(" after step {}, to step {}", ctx.step, tc.max_steps)
-                   : std::string(),
-      last_tokens));
+  ctx.progress.message(
+      fmt::format("length: train.max_tokens={}: {} (the last ends at {} tokens)", tc.max_tokens,
+                  remaining_updates(ctx, fmt::format("{} x {} tokens", tc.batch_size, tc.seq_len)),
+                  last_tokens));
   if (tc.max_steps == ctx.step) return;
   const double last_lr = learning_rate(ctx.config.optim, tc.max_steps - 1, tc.max_steps, per_step,
                                        token_origin(ctx.replay_origin), tc.max_tokens);
@@ -382,11 +362,9 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
                                      hard_stop_text(tc), ctx.last_step, tc.max_steps));
   if (tc.max_epochs > 0)
     ctx.progress.message(
-        fmt::format("length: train.max_epochs={} of {} instances: {} {}update(s) of {} sequences{}",
-                    tc.max_epochs, ctx.loader.order().epoch_length(), tc.max_steps - ctx.step,
-                    ctx.step > 0 ? "more " : "", tc.batch_size,
-                    ctx.step > 0 ? fmt::format(" after step {}, to step {}", ctx.step, tc.max_steps)
-                                 : std::string()));
+        fmt::format("length: train.max_epochs={} of {} instances: {}", tc.max_epochs,
+                    ctx.loader.order().epoch_length(),
+                    remaining_updates(ctx, fmt::format("{} sequences", tc.batch_size))));
   if (ctx.world.size() > 1)
     ctx.progress.message(fmt::format(
         "parallel: {} ranks, dp={} ep={} zero={}; optimizer state {:.2f} MiB per rank{}; "
@@ -729,12 +707,6 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "program built by the `cuda` preset selects it at start-up)",
             device_name(tc.device), device_name(tc.device));
   const DefaultDeviceScope on_device(tc.device);
-  // A --resume's config is read without the schedule's checks of the run's length
-  // (ScheduleLength::kResumed): choose_start makes them over the resumed run's length, and with
-  // no checkpoint to resume they are a fresh run's, made here before anything is opened or
-  // written (under train.max_epochs once the training set is read, below).
-  if (options.resume && list_checkpoints(tc.out_dir).empty() && tc.max_epochs == 0)
-    validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len, {}, tc.max_tokens);
   // MPI's world: the job's processes, and the bootstrap of a communicator over the device's
   // memory (parallel.communicator, train/communicator_choice.h).
   const std::unique_ptr<dist::Communicator> mpi = dist::mpi_world();
@@ -779,14 +751,14 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "not split over dp={} ranks",
             rows, dp);
   const RunInputs in = open_inputs(config);
-  if (tc.max_epochs > 0) {
-    // A length in epochs is known now that the training set is read: a fresh run's is checked
-    // here, before anything is written (a resume's counts from its checkpoint, in choose_start).
-    config.train.max_steps = max_steps_for_epochs(config, in.train_data);
-    if (!options.resume || list_checkpoints(tc.out_dir).empty())
-      validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len, {}, 0,
-                           tc.max_epochs);
-  }
+  // A length in epochs is known once the training set is read.
+  if (tc.max_epochs > 0) config.train.max_steps = max_steps_for_epochs(config, in.train_data);
+  // The schedule's checks of a fresh run's length where loading the config could not make them
+  // (a --resume's config is read as ScheduleLength::kResumed, a length in epochs was unknown),
+  // before anything is written; choose_start makes a resume's over its real length.
+  if (options.resume ? list_checkpoints(tc.out_dir).empty() : tc.max_epochs > 0)
+    validate_lr_schedule(config.optim, tc.max_steps, tc.batch_size * tc.seq_len, {}, tc.max_tokens,
+                         tc.max_epochs);
   // And its own token files: the same global batches on every rank. The training set's
   // fingerprint is also what the checkpoints record and a resume compares (choose_start).
   const data::DatasetFingerprint train_fingerprint = data::dataset_fingerprint(in.train_data);
@@ -895,9 +867,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // A finished run resumed: below, nothing is trained or written.
   // Where the loop ends: train.max_steps, or a hard stop before it (counted in tokens from where
   // the current batch took over).
-  const int64_t end_step =
-      last_step(tc, start.config_changed ? TokenOrigin{resumed.step, resumed.tokens_seen}
-                                         : token_origin(resumed.origin));
+  const int64_t end_step = last_step(tc, schedule_origin(resumed, start.config_changed));
   const bool finished = start.checkpoint && resumed.step >= end_step;
   // A run killed between committing a checkpoint and pruning the old ones left one too many.
   // Pruned only now, every rank's checkpoint read and every start-up check passed: a refused

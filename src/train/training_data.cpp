@@ -57,6 +57,11 @@ int64_t max_steps_for_epochs(const RunConfig& config, const data::TokenDataset& 
   return origin_step + static_cast<int64_t>(left / batch + (left % batch != 0 ? 1 : 0));
 }
 
+namespace {
+
+// Whether checkpoint state `state`, written under `saved` (its training set of `instances`,
+// unless the state records its own), is past `max_epochs` epochs as the saved run counted them:
+// the update before its last had already reached the end.
 bool past_max_epochs(const RunConfig& saved, const TrainerState& state, int64_t instances,
                      int64_t max_epochs) {
   const TrainConfig& was = saved.train;
@@ -68,6 +73,33 @@ bool past_max_epochs(const RunConfig& saved, const TrainerState& state, int64_t 
   if (__builtin_mul_overflow(static_cast<uint64_t>(max_epochs), epoch, &end)) return false;
   const auto batch = static_cast<uint64_t>(was.batch_size);
   return state.data_cursor >= batch && state.data_cursor - batch >= end;
+}
+
+}  // namespace
+
+int64_t resumed_max_steps(const RunConfig& saved, const TrainerState& state,
+                          const std::string& checkpoint, const RunConfig& config, bool changed,
+                          const data::TokenDataset* dataset, const ResumePosition& position,
+                          const char* tag) {
+  const TrainConfig &was = saved.train, &tc = config.train;
+  if (tc.max_tokens > 0) {
+    MOE_CHECK(state.step == 0 || state.tokens_seen - was.batch_size * was.seq_len < tc.max_tokens,
+              "{} --resume: {} is at step {} with {} tokens seen, past train.max_tokens={}: "
+              "raise train.max_tokens to continue the run",
+              tag, checkpoint, state.step, state.tokens_seen, tc.max_tokens);
+    return max_steps_for_tokens(tc, schedule_origin(state, changed));
+  }
+  if (tc.max_epochs > 0) {
+    MOE_CHECK(dataset != nullptr, "{} train.max_epochs needs the training set", tag);
+    MOE_CHECK(!past_max_epochs(saved, state, dataset->num_instances(), tc.max_epochs),
+              "{} --resume: {} is at step {} with {} instances read, past train.max_epochs={}: "
+              "raise train.max_epochs to continue the run",
+              tag, checkpoint, state.step, state.data_cursor, tc.max_epochs);
+    return changed ? max_steps_for_epochs(config, *dataset, state.step, position.cursor)
+                   : max_steps_for_epochs(config, *dataset, state.origin.step,
+                                          state.origin.data_cursor);
+  }
+  return tc.max_steps;
 }
 
 namespace {

@@ -31,12 +31,6 @@ data::DataLoader training_loader(const RunConfig& config, const data::TokenDatas
 int64_t max_steps_for_epochs(const RunConfig& config, const data::TokenDataset& dataset,
                              int64_t origin_step = 0, uint64_t origin_cursor = 0);
 
-// Whether checkpoint state `state`, written under `saved` (its training set of
-// `instances`, unless the state records its own), is past `max_epochs` epochs as the saved run
-// counted them: the update before its last had already reached the end.
-bool past_max_epochs(const RunConfig& saved, const TrainerState& state, int64_t instances,
-                     int64_t max_epochs);
-
 // Where a resumed run's loader starts.
 struct ResumePosition {
   uint64_t cursor = 0;  // the loader's cursor in the resumed run
@@ -70,5 +64,18 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
 // The start-up note of a moved position: "note: data.order = "olmo-core" with ...".
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,
                                      const ResumePosition& position);
+
+// A run resumed from checkpoint `checkpoint` (its `saved` config and `state`) with `config`
+// (`changed`: another replay configuration, so a new origin starts there): its length in updates,
+// OLMo-core's Trainer.max_steps. train.max_steps; under train.max_tokens the updates until the
+// tokens seen reach it, from the schedule's origin; under train.max_epochs those until the data
+// cursor reaches its epochs of `dataset` (required then), from the replay origin's cursor or,
+// changed, from `position`'s. A checkpoint whose update before its last had already reached
+// max_tokens or max_epochs (in the saved run's count) is past the run: a one-line error under
+// `tag`, as one past train.max_steps is.
+int64_t resumed_max_steps(const RunConfig& saved, const TrainerState& state,
+                          const std::string& checkpoint, const RunConfig& config, bool changed,
+                          const data::TokenDataset* dataset, const ResumePosition& position,
+                          const char* tag);
 
 }  // namespace moecore
