@@ -24,7 +24,9 @@
 #include "io/model_weights.h"
 #include "model/document_mask.h"
 #include "model/transformer.h"
+#include "train/batch_size_schedule.h"
 #include "train/evaluate.h"
+#include "train/resume_policy.h"
 #include "train/run_config.h"
 #include "train/sample.h"
 #include "train/trainer_state.h"
@@ -186,42 +188,82 @@ void run_data_instances(const DataInstancesArgs& args) {
 
 void run_data_order(const DataOrderArgs& args) {
   const RunConfig config = load_run_config(args.config, args.overrides);
-  const TrainConfig& tc = config.train;
+  const TrainConfig& given = config.train;
   MOE_CHECK(!config.data.train.empty(), "[data] the config's data.train lists no token files");
-  const int64_t rows = tc.batch_size / tc.microbatches;  // per micro-batch, all ranks together
+  const int64_t rows = given.batch_size / given.microbatches;  // per micro-batch, all ranks
   MOE_CHECK(rows % args.dp == 0,
             "[data] --dp={} does not divide a micro-batch of {} rows (train.batch_size / "
             "train.microbatches)",
             args.dp, rows);
   const data::TokenDataset dataset = open_training_set(config);
   // Where `train --resume` would start from the checkpoint (its config may differ from this one
-  // as --allow-config-change lets it: another batch size or seq_len moves the position).
+  // as --allow-config-change lets it: another batch size or seq_len moves the position), with
+  // the batch in force there (train.batch_sizes).
   ResumePosition position;
+  RunConfig in_force = config;
+  std::vector<int64_t> history{given.batch_size};
+  ReplayOrigin origin;
+  int64_t first_step = 0;  // the updates before the first listed
   if (!args.resume.empty()) {
     const SavedRun saved = load_saved_run(args.resume, "[data]");
-    position =
-        resume_position(saved.config, saved.state, args.resume, config, dataset.num_instances());
+    first_step = saved.state.step;
+    ResumedBatch batch = resumed_batch(saved.config, saved.state, config);
+    history = batch.history;
+    in_force = batch.in_force;
+    position = resume_position(batch.saved_in_force, saved.state, args.resume, in_force,
+                               dataset.num_instances());
+    origin = replay_config_changes(saved.config, config).empty()
+                 ? saved.state.origin
+                 : ReplayOrigin{saved.state.step, position.cursor, saved.state.tokens_seen,
+                                position.epoch, position.tokens_read};
   }
-  data::DataLoader loader = training_loader(config, dataset, position.cursor, args.dp);
+  data::DataLoader loader = training_loader(in_force, dataset, position.cursor, args.dp);
   const int64_t per_rank = rows / args.dp;
-  const int64_t rank_batch = tc.batch_size / args.dp;
-  std::vector<int64_t> order(static_cast<size_t>(args.steps * tc.batch_size));
+  // Each rank's rows, step after step, as the trainer reads them (micro-batch after micro-batch);
+  // under train.batch_sizes the batch of each step as the schedule makes it.
+  std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(args.dp));
+  std::vector<int64_t> batch_sizes;
   std::vector<int32_t> tokens, targets;
-  for (int64_t step = 0; step < args.steps; ++step)
-    for (int64_t micro = 0; micro < tc.microbatches; ++micro) {
-      // As the trainer reads it.
+  for (int64_t step = first_step; step < first_step + args.steps; ++step) {
+    if (std::optional<BatchSizeChange> change =
+            scheduled_batch_change(in_force, step, origin, history, &dataset)) {
+      history.push_back(change->to);
+      in_force = std::move(change->config);
+      origin = change->origin;
+      loader = training_loader(in_force, dataset, change->position.cursor, args.dp);
+    }
+    batch_sizes.push_back(in_force.train.batch_size);
+    for (int64_t micro = 0; micro < in_force.train.microbatches; ++micro) {
       const std::span<const int64_t> indices = loader.next_batch(rows, tokens, targets);
       for (int64_t rank = 0; rank < args.dp; ++rank)
-        for (int64_t j = 0; j < per_rank; ++j)
-          order[static_cast<size_t>((step * args.dp + rank) * rank_batch + micro * per_rank + j)] =
-              indices[static_cast<size_t>(rank * per_rank + j)];
+        by_rank[static_cast<size_t>(rank)].insert(by_rank[static_cast<size_t>(rank)].end(),
+                                                  indices.begin() + rank * per_rank,
+                                                  indices.begin() + (rank + 1) * per_rank);
     }
-  if (!args.out.empty())
-    data::write_npy(args.out, "<i8", {args.steps, args.dp, rank_batch}, order.data());
+  }
+  if (!args.out.empty()) {
+    // [steps, dp, batch / dp]; under a batch size schedule [dp, rows] (each rank's rows of every
+    // step, in order: the steps' sizes are the summary's batch_sizes).
+    std::vector<int64_t> order;
+    if (given.has_batch_size_schedule()) {
+      for (const std::vector<int64_t>& rank_rows : by_rank)
+        order.insert(order.end(), rank_rows.begin(), rank_rows.end());
+      data::write_npy(args.out, "<i8", {args.dp, static_cast<int64_t>(by_rank[0].size())},
+                      order.data());
+    } else {
+      const int64_t rank_batch = given.batch_size / args.dp;
+      for (int64_t step = 0; step < args.steps; ++step)
+        for (const std::vector<int64_t>& rank_rows : by_rank)
+          order.insert(order.end(), rank_rows.begin() + step * rank_batch,
+                       rank_rows.begin() + (step + 1) * rank_batch);
+      data::write_npy(args.out, "<i8", {args.steps, args.dp, rank_batch}, order.data());
+    }
+  }
   nlohmann::json summary = {{"instances", dataset.num_instances()},
                             {"per_epoch", loader.order().epoch_length()},
                             {"start", position.cursor},
                             {"read", loader.cursor() - position.cursor}};
+  if (given.has_batch_size_schedule()) summary["batch_sizes"] = batch_sizes;
   if (position.moved)
     summary["moved"] = {{"epoch", position.epoch},
                         {"offset", position.offset},

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "optim/lr_schedule.h"
+#include "train/batch_size_schedule.h"
 #include "train/resume_policy.h"
 #include "train/run_config.h"
 #include "train/trainer_state.h"
@@ -49,25 +50,31 @@ int64_t printed_count(int64_t first, int64_t max_steps, int64_t every) {
 void run_lr_schedule(const LrScheduleArgs& args) {
   // load_run_config applies the schedule's checks over the run's length (validate_lr_schedule),
   // so a schedule or config that training would refuse is refused here with the same one-line
-  // error (the data, which this reads only for train.max_epochs's count, is training's to check).
-  // A resumed run's length depends on its checkpoint: checked once that is read, as the trainer
-  // does.
+  // error (the data, which this reads only for train.max_epochs's count and train.batch_sizes'
+  // changes under OLMo-core's order, is training's to check). A resumed run's length depends on
+  // its checkpoint: checked once that is read, as the trainer does.
   const bool resumed = !args.resume.empty();
   const RunConfig config = load_run_config(
       args.config, args.overrides, {}, resumed ? ScheduleLength::kResumed : ScheduleLength::kFresh);
-  const TrainConfig& tc = config.train;
-  const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
+  const TrainConfig& given = config.train;
+  const bool scheduled = given.has_batch_size_schedule();
+  std::optional<data::TokenDataset> dataset;
+  if (given.max_epochs > 0 || (scheduled && config.data.order == data::OrderRule::kOlmoCore))
+    dataset = open_training_set(config);
+  // The batch in force where the listing starts (a resume's: the checkpoint's), the sizes in
+  // force before it, and where it took over (train/batch_size_schedule.h).
+  RunConfig in_force = config;
+  std::vector<int64_t> history{given.batch_size};
+  ReplayOrigin replay;
   // The run's updates: train.max_steps, or those until train.max_tokens or train.max_epochs
   // (from the resume's origin with --resume, as the trainer counts them).
-  int64_t max_steps = tc.max_steps;
-  if (tc.max_epochs > 0 && !resumed) {
+  int64_t max_steps = given.max_steps;
+  if (given.max_epochs > 0 && !resumed) {
     // A length in epochs needs the training set's instances: checked once it is read.
-    max_steps = max_steps_for_epochs(config, open_training_set(config));
-    validate_lr_schedule(config.optim, max_steps, tokens_per_step, {}, 0, tc.max_epochs);
+    max_steps = max_steps_for_epochs(config, *dataset);
+    validate_lr_schedule(config.optim, max_steps, given.batch_size * given.seq_len, {}, 0,
+                         given.max_epochs);
   }
-  MOE_CHECK(max_steps <= std::numeric_limits<int64_t>::max() / tokens_per_step,
-            "[config] train.max_steps={} x {} tokens an update overflows a 64-bit token count",
-            max_steps, tokens_per_step);
   int64_t first = 1;
   TokenOrigin origin;
   if (resumed) {
@@ -75,74 +82,168 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     const TrainerState& state = saved.state;
     const bool changed = !replay_config_changes(saved.config, config).empty();
     origin = schedule_origin(state, changed);
-    // The trainer's count (the training set is read only for train.max_epochs's).
-    std::optional<data::TokenDataset> dataset;
-    ResumePosition position;
-    if (tc.max_epochs > 0) {
-      dataset = open_training_set(config);
-      position =
-          resume_position(saved.config, state, args.resume, config, dataset->num_instances());
-    }
-    max_steps = resumed_max_steps(saved.config, state, args.resume, config, changed,
+    ResumedBatch batch = resumed_batch(saved.config, state, config);
+    history = batch.history;
+    in_force = batch.in_force;
+    // The trainer's count and position (the training set is read only where they need it).
+    ResumePosition position{.cursor = state.data_cursor};
+    if (dataset)
+      position = resume_position(batch.saved_in_force, state, args.resume, in_force,
+                                 dataset->num_instances());
+    replay = changed ? ReplayOrigin{state.step, position.cursor, state.tokens_seen, position.epoch,
+                                    position.tokens_read}
+                     : state.origin;
+    max_steps = resumed_max_steps(batch.saved_in_force, state, args.resume, in_force, changed,
                                   dataset ? &*dataset : nullptr, position, "[lr-schedule]");
     MOE_CHECK(state.step <= max_steps,
               "[lr-schedule] --resume: {} is at step {}, past train.max_steps={}", args.resume,
               state.step, max_steps);
-    validate_lr_schedule(config.optim, max_steps, tokens_per_step, origin, tc.max_tokens,
-                         tc.max_epochs);
+    const TrainConfig& t = in_force.train;
+    validate_lr_schedule(config.optim, max_steps, t.batch_size * t.seq_len, origin, t.max_tokens,
+                         t.max_epochs, scheduled_initial_lr(config.optim.lr, history));
     first = state.step + 1;
     int64_t last = 0;  // the tokens seen after the last update
-    MOE_CHECK(!__builtin_mul_overflow(max_steps - origin.step, tokens_per_step, &last) &&
+    MOE_CHECK(!__builtin_mul_overflow(max_steps - origin.step, t.batch_size * t.seq_len, &last) &&
                   !__builtin_add_overflow(last, origin.tokens, &last),
               "[lr-schedule] --resume: the {} tokens seen by step {} and (train.max_steps={} - {}) "
               "x {} tokens overflow a 64-bit token count",
-              origin.tokens, origin.step, max_steps, origin.step, tokens_per_step);
+              origin.tokens, origin.step, max_steps, origin.step, t.batch_size * t.seq_len);
   }
-  // The tokens seen after update `step` (the origin's and then tokens_per_step an update).
-  auto tokens_seen = [&](int64_t step) {
-    return origin.tokens + (step - origin.step) * tokens_per_step;
-  };
+  in_force.train.max_steps = max_steps;
+  MOE_CHECK(max_steps <= std::numeric_limits<int64_t>::max() /
+                             (in_force.train.batch_size * in_force.train.seq_len),
+            "[config] train.max_steps={} x {} tokens an update overflows a 64-bit token count",
+            max_steps, in_force.train.batch_size * in_force.train.seq_len);
   // The schedule's and the units' names as the config writer spells them (one table of names).
   const toml::table written = toml::parse(run_config_to_toml(config));
   const std::string schedule = written["optim"]["schedule"].value_or(std::string());
   const std::string units = written["optim"]["units"].value_or(std::string());
-  auto rate = [&](int64_t step) {
-    return learning_rate(config.optim, step - 1, max_steps, tokens_per_step, origin, tc.max_tokens);
+  // Under train.batch_sizes every update from `first` on, walked as the trainer makes them, each
+  // change of the batch before the update it names (scheduled_batch_change; the run's length
+  // moves with them): its step, the tokens seen after it, its batch, the run's length and its
+  // rate. `visit(step, tokens, batch,
+  // rate)` gets the rate lazily (a callable): most updates are not printed.
+  auto walk = [&](auto visit) {
+    RunConfig current = in_force;
+    ReplayOrigin from = replay;
+    std::vector<int64_t> sizes = history;
+    double initial_lr = scheduled_initial_lr(config.optim.lr, sizes);
+    for (int64_t step = first - 1;; ++step) {
+      // As the trainer's loop: a run in epochs checks once more at its last epoch's end.
+      if (step < current.train.max_steps || current.train.max_epochs > 0) {
+        if (std::optional<BatchSizeChange> change =
+                scheduled_batch_change(current, step, from, sizes, dataset ? &*dataset : nullptr)) {
+          sizes.push_back(change->to);
+          current = std::move(change->config);
+          from = change->origin;
+          initial_lr = scheduled_initial_lr(config.optim.lr, sizes);
+        }
+      }
+      if (step >= current.train.max_steps) break;
+      const TrainConfig& t = current.train;
+      const int64_t per_step = t.batch_size * t.seq_len;
+      const TokenOrigin counted = token_origin(from);
+      visit(step + 1, counted.tokens + (step + 1 - counted.step) * per_step, t.batch_size,
+            t.max_steps, [&, step] {
+              return learning_rate(current.optim, step, t.max_steps, per_step, counted,
+                                   t.max_tokens, initial_lr);
+            });
+    }
   };
-  if (args.json) {
-    const int64_t printed = printed_count(first, max_steps, args.every);
-    MOE_CHECK(printed <= kMaxJsonUpdates,
-              "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
-              printed, kMaxJsonUpdates);
-    std::vector<int64_t> steps, tokens;
-    std::vector<double> rates;
+  const int64_t tokens_per_step = in_force.train.batch_size * in_force.train.seq_len;
+  // The tokens seen after update `step` without a batch size schedule (the origin's and then
+  // tokens_per_step an update).
+  auto tokens_seen = [&](int64_t step) {
+    return origin.tokens + (step - origin.step) * tokens_per_step;
+  };
+  const std::string length =
+      given.max_tokens > 0   ? fmt::format(" (train.max_tokens={})", given.max_tokens)
+      : given.max_epochs > 0 ? fmt::format(" (train.max_epochs={})", given.max_epochs)
+                             : std::string();
+  if (!scheduled) {
+    auto rate = [&](int64_t step) {
+      return learning_rate(config.optim, step - 1, max_steps, tokens_per_step, origin,
+                           given.max_tokens);
+    };
+    if (args.json) {
+      const int64_t printed = printed_count(first, max_steps, args.every);
+      MOE_CHECK(printed <= kMaxJsonUpdates,
+                "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
+                printed, kMaxJsonUpdates);
+      std::vector<int64_t> steps, tokens;
+      std::vector<double> rates;
+      for_each_printed(first, max_steps, args.every, [&](int64_t step) {
+        steps.push_back(step);
+        tokens.push_back(tokens_seen(step));
+        rates.push_back(rate(step));
+      });
+      fmt::print("{}\n", nlohmann::json{{"schedule", schedule},
+                                        {"units", units},
+                                        {"max_steps", max_steps},
+                                        {"tokens_per_step", tokens_per_step},
+                                        {"step", steps},
+                                        {"tokens_seen", tokens},
+                                        {"lr", rates}}
+                             .dump());
+      return;
+    }
+    fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}{}\n",
+               schedule, units, max_steps, tokens_per_step, length,
+               resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)",
+                                     args.resume, first - 1, tokens_seen(first - 1))
+                       : std::string());
+    fmt::print("step tokens_seen lr\n");
+    // {} prints a double's shortest form that reads back to the same bits, as metrics.jsonl does.
     for_each_printed(first, max_steps, args.every, [&](int64_t step) {
+      fmt::print("{} {} {}\n", step, tokens_seen(step), rate(step));
+    });
+    return;
+  }
+  // Printed: the first, every N-th, the last (1-based, as metrics.jsonl's "step"); the last is
+  // known once the walk gets there (the batch's changes move it).
+  auto printed = [&](int64_t step, int64_t last) {
+    return step == first || step % args.every == 0 || step == last;
+  };
+  // A first walk for the run's length and the printed count.
+  int64_t end = max_steps, count = 0;
+  walk([&](int64_t step, int64_t, int64_t, int64_t last, auto&&) {
+    end = last;
+    if (printed(step, last)) ++count;
+  });
+  if (args.json) {
+    MOE_CHECK(count <= kMaxJsonUpdates,
+              "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
+              count, kMaxJsonUpdates);
+    std::vector<int64_t> steps, tokens, batches;
+    std::vector<double> rates;
+    walk([&](int64_t step, int64_t seen, int64_t batch, int64_t last, auto&& rate) {
+      if (!printed(step, last)) return;
       steps.push_back(step);
-      tokens.push_back(tokens_seen(step));
-      rates.push_back(rate(step));
+      tokens.push_back(seen);
+      batches.push_back(batch);
+      rates.push_back(rate());
     });
     fmt::print("{}\n", nlohmann::json{{"schedule", schedule},
                                       {"units", units},
-                                      {"max_steps", max_steps},
-                                      {"tokens_per_step", tokens_per_step},
+                                      {"max_steps", end},
                                       {"step", steps},
                                       {"tokens_seen", tokens},
+                                      {"batch_size", batches},
                                       {"lr", rates}}
                            .dump());
     return;
   }
-  fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}{}\n",
-             schedule, units, max_steps, tokens_per_step,
-             tc.max_tokens > 0   ? fmt::format(" (train.max_tokens={})", tc.max_tokens)
-             : tc.max_epochs > 0 ? fmt::format(" (train.max_epochs={})", tc.max_epochs)
-                                 : std::string(),
-             resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)",
-                                   args.resume, first - 1, tokens_seen(first - 1))
-                     : std::string());
-  fmt::print("step tokens_seen lr\n");
-  // {} prints a double's shortest form that reads back to the same bits, as metrics.jsonl does.
-  for_each_printed(first, max_steps, args.every, [&](int64_t step) {
-    fmt::print("{} {} {}\n", step, tokens_seen(step), rate(step));
+  fmt::print(
+      "# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of train.batch_sizes x {} "
+      "tokens{}{}\n",
+      schedule, units, end, in_force.train.seq_len, length,
+      resumed
+          ? fmt::format(", resumed from {} after update {} ({} tokens seen)", args.resume,
+                        first - 1, replay.tokens_seen + (first - 1 - replay.step) * tokens_per_step)
+          : std::string());
+  fmt::print("step tokens_seen lr batch_size\n");
+  walk([&](int64_t step, int64_t seen, int64_t batch, int64_t last, auto&& rate) {
+    if (printed(step, last)) fmt::print("{} {} {} {}\n", step, seen, rate(), batch);
   });
 }
 

@@ -11,13 +11,14 @@ namespace moecore {
 
 namespace {
 
-// OLMo-core's WSDS at t (its get_lr, decay_min_lr lr x min_lr_ratio): the
-// warm-up takes the first period's start, so the periods' positions count from its end.
-double wsds_rate(const OptimConfig& c, int64_t t) {
+// OLMo-core's WSDS at t (its get_lr, decay_min_lr lr x min_lr_ratio, the peaks initial_lr x
+// the periods' multipliers): the warm-up takes the first period's start, so the periods'
+// positions count from its end.
+double wsds_rate(const OptimConfig& c, int64_t t, double initial_lr) {
   const std::vector<int64_t>& periods = period_lengths(c);
   const int64_t warmup = warmup_length(c, periods.front());
   auto peak = [&](size_t i) {
-    return c.period_lr_multipliers.empty() ? c.lr : c.lr * c.period_lr_multipliers[i];
+    return c.period_lr_multipliers.empty() ? initial_lr : initial_lr * c.period_lr_multipliers[i];
   };
   if (t < warmup) return warmup_rate(c, peak(0), t, warmup);
   const double lr_min = c.lr * c.min_lr_ratio;
@@ -53,15 +54,17 @@ double interpolate_rate(LrShape shape, double start, double end, int64_t current
                    2.0;
 }
 
-// OLMo-core's ComposableScheduler's stages at t (its _main_schedule_lr).
-double composable_stages_rate(const OptimConfig& c, int64_t t) {
+// OLMo-core's ComposableScheduler's stages at t (its _main_schedule_lr; the fractions are of
+// initial_lr, start_lr and end_lr rates).
+double composable_stages_rate(const OptimConfig& c, int64_t t, double initial_lr) {
   int64_t stage_start = 0;
-  double previous_end = c.lr;
+  double previous_end = initial_lr;
   for (const LrStage& stage : c.stages) {
     const double start = stage.start_lr            ? *stage.start_lr
-                         : stage.start_lr_fraction ? c.lr * *stage.start_lr_fraction
+                         : stage.start_lr_fraction ? initial_lr * *stage.start_lr_fraction
                                                    : previous_end;
-    const double end = stage.end_lr ? *stage.end_lr : c.lr * stage.end_lr_fraction.value_or(0.0);
+    const double end =
+        stage.end_lr ? *stage.end_lr : initial_lr * stage.end_lr_fraction.value_or(0.0);
     const int64_t stage_end = stage_start + stage.duration;
     if (t < stage_end)
       return interpolate_rate(stage.shape, start, end, t - stage_start, stage.duration);
@@ -72,19 +75,21 @@ double composable_stages_rate(const OptimConfig& c, int64_t t) {
 }
 
 // ComposableScheduler.get_lr: the stages, or from override_decay's start its decay.
-double composable_rate(const OptimConfig& c, int64_t t) {
-  if (!c.override_decay || t < c.override_decay->start) return composable_stages_rate(c, t);
+double composable_rate(const OptimConfig& c, int64_t t, double initial_lr) {
+  if (!c.override_decay || t < c.override_decay->start)
+    return composable_stages_rate(c, t, initial_lr);
   const LrOverrideDecay& o = *c.override_decay;
-  const double end = o.end_lr ? *o.end_lr : c.lr * o.end_lr_fraction.value_or(0.0);
+  const double end = o.end_lr ? *o.end_lr : initial_lr * o.end_lr_fraction.value_or(0.0);
   if (t - o.start >= o.duration) return end;
-  return interpolate_rate(o.shape, composable_stages_rate(c, o.start), end, t - o.start,
+  return interpolate_rate(o.shape, composable_stages_rate(c, o.start, initial_lr), end, t - o.start,
                           o.duration);
 }
 
 }  // namespace
 
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step, TokenOrigin origin, int64_t max_tokens) {
+                     int64_t tokens_per_step, TokenOrigin origin, int64_t max_tokens,
+                     double initial_lr) {
   // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
   // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
   // ExponentialScheduler, ComposableScheduler; alpha_f = min_lr_ratio, WSD's decay_min_lr = lr *
@@ -95,6 +100,7 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   // tokens seen (OLMo-core adds the batch's tokens before asking) and those plus the remaining
   // updates' (max_steps x the tokens of an update where the batch never changed), or
   // train.max_tokens where that gives the run's length.
+  const double lr = initial_lr > 0.0 ? initial_lr : c.lr;  // OLMo-core's initial_lr
   MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
             "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
   const int64_t unit = schedule_unit(c, tokens_per_step);
@@ -108,19 +114,20 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
       c.units == LrUnits::kTokens && max_tokens > 0 ? max_tokens : shift + total_steps * unit;
   // WSDS and ComposableScheduler run over their own lengths; ExponentialScheduler rises from lr_min
   // to lr at the run's end (t >= 1: its lr_min at t = 0 is never asked for).
-  if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t);
-  if (c.schedule == LrSchedule::kComposable) return composable_rate(c, t);
+  if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t, lr);
+  if (c.schedule == LrSchedule::kComposable) return composable_rate(c, t, lr);
   if (c.schedule == LrSchedule::kExponential) {
-    if (t >= run_horizon) return c.lr;
+    if (t >= run_horizon) return lr;
     return c.exponential_lr_min *
-           std::pow(c.lr / c.exponential_lr_min,
+           std::pow(lr / c.exponential_lr_min,
                     static_cast<double>(t) / static_cast<double>(run_horizon));
   }
   // CosWithWarmup, LinearWithWarmup and HalfCosWithWarmup run over their own t_max when set
   // (CosWithWarmupAndLinearDecay's cosine too: cosine_with_warmup_rate), the others the run's.
   const int64_t horizon = own_horizon(c, run_horizon);
   const int64_t warmup = warmup_length(c, horizon);
-  const double lr_min = c.lr * c.min_lr_ratio;
+  // alpha_f's floor, of initial_lr (WSD's decay_min_lr below is a rate: of optim.lr).
+  const double lr_min = lr * c.min_lr_ratio;
   // The linear tails of CosWithWarmupAndLinearDecay and PowerLR: the last `decay` updates fall
   // from the rate at the first of them to lr * decay_min_lr_ratio.
   const bool tail_schedule =
@@ -128,14 +135,14 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   const int64_t decay = tail_schedule ? decay_length(c, run_horizon) : 0;
   if (tail_schedule && t >= run_horizon - decay &&
       !(c.schedule == LrSchedule::kPower && t <= warmup)) {
-    return linear_decay_rate(decay_tail_start(c, run_horizon), c.lr * c.decay_min_lr_ratio,
+    return linear_decay_rate(decay_tail_start(c, run_horizon, lr), c.lr * c.decay_min_lr_ratio,
                              run_horizon - t, decay);
   }
   // CosWithWarmup (and CosWithWarmupAndLinearDecay before its tail): one function for both.
   if (c.schedule == LrSchedule::kCosine || c.schedule == LrSchedule::kCosineLinearDecay)
-    return cosine_with_warmup_rate(c, t, run_horizon);
+    return cosine_with_warmup_rate(c, t, run_horizon, lr);
   // HalfCosWithWarmup's warm-up rises to the cosine's half-way rate, where its decay starts.
-  const double peak = c.schedule == LrSchedule::kHalfCosine ? lr_min + (c.lr - lr_min) / 2.0 : c.lr;
+  const double peak = c.schedule == LrSchedule::kHalfCosine ? lr_min + (lr - lr_min) / 2.0 : lr;
   // WSD, ConstantWithWarmup and PowerLR warm up through t == warmup ((lr w) / w there, which may
   // be an ulp off lr), the others below it.
   const bool through_warmup = c.schedule == LrSchedule::kWsd ||
@@ -143,26 +150,25 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
                               c.schedule == LrSchedule::kPower;
   if (t < warmup || (through_warmup && t <= warmup && warmup > 0))
     return warmup_rate(c, peak, t, warmup);
-  if (c.schedule == LrSchedule::kConstant) return c.lr;
+  if (c.schedule == LrSchedule::kConstant) return lr;
   if (c.schedule == LrSchedule::kPower)  // no floor: the law, until the tail above
-    return c.lr * std::pow(static_cast<double>(t) / static_cast<double>(warmup), c.power_exponent);
+    return lr * std::pow(static_cast<double>(t) / static_cast<double>(warmup), c.power_exponent);
   // InvSqrtWithWarmup: no end, the rate falls as 1 / sqrt(t) towards lr_min.
   if (c.schedule == LrSchedule::kInvSqrt)
-    return lr_min +
-           (c.lr - lr_min) * std::sqrt(static_cast<double>(warmup) / static_cast<double>(t));
+    return lr_min + (lr - lr_min) * std::sqrt(static_cast<double>(warmup) / static_cast<double>(t));
   // WSD has no floor: its decay line gives lr_min exactly at the horizon and, as OLMo-core's,
   // goes on below it past there (an update that ends past train.max_tokens).
   if (c.schedule == LrSchedule::kWsd) {
     const int64_t wsd_decay = decay_length(c, horizon);
-    if (t < horizon - wsd_decay) return c.lr;
-    return linear_decay_rate(c.lr, lr_min, horizon - t, wsd_decay);
+    if (t < horizon - wsd_decay) return lr;
+    return linear_decay_rate(lr, c.lr * c.min_lr_ratio, horizon - t, wsd_decay);
   }
   if (t >= horizon) return lr_min;
   const auto current = static_cast<double>(t - warmup);
   const auto span = static_cast<double>(horizon - warmup);
   if (c.schedule == LrSchedule::kHalfCosine)  // the second half of a cosine twice as long
-    return cosine_fall(c.lr, lr_min, current + span, span * 2.0);
-  return c.lr - (c.lr - lr_min) * (current / span);  // linear
+    return cosine_fall(lr, lr_min, current + span, span * 2.0);
+  return lr - (lr - lr_min) * (current / span);  // linear
 }
 
 }  // namespace moecore

@@ -42,8 +42,14 @@ struct TokenOrigin {
 // scheduler max_duration's tokens, which the last update may pass (total_steps is the updates
 // until they are reached), and its schedulers answer there as they do: the linear decays of WSD
 // and of the tails extrapolate below their floor, the others hold it.
+// `initial_lr` (0: optim.lr) is OLMo-core's initial_lr, the rate its schedulers scale: another
+// after a batch-size change (train/batch_size_schedule.h). What OLMo-core gives its schedulers as
+// rates (warmup_min_lr, WSD's, WSDS's and the tails' decay_min_lr, the composable stages'
+// start_lr and end_lr: optim.lr x their ratios here) stays put; what they derive from initial_lr
+// (the peak, the alpha_f floors, the stages' fractions) moves with it.
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step = 0, TokenOrigin origin = {}, int64_t max_tokens = 0);
+                     int64_t tokens_per_step = 0, TokenOrigin origin = {}, int64_t max_tokens = 0,
+                     double initial_lr = 0.0);
 
 // OLMo-core's _linear_warmup: from warmup_min_lr to `peak` over `warmup` units, at t (with
 // warmup_min_lr 0, peak t / warmup exactly: adding and subtracting 0 changes no bits).
@@ -66,27 +72,29 @@ inline double cosine_fall(double lr, double lr_min, double current, double span)
 }
 
 // OLMo-core's CosWithWarmup at t of a run of run_horizon (its units: its step t, 1-based, of
-// total_steps, or tokens): the warm-up below t = warmup, then the cosine to lr * min_lr_ratio at
-// its horizon (optim.t_max_steps / t_max_tokens, or the run's), that floor after it.
-inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t run_horizon) {
+// total_steps, or tokens): the warm-up below t = warmup, then the cosine from initial_lr to
+// initial_lr * min_lr_ratio (its alpha_f) at its horizon (optim.t_max_steps / t_max_tokens, or the
+// run's), that floor after it.
+inline double cosine_with_warmup_rate(const OptimConfig& c, int64_t t, int64_t run_horizon,
+                                      double initial_lr) {
   const int64_t horizon = own_horizon(c, run_horizon);
   const int64_t warmup = warmup_length(c, horizon);
-  const double lr_min = c.lr * c.min_lr_ratio;
-  if (t < warmup) return warmup_rate(c, c.lr, t, warmup);
+  const double lr_min = initial_lr * c.min_lr_ratio;
+  if (t < warmup) return warmup_rate(c, initial_lr, t, warmup);
   if (t >= horizon) return lr_min;
-  return cosine_fall(c.lr, lr_min, static_cast<double>(t - warmup),
+  return cosine_fall(initial_lr, lr_min, static_cast<double>(t - warmup),
                      static_cast<double>(horizon - warmup));
 }
 
 // The rate a decay tail of cosine_linear_decay or power falls from: the cosine's, or the power
-// law's lr (t / warmup)^power_exponent, at the tail's start t = horizon - decay.
-inline double decay_tail_start(const OptimConfig& c, int64_t horizon) {
+// law's initial_lr (t / warmup)^power_exponent, at the tail's start t = horizon - decay.
+inline double decay_tail_start(const OptimConfig& c, int64_t horizon, double initial_lr) {
   const int64_t first = horizon - decay_length(c, horizon);
   if (c.schedule == LrSchedule::kPower)
-    return c.lr *
+    return initial_lr *
            std::pow(static_cast<double>(first) / static_cast<double>(warmup_length(c, horizon)),
                     c.power_exponent);
-  return cosine_with_warmup_rate(c, first, horizon);
+  return cosine_with_warmup_rate(c, first, horizon, initial_lr);
 }
 
 }  // namespace moecore

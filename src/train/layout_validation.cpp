@@ -36,6 +36,10 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
     // tied embeddings on one stage.
     ParamLayout::check_placement(mc, pc.ep, 0, dist::stage_chunks(r.chunk_layers, r.pp, stage));
     (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages, tc.microbatches);
+    // And of every batch size of train.batch_sizes (the micro-batch kept, their count moves).
+    for (const int64_t size : tc.batch_sizes)
+      (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages,
+                                    size / (tc.batch_size / tc.microbatches));
   }
   MOE_CHECK(r.pp == 1 || mc.lb_loss_style != LbLossStyle::kHf,
             "[parallel] model.lb_loss_style=\"hf\" is one loss over all layers' routers; pipeline "

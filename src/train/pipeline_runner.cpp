@@ -33,15 +33,21 @@ PipelineRunner::PipelineRunner(const dist::Mesh& mesh, std::vector<Transformer*>
                                PipelineSchedule schedule, int64_t microbatches)
     : mesh_(mesh),
       chunks_(std::move(chunks)),
+      schedule_(schedule),
       pp_(mesh.stages()),
       stage_(mesh.stage()),
       v_(static_cast<int64_t>(chunks_.size())),
       microbatches_(microbatches) {
-  actions_ = dist::pipeline_schedule(schedule, pp_, stage_, v_, microbatches_);
+  set_microbatches(microbatches);
+}
+
+void PipelineRunner::set_microbatches(int64_t microbatches) {
+  microbatches_ = microbatches;
+  actions_ = dist::pipeline_schedule(schedule_, pp_, stage_, v_, microbatches_);
   const int64_t m = microbatches_;
-  if (schedule == PipelineSchedule::kGPipe)
+  if (schedule_ == PipelineSchedule::kGPipe)
     live_bound_ = m;
-  else if (schedule == PipelineSchedule::kOneFOneB)
+  else if (schedule_ == PipelineSchedule::kOneFOneB)
     live_bound_ = std::min(pp_ - stage_, m);
   else
     live_bound_ = std::min((pp_ - stage_ - 1) * 2 + (v_ - 1) * pp_ + 1, m * v_);

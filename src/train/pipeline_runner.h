@@ -28,6 +28,10 @@ class PipelineRunner {
   PipelineRunner(const dist::Mesh& mesh, std::vector<Transformer*> chunks,
                  PipelineSchedule schedule, int64_t microbatches);
 
+  // Another count of micro-batches a step (a change of the batch size: train.batch_sizes): the
+  // schedule's actions and the bound on live activations are made anew for it.
+  void set_microbatches(int64_t microbatches);
+
   struct MicroBatch {
     const int32_t* tokens;   // this rank's rows, read by the chunk with the embedding
     const int32_t* targets;  // counted by every chunk, read by the one with the head
@@ -74,6 +78,7 @@ class PipelineRunner {
 
   const dist::Mesh& mesh_;
   std::vector<Transformer*> chunks_;
+  PipelineSchedule schedule_;
   int64_t pp_, stage_, v_, microbatches_;
   std::vector<dist::PipelineAction> actions_;
   int64_t live_bound_ = 0, peak_live_ = 0;

@@ -17,6 +17,8 @@ class Progress {
               const std::string& extra);
   // Prints a line that must not be overwritten (evaluation, warnings, checkpoints).
   void message(const std::string& line);
+  // The step the run ends at, when a change of the batch size moved it.
+  void set_max_steps(int64_t max_steps) { max_steps_ = max_steps; }
 
  private:
   int64_t max_steps_, log_every_;

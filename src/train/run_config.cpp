@@ -292,6 +292,10 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("hard_stop_tokens", t.hard_stop_tokens);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
+  r.read("batch_sizes", t.batch_sizes);
+  r.read("batch_size_starts", t.batch_size_starts);
+  r.read_enum("batch_size_units", t.batch_size_units,
+              {{"steps", BatchSizeUnits::kSteps}, {"tokens", BatchSizeUnits::kTokens}});
   r.read("seq_len", t.seq_len);
   r.read("threads", t.threads);
   r.read_enum("device", t.device, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
@@ -531,6 +535,73 @@ void validate_composable(const OptimConfig& o) {
   check_rate(where, "end_lr_fraction", d.end_lr_fraction);
 }
 
+// OLMo-core's BatchSizeSchedulerCallback's checks (its __post_init__ and post_attach), and what
+// moecore's loop needs of each batch: whole micro-batches of the run's size, a step a graph can
+// replay. Every two sizes are integer multiples of each other, not only neighbours (OLMo-core's
+// rule): a start reached while an increase waits for its loader skips the size before it, and its
+// callback then asserts on a ratio its checks never saw.
+void validate_batch_size_schedule(const RunConfig& config) {
+  const TrainConfig& t = config.train;
+  const std::vector<int64_t>& sizes = t.batch_sizes;
+  const std::vector<int64_t>& starts = t.batch_size_starts;
+  MOE_CHECK(sizes.size() == starts.size(),
+            "[config] train.batch_sizes has {} entries and train.batch_size_starts {}: one start "
+            "for each batch size",
+            sizes.size(), starts.size());
+  if (sizes.empty()) return;
+  MOE_CHECK(starts.front() == 0,
+            "[config] train.batch_size_starts[0]={}: the batch size schedule starts at 0",
+            starts.front());
+  MOE_CHECK(sizes.front() == t.batch_size,
+            "[config] train.batch_sizes[0]={} must be train.batch_size={}: the schedule starts "
+            "from the run's batch size, the one optim.lr is for",
+            sizes.front(), t.batch_size);
+  const int64_t rows = t.batch_size / t.microbatches;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    MOE_CHECK(sizes[i] > 0 && sizes[i] <= (int64_t{1} << 32) / t.seq_len,
+              "[config] train.batch_sizes[{}]={} must be in [1, {}] (2^32 tokens a step of "
+              "train.seq_len={})",
+              i, sizes[i], (int64_t{1} << 32) / t.seq_len, t.seq_len);
+    MOE_CHECK(sizes[i] % rows == 0,
+              "[config] train.batch_sizes[{}]={} is not a whole number of micro-batches of {} "
+              "sequences (train.batch_size / train.microbatches, which the schedule keeps)",
+              i, sizes[i], rows);
+    if (i == 0) continue;
+    MOE_CHECK(starts[i] > starts[i - 1],
+              "[config] train.batch_size_starts[{}]={} must come after train.batch_size_starts[{}]="
+              "{}",
+              i, starts[i], i - 1, starts[i - 1]);
+    MOE_CHECK(sizes[i] != sizes[i - 1],
+              "[config] train.batch_sizes[{}] and [{}] are both {}: a schedule's neighbours differ",
+              i - 1, i, sizes[i]);
+    for (size_t j = 0; j < i; ++j) {
+      const int64_t small = std::min(sizes[i], sizes[j]), large = std::max(sizes[i], sizes[j]);
+      MOE_CHECK(large % small == 0,
+                "[config] train.batch_sizes[{}]={} and [{}]={}: every two batch sizes of the "
+                "schedule must be integer multiples of each other (the data position and the "
+                "learning rate move by whole factors, as OLMo-core's)",
+                j, sizes[j], i, sizes[i]);
+    }
+  }
+  MOE_CHECK(!t.cuda_graph,
+            "[config] train.cuda_graph=true cannot replay a step whose micro-batches change "
+            "(train.batch_sizes)");
+  // OLMo-core's post_attach: a schedule in updates whose horizon is the run's updates would move
+  // with every change of the batch when the run's length is tokens or epochs. It lets WSD's move
+  // (as here: its decay then ends on the run's last update), and its ConstantScheduler; a
+  // constant rate whose warm-up is no fraction of the horizon does not move either.
+  const OptimConfig& o = config.optim;
+  const bool own_t_max = has_t_max(o.schedule) && t_max_length(o) > 0;
+  MOE_CHECK(o.units == LrUnits::kTokens || (t.max_tokens == 0 && t.max_epochs == 0) ||
+                o.schedule == LrSchedule::kWsd || own_t_max ||
+                (o.schedule == LrSchedule::kConstant && o.warmup_fraction == 0.0),
+            "[config] train.batch_sizes with the run's length in {} needs optim.units = "
+            "\"tokens\" (or optim.t_max_steps, or optim.schedule = \"wsd\"): a schedule in "
+            "updates over the run's updates would move with each batch size, which OLMo-core's "
+            "BatchSizeSchedulerCallback refuses",
+            t.max_tokens > 0 ? "tokens" : "epochs");
+}
+
 }  // namespace
 
 int64_t max_steps_for_tokens(const TrainConfig& t, TokenOrigin origin) {
@@ -555,7 +626,9 @@ int64_t step_reaching_tokens(int64_t tokens, int64_t per_step, TokenOrigin origi
 }
 
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
-                          TokenOrigin origin, int64_t max_tokens, int64_t max_epochs) {
+                          TokenOrigin origin, int64_t max_tokens, int64_t max_epochs,
+                          double initial_lr) {
+  const double lr = initial_lr > 0.0 ? initial_lr : optim.lr;  // OLMo-core's initial_lr
   // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
   // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
   // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
@@ -637,7 +710,7 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
               "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
               "after the run does (a smaller optim.{} or optim.decay_fraction)",
               schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
-    const double start = decay_tail_start(optim, horizon);
+    const double start = decay_tail_start(optim, horizon, lr);
     const double end = optim.lr * optim.decay_min_lr_ratio;
     MOE_CHECK(end < start,
               "[config] optim.schedule = \"{}\" over {}: its decay tail would go from {} up to "
@@ -649,11 +722,11 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   if (optim.warmup_min_lr > 0.0 && max_steps > 0) {
     const bool wsds = schedule == LrSchedule::kWsds;
     const int64_t warmup = warmup_length(optim, wsds ? period_lengths(optim).front() : horizon);
-    const double lr_min = optim.lr * optim.min_lr_ratio;
-    const double peak = schedule == LrSchedule::kHalfCosine ? lr_min + (optim.lr - lr_min) / 2.0
+    const double lr_min = lr * optim.min_lr_ratio;
+    const double peak = schedule == LrSchedule::kHalfCosine ? lr_min + (lr - lr_min) / 2.0
                         : wsds && !optim.period_lr_multipliers.empty()
-                            ? optim.lr * optim.period_lr_multipliers[0]
-                            : optim.lr;
+                            ? lr * optim.period_lr_multipliers[0]
+                            : lr;
     MOE_CHECK(warmup == 0 || optim.warmup_min_lr < peak,
               "[config] optim.warmup_min_lr={} is not below the rate the warm-up rises to ({}): "
               "OLMo-core asserts that a warm-up rises",
@@ -662,10 +735,12 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
   // is reached (the run outlasts the warm-up).
   MOE_CHECK(schedule != LrSchedule::kWsd || max_steps == 0 || tail_unreached ||
-                optim.lr * optim.min_lr_ratio < optim.lr,
-            "[config] optim.schedule = \"wsd\" decays to lr x optim.min_lr_ratio={}, not below lr: "
-            "set a ratio below 1",
-            optim.min_lr_ratio);
+                optim.lr * optim.min_lr_ratio < lr,
+            "[config] optim.schedule = \"wsd\" decays to lr x optim.min_lr_ratio={}, not below "
+            "{}: set a ratio below 1",
+            optim.min_lr_ratio,
+            lr == optim.lr ? std::string("lr")
+                           : fmt::format("the rate {} the batch size schedule scaled lr to", lr));
 }
 
 void OptimConfig::validate() const {
@@ -882,6 +957,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.microbatches > 0 && t.batch_size % t.microbatches == 0,
             "[config] train.microbatches={} must be positive and divide train.batch_size={}",
             t.microbatches, t.batch_size);
+  validate_batch_size_schedule(config);
   MOE_CHECK(t.save_every >= 0, "[config] train.save_every={} must be >= 0", t.save_every);
   MOE_CHECK(t.lm_head_chunk_tokens >= 0,
             "[config] train.lm_head_chunk_tokens={} must be >= 0 (0 = the whole micro-batch)",
@@ -1127,50 +1203,54 @@ std::string run_config_to_toml(const RunConfig& c) {
     optim.insert("override_decay", std::move(table));
   }
   const TrainConfig& t = c.train;
-  toml::table train{{"seed", static_cast<int64_t>(t.seed)},
-                    {"init_seed", t.init_seed},
-                    {"init_method", name(t.init.method, {{InitMethod::kMoecore, "moecore"},
-                                                         {InitMethod::kNormal, "normal"},
-                                                         {InitMethod::kLlama, "llama"},
-                                                         {InitMethod::kLlamaDepth, "llama_depth"},
-                                                         {InitMethod::kFanIn, "fan_in"}})},
-                    {"init_std", t.init.std},
-                    {"embedding_init_std", t.init.embedding_std},
-                    {"hard_stop_steps", t.hard_stop_steps},
-                    {"hard_stop_tokens", t.hard_stop_tokens},
-                    {"batch_size", t.batch_size},
-                    {"microbatches", t.microbatches},
-                    {"seq_len", t.seq_len},
-                    {"threads", t.threads},
-                    {"device", std::string(device_name(t.device))},
-                    {"precision", train_precision_name(t.precision)},
-                    {"mxfp8_expert_wgrad", t.mxfp8.expert_wgrad},
-                    {"mxfp8_dense", t.mxfp8.dense},
-                    {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
-                    {"recompute", recompute_name(t.recompute)},
-                    {"lm_head_chunk_tokens", t.lm_head_chunk_tokens},
-                    {"z_loss_multiplier", t.z_loss_multiplier},
-                    {"log_every", t.log_every},
-                    {"eval_every", t.eval_every},
-                    {"eval_batches", t.eval_batches},
-                    {"save_every", t.save_every},
-                    {"checkpoint", t.checkpoint},
-                    {"keep_last", t.keep_last},
-                    {"max_seconds", t.max_seconds},
-                    {"skip_sigma", t.skip_sigma},
-                    {"skip_window", t.skip_window},
-                    {"skip_min_window", t.skip_min_window},
-                    {"skip_rule", name(t.skip_rule, {{SkipRule::kMoecore, "moecore"},
-                                                     {SkipRule::kOlmoCore, "olmo-core"}})},
-                    {"skip_max_consecutive", t.skip_max_consecutive},
-                    {"gerrymander_window", t.gerrymander_window},
-                    {"gerrymander_threshold", t.gerrymander_threshold},
-                    {"sample_prompt", t.sample_prompt},
-                    {"sample_tokens", t.sample_tokens},
-                    {"profile", t.profile},
-                    {"cuda_graph", t.cuda_graph},
-                    {"cuda_grouped_gemm", std::string(cuda_grouped_gemm_name(t.cuda_grouped_gemm))},
-                    {"out_dir", t.out_dir}};
+  toml::table train{
+      {"seed", static_cast<int64_t>(t.seed)},
+      {"init_seed", t.init_seed},
+      {"init_method", name(t.init.method, {{InitMethod::kMoecore, "moecore"},
+                                           {InitMethod::kNormal, "normal"},
+                                           {InitMethod::kLlama, "llama"},
+                                           {InitMethod::kLlamaDepth, "llama_depth"},
+                                           {InitMethod::kFanIn, "fan_in"}})},
+      {"init_std", t.init.std},
+      {"embedding_init_std", t.init.embedding_std},
+      {"hard_stop_steps", t.hard_stop_steps},
+      {"hard_stop_tokens", t.hard_stop_tokens},
+      {"batch_size", t.batch_size},
+      {"microbatches", t.microbatches},
+      {"batch_sizes", list_of(t.batch_sizes)},
+      {"batch_size_starts", list_of(t.batch_size_starts)},
+      {"batch_size_units", t.batch_size_units == BatchSizeUnits::kTokens ? "tokens" : "steps"},
+      {"seq_len", t.seq_len},
+      {"threads", t.threads},
+      {"device", std::string(device_name(t.device))},
+      {"precision", train_precision_name(t.precision)},
+      {"mxfp8_expert_wgrad", t.mxfp8.expert_wgrad},
+      {"mxfp8_dense", t.mxfp8.dense},
+      {"mxfp8_scale", std::string(mx::scale_mode_name(t.mxfp8.scale_mode))},
+      {"recompute", recompute_name(t.recompute)},
+      {"lm_head_chunk_tokens", t.lm_head_chunk_tokens},
+      {"z_loss_multiplier", t.z_loss_multiplier},
+      {"log_every", t.log_every},
+      {"eval_every", t.eval_every},
+      {"eval_batches", t.eval_batches},
+      {"save_every", t.save_every},
+      {"checkpoint", t.checkpoint},
+      {"keep_last", t.keep_last},
+      {"max_seconds", t.max_seconds},
+      {"skip_sigma", t.skip_sigma},
+      {"skip_window", t.skip_window},
+      {"skip_min_window", t.skip_min_window},
+      {"skip_rule",
+       name(t.skip_rule, {{SkipRule::kMoecore, "moecore"}, {SkipRule::kOlmoCore, "olmo-core"}})},
+      {"skip_max_consecutive", t.skip_max_consecutive},
+      {"gerrymander_window", t.gerrymander_window},
+      {"gerrymander_threshold", t.gerrymander_threshold},
+      {"sample_prompt", t.sample_prompt},
+      {"sample_tokens", t.sample_tokens},
+      {"profile", t.profile},
+      {"cuda_graph", t.cuda_graph},
+      {"cuda_grouped_gemm", std::string(cuda_grouped_gemm_name(t.cuda_grouped_gemm))},
+      {"out_dir", t.out_dir}};
   toml::table data{{"train", list_of(c.data.train)},
                    {"val", list_of(c.data.val)},
                    {"tokenizer", c.data.tokenizer},

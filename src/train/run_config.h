@@ -31,6 +31,9 @@ inline const char* cuda_grouped_gemm_name(CudaGroupedGemm g) {
   return g == CudaGroupedGemm::kOneLaunch ? "one_launch" : "per_expert";
 }
 
+// train.batch_size_units: what train.batch_size_starts count (OLMo-core's Duration units).
+enum class BatchSizeUnits { kSteps, kTokens };
+
 struct TrainConfig {
   uint64_t seed = 0;  // data order, routing draws, and the initialisation unless init_seed is set
   // The weights' initialisation alone (OLMo-core's model init_seed, apart from its data loader's
@@ -62,6 +65,18 @@ struct TrainConfig {
   int64_t hard_stop_tokens = 0;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
+  // OLMo-core's BatchSizeSchedulerCallback (empty: train.batch_size throughout): the global batch
+  // is batch_sizes[i] sequences once batch_size_starts[i] (in batch_size_units) is reached, the
+  // first entry train.batch_size from 0. The micro-batch keeps batch_size / microbatches
+  // sequences (more or fewer micro-batches, as OLMo-core keeps its rank_microbatch_size); an
+  // increase waits, as OLMo-core's, until the batches its loader read of the epoch are a multiple
+  // of the factor (under data.order = "olmo-core"; moecore's order reads on at any batch size);
+  // each change multiplies the schedule's initial_lr by sqrt(new / old) and recounts a length in
+  // tokens or epochs (train/batch_size_schedule.h).
+  std::vector<int64_t> batch_sizes;
+  std::vector<int64_t> batch_size_starts;
+  BatchSizeUnits batch_size_units = BatchSizeUnits::kSteps;
+  bool has_batch_size_schedule() const { return !batch_sizes.empty(); }
   int64_t seq_len = 128;
   int64_t threads = 0;  // 0: every core
   // "cpu" | "cuda": where the model's tensors live and its operations run (cuda: the program's
@@ -241,9 +256,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
 // the tokens seen at its `origin` (a schedule in tokens runs over those and the remaining
 // updates' once another batch size or seq_len changed the tokens an update adds).
 // `max_tokens`: train.max_tokens (0: none), the horizon of a schedule in tokens; `max_epochs`
-// (train.max_epochs, 0: none) only names where max_steps came from in errors.
+// (train.max_epochs, 0: none) only names where max_steps came from in errors; `initial_lr` (0:
+// optim.lr) the rate the schedule scales (learning_rate's).
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
-                          TokenOrigin origin = {}, int64_t max_tokens = 0, int64_t max_epochs = 0);
+                          TokenOrigin origin = {}, int64_t max_tokens = 0, int64_t max_epochs = 0,
+                          double initial_lr = 0.0);
 
 // The effective configuration as TOML text (saved with every run).
 std::string run_config_to_toml(const RunConfig& config);

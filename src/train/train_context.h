@@ -26,7 +26,11 @@
 namespace moecore {
 
 struct TrainContext {
+  // The run's configuration with the batch in force (train.batch_sizes moves train.batch_size,
+  // microbatches and max_steps during the run: train/batch_size_schedule.h), and as it was given,
+  // which config.toml and the checkpoints record.
   const RunConfig& config;
+  const RunConfig& given_config;
   const dist::Communicator& world;
   const dist::Mesh& mesh;
   Progress& progress;
@@ -56,7 +60,12 @@ struct TrainContext {
 
   int64_t step = 0;  // optimizer steps done
   int64_t tokens_seen = 0;
+  int64_t start_tokens = 0;  // tokens_seen when this process began training
   ReplayOrigin replay_origin{};
+  // The batch sizes in force so far (train.batch_sizes; {train.batch_size} without a schedule) and
+  // the learning-rate schedule's initial_lr they give (optim.lr x sqrt of each change's factor).
+  std::vector<int64_t> batch_size_history{};
+  double initial_lr = 0.0;
   // The step the loop ends at: train.max_steps, or a hard stop's step before it
   // (run_config.h's last_step).
   int64_t last_step = 0;

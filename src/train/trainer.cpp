@@ -33,6 +33,7 @@
 #include "model/router.h"
 #include "model/transformer.h"
 #include "optim/lr_schedule.h"
+#include "train/batch_size_schedule.h"
 #include "train/callbacks/checkpointer.h"
 #include "train/callbacks/evaluator.h"
 #include "train/callbacks/metrics.h"
@@ -126,6 +127,9 @@ struct StartPoint {
   // batch took over (OLMo-core's Trainer.max_steps, which another batch size at the resume
   // moves).
   int64_t max_steps = 0;
+  // The batch sizes in force so far (train/batch_size_schedule.h): the checkpoint's, unless the
+  // resume changes the batch's keys (then the new train.batch_size, as a fresh run's).
+  std::vector<int64_t> batch_size_history;
 };
 
 // The temporaries of the run directory's files (config.toml, metrics.jsonl, profile.json, the
@@ -183,6 +187,7 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             out_dir);
   StartPoint start;
   start.max_steps = config.train.max_steps;
+  start.batch_size_history = {config.train.batch_size};
   std::vector<DamagedCheckpoint> damaged;  // the same in every rank
   if (options.resume)
     start.checkpoint = agreed_checkpoint(world, out_dir, config.model, full_layout, damaged);
@@ -226,28 +231,34 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
             "[train] --resume: {} was written with another configuration ({}), so the run would "
             "not replay exactly; pass --allow-config-change to continue with the new values",
             *start.checkpoint, listed);
+  // The batch in force: the checkpoint's (train.batch_sizes may have moved it), which the run
+  // goes on with unless the resume changes the batch's keys.
+  ResumedBatch batch = resumed_batch(*start.saved_config, saved_state, config);
+  start.batch_size_history = batch.history;
+  const RunConfig &saved_in_force = batch.saved_in_force, &in_force = batch.in_force;
   // Another batch size or seq_len under OLMo-core's order moves the data position as OLMo-core
   // does (train/training_data.h).
-  start.position = resume_position(*start.saved_config, saved_state, *start.checkpoint, config,
+  start.position = resume_position(saved_in_force, saved_state, *start.checkpoint, in_force,
                                    train_data.instances);
-  const TrainConfig& tc = config.train;
+  const TrainConfig& tc = in_force.train;
   const TokenOrigin origin = schedule_origin(saved_state, !changes.empty());
-  start.max_steps = resumed_max_steps(*start.saved_config, saved_state, *start.checkpoint, config,
+  start.max_steps = resumed_max_steps(saved_in_force, saved_state, *start.checkpoint, in_force,
                                       !changes.empty(), &train_set, start.position, "[train]");
   // The schedule's checks over the run's real length (the config was read without them): in
   // tokens, the tokens seen so far and the remaining updates' (another batch size or seq_len
   // moves it).
   if (start.max_steps >= saved_state.step)  // else refused below, naming max_steps
     validate_lr_schedule(config.optim, start.max_steps, tc.batch_size * tc.seq_len, origin,
-                         tc.max_tokens, tc.max_epochs);
+                         tc.max_tokens, tc.max_epochs,
+                         scheduled_initial_lr(config.optim.lr, start.batch_size_history));
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
   if (const std::string note =
-          horizon_note(*start.saved_config, config, token_origin(saved_state.origin), origin);
+          horizon_note(saved_in_force, in_force, token_origin(saved_state.origin), origin);
       !note.empty())
     start.messages.push_back(note);
   if (start.position.moved)
-    start.messages.push_back(describe_resume_position(*start.saved_config, config, start.position));
+    start.messages.push_back(describe_resume_position(saved_in_force, in_force, start.position));
   if (saved_state.threads > 0 && config.train.device == Device::kCpu &&
       saved_state.threads != omp_get_max_threads())
     start.messages.push_back(
@@ -308,8 +319,9 @@ void announce_max_tokens(const TrainContext& ctx) {
                   remaining_updates(ctx, fmt::format("{} x {} tokens", tc.batch_size, tc.seq_len)),
                   last_tokens));
   if (tc.max_steps == ctx.step) return;
-  const double last_lr = learning_rate(ctx.config.optim, tc.max_steps - 1, tc.max_steps, per_step,
-                                       token_origin(ctx.replay_origin), tc.max_tokens);
+  const double last_lr =
+      learning_rate(ctx.config.optim, tc.max_steps - 1, tc.max_steps, per_step,
+                    token_origin(ctx.replay_origin), tc.max_tokens, ctx.initial_lr);
   if (last_lr < 0.0)
     ctx.progress.message(fmt::format(
         "warning: the last update's learning rate is {}: it ends at {} tokens, past "
@@ -356,6 +368,17 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
+  if (tc.has_batch_size_schedule()) {
+    std::string steps;
+    for (size_t i = 0; i < tc.batch_sizes.size(); ++i)
+      steps += fmt::format("{}{} from {}", i == 0 ? "" : ", ", tc.batch_sizes[i],
+                           tc.batch_size_starts[i]);
+    ctx.progress.message(fmt::format(
+        "batch size schedule: {} {} (sequences; micro-batches of {}); in force: {} sequences, "
+        "the learning-rate schedule's initial_lr {}",
+        steps, tc.batch_size_units == BatchSizeUnits::kTokens ? "tokens" : "steps",
+        tc.batch_size / tc.microbatches, tc.batch_size, ctx.initial_lr));
+  }
   if (tc.max_tokens > 0) announce_max_tokens(ctx);
   if (ctx.last_step < tc.max_steps)
     ctx.progress.message(fmt::format("hard stop: {}: the run stops at step {} of its {}",
@@ -416,7 +439,7 @@ struct StepBuffers {
 void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
   const TrainConfig& tc = ctx.config.train;
   report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps, tc.batch_size * tc.seq_len,
-                            token_origin(ctx.replay_origin), tc.max_tokens);
+                            token_origin(ctx.replay_origin), tc.max_tokens, ctx.initial_lr);
   ctx.optimizer.stage_step(report.lr);
   const StepLimits limits = ctx.guard.limits();
   const std::array<double, 2> values{limits.loss, limits.grad_norm};
@@ -580,9 +603,7 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   report.step = ++ctx.step;
   ctx.tokens_seen += tc.batch_size * tc.seq_len;
   report.seconds = ctx.seconds();
-  report.tokens_per_s =
-      static_cast<double>((ctx.step - ctx.summary.start_step) * tc.batch_size * tc.seq_len) /
-      report.seconds;
+  report.tokens_per_s = static_cast<double>(ctx.tokens_seen - ctx.start_tokens) / report.seconds;
   report.log_step = ctx.step % tc.log_every == 0 || ctx.step == ctx.last_step;
   report.scalars = {{"train/loss", report.loss.total},
                     {"train/ce", report.loss.ce},
@@ -594,6 +615,9 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/tokens_per_s", report.tokens_per_s},
                     {"train/tokens_seen", static_cast<double>(ctx.tokens_seen)},
                     {"train/skipped_steps", static_cast<double>(ctx.guard.skipped())}};
+  // OLMo-core's BatchSizeSchedulerCallback records its global batch size (in tokens) each step.
+  if (tc.has_batch_size_schedule())
+    report.scalars.emplace_back("train/batch_size", static_cast<double>(tc.batch_size));
   if (pc.pp > 1) {
     // Pipeline bubble: the mean over the stages of the time spent waiting for a neighbour.
     double bubble = ctx.pipeline.step_seconds() > 0.0
@@ -607,6 +631,36 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   if (ctx.step == ctx.summary.start_step + 1) ctx.summary.first_loss = report.loss.ce;
   ctx.summary.last_loss = report.loss.ce;
   return report;
+}
+
+// train.batch_sizes: before each update, the change the schedule makes there, if any
+// (train/batch_size_schedule.h). `config` (ctx.config) takes the new batch in force, its
+// micro-batches and the run's length; the loader goes on where OLMo-core's would, from a new
+// replay origin; the schedule's initial_lr and the loop's end move with it.
+void apply_batch_size_schedule(TrainContext& ctx, RunConfig& config,
+                               const data::TokenDataset& dataset, StepBuffers& buffers) {
+  const TrainConfig& tc = config.train;
+  MOE_CHECK(ctx.loader.cursor() ==
+                ctx.replay_origin.data_cursor +
+                    static_cast<uint64_t>((ctx.step - ctx.replay_origin.step) * tc.batch_size),
+            "[train] step {}: the data cursor {} is not where the batch in force reads from its "
+            "origin",
+            ctx.step, ctx.loader.cursor());
+  const std::optional<BatchSizeChange> change =
+      scheduled_batch_change(config, ctx.step, ctx.replay_origin, ctx.batch_size_history, &dataset);
+  if (!change) return;
+  ctx.batch_size_history.push_back(change->to);
+  ctx.progress.message(
+      describe_batch_size_change(config, ctx.step, *change, ctx.batch_size_history));
+  config = change->config;
+  ctx.initial_lr = scheduled_initial_lr(config.optim.lr, ctx.batch_size_history);
+  ctx.replay_origin = change->origin;
+  ctx.loader = training_loader(config, dataset, change->position.cursor, ctx.mesh.dp.size());
+  ctx.pipeline.set_microbatches(tc.microbatches);
+  buffers.tokens.resize(static_cast<size_t>(tc.microbatches));
+  buffers.targets.resize(static_cast<size_t>(tc.microbatches));
+  ctx.last_step = last_step(tc, token_origin(ctx.replay_origin));
+  ctx.progress.set_max_steps(ctx.last_step);
 }
 
 // Where a fine-tune from a Hugging Face model trains another objective than transformers would on
@@ -791,6 +845,11 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const StartPoint start =
       choose_start(world, config, full_layout, options, in.train_data, train_fingerprint);
   config.train.max_steps = start.max_steps;  // a resume's under train.max_tokens or max_epochs
+  // What config.toml and the checkpoints record; `config` holds the batch in force from here
+  // (train.batch_sizes moves it, with microbatches and max_steps).
+  const RunConfig given_config = config;
+  config = with_batch_size(config, start.batch_size_history.back());
+  config.train.max_steps = start.max_steps;
 
   ParamBuffers params(layout), grads(layout);
   // Per-name streams: the same weights in any layout.
@@ -878,7 +937,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   }
   // Written only once the inputs and the checkpoint are known to fit this config.
   if (rank0 && !finished)
-    io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(config), "[train]");
+    io::write_text_atomic(tc.out_dir + "/config.toml", run_config_to_toml(given_config), "[train]");
   // The run will save the skipped steps again: each damaged checkpoint is set aside first rather
   // than replaced, what is whole in it kept (a finished run writes nothing, so moves nothing).
   std::vector<std::string> damaged_lines;
@@ -896,6 +955,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   Progress progress(end_step, tc.log_every, rank0);
   TrainContext ctx{
       .config = config,
+      .given_config = given_config,
       .world = world,
       .mesh = mesh,
       .progress = progress,
@@ -914,10 +974,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       .train_data = train_fingerprint,
       .step = resumed.step,
       .tokens_seen = resumed.tokens_seen,
+      .start_tokens = resumed.tokens_seen,
       .replay_origin = start.config_changed
                            ? ReplayOrigin{resumed.step, data_cursor, resumed.tokens_seen,
                                           start.position.epoch, start.position.tokens_read}
                            : resumed.origin,
+      .batch_size_history = start.batch_size_history,
+      .initial_lr = scheduled_initial_lr(config.optim.lr, start.batch_size_history),
       .last_step = end_step};
   // Made up by the evaluator's start; without validation data there is none to make up.
   ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
@@ -987,7 +1050,13 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const auto check_run_dir = [&run_lock] {
     if (run_lock) run_lock->check_in_place();
   };
-  while (ctx.step < ctx.last_step) {
+  for (;;) {
+    // OLMo-core checks its batch size before each batch it loads. A run in epochs asks its loader
+    // once more at the last epoch's end (it is over when the loader says so), so a decrease due
+    // there first reads the epoch's tail that batches of the old size left.
+    if (ctx.step < ctx.last_step || (tc.max_epochs > 0 && ctx.last_step == tc.max_steps))
+      apply_batch_size_schedule(ctx, config, in.train_data, buffers);
+    if (ctx.step >= ctx.last_step) break;
     StepReport report = run_step(ctx, grads, buffers);
     check_run_dir();
     // Every rank's guard decided the same (read_decision), so every rank gives up at this step.

@@ -131,27 +131,48 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
               "[checkpoint] {}: replay_origin.step={} is after step={}", origin, state.origin.step,
               state.step);
   }
-  // Every step reads batch_size instances of seq_len tokens (skipped steps too), so the cursor
-  // and the token count follow from the step. An overflow counts as a mismatch.
+  if (doc.contains("batch_size_history")) {
+    // Each a size of the writer's schedule, the first its train.batch_size, neighbours differing.
+    const json& history = doc["batch_size_history"];
+    MOE_CHECK(history.is_array() && !history.empty(),
+              "[checkpoint] {}: batch_size_history={} must be a non-empty array of batch sizes",
+              origin, json_excerpt(history));
+    const std::vector<int64_t>& sizes = written_by.batch_sizes;
+    for (const json& entry : history) {
+      const int64_t size =
+          integer_in(json{{"size", entry}}, "size", kMaxCount, origin, "batch_size_history's ");
+      MOE_CHECK(std::find(sizes.begin(), sizes.end(), size) != sizes.end() &&
+                    (!state.batch_size_history.empty() || size == written_by.batch_size) &&
+                    (state.batch_size_history.empty() || size != state.batch_size_history.back()),
+                "[checkpoint] {}: batch_size_history={} is not a history of train.batch_sizes "
+                "from train.batch_size={} of the run that wrote it",
+                origin, json_excerpt(history), written_by.batch_size);
+      state.batch_size_history.push_back(size);
+    }
+  }
+  // Every step since the replay origin reads the batch in force, batch_size instances of seq_len
+  // tokens (skipped steps too; a change of the batch size starts a new origin), so the cursor and
+  // the token count follow from the step. An overflow counts as a mismatch.
+  const int64_t batch_size = state.batch_size_in_force(written_by);
   const int64_t steps = state.step - state.origin.step;
   int64_t cursor = 0, per_step_tokens = 0, tokens = 0;
   const bool cursor_ok =
-      !__builtin_mul_overflow(steps, written_by.batch_size, &cursor) &&
+      !__builtin_mul_overflow(steps, batch_size, &cursor) &&
       !__builtin_add_overflow(cursor, static_cast<int64_t>(state.origin.data_cursor), &cursor) &&
       cursor == static_cast<int64_t>(state.data_cursor);
   MOE_CHECK(cursor_ok,
             "[checkpoint] {}: data_cursor={} does not match step={} x train.batch_size={} of the "
             "run that wrote it",
-            origin, state.data_cursor, state.step, written_by.batch_size);
+            origin, state.data_cursor, state.step, batch_size);
   const bool tokens_ok =
-      !__builtin_mul_overflow(written_by.batch_size, written_by.seq_len, &per_step_tokens) &&
+      !__builtin_mul_overflow(batch_size, written_by.seq_len, &per_step_tokens) &&
       !__builtin_mul_overflow(steps, per_step_tokens, &tokens) &&
       !__builtin_add_overflow(tokens, state.origin.tokens_seen, &tokens) &&
       tokens == state.tokens_seen;
   MOE_CHECK(tokens_ok,
             "[checkpoint] {}: tokens_seen={} does not match step={} x train.batch_size={} x "
             "train.seq_len={} of the run that wrote it",
-            origin, state.tokens_seen, state.step, written_by.batch_size, written_by.seq_len);
+            origin, state.tokens_seen, state.step, batch_size, written_by.seq_len);
 
   state.step_guard = member(doc, "step_guard", origin, "");
   const auto window = static_cast<size_t>(written_by.skip_window);

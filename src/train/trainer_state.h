@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "data/dataset_fingerprint.h"
 #include "optim/lr_schedule.h"
@@ -54,6 +55,14 @@ struct TrainerState {
   // A stop signal cancelled the evaluation due at this step (train.eval_every): the resumed run
   // makes it up before its first step, so that metrics.jsonl has every validation row.
   bool eval_pending = false;
+  // Under train.batch_sizes: the batch sizes in force so far, in order (the first
+  // train.batch_size, the last the one the run reads now; train/batch_size_schedule.h). Empty:
+  // train.batch_size throughout.
+  std::vector<int64_t> batch_size_history;
+  // The batch size the run read at its last update, of the run that wrote it (`written_by`).
+  int64_t batch_size_in_force(const TrainConfig& written_by) const {
+    return batch_size_history.empty() ? written_by.batch_size : batch_size_history.back();
+  }
 };
 
 // What a schedule in tokens counts from (optim/lr_schedule.h): the origin's step and tokens seen.

@@ -199,6 +199,17 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
   return position;
 }
 
+OlmoCoreEpochPosition olmo_core_epoch_position(const RunConfig& config, const TrainerState& state,
+                                               int64_t instances) {
+  const TrainConfig& t = config.train;
+  const int64_t epoch =
+      data::InstanceOrder::with_rule(config.data.order, t.seed, instances, t.batch_size)
+          .epoch_length();
+  const LoaderState loader = olmo_core_loader_state(state, static_cast<uint64_t>(epoch), t.seq_len);
+  const int64_t batches = loader.tokens / (t.batch_size * t.seq_len);
+  return {batches, batches >= epoch / t.batch_size};
+}
+
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,
                                      const ResumePosition& position) {
   const TrainConfig &was = saved.train, &now = config.train;

@@ -61,6 +61,17 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
                                const std::string& checkpoint, const RunConfig& config,
                                int64_t instances);
 
+// Where OLMo-core's loader stands at checkpoint-like state `state` under `config`'s batch and
+// order (data.order = "olmo-core"; `instances`: the training set's): the whole global batches it
+// has read of its epoch (its batches_processed, tokens_processed // global batch tokens) and
+// whether that epoch is read to its end (its next batch is the next epoch's first).
+struct OlmoCoreEpochPosition {
+  int64_t batches = 0;
+  bool epoch_done = false;
+};
+OlmoCoreEpochPosition olmo_core_epoch_position(const RunConfig& config, const TrainerState& state,
+                                               int64_t instances);
+
 // The start-up note of a moved position: "note: data.order = "olmo-core" with ...".
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,
                                      const ResumePosition& position);

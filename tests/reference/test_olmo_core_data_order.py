@@ -175,6 +175,12 @@ def test_bad_order_settings_are_one_line_errors(tokens, sets, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
+# The model the trained runs here and in test_olmo_core_batch_size_schedule.py use: seconds a run.
+TINY_MODEL = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "num_experts": 2,
+              "num_experts_per_tok": 1, "moe_intermediate_size": 8, "intermediate_size": 16}
+
+
 def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, steps: int | None,
                  max_target: int = 0, max_epochs: int | None = None,
                  order: str = "olmo-core", out: str | None = None) -> Path:
@@ -182,10 +188,7 @@ def train_config(root: Path, name: str, *, batch: int, seq: int, seed: int, step
     checkpoint at the end, in root / `out` (default: root / name)."""
     cfg = root / f"{name}.toml"
     cfg.write_text(H.toml_text({
-        "model": H.model_table({"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1,
-                                "num_attention_heads": 2, "num_key_value_heads": 2,
-                                "num_experts": 2, "num_experts_per_tok": 1,
-                                "moe_intermediate_size": 8, "intermediate_size": 16}),
+        "model": H.model_table(TINY_MODEL),
         "optim": {**H.OPTIM_DEFAULTS, "schedule": "constant"},
         "train": {"seq_len": seq, "batch_size": batch, "seed": seed, "max_steps": steps,
                   "max_epochs": max_epochs, "threads": 1, "eval_every": 0, "sample_tokens": 0,

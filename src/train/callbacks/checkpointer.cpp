@@ -56,11 +56,14 @@ void CheckpointCallback::save(TrainContext& ctx) {
                           {"recipe_revision", kRecipeRevision},
                           {"gerrymandering", ctx.gerrymandering.to_json()}};
   // The next update's rate, for a reader of the checkpoint; none at the run's end (past it a
-  // schedule's linear decay would go on below its floor).
-  if (at_step < tc.max_steps)
+  // schedule's linear decay would go on below its floor), none under train.batch_sizes (a change
+  // of the batch before the next update would move it: `moecore lr-schedule --resume` says it).
+  if (at_step < tc.max_steps && !tc.has_batch_size_schedule())
     state["lr_next"] =
         learning_rate(ctx.config.optim, at_step, tc.max_steps, tc.batch_size * tc.seq_len,
-                      token_origin(ctx.replay_origin), tc.max_tokens);
+                      token_origin(ctx.replay_origin), tc.max_tokens, ctx.initial_lr);
+  // The batch sizes in force so far, the last this step's (train/batch_size_schedule.h).
+  if (tc.has_batch_size_schedule()) state["batch_size_history"] = ctx.batch_size_history;
   state["train_data"] = {{"tokens", ctx.train_data.tokens},
                          {"instances", ctx.train_data.instances},
                          {"sample_hash", fmt::format("{:016x}", ctx.train_data.sample_hash)}};
@@ -78,8 +81,10 @@ void CheckpointCallback::save(TrainContext& ctx) {
       state["replay_origin"]["epoch_tokens"] = ctx.replay_origin.epoch_tokens;
     }
   }
-  const CheckpointContents contents{&ctx.config, &ctx.full_layout, nullptr,         nullptr,
-                                    state,       hf_config_,       tokenizer_json_, hf_side_files_};
+  // config.toml: the configuration as given (the batch in force is the state's).
+  const CheckpointContents contents{
+      &ctx.given_config, &ctx.full_layout, nullptr,       nullptr, state,
+      hf_config_,        tokenizer_json_,  hf_side_files_};
   const bool rank0 = ctx.world.rank() == 0;
   // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
   const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step, owner_pid_);
