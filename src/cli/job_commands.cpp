@@ -218,6 +218,7 @@ void run_data_order(const DataOrderArgs& args) {
                                 position.epoch, position.tokens_read};
   }
   data::DataLoader loader = training_loader(in_force, dataset, position.cursor, args.dp);
+  const int64_t per_epoch = loader.order().epoch_length();  // of the first step's batches
   const int64_t per_rank = rows / args.dp;
   // Each rank's rows, step after step, as the trainer reads them (micro-batch after micro-batch);
   // under train.batch_sizes the batch of each step as the schedule makes it.
@@ -259,10 +260,12 @@ void run_data_order(const DataOrderArgs& args) {
       data::write_npy(args.out, "<i8", {args.steps, args.dp, rank_batch}, order.data());
     }
   }
+  int64_t read = 0;  // a change of the batch moves the cursor into its batches' order
+  for (const int64_t size : batch_sizes) read += size;
   nlohmann::json summary = {{"instances", dataset.num_instances()},
-                            {"per_epoch", loader.order().epoch_length()},
+                            {"per_epoch", per_epoch},
                             {"start", position.cursor},
-                            {"read", loader.cursor() - position.cursor}};
+                            {"read", read}};
   if (given.has_batch_size_schedule()) summary["batch_sizes"] = batch_sizes;
   if (position.moved)
     summary["moved"] = {{"epoch", position.epoch},

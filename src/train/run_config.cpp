@@ -586,15 +586,22 @@ void validate_batch_size_schedule(const RunConfig& config) {
   MOE_CHECK(!t.cuda_graph,
             "[config] train.cuda_graph=true cannot replay a step whose micro-batches change "
             "(train.batch_sizes)");
+  // A length in updates may run all of them at the largest batch: its tokens must fit a 64-bit
+  // count (a length in tokens or epochs bounds them itself).
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  MOE_CHECK(t.max_tokens > 0 || t.max_epochs > 0 ||
+                t.max_steps <= std::numeric_limits<int64_t>::max() / (largest * t.seq_len),
+            "[config] train.max_steps={} updates of up to {} x {} tokens (train.batch_sizes) "
+            "overflow a 64-bit token count",
+            t.max_steps, largest, t.seq_len);
   // OLMo-core's post_attach: a schedule in updates whose horizon is the run's updates would move
   // with every change of the batch when the run's length is tokens or epochs. It lets WSD's move
-  // (as here: its decay then ends on the run's last update), and its ConstantScheduler; a
-  // constant rate whose warm-up is no fraction of the horizon does not move either.
+  // (as here: its decay then ends on the run's last update) and its ConstantScheduler, which
+  // moecore's "constant" (its ConstantWithWarmup) is not.
   const OptimConfig& o = config.optim;
   const bool own_t_max = has_t_max(o.schedule) && t_max_length(o) > 0;
   MOE_CHECK(o.units == LrUnits::kTokens || (t.max_tokens == 0 && t.max_epochs == 0) ||
-                o.schedule == LrSchedule::kWsd || own_t_max ||
-                (o.schedule == LrSchedule::kConstant && o.warmup_fraction == 0.0),
+                o.schedule == LrSchedule::kWsd || own_t_max,
             "[config] train.batch_sizes with the run's length in {} needs optim.units = "
             "\"tokens\" (or optim.t_max_steps, or optim.schedule = \"wsd\"): a schedule in "
             "updates over the run's updates would move with each batch size, which OLMo-core's "
@@ -718,7 +725,9 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
               schedule_name, run_length, start, end);
   }
   // OLMo-core's warm-ups assert that they rise: warmup_min_lr below the rate they rise to (lr;
-  // half_cos: half way down its cosine; wsds: its first period's peak), once one runs.
+  // half_cos: half way down its cosine; wsds: its first period's peak), once one runs: where an
+  // update from `origin` on is still in the warm-up (after a batch-size change, initial_lr moved).
+  const int64_t next_position = in_tokens ? origin.tokens + unit : origin.step + 1;
   if (optim.warmup_min_lr > 0.0 && max_steps > 0) {
     const bool wsds = schedule == LrSchedule::kWsds;
     const int64_t warmup = warmup_length(optim, wsds ? period_lengths(optim).front() : horizon);
@@ -727,10 +736,26 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
                         : wsds && !optim.period_lr_multipliers.empty()
                             ? lr * optim.period_lr_multipliers[0]
                             : lr;
-    MOE_CHECK(warmup == 0 || optim.warmup_min_lr < peak,
+    MOE_CHECK(warmup == 0 || next_position > warmup || optim.warmup_min_lr < peak,
               "[config] optim.warmup_min_lr={} is not below the rate the warm-up rises to ({}): "
               "OLMo-core asserts that a warm-up rises",
               optim.warmup_min_lr, peak);
+  }
+  // OLMo-core's WSDS asserts each decay falls from its peak, initial_lr x the period's multiplier,
+  // to its decay_min_lr (lr x min_lr_ratio; validate_wsds checks it at optim.lr): after a
+  // batch-size change at initial_lr.
+  if (schedule == LrSchedule::kWsds && lr != optim.lr) {
+    const std::vector<int64_t>& periods = period_lengths(optim);
+    for (size_t i = 0; i < periods.size(); ++i) {
+      const double multiplier =
+          optim.period_lr_multipliers.empty() ? 1.0 : optim.period_lr_multipliers[i];
+      MOE_CHECK(
+          decay_length(optim, periods[i]) == 0 || optim.lr * optim.min_lr_ratio < lr * multiplier,
+          "[config] optim.schedule = \"wsds\": period {} decays from {} x {} (the rate "
+          "train.batch_sizes scaled lr to) to lr x optim.min_lr_ratio={}, not below it "
+          "(OLMo-core asserts)",
+          i, lr, multiplier, optim.min_lr_ratio);
+    }
   }
   // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
   // is reached (the run outlasts the warm-up).

@@ -299,11 +299,17 @@ std::string gemm_precision_line(const TrainConfig& tc) {
 
 // "N update(s) of WHAT" for a fresh run; "N more update(s) of WHAT after step S, to step E" for
 // a resumed one (to train.max_steps, the run's length).
+// Under train.batch_sizes the count is the batch in force's, which each change recounts.
 std::string remaining_updates(const TrainContext& ctx, const std::string& what) {
   const int64_t end = ctx.config.train.max_steps;
-  if (ctx.step == 0) return fmt::format("{} update(s) of {}", end, what);
-  return fmt::format("{} more update(s) of {} after step {}, to step {}", end - ctx.step, what,
-                     ctx.step, end);
+  const std::string recounted = ctx.config.train.has_batch_size_schedule()
+                                    ? " while this batch size lasts (each change of "
+                                      "train.batch_sizes recounts it: `moecore lr-schedule` "
+                                      "lists the run)"
+                                    : "";
+  if (ctx.step == 0) return fmt::format("{} update(s) of {}{}", end, what, recounted);
+  return fmt::format("{} more update(s) of {} after step {}, to step {}{}", end - ctx.step, what,
+                     ctx.step, end, recounted);
 }
 
 // The length of a run in tokens, in updates: OLMo-core's trainer stops at the first update whose
@@ -318,7 +324,9 @@ void announce_max_tokens(const TrainContext& ctx) {
       fmt::format("length: train.max_tokens={}: {} (the last ends at {} tokens)", tc.max_tokens,
                   remaining_updates(ctx, fmt::format("{} x {} tokens", tc.batch_size, tc.seq_len)),
                   last_tokens));
-  if (tc.max_steps == ctx.step) return;
+  // Under train.batch_sizes the last update's batch and rate are the schedule's, which
+  // `moecore lr-schedule` lists; this batch's last update may not be the run's.
+  if (tc.max_steps == ctx.step || tc.has_batch_size_schedule()) return;
   const double last_lr =
       learning_rate(ctx.config.optim, tc.max_steps - 1, tc.max_steps, per_step,
                     token_origin(ctx.replay_origin), tc.max_tokens, ctx.initial_lr);
@@ -615,7 +623,8 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/tokens_per_s", report.tokens_per_s},
                     {"train/tokens_seen", static_cast<double>(ctx.tokens_seen)},
                     {"train/skipped_steps", static_cast<double>(ctx.guard.skipped())}};
-  // OLMo-core's BatchSizeSchedulerCallback records its global batch size (in tokens) each step.
+  // OLMo-core's BatchSizeSchedulerCallback records its global batch size each step ("train/global
+  // batch size", in tokens; here in sequences).
   if (tc.has_batch_size_schedule())
     report.scalars.emplace_back("train/batch_size", static_cast<double>(tc.batch_size));
   if (pc.pp > 1) {
@@ -1050,14 +1059,20 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const auto check_run_dir = [&run_lock] {
     if (run_lock) run_lock->check_in_place();
   };
-  for (;;) {
-    // OLMo-core checks its batch size before each batch it loads. A run in epochs asks its loader
-    // once more at the last epoch's end (it is over when the loader says so), so a decrease due
-    // there first reads the epoch's tail that batches of the old size left.
+  // OLMo-core checks its batch size before each batch it loads: before the first update (a resume
+  // that changed the batch's keys starts from train.batch_size, as OLMo-core's resume does), and
+  // below after each update, before that step's callbacks, so that its checkpoint holds the batch
+  // the next update reads and its evaluation knows whether the run goes on. A run in epochs asks
+  // its loader once more at the last epoch's end (it is over when the loader says so), so a
+  // decrease due there first reads the epoch's tail that batches of the old size left.
+  const auto change_batch_size = [&] {
     if (ctx.step < ctx.last_step || (tc.max_epochs > 0 && ctx.last_step == tc.max_steps))
       apply_batch_size_schedule(ctx, config, in.train_data, buffers);
-    if (ctx.step >= ctx.last_step) break;
+  };
+  change_batch_size();
+  while (ctx.step < ctx.last_step) {
     StepReport report = run_step(ctx, grads, buffers);
+    change_batch_size();
     check_run_dir();
     // Every rank's guard decided the same (read_decision), so every rank gives up at this step.
     if (tc.skip_max_consecutive > 0 && guard.consecutive_skips() >= tc.skip_max_consecutive)

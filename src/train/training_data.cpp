@@ -191,9 +191,9 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
             checkpoint, loader.epoch, new_epoch, now.batch_size, instances);
   position.moved = resized || position.cursor != state.data_cursor;
   // The instances of the epoch the saved run had read past the new position (same instances:
-  // the same seq_len's).
+  // the same seq_len's); none where the new batches have read the epoch (the next one follows).
   const uint64_t epoch_start = (loader.epoch - 1) * old_epoch;
-  if (was.seq_len == now.seq_len && state.data_cursor > epoch_start)
+  if (was.seq_len == now.seq_len && state.data_cursor > epoch_start && position.offset < new_epoch)
     position.read_again = std::max<int64_t>(
         0, static_cast<int64_t>(state.data_cursor - epoch_start) - position.offset);
   return position;

@@ -164,6 +164,35 @@ TEST(BatchSizeSchedule, RatesOlmoCoreHoldsStayWhileInitialLrMoves) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 9, 10), 1e-4);  // 0: optim.lr
 }
 
+TEST(BatchSizeSchedule, TheScheduleIsCheckedAtTheNewInitialLrWhereOlmoCoreAsserts) {
+  // WSDS: each decay must fall from initial_lr x its multiplier to lr x min_lr_ratio; a batch
+  // quartered halves initial_lr, below that floor here.
+  OptimConfig c;
+  c.lr = 1e-3;
+  c.schedule = LrSchedule::kWsds;
+  c.min_lr_ratio = 0.6;
+  c.warmup_steps = 0;
+  c.decay_steps = 2;
+  c.period_steps = {10, 10};
+  EXPECT_NO_THROW(validate_lr_schedule(c, 20, 64));
+  EXPECT_NO_THROW(validate_lr_schedule(c, 20, 64, {}, 0, 0, 2e-3));
+  try {
+    validate_lr_schedule(c, 20, 64, {}, 0, 0, 5e-4);
+    ADD_FAILURE() << "a rising WSDS decay was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not below it"), std::string::npos) << e.what();
+  }
+  // A warm-up asserts it rises only while an update is still in it: past it, a lower initial_lr
+  // below warmup_min_lr is OLMo-core's to train.
+  OptimConfig w;
+  w.lr = 1e-3;
+  w.schedule = LrSchedule::kCosine;
+  w.warmup_steps = 5;
+  w.warmup_min_lr = 6e-4;
+  EXPECT_THROW(validate_lr_schedule(w, 20, 64, {2, 128}, 0, 0, 5e-4), Error);
+  EXPECT_NO_THROW(validate_lr_schedule(w, 20, 64, {10, 640}, 0, 0, 5e-4));
+}
+
 TEST(BatchSizeSchedule, TheKeysRoundTripThroughConfigToml) {
   RunConfig c = parse_run_config(
       "[train]\nbatch_size = 4\nmicrobatches = 2\nbatch_sizes = [4, 8]\n"

@@ -25,6 +25,7 @@ Tolerance: none (integers, and rates computed by the same formulas in the same o
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -224,7 +225,8 @@ def test_a_decrease_at_the_last_epochs_end_reads_its_tail(tokens):
     optim = dict(schedule="wsd", units="steps", warmup_steps=2, decay_fraction=0.25,
                  min_lr_ratio=0.1)
     cfg = config(tokens, "bss_tail", sizes=sizes, starts=starts, unit="steps",
-                 length={"max_epochs": 1, "max_steps": None}, optim=optim, seed=3, micro_rows=2)
+                 length={"max_epochs": 1, "max_steps": None}, optim=optim, seed=3, micro_rows=2,
+                 train={"save_every": 1, "keep_last": 0})
     ref = olmo_core_run(tokens, sizes=sizes, starts=starts, unit="steps",
                         duration=Duration.epochs(1),
                         scheduler=WSD(warmup=2, decay_fraction=0.25, decay_min_lr=LR * 0.1),
@@ -237,6 +239,56 @@ def test_a_decrease_at_the_last_epochs_end_reads_its_tail(tokens):
     rows = metrics_rows(tokens / "bss_tail")
     assert [(s, int(rows[s]["train/tokens_seen"]), rows[s]["train/lr"],
              int(rows[s]["train/batch_size"])) for s in sorted(rows)] == [row[:4] for row in ref]
+    # Stopped at the epoch's end (a hard stop there) and resumed: its checkpoint holds the halved
+    # batch the tail reads, so the resumed run trains the tail as the uninterrupted run does.
+    stopped = config(tokens, "bss_tail_resumed", sizes=sizes, starts=starts, unit="steps",
+                     length={"max_epochs": 1, "max_steps": None}, optim=optim, seed=3,
+                     micro_rows=2, train={"hard_stop_steps": n // big})
+    H.run_moecore("train", stopped)
+    ckpt = tokens / "bss_tail_resumed" / "checkpoints" / f"step_{n // big:08d}"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["batch_size_history"] == sizes
+    H.run_moecore("train", stopped, "--resume", "--set", "train.hard_stop_steps=0")
+    resumed = metrics_rows(tokens / "bss_tail_resumed")
+    assert sorted(resumed) == sorted(rows)
+    for step in rows:
+        assert without_timing(resumed[step]) == without_timing(rows[step]), step
+    # A run that ended (a crash) after its checkpoint at the epoch's end, saved every update: that
+    # checkpoint holds the halved batch too, and a resume from it trains the tail.
+    crashed = tokens / "bss_tail_crashed"
+    (crashed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tokens / "bss_tail" / "checkpoints" / f"step_{n // big:08d}",
+                    crashed / "checkpoints" / f"step_{n // big:08d}")
+    H.run_moecore("train", cfg, "--resume", "--set", f"train.out_dir={crashed}")
+    tail = metrics_rows(crashed)
+    assert sorted(tail) == [n // big + 1]
+    assert without_timing(tail[n // big + 1]) == without_timing(rows[n // big + 1])
+
+
+def test_an_increase_due_at_an_epochs_end_of_odd_batches_starts_the_next_epoch(tokens):
+    """An increase x2 due when the epoch's odd count of whole batches is read: OLMo-core's loader
+    is not on the new grid there (batches_processed odd), resets for the next epoch (0) and takes
+    the new size before its first batch, which moecore's change there reads too, nothing read
+    again."""
+    _, summary = read_order(tokens, config(tokens, "bss_odd_probe", sizes=[2], starts=[0],
+                                           unit="steps", length={"max_steps": 1}, optim={},
+                                           seed=4, micro_rows=2), 1, 1)
+    n = summary["instances"]
+    small = next(b for b in (2, 4, 8) if (n // b) % 2 == 1)
+    sizes, starts = [small, 2 * small], [0, n // small]
+    optim = dict(schedule="cosine", units="steps", warmup_steps=2, min_lr_ratio=0.1)
+    steps = n // small + 8
+    cfg = config(tokens, "bss_odd", sizes=sizes, starts=starts, unit="steps",
+                 length={"max_steps": steps}, optim=optim, seed=4, micro_rows=2)
+    ref = olmo_core_run(tokens, sizes=sizes, starts=starts, unit="steps",
+                        duration=Duration.steps(steps),
+                        scheduler=CosWithWarmup(warmup=2, alpha_f=0.1), seed=4)
+    assert [row[3] for row in ref][n // small - 1:n // small + 1] == [small, 2 * small]
+    assert listed(cfg) == [row[:4] for row in ref]
+    order, _ = read_order(tokens, cfg, steps, 1)
+    assert (order[0] == np.concatenate([row[4] for row in ref])).all()
+    H.run_moecore("train", cfg)
+    rows = metrics_rows(tokens / "bss_odd")
+    assert [int(rows[s]["train/batch_size"]) for s in sorted(rows)] == [row[3] for row in ref]
 
 
 def random_case(rng: random.Random):
@@ -306,35 +358,37 @@ def without_timing(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in ("time", "train/tokens_per_s")}
 
 
-def test_training_logs_the_schedule_and_resumes_on_it(tokens):
-    """The trained run logs OLMo-core's rates, batch sizes and tokens; stopped after update 20
-    (mid-schedule, a batch of 2 in force, the x8 increase still ahead) and resumed, it logs every
-    row the uninterrupted run logs, which `lr-schedule --resume` and `data order --resume` list
-    from its checkpoint."""
+@pytest.mark.parametrize("stop,history", [(30, [4, 8]), (40, [4, 8, 2])])
+def test_training_logs_the_schedule_and_resumes_on_it(tokens, stop, history):
+    """The trained run logs OLMo-core's rates, batch sizes and tokens; stopped (a hard stop) after
+    update 30, where the decrease to 2 is due before the resumed run's first update, or after 40,
+    a batch of 2 in force and the x8 increase ahead, and resumed, it logs every row the
+    uninterrupted run logs, which `lr-schedule --resume` and `data order --resume` list from its
+    checkpoint."""
     sizes, starts, unit, _, _, optim, _, micro_rows, _ = CASES["steps_cosine"]
     length = {"max_steps": 60}
-    whole = config(tokens, "bss_train_whole", sizes=sizes, starts=starts, unit=unit,
+    whole = config(tokens, f"bss_train_whole_{stop}", sizes=sizes, starts=starts, unit=unit,
                    length=length, optim=optim, seed=21, micro_rows=micro_rows)
     out = H.run_moecore("train", whole).stdout
     assert "batch size: 4 -> 8 sequences (4 micro-batch(es) of 2) before update 7" in out, out[-3000:]
-    ref = metrics_rows(tokens / "bss_train_whole")
+    ref = metrics_rows(tokens / f"bss_train_whole_{stop}")
     shown = listed(whole)
     assert [(s, int(ref[s]["train/tokens_seen"]), ref[s]["train/lr"],
              int(ref[s]["train/batch_size"])) for s in sorted(ref)] == shown
 
-    stopped = config(tokens, "bss_train_resumed", sizes=sizes, starts=starts, unit=unit,
-                     length=length, optim=optim, seed=21, micro_rows=micro_rows,
-                     train={"hard_stop_steps": 40})
+    name = f"bss_train_resumed_{stop}"
+    stopped = config(tokens, name, sizes=sizes, starts=starts, unit=unit, length=length,
+                     optim=optim, seed=21, micro_rows=micro_rows, train={"hard_stop_steps": stop})
     H.run_moecore("train", stopped)
-    ckpt = tokens / "bss_train_resumed" / "checkpoints" / f"step_{40:08d}"
+    ckpt = tokens / name / "checkpoints" / f"step_{stop:08d}"
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    assert state["batch_size_history"] == [4, 8, 2]
-    assert listed(stopped, "--resume", ckpt) == [r for r in shown if r[0] > 40]
-    order, _ = read_order(tokens, stopped, 20, 1, "--resume", ckpt)
+    assert state["batch_size_history"] == history
+    assert listed(stopped, "--resume", ckpt) == [r for r in shown if r[0] > stop]
+    order, _ = read_order(tokens, stopped, 60 - stop, 1, "--resume", ckpt)
     full, _ = read_order(tokens, whole, 60, 1)
     assert (order[0] == full[0][-len(order[0]):]).all()
     H.run_moecore("train", stopped, "--resume", "--set", "train.hard_stop_steps=0")
-    rows = metrics_rows(tokens / "bss_train_resumed")
+    rows = metrics_rows(tokens / name)
     assert sorted(rows) == sorted(ref)
     for step in ref:
         assert without_timing(rows[step]) == without_timing(ref[step]), step
@@ -362,6 +416,12 @@ def test_training_logs_the_schedule_and_resumes_on_it(tokens):
     ({"batch_sizes": [8, 16], "batch_size_starts": [0, 3], "max_tokens": 5000,
       "max_steps": None}, {"schedule": "cosine", "units": "steps"},
      'needs optim.units = "tokens"'),
+    # moecore's constant is OLMo-core's ConstantWithWarmup, which its callback refuses too.
+    ({"batch_sizes": [8, 16], "batch_size_starts": [0, 3], "max_epochs": 1,
+      "max_steps": None}, {"schedule": "constant", "units": "steps"},
+     'needs optim.units = "tokens"'),
+    ({"batch_sizes": [8, 16], "batch_size_starts": [0, 3], "cuda_graph": True}, {},
+     "train.cuda_graph=true cannot replay a step whose micro-batches change"),
 ])
 def test_bad_schedules_are_one_line_errors(tokens, train, optim, message):
     cfg = config(tokens, "bss_bad", sizes=[8], starts=[0], unit="steps", length={"max_steps": 10},

@@ -56,9 +56,10 @@ void CheckpointCallback::save(TrainContext& ctx) {
                           {"recipe_revision", kRecipeRevision},
                           {"gerrymandering", ctx.gerrymandering.to_json()}};
   // The next update's rate, for a reader of the checkpoint; none at the run's end (past it a
-  // schedule's linear decay would go on below its floor), none under train.batch_sizes (a change
-  // of the batch before the next update would move it: `moecore lr-schedule --resume` says it).
-  if (at_step < tc.max_steps && !tc.has_batch_size_schedule())
+  // schedule's linear decay would go on below its floor). Under train.batch_sizes the change
+  // before the next update is made before this checkpoint (the trainer's loop): the batch and
+  // initial_lr in force are the next update's.
+  if (at_step < tc.max_steps)
     state["lr_next"] =
         learning_rate(ctx.config.optim, at_step, tc.max_steps, tc.batch_size * tc.seq_len,
                       token_origin(ctx.replay_origin), tc.max_tokens, ctx.initial_lr);
