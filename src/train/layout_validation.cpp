@@ -4,6 +4,7 @@
 #include "dist/mesh.h"
 #include "dist/pipeline_schedule.h"
 #include "train/communicator_choice.h"
+#include "train/seq_len_warmup.h"
 
 namespace moecore {
 
@@ -51,6 +52,7 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
       "split over dp={} ranks",
       r.micro_rows, r.dp);
   r.local_rows = r.micro_rows / r.dp;
+  check_warmup_shapes(tc, r.dp);  // the sequence-length warm-up's micro-batches
   MOE_CHECK(!pc.overlap_grad_reduce || pc.zero == 0,
             "[parallel] parallel.overlap_grad_reduce needs parallel.zero=0 (ZeRO-1 reduce-scatters "
             "the whole gradient after the backward)");

@@ -31,6 +31,7 @@ class PipelineRunner {
   // Another count of micro-batches a step (a change of the batch size: train.batch_sizes): the
   // schedule's actions and the bound on live activations are made anew for it.
   void set_microbatches(int64_t microbatches);
+  int64_t microbatches() const { return microbatches_; }
 
   struct MicroBatch {
     const int32_t* tokens;   // this rank's rows, read by the chunk with the embedding

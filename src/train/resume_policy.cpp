@@ -54,10 +54,27 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   // does a run whose LM head changes its chunks (the head's weight gradient adds the chunks'
   // products in another order, model/chunked_lm_head.h).
   // mxfp8's variants quantise other GEMMs or round their scales otherwise.
-  for (const char* key : {"seed", "batch_size", "microbatches", "batch_sizes", "batch_size_starts",
-                          "batch_size_units", "seq_len", "precision", "mxfp8_expert_wgrad",
-                          "mxfp8_dense", "mxfp8_scale", "device", "lm_head_chunk_tokens",
-                          "skip_sigma", "skip_window", "skip_min_window", "skip_rule"})
+  for (const char* key : {"seed",
+                          "batch_size",
+                          "microbatches",
+                          "batch_sizes",
+                          "batch_size_starts",
+                          "batch_size_units",
+                          "seq_len",
+                          "seq_len_warmup_steps",
+                          "seq_len_warmup_min",
+                          "seq_len_warmup_truncate",
+                          "seq_len_warmup_multiple",
+                          "precision",
+                          "mxfp8_expert_wgrad",
+                          "mxfp8_dense",
+                          "mxfp8_scale",
+                          "device",
+                          "lm_head_chunk_tokens",
+                          "skip_sigma",
+                          "skip_window",
+                          "skip_min_window",
+                          "skip_rule"})
     keys.push_back(std::string("train.") + key);
   // The tokens the run reads (their element type, their order) and where its documents end (the
   // attention's masks: document_masking, eos_id).

@@ -297,6 +297,10 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read_enum("batch_size_units", t.batch_size_units,
               {{"steps", BatchSizeUnits::kSteps}, {"tokens", BatchSizeUnits::kTokens}});
   r.read("seq_len", t.seq_len);
+  r.read("seq_len_warmup_steps", t.seq_len_warmup_steps);
+  r.read("seq_len_warmup_min", t.seq_len_warmup_min);
+  r.read("seq_len_warmup_truncate", t.seq_len_warmup_truncate);
+  r.read("seq_len_warmup_multiple", t.seq_len_warmup_multiple);
   r.read("threads", t.threads);
   r.read_enum("device", t.device, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
   r.read_enum("precision", t.precision,
@@ -533,6 +537,40 @@ void validate_composable(const OptimConfig& o) {
             "[config] {}: give exactly one of end_lr and end_lr_fraction", where);
   check_rate(where, "end_lr", d.end_lr);
   check_rate(where, "end_lr_fraction", d.end_lr_fraction);
+}
+
+// OLMo-core's SequenceLengthSchedulerCallback's settings (its pre_train's checks, and what its
+// melt and truncate need to cut every instance): the micro-batches' split is checked with the
+// run's layout (check_warmup_shapes).
+void validate_seq_len_warmup(const RunConfig& config) {
+  const TrainConfig& t = config.train;
+  MOE_CHECK(t.seq_len_warmup_steps >= 0,
+            "[config] train.seq_len_warmup_steps={} must be >= 0 (0: no warm-up)",
+            t.seq_len_warmup_steps);
+  if (t.seq_len_warmup_steps == 0) return;
+  MOE_CHECK(t.seq_len_warmup_min >= 1 && t.seq_len_warmup_min < t.seq_len,
+            "[config] train.seq_len_warmup_min={} must be in [1, train.seq_len={}): the warm-up "
+            "rises from it to train.seq_len",
+            t.seq_len_warmup_min, t.seq_len);
+  const int64_t ratio = t.seq_len / t.seq_len_warmup_min;
+  MOE_CHECK(t.seq_len_warmup_truncate ||
+                (t.seq_len % t.seq_len_warmup_min == 0 && (ratio & (ratio - 1)) == 0),
+            "[config] train.seq_len={} must be train.seq_len_warmup_min={} x a power of 2: the "
+            "warm-up melts each instance into power-of-2 pieces (or set "
+            "train.seq_len_warmup_truncate = true)",
+            t.seq_len, t.seq_len_warmup_min);
+  MOE_CHECK(
+      !t.seq_len_warmup_truncate ||
+          (t.seq_len_warmup_multiple >= 1 && t.seq_len_warmup_multiple <= t.seq_len_warmup_min),
+      "[config] train.seq_len_warmup_multiple={} must be in [1, train.seq_len_warmup_min={}]: "
+      "the truncated length is a multiple of it, at least the minimum's",
+      t.seq_len_warmup_multiple, t.seq_len_warmup_min);
+  MOE_CHECK(!config.data.document_masking,
+            "[config] train.seq_len_warmup_steps with data.document_masking: OLMo-core's "
+            "sequence-length warm-up cannot cut its document lengths");
+  MOE_CHECK(!t.cuda_graph,
+            "[config] train.cuda_graph=true cannot replay the steps of a sequence-length warm-up "
+            "(their shapes change)");
 }
 
 // OLMo-core's BatchSizeSchedulerCallback's checks (its __post_init__ and post_attach), and what
@@ -983,6 +1021,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.microbatches={} must be positive and divide train.batch_size={}",
             t.microbatches, t.batch_size);
   validate_batch_size_schedule(config);
+  validate_seq_len_warmup(config);
   MOE_CHECK(t.save_every >= 0, "[config] train.save_every={} must be >= 0", t.save_every);
   MOE_CHECK(t.lm_head_chunk_tokens >= 0,
             "[config] train.lm_head_chunk_tokens={} must be >= 0 (0 = the whole micro-batch)",
@@ -1246,6 +1285,10 @@ std::string run_config_to_toml(const RunConfig& c) {
       {"batch_size_starts", list_of(t.batch_size_starts)},
       {"batch_size_units", t.batch_size_units == BatchSizeUnits::kTokens ? "tokens" : "steps"},
       {"seq_len", t.seq_len},
+      {"seq_len_warmup_steps", t.seq_len_warmup_steps},
+      {"seq_len_warmup_min", t.seq_len_warmup_min},
+      {"seq_len_warmup_truncate", t.seq_len_warmup_truncate},
+      {"seq_len_warmup_multiple", t.seq_len_warmup_multiple},
       {"threads", t.threads},
       {"device", std::string(device_name(t.device))},
       {"precision", train_precision_name(t.precision)},

@@ -78,6 +78,14 @@ struct TrainConfig {
   BatchSizeUnits batch_size_units = BatchSizeUnits::kSteps;
   bool has_batch_size_schedule() const { return !batch_sizes.empty(); }
   int64_t seq_len = 128;
+  // OLMo-core's SequenceLengthSchedulerCallback (train/seq_len_warmup.h; 0: none): over the
+  // first seq_len_warmup_steps updates each instance is cut into rows of a shorter length, from
+  // seq_len_warmup_min up to seq_len: melted into power-of-2 pieces (the default), or truncated
+  // to a multiple of seq_len_warmup_multiple (seq_len_warmup_truncate).
+  int64_t seq_len_warmup_steps = 0;
+  int64_t seq_len_warmup_min = 128;
+  bool seq_len_warmup_truncate = false;
+  int64_t seq_len_warmup_multiple = 128;
   int64_t threads = 0;  // 0: every core
   // "cpu" | "cuda": where the model's tensors live and its operations run (cuda: the program's
   // CUDA backend, selected by the moecore command before the run; kernels/cuda/device_selection.h).

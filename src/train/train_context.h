@@ -66,6 +66,8 @@ struct TrainContext {
   // the learning-rate schedule's initial_lr they give (optim.lr x sqrt of each change's factor).
   std::vector<int64_t> batch_size_history{};
   double initial_lr = 0.0;
+  // The sequence length the last update trained at (train.seq_len_warmup_steps; 0: none yet).
+  int64_t warmup_seq_len = 0;
   // The step the loop ends at: train.max_steps, or a hard stop's step before it
   // (run_config.h's last_step).
   int64_t last_step = 0;

@@ -51,6 +51,7 @@
 #include "train/rank_agreement.h"
 #include "train/resume_policy.h"
 #include "train/round_trip_check.h"
+#include "train/seq_len_warmup.h"
 #include "train/train_context.h"
 #include "train/training_data.h"
 
@@ -439,7 +440,53 @@ struct StepBuffers {
         slice_begin(begin) {}
   std::vector<std::vector<int32_t>> tokens, targets;
   int64_t local_rows, slice_begin;
+  // Under a sequence-length warm-up, the cut batch's micro-batches in the same layout (every
+  // rank's rows, rank after rank), and a rank's instances and cut rows on their way.
+  std::vector<std::vector<int32_t>> cut_tokens{}, cut_targets{};
+  std::vector<int32_t> rank_tokens{}, rank_targets{}, rank_cut_tokens{}, rank_cut_targets{};
 };
+
+// OLMo-core's sequence-length warm-up (train/seq_len_warmup.h): the step's micro-batches, read
+// whole, cut into `shape`'s rows and micro-batches, rank by rank as each rank's train module cuts
+// its own batch, into batch.cut_tokens / cut_targets in the read micro-batches' layout (rank r's
+// rows of cut micro-batch k at r x shape.rows x shape.seq).
+void cut_step_batch(StepBuffers& batch, const WarmupShape& shape, int64_t seq_len, int64_t dp) {
+  const int64_t m = batch.local_rows;
+  const auto read = static_cast<int64_t>(batch.tokens.size());
+  const size_t instance_tokens = static_cast<size_t>(read * m * seq_len);
+  const size_t cut_rows = static_cast<size_t>(read * m * shape.pieces);
+  batch.rank_tokens.resize(instance_tokens);
+  batch.rank_targets.resize(instance_tokens);
+  batch.rank_cut_tokens.resize(cut_rows * static_cast<size_t>(shape.seq));
+  batch.rank_cut_targets.resize(cut_rows * static_cast<size_t>(shape.seq));
+  batch.cut_tokens.resize(static_cast<size_t>(shape.micro));
+  batch.cut_targets.resize(static_cast<size_t>(shape.micro));
+  const size_t micro_tokens = static_cast<size_t>(shape.rows * shape.seq);
+  for (int64_t k = 0; k < shape.micro; ++k) {
+    batch.cut_tokens[static_cast<size_t>(k)].resize(static_cast<size_t>(dp) * micro_tokens);
+    batch.cut_targets[static_cast<size_t>(k)].resize(static_cast<size_t>(dp) * micro_tokens);
+  }
+  const size_t slice = static_cast<size_t>(m * seq_len);  // a rank's rows of a read micro-batch
+  for (int64_t rank = 0; rank < dp; ++rank) {
+    for (int64_t j = 0; j < read; ++j) {
+      const size_t from = static_cast<size_t>(rank) * slice;
+      std::copy_n(batch.tokens[static_cast<size_t>(j)].begin() + static_cast<ptrdiff_t>(from),
+                  slice, batch.rank_tokens.begin() + static_cast<ptrdiff_t>(j * slice));
+      std::copy_n(batch.targets[static_cast<size_t>(j)].begin() + static_cast<ptrdiff_t>(from),
+                  slice, batch.rank_targets.begin() + static_cast<ptrdiff_t>(j * slice));
+    }
+    cut_for_warmup(shape, seq_len, batch.rank_tokens.data(), batch.rank_targets.data(), read * m,
+                   batch.rank_cut_tokens.data(), batch.rank_cut_targets.data());
+    for (int64_t k = 0; k < shape.micro; ++k) {
+      const auto from = static_cast<ptrdiff_t>(static_cast<size_t>(k) * micro_tokens);
+      const auto to = static_cast<ptrdiff_t>(static_cast<size_t>(rank) * micro_tokens);
+      std::copy_n(batch.rank_cut_tokens.begin() + from, micro_tokens,
+                  batch.cut_tokens[static_cast<size_t>(k)].begin() + to);
+      std::copy_n(batch.rank_cut_targets.begin() + from, micro_tokens,
+                  batch.cut_targets[static_cast<size_t>(k)].begin() + to);
+    }
+  }
+}
 
 // What the step's work reads that the host computes anew for every step, staged where the
 // parameters are before the work (a replayed step graph reads them there): AdamW's coefficients
@@ -555,14 +602,37 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   // Each global micro-batch's counted targets and tokens, from the whole batch every rank reads:
   // the passes need not sum them over dp.
   std::vector<Transformer::BatchCounts> counts;
-  for (size_t micro = 0; micro < batch.tokens.size(); ++micro) {
+  for (size_t micro = 0; micro < batch.tokens.size(); ++micro)
     ctx.loader.next_batch(ctx.rows, batch.tokens[micro], batch.targets[micro]);
-    const std::vector<int32_t>& targets = batch.targets[micro];
+  // A sequence-length warm-up's update trains the batch cut into its shape's rows and
+  // micro-batches (train/seq_len_warmup.h); after it, the batch as read.
+  const WarmupShape shape = warmup_shape(tc, tc.microbatches, batch.local_rows, ctx.step + 1);
+  if (shape.cut) cut_step_batch(batch, shape, tc.seq_len, ctx.mesh.dp.size());
+  if (tc.seq_len_warmup_steps > 0 && shape.seq != ctx.warmup_seq_len) {
+    ctx.progress.message(
+        fmt::format("sequence length: {} from update {} ({}; {} micro-batch(es) of {} rows a rank)",
+                    shape.seq, ctx.step + 1,
+                    !shape.cut ? "the warm-up is over"
+                    : tc.seq_len_warmup_truncate
+                        ? fmt::format("each instance truncated to its first {} tokens", shape.seq)
+                        : fmt::format("each instance melted into {} rows", shape.pieces),
+                    shape.micro, shape.rows));
+    ctx.warmup_seq_len = shape.seq;
+  }
+  if (ctx.pipeline.microbatches() != shape.micro) ctx.pipeline.set_microbatches(shape.micro);
+  const std::vector<std::vector<int32_t>>& step_tokens =
+      shape.cut ? batch.cut_tokens : batch.tokens;
+  const std::vector<std::vector<int32_t>>& step_targets =
+      shape.cut ? batch.cut_targets : batch.targets;
+  const int64_t slice_begin =
+      shape.cut ? ctx.mesh.dp.rank() * shape.rows * shape.seq : batch.slice_begin;
+  for (size_t micro = 0; micro < step_tokens.size(); ++micro) {
+    const std::vector<int32_t>& targets = step_targets[micro];
     Transformer::BatchCounts count{
         std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
         static_cast<int64_t>(targets.size())};
-    PipelineRunner::MicroBatch slice{batch.tokens[micro].data() + batch.slice_begin,
-                                     batch.targets[micro].data() + batch.slice_begin};
+    PipelineRunner::MicroBatch slice{step_tokens[micro].data() + slice_begin,
+                                     step_targets[micro].data() + slice_begin};
     if (ctx.step_graph) {  // the graph's static inputs in device memory
       const auto m = static_cast<int64_t>(micro);
       ctx.step_graph->stage(m, slice.tokens, slice.targets, count.counted_targets);
@@ -576,27 +646,27 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {
     if (forward && !done) {
       chunk.set_routing_seed(routing_forward_seed(tc.seed, ctx.step, micro));  // model.routing
-      chunk.set_routing_token_offset(batch.slice_begin);
+      chunk.set_routing_token_offset(slice_begin);
       chunk.set_next_batch_counts(counts[static_cast<size_t>(micro)]);
       // A step graph's ids are in device memory: it found the documents when it staged them.
       if (ctx.step_graph) chunk.set_next_document_starts(ctx.step_graph->document_starts(micro));
     } else if (!forward && !done) {
       // Overlap: during the last micro-batch's backward, each layer's gradients start their
       // all-reduce as soon as they are final.
-      chunk.set_layer_grads_ready(overlap && micro + 1 == tc.microbatches
+      chunk.set_layer_grads_ready(overlap && micro + 1 == shape.micro
                                       ? Transformer::LayerGradsReady([&](int64_t layer) {
                                           ctx.optimizer.start_layer_reduce(grads, layer);
                                         })
                                       : Transformer::LayerGradsReady());
     }
   };
-  const float loss_scale = 1.0f / static_cast<float>(tc.microbatches);
+  const float loss_scale = 1.0f / static_cast<float>(shape.micro);
   // The step's work: nothing in it reads the device back with one pipeline stage.
   auto issue = [&] {
     grads.zero();
     for (Transformer* chunk : ctx.chunks) chunk->clear_selection_counts();  // evaluations counted
-    ctx.pipeline.train_step(ctx.params, grads, micro_batches, batch.local_rows, tc.seq_len,
-                            loss_scale, pass_hook);
+    ctx.pipeline.train_step(ctx.params, grads, micro_batches, shape.rows, shape.seq, loss_scale,
+                            pass_hook);
     decide_and_update(ctx, grads, loss_scale, report);
   };
   if (ctx.step_graph)
@@ -623,6 +693,8 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/tokens_per_s", report.tokens_per_s},
                     {"train/tokens_seen", static_cast<double>(ctx.tokens_seen)},
                     {"train/skipped_steps", static_cast<double>(ctx.guard.skipped())}};
+  if (tc.seq_len_warmup_steps > 0)
+    report.scalars.emplace_back("train/seq_len", static_cast<double>(shape.seq));
   // OLMo-core's BatchSizeSchedulerCallback records its global batch size each step ("train/global
   // batch size", in tokens; here in sequences).
   if (tc.has_batch_size_schedule())

@@ -13,6 +13,10 @@ The OLMo-core side (OLMo-core's code wherever it has the piece):
 - optimizer: clip_grad_norm_ over all parameters, torch's AdamW with OLMo-core's recipes' groups
   (no weight decay on the embedding: `optim.no_decay = "embeddings"`), its CosWithWarmup at step
   s + 1 (test_adamw_steps).
+- sequence-length warm-up (two more runs): OLMo-core's SequenceLengthSchedulerCallback's own
+  functions cut each rank's batch before an update of the warm-up (its melt_batch or
+  truncate_batch at its _get_split_sequence_length or _get_truncated_sequence_length) and its
+  train module's split_batch makes the micro-batches at the callback's rank_microbatch_size.
 Compared, per step: the cross-entropy, load-balancing, router z and LM-head z losses, the pre-clip
 gradient norm and the learning rate; after the last step every weight of the final checkpoint.
 
@@ -25,6 +29,8 @@ differences). The routers' top-k margins along OLMo-core's trajectory are checke
 
 import json
 import subprocess
+
+import numpy as np
 from pathlib import Path
 
 import pytest
@@ -34,7 +40,9 @@ import moecore_harness as H
 
 pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
 
+from olmo_core.data import utils as data_utils  # noqa: E402
 from olmo_core.optim.scheduler import CosWithWarmup  # noqa: E402
+from olmo_core.train.callbacks import sequence_length_scheduler as seq_len_scheduler  # noqa: E402
 
 from test_olmo_core_oracle import (cpu_kernels, hf_gradients, moecore_rank_instances,  # noqa: E402,F401
                                   olmo_core_model, olmo_core_state, olmo_core_train_passes,
@@ -53,12 +61,22 @@ MODEL = dict(
 )
 OPTIM = dict(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1, max_grad_norm=1.0,
              warmup_steps=2, schedule="cosine", min_lr_ratio=0.1, no_decay="embeddings")
+# name -> [train] keys of a sequence-length warm-up over the first 4 updates: melted into 4 rows
+# of 3 tokens (one micro-batch a rank: OLMo-core's callback quadruples its micro-batch tokens),
+# then 2 of 6, then whole; truncated to 5 tokens (one micro-batch), 5, then 10 (two).
+WARMUPS = {
+    "none": {},
+    "melt": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3},
+    "truncate": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 5,
+                 "seq_len_warmup_truncate": True, "seq_len_warmup_multiple": 5},
+}
 
 
-@pytest.fixture(scope="module")
-def run(moecore_bin, tmp_path_factory):
+@pytest.fixture(scope="module", params=list(WARMUPS))
+def run(request, moecore_bin, tmp_path_factory):
     """Token files, the config, moecore's initial weights and its two-rank run."""
-    root = tmp_path_factory.mktemp("olmo_run")
+    warmup = WARMUPS[request.param]
+    root = tmp_path_factory.mktemp(f"olmo_run_{request.param}")
     H.prepare_token_files(root, seed=11, documents=300)
     out = root / "out"
     cfg = H.write_config(
@@ -68,14 +86,17 @@ def run(moecore_bin, tmp_path_factory):
                "seed": 5, "init_seed": 1, "init_method": "normal", "init_std": INIT_STD,
                "z_loss_multiplier": LM_Z,
                "skip_sigma": 0.0, "threads": 1, "log_every": 1, "eval_every": 0,
-               "save_every": STEPS, "sample_tokens": 0, "out_dir": str(out)})
+               "save_every": STEPS, "sample_tokens": 0, "out_dir": str(out), **warmup})
     weights = root / "init.safetensors"
     H.run_moecore("init", "--config", cfg, "--seed", 1, "--out", weights)
     r = subprocess.run(["mpirun", "-np", str(RANKS), str(H.binary_path()), "train", str(cfg)],
                        capture_output=True, text=True, timeout=600, env=H.MPI_ENV,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
-    return root, cfg, weights, out
+    if request.param == "melt":
+        assert "sequence length: 3 from update 1 (each instance melted into 4 rows; 1 " \
+            "micro-batch(es) of 16 rows a rank)" in r.stdout, r.stdout[-2000:]
+    return root, cfg, weights, out, warmup
 
 
 def moecore_rows(out: Path) -> list[dict]:
@@ -97,7 +118,33 @@ def moecore_final_weights(out: Path) -> dict:
     return H.load_tensors(ckpt / "model.safetensors")
 
 
-def olmo_core_run(root: Path, cfg: Path, weights: Path):
+def olmo_core_step_batches(rank_instances: np.ndarray, step: int, warmup: dict):
+    """Update `step`'s micro-batches on every rank [ranks, rows, seq] and how many, as OLMo-core's
+    SequenceLengthSchedulerCallback and train module make them: the callback cuts each rank's
+    batch (pre_step, at the trainer's 1-based step) and sets its rank_microbatch_size (x the
+    pieces when melting), the train module splits the batch at rank_microbatch_size // seq."""
+    rank_microbatch_size = rank_instances.shape[1] // MICRO * SEQ  # tokens
+    if not warmup or step > warmup["seq_len_warmup_steps"]:
+        return rank_instances, MICRO
+    if warmup.get("seq_len_warmup_truncate"):
+        seq = seq_len_scheduler._get_truncated_sequence_length(
+            warmup["seq_len_warmup_min"], SEQ, step, warmup["seq_len_warmup_steps"],
+            warmup["seq_len_warmup_multiple"])
+        cut = [data_utils.truncate_batch({"input_ids": torch.as_tensor(rows)}, seq)
+               for rows in rank_instances]
+    else:
+        seq = seq_len_scheduler._get_split_sequence_length(
+            warmup["seq_len_warmup_min"], SEQ, step, warmup["seq_len_warmup_steps"])
+        cut = [data_utils.melt_batch({"input_ids": torch.as_tensor(rows)}, seq)
+               for rows in rank_instances]
+        rank_microbatch_size *= SEQ // seq
+    micro = [data_utils.split_batch(batch, rank_microbatch_size // seq) for batch in cut]
+    sizes = {m["input_ids"].shape[0] for parts in micro for m in parts}
+    assert len(sizes) == 1, sizes  # moecore refuses uneven splits before it starts
+    return np.stack([batch["input_ids"].numpy() for batch in cut]), len(micro[0])
+
+
+def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict):
     # [STEPS, RANKS, BATCH / RANKS, SEQ]: each rank's instances, step by step
     instances = moecore_rank_instances(cfg, root / "tokens", STEPS, RANKS, SEQ, MODEL["vocab_size"])
 
@@ -116,8 +163,6 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path):
     routers = [b.routed_experts_router for b in model.blocks.values()]
     margins = []
     hooks = watch_routing_margins(model, MODEL, margins)
-    labels = BATCH * (SEQ - 1)  # every target counts but each instance's last
-    div = torch.tensor(float(labels) / RANKS)
     rows = []
     for step in range(STEPS):
         lr = OPTIM["lr"] * float(scheduler.get_lr(1.0, step + 1, STEPS))
@@ -126,7 +171,11 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path):
         opt.zero_grad(set_to_none=True)
         for r in routers:
             r.reset_metrics()
-        passes = olmo_core_train_passes(model, instances[step], MICRO, div, z_loss_multiplier=LM_Z)
+        step_instances, micro = olmo_core_step_batches(instances[step], step + 1, warmup)
+        # Every target counts but each row's last (the loss's division: its labels over dp).
+        labels = step_instances.shape[0] * step_instances.shape[1] * (step_instances.shape[2] - 1)
+        div = torch.tensor(float(labels) / RANKS)
+        passes = olmo_core_train_passes(model, step_instances, micro, div, z_loss_multiplier=LM_Z)
         ce = sum(float(out.ce_loss) for out in passes)
         lm_z = sum(float(out.z_loss) for out in passes) / LM_Z
         for p in params.values():
@@ -149,8 +198,8 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path):
 
 
 def test_two_ranks_train_as_olmo_core(run, cpu_kernels):
-    root, cfg, weights, out = run
-    ref_rows, ref_weights = olmo_core_run(root, cfg, weights)
+    root, cfg, weights, out, warmup = run
+    ref_rows, ref_weights = olmo_core_run(root, cfg, weights, warmup)
     ours_rows = moecore_rows(out)
     norms = [row["train/grad_norm"] for row in ref_rows]
     assert max(norms) > OPTIM["max_grad_norm"], f"clipping never active: {norms}"

@@ -179,3 +179,25 @@ def test_the_jobs_groups_run_on_nccls_communicator(sim_bin, config, tmp_path):
             f"train.out_dir={tmp_path / 'out'}", timeout=120)
     assert "parallel: 1 rank; communicator nccl" in r.stdout, r.stdout[:800]
     assert re.search(r"^done: 2 steps", r.stdout, re.M), r.stdout[-500:]
+
+
+def test_a_batch_size_schedule_trains_on_the_gpu_as_on_the_cpu(moecore_bin, sim_bin, config,
+                                                                 tmp_path):
+    """train.batch_sizes on the device: the batch grows from 4 to 8 sequences before update 2 and
+    falls to 2 before update 4 (2, 4 and 1 micro-batches of 2), each update's batch, tokens and
+    rate as the CPU's exactly, its loss within the fp32 step bound."""
+    sets = ["--set", "train.microbatches=2", "--set", "train.batch_sizes=[4, 8, 2]", "--set",
+            "train.batch_size_starts=[0, 1, 3]"]
+    run(moecore_bin, "train", config, *sets, "--set", f"train.out_dir={tmp_path / 'cpu'}")
+    gpu = run(sim_bin, "train", config, "--device", "cuda", *sets, "--set",
+              f"train.out_dir={tmp_path / 'gpu'}", timeout=120)
+    assert "batch size: 8 -> 2 sequences (1 micro-batch(es) of 2) before update 4" in gpu.stdout
+    cpu_rows = [r for r in metrics_rows(tmp_path / "cpu") if "train/loss" in r]
+    gpu_rows = [r for r in metrics_rows(tmp_path / "gpu") if "train/loss" in r]
+    schedule = ("train/batch_size", "train/tokens_seen", "train/lr")
+    assert [[r[k] for k in schedule] for r in gpu_rows] == \
+        [[r[k] for k in schedule] for r in cpu_rows]
+    assert [r["train/batch_size"] for r in cpu_rows] == [4, 8, 8, 2]
+    for step, (c, g) in enumerate(zip(cpu_rows, gpu_rows), start=1):
+        assert abs(c["train/loss"] - g["train/loss"]) <= FP32_STEP_BOUND * abs(c["train/loss"]), \
+            (step, c["train/loss"], g["train/loss"])
