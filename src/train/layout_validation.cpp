@@ -52,7 +52,16 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
       "split over dp={} ranks",
       r.micro_rows, r.dp);
   r.local_rows = r.micro_rows / r.dp;
-  check_warmup_shapes(tc, r.dp);  // the sequence-length warm-up's micro-batches
+  // The sequence-length warm-up's micro-batches, in the pipeline's schedule too.
+  for (const int64_t micro : check_warmup_shapes(tc, r.dp)) {
+    MOE_CHECK(pc.schedule != PipelineSchedule::kInterleaved || micro % r.pp == 0,
+              "[parallel] interleaved-1f1b needs each update's micro-batches to be a multiple of "
+              "parallel.pp ({}), and the sequence-length warm-up's updates take {} (OLMo-core's "
+              "split of the cut batch)",
+              r.pp, micro);
+    for (int64_t stage = 0; stage < r.pp; ++stage)
+      (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages, micro);
+  }
   MOE_CHECK(!pc.overlap_grad_reduce || pc.zero == 0,
             "[parallel] parallel.overlap_grad_reduce needs parallel.zero=0 (ZeRO-1 reduce-scatters "
             "the whole gradient after the backward)");

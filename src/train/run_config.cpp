@@ -559,12 +559,13 @@ void validate_seq_len_warmup(const RunConfig& config) {
             "warm-up melts each instance into power-of-2 pieces (or set "
             "train.seq_len_warmup_truncate = true)",
             t.seq_len, t.seq_len_warmup_min);
-  MOE_CHECK(
-      !t.seq_len_warmup_truncate ||
-          (t.seq_len_warmup_multiple >= 1 && t.seq_len_warmup_multiple <= t.seq_len_warmup_min),
-      "[config] train.seq_len_warmup_multiple={} must be in [1, train.seq_len_warmup_min={}]: "
-      "the truncated length is a multiple of it, at least the minimum's",
-      t.seq_len_warmup_multiple, t.seq_len_warmup_min);
+  MOE_CHECK(!t.seq_len_warmup_truncate || t.seq_len_warmup_multiple >= 1,
+            "[config] train.seq_len_warmup_multiple={} must be >= 1: the truncated length is a "
+            "multiple of it",
+            t.seq_len_warmup_multiple);
+  // (seq_len - min) x step, exact in 64 bits as in Python's integers.
+  MOE_CHECK(t.seq_len_warmup_steps <= (int64_t{1} << 30),
+            "[config] train.seq_len_warmup_steps={} must be at most 2^30", t.seq_len_warmup_steps);
   MOE_CHECK(!config.data.document_masking,
             "[config] train.seq_len_warmup_steps with data.document_masking: OLMo-core's "
             "sequence-length warm-up cannot cut its document lengths");

@@ -73,14 +73,33 @@ WarmupShape warmup_shape(const TrainConfig& t, int64_t microbatches, int64_t loc
   return shape;
 }
 
-void check_warmup_shapes(const TrainConfig& t, int64_t dp) {
-  if (t.seq_len_warmup_steps == 0) return;
+std::vector<int64_t> check_warmup_shapes(const TrainConfig& t, int64_t dp) {
+  std::vector<int64_t> counts;
+  if (t.seq_len_warmup_steps == 0) return counts;
+  MOE_CHECK(warmup_seq_len(t, 1) >= 1,
+            "[config] train.seq_len_warmup_multiple={}: update 1 of the warm-up truncates its "
+            "instances to 0 tokens (train.seq_len_warmup_min={} rounded down to a multiple)",
+            t.seq_len_warmup_multiple, t.seq_len_warmup_min);
   const int64_t rows = t.batch_size / t.microbatches;  // a micro-batch's, all ranks
   std::vector<int64_t> sizes = t.batch_sizes;
   if (sizes.empty()) sizes.push_back(t.batch_size);
-  for (const int64_t size : sizes)
-    for (int64_t step = 1; step <= t.seq_len_warmup_steps; ++step)
-      (void)warmup_shape(t, size / rows, rows / dp, step);
+  for (int64_t step = 1; step <= t.seq_len_warmup_steps;) {
+    const int64_t seq = warmup_seq_len(t, step);
+    for (const int64_t size : sizes) {
+      const int64_t micro = warmup_shape(t, size / rows, rows / dp, step).micro;
+      if (std::find(counts.begin(), counts.end(), micro) == counts.end()) counts.push_back(micro);
+    }
+    int64_t last = step;  // the last update of this length
+    for (int64_t high = t.seq_len_warmup_steps; last < high;) {
+      const int64_t mid = last + (high - last + 1) / 2;
+      if (warmup_seq_len(t, mid) == seq)
+        last = mid;
+      else
+        high = mid - 1;
+    }
+    step = last + 1;
+  }
+  return counts;
 }
 
 void cut_for_warmup(const WarmupShape& shape, int64_t seq_len, const int32_t* tokens,

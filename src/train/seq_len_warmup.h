@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "train/run_config.h"
 
@@ -42,8 +43,11 @@ WarmupShape warmup_shape(const TrainConfig& t, int64_t microbatches, int64_t loc
                          int64_t step);
 
 // Every warm-up update's split for `dp` data-parallel ranks, at each batch size of the run
-// (train.batch_sizes' or train.batch_size): a one-line error naming the first that is uneven.
-void check_warmup_shapes(const TrainConfig& t, int64_t dp);
+// (train.batch_sizes' or train.batch_size): a one-line error naming the first that is uneven, or
+// whose truncation keeps no token. Returns the micro-batch counts the warm-up's updates take
+// (the pipeline's schedule must hold each). Each length is checked once (the lengths rise with
+// the step: a binary search finds where each ends).
+std::vector<int64_t> check_warmup_shapes(const TrainConfig& t, int64_t dp);
 
 // Update `step`'s cut of a rank's instances: `tokens` and `targets` hold its instances' rows of
 // seq_len, in order; `out_tokens` and `out_targets` get the shape's rows, each row's last target

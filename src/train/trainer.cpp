@@ -388,6 +388,22 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
         steps, tc.batch_size_units == BatchSizeUnits::kTokens ? "tokens" : "steps",
         tc.batch_size / tc.microbatches, tc.batch_size, ctx.initial_lr));
   }
+  if (tc.seq_len_warmup_steps > 0 && ctx.step < tc.seq_len_warmup_steps) {
+    // Melting, OLMo-core's callback multiplies a micro-batch's tokens by the pieces (up to the
+    // whole rank batch): the first update's are the most, and its activations grow with them.
+    const int64_t local_rows = ctx.rows / ctx.mesh.dp.size();
+    const WarmupShape first = warmup_shape(tc, tc.microbatches, local_rows, ctx.step + 1);
+    const int64_t factor = first.rows * first.seq / (local_rows * tc.seq_len);
+    ctx.progress.message(fmt::format(
+        "sequence-length warm-up: updates {}-{} from {} to {} tokens a row ({}){}", ctx.step + 1,
+        tc.seq_len_warmup_steps, first.seq, tc.seq_len,
+        tc.seq_len_warmup_truncate ? "truncated" : "melted",
+        factor > 1 ? fmt::format("; its micro-batches hold up to {} x the tokens of the run's, as "
+                                 "OLMo-core's callback makes them, and their activations' memory "
+                                 "with them (`moecore plan` counts the run's)",
+                                 factor)
+                   : ""));
+  }
   if (tc.max_tokens > 0) announce_max_tokens(ctx);
   if (ctx.last_step < tc.max_steps)
     ctx.progress.message(fmt::format("hard stop: {}: the run stops at step {} of its {}",

@@ -77,7 +77,18 @@ TEST(SeqLenWarmup, MicroBatchesAreSplitAsOlmoCoresTrainModuleSplitsThem) {
   TrainConfig fives = warmup(12, 5, 4, true, 5);  // 5, 5, 10: one, one, two micro-batches
   fives.batch_size = 4;
   fives.microbatches = 2;
-  EXPECT_NO_THROW(check_warmup_shapes(fives, 1));
+  EXPECT_EQ(check_warmup_shapes(fives, 1), (std::vector<int64_t>{1, 2}));
+  // A multiple above the minimum is fine (update 1: 128 x (325 // 128) = 256) until it truncates
+  // an update to nothing (100 + 900 / 40 = 122.5: 0).
+  EXPECT_EQ(warmup_seq_len(warmup(1000, 100, 4, true, 128), 1), 256);
+  TrainConfig nothing = warmup(1000, 100, 40, true, 128);
+  try {
+    (void)check_warmup_shapes(nothing, 1);
+    ADD_FAILURE() << "a truncation to 0 tokens was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncates its instances to 0 tokens"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(SeqLenWarmup, CutRowsEndInAnIgnoredTarget) {
@@ -114,8 +125,9 @@ TEST(SeqLenWarmup, BadSettingsAreOneLineErrors) {
             "must be in [1, train.seq_len=12)"},
            {"seq_len_warmup_steps = 4\nseq_len_warmup_min = 5\n", "x a power of 2"},
            {"seq_len_warmup_steps = 4\nseq_len_warmup_min = 4\nseq_len_warmup_truncate = true\n"
-            "seq_len_warmup_multiple = 5\n",
-            "train.seq_len_warmup_multiple=5 must be in [1, train.seq_len_warmup_min=4]"},
+            "seq_len_warmup_multiple = 0\n",
+            "train.seq_len_warmup_multiple=0 must be >= 1"},
+           {"seq_len_warmup_steps = 2000000000\nseq_len_warmup_min = 3\n", "at most 2^30"},
            {"seq_len_warmup_steps = 4\nseq_len_warmup_min = 3\n[data]\ndocument_masking = true\n",
             "cannot cut its document lengths"}}) {
     const std::string message = error_of(train);

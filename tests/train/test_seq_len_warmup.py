@@ -59,3 +59,14 @@ def test_a_run_resumed_inside_the_warmup_replays(moecore_bin, job_data, tmp_path
     assert [ref[s]["train/seq_len"] for s in sorted(ref)][:7] == [8, 16, 16, 16, 16, 32, 32]
     for step in ref:
         assert without_timing(rows[step]) == without_timing(ref[step]), step
+
+
+def test_a_pipeline_schedule_the_warmup_cannot_take_is_refused_at_start(moecore_bin, job_data,
+                                                                        tmp_path):
+    """Melted into 4 rows, the two micro-batches of 2 become one (OLMo-core's split): the
+    interleaved schedule of two stages needs an even count, refused before the run starts."""
+    cfg = config(tmp_path, job_data, "interleaved", MELT)
+    r = mpirun(moecore_bin, 2, cfg, "parallel.pp=2", "parallel.schedule=interleaved-1f1b")
+    assert r.returncode != 0
+    assert "the sequence-length warm-up's updates take 1" in r.stderr, r.stderr[-1500:]
+    assert not (tmp_path / "interleaved" / "metrics.jsonl").exists()
