@@ -59,7 +59,8 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   const TrainConfig& given = config.train;
   const bool scheduled = given.has_batch_size_schedule();
   std::optional<data::TokenDataset> dataset;
-  if (given.max_epochs > 0 || (scheduled && config.data.order == data::OrderRule::kOlmoCore))
+  if (given.max_epochs > 0 || (scheduled && (config.data.order == data::OrderRule::kOlmoCore ||
+                                             given.batch_size_units == BatchSizeUnits::kEpochs)))
     dataset = open_training_set(config);
   // The batch in force where the listing starts (a resume's: the checkpoint's), the sizes in
   // force before it, and where it took over (train/batch_size_schedule.h).

@@ -8,11 +8,17 @@
 
 namespace moecore {
 
-int64_t scheduled_batch_size(const TrainConfig& t, int64_t step, int64_t tokens_seen) {
-  const int64_t reached = t.batch_size_units == BatchSizeUnits::kTokens ? tokens_seen : step;
+int64_t scheduled_batch_size(const TrainConfig& t, int64_t step, int64_t tokens_seen,
+                             uint64_t epoch) {
   int64_t size = t.batch_size;
-  for (size_t i = 0; i < t.batch_sizes.size(); ++i)
-    if (reached >= t.batch_size_starts[i]) size = t.batch_sizes[i];
+  for (size_t i = 0; i < t.batch_sizes.size(); ++i) {
+    const int64_t start = t.batch_size_starts[i];
+    const bool due = t.batch_size_units == BatchSizeUnits::kTokens ? tokens_seen >= start
+                     : t.batch_size_units == BatchSizeUnits::kEpochs
+                         ? epoch > static_cast<uint64_t>(start)
+                         : step >= start;
+    if (due) size = t.batch_sizes[i];
+  }
   return size;
 }
 
@@ -82,23 +88,56 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
   here.tokens_seen = origin.tokens_seen + (step - origin.step) * t.batch_size * t.seq_len;
   here.data_cursor = origin.data_cursor + static_cast<uint64_t>(step - origin.step) *
                                               static_cast<uint64_t>(t.batch_size);
-  const int64_t target = scheduled_batch_size(t, step, here.tokens_seen);
+  // The trainer's epoch (in epochs' units): of the next batch's first instance. At an epoch's end
+  // OLMo-core asks twice: in the epoch that ended (its loader read to its end: a change then is
+  // made there, a decrease reading that epoch's tail) and, nothing changed, in the next one after
+  // its loader's reset (a change then starts that epoch, batches_processed 0).
+  uint64_t epoch = 1;
+  bool next_epoch_start = false;  // the change is made after the reset
+  if (t.batch_size_units == BatchSizeUnits::kEpochs) {
+    MOE_CHECK(dataset != nullptr,
+              "[train] train.batch_size_units = \"epochs\" needs the training set");
+    const auto length =
+        static_cast<uint64_t>(data::InstanceOrder::with_rule(config.data.order, t.seed,
+                                                             dataset->num_instances(), t.batch_size)
+                                  .epoch_length());
+    const bool at_end = config.data.order == data::OrderRule::kOlmoCore && here.data_cursor > 0 &&
+                        here.data_cursor % length == 0;
+    epoch = here.data_cursor / length + (at_end ? 0 : 1);
+    if (at_end && scheduled_batch_size(t, step, here.tokens_seen, epoch) == t.batch_size) {
+      ++epoch;
+      next_epoch_start = true;
+    }
+  }
+  const int64_t target = scheduled_batch_size(t, step, here.tokens_seen, epoch);
   if (target == t.batch_size) return std::nullopt;
-  if (target > t.batch_size && !increase_lies_on_grid(config, here, target / t.batch_size, dataset))
+  if (target > t.batch_size && !next_epoch_start &&
+      !increase_lies_on_grid(config, here, target / t.batch_size, dataset))
     return std::nullopt;
   BatchSizeChange change;
   change.from = t.batch_size;
   change.to = target;
+  change.epoch = epoch;
   change.config = with_batch_size(config, target);
   const TrainConfig& now = change.config.train;
   // OLMo-core's loader moves as its global_batch_size setter moves it, which is where a resume
   // with the new size would go on: on the epoch's grid, nothing read again.
   const int64_t instances = dataset != nullptr ? dataset->num_instances() : 0;
-  if (config.data.order == data::OrderRule::kOlmoCore)
+  if (next_epoch_start) {
+    // OLMo-core's loader reset for the next epoch, batches_processed 0 in the new batches.
+    const auto length = static_cast<uint64_t>(
+        data::InstanceOrder::with_rule(config.data.order, t.seed, instances, now.batch_size)
+            .epoch_length());
+    change.position.cursor = (epoch - 1) * length;
+    change.position.epoch = epoch;
+    change.position.epoch_length = static_cast<int64_t>(length);
+    change.position.moved = true;
+  } else if (config.data.order == data::OrderRule::kOlmoCore) {
     change.position =
         resume_position(config, here, "the batch size schedule", change.config, instances);
-  else
+  } else {
     change.position.cursor = here.data_cursor;
+  }
   MOE_CHECK(change.position.read_again == 0,
             "[train] step {}: the batch size schedule's change {} -> {} would read {} instance(s) "
             "again",
@@ -130,11 +169,14 @@ std::string describe_batch_size_change(const RunConfig& config, int64_t step,
                                        std::span<const int64_t> history_after) {
   const TrainConfig& t = change.config.train;
   // The latest start reached: the one that names the new size.
-  const int64_t reached =
-      t.batch_size_units == BatchSizeUnits::kTokens ? change.origin.tokens_seen : step;
   size_t entry = 0;
   for (size_t i = 0; i < t.batch_sizes.size(); ++i)
-    if (reached >= t.batch_size_starts[i]) entry = i;
+    if (scheduled_batch_size(t, step, change.origin.tokens_seen, change.epoch) ==
+            t.batch_sizes[i] &&
+        (t.batch_size_units == BatchSizeUnits::kTokens   ? change.origin.tokens_seen
+         : t.batch_size_units == BatchSizeUnits::kEpochs ? static_cast<int64_t>(change.epoch) - 1
+                                                         : step) >= t.batch_size_starts[i])
+      entry = i;
   const double before =
       scheduled_initial_lr(config.optim.lr, history_after.subspan(0, history_after.size() - 1));
   const double after = scheduled_initial_lr(config.optim.lr, history_after);
@@ -143,9 +185,8 @@ std::string describe_batch_size_change(const RunConfig& config, int64_t step,
       "(train.batch_size_starts[{}]={} {}); the schedule's initial_lr {} -> {} (x sqrt({}/{})); "
       "the run ends at step {}",
       change.from, change.to, t.microbatches, t.batch_size / t.microbatches, step + 1, entry,
-      t.batch_size_starts[entry],
-      t.batch_size_units == BatchSizeUnits::kTokens ? "tokens" : "steps", before, after, change.to,
-      change.from, change.max_steps);
+      t.batch_size_starts[entry], batch_size_units_name(t.batch_size_units), before, after,
+      change.to, change.from, change.max_steps);
 }
 
 }  // namespace moecore

@@ -32,10 +32,12 @@
 
 namespace moecore {
 
-// The batch size the schedule names after `step` updates and `tokens_seen` tokens: that of its
-// latest start reached (OLMo-core's Duration.due: step >= start, or tokens_seen >= start);
-// train.batch_size without a schedule.
-int64_t scheduled_batch_size(const TrainConfig& t, int64_t step, int64_t tokens_seen);
+// The batch size the schedule names after `step` updates and `tokens_seen` tokens, in `epoch`
+// (from 1, as OLMo-core's trainer counts them): that of its latest start reached (OLMo-core's
+// Duration.due: step >= start, tokens_seen >= start, or epoch > start); train.batch_size
+// without a schedule.
+int64_t scheduled_batch_size(const TrainConfig& t, int64_t step, int64_t tokens_seen,
+                             uint64_t epoch = 1);
 
 // `config` with a batch of `batch_size` sequences in force: train.batch_size and
 // train.microbatches (the micro-batch's sequences kept) set to it; the schedule's keys kept.
@@ -72,6 +74,7 @@ struct BatchSizeChange {
   ResumePosition position;  // where the loader goes on (its cursor in the new batches' order)
   ReplayOrigin origin;      // the new batch takes over here
   int64_t max_steps = 0;    // the run's length in updates after it
+  uint64_t epoch = 1;       // the trainer's epoch the schedule was asked in (epochs' units)
 };
 
 // The change the schedule makes before the update after `step`, if any. `config` holds the batch

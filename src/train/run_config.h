@@ -32,7 +32,12 @@ inline const char* cuda_grouped_gemm_name(CudaGroupedGemm g) {
 }
 
 // train.batch_size_units: what train.batch_size_starts count (OLMo-core's Duration units).
-enum class BatchSizeUnits { kSteps, kTokens };
+enum class BatchSizeUnits { kSteps, kTokens, kEpochs };
+inline const char* batch_size_units_name(BatchSizeUnits u) {
+  return u == BatchSizeUnits::kTokens   ? "tokens"
+         : u == BatchSizeUnits::kEpochs ? "epochs"
+                                        : "steps";
+}
 
 struct TrainConfig {
   uint64_t seed = 0;  // data order, routing draws, and the initialisation unless init_seed is set

@@ -385,8 +385,8 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
     ctx.progress.message(fmt::format(
         "batch size schedule: {} {} (sequences; micro-batches of {}); in force: {} sequences, "
         "the learning-rate schedule's initial_lr {}",
-        steps, tc.batch_size_units == BatchSizeUnits::kTokens ? "tokens" : "steps",
-        tc.batch_size / tc.microbatches, tc.batch_size, ctx.initial_lr));
+        steps, batch_size_units_name(tc.batch_size_units), tc.batch_size / tc.microbatches,
+        tc.batch_size, ctx.initial_lr));
   }
   if (tc.seq_len_warmup_steps > 0 && ctx.step < tc.seq_len_warmup_steps) {
     // Melting, OLMo-core's callback multiplies a micro-batch's tokens by the pieces (up to the

@@ -42,6 +42,12 @@ TEST(BatchSizeSchedule, TheLatestStartReachedNamesTheSize) {
   EXPECT_EQ(scheduled_batch_size(tokens, 0, 10), 8);
   EXPECT_EQ(scheduled_batch_size(tokens, 0, 29), 8);
   EXPECT_EQ(scheduled_batch_size(tokens, 0, 31), 2);
+  // In epochs: due once the trainer's epoch (from 1) is past the start.
+  TrainConfig epochs = scheduled(BatchSizeUnits::kEpochs);
+  epochs.batch_size_starts = {0, 1, 2};
+  EXPECT_EQ(scheduled_batch_size(epochs, 1000, 1 << 20, 1), 4);
+  EXPECT_EQ(scheduled_batch_size(epochs, 0, 0, 2), 8);
+  EXPECT_EQ(scheduled_batch_size(epochs, 0, 0, 3), 2);
   TrainConfig none;
   none.batch_size = 6;
   EXPECT_EQ(scheduled_batch_size(none, 123, 456), 6);

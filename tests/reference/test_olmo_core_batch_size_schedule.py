@@ -170,6 +170,14 @@ CASES = {
                    dict(schedule="wsd", units="steps", warmup_steps=2, decay_fraction=0.2,
                         min_lr_ratio=0.0),
                    WSD(warmup=2, decay_fraction=0.2, decay_min_lr=0.0), 4, 1),
+    # Starts in epochs (OLMo-core's Duration.epochs: due once the trainer's epoch is past it):
+    # each change starts an epoch, after its loader's reset (the epoch that ended is asked first,
+    # and names the size in force).
+    "epochs_units": ([4, 8, 2], [0, 1, 2], "epochs", {"max_epochs": 3, "max_steps": None},
+                     Duration.epochs(3),
+                     dict(schedule="wsd", units="steps", warmup_steps=2, decay_fraction=0.2,
+                          min_lr_ratio=0.0),
+                     WSD(warmup=2, decay_fraction=0.2, decay_min_lr=0.0), 2, 2),
 }
 
 
@@ -298,10 +306,11 @@ def random_case(rng: random.Random):
     sizes = [first]
     for _ in range(rng.randint(1, 3)):
         sizes.append(rng.choice([s for s in (2, 4, 8, 16) if s != sizes[-1]]))
-    unit = rng.choice(["steps", "tokens"])
+    unit = rng.choice(["steps", "tokens", "epochs"])
     starts = [0]
     for _ in sizes[1:]:
         starts.append(starts[-1] + (rng.randint(1, 25) if unit == "steps"
+                                    else 1 if unit == "epochs"
                                     else rng.randint(1, 25) * SEQ * 4 + rng.randint(0, 60)))
     kind = rng.choice(["steps", "tokens", "epochs"])
     if kind == "steps":
@@ -411,8 +420,8 @@ def test_training_logs_the_schedule_and_resumes_on_it(tokens, stop, history):
      "train.batch_sizes[0] and [1] are both 8"),
     ({"batch_sizes": [8, 2], "batch_size_starts": [0, 3], "microbatches": 2}, {},
      "train.batch_sizes[1]=2 is not a whole number of micro-batches of 4"),
-    ({"batch_sizes": [8, 16], "batch_size_starts": [0, 3], "batch_size_units": "epochs"}, {},
-     'train.batch_size_units="epochs"'),
+    ({"batch_sizes": [8, 16], "batch_size_starts": [0, 3], "batch_size_units": "months"}, {},
+     'train.batch_size_units="months"'),
     ({"batch_sizes": [8, 16], "batch_size_starts": [0, 3], "max_tokens": 5000,
       "max_steps": None}, {"schedule": "cosine", "units": "steps"},
      'needs optim.units = "tokens"'),
