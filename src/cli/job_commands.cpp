@@ -226,13 +226,14 @@ void run_data_order(const DataOrderArgs& args) {
   std::vector<int64_t> batch_sizes;
   std::vector<int32_t> tokens, targets;
   for (int64_t step = first_step; step < first_step + args.steps; ++step) {
-    if (std::optional<BatchSizeChange> change =
-            scheduled_batch_change(in_force, step, origin, history, &dataset)) {
-      history.push_back(change->to);
-      in_force = std::move(change->config);
-      origin = change->origin;
-      loader = training_loader(in_force, dataset, change->position.cursor, args.dp);
+    const std::vector<BatchSizeChange> changes =
+        scheduled_batch_changes(in_force, step, origin, history, &dataset);
+    for (const BatchSizeChange& change : changes) {
+      history.push_back(change.to);
+      in_force = change.config;
+      origin = change.origin;
     }
+    if (!changes.empty()) loader = training_loader(in_force, dataset, origin.data_cursor, args.dp);
     batch_sizes.push_back(in_force.train.batch_size);
     for (int64_t micro = 0; micro < in_force.train.microbatches; ++micro) {
       const std::span<const int64_t> indices = loader.next_batch(rows, tokens, targets);

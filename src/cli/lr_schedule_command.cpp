@@ -132,13 +132,14 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     for (int64_t step = first - 1;; ++step) {
       // As the trainer's loop: a run in epochs checks once more at its last epoch's end.
       if (step < current.train.max_steps || current.train.max_epochs > 0) {
-        if (std::optional<BatchSizeChange> change =
-                scheduled_batch_change(current, step, from, sizes, dataset ? &*dataset : nullptr)) {
-          sizes.push_back(change->to);
-          current = std::move(change->config);
-          from = change->origin;
-          initial_lr = scheduled_initial_lr(config.optim.lr, sizes);
+        for (BatchSizeChange& change :
+             scheduled_batch_changes(current, step, from, sizes, dataset ? &*dataset : nullptr,
+                                     step >= current.train.max_steps)) {
+          sizes.push_back(change.to);
+          current = std::move(change.config);
+          from = change.origin;
         }
+        initial_lr = scheduled_initial_lr(config.optim.lr, sizes);
       }
       if (step >= current.train.max_steps) break;
       const TrainConfig& t = current.train;

@@ -61,15 +61,16 @@ namespace {
 
 // Whether an increase of `config`'s batch by `ratio` can be made at `here`: OLMo-core waits until
 // its loader's batches of the epoch are a multiple of the ratio (or the epoch is read: its next
-// check, at the next epoch's batch 0, makes it before the same batch).
+// check, at the next epoch's batch 0, makes it before the same batch; not where the run ends
+// with the epoch, whose trainer asks no more).
 bool increase_lies_on_grid(const RunConfig& config, const TrainerState& here, int64_t ratio,
-                           const data::TokenDataset* dataset) {
+                           const data::TokenDataset* dataset, bool run_ends_here) {
   if (config.data.order != data::OrderRule::kOlmoCore) return true;
   MOE_CHECK(dataset != nullptr,
             "[train] train.batch_sizes under data.order = \"olmo-core\" "
             "needs the training set");
   const OlmoCoreEpochPosition at = olmo_core_epoch_position(config, here, dataset->num_instances());
-  return at.epoch_done || at.batches % ratio == 0;
+  return (at.epoch_done && !run_ends_here) || at.batches % ratio == 0;
 }
 
 }  // namespace
@@ -77,7 +78,8 @@ bool increase_lies_on_grid(const RunConfig& config, const TrainerState& here, in
 std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, int64_t step,
                                                       const ReplayOrigin& origin,
                                                       std::span<const int64_t> history,
-                                                      const data::TokenDataset* dataset) {
+                                                      const data::TokenDataset* dataset,
+                                                      bool run_ends_here) {
   const TrainConfig& t = config.train;
   if (!t.has_batch_size_schedule()) return std::nullopt;
   // Every update since the origin read a batch of the size in force.
@@ -101,10 +103,16 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
         static_cast<uint64_t>(data::InstanceOrder::with_rule(config.data.order, t.seed,
                                                              dataset->num_instances(), t.batch_size)
                                   .epoch_length());
+    // At an epoch's end, unless the loader has been reset into the next one there (a change
+    // made after the reset started the batch in force: its origin's epoch is the next).
+    const bool reset_here = origin.epoch > 0 && here.data_cursor == origin.data_cursor &&
+                            origin.epoch == here.data_cursor / length + 1;
     const bool at_end = config.data.order == data::OrderRule::kOlmoCore && here.data_cursor > 0 &&
-                        here.data_cursor % length == 0;
+                        here.data_cursor % length == 0 && !reset_here;
     epoch = here.data_cursor / length + (at_end ? 0 : 1);
-    if (at_end && scheduled_batch_size(t, step, here.tokens_seen, epoch) == t.batch_size) {
+    // The second ask, after the reset, only where the run goes on.
+    if (at_end && !run_ends_here &&
+        scheduled_batch_size(t, step, here.tokens_seen, epoch) == t.batch_size) {
       ++epoch;
       next_epoch_start = true;
     }
@@ -112,7 +120,7 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
   const int64_t target = scheduled_batch_size(t, step, here.tokens_seen, epoch);
   if (target == t.batch_size) return std::nullopt;
   if (target > t.batch_size && !next_epoch_start &&
-      !increase_lies_on_grid(config, here, target / t.batch_size, dataset))
+      !increase_lies_on_grid(config, here, target / t.batch_size, dataset, run_ends_here))
     return std::nullopt;
   BatchSizeChange change;
   change.from = t.batch_size;
@@ -128,7 +136,8 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
     const auto length = static_cast<uint64_t>(
         data::InstanceOrder::with_rule(config.data.order, t.seed, instances, now.batch_size)
             .epoch_length());
-    change.position.cursor = (epoch - 1) * length;
+    MOE_CHECK(!__builtin_mul_overflow(epoch - 1, length, &change.position.cursor),
+              "[train] epoch {} of {} instances does not fit a data position", epoch, length);
     change.position.epoch = epoch;
     change.position.epoch_length = static_cast<int64_t>(length);
     change.position.moved = true;
@@ -162,6 +171,28 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
                        tokens_origin, now.max_tokens, now.max_epochs,
                        scheduled_initial_lr(config.optim.lr, after));
   return change;
+}
+
+std::vector<BatchSizeChange> scheduled_batch_changes(const RunConfig& config, int64_t step,
+                                                     const ReplayOrigin& origin,
+                                                     std::span<const int64_t> history,
+                                                     const data::TokenDataset* dataset,
+                                                     bool run_ends_here) {
+  std::vector<BatchSizeChange> changes;
+  RunConfig current = config;
+  ReplayOrigin from = origin;
+  std::vector<int64_t> sizes(history.begin(), history.end());
+  // OLMo-core asks once a batch, twice at an epoch's end: at most one change an ask.
+  for (size_t ask = 0; ask < 2; ++ask) {
+    std::optional<BatchSizeChange> change =
+        scheduled_batch_change(current, step, from, sizes, dataset, run_ends_here);
+    if (!change) break;
+    sizes.push_back(change->to);
+    current = change->config;
+    from = change->origin;
+    changes.push_back(std::move(*change));
+  }
+  return changes;
 }
 
 std::string describe_batch_size_change(const RunConfig& config, int64_t step,

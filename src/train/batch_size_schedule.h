@@ -77,15 +77,27 @@ struct BatchSizeChange {
   uint64_t epoch = 1;       // the trainer's epoch the schedule was asked in (epochs' units)
 };
 
-// The change the schedule makes before the update after `step`, if any. `config` holds the batch
-// in force (with_batch_size), which took over at `origin`; `history` is the sizes in force so far
-// and `lr` optim.lr (the length's schedule checks are made at the new initial_lr). `dataset` is
-// the training set: needed under data.order = "olmo-core" and under train.max_epochs (else it may
-// be null). A change whose new length the learning-rate schedule refuses is a one-line error.
+// The change one ask of the schedule makes before the update after `step`, if any. `config` holds
+// the batch in force (with_batch_size), which took over at `origin`; `history` is the sizes in
+// force so far (the length's schedule checks are made at the new initial_lr). `dataset` is the
+// training set: needed under data.order = "olmo-core", train.max_epochs and epochs' units (else
+// it may be null). `run_ends_here`: the run's last update is done (a run in epochs asks once more
+// at its last epoch's end, and no more). A change whose new length the learning-rate schedule
+// refuses is a one-line error.
 std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, int64_t step,
                                                       const ReplayOrigin& origin,
                                                       std::span<const int64_t> history,
-                                                      const data::TokenDataset* dataset);
+                                                      const data::TokenDataset* dataset,
+                                                      bool run_ends_here = false);
+
+// Every change the schedule makes before the update after `step`, in order: OLMo-core asks once a
+// batch, and twice at an epoch's end (in the epoch that ended, then after its loader's reset),
+// each ask able to change the batch. Each change is of the state the one before it left.
+std::vector<BatchSizeChange> scheduled_batch_changes(const RunConfig& config, int64_t step,
+                                                     const ReplayOrigin& origin,
+                                                     std::span<const int64_t> history,
+                                                     const data::TokenDataset* dataset,
+                                                     bool run_ends_here = false);
 
 // "batch size: 8 -> 16 sequences before update 101 (train.batch_size_starts[1]=100 steps): ..."
 // for the run's output.

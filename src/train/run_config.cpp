@@ -290,6 +290,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("max_epochs", t.max_epochs);
   r.read("hard_stop_steps", t.hard_stop_steps);
   r.read("hard_stop_tokens", t.hard_stop_tokens);
+  r.read("hard_stop_epochs", t.hard_stop_epochs);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
   r.read("batch_sizes", t.batch_sizes);
@@ -987,11 +988,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
                                         t.max_steps, t.max_epochs)
                           : fmt::format("train.max_tokens={} and train.max_epochs={} both",
                                         t.max_tokens, t.max_epochs));
-  MOE_CHECK(t.hard_stop_steps >= 0 && t.hard_stop_tokens >= 0 &&
-                (t.hard_stop_steps == 0 || t.hard_stop_tokens == 0),
-            "[config] train.hard_stop_steps={} and train.hard_stop_tokens={}: give at most one, "
-            "> 0 (0: none)",
-            t.hard_stop_steps, t.hard_stop_tokens);
+  MOE_CHECK(t.hard_stop_steps >= 0 && t.hard_stop_tokens >= 0 && t.hard_stop_epochs >= 0 &&
+                (t.hard_stop_steps > 0) + (t.hard_stop_tokens > 0) + (t.hard_stop_epochs > 0) <= 1,
+            "[config] train.hard_stop_steps={}, train.hard_stop_tokens={} and "
+            "train.hard_stop_epochs={}: give at most one, > 0 (0: none)",
+            t.hard_stop_steps, t.hard_stop_tokens, t.hard_stop_epochs);
   if (t.max_tokens > 0) {
     config.train.max_steps = max_steps_for_tokens(t);
     // The tokens seen after the last update must fit a 64-bit count (the trainer's, the
@@ -1281,6 +1282,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"embedding_init_std", t.init.embedding_std},
                     {"hard_stop_steps", t.hard_stop_steps},
                     {"hard_stop_tokens", t.hard_stop_tokens},
+                    {"hard_stop_epochs", t.hard_stop_epochs},
                     {"batch_size", t.batch_size},
                     {"microbatches", t.microbatches},
                     {"batch_sizes", list_of(t.batch_sizes)},

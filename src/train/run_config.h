@@ -68,6 +68,10 @@ struct TrainConfig {
   // goes on towards the length.
   int64_t hard_stop_steps = 0;
   int64_t hard_stop_tokens = 0;
+  // Or once the data cursor reaches this many epochs of the training set (OLMo-core's
+  // Duration.epochs: its trainer's epoch past it), counted as train.max_epochs counts a length
+  // (training_data.h's last_step_with_data: the training set is needed).
+  int64_t hard_stop_epochs = 0;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   // OLMo-core's BatchSizeSchedulerCallback (empty: train.batch_size throughout): the global batch
@@ -234,7 +238,8 @@ struct RunConfig {
 int64_t step_reaching_tokens(int64_t tokens, int64_t per_step, TokenOrigin origin);
 
 // The step a run of `t` ends at: t.max_steps, or its hard stop's step if that comes first (from
-// `origin`, for train.hard_stop_tokens).
+// `origin`, for train.hard_stop_tokens; train.hard_stop_epochs needs the training set:
+// training_data.h's last_step_with_data, which the trainer calls).
 int64_t last_step(const TrainConfig& t, TokenOrigin origin);
 
 // OLMo-core's Trainer.max_steps under a max_duration in tokens: the updates from `origin` (the

@@ -339,8 +339,10 @@ void announce_max_tokens(const TrainContext& ctx) {
         last_lr, last_tokens, tc.max_tokens, last_tokens));
 }
 
-// "train.hard_stop_steps=N" or "train.hard_stop_tokens=N", whichever the run has.
+// "train.hard_stop_steps=N", "train.hard_stop_tokens=N" or "train.hard_stop_epochs=N",
+// whichever the run has.
 std::string hard_stop_text(const TrainConfig& tc) {
+  if (tc.hard_stop_epochs > 0) return fmt::format("train.hard_stop_epochs={}", tc.hard_stop_epochs);
   return tc.hard_stop_steps > 0 ? fmt::format("train.hard_stop_steps={}", tc.hard_stop_steps)
                                 : fmt::format("train.hard_stop_tokens={}", tc.hard_stop_tokens);
 }
@@ -730,6 +732,16 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   return report;
 }
 
+// Whether the loop ends where an epoch does and OLMo-core's trainer knows it only once its loader
+// says so (a length in epochs, or a hard stop in epochs before the run's length): it asks for
+// one more batch there, before which its batch size schedule may halve the batch and read the
+// epoch's tail.
+bool ends_when_the_epoch_does(const TrainContext& ctx) {
+  const TrainConfig& tc = ctx.config.train;
+  return (tc.max_epochs > 0 && ctx.last_step == tc.max_steps) ||
+         (tc.hard_stop_epochs > 0 && ctx.last_step < tc.max_steps);
+}
+
 // train.batch_sizes: before each update, the change the schedule makes there, if any
 // (train/batch_size_schedule.h). `config` (ctx.config) takes the new batch in force, its
 // micro-batches and the run's length; the loader goes on where OLMo-core's would, from a new
@@ -743,20 +755,23 @@ void apply_batch_size_schedule(TrainContext& ctx, RunConfig& config,
             "[train] step {}: the data cursor {} is not where the batch in force reads from its "
             "origin",
             ctx.step, ctx.loader.cursor());
-  const std::optional<BatchSizeChange> change =
-      scheduled_batch_change(config, ctx.step, ctx.replay_origin, ctx.batch_size_history, &dataset);
-  if (!change) return;
-  ctx.batch_size_history.push_back(change->to);
-  ctx.progress.message(
-      describe_batch_size_change(config, ctx.step, *change, ctx.batch_size_history));
-  config = change->config;
+  const std::vector<BatchSizeChange> changes =
+      scheduled_batch_changes(config, ctx.step, ctx.replay_origin, ctx.batch_size_history, &dataset,
+                              ctx.step >= ctx.last_step);
+  if (changes.empty()) return;
+  for (const BatchSizeChange& change : changes) {
+    ctx.batch_size_history.push_back(change.to);
+    ctx.progress.message(
+        describe_batch_size_change(config, ctx.step, change, ctx.batch_size_history));
+    config = change.config;
+  }
   ctx.initial_lr = scheduled_initial_lr(config.optim.lr, ctx.batch_size_history);
-  ctx.replay_origin = change->origin;
-  ctx.loader = training_loader(config, dataset, change->position.cursor, ctx.mesh.dp.size());
+  ctx.replay_origin = changes.back().origin;
+  ctx.loader = training_loader(config, dataset, ctx.replay_origin.data_cursor, ctx.mesh.dp.size());
   ctx.pipeline.set_microbatches(tc.microbatches);
   buffers.tokens.resize(static_cast<size_t>(tc.microbatches));
   buffers.targets.resize(static_cast<size_t>(tc.microbatches));
-  ctx.last_step = last_step(tc, token_origin(ctx.replay_origin));
+  ctx.last_step = last_step_with_data(config, dataset, ctx.replay_origin);
   ctx.progress.set_max_steps(ctx.last_step);
 }
 
@@ -1020,10 +1035,19 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "to continue the run",
             start.checkpoint.value_or(""), resumed.step, tc.max_steps);
   for (Transformer* chunk : chunk_ptrs) chunk->weights_changed();  // loaded or initialised
+  // Every rank reads the same global batches in the same order and keeps its slice, so the data
+  // cursor, and with it every checkpoint, does not depend on the layout (under OLMo-core's order
+  // which instance is whose does, as in OLMo-core).
+  const uint64_t data_cursor = start.position.cursor;  // 0 for a fresh run
+  // Where the batch in force took over: the checkpoint's, or where a resume changed the replay.
+  const ReplayOrigin replay_origin =
+      start.config_changed ? ReplayOrigin{resumed.step, data_cursor, resumed.tokens_seen,
+                                          start.position.epoch, start.position.tokens_read}
+                           : resumed.origin;
   // A finished run resumed: below, nothing is trained or written.
-  // Where the loop ends: train.max_steps, or a hard stop before it (counted in tokens from where
-  // the current batch took over).
-  const int64_t end_step = last_step(tc, schedule_origin(resumed, start.config_changed));
+  // Where the loop ends: train.max_steps, or a hard stop before it (counted in tokens or epochs
+  // from where the current batch took over).
+  const int64_t end_step = last_step_with_data(config, in.train_data, replay_origin);
   const bool finished = start.checkpoint && resumed.step >= end_step;
   // A run killed between committing a checkpoint and pruning the old ones left one too many.
   // Pruned only now, every rank's checkpoint read and every start-up check passed: a refused
@@ -1044,41 +1068,33 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
       damaged_lines.push_back(fmt::format(
           "warning: skipped damaged checkpoint {}: {}{}", d.dir, d.reason,
           finished ? "" : fmt::format(" (kept as {})", set_aside_damaged_checkpoint(d.dir))));
-  // Every rank reads the same global batches in the same order and keeps its slice, so the data
-  // cursor, and with it every checkpoint, does not depend on the layout (under OLMo-core's order
-  // which instance is whose does, as in OLMo-core).
-  const uint64_t data_cursor = start.position.cursor;  // 0 for a fresh run
   data::DataLoader loader = training_loader(config, in.train_data, data_cursor, mesh.dp.size());
   Progress progress(end_step, tc.log_every, rank0);
-  TrainContext ctx{
-      .config = config,
-      .given_config = given_config,
-      .world = world,
-      .mesh = mesh,
-      .progress = progress,
-      .full_layout = full_layout,
-      .layout = layout,
-      .params = params,
-      .chunks = chunk_ptrs,
-      .pipeline = pipeline,
-      .optimizer = optimizer,
-      .loader = loader,
-      .guard = guard,
-      .gerrymandering = gerrymandering,
-      .dp_batch_sum = dp_batch_sum,
-      .rowwise_dispatch = rowwise,
-      .rows = rows,
-      .train_data = train_fingerprint,
-      .step = resumed.step,
-      .tokens_seen = resumed.tokens_seen,
-      .start_tokens = resumed.tokens_seen,
-      .replay_origin = start.config_changed
-                           ? ReplayOrigin{resumed.step, data_cursor, resumed.tokens_seen,
-                                          start.position.epoch, start.position.tokens_read}
-                           : resumed.origin,
-      .batch_size_history = start.batch_size_history,
-      .initial_lr = scheduled_initial_lr(config.optim.lr, start.batch_size_history),
-      .last_step = end_step};
+  TrainContext ctx{.config = config,
+                   .given_config = given_config,
+                   .world = world,
+                   .mesh = mesh,
+                   .progress = progress,
+                   .full_layout = full_layout,
+                   .layout = layout,
+                   .params = params,
+                   .chunks = chunk_ptrs,
+                   .pipeline = pipeline,
+                   .optimizer = optimizer,
+                   .loader = loader,
+                   .guard = guard,
+                   .gerrymandering = gerrymandering,
+                   .dp_batch_sum = dp_batch_sum,
+                   .rowwise_dispatch = rowwise,
+                   .rows = rows,
+                   .train_data = train_fingerprint,
+                   .step = resumed.step,
+                   .tokens_seen = resumed.tokens_seen,
+                   .start_tokens = resumed.tokens_seen,
+                   .replay_origin = replay_origin,
+                   .batch_size_history = start.batch_size_history,
+                   .initial_lr = scheduled_initial_lr(config.optim.lr, start.batch_size_history),
+                   .last_step = end_step};
   // Made up by the evaluator's start; without validation data there is none to make up.
   ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
   ctx.summary.start_step = ctx.step;
@@ -1154,7 +1170,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // its loader once more at the last epoch's end (it is over when the loader says so), so a
   // decrease due there first reads the epoch's tail that batches of the old size left.
   const auto change_batch_size = [&] {
-    if (ctx.step < ctx.last_step || (tc.max_epochs > 0 && ctx.last_step == tc.max_steps))
+    if (ctx.step < ctx.last_step || ends_when_the_epoch_does(ctx))
       apply_batch_size_schedule(ctx, config, in.train_data, buffers);
   };
   change_batch_size();

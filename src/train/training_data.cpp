@@ -57,6 +57,16 @@ int64_t max_steps_for_epochs(const RunConfig& config, const data::TokenDataset& 
   return origin_step + static_cast<int64_t>(left / batch + (left % batch != 0 ? 1 : 0));
 }
 
+int64_t last_step_with_data(const RunConfig& config, const data::TokenDataset& dataset,
+                            const ReplayOrigin& origin) {
+  const TrainConfig& t = config.train;
+  if (t.hard_stop_epochs == 0) return last_step(t, token_origin(origin));
+  RunConfig counted = config;
+  counted.train.max_epochs = t.hard_stop_epochs;
+  return std::min(t.max_steps,
+                  max_steps_for_epochs(counted, dataset, origin.step, origin.data_cursor));
+}
+
 namespace {
 
 // Whether checkpoint state `state`, written under `saved` (its training set of `instances`,

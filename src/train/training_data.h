@@ -31,6 +31,13 @@ data::DataLoader training_loader(const RunConfig& config, const data::TokenDatas
 int64_t max_steps_for_epochs(const RunConfig& config, const data::TokenDataset& dataset,
                              int64_t origin_step = 0, uint64_t origin_cursor = 0);
 
+// The step the run's loop ends at (run_config.h's last_step), from where the batch in force took
+// over (`origin`): with train.hard_stop_epochs, the updates until the data cursor reaches that
+// many epochs of `dataset`, as max_steps_for_epochs counts a length, if they end before
+// train.max_steps.
+int64_t last_step_with_data(const RunConfig& config, const data::TokenDataset& dataset,
+                            const ReplayOrigin& origin);
+
 // Where a resumed run's loader starts.
 struct ResumePosition {
   uint64_t cursor = 0;  // the loader's cursor in the resumed run

@@ -439,3 +439,46 @@ def test_bad_schedules_are_one_line_errors(tokens, train, optim, message):
         r = H.run_moecore_raw(*command)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and message in lines[0], (command, r.stderr)
+
+
+def test_starts_in_epochs_resume_and_end_as_olmo_cores(tokens):
+    """Starts in epochs: stopped (a hard stop) at the update after which the batch doubles for the
+    second epoch, whose checkpoint holds the doubled batch and the loader reset into that epoch,
+    the resumed run replays the uninterrupted one (it does not ask in the epoch that ended
+    again); and a start at the run's last epoch (max_epochs) changes nothing, as OLMo-core's
+    trainer, over once its loader says the epoch is, asks only in the ended epoch."""
+    sizes, starts = [4, 8], [0, 1]
+    optim = dict(schedule="wsd", units="steps", warmup_steps=2, decay_fraction=0.25,
+                 min_lr_ratio=0.1)
+    scheduler = WSD(warmup=2, decay_fraction=0.25, decay_min_lr=LR * 0.1)
+    length = {"max_epochs": 2, "max_steps": None}
+    whole = config(tokens, "bss_epochs_whole", sizes=sizes, starts=starts, unit="epochs",
+                   length=length, optim=optim, seed=8, micro_rows=2,
+                   train={"save_every": 1, "keep_last": 0})
+    ref = olmo_core_run(tokens, sizes=sizes, starts=starts, unit="epochs",
+                        duration=Duration.epochs(2), scheduler=scheduler, seed=8)
+    assert listed(whole) == [row[:4] for row in ref]
+    H.run_moecore("train", whole)
+    rows = metrics_rows(tokens / "bss_epochs_whole")
+    change = next(r[0] for r in ref if r[3] == 8) - 1  # the update after which it doubles
+    name = f"step_{change:08d}"
+    saved = tokens / "bss_epochs_whole" / "checkpoints" / name
+    assert json.loads((saved / "trainer_state.json").read_text())["batch_size_history"] == [4, 8]
+    assert listed(whole, "--resume", saved) == [r[:4] for r in ref if r[0] > change]
+    resumed_dir = tokens / "bss_epochs_resumed"
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(saved, resumed_dir / "checkpoints" / name)
+    H.run_moecore("train", whole, "--resume", "--set", f"train.out_dir={resumed_dir}")
+    resumed = metrics_rows(resumed_dir)
+    assert sorted(resumed) == [s for s in sorted(rows) if s > change]
+    for step in resumed:
+        assert without_timing(resumed[step]) == without_timing(rows[step]), step
+
+    one = config(tokens, "bss_epochs_end", sizes=sizes, starts=starts, unit="epochs",
+                 length={"max_epochs": 1, "max_steps": None}, optim=optim, seed=8, micro_rows=2)
+    ref = olmo_core_run(tokens, sizes=sizes, starts=starts, unit="epochs",
+                        duration=Duration.epochs(1), scheduler=scheduler, seed=8)
+    assert {r[3] for r in ref} == {4} and listed(one) == [row[:4] for row in ref]
+    H.run_moecore("train", one)
+    last = sorted((tokens / "bss_epochs_end" / "checkpoints").iterdir())[-1]
+    assert json.loads((last / "trainer_state.json").read_text())["batch_size_history"] == [4]

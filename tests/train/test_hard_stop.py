@@ -103,12 +103,47 @@ def test_a_hard_stop_in_tokens_counts_the_tokens_seen_after_a_batch_change(moeco
     assert rows[8]["train/tokens_seen"] == 704 and rows[7]["train/tokens_seen"] < 600
 
 
+def test_a_hard_stop_in_epochs_stops_where_olmo_cores_trainer_does(moecore_bin, job_data,
+                                                                    tmp_path):
+    """hard_stop_epochs = 1 under OLMo-core's order: 40 instances in global batches of 6 make an
+    epoch of 6 updates (36 instances); OLMo-core's trainer, its epoch counted from 1, is complete
+    once Duration.epochs(1).due(epoch=2), after the epoch's last batch. The rows up to there are
+    the uninterrupted run's, and resumed without the hard stop the run goes on as it does."""
+    settings = dict(optim={"schedule": "cosine", "warmup_steps": 2},
+                    data={"train": [str(job_data.small_train)], "order": "olmo-core"},
+                    train={"max_steps": 16, "batch_size": 6, "log_every": 1, "eval_every": 0})
+    train(moecore_bin, write_config(tmp_path / "whole.toml", job_data, tmp_path / "whole",
+                                    **settings))
+    ref = train_rows(tmp_path / "whole")
+    stop = 0
+    while not Duration.epochs(1).due(step=stop, tokens=0, epoch=1 + stop // 6):
+        stop += 1
+    assert stop == 6
+    out = tmp_path / "stopped"
+    settings["train"]["hard_stop_epochs"] = 1
+    cfg = write_config(tmp_path / "stopped.toml", job_data, out, **settings)
+    r = train(moecore_bin, cfg)
+    assert f"hard stop: train.hard_stop_epochs=1: the run stops at step {stop} of its 16" \
+        in r.stdout, r.stdout[-1500:]
+    rows = train_rows(out)
+    assert sorted(rows) == list(range(1, stop + 1))
+    train(moecore_bin, cfg, "train.hard_stop_epochs=0", resume=True)
+    rows = train_rows(out)
+    assert sorted(rows) == sorted(ref)
+    for step in rows:
+        assert without_timing(rows[step]) == without_timing(ref[step]), step
+
+
 def test_hard_stop_settings_are_checked(moecore_bin, job_data, tmp_path):
     cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
                        train={"hard_stop_steps": 3, "hard_stop_tokens": 100})
     r = run(moecore_bin, "train", cfg, check=False)
-    assert_one_line_error(r, "train.hard_stop_steps=3 and train.hard_stop_tokens=100: give at most "
-                          "one")
+    assert_one_line_error(r, "train.hard_stop_steps=3, train.hard_stop_tokens=100 and "
+                          "train.hard_stop_epochs=0: give at most one")
+    r = run(moecore_bin, "train", cfg, "--set", "train.hard_stop_tokens=0", "--set",
+            "train.hard_stop_epochs=1", check=False)
+    assert_one_line_error(r, "train.hard_stop_steps=3, train.hard_stop_tokens=0 and "
+                          "train.hard_stop_epochs=1: give at most one")
     r = run(moecore_bin, "train", cfg, "--set", "train.hard_stop_tokens=0", "--set",
             "train.hard_stop_steps=-1", check=False)
     assert_one_line_error(r, "train.hard_stop_steps=-1")
