@@ -212,10 +212,8 @@ void run_data_order(const DataOrderArgs& args) {
     in_force = batch.in_force;
     position = resume_position(batch.saved_in_force, saved.state, args.resume, in_force,
                                dataset.num_instances());
-    origin = replay_config_changes(saved.config, config).empty()
-                 ? saved.state.origin
-                 : ReplayOrigin{saved.state.step, position.cursor, saved.state.tokens_seen,
-                                position.epoch, position.tokens_read};
+    origin = resumed_replay_origin(saved.state,
+                                   !replay_config_changes(saved.config, config).empty(), position);
   }
   data::DataLoader loader = training_loader(in_force, dataset, position.cursor, args.dp);
   const int64_t per_epoch = loader.order().epoch_length();  // of the first step's batches

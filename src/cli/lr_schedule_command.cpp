@@ -82,7 +82,6 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     const SavedRun saved = load_saved_run(args.resume, "[lr-schedule]");
     const TrainerState& state = saved.state;
     const bool changed = !replay_config_changes(saved.config, config).empty();
-    origin = schedule_origin(state, changed);
     ResumedBatch batch = resumed_batch(saved.config, state, config);
     history = batch.history;
     in_force = batch.in_force;
@@ -91,9 +90,8 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     if (dataset)
       position = resume_position(batch.saved_in_force, state, args.resume, in_force,
                                  dataset->num_instances());
-    replay = changed ? ReplayOrigin{state.step, position.cursor, state.tokens_seen, position.epoch,
-                                    position.tokens_read}
-                     : state.origin;
+    replay = resumed_replay_origin(state, changed, position);
+    origin = token_origin(replay);  // schedule_origin(state, changed)
     max_steps = resumed_max_steps(batch.saved_in_force, state, args.resume, in_force, changed,
                                   dataset ? &*dataset : nullptr, position, "[lr-schedule]");
     MOE_CHECK(state.step <= max_steps,
@@ -120,10 +118,9 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   const std::string schedule = written["optim"]["schedule"].value_or(std::string());
   const std::string units = written["optim"]["units"].value_or(std::string());
   // Under train.batch_sizes every update from `first` on, walked as the trainer makes them, each
-  // change of the batch before the update it names (scheduled_batch_change; the run's length
-  // moves with them): its step, the tokens seen after it, its batch, the run's length and its
-  // rate. `visit(step, tokens, batch,
-  // rate)` gets the rate lazily (a callable): most updates are not printed.
+  // change of the batch before the update it names (scheduled_batch_changes; the run's length
+  // moves with them): `visit(step, tokens seen after it, batch, the run's length, rate)`, the
+  // rate a callable (most updates are not printed).
   auto walk = [&](auto visit) {
     RunConfig current = in_force;
     ReplayOrigin from = replay;
@@ -132,14 +129,15 @@ void run_lr_schedule(const LrScheduleArgs& args) {
     for (int64_t step = first - 1;; ++step) {
       // As the trainer's loop: a run in epochs checks once more at its last epoch's end.
       if (step < current.train.max_steps || current.train.max_epochs > 0) {
-        for (BatchSizeChange& change :
-             scheduled_batch_changes(current, step, from, sizes, dataset ? &*dataset : nullptr,
-                                     step >= current.train.max_steps)) {
+        std::vector<BatchSizeChange> changes =
+            scheduled_batch_changes(current, step, from, sizes, dataset ? &*dataset : nullptr,
+                                    step >= current.train.max_steps);
+        for (BatchSizeChange& change : changes) {
           sizes.push_back(change.to);
           current = std::move(change.config);
           from = change.origin;
         }
-        initial_lr = scheduled_initial_lr(config.optim.lr, sizes);
+        if (!changes.empty()) initial_lr = scheduled_initial_lr(config.optim.lr, sizes);
       }
       if (step >= current.train.max_steps) break;
       const TrainConfig& t = current.train;

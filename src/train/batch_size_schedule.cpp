@@ -8,18 +8,29 @@
 
 namespace moecore {
 
-int64_t scheduled_batch_size(const TrainConfig& t, int64_t step, int64_t tokens_seen,
-                             uint64_t epoch) {
-  int64_t size = t.batch_size;
+namespace {
+
+// The index of the schedule's latest start reached (OLMo-core's Duration.due), or none.
+std::optional<size_t> latest_start_reached(const TrainConfig& t, int64_t step, int64_t tokens_seen,
+                                           uint64_t epoch) {
+  std::optional<size_t> latest;
   for (size_t i = 0; i < t.batch_sizes.size(); ++i) {
     const int64_t start = t.batch_size_starts[i];
     const bool due = t.batch_size_units == BatchSizeUnits::kTokens ? tokens_seen >= start
                      : t.batch_size_units == BatchSizeUnits::kEpochs
                          ? epoch > static_cast<uint64_t>(start)
                          : step >= start;
-    if (due) size = t.batch_sizes[i];
+    if (due) latest = i;
   }
-  return size;
+  return latest;
+}
+
+}  // namespace
+
+int64_t scheduled_batch_size(const TrainConfig& t, int64_t step, int64_t tokens_seen,
+                             uint64_t epoch) {
+  const std::optional<size_t> latest = latest_start_reached(t, step, tokens_seen, epoch);
+  return latest ? t.batch_sizes[*latest] : t.batch_size;
 }
 
 RunConfig with_batch_size(const RunConfig& config, int64_t batch_size) {
@@ -99,10 +110,7 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
   if (t.batch_size_units == BatchSizeUnits::kEpochs) {
     MOE_CHECK(dataset != nullptr,
               "[train] train.batch_size_units = \"epochs\" needs the training set");
-    const auto length =
-        static_cast<uint64_t>(data::InstanceOrder::with_rule(config.data.order, t.seed,
-                                                             dataset->num_instances(), t.batch_size)
-                                  .epoch_length());
+    const auto length = static_cast<uint64_t>(epoch_length(config, dataset->num_instances()));
     // At an epoch's end, unless the loader has been reset into the next one there (a change
     // made after the reset started the batch in force: its origin's epoch is the next).
     const bool reset_here = origin.epoch > 0 && here.data_cursor == origin.data_cursor &&
@@ -133,9 +141,7 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
   const int64_t instances = dataset != nullptr ? dataset->num_instances() : 0;
   if (next_epoch_start) {
     // OLMo-core's loader reset for the next epoch, batches_processed 0 in the new batches.
-    const auto length = static_cast<uint64_t>(
-        data::InstanceOrder::with_rule(config.data.order, t.seed, instances, now.batch_size)
-            .epoch_length());
+    const auto length = static_cast<uint64_t>(epoch_length(change.config, instances));
     MOE_CHECK(!__builtin_mul_overflow(epoch - 1, length, &change.position.cursor),
               "[train] epoch {} of {} instances does not fit a data position", epoch, length);
     change.position.epoch = epoch;
@@ -155,19 +161,17 @@ std::optional<BatchSizeChange> scheduled_batch_change(const RunConfig& config, i
                    change.position.tokens_read};
   const TokenOrigin tokens_origin{step, here.tokens_seen};
   if (now.max_tokens > 0) {
-    change.max_steps = max_steps_for_tokens(now, tokens_origin);
+    change.config.train.max_steps = max_steps_for_tokens(now, tokens_origin);
   } else if (now.max_epochs > 0) {
     MOE_CHECK(dataset != nullptr, "[train] train.max_epochs needs the training set");
-    change.max_steps = max_steps_for_epochs(change.config, *dataset, step, change.position.cursor);
-  } else {
-    change.max_steps = now.max_steps;
+    change.config.train.max_steps =
+        max_steps_for_epochs(change.config, *dataset, step, change.position.cursor);
   }
-  change.config.train.max_steps = change.max_steps;
   // The new length's schedule, at the new initial_lr (OLMo-core meets what this refuses as an
   // assertion or a division by zero at the update that gets there).
   std::vector<int64_t> after(history.begin(), history.end());
   after.push_back(target);
-  validate_lr_schedule(change.config.optim, change.max_steps, now.batch_size * now.seq_len,
+  validate_lr_schedule(change.config.optim, now.max_steps, now.batch_size * now.seq_len,
                        tokens_origin, now.max_tokens, now.max_epochs,
                        scheduled_initial_lr(config.optim.lr, after));
   return change;
@@ -178,20 +182,18 @@ std::vector<BatchSizeChange> scheduled_batch_changes(const RunConfig& config, in
                                                      std::span<const int64_t> history,
                                                      const data::TokenDataset* dataset,
                                                      bool run_ends_here) {
+  // OLMo-core asks once a batch, twice at an epoch's end: at most one change an ask, the second
+  // asked of the state the first left.
   std::vector<BatchSizeChange> changes;
-  RunConfig current = config;
-  ReplayOrigin from = origin;
+  std::optional<BatchSizeChange> first =
+      scheduled_batch_change(config, step, origin, history, dataset, run_ends_here);
+  if (!first) return changes;
+  changes.push_back(std::move(*first));
   std::vector<int64_t> sizes(history.begin(), history.end());
-  // OLMo-core asks once a batch, twice at an epoch's end: at most one change an ask.
-  for (size_t ask = 0; ask < 2; ++ask) {
-    std::optional<BatchSizeChange> change =
-        scheduled_batch_change(current, step, from, sizes, dataset, run_ends_here);
-    if (!change) break;
-    sizes.push_back(change->to);
-    current = change->config;
-    from = change->origin;
-    changes.push_back(std::move(*change));
-  }
+  sizes.push_back(changes.front().to);
+  std::optional<BatchSizeChange> second = scheduled_batch_change(
+      changes.front().config, step, changes.front().origin, sizes, dataset, run_ends_here);
+  if (second) changes.push_back(std::move(*second));
   return changes;
 }
 
@@ -200,14 +202,8 @@ std::string describe_batch_size_change(const RunConfig& config, int64_t step,
                                        std::span<const int64_t> history_after) {
   const TrainConfig& t = change.config.train;
   // The latest start reached: the one that names the new size.
-  size_t entry = 0;
-  for (size_t i = 0; i < t.batch_sizes.size(); ++i)
-    if (scheduled_batch_size(t, step, change.origin.tokens_seen, change.epoch) ==
-            t.batch_sizes[i] &&
-        (t.batch_size_units == BatchSizeUnits::kTokens   ? change.origin.tokens_seen
-         : t.batch_size_units == BatchSizeUnits::kEpochs ? static_cast<int64_t>(change.epoch) - 1
-                                                         : step) >= t.batch_size_starts[i])
-      entry = i;
+  const size_t entry =
+      latest_start_reached(t, step, change.origin.tokens_seen, change.epoch).value_or(0);
   const double before =
       scheduled_initial_lr(config.optim.lr, history_after.subspan(0, history_after.size() - 1));
   const double after = scheduled_initial_lr(config.optim.lr, history_after);
@@ -217,7 +213,7 @@ std::string describe_batch_size_change(const RunConfig& config, int64_t step,
       "the run ends at step {}",
       change.from, change.to, t.microbatches, t.batch_size / t.microbatches, step + 1, entry,
       t.batch_size_starts[entry], batch_size_units_name(t.batch_size_units), before, after,
-      change.to, change.from, change.max_steps);
+      change.to, change.from, t.max_steps);
 }
 
 }  // namespace moecore

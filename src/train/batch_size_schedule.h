@@ -70,10 +70,10 @@ double scheduled_initial_lr(double lr, std::span<const int64_t> history);
 struct BatchSizeChange {
   int64_t from = 0;  // sequences
   int64_t to = 0;
-  RunConfig config;         // with_batch_size(config, to)
+  RunConfig config;         // with_batch_size(config, to), its length recounted
   ResumePosition position;  // where the loader goes on (its cursor in the new batches' order)
-  ReplayOrigin origin;      // the new batch takes over here
-  int64_t max_steps = 0;    // the run's length in updates after it
+  ReplayOrigin origin;      // the new batch takes over here (config.train.max_steps: the
+                            // run's length in updates after it)
   uint64_t epoch = 1;       // the trainer's epoch the schedule was asked in (epochs' units)
 };
 

@@ -459,51 +459,37 @@ struct StepBuffers {
   std::vector<std::vector<int32_t>> tokens, targets;
   int64_t local_rows, slice_begin;
   // Under a sequence-length warm-up, the cut batch's micro-batches in the same layout (every
-  // rank's rows, rank after rank), and a rank's instances and cut rows on their way.
+  // rank's rows, rank after rank).
   std::vector<std::vector<int32_t>> cut_tokens{}, cut_targets{};
-  std::vector<int32_t> rank_tokens{}, rank_targets{}, rank_cut_tokens{}, rank_cut_targets{};
 };
 
 // OLMo-core's sequence-length warm-up (train/seq_len_warmup.h): the step's micro-batches, read
 // whole, cut into `shape`'s rows and micro-batches, rank by rank as each rank's train module cuts
-// its own batch, into batch.cut_tokens / cut_targets in the read micro-batches' layout (rank r's
-// rows of cut micro-batch k at r x shape.rows x shape.seq).
+// its own batch (its instances in order, each into `pieces` rows, split into micro-batches of
+// shape.rows rows: a multiple of the pieces), into batch.cut_tokens / cut_targets in the read
+// micro-batches' layout (rank r's rows of cut micro-batch k at r x shape.rows x shape.seq).
 void cut_step_batch(StepBuffers& batch, const WarmupShape& shape, int64_t seq_len, int64_t dp) {
   const int64_t m = batch.local_rows;
   const auto read = static_cast<int64_t>(batch.tokens.size());
-  const size_t instance_tokens = static_cast<size_t>(read * m * seq_len);
-  const size_t cut_rows = static_cast<size_t>(read * m * shape.pieces);
-  batch.rank_tokens.resize(instance_tokens);
-  batch.rank_targets.resize(instance_tokens);
-  batch.rank_cut_tokens.resize(cut_rows * static_cast<size_t>(shape.seq));
-  batch.rank_cut_targets.resize(cut_rows * static_cast<size_t>(shape.seq));
   batch.cut_tokens.resize(static_cast<size_t>(shape.micro));
   batch.cut_targets.resize(static_cast<size_t>(shape.micro));
-  const size_t micro_tokens = static_cast<size_t>(shape.rows * shape.seq);
   for (int64_t k = 0; k < shape.micro; ++k) {
-    batch.cut_tokens[static_cast<size_t>(k)].resize(static_cast<size_t>(dp) * micro_tokens);
-    batch.cut_targets[static_cast<size_t>(k)].resize(static_cast<size_t>(dp) * micro_tokens);
+    batch.cut_tokens[static_cast<size_t>(k)].resize(
+        static_cast<size_t>(dp * shape.rows * shape.seq));
+    batch.cut_targets[static_cast<size_t>(k)].resize(
+        static_cast<size_t>(dp * shape.rows * shape.seq));
   }
-  const size_t slice = static_cast<size_t>(m * seq_len);  // a rank's rows of a read micro-batch
-  for (int64_t rank = 0; rank < dp; ++rank) {
-    for (int64_t j = 0; j < read; ++j) {
-      const size_t from = static_cast<size_t>(rank) * slice;
-      std::copy_n(batch.tokens[static_cast<size_t>(j)].begin() + static_cast<ptrdiff_t>(from),
-                  slice, batch.rank_tokens.begin() + static_cast<ptrdiff_t>(j * slice));
-      std::copy_n(batch.targets[static_cast<size_t>(j)].begin() + static_cast<ptrdiff_t>(from),
-                  slice, batch.rank_targets.begin() + static_cast<ptrdiff_t>(j * slice));
-    }
-    cut_for_warmup(shape, seq_len, batch.rank_tokens.data(), batch.rank_targets.data(), read * m,
-                   batch.rank_cut_tokens.data(), batch.rank_cut_targets.data());
-    for (int64_t k = 0; k < shape.micro; ++k) {
-      const auto from = static_cast<ptrdiff_t>(static_cast<size_t>(k) * micro_tokens);
-      const auto to = static_cast<ptrdiff_t>(static_cast<size_t>(rank) * micro_tokens);
-      std::copy_n(batch.rank_cut_tokens.begin() + from, micro_tokens,
-                  batch.cut_tokens[static_cast<size_t>(k)].begin() + to);
-      std::copy_n(batch.rank_cut_targets.begin() + from, micro_tokens,
-                  batch.cut_targets[static_cast<size_t>(k)].begin() + to);
-    }
-  }
+  for (int64_t rank = 0; rank < dp; ++rank)
+    for (int64_t j = 0; j < read; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t row = (j * m + i) * shape.pieces;  // the rank's cut row of its first piece
+        const auto k = static_cast<size_t>(row / shape.rows);
+        const int64_t to = (rank * shape.rows + row % shape.rows) * shape.seq;
+        const int64_t from = (rank * m + i) * seq_len;
+        cut_for_warmup(shape, seq_len, batch.tokens[static_cast<size_t>(j)].data() + from,
+                       batch.targets[static_cast<size_t>(j)].data() + from, 1,
+                       batch.cut_tokens[k].data() + to, batch.cut_targets[k].data() + to);
+      }
 }
 
 // What the step's work reads that the host computes anew for every step, staged where the
@@ -749,6 +735,7 @@ bool ends_when_the_epoch_does(const TrainContext& ctx) {
 void apply_batch_size_schedule(TrainContext& ctx, RunConfig& config,
                                const data::TokenDataset& dataset, StepBuffers& buffers) {
   const TrainConfig& tc = config.train;
+  if (!tc.has_batch_size_schedule()) return;
   MOE_CHECK(ctx.loader.cursor() ==
                 ctx.replay_origin.data_cursor +
                     static_cast<uint64_t>((ctx.step - ctx.replay_origin.step) * tc.batch_size),
@@ -768,7 +755,7 @@ void apply_batch_size_schedule(TrainContext& ctx, RunConfig& config,
   ctx.initial_lr = scheduled_initial_lr(config.optim.lr, ctx.batch_size_history);
   ctx.replay_origin = changes.back().origin;
   ctx.loader = training_loader(config, dataset, ctx.replay_origin.data_cursor, ctx.mesh.dp.size());
-  ctx.pipeline.set_microbatches(tc.microbatches);
+  // (run_step gives the pipeline each step's micro-batch count)
   buffers.tokens.resize(static_cast<size_t>(tc.microbatches));
   buffers.targets.resize(static_cast<size_t>(tc.microbatches));
   ctx.last_step = last_step_with_data(config, dataset, ctx.replay_origin);
@@ -961,7 +948,6 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // (train.batch_sizes moves it, with microbatches and max_steps).
   const RunConfig given_config = config;
   config = with_batch_size(config, start.batch_size_history.back());
-  config.train.max_steps = start.max_steps;
 
   ParamBuffers params(layout), grads(layout);
   // Per-name streams: the same weights in any layout.
@@ -1041,9 +1027,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   const uint64_t data_cursor = start.position.cursor;  // 0 for a fresh run
   // Where the batch in force took over: the checkpoint's, or where a resume changed the replay.
   const ReplayOrigin replay_origin =
-      start.config_changed ? ReplayOrigin{resumed.step, data_cursor, resumed.tokens_seen,
-                                          start.position.epoch, start.position.tokens_read}
-                           : resumed.origin;
+      resumed_replay_origin(resumed, start.config_changed, start.position);
   // A finished run resumed: below, nothing is trained or written.
   // Where the loop ends: train.max_steps, or a hard stop before it (counted in tokens or epochs
   // from where the current batch took over).

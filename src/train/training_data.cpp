@@ -15,6 +15,12 @@ data::TokenDataset open_training_set(const RunConfig& config) {
                                   config.data.dtype, config.data.max_target_seq_len);
 }
 
+int64_t epoch_length(const RunConfig& config, int64_t instances) {
+  return data::InstanceOrder::with_rule(config.data.order, config.train.seed, instances,
+                                        config.train.batch_size)
+      .epoch_length();
+}
+
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor, int64_t dp_ranks) {
   return data::DataLoader(
@@ -76,9 +82,7 @@ bool past_max_epochs(const RunConfig& saved, const TrainerState& state, int64_t 
                      int64_t max_epochs) {
   const TrainConfig& was = saved.train;
   const int64_t saved_instances = state.train_data ? state.train_data->instances : instances;
-  const auto epoch = static_cast<uint64_t>(
-      data::InstanceOrder::with_rule(saved.data.order, was.seed, saved_instances, was.batch_size)
-          .epoch_length());
+  const auto epoch = static_cast<uint64_t>(epoch_length(saved, saved_instances));
   uint64_t end = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(max_epochs), epoch, &end)) return false;
   const auto batch = static_cast<uint64_t>(was.batch_size);
@@ -168,12 +172,8 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
             checkpoint, now.seq_len, was.seq_len);
   // The saved run's instances: as this run's under the same seq_len, unless its contents changed.
   const int64_t saved_instances = state.train_data ? state.train_data->instances : instances;
-  const auto old_epoch = static_cast<uint64_t>(
-      data::InstanceOrder::with_rule(saved.data.order, was.seed, saved_instances, was.batch_size)
-          .epoch_length());
-  const int64_t new_epoch =
-      data::InstanceOrder::with_rule(config.data.order, now.seed, instances, now.batch_size)
-          .epoch_length();
+  const auto old_epoch = static_cast<uint64_t>(epoch_length(saved, saved_instances));
+  const int64_t new_epoch = epoch_length(config, instances);
   // A replay origin's epoch must hold its cursor (at its start, inside it, or at its end): one
   // that does not would move the position silently.
   const ReplayOrigin& o = state.origin;
@@ -212,12 +212,16 @@ ResumePosition resume_position(const RunConfig& saved, const TrainerState& state
 OlmoCoreEpochPosition olmo_core_epoch_position(const RunConfig& config, const TrainerState& state,
                                                int64_t instances) {
   const TrainConfig& t = config.train;
-  const int64_t epoch =
-      data::InstanceOrder::with_rule(config.data.order, t.seed, instances, t.batch_size)
-          .epoch_length();
+  const int64_t epoch = epoch_length(config, instances);
   const LoaderState loader = olmo_core_loader_state(state, static_cast<uint64_t>(epoch), t.seq_len);
   const int64_t batches = loader.tokens / (t.batch_size * t.seq_len);
   return {batches, batches >= epoch / t.batch_size};
+}
+
+ReplayOrigin resumed_replay_origin(const TrainerState& state, bool changed,
+                                   const ResumePosition& position) {
+  if (!changed) return state.origin;
+  return {state.step, position.cursor, state.tokens_seen, position.epoch, position.tokens_read};
 }
 
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,

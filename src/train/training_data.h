@@ -17,6 +17,10 @@ namespace moecore {
 // data.max_target_seq_len).
 data::TokenDataset open_training_set(const RunConfig& config);
 
+// The instances an epoch of `instances` visits under `config`'s order and batch (data/
+// instance_order.h: all of them under moecore's order, OLMo-core's whole global batches).
+int64_t epoch_length(const RunConfig& config, int64_t instances);
+
 // A loader at `cursor` (instances read since the run began) for `dp_ranks` data-parallel ranks.
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor = 0, int64_t dp_ranks = 1);
@@ -78,6 +82,13 @@ struct OlmoCoreEpochPosition {
 };
 OlmoCoreEpochPosition olmo_core_epoch_position(const RunConfig& config, const TrainerState& state,
                                                int64_t instances);
+
+// Where the batch in force of a run resumed from checkpoint state `state` took over: the
+// checkpoint's replay origin, or, where the resume changes the replay (`changed`), the
+// checkpoint's step and tokens with the loader at `position` (a new origin starts there; in
+// tokens, schedule_origin's). A fresh run's (a default state): zero.
+ReplayOrigin resumed_replay_origin(const TrainerState& state, bool changed,
+                                   const ResumePosition& position);
 
 // The start-up note of a moved position: "note: data.order = "olmo-core" with ...".
 std::string describe_resume_position(const RunConfig& saved, const RunConfig& config,
