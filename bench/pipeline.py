@@ -14,8 +14,8 @@ for equal stage times and free communication.
 
 Threads: ranks x threads = the cores (`--cores`): on two cores pp = 2 runs one thread per rank and
 pp = 4 is oversubscribed 2:1, so its stages also wait for a core, not only for a neighbour; read
-pp = 4 as a functional figure. Peak memory: the trainer's "per stage [...] MiB" (getrusage
-ru_maxrss, the largest rank of each stage, training only).
+pp = 4 as a functional figure. Peak memory: the trainer's "per stage [...] MiB" (VmHWM,
+the largest rank of each stage, training only).
 
 Usage: bench/pipeline.py [--repeats 3] [--steps 8] [--warmup 2] [--quick] [--out bench/results]
 """

@@ -7,8 +7,8 @@ Each run is `mpirun -np N moecore train bench/configs/scaling.toml --set ...` (a
 one rank). Throughput is the steady state, read from the run's metrics.jsonl: train/tokens_per_s
 at step s is s * tokens_per_step / elapsed(s), so the time of steps w+1..S is
 elapsed(S) - elapsed(w); the first `--warmup` steps (allocation, first-touch, MPI connection set-up)
-are left out. Peak memory is the trainer's own figure from its final "done:" line: getrusage's
-ru_maxrss (the resident high-water mark of the process over the whole run) of the largest rank.
+are left out. Peak memory is the trainer's own figure from its final "done:" line: /proc/self/status's
+VmHWM (the resident high-water mark of the process over the whole run) of the largest rank.
 
 Threads: ranks x threads = the cores of the machine (`--cores`, default os.cpu_count()), i.e. on a
 two-core machine 2 threads at 1 rank and 1 thread per rank at 2 ranks; 4 ranks are oversubscribed
@@ -118,7 +118,7 @@ def write_markdown(path: Path, meta: dict, rows: list[dict]) -> None:
         f"{meta['steps']} steps per run, throughput over steps {meta['warmup'] + 1}..{meta['steps']}, "
         f"median of {meta['repeats']} runs with [min, max]. zero = 0 throughout. Threads: ranks x "
         "threads = cores (2 threads at 1 rank, 1 per rank at 2 and 4 ranks: 4 ranks are "
-        "oversubscribed 2:1). Peak memory: the trainer's `done:` line, getrusage ru_maxrss of the "
+        "oversubscribed 2:1). Peak memory: the trainer's `done:` line, VmHWM of the "
         "largest rank over the whole run (including the final checkpoint's whole-model gather).",
         "",
         "| ranks | ep | dp | ep_dp | dispatch | overlap | threads/rank | tokens/s median [min, max] "
@@ -193,7 +193,7 @@ def main() -> int:
             "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
             "config": str(CONFIG.relative_to(REPO)),
             "tokens_per_s": "steady state over steps warmup+1..steps, from metrics.jsonl",
-            "peak_rss_mib": "max over ranks of getrusage(RUSAGE_SELF).ru_maxrss, whole run",
+            "peak_rss_mib": "max over ranks of /proc/self/status VmHWM, whole run",
             "total_seconds": time.monotonic() - started}
     (out / "scaling.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=1) + "\n")
     md = out / "scaling.md"

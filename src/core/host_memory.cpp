@@ -1,5 +1,6 @@
 #include "core/host_memory.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,14 @@ namespace moecore {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A /proc file's text ("" where it cannot be read).
+std::string read_proc_file(const char* path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 // The limit in one cgroup's file, 0 where there is none: no file, "max", v1's near-2^63.
 double limit_in_file(const fs::path& file) {
@@ -132,16 +141,37 @@ double cgroup_memory_limit_bytes(std::string_view proc_self_cgroup,
 }
 
 double host_memory_limit_bytes() {
-  const auto read = [](const char* path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
   double limit = host_physical_memory_bytes();
-  keep_lowest(limit,
-              cgroup_memory_limit_bytes(read("/proc/self/cgroup"), read("/proc/self/mountinfo")));
+  keep_lowest(limit, cgroup_memory_limit_bytes(read_proc_file("/proc/self/cgroup"),
+                                               read_proc_file("/proc/self/mountinfo")));
   return limit;
+}
+
+int64_t peak_resident_kib(std::string_view proc_self_status) {
+  // A line "VmHWM:\t  123456 kB".
+  constexpr std::string_view kKey = "VmHWM:";
+  for (size_t begin = 0; begin < proc_self_status.size();) {
+    size_t end = proc_self_status.find('\n', begin);
+    if (end == std::string_view::npos) end = proc_self_status.size();
+    const std::string_view line = proc_self_status.substr(begin, end - begin);
+    if (line.substr(0, kKey.size()) == kKey) {
+      const std::string value(line.substr(kKey.size()));
+      char* rest = nullptr;
+      const long long kib = std::strtoll(value.c_str(), &rest, 10);
+      if (rest != value.c_str() && kib >= 0) return kib;
+      return -1;
+    }
+    begin = end + 1;
+  }
+  return -1;
+}
+
+int64_t peak_resident_kib() {
+  const int64_t kib = peak_resident_kib(read_proc_file("/proc/self/status"));
+  if (kib >= 0) return kib;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);  // KiB on Linux, bytes on macOS: Linux has VmHWM
+  return static_cast<int64_t>(usage.ru_maxrss);
 }
 
 }  // namespace moecore

@@ -2,6 +2,7 @@
 // allocated, instead of the kernel's OOM killer ending the process without a message.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 namespace moecore {
@@ -22,5 +23,15 @@ double cgroup_memory_limit_bytes(std::string_view proc_self_cgroup,
 // The machine's physical memory, or its cgroups' limit where that is lower (a container, a batch
 // job's allocation); 0 when neither is known.
 double host_memory_limit_bytes();
+
+// This process's peak resident memory in KiB: /proc/self/status's VmHWM, the high-water mark of
+// this program's own address space. Not getrusage's ru_maxrss: Linux carries the high-water mark
+// of the process that forked it across execve (a trainer started from a Python process holding
+// 2.6 GiB reported 2.6 GiB, whatever it used itself). `proc_self_status` holds that file's text;
+// -1 when it has no VmHWM line.
+int64_t peak_resident_kib(std::string_view proc_self_status);
+// This process's, from /proc/self/status; getrusage's ru_maxrss where that has no VmHWM (not
+// Linux).
+int64_t peak_resident_kib();
 
 }  // namespace moecore

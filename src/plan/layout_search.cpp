@@ -63,8 +63,8 @@ double peak_bytes(const RunConfig& c, const ResolvedLayout& layout, const Hardwa
     }
     auto it = seen.find(key);
     if (it == seen.end())
-      it = seen.emplace(key, rank_memory(c, layout, s, hardware.runtime_bytes, hardware.device,
-                                         stage_layout(c.model, layout, s, stage_layouts))
+      it = seen.emplace(key, run_rank_memory(c, layout, s, hardware.runtime_bytes, hardware.device,
+                                             stage_layout(c.model, layout, s, stage_layouts))
                                  .peak)
                .first;
     peak = std::max(peak, it->second);

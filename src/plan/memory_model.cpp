@@ -9,6 +9,7 @@
 #include "model/bf16_weight_copies.h"
 #include "model/mx_weight_caches.h"
 #include "model/params.h"
+#include "plan/step_shapes.h"
 #include "plan/units.h"
 
 namespace moecore::plan {
@@ -19,14 +20,19 @@ namespace {
 // one send still in flight, each one hidden state of a micro-batch.
 constexpr double kPipelineBuffers = 4.0;
 
-}  // namespace
-
-RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
-                       double runtime_bytes, bool device) {
-  const ParamLayout local = ParamLayout::build(
-      config.model, layout.ep, 0, dist::stage_chunks(layout.chunk_layers, layout.pp, stage));
-  return rank_memory(config, layout, stage, runtime_bytes, device, local);
+// The peak: the parts together, the workspace and Open MPI's scratch (what the reduction takes
+// from the heap beside the workspace) alive at once; on an accelerator without the host-side
+// buffers (the token ids), which are then `host`.
+void add_up_peak(RankMemory& m, bool device) {
+  const double host_side = m.batch_tokens;
+  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
+           m.lent_expert_inputs + m.operand_copies + m.activations + m.recompute_buffers +
+           m.workspace + m.mpi_scratch + m.dispatch_buffers + m.pipeline_buffers + m.runtime +
+           (device ? 0.0 : host_side);
+  m.host = device ? host_side : 0.0;
 }
+
+}  // namespace
 
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
                        double runtime_bytes, bool device, const ParamLayout& local) {
@@ -63,13 +69,11 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
   // allowance, as before. Groups of one rank call no MPI.
   const std::pair<int64_t, int64_t> groups[] = {{m.dense_params, layout.dp},
                                                 {m.expert_params, layout.ep_dp}};
-  double reduction_heap = 0.0;  // what the reduction takes from the heap beside the workspace
   if (pc.zero == 0) {
     m.optimizer_state = 2.0 * kF * local_floats;
     for (const auto& [numel, ranks] : groups)
       if (ranks > 1) m.mpi_scratch += kF * static_cast<double>(numel);
     m.reduction_peak = m.mpi_scratch;
-    reduction_heap = m.mpi_scratch;
   } else {
     for (const auto& [numel, ranks] : groups) {
       const int64_t shard = (numel + ranks - 1) / ranks;
@@ -84,7 +88,6 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
       // ZeRO-1's own buffers come from the workspace (max with the pass scratch, below);
       // Open MPI's copy comes on top while the reduce-scatter runs.
       m.reduction_peak = std::max({m.reduction_peak, padded + mpi, gather});
-      reduction_heap = std::max(reduction_heap, mpi);
     }
   }
 
@@ -129,11 +132,13 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.activations_per_microbatch.moe += a.moe;
     m.activations_per_microbatch.head += a.head;
     m.activations += static_cast<double>(live) * a.total();
+    m.chunk_activations.push_back(a.total());
     m.lent_expert_inputs += lent_expert_input_bytes(mc, tokens);
     shapes.push_back(shape);
     const double scratch = chunk_pass_scratch_bytes(mc, shape, tokens);
     if (v == 0) first_chunk_scratch = scratch;
     m.pass_scratch += scratch;
+    m.chunk_scratch.push_back(scratch);
     m.recompute_buffers += recompute_buffer_bytes(mc, shape, tokens, tc.recompute);
   }
 
@@ -163,17 +168,73 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
-  const double host_side = m.batch_tokens;
   // Every chunk (Transformer) keeps a workspace (core/workspace.h) for the whole run, of its
   // passes' largest scratch; ZeRO-1's reduction buffers borrow the first chunk's, which grows to
   // the larger of the two. Open MPI's copies come on top.
   m.workspace =
       m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
-  m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
-           m.lent_expert_inputs + m.operand_copies + m.activations + m.recompute_buffers +
-           m.workspace + reduction_heap + m.dispatch_buffers + m.pipeline_buffers + m.runtime +
-           (device ? 0.0 : host_side);
-  m.host = device ? host_side : 0.0;
+  add_up_peak(m, device);
+  return m;
+}
+
+RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                           double runtime_bytes, bool device) {
+  const ParamLayout local = ParamLayout::build(
+      config.model, layout.ep, 0, dist::stage_chunks(layout.chunk_layers, layout.pp, stage));
+  return run_rank_memory(config, layout, stage, runtime_bytes, device, local);
+}
+
+RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                           double runtime_bytes, bool device, const ParamLayout& local) {
+  const std::vector<StepShape> shapes = run_step_shapes(config.train, layout);
+  if (shapes.size() == 1) return rank_memory(config, layout, stage, runtime_bytes, device, local);
+  std::vector<RankMemory> each;
+  for (const StepShape& shape : shapes)
+    each.push_back(rank_memory(shaped_config(config, shape, layout), shaped_layout(layout, shape),
+                               stage, runtime_bytes, device, local));
+  // The first shape's figures (the run's own) are shown per micro-batch; the sizes are the
+  // largest each buffer is given.
+  RankMemory m = each.front();
+  const size_t chunks = m.chunk_activations.size();
+  std::vector<int64_t> slots(chunks, 0);  // each chunk's live slots, the most of any shape
+  for (const RankMemory& e : each)
+    for (size_t c = 0; c < chunks; ++c) slots[c] = std::max(slots[c], e.live_microbatches[c]);
+  m.activations = 0.0;
+  m.pass_scratch = 0.0;
+  double first_chunk_scratch = 0.0;
+  for (size_t c = 0; c < chunks; ++c) {
+    for (int64_t k = 0; k < slots[c]; ++k) {  // slot k: the largest micro-batch it held
+      double slot = 0.0;
+      for (const RankMemory& e : each)
+        if (e.live_microbatches[c] > k) slot = std::max(slot, e.chunk_activations[c]);
+      m.activations += slot;
+    }
+    double scratch = 0.0;
+    for (const RankMemory& e : each) scratch = std::max(scratch, e.chunk_scratch[c]);
+    m.pass_scratch += scratch;
+    if (c == 0) first_chunk_scratch = scratch;
+    m.live_microbatches[c] = slots[c];
+  }
+  m.peak_live_microbatches = 0;
+  double read_ids = 0.0, cut_ids = 0.0;  // a warm-up's cut batch beside the batch as read
+  for (size_t i = 0; i < each.size(); ++i) {
+    const RankMemory& e = each[i];
+    m.peak_live_microbatches = std::max(m.peak_live_microbatches, e.peak_live_microbatches);
+    m.lent_expert_inputs = std::max(m.lent_expert_inputs, e.lent_expert_inputs);
+    m.operand_copies = std::max(m.operand_copies, e.operand_copies);
+    m.recompute_buffers = std::max(m.recompute_buffers, e.recompute_buffers);
+    m.dispatch_buffers = std::max(m.dispatch_buffers, e.dispatch_buffers);
+    m.dispatch_capacity_rows = std::max(m.dispatch_capacity_rows, e.dispatch_capacity_rows);
+    m.pipeline_buffers = std::max(m.pipeline_buffers, e.pipeline_buffers);
+    double& ids = shapes[i].cut ? cut_ids : read_ids;
+    ids = std::max(ids, e.batch_tokens);
+    m.shape_updates.push_back(shapes[i].updates);
+    m.shape_peaks.push_back(e.peak);
+  }
+  m.batch_tokens = read_ids + cut_ids;
+  m.workspace =
+      m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
+  add_up_peak(m, device);
   return m;
 }
 

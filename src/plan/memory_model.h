@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/params.h"
@@ -36,6 +37,7 @@ struct RankMemory {
   // operand_copy_bytes).
   double operand_copies = 0.0;
   ActivationBytes activations_per_microbatch;  // every chunk of this rank, one micro-batch each
+  std::vector<double> chunk_activations;       // each chunk's one micro-batch, in bytes
   // The most micro-batches whose activations are alive at once, per chunk, replayed from this
   // stage's action list (dist::pipeline_schedule); the runner keeps one slot per live micro-batch.
   std::vector<int64_t> live_microbatches;
@@ -44,6 +46,7 @@ struct RankMemory {
   // train.recompute: the chunks' rebuilt-layer buffers, kept all run outside the workspace
   double recompute_buffers = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
+  std::vector<double> chunk_scratch;  // each chunk's
   // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so
   // the larger of them and that chunk's scratch, plus the other chunks' scratch.
   double workspace = 0.0;
@@ -58,14 +61,28 @@ struct RankMemory {
   // host-side buffers (the token ids), which are then `host`.
   double peak = 0.0;
   double host = 0.0;
+  // The run's update shapes (plan/step_shapes.h) and this rank's peak at each alone, when it
+  // takes more than one; the figures above are then theirs together (run_rank_memory).
+  std::vector<std::string> shape_updates;
+  std::vector<double> shape_peaks;
 };
 
-RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
-                       double runtime_bytes, bool device = false);
-// The same with the stage's parameter layout given: ParamLayout::build(config.model, layout.ep,
-// 0, dist::stage_chunks(layout.chunk_layers, layout.pp, stage)), which a search over layouts
-// that share it builds once (it names every tensor: most of a large model's planning time).
+// One update shape's (config's train.seq_len, microbatches and the layout's rows). `local` is the
+// stage's parameter layout: ParamLayout::build(config.model, layout.ep, 0,
+// dist::stage_chunks(layout.chunk_layers, layout.pp, stage)), which a search over layouts that
+// share it builds once (it names every tensor: most of a large model's planning time).
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
                        double runtime_bytes, bool device, const ParamLayout& local);
+
+// A rank's memory over the run's update shapes (plan/step_shapes.h: a batch-size schedule's
+// sizes, a sequence-length warm-up's lengths): the trainer's buffers keep the largest size they
+// were given, so each part is its largest over the shapes, the activations slot by slot (a
+// chunk's k-th live micro-batch slot is as large as the largest micro-batch it held), and the ids
+// of a warm-up's cut batch come beside those of the batch as read. One shape: rank_memory's.
+RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                           double runtime_bytes, bool device, const ParamLayout& local);
+// The same, the stage's parameter layout built here.
+RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
+                           double runtime_bytes, bool device = false);
 
 }  // namespace moecore::plan

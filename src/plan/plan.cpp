@@ -42,6 +42,13 @@ std::vector<std::string> plan_notes(const Plan& p) {
       human_bytes(whole), human_bytes(2.0 * whole)));
   // The planned bf16 rate is a native bf16 GEMM's; a CPU without bf16 instructions runs fp32
   // GEMMs on operands it rounds in each call, neither priced nor counted here.
+  // A batch-size schedule or a sequence-length warm-up: updates of other shapes.
+  if (!p.stages.empty() && !p.stages.front().shape_updates.empty())
+    notes.push_back(fmt::format(
+        "the step time is an update of the run's own shape ({} sequences x {} tokens in {} "
+        "micro-batches{}); the warm-up's and other batch sizes' updates take other times",
+        p.config.train.batch_size, p.config.train.seq_len, p.config.train.microbatches,
+        p.config.train.seq_len_warmup_steps > 0 ? ", after the warm-up" : ""));
   if (!p.hardware.device && p.config.train.precision != TrainPrecision::kFp32 &&
       kernels::bf16_gemm_path() != kernels::Bf16GemmPath::kNative)
     notes.push_back(
@@ -67,7 +74,8 @@ Plan make_plan(const RunConfig& config, int64_t world, const Hardware& hardware)
   p.flops = flops_per_token(config.model, config.train.seq_len);
   p.hardware = hardware;
   for (int64_t s = 0; s < p.layout.pp; ++s) {
-    p.stages.push_back(rank_memory(config, p.layout, s, hardware.runtime_bytes, hardware.device));
+    p.stages.push_back(
+        run_rank_memory(config, p.layout, s, hardware.runtime_bytes, hardware.device));
     p.comms.push_back(rank_collectives(config, p.layout, s));
   }
   p.has_step_time = hardware.rates.known();
@@ -117,6 +125,14 @@ std::string step_time_text(const StepTime& t) {
   return out + "\n";
 }
 
+// The run's update shapes and the rank's peak at each alone (none listed for a run of one).
+nlohmann::json update_shapes_json(const RankMemory& m) {
+  nlohmann::json shapes = nlohmann::json::array();
+  for (size_t i = 0; i < m.shape_updates.size(); ++i)
+    shapes.push_back({{"updates", m.shape_updates[i]}, {"peak_alone", m.shape_peaks[i]}});
+  return shapes;
+}
+
 }  // namespace
 
 nlohmann::json plan_json(const Plan& p) {
@@ -162,6 +178,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"moe", a.moe},
                         {"head", a.head},
                         {"total", a.total()}}},
+                      {"update_shapes", update_shapes_json(m)},
                       {"live_microbatches_per_chunk", m.live_microbatches},
                       {"peak_live_microbatches", m.peak_live_microbatches},
                       {"dispatch_capacity_rows", m.dispatch_capacity_rows},
@@ -252,6 +269,13 @@ std::string plan_text(const Plan& p) {
     out += fmt::format("): peak {} per rank", human_bytes(m.peak));
     if (m.host > 0.0) out += fmt::format(" (+ {} of host memory)", human_bytes(m.host));
     out += "\n";
+    if (!m.shape_updates.empty()) {
+      out += "  update shapes, the peak of each alone:";
+      for (size_t i = 0; i < m.shape_updates.size(); ++i)
+        out += fmt::format("{} {} {}", i == 0 ? "" : ";", m.shape_updates[i],
+                           human_bytes(m.shape_peaks[i]));
+      out += "; the peak is theirs together (each buffer keeps the largest size it is given)\n";
+    }
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
         "bf16 copies {}{}{}{}\n",
@@ -275,7 +299,11 @@ std::string plan_text(const Plan& p) {
         human_bytes(a.head));
     for (size_t c = 0; c < m.live_microbatches.size(); ++c)
       out += fmt::format("{}{}", c == 0 ? "" : ", ", m.live_microbatches[c]);
-    out += fmt::format("] = {}{}\n", human_bytes(m.activations),
+    out += fmt::format("] = {}{}{}\n", human_bytes(m.activations),
+                       m.shape_updates.empty()
+                           ? ""
+                           : " (per micro-batch: the first shape's; each slot as large as the "
+                             "largest micro-batch it holds over the shapes)",
                        m.recompute_buffers > 0.0
                            ? fmt::format(", recompute buffers {}", human_bytes(m.recompute_buffers))
                            : "");

@@ -73,6 +73,24 @@ WarmupShape warmup_shape(const TrainConfig& t, int64_t microbatches, int64_t loc
   return shape;
 }
 
+std::vector<WarmupSpan> warmup_spans(const TrainConfig& t) {
+  std::vector<WarmupSpan> spans;
+  for (int64_t step = 1; step <= t.seq_len_warmup_steps;) {
+    const int64_t seq = warmup_seq_len(t, step);
+    int64_t last = step;  // the last update of this length
+    for (int64_t high = t.seq_len_warmup_steps; last < high;) {
+      const int64_t mid = last + (high - last + 1) / 2;
+      if (warmup_seq_len(t, mid) == seq)
+        last = mid;
+      else
+        high = mid - 1;
+    }
+    spans.push_back({step, last, seq});
+    step = last + 1;
+  }
+  return spans;
+}
+
 std::vector<int64_t> check_warmup_shapes(const TrainConfig& t, int64_t dp) {
   std::vector<int64_t> counts;
   if (t.seq_len_warmup_steps == 0) return counts;
@@ -83,22 +101,11 @@ std::vector<int64_t> check_warmup_shapes(const TrainConfig& t, int64_t dp) {
   const int64_t rows = t.batch_size / t.microbatches;  // a micro-batch's, all ranks
   std::vector<int64_t> sizes = t.batch_sizes;
   if (sizes.empty()) sizes.push_back(t.batch_size);
-  for (int64_t step = 1; step <= t.seq_len_warmup_steps;) {
-    const int64_t seq = warmup_seq_len(t, step);
+  for (const WarmupSpan& span : warmup_spans(t))
     for (const int64_t size : sizes) {
-      const int64_t micro = warmup_shape(t, size / rows, rows / dp, step).micro;
+      const int64_t micro = warmup_shape(t, size / rows, rows / dp, span.first).micro;
       if (std::find(counts.begin(), counts.end(), micro) == counts.end()) counts.push_back(micro);
     }
-    int64_t last = step;  // the last update of this length
-    for (int64_t high = t.seq_len_warmup_steps; last < high;) {
-      const int64_t mid = last + (high - last + 1) / 2;
-      if (warmup_seq_len(t, mid) == seq)
-        last = mid;
-      else
-        high = mid - 1;
-    }
-    step = last + 1;
-  }
   return counts;
 }
 

@@ -42,11 +42,20 @@ struct WarmupShape {
 WarmupShape warmup_shape(const TrainConfig& t, int64_t microbatches, int64_t local_rows,
                          int64_t step);
 
+// The warm-up's updates by length: [first, last] (1-based) train rows of `seq` tokens; in
+// order, the lengths rising. Empty without a warm-up. Each length is found once (a binary search
+// finds where it ends), however long the warm-up.
+struct WarmupSpan {
+  int64_t first = 0;
+  int64_t last = 0;
+  int64_t seq = 0;
+};
+std::vector<WarmupSpan> warmup_spans(const TrainConfig& t);
+
 // Every warm-up update's split for `dp` data-parallel ranks, at each batch size of the run
 // (train.batch_sizes' or train.batch_size): a one-line error naming the first that is uneven, or
 // whose truncation keeps no token. Returns the micro-batch counts the warm-up's updates take
-// (the pipeline's schedule must hold each). Each length is checked once (the lengths rise with
-// the step: a binary search finds where each ends).
+// (the pipeline's schedule must hold each). Each length is checked once (warmup_spans).
 std::vector<int64_t> check_warmup_shapes(const TrainConfig& t, int64_t dp);
 
 // Update `step`'s cut of a rank's instances: `tokens` and `targets` hold its instances' rows of

@@ -402,7 +402,7 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
         tc.seq_len_warmup_truncate ? "truncated" : "melted",
         factor > 1 ? fmt::format("; its micro-batches hold up to {} x the tokens of the run's, as "
                                  "OLMo-core's callback makes them, and their activations' memory "
-                                 "with them (`moecore plan` counts the run's)",
+                                 "with them (`moecore plan` counts them)",
                                  factor)
                    : ""));
   }

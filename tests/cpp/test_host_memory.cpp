@@ -2,6 +2,7 @@
 // the machine's, or the lowest limit of the cgroups the process is in, read where
 // /proc/self/mountinfo says each hierarchy is. The hierarchies here are directories a test lays
 // out as the kernel shows them (the files' names and formats are the kernel's).
+// And the process's peak resident memory, from /proc/self/status.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -139,6 +140,24 @@ TEST(HostMemory, TheLimitIsPositiveAndNoMoreThanTheMachinesMemory) {
   const double limit = host_memory_limit_bytes();
   EXPECT_GT(limit, 0.0);
   EXPECT_LE(limit, physical);
+}
+
+// /proc/self/status as the kernel writes it (a tab, the value right-aligned, "kB").
+TEST(HostMemory, PeakResidentIsVmHwm) {
+  const std::string status =
+      "Name:\tmoecore\nVmPeak:\t 2903144 kB\nVmSize:\t 2903140 kB\nVmHWM:\t  433416 kB\n"
+      "VmRSS:\t  433412 kB\n";
+  EXPECT_EQ(peak_resident_kib(status), 433416);
+  EXPECT_EQ(peak_resident_kib("VmHWM:\t       0 kB"), 0);  // the last line, no newline
+  EXPECT_EQ(peak_resident_kib("Name:\tmoecore\nVmRSS:\t 12 kB\n"), -1);
+  EXPECT_EQ(peak_resident_kib("VmHWM:\tnone\n"), -1);
+  EXPECT_EQ(peak_resident_kib(""), -1);
+}
+
+TEST(HostMemory, ThisProcessHasAPeakResident) {
+  const int64_t kib = peak_resident_kib();
+  EXPECT_GT(kib, 0);
+  EXPECT_LE(static_cast<double>(kib) * 1024.0, host_physical_memory_bytes());
 }
 
 }  // namespace

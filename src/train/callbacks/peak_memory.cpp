@@ -1,18 +1,16 @@
 #include "train/callbacks/peak_memory.h"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <vector>
 
+#include "core/host_memory.h"
 #include "train/train_context.h"
 
 namespace moecore {
 
 void PeakMemoryCallback::on_end(TrainContext& ctx) {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);  // KiB on Linux
-  double peak_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  double peak_mib = static_cast<double>(peak_resident_kib()) / 1024.0;
   ctx.mesh.dp.allreduce_max(&peak_mib, 1);
   const int64_t pp = ctx.config.parallel.pp;
   std::vector<int64_t> stage_peak_kib(static_cast<size_t>(pp));

@@ -1,12 +1,12 @@
 #include "train/callbacks/rank_stats.h"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/host_memory.h"
 #include "dist/traffic_counters.h"
 #include "io/file_util.h"
 #include "train/train_context.h"
@@ -27,8 +27,6 @@ void RankStatsCallback::on_start(TrainContext& ctx) {
 }
 
 void RankStatsCallback::on_end(TrainContext& ctx) {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
   nlohmann::json traffic = nlohmann::json::object();
   for (const auto& [key, count] : dist::traffic_counters())
     traffic[key] = {{"bytes", count.bytes}, {"calls", count.calls}};
@@ -36,7 +34,7 @@ void RankStatsCallback::on_end(TrainContext& ctx) {
   const nlohmann::json stats = {{"rank", rank},
                                 {"stage", ctx.mesh.stage()},
                                 {"steps", ctx.step - first_step_},
-                                {"peak_rss_kib", static_cast<int64_t>(usage.ru_maxrss)},
+                                {"peak_rss_kib", peak_resident_kib()},
                                 {"traffic", traffic}};
   // Atomic as every file of a run: a full disk leaves the previous run's file whole, and the
   // error names its cause.
