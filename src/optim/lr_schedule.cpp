@@ -74,48 +74,47 @@ double composable_stages_rate(const OptimConfig& c, int64_t t, double initial_lr
   return previous_end;
 }
 
-// ComposableScheduler.get_lr: the stages, or from override_decay's start its decay.
-double composable_rate(const OptimConfig& c, int64_t t, double initial_lr) {
-  if (!c.override_decay || t < c.override_decay->start)
-    return composable_stages_rate(c, t, initial_lr);
+// OverrideDecay (ComposableScheduler's and SequentialScheduler's get_lr): before its start the
+// main schedule's rate, `main(position)`; from there a decay from the main schedule's rate at its
+// start to its end rate, held after it.
+template <typename MainRate>
+double with_override_decay(const OptimConfig& c, int64_t t, double initial_lr, MainRate main) {
+  if (!c.override_decay || t < c.override_decay->start) return main(t);
   const LrOverrideDecay& o = *c.override_decay;
   const double end = o.end_lr ? *o.end_lr : initial_lr * o.end_lr_fraction.value_or(0.0);
   if (t - o.start >= o.duration) return end;
-  return interpolate_rate(o.shape, composable_stages_rate(c, o.start, initial_lr), end, t - o.start,
-                          o.duration);
+  return interpolate_rate(o.shape, main(o.start), end, t - o.start, o.duration);
 }
 
-}  // namespace
+double schedule_rate(const OptimConfig& c, int64_t t, int64_t run_horizon, double lr);
 
-double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
-                     int64_t tokens_per_step, TokenOrigin origin, int64_t max_tokens,
-                     double initial_lr) {
-  // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
-  // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
-  // ExponentialScheduler, ComposableScheduler; alpha_f = min_lr_ratio, WSD's decay_min_lr = lr *
-  // min_lr_ratio, the others' lr * decay_min_lr_ratio) at t = step + 1: OLMo-core's trainer counts
-  // the first update as step 1 and asks its scheduler for that step's rate. So the warm-up's last
-  // update has the peak rate and the run's last update the final one. Each formula in OLMo-core's
-  // order of operations. Counted in tokens, the update's position and the run's length are its
-  // tokens seen (OLMo-core adds the batch's tokens before asking) and those plus the remaining
-  // updates' (max_steps x the tokens of an update where the batch never changed), or
-  // train.max_tokens where that gives the run's length.
-  const double lr = initial_lr > 0.0 ? initial_lr : c.lr;  // OLMo-core's initial_lr
-  MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
-            "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
-  const int64_t unit = schedule_unit(c, tokens_per_step);
-  // The tokens seen at the origin beyond origin.step updates of this batch (another batch size or
-  // seq_len before it); in steps the rate depends on the step alone.
-  const int64_t shift = c.units == LrUnits::kTokens ? origin.tokens - origin.step * unit : 0;
-  const int64_t t = shift + (step + 1) * unit;
-  // The run's length, in the units: train.max_tokens where it gives a schedule in tokens its
-  // length (the last update may pass it), else where the last update ends.
-  const int64_t run_horizon =
-      c.units == LrUnits::kTokens && max_tokens > 0 ? max_tokens : shift + total_steps * unit;
+// SequentialScheduler's _sequential_lr: the first schedule whose sequence_max t has not passed,
+// over min(t_max, its sequence_max), from the rate the one before gave at its own end (t and
+// t_max counted from its start); the last to the end.
+double sequential_rate(const OptimConfig& c, int64_t t, int64_t t_max, double initial_lr) {
+  for (size_t i = 0; i + 1 < c.sequence.size(); ++i) {
+    const OptimConfig& part = c.sequence[i];
+    const int64_t length = part.sequence_max;
+    if (t <= length) return schedule_rate(part, t, std::min(t_max, length), initial_lr);
+    initial_lr = sequence_next_initial_lr(part, initial_lr);
+    t -= length;
+    t_max -= length;
+  }
+  return schedule_rate(c.sequence.back(), t, t_max, initial_lr);
+}
+
+// OLMo-core's get_lr(initial_lr, current = t, t_max = run_horizon) of the schedule `c` names: lr
+// is its initial_lr; c.lr is optim.lr, the base of the rates OLMo-core holds absolute.
+double schedule_rate(const OptimConfig& c, int64_t t, int64_t run_horizon, double lr) {
   // WSDS and ComposableScheduler run over their own lengths; ExponentialScheduler rises from lr_min
   // to lr at the run's end (t >= 1: its lr_min at t = 0 is never asked for).
   if (c.schedule == LrSchedule::kWsds) return wsds_rate(c, t, lr);
-  if (c.schedule == LrSchedule::kComposable) return composable_rate(c, t, lr);
+  if (c.schedule == LrSchedule::kComposable)
+    return with_override_decay(c, t, lr,
+                               [&](int64_t at) { return composable_stages_rate(c, at, lr); });
+  if (c.schedule == LrSchedule::kSequential)
+    return with_override_decay(c, t, lr,
+                               [&](int64_t at) { return sequential_rate(c, at, run_horizon, lr); });
   if (c.schedule == LrSchedule::kExponential) {
     if (t >= run_horizon) return lr;
     return c.exponential_lr_min *
@@ -169,6 +168,40 @@ double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
   if (c.schedule == LrSchedule::kHalfCosine)  // the second half of a cosine twice as long
     return cosine_fall(lr, lr_min, current + span, span * 2.0);
   return lr - (lr - lr_min) * (current / span);  // linear
+}
+
+}  // namespace
+
+double sequence_next_initial_lr(const OptimConfig& entry, double initial_lr) {
+  return schedule_rate(entry, entry.sequence_max, entry.sequence_max, initial_lr);
+}
+
+double learning_rate(const OptimConfig& c, int64_t step, int64_t total_steps,
+                     int64_t tokens_per_step, TokenOrigin origin, int64_t max_tokens,
+                     double initial_lr) {
+  // OLMo-core's schedulers (CosWithWarmup, LinearWithWarmup, ConstantWithWarmup, WSD,
+  // InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay, PowerLR, WSDS,
+  // ExponentialScheduler, ComposableScheduler, SequentialScheduler; alpha_f = min_lr_ratio, WSD's
+  // decay_min_lr = lr * min_lr_ratio, the others' lr * decay_min_lr_ratio) at t = step + 1:
+  // OLMo-core's trainer counts the first update as step 1 and asks its scheduler for that step's
+  // rate. So the warm-up's last update has the peak rate and the run's last update the final one.
+  // Each formula in OLMo-core's order of operations. Counted in tokens, the update's position and
+  // the run's length are its tokens seen (OLMo-core adds the batch's tokens before asking) and
+  // those plus the remaining updates' (max_steps x the tokens of an update where the batch never
+  // changed), or train.max_tokens where that gives the run's length.
+  const double lr = initial_lr > 0.0 ? initial_lr : c.lr;  // OLMo-core's initial_lr
+  MOE_CHECK(c.units == LrUnits::kSteps || tokens_per_step > 0,
+            "[optim] a schedule in tokens needs the tokens of an update, got {}", tokens_per_step);
+  const int64_t unit = schedule_unit(c, tokens_per_step);
+  // The tokens seen at the origin beyond origin.step updates of this batch (another batch size or
+  // seq_len before it); in steps the rate depends on the step alone.
+  const int64_t shift = c.units == LrUnits::kTokens ? origin.tokens - origin.step * unit : 0;
+  const int64_t t = shift + (step + 1) * unit;
+  // The run's length, in the units: train.max_tokens where it gives a schedule in tokens its
+  // length (the last update may pass it), else where the last update ends.
+  const int64_t run_horizon =
+      c.units == LrUnits::kTokens && max_tokens > 0 ? max_tokens : shift + total_steps * unit;
+  return schedule_rate(c, t, run_horizon, lr);
 }
 
 }  // namespace moecore

@@ -13,7 +13,9 @@
 //   wsds: periods of their own lengths, each a wsd from its peak to lr * min_lr_ratio (the
 //     warm-up only in the first), that floor after them;
 //   exponential: no warm-up, exponential_lr_min (lr / exponential_lr_min)^(t / horizon);
-//   composable: its stages' lines and half cosines one after the other, then an override decay.
+//   composable: its stages' lines and half cosines one after the other, then an override decay;
+//   sequential: optim.sequence's schedules one after the other (each from the rate the one
+//     before ended at), then an override decay.
 #pragma once
 
 #include <algorithm>
@@ -50,6 +52,11 @@ struct TokenOrigin {
 double learning_rate(const OptimConfig& config, int64_t step, int64_t total_steps,
                      int64_t tokens_per_step = 0, TokenOrigin origin = {}, int64_t max_tokens = 0,
                      double initial_lr = 0.0);
+
+// OLMo-core's SequentialScheduler: the initial_lr of the schedule after `entry` (an entry of
+// optim.sequence that began at `initial_lr`), the entry's rate at its own end:
+// get_lr(initial_lr, current = max, t_max = max).
+double sequence_next_initial_lr(const OptimConfig& entry, double initial_lr);
 
 // OLMo-core's _linear_warmup: from warmup_min_lr to `peak` over `warmup` units, at t (with
 // warmup_min_lr 0, peak t / warmup exactly: adding and subtracting 0 changes no bits).

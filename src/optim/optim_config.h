@@ -10,7 +10,7 @@ namespace moecore {
 
 // OLMo-core's schedulers (optim/lr_schedule.h): CosWithWarmup, LinearWithWarmup,
 // ConstantWithWarmup, WSD, InvSqrtWithWarmup, HalfCosWithWarmup, CosWithWarmupAndLinearDecay,
-// PowerLR, WSDS, ExponentialScheduler, ComposableScheduler.
+// PowerLR, WSDS, ExponentialScheduler, ComposableScheduler, SequentialScheduler.
 enum class LrSchedule {
   kCosine,
   kLinear,
@@ -22,7 +22,8 @@ enum class LrSchedule {
   kPower,
   kWsds,
   kExponential,
-  kComposable
+  kComposable,
+  kSequential
 };
 
 // How a stage of "composable" goes from its start rate to its end rate (OLMo-core's
@@ -113,6 +114,13 @@ struct OptimConfig {
   // rate after them; override_decay, when set, takes over from its start.
   std::vector<LrStage> stages;
   std::optional<LrOverrideDecay> override_decay;
+  // "sequential" (OLMo-core's SequentialScheduler): these schedules one after the other, each
+  // running sequence_max units (the last to the run's end) over a horizon of min(the run's
+  // remaining length, its sequence_max), from the rate the one before ended at (its initial_lr);
+  // override_decay, when set, takes over from its start. Each entry holds a schedule's own keys
+  // (lr and units are this config's; no entry is itself "sequential").
+  std::vector<OptimConfig> sequence;
+  int64_t sequence_max = 0;  // an entry's OLMo-core schedulers_max (none for the last)
 
   void validate() const;
 };
@@ -165,10 +173,12 @@ inline const std::vector<int64_t>& period_lengths(const OptimConfig& c) {
   return c.units == LrUnits::kTokens ? c.period_tokens : c.period_steps;
 }
 
-// Whether the schedule has a warm-up of its own (ExponentialScheduler and ComposableScheduler
-// have none: a composable's first stage may be one).
+// Whether the schedule has a warm-up of its own (ExponentialScheduler, ComposableScheduler and
+// SequentialScheduler have none: a composable's first stage may be one, as may a sequence's
+// first schedule).
 inline bool has_warmup(LrSchedule s) {
-  return s != LrSchedule::kExponential && s != LrSchedule::kComposable;
+  return s != LrSchedule::kExponential && s != LrSchedule::kComposable &&
+         s != LrSchedule::kSequential;
 }
 
 // Whether the schedule ends in a linear decay tail of decay_length.

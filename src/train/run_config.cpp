@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -104,7 +105,7 @@ class TableReader {
 
   template <typename Enum>
   void read_enum(const char* key, Enum& field,
-                 std::initializer_list<std::pair<const char*, Enum>> choices) {
+                 const std::vector<std::pair<const char*, Enum>>& choices) {
     std::string text;
     read(key, text);
     if (table_.get(key) == nullptr) return;
@@ -126,6 +127,8 @@ class TableReader {
     seen_.emplace_back(key);
     return table_.get(key);
   }
+
+  bool has(const char* key) const { return table_.get(key) != nullptr; }
 
   const std::string& source() const { return source_; }
 
@@ -231,34 +234,35 @@ void read_lr_stages(TableReader& r, OptimConfig& o) {
   }
 }
 
-void read_optim(TableReader& r, OptimConfig& o) {
-  r.read("lr", o.lr);
-  r.read("beta1", o.beta1);
-  r.read("beta2", o.beta2);
-  r.read("eps", o.eps);
-  r.read("weight_decay", o.weight_decay);
-  r.read_enum("no_decay", o.no_decay,
-              {{"norms_and_embeddings", NoDecay::kNormsAndEmbeddings},
-               {"embeddings", NoDecay::kEmbeddings},
-               {"none", NoDecay::kNone}});
-  r.read("max_grad_norm", o.max_grad_norm);
-  r.read_enum("units", o.units, {{"steps", LrUnits::kSteps}, {"tokens", LrUnits::kTokens}});
+// The keys of one learning-rate schedule: [optim]'s, or an [[optim.sequence]] entry's (which
+// may not itself be "sequential").
+constexpr std::array<const char*, 17> kScheduleKeys = {
+    "warmup_steps",       "warmup_tokens",  "warmup_fraction",
+    "warmup_min_lr",      "min_lr_ratio",   "decay_steps",
+    "decay_tokens",       "decay_fraction", "decay_min_lr_ratio",
+    "power_exponent",     "t_max_steps",    "t_max_tokens",
+    "period_steps",       "period_tokens",  "period_lr_multipliers",
+    "exponential_lr_min", "stages"};
+
+void read_schedule(TableReader& r, OptimConfig& o, bool in_sequence) {
   r.read("warmup_steps", o.warmup_steps);
   r.read("warmup_tokens", o.warmup_tokens);
   r.read("warmup_fraction", o.warmup_fraction);
   r.read("warmup_min_lr", o.warmup_min_lr);
-  r.read_enum("schedule", o.schedule,
-              {{"cosine", LrSchedule::kCosine},
-               {"linear", LrSchedule::kLinear},
-               {"constant", LrSchedule::kConstant},
-               {"wsd", LrSchedule::kWsd},
-               {"inv_sqrt", LrSchedule::kInvSqrt},
-               {"half_cos", LrSchedule::kHalfCosine},
-               {"cosine_linear_decay", LrSchedule::kCosineLinearDecay},
-               {"power", LrSchedule::kPower},
-               {"wsds", LrSchedule::kWsds},
-               {"exponential", LrSchedule::kExponential},
-               {"composable", LrSchedule::kComposable}});
+  std::vector<std::pair<const char*, LrSchedule>> names = {
+      {"cosine", LrSchedule::kCosine},
+      {"linear", LrSchedule::kLinear},
+      {"constant", LrSchedule::kConstant},
+      {"wsd", LrSchedule::kWsd},
+      {"inv_sqrt", LrSchedule::kInvSqrt},
+      {"half_cos", LrSchedule::kHalfCosine},
+      {"cosine_linear_decay", LrSchedule::kCosineLinearDecay},
+      {"power", LrSchedule::kPower},
+      {"wsds", LrSchedule::kWsds},
+      {"exponential", LrSchedule::kExponential},
+      {"composable", LrSchedule::kComposable}};
+  if (!in_sequence) names.emplace_back("sequential", LrSchedule::kSequential);
+  r.read_enum("schedule", o.schedule, names);
   r.read("min_lr_ratio", o.min_lr_ratio);
   r.read("decay_steps", o.decay_steps);
   r.read("decay_tokens", o.decay_tokens);
@@ -272,6 +276,54 @@ void read_optim(TableReader& r, OptimConfig& o) {
   r.read("period_lr_multipliers", o.period_lr_multipliers);
   r.read("exponential_lr_min", o.exponential_lr_min);
   read_lr_stages(r, o);
+}
+
+// [[optim.sequence]]: each entry one schedule of "sequential", named by its `schedule` (no
+// default: OLMo-core's list names each scheduler), running `max` units (OLMo-core's
+// schedulers_max; none for the last); optim.lr and optim.units are the sequence's.
+void read_lr_sequence(TableReader& r, OptimConfig& o) {
+  const toml::node* node = r.node("sequence");
+  if (node == nullptr) return;
+  const toml::array* array = node->as_array();
+  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
+            "[config] {}: optim.sequence must be an array of tables ([[optim.sequence]])",
+            r.source());
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string where = fmt::format("optim.sequence[{}]", i);
+    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
+    MOE_CHECK(entry_reader.has("schedule"),
+              "[config] {}: {} names no schedule (schedule = \"cosine\", \"wsd\", ...)", r.source(),
+              where);
+    OptimConfig entry;
+    entry.lr = o.lr;
+    entry.units = o.units;
+    entry_reader.read("max", entry.sequence_max);
+    read_schedule(entry_reader, entry, /*in_sequence=*/true);
+    entry_reader.reject_unknown();
+    o.sequence.push_back(std::move(entry));
+  }
+}
+
+void read_optim(TableReader& r, OptimConfig& o) {
+  r.read("lr", o.lr);
+  r.read("beta1", o.beta1);
+  r.read("beta2", o.beta2);
+  r.read("eps", o.eps);
+  r.read("weight_decay", o.weight_decay);
+  r.read_enum("no_decay", o.no_decay,
+              {{"norms_and_embeddings", NoDecay::kNormsAndEmbeddings},
+               {"embeddings", NoDecay::kEmbeddings},
+               {"none", NoDecay::kNone}});
+  r.read("max_grad_norm", o.max_grad_norm);
+  r.read_enum("units", o.units, {{"steps", LrUnits::kSteps}, {"tokens", LrUnits::kTokens}});
+  read_schedule(r, o, /*in_sequence=*/false);
+  // A sequence's schedules hold their own keys: one given to [optim] would be ignored.
+  for (const char* key : kScheduleKeys)
+    MOE_CHECK(o.schedule != LrSchedule::kSequential || !r.has(key),
+              "[config] {}: optim.{} belongs to one schedule of optim.schedule = \"sequential\": "
+              "give it in that schedule's [[optim.sequence]] entry",
+              r.source(), key);
+  read_lr_sequence(r, o);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -501,17 +553,18 @@ void validate_wsds(const OptimConfig& o) {
   }
 }
 
-// OLMo-core's ComposableSchedulerStage and OverrideDecay checks: positive durations, rates >= 0,
-// at most one start and exactly one end per stage; positions that fit a 64-bit count.
+// A rate of a composable stage or an override decay: >= 0 where given.
+void check_rate(const std::string& where, const char* key, const std::optional<double>& value) {
+  MOE_CHECK(!value || *value >= 0.0, "[config] {}.{}={} must be >= 0", where, key,
+            value.value_or(0.0));
+}
+
+// OLMo-core's ComposableSchedulerStage checks: positive durations, rates >= 0, at most one start
+// and exactly one end per stage; positions that fit a 64-bit count.
 void validate_composable(const OptimConfig& o) {
   MOE_CHECK(!o.stages.empty(),
             "[config] optim.schedule = \"composable\" needs its stages: [[optim.stages]] tables "
             "with duration and end_lr or end_lr_fraction");
-  auto check_rate = [](const std::string& where, const char* key,
-                       const std::optional<double>& value) {
-    MOE_CHECK(!value || *value >= 0.0, "[config] {}.{}={} must be >= 0", where, key,
-              value.value_or(0.0));
-  };
   int64_t total = 0;
   for (size_t i = 0; i < o.stages.size(); ++i) {
     const LrStage& stage = o.stages[i];
@@ -529,6 +582,10 @@ void validate_composable(const OptimConfig& o) {
     check_rate(where, "end_lr", stage.end_lr);
     check_rate(where, "end_lr_fraction", stage.end_lr_fraction);
   }
+}
+
+// OLMo-core's OverrideDecay checks (composable's and sequential's).
+void validate_override_decay(const OptimConfig& o) {
   if (!o.override_decay) return;
   const LrOverrideDecay& d = *o.override_decay;
   const std::string where = "optim.override_decay";
@@ -540,6 +597,69 @@ void validate_composable(const OptimConfig& o) {
             "[config] {}: give exactly one of end_lr and end_lr_fraction", where);
   check_rate(where, "end_lr", d.end_lr);
   check_rate(where, "end_lr_fraction", d.end_lr_fraction);
+}
+
+// A check of an [[optim.sequence]] entry (OptimConfig's, on the entry) names the entry's keys:
+// its error's "optim.KEY" becomes "optim.sequence[i].KEY" (lr and units stay the sequence's).
+template <typename Check>
+void check_sequence_entry(size_t i, Check check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    const std::string entry = fmt::format("optim.sequence[{}].", i);
+    std::string out;
+    for (size_t at = 0;;) {
+      const size_t found = message.find("optim.", at);
+      if (found == std::string::npos) {
+        out += message.substr(at);
+        break;
+      }
+      const size_t key = found + 6;
+      size_t key_end = key;
+      while (
+          key_end < message.size() &&
+          (std::isalnum(static_cast<unsigned char>(message[key_end])) || message[key_end] == '_'))
+        ++key_end;
+      const std::string name = message.substr(key, key_end - key);
+      out += message.substr(at, found - at);
+      out += name == "lr" || name == "units" || name == "sequence" ? "optim." : entry;
+      at = key;
+    }
+    throw Error(out);
+  }
+}
+
+// OLMo-core's SequentialScheduler's checks (a max for each scheduler but the last, which runs to
+// the end), and each entry's own; positions that fit a 64-bit count.
+void validate_sequence(const OptimConfig& o) {
+  MOE_CHECK(!o.sequence.empty(),
+            "[config] optim.schedule = \"sequential\" needs its schedules: [[optim.sequence]] "
+            "tables, each with schedule and, but for the last, max");
+  const char* units = o.units == LrUnits::kTokens ? "tokens" : "updates";
+  int64_t total = 0;
+  for (size_t i = 0; i < o.sequence.size(); ++i) {
+    const OptimConfig& entry = o.sequence[i];
+    MOE_CHECK(entry.schedule != LrSchedule::kSequential && entry.sequence.empty(),
+              "[config] optim.sequence[{}]: a schedule of a sequence cannot be \"sequential\"", i);
+    MOE_CHECK(entry.lr == o.lr && entry.units == o.units,
+              "[config] optim.sequence[{}] must have the sequence's optim.lr and optim.units", i);
+    if (i + 1 == o.sequence.size()) {
+      MOE_CHECK(entry.sequence_max == 0,
+                "[config] optim.sequence[{}].max={}: the last schedule runs to the run's end "
+                "(OLMo-core ignores its max): leave it out",
+                i, entry.sequence_max);
+    } else {
+      MOE_CHECK(entry.sequence_max >= 1,
+                "[config] optim.sequence[{}].max={} must be >= 1: each schedule but the last "
+                "runs that many {} (OLMo-core's schedulers_max)",
+                i, entry.sequence_max, units);
+      MOE_CHECK(entry.sequence_max <= std::numeric_limits<int64_t>::max() - total,
+                "[config] optim.sequence: the schedules' max total overflows a 64-bit count");
+      total += entry.sequence_max;
+    }
+    check_sequence_entry(i, [&] { entry.validate(); });
+  }
 }
 
 // OLMo-core's SequenceLengthSchedulerCallback's settings (its pre_train's checks, and what its
@@ -674,15 +794,247 @@ int64_t step_reaching_tokens(int64_t tokens, int64_t per_step, TokenOrigin origi
   return origin.step + left / per_step + (left % per_step != 0 ? 1 : 0);
 }
 
+namespace {
+
+// What validate_lr_schedule checks a schedule over: its initial_lr, its horizon (OLMo-core's
+// t_max), the positions it is asked at (all in the schedule's units), and its length as errors
+// name it. The positions: the run's updates', next_position + k x unit up to updates_last (the
+// run's next update and its last), and in a sequence under an override decay the override's start
+// (`extra`: OLMo-core asks the sequence for the rate there); `last` is the last of them all.
+struct ScheduleSpan {
+  double lr = 0.0;
+  int64_t horizon = 0;
+  int64_t last = 0;
+  bool runs = false;
+  int64_t next_position = 0;
+  int64_t unit = 1;
+  std::string length, run_length;
+  int64_t updates_last = 0;
+  std::optional<int64_t> extra;
+  // The run's own schedule: WSDS's periods are checked whether reached or not (a resume may go on
+  // into them). A sequence's schedule: those its positions reach (it is checked again at a
+  // resume, over the new length).
+  bool whole = true;
+};
+
+// Whether `span` asks a position in [from, to].
+bool asks_within(const ScheduleSpan& span, int64_t from, int64_t to) {
+  if (span.extra && *span.extra >= from && *span.extra <= to) return true;
+  int64_t p = span.next_position;
+  if (p < from) p += (from - p + span.unit - 1) / span.unit * span.unit;  // the first at from on
+  return p <= std::min(to, span.updates_last);
+}
+
+// The part of `span` (the sequence's) that its schedule over (lo, hi] is asked at, counted from
+// lo: the updates' positions before an override decay's start, and that start itself once the
+// run reaches it (for the first schedule, at lo = 0 too). `any`: whether it is asked at all.
+struct AskedPositions {
+  bool any = false;
+  int64_t first = 0, updates_last = 0, last = 0;
+  std::optional<int64_t> extra;
+};
+AskedPositions asked_positions(const ScheduleSpan& span, const std::optional<LrOverrideDecay>& o,
+                               int64_t lo, int64_t hi, bool first_schedule) {
+  AskedPositions out;
+  const int64_t end = o ? std::min(span.last, o->start - 1) : span.last;  // updates' positions
+  const int64_t bound = std::min(end, hi);
+  int64_t p = span.next_position;
+  if (p <= lo) p += (lo - p) / span.unit * span.unit + span.unit;  // the first past lo
+  if (p <= bound) {
+    out.any = true;
+    out.first = p - lo;
+    out.updates_last = p + (bound - p) / span.unit * span.unit - lo;
+    out.last = out.updates_last;
+  } else {
+    out.updates_last = -1;  // none
+  }
+  // The first schedule is asked at 0 too (an override decay from 0: OLMo-core's current <= max).
+  if (o && span.last >= o->start && (o->start > lo || (first_schedule && o->start == lo)) &&
+      o->start <= hi) {
+    out.extra = o->start - lo;
+    out.first = out.any ? std::min(out.first, *out.extra) : *out.extra;
+    out.last = std::max(out.updates_last, *out.extra);
+    out.any = true;
+  }
+  return out;
+}
+
+// The checks of one schedule over `span` (a sequence's entries each over its own). OLMo-core's
+// WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
+// ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
+// lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
+// than trained; its PowerLR divides by the warm-up.
+void check_schedule_over(const OptimConfig& optim, const ScheduleSpan& span) {
+  const LrSchedule schedule = optim.schedule;
+  const bool in_tokens = optim.units == LrUnits::kTokens;
+  const double lr = span.lr;
+  const int64_t horizon = span.horizon, last = span.last;
+  const std::string &length = span.length, &run_length = span.run_length;
+  const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
+                                      : "optim.warmup_steps or optim.warmup_fraction";
+  MOE_CHECK(schedule != LrSchedule::kInvSqrt || !span.runs || warmup_length(optim, horizon) >= 1,
+            "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
+            "/ t); without one the rate is lr x min_lr_ratio throughout): set {}",
+            warmup_keys);
+  MOE_CHECK(schedule != LrSchedule::kPower || !span.runs || warmup_length(optim, horizon) >= 1,
+            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
+            "set {}",
+            warmup_keys);
+  const char* schedule_name = schedule == LrSchedule::kWsd                 ? "wsd"
+                              : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
+                                                                           : "power";
+  // WSD and PowerLR warm up through update `warmup` before they look at their tail: a run that
+  // the warm-up covers never reaches it, and OLMo-core trains it (a short trial of a long run's
+  // schedule). CosWithWarmupAndLinearDecay asks for its tail first, at every update. A tail that
+  // starts after the last position asked is never reached either: the run's last update reaches
+  // its own schedule's tail, but a sequence may leave a schedule before its tail.
+  const bool tail_unreached =
+      ((schedule == LrSchedule::kWsd || schedule == LrSchedule::kPower) &&
+       warmup_length(optim, horizon) >= last) ||
+      (has_decay_tail(schedule) && last < horizon - decay_length(optim, horizon));
+  MOE_CHECK(!has_decay_tail(schedule) || !span.runs || tail_unreached ||
+                decay_length(optim, horizon) >= 1,
+            "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
+            "{}: set optim.{} or a larger optim.decay_fraction",
+            schedule_name, length, optim.decay_fraction, in_tokens ? "tokens" : "updates",
+            in_tokens ? "decay_tokens" : "decay_steps");
+  // Their tails start from the rate at the tail's start, which must be inside the run (OLMo-core's
+  // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
+  // asserts decay_min_lr < that rate.
+  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) && span.runs &&
+      !tail_unreached) {
+    const int64_t decay = decay_length(optim, horizon);
+    // A cosine without a warm-up gives lr at its position 0, so its tail may take the whole run;
+    // with one, the warm-up's rate at 0 or before is 0 or negative.
+    const bool whole_run_tail = schedule == LrSchedule::kCosineLinearDecay && decay == horizon &&
+                                warmup_length(optim, own_horizon(optim, horizon)) == 0;
+    MOE_CHECK(decay < horizon || whole_run_tail,
+              "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
+              "after the run does (a smaller optim.{} or optim.decay_fraction)",
+              schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
+    const double start = decay_tail_start(optim, horizon, lr);
+    const double end = optim.lr * optim.decay_min_lr_ratio;
+    MOE_CHECK(end < start,
+              "[config] optim.schedule = \"{}\" over {}: its decay tail would go from {} up to "
+              "lr x optim.decay_min_lr_ratio = {}; it must end below where it starts",
+              schedule_name, run_length, start, end);
+  }
+  // OLMo-core's warm-ups assert that they rise: warmup_min_lr below the rate they rise to (lr;
+  // half_cos: half way down its cosine; wsds: its first period's peak), once one runs: where an
+  // update from `origin` on is still in the warm-up (after a batch-size change, initial_lr moved;
+  // in a sequence it is where the schedule before ended, which may be 0).
+  const int64_t next_position = span.next_position;
+  if (span.runs) {
+    const bool wsds = schedule == LrSchedule::kWsds;
+    const int64_t warmup =
+        warmup_length(optim, wsds ? period_lengths(optim).front() : own_horizon(optim, horizon));
+    const double lr_min = lr * optim.min_lr_ratio;
+    const double peak = schedule == LrSchedule::kHalfCosine ? lr_min + (lr - lr_min) / 2.0
+                        : wsds && !optim.period_lr_multipliers.empty()
+                            ? lr * optim.period_lr_multipliers[0]
+                            : lr;
+    // WSD, ConstantWithWarmup and PowerLR warm up through position `warmup`, the others below.
+    const bool through = schedule == LrSchedule::kWsd || schedule == LrSchedule::kConstant ||
+                         schedule == LrSchedule::kPower;
+    const bool warms_up = through ? next_position <= warmup : next_position < warmup;
+    MOE_CHECK(!through || warmup > 0 || next_position > 0,
+              "[config] optim.schedule = \"{}\" is asked for its rate at position 0 (an "
+              "override decay from 0), where OLMo-core's warm-up of 0 divides by zero",
+              schedule == LrSchedule::kWsd                ? "wsd"
+              : through && schedule == LrSchedule::kPower ? "power"
+                                                          : "constant");
+    MOE_CHECK(warmup == 0 || !warms_up || optim.warmup_min_lr < peak,
+              "[config] optim.warmup_min_lr={} is not below the rate the warm-up rises to ({}): "
+              "OLMo-core asserts that a warm-up rises",
+              optim.warmup_min_lr, peak);
+  }
+  // OLMo-core's WSDS asserts each decay falls from its peak, initial_lr x the period's multiplier,
+  // to its decay_min_lr (lr x min_lr_ratio; validate_wsds checks it at optim.lr): after a
+  // batch-size change at initial_lr.
+  if (schedule == LrSchedule::kWsds && lr != optim.lr) {
+    const std::vector<int64_t>& periods = period_lengths(optim);
+    const int64_t warmup = warmup_length(optim, periods.front());
+    int64_t period_start = warmup;  // after the warm-up, which takes the first period's start
+    for (size_t i = 0; i < periods.size(); ++i) {
+      const int64_t adjusted = periods[i] - (i == 0 ? warmup : 0);
+      const int64_t decay_start = period_start + adjusted - decay_length(optim, periods[i]);
+      period_start += adjusted;
+      if (!span.whole && !asks_within(span, decay_start, period_start)) continue;  // not reached
+      const double multiplier =
+          optim.period_lr_multipliers.empty() ? 1.0 : optim.period_lr_multipliers[i];
+      MOE_CHECK(
+          decay_length(optim, periods[i]) == 0 || optim.lr * optim.min_lr_ratio < lr * multiplier,
+          "[config] optim.schedule = \"wsds\": period {} decays from {} x {} (its initial_lr: "
+          "where train.batch_sizes scaled lr to, or a sequence's schedule before it ended) to lr "
+          "x optim.min_lr_ratio={}, not below it (OLMo-core asserts)",
+          i, lr, multiplier, optim.min_lr_ratio);
+    }
+  }
+  // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
+  // is reached (the run outlasts the warm-up).
+  MOE_CHECK(schedule != LrSchedule::kWsd || !span.runs || tail_unreached ||
+                optim.lr * optim.min_lr_ratio < lr,
+            "[config] optim.schedule = \"wsd\" decays to lr x optim.min_lr_ratio={}, not below "
+            "{}: set a ratio below 1",
+            optim.min_lr_ratio,
+            lr == optim.lr ? std::string("lr")
+                           : fmt::format("the rate {} the batch size schedule scaled lr to", lr));
+  if (schedule != LrSchedule::kSequential || !span.runs) return;
+  // SequentialScheduler: each schedule over its part, min(the horizon left, its max), from the
+  // rate the one before ended at (sequence_next_initial_lr), checked where the run asks it: up to
+  // its last update, or an override decay's start (from there OLMo-core asks the sequence only
+  // for the rate at that start).
+  const char* units = in_tokens ? "tokens" : "updates";
+  int64_t offset = 0;
+  double entry_lr = lr;
+  for (size_t i = 0; i < optim.sequence.size(); ++i) {
+    const OptimConfig& entry = optim.sequence[i];
+    const bool final_entry = i + 1 == optim.sequence.size();
+    const int64_t end =
+        final_entry ? std::numeric_limits<int64_t>::max() : offset + entry.sequence_max;
+    const AskedPositions asked = asked_positions(span, optim.override_decay, offset, end, i == 0);
+    ScheduleSpan part;
+    part.lr = entry_lr;
+    part.horizon = final_entry ? horizon - offset : std::min(horizon - offset, entry.sequence_max);
+    part.runs = asked.any && part.horizon > 0;
+    part.next_position = asked.first;
+    part.last = asked.last;
+    part.updates_last = asked.updates_last;
+    part.extra = asked.extra;
+    part.unit = span.unit;
+    part.whole = false;
+    part.length =
+        fmt::format("{} {} (optim.sequence[{}]'s part of {})", part.horizon, units, i, length);
+    part.run_length = part.length;
+    if (part.runs) check_sequence_entry(i, [&] { check_schedule_over(entry, part); });
+    // Asked past its end: the next schedules are.
+    if (final_entry || !asked_positions(span, optim.override_decay, end,
+                                        std::numeric_limits<int64_t>::max(), false)
+                            .any)
+      break;
+    // Past its end, the next schedule starts from its rate at its max over a horizon of its max
+    // (sequence_next_initial_lr), which OLMo-core asks too.
+    ScheduleSpan at_end = part;
+    at_end.horizon = entry.sequence_max;
+    at_end.runs = true;
+    at_end.next_position = at_end.last = entry.sequence_max;
+    at_end.updates_last = -1;  // no update's position, only its end
+    at_end.extra = entry.sequence_max;
+    at_end.length = at_end.run_length =
+        fmt::format("{} {} (optim.sequence[{}]'s end, the next schedule's start)",
+                    entry.sequence_max, units, i);
+    check_sequence_entry(i, [&] { check_schedule_over(entry, at_end); });
+    entry_lr = sequence_next_initial_lr(entry, entry_lr);
+    offset = end;
+  }
+}
+
+}  // namespace
+
 void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t tokens_per_step,
                           TokenOrigin origin, int64_t max_tokens, int64_t max_epochs,
                           double initial_lr) {
   const double lr = initial_lr > 0.0 ? initial_lr : optim.lr;  // OLMo-core's initial_lr
-  // OLMo-core's WSD, CosWithWarmupAndLinearDecay and PowerLR divide by their decay's length (a
-  // ZeroDivisionError at the last step there). OLMo-core's InvSqrtWithWarmup without a warm-up is
-  // lr x min_lr_ratio from the first update (sqrt(0 / t)): a run at its floor is refused rather
-  // than trained; its PowerLR divides by the warm-up.
-  const LrSchedule schedule = optim.schedule;
   // The run's length in the schedule's units: its updates, or the tokens they add.
   const bool in_tokens = optim.units == LrUnits::kTokens;
   const int64_t unit = schedule_unit(optim, tokens_per_step);
@@ -719,95 +1071,17 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
       : given.empty() ? fmt::format("{} tokens (train.max_steps x batch_size x seq_len)", horizon)
                       : fmt::format("{} tokens (the {} updates of {} x batch_size x seq_len)",
                                     horizon, max_steps, given);
-  const std::string run_length = in_tokens ? "the run's " + length : length + " updates";
-  const char* warmup_keys = in_tokens ? "optim.warmup_tokens or optim.warmup_fraction"
-                                      : "optim.warmup_steps or optim.warmup_fraction";
-  MOE_CHECK(
-      schedule != LrSchedule::kInvSqrt || max_steps == 0 || warmup_length(optim, horizon) >= 1,
-      "[config] optim.schedule = \"inv_sqrt\" needs a warm-up (it scales by sqrt(warm-up "
-      "/ t); without one the rate is lr x min_lr_ratio throughout): set {}",
-      warmup_keys);
-  MOE_CHECK(schedule != LrSchedule::kPower || max_steps == 0 || warmup_length(optim, horizon) >= 1,
-            "[config] optim.schedule = \"power\" needs a warm-up (its law is lr (t / warm-up)^b): "
-            "set {}",
-            warmup_keys);
-  const char* schedule_name = schedule == LrSchedule::kWsd                 ? "wsd"
-                              : schedule == LrSchedule::kCosineLinearDecay ? "cosine_linear_decay"
-                                                                           : "power";
-  // WSD and PowerLR warm up through update `warmup` before they look at their tail: a run that
-  // the warm-up covers never reaches it, and OLMo-core trains it (a short trial of a long run's
-  // schedule). CosWithWarmupAndLinearDecay asks for its tail first, at every update.
-  const bool tail_unreached = (schedule == LrSchedule::kWsd || schedule == LrSchedule::kPower) &&
-                              warmup_length(optim, horizon) >= last;
-  MOE_CHECK(!has_decay_tail(schedule) || max_steps == 0 || tail_unreached ||
-                decay_length(optim, horizon) >= 1,
-            "[config] optim.schedule = \"{}\" decays over round({} x optim.decay_fraction={}) = 0 "
-            "{}: set optim.{} or a larger optim.decay_fraction",
-            schedule_name, length, optim.decay_fraction, in_tokens ? "tokens" : "updates",
-            in_tokens ? "decay_tokens" : "decay_steps");
-  // Their tails start from the rate at the tail's start, which must be inside the run (OLMo-core's
-  // power law is infinite at 0, its cosine's warm-up negative before it), and fall: OLMo-core
-  // asserts decay_min_lr < that rate.
-  if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) &&
-      max_steps > 0 && !tail_unreached) {
-    const int64_t decay = decay_length(optim, horizon);
-    // A cosine without a warm-up gives lr at its position 0, so its tail may take the whole run;
-    // with one, the warm-up's rate at 0 or before is 0 or negative.
-    const bool whole_run_tail = schedule == LrSchedule::kCosineLinearDecay && decay == horizon &&
-                                warmup_length(optim, own_horizon(optim, horizon)) == 0;
-    MOE_CHECK(decay < horizon || whole_run_tail,
-              "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
-              "after the run does (a smaller optim.{} or optim.decay_fraction)",
-              schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
-    const double start = decay_tail_start(optim, horizon, lr);
-    const double end = optim.lr * optim.decay_min_lr_ratio;
-    MOE_CHECK(end < start,
-              "[config] optim.schedule = \"{}\" over {}: its decay tail would go from {} up to "
-              "lr x optim.decay_min_lr_ratio = {}; it must end below where it starts",
-              schedule_name, run_length, start, end);
-  }
-  // OLMo-core's warm-ups assert that they rise: warmup_min_lr below the rate they rise to (lr;
-  // half_cos: half way down its cosine; wsds: its first period's peak), once one runs: where an
-  // update from `origin` on is still in the warm-up (after a batch-size change, initial_lr moved).
-  const int64_t next_position = in_tokens ? origin.tokens + unit : origin.step + 1;
-  if (optim.warmup_min_lr > 0.0 && max_steps > 0) {
-    const bool wsds = schedule == LrSchedule::kWsds;
-    const int64_t warmup = warmup_length(optim, wsds ? period_lengths(optim).front() : horizon);
-    const double lr_min = lr * optim.min_lr_ratio;
-    const double peak = schedule == LrSchedule::kHalfCosine ? lr_min + (lr - lr_min) / 2.0
-                        : wsds && !optim.period_lr_multipliers.empty()
-                            ? lr * optim.period_lr_multipliers[0]
-                            : lr;
-    MOE_CHECK(warmup == 0 || next_position > warmup || optim.warmup_min_lr < peak,
-              "[config] optim.warmup_min_lr={} is not below the rate the warm-up rises to ({}): "
-              "OLMo-core asserts that a warm-up rises",
-              optim.warmup_min_lr, peak);
-  }
-  // OLMo-core's WSDS asserts each decay falls from its peak, initial_lr x the period's multiplier,
-  // to its decay_min_lr (lr x min_lr_ratio; validate_wsds checks it at optim.lr): after a
-  // batch-size change at initial_lr.
-  if (schedule == LrSchedule::kWsds && lr != optim.lr) {
-    const std::vector<int64_t>& periods = period_lengths(optim);
-    for (size_t i = 0; i < periods.size(); ++i) {
-      const double multiplier =
-          optim.period_lr_multipliers.empty() ? 1.0 : optim.period_lr_multipliers[i];
-      MOE_CHECK(
-          decay_length(optim, periods[i]) == 0 || optim.lr * optim.min_lr_ratio < lr * multiplier,
-          "[config] optim.schedule = \"wsds\": period {} decays from {} x {} (the rate "
-          "train.batch_sizes scaled lr to) to lr x optim.min_lr_ratio={}, not below it "
-          "(OLMo-core asserts)",
-          i, lr, multiplier, optim.min_lr_ratio);
-    }
-  }
-  // OLMo-core's WSD asserts its decay_min_lr (here lr x min_lr_ratio) is below lr once the decay
-  // is reached (the run outlasts the warm-up).
-  MOE_CHECK(schedule != LrSchedule::kWsd || max_steps == 0 || tail_unreached ||
-                optim.lr * optim.min_lr_ratio < lr,
-            "[config] optim.schedule = \"wsd\" decays to lr x optim.min_lr_ratio={}, not below "
-            "{}: set a ratio below 1",
-            optim.min_lr_ratio,
-            lr == optim.lr ? std::string("lr")
-                           : fmt::format("the rate {} the batch size schedule scaled lr to", lr));
+  const ScheduleSpan span{lr,
+                          horizon,
+                          last,
+                          max_steps > 0,
+                          in_tokens ? origin.tokens + unit : origin.step + 1,
+                          unit,
+                          length,
+                          in_tokens ? "the run's " + length : length + " updates",
+                          last,
+                          std::nullopt};
+  check_schedule_over(optim, span);
 }
 
 void OptimConfig::validate() const {
@@ -901,10 +1175,17 @@ void OptimConfig::validate() const {
             "[config] optim.period_steps / period_tokens / period_lr_multipliers apply to "
             "optim.schedule = \"wsds\", not this one");
   if (schedule == LrSchedule::kWsds) validate_wsds(*this);
-  MOE_CHECK(schedule == LrSchedule::kComposable || (stages.empty() && !override_decay),
-            "[config] optim.stages / optim.override_decay apply to optim.schedule = "
-            "\"composable\", not this one");
+  MOE_CHECK(schedule == LrSchedule::kComposable || stages.empty(),
+            "[config] optim.stages apply to optim.schedule = \"composable\", not this one");
+  MOE_CHECK(
+      schedule == LrSchedule::kComposable || schedule == LrSchedule::kSequential || !override_decay,
+      "[config] optim.override_decay applies to optim.schedule = \"composable\" or "
+      "\"sequential\", not this one");
+  MOE_CHECK(schedule == LrSchedule::kSequential || sequence.empty(),
+            "[config] optim.sequence applies to optim.schedule = \"sequential\", not this one");
   if (schedule == LrSchedule::kComposable) validate_composable(*this);
+  validate_override_decay(*this);
+  if (schedule == LrSchedule::kSequential) validate_sequence(*this);
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
@@ -1220,55 +1501,77 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {NoDecay::kEmbeddings, "embeddings"},
                                      {NoDecay::kNone, "none"}})},
       {"max_grad_norm", o.max_grad_norm},
-      {"units", name(o.units, {{LrUnits::kSteps, "steps"}, {LrUnits::kTokens, "tokens"}})},
-      {"warmup_steps", o.warmup_steps},
-      {"warmup_tokens", o.warmup_tokens},
-      {"warmup_fraction", o.warmup_fraction},
-      {"warmup_min_lr", o.warmup_min_lr},
-      {"schedule", name(o.schedule, {{LrSchedule::kCosine, "cosine"},
-                                     {LrSchedule::kLinear, "linear"},
-                                     {LrSchedule::kConstant, "constant"},
-                                     {LrSchedule::kWsd, "wsd"},
-                                     {LrSchedule::kInvSqrt, "inv_sqrt"},
-                                     {LrSchedule::kHalfCosine, "half_cos"},
-                                     {LrSchedule::kCosineLinearDecay, "cosine_linear_decay"},
-                                     {LrSchedule::kPower, "power"},
-                                     {LrSchedule::kWsds, "wsds"},
-                                     {LrSchedule::kExponential, "exponential"},
-                                     {LrSchedule::kComposable, "composable"}})},
-      {"min_lr_ratio", o.min_lr_ratio},
-      {"decay_steps", o.decay_steps},
-      {"decay_tokens", o.decay_tokens},
-      {"decay_fraction", o.decay_fraction},
-      {"decay_min_lr_ratio", o.decay_min_lr_ratio},
-      {"power_exponent", o.power_exponent},
-      {"t_max_steps", o.t_max_steps},
-      {"t_max_tokens", o.t_max_tokens},
-      {"period_steps", list_of(o.period_steps)},
-      {"period_tokens", list_of(o.period_tokens)},
-      {"period_lr_multipliers", list_of(o.period_lr_multipliers)},
-      {"exponential_lr_min", o.exponential_lr_min}};
+      {"units", name(o.units, {{LrUnits::kSteps, "steps"}, {LrUnits::kTokens, "tokens"}})}};
   // The stages and the override decay with the keys they were given.
   auto shape_name = [](LrShape shape) { return shape == LrShape::kLinear ? "linear" : "cosine"; };
   auto put = [](toml::table& table, const char* key, const std::optional<double>& value) {
     if (value) table.insert(key, *value);
   };
-  toml::array stages;
-  for (const LrStage& stage : o.stages) {
-    toml::table table{{"duration", stage.duration}, {"shape", shape_name(stage.shape)}};
-    put(table, "start_lr", stage.start_lr);
-    put(table, "start_lr_fraction", stage.start_lr_fraction);
-    put(table, "end_lr", stage.end_lr);
-    put(table, "end_lr_fraction", stage.end_lr_fraction);
-    stages.push_back(std::move(table));
-  }
-  if (!stages.empty()) optim.insert("stages", std::move(stages));
-  if (o.override_decay) {
-    const LrOverrideDecay& d = *o.override_decay;
-    toml::table table{{"start", d.start}, {"duration", d.duration}, {"shape", shape_name(d.shape)}};
-    put(table, "end_lr", d.end_lr);
-    put(table, "end_lr_fraction", d.end_lr_fraction);
-    optim.insert("override_decay", std::move(table));
+  auto put_override_decay = [&](toml::table& table, const OptimConfig& s) {
+    if (!s.override_decay) return;
+    const LrOverrideDecay& d = *s.override_decay;
+    toml::table decay{{"start", d.start}, {"duration", d.duration}, {"shape", shape_name(d.shape)}};
+    put(decay, "end_lr", d.end_lr);
+    put(decay, "end_lr_fraction", d.end_lr_fraction);
+    table.insert("override_decay", std::move(decay));
+  };
+  // One schedule's keys (kScheduleKeys, the name, its override decay) into `table`: [optim]'s, or
+  // a sequence entry's.
+  auto put_schedule = [&](toml::table& table, const OptimConfig& s) {
+    table.insert("warmup_steps", s.warmup_steps);
+    table.insert("warmup_tokens", s.warmup_tokens);
+    table.insert("warmup_fraction", s.warmup_fraction);
+    table.insert("warmup_min_lr", s.warmup_min_lr);
+    table.insert("schedule",
+                 name(s.schedule, {{LrSchedule::kCosine, "cosine"},
+                                   {LrSchedule::kLinear, "linear"},
+                                   {LrSchedule::kConstant, "constant"},
+                                   {LrSchedule::kWsd, "wsd"},
+                                   {LrSchedule::kInvSqrt, "inv_sqrt"},
+                                   {LrSchedule::kHalfCosine, "half_cos"},
+                                   {LrSchedule::kCosineLinearDecay, "cosine_linear_decay"},
+                                   {LrSchedule::kPower, "power"},
+                                   {LrSchedule::kWsds, "wsds"},
+                                   {LrSchedule::kExponential, "exponential"},
+                                   {LrSchedule::kComposable, "composable"}}));
+    table.insert("min_lr_ratio", s.min_lr_ratio);
+    table.insert("decay_steps", s.decay_steps);
+    table.insert("decay_tokens", s.decay_tokens);
+    table.insert("decay_fraction", s.decay_fraction);
+    table.insert("decay_min_lr_ratio", s.decay_min_lr_ratio);
+    table.insert("power_exponent", s.power_exponent);
+    table.insert("t_max_steps", s.t_max_steps);
+    table.insert("t_max_tokens", s.t_max_tokens);
+    table.insert("period_steps", list_of(s.period_steps));
+    table.insert("period_tokens", list_of(s.period_tokens));
+    table.insert("period_lr_multipliers", list_of(s.period_lr_multipliers));
+    table.insert("exponential_lr_min", s.exponential_lr_min);
+    toml::array stages;
+    for (const LrStage& stage : s.stages) {
+      toml::table entry{{"duration", stage.duration}, {"shape", shape_name(stage.shape)}};
+      put(entry, "start_lr", stage.start_lr);
+      put(entry, "start_lr_fraction", stage.start_lr_fraction);
+      put(entry, "end_lr", stage.end_lr);
+      put(entry, "end_lr_fraction", stage.end_lr_fraction);
+      stages.push_back(std::move(entry));
+    }
+    if (!stages.empty()) table.insert("stages", std::move(stages));
+    put_override_decay(table, s);
+  };
+  if (o.schedule == LrSchedule::kSequential) {
+    // Only the sequence's own keys: its entries hold the schedules'.
+    optim.insert("schedule", "sequential");
+    toml::array sequence;
+    for (size_t i = 0; i < o.sequence.size(); ++i) {
+      toml::table entry;
+      if (i + 1 < o.sequence.size()) entry.insert("max", o.sequence[i].sequence_max);
+      put_schedule(entry, o.sequence[i]);
+      sequence.push_back(std::move(entry));
+    }
+    optim.insert("sequence", std::move(sequence));
+    put_override_decay(optim, o);
+  } else {
+    put_schedule(optim, o);
   }
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},

@@ -464,7 +464,9 @@ def test_warmup_steps_and_fraction_together_is_one_line_error(moecore_bin, job_d
       "override_decay": {"start": 2, "duration": 2}},
      "optim.override_decay: give exactly one of end_lr and end_lr_fraction"),
     ({"stages": [{"duration": 3, "end_lr": 0.0}]},
-     'optim.stages / optim.override_decay apply to optim.schedule = "composable"'),
+     'optim.stages apply to optim.schedule = "composable"'),
+    ({"override_decay": {"start": 2, "duration": 2, "end_lr": 0.0}},
+     'optim.override_decay applies to optim.schedule = "composable" or "sequential"'),
     ({"schedule": "exponential", "warmup_steps": 0, "exponential_lr_min": 0},
      "optim.exponential_lr_min=0 must be positive"),
 ])
