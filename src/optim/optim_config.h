@@ -121,6 +121,10 @@ struct OptimConfig {
   // (lr and units are this config's; no entry is itself "sequential").
   std::vector<OptimConfig> sequence;
   int64_t sequence_max = 0;  // an entry's OLMo-core schedulers_max (none for the last)
+  // An entry of a sequence: its rate checks that need its initial_lr (where the schedule before
+  // it ended) or the positions the run asks it at are made over the run (validate_lr_schedule),
+  // not alone.
+  bool sequence_entry = false;
 
   void validate() const;
 };

@@ -130,6 +130,8 @@ class TableReader {
 
   bool has(const char* key) const { return table_.get(key) != nullptr; }
 
+  const std::string& section() const { return section_; }
+
   const std::string& source() const { return source_; }
 
   void reject_unknown() const {
@@ -203,11 +205,11 @@ void read_lr_stages(TableReader& r, OptimConfig& o) {
   if (const toml::node* node = r.node("stages")) {
     const toml::array* array = node->as_array();
     MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
-              "[config] {}: optim.stages must be an array of tables ([[optim.stages]])",
-              r.source());
+              "[config] {}: {}.stages must be an array of tables ([[{}.stages]])", r.source(),
+              r.section(), r.section());
     for (size_t i = 0; i < array->size(); ++i) {
-      TableReader stage_reader(*array->get(i)->as_table(), fmt::format("optim.stages[{}]", i),
-                               r.source());
+      TableReader stage_reader(*array->get(i)->as_table(),
+                               fmt::format("{}.stages[{}]", r.section(), i), r.source());
       LrStage stage;
       stage_reader.read("duration", stage.duration);
       read_lr_shape(stage_reader, stage.shape);
@@ -221,8 +223,9 @@ void read_lr_stages(TableReader& r, OptimConfig& o) {
   }
   if (const toml::node* node = r.node("override_decay")) {
     const toml::table* table = node->as_table();
-    MOE_CHECK(table != nullptr, "[config] {}: optim.override_decay must be a table", r.source());
-    TableReader decay_reader(*table, "optim.override_decay", r.source());
+    MOE_CHECK(table != nullptr, "[config] {}: {}.override_decay must be a table", r.source(),
+              r.section());
+    TableReader decay_reader(*table, r.section() + ".override_decay", r.source());
     LrOverrideDecay decay;
     decay_reader.read("start", decay.start);
     decay_reader.read("duration", decay.duration);
@@ -297,6 +300,7 @@ void read_lr_sequence(TableReader& r, OptimConfig& o) {
     OptimConfig entry;
     entry.lr = o.lr;
     entry.units = o.units;
+    entry.sequence_entry = true;
     entry_reader.read("max", entry.sequence_max);
     read_schedule(entry_reader, entry, /*in_sequence=*/true);
     entry_reader.reject_unknown();
@@ -531,7 +535,7 @@ void validate_wsds(const OptimConfig& o) {
     // A decay of 0 units divides by zero at its period's end, which the next period's start
     // reaches; after the last period the floor holds without it.
     const bool last = i + 1 == periods.size();
-    MOE_CHECK(decay >= 1 || last,
+    MOE_CHECK(decay >= 1 || last || o.sequence_entry,
               "[config] optim.schedule = \"wsds\": optim.{}[{}]={} decays over round({} x "
               "optim.decay_fraction={}) = 0 {} (OLMo-core divides by zero at the end of a period "
               "before the last): set optim.{} or a larger optim.decay_fraction",
@@ -546,7 +550,7 @@ void validate_wsds(const OptimConfig& o) {
     const double multiplier = o.period_lr_multipliers.empty() ? 1.0 : o.period_lr_multipliers[i];
     MOE_CHECK(multiplier > 0.0, "[config] optim.period_lr_multipliers[{}]={} must be positive", i,
               multiplier);
-    MOE_CHECK(decay == 0 || o.lr * o.min_lr_ratio < o.lr * multiplier,
+    MOE_CHECK(decay == 0 || o.sequence_entry || o.lr * o.min_lr_ratio < o.lr * multiplier,
               "[config] optim.schedule = \"wsds\": optim.{}[{}] decays from lr x {} to lr x "
               "optim.min_lr_ratio={}, not below it (OLMo-core asserts)",
               key, i, multiplier, o.min_lr_ratio);
@@ -904,14 +908,25 @@ void check_schedule_over(const OptimConfig& optim, const ScheduleSpan& span) {
   if ((schedule == LrSchedule::kCosineLinearDecay || schedule == LrSchedule::kPower) && span.runs &&
       !tail_unreached) {
     const int64_t decay = decay_length(optim, horizon);
-    // A cosine without a warm-up gives lr at its position 0, so its tail may take the whole run;
-    // with one, the warm-up's rate at 0 or before is 0 or negative.
-    const bool whole_run_tail = schedule == LrSchedule::kCosineLinearDecay && decay == horizon &&
-                                warmup_length(optim, own_horizon(optim, horizon)) == 0;
-    MOE_CHECK(decay < horizon || whole_run_tail,
+    // The tail of a cosine may start at its position 0 or before: from lr there without a
+    // warm-up (before 0 OLMo-core's warm-up of 0 divides by zero), else from its warm-up line
+    // (warmup_min_lr at 0, below it before; the rate check below decides). PowerLR's law is
+    // infinite at 0.
+    const int64_t cosine_warmup = warmup_length(optim, own_horizon(optim, horizon));
+    const bool early_tail =
+        schedule == LrSchedule::kCosineLinearDecay && (decay == horizon || cosine_warmup > 0);
+    MOE_CHECK(decay < horizon || early_tail,
               "[config] optim.schedule = \"{}\" decays over {} of {}: the decay tail must start "
               "after the run does (a smaller optim.{} or optim.decay_fraction)",
               schedule_name, decay, run_length, in_tokens ? "decay_tokens" : "decay_steps");
+    // OLMo-core's tail asks its cosine at the tail's start: inside the warm-up, the warm-up
+    // asserts that it rises.
+    MOE_CHECK(schedule != LrSchedule::kCosineLinearDecay || horizon - decay >= cosine_warmup ||
+                  optim.warmup_min_lr < lr,
+              "[config] optim.schedule = \"cosine_linear_decay\" over {}: its tail starts inside "
+              "its warm-up, whose optim.warmup_min_lr={} is not below the rate it rises to ({}): "
+              "OLMo-core asserts that a warm-up rises",
+              run_length, optim.warmup_min_lr, lr);
     const double start = decay_tail_start(optim, horizon, lr);
     const double end = optim.lr * optim.decay_min_lr_ratio;
     MOE_CHECK(end < start,
@@ -951,15 +966,28 @@ void check_schedule_over(const OptimConfig& optim, const ScheduleSpan& span) {
   // OLMo-core's WSDS asserts each decay falls from its peak, initial_lr x the period's multiplier,
   // to its decay_min_lr (lr x min_lr_ratio; validate_wsds checks it at optim.lr): after a
   // batch-size change at initial_lr.
-  if (schedule == LrSchedule::kWsds && lr != optim.lr) {
+  // In a sequence (validate_wsds leaves it to this) where a position reaches the decay: OLMo-core's
+  // decay of a period runs to its end, the last period's but for its end (the floor there), and
+  // one of 0 units divides by zero at its period's end.
+  if (schedule == LrSchedule::kWsds && (lr != optim.lr || !span.whole)) {
     const std::vector<int64_t>& periods = period_lengths(optim);
     const int64_t warmup = warmup_length(optim, periods.front());
     int64_t period_start = warmup;  // after the warm-up, which takes the first period's start
     for (size_t i = 0; i < periods.size(); ++i) {
+      const bool last_period = i + 1 == periods.size();
       const int64_t adjusted = periods[i] - (i == 0 ? warmup : 0);
-      const int64_t decay_start = period_start + adjusted - decay_length(optim, periods[i]);
+      const int64_t decay = decay_length(optim, periods[i]);
+      const int64_t decay_start = period_start + adjusted - decay;
       period_start += adjusted;
-      if (!span.whole && !asks_within(span, decay_start, period_start)) continue;  // not reached
+      if (!span.whole &&
+          !asks_within(span, decay_start, last_period ? period_start - 1 : period_start))
+        continue;  // not reached
+      MOE_CHECK(decay >= 1 || last_period,
+                "[config] optim.schedule = \"wsds\": period {} decays over round({} x "
+                "optim.decay_fraction={}) = 0 {} (OLMo-core divides by zero at its end): set "
+                "optim.{} or a larger optim.decay_fraction",
+                i, periods[i], optim.decay_fraction, in_tokens ? "tokens" : "updates",
+                in_tokens ? "decay_tokens" : "decay_steps");
       const double multiplier =
           optim.period_lr_multipliers.empty() ? 1.0 : optim.period_lr_multipliers[i];
       MOE_CHECK(
@@ -980,6 +1008,13 @@ void check_schedule_over(const OptimConfig& optim, const ScheduleSpan& span) {
             lr == optim.lr ? std::string("lr")
                            : fmt::format("the rate {} the batch size schedule scaled lr to", lr));
   if (schedule != LrSchedule::kSequential || !span.runs) return;
+  // OLMo-core's SequentialScheduler asserts 0 <= current <= t_max before anything else: a last
+  // update that ends past train.max_tokens stops its run there.
+  MOE_CHECK(last <= horizon,
+            "[config] optim.schedule = \"sequential\" over {}: the run's last update ends at {}, "
+            "past it, where OLMo-core's SequentialScheduler asserts (current <= t_max); make "
+            "train.max_tokens a multiple of the tokens of an update",
+            run_length, last);
   // SequentialScheduler: each schedule over its part, min(the horizon left, its max), from the
   // rate the one before ended at (sequence_next_initial_lr), checked where the run asks it: up to
   // its last update, or an override decay's start (from there OLMo-core asks the sequence only

@@ -26,7 +26,9 @@ from test_training_job import (assert_one_line_error, run, toml_value, train, tr
 
 pytest.importorskip("olmo_core.optim.scheduler", reason="ai2-olmo-core is not installed")
 from olmo_core.optim.scheduler import (  # noqa: E402
-    CosWithWarmup, LinearWithWarmup, OverrideDecay, SequentialScheduler, WSD)
+    WSDS, ComposableScheduler, ComposableSchedulerStage, ConstantWithWarmup,
+    CosWithWarmupAndLinearDecay, CosWithWarmup, LinearWithWarmup, OverrideDecay,
+    SequentialScheduler)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -175,3 +177,77 @@ def test_bad_sequences_are_one_line_errors(moecore_bin, job_data, tmp_path, tabl
         "sequence": [LINEAR]}, train={"max_steps": 8})
     assert_one_line_error(run(moecore_bin, "train", other, check=False),
                           "optim.sequence applies to optim.schedule = \"sequential\"")
+
+
+# Edge cases a review found (each against OLMo-core's own class): (optim table, train table,
+# OLMo-core's scheduler or the refusal's words where OLMo-core stops at some update).
+EDGES = {
+    # A chained initial_lr above lr: WSDS's floor lr x 1.5 lies below its peak 2 x lr.
+    "wsds above lr after a rise": (
+        {"sequence": [{"schedule": "composable", "max": 4,
+                       "stages": [{"duration": 4, "end_lr_fraction": 2.0}]},
+                      {"schedule": "wsds", "period_steps": [6], "decay_steps": 3,
+                       "min_lr_ratio": 1.5}]},
+        {"max_steps": 10},
+        SequentialScheduler(schedulers=[
+            ComposableScheduler(stages=[ComposableSchedulerStage(duration=4,
+                                                                 end_lr_fraction=2.0)]),
+            WSDS(period_lengths=[6], decay=3, decay_min_lr=1.5 * LR, warmup=0)],
+            schedulers_max=[4])),
+    # WSDS's last period's end is its floor, no decay asked there: the chained 0.05 x lr peak
+    # below the floor never asserts.
+    "wsds last period's end": (
+        {"units": "tokens",
+         "sequence": [{"schedule": "linear", "max": 64, "min_lr_ratio": 0.05, "warmup_tokens": 0},
+                      {"schedule": "wsds", "max": 100, "period_tokens": [100], "decay_tokens": 10,
+                       "min_lr_ratio": 0.1, "warmup_tokens": 0},
+                      {"schedule": "constant", "warmup_tokens": 0}]},
+        {"max_steps": 3, "batch_size": 1, "seq_len": 64},
+        SequentialScheduler(schedulers=[
+            LinearWithWarmup(warmup=0, alpha_f=0.05),
+            WSDS(period_lengths=[100], decay=10, decay_min_lr=0.1 * LR, warmup=0),
+            ConstantWithWarmup(warmup=0)], schedulers_max=[64, 100])),
+    # A tail the whole run long after a warm-up starts from warmup_min_lr.
+    "cosine_linear_decay tail from its warm-up": (
+        {"sequence": [{"schedule": "cosine_linear_decay", "warmup_steps": 2,
+                       "warmup_min_lr": 1e-4, "decay_fraction": 1.0, "min_lr_ratio": 0.1}]},
+        {"max_steps": 10},
+        SequentialScheduler(schedulers=[CosWithWarmupAndLinearDecay(
+            warmup=2, warmup_min_lr=1e-4, decay_fraction=1.0, alpha_f=0.1)], schedulers_max=[])),
+    # OLMo-core asserts current <= t_max: the last update ends past train.max_tokens.
+    "past max_tokens": (
+        {"units": "tokens",
+         "sequence": [{"schedule": "constant", "max": 100, "warmup_tokens": 0},
+                      {"schedule": "wsd", "warmup_tokens": 10}]},
+        {"max_tokens": 100, "batch_size": 1, "seq_len": 64},
+        "asserts (current <= t_max)"),
+    # The tail asks the cosine inside its warm-up, whose floor lies above lr.
+    "tail inside a warm-up that falls": (
+        {"units": "tokens",
+         "sequence": [{"schedule": "cosine_linear_decay", "warmup_tokens": 60,
+                       "decay_tokens": 100, "warmup_min_lr": 2 * LR, "min_lr_ratio": 0.1}]},
+        {"max_steps": 2, "batch_size": 1, "seq_len": 64},
+        "its tail starts inside its warm-up"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGES))
+def test_edges_are_olmo_cores(moecore_bin, tmp_path, case):
+    table, train_table, expected = EDGES[case]
+    body = dict(table, lr=LR, schedule="sequential")
+    train_table = dict({"batch_size": 1, "seq_len": 8}, **train_table)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[optim]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in body.items())
+                   + "[train]\n" + "".join(f"{k} = {toml_value(v)}\n"
+                                          for k, v in train_table.items()))
+    r = run(moecore_bin, "lr-schedule", cfg, "--json", check=False)
+    if isinstance(expected, str):
+        assert_one_line_error(r, expected)
+        return
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    unit = train_table["batch_size"] * train_table["seq_len"] if body.get("units") == "tokens" else 1
+    horizon = train_table["max_steps"] * unit
+    ref = [float(expected.get_lr(LR, t * unit, horizon))
+           for t in range(1, train_table["max_steps"] + 1)]
+    assert shown["lr"] == ref, list(zip(shown["lr"], ref))
