@@ -216,7 +216,6 @@ RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout
     m.live_microbatches[c] = slots[c];
   }
   m.peak_live_microbatches = 0;
-  double read_ids = 0.0, cut_ids = 0.0;  // a warm-up's cut batch beside the batch as read
   for (size_t i = 0; i < each.size(); ++i) {
     const RankMemory& e = each[i];
     m.peak_live_microbatches = std::max(m.peak_live_microbatches, e.peak_live_microbatches);
@@ -226,12 +225,31 @@ RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout
     m.dispatch_buffers = std::max(m.dispatch_buffers, e.dispatch_buffers);
     m.dispatch_capacity_rows = std::max(m.dispatch_capacity_rows, e.dispatch_capacity_rows);
     m.pipeline_buffers = std::max(m.pipeline_buffers, e.pipeline_buffers);
-    double& ids = shapes[i].cut ? cut_ids : read_ids;
-    ids = std::max(ids, e.batch_tokens);
-    m.shape_updates.push_back(shapes[i].updates);
+    m.update_shapes.push_back(shapes[i]);
     m.shape_peaks.push_back(e.peak);
   }
-  m.batch_tokens = read_ids + cut_ids;
+  // The ids (the trainer's StepBuffers): each micro-batch's token and target vectors, every
+  // rank's rows, keep the largest size they were given; the batch as read and a warm-up's cut
+  // batch beside it, in vectors of their own. Vector k: the largest micro-batch k of the shapes
+  // with more than k (the read ones are all one size; the warm-up's first holds its largest, as
+  // its lengths rise and its micro-batches with them).
+  auto ids = [&](bool cut) {
+    int64_t vectors = 0;
+    for (const StepShape& shape : shapes)
+      if (shape.cut == cut) vectors = std::max(vectors, shape.microbatches);
+    double bytes = 0.0;
+    for (int64_t k = 0; k < vectors; ++k) {
+      double largest = 0.0;
+      for (const StepShape& shape : shapes)
+        if (shape.cut == cut && shape.microbatches > k)
+          largest = std::max(
+              largest,
+              2.0 * kF * static_cast<double>(shape.local_rows * layout.dp * shape.seq_len));
+      bytes += largest;
+    }
+    return bytes;
+  };
+  m.batch_tokens = ids(false) + ids(true);
   m.workspace =
       m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
   add_up_peak(m, device);

@@ -9,6 +9,7 @@
 
 #include "model/params.h"
 #include "plan/activation_model.h"
+#include "plan/step_shapes.h"
 #include "train/layout_validation.h"
 #include "train/run_config.h"
 
@@ -63,7 +64,7 @@ struct RankMemory {
   double host = 0.0;
   // The run's update shapes (plan/step_shapes.h) and this rank's peak at each alone, when it
   // takes more than one; the figures above are then theirs together (run_rank_memory).
-  std::vector<std::string> shape_updates;
+  std::vector<StepShape> update_shapes;
   std::vector<double> shape_peaks;
 };
 

@@ -43,7 +43,7 @@ std::vector<std::string> plan_notes(const Plan& p) {
   // The planned bf16 rate is a native bf16 GEMM's; a CPU without bf16 instructions runs fp32
   // GEMMs on operands it rounds in each call, neither priced nor counted here.
   // A batch-size schedule or a sequence-length warm-up: updates of other shapes.
-  if (!p.stages.empty() && !p.stages.front().shape_updates.empty())
+  if (!p.stages.empty() && !p.stages.front().update_shapes.empty())
     notes.push_back(fmt::format(
         "the step time is an update of the run's own shape ({} sequences x {} tokens in {} "
         "micro-batches{}); the warm-up's and other batch sizes' updates take other times",
@@ -128,8 +128,15 @@ std::string step_time_text(const StepTime& t) {
 // The run's update shapes and the rank's peak at each alone (none listed for a run of one).
 nlohmann::json update_shapes_json(const RankMemory& m) {
   nlohmann::json shapes = nlohmann::json::array();
-  for (size_t i = 0; i < m.shape_updates.size(); ++i)
-    shapes.push_back({{"updates", m.shape_updates[i]}, {"peak_alone", m.shape_peaks[i]}});
+  for (size_t i = 0; i < m.update_shapes.size(); ++i) {
+    const StepShape& shape = m.update_shapes[i];
+    shapes.push_back({{"updates", shape.updates},
+                      {"seq_len", shape.seq_len},
+                      {"microbatches", shape.microbatches},
+                      {"rows_per_rank", shape.local_rows},
+                      {"warmup_cut", shape.cut},
+                      {"peak_alone", m.shape_peaks[i]}});
+  }
   return shapes;
 }
 
@@ -269,10 +276,10 @@ std::string plan_text(const Plan& p) {
     out += fmt::format("): peak {} per rank", human_bytes(m.peak));
     if (m.host > 0.0) out += fmt::format(" (+ {} of host memory)", human_bytes(m.host));
     out += "\n";
-    if (!m.shape_updates.empty()) {
+    if (!m.update_shapes.empty()) {
       out += "  update shapes, the peak of each alone:";
-      for (size_t i = 0; i < m.shape_updates.size(); ++i)
-        out += fmt::format("{} {} {}", i == 0 ? "" : ";", m.shape_updates[i],
+      for (size_t i = 0; i < m.update_shapes.size(); ++i)
+        out += fmt::format("{} {} {}", i == 0 ? "" : ";", m.update_shapes[i].updates,
                            human_bytes(m.shape_peaks[i]));
       out += "; the peak is theirs together (each buffer keeps the largest size it is given)\n";
     }
@@ -300,7 +307,7 @@ std::string plan_text(const Plan& p) {
     for (size_t c = 0; c < m.live_microbatches.size(); ++c)
       out += fmt::format("{}{}", c == 0 ? "" : ", ", m.live_microbatches[c]);
     out += fmt::format("] = {}{}{}\n", human_bytes(m.activations),
-                       m.shape_updates.empty()
+                       m.update_shapes.empty()
                            ? ""
                            : " (per micro-batch: the first shape's; each slot as large as the "
                              "largest micro-batch it holds over the shapes)",

@@ -30,10 +30,10 @@ struct StepShape {
 };
 
 // The run's shapes: first the config's own (train.batch_size x seq_len in train.microbatches),
-// then the batch schedule's other sizes, then the warm-up's lengths at each batch size that may
-// be in force during it (a start in steps or tokens the warm-up cannot reach leaves its size
-// out; one in epochs, which depends on the data, is counted as if met). Shapes alike are listed
-// once.
+// then the batch schedule's other sizes the run can reach, then each warm-up length at each batch
+// size that may be in force by its last update (a start in steps or tokens not reached by then
+// leaves the size out; one in epochs, which depends on the data, is counted as if reached).
+// Shapes alike are listed once.
 std::vector<StepShape> run_step_shapes(const TrainConfig& tc, const ResolvedLayout& layout);
 
 // `config` and `layout` as an update of `shape` sees them (the planner's models read the shape

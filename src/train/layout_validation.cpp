@@ -37,10 +37,18 @@ ResolvedLayout validate_layout(const RunConfig& config, int64_t world) {
     // tied embeddings on one stage.
     ParamLayout::check_placement(mc, pc.ep, 0, dist::stage_chunks(r.chunk_layers, r.pp, stage));
     (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages, tc.microbatches);
-    // And of every batch size of train.batch_sizes (the micro-batch kept, their count moves).
-    for (const int64_t size : tc.batch_sizes)
+    // And of every batch size of train.batch_sizes (the micro-batch kept, their count moves):
+    // whole micro-batches, as the config's check asks of train.microbatches (a layout search
+    // tries other counts).
+    for (size_t i = 0; i < tc.batch_sizes.size(); ++i) {
+      const int64_t rows = tc.batch_size / tc.microbatches;
+      MOE_CHECK(tc.batch_sizes[i] % rows == 0,
+                "[config] train.batch_sizes[{}]={} is not a whole number of micro-batches of {} "
+                "sequences (train.batch_size / train.microbatches, which the schedule keeps)",
+                i, tc.batch_sizes[i], rows);
       (void)dist::pipeline_schedule(pc.schedule, r.pp, stage, r.virtual_stages,
-                                    size / (tc.batch_size / tc.microbatches));
+                                    tc.batch_sizes[i] / rows);
+    }
   }
   MOE_CHECK(r.pp == 1 || mc.lb_loss_style != LbLossStyle::kHf,
             "[parallel] model.lb_loss_style=\"hf\" is one loss over all layers' routers; pipeline "
