@@ -32,6 +32,27 @@ void add_up_peak(RankMemory& m, bool device) {
   m.host = device ? host_side : 0.0;
 }
 
+// Every chunk (Transformer) keeps a workspace (core/workspace.h) for the whole run, of its
+// passes' largest scratch; ZeRO-1's reduction buffers borrow the first chunk's, which grows to
+// the larger of the two. Open MPI's copies come on top (add_up_peak).
+double workspace_bytes(const RankMemory& m, double first_chunk_scratch) {
+  return m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
+}
+
+// Buffers that keep the largest size they were given, one per slot: `counts[i]` slots of
+// `sizes[i]` bytes in shape i; slot k as large as the largest of the shapes with more than k.
+double slot_by_slot(const std::vector<int64_t>& counts, const std::vector<double>& sizes) {
+  const int64_t slots = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  double bytes = 0.0;
+  for (int64_t k = 0; k < slots; ++k) {
+    double largest = 0.0;
+    for (size_t i = 0; i < counts.size(); ++i)
+      if (counts[i] > k) largest = std::max(largest, sizes[i]);
+    bytes += largest;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, int64_t stage,
@@ -168,11 +189,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
-  // Every chunk (Transformer) keeps a workspace (core/workspace.h) for the whole run, of its
-  // passes' largest scratch; ZeRO-1's reduction buffers borrow the first chunk's, which grows to
-  // the larger of the two. Open MPI's copies come on top.
-  m.workspace =
-      m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
+  m.workspace = workspace_bytes(m, first_chunk_scratch);
   add_up_peak(m, device);
   return m;
 }
@@ -195,25 +212,23 @@ RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout
   // The first shape's figures (the run's own) are shown per micro-batch; the sizes are the
   // largest each buffer is given.
   RankMemory m = each.front();
-  const size_t chunks = m.chunk_activations.size();
-  std::vector<int64_t> slots(chunks, 0);  // each chunk's live slots, the most of any shape
-  for (const RankMemory& e : each)
-    for (size_t c = 0; c < chunks; ++c) slots[c] = std::max(slots[c], e.live_microbatches[c]);
   m.activations = 0.0;
   m.pass_scratch = 0.0;
   double first_chunk_scratch = 0.0;
-  for (size_t c = 0; c < chunks; ++c) {
-    for (int64_t k = 0; k < slots[c]; ++k) {  // slot k: the largest micro-batch it held
-      double slot = 0.0;
-      for (const RankMemory& e : each)
-        if (e.live_microbatches[c] > k) slot = std::max(slot, e.chunk_activations[c]);
-      m.activations += slot;
-    }
+  for (size_t c = 0; c < m.chunk_activations.size(); ++c) {
+    // Each chunk's activation slots, each the largest micro-batch it held.
+    std::vector<int64_t> live;
+    std::vector<double> bytes;
     double scratch = 0.0;
-    for (const RankMemory& e : each) scratch = std::max(scratch, e.chunk_scratch[c]);
+    for (const RankMemory& e : each) {
+      live.push_back(e.live_microbatches[c]);
+      bytes.push_back(e.chunk_activations[c]);
+      scratch = std::max(scratch, e.chunk_scratch[c]);
+    }
+    m.activations += slot_by_slot(live, bytes);
+    m.live_microbatches[c] = *std::max_element(live.begin(), live.end());
     m.pass_scratch += scratch;
     if (c == 0) first_chunk_scratch = scratch;
-    m.live_microbatches[c] = slots[c];
   }
   m.peak_live_microbatches = 0;
   for (size_t i = 0; i < each.size(); ++i) {
@@ -234,24 +249,18 @@ RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout
   // with more than k (the read ones are all one size; the warm-up's first holds its largest, as
   // its lengths rise and its micro-batches with them).
   auto ids = [&](bool cut) {
-    int64_t vectors = 0;
+    std::vector<int64_t> vectors;
+    std::vector<double> bytes;
     for (const StepShape& shape : shapes)
-      if (shape.cut == cut) vectors = std::max(vectors, shape.microbatches);
-    double bytes = 0.0;
-    for (int64_t k = 0; k < vectors; ++k) {
-      double largest = 0.0;
-      for (const StepShape& shape : shapes)
-        if (shape.cut == cut && shape.microbatches > k)
-          largest = std::max(
-              largest,
-              2.0 * kF * static_cast<double>(shape.local_rows * layout.dp * shape.seq_len));
-      bytes += largest;
-    }
-    return bytes;
+      if (shape.cut == cut) {
+        vectors.push_back(shape.microbatches);
+        bytes.push_back(2.0 * kF *
+                        static_cast<double>(shape.local_rows * layout.dp * shape.seq_len));
+      }
+    return slot_by_slot(vectors, bytes);
   };
   m.batch_tokens = ids(false) + ids(true);
-  m.workspace =
-      m.pass_scratch - first_chunk_scratch + std::max(first_chunk_scratch, m.optimizer_scratch);
+  m.workspace = workspace_bytes(m, first_chunk_scratch);
   add_up_peak(m, device);
   return m;
 }

@@ -822,11 +822,15 @@ struct ScheduleSpan {
 };
 
 // Whether `span` asks a position in [from, to].
+// The first of `span`'s updates' positions at `from` or after (past updates_last: none).
+int64_t first_update_from(const ScheduleSpan& span, int64_t from) {
+  const int64_t p = span.next_position;
+  return p >= from ? p : p + (from - p + span.unit - 1) / span.unit * span.unit;
+}
+
 bool asks_within(const ScheduleSpan& span, int64_t from, int64_t to) {
   if (span.extra && *span.extra >= from && *span.extra <= to) return true;
-  int64_t p = span.next_position;
-  if (p < from) p += (from - p + span.unit - 1) / span.unit * span.unit;  // the first at from on
-  return p <= std::min(to, span.updates_last);
+  return first_update_from(span, from) <= std::min(to, span.updates_last);
 }
 
 // The part of `span` (the sequence's) that its schedule over (lo, hi] is asked at, counted from
@@ -842,8 +846,7 @@ AskedPositions asked_positions(const ScheduleSpan& span, const std::optional<LrO
   AskedPositions out;
   const int64_t end = o ? std::min(span.last, o->start - 1) : span.last;  // updates' positions
   const int64_t bound = std::min(end, hi);
-  int64_t p = span.next_position;
-  if (p <= lo) p += (lo - p) / span.unit * span.unit + span.unit;  // the first past lo
+  const int64_t p = first_update_from(span, lo + 1);
   if (p <= bound) {
     out.any = true;
     out.first = p - lo;

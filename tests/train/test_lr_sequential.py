@@ -172,10 +172,12 @@ def test_bad_sequences_are_one_line_errors(moecore_bin, job_data, tmp_path, tabl
                        train={"max_steps": 8})
     assert_one_line_error(run(moecore_bin, "train", cfg, check=False), message)
     assert not (tmp_path / "run").exists()
-    # A sequence under another schedule is refused too.
-    other = write_config(tmp_path / "o.toml", job_data, tmp_path / "run", optim={
-        "sequence": [LINEAR]}, train={"max_steps": 8})
-    assert_one_line_error(run(moecore_bin, "train", other, check=False),
+
+
+def test_a_sequence_under_another_schedule_is_a_one_line_error(moecore_bin, job_data, tmp_path):
+    cfg = write_config(tmp_path / "c.toml", job_data, tmp_path / "run",
+                       optim={"sequence": [LINEAR]}, train={"max_steps": 8})
+    assert_one_line_error(run(moecore_bin, "train", cfg, check=False),
                           "optim.sequence applies to optim.schedule = \"sequential\"")
 
 
