@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/device_memory.h"
 #include "core/fnv1a.h"
+#include "core/ignore_index.h"
 #include "core/mx_types.h"
 #include "data/token_dataset.h"
 #include "dist/mpi/mpi_runtime.h"
@@ -38,6 +39,7 @@ struct Batch {
   int64_t rows = 0, seq = 0;
   int32_t document_eos = -1;
   std::string source;
+  int64_t masked_rows = 0;  // rows data.instance_filter masked (their targets ignored)
 };
 
 Batch load_batch(const DumpArgs& args, const RunConfig& config) {
@@ -71,6 +73,8 @@ Batch load_batch(const DumpArgs& args, const RunConfig& config) {
   batch.seq = t.seq_len;
   data::DataLoader loader = training_loader(config, dataset);
   loader.next_batch(batch.rows, batch.tokens, batch.targets);
+  const std::span<const uint8_t> masked = loader.masked_rows();
+  batch.masked_rows = std::count(masked.begin(), masked.end(), uint8_t{1});
   batch.document_eos = document_masking_eos(config.data, dataset);
   batch.source =
       fmt::format("data.train, first {} instances (train.seed {}{})", batch.rows, t.seed,
@@ -169,6 +173,14 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   model.set_document_masking(batch.document_eos, document_masking_bos(config.data));
   model.set_routing_seed(routing_forward_seed(config.train.seed, 0, 0));  // the first step's
   model.set_tensor_observer(record);
+  // As the trainer divides: a masked instance's labels count as zero-loss tokens (OLMo-core's).
+  if (batch.masked_rows > 0) {
+    dump.run["masked_instances"] = batch.masked_rows;
+    model.set_next_batch_counts({std::count_if(batch.targets.begin(), batch.targets.end(),
+                                               [](int32_t t) { return t != kIgnoreIndex; }) +
+                                     batch.masked_rows * (batch.seq - 1),
+                                 batch.rows * batch.seq});
+  }
   // Parameter gradients as the backward finishes them: the head's before the last layer's, each
   // layer's when it is done, the embedding's (the head's too when tied) at the end.
   bool head_recorded = false;

@@ -12,6 +12,7 @@
 #include "cli/distinct_paths.h"
 #include "core/check.h"
 #include "data/bpe_trainer.h"
+#include "data/instance_filter.h"
 #include "data/npy.h"
 #include "data/prepare_corpus.h"
 #include "data/token_dataset.h"
@@ -156,6 +157,13 @@ void run_data_instances(const DataInstancesArgs& args) {
             args.bos_id, args.vocab_size);
   MOE_CHECK(args.bos_id < 0 || !args.doc_lens_out.empty(),
             "[data] --bos-id only says where documents end for --doc-lens-out");
+  MOE_CHECK(!args.repetition_given || !args.instance_mask_out.empty(),
+            "[data] --repetition-* set the instance filter, which only --instance-mask-out runs");
+  MOE_CHECK(args.repetition.max_period >= args.repetition.min_period,
+            "[data] --repetition-max-period={} is below --repetition-min-period={}",
+            args.repetition.max_period, args.repetition.min_period);
+  std::vector<uint8_t> kept;
+  if (!args.instance_mask_out.empty()) kept.resize(static_cast<size_t>(n));
   std::vector<int64_t> doc_lens;
   if (!args.doc_lens_out.empty()) {
     MOE_CHECK(eos >= 0,
@@ -166,6 +174,7 @@ void run_data_instances(const DataInstancesArgs& args) {
   for (int64_t i = 0; i < n; ++i) {
     dataset.read_instance(i, row.data());
     std::copy(row.begin(), row.end(), instances.begin() + i * T);
+    if (!kept.empty()) kept[static_cast<size_t>(i)] = data::keeps_instance(row, args.repetition);
     if (!doc_lens.empty()) {
       const std::vector<int64_t> lengths = document_lengths(
           row.data(), T, static_cast<int32_t>(eos), static_cast<int32_t>(args.bos_id));
@@ -174,15 +183,17 @@ void run_data_instances(const DataInstancesArgs& args) {
   }
   if (!args.out.empty()) data::write_npy(args.out, "<i8", {n, T}, instances.data());
   if (!doc_lens.empty()) data::write_npy(args.doc_lens_out, "<i8", {n, T}, doc_lens.data());
+  if (!kept.empty()) data::write_npy(args.instance_mask_out, "|u1", {n}, kept.data());
   nlohmann::json files = nlohmann::json::array();
   for (size_t f = 0; f < dataset.num_files(); ++f)
     files.push_back(
         {{"path", dataset.file_path(f)}, {"dtype", data::token_dtype_name(dataset.file_dtype(f))}});
-  const nlohmann::json summary = {{"instances", n},
-                                  {"total_instances", dataset.num_instances()},
-                                  {"total_tokens", dataset.total_tokens()},
-                                  {"metadata_eos_id", dataset.metadata_eos_id()},
-                                  {"files", files}};
+  nlohmann::json summary = {{"instances", n},
+                            {"total_instances", dataset.num_instances()},
+                            {"total_tokens", dataset.total_tokens()},
+                            {"metadata_eos_id", dataset.metadata_eos_id()},
+                            {"files", files}};
+  if (!kept.empty()) summary["masked"] = std::count(kept.begin(), kept.end(), uint8_t{0});
   fmt::print("{}\n", summary.dump());
 }
 
@@ -223,6 +234,7 @@ void run_data_order(const DataOrderArgs& args) {
   std::vector<std::vector<int64_t>> by_rank(static_cast<size_t>(args.dp));
   std::vector<int64_t> batch_sizes;
   std::vector<int32_t> tokens, targets;
+  int64_t masked = 0;  // rows data.instance_filter masks
   for (int64_t step = first_step; step < first_step + args.steps; ++step) {
     const std::vector<BatchSizeChange> changes =
         scheduled_batch_changes(in_force, step, origin, history, &dataset);
@@ -235,6 +247,8 @@ void run_data_order(const DataOrderArgs& args) {
     batch_sizes.push_back(in_force.train.batch_size);
     for (int64_t micro = 0; micro < in_force.train.microbatches; ++micro) {
       const std::span<const int64_t> indices = loader.next_batch(rows, tokens, targets);
+      const std::span<const uint8_t> masked_rows = loader.masked_rows();
+      masked += std::count(masked_rows.begin(), masked_rows.end(), uint8_t{1});
       for (int64_t rank = 0; rank < args.dp; ++rank)
         by_rank[static_cast<size_t>(rank)].insert(by_rank[static_cast<size_t>(rank)].end(),
                                                   indices.begin() + rank * per_rank,
@@ -266,6 +280,7 @@ void run_data_order(const DataOrderArgs& args) {
                             {"start", position.cursor},
                             {"read", read}};
   if (given.has_batch_size_schedule()) summary["batch_sizes"] = batch_sizes;
+  if (config.data.instance_filter) summary["masked"] = masked;
   if (position.moved)
     summary["moved"] = {{"epoch", position.epoch},
                         {"offset", position.offset},

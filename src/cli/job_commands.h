@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "data/instance_filter.h"
+
 namespace moecore::cli {
 
 void run_tokenizer_train(const std::vector<std::string>& inputs, int64_t vocab_size,
@@ -40,6 +42,11 @@ struct DataInstancesArgs {
   int64_t bos_id = -1;             // OLMo-core's bos_token_id: documents end at EOS + BOS; -1: none
   int64_t max_target_seq_len = 0;  // OLMo-core's max_target_sequence_length; 0: none
   std::string out, doc_lens_out;
+  // OLMo-core's instance filter (data/instance_filter.h) at `repetition`: each instance's
+  // instance_mask (1: kept, 0: masked) as a uint8 [N] .npy. Unset: no filter.
+  std::string instance_mask_out;
+  data::RepetitionFilter repetition;
+  bool repetition_given = false;  // a --repetition-* option was given
 };
 void run_data_instances(const DataInstancesArgs& args);
 

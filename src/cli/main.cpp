@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <tuple>
 
 #include "cli/bench_commands.h"
 #include "cli/debug_commands.h"
@@ -228,6 +229,17 @@ int main(int argc, char** argv) {
   data_instances->add_option("--out", inst.out, "output .npy of the instances");
   data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
                              "output .npy of each instance's document lengths");
+  data_instances->add_option("--instance-mask-out", inst.instance_mask_out,
+                             "output uint8 .npy of each instance's mask under OLMo-core's "
+                             "instance filter (1: kept, 0: masked)");
+  for (auto [flag, value, help] :
+       {std::tuple{"--repetition-max-period", &inst.repetition.max_period,
+                   "the filter's longest period (default 13)"},
+        std::tuple{"--repetition-min-period", &inst.repetition.min_period,
+                   "the filter's shortest period (default 1)"},
+        std::tuple{"--repetition-max-count", &inst.repetition.max_count,
+                   "periods at which an instance is masked (default 32)"}})
+    cli::add_int_option(data_instances, flag, *value, help, 1, int64_t{1} << 31);
 
   moecore::cli::DataOrderArgs order_args;
   CLI::App* data_order = data_cmd->add_subcommand(
@@ -441,6 +453,10 @@ int main(int argc, char** argv) {
     } else if (eval->parsed()) {
       cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype);
     } else if (data_instances->parsed()) {
+      inst.repetition_given = data_instances->count("--repetition-max-period") +
+                                  data_instances->count("--repetition-min-period") +
+                                  data_instances->count("--repetition-max-count") >
+                              0;
       cli::run_data_instances(inst);
     } else if (data_order->parsed()) {
       cli::run_data_order(order_args);

@@ -349,6 +349,15 @@ std::span<const int64_t> DataLoader::next_batch(int64_t batch, std::vector<int32
   for (int64_t b = 0; b < batch; ++b)
     dataset_->read_example(rows_[static_cast<size_t>(b)], tokens.data() + b * T,
                            targets.data() + b * T);
+  if (filter_) {
+    // As OLMo-core's get_labels masks an instance: all of its labels.
+    masked_.assign(static_cast<size_t>(batch), 0);
+    for (int64_t b = 0; b < batch; ++b)
+      if (!keeps_instance({tokens.data() + b * T, static_cast<size_t>(T)}, *filter_)) {
+        masked_[static_cast<size_t>(b)] = 1;
+        std::fill_n(targets.data() + b * T, T, kIgnoreIndex);
+      }
+  }
   // Only a complete batch moves the cursor, so a failed read can be retried or reported without
   // skipping data.
   cursor_ += static_cast<uint64_t>(batch);

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "data/instance_filter.h"
 #include "data/instance_order.h"
 #include "data/npy.h"
 #include "io/file_util.h"
@@ -142,6 +143,12 @@ class DataLoader {
   std::span<const int64_t> next_batch(int64_t batch, std::vector<int32_t>& tokens,
                                       std::vector<int32_t>& targets);
 
+  // OLMo-core's instance filter (data/instance_filter.h): from the next batch on, a row whose
+  // instance it masks has every target ignored.
+  void set_instance_filter(const RepetitionFilter& filter) { filter_ = filter; }
+  // The last batch's rows the filter masked (1) or kept (0); empty without a filter.
+  std::span<const uint8_t> masked_rows() const { return masked_; }
+
   uint64_t cursor() const { return cursor_; }
   uint64_t epoch() const { return order_.epoch_of(cursor_); }
   const InstanceOrder& order() const { return order_; }
@@ -152,6 +159,8 @@ class DataLoader {
   uint64_t cursor_;
   int64_t dp_ranks_;
   std::vector<int64_t> rows_;  // the last batch's instances, kept: no allocation per batch
+  std::optional<RepetitionFilter> filter_;
+  std::vector<uint8_t> masked_;
 };
 
 // Validation batches: the first `max_instances` instances in file order (all of them when

@@ -435,6 +435,10 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("eos_id", d.eos_id);
   r.read("bos_id", d.bos_id);
   r.read("max_target_seq_len", d.max_target_seq_len);
+  r.read("instance_filter", d.instance_filter);
+  r.read("repetition_max_period", d.repetition.max_period);
+  r.read("repetition_min_period", d.repetition.min_period);
+  r.read("repetition_max_count", d.repetition.max_count);
   r.read_enum("order", d.order,
               {{"moecore", data::OrderRule::kMoecore}, {"olmo-core", data::OrderRule::kOlmoCore}});
 }
@@ -706,6 +710,28 @@ void validate_seq_len_warmup(const RunConfig& config) {
 // replay. Every two sizes are integer multiples of each other, not only neighbours (OLMo-core's
 // rule): a start reached while an increase waits for its loader skips the size before it, and its
 // callback then asserts on a ratio its checks never saw.
+// OLMo-core's InstanceFilterConfig: its find_periodic_sequences takes periods from 1 (a period of
+// 0 divides by zero there); a count of 3 or less masks every repetition it reports (it reports
+// those of more than two periods). Its keys without the filter would be ignored.
+void validate_instance_filter(const DataConfig& d) {
+  const data::RepetitionFilter& r = d.repetition;
+  constexpr int64_t kMost = int64_t{1} << 31;
+  MOE_CHECK(r.min_period >= 1 && r.min_period <= kMost,
+            "[config] data.repetition_min_period={} is outside [1, 2^31]", r.min_period);
+  MOE_CHECK(r.max_period >= r.min_period && r.max_period <= kMost,
+            "[config] data.repetition_max_period={} is outside [data.repetition_min_period={}, "
+            "2^31]",
+            r.max_period, r.min_period);
+  MOE_CHECK(r.max_count >= 1 && r.max_count <= kMost,
+            "[config] data.repetition_max_count={} is outside [1, 2^31]", r.max_count);
+  const data::RepetitionFilter defaults;
+  MOE_CHECK(d.instance_filter ||
+                (r.max_period == defaults.max_period && r.min_period == defaults.min_period &&
+                 r.max_count == defaults.max_count),
+            "[config] data.repetition_max_period, repetition_min_period and repetition_max_count "
+            "set the instance filter, which data.instance_filter = false leaves off");
+}
+
 void validate_batch_size_schedule(const RunConfig& config) {
   const TrainConfig& t = config.train;
   const std::vector<int64_t>& sizes = t.batch_sizes;
@@ -1457,6 +1483,7 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] data.bos_id={} only says where documents end for data.document_masking, "
             "which is false",
             d.bos_id);
+  validate_instance_filter(d);
   return config;
 }
 
@@ -1672,6 +1699,10 @@ std::string run_config_to_toml(const RunConfig& c) {
                    {"eos_id", c.data.eos_id},
                    {"bos_id", c.data.bos_id},
                    {"max_target_seq_len", c.data.max_target_seq_len},
+                   {"instance_filter", c.data.instance_filter},
+                   {"repetition_max_period", c.data.repetition.max_period},
+                   {"repetition_min_period", c.data.repetition.min_period},
+                   {"repetition_max_count", c.data.repetition.max_count},
                    {"order", name(c.data.order, {{data::OrderRule::kMoecore, "moecore"},
                                                  {data::OrderRule::kOlmoCore, "olmo-core"}})}};
   // The run's length as it was given: a derived max_steps read back beside max_tokens or

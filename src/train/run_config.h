@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "data/instance_filter.h"
 #include "data/order_rule.h"
 #include "dist/pipeline_schedule.h"
 #include "model/activation_recompute.h"
@@ -174,6 +175,12 @@ struct DataConfig {
   // must be), which OLMo-core's order shuffles as whole chunks; runs with any seq_len up to it
   // read the same tokens (a sequence-length warm-up resumed with a longer seq_len).
   int64_t max_target_seq_len = 0;
+  // OLMo-core's instance filter (instance_filter_config; data/instance_filter.h): a training
+  // instance that repeats a period of repetition_min_period .. repetition_max_period tokens
+  // repetition_max_count times or more is masked (its labels ignored; the loss still counts them
+  // as OLMo-core's train modules do). Validation instances are not filtered.
+  bool instance_filter = false;
+  data::RepetitionFilter repetition;
 };
 
 enum class Dispatch { kSync, kRowwise };

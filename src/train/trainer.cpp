@@ -379,6 +379,13 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
       start.checkpoint ? fmt::format(", resumed from {} (step {})", *start.checkpoint, ctx.step)
       : options.init_from.empty() ? ""
                                   : fmt::format(", initialised from {}", options.init_from)));
+  if (ctx.config.data.instance_filter) {
+    const data::RepetitionFilter& r = ctx.config.data.repetition;
+    ctx.progress.message(fmt::format(
+        "instance filter: a training instance repeating a period of {}-{} tokens {} times or "
+        "more is masked (OLMo-core's InstanceFilterConfig; its labels count as zero-loss tokens)",
+        r.min_period, r.max_period, r.max_count));
+  }
   if (tc.has_batch_size_schedule()) {
     std::string steps;
     for (size_t i = 0; i < tc.batch_sizes.size(); ++i)
@@ -458,9 +465,12 @@ struct StepBuffers {
         slice_begin(begin) {}
   std::vector<std::vector<int32_t>> tokens, targets;
   int64_t local_rows, slice_begin;
+  // data.instance_filter: each micro-batch's rows the filter masked (1), every rank's.
+  std::vector<std::vector<uint8_t>> masked{};
   // Under a sequence-length warm-up, the cut batch's micro-batches in the same layout (every
-  // rank's rows, rank after rank).
+  // rank's rows, rank after rank), a cut row masked where its instance is.
   std::vector<std::vector<int32_t>> cut_tokens{}, cut_targets{};
+  std::vector<std::vector<uint8_t>> cut_masked{};
 };
 
 // OLMo-core's sequence-length warm-up (train/seq_len_warmup.h): the step's micro-batches, read
@@ -471,13 +481,17 @@ struct StepBuffers {
 void cut_step_batch(StepBuffers& batch, const WarmupShape& shape, int64_t seq_len, int64_t dp) {
   const int64_t m = batch.local_rows;
   const auto read = static_cast<int64_t>(batch.tokens.size());
+  const bool filtered = !batch.masked.empty();
   batch.cut_tokens.resize(static_cast<size_t>(shape.micro));
   batch.cut_targets.resize(static_cast<size_t>(shape.micro));
+  batch.cut_masked.resize(filtered ? static_cast<size_t>(shape.micro) : 0);
   for (int64_t k = 0; k < shape.micro; ++k) {
     batch.cut_tokens[static_cast<size_t>(k)].resize(
         static_cast<size_t>(dp * shape.rows * shape.seq));
     batch.cut_targets[static_cast<size_t>(k)].resize(
         static_cast<size_t>(dp * shape.rows * shape.seq));
+    if (filtered)
+      batch.cut_masked[static_cast<size_t>(k)].resize(static_cast<size_t>(dp * shape.rows));
   }
   for (int64_t rank = 0; rank < dp; ++rank)
     for (int64_t j = 0; j < read; ++j)
@@ -489,6 +503,11 @@ void cut_step_batch(StepBuffers& batch, const WarmupShape& shape, int64_t seq_le
         cut_for_warmup(shape, seq_len, batch.tokens[static_cast<size_t>(j)].data() + from,
                        batch.targets[static_cast<size_t>(j)].data() + from, 1,
                        batch.cut_tokens[k].data() + to, batch.cut_targets[k].data() + to);
+        // OLMo-core's melt_batch repeats the instance mask for each piece (repeat_interleave).
+        if (filtered)
+          std::fill_n(batch.cut_masked[k].begin() + rank * shape.rows + row % shape.rows,
+                      shape.pieces,
+                      batch.masked[static_cast<size_t>(j)][static_cast<size_t>(rank * m + i)]);
       }
 }
 
@@ -606,8 +625,22 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
   // Each global micro-batch's counted targets and tokens, from the whole batch every rank reads:
   // the passes need not sum them over dp.
   std::vector<Transformer::BatchCounts> counts;
-  for (size_t micro = 0; micro < batch.tokens.size(); ++micro)
+  const bool filtered = ctx.config.data.instance_filter;
+  batch.masked.resize(filtered ? batch.tokens.size() : 0);
+  int64_t masked_instances = 0;
+  for (size_t micro = 0; micro < batch.tokens.size(); ++micro) {
     ctx.loader.next_batch(ctx.rows, batch.tokens[micro], batch.targets[micro]);
+    if (!filtered) continue;
+    const std::span<const uint8_t> masked = ctx.loader.masked_rows();
+    batch.masked[micro].assign(masked.begin(), masked.end());
+    masked_instances += std::count(masked.begin(), masked.end(), uint8_t{1});
+  }
+  const auto read_instances = static_cast<int64_t>(batch.tokens.size()) * ctx.rows;
+  if (filtered && masked_instances == read_instances)
+    ctx.progress.message(
+        fmt::format("warning: step {}: the instance filter masks every instance of the batch (its "
+                    "cross-entropy is 0, as OLMo-core's)",
+                    ctx.step + 1));
   // A sequence-length warm-up's update trains the batch cut into its shape's rows and
   // micro-batches (train/seq_len_warmup.h); after it, the batch as read.
   const WarmupShape shape = warmup_shape(tc, tc.microbatches, batch.local_rows, ctx.step + 1);
@@ -628,6 +661,8 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
       shape.cut ? batch.cut_tokens : batch.tokens;
   const std::vector<std::vector<int32_t>>& step_targets =
       shape.cut ? batch.cut_targets : batch.targets;
+  const std::vector<std::vector<uint8_t>>& step_masked =
+      shape.cut ? batch.cut_masked : batch.masked;
   const int64_t slice_begin =
       shape.cut ? ctx.mesh.dp.rank() * shape.rows * shape.seq : batch.slice_begin;
   for (size_t micro = 0; micro < step_tokens.size(); ++micro) {
@@ -635,6 +670,13 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
     Transformer::BatchCounts count{
         std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
         static_cast<int64_t>(targets.size())};
+    // OLMo-core's train modules count a masked instance's labels anyway, as zero-loss tokens
+    // (batch_num_tokens_for_loss += masked x (row length - 1)): every rank's divisor stays its
+    // rows', and the step's loss reads lower by the masked share.
+    if (filtered)
+      count.counted_targets +=
+          std::count(step_masked[micro].begin(), step_masked[micro].end(), uint8_t{1}) *
+          (shape.seq - 1);
     PipelineRunner::MicroBatch slice{step_tokens[micro].data() + slice_begin,
                                      step_targets[micro].data() + slice_begin};
     if (ctx.step_graph) {  // the graph's static inputs in device memory
@@ -699,6 +741,10 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/skipped_steps", static_cast<double>(ctx.guard.skipped())}};
   if (tc.seq_len_warmup_steps > 0)
     report.scalars.emplace_back("train/seq_len", static_cast<double>(shape.seq));
+  // OLMo-core's "train/masked instances (%)": the batch's share of masked instances (a fraction).
+  if (filtered)
+    report.scalars.emplace_back("train/masked_instances", static_cast<double>(masked_instances) /
+                                                              static_cast<double>(read_instances));
   // OLMo-core's BatchSizeSchedulerCallback records its global batch size each step ("train/global
   // batch size", in tokens; here in sequences).
   if (tc.has_batch_size_schedule())

@@ -23,11 +23,13 @@ int64_t epoch_length(const RunConfig& config, int64_t instances) {
 
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor, int64_t dp_ranks) {
-  return data::DataLoader(
+  data::DataLoader loader(
       dataset,
       data::InstanceOrder::with_rule(config.data.order, config.train.seed, dataset.num_instances(),
                                      config.train.batch_size, dataset.instances_per_chunk()),
       cursor, dp_ranks);
+  if (config.data.instance_filter) loader.set_instance_filter(config.data.repetition);
+  return loader;
 }
 
 namespace {

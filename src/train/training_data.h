@@ -21,7 +21,8 @@ data::TokenDataset open_training_set(const RunConfig& config);
 // instance_order.h: all of them under moecore's order, OLMo-core's whole global batches).
 int64_t epoch_length(const RunConfig& config, int64_t instances);
 
-// A loader at `cursor` (instances read since the run began) for `dp_ranks` data-parallel ranks.
+// A loader at `cursor` (instances read since the run began) for `dp_ranks` data-parallel ranks,
+// masking as data.instance_filter says.
 data::DataLoader training_loader(const RunConfig& config, const data::TokenDataset& dataset,
                                  uint64_t cursor = 0, int64_t dp_ranks = 1);
 

@@ -1126,6 +1126,19 @@ CASES["train/data_bos_id_without_document_masking"] = lambda e: _train_case(
     e, "--set", "data.bos_id=1", needles=("data.bos_id=1", "data.document_masking"))
 CASES["train/document_masking_not_bool"] = lambda e: _train_case(
     e, "--set", "data.document_masking=1", needles=("data.document_masking",))
+CASES["train/repetition_keys_without_instance_filter"] = lambda e: _train_case(
+    e, "--set", "data.repetition_max_count=4",
+    needles=("data.repetition_max_period", "data.instance_filter = false"))
+CASES["train/repetition_min_period_zero"] = lambda e: _train_case(
+    e, "--set", "data.instance_filter=true", "--set", "data.repetition_min_period=0",
+    needles=("data.repetition_min_period=0",))
+CASES["train/repetition_max_below_min"] = lambda e: _train_case(
+    e, "--set", "data.instance_filter=true", "--set", "data.repetition_min_period=5", "--set",
+    "data.repetition_max_period=4", needles=("data.repetition_max_period=4",
+                                             "data.repetition_min_period=5"))
+CASES["train/repetition_max_count_zero"] = lambda e: _train_case(
+    e, "--set", "data.instance_filter=true", "--set", "data.repetition_max_count=0",
+    needles=("data.repetition_max_count=0",))
 
 
 @case("train/document_masking_without_eos")

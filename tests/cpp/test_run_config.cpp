@@ -80,6 +80,10 @@ out_dir = "runs/full"
 train = ["a.npy", "dir/b"]
 val = "val.npy"
 tokenizer = "tok/tokenizer.json"
+instance_filter = true
+repetition_max_period = 9
+repetition_min_period = 2
+repetition_max_count = 7
 )";
 
 RunConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
@@ -160,6 +164,10 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(c.data.train, (std::vector<std::string>{"a.npy", "dir/b"}));
   EXPECT_EQ(c.data.val, (std::vector<std::string>{"val.npy"}));  // one string: a list of one
   EXPECT_EQ(c.data.tokenizer, "tok/tokenizer.json");
+  EXPECT_TRUE(c.data.instance_filter);
+  EXPECT_EQ(c.data.repetition.max_period, 9);
+  EXPECT_EQ(c.data.repetition.min_period, 2);
+  EXPECT_EQ(c.data.repetition.max_count, 7);
 }
 
 TEST(RunConfig, EmptyTextGivesDefaults) {

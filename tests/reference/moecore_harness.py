@@ -161,15 +161,22 @@ def run_moecore(*args, timeout: int = BIN_TIMEOUT_S) -> subprocess.CompletedProc
     return proc
 
 
-def prepare_token_files(root: Path, seed: int, documents: int, vocab_size: int = 300) -> Path:
+def prepare_token_files(root: Path, seed: int, documents: int, vocab_size: int = 300,
+                        repeated: float = 0.0) -> Path:
     """A random corpus of `documents` lines of small words, a byte-level BPE of vocab_size trained
     on it and `moecore prepare`'s token files of all of it (no validation part): the tokens'
-    directory (train/ and meta.json)."""
+    directory (train/ and meta.json). `repeated`: the share of lines that repeat one word 3 to 6
+    times (what an instance filter masks)."""
     rng = np.random.default_rng(seed)
     words = "in the beginning god created heaven and earth light darkness waters day night".split()
     corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(3, 25)))
-                                for _ in range(documents)) + "\n")
+
+    def line():
+        if repeated and rng.random() < repeated:  # (no draw otherwise: the same corpus as before)
+            return " ".join([str(rng.choice(words))] * int(rng.integers(3, 7)))
+        return " ".join(rng.choice(words, size=rng.integers(3, 25)))
+
+    corpus.write_text("\n".join(line() for _ in range(documents)) + "\n")
     tok = root / "tokenizer.json"
     run_moecore("tokenizer", "train", "--input", corpus, "--vocab-size", vocab_size, "--out", tok)
     run_moecore("prepare", "--tokenizer", tok, "--input", corpus, "--out", root / "tokens",

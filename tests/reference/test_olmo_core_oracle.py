@@ -311,19 +311,23 @@ def moecore_rank_instances(cfg_path, tokens_dir, steps: int, ranks: int, seq: in
     return np.load(instances)[np.load(order)]
 
 
-def olmo_core_train_passes(model, rank_instances, micro: int, div, z_loss_multiplier=None):
+def olmo_core_train_passes(model, rank_instances, micro: int, div, z_loss_multiplier=None,
+                           labels=None):
     """One step of OLMo-core's train module on every rank, in one process: each rank's instances
     [ranks, rows, seq] cut into `micro` micro-batches in order, labels shifted with the last
-    ignored, each pass's loss summed with loss_div_factor = div and back-propagated (the routers'
-    scaled losses ride along: attach_auxiliary_loss); gradients accumulate over every pass (DDP's
-    mean over the ranks is the caller's). Returns the passes' outputs."""
+    ignored (or `labels` [ranks, rows, seq] where given: get_labels' with instance masks), each
+    pass's loss summed with loss_div_factor = div and back-propagated (the routers' scaled losses
+    ride along: attach_auxiliary_loss); gradients accumulate over every pass (DDP's mean over the
+    ranks is the caller's). Returns the passes' outputs."""
     outputs = []
     per_micro = rank_instances.shape[1] // micro
-    for rows in rank_instances:
+    for rank, rows in enumerate(rank_instances):
         for m in range(micro):
             x = torch.as_tensor(rows[m * per_micro:(m + 1) * per_micro]).long()
             y = torch.full_like(x, ref_model.IGNORE_INDEX)
             y[:, :-1] = x[:, 1:]
+            if labels is not None:
+                y = torch.as_tensor(labels[rank][m * per_micro:(m + 1) * per_micro]).long()
             out = model(x, labels=y, loss_reduction="sum", loss_div_factor=div,
                         z_loss_multiplier=z_loss_multiplier)
             out.loss.backward()

@@ -13,6 +13,12 @@ The OLMo-core side (OLMo-core's code wherever it has the piece):
 - optimizer: clip_grad_norm_ over all parameters, torch's AdamW with OLMo-core's recipes' groups
   (no weight decay on the embedding: `optim.no_decay = "embeddings"`), its CosWithWarmup at step
   s + 1 (test_adamw_steps).
+- instance filter (two more runs, one melting): a corpus with repeated words, OLMo-core's
+  NumpyFSLDataset with its instance_filter_config gives each instance read its instance_mask
+  (which the warm-up's melt_batch repeats for every row), get_labels masks those instances'
+  labels, and the loss's division counts them anyway as its train module does
+  (batch_num_tokens_for_loss += masked instances x (row length - 1)); train/masked_instances
+  against its "train/masked instances (%)" (the ranks' mean of the masked share).
 - sequence-length warm-up (three more runs): OLMo-core's SequenceLengthSchedulerCallback itself
   (on a stand-in trainer: its data loader, dataset and train module mocks of their classes)
   cuts each rank's batch in its pre_step before an update of the warm-up and sets its train
@@ -45,6 +51,7 @@ import moecore_harness as H
 pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not installed (requirements.txt pins it)")
 
 from olmo_core.data import NumpyFSLDataLoader, NumpyFSLDataset  # noqa: E402
+from olmo_core.data.numpy_dataset import InstanceFilterConfig  # noqa: E402
 from olmo_core.data import utils as data_utils  # noqa: E402
 from olmo_core.optim.scheduler import CosWithWarmup  # noqa: E402
 from olmo_core.train.callbacks import sequence_length_scheduler as seq_len_scheduler  # noqa: E402
@@ -70,26 +77,32 @@ OPTIM = dict(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1, max_gra
 # name -> [train] keys of a sequence-length warm-up over the first 4 updates: melted into 4 rows
 # of 3 tokens (one micro-batch a rank: OLMo-core's callback quadruples its micro-batch tokens),
 # then 2 of 6 (with 4 micro-batches of 1 instance: 2 micro-batches of 4 rows), then whole;
-# truncated to 3 tokens (one micro-batch), 6, then 9 (two: 24 // 9 = 2 of a rank's 4).
+# truncated to 3 tokens (one micro-batch), 6, then 9 (two: 24 // 9 = 2 of a rank's 4). "data":
+# [data] keys, the instance filter (a third of the corpus's lines repeat a word 3-6 times; in
+# 12 tokens periods up to 4 are looked at, masked from 3 periods).
+FILTER = {"instance_filter": True, "repetition_max_period": 4, "repetition_max_count": 3}
 WARMUPS = {
     "none": {},
     "melt": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3},
     "melt_micro4": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3, "microbatches": 4},
     "truncate": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3,
                  "seq_len_warmup_truncate": True, "seq_len_warmup_multiple": 3},
+    "filter": {"data": FILTER},
+    "filter_melt": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3, "data": FILTER},
 }
 
 
 @pytest.fixture(scope="module", params=list(WARMUPS))
 def run(request, moecore_bin, tmp_path_factory):
     """Token files, the config, moecore's initial weights and its two-rank run."""
-    warmup = WARMUPS[request.param]
+    warmup = dict(WARMUPS[request.param])
+    data = warmup.pop("data", {})
     root = tmp_path_factory.mktemp(f"olmo_run_{request.param}")
-    H.prepare_token_files(root, seed=11, documents=300)
+    H.prepare_token_files(root, seed=11, documents=300, repeated=0.3 if data else 0.0)
     out = root / "out"
     cfg = H.write_config(
         root / "run.toml", MODEL, optim=OPTIM,
-        data={"train": [str(root / "tokens" / "train")], "order": "olmo-core"},
+        data={"train": [str(root / "tokens" / "train")], "order": "olmo-core", **data},
         train={"seq_len": SEQ, "batch_size": BATCH, "microbatches": MICRO, "max_steps": STEPS,
                "seed": 5, "init_seed": 1, "init_method": "normal", "init_std": INIT_STD,
                "z_loss_multiplier": LM_Z,
@@ -104,7 +117,7 @@ def run(request, moecore_bin, tmp_path_factory):
     if request.param == "melt":
         assert "sequence length: 3 from update 1 (each instance melted into 4 rows; 1 " \
             "micro-batch(es) of 16 rows a rank)" in r.stdout, r.stdout[-2000:]
-    return root, cfg, weights, out, warmup
+    return root, cfg, weights, out, warmup, data
 
 
 def moecore_rows(out: Path) -> list[dict]:
@@ -147,29 +160,55 @@ def olmo_core_warmup(warmup: dict, rank_microbatch_size: int):
     return callback
 
 
-def olmo_core_step_batches(callback, rank_instances: np.ndarray, step: int, micro: int):
-    """Update `step`'s batch on every rank [ranks, rows, seq] and its micro-batch count, as each
-    rank's callback (pre_step at the trainer's 1-based step) and train module (split_batch at its
-    rank_microbatch_size // seq) make them."""
+def olmo_core_instance_masks(cfg: Path, root: Path, data: dict) -> np.ndarray | None:
+    """[STEPS, RANKS, BATCH / RANKS]: the instance_mask of each instance the run reads, from
+    OLMo-core's NumpyFSLDataset with the run's instance_filter_config; None without a filter."""
+    if not data:
+        return None
+    order = root / "order_masks.npy"
+    H.run_moecore("data", "order", cfg, "--steps", STEPS, "--dp", RANKS, "--out", order)
+    tokens = root / "tokens"
+    meta = json.loads((tokens / "meta.json").read_text())
+    ds = NumpyFSLDataset(*[str(tokens / f) for f in meta["train"]["files"]], sequence_length=SEQ,
+                         pad_token_id=0, eos_token_id=meta["eos_id"],
+                         vocab_size=MODEL["vocab_size"], dtype=getattr(np, meta["dtype"]),
+                         instance_filter_config=InstanceFilterConfig(
+                             repetition_max_period=data["repetition_max_period"],
+                             repetition_max_count=data["repetition_max_count"]))
+    ds.prepare()
+    indices = np.load(order)
+    return np.vectorize(lambda i: bool(ds[int(i)]["instance_mask"]))(indices)
+
+
+def olmo_core_step_batches(callback, rank_instances: np.ndarray, masks, step: int, micro: int):
+    """Update `step`'s batch on every rank [ranks, rows, seq], its instance masks [ranks, rows]
+    (or None) and its micro-batch count, as each rank's callback (pre_step at the trainer's
+    1-based step: melt_batch repeats an instance's mask for each of its rows) and train module
+    (split_batch at its rank_microbatch_size // seq) make them."""
     if callback is None:
-        return rank_instances, micro
+        return rank_instances, masks, micro
     callback.trainer.global_step = step
-    cut, parts = [], []
-    for rows in rank_instances:
+    cut, cut_masks, parts = [], [], []
+    for rank, rows in enumerate(rank_instances):
         batch = {"input_ids": torch.as_tensor(rows)}
+        if masks is not None:
+            batch["instance_mask"] = torch.as_tensor(masks[rank])
         callback.pre_step(batch)
         size = callback.trainer.train_module.rank_microbatch_size
         parts.append(data_utils.split_batch(batch, size // batch["input_ids"].shape[1]))
         cut.append(batch["input_ids"].numpy())
+        if masks is not None:
+            cut_masks.append(batch["instance_mask"].numpy())
         callback.post_train_batch()
     sizes = {m["input_ids"].shape[0] for rank in parts for m in rank}
     assert len(sizes) == 1, sizes  # moecore refuses uneven splits before it starts
-    return np.stack(cut), len(parts[0])
+    return np.stack(cut), np.stack(cut_masks) if masks is not None else None, len(parts[0])
 
 
-def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict):
+def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict):
     # [STEPS, RANKS, BATCH / RANKS, SEQ]: each rank's instances, step by step
     instances = moecore_rank_instances(cfg, root / "tokens", STEPS, RANKS, SEQ, MODEL["vocab_size"])
+    masks = olmo_core_instance_masks(cfg, root, data)
 
     model = olmo_core_model(MODEL, "reordered")
     missing, unexpected = model.load_state_dict(olmo_core_state(H.load_tensors(weights), MODEL),
@@ -196,13 +235,21 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict):
         opt.zero_grad(set_to_none=True)
         for r in routers:
             r.reset_metrics()
-        step_instances, step_micro = olmo_core_step_batches(callback, instances[step], step + 1,
-                                                            micro)
-        # Every target counts but each row's last (the loss's division: its labels over dp).
-        labels = step_instances.shape[0] * step_instances.shape[1] * (step_instances.shape[2] - 1)
-        div = torch.tensor(float(labels) / RANKS)
+        step_instances, step_masks, step_micro = olmo_core_step_batches(
+            callback, instances[step], None if masks is None else masks[step], step + 1, micro)
+        # The loss's division: every rank's counted labels (each row's last is ignored) over dp,
+        # a masked instance's labels counted as well (its train module's batch_num_tokens_for_loss).
+        x = torch.as_tensor(step_instances).long()
+        batch = {"input_ids": x.reshape(-1, x.shape[-1])}
+        if step_masks is not None:
+            batch["instance_mask"] = torch.as_tensor(step_masks).reshape(-1)
+        labels = data_utils.get_labels(batch).reshape(x.shape)
+        counted = int((labels != -100).sum())
+        if step_masks is not None:
+            counted += int((~torch.as_tensor(step_masks)).sum()) * (x.shape[-1] - 1)
+        div = torch.tensor(float(counted) / RANKS)
         passes = olmo_core_train_passes(model, step_instances, step_micro, div,
-                                        z_loss_multiplier=LM_Z)
+                                        z_loss_multiplier=LM_Z, labels=labels.numpy())
         ce = sum(float(out.ce_loss) for out in passes)
         lm_z = sum(float(out.z_loss) for out in passes) / LM_Z
         for p in params.values():
@@ -215,6 +262,9 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict):
                      "train/lb": float(sum(r.load_balancing_loss for r in routers)) / RANKS,
                      "train/z": float(sum(r.z_loss for r in routers)) / RANKS,
                      "train/grad_norm": float(norm), "train/lr": lr})
+        if step_masks is not None:
+            rows[-1]["train/masked_instances"] = float(
+                np.mean([(~torch.as_tensor(m)).float().mean() for m in step_masks]))
         opt.step()
     for h in hooks:
         h.remove()
@@ -225,14 +275,17 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict):
 
 
 def test_two_ranks_train_as_olmo_core(run, cpu_kernels):
-    root, cfg, weights, out, warmup = run
-    ref_rows, ref_weights = olmo_core_run(root, cfg, weights, warmup)
+    root, cfg, weights, out, warmup, data = run
+    ref_rows, ref_weights = olmo_core_run(root, cfg, weights, warmup, data)
     ours_rows = moecore_rows(out)
     norms = [row["train/grad_norm"] for row in ref_rows]
     assert max(norms) > OPTIM["max_grad_norm"], f"clipping never active: {norms}"
     # (A warm-up's first update is scored on short rows, a cross-entropy of its own.)
     learned = 0.3 if not warmup else 0.2
     assert ref_rows[-1]["train/ce"] < ref_rows[0]["train/ce"] - learned, "the run did not learn"
+    if data:  # some steps mask instances, not every instance
+        shares = [row["train/masked_instances"] for row in ref_rows]
+        assert max(shares) > 0.1 and min(shares) < 0.9, shares
     ours = {k: torch.tensor([row[k] for row in ours_rows]) for k in ref_rows[0]}
     ref = {k: torch.tensor([row[k] for row in ref_rows]) for k in ref_rows[0]}
     H.assert_all_close(ours, ref, sorted(ref), what="per-step values against OLMo-core's run")
