@@ -178,7 +178,7 @@ struct DataConfig {
   // OLMo-core's instance filter (instance_filter_config; data/instance_filter.h): a training
   // instance that repeats a period of repetition_min_period .. repetition_max_period tokens
   // repetition_max_count times or more is masked (its labels ignored; the loss still counts them
-  // as OLMo-core's train modules do). Validation instances are not filtered.
+  // as OLMo-core's OLMoDDP train module does). Validation instances are not filtered.
   bool instance_filter = false;
   data::RepetitionFilter repetition;
 };

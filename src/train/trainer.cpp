@@ -670,9 +670,11 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
     Transformer::BatchCounts count{
         std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
         static_cast<int64_t>(targets.size())};
-    // OLMo-core's train modules count a masked instance's labels anyway, as zero-loss tokens
-    // (batch_num_tokens_for_loss += masked x (row length - 1)): every rank's divisor stays its
-    // rows', and the step's loss reads lower by the masked share.
+    // OLMo-core's OLMoDDP train module counts a masked instance's labels anyway, as zero-loss
+    // tokens (batch_num_tokens_for_loss += masked x (row length - 1), summed over dp): every
+    // rank's divisor stays its rows', and the step's loss reads lower by the masked share. (Its
+    // TransformerTrainModule adds masked x row length to a rank's own count, its pipeline module
+    // nothing: README, data.instance_filter.)
     if (filtered)
       count.counted_targets +=
           std::count(step_masked[micro].begin(), step_masked[micro].end(), uint8_t{1}) *

@@ -16,8 +16,10 @@ The OLMo-core side (OLMo-core's code wherever it has the piece):
 - instance filter (two more runs, one melting): a corpus with repeated words, OLMo-core's
   NumpyFSLDataset with its instance_filter_config gives each instance read its instance_mask
   (which the warm-up's melt_batch repeats for every row), get_labels masks those instances'
-  labels, and the loss's division counts them anyway as its train module does
-  (batch_num_tokens_for_loss += masked instances x (row length - 1)); train/masked_instances
+  labels, and the loss's division counts them anyway as its OLMoDDP train module does
+  (batch_num_tokens_for_loss += masked instances x (row length - 1), over dp), with the
+  warm-up too (OLMo-core runs its warm-up only with TransformerTrainModule, whose count differs
+  under the filter: README); train/masked_instances
   against its "train/masked instances (%)" (the ranks' mean of the masked share).
 - sequence-length warm-up (three more runs): OLMo-core's SequenceLengthSchedulerCallback itself
   (on a stand-in trainer: its data loader, dataset and train module mocks of their classes)

@@ -1,6 +1,6 @@
 """OLMo-core's instance filter (`data.instance_filter`) in every layout: the masks are made where
 each rank reads the global batch, and the loss's divisor counts a masked instance's labels as
-OLMo-core's train modules do, so data, expert and pipeline parallel runs (a melted
+OLMo-core's OLMoDDP train module does, so data, expert and pipeline parallel runs (a melted
 sequence-length warm-up too) train as the single process does, to test_parallel's tolerances
 (losses 1e-5 relative: the reductions sum in another order). The masks themselves are held to
 OLMo-core's dataset in tests/reference/test_olmo_core_instance_filter.py, the whole run's
