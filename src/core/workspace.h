@@ -8,7 +8,9 @@
 // stays where it is; released blocks that are too small are freed first); when the outermost scope
 // ends after such growth, the blocks are replaced by one block of the high-water mark, so the next
 // pass with the same shapes runs from a single block. The memory held is about the peak of the
-// locals it replaces: what a scope took is reused by the next scope.
+// locals it replaces: what a scope took is reused by the next scope. Host blocks are mapped
+// pages (core/host_pages.h), so that replaced blocks go back to the system rather than stay in
+// malloc's heap beside their replacement.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "core/device_memory.h"
+#include "core/host_pages.h"
 
 namespace moecore {
 
@@ -70,7 +73,8 @@ class Workspace {
   static constexpr size_t kAlignment = 64;
 
   struct Block {
-    DeviceArray<std::byte> bytes;
+    DeviceArray<std::byte> bytes;  // on a device
+    HostPages pages;               // on the host
     size_t size = 0;
     size_t used = 0;  // from the block's first aligned byte
     std::byte* begin() const;
