@@ -176,10 +176,13 @@ io::TensorDump record_dump(const DumpArgs& args, const RunConfig& config) {
   // As the trainer divides: a masked instance's labels count as zero-loss tokens (OLMo-core's).
   if (batch.masked_rows > 0) {
     dump.run["masked_instances"] = batch.masked_rows;
-    model.set_next_batch_counts({std::count_if(batch.targets.begin(), batch.targets.end(),
-                                               [](int32_t t) { return t != kIgnoreIndex; }) +
-                                     batch.masked_rows * (batch.seq - 1),
-                                 batch.rows * batch.seq});
+    const int64_t counted = std::count_if(batch.targets.begin(), batch.targets.end(),
+                                          [](int32_t t) { return t != kIgnoreIndex; });
+    model.set_next_batch_counts(
+        {counted,
+         batch.rows * batch.seq,
+         {},
+         static_cast<double>(counted + batch.masked_rows * (batch.seq - 1))});
   }
   // Parameter gradients as the backward finishes them: the head's before the last layer's, each
   // layer's when it is done, the embedding's (the head's too when tied) at the end.

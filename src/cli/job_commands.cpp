@@ -112,13 +112,14 @@ void run_prepare(const PrepareArgs& args) {
 }
 
 void run_eval(const std::string& checkpoint, const std::vector<std::string>& data,
-              int64_t max_instances, const std::string& dtype) {
+              int64_t max_instances, const std::string& dtype,
+              const std::vector<std::string>& label_mask) {
   LoadedModel m = load_model(checkpoint);
   MOE_CHECK(dtype.empty() || !data::token_dtype_descr(dtype).empty(),
             "[eval] --dtype '{}' is not one of uint16, uint32, int32, int64", dtype);
   const data::TokenDataset dataset =
       data::TokenDataset::open(data, m.config.train.seq_len, m.config.model.vocab_size,
-                               dtype.empty() ? m.config.data.dtype : dtype);
+                               dtype.empty() ? m.config.data.dtype : dtype, 0, label_mask);
   Transformer model(m.config.model, m.layout);
   // Scored as the checkpoint was trained: in its train.precision (the trainer's validation loss,
   // which a run stopped by a signal skipped, is this one), with its document masking, if any.
@@ -142,8 +143,9 @@ void run_data_instances(const DataInstancesArgs& args) {
             args.max_target_seq_len, args.seq_len);
   MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
             "[data] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);
-  const data::TokenDataset dataset = data::TokenDataset::open(
-      args.data, args.seq_len, args.vocab_size, args.dtype, args.max_target_seq_len);
+  const data::TokenDataset dataset =
+      data::TokenDataset::open(args.data, args.seq_len, args.vocab_size, args.dtype,
+                               args.max_target_seq_len, args.label_mask);
   const int64_t n = args.max_instances > 0 ? std::min(args.max_instances, dataset.num_instances())
                                            : dataset.num_instances();
   const int64_t T = args.seq_len;
@@ -164,6 +166,9 @@ void run_data_instances(const DataInstancesArgs& args) {
             args.repetition.max_period, args.repetition.min_period);
   std::vector<uint8_t> kept;
   if (!args.instance_mask_out.empty()) kept.resize(static_cast<size_t>(n));
+  std::vector<int32_t> row_targets(static_cast<size_t>(T));
+  std::vector<int64_t> targets;
+  if (!args.targets_out.empty()) targets.resize(static_cast<size_t>(n * T));
   std::vector<int64_t> doc_lens;
   if (!args.doc_lens_out.empty()) {
     MOE_CHECK(eos >= 0,
@@ -172,8 +177,10 @@ void run_data_instances(const DataInstancesArgs& args) {
     doc_lens.assign(static_cast<size_t>(n * T), 0);
   }
   for (int64_t i = 0; i < n; ++i) {
-    dataset.read_instance(i, row.data());
+    dataset.read_example(i, row.data(), row_targets.data());
     std::copy(row.begin(), row.end(), instances.begin() + i * T);
+    if (!targets.empty())
+      std::copy(row_targets.begin(), row_targets.end(), targets.begin() + i * T);
     if (!kept.empty()) kept[static_cast<size_t>(i)] = data::keeps_instance(row, args.repetition);
     if (!doc_lens.empty()) {
       const std::vector<int64_t> lengths = document_lengths(
@@ -184,6 +191,7 @@ void run_data_instances(const DataInstancesArgs& args) {
   if (!args.out.empty()) data::write_npy(args.out, "<i8", {n, T}, instances.data());
   if (!doc_lens.empty()) data::write_npy(args.doc_lens_out, "<i8", {n, T}, doc_lens.data());
   if (!kept.empty()) data::write_npy(args.instance_mask_out, "|u1", {n}, kept.data());
+  if (!targets.empty()) data::write_npy(args.targets_out, "<i8", {n, T}, targets.data());
   nlohmann::json files = nlohmann::json::array();
   for (size_t f = 0; f < dataset.num_files(); ++f)
     files.push_back(

@@ -23,9 +23,11 @@ struct PrepareArgs {
   bool npy_header = false;  // NumPy .npy files instead of OLMo-core's headerless ones
 };
 void run_prepare(const PrepareArgs& args);
-// dtype: the element type of headerless files ("" = the checkpoint's data.dtype).
+// dtype: the element type of headerless files ("" = the checkpoint's data.dtype); label_mask: one
+// label mask per token file (data.val_label_mask's form), none when empty.
 void run_eval(const std::string& checkpoint, const std::vector<std::string>& data,
-              int64_t max_instances, const std::string& dtype);
+              int64_t max_instances, const std::string& dtype,
+              const std::vector<std::string>& label_mask = {});
 
 // `moecore data instances`: the training instances of token files as moecore cuts them (from
 // blocks of max_target_seq_len tokens where one is given), in file order, written as an int64
@@ -42,6 +44,10 @@ struct DataInstancesArgs {
   int64_t bos_id = -1;             // OLMo-core's bos_token_id: documents end at EOS + BOS; -1: none
   int64_t max_target_seq_len = 0;  // OLMo-core's max_target_sequence_length; 0: none
   std::string out, doc_lens_out;
+  // Label masks, one per token file (data.label_mask), and where the targets go: each instance's
+  // targets as training reads them (int64 [N, seq_len], -100 where none).
+  std::vector<std::string> label_mask;
+  std::string targets_out;
   // OLMo-core's instance filter (data/instance_filter.h) at `repetition`: each instance's
   // instance_mask (1: kept, 0: masked) as a uint8 [N] .npy. Unset: no filter.
   std::string instance_mask_out;

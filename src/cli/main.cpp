@@ -199,6 +199,9 @@ int main(int argc, char** argv) {
   eval->add_option("--data", data_paths, ".npy token files or directories")->required();
   cli::add_int_option(eval, "--max-instances", max_instances,
                       "evaluate at most this many (0 = all)", 0, INT64_MAX);
+  std::vector<std::string> eval_label_mask;
+  eval->add_option("--label-mask", eval_label_mask,
+                   "label mask files, one per token file (as data.val_label_mask)");
   eval->add_option("--dtype", eval_dtype,
                    "element type of headerless token files (default: the checkpoint's data.dtype)");
 
@@ -229,6 +232,11 @@ int main(int argc, char** argv) {
   data_instances->add_option("--out", inst.out, "output .npy of the instances");
   data_instances->add_option("--doc-lens-out", inst.doc_lens_out,
                              "output .npy of each instance's document lengths");
+  data_instances->add_option("--label-mask", inst.label_mask,
+                             "label mask files, one per token file in the same order "
+                             "(data.label_mask)");
+  data_instances->add_option("--targets-out", inst.targets_out,
+                             "output .npy of each instance's targets (-100: none)");
   data_instances->add_option("--instance-mask-out", inst.instance_mask_out,
                              "output uint8 .npy of each instance's mask under OLMo-core's "
                              "instance filter (1: kept, 0: masked)");
@@ -451,7 +459,7 @@ int main(int argc, char** argv) {
     } else if (prepare->parsed()) {
       cli::run_prepare(prep);
     } else if (eval->parsed()) {
-      cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype);
+      cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype, eval_label_mask);
     } else if (data_instances->parsed()) {
       inst.repetition_given = data_instances->count("--repetition-max-period") +
                                   data_instances->count("--repetition-min-period") +

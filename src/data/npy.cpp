@@ -25,8 +25,9 @@ struct DtypeSpec {
 };
 
 constexpr DtypeSpec kDtypes[] = {
-    {"|u1", 1, true, false}, {"<u2", 2, true, false}, {"<u4", 4, true, false},
-    {"<i4", 4, true, true},  {"<i8", 8, true, true},  {"<f4", 4, false, true},
+    {"|u1", 1, true, false}, {"|b1", 1, true, false}, {"<u2", 2, true, false},
+    {"<u4", 4, true, false}, {"<i4", 4, true, true},  {"<i8", 8, true, true},
+    {"<f4", 4, false, true},
 };
 
 const DtypeSpec* find_dtype(std::string_view descr) {

@@ -38,7 +38,9 @@ size_t token_itemsize(const std::string& dtype) {
 
 // Files named by `paths`, with directories replaced by their *.npy entries in sorted order so that
 // the instance numbering, and hence the shuffle, does not depend on directory listing order.
-std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
+// `what` the files are, for the error of a directory without any.
+std::vector<std::string> expand_paths(const std::vector<std::string>& paths,
+                                      const char* what = "token files") {
   std::vector<std::string> files;
   for (const std::string& path : paths) {
     std::error_code ec;
@@ -53,7 +55,7 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
       }
     }
     MOE_CHECK(!ec, "[data] {}: cannot list directory: {}", path, ec.message());
-    MOE_CHECK(!found.empty(), "[data] {}: directory holds no .npy token files", path);
+    MOE_CHECK(!found.empty(), "[data] {}: directory holds no .npy {}", path, what);
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());
   }
@@ -232,9 +234,37 @@ TokenDataset::File TokenDataset::open_file(const std::string& path,
   return file;
 }
 
+void TokenDataset::open_label_mask(File& file, const std::string& path) {
+  file.mask_path = path;
+  io::MappedFile mapped = io::MappedFile::open(path, "[data]");
+  size_t count = mapped.size();
+  if (mapped.size() >= kNpyMagicSize && std::memcmp(mapped.data(), kNpyMagic, kNpyMagicSize) == 0) {
+    file.mask_npy.emplace(NpyFile::open(path));
+    const NpyFile& npy = *file.mask_npy;
+    MOE_CHECK(npy.shape().size() == 1 && (npy.dtype() == "|b1" || npy.dtype() == "|u1"),
+              "[data] {}: a label mask is a flat array of bool or uint8, found {} of shape {}",
+              path, npy.dtype(), npy.shape());
+    count = npy.numel();
+    file.mask = static_cast<const uint8_t*>(npy.data());
+  } else {
+    file.mask_raw = std::move(mapped);
+    file.mask = reinterpret_cast<const uint8_t*>(file.mask_raw.data());
+  }
+  // OLMo-core's NumpyFSLDataset checks the same sizes.
+  MOE_CHECK(static_cast<int64_t>(count) == file.num_tokens,
+            "[data] {}: a label mask of {} elements for the {} tokens of {}", path, count,
+            file.num_tokens, file.path);
+  // Every value, once: a 2 would read as true in numpy and as something else elsewhere.
+  const uint8_t* bad =
+      std::find_if(file.mask, file.mask + count, [](uint8_t value) { return value > 1; });
+  MOE_CHECK(bad == file.mask + count, "[data] {}: label mask value {} at position {} is not 0 or 1",
+            path, *bad, bad - file.mask);
+}
+
 TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t seq_len,
                                 int64_t vocab_size, const std::string& declared_dtype,
-                                int64_t max_target_seq_len) {
+                                int64_t max_target_seq_len,
+                                const std::vector<std::string>& label_mask_paths) {
   MOE_CHECK(seq_len >= 1, "[data] seq_len must be positive, got {}", seq_len);
   // OLMo-core's NumpyFSLDataset refuses the same.
   MOE_CHECK(is_max_target_seq_len(max_target_seq_len, seq_len),
@@ -255,7 +285,17 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
   ds.vocab_size_ = vocab_size;
   std::string eos_source;
   TokenMetaCache metas;
-  for (const std::string& path : expand_paths(paths)) {
+  const std::vector<std::string> token_files = expand_paths(paths);
+  const std::vector<std::string> mask_files =
+      label_mask_paths.empty() ? std::vector<std::string>()
+                               : expand_paths(label_mask_paths, "label mask files");
+  MOE_CHECK(mask_files.empty() || mask_files.size() == token_files.size(),
+            "[data] {} label mask file(s) ({}) for {} token file(s) ({}): one per token file, in "
+            "the same order",
+            mask_files.size(), fmt::join(label_mask_paths, ", "), token_files.size(),
+            fmt::join(paths, ", "));
+  ds.has_label_masks_ = !mask_files.empty();
+  for (const std::string& path : token_files) {
     const std::optional<TokenFileMeta> meta = metas.find(path);
     if (meta && meta->eos_id >= 0) {
       MOE_CHECK(ds.metadata_eos_id_ < 0 || ds.metadata_eos_id_ == meta->eos_id,
@@ -265,6 +305,7 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
       eos_source = meta->meta_path;
     }
     File file = open_file(path, dtype, meta);
+    if (ds.has_label_masks_) open_label_mask(file, mask_files[ds.files_.size()]);
     file.first_instance = ds.num_instances_;
     ds.num_instances_ += file.num_tokens / block * ds.instances_per_chunk_;
     ds.total_tokens_ += file.num_tokens;
@@ -278,14 +319,18 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths, int64_t s
   return ds;
 }
 
-void TokenDataset::read_instance(int64_t index, int32_t* tokens) const {
+const TokenDataset::File& TokenDataset::file_of(int64_t index) const {
   MOE_CHECK(index >= 0 && index < num_instances_, "[data] instance {} out of range [0, {})", index,
             num_instances_);
   // The last file whose first instance is <= index; files without instances share their
   // successor's first_instance and so are never the last such file for a valid index.
   const auto it = std::upper_bound(files_.begin(), files_.end(), index,
                                    [](int64_t i, const File& f) { return i < f.first_instance; });
-  const File& file = *(it - 1);
+  return *(it - 1);
+}
+
+void TokenDataset::read_instance(int64_t index, int32_t* tokens) const {
+  const File& file = file_of(index);
   const int64_t start = (index - file.first_instance) * seq_len_;
   const std::byte* p = file.data + static_cast<size_t>(start) * file.itemsize;
   for (int64_t t = 0; t < seq_len_; ++t, p += file.itemsize) {
@@ -316,6 +361,11 @@ void TokenDataset::read_example(int64_t index, int32_t* tokens, int32_t* targets
   read_instance(index, tokens);
   std::copy(tokens + 1, tokens + seq_len_, targets);
   targets[seq_len_ - 1] = kIgnoreIndex;  // No next token inside the instance.
+  if (!has_label_masks_) return;
+  const File& file = file_of(index);
+  const int64_t start = (index - file.first_instance) * seq_len_;
+  for (int64_t t = 1; t < seq_len_; ++t)
+    if (file.mask[start + t] == 0) targets[t - 1] = kIgnoreIndex;  // 0 / 1, checked at open
 }
 
 // ---- DataLoader ------------------------------------------------------------------------------

@@ -64,9 +64,14 @@ class TokenDataset {
   // seq_len; each file is cut into whole blocks of that many tokens (its tail beyond the last
   // dropped), each block into max_target_seq_len / seq_len consecutive instances, so that runs
   // of other seq_len up to it (a sequence-length warm-up) read the same tokens.
+  // `label_mask_paths` (OLMo-core's label_mask_paths; empty: none): one label mask per token
+  // file after `paths` are expanded, in the same order (directories expand alike), each a flat
+  // array of 0 / 1 bytes (headerless as OLMo-core writes np.bool_ arrays, or a .npy of |b1 or
+  // |u1) as long as its token file: a token whose mask is 0 is no label (read_example).
   static TokenDataset open(const std::vector<std::string>& paths, int64_t seq_len,
                            int64_t vocab_size, const std::string& declared_dtype = "",
-                           int64_t max_target_seq_len = 0);
+                           int64_t max_target_seq_len = 0,
+                           const std::vector<std::string>& label_mask_paths = {});
 
   TokenDataset(TokenDataset&&) noexcept = default;
   TokenDataset& operator=(TokenDataset&&) noexcept = default;
@@ -94,8 +99,11 @@ class TokenDataset {
 
   // Copies instance `index` (0 <= index < num_instances(), file order) into tokens[0:seq_len].
   void read_instance(int64_t index, int32_t* tokens) const;
-  // tokens[0:T] = instance, targets[0:T-1] = instance[1:T], targets[T-1] = -100.
+  // tokens[0:T] = instance, targets[0:T-1] = instance[1:T], targets[T-1] = -100; with label
+  // masks, targets[t] = -100 also where instance[t + 1]'s mask is 0 (OLMo-core's get_labels
+  // masks the label, then shifts). (open() refuses a mask byte other than 0 or 1.)
   void read_example(int64_t index, int32_t* tokens, int32_t* targets) const;
+  bool has_label_masks() const { return has_label_masks_; }
 
  private:
   struct File {
@@ -107,11 +115,18 @@ class TokenDataset {
     size_t itemsize = 0;
     int64_t num_tokens = 0;
     int64_t first_instance = 0;  // Global index of this file's first instance.
+    // Its label mask (open()'s label_mask_paths), num_tokens bytes.
+    std::string mask_path;
+    std::optional<NpyFile> mask_npy;
+    io::MappedFile mask_raw;
+    const uint8_t* mask = nullptr;
   };
 
   TokenDataset() = default;
   static File open_file(const std::string& path, const std::string& declared_dtype,
                         const std::optional<TokenFileMeta>& meta);
+  static void open_label_mask(File& file, const std::string& path);
+  const File& file_of(int64_t index) const;
 
   std::vector<File> files_;
   int64_t metadata_eos_id_ = -1;
@@ -120,6 +135,7 @@ class TokenDataset {
   int64_t vocab_size_ = 0;
   int64_t num_instances_ = 0;
   int64_t total_tokens_ = 0;
+  bool has_label_masks_ = false;
 };
 
 // Training batches in the shuffled order of an InstanceOrder, starting at a saved cursor. The

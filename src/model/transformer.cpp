@@ -66,8 +66,9 @@ struct Transformer::Activations {
   DeviceArray<double> loss_statistics;
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;  // tokens of the global micro-batch
-  // Its counted targets, the cross-entropy's divisor, where the head's kernels read it (f64 [1]):
-  // the caller's (BatchCounts::counted_on_device) or counted_copy, a copy of the host's count.
+  // The cross-entropy's divisor (BatchCounts::divisor, else the counted targets) where the
+  // head's kernels read it (f64 [1]): the caller's (BatchCounts::counted_on_device) or
+  // counted_copy, a copy of the host's.
   ConstTensorView divisor;
   DeviceArray<double> counted_copy;
   double router_loss_div = 0;   // what divides the router losses (model.loss_normalizer)
@@ -629,6 +630,8 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
     if (batch_sum_) batch_sum_(batch_counts, 2, DType::kF64);
   }
   const int64_t counted = static_cast<int64_t>(batch_counts[0]);
+  const double divisor =
+      given_counts && given_counts->divisor > 0.0 ? given_counts->divisor : batch_counts[0];
   if (given_counts && given_counts->counted_on_device.raw() != nullptr) {
     const ConstTensorView& on_device = given_counts->counted_on_device;
     MOE_CHECK(on_device.numel() == 1 && on_device.dtype() == DType::kF64 &&
@@ -643,12 +646,12 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
     act.divisor = on_device;
   } else {
     act.counted_copy.resize_for_overwrite(1);
-    copy_bytes(act.counted_copy.data(), &batch_counts[0], sizeof(double));
+    copy_bytes(act.counted_copy.data(), &divisor, sizeof(double));
     act.divisor = view(act.counted_copy.data(), {1});
   }
   act.global_tokens = static_cast<int64_t>(batch_counts[1]);
   act.router_loss_div = c.loss_normalizer == LossNormalizer::kLabels
-                            ? static_cast<double>(counted)
+                            ? divisor
                             : static_cast<double>(act.global_tokens);
   act.lb_uses_softmax = c.lb_loss_style == LbLossStyle::kHf;
 

@@ -78,8 +78,8 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
     keys.push_back(std::string("train.") + key);
   // The tokens the run reads (their element type, their order) and where its documents end (the
   // attention's masks: document_masking, eos_id).
-  for (const char* key : {"train", "dtype", "document_masking", "eos_id", "bos_id", "order",
-                          "max_target_seq_len", "instance_filter", "repetition_max_period",
+  for (const char* key : {"train", "label_mask", "dtype", "document_masking", "eos_id", "bos_id",
+                          "order", "max_target_seq_len", "instance_filter", "repetition_max_period",
                           "repetition_min_period", "repetition_max_count"})
     keys.push_back(std::string("data.") + key);
   // Which tokens an expert-parallel run drops (the rowwise dispatch's capacity; ep = 1 drops none).

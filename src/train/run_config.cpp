@@ -429,6 +429,8 @@ void read_parallel(TableReader& r, ParallelConfig& p) {
 void read_data(TableReader& r, DataConfig& d) {
   r.read("train", d.train);
   r.read("val", d.val);
+  r.read("label_mask", d.label_mask);
+  r.read("val_label_mask", d.val_label_mask);
   r.read("tokenizer", d.tokenizer);
   r.read("dtype", d.dtype);
   r.read("document_masking", d.document_masking);
@@ -1484,6 +1486,8 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "which is false",
             d.bos_id);
   validate_instance_filter(d);
+  MOE_CHECK(d.val_label_mask.empty() || !d.val.empty(),
+            "[config] data.val_label_mask lists label masks for data.val, which lists no files");
   return config;
 }
 
@@ -1693,6 +1697,8 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"out_dir", t.out_dir}};
   toml::table data{{"train", list_of(c.data.train)},
                    {"val", list_of(c.data.val)},
+                   {"label_mask", list_of(c.data.label_mask)},
+                   {"val_label_mask", list_of(c.data.val_label_mask)},
                    {"tokenizer", c.data.tokenizer},
                    {"dtype", c.data.dtype},
                    {"document_masking", c.data.document_masking},

@@ -154,6 +154,10 @@ struct TrainConfig {
 struct DataConfig {
   std::vector<std::string> train;  // .npy token files or directories of them (OLMo-core format)
   std::vector<std::string> val;
+  // OLMo-core's label_mask_paths: one label mask per training (validation) token file, in the
+  // same order (data/token_dataset.h); a token whose mask is 0 is no label. Empty: none.
+  std::vector<std::string> label_mask;
+  std::vector<std::string> val_label_mask;
   std::string tokenizer;  // tokenizer.json, for the sample printed at the end (optional)
   // Element type of headerless token files ("uint16", "uint32", "int32", "int64"); empty: from
   // the meta.json `moecore prepare` writes beside them, an error where there is none. Files with

@@ -35,8 +35,8 @@ StepGraph::StepGraph(Device device, int64_t microbatches, int64_t rows, int64_t 
   if (document_eos >= 0) host_starts_.resize(tokens);
 }
 
-void StepGraph::stage(int64_t micro, const int32_t* tokens, const int32_t* targets,
-                      int64_t counted) {
+void StepGraph::stage(int64_t micro, const int32_t* tokens, const int32_t* targets, int64_t counted,
+                      double divisor) {
   const auto m = static_cast<size_t>(micro);
   const auto bytes = static_cast<size_t>(rows_ * seq_) * sizeof(int32_t);
   copy_bytes(token_ids_[m].data(), tokens, bytes);
@@ -46,8 +46,7 @@ void StepGraph::stage(int64_t micro, const int32_t* tokens, const int32_t* targe
                              host_starts_.data());
     copy_bytes(document_starts_[m].data(), host_starts_.data(), bytes);
   }
-  const auto value = static_cast<double>(counted);
-  copy_bytes(counted_.data() + micro, &value, sizeof(value));
+  copy_bytes(counted_.data() + micro, &divisor, sizeof(divisor));
   host_counted_[m] = counted;
 }
 

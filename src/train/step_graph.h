@@ -39,8 +39,10 @@ class StepGraph {
             int32_t document_bos);
 
   // Micro-batch m's inputs into the static buffers: its ids and targets (host memory), its
-  // count of targets, and with document masking its documents' starts, found in its ids here.
-  void stage(int64_t micro, const int32_t* tokens, const int32_t* targets, int64_t counted);
+  // count of targets and the cross-entropy's divisor (Transformer::BatchCounts), and with
+  // document masking its documents' starts, found in its ids here.
+  void stage(int64_t micro, const int32_t* tokens, const int32_t* targets, int64_t counted,
+             double divisor);
   const int32_t* tokens(int64_t micro) const;
   const int32_t* targets(int64_t micro) const;
   ConstTensorView counted(int64_t micro) const;  // f64 [1]

@@ -92,8 +92,8 @@ RunInputs open_inputs(RunConfig& config) {
   MOE_CHECK(!config.data.train.empty(), "[train] data.train lists no token files");
   RunInputs in{open_training_set(config), std::nullopt, -1, std::nullopt};
   if (!config.data.val.empty())
-    in.val_data =
-        data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size, config.data.dtype);
+    in.val_data = data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size,
+                                           config.data.dtype, 0, config.data.val_label_mask);
   // Training and validation documents end at the same EOS.
   in.document_eos = document_masking_eos(config.data, in.train_data);
   MOE_CHECK(in.document_eos < 0 || !in.val_data || in.val_data->metadata_eos_id() < 0 ||
@@ -665,30 +665,41 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
       shape.cut ? batch.cut_masked : batch.masked;
   const int64_t slice_begin =
       shape.cut ? ctx.mesh.dp.rank() * shape.rows * shape.seq : batch.slice_begin;
+  // OLMo-core's OLMoDDP train module divides every micro-batch's loss by the whole batch's
+  // labels (its batch_num_tokens_for_loss, summed over dp and divided by the dp size, DDP then
+  // averaging the ranks) and adds the micro-batches up; moecore averages its micro-batches
+  // (loss_scale 1 / M), so each divides by the global batch's count / M: its own count where
+  // every micro-batch holds as many labels, OLMo-core's division where label masks make them
+  // differ. A masked instance's labels count anyway, as zero-loss tokens (masked x (row length
+  // - 1)): the step's loss reads lower by the masked share. (Its TransformerTrainModule adds
+  // masked x row length to a rank's own count, its pipeline module nothing: README,
+  // data.instance_filter.)
+  double batch_divisor = 0.0;
   for (size_t micro = 0; micro < step_tokens.size(); ++micro) {
     const std::vector<int32_t>& targets = step_targets[micro];
-    Transformer::BatchCounts count{
-        std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
-        static_cast<int64_t>(targets.size())};
-    // OLMo-core's OLMoDDP train module counts a masked instance's labels anyway, as zero-loss
-    // tokens (batch_num_tokens_for_loss += masked x (row length - 1), summed over dp): every
-    // rank's divisor stays its rows', and the step's loss reads lower by the masked share. (Its
-    // TransformerTrainModule adds masked x row length to a rank's own count, its pipeline module
-    // nothing: README, data.instance_filter.)
+    counts.push_back(
+        {std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }),
+         static_cast<int64_t>(targets.size())});
+    batch_divisor += static_cast<double>(counts.back().counted_targets);
     if (filtered)
-      count.counted_targets +=
+      batch_divisor += static_cast<double>(
           std::count(step_masked[micro].begin(), step_masked[micro].end(), uint8_t{1}) *
-          (shape.seq - 1);
+          (shape.seq - 1));
+  }
+  // OLMo-core clamps the count to 1 (a batch without a label then keeps its router losses).
+  batch_divisor = std::max(batch_divisor, 1.0) / static_cast<double>(step_tokens.size());
+  for (size_t micro = 0; micro < step_tokens.size(); ++micro) {
+    Transformer::BatchCounts& count = counts[micro];
+    count.divisor = batch_divisor;
     PipelineRunner::MicroBatch slice{step_tokens[micro].data() + slice_begin,
                                      step_targets[micro].data() + slice_begin};
     if (ctx.step_graph) {  // the graph's static inputs in device memory
       const auto m = static_cast<int64_t>(micro);
-      ctx.step_graph->stage(m, slice.tokens, slice.targets, count.counted_targets);
+      ctx.step_graph->stage(m, slice.tokens, slice.targets, count.counted_targets, count.divisor);
       slice = {ctx.step_graph->tokens(m), ctx.step_graph->targets(m)};
       count.counted_on_device = ctx.step_graph->counted(m);
     }
     micro_batches.push_back(slice);
-    counts.push_back(count);
   }
   const bool overlap = pc.overlap_grad_reduce && ctx.mesh.dp.size() > 1;
   auto pass_hook = [&](Transformer& chunk, bool forward, int64_t micro, bool done) {

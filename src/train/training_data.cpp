@@ -12,7 +12,8 @@ namespace moecore {
 
 data::TokenDataset open_training_set(const RunConfig& config) {
   return data::TokenDataset::open(config.data.train, config.train.seq_len, config.model.vocab_size,
-                                  config.data.dtype, config.data.max_target_seq_len);
+                                  config.data.dtype, config.data.max_target_seq_len,
+                                  config.data.label_mask);
 }
 
 int64_t epoch_length(const RunConfig& config, int64_t instances) {

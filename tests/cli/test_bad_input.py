@@ -1126,6 +1126,12 @@ CASES["train/data_bos_id_without_document_masking"] = lambda e: _train_case(
     e, "--set", "data.bos_id=1", needles=("data.bos_id=1", "data.document_masking"))
 CASES["train/document_masking_not_bool"] = lambda e: _train_case(
     e, "--set", "data.document_masking=1", needles=("data.document_masking",))
+CASES["train/val_label_mask_without_val"] = lambda e: _train_case(
+    e, "--set", "data.val=[]", "--set", "data.val_label_mask=[\"m.bin\"]",
+    needles=("data.val_label_mask", "data.val"))
+CASES["train/label_masks_not_one_per_token_file"] = lambda e: _train_case(
+    e, "--set", "data.label_mask=[\"a.bin\", \"b.bin\", \"c.bin\", \"d.bin\", \"e.bin\"]",
+    needles=("5 label mask file(s)", "one per token file"))
 CASES["train/repetition_keys_without_instance_filter"] = lambda e: _train_case(
     e, "--set", "data.repetition_max_count=4",
     needles=("data.repetition_max_period", "data.instance_filter = false"))

@@ -73,19 +73,20 @@ TEST(ResumePolicy, TheMxVariantsTheLossNormalizerAndTheDocumentsAreReplayKeys) {
   b.data.order = data::OrderRule::kOlmoCore;
   b.data.document_masking = true;
   b.data.eos_id = 3;
+  b.data.label_mask = {"masks"};  // which labels train
   b.data.instance_filter = true;  // which instances train
   b.data.repetition.max_count = 4;
   EXPECT_EQ(model_config_difference(a.model, b.model), "");
-  EXPECT_EQ(
-      described(a, b),
-      (std::vector<std::string>{
-          "model.lb_loss_scope: 'global' -> 'rank'",
-          "model.lb_loss_granularity: 'local_batch' -> 'instance'",
-          "model.loss_normalizer: 'tokens' -> 'labels'", "train.mxfp8_expert_wgrad: false -> true",
-          "train.mxfp8_dense: false -> true", "train.mxfp8_scale: 'rceil' -> 'floor'",
-          "data.dtype: 'uint16' -> 'uint32'", "data.document_masking: false -> true",
-          "data.eos_id: -1 -> 3", "data.order: 'moecore' -> 'olmo-core'",
-          "data.instance_filter: false -> true", "data.repetition_max_count: 32 -> 4"}));
+  EXPECT_EQ(described(a, b),
+            (std::vector<std::string>{
+                "model.lb_loss_scope: 'global' -> 'rank'",
+                "model.lb_loss_granularity: 'local_batch' -> 'instance'",
+                "model.loss_normalizer: 'tokens' -> 'labels'",
+                "train.mxfp8_expert_wgrad: false -> true", "train.mxfp8_dense: false -> true",
+                "train.mxfp8_scale: 'rceil' -> 'floor'", "data.label_mask: [] -> ['masks']",
+                "data.dtype: 'uint16' -> 'uint32'", "data.document_masking: false -> true",
+                "data.eos_id: -1 -> 3", "data.order: 'moecore' -> 'olmo-core'",
+                "data.instance_filter: false -> true", "data.repetition_max_count: 32 -> 4"}));
   // The same tokens: a dtype left to the meta.json (which an explicit one must equal), an EOS
   // that ends no document without masking.
   RunConfig c = a;

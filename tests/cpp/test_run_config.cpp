@@ -80,6 +80,8 @@ out_dir = "runs/full"
 train = ["a.npy", "dir/b"]
 val = "val.npy"
 tokenizer = "tok/tokenizer.json"
+label_mask = ["a.mask", "dir/m"]
+val_label_mask = "val.mask"
 instance_filter = true
 repetition_max_period = 9
 repetition_min_period = 2
@@ -164,6 +166,8 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(c.data.train, (std::vector<std::string>{"a.npy", "dir/b"}));
   EXPECT_EQ(c.data.val, (std::vector<std::string>{"val.npy"}));  // one string: a list of one
   EXPECT_EQ(c.data.tokenizer, "tok/tokenizer.json");
+  EXPECT_EQ(c.data.label_mask, (std::vector<std::string>{"a.mask", "dir/m"}));
+  EXPECT_EQ(c.data.val_label_mask, (std::vector<std::string>{"val.mask"}));
   EXPECT_TRUE(c.data.instance_filter);
   EXPECT_EQ(c.data.repetition.max_period, 9);
   EXPECT_EQ(c.data.repetition.min_period, 2);

@@ -211,3 +211,62 @@ def test_a_wrong_declared_type_is_named(moecore_bin, tmp_path):
     for path, dtype in ((wide, "uint32"), (narrow, "uint16")):
         ours, _, _ = moecore_instances(tmp_path, [path], vocab, dtype=dtype, eos=0)
         assert ours.shape == (40, SEQ) and (ours.reshape(-1) == ids).all()
+
+
+@pytest.mark.parametrize("max_target", [0, 4 * SEQ])
+def test_label_masks_make_olmo_core_labels(moecore_bin, tmp_path, max_target):
+    """OLMo-core's label_mask_paths (data.label_mask, `data instances --label-mask`): one np.bool_
+    file per token file, as long as it; a token whose mask is False is no label (get_labels masks
+    the labels, then shifts them). `data instances --targets-out` writes the targets training
+    reads, which must be get_labels' of NumpyFSLDataset's input_ids and label_mask for every
+    instance (with max_target_sequence_length too). Headerless masks as OLMo-core writes them and
+    a .npy of bool; mismatched files and values other than 0 / 1 are one-line errors."""
+    rng = np.random.default_rng(9)
+    vocab, eos, paths, headerless, masks = 300, 299, [], [], []
+    for f, n in enumerate([SEQ * 9 + 5, SEQ * 4]):
+        p, m = tmp_path / f"part-{f}-00000.npy", tmp_path / f"mask-{f}.bin"
+        olmo_utils.write_array_to_disk(rng.integers(0, vocab, size=n).astype(np.uint16), p)
+        keep = np.repeat(np.arange(n) % 2 == 0, rng.integers(1, 9, size=n))[:n]
+        olmo_utils.write_array_to_disk(keep, m)  # OLMo-core's: headerless bytes
+        paths.append(p)
+        headerless.append(m)
+        if f == 1:  # moecore also reads a .npy of |b1
+            m = tmp_path / f"mask-{f}.npy"
+            np.save(m, keep)
+        masks.append(m)
+    ds = numpy_dataset.NumpyFSLDataset(*[str(p) for p in paths], sequence_length=SEQ,
+                                       pad_token_id=0, eos_token_id=eos, vocab_size=vocab,
+                                       dtype=np.uint16, label_mask_paths=headerless,
+                                       max_target_sequence_length=max_target or None)
+    ds.prepare()
+    targets = tmp_path / "targets.npy"
+    base = ["data", "instances", "--seq-len", SEQ, "--vocab-size", vocab, "--dtype", "uint16",
+            "--max-target-seq-len", max_target]
+    for p in paths:
+        base += ["--data", p]
+    H.run_moecore(*base, *[a for m in masks for a in ("--label-mask", m)],
+                  "--targets-out", targets)
+    ours = np.load(targets)
+    assert ours.shape == (len(ds), SEQ) and len(ds) > 10
+    for i in range(len(ds)):
+        item = ds[i]
+        ref = olmo_utils.get_labels({"input_ids": item["input_ids"][None],
+                                     "label_mask": item["label_mask"][None]})[0].numpy()
+        np.testing.assert_array_equal(ours[i], ref, err_msg=f"instance {i}")
+    assert 0.3 < (ours == -100).mean() < 0.7
+
+    def refused(extra, *needles):
+        r = H.run_moecore_raw(*base, *extra, "--targets-out", tmp_path / "x.npy")
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        for needle in needles:
+            assert needle in r.stderr, (needle, r.stderr)
+        assert not (tmp_path / "x.npy").exists()
+
+    refused(["--label-mask", masks[0]], "1 label mask file(s)", "2 token file(s)")
+    refused(["--label-mask", masks[1], "--label-mask", masks[0]], str(masks[1]), "elements")
+    bad = tmp_path / "bad-mask.npy"
+    values = np.fromfile(masks[0], dtype=np.uint8)
+    values[SEQ * 9 + 2] = 2  # in the tail no instance reads: every value is checked
+    values.tofile(bad)
+    refused(["--label-mask", bad, "--label-mask", masks[1]], str(bad), "value 2",
+            f"position {SEQ * 9 + 2}")

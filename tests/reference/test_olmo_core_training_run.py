@@ -91,7 +91,25 @@ WARMUPS = {
                  "seq_len_warmup_truncate": True, "seq_len_warmup_multiple": 3},
     "filter": {"data": FILTER},
     "filter_melt": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3, "data": FILTER},
+    "label_mask": {"data": {"label_mask": True}},
+    "label_mask_melt_filter": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3,
+                               "data": {"label_mask": True, **FILTER}},
 }
+
+
+def write_label_masks(root: Path) -> Path:
+    """One label mask per token file (OLMo-core's np.bool_ files, headerless), in runs of labels
+    kept and masked (as prompts and responses make them), about half of the tokens masked."""
+    rng = np.random.default_rng(5)
+    meta = json.loads((root / "tokens" / "meta.json").read_text())
+    masks = root / "masks"
+    masks.mkdir()
+    for f in meta["train"]["files"]:
+        n = (root / "tokens" / f).stat().st_size // np.dtype(meta["dtype"]).itemsize
+        runs = rng.integers(1, 9, size=n)
+        keep = np.repeat(np.arange(len(runs)) % 2 == 0, runs)[:n]
+        data_utils.write_array_to_disk(keep, masks / Path(f).name)
+    return masks
 
 
 @pytest.fixture(scope="module", params=list(WARMUPS))
@@ -100,11 +118,15 @@ def run(request, moecore_bin, tmp_path_factory):
     warmup = dict(WARMUPS[request.param])
     data = warmup.pop("data", {})
     root = tmp_path_factory.mktemp(f"olmo_run_{request.param}")
-    H.prepare_token_files(root, seed=11, documents=300, repeated=0.3 if data else 0.0)
+    H.prepare_token_files(root, seed=11, documents=300,
+                          repeated=0.3 if data.get("instance_filter") else 0.0)
+    data_keys = {k: v for k, v in data.items() if k != "label_mask"}
+    if data.get("label_mask"):
+        data_keys["label_mask"] = [str(write_label_masks(root))]
     out = root / "out"
     cfg = H.write_config(
         root / "run.toml", MODEL, optim=OPTIM,
-        data={"train": [str(root / "tokens" / "train")], "order": "olmo-core", **data},
+        data={"train": [str(root / "tokens" / "train")], "order": "olmo-core", **data_keys},
         train={"seq_len": SEQ, "batch_size": BATCH, "microbatches": MICRO, "max_steps": STEPS,
                "seed": 5, "init_seed": 1, "init_method": "normal", "init_std": INIT_STD,
                "z_loss_multiplier": LM_Z,
@@ -162,55 +184,69 @@ def olmo_core_warmup(warmup: dict, rank_microbatch_size: int):
     return callback
 
 
-def olmo_core_instance_masks(cfg: Path, root: Path, data: dict) -> np.ndarray | None:
-    """[STEPS, RANKS, BATCH / RANKS]: the instance_mask of each instance the run reads, from
-    OLMo-core's NumpyFSLDataset with the run's instance_filter_config; None without a filter."""
+def olmo_core_instance_fields(cfg: Path, root: Path, data: dict) -> dict:
+    """What OLMo-core's NumpyFSLDataset (with the run's instance_filter_config and
+    label_mask_paths) gives each instance the run reads besides its ids: "instance_mask"
+    [STEPS, RANKS, BATCH / RANKS] and "label_mask" [.., SEQ], those the run has."""
     if not data:
-        return None
-    order = root / "order_masks.npy"
+        return {}
+    order = root / "order_fields.npy"
     H.run_moecore("data", "order", cfg, "--steps", STEPS, "--dp", RANKS, "--out", order)
     tokens = root / "tokens"
     meta = json.loads((tokens / "meta.json").read_text())
+    kwargs = {}
+    if data.get("instance_filter"):
+        kwargs["instance_filter_config"] = InstanceFilterConfig(
+            repetition_max_period=data["repetition_max_period"],
+            repetition_max_count=data["repetition_max_count"])
+    if data.get("label_mask"):
+        kwargs["label_mask_paths"] = [str(root / "masks" / Path(f).name)
+                                      for f in meta["train"]["files"]]
     ds = NumpyFSLDataset(*[str(tokens / f) for f in meta["train"]["files"]], sequence_length=SEQ,
                          pad_token_id=0, eos_token_id=meta["eos_id"],
-                         vocab_size=MODEL["vocab_size"], dtype=getattr(np, meta["dtype"]),
-                         instance_filter_config=InstanceFilterConfig(
-                             repetition_max_period=data["repetition_max_period"],
-                             repetition_max_count=data["repetition_max_count"]))
+                         vocab_size=MODEL["vocab_size"], dtype=getattr(np, meta["dtype"]), **kwargs)
     ds.prepare()
     indices = np.load(order)
-    return np.vectorize(lambda i: bool(ds[int(i)]["instance_mask"]))(indices)
+    items = [[[ds[int(i)] for i in rank] for rank in step] for step in indices]
+    fields = {}
+    for key in ("instance_mask", "label_mask"):
+        if key in items[0][0][0]:
+            fields[key] = np.array([[[np.asarray(item[key]) for item in rank] for rank in step]
+                                    for step in items])
+    return fields
 
 
-def olmo_core_step_batches(callback, rank_instances: np.ndarray, masks, step: int, micro: int):
-    """Update `step`'s batch on every rank [ranks, rows, seq], its instance masks [ranks, rows]
-    (or None) and its micro-batch count, as each rank's callback (pre_step at the trainer's
-    1-based step: melt_batch repeats an instance's mask for each of its rows) and train module
-    (split_batch at its rank_microbatch_size // seq) make them."""
+def olmo_core_step_batches(callback, rank_instances: np.ndarray, fields: dict, step: int,
+                           micro: int):
+    """Update `step`'s batch on every rank [ranks, rows, seq], its other fields (instance_mask
+    [ranks, rows], label_mask [ranks, rows, seq]) and its micro-batch count, as each rank's
+    callback (pre_step at the trainer's 1-based step: melt_batch repeats an instance's mask for
+    each of its rows and cuts its label mask as its ids) and train module (split_batch at its
+    rank_microbatch_size // seq) make them."""
     if callback is None:
-        return rank_instances, masks, micro
+        return rank_instances, fields, micro
     callback.trainer.global_step = step
-    cut, cut_masks, parts = [], [], []
+    cut, cut_fields, parts = [], {key: [] for key in fields}, []
     for rank, rows in enumerate(rank_instances):
         batch = {"input_ids": torch.as_tensor(rows)}
-        if masks is not None:
-            batch["instance_mask"] = torch.as_tensor(masks[rank])
+        for key, values in fields.items():
+            batch[key] = torch.as_tensor(values[rank])
         callback.pre_step(batch)
         size = callback.trainer.train_module.rank_microbatch_size
         parts.append(data_utils.split_batch(batch, size // batch["input_ids"].shape[1]))
         cut.append(batch["input_ids"].numpy())
-        if masks is not None:
-            cut_masks.append(batch["instance_mask"].numpy())
+        for key in fields:
+            cut_fields[key].append(batch[key].numpy())
         callback.post_train_batch()
     sizes = {m["input_ids"].shape[0] for rank in parts for m in rank}
     assert len(sizes) == 1, sizes  # moecore refuses uneven splits before it starts
-    return np.stack(cut), np.stack(cut_masks) if masks is not None else None, len(parts[0])
+    return np.stack(cut), {k: np.stack(v) for k, v in cut_fields.items()}, len(parts[0])
 
 
 def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict):
     # [STEPS, RANKS, BATCH / RANKS, SEQ]: each rank's instances, step by step
     instances = moecore_rank_instances(cfg, root / "tokens", STEPS, RANKS, SEQ, MODEL["vocab_size"])
-    masks = olmo_core_instance_masks(cfg, root, data)
+    fields = olmo_core_instance_fields(cfg, root, data)
 
     model = olmo_core_model(MODEL, "reordered")
     missing, unexpected = model.load_state_dict(olmo_core_state(H.load_tensors(weights), MODEL),
@@ -229,7 +265,7 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
     hooks = watch_routing_margins(model, MODEL, margins)
     micro = warmup.get("microbatches", MICRO)
     callback = olmo_core_warmup(warmup, BATCH // RANKS // micro * SEQ)
-    rows = []
+    rows, uneven = [], []
     for step in range(STEPS):
         lr = OPTIM["lr"] * float(scheduler.get_lr(1.0, step + 1, STEPS))
         for group in opt.param_groups:
@@ -237,15 +273,23 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
         opt.zero_grad(set_to_none=True)
         for r in routers:
             r.reset_metrics()
-        step_instances, step_masks, step_micro = olmo_core_step_batches(
-            callback, instances[step], None if masks is None else masks[step], step + 1, micro)
-        # The loss's division: every rank's counted labels (each row's last is ignored) over dp,
-        # a masked instance's labels counted as well (its train module's batch_num_tokens_for_loss).
+        step_instances, step_fields, step_micro = olmo_core_step_batches(
+            callback, instances[step], {k: v[step] for k, v in fields.items()}, step + 1, micro)
+        step_masks = step_fields.get("instance_mask")
+        # The loss's division: every rank's counted labels (each row's last is ignored, and with
+        # label masks each masked one) over dp, a masked instance's labels counted as well (its
+        # train module's batch_num_tokens_for_loss), for every micro-batch of the step.
         x = torch.as_tensor(step_instances).long()
         batch = {"input_ids": x.reshape(-1, x.shape[-1])}
         if step_masks is not None:
             batch["instance_mask"] = torch.as_tensor(step_masks).reshape(-1)
+        if "label_mask" in step_fields:
+            batch["label_mask"] = torch.as_tensor(step_fields["label_mask"]).reshape(
+                -1, x.shape[-1])
         labels = data_utils.get_labels(batch).reshape(x.shape)
+        if step_micro > 1:  # whether rank 0's micro-batches hold different label counts
+            per_micro = [int((m != -100).sum()) for m in labels[0].split(x.shape[1] // step_micro)]
+            uneven.append(len(set(per_micro)) > 1)
         counted = int((labels != -100).sum())
         if step_masks is not None:
             counted += int((~torch.as_tensor(step_masks)).sum()) * (x.shape[-1] - 1)
@@ -271,6 +315,10 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
     for h in hooks:
         h.remove()
     assert min(margins) > 1e-5, f"routing near-tie on the trajectory: {min(margins):.2e}"
+    # Label masks make micro-batches of different label counts: OLMo-core's division by the
+    # batch's count differs from one by each micro-batch's own there.
+    if "label_mask" in fields:
+        assert any(uneven), uneven
     for p in params.values():  # hf_gradients maps .grad to moecore's names
         p.grad = p.detach().clone()
     return rows, hf_gradients(model, MODEL)
@@ -285,7 +333,7 @@ def test_two_ranks_train_as_olmo_core(run, cpu_kernels):
     # (A warm-up's first update is scored on short rows, a cross-entropy of its own.)
     learned = 0.3 if not warmup else 0.2
     assert ref_rows[-1]["train/ce"] < ref_rows[0]["train/ce"] - learned, "the run did not learn"
-    if data:  # some steps mask instances, not every instance
+    if data.get("instance_filter"):  # some steps mask instances, not every instance
         shares = [row["train/masked_instances"] for row in ref_rows]
         assert max(shares) > 0.1 and min(shares) < 0.9, shares
     ours = {k: torch.tensor([row[k] for row in ours_rows]) for k in ref_rows[0]}
