@@ -1,5 +1,6 @@
 // What identifies a training set's contents without reading all of it: its tokens, its instances
-// and a hash of 33 instances spread evenly over it (the first and the last among them). A resumed
+// and a hash of 33 instances spread evenly over it (the first and the last among them; with label
+// masks their targets too). A resumed
 // run compares it with the one its checkpoint recorded: the same path with a part added,
 // regenerated or removed would otherwise be read in another order from the same cursor (the order
 // is a shuffle over the instance count), re-reading some instances and never reaching others.

@@ -230,6 +230,33 @@ def test_changed_training_set_under_the_same_path_is_refused_unless_allowed(moec
     assert r.stdout.count("config change on resume: data.train's contents") == 1, r.stdout[:1500]
 
 
+def test_changed_label_mask_under_the_same_path_is_refused(moecore_bin, job_data, tmp_path):
+    """data.label_mask names the same file, rewritten: other labels train from the same cursor.
+    The checkpoint's fingerprint of the training set covers the sampled instances' targets when
+    there are masks, so the resume is refused as a changed training set (accepted with
+    --allow-config-change); the same masks resume."""
+    tokens = job_data.read_part(sorted(job_data.train.iterdir())[0])
+    n = 64 * 32
+    data = tmp_path / "train"
+    data.mkdir()
+    (data / "part-0-00000.npy").write_bytes(np.asarray(tokens[:n]).tobytes())
+    mask = tmp_path / "mask-0.bin"
+    keep = np.arange(n) % 3 != 0
+    keep.tofile(mask)
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "c.toml", job_data, out, **SETTINGS,
+                       data={"train": [str(data)], "dtype": job_data.dtype,
+                             "label_mask": [str(mask)]})
+    train(moecore_bin, cfg, "train.max_steps=2")
+    assert "resumed from" in train(moecore_bin, cfg, "train.max_steps=3", resume=True).stdout
+    before = snapshot(out)
+    (~keep).tofile(mask)
+    r = train(moecore_bin, cfg, resume=True, check=False)
+    assert_one_line_error(r, "--resume", "--allow-config-change",
+                          "data.train's contents: 64 instances", "-> 64 instances")
+    assert snapshot(out) == before, "a refused resume changed the run directory"
+
+
 def test_another_thread_count_resumes_with_a_note(moecore_bin, two_step_run):
     """The CPU kernels split their sums by thread: a resume on another count (train.threads, or
     the cores of another machine under threads = 0) goes on, saying that it leaves the exact
