@@ -12,8 +12,7 @@ size_t round_up(size_t bytes, size_t alignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
 
-// Host blocks are mapped pages (core/host_pages.h) but under AddressSanitizer, whose allocator
-// puts red zones after each block: a buffer written past a block's end is then reported.
+// Workspace::host_blocks_mapped().
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kMapHostBlocks = false;
 #elif defined(__has_feature)
@@ -45,6 +44,10 @@ Workspace::Scope::Scope(Workspace& workspace)
 
 Workspace::Scope::~Scope() {
   workspace_.release_to(block_, used_, live_);
+}
+
+bool Workspace::host_blocks_mapped() {
+  return kMapHostBlocks;
 }
 
 size_t Workspace::capacity_bytes() const {

@@ -67,6 +67,9 @@ class Workspace {
   size_t capacity_bytes() const;
   // Blocks allocated since construction (a test shows it stops growing after the first pass).
   int64_t block_allocations() const { return block_allocations_; }
+  // Whether host blocks are mapped pages (core/host_pages.h): all builds but AddressSanitizer's,
+  // whose allocator's red zones report a buffer written past a block's end.
+  static bool host_blocks_mapped();
 
  private:
   // Every buffer starts on a cache line (and so suits any SIMD load).

@@ -29,14 +29,16 @@ DatasetFingerprint dataset_fingerprint(const TokenDataset& dataset) {
   for (int64_t i = 0; i < samples; ++i) {
     // Evenly spaced, the first and the last included (every instance where there are fewer).
     const int64_t index = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
-    dataset.read_instance(index, tokens.data());
-    fingerprint.sample_hash = fnv1a(std::as_bytes(std::span(tokens)), fingerprint.sample_hash);
     // With label masks the instance's targets too: a mask rewritten under the same path changes
     // what trains. (Without, the hash is the tokens' alone, as checkpoints have recorded it.)
-    if (dataset.has_label_masks()) {
+    const bool masked = dataset.has_label_masks();
+    if (masked)
       dataset.read_example(index, tokens.data(), targets.data());
+    else
+      dataset.read_instance(index, tokens.data());
+    fingerprint.sample_hash = fnv1a(std::as_bytes(std::span(tokens)), fingerprint.sample_hash);
+    if (masked)
       fingerprint.sample_hash = fnv1a(std::as_bytes(std::span(targets)), fingerprint.sample_hash);
-    }
   }
   return fingerprint;
 }

@@ -21,6 +21,7 @@ struct RepetitionFilter {
   int64_t max_period = 13;  // repetition_max_period
   int64_t min_period = 1;   // repetition_min_period
   int64_t max_count = 32;   // repetition_max_count: masked at this many periods or more
+  bool operator==(const RepetitionFilter&) const = default;
 };
 
 // One repetition, as OLMo-core's RepetitionTuple: tokens [start, end) repeat `period` tokens

@@ -67,7 +67,7 @@ struct Transformer::Activations {
   bool lb_uses_softmax = false;
   int64_t global_tokens = 0;  // tokens of the global micro-batch
   // The cross-entropy's divisor (BatchCounts::divisor, else the counted targets) where the
-  // head's kernels read it (f64 [1]): the caller's (BatchCounts::counted_on_device) or
+  // head's kernels read it (f64 [1]): the caller's (BatchCounts::divisor_on_device) or
   // counted_copy, a copy of the host's.
   ConstTensorView divisor;
   DeviceArray<double> counted_copy;
@@ -632,8 +632,8 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
   const int64_t counted = static_cast<int64_t>(batch_counts[0]);
   const double divisor =
       given_counts && given_counts->divisor > 0.0 ? given_counts->divisor : batch_counts[0];
-  if (given_counts && given_counts->counted_on_device.raw() != nullptr) {
-    const ConstTensorView& on_device = given_counts->counted_on_device;
+  if (given_counts && given_counts->divisor_on_device.raw() != nullptr) {
+    const ConstTensorView& on_device = given_counts->divisor_on_device;
     MOE_CHECK(on_device.numel() == 1 && on_device.dtype() == DType::kF64 &&
                   on_device.device() == act.loss_statistics.device(),
               "[model] the counted targets in device memory are one f64 where the model's tensors "

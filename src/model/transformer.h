@@ -120,7 +120,7 @@ class Transformer {
   // from a caller that holds the whole global batch (the trainer): that pass then sums neither
   // over the group (one blocking collective less per pass; on a device communicator, one host
   // operand less to stage). Unset: the pass counts its own targets and sums them with batch_sum.
-  // counted_on_device: the divisor (f64 [1]; `divisor`, else the count of targets) in the model's
+  // divisor_on_device: the divisor (f64 [1]; `divisor`, else the count of targets) in the model's
   // device memory, which the cross-entropy then divides by there, for a pass that a CUDA graph
   // replays with other batches (the caller writes each batch's there before the replay, and keeps
   // it until the pass's backward); not with loss_normalizer = "labels" and MoE layers, whose
@@ -130,7 +130,7 @@ class Transformer {
   // batch's count, as OLMo-core divides every micro-batch by the batch's labels.
   struct BatchCounts {
     int64_t counted_targets = 0, tokens = 0;
-    ConstTensorView counted_on_device = {};
+    ConstTensorView divisor_on_device = {};
     double divisor = 0.0;
   };
   void set_next_batch_counts(BatchCounts counts) { next_batch_counts_ = counts; }

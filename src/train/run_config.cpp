@@ -707,11 +707,6 @@ void validate_seq_len_warmup(const RunConfig& config) {
             "(their shapes change)");
 }
 
-// OLMo-core's BatchSizeSchedulerCallback's checks (its __post_init__ and post_attach), and what
-// moecore's loop needs of each batch: whole micro-batches of the run's size, a step a graph can
-// replay. Every two sizes are integer multiples of each other, not only neighbours (OLMo-core's
-// rule): a start reached while an increase waits for its loader skips the size before it, and its
-// callback then asserts on a ratio its checks never saw.
 // OLMo-core's InstanceFilterConfig: its find_periodic_sequences takes periods from 1 (a period of
 // 0 divides by zero there); a count of 3 or less masks every repetition it reports (it reports
 // those of more than two periods). Its keys without the filter would be ignored.
@@ -726,14 +721,16 @@ void validate_instance_filter(const DataConfig& d) {
             r.max_period, r.min_period);
   MOE_CHECK(r.max_count >= 1 && r.max_count <= kMost,
             "[config] data.repetition_max_count={} is outside [1, 2^31]", r.max_count);
-  const data::RepetitionFilter defaults;
-  MOE_CHECK(d.instance_filter ||
-                (r.max_period == defaults.max_period && r.min_period == defaults.min_period &&
-                 r.max_count == defaults.max_count),
+  MOE_CHECK(d.instance_filter || r == data::RepetitionFilter{},
             "[config] data.repetition_max_period, repetition_min_period and repetition_max_count "
             "set the instance filter, which data.instance_filter = false leaves off");
 }
 
+// OLMo-core's BatchSizeSchedulerCallback's checks (its __post_init__ and post_attach), and what
+// moecore's loop needs of each batch: whole micro-batches of the run's size, a step a graph can
+// replay. Every two sizes are integer multiples of each other, not only neighbours (OLMo-core's
+// rule): a start reached while an increase waits for its loader skips the size before it, and its
+// callback then asserts on a ratio its checks never saw.
 void validate_batch_size_schedule(const RunConfig& config) {
   const TrainConfig& t = config.train;
   const std::vector<int64_t>& sizes = t.batch_sizes;

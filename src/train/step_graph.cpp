@@ -24,7 +24,7 @@ StepGraph::StepGraph(Device device, int64_t microbatches, int64_t rows, int64_t 
       seq_(seq),
       document_eos_(document_eos),
       document_bos_(document_bos),
-      counted_(device, static_cast<size_t>(microbatches)),
+      divisors_(device, static_cast<size_t>(microbatches)),
       host_counted_(static_cast<size_t>(microbatches), 0) {
   const auto tokens = static_cast<size_t>(rows * seq);
   for (int64_t m = 0; m < microbatches; ++m) {
@@ -46,7 +46,7 @@ void StepGraph::stage(int64_t micro, const int32_t* tokens, const int32_t* targe
                              host_starts_.data());
     copy_bytes(document_starts_[m].data(), host_starts_.data(), bytes);
   }
-  copy_bytes(counted_.data() + micro, &divisor, sizeof(divisor));
+  copy_bytes(divisors_.data() + micro, &divisor, sizeof(divisor));
   host_counted_[m] = counted;
 }
 
@@ -62,8 +62,8 @@ const int32_t* StepGraph::document_starts(int64_t micro) const {
   return document_eos_ >= 0 ? document_starts_[static_cast<size_t>(micro)].data() : nullptr;
 }
 
-ConstTensorView StepGraph::counted(int64_t micro) const {
-  return view(counted_.data() + micro, {1});
+ConstTensorView StepGraph::divisor(int64_t micro) const {
+  return view(divisors_.data() + micro, {1});
 }
 
 StepGraph::Marks StepGraph::marks(const std::vector<Transformer*>& chunks) {

@@ -45,7 +45,7 @@ class StepGraph {
              double divisor);
   const int32_t* tokens(int64_t micro) const;
   const int32_t* targets(int64_t micro) const;
-  ConstTensorView counted(int64_t micro) const;  // f64 [1]
+  ConstTensorView divisor(int64_t micro) const;  // f64 [1]: the cross-entropy's divisor
   // [rows, seq] (Transformer::set_next_document_starts), or null without document masking.
   const int32_t* document_starts(int64_t micro) const;
 
@@ -73,7 +73,7 @@ class StepGraph {
   int32_t document_eos_, document_bos_;
   std::vector<DeviceArray<int32_t>> token_ids_, targets_, document_starts_;
   std::vector<int32_t> host_starts_;
-  DeviceArray<double> counted_;
+  DeviceArray<double> divisors_;
   std::vector<int64_t> host_counted_;
   std::unique_ptr<DeviceGraph> graph_;
   // The traffic its capture counted (dist/traffic_counters.h), counted again at each replay.

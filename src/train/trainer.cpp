@@ -697,7 +697,7 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
       const auto m = static_cast<int64_t>(micro);
       ctx.step_graph->stage(m, slice.tokens, slice.targets, count.counted_targets, count.divisor);
       slice = {ctx.step_graph->tokens(m), ctx.step_graph->targets(m)};
-      count.counted_on_device = ctx.step_graph->counted(m);
+      count.divisor_on_device = ctx.step_graph->divisor(m);
     }
     micro_batches.push_back(slice);
   }

@@ -128,14 +128,14 @@ class StepRunner {
   }
 
   // The step's work, as the trainer issues it: nothing here reads device memory back. Without
-  // counted_on_device each pass copies its count in from the host.
-  void issue(bool counted_on_device = true) {
+  // divisor_on_device each pass copies its count in from the host.
+  void issue(bool divisor_on_device = true) {
     grads_.zero();
     constexpr float kLossScale = 1.0f / kMicroBatches;
     for (int64_t micro = 0; micro < kMicroBatches; ++micro) {
       model_.set_next_batch_counts(
           {static_cast<int64_t>(host_counted_[static_cast<size_t>(micro)]), kTokens,
-           counted_on_device ? view(counted_.data() + micro, {1}) : ConstTensorView()});
+           divisor_on_device ? view(counted_.data() + micro, {1}) : ConstTensorView()});
       model_.forward_chunk(0, params_, tokens_[static_cast<size_t>(micro)].data(), nullptr,
                            targets_[static_cast<size_t>(micro)].data(), kBatch, kSeq, nullptr);
       model_.backward(params_, grads_, kLossScale);

@@ -52,7 +52,7 @@ TEST(CapturedStep, OneCaptureReplaysEveryLaterStepWithTheEagerStepsBits) {
 }
 
 // The capture holds what a CUDA graph's would: a pass that copies its count of targets in from the
-// host (no counted_on_device) fails it in one line, as the CUDA backend refuses such a copy.
+// host (no divisor_on_device) fails it in one line, as the CUDA backend refuses such a copy.
 TEST(CapturedStep, ACopyFromTheHostInsideTheCaptureIsAnError) {
   const std::unique_ptr<dist::Communicator> world = dist::mpi_world();
   const dist::Mesh mesh = dist::Mesh::build(*world, 1);

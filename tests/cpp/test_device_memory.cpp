@@ -286,7 +286,7 @@ TEST(DeviceMemory, APassNeverWaitsForTheDeviceAndItsLossesAreOneCopy) {
 // allocated, its tables made by the first pass), a training pass copies in only its token ids and
 // targets (batch x seq i32 each) and its count of targets (one f64, the cross-entropy's divisor),
 // and none at all when they are in device memory already (the count given there by the caller,
-// BatchCounts::counted_on_device): then it copies nothing between host and device either way
+// BatchCounts::divisor_on_device): then it copies nothing between host and device either way
 // (above: it reads nothing), which a CUDA graph's capture needs (the CUDA backend refuses a copy
 // inside one in one line), and computes the same gradients bit for bit.
 TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevice) {
@@ -310,7 +310,7 @@ TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevic
     for (const int32_t t : targets) counted += t != kIgnoreIndex;
     const DeviceArray<int32_t> tokens_on_device = device_copy(tokens, Device::kCuda);
     const DeviceArray<int32_t> targets_on_device = device_copy(targets, Device::kCuda);
-    const DeviceArray<double> counted_on_device =
+    const DeviceArray<double> divisor_on_device =
         device_copy(std::vector<double>{static_cast<double>(counted)}, Device::kCuda);
     struct Pass {
       std::vector<size_t> copies_in;
@@ -338,7 +338,7 @@ TEST(DeviceMemory, AWarmPassCopiesInOnlyItsInputsAndNothingWhenTheyAreOnTheDevic
     pass(tokens.data(), targets.data(), {});  // warms the buffers and tables
     const Pass from_host = pass(tokens.data(), targets.data(), {});
     const Pass from_device = pass(tokens_on_device.data(), targets_on_device.data(),
-                                  view(counted_on_device.data(), {1}));
+                                  view(divisor_on_device.data(), {1}));
     const size_t ids = static_cast<size_t>(batch * seq) * sizeof(int32_t);
     EXPECT_EQ(from_host.copies_in, (std::vector<size_t>{ids, sizeof(double), ids}));
     EXPECT_TRUE(from_device.copies_in.empty()) << from_device.copies_in.size() << " copies in";
