@@ -122,6 +122,7 @@ void run_debug_steps(const DebugArgs& args) {
   model.set_document_masking(document_eos(s.config), document_masking_bos(s.config.data));
   model.set_z_loss_multiplier(s.config.train.z_loss_multiplier);
   ParamBuffers grads(s.layout);
+  OptimizerGroups(s.layout, s.config.optim, /*whole_model=*/true);  // the patterns' checks
   AdamW optimizer(s.layout, s.config.optim);
   std::vector<float> total_losses, ce_losses, grad_norms;
   for (int64_t step = 0; step < args.steps; ++step) {
@@ -131,8 +132,14 @@ void run_debug_steps(const DebugArgs& args) {
                                          s.tokens.batch, s.tokens.seq);
     model.backward(s.params, grads, 1.0f);
     grad_norms.push_back(static_cast<float>(clip_grad_norm(grads, s.config.optim.max_grad_norm)));
-    optimizer.step(s.params, grads,
-                   learning_rate(s.config.optim, step, args.steps, s.tokens.batch * s.tokens.seq));
+    // Each optimizer group's rate: the schedule at its initial_lr (optim.group_overrides).
+    std::vector<double> group_lrs;
+    for (size_t g = 0; g < optimizer.groups().count(); ++g)
+      group_lrs.push_back(learning_rate(s.config.optim, step, args.steps,
+                                        s.tokens.batch * s.tokens.seq, {}, 0,
+                                        optimizer.groups().settings(g).lr));
+    optimizer.stage_step(group_lrs);
+    optimizer.apply_step(s.params, grads);
     model.update_router_bias(s.params);  // as the trainer does after each step
     total_losses.push_back(static_cast<float>(loss.total));
     ce_losses.push_back(static_cast<float>(loss.ce));

@@ -21,7 +21,7 @@ std::pair<size_t, size_t> DistributedOptimizer::slice(ParamGroup group) const {
 
 DistributedOptimizer::DistributedOptimizer(const ParamLayout& layout, const OptimConfig& config,
                                            const Mesh& mesh, bool zero)
-    : layout_(layout), config_(config), mesh_(mesh), zero_(zero) {
+    : layout_(layout), groups_(layout, config), mesh_(mesh), zero_(zero) {
   if (!zero_) {
     replica_.emplace(layout, config);
     return;
@@ -133,12 +133,12 @@ ConstTensorView DistributedOptimizer::reduce_gradients(ParamBuffers& grads, Work
   return view(squares_.data(), {2});
 }
 
-void DistributedOptimizer::stage_step(double lr) {
+void DistributedOptimizer::stage_step(std::span<const double> group_lrs) {
   ++steps_;
   if (replica_)
-    replica_->stage_step(lr);
+    replica_->stage_step(group_lrs);
   else
-    step_coefficients_.stage(config_, steps_, lr);
+    step_coefficients_.stage(groups_, steps_, group_lrs);
 }
 
 void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads,
@@ -151,7 +151,7 @@ void DistributedOptimizer::step(ParamBuffers& params, ParamBuffers& grads,
   }
   for (Shard& s : shards_) {
     timer.switch_to(Phase::kOptimizer);
-    adamw_update_range(layout_, config_, s.group, s.begin, s.end, params.data(s.group),
+    adamw_update_range(layout_, groups_, s.group, s.begin, s.end, params.data(s.group),
                        s.grad.data(), s.exp_avg.data(), s.exp_avg_sq.data(), step_coefficients_,
                        1.0f, step_factors);
     // The updated shards travel to every rank: communication in the profile, as the planner

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/workspace.h"
@@ -17,6 +18,7 @@
 #include "model/params.h"
 #include "optim/adamw.h"
 #include "optim/optim_config.h"
+#include "optim/optimizer_groups.h"
 #include "optim/state_piece.h"
 
 namespace moecore::dist {
@@ -40,10 +42,12 @@ class DistributedOptimizer {
   // idle between a step's passes, so that these buffers reuse its memory instead of adding to the
   // peak (and the step allocates nothing once sized).
   ConstTensorView reduce_gradients(ParamBuffers& grads, Workspace& scratch);
-  // Counts the next step and writes its AdamW coefficients at lr where the parameters are (one
-  // small copy from the host, before the step's work: a CUDA graph replaying that work reads them
-  // there).
-  void stage_step(double lr);
+  // Counts the next step and writes its AdamW coefficients at each optimizer group's learning rate
+  // (group_lrs[g], groups().count() of them) where the parameters are (one small copy from the
+  // host, before the step's work: a CUDA graph replaying that work reads them there).
+  void stage_step(std::span<const double> group_lrs);
+  // The optimizer groups of this rank's tensors (optim.group_overrides).
+  const OptimizerGroups& groups() const { return groups_; }
   // Applies AdamW with the staged coefficients as step_factors (kernels::step_decision's, where
   // the gradients are) say: clipped by their coefficient, or not at all for a skipped step, which
   // the caller then reports with skipped_step() once it knows. Weights are then identical on
@@ -87,7 +91,7 @@ class DistributedOptimizer {
   std::pair<size_t, size_t> slice(ParamGroup group) const;
 
   const ParamLayout& layout_;
-  OptimConfig config_;
+  OptimizerGroups groups_;
   const Mesh& mesh_;
   bool zero_;
   std::optional<AdamW> replica_;  // zero = 0

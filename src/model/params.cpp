@@ -41,12 +41,12 @@ std::pair<bool, bool> holds_embedding_and_head(const ModelConfig& c,
 
 }  // namespace
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm,
-                      bool is_embedding, bool is_buffer) {
+void ParamLayout::add(std::string name, std::string olmo_core_name, std::vector<int64_t> shape,
+                      ParamGroup group, bool is_norm, bool is_embedding, bool is_buffer) {
   const size_t numel = static_cast<size_t>(product(shape));
   size_t& cursor = group == ParamGroup::kDense ? dense_numel_ : expert_numel_;
-  specs_.push_back(
-      {std::move(name), std::move(shape), group, cursor, numel, is_norm, is_embedding, is_buffer});
+  specs_.push_back({std::move(name), std::move(olmo_core_name), std::move(shape), group, cursor,
+                    numel, is_norm, is_embedding, is_buffer});
   cursor += numel;
 }
 
@@ -83,55 +83,69 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
     return false;
   };
   const auto [has_embedding, has_head] = holds_embedding_and_head(c, chunks);
-  if (has_embedding) layout.add("model.embed_tokens.weight", {c.vocab_size, d}, dense, false, true);
-  // One layer's tensors, in memory order (added one after the other: contiguous in specs_).
+  if (has_embedding)
+    layout.add("model.embed_tokens.weight", "embeddings.weight", {c.vocab_size, d}, dense, false,
+               true);
+  // One layer's tensors, in memory order (added one after the other: contiguous in specs_), with
+  // OLMo-core's names in its OLMoDDP model: the norms by role (attention_norm, feed_forward_norm),
+  // a dense layer's MLP as its shared_experts, the experts' projections fused (w_up_gate holds
+  // up and gate, w_down the down projections).
   auto add_layer = [&](int64_t i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string o = "blocks." + std::to_string(i) + ".";
     const bool reordered = c.block_norm == BlockNorm::kReordered;
     // The attention branch's norm, under its Hugging Face name for the block layout.
-    layout.add(p + (reordered ? "post_attention_layernorm.weight" : "input_layernorm.weight"), {d},
-               dense, true);
-    layout.add(p + "self_attn.q_proj.weight", {c.q_size(), d}, dense);
-    layout.add(p + "self_attn.k_proj.weight", {c.kv_size(), d}, dense);
-    layout.add(p + "self_attn.v_proj.weight", {c.kv_size(), d}, dense);
-    layout.add(p + "self_attn.o_proj.weight", {d, c.q_size()}, dense);
-    if (c.qk_norm == QkNorm::kFull) {
-      layout.add(p + "self_attn.q_norm.weight", {c.q_size()}, dense, true);
-      layout.add(p + "self_attn.k_norm.weight", {c.kv_size()}, dense, true);
-    } else if (c.qk_norm == QkNorm::kPerHead) {
-      layout.add(p + "self_attn.q_norm.weight", {c.head_size()}, dense, true);
-      layout.add(p + "self_attn.k_norm.weight", {c.head_size()}, dense, true);
+    layout.add(p + (reordered ? "post_attention_layernorm.weight" : "input_layernorm.weight"),
+               o + "attention_norm.weight", {d}, dense, true);
+    layout.add(p + "self_attn.q_proj.weight", o + "attention.w_q.weight", {c.q_size(), d}, dense);
+    layout.add(p + "self_attn.k_proj.weight", o + "attention.w_k.weight", {c.kv_size(), d}, dense);
+    layout.add(p + "self_attn.v_proj.weight", o + "attention.w_v.weight", {c.kv_size(), d}, dense);
+    layout.add(p + "self_attn.o_proj.weight", o + "attention.w_out.weight", {d, c.q_size()}, dense);
+    if (c.qk_norm != QkNorm::kNone) {
+      const int64_t q = c.qk_norm == QkNorm::kFull ? c.q_size() : c.head_size();
+      const int64_t k = c.qk_norm == QkNorm::kFull ? c.kv_size() : c.head_size();
+      layout.add(p + "self_attn.q_norm.weight", o + "attention.q_norm.weight", {q}, dense, true);
+      layout.add(p + "self_attn.k_norm.weight", o + "attention.k_norm.weight", {k}, dense, true);
     }
     // The FFN branch's norm.
     layout.add(
         p + (reordered ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
-        {d}, dense, true);
+        o + "feed_forward_norm.weight", {d}, dense, true);
     if (c.layer_is_dense(i)) {
-      layout.add(p + "mlp.gate_proj.weight", {c.intermediate_size, d}, dense);
-      layout.add(p + "mlp.up_proj.weight", {c.intermediate_size, d}, dense);
-      layout.add(p + "mlp.down_proj.weight", {d, c.intermediate_size}, dense);
+      layout.add(p + "mlp.gate_proj.weight", o + "shared_experts.w_up_gate",
+                 {c.intermediate_size, d}, dense);
+      layout.add(p + "mlp.up_proj.weight", o + "shared_experts.w_up_gate", {c.intermediate_size, d},
+                 dense);
+      layout.add(p + "mlp.down_proj.weight", o + "shared_experts.w_down", {d, c.intermediate_size},
+                 dense);
       return;
     }
-    layout.add(p + "mlp.gate.weight", {c.num_experts, d}, dense);
+    layout.add(p + "mlp.gate.weight", o + "routed_experts_router.weight", {c.num_experts, d},
+               dense);
     // DeepSeek-V3's name for the selection bias (also Dots1's and GLM-4-MoE's).
     if (c.has_router_bias())
-      layout.add(p + "mlp.gate.e_score_correction_bias", {c.num_experts}, dense, false, false,
-                 true);
+      layout.add(p + "mlp.gate.e_score_correction_bias", o + "routed_experts_router.score_bias",
+                 {c.num_experts}, dense, false, false, true);
     const int64_t h = c.moe_intermediate_size;
     for (int64_t e = first; e < last; ++e) {
       const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
-      layout.add(pe + "gate_proj.weight", {h, d}, ParamGroup::kExpert);
-      layout.add(pe + "up_proj.weight", {h, d}, ParamGroup::kExpert);
+      layout.add(pe + "gate_proj.weight", o + "routed_experts.w_up_gate", {h, d},
+                 ParamGroup::kExpert);
+      layout.add(pe + "up_proj.weight", o + "routed_experts.w_up_gate", {h, d},
+                 ParamGroup::kExpert);
     }
     for (int64_t e = first; e < last; ++e) {
       const std::string pe = p + "mlp.experts." + std::to_string(e) + ".";
-      layout.add(pe + "down_proj.weight", {d, h}, ParamGroup::kExpert);
+      layout.add(pe + "down_proj.weight", o + "routed_experts.w_down", {d, h}, ParamGroup::kExpert);
     }
     if (c.shared_expert_intermediate_size > 0) {
       const int64_t hs = c.shared_expert_intermediate_size;
-      layout.add(p + "mlp.shared_expert.gate_proj.weight", {hs, d}, dense);
-      layout.add(p + "mlp.shared_expert.up_proj.weight", {hs, d}, dense);
-      layout.add(p + "mlp.shared_expert.down_proj.weight", {d, hs}, dense);
+      layout.add(p + "mlp.shared_expert.gate_proj.weight", o + "shared_experts.w_up_gate", {hs, d},
+                 dense);
+      layout.add(p + "mlp.shared_expert.up_proj.weight", o + "shared_experts.w_up_gate", {hs, d},
+                 dense);
+      layout.add(p + "mlp.shared_expert.down_proj.weight", o + "shared_experts.w_down", {d, hs},
+                 dense);
     }
   };
   layout.layer_spec_ranges_.assign(static_cast<size_t>(total), {0, 0});
@@ -142,8 +156,9 @@ ParamLayout ParamLayout::build(const ModelConfig& c, int64_t ep_size, int64_t ep
     layout.layer_spec_ranges_[static_cast<size_t>(i)] = {layer_first_spec, layout.specs_.size()};
   }
   if (has_head) {
-    layout.add("model.norm.weight", {d}, dense, true);
-    if (!c.tie_word_embeddings) layout.add("lm_head.weight", {c.vocab_size, d}, dense);
+    layout.add("model.norm.weight", "lm_head.norm.weight", {d}, dense, true);
+    if (!c.tie_word_embeddings)
+      layout.add("lm_head.weight", "lm_head.w_out.weight", {c.vocab_size, d}, dense);
   }
   return layout;
 }

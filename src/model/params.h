@@ -21,6 +21,10 @@ enum class ParamGroup { kDense, kExpert };
 
 struct ParamSpec {
   std::string name;  // Hugging Face name, e.g. model.layers.0.mlp.experts.3.up_proj.weight
+  // The name of the tensor that holds it in OLMo-core's OLMoDDP model, e.g.
+  // blocks.0.routed_experts.w_up_gate (every expert's gate and up projections), which its
+  // optimizer's group overrides match (optim/optim_groups.h).
+  std::string olmo_core_name;
   std::vector<int64_t> shape;
   ParamGroup group;
   size_t offset;  // in elements, into the group's buffer
@@ -92,8 +96,9 @@ class ParamLayout {
  private:
   // The tensors of one layer (contiguous in specs_; empty for a layer this table does not hold).
   std::span<const ParamSpec> layer_tensors(int64_t layer) const;
-  void add(std::string name, std::vector<int64_t> shape, ParamGroup group, bool is_norm = false,
-           bool is_embedding = false, bool is_buffer = false);
+  void add(std::string name, std::string olmo_core_name, std::vector<int64_t> shape,
+           ParamGroup group, bool is_norm = false, bool is_embedding = false,
+           bool is_buffer = false);
 
   std::vector<ParamSpec> specs_;
   // [first, end) of each layer's tensors in specs_ (empty for a layer this table does not hold).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace moecore {
@@ -60,6 +61,17 @@ enum class LrUnits { kSteps, kTokens };
 // the input embedding only (OLMo-core's recipes: their group override exempts embeddings.weight;
 // a tied LM head is that tensor), or none (OLMo-core's AdamW without group overrides).
 enum class NoDecay { kNormsAndEmbeddings, kEmbeddings, kNone };
+
+// OLMo-core's OptimGroupOverride: the trained tensors whose name matches one of `params` (globs as
+// Python's fnmatch reads them: *, ?, [seq], [!seq]; matched against moecore's Hugging Face name
+// and against the name of the tensor that holds it in OLMo-core's OLMoDDP model) form an optimizer
+// group of their own, trained with the values given here in place of [optim]'s. The group's lr is
+// the initial_lr its schedule scales, as OLMo-core's schedulers scale each group's.
+struct OptimGroupOverride {
+  std::vector<std::string> params;
+  std::optional<double> lr, weight_decay, beta1, beta2, eps;
+  bool operator==(const OptimGroupOverride&) const = default;
+};
 
 struct OptimConfig {
   double lr = 1e-3;
@@ -121,6 +133,10 @@ struct OptimConfig {
   // (lr and units are this config's; no entry is itself "sequential").
   std::vector<OptimConfig> sequence;
   int64_t sequence_max = 0;  // an entry's OLMo-core schedulers_max (none for the last)
+  // OLMo-core's group_overrides: group k + 1 of the optimizer is group_overrides[k]'s tensors,
+  // group 0 every other (optim/optim_groups.h). A tensor it names takes its weight_decay where it
+  // gives one, no_decay's rule otherwise.
+  std::vector<OptimGroupOverride> group_overrides;
   // An entry of a sequence: its rate checks that need its initial_lr (where the schedule before
   // it ended) or the positions the run asks it at are made over the run (validate_lr_schedule),
   // not alone.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "io/metrics_sink.h"
 #include "model/transformer.h"
@@ -24,6 +25,8 @@ struct StepReport {
   LossParts loss;    // of the global batch (summed over the pipeline stages)
   double grad_norm = 0.0;
   double lr = 0.0;
+  // Each optimizer group's rate (group 0's is lr; optim.group_overrides' groups after it).
+  std::vector<double> group_lrs;
   double seconds = 0.0;       // since the loop began
   double tokens_per_s = 0.0;  // since the loop began
   bool log_step = false;      // a log_every step (or the last): per-expert counts are logged

@@ -308,6 +308,36 @@ void read_lr_sequence(TableReader& r, OptimConfig& o) {
   }
 }
 
+// [[optim.group_overrides]]: OLMo-core's OptimGroupOverride, `params` (globs) and the values the
+// group trains with in place of [optim]'s (its opts: lr, weight_decay, betas as beta1 / beta2,
+// eps).
+void read_group_overrides(TableReader& r, OptimConfig& o) {
+  const toml::node* node = r.node("group_overrides");
+  if (node == nullptr) return;
+  const toml::array* array = node->as_array();
+  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
+            "[config] {}: optim.group_overrides must be an array of tables "
+            "([[optim.group_overrides]])",
+            r.source());
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string where = fmt::format("optim.group_overrides[{}]", i);
+    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
+    MOE_CHECK(entry_reader.has("params"),
+              "[config] {}: {} names no parameters (params = [\"blocks.*.routed_experts.*\"], "
+              "...)",
+              r.source(), where);
+    OptimGroupOverride entry;
+    entry_reader.read("params", entry.params);
+    entry_reader.read("lr", entry.lr);
+    entry_reader.read("weight_decay", entry.weight_decay);
+    entry_reader.read("beta1", entry.beta1);
+    entry_reader.read("beta2", entry.beta2);
+    entry_reader.read("eps", entry.eps);
+    entry_reader.reject_unknown();
+    o.group_overrides.push_back(std::move(entry));
+  }
+}
+
 void read_optim(TableReader& r, OptimConfig& o) {
   r.read("lr", o.lr);
   r.read("beta1", o.beta1);
@@ -328,6 +358,7 @@ void read_optim(TableReader& r, OptimConfig& o) {
               "give it in that schedule's [[optim.sequence]] entry",
               r.source(), key);
   read_lr_sequence(r, o);
+  read_group_overrides(r, o);
 }
 
 void read_train(TableReader& r, TrainConfig& t) {
@@ -1145,6 +1176,21 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
                           last,
                           std::nullopt};
   check_schedule_over(optim, span);
+  // Each group override's schedule, at its own initial_lr (moved as optim.lr's by the batch-size
+  // changes): a warm-up from warmup_min_lr or a tail to an absolute floor may not fall or rise
+  // as OLMo-core requires at another peak.
+  for (size_t k = 0; k < optim.group_overrides.size(); ++k) {
+    const std::optional<double>& group_lr = optim.group_overrides[k].lr;
+    if (!group_lr) continue;
+    ScheduleSpan group_span = span;
+    group_span.lr = *group_lr * (lr / optim.lr);
+    try {
+      check_schedule_over(optim, group_span);
+    } catch (const Error& e) {
+      fail("{} (the schedule of optim.group_overrides[{}], at its lr={})", e.what(), k,
+           group_span.lr);
+    }
+  }
 }
 
 void OptimConfig::validate() const {
@@ -1249,6 +1295,33 @@ void OptimConfig::validate() const {
   if (schedule == LrSchedule::kComposable) validate_composable(*this);
   validate_override_decay(*this);
   if (schedule == LrSchedule::kSequential) validate_sequence(*this);
+  for (size_t k = 0; k < group_overrides.size(); ++k) {
+    const OptimGroupOverride& go = group_overrides[k];
+    MOE_CHECK(!go.params.empty(), "[config] optim.group_overrides[{}].params is empty", k);
+    for (const std::string& pattern : go.params)
+      MOE_CHECK(!pattern.empty(),
+                "[config] optim.group_overrides[{}].params holds an empty pattern", k);
+    for (const auto& [key, value] : {std::pair{"lr", go.lr},
+                                     {"weight_decay", go.weight_decay},
+                                     {"beta1", go.beta1},
+                                     {"beta2", go.beta2},
+                                     {"eps", go.eps}})
+      MOE_CHECK(!value || std::isfinite(*value),
+                "[config] optim.group_overrides[{}].{}={} must be a finite number", k, key, *value);
+    // The ranges of [optim]'s own keys.
+    MOE_CHECK(!go.lr || *go.lr > 0.0, "[config] optim.group_overrides[{}].lr={} must be positive",
+              k, go.lr.value_or(0.0));
+    MOE_CHECK(!go.weight_decay || *go.weight_decay >= 0.0,
+              "[config] optim.group_overrides[{}].weight_decay={} must be >= 0", k,
+              go.weight_decay.value_or(0.0));
+    for (const auto& [key, beta] : {std::pair{"beta1", go.beta1}, {"beta2", go.beta2}})
+      MOE_CHECK(!beta || (*beta >= 0.0 && *beta < 1.0),
+                "[config] optim.group_overrides[{}].{}={} must be in [0, 1)", k, key,
+                beta.value_or(0.0));
+    MOE_CHECK(!go.eps || *go.eps > 0.0,
+              "[config] optim.group_overrides[{}].eps={} must be positive", k,
+              go.eps.value_or(0.0));
+  }
 }
 
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source_name,
@@ -1639,6 +1712,20 @@ std::string run_config_to_toml(const RunConfig& c) {
   } else {
     put_schedule(optim, o);
   }
+  // The group overrides with the values they were given (written only when there are any).
+  toml::array overrides;
+  for (const OptimGroupOverride& go : o.group_overrides) {
+    toml::array params;
+    for (const std::string& pattern : go.params) params.push_back(pattern);
+    toml::table entry{{"params", std::move(params)}};
+    put(entry, "lr", go.lr);
+    put(entry, "weight_decay", go.weight_decay);
+    put(entry, "beta1", go.beta1);
+    put(entry, "beta2", go.beta2);
+    put(entry, "eps", go.eps);
+    overrides.push_back(std::move(entry));
+  }
+  if (!overrides.empty()) optim.insert("group_overrides", std::move(overrides));
   const TrainConfig& t = c.train;
   toml::table train{{"seed", static_cast<int64_t>(t.seed)},
                     {"init_seed", t.init_seed},

@@ -347,6 +347,30 @@ std::string hard_stop_text(const TrainConfig& tc) {
                                 : fmt::format("train.hard_stop_tokens={}", tc.hard_stop_tokens);
 }
 
+// The optimizer's groups under optim.group_overrides, counted over the whole model (as OLMo-core
+// logs each group's parameters and settings when it builds its optimizer).
+void announce_optimizer_groups(const TrainContext& ctx) {
+  const ParamLayout whole = ParamLayout::build(ctx.config.model);
+  const OptimizerGroups groups(whole, ctx.config.optim);
+  std::vector<int64_t> tensors(groups.count()), elements(groups.count());
+  for (size_t i = 0; i < whole.specs().size(); ++i) {
+    if (whole.specs()[i].is_buffer) continue;
+    ++tensors[groups.group_of(i)];
+    elements[groups.group_of(i)] += static_cast<int64_t>(whole.specs()[i].numel);
+  }
+  for (size_t g = 0; g < groups.count(); ++g) {
+    const GroupSettings& s = groups.settings(g);
+    ctx.progress.message(
+        fmt::format("optimizer group {}: {} tensors, {:.2f}M parameters; lr {}, weight_decay {}{}, "
+                    "betas ({}, {}), eps {}",
+                    g == 0 ? std::string("of the tensors no override names")
+                           : fmt::format("optim.group_overrides[{}]", g - 1),
+                    tensors[g], static_cast<double>(elements[g]) / 1e6, s.lr, s.weight_decay,
+                    s.weight_decay_given ? "" : " (none on the tensors optim.no_decay exempts)",
+                    s.beta1, s.beta2, s.eps));
+  }
+}
+
 // The start-up lines: the model and data, and the parallel layout.
 void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& start,
               const TrainOptions& options, const std::vector<int64_t>& chunk_layers,
@@ -386,6 +410,7 @@ void announce(const TrainContext& ctx, const RunInputs& in, const StartPoint& st
         "more is masked (OLMo-core's InstanceFilterConfig; its labels count as zero-loss tokens)",
         r.min_period, r.max_period, r.max_count));
   }
+  if (!ctx.config.optim.group_overrides.empty()) announce_optimizer_groups(ctx);
   if (tc.has_batch_size_schedule()) {
     std::string steps;
     for (size_t i = 0; i < tc.batch_sizes.size(); ++i)
@@ -518,7 +543,16 @@ void stage_step_scalars(TrainContext& ctx, Device device, StepReport& report) {
   const TrainConfig& tc = ctx.config.train;
   report.lr = learning_rate(ctx.config.optim, ctx.step, tc.max_steps, tc.batch_size * tc.seq_len,
                             token_origin(ctx.replay_origin), tc.max_tokens, ctx.initial_lr);
-  ctx.optimizer.stage_step(report.lr);
+  // Every optimizer group's rate: the schedule at the group's initial_lr (its lr, moved by the
+  // batch-size changes as optim.lr is), as OLMo-core's scheduler sets each group's.
+  const OptimizerGroups& groups = ctx.optimizer.groups();
+  report.group_lrs.assign(1, report.lr);
+  for (size_t g = 1; g < groups.count(); ++g)
+    report.group_lrs.push_back(
+        learning_rate(ctx.config.optim, ctx.step, tc.max_steps, tc.batch_size * tc.seq_len,
+                      token_origin(ctx.replay_origin), tc.max_tokens,
+                      scheduled_initial_lr(groups.settings(g).lr, ctx.batch_size_history)));
+  ctx.optimizer.stage_step(report.group_lrs);
   const StepLimits limits = ctx.guard.limits();
   const std::array<double, 2> values{limits.loss, limits.grad_norm};
   ctx.step_limits.place_on(device);
@@ -752,6 +786,10 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/tokens_per_s", report.tokens_per_s},
                     {"train/tokens_seen", static_cast<double>(ctx.tokens_seen)},
                     {"train/skipped_steps", static_cast<double>(ctx.guard.skipped())}};
+  // Each group override's rate (OLMo-core's "optim/LR (group k)", whose numbers depend on its
+  // optimizer's order of the groups); train/lr is the rest's.
+  for (size_t g = 1; g < report.group_lrs.size(); ++g)
+    report.scalars.emplace_back(fmt::format("train/lr_override{}", g - 1), report.group_lrs[g]);
   if (tc.seq_len_warmup_steps > 0)
     report.scalars.emplace_back("train/seq_len", static_cast<double>(shape.seq));
   // OLMo-core's "train/masked instances (%)": the batch's share of masked instances (a fraction).
@@ -983,6 +1021,9 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   // The whole model (checkpoints, the sample) and what this rank holds (its layers, its experts).
   const ParamLayout full_layout = ParamLayout::build(mc);
   const ParamLayout layout = ParamLayout::build(mc, pc.ep, mesh.ep.rank(), my_chunks);
+  // The group overrides' patterns against every tensor of the model, whichever part this rank
+  // holds (OLMo-core's strict build: a pattern that matches nothing is a mistake).
+  OptimizerGroups(full_layout, config.optim, /*whole_model=*/true);
   if (!options.init_from.empty()) io::check_hf_weights(full_layout, options.init_from);
   // Rank 0 holds the run directory's lock until the run ends (the kernel drops it if the process
   // dies), taken before anything there is touched: a second trainer started at the same instant

@@ -745,6 +745,42 @@ CASES["config/negative_router_bias_update_rate"] = _model_case("router_bias_upda
 CASES["config/virtual_stages_exceed_layers"] = lambda e: _init_case(
     e, e.cfg(model_toml() + "\n[parallel]\nvirtual_stages = 4611686018427387904\n"),
     "parallel.virtual_stages=4611686018427387904")
+# optim.group_overrides (OLMo-core's OptimGroupOverride): its values are checked with the config,
+# its patterns by the trainer against every tensor of the model, by moecore's name and
+# OLMo-core's, before anything is written.
+def _group_case(text: str, *needles: str):
+    return lambda e: _init_case(e, e.cfg(model_toml() + "\n" + text), *needles)
+
+
+def _group_train_case(text: str, *needles: str):
+    return lambda e: _train_case(
+        e, cfg=e.cfg(_train_toml(e, e.root / "train_never_written") + "\n" + text),
+        needles=needles)
+
+
+CASES["train/group_override_matches_nothing"] = _group_train_case(
+    '[[optim.group_overrides]]\nparams = ["blocks.*.atention.*"]\n',
+    "optim.group_overrides[0].params", '"blocks.*.atention.*" matches no trained parameter')
+CASES["train/group_overrides_share_a_tensor"] = _group_train_case(
+    '[[optim.group_overrides]]\nparams = ["blocks.0.*"]\nlr = 1e-4\n'
+    '[[optim.group_overrides]]\nparams = ["model.layers.0.self_attn.q_proj.weight"]\n',
+    "optim.group_overrides[0] and optim.group_overrides[1] both name "
+    "model.layers.0.self_attn.q_proj.weight (OLMo-core's blocks.0.attention.w_q.weight)")
+CASES["config/group_override_without_params"] = _group_case(
+    "[[optim.group_overrides]]\nlr = 1e-4\n", "optim.group_overrides[0] names no parameters")
+CASES["config/group_override_beta_of_one"] = _group_case(
+    '[[optim.group_overrides]]\nparams = ["embeddings.weight"]\nbeta2 = 1.0\n',
+    "optim.group_overrides[0].beta2=1 must be in [0, 1)")
+CASES["config/group_override_negative_lr"] = _group_case(
+    '[[optim.group_overrides]]\nparams = ["embeddings.weight"]\nlr = -1e-3\n',
+    "optim.group_overrides[0].lr=-0.001 must be positive")
+CASES["config/group_override_unknown_key"] = _group_case(
+    '[[optim.group_overrides]]\nparams = ["embeddings.weight"]\nbetas = [0.9, 0.95]\n',
+    "betas")
+CASES["config/group_overrides_not_tables"] = _group_case(
+    "[optim]\ngroup_overrides = 3\n", "optim.group_overrides must be an array of tables")
+CASES["config/group_override_empty_pattern"] = _group_case(
+    '[[optim.group_overrides]]\nparams = [""]\n', "optim.group_overrides[0].params holds an empty pattern")
 CASES["config/hf_lb_with_router_bias"] = _model_case("lb_loss_style", "router_bias_update_rate",
                                                      lb_loss_style="hf", router_bias_update_rate=0.01)
 CASES["config/hf_lb_with_group_limit"] = _model_case("lb_loss_style", "n_group", lb_loss_style="hf",

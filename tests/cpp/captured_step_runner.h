@@ -124,7 +124,7 @@ class StepRunner {
     }
     copy_bytes(counted_.data(), b.counted.data(), sizeof(b.counted));
     host_counted_ = b.counted;
-    optimizer_.stage_step(learning_rate(optim_, step, kSteps));
+    optimizer_.stage_step(std::vector<double>{learning_rate(optim_, step, kSteps)});
   }
 
   // The step's work, as the trainer issues it: nothing here reads device memory back. Without

@@ -504,7 +504,7 @@ TEST(Optim, TheStepDecidedWhereTheGradientsAreAppliesOrSkipsIt) {
   std::array<float, 2> factors{};
   ASSERT_TRUE(decide(applied, norm, factors));
   EXPECT_EQ(factors[0], clip_coefficient(oc.max_grad_norm, norm));
-  applied.stage_step(1e-3);
+  applied.stage_step(std::vector<double>{1e-3});
   applied.step(p_applied, grads, view(factors.data(), {2}), scratch);
   EXPECT_EQ(applied.steps_taken(), 1);
   AdamW reference(layout, oc);
@@ -517,7 +517,7 @@ TEST(Optim, TheStepDecidedWhereTheGradientsAreAppliesOrSkipsIt) {
   dist::DistributedOptimizer skipped(layout, oc, mesh, false);
   ParamBuffers p_skipped = params;
   ASSERT_FALSE(decide(skipped, norm * 0.5, factors));
-  skipped.stage_step(1e-3);
+  skipped.stage_step(std::vector<double>{1e-3});
   skipped.step(p_skipped, grads, view(factors.data(), {2}), scratch);
   skipped.skipped_step();
   EXPECT_EQ(skipped.steps_taken(), 0);
@@ -530,7 +530,7 @@ TEST(Optim, TheStepDecidedWhereTheGradientsAreAppliesOrSkipsIt) {
     }
   // The next, applied step is the skipped one's first: the same as the first applied above.
   ASSERT_TRUE(decide(skipped, norm, factors));
-  skipped.stage_step(1e-3);
+  skipped.stage_step(std::vector<double>{1e-3});
   skipped.step(p_skipped, grads, view(factors.data(), {2}), scratch);
   EXPECT_EQ(host_copy(p_skipped.dense), host_copy(p_applied.dense));
   EXPECT_EQ(host_copy(p_skipped.expert), host_copy(p_applied.expert));

@@ -76,11 +76,13 @@ def _toml_value(v) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(item) for item in v) + "]"
+    if isinstance(v, dict):  # an inline table (a list of them is an array of tables)
+        return "{" + ", ".join(f"{k} = {_toml_value(item)}" for k, item in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} {v!r} to TOML")
 
 
 def toml_text(tables: dict[str, dict]) -> str:
-    """{"model": {...}, "optim": {...}} -> TOML text (flat tables of scalars only)."""
+    """{"model": {...}, "optim": {...}} -> TOML text (tables of scalars, lists and inline tables)."""
     lines = []
     for table, kv in tables.items():
         lines.append(f"[{table}]")

@@ -28,6 +28,11 @@ The OLMo-core side (OLMo-core's code wherever it has the piece):
   (its post_train_batch restores the size). OLMo-core refuses the callback with its OLMoDDP and
   pipeline train modules, whose runs this emulates: the cut and split are the
   TransformerTrainModule's, applied to this run.
+- optimizer groups (one more run): OLMo-core's AdamWConfig with group_overrides builds the
+  optimizer's groups from its own globs (its build_groups: fnmatch over its parameter names) and
+  sets each group's initial_lr; its scheduler gives each group its rate at that initial_lr.
+  moecore is given the same overrides (`[[optim.group_overrides]]`), one of them by moecore's
+  (Hugging Face) names, and its per-group rates (train/lr_override{k}) are compared as well.
 Compared, per step: the cross-entropy, load-balancing, router z and LM-head z losses, the pre-clip
 gradient norm and the learning rate; after the last step every weight of the final checkpoint.
 
@@ -55,6 +60,7 @@ pytest.importorskip("olmo_core.nn.ddp.block", reason="ai2-olmo-core is not insta
 from olmo_core.data import NumpyFSLDataLoader, NumpyFSLDataset  # noqa: E402
 from olmo_core.data.numpy_dataset import InstanceFilterConfig  # noqa: E402
 from olmo_core.data import utils as data_utils  # noqa: E402
+from olmo_core.optim import AdamWConfig, OptimGroupOverride  # noqa: E402
 from olmo_core.optim.scheduler import CosWithWarmup  # noqa: E402
 from olmo_core.train.callbacks import sequence_length_scheduler as seq_len_scheduler  # noqa: E402
 from olmo_core.train.train_module import TransformerTrainModule  # noqa: E402
@@ -83,8 +89,23 @@ OPTIM = dict(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1, max_gra
 # [data] keys, the instance filter (a third of the corpus's lines repeat a word 3-6 times; in
 # 12 tokens periods up to 4 are looked at, masked from 3 periods).
 FILTER = {"instance_filter": True, "repetition_max_period": 4, "repetition_max_count": 3}
+# Optimizer groups as OLMo-core's recipes and experiments make them: (moecore's patterns, OLMo-core's
+# patterns, the group's values). The embedding without weight decay (its recipes' override), the
+# routed experts and their routers at a lower rate with other betas (an experiment of the MoE
+# work), the QK norms (named by moecore's Hugging Face names on its side) with their own decay
+# and eps.
+GROUPS = [
+    (["embeddings.weight"], ["embeddings.weight"], {"weight_decay": 0.0}),
+    (["blocks.*.routed_experts.*", "blocks.*.routed_experts_router.*"],
+     ["blocks.*.routed_experts.*", "blocks.*.routed_experts_router.*"],
+     {"lr": 2e-3, "beta1": 0.8, "beta2": 0.99}),
+    (["model.layers.*.self_attn.[qk]_norm.weight"], ["blocks.*.attention.[qk]_norm.weight"],
+     {"weight_decay": 0.05, "eps": 1e-6}),
+]
 WARMUPS = {
     "none": {},
+    "groups": {"optim": {"no_decay": "none", "group_overrides": [
+        {"params": ours, **values} for ours, _, values in GROUPS]}},
     "melt": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3},
     "melt_micro4": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3, "microbatches": 4},
     "truncate": {"seq_len_warmup_steps": 4, "seq_len_warmup_min": 3,
@@ -117,6 +138,7 @@ def run(request, moecore_bin, tmp_path_factory):
     """Token files, the config, moecore's initial weights and its two-rank run."""
     warmup = dict(WARMUPS[request.param])
     data = warmup.pop("data", {})
+    optim = {**OPTIM, **warmup.pop("optim", {})}
     root = tmp_path_factory.mktemp(f"olmo_run_{request.param}")
     H.prepare_token_files(root, seed=11, documents=300,
                           repeated=0.3 if data.get("instance_filter") else 0.0)
@@ -125,7 +147,7 @@ def run(request, moecore_bin, tmp_path_factory):
         data_keys["label_mask"] = [str(write_label_masks(root))]
     out = root / "out"
     cfg = H.write_config(
-        root / "run.toml", MODEL, optim=OPTIM,
+        root / "run.toml", MODEL, optim=optim,
         data={"train": [str(root / "tokens" / "train")], "order": "olmo-core", **data_keys},
         train={"seq_len": SEQ, "batch_size": BATCH, "microbatches": MICRO, "max_steps": STEPS,
                "seed": 5, "init_seed": 1, "init_method": "normal", "init_std": INIT_STD,
@@ -138,10 +160,12 @@ def run(request, moecore_bin, tmp_path_factory):
                        capture_output=True, text=True, timeout=600, env=H.MPI_ENV,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
+    if request.param == "groups":  # its start-up lines name each group's tensors
+        assert "optimizer group optim.group_overrides[2]: 4 tensors" in r.stdout, r.stdout[-3000:]
     if request.param == "melt":
         assert "sequence length: 3 from update 1 (each instance melted into 4 rows; 1 " \
             "micro-batch(es) of 16 rows a rank)" in r.stdout, r.stdout[-2000:]
-    return root, cfg, weights, out, warmup, data
+    return root, cfg, weights, out, warmup, data, optim
 
 
 def moecore_rows(out: Path) -> list[dict]:
@@ -243,7 +267,33 @@ def olmo_core_step_batches(callback, rank_instances: np.ndarray, fields: dict, s
     return np.stack(cut), {k: np.stack(v) for k, v in cut_fields.items()}, len(parts[0])
 
 
-def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict):
+def olmo_core_optimizer(model, optim: dict):
+    """torch's AdamW with the run's groups: OLMo-core's recipes' two (no decay on the embedding), or
+    the groups OLMo-core's AdamWConfig builds from group_overrides (its globs, its initial_lr)."""
+    params = dict(model.named_parameters())
+    betas = (optim["beta1"], optim["beta2"])
+    if "group_overrides" not in optim:
+        decayed = [p for n, p in params.items() if n != "embeddings.weight"]
+        # (initial_lr: what OLMo-core's build sets in each group for its scheduler.)
+        return torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": optim["weight_decay"], "initial_lr": optim["lr"]},
+             {"params": [params["embeddings.weight"]], "weight_decay": 0.0,
+              "initial_lr": optim["lr"]}],
+            lr=optim["lr"], betas=betas, eps=optim["eps"], foreach=False)
+    overrides = []
+    for _, theirs, values in GROUPS:
+        opts = {k: v for k, v in values.items() if k in ("lr", "weight_decay", "eps")}
+        if "beta1" in values or "beta2" in values:
+            opts["betas"] = (values.get("beta1", optim["beta1"]), values.get("beta2", optim["beta2"]))
+        overrides.append(OptimGroupOverride(params=theirs, opts=opts))
+    opt = AdamWConfig(lr=optim["lr"], betas=betas, eps=optim["eps"],
+                      weight_decay=optim["weight_decay"], foreach=False,
+                      group_overrides=overrides).build(model)
+    assert len(opt.param_groups) == 1 + len(GROUPS)
+    return opt
+
+
+def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict, optim: dict):
     # [STEPS, RANKS, BATCH / RANKS, SEQ]: each rank's instances, step by step
     instances = moecore_rank_instances(cfg, root / "tokens", STEPS, RANKS, SEQ, MODEL["vocab_size"])
     fields = olmo_core_instance_fields(cfg, root, data)
@@ -254,11 +304,7 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
     assert not missing and not unexpected, (missing, unexpected)
     model.train()
     params = dict(model.named_parameters())
-    decayed = [p for n, p in params.items() if n != "embeddings.weight"]
-    opt = torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": OPTIM["weight_decay"]},
-         {"params": [params["embeddings.weight"]], "weight_decay": 0.0}],
-        lr=OPTIM["lr"], betas=(OPTIM["beta1"], OPTIM["beta2"]), eps=OPTIM["eps"], foreach=False)
+    opt = olmo_core_optimizer(model, optim)
     scheduler = CosWithWarmup(warmup=OPTIM["warmup_steps"], alpha_f=OPTIM["min_lr_ratio"])
     routers = [b.routed_experts_router for b in model.blocks.values()]
     margins = []
@@ -267,9 +313,11 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
     callback = olmo_core_warmup(warmup, BATCH // RANKS // micro * SEQ)
     rows, uneven = [], []
     for step in range(STEPS):
-        lr = OPTIM["lr"] * float(scheduler.get_lr(1.0, step + 1, STEPS))
+        # Its scheduler's set_lr: each group at its own initial_lr.
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = float(scheduler.get_lr(group["initial_lr"], step + 1, STEPS))
+        # OLMo-core's AdamWConfig puts the overrides' groups first and the rest last.
+        lr = opt.param_groups[-1]["lr"]
         opt.zero_grad(set_to_none=True)
         for r in routers:
             r.reset_metrics()
@@ -308,6 +356,9 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
                      "train/lb": float(sum(r.load_balancing_loss for r in routers)) / RANKS,
                      "train/z": float(sum(r.z_loss for r in routers)) / RANKS,
                      "train/grad_norm": float(norm), "train/lr": lr})
+        if "group_overrides" in optim:
+            for k, group in enumerate(opt.param_groups[:-1]):
+                rows[-1][f"train/lr_override{k}"] = group["lr"]
         if step_masks is not None:
             rows[-1]["train/masked_instances"] = float(
                 np.mean([(~torch.as_tensor(m)).float().mean() for m in step_masks]))
@@ -325,8 +376,8 @@ def olmo_core_run(root: Path, cfg: Path, weights: Path, warmup: dict, data: dict
 
 
 def test_two_ranks_train_as_olmo_core(run, cpu_kernels):
-    root, cfg, weights, out, warmup, data = run
-    ref_rows, ref_weights = olmo_core_run(root, cfg, weights, warmup, data)
+    root, cfg, weights, out, warmup, data, optim = run
+    ref_rows, ref_weights = olmo_core_run(root, cfg, weights, warmup, data, optim)
     ours_rows = moecore_rows(out)
     norms = [row["train/grad_norm"] for row in ref_rows]
     assert max(norms) > OPTIM["max_grad_norm"], f"clipping never active: {norms}"
