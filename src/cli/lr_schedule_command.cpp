@@ -7,6 +7,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "optim/lr_schedule.h"
@@ -117,10 +119,17 @@ void run_lr_schedule(const LrScheduleArgs& args) {
   const toml::table written = toml::parse(run_config_to_toml(config));
   const std::string schedule = written["optim"]["schedule"].value_or(std::string());
   const std::string units = written["optim"]["units"].value_or(std::string());
+  // Each group override's rate too (train/lr_override{k}): the schedule at its own lr.
+  const size_t overrides = config.optim.group_overrides.size();
+  auto override_lr = [&](size_t k) {
+    return config.optim.group_overrides[k].lr.value_or(config.optim.lr);
+  };
+  std::string override_columns;
+  for (size_t k = 0; k < overrides; ++k) override_columns += fmt::format(" lr_override{}", k);
   // Under train.batch_sizes every update from `first` on, walked as the trainer makes them, each
   // change of the batch before the update it names (scheduled_batch_changes; the run's length
-  // moves with them): `visit(step, tokens seen after it, batch, the run's length, rate)`, the
-  // rate a callable (most updates are not printed).
+  // moves with them): `visit(step, tokens seen after it, batch, the run's length, rates)`, the
+  // rates a callable (most updates are not printed) giving train/lr's and the overrides'.
   auto walk = [&](auto visit) {
     RunConfig current = in_force;
     ReplayOrigin from = replay;
@@ -145,8 +154,13 @@ void run_lr_schedule(const LrScheduleArgs& args) {
       const TokenOrigin counted = token_origin(from);
       visit(step + 1, counted.tokens + (step + 1 - counted.step) * per_step, t.batch_size,
             t.max_steps, [&, step] {
-              return learning_rate(current.optim, step, t.max_steps, per_step, counted,
-                                   t.max_tokens, initial_lr);
+              std::vector<double> rates{learning_rate(current.optim, step, t.max_steps, per_step,
+                                                      counted, t.max_tokens, initial_lr)};
+              for (size_t k = 0; k < overrides; ++k)
+                rates.push_back(learning_rate(current.optim, step, t.max_steps, per_step, counted,
+                                              t.max_tokens,
+                                              scheduled_initial_lr(override_lr(k), sizes)));
+              return rates;
             });
     }
   };
@@ -162,8 +176,18 @@ void run_lr_schedule(const LrScheduleArgs& args) {
                              : std::string();
   if (!scheduled) {
     auto rate = [&](int64_t step) {
-      return learning_rate(config.optim, step - 1, max_steps, tokens_per_step, origin,
-                           given.max_tokens);
+      std::vector<double> rates{learning_rate(config.optim, step - 1, max_steps, tokens_per_step,
+                                              origin, given.max_tokens)};
+      for (size_t k = 0; k < overrides; ++k)
+        rates.push_back(learning_rate(config.optim, step - 1, max_steps, tokens_per_step, origin,
+                                      given.max_tokens, override_lr(k)));
+      return rates;
+    };
+    // A row's rates: train/lr's, then each override's.
+    auto text_of = [](const std::vector<double>& rates) {
+      std::string text;
+      for (const double lr : rates) text += fmt::format(" {}", lr);
+      return text;
     };
     if (args.json) {
       const int64_t printed = printed_count(first, max_steps, args.every);
@@ -171,20 +195,19 @@ void run_lr_schedule(const LrScheduleArgs& args) {
                 "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
                 printed, kMaxJsonUpdates);
       std::vector<int64_t> steps, tokens;
-      std::vector<double> rates;
+      std::vector<std::vector<double>> rates(1 + overrides);
       for_each_printed(first, max_steps, args.every, [&](int64_t step) {
         steps.push_back(step);
         tokens.push_back(tokens_seen(step));
-        rates.push_back(rate(step));
+        const std::vector<double> row = rate(step);
+        for (size_t g = 0; g < row.size(); ++g) rates[g].push_back(row[g]);
       });
-      fmt::print("{}\n", nlohmann::json{{"schedule", schedule},
-                                        {"units", units},
-                                        {"max_steps", max_steps},
-                                        {"tokens_per_step", tokens_per_step},
-                                        {"step", steps},
-                                        {"tokens_seen", tokens},
-                                        {"lr", rates}}
-                             .dump());
+      nlohmann::json out{{"schedule", schedule},   {"units", units},
+                         {"max_steps", max_steps}, {"tokens_per_step", tokens_per_step},
+                         {"step", steps},          {"tokens_seen", tokens},
+                         {"lr", rates[0]}};
+      for (size_t k = 0; k < overrides; ++k) out[fmt::format("lr_override{}", k)] = rates[k + 1];
+      fmt::print("{}\n", out.dump());
       return;
     }
     fmt::print("# optim.schedule = \"{}\", optim.units = \"{}\": {} updates of {} tokens{}{}\n",
@@ -192,10 +215,10 @@ void run_lr_schedule(const LrScheduleArgs& args) {
                resumed ? fmt::format(", resumed from {} after update {} ({} tokens seen)",
                                      args.resume, first - 1, tokens_seen(first - 1))
                        : std::string());
-    fmt::print("step tokens_seen lr\n");
+    fmt::print("step tokens_seen lr{}\n", override_columns);
     // {} prints a double's shortest form that reads back to the same bits, as metrics.jsonl does.
     for_each_printed(first, max_steps, args.every, [&](int64_t step) {
-      fmt::print("{} {} {}\n", step, tokens_seen(step), rate(step));
+      fmt::print("{} {}{}\n", step, tokens_seen(step), text_of(rate(step)));
     });
     return;
   }
@@ -215,22 +238,20 @@ void run_lr_schedule(const LrScheduleArgs& args) {
               "[lr-schedule] --json would hold {} updates (at most {}): pass a larger --every",
               count, kMaxJsonUpdates);
     std::vector<int64_t> steps, tokens, batches;
-    std::vector<double> rates;
+    std::vector<std::vector<double>> rates(1 + overrides);
     walk([&](int64_t step, int64_t seen, int64_t batch, int64_t last, auto&& rate) {
       if (!printed(step, last)) return;
       steps.push_back(step);
       tokens.push_back(seen);
       batches.push_back(batch);
-      rates.push_back(rate());
+      const std::vector<double> row = rate();
+      for (size_t g = 0; g < row.size(); ++g) rates[g].push_back(row[g]);
     });
-    fmt::print("{}\n", nlohmann::json{{"schedule", schedule},
-                                      {"units", units},
-                                      {"max_steps", end},
-                                      {"step", steps},
-                                      {"tokens_seen", tokens},
-                                      {"batch_size", batches},
-                                      {"lr", rates}}
-                           .dump());
+    nlohmann::json out{{"schedule", schedule}, {"units", units},        {"max_steps", end},
+                       {"step", steps},        {"tokens_seen", tokens}, {"batch_size", batches},
+                       {"lr", rates[0]}};
+    for (size_t k = 0; k < overrides; ++k) out[fmt::format("lr_override{}", k)] = rates[k + 1];
+    fmt::print("{}\n", out.dump());
     return;
   }
   fmt::print(
@@ -241,9 +262,13 @@ void run_lr_schedule(const LrScheduleArgs& args) {
           ? fmt::format(", resumed from {} after update {} ({} tokens seen)", args.resume,
                         first - 1, replay.tokens_seen + (first - 1 - replay.step) * tokens_per_step)
           : std::string());
-  fmt::print("step tokens_seen lr batch_size\n");
+  fmt::print("step tokens_seen lr batch_size{}\n", override_columns);
   walk([&](int64_t step, int64_t seen, int64_t batch, int64_t last, auto&& rate) {
-    if (printed(step, last)) fmt::print("{} {} {} {}\n", step, seen, rate(), batch);
+    if (!printed(step, last)) return;
+    const std::vector<double> rates = rate();
+    std::string text;
+    for (size_t k = 1; k < rates.size(); ++k) text += fmt::format(" {}", rates[k]);
+    fmt::print("{} {} {} {}{}\n", step, seen, rates[0], batch, text);
   });
 }
 

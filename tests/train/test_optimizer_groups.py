@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+import json
+
 from test_parallel import STEPS, TOL, losses, max_rel, mpirun
-from test_training_job import train, train_rows, write_config
+from test_training_job import run, train, train_rows, write_config
 
 # The experts at a fifth of the rate with other betas (OLMo-core's names); the first layer's
 # attention (moecore's names) without decay at twice the rate; the embedding without decay.
@@ -22,12 +24,22 @@ GROUPS = [
 ]
 
 
-def config(tmp_path, job, name: str, groups=True):
+def config(tmp_path, job, name: str, groups=True, **train_changes):
     optim = {"no_decay": "none", "group_overrides": GROUPS} if groups else {}
     return write_config(tmp_path / f"{name}.toml", job, tmp_path / name, optim=optim,
                         model={"num_hidden_layers": 2},
                         train={"max_steps": STEPS, "batch_size": 8, "microbatches": 2,
-                               "threads": 1, "log_every": 1, "eval_every": 0})
+                               "threads": 1, "log_every": 1, "eval_every": 0, **train_changes})
+
+
+def assert_lr_schedule_lists_the_rates(moecore_bin, cfg, out_dir):
+    """`moecore lr-schedule --json` gives train/lr and every train/lr_override{k} of the run, bit
+    for bit."""
+    listed = json.loads(run(moecore_bin, "lr-schedule", cfg, "--json").stdout)
+    rows = train_rows(out_dir)
+    assert listed["step"] == sorted(rows)
+    for key in ["lr"] + [f"lr_override{k}" for k in range(len(GROUPS))]:
+        assert listed[key] == [rows[s][f"train/{key}"] for s in sorted(rows)], key
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +54,7 @@ def single(moecore_bin, job_data, tmp_path_factory):
         assert row["train/lr_override0"] == pytest.approx(row["train/lr"] / 5, rel=1e-12)
         assert row["train/lr_override1"] == pytest.approx(row["train/lr"] * 2, rel=1e-12)
         assert row["train/lr_override2"] == row["train/lr"]
+    assert_lr_schedule_lists_the_rates(moecore_bin, tmp / "single.toml", tmp / "single")
     plain = tmp / "plain"
     r = train(moecore_bin, config(tmp, job_data, "plain", groups=False))
     assert r.returncode == 0, r.stderr
@@ -61,3 +74,17 @@ def test_layouts_train_as_the_single_process(moecore_bin, job_data, tmp_path, si
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     ours, ref = losses(tmp_path / "run"), losses(single)
     assert len(ours) == STEPS and max_rel(ours, ref) <= TOL, (ours, ref)
+
+
+def test_batch_size_changes_move_every_groups_rate(moecore_bin, job_data, tmp_path):
+    """Under train.batch_sizes each group's initial_lr moves as optim.lr's does (OLMo-core's
+    callback multiplies every group's by sqrt(new / old)); lr-schedule lists the same rates."""
+    cfg = config(tmp_path, job_data, "run", batch_size=4, batch_sizes=[4, 8],
+                 batch_size_starts=[0, 6], max_steps=12)
+    r = train(moecore_bin, cfg)
+    assert r.returncode == 0, r.stderr
+    rows = train_rows(tmp_path / "run")
+    after = [s for s in sorted(rows) if s > 6]
+    assert after and all(rows[s]["train/lr_override1"] == pytest.approx(2 * rows[s]["train/lr"],
+                                                                         rel=1e-12) for s in after)
+    assert_lr_schedule_lists_the_rates(moecore_bin, cfg, tmp_path / "run")
