@@ -1,11 +1,10 @@
 #include "optim/optimizer_groups.h"
 
-#include <fnmatch.h>
-
 #include <string>
 
 #include "core/check.h"
 #include "core/escape.h"
+#include "core/python_fnmatch.h"
 
 namespace moecore {
 
@@ -24,15 +23,17 @@ bool takes_weight_decay(const ParamSpec& spec, NoDecay no_decay) {
   return true;
 }
 
-// Python's fnmatch.fnmatchcase on POSIX: *, ?, [seq] and [!seq], no escape character (a
-// backslash is itself), '/' and a leading '.' matched as any other character.
-bool glob_matches(const std::string& pattern, const std::string& name) {
-  return !name.empty() && fnmatch(pattern.c_str(), name.c_str(), FNM_NOESCAPE) == 0;
+// Whether `pattern` names the tensor: by moecore's name, by OLMo-core's, or by OLMo-core's as its
+// OLMoDDP train module sees it (its model parts wrapped in a data-parallel module: "module."
+// before every name).
+bool pattern_names(const std::string& pattern, const ParamSpec& spec) {
+  return python_fnmatch(spec.name, pattern) || python_fnmatch(spec.olmo_core_name, pattern) ||
+         python_fnmatch("module." + spec.olmo_core_name, pattern);
 }
 
 bool names(const OptimGroupOverride& entry, const ParamSpec& spec) {
   for (const std::string& pattern : entry.params)
-    if (glob_matches(pattern, spec.name) || glob_matches(pattern, spec.olmo_core_name)) return true;
+    if (pattern_names(pattern, spec)) return true;
   return false;
 }
 
@@ -70,13 +71,14 @@ OptimizerGroups::OptimizerGroups(const ParamLayout& layout, const OptimConfig& c
     for (const std::string& pattern : config.group_overrides[k].params) {
       bool matched = false;
       for (const ParamSpec& spec : specs)
-        matched = matched || (!spec.is_buffer && (glob_matches(pattern, spec.name) ||
-                                                  glob_matches(pattern, spec.olmo_core_name)));
-      MOE_CHECK(matched,
-                "[config] optim.group_overrides[{}].params: \"{}\" matches no trained parameter "
-                "of the model, by its name (model.layers.0.self_attn.q_proj.weight) or "
-                "OLMo-core's (blocks.0.attention.w_q.weight)",
-                k, escape_for_message(pattern));
+        matched = matched || (!spec.is_buffer && pattern_names(pattern, spec));
+      MOE_CHECK(
+          matched,
+          "[config] optim.group_overrides[{}].params: \"{}\" matches no trained parameter "
+          "of the model, by its name (model.layers.0.self_attn.q_proj.weight) or "
+          "OLMo-core's (blocks.0.attention.w_q.weight, or module.blocks.0.attention.w_q.weight "
+          "as its OLMoDDP train module names it)",
+          k, escape_for_message(pattern));
     }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -52,7 +53,7 @@ TEST(OptimizerGroups, MatchOlmoCoreAndHuggingFaceNames) {
   oc.group_overrides = {
       {{"blocks.*.routed_experts.w_up_gate"}, 2e-3, {}, 0.8, {}, {}},
       {{"model.layers.*.self_attn.[qk]_norm.weight", "embeddings.weight"}, {}, 0.0, {}, {}, 1e-6},
-      {{"blocks.0.shared_experts.*"}, {}, {}, {}, {}, {}}};
+      {{"module.blocks.0.shared_experts.*"}, {}, {}, {}, {}, {}}};
   const OptimizerGroups groups(layout, oc, /*whole_model=*/true);
   ASSERT_EQ(groups.count(), 4u);
   // Every expert's gate and up projection (OLMo-core's one w_up_gate), not the down projections.
@@ -70,7 +71,8 @@ TEST(OptimizerGroups, MatchOlmoCoreAndHuggingFaceNames) {
                 "model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight",
                 "model.layers.0.self_attn.k_norm.weight", "model.layers.1.self_attn.q_norm.weight",
                 "model.layers.1.self_attn.k_norm.weight"}));
-  // The dense first layer's MLP is OLMo-core's shared_experts of block 0.
+  // The dense first layer's MLP is OLMo-core's shared_experts of block 0, named here as OLMo-core's
+  // OLMoDDP train module sees it (its data-parallel wrapper's "module." before every name).
   EXPECT_EQ(names_in(layout, groups, 3),
             (std::vector<std::string>{"model.layers.0.mlp.gate_proj.weight",
                                       "model.layers.0.mlp.up_proj.weight",
@@ -88,6 +90,32 @@ TEST(OptimizerGroups, MatchOlmoCoreAndHuggingFaceNames) {
     const bool exempt = spec.is_norm || spec.is_embedding;
     EXPECT_EQ(groups.decays(i), groups.group_of(i) == 2 || !exempt) << spec.name;
   }
+}
+
+// OLMo-core's names of the norms by role, whatever the block layout and the QK-norm's form, and of
+// a tied LM head (the embedding).
+TEST(OptimizerGroups, OlmoCoreNamesOfEveryLayout) {
+  ModelConfig c = grouped_config();
+  c.block_norm = BlockNorm::kPre;
+  c.qk_norm = QkNorm::kPerHead;
+  c.tie_word_embeddings = true;
+  const ParamLayout layout = ParamLayout::build(c);
+  const std::vector<std::pair<const char*, const char*>> expected = {
+      {"model.layers.0.input_layernorm.weight", "blocks.0.attention_norm.weight"},
+      {"model.layers.0.post_attention_layernorm.weight", "blocks.0.feed_forward_norm.weight"},
+      {"model.layers.1.self_attn.q_norm.weight", "blocks.1.attention.q_norm.weight"},
+      {"model.layers.1.self_attn.o_proj.weight", "blocks.1.attention.w_out.weight"},
+      {"model.layers.1.mlp.gate.weight", "blocks.1.routed_experts_router.weight"},
+      {"model.layers.1.mlp.experts.2.down_proj.weight", "blocks.1.routed_experts.w_down"},
+      {"model.layers.1.mlp.shared_expert.down_proj.weight", "blocks.1.shared_experts.w_down"},
+      {"model.norm.weight", "lm_head.norm.weight"},
+      {"model.embed_tokens.weight", "embeddings.weight"}};
+  for (const auto& [name, olmo_core] : expected) {
+    const ParamSpec* spec = layout.find(name);
+    ASSERT_NE(spec, nullptr) << name;
+    EXPECT_EQ(spec->olmo_core_name, olmo_core) << name;
+  }
+  EXPECT_EQ(layout.find("lm_head.weight"), nullptr);  // tied: the embedding is the head
 }
 
 TEST(OptimizerGroups, RefusesAParameterInTwoGroupsAndAPatternMatchingNothing) {
