@@ -137,6 +137,11 @@ struct OptimConfig {
   // group 0 every other (optim/optim_groups.h). A tensor it names takes its weight_decay where it
   // gives one, no_decay's rule otherwise.
   std::vector<OptimGroupOverride> group_overrides;
+  // OLMo-core's reset_optimizer_moments_on_load: a resume starts the Adam moments from zero (the
+  // step count, and with it the bias correction, goes on from the checkpoint's), at the resume
+  // that turns this on (the checkpoint's config had it off; later resumes of the run read their
+  // moments as any resume does).
+  bool reset_optimizer_moments_on_load = false;
   // An entry of a sequence: its rate checks that need its initial_lr (where the schedule before
   // it ended) or the positions the run asks it at are made over the run (validate_lr_schedule),
   // not alone.

@@ -101,6 +101,10 @@ std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const Ru
   return changes;
 }
 
+bool resets_moments(const RunConfig& saved, const RunConfig& now) {
+  return now.optim.reset_optimizer_moments_on_load && !saved.optim.reset_optimizer_moments_on_load;
+}
+
 std::string horizon_note(const RunConfig& saved, const RunConfig& now, TokenOrigin saved_origin,
                          TokenOrigin now_origin) {
   // A schedule without an end (unless a fraction of the run is its warm-up), over its own periods

@@ -27,6 +27,12 @@ struct ConfigChange {
 // table order.
 std::vector<ConfigChange> replay_config_changes(const RunConfig& saved, const RunConfig& now);
 
+// Whether the resume of a checkpoint written under `saved` starts the Adam moments from zero:
+// the resume that turns optim.reset_optimizer_moments_on_load on. (OLMo-core resets at every load
+// while its flag is set, so a run preempted after the reset would lose its moments again at each
+// restart; here later resumes read them as any resume does.)
+bool resets_moments(const RunConfig& saved, const RunConfig& now);
+
 // The run's length (train.max_steps, max_tokens or max_epochs) is the one schedule value that may
 // change without the flag: extending a run (train N steps, then resume to 2N) is everyday use.
 // Where the schedule depends on it (cosine, linear) the change is logged with this line ("" when

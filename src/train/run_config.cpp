@@ -349,6 +349,7 @@ void read_optim(TableReader& r, OptimConfig& o) {
                {"embeddings", NoDecay::kEmbeddings},
                {"none", NoDecay::kNone}});
   r.read("max_grad_norm", o.max_grad_norm);
+  r.read("reset_optimizer_moments_on_load", o.reset_optimizer_moments_on_load);
   r.read_enum("units", o.units, {{"steps", LrUnits::kSteps}, {"tokens", LrUnits::kTokens}});
   read_schedule(r, o, /*in_sequence=*/false);
   // A sequence's schedules hold their own keys: one given to [optim] would be ignored.
@@ -1640,6 +1641,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                                      {NoDecay::kEmbeddings, "embeddings"},
                                      {NoDecay::kNone, "none"}})},
       {"max_grad_norm", o.max_grad_norm},
+      {"reset_optimizer_moments_on_load", o.reset_optimizer_moments_on_load},
       {"units", name(o.units, {{LrUnits::kSteps, "steps"}, {LrUnits::kTokens, "tokens"}})}};
   // The stages and the override decay with the keys they were given.
   auto shape_name = [](LrShape shape) { return shape == LrShape::kLinear ? "linear" : "cosine"; };

@@ -254,6 +254,12 @@ StartPoint choose_start(const dist::Communicator& world, const RunConfig& config
                          scheduled_initial_lr(config.optim.lr, start.batch_size_history));
   for (const ConfigChange& change : changes)
     start.messages.push_back("config change on resume: " + describe(change));
+  if (resets_moments(*start.saved_config, config))
+    start.messages.push_back(
+        fmt::format("optimizer: the Adam moments start from zero at this resume "
+                    "(optim.reset_optimizer_moments_on_load); the step count, and with it the bias "
+                    "correction, goes on from {}",
+                    *start.checkpoint));
   if (const std::string note =
           horizon_note(saved_in_force, in_force, token_origin(saved_state.origin), origin);
       !note.empty())
@@ -1110,7 +1116,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
   TrainerState resumed;
   if (start.checkpoint) {
     resumed = restore_checkpoint(*start.checkpoint, start.saved_config->train, mc, full_layout,
-                                 layout, params, optimizer, guard, gerrymandering);
+                                 layout, params, optimizer, guard, gerrymandering,
+                                 resets_moments(*start.saved_config, config));
   }
   const std::string init_check_line =
       options.init_from.empty() || start.checkpoint

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "io/file_util.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
@@ -114,13 +115,18 @@ TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& writt
                                 const ModelConfig& model, const ParamLayout& full,
                                 const ParamLayout& local, ParamBuffers& params,
                                 dist::DistributedOptimizer& optimizer, StepGuard& guard,
-                                GerrymanderingDetector& gerrymandering) {
+                                GerrymanderingDetector& gerrymandering, bool reset_moments) {
   // Each rank reads only what it holds: its tensors' weights and its share of the moments.
   const CheckpointReader reader = CheckpointReader::open(dir, model, full, true);
   reader.read_weights(local, params);
   optimizer.restore_state(
-      [&reader](const ParamSpec& spec, size_t first, size_t count, float* exp_avg,
-                float* exp_avg_sq) {
+      [&reader, reset_moments](const ParamSpec& spec, size_t first, size_t count, float* exp_avg,
+                               float* exp_avg_sq) {
+        if (reset_moments) {
+          zero_bytes(exp_avg, count * sizeof(float));
+          zero_bytes(exp_avg_sq, count * sizeof(float));
+          return;
+        }
         reader.read_moments(spec.name, first, count, exp_avg, exp_avg_sq);
       },
       reader.steps_taken());

@@ -50,11 +50,12 @@ class CheckpointCallback final : public Callback {
 // the moment slices it holds are read; the whole checkpoint is checked from its headers against
 // `model` and `full`), the step guard's and the gerrymandering detector's windows; returns the
 // trainer state (step, tokens, data cursor), checked against `written_by`, the configuration
-// saved with it.
+// saved with it. reset_moments: the Adam moments start from zero instead (the checkpoint's are
+// still checked with the rest of it; the step count is the checkpoint's).
 TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& written_by,
                                 const ModelConfig& model, const ParamLayout& full,
                                 const ParamLayout& local, ParamBuffers& params,
                                 dist::DistributedOptimizer& optimizer, StepGuard& guard,
-                                GerrymanderingDetector& gerrymandering);
+                                GerrymanderingDetector& gerrymandering, bool reset_moments = false);
 
 }  // namespace moecore
