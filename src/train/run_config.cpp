@@ -379,6 +379,9 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("hard_stop_steps", t.hard_stop_steps);
   r.read("hard_stop_tokens", t.hard_stop_tokens);
   r.read("hard_stop_epochs", t.hard_stop_epochs);
+  r.read("merge_steps", t.merge_steps);
+  r.read("merge_interval", t.merge_interval);
+  r.read("merge_last_n_steps", t.merge_last_n_steps);
   r.read("batch_size", t.batch_size);
   r.read("microbatches", t.microbatches);
   r.read("batch_sizes", t.batch_sizes);
@@ -1411,6 +1414,29 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.hard_stop_steps={}, train.hard_stop_tokens={} and "
             "train.hard_stop_epochs={}: give at most one, > 0 (0: none)",
             t.hard_stop_steps, t.hard_stop_tokens, t.hard_stop_epochs);
+  // OLMo-core's ModelMergeCallback's checks (a merge step's window must fit before it).
+  MOE_CHECK(t.merge_last_n_steps > 0, "[config] train.merge_last_n_steps={} must be positive",
+            t.merge_last_n_steps);
+  MOE_CHECK(t.merge_interval >= 0, "[config] train.merge_interval={} must be >= 0 (0: none)",
+            t.merge_interval);
+  MOE_CHECK(t.merge_interval == 0 || t.merge_steps.empty(),
+            "[config] train.merge_steps and train.merge_interval={}: give one of them",
+            t.merge_interval);
+  for (size_t i = 0; i < t.merge_steps.size(); ++i) {
+    MOE_CHECK(t.merge_steps[i] > 0, "[config] train.merge_steps[{}]={} must be positive", i,
+              t.merge_steps[i]);
+    MOE_CHECK(i == 0 || t.merge_steps[i] > t.merge_steps[i - 1],
+              "[config] train.merge_steps must increase: [{}]={} after {}", i, t.merge_steps[i],
+              t.merge_steps[i - 1]);
+    MOE_CHECK(t.merge_steps[i] >= t.merge_last_n_steps,
+              "[config] train.merge_steps[{}]={} is below train.merge_last_n_steps={}: its window "
+              "would hold {} updates",
+              i, t.merge_steps[i], t.merge_last_n_steps, t.merge_steps[i]);
+  }
+  MOE_CHECK(t.merge_interval == 0 || t.merge_interval >= t.merge_last_n_steps,
+            "[config] train.merge_interval={} is below train.merge_last_n_steps={}: the first "
+            "merge's window would hold {} updates",
+            t.merge_interval, t.merge_last_n_steps, t.merge_interval);
   if (t.max_tokens > 0) {
     config.train.max_steps = max_steps_for_tokens(t);
     // The tokens seen after the last update must fit a 64-bit count (the trainer's, the
@@ -1741,6 +1767,9 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"hard_stop_steps", t.hard_stop_steps},
                     {"hard_stop_tokens", t.hard_stop_tokens},
                     {"hard_stop_epochs", t.hard_stop_epochs},
+                    {"merge_steps", list_of(t.merge_steps)},
+                    {"merge_interval", t.merge_interval},
+                    {"merge_last_n_steps", t.merge_last_n_steps},
                     {"batch_size", t.batch_size},
                     {"microbatches", t.microbatches},
                     {"batch_sizes", list_of(t.batch_sizes)},

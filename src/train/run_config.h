@@ -73,6 +73,13 @@ struct TrainConfig {
   // Duration.epochs: its trainer's epoch past it), counted as train.max_epochs counts a length
   // (training_data.h's last_step_with_data: the training set is needed).
   int64_t hard_stop_epochs = 0;
+  // OLMo-core's ModelMergeCallback: at each merge step (merge_steps, or every merge_interval
+  // updates up to the run's length; neither: none) a weights-only checkpoint of the weights
+  // averaged over the updates (merge_step - merge_last_n_steps, merge_step] is written under
+  // out_dir/merged (train/callbacks/model_merger.h).
+  std::vector<int64_t> merge_steps;
+  int64_t merge_interval = 0;
+  int64_t merge_last_n_steps = 500;
   int64_t batch_size = 8;    // sequences per optimizer step
   int64_t microbatches = 1;  // gradient accumulation: batch_size / microbatches sequences at once
   // OLMo-core's BatchSizeSchedulerCallback (empty: train.batch_size throughout): the global batch

@@ -37,6 +37,7 @@
 #include "train/callbacks/checkpointer.h"
 #include "train/callbacks/evaluator.h"
 #include "train/callbacks/metrics.h"
+#include "train/callbacks/model_merger.h"
 #include "train/callbacks/moe_monitor.h"
 #include "train/callbacks/peak_memory.h"
 #include "train/callbacks/profiler.h"
@@ -939,6 +940,11 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   if (in.val_data) ctx.callbacks.push_back(std::make_unique<EvalCallback>(*in.val_data));
   // Its on_end right after the final checkpoint's, before the final evaluation's.
   ctx.callbacks.push_back(std::make_unique<LateStopSignalCallback>(loop_signals));
+  // Before the checkpoint, as OLMo-core orders its merger.
+  if (!ModelMergeCallback::merge_steps(tc, tc.max_steps).empty())
+    ctx.callbacks.push_back(std::make_unique<ModelMergeCallback>(
+        owner_pid, io::hf_config_json(ctx.config.model, metadata.info),
+        in.tokenizer ? in.tokenizer->to_json() : std::string(), metadata.side_files));
   if (tc.checkpoint)
     ctx.callbacks.push_back(std::make_unique<CheckpointCallback>(
         owner_pid, io::hf_config_json(ctx.config.model, metadata.info),

@@ -1,0 +1,57 @@
+// OLMo-core's ModelMergeCallback: the weights averaged over the last train.merge_last_n_steps
+// updates before each merge step (train.merge_steps, or every train.merge_interval updates up to
+// the run's length), written as a weights-only checkpoint (loadable by transformers, `moecore
+// eval` and `generate`; not resumable) at out_dir/merged/checkpoints/step_<merge step>, each
+// rank writing its part as for a checkpoint. The sum is kept in fp32 on the parameters' device,
+// one per open window, the weights after each update of the window added in turn; the average is
+// the sum times 1 / count (within an ulp of OLMo-core's division). The router's selection bias
+// (a buffer, not a parameter) is the merge step's, as OLMo-core saves its buffers.
+//
+// A resume inside a window: the updates of the window before the checkpoint were summed by the
+// process that stopped, and are lost, so that merge is skipped with a warning (as OLMo-core does);
+// a resume at the window's first update sums the weights it resumed with (they are that update's),
+// where OLMo-core averages one update fewer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/params.h"
+#include "train/callback.h"
+
+namespace moecore {
+
+class ModelMergeCallback final : public Callback {
+ public:
+  // owner_pid, hf_config, tokenizer_json, hf_side_files: as the checkpointer's (the merged
+  // checkpoint's staging directory and its files beside the weights).
+  ModelMergeCallback(int64_t owner_pid, nlohmann::json hf_config, std::string tokenizer_json,
+                     std::map<std::string, std::string> hf_side_files);
+  void on_start(TrainContext& ctx) override;
+  void on_step_end(TrainContext& ctx, StepReport& report) override;
+
+  // The merge steps of `train` over a run of max_steps updates (merge_interval's multiples, or
+  // merge_steps).
+  static std::vector<int64_t> merge_steps(const TrainConfig& train, int64_t max_steps);
+
+ private:
+  struct Window {
+    int64_t first = 0, last = 0;  // the updates whose weights are averaged, first to last
+    std::optional<ParamBuffers> sum;
+    int64_t count = 0;
+  };
+  void add(TrainContext& ctx, Window& window);
+  void write(TrainContext& ctx, Window& window);  // collective
+
+  int64_t owner_pid_;
+  nlohmann::json hf_config_;
+  std::string tokenizer_json_;
+  std::map<std::string, std::string> hf_side_files_;
+  std::vector<Window> windows_;  // those still to merge
+};
+
+}  // namespace moecore
