@@ -427,6 +427,10 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("skip_max_consecutive", t.skip_max_consecutive);
   r.read("gerrymander_window", t.gerrymander_window);
   r.read("gerrymander_threshold", t.gerrymander_threshold);
+  r.read("stability_monitor", t.stability_monitor);
+  r.read("spike_window", t.spike_window);
+  r.read("spike_rolling_window", t.spike_rolling_window);
+  r.read("spike_threshold_std", t.spike_threshold_std);
   r.read("sample_prompt", t.sample_prompt);
   r.read("sample_tokens", t.sample_tokens);
   r.read("profile", t.profile);
@@ -1499,6 +1503,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.skip_max_consecutive >= 0,
             "[config] train.skip_max_consecutive={} must be >= 0 (0 = no limit)",
             t.skip_max_consecutive);
+  MOE_CHECK(t.spike_window > 0 && t.spike_rolling_window > 0 && t.spike_threshold_std > 0.0 &&
+                std::isfinite(t.spike_threshold_std),
+            "[config] train.spike_window={} and train.spike_rolling_window={} must be positive and "
+            "train.spike_threshold_std={} a positive number",
+            t.spike_window, t.spike_rolling_window, t.spike_threshold_std);
   MOE_CHECK(t.gerrymander_window >= 0 && t.gerrymander_threshold > 0.0,
             "[config] train.gerrymander_window={} must be >= 0 and gerrymander_threshold={} > 0",
             t.gerrymander_window, t.gerrymander_threshold);
@@ -1804,6 +1813,10 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"skip_max_consecutive", t.skip_max_consecutive},
                     {"gerrymander_window", t.gerrymander_window},
                     {"gerrymander_threshold", t.gerrymander_threshold},
+                    {"stability_monitor", t.stability_monitor},
+                    {"spike_window", t.spike_window},
+                    {"spike_rolling_window", t.spike_rolling_window},
+                    {"spike_threshold_std", t.spike_threshold_std},
                     {"sample_prompt", t.sample_prompt},
                     {"sample_tokens", t.sample_tokens},
                     {"profile", t.profile},

@@ -144,6 +144,12 @@ struct TrainConfig {
   int64_t skip_max_consecutive = 20;  // 0: no limit
   int64_t gerrymander_window = 100;   // 0: detector off
   double gerrymander_threshold = 0.05;
+  // OLMo-core's StabilityMonitorCallback (train/spike_monitor.h): train/spike_score and
+  // train/spike_score_total from the cross-entropy's and the gradient norm's spikes.
+  bool stability_monitor = false;
+  int64_t spike_window = 128;
+  int64_t spike_rolling_window = 10000;
+  double spike_threshold_std = 6.0;
   std::string sample_prompt = "";  // generated from at the end when data.tokenizer is set
   int64_t sample_tokens = 48;
   bool profile = false;  // time the phases of each step (out_dir/profile.json, `profile:` line)

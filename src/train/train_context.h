@@ -18,6 +18,7 @@
 #include "train/pipeline_runner.h"
 #include "train/progress.h"
 #include "train/run_config.h"
+#include "train/spike_monitor.h"
 #include "train/step_graph.h"
 #include "train/step_guard.h"
 #include "train/trainer.h"
@@ -43,6 +44,7 @@ struct TrainContext {
   data::DataLoader& loader;
   StepGuard& guard;
   GerrymanderingDetector& gerrymandering;
+  SpikeMonitor& spikes;
   Transformer::BatchSum dp_batch_sum;     // the chunks' batch statistics over the dp group
   bool rowwise_dispatch = false;          // experts exchanged by the rowwise dispatch (drop rates)
   int64_t rows = 0;                       // sequences per micro-batch, all data-parallel ranks

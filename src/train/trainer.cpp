@@ -793,6 +793,11 @@ StepReport run_step(TrainContext& ctx, ParamBuffers& grads, StepBuffers& batch) 
                     {"train/tokens_per_s", report.tokens_per_s},
                     {"train/tokens_seen", static_cast<double>(ctx.tokens_seen)},
                     {"train/skipped_steps", static_cast<double>(ctx.guard.skipped())}};
+  // OLMo-core's StabilityMonitorCallback's "spike/SpikeScore" and "spike/SpikeScore (total)".
+  const SpikeMonitor::Scores spike_scores = ctx.spikes.observe(report.loss.ce, report.grad_norm);
+  if (spike_scores.running) report.scalars.emplace_back("train/spike_score", *spike_scores.running);
+  if (spike_scores.total)
+    report.scalars.emplace_back("train/spike_score_total", *spike_scores.total);
   // Each group override's rate (OLMo-core's "optim/LR (group k)", whose numbers depend on its
   // optimizer's order of the groups); train/lr is the rest's.
   for (size_t g = 1; g < report.group_lrs.size(); ++g)
@@ -1119,10 +1124,12 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
             "the whole gradient after the backward)");
   StepGuard guard({tc.skip_sigma, tc.skip_window, tc.skip_min_window, tc.skip_rule});
   GerrymanderingDetector gerrymandering({tc.gerrymander_window, tc.gerrymander_threshold});
+  SpikeMonitor spikes(
+      {tc.stability_monitor, tc.spike_window, tc.spike_rolling_window, tc.spike_threshold_std});
   TrainerState resumed;
   if (start.checkpoint) {
     resumed = restore_checkpoint(*start.checkpoint, start.saved_config->train, mc, full_layout,
-                                 layout, params, optimizer, guard, gerrymandering,
+                                 layout, params, optimizer, guard, gerrymandering, spikes,
                                  resets_moments(*start.saved_config, config));
   }
   const std::string init_check_line =
@@ -1181,6 +1188,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                    .loader = loader,
                    .guard = guard,
                    .gerrymandering = gerrymandering,
+                   .spikes = spikes,
                    .dp_batch_sum = dp_batch_sum,
                    .rowwise_dispatch = rowwise,
                    .rows = rows,

@@ -221,6 +221,26 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& origi
   const json& flagged = member(state.gerrymandering, "flagged", origin, "gerrymandering.");
   MOE_CHECK(flagged.is_boolean(), "[checkpoint] {}: gerrymandering.flagged={} must be a boolean",
             origin, json_excerpt(flagged));
+  if (doc.contains("spike_monitor")) {  // absent in older moecore's checkpoints
+    state.spike_monitor = doc["spike_monitor"];
+    MOE_CHECK(state.spike_monitor.is_object(), "[checkpoint] {}: spike_monitor must be an object",
+              origin);
+    const size_t unbounded = std::numeric_limits<size_t>::max();
+    check_window(state.spike_monitor, "losses", unbounded, origin, "spike_monitor.");
+    check_window(state.spike_monitor, "grad_norms", unbounded, origin, "spike_monitor.");
+    const json& spikes = member(state.spike_monitor, "spikes", origin, "spike_monitor.");
+    MOE_CHECK(spikes.is_array(), "[checkpoint] {}: spike_monitor.spikes must be an array", origin);
+    for (const json& s : spikes)
+      MOE_CHECK(s.is_boolean(), "[checkpoint] {}: spike_monitor.spikes holds {}, not a boolean",
+                origin, json_excerpt(s));
+    const int64_t observed =
+        integer_in(state.spike_monitor, "total_steps", kMaxStep, origin, "spike_monitor.");
+    const int64_t spiked =
+        integer_in(state.spike_monitor, "total_spikes", kMaxStep, origin, "spike_monitor.");
+    MOE_CHECK(spiked <= observed,
+              "[checkpoint] {}: spike_monitor.total_spikes={} exceeds total_steps={}", origin,
+              spiked, observed);
+  }
   return state;
 }
 

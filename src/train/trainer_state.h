@@ -41,6 +41,7 @@ struct TrainerState {
   ReplayOrigin origin;
   nlohmann::json step_guard;      // StepGuard::from_json's input, checked
   nlohmann::json gerrymandering;  // GerrymanderingDetector::from_json's input, checked
+  nlohmann::json spike_monitor;   // SpikeMonitor::from_json's input, checked (null: none saved)
   // Whether the checkpoint promises its checksum manifest ("checksums": kChecksumsFile, which
   // commit_checkpoint adds): then a missing manifest is damage, not an older checkpoint.
   bool has_checksums = false;

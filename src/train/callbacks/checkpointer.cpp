@@ -55,7 +55,8 @@ void CheckpointCallback::save(TrainContext& ctx) {
                           {"rng", {{"kind", "counter-based data order"}, {"seed", tc.seed}}},
                           {"step_guard", ctx.guard.to_json()},
                           {"recipe_revision", kRecipeRevision},
-                          {"gerrymandering", ctx.gerrymandering.to_json()}};
+                          {"gerrymandering", ctx.gerrymandering.to_json()},
+                          {"spike_monitor", ctx.spikes.to_json()}};
   // The next update's rate, for a reader of the checkpoint; none at the run's end (past it a
   // schedule's linear decay would go on below its floor). Under train.batch_sizes the change
   // before the next update is made before this checkpoint (the trainer's loop): the batch and
@@ -115,7 +116,8 @@ TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& writt
                                 const ModelConfig& model, const ParamLayout& full,
                                 const ParamLayout& local, ParamBuffers& params,
                                 dist::DistributedOptimizer& optimizer, StepGuard& guard,
-                                GerrymanderingDetector& gerrymandering, bool reset_moments) {
+                                GerrymanderingDetector& gerrymandering, SpikeMonitor& spikes,
+                                bool reset_moments) {
   // Each rank reads only what it holds: its tensors' weights and its share of the moments.
   const CheckpointReader reader = CheckpointReader::open(dir, model, full, true);
   reader.read_weights(local, params);
@@ -137,6 +139,7 @@ TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& writt
             dir, reader.steps_taken(), resumed.step);
   guard.from_json(resumed.step_guard);
   gerrymandering.from_json(resumed.gerrymandering);
+  if (!resumed.spike_monitor.is_null()) spikes.from_json(resumed.spike_monitor);
   return resumed;
 }
 

@@ -14,6 +14,7 @@
 #include "train/callback.h"
 #include "train/gerrymandering.h"
 #include "train/run_config.h"
+#include "train/spike_monitor.h"
 #include "train/step_guard.h"
 #include "train/trainer_state.h"
 
@@ -56,6 +57,7 @@ TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& writt
                                 const ModelConfig& model, const ParamLayout& full,
                                 const ParamLayout& local, ParamBuffers& params,
                                 dist::DistributedOptimizer& optimizer, StepGuard& guard,
-                                GerrymanderingDetector& gerrymandering, bool reset_moments = false);
+                                GerrymanderingDetector& gerrymandering, SpikeMonitor& spikes,
+                                bool reset_moments = false);
 
 }  // namespace moecore
