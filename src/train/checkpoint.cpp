@@ -67,8 +67,14 @@ void write_part_files(const std::string& dir, const CheckpointPart& part) {
   model.require_finite();
   optim.require_finite();
   model.set_metadata("format", "pt");
-  for (const ParamSpec* spec : part.weights)
-    model.add_f32(spec->name, spec->shape, part.params->at(*spec));
+  MOE_CHECK(part.weight_data.empty() || part.weight_data.size() == part.weights.size(),
+            "[checkpoint] {} weight data for {} weights", part.weight_data.size(),
+            part.weights.size());
+  for (size_t i = 0; i < part.weights.size(); ++i) {
+    const ParamSpec* spec = part.weights[i];
+    model.add_f32(spec->name, spec->shape,
+                  part.weight_data.empty() ? part.params->at(*spec) : part.weight_data[i]);
+  }
   model.write(dir + "/" + written.back());
   if (part.steps_taken) {
     optim.set_metadata("steps_taken", std::to_string(*part.steps_taken));
@@ -259,7 +265,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
                             int64_t keep_last) {
   const std::string staging = begin_checkpoint(run_dir, step, ::getpid());
   try {
-    CheckpointPart part{0, 1, c.params, {}, {}, std::nullopt};
+    CheckpointPart part{0, 1, c.params, {}, {}, std::nullopt, {}};
     for (const ParamSpec& spec : c.layout->specs()) {
       part.weights.push_back(&spec);
       if (c.optimizer != nullptr)

@@ -61,6 +61,8 @@ struct CheckpointPart {
   std::vector<const ParamSpec*> weights;  // whole tensors of params
   std::vector<StatePiece> state;          // Adam moments
   std::optional<int64_t> steps_taken;     // nullopt: weights only (no optimizer part)
+  // Where weights[i]'s values are instead (empty: params): a merged checkpoint's averages.
+  std::vector<const float*> weight_data;
 };
 // The staging directory of a save of `step` by the run whose writing process (rank 0) has id
 // `owner_pid`: every rank of that run finds it by name, and no other process's name collides with

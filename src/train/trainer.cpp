@@ -946,7 +946,7 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   // Its on_end right after the final checkpoint's, before the final evaluation's.
   ctx.callbacks.push_back(std::make_unique<LateStopSignalCallback>(loop_signals));
   // Before the checkpoint, as OLMo-core orders its merger.
-  if (!ModelMergeCallback::merge_steps(tc, tc.max_steps).empty())
+  if (!tc.merge_steps.empty() || tc.merge_interval > 0)
     ctx.callbacks.push_back(std::make_unique<ModelMergeCallback>(
         owner_pid, io::hf_config_json(ctx.config.model, metadata.info),
         in.tokenizer ? in.tokenizer->to_json() : std::string(), metadata.side_files));
@@ -1053,6 +1053,7 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
     MOE_CHECK(!ec, "[train] cannot create output directory '{}': {}", tc.out_dir, ec.message());
     run_lock.emplace(io::RunDirLock::acquire(tc.out_dir));
     remove_interrupted_saves(tc.out_dir);
+    remove_interrupted_saves(tc.out_dir + "/merged");  // a merged checkpoint's (model_merger.h)
     remove_interrupted_writes(tc.out_dir);
     if (tc.checkpoint) check_checkpoints_dir(tc.out_dir);
   }

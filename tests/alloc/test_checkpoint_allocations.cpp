@@ -67,8 +67,13 @@ TEST(CheckpointAllocations, SaveCopiesNoTensor) {
 
   test::start_counting_large_allocations(kCheckpointLargeBytes);
   const std::string staging = begin_checkpoint(run_dir, 3, ::getpid());
-  write_checkpoint_part(staging, {0, 1, &params, optimizer.checkpoint_weights(),
-                                  optimizer.checkpoint_state(), int64_t{3}});
+  write_checkpoint_part(staging, {0,
+                                  1,
+                                  &params,
+                                  optimizer.checkpoint_weights(),
+                                  optimizer.checkpoint_state(),
+                                  int64_t{3},
+                                  {}});
   const std::string saved = commit_checkpoint(run_dir, 3, staging, contents, 1, 0);
   const test::LargeAllocations counted = test::stop_counting_large_allocations();
 

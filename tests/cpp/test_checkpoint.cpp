@@ -412,7 +412,7 @@ TEST_F(CheckpointTest, ReaderReadsRangesAcrossSlicesAndOneRanksExperts) {
   const std::string staging = begin_checkpoint(run_dir_.string(), step, 1);
   // Two parts: each group's flat buffer cut at 40% (inside tensors), as two ZeRO-1 ranks would.
   for (int64_t part = 0; part < 2; ++part) {
-    CheckpointPart p{part, 2, &params_, {}, {}, optimizer_.steps_taken()};
+    CheckpointPart p{part, 2, &params_, {}, {}, optimizer_.steps_taken(), {}};
     for (const ParamSpec& spec : layout_.specs()) {
       const size_t cut = layout_.numel(spec.group) * 2 / 5;
       const size_t begin = std::max(spec.offset, part == 0 ? size_t{0} : cut);

@@ -107,7 +107,8 @@ def test_a_resume_inside_a_window_skips_its_merge(moecore_bin, whole):
         not any((out / "merged" / "checkpoints").iterdir())
 
 
-@pytest.mark.parametrize("layout,sets", [("pp2", ["parallel.pp=2"]), ("ep2", ["parallel.ep=2"])])
+@pytest.mark.parametrize("layout,sets", [("pp2", ["parallel.pp=2"]), ("ep2", ["parallel.ep=2"]),
+                                         ("dp2_zero", ["parallel.zero=1"])])
 def test_parallel_runs_merge_as_the_single_process(moecore_bin, job_data, tmp_path, whole, layout,
                                                    sets):
     cfg = config(tmp_path, job_data, "run", save_every=0)
@@ -118,6 +119,40 @@ def test_parallel_runs_merge_as_the_single_process(moecore_bin, job_data, tmp_pa
     for name in ref:
         scale = max(float(np.max(np.abs(ref[name]))), 1e-30)
         assert float(np.max(np.abs(ours[name] - ref[name]))) / scale <= TOL * 10, name
+
+
+def test_the_selection_bias_is_the_merge_steps(moecore_bin, job_data, tmp_path):
+    """The router's selection bias (a buffer) is not averaged: the merge step's, as OLMo-core saves
+    its buffers; the weights beside it are."""
+    cfg = write_config(tmp_path / "bias.toml", job_data, tmp_path / "bias",
+                       model={"num_hidden_layers": 2, "router_bias_update_rate": 0.01},
+                       train={"max_steps": 4, "batch_size": 8, "threads": 1, "eval_every": 0,
+                              "save_every": 1, "keep_last": 0, "merge_steps": [4],
+                              "merge_last_n_steps": 3})
+    r = train(moecore_bin, cfg)
+    assert r.returncode == 0, r.stderr
+    ours, last = merged(tmp_path / "bias", 4), checkpoint(tmp_path / "bias", 4)
+    previous = checkpoint(tmp_path / "bias", 3)
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert np.array_equal(ours[bias], last[bias]) and not np.array_equal(last[bias], previous[bias])
+    gate = "model.layers.1.mlp.gate.weight"
+    assert not np.array_equal(ours[gate], last[gate])
+
+
+def test_warnings_and_an_interval(moecore_bin, job_data, tmp_path):
+    """merge_interval's multiples up to the run's length; a hard stop before a window's end makes no
+    merge and says so; a checkpoint inside a window is named as a resume point that loses it."""
+    cfg = config(tmp_path, job_data, "interval", merge_steps=[], merge_interval=4,
+                 save_every=5, hard_stop_steps=7)
+    r = train(moecore_bin, cfg)
+    assert r.returncode == 0, r.stderr
+    assert "before step 4 (updates 2-4)" in r.stdout
+    assert "warning: the merge at step 8 is not made: the run's last update is 7" in r.stdout
+    assert (tmp_path / "interval" / "merged" / "checkpoints" / f"step_{4:08d}").is_dir()
+    assert not (tmp_path / "interval" / "merged" / "checkpoints" / f"step_{8:08d}").exists()
+    r = train(moecore_bin, config(tmp_path, job_data, "inside", save_every=3))
+    assert "warning: the checkpoint at step 3 falls inside the merge window of updates 2-4" \
+        in r.stdout, r.stdout[-2000:]
 
 
 @pytest.mark.parametrize("changes,needle", [

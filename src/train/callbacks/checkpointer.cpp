@@ -94,9 +94,13 @@ void CheckpointCallback::save(TrainContext& ctx) {
   if (rank0) begin_checkpoint(tc.out_dir, at_step, owner_pid_);
   ctx.world.barrier();
   try {
-    write_checkpoint_part(staging, {ctx.world.rank(), ctx.world.size(), &ctx.params,
+    write_checkpoint_part(staging, {ctx.world.rank(),
+                                    ctx.world.size(),
+                                    &ctx.params,
                                     ctx.optimizer.checkpoint_weights(),
-                                    ctx.optimizer.checkpoint_state(), ctx.optimizer.steps_taken()});
+                                    ctx.optimizer.checkpoint_state(),
+                                    ctx.optimizer.steps_taken(),
+                                    {}});
   } catch (...) {
     // Alone, tidy up now; with other ranks still writing, the job ends and the next start
     // removes the staging directory (remove_interrupted_saves).

@@ -26,21 +26,37 @@ std::vector<int64_t> ModelMergeCallback::merge_steps(const TrainConfig& train, i
 
 void ModelMergeCallback::on_start(TrainContext& ctx) {
   const TrainConfig& tc = ctx.config.train;
-  const std::string merged_dir = tc.out_dir + "/merged";
-  if (ctx.world.rank() == 0) remove_interrupted_saves(merged_dir);
-  std::vector<int64_t> skipped;
+  // The tensors this rank writes (whole tensors, as its checkpoint parts), in runs adjacent in
+  // both the parameter buffer and the sum.
+  written_ = ctx.optimizer.checkpoint_weights();
+  for (const ParamSpec* spec : written_) {
+    sum_offsets_.push_back(sum_size_);
+    if (!runs_.empty() && runs_.back().group == spec->group &&
+        runs_.back().param_offset + runs_.back().count == spec->offset &&
+        runs_.back().sum_offset + runs_.back().count == sum_size_)
+      runs_.back().count += spec->numel;
+    else
+      runs_.push_back({spec->group, spec->offset, sum_size_, spec->numel});
+    sum_size_ += spec->numel;
+  }
+  std::vector<int64_t> skipped, unreached;
   for (const int64_t last : merge_steps(tc, tc.max_steps)) {
     const int64_t first = last - tc.merge_last_n_steps + 1;
     if (last <= ctx.step) continue;  // merged (or skipped) before the checkpoint
-    if (first < ctx.step) {          // updates first .. step - 1 were summed by the stopped process
+    if (last > ctx.last_step) {      // after the run's length or its hard stop
+      unreached.push_back(last);
+      continue;
+    }
+    if (first < ctx.step) {  // updates first .. step - 1 were summed by the stopped process
       skipped.push_back(last);
       continue;
     }
-    windows_.push_back({first, last, std::nullopt, 0});
+    windows_.push_back({first, last, {}, 0});
     // Resumed at the window's first update: the weights in hand are that update's.
     if (first == ctx.step) add(ctx, windows_.back());
   }
   if (ctx.world.rank() != 0) return;
+  const std::string merged_dir = tc.out_dir + "/merged/checkpoints";
   std::string planned;
   for (const Window& w : windows_)
     planned +=
@@ -48,29 +64,43 @@ void ModelMergeCallback::on_start(TrainContext& ctx) {
   if (!windows_.empty())
     ctx.progress.message(fmt::format(
         "model merging: the weights averaged over the last {} updates before step {}, written "
-        "to {}/checkpoints (OLMo-core's ModelMergeCallback)",
-        tc.merge_last_n_steps, planned, merged_dir));
+        "to {} (OLMo-core's ModelMergeCallback); an open window's sum holds {:.1f} MiB a rank",
+        tc.merge_last_n_steps, planned, merged_dir,
+        static_cast<double>(sum_size_ * sizeof(float)) / (1 << 20)));
+  else if (skipped.empty() && unreached.empty())
+    ctx.progress.message(
+        fmt::format("model merging: no merge step in updates {}-{} (train.merge_interval={}, "
+                    "train.merge_steps holds {})",
+                    ctx.step + 1, ctx.last_step, tc.merge_interval, tc.merge_steps.size()));
   for (const int64_t last : skipped)
     ctx.progress.message(fmt::format(
         "warning: the merge at step {} is skipped: the run resumed at step {}, inside its "
         "window of updates {}-{}, whose earlier updates' weights were not kept",
         last, ctx.step, last - tc.merge_last_n_steps + 1, last));
-  for (const int64_t last : merge_steps(tc, tc.max_steps))
-    if (last > tc.max_steps)
-      ctx.progress.message(fmt::format(
-          "warning: train.merge_steps holds {}, after the run's last update ({}): never merged",
-          last, tc.max_steps));
+  for (const int64_t last : unreached)
+    ctx.progress.message(
+        fmt::format("warning: the merge at step {} is not made: the run's last update is {}", last,
+                    ctx.last_step));
+  // A checkpoint inside a window (after its first update) is a resume point that loses the merge
+  // (OLMo-core warns alike).
+  if (tc.save_every > 0)
+    for (const Window& w : windows_) {
+      const int64_t checkpoint = (w.first / tc.save_every + 1) * tc.save_every;
+      if (checkpoint < w.last)
+        ctx.progress.message(fmt::format(
+            "warning: the checkpoint at step {} falls inside the merge window of updates {}-{}: "
+            "a run resumed from it skips that merge",
+            checkpoint, w.first, w.last));
+    }
 }
 
 void ModelMergeCallback::add(TrainContext& ctx, Window& window) {
-  if (!window.sum) {
-    window.sum.emplace(ctx.layout, ctx.params.device());  // zeroed
-  }
-  for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert}) {
-    const int64_t n = static_cast<int64_t>(ctx.layout.numel(group));
-    if (n == 0) continue;
-    kernels::add(view(window.sum->data(group), {n}), view(ctx.params.data(group), {n}),
-                 view(window.sum->data(group), {n}));
+  if (window.sum.empty()) window.sum = DeviceArray<float>(ctx.params.device(), sum_size_);  // 0
+  for (const Run& run : runs_) {
+    const auto n = static_cast<int64_t>(run.count);
+    float* sum = window.sum.data() + run.sum_offset;
+    kernels::add(view(sum, {n}), view(ctx.params.data(run.group) + run.param_offset, {n}),
+                 view(sum, {n}));
   }
   ++window.count;
 }
@@ -92,17 +122,19 @@ void ModelMergeCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 }
 
 void ModelMergeCallback::write(TrainContext& ctx, Window& window) {
-  ParamBuffers& average = *window.sum;
-  const float factor = 1.0f / static_cast<float>(window.count);
-  for (ParamGroup group : {ParamGroup::kDense, ParamGroup::kExpert}) {
-    const int64_t n = static_cast<int64_t>(ctx.layout.numel(group));
-    if (n == 0) continue;
-    kernels::scale(view(average.data(group), {n}), factor, view(average.data(group), {n}));
+  if (sum_size_ > 0) {
+    const auto n = static_cast<int64_t>(sum_size_);
+    kernels::scale(view(window.sum.data(), {n}), 1.0f / static_cast<float>(window.count),
+                   view(window.sum.data(), {n}));
   }
-  // Buffers are not averaged (OLMo-core's are not parameters): the merge step's.
-  for (const ParamSpec& spec : ctx.layout.specs())
-    if (spec.is_buffer)
-      copy_bytes(average.at(spec), ctx.params.at(spec), spec.numel * sizeof(float));
+  std::vector<const float*> data;
+  for (size_t i = 0; i < written_.size(); ++i) {
+    const ParamSpec& spec = *written_[i];
+    float* average = window.sum.data() + sum_offsets_[i];
+    // Buffers are not averaged (OLMo-core's are not parameters): the merge step's.
+    if (spec.is_buffer) copy_bytes(average, ctx.params.at(spec), spec.numel * sizeof(float));
+    data.push_back(average);
+  }
   const TrainConfig& tc = ctx.config.train;
   const std::string merged_dir = tc.out_dir + "/merged";
   const nlohmann::json state = {
@@ -116,12 +148,16 @@ void ModelMergeCallback::write(TrainContext& ctx, Window& window) {
   const std::string staging = checkpoint_staging_dir(merged_dir, window.last, owner_pid_);
   if (rank0) begin_checkpoint(merged_dir, window.last, owner_pid_);
   ctx.world.barrier();
-  write_checkpoint_part(staging, {ctx.world.rank(),
-                                  ctx.world.size(),
-                                  &average,
-                                  ctx.optimizer.checkpoint_weights(),
-                                  {},
-                                  std::nullopt});
+  try {
+    const CheckpointPart part{ctx.world.rank(), ctx.world.size(), &ctx.params, written_, {},
+                              std::nullopt,     std::move(data)};
+    write_checkpoint_part(staging, part);
+  } catch (...) {
+    // Alone, tidy up now; with other ranks still writing, the job ends and the next start
+    // removes the staging directory.
+    if (ctx.world.size() == 1) discard_checkpoint(staging);
+    throw;
+  }
   ctx.world.barrier();
   if (rank0) {
     const std::string dir =
@@ -130,7 +166,7 @@ void ModelMergeCallback::write(TrainContext& ctx, Window& window) {
         fmt::format("merged checkpoint {} (the weights averaged over updates {}-{})", dir,
                     window.first, window.last));
   }
-  window.sum.reset();
+  window.sum = {};
 }
 
 }  // namespace moecore

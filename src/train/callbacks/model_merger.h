@@ -2,15 +2,18 @@
 // updates before each merge step (train.merge_steps, or every train.merge_interval updates up to
 // the run's length), written as a weights-only checkpoint (loadable by transformers, `moecore
 // eval` and `generate`; not resumable) at out_dir/merged/checkpoints/step_<merge step>, each
-// rank writing its part as for a checkpoint. The sum is kept in fp32 on the parameters' device,
-// one per open window, the weights after each update of the window added in turn; the average is
-// the sum times 1 / count (within an ulp of OLMo-core's division). The router's selection bias
-// (a buffer, not a parameter) is the merge step's, as OLMo-core saves its buffers.
+// rank writing its part as for a checkpoint. Each rank sums only the tensors it writes (a
+// data-parallel replica's share, not the whole model), in fp32 beside the parameters (on the
+// GPU for a device run; OLMo-core sums on the host), one sum per open window, the weights after
+// each update of the window added in turn; the average is the sum times 1 / count (within an ulp
+// of OLMo-core's division). The router's selection bias (a buffer, not a parameter) is the merge
+// step's, as OLMo-core saves its buffers.
 //
 // A resume inside a window: the updates of the window before the checkpoint were summed by the
 // process that stopped, and are lost, so that merge is skipped with a warning (as OLMo-core does);
 // a resume at the window's first update sums the weights it resumed with (they are that update's),
-// where OLMo-core averages one update fewer.
+// where OLMo-core averages one update fewer. A window that ends after the run's last update (its
+// length, or a hard stop) is not summed.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "model/params.h"
 #include "train/callback.h"
 
@@ -41,8 +45,14 @@ class ModelMergeCallback final : public Callback {
  private:
   struct Window {
     int64_t first = 0, last = 0;  // the updates whose weights are averaged, first to last
-    std::optional<ParamBuffers> sum;
+    DeviceArray<float> sum;       // the written tensors' sums (empty until its first update)
     int64_t count = 0;
+  };
+  // A run of adjacent written tensors: `count` elements at `param_offset` of a parameter buffer,
+  // at `sum_offset` of a window's sum.
+  struct Run {
+    ParamGroup group;
+    size_t param_offset, sum_offset, count;
   };
   void add(TrainContext& ctx, Window& window);
   void write(TrainContext& ctx, Window& window);  // collective
@@ -51,6 +61,10 @@ class ModelMergeCallback final : public Callback {
   nlohmann::json hf_config_;
   std::string tokenizer_json_;
   std::map<std::string, std::string> hf_side_files_;
+  std::vector<const ParamSpec*> written_;  // the tensors this rank writes
+  std::vector<size_t> sum_offsets_;        // each one's place in a sum
+  std::vector<Run> runs_;
+  size_t sum_size_ = 0;
   std::vector<Window> windows_;  // those still to merge
 };
 
