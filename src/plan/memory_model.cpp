@@ -27,8 +27,8 @@ void add_up_peak(RankMemory& m, bool device) {
   const double host_side = m.batch_tokens;
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
            m.lent_expert_inputs + m.operand_copies + m.activations + m.recompute_buffers +
-           m.workspace + m.mpi_scratch + m.dispatch_buffers + m.pipeline_buffers + m.runtime +
-           (device ? 0.0 : host_side);
+           m.merge_sums + m.workspace + m.mpi_scratch + m.dispatch_buffers + m.pipeline_buffers +
+           m.runtime + (device ? 0.0 : host_side);
   m.host = device ? host_side : 0.0;
 }
 
@@ -51,6 +51,37 @@ double slot_by_slot(const std::vector<int64_t>& counts, const std::vector<double
     bytes += largest;
   }
   return bytes;
+}
+
+// The model merger's sums (train/callbacks/model_merger.h): one per merge window open at once,
+// each of the tensors a rank writes in its checkpoint part (those whose first element lies in its
+// equal slice of its group, dp ranks for dense tensors and ep_dp for experts): the stage's
+// largest rank's.
+double merge_sum_bytes(const TrainConfig& tc, const ParamLayout& local, int64_t dp, int64_t ep_dp) {
+  const std::vector<int64_t> steps = merge_steps(tc, tc.max_steps);
+  // Sums alive at once: a window's from its first update's add to its last update's write, which
+  // frees it before a window that starts at that update takes its own (the merger visits windows
+  // by their last update). At window i's first update, the windows alive are those that end after
+  // it and began by it: merge steps in (steps[i] - n + 1, steps[i]], or itself alone (n = 1).
+  int64_t open = 0;
+  for (size_t i = 0, j = 0; i < steps.size(); ++i) {
+    while (j < i && steps[j] < steps[i] - tc.merge_last_n_steps + 2) ++j;
+    open = std::max<int64_t>(open, static_cast<int64_t>(i - j + 1));
+  }
+  if (open == 0) return 0.0;
+  double largest = 0.0;
+  for (const auto& [group, ranks] :
+       {std::pair{ParamGroup::kDense, dp}, {ParamGroup::kExpert, ep_dp}}) {
+    const size_t numel = local.numel(group);
+    if (numel == 0) continue;
+    const auto r = static_cast<size_t>(ranks);
+    const size_t shard = (numel + r - 1) / r;
+    std::vector<double> per_rank(r, 0.0);
+    for (const ParamSpec& spec : local.specs())
+      if (spec.group == group) per_rank[spec.offset / shard] += static_cast<double>(spec.numel);
+    largest += *std::max_element(per_rank.begin(), per_rank.end());
+  }
+  return static_cast<double>(open) * kF * largest;
 }
 
 }  // namespace
@@ -189,6 +220,7 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
+  m.merge_sums = merge_sum_bytes(tc, local, layout.dp, layout.ep_dp);
   m.workspace = workspace_bytes(m, first_chunk_scratch);
   add_up_peak(m, device);
   return m;

@@ -46,6 +46,9 @@ struct RankMemory {
   double activations = 0.0;            // sum over chunks of live slots x that chunk's bytes
   // train.recompute: the chunks' rebuilt-layer buffers, kept all run outside the workspace
   double recompute_buffers = 0.0;
+  // train.merge_steps / merge_interval: the fp32 sums of the open merge windows
+  // (train/callbacks/model_merger.h), each of the tensors this rank writes.
+  double merge_sums = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
   std::vector<double> chunk_scratch;  // each chunk's
   // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so

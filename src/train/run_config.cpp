@@ -1201,6 +1201,14 @@ void validate_lr_schedule(const OptimConfig& optim, int64_t max_steps, int64_t t
   }
 }
 
+std::vector<int64_t> merge_steps(const TrainConfig& t, int64_t max_steps) {
+  if (t.merge_interval == 0) return t.merge_steps;
+  std::vector<int64_t> steps;
+  for (int64_t step = t.merge_interval; step <= max_steps; step += t.merge_interval)
+    steps.push_back(step);
+  return steps;
+}
+
 void OptimConfig::validate() const {
   // Every float finite (a config file is checked on reading already; this also covers configs
   // built in code): lr = inf trained to all-NaN weights and exited 0.

@@ -266,6 +266,10 @@ int64_t step_reaching_tokens(int64_t tokens, int64_t per_step, TokenOrigin origi
 // training_data.h's last_step_with_data, which the trainer calls).
 int64_t last_step(const TrainConfig& t, TokenOrigin origin);
 
+// The model merges of a run of max_steps updates (train/callbacks/model_merger.h): the multiples
+// of train.merge_interval up to max_steps, or train.merge_steps.
+std::vector<int64_t> merge_steps(const TrainConfig& t, int64_t max_steps);
+
 // OLMo-core's Trainer.max_steps under a max_duration in tokens: the updates from `origin` (the
 // step and tokens seen where the current batch size and seq_len took over) until the tokens seen
 // reach t.max_tokens, origin.step + ceil((max_tokens - origin.tokens) / tokens a step), none

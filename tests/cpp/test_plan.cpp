@@ -100,6 +100,28 @@ TEST(PlanMemory, ZeroShardsTheMomentsOverDp) {
   EXPECT_DOUBLE_EQ(r.weights, s.weights);
 }
 
+// train.merge_steps (train/callbacks/model_merger.h): one fp32 sum of the tensors a rank writes
+// per merge window alive at once. Windows of 3 updates before 4 and 6 share update 4, where the
+// first is written and freed before the second takes its sum: one at a time; before 4 and 5 they
+// share updates 3 and 4: two. Four data-parallel ranks each write about a quarter of the tensors.
+TEST(PlanMemory, ModelMergeSumsOfTheWindowsAliveAtOnce) {
+  auto merge = [](const char* steps, int64_t ranks) {
+    return make_plan(small_config({std::string("train.merge_steps=") + steps,
+                                   "train.merge_last_n_steps=3", "train.max_steps=10"}),
+                     ranks, kNoRuntime)
+        .stages[0];
+  };
+  const RankMemory plain = make_plan(small_config({"train.max_steps=10"}), 1, kNoRuntime).stages[0];
+  EXPECT_EQ(plain.merge_sums, 0.0);
+  const double whole = 4.0 * static_cast<double>(plain.dense_params + plain.expert_params);
+  EXPECT_DOUBLE_EQ(merge("[4,6]", 1).merge_sums, whole);
+  EXPECT_DOUBLE_EQ(merge("[4,5]", 1).merge_sums, 2.0 * whole);
+  EXPECT_DOUBLE_EQ(merge("[4,5]", 1).peak, plain.peak + 2.0 * whole);
+  const double quarter = merge("[4,6]", 4).merge_sums;
+  EXPECT_GE(quarter, whole / 4.0);
+  EXPECT_LT(quarter, whole / 2.0);
+}
+
 // train.precision = "bf16": 2 bytes per GEMM weight element the rank's chunks multiply in bf16
 // (model/bf16_weight_copies.h), counted by hand: attention (2 qs + 2 kvs) d = 3072 per layer, the
 // dense layer's MLP 3 x 48 x 32 = 4608, a MoE layer's 4 local experts (ep 2) 4 x 3 x 16 x 32 = 6144

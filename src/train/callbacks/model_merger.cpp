@@ -16,14 +16,6 @@ ModelMergeCallback::ModelMergeCallback(int64_t owner_pid, nlohmann::json hf_conf
       tokenizer_json_(std::move(tokenizer_json)),
       hf_side_files_(std::move(hf_side_files)) {}
 
-std::vector<int64_t> ModelMergeCallback::merge_steps(const TrainConfig& train, int64_t max_steps) {
-  if (train.merge_interval == 0) return train.merge_steps;
-  std::vector<int64_t> steps;
-  for (int64_t step = train.merge_interval; step <= max_steps; step += train.merge_interval)
-    steps.push_back(step);
-  return steps;
-}
-
 void ModelMergeCallback::on_start(TrainContext& ctx) {
   const TrainConfig& tc = ctx.config.train;
   // The tensors this rank writes (whole tensors, as its checkpoint parts), in runs adjacent in

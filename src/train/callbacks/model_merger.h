@@ -38,10 +38,6 @@ class ModelMergeCallback final : public Callback {
   void on_start(TrainContext& ctx) override;
   void on_step_end(TrainContext& ctx, StepReport& report) override;
 
-  // The merge steps of `train` over a run of max_steps updates (merge_interval's multiples, or
-  // merge_steps).
-  static std::vector<int64_t> merge_steps(const TrainConfig& train, int64_t max_steps);
-
  private:
   struct Window {
     int64_t first = 0, last = 0;  // the updates whose weights are averaged, first to last
