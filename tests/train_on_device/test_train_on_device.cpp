@@ -381,11 +381,20 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     EXPECT_GE(steps, 6);
     EXPECT_EQ(steps_dropping, steps);
   }
-  for (const char* step : {"step_00000002", "step_00000004", "step_00000006"}) {
-    SCOPED_TRACE(step);
-    ASSERT_TRUE(fs::is_directory(dir_ / "device" / "checkpoints" / step));
-    const auto device_files = checkpoint_files(dir_ / "device" / "checkpoints" / step);
-    const auto host_files = checkpoint_files(dir_ / "host" / "checkpoints" / step);
+  // The checkpoints, and the merged ones of a case that merges (train.merge_steps), file by file.
+  std::vector<fs::path> saved;
+  for (const char* step : {"step_00000002", "step_00000004", "step_00000006"})
+    saved.push_back(fs::path("checkpoints") / step);
+  if (fs::is_directory(dir_ / "host" / "merged" / "checkpoints"))
+    for (const auto& entry : fs::directory_iterator(dir_ / "host" / "merged" / "checkpoints"))
+      saved.push_back(fs::path("merged") / "checkpoints" / entry.path().filename());
+  EXPECT_EQ(GetParam().train.find("merge_steps") != std::string::npos,
+            saved.size() > 3);  // a merging case merged
+  for (const fs::path& step : saved) {
+    SCOPED_TRACE(step.string());
+    ASSERT_TRUE(fs::is_directory(dir_ / "device" / step));
+    const auto device_files = checkpoint_files(dir_ / "device" / step);
+    const auto host_files = checkpoint_files(dir_ / "host" / step);
     ASSERT_EQ(device_files.size(), host_files.size());
     for (size_t i = 0; i < host_files.size(); ++i) {
       EXPECT_EQ(device_files[i].first, host_files[i].first);
@@ -503,6 +512,15 @@ INSTANTIATE_TEST_SUITE_P(
         // coefficients at 0), skipped steps in the window, judged from step 3 of a window of 6.
         DeviceRunCase{"fp32_olmo_core_skips", "fp32", "none", 1, "", 0,
                       "skip_rule = \"olmo-core\"\nskip_sigma = 0.0001\nskip_window = 6"},
+        // OLMo-core's optimizer groups (their coefficients staged where the parameters are), its
+        // model merging (the sums kept and averaged in device memory; windows before steps 3 and
+        // 6, the second merged by the resumed run) and its stability monitor.
+        DeviceRunCase{"fp32_groups_merge_spikes", "bf16", "none", 1, "", 0,
+                      "merge_steps = [3, 6]\nmerge_last_n_steps = 2\nstability_monitor = true\n"
+                      "spike_window = 2\nspike_rolling_window = 3\n"
+                      "[[optim.group_overrides]]\nparams = [\"blocks.*.routed_experts.*\"]\n"
+                      "lr = 1e-3\nbeta1 = 0.8\n[[optim.group_overrides]]\n"
+                      "params = [\"model.embed_tokens.weight\"]\nweight_decay = 0.0"},
         // Every step as one graph (train.cuda_graph; the guarded device's emulated capture):
         // captured at step 2, replayed at 3; the evaluation after step 3 sends step 4 back to an
         // eager run. And with the guard skipping steps, so that its limits change every step and
