@@ -515,7 +515,7 @@ INSTANTIATE_TEST_SUITE_P(
         // OLMo-core's optimizer groups (their coefficients staged where the parameters are), its
         // model merging (the sums kept and averaged in device memory; windows before steps 3 and
         // 6, the second merged by the resumed run) and its stability monitor.
-        DeviceRunCase{"fp32_groups_merge_spikes", "bf16", "none", 1, "", 0,
+        DeviceRunCase{"bf16_groups_merge_spikes", "bf16", "none", 1, "", 0,
                       "merge_steps = [3, 6]\nmerge_last_n_steps = 2\nstability_monitor = true\n"
                       "spike_window = 2\nspike_rolling_window = 3\n"
                       "[[optim.group_overrides]]\nparams = [\"blocks.*.routed_experts.*\"]\n"
