@@ -357,7 +357,7 @@ std::string hard_stop_text(const TrainConfig& tc) {
 // The optimizer's groups under optim.group_overrides, counted over the whole model (as OLMo-core
 // logs each group's parameters and settings when it builds its optimizer).
 void announce_optimizer_groups(const TrainContext& ctx) {
-  const ParamLayout whole = ParamLayout::build(ctx.config.model);
+  const ParamLayout& whole = ctx.full_layout;
   const OptimizerGroups groups(whole, ctx.config.optim);
   std::vector<int64_t> tensors(groups.count()), elements(groups.count());
   for (size_t i = 0; i < whole.specs().size(); ++i) {

@@ -37,12 +37,14 @@ TOL = 1e-5
 
 
 def mpirun(bin_path: Path, ranks: int, config: Path, *sets: str, resume=False, timeout=240,
-           env=None):
+           env=None, allow_config_change=False):
     cmd = ["mpirun", "-np", str(ranks), str(bin_path), "train", str(config)]
     for s in sets:
         cmd += ["--set", s]
     if resume:
         cmd.append("--resume")
+    if allow_config_change:
+        cmd.append("--allow-config-change")
     # stdin from /dev/null: mpirun forwards stdin to rank 0, and CI runs with none.
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, env=env or MPI_ENV)

@@ -8,13 +8,12 @@ resume's is not), and steps_taken counts on from the checkpoint's."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 from safetensors import safe_open
 
-from test_parallel import MPI_ENV, TOL, losses, max_rel
+from test_parallel import TOL, losses, max_rel, mpirun
 from test_training_job import run, train, write_config
 
 BETA1, BETA2 = 0.9, 0.95
@@ -103,10 +102,8 @@ def test_zero_shards_reset_as_the_single_process(moecore_bin, six_steps):
     cfg, out = copy_run(six_steps, "single")
     resume(moecore_bin, cfg, 9, RESET, allow=True)
     cfg, out_zero = copy_run(six_steps, "zero")
-    r = subprocess.run(["mpirun", "-np", "2", str(moecore_bin), "train", str(cfg), "--set",
-                        "train.max_steps=9", "--set", RESET, "--set", "parallel.zero=1",
-                        "--resume", "--allow-config-change"], capture_output=True, text=True,
-                       timeout=240, stdin=subprocess.DEVNULL, env=MPI_ENV)
+    r = mpirun(moecore_bin, 2, cfg, "train.max_steps=9", RESET, "parallel.zero=1", resume=True,
+               allow_config_change=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Adam moments start from zero" in r.stdout
     ours, ref = losses(out_zero), losses(out)

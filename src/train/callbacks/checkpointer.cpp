@@ -88,32 +88,38 @@ void CheckpointCallback::save(TrainContext& ctx) {
   const CheckpointContents contents{
       &ctx.given_config, &ctx.full_layout, nullptr,       nullptr, state,
       hf_config_,        tokenizer_json_,  hf_side_files_};
-  const bool rank0 = ctx.world.rank() == 0;
   // Collective: every rank writes its part (see DistributedOptimizer::checkpoint_state).
-  const std::string staging = checkpoint_staging_dir(tc.out_dir, at_step, owner_pid_);
-  if (rank0) begin_checkpoint(tc.out_dir, at_step, owner_pid_);
-  ctx.world.barrier();
-  try {
-    write_checkpoint_part(staging, {ctx.world.rank(),
-                                    ctx.world.size(),
-                                    &ctx.params,
-                                    ctx.optimizer.checkpoint_weights(),
-                                    ctx.optimizer.checkpoint_state(),
-                                    ctx.optimizer.steps_taken(),
-                                    {}});
-  } catch (...) {
-    // Alone, tidy up now; with other ranks still writing, the job ends and the next start
-    // removes the staging directory (remove_interrupted_saves).
-    if (ctx.world.size() == 1) discard_checkpoint(staging);
-    throw;
-  }
-  ctx.world.barrier();
-  if (!rank0) return;
+  const CheckpointPart part{ctx.world.rank(),
+                            ctx.world.size(),
+                            &ctx.params,
+                            ctx.optimizer.checkpoint_weights(),
+                            ctx.optimizer.checkpoint_state(),
+                            ctx.optimizer.steps_taken(),
+                            {}};
   const std::string dir =
-      commit_checkpoint(tc.out_dir, at_step, staging, contents, ctx.world.size(), tc.keep_last);
+      save_collectively(ctx.world, tc.out_dir, at_step, owner_pid_, part, contents, tc.keep_last);
+  if (ctx.world.rank() != 0) return;
   ctx.progress.message(fmt::format("checkpoint {}", dir));
   ctx.report_checkpoint(at_step, dir);
   if (write_fault_) io::set_write_failure_for_testing(*write_fault_);
+}
+
+std::string save_collectively(const dist::Communicator& world, const std::string& run_dir,
+                              int64_t step, int64_t owner_pid, const CheckpointPart& part,
+                              const CheckpointContents& contents, int64_t keep_last) {
+  const bool rank0 = world.rank() == 0;
+  const std::string staging = checkpoint_staging_dir(run_dir, step, owner_pid);
+  if (rank0) begin_checkpoint(run_dir, step, owner_pid);
+  world.barrier();
+  try {
+    write_checkpoint_part(staging, part);
+  } catch (...) {
+    if (world.size() == 1) discard_checkpoint(staging);
+    throw;
+  }
+  world.barrier();
+  return rank0 ? commit_checkpoint(run_dir, step, staging, contents, world.size(), keep_last)
+               : std::string();
 }
 
 TrainerState restore_checkpoint(const std::string& dir, const TrainConfig& written_by,

@@ -12,6 +12,7 @@
 
 #include "dist/distributed_optimizer.h"
 #include "train/callback.h"
+#include "train/checkpoint.h"
 #include "train/gerrymandering.h"
 #include "train/run_config.h"
 #include "train/spike_monitor.h"
@@ -46,6 +47,15 @@ class CheckpointCallback final : public Callback {
   // fail with ENOSPC after N more bytes, once the first checkpoint is on disk.
   std::optional<int64_t> write_fault_;
 };
+
+// A save every rank of `world` takes part in (train/checkpoint.h's multi-rank protocol): rank 0
+// opens the staging directory of `step` under run_dir, every rank writes its `part`, and rank 0
+// commits the directory with `contents`, pruning to keep_last, and returns its path (the other
+// ranks ""). A write that fails in a single process discards its staging directory; with other
+// ranks still writing, the job ends and the next start removes it (remove_interrupted_saves).
+std::string save_collectively(const dist::Communicator& world, const std::string& run_dir,
+                              int64_t step, int64_t owner_pid, const CheckpointPart& part,
+                              const CheckpointContents& contents, int64_t keep_last);
 
 // A resume: this rank's weights and optimizer state from checkpoint `dir` (only the tensors and
 // the moment slices it holds are read; the whole checkpoint is checked from its headers against

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/ops.h"
+#include "train/callbacks/checkpointer.h"
 #include "train/checkpoint.h"
 #include "train/train_context.h"
 
@@ -136,28 +137,15 @@ void ModelMergeCallback::write(TrainContext& ctx, Window& window) {
   const CheckpointContents contents{
       &ctx.given_config, &ctx.full_layout, nullptr,       nullptr, state,
       hf_config_,        tokenizer_json_,  hf_side_files_};
-  const bool rank0 = ctx.world.rank() == 0;
-  const std::string staging = checkpoint_staging_dir(merged_dir, window.last, owner_pid_);
-  if (rank0) begin_checkpoint(merged_dir, window.last, owner_pid_);
-  ctx.world.barrier();
-  try {
-    const CheckpointPart part{ctx.world.rank(), ctx.world.size(), &ctx.params, written_, {},
-                              std::nullopt,     std::move(data)};
-    write_checkpoint_part(staging, part);
-  } catch (...) {
-    // Alone, tidy up now; with other ranks still writing, the job ends and the next start
-    // removes the staging directory.
-    if (ctx.world.size() == 1) discard_checkpoint(staging);
-    throw;
-  }
-  ctx.world.barrier();
-  if (rank0) {
-    const std::string dir =
-        commit_checkpoint(merged_dir, window.last, staging, contents, ctx.world.size(), 0);
+  // Weights only (no optimizer part), never pruned.
+  const CheckpointPart part{ctx.world.rank(), ctx.world.size(), &ctx.params, written_, {},
+                            std::nullopt,     std::move(data)};
+  const std::string dir =
+      save_collectively(ctx.world, merged_dir, window.last, owner_pid_, part, contents, 0);
+  if (ctx.world.rank() == 0)
     ctx.progress.message(
         fmt::format("merged checkpoint {} (the weights averaged over updates {}-{})", dir,
                     window.first, window.last));
-  }
   window.sum = {};
 }
 
