@@ -12,6 +12,7 @@
 #include "cli/distinct_paths.h"
 #include "core/check.h"
 #include "data/bpe_trainer.h"
+#include "data/icl_task.h"
 #include "data/instance_filter.h"
 #include "data/npy.h"
 #include "data/prepare_corpus.h"
@@ -26,6 +27,7 @@
 #include "model/document_mask.h"
 #include "model/transformer.h"
 #include "train/batch_size_schedule.h"
+#include "train/downstream_eval.h"
 #include "train/evaluate.h"
 #include "train/resume_policy.h"
 #include "train/run_config.h"
@@ -340,6 +342,80 @@ void run_generate(const GenerateArgs& args) {
       PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8),
       stop_ids_of(args.checkpoint, m.config.model.vocab_size));
   fmt::print("{}{}\n", args.prompt, text);
+}
+
+void run_eval_downstream(const EvalDownstreamArgs& args) {
+  MOE_CHECK(!args.tasks.empty(), "[downstream] give at least one --task");
+  MOE_CHECK(args.labels.empty() || args.labels.size() == args.tasks.size(),
+            "[downstream] {} --label for {} --task: give none or one per task", args.labels.size(),
+            args.tasks.size());
+  if (!args.out.empty()) {
+    std::vector<NamedPath> inputs{{"--checkpoint", args.checkpoint}};
+    for (const std::string& task : args.tasks) inputs.push_back({"--task", task});
+    check_outputs_apart(inputs, {{"--out", args.out}});
+  }
+  LoadedModel m = load_model(args.checkpoint);
+  const std::string tokenizer_path =
+      args.tokenizer.empty() ? args.checkpoint + "/tokenizer.json" : args.tokenizer;
+  MOE_CHECK(std::filesystem::is_regular_file(tokenizer_path),
+            "[downstream] no tokenizer: {} does not exist (pass --tokenizer)", tokenizer_path);
+  const data::Tokenizer tokenizer = data::Tokenizer::load(tokenizer_path);
+  const int64_t vocab = m.config.model.vocab_size;
+  MOE_CHECK(tokenizer.vocab_size() <= vocab,
+            "[downstream] tokenizer {} has {} tokens but the checkpoint's model.vocab_size={}",
+            tokenizer_path, tokenizer.vocab_size(), vocab);
+  const int64_t bos = args.bos_id == -2 ? m.config.data.bos_id : args.bos_id;
+  MOE_CHECK(bos >= -1 && bos < vocab, "[downstream] --bos-id={} is outside [0, {}) (-1: none)", bos,
+            vocab);
+  const int64_t seq_len = args.seq_len > 0 ? args.seq_len : m.config.train.seq_len;
+  const int64_t batch_tokens =
+      args.batch_tokens > 0
+          ? args.batch_tokens
+          : m.config.train.batch_size / m.config.train.microbatches * m.config.train.seq_len;
+
+  Transformer model(m.config.model, m.layout);
+  // As the run's own validation: in its train.precision.
+  model.set_precision(PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8));
+  std::vector<float> logits_copy;
+  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows, int64_t seq) {
+    model.forward(m.params, tokens, nullptr, rows, seq);
+    return host_readable(model.logits(), logits_copy).data();
+  };
+  const int32_t pad = tokenizer.eos_id();  // padding follows every scored position: any id does
+  nlohmann::ordered_json report = nlohmann::ordered_json::array();
+  for (size_t t = 0; t < args.tasks.size(); ++t) {
+    data::IclTaskSpec spec{args.tasks[t], args.labels.empty() ? "" : args.labels[t], args.metric};
+    const data::IclTask task = data::load_icl_task(
+        spec, tokenizer,
+        bos >= 0 ? std::optional<int32_t>(static_cast<int32_t>(bos)) : std::nullopt, seq_len);
+    const std::vector<IclScore> scores = score_icl_task(task, forward, vocab, batch_tokens, pad);
+    const auto metrics = compute_icl_metrics(task, scores);
+    fmt::print("downstream: {} ({} documents, {} samples, metric {})\n", task.label, task.documents,
+               task.samples.size(), data::icl_metric_name(task.metric));
+    nlohmann::ordered_json values = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metrics) {
+      fmt::print("  {:<48} {:.6f}\n", key, value);
+      values[key] = value;
+    }
+    nlohmann::ordered_json samples = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < task.samples.size(); ++i) {
+      const data::IclSample& s = task.samples[i];
+      nlohmann::ordered_json sample = {{"doc_id", s.doc_id},
+                                       {"cont_id", s.cont_id},
+                                       {"query_tokens", s.query.size()},
+                                       {"logprob", scores[i].logprob}};
+      if (task.metric == data::IclMetric::kPmiDc) sample["dc_logprob"] = scores[i].dc_logprob;
+      samples.push_back(std::move(sample));
+    }
+    report.push_back({{"label", task.label},
+                      {"path", task.path},
+                      {"metric", data::icl_metric_name(task.metric)},
+                      {"documents", task.documents},
+                      {"context_length", seq_len},
+                      {"metrics", std::move(values)},
+                      {"samples", std::move(samples)}});
+  }
+  if (!args.out.empty()) io::write_text_atomic(args.out, report.dump(1) + "\n", "[downstream]");
 }
 
 }  // namespace moecore::cli

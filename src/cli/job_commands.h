@@ -83,4 +83,17 @@ struct GenerateArgs {
 };
 void run_generate(const GenerateArgs& args);
 
+// `moecore eval-downstream`: a checkpoint's scores on downstream tasks as OLMo-core's in-loop
+// evaluator computes them (olmo_eval's OEEvalTask and ICLMetric: train/downstream_eval.h), printed
+// one metric a line and, with `out`, written as JSON with each sample's log-likelihood.
+struct EvalDownstreamArgs {
+  std::string checkpoint, tokenizer, metric, out;
+  std::vector<std::string> tasks;   // request directories
+  std::vector<std::string> labels;  // empty, or one per task
+  int64_t seq_len = 0;       // the context length queries are cut to (0: the run's train.seq_len)
+  int64_t bos_id = -2;       // -2: the run's data.bos_id; -1: none
+  int64_t batch_tokens = 0;  // 0: the run's micro-batch (train.batch_size / microbatches x seq)
+};
+void run_eval_downstream(const EvalDownstreamArgs& args);
+
 }  // namespace moecore::cli

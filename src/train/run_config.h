@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "data/icl_task.h"
 #include "data/instance_filter.h"
 #include "data/order_rule.h"
 #include "dist/pipeline_schedule.h"
@@ -127,6 +128,10 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;
+  // OLMo-core's DownstreamEvaluatorCallback: in-context tasks ([[train.downstream_tasks]]: path,
+  // label, metric; data/icl_task.h) scored with each validation (train.eval_every and at the end),
+  // their metrics logged as eval/downstream/<label> (<what>). Needs data.tokenizer.
+  std::vector<data::IclTaskSpec> downstream_tasks;
   int64_t save_every = 0;  // 0: only at the end
   // false: no checkpoint at all, not even at the end, and so no sample (which decodes the final
   // checkpoint): for benchmarks of large models, whose saves would dominate the run.

@@ -13,6 +13,7 @@
 
 #include "core/check.h"
 #include "data/dataset_fingerprint.h"
+#include "data/icl_task.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "dist/alltoall_exchange.h"
@@ -85,13 +86,15 @@ struct RunInputs {
   std::optional<data::TokenDataset> val_data;
   int32_t document_eos = -1;
   std::optional<data::Tokenizer> tokenizer;
+  // train.downstream_tasks, read and tokenized (data/icl_task.h).
+  std::vector<data::IclTask> downstream;
 };
 
 RunInputs open_inputs(RunConfig& config) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   MOE_CHECK(!config.data.train.empty(), "[train] data.train lists no token files");
-  RunInputs in{open_training_set(config), std::nullopt, -1, std::nullopt};
+  RunInputs in{open_training_set(config), std::nullopt, -1, std::nullopt, {}};
   if (!config.data.val.empty())
     in.val_data = data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size,
                                            config.data.dtype, 0, config.data.val_label_mask);
@@ -109,6 +112,14 @@ RunInputs open_inputs(RunConfig& config) {
               "[train] tokenizer {} has {} tokens but model.vocab_size={}", config.data.tokenizer,
               in.tokenizer->vocab_size(), mc.vocab_size);
   }
+  MOE_CHECK(tc.downstream_tasks.empty() || in.tokenizer,
+            "[train] train.downstream_tasks need data.tokenizer: their requests are text");
+  for (const data::IclTaskSpec& spec : tc.downstream_tasks)
+    in.downstream.push_back(data::load_icl_task(
+        spec, *in.tokenizer,
+        config.data.bos_id >= 0 ? std::optional<int32_t>(static_cast<int32_t>(config.data.bos_id))
+                                : std::nullopt,
+        tc.seq_len));
   return in;
 }
 
@@ -942,7 +953,9 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   auto stop_signals = std::make_unique<StopSignalCallback>();
   StopSignalCallback& loop_signals = *stop_signals;
   ctx.callbacks.push_back(std::move(stop_signals));
-  if (in.val_data) ctx.callbacks.push_back(std::make_unique<EvalCallback>(*in.val_data));
+  if (in.val_data || !in.downstream.empty())
+    ctx.callbacks.push_back(std::make_unique<EvalCallback>(in.val_data ? &*in.val_data : nullptr,
+                                                           std::move(in.downstream)));
   // Its on_end right after the final checkpoint's, before the final evaluation's.
   ctx.callbacks.push_back(std::make_unique<LateStopSignalCallback>(loop_signals));
   // Before the checkpoint, as OLMo-core orders its merger.
@@ -1201,8 +1214,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                    .batch_size_history = start.batch_size_history,
                    .initial_lr = scheduled_initial_lr(config.optim.lr, start.batch_size_history),
                    .last_step = end_step};
-  // Made up by the evaluator's start; without validation data there is none to make up.
-  ctx.eval_pending = resumed.eval_pending && in.val_data.has_value();
+  // Made up by the evaluator's start; without validation data or downstream tasks there is none
+  // to make up.
+  ctx.eval_pending =
+      resumed.eval_pending && (in.val_data.has_value() || !tc.downstream_tasks.empty());
   ctx.summary.start_step = ctx.step;
   for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);

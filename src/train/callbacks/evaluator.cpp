@@ -1,6 +1,8 @@
 #include "train/callbacks/evaluator.h"
 
+#include "core/device_memory.h"
 #include "model/router.h"
+#include "train/downstream_eval.h"
 #include "train/evaluate.h"
 #include "train/train_context.h"
 
@@ -27,35 +29,76 @@ void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 }
 
 void EvalCallback::on_end(TrainContext& ctx) {
-  if (ctx.stop_signal == 0) ctx.summary.val_loss = evaluate_at(ctx, ctx.step);  // else skipped
+  if (ctx.stop_signal != 0) return;  // skipped
+  const EvalResult r = evaluate_at(ctx, ctx.step);
+  if (val_data_ != nullptr) ctx.summary.val_loss = r.loss;
 }
 
-double EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
+EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
   // Without expert parallelism the ranks at dp position 0 evaluate (rank 0 alone, or one rank
   // per pipeline stage), with the data-parallel reduction off, and the others go on to the next
   // step's first collective and wait there. With it, the experts are spread over the ranks:
   // every rank evaluates the same batches together.
-  if (ctx.mesh.dp.rank() != 0 && ctx.config.parallel.ep == 1) return 0.0;
+  if (ctx.mesh.dp.rank() != 0 && ctx.config.parallel.ep == 1) return {};
   for (Transformer* chunk : ctx.chunks) {
     chunk->set_batch_sum(nullptr);
     chunk->set_routing_seed(routing_forward_seed(ctx.config.train.seed, step, -1));  // all tokens
     chunk->set_routing_token_offset(0);
   }
-  EvalResult r = evaluate(
-      [&ctx](const int32_t* tokens, const int32_t* targets, int64_t batch_rows, int64_t seq) {
-        return ctx.pipeline.forward_only(ctx.params, tokens, targets, batch_rows, seq);
-      },
-      val_data_, ctx.rows, ctx.config.train.eval_batches * ctx.rows);
+  EvalResult r;
   const int64_t pp = ctx.config.parallel.pp;
-  if (pp > 1) {  // the last stage saw the loss
-    double result[4] = {r.loss, r.perplexity, static_cast<double>(r.tokens),
-                        static_cast<double>(r.instances)};
-    ctx.mesh.pp.broadcast(result, sizeof(result), static_cast<int>(pp - 1));
-    r = {result[0], result[1], static_cast<int64_t>(result[2]), static_cast<int64_t>(result[3])};
+  if (val_data_ != nullptr) {
+    r = evaluate(
+        [&ctx](const int32_t* tokens, const int32_t* targets, int64_t batch_rows, int64_t seq) {
+          return ctx.pipeline.forward_only(ctx.params, tokens, targets, batch_rows, seq);
+        },
+        *val_data_, ctx.rows, ctx.config.train.eval_batches * ctx.rows);
+    if (pp > 1) {  // the last stage saw the loss
+      double result[4] = {r.loss, r.perplexity, static_cast<double>(r.tokens),
+                          static_cast<double>(r.instances)};
+      ctx.mesh.pp.broadcast(result, sizeof(result), static_cast<int>(pp - 1));
+      r = {result[0],
+           result[1],
+           static_cast<int64_t>(result[2]),
+           static_cast<int64_t>(result[3]),
+           {}};
+    }
   }
+  r.downstream = evaluate_downstream(ctx, step);
   for (Transformer* chunk : ctx.chunks) chunk->set_batch_sum(ctx.dp_batch_sum);
   if (ctx.world.rank() == 0) ctx.report_eval(step, r);
-  return r.loss;
+  return r;
+}
+
+io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, int64_t step) {
+  const int64_t pp = ctx.config.parallel.pp;
+  Transformer& last = *ctx.chunks.back();  // holds the LM head on the last pipeline stage
+  std::vector<float> logits_copy;
+  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows,
+                                    int64_t seq) -> const float* {
+    ctx.pipeline.forward_only(ctx.params, tokens, nullptr, rows, seq);
+    if (!last.has_head()) return nullptr;
+    return host_readable(last.logits(), logits_copy).data();
+  };
+  // As many tokens a pass as a training micro-batch holds.
+  const int64_t batch_tokens = ctx.rows * ctx.config.train.seq_len;
+  io::MetricsSink::Scalars metrics;
+  for (const data::IclTask& task : downstream_) {
+    std::vector<IclScore> scores =
+        score_icl_task(task, forward, ctx.config.model.vocab_size, batch_tokens, /*pad_id=*/0);
+    if (pp > 1)  // the last stage saw the logits
+      ctx.mesh.pp.broadcast(scores.data(), scores.size() * sizeof(IclScore),
+                            static_cast<int>(pp - 1));
+    if (ctx.world.rank() != 0) continue;
+    const auto task_metrics = compute_icl_metrics(task, scores);
+    // The console shows each task's first metric (its accuracy, CE loss or BPB).
+    ctx.progress.message(fmt::format("eval  step {:>6}  {} {:.4f}  ({} documents)", step,
+                                     task_metrics.front().first, task_metrics.front().second,
+                                     task.documents));
+    for (const auto& [key, value] : task_metrics)
+      metrics.emplace_back("eval/downstream/" + key, value);
+  }
+  return metrics;
 }
 
 }  // namespace moecore

@@ -20,9 +20,15 @@ void MetricsCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 }
 
 void MetricsCallback::on_eval(TrainContext& ctx, int64_t step, const EvalResult& result) {
-  if (sink_) sink_->log(step, {{"val/loss", result.loss}, {"val/ppl", result.perplexity}});
-  ctx.progress.message(fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)",
-                                   step, result.loss, result.perplexity, result.tokens));
+  io::MetricsSink::Scalars scalars;
+  if (result.tokens > 0) {  // else the run has no validation data: downstream tasks only
+    scalars = {{"val/loss", result.loss}, {"val/ppl", result.perplexity}};
+    ctx.progress.message(
+        fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)", step,
+                    result.loss, result.perplexity, result.tokens));
+  }
+  scalars.insert(scalars.end(), result.downstream.begin(), result.downstream.end());
+  if (sink_ && !scalars.empty()) sink_->log(step, scalars);
 }
 
 void MetricsCallback::on_end(TrainContext&) {

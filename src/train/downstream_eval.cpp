@@ -1,0 +1,88 @@
+#include "train/downstream_eval.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/check.h"
+
+namespace moecore {
+
+namespace {
+
+// One row to run: a sample's query (or its domain-conditional query), and where its continuation
+// is scored.
+struct ScoredRow {
+  size_t sample;
+  bool domain_conditional;
+  const std::vector<int32_t>* tokens;
+  int64_t first_position;  // the logits row that predicts the continuation's first token
+};
+
+// sum_j log softmax(logits[first + j])[continuation[j]], in double.
+double continuation_logprob(const float* logits, int64_t vocab, int64_t first,
+                            const std::vector<int32_t>& continuation) {
+  double total = 0.0;
+  for (size_t j = 0; j < continuation.size(); ++j) {
+    const float* row = logits + (first + static_cast<int64_t>(j)) * vocab;
+    const double max = *std::max_element(row, row + vocab);
+    double sum = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+    total += static_cast<double>(row[continuation[j]]) - max - std::log(sum);
+  }
+  return total;
+}
+
+}  // namespace
+
+std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
+                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id) {
+  MOE_CHECK(batch_tokens >= 1, "[downstream] batch of {} tokens", batch_tokens);
+  std::vector<ScoredRow> rows;
+  for (size_t i = 0; i < task.samples.size(); ++i) {
+    const data::IclSample& s = task.samples[i];
+    rows.push_back({i, false, &s.query, s.ctx_len - 1});
+    if (task.metric == data::IclMetric::kPmiDc)
+      rows.push_back({i, true, &s.dc_query, s.dc_len - 1});
+  }
+  // Longest first (stable: equal lengths keep the file's order), so that a batch pads little.
+  std::stable_sort(rows.begin(), rows.end(), [](const ScoredRow& a, const ScoredRow& b) {
+    return a.tokens->size() > b.tokens->size();
+  });
+
+  std::vector<IclScore> scores(task.samples.size());
+  std::vector<int32_t> tokens;
+  for (size_t begin = 0; begin < rows.size();) {
+    const auto seq = static_cast<int64_t>(rows[begin].tokens->size());
+    const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
+    const size_t end = std::min(rows.size(), begin + static_cast<size_t>(fit));
+    const auto count = static_cast<int64_t>(end - begin);
+    tokens.assign(static_cast<size_t>(count * seq), pad_id);
+    for (size_t r = begin; r < end; ++r)
+      std::copy(rows[r].tokens->begin(), rows[r].tokens->end(),
+                tokens.begin() + static_cast<int64_t>(r - begin) * seq);
+    const float* logits = forward(tokens.data(), count, seq);
+    if (logits != nullptr) {
+      for (size_t r = begin; r < end; ++r) {
+        const ScoredRow& row = rows[r];
+        const double logprob = continuation_logprob(
+            logits, vocab_size, static_cast<int64_t>(r - begin) * seq + row.first_position,
+            task.samples[row.sample].continuation);
+        (row.domain_conditional ? scores[row.sample].dc_logprob : scores[row.sample].logprob) =
+            logprob;
+      }
+    }
+    begin = end;
+  }
+  return scores;
+}
+
+std::vector<std::pair<std::string, double>> evaluate_icl_task(const data::IclTask& task,
+                                                              const LogitsForward& forward,
+                                                              int64_t vocab_size,
+                                                              int64_t batch_tokens,
+                                                              int32_t pad_id) {
+  return compute_icl_metrics(task, score_icl_task(task, forward, vocab_size, batch_tokens, pad_id));
+}
+
+}  // namespace moecore

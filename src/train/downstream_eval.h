@@ -1,0 +1,40 @@
+// Scoring a downstream task's samples (data/icl_task.h) with the model: each sample's query runs
+// forward, without targets, and the log-probabilities of its continuation's tokens are summed
+// from the logits at the positions before them (olmo_eval's lm_logits[ctx_len - 1 : ctx_len +
+// cont_len - 1], in double here); for pmi_dc the domain-conditional query runs too. Then the
+// task's metrics (train/icl_metric.h).
+//
+// Batching: queries are grouped by length (longest first) into batches of at most batch_tokens
+// tokens (at least one query each), each padded on the right to its longest query with pad_id.
+// Padding comes after every scored position, so under causal attention a query's logits are those
+// of the query alone; with dropless routing its experts too (a capacity-limited dispatch may
+// drop routes differently with other neighbours in the batch, as it would in OLMo-core).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/icl_task.h"
+#include "train/icl_metric.h"
+
+namespace moecore {
+
+// One forward pass without targets over rows x seq tokens: the logits [rows * seq, vocab] in host
+// memory on the process that holds the LM head, nullptr on the others (pipeline stages before the
+// last). Every process runs the same sequence of calls.
+using LogitsForward = std::function<const float*(const int32_t* tokens, int64_t rows, int64_t seq)>;
+
+// One IclScore per sample of `task` (valid where the forward returned logits).
+std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
+                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id);
+
+// score_icl_task, then compute_icl_metrics; the metrics are valid where logits were.
+std::vector<std::pair<std::string, double>> evaluate_icl_task(const data::IclTask& task,
+                                                              const LogitsForward& forward,
+                                                              int64_t vocab_size,
+                                                              int64_t batch_tokens, int32_t pad_id);
+
+}  // namespace moecore

