@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:?usage: $0 SECONDS [reader...]}"
 shift
 READERS=("$@")
-[ ${#READERS[@]} -eq 0 ] && READERS=(safetensors npy tokenizer run_config trainer_state hf_config)
+[ ${#READERS[@]} -eq 0 ] && READERS=(safetensors npy tokenizer run_config trainer_state hf_config icl_task)
 BUILD=build-fuzz
 WORK="$BUILD/fuzz-work"
 found=0
@@ -21,7 +21,7 @@ found=0
 dict_for() {
   case "$1" in
     run_config) echo tests/fuzz/toml.dict ;;
-    *) echo tests/fuzz/json.dict ;;  # safetensors headers, tokenizer.json, trainer_state.json
+    *) echo tests/fuzz/json.dict ;;  # safetensors headers, tokenizer.json, trainer_state.json, requests
   esac
 }
 

@@ -368,10 +368,14 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
   MOE_CHECK(bos >= -1 && bos < vocab, "[downstream] --bos-id={} is outside [0, {}) (-1: none)", bos,
             vocab);
   const int64_t seq_len = args.seq_len > 0 ? args.seq_len : m.config.train.seq_len;
+  // Default: the run's micro-batch, but no pass's logits over 1 GiB (the micro-batch counts every
+  // data-parallel rank's sequences).
+  const int64_t logits_budget_tokens = std::max<int64_t>(1, (int64_t{1} << 30) / (4 * vocab));
   const int64_t batch_tokens =
-      args.batch_tokens > 0
-          ? args.batch_tokens
-          : m.config.train.batch_size / m.config.train.microbatches * m.config.train.seq_len;
+      args.batch_tokens > 0 ? args.batch_tokens
+                            : std::min(m.config.train.batch_size / m.config.train.microbatches *
+                                           m.config.train.seq_len,
+                                       logits_budget_tokens);
 
   Transformer model(m.config.model, m.layout);
   // As the run's own validation: in its train.precision.
@@ -381,7 +385,7 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
     model.forward(m.params, tokens, nullptr, rows, seq);
     return host_readable(model.logits(), logits_copy).data();
   };
-  const int32_t pad = tokenizer.eos_id();  // padding follows every scored position: any id does
+  const int32_t pad = 0;  // padding follows every scored position: any id does
   nlohmann::ordered_json report = nlohmann::ordered_json::array();
   for (size_t t = 0; t < args.tasks.size(); ++t) {
     data::IclTaskSpec spec{args.tasks[t], args.labels.empty() ? "" : args.labels[t], args.metric};

@@ -90,9 +90,10 @@ struct EvalDownstreamArgs {
   std::string checkpoint, tokenizer, metric, out;
   std::vector<std::string> tasks;   // request directories
   std::vector<std::string> labels;  // empty, or one per task
-  int64_t seq_len = 0;       // the context length queries are cut to (0: the run's train.seq_len)
-  int64_t bos_id = -2;       // -2: the run's data.bos_id; -1: none
-  int64_t batch_tokens = 0;  // 0: the run's micro-batch (train.batch_size / microbatches x seq)
+  int64_t seq_len = 0;  // the context length queries are cut to (0: the run's train.seq_len)
+  int64_t bos_id = -2;  // -2: the run's data.bos_id; -1: none
+  // 0: the run's micro-batch (train.batch_size / microbatches x seq), at most 1 GiB of logits
+  int64_t batch_tokens = 0;
 };
 void run_eval_downstream(const EvalDownstreamArgs& args);
 

@@ -301,7 +301,8 @@ int main(int argc, char** argv) {
                       "data.bos_id)",
                       -1, INT32_MAX);
   cli::add_int_option(eval_downstream, "--batch-tokens", downstream.batch_tokens,
-                      "tokens per forward pass (0: the run's micro-batch)", 0, INT64_MAX);
+                      "tokens per forward pass (0: the run's micro-batch, at most 1 GiB of logits)",
+                      0, INT64_MAX);
   eval_downstream->add_option("--out", downstream.out,
                               "JSON report: every metric and each sample's log-likelihood");
 

@@ -7,8 +7,10 @@
 // Batching: queries are grouped by length (longest first) into batches of at most batch_tokens
 // tokens (at least one query each), each padded on the right to its longest query with pad_id.
 // Padding comes after every scored position, so under causal attention a query's logits are those
-// of the query alone; with dropless routing its experts too (a capacity-limited dispatch may
-// drop routes differently with other neighbours in the batch, as it would in OLMo-core).
+// of the query alone; with dropless, position-free routing its experts too (a capacity-limited
+// dispatch may drop routes differently with other neighbours in the batch, as it would in
+// OLMo-core; the random and balanced routing modes route by a token's place in the batch). The
+// caller turns document masking off: OLMo-core's downstream batches have none.
 #pragma once
 
 #include <cstdint>

@@ -68,13 +68,17 @@ size_t argmax(const std::vector<float>& x) {
   return best;
 }
 
-// torch.softmax / log_softmax over a small fp32 vector, at index `at`.
+// torch.softmax / log_softmax over a small fp32 vector, at index `at`, as its CPU kernel computes
+// them: exp(x - max) in fp32, summed, then times 1 / sum (softmax) or x - max - log(sum)
+// (log_softmax). Its exp is a vectorised one (within an ulp), ours the correctly rounded one.
 float softmax_at(const std::vector<float>& x, size_t at, bool log) {
   float max = -std::numeric_limits<float>::infinity();
   for (const float v : x) max = std::max(max, v);
+  const auto exp = [](float v) { return static_cast<float>(std::exp(static_cast<double>(v))); };
   float sum = 0.0f;
-  for (const float v : x) sum += std::exp(v - max);
-  return log ? (x[at] - max) - std::log(sum) : std::exp(x[at] - max) / sum;
+  for (const float v : x) sum += exp(v - max);
+  if (log) return (x[at] - max) - static_cast<float>(std::log(static_cast<double>(sum)));
+  return exp(x[at] - max) * (1.0f / sum);
 }
 
 // sum(x) / len(x) of Python floats (left to right, in double), as torch.tensor() then holds it:
@@ -82,7 +86,7 @@ float softmax_at(const std::vector<float>& x, size_t at, bool log) {
 double mean(const std::vector<double>& x) {
   double sum = 0.0;
   for (const double v : x) sum += v;
-  return static_cast<float>(sum / static_cast<double>(x.size()));
+  return static_cast<double>(static_cast<float>(sum / static_cast<double>(x.size())));
 }
 
 // The same of fp32 tensors (ce_loss and bpb keep each document's value as a 0-d tensor): summed
@@ -90,7 +94,7 @@ double mean(const std::vector<double>& x) {
 double mean_f32(const std::vector<double>& x) {
   float sum = 0.0f;
   for (const double v : x) sum += static_cast<float>(v);
-  return sum / static_cast<float>(x.size());
+  return static_cast<double>(sum / static_cast<float>(x.size()));
 }
 
 // olmo_eval's custom_f1_score(labels, preds, pos_label=0).
@@ -153,13 +157,13 @@ std::vector<std::pair<std::string, double>> compute_icl_metrics(
       bp_nls[c] = v.bpb_nls;
     }
     if (metric == data::IclMetric::kCeLoss) {
-      celoss.push_back(ce[0]);
-      celoss_nls.push_back(ce_nls[0]);
+      celoss.push_back(static_cast<double>(ce[0]));
+      celoss_nls.push_back(static_cast<double>(ce_nls[0]));
       continue;
     }
     if (metric == data::IclMetric::kBpb) {
-      bpb.push_back(bp[0]);
-      bpb_nls.push_back(bp_nls[0]);
+      bpb.push_back(static_cast<double>(bp[0]));
+      bpb_nls.push_back(static_cast<double>(bp_nls[0]));
       continue;
     }
     if (metric == data::IclMetric::kF1) {
@@ -173,14 +177,14 @@ std::vector<std::pair<std::string, double>> compute_icl_metrics(
               task.label, doc_id, doc.label, n);
     const auto gold = static_cast<size_t>(doc.label);
     correct.push_back(argmax(ll) == gold ? 1.0 : 0.0);
-    celoss.push_back(ce[gold]);
-    celoss_nls.push_back(ce_nls[gold]);
-    bpb.push_back(bp[gold]);
-    bpb_nls.push_back(bp_nls[gold]);
-    soft.push_back(softmax_at(ll, gold, false));
-    soft_log.push_back(softmax_at(ll, gold, true));
-    soft_nls.push_back(softmax_at(ll_nls, gold, false));
-    soft_log_nls.push_back(softmax_at(ll_nls, gold, true));
+    celoss.push_back(static_cast<double>(ce[gold]));
+    celoss_nls.push_back(static_cast<double>(ce_nls[gold]));
+    bpb.push_back(static_cast<double>(bp[gold]));
+    bpb_nls.push_back(static_cast<double>(bp_nls[gold]));
+    soft.push_back(static_cast<double>(softmax_at(ll, gold, false)));
+    soft_log.push_back(static_cast<double>(softmax_at(ll, gold, true)));
+    soft_nls.push_back(static_cast<double>(softmax_at(ll_nls, gold, false)));
+    soft_log_nls.push_back(static_cast<double>(softmax_at(ll_nls, gold, true)));
   }
 
   const std::string& label = task.label;
@@ -191,8 +195,10 @@ std::vector<std::pair<std::string, double>> compute_icl_metrics(
       MOE_CHECK(!labels.empty(), "[downstream] task {}: no document has all its continuations",
                 label);
       // As olmo_eval: v1 from the plain log-likelihoods, v2 from those without the leading space.
-      out.emplace_back(key("F1 score"), static_cast<float>(f1_score(labels, preds)));
-      out.emplace_back(key("F1 score v2"), static_cast<float>(f1_score(labels, preds_nls)));
+      out.emplace_back(key("F1 score"),
+                       static_cast<double>(static_cast<float>(f1_score(labels, preds))));
+      out.emplace_back(key("F1 score v2"),
+                       static_cast<double>(static_cast<float>(f1_score(labels, preds_nls))));
       return out;
     case data::IclMetric::kCeLoss:
       out.emplace_back(key("CE loss"), mean_f32(celoss_nls));

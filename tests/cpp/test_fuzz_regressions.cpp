@@ -79,6 +79,7 @@ class AddressSpaceCap {
 void feed(const std::string& reader, const fs::path& path) {
   if (reader == "safetensors") return moecore::fuzz::read_safetensors(path.string());
   if (reader == "npy") return moecore::fuzz::read_npy(path.string());
+  if (reader == "icl_task") return moecore::fuzz::read_icl_requests(path.string());
   const std::string text = slurp(path);
   if (reader == "tokenizer") return moecore::fuzz::read_tokenizer(text);
   if (reader == "run_config") return moecore::fuzz::read_run_config(text);
@@ -126,7 +127,7 @@ TEST_P(FuzzInputs, SeedsAreAccepted) {
 
 INSTANTIATE_TEST_SUITE_P(Readers, FuzzInputs,
                          testing::Values("safetensors", "npy", "tokenizer", "run_config",
-                                         "trainer_state", "hf_config"),
+                                         "trainer_state", "hf_config", "icl_task"),
                          [](const testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

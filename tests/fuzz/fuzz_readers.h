@@ -7,19 +7,27 @@
 // allocations beyond libFuzzer's -malloc_limit_mb are findings too.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/check.h"
+#include "data/icl_task.h"
 #include "data/npy.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_byte_level.h"
 #include "io/hf_config.h"
 #include "io/hf_config_reader.h"
 #include "io/safetensors.h"
 #include "train/gerrymandering.h"
+#include "train/icl_metric.h"
 #include "train/run_config.h"
 #include "train/step_guard.h"
 #include "train/trainer_state.h"
@@ -137,6 +145,81 @@ inline void read_hf_config(std::string_view text) {
   const std::string difference = model_config_difference(io::canonical_architecture(again.model),
                                                          io::canonical_architecture(read.model));
   if (!difference.empty()) throw Finding{"export round trip changed the model: " + difference};
+}
+
+// A byte-level tokenizer without merges (every byte one token, <|endoftext|> added): what the
+// downstream requests are tokenized with below.
+inline const data::Tokenizer& byte_tokenizer() {
+  static const data::Tokenizer tokenizer = [] {
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) vocab[data::byte_level_chars()[static_cast<size_t>(b)]] = b;
+    const nlohmann::json added = {
+        {"id", 256},       {"content", "<|endoftext|>"}, {"single_word", false}, {"lstrip", false},
+        {"rstrip", false}, {"normalized", false},        {"special", true}};
+    const nlohmann::json json = {
+        {"version", "1.0"},
+        {"added_tokens", nlohmann::json::array({added})},
+        {"normalizer", nullptr},
+        {"pre_tokenizer",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+        {"post_processor", nullptr},
+        {"decoder", {{"type", "ByteLevel"}}},
+        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    return data::Tokenizer::from_json(json.dump(), "fuzz byte tokenizer");
+  }();
+  return tokenizer;
+}
+
+// oe-eval downstream requests (requests.jsonl, plain or gzip; data/icl_task.h) in the task
+// directory `dir`, read as the trainer and `moecore eval-downstream` read them, once for a metric
+// with integer labels (acc) and once for a gold-only one (bpb), with a BOS token and a context
+// length of 16. An accepted task's samples must fit their queries (every scored position inside
+// the query, the query within the context length), and its metrics must compute on any scores.
+// Rejected under both metrics: the last error propagates.
+inline void read_icl_requests_in(const std::string& dir) {
+  constexpr int64_t kContext = 16;
+  bool accepted = false;
+  std::string rejected;
+  for (const char* metric : {"acc", "bpb"}) {
+    std::optional<data::IclTask> task;
+    try {
+      task = data::load_icl_task({dir, "fuzz", metric}, byte_tokenizer(), 256, kContext);
+    } catch (const std::exception& e) {
+      rejected = e.what();
+      continue;
+    }
+    if (task->samples.empty() || task->documents < 1) throw Finding{"accepted without samples"};
+    for (const data::IclSample& s : task->samples) {
+      const auto cont = static_cast<int64_t>(s.continuation.size());
+      const auto query = static_cast<int64_t>(s.query.size());
+      if (cont < 1 || query > kContext || s.ctx_len < 1 || s.ctx_len - 1 + cont > query)
+        throw Finding{"a sample's continuation does not fit its query"};
+      if (s.dc_len < 1 || s.dc_len - 1 + cont > static_cast<int64_t>(s.dc_query.size()))
+        throw Finding{"a sample's continuation does not fit its domain-conditional query"};
+      if (s.cont_str_len < 1 || s.cont_byte_len < s.cont_str_len ||
+          s.cont_byte_len_no_leading_space > s.cont_byte_len - 1)
+        throw Finding{"a continuation's lengths disagree"};
+    }
+    const std::vector<IclScore> scores(task->samples.size(), IclScore{-1.0, -2.0});
+    try {
+      (void)compute_icl_metrics(*task, scores);
+    } catch (const Error&) {
+      // A label outside its document's continuations: refused with a one-line error.
+    }
+    accepted = true;
+  }
+  if (!accepted) throw Error(rejected);
+}
+
+// The same for a file of requests: copied into a scratch task directory (one per process) as
+// requests.jsonl.gz, which the reader inflates when it is gzip and reads as it is otherwise.
+inline void read_icl_requests(const std::string& file) {
+  static const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("moecore-fuzz-icl-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(file, dir / "requests.jsonl.gz",
+                             std::filesystem::copy_options::overwrite_existing);
+  read_icl_requests_in(dir.string());
 }
 
 }  // namespace moecore::fuzz

