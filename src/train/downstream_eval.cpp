@@ -36,8 +36,11 @@ double continuation_logprob(const float* logits, int64_t vocab, int64_t first,
 }  // namespace
 
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
-                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id) {
+                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
+                                     int64_t shard, int64_t shards) {
   MOE_CHECK(batch_tokens >= 1, "[downstream] batch of {} tokens", batch_tokens);
+  MOE_CHECK(shards >= 1 && shard >= 0 && shard < shards, "[downstream] shard {} of {}", shard,
+            shards);
   std::vector<ScoredRow> rows;
   for (size_t i = 0; i < task.samples.size(); ++i) {
     const data::IclSample& s = task.samples[i];
@@ -49,6 +52,12 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
   std::stable_sort(rows.begin(), rows.end(), [](const ScoredRow& a, const ScoredRow& b) {
     return a.tokens->size() > b.tokens->size();
   });
+  if (shards > 1) {  // this shard's rows: as long as the others' (within a row of each length)
+    std::vector<ScoredRow> mine;
+    for (size_t r = static_cast<size_t>(shard); r < rows.size(); r += static_cast<size_t>(shards))
+      mine.push_back(rows[r]);
+    rows = std::move(mine);
+  }
 
   std::vector<IclScore> scores(task.samples.size());
   std::vector<int32_t> tokens;

@@ -29,9 +29,13 @@ namespace moecore {
 // last). Every process runs the same sequence of calls.
 using LogitsForward = std::function<const float*(const int32_t* tokens, int64_t rows, int64_t seq)>;
 
-// One IclScore per sample of `task` (valid where the forward returned logits).
+// One IclScore per sample of `task` (valid where the forward returned logits). With shards > 1
+// this process runs only its share of the queries (every shards-th, from the shard-th, in the
+// longest-first order) and leaves the others' scores 0: summed over the shards, the scores are
+// whole.
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
-                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id);
+                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
+                                     int64_t shard = 0, int64_t shards = 1);
 
 // score_icl_task, then compute_icl_metrics; the metrics are valid where logits were.
 std::vector<std::pair<std::string, double>> evaluate_icl_task(const data::IclTask& task,

@@ -289,12 +289,14 @@ def test_per_sample_log_likelihoods_with_a_bos_token(moecore_bin, whole, job_dat
 
 
 @pytest.mark.parametrize("layout,ranks,sets", [("pp2", 2, ["parallel.pp=2"]),
-                                                 ("ep2", 2, ["parallel.ep=2"])])
+                                                 ("ep2", 2, ["parallel.ep=2"]),
+                                                 ("dp2", 2, []),
+                                                 ("dp2_pp2", 4, ["parallel.pp=2"])])
 def test_parallel_runs_score_as_the_single_process(moecore_bin, job_data, tasks, tmp_path, layout,
                                                    ranks, sets):
-    """The pipeline's last stage (which alone holds the logits) and the expert-parallel ranks
-    (which evaluate together) score the run's weights as the single process scores its
-    checkpoint."""
+    """The pipeline's last stage (which alone holds the logits), the expert-parallel ranks
+    (which evaluate together) and the data-parallel ranks (each its share of the queries) score
+    the run's weights as the single process scores its checkpoint."""
     cfg = config(tmp_path, job_data, layout, tasks[:2], max_steps=3)
     mpirun(moecore_bin, ranks, cfg, *sets)
     in_loop = downstream_rows(tmp_path / layout)[3]

@@ -37,11 +37,13 @@ void EvalCallback::on_end(TrainContext& ctx) {
 }
 
 EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
-  // Without expert parallelism the ranks at dp position 0 evaluate (rank 0 alone, or one rank
-  // per pipeline stage), with the data-parallel reduction off, and the others go on to the next
-  // step's first collective and wait there. With it, the experts are spread over the ranks:
-  // every rank evaluates the same batches together.
-  if (ctx.mesh.dp.rank() != 0 && ctx.config.parallel.ep == 1) return {};
+  // Without expert parallelism the ranks at dp position 0 evaluate the loss (rank 0 alone, or one
+  // rank per pipeline stage), with the data-parallel reduction off, and the others go on to the
+  // next step's first collective and wait there (or, with downstream tasks, to their share of
+  // the tasks' queries). With it, the experts are spread over the ranks: every rank evaluates the
+  // same batches together.
+  const bool evaluates_loss = ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1;
+  if (!evaluates_loss && downstream_.empty()) return {};
   for (Transformer* chunk : ctx.chunks) {
     chunk->set_batch_sum(nullptr);
     chunk->set_routing_seed(routing_forward_seed(ctx.config.train.seed, step, -1));  // all tokens
@@ -49,7 +51,7 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
   }
   EvalResult r;
   const int64_t pp = ctx.config.parallel.pp;
-  if (val_data_ != nullptr) {
+  if (val_data_ != nullptr && evaluates_loss) {
     r = evaluate(
         [&ctx](const int32_t* tokens, const int32_t* targets, int64_t batch_rows, int64_t seq) {
           return ctx.pipeline.forward_only(ctx.params, tokens, targets, batch_rows, seq);
@@ -89,13 +91,23 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
   // Plain causal attention, as OLMo-core's downstream batches carry no document lengths: a
   // request's text may hold the EOS that data.document_masking cuts documents at.
   for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(-1);
+  // Without expert parallelism each data-parallel rank (with its pipeline stages) scores its
+  // share of the queries, as OLMo-core's DistributedSampler spreads them; with it, every rank runs
+  // the same passes (the experts' exchange is collective, over equal shapes).
+  const bool spread = ctx.config.parallel.ep == 1;
+  const int64_t shards = spread ? ctx.mesh.dp.size() : 1;
+  const int64_t shard = spread ? ctx.mesh.dp.rank() : 0;
+  static_assert(sizeof(IclScore) == 2 * sizeof(double));
   io::MetricsSink::Scalars metrics;
   for (const data::IclTask& task : downstream_) {
-    std::vector<IclScore> scores =
-        score_icl_task(task, forward, ctx.config.model.vocab_size, batch_tokens, /*pad_id=*/0);
+    std::vector<IclScore> scores = score_icl_task(task, forward, ctx.config.model.vocab_size,
+                                                  batch_tokens, /*pad_id=*/0, shard, shards);
     if (pp > 1)  // the last stage saw the logits
       ctx.mesh.pp.broadcast(scores.data(), scores.size() * sizeof(IclScore),
                             static_cast<int>(pp - 1));
+    if (shards > 1)  // each score is one rank's, 0 on the others
+      ctx.mesh.dp.allreduce_sum(reinterpret_cast<double*>(scores.data()),
+                                static_cast<int64_t>(2 * scores.size()));
     if (ctx.world.rank() != 0) continue;
     const auto task_metrics = compute_icl_metrics(task, scores);
     // The console shows each task's first metric (its accuracy, CE loss or BPB).
