@@ -566,3 +566,25 @@ def test_olmo_core_labels_to_config_entries(moecore_bin, whole, tmp_path):
     for needle in ("piqa: a PIQA task", "copycolors_10way_fast: a fast_mc variant",
                    "no_such_task: not an olmo_eval task label"):
         assert needle in r.stderr
+
+
+def test_tasks_without_validation_data(moecore_bin, job_data, tasks, tmp_path):
+    """A run with downstream tasks and no validation set evaluates the tasks alone: their metrics
+    in metrics.jsonl and TensorBoard under OLMo-core's names, no val/loss, no final val loss."""
+    cfg = write_config(tmp_path / "run.toml", job_data, tmp_path / "run",
+                       train={"max_steps": 4, "seq_len": SEQ_LEN, "eval_every": 2, "threads": 1,
+                              "downstream_tasks": [tasks[5]["spec"]]},
+                       data={"val": None})
+    r = train(moecore_bin, cfg)
+    assert "val loss" not in r.stdout.splitlines()[-1] and "val_loss" not in r.stdout
+    rows = [row for row in metrics_rows(tmp_path / "run") if "val/loss" in row]
+    assert rows == []
+    ours = downstream_rows(tmp_path / "run")
+    assert sorted(ours) == [2, 4]
+    tbparse = pytest.importorskip("tbparse")
+    scalars = tbparse.SummaryReader(str(tmp_path / "run")).scalars
+    tag = "eval/downstream/lambada_bpb_0shot (BPB)"
+    logged = scalars[scalars.tag == tag].sort_values("step")
+    assert list(logged.step) == [2, 4]
+    np.testing.assert_allclose(logged.value, [ours[2]["lambada_bpb_0shot (BPB)"],
+                                              ours[4]["lambada_bpb_0shot (BPB)"]], rtol=1e-6)
