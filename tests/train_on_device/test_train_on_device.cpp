@@ -205,6 +205,24 @@ class TrainOnDevice : public ::testing::TestWithParam<DeviceRunCase> {
       file.write(reinterpret_cast<const char*>(tokens.data()),
                  static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
     }
+    // A downstream task (train.downstream_tasks, "@DIR@/task" in a case): five documents of
+    // three continuations each, one context longer than seq_len (cut from the left).
+    fs::create_directories(dir_ / "task");
+    std::ofstream task(dir_ / "task" / "requests.jsonl");
+    const std::vector<std::string> contexts = {"In the beginning God", "And the earth was",
+                                               "darkness was upon the face", "And God said",
+                                               std::string(200, 'a') + " and the deep"};
+    const std::vector<std::string> continuations = {" created", " without form", " of the deep"};
+    for (size_t d = 0; d < contexts.size(); ++d)
+      for (size_t i = 0; i < continuations.size(); ++i)
+        task << nlohmann::json{{"request_type", "loglikelihood"},
+                               {"doc_id", d},
+                               {"idx", i},
+                               {"label", d % continuations.size()},
+                               {"request",
+                                {{"context", contexts[d]}, {"continuation", continuations[i]}}}}
+                    .dump()
+             << "\n";
   }
 
   // A small MoE model with every part the job reads from the host: a dense first layer, routed
@@ -275,11 +293,18 @@ eos_id = {}
 )",
                     max_steps, c.eval_every, c.precision, c.recompute, c.head_chunk, device,
                     (dir_ / out).string(),
-                    device == "cpu" ? without_key(c.train, "cuda_graph") : c.train,
+                    with_dir(device == "cpu" ? without_key(c.train, "cuda_graph") : c.train),
                     (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
                     (dir_ / "tokenizer.json").string(), eos_id_, c.data,
                     device == "cpu" ? host_parallel(c.parallel) : c.parallel),
         "train_on_device");
+  }
+
+  // A case's [train] keys with "@DIR@" standing for the inputs' directory.
+  std::string with_dir(std::string keys) const {
+    for (size_t at = keys.find("@DIR@"); at != std::string::npos; at = keys.find("@DIR@"))
+      keys.replace(at, 5, dir_.string());
+    return keys;
   }
 
   std::unique_ptr<dist::Communicator> world_;
@@ -369,6 +394,14 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
   const std::vector<nlohmann::json> device_metrics =
       logged_values(dir_ / "device" / "metrics.jsonl");
   EXPECT_EQ(device_metrics, logged_values(dir_ / "host" / "metrics.jsonl"));
+  if (GetParam().train.find("downstream_tasks") != std::string::npos) {
+    // The tasks were scored at each evaluation (steps 2 and 4, and 6 resumed), not skipped.
+    int64_t evaluations = 0;
+    for (const nlohmann::json& line : device_metrics)
+      for (const auto& [key, value] : line.items())
+        evaluations += key.starts_with("eval/downstream/") && key.ends_with("accuracy)");
+    EXPECT_EQ(evaluations, 3);
+  }
   if (GetParam().parallel.find("capacity_factor") != std::string::npos) {
     // The case is below capacity: every logged step drops routes (the host's and the device's
     // alike), steps 1-4 and the resumed 5-6 at least.
@@ -557,6 +590,17 @@ INSTANTIATE_TEST_SUITE_P(
         // all-gather over dp). Pipeline stages keep a job on MPI
         // (train/communicator_choice.h).
         DeviceRunCase{"fp32_nccl_stand_in", "fp32", "none", 1, "communicator = \"nccl\""},
+        // OLMo-core's downstream evaluation (train.downstream_tasks): the queries' logits copied
+        // from device memory and scored on the host, pmi_dc's second pass; over two ranks each
+        // data-parallel rank's share gathered through the stand-in's all-reduce of host memory,
+        // and through two pipeline stages (the last one's scores broadcast).
+        DeviceRunCase{"bf16_downstream", "bf16", "none", 1, "", 0,
+                      "[[train.downstream_tasks]]\npath = \"@DIR@/task\"\nmetric = \"pmi_dc\""},
+        DeviceRunCase{"ranks2_dp_downstream_nccl_stand_in", "fp32", "none", 2,
+                      "communicator = \"nccl\"", 0,
+                      "[[train.downstream_tasks]]\npath = \"@DIR@/task\"\nmetric = \"acc\""},
+        DeviceRunCase{"ranks2_pp_downstream", "fp32", "none", 2, "pp = 2", 0,
+                      "[[train.downstream_tasks]]\npath = \"@DIR@/task\"\nmetric = \"len_norm\""},
         DeviceRunCase{"ranks2_ep_zero_nccl_stand_in", "fp32", "none", 2,
                       "ep = 2\nzero = 1\ncommunicator = \"nccl\""},
         // The padded transport over the stand-in: what a GPU job without symmetric memory runs.
