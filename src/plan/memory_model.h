@@ -49,6 +49,11 @@ struct RankMemory {
   // train.merge_steps / merge_interval: the fp32 sums of the open merge windows
   // (train/callbacks/model_merger.h), each of the tensors this rank writes.
   double merge_sums = 0.0;
+  // train.downstream_tasks with train.lm_head_chunk_tokens: a downstream pass (a forward without
+  // targets, between steps; train/downstream_eval.h) holds the whole logits of this rank's
+  // micro-batch where the training holds a chunk's: the difference, on the stage with the head.
+  // An upper bound on top of the step's peak (the pass keeps one micro-batch's activations).
+  double downstream_logits = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
   std::vector<double> chunk_scratch;  // each chunk's
   // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so

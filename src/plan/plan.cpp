@@ -165,6 +165,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"reduction_peak", m.reduction_peak},
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"merge_sums", m.merge_sums},
+                        {"downstream_logits", m.downstream_logits},
                         {"mx_weight_caches", m.mx_weight_caches},
                         {"lent_expert_inputs", m.lent_expert_inputs},
                         {"operand_copies", m.operand_copies},
@@ -286,7 +287,7 @@ std::string plan_text(const Plan& p) {
     }
     out += fmt::format(
         "  weights {}, gradients {}, optimizer state {}, optimizer scratch {}, MPI scratch {}, "
-        "bf16 copies {}{}{}{}{}\n",
+        "bf16 copies {}{}{}{}{}{}\n",
         human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer_state),
         human_bytes(m.optimizer_scratch), human_bytes(m.mpi_scratch),
         human_bytes(m.bf16_weight_copies),
@@ -299,7 +300,10 @@ std::string plan_text(const Plan& p) {
         m.operand_copies > 0.0
             ? fmt::format(", GEMM operand copies {}", human_bytes(m.operand_copies))
             : "",
-        m.merge_sums > 0.0 ? fmt::format(", model merge sums {}", human_bytes(m.merge_sums)) : "");
+        m.merge_sums > 0.0 ? fmt::format(", model merge sums {}", human_bytes(m.merge_sums)) : "",
+        m.downstream_logits > 0.0
+            ? fmt::format(", downstream logits {}", human_bytes(m.downstream_logits))
+            : "");
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "
         "{}, head {}) x live micro-batches per chunk [",

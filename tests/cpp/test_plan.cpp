@@ -122,6 +122,28 @@ TEST(PlanMemory, ModelMergeSumsOfTheWindowsAliveAtOnce) {
   EXPECT_LT(quarter, whole / 2.0);
 }
 
+// train.downstream_tasks (train/downstream_eval.h): a downstream pass runs the whole head, so with
+// train.lm_head_chunk_tokens the stage with the head holds a micro-batch's logits where the step
+// holds a chunk's: (tokens - chunk) x vocab floats more. Without chunking, or without tasks,
+// nothing.
+TEST(PlanMemory, DownstreamLogitsOfTheHeadsStage) {
+  const std::string task = "train.downstream_tasks=[{path = \"x/t\"}]";
+  auto stage = [](std::vector<std::string> sets) {
+    return make_plan(small_config(std::move(sets)), 1, kNoRuntime).stages[0];
+  };
+  const RankMemory chunked = stage({"train.lm_head_chunk_tokens=16"});
+  const RankMemory both = stage({"train.lm_head_chunk_tokens=16", task});
+  EXPECT_EQ(chunked.downstream_logits, 0.0);
+  EXPECT_EQ(stage({task}).downstream_logits, 0.0);
+  const RunConfig c = small_config({});
+  const double tokens =
+      static_cast<double>(c.train.batch_size / c.train.microbatches * c.train.seq_len);
+  ASSERT_GT(tokens, 16.0);
+  EXPECT_DOUBLE_EQ(both.downstream_logits,
+                   4.0 * (tokens - 16.0) * static_cast<double>(c.model.vocab_size));
+  EXPECT_DOUBLE_EQ(both.peak, chunked.peak + both.downstream_logits);
+}
+
 // train.precision = "bf16": 2 bytes per GEMM weight element the rank's chunks multiply in bf16
 // (model/bf16_weight_copies.h), counted by hand: attention (2 qs + 2 kvs) d = 3072 per layer, the
 // dense layer's MLP 3 x 48 x 32 = 4608, a MoE layer's 4 local experts (ep 2) 4 x 3 x 16 x 32 = 6144
