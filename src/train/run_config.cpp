@@ -442,6 +442,7 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("z_loss_multiplier", t.z_loss_multiplier);
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
+  r.read("downstream_eval_every", t.downstream_eval_every);
   r.read("eval_batches", t.eval_batches);
   r.read("save_every", t.save_every);
   r.read("checkpoint", t.checkpoint);
@@ -1505,6 +1506,11 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   MOE_CHECK(t.eval_every == 0 || t.eval_batches > 0,
             "[config] train.eval_batches={} must be positive when train.eval_every={} evaluates",
             t.eval_batches, t.eval_every);
+  MOE_CHECK(t.downstream_eval_every == 0 || (t.downstream_eval_every > 0 && t.eval_every > 0 &&
+                                             t.downstream_eval_every % t.eval_every == 0),
+            "[config] train.downstream_eval_every={} must be 0 (every evaluation) or a positive "
+            "multiple of train.eval_every={}",
+            t.downstream_eval_every, t.eval_every);
   std::set<std::string> downstream_labels;
   for (size_t i = 0; i < t.downstream_tasks.size(); ++i) {
     const data::IclTaskSpec& task = t.downstream_tasks[i];
@@ -1850,6 +1856,7 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"z_loss_multiplier", t.z_loss_multiplier},
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
+                    {"downstream_eval_every", t.downstream_eval_every},
                     {"eval_batches", t.eval_batches},
                     {"save_every", t.save_every},
                     {"checkpoint", t.checkpoint},

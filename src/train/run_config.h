@@ -132,6 +132,10 @@ struct TrainConfig {
   // label, metric; data/icl_task.h) scored with each validation (train.eval_every and at the end),
   // their metrics logged as eval/downstream/<label> (<what>). Needs data.tokenizer.
   std::vector<data::IclTaskSpec> downstream_tasks;
+  // Score them only at the evaluations of steps that are a multiple of this (a multiple of
+  // eval_every) and at the end, as OLMo-core's downstream callback has an eval_interval of its
+  // own; 0: at every evaluation.
+  int64_t downstream_eval_every = 0;
   int64_t save_every = 0;  // 0: only at the end
   // false: no checkpoint at all, not even at the end, and so no sample (which decodes the final
   // checkpoint): for benchmarks of large models, whose saves would dominate the run.

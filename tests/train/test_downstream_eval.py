@@ -588,3 +588,23 @@ def test_tasks_without_validation_data(moecore_bin, job_data, tasks, tmp_path):
     assert list(logged.step) == [2, 4]
     np.testing.assert_allclose(logged.value, [ours[2]["lambada_bpb_0shot (BPB)"],
                                               ours[4]["lambada_bpb_0shot (BPB)"]], rtol=1e-6)
+
+
+def test_downstream_eval_every(moecore_bin, job_data, tasks, tmp_path):
+    """train.downstream_eval_every (OLMo-core's downstream callback has an eval_interval of its
+    own): the tasks at the evaluations of its multiples and at the end, the validation loss at
+    every evaluation."""
+    cfg = write_config(tmp_path / "run.toml", job_data, tmp_path / "run",
+                       train={"max_steps": 7, "seq_len": SEQ_LEN, "eval_every": 2,
+                              "downstream_eval_every": 4, "threads": 1,
+                              "downstream_tasks": [tasks[5]["spec"]]})
+    train(moecore_bin, cfg)
+    assert sorted(downstream_rows(tmp_path / "run")) == [4, 7]
+    val_steps = [row["step"] for row in metrics_rows(tmp_path / "run") if "val/loss" in row]
+    assert val_steps == [2, 4, 6, 7]
+    bad = write_config(tmp_path / "bad.toml", job_data, tmp_path / "bad",
+                       train={"eval_every": 2, "downstream_eval_every": 3,
+                              "downstream_tasks": [tasks[5]["spec"]]})
+    assert_one_line_error(train(moecore_bin, bad, check=False),
+                          "train.downstream_eval_every=3 must be 0 (every evaluation) or a "
+                          "positive multiple of train.eval_every=2")

@@ -12,7 +12,7 @@ namespace moecore {
 
 void EvalCallback::on_start(TrainContext& ctx) {
   // The resumed checkpoint's step was due an evaluation that a stop signal cancelled.
-  if (ctx.eval_pending) evaluate_at(ctx, ctx.step);
+  if (ctx.eval_pending) evaluate_at(ctx, ctx.step, /*final=*/false);
   ctx.eval_pending = false;
 }
 
@@ -24,7 +24,7 @@ void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
       // stop, which a resume without it goes on from).
       ctx.eval_pending = true;
     } else if (!ctx.stopping() && report.step < ctx.last_step) {
-      evaluate_at(ctx, report.step);
+      evaluate_at(ctx, report.step, /*final=*/false);
     }
     // Else max_seconds, skip_max_consecutive or the hard stop: on_end evaluates this step.
   }
@@ -32,18 +32,21 @@ void EvalCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 
 void EvalCallback::on_end(TrainContext& ctx) {
   if (ctx.stop_signal != 0) return;  // skipped
-  const EvalResult r = evaluate_at(ctx, ctx.step);
+  const EvalResult r = evaluate_at(ctx, ctx.step, /*final=*/true);
   if (val_data_ != nullptr) ctx.summary.val_loss = r.loss;
 }
 
-EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
+EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final) {
+  const int64_t downstream_every = ctx.config.train.downstream_eval_every;
+  const bool scores_tasks =
+      !downstream_.empty() && (final || downstream_every == 0 || step % downstream_every == 0);
   // Without expert parallelism the ranks at dp position 0 evaluate the loss (rank 0 alone, or one
   // rank per pipeline stage), with the data-parallel reduction off, and the others go on to the
   // next step's first collective and wait there (or, with downstream tasks, to their share of
   // the tasks' queries). With it, the experts are spread over the ranks: every rank evaluates the
   // same batches together.
   const bool evaluates_loss = ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1;
-  if (!evaluates_loss && downstream_.empty()) return {};
+  if (!evaluates_loss && !scores_tasks) return {};
   for (Transformer* chunk : ctx.chunks) {
     chunk->set_batch_sum(nullptr);
     chunk->set_routing_seed(routing_forward_seed(ctx.config.train.seed, step, -1));  // all tokens
@@ -68,7 +71,7 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step) {
            {}};
     }
   }
-  r.downstream = evaluate_downstream(ctx, step);
+  if (scores_tasks) r.downstream = evaluate_downstream(ctx, step);
   for (Transformer* chunk : ctx.chunks) chunk->set_batch_sum(ctx.dp_batch_sum);
   if (ctx.world.rank() == 0) ctx.report_eval(step, r);
   return r;

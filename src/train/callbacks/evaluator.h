@@ -27,8 +27,9 @@ class EvalCallback final : public Callback {
   void on_end(TrainContext& ctx) override;
 
  private:
-  // Collective; the result on rank 0 (loss only with validation data).
-  EvalResult evaluate_at(TrainContext& ctx, int64_t step);
+  // Collective; the result on rank 0 (loss only with validation data). `final`: the run's last
+  // evaluation, which scores the downstream tasks whatever train.downstream_eval_every says.
+  EvalResult evaluate_at(TrainContext& ctx, int64_t step, bool final);
   // Every downstream task's metrics, on rank 0 (which prints each task's first); called by the
   // ranks that evaluate.
   io::MetricsSink::Scalars evaluate_downstream(TrainContext& ctx, int64_t step);
