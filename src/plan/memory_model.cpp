@@ -57,7 +57,8 @@ double slot_by_slot(const std::vector<int64_t>& counts, const std::vector<double
 // each of the tensors a rank writes in its checkpoint part (those whose first element lies in its
 // equal slice of its group, dp ranks for dense tensors and ep_dp for experts): the stage's
 // largest rank's.
-double merge_sum_bytes(const TrainConfig& tc, const ParamLayout& local, int64_t dp, int64_t ep_dp) {
+double merge_sum_bytes(const TrainConfig& tc, const ParamLayout& local, int64_t dp, int64_t ep_dp,
+                       bool evaluated) {
   const std::vector<int64_t> steps = merge_steps(tc, tc.max_steps);
   // Sums alive at once: a window's from its first update's add to its last update's write, which
   // frees it before a window that starts at that update takes its own (the merger visits windows
@@ -69,6 +70,10 @@ double merge_sum_bytes(const TrainConfig& tc, const ParamLayout& local, int64_t 
     open = std::max<int64_t>(open, static_cast<int64_t>(i - j + 1));
   }
   if (open == 0) return 0.0;
+  // A run that evaluates the averages sums its whole local model (train/callbacks/model_merger.h).
+  if (evaluated)
+    return static_cast<double>(open) * kF *
+           static_cast<double>(local.numel(ParamGroup::kDense) + local.numel(ParamGroup::kExpert));
   double largest = 0.0;
   for (const auto& [group, ranks] :
        {std::pair{ParamGroup::kDense, dp}, {ParamGroup::kExpert, ep_dp}}) {
@@ -223,7 +228,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
-  m.merge_sums = merge_sum_bytes(tc, local, layout.dp, layout.ep_dp);
+  m.merge_sums = merge_sum_bytes(tc, local, layout.dp, layout.ep_dp,
+                                 !config.data.val.empty() || !tc.downstream_tasks.empty());
   m.workspace = workspace_bytes(m, first_chunk_scratch);
   add_up_peak(m, device);
   return m;

@@ -21,6 +21,8 @@ struct EvalResult {
   // The downstream tasks' metrics (train.downstream_tasks), named as logged:
   // "eval/downstream/<label> (<what>)"; empty without tasks.
   io::MetricsSink::Scalars downstream;
+  // The model merger's average was evaluated (ctx.evaluate_merged), not the trained weights.
+  bool merged = false;
 };
 
 EvalResult evaluate(Transformer& model, const ParamBuffers& params,

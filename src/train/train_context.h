@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,6 +85,11 @@ struct TrainContext {
   // A stop signal cancelled the evaluation due at `step` (the checkpoint records it; a resumed run
   // makes it up first).
   bool eval_pending = false;
+  // Evaluates the weights the chunks hold now as merged ones (the validation loss and the
+  // downstream tasks, logged as val/merged/... and eval/merged/downstream/...), collective; set by
+  // the trainer when the run evaluates (an evaluator callback), else empty. The model merger calls
+  // it with a window's average in place, as OLMo-core's ModelMergeCallback runs its evaluators.
+  std::function<void(int64_t step)> evaluate_merged{};
   bool stopping() const { return stop_signal != 0 || out_of_time || !gave_up.empty(); }
   // "peak RSS ... MiB per rank (max over N ranks)[; per stage [...] MiB]" for the last line.
   std::string peak_memory{};

@@ -953,9 +953,15 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   auto stop_signals = std::make_unique<StopSignalCallback>();
   StopSignalCallback& loop_signals = *stop_signals;
   ctx.callbacks.push_back(std::move(stop_signals));
-  if (in.val_data || !in.downstream.empty())
-    ctx.callbacks.push_back(std::make_unique<EvalCallback>(in.val_data ? &*in.val_data : nullptr,
-                                                           std::move(in.downstream)));
+  if (in.val_data || !in.downstream.empty()) {
+    auto evaluator = std::make_shared<EvalCallback>(in.val_data ? &*in.val_data : nullptr,
+                                                    std::move(in.downstream));
+    // The model merger evaluates its averages with it (ctx outlives the callbacks).
+    ctx.evaluate_merged = [&ctx, raw = evaluator.get()](int64_t at) {
+      raw->evaluate_merged(ctx, at);
+    };
+    ctx.callbacks.push_back(std::move(evaluator));
+  }
   // Its on_end right after the final checkpoint's, before the final evaluation's.
   ctx.callbacks.push_back(std::make_unique<LateStopSignalCallback>(loop_signals));
   // Before the checkpoint, as OLMo-core orders its merger.

@@ -608,3 +608,44 @@ def test_downstream_eval_every(moecore_bin, job_data, tasks, tmp_path):
     assert_one_line_error(train(moecore_bin, bad, check=False),
                           "train.downstream_eval_every=3 must be 0 (every evaluation) or a "
                           "positive multiple of train.eval_every=2")
+
+
+def test_merged_weights_are_evaluated(moecore_bin, job_data, tasks, tmp_path):
+    """OLMo-core's ModelMergeCallback runs the evaluators on the merged weights ("eval/merged"):
+    at a merge step the average is swapped in, scored (val/merged/loss, eval/merged/downstream/...:
+    what `moecore eval` and `eval-downstream` give for the merged checkpoint) and swapped out again,
+    so that the run trains on exactly as one that merges nothing."""
+    spec = tasks[0]["spec"]
+    base = {"max_steps": 6, "seq_len": SEQ_LEN, "eval_every": 3, "threads": 1,
+            "downstream_tasks": [spec]}
+    merging = write_config(tmp_path / "merge.toml", job_data, tmp_path / "merge",
+                           train={**base, "merge_steps": [4], "merge_last_n_steps": 2})
+    plain = write_config(tmp_path / "plain.toml", job_data, tmp_path / "plain", train=base)
+    r = train(moecore_bin, merging)
+    assert "eval  step      4  merged val_loss" in r.stdout
+    train(moecore_bin, plain)
+    def by_step(out_dir):  # each step's logged values, its training and evaluation lines merged
+        merged_rows: dict[int, dict] = {}
+        for row in metrics_rows(out_dir):
+            merged_rows.setdefault(row["step"], {}).update(row)
+        return merged_rows
+    rows, plain_rows = by_step(tmp_path / "merge"), by_step(tmp_path / "plain")
+    # The trained weights came back: every later loss and evaluation is the plain run's.
+    for step in range(1, 7):
+        assert rows[step]["train/loss"] == plain_rows[step]["train/loss"], step
+    assert rows[6]["val/loss"] == plain_rows[6]["val/loss"]
+    merged_keys = [k for k in rows[4] if k.startswith("eval/merged/downstream/")]
+    assert len(merged_keys) == 10 and "val/merged/loss" in rows[4]
+    assert not any(k.startswith("eval/merged/") for s in (3, 5, 6) for k in rows[s])
+    ckpt = tmp_path / "merge" / "merged" / "checkpoints" / f"step_{4:08d}"
+    out = tmp_path / "merged.json"
+    run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", spec["path"], "--out", out)
+    for key, value in json.loads(out.read_text())[0]["metrics"].items():
+        assert rows[4]["eval/merged/downstream/" + key] == \
+            pytest.approx(value, rel=SAME_WEIGHTS_TOL, abs=1e-9), key
+    e = run(moecore_bin, "eval", "--checkpoint", ckpt, "--data", job_data.val, "--max-instances",
+            2 * 4)  # eval_batches x the micro-batch's rows
+    loss = float(e.stdout.split("loss ")[1].split()[0])
+    assert rows[4]["val/merged/loss"] == pytest.approx(loss, abs=6e-5)
+    # And the average is not the step's own weights: its scores differ from the trained ones'.
+    assert rows[4]["val/merged/loss"] != rows[6]["val/loss"]

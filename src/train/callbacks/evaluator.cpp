@@ -36,7 +36,7 @@ void EvalCallback::on_end(TrainContext& ctx) {
   if (val_data_ != nullptr) ctx.summary.val_loss = r.loss;
 }
 
-EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final) {
+EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final, bool merged) {
   const int64_t downstream_every = ctx.config.train.downstream_eval_every;
   const bool scores_tasks =
       !downstream_.empty() && (final || downstream_every == 0 || step % downstream_every == 0);
@@ -71,13 +71,15 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
            {}};
     }
   }
-  if (scores_tasks) r.downstream = evaluate_downstream(ctx, step);
+  if (scores_tasks) r.downstream = evaluate_downstream(ctx, step, merged);
+  r.merged = merged;
   for (Transformer* chunk : ctx.chunks) chunk->set_batch_sum(ctx.dp_batch_sum);
   if (ctx.world.rank() == 0) ctx.report_eval(step, r);
   return r;
 }
 
-io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, int64_t step) {
+io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, int64_t step,
+                                                           bool merged) {
   const int64_t pp = ctx.config.parallel.pp;
   Transformer& last = *ctx.chunks.back();  // holds the LM head on the last pipeline stage
   std::vector<float> logits_copy;
@@ -114,11 +116,11 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
     if (ctx.world.rank() != 0) continue;
     const auto task_metrics = compute_icl_metrics(task, scores);
     // The console shows each task's first metric (its accuracy, CE loss or BPB).
-    ctx.progress.message(fmt::format("eval  step {:>6}  {} {:.4f}  ({} documents)", step,
-                                     task_metrics.front().first, task_metrics.front().second,
-                                     task.documents));
+    ctx.progress.message(fmt::format("eval  step {:>6}  {}{} {:.4f}  ({} documents)", step,
+                                     merged ? "merged " : "", task_metrics.front().first,
+                                     task_metrics.front().second, task.documents));
     for (const auto& [key, value] : task_metrics)
-      metrics.emplace_back("eval/downstream/" + key, value);
+      metrics.emplace_back((merged ? "eval/merged/downstream/" : "eval/downstream/") + key, value);
   }
   const DataConfig& data = ctx.config.data;
   for (Transformer* chunk : ctx.chunks)

@@ -25,14 +25,19 @@ class EvalCallback final : public Callback {
   void on_start(TrainContext& ctx) override;
   void on_step_end(TrainContext& ctx, StepReport& report) override;
   void on_end(TrainContext& ctx) override;
+  // TrainContext::evaluate_merged: everything evaluated (the tasks whatever
+  // train.downstream_eval_every says), reported as merged.
+  void evaluate_merged(TrainContext& ctx, int64_t step) {
+    evaluate_at(ctx, step, /*final=*/true, /*merged=*/true);
+  }
 
  private:
   // Collective; the result on rank 0 (loss only with validation data). `final`: the run's last
   // evaluation, which scores the downstream tasks whatever train.downstream_eval_every says.
-  EvalResult evaluate_at(TrainContext& ctx, int64_t step, bool final);
+  EvalResult evaluate_at(TrainContext& ctx, int64_t step, bool final, bool merged = false);
   // Every downstream task's metrics, on rank 0 (which prints each task's first); called by the
   // ranks that evaluate.
-  io::MetricsSink::Scalars evaluate_downstream(TrainContext& ctx, int64_t step);
+  io::MetricsSink::Scalars evaluate_downstream(TrainContext& ctx, int64_t step, bool merged);
 
   const data::TokenDataset* val_data_;
   std::vector<data::IclTask> downstream_;

@@ -22,10 +22,13 @@ void MetricsCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 void MetricsCallback::on_eval(TrainContext& ctx, int64_t step, const EvalResult& result) {
   io::MetricsSink::Scalars scalars;
   if (result.tokens > 0) {  // else the run has no validation data: downstream tasks only
-    scalars = {{"val/loss", result.loss}, {"val/ppl", result.perplexity}};
+    // The model merger's average (OLMo-core logs it under eval/merged/...).
+    const char* prefix = result.merged ? "val/merged/" : "val/";
+    scalars = {{std::string(prefix) + "loss", result.loss},
+               {std::string(prefix) + "ppl", result.perplexity}};
     ctx.progress.message(
-        fmt::format("eval  step {:>6}  val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)", step,
-                    result.loss, result.perplexity, result.tokens));
+        fmt::format("eval  step {:>6}  {}val_loss {:.4f}  val_ppl {:.2f}  ({} tokens)", step,
+                    result.merged ? "merged " : "", result.loss, result.perplexity, result.tokens));
   }
   scalars.insert(scalars.end(), result.downstream.begin(), result.downstream.end());
   if (sink_ && !scalars.empty()) sink_->log(step, scalars);

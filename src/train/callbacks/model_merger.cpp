@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kernels/ops.h"
 #include "train/callbacks/checkpointer.h"
 #include "train/checkpoint.h"
@@ -22,15 +24,30 @@ void ModelMergeCallback::on_start(TrainContext& ctx) {
   // The tensors this rank writes (whole tensors, as its checkpoint parts), in runs adjacent in
   // both the parameter buffer and the sum.
   written_ = ctx.optimizer.checkpoint_weights();
-  for (const ParamSpec* spec : written_) {
-    sum_offsets_.push_back(sum_size_);
-    if (!runs_.empty() && runs_.back().group == spec->group &&
-        runs_.back().param_offset + runs_.back().count == spec->offset &&
-        runs_.back().sum_offset + runs_.back().count == sum_size_)
-      runs_.back().count += spec->numel;
+  evaluate_ = static_cast<bool>(ctx.evaluate_merged);
+  const auto add_run = [this](const ParamSpec& spec, size_t sum_offset) {
+    if (!runs_.empty() && runs_.back().group == spec.group &&
+        runs_.back().param_offset + runs_.back().count == spec.offset &&
+        runs_.back().sum_offset + runs_.back().count == sum_offset)
+      runs_.back().count += spec.numel;
     else
-      runs_.push_back({spec->group, spec->offset, sum_size_, spec->numel});
-    sum_size_ += spec->numel;
+      runs_.push_back({spec.group, spec.offset, sum_offset, spec.numel});
+  };
+  if (evaluate_) {
+    // The whole local model, each group's buffer at its own offsets (dense, then expert); the
+    // buffers (not averaged) are not summed.
+    const size_t dense = ctx.layout.numel(ParamGroup::kDense);
+    const auto base = [dense](ParamGroup g) { return g == ParamGroup::kDense ? 0 : dense; };
+    for (const ParamSpec& spec : ctx.layout.specs())
+      if (!spec.is_buffer) add_run(spec, base(spec.group) + spec.offset);
+    for (const ParamSpec* spec : written_) sum_offsets_.push_back(base(spec->group) + spec->offset);
+    sum_size_ = dense + ctx.layout.numel(ParamGroup::kExpert);
+  } else {
+    for (const ParamSpec* spec : written_) {
+      sum_offsets_.push_back(sum_size_);
+      add_run(*spec, sum_size_);
+      sum_size_ += spec->numel;
+    }
   }
   std::vector<int64_t> skipped, unreached;
   for (const int64_t last : merge_steps(tc, tc.max_steps)) {
@@ -146,7 +163,30 @@ void ModelMergeCallback::write(TrainContext& ctx, Window& window) {
     ctx.progress.message(
         fmt::format("merged checkpoint {} (the weights averaged over updates {}-{})", dir,
                     window.first, window.last));
+  if (evaluate_ && ctx.stop_signal == 0) {
+    swap_with_params(ctx, window);  // the average in place, the trained weights in the sum
+    for (Transformer* chunk : ctx.chunks) chunk->weights_changed();
+    ctx.evaluate_merged(window.last);
+    swap_with_params(ctx, window);
+    for (Transformer* chunk : ctx.chunks) chunk->weights_changed();
+  }
   window.sum = {};
+}
+
+void ModelMergeCallback::swap_with_params(TrainContext& ctx, Window& window) const {
+  constexpr size_t kPiece = size_t{1} << 20;  // elements through the scratch at a time
+  DeviceArray<float> scratch(ctx.params.device());
+  for (const Run& run : runs_) {
+    float* param = ctx.params.data(run.group) + run.param_offset;
+    float* sum = window.sum.data() + run.sum_offset;
+    for (size_t done = 0; done < run.count; done += kPiece) {
+      const size_t n = std::min(kPiece, run.count - done);
+      scratch.resize_for_overwrite(n);
+      copy_bytes(scratch.data(), param + done, n * sizeof(float));
+      copy_bytes(param + done, sum + done, n * sizeof(float));
+      copy_bytes(sum + done, scratch.data(), n * sizeof(float));
+    }
+  }
 }
 
 }  // namespace moecore

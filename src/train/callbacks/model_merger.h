@@ -9,6 +9,12 @@
 // of OLMo-core's division). The router's selection bias (a buffer, not a parameter) is the merge
 // step's, as OLMo-core saves its buffers.
 //
+// When the run evaluates (validation data or downstream tasks: ctx.evaluate_merged), each rank
+// sums its whole local model instead (every parameter the chunks read; buffers excluded), and
+// after writing the merged checkpoint swaps the average into the parameters, evaluates it (logged
+// as val/merged/... and eval/merged/downstream/..., OLMo-core's "eval/merged" prefix) and swaps
+// the trained weights back, as OLMo-core's callback does; not when a stop signal is pending.
+//
 // A resume inside a window: the updates of the window before the checkpoint were summed by the
 // process that stopped, and are lost, so that merge is skipped with a warning (as OLMo-core does);
 // a resume at the window's first update sums the weights it resumed with (they are that update's),
@@ -52,6 +58,8 @@ class ModelMergeCallback final : public Callback {
   };
   void add(TrainContext& ctx, Window& window);
   void write(TrainContext& ctx, Window& window);  // collective
+  // Exchanges the summed runs' elements between the parameters and the window's sum.
+  void swap_with_params(TrainContext& ctx, Window& window) const;
 
   int64_t owner_pid_;
   nlohmann::json hf_config_;
@@ -62,6 +70,7 @@ class ModelMergeCallback final : public Callback {
   std::vector<Run> runs_;
   size_t sum_size_ = 0;
   std::vector<Window> windows_;  // those still to merge
+  bool evaluate_ = false;        // the averages are evaluated (the whole local model summed)
 };
 
 }  // namespace moecore
