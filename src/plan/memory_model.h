@@ -54,6 +54,8 @@ struct RankMemory {
   // micro-batch where the training holds a chunk's: the difference, on the stage with the head.
   // An upper bound on top of the step's peak (the pass keeps one micro-batch's activations).
   double downstream_logits = 0.0;
+  // On an accelerator the host copy of a downstream pass's logits (scored on the host): `host`.
+  double downstream_host_logits = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
   std::vector<double> chunk_scratch;  // each chunk's
   // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so
@@ -67,7 +69,7 @@ struct RankMemory {
   double batch_tokens = 0.0;      // the step's token and target ids (global micro-batches)
   double runtime = 0.0;           // process baseline from the hardware profile
   // The sum, with the workspace and the MPI scratch alive together; on an accelerator without the
-  // host-side buffers (the token ids), which are then `host`.
+  // host-side buffers (the token ids, the downstream logits' copy), which are then `host`.
   double peak = 0.0;
   double host = 0.0;
   // The run's update shapes (plan/step_shapes.h) and this rank's peak at each alone, when it

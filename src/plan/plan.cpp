@@ -166,6 +166,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"merge_sums", m.merge_sums},
                         {"downstream_logits", m.downstream_logits},
+                        {"downstream_host_logits", m.downstream_host_logits},
                         {"mx_weight_caches", m.mx_weight_caches},
                         {"lent_expert_inputs", m.lent_expert_inputs},
                         {"operand_copies", m.operand_copies},

@@ -226,7 +226,12 @@ LossParts PipelineRunner::forward_only(const ParamBuffers& params, const int32_t
       dist::Request r = mesh_.pp.irecv(in.data(), width, stage_of(g - 1), tag(g, 0, false));
       dist::wait(r);
     }
-    chunk.forward_chunk(0, params, tokens, in.data(), targets, rows, seq, out.data());
+    // A pass for the logits alone (targets == nullptr: the downstream evaluation): the chunk with
+    // the head computes no loss; one before it still counts targets (loss_normalizer "labels"
+    // divides its router losses by them) and records losses nobody reads: the token ids, as many,
+    // stand in for them there.
+    const int32_t* counted = targets != nullptr || chunk.has_head() ? targets : tokens;
+    chunk.forward_chunk(0, params, tokens, in.data(), counted, rows, seq, out.data());
     if (targets != nullptr || !chunk.has_head()) add_scaled(sum, chunk.read_losses().back(), 1.0);
     if (!last_chunk(c)) {
       dist::Request s = mesh_.pp.isend(out.data(), width, stage_of(g + 1), tag(g + 1, 0, false));

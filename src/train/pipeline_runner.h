@@ -52,7 +52,8 @@ class PipelineRunner {
   LossParts read_losses();
 
   // One batch through every chunk, no backward (evaluation): the loss parts of this rank's chunks
-  // (ce and counted tokens on the last stage only).
+  // (ce and counted tokens on the last stage only). targets == nullptr: a pass for the logits,
+  // which the chunk with the head then holds (its parts are meaningless).
   LossParts forward_only(const ParamBuffers& params, const int32_t* tokens, const int32_t* targets,
                          int64_t rows, int64_t seq);
 

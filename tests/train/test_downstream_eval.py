@@ -291,12 +291,15 @@ def test_per_sample_log_likelihoods_with_a_bos_token(moecore_bin, whole, job_dat
 @pytest.mark.parametrize("layout,ranks,sets", [("pp2", 2, ["parallel.pp=2"]),
                                                  ("ep2", 2, ["parallel.ep=2"]),
                                                  ("dp2", 2, []),
-                                                 ("dp2_pp2", 4, ["parallel.pp=2"])])
+                                                 ("dp2_pp2", 4, ["parallel.pp=2"]),
+                                                 ("pp2_labels", 2, ["parallel.pp=2",
+                                                  'model.loss_normalizer="labels"'])])
 def test_parallel_runs_score_as_the_single_process(moecore_bin, job_data, tasks, tmp_path, layout,
                                                    ranks, sets):
     """The pipeline's last stage (which alone holds the logits), the expert-parallel ranks
     (which evaluate together) and the data-parallel ranks (each its share of the queries) score
-    the run's weights as the single process scores its checkpoint."""
+    the run's weights as the single process scores its checkpoint; a stage before the head runs
+    its MoE layers without targets, also when the router losses divide by the labels."""
     cfg = config(tmp_path, job_data, layout, tasks[:2], max_steps=3)
     mpirun(moecore_bin, ranks, cfg, *sets)
     in_loop = downstream_rows(tmp_path / layout)[3]
@@ -610,20 +613,24 @@ def test_downstream_eval_every(moecore_bin, job_data, tasks, tmp_path):
                           "positive multiple of train.eval_every=2")
 
 
-def test_merged_weights_are_evaluated(moecore_bin, job_data, tasks, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_merged_weights_are_evaluated(moecore_bin, job_data, tasks, tmp_path, precision):
     """OLMo-core's ModelMergeCallback runs the evaluators on the merged weights ("eval/merged"):
     at a merge step the average is swapped in, scored (val/merged/loss, eval/merged/downstream/...:
     what `moecore eval` and `eval-downstream` give for the merged checkpoint) and swapped out again,
-    so that the run trains on exactly as one that merges nothing."""
+    so that the run trains on exactly as one that merges nothing. The merge step is an evaluation
+    step too (the trained weights scored just before): in bf16 the weight copies must be remade
+    for the average and again for the trained weights."""
     spec = tasks[0]["spec"]
-    base = {"max_steps": 6, "seq_len": SEQ_LEN, "eval_every": 3, "threads": 1,
-            "downstream_tasks": [spec]}
+    base = {"max_steps": 6, "seq_len": SEQ_LEN, "eval_every": 2, "threads": 1,
+            "precision": precision, "downstream_tasks": [spec]}
     merging = write_config(tmp_path / "merge.toml", job_data, tmp_path / "merge",
                            train={**base, "merge_steps": [4], "merge_last_n_steps": 2})
     plain = write_config(tmp_path / "plain.toml", job_data, tmp_path / "plain", train=base)
     r = train(moecore_bin, merging)
     assert "eval  step      4  merged val_loss" in r.stdout
     train(moecore_bin, plain)
+
     def by_step(out_dir):  # each step's logged values, its training and evaluation lines merged
         merged_rows: dict[int, dict] = {}
         for row in metrics_rows(out_dir):
@@ -633,10 +640,13 @@ def test_merged_weights_are_evaluated(moecore_bin, job_data, tasks, tmp_path):
     # The trained weights came back: every later loss and evaluation is the plain run's.
     for step in range(1, 7):
         assert rows[step]["train/loss"] == plain_rows[step]["train/loss"], step
-    assert rows[6]["val/loss"] == plain_rows[6]["val/loss"]
+    for step in (2, 4, 6):
+        assert rows[step]["val/loss"] == plain_rows[step]["val/loss"], step
     merged_keys = [k for k in rows[4] if k.startswith("eval/merged/downstream/")]
     assert len(merged_keys) == 10 and "val/merged/loss" in rows[4]
-    assert not any(k.startswith("eval/merged/") for s in (3, 5, 6) for k in rows[s])
+    assert not any(k.startswith("eval/merged/") for s in (2, 3, 5, 6) for k in rows[s])
+    # The average is not the step's own weights: its scores differ from the trained ones'.
+    assert rows[4]["val/merged/loss"] != rows[4]["val/loss"]
     ckpt = tmp_path / "merge" / "merged" / "checkpoints" / f"step_{4:08d}"
     out = tmp_path / "merged.json"
     run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", spec["path"], "--out", out)
@@ -647,5 +657,3 @@ def test_merged_weights_are_evaluated(moecore_bin, job_data, tasks, tmp_path):
             2 * 4)  # eval_batches x the micro-batch's rows
     loss = float(e.stdout.split("loss ")[1].split()[0])
     assert rows[4]["val/merged/loss"] == pytest.approx(loss, abs=6e-5)
-    # And the average is not the step's own weights: its scores differ from the trained ones'.
-    assert rows[4]["val/merged/loss"] != rows[6]["val/loss"]

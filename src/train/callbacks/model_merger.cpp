@@ -24,7 +24,10 @@ void ModelMergeCallback::on_start(TrainContext& ctx) {
   // The tensors this rank writes (whole tensors, as its checkpoint parts), in runs adjacent in
   // both the parameter buffer and the sum.
   written_ = ctx.optimizer.checkpoint_weights();
-  evaluate_ = static_cast<bool>(ctx.evaluate_merged);
+  // Only the ranks that take part in an evaluation need the whole average: without expert
+  // parallelism and downstream tasks the validation loss is dp rank 0's (callbacks/evaluator.h).
+  evaluate_ = ctx.evaluate_merged && (ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1 ||
+                                      !tc.downstream_tasks.empty());
   const auto add_run = [this](const ParamSpec& spec, size_t sum_offset) {
     if (!runs_.empty() && runs_.back().group == spec.group &&
         runs_.back().param_offset + runs_.back().count == spec.offset &&
@@ -163,12 +166,16 @@ void ModelMergeCallback::write(TrainContext& ctx, Window& window) {
     ctx.progress.message(
         fmt::format("merged checkpoint {} (the weights averaged over updates {}-{})", dir,
                     window.first, window.last));
-  if (evaluate_ && ctx.stop_signal == 0) {
-    swap_with_params(ctx, window);  // the average in place, the trained weights in the sum
-    for (Transformer* chunk : ctx.chunks) chunk->weights_changed();
+  if (ctx.evaluate_merged && ctx.stop_signal == 0) {  // collective: every rank calls it
+    if (evaluate_) {
+      swap_with_params(ctx, window);  // the average in place, the trained weights in the sum
+      for (Transformer* chunk : ctx.chunks) chunk->weights_changed();
+    }
     ctx.evaluate_merged(window.last);
-    swap_with_params(ctx, window);
-    for (Transformer* chunk : ctx.chunks) chunk->weights_changed();
+    if (evaluate_) {
+      swap_with_params(ctx, window);
+      for (Transformer* chunk : ctx.chunks) chunk->weights_changed();
+    }
   }
   window.sum = {};
 }

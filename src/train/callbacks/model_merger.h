@@ -10,7 +10,8 @@
 // step's, as OLMo-core saves its buffers.
 //
 // When the run evaluates (validation data or downstream tasks: ctx.evaluate_merged), each rank
-// sums its whole local model instead (every parameter the chunks read; buffers excluded), and
+// that takes part in an evaluation sums its whole local model instead (every parameter the
+// chunks read; buffers excluded), and
 // after writing the merged checkpoint swaps the average into the parameters, evaluates it (logged
 // as val/merged/... and eval/merged/downstream/..., OLMo-core's "eval/merged" prefix) and swaps
 // the trained weights back, as OLMo-core's callback does; not when a stop signal is pending.
@@ -70,7 +71,7 @@ class ModelMergeCallback final : public Callback {
   std::vector<Run> runs_;
   size_t sum_size_ = 0;
   std::vector<Window> windows_;  // those still to merge
-  bool evaluate_ = false;        // the averages are evaluated (the whole local model summed)
+  bool evaluate_ = false;        // this rank evaluates the averages (its whole local model summed)
 };
 
 }  // namespace moecore
