@@ -380,10 +380,13 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
   Transformer model(m.config.model, m.layout);
   // As the run's own validation: in its train.precision.
   model.set_precision(PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8));
-  std::vector<float> logits_copy;
-  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows, int64_t seq) {
+  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows,
+                                    int64_t seq) -> LogitsRows {
     model.forward(m.params, tokens, nullptr, rows, seq);
-    return host_readable(model.logits(), logits_copy).data();
+    return [&model, vocab](int64_t first, int64_t count, float* out) {
+      copy_bytes(out, model.logits().data() + first * vocab,
+                 static_cast<size_t>(count * vocab) * sizeof(float));
+    };
   };
   const int32_t pad = 0;  // padding follows every scored position: any id does
   nlohmann::ordered_json report = nlohmann::ordered_json::array();

@@ -200,7 +200,8 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     if (shape.has_head && !tc.downstream_tasks.empty()) {
       const double vocab = static_cast<double>(mc.vocab_size);
       m.downstream_logits = kF * static_cast<double>(tokens.tokens() - tokens.head_rows()) * vocab;
-      if (device) m.downstream_host_logits = kF * static_cast<double>(tokens.tokens()) * vocab;
+      // One continuation's logits at a time reach the host: at most a query's length of rows.
+      if (device) m.downstream_host_logits = kF * static_cast<double>(tokens.seq) * vocab;
     }
   }
 

@@ -54,7 +54,8 @@ struct RankMemory {
   // micro-batch where the training holds a chunk's: the difference, on the stage with the head.
   // An upper bound on top of the step's peak (the pass keeps one micro-batch's activations).
   double downstream_logits = 0.0;
-  // On an accelerator the host copy of a downstream pass's logits (scored on the host): `host`.
+  // On an accelerator the host copy of the logits a downstream continuation is scored from (at
+  // most a sequence's rows; train/downstream_eval.h): `host`.
   double downstream_host_logits = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
   std::vector<double> chunk_scratch;  // each chunk's

@@ -19,12 +19,12 @@ struct ScoredRow {
   int64_t first_position;  // the logits row that predicts the continuation's first token
 };
 
-// sum_j log softmax(logits[first + j])[continuation[j]], in double.
-double continuation_logprob(const float* logits, int64_t vocab, int64_t first,
+// sum_j log softmax(logits[j])[continuation[j]], in double, over the continuation's own rows.
+double continuation_logprob(const float* logits, int64_t vocab,
                             const std::vector<int32_t>& continuation) {
   double total = 0.0;
   for (size_t j = 0; j < continuation.size(); ++j) {
-    const float* row = logits + (first + static_cast<int64_t>(j)) * vocab;
+    const float* row = logits + static_cast<int64_t>(j) * vocab;
     const double max = *std::max_element(row, row + vocab);
     double sum = 0.0;
     for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
@@ -61,6 +61,7 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
 
   std::vector<IclScore> scores(task.samples.size());
   std::vector<int32_t> tokens;
+  std::vector<float> window;  // one continuation's logits, on the host
   for (size_t begin = 0; begin < rows.size();) {
     const auto seq = static_cast<int64_t>(rows[begin].tokens->size());
     const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
@@ -70,13 +71,15 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
     for (size_t r = begin; r < end; ++r)
       std::copy(rows[r].tokens->begin(), rows[r].tokens->end(),
                 tokens.begin() + static_cast<int64_t>(r - begin) * seq);
-    const float* logits = forward(tokens.data(), count, seq);
-    if (logits != nullptr) {
+    const LogitsRows logits = forward(tokens.data(), count, seq);
+    if (logits) {
       for (size_t r = begin; r < end; ++r) {
         const ScoredRow& row = rows[r];
-        const double logprob = continuation_logprob(
-            logits, vocab_size, static_cast<int64_t>(r - begin) * seq + row.first_position,
-            task.samples[row.sample].continuation);
+        const std::vector<int32_t>& continuation = task.samples[row.sample].continuation;
+        const auto n = static_cast<int64_t>(continuation.size());
+        window.resize(static_cast<size_t>(n * vocab_size));
+        logits(static_cast<int64_t>(r - begin) * seq + row.first_position, n, window.data());
+        const double logprob = continuation_logprob(window.data(), vocab_size, continuation);
         (row.domain_conditional ? scores[row.sample].dc_logprob : scores[row.sample].logprob) =
             logprob;
       }
@@ -84,14 +87,6 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
     begin = end;
   }
   return scores;
-}
-
-std::vector<std::pair<std::string, double>> evaluate_icl_task(const data::IclTask& task,
-                                                              const LogitsForward& forward,
-                                                              int64_t vocab_size,
-                                                              int64_t batch_tokens,
-                                                              int32_t pad_id) {
-  return compute_icl_metrics(task, score_icl_task(task, forward, vocab_size, batch_tokens, pad_id));
 }
 
 }  // namespace moecore

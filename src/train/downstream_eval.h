@@ -24,23 +24,21 @@
 
 namespace moecore {
 
-// One forward pass without targets over rows x seq tokens: the logits [rows * seq, vocab] in host
-// memory on the process that holds the LM head, nullptr on the others (pipeline stages before the
-// last). Every process runs the same sequence of calls.
-using LogitsForward = std::function<const float*(const int32_t* tokens, int64_t rows, int64_t seq)>;
+// Copies rows [first_row, first_row + rows) of the last pass's logits ([rows, vocab] fp32) into
+// host memory at `out`, wherever the logits are (a device's memory included).
+using LogitsRows = std::function<void(int64_t first_row, int64_t rows, float* out)>;
+// One forward pass without targets over rows x seq tokens: on the process that holds the LM head,
+// a reader of its logits [rows * seq, vocab] (valid until the next pass); on the others (pipeline
+// stages before the last) an empty one. Every process runs the same sequence of calls. Only the
+// positions scored are read: a continuation's logits at a time reach the host.
+using LogitsForward = std::function<LogitsRows(const int32_t* tokens, int64_t rows, int64_t seq)>;
 
-// One IclScore per sample of `task` (valid where the forward returned logits). With shards > 1
+// One IclScore per sample of `task` (valid where the forward returned a reader). With shards > 1
 // this process runs only its share of the queries (every shards-th, from the shard-th, in the
 // longest-first order) and leaves the others' scores 0: summed over the shards, the scores are
 // whole.
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
                                      int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
                                      int64_t shard = 0, int64_t shards = 1);
-
-// score_icl_task, then compute_icl_metrics; the metrics are valid where logits were.
-std::vector<std::pair<std::string, double>> evaluate_icl_task(const data::IclTask& task,
-                                                              const LogitsForward& forward,
-                                                              int64_t vocab_size,
-                                                              int64_t batch_tokens, int32_t pad_id);
 
 }  // namespace moecore

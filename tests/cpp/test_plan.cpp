@@ -151,13 +151,13 @@ TEST(PlanMemory, DownstreamLogitsOfTheHeadsStage) {
                    4.0 * (tokens - 16.0) * static_cast<double>(c.model.vocab_size));
   EXPECT_DOUBLE_EQ(both.peak, chunked.peak + both.downstream_logits);
   EXPECT_EQ(both.downstream_host_logits, 0.0);  // on the CPU the logits are host memory
-  // On an accelerator the pass's logits are copied to the host to be scored: all of them, chunked
-  // head or not.
+  // On an accelerator a continuation's logits are copied to the host to be scored, one at a time:
+  // at most a sequence's rows, chunked head or not.
   Hardware gpu = kNoRuntime;
   gpu.device = true;
   const RankMemory device = make_plan(small_config({task}), 1, gpu).stages[0];
-  EXPECT_DOUBLE_EQ(device.downstream_host_logits,
-                   4.0 * tokens * static_cast<double>(c.model.vocab_size));
+  EXPECT_DOUBLE_EQ(device.downstream_host_logits, 4.0 * static_cast<double>(c.train.seq_len) *
+                                                      static_cast<double>(c.model.vocab_size));
   EXPECT_DOUBLE_EQ(device.host, device.batch_tokens + device.downstream_host_logits);
 }
 

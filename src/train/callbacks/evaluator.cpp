@@ -82,12 +82,15 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
                                                            bool merged) {
   const int64_t pp = ctx.config.parallel.pp;
   Transformer& last = *ctx.chunks.back();  // holds the LM head on the last pipeline stage
-  std::vector<float> logits_copy;
+  const int64_t vocab = ctx.config.model.vocab_size;
   const LogitsForward forward = [&](const int32_t* tokens, int64_t rows,
-                                    int64_t seq) -> const float* {
+                                    int64_t seq) -> LogitsRows {
     ctx.pipeline.forward_only(ctx.params, tokens, nullptr, rows, seq);
-    if (!last.has_head()) return nullptr;
-    return host_readable(last.logits(), logits_copy).data();
+    if (!last.has_head()) return {};
+    return [&last, vocab](int64_t first, int64_t count, float* out) {
+      copy_bytes(out, last.logits().data() + first * vocab,
+                 static_cast<size_t>(count * vocab) * sizeof(float));
+    };
   };
   // As many tokens a pass as this rank's training micro-batch holds (its logits are as large as
   // a training pass's without train.lm_head_chunk_tokens).
