@@ -134,8 +134,8 @@ struct OptimConfig {
   std::vector<OptimConfig> sequence;
   int64_t sequence_max = 0;  // an entry's OLMo-core schedulers_max (none for the last)
   // OLMo-core's group_overrides: group k + 1 of the optimizer is group_overrides[k]'s tensors,
-  // group 0 every other (optim/optimizer_groups.h). A tensor it names takes its weight_decay where it
-  // gives one, no_decay's rule otherwise.
+  // group 0 every other (optim/optimizer_groups.h). A tensor it names takes its weight_decay where
+  // it gives one, no_decay's rule otherwise.
   std::vector<OptimGroupOverride> group_overrides;
   // OLMo-core's reset_optimizer_moments_on_load: a resume starts the Adam moments from zero (the
   // step count, and with it the bias correction, goes on from the checkpoint's), at the resume
