@@ -380,21 +380,16 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
   Transformer model(m.config.model, m.layout);
   // As the run's own validation: in its train.precision.
   model.set_precision(PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8));
-  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows,
-                                    int64_t seq) -> LogitsRows {
+  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows, int64_t seq) {
     model.forward(m.params, tokens, nullptr, rows, seq);
-    return [&model, vocab](int64_t first, int64_t count, float* out) {
-      copy_bytes(out, model.logits().data() + first * vocab,
-                 static_cast<size_t>(count * vocab) * sizeof(float));
-    };
+    return logits_rows(model);
   };
   const int32_t pad = 0;  // padding follows every scored position: any id does
   nlohmann::ordered_json report = nlohmann::ordered_json::array();
   for (size_t t = 0; t < args.tasks.size(); ++t) {
     data::IclTaskSpec spec{args.tasks[t], args.labels.empty() ? "" : args.labels[t], args.metric};
-    const data::IclTask task = data::load_icl_task(
-        spec, tokenizer,
-        bos >= 0 ? std::optional<int32_t>(static_cast<int32_t>(bos)) : std::nullopt, seq_len);
+    const data::IclTask task =
+        data::load_icl_task(spec, tokenizer, static_cast<int32_t>(bos), seq_len);
     const std::vector<IclScore> scores = score_icl_task(task, forward, vocab, batch_tokens, pad);
     const auto metrics = compute_icl_metrics(task, scores);
     fmt::print("downstream: {} ({} documents, {} samples, metric {})\n", task.label, task.documents,

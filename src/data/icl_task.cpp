@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "data/tokenizer_byte_level.h"
 #include "io/file_util.h"
 #include "io/gzip_file.h"
 
@@ -21,13 +22,6 @@ constexpr int64_t kUnconditionalDocIdStart = 1000000;
 int64_t code_points(std::string_view utf8) {
   int64_t n = 0;
   for (const char c : utf8) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-  return n;
-}
-
-// The UTF-8 length of the first character of a non-empty string.
-size_t first_char_bytes(std::string_view utf8) {
-  size_t n = 1;
-  while (n < utf8.size() && (static_cast<unsigned char>(utf8[n]) & 0xC0) == 0x80) ++n;
   return n;
 }
 
@@ -65,8 +59,8 @@ std::optional<IclMetric> icl_metric_of_oe_eval(std::string_view primary_metric) 
   return std::nullopt;
 }
 
-IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer,
-                      std::optional<int32_t> bos_id, int64_t model_ctx_len) {
+IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer, int32_t bos_id,
+                      int64_t model_ctx_len) {
   namespace fs = std::filesystem;
   MOE_CHECK(model_ctx_len >= 1, "{} the context length {} must be positive", kTag, model_ctx_len);
   const fs::path dir(spec.path);
@@ -161,7 +155,7 @@ IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer,
     s.label_id = label_id;
     std::vector<int32_t> ctx = tokenizer.encode(context);
     MOE_CHECK(!ctx.empty(), "{} {}: the context tokenizes to nothing", kTag, where);
-    if (bos_id && ctx.front() != *bos_id) ctx.insert(ctx.begin(), *bos_id);
+    if (bos_id >= 0 && ctx.front() != bos_id) ctx.insert(ctx.begin(), bos_id);
     MOE_CHECK(!continuation.empty(), "{} {}: the continuation is empty", kTag, where);
     s.continuation = tokenizer.encode(continuation);
     const int64_t cont_len = static_cast<int64_t>(s.continuation.size());
@@ -179,11 +173,9 @@ IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer,
     s.cont_str_len = code_points(continuation);
     s.cont_byte_len = static_cast<int64_t>(continuation.size());
     s.cont_str_len_no_leading_space = s.cont_str_len - 1;
+    char32_t first_char = 0;
     s.cont_byte_len_no_leading_space =
-        static_cast<int64_t>(continuation.size() - first_char_bytes(continuation));
-    task.max_query_len = std::max(task.max_query_len, static_cast<int64_t>(s.query.size()));
-    if (task.metric == IclMetric::kPmiDc)
-      task.max_query_len = std::max(task.max_query_len, static_cast<int64_t>(s.dc_query.size()));
+        static_cast<int64_t>(continuation.size() - utf8_next(continuation, 0, first_char));
     documents.insert(doc_id);
     task.samples.push_back(std::move(s));
   }

@@ -88,7 +88,6 @@ struct IclTask {
   IclMetric metric = IclMetric::kAcc;
   std::vector<IclSample> samples;  // in the request file's order
   int64_t documents = 0;           // distinct doc_ids among the samples
-  int64_t max_query_len = 0;       // longest query (and domain-conditional query, for pmi_dc)
 };
 
 // The label a spec's metrics carry: its own, else "<parent dir>_<dir>" of its path (e.g.
@@ -102,11 +101,11 @@ inline std::string icl_task_label(const IclTaskSpec& spec) {
   return task.empty() ? split : task + "_" + split;
 }
 
-// Reads and tokenizes a task. bos_id: the BOS token id, or nullopt when the tokenizer has none.
+// Reads and tokenizes a task. bos_id: the BOS token id, or -1 when the tokenizer has none.
 // Errors (a missing directory or request file, a line that is not a loglikelihood request, a
 // label the metric cannot use, an unknown metric, a continuation longer than model_ctx_len
 // tokens, no samples) are one line naming the task's file and, for a request, its line.
-IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer,
-                      std::optional<int32_t> bos_id, int64_t model_ctx_len);
+IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer, int32_t bos_id,
+                      int64_t model_ctx_len);
 
 }  // namespace moecore::data

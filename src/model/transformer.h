@@ -194,6 +194,7 @@ class Transformer {
     document_bos_ = bos_id;
   }
   int32_t document_masking_eos() const { return document_eos_; }
+  int32_t document_masking_bos() const { return document_bos_; }
   void set_routing_token_offset(int64_t offset) { routing_token_offset_ = offset; }
 
   // Auxiliary-loss-free balancing (model.router_bias_update_rate > 0). Every forward with targets

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/check.h"
 
@@ -34,6 +33,14 @@ double continuation_logprob(const float* logits, int64_t vocab,
 }
 
 }  // namespace
+
+LogitsRows logits_rows(const Transformer& chunk) {
+  const int64_t vocab = chunk.config().vocab_size;
+  return [&chunk, vocab](int64_t first, int64_t count, float* out) {
+    copy_bytes(out, chunk.logits().data() + first * vocab,
+               static_cast<size_t>(count * vocab) * sizeof(float));
+  };
+}
 
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
                                      int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "data/icl_task.h"
+#include "model/transformer.h"
 #include "train/icl_metric.h"
 
 namespace moecore {
@@ -32,6 +33,8 @@ using LogitsRows = std::function<void(int64_t first_row, int64_t rows, float* ou
 // stages before the last) an empty one. Every process runs the same sequence of calls. Only the
 // positions scored are read: a continuation's logits at a time reach the host.
 using LogitsForward = std::function<LogitsRows(const int32_t* tokens, int64_t rows, int64_t seq)>;
+// The reader of a chunk's logits after its last forward (the chunk with the LM head).
+LogitsRows logits_rows(const Transformer& chunk);
 
 // One IclScore per sample of `task` (valid where the forward returned a reader). With shards > 1
 // this process runs only its share of the queries (every shards-th, from the shard-th, in the

@@ -81,12 +81,16 @@ float softmax_at(const std::vector<float>& x, size_t at, bool log) {
   return exp(x[at] - max) * (1.0f / sum);
 }
 
-// sum(x) / len(x) of Python floats (left to right, in double), as torch.tensor() then holds it:
-// rounded to fp32.
+// A Python float as torch.tensor() holds it: rounded to fp32.
+double fp32(double x) {
+  return static_cast<double>(static_cast<float>(x));
+}
+
+// sum(x) / len(x) of Python floats (left to right, in double), as torch.tensor() then holds it.
 double mean(const std::vector<double>& x) {
   double sum = 0.0;
   for (const double v : x) sum += v;
-  return static_cast<double>(static_cast<float>(sum / static_cast<double>(x.size())));
+  return fp32(sum / static_cast<double>(x.size()));
 }
 
 // The same of fp32 tensors (ce_loss and bpb keep each document's value as a 0-d tensor): summed
@@ -188,17 +192,15 @@ std::vector<std::pair<std::string, double>> compute_icl_metrics(
   }
 
   const std::string& label = task.label;
-  const auto key = [&label](const char* what) { return label + " (" + what + ")"; };
+  const auto key = [&label](std::string_view what) { return fmt::format("{} ({})", label, what); };
   std::vector<std::pair<std::string, double>> out;
   switch (metric) {
     case data::IclMetric::kF1:
       MOE_CHECK(!labels.empty(), "[downstream] task {}: no document has all its continuations",
                 label);
       // As olmo_eval: v1 from the plain log-likelihoods, v2 from those without the leading space.
-      out.emplace_back(key("F1 score"),
-                       static_cast<double>(static_cast<float>(f1_score(labels, preds))));
-      out.emplace_back(key("F1 score v2"),
-                       static_cast<double>(static_cast<float>(f1_score(labels, preds_nls))));
+      out.emplace_back(key("F1 score"), fp32(f1_score(labels, preds)));
+      out.emplace_back(key("F1 score v2"), fp32(f1_score(labels, preds_nls)));
       return out;
     case data::IclMetric::kCeLoss:
       out.emplace_back(key("CE loss"), mean_f32(celoss_nls));
@@ -212,12 +214,12 @@ std::vector<std::pair<std::string, double>> compute_icl_metrics(
       break;
   }
   MOE_CHECK(!correct.empty(), "[downstream] task {}: no document has all its continuations", label);
-  const char* accuracy = metric == data::IclMetric::kAcc       ? "accuracy"
-                         : metric == data::IclMetric::kLenNorm ? "length-normalized accuracy"
-                                                               : "PMI-DC accuracy";
+  const std::string accuracy = metric == data::IclMetric::kAcc       ? "accuracy"
+                               : metric == data::IclMetric::kLenNorm ? "length-normalized accuracy"
+                                                                     : "PMI-DC accuracy";
   // olmo_eval reports the accuracy with the leading space as both v1 and v2.
   out.emplace_back(key(accuracy), mean(correct));
-  out.emplace_back(key((std::string(accuracy) + " v2").c_str()), mean(correct));
+  out.emplace_back(key(accuracy + " v2"), mean(correct));
   out.emplace_back(key("CE loss"), mean(celoss_nls));
   out.emplace_back(key("CE loss v2"), mean(celoss));
   out.emplace_back(key("BPB"), mean(bpb_nls));

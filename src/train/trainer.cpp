@@ -116,10 +116,7 @@ RunInputs open_inputs(RunConfig& config) {
             "[train] train.downstream_tasks need data.tokenizer: their requests are text");
   for (const data::IclTaskSpec& spec : tc.downstream_tasks)
     in.downstream.push_back(data::load_icl_task(
-        spec, *in.tokenizer,
-        config.data.bos_id >= 0 ? std::optional<int32_t>(static_cast<int32_t>(config.data.bos_id))
-                                : std::nullopt,
-        tc.seq_len));
+        spec, *in.tokenizer, static_cast<int32_t>(config.data.bos_id), tc.seq_len));
   return in;
 }
 

@@ -197,7 +197,7 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     err = r.stderr.strip()
     assert err, f"expected an error on stderr{diag}"
     assert len(err.splitlines()) == 1, f"expected one line on stderr{diag}"
-    for sign in ("terminate called", "Segmentation", "what():", "AddressSanitizer"):
+    for sign in ("terminate called", "Segmentation", "what():", "AddressSanitizer", "runtime error:"):
         assert sign not in r.stderr, f"crash sign {sign!r}{diag}"
     for n in needles:
         assert n in err, f"error does not name {n!r}{diag}"

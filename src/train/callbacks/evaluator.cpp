@@ -38,8 +38,8 @@ void EvalCallback::on_end(TrainContext& ctx) {
 
 EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final, bool merged) {
   const int64_t downstream_every = ctx.config.train.downstream_eval_every;
-  const bool scores_tasks =
-      !downstream_.empty() && (final || downstream_every == 0 || step % downstream_every == 0);
+  const bool scores_tasks = !downstream_.empty() && (final || merged || downstream_every == 0 ||
+                                                     step % downstream_every == 0);
   // Without expert parallelism the ranks at dp position 0 evaluate the loss (rank 0 alone, or one
   // rank per pipeline stage), with the data-parallel reduction off, and the others go on to the
   // next step's first collective and wait there (or, with downstream tasks, to their share of
@@ -82,15 +82,10 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
                                                            bool merged) {
   const int64_t pp = ctx.config.parallel.pp;
   Transformer& last = *ctx.chunks.back();  // holds the LM head on the last pipeline stage
-  const int64_t vocab = ctx.config.model.vocab_size;
   const LogitsForward forward = [&](const int32_t* tokens, int64_t rows,
                                     int64_t seq) -> LogitsRows {
     ctx.pipeline.forward_only(ctx.params, tokens, nullptr, rows, seq);
-    if (!last.has_head()) return {};
-    return [&last, vocab](int64_t first, int64_t count, float* out) {
-      copy_bytes(out, last.logits().data() + first * vocab,
-                 static_cast<size_t>(count * vocab) * sizeof(float));
-    };
+    return last.has_head() ? logits_rows(last) : LogitsRows();
   };
   // As many tokens a pass as this rank's training micro-batch holds (its logits are as large as
   // a training pass's without train.lm_head_chunk_tokens).
@@ -98,6 +93,9 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
       std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
   // Plain causal attention, as OLMo-core's downstream batches carry no document lengths: a
   // request's text may hold the EOS that data.document_masking cuts documents at.
+  // (Restored afterwards from the chunks' own setting: the trainer's, train/trainer.cpp.)
+  const int32_t masking_eos = last.document_masking_eos();
+  const int32_t masking_bos = last.document_masking_bos();
   for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(-1);
   // Without expert parallelism each data-parallel rank (with its pipeline stages) scores its
   // share of the queries, as OLMo-core's DistributedSampler spreads them; with it, every rank runs
@@ -125,10 +123,7 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
     for (const auto& [key, value] : task_metrics)
       metrics.emplace_back((merged ? "eval/merged/downstream/" : "eval/downstream/") + key, value);
   }
-  const DataConfig& data = ctx.config.data;
-  for (Transformer* chunk : ctx.chunks)
-    chunk->set_document_masking(data.document_masking ? static_cast<int32_t>(data.eos_id) : -1,
-                                document_masking_bos(data));
+  for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(masking_eos, masking_bos);
   return metrics;
 }
 

@@ -28,12 +28,13 @@ class EvalCallback final : public Callback {
   // TrainContext::evaluate_merged: everything evaluated (the tasks whatever
   // train.downstream_eval_every says), reported as merged.
   void evaluate_merged(TrainContext& ctx, int64_t step) {
-    evaluate_at(ctx, step, /*final=*/true, /*merged=*/true);
+    evaluate_at(ctx, step, /*final=*/false, /*merged=*/true);
   }
 
  private:
-  // Collective; the result on rank 0 (loss only with validation data). `final`: the run's last
-  // evaluation, which scores the downstream tasks whatever train.downstream_eval_every says.
+  // Collective; the result on rank 0 (loss only with validation data). The run's last evaluation
+  // (`final`) and a merged one score the downstream tasks whatever train.downstream_eval_every
+  // says.
   EvalResult evaluate_at(TrainContext& ctx, int64_t step, bool final, bool merged = false);
   // Every downstream task's metrics, on rank 0 (which prints each task's first); called by the
   // ranks that evaluate.
