@@ -29,6 +29,7 @@
 #include "train/batch_size_schedule.h"
 #include "train/downstream_eval.h"
 #include "train/evaluate.h"
+#include "train/lm_evaluator.h"
 #include "train/resume_policy.h"
 #include "train/run_config.h"
 #include "train/sample.h"
@@ -418,6 +419,73 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
                       {"samples", std::move(samples)}});
   }
   if (!args.out.empty()) io::write_text_atomic(args.out, report.dump(1) + "\n", "[downstream]");
+}
+
+void run_eval_lm(const EvalLmArgs& args) {
+  MOE_CHECK(!args.sets.empty(), "[lm_eval] give at least one --set LABEL=PATH");
+  std::vector<data::LmEvalSet> sets;
+  std::vector<NamedPath> inputs{{"--checkpoint", args.checkpoint}};
+  // LABEL=PATH into the set LABEL (made by --set): its files, or its label masks.
+  auto add = [&sets, &inputs](const std::string& entry, const char* option, bool mask) {
+    const size_t eq = entry.find('=');
+    MOE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < entry.size(),
+              "[lm_eval] {} '{}' is not LABEL=PATH", option, entry);
+    const std::string label = entry.substr(0, eq), path = entry.substr(eq + 1);
+    auto it = std::find_if(sets.begin(), sets.end(),
+                           [&label](const data::LmEvalSet& s) { return s.label == label; });
+    MOE_CHECK(it != sets.end() || !mask, "[lm_eval] --label-mask for '{}', which no --set names",
+              label);
+    if (it == sets.end()) it = sets.insert(sets.end(), data::LmEvalSet{label, {}, {}});
+    (mask ? it->label_mask : it->paths).push_back(path);
+    inputs.push_back({option, path});
+  };
+  for (const std::string& entry : args.sets) add(entry, "--set", false);
+  for (const std::string& entry : args.label_masks) add(entry, "--label-mask", true);
+  if (!args.out.empty()) check_outputs_apart(inputs, {{"--out", args.out}});
+  MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
+            "[lm_eval] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);
+  LoadedModel m = load_model(args.checkpoint);
+  const int64_t vocab = m.config.model.vocab_size;
+  const int64_t eos = args.eos_id == -2 ? m.config.data.eos_id : args.eos_id;
+  MOE_CHECK(eos >= -1 && eos < vocab,
+            "[lm_eval] --eos-id={} is outside [0, {}) (-1: the meta.json's)", eos, vocab);
+  const data::PaddedDocuments docs =
+      data::PaddedDocuments::open(sets, m.config.train.seq_len, vocab,
+                                  args.dtype.empty() ? m.config.data.dtype : args.dtype, eos);
+  const int64_t batches = args.batches >= 0 ? args.batches : m.config.train.lm_eval_batches;
+  const std::vector<int64_t> documents =
+      lm_eval_documents(docs.num_documents(), lm_eval_batch_documents(m.config), batches);
+
+  Transformer model(m.config.model, m.layout);
+  // As the run's own evaluation: in its train.precision, plain causal attention.
+  model.set_precision(PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8));
+  const int64_t batch_tokens =
+      m.config.train.batch_size / m.config.train.microbatches * m.config.train.seq_len;
+  const LmEvalSums sums = score_lm_documents(
+      docs, documents,
+      [&](const int32_t* tokens, const int32_t* targets, int64_t rows, int64_t seq) {
+        return model.forward(m.params, tokens, targets, rows, seq);
+      },
+      batch_tokens, /*pad_id=*/0);
+  const io::MetricsSink::Scalars metrics = lm_eval_metrics(docs, sums, "");
+  nlohmann::ordered_json report = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < docs.labels().size(); ++i) {
+    nlohmann::ordered_json entry = {{"label", docs.labels()[i]},
+                                    {"documents", sums.documents[i]},
+                                    {"positions", sums.positions[i]}};
+    if (sums.positions[i] == 0) {
+      fmt::print("lm: {}  no position counted ({} documents of the {} scored)\n", docs.labels()[i],
+                 sums.documents[i], documents.size());
+    } else {
+      const double ce = sums.loss[i] / sums.positions[i];
+      fmt::print("lm: {}  CE loss {:.6f}  PPL {:.4f}  ({} documents, {} positions)\n",
+                 docs.labels()[i], ce, std::exp(ce), sums.documents[i], sums.positions[i]);
+      entry["CE loss"] = ce;
+      entry["PPL"] = std::exp(ce);
+    }
+    report.push_back(std::move(entry));
+  }
+  if (!args.out.empty()) io::write_text_atomic(args.out, report.dump(1) + "\n", "[lm_eval]");
 }
 
 }  // namespace moecore::cli

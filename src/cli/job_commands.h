@@ -97,4 +97,15 @@ struct EvalDownstreamArgs {
 };
 void run_eval_downstream(const EvalDownstreamArgs& args);
 
+// `moecore eval-lm`: a checkpoint's metrics on labelled sets, as OLMo-core's LM evaluator
+// (train/lm_evaluator.h) and the run's data.lm_eval.
+struct EvalLmArgs {
+  std::string checkpoint, dtype, out;
+  std::vector<std::string> sets;  // LABEL=PATH, repeatable (a label again adds a file to its set)
+  std::vector<std::string> label_masks;  // LABEL=PATH, one per file of the set, in its order
+  int64_t batches = -1;                  // -1: the run's train.lm_eval_batches
+  int64_t eos_id = -2;                   // -2: the run's data.eos_id (-1: the files' meta.json)
+};
+void run_eval_lm(const EvalLmArgs& args);
+
 }  // namespace moecore::cli

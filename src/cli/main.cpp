@@ -306,6 +306,32 @@ int main(int argc, char** argv) {
   eval_downstream->add_option("--out", downstream.out,
                               "JSON report: every metric and each sample's log-likelihood");
 
+  moecore::cli::EvalLmArgs lm_args;
+  CLI::App* eval_lm = app.add_subcommand(
+      "eval-lm",
+      "a checkpoint's CE loss and perplexity per labelled set, as OLMo-core's LM evaluator");
+  eval_lm->add_option("--checkpoint", lm_args.checkpoint, "checkpoint directory")->required();
+  eval_lm
+      ->add_option("--set", lm_args.sets,
+                   "LABEL=PATH: a token file (or directory) of the set LABEL, each of its "
+                   "documents its own instance; repeatable")
+      ->required();
+  eval_lm->add_option("--label-mask", lm_args.label_masks,
+                      "LABEL=PATH: a label mask of the set LABEL, one per token file in its "
+                      "order (as data.lm_eval's label_mask); repeatable");
+  cli::add_int_option(eval_lm, "--batches", lm_args.batches,
+                      "evaluation batches scored (0: every document its loader visits; default: "
+                      "the run's train.lm_eval_batches)",
+                      0, INT64_MAX);
+  cli::add_int_option(eval_lm, "--eos-id", lm_args.eos_id,
+                      "the EOS id that ends documents (-1: the files' meta.json; default: the "
+                      "run's data.eos_id)",
+                      -1, INT32_MAX);
+  eval_lm->add_option("--dtype", lm_args.dtype,
+                      "element type of headerless token files (default: the checkpoint's "
+                      "data.dtype)");
+  eval_lm->add_option("--out", lm_args.out, "JSON report: each label's metrics and counts");
+
   moecore::cli::BenchGemmArgs gemm_args;
   CLI::App* bench = app.add_subcommand("bench", "measurements for `make bench`");
   bench->require_subcommand(1);
@@ -492,6 +518,8 @@ int main(int argc, char** argv) {
       cli::run_tokenizer_encode(tokenizer_path, input_path, out_path);
     } else if (prepare->parsed()) {
       cli::run_prepare(prep);
+    } else if (eval_lm->parsed()) {
+      cli::run_eval_lm(lm_args);
     } else if (eval->parsed()) {
       cli::run_eval(checkpoint, data_paths, max_instances, eval_dtype, eval_label_mask);
     } else if (data_instances->parsed()) {

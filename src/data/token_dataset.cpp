@@ -331,9 +331,20 @@ const TokenDataset::File& TokenDataset::file_of(int64_t index) const {
 
 void TokenDataset::read_instance(int64_t index, int32_t* tokens) const {
   const File& file = file_of(index);
-  const int64_t start = (index - file.first_instance) * seq_len_;
+  read_tokens(static_cast<size_t>(&file - files_.data()), (index - file.first_instance) * seq_len_,
+              seq_len_, tokens);
+}
+
+void TokenDataset::read_tokens(size_t file_index, int64_t start, int64_t count,
+                               int32_t* tokens) const {
+  MOE_CHECK(file_index < files_.size(), "[data] file {} out of range [0, {})", file_index,
+            files_.size());
+  const File& file = files_[file_index];
+  MOE_CHECK(start >= 0 && count >= 0 && start + count <= file.num_tokens,
+            "[data] {}: tokens [{}, {}) out of range [0, {})", file.path, start, start + count,
+            file.num_tokens);
   const std::byte* p = file.data + static_cast<size_t>(start) * file.itemsize;
-  for (int64_t t = 0; t < seq_len_; ++t, p += file.itemsize) {
+  for (int64_t t = 0; t < count; ++t, p += file.itemsize) {
     int64_t id = 0;
     switch (file.itemsize) {
       case 2:
@@ -355,6 +366,18 @@ void TokenDataset::read_instance(int64_t index, int32_t* tokens) const {
                                      token_dtype_name(file.dtype)));
     tokens[t] = static_cast<int32_t>(id);
   }
+}
+
+void TokenDataset::read_label_mask(size_t file_index, int64_t start, int64_t count,
+                                   uint8_t* mask) const {
+  MOE_CHECK(has_label_masks_, "[data] no label masks were given");
+  MOE_CHECK(file_index < files_.size(), "[data] file {} out of range [0, {})", file_index,
+            files_.size());
+  const File& file = files_[file_index];
+  MOE_CHECK(start >= 0 && count >= 0 && start + count <= file.num_tokens,
+            "[data] {}: mask values [{}, {}) out of range [0, {})", file.mask_path, start,
+            start + count, file.num_tokens);
+  std::copy(file.mask + start, file.mask + start + count, mask);
 }
 
 void TokenDataset::read_example(int64_t index, int32_t* tokens, int32_t* targets) const {

@@ -99,11 +99,19 @@ class TokenDataset {
 
   // Copies instance `index` (0 <= index < num_instances(), file order) into tokens[0:seq_len].
   void read_instance(int64_t index, int32_t* tokens) const;
+  // The tokens of file `file` (all of them, its dropped tail included).
+  int64_t file_tokens(size_t file) const { return files_[file].num_tokens; }
+  // Copies tokens [start, start + count) of file `file` into tokens[0:count], each checked
+  // against the vocabulary.
+  void read_tokens(size_t file, int64_t start, int64_t count, int32_t* tokens) const;
   // tokens[0:T] = instance, targets[0:T-1] = instance[1:T], targets[T-1] = -100; with label
   // masks, targets[t] = -100 also where instance[t + 1]'s mask is 0 (OLMo-core's get_labels
   // masks the label, then shifts). (open() refuses a mask byte other than 0 or 1.)
   void read_example(int64_t index, int32_t* tokens, int32_t* targets) const;
   bool has_label_masks() const { return has_label_masks_; }
+  // Copies label mask values [start, start + count) of file `file` (0 / 1) into mask[0:count];
+  // needs label masks.
+  void read_label_mask(size_t file, int64_t start, int64_t count, uint8_t* mask) const;
 
  private:
   struct File {

@@ -231,8 +231,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
                          static_cast<double>(mc.hidden_size);
   m.batch_tokens = 2.0 * kF * static_cast<double>(tc.microbatches * layout.micro_rows * tc.seq_len);
   m.runtime = runtime_bytes;
-  m.merge_sums = merge_sum_bytes(tc, local, layout.dp, layout.ep_dp,
-                                 !config.data.val.empty() || !tc.downstream_tasks.empty());
+  m.merge_sums = merge_sum_bytes(
+      tc, local, layout.dp, layout.ep_dp,
+      !config.data.val.empty() || !config.data.lm_eval.empty() || !tc.downstream_tasks.empty());
   m.workspace = workspace_bytes(m, first_chunk_scratch);
   add_up_peak(m, device);
   return m;

@@ -21,6 +21,9 @@ struct EvalResult {
   // The downstream tasks' metrics (train.downstream_tasks), named as logged:
   // "eval/downstream/<label> (<what>)"; empty without tasks.
   io::MetricsSink::Scalars downstream;
+  // The labelled sets' metrics (data.lm_eval: train/lm_evaluator.h), named as logged:
+  // "eval/lm/<label>/CE loss" and ".../PPL"; empty without sets.
+  io::MetricsSink::Scalars lm;
   // The model merger's average was evaluated (ctx.evaluate_merged), not the trained weights.
   bool merged = false;
 };

@@ -150,6 +150,25 @@ class TableReader {
   std::vector<std::string> seen_;
 };
 
+// Each table of the array of tables `key` ([[<section>.key]]; none when absent), read by
+// read_entry(reader, where) from a reader that names it <section>.key[i] in its errors and
+// refuses the keys read_entry did not read.
+template <typename ReadEntry>
+void read_array_of_tables(TableReader& r, const char* key, ReadEntry&& read_entry) {
+  const toml::node* node = r.node(key);
+  if (node == nullptr) return;
+  const std::string name = r.section() + "." + key;
+  const toml::array* array = node->as_array();
+  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
+            "[config] {}: {} must be an array of tables ([[{}]])", r.source(), name, name);
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string where = fmt::format("{}[{}]", name, i);
+    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
+    read_entry(entry_reader, where);
+    entry_reader.reject_unknown();
+  }
+}
+
 void read_model(TableReader& r, ModelConfig& m) {
   r.read("vocab_size", m.vocab_size);
   r.read("hidden_size", m.hidden_size);
@@ -203,25 +222,16 @@ void read_lr_shape(TableReader& r, LrShape& shape) {
 }
 
 void read_lr_stages(TableReader& r, OptimConfig& o) {
-  if (const toml::node* node = r.node("stages")) {
-    const toml::array* array = node->as_array();
-    MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
-              "[config] {}: {}.stages must be an array of tables ([[{}.stages]])", r.source(),
-              r.section(), r.section());
-    for (size_t i = 0; i < array->size(); ++i) {
-      TableReader stage_reader(*array->get(i)->as_table(),
-                               fmt::format("{}.stages[{}]", r.section(), i), r.source());
-      LrStage stage;
-      stage_reader.read("duration", stage.duration);
-      read_lr_shape(stage_reader, stage.shape);
-      stage_reader.read("start_lr", stage.start_lr);
-      stage_reader.read("start_lr_fraction", stage.start_lr_fraction);
-      stage_reader.read("end_lr", stage.end_lr);
-      stage_reader.read("end_lr_fraction", stage.end_lr_fraction);
-      stage_reader.reject_unknown();
-      o.stages.push_back(stage);
-    }
-  }
+  read_array_of_tables(r, "stages", [&o](TableReader& stage_reader, const std::string&) {
+    LrStage stage;
+    stage_reader.read("duration", stage.duration);
+    read_lr_shape(stage_reader, stage.shape);
+    stage_reader.read("start_lr", stage.start_lr);
+    stage_reader.read("start_lr_fraction", stage.start_lr_fraction);
+    stage_reader.read("end_lr", stage.end_lr);
+    stage_reader.read("end_lr_fraction", stage.end_lr_fraction);
+    o.stages.push_back(stage);
+  });
   if (const toml::node* node = r.node("override_decay")) {
     const toml::table* table = node->as_table();
     MOE_CHECK(table != nullptr, "[config] {}: {}.override_decay must be a table", r.source(),
@@ -286,15 +296,7 @@ void read_schedule(TableReader& r, OptimConfig& o, bool in_sequence) {
 // default: OLMo-core's list names each scheduler), running `max` units (OLMo-core's
 // schedulers_max; none for the last); optim.lr and optim.units are the sequence's.
 void read_lr_sequence(TableReader& r, OptimConfig& o) {
-  const toml::node* node = r.node("sequence");
-  if (node == nullptr) return;
-  const toml::array* array = node->as_array();
-  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
-            "[config] {}: optim.sequence must be an array of tables ([[optim.sequence]])",
-            r.source());
-  for (size_t i = 0; i < array->size(); ++i) {
-    const std::string where = fmt::format("optim.sequence[{}]", i);
-    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
+  read_array_of_tables(r, "sequence", [&](TableReader& entry_reader, const std::string& where) {
     MOE_CHECK(entry_reader.has("schedule"),
               "[config] {}: {} names no schedule (schedule = \"cosine\", \"wsd\", ...)", r.source(),
               where);
@@ -304,65 +306,58 @@ void read_lr_sequence(TableReader& r, OptimConfig& o) {
     entry.sequence_entry = true;
     entry_reader.read("max", entry.sequence_max);
     read_schedule(entry_reader, entry, /*in_sequence=*/true);
-    entry_reader.reject_unknown();
     o.sequence.push_back(std::move(entry));
-  }
+  });
 }
 
 // [[optim.group_overrides]]: OLMo-core's OptimGroupOverride, `params` (globs) and the values the
 // group trains with in place of [optim]'s (its opts: lr, weight_decay, betas as beta1 / beta2,
 // eps).
 void read_group_overrides(TableReader& r, OptimConfig& o) {
-  const toml::node* node = r.node("group_overrides");
-  if (node == nullptr) return;
-  const toml::array* array = node->as_array();
-  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
-            "[config] {}: optim.group_overrides must be an array of tables "
-            "([[optim.group_overrides]])",
-            r.source());
-  for (size_t i = 0; i < array->size(); ++i) {
-    const std::string where = fmt::format("optim.group_overrides[{}]", i);
-    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
-    MOE_CHECK(entry_reader.has("params"),
-              "[config] {}: {} names no parameters (params = [\"blocks.*.routed_experts.*\"], "
-              "...)",
-              r.source(), where);
-    OptimGroupOverride entry;
-    entry_reader.read("params", entry.params);
-    entry_reader.read("lr", entry.lr);
-    entry_reader.read("weight_decay", entry.weight_decay);
-    entry_reader.read("beta1", entry.beta1);
-    entry_reader.read("beta2", entry.beta2);
-    entry_reader.read("eps", entry.eps);
-    entry_reader.reject_unknown();
-    o.group_overrides.push_back(std::move(entry));
-  }
+  read_array_of_tables(
+      r, "group_overrides", [&](TableReader& entry_reader, const std::string& where) {
+        MOE_CHECK(entry_reader.has("params"),
+                  "[config] {}: {} names no parameters (params = [\"blocks.*.routed_experts.*\"], "
+                  "...)",
+                  r.source(), where);
+        OptimGroupOverride entry;
+        entry_reader.read("params", entry.params);
+        entry_reader.read("lr", entry.lr);
+        entry_reader.read("weight_decay", entry.weight_decay);
+        entry_reader.read("beta1", entry.beta1);
+        entry_reader.read("beta2", entry.beta2);
+        entry_reader.read("eps", entry.eps);
+        o.group_overrides.push_back(std::move(entry));
+      });
 }
 
 // [[train.downstream_tasks]]: an oe-eval request directory (`path`), the name its metrics carry
 // (`label`) and olmo_eval's metric type (`metric`); the last two optional.
 void read_downstream_tasks(TableReader& r, TrainConfig& t) {
-  const toml::node* node = r.node("downstream_tasks");
-  if (node == nullptr) return;
-  const toml::array* array = node->as_array();
-  MOE_CHECK(array != nullptr && (array->empty() || array->is_array_of_tables()),
-            "[config] {}: train.downstream_tasks must be an array of tables "
-            "([[train.downstream_tasks]])",
-            r.source());
-  for (size_t i = 0; i < array->size(); ++i) {
-    const std::string where = fmt::format("train.downstream_tasks[{}]", i);
-    TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
-    MOE_CHECK(entry_reader.has("path"),
-              "[config] {}: {} names no task directory (path = \".../oe_eval_tasks/arc_easy/"
-              "val_rc_5shot\")",
-              r.source(), where);
-    data::IclTaskSpec entry;
-    entry_reader.read("path", entry.path);
+  read_array_of_tables(
+      r, "downstream_tasks", [&](TableReader& entry_reader, const std::string& where) {
+        MOE_CHECK(entry_reader.has("path"),
+                  "[config] {}: {} names no task directory (path = \".../oe_eval_tasks/arc_easy/"
+                  "val_rc_5shot\")",
+                  r.source(), where);
+        data::IclTaskSpec entry;
+        entry_reader.read("path", entry.path);
+        entry_reader.read("label", entry.label);
+        entry_reader.read("metric", entry.metric);
+        t.downstream_tasks.push_back(std::move(entry));
+      });
+}
+
+// [[data.lm_eval]]: a labelled validation set of OLMo-core's LM evaluator, its `label`, token
+// files (`paths`) and label masks (`label_mask`, optional).
+void read_lm_eval_sets(TableReader& r, DataConfig& d) {
+  read_array_of_tables(r, "lm_eval", [&d](TableReader& entry_reader, const std::string&) {
+    data::LmEvalSet entry;
     entry_reader.read("label", entry.label);
-    entry_reader.read("metric", entry.metric);
-    entry_reader.reject_unknown();
-    t.downstream_tasks.push_back(std::move(entry));
-  }
+    entry_reader.read("paths", entry.paths);
+    entry_reader.read("label_mask", entry.label_mask);
+    d.lm_eval.push_back(std::move(entry));
+  });
 }
 
 void read_optim(TableReader& r, OptimConfig& o) {
@@ -443,7 +438,9 @@ void read_train(TableReader& r, TrainConfig& t) {
   r.read("log_every", t.log_every);
   r.read("eval_every", t.eval_every);
   r.read("downstream_eval_every", t.downstream_eval_every);
+  r.read("lm_eval_every", t.lm_eval_every);
   r.read("eval_batches", t.eval_batches);
+  r.read("lm_eval_batches", t.lm_eval_batches);
   r.read("save_every", t.save_every);
   r.read("checkpoint", t.checkpoint);
   r.read("keep_last", t.keep_last);
@@ -499,6 +496,7 @@ void read_data(TableReader& r, DataConfig& d) {
   r.read("val", d.val);
   r.read("label_mask", d.label_mask);
   r.read("val_label_mask", d.val_label_mask);
+  read_lm_eval_sets(r, d);
   r.read("tokenizer", d.tokenizer);
   r.read("dtype", d.dtype);
   r.read("document_masking", d.document_masking);
@@ -1511,6 +1509,14 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
             "[config] train.downstream_eval_every={} must be 0 (every evaluation) or a positive "
             "multiple of train.eval_every={}",
             t.downstream_eval_every, t.eval_every);
+  MOE_CHECK(t.lm_eval_every == 0 ||
+                (t.lm_eval_every > 0 && t.eval_every > 0 && t.lm_eval_every % t.eval_every == 0),
+            "[config] train.lm_eval_every={} must be 0 (every evaluation) or a positive multiple "
+            "of train.eval_every={}",
+            t.lm_eval_every, t.eval_every);
+  MOE_CHECK(t.lm_eval_batches >= 0,
+            "[config] train.lm_eval_batches={} must be >= 0 (0: every document of data.lm_eval)",
+            t.lm_eval_batches);
   std::set<std::string> downstream_labels;
   for (size_t i = 0; i < t.downstream_tasks.size(); ++i) {
     const data::IclTaskSpec& task = t.downstream_tasks[i];
@@ -1650,6 +1656,20 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   validate_instance_filter(d);
   MOE_CHECK(d.val_label_mask.empty() || !d.val.empty(),
             "[config] data.val_label_mask lists label masks for data.val, which lists no files");
+  std::set<std::string> lm_eval_labels;
+  for (size_t i = 0; i < d.lm_eval.size(); ++i) {
+    const data::LmEvalSet& set = d.lm_eval[i];
+    MOE_CHECK(!set.label.empty(),
+              "[config] data.lm_eval[{}] has no label (the name its metrics carry: "
+              "eval/lm/<label>/CE loss)",
+              i);
+    MOE_CHECK(!set.paths.empty(), "[config] data.lm_eval[{}] ('{}') lists no token files (paths)",
+              i, set.label);
+    MOE_CHECK(lm_eval_labels.insert(set.label).second,
+              "[config] data.lm_eval[{}] is labelled '{}' as an earlier set: their metrics would "
+              "share names",
+              i, set.label);
+  }
   return config;
 }
 
@@ -1857,7 +1877,9 @@ std::string run_config_to_toml(const RunConfig& c) {
                     {"log_every", t.log_every},
                     {"eval_every", t.eval_every},
                     {"downstream_eval_every", t.downstream_eval_every},
+                    {"lm_eval_every", t.lm_eval_every},
                     {"eval_batches", t.eval_batches},
+                    {"lm_eval_batches", t.lm_eval_batches},
                     {"save_every", t.save_every},
                     {"checkpoint", t.checkpoint},
                     {"keep_last", t.keep_last},
@@ -1913,6 +1935,14 @@ std::string run_config_to_toml(const RunConfig& c) {
     downstream.push_back(std::move(entry));
   }
   if (!downstream.empty()) train.insert("downstream_tasks", std::move(downstream));
+  // The labelled validation sets (written only when there are any).
+  toml::array lm_eval;
+  for (const data::LmEvalSet& set : c.data.lm_eval) {
+    toml::table entry{{"label", set.label}, {"paths", list_of(set.paths)}};
+    if (!set.label_mask.empty()) entry.insert("label_mask", list_of(set.label_mask));
+    lm_eval.push_back(std::move(entry));
+  }
+  if (!lm_eval.empty()) data.insert("lm_eval", std::move(lm_eval));
   const ParallelConfig& p = c.parallel;
   const char* schedule = p.schedule == PipelineSchedule::kOneFOneB      ? "1f1b"
                          : p.schedule == PipelineSchedule::kInterleaved ? "interleaved-1f1b"

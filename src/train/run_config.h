@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "data/icl_task.h"
 #include "data/instance_filter.h"
+#include "data/lm_eval_set.h"
 #include "data/order_rule.h"
 #include "dist/pipeline_schedule.h"
 #include "model/activation_recompute.h"
@@ -136,6 +137,11 @@ struct TrainConfig {
   // eval_every) and at the end, as OLMo-core's downstream callback has an eval_interval of its
   // own; 0: at every evaluation.
   int64_t downstream_eval_every = 0;
+  // OLMo-core's LMEvaluatorCallback over data.lm_eval (train/lm_evaluator.h): its own
+  // eval_interval (a multiple of eval_every, and the end; 0: at every evaluation) and
+  // eval_duration in batches (0: one epoch, every document its loader visits).
+  int64_t lm_eval_every = 0;
+  int64_t lm_eval_batches = 0;
   int64_t save_every = 0;  // 0: only at the end
   // false: no checkpoint at all, not even at the end, and so no sample (which decodes the final
   // checkpoint): for benchmarks of large models, whose saves would dominate the run.
@@ -180,6 +186,10 @@ struct DataConfig {
   // same order (data/token_dataset.h); a token whose mask is 0 is no label. Empty: none.
   std::vector<std::string> label_mask;
   std::vector<std::string> val_label_mask;
+  // OLMo-core's LM evaluator ([[data.lm_eval]]: label, paths, label_mask; train/lm_evaluator.h):
+  // every document of these sets its own padded instance, scored at each evaluation, per label
+  // eval/lm/<label>/CE loss and PPL. Documents end at data.eos_id (or the files' meta.json).
+  std::vector<data::LmEvalSet> lm_eval;
   std::string tokenizer;  // tokenizer.json, for the sample printed at the end (optional)
   // Element type of headerless token files ("uint16", "uint32", "int32", "int64"); empty: from
   // the meta.json `moecore prepare` writes beside them, an error where there is none. Files with

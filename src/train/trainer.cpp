@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "data/dataset_fingerprint.h"
 #include "data/icl_task.h"
+#include "data/padded_documents.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "dist/alltoall_exchange.h"
@@ -50,6 +51,7 @@
 #include "train/evaluate.h"
 #include "train/hf_metadata.h"
 #include "train/layout_validation.h"
+#include "train/lm_evaluator.h"
 #include "train/rank_agreement.h"
 #include "train/resume_policy.h"
 #include "train/round_trip_check.h"
@@ -80,7 +82,8 @@ void set_threads(int64_t threads, int world_size) {
 }
 
 // The run's inputs, every one opened and checked before anything is written. Resolves the EOS id
-// of document masking into `config` (saved with the run, so that a checkpoint evaluates alone).
+// of document masking and of data.lm_eval's documents into `config` (saved with the run, so that
+// a checkpoint evaluates alone).
 struct RunInputs {
   data::TokenDataset train_data;
   std::optional<data::TokenDataset> val_data;
@@ -88,13 +91,17 @@ struct RunInputs {
   std::optional<data::Tokenizer> tokenizer;
   // train.downstream_tasks, read and tokenized (data/icl_task.h).
   std::vector<data::IclTask> downstream;
+  // data.lm_eval's documents (data/padded_documents.h), and those each evaluation scores
+  // (train/lm_evaluator.h).
+  std::optional<data::PaddedDocuments> lm_eval;
+  std::vector<int64_t> lm_eval_documents;
 };
 
 RunInputs open_inputs(RunConfig& config) {
   const TrainConfig& tc = config.train;
   const ModelConfig& mc = config.model;
   MOE_CHECK(!config.data.train.empty(), "[train] data.train lists no token files");
-  RunInputs in{open_training_set(config), std::nullopt, -1, std::nullopt, {}};
+  RunInputs in{open_training_set(config), std::nullopt, -1, std::nullopt, {}, std::nullopt, {}};
   if (!config.data.val.empty())
     in.val_data = data::TokenDataset::open(config.data.val, tc.seq_len, mc.vocab_size,
                                            config.data.dtype, 0, config.data.val_label_mask);
@@ -106,6 +113,17 @@ RunInputs open_inputs(RunConfig& config) {
             "files' meta.json says eos_id={}",
             in.document_eos, in.val_data ? in.val_data->metadata_eos_id() : -1);
   if (in.document_eos >= 0) config.data.eos_id = in.document_eos;
+  // The labelled sets' documents end at data.eos_id, else the EOS their meta.json (or the training
+  // files') say; resolved into the config too, so that `moecore eval-lm` of a checkpoint finds
+  // the same documents.
+  if (!config.data.lm_eval.empty()) {
+    in.lm_eval = data::PaddedDocuments::open(
+        config.data.lm_eval, tc.seq_len, mc.vocab_size, config.data.dtype,
+        config.data.eos_id >= 0 ? config.data.eos_id : in.train_data.metadata_eos_id());
+    config.data.eos_id = in.lm_eval->eos_id();
+    in.lm_eval_documents = lm_eval_documents(in.lm_eval->num_documents(),
+                                             lm_eval_batch_documents(config), tc.lm_eval_batches);
+  }
   if (!config.data.tokenizer.empty()) {
     in.tokenizer = data::Tokenizer::load(config.data.tokenizer);
     MOE_CHECK(in.tokenizer->vocab_size() <= mc.vocab_size,
@@ -950,9 +968,10 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   auto stop_signals = std::make_unique<StopSignalCallback>();
   StopSignalCallback& loop_signals = *stop_signals;
   ctx.callbacks.push_back(std::move(stop_signals));
-  if (in.val_data || !in.downstream.empty()) {
+  if (in.val_data || in.lm_eval || !in.downstream.empty()) {
     auto evaluator = std::make_shared<EvalCallback>(in.val_data ? &*in.val_data : nullptr,
-                                                    std::move(in.downstream));
+                                                    in.lm_eval ? &*in.lm_eval : nullptr,
+                                                    in.lm_eval_documents, std::move(in.downstream));
     // The model merger evaluates its averages with it (ctx outlives the callbacks).
     ctx.evaluate_merged = [&ctx, raw = evaluator.get()](int64_t at) {
       raw->evaluate_merged(ctx, at);
@@ -1217,10 +1236,10 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                    .batch_size_history = start.batch_size_history,
                    .initial_lr = scheduled_initial_lr(config.optim.lr, start.batch_size_history),
                    .last_step = end_step};
-  // Made up by the evaluator's start; without validation data or downstream tasks there is none
-  // to make up.
-  ctx.eval_pending =
-      resumed.eval_pending && (in.val_data.has_value() || !tc.downstream_tasks.empty());
+  // Made up by the evaluator's start; without validation data, labelled sets or downstream tasks
+  // there is none to make up.
+  ctx.eval_pending = resumed.eval_pending && (in.val_data.has_value() || in.lm_eval.has_value() ||
+                                              !tc.downstream_tasks.empty());
   ctx.summary.start_step = ctx.step;
   for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);

@@ -120,14 +120,17 @@ TEST(PlanMemory, ModelMergeSumsOfTheWindowsAliveAtOnce) {
   const double quarter = merge("[4,6]", 4).merge_sums;
   EXPECT_GE(quarter, whole / 4.0);
   EXPECT_LT(quarter, whole / 2.0);
-  // A run that evaluates (validation data, or downstream tasks) evaluates the averages too: every
-  // rank sums its whole model.
-  const RankMemory evaluated =
-      make_plan(small_config({"train.merge_steps=[4,6]", "train.merge_last_n_steps=3",
-                              "train.max_steps=10", "train.downstream_tasks=[{path = \"x/t\"}]"}),
-                4, kNoRuntime)
-          .stages[0];
-  EXPECT_DOUBLE_EQ(evaluated.merge_sums, whole);
+  // A run that evaluates (validation data, labelled sets or downstream tasks) evaluates the
+  // averages too: every rank sums its whole model.
+  for (const char* evaluator : {"train.downstream_tasks=[{path = \"x/t\"}]",
+                                "data.lm_eval=[{label = \"c4\", paths = [\"x.npy\"]}]"}) {
+    const RankMemory evaluated =
+        make_plan(small_config({"train.merge_steps=[4,6]", "train.merge_last_n_steps=3",
+                                "train.max_steps=10", evaluator}),
+                  4, kNoRuntime)
+            .stages[0];
+    EXPECT_DOUBLE_EQ(evaluated.merge_sums, whole) << evaluator;
+  }
 }
 
 // train.downstream_tasks (train/downstream_eval.h): a downstream pass runs the whole head, so with

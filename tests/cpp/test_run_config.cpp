@@ -368,6 +368,32 @@ TEST(RunConfig, TomlRoundTrip) {
   EXPECT_EQ(run_config_to_toml(reparsed), run_config_to_toml(c));
 }
 
+// [[data.lm_eval]] (OLMo-core's LM evaluator's labelled sets) with their cadence: read, checked,
+// written back (as config.toml and every checkpoint hold them) and read again the same.
+TEST(RunConfig, LmEvalSetsRoundTrip) {
+  const RunConfig c = parse(
+      "[train]\neval_every = 5\nlm_eval_every = 10\nlm_eval_batches = 3\n"
+      "[[data.lm_eval]]\nlabel = \"c4\"\npaths = [\"a.npy\", \"b.npy\"]\n"
+      "[[data.lm_eval]]\nlabel = \"sft\"\npaths = [\"s\"]\nlabel_mask = [\"m\"]\n");
+  ASSERT_EQ(c.data.lm_eval.size(), 2u);
+  EXPECT_EQ(c.data.lm_eval[0].label, "c4");
+  EXPECT_EQ(c.data.lm_eval[0].paths, (std::vector<std::string>{"a.npy", "b.npy"}));
+  EXPECT_TRUE(c.data.lm_eval[0].label_mask.empty());
+  EXPECT_EQ(c.data.lm_eval[1].label_mask, (std::vector<std::string>{"m"}));
+  EXPECT_EQ(c.train.lm_eval_every, 10);
+  EXPECT_EQ(c.train.lm_eval_batches, 3);
+  const std::string text = run_config_to_toml(c);
+  const RunConfig again = parse(text);
+  EXPECT_EQ(run_config_to_toml(again), text);
+  ASSERT_EQ(again.data.lm_eval.size(), 2u);
+  EXPECT_EQ(again.data.lm_eval[1].paths, c.data.lm_eval[1].paths);
+  EXPECT_EQ(again.data.lm_eval[1].label_mask, c.data.lm_eval[1].label_mask);
+  EXPECT_EQ(again.train.lm_eval_every, 10);
+  EXPECT_EQ(again.train.lm_eval_batches, 3);
+  // Written only when there are any.
+  EXPECT_EQ(run_config_to_toml(RunConfig{}).find("lm_eval]"), std::string::npos);
+}
+
 // train.max_tokens (OLMo-core's max_duration in tokens) sets max_steps to the updates until the
 // tokens are reached, is written back instead of max_steps, and is exclusive with it.
 TEST(RunConfig, MaxTokensGivesTheUpdates) {

@@ -295,12 +295,12 @@ eos_id = {}
                     (dir_ / out).string(),
                     with_dir(device == "cpu" ? without_key(c.train, "cuda_graph") : c.train),
                     (dir_ / "train.npy").string(), (dir_ / "val.npy").string(),
-                    (dir_ / "tokenizer.json").string(), eos_id_, c.data,
+                    (dir_ / "tokenizer.json").string(), eos_id_, with_dir(c.data),
                     device == "cpu" ? host_parallel(c.parallel) : c.parallel),
         "train_on_device");
   }
 
-  // A case's [train] keys with "@DIR@" standing for the inputs' directory.
+  // A case's [train] or [data] keys with "@DIR@" standing for the inputs' directory.
   std::string with_dir(std::string keys) const {
     for (size_t at = keys.find("@DIR@"); at != std::string::npos; at = keys.find("@DIR@"))
       keys.replace(at, 5, dir_.string());
@@ -400,6 +400,13 @@ TEST_P(TrainOnDevice, JobMatchesTheHostsBitForBit) {
     for (const nlohmann::json& line : device_metrics)
       for (const auto& [key, value] : line.items())
         evaluations += key.starts_with("eval/downstream/") && key.ends_with("accuracy)");
+    EXPECT_EQ(evaluations, 3);
+  }
+  if (GetParam().data.find("lm_eval") != std::string::npos) {
+    // The labelled sets were scored at each evaluation (steps 2 and 4, and 6 resumed).
+    int64_t evaluations = 0;
+    for (const nlohmann::json& line : device_metrics)
+      evaluations += line.contains("eval/lm/val/CE loss");
     EXPECT_EQ(evaluations, 3);
   }
   if (GetParam().parallel.find("capacity_factor") != std::string::npos) {
@@ -601,6 +608,19 @@ INSTANTIATE_TEST_SUITE_P(
                       "[[train.downstream_tasks]]\npath = \"@DIR@/task\"\nmetric = \"acc\""},
         DeviceRunCase{"ranks2_pp_downstream", "fp32", "none", 2, "pp = 2", 0,
                       "[[train.downstream_tasks]]\npath = \"@DIR@/task\"\nmetric = \"len_norm\""},
+        // OLMo-core's LM evaluator (data.lm_eval): two labelled sets, each document its own
+        // instance, passes of one label's documents (forward with targets, the losses read from
+        // device memory with the step's); over two ranks each data-parallel rank's share of the
+        // passes summed through the stand-in's all-reduce, and through two pipeline stages (the
+        // last one's losses broadcast).
+        DeviceRunCase{"bf16_lm_eval", "bf16", "none", 1, "", 0, "lm_eval_batches = 3", 2,
+                      "[[data.lm_eval]]\nlabel = \"val\"\npaths = [\"@DIR@/val.npy\"]\n"
+                      "[[data.lm_eval]]\nlabel = \"train\"\npaths = [\"@DIR@/train.npy\"]"},
+        DeviceRunCase{"ranks2_dp_lm_eval_nccl_stand_in", "fp32", "none", 2,
+                      "communicator = \"nccl\"", 0, "", 2,
+                      "[[data.lm_eval]]\nlabel = \"val\"\npaths = [\"@DIR@/val.npy\"]"},
+        DeviceRunCase{"ranks2_pp_lm_eval", "fp32", "none", 2, "pp = 2", 0, "", 2,
+                      "[[data.lm_eval]]\nlabel = \"val\"\npaths = [\"@DIR@/val.npy\"]"},
         DeviceRunCase{"ranks2_ep_zero_nccl_stand_in", "fp32", "none", 2,
                       "ep = 2\nzero = 1\ncommunicator = \"nccl\""},
         // The padded transport over the stand-in: what a GPU job without symmetric memory runs.

@@ -6,6 +6,7 @@
 #include "model/router.h"
 #include "train/downstream_eval.h"
 #include "train/evaluate.h"
+#include "train/lm_evaluator.h"
 #include "train/train_context.h"
 
 namespace moecore {
@@ -37,16 +38,17 @@ void EvalCallback::on_end(TrainContext& ctx) {
 }
 
 EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final, bool merged) {
-  const int64_t downstream_every = ctx.config.train.downstream_eval_every;
-  const bool scores_tasks = !downstream_.empty() && (final || merged || downstream_every == 0 ||
-                                                     step % downstream_every == 0);
+  // The labelled sets and the downstream tasks have eval intervals of their own.
+  auto due = [&](int64_t every) { return final || merged || every == 0 || step % every == 0; };
+  const bool scores_sets = lm_eval_ != nullptr && due(ctx.config.train.lm_eval_every);
+  const bool scores_tasks = !downstream_.empty() && due(ctx.config.train.downstream_eval_every);
   // Without expert parallelism the ranks at dp position 0 evaluate the loss (rank 0 alone, or one
   // rank per pipeline stage), with the data-parallel reduction off, and the others go on to the
-  // next step's first collective and wait there (or, with downstream tasks, to their share of
-  // the tasks' queries). With it, the experts are spread over the ranks: every rank evaluates the
-  // same batches together.
+  // next step's first collective and wait there (or, with labelled sets or downstream tasks, to
+  // their share of the passes). With it, the experts are spread over the ranks: every rank
+  // evaluates the same batches together.
   const bool evaluates_loss = ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1;
-  if (!evaluates_loss && !scores_tasks) return {};
+  if (!evaluates_loss && !scores_sets && !scores_tasks) return {};
   for (Transformer* chunk : ctx.chunks) {
     chunk->set_batch_sum(nullptr);
     chunk->set_routing_seed(routing_forward_seed(ctx.config.train.seed, step, -1));  // all tokens
@@ -64,18 +66,64 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
       double result[4] = {r.loss, r.perplexity, static_cast<double>(r.tokens),
                           static_cast<double>(r.instances)};
       ctx.mesh.pp.broadcast(result, sizeof(result), static_cast<int>(pp - 1));
-      r = {result[0],
-           result[1],
-           static_cast<int64_t>(result[2]),
-           static_cast<int64_t>(result[3]),
-           {}};
+      r.loss = result[0];
+      r.perplexity = result[1];
+      r.tokens = static_cast<int64_t>(result[2]);
+      r.instances = static_cast<int64_t>(result[3]);
     }
   }
-  if (scores_tasks) r.downstream = evaluate_downstream(ctx, step, merged);
+  if (scores_sets || scores_tasks) {
+    // Plain causal attention, as OLMo-core's padded and downstream batches carry no document
+    // lengths: a request's text may hold the EOS that data.document_masking cuts documents at.
+    // (Restored afterwards from the chunks' own setting: the trainer's, train/trainer.cpp.)
+    const Transformer& last = *ctx.chunks.back();
+    const int32_t masking_eos = last.document_masking_eos();
+    const int32_t masking_bos = last.document_masking_bos();
+    for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(-1);
+    if (scores_sets) r.lm = evaluate_lm(ctx, step, merged);
+    if (scores_tasks) r.downstream = evaluate_downstream(ctx, step, merged);
+    for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(masking_eos, masking_bos);
+  }
   r.merged = merged;
   for (Transformer* chunk : ctx.chunks) chunk->set_batch_sum(ctx.dp_batch_sum);
   if (ctx.world.rank() == 0) ctx.report_eval(step, r);
   return r;
+}
+
+io::MetricsSink::Scalars EvalCallback::evaluate_lm(TrainContext& ctx, int64_t step, bool merged) {
+  const int64_t pp = ctx.config.parallel.pp;
+  // Each data-parallel rank (with its pipeline stages) runs its share of the passes without
+  // expert parallelism; with it every rank runs them all (the experts' exchange is collective).
+  const bool spread = ctx.config.parallel.ep == 1;
+  const int64_t shards = spread ? ctx.mesh.dp.size() : 1;
+  const int64_t shard = spread ? ctx.mesh.dp.rank() : 0;
+  // As many tokens a pass as this rank's training micro-batch holds.
+  const int64_t batch_tokens =
+      std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
+  LmEvalSums sums = score_lm_documents(
+      *lm_eval_, lm_documents_,
+      [&ctx](const int32_t* tokens, const int32_t* targets, int64_t rows, int64_t seq) {
+        return ctx.pipeline.forward_only(ctx.params, tokens, targets, rows, seq);
+      },
+      batch_tokens, /*pad_id=*/0, shard, shards);
+  if (pp > 1)  // the last stage saw the losses
+    ctx.mesh.pp.broadcast(sums.loss.data(), sums.loss.size() * sizeof(double),
+                          static_cast<int>(pp - 1));
+  if (shards > 1)  // each pass's loss is one rank's, 0 on the others
+    ctx.mesh.dp.allreduce_sum(sums.loss.data(), static_cast<int64_t>(sums.loss.size()));
+  if (ctx.world.rank() != 0) return {};
+  const io::MetricsSink::Scalars metrics =
+      lm_eval_metrics(*lm_eval_, sums, merged ? "eval/merged/lm/" : "eval/lm/");
+  for (size_t i = 0; i + 1 < metrics.size(); i += 2)
+    ctx.progress.message(fmt::format("eval  step {:>6}  {} {:.4f}  PPL {:.2f}", step,
+                                     metrics[i].first, metrics[i].second, metrics[i + 1].second));
+  if (metrics.size() < 2 * lm_eval_->labels().size())
+    ctx.progress.message(fmt::format(
+        "eval  step {:>6}  {} of data.lm_eval's {} labels had no position counted in the {} "
+        "documents scored (OLMo-core logs NaN for them)",
+        step, lm_eval_->labels().size() - metrics.size() / 2, lm_eval_->labels().size(),
+        lm_documents_.size()));
+  return metrics;
 }
 
 io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, int64_t step,
@@ -91,12 +139,6 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
   // a training pass's without train.lm_head_chunk_tokens).
   const int64_t batch_tokens =
       std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
-  // Plain causal attention, as OLMo-core's downstream batches carry no document lengths: a
-  // request's text may hold the EOS that data.document_masking cuts documents at.
-  // (Restored afterwards from the chunks' own setting: the trainer's, train/trainer.cpp.)
-  const int32_t masking_eos = last.document_masking_eos();
-  const int32_t masking_bos = last.document_masking_bos();
-  for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(-1);
   // Without expert parallelism each data-parallel rank (with its pipeline stages) scores its
   // share of the queries, as OLMo-core's DistributedSampler spreads them; with it, every rank runs
   // the same passes (the experts' exchange is collective, over equal shapes).
@@ -123,7 +165,6 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
     for (const auto& [key, value] : task_metrics)
       metrics.emplace_back((merged ? "eval/merged/downstream/" : "eval/downstream/") + key, value);
   }
-  for (Transformer* chunk : ctx.chunks) chunk->set_document_masking(masking_eos, masking_bos);
   return metrics;
 }
 

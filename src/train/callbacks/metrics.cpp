@@ -21,7 +21,7 @@ void MetricsCallback::on_step_end(TrainContext& ctx, StepReport& report) {
 
 void MetricsCallback::on_eval(TrainContext& ctx, int64_t step, const EvalResult& result) {
   io::MetricsSink::Scalars scalars;
-  if (result.tokens > 0) {  // else the run has no validation data: downstream tasks only
+  if (result.tokens > 0) {  // else the run has no validation data: the other evaluators only
     // The model merger's average (OLMo-core logs it under eval/merged/...).
     const char* prefix = result.merged ? "val/merged/" : "val/";
     scalars = {{std::string(prefix) + "loss", result.loss},
@@ -31,6 +31,7 @@ void MetricsCallback::on_eval(TrainContext& ctx, int64_t step, const EvalResult&
                     result.merged ? "merged " : "", result.loss, result.perplexity, result.tokens));
   }
   scalars.insert(scalars.end(), result.downstream.begin(), result.downstream.end());
+  scalars.insert(scalars.end(), result.lm.begin(), result.lm.end());
   if (sink_ && !scalars.empty()) sink_->log(step, scalars);
 }
 

@@ -25,9 +25,11 @@ void ModelMergeCallback::on_start(TrainContext& ctx) {
   // both the parameter buffer and the sum.
   written_ = ctx.optimizer.checkpoint_weights();
   // Only the ranks that take part in an evaluation need the whole average: without expert
-  // parallelism and downstream tasks the validation loss is dp rank 0's (callbacks/evaluator.h).
-  evaluate_ = ctx.evaluate_merged && (ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1 ||
-                                      !tc.downstream_tasks.empty());
+  // parallelism, labelled sets and downstream tasks the validation loss is dp rank 0's
+  // (callbacks/evaluator.h); the others' passes are spread over the data-parallel ranks.
+  evaluate_ =
+      ctx.evaluate_merged && (ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1 ||
+                              !ctx.config.data.lm_eval.empty() || !tc.downstream_tasks.empty());
   const auto add_run = [this](const ParamSpec& spec, size_t sum_offset) {
     if (!runs_.empty() && runs_.back().group == spec.group &&
         runs_.back().param_offset + runs_.back().count == spec.offset &&
