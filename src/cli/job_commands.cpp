@@ -388,7 +388,8 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
   const int32_t pad = 0;  // padding follows every scored position: any id does
   nlohmann::ordered_json report = nlohmann::ordered_json::array();
   for (size_t t = 0; t < args.tasks.size(); ++t) {
-    data::IclTaskSpec spec{args.tasks[t], args.labels.empty() ? "" : args.labels[t], args.metric};
+    data::IclTaskSpec spec{args.tasks[t], args.labels.empty() ? "" : args.labels[t], args.metric,
+                           args.fast_mc};
     const data::IclTask task =
         data::load_icl_task(spec, tokenizer, static_cast<int32_t>(bos), seq_len);
     const std::vector<IclScore> scores = score_icl_task(task, forward, vocab, batch_tokens, pad);
@@ -425,22 +426,30 @@ void run_eval_lm(const EvalLmArgs& args) {
   MOE_CHECK(!args.sets.empty(), "[lm_eval] give at least one --set LABEL=PATH");
   std::vector<data::LmEvalSet> sets;
   std::vector<NamedPath> inputs{{"--checkpoint", args.checkpoint}};
-  // LABEL=PATH into the set LABEL (made by --set): its files, or its label masks.
-  auto add = [&sets, &inputs](const std::string& entry, const char* option, bool mask) {
+  // LABEL=PATH, split.
+  auto split = [](const std::string& entry, const char* option) {
     const size_t eq = entry.find('=');
     MOE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < entry.size(),
               "[lm_eval] {} '{}' is not LABEL=PATH", option, entry);
-    const std::string label = entry.substr(0, eq), path = entry.substr(eq + 1);
-    auto it = std::find_if(sets.begin(), sets.end(),
-                           [&label](const data::LmEvalSet& s) { return s.label == label; });
-    MOE_CHECK(it != sets.end() || !mask, "[lm_eval] --label-mask for '{}', which no --set names",
-              label);
-    if (it == sets.end()) it = sets.insert(sets.end(), data::LmEvalSet{label, {}, {}});
-    (mask ? it->label_mask : it->paths).push_back(path);
-    inputs.push_back({option, path});
+    return std::pair{entry.substr(0, eq), entry.substr(eq + 1)};
   };
-  for (const std::string& entry : args.sets) add(entry, "--set", false);
-  for (const std::string& entry : args.label_masks) add(entry, "--label-mask", true);
+  // Each --set a set of its own, in order (a label given again gathers them, as OLMo-core's
+  // metadata may label paths A, B, A); the k-th --label-mask of a label is its k-th set's mask.
+  for (const std::string& entry : args.sets) {
+    auto [label, path] = split(entry, "--set");
+    inputs.push_back({"--set", path});
+    sets.push_back({std::move(label), {std::move(path)}, {}});
+  }
+  for (const std::string& entry : args.label_masks) {
+    auto [label, path] = split(entry, "--label-mask");
+    auto it = std::find_if(sets.begin(), sets.end(), [&label](const data::LmEvalSet& s) {
+      return s.label == label && s.label_mask.empty();
+    });
+    MOE_CHECK(it != sets.end(), "[lm_eval] --label-mask {}: no --set {}=... left without one",
+              entry, label);
+    inputs.push_back({"--label-mask", path});
+    it->label_mask.push_back(std::move(path));
+  }
   if (!args.out.empty()) check_outputs_apart(inputs, {{"--out", args.out}});
   MOE_CHECK(args.dtype.empty() || !data::token_dtype_descr(args.dtype).empty(),
             "[lm_eval] --dtype '{}' is not one of uint16, uint32, int32, int64", args.dtype);

@@ -90,6 +90,7 @@ struct EvalDownstreamArgs {
   std::string checkpoint, tokenizer, metric, out;
   std::vector<std::string> tasks;   // request directories
   std::vector<std::string> labels;  // empty, or one per task
+  bool fast_mc = false;             // every task as olmo_eval's fast multiple choice
   int64_t seq_len = 0;  // the context length queries are cut to (0: the run's train.seq_len)
   int64_t bos_id = -2;  // -2: the run's data.bos_id; -1: none
   // 0: the run's micro-batch (train.batch_size / microbatches x seq), at most 1 GiB of logits
@@ -101,8 +102,8 @@ void run_eval_downstream(const EvalDownstreamArgs& args);
 // (train/lm_evaluator.h) and the run's data.lm_eval.
 struct EvalLmArgs {
   std::string checkpoint, dtype, out;
-  std::vector<std::string> sets;  // LABEL=PATH, repeatable (a label again adds a file to its set)
-  std::vector<std::string> label_masks;  // LABEL=PATH, one per file of the set, in its order
+  std::vector<std::string> sets;         // LABEL=PATH, each a set (a label may repeat)
+  std::vector<std::string> label_masks;  // LABEL=PATH: the mask of LABEL's next --set
   int64_t batches = -1;                  // -1: the run's train.lm_eval_batches
   int64_t eos_id = -2;                   // -2: the run's data.eos_id (-1: the files' meta.json)
 };

@@ -291,6 +291,9 @@ int main(int argc, char** argv) {
                    "olmo_eval metric type of every task (default: each config.json's "
                    "primary_metric)")
       ->check(CLI::IsMember({"acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1"}));
+  eval_downstream->add_flag("--fast-mc", downstream.fast_mc,
+                            "every task as olmo_eval's fast multiple choice (its \"_fast\" "
+                            "labels): one query a document, one-token continuations as choices");
   eval_downstream->add_option("--tokenizer", downstream.tokenizer,
                               "tokenizer.json (default: the checkpoint's)");
   cli::add_int_option(eval_downstream, "--seq-len", downstream.seq_len,
@@ -313,12 +316,12 @@ int main(int argc, char** argv) {
   eval_lm->add_option("--checkpoint", lm_args.checkpoint, "checkpoint directory")->required();
   eval_lm
       ->add_option("--set", lm_args.sets,
-                   "LABEL=PATH: a token file (or directory) of the set LABEL, each of its "
-                   "documents its own instance; repeatable")
+                   "LABEL=PATH: a token file (or directory) labelled LABEL, each of its "
+                   "documents its own instance; repeatable (a label may repeat)")
       ->required();
   eval_lm->add_option("--label-mask", lm_args.label_masks,
-                      "LABEL=PATH: a label mask of the set LABEL, one per token file in its "
-                      "order (as data.lm_eval's label_mask); repeatable");
+                      "LABEL=PATH: the label mask (file or directory, as data.lm_eval's "
+                      "label_mask) of LABEL's next --set; repeatable");
   cli::add_int_option(eval_lm, "--batches", lm_args.batches,
                       "evaluation batches scored (0: every document its loader visits; default: "
                       "the run's train.lm_eval_batches)",

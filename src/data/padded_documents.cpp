@@ -22,14 +22,15 @@ PaddedDocuments PaddedDocuments::open(const std::vector<LmEvalSet>& sets, int64_
   MOE_CHECK(!sets.empty(), "[lm_eval] no labelled sets given");
   PaddedDocuments docs;
   docs.seq_len_ = seq_len;
-  std::set<std::string> seen;
   std::string eos_source;
   for (size_t s = 0; s < sets.size(); ++s) {
     const LmEvalSet& set = sets[s];
     MOE_CHECK(!set.label.empty(), "[lm_eval] labelled set {} has no label", s);
-    MOE_CHECK(seen.insert(set.label).second,
-              "[lm_eval] two sets are labelled '{}': their metrics would share names", set.label);
     MOE_CHECK(!set.paths.empty(), "[lm_eval] set '{}' lists no token files", set.label);
+    // A label given again gathers its sets (OLMo-core's metadata may label paths A, B, A).
+    const auto known = std::find(docs.labels_.begin(), docs.labels_.end(), set.label);
+    docs.set_labels_.push_back(static_cast<int32_t>(known - docs.labels_.begin()));
+    if (known == docs.labels_.end()) docs.labels_.push_back(set.label);
     // One instance per token: the files as plain streams, none of their tail dropped.
     TokenDataset files =
         TokenDataset::open(set.paths, 1, vocab_size, declared_dtype, 0, set.label_mask);
@@ -41,7 +42,6 @@ PaddedDocuments PaddedDocuments::open(const std::vector<LmEvalSet>& sets, int64_
       eos_source = set.label;
     }
     docs.sets_.push_back(std::move(files));
-    docs.labels_.push_back(set.label);
   }
   MOE_CHECK(eos_id < 0 || docs.metadata_eos_id_ < 0 || eos_id == docs.metadata_eos_id_,
             "[lm_eval] documents end at EOS {} but the meta.json of set '{}' says eos_id={}",
@@ -54,13 +54,13 @@ PaddedDocuments PaddedDocuments::open(const std::vector<LmEvalSet>& sets, int64_
             vocab_size);
   docs.eos_id_ = eos;
 
-  // Each set scanned once for its EOS tokens (its ids checked on the way), in blocks.
+  // Each file scanned once for its EOS tokens (its ids checked on the way), in blocks.
   constexpr int64_t kBlock = int64_t{1} << 16;
   std::vector<int32_t> block(static_cast<size_t>(kBlock));
   for (size_t s = 0; s < docs.sets_.size(); ++s) {
     const TokenDataset& files = docs.sets_[s];
-    const size_t first_document = docs.documents_.size();
     for (size_t f = 0; f < files.num_files(); ++f) {
+      const size_t first_document = docs.documents_.size();
       const int64_t n = files.file_tokens(f);
       int64_t start = 0;
       for (int64_t at = 0; at < n; at += kBlock) {
@@ -69,16 +69,17 @@ PaddedDocuments PaddedDocuments::open(const std::vector<LmEvalSet>& sets, int64_
         for (int64_t i = 0; i < count; ++i) {
           if (block[static_cast<size_t>(i)] != eos) continue;
           const int64_t end = at + i + 1;  // the EOS is the document's last token
-          docs.documents_.push_back({start, std::min(end - start, seq_len), static_cast<int32_t>(s),
-                                     static_cast<int32_t>(f)});
+          docs.documents_.push_back({start, std::min(end - start, seq_len), docs.set_labels_[s],
+                                     static_cast<int32_t>(s), static_cast<int32_t>(f)});
           start = end;
         }
       }
+      // OLMo-core's segment_documents_into_instances refuses a file without one.
+      MOE_CHECK(docs.documents_.size() > first_document,
+                "[lm_eval] set '{}': no document in {} (a document ends at the EOS id {}; tokens "
+                "after a file's last EOS are none)",
+                sets[s].label, files.file_path(f), eos);
     }
-    MOE_CHECK(docs.documents_.size() > first_document,
-              "[lm_eval] set '{}': no document in {} (a document ends at the EOS id {}; tokens "
-              "after a file's last EOS are none)",
-              docs.labels_[s], fmt::join(sets[s].paths, ", "), eos);
   }
   MOE_CHECK(docs.documents_.size() < size_t{std::numeric_limits<uint32_t>::max()},
             "[lm_eval] {} documents: OLMo-core's loader numbers fewer than 2^32 - 1 (uint32)",

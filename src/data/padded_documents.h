@@ -5,9 +5,13 @@
 // Documents as OLMo-core's segment_documents_into_instances finds them in a local array: one ends
 // at every EOS (included; the BOS plays no part, as the padded dataset passes none), tokens after
 // a file's last EOS belong to no document, and a document longer than seq_len keeps its first
-// seq_len tokens (the rest is not read). Documents are numbered in file order, the sets' files in
-// the order given, as OLMo-core concatenates its paths. A set with label masks gives each
-// document its slice of them (OLMo-core's padded label_mask); without, every position is 1.
+// seq_len tokens (the rest is not read); a file without an EOS is an error, as in OLMo-core.
+// Documents are numbered in file order, the sets' files in the order given, as OLMo-core
+// concatenates its paths; a label given to several sets gathers them (OLMo-core's metadata may
+// label paths A, B, A). Token files are read as moecore reads them: OLMo-core reads a file with a
+// NumPy header as raw bytes (the header as tokens), so its numbers match for headerless files. A
+// set with label masks gives each document its slice of them (OLMo-core's padded label_mask);
+// without, every position is 1.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +26,9 @@ namespace moecore::data {
 class PaddedDocuments {
  public:
   // `eos_id`: the EOS that ends documents, -1: the one the sets' meta.json say (an explicit one
-  // must agree with them). Errors (a set without a label or files, a repeated label, files that
-  // TokenDataset refuses, no EOS known, a set without a document) are one-line moecore::Error
-  // naming the set. `declared_dtype`: as TokenDataset::open's.
+  // must agree with them). Errors (a set without a label or files, files that TokenDataset
+  // refuses, no EOS known, a file without a document) are one-line moecore::Error naming the
+  // set. `declared_dtype`: as TokenDataset::open's.
   static PaddedDocuments open(const std::vector<LmEvalSet>& sets, int64_t seq_len,
                               int64_t vocab_size, const std::string& declared_dtype,
                               int64_t eos_id);
@@ -32,8 +36,9 @@ class PaddedDocuments {
   int64_t num_documents() const { return static_cast<int64_t>(documents_.size()); }
   // The tokens document `doc` gives its instance: at most seq_len.
   int64_t length(int64_t doc) const { return documents_[static_cast<size_t>(doc)].length; }
-  // Its set's index in labels().
-  int label_index(int64_t doc) const { return documents_[static_cast<size_t>(doc)].set; }
+  // Its label's index in labels().
+  int label_index(int64_t doc) const { return documents_[static_cast<size_t>(doc)].label; }
+  // The distinct labels, in the order they first come.
   const std::vector<std::string>& labels() const { return labels_; }
   int64_t seq_len() const { return seq_len_; }
   // The EOS id documents end at (open's, or the meta.json's).
@@ -47,10 +52,12 @@ class PaddedDocuments {
   struct Document {
     int64_t start;   // in its file
     int64_t length;  // <= seq_len
+    int32_t label;   // in labels_
     int32_t set;
     int32_t file;  // in its set's TokenDataset
   };
-  std::vector<TokenDataset> sets_;  // each set's files, read as token streams
+  std::vector<TokenDataset> sets_;   // each set's files, read as token streams
+  std::vector<int32_t> set_labels_;  // each set's label, in labels_
   std::vector<std::string> labels_;
   std::vector<Document> documents_;
   int64_t seq_len_ = 0;

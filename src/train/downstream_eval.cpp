@@ -48,9 +48,18 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
   MOE_CHECK(batch_tokens >= 1, "[downstream] batch of {} tokens", batch_tokens);
   MOE_CHECK(shards >= 1 && shard >= 0 && shard < shards, "[downstream] shard {} of {}", shard,
             shards);
+  // fast_mc: the choices scored after each sample's query (its own continuation first).
+  std::vector<std::vector<size_t>> choices(task.samples.size());
   std::vector<ScoredRow> rows;
   for (size_t i = 0; i < task.samples.size(); ++i) {
     const data::IclSample& s = task.samples[i];
+    if (s.shared_query >= 0) {
+      MOE_CHECK(static_cast<size_t>(s.shared_query) < i, "[downstream] sample {} shares query {}",
+                i, s.shared_query);
+      choices[static_cast<size_t>(s.shared_query)].push_back(i);
+      continue;
+    }
+    choices[i].push_back(i);
     rows.push_back({i, false, &s.query, s.ctx_len - 1});
     if (task.metric == data::IclMetric::kPmiDc)
       rows.push_back({i, true, &s.dc_query, s.dc_len - 1});
@@ -82,13 +91,14 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
     if (logits) {
       for (size_t r = begin; r < end; ++r) {
         const ScoredRow& row = rows[r];
-        const std::vector<int32_t>& continuation = task.samples[row.sample].continuation;
-        const auto n = static_cast<int64_t>(continuation.size());
+        const auto n = static_cast<int64_t>(task.samples[row.sample].continuation.size());
         window.resize(static_cast<size_t>(n * vocab_size));
         logits(static_cast<int64_t>(r - begin) * seq + row.first_position, n, window.data());
-        const double logprob = continuation_logprob(window.data(), vocab_size, continuation);
-        (row.domain_conditional ? scores[row.sample].dc_logprob : scores[row.sample].logprob) =
-            logprob;
+        for (size_t choice : choices[row.sample]) {  // its continuation, or fast_mc's choices
+          const double logprob =
+              continuation_logprob(window.data(), vocab_size, task.samples[choice].continuation);
+          (row.domain_conditional ? scores[choice].dc_logprob : scores[choice].logprob) = logprob;
+        }
       }
     }
     begin = end;

@@ -1,8 +1,9 @@
 // Scoring a downstream task's samples (data/icl_task.h) with the model: each sample's query runs
 // forward, without targets, and the log-probabilities of its continuation's tokens are summed
 // from the logits at the positions before them (olmo_eval's lm_logits[ctx_len - 1 : ctx_len +
-// cont_len - 1], in double here); for pmi_dc the domain-conditional query runs too. Then the
-// task's metrics (train/icl_metric.h).
+// cont_len - 1], in double here); for pmi_dc the domain-conditional query runs too; a fast_mc
+// document's choices are read from its one query's logits. Then the task's metrics
+// (train/icl_metric.h).
 //
 // Batching: queries are grouped by length (longest first) into batches of at most batch_tokens
 // tokens (at least one query each), each padded on the right to its longest query with pad_id.

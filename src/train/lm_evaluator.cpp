@@ -10,8 +10,7 @@
 namespace moecore {
 
 int64_t lm_eval_batch_documents(const RunConfig& config) {
-  const TrainConfig& t = config.train;
-  return config.parallel.pp > 1 ? t.batch_size : t.batch_size / t.microbatches;
+  return config.train.batch_size / config.train.microbatches;
 }
 
 std::vector<int64_t> lm_eval_documents(int64_t num_documents, int64_t batch_instances,
@@ -27,7 +26,9 @@ std::vector<int64_t> lm_eval_documents(int64_t num_documents, int64_t batch_inst
   std::vector<int64_t> order =
       data::InstanceOrder::with_rule(data::OrderRule::kOlmoCore, 0, num_documents, batch_instances)
           .permutation(0);
-  if (max_batches > 0 && max_batches * batch_instances < static_cast<int64_t>(order.size()))
+  // (Compared in batches: max_batches x batch_instances may not fit an int64.)
+  const auto batches = static_cast<int64_t>(order.size()) / batch_instances;
+  if (max_batches > 0 && max_batches < batches)
     order.resize(static_cast<size_t>(max_batches * batch_instances));
   return order;
 }

@@ -46,9 +46,9 @@ struct LmEvalSums {
 };
 
 // OLMo-core's global evaluation batch in documents for a run configured as `config` (as given:
-// OLMo-core builds its evaluator once): the training micro-batch over the data-parallel ranks (its
-// DDP and FSDP train modules' rank_microbatch_size), the whole batch with pipeline stages (its
-// pipeline train module's).
+// OLMo-core builds its evaluator once): the training micro-batch over the data-parallel ranks, as
+// its OLMoDDP and Transformer train modules ask (rank_microbatch_size). Its pipeline train module
+// refuses the evaluator callbacks; moecore's pipeline stages score the same documents.
 int64_t lm_eval_batch_documents(const RunConfig& config);
 
 // The documents one evaluation scores, in OLMo-core's visiting order (above). Fewer documents than

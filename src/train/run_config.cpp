@@ -332,7 +332,8 @@ void read_group_overrides(TableReader& r, OptimConfig& o) {
 }
 
 // [[train.downstream_tasks]]: an oe-eval request directory (`path`), the name its metrics carry
-// (`label`) and olmo_eval's metric type (`metric`); the last two optional.
+// (`label`), olmo_eval's metric type (`metric`) and its fast multiple choice (`fast_mc`); all but
+// the first optional.
 void read_downstream_tasks(TableReader& r, TrainConfig& t) {
   read_array_of_tables(
       r, "downstream_tasks", [&](TableReader& entry_reader, const std::string& where) {
@@ -344,6 +345,7 @@ void read_downstream_tasks(TableReader& r, TrainConfig& t) {
         entry_reader.read("path", entry.path);
         entry_reader.read("label", entry.label);
         entry_reader.read("metric", entry.metric);
+        entry_reader.read("fast_mc", entry.fast_mc);
         t.downstream_tasks.push_back(std::move(entry));
       });
 }
@@ -1656,7 +1658,6 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
   validate_instance_filter(d);
   MOE_CHECK(d.val_label_mask.empty() || !d.val.empty(),
             "[config] data.val_label_mask lists label masks for data.val, which lists no files");
-  std::set<std::string> lm_eval_labels;
   for (size_t i = 0; i < d.lm_eval.size(); ++i) {
     const data::LmEvalSet& set = d.lm_eval[i];
     MOE_CHECK(!set.label.empty(),
@@ -1664,10 +1665,6 @@ RunConfig parse_run_config(const std::string& toml_text, const std::string& sour
               "eval/lm/<label>/CE loss)",
               i);
     MOE_CHECK(!set.paths.empty(), "[config] data.lm_eval[{}] ('{}') lists no token files (paths)",
-              i, set.label);
-    MOE_CHECK(lm_eval_labels.insert(set.label).second,
-              "[config] data.lm_eval[{}] is labelled '{}' as an earlier set: their metrics would "
-              "share names",
               i, set.label);
   }
   return config;
@@ -1932,6 +1929,7 @@ std::string run_config_to_toml(const RunConfig& c) {
     toml::table entry{{"path", task.path}};
     if (!task.label.empty()) entry.insert("label", task.label);
     if (!task.metric.empty()) entry.insert("metric", task.metric);
+    if (task.fast_mc) entry.insert("fast_mc", true);
     downstream.push_back(std::move(entry));
   }
   if (!downstream.empty()) train.insert("downstream_tasks", std::move(downstream));

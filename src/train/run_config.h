@@ -130,8 +130,8 @@ struct TrainConfig {
   int64_t eval_every = 100;  // 0: only at the end
   int64_t eval_batches = 8;
   // OLMo-core's DownstreamEvaluatorCallback: in-context tasks ([[train.downstream_tasks]]: path,
-  // label, metric; data/icl_task.h) scored with each validation (train.eval_every and at the end),
-  // their metrics logged as eval/downstream/<label> (<what>). Needs data.tokenizer.
+  // label, metric, fast_mc; data/icl_task.h) scored with each validation (train.eval_every and at
+  // the end), their metrics logged as eval/downstream/<label> (<what>). Needs data.tokenizer.
   std::vector<data::IclTaskSpec> downstream_tasks;
   // Score them only at the evaluations of steps that are a multiple of this (a multiple of
   // eval_every) and at the end, as OLMo-core's downstream callback has an eval_interval of its
@@ -188,7 +188,8 @@ struct DataConfig {
   std::vector<std::string> val_label_mask;
   // OLMo-core's LM evaluator ([[data.lm_eval]]: label, paths, label_mask; train/lm_evaluator.h):
   // every document of these sets its own padded instance, scored at each evaluation, per label
-  // eval/lm/<label>/CE loss and PPL. Documents end at data.eos_id (or the files' meta.json).
+  // eval/lm/<label>/CE loss and PPL (a label may name several sets). Documents end at
+  // data.eos_id (or the files' meta.json).
   std::vector<data::LmEvalSet> lm_eval;
   std::string tokenizer;  // tokenizer.json, for the sample printed at the end (optional)
   // Element type of headerless token files ("uint16", "uint32", "int32", "int64"); empty: from

