@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "data/python_int_set_order.h"
 #include "data/tokenizer_byte_level.h"
 #include "io/file_util.h"
 #include "io/gzip_file.h"
@@ -51,17 +52,22 @@ int64_t integer_field(const nlohmann::json& request, const char* key, const std:
   return request[key].get<int64_t>();
 }
 
-// OEEvalTask's fast MC over its samples: per document (in ascending doc_id, the order olmo_eval's
-// set of ids iterates oe-eval's dense ids in), its samples sorted by cont_id (stably); the first
+// OEEvalTask's fast MC over its samples: per document, in the order olmo_eval's set of doc_ids
+// iterates them (data/python_int_set_order.h), its samples sorted by cont_id (stably); the first
 // is the base, whose query every choice is scored after; each sample's one-token continuation a
 // choice, numbered in that order, carrying the base's label and lengths (olmo_eval's metric
 // divides every choice by the base's cont_str_len and cont_byte_len).
 std::vector<IclSample> fast_mc_samples(const std::vector<IclSample>& samples,
                                        const std::string& label) {
   std::map<int64_t, std::vector<size_t>> by_document;
-  for (size_t i = 0; i < samples.size(); ++i) by_document[samples[i].doc_id].push_back(i);
+  std::vector<int64_t> doc_ids;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    by_document[samples[i].doc_id].push_back(i);
+    doc_ids.push_back(samples[i].doc_id);
+  }
   std::vector<IclSample> out;
-  for (auto& [doc_id, indices] : by_document) {
+  for (const int64_t doc_id : python_int_set_order(doc_ids)) {
+    std::vector<size_t>& indices = by_document[doc_id];
     std::stable_sort(indices.begin(), indices.end(), [&samples](size_t a, size_t b) {
       return samples[a].cont_id < samples[b].cont_id;
     });

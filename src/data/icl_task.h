@@ -93,8 +93,8 @@ struct IclTask {
   std::string path;
   IclMetric metric = IclMetric::kAcc;
   bool fast_mc = false;
-  // In the request file's order; with fast_mc by document (ascending doc_id), its choices in
-  // continuation order.
+  // In the request file's order; with fast_mc by document (in olmo_eval's order: its set of
+  // doc_ids', ascending for oe-eval's dense ids), its choices in continuation order.
   std::vector<IclSample> samples;
   int64_t documents = 0;  // distinct doc_ids among the samples
 };

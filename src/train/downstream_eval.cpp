@@ -54,9 +54,12 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
   for (size_t i = 0; i < task.samples.size(); ++i) {
     const data::IclSample& s = task.samples[i];
     if (s.shared_query >= 0) {
-      MOE_CHECK(static_cast<size_t>(s.shared_query) < i, "[downstream] sample {} shares query {}",
-                i, s.shared_query);
-      choices[static_cast<size_t>(s.shared_query)].push_back(i);
+      // A choice shares an earlier sample's own query, and reads no more rows than it runs.
+      const auto base = static_cast<size_t>(s.shared_query);
+      MOE_CHECK(base < i && task.samples[base].shared_query < 0 &&
+                    s.continuation.size() <= task.samples[base].continuation.size(),
+                "[downstream] sample {} cannot share sample {}'s query", i, s.shared_query);
+      choices[base].push_back(i);
       continue;
     }
     choices[i].push_back(i);

@@ -109,28 +109,31 @@ def one_token_words(tokenizer: Tokenizer, count: int) -> list[str]:
 
 def fast_task(root: Path, tokenizer: Tokenizer, bos_text: str = "") -> Path:
     """A multiple-choice task of one-token continuations (olmo_eval's fast_mc: one query a
-    document, each continuation a choice after it): documents out of order and each one's idx out
-    of order (the choices are sorted by it), four or three choices, gold labels on every one."""
+    document, each continuation a choice after it): sparse doc_ids out of order (olmo_eval visits
+    them in its set's order: 64, 33, 3, 1000, 10, 18), each document's idx out of order (the
+    choices are sorted by it), four or three choices, gold labels on every one; document 10's
+    later continuations have another context (every choice is scored after the first one's)."""
     out = root / "fast" / "mc"
     out.mkdir(parents=True)
     words = one_token_words(tokenizer, 4)
-    contexts = ["And the lord said unto", "Then they went into", "God saw that the",
-                "The people came to", "And he said to", bos_text + "Upon the land there"]
+    contexts = {3: "And the lord said unto", 10: "Then they went into", 18: "God saw that the",
+                1000: "The people came to", 64: "And he said to", 33: bos_text + "Upon the land"}
     lines = []
-    for doc_id in (3, 0, 5, 1, 4, 2):
+    for doc_id in (18, 3, 1000, 10, 64, 33):
         choices = words if doc_id % 2 == 0 else words[:3]
         for idx in reversed(range(len(choices))):
+            context = contexts[doc_id] if doc_id != 10 or idx == 0 else "Another context"
             lines.append({"request_type": "loglikelihood", "doc": {}, "doc_id": doc_id,
                           "idx": idx, "label": doc_id % len(choices),
-                          "request": {"context": contexts[doc_id],
-                                      "continuation": choices[idx]}})
+                          "request": {"context": context, "continuation": choices[idx]}})
     (out / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return out
 
 
 @pytest.fixture(scope="module")
 def tasks(job_data, tmp_path_factory) -> list[dict]:
-    """Seven tasks, each a spec for the config and the metric olmo_eval scores it with."""
+    """Seven tasks, each a spec for the config and the metric olmo_eval scores it with (the last
+    one as fast multiple choice)."""
     root = tmp_path_factory.mktemp("oe_eval_tasks")
     tok = Tokenizer.from_file(str(job_data.tokenizer))
     arc = trimmed_task(root, "arc_easy", "val_rc_5shot", 12, tok, members=2)
@@ -337,15 +340,17 @@ def test_parallel_runs_score_as_the_single_process(moecore_bin, job_data, tasks,
     (which evaluate together) and the data-parallel ranks (each its share of the queries) score
     the run's weights as the single process scores its checkpoint; a stage before the head runs
     its MoE layers without targets, also when the router losses divide by the labels."""
-    cfg = config(tmp_path, job_data, layout, tasks[:2], max_steps=3)
+    scored = tasks[:2] + [tasks[-1]]  # the last: fast multiple choice (choices share a query)
+    cfg = config(tmp_path, job_data, layout, scored, max_steps=3)
     mpirun(moecore_bin, ranks, cfg, *sets)
     in_loop = downstream_rows(tmp_path / layout)[3]
     ckpt = final_checkpoint(tmp_path / layout)
     single = {}
-    for t in tasks[:2]:
+    for t in scored:
         out = tmp_path / f"{t['label']}.json"
         run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", t["spec"]["path"],
-            "--label", t["label"], "--metric", t["metric"], "--out", out)
+            "--label", t["label"], "--metric", t["metric"], "--out", out,
+            *(["--fast-mc"] if t.get("fast_mc") else []))
         single.update(json.loads(out.read_text())[0]["metrics"])
     assert set(single) == set(in_loop)
     for key, value in single.items():
@@ -599,6 +604,9 @@ def test_fast_mc_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data
     expanded = [(s["doc_id"], c, len(s["query"])) for s in ref_task.samples
                 for c in range(len(s["choices"]))]
     assert expanded == [(s["doc_id"], s["cont_id"], s["query_tokens"]) for s in report["samples"]]
+    # olmo_eval's set order, neither the file's nor ascending (bpb's fp32 mean sums in it).
+    order = [s["doc_id"] for s in ref_task.samples]
+    assert order != sorted(order) and order != [18, 3, 1000, 10, 64, 33], order
     assert_olmo_eval_metrics_bit_for_bit(report, ref_task, metric, monkeypatch)
     # The plain task: each continuation its own request and query (the same tokens).
     plain = tmp_path / "plain.json"
@@ -608,7 +616,12 @@ def test_fast_mc_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data
            for s in json.loads(plain.read_text())[0]["samples"]}
     assert len(own) == len(report["samples"])
     for s in report["samples"]:
-        assert s["logprob"] == pytest.approx(own[(s["doc_id"], s["cont_id"])], rel=SAME_WEIGHTS_TOL)
+        if s["doc_id"] == 10 and s["cont_id"] > 0 and metric not in ("ce_loss", "bpb"):
+            # Its own request has another context; the choice is scored after the first one's.
+            assert s["logprob"] != pytest.approx(own[(10, s["cont_id"])], rel=1e-3)
+        else:
+            assert s["logprob"] == pytest.approx(own[(s["doc_id"], s["cont_id"])],
+                                                 rel=SAME_WEIGHTS_TOL)
 
 
 def test_fast_mc_needs_one_token_continuations(moecore_bin, whole, tasks, tmp_path):
