@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "train/eval_passes.h"
 
 namespace moecore {
 
@@ -44,10 +45,8 @@ LogitsRows logits_rows(const Transformer& chunk) {
 
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
                                      int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
-                                     int64_t shard, int64_t shards) {
+                                     int64_t shard, int64_t shards, bool lockstep) {
   MOE_CHECK(batch_tokens >= 1, "[downstream] batch of {} tokens", batch_tokens);
-  MOE_CHECK(shards >= 1 && shard >= 0 && shard < shards, "[downstream] shard {} of {}", shard,
-            shards);
   // fast_mc: the choices scored after each sample's query (its own continuation first).
   std::vector<std::vector<size_t>> choices(task.samples.size());
   std::vector<ScoredRow> rows;
@@ -67,45 +66,48 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
     if (task.metric == data::IclMetric::kPmiDc)
       rows.push_back({i, true, &s.dc_query, s.dc_len - 1});
   }
-  // Longest first (stable: equal lengths keep the file's order), so that a batch pads little.
+  // Longest first (stable: equal lengths keep the file's order), so that a batch pads little;
+  // passes of as many rows as batch_tokens holds at the first one's length.
   std::stable_sort(rows.begin(), rows.end(), [](const ScoredRow& a, const ScoredRow& b) {
     return a.tokens->size() > b.tokens->size();
   });
-  if (shards > 1) {  // this shard's rows: as long as the others' (within a row of each length)
-    std::vector<ScoredRow> mine;
-    for (size_t r = static_cast<size_t>(shard); r < rows.size(); r += static_cast<size_t>(shards))
-      mine.push_back(rows[r]);
-    rows = std::move(mine);
+  std::vector<EvalPass> passes;
+  std::vector<size_t> pass_begin;  // each pass's first row
+  for (size_t begin = 0; begin < rows.size();) {
+    const auto seq = static_cast<int64_t>(rows[begin].tokens->size());
+    const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
+    const size_t end = std::min(rows.size(), begin + static_cast<size_t>(fit));
+    passes.push_back({static_cast<int64_t>(end - begin), seq});
+    pass_begin.push_back(begin);
+    begin = end;
   }
 
   std::vector<IclScore> scores(task.samples.size());
   std::vector<int32_t> tokens;
   std::vector<float> window;  // one continuation's logits, on the host
-  for (size_t begin = 0; begin < rows.size();) {
-    const auto seq = static_cast<int64_t>(rows[begin].tokens->size());
-    const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
-    const size_t end = std::min(rows.size(), begin + static_cast<size_t>(fit));
-    const auto count = static_cast<int64_t>(end - begin);
-    tokens.assign(static_cast<size_t>(count * seq), pad_id);
-    for (size_t r = begin; r < end; ++r)
-      std::copy(rows[r].tokens->begin(), rows[r].tokens->end(),
-                tokens.begin() + static_cast<int64_t>(r - begin) * seq);
-    const LogitsRows logits = forward(tokens.data(), count, seq);
-    if (logits) {
-      for (size_t r = begin; r < end; ++r) {
-        const ScoredRow& row = rows[r];
-        const auto n = static_cast<int64_t>(task.samples[row.sample].continuation.size());
-        window.resize(static_cast<size_t>(n * vocab_size));
-        logits(static_cast<int64_t>(r - begin) * seq + row.first_position, n, window.data());
-        for (size_t choice : choices[row.sample]) {  // its continuation, or fast_mc's choices
-          const double logprob =
-              continuation_logprob(window.data(), vocab_size, task.samples[choice].continuation);
-          (row.domain_conditional ? scores[choice].dc_logprob : scores[choice].logprob) = logprob;
-        }
+  run_eval_passes(passes, batch_tokens, shard, shards, lockstep, [&](const EvalForwardShape& f) {
+    const size_t first =
+        f.pass >= 0 ? pass_begin[static_cast<size_t>(f.pass)] + static_cast<size_t>(f.first_row)
+                    : 0;
+    tokens.assign(static_cast<size_t>(f.padded_rows * f.seq), pad_id);
+    for (int64_t r = 0; r < f.rows; ++r) {
+      const std::vector<int32_t>& query = *rows[first + static_cast<size_t>(r)].tokens;
+      std::copy(query.begin(), query.end(), tokens.begin() + r * f.seq);
+    }
+    const LogitsRows logits = forward(tokens.data(), f.padded_rows, f.seq);
+    if (!logits) return;
+    for (int64_t r = 0; r < f.rows; ++r) {
+      const ScoredRow& row = rows[first + static_cast<size_t>(r)];
+      const auto n = static_cast<int64_t>(task.samples[row.sample].continuation.size());
+      window.resize(static_cast<size_t>(n * vocab_size));
+      logits(r * f.seq + row.first_position, n, window.data());
+      for (size_t choice : choices[row.sample]) {  // its continuation, or fast_mc's choices
+        const double logprob =
+            continuation_logprob(window.data(), vocab_size, task.samples[choice].continuation);
+        (row.domain_conditional ? scores[choice].dc_logprob : scores[choice].logprob) = logprob;
       }
     }
-    begin = end;
-  }
+  });
   return scores;
 }
 

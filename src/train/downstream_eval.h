@@ -6,7 +6,8 @@
 // (train/icl_metric.h).
 //
 // Batching: queries are grouped by length (longest first) into batches of at most batch_tokens
-// tokens (at least one query each), each padded on the right to its longest query with pad_id.
+// tokens (at least one query each), each padded on the right to its longest query with pad_id
+// (in lockstep, to the round's shape: rows of padding are not read).
 // Padding comes after every scored position, so under causal attention a query's logits are those
 // of the query alone; with dropless, position-free routing its experts too (a capacity-limited
 // dispatch may drop routes differently with other neighbours in the batch, as it would in
@@ -38,11 +39,11 @@ using LogitsForward = std::function<LogitsRows(const int32_t* tokens, int64_t ro
 LogitsRows logits_rows(const Transformer& chunk);
 
 // One IclScore per sample of `task` (valid where the forward returned a reader). With shards > 1
-// this process runs only its share of the queries (every shards-th, from the shard-th, in the
-// longest-first order) and leaves the others' scores 0: summed over the shards, the scores are
-// whole.
+// this process runs only its share of the passes (train/eval_passes.h: spread, or in lockstep
+// for expert parallelism) and leaves the others' scores 0: summed over the shards, the scores
+// are whole.
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
                                      int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
-                                     int64_t shard = 0, int64_t shards = 1);
+                                     int64_t shard = 0, int64_t shards = 1, bool lockstep = false);
 
 }  // namespace moecore

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/ignore_index.h"
 #include "data/instance_order.h"
+#include "train/eval_passes.h"
 
 namespace moecore {
 
@@ -35,9 +36,9 @@ std::vector<int64_t> lm_eval_documents(int64_t num_documents, int64_t batch_inst
 
 LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
                               const std::vector<int64_t>& documents, const EvalForward& forward,
-                              int64_t batch_tokens, int32_t pad_id, int64_t shard, int64_t shards) {
+                              int64_t batch_tokens, int32_t pad_id, int64_t shard, int64_t shards,
+                              bool lockstep) {
   MOE_CHECK(batch_tokens >= 1, "[lm_eval] batch of {} tokens", batch_tokens);
-  MOE_CHECK(shards >= 1 && shard >= 0 && shard < shards, "[lm_eval] shard {} of {}", shard, shards);
   const size_t labels = docs.labels().size();
   LmEvalSums sums{std::vector<double>(labels, 0.0), std::vector<double>(labels, 0.0),
                   std::vector<int64_t>(labels, 0)};
@@ -49,10 +50,10 @@ LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
       return docs.label_index(a) < docs.label_index(b);
     return docs.length(a) > docs.length(b);
   });
-  std::vector<int32_t> tokens, targets;
-  std::vector<uint8_t> mask(static_cast<size_t>(docs.seq_len()));
-  int64_t pass = 0;
-  for (size_t begin = 0; begin < rows.size(); ++pass) {
+  // The passes: as many of a label's documents as batch_tokens holds at the first one's length.
+  std::vector<EvalPass> passes;
+  std::vector<size_t> pass_begin;  // each pass's first row
+  for (size_t begin = 0; begin < rows.size();) {
     const int label = docs.label_index(rows[begin]);
     const int64_t seq = docs.length(rows[begin]);
     const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
@@ -60,35 +61,52 @@ LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
     while (end < rows.size() && end - begin < static_cast<size_t>(fit) &&
            docs.label_index(rows[end]) == label)
       ++end;
-    const size_t first = begin;
+    passes.push_back({static_cast<int64_t>(end - begin), seq});
+    pass_begin.push_back(begin);
     begin = end;
-    // Every process reads every pass (the positions are counted on all); its share it runs.
-    const auto count = static_cast<int64_t>(end - first);
-    tokens.assign(static_cast<size_t>(count * seq), pad_id);
-    targets.assign(static_cast<size_t>(count * seq), kIgnoreIndex);
-    int64_t counted = 0;
-    for (size_t r = first; r < end; ++r) {
-      const int64_t length = docs.length(rows[r]);
-      const int64_t offset = static_cast<int64_t>(r - first) * seq;
-      docs.read(rows[r], tokens.data() + offset, mask.data());
-      // A position counts where its mask is 1; its loss is its next token's within the document
-      // where that token's mask is 1 too (the last position's lies in the padding).
-      for (int64_t t = 0; t < length; ++t) {
-        if (mask[static_cast<size_t>(t)] == 0) continue;
-        sums.positions[static_cast<size_t>(label)] += 1.0;
-        if (t + 1 < length && mask[static_cast<size_t>(t + 1)] != 0) {
-          targets[static_cast<size_t>(offset + t)] = tokens[static_cast<size_t>(offset + t + 1)];
-          ++counted;
-        }
-      }
-      ++sums.documents[static_cast<size_t>(label)];
-    }
-    // A pass without a target (one-token documents, masks) has no loss: nothing to run (every
-    // process skips it alike).
-    if (pass % shards != shard || counted == 0) continue;
-    const LossParts loss = forward(tokens.data(), targets.data(), count, seq);
-    sums.loss[static_cast<size_t>(label)] += loss.ce * static_cast<double>(loss.counted_tokens);
   }
+
+  std::vector<int32_t> tokens, targets;
+  std::vector<uint8_t> mask(static_cast<size_t>(docs.seq_len()));
+  // A document's tokens at row `offset` and its targets: a position's next token where both are
+  // labels (a position counts where its own mask is 1; the last one's target lies in the
+  // padding). Returns the positions counted.
+  auto place = [&](int64_t doc, int64_t offset) {
+    const int64_t length = docs.length(doc);
+    docs.read(doc, tokens.data() + offset, mask.data());
+    int64_t positions = 0;
+    for (int64_t t = 0; t < length; ++t) {
+      if (mask[static_cast<size_t>(t)] == 0) continue;
+      ++positions;
+      if (t + 1 < length && mask[static_cast<size_t>(t + 1)] != 0)
+        targets[static_cast<size_t>(offset + t)] = tokens[static_cast<size_t>(offset + t + 1)];
+    }
+    return positions;
+  };
+  // Every process counts every document's positions (the losses are summed over the shards).
+  tokens.resize(static_cast<size_t>(docs.seq_len()));
+  targets.resize(static_cast<size_t>(docs.seq_len()));
+  for (int64_t doc : rows) {
+    const auto label = static_cast<size_t>(docs.label_index(doc));
+    sums.positions[label] += static_cast<double>(place(doc, 0));
+    ++sums.documents[label];
+  }
+  run_eval_passes(passes, batch_tokens, shard, shards, lockstep, [&](const EvalForwardShape& f) {
+    tokens.assign(static_cast<size_t>(f.padded_rows * f.seq), pad_id);
+    targets.assign(static_cast<size_t>(f.padded_rows * f.seq), kIgnoreIndex);
+    if (f.pass >= 0) {
+      const size_t first =
+          pass_begin[static_cast<size_t>(f.pass)] + static_cast<size_t>(f.first_row);
+      for (int64_t r = 0; r < f.rows; ++r) place(rows[first + static_cast<size_t>(r)], r * f.seq);
+    }
+    // (A forward without a target, padding alone or one-token documents, counts nothing.)
+    const LossParts loss = forward(tokens.data(), targets.data(), f.padded_rows, f.seq);
+    if (f.pass >= 0) {
+      const auto label =
+          static_cast<size_t>(docs.label_index(rows[pass_begin[static_cast<size_t>(f.pass)]]));
+      sums.loss[label] += loss.ce * static_cast<double>(loss.counted_tokens);
+    }
+  });
   return sums;
 }
 

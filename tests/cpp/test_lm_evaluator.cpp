@@ -18,6 +18,7 @@
 #include "core/ignore_index.h"
 #include "data/padded_documents.h"
 #include "scratch_dir.h"
+#include "train/eval_passes.h"
 #include "train/lm_evaluator.h"
 
 namespace moecore {
@@ -177,6 +178,37 @@ TEST_F(PaddedDocumentsTest, LabelMasksCountTheirPositionsAndTheirTargets) {
                                   kIgnoreIndex, kIgnoreIndex}));
 }
 
+// train/eval_passes.h: every row of every pass runs once over the shards; in lockstep every
+// shard makes the same forwards' shapes, none over the batch's tokens (or one row).
+TEST(EvalPassesTest, SpreadAndLockstepRunEveryRowOnce) {
+  const std::vector<EvalPass> passes = {{2, 40}, {3, 30}, {9, 10}, {1, 90}, {4, 20}};
+  const int64_t batch_tokens = 90;
+  for (const bool lockstep : {false, true}) {
+    for (const int64_t shards : {1, 2, 3}) {
+      std::vector<int64_t> seen(passes.size(), 0);
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> shapes(static_cast<size_t>(shards));
+      for (int64_t shard = 0; shard < shards; ++shard) {
+        run_eval_passes(passes, batch_tokens, shard, shards, lockstep,
+                        [&](const EvalForwardShape& f) {
+                          shapes[static_cast<size_t>(shard)].push_back({f.padded_rows, f.seq});
+                          EXPECT_LE(f.rows, f.padded_rows);
+                          EXPECT_TRUE(f.padded_rows * f.seq <= batch_tokens || f.padded_rows == 1);
+                          if (f.pass < 0) return;
+                          const EvalPass& p = passes[static_cast<size_t>(f.pass)];
+                          EXPECT_EQ(f.first_row, seen[static_cast<size_t>(f.pass)]);
+                          EXPECT_GE(f.seq, p.seq);
+                          seen[static_cast<size_t>(f.pass)] += f.rows;
+                        });
+      }
+      for (size_t p = 0; p < passes.size(); ++p)
+        EXPECT_EQ(seen[p], passes[p].rows) << "pass " << p << " shards " << shards;
+      if (lockstep) {
+        for (const auto& s : shapes) EXPECT_EQ(s, shapes[0]) << shards;
+      }
+    }
+  }
+}
+
 TEST(LmEvalDocumentsTest, WholeBatchesOfTheLoadersShuffleThenTheFirstBatches) {
   const std::vector<int64_t> all = lm_eval_documents(23, 4, 0);
   ASSERT_EQ(all.size(), 20u);  // 5 whole batches of 4; 3 documents fill none
@@ -236,6 +268,19 @@ TEST_F(PaddedDocumentsTest, PassesHoldOneLabelLongestFirstAndCountEveryPosition)
   }
   EXPECT_EQ(summed, sums.loss);
   EXPECT_EQ(passes, 3u);
+  // In lockstep (expert parallelism) every shard makes the same forwards, of the same shapes;
+  // the losses still sum to the whole.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> shapes(3);
+  summed.assign(2, 0.0);
+  for (int64_t shard = 0; shard < 3; ++shard) {
+    RecordingForward part;
+    const LmEvalSums s = score_lm_documents(docs, all, part.fn(), 8, 0, shard, 3, true);
+    for (size_t i = 0; i < 2; ++i) summed[i] += s.loss[i];
+    for (const auto& p : part.passes) shapes[static_cast<size_t>(shard)].push_back({p.rows, p.seq});
+  }
+  EXPECT_EQ(summed, sums.loss);
+  EXPECT_EQ(shapes[0], shapes[1]);
+  EXPECT_EQ(shapes[0], shapes[2]);
   // A label without a scored document is left out of the metrics.
   const LmEvalSums only_b = score_lm_documents(docs, {4, 5}, recorder.fn(), 8, 0);
   const io::MetricsSink::Scalars b_metrics = lm_eval_metrics(docs, only_b, "");

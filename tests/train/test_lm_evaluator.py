@@ -263,11 +263,13 @@ def test_label_masks_count_as_olmo_cores(moecore_bin, job_data, sets, tmp_path):
 
 @pytest.mark.parametrize("layout,ranks,settings", [("dp2", 2, []),
                                                     ("pp2", 2, ["parallel.pp=2"]),
-                                                    ("ep2", 2, ["parallel.ep=2"])])
+                                                    ("ep2", 2, ["parallel.ep=2"]),
+                                                    ("ep2_dp2", 4, ["parallel.ep=2"])])
 def test_parallel_runs_score_as_the_single_process(moecore_bin, job_data, sets, tmp_path, layout,
                                                    ranks, settings):
     """Each data-parallel rank scores its share of the passes (summed), the pipeline's last stage
-    alone sees the losses (broadcast), the expert-parallel ranks score every pass together."""
+    alone sees the losses (broadcast), the expert-parallel ranks their shares in lockstep (the
+    same forwards' shapes, padded)."""
     cfg = config(tmp_path, job_data, layout, sets, {"max_steps": 2, "lm_eval_every": 0})
     r = mpirun(moecore_bin, ranks, cfg, *settings)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -621,6 +621,11 @@ INSTANTIATE_TEST_SUITE_P(
                       "[[data.lm_eval]]\nlabel = \"val\"\npaths = [\"@DIR@/val.npy\"]"},
         DeviceRunCase{"ranks2_pp_lm_eval", "fp32", "none", 2, "pp = 2", 0, "", 2,
                       "[[data.lm_eval]]\nlabel = \"val\"\npaths = [\"@DIR@/val.npy\"]"},
+        // Both evaluators over the experts split between the two ranks: each rank its share of
+        // the passes, in lockstep (the same forwards' shapes: the exchange is collective).
+        DeviceRunCase{"ranks2_ep_lm_eval_downstream", "fp32", "none", 2, "ep = 2", 0,
+                      "[[train.downstream_tasks]]\npath = \"@DIR@/task\"\nmetric = \"acc\"", 2,
+                      "[[data.lm_eval]]\nlabel = \"val\"\npaths = [\"@DIR@/val.npy\"]"},
         DeviceRunCase{"ranks2_ep_zero_nccl_stand_in", "fp32", "none", 2,
                       "ep = 2\nzero = 1\ncommunicator = \"nccl\""},
         // The padded transport over the stand-in: what a GPU job without symmetric memory runs.

@@ -92,11 +92,11 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
 
 io::MetricsSink::Scalars EvalCallback::evaluate_lm(TrainContext& ctx, int64_t step, bool merged) {
   const int64_t pp = ctx.config.parallel.pp;
-  // Each data-parallel rank (with its pipeline stages) runs its share of the passes without
-  // expert parallelism; with it every rank runs them all (the experts' exchange is collective).
-  const bool spread = ctx.config.parallel.ep == 1;
-  const int64_t shards = spread ? ctx.mesh.dp.size() : 1;
-  const int64_t shard = spread ? ctx.mesh.dp.rank() : 0;
+  // Each data-parallel rank (with its pipeline stages) runs its share of the passes; with expert
+  // parallelism in lockstep, every rank the same forwards' shapes (the experts' exchange is
+  // collective; train/eval_passes.h).
+  const int64_t shards = ctx.mesh.dp.size(), shard = ctx.mesh.dp.rank();
+  const bool lockstep = ctx.config.parallel.ep > 1;
   // As many tokens a pass as this rank's training micro-batch holds.
   const int64_t batch_tokens =
       std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
@@ -105,7 +105,7 @@ io::MetricsSink::Scalars EvalCallback::evaluate_lm(TrainContext& ctx, int64_t st
       [&ctx](const int32_t* tokens, const int32_t* targets, int64_t rows, int64_t seq) {
         return ctx.pipeline.forward_only(ctx.params, tokens, targets, rows, seq);
       },
-      batch_tokens, /*pad_id=*/0, shard, shards);
+      batch_tokens, /*pad_id=*/0, shard, shards, lockstep);
   if (pp > 1)  // the last stage saw the losses
     ctx.mesh.pp.broadcast(sums.loss.data(), sums.loss.size() * sizeof(double),
                           static_cast<int>(pp - 1));
@@ -139,17 +139,17 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
   // a training pass's without train.lm_head_chunk_tokens).
   const int64_t batch_tokens =
       std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
-  // Without expert parallelism each data-parallel rank (with its pipeline stages) scores its
-  // share of the queries, as OLMo-core's DistributedSampler spreads them; with it, every rank runs
-  // the same passes (the experts' exchange is collective, over equal shapes).
-  const bool spread = ctx.config.parallel.ep == 1;
-  const int64_t shards = spread ? ctx.mesh.dp.size() : 1;
-  const int64_t shard = spread ? ctx.mesh.dp.rank() : 0;
+  // Each data-parallel rank (with its pipeline stages) scores its share of the queries, as
+  // OLMo-core's DistributedSampler spreads them; with expert parallelism in lockstep, every rank
+  // the same forwards' shapes (the experts' exchange is collective; train/eval_passes.h).
+  const int64_t shards = ctx.mesh.dp.size(), shard = ctx.mesh.dp.rank();
+  const bool lockstep = ctx.config.parallel.ep > 1;
   static_assert(sizeof(IclScore) == 2 * sizeof(double));
   io::MetricsSink::Scalars metrics;
   for (const data::IclTask& task : downstream_) {
-    std::vector<IclScore> scores = score_icl_task(task, forward, ctx.config.model.vocab_size,
-                                                  batch_tokens, /*pad_id=*/0, shard, shards);
+    std::vector<IclScore> scores =
+        score_icl_task(task, forward, ctx.config.model.vocab_size, batch_tokens, /*pad_id=*/0,
+                       shard, shards, lockstep);
     if (pp > 1)  // the last stage saw the logits
       ctx.mesh.pp.broadcast(scores.data(), scores.size() * sizeof(IclScore),
                             static_cast<int>(pp - 1));
