@@ -1,11 +1,7 @@
 #include "data/padded_documents.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include <algorithm>
 #include <limits>
-#include <set>
 #include <utility>
 
 #include "core/check.h"
