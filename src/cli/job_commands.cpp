@@ -476,7 +476,6 @@ void run_eval_lm(const EvalLmArgs& args) {
         return model.forward(m.params, tokens, targets, rows, seq);
       },
       batch_tokens, /*pad_id=*/0);
-  const io::MetricsSink::Scalars metrics = lm_eval_metrics(docs, sums, "");
   nlohmann::ordered_json report = nlohmann::ordered_json::array();
   for (size_t i = 0; i < docs.labels().size(); ++i) {
     nlohmann::ordered_json entry = {{"label", docs.labels()[i]},
