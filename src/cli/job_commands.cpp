@@ -392,7 +392,8 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
                            args.fast_mc};
     const data::IclTask task =
         data::load_icl_task(spec, tokenizer, static_cast<int32_t>(bos), seq_len);
-    const std::vector<IclScore> scores = score_icl_task(task, forward, vocab, batch_tokens, pad);
+    const std::vector<IclScore> scores =
+        score_icl_task(task, forward, vocab, EvalShare{.batch_tokens = batch_tokens}, pad);
     const auto metrics = compute_icl_metrics(task, scores);
     fmt::print("downstream: {} ({} documents, {} samples, metric {})\n", task.label, task.documents,
                task.samples.size(), data::icl_metric_name(task.metric));
@@ -475,7 +476,7 @@ void run_eval_lm(const EvalLmArgs& args) {
       [&](const int32_t* tokens, const int32_t* targets, int64_t rows, int64_t seq) {
         return model.forward(m.params, tokens, targets, rows, seq);
       },
-      batch_tokens, /*pad_id=*/0);
+      EvalShare{.batch_tokens = batch_tokens}, /*pad_id=*/0);
   nlohmann::ordered_json report = nlohmann::ordered_json::array();
   for (size_t i = 0; i < docs.labels().size(); ++i) {
     nlohmann::ordered_json entry = {{"label", docs.labels()[i]},

@@ -53,6 +53,7 @@ PaddedDocuments PaddedDocuments::open(const std::vector<LmEvalSet>& sets, int64_
   // Each file scanned once for its EOS tokens (its ids checked on the way), in blocks.
   constexpr int64_t kBlock = int64_t{1} << 16;
   std::vector<int32_t> block(static_cast<size_t>(kBlock));
+  std::vector<uint8_t> mask(static_cast<size_t>(seq_len));
   for (size_t s = 0; s < docs.sets_.size(); ++s) {
     const TokenDataset& files = docs.sets_[s];
     for (size_t f = 0; f < files.num_files(); ++f) {
@@ -65,7 +66,13 @@ PaddedDocuments PaddedDocuments::open(const std::vector<LmEvalSet>& sets, int64_
         for (int64_t i = 0; i < count; ++i) {
           if (block[static_cast<size_t>(i)] != eos) continue;
           const int64_t end = at + i + 1;  // the EOS is the document's last token
-          docs.documents_.push_back({start, std::min(end - start, seq_len), docs.set_labels_[s],
+          const int64_t length = std::min(end - start, seq_len);
+          int64_t labelled = length;
+          if (files.has_label_masks()) {
+            files.read_label_mask(f, start, length, mask.data());
+            labelled = std::count(mask.begin(), mask.begin() + length, uint8_t{1});
+          }
+          docs.documents_.push_back({start, length, labelled, docs.set_labels_[s],
                                      static_cast<int32_t>(s), static_cast<int32_t>(f)});
           start = end;
         }

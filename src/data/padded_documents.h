@@ -36,6 +36,8 @@ class PaddedDocuments {
   int64_t num_documents() const { return static_cast<int64_t>(documents_.size()); }
   // The tokens document `doc` gives its instance: at most seq_len.
   int64_t length(int64_t doc) const { return documents_[static_cast<size_t>(doc)].length; }
+  // Its tokens whose label mask is 1 (all of them where its set has no masks).
+  int64_t labelled(int64_t doc) const { return documents_[static_cast<size_t>(doc)].labelled; }
   // Its label's index in labels().
   int label_index(int64_t doc) const { return documents_[static_cast<size_t>(doc)].label; }
   // The distinct labels, in the order they first come.
@@ -50,9 +52,10 @@ class PaddedDocuments {
 
  private:
   struct Document {
-    int64_t start;   // in its file
-    int64_t length;  // <= seq_len
-    int32_t label;   // in labels_
+    int64_t start;     // in its file
+    int64_t length;    // <= seq_len
+    int64_t labelled;  // its tokens whose label mask is 1
+    int32_t label;     // in labels_
     int32_t set;
     int32_t file;  // in its set's TokenDataset
   };

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "train/eval_passes.h"
 
 namespace moecore {
 
@@ -44,9 +43,8 @@ LogitsRows logits_rows(const Transformer& chunk) {
 }
 
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
-                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
-                                     int64_t shard, int64_t shards, bool lockstep) {
-  MOE_CHECK(batch_tokens >= 1, "[downstream] batch of {} tokens", batch_tokens);
+                                     int64_t vocab_size, const EvalShare& share, int32_t pad_id) {
+  MOE_CHECK(share.batch_tokens >= 1, "[downstream] batch of {} tokens", share.batch_tokens);
   // fast_mc: the choices scored after each sample's query (its own continuation first).
   std::vector<std::vector<size_t>> choices(task.samples.size());
   std::vector<ScoredRow> rows;
@@ -75,7 +73,7 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
   std::vector<size_t> pass_begin;  // each pass's first row
   for (size_t begin = 0; begin < rows.size();) {
     const auto seq = static_cast<int64_t>(rows[begin].tokens->size());
-    const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
+    const int64_t fit = std::max<int64_t>(1, share.batch_tokens / seq);
     const size_t end = std::min(rows.size(), begin + static_cast<size_t>(fit));
     passes.push_back({static_cast<int64_t>(end - begin), seq});
     pass_begin.push_back(begin);
@@ -85,7 +83,7 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
   std::vector<IclScore> scores(task.samples.size());
   std::vector<int32_t> tokens;
   std::vector<float> window;  // one continuation's logits, on the host
-  run_eval_passes(passes, batch_tokens, shard, shards, lockstep, [&](const EvalForwardShape& f) {
+  run_eval_passes(passes, share, [&](const EvalForwardShape& f) {
     const size_t first =
         f.pass >= 0 ? pass_begin[static_cast<size_t>(f.pass)] + static_cast<size_t>(f.first_row)
                     : 0;

@@ -5,7 +5,8 @@
 // document's choices are read from its one query's logits. Then the task's metrics
 // (train/icl_metric.h).
 //
-// Batching: queries are grouped by length (longest first) into batches of at most batch_tokens
+// Batching: queries are grouped by length (longest first) into batches of at most
+// share.batch_tokens
 // tokens (at least one query each), each padded on the right to its longest query with pad_id
 // (in lockstep, to the round's shape: rows of padding are not read).
 // Padding comes after every scored position, so under causal attention a query's logits are those
@@ -23,6 +24,7 @@
 
 #include "data/icl_task.h"
 #include "model/transformer.h"
+#include "train/eval_passes.h"
 #include "train/icl_metric.h"
 
 namespace moecore {
@@ -38,12 +40,12 @@ using LogitsForward = std::function<LogitsRows(const int32_t* tokens, int64_t ro
 // The reader of a chunk's logits after its last forward (the chunk with the LM head).
 LogitsRows logits_rows(const Transformer& chunk);
 
-// One IclScore per sample of `task` (valid where the forward returned a reader). With shards > 1
+// One IclScore per sample of `task` (valid where the forward returned a reader). With
+// share.shards > 1
 // this process runs only its share of the passes (train/eval_passes.h: spread, or in lockstep
 // for expert parallelism) and leaves the others' scores 0: summed over the shards, the scores
 // are whole.
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
-                                     int64_t vocab_size, int64_t batch_tokens, int32_t pad_id,
-                                     int64_t shard = 0, int64_t shards = 1, bool lockstep = false);
+                                     int64_t vocab_size, const EvalShare& share, int32_t pad_id);
 
 }  // namespace moecore

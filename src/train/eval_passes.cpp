@@ -6,9 +6,9 @@
 
 namespace moecore {
 
-void run_eval_passes(const std::vector<EvalPass>& passes, int64_t batch_tokens, int64_t shard,
-                     int64_t shards, bool lockstep,
+void run_eval_passes(const std::vector<EvalPass>& passes, const EvalShare& share,
                      const std::function<void(const EvalForwardShape&)>& run) {
+  const auto [batch_tokens, shard, shards, lockstep] = share;
   MOE_CHECK(batch_tokens >= 1, "[eval] batch of {} tokens", batch_tokens);
   MOE_CHECK(shards >= 1 && shard >= 0 && shard < shards, "[eval] shard {} of {}", shard, shards);
   const auto n = static_cast<int64_t>(passes.size());

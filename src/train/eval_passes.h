@@ -32,10 +32,18 @@ struct EvalForwardShape {
   int64_t seq = 0;
 };
 
+// A process's share of an evaluation: passes of at most batch_tokens tokens (one row at least),
+// this process the shard-th of shards, in lockstep under expert parallelism.
+struct EvalShare {
+  int64_t batch_tokens = 1;
+  int64_t shard = 0;
+  int64_t shards = 1;
+  bool lockstep = false;
+};
+
 // Calls run for each forward this process makes, in order (every process of a lockstep group
 // the same number of times, with the same shapes).
-void run_eval_passes(const std::vector<EvalPass>& passes, int64_t batch_tokens, int64_t shard,
-                     int64_t shards, bool lockstep,
+void run_eval_passes(const std::vector<EvalPass>& passes, const EvalShare& share,
                      const std::function<void(const EvalForwardShape&)>& run);
 
 }  // namespace moecore

@@ -6,7 +6,6 @@
 #include "core/check.h"
 #include "core/ignore_index.h"
 #include "data/instance_order.h"
-#include "train/eval_passes.h"
 
 namespace moecore {
 
@@ -36,9 +35,8 @@ std::vector<int64_t> lm_eval_documents(int64_t num_documents, int64_t batch_inst
 
 LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
                               const std::vector<int64_t>& documents, const EvalForward& forward,
-                              int64_t batch_tokens, int32_t pad_id, int64_t shard, int64_t shards,
-                              bool lockstep) {
-  MOE_CHECK(batch_tokens >= 1, "[lm_eval] batch of {} tokens", batch_tokens);
+                              const EvalShare& share, int32_t pad_id) {
+  MOE_CHECK(share.batch_tokens >= 1, "[lm_eval] batch of {} tokens", share.batch_tokens);
   const size_t labels = docs.labels().size();
   LmEvalSums sums{std::vector<double>(labels, 0.0), std::vector<double>(labels, 0.0),
                   std::vector<int64_t>(labels, 0)};
@@ -56,7 +54,7 @@ LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
   for (size_t begin = 0; begin < rows.size();) {
     const int label = docs.label_index(rows[begin]);
     const int64_t seq = docs.length(rows[begin]);
-    const int64_t fit = std::max<int64_t>(1, batch_tokens / seq);
+    const int64_t fit = std::max<int64_t>(1, share.batch_tokens / seq);
     size_t end = begin;
     while (end < rows.size() && end - begin < static_cast<size_t>(fit) &&
            docs.label_index(rows[end]) == label)
@@ -66,32 +64,24 @@ LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
     begin = end;
   }
 
+  // Every process counts every document's positions (the losses are summed over the shards).
+  for (int64_t doc : rows) {
+    const auto label = static_cast<size_t>(docs.label_index(doc));
+    sums.positions[label] += static_cast<double>(docs.labelled(doc));
+    ++sums.documents[label];
+  }
   std::vector<int32_t> tokens, targets;
   std::vector<uint8_t> mask(static_cast<size_t>(docs.seq_len()));
   // A document's tokens at row `offset` and its targets: a position's next token where both are
-  // labels (a position counts where its own mask is 1; the last one's target lies in the
-  // padding). Returns the positions counted.
+  // labels (the last position's target lies in the padding).
   auto place = [&](int64_t doc, int64_t offset) {
     const int64_t length = docs.length(doc);
     docs.read(doc, tokens.data() + offset, mask.data());
-    int64_t positions = 0;
-    for (int64_t t = 0; t < length; ++t) {
-      if (mask[static_cast<size_t>(t)] == 0) continue;
-      ++positions;
-      if (t + 1 < length && mask[static_cast<size_t>(t + 1)] != 0)
+    for (int64_t t = 0; t + 1 < length; ++t)
+      if (mask[static_cast<size_t>(t)] != 0 && mask[static_cast<size_t>(t + 1)] != 0)
         targets[static_cast<size_t>(offset + t)] = tokens[static_cast<size_t>(offset + t + 1)];
-    }
-    return positions;
   };
-  // Every process counts every document's positions (the losses are summed over the shards).
-  tokens.resize(static_cast<size_t>(docs.seq_len()));
-  targets.resize(static_cast<size_t>(docs.seq_len()));
-  for (int64_t doc : rows) {
-    const auto label = static_cast<size_t>(docs.label_index(doc));
-    sums.positions[label] += static_cast<double>(place(doc, 0));
-    ++sums.documents[label];
-  }
-  run_eval_passes(passes, batch_tokens, shard, shards, lockstep, [&](const EvalForwardShape& f) {
+  run_eval_passes(passes, share, [&](const EvalForwardShape& f) {
     tokens.assign(static_cast<size_t>(f.padded_rows * f.seq), pad_id);
     targets.assign(static_cast<size_t>(f.padded_rows * f.seq), kIgnoreIndex);
     if (f.pass >= 0) {

@@ -18,7 +18,7 @@
 // token are both labels, over the positions whose token is one.
 //
 // Batching: a pass holds documents of one label (its loss is that label's), longest first, at
-// most batch_tokens tokens (at least one document), each padded on the right to the pass's
+// most share.batch_tokens tokens (at least one document), each padded on the right to the pass's
 // longest with pad_id (in lockstep, to the round's shape: rows of padding add nothing). Padding
 // comes after every scored position: under causal attention and dropless, position-free routing a
 // document's losses are those of its instance padded to seq_len, as OLMo-core reads it (a
@@ -33,6 +33,7 @@
 
 #include "data/padded_documents.h"
 #include "io/metrics_sink.h"
+#include "train/eval_passes.h"
 #include "train/evaluate.h"
 #include "train/run_config.h"
 
@@ -58,14 +59,13 @@ std::vector<int64_t> lm_eval_documents(int64_t num_documents, int64_t batch_inst
                                        int64_t max_batches);
 
 // Scores `documents` with `forward` (which returns a pass's loss parts where the LM head is, zeros
-// elsewhere). With shards > 1 this process runs only its share of the passes
+// elsewhere). With share.shards > 1 this process runs only its share of the passes
 // (train/eval_passes.h: spread, or in lockstep for expert parallelism) and leaves the others'
 // losses 0: summed over the shards, the losses are whole. `positions` and `documents` are whole
 // on every process.
 LmEvalSums score_lm_documents(const data::PaddedDocuments& docs,
                               const std::vector<int64_t>& documents, const EvalForward& forward,
-                              int64_t batch_tokens, int32_t pad_id, int64_t shard = 0,
-                              int64_t shards = 1, bool lockstep = false);
+                              const EvalShare& share, int32_t pad_id);
 
 // "<prefix><label>/CE loss" and "<prefix><label>/PPL" per label that had a position counted
 // (OLMo-core logs NaN for one that had none; it is left out here).

@@ -151,10 +151,12 @@ class TableReader {
 };
 
 // Each table of the array of tables `key` ([[<section>.key]]; none when absent), read by
-// read_entry(reader, where) from a reader that names it <section>.key[i] in its errors and
-// refuses the keys read_entry did not read.
+// read_entry(reader) from a reader that names it <section>.key[i] in its errors and refuses the
+// keys read_entry did not read. `required` (or nullptr): a key every table must give, its
+// absence an error saying "names no <what>".
 template <typename ReadEntry>
-void read_array_of_tables(TableReader& r, const char* key, ReadEntry&& read_entry) {
+void read_array_of_tables(TableReader& r, const char* key, const char* required, const char* what,
+                          ReadEntry&& read_entry) {
   const toml::node* node = r.node(key);
   if (node == nullptr) return;
   const std::string name = r.section() + "." + key;
@@ -164,7 +166,9 @@ void read_array_of_tables(TableReader& r, const char* key, ReadEntry&& read_entr
   for (size_t i = 0; i < array->size(); ++i) {
     const std::string where = fmt::format("{}[{}]", name, i);
     TableReader entry_reader(*array->get(i)->as_table(), where, r.source());
-    read_entry(entry_reader, where);
+    MOE_CHECK(required == nullptr || entry_reader.has(required), "[config] {}: {} names no {}",
+              r.source(), where, what);
+    read_entry(entry_reader);
     entry_reader.reject_unknown();
   }
 }
@@ -222,7 +226,7 @@ void read_lr_shape(TableReader& r, LrShape& shape) {
 }
 
 void read_lr_stages(TableReader& r, OptimConfig& o) {
-  read_array_of_tables(r, "stages", [&o](TableReader& stage_reader, const std::string&) {
+  read_array_of_tables(r, "stages", nullptr, "", [&o](TableReader& stage_reader) {
     LrStage stage;
     stage_reader.read("duration", stage.duration);
     read_lr_shape(stage_reader, stage.shape);
@@ -296,64 +300,56 @@ void read_schedule(TableReader& r, OptimConfig& o, bool in_sequence) {
 // default: OLMo-core's list names each scheduler), running `max` units (OLMo-core's
 // schedulers_max; none for the last); optim.lr and optim.units are the sequence's.
 void read_lr_sequence(TableReader& r, OptimConfig& o) {
-  read_array_of_tables(r, "sequence", [&](TableReader& entry_reader, const std::string& where) {
-    MOE_CHECK(entry_reader.has("schedule"),
-              "[config] {}: {} names no schedule (schedule = \"cosine\", \"wsd\", ...)", r.source(),
-              where);
-    OptimConfig entry;
-    entry.lr = o.lr;
-    entry.units = o.units;
-    entry.sequence_entry = true;
-    entry_reader.read("max", entry.sequence_max);
-    read_schedule(entry_reader, entry, /*in_sequence=*/true);
-    o.sequence.push_back(std::move(entry));
-  });
+  read_array_of_tables(r, "sequence", "schedule", "schedule (schedule = \"cosine\", \"wsd\", ...)",
+                       [&o](TableReader& entry_reader) {
+                         OptimConfig entry;
+                         entry.lr = o.lr;
+                         entry.units = o.units;
+                         entry.sequence_entry = true;
+                         entry_reader.read("max", entry.sequence_max);
+                         read_schedule(entry_reader, entry, /*in_sequence=*/true);
+                         o.sequence.push_back(std::move(entry));
+                       });
 }
 
 // [[optim.group_overrides]]: OLMo-core's OptimGroupOverride, `params` (globs) and the values the
 // group trains with in place of [optim]'s (its opts: lr, weight_decay, betas as beta1 / beta2,
 // eps).
 void read_group_overrides(TableReader& r, OptimConfig& o) {
-  read_array_of_tables(
-      r, "group_overrides", [&](TableReader& entry_reader, const std::string& where) {
-        MOE_CHECK(entry_reader.has("params"),
-                  "[config] {}: {} names no parameters (params = [\"blocks.*.routed_experts.*\"], "
-                  "...)",
-                  r.source(), where);
-        OptimGroupOverride entry;
-        entry_reader.read("params", entry.params);
-        entry_reader.read("lr", entry.lr);
-        entry_reader.read("weight_decay", entry.weight_decay);
-        entry_reader.read("beta1", entry.beta1);
-        entry_reader.read("beta2", entry.beta2);
-        entry_reader.read("eps", entry.eps);
-        o.group_overrides.push_back(std::move(entry));
-      });
+  read_array_of_tables(r, "group_overrides", "params",
+                       "parameters (params = [\"blocks.*.routed_experts.*\"], ...)",
+                       [&o](TableReader& entry_reader) {
+                         OptimGroupOverride entry;
+                         entry_reader.read("params", entry.params);
+                         entry_reader.read("lr", entry.lr);
+                         entry_reader.read("weight_decay", entry.weight_decay);
+                         entry_reader.read("beta1", entry.beta1);
+                         entry_reader.read("beta2", entry.beta2);
+                         entry_reader.read("eps", entry.eps);
+                         o.group_overrides.push_back(std::move(entry));
+                       });
 }
 
 // [[train.downstream_tasks]]: an oe-eval request directory (`path`), the name its metrics carry
 // (`label`), olmo_eval's metric type (`metric`) and its fast multiple choice (`fast_mc`); all but
 // the first optional.
 void read_downstream_tasks(TableReader& r, TrainConfig& t) {
-  read_array_of_tables(
-      r, "downstream_tasks", [&](TableReader& entry_reader, const std::string& where) {
-        MOE_CHECK(entry_reader.has("path"),
-                  "[config] {}: {} names no task directory (path = \".../oe_eval_tasks/arc_easy/"
-                  "val_rc_5shot\")",
-                  r.source(), where);
-        data::IclTaskSpec entry;
-        entry_reader.read("path", entry.path);
-        entry_reader.read("label", entry.label);
-        entry_reader.read("metric", entry.metric);
-        entry_reader.read("fast_mc", entry.fast_mc);
-        t.downstream_tasks.push_back(std::move(entry));
-      });
+  read_array_of_tables(r, "downstream_tasks", "path",
+                       "task directory (path = \".../oe_eval_tasks/arc_easy/val_rc_5shot\")",
+                       [&t](TableReader& entry_reader) {
+                         data::IclTaskSpec entry;
+                         entry_reader.read("path", entry.path);
+                         entry_reader.read("label", entry.label);
+                         entry_reader.read("metric", entry.metric);
+                         entry_reader.read("fast_mc", entry.fast_mc);
+                         t.downstream_tasks.push_back(std::move(entry));
+                       });
 }
 
 // [[data.lm_eval]]: a labelled validation set of OLMo-core's LM evaluator, its `label`, token
 // files (`paths`) and label masks (`label_mask`, optional).
 void read_lm_eval_sets(TableReader& r, DataConfig& d) {
-  read_array_of_tables(r, "lm_eval", [&d](TableReader& entry_reader, const std::string&) {
+  read_array_of_tables(r, "lm_eval", nullptr, "", [&d](TableReader& entry_reader) {
     data::LmEvalSet entry;
     entry_reader.read("label", entry.label);
     entry_reader.read("paths", entry.paths);

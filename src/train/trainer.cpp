@@ -95,6 +95,8 @@ struct RunInputs {
   // (train/lm_evaluator.h).
   std::optional<data::PaddedDocuments> lm_eval;
   std::vector<int64_t> lm_eval_documents;
+  // Something to evaluate: validation data, labelled sets or downstream tasks.
+  bool evaluates() const { return val_data || lm_eval || !downstream.empty(); }
 };
 
 RunInputs open_inputs(RunConfig& config) {
@@ -968,7 +970,7 @@ void add_callbacks(TrainContext& ctx, const RunInputs& in, const TrainOptions& o
   auto stop_signals = std::make_unique<StopSignalCallback>();
   StopSignalCallback& loop_signals = *stop_signals;
   ctx.callbacks.push_back(std::move(stop_signals));
-  if (in.val_data || in.lm_eval || !in.downstream.empty()) {
+  if (in.evaluates()) {
     auto evaluator = std::make_shared<EvalCallback>(in.val_data ? &*in.val_data : nullptr,
                                                     in.lm_eval ? &*in.lm_eval : nullptr,
                                                     in.lm_eval_documents, std::move(in.downstream));
@@ -1236,10 +1238,8 @@ TrainSummary train(const RunConfig& config_in, const TrainOptions& options) {
                    .batch_size_history = start.batch_size_history,
                    .initial_lr = scheduled_initial_lr(config.optim.lr, start.batch_size_history),
                    .last_step = end_step};
-  // Made up by the evaluator's start; without validation data, labelled sets or downstream tasks
-  // there is none to make up.
-  ctx.eval_pending = resumed.eval_pending && (in.val_data.has_value() || in.lm_eval.has_value() ||
-                                              !tc.downstream_tasks.empty());
+  // Made up by the evaluator's start; with nothing to evaluate there is none to make up.
+  ctx.eval_pending = resumed.eval_pending && in.evaluates();
   ctx.summary.start_step = ctx.step;
   for (const std::string& message : damaged_lines) progress.message(message);
   for (const std::string& message : start.messages) progress.message(message);

@@ -167,7 +167,7 @@ TEST_F(PaddedDocumentsTest, LabelMasksCountTheirPositionsAndTheirTargets) {
   docs.read(1, tokens.data(), mask.data());
   EXPECT_EQ(std::vector<uint8_t>(mask.begin(), mask.begin() + 3), (std::vector<uint8_t>{1, 1, 0}));
   RecordingForward recorder;
-  const LmEvalSums sums = score_lm_documents(docs, {0, 1}, recorder.fn(), 64, 0);
+  const LmEvalSums sums = score_lm_documents(docs, {0, 1}, recorder.fn(), {.batch_tokens = 64}, 0);
   // Positions: the mask's ones (3 + 2). Targets: positions whose token and next token are labels:
   // 7 -> EOS in the first; 8 -> 9 in the second (9's next, the EOS, is masked).
   EXPECT_EQ(sums.positions, (std::vector<double>{5}));
@@ -188,7 +188,7 @@ TEST(EvalPassesTest, SpreadAndLockstepRunEveryRowOnce) {
       std::vector<int64_t> seen(passes.size(), 0);
       std::vector<std::vector<std::pair<int64_t, int64_t>>> shapes(static_cast<size_t>(shards));
       for (int64_t shard = 0; shard < shards; ++shard) {
-        run_eval_passes(passes, batch_tokens, shard, shards, lockstep,
+        run_eval_passes(passes, {batch_tokens, shard, shards, lockstep},
                         [&](const EvalForwardShape& f) {
                           shapes[static_cast<size_t>(shard)].push_back({f.padded_rows, f.seq});
                           EXPECT_LE(f.rows, f.padded_rows);
@@ -234,7 +234,7 @@ TEST_F(PaddedDocumentsTest, PassesHoldOneLabelLongestFirstAndCountEveryPosition)
   ASSERT_EQ(docs.num_documents(), 6);  // a: 3, 2, 4, 1 tokens; b: 4 (cut), 2
   const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
   RecordingForward recorder;
-  const LmEvalSums sums = score_lm_documents(docs, all, recorder.fn(), /*batch_tokens=*/8, 0);
+  const LmEvalSums sums = score_lm_documents(docs, all, recorder.fn(), {.batch_tokens = 8}, 0);
   // Positions: each document's length; losses: its targets (length - 1), 1 each.
   EXPECT_EQ(sums.positions, (std::vector<double>{3 + 2 + 4 + 1, 4 + 2}));
   EXPECT_EQ(sums.loss, (std::vector<double>{2 + 1 + 3 + 0, 3 + 1}));
@@ -261,7 +261,7 @@ TEST_F(PaddedDocumentsTest, PassesHoldOneLabelLongestFirstAndCountEveryPosition)
   size_t passes = 0;
   for (int64_t shard = 0; shard < 2; ++shard) {
     RecordingForward part;
-    const LmEvalSums s = score_lm_documents(docs, all, part.fn(), 8, 0, shard, 2);
+    const LmEvalSums s = score_lm_documents(docs, all, part.fn(), {8, shard, 2, false}, 0);
     EXPECT_EQ(s.positions, sums.positions);
     for (size_t i = 0; i < 2; ++i) summed[i] += s.loss[i];
     passes += part.passes.size();
@@ -274,7 +274,7 @@ TEST_F(PaddedDocumentsTest, PassesHoldOneLabelLongestFirstAndCountEveryPosition)
   summed.assign(2, 0.0);
   for (int64_t shard = 0; shard < 3; ++shard) {
     RecordingForward part;
-    const LmEvalSums s = score_lm_documents(docs, all, part.fn(), 8, 0, shard, 3, true);
+    const LmEvalSums s = score_lm_documents(docs, all, part.fn(), {8, shard, 3, true}, 0);
     for (size_t i = 0; i < 2; ++i) summed[i] += s.loss[i];
     for (const auto& p : part.passes) shapes[static_cast<size_t>(shard)].push_back({p.rows, p.seq});
   }
@@ -282,7 +282,7 @@ TEST_F(PaddedDocumentsTest, PassesHoldOneLabelLongestFirstAndCountEveryPosition)
   EXPECT_EQ(shapes[0], shapes[1]);
   EXPECT_EQ(shapes[0], shapes[2]);
   // A label without a scored document is left out of the metrics.
-  const LmEvalSums only_b = score_lm_documents(docs, {4, 5}, recorder.fn(), 8, 0);
+  const LmEvalSums only_b = score_lm_documents(docs, {4, 5}, recorder.fn(), {.batch_tokens = 8}, 0);
   const io::MetricsSink::Scalars b_metrics = lm_eval_metrics(docs, only_b, "");
   ASSERT_EQ(b_metrics.size(), 2u);
   EXPECT_EQ(b_metrics[0].first, "b/CE loss");

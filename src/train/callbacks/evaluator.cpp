@@ -11,6 +11,28 @@
 
 namespace moecore {
 
+namespace {
+
+// This rank's share of the labelled sets' and the downstream tasks' passes: each data-parallel
+// rank (with its pipeline stages) its share, as OLMo-core's samplers spread them; with expert
+// parallelism in lockstep (the experts' exchange is collective; train/eval_passes.h). As many
+// tokens a pass as this rank's training micro-batch holds.
+EvalShare eval_share(const TrainContext& ctx) {
+  return {std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len,
+          ctx.mesh.dp.rank(), ctx.mesh.dp.size(), ctx.config.parallel.ep > 1};
+}
+
+}  // namespace
+
+bool evaluates_validation_loss(const TrainContext& ctx) {
+  return ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1;
+}
+
+bool takes_part_in_evaluation(const TrainContext& ctx) {
+  return evaluates_validation_loss(ctx) || !ctx.config.data.lm_eval.empty() ||
+         !ctx.config.train.downstream_tasks.empty();
+}
+
 void EvalCallback::on_start(TrainContext& ctx) {
   // The resumed checkpoint's step was due an evaluation that a stop signal cancelled.
   if (ctx.eval_pending) evaluate_at(ctx, ctx.step, /*final=*/false);
@@ -42,12 +64,9 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
   auto due = [&](int64_t every) { return final || merged || every == 0 || step % every == 0; };
   const bool scores_sets = lm_eval_ != nullptr && due(ctx.config.train.lm_eval_every);
   const bool scores_tasks = !downstream_.empty() && due(ctx.config.train.downstream_eval_every);
-  // Without expert parallelism the ranks at dp position 0 evaluate the loss (rank 0 alone, or one
-  // rank per pipeline stage), with the data-parallel reduction off, and the others go on to the
-  // next step's first collective and wait there (or, with labelled sets or downstream tasks, to
-  // their share of the passes). With it, the experts are spread over the ranks: every rank
-  // evaluates the same batches together.
-  const bool evaluates_loss = ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1;
+  // The ranks that do not evaluate the loss go on to the next step's first collective and wait
+  // there (or, with labelled sets or downstream tasks, to their share of the passes).
+  const bool evaluates_loss = evaluates_validation_loss(ctx);
   if (!evaluates_loss && !scores_sets && !scores_tasks) return {};
   for (Transformer* chunk : ctx.chunks) {
     chunk->set_batch_sum(nullptr);
@@ -92,24 +111,17 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
 
 io::MetricsSink::Scalars EvalCallback::evaluate_lm(TrainContext& ctx, int64_t step, bool merged) {
   const int64_t pp = ctx.config.parallel.pp;
-  // Each data-parallel rank (with its pipeline stages) runs its share of the passes; with expert
-  // parallelism in lockstep, every rank the same forwards' shapes (the experts' exchange is
-  // collective; train/eval_passes.h).
-  const int64_t shards = ctx.mesh.dp.size(), shard = ctx.mesh.dp.rank();
-  const bool lockstep = ctx.config.parallel.ep > 1;
-  // As many tokens a pass as this rank's training micro-batch holds.
-  const int64_t batch_tokens =
-      std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
+  const EvalShare share = eval_share(ctx);
   LmEvalSums sums = score_lm_documents(
       *lm_eval_, lm_documents_,
       [&ctx](const int32_t* tokens, const int32_t* targets, int64_t rows, int64_t seq) {
         return ctx.pipeline.forward_only(ctx.params, tokens, targets, rows, seq);
       },
-      batch_tokens, /*pad_id=*/0, shard, shards, lockstep);
+      share, /*pad_id=*/0);
   if (pp > 1)  // the last stage saw the losses
     ctx.mesh.pp.broadcast(sums.loss.data(), sums.loss.size() * sizeof(double),
                           static_cast<int>(pp - 1));
-  if (shards > 1)  // each pass's loss is one rank's, 0 on the others
+  if (share.shards > 1)  // each pass's loss is one rank's, 0 on the others
     ctx.mesh.dp.allreduce_sum(sums.loss.data(), static_cast<int64_t>(sums.loss.size()));
   if (ctx.world.rank() != 0) return {};
   const io::MetricsSink::Scalars metrics =
@@ -135,25 +147,17 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
     ctx.pipeline.forward_only(ctx.params, tokens, nullptr, rows, seq);
     return last.has_head() ? logits_rows(last) : LogitsRows();
   };
-  // As many tokens a pass as this rank's training micro-batch holds (its logits are as large as
-  // a training pass's without train.lm_head_chunk_tokens).
-  const int64_t batch_tokens =
-      std::max<int64_t>(1, ctx.rows / ctx.mesh.dp.size()) * ctx.config.train.seq_len;
-  // Each data-parallel rank (with its pipeline stages) scores its share of the queries, as
-  // OLMo-core's DistributedSampler spreads them; with expert parallelism in lockstep, every rank
-  // the same forwards' shapes (the experts' exchange is collective; train/eval_passes.h).
-  const int64_t shards = ctx.mesh.dp.size(), shard = ctx.mesh.dp.rank();
-  const bool lockstep = ctx.config.parallel.ep > 1;
+  // (A pass's logits are as large as a training pass's without train.lm_head_chunk_tokens.)
+  const EvalShare share = eval_share(ctx);
   static_assert(sizeof(IclScore) == 2 * sizeof(double));
   io::MetricsSink::Scalars metrics;
   for (const data::IclTask& task : downstream_) {
     std::vector<IclScore> scores =
-        score_icl_task(task, forward, ctx.config.model.vocab_size, batch_tokens, /*pad_id=*/0,
-                       shard, shards, lockstep);
+        score_icl_task(task, forward, ctx.config.model.vocab_size, share, /*pad_id=*/0);
     if (pp > 1)  // the last stage saw the logits
       ctx.mesh.pp.broadcast(scores.data(), scores.size() * sizeof(IclScore),
                             static_cast<int>(pp - 1));
-    if (shards > 1)  // each score is one rank's, 0 on the others
+    if (share.shards > 1)  // each score is one rank's, 0 on the others
       ctx.mesh.dp.allreduce_sum(reinterpret_cast<double*>(scores.data()),
                                 static_cast<int64_t>(2 * scores.size()));
     if (ctx.world.rank() != 0) continue;

@@ -19,6 +19,13 @@
 
 namespace moecore {
 
+// Whether this rank runs the validation loss: dp rank 0 (with its pipeline stages) alone, the
+// data-parallel reduction off; with expert parallelism every rank (the same batches together).
+bool evaluates_validation_loss(const TrainContext& ctx);
+// Whether this rank takes part in the run's evaluations: the validation loss's ranks, and every
+// data-parallel rank when labelled sets or downstream tasks spread their passes over them.
+bool takes_part_in_evaluation(const TrainContext& ctx);
+
 class EvalCallback final : public Callback {
  public:
   // val_data, lm_eval: nullptr when the run has none; lm_documents: the documents of lm_eval each
@@ -32,8 +39,8 @@ class EvalCallback final : public Callback {
   void on_start(TrainContext& ctx) override;
   void on_step_end(TrainContext& ctx, StepReport& report) override;
   void on_end(TrainContext& ctx) override;
-  // TrainContext::evaluate_merged: everything evaluated (the tasks whatever
-  // train.downstream_eval_every says), reported as merged.
+  // TrainContext::evaluate_merged: everything evaluated (the labelled sets and the tasks whatever
+  // train.lm_eval_every and train.downstream_eval_every say), reported as merged.
   void evaluate_merged(TrainContext& ctx, int64_t step) {
     evaluate_at(ctx, step, /*final=*/false, /*merged=*/true);
   }

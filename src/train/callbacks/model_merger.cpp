@@ -6,6 +6,7 @@
 
 #include "kernels/ops.h"
 #include "train/callbacks/checkpointer.h"
+#include "train/callbacks/evaluator.h"
 #include "train/checkpoint.h"
 #include "train/train_context.h"
 
@@ -24,12 +25,8 @@ void ModelMergeCallback::on_start(TrainContext& ctx) {
   // The tensors this rank writes (whole tensors, as its checkpoint parts), in runs adjacent in
   // both the parameter buffer and the sum.
   written_ = ctx.optimizer.checkpoint_weights();
-  // Only the ranks that take part in an evaluation need the whole average: without expert
-  // parallelism, labelled sets and downstream tasks the validation loss is dp rank 0's
-  // (callbacks/evaluator.h); the others' passes are spread over the data-parallel ranks.
-  evaluate_ =
-      ctx.evaluate_merged && (ctx.mesh.dp.rank() == 0 || ctx.config.parallel.ep > 1 ||
-                              !ctx.config.data.lm_eval.empty() || !tc.downstream_tasks.empty());
+  // Only the ranks that take part in an evaluation need the whole average.
+  evaluate_ = ctx.evaluate_merged && takes_part_in_evaluation(ctx);
   const auto add_run = [this](const ParamSpec& spec, size_t sum_offset) {
     if (!runs_.empty() && runs_.back().group == spec.group &&
         runs_.back().param_offset + runs_.back().count == spec.offset &&

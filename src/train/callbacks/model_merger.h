@@ -9,12 +9,13 @@
 // of OLMo-core's division). The router's selection bias (a buffer, not a parameter) is the merge
 // step's, as OLMo-core saves its buffers.
 //
-// When the run evaluates (validation data or downstream tasks: ctx.evaluate_merged), each rank
-// that takes part in an evaluation sums its whole local model instead (every parameter the
-// chunks read; buffers excluded), and
-// after writing the merged checkpoint swaps the average into the parameters, evaluates it (logged
-// as val/merged/... and eval/merged/downstream/..., OLMo-core's "eval/merged" prefix) and swaps
-// the trained weights back, as OLMo-core's callback does; not when a stop signal is pending.
+// When the run evaluates (validation data, labelled sets or downstream tasks:
+// ctx.evaluate_merged), each rank that takes part in an evaluation (callbacks/evaluator.h) sums
+// its whole local model instead (every parameter the chunks read; buffers excluded), and after
+// writing the merged checkpoint swaps the average into the parameters, evaluates it (logged as
+// val/merged/..., eval/merged/lm/... and eval/merged/downstream/..., OLMo-core's "eval/merged"
+// prefix) and swaps the trained weights back, as OLMo-core's callback does; not when a stop
+// signal is pending.
 //
 // A resume inside a window: the updates of the window before the checkpoint were summed by the
 // process that stopped, and are lost, so that merge is skipped with a warning (as OLMo-core does);
