@@ -369,21 +369,23 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
   MOE_CHECK(bos >= -1 && bos < vocab, "[downstream] --bos-id={} is outside [0, {}) (-1: none)", bos,
             vocab);
   const int64_t seq_len = args.seq_len > 0 ? args.seq_len : m.config.train.seq_len;
-  // Default: the run's micro-batch, but no pass's logits over 1 GiB (the micro-batch counts every
-  // data-parallel rank's sequences).
-  const int64_t logits_budget_tokens = std::max<int64_t>(1, (int64_t{1} << 30) / (4 * vocab));
+  // Default: the run's micro-batch (it counts every data-parallel rank's sequences); logits of
+  // at most the run's head chunk at a time, or 1 GiB of them.
   const int64_t batch_tokens =
-      args.batch_tokens > 0 ? args.batch_tokens
-                            : std::min(m.config.train.batch_size / m.config.train.microbatches *
-                                           m.config.train.seq_len,
-                                       logits_budget_tokens);
+      args.batch_tokens > 0
+          ? args.batch_tokens
+          : m.config.train.batch_size / m.config.train.microbatches * m.config.train.seq_len;
+  const int64_t logit_rows = m.config.train.lm_head_chunk_tokens > 0
+                                 ? m.config.train.lm_head_chunk_tokens
+                                 : std::max<int64_t>(1, (int64_t{1} << 30) / (4 * vocab));
 
   Transformer model(m.config.model, m.layout);
   // As the run's own validation: in its train.precision.
   model.set_precision(PrecisionRecipe::from_train(m.config.train.precision, m.config.train.mxfp8));
   const LogitsForward forward = [&](const int32_t* tokens, int64_t rows, int64_t seq) {
+    model.set_next_logits_on_demand();
     model.forward(m.params, tokens, nullptr, rows, seq);
-    return logits_rows(model);
+    return head_logits_at(model, m.params);
   };
   const int32_t pad = 0;  // padding follows every scored position: any id does
   nlohmann::ordered_json report = nlohmann::ordered_json::array();
@@ -392,8 +394,8 @@ void run_eval_downstream(const EvalDownstreamArgs& args) {
                            args.fast_mc};
     const data::IclTask task =
         data::load_icl_task(spec, tokenizer, static_cast<int32_t>(bos), seq_len);
-    const std::vector<IclScore> scores =
-        score_icl_task(task, forward, vocab, EvalShare{.batch_tokens = batch_tokens}, pad);
+    const std::vector<IclScore> scores = score_icl_task(
+        task, forward, vocab, EvalShare{.batch_tokens = batch_tokens}, logit_rows, pad);
     const auto metrics = compute_icl_metrics(task, scores);
     fmt::print("downstream: {} ({} documents, {} samples, metric {})\n", task.label, task.documents,
                task.samples.size(), data::icl_metric_name(task.metric));

@@ -52,6 +52,7 @@ struct Transformer::Activations {
   // model/chunked_lm_head.h).
   DeviceArray<float> logits;
   int64_t head_chunk_tokens = 0;
+  bool logits_on_demand = false;  // a forward without targets that left them to logits_at()
   // [MoE layers][lb_groups][E] load-balancing gradient per router probability, made where the
   // statistics are (kernels::moe_loss_terms) and read by the router's backward.
   DeviceArray<float> lb_score_grad;
@@ -311,7 +312,34 @@ const DeviceArray<float>& Transformer::logits() const {
             "[model] logits() after a forward with targets and train.lm_head_chunk_tokens={}: the "
             "chunked head keeps no logits (set it to 0, or run the forward without targets)",
             act.head_chunk_tokens);
+  MOE_CHECK(!act.logits_on_demand,
+            "[model] logits() after a forward with logits on demand: read them with logits_at()");
   return act.logits;
+}
+
+void Transformer::logits_at(const ParamBuffers& params, const int32_t* rows, int64_t count,
+                            float* out) {
+  MOE_CHECK(last_slot_ >= 0 && has_head(),
+            "[model] logits_at() needs a forward() of the head first");
+  const Activations& act = *slots_[static_cast<size_t>(last_slot_)];
+  const int64_t n = act.batch * act.seq, d = config_.hidden_size, v = config_.vocab_size;
+  MOE_CHECK(count >= 0, "[model] logits_at() of {} rows", count);
+  for (int64_t i = 0; i < count; ++i)
+    MOE_CHECK(rows[i] >= 0 && rows[i] < n,
+              "[model] logits_at(): row {} is outside the last pass's {} tokens", rows[i], n);
+  if (count == 0) return;
+  Workspace::Scope scratch(workspace_);
+  const std::span<int32_t> row_ids = scratch.uninitialized<int32_t>(count);
+  copy_bytes(row_ids.data(), rows, static_cast<size_t>(count) * sizeof(int32_t));
+  const std::span<float> hidden = scratch.uninitialized<float>(count * d);
+  kernels::gather_rows(view(act.final_hidden.data(), {n, d}), view(row_ids.data(), {count}),
+                       view(hidden.data(), {count, d}));
+  const std::span<float> logits = scratch.uninitialized<float>(count * v);
+  ScopedPhase timer(Phase::kLmHeadForward);
+  linear_forward(precision_.lm_head, hidden.data(), gemm_weight(params, lm_head_, {v, d}),
+                 logits.data(), count, d, v);
+  timer.stop();
+  copy_bytes(out, logits.data(), static_cast<size_t>(count * v) * sizeof(float));
 }
 
 void Transformer::set_z_loss_multiplier(double multiplier) {
@@ -516,6 +544,7 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
             "[model] targets in device memory need their counts from the caller "
             "(set_next_batch_counts): a pass does not read them back to count them");
   const int32_t* given_starts = std::exchange(next_document_starts_, nullptr);
+  const bool logits_on_demand = std::exchange(next_logits_on_demand_, false) && targets == nullptr;
   MOE_CHECK(tokens_on_host || document_eos_ < 0 || given_starts != nullptr,
             "[model] document masking finds the documents in host memory: give the tokens there, "
             "or the documents' starts (set_next_document_starts)");
@@ -589,8 +618,10 @@ void Transformer::forward_chunk(int64_t slot, const ParamBuffers& params, const 
     observe("model.norm", view(act.final_hidden.data(), {n, d}));
     // A forward without targets is for its logits: the whole head, chunks or not.
     act.head_chunk_tokens = targets != nullptr ? lm_head_chunk_tokens_ : 0;
-    if (act.head_chunk_tokens > 0) {
-      // The chunked head runs with the losses below; the whole head's logits go back.
+    act.logits_on_demand = logits_on_demand;
+    if (act.head_chunk_tokens > 0 || logits_on_demand) {
+      // The chunked head runs with the losses below, logits on demand in logits_at(); the whole
+      // head's logits go back.
       act.logits = DeviceArray<float>(act.logits.device());
     } else {
       act.logits.resize(static_cast<size_t>(n * v));

@@ -138,6 +138,11 @@ class Transformer {
   // device memory, model/document_mask.h), for the next forward pass only: a pass whose tokens
   // are in device memory (a step graph's) cannot find them itself.
   void set_next_document_starts(const int32_t* starts) { next_document_starts_ = starts; }
+  // For the next forward without targets only: the head computes no logits (the whole head's
+  // [batch * seq, vocab] tensor, the largest of an evaluation pass); logits_at() then computes the
+  // rows a caller reads. For a pass that reads few of its rows: the downstream evaluation reads a
+  // continuation's rows of each query.
+  void set_next_logits_on_demand() { next_logits_on_demand_ = true; }
   // Called during backward() as soon as layer i's parameter gradients are final (layers finish from
   // last to first), so their reduction can start while earlier layers still compute.
   using LayerGradsReady = std::function<void(int64_t layer)>;
@@ -211,6 +216,12 @@ class Transformer {
   // Of the last forward (any slot): [batch * seq, vocab], on the chunk with the head, after a
   // forward without targets or one with the whole head (lm_head_chunk_tokens 0).
   const DeviceArray<float>& logits() const;
+  // After a forward of the head, its logits at `count` rows of that pass's batch * seq tokens:
+  // out[i, :] = the logits of row rows[i] ([count, vocab], host memory; rows in host memory), by
+  // the whole head's operations (the final norm's output of those rows times the head, in the
+  // head's precision) on the gathered rows, in one GEMM. Its temporaries (count x (hidden + vocab)
+  // floats) live in the workspace for the call.
+  void logits_at(const ParamBuffers& params, const int32_t* rows, int64_t count, float* out);
   const ModelConfig& config() const { return config_; }
   // Router state of each layer of the last forward (nullptr for dense layers and for layers
   // outside this chunk).
@@ -285,6 +296,7 @@ class Transformer {
   BatchSum batch_sum_;
   std::optional<BatchCounts> next_batch_counts_;   // set_next_batch_counts(), for one pass
   const int32_t* next_document_starts_ = nullptr;  // set_next_document_starts(), for one pass
+  bool next_logits_on_demand_ = false;             // set_next_logits_on_demand(), for one pass
   LayerGradsReady layer_grads_ready_;
   TensorObserver observer_;
   ActivationRecompute recompute_ = ActivationRecompute::kNone;

@@ -27,9 +27,9 @@ void add_up_peak(RankMemory& m, bool device) {
   const double host_side = m.batch_tokens;
   m.peak = m.weights + m.gradients + m.optimizer_state + m.bf16_weight_copies + m.mx_weight_caches +
            m.lent_expert_inputs + m.operand_copies + m.activations + m.recompute_buffers +
-           m.merge_sums + m.downstream_logits + m.workspace + m.mpi_scratch + m.dispatch_buffers +
-           m.pipeline_buffers + m.runtime + (device ? 0.0 : host_side);
-  m.host = device ? host_side + m.downstream_host_logits : 0.0;
+           m.merge_sums + m.workspace + m.mpi_scratch + m.dispatch_buffers + m.pipeline_buffers +
+           m.runtime + (device ? 0.0 : host_side + m.downstream_logits);
+  m.host = device ? host_side + m.downstream_logits : 0.0;
 }
 
 // Every chunk (Transformer) keeps a workspace (core/workspace.h) for the whole run, of its
@@ -197,12 +197,9 @@ RankMemory rank_memory(const RunConfig& config, const ResolvedLayout& layout, in
     m.pass_scratch += scratch;
     m.chunk_scratch.push_back(scratch);
     m.recompute_buffers += recompute_buffer_bytes(mc, shape, tokens, tc.recompute);
-    if (shape.has_head && !tc.downstream_tasks.empty()) {
-      const double vocab = static_cast<double>(mc.vocab_size);
-      m.downstream_logits = kF * static_cast<double>(tokens.tokens() - tokens.head_rows()) * vocab;
-      // One continuation's logits at a time reach the host: at most a query's length of rows.
-      if (device) m.downstream_host_logits = kF * static_cast<double>(tokens.seq) * vocab;
-    }
+    if (shape.has_head && !tc.downstream_tasks.empty())
+      m.downstream_logits =
+          kF * static_cast<double>(tokens.head_rows()) * static_cast<double>(mc.vocab_size);
   }
 
   m.operand_copies = operand_copy_bytes(mc, shapes, tokens, recipe, device);
@@ -286,7 +283,6 @@ RankMemory run_rank_memory(const RunConfig& config, const ResolvedLayout& layout
     m.dispatch_capacity_rows = std::max(m.dispatch_capacity_rows, e.dispatch_capacity_rows);
     m.pipeline_buffers = std::max(m.pipeline_buffers, e.pipeline_buffers);
     m.downstream_logits = std::max(m.downstream_logits, e.downstream_logits);
-    m.downstream_host_logits = std::max(m.downstream_host_logits, e.downstream_host_logits);
     m.update_shapes.push_back(shapes[i]);
     m.shape_peaks.push_back(e.peak);
   }

@@ -49,14 +49,12 @@ struct RankMemory {
   // train.merge_steps / merge_interval: the fp32 sums of the open merge windows
   // (train/callbacks/model_merger.h), each of the tensors this rank writes.
   double merge_sums = 0.0;
-  // train.downstream_tasks with train.lm_head_chunk_tokens: a downstream pass (a forward without
-  // targets, between steps; train/downstream_eval.h) holds the whole logits of this rank's
-  // micro-batch where the training holds a chunk's: the difference, on the stage with the head.
-  // An upper bound on top of the step's peak (the pass keeps one micro-batch's activations).
+  // train.downstream_tasks: the scorer's host copy of a group of continuations' logits
+  // (train/downstream_eval.h), at most the rows a training pass's head holds (a chunk's, or the
+  // micro-batch's) x vocab, on the stage with the head: on top of the step's peak on the CPU,
+  // `host` on an accelerator. The device computes them in the workspace, within what the head's
+  // backward takes there (its logit gradient and dhidden), so it adds nothing on the device.
   double downstream_logits = 0.0;
-  // On an accelerator the host copy of the logits a downstream continuation is scored from (at
-  // most a sequence's rows; train/downstream_eval.h): `host`.
-  double downstream_host_logits = 0.0;
   double pass_scratch = 0.0;  // forward/backward temporaries: the chunks' workspaces, summed
   std::vector<double> chunk_scratch;  // each chunk's
   // core/workspace.h, one per chunk, kept all run: ZeRO-1's buffers borrow the first chunk's, so

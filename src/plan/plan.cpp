@@ -166,7 +166,6 @@ nlohmann::json plan_json(const Plan& p) {
                         {"bf16_weight_copies", m.bf16_weight_copies},
                         {"merge_sums", m.merge_sums},
                         {"downstream_logits", m.downstream_logits},
-                        {"downstream_host_logits", m.downstream_host_logits},
                         {"mx_weight_caches", m.mx_weight_caches},
                         {"lent_expert_inputs", m.lent_expert_inputs},
                         {"operand_copies", m.operand_copies},
@@ -303,7 +302,8 @@ std::string plan_text(const Plan& p) {
             : "",
         m.merge_sums > 0.0 ? fmt::format(", model merge sums {}", human_bytes(m.merge_sums)) : "",
         m.downstream_logits > 0.0
-            ? fmt::format(", downstream logits {}", human_bytes(m.downstream_logits))
+            ? fmt::format(", downstream logits {}{}", human_bytes(m.downstream_logits),
+                          m.host > 0.0 ? " (host memory)" : "")
             : "");
     out += fmt::format(
         "  activations per micro-batch {} (residual {}, norms {}, attention {}, dense MLP {}, MoE "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/check.h"
 
@@ -34,17 +35,17 @@ double continuation_logprob(const float* logits, int64_t vocab,
 
 }  // namespace
 
-LogitsRows logits_rows(const Transformer& chunk) {
-  const int64_t vocab = chunk.config().vocab_size;
-  return [&chunk, vocab](int64_t first, int64_t count, float* out) {
-    copy_bytes(out, chunk.logits().data() + first * vocab,
-               static_cast<size_t>(count * vocab) * sizeof(float));
+LogitsAt head_logits_at(Transformer& chunk, const ParamBuffers& params) {
+  return [&chunk, &params](const int32_t* rows, int64_t count, float* out) {
+    chunk.logits_at(params, rows, count, out);
   };
 }
 
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
-                                     int64_t vocab_size, const EvalShare& share, int32_t pad_id) {
+                                     int64_t vocab_size, const EvalShare& share, int64_t logit_rows,
+                                     int32_t pad_id) {
   MOE_CHECK(share.batch_tokens >= 1, "[downstream] batch of {} tokens", share.batch_tokens);
+  MOE_CHECK(logit_rows >= 1, "[downstream] logits of {} rows at a time", logit_rows);
   // fast_mc: the choices scored after each sample's query (its own continuation first).
   std::vector<std::vector<size_t>> choices(task.samples.size());
   std::vector<ScoredRow> rows;
@@ -82,7 +83,8 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
 
   std::vector<IclScore> scores(task.samples.size());
   std::vector<int32_t> tokens;
-  std::vector<float> window;  // one continuation's logits, on the host
+  std::vector<int32_t> positions;  // a group's scored rows of the pass
+  std::vector<float> logits;       // their logits, on the host
   run_eval_passes(passes, share, [&](const EvalForwardShape& f) {
     const size_t first =
         f.pass >= 0 ? pass_begin[static_cast<size_t>(f.pass)] + static_cast<size_t>(f.first_row)
@@ -92,18 +94,41 @@ std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForw
       const std::vector<int32_t>& query = *rows[first + static_cast<size_t>(r)].tokens;
       std::copy(query.begin(), query.end(), tokens.begin() + r * f.seq);
     }
-    const LogitsRows logits = forward(tokens.data(), f.padded_rows, f.seq);
-    if (!logits) return;
-    for (int64_t r = 0; r < f.rows; ++r) {
-      const ScoredRow& row = rows[first + static_cast<size_t>(r)];
-      const auto n = static_cast<int64_t>(task.samples[row.sample].continuation.size());
-      window.resize(static_cast<size_t>(n * vocab_size));
-      logits(r * f.seq + row.first_position, n, window.data());
-      for (size_t choice : choices[row.sample]) {  // its continuation, or fast_mc's choices
-        const double logprob =
-            continuation_logprob(window.data(), vocab_size, task.samples[choice].continuation);
-        (row.domain_conditional ? scores[choice].dc_logprob : scores[choice].logprob) = logprob;
+    const LogitsAt logits_at = forward(tokens.data(), f.padded_rows, f.seq);
+    if (!logits_at) return;
+    // A continuation's rows: those of its sample's own (a fast_mc choice reads the first of them).
+    auto scored_rows = [&](int64_t r) {
+      return static_cast<int64_t>(
+          task.samples[rows[first + static_cast<size_t>(r)].sample].continuation.size());
+    };
+    for (int64_t begin = 0; begin < f.rows;) {
+      // The queries [begin, end) whose continuations fit logit_rows (at least one query).
+      positions.clear();
+      int64_t end = begin;
+      while (end < f.rows &&
+             (end == begin ||
+              static_cast<int64_t>(positions.size()) + scored_rows(end) <= logit_rows)) {
+        const int64_t at = end * f.seq + rows[first + static_cast<size_t>(end)].first_position;
+        MOE_CHECK(at + scored_rows(end) <= std::numeric_limits<int32_t>::max(),
+                  "[downstream] a pass of {} x {} tokens is too large to index", f.padded_rows,
+                  f.seq);
+        for (int64_t j = 0; j < scored_rows(end); ++j)
+          positions.push_back(static_cast<int32_t>(at + j));
+        ++end;
       }
+      logits.resize(positions.size() * static_cast<size_t>(vocab_size));
+      logits_at(positions.data(), static_cast<int64_t>(positions.size()), logits.data());
+      const float* window = logits.data();  // the next query's continuation rows
+      for (int64_t r = begin; r < end; ++r) {
+        const ScoredRow& row = rows[first + static_cast<size_t>(r)];
+        for (size_t choice : choices[row.sample]) {  // its continuation, or fast_mc's choices
+          const double logprob =
+              continuation_logprob(window, vocab_size, task.samples[choice].continuation);
+          (row.domain_conditional ? scores[choice].dc_logprob : scores[choice].logprob) = logprob;
+        }
+        window += scored_rows(r) * vocab_size;
+      }
+      begin = end;
     }
   });
   return scores;

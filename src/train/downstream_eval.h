@@ -29,23 +29,28 @@
 
 namespace moecore {
 
-// Copies rows [first_row, first_row + rows) of the last pass's logits ([rows, vocab] fp32) into
-// host memory at `out`, wherever the logits are (a device's memory included).
-using LogitsRows = std::function<void(int64_t first_row, int64_t rows, float* out)>;
+// Computes the logits of `count` rows of the last pass (each an index into its rows * seq
+// tokens, in host memory) into host memory at `out` ([count, vocab] fp32), wherever the model is.
+using LogitsAt = std::function<void(const int32_t* rows, int64_t count, float* out)>;
 // One forward pass without targets over rows x seq tokens: on the process that holds the LM head,
-// a reader of its logits [rows * seq, vocab] (valid until the next pass); on the others (pipeline
-// stages before the last) an empty one. Every process runs the same sequence of calls. Only the
-// positions scored are read: a continuation's logits at a time reach the host.
-using LogitsForward = std::function<LogitsRows(const int32_t* tokens, int64_t rows, int64_t seq)>;
-// The reader of a chunk's logits after its last forward (the chunk with the LM head).
-LogitsRows logits_rows(const Transformer& chunk);
+// a reader of its logits (valid until the next pass); on the others (pipeline stages before the
+// last) an empty one. Every process runs the same sequence of calls. Only the positions scored are
+// computed: no pass holds the whole head's [rows * seq, vocab] logits.
+using LogitsForward = std::function<LogitsAt(const int32_t* tokens, int64_t rows, int64_t seq)>;
+// The reader of a chunk's logits after its last forward (the chunk with the LM head, whose forward
+// ran after set_next_logits_on_demand(), with these weights): Transformer::logits_at.
+LogitsAt head_logits_at(Transformer& chunk, const ParamBuffers& params);
 
 // One IclScore per sample of `task` (valid where the forward returned a reader). With
 // share.shards > 1
 // this process runs only its share of the passes (train/eval_passes.h: spread, or in lockstep
 // for expert parallelism) and leaves the others' scores 0: summed over the shards, the scores
 // are whole.
+// logit_rows: the most rows of logits one reader call computes (a pass's scored queries in groups
+// of continuations up to that many rows, at least one query a group): what bounds the evaluation's
+// logits in memory, [logit_rows, vocab] on the device and on the host.
 std::vector<IclScore> score_icl_task(const data::IclTask& task, const LogitsForward& forward,
-                                     int64_t vocab_size, const EvalShare& share, int32_t pad_id);
+                                     int64_t vocab_size, const EvalShare& share, int64_t logit_rows,
+                                     int32_t pad_id);
 
 }  // namespace moecore

@@ -133,35 +133,42 @@ TEST(PlanMemory, ModelMergeSumsOfTheWindowsAliveAtOnce) {
   }
 }
 
-// train.downstream_tasks (train/downstream_eval.h): a downstream pass runs the whole head, so with
-// train.lm_head_chunk_tokens the stage with the head holds a micro-batch's logits where the step
-// holds a chunk's: (tokens - chunk) x vocab floats more. Without chunking, or without tasks,
-// nothing.
+// train.downstream_tasks (train/downstream_eval.h): the head computes logits only at the scored
+// rows, in groups of at most the rows a training pass's head holds (a chunk's, or the
+// micro-batch's), in the workspace within what the head's backward takes there; the scorer copies a
+// group to the host: head rows x vocab floats, on top of the step's peak on the CPU, as host memory
+// on an accelerator. Without tasks, nothing.
 TEST(PlanMemory, DownstreamLogitsOfTheHeadsStage) {
   const std::string task = "train.downstream_tasks=[{path = \"x/t\"}]";
-  auto stage = [](std::vector<std::string> sets) {
-    return make_plan(small_config(std::move(sets)), 1, kNoRuntime).stages[0];
+  auto stage = [](std::vector<std::string> sets, const Hardware& hardware) {
+    return make_plan(small_config(std::move(sets)), 1, hardware).stages[0];
   };
-  const RankMemory chunked = stage({"train.lm_head_chunk_tokens=16"});
-  const RankMemory both = stage({"train.lm_head_chunk_tokens=16", task});
-  EXPECT_EQ(chunked.downstream_logits, 0.0);
-  EXPECT_EQ(stage({task}).downstream_logits, 0.0);
   const RunConfig c = small_config({});
   const double tokens =
       static_cast<double>(c.train.batch_size / c.train.microbatches * c.train.seq_len);
+  const double vocab = static_cast<double>(c.model.vocab_size);
   ASSERT_GT(tokens, 16.0);
-  EXPECT_DOUBLE_EQ(both.downstream_logits,
-                   4.0 * (tokens - 16.0) * static_cast<double>(c.model.vocab_size));
-  EXPECT_DOUBLE_EQ(both.peak, chunked.peak + both.downstream_logits);
-  EXPECT_EQ(both.downstream_host_logits, 0.0);  // on the CPU the logits are host memory
-  // On an accelerator a continuation's logits are copied to the host to be scored, one at a time:
-  // at most a sequence's rows, chunked head or not.
   Hardware gpu = kNoRuntime;
   gpu.device = true;
-  const RankMemory device = make_plan(small_config({task}), 1, gpu).stages[0];
-  EXPECT_DOUBLE_EQ(device.downstream_host_logits, 4.0 * static_cast<double>(c.train.seq_len) *
-                                                      static_cast<double>(c.model.vocab_size));
-  EXPECT_DOUBLE_EQ(device.host, device.batch_tokens + device.downstream_host_logits);
+  for (const Hardware& hardware : {kNoRuntime, gpu}) {
+    const RankMemory chunked = stage({"train.lm_head_chunk_tokens=16"}, hardware);
+    const RankMemory chunked_tasks = stage({"train.lm_head_chunk_tokens=16", task}, hardware);
+    const RankMemory whole = stage({}, hardware);
+    const RankMemory whole_tasks = stage({task}, hardware);
+    EXPECT_EQ(chunked.downstream_logits, 0.0);
+    EXPECT_EQ(whole.downstream_logits, 0.0);
+    EXPECT_DOUBLE_EQ(chunked_tasks.downstream_logits, 4.0 * 16.0 * vocab);
+    EXPECT_DOUBLE_EQ(whole_tasks.downstream_logits, 4.0 * tokens * vocab);
+    if (hardware.device) {
+      EXPECT_DOUBLE_EQ(whole_tasks.peak, whole.peak);
+      EXPECT_DOUBLE_EQ(whole_tasks.host, whole.host + whole_tasks.downstream_logits);
+      EXPECT_DOUBLE_EQ(whole_tasks.host, whole_tasks.batch_tokens + whole_tasks.downstream_logits);
+    } else {
+      EXPECT_DOUBLE_EQ(chunked_tasks.peak, chunked.peak + chunked_tasks.downstream_logits);
+      EXPECT_DOUBLE_EQ(whole_tasks.peak, whole.peak + whole_tasks.downstream_logits);
+      EXPECT_EQ(whole_tasks.host, 0.0);
+    }
+  }
 }
 
 // train.precision = "bf16": 2 bytes per GEMM weight element the rank's chunks multiply in bf16

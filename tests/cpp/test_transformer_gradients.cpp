@@ -435,6 +435,44 @@ TEST(TransformerGradients, ChunkedHeadMatchesTheWholeHead) {
   EXPECT_EQ(host_copy(chunked.logits()), host_copy(whole.logits()));
 }
 
+// Logits on demand (Transformer::logits_at, what the downstream evaluation reads): the rows asked
+// for, in their order (a repeat and the last row among them), are the whole head's rows: the same
+// final-norm rows times the same head in the same precision. A GEMM over fewer rows may sum a
+// row's length-8 dot product in another order (gamma_8 sum|h w| apart, ~1e-6 here): 1e-5 relative
+// leaves ~10x room; a row off by one, or fp32 operands where the head is bf16 (2^-8 relative), is
+// off by far more.
+TEST(TransformerGradients, LogitsOnDemandAreTheWholeHeadsRows) {
+  const UntiedModel m(8100);
+  const int64_t vocab = m.c.vocab_size;
+  const std::vector<int32_t> rows = {7, 0, 3, 3, 5};
+  for (const auto precision : {kernels::MatmulPrecision::kFp32, kernels::MatmulPrecision::kBf16}) {
+    SCOPED_TRACE(precision == kernels::MatmulPrecision::kFp32 ? "fp32" : "bf16");
+    Transformer whole(m.c, m.layout), on_demand(m.c, m.layout);
+    whole.set_precision(PrecisionRecipe::from_train_precision(precision));
+    on_demand.set_precision(PrecisionRecipe::from_train_precision(precision));
+    whole.forward(m.params, m.tokens.data(), nullptr, 2, 4);
+    const std::vector<float> all = host_copy(whole.logits());
+    on_demand.set_next_logits_on_demand();
+    on_demand.forward(m.params, m.tokens.data(), nullptr, 2, 4);
+    EXPECT_THROW((void)on_demand.logits(), Error);  // the head kept none
+    std::vector<float> got(rows.size() * static_cast<size_t>(vocab));
+    on_demand.logits_at(m.params, rows.data(), static_cast<int64_t>(rows.size()), got.data());
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t j = 0; j < vocab; ++j) {
+        const float want = all[static_cast<size_t>(rows[i] * vocab + j)];
+        EXPECT_NEAR(got[i * static_cast<size_t>(vocab) + static_cast<size_t>(j)], want,
+                    1e-5f * (1.0f + std::abs(want)))
+            << "row " << rows[i] << " column " << j;
+      }
+    for (const int32_t bad : {-1, 8}) {  // a row outside the pass's 2 x 4 tokens
+      EXPECT_THROW(on_demand.logits_at(m.params, &bad, 1, got.data()), Error) << bad;
+    }
+    // The request lasts one pass: the next forward keeps the whole head's logits again.
+    on_demand.forward(m.params, m.tokens.data(), nullptr, 2, 4);
+    EXPECT_EQ(host_copy(on_demand.logits()), all);
+  }
+}
+
 void check_loss_scale(int64_t head_chunk_tokens);
 
 TEST(TransformerGradients, LossScaleScalesAndGradientsAccumulate) {

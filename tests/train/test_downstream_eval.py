@@ -582,6 +582,30 @@ def test_in_loop_queries_ignore_document_masking(moecore_bin, job_data, tmp_path
         assert in_loop[key] == pytest.approx(value, rel=SAME_WEIGHTS_TOL, abs=1e-9), key
 
 
+def test_in_loop_logits_in_head_chunks_are_olmo_evals(moecore_bin, job_data, tasks, tmp_path):
+    """With train.lm_head_chunk_tokens the head computes a pass's scored rows in groups of at
+    most that many (train/downstream_eval.h; 16 here: a pass's 4 queries share a group, each
+    continuation's rows after the ones before it); the metrics are still olmo_eval's over
+    transformers' logits of the checkpoint, and `eval-downstream` of it reads the same. (Groups
+    cut at every size, and a continuation longer than a group, are tests/cpp's
+    DownstreamScoring.)"""
+    chosen = [tasks[0], tasks[2], tasks[5]]  # arc len_norm, arc ce_loss, lambada bpb
+    train(moecore_bin, config(tmp_path, job_data, "chunked", chosen, lm_head_chunk_tokens=16,
+                              max_steps=3))
+    in_loop = downstream_rows(tmp_path / "chunked")[3]
+    ckpt = final_checkpoint(tmp_path / "chunked")
+    oracle = Oracle(ckpt, job_data)
+    for t in chosen:
+        ref, margins = oracle.metrics(t["label"], t["spec"]["path"], t["metric"])
+        ours = {k: v for k, v in in_loop.items() if k.startswith(t["label"] + " (")}
+        assert_metrics_match(ours, ref, margins, t["label"])
+    out = tmp_path / "report.json"
+    run(moecore_bin, "eval-downstream", "--checkpoint", ckpt, "--task", chosen[2]["spec"]["path"],
+        "--label", chosen[2]["label"], "--metric", "bpb", "--out", out)
+    for key, value in json.loads(out.read_text())[0]["metrics"].items():
+        assert value == pytest.approx(in_loop[key], rel=SAME_WEIGHTS_TOL, abs=1e-9), key
+
+
 @pytest.mark.parametrize("metric", ["acc", "len_norm", "pmi_dc", "bpb"])
 def test_fast_mc_metrics_are_olmo_evals_bit_for_bit(moecore_bin, whole, job_data, tmp_path,
                                                     monkeypatch, metric):

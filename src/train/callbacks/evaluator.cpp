@@ -142,18 +142,21 @@ io::MetricsSink::Scalars EvalCallback::evaluate_downstream(TrainContext& ctx, in
                                                            bool merged) {
   const int64_t pp = ctx.config.parallel.pp;
   Transformer& last = *ctx.chunks.back();  // holds the LM head on the last pipeline stage
-  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows,
-                                    int64_t seq) -> LogitsRows {
+  const LogitsForward forward = [&](const int32_t* tokens, int64_t rows, int64_t seq) -> LogitsAt {
+    last.set_next_logits_on_demand();
     ctx.pipeline.forward_only(ctx.params, tokens, nullptr, rows, seq);
-    return last.has_head() ? logits_rows(last) : LogitsRows();
+    return last.has_head() ? head_logits_at(last, ctx.params) : LogitsAt();
   };
-  // (A pass's logits are as large as a training pass's without train.lm_head_chunk_tokens.)
   const EvalShare share = eval_share(ctx);
+  // No more logits at a time than a training pass's head holds: a chunk's, or the micro-batch's.
+  const int64_t chunk_tokens = ctx.config.train.lm_head_chunk_tokens;
+  const int64_t logit_rows = chunk_tokens > 0 ? chunk_tokens : share.batch_tokens;
   static_assert(sizeof(IclScore) == 2 * sizeof(double));
   io::MetricsSink::Scalars metrics;
   for (const data::IclTask& task : downstream_) {
     std::vector<IclScore> scores =
-        score_icl_task(task, forward, ctx.config.model.vocab_size, share, /*pad_id=*/0);
+        score_icl_task(task, forward, ctx.config.model.vocab_size, share, logit_rows,
+                       /*pad_id=*/0);
     if (pp > 1)  // the last stage saw the logits
       ctx.mesh.pp.broadcast(scores.data(), scores.size() * sizeof(IclScore),
                             static_cast<int>(pp - 1));
