@@ -26,6 +26,11 @@ struct EvalResult {
   io::MetricsSink::Scalars lm;
   // The model merger's average was evaluated (ctx.evaluate_merged), not the trained weights.
   bool merged = false;
+  // What the evaluation took on this process: its wall time (every evaluator of the step
+  // together) and the forward passes it ran, OLMo-core's "throughput/in-loop eval time (s)" and
+  // "throughput/in-loop eval batches" (its evaluator callbacks' sums, rank 0's values).
+  double seconds = 0.0;
+  int64_t batches = 0;
 };
 
 EvalResult evaluate(Transformer& model, const ParamBuffers& params,

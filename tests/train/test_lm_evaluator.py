@@ -20,6 +20,7 @@ OlmoeForCausalLM logits of the run's checkpoint. Shown:
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,25 @@ def test_in_loop_metrics_are_olmo_cores(whole, job_data, sets, tmp_path):
     assert set(documents) == {"val", "made"}
     assert len(oracle.evaluator(sets).batches.dataset) % BATCH != 0
     assert rows[4]["val/CE loss"] != rows[6]["val/CE loss"]
+
+
+def test_in_loop_evaluations_log_their_cost(whole, job_data):
+    """Each evaluation logs OLMo-core's throughput/in-loop eval time (s) and eval batches:
+    rank 0's forward passes, at step 2 the validation loss's alone (train.eval_batches passes of
+    the micro-batch, or fewer where the validation files hold fewer instances), at steps 4 and 6
+    the labelled sets' passes too (the same documents each time)."""
+    rows = {row["step"]: row for row in metrics_rows(whole)
+            if "throughput/in-loop eval batches" in row}
+    assert sorted(rows) == [2, 4, 6], sorted(rows)
+    files = sorted(job_data.val.glob("*.npy")) if job_data.val.is_dir() else [job_data.val]
+    instances = sum(f.stat().st_size // 2 // SEQ_LEN for f in files)  # uint16, cut per file
+    eval_batches = tomllib.loads((whole.parent / "run.toml").read_text())["train"]["eval_batches"]
+    val_passes = min(eval_batches, -(-instances // BATCH))  # micro-batches of BATCH rows
+    assert rows[2]["throughput/in-loop eval batches"] == val_passes
+    lm_passes = rows[4]["throughput/in-loop eval batches"] - val_passes
+    assert lm_passes > 0 and rows[6]["throughput/in-loop eval batches"] == val_passes + lm_passes
+    for step, row in rows.items():
+        assert 0 < row["throughput/in-loop eval time (s)"] < 600, step
 
 
 def test_eval_lm_prints_the_in_loop_values(moecore_bin, whole, job_data, sets, tmp_path):

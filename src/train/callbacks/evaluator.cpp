@@ -1,6 +1,7 @@
 #include "train/callbacks/evaluator.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/device_memory.h"
 #include "model/router.h"
@@ -68,6 +69,9 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
   // there (or, with labelled sets or downstream tasks, to their share of the passes).
   const bool evaluates_loss = evaluates_validation_loss(ctx);
   if (!evaluates_loss && !scores_sets && !scores_tasks) return {};
+  const auto started = std::chrono::steady_clock::now();
+  // Every pass runs each of this process's chunks once: the last one counts them.
+  const int64_t passes_before = ctx.chunks.back()->forward_passes();
   for (Transformer* chunk : ctx.chunks) {
     chunk->set_batch_sum(nullptr);
     chunk->set_routing_seed(routing_forward_seed(ctx.config.train.seed, step, -1));  // all tokens
@@ -105,6 +109,8 @@ EvalResult EvalCallback::evaluate_at(TrainContext& ctx, int64_t step, bool final
   }
   r.merged = merged;
   for (Transformer* chunk : ctx.chunks) chunk->set_batch_sum(ctx.dp_batch_sum);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  r.batches = ctx.chunks.back()->forward_passes() - passes_before;
   if (ctx.world.rank() == 0) ctx.report_eval(step, r);
   return r;
 }

@@ -32,6 +32,12 @@ void MetricsCallback::on_eval(TrainContext& ctx, int64_t step, const EvalResult&
   }
   scalars.insert(scalars.end(), result.downstream.begin(), result.downstream.end());
   scalars.insert(scalars.end(), result.lm.begin(), result.lm.end());
+  // The trained weights' evaluation only: a merged one at the same step would log these keys
+  // twice.
+  if (!result.merged && result.batches > 0) {
+    scalars.emplace_back("throughput/in-loop eval time (s)", result.seconds);
+    scalars.emplace_back("throughput/in-loop eval batches", static_cast<double>(result.batches));
+  }
   if (sink_ && !scalars.empty()) sink_->log(step, scalars);
 }
 
